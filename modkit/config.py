@@ -1,0 +1,47 @@
+"""Base class of every component config, and the ``Slot`` marker for fields that hold another component.
+
+A component's config is a pydantic model with ``extra="forbid"`` and a ``type: Literal[...]`` discriminator.
+A field that holds *another* component (an MoE's experts are FFN specs, its router is a router spec) is
+declared with :func:`Slot`; once plugins are loaded the core replaces it by the discriminated union of every
+registered component of that kind, so third-party components nest exactly like built-ins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SLOT_KEY = "x-modkit-slot"
+
+
+class ComponentConfig(BaseModel):
+    """Base for component configs: strict (unknown keys are errors), documented fields, a ``type`` tag.
+
+    Subclasses declare ``type: Literal["name", ...]`` and one ``Field(description=...)`` per field.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    type: str
+
+
+def Slot(kind: str, *, default: Any = ..., description: str) -> Any:
+    """Declare a config field holding a component of ``kind`` (validated against the live registry).
+
+    Annotate the field as ``ComponentConfig`` (or ``ComponentConfig | None`` with ``default=None``).
+
+    Args:
+        kind: registry kind of the nested component, e.g. ``"ffn"`` or ``"router"``.
+        default: default value; omit for a required field.
+        description: human-readable description (shown in docs and JSON Schema).
+    """
+    return Field(default, description=description, json_schema_extra={SLOT_KEY: kind})
+
+
+def slot_kind(field_info: Any) -> str | None:
+    """Return the registry kind of a pydantic ``FieldInfo`` declared with :func:`Slot`, else ``None``."""
+    extra = getattr(field_info, "json_schema_extra", None)
+    if isinstance(extra, dict):
+        return extra.get(SLOT_KEY)
+    return None

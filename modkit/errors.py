@@ -1,0 +1,34 @@
+"""Error types raised by modkit. All carry enough context to fix the input without reading a traceback."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class ModkitError(Exception):
+    """Base class of every error modkit raises on purpose."""
+
+
+class SpecError(ModkitError, ValueError):
+    """A spec (or a Hugging Face config being converted) is invalid.
+
+    Attributes:
+        errors: every problem found, as ``(path, message)`` pairs; ``path`` is a dotted JSON path such as
+            ``block.attention.n_kv_heads`` or ``overrides[2].ffn.d_ff`` (empty for the document root).
+    """
+
+    def __init__(self, errors: Iterable[tuple[str, str]], *, source: str | None = None):
+        self.errors: list[tuple[str, str]] = [(str(p), str(m)) for p, m in errors]
+        self.source = source
+        head = f"invalid spec {source}" if source else "invalid spec"
+        lines = [f"{head}: {len(self.errors)} error(s)"]
+        lines += [f"  {p or '<root>'}: {m}" for p, m in self.errors]
+        super().__init__("\n".join(lines))
+
+
+class RegistryError(ModkitError):
+    """A plugin or component could not be registered (name clash, malformed entry, broken plugin in strict mode)."""
+
+
+class CheckpointError(ModkitError, ValueError):
+    """A checkpoint does not match the model (missing/unexpected tensors, shape mismatch, unsafe format)."""

@@ -1,0 +1,45 @@
+"""pluggy hook specifications: the only way components and converters enter modkit.
+
+A plugin is any importable object (usually a module) exposing functions decorated with
+:data:`hookimpl`, advertised under the ``modkit`` entry-point group::
+
+    [project.entry-points.modkit]
+    my-norms = "my_package.norms"
+
+The built-in components in ``plugins/`` (import name ``modkit_plugins``) are loaded exactly this way.
+The hook pattern follows simonw/llm: each hook receives a ``register`` callback.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pluggy
+
+PROJECT = "modkit"
+ENTRY_POINT_GROUP = "modkit"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class ModkitHookSpecs:
+    """The hooks a modkit plugin may implement."""
+
+    @hookspec
+    def register_components(self, register: Callable) -> None:
+        """Register components by calling ``register(Component(...))`` once per component.
+
+        Args:
+            register: callback taking a :class:`modkit.registry.Component`.
+        """
+
+    @hookspec
+    def register_hf_converters(self, register: Callable) -> None:
+        """Register Hugging Face config converters: ``register(model_type, fn)``.
+
+        ``fn(config: dict) -> dict`` returns a modkit spec dict for a Hugging Face ``config.json`` whose
+        ``model_type`` equals ``model_type``. It must raise :class:`modkit.SpecError` for any value it
+        cannot express (never drop it silently). Optionally ``register(model_type, fn, weights=mapper)``
+        adds a checkpoint-name mapper (used by the checkpoint tools).
+        """

@@ -1,0 +1,183 @@
+"""The contracts between the core and components (no concrete component lives here).
+
+Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model]``:
+
+* ``norm``:      ``forward(x) -> Tensor``; statistics in float32, output in the input dtype.
+* ``ffn``:       ``forward(x) -> Tensor``, or ``(Tensor, aux_loss)`` when the entry declares the ``aux_loss``
+  capability (use :func:`split_aux` to accept both).
+* ``attention``: ``forward(x, inputs: AttentionInputs) -> Tensor``; exposes ``n_heads``, ``n_kv_heads``
+  and ``head_dim`` attributes (the KV cache stores ``n_kv_heads`` heads).
+* ``position``:  a :class:`PositionScheme`.
+* ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
+  it gets the built attention and ffn and the norm config in its :class:`BuildContext`.
+
+Modules own their initialisation through ``init_weights(init: Init)`` covering their *direct* parameters
+and buffers; ``nn.Linear`` and ``nn.Embedding`` children without one get a normal(0, init_std) weight and a
+zero bias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from .cache import LayerKVCache
+    from .registry import Registry
+    from .spec import ModelSpec
+
+
+def split_aux(out: Any) -> tuple[Tensor, Optional[Tensor]]:
+    """Normalise a sublayer's return value to ``(output, aux_loss or None)``."""
+    if isinstance(out, tuple):
+        return out[0], out[1]
+    return out, None
+
+
+def add_aux(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
+    """Sum two optional auxiliary losses (``None`` means no loss)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+@dataclass
+class AttentionInputs:
+    """Everything an attention module needs besides ``x``.
+
+    Attributes:
+        positions: ``[batch, seq]`` int64 absolute positions of the tokens in ``x``.
+        token_mask: ``[batch, seq]`` bool, True for real tokens of ``x`` (False: padding); ``None`` when all are
+            real. Cached keys carry their own validity (:class:`~modkit.cache.LayerKVCache`).
+        position: the layer's :class:`PositionScheme` (``rotate`` q/k and/or add ``attention_bias``).
+        cache: the layer's KV cache, or ``None`` for a plain forward.
+    """
+
+    positions: Tensor
+    token_mask: Optional[Tensor] = None
+    position: Optional["PositionScheme"] = None
+    cache: Optional["LayerKVCache"] = None
+
+    def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
+        """A copy bound to one layer's position scheme and cache."""
+        return replace(self, position=position, cache=cache)
+
+
+class PositionScheme(nn.Module):
+    """Base class of position schemes. Override the hooks where the scheme acts; the rest are identities.
+
+    Registry entries say where they act with the ``acts_on`` capability: ``"embedding"`` (:meth:`embed`),
+    ``"qk"`` (:meth:`rotate`), ``"bias"`` (:meth:`attention_bias`) or ``"none"``.
+    """
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Act on the token embeddings ``x [batch, seq, d_model]`` at ``positions [batch, seq]``."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Act on ``q [batch, n_heads, seq, head_dim]`` and ``k [batch, n_kv_heads, seq, head_dim]``.
+
+        ``positions [batch, seq]`` are the positions of these (new) tokens; cached keys were rotated when stored.
+        """
+        return q, k
+
+    def attention_bias(self, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Optional[Tensor]:
+        """Additive attention bias ``[batch, n_heads, q_len, kv_len]`` (float32), or ``None``."""
+        return None
+
+
+class Init:
+    """Seeded, device-independent initialiser handed to every module's ``init_weights``.
+
+    Random values are drawn on the CPU from one ``torch.Generator`` in module order, then copied to the
+    tensor's device and dtype, so a meta-then-materialise build equals a direct build with the same seed.
+    Every parameter and buffer must pass through one of the methods; :meth:`Model.init_weights` checks it.
+    """
+
+    def __init__(self, seed: int, std: float):
+        self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
+        self.std = float(std)
+        self.seen: set[int] = set()
+
+    @torch.no_grad()
+    def normal_(self, t: Tensor, std: Optional[float] = None, mean: float = 0.0) -> Tensor:
+        """Fill ``t`` with N(mean, std²) (``std`` defaults to the spec's ``init_std``)."""
+        v = torch.randn(t.shape, generator=self.generator, dtype=torch.float32) * (self.std if std is None else std) + mean
+        return self.copy_(t, v)
+
+    @torch.no_grad()
+    def uniform_(self, t: Tensor, a: float, b: float) -> Tensor:
+        """Fill ``t`` with U(a, b)."""
+        v = torch.rand(t.shape, generator=self.generator, dtype=torch.float32) * (b - a) + a
+        return self.copy_(t, v)
+
+    @torch.no_grad()
+    def constant_(self, t: Tensor, value: float) -> Tensor:
+        """Fill ``t`` with ``value``."""
+        self.seen.add(id(t))
+        return t.fill_(value)
+
+    def zeros_(self, t: Tensor) -> Tensor:
+        """Fill ``t`` with zeros."""
+        return self.constant_(t, 0.0)
+
+    def ones_(self, t: Tensor) -> Tensor:
+        """Fill ``t`` with ones."""
+        return self.constant_(t, 1.0)
+
+    @torch.no_grad()
+    def copy_(self, t: Tensor, value: Tensor) -> Tensor:
+        """Copy ``value`` (computed anywhere, e.g. a RoPE table) into ``t``."""
+        self.seen.add(id(t))
+        return t.copy_(value.to(device=t.device, dtype=t.dtype))
+
+
+@dataclass
+class BuildContext:
+    """What a component factory may know about the model it is built into.
+
+    Attributes:
+        d_model, n_layers, vocab_size, max_seq_len: model-wide sizes from the spec.
+        layer_index: the layer being built (``None`` for model-level components).
+        dim: feature size a norm acts on when it is not ``d_model`` (e.g. a per-head QK-norm: ``head_dim``).
+        n_heads, head_dim: attention geometry of the layer(s) a position scheme serves.
+        attention, ffn, norm: for placements: the built sublayers and the norm config to instantiate.
+        registry: the registry to build nested components from (:meth:`build`).
+    """
+
+    d_model: int
+    n_layers: int
+    vocab_size: int
+    max_seq_len: int
+    registry: "Registry"
+    layer_index: Optional[int] = None
+    dim: Optional[int] = None
+    n_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    attention: Optional[nn.Module] = None
+    ffn: Optional[nn.Module] = None
+    norm: Any = None
+    extra: dict = field(default_factory=dict)
+
+    def build(self, config: Any, **changes: Any) -> nn.Module:
+        """Build a (nested) component from its validated config, tagging it with its kind and type.
+
+        Raises:
+            RegistryError: the config's type is not registered.
+            TypeError: the factory did not return an ``nn.Module``.
+        """
+        entry = self.registry.entry_for_config(config)
+        ctx = replace(self, **changes) if changes else self
+        module = entry.factory(config, ctx)
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                f"factory of {entry.kind}/{entry.type} ({entry.provider}) returned {type(module).__name__}, not nn.Module"
+            )
+        module.modkit_kind = entry.kind
+        module.modkit_type = entry.type
+        return module

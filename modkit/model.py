@@ -1,0 +1,210 @@
+"""The assembled model: token embedding → position → blocks → final norm → LM head.
+
+Only structure lives here; every block-level computation comes from registered components.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .cache import KVCache
+from .errors import CheckpointError
+from .interfaces import AttentionInputs, Init, add_aux
+from .spec import ModelSpec
+
+
+@dataclass
+class ModelOutput:
+    """Result of :meth:`Model.forward`.
+
+    Attributes:
+        logits: ``[batch, seq, vocab_size]`` in the model dtype.
+        aux_loss: scalar sum of the auxiliary losses of every layer that returns one (MoE), else ``None``.
+        hidden: ``[batch, seq, d_model]`` final hidden states (after the final norm).
+        cache: the cache passed in, updated, or ``None``.
+    """
+
+    logits: Tensor
+    aux_loss: Optional[Tensor]
+    hidden: Tensor
+    cache: Optional[KVCache] = None
+
+
+class Model(nn.Module):
+    """A decoder-only language model assembled from a :class:`~modkit.spec.ModelSpec`.
+
+    Build with :func:`modkit.build`. ``forward(input_ids [batch, seq]) -> ModelOutput``.
+
+    With ``tie_embeddings`` the head multiplies by ``embed.weight`` itself: one parameter, so tying survives
+    ``to_empty``, ``.to()`` and ``load_state_dict`` by construction (torchtitan #2252).
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        embed: nn.Embedding,
+        positions: nn.ModuleList,
+        layer_position: list[int],
+        layers: nn.ModuleList,
+        embedding_norm: Optional[nn.Module],
+        final_norm: Optional[nn.Module],
+        windows: list[Optional[int]],
+    ):
+        super().__init__()
+        self.spec = spec
+        self.embed = embed
+        self.positions = positions
+        self.layer_position = list(layer_position)
+        self.embedding_norm = embedding_norm
+        self.layers = layers
+        self.final_norm = final_norm
+        self.windows = list(windows)
+        if not spec.tie_embeddings:
+            self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=spec.lm_head_bias)
+            self.lm_head.modkit_kind = "lm_head"
+        elif spec.lm_head_bias:
+            self.lm_head_bias = nn.Parameter(torch.empty(spec.vocab_size))
+        self._register_load_state_dict_pre_hook(self._check_tied_head)
+
+    # -------------------------------------------------------------------- weights
+    @property
+    def lm_head_weight(self) -> Tensor:
+        """The ``[vocab_size, d_model]`` matrix the head multiplies by (``embed.weight`` itself when tied)."""
+        return self.embed.weight if self.spec.tie_embeddings else self.lm_head.weight
+
+    def _check_tied_head(self, state_dict, prefix, *args, **kwargs) -> None:
+        key = prefix + "lm_head.weight"
+        if not self.spec.tie_embeddings or key not in state_dict:
+            return
+        head = state_dict[key]
+        emb = state_dict.get(prefix + "embed.weight")
+        if emb is None or head.shape != emb.shape or not torch.equal(head.to(emb.dtype), emb):
+            raise CheckpointError(
+                f"checkpoint holds '{key}' that differs from '{prefix}embed.weight', but the spec ties them "
+                "(tie_embeddings = true); refusing to overwrite one with the other. Set tie_embeddings = false "
+                "to keep a separate head, or drop the head tensor from the checkpoint."
+            )
+        del state_dict[key]
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """(Re)initialise every parameter and buffer deterministically from ``seed``.
+
+        Each module with an ``init_weights(init)`` method initialises its direct tensors; ``nn.Linear`` and
+        ``nn.Embedding`` without one get N(0, init_std) weights and zero biases. Buffers (RoPE tables too) are
+        recomputed, which is what makes a ``meta`` build usable.
+
+        Raises:
+            RuntimeError: a parameter or buffer was left uninitialised (names it and its module).
+        """
+        init = Init(seed, self.spec.init_std)
+        for name, module in self.named_modules():
+            own = getattr(type(module), "init_weights", None)
+            if module is self:
+                if self.spec.lm_head_bias and self.spec.tie_embeddings:
+                    init.zeros_(self.lm_head_bias)
+                continue
+            if own is not None:
+                module.init_weights(init)
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                init.normal_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    init.zeros_(module.bias)
+        missed = [n for n, t in list(self.named_parameters()) + list(self.named_buffers()) if id(t) not in init.seen]
+        if missed:
+            raise RuntimeError(
+                f"init_weights left {len(missed)} tensor(s) uninitialised: {missed[:5]}; the owning component must "
+                "initialise every direct parameter and buffer in its init_weights(init)"
+            )
+
+    # -------------------------------------------------------------------- forward
+    def new_cache(self) -> KVCache:
+        """A fresh, empty :class:`~modkit.cache.KVCache` for this model (sliding-window layers trim to their window)."""
+        return KVCache(len(self.layers), self.windows)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Optional[Tensor] = None,
+        positions: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
+    ) -> ModelOutput:
+        """Compute logits.
+
+        Args:
+            input_ids: ``[batch, seq]`` int64 token ids in ``[0, vocab_size)``.
+            attention_mask: ``[batch, seq]`` or ``[batch, past + seq]`` (1/True = real token, 0 = padding);
+                padding may be on the left. Positions are derived from it when ``positions`` is not given.
+            positions: ``[batch, seq]`` explicit absolute positions.
+            cache: a :class:`KVCache` from :meth:`new_cache`; updated in place.
+
+        Returns:
+            :class:`ModelOutput` with ``logits [batch, seq, vocab_size]``.
+
+        Raises:
+            ValueError: bad shapes or token ids out of range (with the offending values).
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+        bsz, seq = input_ids.shape
+        if not input_ids.is_meta and input_ids.numel() and not torch.compiler.is_compiling():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.spec.vocab_size:
+                raise ValueError(f"input_ids must lie in [0, {self.spec.vocab_size}); got min {lo}, max {hi}")
+        past = cache.seen_tokens if cache is not None else 0
+        token_mask = None
+        if attention_mask is not None:
+            mask = attention_mask.to(torch.bool)
+            if mask.shape == (bsz, seq) and cache is not None and cache.mask is not None:
+                full = torch.cat([cache.mask, mask], dim=1)
+            elif mask.shape in ((bsz, seq), (bsz, past + seq)):
+                full = mask
+            else:
+                raise ValueError(
+                    f"attention_mask must be [batch, seq] = {(bsz, seq)} or [batch, past + seq] = {(bsz, past + seq)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            token_mask = full[:, -seq:]
+            if positions is None:
+                positions = (full.long().cumsum(-1) - 1).clamp(min=0)[:, -seq:]
+            if cache is not None:
+                cache.mask = full
+        elif cache is not None and cache.mask is not None:
+            cache.mask = torch.cat([cache.mask, cache.mask.new_ones(bsz, seq)], dim=1)
+        if positions is None:
+            positions = torch.arange(past, past + seq, device=input_ids.device).expand(bsz, seq)
+        if cache is not None:
+            cache.seen_tokens = past + seq
+
+        x = self.embed(input_ids)
+        scale = self.spec.embedding_scale
+        if scale is not None:
+            value = math.sqrt(self.spec.d_model) if scale == "sqrt_d_model" else float(scale)
+            x = x * torch.tensor(value, dtype=x.dtype, device=x.device)
+        x = self.positions[0].embed(x, positions)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        inputs = AttentionInputs(positions=positions, token_mask=token_mask)
+        aux = None
+        for i, block in enumerate(self.layers):
+            layer_inputs = inputs.for_layer(self.positions[self.layer_position[i]], cache.layers[i] if cache is not None else None)
+            x, layer_aux = block(x, layer_inputs)
+            aux = add_aux(aux, layer_aux)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        logits = nn.functional.linear(x, self.lm_head_weight, self._head_bias())
+        cap = self.spec.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return ModelOutput(logits=logits, aux_loss=aux, hidden=x, cache=cache)
+
+    def _head_bias(self) -> Optional[Tensor]:
+        if not self.spec.lm_head_bias:
+            return None
+        return self.lm_head_bias if self.spec.tie_embeddings else self.lm_head.bias

@@ -1,0 +1,438 @@
+"""The component registry, filled only through pluggy hooks.
+
+Every component (attention, norm, ffn, router, position, placement, or any kind a plugin invents) is a
+:class:`Component` entry: kind, type name, config model, factory, provider and capabilities as data.
+
+Plugins are discovered from the ``modkit`` entry-point group and loaded one at a time, in isolation
+(simonw/llm #1280): a plugin that fails to import, has a malformed hook implementation or registers a bad
+entry produces one warning naming it and leaves nothing behind (pluggy #733); the others still load.
+``MODKIT_STRICT_PLUGINS=1`` turns those warnings into :class:`~modkit.errors.RegistryError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata as md
+import os
+import re
+import threading
+import typing
+import warnings
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping
+
+import pluggy
+
+from .config import ComponentConfig
+from .errors import RegistryError
+from .hooks import ENTRY_POINT_GROUP, PROJECT, ModkitHookSpecs
+
+_NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
+
+#: Capability keys the core understands. Plugins may add others; these drive validation, contract tests and docs.
+KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
+    {
+        "causal_safe": "never lets a position see later positions when used causally (attention)",
+        "kv_cache": "supports incremental decoding with a KV cache (attention)",
+        "compile_safe": "runs under torch.compile(fullgraph=True) without graph breaks",
+        "aux_loss": "forward returns (output, aux_loss) instead of output (ffn)",
+        "acts_on": "where a position scheme acts: 'embedding', 'qk', 'bias' or 'none' (position)",
+        "returns_weights": "can return attention weights (attention, eager backend)",
+        "stateless": "has no parameters",
+        "tp_plan": "tensor-parallel plan relative to the module: {submodule: 'colwise'|'rowwise'|...}",
+    }
+)
+
+
+class PluginWarning(UserWarning):
+    """Warning emitted when a plugin is skipped because it is broken (non-strict mode)."""
+
+
+@dataclass(frozen=True)
+class Provider:
+    """Who provides a component: the plugin name and its distribution (package) name and version."""
+
+    plugin: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def __str__(self) -> str:
+        dist = f" ({self.distribution} {self.version})" if self.distribution else ""
+        return f"{self.plugin}{dist}"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registry entry.
+
+    Attributes:
+        kind: the slot it fills, e.g. ``"attention"``, ``"norm"``, ``"ffn"``, ``"router"``, ``"position"``,
+            ``"placement"``.
+        type: the name used in specs (``{"type": "rmsnorm"}``); unique within ``kind``.
+        config: the pydantic config model (subclass of :class:`~modkit.config.ComponentConfig`) whose ``type``
+            field is a ``Literal`` containing ``type``.
+        factory: ``factory(config, ctx: BuildContext) -> torch.nn.Module``.
+        description: one paragraph: what it computes, input/output shapes.
+        reference: the paper or reference implementation its math follows.
+        capabilities: data about behaviour (see :data:`KNOWN_CAPABILITIES`).
+        param_count: optional analytic parameter count ``param_count(config, ctx) -> int``.
+        provider: filled in by the registry when the entry is registered.
+    """
+
+    kind: str
+    type: str
+    config: type[ComponentConfig]
+    factory: Callable[..., Any]
+    description: str
+    reference: str = ""
+    capabilities: Mapping[str, Any] = field(default_factory=dict)
+    param_count: Callable[..., int] | None = None
+    provider: Provider | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(kind, type)``."""
+        return (self.kind, self.type)
+
+    def validate(self) -> None:
+        """Raise :class:`RegistryError` if the entry is malformed (bad names, config model, factory)."""
+        where = f"component {self.kind}/{self.type}"
+        for label, value in (("kind", self.kind), ("type", self.type)):
+            if not isinstance(value, str) or not _NAME.match(value):
+                raise RegistryError(f"{where}: {label} {value!r} must match {_NAME.pattern}")
+        if not (isinstance(self.config, type) and issubclass(self.config, ComponentConfig)):
+            raise RegistryError(f"{where}: config must be a subclass of modkit.ComponentConfig, got {self.config!r}")
+        tags = config_tags(self.config)
+        if self.type not in tags:
+            raise RegistryError(
+                f"{where}: config {self.config.__name__}.type must be Literal[...] including {self.type!r}; "
+                f"it allows {sorted(tags)}"
+            )
+        if not callable(self.factory):
+            raise RegistryError(f"{where}: factory {self.factory!r} is not callable")
+        if not isinstance(self.capabilities, Mapping):
+            raise RegistryError(f"{where}: capabilities must be a mapping, got {type(self.capabilities).__name__}")
+        if not self.description:
+            raise RegistryError(f"{where}: description is empty; say what it computes")
+
+
+@dataclass(frozen=True)
+class HFConverter:
+    """A Hugging Face ``config.json`` → modkit spec converter for one ``model_type``."""
+
+    model_type: str
+    convert: Callable[[dict], dict]
+    weights: Any = None
+    provider: Provider | None = None
+
+
+@dataclass
+class PluginInfo:
+    """A loaded plugin: its name, provider and what it registered."""
+
+    name: str
+    provider: Provider
+    components: list[tuple[str, str]] = field(default_factory=list)
+    converters: list[str] = field(default_factory=list)
+    obj: Any = None
+
+
+def config_tags(config: type[ComponentConfig]) -> tuple[str, ...]:
+    """The ``type`` values a config model accepts (the args of its ``Literal`` annotation)."""
+    f = config.model_fields.get("type")
+    if f is None:
+        return ()
+    ann = f.annotation
+    if typing.get_origin(ann) is typing.Literal:
+        return tuple(str(a) for a in typing.get_args(ann))
+    return ()
+
+
+def close_matches(word: str, choices: Iterable[str]) -> list[str]:
+    """Up to three entries of ``choices`` closest to ``word`` (difflib ratio ≥ 0.5)."""
+    return difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
+
+
+class Registry:
+    """Holds components and HF converters; filled by plugins through pluggy hooks.
+
+    Use :func:`get_registry` for the process-wide instance (entry points loaded on first use); create a bare
+    ``Registry()`` and call :meth:`register_plugin` for isolated experiments and tests.
+    """
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(PROJECT)
+        self._pm.add_hookspecs(ModkitHookSpecs)
+        self._components: dict[tuple[str, str], Component] = {}
+        self._converters: dict[str, HFConverter] = {}
+        self._plugins: dict[str, PluginInfo] = {}
+        self._skipped: dict[str, str] = {}
+        self.generation = 0
+        self._lock = threading.RLock()
+
+    # ---------------------------------------------------------------- plugins
+    def register_plugin(
+        self,
+        obj: Any,
+        name: str | None = None,
+        *,
+        distribution: str | None = None,
+        version: str | None = None,
+    ) -> PluginInfo:
+        """Register a plugin object (module or instance with ``@hookimpl`` functions), atomically.
+
+        The plugin is first validated and its hooks are called against a scratch plugin manager; only if
+        everything succeeds are its entries added and the plugin registered for real. On failure nothing of
+        it remains and it can be registered again once fixed.
+
+        Raises:
+            RegistryError: malformed hook implementation, a hook that raised, a malformed entry, a name
+                already used by another plugin, or a (kind, type) / model_type already provided by another
+                plugin (the message names both providers).
+        """
+        name = name or getattr(obj, "__name__", None) or type(obj).__name__
+        provider = Provider(name, distribution, version)
+        with self._lock:
+            if name in self._plugins:
+                raise RegistryError(f"plugin name {name!r} is already registered by {self._plugins[name].provider}")
+            scratch = pluggy.PluginManager(PROJECT)
+            scratch.add_hookspecs(ModkitHookSpecs)
+            try:
+                scratch.register(obj, name=name)
+            except Exception as exc:  # pluggy.PluginValidationError and friends
+                raise RegistryError(f"plugin {provider}: invalid hook implementation: {exc}") from exc
+            if not scratch.get_hookcallers(obj):
+                raise RegistryError(
+                    f"plugin {provider} implements no modkit hook (expected register_components or register_hf_converters)"
+                )
+            comps: list[Component] = []
+            convs: list[HFConverter] = []
+
+            def register_component(entry: Component) -> None:
+                if not isinstance(entry, Component):
+                    raise RegistryError(f"register() takes a modkit.Component, got {type(entry).__name__}")
+                entry.validate()
+                comps.append(replace(entry, provider=provider, capabilities=MappingProxyType(dict(entry.capabilities))))
+
+            def register_converter(model_type: str, convert: Callable[[dict], dict], weights: Any = None) -> None:
+                if not isinstance(model_type, str) or not model_type or not callable(convert):
+                    raise RegistryError(f"register(model_type, fn): bad arguments {model_type!r}, {convert!r}")
+                convs.append(HFConverter(model_type, convert, weights, provider))
+
+            try:
+                scratch.hook.register_components(register=register_component)
+                scratch.hook.register_hf_converters(register=register_converter)
+            except RegistryError as exc:
+                raise RegistryError(f"plugin {provider}: {exc}") from exc
+            except Exception as exc:
+                raise RegistryError(f"plugin {provider}: hook raised {type(exc).__name__}: {exc}") from exc
+            self._check_clashes(provider, comps, convs)
+            self._pm.register(obj, name=name)
+            for c in comps:
+                self._components[c.key] = c
+            for cv in convs:
+                self._converters[cv.model_type] = cv
+            info = PluginInfo(name, provider, [c.key for c in comps], [cv.model_type for cv in convs], obj)
+            self._plugins[name] = info
+            self.generation += 1
+            return info
+
+    def _check_clashes(self, provider: Provider, comps: list[Component], convs: list[HFConverter]) -> None:
+        seen: dict[tuple[str, str], Component] = {}
+        for c in comps:
+            other = self._components.get(c.key) or seen.get(c.key)
+            if other is not None:
+                raise RegistryError(
+                    f"component {c.kind}/{c.type} is provided twice: by {other.provider} and by {provider}; "
+                    "uninstall one of them or rename the type"
+                )
+            seen[c.key] = c
+        seen_conv: dict[str, HFConverter] = {}
+        for cv in convs:
+            other = self._converters.get(cv.model_type) or seen_conv.get(cv.model_type)
+            if other is not None:
+                raise RegistryError(
+                    f"HF converter for model_type {cv.model_type!r} is provided twice: by {other.provider} and by {provider}"
+                )
+            seen_conv[cv.model_type] = cv
+
+    def unregister_plugin(self, name: str) -> None:
+        """Remove a plugin and everything it registered (mainly for tests).
+
+        Raises:
+            RegistryError: no plugin of that name is registered.
+        """
+        with self._lock:
+            info = self._plugins.pop(name, None)
+            if info is None:
+                raise RegistryError(f"no plugin named {name!r}; registered: {sorted(self._plugins)}")
+            for key in info.components:
+                self._components.pop(key, None)
+            for mt in info.converters:
+                self._converters.pop(mt, None)
+            self._pm.unregister(name=name)
+            self.generation += 1
+
+    def load_entry_points(self, *, strict: bool | None = None) -> None:
+        """Discover and load every plugin advertised under the ``modkit`` entry-point group.
+
+        Each plugin loads in isolation. A failure warns (:class:`PluginWarning`) naming the plugin and its
+        distribution, unless ``strict`` (default: environment ``MODKIT_STRICT_PLUGINS=1``), which raises.
+        The same (distribution, entry point) found twice, as editable installs can produce, loads once.
+        A genuine clash between two plugins always raises :class:`RegistryError`.
+        """
+        if strict is None:
+            strict = os.environ.get("MODKIT_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes", "on"}
+        seen: set[tuple[str, str]] = set()
+        for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = getattr(ep, "dist", None)
+            dist_name = _normalize(dist.metadata["Name"]) if dist is not None else ""
+            version = dist.version if dist is not None else None
+            ident = (dist_name, ep.name)
+            if ident in seen or ep.name in self._plugins:
+                continue
+            seen.add(ident)
+            provider = Provider(ep.name, dist_name or None, version)
+            try:
+                obj = ep.load()
+            except Exception as exc:
+                self._fail(provider, f"failed to import {ep.value!r}: {type(exc).__name__}: {exc}", strict, exc)
+                continue
+            try:
+                self.register_plugin(obj, ep.name, distribution=dist_name or None, version=version)
+            except RegistryError as exc:
+                if "provided twice" in str(exc):
+                    raise
+                self._fail(provider, str(exc), strict, exc)
+
+    def _fail(self, provider: Provider, message: str, strict: bool, exc: BaseException) -> None:
+        text = f"modkit plugin {provider} was skipped: {message}"
+        self._skipped[provider.plugin] = message
+        if strict:
+            raise RegistryError(text + " (MODKIT_STRICT_PLUGINS=1)") from exc
+        warnings.warn(text + "; set MODKIT_STRICT_PLUGINS=1 to make this an error", PluginWarning, stacklevel=3)
+
+    # ---------------------------------------------------------------- lookups
+    def get(self, kind: str, type_: str) -> Component:
+        """The entry for ``(kind, type_)``.
+
+        Raises:
+            RegistryError: unknown kind or type; the message lists the valid ones, the closest match and the
+                installed plugins.
+        """
+        entry = self._components.get((kind, type_))
+        if entry is not None:
+            return entry
+        kinds = self.kinds()
+        if kind not in kinds:
+            hint = close_matches(kind, kinds)
+            raise RegistryError(
+                f"unknown component kind {kind!r}; known kinds: {kinds}"
+                + (f"; did you mean {hint[0]!r}?" if hint else "")
+            )
+        raise RegistryError(self.unknown_type_message(kind, type_))
+
+    def unknown_type_message(self, kind: str, type_: str) -> str:
+        """Human message for an unknown ``type`` of ``kind``: valid types, closest match, installed plugins."""
+        types = self.types(kind)
+        hint = close_matches(str(type_), types)
+        msg = f"unknown {kind} type {type_!r}; valid types: {', '.join(types) or '(none installed)'}"
+        if hint:
+            msg += f"; did you mean {hint[0]!r}?"
+        msg += f"; installed plugins: {', '.join(sorted(self._plugins)) or '(none)'}"
+        return msg
+
+    def kinds(self) -> list[str]:
+        """Sorted list of kinds with at least one registered component."""
+        return sorted({k for k, _ in self._components})
+
+    def types(self, kind: str) -> list[str]:
+        """Sorted type names registered for ``kind``."""
+        return sorted(t for k, t in self._components if k == kind)
+
+    def components(self, kind: str | None = None, *, plugin: str | None = None, pattern: str | None = None) -> list[Component]:
+        """Entries filtered by kind, providing plugin and ``fnmatch`` pattern on the type (timm-style listing)."""
+        import fnmatch
+
+        out = [
+            c
+            for c in self._components.values()
+            if (kind is None or c.kind == kind)
+            and (plugin is None or c.provider.plugin == plugin)
+            and (pattern is None or fnmatch.fnmatch(c.type, pattern))
+        ]
+        return sorted(out, key=lambda c: c.key)
+
+    def entry_for_config(self, config: ComponentConfig, kind: str | None = None) -> Component:
+        """The entry whose config model produced ``config`` (looked up by its ``type`` tag).
+
+        Raises:
+            RegistryError: no entry of that type (and kind, if given) is registered.
+        """
+        matches = [c for c in self._components.values() if c.type == config.type and isinstance(config, c.config)]
+        if kind is not None:
+            matches = [c for c in matches if c.kind == kind]
+        if not matches:
+            raise RegistryError(f"no registered component for config {type(config).__name__}(type={config.type!r})")
+        return matches[0]
+
+    def plugins(self) -> list[PluginInfo]:
+        """Loaded plugins, sorted by name."""
+        return [self._plugins[k] for k in sorted(self._plugins)]
+
+    def skipped_plugins(self) -> dict[str, str]:
+        """Plugins that failed to load in non-strict mode: ``{name: reason}``."""
+        return dict(self._skipped)
+
+    def hf_converter(self, model_type: str) -> HFConverter:
+        """The converter for a Hugging Face ``model_type``.
+
+        Raises:
+            RegistryError: none registered; lists the supported model types and the closest match.
+        """
+        conv = self._converters.get(model_type)
+        if conv is None:
+            types = sorted(self._converters)
+            hint = close_matches(str(model_type), types)
+            raise RegistryError(
+                f"no converter for Hugging Face model_type {model_type!r}; supported: {', '.join(types)}"
+                + (f"; did you mean {hint[0]!r}?" if hint else "")
+            )
+        return conv
+
+    def hf_model_types(self) -> list[str]:
+        """Sorted Hugging Face model types with a registered converter."""
+        return sorted(self._converters)
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        """The underlying pluggy manager (holds only successfully registered plugins)."""
+        return self._pm
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_default: Registry | None = None
+_default_lock = threading.Lock()
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, with every installed plugin loaded (on first call)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                reg = Registry()
+                reg.load_entry_points()
+                _default = reg
+    return _default
+
+
+def reset_registry() -> None:
+    """Forget the process-wide registry; the next :func:`get_registry` reloads entry points (tests, after installs)."""
+    global _default
+    with _default_lock:
+        _default = None

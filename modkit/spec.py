@@ -1,0 +1,460 @@
+"""Model specs: strict JSON documents validated by pydantic models built from the live registry.
+
+A spec describes a decoder-only Transformer: model-wide sizes, a position scheme, one ``block`` (attention,
+ffn, norm, placement) used by every layer, optional per-layer ``overrides`` and the model head. Each component
+slot is a discriminated union on ``type`` over every registered component of that kind, built *after*
+plugins load, so a third-party component validates exactly like a built-in. Specs never name Python import
+paths: component names resolve only through the registry.
+
+Errors are collected into one :class:`~modkit.errors.SpecError` listing every ``(path, message)``.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Literal, Optional, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from .config import ComponentConfig, Slot, slot_kind
+from .errors import SpecError
+from .registry import Registry, close_matches, get_registry
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+
+class LayerRange(_Strict):
+    """A Python-style slice of layer indices: ``start``, ``start + step``, ... below ``stop``."""
+
+    start: int = Field(0, ge=0, description="first layer index (0-based)")
+    stop: Optional[int] = Field(None, ge=0, description="exclusive end; null means n_layers")
+    step: PositiveInt = Field(1, description="stride between selected layers")
+
+    def indices(self, n_layers: int) -> list[int]:
+        """The selected layer indices for a model of ``n_layers`` layers."""
+        stop = n_layers if self.stop is None else min(self.stop, n_layers)
+        return list(range(self.start, stop, self.step))
+
+
+class BlockSpec(_Strict):
+    """The components of one Transformer block. The placement creates the norms it needs from ``norm``."""
+
+    attention: ComponentConfig = Slot("attention", description="token-mixing sublayer, [batch, seq, d_model] -> same")
+    ffn: ComponentConfig = Slot("ffn", description="position-wise sublayer, [batch, seq, d_model] -> same")
+    norm: ComponentConfig = Slot("norm", description="norm config instantiated by the placement wherever it puts a norm")
+    placement: ComponentConfig = Slot("placement", description="how norms, sublayers and residuals compose")
+
+
+class LayerOverride(_Strict):
+    """Replace whole block slots (and the position scheme) for selected layers; later overrides win."""
+
+    layers: Union[list[int], LayerRange] = Field(
+        ..., description="layer indices (0-based), or a range {start, stop, step}"
+    )
+    attention: Optional[ComponentConfig] = Slot("attention", default=None, description="replacement attention")
+    ffn: Optional[ComponentConfig] = Slot("ffn", default=None, description="replacement ffn")
+    norm: Optional[ComponentConfig] = Slot("norm", default=None, description="replacement norm config")
+    placement: Optional[ComponentConfig] = Slot("placement", default=None, description="replacement placement")
+    position: Optional[ComponentConfig] = Slot(
+        "position", default=None, description="replacement position scheme (q/k or bias schemes only)"
+    )
+
+    def indices(self, n_layers: int) -> list[int]:
+        """The layer indices this override selects."""
+        return self.layers.indices(n_layers) if isinstance(self.layers, LayerRange) else list(self.layers)
+
+
+class ModelSpec(_Strict):
+    """A decoder-only language model: ``input_ids [batch, seq]`` -> ``logits [batch, seq, vocab_size]``.
+
+    Use :func:`load_spec` to get a validated instance (the class returned by :func:`spec_model` has its slots
+    bound to the registered components).
+    """
+
+    schema_uri: Optional[str] = Field(None, alias="$schema", description="JSON Schema URI for editors (ignored)")
+    schema_version: Literal[1] = Field(..., description="version of the spec format; currently 1")
+    name: Optional[str] = Field(None, description="model name")
+    description: Optional[str] = Field(None, description="free text")
+    vocab_size: PositiveInt = Field(..., description="number of token ids")
+    d_model: PositiveInt = Field(..., description="residual stream width")
+    n_layers: PositiveInt = Field(..., description="number of Transformer blocks")
+    max_seq_len: PositiveInt = Field(..., description="longest sequence (tokens) the model is specified for")
+    position: ComponentConfig = Slot("position", description="position scheme of every layer unless overridden")
+    block: BlockSpec = Field(..., description="components of every block unless overridden")
+    overrides: list[LayerOverride] = Field(default_factory=list, description="per-layer replacements of block slots")
+    embedding_norm: Optional[ComponentConfig] = Slot(
+        "norm", default=None, description="norm applied to the embeddings before the first block (BERT); null for none"
+    )
+    embedding_scale: Union[float, Literal["sqrt_d_model"], None] = Field(
+        None, description="multiply token embeddings by this (Gemma: 'sqrt_d_model', rounded to the model dtype)"
+    )
+    final_norm: Optional[ComponentConfig] = Slot("norm", default=None, description="norm after the last block; null for none")
+    tie_embeddings: bool = Field(False, description="LM head shares the token-embedding matrix (one parameter)")
+    lm_head_bias: bool = Field(False, description="LM head has a bias vector [vocab_size]")
+    final_logit_softcap: Optional[float] = Field(
+        None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2); null for none"
+    )
+    init_std: float = Field(0.02, gt=0, description="standard deviation of the normal init of weight matrices")
+
+    @field_validator("overrides")
+    @classmethod
+    def _no_empty_override(cls, v: list[LayerOverride]) -> list[LayerOverride]:
+        for i, o in enumerate(v):
+            if not any(getattr(o, k) is not None for k in ("attention", "ffn", "norm", "placement", "position")):
+                raise ValueError(f"overrides[{i}] replaces nothing; give at least one of attention, ffn, norm, placement, position")
+        return v
+
+    def layer(self, index: int) -> "LayerSpec":
+        """The effective components of layer ``index`` after applying overrides in order.
+
+        Raises:
+            IndexError: ``index`` outside ``[0, n_layers)``.
+        """
+        if not 0 <= index < self.n_layers:
+            raise IndexError(f"layer {index} out of range for n_layers = {self.n_layers}")
+        parts = dict(
+            attention=self.block.attention,
+            ffn=self.block.ffn,
+            norm=self.block.norm,
+            placement=self.block.placement,
+            position=self.position,
+        )
+        for o in self.overrides:
+            if index in o.indices(self.n_layers):
+                for k in parts:
+                    v = getattr(o, k)
+                    if v is not None:
+                        parts[k] = v
+        return LayerSpec(index=index, **parts)
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """Serialise to spec JSON (round-trips through :func:`load_spec`)."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_dict(self) -> dict:
+        """Serialise to a plain dict (aliases used, ``$schema`` omitted when unset)."""
+        data = self.model_dump(mode="json", by_alias=True)
+        if data.get("$schema") is None:
+            data.pop("$schema", None)
+        return data
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """The resolved components of one layer."""
+
+    index: int
+    attention: ComponentConfig
+    ffn: ComponentConfig
+    norm: ComponentConfig
+    placement: ComponentConfig
+    position: ComponentConfig
+
+
+@dataclass(frozen=True)
+class SpecContext:
+    """Model-wide sizes handed to component configs' cross-field ``check(ctx)`` methods."""
+
+    d_model: int
+    n_layers: int
+    vocab_size: int
+    max_seq_len: int
+    registry: Registry
+
+
+# ---------------------------------------------------------------------------------------------------------
+# live model construction
+
+
+def _ident(kind: str) -> str:
+    return "_slot_" + "".join(ch if ch.isalnum() else "_" for ch in kind)
+
+
+def _slot_fields(cls: type[BaseModel]) -> dict[str, str]:
+    return {name: k for name, f in cls.model_fields.items() if (k := slot_kind(f)) is not None}
+
+
+def _live_copy(cls: type[BaseModel], extra: dict[str, Any] | None = None) -> type[BaseModel]:
+    slots = _slot_fields(cls)
+    if not slots and not extra:
+        return cls
+    overrides: dict[str, Any] = dict(extra or {})
+    for name, kind in slots.items():
+        f = cls.model_fields[name]
+        optional = f.default is None or type(None) in typing.get_args(f.annotation)
+        ann = f"Optional[{_ident(kind)}]" if optional else _ident(kind)
+        default = ... if f.is_required() else f.default
+        overrides[name] = (ann, Field(default, description=f.description, json_schema_extra=f.json_schema_extra))
+    return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__, **overrides)
+
+
+def _missing_kind(kind: str, registry: Registry):
+    def check(v: Any) -> Any:
+        raise ValueError(
+            f"no component of kind {kind!r} is installed; installed plugins: "
+            f"{', '.join(p.name for p in registry.plugins()) or '(none)'}"
+        )
+
+    from pydantic import BeforeValidator
+
+    return Annotated[Any, BeforeValidator(check)]
+
+
+def spec_model(registry: Registry | None = None) -> type[ModelSpec]:
+    """The :class:`ModelSpec` subclass whose component slots are unions over ``registry``'s components.
+
+    Rebuilt whenever the registry changes (it carries a generation counter).
+    """
+    reg = registry or get_registry()
+    cached = getattr(reg, "_spec_model_cache", None)
+    if cached and cached[0] == reg.generation:
+        return cached[1]
+    entries = reg.components()
+    kinds = set(reg.kinds())
+    for cls in [e.config for e in entries] + [BlockSpec, LayerOverride, ModelSpec]:
+        kinds.update(_slot_fields(cls).values())
+    live: dict[type, type] = {}
+    for e in entries:
+        if e.config not in live:
+            live[e.config] = _live_copy(e.config)
+    ns: dict[str, Any] = {"Optional": Optional}
+    for kind in sorted(kinds):
+        classes = list(dict.fromkeys(live[e.config] for e in entries if e.kind == kind))
+        if not classes:
+            ns[_ident(kind)] = _missing_kind(kind, reg)
+        elif len(classes) == 1:
+            ns[_ident(kind)] = classes[0]
+        else:
+            ns[_ident(kind)] = Annotated[Union[tuple(classes)], Field(discriminator="type")]
+    block = _live_copy(BlockSpec)
+    override = _live_copy(LayerOverride)
+    ns["_BlockSpec"], ns["_LayerOverride"] = block, override
+    model = _live_copy(
+        ModelSpec,
+        extra={
+            "block": ("_BlockSpec", Field(..., description=ModelSpec.model_fields["block"].description)),
+            "overrides": (
+                "list[_LayerOverride]",
+                Field(default_factory=list, description=ModelSpec.model_fields["overrides"].description),
+            ),
+        },
+    )
+    originals = set(live) | {BlockSpec, LayerOverride, ModelSpec}
+    for cls in dict.fromkeys([*live.values(), block, override, model]):
+        if cls not in originals:  # a copy with forward references to the unions above
+            cls.model_rebuild(_types_namespace=ns, force=True)
+    reg._spec_model_cache = (reg.generation, model)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------------
+# loading and error reporting
+
+
+def _path_of(loc: tuple, data: Any) -> str:
+    """Dotted JSON path for a pydantic ``loc``, dropping the union-tag elements pydantic inserts."""
+    parts: list[str] = []
+    node = data
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            node = node[item] if isinstance(node, list) and -len(node) <= item < len(node) else None
+            continue
+        if isinstance(node, dict) and item not in node and node.get("type") == item:
+            continue  # discriminated-union tag, not a key of the document
+        if isinstance(item, str) and item.startswith(("function-", "list[", "union[")):
+            continue
+        parts.append(("." if parts else "") + str(item))
+        node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts)
+
+
+def _node_at(loc: tuple, data: Any) -> Any:
+    node = data
+    for item in loc:
+        if isinstance(node, dict) and item in node:
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and -len(node) <= item < len(node):
+            node = node[item]
+        elif isinstance(node, dict) and node.get("type") == item:
+            continue
+        else:
+            return None
+    return node
+
+
+def _kind_for_tags(expected: str, registry: Registry) -> str | None:
+    tags = {t.strip().strip("'\"") for t in expected.split(",")}
+    for kind in registry.kinds():
+        if set(registry.types(kind)) == tags:
+            return kind
+    return None
+
+
+def _format_error(err: dict, data: Any, registry: Registry) -> tuple[str, str]:
+    loc = tuple(err.get("loc", ()))
+    path = _path_of(loc, data)
+    etype = err.get("type")
+    if etype == "union_tag_invalid":
+        ctx = err.get("ctx", {})
+        kind = _kind_for_tags(str(ctx.get("expected_tags", "")), registry) or "component"
+        return (f"{path}.type" if path else "type", registry.unknown_type_message(kind, ctx.get("tag")))
+    if etype == "union_tag_not_found":
+        return (path, "missing 'type'; every component needs a \"type\" naming a registered component")
+    if etype == "extra_forbidden":
+        parent = _node_at(loc[:-1], data)
+        field = loc[-1]
+        where = f"{parent.get('type')!r}" if isinstance(parent, dict) and "type" in parent else "this object"
+        allowed = _allowed_fields(parent, registry)
+        msg = f"unknown field {field!r} for {where}"
+        if allowed:
+            hint = close_matches(str(field), allowed)
+            msg += f"; valid fields: {', '.join(allowed)}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+        return (path, msg)
+    msg = err.get("msg", "invalid")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if etype not in ("missing",) and "input" in err and not isinstance(err["input"], (dict, list)):
+        msg += f" (got {err['input']!r})"
+    return (path, msg)
+
+
+def _allowed_fields(parent: Any, registry: Registry) -> list[str]:
+    if not isinstance(parent, dict) or "type" not in parent:
+        return []
+    for c in registry.components():
+        if c.type == parent["type"]:
+            return [n for n in c.config.model_fields if n != "type"]
+    return []
+
+
+def _semantic_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
+    ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
+    errors: list[tuple[str, str]] = []
+
+    def visit(cfg: Any, path: str) -> None:
+        if not isinstance(cfg, ComponentConfig):
+            return
+        check = getattr(cfg, "check", None)
+        if callable(check):
+            for sub, msg in check(ctx) or ():
+                errors.append((f"{path}.{sub}" if sub else path, msg))
+        for name in type(cfg).model_fields:
+            visit(getattr(cfg, name), f"{path}.{name}")
+
+    visit(spec.position, "position")
+    for slot in ("attention", "ffn", "norm", "placement"):
+        visit(getattr(spec.block, slot), f"block.{slot}")
+    for name in ("embedding_norm", "final_norm"):
+        visit(getattr(spec, name), name)
+    for i, o in enumerate(spec.overrides):
+        if isinstance(o.layers, list):
+            for j, idx in enumerate(o.layers):
+                if not 0 <= idx < spec.n_layers:
+                    errors.append((f"overrides[{i}].layers[{j}]", f"layer {idx} out of range; n_layers = {spec.n_layers}"))
+        elif o.layers.start >= spec.n_layers:
+            errors.append((f"overrides[{i}].layers.start", f"start = {o.layers.start} selects no layer; n_layers = {spec.n_layers}"))
+        for slot in ("attention", "ffn", "norm", "placement", "position"):
+            visit(getattr(o, slot), f"overrides[{i}].{slot}")
+        if o.position is not None:
+            acts = registry.entry_for_config(o.position, "position").capabilities.get("acts_on")
+            if acts == "embedding":
+                errors.append(
+                    (
+                        f"overrides[{i}].position",
+                        f"position type {o.position.type!r} acts on the input embeddings, so it cannot differ per layer; "
+                        "set it in the top-level 'position' instead",
+                    )
+                )
+    return errors
+
+
+def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry | None = None) -> ModelSpec:
+    """Parse and validate a spec.
+
+    Args:
+        source: a path to a ``.json`` file, a JSON string, a dict, or an already-validated :class:`ModelSpec`
+            (re-validated against ``registry``).
+        registry: defaults to the process-wide registry with every installed plugin.
+
+    Returns:
+        A validated :class:`ModelSpec` (instance of the live subclass).
+
+    Raises:
+        SpecError: with every ``(path, message)``: unreadable file, malformed JSON (line and column),
+            schema violations, unknown component types (valid types and closest match listed) and
+            cross-field problems such as ``block.attention: n_kv_heads = 5 does not divide n_heads = 32``.
+    """
+    reg = registry or get_registry()
+    label: str | None = None
+    if isinstance(source, ModelSpec):
+        data = source.to_dict()
+    elif isinstance(source, dict):
+        data = source
+    else:
+        text = str(source)
+        if isinstance(source, Path) or (not text.lstrip().startswith("{") and (text.endswith(".json") or Path(text).exists())):
+            label = text
+            try:
+                text = Path(text).read_text()
+            except OSError as exc:
+                raise SpecError([("", f"cannot read spec file: {exc.strerror or exc}")], source=label) from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError([("", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")], source=label) from None
+    if not isinstance(data, dict):
+        raise SpecError([("", f"a spec is a JSON object, got {type(data).__name__}")], source=label)
+    model = spec_model(reg)
+    try:
+        spec = model.model_validate(data)
+    except ValidationError as exc:
+        errors = [_format_error(e, data, reg) for e in exc.errors()]
+        raise SpecError(list(dict.fromkeys(errors)), source=label) from None
+    errors = _semantic_errors(spec, reg)
+    if errors:
+        raise SpecError(errors, source=label)
+    return spec
+
+
+def json_schema(registry: Registry | None = None) -> dict:
+    """JSON Schema (draft 2020-12) of specs with the installed components, for editors (``"$schema"`` key)."""
+    schema = spec_model(registry).model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema.setdefault("title", "modkit model spec")
+    return schema
+
+
+def iter_configs(spec: ModelSpec) -> Iterable[tuple[str, ComponentConfig]]:
+    """Every component config in ``spec`` with its JSON path (nested slots included)."""
+
+    def walk(cfg: Any, path: str):
+        if isinstance(cfg, ComponentConfig):
+            yield path, cfg
+            for name in type(cfg).model_fields:
+                yield from walk(getattr(cfg, name), f"{path}.{name}")
+
+    yield from walk(spec.position, "position")
+    for slot in ("attention", "ffn", "norm", "placement"):
+        yield from walk(getattr(spec.block, slot), f"block.{slot}")
+    for name in ("embedding_norm", "final_norm"):
+        yield from walk(getattr(spec, name), name)
+    for i, o in enumerate(spec.overrides):
+        for slot in ("attention", "ffn", "norm", "placement", "position"):
+            yield from walk(getattr(o, slot), f"overrides[{i}].{slot}")

@@ -1,0 +1,246 @@
+"""Multi-head attention with grouped key/value heads: ``mha``, ``mqa`` and ``gqa`` are one module.
+
+``[batch, seq, d_model] -> [batch, seq, d_model]``. MHA is GQA with ``n_kv_heads = n_heads``, MQA with
+``n_kv_heads = 1``. Options: ``head_dim`` independent of ``d_model / n_heads``; separate q/k/v/output bias
+flags; QK-norm per head (Qwen3, Gemma 3) or over the full projection width (OLMo 2); sliding window;
+causal or bidirectional; softmax scale override; ``sdpa`` (default) or ``eager`` backend.
+
+The mask is built from absolute positions, so it is aligned bottom-right whenever the query length differs
+from the key length (cached decode, chunked prefill), and left padding is honoured. Rows with no visible key
+(padding queries) output exactly 0 instead of NaN (pytorch #103749).
+
+References: Vaswani et al. 2017 (arXiv:1706.03762); MQA, Shazeer 2019 (arXiv:1911.02150); GQA, Ainslie
+et al. 2023 (arXiv:2305.13245); layout of the module follows torchtune ``modules/attention.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Literal, Optional
+
+import torch
+from einops import rearrange
+from pydantic import Field, PositiveInt, model_validator
+from torch import Tensor, nn
+
+from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, Slot, hookimpl
+
+
+class AttentionConfig(ComponentConfig):
+    """Config shared by ``mha``, ``mqa`` and ``gqa``."""
+
+    type: Literal["mha", "mqa", "gqa"]
+    n_heads: PositiveInt = Field(..., description="number of query heads")
+    n_kv_heads: Optional[PositiveInt] = Field(
+        None, description="number of key/value heads; must divide n_heads. Default: n_heads (mha), 1 (mqa); required for gqa"
+    )
+    head_dim: Optional[PositiveInt] = Field(
+        None, description="width of one head; default d_model / n_heads (which must then be an integer)"
+    )
+    q_bias: bool = Field(False, description="bias on the query projection")
+    k_bias: bool = Field(False, description="bias on the key projection")
+    v_bias: bool = Field(False, description="bias on the value projection")
+    o_bias: bool = Field(False, description="bias on the output projection")
+    qk_norm: Optional[ComponentConfig] = Slot(
+        "norm", default=None, description="norm applied to queries and keys before the position scheme; null for none"
+    )
+    qk_norm_scope: Literal["head", "full"] = Field(
+        "head", description="'head': normalise each head over head_dim (Qwen3, Gemma 3); 'full': over the whole projection (OLMo 2)"
+    )
+    sliding_window: Optional[PositiveInt] = Field(
+        None, description="each query sees only keys with 0 <= q_pos - k_pos < sliding_window; null for global attention"
+    )
+    causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
+    softmax_scale: Optional[float] = Field(None, gt=0, description="multiplier of q·k; default 1/sqrt(head_dim)")
+    backend: Literal["sdpa", "eager"] = Field(
+        "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"
+    )
+
+    @model_validator(mode="after")
+    def _heads(self) -> "AttentionConfig":
+        kv = self.n_kv_heads
+        if self.type == "gqa" and kv is None:
+            raise ValueError("gqa needs n_kv_heads (use mha for n_kv_heads = n_heads, mqa for 1)")
+        if self.type == "mha" and kv is not None and kv != self.n_heads:
+            raise ValueError(f"mha has n_kv_heads = n_heads = {self.n_heads}, got n_kv_heads = {kv}; use gqa")
+        if self.type == "mqa" and kv is not None and kv != 1:
+            raise ValueError(f"mqa has n_kv_heads = 1, got n_kv_heads = {kv}; use gqa")
+        kv = self.kv_heads
+        if kv > self.n_heads:
+            raise ValueError(f"n_kv_heads = {kv} exceeds n_heads = {self.n_heads}; n_kv_heads must divide n_heads")
+        if self.n_heads % kv:
+            raise ValueError(f"n_kv_heads = {kv} does not divide n_heads = {self.n_heads}")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        """The effective number of key/value heads."""
+        if self.n_kv_heads is not None:
+            return self.n_kv_heads
+        return 1 if self.type == "mqa" else self.n_heads
+
+    def resolved_head_dim(self, d_model: int) -> int:
+        """``head_dim``, or ``d_model // n_heads`` when not given."""
+        return self.head_dim if self.head_dim is not None else d_model // self.n_heads
+
+    def check(self, ctx) -> list[tuple[str, str]]:
+        """Cross-field check against the model: a derived head_dim needs n_heads to divide d_model."""
+        if self.head_dim is None and ctx.d_model % self.n_heads:
+            return [("n_heads", f"d_model = {ctx.d_model} is not divisible by n_heads = {self.n_heads}; set head_dim explicitly or change n_heads")]
+        return []
+
+
+def attention_mask(
+    q_pos: Tensor, k_pos: Tensor, k_valid: Optional[Tensor], causal: bool, window: Optional[int]
+) -> Tensor:
+    """Boolean mask ``[batch, 1, q_len, kv_len]`` (True = may attend) from absolute positions.
+
+    Args:
+        q_pos: ``[batch, q_len]`` query positions. k_pos: ``[batch, kv_len]`` key positions.
+        k_valid: ``[batch, kv_len]`` False for padding keys, or ``None``.
+        causal: keys after the query are hidden. window: keys further than ``window - 1`` positions away are hidden.
+    """
+    diff = q_pos[:, :, None] - k_pos[:, None, :]
+    mask = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
+    if window is not None:
+        mask = mask & (diff < window) if causal else mask & (diff.abs() < window)
+    if k_valid is not None:
+        mask = mask & k_valid[:, None, :]
+    return mask[:, None]
+
+
+class Attention(nn.Module):
+    """Grouped-query attention. ``forward(x [batch, seq, d_model], inputs) -> [batch, seq, d_model]``.
+
+    Attributes ``n_heads``, ``n_kv_heads``, ``head_dim`` and ``sliding_window`` describe the geometry; the KV
+    cache stores ``n_kv_heads`` heads.
+    """
+
+    def __init__(self, cfg: AttentionConfig, ctx: BuildContext):
+        super().__init__()
+        d = ctx.d_model
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
+        self.head_dim = cfg.resolved_head_dim(d)
+        self.sliding_window = cfg.sliding_window
+        self.causal = cfg.causal
+        self.backend = cfg.backend
+        self.scale = cfg.softmax_scale if cfg.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)
+        self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
+        self.v_proj = nn.Linear(d, kv_width, bias=cfg.v_bias)
+        self.o_proj = nn.Linear(q_width, d, bias=cfg.o_bias)
+        self.qk_norm_scope = cfg.qk_norm_scope
+        if cfg.qk_norm is not None:
+            per_head = cfg.qk_norm_scope == "head"
+            self.q_norm = ctx.build(cfg.qk_norm, dim=self.head_dim if per_head else q_width)
+            self.k_norm = ctx.build(cfg.qk_norm, dim=self.head_dim if per_head else kv_width)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _project(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.q_norm is not None and self.qk_norm_scope == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rearrange(q, "b s (h d) -> b h s d", h=self.n_heads)
+        k = rearrange(k, "b s (h d) -> b h s d", h=self.n_kv_heads)
+        v = rearrange(v, "b s (h d) -> b h s d", h=self.n_kv_heads)
+        if self.q_norm is not None and self.qk_norm_scope == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if inputs.position is not None:
+            q, k = inputs.position.rotate(q, k, inputs.positions)
+        return q, k, v
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
+        """Attend. ``x [batch, seq, d_model]`` → ``[batch, seq, d_model]``; updates ``inputs.cache`` if given."""
+        out, _ = self._attend(x, inputs, need_weights=False)
+        return out
+
+    def forward_with_weights(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """Like :meth:`forward`, also returning the attention weights ``[batch, n_heads, q_len, kv_len]`` (eager math)."""
+        return self._attend(x, inputs, need_weights=True)
+
+    def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+        q, k, v = self._project(x, inputs)
+        q_pos, k_pos, k_valid = inputs.positions, inputs.positions, inputs.token_mask
+        if inputs.cache is not None:
+            k, v, k_pos, k_valid = inputs.cache.update(k, v, q_pos, k_valid)
+        bias = inputs.position.attention_bias(q_pos, k_pos, self.n_heads) if inputs.position is not None else None
+        simple = (
+            self.causal and bias is None and k_valid is None and self.sliding_window is None
+            and inputs.cache is None and not need_weights and self.backend == "sdpa"
+        )
+        if simple:  # plain causal self-attention over one fresh sequence: let SDPA pick its fastest kernel
+            out = nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
+            )
+            return self.o_proj(rearrange(out, "b h s d -> b s (h d)")), None
+        mask = attention_mask(q_pos, k_pos, k_valid, self.causal, self.sliding_window)
+        live = mask.any(-1, keepdim=True)  # [b, 1, q, 1]: rows with at least one visible key
+        mask = mask | ~live  # fully masked rows attend everywhere (finite), then are zeroed below
+        weights = None
+        if self.backend == "eager" or need_weights:
+            if self.n_kv_heads != self.n_heads:
+                rep = self.n_heads // self.n_kv_heads
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.scale
+            if bias is not None:
+                scores = scores + bias
+            scores = scores.masked_fill(~mask, float("-inf"))
+            weights = torch.softmax(scores, dim=-1).masked_fill(~live, 0.0)
+            out = torch.matmul(weights.to(v.dtype), v)
+        else:
+            attn_mask = mask
+            if bias is not None:
+                attn_mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+            out = nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
+            )
+        out = out.masked_fill(~live, 0.0)
+        return self.o_proj(rearrange(out, "b h s d -> b s (h d)")), weights
+
+
+def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
+    d, hd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model)
+    qw, kvw = cfg.n_heads * hd, cfg.kv_heads * hd
+    n = d * qw * 2 + d * kvw * 2
+    n += qw * cfg.q_bias + kvw * cfg.k_bias + kvw * cfg.v_bias + d * cfg.o_bias
+    if cfg.qk_norm is not None:
+        norm = ctx.registry.entry_for_config(cfg.qk_norm)
+        per_head = cfg.qk_norm_scope == "head"
+        for width in (qw, kvw):
+            n += norm.param_count(cfg.qk_norm, replace(ctx, dim=hd if per_head else width))
+    return n
+
+
+@hookimpl
+def register_components(register) -> None:
+    """Register ``mha``, ``mqa`` and ``gqa`` (one module)."""
+    refs = {
+        "mha": "Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
+        "mqa": "Shazeer 2019, Fast Transformer Decoding: One Write-Head is All You Need, arXiv:1911.02150",
+        "gqa": "Ainslie et al. 2023, GQA: Training Generalized Multi-Query Transformer Models, arXiv:2305.13245",
+    }
+    names = {"mha": "multi-head", "mqa": "multi-query (one key/value head)", "gqa": "grouped-query"}
+    for t in ("mha", "mqa", "gqa"):
+        register(
+            Component(
+                kind="attention",
+                type=t,
+                config=AttentionConfig,
+                factory=lambda cfg, ctx: Attention(cfg, ctx),
+                description=f"{names[t].capitalize()} scaled dot-product attention with optional biases, QK-norm, "
+                "sliding window and KV cache. [batch, seq, d_model] -> [batch, seq, d_model]; the cache holds "
+                "[batch, n_kv_heads, seq, head_dim] keys and values.",
+                reference=refs[t],
+                capabilities={
+                    "causal_safe": True,
+                    "kv_cache": True,
+                    "compile_safe": True,
+                    "returns_weights": True,
+                    "tp_plan": {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"},
+                },
+                param_count=_param_count,
+            )
+        )

@@ -1,0 +1,3 @@
+"""Converter placeholder: filled in by the converters work (llama family)."""
+
+CONVERTERS: dict = {}
