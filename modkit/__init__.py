@@ -19,7 +19,7 @@ from .hooks import hookimpl
 from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, split_aux
 from .model import Model, ModelOutput
 from .registry import Component, Registry, get_registry
-from .spec import ModelSpec, SpecContext, json_schema, load_spec
+from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
 
 __version__ = "0.1.0"
 
@@ -52,6 +52,7 @@ __all__ = [
     "hookimpl",
     "json_schema",
     "kv_cache_bytes_per_token",
+    "load_component",
     "load_spec",
     "split_aux",
     "summarize",

@@ -36,6 +36,21 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
+@contextlib.contextmanager
+def _skip_torch_init():
+    """Make ``torch.nn.init`` fills no-ops during construction: every tensor is set later by ``init_weights``,
+    and on ``meta`` some fills (``normal_``) pull in torch's decomposition machinery, costing seconds."""
+    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))]
+    saved = {n: getattr(nn.init, n) for n in names}
+    for n in names:
+        setattr(nn.init, n, lambda tensor, *a, **k: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(nn.init, n, fn)
+
+
 def _parse_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
     if dtype is None:
         return torch.float32
@@ -117,7 +132,7 @@ def build(
         spec = load_spec(spec, registry=reg)
     torch_dtype = _parse_dtype(dtype)
     target = torch.device(device) if device is not None else torch.device("cpu")
-    with torch.device("meta"), _default_dtype(torch_dtype):
+    with torch.device("meta"), _default_dtype(torch_dtype), _skip_torch_init():
         model = _construct(spec, reg)
     if target.type == "meta":
         return model

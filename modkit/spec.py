@@ -260,7 +260,31 @@ def spec_model(registry: Registry | None = None) -> type[ModelSpec]:
         if cls not in originals:  # a copy with forward references to the unions above
             cls.model_rebuild(_types_namespace=ns, force=True)
     reg._spec_model_cache = (reg.generation, model)
+    reg._slot_types = ns
     return model
+
+
+def load_component(kind: str, data: Union[dict, ComponentConfig], *, registry: Registry | None = None) -> ComponentConfig:
+    """Validate one component config of ``kind`` (e.g. ``{"type": "rmsnorm", "eps": 1e-6}``) on its own.
+
+    Nested slots resolve against the live registry, as in a full spec.
+
+    Raises:
+        SpecError: with ``(path, message)`` pairs relative to the component.
+    """
+    from pydantic import TypeAdapter
+
+    reg = registry or get_registry()
+    spec_model(reg)
+    if isinstance(data, ComponentConfig):
+        data = data.model_dump(mode="json")
+    adapter = TypeAdapter(reg._slot_types[_ident(kind)]) if _ident(kind) in reg._slot_types else None
+    if adapter is None:
+        raise SpecError([("", f"unknown component kind {kind!r}; known kinds: {reg.kinds()}")])
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise SpecError(list(dict.fromkeys(_format_error(e, data, reg) for e in exc.errors()))) from None
 
 
 # ---------------------------------------------------------------------------------------------------------

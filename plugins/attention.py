@@ -110,6 +110,40 @@ def attention_mask(
     return mask[:, None]
 
 
+def masked_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Optional[Tensor], scale: float, *, eager: bool = False
+) -> tuple[Tensor, Optional[Tensor]]:
+    """Softmax attention with a boolean mask; rows with no visible key output exactly 0 (never NaN).
+
+    Args:
+        q: ``[batch, n_heads, q_len, head_dim]``; k, v: ``[batch, n_kv_heads, kv_len, head_dim]`` (n_kv_heads
+            divides n_heads; groups of n_heads / n_kv_heads query heads share a key/value head).
+        mask: ``[batch, 1 or n_heads, q_len, kv_len]`` bool, True = may attend.
+        bias: additive float bias broadcastable to the scores (ALiBi), or ``None``.
+        scale: multiplier of q·k (usually ``head_dim ** -0.5``).
+        eager: explicit float32 softmax (returns the weights) instead of ``scaled_dot_product_attention``.
+
+    Returns:
+        ``(out [batch, n_heads, q_len, head_dim], weights [batch, n_heads, q_len, kv_len] or None)``.
+    """
+    live = mask.any(-1, keepdim=True)  # rows with at least one visible key
+    mask = mask | ~live  # fully masked rows attend everywhere (finite values), then are zeroed
+    rep = q.shape[1] // k.shape[1]
+    if eager:
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        if bias is not None:
+            scores = scores + bias
+        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).masked_fill(~live, 0.0)
+        out = torch.matmul(weights.to(v.dtype), v)
+    else:
+        weights = None
+        attn_mask = mask if bias is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=rep > 1)
+    return out.masked_fill(~live, 0.0), weights
+
+
 class Attention(nn.Module):
     """Grouped-query attention. ``forward(x [batch, seq, d_model], inputs) -> [batch, seq, d_model]``.
 
@@ -177,27 +211,8 @@ class Attention(nn.Module):
             )
             return self.o_proj(rearrange(out, "b h s d -> b s (h d)")), None
         mask = attention_mask(q_pos, k_pos, k_valid, self.causal, self.sliding_window)
-        live = mask.any(-1, keepdim=True)  # [b, 1, q, 1]: rows with at least one visible key
-        mask = mask | ~live  # fully masked rows attend everywhere (finite), then are zeroed below
-        weights = None
-        if self.backend == "eager" or need_weights:
-            if self.n_kv_heads != self.n_heads:
-                rep = self.n_heads // self.n_kv_heads
-                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.scale
-            if bias is not None:
-                scores = scores + bias
-            scores = scores.masked_fill(~mask, float("-inf"))
-            weights = torch.softmax(scores, dim=-1).masked_fill(~live, 0.0)
-            out = torch.matmul(weights.to(v.dtype), v)
-        else:
-            attn_mask = mask
-            if bias is not None:
-                attn_mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
-            out = nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
-            )
-        out = out.masked_fill(~live, 0.0)
+        eager = self.backend == "eager" or need_weights
+        out, weights = masked_attention(q, k, v, mask, bias, self.scale, eager=eager)
         return self.o_proj(rearrange(out, "b h s d -> b s (h d)")), weights
 
 
