@@ -77,6 +77,8 @@ class Component:
         reference: the paper or reference implementation its math follows.
         capabilities: data about behaviour (see :data:`KNOWN_CAPABILITIES`).
         param_count: optional analytic parameter count ``param_count(config, ctx) -> int``.
+        example: a valid config dict for this component (docs show it; the contract kit builds it); defaults to
+            ``{"type": type}``.
         provider: filled in by the registry when the entry is registered.
     """
 
@@ -88,7 +90,12 @@ class Component:
     reference: str = ""
     capabilities: Mapping[str, Any] = field(default_factory=dict)
     param_count: Callable[..., int] | None = None
+    example: Mapping[str, Any] | None = None
     provider: Provider | None = None
+
+    def example_config(self) -> dict:
+        """A config dict that validates for this component (``example`` or ``{"type": type}``)."""
+        return dict(self.example) if self.example is not None else {"type": self.type}
 
     @property
     def key(self) -> tuple[str, str]:

@@ -257,5 +257,6 @@ def register_components(register) -> None:
                     "tp_plan": {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"},
                 },
                 param_count=_param_count,
+                example={"type": t, "n_heads": 4, **({"n_kv_heads": 2} if t == "gqa" else {})},
             )
         )

@@ -109,6 +109,7 @@ def register_components(register) -> None:
             reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
             capabilities={"compile_safe": True, "tp_plan": plan_mlp},
             param_count=_mlp_count,
+            example={"type": "mlp", "d_ff": 128, "activation": "gelu_tanh"},
         )
     )
     for t, what in (("swiglu", "SiLU"), ("geglu", "GELU (tanh)")):
@@ -122,5 +123,6 @@ def register_components(register) -> None:
                 reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
                 capabilities={"compile_safe": True, "tp_plan": plan_gated},
                 param_count=_gated_count,
+                example={"type": t, "d_ff": 96},
             )
         )
