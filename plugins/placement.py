@@ -1,15 +1,26 @@
 """Placements: how a block composes its norms, sublayers and residuals. ``[batch, seq, d_model]`` in and out.
 
-* ``pre``:  ``x = x + attn(norm(x)); x = x + ffn(norm(x))`` (GPT-2, Llama).
+Every placement builds the norms it needs from the block's norm config and returns a block module with
+``forward(x, inputs) -> (x, aux_loss | None)``; the ffn may return ``(out, aux_loss)`` (MoE).
+
+* ``pre``:      ``x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))`` (GPT-2, Llama).
+* ``post``:     ``x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x))`` (original Transformer, BERT).
+* ``sandwich``: ``x = x + attn_post_norm(attn(attn_norm(x))); x = x + ffn_post_norm(ffn(ffn_norm(x)))`` (Gemma 2/3).
+* ``peri`` (alias ``reordered``): ``x = x + attn_post_norm(attn(x)); x = x + ffn_post_norm(ffn(x))`` (OLMo 2's reordered norm).
+* ``parallel``: ``x = x + attn(attn_norm(x)) + ffn(n2(x))`` with ``n2 = attn_norm`` when ``shared_norm``
+  (GPT-J, Falcon, Phi) else a separate ``ffn_norm`` (GPT-NeoX ``use_parallel_residual``).
 
 References: pre-norm, Xiong et al. 2020, On Layer Normalization in the Transformer Architecture
-(arXiv:2002.04745).
+(arXiv:2002.04745); post-norm, Vaswani et al. 2017 (arXiv:1706.03762); sandwich, Gemma Team 2024, Gemma 2
+(arXiv:2408.00118); peri/reordered, OLMo Team 2024, 2 OLMo 2 Furious (arXiv:2501.00656); parallel, Wang &
+Komatsuzaki 2021 (GPT-J) and Chowdhery et al. 2022, PaLM (arXiv:2204.02311) §2.
 """
 
 from __future__ import annotations
 
 from typing import Literal, Optional
 
+from pydantic import Field
 from torch import Tensor, nn
 
 from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, hookimpl, split_aux
@@ -21,8 +32,37 @@ class PreConfig(ComponentConfig):
     type: Literal["pre"] = "pre"
 
 
+class PostConfig(ComponentConfig):
+    """Config of ``post``: residual first, then a norm after each sublayer (original Transformer, BERT)."""
+
+    type: Literal["post"] = "post"
+
+
+class SandwichConfig(ComponentConfig):
+    """Config of ``sandwich``: a norm before and after each sublayer, inside the residual (Gemma 2/3)."""
+
+    type: Literal["sandwich"] = "sandwich"
+
+
+class PeriConfig(ComponentConfig):
+    """Config of ``peri`` (alias ``reordered``): a norm on each sublayer's output only, inside the residual (OLMo 2)."""
+
+    type: Literal["peri", "reordered"] = "peri"
+
+
+class ParallelConfig(ComponentConfig):
+    """Config of ``parallel``: attention and ffn read the same block input and are added to one residual."""
+
+    type: Literal["parallel"] = "parallel"
+    shared_norm: bool = Field(
+        True,
+        description="true: one norm feeds both sublayers (GPT-J, Falcon-7B, Phi); false: separate attn_norm and "
+        "ffn_norm (GPT-NeoX use_parallel_residual)",
+    )
+
+
 class PreNormBlock(nn.Module):
-    """``x + attention(attn_norm(x))`` then ``x + ffn(ffn_norm(x))``."""
+    """``x + attention(attn_norm(x))`` then ``x + ffn(ffn_norm(x))``. ``[b, s, d] -> ([b, s, d], aux)``."""
 
     def __init__(self, ctx: BuildContext):
         super().__init__()
@@ -38,17 +78,147 @@ class PreNormBlock(nn.Module):
         return x + h, aux
 
 
+class PostNormBlock(nn.Module):
+    """``attn_norm(x + attention(x))`` then ``ffn_norm(x + ffn(x))`` (Vaswani et al. 2017). ``[b, s, d] -> ([b, s, d], aux)``."""
+
+    def __init__(self, ctx: BuildContext):
+        super().__init__()
+        self.attention = ctx.attention
+        self.attn_norm = ctx.build(ctx.norm)
+        self.ffn = ctx.ffn
+        self.ffn_norm = ctx.build(ctx.norm)
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = self.attn_norm(x + self.attention(x, inputs))
+        h, aux = split_aux(self.ffn(x))
+        return self.ffn_norm(x + h), aux
+
+
+class SandwichNormBlock(nn.Module):
+    """``x + attn_post_norm(attention(attn_norm(x)))`` then ``x + ffn_post_norm(ffn(ffn_norm(x)))`` (Gemma 2).
+
+    ``[b, s, d] -> ([b, s, d], aux)``.
+    """
+
+    def __init__(self, ctx: BuildContext):
+        super().__init__()
+        self.attn_norm = ctx.build(ctx.norm)
+        self.attention = ctx.attention
+        self.attn_post_norm = ctx.build(ctx.norm)
+        self.ffn_norm = ctx.build(ctx.norm)
+        self.ffn = ctx.ffn
+        self.ffn_post_norm = ctx.build(ctx.norm)
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = x + self.attn_post_norm(self.attention(self.attn_norm(x), inputs))
+        h, aux = split_aux(self.ffn(self.ffn_norm(x)))
+        return x + self.ffn_post_norm(h), aux
+
+
+class PeriNormBlock(nn.Module):
+    """``x + attn_post_norm(attention(x))`` then ``x + ffn_post_norm(ffn(x))`` (OLMo 2). ``[b, s, d] -> ([b, s, d], aux)``."""
+
+    def __init__(self, ctx: BuildContext):
+        super().__init__()
+        self.attention = ctx.attention
+        self.attn_post_norm = ctx.build(ctx.norm)
+        self.ffn = ctx.ffn
+        self.ffn_post_norm = ctx.build(ctx.norm)
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = x + self.attn_post_norm(self.attention(x, inputs))
+        h, aux = split_aux(self.ffn(x))
+        return x + self.ffn_post_norm(h), aux
+
+
+class ParallelBlock(nn.Module):
+    """``x + attention(attn_norm(x)) + ffn(n2(x))``, ``n2`` = ``attn_norm`` (shared) or ``ffn_norm``.
+
+    GPT-J / Falcon / Phi (shared) and GPT-NeoX (separate). ``[b, s, d] -> ([b, s, d], aux)``.
+    """
+
+    def __init__(self, cfg: ParallelConfig, ctx: BuildContext):
+        super().__init__()
+        self.shared_norm = cfg.shared_norm
+        self.attn_norm = ctx.build(ctx.norm)
+        self.attention = ctx.attention
+        self.ffn_norm = None if cfg.shared_norm else ctx.build(ctx.norm)
+        self.ffn = ctx.ffn
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        h_attn = self.attn_norm(x)
+        h_ffn = h_attn if self.ffn_norm is None else self.ffn_norm(x)
+        h, aux = split_aux(self.ffn(h_ffn))
+        return x + self.attention(h_attn, inputs) + h, aux
+
+
 @hookimpl
 def register_components(register) -> None:
-    """Register the placements."""
+    """Register ``pre``, ``post``, ``sandwich``, ``peri`` (and its alias ``reordered``) and ``parallel``."""
+    caps = {"compile_safe": True}
     register(
         Component(
             kind="placement",
             type="pre",
             config=PreConfig,
             factory=lambda cfg, ctx: PreNormBlock(ctx),
-            description="Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Two norms per block.",
+            description="Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Two norms per block "
+            "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
-            capabilities={"compile_safe": True},
+            capabilities=caps,
+        )
+    )
+    register(
+        Component(
+            kind="placement",
+            type="post",
+            config=PostConfig,
+            factory=lambda cfg, ctx: PostNormBlock(ctx),
+            description="Post-norm residual block: attn_norm(x + attn(x)), then ffn_norm(x + ffn(x)). Two norms per "
+            "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762; BERT, arXiv:1810.04805",
+            capabilities=caps,
+        )
+    )
+    register(
+        Component(
+            kind="placement",
+            type="sandwich",
+            config=SandwichConfig,
+            factory=lambda cfg, ctx: SandwichNormBlock(ctx),
+            description="Sandwich norm: x + attn_post_norm(attn(attn_norm(x))), then x + ffn_post_norm(ffn(ffn_norm(x))). "
+            "Four norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118",
+            capabilities=caps,
+        )
+    )
+    for name in ("peri", "reordered"):
+        register(
+            Component(
+                kind="placement",
+                type=name,
+                config=PeriConfig,
+                factory=lambda cfg, ctx: PeriNormBlock(ctx),
+                description="Reordered (peri) norm: x + attn_post_norm(attn(x)), then x + ffn_post_norm(ffn(x)); the "
+                "sublayers read the raw residual stream. Two norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+                reference="OLMo Team 2024, 2 OLMo 2 Furious, arXiv:2501.00656",
+                capabilities=caps,
+            )
+        )
+    register(
+        Component(
+            kind="placement",
+            type="parallel",
+            config=ParallelConfig,
+            factory=lambda cfg, ctx: ParallelBlock(cfg, ctx),
+            description="Parallel block: x + attn(attn_norm(x)) + ffn(n2(x)), n2 = attn_norm when shared_norm "
+            "(one norm per block) else ffn_norm (two). [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="Wang & Komatsuzaki 2021, GPT-J-6B (kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
+            "PaLM, arXiv:2204.02311",
+            capabilities=caps,
         )
     )

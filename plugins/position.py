@@ -1,4 +1,9 @@
-"""Position schemes: ``none`` and ``rope``.
+"""Position schemes: ``none``, ``sinusoidal``, ``learned``, ``rope`` and ``alibi``.
+
+Where each acts is data (the ``acts_on`` capability): ``sinusoidal`` and ``learned`` add a vector to the
+input embeddings (:meth:`~modkit.PositionScheme.embed`), ``rope`` rotates queries and keys
+(:meth:`~modkit.PositionScheme.rotate`), ``alibi`` adds a bias to the attention scores
+(:meth:`~modkit.PositionScheme.attention_bias`), ``none`` does nothing.
 
 RoPE rotates pairs of query/key features by position-dependent angles. Pairs are either the two halves of
 the rotary dims (``half_split``: GPT-NeoX, Hugging Face Llama) or adjacent features (``interleaved``: GPT-J,
@@ -7,7 +12,9 @@ the spec (theta, partial rotary fraction, scaling) and are recomputed by ``init_
 build is correct after materialisation (transformers #45902).
 
 References: Su et al. 2021, RoFormer (arXiv:2104.09864); linear scaling, Chen et al. 2023
-(arXiv:2306.15595); llama3 scaling, meta-llama/llama-models ``apply_scaling``.
+(arXiv:2306.15595); llama3 scaling, meta-llama/llama-models ``apply_scaling``; sinusoidal, Vaswani et al.
+2017 (arXiv:1706.03762) §3.5; learned absolute positions, GPT-2 (Radford et al. 2019, ``wpe``); ALiBi, Press
+et al. 2022, Train Short, Test Long (arXiv:2108.12409) and its reference ``get_slopes``.
 """
 
 from __future__ import annotations
@@ -17,10 +24,10 @@ from typing import Literal, Optional
 
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
-from torch import Tensor
+from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig, Init, PositionScheme, hookimpl
 from pydantic import BaseModel, ConfigDict
+from modkit import BuildContext, Component, ComponentConfig, Init, PositionScheme, hookimpl
 
 
 class NoPositionConfig(ComponentConfig):
@@ -126,6 +133,154 @@ class Rope(PositionScheme):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
 
+# ----------------------------------------------------------------------------------------- absolute positions
+
+
+def _check_positions(positions: Tensor, limit: int, name: str) -> None:
+    """Raise a readable error for positions outside ``[0, limit)`` (skipped on meta and under torch.compile)."""
+    if positions.is_meta or not positions.numel() or torch.compiler.is_compiling():
+        return
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= limit:
+        raise ValueError(
+            f"{name} positions must lie in [0, max_seq_len = {limit}); got min {lo}, max {hi}; "
+            "raise max_seq_len in the spec"
+        )
+
+
+class SinusoidalConfig(ComponentConfig):
+    """Config of ``sinusoidal``: fixed sin/cos table added to the token embeddings."""
+
+    type: Literal["sinusoidal"] = "sinusoidal"
+    base: PositiveFloat = Field(10000.0, description="base of the geometric wavelength sequence (10000 in Vaswani et al.)")
+
+
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """The sinusoidal table ``PE [n_positions, d_model]`` (float64 math, returned as float32).
+
+    ``PE[p, 2i] = sin(p · base^(-2i/d))`` and ``PE[p, 2i+1] = cos(p · base^(-2i/d))`` (Vaswani et al. 2017,
+    §3.5). An odd ``d_model`` is supported: the last column is a sine whose cosine partner is dropped
+    (BERT-pytorch #78 is the crash this avoids).
+    """
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    inv = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # [ceil(d/2)]
+    ang = pos * inv  # [n, ceil(d/2)]
+    pe = torch.empty(n_positions, d_model, dtype=torch.float64)
+    pe[:, 0::2] = ang.sin()
+    pe[:, 1::2] = ang[:, : d_model // 2].cos()
+    return pe.to(torch.float32)
+
+
+class Sinusoidal(PositionScheme):
+    """Fixed sinusoidal absolute positions: ``embed(x [b, s, d], positions [b, s]) = x + PE[positions]``.
+
+    The table is a non-persistent float32 buffer ``pe [max_seq_len, d_model]`` recomputed by
+    :meth:`init_weights` (so a ``meta`` build is correct after materialisation). Math: Vaswani et al. 2017.
+    """
+
+    def __init__(self, cfg: SinusoidalConfig, max_seq_len: int, d_model: int):
+        super().__init__()
+        self.cfg = cfg
+        self.max_seq_len, self.d_model = max_seq_len, d_model
+        self.register_buffer("pe", torch.empty(max_seq_len, d_model, dtype=torch.float32), persistent=False)
+
+    def init_weights(self, init: Init) -> None:
+        """Recompute the ``pe`` table from the config."""
+        init.copy_(self.pe, sinusoidal_table(self.max_seq_len, self.d_model, self.cfg.base))
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x [batch, seq, d_model] + PE[positions [batch, seq]]``, in the dtype of ``x``."""
+        _check_positions(positions, self.max_seq_len, "sinusoidal")
+        return x + self.pe[positions].to(x.dtype)
+
+
+class LearnedConfig(ComponentConfig):
+    """Config of ``learned``: a trained table of absolute position vectors (GPT-2's ``wpe``)."""
+
+    type: Literal["learned"] = "learned"
+
+
+class Learned(PositionScheme):
+    """Learned absolute positions: ``embed(x [b, s, d], positions [b, s]) = x + weight[positions]``.
+
+    ``weight [max_seq_len, d_model]`` is a parameter initialised N(0, init_std) (GPT-2, Radford et al. 2019).
+    """
+
+    def __init__(self, max_seq_len: int, d_model: int):
+        super().__init__()
+        self.max_seq_len, self.d_model = max_seq_len, d_model
+        self.weight = nn.Parameter(torch.empty(max_seq_len, d_model))
+
+    def init_weights(self, init: Init) -> None:
+        """``weight`` ~ N(0, init_std)."""
+        init.normal_(self.weight)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x [batch, seq, d_model] + weight[positions [batch, seq]]``."""
+        _check_positions(positions, self.max_seq_len, "learned")
+        return x + self.weight[positions].to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------- ALiBi
+
+
+class AlibiConfig(ComponentConfig):
+    """Config of ``alibi``: a per-head linear distance penalty added to the attention scores."""
+
+    type: Literal["alibi"] = "alibi"
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """ALiBi head slopes (Press et al. 2022, reference ``get_slopes``).
+
+    For ``n`` a power of two: the geometric sequence ``2^(-8/n), 2^(-16/n), ..., 2^-8``. Otherwise: the slopes of
+    the largest power of two ``m < n``, followed by every other slope of ``2m`` heads (the first ``n - m`` of
+    them), e.g. 6 heads → ``[2^-2, 2^-4, 2^-6, 2^-8, 2^-1, 2^-3]`` (transformers #28380).
+    """
+    if n_heads < 1:
+        raise ValueError(f"alibi needs n_heads >= 1, got {n_heads}")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if n_heads & (n_heads - 1) == 0:
+        return power_of_two(n_heads)
+    closest = 2 ** math.floor(math.log2(n_heads))
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: n_heads - closest]
+
+
+class Alibi(PositionScheme):
+    """Attention with Linear Biases.
+
+    ``attention_bias(q_positions [b, sq], k_positions [b, sk], n_heads) -> [b, n_heads, sq, sk]`` float32 with
+    ``bias[h, i, j] = -slope_h · |q_pos_i - k_pos_j|``; for the causal keys ``j <= i`` this is Press et al.'s
+    ``-slope_h · (i - j)`` (later keys are masked by the attention module); the absolute value makes a
+    bidirectional layer penalise distance both ways instead of rewarding future keys.
+
+    ``slopes [n_heads]`` is a non-persistent float32 buffer recomputed by :meth:`init_weights` for the head count
+    the scheme was built for; another head count is computed on the fly.
+    """
+
+    def __init__(self, n_heads: Optional[int]):
+        super().__init__()
+        self.n_heads = n_heads
+        self.register_buffer("slopes", torch.empty(n_heads or 0, dtype=torch.float32), persistent=False)
+
+    def init_weights(self, init: Init) -> None:
+        """Recompute ``slopes`` for ``n_heads``."""
+        init.copy_(self.slopes, torch.tensor(alibi_slopes(self.n_heads) if self.n_heads else [], dtype=torch.float64))
+
+    def attention_bias(self, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor:
+        """``[batch, n_heads, q_len, kv_len]`` float32 bias ``-slope_h · |q_pos_i - k_pos_j|``."""
+        if n_heads == self.slopes.shape[0]:
+            slopes = self.slopes.float()
+        else:
+            slopes = torch.tensor(alibi_slopes(n_heads), dtype=torch.float32, device=q_positions.device)
+        dist = (q_positions[:, :, None] - k_positions[:, None, :]).abs().to(torch.float32)  # [b, sq, sk]
+        return -slopes[None, :, None, None] * dist[:, None]
+
+
 def _head_dim(ctx: BuildContext) -> int:
     if ctx.head_dim is None:
         raise ValueError("rope needs the attention head_dim; the layer's attention module must expose head_dim")
@@ -134,7 +289,7 @@ def _head_dim(ctx: BuildContext) -> int:
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``none`` and ``rope``."""
+    """Register ``none``, ``sinusoidal``, ``learned``, ``rope`` and ``alibi``."""
     register(
         Component(
             kind="position",
@@ -157,6 +312,48 @@ def register_components(register) -> None:
             "by position × frequency. Layouts half_split / interleaved, partial rotary, linear and llama3 scaling.",
             reference="Su et al. 2021, RoFormer, arXiv:2104.09864; llama3 scaling: meta-llama/llama-models",
             capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True},
+            param_count=lambda cfg, ctx: 0,
+        )
+    )
+    register(
+        Component(
+            kind="position",
+            type="sinusoidal",
+            config=SinusoidalConfig,
+            factory=lambda cfg, ctx: Sinusoidal(cfg, ctx.max_seq_len, ctx.d_model),
+            description="Fixed sinusoidal absolute positions added to the token embeddings: "
+            "x [batch, seq, d_model] + PE[positions], PE[p, 2i] = sin(p·base^(-2i/d)), PE[p, 2i+1] = cos(...). "
+            "Odd d_model supported; the table [max_seq_len, d_model] is a float32 buffer recomputed at init.",
+            reference="Vaswani et al. 2017, Attention Is All You Need, §3.5, arXiv:1706.03762",
+            capabilities={"acts_on": "embedding", "compile_safe": True, "stateless": True},
+            param_count=lambda cfg, ctx: 0,
+        )
+    )
+    register(
+        Component(
+            kind="position",
+            type="learned",
+            config=LearnedConfig,
+            factory=lambda cfg, ctx: Learned(ctx.max_seq_len, ctx.d_model),
+            description="Learned absolute positions (GPT-2 wpe) added to the token embeddings: "
+            "x [batch, seq, d_model] + weight[positions], weight [max_seq_len, d_model] initialised N(0, init_std).",
+            reference="Radford et al. 2019, Language Models are Unsupervised Multitask Learners (GPT-2); "
+            "Gehring et al. 2017, arXiv:1705.03122",
+            capabilities={"acts_on": "embedding", "compile_safe": True},
+            param_count=lambda cfg, ctx: ctx.max_seq_len * ctx.d_model,
+        )
+    )
+    register(
+        Component(
+            kind="position",
+            type="alibi",
+            config=AlibiConfig,
+            factory=lambda cfg, ctx: Alibi(ctx.n_heads),
+            description="ALiBi: no position embedding; each head adds -slope_h * |q_pos - k_pos| to its attention "
+            "scores ([batch, n_heads, q_len, kv_len] float32). Slopes follow Press et al., including head counts "
+            "that are not a power of two.",
+            reference="Press, Smith & Lewis 2022, Train Short, Test Long: Attention with Linear Biases, arXiv:2108.12409",
+            capabilities={"acts_on": "bias", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
         )
     )

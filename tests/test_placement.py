@@ -1,0 +1,225 @@
+"""Placements: each builds and runs, one layer equals its formula, norm counts per block are exact."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import modkit
+from modkit import AttentionInputs, BuildContext, Init
+
+ATOL = 1e-5
+D = 16
+
+#: placement config -> names of the norms the block owns
+NORMS = {
+    "pre": ["attn_norm", "ffn_norm"],
+    "post": ["attn_norm", "ffn_norm"],
+    "sandwich": ["attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"],
+    "peri": ["attn_post_norm", "ffn_post_norm"],
+    "reordered": ["attn_post_norm", "ffn_post_norm"],
+    "parallel": ["attn_norm"],
+    "parallel-separate": ["attn_norm", "ffn_norm"],
+}
+CONFIGS = {
+    "pre": {"type": "pre"},
+    "post": {"type": "post"},
+    "sandwich": {"type": "sandwich"},
+    "peri": {"type": "peri"},
+    "reordered": {"type": "reordered"},
+    "parallel": {"type": "parallel"},
+    "parallel-separate": {"type": "parallel", "shared_norm": False},
+}
+
+
+def formula(name: str, b: nn.Module, x: torch.Tensor, inputs: AttentionInputs, ffn=None) -> torch.Tensor:
+    """The placement's equation written out with the block's own submodules (``ffn`` replaces ``b.ffn``)."""
+    attn = lambda h: b.attention(h, inputs)  # noqa: E731
+    ffn = ffn or b.ffn
+    if name == "pre":
+        x = x + attn(b.attn_norm(x))
+        return x + ffn(b.ffn_norm(x))
+    if name == "post":
+        x = b.attn_norm(x + attn(x))
+        return b.ffn_norm(x + ffn(x))
+    if name == "sandwich":
+        x = x + b.attn_post_norm(attn(b.attn_norm(x)))
+        return x + b.ffn_post_norm(ffn(b.ffn_norm(x)))
+    if name in ("peri", "reordered"):
+        x = x + b.attn_post_norm(attn(x))
+        return x + b.ffn_post_norm(ffn(x))
+    if name == "parallel":
+        return x + attn(b.attn_norm(x)) + ffn(b.attn_norm(x))
+    if name == "parallel-separate":
+        return x + attn(b.attn_norm(x)) + ffn(b.ffn_norm(x))
+    raise KeyError(name)
+
+
+@pytest.fixture(scope="module")
+def reg():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return modkit.get_registry()
+
+
+def spec(placement: dict, norm: dict | None = None, position: dict | None = None) -> dict:
+    return {
+        "schema_version": 1,
+        "vocab_size": 32,
+        "d_model": D,
+        "n_layers": 2,
+        "max_seq_len": 64,
+        "position": position or {"type": "rope"},
+        "block": {
+            "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
+            "ffn": {"type": "swiglu", "d_ff": 32},
+            "norm": norm or {"type": "layernorm"},
+            "placement": placement,
+        },
+        "final_norm": {"type": "rmsnorm"},
+    }
+
+
+def randomise_norms(model: nn.Module, seed: int = 0) -> None:
+    """Give every norm distinct weights so that using the wrong norm is detected."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if getattr(m, "modkit_kind", None) == "norm":
+                for p in m.parameters(recurse=False):
+                    p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_entry(reg, name):
+    e = reg.get("placement", CONFIGS[name]["type"])
+    assert e.kind == "placement" and e.capabilities["compile_safe"] is True
+    assert e.description and e.reference
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_builds_runs_and_backpropagates(reg, name):
+    model = modkit.build(spec(CONFIGS[name]), registry=reg)
+    ids = torch.randint(0, 32, (2, 7), generator=torch.Generator().manual_seed(0))
+    out = model(ids)
+    assert out.logits.shape == (2, 7, 32) and out.logits.isfinite().all()
+    assert out.aux_loss is None
+    out.logits.float().pow(2).mean().backward()
+    for n, p in model.named_parameters():
+        if n.startswith("layers."):
+            assert p.grad is not None and p.grad.abs().sum() > 0, n
+    block = model.layers[0]
+    owned = sorted(n for n, m in block.named_children() if getattr(m, "modkit_kind", None) == "norm")
+    assert owned == sorted(NORMS[name])
+    assert block.attention.modkit_kind == "attention" and block.ffn.modkit_kind == "ffn"
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_layer_equals_formula(reg, name):
+    model = modkit.build(spec(CONFIGS[name]), registry=reg, seed=1)
+    randomise_norms(model)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 6, D, generator=g)
+    positions = torch.arange(6).expand(2, 6)
+    with torch.no_grad():
+        for i, block in enumerate(model.layers):
+            inputs = AttentionInputs(positions=positions, position=model.positions[model.layer_position[i]])
+            y, aux = block(x, inputs)
+            assert aux is None
+            torch.testing.assert_close(y, formula(name, block, x, inputs), atol=ATOL, rtol=0)
+        # the whole model is the chain of blocks
+        ids = torch.randint(0, 32, (2, 6), generator=g)
+        h = model.positions[0].embed(model.embed(ids), positions)
+        inputs = AttentionInputs(positions=positions)
+        for i, block in enumerate(model.layers):
+            h = formula(name, block, h, inputs.for_layer(model.positions[model.layer_position[i]], None))
+        logits = model.final_norm(h) @ model.lm_head.weight.T
+        torch.testing.assert_close(model(ids).logits, logits, atol=ATOL, rtol=0)
+
+
+def test_placements_differ(reg):
+    """Same weights, different placement: different outputs (the formulas are not accidentally the same)."""
+    ids = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(3))
+    outs = {}
+    for name in ("pre", "post", "sandwich", "peri", "parallel"):
+        model = modkit.build(spec(CONFIGS[name]), registry=reg, seed=0)
+        with torch.no_grad():
+            outs[name] = model(ids).logits
+    names = list(outs)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not torch.allclose(outs[a], outs[b], atol=1e-4), (a, b)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("norm, per_norm", [({"type": "layernorm"}, 2 * D), ({"type": "rmsnorm"}, D),
+                                            ({"type": "layernorm", "bias": False}, D)])
+def test_norm_parameter_count(reg, name, norm, per_norm):
+    counts = modkit.breakdown(spec(CONFIGS[name], norm=norm), registry=reg)
+    final = D  # rmsnorm final norm
+    assert counts["norm"] == 2 * len(NORMS[name]) * per_norm + final
+    assert "other" not in counts
+    assert counts["total"] == modkit.count_params(spec(CONFIGS[name], norm=norm), registry=reg)
+
+
+def test_parallel_shared_norm_defaults_true(reg):
+    s = modkit.load_spec(spec({"type": "parallel"}), registry=reg)
+    assert s.block.placement.shared_norm is True
+    model = modkit.build(s, registry=reg)
+    assert model.layers[0].ffn_norm is None
+    with pytest.raises(modkit.SpecError):
+        modkit.load_spec(spec({"type": "parallel", "shared": True}), registry=reg)
+
+
+class _AuxFFN(nn.Module):
+    """An ffn returning (out, aux) like an MoE: out = 2x, aux = sum(x)."""
+
+    def forward(self, x):
+        return 2 * x, x.sum()
+
+
+class _AddAttention(nn.Module):
+    """A stand-in attention: x + 1 (checks the placement passes inputs through)."""
+
+    n_heads, n_kv_heads, head_dim = 1, 1, D
+
+    def __init__(self):
+        super().__init__()
+        self.seen = None
+
+    def forward(self, x, inputs):
+        self.seen = inputs
+        return x + 1
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_ffn_aux_loss_is_returned(reg, name):
+    norm_cfg = reg.get("norm", "rmsnorm").config()
+    ctx = BuildContext(D, 1, 32, 64, reg, layer_index=0, attention=_AddAttention(), ffn=_AuxFFN(), norm=norm_cfg)
+    block = ctx.build(reg.get("placement", CONFIGS[name]["type"]).config(**CONFIGS[name]))
+    for m in block.modules():
+        if hasattr(type(m), "init_weights"):
+            m.init_weights(Init(0, 0.02))
+    x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(0))
+    inputs = AttentionInputs(positions=torch.arange(3).expand(2, 3))
+    y, aux = block(x, inputs)
+    assert block.attention.seen is inputs
+    torch.testing.assert_close(y, formula_aux(name, block, x, inputs)[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(aux, formula_aux(name, block, x, inputs)[1], atol=1e-4, rtol=1e-6)
+
+
+def formula_aux(name, b, x, inputs):
+    """Like :func:`formula` with an ffn returning ``(out, aux)``: the aux is that of the ffn's input."""
+    seen = []
+
+    def ffn(h):
+        out, aux = b.ffn(h)
+        seen.append(aux)
+        return out
+
+    y = formula(name, b, x, inputs, ffn=ffn)
+    assert len(seen) == 1
+    return y, seen[0]
