@@ -352,6 +352,7 @@ def register_components(register) -> None:
             "Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088",
             capabilities={"compile_safe": True},
             param_count=_router_count,
+            example={"type": "topk", "renormalize": True},
         )
     )
     register(
@@ -373,5 +374,12 @@ def register_components(register) -> None:
                 "token_mask": True,  # forward(x, token_mask=None): padding leaves the aux losses
             },
             param_count=_moe_count,
+            example={
+                "type": "moe",
+                "n_experts": 4,
+                "top_k": 2,
+                "expert": {"type": "swiglu", "d_ff": 64},
+                "router": {"type": "topk", "renormalize": True},
+            },
         )
     )

@@ -416,3 +416,13 @@ def test_compile_fullgraph_matches_eager(capacity_factor):
     torch.testing.assert_close(aux, aux_ref, atol=ATOL, rtol=1e-5)
     (y.sum() + aux).backward()  # the compiled graph is differentiable too
     assert torch.count_nonzero(m.router.proj.weight.grad) > 0
+
+
+def test_registry_examples_validate_and_build():
+    reg = modkit.get_registry()
+    d = _tiny_dict()
+    d["block"]["ffn"] = reg.get("ffn", "moe").example_config()
+    d["block"]["ffn"]["router"] = reg.get("router", "topk").example_config()
+    model = modkit.build(d, seed=0)
+    y, aux = model.layers[1].ffn(torch.randn(1, 3, 128))
+    assert y.shape == (1, 3, 128) and torch.isfinite(aux)
