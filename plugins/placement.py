@@ -220,5 +220,6 @@ def register_components(register) -> None:
             reference="Wang & Komatsuzaki 2021, GPT-J-6B (kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
             "PaLM, arXiv:2204.02311",
             capabilities=caps,
+            example={"type": "parallel", "shared_norm": True},
         )
     )

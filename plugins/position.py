@@ -313,6 +313,8 @@ def register_components(register) -> None:
             reference="Su et al. 2021, RoFormer, arXiv:2104.09864; llama3 scaling: meta-llama/llama-models",
             capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            example={"type": "rope", "theta": 500000.0, "layout": "half_split", "scaling": {"type": "llama3", "factor": 8.0,
+                     "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_seq_len": 8192}},
         )
     )
     register(
@@ -327,6 +329,7 @@ def register_components(register) -> None:
             reference="Vaswani et al. 2017, Attention Is All You Need, §3.5, arXiv:1706.03762",
             capabilities={"acts_on": "embedding", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            example={"type": "sinusoidal", "base": 10000.0},
         )
     )
     register(

@@ -223,3 +223,10 @@ def formula_aux(name, b, x, inputs):
     y = formula(name, b, x, inputs, ffn=ffn)
     assert len(seen) == 1
     return y, seen[0]
+
+
+@pytest.mark.parametrize("name", ["pre", "post", "sandwich", "peri", "reordered", "parallel"])
+def test_example_config_validates(reg, name):
+    e = reg.get("placement", name)
+    s = modkit.load_spec(spec(e.example_config()), registry=reg)
+    assert s.block.placement.type == name

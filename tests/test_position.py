@@ -408,3 +408,11 @@ def test_position_changes_the_output(reg, position):
     assert not torch.allclose(a[:, -1], b[:, -1], atol=1e-4)
     if position["type"] in ("alibi", "rope"):
         torch.testing.assert_close(a[:, 0], b[:, 0], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["none", "rope", "sinusoidal", "learned", "alibi"])
+def test_example_config_validates_and_builds(reg, name):
+    e = reg.get("position", name)
+    s = modkit.load_spec(spec(e.example_config()), registry=reg)
+    assert s.position.type == name
+    assert modkit.build(s, registry=reg)(torch.tensor([[1, 2, 3]])).logits.isfinite().all()
