@@ -1,0 +1,542 @@
+"""Shared pieces of the Hugging Face converters: a config reader that tracks consumed keys, and spec builders.
+
+A converter reads every key it understands through :class:`HFConfig`; :meth:`HFConfig.finish` then refuses
+any key that was neither consumed nor listed as irrelevant to the architecture when its value is not a
+"nothing" value (``None``, ``False``, empty string/list/dict). Values a converter cannot express are reported
+with :meth:`HFConfig.error`; all problems are raised together as one :class:`modkit.SpecError` naming each
+field and value. Nothing is dropped silently.
+
+Semantics follow transformers' own configuration and modeling code (read, not copied); where transformers 4.x
+``config.json`` files and transformers 5.x ``to_dict()`` output differ (``rope_scaling`` + ``rope_theta`` vs
+``rope_parameters``; ``sliding_window_pattern`` vs ``layer_types``), both forms are accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from modkit import SpecError
+
+_MISSING = object()
+
+#: Keys that never change the architecture or the parameter count, for every model type.
+IRRELEVANT: frozenset[str] = frozenset(
+    {
+        # provenance and storage
+        "model_type",  # read by the dispatcher
+        "architectures",
+        "transformers_version",
+        "_name_or_path",
+        "name_or_path",
+        "_commit_hash",
+        "torch_dtype",
+        "dtype",
+        "use_bfloat16",
+        "quantization_config",  # how a checkpoint stores its weights, not what the model is
+        "auto_map",  # remote-code hints; model_type decides the architecture here
+        # runtime switches of the reference implementation
+        "use_cache",
+        "cache_implementation",
+        "output_hidden_states",
+        "output_attentions",
+        "return_dict",
+        "torchscript",
+        "tf_legacy_loss",
+        "chunk_size_feed_forward",  # chunked FFN evaluation: same result
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "_attn_implementation_internal",
+        "experts_implementation",
+        "_experts_implementation",
+        "_experts_implementation_internal",
+        "is_decoder",  # causal-LM classes are causal whatever this says
+        "tie_encoder_decoder",  # meaningful only for encoder-decoder models (refused below)
+        # task heads and tokenizer
+        "id2label",
+        "label2id",
+        "num_labels",
+        "problem_type",
+        "finetuning_task",
+        "task_specific_params",
+        "tokenizer_class",
+        "prefix",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        # dropout probabilities: training-time regularisation only, no parameters, identity at inference
+        "attention_dropout",
+        "attn_pdrop",
+        "resid_pdrop",
+        "embd_pdrop",
+        "hidden_dropout",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "classifier_dropout",
+        "summary_first_dropout",
+        "activation_dropout",
+        "dropout",
+        # generation defaults (transformers.GenerationConfig): decoding settings, not the network
+        "assistant_confidence_threshold",
+        "assistant_lookbehind",
+        "bad_words_ids",
+        "begin_suppress_tokens",
+        "diversity_penalty",
+        "do_sample",
+        "early_stopping",
+        "encoder_no_repeat_ngram_size",
+        "encoder_repetition_penalty",
+        "epsilon_cutoff",
+        "eta_cutoff",
+        "exponential_decay_length_penalty",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "length_penalty",
+        "max_length",
+        "min_length",
+        "no_repeat_ngram_size",
+        "num_assistant_tokens",
+        "num_assistant_tokens_schedule",
+        "num_beam_groups",
+        "num_beams",
+        "num_return_sequences",
+        "output_scores",
+        "remove_invalid_values",
+        "repetition_penalty",
+        "return_dict_in_generate",
+        "suppress_tokens",
+        "target_lookbehind",
+        "temperature",
+        "top_k",
+        "top_p",
+        "typical_p",
+    }
+)
+
+#: Keys every model type must leave at one value: (allowed value, why).
+EXPECTED: dict[str, tuple[Any, str]] = {
+    "is_encoder_decoder": (False, "modkit builds decoder-only models"),
+    "add_cross_attention": (False, "cross-attention to an encoder is not part of a decoder-only spec"),
+    "cross_attention_hidden_size": (None, "cross-attention to an encoder is not part of a decoder-only spec"),
+    "pruned_heads": ({}, "pruned attention heads give layers of different widths, which a spec cannot describe"),
+}
+
+#: Hugging Face activation names (transformers.activations.ACT2CLS) → modkit activation names.
+ACTIVATIONS: dict[str, str] = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_python": "gelu",  # erf GELU in Python: same function
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_python_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",  # 0.5x(1 + tanh(0.79788456 x (1 + 0.044715 x²))): the tanh approximation
+    "relu": "relu",
+}
+
+
+def _is_nothing(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, (str, list, tuple, dict)) and len(value) == 0)
+
+
+class HFConfig:
+    """A Hugging Face config dict being converted: typed reads that record consumed keys, collected errors.
+
+    Args:
+        cfg: the ``config.json`` dict (or ``PretrainedConfig.to_dict()``).
+        model_type: for messages.
+        ignore: extra keys irrelevant to the architecture for this model type (say why where they are listed).
+    """
+
+    def __init__(self, cfg: dict, model_type: str, ignore: Iterable[str] = ()):
+        if not isinstance(cfg, dict):
+            raise SpecError([("", f"a Hugging Face config is a JSON object, got {type(cfg).__name__}")])
+        self.cfg = cfg
+        self.model_type = model_type
+        self.ignored = set(IRRELEVANT) | set(ignore)
+        self.used: set[str] = set()
+        self.errors: list[tuple[str, str]] = []
+
+    # ------------------------------------------------------------------ reads
+    def __contains__(self, key: str) -> bool:
+        return key in self.cfg
+
+    def get(self, key: str, default: Any = None, *, aliases: Sequence[str] = ()) -> Any:
+        """The value of ``key`` (or the first present alias), else ``default``; marks them all consumed.
+
+        A present ``null`` counts as absent (transformers then falls back to its default), so ``default`` is
+        returned for it too.
+        """
+        value = _MISSING
+        for name in (key, *aliases):
+            self.used.add(name)
+            if value is _MISSING and name in self.cfg and self.cfg[name] is not None:
+                value = self.cfg[name]
+        return default if value is _MISSING else value
+
+    def number(self, key: str, default: Any = None, *, aliases: Sequence[str] = (), integer: bool = False, positive: bool = True) -> Any:
+        """Like :meth:`get`, checking the value is a (positive) number; records an error otherwise."""
+        value = self.get(key, default, aliases=aliases)
+        if value is None:
+            return None
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and integer and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not ok or (integer and not isinstance(value, int)) or (positive and value <= 0):
+            kind = "positive " if positive else ""
+            self.error(key, f"must be a {kind}{'integer' if integer else 'number'}, got {value!r}")
+            return default
+        return value
+
+    def flag(self, key: str, default: bool = False, *, aliases: Sequence[str] = ()) -> bool:
+        """A boolean key; records an error for a non-boolean value."""
+        value = self.get(key, default, aliases=aliases)
+        if not isinstance(value, bool):
+            self.error(key, f"must be true or false, got {value!r}")
+            return bool(default)
+        return value
+
+    def expect(self, key: str, allowed: Any, why: str) -> Any:
+        """Consume ``key`` and record an error unless it is absent, null or equal to ``allowed``."""
+        self.used.add(key)
+        if key in self.cfg and self.cfg[key] is not None and self.cfg[key] != allowed:
+            self.error(key, f"unsupported value {self.cfg[key]!r} (only {allowed!r} is supported): {why}")
+        return self.cfg.get(key, allowed)
+
+    def ignore(self, *keys: str) -> None:
+        """Declare ``keys`` irrelevant to the architecture for this model type."""
+        self.ignored.update(keys)
+
+    def error(self, key: str, message: str) -> None:
+        """Record a problem with field ``key`` (a dotted path such as ``rope_scaling.rope_type``)."""
+        self.errors.append((key, message))
+
+    def activation(self, key: str, default: str) -> str:
+        """A Hugging Face activation name mapped to modkit's (``silu``, ``gelu``, ``gelu_tanh``, ``relu``)."""
+        name = self.get(key, default)
+        act = ACTIVATIONS.get(name) if isinstance(name, str) else None
+        if act is None:
+            self.error(key, f"unsupported activation {name!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
+            return "silu"
+        return act
+
+    # ------------------------------------------------------------------ finish
+    def finish(self, spec: dict) -> dict:
+        """Check that every key was consumed or is irrelevant, then return ``spec`` or raise every problem.
+
+        Raises:
+            SpecError: one entry per unsupported or unknown field, naming it and its value.
+        """
+        for key, (allowed, why) in EXPECTED.items():
+            if key not in self.used:
+                self.expect(key, allowed, why)
+        for key in sorted(self.cfg):
+            if key in self.used or key in self.ignored:
+                continue
+            value = self.cfg[key]
+            if _is_nothing(value):
+                continue
+            self.error(
+                key,
+                f"unknown field for model_type {self.model_type!r} with value {value!r}; the converter does not "
+                "know whether it changes the architecture, so it refuses to drop it",
+            )
+        if self.errors:
+            raise SpecError(list(dict.fromkeys(self.errors)), source=f"Hugging Face {self.model_type} config")
+        return spec
+
+
+# ---------------------------------------------------------------------------------------------- RoPE
+
+
+def rope(
+    r: HFConfig,
+    *,
+    default_theta: float = 10000.0,
+    layer_type: Optional[str] = None,
+    theta_key: str = "rope_theta",
+    scaling_key: Optional[str] = "rope_scaling",
+    default_partial: float = 1.0,
+    layout: str = "half_split",
+) -> dict:
+    """The ``rope`` position spec from either config form.
+
+    transformers 5 writes ``rope_parameters`` (``{"rope_type", "rope_theta", "partial_rotary_factor", ...}``, or
+    one such dict per layer type); 4.x files have ``rope_theta``, ``rope_scaling`` (``type`` or ``rope_type``)
+    and ``partial_rotary_factor`` at the top level. Values inside the dict win over top-level ones, as in
+    ``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``. Scaling types other than ``default``,
+    ``linear`` and ``llama3`` (``dynamic``, ``yarn``, ``longrope``/``su``, ...) are refused.
+
+    Args:
+        layer_type: pick this entry when ``rope_parameters`` is nested per layer type (Gemma 3).
+        theta_key: the 4.x top-level key of the base (Gemma 3 local layers: ``rope_local_base_freq``).
+        scaling_key: the 4.x top-level scaling key, or ``None`` when it does not apply to these layers.
+    """
+    params = r.get("rope_parameters")
+    legacy = r.get(scaling_key) if scaling_key else None
+    top_theta = r.number(theta_key)
+    top_partial = r.number("partial_rotary_factor")
+    path = "rope_parameters"
+    source: Any = None
+    if legacy:
+        source, path = legacy, scaling_key
+    elif params:
+        source = params
+        if isinstance(params, dict) and (
+            any(isinstance(v, dict) for v in params.values()) or set(params) & {"full_attention", "sliding_attention"}
+        ):
+            if layer_type is None:
+                r.error("rope_parameters", f"per-layer-type RoPE parameters {sorted(params)} are not used by {r.model_type}")
+                source = {}
+            else:
+                source, path = params.get(layer_type) or {}, f"rope_parameters.{layer_type}"
+    if source is None:
+        source = {}
+    if not isinstance(source, dict):
+        r.error(path, f"must be an object, got {source!r}")
+        source = {}
+    d = dict(source)
+    rtype = d.pop("rope_type", None)
+    legacy_type = d.pop("type", None)
+    rtype = rtype or legacy_type or "default"
+    theta = d.pop("rope_theta", None)
+    theta = theta if theta is not None else top_theta if top_theta is not None else default_theta
+    partial = d.pop("partial_rotary_factor", None)
+    partial = partial if partial is not None else top_partial if top_partial is not None else default_partial
+    spec: dict[str, Any] = {"type": "rope", "theta": float(theta)}
+    if layout != "half_split":
+        spec["layout"] = layout
+    if not (isinstance(partial, (int, float)) and 0 < partial <= 1):
+        r.error(f"{path}.partial_rotary_factor", f"must lie in (0, 1], got {partial!r}")
+    elif partial != 1:
+        spec["partial_rotary"] = float(partial)
+    if rtype == "default":
+        pass
+    elif rtype == "linear":
+        factor = d.pop("factor", None)
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+            r.error(f"{path}.factor", f"linear RoPE scaling needs a positive factor, got {factor!r}")
+        else:
+            spec["scaling"] = {"type": "linear", "factor": float(factor)}
+    elif rtype == "llama3":
+        omax = d.pop("original_max_position_embeddings", None)
+        if omax is None:  # transformers fills it from the top level (standardize_rope_params)
+            omax = r.get("original_max_position_embeddings") or r.cfg.get("max_position_embeddings")
+        scaling = {"type": "llama3"}
+        for ours, theirs in (("factor", "factor"), ("low_freq_factor", "low_freq_factor"), ("high_freq_factor", "high_freq_factor")):
+            value = d.pop(theirs, None)
+            if value is None:
+                r.error(f"{path}.{theirs}", "required by llama3 RoPE scaling")
+            else:
+                scaling[ours] = float(value)
+        scaling["original_max_seq_len"] = int(omax) if omax is not None else None
+        spec["scaling"] = scaling
+    else:
+        key = "rope_type" if "rope_type" in source else "type"
+        r.error(
+            f"{path}.{key}",
+            f"unsupported RoPE scaling {rtype!r}; modkit's rope supports 'default', 'linear' and 'llama3' "
+            "(dynamic NTK, YaRN and LongRoPE/su rescale frequencies in ways a spec cannot express yet)",
+        )
+        d.clear()
+    for key, value in d.items():
+        if _is_nothing(value):
+            continue
+        r.error(f"{path}.{key}", f"unsupported RoPE parameter with value {value!r} for rope_type {rtype!r}")
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+
+
+def attention(
+    d_model: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: Optional[int] = None,
+    *,
+    bias: Sequence[bool] = (False, False, False, False),
+    qk_norm: Optional[dict] = None,
+    qk_norm_scope: str = "head",
+    sliding_window: Optional[int] = None,
+    softmax_scale: Optional[float] = None,
+) -> dict:
+    """An attention spec (``mha``/``mqa``/``gqa`` chosen from the head counts), default-valued fields left out."""
+    if n_kv_heads == n_heads:
+        spec: dict[str, Any] = {"type": "mha", "n_heads": n_heads}
+    elif n_kv_heads == 1:
+        spec = {"type": "mqa", "n_heads": n_heads}
+    else:
+        spec = {"type": "gqa", "n_heads": n_heads, "n_kv_heads": n_kv_heads}
+    if head_dim is not None and (d_model % n_heads or d_model // n_heads != head_dim):
+        spec["head_dim"] = head_dim
+    for name, on in zip(("q_bias", "k_bias", "v_bias", "o_bias"), bias):
+        if on:
+            spec[name] = True
+    if qk_norm is not None:
+        spec["qk_norm"] = qk_norm
+        if qk_norm_scope != "head":
+            spec["qk_norm_scope"] = qk_norm_scope
+    if sliding_window is not None:
+        spec["sliding_window"] = sliding_window
+    if softmax_scale is not None:
+        spec["softmax_scale"] = softmax_scale
+    return spec
+
+
+def gated_ffn(d_ff: int, activation: str, bias: bool = False) -> dict:
+    """``swiglu`` for silu, ``geglu`` for the tanh GELU, else the gated MLP with an explicit activation."""
+    if activation == "silu":
+        spec: dict[str, Any] = {"type": "swiglu", "d_ff": d_ff}
+    elif activation == "gelu_tanh":
+        spec = {"type": "geglu", "d_ff": d_ff}
+    elif activation == "gelu":
+        spec = {"type": "geglu", "d_ff": d_ff, "activation": "gelu"}
+    else:
+        spec = {"type": "swiglu", "d_ff": d_ff, "activation": activation}
+    if bias:
+        spec["bias"] = True
+    return spec
+
+
+def rmsnorm(eps: float, unit_offset: bool = False) -> dict:
+    """An ``rmsnorm`` spec."""
+    return {"type": "rmsnorm", "eps": float(eps), **({"unit_offset": True} if unit_offset else {})}
+
+
+def layernorm(eps: float, bias: bool = True) -> dict:
+    """A ``layernorm`` spec."""
+    return {"type": "layernorm", "eps": float(eps), **({} if bias else {"bias": False})}
+
+
+def layer_selector(indices: Sequence[int], n_layers: int) -> Any:
+    """The most readable ``layers`` value for sorted ``indices``: a range ``{start, stop, step}`` or a list."""
+    idx = list(indices)
+    if len(idx) >= 2:
+        step = idx[1] - idx[0]
+        if step > 0 and all(b - a == step for a, b in zip(idx, idx[1:])):
+            sel: dict[str, int] = {}
+            if idx[0]:
+                sel["start"] = idx[0]
+            if idx[-1] + step < n_layers:
+                sel["stop"] = idx[-1] + 1
+            if step != 1:
+                sel["step"] = step
+            return sel
+    return idx
+
+
+def per_layer(
+    variants: Sequence[Any], n_layers: int, slots: Callable[[Any], dict]
+) -> tuple[Any, list[dict]]:
+    """Split per-layer variants into the block default (the most common; ties go to layer 0's) and overrides.
+
+    Args:
+        variants: one hashable description per layer.
+        slots: maps a variant to the slots it sets, e.g. ``{"attention": {...}, "position": {...}}``.
+
+    Returns:
+        ``(default variant, overrides)`` with one override per other variant, in order of first appearance.
+    """
+    counts: dict[Any, int] = {}
+    for v in variants:
+        counts[v] = counts.get(v, 0) + 1
+    default = max(counts, key=lambda v: (counts[v], v == variants[0]))
+    overrides = []
+    for v in counts:
+        if v == default:
+            continue
+        layers = [i for i, x in enumerate(variants) if x == v]
+        overrides.append({"layers": layer_selector(layers, n_layers), **slots(v)})
+    return default, overrides
+
+
+def model_spec(
+    r: HFConfig,
+    *,
+    vocab_size: int,
+    d_model: int,
+    n_layers: int,
+    max_seq_len: int,
+    position: dict,
+    block: dict,
+    overrides: Sequence[dict] = (),
+    final_norm: Optional[dict] = None,
+    tie_embeddings: bool = False,
+    lm_head_bias: bool = False,
+    embedding_scale: Any = None,
+    final_logit_softcap: Optional[float] = None,
+    init_std: Optional[float] = None,
+) -> dict:
+    """Assemble the top-level spec dict (``name``/``description`` from the config's provenance)."""
+    source = r.cfg.get("_name_or_path") or r.cfg.get("name_or_path")
+    archs = r.cfg.get("architectures") or []
+    arch = f" ({archs[0]})" if isinstance(archs, list) and archs else ""
+    spec: dict[str, Any] = {
+        "schema_version": 1,
+        "name": str(source) if source else r.model_type,
+        "description": f"Converted from a Hugging Face {r.model_type} config{arch}.",
+        "vocab_size": vocab_size,
+        "d_model": d_model,
+        "n_layers": n_layers,
+        "max_seq_len": max_seq_len,
+        "position": position,
+        "block": block,
+    }
+    if overrides:
+        spec["overrides"] = list(overrides)
+    if embedding_scale is not None:
+        spec["embedding_scale"] = embedding_scale
+    spec["final_norm"] = final_norm
+    spec["tie_embeddings"] = bool(tie_embeddings)
+    if lm_head_bias:
+        spec["lm_head_bias"] = True
+    if final_logit_softcap is not None:
+        spec["final_logit_softcap"] = float(final_logit_softcap)
+    if init_std is not None:
+        spec["init_std"] = float(init_std)
+    return spec
+
+
+def sizes(r: HFConfig, defaults: dict, names: Optional[dict] = None) -> dict:
+    """Read the core sizes with transformers' class defaults; ``names`` maps ours to (key, *aliases)."""
+    names = names or {}
+    keys = {
+        "vocab_size": ("vocab_size",),
+        "d_model": ("hidden_size",),
+        "n_layers": ("num_hidden_layers",),
+        "n_heads": ("num_attention_heads",),
+        "max_seq_len": ("max_position_embeddings",),
+        **names,
+    }
+    out = {}
+    for ours, (key, *aliases) in keys.items():
+        out[ours] = r.number(key, defaults.get(key), aliases=aliases, integer=True)
+    return out
+
+
+def head_dim_of(r: HFConfig, d_model: int, n_heads: int, default: Optional[int] = None) -> int:
+    """``head_dim`` from the config, else ``default``, else ``d_model // n_heads`` (transformers' fallback)."""
+    value = r.number("head_dim", default, integer=True)
+    if value is None:
+        if d_model % n_heads:
+            r.error("num_attention_heads", f"hidden_size = {d_model} is not divisible by num_attention_heads = {n_heads} and head_dim is not given")
+        return d_model // n_heads
+    return value
+
+
+def kv_heads_of(r: HFConfig, n_heads: int, key: str = "num_key_value_heads", default: Optional[int] = None) -> int:
+    """KV head count (``None`` means ``n_heads``), checked to divide ``n_heads``."""
+    kv = r.number(key, default, integer=True)
+    kv = n_heads if kv is None else kv
+    if n_heads % kv:
+        r.error(key, f"{key} = {kv} does not divide num_attention_heads = {n_heads}")
+    return kv
+
+
+def softmax_scale_for(scale: float, head_dim: int) -> Optional[float]:
+    """``scale`` unless it equals the default ``1 / sqrt(head_dim)``."""
+    return None if math.isclose(scale, head_dim**-0.5, rel_tol=1e-12) else scale

@@ -1,0 +1,69 @@
+"""Hugging Face ``phi`` (Phi-1, Phi-1.5, Phi-2) → modkit.
+
+Semantics: ``transformers/models/phi/{configuration,modeling}_phi.py``: ``parallel`` blocks with one shared
+LayerNorm (``x + attn(ln(x)) + mlp(ln(x))``); q/k/v and ``dense`` projections all biased; optional per-head
+LayerNorm QK-norm (``qk_layernorm``, with bias, over ``hidden_size // num_attention_heads``); RoPE on the first
+``partial_rotary_factor`` (default 0.5) of each head, half-split pairs; MLP ``fc1``/``fc2`` with biases and
+``hidden_act`` (``gelu_new`` is the tanh GELU); final LayerNorm; LM head with a bias, untied by default.
+"""
+
+from __future__ import annotations
+
+from ._common import HFConfig, attention, kv_heads_of, layernorm, model_spec, rope, sizes
+
+MODEL_TYPE = "phi"
+
+# transformers PhiConfig defaults
+DEFAULTS = dict(
+    vocab_size=51200,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=24,
+    num_attention_heads=32,
+    max_position_embeddings=2048,
+    layer_norm_eps=1e-5,
+)
+
+
+def convert(cfg: dict) -> dict:
+    """Hugging Face ``phi`` config → modkit spec dict.
+
+    Raises:
+        SpecError: every unsupported or unknown field, named with its value.
+    """
+    r = HFConfig(cfg, MODEL_TYPE)
+    s = sizes(r, DEFAULTS)
+    d, n_heads = s["d_model"], s["n_heads"]
+    if d % n_heads:
+        r.error("num_attention_heads", f"hidden_size = {d} is not divisible by num_attention_heads = {n_heads}")
+    head_dim = d // n_heads
+    r.expect("head_dim", head_dim, "Phi's QK-norm and rotary sizes assume head_dim = hidden_size // num_attention_heads")
+    kv = kv_heads_of(r, n_heads)
+    d_ff = r.number("intermediate_size", DEFAULTS["intermediate_size"], integer=True)
+    act = r.activation("hidden_act", "gelu_new")
+    eps = r.number("layer_norm_eps", DEFAULTS["layer_norm_eps"])
+    tie = r.flag("tie_word_embeddings", False)
+    init_std = r.number("initializer_range", 0.02)
+    qk = layernorm(eps) if r.flag("qk_layernorm", False) else None
+    position = rope(r, default_theta=10000.0, default_partial=0.5)
+
+    block = {
+        "attention": attention(d, n_heads, kv, head_dim, bias=(True,) * 4, qk_norm=qk),
+        "ffn": {"type": "mlp", "d_ff": d_ff, "activation": act, "bias": True},
+        "norm": layernorm(eps),
+        "placement": {"type": "parallel", "shared_norm": True},
+    }
+    spec = model_spec(
+        r,
+        vocab_size=s["vocab_size"],
+        d_model=d,
+        n_layers=s["n_layers"],
+        max_seq_len=s["max_seq_len"],
+        position=position,
+        block=block,
+        final_norm=layernorm(eps),
+        tie_embeddings=tie,
+        lm_head_bias=True,
+        init_std=init_std,
+    )
+    return r.finish(spec)

@@ -1,0 +1,335 @@
+"""Hugging Face config conversion: generality against transformers itself, and refusal of what cannot be expressed.
+
+For every supported ``model_type``, small configs built with transformers' own config classes (varied GQA
+ratios, biases, tying, free head_dim, sliding windows, partial rotary, QK-norm, MoE, Falcon's architectures...)
+are converted with ``modkit.from_hf_config(cfg.to_dict())``; the modkit model built on ``meta`` must have exactly
+as many parameters as ``AutoModelForCausalLM.from_config(cfg)`` (also on ``meta``; shared tensors counted once
+by ``.parameters()``), and the same sliding window per layer where transformers exposes one.
+
+transformers is a test-only reference: nothing under ``modkit/`` or ``plugins/`` imports it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import modkit
+
+transformers = pytest.importorskip("transformers")
+
+DATA = Path(__file__).resolve().parent / "data" / "real-models"
+
+T = transformers
+SMALL = dict(vocab_size=97, max_position_embeddings=128)
+
+# (id, config class, kwargs): two or more per model type, each varying features the converter must honour
+CASES = [
+    # llama: GQA 2:1, all attention + MLP biases, tied, linear RoPE scaling
+    ("llama-bias-tied", T.LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, **SMALL)),
+    # llama: MQA, head_dim 16 != 48 / 4, untied, llama3 scaling
+    ("llama-mqa-headdim", T.LlamaConfig, dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        num_hidden_layers=3, intermediate_size=80, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 32, "rope_theta": 500000.0}, **SMALL)),
+    # mistral: GQA 4:1 with a sliding window everywhere
+    ("mistral-window", T.MistralConfig, dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=128, sliding_window=16, **SMALL)),
+    # mistral: MHA, head_dim 24 != 32 / 2, tied, no window
+    ("mistral-mha-tied", T.MistralConfig, dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=24,
+        num_hidden_layers=2, intermediate_size=40, sliding_window=None, tie_word_embeddings=True, **SMALL)),
+    # mixtral: 4 experts top-2
+    ("mixtral-4x2", T.MixtralConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02, **SMALL)),
+    # mixtral: 3 experts top-1, MQA, head_dim 16 != 32 / 4, window, tied
+    ("mixtral-3x1-mqa", T.MixtralConfig, dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        num_hidden_layers=2, intermediate_size=24, num_local_experts=3, num_experts_per_tok=1, sliding_window=8,
+        tie_word_embeddings=True, **SMALL)),
+    # qwen2: q/k/v biases, 7 heads, MQA, tied, sliding window from layer 2 on
+    ("qwen2-window-layers", T.Qwen2Config, dict(hidden_size=56, num_attention_heads=7, num_key_value_heads=1, num_hidden_layers=4,
+        intermediate_size=64, tie_word_embeddings=True, use_sliding_window=True, sliding_window=32, max_window_layers=2, **SMALL)),
+    # qwen2: MHA, untied, sliding window configured but switched off
+    ("qwen2-mha", T.Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+        intermediate_size=48, tie_word_embeddings=False, use_sliding_window=False, sliding_window=32, **SMALL)),
+    # qwen3: per-head QK-norm, head_dim 32 != 64 / 4, attention biases, tied
+    ("qwen3-bias-tied", T.Qwen3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_hidden_layers=2, intermediate_size=96, attention_bias=True, tie_word_embeddings=True, **SMALL)),
+    # qwen3: head_dim 8, explicit layer_types with sliding layers (not a suffix)
+    ("qwen3-layer-types", T.Qwen3Config, dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=3, head_dim=8,
+        num_hidden_layers=4, intermediate_size=64, use_sliding_window=True, sliding_window=16, max_window_layers=1,
+        layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"], **SMALL)),
+    # gemma3: MQA, pattern 3 (layers 2 and 5 global), scalar != head_dim, linear scaling on global layers, softcap
+    ("gemma3-pattern", T.Gemma3TextConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+        num_hidden_layers=7, intermediate_size=96, sliding_window=16, sliding_window_pattern=3, query_pre_attn_scalar=24,
+        final_logit_softcapping=30.0,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}, **SMALL)),
+    # gemma3: MHA, attention biases, untied, explicit alternating layer_types
+    ("gemma3-layer-types", T.Gemma3TextConfig, dict(hidden_size=48, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=4, intermediate_size=64, sliding_window=8, attention_bias=True, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"], **SMALL)),
+    # olmo2: GQA with full-width QK-norm (k norm narrower than q norm)
+    ("olmo2-gqa", T.Olmo2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, **SMALL)),
+    # olmo2: attention biases, tied, linear scaling
+    ("olmo2-bias-tied", T.Olmo2Config, dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=6, num_hidden_layers=3,
+        intermediate_size=40, attention_bias=True, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}, **SMALL)),
+    # olmoe: GQA, 4 experts top-2 renormalised
+    ("olmoe-4x2", T.OlmoeConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, **SMALL)),
+    # olmoe: MHA, 6 experts top-3 not renormalised, tied, biases
+    ("olmoe-6x3-tied", T.OlmoeConfig, dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+        intermediate_size=16, num_experts=6, num_experts_per_tok=3, norm_topk_prob=False, tie_word_embeddings=True,
+        attention_bias=True, **SMALL)),
+    # falcon 40B-style: new decoder architecture, GQA 8/2, two norms per block, tied
+    ("falcon-new-arch", T.FalconConfig, dict(hidden_size=64, num_attention_heads=8, num_kv_heads=2, num_hidden_layers=2,
+        new_decoder_architecture=True, ffn_hidden_size=96, **SMALL)),
+    # falcon RW-style (rotary): sequential pre-norm blocks, MHA, biases, untied
+    ("falcon-sequential-bias", T.FalconConfig, dict(hidden_size=48, num_attention_heads=4, num_hidden_layers=2,
+        new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True, tie_word_embeddings=False, **SMALL)),
+    # falcon 7B-style: multi-query, parallel block with one shared norm
+    ("falcon-7b-style", T.FalconConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+        new_decoder_architecture=False, multi_query=True, parallel_attn=True, **SMALL)),
+    # falcon: new architecture with a single shared norm (num_ln_in_parallel_attn = 1), MHA
+    ("falcon-new-arch-1ln", T.FalconConfig, dict(hidden_size=32, num_attention_heads=4, num_kv_heads=4, num_hidden_layers=2,
+        new_decoder_architecture=True, num_ln_in_parallel_attn=1, bias=True, **SMALL)),
+    # phi: partial rotary 0.5, per-head LayerNorm QK-norm, untied head with bias
+    ("phi-qk-layernorm", T.PhiConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128,
+        qk_layernorm=True, partial_rotary_factor=0.5, **SMALL)),
+    # phi: GQA, partial rotary 0.4, tied weight (bias stays separate)
+    ("phi-gqa-tied", T.PhiConfig, dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
+        intermediate_size=64, partial_rotary_factor=0.4, tie_word_embeddings=True, **SMALL)),
+    # phi3: GQA, sliding window, partial rotary 0.75
+    ("phi3-window-partial", T.Phi3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, sliding_window=16, partial_rotary_factor=0.75, pad_token_id=0, eos_token_id=1, **SMALL)),
+    # phi3: MHA, tied
+    ("phi3-mha-tied", T.Phi3Config, dict(hidden_size=48, num_attention_heads=6, num_hidden_layers=2, intermediate_size=40,
+        tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, **SMALL)),
+    # gpt2: defaults (n_inner = 4 * n_embd, gelu_new, tied)
+    ("gpt2-small", T.GPT2Config, dict(n_embd=64, n_head=4, n_layer=2, n_positions=128, vocab_size=101)),
+    # gpt2: explicit n_inner, relu, untied, no 1/sqrt(d) scaling
+    ("gpt2-untied-relu", T.GPT2Config, dict(n_embd=48, n_head=3, n_layer=3, n_positions=64, vocab_size=89, n_inner=100,
+        activation_function="relu", tie_word_embeddings=False, scale_attn_weights=False)),
+]
+
+MODEL_TYPES = ["falcon", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3", "qwen2", "qwen3"]
+
+
+def _hf_model(cfg):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def test_cases_cover_every_model_type():
+    covered = {cls.model_type for _, cls, _ in CASES}
+    assert covered == set(MODEL_TYPES)
+    assert all(sum(cls.model_type == t for _, cls, _ in CASES) >= 2 for t in MODEL_TYPES)
+    assert set(MODEL_TYPES) <= set(modkit.get_registry().hf_model_types())
+
+
+@pytest.mark.parametrize("name,cls,kwargs", CASES, ids=[c[0] for c in CASES])
+def test_param_count_matches_transformers(name, cls, kwargs):
+    cfg = cls(**kwargs)
+    spec = modkit.from_hf_config(cfg.to_dict())
+    model = modkit.build(spec, device="meta")
+    hf = _hf_model(cfg)
+    expected = sum(p.numel() for p in hf.parameters())
+    got = modkit.breakdown(model)
+    assert got["total"] == expected, f"{name}: modkit {got} vs transformers {expected}"
+    assert "other" not in got
+    # per-layer sliding windows, where transformers exposes them on the attention module
+    for i, layer in enumerate(_hf_layers(hf)):
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and hasattr(attn, "sliding_window"):
+            assert spec.layer(i).attention.sliding_window == attn.sliding_window, f"layer {i}"
+
+
+def _hf_layers(hf):
+    base = getattr(hf, "model", None) or getattr(hf, "transformer", None)
+    return list(getattr(base, "layers", None) or getattr(base, "h", None) or [])
+
+
+def test_tied_head_counted_once_and_lm_head_bias_kept():
+    cfg = T.PhiConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, tie_word_embeddings=True, **SMALL)
+    spec = modkit.from_hf_config(cfg.to_dict())
+    assert spec.tie_embeddings and spec.lm_head_bias
+    b = modkit.breakdown(modkit.build(spec, device="meta"))
+    assert b["lm_head"] == SMALL["vocab_size"]  # the bias only; the weight is the embedding
+
+
+def test_sliding_window_overrides_are_compact():
+    cfg = T.Gemma3TextConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=26,
+                             intermediate_size=48, sliding_window=512, **SMALL)
+    d = modkit.hf.hf_config_to_dict(cfg.to_dict())
+    assert d["block"]["attention"]["sliding_window"] == 512
+    assert [o["layers"] for o in d["overrides"]] == [{"start": 5, "step": 6}]
+    assert "sliding_window" not in d["overrides"][0]["attention"]
+    cfg = T.Qwen2Config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=6,
+                        use_sliding_window=True, sliding_window=64, max_window_layers=4, **SMALL)
+    d = modkit.hf.hf_config_to_dict(cfg.to_dict())
+    assert d["block"]["attention"].get("sliding_window") is None
+    assert d["overrides"] == [{"layers": {"start": 4}, "attention": dict(d["block"]["attention"], sliding_window=64)}]
+
+
+def test_legacy_and_new_rope_forms_agree():
+    legacy = json.loads((DATA / "llama-3.1-8b" / "config.json").read_text())
+    new = T.LlamaConfig(**legacy).to_dict()
+    assert "rope_parameters" in new and "rope_scaling" not in new
+    a = modkit.from_hf_config(legacy).to_dict()
+    b = modkit.from_hf_config(new).to_dict()
+    assert a["position"] == b["position"]
+    assert a["position"]["scaling"]["type"] == "llama3"
+    assert a["block"] == b["block"]
+
+
+def test_gemma3_legacy_pattern_and_layer_types_agree():
+    legacy = json.loads((DATA / "gemma-3-1b-pt" / "config.json").read_text())
+    new = T.Gemma3TextConfig(**{k: v for k, v in legacy.items() if k not in ("architectures",)}).to_dict()
+    assert "layer_types" in new
+    a, b = modkit.from_hf_config(legacy).to_dict(), modkit.from_hf_config(new).to_dict()
+    for key in ("position", "block", "overrides", "embedding_scale", "final_norm", "tie_embeddings"):
+        assert a[key] == b[key], key
+
+
+# --------------------------------------------------------------------------------------------- refusals
+
+
+def _llama(**changes) -> dict:
+    cfg = json.loads((DATA / "llama-3.2-1b" / "config.json").read_text())
+    cfg.update(changes)
+    return cfg
+
+
+def _errors(cfg) -> list[tuple[str, str]]:
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(cfg)
+    return info.value.errors
+
+
+@pytest.mark.parametrize(
+    "rope_scaling,field",
+    [
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}, "rope_scaling.rope_type"),
+        ({"type": "dynamic", "factor": 2.0}, "rope_scaling.type"),
+        ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "rope_scaling.rope_type"),
+    ],
+)
+def test_unsupported_rope_scaling_names_field_and_value(rope_scaling, field):
+    errors = _errors(_llama(rope_scaling=rope_scaling))
+    assert any(p == field and repr(rope_scaling.get("rope_type") or rope_scaling.get("type")) in m for p, m in errors), errors
+
+
+def test_unsupported_rope_type_in_transformers5_form():
+    cfg = T.LlamaConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1,
+                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}).to_dict()
+    errors = _errors(cfg)
+    assert any(p == "rope_parameters.rope_type" and "'yarn'" in m for p, m in errors), errors
+
+
+def test_unknown_rope_parameter_is_refused():
+    errors = _errors(_llama(rope_scaling={"rope_type": "linear", "factor": 2.0, "attention_factor": 0.5}))
+    assert any(p == "rope_scaling.attention_factor" and "0.5" in m for p, m in errors), errors
+
+
+def test_unknown_key_with_value_is_refused():
+    errors = _errors(_llama(foo_bar=3))
+    assert any(p == "foo_bar" and "3" in m for p, m in errors), errors
+
+
+@pytest.mark.parametrize("value", [None, False, [], {}])
+def test_unknown_key_with_nothing_value_is_accepted(value):
+    modkit.from_hf_config(_llama(foo_bar=value))
+
+
+def test_all_problems_reported_together():
+    errors = _errors(_llama(foo_bar=3, rope_scaling={"rope_type": "yarn", "factor": 4.0}, hidden_act="quick_gelu"))
+    fields = {p for p, _ in errors}
+    assert {"foo_bar", "rope_scaling.rope_type", "hidden_act"} <= fields, errors
+
+
+def test_irrelevant_keys_are_ignored_whatever_their_value():
+    cfg = _llama(attention_dropout=0.3, torch_dtype="float32", use_cache=False, pretraining_tp=4, bos_token_id=5, temperature=0.7)
+    assert modkit.count_params(modkit.from_hf_config(cfg)) == 1235814400
+
+
+@pytest.mark.parametrize(
+    "model,changes,field",
+    [
+        ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+        ("gpt2", {"add_cross_attention": True}, "add_cross_attention"),
+        ("gpt2", {"activation_function": "quick_gelu"}, "activation_function"),
+        ("gemma-3-1b-pt", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ("gemma-3-1b-pt", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma-3-1b-pt", {"layer_types": ["chunked_attention"] * 26}, "layer_types"),
+        ("qwen2.5-0.5b", {"use_mrope": True}, "use_mrope"),
+        ("llama-3.2-1b", {"is_encoder_decoder": True}, "is_encoder_decoder"),
+        ("llama-3.2-1b", {"num_key_value_heads": 5}, "num_key_value_heads"),
+        ("mistral-7b-v0.1", {"attention_bias": True}, "attention_bias"),
+        ("mixtral-8x7b-v0.1", {"num_local_experts": 0}, "num_local_experts"),
+    ],
+)
+def test_unsupported_values_name_the_field(model, changes, field):
+    cfg = json.loads((DATA / model / "config.json").read_text())
+    cfg.update(changes)
+    errors = _errors(cfg)
+    assert any(p == field for p, _ in errors), errors
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs,field",
+    [
+        (T.Phi3Config, dict(rope_parameters={"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                                             "rope_theta": 10000.0}, original_max_position_embeddings=64), "rope_parameters.rope_type"),
+        (T.OlmoeConfig, dict(clip_qkv=8.0), "clip_qkv"),
+        (T.FalconConfig, dict(alibi=True), "alibi"),
+        (T.FalconConfig, dict(new_decoder_architecture=True, num_kv_heads=4, parallel_attn=False), "parallel_attn"),
+    ],
+)
+def test_unsupported_values_from_transformers_configs(cls, kwargs, field):
+    base = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, **SMALL)
+    cfg = cls(**{**base, **kwargs}).to_dict()
+    errors = _errors(cfg)
+    assert any(p == field for p, _ in errors), errors
+
+
+def test_phi3_legacy_su_scaling_is_refused():
+    cfg = {"model_type": "phi3", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 1,
+           "rope_scaling": {"type": "su", "short_factor": [1.0] * 4, "long_factor": [1.0] * 4}}
+    errors = _errors(cfg)
+    assert any(p == "rope_scaling.type" and "'su'" in m for p, m in errors), errors
+
+
+def test_unsupported_model_type_lists_supported_ones():
+    errors = _errors({"model_type": "bert", "hidden_size": 8})
+    assert errors[0][0] == "model_type"
+    for t in MODEL_TYPES:
+        assert t in errors[0][1]
+
+
+def test_missing_model_type():
+    errors = _errors({"hidden_size": 8})
+    assert errors[0][0] == "model_type"
+
+
+def test_converters_do_not_import_transformers():
+    root = Path(modkit.__file__).resolve().parents[1]
+    for path in list((root / "plugins").rglob("*.py")) + list((root / "modkit").rglob("*.py")):
+        text = path.read_text()
+        assert "import transformers" not in text and "from transformers" not in text, path
+
+
+def test_conversion_does_not_mutate_input():
+    cfg = _llama()
+    before = copy.deepcopy(cfg)
+    modkit.from_hf_config(cfg)
+    assert cfg == before
