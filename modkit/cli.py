@@ -643,9 +643,10 @@ def _add_extensions(subparsers) -> None:
     for name in EXTENSION_MODULES:
         try:
             module = importlib.import_module(name)
-        except ImportError:
-            if _debug():
-                raise
+        except ImportError as exc:
+            missing = getattr(exc, "name", None)
+            if _debug() and not (missing and name.startswith(missing)):
+                _err(f"{PROG}: warning: skipped subcommands of {name}: {type(exc).__name__}: {exc}")
             continue
         except Exception as exc:  # noqa: BLE001 - a broken extension must not take the whole CLI down
             if _debug():
@@ -681,6 +682,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with _plugin_warnings_to_stderr():
         try:
             parser = build_parser()
+            if argv is None:
+                argv = sys.argv[1:]
+            if not argv:
+                parser.print_help(sys.stderr)
+                return 2
             try:
                 args = parser.parse_args(argv)
             except SystemExit as exc:  # --help, --version, usage errors
