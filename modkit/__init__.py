@@ -16,7 +16,7 @@ from .config import ComponentConfig, Slot
 from .errors import CheckpointError, ModkitError, RegistryError, SpecError
 from .hf import from_hf_config
 from .hooks import hookimpl
-from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, split_aux
+from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, run_ffn, split_aux
 from .model import Model, ModelOutput
 from .registry import Component, Registry, get_registry
 from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
@@ -54,6 +54,7 @@ __all__ = [
     "kv_cache_bytes_per_token",
     "load_component",
     "load_spec",
+    "run_ffn",
     "split_aux",
     "summarize",
 ]

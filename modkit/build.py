@@ -65,6 +65,12 @@ def _parse_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
     return out
 
 
+def _position_key(cfg, heads: tuple, registry: Registry) -> tuple:
+    """Layers share one position module per distinct config; q/k and bias schemes also depend on the heads."""
+    acts_on = registry.entry_for_config(cfg, "position").capabilities.get("acts_on")
+    return (cfg.model_dump_json(), heads if acts_on in ("qk", "bias") else None)
+
+
 def _construct(spec: ModelSpec, registry: Registry) -> Model:
     base = BuildContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
     layer_specs = [spec.layer(i) for i in range(spec.n_layers)]
@@ -75,20 +81,21 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
         attention = ctx.build(ls.attention)
         ffn = ctx.build(ls.ffn)
         heads = (getattr(attention, "n_heads", None), getattr(attention, "head_dim", None))
-        key = (ls.position.model_dump_json(), heads)
+        key = _position_key(ls.position, heads, registry)
         if key not in pos_keys:
             pos_keys[key] = len(pos_modules)
             pos_modules.append(ctx.build(ls.position, n_heads=heads[0], head_dim=heads[1]))
         layer_position.append(pos_keys[key])
         if ls.index == 0:
-            top_key = (spec.position.model_dump_json(), heads)
+            heads0 = heads
+            top_key = _position_key(spec.position, heads, registry)
         block = ctx.build(ls.placement, attention=attention, ffn=ffn, norm=ls.norm)
         blocks.append(block)
         windows.append(getattr(attention, "sliding_window", None))
     # the model-level scheme (it acts on embeddings) is the one layer 0 would use without overrides
     if top_key not in pos_keys:
         pos_keys[top_key] = len(pos_modules)
-        pos_modules.append(base.build(spec.position, n_heads=top_key[1][0], head_dim=top_key[1][1]))
+        pos_modules.append(base.build(spec.position, n_heads=heads0[0], head_dim=heads0[1]))
     order = [pos_keys[top_key]] + [i for i in range(len(pos_modules)) if i != pos_keys[top_key]]
     remap = {old: new for new, old in enumerate(order)}
     positions = nn.ModuleList([pos_modules[i] for i in order])

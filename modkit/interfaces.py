@@ -37,6 +37,17 @@ def split_aux(out: Any) -> tuple[Tensor, Optional[Tensor]]:
     return out, None
 
 
+def run_ffn(ffn: nn.Module, x: Tensor, inputs: "AttentionInputs") -> tuple[Tensor, Optional[Tensor]]:
+    """Call an ffn sublayer the way placements should: ``(output [batch, seq, d_model], aux_loss or None)``.
+
+    FFNs whose module sets ``takes_token_mask = True`` (MoE) also get ``token_mask [batch, seq]`` so padding
+    tokens stay out of routing statistics and aux losses (Megatron-LM #2121).
+    """
+    if getattr(ffn, "takes_token_mask", False):
+        return split_aux(ffn(x, token_mask=inputs.token_mask))
+    return split_aux(ffn(x))
+
+
 def add_aux(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
     """Sum two optional auxiliary losses (``None`` means no loss)."""
     if a is None:

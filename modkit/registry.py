@@ -177,6 +177,8 @@ class Registry:
         self._skipped: dict[str, str] = {}
         self.generation = 0
         self._lock = threading.RLock()
+        self._spec_model_cache: tuple[int, Any] | None = None  # filled by modkit.spec.spec_model
+        self._slot_types: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- plugins
     def register_plugin(

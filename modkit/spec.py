@@ -222,7 +222,7 @@ def spec_model(registry: Registry | None = None) -> type[ModelSpec]:
     Rebuilt whenever the registry changes (it carries a generation counter).
     """
     reg = registry or get_registry()
-    cached = getattr(reg, "_spec_model_cache", None)
+    cached = reg._spec_model_cache
     if cached and cached[0] == reg.generation:
         return cached[1]
     entries = reg.components()
@@ -238,9 +238,7 @@ def spec_model(registry: Registry | None = None) -> type[ModelSpec]:
         classes = list(dict.fromkeys(live[e.config] for e in entries if e.kind == kind))
         if not classes:
             ns[_ident(kind)] = _missing_kind(kind, reg)
-        elif len(classes) == 1:
-            ns[_ident(kind)] = classes[0]
-        else:
+        else:  # a one-member union too, so an unknown type gets the same helpful error
             ns[_ident(kind)] = Annotated[Union[tuple(classes)], Field(discriminator="type")]
     block = _live_copy(BlockSpec)
     override = _live_copy(LayerOverride)
@@ -433,7 +431,7 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
         data = source
     else:
         text = str(source)
-        if isinstance(source, Path) or (not text.lstrip().startswith("{") and (text.endswith(".json") or Path(text).exists())):
+        if isinstance(source, Path) or not text.lstrip().startswith("{"):
             label = text
             try:
                 text = Path(text).read_text()

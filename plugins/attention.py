@@ -211,7 +211,8 @@ class Attention(nn.Module):
             )
             return self.o_proj(rearrange(out, "b h s d -> b s (h d)")), None
         mask = attention_mask(q_pos, k_pos, k_valid, self.causal, self.sliding_window)
-        eager = self.backend == "eager" or need_weights
+        # an additive bias (ALiBi) in bf16/fp16 loses precision at long range: take the float32 eager path then
+        eager = self.backend == "eager" or need_weights or (bias is not None and q.dtype != torch.float32)
         out, weights = masked_attention(q, k, v, mask, bias, self.scale, eager=eager)
         return self.o_proj(rearrange(out, "b h s d -> b s (h d)")), weights
 

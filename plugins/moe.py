@@ -257,6 +257,8 @@ class MoE(nn.Module):
         c = math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts)
         return min(n_tokens, max(1, c))
 
+    takes_token_mask = True  # placements pass the padding mask through modkit.run_ffn
+
     def forward(self, x: Tensor, token_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """Mix experts.
 

@@ -23,7 +23,7 @@ from typing import Literal, Optional
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, hookimpl, split_aux
+from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, hookimpl, run_ffn
 
 
 class PreConfig(ComponentConfig):
@@ -74,7 +74,7 @@ class PreNormBlock(nn.Module):
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = x + self.attention(self.attn_norm(x), inputs)
-        h, aux = split_aux(self.ffn(self.ffn_norm(x)))
+        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
         return x + h, aux
 
 
@@ -91,7 +91,7 @@ class PostNormBlock(nn.Module):
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = self.attn_norm(x + self.attention(x, inputs))
-        h, aux = split_aux(self.ffn(x))
+        h, aux = run_ffn(self.ffn, x, inputs)
         return self.ffn_norm(x + h), aux
 
 
@@ -113,7 +113,7 @@ class SandwichNormBlock(nn.Module):
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = x + self.attn_post_norm(self.attention(self.attn_norm(x), inputs))
-        h, aux = split_aux(self.ffn(self.ffn_norm(x)))
+        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
         return x + self.ffn_post_norm(h), aux
 
 
@@ -130,7 +130,7 @@ class PeriNormBlock(nn.Module):
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = x + self.attn_post_norm(self.attention(x, inputs))
-        h, aux = split_aux(self.ffn(x))
+        h, aux = run_ffn(self.ffn, x, inputs)
         return x + self.ffn_post_norm(h), aux
 
 
@@ -152,7 +152,7 @@ class ParallelBlock(nn.Module):
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         h_attn = self.attn_norm(x)
         h_ffn = h_attn if self.ffn_norm is None else self.ffn_norm(x)
-        h, aux = split_aux(self.ffn(h_ffn))
+        h, aux = run_ffn(self.ffn, h_ffn, inputs)
         return x + self.attention(h_attn, inputs) + h, aux
 
 

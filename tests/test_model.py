@@ -139,3 +139,27 @@ def test_meta_build_of_large_spec_is_fast():
     elapsed = time.perf_counter() - t
     assert n == 70_553_706_496  # Llama-3-70B geometry, untied
     assert elapsed < 5.0, f"meta build of a 70B spec took {elapsed:.2f} s"
+
+
+def test_padding_stays_out_of_moe_aux_loss():
+    import json
+
+    spec = json.loads((SPECS / "tiny-moe.json").read_text())
+    model = modkit.build(spec, seed=0)
+    real = torch.randint(1, spec["vocab_size"], (1, 6), generator=torch.Generator().manual_seed(0))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), real], 1)
+    mask = torch.cat([torch.zeros(1, 3), torch.ones(1, 6)], 1)
+    alone = model(real)
+    both = model(padded, attention_mask=mask)
+    assert torch.allclose(both.logits[:, 3:], alone.logits, atol=1e-5)
+    assert torch.allclose(both.aux_loss, alone.aux_loss, atol=1e-6)
+
+
+def test_embedding_position_is_built_once_whatever_the_overrides():
+    spec = tiny_spec(
+        position={"type": "learned"},
+        overrides=[{"layers": [1], "attention": {"type": "mha", "n_heads": 2}}],
+    )
+    model = modkit.build(spec, device="meta")
+    assert len(model.positions) == 1
+    assert modkit.breakdown(model)["position"] == 64 * 32
