@@ -201,6 +201,17 @@ def test_gemma3_legacy_pattern_and_layer_types_agree():
         assert a[key] == b[key], key
 
 
+def test_gemma3_legacy_rope_scaling_applies_to_global_layers_only():
+    legacy = json.loads((DATA / "gemma-3-1b-pt" / "config.json").read_text())
+    legacy["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}  # as in the 4B/12B/27B configs
+    new = T.Gemma3TextConfig(**{k: v for k, v in legacy.items() if k != "architectures"}).to_dict()
+    for cfg in (legacy, new):
+        spec = modkit.from_hf_config(cfg)
+        local, glob = spec.layer(0).position, spec.layer(5).position
+        assert (local.theta, local.scaling) == (10000.0, None)
+        assert glob.theta == 1e6 and (glob.scaling.type, glob.scaling.factor) == ("linear", 8.0)
+
+
 # --------------------------------------------------------------------------------------------- refusals
 
 
@@ -333,3 +344,31 @@ def test_conversion_does_not_mutate_input():
     before = copy.deepcopy(cfg)
     modkit.from_hf_config(cfg)
     assert cfg == before
+
+
+def _modkit_attention(block):
+    return next(m for m in block.modules() if getattr(m, "modkit_kind", None) == "attention")
+
+
+@pytest.mark.parametrize("name,cls,kwargs", CASES, ids=[c[0] for c in CASES])
+def test_rope_frequencies_and_softmax_scale_match_transformers(name, cls, kwargs):
+    """Per layer: the rotary inverse frequencies (theta, partial rotary, scaling) and the q·k scale agree."""
+    cfg = cls(**kwargs)
+    spec = modkit.from_hf_config(cfg.to_dict())
+    model = modkit.build(spec, device="cpu", seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        hf = transformers.AutoModelForCausalLM.from_config(cfg)
+    base = getattr(hf, "model", None) or getattr(hf, "transformer", None)
+    rot = getattr(base, "rotary_emb", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    for i, layer in enumerate(_hf_layers(hf)):
+        ours = model.positions[model.layer_position[i]]
+        if rot is not None:
+            theirs = getattr(rot, f"{layer_types[i]}_inv_freq", None) if layer_types else None
+            theirs = theirs if theirs is not None else rot.inv_freq
+            assert torch.allclose(ours.inv_freq.float(), theirs.float(), rtol=1e-5), f"layer {i}"
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and hasattr(attn, "scaling"):
+            assert _modkit_attention(model.layers[i]).scale == pytest.approx(attn.scaling, rel=1e-9), f"layer {i}"

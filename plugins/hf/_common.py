@@ -13,7 +13,6 @@ Semantics follow transformers' own configuration and modeling code (read, not co
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from modkit import SpecError
@@ -536,7 +535,3 @@ def kv_heads_of(r: HFConfig, n_heads: int, key: str = "num_key_value_heads", def
         r.error(key, f"{key} = {kv} does not divide num_attention_heads = {n_heads}")
     return kv
 
-
-def softmax_scale_for(scale: float, head_dim: int) -> Optional[float]:
-    """``scale`` unless it equals the default ``1 / sqrt(head_dim)``."""
-    return None if math.isclose(scale, head_dim**-0.5, rel_tol=1e-12) else scale

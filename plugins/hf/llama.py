@@ -13,7 +13,7 @@ all four projections, ``mlp_bias`` on the three MLP projections; ``head_dim`` de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from ._common import HFConfig, attention, gated_ffn, head_dim_of, kv_heads_of, model_spec, per_layer, rmsnorm, rope, sizes
 
