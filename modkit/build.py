@@ -162,7 +162,7 @@ def _model(spec_or_model, registry) -> Model:
 def breakdown(spec_or_model: Any, *, registry: Optional[Registry] = None) -> dict[str, int]:
     """Parameter counts by category: ``embedding, position, attention, ffn, norm, lm_head, total``.
 
-    Each parameter is assigned to the nearest enclosing module tagged with a kind (``attention`` includes
+    Each parameter is assigned to the outermost enclosing module tagged with a kind (``attention`` includes
     QK-norm weights, ``ffn`` includes MoE routers, ``norm`` every norm outside attention). Tied weights count
     once, under ``embedding``. Parameters owned directly by a placement (no sublayer) count under ``other``,
     present only when non-zero.
@@ -173,7 +173,8 @@ def breakdown(spec_or_model: Any, *, registry: Optional[Registry] = None) -> dic
     seen: set[int] = set()
 
     def walk(module: nn.Module, category: str) -> None:
-        category = _KIND_TO_KEY.get(getattr(module, "modkit_kind", None), category)
+        if category == "other":  # the outermost tagged module decides: a QK-norm stays attention
+            category = _KIND_TO_KEY.get(getattr(module, "modkit_kind", None), category)
         for p in module.parameters(recurse=False):
             if id(p) not in seen:
                 seen.add(id(p))

@@ -228,6 +228,9 @@ class AlibiConfig(ComponentConfig):
     """Config of ``alibi``: a per-head linear distance penalty added to the attention scores."""
 
     type: Literal["alibi"] = "alibi"
+    scale: float = Field(
+        1.0, gt=0, description="multiplier of the bias (Falcon scales it by 1/sqrt(head_dim) with the scores); 1 in Press et al."
+    )
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -262,9 +265,10 @@ class Alibi(PositionScheme):
     the scheme was built for; another head count is computed on the fly.
     """
 
-    def __init__(self, n_heads: Optional[int]):
+    def __init__(self, n_heads: Optional[int], scale: float = 1.0):
         super().__init__()
         self.n_heads = n_heads
+        self.scale = scale
         self.register_buffer("slopes", torch.empty(n_heads or 0, dtype=torch.float32), persistent=False)
 
     def init_weights(self, init: Init) -> None:
@@ -278,7 +282,7 @@ class Alibi(PositionScheme):
         else:
             slopes = torch.tensor(alibi_slopes(n_heads), dtype=torch.float32, device=q_positions.device)
         dist = (q_positions[:, :, None] - k_positions[:, None, :]).abs().to(torch.float32)  # [b, sq, sk]
-        return -slopes[None, :, None, None] * dist[:, None]
+        return -(slopes * self.scale)[None, :, None, None] * dist[:, None]
 
 
 def _head_dim(ctx: BuildContext) -> int:
@@ -351,7 +355,7 @@ def register_components(register) -> None:
             kind="position",
             type="alibi",
             config=AlibiConfig,
-            factory=lambda cfg, ctx: Alibi(ctx.n_heads),
+            factory=lambda cfg, ctx: Alibi(ctx.n_heads, cfg.scale),
             description="ALiBi: no position embedding; each head adds -slope_h * |q_pos - k_pos| to its attention "
             "scores ([batch, n_heads, q_len, kv_len] float32). Slopes follow Press et al., including head counts "
             "that are not a power of two.",

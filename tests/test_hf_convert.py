@@ -302,7 +302,6 @@ def test_unsupported_values_name_the_field(model, changes, field):
         (T.Phi3Config, dict(rope_parameters={"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
                                              "rope_theta": 10000.0}, original_max_position_embeddings=64), "rope_parameters.rope_type"),
         (T.OlmoeConfig, dict(clip_qkv=8.0), "clip_qkv"),
-        (T.FalconConfig, dict(alibi=True), "alibi"),
         (T.FalconConfig, dict(new_decoder_architecture=True, num_kv_heads=4, parallel_attn=False), "parallel_attn"),
     ],
 )
@@ -372,3 +371,9 @@ def test_rope_frequencies_and_softmax_scale_match_transformers(name, cls, kwargs
         attn = getattr(layer, "self_attn", None)
         if attn is not None and hasattr(attn, "scaling"):
             assert _modkit_attention(model.layers[i]).scale == pytest.approx(attn.scaling, rel=1e-9), f"layer {i}"
+
+
+def test_falcon_alibi_bias_is_scaled_like_transformers():
+    cfg = T.FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1, alibi=True, **SMALL).to_dict()
+    spec = modkit.from_hf_config(cfg)
+    assert spec.position.type == "alibi" and spec.position.scale == pytest.approx(16 ** -0.5)

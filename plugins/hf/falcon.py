@@ -12,10 +12,8 @@ Semantics: ``transformers/models/falcon/{configuration,modeling}_falcon.py``:
   MLP width ``ffn_hidden_size`` (default ``4 * hidden_size``) and ``activation``; LayerNorms with bias;
   head tied by default, never biased.
 * positions: RoPE (half-split pairs, ``rope_theta``) unless ``alibi``. transformers scales Falcon's ALiBi bias
-  by ``1 / sqrt(head_dim)`` together with the scores (``modeling_falcon.py``: ``alibi / sqrt(head_dim)`` in
-  the mask, ``(scores + alibi) * inv_norm_factor`` in the eager path); modkit's ``alibi`` adds the unscaled
-  Press et al. bias and has no scale option, so ``alibi: true`` is refused rather than converted to a model
-  that computes something else.
+  by ``1 / sqrt(head_dim)`` together with the scores (``modeling_falcon.py``: ``(scores + alibi) *
+  inv_norm_factor`` in the eager path), so ``alibi: true`` maps to ``{"type": "alibi", "scale": head_dim**-0.5}``.
 """
 
 from __future__ import annotations
@@ -84,13 +82,9 @@ def convert(cfg: dict) -> dict:
         placement = {"type": "parallel", "shared_norm": True} if parallel else {"type": "pre"}
 
     if r.flag("alibi", False):
-        r.error(
-            "alibi",
-            "true: Falcon scales its ALiBi bias by 1/sqrt(head_dim) together with the attention scores, and "
-            "modkit's 'alibi' position has no scale option; converting would silently change the model",
-        )
         r.ignore("rope_parameters", "rope_theta", "rope_scaling")  # transformers builds no rotary table then
-        position = {"type": "alibi"}
+        # transformers' eager Falcon computes (scores + alibi) / sqrt(head_dim): the bias is scaled too
+        position = {"type": "alibi", "scale": (d // n_heads) ** -0.5}
     else:
         position = rope(r, default_theta=10000.0)
 
