@@ -91,6 +91,10 @@ class ModelSpec(_Strict):
     schema_version: Literal[1] = Field(..., description="version of the spec format; currently 1")
     name: Optional[str] = Field(None, description="model name")
     description: Optional[str] = Field(None, description="free text")
+    metadata: dict[str, Union[str, int, float, bool, None]] = Field(
+        default_factory=dict,
+        description="free-form provenance (e.g. hf_model_type, source); never affects the model",
+    )
     vocab_size: PositiveInt = Field(..., description="number of token ids")
     d_model: PositiveInt = Field(..., description="residual stream width")
     n_layers: PositiveInt = Field(..., description="number of Transformer blocks")
