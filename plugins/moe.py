@@ -31,10 +31,9 @@ schemes, chosen statically by ``capacity_factor``:
   assignments beyond an expert's capacity are dropped (that expert contributes 0 for that token). Cost:
   ``c`` times the active FLOPs. With ``c >= n_experts / top_k`` nothing is ever dropped.
 
-Padding: the block interface passes only ``x`` to an FFN, so unless the caller passes ``token_mask`` the aux
-losses average over every token of the batch, padding included (known limitation, Megatron-LM #2121).
-``forward`` accepts an optional ``token_mask [batch, seq]`` (True = real token; capability ``token_mask``):
-padding tokens then count in neither loss and take no expert capacity.
+Padding: ``forward`` takes an optional ``token_mask [batch, seq]`` (True = real token; the module sets
+``takes_token_mask`` so placements pass it through :func:`modkit.run_ffn`): padding tokens count in neither
+loss and take no expert capacity (Megatron-LM #2121).
 
 References: Shazeer et al. 2017, Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts
 Layer (arXiv:1701.06538); Lepikhin et al. 2020, GShard (arXiv:2006.16668); Fedus et al. 2021, Switch
