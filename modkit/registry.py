@@ -316,11 +316,14 @@ class Registry:
                 self._fail(provider, str(exc), strict, exc)
 
     def _fail(self, provider: Provider, message: str, strict: bool, exc: BaseException) -> None:
-        text = f"modkit plugin {provider} was skipped: {message}"
-        self._skipped[provider.plugin] = message
         if strict:
-            raise RegistryError(text + " (MODKIT_STRICT_PLUGINS=1)") from exc
-        warnings.warn(text + "; set MODKIT_STRICT_PLUGINS=1 to make this an error", PluginWarning, stacklevel=3)
+            raise RegistryError(f"modkit plugin {provider} failed to load: {message} (MODKIT_STRICT_PLUGINS=1)") from exc
+        self._skipped[provider.plugin] = message
+        warnings.warn(
+            f"modkit plugin {provider} was skipped: {message}; set MODKIT_STRICT_PLUGINS=1 to make this an error",
+            PluginWarning,
+            stacklevel=3,
+        )
 
     # ---------------------------------------------------------------- lookups
     def get(self, kind: str, type_: str) -> Component:
@@ -350,6 +353,10 @@ class Registry:
         if hint:
             msg += f"; did you mean {hint[0]!r}?"
         msg += f"; installed plugins: {', '.join(sorted(self._plugins)) or '(none)'}"
+        if self._skipped:
+            msg += "; plugins that failed to load (their components are missing): " + ", ".join(
+                f"{name} ({reason})" for name, reason in sorted(self._skipped.items())
+            )
         return msg
 
     def kinds(self) -> list[str]:
@@ -405,7 +412,7 @@ class Registry:
             types = sorted(self._converters)
             hint = close_matches(str(model_type), types)
             raise RegistryError(
-                f"no converter for Hugging Face model_type {model_type!r}; supported: {', '.join(types)}"
+                f"no converter for Hugging Face model_type {model_type!r}; supported: {', '.join(types) or '(none)'}"
                 + (f"; did you mean {hint[0]!r}?" if hint else "")
             )
         return conv

@@ -21,7 +21,7 @@ from typing import Literal, Optional
 
 import torch
 from einops import rearrange
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 from torch import Tensor, nn
 
 from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, Slot, hookimpl
@@ -33,7 +33,7 @@ class AttentionConfig(ComponentConfig):
     type: Literal["mha", "mqa", "gqa"]
     n_heads: PositiveInt = Field(..., description="number of query heads")
     n_kv_heads: Optional[PositiveInt] = Field(
-        None, description="number of key/value heads; must divide n_heads. Default: n_heads (mha), 1 (mqa); required for gqa"
+        None, validate_default=True, description="number of key/value heads; must divide n_heads. Default: n_heads (mha), 1 (mqa); required for gqa"
     )
     head_dim: Optional[PositiveInt] = Field(
         None, description="width of one head; default d_model / n_heads (which must then be an integer)"
@@ -57,21 +57,23 @@ class AttentionConfig(ComponentConfig):
         "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"
     )
 
-    @model_validator(mode="after")
-    def _heads(self) -> "AttentionConfig":
-        kv = self.n_kv_heads
-        if self.type == "gqa" and kv is None:
+    @field_validator("n_kv_heads")
+    @classmethod
+    def _kv_heads(cls, kv: Optional[int], info: ValidationInfo) -> Optional[int]:
+        kind, n_heads = info.data.get("type"), info.data.get("n_heads")
+        if kind == "gqa" and kv is None:
             raise ValueError("gqa needs n_kv_heads (use mha for n_kv_heads = n_heads, mqa for 1)")
-        if self.type == "mha" and kv is not None and kv != self.n_heads:
-            raise ValueError(f"mha has n_kv_heads = n_heads = {self.n_heads}, got n_kv_heads = {kv}; use gqa")
-        if self.type == "mqa" and kv is not None and kv != 1:
+        if n_heads is None:  # n_heads itself is invalid; that error is reported on its own
+            return kv
+        if kind == "mha" and kv is not None and kv != n_heads:
+            raise ValueError(f"mha has n_kv_heads = n_heads = {n_heads}, got n_kv_heads = {kv}; use gqa")
+        if kind == "mqa" and kv is not None and kv != 1:
             raise ValueError(f"mqa has n_kv_heads = 1, got n_kv_heads = {kv}; use gqa")
-        kv = self.kv_heads
-        if kv > self.n_heads:
-            raise ValueError(f"n_kv_heads = {kv} exceeds n_heads = {self.n_heads}; n_kv_heads must divide n_heads")
-        if self.n_heads % kv:
-            raise ValueError(f"n_kv_heads = {kv} does not divide n_heads = {self.n_heads}")
-        return self
+        if kv is not None and kv > n_heads:
+            raise ValueError(f"n_kv_heads = {kv} exceeds n_heads = {n_heads}; n_kv_heads must divide n_heads")
+        if kv is not None and n_heads % kv:
+            raise ValueError(f"n_kv_heads = {kv} does not divide n_heads = {n_heads}")
+        return kv
 
     @property
     def kv_heads(self) -> int:

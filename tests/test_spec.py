@@ -29,7 +29,7 @@ def test_c06_head_counts_rejected_at_validation(n_heads, n_kv_heads, fragment):
     errors = _errors(spec)
     assert len(errors) == 1, errors
     path, msg = errors[0]
-    assert path.startswith("block.attention")
+    assert path == "block.attention.n_kv_heads"
     assert fragment in msg
 
 
