@@ -1,0 +1,191 @@
+"""The worked third-party plugin in ``docs/examples/modkit-extra`` as a user meets it: pip-installed, then used
+through fresh ``python -m modkit`` processes (entry points are discovered at start-up).
+
+The package is copied to a temporary folder (so no build artefacts land in the repository) and installed there
+with ``pip install --target`` (not editable, no dependencies, offline where the environment can build wheels
+without network), and the commands run with that folder on ``PYTHONPATH``. Installing into a private target
+instead of the shared environment keeps concurrent test runs and other processes from ever seeing the plugin,
+and leaves nothing to uninstall if the run is killed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
+
+#: A tiny Llama-like spec with every norm a DyT (a per-head QK-norm too: built at head_dim) and a squared-ReLU FFN.
+SPEC = {
+    "schema_version": 1,
+    "name": "tiny-dyt-relu2",
+    "vocab_size": 64,
+    "d_model": 32,
+    "n_layers": 2,
+    "max_seq_len": 64,
+    "position": {"type": "rope", "theta": 10000.0},
+    "block": {
+        "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "dyt"}},
+        "ffn": {"type": "relu2", "d_ff": 64},
+        "norm": {"type": "dyt"},
+        "placement": {"type": "pre"},
+    },
+    "final_norm": {"type": "dyt", "alpha_init": 0.8},
+}
+
+
+def _offline_build_possible() -> bool:
+    """True when this interpreter's setuptools can build a wheel without network (``bdist_wheel`` built in >= 70.1,
+    or the ``wheel`` package present); otherwise pip needs build isolation, which fetches setuptools."""
+    try:
+        version = tuple(int(p) for p in md.version("setuptools").split(".")[:2])
+    except (md.PackageNotFoundError, ValueError):
+        return False
+    if version >= (70, 1):
+        return True
+    try:
+        md.version("wheel")
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def pip_install(sources: list[Path], workdir: Path) -> tuple[Path, float]:
+    """Copy each package in ``sources`` under ``workdir`` and pip-install the copies into ``workdir/site``.
+
+    Returns ``(site folder, seconds)``.
+    """
+    copies = []
+    for src in sources:
+        dst = workdir / "src" / src.name
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
+        copies.append(str(dst))
+    site = workdir / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--disable-pip-version-check", "--target", str(site)]
+    if _offline_build_possible():
+        cmd += ["--no-build-isolation", "--no-index"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd + copies, capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 0, f"pip install failed:\n{proc.stdout}\n{proc.stderr}"
+    return site, seconds
+
+
+def env_with(site: Path) -> dict:
+    """The environment of a fresh process that sees the packages installed in ``site``."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MODKIT_DEBUG", "MODKIT_STRICT_PLUGINS"}}
+    env["PYTHONPATH"] = os.pathsep.join([str(site)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["MODKIT_STRICT_PLUGINS"] = "1"  # a plugin that fails to load must fail the test, not just warn
+    return env
+
+
+def run_all(commands: dict[str, list[str]], env: dict, cwd: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Run ``python ARGS`` for every entry concurrently (each start imports torch); results by name."""
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, *argv], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, argv in commands.items()
+    }
+    results = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=600)
+            results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    return results
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """Install modkit-extra once; run every command of this module against it."""
+    work = tmp_path_factory.mktemp("modkit-extra")
+    site, install_s = pip_install([EXAMPLE], work)
+    (work / "spec.json").write_text(json.dumps(SPEC))
+    start = time.perf_counter()
+    results = run_all(
+        {
+            "list": ["-m", "modkit", "list"],
+            "plugins": ["-m", "modkit", "plugins", "--json"],
+            "show": ["-m", "modkit", "show", "norm", "dyt"],
+            "build": ["-m", "modkit", "build", "spec.json", "--json"],
+            "check": ["-m", "modkit", "check", "--plugin", "extra"],
+        },
+        env_with(site),
+        work,
+    )
+    results["_seconds"] = {"install": install_s, "commands": time.perf_counter() - start}
+    return site, results
+
+
+def test_installed_where_expected(installed):
+    site, _ = installed
+    assert (site / "modkit_extra" / "dyt.py").is_file()
+    assert list(site.glob("modkit_extra-0.1.0.dist-info"))
+    assert not list(EXAMPLE.glob("*.egg-info")) and not (EXAMPLE / "build").exists()  # nothing built in the repo
+
+
+def test_list_shows_both_components(installed):
+    r = installed[1]["list"]
+    assert r.returncode == 0, r.stderr
+    rows = {tuple(line.split()[:3]) for line in r.stdout.splitlines()[1:]}
+    assert ("norm", "dyt", "extra") in rows and ("ffn", "relu2", "extra") in rows
+    assert ("norm", "rmsnorm", "builtin-norm") in rows  # the built-ins are still there
+
+
+def test_plugins_names_the_distribution(installed):
+    r = installed[1]["plugins"]
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    extra = [p for p in data["plugins"] if p["name"] == "extra"]
+    assert extra == [
+        {
+            "name": "extra",
+            "distribution": "modkit-extra",
+            "version": "0.1.0",
+            "components": ["norm/dyt", "ffn/relu2"],
+            "hf_converters": [],
+        }
+    ]
+    assert data["skipped"] == {}
+
+
+def test_show_describes_dyt(installed):
+    r = installed[1]["show"]
+    assert r.returncode == 0, r.stderr
+    assert "provider: extra (modkit-extra 0.1.0)" in r.stdout
+    assert "alpha_init" in r.stdout and "arXiv:2503.10622" in r.stdout
+
+
+def test_spec_using_the_plugin_validates_builds_and_runs(installed):
+    r = installed[1]["build"]
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    used = {(c["kind"], c["type"]): c for c in data["components"]}
+    assert used[("norm", "dyt")]["plugin"] == "extra" and used[("ffn", "relu2")]["plugin"] == "extra"
+    fw = data["forward"]
+    assert fw["finite"] and fw["output_shape"] == [*fw["input_shape"], 64]
+
+
+def test_contract_kit_passes(installed):
+    r = installed[1]["check"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "dyt" in r.stdout and "relu2" in r.stdout
+
+
+def test_timings_are_reported(installed, capsys):
+    seconds = installed[1]["_seconds"]
+    with capsys.disabled():
+        print(f"\nmodkit-extra: pip install {seconds['install']:.1f}s; list/plugins/show/build/check {seconds['commands']:.1f}s")
