@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,3 +210,17 @@ def test_timings_are_reported(installed, capsys):
     seconds = installed[1]["_seconds"]
     with capsys.disabled():
         print(f"\nmodkit-extra: pip install {seconds['install']:.1f}s; list, plugins, show, build + check (2 processes) {seconds['commands']:.1f}s")
+
+
+def test_guide_shows_the_example_verbatim():
+    """Every code block of the plugin guide that shows a file of the example is a verbatim part of that file."""
+    guide = (REPO / "docs" / "guides" / "writing-a-plugin.md").read_text()
+    files = {p: p.read_text() for p in EXAMPLE.rglob("*") if p.suffix in {".py", ".toml", ".json"} and "__pycache__" not in p.parts}
+    blocks = re.findall(r"```(python|toml|json)\n(.*?)```", guide, re.S)
+    assert len(blocks) >= 9
+    for lang, body in blocks:
+        lines = body.splitlines()
+        if lang != "json" and lines and re.fullmatch(r"# [\w./-]+", lines[0]):  # a "# path" label line
+            lines = lines[1:]
+        text = "\n".join(lines)
+        assert any(text in content for content in files.values()), f"guide block not found in the example:\n{body[:300]}"
