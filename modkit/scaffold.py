@@ -138,7 +138,7 @@ pythonpath = ["."]
 README = """\
 # $name
 
-A [modkit](https://pypi.org/project/modkit/) plugin providing the `$kind` component `$type`.
+A modkit plugin providing the `$kind` component `$type`.
 
 ```sh
 pip install -e .                            # registers the entry point: modkit = $name -> $mod
@@ -704,15 +704,24 @@ def scaffold_plugin(name: str, kind: str, type_: Optional[str] = None, output: O
 # ------------------------------------------------------------------------------------------------ CLI
 
 
-def _existing_type(kind: str, type_: str) -> Optional[str]:
-    """The provider of ``kind/type_`` if a loaded plugin already registers it (it would clash once installed)."""
+def _clashes(name: str, kind: str, type_: str) -> list[str]:
+    """Why the new plugin would clash with what is installed: its plugin name or its ``kind/type`` already taken."""
     try:
         from .registry import get_registry
 
-        entry = get_registry()._components.get((kind, type_))  # noqa: SLF001 - a lookup that must not raise
+        reg = get_registry()
+        problems = []
+        taken = {p.name: p.provider for p in reg.plugins()}
+        if name in taken:
+            problems.append(
+                f"a plugin named {name!r} is already installed ({taken[name]}); modkit would load only one of the two, "
+                "pick another NAME"
+            )
+        if type_ in reg.types(kind):
+            problems.append(f"{kind} type {type_!r} is already provided by {reg.get(kind, type_).provider}; pick another name with --type")
+        return problems
     except Exception:  # noqa: BLE001 - a broken environment must not stop the scaffold
-        return None
-    return str(entry.provider) if entry is not None else None
+        return []
 
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:
@@ -720,11 +729,9 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     try:
         files = plugin_files(args.name, args.kind, args.type)
         type_ = args.type if args.type is not None else import_name(args.name)
-        clash = _existing_type(args.kind, type_)
-        if clash is not None:
-            raise ScaffoldError(
-                f"{args.kind} type {type_!r} is already provided by {clash}; pick another name with --type"
-            )
+        clashes = _clashes(args.name, args.kind, type_)
+        if clashes:
+            raise ScaffoldError("; ".join(clashes))
         target = scaffold_plugin(args.name, args.kind, args.type, Path(args.output))
     except ScaffoldError as exc:
         print(f"modkit: error: {exc}", file=sys.stderr)

@@ -179,11 +179,13 @@ def test_bad_names_are_refused(tmp_path, capsys, name, why):
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_bad_type_and_taken_type_are_refused(tmp_path, capsys):
+def test_bad_type_and_taken_names_are_refused(tmp_path, capsys):
     code, _, err = new_plugin(capsys, "my-norms", "--kind", "norm", "--type", "Bad Type", "-o", tmp_path)
     assert code == 1 and "invalid component type" in err
     code, _, err = new_plugin(capsys, "my-norms", "--kind", "norm", "--type", "rmsnorm", "-o", tmp_path)
     assert code == 1 and "already provided by builtin-norm" in err
+    code, _, err = new_plugin(capsys, "builtin-norm", "--kind", "norm", "--type", "fresh", "-o", tmp_path)
+    assert code == 1 and "a plugin named 'builtin-norm' is already installed" in err
     assert not any(tmp_path.iterdir())
 
 
