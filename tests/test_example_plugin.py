@@ -1,5 +1,7 @@
 """The worked third-party plugin in ``docs/examples/modkit-extra`` as a user meets it: pip-installed, then used
-through fresh ``python -m modkit`` processes (entry points are discovered at start-up).
+from fresh interpreters, which discover entry points at start-up: ``python -m modkit check --plugin extra``, and
+one interpreter running ``modkit list``, ``plugins --json``, ``show norm dyt`` and ``build SPEC --json`` through
+``modkit.cli.main`` (one import of torch instead of four).
 
 The package is copied to a temporary folder (so no build artefacts land in the repository) and installed there
 with ``pip install --target`` (not editable, no dependencies, offline where the environment can build wheels
