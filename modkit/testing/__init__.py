@@ -1,0 +1,49 @@
+"""``modkit.testing``: the contract kit a plugin author runs on their own components.
+
+Three ways to run the same suite of checks (:data:`~modkit.testing.checks.CHECKS`) over the live registry:
+
+* pytest: ``pytest --modkit-contracts [--modkit-plugin NAME] [--modkit-kind K] [--modkit-type T]`` (the plugin is
+  registered under the ``pytest11`` entry point, so no ``conftest.py`` is needed); ids read
+  ``attention/gqa::causality``.
+* the command line: ``modkit check [--plugin NAME] [--kind K] [--type T]`` prints a component x check table and
+  exits non-zero naming each failed check.
+* Python::
+
+      from modkit.testing import check_component
+      for r in check_component("norm", "rmsnorm"):
+          print(r.id, r.status, r.detail)
+
+Which checks apply is decided by the entry's kind and capabilities; each component is built inside tiny models
+(``d_model`` 32, 2 layers, vocabulary 64) from its ``example`` config, its neighbours chosen by capability
+(see :mod:`modkit.testing.harness`).
+"""
+
+from .checks import (
+    CHECK_NAMES,
+    CHECKS,
+    Check,
+    CheckFailed,
+    CheckResult,
+    CheckSkipped,
+    ComponentChecks,
+    check_component,
+    get_check,
+    run_checks,
+    select_components,
+)
+from .harness import Bench
+
+__all__ = [
+    "Bench",
+    "CHECKS",
+    "CHECK_NAMES",
+    "Check",
+    "CheckFailed",
+    "CheckResult",
+    "CheckSkipped",
+    "ComponentChecks",
+    "check_component",
+    "get_check",
+    "run_checks",
+    "select_components",
+]

@@ -1,0 +1,96 @@
+"""``modkit check``: run the contract suite from the command line.
+
+::
+
+    modkit check [--plugin NAME] [--kind K] [--type T] [--check C] [--device D] [-v]
+
+Prints a table component x check (``passed`` / ``FAILED`` / ``skip``), then one line per failed check with the
+measured values, and exits 1 if any check failed (0 otherwise). ``modkit.cli`` picks this module up through
+``add_subcommands(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Optional, Sequence, TextIO
+
+CELL = {"passed": "passed", "failed": "FAILED", "skipped": "skip"}
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``check`` subcommand on ``modkit``'s subparsers; its handler is :func:`cmd_check`."""
+    p = subparsers.add_parser(
+        "check",
+        help="run the contract checks on registered components",
+        description="Run the modkit contract suite (shape/dtype, gradients, causality, cached decode, meta init, "
+        "parameter count, compile, ...) on registered components and print a component x check table. "
+        "Exits 1 naming each failed check.",
+    )
+    p.add_argument("--plugin", action="append", metavar="NAME", help="only components of this plugin (entry-point or distribution name; repeatable; wildcards)")
+    p.add_argument("--kind", action="append", metavar="KIND", help="only this kind, e.g. attention (repeatable; wildcards)")
+    p.add_argument("--type", action="append", metavar="TYPE", help="only this type, e.g. gqa (repeatable; wildcards)")
+    p.add_argument("--check", action="append", metavar="CHECK", help="only this check, e.g. causality (repeatable)")
+    p.add_argument("--device", default="cpu", help="device the tiny models run on (default cpu)")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print every skip reason and passing detail")
+    p.set_defaults(func=cmd_check)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [fmt(headers)] + [fmt(r) for r in rows]
+
+
+def render(results: Sequence, *, verbose: bool = False) -> list[str]:
+    """Lines of the report for ``results`` (:class:`~modkit.testing.CheckResult`): table, failures, summary."""
+    from .checks import CHECK_NAMES
+
+    components = list(dict.fromkeys(r.component for r in results))
+    checks = [c for c in CHECK_NAMES if any(r.check == c for r in results)]
+    cell = {(r.component, r.check): CELL[r.status] for r in results}
+    rows = [[comp] + [cell.get((comp, c), "-") for c in checks] for comp in components]
+    lines = _table(["component"] + checks, rows)
+    failed = [r for r in results if r.status == "failed"]
+    if verbose:
+        lines.append("")
+        for r in results:
+            if r.status != "failed":
+                lines.append(f"{CELL[r.status]:6s} {r.id}: {r.detail}")
+    if failed:
+        lines.append("")
+        lines.append(f"{len(failed)} failed check(s):")
+        for r in failed:
+            lines.append(f"FAILED {r.id}: {r.detail}")
+    n = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "skipped")}
+    lines.append("")
+    lines.append(f"{len(components)} component(s): {n['passed']} passed, {n['failed']} failed, {n['skipped']} skipped")
+    return lines
+
+
+def cmd_check(args: argparse.Namespace, *, out: Optional[TextIO] = None, registry=None) -> int:
+    """Handler of ``modkit check``: run the selected checks, print the table, return 1 if any check failed.
+
+    Raises:
+        RegistryError: the selection matches no component (``modkit.cli`` prints it as an error, exit 1).
+        ValueError: an unknown check name.
+    """
+    from .checks import run_checks
+
+    stream = out or sys.stdout
+    emit: Callable[[str], None] = lambda line: print(line, file=stream)  # noqa: E731
+    results = run_checks(
+        registry,
+        plugin=args.plugin,
+        kind=args.kind,
+        type=args.type,
+        checks=args.check,
+        device=args.device,
+    )
+    for line in render(results, verbose=args.verbose):
+        emit(line)
+    failed = [r for r in results if r.status == "failed"]
+    if failed:
+        print(f"modkit check: {len(failed)} check(s) failed: {', '.join(r.id for r in failed)}", file=sys.stderr)
+        return 1
+    return 0

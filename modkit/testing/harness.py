@@ -1,0 +1,348 @@
+"""The bench the contract checks run on: one component placed in tiny models, everything else filled in.
+
+To exercise one registry entry the kit writes a tiny model spec (``d_model`` 32, 2 layers, vocabulary 64) and
+puts the component in the slot of its kind (``block.attention``, ``block.ffn``, ``block.norm`` and
+``final_norm``, ``block.placement`` or ``position``). A kind with no slot in a spec (a ``router``) is nested in a
+*host*: any registered component whose config declares a :func:`~modkit.Slot` of that kind. The other slots are
+filled with registered components chosen by capability, never by type name: the attention must be
+``causal_safe`` and support ``kv_cache``, the ffn must not return an aux loss, position schemes acting on q/k
+are preferred, and components from other plugins than the one under test are preferred (so a plugin's
+component is tested against known-good neighbours). Every component is configured with
+:meth:`~modkit.Component.example_config`.
+
+Models are built through a :class:`RecordingRegistry`, which remembers every factory call
+``(entry, config, BuildContext, module)``: that is how the checks find the component's modules inside a model
+and the exact context a declared ``param_count`` must agree with.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import nn
+
+from ..config import ComponentConfig, slot_kind
+from ..errors import SpecError
+from ..registry import Component, Registry
+from ..spec import BlockSpec, ModelSpec, load_component, load_spec, spec_model
+
+#: Model-wide sizes of the tiny models (``d_model`` is the first of :data:`D_MODELS` the spec accepts).
+TINY = {"vocab_size": 64, "n_layers": 2, "max_seq_len": 64}
+#: ``d_model`` values tried in order until the component's example config fits (e.g. 6 heads need 48).
+D_MODELS = (32, 48, 64, 96, 128)
+#: The kinds whose calling convention :mod:`modkit.interfaces` defines; other kinds are exercised through a model.
+CONTRACT_KINDS = ("attention", "ffn", "norm", "placement", "position")
+
+
+class Unavailable(Exception):
+    """The bench cannot be set up for a reason that is not the component's fault (reported as a skip)."""
+
+
+@dataclass
+class Record:
+    """One factory call seen while building: which entry, with which config and context, and what it returned."""
+
+    entry: Component
+    config: ComponentConfig
+    ctx: Any
+    module: nn.Module
+
+
+class RecordingRegistry(Registry):
+    """A view of a registry whose factories record each call in :attr:`records` (entries are shared, not copied).
+
+    Used only by the contract kit; build with ``modkit.build(spec, registry=recording)``.
+    """
+
+    def __init__(self, base: Registry):  # noqa: D107 - shares the base registry's state instead of starting empty
+        spec_model(base)  # make sure the live spec classes exist, so this view shares them
+        self.__dict__.update(base.__dict__)
+        self.base = base
+        self.records: list[Record] = []
+
+    def entry_for_config(self, config: ComponentConfig, kind: Optional[str] = None) -> Component:
+        """The base registry's entry, with a factory that records ``(entry, config, ctx, module)``."""
+        entry = super().entry_for_config(config, kind)
+        records = self.records
+
+        def factory(cfg: Any, ctx: Any, _entry: Component = entry) -> Any:
+            module = _entry.factory(cfg, ctx)
+            if isinstance(module, nn.Module):
+                records.append(Record(_entry, cfg, ctx, module))
+            return module
+
+        return replace(entry, factory=factory)
+
+
+def validate_config(entry: Component, data: Any, registry: Registry) -> ComponentConfig:
+    """Validate ``data`` as a config of ``entry``'s kind (raises :class:`~modkit.SpecError`)."""
+    return load_component(entry.kind, data, registry=registry)
+
+
+def config_dict(config: ComponentConfig) -> dict:
+    """The JSON form of a validated config (what a spec file would hold)."""
+    return config.model_dump(mode="json")
+
+
+def example_or_none(entry: Component, registry: Registry) -> Optional[dict]:
+    """``entry.example_config()`` as validated JSON, or ``None`` if it does not validate."""
+    try:
+        return config_dict(validate_config(entry, entry.example_config(), registry))
+    except SpecError:
+        return None
+
+
+def spec_slots() -> tuple[dict[str, str], dict[str, str]]:
+    """``({kind: block field}, {kind: required top-level field})`` read from the spec models' slot markers."""
+    block = {}
+    for name, f in BlockSpec.model_fields.items():
+        k = slot_kind(f)
+        if k is not None:
+            block.setdefault(k, name)
+    top = {}
+    for name, f in ModelSpec.model_fields.items():
+        k = slot_kind(f)
+        if k is not None and f.is_required():
+            top.setdefault(k, name)
+    return block, top
+
+
+def nested_slots(entry: Component) -> dict[str, str]:
+    """``{field: kind}`` of the fields of ``entry``'s config that hold another component."""
+    return {n: k for n, f in entry.config.model_fields.items() if (k := slot_kind(f)) is not None}
+
+
+# ------------------------------------------------------------------------------------------------- fillers
+
+
+def _filler_rank(kind: str, entry: Component, target: Component) -> tuple:
+    caps = entry.capabilities
+    if kind == "attention":
+        need = (0 if caps.get("causal_safe") else 1) + (0 if caps.get("kv_cache") else 1)
+    elif kind == "ffn":
+        need = 1 if caps.get("aux_loss") else 0
+    elif kind == "position":
+        need = {"qk": 0, "embedding": 1, "bias": 2, "none": 3}.get(caps.get("acts_on"), 4)
+    else:
+        need = 0
+    same_plugin = target.provider is not None and entry.provider is not None and entry.provider.plugin == target.provider.plugin
+    return (need, same_plugin, entry.example is None, entry.key)
+
+
+def choose_filler(registry: Registry, kind: str, target: Component, exclude: Iterable[tuple[str, str]] = ()) -> Optional[tuple[Component, dict]]:
+    """The best registered component of ``kind`` to fill a slot while ``target`` is under test, with its config.
+
+    Preference (capabilities only): see the module docstring. Entries whose example does not validate are
+    never chosen. Returns ``None`` when no entry of ``kind`` qualifies.
+    """
+    excluded = set(exclude)
+    candidates = sorted(
+        (e for e in registry.components(kind) if e.key != target.key and e.key not in excluded),
+        key=lambda e: _filler_rank(kind, e, target),
+    )
+    for e in candidates:
+        cfg = example_or_none(e, registry)
+        if cfg is not None:
+            return e, cfg
+    return None
+
+
+# ------------------------------------------------------------------------------------------------- the bench
+
+
+class Bench:
+    """One component under test, with a validated tiny spec that contains it and helpers to build and feed it.
+
+    Attributes:
+        entry: the registry entry under test.
+        config: its validated config (the example, or the config the caller gave).
+        registry: the registry the component and its fillers come from.
+        spec: the tiny spec (JSON dict, validated) holding the component.
+        fillers: ``{kind: (entry, config dict)}`` used for the other slots.
+        host: ``(entry, field)`` when the component is nested in another component, else ``None``.
+        device: where models are built and run.
+    """
+
+    def __init__(self, entry: Component, config: ComponentConfig, registry: Registry, device: str = "cpu"):
+        self.entry = entry
+        self.config = config
+        self.registry = registry
+        self.device = torch.device(device)
+        self.host: Optional[tuple[Component, str]] = None
+        self.fillers: dict[str, tuple[Component, dict]] = {}
+        self.notes: list[str] = []
+        self.spec = self._make_spec()
+
+    # ------------------------------------------------------------------ spec construction
+    @property
+    def name(self) -> str:
+        """``kind/type`` of the component under test."""
+        return f"{self.entry.kind}/{self.entry.type}"
+
+    @property
+    def config_json(self) -> dict:
+        """The component's config as JSON."""
+        return config_dict(self.config)
+
+    def _fill(self, kind: str) -> dict:
+        got = self.fillers.get(kind)
+        if got is None:
+            got = choose_filler(self.registry, kind, self.entry)
+            if got is None:
+                raise Unavailable(f"no registered {kind} with a valid example config to fill the tiny model")
+            self.fillers[kind] = got
+        return copy.deepcopy(got[1])
+
+    def _placement(self) -> tuple[str, str, dict]:
+        """``(where, field, config)``: where = 'block' | 'top', the field, and the config dict to put there."""
+        block, top = spec_slots()
+        kind = self.entry.kind
+        if kind in block:
+            return "block", block[kind], self.config_json
+        if kind in top:
+            return "top", top[kind], self.config_json
+        # nested: find a host whose config has a slot of this kind
+        reasons = []
+        hosts = sorted(
+            (e for e in self.registry.components() if e.kind in block or e.kind in top),
+            key=lambda e: (e.provider.plugin == self.entry.provider.plugin if e.provider and self.entry.provider else False, e.key),
+        )
+        for host in hosts:
+            fields = [f for f, k in nested_slots(host).items() if k == kind]
+            if not fields:
+                continue
+            base = example_or_none(host, self.registry)
+            if base is None:
+                reasons.append(f"{host.kind}/{host.type}: example config does not validate")
+                continue
+            data = {**base, fields[0]: self.config_json}
+            try:
+                cfg = validate_config(host, data, self.registry)
+            except SpecError as exc:
+                reasons.append(f"{host.kind}/{host.type}: {exc.errors[0][1] if exc.errors else exc}")
+                continue
+            self.host = (host, fields[0])
+            where, field = ("block", block[host.kind]) if host.kind in block else ("top", top[host.kind])
+            return where, field, config_dict(cfg)
+        raise Unavailable(
+            f"kind {kind!r} has no slot in a model spec and no registered component holds a {kind!r} slot"
+            + (f" that accepts it ({'; '.join(reasons)})" if reasons else "")
+        )
+
+    def spec_with(self, **slots: Any) -> dict:
+        """The tiny spec dict with top-level or ``block`` slots replaced (``attention=...``, ``position=...``)."""
+        data = copy.deepcopy(self.spec)
+        block_fields = set(spec_slots()[0].values())
+        for key, value in slots.items():
+            if key in block_fields:
+                data["block"][key] = value
+            else:
+                data[key] = value
+        return data
+
+    def _make_spec(self) -> dict:
+        block, top = spec_slots()
+        where, field, target_cfg = self._placement()
+        data: dict[str, Any] = {"schema_version": 1, "name": f"modkit-check-{self.entry.kind}-{self.entry.type}", **TINY}
+        data["block"] = {}
+        for kind, f in block.items():
+            data["block"][f] = target_cfg if (where == "block" and f == field) else self._fill(kind)
+        for kind, f in top.items():
+            data[f] = target_cfg if (where == "top" and f == field) else self._fill(kind)
+        norm_field = block.get("norm")
+        if norm_field is not None:
+            data["final_norm"] = copy.deepcopy(data["block"][norm_field])
+        errors: list[str] = []
+        for d in D_MODELS:
+            data["d_model"] = d
+            try:
+                load_spec(data, registry=self.registry)
+                return data
+            except SpecError as exc:
+                errors.append(f"d_model {d}: " + "; ".join(f"{p}: {m}" for p, m in exc.errors[:2]))
+        raise Unavailable("the example config does not fit a tiny model: " + errors[0])
+
+    # ------------------------------------------------------------------ building
+    def recorder(self) -> RecordingRegistry:
+        """A fresh recording view of the registry."""
+        return RecordingRegistry(self.registry)
+
+    def build(
+        self, spec: Optional[dict] = None, *, dtype: torch.dtype = torch.float32, seed: int = 0
+    ) -> tuple[nn.Module, list[Record]]:
+        """Construct ``spec`` (default: the bench's tiny spec) directly on the bench device, then ``init_weights(seed)``.
+
+        The checks other than ``meta_init`` use this direct path, so a fault of the meta path (a buffer left
+        as garbage by ``to_empty``) shows up in ``meta_init`` alone; ``meta_init`` proves both paths equal.
+        Returns the model and the factory calls recorded while constructing it.
+        """
+        build_module = importlib.import_module("modkit.build")  # the module; ``modkit.build`` is the function
+
+        rec = self.recorder()
+        spec_obj = load_spec(spec or self.spec, registry=rec)
+        with torch.device(self.device), build_module._default_dtype(dtype):
+            model = build_module._construct(spec_obj, rec)
+        model.init_weights(seed)
+        return model, rec.records
+
+    def build_meta(
+        self, spec: Optional[dict] = None, *, dtype: torch.dtype = torch.float32, seed: int = 0, device: Any = None
+    ) -> tuple[nn.Module, list[Record]]:
+        """:func:`modkit.build` (``meta`` first, ``to_empty``, one ``init_weights``); ``device="meta"`` stops after construction."""
+        from ..build import build
+
+        rec = self.recorder()
+        model = build(spec or self.spec, device=device or self.device, dtype=dtype, seed=seed, registry=rec)
+        return model, rec.records
+
+    def targets(self, records: list[Record]) -> list[Record]:
+        """The records of the component under test (several for a norm: every norm of every block, final norm)."""
+        return [r for r in records if r.entry.key == self.entry.key]
+
+    # ------------------------------------------------------------------ inputs
+    def generator(self, seed: int = 0) -> torch.Generator:
+        """A seeded CPU generator (inputs are drawn on the CPU and moved, so every device sees the same data)."""
+        return torch.Generator().manual_seed(seed)
+
+    def ids(self, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+        """Random token ids ``[batch, seq]`` on the bench device."""
+        return torch.randint(0, self.spec["vocab_size"], (batch, seq), generator=self.generator(seed)).to(self.device)
+
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+        """Standard normal tensor on the bench device."""
+        return torch.randn(*shape, generator=self.generator(seed)).to(device=self.device, dtype=dtype)
+
+    def positions(self, batch: int, seq: int) -> torch.Tensor:
+        """``[batch, seq]`` int64 positions ``0..seq-1``."""
+        return torch.arange(seq, device=self.device).expand(batch, seq)
+
+    def position_for(self, model: nn.Module, layer_index: Optional[int]) -> Any:
+        """The position scheme module a layer of ``model`` uses (layer 0 if ``layer_index`` is ``None``)."""
+        i = 0 if layer_index is None else layer_index
+        return model.positions[model.layer_position[i]]
+
+    def d_model(self) -> int:
+        """The tiny spec's ``d_model``."""
+        return int(self.spec["d_model"])
+
+
+def registered_positions(bench: Bench) -> list[tuple[Component, dict]]:
+    """Every registered position scheme with a valid example config (for ``attention x position`` checks)."""
+    out = []
+    for e in bench.registry.components("position"):
+        cfg = bench.config_json if e.key == bench.entry.key else example_or_none(e, bench.registry)
+        if cfg is not None:
+            out.append((e, cfg))
+    return out
+
+
+def qualified_names(model: nn.Module) -> dict[int, str]:
+    """``{id(module): qualified name}`` for every submodule of ``model`` (first name wins for shared modules)."""
+    out: dict[int, str] = {}
+    for n, m in model.named_modules(remove_duplicate=False):
+        out.setdefault(id(m), n or "<model>")
+    return out
