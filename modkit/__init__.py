@@ -8,13 +8,17 @@ Public API::
     out = model(input_ids)                              # out.logits: [batch, seq, vocab_size]
     modkit.count_params(spec)                           # exact, built on meta
     modkit.from_hf_config(config_dict)                  # Hugging Face config.json -> ModelSpec
+    model = modkit.from_hf("path/to/hf-model")          # config.json + safetensors -> Model with its weights
+    modkit.to_hf(model, "out/")                         # Model -> Hugging Face folder transformers loads
+    modkit.save(model, "ckpt/"); modkit.load("ckpt/")   # modkit's own format: spec.json + model.safetensors
 """
 
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
 from .cache import KVCache, LayerKVCache
 from .config import ComponentConfig, Slot
 from .errors import CheckpointError, ModkitError, RegistryError, SpecError
-from .hf import from_hf_config
+from .checkpoint import load, save
+from .hf import from_hf, from_hf_config, to_hf
 from .hooks import hookimpl
 from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, run_ffn, split_aux
 from .model import Model, ModelOutput
@@ -47,14 +51,18 @@ __all__ = [
     "breakdown",
     "build",
     "count_params",
+    "from_hf",
     "from_hf_config",
     "get_registry",
     "hookimpl",
     "json_schema",
     "kv_cache_bytes_per_token",
+    "load",
     "load_component",
     "load_spec",
     "run_ffn",
+    "save",
     "split_aux",
     "summarize",
+    "to_hf",
 ]

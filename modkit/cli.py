@@ -8,6 +8,8 @@ Subcommands::
     modkit validate SPEC...                  one line per problem ``SPEC: path: message``; ``ok SPEC`` otherwise
     modkit schema [-o FILE]                  JSON Schema of specs (with the installed components)
     modkit convert hf CONFIG [-o SPEC]       Hugging Face config.json -> modkit spec
+    modkit convert hf DIR -o OUT [--dtype]   a Hugging Face folder with safetensors weights -> modkit checkpoint
+    modkit convert modkit DIR --to hf -o OUT a modkit checkpoint -> Hugging Face folder (config.json + safetensors)
     modkit build SPEC [--device] [--dtype] [--seed] [--json]
                                              components, parameter table, weight / KV-cache bytes and, on a real
                                              device, one forward pass (shape, initial loss vs ln(vocab), tokens/s)
@@ -376,6 +378,8 @@ def cmd_convert_hf(args: argparse.Namespace) -> int:
     src = Path(args.config)
     if not src.exists():
         raise FileNotFoundError(f"{args.config}: no such file")
+    if src.is_dir() and args.output and args.output != "-" and _has_weights(src):
+        return _convert_hf_weights(src, Path(args.output), args.dtype)
     reg = _registry()
     try:
         data = hf_config_to_dict(src, registry=reg)
@@ -398,6 +402,62 @@ def cmd_convert_hf(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _has_weights(folder: Path) -> bool:
+    """Whether a model folder holds weights: safetensors, or pickle files (refused when converting)."""
+    from modkit.checkpoint import PICKLE_SUFFIXES
+
+    return any(p.suffix == ".safetensors" or p.name.endswith(".safetensors.index.json") or p.suffix.lower() in PICKLE_SUFFIXES
+               for p in folder.iterdir() if p.is_file())
+
+
+def _weights_summary(model) -> str:
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters()), "-")
+    extras = len(getattr(model, "checkpoint_extras", None) or {})
+    kept = f", {extras} source tensor(s) kept alongside" if extras else ""
+    return f"{model.spec.name or 'unnamed'}: {_count(total)} parameters, {_short_count(total)}, {dtype}{kept}"
+
+
+def _convert_hf_weights(src: Path, out: Path, dtype: Optional[str]) -> int:
+    """``modkit convert hf DIR -o OUT``: load the folder's safetensors weights and save a modkit checkpoint."""
+    import modkit
+
+    model = modkit.from_hf(src, dtype=dtype, registry=_registry())
+    modkit.save(model, out)
+    _err(f"wrote {out}/ (spec.json + model.safetensors; {_weights_summary(model)})")
+    return 0
+
+
+def cmd_convert_modkit(args: argparse.Namespace) -> int:
+    """``modkit convert modkit DIR --to hf -o OUT``: a modkit checkpoint -> Hugging Face folder."""
+    import modkit
+
+    src = Path(args.checkpoint)
+    if not src.exists():
+        raise FileNotFoundError(f"{args.checkpoint}: no such file")
+    kwargs = {} if args.max_shard_size is None else {"max_shard_size": _parse_size(args.max_shard_size)}
+    model = modkit.load(src, dtype=args.dtype, registry=_registry())
+    out = Path(args.output)
+    modkit.to_hf(model, out, registry=_registry(), **kwargs)
+    model_type = model.spec.metadata.get("hf_model_type")
+    _err(f"wrote {out}/ (Hugging Face {model_type}: config.json + safetensors; {_weights_summary(model)})")
+    return 0
+
+
+def _parse_size(text: str) -> int:
+    """``5GB``, ``500MB``, ``2GiB``, ``1000`` -> bytes."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    t = text.strip().upper()
+    num = t.rstrip("KMGIB")
+    try:
+        value = float(num) * units[t[len(num):]]
+    except (ValueError, KeyError):
+        raise UserError(f"invalid size {text!r}; use e.g. 5GB, 500MB, 2GiB or a number of bytes") from None
+    if value < 1:
+        raise UserError(f"invalid size {text!r}: must be at least 1 byte")
+    return int(value)
 
 
 # ------------------------------------------------------------------------------------------------ build
@@ -614,13 +674,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(func=cmd_schema)
 
-    p = sub.add_parser("convert", help="convert a foreign config to a spec", description="Convert a foreign config into a modkit spec.")
+    p = sub.add_parser(
+        "convert",
+        help="convert a foreign config or checkpoint",
+        description="Convert a foreign config into a modkit spec, or a checkpoint between formats (safetensors only).",
+    )
     conv = p.add_subparsers(dest="source", metavar="SOURCE", parser_class=_Parser)
     conv.required = True
-    h = conv.add_parser("hf", help="Hugging Face config.json", description="Hugging Face config.json (file or model folder) -> spec.")
-    h.add_argument("config", metavar="CONFIG", help="config.json, or a folder holding one")
-    h.add_argument("-o", "--output", metavar="SPEC", help="write the spec here (default: stdout)")
+    h = conv.add_parser(
+        "hf",
+        help="Hugging Face config.json or model folder",
+        description="Hugging Face config.json (file or model folder) -> spec. A folder holding safetensors weights "
+        "with -o OUT becomes a modkit checkpoint folder OUT (spec.json + model.safetensors). Pickle weights "
+        "(pytorch_model.bin, *.pt) are refused: unpickling can execute arbitrary code.",
+    )
+    h.add_argument("config", metavar="CONFIG", help="config.json, or a model folder holding one (and its weights)")
+    h.add_argument("-o", "--output", metavar="OUT", help="write the spec (or, for a folder with weights, the checkpoint folder) here (default: the spec to stdout)")
+    h.add_argument("--dtype", default=None, help="with weights: float32, bfloat16 or float16 (default: as stored)")
     h.set_defaults(func=cmd_convert_hf)
+    m = conv.add_parser(
+        "modkit",
+        help="modkit checkpoint -> Hugging Face folder",
+        description="A modkit checkpoint folder (spec.json + model.safetensors) -> a Hugging Face folder "
+        "(config.json + model.safetensors, sharded above --max-shard-size) that transformers loads. The model "
+        "type is the spec's metadata.hf_model_type.",
+    )
+    m.add_argument("checkpoint", metavar="DIR", help="modkit checkpoint folder (or its model.safetensors)")
+    m.add_argument("--to", required=True, choices=["hf"], help="target format (hf)")
+    m.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder")
+    m.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: as stored)")
+    m.add_argument("--max-shard-size", default=None, metavar="SIZE", help="largest shard, e.g. 5GB (default), 500MB")
+    m.set_defaults(func=cmd_convert_modkit)
 
     p = sub.add_parser(
         "build",

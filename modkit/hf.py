@@ -1,17 +1,32 @@
-"""Hugging Face ``config.json`` → modkit spec, dispatched on ``model_type`` to converters registered by plugins.
+"""Hugging Face checkpoints ↔ modkit: configs and weights, dispatched on ``model_type`` to plugin converters.
 
-The core names no model type: converters arrive through the ``register_hf_converters`` hook.
+* :func:`from_hf_config`: ``config.json`` → validated spec (with ``metadata.hf_model_type``).
+* :func:`from_hf`: a Hugging Face model folder (``config.json`` + ``model.safetensors``, or shards listed in
+  ``model.safetensors.index.json``) → a :class:`~modkit.model.Model` holding its weights.
+* :func:`to_hf`: a model → a Hugging Face folder that transformers loads (``config.json`` + safetensors).
+
+The core names no model type: converters and their weight mappers arrive through the ``register_hf_converters``
+hook (``register(model_type, convert, weights=mapper)``, see :class:`modkit.checkpoint.WeightMapper`). Weights are
+read only from safetensors (pickle files are refused: unpickling runs arbitrary code), every missing, unexpected
+or mis-shaped tensor is reported by name, and files are written under temporary names then renamed into place.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional, Union
+import re
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .errors import RegistryError, SpecError
+from .errors import CheckpointError, RegistryError, SpecError
 from .registry import Registry, get_registry
 from .spec import ModelSpec, load_spec
+
+if TYPE_CHECKING:
+    from .model import Model
+
+#: default largest shard :func:`to_hf` writes (bytes), as transformers' ``save_pretrained`` (5 GB)
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 
 
 def read_config(source: Union[str, Path, dict]) -> dict:
@@ -60,3 +75,200 @@ def from_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registr
     """
     reg = registry or get_registry()
     return load_spec(hf_config_to_dict(config, registry=reg), registry=reg)
+
+
+# ------------------------------------------------------------------------------------------------ weights
+
+
+def _mapper(model_type: str, reg: Registry):
+    try:
+        conv = reg.hf_converter(model_type)
+    except RegistryError as exc:
+        raise CheckpointError(str(exc)) from None
+    if conv.weights is None:
+        with_weights = [t for t in reg.hf_model_types() if reg.hf_converter(t).weights is not None]
+        raise CheckpointError(
+            f"the Hugging Face converter for model_type {model_type!r} ({conv.provider}) converts configs only and "
+            f"registers no weight mapper; model types with weights: {', '.join(with_weights) or '(none)'}"
+        )
+    return conv.weights
+
+
+def _hf_folder(path: Union[str, Path]) -> Path:
+    from .checkpoint import refuse_pickle
+
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such file or folder")
+    if p.is_file():
+        refuse_pickle(p)
+        p = p.parent  # config.json, model.safetensors or the index: the folder holds the model
+    if not (p / "config.json").is_file():
+        hint = " (a modkit checkpoint: use modkit.load)" if (p / "spec.json").is_file() else ""
+        raise CheckpointError(f"{p}: no config.json, so not a Hugging Face model folder{hint}")
+    return p
+
+
+def from_hf(
+    path: Union[str, Path],
+    *,
+    device: Any = None,
+    dtype: Any = None,
+    spec: Union[ModelSpec, dict, str, Path, None] = None,
+    registry: Optional[Registry] = None,
+) -> "Model":
+    """Load a Hugging Face model folder into a modkit model.
+
+    The spec comes from ``config.json`` (:func:`from_hf_config`); the tensors are read from ``model.safetensors``
+    or the shards of ``model.safetensors.index.json`` and renamed, split (fused q/k/v, gate/up), transposed
+    (GPT-2's ``Conv1D``) by the mapper that the ``model_type``'s plugin registered. Tensors that modkit's model
+    does not compute but a lossless export needs (BERT's pooler and token-type table, derivable buffers of old
+    checkpoints) are kept in ``model.checkpoint_extras``; the config itself in ``model.hf_config``.
+
+    Args:
+        path: the model folder (or a file in it).
+        device: target device (default CPU).
+        dtype: parameter dtype; default: the checkpoint's (the widest one if it mixes several).
+        spec: build this spec instead of the converted one. It must describe the same network, except that its
+            RoPE ``layout`` may differ: Hugging Face checkpoints are ``half_split``, and an ``interleaved`` spec gets
+            the rows of Wq/Wk permuted per head (C01), giving the same logits.
+        registry: defaults to the process-wide registry.
+
+    Returns:
+        :class:`~modkit.model.Model` in eval mode; ``model(input_ids).logits`` ``[batch, seq, vocab_size]``.
+
+    Raises:
+        CheckpointError: pickle weights (``pytorch_model.bin``, ``*.pt``: refused, unpickling can execute arbitrary
+            code; the message says how to convert them), no weights, a model type without a weight mapper, a spec
+            that does not describe this checkpoint, and, all listed together by name: missing tensors,
+            unexpected tensors and shape mismatches (with both shapes); a stored head that differs from a tied
+            embedding (C10).
+        SpecError: the config cannot be converted (each unsupported field named).
+    """
+    from .build import build
+    from .checkpoint import TensorSource, gather, materialize
+
+    reg = registry or get_registry()
+    folder = _hf_folder(path)
+    config = read_config(folder)
+    model_type = config.get("model_type")
+    if not model_type:
+        raise SpecError([("model_type", "missing; cannot tell which architecture this config describes")], source=str(folder / "config.json"))
+    mapper = _mapper(model_type, reg)
+    source = TensorSource.from_path(folder)
+    if spec is None:
+        spec = from_hf_config(config, registry=reg)
+    else:
+        spec = load_spec(spec, registry=reg)
+        check = getattr(mapper, "compatibility", None)
+        problems = check(spec, config) if callable(check) else []
+        if problems:
+            raise CheckpointError(
+                f"the given spec does not describe the {model_type} checkpoint in {folder}:\n  " + "\n  ".join(problems)
+            )
+    shapes = {k: tuple(v.shape) for k, v in build(spec, device="meta", registry=reg).state_dict().items()}
+    links = mapper.links(spec, shapes, config)
+    state, extras = gather(
+        source, links, shapes, keep=getattr(mapper, "keep", ()), aliases=getattr(mapper, "aliases", ()),
+        what=f"Hugging Face {model_type} checkpoint",
+    )
+    model = materialize(spec, state, device=device, dtype=dtype, registry=reg)
+    model.checkpoint_extras = extras
+    model.hf_config = json.loads(json.dumps(config))
+    return model
+
+
+def _dtype_name(model: "Model") -> str:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return str(p.dtype).replace("torch.", "")
+    return "float32"
+
+
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def to_hf(
+    model: "Model",
+    path: Union[str, Path],
+    *,
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+    registry: Optional[Registry] = None,
+) -> Path:
+    """Write ``model`` as a Hugging Face model folder that transformers loads with ``from_pretrained``.
+
+    The model type is ``model.spec.metadata["hf_model_type"]`` (set by every converted spec). The config comes
+    from the plugin's reverse conversion, checked by converting it back: a spec the model type cannot express
+    (e.g. a sandwich-norm block written as ``llama``) is refused, naming every field that would change. Keys of
+    the source config that do not shape the network (token ids, generation defaults) are kept when the model came
+    from :func:`from_hf`. Weights go to ``model.safetensors``, or to ``model-0000i-of-0000n.safetensors`` shards
+    plus ``model.safetensors.index.json`` above ``max_shard_size`` bytes, each written under a temporary name and
+    renamed into place when complete (``config.json`` last); stale weight files of an earlier save are removed.
+
+    Args:
+        model: a :class:`~modkit.model.Model`.
+        path: the output folder (created if needed).
+        max_shard_size: largest shard in bytes (default 5 GB).
+        registry: defaults to the process-wide registry.
+
+    Returns:
+        the folder path.
+
+    Raises:
+        CheckpointError: no ``metadata.hf_model_type``, no weight mapper for it, a spec it cannot express, or a
+            model tensor without a counterpart in the format.
+    """
+    from .checkpoint import HF_CONFIG_FILE, HF_INDEX_FILE, WEIGHTS_FILE, commit, export, write_safetensors_tmp, write_text_tmp
+
+    reg = registry or get_registry()
+    spec = model.spec
+    model_type = (spec.metadata or {}).get("hf_model_type")
+    if not model_type:
+        raise CheckpointError(
+            "the spec has no metadata.hf_model_type, so the Hugging Face model type to write is unknown; set it "
+            f"(\"metadata\": {{\"hf_model_type\": ...}}) to one of {', '.join(reg.hf_model_types())}"
+        )
+    mapper = _mapper(str(model_type), reg)
+    config = mapper.hf_config(spec, getattr(model, "hf_config", None))
+    config["torch_dtype"] = _dtype_name(model)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tensors = export(model, mapper.links(spec, shapes, config), what=f"a Hugging Face {model_type} checkpoint")
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = {k: t.numel() * t.element_size() for k, t in tensors.items()}
+    shards: list[dict] = [{}]
+    used = 0
+    for name in tensors:  # in mapping order, as transformers does: layers stay together
+        if shards[-1] and used + sizes[name] > max_shard_size:
+            shards.append({})
+            used = 0
+        shards[-1][name] = tensors[name]
+        used += sizes[name]
+    pairs = []
+    try:
+        if len(shards) == 1:
+            pairs.append((write_safetensors_tmp(tensors, out / WEIGHTS_FILE, {"format": "pt"}), out / WEIGHTS_FILE))
+            written = {WEIGHTS_FILE}
+        else:
+            weight_map, written = {}, set()
+            for i, shard in enumerate(shards, 1):
+                fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                pairs.append((write_safetensors_tmp(shard, out / fname, {"format": "pt"}), out / fname))
+                weight_map.update({k: fname for k in shard})
+                written.add(fname)
+            index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+            pairs.append((write_text_tmp(json.dumps(index, indent=2) + "\n", out / HF_INDEX_FILE), out / HF_INDEX_FILE))
+            written.add(HF_INDEX_FILE)
+        pairs.append((write_text_tmp(json.dumps(config, indent=2) + "\n", out / HF_CONFIG_FILE), out / HF_CONFIG_FILE))
+    except BaseException:
+        for tmp, _ in pairs:
+            tmp.unlink(missing_ok=True)
+        raise
+    commit(pairs)
+    for old in out.iterdir():  # weights of an earlier save that the new files replace
+        stale = old.name == WEIGHTS_FILE or old.name == HF_INDEX_FILE or _SHARD.fullmatch(old.name)
+        if stale and old.name not in written:
+            old.unlink()
+    return out

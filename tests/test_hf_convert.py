@@ -320,7 +320,7 @@ def test_phi3_legacy_su_scaling_is_refused():
 
 
 def test_unsupported_model_type_lists_supported_ones():
-    errors = _errors({"model_type": "bert", "hidden_size": 8})
+    errors = _errors({"model_type": "t5", "hidden_size": 8})
     assert errors[0][0] == "model_type"
     for t in MODEL_TYPES:
         assert t in errors[0][1]

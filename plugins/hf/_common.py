@@ -478,6 +478,7 @@ def model_spec(
         "schema_version": 1,
         "name": str(source) if source else r.model_type,
         "description": f"Converted from a Hugging Face {r.model_type} config{arch}.",
+        "metadata": {"hf_model_type": r.model_type},
         "vocab_size": vocab_size,
         "d_model": d_model,
         "n_layers": n_layers,

@@ -18,7 +18,12 @@ Semantics: ``transformers/models/falcon/{configuration,modeling}_falcon.py``:
 
 from __future__ import annotations
 
+import torch
+
+from modkit.checkpoint import Link
+
 from ._common import HFConfig, attention, layernorm, model_spec, rope, sizes
+from ._weights import HFWeights, Renames, head_link, hf_activation, rope_fields
 
 MODEL_TYPE = "falcon"
 
@@ -107,3 +112,129 @@ def convert(cfg: dict) -> dict:
         init_std=init_std,
     )
     return r.finish(spec)
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def _layout(config) -> str:
+    """How ``query_key_value`` is fused: ``grouped`` (new decoder architecture), ``mqa`` or ``per_head``."""
+    if config.get("new_decoder_architecture"):
+        return "grouped"
+    return "mqa" if config.get("multi_query", True) else "per_head"
+
+
+def qkv_link(hf: str, ours, n_heads: int, n_kv: int, head_dim: int, layout: str) -> Link:
+    """Falcon's fused ``query_key_value`` (weight ``[rows, d]`` or bias ``[rows]``) ↔ modkit's q, k, v.
+
+    * ``grouped`` (Falcon-40B/180B): per KV group, its ``n_heads / n_kv`` query heads, then its key, then its value
+      head: ``[n_kv, r + 2, head_dim]`` rows (transformers ``FalconAttention._split_heads``);
+    * ``mqa`` (Falcon-7B): all query heads, then the one key head, then the value head;
+    * ``per_head`` (multi-head, old architecture): per head its query, key and value: ``[n_heads, 3, head_dim]``.
+    """
+    r = n_heads // n_kv
+
+    def to_ours(ts):
+        f = ts[0]
+        rest = tuple(f.shape[1:])
+        if layout == "grouped":
+            g = f.reshape(n_kv, r + 2, head_dim, *rest)
+            q, k, v = g[:, :r], g[:, r], g[:, r + 1]
+        elif layout == "per_head":
+            g = f.reshape(n_heads, 3, head_dim, *rest)
+            q, k, v = g[:, 0], g[:, 1], g[:, 2]
+        else:
+            q, k, v = torch.split(f, [n_heads * head_dim, head_dim, head_dim], dim=0)
+        return [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
+
+    def to_hf(ts, extras):
+        q, k, v = ts
+        rest = tuple(q.shape[1:])
+        if layout == "grouped":
+            g = torch.cat([q.reshape(n_kv, r, head_dim, *rest), k.reshape(n_kv, 1, head_dim, *rest),
+                           v.reshape(n_kv, 1, head_dim, *rest)], dim=1)
+        elif layout == "per_head":
+            g = torch.stack([q.reshape(n_heads, head_dim, *rest), k.reshape(n_heads, head_dim, *rest),
+                             v.reshape(n_heads, head_dim, *rest)], dim=1)
+        else:
+            g = torch.cat([q, k, v], dim=0)
+        return [g.reshape(-1, *rest)]
+
+    return Link((hf,), tuple(ours), to_ours, to_hf)
+
+
+def links(spec, shapes, config):
+    """Falcon names: ``transformer.word_embeddings``, ``transformer.h.{i}.`` + ``input_layernorm`` (shared norm or
+    sequential attention norm), ``post_attention_layernorm`` (sequential MLP norm) or ``ln_attn``/``ln_mlp`` (two
+    parallel norms), ``self_attention.query_key_value`` (fused, see :func:`qkv_link`) and ``self_attention.dense``,
+    ``mlp.dense_h_to_4h``/``dense_4h_to_h``, ``transformer.ln_f``."""
+    h = "transformer.h.{i}."
+    parallel = config.get("parallel_attn", True)
+    n_ln = config.get("num_ln_in_parallel_attn") or (2 if config.get("new_decoder_architecture") else 1)
+    if not parallel:
+        norms = [("layers.{i}.attn_norm.{p}", h + "input_layernorm.{p}"), ("layers.{i}.ffn_norm.{p}", h + "post_attention_layernorm.{p}")]
+    elif n_ln == 2:
+        norms = [("layers.{i}.attn_norm.{p}", h + "ln_attn.{p}"), ("layers.{i}.ffn_norm.{p}", h + "ln_mlp.{p}")]
+    else:
+        norms = [("layers.{i}.attn_norm.{p}", h + "input_layernorm.{p}")]
+    table = Renames([
+        ("embed.weight", "transformer.word_embeddings.weight"),
+        ("final_norm.{p}", "transformer.ln_f.{p}"),
+        *norms,
+        ("layers.{i}.attention.o_proj.{p}", h + "self_attention.dense.{p}"),
+        ("layers.{i}.ffn.up.{p}", h + "mlp.dense_h_to_4h.{p}"),
+        ("layers.{i}.ffn.down.{p}", h + "mlp.dense_4h_to_h.{p}"),
+    ])
+    out, skip = [], []
+    layout = _layout(config)
+    for i in range(spec.n_layers):
+        att = spec.layer(i).attention
+        hd = att.resolved_head_dim(spec.d_model)
+        for p in ("weight", "bias"):
+            qkv = [f"layers.{i}.attention.{x}_proj.{p}" for x in "qkv"]
+            if all(n in shapes for n in qkv):
+                out.append(qkv_link(f"transformer.h.{i}.self_attention.query_key_value.{p}", qkv, att.n_heads, att.kv_heads, hd, layout))
+                skip += qkv
+    return out + table.links(shapes, skip=skip) + head_link(spec, shapes)
+
+
+def to_config(spec, base):
+    """Spec → ``FalconConfig`` keys. The architecture flags follow the block: sequential pre-norm → old
+    architecture (``multi_query`` for one KV head); two parallel norms → ``new_decoder_architecture``; one shared
+    parallel norm → the old architecture for one or all KV heads (the new one when the source was new, or for GQA)."""
+    ls = spec.layer(0)
+    att, ffn, placement = ls.attention, ls.ffn, ls.placement
+    nh, kv = att.n_heads, att.kv_heads
+    cfg = {
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "num_hidden_layers": spec.n_layers,
+        "num_attention_heads": nh,
+        "max_position_embeddings": spec.max_seq_len,
+        "layer_norm_epsilon": getattr(ls.norm, "eps", None),
+        "bias": bool(getattr(att, "q_bias", False)),
+        "ffn_hidden_size": getattr(ffn, "d_ff", None),
+        "activation": hf_activation(getattr(ffn, "activation", "gelu"), "gelu_pytorch_tanh", base.get("activation")),
+        "tie_word_embeddings": spec.tie_embeddings,
+        "initializer_range": spec.init_std,
+    }
+    shared = getattr(placement, "shared_norm", True)
+    if placement.type != "parallel":
+        cfg.update(new_decoder_architecture=False, parallel_attn=False, multi_query=kv == 1)
+    elif not shared:
+        cfg.update(new_decoder_architecture=True, parallel_attn=True, num_kv_heads=kv, num_ln_in_parallel_attn=2)
+    elif base.get("new_decoder_architecture") or kv not in (1, nh):
+        cfg.update(new_decoder_architecture=True, parallel_attn=True, num_kv_heads=kv, num_ln_in_parallel_attn=1)
+    else:
+        cfg.update(new_decoder_architecture=False, parallel_attn=True, multi_query=kv == 1)
+    if spec.position.type == "alibi":
+        cfg["alibi"] = True
+    else:
+        cfg["alibi"] = False
+        cfg.update(rope_fields(ls.position))
+    return cfg
+
+
+WEIGHTS = HFWeights(
+    model_type=MODEL_TYPE, convert=convert, make_links=links, to_config=to_config, architecture="FalconForCausalLM"
+)

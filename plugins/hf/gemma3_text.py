@@ -18,6 +18,7 @@ Semantics: ``transformers/models/gemma3/{configuration,modeling}_gemma3.py`` (``
 from __future__ import annotations
 
 from ._common import HFConfig, attention, gated_ffn, head_dim_of, kv_heads_of, model_spec, per_layer, rmsnorm, rope, sizes
+from ._weights import HFWeights, Renames, head_link, hf_activation, layer_windows, rope_fields
 
 MODEL_TYPE = "gemma3_text"
 
@@ -120,3 +121,81 @@ def convert(cfg: dict) -> dict:
         init_std=init_std,
     )
     return r.finish(spec)
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def links(spec, shapes, config):
+    """Gemma 3 names: ``model.layers.{i}.{input,post_attention,pre_feedforward,post_feedforward}_layernorm`` (the
+    sandwich norms, stored as the ``w`` of ``(1 + w)``), ``self_attn.{q,k,v,o}_proj``, ``self_attn.{q,k}_norm``,
+    ``mlp.{gate,up,down}_proj``; the embedding is stored unscaled (the ``sqrt(hidden_size)`` factor is applied in
+    the forward pass, as ``embedding_scale``)."""
+    L = "model.layers.{i}."
+    pairs = [
+        ("embed.weight", "model.embed_tokens.weight"),
+        ("final_norm.weight", "model.norm.weight"),
+        ("layers.{i}.attn_norm.weight", L + "input_layernorm.weight"),
+        ("layers.{i}.attn_post_norm.weight", L + "post_attention_layernorm.weight"),
+        ("layers.{i}.ffn_norm.weight", L + "pre_feedforward_layernorm.weight"),
+        ("layers.{i}.ffn_post_norm.weight", L + "post_feedforward_layernorm.weight"),
+    ]
+    for x in ("q", "k", "v", "o"):
+        pairs.append((f"layers.{{i}}.attention.{x}_proj.{{p}}", L + f"self_attn.{x}_proj.{{p}}"))
+    for x in ("q", "k"):
+        pairs.append((f"layers.{{i}}.attention.{x}_norm.weight", L + f"self_attn.{x}_norm.weight"))
+    for x in ("gate", "up", "down"):
+        pairs.append((f"layers.{{i}}.ffn.{x}.{{p}}", L + f"mlp.{x}_proj.{{p}}"))
+    return Renames(pairs).links(shapes) + head_link(spec, shapes)
+
+
+def _scalar(scale, head_dim: int):
+    """``query_pre_attn_scalar`` for a softmax scale (``scalar ** -0.5``), an integer when it is one."""
+    if scale is None:
+        return head_dim
+    value = float(scale) ** -2
+    near = round(value)
+    return near if abs(value - near) <= 1e-9 * max(1.0, abs(value)) else value
+
+
+def to_config(spec, base):
+    """Spec → ``Gemma3TextConfig`` keys: ``layer_types`` from the per-layer windows, ``rope_theta``/``rope_scaling``
+    from a global layer, ``rope_local_base_freq`` from a sliding one."""
+    windows = layer_windows(spec)
+    types = ["sliding_attention" if w is not None else "full_attention" for w in windows]
+    ls = spec.layer(0)
+    att, ffn = ls.attention, ls.ffn
+    hd = att.resolved_head_dim(spec.d_model)
+    cfg = {
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "intermediate_size": getattr(ffn, "d_ff", None),
+        "num_hidden_layers": spec.n_layers,
+        "num_attention_heads": att.n_heads,
+        "num_key_value_heads": att.kv_heads,
+        "head_dim": hd,
+        "max_position_embeddings": spec.max_seq_len,
+        "rms_norm_eps": getattr(ls.norm, "eps", None),
+        "hidden_activation": hf_activation(getattr(ffn, "act", "gelu_tanh"), "gelu_pytorch_tanh", base.get("hidden_activation")),
+        "tie_word_embeddings": spec.tie_embeddings,
+        "initializer_range": spec.init_std,
+        "attention_bias": bool(getattr(att, "q_bias", False)),
+        "query_pre_attn_scalar": _scalar(getattr(att, "softmax_scale", None), hd),
+        "final_logit_softcapping": spec.final_logit_softcap,
+        "layer_types": types,
+        "sliding_window": next((w for w in windows if w is not None), base.get("sliding_window") or DEFAULTS["sliding_window"]),
+    }
+    glob = next((i for i, t in enumerate(types) if t == "full_attention"), None)
+    loc = next((i for i, t in enumerate(types) if t == "sliding_attention"), None)
+    cfg.update(rope_fields(spec.layer(glob).position) if glob is not None else {"rope_theta": 1_000_000.0, "rope_scaling": None})
+    if loc is not None:
+        local = rope_fields(spec.layer(loc).position, theta_key="rope_local_base_freq", scaling_key=None)
+        cfg["rope_local_base_freq"] = local.get("rope_local_base_freq", 10_000.0)
+        if glob is None and "partial_rotary_factor" in local:
+            cfg["partial_rotary_factor"] = local["partial_rotary_factor"]
+    return cfg
+
+
+WEIGHTS = HFWeights(
+    model_type=MODEL_TYPE, convert=convert, make_links=links, to_config=to_config, architecture="Gemma3ForCausalLM"
+)

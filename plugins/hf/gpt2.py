@@ -13,11 +13,15 @@ factor (``softmax_scale: 1``); ``scale_attn_by_inverse_layer_idx`` and cross-att
 from __future__ import annotations
 
 from ._common import HFConfig, attention, layernorm, model_spec, sizes
+from ._weights import HFWeights, Renames, head_link, hf_activation, split_link, transposed_link
 
 MODEL_TYPE = "gpt2"
 
 # transformers GPT2Config defaults
 DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, layer_norm_epsilon=1e-5)
+
+#: keys that do not shape the language model (multiple-choice head of GPT2DoubleHeadsModel; kernel precision)
+IGNORE = ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "reorder_and_upcast_attn")
 
 
 def convert(cfg: dict) -> dict:
@@ -26,17 +30,7 @@ def convert(cfg: dict) -> dict:
     Raises:
         SpecError: every unsupported or unknown field, named with its value.
     """
-    r = HFConfig(
-        cfg,
-        MODEL_TYPE,
-        ignore=(
-            "summary_type",
-            "summary_use_proj",
-            "summary_activation",
-            "summary_proj_to_labels",
-            "reorder_and_upcast_attn",
-        ),
-    )
+    r = HFConfig(cfg, MODEL_TYPE, ignore=IGNORE)
     s = sizes(
         r,
         DEFAULTS,
@@ -81,3 +75,67 @@ def convert(cfg: dict) -> dict:
         init_std=init_std,
     )
     return r.finish(spec)
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def links(spec, shapes, config):
+    """GPT-2 names (``transformer.`` prefix; files saved from ``GPT2Model`` omit it). ``Conv1D`` layers store
+    ``[in, out]`` weights, so every matrix is transposed; ``c_attn`` fuses q, k, v along its output dimension."""
+    h = "transformer.h.{i}."
+    table = Renames([
+        ("embed.weight", "transformer.wte.weight"),
+        ("positions.0.weight", "transformer.wpe.weight"),
+        ("final_norm.{p}", "transformer.ln_f.{p}"),
+        ("layers.{i}.attn_norm.{p}", h + "ln_1.{p}"),
+        ("layers.{i}.ffn_norm.{p}", h + "ln_2.{p}"),
+        ("layers.{i}.attention.o_proj.bias", h + "attn.c_proj.bias"),
+        ("layers.{i}.ffn.up.bias", h + "mlp.c_fc.bias"),
+        ("layers.{i}.ffn.down.bias", h + "mlp.c_proj.bias"),
+    ])
+    out, skip = [], []
+    for i in range(spec.n_layers):
+        a, f, hf = f"layers.{i}.attention.", f"layers.{i}.ffn.", f"transformer.h.{i}."
+        for p in ("weight", "bias"):
+            qkv = [a + f"{x}_proj.{p}" for x in "qkv"]
+            if all(n in shapes for n in qkv):
+                out.append(split_link(hf + f"attn.c_attn.{p}", qkv, [shapes[n][0] for n in qkv], transpose=True))
+                skip += qkv
+        for ours, theirs in ((a + "o_proj.weight", "attn.c_proj.weight"), (f + "up.weight", "mlp.c_fc.weight"),
+                             (f + "down.weight", "mlp.c_proj.weight")):
+            if ours in shapes:
+                out.append(transposed_link(hf + theirs, ours))
+                skip.append(ours)
+    return out + table.links(shapes, skip=skip) + head_link(spec, shapes)
+
+
+def to_config(spec, base):
+    """Spec → GPT-2 ``config.json`` keys."""
+    ls = spec.layer(0)
+    att, ffn = ls.attention, ls.ffn
+    return {
+        "vocab_size": spec.vocab_size,
+        "n_embd": spec.d_model,
+        "n_layer": spec.n_layers,
+        "n_head": att.n_heads,
+        "n_positions": spec.max_seq_len,
+        "n_inner": getattr(ffn, "d_ff", None),
+        "activation_function": hf_activation(getattr(ffn, "activation", "gelu_tanh"), "gelu_new", base.get("activation_function")),
+        "layer_norm_epsilon": getattr(ls.norm, "eps", None),
+        "tie_word_embeddings": spec.tie_embeddings,
+        "initializer_range": spec.init_std,
+        "scale_attn_weights": getattr(att, "softmax_scale", None) is None,
+    }
+
+
+WEIGHTS = HFWeights(
+    model_type=MODEL_TYPE,
+    convert=convert,
+    make_links=links,
+    to_config=to_config,
+    keep=((r"transformer\.h\.\d+\.attn\.(bias|masked_bias)", "causal-mask buffers stored by older GPT-2 checkpoints (derivable)"),),
+    aliases=(("transformer.", ""),),
+    carry=IGNORE,
+    architecture="GPT2LMHeadModel",
+)

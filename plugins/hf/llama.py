@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ._common import HFConfig, attention, gated_ffn, head_dim_of, kv_heads_of, model_spec, per_layer, rmsnorm, rope, sizes
+from ._weights import HFWeights, Renames, hf_activation, head_link, layer_windows, rope_fields, split_link
 
 MODEL_TYPE = "llama"
 
@@ -38,6 +39,8 @@ class Family:
         head_dim_default: transformers' default when ``head_dim`` is absent (Qwen3: 128), else d_model / n_heads.
         ignore: model-specific keys irrelevant to the architecture.
         expect: ``(key, only supported value, why)`` for model-specific switches modkit cannot express.
+        fused: the checkpoint stores q/k/v as one ``qkv_proj`` and gate/up as one ``gate_up_proj`` (Phi-3).
+        architecture: the ``architectures`` entry written on export.
     """
 
     model_type: str
@@ -51,6 +54,8 @@ class Family:
     head_dim_default: Optional[int] = None
     ignore: tuple = field(default_factory=tuple)
     expect: tuple = field(default_factory=tuple)
+    fused: bool = False
+    architecture: str = ""
 
 
 def convert_family(cfg: dict, fam: Family) -> dict:
@@ -171,8 +176,138 @@ def _moe(r: HFConfig, fam: Family, d_ff: int, act: str, dflt: dict) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def family_links(fam: Family):
+    """The ``links(spec, shapes, config)`` function of a Llama-family member.
+
+    Names (``model.layers.{i}.`` prefix): ``input_layernorm``/``post_attention_layernorm`` (pre-norm) or
+    ``post_attention_layernorm``/``post_feedforward_layernorm`` (OLMo 2's peri-norm), ``self_attn.{q,k,v,o}_proj``
+    (Phi-3: fused ``qkv_proj``), ``self_attn.{q,k}_norm``, ``mlp.{gate,up,down}_proj`` (Phi-3: fused
+    ``gate_up_proj``, gate first); Mixtral experts ``block_sparse_moe.experts.{e}.w1/w3/w2`` (gate/up/down) and
+    router ``block_sparse_moe.gate``; OLMoE experts ``mlp.experts.{e}.{gate,up,down}_proj`` and router ``mlp.gate``.
+    These are the on-disk names transformers writes (5.x fuses experts in memory and splits them again on save).
+    """
+
+    def make(spec, shapes, config):
+        L = "model.layers.{i}."
+        pairs = [("embed.weight", "model.embed_tokens.weight"), ("final_norm.weight", "model.norm.weight")]
+        if fam.placement == "peri":
+            pairs += [("layers.{i}.attn_post_norm.weight", L + "post_attention_layernorm.weight"),
+                      ("layers.{i}.ffn_post_norm.weight", L + "post_feedforward_layernorm.weight")]
+        else:
+            pairs += [("layers.{i}.attn_norm.weight", L + "input_layernorm.weight"),
+                      ("layers.{i}.ffn_norm.weight", L + "post_attention_layernorm.weight")]
+        for x in ("q", "k", "v", "o"):
+            pairs.append((f"layers.{{i}}.attention.{x}_proj.{{p}}", L + f"self_attn.{x}_proj.{{p}}"))
+        for x in ("q", "k"):
+            pairs.append((f"layers.{{i}}.attention.{x}_norm.weight", L + f"self_attn.{x}_norm.weight"))
+        for x in ("gate", "up", "down"):
+            pairs.append((f"layers.{{i}}.ffn.{x}.{{p}}", L + f"mlp.{x}_proj.{{p}}"))
+        if fam.moe == "mixtral":
+            pairs.append(("layers.{i}.ffn.router.proj.weight", L + "block_sparse_moe.gate.weight"))
+            for ours, theirs in (("gate", "w1"), ("down", "w2"), ("up", "w3")):
+                pairs.append((f"layers.{{i}}.ffn.experts.{{e}}.{ours}.weight", L + f"block_sparse_moe.experts.{{e}}.{theirs}.weight"))
+        elif fam.moe == "olmoe":
+            pairs.append(("layers.{i}.ffn.router.proj.weight", L + "mlp.gate.weight"))
+            for x in ("gate", "up", "down"):
+                pairs.append((f"layers.{{i}}.ffn.experts.{{e}}.{x}.weight", L + f"mlp.experts.{{e}}.{x}_proj.weight"))
+        links, skip = [], []
+        if fam.fused:
+            for i in range(spec.n_layers):
+                a = f"layers.{i}.attention."
+                q, k, v = (a + f"{x}_proj.weight" for x in "qkv")
+                if all(n in shapes for n in (q, k, v)):
+                    links.append(split_link(f"model.layers.{i}.self_attn.qkv_proj.weight", (q, k, v), [shapes[n][0] for n in (q, k, v)]))
+                    skip += [q, k, v]
+                g, u = f"layers.{i}.ffn.gate.weight", f"layers.{i}.ffn.up.weight"
+                if g in shapes and u in shapes:
+                    links.append(split_link(f"model.layers.{i}.mlp.gate_up_proj.weight", (g, u), [shapes[g][0], shapes[u][0]]))
+                    skip += [g, u]
+        return links + Renames(pairs).links(shapes, skip=skip) + head_link(spec, shapes)
+
+    return make
+
+
+def family_config(fam: Family):
+    """The reverse conversion (spec → ``config.json`` keys) of a Llama-family member.
+
+    Written in the transformers 4.x form (``rope_theta`` + ``rope_scaling``; Qwen sliding layers as
+    ``layer_types`` plus ``max_window_layers`` when they form a suffix), which transformers 5 reads as well.
+    """
+
+    def to_config(spec, base):
+        ls = spec.layer(0)
+        att, ffn, norm = ls.attention, ls.ffn, ls.norm
+        d, n = spec.d_model, att.n_heads
+        hd = att.resolved_head_dim(d)
+        cfg = {
+            "vocab_size": spec.vocab_size,
+            "hidden_size": d,
+            "num_hidden_layers": spec.n_layers,
+            "num_attention_heads": n,
+            "num_key_value_heads": att.kv_heads,
+            "max_position_embeddings": spec.max_seq_len,
+            "rms_norm_eps": getattr(norm, "eps", None),
+            "tie_word_embeddings": spec.tie_embeddings,
+            "initializer_range": spec.init_std,
+        }
+        if hd != d // n or fam.head_dim_default is not None:
+            cfg["head_dim"] = hd
+        cfg.update(rope_fields(ls.position))
+        dense = getattr(ffn, "expert", ffn)
+        cfg["intermediate_size"] = getattr(dense, "d_ff", None)
+        cfg["hidden_act"] = hf_activation(getattr(dense, "act", getattr(dense, "activation", "silu")), base=base.get("hidden_act"))
+        if fam.attention_bias == "flag":
+            cfg["attention_bias"] = bool(getattr(att, "q_bias", False))
+        if fam.mlp_bias:
+            cfg["mlp_bias"] = bool(getattr(ffn, "bias", False))
+        if fam.moe is not None:
+            experts = "num_local_experts" if fam.moe == "mixtral" else "num_experts"
+            cfg[experts] = getattr(ffn, "n_experts", None)
+            cfg["num_experts_per_tok"] = getattr(ffn, "top_k", None)
+            cfg["router_aux_loss_coef"] = getattr(ffn, "aux_loss_coef", None)
+            if fam.moe == "olmoe":
+                cfg["norm_topk_prob"] = bool(getattr(getattr(ffn, "router", None), "renormalize", False))
+        windows = layer_windows(spec)
+        if fam.sliding == "all":
+            cfg["sliding_window"] = windows[0]
+        elif fam.sliding == "qwen":
+            sliding = [w for w in windows if w is not None]
+            if sliding:
+                first = next(i for i, w in enumerate(windows) if w is not None)
+                cfg["use_sliding_window"] = True
+                cfg["sliding_window"] = sliding[0]
+                cfg["layer_types"] = ["sliding_attention" if w is not None else "full_attention" for w in windows]
+                suffix = all(w is not None for w in windows[first:])
+                cfg["max_window_layers"] = first if suffix else spec.n_layers
+            else:
+                cfg["use_sliding_window"] = False
+                cfg["sliding_window"] = None
+                cfg["max_window_layers"] = spec.n_layers
+        return cfg
+
+    return to_config
+
+
+def family_weights(fam: Family, convert) -> HFWeights:
+    """The :class:`HFWeights` mapper of a Llama-family member."""
+    return HFWeights(
+        model_type=fam.model_type,
+        convert=convert,
+        make_links=family_links(fam),
+        to_config=family_config(fam),
+        # rotary tables that transformers < 4.3x stored in Llama checkpoints: recomputed, carried for a lossless export
+        keep=((r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", "RoPE table buffer of old checkpoints (recomputed)"),),
+        carry=fam.ignore,
+        architecture=fam.architecture,
+    )
+
+
 FAMILY = Family(
     model_type="llama",
+    architecture="LlamaForCausalLM",
     # transformers LlamaConfig defaults
     defaults=dict(
         vocab_size=32000,
@@ -194,3 +329,6 @@ FAMILY = Family(
 def convert(cfg: dict) -> dict:
     """Hugging Face ``llama`` config → modkit spec dict."""
     return convert_family(cfg, FAMILY)
+
+
+WEIGHTS = family_weights(FAMILY, convert)

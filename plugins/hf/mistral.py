@@ -6,12 +6,13 @@ Semantics: ``transformers/models/mistral/{configuration,modeling}_mistral.py``: 
 
 from __future__ import annotations
 
-from .llama import Family, convert_family
+from .llama import Family, convert_family, family_weights
 
 MODEL_TYPE = "mistral"
 
 FAMILY = Family(
     model_type="mistral",
+    architecture="MistralForCausalLM",
     # transformers MistralConfig defaults
     defaults=dict(
         vocab_size=32000,
@@ -34,3 +35,6 @@ FAMILY = Family(
 def convert(cfg: dict) -> dict:
     """Hugging Face ``mistral`` config → modkit spec dict."""
     return convert_family(cfg, FAMILY)
+
+
+WEIGHTS = family_weights(FAMILY, convert)

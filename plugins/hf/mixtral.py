@@ -8,12 +8,13 @@ every layer.
 
 from __future__ import annotations
 
-from .llama import Family, convert_family
+from .llama import Family, convert_family, family_weights
 
 MODEL_TYPE = "mixtral"
 
 FAMILY = Family(
     model_type="mixtral",
+    architecture="MixtralForCausalLM",
     # transformers MixtralConfig defaults
     defaults=dict(
         vocab_size=32000,
@@ -41,3 +42,6 @@ FAMILY = Family(
 def convert(cfg: dict) -> dict:
     """Hugging Face ``mixtral`` config → modkit spec dict."""
     return convert_family(cfg, FAMILY)
+
+
+WEIGHTS = family_weights(FAMILY, convert)

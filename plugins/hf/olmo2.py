@@ -8,12 +8,13 @@ projections, before RoPE; ``attention_bias`` sets all four projection biases.
 
 from __future__ import annotations
 
-from .llama import Family, convert_family
+from .llama import Family, convert_family, family_weights
 
 MODEL_TYPE = "olmo2"
 
 FAMILY = Family(
     model_type="olmo2",
+    architecture="Olmo2ForCausalLM",
     # transformers Olmo2Config defaults
     defaults=dict(
         vocab_size=50304,
@@ -35,3 +36,6 @@ FAMILY = Family(
 def convert(cfg: dict) -> dict:
     """Hugging Face ``olmo2`` config → modkit spec dict."""
     return convert_family(cfg, FAMILY)
+
+
+WEIGHTS = family_weights(FAMILY, convert)

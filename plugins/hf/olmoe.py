@@ -8,12 +8,13 @@ bias) takes a softmax over all ``num_experts`` and keeps the top ``num_experts_p
 
 from __future__ import annotations
 
-from .llama import Family, convert_family
+from .llama import Family, convert_family, family_weights
 
 MODEL_TYPE = "olmoe"
 
 FAMILY = Family(
     model_type="olmoe",
+    architecture="OlmoeForCausalLM",
     # transformers OlmoeConfig defaults
     defaults=dict(
         vocab_size=50304,
@@ -38,3 +39,6 @@ FAMILY = Family(
 def convert(cfg: dict) -> dict:
     """Hugging Face ``olmoe`` config → modkit spec dict."""
     return convert_family(cfg, FAMILY)
+
+
+WEIGHTS = family_weights(FAMILY, convert)

@@ -10,6 +10,7 @@ LayerNorm QK-norm (``qk_layernorm``, with bias, over ``hidden_size // num_attent
 from __future__ import annotations
 
 from ._common import HFConfig, attention, kv_heads_of, layernorm, model_spec, rope, sizes
+from ._weights import HFWeights, Renames, head_link, hf_activation, rope_fields
 
 MODEL_TYPE = "phi"
 
@@ -67,3 +68,56 @@ def convert(cfg: dict) -> dict:
         init_std=init_std,
     )
     return r.finish(spec)
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def links(spec, shapes, config):
+    """Phi names: ``model.layers.{i}.input_layernorm`` (the shared norm), ``self_attn.{q,k,v}_proj`` and
+    ``self_attn.dense`` (output), ``self_attn.{q,k}_layernorm``, ``mlp.fc1``/``fc2``, ``model.final_layernorm``,
+    ``lm_head`` with its bias (also when the weight is tied)."""
+    L = "model.layers.{i}."
+    table = Renames([
+        ("embed.weight", "model.embed_tokens.weight"),
+        ("final_norm.{p}", "model.final_layernorm.{p}"),
+        ("layers.{i}.attn_norm.{p}", L + "input_layernorm.{p}"),
+        ("layers.{i}.attention.q_proj.{p}", L + "self_attn.q_proj.{p}"),
+        ("layers.{i}.attention.k_proj.{p}", L + "self_attn.k_proj.{p}"),
+        ("layers.{i}.attention.v_proj.{p}", L + "self_attn.v_proj.{p}"),
+        ("layers.{i}.attention.o_proj.{p}", L + "self_attn.dense.{p}"),
+        ("layers.{i}.attention.q_norm.{p}", L + "self_attn.q_layernorm.{p}"),
+        ("layers.{i}.attention.k_norm.{p}", L + "self_attn.k_layernorm.{p}"),
+        ("layers.{i}.ffn.up.{p}", L + "mlp.fc1.{p}"),
+        ("layers.{i}.ffn.down.{p}", L + "mlp.fc2.{p}"),
+        ("lm_head.bias", "lm_head.bias"),
+        ("lm_head_bias", "lm_head.bias"),
+    ])
+    return table.links(shapes) + head_link(spec, shapes)
+
+
+def to_config(spec, base):
+    """Spec → ``PhiConfig`` keys (``partial_rotary_factor`` always written: Phi's default is 0.5)."""
+    ls = spec.layer(0)
+    att, ffn = ls.attention, ls.ffn
+    cfg = {
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "intermediate_size": getattr(ffn, "d_ff", None),
+        "num_hidden_layers": spec.n_layers,
+        "num_attention_heads": att.n_heads,
+        "num_key_value_heads": att.kv_heads,
+        "max_position_embeddings": spec.max_seq_len,
+        "hidden_act": hf_activation(getattr(ffn, "activation", "gelu_tanh"), "gelu_new", base.get("hidden_act")),
+        "layer_norm_eps": getattr(ls.norm, "eps", None),
+        "tie_word_embeddings": spec.tie_embeddings,
+        "initializer_range": spec.init_std,
+        "qk_layernorm": getattr(att, "qk_norm", None) is not None,
+    }
+    cfg.update(rope_fields(ls.position, always_partial=True))
+    return cfg
+
+
+WEIGHTS = HFWeights(
+    model_type=MODEL_TYPE, convert=convert, make_links=links, to_config=to_config, architecture="PhiForCausalLM"
+)

@@ -9,12 +9,14 @@ or ``yarn``) is refused by the shared RoPE reader.
 
 from __future__ import annotations
 
-from .llama import Family, convert_family
+from .llama import Family, convert_family, family_weights
 
 MODEL_TYPE = "phi3"
 
 FAMILY = Family(
     model_type="phi3",
+    architecture="Phi3ForCausalLM",
+    fused=True,  # qkv_proj and gate_up_proj
     # transformers Phi3Config defaults
     defaults=dict(
         vocab_size=32064,
@@ -39,3 +41,6 @@ FAMILY = Family(
 def convert(cfg: dict) -> dict:
     """Hugging Face ``phi3`` config → modkit spec dict."""
     return convert_family(cfg, FAMILY)
+
+
+WEIGHTS = family_weights(FAMILY, convert)

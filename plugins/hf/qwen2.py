@@ -8,12 +8,13 @@ from ``max_window_layers`` on. Those layers become per-layer overrides.
 
 from __future__ import annotations
 
-from .llama import Family, convert_family
+from .llama import Family, convert_family, family_weights
 
 MODEL_TYPE = "qwen2"
 
 FAMILY = Family(
     model_type="qwen2",
+    architecture="Qwen2ForCausalLM",
     # transformers Qwen2Config defaults
     defaults=dict(
         vocab_size=151936,
@@ -38,3 +39,6 @@ FAMILY = Family(
 def convert(cfg: dict) -> dict:
     """Hugging Face ``qwen2`` config → modkit spec dict."""
     return convert_family(cfg, FAMILY)
+
+
+WEIGHTS = family_weights(FAMILY, convert)

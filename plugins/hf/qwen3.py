@@ -7,12 +7,13 @@ to 128 (not ``hidden_size // num_attention_heads``); sliding windows as in Qwen2
 
 from __future__ import annotations
 
-from .llama import Family, convert_family
+from .llama import Family, convert_family, family_weights
 
 MODEL_TYPE = "qwen3"
 
 FAMILY = Family(
     model_type="qwen3",
+    architecture="Qwen3ForCausalLM",
     # transformers Qwen3Config defaults
     defaults=dict(
         vocab_size=151936,
@@ -38,3 +39,6 @@ FAMILY = Family(
 def convert(cfg: dict) -> dict:
     """Hugging Face ``qwen3`` config → modkit spec dict."""
     return convert_family(cfg, FAMILY)
+
+
+WEIGHTS = family_weights(FAMILY, convert)
