@@ -92,17 +92,22 @@ class Model(nn.Module):
         del state_dict[key]
 
     @torch.no_grad()
-    def init_weights(self, seed: int = 0) -> None:
+    def init_weights(self, seed: int = 0, *, init: Optional[Init] = None) -> None:
         """(Re)initialise every parameter and buffer deterministically from ``seed``.
 
         Each module with an ``init_weights(init)`` method initialises its direct tensors; ``nn.Linear`` and
         ``nn.Embedding`` without one get N(0, init_std) weights and zero biases. Buffers (RoPE tables too) are
         recomputed, which is what makes a ``meta`` build usable.
 
+        Args:
+            seed: seed of the draws.
+            init: an :class:`Init` to draw with instead of ``Init(seed, spec.init_std)`` (``seed`` is then
+                ignored); :mod:`modkit.parallel` passes one that writes each rank's shard of DTensor parameters.
+
         Raises:
             RuntimeError: a parameter or buffer was left uninitialised (names it and its module).
         """
-        init = Init(seed, self.spec.init_std)
+        init = init if init is not None else Init(seed, self.spec.init_std)
         for name, module in self.named_modules():
             own = getattr(type(module), "init_weights", None)
             if module is self:
@@ -198,7 +203,8 @@ class Model(nn.Module):
             aux = add_aux(aux, layer_aux)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        logits = nn.functional.linear(x, self.lm_head_weight, self._head_bias())
+        # an untied head is called as a module so tensor-parallel styles hooked on it apply (modkit.parallel)
+        logits = nn.functional.linear(x, self.lm_head_weight, self._head_bias()) if self.spec.tie_embeddings else self.lm_head(x)
         cap = self.spec.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -351,7 +351,7 @@ def register_components(register) -> None:
             "float32). Built by an moe, which supplies n_experts and top_k.",
             reference="Shazeer et al. 2017, arXiv:1701.06538; Fedus et al. 2021, arXiv:2101.03961; "
             "Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088",
-            capabilities={"compile_safe": True},
+            capabilities={"compile_safe": True, "tp_plan": {}},  # replicated: small, float32 logits
             param_count=_router_count,
             example={"type": "topk", "renormalize": True},
         )

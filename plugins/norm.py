@@ -90,7 +90,7 @@ def _count(cfg: ComponentConfig, ctx: BuildContext) -> int:
 @hookimpl
 def register_components(register) -> None:
     """Register ``layernorm`` and ``rmsnorm``."""
-    caps = {"compile_safe": True}
+    caps = {"compile_safe": True, "tp_plan": {}}  # replicated under tensor parallelism (torchtitan without SP)
     register(
         Component(
             kind="norm",

@@ -346,7 +346,7 @@ def register_components(register) -> None:
             "x [batch, seq, d_model] + weight[positions], weight [max_seq_len, d_model] initialised N(0, init_std).",
             reference="Radford et al. 2019, Language Models are Unsupervised Multitask Learners (GPT-2); "
             "Gehring et al. 2017, arXiv:1705.03122",
-            capabilities={"acts_on": "embedding", "compile_safe": True},
+            capabilities={"acts_on": "embedding", "compile_safe": True, "tp_plan": {}},
             param_count=lambda cfg, ctx: ctx.max_seq_len * ctx.d_model,
         )
     )
