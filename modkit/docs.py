@@ -332,12 +332,15 @@ def slot_places(registry) -> dict[str, list[str]]:
             k = slot_kind(f)
             if k is not None:
                 add(k, f"`{prefix}{name}`")
+    hosts: dict[tuple[str, Any, str], list] = {}  # (kind, config class, field) -> entries sharing that config
     for entry in registry.components():
         for name, f in entry.config.model_fields.items():
             k = slot_kind(f)
             if k is not None:
-                link = f"[`{entry.type}`]({{to:{component_path(entry.kind, entry.type)}}})"
-                add(k, f"`{name}` of {link}")
+                hosts.setdefault((k, entry.config, name), []).append(entry)
+    for (k, _, name), entries in hosts.items():
+        links = " / ".join(f"[`{e.type}`]({{to:{component_path(e.kind, e.type)}}})" for e in entries)
+        add(k, f"`{name}` of {links}")
     return places
 
 

@@ -44,12 +44,20 @@ def _have_docs_deps() -> bool:
 
 
 @pytest.fixture(scope="module")
-def pages() -> dict[str, str]:
-    return docs.generate(spec_dir=REPO / "specs", docs_dir=REPO / "docs", root=REPO)
+def registry() -> Registry:
+    """A fresh registry with every installed plugin (what a site build sees), untouched by other tests."""
+    reg = Registry()
+    reg.load_entry_points()
+    return reg
 
 
-def test_every_component_has_a_page_with_its_facts(pages):
-    reg = modkit.get_registry()
+@pytest.fixture(scope="module")
+def pages(registry) -> dict[str, str]:
+    return docs.generate(registry, spec_dir=REPO / "specs", docs_dir=REPO / "docs", root=REPO)
+
+
+def test_every_component_has_a_page_with_its_facts(pages, registry):
+    reg = registry
     assert reg.components(), "no components registered"
     for entry in reg.components():
         page = pages[docs.component_path(entry.kind, entry.type)]
@@ -79,21 +87,21 @@ def test_every_spec_has_a_gallery_card(pages):
         assert "```mermaid" in card and "KV cache" in card and "bf16" in card and "8K context" in card
 
 
-def test_gallery_figures_match_the_build_api(pages):
-    spec = modkit.load_spec(REPO / "specs" / "tiny-moe.json")
-    total, active = modkit.count_params(spec), modkit.active_params_per_token(spec)
+def test_gallery_figures_match_the_build_api(pages, registry):
+    spec = modkit.load_spec(REPO / "specs" / "tiny-moe.json", registry=registry)
+    total, active = modkit.count_params(spec, registry=registry), modkit.active_params_per_token(spec, registry=registry)
     assert active < total
     card = pages["gallery/tiny-moe.md"]
     assert f"**{total:,}**" in card
     assert f"Active per token: {active:,}" in card
-    kv = modkit.kv_cache_bytes_per_token(spec, "bfloat16")
+    kv = modkit.kv_cache_bytes_per_token(spec, "bfloat16", registry=registry)
     assert f"| bf16 | " in card and f"| {kv:,} |" in card
 
 
-def test_parameter_formulas_are_exact():
-    reg = modkit.get_registry()
+def test_parameter_formulas_are_exact(registry):
+    reg = registry
     for entry in reg.components():
-        cfg = modkit.load_component(entry.kind, entry.example_config())
+        cfg = modkit.load_component(entry.kind, entry.example_config(), registry=reg)
         info = docs.param_info(entry, cfg, reg)
         assert info.count is not None, f"{entry.kind}/{entry.type}: {info.error}"
         if info.coefficients is not None:
@@ -111,10 +119,10 @@ def test_fit_and_formula():
     assert docs.fit_quadratic({d: d**3 for d in (64, 128, 256, 512)}) is None
 
 
-def test_placement_trace_shows_norms_and_residuals():
-    reg = modkit.get_registry()
+def test_placement_trace_shows_norms_and_residuals(registry):
+    reg = registry
     for entry in reg.components("placement"):
-        cfg = modkit.load_component("placement", entry.example_config())
+        cfg = modkit.load_component("placement", entry.example_config(), registry=reg)
         module, _, _ = docs._build_alone(entry, cfg, reg, 64, docs._default_norm(reg))
         flow = docs.trace_block(module, types=False)
         assert flow is not None, f"placement {entry.type} could not be traced"
@@ -179,12 +187,13 @@ def test_cli_reference_covers_every_subcommand(pages):
     assert "`modkit docs build`" in pages["reference/cli.md"]
 
 
-def test_spec_reference_lists_every_top_level_field(pages):
+def test_spec_reference_lists_every_top_level_field(pages, registry):
     ref = pages["reference/spec.md"]
-    for name in modkit.json_schema()["properties"]:
+    live = modkit.json_schema(registry)
+    for name in live["properties"]:
         assert f"`{name}`" in ref
     schema = json.loads(pages["reference/modkit.schema.json"])
-    assert schema["properties"].keys() == modkit.json_schema()["properties"].keys()
+    assert schema == live
 
 
 def test_api_pages_cover_the_package(pages):
@@ -360,3 +369,49 @@ def test_site_internal_links_resolve(built_site):
                 broken.append(f"{page.relative_to(site)}: {link}")
     assert n_links > 500
     assert not broken, f"{len(broken)} broken internal links:\n  " + "\n  ".join(broken[:40])
+
+
+# ------------------------------------------------------------------------------------------------ guide snippets
+
+
+def _blocks(page: str, lang: str) -> list[str]:
+    import re
+
+    return re.findall(rf"```{lang}\n(.*?)```", (REPO / "docs" / page).read_text(), re.S)
+
+
+def test_compose_guide_specs_validate():
+    import re
+
+    spec_json, overrides = _blocks("guides/compose.md", "json")[:2]
+    spec = json.loads(spec_json)
+    spec.pop("$schema")
+    base = modkit.load_spec(spec)
+    with_overrides = modkit.load_spec({**spec, **json.loads("{" + overrides + "}")})
+    assert modkit.active_params_per_token(with_overrides) < modkit.count_params(with_overrides)
+    # every complete fragment of the "swap components" table validates in the guide's spec
+    text = (REPO / "docs" / "guides" / "compose.md").read_text()
+    swaps = re.findall(r"\| `(\"(\w+)\": .*?)` \|", text)
+    assert swaps
+    for fragment, key in swaps:
+        if "..." in fragment:
+            continue
+        value = json.loads("{" + fragment + "}")[key]
+        data = base.to_dict()
+        if key in data["block"]:
+            data["block"][key] = value
+        else:
+            data[key] = value
+        modkit.load_spec(data)
+
+
+def test_generate_guide_runs():
+    namespace: dict = {}
+    exec(_blocks("guides/generate.md", "python")[0], namespace)  # noqa: S102 - the guide's own example
+    assert len(namespace["tokens"]) == 17
+
+
+def test_hugging_face_guide_runs():
+    namespace: dict = {}
+    exec(_blocks("guides/hugging-face.md", "python")[0], namespace)  # noqa: S102 - the guide's own example
+    assert namespace["spec"].metadata["hf_model_type"] == "llama"
