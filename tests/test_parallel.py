@@ -221,6 +221,7 @@ def test_two_ranks_tp_and_fsdp_match_single_process(tmp_path):
         assert ck["dcp_before_load_diff"] > 0.01
         assert ck["dcp_after_load_diff"] == 0.0 and ck["dcp_fsdp_to_tp_diff"] == 0.0
         assert ck["tp_from_consolidated_diff"] == 0.0
+        assert ck["dcp_optimizer_moment_diff"] == 0.0 and ck["dcp_optimizer_param_diff"] == 0.0
         # per-rank bytes: FSDP holds exactly half; TP half plus the replicated norms
         fs, ts = res["fsdp_stats"], res["tp_stats"]
         assert fs["local_params"] * 2 == fs["global_params"] and fs["replicated_params"] == 0

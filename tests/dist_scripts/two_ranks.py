@@ -9,7 +9,7 @@ Against the single-process model built from the same spec and seed, each rank me
 * alibi_tp: an ALiBi + MHA spec under TP (the bias sliced to local heads): logits.
 * mixed: FSDP2 with param_dtype bfloat16, reduce_dtype float32: logits against the float32 reference.
 * ckpt: DCP save of the FSDP model, load into a differently seeded one and into a TP-sharded one (DCP
-  reshards); consolidated safetensors export,
+  reshards); model + AdamW state round trip; consolidated safetensors export,
   compared with the reference on rank 0; a TP model started from that file.
 """
 
@@ -126,6 +126,21 @@ def main() -> None:
     resharded = mp.build_parallel(TINY_LLAMA, tp_mesh, seed=5, device="cpu")  # saved FSDP-sharded, loaded TP-sharded
     mp.load_sharded(ckpt_dir / "dcp", resharded)
     res["ckpt"]["dcp_fsdp_to_tp_diff"] = param_diff(resharded, fsdp)[0]
+    # model + optimiser state through DCP: AdamW moments come back on a fresh model/optimiser pair
+    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-2)
+    loss_fn(fsdp(local).logits, local).backward()
+    opt.step()
+    mp.save_sharded(ckpt_dir / "dcp_opt", fsdp, opt)
+    fresh = mp.build_parallel(TINY_LLAMA, dp_mesh, seed=9, device="cpu")
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    mp.load_sharded(ckpt_dir / "dcp_opt", fresh, fresh_opt)
+    moments = [
+        max_diff(fresh_opt.state[q][key], opt.state[p][key])
+        for p, q in zip(fsdp.parameters(), fresh.parameters())
+        for key in ("exp_avg", "exp_avg_sq")
+    ]
+    res["ckpt"]["dcp_optimizer_moment_diff"] = max(moments)
+    res["ckpt"]["dcp_optimizer_param_diff"] = param_diff(fresh, fsdp)[0]
     info = mp.export_consolidated(ckpt_dir / "model.safetensors", fsdp)
     full_sd = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in fsdp.state_dict().items()}
     if rank == 0:
