@@ -93,6 +93,7 @@ def env_with(site: Path) -> dict:
 #: Runs several ``modkit`` commands in one fresh interpreter (entry points are discovered at its start-up, as
 #: for ``python -m modkit``), each through ``modkit.cli.main`` with its own captured stdout/stderr: one import of
 #: torch instead of one per command.
+#: An entry whose argv starts with "pytest" runs ``pytest.main`` on the rest instead.
 DRIVER = """
 import contextlib, io, json, sys
 from modkit import cli
@@ -100,7 +101,11 @@ results = {}
 for name, argv in json.loads(sys.argv[1]).items():
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
+        if argv[0] == "pytest":
+            import pytest
+            code = int(pytest.main(argv[1:]))
+        else:
+            code = cli.main(argv)
     results[name] = [code, out.getvalue(), err.getvalue()]
 print(json.dumps(results))
 """
@@ -137,6 +142,9 @@ def installed(tmp_path_factory):
         "plugins": ["plugins", "--json"],
         "show": ["show", "norm", "dyt"],
         "build": ["build", "spec.json", "--json"],
+        # the example's own tests against the installed package; its contract tests repeat `modkit check` below
+        "own-tests": ["pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", "-k", "math or spec",
+                      str(work / "src" / EXAMPLE.name / "tests")],
     }
     start = time.perf_counter()
     procs = run_all(
@@ -202,6 +210,12 @@ def test_spec_using_the_plugin_validates_builds_and_runs(installed):
     assert fw["finite"] and fw["output_shape"] == [*fw["input_shape"], 64]
 
 
+def test_example_own_tests_pass(installed):
+    r = installed[1]["own-tests"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "3 passed" in r.stdout, r.stdout
+
+
 def test_contract_kit_passes(installed):
     r = installed[1]["check"]
     assert r.returncode == 0, r.stdout + r.stderr
@@ -211,7 +225,7 @@ def test_contract_kit_passes(installed):
 def test_timings_are_reported(installed, capsys):
     seconds = installed[1]["_seconds"]
     with capsys.disabled():
-        print(f"\nmodkit-extra: pip install {seconds['install']:.1f}s; list, plugins, show, build + check (2 processes) {seconds['commands']:.1f}s")
+        print(f"\nmodkit-extra: pip install {seconds['install']:.1f}s; list, plugins, show, build, own tests + check (2 processes) {seconds['commands']:.1f}s")
 
 
 def test_guide_shows_the_example_verbatim():
