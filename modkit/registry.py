@@ -299,10 +299,19 @@ class Registry:
             dist_name = _normalize(dist.metadata["Name"]) if dist is not None else ""
             version = dist.version if dist is not None else None
             ident = (dist_name, ep.name)
-            if ident in seen or ep.name in self._plugins:
+            if ident in seen:  # the same distribution found twice (editable installs): load once
                 continue
             seen.add(ident)
             provider = Provider(ep.name, dist_name or None, version)
+            loaded = self._plugins.get(ep.name)
+            if loaded is not None:
+                if loaded.provider.distribution != provider.distribution:
+                    message = (
+                        f"its plugin name {ep.name!r} is already taken by {loaded.provider}; "
+                        "rename one entry point (only the first was loaded)"
+                    )
+                    self._fail(provider, message, strict, RegistryError(message))
+                continue
             try:
                 obj = ep.load()
             except Exception as exc:
@@ -316,6 +325,10 @@ class Registry:
                 self._fail(provider, str(exc), strict, exc)
 
     def _fail(self, provider: Provider, message: str, strict: bool, exc: BaseException) -> None:
+        message = " ".join(message.split())  # one line, whatever the underlying error printed
+        prefix = f"plugin {provider}: "
+        if message.startswith(prefix):
+            message = message[len(prefix) :]
         if strict:
             raise RegistryError(f"modkit plugin {provider} failed to load: {message} (MODKIT_STRICT_PLUGINS=1)") from exc
         self._skipped[provider.plugin] = message

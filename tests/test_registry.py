@@ -168,3 +168,19 @@ def test_third_party_component_validates_like_a_builtin():
     assert isinstance(model.layers[0].attn_norm, nn.Identity)
     with pytest.raises(modkit.SpecError, match="unknown field 'eps' for 'scalenorm'"):
         modkit.load_spec(tiny_spec(block__norm={"type": "scalenorm", "eps": 1.0}), registry=reg)
+
+
+def test_same_plugin_name_from_two_distributions_is_reported(monkeypatch):
+    eps = [_FakeEP("extra", _good_plugin("one"), dist="pkg-a"), _FakeEP("extra", _good_plugin("two"), dist="pkg-b")]
+    monkeypatch.setattr(registry_mod.md, "entry_points", lambda group: eps)
+    monkeypatch.delenv("MODKIT_STRICT_PLUGINS", raising=False)
+    reg = Registry()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reg.load_entry_points()
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, registry_mod.PluginWarning)]
+    assert "pkg-a" in message and "pkg-b" in message and "\n" not in message
+    assert reg.types("norm") == ["one"]
+    monkeypatch.setenv("MODKIT_STRICT_PLUGINS", "1")
+    with pytest.raises(RegistryError, match="already taken"):
+        Registry().load_entry_points()
