@@ -13,6 +13,9 @@ Subcommands::
     modkit build SPEC [--device] [--dtype] [--seed] [--json]
                                              components, parameter table, weight / KV-cache bytes and, on a real
                                              device, one forward pass (shape, initial loss vs ln(vocab), tokens/s)
+    modkit generate MODEL --prompt TEXT [--tokenizer JSON] [--max-new-tokens N] [--temperature T] [--top-k K]
+                    [--top-p P] [--seed S]   stream a continuation (text, or token ids without a tokenizer), then
+                                             prefill ms and decode tokens/s on stderr
 
 Every handler is ``func(args) -> int``. User errors print one clear message to stderr and exit 1 (argparse usage
 errors exit 2); ``MODKIT_DEBUG=1`` re-raises instead, for a traceback. Other modules may add subcommands through
@@ -631,6 +634,122 @@ def cmd_build(args: argparse.Namespace) -> int:
     return status
 
 
+# ------------------------------------------------------------------------------------------------ generate
+
+
+def _load_model(text: str, device, dtype: Optional[str], seed: int):
+    """A spec ``.json`` (built with random weights from ``seed``), a modkit checkpoint folder (``spec.json``) or a
+    Hugging Face folder (``config.json``, through ``modkit.from_hf``)."""
+    import modkit
+
+    path = Path(text)
+    if not path.exists():
+        raise FileNotFoundError(f"{text}: no such file")
+    if path.is_file():
+        if path.suffix != ".json":
+            raise UserError(f"{text}: give a spec .json file or a checkpoint folder")
+        reg = _registry()
+        return modkit.build(modkit.load_spec(path, registry=reg), device=device, dtype=dtype, seed=seed, registry=reg)
+    if (path / "spec.json").is_file():
+        return modkit.load(path, device=device, dtype=dtype)
+    if (path / "config.json").is_file():
+        if not hasattr(modkit, "from_hf"):
+            raise UserError(f"{text} is a Hugging Face folder, but this modkit cannot load one (no modkit.from_hf)")
+        return modkit.from_hf(path, device=device, dtype=dtype)
+    raise UserError(f"{text}: a folder without spec.json (modkit checkpoint) or config.json (Hugging Face model)")
+
+
+def _prompt_ids(text: str, tokenizer) -> list[int]:
+    if tokenizer is not None:
+        ids = tokenizer.encode(text).ids
+        if not ids:
+            raise UserError("the prompt encodes to no tokens")
+        return ids
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise UserError(
+            f"without --tokenizer the prompt is token ids separated by commas or spaces, got {text!r}"
+        ) from None
+    if not ids:
+        raise UserError("the prompt is empty; give at least one token id")
+    return ids
+
+
+class _TextStream:
+    """Print the text of a growing list of token ids as it becomes stable (whole UTF-8 characters only)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.shown = tokenizer, [], ""
+
+    def push(self, token: int) -> None:
+        self.ids.append(token)
+        if self.tokenizer is None:
+            sys.stdout.write(("" if len(self.ids) == 1 else " ") + str(token))
+        else:
+            text = self.tokenizer.decode(self.ids)
+            if text.startswith(self.shown) and not text.endswith("\ufffd"):  # wait for a split character to complete
+                sys.stdout.write(text[len(self.shown) :])
+                self.shown = text
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(self.ids)
+            sys.stdout.write(text[len(self.shown) :] if text.startswith(self.shown) else "\n" + text)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """``modkit generate MODEL --prompt TEXT``: stream a continuation, then one summary line on stderr."""
+    import torch
+
+    from modkit.generate import stream_generate
+
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    tokenizer = None
+    if args.tokenizer:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise UserError("--tokenizer needs the 'tokenizers' package (pip install tokenizers)") from None
+        if not Path(args.tokenizer).is_file():
+            raise FileNotFoundError(f"{args.tokenizer}: no such file")
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+    device = _check_device(args.device)
+    if device.type == "meta":
+        raise UserError("generate needs a real device (cpu, cuda, ...), not meta")
+    model = _load_model(args.model, device, args.dtype, args.seed).eval()
+    ids = _prompt_ids(args.prompt, tokenizer)
+    stream = _TextStream(tokenizer)
+    tokens = stream_generate(
+        model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile,
+    )
+    start = time.perf_counter()
+    first = None
+    n = 0
+    for token in tokens:
+        if first is None:
+            _sync(device)
+            first = time.perf_counter()
+        stream.push(int(token[0]))
+        n += 1
+    _sync(device)
+    end = time.perf_counter()
+    stream.close()
+    prefill_ms = 1000 * ((first or end) - start)
+    rate = (n - 1) / (end - first) if n > 1 and end > first else float("nan")
+    _err(
+        f"prompt {len(ids)} tokens, prefill {prefill_ms:.1f} ms (with the first token); "
+        f"decode {n - 1} tokens at {rate:.1f} tokens/s; {device}, {str(model.embed.weight.dtype).replace('torch.', '')}"
+    )
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------ parser
 
 
@@ -718,6 +837,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the weight init and the random batch (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser(
+        "generate",
+        help="generate text or token ids from a model",
+        description="Stream a continuation of a prompt from a spec (random weights), a modkit checkpoint folder or a "
+        "Hugging Face folder, then print one summary line (prefill ms, decode tokens/s) on stderr.",
+    )
+    p.add_argument("model", metavar="MODEL", help="spec .json (random init), modkit checkpoint folder or Hugging Face folder")
+    p.add_argument("--prompt", required=True, help="text (with --tokenizer) or token ids separated by commas or spaces")
+    p.add_argument("--tokenizer", metavar="JSON", help="a tokenizers tokenizer.json; without it prompt and output are token ids")
+    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) is greedy; > 0 samples")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: smallest set with mass >= P")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (and of random weights for a spec; default 0)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, ...")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)")
+    p.add_argument("--compile", action="store_true", help="decode with torch.compile (fullgraph; pays a one-off compilation)")
+    p.set_defaults(func=cmd_generate)
 
     _add_extensions(sub)
     return parser

@@ -1,18 +1,23 @@
-"""Sampling and autoregressive generation with the KV cache.
+"""Sampling and autoregressive generation with the static KV cache.
 
-``generate`` prefills the prompt once, then decodes one token at a time against a *fresh* cache per call
-(state never leaks between calls: litgpt #1596, torchtune #959). Sampling follows the usual order:
+``generate`` allocates a *fresh* static cache of ``prompt_len + max_new_tokens`` slots per call (state never
+leaks between calls: litgpt #1596, torchtune #959), prefills the prompt (at once or in chunks), then decodes one
+token at a time; each decode step has the same shapes, so it can run compiled (``compile=True``: one
+``torch.compile(fullgraph=True)`` trace reused for every token and every later call). Sampling follows the usual order:
 temperature, then top-k, then top-p (nucleus, Holtzman et al. 2019, arXiv:1904.09751); temperature 0 is
 greedy (argmax).
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence, Union
+import functools
+import weakref
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
+from .cache import KVCache
 from .model import Model
 
 
@@ -80,6 +85,33 @@ def _as_batch(input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]]) 
     return ids
 
 
+def decode_logits(model: Model, token: Tensor, cache: KVCache) -> Tensor:
+    """One decode step: feed ``token [batch, 1]`` through ``model`` with ``cache``; next-token logits ``[batch, vocab]``.
+
+    Shapes are the same at every step and the write pointer is a tensor inside ``cache``, so a compiled version
+    (:func:`compiled_decode`) traces once and is reused for every token.
+    """
+    return model(token, cache=cache).logits[:, -1]
+
+
+_COMPILED: "weakref.WeakKeyDictionary[Model, Callable[[Tensor, KVCache], Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def compiled_decode(model: Model, **compile_kwargs) -> Callable[[Tensor, KVCache], Tensor]:
+    """``(token [batch, 1], cache) -> logits [batch, vocab]``: :func:`decode_logits` under ``torch.compile``.
+
+    Compiled with ``fullgraph=True`` (a graph break is an error, not a silent slowdown) and ``dynamic=False``;
+    one compiled function per model (kept while the model lives), so later :func:`generate` calls reuse it.
+    Extra keyword arguments go to ``torch.compile`` (they are only used the first time for a model).
+    """
+    fn = _COMPILED.get(model)
+    if fn is None:
+        options = {"fullgraph": True, "dynamic": False, **compile_kwargs}
+        fn = torch.compile(functools.partial(decode_logits, model), **options)
+        _COMPILED[model] = fn
+    return fn
+
+
 @torch.no_grad()
 def stream_generate(
     model: Model,
@@ -92,36 +124,65 @@ def stream_generate(
     seed: Optional[int] = None,
     eos_token_id: Optional[Union[int, Sequence[int]]] = None,
     attention_mask: Optional[Tensor] = None,
+    prefill_chunk: Optional[int] = None,
+    compile: bool = False,
 ) -> Iterator[Tensor]:
     """Yield the next token ``[batch]`` at each step (finished rows repeat their EOS token).
 
+    A fresh static cache of ``prompt_len + max_new_tokens`` slots is allocated for every call (state never
+    leaks between calls, C12); the prompt is prefilled (at once, or in chunks of ``prefill_chunk`` tokens), then
+    each step feeds one token.
+
     Args:
+        model: a built :class:`~modkit.model.Model` (put it in ``eval()`` mode for dropout-free sampling).
         input_ids: prompt ``[batch, seq]`` (or one sequence); left-pad ragged batches and pass ``attention_mask``.
-        max_new_tokens: number of steps. temperature/top_k/top_p: see :func:`sample`.
+        max_new_tokens: number of steps (>= 0).
+        temperature, top_k, top_p: see :func:`sample`; ``temperature == 0`` is greedy.
         seed: seeds a private generator, so seeded runs are reproducible.
         eos_token_id: stop a row once it emits one of these; iteration ends when every row has.
-        attention_mask: ``[batch, seq]``, 1 for real tokens.
+        attention_mask: ``[batch, seq]``, 1 for real tokens (padding on the left only).
+        prefill_chunk: feed the prompt in chunks of this many tokens (bounds prefill memory); ``None``: at once.
+        compile: run decode steps through :func:`compiled_decode` (``torch.compile``, fullgraph, static shapes);
+            the first call for a model pays the compilation.
+
+    Raises:
+        ValueError: empty prompt, ``max_new_tokens < 0``, ``prefill_chunk < 1``, or a bad sampling parameter.
     """
     ids = _as_batch(input_ids).to(model.embed.weight.device)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    filter_logits(ids.new_zeros(1, 1, dtype=torch.float32), temperature=temperature, top_k=top_k, top_p=top_p)  # validate early
+    if max_new_tokens == 0:
+        return
     gen = torch.Generator(device=ids.device)
     gen.manual_seed(seed if seed is not None else torch.seed())
     eos = torch.tensor([] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=ids.device)
-    mask = attention_mask.to(ids.device).long() if attention_mask is not None else torch.ones_like(ids)
-    cache = model.new_cache()
-    logits = model(ids, attention_mask=mask, cache=cache).logits[:, -1]
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    for _ in range(max_new_tokens):
+    mask = attention_mask.to(ids.device).bool() if attention_mask is not None else None
+    if mask is not None and mask.shape != ids.shape:
+        raise ValueError(f"attention_mask must have the prompt's shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+    if mask is not None and bool(mask.all()):
+        mask = None  # no padding: keep the plain causal prefill kernel
+    batch, prompt_len = ids.shape
+    cache = model.new_cache(batch, prompt_len + max_new_tokens)
+    chunk = prefill_chunk or prompt_len
+    for start in range(0, prompt_len, chunk):
+        part = slice(start, start + chunk)
+        logits = model(ids[:, part], attention_mask=None if mask is None else mask[:, part], cache=cache).logits[:, -1]
+    step = compiled_decode(model) if compile else functools.partial(decode_logits, model)
+    done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+    for i in range(max_new_tokens):
         token = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
         if eos.numel():
             token = torch.where(done, eos[0].to(token.dtype), token)
             done = done | torch.isin(token, eos)
         yield token
-        if eos.numel() and bool(done.all()):
+        if i == max_new_tokens - 1 or (eos.numel() and bool(done.all())):
             return
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
-        logits = model(token[:, None], attention_mask=mask, cache=cache).logits[:, -1]
+        logits = step(token[:, None], cache)
+        if compile:
+            cache.seen_tokens += 1  # the compiled step does not touch host-side bookkeeping
 
 
 def generate(model: Model, input_ids, *, max_new_tokens: int, **kwargs) -> Tensor:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 
-from .cache import KVCache
+from .cache import KVCache, LayerGeometry
 from .errors import CheckpointError
 from .interfaces import AttentionInputs, Init, add_aux
 from .spec import ModelSpec
@@ -128,9 +128,44 @@ class Model(nn.Module):
             )
 
     # -------------------------------------------------------------------- forward
-    def new_cache(self) -> KVCache:
-        """A fresh, empty :class:`~modkit.cache.KVCache` for this model (sliding-window layers trim to their window)."""
-        return KVCache(len(self.layers), self.windows)
+    def new_cache(
+        self,
+        batch_size: Optional[int] = None,
+        max_len: Optional[int] = None,
+        dtype: Union[str, torch.dtype, None] = None,
+        *,
+        device: Union[str, torch.device, None] = None,
+    ) -> KVCache:
+        """A fresh, preallocated (static) :class:`~modkit.cache.KVCache` for this model.
+
+        Each layer gets ``[batch_size, n_kv_heads, slots, head_dim]`` keys and values with ``slots = max_len``, or
+        ``min(window, max_len)`` for sliding-window layers (a ring buffer); see :mod:`modkit.cache` for the byte
+        formula.
+
+        Args:
+            batch_size: rows; ``None`` allocates at the first forward, with that forward's batch size.
+            max_len: the most tokens a row will hold (prompt + generated, padding included); default
+                ``spec.max_seq_len``.
+            dtype: of the keys and values; default the model's (its embedding's) dtype.
+            device: default the model's device.
+
+        Raises:
+            ValueError: a layer has no attention module exposing ``n_kv_heads`` and ``head_dim``; bad sizes.
+        """
+        geometry = []
+        for i, block in enumerate(self.layers):
+            attn = next((m for m in block.modules() if getattr(m, "modkit_kind", None) == "attention"), None)
+            if attn is None or not hasattr(attn, "n_kv_heads") or not hasattr(attn, "head_dim"):
+                raise ValueError(f"layer {i} has no attention module exposing n_kv_heads and head_dim; cannot size its KV cache")
+            geometry.append(LayerGeometry(int(attn.n_kv_heads), int(attn.head_dim), self.windows[i]))
+        weight = self.embed.weight
+        return KVCache(
+            geometry,
+            max_len if max_len is not None else self.spec.max_seq_len,
+            batch_size,
+            dtype=dtype if dtype is not None else weight.dtype,
+            device=device if device is not None else weight.device,
+        )
 
     def forward(
         self,
@@ -147,7 +182,8 @@ class Model(nn.Module):
             attention_mask: ``[batch, seq]`` or ``[batch, past + seq]`` (1/True = real token, 0 = padding);
                 padding may be on the left. Positions are derived from it when ``positions`` is not given.
             positions: ``[batch, seq]`` explicit absolute positions.
-            cache: a :class:`KVCache` from :meth:`new_cache`; updated in place.
+            cache: a :class:`KVCache` from :meth:`new_cache`; the new tokens are appended in place (their
+                positions continue each row's count of real tokens unless ``positions`` is given).
 
         Returns:
             :class:`ModelOutput` with ``logits [batch, seq, vocab_size]``.
@@ -158,34 +194,30 @@ class Model(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
         bsz, seq = input_ids.shape
-        if not input_ids.is_meta and input_ids.numel() and not torch.compiler.is_compiling():
+        eager = not torch.compiler.is_compiling()
+        if eager and not input_ids.is_meta and input_ids.numel():
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.spec.vocab_size:
                 raise ValueError(f"input_ids must lie in [0, {self.spec.vocab_size}); got min {lo}, max {hi}")
-        past = cache.seen_tokens if cache is not None else 0
         token_mask = None
         if attention_mask is not None:
-            mask = attention_mask.to(torch.bool)
-            if mask.shape == (bsz, seq) and cache is not None and cache.mask is not None:
-                full = torch.cat([cache.mask, mask], dim=1)
-            elif mask.shape in ((bsz, seq), (bsz, past + seq)):
-                full = mask
-            else:
-                raise ValueError(
-                    f"attention_mask must be [batch, seq] = {(bsz, seq)} or [batch, past + seq] = {(bsz, past + seq)}, "
-                    f"got {tuple(attention_mask.shape)}"
-                )
-            token_mask = full[:, -seq:]
-            if positions is None:
-                positions = (full.long().cumsum(-1) - 1).clamp(min=0)[:, -seq:]
-            if cache is not None:
-                cache.mask = full
-        elif cache is not None and cache.mask is not None:
-            cache.mask = torch.cat([cache.mask, cache.mask.new_ones(bsz, seq)], dim=1)
-        if positions is None:
-            positions = torch.arange(past, past + seq, device=input_ids.device).expand(bsz, seq)
+            if eager:  # (under torch.compile the host-side token count is not read: no recompile per token)
+                past = cache.seen_tokens if cache is not None else 0
+                if attention_mask.dim() != 2 or attention_mask.shape[0] != bsz or attention_mask.shape[1] not in (seq, past + seq):
+                    raise ValueError(
+                        f"attention_mask must be [batch, seq] = {(bsz, seq)} or [batch, past + seq] = {(bsz, past + seq)}, "
+                        f"got {tuple(attention_mask.shape)}"
+                    )
+            token_mask = attention_mask.to(torch.bool)
+            if token_mask.shape[1] != seq:  # a mask over the cached tokens too: those were recorded when written
+                token_mask = token_mask[:, -seq:]
         if cache is not None:
-            cache.seen_tokens = past + seq
+            positions, token_mask = cache.prepare(bsz, seq, token_mask, positions)
+        elif positions is None:
+            if token_mask is None:
+                positions = torch.arange(seq, device=input_ids.device).expand(bsz, seq)
+            else:
+                positions = (token_mask.long().cumsum(-1) - 1).clamp(min=0)
 
         x = self.embed(input_ids)
         scale = self.spec.embedding_scale

@@ -6,7 +6,9 @@ flags; QK-norm per head (Qwen3, Gemma 3) or over the full projection width (OLMo
 causal or bidirectional; softmax scale override; ``sdpa`` (default) or ``eager`` backend.
 
 The mask is built from absolute positions, so it is aligned bottom-right whenever the query length differs
-from the key length (cached decode, chunked prefill), and left padding is honoured. Rows with no visible key
+from the key length (cached decode, chunked prefill), and left padding is honoured. With a KV cache
+(:mod:`modkit.cache`) the new keys are stored through ``inputs.cache.update`` and attention runs over the keys it
+hands back: unwritten slots come back invalid and are masked like padding. Rows with no visible key
 (padding queries) output exactly 0 instead of NaN (pytorch #103749).
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); MQA, Shazeer 2019 (arXiv:1911.02150); GQA, Ainslie
@@ -200,14 +202,15 @@ class Attention(nn.Module):
     def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         q, k, v = self._project(x, inputs)
         q_pos, k_pos, k_valid = inputs.positions, inputs.positions, inputs.token_mask
-        if inputs.cache is not None:
+        if inputs.cache is not None:  # store the new keys; attend over every key the cache hands back
             k, v, k_pos, k_valid = inputs.cache.update(k, v, q_pos, k_valid)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # no-op unless the cache was made in another dtype
         bias = inputs.position.attention_bias(q_pos, k_pos, self.n_heads) if inputs.position is not None else None
         simple = (
             self.causal and bias is None and k_valid is None and self.sliding_window is None
-            and inputs.cache is None and not need_weights and self.backend == "sdpa"
+            and k_pos is q_pos and not need_weights and self.backend == "sdpa"
         )
-        if simple:  # plain causal self-attention over one fresh sequence: let SDPA pick its fastest kernel
+        if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel
             out = nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
             )

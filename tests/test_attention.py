@@ -113,10 +113,10 @@ def test_chunked_prefill_mask_is_bottom_right_aligned():
     model = modkit.build(tiny_spec(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": 4}), seed=2)
     ids = torch.randint(0, 64, (2, 11))
     full = model(ids).logits
-    cache = model.new_cache()
+    cache = model.new_cache(2, 11)
     parts = [model(ids[:, a:b], cache=cache).logits for a, b in ((0, 5), (5, 6), (6, 11))]
     assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
-    assert cache.layers[0].k.shape == (2, 2, 4, 8)  # sliding-window layer keeps n_kv_heads heads, window keys
+    assert cache.layers[0].k.shape == (2, 2, 4, 8)  # sliding-window layer: a ring of window slots, n_kv_heads heads
 
 
 def test_softmax_scale_override():

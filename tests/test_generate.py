@@ -1,11 +1,12 @@
-"""Sampling (C11) and generation with a fresh cache per call (C12)."""
+"""Sampling (C11), generation with a fresh static cache per call (C12), the compiled decode step (one graph, no
+recompile per token) and greedy parity with transformers' ``generate``."""
 
 
 import pytest
 import torch
 
 import modkit
-from modkit.generate import filter_logits, generate, sample, top_p_mask
+from modkit.generate import filter_logits, generate, sample, stream_generate, top_p_mask
 
 
 def _logits(p):
@@ -109,3 +110,202 @@ def test_seeded_generation_reproducible():
     assert torch.equal(a, b)
     assert a.shape == (1, 12) and int(a.max()) < 32
     assert not torch.equal(a, generate(model, [1, 2], max_new_tokens=10, temperature=1.0, top_p=0.9, seed=4))
+
+
+# ------------------------------------------------------------------------------------- static cache, compile
+
+
+def test_stream_yields_one_token_per_step_and_prefill_chunks_agree():
+    model = modkit.build(C12_SPEC, seed=0).eval()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5]
+    steps = list(stream_generate(model, prompt, max_new_tokens=6, temperature=0))
+    assert len(steps) == 6 and all(t.shape == (1,) for t in steps)
+    whole = generate(model, prompt, max_new_tokens=6, temperature=0)
+    assert whole[0, len(prompt):].tolist() == [int(t) for t in steps]
+    for chunk in (1, 2, 4):
+        assert torch.equal(generate(model, prompt, max_new_tokens=6, temperature=0, prefill_chunk=chunk), whole)
+    assert generate(model, prompt, max_new_tokens=0).shape == (1, len(prompt))
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
+        generate(model, prompt, max_new_tokens=2, prefill_chunk=0)
+
+
+def test_generate_allocates_prompt_plus_new_tokens(monkeypatch):
+    model = modkit.build(C12_SPEC, seed=0).eval()
+    made = []
+    original = type(model).new_cache
+
+    def spy(self, *args, **kwargs):
+        cache = original(self, *args, **kwargs)
+        made.append(cache)
+        return cache
+
+    monkeypatch.setattr(type(model), "new_cache", spy)
+    generate(model, [[1, 2, 3], [4, 5, 6]], max_new_tokens=5, temperature=0)
+    (cache,) = made
+    assert cache.batch_size == 2 and cache.max_len == 3 + 5
+    assert cache.layers[0].k.shape == (2, 2, 8, 8) and cache.seen_tokens == 3 + 4  # the last token is never fed
+
+
+def test_decode_step_compiles_fullgraph_once_without_graph_breaks():
+    """The decode step traces as one graph (zero graph breaks) and is not recompiled per token: the write
+    pointer and positions are tensors inside the cache, so every step has the same static shapes."""
+    from modkit.generate import compiled_decode, decode_logits
+
+    torch._dynamo.reset()
+    model = modkit.build(C12_SPEC, seed=0).eval()
+    ids = torch.tensor([[1, 2, 3], [0, 4, 5]])
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    with torch.no_grad():
+        cache = model.new_cache(2, 12)
+        model(ids, attention_mask=mask, cache=cache)
+        explained = torch._dynamo.explain(lambda t, c: decode_logits(model, t, c))(torch.tensor([[7], [8]]), cache)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    step = compiled_decode(model, backend=backend)
+    eager = generate(model, ids, attention_mask=mask, max_new_tokens=8, temperature=0)
+    compiled = generate(model, ids, attention_mask=mask, max_new_tokens=8, temperature=0, compile=True)
+    again = generate(model, [[9, 9, 9], [1, 1, 1]], max_new_tokens=8, temperature=0, compile=True)
+    assert compiled_decode(model) is step
+    assert torch.equal(compiled, eager)
+    assert torch.equal(again, generate(model, [[9, 9, 9], [1, 1, 1]], max_new_tokens=8, temperature=0))
+    assert len(graphs) == 1  # one trace for 14 decode steps over two calls with different prompts
+    torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------- greedy parity with transformers
+
+def _hf_causal(cls_name: str, seed: int = 0, **kwargs):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = getattr(transformers, cls_name)(vocab_size=97, max_position_embeddings=64, **kwargs)
+    torch.manual_seed(seed)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():  # perturb every parameter (norms and biases too) so nothing is at its init value
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def _llama_by_hand(hf) -> "modkit.Model":
+    """Map a LlamaForCausalLM state dict onto a modkit model (used while modkit.from_hf is not available)."""
+    spec = modkit.from_hf_config(hf.config.to_dict())
+    model = modkit.build(spec)
+    names = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
+    parts = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attention.q_proj": "self_attn.q_proj",
+             "attention.k_proj": "self_attn.k_proj", "attention.v_proj": "self_attn.v_proj", "attention.o_proj": "self_attn.o_proj",
+             "ffn.gate": "mlp.gate_proj", "ffn.up": "mlp.up_proj", "ffn.down": "mlp.down_proj"}
+    for i in range(spec.n_layers):
+        for ours, theirs in parts.items():
+            names[f"layers.{i}.{ours}.weight"] = f"model.layers.{i}.{theirs}.weight"
+    hf_state = hf.state_dict()
+    model.load_state_dict({k: hf_state[v] for k, v in names.items()})
+    return model.eval()
+
+
+def _load(hf, tmp_path) -> "modkit.Model":
+    if hasattr(modkit, "from_hf"):
+        hf.save_pretrained(tmp_path / "hf")
+        return modkit.from_hf(tmp_path / "hf").eval()
+    return _llama_by_hand(hf)
+
+
+#: (id, transformers config class, kwargs); llama always, the others through modkit.from_hf
+PARITY_CASES = [
+    ("llama", "LlamaConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=96)),
+    ("mistral-window4", "MistralConfig", dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+        num_hidden_layers=2, intermediate_size=96, sliding_window=4)),
+    ("qwen2-mixed-window", "Qwen2Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, tie_word_embeddings=True, use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    ("qwen3", "Qwen3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_hidden_layers=2, intermediate_size=96)),
+    ("gemma3-local-global", "Gemma3TextConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        num_hidden_layers=3, intermediate_size=96, sliding_window=4, query_pre_attn_scalar=24, final_logit_softcapping=3.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    ("mixtral", "MixtralConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, sliding_window=5)),
+    ("gpt2", "GPT2Config", dict(n_embd=64, n_head=4, n_layer=2, n_positions=64)),
+    ("phi3-window", "Phi3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, sliding_window=5, partial_rotary_factor=0.75, pad_token_id=0, eos_token_id=1)),
+    ("olmo2", "Olmo2Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=96)),
+]
+
+
+@pytest.mark.parametrize("name,cls_name,kwargs", PARITY_CASES, ids=[c[0] for c in PARITY_CASES])
+def test_greedy_generation_matches_transformers(name, cls_name, kwargs, tmp_path):
+    """32 greedy tokens equal transformers' ``generate`` exactly, for one prompt and a left-padded batch."""
+    if name != "llama" and not hasattr(modkit, "from_hf"):
+        pytest.skip("modkit.from_hf is not available: only llama is mapped by hand")
+    hf = _hf_causal(cls_name, **kwargs)
+    model = _load(hf, tmp_path)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 97, (2, 8), generator=g)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :3] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        for rows, m in ((ids[:1], None), (ids, mask)):
+            theirs = hf.generate(rows, attention_mask=m if m is not None else torch.ones_like(rows), do_sample=False,
+                                 max_new_tokens=32, min_new_tokens=32)
+            ours = generate(model, rows, attention_mask=m, max_new_tokens=32, temperature=0)
+            assert theirs.shape == ours.shape == (rows.shape[0], 8 + 32)
+            assert torch.equal(ours, theirs), f"{name}: first difference at new token " \
+                f"{int((ours != theirs).any(0).nonzero()[0]) - 8}"
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def _cli(argv, capsys):
+    from modkit.cli import main
+
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_generate_ids_from_a_spec_and_a_checkpoint(tmp_path, capsys):
+    import json
+
+    spec_file = tmp_path / "c12.json"
+    spec_file.write_text(json.dumps(C12_SPEC))
+    code, out, err = _cli(["generate", spec_file, "--prompt", "1, 2 3", "--max-new-tokens", 6, "--seed", 0], capsys)
+    assert code == 0, err
+    model = modkit.build(C12_SPEC, seed=0).eval()
+    expected = generate(model, [1, 2, 3], max_new_tokens=6, temperature=0)[0, 3:].tolist()
+    assert out == " ".join(map(str, expected)) + "\n"
+    assert "prefill" in err and "tokens/s" in err and len(err.strip().splitlines()) == 1
+    if hasattr(modkit, "save"):
+        modkit.save(model, tmp_path / "ckpt")
+        code, again, err = _cli(["generate", tmp_path / "ckpt", "--prompt", "1,2,3", "--max-new-tokens", 6], capsys)
+        assert code == 0 and again == out, err
+    code, _, err = _cli(["generate", spec_file, "--prompt", "one two"], capsys)
+    assert code == 1 and "token ids separated by commas or spaces" in err
+    code, _, err = _cli(["generate", spec_file, "--prompt", "1 99"], capsys)
+    assert code == 1 and "input_ids must lie in [0, 32)" in err
+
+
+def test_cli_generate_text_with_a_tokenizer(tmp_path, capsys):
+    import json
+
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(32)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    spec_file = tmp_path / "c12.json"
+    spec_file.write_text(json.dumps(C12_SPEC))
+    argv = ["generate", spec_file, "--prompt", "w5 w6 w7", "--tokenizer", tmp_path / "tokenizer.json",
+            "--max-new-tokens", 5, "--temperature", 0.8, "--top-k", 10, "--top-p", 0.9, "--seed", 7]
+    code, out, err = _cli(argv, capsys)
+    assert code == 0, err
+    model = modkit.build(C12_SPEC, seed=7).eval()
+    new = generate(model, [5, 6, 7], max_new_tokens=5, temperature=0.8, top_k=10, top_p=0.9, seed=7)[0, 3:].tolist()
+    assert out == tok.decode(new) + "\n"

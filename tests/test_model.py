@@ -86,13 +86,13 @@ def test_cached_decode_equals_full_forward_with_left_padding():
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, :3] = 0
     full = model(ids, attention_mask=mask).logits
-    cache = model.new_cache()
+    cache = model.new_cache(2, 9)
     prefill = model(ids[:, :4], attention_mask=mask[:, :4], cache=cache).logits
     steps = [model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=cache).logits for t in range(4, 9)]
     got = torch.cat([prefill] + steps, 1)
     assert torch.allclose(got[0], full[0], atol=1e-5)
     assert torch.allclose(got[1, 3:], full[1, 3:], atol=1e-5)
-    assert cache.layers[0].k.shape == (2, 2, 9, 8)  # n_kv_heads = 2, never n_heads
+    assert cache.layers[0].k.shape == (2, 2, 9, 8)  # n_kv_heads = 2, never n_heads; static: max_len slots
 
 
 def test_bad_inputs_give_clear_errors():
