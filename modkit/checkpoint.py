@@ -293,9 +293,18 @@ class WeightMapper(Protocol):
     keep: Sequence[tuple[str, str]]
     aliases: Sequence[tuple[str, str]]
 
-    def links(self, spec: "ModelSpec", shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any]) -> list[Link]: ...
+    def links(self, spec: "ModelSpec", shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any]) -> list[Link]:
+        """Every :class:`Link` of a model built from ``spec`` (``shapes``: its ``state_dict`` shapes) for a
+        checkpoint described by the foreign ``config`` (which may choose a fused layout)."""
+        ...
 
-    def hf_config(self, spec: "ModelSpec", base: Optional[Mapping[str, Any]] = None) -> dict: ...
+    def hf_config(self, spec: "ModelSpec", base: Optional[Mapping[str, Any]] = None) -> dict:
+        """The foreign config dict for ``spec``; ``base`` is the config the model was imported from, if any.
+
+        Raises:
+            CheckpointError: ``spec`` cannot be expressed in this format (name each field).
+        """
+        ...
 
 
 def _check_coverage(links: Sequence[Link], shapes: Mapping[str, tuple[int, ...]], what: str) -> None:

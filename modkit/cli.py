@@ -381,7 +381,7 @@ def cmd_convert_hf(args: argparse.Namespace) -> int:
     src = Path(args.config)
     if not src.exists():
         raise FileNotFoundError(f"{args.config}: no such file")
-    if src.is_dir() and args.output and args.output != "-" and _has_weights(src):
+    if src.is_dir() and args.output and args.output != "-" and not args.output.endswith(".json") and _has_weights(src):
         return _convert_hf_weights(src, Path(args.output), args.dtype)
     reg = _registry()
     try:
@@ -808,7 +808,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(pytorch_model.bin, *.pt) are refused: unpickling can execute arbitrary code.",
     )
     h.add_argument("config", metavar="CONFIG", help="config.json, or a model folder holding one (and its weights)")
-    h.add_argument("-o", "--output", metavar="OUT", help="write the spec (or, for a folder with weights, the checkpoint folder) here (default: the spec to stdout)")
+    h.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="where to write: for a folder with weights, the checkpoint folder OUT (unless OUT ends in .json: the spec "
+        "only); otherwise the spec (default: the spec to stdout)",
+    )
     h.add_argument("--dtype", default=None, help="with weights: float32, bfloat16 or float16 (default: as stored)")
     h.set_defaults(func=cmd_convert_hf)
     m = conv.add_parser(

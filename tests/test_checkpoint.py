@@ -527,3 +527,63 @@ def test_cli_convert_errors(capsys, tmp_path):
     assert code == 1 and "modkit.from_hf" in err
     code, _, err = run(capsys, "convert", "modkit", folder, "--to", "hf", "-o", tmp_path / "x", "--max-shard-size", "lots")
     assert code == 1 and "invalid size" in err
+
+
+def test_cli_convert_hf_folder_with_weights_to_a_json_name_writes_the_spec_only(capsys, tmp_path):
+    _, folder = saved(tmp_path)
+    code, out, err = run(capsys, "convert", "hf", folder, "-o", tmp_path / "spec.json")
+    assert code == 0, err
+    assert modkit.load_spec(tmp_path / "spec.json").metadata == {"hf_model_type": "llama"}
+
+
+# ------------------------------------------------------------------------------------------------ extensibility
+
+
+class _ToyMapper:
+    """A third-party weight mapper written against the protocol alone: tensors stored as ``toy.<modkit name>``."""
+
+    keep = ((r"toy\.notes", "free-form tensor the model does not use"),)
+    aliases = ()
+
+    def links(self, spec, shapes, config):
+        return [modkit.checkpoint.Link((f"toy.{n}",), (n,)) for n in shapes]
+
+    def hf_config(self, spec, base=None):
+        return {"model_type": "modkit-toy", "spec": spec.to_dict()}
+
+
+class _ToyPlugin:
+    def __init__(self, weights):
+        self.weights = weights
+
+    @modkit.hookimpl
+    def register_hf_converters(self, register):
+        register("modkit-toy", lambda cfg: dict(cfg["spec"], metadata={"hf_model_type": "modkit-toy"}), weights=self.weights)
+
+
+@pytest.mark.parametrize("with_weights", [True, False])
+def test_a_plugin_adds_a_model_type_with_weights(tmp_path, with_weights):
+    spec = modkit.load_spec(Path(__file__).resolve().parents[1] / "specs" / "tiny-llama.json").to_dict()
+    spec["metadata"] = {"hf_model_type": "modkit-toy"}
+    source = modkit.build(spec, seed=4)
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "modkit-toy", "spec": spec}))
+    data = {f"toy.{k}": v for k, v in source.state_dict().items()}
+    data["toy.notes"] = torch.arange(3)
+    save_file(data, str(folder / "model.safetensors"))
+    reg = modkit.get_registry()
+    reg.register_plugin(_ToyPlugin(_ToyMapper() if with_weights else None), "test-toy-weights")
+    try:
+        if not with_weights:
+            with pytest.raises(CheckpointError, match="converts configs only"):
+                modkit.from_hf(folder)
+            return
+        model = modkit.from_hf(folder)
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in source.state_dict().items())
+        assert torch.equal(model.checkpoint_extras["toy.notes"], torch.arange(3))
+        modkit.to_hf(model, tmp_path / "out")
+        out = tensors(tmp_path / "out" / "model.safetensors")
+        assert sorted(out) == sorted(data) and all(torch.equal(out[k], v) for k, v in data.items())
+    finally:
+        reg.unregister_plugin("test-toy-weights")

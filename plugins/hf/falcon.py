@@ -12,8 +12,10 @@ Semantics: ``transformers/models/falcon/{configuration,modeling}_falcon.py``:
   MLP width ``ffn_hidden_size`` (default ``4 * hidden_size``) and ``activation``; LayerNorms with bias;
   head tied by default, never biased.
 * positions: RoPE (half-split pairs, ``rope_theta``) unless ``alibi``. transformers scales Falcon's ALiBi bias
-  by ``1 / sqrt(head_dim)`` together with the scores (``modeling_falcon.py``: ``(scores + alibi) *
-  inv_norm_factor`` in the eager path), so ``alibi: true`` maps to ``{"type": "alibi", "scale": head_dim**-0.5}``.
+  by ``1 / sqrt(head_dim)`` like the scores (``FalconModel.forward`` folds ``alibi / sqrt(head_dim)`` into the
+  attention mask), so ``alibi: true`` maps to ``{"type": "alibi", "scale": head_dim**-0.5}``. This matches
+  transformers' SDPA path to 4e-7 (tests/test_hf_parity.py); its eager path adds the bias a second time
+  (``(scores + alibi) * inv_norm_factor`` plus the mask that already holds it), a transformers quirk not followed.
 """
 
 from __future__ import annotations
