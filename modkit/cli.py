@@ -924,6 +924,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except KeyboardInterrupt:
             _err(f"{PROG}: interrupted")
             return 130
+        except BrokenPipeError:  # `modkit list | head`: the reader left; exit quietly like other Unix tools
+            try:
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            return 0
         except Exception as exc:  # noqa: BLE001
             if _debug():
                 raise
