@@ -587,3 +587,32 @@ def test_a_plugin_adds_a_model_type_with_weights(tmp_path, with_weights):
         assert sorted(out) == sorted(data) and all(torch.equal(out[k], v) for k, v in data.items())
     finally:
         reg.unregister_plugin("test-toy-weights")
+
+
+def test_save_killed_midway_by_sigkill_leaves_the_old_checkpoint_loadable(tmp_path):
+    """A real kill (no exception handlers run): the process dies right after writing the new weights file."""
+    import subprocess
+    import sys
+    import textwrap
+
+    spec = modkit.from_hf_config(T.LlamaConfig(**LLAMA).to_dict())
+    first = modkit.build(spec, seed=1)
+    modkit.save(first, tmp_path / "ck")
+    (tmp_path / "spec.json").write_text(spec.to_json())
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        import safetensors.torch as st
+        import modkit
+        real = st.save_file
+        def save_then_die(data, filename, metadata=None):
+            real(data, filename, metadata=metadata)
+            os.kill(os.getpid(), signal.SIGKILL)
+        st.save_file = save_then_die
+        modkit.save(modkit.build({str(tmp_path / "spec.json")!r}, seed=2), {str(tmp_path / "ck")!r})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    loaded = modkit.load(tmp_path / "ck")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in first.state_dict().items())
