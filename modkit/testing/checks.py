@@ -19,7 +19,13 @@ check                     applies to
 ``aux_loss_grad``         components with the ``aux_loss`` capability
 ``compile``               components with the ``compile_safe`` capability
 ``masked_row``            attention and position
+``shards``                components whose capabilities declare a non-empty ``tp_plan`` (opt-in: ``distributed``)
 ========================  =====================================================================================
+
+``shards`` starts two gloo processes on the CPU (seconds), so it runs only when asked:
+``check_component(..., distributed=True)``, ``run_checks(..., distributed=True)``, ``modkit check --distributed``
+or ``pytest --modkit-contracts --modkit-distributed``; otherwise it is reported skipped ("pass --distributed to
+run"). Run over several components, their ``shards`` checks share one session (:mod:`modkit.testing.shards`).
 
 Use :func:`check_component` for one component and :func:`run_checks` for a selection of the registry; both
 return :class:`CheckResult` objects whose ``detail`` carries the measured values.
@@ -102,12 +108,18 @@ class Check:
         summary: one line: the invariant and where it comes from.
         run: ``run(bench) -> detail``; raises :class:`CheckFailed` or :class:`CheckSkipped`.
         applies: ``applies(entry, config) -> None`` if the check applies, else the reason it does not.
+        distributed: the check starts processes; it runs only when the caller opts in (``distributed=True``).
+        run_many: ``run_many(benches) -> [detail | exception]`` runs the check on several benches at once (one
+            process session for all); :class:`CheckFailed` / ``AssertionError`` fail, :class:`CheckSkipped` /
+            ``modkit.testing.shards.Skip`` skip, anything else fails as raised.
     """
 
     name: str
     summary: str
     run: Callable[[Bench], str]
     applies: Callable[[Component, ComponentConfig], Optional[str]] = field(default=lambda e, c: None)
+    distributed: bool = False
+    run_many: Optional[Callable[[Sequence[Bench]], list]] = None
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -811,6 +823,46 @@ def check_masked_row(bench: Bench) -> str:
     return f"{pad} left-padding tokens: all logits finite, real tokens equal the unpadded run"
 
 
+def _applies_shards(entry: Component, config: ComponentConfig) -> Optional[str]:
+    plan = entry.capabilities.get("tp_plan")
+    return None if isinstance(plan, dict) and plan else "the entry declares no non-empty tp_plan capability"
+
+
+def _outcome(value: Any) -> str:
+    """A detail string, or raise what ``run_many`` returned as the bench's outcome."""
+    from .shards import Skip
+
+    if isinstance(value, Skip):
+        raise CheckSkipped(str(value))
+    if isinstance(value, AssertionError) and not isinstance(value, CheckFailed):
+        raise CheckFailed(str(value))
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def check_shards(bench: Bench) -> str:
+    """The component's ``tp_plan`` is right: under tensor parallelism (tp = 2) the logits equal the single process's.
+
+    The tiny model holding the component is built by :func:`modkit.build` (the reference) and, in 2 gloo
+    processes on the CPU, by :func:`modkit.parallel.build_parallel` (``make_mesh(tp=2)``, ``parallelize``,
+    ``materialize`` with the same seed); ``max |Δ|`` of the logits must be at most ``1e-5``. A plan that shards a
+    projection the wrong way fails with the value (or the shape error it raises). Head counts not divisible by 2
+    are raised to multiples of 2 when the config accepts it, else the check is skipped with the reason. Slow
+    (process start): opt-in, see the module docstring. Source: Megatron-LM's column/row split (arXiv:1909.08053);
+    the plan is the component's own ``tp_plan`` capability (:mod:`modkit.parallel`).
+    """
+    from .shards import run_benches
+
+    return _outcome(run_benches([bench])[0])
+
+
+def _shards_many(benches: Sequence[Bench]) -> list:
+    from .shards import run_benches
+
+    return run_benches(benches)
+
+
 #: Every check, in the order results are reported.
 CHECKS: tuple[Check, ...] = (
     Check("spec_roundtrip", "load_spec(spec.to_json()) == spec; the config round-trips and has a JSON Schema", check_spec_roundtrip),
@@ -824,6 +876,8 @@ CHECKS: tuple[Check, ...] = (
     Check("aux_loss_grad", "the aux loss alone sends a gradient to the router", check_aux_loss_grad, _applies_aux),
     Check("compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, _applies_compile),
     Check("masked_row", "no NaN with fully masked rows (left padding); real tokens unaffected", check_masked_row, _applies_masked),
+    Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits equal the single-process ones (opt-in: distributed)",
+          check_shards, _applies_shards, distributed=True, run_many=_shards_many),
 )
 
 CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in CHECKS)
@@ -867,12 +921,17 @@ class ComponentChecks:
         registry: the registry it comes from (fillers are chosen there too).
         config: a config (dict or validated) to test instead of the entry's example.
         device: where to build and run (``"cpu"`` default).
+        distributed: also run the checks that start processes (``shards``); otherwise they are skipped.
     """
 
-    def __init__(self, entry: Component, registry: Registry, config: Union[dict, ComponentConfig, None] = None, device: str = "cpu"):
+    def __init__(
+        self, entry: Component, registry: Registry, config: Union[dict, ComponentConfig, None] = None, device: str = "cpu",
+        distributed: bool = False,
+    ):
         self.entry = entry
         self.registry = registry
         self.device = device
+        self.distributed = distributed
         self.name = f"{entry.kind}/{entry.type}"
         self._given = config
         self._setup: Optional[tuple[str, Union[Bench, str]]] = None
@@ -919,8 +978,8 @@ class ComponentChecks:
             if threads != 1:
                 torch.set_num_threads(threads)
 
-    def _run(self, check: Union[str, Check]) -> CheckResult:
-        chk = get_check(check) if isinstance(check, str) else check
+    def _settled(self, chk: Check) -> Optional[CheckResult]:
+        """The result of ``chk`` when it is decided without running it (skips, a broken bench), else ``None``."""
         state, bench = self._bench()
         if state == "skip":
             return CheckResult(self.name, chk.name, "skipped", str(bench))
@@ -933,8 +992,21 @@ class ComponentChecks:
             return CheckResult(self.name, chk.name, "skipped", reason)
         if state == "fail":
             return CheckResult(self.name, chk.name, "failed", str(bench))
+        if chk.distributed and not self.distributed:
+            return CheckResult(self.name, chk.name, "skipped", "pass --distributed to run (starts 2 gloo processes; "
+                               "distributed=True in Python, --modkit-distributed under pytest)")
+        return None
+
+    def _run(self, check: Union[str, Check]) -> CheckResult:
+        chk = get_check(check) if isinstance(check, str) else check
+        settled = self._settled(chk)
+        if settled is not None:
+            return settled
+        return self._conclude(chk, lambda: chk.run(self._bench()[1]))
+
+    def _conclude(self, chk: Check, produce: Callable[[], str]) -> CheckResult:
         try:
-            detail = chk.run(bench)
+            detail = produce()
             return CheckResult(self.name, chk.name, "passed", detail)
         except CheckSkipped as exc:
             return CheckResult(self.name, chk.name, "skipped", str(exc))
@@ -945,8 +1017,41 @@ class ComponentChecks:
 
     def results(self, checks: Optional[Sequence[str]] = None) -> list[CheckResult]:
         """Run the named checks (default: all of :data:`CHECKS`, in order)."""
-        chosen = [get_check(n) for n in checks] if checks else list(CHECKS)
-        return [self.run(c) for c in chosen]
+        return _results_of([self], checks)[0]
+
+
+def run_many(runners: Sequence[ComponentChecks], check: Union[str, Check]) -> list[CheckResult]:
+    """Run one check on several components; a check with ``run_many`` (``shards``) runs all of them in one batch.
+
+    Returns one :class:`CheckResult` per runner, in order.
+    """
+    chk = get_check(check) if isinstance(check, str) else check
+    if chk.run_many is None:
+        return [r.run(chk) for r in runners]
+    out: list[Optional[CheckResult]] = [r._settled(chk) for r in runners]
+    todo = [i for i, res in enumerate(out) if res is None]
+    if todo:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            values = chk.run_many([runners[i]._bench()[1] for i in todo])
+        except Exception as exc:  # noqa: BLE001 - the batch itself broke: every member fails with it
+            values = [exc] * len(todo)
+        finally:
+            torch.set_num_threads(threads)
+        for i, value in zip(todo, values):
+            out[i] = runners[i]._conclude(chk, lambda v=value: _outcome(v))
+    return out  # type: ignore[return-value]
+
+
+def _results_of(runners: Sequence[ComponentChecks], checks: Optional[Sequence[str]]) -> list[list[CheckResult]]:
+    """``[[result per check] per runner]``; batched checks run once over all runners."""
+    chosen = [get_check(n) for n in checks] if checks else list(CHECKS)
+    table: dict[str, list[CheckResult]] = {}
+    for c in chosen:
+        if c.run_many is not None:
+            table[c.name] = run_many(runners, c)
+    return [[table[c.name][i] if c.name in table else r.run(c) for c in chosen] for i, r in enumerate(runners)]
 
 
 def check_component(
@@ -957,6 +1062,7 @@ def check_component(
     registry: Optional[Registry] = None,
     checks: Optional[Sequence[str]] = None,
     device: str = "cpu",
+    distributed: bool = False,
 ) -> list[CheckResult]:
     """Run the contract checks on one registered component.
 
@@ -968,6 +1074,8 @@ def check_component(
         registry: defaults to :func:`modkit.get_registry` (every installed plugin).
         checks: names of the checks to run (default: all, see :data:`CHECK_NAMES`).
         device: where to build and run the tiny models.
+        distributed: also run ``shards`` (2 gloo processes on the CPU, several seconds); without it ``shards``
+            is skipped with "pass --distributed to run".
 
     Returns:
         One :class:`CheckResult` per check, in :data:`CHECKS` order (``skipped`` where a check does not apply).
@@ -982,7 +1090,7 @@ def check_component(
     if checks:
         for n in checks:
             get_check(n)
-    return ComponentChecks(entry, reg, config, device).results(checks)
+    return ComponentChecks(entry, reg, config, device, distributed).results(checks)
 
 
 def _as_list(value: Union[str, Sequence[str], None]) -> list[str]:
@@ -1041,8 +1149,11 @@ def run_checks(
     type: Union[str, Sequence[str], None] = None,
     checks: Optional[Sequence[str]] = None,
     device: str = "cpu",
+    distributed: bool = False,
 ) -> list[CheckResult]:
     """Run the contract suite over the selected registry entries (see :func:`select_components`).
+
+    ``distributed=True`` also runs ``shards``, all selected components in one session of 2 gloo processes.
 
     Returns every :class:`CheckResult`, components in registry order, checks in :data:`CHECKS` order.
     """
@@ -1050,7 +1161,5 @@ def run_checks(
     if checks:
         for n in checks:
             get_check(n)
-    results: list[CheckResult] = []
-    for entry in select_components(reg, plugin=plugin, kind=kind, type=type):
-        results.extend(ComponentChecks(entry, reg, None, device).results(checks))
-    return results
+    runners = [ComponentChecks(entry, reg, None, device, distributed) for entry in select_components(reg, plugin=plugin, kind=kind, type=type)]
+    return [r for per_component in _results_of(runners, checks) for r in per_component]

@@ -2,10 +2,12 @@
 
 ::
 
-    modkit check [--plugin NAME] [--kind K] [--type T] [--check C] [--device D] [-v]
+    modkit check [--plugin NAME] [--kind K] [--type T] [--check C] [--device D] [--distributed] [-v]
 
 Prints a table component x check (``passed`` / ``FAILED`` / ``skip``), then one line per failed check with the
-measured values, and exits 1 if any check failed (0 otherwise). ``modkit.cli`` picks this module up through
+measured values, and exits 1 if any check failed (0 otherwise). ``--distributed`` also runs ``shards`` (a
+component's ``tp_plan`` gives the single-process logits under tensor parallelism, tp = 2, in 2 gloo processes on
+the CPU: seconds, one session for all selected components); without it ``shards`` is reported skipped. ``modkit.cli`` picks this module up through
 ``add_subcommands(subparsers)``.
 """
 
@@ -25,13 +27,19 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
         help="run the contract checks on registered components",
         description="Run the modkit contract suite (shape/dtype, gradients, causality, cached decode, meta init, "
         "parameter count, compile, ...) on registered components and print a component x check table. "
-        "Exits 1 naming each failed check.",
+        "Exits 1 naming each failed check. The 'shards' check (tensor parallelism, tp = 2, in 2 gloo processes on "
+        "the CPU) is slow and runs only with --distributed.",
     )
     p.add_argument("--plugin", action="append", metavar="NAME", help="only components of this plugin (entry-point or distribution name; repeatable; wildcards)")
     p.add_argument("--kind", action="append", metavar="KIND", help="only this kind, e.g. attention (repeatable; wildcards)")
     p.add_argument("--type", action="append", metavar="TYPE", help="only this type, e.g. gqa (repeatable; wildcards)")
     p.add_argument("--check", action="append", metavar="CHECK", help="only this check, e.g. causality (repeatable)")
     p.add_argument("--device", default="cpu", help="device the tiny models run on (default cpu)")
+    p.add_argument(
+        "--distributed", action="store_true",
+        help="also run 'shards': components with a non-empty tp_plan are sharded over 2 gloo processes on the CPU "
+        "and their logits compared with the single process (slow: seconds; skipped without this flag)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="also print every skip reason and passing detail")
     p.set_defaults(func=cmd_check)
 
@@ -86,6 +94,7 @@ def cmd_check(args: argparse.Namespace, *, out: Optional[TextIO] = None, registr
         type=args.type,
         checks=args.check,
         device=args.device,
+        distributed=getattr(args, "distributed", False),
     )
     for line in render(results, verbose=args.verbose):
         emit(line)

@@ -6,10 +6,12 @@ Usage, in any repository where modkit and the plugin under test are installed (n
     pytest --modkit-contracts --modkit-plugin my-norms          # one plugin (entry-point or distribution name)
     pytest --modkit-contracts --modkit-kind attention --modkit-type 'g*'
     pytest --modkit-contracts --modkit-check causality -k gqa
+    pytest --modkit-contracts --modkit-distributed --modkit-check shards   # tensor parallelism, 2 gloo processes
 
 Items are named ``kind/type::check`` (e.g. ``attention/gqa::causality``), so ``-k``, ``--deselect``, ``--lf`` and
 ``-v`` work as usual; a non-applicable check is reported as a skip with the reason, a failure shows the measured
-values. Without ``--modkit-contracts`` the plugin adds nothing (and imports neither torch nor modkit).
+values. ``shards`` (slow: it starts 2 gloo processes) runs only with ``--modkit-distributed``, every selected
+``::shards`` item in one session (run when the first of them runs); otherwise it is skipped. Without ``--modkit-contracts`` the plugin adds nothing (and imports neither torch nor modkit).
 
 Mechanism: the items are appended in ``pytest_collection_modifyitems`` (run first, so ``-k``/``-m``/``--deselect``
 and ``--lf`` filter them like collected tests). They are not tied to a test file, which is what lets a plugin
@@ -38,6 +40,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--modkit-kind", action="append", default=[], metavar="KIND", help="only this kind, e.g. attention (repeatable; wildcards)")
     group.addoption("--modkit-type", action="append", default=[], metavar="TYPE", help="only this type, e.g. gqa (repeatable; wildcards)")
     group.addoption("--modkit-check", action="append", default=[], metavar="CHECK", help="only this check, e.g. causality (repeatable)")
+    group.addoption(
+        "--modkit-distributed", action="store_true", default=False,
+        help="also run the 'shards' check (tp = 2 in 2 gloo processes on the CPU; slow; skipped without this flag)",
+    )
     group.addoption("--modkit-device", default="cpu", metavar="DEVICE", help="device the tiny models run on (default cpu)")
 
 
@@ -59,7 +65,7 @@ class ContractItem(pytest.Item):
 
     def runtest(self) -> None:
         """Run the check; a skip becomes ``pytest.skip(reason)``, a failure raises :class:`ContractFailure`."""
-        result = self.runner.run(self.check)
+        result = self._result()
         self.user_properties.append(("modkit_detail", result.detail))
         if result.status == "skipped":
             reason = f"{self.check}: {result.detail}"
@@ -69,6 +75,21 @@ class ContractItem(pytest.Item):
                 pytest.skip(reason)
         if result.status == "failed":
             raise ContractFailure(result)
+
+    def _result(self) -> Any:
+        """This item's result; a batched check (``shards``) runs once for every selected item of that check."""
+        from modkit.testing.checks import get_check, run_many
+
+        chk = get_check(self.check)
+        if chk.run_many is None:
+            return self.runner.run(self.check)
+        done = self.session.stash.setdefault(_STASH_KEY, {})
+        if (id(self.runner), self.check) not in done:
+            peers = [i for i in self.session.items if isinstance(i, ContractItem) and i.check == self.check]
+            peers = peers if self in peers else [self]
+            for item, res in zip(peers, run_many([i.runner for i in peers], chk)):
+                done[(id(item.runner), self.check)] = res
+        return done[(id(self.runner), self.check)]
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Optional[str] = None) -> Any:
         """The check's own message (measured values), no traceback into the kit."""
@@ -114,9 +135,10 @@ def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]
     for name, why in skipped.items():
         warnings.warn(f"modkit plugin {name} was not loaded, so its components are not checked: {why}", stacklevel=1)
     device = config.getoption("modkit_device")
+    distributed = bool(config.getoption("modkit_distributed"))
     items = []
     for entry in entries:
-        runner = ComponentChecks(entry, registry, None, device)
+        runner = ComponentChecks(entry, registry, None, device, distributed)
         for check in checks:
             name = f"{entry.kind}/{entry.type}::{check}"
             items.append(ContractItem.from_parent(session, name=name, nodeid=name, runner=runner, check=check))
