@@ -67,6 +67,8 @@ class SlotGroup:
         write_index: ``[n_write]`` int64 slots the current forward writes (its last ``n_write`` tokens).
         write_from: index of the first new token written (``seq - n_write``).
         view_positions, view_valid: key positions / validity returned by ``update`` in the current forward.
+        scratch: a dict emptied at every forward, where attention modules may keep tensors derived only from
+            this group's positions and validity (e.g. the mask), so the layers of a group compute them once.
     """
 
     def __init__(self, size: int, ring: bool):
@@ -78,6 +80,7 @@ class SlotGroup:
         self.write_from = 0
         self.view_positions: Optional[Tensor] = None
         self.view_valid: Optional[Tensor] = None
+        self.scratch: dict = {}
 
     def allocate(self, batch: int, device: torch.device) -> None:
         """Allocate ``positions`` and ``valid`` for ``batch`` rows, all slots invalid."""
@@ -92,6 +95,7 @@ class SlotGroup:
             positions: ``[batch, seq]`` their positions. valid: ``[batch, seq]`` bool, or ``None`` (all real).
             fresh: nothing was written before this forward.
         """
+        self.scratch = {}
         seq = slots.shape[0]
         n_write = min(seq, self.size)
         self.write_from = seq - n_write
@@ -137,6 +141,11 @@ class LayerKVCache:
         shape = (batch, self.geometry.n_kv_heads, self.group.size, self.geometry.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def scratch(self) -> dict:
+        """Per-forward dict shared by the layers of this slot group (see :class:`SlotGroup`)."""
+        return self.group.scratch
 
     @property
     def slots(self) -> int:

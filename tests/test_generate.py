@@ -309,3 +309,27 @@ def test_cli_generate_text_with_a_tokenizer(tmp_path, capsys):
     model = modkit.build(C12_SPEC, seed=7).eval()
     new = generate(model, [5, 6, 7], max_new_tokens=5, temperature=0.8, top_k=10, top_p=0.9, seed=7)[0, 3:].tolist()
     assert out == tok.decode(new) + "\n"
+
+
+def test_column_major_linears_keeps_values_names_and_checkpoints(tmp_path):
+    from modkit.generate import column_major_linears
+
+    model = modkit.build(C12_SPEC, seed=0).eval()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    logits = model(ids).logits
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert column_major_linears(model) == n_linear and column_major_linears(model) == 0
+    w = model.layers[0].attention.q_proj.weight
+    assert w.shape == (16, 16) and w.stride() == (1, 16) and w.t().is_contiguous()
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    torch.testing.assert_close(model(ids).logits, logits, atol=1e-6, rtol=0)
+    assert torch.equal(generate(model, [1, 2, 3], max_new_tokens=5, temperature=0),
+                       generate(modkit.build(C12_SPEC, seed=0).eval(), [1, 2, 3], max_new_tokens=5, temperature=0))
+    if hasattr(modkit, "save"):
+        modkit.save(model, tmp_path / "ckpt")
+        again = modkit.load(tmp_path / "ckpt")
+        assert all(torch.equal(again.state_dict()[k], before[k]) for k in before)
+    assert column_major_linears(model, enable=False) == n_linear
+    assert all(p.is_contiguous() for p in model.parameters())
