@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import copy
+import importlib.metadata as md
+import os
+import shutil
+import subprocess
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -52,3 +58,47 @@ def _quiet_plugin_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)
         yield
+
+
+def offline_build_possible() -> bool:
+    """True when setuptools can build a wheel here without network (>= 70.1, or ``wheel`` installed);
+    otherwise pip needs build isolation, which fetches setuptools from the index."""
+    try:
+        version = tuple(int(p) for p in md.version("setuptools").split(".")[:2])
+    except (md.PackageNotFoundError, ValueError):
+        return False
+    if version >= (70, 1):
+        return True
+    try:
+        md.version("wheel")
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def pip_install_copies(sources: list[Path], workdir: Path) -> tuple[Path, float, subprocess.CompletedProcess]:
+    """Copy each package folder under ``workdir/src`` and pip-install the copies into ``workdir/site``.
+
+    Installing into a target folder (seen through ``PYTHONPATH``, see :func:`env_with`) keeps the plugin out of the
+    shared environment, so concurrent test runs never see it and nothing needs uninstalling.
+    Returns ``(site folder, seconds, completed process)``.
+    """
+    copies = []
+    for src in sources:
+        dst = workdir / "src" / Path(src).name
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
+        copies.append(str(dst))
+    site = workdir / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--disable-pip-version-check", "--target", str(site)]
+    if offline_build_possible():
+        cmd += ["--no-build-isolation", "--no-index"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd + copies, capture_output=True, text=True, timeout=600)
+    return site, time.perf_counter() - start, proc
+
+
+def env_with(site: Path) -> dict:
+    """The environment of a fresh process that sees the packages installed in ``site`` (debug/strict flags unset)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MODKIT_DEBUG", "MODKIT_STRICT_PLUGINS"}}
+    env["PYTHONPATH"] = os.pathsep.join([str(site)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env

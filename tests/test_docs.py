@@ -26,6 +26,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from tests.conftest import pip_install_copies
+
 import modkit
 from modkit import docs
 from modkit.registry import Component, Registry
@@ -216,32 +218,11 @@ def test_docs_command_without_mkdocs_config(tmp_path, capsys, monkeypatch):
 # ------------------------------------------------------------------------------------------------ the built site
 
 
-def _offline_build_possible() -> bool:
-    """``bdist_wheel`` without network: setuptools >= 70.1 has it built in, older ones need ``wheel``."""
-    try:
-        version = tuple(int(p) for p in md.version("setuptools").split(".")[:2])
-    except (md.PackageNotFoundError, ValueError):
-        return False
-    if version >= (70, 1):
-        return True
-    try:
-        md.version("wheel")
-        return True
-    except md.PackageNotFoundError:
-        return False
-
-
 def _install_example(workdir: Path) -> Path | None:
     """pip-install a copy of the example plugin into ``workdir/site``; ``None`` if it is absent or fails to install."""
     if not (EXAMPLE / "pyproject.toml").is_file():
         return None
-    src = workdir / "src" / EXAMPLE.name
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
-    site = workdir / "site-packages"
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--disable-pip-version-check", "--target", str(site)]
-    if _offline_build_possible():
-        cmd += ["--no-build-isolation", "--no-index"]
-    proc = subprocess.run(cmd + [str(src)], capture_output=True, text=True, timeout=600)
+    site, _, proc = pip_install_copies([EXAMPLE], workdir / "plugin")  # workdir/site holds the built site
     if proc.returncode != 0:
         print(f"example plugin did not install; building without it:\n{proc.stdout}\n{proc.stderr}")
         return None

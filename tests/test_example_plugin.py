@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import env_with, pip_install_copies
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
 
@@ -46,48 +48,11 @@ SPEC = {
 }
 
 
-def _offline_build_possible() -> bool:
-    """True when this interpreter's setuptools can build a wheel without network (``bdist_wheel`` built in >= 70.1,
-    or the ``wheel`` package present); otherwise pip needs build isolation, which fetches setuptools."""
-    try:
-        version = tuple(int(p) for p in md.version("setuptools").split(".")[:2])
-    except (md.PackageNotFoundError, ValueError):
-        return False
-    if version >= (70, 1):
-        return True
-    try:
-        md.version("wheel")
-        return True
-    except md.PackageNotFoundError:
-        return False
-
-
 def pip_install(sources: list[Path], workdir: Path) -> tuple[Path, float]:
-    """Copy each package in ``sources`` under ``workdir`` and pip-install the copies into ``workdir/site``.
-
-    Returns ``(site folder, seconds)``.
-    """
-    copies = []
-    for src in sources:
-        dst = workdir / "src" / src.name
-        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
-        copies.append(str(dst))
-    site = workdir / "site"
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--disable-pip-version-check", "--target", str(site)]
-    if _offline_build_possible():
-        cmd += ["--no-build-isolation", "--no-index"]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd + copies, capture_output=True, text=True, timeout=600)
-    seconds = time.perf_counter() - start
+    """Install copies of ``sources`` into ``workdir/site`` (see :func:`tests.conftest.pip_install_copies`)."""
+    site, seconds, proc = pip_install_copies(sources, workdir)
     assert proc.returncode == 0, f"pip install failed:\n{proc.stdout}\n{proc.stderr}"
     return site, seconds
-
-
-def env_with(site: Path) -> dict:
-    """The environment of a fresh process that sees the packages installed in ``site``."""
-    env = {k: v for k, v in os.environ.items() if k not in {"MODKIT_DEBUG", "MODKIT_STRICT_PLUGINS"}}
-    env["PYTHONPATH"] = os.pathsep.join([str(site)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
 
 
 #: Runs several ``modkit`` commands in one fresh interpreter (entry points are discovered at its start-up, as

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import env_with, pip_install_copies
 import torch
 
 import modkit
@@ -43,21 +45,6 @@ TINY = {
 }
 
 
-def _offline_build_possible() -> bool:
-    """True when setuptools can build a wheel here without network (>= 70.1, or ``wheel`` installed)."""
-    try:
-        version = tuple(int(p) for p in md.version("setuptools").split(".")[:2])
-    except (md.PackageNotFoundError, ValueError):
-        return False
-    if version >= (70, 1):
-        return True
-    try:
-        md.version("wheel")
-        return True
-    except md.PackageNotFoundError:
-        return False
-
-
 def new_plugin(capsys, *argv: str) -> tuple[int, str, str]:
     code = cli.main(["new", "plugin", *map(str, argv)])
     out, err = capsys.readouterr()
@@ -74,18 +61,9 @@ def installed(tmp_path_factory):
     for name, kind in (("my-norms", "norm"), ("my-ffns", "ffn")):
         assert cli.main(["new", "plugin", name, "--kind", kind, "-o", str(work / "new")]) == 0
     # install copies, so the scaffolded folders stay exactly as written
-    shutil.copytree(work / "new", work / "src")
-    site = work / "site"
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--disable-pip-version-check", "--target", str(site)]
-    if _offline_build_possible():
-        cmd += ["--no-build-isolation", "--no-index"]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd + [str(work / "src" / "my-norms"), str(work / "src" / "my-ffns")], capture_output=True, text=True, timeout=600)
-    install_s = time.perf_counter() - start
+    site, install_s, proc = pip_install_copies([work / "new" / "my-norms", work / "new" / "my-ffns"], work)
     assert proc.returncode == 0, f"pip install failed:\n{proc.stdout}\n{proc.stderr}"
-
-    env = {k: v for k, v in os.environ.items() if k not in {"MODKIT_DEBUG", "MODKIT_STRICT_PLUGINS"}}
-    env["PYTHONPATH"] = os.pathsep.join([str(site)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = env_with(site)
     commands = {
         "check": ["-m", "modkit", "check", "--plugin", "my-norms", "--plugin", "my-ffns"],
         # the skeletons' own tests, run against the installed packages (importlib mode: two tests/ folders)
