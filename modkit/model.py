@@ -196,7 +196,7 @@ class Model(nn.Module):
         bsz, seq = input_ids.shape
         eager = not torch.compiler.is_compiling()
         if eager and not input_ids.is_meta and input_ids.numel():
-            lo, hi = int(input_ids.min()), int(input_ids.max())
+            lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()  # one host sync, not two
             if lo < 0 or hi >= self.spec.vocab_size:
                 raise ValueError(f"input_ids must lie in [0, {self.spec.vocab_size}); got min {lo}, max {hi}")
         token_mask = None
