@@ -192,3 +192,30 @@ class BuildContext:
         module.modkit_kind = entry.kind
         module.modkit_type = entry.type
         return module
+
+    def build_grouped(self, config: Any, n: int, **changes: Any) -> nn.Module:
+        """Build ``n`` independent copies of a component with stacked weights (its entry's ``grouped_factory``).
+
+        The module's ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on rows
+        ``[offs[g-1], offs[g])``. It is not tagged with a kind: it belongs to the component that builds it (an
+        ``moe``), whose kind and tensor-parallel plan cover it.
+
+        Raises:
+            RegistryError: the config's type is not registered.
+            ValueError: the type has no ``grouped_factory`` (names the type and what to do).
+            TypeError: the factory did not return an ``nn.Module``.
+        """
+        entry = self.registry.entry_for_config(config)
+        if entry.grouped_factory is None:
+            raise ValueError(
+                f"{entry.kind} type {entry.type!r} ({entry.provider}) cannot be stacked into experts: its Component "
+                "has no grouped_factory; use a type that has one (mlp, swiglu, geglu) or add grouped_factory to it"
+            )
+        ctx = replace(self, **changes) if changes else self
+        module = entry.grouped_factory(config, ctx, n)
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                f"grouped_factory of {entry.kind}/{entry.type} ({entry.provider}) returned {type(module).__name__}, "
+                "not nn.Module"
+            )
+        return module

@@ -79,6 +79,11 @@ class Component:
         param_count: optional analytic parameter count ``param_count(config, ctx) -> int``.
         example: a valid config dict for this component (docs show it; the contract kit builds it); defaults to
             ``{"type": type}``.
+        grouped_factory: optional, for ``ffn`` components that can serve as mixture-of-experts experts:
+            ``grouped_factory(config, ctx, n) -> nn.Module`` building ``n`` independent copies with stacked weights,
+            whose ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on the
+            contiguous rows ``[offs[g-1], offs[g])`` (see :func:`modkit.grouped.grouped_mm`), and whose
+            ``init_weights(init)`` initialises every copy. An ``moe`` requires it of its expert type.
         provider: filled in by the registry when the entry is registered.
     """
 
@@ -91,6 +96,7 @@ class Component:
     capabilities: Mapping[str, Any] = field(default_factory=dict)
     param_count: Callable[..., int] | None = None
     example: Mapping[str, Any] | None = None
+    grouped_factory: Callable[..., Any] | None = None
     provider: Provider | None = None
 
     def example_config(self) -> dict:
@@ -118,6 +124,8 @@ class Component:
             )
         if not callable(self.factory):
             raise RegistryError(f"{where}: factory {self.factory!r} is not callable")
+        if self.grouped_factory is not None and not callable(self.grouped_factory):
+            raise RegistryError(f"{where}: grouped_factory {self.grouped_factory!r} is not callable")
         if not isinstance(self.capabilities, Mapping):
             raise RegistryError(f"{where}: capabilities must be a mapping, got {type(self.capabilities).__name__}")
         if not self.description:

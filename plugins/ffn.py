@@ -6,18 +6,26 @@
 * ``swiglu``: ``down(silu(gate(x)) * up(x))`` (Llama, Mistral, Qwen, OLMo).
 * ``geglu``:  ``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh``; ``activation`` selects exact gelu).
 
+Each also has a *grouped* form (``Component.grouped_factory``), ``n`` independent copies with stacked weights that an
+``moe`` uses as its experts: ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on the
+contiguous rows ``[offs[g-1], offs[g])`` with one :func:`modkit.grouped.grouped_mm` per projection. Stacked weights
+are stored ``[n, in, out]`` (``x @ W``, the transpose of ``nn.Linear``'s ``[out, in]``), the layout the grouped GEMM
+reads contiguously.
+
 References: Vaswani et al. 2017 (arXiv:1706.03762); Shazeer 2020, GLU Variants Improve Transformer
 (arXiv:2002.05202).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
+import torch
 from pydantic import Field, PositiveInt
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig, hookimpl
+from modkit import BuildContext, Component, ComponentConfig, Init, hookimpl
+from modkit.grouped import grouped_mm
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.functional.gelu(x),
@@ -83,6 +91,82 @@ class GatedMLP(nn.Module):
         return self.down(self._act(self.gate(x)) * self.up(x))
 
 
+class _Stacked(nn.Module):
+    """Base of the grouped FFNs: stacked ``[n, in, out]`` projections and their per-group biases."""
+
+    def _projection(self, name: str, n: int, d_in: int, d_out: int, bias: bool) -> None:
+        """Register ``name [n, d_in, d_out]`` (and ``{name}_bias [n, d_out]``), filled like ``nn.Linear``'s
+        defaults, U(-1/sqrt(d_in), 1/sqrt(d_in)), so a directly constructed module is usable (a model build
+        skips these fills and calls :meth:`init_weights`)."""
+        bound = d_in**-0.5
+        self.register_parameter(name, nn.Parameter(nn.init.uniform_(torch.empty(n, d_in, d_out), -bound, bound)))
+        b = nn.Parameter(nn.init.uniform_(torch.empty(n, d_out), -bound, bound)) if bias else None
+        self.register_parameter(f"{name}_bias", b)
+
+    def _apply_projection(self, name: str, x: Tensor, offs: Tensor, groups: Optional[Tensor]) -> Tensor:
+        y = grouped_mm(x, getattr(self, name), offs)
+        bias = getattr(self, f"{name}_bias")
+        return y if bias is None else y + bias[groups]
+
+    @staticmethod
+    def _groups(x: Tensor, offs: Tensor) -> Tensor:
+        """``[rows]`` int64 group of each row (``g`` for rows ``[offs[g-1], offs[g])``), without a host sync."""
+        rows = torch.arange(x.shape[0], device=x.device, dtype=offs.dtype)
+        return torch.searchsorted(offs, rows, right=True).clamp_(max=offs.shape[0] - 1)
+
+    def init_weights(self, init: Init) -> None:
+        """N(0, init_std) weights and zero biases, like the ``nn.Linear`` projections of the single form."""
+        for name, p in self.named_parameters(recurse=False):
+            if name.endswith("_bias"):
+                init.zeros_(p)
+            else:
+                init.normal_(p)
+
+
+class GroupedMLP(_Stacked):
+    """``n`` independent :class:`MLP` copies with stacked weights (mixture-of-experts experts).
+
+    Parameters: ``up [n, d_model, d_ff]``, ``down [n, d_ff, d_model]`` and, with ``bias``, ``up_bias [n, d_ff]``,
+    ``down_bias [n, d_model]``. Copy ``g`` of the single form has ``up.weight == up[g].T``.
+    """
+
+    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool):
+        super().__init__()
+        self._projection("up", n, d_model, d_ff, bias)
+        self._projection("down", n, d_ff, d_model, bias)
+        self.bias, self.activation = bias, activation
+        self._act = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor, offs: Tensor) -> Tensor:
+        """``x [rows, d_model]``, ``offs [n]`` int32 cumulative row ends -> ``[rows, d_model]``."""
+        groups = self._groups(x, offs) if self.bias else None
+        return self._apply_projection("down", self._act(self._apply_projection("up", x, offs, groups)), offs, groups)
+
+
+class GroupedGatedMLP(_Stacked):
+    """``n`` independent :class:`GatedMLP` copies with stacked weights (mixture-of-experts experts).
+
+    Parameters: ``gate [n, d_model, d_ff]``, ``up [n, d_model, d_ff]``, ``down [n, d_ff, d_model]`` and, with
+    ``bias``, ``gate_bias``/``up_bias [n, d_ff]``, ``down_bias [n, d_model]``. Copy ``g`` of the single form has
+    ``gate.weight == gate[g].T`` (Mixtral's ``experts.{g}.w1.weight``), ``up.weight == up[g].T`` (``w3``),
+    ``down.weight == down[g].T`` (``w2``).
+    """
+
+    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool):
+        super().__init__()
+        self._projection("gate", n, d_model, d_ff, bias)
+        self._projection("up", n, d_model, d_ff, bias)
+        self._projection("down", n, d_ff, d_model, bias)
+        self.bias, self.activation = bias, activation
+        self._act = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor, offs: Tensor) -> Tensor:
+        """``x [rows, d_model]``, ``offs [n]`` int32 cumulative row ends -> ``[rows, d_model]``."""
+        groups = self._groups(x, offs) if self.bias else None
+        h = self._act(self._apply_projection("gate", x, offs, groups)) * self._apply_projection("up", x, offs, groups)
+        return self._apply_projection("down", h, offs, groups)
+
+
 def _mlp_count(cfg: MLPConfig, ctx: BuildContext) -> int:
     d = ctx.dim or ctx.d_model
     return 2 * d * cfg.d_ff + (cfg.d_ff + d if cfg.bias else 0)
@@ -110,6 +194,7 @@ def register_components(register) -> None:
             capabilities={"compile_safe": True, "tp_plan": plan_mlp},
             param_count=_mlp_count,
             example={"type": "mlp", "d_ff": 128, "activation": "gelu_tanh"},
+            grouped_factory=lambda cfg, ctx, n: GroupedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias),
         )
     )
     for t, what in (("swiglu", "SiLU"), ("geglu", "GELU (tanh)")):
@@ -124,5 +209,6 @@ def register_components(register) -> None:
                 capabilities={"compile_safe": True, "tp_plan": plan_gated},
                 param_count=_gated_count,
                 example={"type": t, "d_ff": 96},
+                grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias),
             )
         )

@@ -23,13 +23,19 @@ Routing does no host synchronisation (no ``.item()``, ``.tolist()``, ``.nonzero(
 control flow), so the layer compiles with ``torch.compile(fullgraph=True)`` (torchtune #2771). Two dispatch
 schemes, chosen statically by ``capacity_factor``:
 
-* ``null`` (default), dropless and exact: every expert runs on every token and its output is multiplied by the
-  token's combine weight for that expert (0 if the expert was not chosen). Cost: ``n_experts / top_k`` times the
-  FFN FLOPs of the active parameters (4x for Mixtral's 8/2); memory holds one expert output at a time.
+* ``null`` (default), dropless and exact: the ``tokens * top_k`` assignments are sorted by expert (a stable
+  ``argsort``; group ends counted on the device), the tokens' rows gathered in that order, and one grouped GEMM per
+  projection (:func:`modkit.grouped.grouped_mm`) runs every expert on exactly its rows; the weighted outputs are
+  added back per token with ``index_add``. Cost: the active FLOPs, plus a gather and a scatter of ``tokens * top_k``
+  rows (MegaBlocks, Gale et al. 2022, arXiv:2211.15841, without the block-sparse kernels).
 * a number ``c``: each expert processes a fixed ``capacity = min(tokens, ceil(c * tokens * top_k / n_experts))``
   slots (Switch Transformer / GShard). Assignments are served first choices first, then in token order;
   assignments beyond an expert's capacity are dropped (that expert contributes 0 for that token). Cost:
   ``c`` times the active FLOPs. With ``c >= n_experts / top_k`` nothing is ever dropped.
+
+The experts are one module with stacked weights, built by the expert type's ``grouped_factory`` (``mlp``,
+``swiglu`` and ``geglu`` have one): SwiGLU experts hold ``experts.gate``/``experts.up`` ``[n_experts, d_model, d_ff]``
+and ``experts.down`` ``[n_experts, d_ff, d_model]``.
 
 Padding: ``forward`` takes an optional ``token_mask [batch, seq]`` (True = real token; the module sets
 ``takes_token_mask`` so placements pass it through :func:`modkit.run_ffn`): padding tokens count in neither
@@ -185,8 +191,9 @@ class MoEConfig(ComponentConfig):
     top_k: PositiveInt = Field(2, description="experts per token; must be <= n_experts")
     expert: ComponentConfig = Slot(
         "ffn",
-        description="spec of one expert (any ffn except another moe), e.g. {\"type\": \"swiglu\", \"d_ff\": 14336}; "
-        "the experts are n_experts independent copies named experts.{i}",
+        description="spec of one expert (an ffn type with a grouped form: mlp, swiglu, geglu), e.g. "
+        "{\"type\": \"swiglu\", \"d_ff\": 14336}; the n_experts independent copies are stored stacked "
+        "(experts.gate [n_experts, d_model, d_ff] ...)",
     )
     router: ComponentConfig = Slot(
         "router",
@@ -205,7 +212,7 @@ class MoEConfig(ComponentConfig):
         None,
         gt=0,
         allow_inf_nan=False,
-        description="null: dropless (every expert computes every token, exact); c: each expert processes "
+        description="null: dropless (each token goes through exactly its top_k experts; exact); c: each expert processes "
         "ceil(c * tokens * top_k / n_experts) tokens and drops the overflow (Switch/GShard)",
     )
 
@@ -221,10 +228,13 @@ class MoEConfig(ComponentConfig):
         return self
 
     def check(self, ctx) -> list[tuple[str, str]]:
-        """Cross-field check against the registry: the expert must not return an aux loss (a third-party MoE)."""
+        """Cross-field check against the registry: the expert type must be a dense ffn with a grouped form."""
         entry = ctx.registry.entry_for_config(self.expert)
         if entry.capabilities.get("aux_loss"):
             return [("expert", f"expert type {self.expert.type!r} returns an aux loss (it is a mixture itself); use a dense ffn")]
+        if entry.grouped_factory is None:
+            return [("expert", f"expert type {self.expert.type!r} ({entry.provider}) has no grouped form (Component."
+                     "grouped_factory) to stack n_experts copies; use mlp, swiglu or geglu, or give it one")]
         return []
 
 
@@ -233,7 +243,9 @@ class MoE(nn.Module):
 
     Attributes:
         router: the router module (``router.proj.weight [n_experts, d_model]``).
-        experts: ``nn.ModuleList`` of ``n_experts`` FFNs (checkpoint names ``experts.{i}.gate/up/down`` for SwiGLU).
+        experts: the expert type's grouped form: ``n_experts`` copies with stacked weights, ``forward(rows
+            [N, d_model], offs [n_experts] int32) -> [N, d_model]`` (SwiGLU: ``experts.gate``/``experts.up``
+            ``[n_experts, d_model, d_ff]``, ``experts.down`` ``[n_experts, d_ff, d_model]``).
         n_experts, top_k, aux_loss_coef, z_loss_coef, capacity_factor: from the config.
 
     See the module docstring for the math, the two dispatch schemes and their cost.
@@ -245,11 +257,12 @@ class MoE(nn.Module):
         self.aux_loss_coef, self.z_loss_coef = cfg.aux_loss_coef, cfg.z_loss_coef
         self.capacity_factor = cfg.capacity_factor
         self.router = ctx.build(cfg.router, extra={**ctx.extra, "n_experts": cfg.n_experts, "top_k": cfg.top_k})
-        self.experts = nn.ModuleList([ctx.build(cfg.expert) for _ in range(cfg.n_experts)])
+        self.experts = ctx.build_grouped(cfg.expert, cfg.n_experts)
 
     def inactive_params_per_token(self) -> int:
         """Parameters a token does not use: ``(n_experts - top_k) *`` one expert's parameters."""
-        return (self.n_experts - self.top_k) * sum(p.numel() for p in self.experts[0].parameters())
+        per_expert = sum(p.numel() for p in self.experts.parameters()) // self.n_experts
+        return (self.n_experts - self.top_k) * per_expert
 
     def capacity(self, n_tokens: int) -> int:
         """Slots per expert for ``n_tokens`` tokens (``capacity_factor`` mode): ``min(T, ceil(c * T * k / n))``."""
@@ -269,23 +282,26 @@ class MoE(nn.Module):
         Returns:
             ``(y [batch, seq, d_model] in x's dtype, aux_loss [] float32)``.
         """
-        d = x.shape[-1]
-        flat = x.reshape(-1, d)
+        flat = x.reshape(-1, x.shape[-1])
         mask = token_mask.reshape(-1).to(torch.bool) if token_mask is not None else None
         weights, indices, logits = self.router(flat)  # [T, k], [T, k], [T, n]
         if self.capacity_factor is None:
-            y = self._dropless(x, weights.view(*x.shape[:-1], self.top_k), indices.view(*x.shape[:-1], self.top_k))
+            y = self._dropless(flat, weights, indices)
         else:
-            y = self._capacity(flat, weights, indices, mask).view(x.shape)
-        return y, self._aux_loss(logits, indices, mask)
+            y = self._capacity(flat, weights, indices, mask)
+        return y.view(x.shape), self._aux_loss(logits, indices, mask)
 
-    def _dropless(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
-        """Every expert on every token, weighted by the per-token combine weight (0 where not chosen)."""
-        y = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            w = (weights * (indices == e)).sum(-1, keepdim=True)  # [..., 1]
-            y = y + w * expert(x)
-        return y
+    def _dropless(self, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """Each token through exactly its top-k experts: sort assignments by expert, one grouped call, scatter back."""
+        k = self.top_k
+        experts = indices.reshape(-1)  # [T*k]: assignment a is token a // k's choice a % k
+        order = experts.argsort(stable=True)  # assignments grouped by expert, token order inside a group
+        tok = order // k
+        counts = torch.zeros(self.n_experts, dtype=torch.int32, device=flat.device)
+        counts = counts.scatter_add(0, experts, torch.ones_like(experts, dtype=torch.int32))
+        out = self.experts(flat[tok], counts.cumsum(0, dtype=torch.int32))  # [T*k, d]
+        out = out * weights.reshape(-1)[order, None]
+        return flat.new_zeros(flat.shape).index_add(0, tok, out)
 
     def _capacity(self, flat: Tensor, weights: Tensor, indices: Tensor, mask: Optional[Tensor]) -> Tensor:
         """Fixed-capacity dispatch (GShard/Switch) with static shapes: gather into ``[n_experts, C]`` slots."""
@@ -303,9 +319,8 @@ class MoE(nn.Module):
         trash = n * cap
         slot = torch.where(keep, e_flat * cap + pos, torch.full_like(pos, trash))
         buf = flat.new_zeros(trash + 1, d).index_add(0, slot, flat[tok])
-        h = buf[:trash].view(n, cap, d)
-        outs = [expert(h[e][None])[0] for e, expert in enumerate(self.experts)]
-        out = torch.cat(outs + [flat.new_zeros(1, d)], dim=0)  # [n*cap + 1, d]; the trash row outputs 0
+        offs = torch.arange(1, n + 1, device=flat.device, dtype=torch.int32) * cap  # expert e owns slots [e*C, (e+1)*C)
+        out = torch.cat([self.experts(buf[:trash], offs), flat.new_zeros(1, d)], dim=0)  # the trash row outputs 0
         contrib = out[slot] * (w_flat * keep.to(w_flat.dtype))[:, None]
         return flat.new_zeros(n_tok, d).index_add(0, tok, contrib)
 
@@ -364,8 +379,8 @@ def register_components(register) -> None:
             factory=lambda cfg, ctx: MoE(cfg, ctx),
             description="Sparse mixture of experts: a router sends each token to top_k of n_experts ffn experts and "
             "mixes their outputs. [batch, seq, d_model] -> ([batch, seq, d_model], aux_loss scalar: Switch "
-            "load-balancing loss and ST-MoE z-loss). No host synchronisation: dropless dense dispatch by default, "
-            "fixed-capacity dispatch with capacity_factor.",
+            "load-balancing loss and ST-MoE z-loss). No host synchronisation: dropless grouped-GEMM dispatch by "
+            "default, fixed-capacity dispatch with capacity_factor. Experts need an ffn type with a grouped form.",
             reference="Shazeer et al. 2017, arXiv:1701.06538; Fedus et al. 2021, Switch Transformers, arXiv:2101.03961; "
             "Zoph et al. 2022, ST-MoE, arXiv:2202.08906; Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088",
             capabilities={

@@ -126,6 +126,19 @@ def split_link(hf: str, ours: Sequence[str], sizes: Sequence[int], *, transpose:
     return Link((hf,), tuple(ours), to_ours, to_hf)
 
 
+def stacked_link(hf: Sequence[str], ours: str) -> Link:
+    """Per-expert ``nn.Linear`` weights ``[out, in]`` (one Hugging Face tensor per expert, in expert order) ↔ one
+    modkit tensor of stacked experts ``[n_experts, in, out]`` (the grouped-GEMM layout of the ``moe`` experts)."""
+
+    def to_ours(ts: Sequence[Tensor]) -> list[Tensor]:
+        return [torch.stack([t.t() for t in ts])]
+
+    def to_hf(ts: Sequence[Tensor], extras: Mapping[str, Tensor]) -> list[Tensor]:
+        return [w.t().contiguous() for w in ts[0].unbind(0)]
+
+    return Link(tuple(hf), (ours,), to_ours, to_hf)
+
+
 def transposed_link(hf: str, ours: str) -> Link:
     """A weight stored transposed (``Conv1D``: ``[in, out]`` instead of ``nn.Linear``'s ``[out, in]``)."""
     return Link((hf,), (ours,), lambda ts: [ts[0].t()], lambda ts, extras: [ts[0].t()])

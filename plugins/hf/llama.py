@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ._common import HFConfig, attention, gated_ffn, head_dim_of, kv_heads_of, model_spec, per_layer, rmsnorm, rope, sizes
-from ._weights import HFWeights, Renames, hf_activation, head_link, layer_windows, rope_fields, split_link
+from ._weights import HFWeights, Renames, hf_activation, head_link, layer_windows, rope_fields, split_link, stacked_link
 
 MODEL_TYPE = "llama"
 
@@ -205,15 +205,19 @@ def family_links(fam: Family):
             pairs.append((f"layers.{{i}}.attention.{x}_norm.weight", L + f"self_attn.{x}_norm.weight"))
         for x in ("gate", "up", "down"):
             pairs.append((f"layers.{{i}}.ffn.{x}.{{p}}", L + f"mlp.{x}_proj.{{p}}"))
-        if fam.moe == "mixtral":
-            pairs.append(("layers.{i}.ffn.router.proj.weight", L + "block_sparse_moe.gate.weight"))
-            for ours, theirs in (("gate", "w1"), ("down", "w2"), ("up", "w3")):
-                pairs.append((f"layers.{{i}}.ffn.experts.{{e}}.{ours}.weight", L + f"block_sparse_moe.experts.{{e}}.{theirs}.weight"))
-        elif fam.moe == "olmoe":
-            pairs.append(("layers.{i}.ffn.router.proj.weight", L + "mlp.gate.weight"))
-            for x in ("gate", "up", "down"):
-                pairs.append((f"layers.{{i}}.ffn.experts.{{e}}.{x}.weight", L + f"mlp.experts.{{e}}.{x}_proj.weight"))
         links, skip = [], []
+        if fam.moe:
+            block, names = {
+                "mixtral": ("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}),
+                "olmoe": ("mlp", {x: f"{x}_proj" for x in ("gate", "up", "down")}),
+            }[fam.moe]
+            pairs.append(("layers.{i}.ffn.router.proj.weight", L + f"{block}.gate.weight"))
+            for i in range(spec.n_layers):
+                for ours, theirs in names.items():
+                    name = f"layers.{i}.ffn.experts.{ours}"
+                    if name in shapes:  # stacked [n_experts, in, out] <- one [out, in] tensor per expert
+                        per_expert = [f"model.layers.{i}.{block}.experts.{e}.{theirs}.weight" for e in range(shapes[name][0])]
+                        links.append(stacked_link(per_expert, name))
         if fam.fused:
             for i in range(spec.n_layers):
                 a = f"layers.{i}.attention."
