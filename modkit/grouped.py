@@ -6,10 +6,12 @@ expert's rows by that expert's weights. The group boundaries stay a tensor, so n
 and nothing depends on data in Python: a caller compiles with ``torch.compile(fullgraph=True)`` and static shapes.
 
 :func:`grouped_mm` is a ``torch.library`` custom op (``modkit::grouped_mm``) with a fake (meta) implementation and
-an autograd formula. It runs ``torch._grouped_mm`` (CPU: float32, bfloat16, float16; CUDA: where the device
-supports it), and a plain per-group loop otherwise (float64, or a device without the native kernel); inside the op
-the loop's boundary read is invisible to the compiler. Wrapping is what makes float32 compile: in torch 2.13 the
-compiler's meta function of ``aten._grouped_mm`` accepts only bfloat16.
+an autograd formula. On CUDA it runs ``torch._grouped_mm`` (where the device and dtype allow); on the CPU, for
+float64, or where the native kernel refuses, it runs one ``torch.mm`` per group into slices of the output. On the
+CPU reading the group ends is no device synchronisation, and the loop is the faster one there (8 groups of 1024
+rows, 512 -> 1408, one thread: 0.213 s against 0.232 s for ``torch._grouped_mm``); inside the op it is invisible
+to the compiler either way. Wrapping is also what makes float32 compile: in torch 2.13 the compiler's meta function
+of ``aten._grouped_mm`` accepts only bfloat16.
 
 The math is an ordinary matrix product per group (the grouped GEMM of CUTLASS / MegaBlocks: Gale et al. 2022,
 MegaBlocks: Efficient Sparse Training with Mixture-of-Experts, arXiv:2211.15841).
@@ -37,7 +39,7 @@ def _loop(a: Tensor, b: Tensor, offs: Tensor, out: Tensor, weight_grad: bool) ->
 
 
 def _native(a: Tensor, b: Tensor, offs: Tensor) -> Tensor | None:
-    if a.dtype not in _NATIVE_DTYPES or not hasattr(torch, "_grouped_mm"):
+    if a.device.type == "cpu" or a.dtype not in _NATIVE_DTYPES or not hasattr(torch, "_grouped_mm"):
         return None
     try:
         return torch._grouped_mm(a, b, offs=offs)

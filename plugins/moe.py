@@ -291,6 +291,24 @@ class MoE(nn.Module):
             y = self._capacity(flat, weights, indices, mask)
         return y.view(x.shape), self._aux_loss(logits, indices, mask)
 
+    #: on the CPU, expert rows go through the experts in blocks of this many rows, so that each block's
+    #: ``[rows, d_ff]`` intermediates stay in cache (measured on the 8 x SwiGLU(512, 1408) benchmark, 8192 rows:
+    #: 0.79 s unblocked, 0.65-0.67 s with blocks of 256 to 2048 rows); one block per call elsewhere
+    CPU_BLOCK_ROWS = 1024
+
+    def _run_experts(self, rows: Tensor, offs: Tensor) -> Tensor:
+        """``experts(rows [N, d], offs [n_experts] int32) -> [N, d]``, in row blocks on the CPU (static sizes:
+        each block gets the group ends clamped to it, computed on the device)."""
+        n_rows = rows.shape[0]
+        block = self.CPU_BLOCK_ROWS if rows.device.type == "cpu" else n_rows
+        if n_rows <= block:
+            return self.experts(rows, offs)
+        outs = []
+        for start in range(0, n_rows, block):
+            stop = min(n_rows, start + block)
+            outs.append(self.experts(rows[start:stop], (offs - start).clamp(0, stop - start)))
+        return torch.cat(outs)
+
     def _dropless(self, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
         """Each token through exactly its top-k experts: sort assignments by expert, one grouped call, scatter back."""
         k = self.top_k
@@ -299,7 +317,7 @@ class MoE(nn.Module):
         tok = order // k
         counts = torch.zeros(self.n_experts, dtype=torch.int32, device=flat.device)
         counts = counts.scatter_add(0, experts, torch.ones_like(experts, dtype=torch.int32))
-        out = self.experts(flat[tok], counts.cumsum(0, dtype=torch.int32))  # [T*k, d]
+        out = self._run_experts(flat[tok], counts.cumsum(0, dtype=torch.int32))  # [T*k, d]
         out = out * weights.reshape(-1)[order, None]
         return flat.new_zeros(flat.shape).index_add(0, tok, out)
 
@@ -320,7 +338,7 @@ class MoE(nn.Module):
         slot = torch.where(keep, e_flat * cap + pos, torch.full_like(pos, trash))
         buf = flat.new_zeros(trash + 1, d).index_add(0, slot, flat[tok])
         offs = torch.arange(1, n + 1, device=flat.device, dtype=torch.int32) * cap  # expert e owns slots [e*C, (e+1)*C)
-        out = torch.cat([self.experts(buf[:trash], offs), flat.new_zeros(1, d)], dim=0)  # the trash row outputs 0
+        out = torch.cat([self._run_experts(buf[:trash], offs), flat.new_zeros(1, d)], dim=0)  # the trash row outputs 0
         contrib = out[slot] * (w_flat * keep.to(w_flat.dtype))[:, None]
         return flat.new_zeros(n_tok, d).index_add(0, tok, contrib)
 
