@@ -102,9 +102,9 @@ class PlainRMSNorm(nn.Module):
 
 
 class PlainFFNConfig(ComponentConfig):
-    """Config of the test FFNs (``widening``, ``idle_param``)."""
+    """Config of the test FFNs (``widening``, ``idle_param``, ``mixing_groups``)."""
 
-    type: Literal["widening", "idle_param"]
+    type: Literal["widening", "idle_param", "mixing_groups"]
 
 
 class TestFFN(nn.Module):
@@ -124,6 +124,27 @@ class TestFFN(nn.Module):
     def init_weights(self, init: Init) -> None:
         if self.unused is not None:
             init.zeros_(self.unused)
+
+
+class MixingGroups(nn.Module):
+    """Grouped form of ``mixing_groups``: ``n`` stacked ``down(gelu(up(x)))`` copies, but every row goes through
+    copy 0 whatever ``offs`` says (the routing to experts is lost)."""
+
+    def __init__(self, n: int, d_model: int):
+        super().__init__()
+        self.up = nn.Parameter(torch.empty(n, d_model, D_FF))
+        self.up_bias = nn.Parameter(torch.empty(n, D_FF))
+        self.down = nn.Parameter(torch.empty(n, D_FF, d_model))
+        self.down_bias = nn.Parameter(torch.empty(n, d_model))
+
+    def forward(self, x, offs):
+        h = nn.functional.gelu(x @ self.up[0] + self.up_bias[0])  # FAULT (mixing_groups): offs ignored, copy 0
+        others = sum(p[1:].sum() for p in self.parameters())  # the other copies take part in the graph only
+        return h @ self.down[0] + self.down_bias[0] + 0.0 * others
+
+    def init_weights(self, init: Init) -> None:
+        for p in self.parameters():
+            init.normal_(p)
 
 
 def _ffn_count(cfg, ctx) -> int:
@@ -203,6 +224,13 @@ class FaultyPlugin:
             capabilities={"compile_safe": True}, param_count=_ffn_count,
         ))
         register(Component(
+            kind="ffn", type="mixing_groups", config=PlainFFNConfig,
+            factory=lambda cfg, ctx: TestFFN(ctx.d_model),
+            grouped_factory=lambda cfg, ctx, n: MixingGroups(n, ctx.d_model),
+            description="FAULTY: its grouped form sends every row through copy 0.",
+            capabilities={"compile_safe": True}, param_count=lambda cfg, ctx: 2 * ctx.d_model * D_FF + D_FF + ctx.d_model,
+        ))
+        register(Component(
             kind="position", type="stale_table", config=StaleTableConfig,
             factory=lambda cfg, ctx: StaleTable(ctx.max_seq_len, ctx.d_model),
             description="FAULTY: position table computed only in __init__.",
@@ -245,6 +273,7 @@ FAULTS = [
     ("attention", "drifting", "kv_cache_decode", "between cached decode and the full forward"),
     ("position", "stale_table", "meta_init", "pe"),
     ("norm", "miscounted", "param_count", "declared 33 parameters, the module holds 32"),
+    ("ffn", "mixing_groups", "grouped_form", "copy 0 and copy 2 give identical outputs"),
 ]
 
 

@@ -785,6 +785,77 @@ def check_compile(bench: Bench) -> str:
     return f"fullgraph compile of {what} (backend {COMPILE_BACKEND!r}): no graph break; max |Δ| vs eager = {_fmt(worst)}"
 
 
+def _applies_grouped(entry: Component, config: ComponentConfig) -> Optional[str]:
+    return None if entry.grouped_factory is not None else "the entry declares no grouped_factory"
+
+
+def check_grouped_form(bench: Bench) -> str:
+    """The grouped form (``grouped_factory``, the stacked copies an ``moe`` uses as experts) keeps its contract.
+
+    Three copies, rows ``[0, 4)``, ``[4, 4)`` (empty) and ``[4, 10)`` of ``x [10, d_model]``: the output is
+    ``[10, d_model]``, finite, in ``x``'s dtype; each group's rows, run alone as a single non-empty group, give the
+    same output (rows go to the right copy and never mix); the same rows through copy 0 and copy 2 differ (the copies
+    hold independent weights); ``init_weights(init)`` initialises every parameter; the parameter count is ``n``
+    times the declared ``param_count``; every parameter gets a gradient; with ``compile_safe``, the call compiles
+    with ``fullgraph=True`` (no host synchronisation, torchtune #2771).
+    """
+    import torch._dynamo
+
+    from ..interfaces import BuildContext, Init
+
+    d = int(bench.spec["d_model"])
+    ctx = BuildContext(d, 1, int(bench.spec["vocab_size"]), int(bench.spec["max_seq_len"]), bench.registry)
+    n, ends = 3, [4, 4, 10]
+    bank = ctx.build_grouped(bench.config, n).to(bench.device)
+    init_fn = getattr(bank, "init_weights", None)
+    if init_fn is None:
+        raise CheckFailed(f"the grouped form {type(bank).__name__} has no init_weights(init)")
+    init = Init(0, 0.2)
+    init_fn(init)
+    missed = [name for name, p in bank.named_parameters() if id(p) not in init.seen]
+    if missed:
+        raise CheckFailed(f"init_weights(init) left {missed[:4]} uninitialised")
+    if bench.entry.param_count is not None:
+        declared, actual = n * int(bench.entry.param_count(bench.config, ctx)), sum(p.numel() for p in bank.parameters())
+        if declared != actual:
+            raise CheckFailed(f"{n} copies hold {actual:,} parameters, {n} x param_count = {declared:,}")
+    x = torch.randn(10, d, generator=torch.Generator().manual_seed(5)).to(bench.device)
+    offs = torch.tensor(ends, dtype=torch.int32, device=bench.device)
+    y = bank(x, offs)
+    if not isinstance(y, Tensor) or tuple(y.shape) != (10, d) or y.dtype != x.dtype or _nonfinite(y):
+        raise CheckFailed(f"forward(x [10, {d}], offs) returned {getattr(y, 'shape', type(y))} {getattr(y, 'dtype', '')}, "
+                          f"expected [10, {d}] {x.dtype}, finite")
+    alone = {0: (0, 4), 2: (4, 10)}
+    worst = 0.0
+    for g, (a, b) in alone.items():
+        only = torch.tensor([0] * g + [b - a] * (n - g), dtype=torch.int32, device=bench.device)
+        worst = max(worst, _max_abs_diff(bank(x[a:b], only), y[a:b]).max().item())
+    if worst > _tol(y, 1e-5):
+        raise CheckFailed(f"a group's rows run alone differ from the same rows in the grouped call: max |Δ| = {_fmt(worst)}")
+    through0 = bank(x, torch.tensor([10, 10, 10], dtype=torch.int32, device=bench.device))
+    through2 = bank(x, torch.tensor([0, 0, 10], dtype=torch.int32, device=bench.device))
+    if _max_abs_diff(through0, through2).max().item() == 0.0:
+        raise CheckFailed("copy 0 and copy 2 give identical outputs: the copies do not hold independent weights")
+    bank(x, offs).pow(2).sum().backward()
+    dead = [name for name, p in bank.named_parameters() if p.grad is None or not bool(p.grad.abs().max() > 0)]
+    if dead:
+        raise CheckFailed(f"no gradient reached {dead[:4]}")
+    compiled = ""
+    if bench.entry.capabilities.get("compile_safe"):
+        torch._dynamo.reset()
+        try:
+            with torch.no_grad():
+                c = torch.compile(bank, fullgraph=True, backend=COMPILE_BACKEND)(x, offs)
+        except Exception as exc:  # noqa: BLE001 - any dynamo error means the claim is false
+            raise CheckFailed(f"torch.compile(fullgraph=True) of the grouped form failed: {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:300]}") from None
+        finally:
+            torch._dynamo.reset()
+        compiled = f"; fullgraph compile max |Δ| = {_fmt(_max_abs_diff(c, y.detach()).max().item())}"
+    return f"{n} copies: rows stay in their group (max |Δ| alone vs grouped = {_fmt(worst)}), copies independent, " \
+           f"init and gradients reach every parameter{compiled}"
+
+
 def _applies_masked(entry: Component, config: ComponentConfig) -> Optional[str]:
     return None if entry.kind in ("attention", "position") else "applies to attention and position schemes"
 
@@ -876,6 +947,7 @@ CHECKS: tuple[Check, ...] = (
     Check("aux_loss_grad", "the aux loss alone sends a gradient to the router", check_aux_loss_grad, _applies_aux),
     Check("compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, _applies_compile),
     Check("masked_row", "no NaN with fully masked rows (left padding); real tokens unaffected", check_masked_row, _applies_masked),
+    Check("grouped_form", "the stacked copies (moe experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, _applies_grouped),
     Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits equal the single-process ones (opt-in: distributed)",
           check_shards, _applies_shards, distributed=True, run_many=_shards_many),
 )
