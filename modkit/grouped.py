@@ -28,12 +28,14 @@ _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _loop(a: Tensor, b: Tensor, offs: Tensor, out: Tensor, weight_grad: bool) -> Tensor:
+    """One ``torch.mm`` per non-empty group into ``out`` (an empty group's ``out[g]`` must already be zero)."""
     start = 0
     for g, end in enumerate(offs.tolist()):
-        if weight_grad:  # out[g] = a[:, rows]ᵀ-style product: a is [in, rows], b is [rows, out]
-            torch.mm(a[:, start:end], b[start:end], out=out[g])
-        else:
-            torch.mm(a[start:end], b[g], out=out[start:end])
+        if end > start:
+            if weight_grad:  # out[g] = a[:, rows] @ b[rows]: a is xᵀ [in, rows], b is dy [rows, out]
+                torch.mm(a[:, start:end], b[start:end], out=out[g])
+            else:
+                torch.mm(a[start:end], b[g], out=out[start:end])
         start = end
     return out
 
@@ -66,7 +68,7 @@ def _grouped_mm_weight_grad(x: Tensor, dy: Tensor, offs: Tensor) -> Tensor:
     xt = x.t()
     g = _native(xt, dy, offs)
     if g is None:
-        g = _loop(xt, dy, offs, x.new_empty(offs.shape[0], x.shape[1], dy.shape[1]), weight_grad=True)
+        g = _loop(xt, dy, offs, x.new_zeros(offs.shape[0], x.shape[1], dy.shape[1]), weight_grad=True)
     return g
 
 
