@@ -176,8 +176,8 @@ class LayerKVCache:
         if self.k is None:
             raise RuntimeError("this KV cache is not allocated yet; pass it to model(..., cache=cache) first")
         g = self.group
-        k = k.to(self.k.dtype)
-        v = v.to(self.v.dtype)
+        if k.dtype != self.k.dtype:
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         if g.mode == "concat":
             k_all, v_all = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
         k_w = k[:, :, g.write_from :] if g.write_from else k

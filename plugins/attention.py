@@ -18,7 +18,7 @@ et al. 2023 (arXiv:2305.13245); layout of the module follows torchtune ``modules
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 import torch
@@ -129,20 +129,39 @@ def masked_attention(
     Returns:
         ``(out [batch, n_heads, q_len, head_dim], weights [batch, n_heads, q_len, kv_len] or None)``.
     """
-    return _attend_prepared(q, k, v, *_prepare_mask(mask), bias, scale, eager)
+    return _attend_prepared(q, k, v, PreparedMask.of(mask, q.dtype), bias, scale, eager)
 
 
-def _prepare_mask(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """``(mask | ~live, live)``: rows with no visible key (``live`` False) attend everywhere (finite values) and
-    are zeroed after the softmax."""
-    live = mask.any(-1, keepdim=True)
-    return mask | ~live, live
+@dataclass(frozen=True)
+class PreparedMask:
+    """A boolean mask in the forms attention consumes, computed once per forward (shared by the layers of a group).
+
+    Attributes:
+        allowed: ``[batch, 1 or n_heads, q_len, kv_len]`` bool, True = may attend; rows with no visible key
+            (padding queries) are opened everywhere so their softmax stays finite.
+        additive: ``allowed`` as ``0 / -inf`` in the query dtype (what SDPA would otherwise rebuild from a bool
+            mask in every layer).
+        live: ``[batch, 1 or n_heads, q_len, 1]`` in the query dtype, 1 for rows with a visible key and 0 for
+            the others: multiplying by it zeroes the opened rows in one op.
+    """
+
+    allowed: Tensor
+    additive: Tensor
+    live: Tensor
+
+    @staticmethod
+    def of(mask: Tensor, dtype: torch.dtype) -> "PreparedMask":
+        """Prepare a bool ``mask [batch, 1 or n_heads, q_len, kv_len]`` for queries of ``dtype``."""
+        live = mask.any(-1, keepdim=True)
+        allowed = mask | ~live
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill_(~allowed, float("-inf"))
+        return PreparedMask(allowed, additive, live.to(dtype))
 
 
 def _attend_prepared(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, live: Tensor, bias: Optional[Tensor], scale: float, eager: bool
+    q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Optional[Tensor], scale: float, eager: bool
 ) -> tuple[Tensor, Optional[Tensor]]:
-    """:func:`masked_attention` with the mask already through :func:`_prepare_mask` (shapes as there)."""
+    """:func:`masked_attention` with the mask already prepared (shapes as there)."""
     rep = q.shape[1] // k.shape[1]
     if eager:
         if rep > 1:
@@ -150,13 +169,13 @@ def _attend_prepared(
         scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
         if bias is not None:
             scores = scores + bias
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).masked_fill(~live, 0.0)
+        weights = torch.softmax(scores.masked_fill(~mask.allowed, float("-inf")), dim=-1) * mask.live
         out = torch.matmul(weights.to(v.dtype), v)
     else:
         weights = None
-        attn_mask = mask if bias is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+        attn_mask = mask.additive if bias is None else bias.to(q.dtype) + mask.additive
         out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=rep > 1)
-    return out.masked_fill(~live, 0.0), weights
+    return out * mask.live, weights
 
 
 def _merge_heads(out: Tensor) -> Tensor:
@@ -238,15 +257,15 @@ class Attention(nn.Module):
         # forward: compute it once per group (the scratch dict is emptied at each forward; no tensor ids in the key,
         # so torch.compile installs no identity guard)
         scratch = getattr(inputs.cache, "scratch", None)
-        key = ("mask", self.causal, self.sliding_window)
+        key = ("mask", self.causal, self.sliding_window, q.dtype)
         prepared = scratch.get(key) if scratch is not None else None
         if prepared is None:
-            prepared = _prepare_mask(attention_mask(q_pos, k_pos, k_valid, self.causal, self.sliding_window))
+            prepared = PreparedMask.of(attention_mask(q_pos, k_pos, k_valid, self.causal, self.sliding_window), q.dtype)
             if scratch is not None:
                 scratch[key] = prepared
         # an additive bias (ALiBi) in bf16/fp16 loses precision at long range: take the float32 eager path then
         eager = self.backend == "eager" or need_weights or (bias is not None and q.dtype != torch.float32)
-        out, weights = _attend_prepared(q, k, v, *prepared, bias, self.scale, eager)
+        out, weights = _attend_prepared(q, k, v, prepared, bias, self.scale, eager)
         return self.o_proj(_merge_heads(out)), weights
 
 

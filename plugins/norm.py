@@ -36,6 +36,11 @@ class RMSNormConfig(ComponentConfig):
     )
 
 
+def _float32(t: Tensor) -> Tensor:
+    """``t`` in float32; a float32 tensor is returned as is, without a dispatch of ``.float()``."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
 class LayerNorm(nn.Module):
     """LayerNorm over the last dimension, statistics in float32. Shape ``[..., dim] -> [..., dim]``."""
 
@@ -49,7 +54,7 @@ class LayerNorm(nn.Module):
         """Normalise ``x [..., dim]``; returns the input dtype."""
         bias = self.bias.float() if self.bias is not None else None
         y = nn.functional.layer_norm(x.float(), (self.dim,), self.weight.float(), bias, self.eps)
-        return y.to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def init_weights(self, init: Init) -> None:
         """weight = 1, bias = 0."""
@@ -67,12 +72,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Normalise ``x [..., dim]``; returns the input dtype."""
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        w = self.weight.float()
-        y = y * (1.0 + w if self.unit_offset else w)
-        return y.to(x.dtype)
+        """Normalise ``x [..., dim]``; returns the input dtype.
+
+        ``x · rsqrt(mean(x²) + eps) · weight`` in float32, the same operations in the same order as transformers'
+        ``LlamaRMSNorm`` (so float32 results are bitwise equal). Casts that have nothing to do are skipped and the
+        eps is added in place: a decode step runs this 17 times on ``[1, 1, d]``, where each op is a few µs.
+        """
+        x32 = _float32(x)
+        inv_rms = torch.rsqrt((x32 * x32).mean(-1, keepdim=True).add_(self.eps))  # [..., 1]
+        w = _float32(self.weight)
+        y = x32 * inv_rms * (1.0 + w if self.unit_offset else w)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def init_weights(self, init: Init) -> None:
         """weight = 0 with ``unit_offset`` (so the scale starts at 1), else 1."""

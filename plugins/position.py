@@ -96,7 +96,15 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling: Optional[RopeScaling])
 
 
 class Rope(PositionScheme):
-    """Rotary position embedding on q/k. ``rotate(q [b, h, s, hd], k [b, hkv, s, hd], positions [b, s])``."""
+    """Rotary position embedding on q/k. ``rotate(q [b, h, s, hd], k [b, hkv, s, hd], positions [b, s])``.
+
+    Each rotated pair ``(a, b)`` at angle ``θ = position · inv_freq[i]`` becomes ``(a cos θ - b sin θ, b cos θ +
+    a sin θ)``. It is computed over the whole rotary width as ``x · cos + partner(x) · sin±`` where ``partner``
+    swaps the two members of every pair (``half_split``: the two halves; ``interleaved``: neighbours) and
+    ``sin±`` is the sine of the *signed* angle ``θ·sign``, sign -1 on the first member of each pair (the buffer
+    ``freq [rotary_dim]`` holds ``±inv_freq`` in feature order; ``sin(-θ) = -sin θ`` exactly). That is four
+    elementwise ops per tensor, the same values and order of rounding as transformers' ``rotate_half`` form.
+    """
 
     def __init__(self, cfg: RopeConfig, head_dim: int):
         super().__init__()
@@ -105,27 +113,41 @@ class Rope(PositionScheme):
         rot = int(head_dim * cfg.partial_rotary)
         self.rotary_dim = rot - rot % 2
         self.register_buffer("inv_freq", torch.empty(self.rotary_dim // 2, dtype=torch.float32), persistent=False)
+        self.register_buffer("freq", torch.empty(self.rotary_dim, dtype=torch.float32), persistent=False)
 
     def init_weights(self, init: Init) -> None:
-        """Recompute ``inv_freq`` from the config (it is a buffer, so meta builds need this)."""
-        init.copy_(self.inv_freq, rope_inv_freq(self.rotary_dim, self.cfg.theta, self.cfg.scaling))
+        """Recompute ``inv_freq`` and the signed per-feature ``freq`` from the config (buffers: meta builds need this)."""
+        inv = rope_inv_freq(self.rotary_dim, self.cfg.theta, self.cfg.scaling)
+        init.copy_(self.inv_freq, inv)
+        if self.cfg.layout == "half_split":  # features (a_0..a_{n-1}, b_0..b_{n-1}): pair i is (i, n + i)
+            signed = torch.cat([-inv, inv])
+        else:  # (a_0, b_0, a_1, b_1, ...)
+            signed = torch.stack([-inv, inv], dim=-1).flatten()
+        init.copy_(self.freq, signed)
 
-    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        xf = rot.float()
+    def _partner(self, x: Tensor) -> Tensor:
+        """``x [..., rotary_dim]`` with the two members of every rotated pair swapped."""
         if self.cfg.layout == "half_split":
-            x1, x2 = xf.chunk(2, dim=-1)
-            c, s = cos, sin
-            out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-        else:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]
-            out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
-        return torch.cat([out.to(x.dtype), rest], dim=-1) if rest.shape[-1] else out.to(x.dtype)
+            return x.roll(self.rotary_dim // 2, dims=-1)
+        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """``cos, sin`` of shape ``[batch, 1, seq, rotary_dim // 2]`` (float32) for ``positions [batch, seq]``."""
-        freqs = positions.to(torch.float32)[:, None, :, None] * self.inv_freq
-        return freqs.cos(), freqs.sin()
+        """``cos θ, sin θ·sign`` of shape ``[batch or 1, 1, seq, rotary_dim]`` (float32) for ``positions [batch, seq]``.
+
+        Positions broadcast over the batch (a plain ``arange(seq).expand(batch, seq)``, stride 0) give a batch of 1.
+        """
+        if positions.shape[0] > 1 and positions.stride(0) == 0:
+            positions = positions[:1]
+        b, s = positions.shape
+        theta = positions.to(torch.float32).view(b, 1, s, 1) * self.freq
+        return theta.cos(), theta.sin()
+
+    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        rot = x if self.rotary_dim == x.shape[-1] else x[..., : self.rotary_dim]
+        xf = rot if rot.dtype == torch.float32 else rot.float()
+        out = xf * cos + self._partner(xf) * sin
+        out = out if out.dtype == x.dtype else out.to(x.dtype)
+        return out if rot is x else torch.cat([out, x[..., self.rotary_dim :]], dim=-1)
 
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Rotate the first ``rotary_dim`` features of each q/k head by ``position * inv_freq``."""
