@@ -296,11 +296,11 @@ def bench_prefill(cfg: Config, rep: Report, hf, model) -> None:
             rep.profiles.append(("prefill compiled, modkit", profile_table(lambda: cm(ids), cfg.device)))
 
 
-def _modkit_run(model, ids, new: int, compile: bool) -> tuple[torch.Tensor, float, float]:
-    """(tokens, total seconds, seconds from the first to the last new token)."""
+def _modkit_run(model, ids, new: int, compile: bool, column_major=None) -> tuple[torch.Tensor, float, float]:
+    """(tokens, total seconds, seconds from the first to the last new token); ``column_major`` as in ``stream_generate``."""
     sync(str(ids.device))
     t0 = time.perf_counter()
-    steps = stream_generate(model, ids, max_new_tokens=new, temperature=0, compile=compile)
+    steps = stream_generate(model, ids, max_new_tokens=new, temperature=0, compile=compile, column_major=column_major)
     first = next(steps)
     sync(str(ids.device))
     t1 = time.perf_counter()
@@ -336,9 +336,9 @@ def _hf_run(hf, ids, new: int) -> tuple[torch.Tensor, float, float]:
 def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
     """Greedy decode, batch 1: tokens/s ratios, roofline fraction, compile checks.
 
-    modkit runs twice eagerly: with its default row-major ``nn.Linear`` weights and after
-    :func:`modkit.generate.column_major_linears` (the layout ``modkit generate`` uses on the CPU); the compiled
-    step uses the column-major copy. transformers runs with its default layout.
+    modkit runs twice eagerly: as ``stream_generate`` runs by default (on a CPU with MKL it stores the
+    ``nn.Linear`` weights column-major first, :func:`modkit.generate.column_major_linears`) and on a row-major copy
+    with ``column_major=False``; the compiled step runs by default too. transformers runs with its default layout.
     """
     import copy
 
@@ -350,32 +350,31 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
     roof = bw / weight_bytes
     rep.fact(f"weight bytes per decoded token {weight_bytes / 2**20:.1f} MiB; large-copy bandwidth {bw / 1e9:.2f} GB/s "
              f"(read + write) -> roofline {roof:.1f} tokens/s ({1e3 / roof:.1f} ms per token)")
-    if cfg.device == "cpu":  # the GEMV layout only matters to CPU BLAS; elsewhere both entries are the same model
-        col = copy.deepcopy(model)
-        column_major_linears(col)
-    else:
-        col = model
+    row = copy.deepcopy(model)  # row-major weights, decoded with column_major=False
+    column_major_linears(row, enable=False)
 
     with torch.inference_mode():
         ours, _, _ = _modkit_run(model, ids, cfg.new, False)
-        ours_col, _, _ = _modkit_run(col, ids, cfg.new, False)
+        ours_row, _, _ = _modkit_run(row, ids, cfg.new, False, column_major=False)
         theirs, _, _ = _hf_run(hf, ids, cfg.new)
+    w = model.layers[0].attention.q_proj.weight
+    rep.fact(f"generate's default weight layout here: {'column' if w.stride()[0] == 1 else 'row'}-major")
     same = torch.equal(ours.cpu(), theirs.cpu())
     first = int((ours.cpu() != theirs.cpu()).any(0).nonzero()[0]) - cfg.prompt if not same else None
     rep.fact(f"greedy tokens identical to transformers: {same}" + ("" if same else f" (first difference at new token {first})")
-             + f"; column-major weights give the same tokens: {torch.equal(ours_col, ours)}")
+             + f"; row-major weights give the same tokens: {torch.equal(ours_row, ours)}")
 
     runs: dict[str, Callable[[], tuple]] = {
         "modkit": lambda: _modkit_run(model, ids, cfg.new, False),
-        "modkit_colmajor": lambda: _modkit_run(col, ids, cfg.new, False),
+        "modkit_rowmajor": lambda: _modkit_run(row, ids, cfg.new, False, column_major=False),
         "hf": lambda: _hf_run(hf, ids, cfg.new),
     }
     if cfg.compile:
         torch._dynamo.reset()
         with torch.inference_mode():
-            cache = col.new_cache(1, cfg.prompt + cfg.new)
-            col(ids, cache=cache)
-            explained = torch._dynamo.explain(functools.partial(decode_logits, col))(ids[:, :1], cache)
+            cache = model.new_cache(1, cfg.prompt + cfg.new)
+            model(ids, cache=cache)
+            explained = torch._dynamo.explain(functools.partial(decode_logits, model))(ids[:, :1], cache)
         rep.add("decode step: graph breaks (torch._dynamo.explain)", explained.graph_break_count, "0",
                 explained.graph_break_count == 0, note=f"{explained.graph_count} graph(s)")
         torch._dynamo.reset()
@@ -384,15 +383,15 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
         before = counters["stats"]["unique_graphs"]
         start = time.perf_counter()
         with torch.inference_mode():
-            compiled_decode(col)  # fullgraph=True, dynamic=False
-            ours_c, _, _ = _modkit_run(col, ids, cfg.new, True)
+            compiled_decode(model)  # fullgraph=True, dynamic=False
+            ours_c, _, _ = _modkit_run(model, ids, cfg.new, True)
         rep.fact(f"decode: compiled step (fullgraph=True, dynamic=False) first call incl. compilation {time.perf_counter() - start:.1f} s")
         with torch.inference_mode():
-            _modkit_run(col, ids, cfg.new, True)  # a second generation: must not recompile
+            _modkit_run(model, ids, cfg.new, True)  # a second generation: must not recompile
         graphs = counters["stats"]["unique_graphs"] - before
         rep.add(f"decode step: graphs compiled over 2 generations x {cfg.new - 1} steps", graphs, "1", graphs == 1)
         rep.fact(f"compiled greedy tokens identical to eager: {torch.equal(ours_c, ours)}")
-        runs["modkit_compiled"] = lambda: _modkit_run(col, ids, cfg.new, True)
+        runs["modkit_compiled"] = lambda: _modkit_run(model, ids, cfg.new, True)
 
     results: dict[str, list[tuple]] = {k: [] for k in runs}
     with torch.inference_mode():
@@ -407,7 +406,7 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
     for k in runs:
         rep.fact(f"decode {k}: {tps[k]:.1f} tokens/s end to end (prefill included), {dps[k]:.1f} tokens/s per decode step, "
                  f"{1e3 * step[k] / (cfg.new - 1):.2f} ms/step")
-    for k, label in (("modkit_colmajor", "column-major weights"), ("modkit", "default row-major weights")):
+    for k, label in (("modkit", "generate's default weight layout"), ("modkit_rowmajor", "row-major weights")):
         r = tps[k] / tps["hf"]
         rep.add(f"decode eager ({label}): modkit tokens/s / transformers tokens/s", r, ">= 1.8", r >= 1.8)
         rep.add(f"decode eager ({label}): modkit step tokens/s / roofline", dps[k] / roof, ">= 0.5", dps[k] / roof >= 0.5)
@@ -419,15 +418,15 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
                 dps["modkit_compiled"] / roof >= 0.5)
     if cfg.profile:
         with torch.inference_mode():
-            cache = col.new_cache(1, cfg.prompt + 17)
-            col(ids, cache=cache)
+            cache = model.new_cache(1, cfg.prompt + 17)
+            model(ids, cache=cache)
             tok = ids[:, :1]
 
             def sixteen_steps():
                 for _ in range(16):
-                    decode_logits(col, tok, cache)
+                    decode_logits(model, tok, cache)
 
-            rep.profiles.append(("decode eager, modkit (column-major): 16 decode steps", profile_table(sixteen_steps, cfg.device)))
+            rep.profiles.append(("decode eager, modkit (generate's default layout): 16 decode steps", profile_table(sixteen_steps, cfg.device)))
             rep.profiles.append(("decode, transformers generate (16 new tokens)",
                                  profile_table(lambda: _hf_run(hf, ids, 16), cfg.device)))
 

@@ -5,7 +5,8 @@ leaks between calls: litgpt #1596, torchtune #959), prefills the prompt (at once
 token at a time; each decode step has the same shapes, so it can run compiled (``compile=True``: one
 ``torch.compile(fullgraph=True)`` trace reused for every token and every later call). Sampling follows the usual order:
 temperature, then top-k, then top-p (nucleus, Holtzman et al. 2019, arXiv:1904.09751); temperature 0 is
-greedy (argmax).
+greedy (argmax). On a CPU with MKL, ``generate`` stores the model's ``nn.Linear`` weights column-major first
+(:func:`column_major_linears`, same values): the layout batch-1 decoding streams fastest.
 """
 
 from __future__ import annotations
@@ -132,16 +133,17 @@ def column_major_linears(model: torch.nn.Module, enable: bool = True) -> int:
     """
     changed = 0
     for module in model.modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
+        if not isinstance(module, torch.nn.Linear) or type(module.weight.data) is not torch.Tensor:
+            continue  # (tensor subclasses such as DTensor shards keep their own layout)
         w = module.weight
         col = w.dim() == 2 and w.stride() == (1, w.shape[0])
-        if enable and not col:
-            module.weight.data = w.data.t().contiguous().t()
-            changed += 1
-        elif not enable and not w.is_contiguous():
-            module.weight.data = w.data.contiguous()
-            changed += 1
+        with torch.inference_mode(False):  # a normal tensor even when called under inference_mode (trainable later)
+            if enable and not col:
+                module.weight.data = w.data.t().contiguous().t()
+                changed += 1
+            elif not enable and not w.is_contiguous():
+                module.weight.data = w.data.contiguous()
+                changed += 1
     return changed
 
 
@@ -159,12 +161,18 @@ def stream_generate(
     attention_mask: Optional[Tensor] = None,
     prefill_chunk: Optional[int] = None,
     compile: bool = False,
+    column_major: Optional[bool] = None,
 ) -> Iterator[Tensor]:
     """Yield the next token ``[batch]`` at each step (finished rows repeat their EOS token).
 
     A fresh static cache of ``prompt_len + max_new_tokens`` slots is allocated for every call (state never
     leaks between calls, C12); the prompt is prefilled (at once, or in chunks of ``prefill_chunk`` tokens), then
     each step feeds one token.
+
+    On a CPU with MKL the model's ``nn.Linear`` weights are first stored column-major (:func:`column_major_linears`:
+    values, names, parameter objects and saved checkpoints unchanged; the layout stays after the call): decode
+    steps are matrix-vector products bound by weight bandwidth, which MKL streams faster from that layout
+    (``benchmarks/results.md``). Later calls find the weights converted and copy nothing.
 
     Args:
         model: a built :class:`~modkit.model.Model` (put it in ``eval()`` mode for dropout-free sampling).
@@ -177,6 +185,8 @@ def stream_generate(
         prefill_chunk: feed the prompt in chunks of this many tokens (bounds prefill memory); ``None``: at once.
         compile: run decode steps through :func:`compiled_decode` (``torch.compile``, fullgraph, static shapes);
             the first call for a model pays the compilation.
+        column_major: ``None`` (default): column-major ``nn.Linear`` weights when the model is on a CPU with MKL;
+            ``True``: convert whatever the device; ``False``: leave the weight layout as it is.
 
     Raises:
         ValueError: empty prompt, ``max_new_tokens < 0``, ``prefill_chunk < 1``, or a bad sampling parameter.
@@ -197,6 +207,10 @@ def stream_generate(
         raise ValueError(f"attention_mask must have the prompt's shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
     if mask is not None and bool(mask.all()):
         mask = None  # no padding: keep the plain causal prefill kernel
+    if column_major is None:
+        column_major = ids.device.type == "cpu" and torch.backends.mkl.is_available()
+    if column_major:
+        column_major_linears(model)
     batch, prompt_len = ids.shape
     cache = model.new_cache(batch, prompt_len + max_new_tokens)
     chunk = prefill_chunk or prompt_len
