@@ -216,7 +216,8 @@ def stream_generate(
     chunk = prefill_chunk or prompt_len
     for start in range(0, prompt_len, chunk):
         part = slice(start, start + chunk)
-        logits = model(ids[:, part], attention_mask=None if mask is None else mask[:, part], cache=cache).logits[:, -1]
+        logits = model(ids[:, part], attention_mask=None if mask is None else mask[:, part], cache=cache,
+                       logits_to_keep=1).logits[:, -1]
     step = compiled_decode(model) if compile else functools.partial(decode_logits, model)
     done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     for i in range(max_new_tokens):

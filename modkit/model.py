@@ -23,7 +23,7 @@ class ModelOutput:
     """Result of :meth:`Model.forward`.
 
     Attributes:
-        logits: ``[batch, seq, vocab_size]`` in the model dtype.
+        logits: ``[batch, seq, vocab_size]`` in the model dtype (the last ``logits_to_keep`` positions when given).
         aux_loss: scalar sum of the auxiliary losses of every layer that returns one (MoE), else ``None``.
         hidden: ``[batch, seq, d_model]`` final hidden states (after the final norm).
         cache: the cache passed in, updated, or ``None``.
@@ -174,6 +174,7 @@ class Model(nn.Module):
         attention_mask: Optional[Tensor] = None,
         positions: Optional[Tensor] = None,
         cache: Optional[KVCache] = None,
+        logits_to_keep: Optional[int] = None,
     ) -> ModelOutput:
         """Compute logits.
 
@@ -184,15 +185,21 @@ class Model(nn.Module):
             positions: ``[batch, seq]`` explicit absolute positions.
             cache: a :class:`KVCache` from :meth:`new_cache`; the new tokens are appended in place (their
                 positions continue each row's count of real tokens unless ``positions`` is given).
+            logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (a prefill for
+                generation needs the last one: the head's GEMM and the ``[batch, seq, vocab]`` output shrink to
+                ``[batch, logits_to_keep, vocab]``); ``None``: every position.
 
         Returns:
-            :class:`ModelOutput` with ``logits [batch, seq, vocab_size]``.
+            :class:`ModelOutput` with ``logits [batch, seq, vocab_size]`` (``[batch, logits_to_keep, vocab_size]``
+            when given) and ``hidden [batch, seq, d_model]``.
 
         Raises:
-            ValueError: bad shapes or token ids out of range (with the offending values).
+            ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+        if logits_to_keep is not None and logits_to_keep < 1:
+            raise ValueError(f"logits_to_keep must be >= 1 or None, got {logits_to_keep}")
         bsz, seq = input_ids.shape
         eager = not torch.compiler.is_compiling()
         if eager and not input_ids.is_meta and input_ids.numel():
@@ -235,8 +242,9 @@ class Model(nn.Module):
             aux = add_aux(aux, layer_aux)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        h = x if logits_to_keep is None or logits_to_keep >= seq else x[:, -logits_to_keep:]
         # an untied head is called as a module so tensor-parallel styles hooked on it apply (modkit.parallel)
-        logits = nn.functional.linear(x, self.lm_head_weight, self._head_bias()) if self.spec.tie_embeddings else self.lm_head(x)
+        logits = nn.functional.linear(h, self.lm_head_weight, self._head_bias()) if self.spec.tie_embeddings else self.lm_head(h)
         cap = self.spec.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
