@@ -23,6 +23,7 @@ sequence parallelism, so every activation between sublayers stays replicated on 
 | ``colwise`` | ``ColwiseParallel()``: ``nn.Linear`` weight ``[out, in]`` and bias sharded on ``out``; input replicated, output the local shard ``[..., out / tp]`` (a plain tensor) |
 | ``rowwise`` | ``RowwiseParallel()``: weight sharded on ``in``, bias replicated; input the local shard ``[..., in / tp]``, output all-reduced ``[..., out]``. On an ``nn.Embedding``: vocab-parallel lookup (rows sharded, token ids replicated, output all-reduced) |
 | ``colwise_gather`` | ``ColwiseParallel(output_layouts=Replicate())``: like ``colwise`` but the output is all-gathered to the full ``[..., out]`` (the vocab-parallel LM head: full logits) |
+| ``grouped`` | stacked copies (an ``moe``'s experts, a component's grouped form): every parameter sharded on the dim its module's ``tp_shard_dims`` names (the hidden ``d_ff`` dim of each copy); input replicated, the module computes on its local shards, output all-reduced |
 | ``replicate`` | explicit "leave this submodule whole on every TP rank" |
 
 Choices made here (and why):
@@ -44,10 +45,11 @@ Choices made here (and why):
   only ``1/tp`` of the features; :func:`model_plan` rejects it instead of computing wrong statistics.
 * **Third-party components without a plan** are replicated, with a :class:`PlanWarning` naming the component,
   its plugin and the layer paths.
-* **MoE.** The router is replicated; every expert is an ``ffn`` component with its own plan, so each expert is
-  tensor-parallel like a dense FFN (expert-tensor-parallelism; every rank holds ``1/tp`` of every expert). No
-  expert parallelism (all-to-all token dispatch): the dropless dense dispatch has no token exchange to shard.
-  FSDP shards experts with the rest of their block.
+* **MoE.** The router is replicated; the stacked experts take the ``grouped`` style (expert-tensor-parallelism:
+  every rank holds ``1/tp`` of the hidden width of every expert, computes every token's assignments on it, and
+  the partial outputs are all-reduced). A grouped module with an output bias (``tp_shard_dims`` is ``None``)
+  stays replicated with a :class:`PlanWarning`: the bias would be added ``tp`` times. No expert parallelism
+  (all-to-all token dispatch). FSDP shards experts with the rest of their block.
 * **FSDP2** (``torch.distributed.fsdp.fully_shard``): one unit per block (modules tagged ``placement``), then
   the root (embedding, final norm, head); mixed precision with ``param_dtype`` / ``reduce_dtype``.
 
@@ -108,6 +110,7 @@ STYLES: Mapping[str, str] = {
     "colwise": "shard weight/bias on the output features; input replicated, output the local shard",
     "rowwise": "shard weight on the input features (an Embedding: on the vocabulary); output all-reduced",
     "colwise_gather": "colwise with the output all-gathered (vocab-parallel LM head returning full logits)",
+    "grouped": "stacked copies: parameters sharded on the dims the module's tp_shard_dims names; output all-reduced",
     "replicate": "leave whole on every tensor-parallel rank",
 }
 
@@ -115,7 +118,35 @@ STYLES: Mapping[str, str] = {
 #: registry components): vocab-parallel embedding and LM head (torchtitan's ``tok_embeddings`` / ``output``).
 CORE_PLAN: Mapping[str, str] = {"embedding": "rowwise", "lm_head": "colwise_gather"}
 
-_SHARDING = {"colwise", "rowwise", "colwise_gather"}
+_SHARDING = {"colwise", "rowwise", "colwise_gather", "grouped"}
+
+
+def GroupedParallel():
+    """The ``grouped`` style as a ``ParallelStyle``: shard each parameter of stacked copies on its ``tp_shard_dims``
+    dim, and all-reduce the module's partial output (``Partial -> Replicate``, differentiable).
+
+    The module computes on local shards (``t.to_local()`` of its DTensor parameters): with gate/up sharded on the
+    hidden dim and down on its input (hidden) dim, each rank's output is a partial sum over its slice of the hidden
+    features (Megatron-LM's column-then-row split, Shoeybi et al. 2019, arXiv:1909.08053), here per expert.
+    """
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    class _Grouped(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+            for name, dim in module.tp_shard_dims.items():
+                p = getattr(module, name)
+                shard = distribute_tensor(p.data, device_mesh, [Shard(dim)], src_data_rank=None)
+                module.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
+
+            def reduce(mod, inputs, out):
+                partial = DTensor.from_local(out, device_mesh, [Partial()], run_check=False)
+                return partial.redistribute(device_mesh, [Replicate()]).to_local()
+
+            module.register_forward_hook(reduce)
+            return module
+
+    return _Grouped()
 
 
 class ParallelError(ModkitError, ValueError):
@@ -164,7 +195,9 @@ class TPPlan:
 
         out: dict[str, Any] = {}
         for path, style in self.styles.items():
-            if style == "colwise":
+            if style == "grouped":
+                out[path] = GroupedParallel()
+            elif style == "colwise":
                 out[path] = ColwiseParallel()
             elif style == "colwise_gather":
                 out[path] = ColwiseParallel(output_layouts=Replicate())
@@ -273,7 +306,14 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
                 )
             if style == "replicate":
                 continue
-            _check_linear(full, target, style, tp, _entry_name(entry))
+            if style == "grouped":
+                if not _check_grouped(full, target, tp, _entry_name(entry)):
+                    plan.replicated[full] = f"{type(target).__name__} declares no tp_shard_dims (output bias)"
+                    warnings.warn(f"{full} ({_entry_name(entry)}): {type(target).__name__} has tp_shard_dims None "
+                                  "(an output bias would be added tp times); it stays replicated", PlanWarning, stacklevel=2)
+                    continue
+            else:
+                _check_linear(full, target, style, tp, _entry_name(entry))
             plan.styles[full] = style
             plan.sources[full] = _entry_name(entry)
             if isinstance(target, nn.Embedding):
@@ -333,6 +373,27 @@ def _check_linear(path: str, module: nn.Module, style: str, tp: int, source: str
             f"{path}: tensor-parallel degree tp = {tp} does not divide {dim} = {size} of this {style} "
             f"{type(module).__name__} (plan of {source}); choose a tp that divides {size}"
         )
+
+
+def _check_grouped(path: str, module: nn.Module, tp: int, source: str) -> bool:
+    """Validate a ``grouped`` target; False when it declares ``tp_shard_dims = None`` (to stay replicated)."""
+    dims = getattr(module, "tp_shard_dims", "missing")
+    if dims is None:
+        return False
+    own = dict(module.named_parameters(recurse=False))
+    if not isinstance(dims, Mapping) or set(dims) != set(own):
+        raise ParallelError(
+            f"{path}: plan of {source} asks for 'grouped' on a {type(module).__name__}, which must define "
+            f"tp_shard_dims {{parameter: dim}} covering exactly its parameters {sorted(own)}; got {dims!r}"
+        )
+    for name, dim in dims.items():
+        size = own[name].shape[dim]
+        if size % tp:
+            raise ParallelError(
+                f"{path}.{name}: tensor-parallel degree tp = {tp} does not divide its dim {dim} (size {size}) "
+                f"(plan of {source}); choose a tp that divides {size}"
+            )
+    return True
 
 
 def _check_heads(path: str, module: nn.Module, tp: int) -> None:

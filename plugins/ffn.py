@@ -91,6 +91,11 @@ class GatedMLP(nn.Module):
         return self.down(self._act(self.gate(x)) * self.up(x))
 
 
+def _local(t: Tensor) -> Tensor:
+    """This rank's shard of a tensor-parallel (``DTensor``) parameter; a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 class _Stacked(nn.Module):
     """Base of the grouped FFNs: stacked ``[n, in, out]`` projections and their per-group biases."""
 
@@ -104,9 +109,24 @@ class _Stacked(nn.Module):
         self.register_parameter(f"{name}_bias", b)
 
     def _apply_projection(self, name: str, x: Tensor, offs: Tensor, groups: Optional[Tensor]) -> Tensor:
-        y = grouped_mm(x, getattr(self, name), offs)
+        y = grouped_mm(x, _local(getattr(self, name)), offs)
         bias = getattr(self, f"{name}_bias")
-        return y if bias is None else y + bias[groups]
+        return y if bias is None else y + _local(bias)[groups]
+
+    @property
+    def tp_shard_dims(self) -> Optional[dict[str, int]]:
+        """Tensor parallelism (the ``grouped`` style of :mod:`modkit.parallel`): every projection into the hidden
+        width sharded on its output dim, ``down`` on its input dim, so each rank's output is a partial sum.
+        ``None`` with an output bias (it would be added once per rank): the copies then stay replicated."""
+        if self.down_bias is not None:
+            return None
+        dims = {}
+        for name, _ in self.named_parameters(recurse=False):
+            if name == "down" or name.endswith("_bias"):
+                dims[name] = 1  # down [n, d_ff, d_model]; gate_bias / up_bias [n, d_ff]
+            else:
+                dims[name] = 2  # gate / up [n, d_model, d_ff]
+        return dims
 
     @staticmethod
     def _groups(x: Tensor, offs: Tensor) -> Tensor:

@@ -404,7 +404,7 @@ def register_components(register) -> None:
             capabilities={
                 "aux_loss": True,
                 "compile_safe": True,
-                "tp_plan": {},
+                "tp_plan": {"experts": "grouped"},  # router replicated; stacked experts sharded on d_ff
                 "token_mask": True,  # forward(x, token_mask=None): padding leaves the aux losses
             },
             param_count=_moe_count,

@@ -174,10 +174,10 @@ def test_shards_is_opt_in_and_decided_by_capability():
     got = {r.component: r for r in (
         check_component("attention", "gqa", checks=["shards"])[0],
         check_component("norm", "rmsnorm", checks=["shards"], distributed=True)[0],  # tp_plan {}: starts nothing
-        check_component("ffn", "moe", checks=["shards"], distributed=True)[0],
+        check_component("router", "topk", checks=["shards"], distributed=True)[0],
     )}
     assert got["attention/gqa"].status == "skipped" and got["attention/gqa"].detail.startswith("pass --distributed to run")
-    for name in ("norm/rmsnorm", "ffn/moe"):
+    for name in ("norm/rmsnorm", "router/topk"):
         assert got[name].status == "skipped" and "declares no non-empty tp_plan" in got[name].detail
     assert CHECK_NAMES[-1] == "shards"
 
@@ -211,6 +211,6 @@ def test_modkit_check_distributed_and_pytest_plugin_batch(pytester, monkeypatch)
         "--modkit-contracts", "--modkit-distributed", "--modkit-check", "shards", "--modkit-kind", "ffn",
         "-v", "-p", "no:cacheprovider",
     )
-    result.stdout.fnmatch_lines(["*ffn/mlp::shards PASSED*", "*ffn/moe::shards SKIPPED (shards: the entry declares no*", "*ffn/swiglu::shards PASSED*"])
+    result.stdout.fnmatch_lines(["*ffn/mlp::shards PASSED*", "*ffn/moe::shards PASSED*", "*ffn/swiglu::shards PASSED*"])
     assert result.parseoutcomes().get("failed", 0) == 0
     assert sessions == [len([e for e in _planned_builtins() if e.kind == "ffn"])]  # one session for all of them

@@ -96,12 +96,16 @@ def test_tied_embeddings_and_odd_vocab_stay_replicated():
     assert "embed" not in plan.styles and "lm_head" not in plan.styles
 
 
-def test_moe_experts_and_router_replicated_dense_ffn_sharded():
-    # stacked experts have no tensor-parallel style yet: the moe declares tp_plan {} (replicated on purpose)
+def test_moe_experts_are_tensor_parallel_and_router_replicated():
     model = modkit.build(SPECS / "tiny-moe.json", device="meta")
     plan = model_plan(model, 2)
-    assert plan.styles["layers.0.ffn.gate"] == "colwise" and plan.styles["layers.0.ffn.down"] == "rowwise"
-    assert not any(p.startswith(("layers.1.ffn", "layers.3.ffn")) for p in plan.styles)
+    assert plan.styles["layers.1.ffn.experts"] == "grouped" and plan.styles["layers.3.ffn.experts"] == "grouped"
+    assert model.layers[1].ffn.experts.tp_shard_dims == {"gate": 2, "up": 2, "down": 1}
+    assert not any("router" in p for p in plan.styles)
+    odd = modkit.load_spec(SPECS / "tiny-moe.json").model_dump(mode="json")
+    odd["block"]["ffn"]["expert"]["d_ff"] = 175
+    with pytest.raises(ParallelError, match=r"layers\.1\.ffn\.experts\.gate: tensor-parallel degree tp = 2 does not divide its dim 2 \(size 175\)"):
+        model_plan(modkit.build(odd, device="meta"), 2)
 
 
 class _PlainMLPConfig(ComponentConfig):
@@ -212,6 +216,9 @@ def test_two_ranks_tp_and_fsdp_match_single_process(tmp_path):
             assert res["fsdp"][key] < TOL, (r, "fsdp", key, res["fsdp"])
         assert res["fsdp_init_max_abs_diff"] == 0.0
         assert res["moe_tp"]["logits_max_abs_diff"] < TOL and res["moe_tp"]["aux_abs_diff"] < TOL
+        experts_half = 4 * 3 * 128 * 176 // 2  # layer 1's stacked experts, sharded on d_ff over tp = 2
+        st = res["moe_tp"]["stats"]
+        assert st["sharded_local_params"] >= experts_half and st["local_params"] <= st["global_params"] - experts_half
         assert res["alibi_tp"]["logits_max_abs_diff"] < TOL
         # bf16 compute, fp32 reduce: bf16 logits near the fp32 ones, fp32 sharded gradients
         assert res["mixed"]["logits_dtype"] == "torch.bfloat16" and res["mixed"]["grad_dtype"] == "torch.float32"

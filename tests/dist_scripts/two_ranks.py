@@ -5,7 +5,7 @@ Against the single-process model built from the same spec and seed, each rank me
 * tp: tensor parallel (mesh 1 x 2): initial weights, forward logits, gradients, one AdamW step; per-rank bytes.
 * fsdp: FSDP2 (mesh 2 x 1), each rank on half the batch: logits, gradients after the reduce-scatter, one AdamW
   step; per-rank bytes.
-* moe_tp: the tiny-moe spec under TP (dense layers sharded, stacked experts replicated): logits and aux loss.
+* moe_tp: the tiny-moe spec under TP (stacked experts sharded on d_ff, the 'grouped' style): logits, aux loss, per-rank sizes.
 * alibi_tp: an ALiBi + MHA spec under TP (the bias sliced to local heads): logits.
 * mixed: FSDP2 with param_dtype bfloat16, reduce_dtype float32: logits against the float32 reference.
 * ckpt: DCP save of the FSDP model, load into a differently seeded one and into a TP-sharded one (DCP
