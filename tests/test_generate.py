@@ -333,3 +333,30 @@ def test_column_major_linears_keeps_values_names_and_checkpoints(tmp_path):
         assert all(torch.equal(again.state_dict()[k], before[k]) for k in before)
     assert column_major_linears(model, enable=False) == n_linear
     assert all(p.is_contiguous() for p in model.parameters())
+
+
+def test_generate_uses_column_major_weights_by_default_on_cpu_and_not_when_asked():
+    row = modkit.build(C12_SPEC, seed=0).eval()
+    col = modkit.build(C12_SPEC, seed=0).eval()
+    a = generate(row, [1, 2, 3], max_new_tokens=6, temperature=0, column_major=False)
+    b = generate(col, [1, 2, 3], max_new_tokens=6, temperature=0)
+    assert torch.equal(a, b)
+    assert row.layers[0].attention.q_proj.weight.is_contiguous()
+    w = col.layers[0].attention.q_proj.weight
+    assert w.t().is_contiguous() == torch.backends.mkl.is_available()
+    assert all(torch.equal(col.state_dict()[k], v) for k, v in row.state_dict().items())
+    col.train()
+    col(torch.tensor([[1, 2, 3]])).logits.sum().backward()  # still trainable after the layout change
+    assert col.layers[0].attention.q_proj.weight.grad is not None
+
+
+def test_logits_to_keep_returns_the_last_positions_only():
+    model = modkit.build(C12_SPEC, seed=0).eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]])
+    full = model(ids).logits
+    for n in (1, 2, 5, 9):
+        kept = model(ids, logits_to_keep=n).logits
+        assert kept.shape == (2, min(n, 5), full.shape[-1])
+        torch.testing.assert_close(kept, full[:, -n:], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="logits_to_keep must be >= 1"):
+        model(ids, logits_to_keep=0)
