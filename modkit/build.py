@@ -61,7 +61,7 @@ def _parse_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
         if not isinstance(out, torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
     if not out.is_floating_point:
-        raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16), got {out}")
+        raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16; float64 for reference checks), got {out}")
     return out
 
 
