@@ -528,7 +528,7 @@ def _check_device(text: str):
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError) as exc:
-        raise UserError(f"invalid device {text!r}: {exc}") from None
+        raise UserError(f"invalid device {text!r}; use cpu, meta, cuda or cuda:N (any torch device type works)") from None
     if device.type == "meta":
         return device
     if device.type == "cuda" and not torch.cuda.is_available():
