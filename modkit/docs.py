@@ -819,7 +819,7 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
     if acts is not None:
         parts += ["", f"**Acts on `{acts}`**: {acts_on_text(acts)}"]
     if entry.grouped_factory is not None:
-        parts += ["", "**Grouped form**: usable as the experts of an `moe` (its `grouped_factory` builds `n_experts` "
+        parts += ["", "**Grouped form**: usable as mixture-of-experts experts (its `grouped_factory` builds `n` "
                   "copies with stacked weights, run by one grouped GEMM per projection)."]
     parts += ["", "## Fields", "", _field_table(field_rows(schema, link_kind=link_kind)), ""]
     parts += ["## Capabilities", ""]

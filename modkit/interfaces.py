@@ -198,7 +198,7 @@ class BuildContext:
 
         The module's ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on rows
         ``[offs[g-1], offs[g])``. It is not tagged with a kind: it belongs to the component that builds it (an
-        ``moe``), whose kind and tensor-parallel plan cover it.
+        mixture of experts), whose kind and tensor-parallel plan cover it.
 
         Raises:
             RegistryError: the config's type is not registered.
@@ -207,9 +207,11 @@ class BuildContext:
         """
         entry = self.registry.entry_for_config(config)
         if entry.grouped_factory is None:
+            able = [e.type for e in self.registry.components(entry.kind) if e.grouped_factory is not None]
             raise ValueError(
-                f"{entry.kind} type {entry.type!r} ({entry.provider}) cannot be stacked into experts: its Component "
-                "has no grouped_factory; use a type that has one (mlp, swiglu, geglu) or add grouped_factory to it"
+                f"{entry.kind} type {entry.type!r} ({entry.provider}) cannot be stacked into copies: its Component "
+                f"has no grouped_factory; use a type that has one ({', '.join(able) or 'none registered'}) or add "
+                "grouped_factory to it"
             )
         ctx = replace(self, **changes) if changes else self
         module = entry.grouped_factory(config, ctx, n)

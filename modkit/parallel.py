@@ -23,7 +23,7 @@ sequence parallelism, so every activation between sublayers stays replicated on 
 | ``colwise`` | ``ColwiseParallel()``: ``nn.Linear`` weight ``[out, in]`` and bias sharded on ``out``; input replicated, output the local shard ``[..., out / tp]`` (a plain tensor) |
 | ``rowwise`` | ``RowwiseParallel()``: weight sharded on ``in``, bias replicated; input the local shard ``[..., in / tp]``, output all-reduced ``[..., out]``. On an ``nn.Embedding``: vocab-parallel lookup (rows sharded, token ids replicated, output all-reduced) |
 | ``colwise_gather`` | ``ColwiseParallel(output_layouts=Replicate())``: like ``colwise`` but the output is all-gathered to the full ``[..., out]`` (the vocab-parallel LM head: full logits) |
-| ``grouped`` | stacked copies (an ``moe``'s experts, a component's grouped form): every parameter sharded on the dim its module's ``tp_shard_dims`` names (the hidden ``d_ff`` dim of each copy); input replicated, the module computes on its local shards, output all-reduced |
+| ``grouped`` | stacked copies (a component's grouped form, e.g. mixture-of-experts experts): every parameter sharded on the dim its module's ``tp_shard_dims`` names (the hidden ``d_ff`` dim of each copy); input replicated, the module computes on its local shards, output all-reduced |
 | ``replicate`` | explicit "leave this submodule whole on every TP rank" |
 
 Choices made here (and why):

@@ -84,7 +84,7 @@ class Component:
             ``grouped_factory(config, ctx, n) -> nn.Module`` building ``n`` independent copies with stacked weights,
             whose ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on the
             contiguous rows ``[offs[g-1], offs[g])`` (see :func:`modkit.grouped.grouped_mm`), and whose
-            ``init_weights(init)`` initialises every copy. An ``moe`` requires it of its expert type.
+            ``init_weights(init)`` initialises every copy. A mixture of experts requires it of its expert type.
         provider: filled in by the registry when the entry is registered.
     """
 

@@ -233,8 +233,9 @@ class MoEConfig(ComponentConfig):
         if entry.capabilities.get("aux_loss"):
             return [("expert", f"expert type {self.expert.type!r} returns an aux loss (it is a mixture itself); use a dense ffn")]
         if entry.grouped_factory is None:
+            able = sorted(e.type for e in ctx.registry.components("ffn") if e.grouped_factory is not None)
             return [("expert", f"expert type {self.expert.type!r} ({entry.provider}) has no grouped form (Component."
-                     "grouped_factory) to stack n_experts copies; use mlp, swiglu or geglu, or give it one")]
+                     f"grouped_factory) to stack n_experts copies; use one that has: {', '.join(able)}, or give it one")]
         return []
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 from typing import Literal
 
@@ -12,9 +11,10 @@ from pydantic import Field
 from torch import nn
 
 import modkit
-from modkit import BuildContext, Component, ComponentConfig, Registry, hookimpl
+from modkit import BuildContext, Component, ComponentConfig
 from modkit.grouped import grouped_mm
 from modkit_plugins.ffn import GatedConfig, MLPConfig
+from tests.conftest import registry_with
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDS = [3, 3, 9, 14]  # group 1 empty
@@ -100,16 +100,11 @@ class _PlainConfig(ComponentConfig):
 
 
 def test_moe_refuses_an_expert_type_without_a_grouped_form():
-    reg = Registry()
-    for info in modkit.get_registry().plugins():
-        reg.register_plugin(info.obj, info.name)
-
-    def register_components(register):
-        register(Component(kind="ffn", type="plain", config=_PlainConfig, description="a third-party MLP",
-                           factory=lambda cfg, ctx: nn.Sequential(nn.Linear(ctx.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, ctx.d_model))))
-
-    reg.register_plugin(types.SimpleNamespace(register_components=hookimpl(register_components)), "thirdparty-plain")
+    reg = registry_with("thirdparty-plain", Component(
+        kind="ffn", type="plain", config=_PlainConfig, description="a third-party MLP",
+        factory=lambda cfg, ctx: nn.Sequential(nn.Linear(ctx.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, ctx.d_model)),
+    ))
     spec = modkit.load_spec(ROOT / "specs" / "tiny-moe.json").model_dump(mode="json")
     spec["block"]["ffn"]["expert"] = {"type": "plain", "d_ff": 8}
-    with pytest.raises(modkit.SpecError, match=r"block\.ffn\.expert.*'plain'.*has no grouped form.*mlp, swiglu or geglu"):
+    with pytest.raises(modkit.SpecError, match=r"block\.ffn\.expert.*'plain'.*has no grouped form.*use one that has: geglu, mlp, swiglu,"):
         modkit.load_spec(spec, registry=reg)

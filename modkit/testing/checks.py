@@ -790,7 +790,7 @@ def _applies_grouped(entry: Component, config: ComponentConfig) -> Optional[str]
 
 
 def check_grouped_form(bench: Bench) -> str:
-    """The grouped form (``grouped_factory``, the stacked copies an ``moe`` uses as experts) keeps its contract.
+    """The grouped form (``grouped_factory``, the stacked copies a mixture of experts uses as experts) keeps its contract.
 
     Three copies, rows ``[0, 4)``, ``[4, 4)`` (empty) and ``[4, 10)`` of ``x [10, d_model]``: the output is
     ``[10, d_model]``, finite, in ``x``'s dtype; each group's rows, run alone as a single non-empty group, give the
@@ -947,7 +947,7 @@ CHECKS: tuple[Check, ...] = (
     Check("aux_loss_grad", "the aux loss alone sends a gradient to the router", check_aux_loss_grad, _applies_aux),
     Check("compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, _applies_compile),
     Check("masked_row", "no NaN with fully masked rows (left padding); real tokens unaffected", check_masked_row, _applies_masked),
-    Check("grouped_form", "the stacked copies (moe experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, _applies_grouped),
+    Check("grouped_form", "the stacked copies (mixture-of-experts experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, _applies_grouped),
     Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits equal the single-process ones (opt-in: distributed)",
           check_shards, _applies_shards, distributed=True, run_many=_shards_many),
 )
