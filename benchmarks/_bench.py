@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import math
 import os
 import platform
 import statistics
@@ -161,32 +160,11 @@ def hf_llama(cfg: Config, seed: int = 0):
     return hf
 
 
-def llama_by_hand(hf) -> "modkit.Model":
-    """Copy a ``LlamaForCausalLM``'s weights into a modkit model by an explicit name map (the fallback when
-    ``modkit.from_hf`` is not available): q/k/v/o projections, gate/up/down, the two norms per layer, final norm,
-    embedding and head."""
-    spec = modkit.from_hf_config(hf.config.to_dict())
-    model = modkit.build(spec, device=hf.device, dtype=hf.dtype)
-    names = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
-    parts = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attention.q_proj": "self_attn.q_proj",
-             "attention.k_proj": "self_attn.k_proj", "attention.v_proj": "self_attn.v_proj", "attention.o_proj": "self_attn.o_proj",
-             "ffn.gate": "mlp.gate_proj", "ffn.up": "mlp.up_proj", "ffn.down": "mlp.down_proj"}
-    for i in range(spec.n_layers):
-        for ours, theirs in parts.items():
-            names[f"layers.{i}.{ours}.weight"] = f"model.layers.{i}.{theirs}.weight"
-    state = hf.state_dict()
-    model.load_state_dict({k: state[v] for k, v in names.items()})
-    return model.eval()
-
-
-def modkit_from(hf) -> tuple["modkit.Model", str]:
-    """The same weights in modkit: ``modkit.from_hf`` on a ``save_pretrained`` folder, else :func:`llama_by_hand`."""
-    if hasattr(modkit, "from_hf"):
-        with tempfile.TemporaryDirectory() as d:
-            hf.save_pretrained(d)
-            model = modkit.from_hf(d, device=hf.device, dtype=hf.dtype).eval()
-        return model, "modkit.from_hf(save_pretrained folder)"
-    return llama_by_hand(hf), "explicit state-dict name map"
+def modkit_from(hf) -> "modkit.Model":
+    """The same weights in modkit: ``modkit.from_hf`` on a ``save_pretrained`` folder of ``hf``."""
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        return modkit.from_hf(d, device=hf.device, dtype=hf.dtype).eval()
 
 
 def linear_shapes(cfg: Config) -> list[tuple[int, int]]:
@@ -511,6 +489,37 @@ def bench_moe(cfg: Config, rep: Report) -> None:
         with torch.inference_mode():
             rep.profiles.append(("moe, modkit dropless", profile_table(lambda: dropless(x), cfg.device)))
             rep.profiles.append(("moe, transformers MixtralSparseMoeBlock", profile_table(lambda: block(x), cfg.device)))
+
+
+def run_workloads(cfg: Config, only: set[str], title: str, script: str, argv: Optional[list[str]], output: Path) -> None:
+    """Run the chosen workloads (``prefill``, ``decode``, ``moe``) on ``cfg`` and write the markdown report.
+
+    The llama-like model is built once in transformers and copied into modkit with :func:`modkit_from` (its
+    memory is released before the MoE block, which matters on a GPU). ``script`` and ``argv`` make the command
+    line quoted in the report.
+    """
+    load_before = load_average()
+    start = time.perf_counter()
+    print(f"load average {load_before}; torch threads {torch.get_num_threads()}", flush=True)
+    rep = Report(cfg)
+    if only & {"prefill", "decode"}:
+        hf = hf_llama(cfg)
+        model = modkit_from(hf)
+        rep.fact(f"weights copied into modkit by modkit.from_hf(save_pretrained folder); "
+                 f"{sum(p.numel() for p in model.parameters()):,} parameters")
+        if "prefill" in only:
+            bench_prefill(cfg, rep, hf, model)
+        if "decode" in only:
+            bench_decode(cfg, rep, hf, model)
+        del hf, model
+        if cfg.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    if "moe" in only:
+        bench_moe(cfg, rep)
+    load_after = load_average()
+    command = f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_markdown(rep, output, title, command.strip(), load_before, load_after, time.perf_counter() - start)
+    print(f"\nload average after: {load_after}; wrote {output}")
 
 
 # ------------------------------------------------------------------------------------------------ report

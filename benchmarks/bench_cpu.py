@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,26 +48,8 @@ def main(argv=None) -> int:
                    profile=not args.no_profile)
     if args.quick:
         cfg.repeats, cfg.new, cfg.compile, cfg.profile = 2, 32, False, False
-    only = set(args.only or ["prefill", "decode", "moe"])
-    load_before = B.load_average()
-    start = time.perf_counter()
-    print(f"load average {load_before}; torch threads {torch.get_num_threads()}", flush=True)
-    rep = B.Report(cfg)
-    if only & {"prefill", "decode"}:
-        hf = B.hf_llama(cfg)
-        model, how = B.modkit_from(hf)
-        rep.fact(f"weights copied into modkit by {how}; {sum(p.numel() for p in model.parameters()):,} parameters")
-        if "prefill" in only:
-            B.bench_prefill(cfg, rep, hf, model)
-        if "decode" in only:
-            B.bench_decode(cfg, rep, hf, model)
-    if "moe" in only:
-        B.bench_moe(cfg, rep)
-    load_after = B.load_average()
-    command = "python benchmarks/bench_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    B.write_markdown(rep, Path(args.output), "CPU benchmark: modkit vs transformers", command.strip(), load_before,
-                     load_after, time.perf_counter() - start)
-    print(f"\nload average after: {load_after}; wrote {args.output}")
+    B.run_workloads(cfg, set(args.only or ["prefill", "decode", "moe"]), "CPU benchmark: modkit vs transformers",
+                    "bench_cpu.py", argv, Path(args.output))
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -46,26 +45,8 @@ def main(argv=None) -> int:
                    device=args.device, prefill_batch=8, prefill_seq=1024, prompt=128, new=256, moe_tokens=16384,
                    repeats=args.repeats, compile=not args.no_compile, compile_hf=not args.no_compile,
                    profile=not args.no_profile)
-    only = set(args.only or ["prefill", "decode", "moe"])
-    load_before = B.load_average()
-    start = time.perf_counter()
-    rep = B.Report(cfg)
-    if only & {"prefill", "decode"}:
-        hf = B.hf_llama(cfg)
-        model, how = B.modkit_from(hf)
-        rep.fact(f"weights copied into modkit by {how}; {sum(p.numel() for p in model.parameters()):,} parameters")
-        if "prefill" in only:
-            B.bench_prefill(cfg, rep, hf, model)
-        if "decode" in only:
-            B.bench_decode(cfg, rep, hf, model)
-        del hf, model
-        torch.cuda.empty_cache()
-    if "moe" in only:
-        B.bench_moe(cfg, rep)
-    command = "python benchmarks/bench_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    B.write_markdown(rep, Path(args.output), "GPU benchmark: modkit vs transformers (bfloat16)", command.strip(),
-                     load_before, B.load_average(), time.perf_counter() - start)
-    print(f"\nwrote {args.output}")
+    B.run_workloads(cfg, set(args.only or ["prefill", "decode", "moe"]), "GPU benchmark: modkit vs transformers (bfloat16)",
+                    "bench_gpu.py", argv, Path(args.output))
     return 0
 
 

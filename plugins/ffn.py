@@ -99,6 +99,11 @@ def _local(t: Tensor) -> Tensor:
 class _Stacked(nn.Module):
     """Base of the grouped FFNs: stacked ``[n, in, out]`` projections and their per-group biases."""
 
+    def __init__(self, activation: str, bias: bool):
+        super().__init__()
+        self.bias, self.activation = bias, activation
+        self._act = ACTIVATIONS[activation]
+
     def _projection(self, name: str, n: int, d_in: int, d_out: int, bias: bool) -> None:
         """Register ``name [n, d_in, d_out]`` (and ``{name}_bias [n, d_out]``), filled like ``nn.Linear``'s
         defaults, U(-1/sqrt(d_in), 1/sqrt(d_in)), so a directly constructed module is usable (a model build
@@ -151,11 +156,9 @@ class GroupedMLP(_Stacked):
     """
 
     def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool):
-        super().__init__()
+        super().__init__(activation, bias)
         self._projection("up", n, d_model, d_ff, bias)
         self._projection("down", n, d_ff, d_model, bias)
-        self.bias, self.activation = bias, activation
-        self._act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor, offs: Tensor) -> Tensor:
         """``x [rows, d_model]``, ``offs [n]`` int32 cumulative row ends -> ``[rows, d_model]``."""
@@ -173,12 +176,10 @@ class GroupedGatedMLP(_Stacked):
     """
 
     def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool):
-        super().__init__()
+        super().__init__(activation, bias)
         self._projection("gate", n, d_model, d_ff, bias)
         self._projection("up", n, d_model, d_ff, bias)
         self._projection("down", n, d_ff, d_model, bias)
-        self.bias, self.activation = bias, activation
-        self._act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor, offs: Tensor) -> Tensor:
         """``x [rows, d_model]``, ``offs [n]`` int32 cumulative row ends -> ``[rows, d_model]``."""

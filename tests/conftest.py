@@ -47,6 +47,25 @@ def tiny_spec(**changes) -> dict:
     return spec
 
 
+def registry_with(plugin_name: str, *components):
+    """A fresh ``modkit.Registry`` holding the installed plugins plus one plugin ``plugin_name`` that registers
+    ``components`` (``modkit.Component`` entries), the way a third-party package would."""
+    import types
+
+    import modkit
+
+    reg = modkit.Registry()
+    for info in modkit.get_registry().plugins():
+        reg.register_plugin(info.obj, info.name)
+
+    def register_components(register):
+        for component in components:
+            register(component)
+
+    reg.register_plugin(types.SimpleNamespace(register_components=modkit.hookimpl(register_components)), plugin_name)
+    return reg
+
+
 @pytest.fixture
 def tiny():
     """Factory fixture for :func:`tiny_spec`."""

@@ -194,30 +194,7 @@ def _hf_causal(cls_name: str, seed: int = 0, **kwargs):
     return hf
 
 
-def _llama_by_hand(hf) -> "modkit.Model":
-    """Map a LlamaForCausalLM state dict onto a modkit model (used while modkit.from_hf is not available)."""
-    spec = modkit.from_hf_config(hf.config.to_dict())
-    model = modkit.build(spec)
-    names = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
-    parts = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attention.q_proj": "self_attn.q_proj",
-             "attention.k_proj": "self_attn.k_proj", "attention.v_proj": "self_attn.v_proj", "attention.o_proj": "self_attn.o_proj",
-             "ffn.gate": "mlp.gate_proj", "ffn.up": "mlp.up_proj", "ffn.down": "mlp.down_proj"}
-    for i in range(spec.n_layers):
-        for ours, theirs in parts.items():
-            names[f"layers.{i}.{ours}.weight"] = f"model.layers.{i}.{theirs}.weight"
-    hf_state = hf.state_dict()
-    model.load_state_dict({k: hf_state[v] for k, v in names.items()})
-    return model.eval()
-
-
-def _load(hf, tmp_path) -> "modkit.Model":
-    if hasattr(modkit, "from_hf"):
-        hf.save_pretrained(tmp_path / "hf")
-        return modkit.from_hf(tmp_path / "hf").eval()
-    return _llama_by_hand(hf)
-
-
-#: (id, transformers config class, kwargs); llama always, the others through modkit.from_hf
+#: (id, transformers config class, kwargs), each loaded into modkit through modkit.from_hf
 PARITY_CASES = [
     ("llama", "LlamaConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=96)),
     ("mistral-window4", "MistralConfig", dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
@@ -241,10 +218,9 @@ PARITY_CASES = [
 @pytest.mark.parametrize("name,cls_name,kwargs", PARITY_CASES, ids=[c[0] for c in PARITY_CASES])
 def test_greedy_generation_matches_transformers(name, cls_name, kwargs, tmp_path):
     """32 greedy tokens equal transformers' ``generate`` exactly, for one prompt and a left-padded batch."""
-    if name != "llama" and not hasattr(modkit, "from_hf"):
-        pytest.skip("modkit.from_hf is not available: only llama is mapped by hand")
     hf = _hf_causal(cls_name, **kwargs)
-    model = _load(hf, tmp_path)
+    hf.save_pretrained(tmp_path / "hf")
+    model = modkit.from_hf(tmp_path / "hf").eval()
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(1, 97, (2, 8), generator=g)
     mask = torch.ones(2, 8, dtype=torch.long)

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -23,10 +22,10 @@ from pydantic import Field
 from torch import nn
 
 import modkit
-from modkit import Component, ComponentConfig, Registry, hookimpl
+from modkit import Component, ComponentConfig
 from modkit.parallel import ParallelError, PlanWarning, model_plan
 
-from tests.conftest import REPO, SPECS, tiny_spec
+from tests.conftest import REPO, SPECS, registry_with, tiny_spec
 
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 TOL = 1e-5
@@ -123,22 +122,10 @@ class _PlainMLP(nn.Module):
 
 
 def test_third_party_component_without_plan_is_replicated_with_a_warning_naming_it():
-    reg = Registry()
-    for info in modkit.get_registry().plugins():
-        reg.register_plugin(info.obj, info.name)
-
-    def register_components(register):
-        register(
-            Component(
-                kind="ffn",
-                type="plainmlp",
-                config=_PlainMLPConfig,
-                factory=lambda cfg, ctx: _PlainMLP(ctx.d_model, cfg.d_ff),
-                description="a third-party MLP that declares no tp_plan",
-            )
-        )
-
-    reg.register_plugin(types.SimpleNamespace(register_components=hookimpl(register_components)), "thirdparty-mlp")
+    reg = registry_with("thirdparty-mlp", Component(
+        kind="ffn", type="plainmlp", config=_PlainMLPConfig, factory=lambda cfg, ctx: _PlainMLP(ctx.d_model, cfg.d_ff),
+        description="a third-party MLP that declares no tp_plan",
+    ))
     model = modkit.build(tiny_spec(block__ffn={"type": "plainmlp", "d_ff": 64}), device="meta", registry=reg)
     with pytest.warns(PlanWarning, match=r"ffn/plainmlp \(plugin thirdparty-mlp\) declares no tp_plan.*layers\.0\.ffn, layers\.1\.ffn"):
         plan = model_plan(model, 2, registry=reg)
@@ -148,23 +135,11 @@ def test_third_party_component_without_plan_is_replicated_with_a_warning_naming_
 
 
 def test_bad_plan_data_is_reported_with_the_entry():
-    reg = Registry()
-    for info in modkit.get_registry().plugins():
-        reg.register_plugin(info.obj, info.name)
-
-    def register_components(register):
-        register(
-            Component(
-                kind="ffn",
-                type="plainmlp",
-                config=_PlainMLPConfig,
-                factory=lambda cfg, ctx: _PlainMLP(ctx.d_model, cfg.d_ff),
-                description="a plan naming a missing submodule and a style that does not exist",
-                capabilities={"tp_plan": {"fc1": "colwise", "fc3": "rowwise"}},
-            )
-        )
-
-    reg.register_plugin(types.SimpleNamespace(register_components=hookimpl(register_components)), "bad-plan")
+    reg = registry_with("bad-plan", Component(
+        kind="ffn", type="plainmlp", config=_PlainMLPConfig, factory=lambda cfg, ctx: _PlainMLP(ctx.d_model, cfg.d_ff),
+        description="a plan naming a missing submodule and a style that does not exist",
+        capabilities={"tp_plan": {"fc1": "colwise", "fc3": "rowwise"}},
+    ))
     model = modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg)
     with pytest.raises(ParallelError, match=r"ffn/plainmlp .*names 'fc3' but layers\.0\.ffn has no submodule"):
         model_plan(model, 2, registry=reg)

@@ -19,8 +19,21 @@ from modkit import SpecError
 
 _MISSING = object()
 
+#: transformers' choice of kernels (attention, experts): runtime settings, never written to an export
+IMPLEMENTATION_KEYS: frozenset[str] = frozenset(
+    {
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "_attn_implementation_internal",
+        "experts_implementation",
+        "_experts_implementation",
+        "_experts_implementation_internal",
+    }
+)
+
 #: Keys that never change the architecture or the parameter count, for every model type.
-IRRELEVANT: frozenset[str] = frozenset(
+IRRELEVANT: frozenset[str] = IMPLEMENTATION_KEYS | frozenset(
     {
         # provenance and storage
         "model_type",  # read by the dispatcher
@@ -43,13 +56,6 @@ IRRELEVANT: frozenset[str] = frozenset(
         "torchscript",
         "tf_legacy_loss",
         "chunk_size_feed_forward",  # chunked FFN evaluation: same result
-        "attn_implementation",
-        "_attn_implementation",
-        "_attn_implementation_autoset",
-        "_attn_implementation_internal",
-        "experts_implementation",
-        "_experts_implementation",
-        "_experts_implementation_internal",
         "is_decoder",  # causal-LM classes are causal whatever this says
         "tie_encoder_decoder",  # meaningful only for encoder-decoder models (refused below)
         # task heads and tokenizer

@@ -29,11 +29,11 @@ from torch import Tensor
 from modkit import CheckpointError, SpecError, load_spec
 from modkit.checkpoint import Link
 
-from ._common import IRRELEVANT
+from ._common import IMPLEMENTATION_KEYS, IRRELEVANT
 
 #: keys of a source config copied into an export (tokenizer ids, generation defaults, task heads...): they do
 #: not change the network, so the spec does not hold them, but a checkpoint without them would lose them
-CARRY: frozenset[str] = frozenset(IRRELEVANT) - {
+CARRY: frozenset[str] = frozenset(IRRELEVANT) - IMPLEMENTATION_KEYS - {
     "model_type",
     "transformers_version",
     "_name_or_path",
@@ -41,13 +41,6 @@ CARRY: frozenset[str] = frozenset(IRRELEVANT) - {
     "_commit_hash",
     "torch_dtype",
     "dtype",
-    "attn_implementation",
-    "_attn_implementation",
-    "_attn_implementation_autoset",
-    "_attn_implementation_internal",
-    "experts_implementation",
-    "_experts_implementation",
-    "_experts_implementation_internal",
     "use_bfloat16",
     "quantization_config",
 }
