@@ -1586,7 +1586,8 @@ def _roles_to_autorefs(text: str) -> str:
 class SphinxRoles(_GriffeExtension):  # type: ignore[misc,valid-type]
     """Griffe extension: render Sphinx roles in modkit's docstrings as mkdocstrings cross-references."""
 
-    def on_instance(self, *, obj: Any, **kwargs: Any) -> None:  # noqa: D102
+    def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
+        """Rewrite ``obj``'s docstring roles (``:class:`x```) as autorefs before mkdocstrings renders it."""
         doc = getattr(obj, "docstring", None)
         if doc is not None and ":" in doc.value:
             doc.value = _roles_to_autorefs(doc.value)

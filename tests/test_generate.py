@@ -258,10 +258,9 @@ def test_cli_generate_ids_from_a_spec_and_a_checkpoint(tmp_path, capsys):
     expected = generate(model, [1, 2, 3], max_new_tokens=6, temperature=0)[0, 3:].tolist()
     assert out == " ".join(map(str, expected)) + "\n"
     assert "prefill" in err and "tokens/s" in err and len(err.strip().splitlines()) == 1
-    if hasattr(modkit, "save"):
-        modkit.save(model, tmp_path / "ckpt")
-        code, again, err = _cli(["generate", tmp_path / "ckpt", "--prompt", "1,2,3", "--max-new-tokens", 6], capsys)
-        assert code == 0 and again == out, err
+    modkit.save(model, tmp_path / "ckpt")
+    code, again, err = _cli(["generate", tmp_path / "ckpt", "--prompt", "1,2,3", "--max-new-tokens", 6], capsys)
+    assert code == 0 and again == out, err
     code, _, err = _cli(["generate", spec_file, "--prompt", "one two"], capsys)
     assert code == 1 and "token ids separated by commas or spaces" in err
     code, _, err = _cli(["generate", spec_file, "--prompt", "1 99"], capsys)
@@ -303,10 +302,9 @@ def test_column_major_linears_keeps_values_names_and_checkpoints(tmp_path):
     torch.testing.assert_close(model(ids).logits, logits, atol=1e-6, rtol=0)
     assert torch.equal(generate(model, [1, 2, 3], max_new_tokens=5, temperature=0),
                        generate(modkit.build(C12_SPEC, seed=0).eval(), [1, 2, 3], max_new_tokens=5, temperature=0))
-    if hasattr(modkit, "save"):
-        modkit.save(model, tmp_path / "ckpt")
-        again = modkit.load(tmp_path / "ckpt")
-        assert all(torch.equal(again.state_dict()[k], before[k]) for k in before)
+    modkit.save(model, tmp_path / "ckpt")
+    again = modkit.load(tmp_path / "ckpt")
+    assert all(torch.equal(again.state_dict()[k], before[k]) for k in before)
     assert column_major_linears(model, enable=False) == n_linear
     assert all(p.is_contiguous() for p in model.parameters())
 
