@@ -15,13 +15,25 @@ from pydantic import BaseModel, ConfigDict, Field
 SLOT_KEY = "x-modkit-slot"
 
 
-class ComponentConfig(BaseModel):
-    """Base for component configs: strict (unknown keys are errors), documented fields, a ``type`` tag.
+#: the validation settings every spec model shares: unknown keys are errors, values are immutable, types are strict
+#: (JSON ``true`` is not the integer 1, ``"128"`` is not 128, ``12.0`` is not an int, ``1`` is not a bool; an
+#: int is accepted where a float is expected) and no float field takes NaN or +-Infinity.
+STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False, protected_namespaces=())
 
-    Subclasses declare ``type: Literal["name", ...]`` and one ``Field(description=...)`` per field.
+
+class StrictModel(BaseModel):
+    """Base of every model a spec is validated with (component configs, the spec itself, nested option objects
+    such as RoPE scaling): see :data:`STRICT`. Subclasses inherit it, third-party ones included."""
+
+    model_config = STRICT
+
+
+class ComponentConfig(StrictModel):
+    """Base for component configs: strict (see :class:`StrictModel`), documented fields, a ``type`` tag.
+
+    Subclasses declare ``type: Literal["name", ...]`` and one ``Field(description=...)`` per field. Sizes should
+    use the bounded types of :mod:`modkit.limits` (``HeadCount``, ``FFNWidth``...).
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     type: str
 

@@ -19,6 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .errors import CheckpointError, RegistryError, SpecError
+from .jsonio import JSONInputError, read_json_file
 from .registry import Registry, get_registry
 from .spec import ModelSpec, load_spec
 
@@ -32,34 +33,50 @@ DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 def read_config(source: Union[str, Path, dict]) -> dict:
     """Load a ``config.json`` (path to the file or its folder) or pass a dict through.
 
+    The file is read strictly (:mod:`modkit.jsonio`: a regular file of at most 16 MiB, UTF-8, no duplicate keys)
+    and must hold a JSON object.
+
     Raises:
-        SpecError: unreadable file or malformed JSON.
+        SpecError: unreadable file, malformed JSON, or a document that is not an object; naming the file.
     """
+    label = None
     if isinstance(source, dict):
-        return source
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise SpecError([("", f"cannot read Hugging Face config: {exc.strerror or exc}")], source=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise SpecError([("", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")], source=str(path)) from None
+        cfg: Any = source
+    else:
+        path = Path(source) if "\x00" not in str(source) else source
+        if isinstance(path, Path) and path.is_dir():
+            path = path / "config.json"
+        label = str(path)
+        try:
+            cfg = read_json_file(path)
+        except JSONInputError as exc:
+            raise SpecError(exc.errors, source=f"Hugging Face config {exc.source or label}") from None
+    if not isinstance(cfg, dict):
+        kind = "null" if cfg is None else "an array" if isinstance(cfg, list) else f"a {type(cfg).__name__}"
+        raise SpecError([("", f"a Hugging Face config is a JSON object, got {kind}")], source=label)
+    return cfg
+
+
+def _model_type(cfg: dict, label: Optional[str] = None) -> str:
+    model_type = cfg.get("model_type")
+    if model_type is None or model_type == "":
+        raise SpecError([("model_type", "missing; cannot tell which architecture this config describes")], source=label)
+    if not isinstance(model_type, str):
+        raise SpecError([("model_type", f"must be a string naming the architecture (e.g. \"llama\"), got {type(model_type).__name__} {str(model_type)[:40]}")], source=label)
+    return model_type
 
 
 def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Registry] = None) -> dict:
     """Convert a Hugging Face config to a modkit spec dict (not yet validated).
 
     Raises:
-        SpecError: no ``model_type``, an unsupported one (lists the supported types), or a field value the
-            converter cannot express (names the field and value).
+        SpecError: an unreadable or malformed file, no ``model_type`` or one that is not a string, an unsupported
+            one (lists the supported types), or a field value the converter cannot express; each error names the
+            config's own key (``rms_norm_eps``, ``rope_scaling.factor``).
     """
     reg = registry or get_registry()
     cfg = read_config(config)
-    model_type = cfg.get("model_type")
-    if not model_type:
-        raise SpecError([("model_type", "missing; cannot tell which architecture this config describes")])
+    model_type = _model_type(cfg)
     try:
         conv = reg.hf_converter(model_type)
     except RegistryError as exc:
@@ -151,9 +168,7 @@ def from_hf(
     reg = registry or get_registry()
     folder = _hf_folder(path)
     config = read_config(folder)
-    model_type = config.get("model_type")
-    if not model_type:
-        raise SpecError([("model_type", "missing; cannot tell which architecture this config describes")], source=str(folder / "config.json"))
+    model_type = _model_type(config, str(folder / "config.json"))
     mapper = _mapper(model_type, reg)
     source = TensorSource.from_path(folder)
     if spec is None:

@@ -12,6 +12,7 @@ Errors are collected into one :class:`~modkit.errors.SpecError` listing every ``
 from __future__ import annotations
 
 import json
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,23 +29,34 @@ from pydantic import (
     model_validator,
 )
 
-from .config import ComponentConfig, Slot, slot_kind
+from .config import STRICT, ComponentConfig, Slot, StrictModel, slot_kind
 from .errors import SpecError
+from .jsonio import JSONInputError, parse_json, read_json_file
+from .limits import BOUNDS, MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
 from .registry import Registry, close_matches, get_registry
 
 SCHEMA_VERSION = 1
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+class _Strict(StrictModel):
+    model_config = ConfigDict(**{**STRICT, "populate_by_name": True})
+
+
+LayerIndex = Annotated[int, Field(ge=0, lt=MAX_LAYERS)]
 
 
 class LayerRange(_Strict):
-    """A Python-style slice of layer indices: ``start``, ``start + step``, ... below ``stop``."""
+    """A Python-style slice of layer indices: ``start``, ``start + step``, ... below ``stop`` (``stop > start``)."""
 
-    start: int = Field(0, ge=0, description="first layer index (0-based)")
-    stop: Optional[int] = Field(None, ge=0, description="exclusive end; null means n_layers")
-    step: PositiveInt = Field(1, description="stride between selected layers")
+    start: LayerIndex = Field(0, description="first layer index (0-based)")
+    stop: Optional[Annotated[int, Field(ge=1, le=MAX_LAYERS)]] = Field(None, description="exclusive end; null means n_layers")
+    step: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = Field(1, description="stride between selected layers")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "LayerRange":
+        if self.stop is not None and self.stop <= self.start:
+            raise ValueError(f"stop = {self.stop} must exceed start = {self.start}; this range selects no layer")
+        return self
 
     def indices(self, n_layers: int) -> list[int]:
         """The selected layer indices for a model of ``n_layers`` layers."""
@@ -64,8 +76,8 @@ class BlockSpec(_Strict):
 class LayerOverride(_Strict):
     """Replace whole block slots (and the position scheme) for selected layers; later overrides win."""
 
-    layers: Union[list[int], LayerRange] = Field(
-        ..., description="layer indices (0-based), or a range {start, stop, step}"
+    layers: Union[Annotated[list[LayerIndex], Field(min_length=1, max_length=MAX_LAYERS)], LayerRange] = Field(
+        ..., description="layer indices (0-based; at least one), or a range {start, stop, step}"
     )
     attention: Optional[ComponentConfig] = Slot("attention", default=None, description="replacement attention")
     ffn: Optional[ComponentConfig] = Slot("ffn", default=None, description="replacement ffn")
@@ -95,17 +107,17 @@ class ModelSpec(_Strict):
         default_factory=dict,
         description="free-form provenance (e.g. hf_model_type, source); never affects the model",
     )
-    vocab_size: PositiveInt = Field(..., description="number of token ids")
-    d_model: PositiveInt = Field(..., description="residual stream width")
-    n_layers: PositiveInt = Field(..., description="number of Transformer blocks")
-    max_seq_len: PositiveInt = Field(..., description="longest sequence (tokens) the model is specified for")
+    vocab_size: VocabSize = Field(..., description="number of token ids (at most 2**24)")
+    d_model: DModel = Field(..., description="residual stream width (at most 2**17)")
+    n_layers: LayerCount = Field(..., description="number of Transformer blocks (at most 1024)")
+    max_seq_len: SeqLen = Field(..., description="longest sequence (tokens) the model is specified for (at most 2**27)")
     position: ComponentConfig = Slot("position", description="position scheme of every layer unless overridden")
     block: BlockSpec = Field(..., description="components of every block unless overridden")
     overrides: list[LayerOverride] = Field(default_factory=list, description="per-layer replacements of block slots")
     embedding_norm: Optional[ComponentConfig] = Slot(
         "norm", default=None, description="norm applied to the embeddings before the first block (BERT); null for none"
     )
-    embedding_scale: Union[float, Literal["sqrt_d_model"], None] = Field(
+    embedding_scale: Union[Annotated[float, Field(gt=0)], Literal["sqrt_d_model"], None] = Field(
         None, description="multiply token embeddings by this (Gemma: 'sqrt_d_model', rounded to the model dtype)"
     )
     final_norm: Optional[ComponentConfig] = Slot("norm", default=None, description="norm after the last block; null for none")
@@ -115,6 +127,13 @@ class ModelSpec(_Strict):
         None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2); null for none"
     )
     init_std: float = Field(0.02, gt=0, description="standard deviation of the normal init of weight matrices")
+
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _version_not_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # Literal[1] alone would take true (== 1 in Python)
+            raise ValueError(f"schema_version must be the integer 1, not a bool (got {v!r})")
+        return v
 
     @field_validator("overrides")
     @classmethod
@@ -286,29 +305,73 @@ def load_component(kind: str, data: Union[dict, ComponentConfig], *, registry: R
     try:
         return adapter.validate_python(data)
     except ValidationError as exc:
-        raise SpecError(list(dict.fromkeys(_format_error(e, data, reg) for e in exc.errors()))) from None
+        raise SpecError(_format_errors(exc.errors(), data, reg)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------
 # loading and error reporting
 
 
-def _path_of(loc: tuple, data: Any) -> str:
-    """Dotted JSON path for a pydantic ``loc``, dropping the union-tag elements pydantic inserts."""
+def _path_of(loc: tuple, data: Any, etype: str | None = None) -> tuple[str, bool]:
+    """Dotted JSON path for a pydantic ``loc``, dropping the union-member tags pydantic inserts.
+
+    Returns ``(path, tagged)``: ``tagged`` says a union-member tag was dropped (the error is one branch's).
+    A key absent from the document is a tag unless it is the missing field an error of type ``missing`` names.
+    """
     parts: list[str] = []
     node = data
-    for item in loc:
-        if isinstance(item, int):
+    tagged = False
+    for pos, item in enumerate(loc):
+        last = pos == len(loc) - 1
+        if isinstance(item, int) and isinstance(node, list):
             parts.append(f"[{item}]")
-            node = node[item] if isinstance(node, list) and -len(node) <= item < len(node) else None
+            node = node[item] if -len(node) <= item < len(node) else None
             continue
         if isinstance(node, dict) and item not in node and node.get("type") == item:
             continue  # discriminated-union tag, not a key of the document
-        if isinstance(item, str) and item.startswith(("function-", "list[", "union[")):
+        if isinstance(node, dict) and item in node:
+            parts.append(("." if parts else "") + str(item))
+            node = node[item]
             continue
-        parts.append(("." if parts else "") + str(item))
-        node = node.get(item) if isinstance(node, dict) else None
-    return "".join(parts)
+        if isinstance(node, dict) and last and etype == "missing":
+            parts.append(("." if parts else "") + str(item))
+            continue
+        if isinstance(node, dict) and not isinstance(item, str):
+            parts.append(("." if parts else "") + str(item))
+            node = None
+            continue
+        tagged = True  # a union member (int, float, 'literal[...]', a model name...), not a key of the document
+    return "".join(parts), tagged
+
+
+#: pydantic error types saying "the input is not of this branch's type" (dropped when another branch of the same
+#: union accepted the type and found a real problem)
+_TYPE_ERRORS = {
+    "int_type", "float_type", "string_type", "bool_type", "list_type", "dict_type", "model_type", "model_attributes_type",
+    "literal_error", "none_required", "is_instance_of", "union_tag_invalid", "int_from_float", "dataclass_type",
+}
+
+
+def _format_errors(errs: list[dict], data: Any, registry: Registry) -> list[tuple[str, str]]:
+    """``(path, message)`` per problem; the branches of one union at one path are merged into one message."""
+    formatted = [(*_format_error(e, data, registry), e.get("type") in _TYPE_ERRORS) for e in errs]
+    branch_paths = [path for path, _, tagged, _ in formatted if tagged]
+    out: dict[str, list[tuple[str, bool]]] = {}
+    union_paths: set[str] = set()
+    for path, msg, tagged, is_type in formatted:
+        if tagged and is_type and any(p != path and p.startswith((path + ".", path + "[")) for p in branch_paths):
+            continue  # another branch of this union took the value and found a problem inside it
+        out.setdefault(path, []).append((msg, is_type))
+        if tagged:
+            union_paths.add(path)
+    result = []
+    for path, msgs in out.items():
+        if path in union_paths and len(msgs) > 1:
+            real = [m for m, is_type in msgs if not is_type] or [m for m, _ in msgs]
+            result.append((path, " or ".join(dict.fromkeys(real))))
+        else:
+            result.extend((path, m) for m in dict.fromkeys(m for m, _ in msgs))
+    return result
 
 
 def _node_at(loc: tuple, data: Any) -> Any:
@@ -333,16 +396,16 @@ def _kind_for_tags(expected: str, registry: Registry) -> str | None:
     return None
 
 
-def _format_error(err: dict, data: Any, registry: Registry) -> tuple[str, str]:
+def _format_error(err: dict, data: Any, registry: Registry) -> tuple[str, str, bool]:
     loc = tuple(err.get("loc", ()))
-    path = _path_of(loc, data)
     etype = err.get("type")
+    path, tagged = _path_of(loc, data, etype)
     if etype == "union_tag_invalid":
         ctx = err.get("ctx", {})
         kind = _kind_for_tags(str(ctx.get("expected_tags", "")), registry) or "component"
-        return (f"{path}.type" if path else "type", registry.unknown_type_message(kind, ctx.get("tag")))
+        return (f"{path}.type" if path else "type", registry.unknown_type_message(kind, ctx.get("tag")), tagged)
     if etype == "union_tag_not_found":
-        return (path, "missing 'type'; every component needs a \"type\" naming a registered component")
+        return (path, "missing 'type'; every component needs a \"type\" naming a registered component", tagged)
     if etype == "extra_forbidden":
         parent = _node_at(loc[:-1], data)
         field = loc[-1]
@@ -352,13 +415,42 @@ def _format_error(err: dict, data: Any, registry: Registry) -> tuple[str, str]:
         if allowed:
             hint = close_matches(str(field), allowed)
             msg += f"; valid fields: {', '.join(allowed)}" + (f"; did you mean {hint[0]!r}?" if hint else "")
-        return (path, msg)
+        return (path, msg, tagged)
     msg = err.get("msg", "invalid")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
-    if etype not in ("missing",) and "input" in err and not isinstance(err["input"], (dict, list)):
-        msg += f" (got {err['input']!r})"
-    return (path, msg)
+    value = err.get("input")
+    if etype in ("int_type", "float_type", "bool_type", "string_type") and "input" in err:
+        msg += f", not {_json_kind(value)}"
+    if etype == "less_than_equal":
+        field = path.rsplit(".", 1)[-1]
+        if field in BOUNDS:
+            msg += f"; {BOUNDS[field]:,} is modkit's bound for {field} (modkit.limits), far above any published model"
+    if etype not in ("missing",) and "input" in err and not isinstance(value, (dict, list)):
+        msg += f" (got {_short_repr(value)})"
+    if etype == "int_type" and isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        msg += "; write an integer without a decimal point or exponent"
+    return (path, msg, tagged)
+
+
+def _json_kind(value: Any) -> str:
+    """How a JSON value reads to a user: ``true (a bool)``, ``a string``, ``a float``..."""
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, int):
+        return "an integer"
+    if value is None:
+        return "null"
+    return f"a JSON {'object' if isinstance(value, dict) else 'array' if isinstance(value, list) else type(value).__name__}"
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
 
 
 def _allowed_fields(parent: Any, registry: Registry) -> list[str]:
@@ -423,8 +515,10 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
         A validated :class:`ModelSpec` (instance of the live subclass).
 
     Raises:
-        SpecError: with every ``(path, message)``: unreadable file, malformed JSON (line and column),
-            schema violations, unknown component types (valid types and closest match listed) and
+        SpecError: with every ``(path, message)``: unreadable file (missing, not a regular file, over 16 MiB,
+            not UTF-8), malformed JSON (line and column), duplicate keys, nesting over 64 levels (see
+            :mod:`modkit.jsonio`), schema violations (strict types, non-finite floats, sizes over the bounds of
+            :mod:`modkit.limits`), unknown component types (valid types and closest match listed) and
             cross-field problems such as ``block.attention: n_kv_heads = 5 does not divide n_heads = 32``.
     """
     reg = registry or get_registry()
@@ -434,25 +528,22 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
     elif isinstance(source, dict):
         data = source
     else:
-        text = str(source)
-        if isinstance(source, Path) or not text.lstrip().startswith("{"):
-            label = text
-            try:
-                text = Path(text).read_text()
-            except OSError as exc:
-                raise SpecError([("", f"cannot read spec file: {exc.strerror or exc}")], source=label) from None
+        text = source if isinstance(source, str) else None
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError([("", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")], source=label) from None
+            if text is not None and text.lstrip().startswith("{"):
+                data = parse_json(text)
+            else:
+                label = str(source)
+                data = read_json_file(source)
+        except JSONInputError as exc:
+            raise SpecError(exc.errors, source=label) from None
     if not isinstance(data, dict):
         raise SpecError([("", f"a spec is a JSON object, got {type(data).__name__}")], source=label)
     model = spec_model(reg)
     try:
         spec = model.model_validate(data)
     except ValidationError as exc:
-        errors = [_format_error(e, data, reg) for e in exc.errors()]
-        raise SpecError(list(dict.fromkeys(errors)), source=label) from None
+        raise SpecError(_format_errors(exc.errors(), data, reg), source=label) from None
     errors = _semantic_errors(spec, reg)
     if errors:
         raise SpecError(errors, source=label)

@@ -22,21 +22,22 @@ from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field, PositiveInt, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 
 from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, Slot, hookimpl
+from modkit.limits import HeadCount, HeadDim, SeqLen
 
 
 class AttentionConfig(ComponentConfig):
     """Config shared by ``mha``, ``mqa`` and ``gqa``."""
 
     type: Literal["mha", "mqa", "gqa"]
-    n_heads: PositiveInt = Field(..., description="number of query heads")
-    n_kv_heads: Optional[PositiveInt] = Field(
+    n_heads: HeadCount = Field(..., description="number of query heads")
+    n_kv_heads: Optional[HeadCount] = Field(
         None, validate_default=True, description="number of key/value heads; must divide n_heads. Default: n_heads (mha), 1 (mqa); required for gqa"
     )
-    head_dim: Optional[PositiveInt] = Field(
+    head_dim: Optional[HeadDim] = Field(
         None, description="width of one head; default d_model / n_heads (which must then be an integer)"
     )
     q_bias: bool = Field(False, description="bias on the query projection")
@@ -49,7 +50,7 @@ class AttentionConfig(ComponentConfig):
     qk_norm_scope: Literal["head", "full"] = Field(
         "head", description="'head': normalise each head over head_dim (Qwen3, Gemma 3); 'full': over the whole projection (OLMo 2)"
     )
-    sliding_window: Optional[PositiveInt] = Field(
+    sliding_window: Optional[SeqLen] = Field(
         None, description="each query sees only keys with 0 <= q_pos - k_pos < sliding_window; null for global attention"
     )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")

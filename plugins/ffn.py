@@ -21,11 +21,12 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field, PositiveInt
+from pydantic import Field
 from torch import Tensor, nn
 
 from modkit import BuildContext, Component, ComponentConfig, Init, hookimpl
 from modkit.grouped import grouped_mm
+from modkit.limits import FFNWidth
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.functional.gelu(x),
@@ -39,7 +40,7 @@ class MLPConfig(ComponentConfig):
     """Config of ``mlp``: ``down(act(up(x)))``."""
 
     type: Literal["mlp"] = "mlp"
-    d_ff: PositiveInt = Field(..., description="hidden width")
+    d_ff: FFNWidth = Field(..., description="hidden width")
     activation: Literal["gelu", "gelu_tanh", "relu", "silu"] = Field("gelu", description="activation between the projections")
     bias: bool = Field(True, description="biases on both projections")
 
@@ -48,7 +49,7 @@ class GatedConfig(ComponentConfig):
     """Config of ``swiglu`` / ``geglu``: ``down(act(gate(x)) * up(x))``."""
 
     type: Literal["swiglu", "geglu"]
-    d_ff: PositiveInt = Field(..., description="hidden width")
+    d_ff: FFNWidth = Field(..., description="hidden width")
     bias: bool = Field(False, description="biases on the three projections")
     activation: Literal["gelu", "gelu_tanh", "relu", "silu", None] = Field(
         None, description="gate activation; default silu for swiglu, gelu_tanh for geglu"

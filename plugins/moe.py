@@ -54,10 +54,11 @@ from dataclasses import replace
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from modkit import BuildContext, Component, ComponentConfig, Slot, hookimpl
+from modkit.limits import ExpertCount
 
 # ----------------------------------------------------------------------------------------------------- losses
 
@@ -187,8 +188,8 @@ class MoEConfig(ComponentConfig):
     """
 
     type: Literal["moe"] = "moe"
-    n_experts: PositiveInt = Field(..., description="number of experts")
-    top_k: PositiveInt = Field(2, description="experts per token; must be <= n_experts")
+    n_experts: ExpertCount = Field(..., description="number of experts")
+    top_k: ExpertCount = Field(2, description="experts per token; must be <= n_experts")
     expert: ComponentConfig = Slot(
         "ffn",
         description="spec of one expert (an ffn type with a grouped form: mlp, swiglu, geglu), e.g. "

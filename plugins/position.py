@@ -23,11 +23,12 @@ import math
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 from torch import Tensor, nn
 
-from pydantic import BaseModel, ConfigDict
 from modkit import BuildContext, Component, ComponentConfig, Init, PositionScheme, hookimpl
+from modkit.config import StrictModel
+from modkit.limits import SeqLen
 
 
 class NoPositionConfig(ComponentConfig):
@@ -40,16 +41,14 @@ class NoPosition(PositionScheme):
     """Identity position scheme."""
 
 
-class RopeScaling(BaseModel):
-    """Frequency scaling for context extension."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class RopeScaling(StrictModel):
+    """Frequency scaling for context extension (strict like every spec object)."""
 
     type: Literal["linear", "llama3"] = Field(..., description="'linear': divide every frequency by factor; 'llama3': Llama 3.1 band-wise scaling")
     factor: PositiveFloat = Field(..., description="context extension factor")
     low_freq_factor: Optional[PositiveFloat] = Field(None, description="llama3: wavelengths above original_max_seq_len / low_freq_factor are divided by factor")
     high_freq_factor: Optional[PositiveFloat] = Field(None, description="llama3: wavelengths below original_max_seq_len / high_freq_factor are kept")
-    original_max_seq_len: Optional[PositiveInt] = Field(None, description="llama3: context length the model was pre-trained with")
+    original_max_seq_len: Optional[SeqLen] = Field(None, description="llama3: context length the model was pre-trained with")
 
     @model_validator(mode="after")
     def _llama3_fields(self) -> "RopeScaling":

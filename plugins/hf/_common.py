@@ -13,9 +13,12 @@ Semantics follow transformers' own configuration and modeling code (read, not co
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from modkit import SpecError
+from modkit.limits import MAX_D_FF, MAX_D_MODEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE
 
 _MISSING = object()
 
@@ -143,6 +146,36 @@ ACTIVATIONS: dict[str, str] = {
 }
 
 
+#: modkit's bound (:mod:`modkit.limits`) on each size key of a Hugging Face config, checked where it is read
+HF_BOUNDS: dict[str, int] = {
+    **{k: MAX_VOCAB_SIZE for k in ("vocab_size", "type_vocab_size")},
+    **{k: MAX_D_MODEL for k in ("hidden_size", "n_embd", "d_model")},
+    **{k: MAX_LAYERS for k in ("num_hidden_layers", "n_layer", "num_layers", "sliding_window_pattern", "max_window_layers")},
+    **{k: MAX_HEADS for k in ("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "n_head_kv")},
+    **{k: MAX_HEAD_DIM for k in ("head_dim",)},
+    **{k: MAX_D_FF for k in ("intermediate_size", "n_inner", "ffn_hidden_size", "moe_intermediate_size")},
+    **{k: MAX_SEQ_LEN for k in ("max_position_embeddings", "n_positions", "n_ctx", "sliding_window", "original_max_position_embeddings")},
+    **{k: MAX_EXPERTS for k in ("num_local_experts", "num_experts", "num_experts_per_tok")},
+}
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "the bool"
+    if isinstance(value, str):
+        return "the string"
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else "an array"
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return ""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:30] + f"... ({len(text)} characters)"
+
+
 def _is_nothing(value: Any) -> bool:
     return value is None or value is False or (isinstance(value, (str, list, tuple, dict)) and len(value) == 0)
 
@@ -182,17 +215,51 @@ class HFConfig:
                 value = self.cfg[name]
         return default if value is _MISSING else value
 
-    def number(self, key: str, default: Any = None, *, aliases: Sequence[str] = (), integer: bool = False, positive: bool = True) -> Any:
-        """Like :meth:`get`, checking the value is a (positive) number; records an error otherwise."""
+    def number(
+        self,
+        key: str,
+        default: Any = None,
+        *,
+        aliases: Sequence[str] = (),
+        integer: bool = False,
+        positive: bool = True,
+        maximum: Optional[int] = None,
+    ) -> Any:
+        """Like :meth:`get`, checking the value (see :meth:`check_number`); records an error and returns
+        ``default`` otherwise."""
         value = self.get(key, default, aliases=aliases)
         if value is None:
             return None
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and integer and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not ok or (integer and not isinstance(value, int)) or (positive and value <= 0):
-            kind = "positive " if positive else ""
-            self.error(key, f"must be a {kind}{'integer' if integer else 'number'}, got {value!r}")
+        present = next((n for n in (key, *aliases) if self.cfg.get(n) is not None), key)
+        return self.check_number(present, value, default, integer=integer, positive=positive, maximum=maximum)
+
+    def check_number(
+        self, path: str, value: Any, default: Any = None, *, integer: bool = False, positive: bool = True, maximum: Optional[int] = None
+    ) -> Any:
+        """``value`` if it is a finite number (an int when ``integer``: JSON ``12.0`` and ``true`` are not), positive
+        when ``positive``, at most ``maximum`` (default: modkit's bound for the size ``path`` names, see
+        :data:`HF_BOUNDS`; any integer is bounded by the largest one). Otherwise records an error on ``path`` (the
+        config's own key) and returns ``default``."""
+        kind = ("positive " if positive else "") + ("integer" if integer else "number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.error(path, f"must be a {kind}, got {_kind(value)} {_short(value)}")
+            return default
+        if integer and not isinstance(value, int):
+            hint = "; write it without a decimal point or exponent" if math.isfinite(value) and value.is_integer() else ""
+            self.error(path, f"must be an integer, got the float {_short(value)}{hint}")
+            return default
+        if isinstance(value, float) and not math.isfinite(value):
+            self.error(path, f"must be a finite number, got {value!r}")
+            return default
+        if not integer and isinstance(value, int) and abs(value) > 2**63:
+            self.error(path, f"is out of the range of a float64 number: {_short(value)}")
+            return default
+        if positive and value <= 0:
+            self.error(path, f"must be a {kind}, got {_short(value)}")
+            return default
+        bound = maximum if maximum is not None else HF_BOUNDS.get(path.rsplit(".", 1)[-1], MAX_SEQ_LEN if integer else None)
+        if bound is not None and value > bound:
+            self.error(path, f"= {_short(value)} exceeds {bound:,}, modkit's bound for this size (modkit.limits; far above any published model)")
             return default
         return value
 
@@ -207,8 +274,9 @@ class HFConfig:
     def expect(self, key: str, allowed: Any, why: str) -> Any:
         """Consume ``key`` and record an error unless it is absent, null or equal to ``allowed``."""
         self.used.add(key)
-        if key in self.cfg and self.cfg[key] is not None and self.cfg[key] != allowed:
-            self.error(key, f"unsupported value {self.cfg[key]!r} (only {allowed!r} is supported): {why}")
+        value = self.cfg.get(key)
+        if value is not None and (value != allowed or type(value) is not type(allowed)):  # 0 is not false
+            self.error(key, f"unsupported value {_short(value) or _kind(value)} (only {json.dumps(allowed)} is supported): {why}")
         return self.cfg.get(key, allowed)
 
     def ignore(self, *keys: str) -> None:
@@ -246,7 +314,7 @@ class HFConfig:
                 continue
             self.error(
                 key,
-                f"unknown field for model_type {self.model_type!r} with value {value!r}; the converter does not "
+                f"unknown field for model_type {self.model_type!r} with value {_short(value) or _kind(value)}; the converter does not "
                 "know whether it changes the architecture, so it refuses to drop it",
             )
         if self.errors:
@@ -308,36 +376,50 @@ def rope(
     legacy_type = d.pop("type", None)
     rtype = rtype or legacy_type or "default"
     theta = d.pop("rope_theta", None)
+    if theta is not None:
+        theta = r.check_number(f"{path}.rope_theta", theta, default_theta)
     theta = theta if theta is not None else top_theta if top_theta is not None else default_theta
     partial = d.pop("partial_rotary_factor", None)
+    if partial is not None:
+        partial = r.check_number(f"{path}.partial_rotary_factor", partial, default_partial)
     partial = partial if partial is not None else top_partial if top_partial is not None else default_partial
     spec: dict[str, Any] = {"type": "rope", "theta": float(theta)}
     if layout != "half_split":
         spec["layout"] = layout
-    if not (isinstance(partial, (int, float)) and 0 < partial <= 1):
+    if not (isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial <= 1):
         r.error(f"{path}.partial_rotary_factor", f"must lie in (0, 1], got {partial!r}")
     elif partial != 1:
         spec["partial_rotary"] = float(partial)
+    if not isinstance(rtype, str):
+        r.error(f"{path}.{'rope_type' if 'rope_type' in source else 'type'}", f"must be a string naming the RoPE scaling, got {_kind(rtype)} {_short(rtype)}")
+        rtype, d = "default", {}
     if rtype == "default":
         pass
     elif rtype == "linear":
         factor = d.pop("factor", None)
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
-            r.error(f"{path}.factor", f"linear RoPE scaling needs a positive factor, got {factor!r}")
-        else:
+        if factor is None:
+            r.error(f"{path}.factor", "linear RoPE scaling needs a positive factor")
+        elif r.check_number(f"{path}.factor", factor) is not None:
             spec["scaling"] = {"type": "linear", "factor": float(factor)}
     elif rtype == "llama3":
+        omax_key = f"{path}.original_max_position_embeddings"
         omax = d.pop("original_max_position_embeddings", None)
         if omax is None:  # transformers fills it from the top level (standardize_rope_params)
+            omax_key = "original_max_position_embeddings" if r.get("original_max_position_embeddings") else "max_position_embeddings"
             omax = r.get("original_max_position_embeddings") or r.cfg.get("max_position_embeddings")
-        scaling = {"type": "llama3"}
+        scaling: dict[str, Any] = {"type": "llama3"}
         for ours, theirs in (("factor", "factor"), ("low_freq_factor", "low_freq_factor"), ("high_freq_factor", "high_freq_factor")):
             value = d.pop(theirs, None)
             if value is None:
                 r.error(f"{path}.{theirs}", "required by llama3 RoPE scaling")
-            else:
+            elif r.check_number(f"{path}.{theirs}", value) is not None:
                 scaling[ours] = float(value)
-        scaling["original_max_seq_len"] = int(omax) if omax is not None else None
+        low, high = scaling.get("low_freq_factor"), scaling.get("high_freq_factor")
+        if low is not None and high is not None and high <= low:
+            r.error(f"{path}.high_freq_factor", f"= {high} must exceed low_freq_factor = {low}")
+        if omax is not None:
+            omax = r.check_number(omax_key, omax, None, integer=True)
+        scaling["original_max_seq_len"] = omax
         spec["scaling"] = scaling
     else:
         key = "rope_type" if "rope_type" in source else "type"

@@ -1,0 +1,200 @@
+"""Reading JSON input strictly: regular files of bounded size, UTF-8 text, no duplicate keys, bounded nesting.
+
+Every file modkit reads as JSON goes through :func:`read_json_file` (specs, Hugging Face ``config.json``,
+safetensors indexes) and every JSON string it receives through :func:`parse_json` (specs passed as text, the spec
+and config stored in safetensors metadata). Problems come back as one :class:`JSONInputError` listing
+``(path, message)`` pairs, ``path`` being the dotted JSON path (``block.attention``, ``overrides[1]``; empty for
+the whole document); callers turn it into a :class:`~modkit.errors.SpecError` or
+:class:`~modkit.errors.CheckpointError` naming their file.
+
+What is refused, and why:
+
+* a path holding a NUL byte, a missing file, a folder, and any file that is not a regular file: a FIFO would
+  block forever, ``/dev/zero`` would be read until memory runs out;
+* files over :data:`~modkit.limits.MAX_JSON_BYTES` (16 MiB; a spec is a few KiB);
+* text that is not UTF-8 (RFC 8259 section 8.1): binary data, UTF-16/32 (named as such); a UTF-8 byte-order
+  mark is skipped;
+* malformed JSON (line and column), integers longer than Python converts (4,300 digits), nesting deeper than
+  :data:`~modkit.limits.MAX_JSON_DEPTH`;
+* duplicate keys in an object (RFC 8259 section 4 leaves their meaning undefined; Python keeps the last one
+  silently): each is named with its path.
+
+``NaN`` and ``Infinity`` literals parse (they are common in exported configs); numeric fields refuse
+non-finite values when validated, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, Iterable, Union
+
+from .errors import ModkitError
+from .limits import MAX_JSON_BYTES, MAX_JSON_DEPTH
+
+
+class JSONInputError(ModkitError, ValueError):
+    """A JSON file or string could not be read; ``errors`` lists ``(path, message)``, ``source`` names the file."""
+
+    def __init__(self, errors: Iterable[tuple[str, str]], source: str | None = None):
+        self.errors = [(str(p), str(m)) for p, m in errors]
+        self.source = source
+        head = f"{source}: " if source else ""
+        super().__init__(head + "; ".join(f"{p + ': ' if p else ''}{m}" for p, m in self.errors))
+
+
+class _Pairs(dict):
+    """An object whose key list had duplicates (``dups``); built by :func:`_pairs`."""
+
+    dups: list[str]
+
+
+def _pairs(items: list[tuple[str, Any]]) -> dict:
+    out = {}
+    dups = []
+    for k, v in items:
+        if k in out:
+            dups.append(k)
+        out[k] = v
+    if dups:
+        flagged = _Pairs(out)
+        flagged.dups = dups
+        return flagged
+    return out
+
+
+class _LongInt(int):
+    """Placeholder for an integer literal longer than Python converts (``sys.get_int_max_str_digits``)."""
+
+    digits: int
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # over the int_max_str_digits limit (4,300 digits by default)
+        out = _LongInt(0)
+        out.digits = len(text.lstrip("-"))
+        return out
+
+
+def _key_path(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def _check_tree(doc: Any) -> list[tuple[str, str]]:
+    """Duplicate keys and excessive depth, walked without recursion."""
+    errors: list[tuple[str, str]] = []
+    stack = [(doc, "", 1, "")]
+    while stack:
+        node, path, depth, top = stack.pop()
+        if isinstance(node, _LongInt):
+            errors.append((path, f"an integer of {node.digits:,} digits; no value in a spec or config needs more than a few"))
+            continue
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            errors.append((top, f"nested deeper than {MAX_JSON_DEPTH} levels of objects and arrays"))
+            continue
+        if isinstance(node, _Pairs):
+            for k in dict.fromkeys(node.dups):
+                errors.append((_key_path(path, k), f"duplicate key {k!r} in one object; give each key once"))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for k, v in items:
+            if isinstance(v, (dict, list, _LongInt)):
+                sub = _key_path(path, k)
+                stack.append((v, sub, depth + 1, top or sub))
+    errors.sort()
+    return errors
+
+
+def parse_json(text: Union[str, bytes], *, source: str | None = None) -> Any:
+    """Parse JSON text strictly (see the module docstring).
+
+    Raises:
+        JSONInputError: with the path and message of every problem (duplicate keys, depth, syntax, encoding).
+    """
+    if isinstance(text, (bytes, bytearray)):
+        text = decode_text(bytes(text), source=source)
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    try:
+        doc = json.loads(text, object_pairs_hook=_pairs, parse_int=_parse_int)
+    except json.JSONDecodeError as exc:
+        where = f" at line {exc.lineno} column {exc.colno}" if text.strip() else ""
+        what = "empty input, not JSON" if not text.strip() else f"not valid JSON: {exc.msg}{where}"
+        raise JSONInputError([("", what)], source) from None
+    except RecursionError:
+        raise JSONInputError([("", f"nested too deeply to parse (at most {MAX_JSON_DEPTH} levels are accepted)")], source) from None
+    errors = _check_tree(doc)
+    if errors:
+        raise JSONInputError(errors, source)
+    return doc
+
+
+def decode_text(data: bytes, *, source: str | None = None) -> str:
+    """``data`` as UTF-8 text (a leading byte-order mark dropped).
+
+    Raises:
+        JSONInputError: UTF-16/UTF-32 text (named as such), or bytes that are not UTF-8 at all.
+    """
+    boms = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
+    for bom, name in boms.items():
+        if data.startswith(bom):
+            raise JSONInputError([("", f"the text is encoded as {name}; save it as UTF-8")], source)
+    if b"\x00" in data[:4] and data.strip(b"\x00"):  # JSON starts with ASCII: zero bytes there mean UTF-16/32
+        raise JSONInputError([("", "the text looks like UTF-16 or UTF-32 (zero bytes between characters); save it as UTF-8")], source)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise JSONInputError(
+            [("", f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); is it a binary file?")], source
+        ) from None
+
+
+def check_regular_file(path: Union[str, Path], *, max_bytes: int | None = None) -> Path:
+    """``path`` as a :class:`Path` after checking it names an existing regular file of at most ``max_bytes``.
+
+    Raises:
+        JSONInputError: a NUL byte in the path, no such file, a folder, a FIFO, a device or another special file,
+            or a file over ``max_bytes``.
+    """
+    text = os.fspath(path)
+    if "\x00" in str(text):
+        raise JSONInputError([("", "the path contains a NUL byte")], repr(str(text)))
+    p = Path(text)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise JSONInputError([("", "no such file")], str(p)) from None
+    except OSError as exc:
+        raise JSONInputError([("", f"cannot read: {exc.strerror or exc}")], str(p)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise JSONInputError([("", "is a folder, not a file")], str(p))
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file"
+        raise JSONInputError([("", f"is {kind}, not a regular file; modkit reads only regular files")], str(p))
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise JSONInputError([("", f"is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit for this kind of file")], str(p))
+    return p
+
+
+def read_json_file(path: Union[str, Path], *, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Read and parse the JSON file ``path`` strictly (regular file, size bound, UTF-8, no duplicate keys).
+
+    Raises:
+        JSONInputError: naming the file, with every problem found.
+    """
+    p = check_regular_file(path, max_bytes=max_bytes)
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise JSONInputError([("", f"cannot read: {exc.strerror or exc}")], str(p)) from None
+    if len(data) > max_bytes:
+        raise JSONInputError([("", f"is over the {max_bytes:,}-byte limit for this kind of file")], str(p))
+    return parse_json(data, source=str(p))
