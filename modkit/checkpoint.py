@@ -23,8 +23,12 @@ Safety and no data loss:
 * tensors of a source checkpoint that modkit's model does not compute (BERT's pooler, a buffer such as
   ``position_ids``) are not dropped either: a mapper declares them as *kept*; they travel with the model in
   ``model.checkpoint_extras`` (and in :func:`save` files) and are written back on export;
-* files are written under a temporary name in the target folder, flushed, then renamed over the target with
-  ``os.replace``, so an interrupted save never leaves a half-written file under the real name.
+* a folder's files are written under temporary names and replaced as one atomic step (:mod:`modkit.atomic`:
+  a journal is committed, then the renames are done; readers finish an interrupted step first), so a save
+  killed at any instant leaves the old checkpoint or the new one, complete, never a mix;
+* every file is read strictly (:mod:`modkit.jsonio`: regular files only, bounded sizes, UTF-8, no duplicate
+  keys); tensors of a dtype the model cannot take are refused by name, and NaN or infinite weights are counted
+  tensor by tensor (a warning, or an error with ``nonfinite="error"``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
@@ -40,8 +43,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Pr
 import torch
 from torch import Tensor, nn
 
-from .errors import CheckpointError
+from .atomic import commit, recover, write_safetensors_tmp, write_text_tmp
+from .errors import CheckpointError, NonFiniteWeightsWarning
 from .interfaces import Init
+from .jsonio import JSONInputError, check_regular_file, parse_json, read_json_file
 
 if TYPE_CHECKING:
     from .model import Model
@@ -81,6 +86,9 @@ _DTYPES = {
 }
 
 
+#: safetensors dtype codes of the floating tensors a model weight may be read from
+_LOADABLE_CODES = ("F16", "BF16", "F32", "F64")
+
 # ------------------------------------------------------------------------------------------------ safety
 
 
@@ -98,6 +106,33 @@ def pickle_message(path: Union[str, Path]) -> str:
         "(weights_only=True refuses code objects), or with transformers: "
         "AutoModel.from_pretrained(folder).save_pretrained(out, safe_serialization=True)"
     )
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a bool"
+    return {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def checked_path(path: Union[str, Path]) -> Path:
+    """``path`` as a :class:`Path`, refusing a NUL byte (which no file name can hold).
+
+    Raises:
+        CheckpointError: the path holds a NUL byte.
+    """
+    if "\x00" in os.fspath(path):
+        raise CheckpointError(f"{str(path)!r}: the path contains a NUL byte")
+    return Path(path)
+
+
+def _regular(path: Path) -> None:
+    """Refuse anything but a regular file (a FIFO would block, a device would stream forever)."""
+    try:
+        check_regular_file(path)
+    except JSONInputError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def refuse_pickle(path: Union[str, Path]) -> None:
@@ -138,7 +173,7 @@ class TensorSource:
             CheckpointError: pickle files (refused, with the reason and a conversion recipe), no safetensors
                 weights found (lists what the folder holds), a malformed index or a shard it names missing.
         """
-        path = Path(path)
+        path = checked_path(path)
         if not path.exists():
             raise CheckpointError(f"{path}: no such file or folder")
         if path.is_dir():
@@ -171,6 +206,7 @@ class TensorSource:
     def _from_file(cls, path: Path) -> "TensorSource":
         from safetensors import safe_open
 
+        _regular(path)
         try:
             handle = safe_open(str(path), framework="pt")
         except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a bad header
@@ -182,21 +218,39 @@ class TensorSource:
     @classmethod
     def _from_index(cls, index: Path) -> "TensorSource":
         try:
-            data = json.loads(index.read_text())
-            weight_map = data["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index}: not a valid safetensors index ({type(exc).__name__}: {exc})") from None
+            data = read_json_file(index)
+        except JSONInputError as exc:
+            raise CheckpointError(f"not a valid safetensors index: {exc}") from None
+        problems = []
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{index}: not a valid safetensors index: a JSON object is needed, got {_json_kind(data)}")
+        weight_map = data.get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: not a valid safetensors index: 'weight_map' must be an object of tensor name -> "
+                                  f"shard file name, got {_json_kind(weight_map)}")
+        meta = data.get("metadata")
+        if meta is not None and not isinstance(meta, dict):
+            problems.append(f"'metadata' must be an object, got {_json_kind(meta)}")
         files = {}
         for name, fname in weight_map.items():
+            if not isinstance(fname, str):
+                problems.append(f"weight_map[{name!r}] must be a shard file name (a string), got {_json_kind(fname)}")
+                continue
+            if fname in ("", ".", "..") or "/" in fname or "\\" in fname or "\x00" in fname:
+                problems.append(f"weight_map[{name!r}] = {fname!r} is not a file name in the index's folder")
+                continue
             refuse_pickle(fname)
+            if not fname.endswith(".safetensors"):
+                problems.append(f"weight_map[{name!r}] = {fname!r} is not a .safetensors file")
+                continue
             files[name] = index.parent / fname
+        if problems:
+            shown = problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
+            raise CheckpointError(f"{index}: not a valid safetensors index:\n  " + "\n  ".join(shown))
         missing = sorted({str(p.name) for p in files.values() if not p.is_file()})
         if missing:
             raise CheckpointError(f"{index}: shard file(s) listed in the index are missing: {', '.join(missing)}")
-        meta = data.get("metadata") or {}
-        return cls(files, {k: str(v) for k, v in meta.items()}, index)
+        return cls(files, {str(k): str(v) for k, v in (meta or {}).items()}, index)
 
     def _handle(self, name: str):
         from safetensors import safe_open
@@ -204,6 +258,7 @@ class TensorSource:
         path = self._files[name]
         handle = self._handles.get(path)
         if handle is None:
+            _regular(path)
             try:
                 handle = safe_open(str(path), framework="pt")
             except Exception as exc:  # noqa: BLE001
@@ -221,6 +276,10 @@ class TensorSource:
     def shape(self, name: str) -> tuple[int, ...]:
         """Shape of tensor ``name`` (read from the header; no data is loaded)."""
         return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def dtype_code(self, name: str) -> str:
+        """The safetensors dtype code of tensor ``name`` (``F32``, ``BF16``, ``I64``, ``F8_E4M3``...)."""
+        return str(self._handle(name).get_slice(name).get_dtype())
 
     def dtype(self, name: str) -> torch.dtype:
         """Stored dtype of tensor ``name``."""
@@ -394,7 +453,7 @@ def gather(
     _check_coverage(links, shapes, what)
     expected = expected_foreign_shapes(links, shapes)
     keep_res = [(re.compile(p), why) for p, why in keep]
-    missing, mismatched, used = [], [], {}
+    missing, mismatched, wrong_dtype, used = [], [], [], {}
     for link in links:
         resolved = [_resolve(n, source, aliases) for n in link.hf]
         if all(r is None for r in resolved) and link.optional:
@@ -409,6 +468,10 @@ def gather(
                 mismatched.append(
                     f"{real}: the checkpoint stores shape {list(got)}, the model needs {list(want)} (for {', '.join(link.ours)})"
                 )
+            code = source.dtype_code(real)
+            if code not in _LOADABLE_CODES:
+                why = "a quantised 8-bit float format; dequantise the checkpoint first" if code.startswith("F8") else "not a floating-point type"
+                wrong_dtype.append(f"{real}: stored as {code} ({why}); the model needs F16, BF16, F32 or F64 (for {', '.join(link.ours)})")
     extras: dict[str, str] = {}
     unexpected = []
     used_real = set(used.values())
@@ -418,7 +481,7 @@ def gather(
             extras[canonical] = real
         elif real not in used_real:
             unexpected.append(real)
-    if missing or unexpected or mismatched:
+    if missing or unexpected or mismatched or wrong_dtype:
         parts = [f"{what} ({source.origin}) does not match the model:"]
         if missing:
             parts.append(f"  missing {len(missing)} tensor(s): {_fmt_names(missing)}")
@@ -429,6 +492,9 @@ def gather(
         if mismatched:
             parts.append(f"  {len(mismatched)} shape mismatch(es):")
             parts += [f"    {m}" for m in mismatched]
+        if wrong_dtype:
+            parts.append(f"  {len(wrong_dtype)} tensor(s) of a dtype the model cannot take:")
+            parts += [f"    {m}" for m in wrong_dtype]
         raise CheckpointError("\n".join(parts))
     state: dict[str, Tensor] = {}
     for link in links:
@@ -480,14 +546,70 @@ def export(model: "Model", links: Sequence[Link], *, what: str = "the target for
 # ------------------------------------------------------------------------------------------------ materialise
 
 
+#: floating dtypes a checkpoint tensor may hold where the model has a floating-point tensor
+LOADABLE_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _float_dtype_of(tensors: Iterable[Tensor]) -> torch.dtype:
     """The common floating dtype of ``tensors``, or the widest of them when they differ (upcasting is exact)."""
-    found = {t.dtype for t in tensors if t.is_floating_point()}
+    found = {t.dtype for t in tensors if t.dtype in LOADABLE_FLOAT_DTYPES}
     if not found:
         return torch.float32
     if len(found) == 1:
         return found.pop()
     return torch.float64 if torch.float64 in found else torch.float32
+
+
+def _dtype_problems(state: Mapping[str, Tensor], own: Mapping[str, Tensor]) -> list[str]:
+    """Tensors whose stored dtype the model cannot take: an integer, bool or float8 tensor for a floating one."""
+    problems = []
+    for name, want in own.items():
+        t = state.get(name)
+        if t is None:
+            continue
+        got = str(t.dtype).replace("torch.", "")
+        if want.is_floating_point() and t.dtype not in LOADABLE_FLOAT_DTYPES:
+            why = ("a quantised 8-bit float format; dequantise the checkpoint first" if "float8" in got
+                   else "not a floating-point type")
+            problems.append(f"{name}: stored as {got} ({why}); the model needs float16, bfloat16, float32 or float64")
+        elif not want.is_floating_point() and t.dtype != want.dtype:
+            problems.append(f"{name}: stored as {got}; the model needs {str(want.dtype).replace('torch.', '')}")
+    return problems
+
+
+def nonfinite_counts(tensors: Mapping[str, Tensor], *, chunk: int = 2**24) -> dict[str, int]:
+    """``{name: number of NaN or infinite values}`` for every floating tensor that holds any (in chunks of
+    ``chunk`` elements, so the check needs little extra memory)."""
+    out = {}
+    for name, t in tensors.items():
+        if not t.is_floating_point() or t.is_meta:
+            continue
+        flat = t.detach().reshape(-1)
+        bad = 0
+        for start in range(0, flat.numel(), chunk):
+            part = flat[start : start + chunk]
+            bad += int(part.numel() - torch.isfinite(part).sum())
+        if bad:
+            out[name] = bad
+    return out
+
+
+def report_nonfinite(tensors: Mapping[str, Tensor], origin: str, nonfinite: str) -> None:
+    """Warn (:class:`~modkit.errors.NonFiniteWeightsWarning`) or, with ``nonfinite="error"``, raise
+    :class:`CheckpointError` when ``tensors`` hold NaN or infinite values; the message counts them by tensor."""
+    counts = nonfinite_counts(tensors)
+    if not counts:
+        return
+    total = sum(counts.values())
+    listed = ", ".join(f"{n} ({c:,} of {tensors[n].numel():,})" for n, c in list(counts.items())[:10])
+    more = f" and {len(counts) - 10} more tensor(s)" if len(counts) > 10 else ""
+    msg = f"{origin}: {total:,} NaN or infinite value(s) in {len(counts)} tensor(s): {listed}{more}"
+    if nonfinite == "error":
+        raise CheckpointError(msg + "; refusing to load them (nonfinite='error')")
+    import warnings
+
+    warnings.warn(msg + "; outputs computed from them will not be finite (pass nonfinite='error' to refuse such "
+                  "checkpoints)", NonFiniteWeightsWarning, stacklevel=3)
 
 
 def materialize(
@@ -497,6 +619,9 @@ def materialize(
     device: Union[str, torch.device, None] = None,
     dtype: Union[str, torch.dtype, None] = None,
     registry: Optional["Registry"] = None,
+    nonfinite: str = "warn",
+    check_memory: bool = True,
+    origin: str = "checkpoint",
 ) -> "Model":
     """Build ``spec`` on ``meta`` and fill it from ``state`` (a complete modkit state dict), without a random init.
 
@@ -505,19 +630,34 @@ def materialize(
     ``init_weights``. The model's own ``load_state_dict`` checks run (strict names; a head that differs from a
     tied embedding raises :class:`CheckpointError`, C10).
 
+    Non-finite values (NaN, +-inf) are counted tensor by tensor: a :class:`~modkit.errors.NonFiniteWeightsWarning`
+    with ``nonfinite="warn"``, a :class:`CheckpointError` with ``nonfinite="error"``.
+
     Returns:
         the :class:`~modkit.model.Model` in eval mode on ``device``.
 
     Raises:
-        CheckpointError: missing or unexpected tensors, a shape mismatch (names the tensor and both shapes), or a
-            tied head that differs from the embedding.
+        CheckpointError: missing or unexpected tensors, a shape mismatch (names the tensor and both shapes), a
+            tensor of a dtype the model cannot take (an integer or float8 tensor where a float is expected), a
+            tied head that differs from the embedding, non-finite values with ``nonfinite="error"``.
+        MemoryLimitError: with ``check_memory``, the model would not fit in the memory free on ``device``.
     """
     from .build import _parse_dtype, build
+    from .memory import check_fits, module_bytes
 
+    if nonfinite not in ("warn", "error"):
+        raise ValueError(f"nonfinite must be 'warn' or 'error', got {nonfinite!r}")
     target = torch.device(device) if device is not None else torch.device("cpu")
     tdtype = _float_dtype_of(state.values()) if dtype is None else _parse_dtype(dtype)
     model = build(spec, device="meta", dtype=tdtype, registry=registry)
     own = model.state_dict()
+    bad_dtypes = _dtype_problems(state, own)
+    if bad_dtypes:
+        shown = bad_dtypes[:10] + ([f"... and {len(bad_dtypes) - 10} more"] if len(bad_dtypes) > 10 else [])
+        raise CheckpointError(f"{origin}: {len(bad_dtypes)} tensor(s) of a dtype the model cannot take:\n  " + "\n  ".join(shown))
+    if check_memory:
+        check_fits(module_bytes(model), target, f"the weights and buffers of this model ({str(tdtype).replace('torch.', '')})",
+                   hint="load it with a smaller dtype or on another device")
     missing = [n for n in own if n not in state]
     unexpected = [n for n in state if n not in own and not (n.endswith("lm_head.weight") and spec.tie_embeddings)]
     mismatched = [
@@ -550,6 +690,7 @@ def materialize(
     for n, t in state.items():
         t = t.to(device=target, dtype=tdtype if t.is_floating_point() else t.dtype)
         cast[n] = t if t.is_contiguous() else t.contiguous()
+    report_nonfinite(cast, origin, nonfinite)
     model.load_state_dict(cast, strict=True, assign=True)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
@@ -561,61 +702,6 @@ def materialize(
 
 
 # ------------------------------------------------------------------------------------------------ writing
-
-
-def _tmp_name(target: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    os.close(fd)
-    return Path(name)
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
-
-
-def write_safetensors_tmp(tensors: Mapping[str, Tensor], target: Path, metadata: Optional[Mapping[str, str]] = None) -> Path:
-    """Write ``tensors`` to a temporary file next to ``target`` (flushed to disk) and return its path.
-
-    Tensors are copied to contiguous CPU tensors that share no storage (safetensors refuses shared storage).
-    The caller renames it over ``target`` with ``os.replace`` once everything is written.
-    """
-    from safetensors.torch import save_file
-
-    data = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    tmp = _tmp_name(target)
-    try:
-        save_file(data, str(tmp), metadata=dict(metadata or {}))
-        _fsync(tmp)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def write_text_tmp(text: str, target: Path) -> Path:
-    """Write ``text`` to a temporary file next to ``target`` (flushed) and return its path."""
-    tmp = _tmp_name(target)
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def commit(pairs: Sequence[tuple[Path, Path]]) -> None:
-    """``os.replace(tmp, target)`` for every ``(tmp, target)`` pair, in order; temporaries left over are removed."""
-    try:
-        for tmp, target in pairs:
-            os.replace(tmp, target)
-    finally:
-        for tmp, _ in pairs:
-            if tmp.exists():
-                tmp.unlink(missing_ok=True)
 
 
 def _prepare_folder(path: Path) -> None:
@@ -633,8 +719,12 @@ def save(model: "Model", path: Union[str, Path]) -> Path:
     ``model.safetensors`` holds ``model.state_dict()`` (a tied head once, as the embedding), the spec JSON in its
     metadata entry ``modkit.spec`` and, for models imported from another format, the kept source tensors
     (``model.checkpoint_extras``, under ``checkpoint_extras.``) and the source config (``modkit.hf_config``), so
-    ``load(save(m))`` reproduces every tensor bitwise. Both files are written under temporary names and renamed
-    into place with ``os.replace`` when complete: an interrupted save leaves an existing checkpoint intact.
+    ``load(save(m))`` reproduces every tensor bitwise.
+
+    The two files are replaced as one step (:mod:`modkit.atomic`): both are written under temporary names, then
+    a journal is committed and the renames carried out. If the process dies at any instant, :func:`load` finds
+    the old checkpoint or the new one, complete; temporaries left by a killed save are deleted by the next
+    ``save`` or ``load`` of the folder.
 
     Args:
         model: a :class:`~modkit.model.Model`.
@@ -644,10 +734,11 @@ def save(model: "Model", path: Union[str, Path]) -> Path:
         the folder path.
 
     Raises:
-        CheckpointError: ``path`` exists and is not a folder.
+        CheckpointError: ``path`` exists and is not a folder, or holds a NUL byte.
     """
-    path = Path(path)
+    path = checked_path(path)
     _prepare_folder(path)
+    recover(path)
     spec_json = model.spec.to_json()
     tensors = dict(model.state_dict())
     for name, t in (getattr(model, "checkpoint_extras", None) or {}).items():
@@ -666,59 +757,88 @@ def save(model: "Model", path: Union[str, Path]) -> Path:
     return path
 
 
+def _metadata_json(source: "TensorSource", key: str, what: str) -> Any:
+    """Parse the JSON text of metadata entry ``key`` strictly; ``None`` when absent."""
+    text = source.metadata.get(key)
+    if text is None:
+        return None
+    try:
+        value = parse_json(text)
+    except JSONInputError as exc:
+        raise CheckpointError(f"{source.origin}: the '{key}' metadata ({what}) is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{source.origin}: the '{key}' metadata ({what}) must be a JSON object, got {_json_kind(value)}")
+    return value
+
+
 def load(
     path: Union[str, Path],
     *,
     device: Union[str, torch.device, None] = None,
     dtype: Union[str, torch.dtype, None] = None,
     registry: Optional["Registry"] = None,
+    nonfinite: str = "warn",
+    check_memory: bool = True,
 ) -> "Model":
     """Load a checkpoint written by :func:`save` (a folder, or its ``model.safetensors`` alone).
 
     The model is built from the spec stored in the safetensors metadata (``spec.json`` is a readable copy; if it
-    was edited so that it differs, loading refuses rather than guessing which one is meant).
+    was edited so that it differs, loading refuses rather than guessing which one is meant). A save interrupted
+    in the folder is first completed or discarded (:func:`modkit.atomic.recover`), so the checkpoint loaded is
+    the old one or the new one, never a mix.
 
     Args:
         path: the folder or the ``.safetensors`` file.
         device: target device (default CPU).
         dtype: parameter dtype; default: the stored one.
         registry: defaults to the process-wide registry.
+        nonfinite: ``"warn"`` (default): a :class:`~modkit.errors.NonFiniteWeightsWarning` counts NaN and infinite
+            values tensor by tensor; ``"error"``: refuse such a checkpoint.
+        check_memory: refuse (:class:`~modkit.errors.MemoryLimitError`) when the weights would not fit in the
+            memory available on ``device``; ``False`` skips the estimate.
 
     Returns:
         the :class:`~modkit.model.Model` in eval mode; ``checkpoint_extras`` and ``hf_config`` restored when saved.
 
     Raises:
         CheckpointError: a pickle file (refused: unpickling can execute code), not a modkit checkpoint (no
-            ``modkit.spec`` metadata; a Hugging Face folder needs :func:`modkit.from_hf`), ``spec.json`` differing
-            from the stored spec, missing/unexpected tensors or shape mismatches (each named).
+            ``modkit.spec`` metadata; a Hugging Face folder needs :func:`modkit.from_hf`), unreadable or malformed
+            files or metadata, ``spec.json`` differing from the stored spec, missing/unexpected tensors, shape
+            mismatches, tensors of a dtype the model cannot take (each named), non-finite values with
+            ``nonfinite="error"``.
         SpecError: the stored spec does not validate against the installed components.
+        MemoryLimitError: the weights would not fit (see ``check_memory``).
     """
     from .spec import load_spec
 
-    path = Path(path)
+    if nonfinite not in ("warn", "error"):
+        raise ValueError(f"nonfinite must be 'warn' or 'error', got {nonfinite!r}")
+    path = checked_path(path)
     refuse_pickle(path)
     folder = path if path.is_dir() else path.parent
-    if path.is_dir() and not (path / WEIGHTS_FILE).is_file():
+    pending = recover(folder)
+    if path.is_dir() and not (path / WEIGHTS_FILE).is_file() and WEIGHTS_FILE not in pending:
         if (path / HF_CONFIG_FILE).is_file():
             raise CheckpointError(f"{path} is a Hugging Face folder (config.json), not a modkit checkpoint; use modkit.from_hf")
         pickles = _pickles_in(path)
         if pickles:
             raise CheckpointError(pickle_message(pickles[0]))
         raise CheckpointError(f"{path}: no {WEIGHTS_FILE}; not a modkit checkpoint")
-    source = TensorSource.from_path(path / WEIGHTS_FILE if path.is_dir() else path)
-    text = source.metadata.get(SPEC_KEY)
-    if text is None:
+    weights_path = path / WEIGHTS_FILE if path.is_dir() else path
+    source = TensorSource.from_path(pending.get(weights_path.name, weights_path) if weights_path.parent == folder else weights_path)
+    data = _metadata_json(source, SPEC_KEY, "the model's spec")
+    if data is None:
         raise CheckpointError(
             f"{source.origin} holds no '{SPEC_KEY}' metadata, so it is not a modkit checkpoint; "
             "for a Hugging Face folder use modkit.from_hf"
         )
-    spec = load_spec(json.loads(text), registry=registry)
-    spec_file = folder / SPEC_FILE
-    if path.is_dir() and spec_file.is_file():
+    spec = load_spec(data, registry=registry)
+    spec_file = pending.get(SPEC_FILE, folder / SPEC_FILE)
+    if path.is_dir() and (spec_file.exists() or spec_file.is_symlink()):
         on_disk = load_spec(spec_file, registry=registry)
         if on_disk.to_dict() != spec.to_dict():
             raise CheckpointError(
-                f"{spec_file} differs from the spec stored in {source.origin} (the one the weights were saved with); "
+                f"{folder / SPEC_FILE} differs from the spec stored in {source.origin} (the one the weights were saved with); "
                 "restore it, delete it, or build the edited spec and load the weights into it explicitly"
             )
     state, extras = {}, {}
@@ -727,10 +847,10 @@ def load(
             extras[name[len(EXTRAS_PREFIX) :]] = source.get(name)
         else:
             state[name] = source.get(name)
-    model = materialize(spec, state, device=device, dtype=dtype, registry=registry)
+    model = materialize(spec, state, device=device, dtype=dtype, registry=registry, nonfinite=nonfinite,
+                        check_memory=check_memory, origin=str(source.origin))
     model.checkpoint_extras = extras
-    cfg = source.metadata.get(HF_CONFIG_KEY)
-    model.hf_config = json.loads(cfg) if cfg else None
+    model.hf_config = _metadata_json(source, HF_CONFIG_KEY, "the Hugging Face config the model came from")
     return model
 
 

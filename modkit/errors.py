@@ -32,3 +32,36 @@ class RegistryError(ModkitError):
 
 class CheckpointError(ModkitError, ValueError):
     """A checkpoint does not match the model (missing/unexpected tensors, shape mismatch, unsafe format)."""
+
+
+class NonFiniteWeightsWarning(UserWarning):
+    """A loaded checkpoint holds NaN or infinite values; the message counts them tensor by tensor.
+
+    Pass ``nonfinite="error"`` to :func:`modkit.load` / :func:`modkit.from_hf` to refuse such a checkpoint.
+    """
+
+
+class MemoryLimitError(ModkitError, ValueError):
+    """An allocation was refused before it started: the estimated bytes exceed the memory available.
+
+    Attributes:
+        needed: estimated bytes.
+        available: bytes available on the device (``None`` when unknown).
+    """
+
+    def __init__(self, message: str, *, needed: int, available: int | None):
+        self.needed = needed
+        self.available = available
+        super().__init__(message)
+
+
+class ArgumentError(ModkitError, ValueError):
+    """A function or command argument is invalid; the message names the parameter, the value and the fix.
+
+    Attributes:
+        name: the parameter's name (``temperature``, ``input_ids``, ``--max-new-tokens``).
+    """
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(f"{name}: {message}")

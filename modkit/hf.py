@@ -8,7 +8,7 @@
 The core names no model type: converters and their weight mappers arrive through the ``register_hf_converters``
 hook (``register(model_type, convert, weights=mapper)``, see :class:`modkit.checkpoint.WeightMapper`). Weights are
 read only from safetensors (pickle files are refused: unpickling runs arbitrary code), every missing, unexpected
-or mis-shaped tensor is reported by name, and files are written under temporary names then renamed into place.
+or mis-shaped tensor is reported by name, and a folder's files are replaced as one atomic step (:mod:`modkit.atomic`).
 """
 
 from __future__ import annotations
@@ -112,9 +112,10 @@ def _mapper(model_type: str, reg: Registry):
 
 
 def _hf_folder(path: Union[str, Path]) -> Path:
-    from .checkpoint import refuse_pickle
+    from .atomic import recover
+    from .checkpoint import checked_path, refuse_pickle
 
-    p = Path(path)
+    p = checked_path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or folder")
     if p.is_file():
@@ -123,6 +124,7 @@ def _hf_folder(path: Union[str, Path]) -> Path:
     if not (p / "config.json").is_file():
         hint = " (a modkit checkpoint: use modkit.load)" if (p / "spec.json").is_file() else ""
         raise CheckpointError(f"{p}: no config.json, so not a Hugging Face model folder{hint}")
+    recover(p)  # a to_hf interrupted in this folder: finish it (or drop its temporaries)
     return p
 
 
@@ -133,6 +135,8 @@ def from_hf(
     dtype: Any = None,
     spec: Union[ModelSpec, dict, str, Path, None] = None,
     registry: Optional[Registry] = None,
+    nonfinite: str = "warn",
+    check_memory: bool = True,
 ) -> "Model":
     """Load a Hugging Face model folder into a modkit model.
 
@@ -150,6 +154,9 @@ def from_hf(
             RoPE ``layout`` may differ: Hugging Face checkpoints are ``half_split``, and an ``interleaved`` spec gets
             the rows of Wq/Wk permuted per head (C01), giving the same logits.
         registry: defaults to the process-wide registry.
+        nonfinite: ``"warn"`` (default) or ``"error"``: what to do about NaN or infinite weights (see
+            :func:`modkit.load`).
+        check_memory: refuse when the weights would not fit in the memory free on ``device``.
 
     Returns:
         :class:`~modkit.model.Model` in eval mode; ``model(input_ids).logits`` ``[batch, seq, vocab_size]``.
@@ -187,7 +194,8 @@ def from_hf(
         source, links, shapes, keep=getattr(mapper, "keep", ()), aliases=getattr(mapper, "aliases", ()),
         what=f"Hugging Face {model_type} checkpoint",
     )
-    model = materialize(spec, state, device=device, dtype=dtype, registry=reg)
+    model = materialize(spec, state, device=device, dtype=dtype, registry=reg, nonfinite=nonfinite,
+                        check_memory=check_memory, origin=str(source.origin))
     model.checkpoint_extras = extras
     model.hf_config = json.loads(json.dumps(config))
     return model
@@ -218,7 +226,8 @@ def to_hf(
     the source config that do not shape the network (token ids, generation defaults) are kept when the model came
     from :func:`from_hf`. Weights go to ``model.safetensors``, or to ``model-0000i-of-0000n.safetensors`` shards
     plus ``model.safetensors.index.json`` above ``max_shard_size`` bytes, each written under a temporary name and
-    renamed into place when complete (``config.json`` last); stale weight files of an earlier save are removed.
+    renamed into place together with ``config.json`` as one atomic step (:mod:`modkit.atomic`: a kill at any instant
+    leaves the old folder or the new one); stale weight files of an earlier save are removed in the same step.
 
     Args:
         model: a :class:`~modkit.model.Model`.
@@ -233,7 +242,8 @@ def to_hf(
         CheckpointError: no ``metadata.hf_model_type``, no weight mapper for it, a spec it cannot express, or a
             model tensor without a counterpart in the format.
     """
-    from .checkpoint import HF_CONFIG_FILE, HF_INDEX_FILE, WEIGHTS_FILE, commit, export, write_safetensors_tmp, write_text_tmp
+    from .atomic import commit, recover, write_safetensors_tmp, write_text_tmp
+    from .checkpoint import HF_CONFIG_FILE, HF_INDEX_FILE, WEIGHTS_FILE, checked_path, export
 
     reg = registry or get_registry()
     spec = model.spec
@@ -248,10 +258,11 @@ def to_hf(
     config["torch_dtype"] = _dtype_name(model)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     tensors = export(model, mapper.links(spec, shapes, config), what=f"a Hugging Face {model_type} checkpoint")
-    out = Path(path)
+    out = checked_path(path)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
+    recover(out)
     sizes = {k: t.numel() * t.element_size() for k, t in tensors.items()}
     shards: list[dict] = [{}]
     used = 0
@@ -281,9 +292,7 @@ def to_hf(
         for tmp, _ in pairs:
             tmp.unlink(missing_ok=True)
         raise
-    commit(pairs)
-    for old in out.iterdir():  # weights of an earlier save that the new files replace
-        stale = old.name == WEIGHTS_FILE or old.name == HF_INDEX_FILE or _SHARD.fullmatch(old.name)
-        if stale and old.name not in written:
-            old.unlink()
+    stale = [old for old in out.iterdir()  # weights of an earlier save that the new files replace
+             if (old.name in (WEIGHTS_FILE, HF_INDEX_FILE) or _SHARD.fullmatch(old.name)) and old.name not in written]
+    commit(pairs, remove=stale)
     return out

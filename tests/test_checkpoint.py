@@ -312,11 +312,11 @@ def test_interrupted_save_leaves_the_existing_checkpoint_intact(tmp_path, monkey
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in first.state_dict().items())
 
 
-def test_interrupted_export_keeps_the_previous_export(tmp_path, monkeypatch):
+def test_export_interrupted_after_its_commit_point_is_completed_by_the_next_reader(tmp_path, monkeypatch):
+    """A rename failing after the journal is committed: the next access finishes the export (all files new)."""
     hf, folder = saved(tmp_path)
     model = modkit.from_hf(folder)
     modkit.to_hf(model, tmp_path / "out")
-    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
     import modkit.checkpoint as ck
 
     real = ck.os.replace
@@ -324,7 +324,7 @@ def test_interrupted_export_keeps_the_previous_export(tmp_path, monkeypatch):
 
     def fail_second(src, dst):
         calls.append(dst)
-        if len(calls) == 2:
+        if len(calls) == 2:  # the first is the journal's own rename, the commit point
             raise OSError("disk gone")
         return real(src, dst)
 
@@ -333,11 +333,13 @@ def test_interrupted_export_keeps_the_previous_export(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         modkit.to_hf(other, tmp_path / "out")
     monkeypatch.setattr(ck.os, "replace", real)
+    assert (tmp_path / "out" / ".modkit-commit.json").is_file()
+    reloaded = modkit.from_hf(tmp_path / "out")  # recovers first
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert not [n for n in names if n.endswith(".tmp")], names
-    # the weights were replaced as a whole file, config.json was not: each file is either old or new, never torn
-    assert json.loads((tmp_path / "out" / "config.json").read_bytes()) == json.loads(before["config.json"])
-    tensors(tmp_path / "out" / "model.safetensors")  # a complete safetensors file
+    assert names == ["config.json", "model.safetensors"], names
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    for k, v in other.state_dict().items():
+        assert reloaded.state_dict()[k].dtype == torch.bfloat16 and torch.equal(reloaded.state_dict()[k], v), k
 
 
 # ------------------------------------------------------------------------------------------------ sharding

@@ -1,0 +1,206 @@
+"""Writing several files into a folder as one atomic step, and recovering from an interrupted write.
+
+A checkpoint is more than one file (``spec.json`` + ``model.safetensors``; ``config.json`` + shards + index), and
+renaming each file into place is atomic only file by file: a process killed between two renames would leave a
+new weights file beside an old ``spec.json``. The protocol here makes the whole set atomic across a crash at any
+instant (SIGKILL, power loss once the data is on disk):
+
+1. every new file is written under a temporary name in the target folder
+   (``.NAME.<pid>.<random>.tmp``), flushed and fsynced;
+2. a journal ``.modkit-commit.json`` listing the renames (and the files to delete) is written under a temporary
+   name and renamed into place: **this rename is the commit point**;
+3. the renames and deletions are carried out, then the journal is removed.
+
+:func:`recover` (run by every reader and writer of a folder before it touches it) finishes a journal it finds
+(roll forward: the new files are all complete, the journal says where they go) and deletes temporaries that no
+journal names and whose writing process is gone (a crash before the commit point: the old files were never
+touched). So after a kill at any instant a reader sees the old set or the new set, complete, and temporary
+files do not pile up. The same idea as a database's write-ahead log; SQLite's rollback journal and git's
+``index.lock`` are the classic small-scale instances.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping, Optional, Sequence
+
+from .errors import CheckpointError
+
+#: name of the commit journal inside a folder being written
+JOURNAL = ".modkit-commit.json"
+_TMP = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
+
+
+def _tmp_name(target: Path) -> Path:
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=str(target.parent))
+    os.close(fd)
+    return Path(name)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems do not fsync folders
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text_tmp(text: str, target: Path) -> Path:
+    """Write ``text`` (UTF-8) to a temporary file next to ``target`` (fsynced) and return its path."""
+    tmp = _tmp_name(target)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_safetensors_tmp(tensors: Mapping, target: Path, metadata: Optional[Mapping[str, str]] = None) -> Path:
+    """Write ``tensors`` to a temporary safetensors file next to ``target`` (fsynced) and return its path.
+
+    Tensors are copied to contiguous CPU tensors that share no storage (safetensors refuses shared storage).
+    """
+    from safetensors.torch import save_file
+
+    data = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    tmp = _tmp_name(target)
+    try:
+        save_file(data, str(tmp), metadata=dict(metadata or {}))
+        _fsync_file(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def commit(pairs: Sequence[tuple[Path, Path]], remove: Iterable[Path] = ()) -> None:
+    """Move every ``tmp`` over its ``target`` and delete ``remove``, all as one step that survives a crash.
+
+    Every path must lie in one folder. See the module docstring for the protocol.
+
+    Raises:
+        CheckpointError: the paths lie in different folders.
+        OSError: the folder cannot be written (nothing is changed then, unless the journal was written, in
+            which case the next :func:`recover` completes the step).
+    """
+    pairs = [(Path(t), Path(g)) for t, g in pairs]
+    remove = [Path(p) for p in remove]
+    folders = {p.parent.resolve() for pair in pairs for p in pair} | {p.parent.resolve() for p in remove}
+    if len(folders) != 1:
+        raise CheckpointError(f"an atomic commit works inside one folder, got {sorted(map(str, folders))}")
+    folder = folders.pop()
+    record = {"moves": [[t.name, g.name] for t, g in pairs], "remove": [p.name for p in remove]}
+    try:
+        journal_tmp = write_text_tmp(json.dumps(record), folder / JOURNAL)
+    except BaseException:
+        for tmp, _ in pairs:
+            tmp.unlink(missing_ok=True)
+        raise
+    os.replace(journal_tmp, folder / JOURNAL)  # the commit point
+    _fsync_dir(folder)
+    _replay(folder, record)
+
+
+def _replay(folder: Path, record: dict) -> None:
+    for tmp, target in record["moves"]:
+        try:
+            os.replace(folder / tmp, folder / target)
+        except FileNotFoundError:  # already moved (by an earlier replay, or by a concurrent reader's recovery)
+            pass
+    for name in record["remove"]:
+        (folder / name).unlink(missing_ok=True)
+    _fsync_dir(folder)
+    (folder / JOURNAL).unlink(missing_ok=True)
+    _fsync_dir(folder)
+
+
+def _read_journal(folder: Path) -> Optional[dict]:
+    path = folder / JOURNAL
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable commit journal ({exc}); delete it if no save is running") from None
+    ok = (
+        isinstance(record, dict)
+        and isinstance(record.get("moves"), list)
+        and isinstance(record.get("remove"), list)
+        and all(isinstance(m, list) and len(m) == 2 and all(_plain_name(x) for x in m) for m in record["moves"])
+        and all(_plain_name(x) for x in record["remove"])
+    )
+    if not ok:
+        raise CheckpointError(f"{path}: malformed commit journal; delete it if no save is running")
+    return record
+
+
+def _plain_name(name: object) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\x00" not in name
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def recover(folder: Path) -> dict[str, Path]:
+    """Finish an interrupted :func:`commit` in ``folder`` and delete stale temporary files.
+
+    Returns:
+        ``{file name: path to read}``: empty when the folder is consistent on disk. When the folder cannot be
+        written (read-only), the journal's new files are returned here instead of being moved, so a reader
+        still sees the complete new set.
+
+    Raises:
+        CheckpointError: a journal that is not one :func:`commit` writes.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return {}
+    record = _read_journal(folder)
+    pending: dict[str, Path] = {}
+    if record is not None:
+        try:
+            _replay(folder, record)
+        except PermissionError:
+            for tmp, target in record["moves"]:
+                if (folder / tmp).is_file():
+                    pending[target] = folder / tmp
+            return pending
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return pending
+    for name in names:
+        m = _TMP.match(name)
+        if m and not _alive(int(m.group(1))):
+            try:
+                (folder / name).unlink()
+            except OSError:
+                pass
+    return pending
