@@ -7,14 +7,14 @@ every buffer. With ``device="meta"`` it stops after construction.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from .errors import SpecError
 from .interfaces import BuildContext
@@ -26,29 +26,60 @@ BREAKDOWN_KEYS = ("embedding", "position", "attention", "ffn", "norm", "lm_head"
 _KIND_TO_KEY = {k: k for k in BREAKDOWN_KEYS}
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
+#: torch.nn.init's fills: skipped while constructing (``init_weights`` sets every tensor afterwards)
+_INIT_FUNCS = frozenset(
+    getattr(nn.init, n) for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))
+)
+#: in-place fills of a tensor, skipped on meta tensors while constructing (on meta some, e.g. ``normal_``, pull in
+#: torch's decomposition machinery and cost seconds; they compute nothing there)
+_FILLS = frozenset(
+    getattr(torch.Tensor, n)
+    for n in ("normal_", "uniform_", "fill_", "zero_", "random_", "exponential_", "bernoulli_", "log_normal_",
+              "cauchy_", "geometric_", "copy_")
+)
+_SKIPPED = _INIT_FUNCS | _FILLS
+#: conversions that name their dtype explicitly: their result is never re-typed
+_EXPLICIT = frozenset(getattr(torch.Tensor, n) for n in ("float", "double", "to", "type", "type_as"))
 
 
-@contextlib.contextmanager
-def _skip_torch_init():
-    """Make ``torch.nn.init`` fills no-ops during construction: every tensor is set later by ``init_weights``,
-    and on ``meta`` some fills (``normal_``) pull in torch's decomposition machinery, costing seconds."""
-    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))]
-    saved = {n: getattr(nn.init, n) for n in names}
-    for n in names:
-        setattr(nn.init, n, lambda tensor, *a, **k: tensor)
-    try:
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(nn.init, n, fn)
+class _Construction(TorchFunctionMode):
+    """Construct modules in ``dtype`` with torch's init fills skipped, for the calling thread only.
+
+    torch's function-mode stack is thread-local, so unlike ``torch.set_default_dtype`` or patching
+    ``torch.nn.init`` (process-wide), this changes nothing another thread sees. Inside the mode:
+
+    * a call to a ``torch.nn.init`` fill returns its tensor untouched, and in-place fills of meta tensors are
+      skipped (construction happens on meta; ``init_weights`` sets every value afterwards);
+    * a floating tensor that a call made in the process's default dtype without naming a dtype and without any
+      floating input (factories such as ``torch.empty`` in ``nn.Linear``, int -> float promotion) is given
+      ``dtype`` instead: what ``torch.set_default_dtype(dtype)`` would have produced. Tensors created with an
+      explicit dtype (a float32 RoPE table) keep it.
+    """
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+        self.default = torch.get_default_dtype()
+        self.retype = dtype != self.default
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _SKIPPED:
+            if func in _INIT_FUNCS:
+                return args[0] if args else kwargs["tensor"]
+            if args and isinstance(args[0], Tensor) and args[0].is_meta:
+                return args[0]
+        out = func(*args, **(kwargs or {}))
+        if (
+            self.retype
+            and isinstance(out, Tensor)
+            and out.dtype is self.default
+            and func not in _EXPLICIT
+            and not (kwargs and kwargs.get("dtype") is not None)
+            and not any(isinstance(a, torch.dtype) or (isinstance(a, Tensor) and a.is_floating_point()) for a in args)
+            and not (kwargs and any(isinstance(a, Tensor) and a.is_floating_point() for a in kwargs.values()))
+        ):
+            out = out.to(self.dtype)
+        return out
 
 
 def _parse_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
@@ -139,7 +170,7 @@ def build(
         spec = load_spec(spec, registry=reg)
     torch_dtype = _parse_dtype(dtype)
     target = torch.device(device) if device is not None else torch.device("cpu")
-    with torch.device("meta"), _default_dtype(torch_dtype), _skip_torch_init():
+    with torch.device("meta"), _Construction(torch_dtype):
         model = _construct(spec, reg)
     if target.type == "meta":
         return model

@@ -63,6 +63,11 @@ class LayerRange(_Strict):
         stop = n_layers if self.stop is None else min(self.stop, n_layers)
         return list(range(self.start, stop, self.step))
 
+    def selects(self, index: int, n_layers: int) -> bool:
+        """Whether layer ``index`` of a model of ``n_layers`` layers is in the range (without listing it)."""
+        stop = n_layers if self.stop is None else min(self.stop, n_layers)
+        return self.start <= index < stop and (index - self.start) % self.step == 0
+
 
 class BlockSpec(_Strict):
     """The components of one Transformer block. The placement creates the norms it needs from ``norm``."""
@@ -109,7 +114,7 @@ class ModelSpec(_Strict):
     )
     vocab_size: VocabSize = Field(..., description="number of token ids (at most 2**24)")
     d_model: DModel = Field(..., description="residual stream width (at most 2**17)")
-    n_layers: LayerCount = Field(..., description="number of Transformer blocks (at most 1024)")
+    n_layers: LayerCount = Field(..., description="number of Transformer blocks (at most 512)")
     max_seq_len: SeqLen = Field(..., description="longest sequence (tokens) the model is specified for (at most 2**27)")
     position: ComponentConfig = Slot("position", description="position scheme of every layer unless overridden")
     block: BlockSpec = Field(..., description="components of every block unless overridden")
@@ -159,7 +164,7 @@ class ModelSpec(_Strict):
             position=self.position,
         )
         for o in self.overrides:
-            if index in o.indices(self.n_layers):
+            if o.layers.selects(index, self.n_layers) if isinstance(o.layers, LayerRange) else index in o.layers:
                 for k in parts:
                     v = getattr(o, k)
                     if v is not None:
