@@ -678,9 +678,10 @@ def cli_cases(tmp: Path) -> list[tuple[str, list[str], bool]]:
     }
     cases: list[tuple[str, list[str], bool]] = []
     for key, f in files.items():
-        cases.append((f"validate {key}", ["validate", f], True))
-        cases.append((f"validate {key} then good", ["validate", f, good], True))
-        cases.append((f"build {key}", ["build", f, "--device", "meta"], True))
+        bad = key != "huge_model"  # a valid spec, too big for this machine: fine on meta, refused on cpu
+        cases.append((f"validate {key}", ["validate", f], bad))
+        cases.append((f"validate {key} then good", ["validate", f, good], bad))
+        cases.append((f"build {key}", ["build", f, "--device", "meta"], bad))
     for key, data in hf_files.items():
         f = put(key + ".json", data)
         cases.append((f"convert hf {key}", ["convert", "hf", f], True))
@@ -710,7 +711,7 @@ def cli_cases(tmp: Path) -> list[tuple[str, list[str], bool]]:
                 argv[3] = v
             else:
                 argv += [flag, v]
-            cases.append((f"generate {flag} {v!r:.30}", argv, True))
+            cases.append((f"generate {flag} {v!r:.30}", argv, not (flag == "--top-k" and v == str(2**63))))  # keeps all tokens
     cases.append(("generate past max_seq_len (learned)", ["generate", gpt2, "--prompt", "1 2", "--max-new-tokens", "300"], True))
     cases.append(("generate past max_seq_len (rope)", ["generate", good, "--prompt", "1 2", "--max-new-tokens", "600"], True))
     for key in ("binary", "utf16", "fifo", "devzero", "nul", "dup", "layers"):
@@ -770,7 +771,7 @@ def generate_cases():
     }.items():
         for v in values:
             kw = {**ok, k: v}
-            cases.append((f"{k}={v!r:.20}", ids, kw, True))
+            cases.append((f"{k}={v!r:.20}", ids, kw, not (k == "top_k" and v == 2**63)))
     for name, x in [
         ("float ids", [[1.7, 2.2]]), ("empty", []), ("empty row", [[]]), ("2**63 id", [[2**63]]), ("negative id", [[-1]]),
         ("id = vocab", [[1024]]), ("ragged", [[1, 2], [3]]), ("3-D", [[[1, 2]]]), ("bool tensor", torch.tensor([[True, False]])),

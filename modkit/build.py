@@ -91,7 +91,7 @@ def _parse_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
         out = getattr(torch, str(dtype).replace("torch.", ""), None)
         if not isinstance(out, torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
-    if not out.is_floating_point:
+    if out not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):  # not ints, not float8 storage types
         raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16; float64 for reference checks), got {out}")
     return out
 
@@ -145,6 +145,7 @@ def build(
     dtype: Union[str, torch.dtype, None] = None,
     seed: int = 0,
     registry: Optional[Registry] = None,
+    check_memory: bool = True,
 ) -> Model:
     """Assemble a model from a spec.
 
@@ -155,25 +156,41 @@ def build(
             is allocated and weights are left uninitialised.
         dtype: parameter dtype (``float32`` default, ``bfloat16``, ``float16``); buffers that need float32
             (e.g. RoPE inverse frequencies) stay float32.
-        seed: seed of the deterministic weight init.
+        seed: seed of the deterministic weight init, an integer in [0, 2**64 - 1].
         registry: defaults to the process-wide registry.
+        check_memory: on a real device, first estimate the bytes of every parameter and buffer and refuse
+            (:class:`~modkit.errors.MemoryLimitError`, giving the estimate and the memory available) when they
+            exceed the memory free there; ``False`` skips the estimate.
+
+    Construction happens on ``meta`` under a torch function mode private to the calling thread
+    (:class:`_Construction`): no process-wide state (default dtype, ``torch.nn.init``) is touched, so threads
+    may build concurrently.
 
     Returns:
         :class:`~modkit.model.Model` in training mode.
 
     Raises:
         SpecError: the spec is invalid.
-        ValueError: unknown dtype.
+        ValueError: unknown dtype; ``seed`` not an integer in range (:class:`~modkit.errors.ArgumentError`).
+        MemoryLimitError: the model would not fit (see ``check_memory``).
     """
+    from .generate import MAX_SEED, _check_int
+    from .memory import check_fits, module_bytes
+
     reg = registry or get_registry()
     if not isinstance(spec, spec_model(reg)):
         spec = load_spec(spec, registry=reg)
     torch_dtype = _parse_dtype(dtype)
+    _check_int(seed, "seed", None, minimum=0, maximum=MAX_SEED)
     target = torch.device(device) if device is not None else torch.device("cpu")
     with torch.device("meta"), _Construction(torch_dtype):
         model = _construct(spec, reg)
     if target.type == "meta":
         return model
+    if check_memory:
+        dt = str(torch_dtype).replace("torch.", "")
+        check_fits(module_bytes(model), target, f"the weights and buffers of this model ({dt})",
+                   hint="use a smaller spec or dtype, or build on meta to inspect it")
     model.to_empty(device=target)
     model.init_weights(seed)
     return model

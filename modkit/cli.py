@@ -340,11 +340,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = 0
     for name in args.specs:
         path = Path(name)
-        if not path.is_file():
-            _err(f"{name}: " + ("is a directory; give a spec .json file" if path.is_dir() else "no such file"))
+        if path.is_dir():
+            _err(f"{name}: is a directory; give a spec .json file")
             failed += 1
             continue
-        try:
+        try:  # a missing, special (FIFO, device) or unreadable file is a SpecError naming it: go on to the next
             modkit.load_spec(path, registry=reg)
         except modkit.SpecError as exc:
             for line in _spec_error_lines(exc, name):
@@ -458,6 +458,8 @@ def _parse_size(text: str) -> int:
         value = float(num) * units[t[len(num):]]
     except (ValueError, KeyError):
         raise UserError(f"invalid size {text!r}; use e.g. 5GB, 500MB, 2GiB or a number of bytes") from None
+    if not math.isfinite(value):
+        raise UserError(f"invalid size {text!r}: not a finite number of bytes")
     if value < 1:
         raise UserError(f"invalid size {text!r}: must be at least 1 byte")
     return int(value)
@@ -611,7 +613,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         for line in _spec_error_lines(exc, args.spec):
             _err(line)
         return 1
-    model = modkit.build(spec, device=device, dtype=args.dtype, seed=args.seed, registry=reg)
+    model = modkit.build(spec, device=device, dtype=args.dtype, seed=args.seed, registry=reg,
+                         check_memory=not args.no_memory_check)
     summary = summarize(model, args.dtype, registry=reg)
     data = summary.to_json()
     data.update(spec=args.spec, device=str(device), seed=args.seed)
@@ -637,26 +640,43 @@ def cmd_build(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ generate
 
 
-def _load_model(text: str, device, dtype: Optional[str], seed: int):
+def _load_model(text: str, device, dtype: Optional[str], seed: int, check_memory: bool = True):
     """A spec ``.json`` (built with random weights from ``seed``), a modkit checkpoint folder (``spec.json``) or a
     Hugging Face folder (``config.json``, through ``modkit.from_hf``)."""
     import modkit
 
     path = Path(text)
-    if not path.exists():
+    if "\x00" not in text and not path.exists():
         raise FileNotFoundError(f"{text}: no such file")
-    if path.is_file():
+    if not path.is_dir():  # a spec file; load_spec refuses special files (FIFO, device) and NUL bytes by name
         if path.suffix != ".json":
             raise UserError(f"{text}: give a spec .json file or a checkpoint folder")
         reg = _registry()
-        return modkit.build(modkit.load_spec(path, registry=reg), device=device, dtype=dtype, seed=seed, registry=reg)
+        return modkit.build(modkit.load_spec(path, registry=reg), device=device, dtype=dtype, seed=seed, registry=reg,
+                            check_memory=check_memory)
     if (path / "spec.json").is_file():
-        return modkit.load(path, device=device, dtype=dtype)
+        return modkit.load(path, device=device, dtype=dtype, check_memory=check_memory)
     if (path / "config.json").is_file():
-        if not hasattr(modkit, "from_hf"):
-            raise UserError(f"{text} is a Hugging Face folder, but this modkit cannot load one (no modkit.from_hf)")
-        return modkit.from_hf(path, device=device, dtype=dtype)
+        return modkit.from_hf(path, device=device, dtype=dtype, check_memory=check_memory)
     raise UserError(f"{text}: a folder without spec.json (modkit checkpoint) or config.json (Hugging Face model)")
+
+
+def _load_tokenizer(path: str):
+    """A ``tokenizers`` tokenizer from ``path`` (a regular file of at most 256 MiB), or a :class:`UserError`."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UserError("--tokenizer needs the 'tokenizers' package (pip install tokenizers)") from None
+    from modkit.jsonio import JSONInputError, check_regular_file
+
+    try:
+        check_regular_file(path, max_bytes=256 * 2**20)
+    except JSONInputError as exc:
+        raise UserError(f"--tokenizer {exc}") from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type for any malformed file
+        raise UserError(f"--tokenizer {path}: not a tokenizers tokenizer.json ({str(exc)[:200]})") from None
 
 
 def _prompt_ids(text: str, tokenizer) -> list[int]:
@@ -707,30 +727,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """``modkit generate MODEL --prompt TEXT``: stream a continuation, then one summary line on stderr."""
     import torch
 
-    from modkit.generate import column_major_linears, stream_generate
+    from modkit.generate import check_generation, check_sampling, column_major_linears, stream_generate
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    tokenizer = None
-    if args.tokenizer:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise UserError("--tokenizer needs the 'tokenizers' package (pip install tokenizers)") from None
-        if not Path(args.tokenizer).is_file():
-            raise FileNotFoundError(f"{args.tokenizer}: no such file")
-        tokenizer = Tokenizer.from_file(args.tokenizer)
+    flags = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed",
+             "max_new_tokens": "--max-new-tokens"}
+    check_sampling(args.temperature, args.top_k, args.top_p, names=flags)  # every argument before any work
+    check_generation(args.max_new_tokens, seed=args.seed, names=flags)
+    tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
+    ids = _prompt_ids(args.prompt, tokenizer)
     device = _check_device(args.device)
     if device.type == "meta":
         raise UserError("generate needs a real device (cpu, cuda, ...), not meta")
-    model = _load_model(args.model, device, args.dtype, args.seed).eval()
+    model = _load_model(args.model, device, args.dtype, args.seed, not args.no_memory_check).eval()
     if device.type == "cpu":  # batch-1 decoding streams column-major weights faster (same values; see the docstring)
         column_major_linears(model)
-    ids = _prompt_ids(args.prompt, tokenizer)
     stream = _TextStream(tokenizer)
-    tokens = stream_generate(
+    tokens = stream_generate(  # checks the prompt against the model (vocabulary, max_seq_len) before any output
         model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile,
+        check_memory=not args.no_memory_check,
     )
     start = time.perf_counter()
     first = None
@@ -847,6 +864,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--seed", type=int, default=0, help="seed of the weight init and the random batch (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="allocate even when the estimated weight bytes exceed the memory free on the device")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser(
@@ -866,6 +885,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, ...")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)")
     p.add_argument("--compile", action="store_true", help="decode with torch.compile (fullgraph; pays a one-off compilation)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="allocate even when the estimated weight or KV-cache bytes exceed the memory free on the device")
     p.set_defaults(func=cmd_generate)
 
     _add_extensions(sub)

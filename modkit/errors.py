@@ -59,9 +59,9 @@ class ArgumentError(ModkitError, ValueError):
     """A function or command argument is invalid; the message names the parameter, the value and the fix.
 
     Attributes:
-        name: the parameter's name (``temperature``, ``input_ids``, ``--max-new-tokens``).
+        name: the parameter's name (``temperature``, ``input_ids``, ``--max-new-tokens``); the message names it too.
     """
 
     def __init__(self, name: str, message: str):
         self.name = name
-        super().__init__(f"{name}: {message}")
+        super().__init__(message)

@@ -12,14 +12,156 @@ greedy (argmax). On a CPU with MKL, ``generate`` stores the model's ``nn.Linear`
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import weakref
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from .cache import KVCache
+from .errors import ArgumentError
 from .model import Model
+
+#: largest seed ``torch.Generator.manual_seed`` takes (seeds are unsigned 64-bit)
+MAX_SEED = 2**64 - 1
+
+
+# ------------------------------------------------------------------------------------------------ argument checks
+
+
+def _name(names: Optional[Mapping[str, str]], key: str) -> str:
+    return (names or {}).get(key, key)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_int(value: Any, key: str, names, *, minimum: int, maximum: Optional[int] = None, what: str = "an integer") -> int:
+    name = _name(names, key)
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
+        value = int(value)
+    if not _is_int(value):
+        raise ArgumentError(name, f"{name} must be {what}, got {type(value).__name__} {value!r:.40}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ArgumentError(name, f"{name} must be {bound}, got {value}")
+    return int(value)
+
+
+def check_sampling(
+    temperature: Any = 1.0, top_k: Any = None, top_p: Any = None, *, names: Optional[Mapping[str, str]] = None
+) -> None:
+    """Check sampling parameters: ``temperature`` a finite number >= 0, ``top_k`` an integer >= 1 or ``None``,
+    ``top_p`` a number in (0, 1] or ``None``.
+
+    Args:
+        names: how to call each parameter in messages (the CLI passes ``{"temperature": "--temperature", ...}``).
+
+    Raises:
+        ArgumentError: (a ``ValueError``) naming the parameter and the value.
+    """
+    name = _name(names, "temperature")
+    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise ArgumentError(name, f"{name} must be a finite number >= 0 (0 is greedy), got {temperature!r:.40}")
+    if top_k is not None:
+        _check_int(top_k, "top_k", names, minimum=1)
+    if top_p is not None:
+        name = _name(names, "top_p")
+        if not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
+            raise ArgumentError(name, f"{name} must be in (0, 1], got {top_p!r:.40}")
+
+
+def check_generation(
+    max_new_tokens: Any, *, seed: Any = None, prefill_chunk: Any = None, names: Optional[Mapping[str, str]] = None
+) -> None:
+    """Check ``max_new_tokens`` (an integer >= 0), ``seed`` (``None`` or an integer in [0, 2**64 - 1]) and
+    ``prefill_chunk`` (``None`` or an integer >= 1).
+
+    Raises:
+        ArgumentError: naming the parameter and the value.
+    """
+    _check_int(max_new_tokens, "max_new_tokens", names, minimum=0)
+    if seed is not None:
+        _check_int(seed, "seed", names, minimum=0, maximum=MAX_SEED)
+    if prefill_chunk is not None:
+        _check_int(prefill_chunk, "prefill_chunk", names, minimum=1)
+
+
+def _token_tensor(value: Any, name: str) -> Tensor:
+    """``value`` (a tensor or nested sequences) as an int64 tensor, refusing floats, bools and out-of-range ints."""
+    if isinstance(value, Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise ArgumentError(name, f"{name} must hold integer token ids, got a {str(value.dtype).replace('torch.', '')} tensor")
+        return value.long()
+    if value is None or isinstance(value, (str, bytes, numbers.Number)):
+        raise ArgumentError(name, f"{name} must be a [batch, seq] sequence of integer token ids, got {type(value).__name__}")
+    stack, leaves = [value], 0
+    while stack:  # refuse floats and bools before torch truncates 1.7 to 1 or reads True as 1
+        node = stack.pop()
+        if isinstance(node, Tensor):
+            continue
+        if isinstance(node, (list, tuple)):
+            stack.extend(node)
+            continue
+        leaves += 1
+        if not _is_int(node):
+            raise ArgumentError(name, f"{name} must hold integer token ids, got {type(node).__name__} {node!r:.40}")
+        if not -(2**63) <= node < 2**63:
+            raise ArgumentError(name, f"{name} holds {node}, which no vocabulary reaches (token ids are below vocab_size)")
+    try:
+        return torch.as_tensor(value, dtype=torch.long)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise ArgumentError(name, f"{name} must be a rectangular [batch, seq] sequence of integer token ids ({exc})") from None
+
+
+def _check_range(ids: Tensor, vocab_size: int, name: str) -> None:
+    if ids.numel() and (bool((ids < 0).any()) or bool((ids >= vocab_size).any())):
+        lo, hi = int(ids.min()), int(ids.max())
+        raise ArgumentError(name, f"{name} must lie in [0, {vocab_size}) (the vocabulary); got min {lo}, max {hi}")
+
+
+def _check_mask(mask: Any, ids: Tensor) -> Tensor:
+    name = "attention_mask"
+    if not isinstance(mask, Tensor):
+        mask = _token_tensor(mask, name)
+    if mask.is_floating_point() or mask.is_complex():
+        raise ArgumentError(name, f"{name} must be bool or integer (1 for a real token, 0 for padding), got {mask.dtype}")
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise ArgumentError(name, f"{name} must have the prompt's shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+    if mask.dtype != torch.bool:
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise ArgumentError(name, f"{name} must hold only 0 (padding) and 1 (a real token)")
+        mask = mask != 0
+    mask = mask.to(ids.device)
+    empty = ~mask.any(dim=1)
+    if bool(empty.any()):
+        raise ArgumentError(name, f"{name} row {int(empty.nonzero()[0])} is all padding; every row needs at least one real token")
+    # left padding only: once a row has a real token, every later position is real (cumulative max stays 1)
+    right = mask.int().cummax(dim=1).values.bool() & ~mask
+    if bool(right.any()):
+        row = int(right.any(dim=1).nonzero()[0])
+        raise ArgumentError(name, f"{name} row {row} has padding after a real token; generate needs the padding on the left "
+                            "(left-pad ragged prompts: the new tokens follow the last column)")
+    return mask
+
+
+def _check_eos(eos_token_id: Any, vocab_size: int) -> list[int]:
+    name = "eos_token_id"
+    if eos_token_id is None:
+        return []
+    values = [eos_token_id] if not isinstance(eos_token_id, (list, tuple, Tensor)) else list(eos_token_id)
+    out = []
+    for v in values:
+        v = _check_int(v, name, None, minimum=0, maximum=vocab_size - 1, what="an integer token id (or a list of them)")
+        out.append(v)
+    return out
 
 
 def top_p_mask(probs: Tensor, top_p: float) -> Tensor:
@@ -42,14 +184,10 @@ def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: Optional[i
     """Apply temperature, top-k and top-p to ``logits [..., vocab]``; removed tokens get ``-inf``.
 
     Raises:
-        ValueError: temperature < 0, top_k < 1 or top_p outside (0, 1].
+        ArgumentError: (a ``ValueError``) temperature not a finite number >= 0, top_k not an integer >= 1, top_p
+            outside (0, 1] (see :func:`check_sampling`).
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    check_sampling(temperature, top_k, top_p)
     logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
@@ -70,7 +208,12 @@ def sample(
     top_p: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
 ) -> Tensor:
-    """Draw one token per row of ``logits [batch, vocab]`` → ``[batch]`` int64. ``temperature == 0`` is argmax."""
+    """Draw one token per row of ``logits [batch, vocab]`` → ``[batch]`` int64. ``temperature == 0`` is argmax.
+
+    Raises:
+        ArgumentError: a sampling parameter out of range (see :func:`check_sampling`).
+    """
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p), -1)
@@ -78,11 +221,11 @@ def sample(
 
 
 def _as_batch(input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]]) -> Tensor:
-    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    ids = _token_tensor(input_ids, "input_ids")
     if ids.dim() == 1:
         ids = ids[None]
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty [batch, seq] sequence, got shape {tuple(ids.shape)}")
+    if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ArgumentError("input_ids", f"input_ids must be a non-empty [batch, seq] sequence, got shape {tuple(ids.shape)}")
     return ids
 
 
@@ -147,7 +290,6 @@ def column_major_linears(model: torch.nn.Module, enable: bool = True) -> int:
     return changed
 
 
-@torch.no_grad()
 def stream_generate(
     model: Model,
     input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]],
@@ -162,6 +304,7 @@ def stream_generate(
     prefill_chunk: Optional[int] = None,
     compile: bool = False,
     column_major: Optional[bool] = None,
+    check_memory: bool = True,
 ) -> Iterator[Tensor]:
     """Yield the next token ``[batch]`` at each step (finished rows repeat their EOS token).
 
@@ -188,23 +331,57 @@ def stream_generate(
         column_major: ``None`` (default): column-major ``nn.Linear`` weights when the model is on a CPU with MKL;
             ``True``: convert whatever the device; ``False``: leave the weight layout as it is.
 
+        check_memory: refuse (:class:`~modkit.errors.MemoryLimitError`) a KV cache that would not fit in the memory
+            free on the model's device; ``False`` skips the estimate.
+
+    Every argument is checked when the function is called, before anything is computed or yielded.
+
     Raises:
-        ValueError: empty prompt, ``max_new_tokens < 0``, ``prefill_chunk < 1``, or a bad sampling parameter.
+        ArgumentError: (a ``ValueError``, naming the parameter) an empty, ragged, float, bool or out-of-vocabulary
+            prompt; ``max_new_tokens`` not an integer >= 0; a prompt plus ``max_new_tokens`` longer than the
+            model's ``max_seq_len``; ``seed`` outside [0, 2**64 - 1]; an ``eos_token_id`` outside the vocabulary;
+            an ``attention_mask`` of another shape, with values other than 0/1, a row of padding only, or padding
+            after a real token (right padding); ``prefill_chunk < 1``; a bad sampling parameter
+            (:func:`check_sampling`).
+        MemoryLimitError: the KV cache would not fit (see ``check_memory``).
     """
-    ids = _as_batch(input_ids).to(model.embed.weight.device)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if prefill_chunk is not None and prefill_chunk < 1:
-        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-    filter_logits(ids.new_zeros(1, 1, dtype=torch.float32), temperature=temperature, top_k=top_k, top_p=top_p)  # validate early
+    from .build import kv_cache_bytes_per_token
+    from .memory import check_fits
+
+    check_sampling(temperature, top_k, top_p)
+    check_generation(max_new_tokens, seed=seed, prefill_chunk=prefill_chunk)
+    spec = model.spec
+    ids = _as_batch(input_ids)
+    _check_range(ids, spec.vocab_size, "input_ids")
+    device = model.embed.weight.device
+    ids = ids.to(device)
+    mask = _check_mask(attention_mask, ids) if attention_mask is not None else None
+    eos_ids = _check_eos(eos_token_id, spec.vocab_size)
+    batch, prompt_len = ids.shape
+    if prompt_len + max_new_tokens > spec.max_seq_len:
+        raise ArgumentError(
+            "max_new_tokens",
+            f"a prompt of {prompt_len} tokens plus max_new_tokens = {max_new_tokens} reaches position "
+            f"{prompt_len + max_new_tokens - 1}, past the model's max_seq_len = {spec.max_seq_len}; generate at most "
+            f"{max(spec.max_seq_len - prompt_len, 0)} new tokens or shorten the prompt",
+        )
+    if check_memory and max_new_tokens > 0:
+        per_token = kv_cache_bytes_per_token(model, model.embed.weight.dtype)  # an upper bound: full-length layers
+        cache_bytes = per_token * batch * (prompt_len + max_new_tokens)
+        check_fits(cache_bytes, device, f"a KV cache for {batch} x {prompt_len + max_new_tokens} tokens",
+                   hint="generate fewer tokens or use a smaller batch")
+    return _stream(model, ids, mask, eos_ids, max_new_tokens, temperature, top_k, top_p, seed, prefill_chunk,
+                   compile, column_major)
+
+
+@torch.no_grad()
+def _stream(model, ids, mask, eos_ids, max_new_tokens, temperature, top_k, top_p, seed, prefill_chunk, compile, column_major):
+    """The generation loop of :func:`stream_generate`, on checked arguments."""
     if max_new_tokens == 0:
         return
     gen = torch.Generator(device=ids.device)
     gen.manual_seed(seed if seed is not None else torch.seed())
-    eos = torch.tensor([] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=ids.device)
-    mask = attention_mask.to(ids.device).bool() if attention_mask is not None else None
-    if mask is not None and mask.shape != ids.shape:
-        raise ValueError(f"attention_mask must have the prompt's shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+    eos = torch.tensor(eos_ids, device=ids.device)
     if mask is not None and bool(mask.all()):
         mask = None  # no padding: keep the plain causal prefill kernel
     if column_major is None:
@@ -234,7 +411,8 @@ def stream_generate(
 
 
 def generate(model: Model, input_ids, *, max_new_tokens: int, **kwargs) -> Tensor:
-    """Generate and return ``[batch, prompt_len + new]`` tokens (prompt included). Arguments as :func:`stream_generate`."""
+    """Generate and return ``[batch, prompt_len + new]`` tokens (prompt included). Arguments and errors as
+    :func:`stream_generate`."""
     ids = _as_batch(input_ids)
     new = list(stream_generate(model, ids, max_new_tokens=max_new_tokens, **kwargs))
     if not new:
