@@ -376,7 +376,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_convert_hf(args: argparse.Namespace) -> int:
     """``modkit convert hf CONFIG [-o SPEC]``: Hugging Face ``config.json`` (file or folder) -> validated spec."""
     import modkit
-    from modkit.hf import hf_config_to_dict
+    from modkit.hf import convert_hf_config
 
     src = Path(args.config)
     if not src.exists():
@@ -385,17 +385,10 @@ def cmd_convert_hf(args: argparse.Namespace) -> int:
         return _convert_hf_weights(src, Path(args.output), args.dtype)
     reg = _registry()
     try:
-        data = hf_config_to_dict(src, registry=reg)
+        data, spec = convert_hf_config(src, registry=reg)
     except modkit.SpecError as exc:
         for line in _spec_error_lines(exc, args.config):
             _err(line)
-        return 1
-    try:
-        spec = modkit.load_spec(dict(data), registry=reg)
-    except modkit.SpecError as exc:
-        _err(f"{args.config}: the converted spec is invalid (a converter bug, please report it):")
-        for line in _spec_error_lines(exc, None):
-            _err("  " + line)
         return 1
     text = json.dumps(data, indent=2) + "\n"
     if args.output and args.output != "-":

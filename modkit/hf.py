@@ -88,10 +88,74 @@ def from_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registr
     """Convert a Hugging Face ``config.json`` (dict or path) into a validated :class:`ModelSpec`.
 
     Raises:
-        SpecError: as :func:`hf_config_to_dict`, or if the converted spec fails validation.
+        SpecError: as :func:`hf_config_to_dict`, or if the converted spec fails validation (see
+            :func:`convert_hf_config`: the errors name the config's keys).
+    """
+    return convert_hf_config(config, registry=registry)[1]
+
+
+def convert_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registry] = None) -> tuple[dict, ModelSpec]:
+    """``(spec dict, validated spec)`` for a Hugging Face config (dict or path).
+
+    Converters check what they read, naming the config's keys; a problem only the spec's validation finds (a
+    cross-field rule, say) is reported at the config key the offending value came from, found by value, with
+    the spec path in the message; when no key holds it (a derived value), at the document with the spec path.
+
+    Raises:
+        SpecError: as :func:`hf_config_to_dict`, or the converted spec fails validation.
     """
     reg = registry or get_registry()
-    return load_spec(hf_config_to_dict(config, registry=reg), registry=reg)
+    cfg = read_config(config)
+    data = hf_config_to_dict(cfg, registry=reg)
+    try:
+        return data, load_spec(dict(data), registry=reg)
+    except SpecError as exc:
+        label = None if isinstance(config, dict) else str(config)
+        raise SpecError([_config_error(path, msg, data, cfg) for path, msg in exc.errors], source=label) from None
+
+
+def _flatten(doc: Any, path: str = ""):
+    """``(dotted path, value)`` of every scalar in a JSON document."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _flatten(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _flatten(v, f"{path}[{i}]")
+    else:
+        yield path, doc
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return isinstance(a, str) and a == b
+
+
+def _config_error(path: str, message: str, spec: dict, cfg: dict) -> tuple[str, str]:
+    """Re-home one error of the converted spec onto the config key its value came from (see
+    :func:`convert_hf_config`)."""
+    value: Any = spec
+    for part in path.replace("[", ".[").split("."):
+        if not part:
+            continue
+        if part.startswith("[") and isinstance(value, list):
+            i = int(part[1:-1])
+            value = value[i] if 0 <= i < len(value) else None
+        elif isinstance(value, dict):
+            value = value.get(part)
+        else:
+            value = None
+    field = path.rsplit(".", 1)[-1].split("[")[0]
+    if value is not None and not isinstance(value, (dict, list)):
+        keys = [k for k, v in _flatten(cfg) if _same_value(v, value)]
+        if keys:  # several keys with that value: prefer the one whose name shares a word with the spec field
+            words = set(field.split("_"))
+            keys.sort(key=lambda k: -len(words & set(k.rsplit(".", 1)[-1].split("_"))))
+            return keys[0], f"{message} (becomes {path} in the converted spec)"
+    return "", f"the converted spec is invalid at {path}: {message}"
 
 
 # ------------------------------------------------------------------------------------------------ weights

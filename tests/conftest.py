@@ -13,6 +13,17 @@ import warnings
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property-based tests: a few hundred examples in the default run; `pytest --hypothesis-profile thorough` for
+# thousands. No deadline: the machine's load, not the code, decides how long one example takes.
+settings.register_profile(
+    "modkit", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+settings.register_profile(
+    "thorough", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+settings.load_profile("modkit")
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "specs"

@@ -223,6 +223,7 @@ class HFConfig:
         aliases: Sequence[str] = (),
         integer: bool = False,
         positive: bool = True,
+        minimum: Optional[float] = None,
         maximum: Optional[int] = None,
     ) -> Any:
         """Like :meth:`get`, checking the value (see :meth:`check_number`); records an error and returns
@@ -231,13 +232,21 @@ class HFConfig:
         if value is None:
             return None
         present = next((n for n in (key, *aliases) if self.cfg.get(n) is not None), key)
-        return self.check_number(present, value, default, integer=integer, positive=positive, maximum=maximum)
+        return self.check_number(present, value, default, integer=integer, positive=positive, minimum=minimum, maximum=maximum)
 
     def check_number(
-        self, path: str, value: Any, default: Any = None, *, integer: bool = False, positive: bool = True, maximum: Optional[int] = None
+        self,
+        path: str,
+        value: Any,
+        default: Any = None,
+        *,
+        integer: bool = False,
+        positive: bool = True,
+        minimum: Optional[float] = None,
+        maximum: Optional[int] = None,
     ) -> Any:
         """``value`` if it is a finite number (an int when ``integer``: JSON ``12.0`` and ``true`` are not), positive
-        when ``positive``, at most ``maximum`` (default: modkit's bound for the size ``path`` names, see
+        when ``positive``, at least ``minimum``, at most ``maximum`` (default: modkit's bound for the size ``path`` names, see
         :data:`HF_BOUNDS`; any integer is bounded by the largest one). Otherwise records an error on ``path`` (the
         config's own key) and returns ``default``."""
         kind = ("positive " if positive else "") + ("integer" if integer else "number")
@@ -256,6 +265,9 @@ class HFConfig:
             return default
         if positive and value <= 0:
             self.error(path, f"must be a {kind}, got {_short(value)}")
+            return default
+        if minimum is not None and value < minimum:
+            self.error(path, f"must be >= {minimum}, got {_short(value)}")
             return default
         bound = maximum if maximum is not None else HF_BOUNDS.get(path.rsplit(".", 1)[-1], MAX_SEQ_LEN if integer else None)
         if bound is not None and value > bound:

@@ -164,7 +164,7 @@ def _moe(r: HFConfig, fam: Family, d_ff: int, act: str, dflt: dict) -> dict:
         renormalize = r.flag("norm_topk_prob", False)
         r.expect("clip_qkv", None, "clamping q/k/v activations is not supported by modkit's attention")
     top_k = r.number("num_experts_per_tok", dflt.get("num_experts_per_tok"), integer=True)
-    aux = r.number("router_aux_loss_coef", dflt.get("router_aux_loss_coef"), positive=False)
+    aux = r.number("router_aux_loss_coef", dflt.get("router_aux_loss_coef"), positive=False, minimum=0)
     return {
         "type": "moe",
         "n_experts": n,
