@@ -49,8 +49,8 @@ class LayerRange(_Strict):
     """A Python-style slice of layer indices: ``start``, ``start + step``, ... below ``stop`` (``stop > start``)."""
 
     start: LayerIndex = Field(0, description="first layer index (0-based)")
-    stop: Optional[Annotated[int, Field(ge=1, le=MAX_LAYERS)]] = Field(None, description="exclusive end; null means n_layers")
-    step: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = Field(1, description="stride between selected layers")
+    stop: Optional[Annotated[int, Field(gt=0, le=MAX_LAYERS)]] = Field(None, description="exclusive end; null means n_layers")
+    step: Annotated[int, Field(gt=0, le=MAX_LAYERS)] = Field(1, description="stride between selected layers")
 
     @model_validator(mode="after")
     def _not_empty(self) -> "LayerRange":

@@ -366,6 +366,11 @@ def rope(
     top_partial = r.number("partial_rotary_factor")
     path = "rope_parameters"
     source: Any = None
+    for key, value in ((scaling_key, legacy), ("rope_parameters", params)):
+        if value is not None and not isinstance(value, dict):  # [] is not "no scaling": it is not an object at all
+            r.error(str(key), f"must be an object (or null), got {_kind(value)} {_short(value)}")
+    legacy = legacy if isinstance(legacy, dict) else None
+    params = params if isinstance(params, dict) else None
     if legacy:
         source, path = legacy, scaling_key
     elif params:
@@ -381,7 +386,7 @@ def rope(
     if source is None:
         source = {}
     if not isinstance(source, dict):
-        r.error(path, f"must be an object, got {source!r}")
+        r.error(path, f"must be an object, got {_kind(source)} {_short(source)}")
         source = {}
     d = dict(source)
     rtype = d.pop("rope_type", None)
