@@ -180,7 +180,7 @@ class TensorSource:
             index, single = path / HF_INDEX_FILE, path / WEIGHTS_FILE
             if index.is_file():
                 return cls._from_index(index)
-            if single.is_file():
+            if single.exists():  # (a special file of that name is refused by _from_file, naming what it is)
                 return cls._from_file(single)
             others = sorted(path.glob("*.safetensors"))
             if len(others) == 1:
@@ -817,7 +817,7 @@ def load(
     refuse_pickle(path)
     folder = path if path.is_dir() else path.parent
     pending = recover(folder)
-    if path.is_dir() and not (path / WEIGHTS_FILE).is_file() and WEIGHTS_FILE not in pending:
+    if path.is_dir() and not (path / WEIGHTS_FILE).exists() and WEIGHTS_FILE not in pending:
         if (path / HF_CONFIG_FILE).is_file():
             raise CheckpointError(f"{path} is a Hugging Face folder (config.json), not a modkit checkpoint; use modkit.from_hf")
         pickles = _pickles_in(path)
