@@ -819,12 +819,55 @@ def run_generate(timeout: float, log) -> Counter:
     return out
 
 
+# ------------------------------------------------------------------------------------------------ timing
+
+
+def run_timing(timeout: float, log) -> dict:
+    """Seconds: the slowest meta build of a shipped spec grown to 512 layers (a valid spec at the bound), a spec
+    with ``n_layers: 100000`` (load + meta build, or the refusal), a config with ``num_hidden_layers: 10**8``."""
+    import modkit
+
+    out: dict = {}
+
+    def timed(fn, limit):
+        start = time.perf_counter()
+        try:
+            with deadline(limit):
+                fn()
+            what = "accepted"
+        except Timeout:
+            what = "hang"
+        except BaseException as exc:  # noqa: BLE001
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            what = type(exc).__name__
+        return round(time.perf_counter() - start, 3), what
+
+    worst = 0.0
+    for f in SPECS:
+        doc = json.loads(f.read_text())
+        doc["n_layers"] = 512
+        spec = modkit.load_spec(doc)
+        modkit.build(spec, device="meta")  # warm
+        start = time.perf_counter()
+        modkit.build(spec, device="meta")
+        worst = max(worst, time.perf_counter() - start)
+    out["meta_build_512_layers_worst_s"] = round(worst, 3)
+    doc = json.loads((REPO / "specs" / "tiny-llama.json").read_text())
+    doc["n_layers"] = 100_000
+    out["n_layers_100000_s"] = timed(lambda: modkit.build(modkit.load_spec(doc), device="meta"), max(timeout, 120))
+    cfg = json.loads((REPO / "tests" / "data" / "real-models" / "gemma-3-1b-pt" / "config.json").read_text())
+    cfg["num_hidden_layers"] = 10**8
+    out["hf_num_hidden_layers_1e8_s"] = timed(lambda: modkit.from_hf_config(cfg), max(timeout, 120))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--surface", action="append", choices=["spec", "hf", "checkpoint", "cli", "generate"])
+    p.add_argument("--surface", action="append", choices=["spec", "hf", "checkpoint", "cli", "generate", "timing"])
     p.add_argument("--n-spec", type=int, default=3000, help="mutated specs (default 3000)")
     p.add_argument("--n-hf", type=int, default=1500, help="mutated Hugging Face configs (default 1500)")
     p.add_argument("--seed", type=int, default=0)
@@ -838,7 +881,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    surfaces = args.surface or ["spec", "hf", "checkpoint", "cli", "generate"]
+    surfaces = args.surface or ["spec", "hf", "checkpoint", "cli", "generate", "timing"]
     lines: list[str] = []
     log = lines.append
     results = {}
@@ -855,6 +898,10 @@ def main(argv=None) -> int:
                 c = run_checkpoints(rng, tmp, args.timeout, log)
             elif s == "cli":
                 c = run_cli(tmp, args.timeout, log)
+            elif s == "timing":
+                results[s] = run_timing(args.timeout, log)
+                print(f"{s:<11} {json.dumps(results[s])}", flush=True)
+                continue
             else:
                 c = run_generate(args.timeout, log)
             results[s] = {"total": sum(c.values()), **dict(sorted(c.items())), "seconds": round(time.perf_counter() - start, 1)}

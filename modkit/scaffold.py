@@ -318,17 +318,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field
 from torch import Tensor, nn
 
 from modkit import BuildContext, Component, ComponentConfig
+from modkit.limits import FFNWidth
 
 
 class ${Class}Config(ComponentConfig):
-    """Config of ``$type``. Unknown keys are errors; every field has a description (docs and ``modkit show``)."""
+    """Config of ``$type``. Strict like every spec object: unknown keys are errors, JSON types are not coerced, floats
+    must be finite; sizes use the bounded types of ``modkit.limits``. Every field has a description (docs and
+    ``modkit show``)."""
 
     type: Literal["$type"] = "$type"
-    d_ff: PositiveInt = Field(..., description="hidden width")
+    d_ff: FFNWidth = Field(..., description="hidden width")
     bias: bool = Field(False, description="biases on both projections")
 
 
@@ -401,21 +404,24 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from modkit import AttentionInputs, BuildContext, Component, ComponentConfig
+from modkit.limits import HeadCount, HeadDim
 
 
 class ${Class}Config(ComponentConfig):
-    """Config of ``$type``. Unknown keys are errors; every field has a description (docs and ``modkit show``)."""
+    """Config of ``$type``. Strict like every spec object: unknown keys are errors, JSON types are not coerced, floats
+    must be finite; sizes use the bounded types of ``modkit.limits``. Every field has a description (docs and
+    ``modkit show``)."""
 
     type: Literal["$type"] = "$type"
-    n_heads: PositiveInt = Field(..., description="number of query heads")
-    n_kv_heads: Optional[PositiveInt] = Field(
+    n_heads: HeadCount = Field(..., description="number of query heads")
+    n_kv_heads: Optional[HeadCount] = Field(
         None, description="number of key/value heads; must divide n_heads; default n_heads"
     )
-    head_dim: Optional[PositiveInt] = Field(None, description="width of one head; default d_model / n_heads")
+    head_dim: Optional[HeadDim] = Field(None, description="width of one head; default d_model / n_heads")
 
     @model_validator(mode="after")
     def _kv_heads_divide(self) -> "${Class}Config":
