@@ -26,7 +26,7 @@ BREAKDOWN_KEYS = ("embedding", "position", "attention", "ffn", "norm", "lm_head"
 _KIND_TO_KEY = {k: k for k in BREAKDOWN_KEYS}
 
 
-#: torch.nn.init's fills: skipped while constructing (``init_weights`` sets every tensor afterwards)
+#: torch.nn.init's fills: skipped on meta tensors while constructing (``init_weights`` sets every tensor afterwards)
 _INIT_FUNCS = frozenset(
     getattr(nn.init, n) for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))
 )
@@ -48,8 +48,8 @@ class _Construction(TorchFunctionMode):
     torch's function-mode stack is thread-local, so unlike ``torch.set_default_dtype`` or patching
     ``torch.nn.init`` (process-wide), this changes nothing another thread sees. Inside the mode:
 
-    * a call to a ``torch.nn.init`` fill returns its tensor untouched, and in-place fills of meta tensors are
-      skipped (construction happens on meta; ``init_weights`` sets every value afterwards);
+    * a ``torch.nn.init`` fill or an in-place fill of a meta tensor returns it untouched (construction happens on
+      meta, where they compute nothing; ``init_weights`` sets every value afterwards);
     * a floating tensor that a call made in the process's default dtype without naming a dtype and without any
       floating input (factories such as ``torch.empty`` in ``nn.Linear``, int -> float promotion) is given
       ``dtype`` instead: what ``torch.set_default_dtype(dtype)`` would have produced. Tensors created with an
@@ -64,10 +64,9 @@ class _Construction(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in _SKIPPED:
-            if func in _INIT_FUNCS:
-                return args[0] if args else kwargs["tensor"]
-            if args and isinstance(args[0], Tensor) and args[0].is_meta:
-                return args[0]
+            tensor = args[0] if args else (kwargs or {}).get("tensor")
+            if isinstance(tensor, Tensor) and tensor.is_meta:
+                return tensor
         out = func(*args, **(kwargs or {}))
         if (
             self.retype

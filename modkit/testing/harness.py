@@ -284,7 +284,7 @@ class Bench:
 
         rec = self.recorder()
         spec_obj = load_spec(spec or self.spec, registry=rec)
-        with torch.device(self.device), build_module._default_dtype(dtype):
+        with torch.device(self.device), build_module._Construction(dtype):
             model = build_module._construct(spec_obj, rec)
         model.init_weights(seed)
         return model, rec.records
