@@ -5,16 +5,17 @@ renaming each file into place is atomic only file by file: a process killed betw
 new weights file beside an old ``spec.json``. The protocol here makes the whole set atomic across a crash at any
 instant (SIGKILL, power loss once the data is on disk):
 
-1. every new file is written under a temporary name in the target folder
-   (``.NAME.<pid>.<random>.tmp``), flushed and fsynced;
+1. every new file is written into a private staging folder inside the target folder
+   (``.modkit-tmp.<pid>.<random>/NAME``; a writer's own temporaries, such as the ``.tmpXXXXXX`` file safetensors
+   writes first, stay inside it too), flushed and fsynced;
 2. a journal ``.modkit-commit.json`` listing the renames (and the files to delete) is written under a temporary
    name and renamed into place: **this rename is the commit point**;
-3. the renames and deletions are carried out, then the journal is removed.
+3. the renames and deletions are carried out, the staging folders removed, then the journal is removed.
 
 :func:`recover` (run by every reader and writer of a folder before it touches it) finishes a journal it finds
 (roll forward: the new files are all complete, the journal says where they go) and deletes temporaries that no
 journal names and whose writing process is gone (a crash before the commit point: the old files were never
-touched). So after a kill at any instant a reader sees the old set or the new set, complete, and temporary
+touched; the pid in a staging folder's name tells whose it is). So after a kill at any instant a reader sees the old set or the new set, complete, and temporary
 files do not pile up. The same idea as a database's write-ahead log; SQLite's rollback journal and git's
 ``index.lock`` are the classic small-scale instances.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
@@ -32,13 +34,20 @@ from .errors import CheckpointError
 
 #: name of the commit journal inside a folder being written
 JOURNAL = ".modkit-commit.json"
-_TMP = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
+#: prefix of the staging folders; ``.modkit-tmp.<pid>.<random>``
+STAGING = ".modkit-tmp."
+_STAGING = re.compile(r"^\.modkit-tmp\.(\d+)\.[^/]+$")
 
 
 def _tmp_name(target: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=str(target.parent))
-    os.close(fd)
-    return Path(name)
+    """A path for ``target``'s new content, inside a fresh staging folder next to it."""
+    staging = tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}.", dir=str(target.parent))
+    return Path(staging) / target.name
+
+
+def discard(tmp: Path) -> None:
+    """Delete a temporary written by this module, with its staging folder."""
+    shutil.rmtree(Path(tmp).parent, ignore_errors=True)
 
 
 def _fsync_file(path: Path) -> None:
@@ -68,7 +77,7 @@ def write_text_tmp(text: str, target: Path) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         raise
     return tmp
 
@@ -86,7 +95,7 @@ def write_safetensors_tmp(tensors: Mapping, target: Path, metadata: Optional[Map
         save_file(data, str(tmp), metadata=dict(metadata or {}))
         _fsync_file(tmp)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         raise
     return tmp
 
@@ -103,18 +112,19 @@ def commit(pairs: Sequence[tuple[Path, Path]], remove: Iterable[Path] = ()) -> N
     """
     pairs = [(Path(t), Path(g)) for t, g in pairs]
     remove = [Path(p) for p in remove]
-    folders = {p.parent.resolve() for pair in pairs for p in pair} | {p.parent.resolve() for p in remove}
-    if len(folders) != 1:
-        raise CheckpointError(f"an atomic commit works inside one folder, got {sorted(map(str, folders))}")
+    folders = {t.parent.parent.resolve() for t, _ in pairs} | {g.parent.resolve() for _, g in pairs} | {p.parent.resolve() for p in remove}
+    if len(folders) != 1 or not all(t.parent.name.startswith(STAGING) for t, _ in pairs):
+        raise CheckpointError(f"an atomic commit works inside one folder on files from write_*_tmp, got {pairs}")
     folder = folders.pop()
-    record = {"moves": [[t.name, g.name] for t, g in pairs], "remove": [p.name for p in remove]}
+    record = {"moves": [[f"{t.parent.name}/{t.name}", g.name] for t, g in pairs], "remove": [p.name for p in remove]}
     try:
         journal_tmp = write_text_tmp(json.dumps(record), folder / JOURNAL)
     except BaseException:
         for tmp, _ in pairs:
-            tmp.unlink(missing_ok=True)
+            discard(tmp)
         raise
     os.replace(journal_tmp, folder / JOURNAL)  # the commit point
+    discard(journal_tmp)
     _fsync_dir(folder)
     _replay(folder, record)
 
@@ -127,6 +137,8 @@ def _replay(folder: Path, record: dict) -> None:
             pass
     for name in record["remove"]:
         (folder / name).unlink(missing_ok=True)
+    for tmp, _ in record["moves"]:
+        shutil.rmtree(folder / tmp.split("/")[0], ignore_errors=True)
     _fsync_dir(folder)
     (folder / JOURNAL).unlink(missing_ok=True)
     _fsync_dir(folder)
@@ -144,12 +156,20 @@ def _read_journal(folder: Path) -> Optional[dict]:
         isinstance(record, dict)
         and isinstance(record.get("moves"), list)
         and isinstance(record.get("remove"), list)
-        and all(isinstance(m, list) and len(m) == 2 and all(_plain_name(x) for x in m) for m in record["moves"])
+        and all(isinstance(m, list) and len(m) == 2 and _staged_name(m[0]) and _plain_name(m[1]) for m in record["moves"])
         and all(_plain_name(x) for x in record["remove"])
     )
     if not ok:
         raise CheckpointError(f"{path}: malformed commit journal; delete it if no save is running")
     return record
+
+
+def _staged_name(name: object) -> bool:
+    """``.modkit-tmp.<pid>.<random>/NAME``: a file in a staging folder of the same folder."""
+    if not isinstance(name, str) or name.count("/") != 1:
+        return False
+    staging, base = name.split("/")
+    return bool(_STAGING.match(staging)) and _plain_name(base)
 
 
 def _plain_name(name: object) -> bool:
@@ -197,10 +217,7 @@ def recover(folder: Path) -> dict[str, Path]:
     except OSError:
         return pending
     for name in names:
-        m = _TMP.match(name)
+        m = _STAGING.match(name)
         if m and not _alive(int(m.group(1))):
-            try:
-                (folder / name).unlink()
-            except OSError:
-                pass
+            shutil.rmtree(folder / name, ignore_errors=True)
     return pending

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Pr
 import torch
 from torch import Tensor, nn
 
-from .atomic import commit, recover, write_safetensors_tmp, write_text_tmp
+from .atomic import commit, discard, recover, write_safetensors_tmp, write_text_tmp
 from .errors import CheckpointError, NonFiniteWeightsWarning
 from .interfaces import Init
 from .jsonio import JSONInputError, check_regular_file, parse_json, read_json_file
@@ -751,7 +751,7 @@ def save(model: "Model", path: Union[str, Path]) -> Path:
     try:
         spec_tmp = write_text_tmp(spec_json + "\n", path / SPEC_FILE)
     except BaseException:
-        weights.unlink(missing_ok=True)
+        discard(weights)
         raise
     commit([(weights, path / WEIGHTS_FILE), (spec_tmp, path / SPEC_FILE)])
     return path

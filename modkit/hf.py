@@ -306,7 +306,7 @@ def to_hf(
         CheckpointError: no ``metadata.hf_model_type``, no weight mapper for it, a spec it cannot express, or a
             model tensor without a counterpart in the format.
     """
-    from .atomic import commit, recover, write_safetensors_tmp, write_text_tmp
+    from .atomic import commit, discard, recover, write_safetensors_tmp, write_text_tmp
     from .checkpoint import HF_CONFIG_FILE, HF_INDEX_FILE, WEIGHTS_FILE, checked_path, export
 
     reg = registry or get_registry()
@@ -354,7 +354,7 @@ def to_hf(
         pairs.append((write_text_tmp(json.dumps(config, indent=2) + "\n", out / HF_CONFIG_FILE), out / HF_CONFIG_FILE))
     except BaseException:
         for tmp, _ in pairs:
-            tmp.unlink(missing_ok=True)
+            discard(tmp)
         raise
     stale = [old for old in out.iterdir()  # weights of an earlier save that the new files replace
              if (old.name in (WEIGHTS_FILE, HF_INDEX_FILE) or _SHARD.fullmatch(old.name)) and old.name not in written]

@@ -162,8 +162,8 @@ def test_temporaries_of_a_killed_save_are_removed_by_the_next_save(tmp_path, two
 
     pid = _run_child(die_after_writing_weights)
     os.waitpid(pid, 0)
-    leftovers = [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
-    assert leftovers and all(f".{pid}." in n for n in leftovers), leftovers
+    leftovers = [p.name for p in folder.iterdir() if p.name not in ("model.safetensors", "spec.json")]
+    assert leftovers and all(n.startswith(f".modkit-tmp.{pid}.") for n in leftovers), leftovers
     modkit.save(two_models["model-b"], folder)
     assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors", "spec.json"]
     assert _check_folder(folder, two_models) == "model-b"
@@ -173,10 +173,11 @@ def test_temporaries_of_a_live_writer_are_kept(tmp_path, two_models):
     """Recovery never deletes the files of a save still running in another process."""
     folder = tmp_path / "ckpt"
     modkit.save(two_models["model-a"], folder)
-    mine = folder / f".model.safetensors.{os.getppid()}.abc123.tmp"  # the parent of this test process is alive
-    mine.write_bytes(b"partial")
+    mine = folder / f".modkit-tmp.{os.getppid()}.abc123"  # the parent of this test process is alive
+    mine.mkdir()
+    (mine / "model.safetensors").write_bytes(b"partial")
     modkit.load(folder)
-    assert mine.exists()
+    assert (mine / "model.safetensors").exists()
 
 
 def test_export_to_hugging_face_is_atomic_too(tmp_path):
