@@ -38,6 +38,8 @@ _FILLS = frozenset(
               "cauchy_", "geometric_", "copy_")
 )
 _SKIPPED = _INIT_FUNCS | _FILLS
+#: factories whose result without a ``dtype`` is always in the default dtype: the dtype is passed in directly
+_FLOAT_FACTORIES = frozenset((torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.empty_strided))
 #: conversions that name their dtype explicitly: their result is never re-typed
 _EXPLICIT = frozenset(getattr(torch.Tensor, n) for n in ("float", "double", "to", "type", "type_as"))
 
@@ -67,6 +69,8 @@ class _Construction(TorchFunctionMode):
             tensor = args[0] if args else (kwargs or {}).get("tensor")
             if isinstance(tensor, Tensor) and tensor.is_meta:
                 return tensor
+        if self.retype and func in _FLOAT_FACTORIES and (kwargs or {}).get("dtype") is None:
+            return func(*args, **{**(kwargs or {}), "dtype": self.dtype})
         out = func(*args, **(kwargs or {}))
         if (
             self.retype
