@@ -145,13 +145,15 @@ def _replay(folder: Path, record: dict) -> None:
 
 
 def _read_journal(folder: Path) -> Optional[dict]:
+    from .jsonio import JSONInputError, read_json_file
+
     path = folder / JOURNAL
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not (path.exists() or path.is_symlink()):
         return None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable commit journal ({exc}); delete it if no save is running") from None
+    try:
+        record = read_json_file(path)
+    except JSONInputError as exc:
+        raise CheckpointError(f"unreadable commit journal ({exc}); delete it if no save is running") from None
     ok = (
         isinstance(record, dict)
         and isinstance(record.get("moves"), list)

@@ -215,3 +215,33 @@ def _llama_config() -> dict:
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False,
     }
+
+
+def test_a_tampered_journal_is_refused_not_followed(tmp_path, two_models):
+    """A journal naming files outside its folder is an error, never a rename."""
+    import json
+
+    folder = tmp_path / "ckpt"
+    modkit.save(two_models["model-a"], folder)
+    (folder / JOURNAL).write_text(json.dumps({"moves": [["../../elsewhere", "spec.json"]], "remove": []}))
+    with pytest.raises(modkit.CheckpointError, match="malformed commit journal"):
+        modkit.load(folder)
+    (folder / JOURNAL).write_text("[1, 2")
+    with pytest.raises(modkit.CheckpointError, match="unreadable commit journal"):
+        modkit.load(folder)
+
+
+def test_a_reader_that_cannot_write_still_sees_the_committed_checkpoint(tmp_path, two_models, monkeypatch):
+    """Past the commit point, a reader without write access reads the new files from where they wait."""
+    import modkit.atomic as atomic
+
+    folder = tmp_path / "ckpt"
+    modkit.save(two_models["model-a"], folder)
+    real = os.replace
+    monkeypatch.setattr(atomic.os, "replace", lambda src, dst: real(src, dst) if str(dst).endswith(JOURNAL) else (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError):
+        modkit.save(two_models["model-b"], folder)  # committed, then the first move failed
+    monkeypatch.setattr(atomic.os, "replace", lambda src, dst: (_ for _ in ()).throw(PermissionError("read-only")))
+    assert _same(modkit.load(folder), two_models["model-b"])
+    monkeypatch.setattr(atomic.os, "replace", real)
+    assert _check_folder(folder, two_models) == "model-b"  # a writable reader finishes the step
