@@ -68,23 +68,26 @@ def test_saves_killed_at_random_instants_leave_old_or_new(tmp_path, two_models):
     one_save = time.perf_counter() - start
     rng = random.Random(0)
     seen = {"model-a": 0, "model-b": 0}
+    interrupted = 0  # kills that landed inside a save (its staging folder or journal was left behind)
     kills = 30
 
-    def save_forever():
+    def save_forever(first: int):
         names = list(two_models)
-        i = 0
+        i = first
         while True:
             modkit.save(two_models[names[i % 2]], folder)
             i += 1
 
-    for _ in range(kills):
-        pid = _run_child(save_forever)
+    for k in range(kills):
+        pid = _run_child(lambda: save_forever(k))  # children alternate which model they write first
         time.sleep(rng.uniform(0, 3 * one_save))  # anywhere within the first few saves
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+        interrupted += any(p.name not in ("spec.json", "model.safetensors") for p in folder.iterdir())
         seen[_check_folder(folder, two_models)] += 1
     assert sum(seen.values()) == kills
     assert seen["model-a"] and seen["model-b"], seen  # the children made progress: both states were observed
+    assert interrupted >= 3, interrupted  # and many kills fell inside a save, which is what is being tested
 
 
 #: the protocol's file-system calls; the child dies just before the n-th of them
