@@ -57,6 +57,20 @@ def add_aux(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
     return a + b
 
 
+def dropout(p: float) -> nn.Module:
+    """``nn.Dropout(p)``, or ``nn.Identity()`` when ``p == 0`` so that no dropout costs nothing.
+
+    Args:
+        p: probability of zeroing an element in training mode (the rest are scaled by ``1 / (1 - p)``;
+            Srivastava et al. 2014, JMLR 15); identity in ``eval()``.
+    Raises:
+        ValueError: ``p`` outside ``[0, 1)``.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must lie in [0, 1), got {p}")
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 @dataclass
 class AttentionInputs:
     """Everything an attention module needs besides ``x``.
@@ -159,6 +173,11 @@ class BuildContext:
         n_heads, head_dim: attention geometry of the layer(s) a position scheme serves.
         attention, ffn, norm: for placements: the built sublayers and the norm config to instantiate.
         registry: the registry to build nested components from (:meth:`build`).
+        attention_dropout: probability of dropping an attention probability in training mode (spec
+            ``dropout.attention``); attentions that apply it declare the ``attention_dropout`` capability.
+        residual_dropout: probability of dropping an element of a sublayer's output before the residual add in
+            training mode (spec ``dropout.residual``); placements that apply it declare ``residual_dropout``
+            and build the module with :func:`dropout`.
     """
 
     d_model: int
@@ -173,6 +192,8 @@ class BuildContext:
     attention: Optional[nn.Module] = None
     ffn: Optional[nn.Module] = None
     norm: Any = None
+    attention_dropout: float = 0.0
+    residual_dropout: float = 0.0
     extra: dict = field(default_factory=dict)
 
     def build(self, config: Any, **changes: Any) -> nn.Module:

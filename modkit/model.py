@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .cache import KVCache, LayerGeometry
 from .errors import CheckpointError
-from .interfaces import AttentionInputs, Init, add_aux
+from .interfaces import AttentionInputs, Init, add_aux, dropout
 from .spec import ModelSpec
 
 
@@ -40,6 +40,9 @@ class Model(nn.Module):
 
     Build with :func:`modkit.build`. ``forward(input_ids [batch, seq]) -> ModelOutput``.
 
+    Dropout (spec ``dropout``) is active in training mode only: ``embed_dropout`` on the block input here, the
+    attention and residual rates inside the components that declare them.
+
     With ``tie_embeddings`` the head multiplies by ``embed.weight`` itself: one parameter, so tying survives
     ``to_empty``, ``.to()`` and ``load_state_dict`` by construction (torchtitan #2252).
     """
@@ -61,6 +64,7 @@ class Model(nn.Module):
         self.positions = positions
         self.layer_position = list(layer_position)
         self.embedding_norm = embedding_norm
+        self.embed_dropout = dropout(spec.dropout.embedding)
         self.layers = layers
         self.final_norm = final_norm
         self.windows = list(windows)
@@ -234,6 +238,7 @@ class Model(nn.Module):
         x = self.positions[0].embed(x, positions)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
+        x = self.embed_dropout(x)
         inputs = AttentionInputs(positions=positions, token_mask=token_mask)
         aux = None
         for i, block in enumerate(self.layers):

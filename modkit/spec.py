@@ -52,6 +52,21 @@ class LayerRange(_Strict):
         return list(range(self.start, stop, self.step))
 
 
+class DropoutSpec(_Strict):
+    """Dropout probabilities of the model (training-time regularisation; identity in ``eval()``).
+
+    Semantics follow GPT-2 (``embd_pdrop``, ``attn_pdrop``, ``resid_pdrop``; Radford et al. 2019) and nanoGPT's
+    ``model.py``: ``embedding`` drops elements of the input to the first block (token + position embeddings),
+    ``attention`` drops attention probabilities, ``residual`` drops each sublayer's output before it is added to
+    the residual stream. Dropout draws from torch's global generator, so ``torch.manual_seed`` makes it repeatable.
+    A probability of 0 adds no operation to the forward pass.
+    """
+
+    embedding: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the embeddings before the first block (GPT-2 embd_pdrop)")
+    attention: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention probabilities (GPT-2 attn_pdrop)")
+    residual: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on each sublayer output before the residual add (GPT-2 resid_pdrop)")
+
+
 class BlockSpec(_Strict):
     """The components of one Transformer block. The placement creates the norms it needs from ``norm``."""
 
@@ -115,6 +130,9 @@ class ModelSpec(_Strict):
         None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2); null for none"
     )
     init_std: float = Field(0.02, gt=0, description="standard deviation of the normal init of weight matrices")
+    dropout: DropoutSpec = Field(
+        default_factory=DropoutSpec, description="dropout probabilities (embedding, attention, residual); all 0 by default"
+    )
 
     @field_validator("overrides")
     @classmethod
@@ -370,6 +388,28 @@ def _allowed_fields(parent: Any, registry: Registry) -> list[str]:
     return []
 
 
+def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
+    """A non-zero dropout needs every component that applies it to declare the capability (else it is ignored)."""
+    errors: list[tuple[str, str]] = []
+    for field_name, kind, capability in (("attention", "attention", "attention_dropout"), ("residual", "placement", "residual_dropout")):
+        if getattr(spec.dropout, field_name) == 0:
+            continue
+        configs = [getattr(spec.block, kind)] + [getattr(o, kind) for o in spec.overrides if getattr(o, kind) is not None]
+        for cfg in configs:
+            entry = registry.entry_for_config(cfg, kind)
+            if not entry.capabilities.get(capability):
+                errors.append(
+                    (
+                        f"dropout.{field_name}",
+                        f"{kind} type {entry.type!r} ({entry.provider}) does not declare the {capability!r} capability, so "
+                        f"dropout.{field_name} = {getattr(spec.dropout, field_name)} would be ignored; set it to 0 or use a "
+                        f"{kind} that applies it",
+                    )
+                )
+                break
+    return errors
+
+
 def _semantic_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
     ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
     errors: list[tuple[str, str]] = []
@@ -384,6 +424,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
         for name in type(cfg).model_fields:
             visit(getattr(cfg, name), f"{path}.{name}")
 
+    errors.extend(_dropout_errors(spec, registry))
     visit(spec.position, "position")
     for slot in ("attention", "ffn", "norm", "placement"):
         visit(getattr(spec.block, slot), f"block.{slot}")

@@ -3,7 +3,8 @@
 ``[batch, seq, d_model] -> [batch, seq, d_model]``. MHA is GQA with ``n_kv_heads = n_heads``, MQA with
 ``n_kv_heads = 1``. Options: ``head_dim`` independent of ``d_model / n_heads``; separate q/k/v/output bias
 flags; QK-norm per head (Qwen3, Gemma 3) or over the full projection width (OLMo 2); sliding window;
-causal or bidirectional; softmax scale override; ``sdpa`` (default) or ``eager`` backend.
+causal or bidirectional; softmax scale override; ``sdpa`` (default) or ``eager`` backend; dropout on the
+attention probabilities in training mode (the spec's ``dropout.attention``, GPT-2's ``attn_pdrop``).
 
 The mask is built from absolute positions, so it is aligned bottom-right whenever the query length differs
 from the key length (cached decode, chunked prefill), and left padding is honoured. With a KV cache
@@ -159,9 +160,10 @@ class PreparedMask:
 
 
 def _attend_prepared(
-    q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Optional[Tensor], scale: float, eager: bool
+    q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Optional[Tensor], scale: float, eager: bool, dropout_p: float = 0.0
 ) -> tuple[Tensor, Optional[Tensor]]:
-    """:func:`masked_attention` with the mask already prepared (shapes as there)."""
+    """:func:`masked_attention` with the mask already prepared (shapes as there); ``dropout_p`` drops attention
+    probabilities (the returned weights are the probabilities before dropout)."""
     rep = q.shape[1] // k.shape[1]
     if eager:
         if rep > 1:
@@ -170,11 +172,14 @@ def _attend_prepared(
         if bias is not None:
             scores = scores + bias
         weights = torch.softmax(scores.masked_fill(~mask.allowed, float("-inf")), dim=-1) * mask.live
-        out = torch.matmul(weights.to(v.dtype), v)
+        probs = nn.functional.dropout(weights, dropout_p) if dropout_p > 0 else weights
+        out = torch.matmul(probs.to(v.dtype), v)
     else:
         weights = None
         attn_mask = mask.additive if bias is None else bias.to(q.dtype) + mask.additive
-        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=rep > 1)
+        out = nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=rep > 1
+        )
     return out * mask.live, weights
 
 
@@ -199,6 +204,7 @@ class Attention(nn.Module):
         self.sliding_window = cfg.sliding_window
         self.causal = cfg.causal
         self.backend = cfg.backend
+        self.attention_dropout = ctx.attention_dropout  # applied to the probabilities in training mode only
         self.scale = cfg.softmax_scale if cfg.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)
@@ -238,6 +244,7 @@ class Attention(nn.Module):
 
     def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         q, k, v = self._project(x, inputs)
+        dropout_p = self.attention_dropout if self.training else 0.0
         q_pos, k_pos, k_valid = inputs.positions, inputs.positions, inputs.token_mask
         if inputs.cache is not None:  # store the new keys; attend over every key the cache hands back
             k, v, k_pos, k_valid = inputs.cache.update(k, v, q_pos, k_valid)
@@ -250,7 +257,7 @@ class Attention(nn.Module):
         )
         if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel
             out = nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
+                q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
             )
             return self.o_proj(_merge_heads(out)), None
         # the mask depends only on the positions and validity, which every layer of a cache slot group shares in a
@@ -265,7 +272,7 @@ class Attention(nn.Module):
                 scratch[key] = prepared
         # an additive bias (ALiBi) in bf16/fp16 loses precision at long range: take the float32 eager path then
         eager = self.backend == "eager" or need_weights or (bias is not None and q.dtype != torch.float32)
-        out, weights = _attend_prepared(q, k, v, prepared, bias, self.scale, eager)
+        out, weights = _attend_prepared(q, k, v, prepared, bias, self.scale, eager, dropout_p)
         return self.o_proj(_merge_heads(out)), weights
 
 
@@ -307,6 +314,7 @@ def register_components(register) -> None:
                     "kv_cache": True,
                     "compile_safe": True,
                     "returns_weights": True,
+                    "attention_dropout": True,
                     "tp_plan": {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"},
                 },
                 param_count=_param_count,

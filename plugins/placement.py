@@ -10,6 +10,10 @@ Every placement builds the norms it needs from the block's norm config and retur
 * ``parallel``: ``x = x + attn(attn_norm(x)) + ffn(n2(x))`` with ``n2 = attn_norm`` when ``shared_norm``
   (GPT-J, Falcon, Phi) else a separate ``ffn_norm`` (GPT-NeoX ``use_parallel_residual``).
 
+Every placement applies the spec's ``dropout.residual`` (``BuildContext.residual_dropout``) to what each sublayer
+adds to the residual stream (after a post-sublayer norm, where there is one), in training mode only: GPT-2's
+``resid_pdrop`` (nanoGPT's ``resid_dropout`` and MLP dropout).
+
 References: pre-norm, Xiong et al. 2020, On Layer Normalization in the Transformer Architecture
 (arXiv:2002.04745); post-norm, Vaswani et al. 2017 (arXiv:1706.03762); sandwich, Gemma Team 2024, Gemma 2
 (arXiv:2408.00118); peri/reordered, OLMo Team 2024, 2 OLMo 2 Furious (arXiv:2501.00656); parallel, Wang &
@@ -24,6 +28,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, hookimpl, run_ffn
+from modkit.interfaces import dropout
 
 
 class PreConfig(ComponentConfig):
@@ -70,12 +75,13 @@ class PreNormBlock(nn.Module):
         self.attention = ctx.attention
         self.ffn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.attention(self.attn_norm(x), inputs)
+        x = x + self.drop(self.attention(self.attn_norm(x), inputs))
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
-        return x + h, aux
+        return x + self.drop(h), aux
 
 
 class PostNormBlock(nn.Module):
@@ -87,12 +93,13 @@ class PostNormBlock(nn.Module):
         self.attn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_norm = ctx.build(ctx.norm)
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = self.attn_norm(x + self.attention(x, inputs))
+        x = self.attn_norm(x + self.drop(self.attention(x, inputs)))
         h, aux = run_ffn(self.ffn, x, inputs)
-        return self.ffn_norm(x + h), aux
+        return self.ffn_norm(x + self.drop(h)), aux
 
 
 class SandwichNormBlock(nn.Module):
@@ -109,12 +116,13 @@ class SandwichNormBlock(nn.Module):
         self.ffn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_post_norm = ctx.build(ctx.norm)
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.attn_post_norm(self.attention(self.attn_norm(x), inputs))
+        x = x + self.drop(self.attn_post_norm(self.attention(self.attn_norm(x), inputs)))
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
-        return x + self.ffn_post_norm(h), aux
+        return x + self.drop(self.ffn_post_norm(h)), aux
 
 
 class PeriNormBlock(nn.Module):
@@ -126,12 +134,13 @@ class PeriNormBlock(nn.Module):
         self.attn_post_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_post_norm = ctx.build(ctx.norm)
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.attn_post_norm(self.attention(x, inputs))
+        x = x + self.drop(self.attn_post_norm(self.attention(x, inputs)))
         h, aux = run_ffn(self.ffn, x, inputs)
-        return x + self.ffn_post_norm(h), aux
+        return x + self.drop(self.ffn_post_norm(h)), aux
 
 
 class ParallelBlock(nn.Module):
@@ -147,19 +156,20 @@ class ParallelBlock(nn.Module):
         self.attention = ctx.attention
         self.ffn_norm = None if cfg.shared_norm else ctx.build(ctx.norm)
         self.ffn = ctx.ffn
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         h_attn = self.attn_norm(x)
         h_ffn = h_attn if self.ffn_norm is None else self.ffn_norm(x)
         h, aux = run_ffn(self.ffn, h_ffn, inputs)
-        return x + self.attention(h_attn, inputs) + h, aux
+        return x + self.drop(self.attention(h_attn, inputs)) + self.drop(h), aux
 
 
 @hookimpl
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich``, ``peri`` (and its alias ``reordered``) and ``parallel``."""
-    caps = {"compile_safe": True}
+    caps = {"compile_safe": True, "residual_dropout": True}
     register(
         Component(
             kind="placement",

@@ -504,7 +504,45 @@ def model_spec(
         spec["final_logit_softcap"] = float(final_logit_softcap)
     if init_std is not None:
         spec["init_std"] = float(init_std)
+    dropout = read_dropout(r)
+    if any(dropout.values()):
+        spec["dropout"] = dropout
     return spec
+
+
+#: Where each model type keeps the spec's ``dropout`` fields: spec field -> (config key, transformers' default).
+#: A field a model type cannot express is absent (its config then describes 0). Model types not listed keep
+#: only ``attention_dropout`` (Llama and its relatives). BERT's ``hidden_dropout_prob`` serves the embeddings
+#: and the residuals alike; GPT-2 and BERT default to 0.1 in transformers, the others to 0.
+DROPOUT_KEYS: dict[str, dict[str, tuple[str, float]]] = {
+    "gpt2": {"embedding": ("embd_pdrop", 0.1), "attention": ("attn_pdrop", 0.1), "residual": ("resid_pdrop", 0.1)},
+    "phi": {"embedding": ("embd_pdrop", 0.0), "attention": ("attention_dropout", 0.0), "residual": ("resid_pdrop", 0.0)},
+    "phi3": {"embedding": ("embd_pdrop", 0.0), "attention": ("attention_dropout", 0.0), "residual": ("resid_pdrop", 0.0)},
+    "falcon": {"attention": ("attention_dropout", 0.0), "residual": ("hidden_dropout", 0.0)},
+    "bert": {
+        "embedding": ("hidden_dropout_prob", 0.1),
+        "attention": ("attention_probs_dropout_prob", 0.1),
+        "residual": ("hidden_dropout_prob", 0.1),
+    },
+}
+_DEFAULT_DROPOUT_KEYS = {"attention": ("attention_dropout", 0.0)}
+
+
+def read_dropout(r: HFConfig) -> dict[str, float]:
+    """The spec's ``dropout`` object from the config's dropout probabilities (see :data:`DROPOUT_KEYS`)."""
+    out = {}
+    for name, (key, default) in DROPOUT_KEYS.get(r.model_type, _DEFAULT_DROPOUT_KEYS).items():
+        value = r.number(key, default, positive=False)
+        if value is not None and not 0 <= value < 1:
+            r.error(key, f"a dropout probability must lie in [0, 1), got {value!r}")
+            value = default
+        out[name] = float(value)
+    return out
+
+
+def dropout_config(spec: Any, model_type: str) -> dict[str, float]:
+    """The config keys holding ``spec.dropout`` for ``model_type`` (the reverse of :func:`read_dropout`)."""
+    return {key: float(getattr(spec.dropout, name)) for name, (key, _) in DROPOUT_KEYS.get(model_type, _DEFAULT_DROPOUT_KEYS).items()}
 
 
 def sizes(r: HFConfig, defaults: dict, names: Optional[dict] = None) -> dict:

@@ -29,7 +29,7 @@ from torch import Tensor
 from modkit import CheckpointError, SpecError, load_spec
 from modkit.checkpoint import Link
 
-from ._common import IMPLEMENTATION_KEYS, IRRELEVANT
+from ._common import IMPLEMENTATION_KEYS, IRRELEVANT, dropout_config
 
 #: keys of a source config copied into an export (tokenizer ids, generation defaults, task heads...): they do
 #: not change the network, so the spec does not hold them, but a checkpoint without them would lose them
@@ -282,7 +282,7 @@ def _normalised(cfg: Any) -> Any:
 def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
     """``(path, value in spec, value in other)`` for every difference that changes the network.
 
-    Compared: sizes, head and embedding fields, init std, and every layer's resolved components (so two specs
+    Compared: sizes, head and embedding fields, init std, dropout, and every layer's resolved components (so two specs
     that express the same layers with different override lists are equal). Name, description, metadata and the
     RoPE layout are not compared.
     """
@@ -292,7 +292,7 @@ def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
         a, b = getattr(spec, key), getattr(other, key)
         if a != b:
             diffs.append((key, a, b))
-    for key in ("embedding_norm", "final_norm"):
+    for key in ("embedding_norm", "final_norm", "dropout"):
         a, b = _normalised(getattr(spec, key)), _normalised(getattr(other, key))
         if a != b:
             diffs.append((key, a, b))
@@ -349,6 +349,7 @@ class HFWeights:
         """
         cfg = carried(base, self.carry)
         cfg.update(self.to_config(spec, base or {}))
+        cfg.update(dropout_config(spec, self.model_type))
         cfg["model_type"] = self.model_type
         if not cfg.get("architectures") and self.architecture:
             cfg["architectures"] = [self.architecture]
