@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 #: Modules that may contribute subcommands with ``add_subcommands(subparsers)``; a missing one is skipped.
-EXTENSION_MODULES = ("modkit.testing.cli", "modkit.scaffold", "modkit.docs")
+EXTENSION_MODULES = ("modkit.testing.cli", "modkit.scaffold", "modkit.docs", "modkit.train.cli", "modkit.data.cli")
 
 PROG = "modkit"
 
@@ -358,10 +358,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    """``modkit schema [-o FILE]``: JSON Schema of specs with the installed components."""
+    """``modkit schema [--train] [-o FILE]``: JSON Schema of specs with the installed components, or of training configs."""
     import modkit
 
-    text = json.dumps(modkit.json_schema(), indent=2) + "\n"
+    if args.train:
+        from modkit.train.config import json_schema as train_schema
+
+        schema = train_schema()
+    else:
+        schema = modkit.json_schema()
+    text = json.dumps(schema, indent=2) + "\n"
     if args.output and args.output != "-":
         Path(args.output).write_text(text)
         _err(f"wrote {args.output}")
@@ -796,6 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the JSON Schema of specs", description="JSON Schema of specs (installed components).")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("--train", action="store_true", help="the JSON Schema of training configs (modkit train --config) instead")
     p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser(
