@@ -32,3 +32,9 @@ class RegistryError(ModkitError):
 
 class CheckpointError(ModkitError, ValueError):
     """A checkpoint does not match the model (missing/unexpected tensors, shape mismatch, unsafe format)."""
+
+
+class DataError(ModkitError, ValueError):
+    """Training data cannot be prepared or loaded: a missing, empty or non-UTF-8 input, a bad JSON Lines record, a
+    tokenizer that cannot encode the text, a bad option (``val_fraction``, ``batch_size``, ...), or a prepared
+    dataset whose files do not match its ``meta.json``. The message names the file (and line) and the fix."""
