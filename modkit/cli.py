@@ -718,6 +718,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     tokenizer = None
+    found = Path(args.model) / "tokenizer.json"  # a training run's checkpoints (and HF folders) carry their tokenizer
+    if not args.tokenizer and Path(args.model).is_dir() and found.is_file():
+        args.tokenizer = str(found)
+        _err(f"tokenizer: {found}")
     if args.tokenizer:
         try:
             from tokenizers import Tokenizer
@@ -864,7 +868,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", metavar="MODEL", help="spec .json (random init), modkit checkpoint folder or Hugging Face folder")
     p.add_argument("--prompt", required=True, help="text (with --tokenizer) or token ids separated by commas or spaces")
-    p.add_argument("--tokenizer", metavar="JSON", help="a tokenizers tokenizer.json; without it prompt and output are token ids")
+    p.add_argument(
+        "--tokenizer", metavar="JSON",
+        help="a tokenizers tokenizer.json (default: MODEL/tokenizer.json when there is one); without one, prompt and output are token ids",
+    )
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) is greedy; > 0 samples")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")

@@ -32,6 +32,7 @@ DEFAULT_MODEL: dict[str, Any] = {
     "description": "nanoGPT's GPT at the sizes of its CPU recipe for tiny shakespeare (4 layers, 4 heads, n_embd 128, "
     "context 64, 65 characters, dropout 0): learned positions, pre-norm LayerNorm with bias, GELU MLP 4x with bias, "
     "tied embeddings.",
+    "metadata": {"hf_model_type": "gpt2"},
     "vocab_size": 65,
     "d_model": 128,
     "n_layers": 4,

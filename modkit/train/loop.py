@@ -48,13 +48,15 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     """Training FLOPs per token (forward + backward), estimated: ``6 N + 12 L H Q T``.
 
     ``N`` counts the parameters used in matrix products per token (active parameters less embedding and
-    position tables, which are lookups, plus the head's ``vocab_size x d_model`` when it is tied), ``L`` layers,
+    position tables, which are lookups, less vectors such as biases and norm weights, plus the head's
+    ``vocab_size x d_model`` when it is tied), ``L`` layers,
     ``H`` query heads of width ``Q``, ``T = seq_len`` (attention scores and weighted sum, full square as in the
     PaLM paper's appendix B, Chowdhery et al. 2022, arXiv:2204.02311; nanoGPT's ``estimate_mfu``).
     """
     model = build(spec, device="meta")
     parts = breakdown(model)
-    n = active_params_per_token(model) - parts["embedding"] - parts["position"]
+    vectors = sum(p.numel() for p in model.parameters() if p.dim() < 2)
+    n = active_params_per_token(model) - parts["embedding"] - parts["position"] - vectors
     if spec.tie_embeddings:
         n += spec.vocab_size * spec.d_model
     attn = 0
@@ -336,7 +338,7 @@ class Trainer:
         (self.run / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         (self.run / "spec.json").write_text(spec.to_json() + "\n")
         self.data.tokenizer.save(self.run / st.TOKENIZER_FILE)
-        (self.run / "data.json").write_text(json.dumps({"folder": str(self.data.folder), "meta": self.data.meta}, indent=1) + "\n")
+        (self.run / "data.json").write_text(json.dumps({"folder": str(self.data.path), "meta": self.data.meta}, indent=1) + "\n")
         (self.run / "metrics.jsonl").write_text("")
 
     def _metric(self, record: dict) -> None:
@@ -575,7 +577,7 @@ class Trainer:
         total = c.total_steps
         parts = breakdown(build(self.spec, device="meta"))
         self._say(
-            f"model {self.spec.name or ''}: {parts['total']:,} parameters; data {self.data.folder} "
+            f"model {self.spec.name or ''}: {parts['total']:,} parameters; data {self.data.path} "
             f"({len(self.data.train):,} train / {len(self.data.val):,} val tokens, vocab {self.data.vocab_size}); "
             f"{total} steps of {c.tokens_per_step:,} tokens on {self.procs.world} process(es), device {self.device}"
         )
@@ -598,7 +600,7 @@ class Trainer:
                         "kind": "train",
                         "step": self.step,
                         "tokens": self.tokens,
-                        "loss": loss,
+                        "loss": loss,  # this step's batch (eval lines hold the estimates)
                         "lr": out["lr"],
                         "grad_norm": float(out["grad_norm"]),
                         "tokens_per_s": tps,
@@ -616,6 +618,8 @@ class Trainer:
                     bar.note(f"step {self.step}: train {losses['train']:.4f}, val {losses['val']:.4f}")
                 if self.step % c.checkpoint_every == 0 or at_end:
                     self.save_checkpoint(final=at_end)
+                if self.step % c.eval_interval == 0 or self.step % c.checkpoint_every == 0:
+                    last_log, last_tokens = time.perf_counter(), self.tokens  # tokens/s counts training time only
         elapsed = time.perf_counter() - start
         tps = (self.tokens - start_tokens) / max(elapsed, 1e-9)
         sample = self._sample() if self.procs.main and c.sample_tokens > 0 else None
