@@ -217,6 +217,22 @@ def test_two_ranks_tp_and_fsdp_match_single_process(tmp_path):
 
 @pytest.mark.slow
 @needs_gloo
+def test_training_under_tp_gives_single_process_gradients_and_steps(tmp_path):
+    """A replicated tensor next to a sharded activation: the input of the stacked MoE experts (its gradient is a
+    partial sum on each rank) and a per-head QK-norm weight (each rank sees only its heads). Every gradient, the
+    input-embedding gradient and one AdamW step equal the single process's; replicated copies stay identical."""
+    ranks = _torchrun("tp_grads.py", 2, tmp_path)
+    for r, res in ranks.items():
+        for model in ("moe", "qk_norm"):
+            got = res[model]
+            for key in ("logits_max_abs_diff", "grad_max_abs_diff", "embed_grad_max_abs_diff", "step_param_max_abs_diff"):
+                assert got[key] < TOL, (r, model, key, got)
+            assert got["replica_spread"] == 0.0, (r, model, got)
+    _show("training under tp = 2 (rank 0)", ranks[0])
+
+
+@pytest.mark.slow
+@needs_gloo
 def test_four_ranks_2d_mesh_fsdp_by_tp(tmp_path):
     ranks = _torchrun("mesh_2d.py", 4, tmp_path)
     for r, res in ranks.items():
