@@ -4,7 +4,9 @@ Two tiny models whose TP layout puts a replicated tensor next to a sharded activ
 
 * ``moe``: 2 layers, a top-2 mixture of 4 SwiGLU experts in each (stacked experts, the ``grouped`` style);
 * ``qk_norm``: dense, GQA 4/2 with a per-head RMSNorm QK-norm (``qk_norm_scope = "head"``: one ``[head_dim]``
-  weight shared by all heads, each rank holding half of them).
+  weight shared by all heads, each rank holding half of them);
+* ``learned_bias``: MHA with an ALiBi-like attention bias whose slopes are parameters (a third-party position
+  scheme registered here): each rank uses its heads' slice of the bias.
 
 For each, single process and tp = 2 with the same seed run forward, next-token cross entropy (+ aux loss) and
 backward on the same batch. Measured per rank, against the single-process model: every parameter's gradient
@@ -19,6 +21,9 @@ import copy
 import os
 import sys
 
+import types
+from typing import Literal
+
 import torch
 import torch.distributed as dist
 
@@ -26,7 +31,48 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import TINY_LLAMA, Timer, loss_fn, max_diff, param_diff, setup, write_results  # noqa: E402
 
 import modkit  # noqa: E402
+from modkit import Component, ComponentConfig, PositionScheme, hookimpl  # noqa: E402
 from modkit import parallel as mp  # noqa: E402
+from modkit_plugins.position import alibi_slopes  # noqa: E402
+
+
+class LearnedAlibiConfig(ComponentConfig):
+    """Config of ``learned_alibi``."""
+
+    type: Literal["learned_alibi"] = "learned_alibi"
+
+
+class LearnedAlibi(PositionScheme):
+    """ALiBi with trainable slopes ``[n_heads]`` (a third-party bias with parameters): ``-slope_h · |i - j|``."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.slopes = torch.nn.Parameter(torch.empty(n_heads))
+
+    def init_weights(self, init) -> None:
+        init.copy_(self.slopes, torch.tensor(alibi_slopes(self.n_heads)))
+
+    def attention_bias(self, q_positions, k_positions, n_heads):
+        dist = (q_positions[:, :, None] - k_positions[:, None, :]).abs().float()
+        return -self.slopes[None, :, None, None] * dist[:, None]
+
+
+def registry() -> modkit.Registry:
+    """The installed plugins plus ``position/learned_alibi``."""
+    reg = modkit.Registry()
+    for info in modkit.get_registry().plugins():
+        reg.register_plugin(info.obj, info.name)
+
+    def register_components(register):
+        register(Component(
+            kind="position", type="learned_alibi", config=LearnedAlibiConfig,
+            factory=lambda cfg, ctx: LearnedAlibi(ctx.n_heads), description="ALiBi with trainable slopes",
+            capabilities={"acts_on": "bias", "tp_plan": {}},
+        ))
+
+    reg.register_plugin(types.SimpleNamespace(register_components=hookimpl(register_components)), "learned-alibi")
+    return reg
 
 
 def specs() -> dict[str, dict]:
@@ -40,7 +86,11 @@ def specs() -> dict[str, dict]:
     qk = copy.deepcopy(TINY_LLAMA)
     qk["name"] = "dist-tiny-qk-norm"
     qk["block"]["attention"] = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "rmsnorm", "eps": 1e-6}, "qk_norm_scope": "head"}
-    return {"moe": moe, "qk_norm": qk}
+    bias = copy.deepcopy(TINY_LLAMA)
+    bias["name"] = "dist-tiny-learned-bias"
+    bias["position"] = {"type": "learned_alibi"}
+    bias["block"]["attention"] = {"type": "mha", "n_heads": 4}
+    return {"moe": moe, "qk_norm": qk, "learned_bias": bias}
 
 
 def embedding_grad(model):
@@ -72,9 +122,20 @@ def replica_spread(model) -> tuple[float, str]:
     return worst, name
 
 
-def compare(spec: dict, ids: torch.Tensor, mesh) -> dict:
-    ref = modkit.build(spec, seed=0)
-    model = mp.build_parallel(spec, mesh, seed=0, device="cpu")
+def grad_layout_mismatches(model) -> list[str]:
+    """Parameters whose ``.grad`` is not laid out like the parameter (e.g. a ``Partial`` gradient left unreduced)."""
+    from torch.distributed.tensor import DTensor
+
+    bad = []
+    for n, p in model.named_parameters():
+        if isinstance(p, DTensor) and (not isinstance(p.grad, DTensor) or tuple(p.grad.placements) != tuple(p.placements)):
+            bad.append(f"{n}: {getattr(p.grad, 'placements', type(p.grad).__name__)} vs {p.placements}")
+    return bad
+
+
+def compare(spec: dict, ids: torch.Tensor, mesh, reg) -> dict:
+    ref = modkit.build(spec, seed=0, registry=reg)
+    model = mp.build_parallel(spec, mesh, seed=0, device="cpu", registry=reg)
     ref_embed, model_embed = embedding_grad(ref), embedding_grad(model)
     out, ref_out = model(ids), ref(ids)
     r: dict = {"logits_max_abs_diff": max_diff(out.logits, ref_out.logits)}
@@ -82,8 +143,12 @@ def compare(spec: dict, ids: torch.Tensor, mesh) -> dict:
     loss_fn(ref_out.logits, ids, ref_out.aux_loss).backward()
     r["grad_max_abs_diff"], r["grad_worst"] = param_diff(model, ref, grads=True)
     r["embed_grad_max_abs_diff"] = max_diff(model_embed(), ref_embed())
-    torch.optim.AdamW(model.parameters(), lr=1e-2).step()
-    torch.optim.AdamW(ref.parameters(), lr=1e-2).step()
+    r["grad_layout_mismatches"] = grad_layout_mismatches(model)
+    # Adam's first step is g / (|g| + eps) per element: with the default eps (1e-8) an element whose gradient is
+    # ~1e-7 (there is one in k_proj here) turns float rounding of 1e-8 into a step difference of 1e-4. eps = 1e-3
+    # bounds the step's sensitivity to lr * |Δg| / eps, so the check measures the layout, not Adam's conditioning.
+    torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3).step()
+    torch.optim.AdamW(ref.parameters(), lr=1e-2, eps=1e-3).step()
     r["step_param_max_abs_diff"], r["step_worst"] = param_diff(model, ref)
     r["replica_spread"], r["replica_spread_worst"] = replica_spread(model)
     return r
@@ -96,8 +161,9 @@ def main() -> None:
     res: dict = {"world": world}
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (4, 16), generator=torch.Generator().manual_seed(1234))
     mesh = mp.make_mesh(tp=2, device_type="cpu")
+    reg = registry()
     for name, spec in specs().items():
-        res[name] = compare(spec, ids, mesh)
+        res[name] = compare(spec, ids, mesh, reg)
         timer.lap(name)
     res["times_s"] = timer.times
     write_results(res, rank)
