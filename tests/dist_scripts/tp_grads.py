@@ -11,8 +11,10 @@ Two tiny models whose TP layout puts a replicated tensor next to a sharded activ
 For each, single process and tp = 2 with the same seed run forward, next-token cross entropy (+ aux loss) and
 backward on the same batch. Measured per rank, against the single-process model: every parameter's gradient
 (a DTensor gradient gathered with ``full_tensor()``), the gradient of the loss w.r.t. the input embeddings (the
-embedding module's output), and after one AdamW step the parameter values; and across the two ranks the largest
-difference between the copies of each replicated parameter.
+embedding module's output), the global gradient norm and the gradients clipped by it
+(``modkit.parallel.clip_grad_norm_`` against ``torch.nn.utils.clip_grad_norm_``), and after one AdamW step the
+parameter values; and across the two ranks the largest difference between the copies of each replicated
+parameter.
 """
 
 from __future__ import annotations
@@ -144,6 +146,12 @@ def compare(spec: dict, ids: torch.Tensor, mesh, reg) -> dict:
     r["grad_max_abs_diff"], r["grad_worst"] = param_diff(model, ref, grads=True)
     r["embed_grad_max_abs_diff"] = max_diff(model_embed(), ref_embed())
     r["grad_layout_mismatches"] = grad_layout_mismatches(model)
+    # the global gradient norm over plain and DTensor gradients, and clipping by it (max_norm below the norm)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+    norm = mp.clip_grad_norm_(model.parameters(), 0.5)
+    r["grad_norm"], r["grad_norm_abs_diff"] = float(ref_norm), float((norm - ref_norm).abs())
+    r["clipped_grad_max_abs_diff"] = param_diff(model, ref, grads=True)[0]
+    r["mean_loss_across_ranks"] = float(mp.mean_across_ranks(dist.get_rank()))  # (0 + 1) / 2
     # Adam's first step is g / (|g| + eps) per element: with the default eps (1e-8) an element whose gradient is
     # ~1e-7 (there is one in k_proj here) turns float rounding of 1e-8 into a step difference of 1e-4. eps = 1e-3
     # bounds the step's sensitivity to lr * |Δg| / eps, so the check measures the layout, not Adam's conditioning.
