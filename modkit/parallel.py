@@ -10,8 +10,9 @@ The flow, for a model that never exists whole on any rank::
     # or all of it at once: modkit.parallel.build_parallel(spec, mesh, seed=0)
 
 **Plans as data.** Each registry entry with weights declares a ``tp_plan`` capability relative to its own
-module, ``{submodule path: style}`` (attention: q/k/v ``colwise``, o ``rowwise``; gated FFN: gate/up ``colwise``,
-down ``rowwise``; norms, routers, learned positions: ``{}``, replicated). :func:`model_plan` walks
+module, ``{submodule path: style}`` (attention: q/k/v ``colwise``, o ``rowwise``, a per-head QK-norm
+``per_head``; gated FFN: gate/up ``colwise``, down ``rowwise``; MoE: experts ``grouped``, router ``replicate``;
+norms, routers, learned positions: ``{}``, replicated). :func:`model_plan` walks
 ``model.named_modules()``, looks each tagged module (``modkit_kind`` / ``modkit_type``) up in the registry and
 prefixes its plan with the module's path. Nothing here names a component: the only structure it knows is the
 core's own (modules tagged ``embedding`` and ``lm_head``, and blocks tagged ``placement`` as FSDP units). This is
@@ -137,8 +138,6 @@ STYLES: Mapping[str, str] = {
 CORE_PLAN: Mapping[str, str] = {"embedding": "rowwise", "lm_head": "colwise_gather"}
 
 _SHARDING = {"colwise", "rowwise", "colwise_gather", "grouped"}
-#: Styles that declare a submodule without sharding it (its weights stay whole on every tensor-parallel rank).
-_DECLARING = {"per_head", "replicate"}
 
 
 def copy_to_tp(x: Tensor, mesh) -> Tensor:
@@ -454,6 +453,13 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
                 plan.embeddings.append(full)
             sharded_here.append(full)
         covered.extend(declared)
+        per_head = [p for p in declared if plan.styles.get(p) == "per_head"]
+        if per_head and not sharded_here:
+            raise ParallelError(
+                f"{_entry_name(entry)} ({entry.provider}): tp_plan declares {per_head[0]} 'per_head' but shards nothing "
+                f"in {path or '<root>'}, so its input holds every head: summing its gradient over the tp = {tp} ranks "
+                "would multiply it by tp. 'per_head' belongs in the plan of a component that shards its heads"
+            )
         if kind == "position" and entry.capabilities.get("acts_on") == "bias":
             plan.bias_positions.append(path)
         if sharded_here:

@@ -184,6 +184,10 @@ def test_replicated_parameter_of_a_sharding_component_must_be_declared():
     reg = _gated_registry({**plan, "alpha": "per_head"})
     with pytest.raises(ParallelError, match=r"names 'alpha' but layers\.0\.ffn has no submodule of that name \(a parameter can only be declared replicate\)"):
         model_plan(modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg), 2, registry=reg)
+    # per_head in a component that shards nothing: its input holds every head, a summed gradient would be tp times too big
+    reg = _gated_registry({"alpha": "replicate", "fc1": "per_head"})
+    with pytest.raises(ParallelError, match=r"declares layers\.0\.ffn\.fc1 'per_head' but shards nothing"):
+        model_plan(modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg), 2, registry=reg)
     # tp = 1 needs no plan
     assert model_plan(modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=_gated_registry(plan)), 1).styles == {}
 
