@@ -315,7 +315,11 @@ def register_components(register) -> None:
                     "compile_safe": True,
                     "returns_weights": True,
                     "attention_dropout": True,
-                    "tp_plan": {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"},
+                    # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads
+                    "tp_plan": {
+                        "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",
+                        "q_norm": "per_head", "k_norm": "per_head",
+                    },
                 },
                 param_count=_param_count,
                 example={"type": t, "n_heads": 4, **({"n_kv_heads": 2} if t == "gqa" else {})},

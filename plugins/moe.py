@@ -405,7 +405,8 @@ def register_components(register) -> None:
             capabilities={
                 "aux_loss": True,
                 "compile_safe": True,
-                "tp_plan": {"experts": "grouped"},  # router replicated; stacked experts sharded on d_ff
+                # stacked experts sharded on d_ff; the router reads the replicated input, whole on every rank
+                "tp_plan": {"experts": "grouped", "router": "replicate"},
                 "token_mask": True,  # forward(x, token_mask=None): padding leaves the aux losses
             },
             param_count=_moe_count,

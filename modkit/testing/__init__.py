@@ -13,8 +13,9 @@ Three ways to run the same suite of checks (:data:`~modkit.testing.checks.CHECKS
       for r in check_component("norm", "rmsnorm"):
           print(r.id, r.status, r.detail)
 
-``shards`` (a declared ``tp_plan`` gives the single-process logits under tensor parallelism, tp = 2, in 2 gloo
-processes on the CPU) is slow and opt-in: ``modkit check --distributed``, ``pytest --modkit-contracts
+``shards`` (a declared ``tp_plan`` trains like the single process under tensor parallelism, tp = 2, in 2 gloo
+processes on the CPU: logits, parameter and input gradients, one AdamW step, replicated parameters equal on all
+ranks) is slow and opt-in: ``modkit check --distributed``, ``pytest --modkit-contracts
 --modkit-distributed`` or ``check_component(..., distributed=True)``; otherwise it is reported skipped.
 
 Which checks apply is decided by the entry's kind and capabilities; each component is built inside tiny models

@@ -913,12 +913,16 @@ def _outcome(value: Any) -> str:
 
 
 def check_shards(bench: Bench) -> str:
-    """The component's ``tp_plan`` is right: under tensor parallelism (tp = 2) the logits equal the single process's.
+    """The component's ``tp_plan`` is right: under tensor parallelism (tp = 2) one training step equals the single
+    process's.
 
     The tiny model holding the component is built by :func:`modkit.build` (the reference) and, in 2 gloo
     processes on the CPU, by :func:`modkit.parallel.build_parallel` (``make_mesh(tp=2)``, ``parallelize``,
-    ``materialize`` with the same seed); ``max |Δ|`` of the logits must be at most ``1e-5``. A plan that shards a
-    projection the wrong way fails with the value (or the shape error it raises). Head counts not divisible by 2
+    ``materialize`` with the same seed); both run forward, cross entropy (+ aux loss), backward and one AdamW
+    step. ``max |Δ|`` of the logits, of every parameter's gradient, of the gradient w.r.t. the input embeddings
+    and of the parameters after the step must be at most ``1e-5``, and parameters that are not sharded must be
+    identical on both ranks. A plan that shards a projection the wrong way fails with the value (or the shape
+    error it raises); a replicated weight declared on a sharded activation fails on its gradient. Head counts not divisible by 2
     are raised to multiples of 2 when the config accepts it, else the check is skipped with the reason. Slow
     (process start): opt-in, see the module docstring. Source: Megatron-LM's column/row split (arXiv:1909.08053);
     the plan is the component's own ``tp_plan`` capability (:mod:`modkit.parallel`).
@@ -948,7 +952,7 @@ CHECKS: tuple[Check, ...] = (
     Check("compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, _applies_compile),
     Check("masked_row", "no NaN with fully masked rows (left padding); real tokens unaffected", check_masked_row, _applies_masked),
     Check("grouped_form", "the stacked copies (mixture-of-experts experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, _applies_grouped),
-    Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits equal the single-process ones (opt-in: distributed)",
+    Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits, gradients and one AdamW step equal the single-process ones (opt-in: distributed)",
           check_shards, _applies_shards, distributed=True, run_many=_shards_many),
 )
 

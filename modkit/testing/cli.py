@@ -6,8 +6,8 @@
 
 Prints a table component x check (``passed`` / ``FAILED`` / ``skip``), then one line per failed check with the
 measured values, and exits 1 if any check failed (0 otherwise). ``--distributed`` also runs ``shards`` (a
-component's ``tp_plan`` gives the single-process logits under tensor parallelism, tp = 2, in 2 gloo processes on
-the CPU: seconds, one session for all selected components); without it ``shards`` is reported skipped. ``modkit.cli`` picks this module up through
+component's ``tp_plan`` trains like the single process under tensor parallelism, tp = 2, in 2 gloo processes on
+the CPU: logits, gradients and one AdamW step: seconds, one session for all selected components); without it ``shards`` is reported skipped. ``modkit.cli`` picks this module up through
 ``add_subcommands(subparsers)``.
 """
 
@@ -38,7 +38,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--distributed", action="store_true",
         help="also run 'shards': components with a non-empty tp_plan are sharded over 2 gloo processes on the CPU "
-        "and their logits compared with the single process (slow: seconds; skipped without this flag)",
+        "and their logits, gradients and one optimiser step compared with the single process (slow: seconds; "
+        "skipped without this flag)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also print every skip reason and passing detail")
     p.set_defaults(func=cmd_check)
