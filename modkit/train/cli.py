@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from .config import TrainConfig, parse_flag_value
@@ -70,6 +71,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         resume=bool(args.resume),
         progress=not args.no_progress,
     )
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun one report is enough
+        return 0
     print(f"\ndone: {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
     if result.val_loss is not None:
         print(f"final loss: train {result.train_loss:.4f}, val {result.val_loss:.4f}; best val {result.best_val_loss:.4f}")

@@ -175,9 +175,9 @@ class Processes:
         """The mean of a scalar tensor over all ranks (tensor-parallel replicas hold equal values)."""
         if not self.distributed:
             return value
-        value = value.detach().clone()
-        torch.distributed.all_reduce(value)
-        return value / self.world
+        from ..parallel import mean_across_ranks
+
+        return mean_across_ranks(value)
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
@@ -328,9 +328,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ run files
     def _start_run_folder(self, spec: ModelSpec) -> None:
-        if self.run.exists() and any(self.run.iterdir()) and not self.resume:
-            if (self.run / "config.json").is_file():
-                raise TrainError(f"run folder {self.run} already holds a run; resume it with --resume {self.run} or choose another -o")
+        taken = self.procs.broadcast((self.run / "config.json").is_file())  # rank 0's view, before it writes
+        if taken:
+            raise TrainError(f"run folder {self.run} already holds a run; resume it with --resume {self.run} or choose another -o")
         if not self.procs.main:
             return
         self.run.mkdir(parents=True, exist_ok=True)
@@ -494,9 +494,13 @@ class Trainer:
             self.scaler.scale(total / c.grad_accum).backward()
             ce_sum += ce
         self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip if c.grad_clip is not None else math.inf)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        max_norm = c.grad_clip if c.grad_clip is not None else math.inf  # inf: the norm is measured, nothing clipped
+        if self.procs.distributed:  # gradients are a mix of plain tensors and DTensor shards
+            from ..parallel import clip_grad_norm_
+
+            norm = clip_grad_norm_(self.params, max_norm)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
