@@ -591,7 +591,7 @@ class Trainer:
         start = time.perf_counter()
         start_tokens, last_log, last_tokens = self.tokens, start, self.tokens
         losses: dict[str, float] = {}
-        with _ProgressBar(total, self.step, enabled=self.progress and self.procs.main) as bar:
+        with _ProgressBar(total, self.step, enabled=self.progress and self.procs.main, echo=self._say) as bar:
             while self.step < total:
                 out = self.train_step()
                 at_end = self.step == total
@@ -660,8 +660,8 @@ class Trainer:
 class _ProgressBar:
     """A rich progress bar (step, loss, learning rate, tokens/s, ETA) on rank 0; silent when disabled."""
 
-    def __init__(self, total: int, done: int, *, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, total: int, done: int, *, enabled: bool, echo: Callable[[str], None]):
+        self.enabled, self.echo = enabled, echo
         self.total, self.done = total, done
 
     def __enter__(self) -> "_ProgressBar":
@@ -690,8 +690,11 @@ class _ProgressBar:
         self.bar.update(self.task, completed=step, **fields)
 
     def note(self, line: str) -> None:
+        """A status line above the bar (or through ``echo`` when there is no bar)."""
         if self.enabled:
             self.bar.console.print(line)
+        else:
+            self.echo(line)
 
     def __exit__(self, *exc) -> None:
         if self.enabled:
