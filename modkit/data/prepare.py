@@ -260,6 +260,11 @@ def _short(paths: Sequence[str]) -> str:
     return "[" + ", ".join(names) + (f", ... {len(paths)} files" if len(paths) > 3 else "") + "]"
 
 
+def _no_text(sources: Sequence[Source]) -> DataError:
+    what = ", ".join(f"{s.path} ({s.size:,} bytes)" for s in sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
+    return DataError(f"the inputs hold no text: {what}; give files with text in them (for .jsonl, non-empty text fields)")
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -363,12 +368,27 @@ def prepare(
     _check_out_dir(out, _recipe(spec, val_fraction, text_field, [str(s.path) for s in sources]), overwrite)
     total = sum(s.size for s in sources)
     if tok is None:
+        chars = [0, False]  # characters read, all read
+
+        def texts() -> Iterator[str]:
+            for piece in _pieces(sources, text_field, progress.on_bytes):
+                chars[0] += len(piece.text)
+                yield piece.text
+            chars[1] = True
+
         with _Progress(total, f"tokenizer {spec}", show_progress) as progress:
-            tok = train_tokenizer(spec, (p.text for p in _pieces(sources, text_field, progress.on_bytes)))
+            try:
+                tok = train_tokenizer(spec, texts())
+            except DataError:
+                if chars == [0, True]:
+                    raise _no_text(sources) from None
+                raise
     dtype = dtype_for(tok.vocab_size)
 
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = {name: out / f".{name}.tmp-{os.getpid()}" for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE)}
+    done = False
     try:
         hashes = {s.path: hashlib.sha256() for s in sources}
         counts = {s.path: 0 for s in sources}
@@ -376,7 +396,7 @@ def prepare(
             _encode_all(sources, tok, dtype, text_field, f, progress, hashes, counts)
         n = sum(counts.values())
         if n == 0:
-            raise DataError(f"the inputs hold no text ({_short([str(s.path) for s in sources])}); give non-empty files")
+            raise _no_text(sources)
         n_train = int(n * (1.0 - val_fraction))
         if n_train == 0 or n_train == n:
             raise DataError(
@@ -417,9 +437,12 @@ def prepare(
         (out / META_FILE).unlink(missing_ok=True)  # from here until the last rename the folder holds no dataset
         for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE):
             os.replace(tmp[name], out / name)
+        done = True
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
+        if created and not done and not any(out.iterdir()):
+            out.rmdir()
     return meta
 
 

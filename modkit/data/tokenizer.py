@@ -52,10 +52,11 @@ class UnknownTokenError(DataError):
 
 
 def describe_char(ch: str) -> str:
-    """``'\\t' (U+0009 CHARACTER TABULATION)``: a character as an error message shows it."""
+    """``'é' (U+00E9 LATIN SMALL LETTER E WITH ACUTE)``: a character as an error message shows it."""
     if len(ch) != 1:
         return repr(ch)
-    return f"{ch!r} (U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')})"
+    name = unicodedata.name(ch, None) or ("a control character" if unicodedata.category(ch) == "Cc" else "unnamed")
+    return f"{ch!r} (U+{ord(ch):04X} {name})"
 
 
 class Tokenizer:
