@@ -471,3 +471,19 @@ def test_cli_data_prepare(tmp_path, capsys, bpe300):
     assert err.strip().splitlines() == [f"modkit: error: {tmp_path / 'nope.txt'}: no such file or folder; check the input path"]
     assert cli.main(["data", "prepare", str(src), "-o", str(out), "--tokenizer", "bpe:12"]) == 1
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_data_guide_examples_run(shakespeare, tmp_path, monkeypatch):
+    import re
+
+    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).resolve().parents[1] / "docs/guides/data.md").read_text(), re.S)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MODKIT_CACHE", str(shakespeare.path.parents[1]))
+    tok_ns: dict = {}
+    exec(blocks[0], tok_ns)  # noqa: S102 - the guide's own example
+    assert tok_ns["tok"].vocab_size == 512 and (tmp_path / "tokenizer.json").is_file()
+    ns: dict = {}
+    exec(blocks[1], ns)  # noqa: S102
+    assert ns["data"].path == shakespeare.path and ns["x"].shape == (64, 256) and len(ns["val"]) == 20
+    assert ns["state"]["step"] == 1 and ns["batches"].step == 1

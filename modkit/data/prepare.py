@@ -201,7 +201,7 @@ class _Progress:
     """A tqdm bar over the input bytes that also shows the tokens written (no output when ``show`` is false)."""
 
     def __init__(self, total: int, desc: str, show: bool):
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not show)
         self.tokens = 0
