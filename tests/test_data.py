@@ -80,6 +80,14 @@ def test_char_round_trip_any_text_of_the_vocabulary(text):
     assert tok.decode(ids) == text
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.text(min_size=1, max_size=200))
+def test_char_and_bpe_round_trip_any_unicode_text(bpe300, text):
+    tok = train_tokenizer("char", [text])  # \r, \t, combining marks, astral characters: one id per code point
+    assert tok.encode(text) == [sorted(set(text)).index(c) for c in text] and tok.decode(tok.encode(text)) == text
+    assert bpe300.decode(bpe300.encode(text)) == text
+
+
 def test_char_tokenizer_file_loads_in_tokenizers_as_generate_does(tmp_path):
     tok = train_tokenizer("char", [TEXT[:5000], TEXT[5000:]])
     assert tok.spec == "char" and tok.vocab_size == len(set(TEXT[:5000] + TEXT[5000:]))

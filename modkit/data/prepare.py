@@ -14,11 +14,12 @@ Inputs, concatenated in the order given (a folder's files in sorted order of the
 
 Nothing is inserted between files or records; put a separator in the text if the model should see one.
 
-Streaming. Files are read :data:`READ_BYTES` at a time and never whole. Text is cut into pieces just before a space
-that follows a non-space character, where every common pre-tokenizer (GPT-2's byte-level regex, cl100k / Llama 3
-regexes, SentencePiece's metaspace) splits anyway, so the ids equal those of encoding the whole file at once. Only
-a run of more than ``2 * READ_BYTES`` characters without such a space is cut where the buffer ends (for ``char``
-that changes nothing; a BPE may merge differently across that one cut).
+Streaming. Files are read :data:`READ_BYTES` (256 KiB) at a time and never whole, and encoded
+:data:`BATCH_CHARS` characters at a time, so memory stays bounded whatever the input size. Text is cut into pieces
+just before a space that follows a non-space character, where every common pre-tokenizer (GPT-2's byte-level
+regex, cl100k / Llama 3 regexes, SentencePiece's metaspace) splits anyway, so the ids equal those of encoding the
+whole file at once. Only a run of more than ``2 * READ_BYTES`` characters without such a space is cut where the
+buffer ends (for ``char`` that changes nothing; a BPE may merge differently across that one cut).
 
 A ``char`` or ``bpe:N`` tokenizer is trained on a first pass over the inputs and the text is encoded on a second.
 Writes are atomic: everything goes to temporary names in the output folder, the old ``meta.json`` is removed, the
@@ -47,9 +48,10 @@ from .tokenizer import TOKENIZER_FILE, Tokenizer, UnknownTokenError, load_tokeni
 FORMAT = "modkit-token-data"
 FORMAT_VERSION = 1
 #: Bytes read from a file at a time (the streaming chunk).
-READ_BYTES = 1 << 20
-#: Characters of text handed to the tokenizer's (multi-threaded) ``encode_batch`` at once.
-BATCH_CHARS = 4 << 20
+READ_BYTES = 1 << 18
+#: Characters of text handed to the tokenizer's (multi-threaded) ``encode_batch`` at once: it bounds the memory of
+#: a run (the tokenizers library holds some 130 bytes per token of a batch while encoding it).
+BATCH_CHARS = 1 << 20
 #: File name endings a folder input picks up.
 FOLDER_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst", ".jsonl")
 #: How the splits are cut, as ``meta.json`` records it.

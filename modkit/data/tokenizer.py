@@ -90,13 +90,13 @@ class Tokenizer:
             raise self._encode_error(text, exc) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text (several threads in the Rust library); the same ids as ``encode`` one by one.
+        """Token ids of each text (several threads in the Rust library, no offsets); the same ids as ``encode``.
 
         Raises:
             UnknownTokenError: as :meth:`encode`, with ``index`` = the first text that cannot be encoded.
         """
         try:
-            return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+            return [e.ids for e in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
         except Exception:  # noqa: BLE001 - find which text failed, and why
             for i, text in enumerate(texts):
                 try:
