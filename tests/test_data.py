@@ -302,6 +302,8 @@ def test_each_bad_input_gets_its_error(tmp_path):
     assert f"{no_field.resolve()}:3: no field 'text' (fields: 'body')" in msg and "--text-field" in msg
     assert "no input files in this folder" in _err(prepare, [_write(tmp_path / "d" / "x.csv", "a").parent], out, **quiet)
     assert "too few to split" in _err(prepare, [_write(tmp_path / "one.txt", "a")], out, **quiet)
+    twice = _err(prepare, [tmp_path, good], out, **quiet)  # tmp_path holds good.txt (and one.txt, empty.txt, ...)
+    assert twice == f"{good.resolve()}: given twice (directly or inside a folder input); list each file once"
     assert not out.exists()  # nothing was written by any of them
     # a character the given tokenizer lacks: named with file, line and column
     char_tok = tmp_path / "tok"
@@ -316,6 +318,8 @@ def test_each_bad_input_gets_its_error(tmp_path):
     assert f"{out} already holds a different dataset (tokenizer 'char' there, 'bpe:256' now)" in msg
     assert "delete" in msg
     prepare([good], out, **quiet)  # the same dataset again is fine
+    prepare([good], tmp_path / "upper", tokenizer="BPE:256", **quiet)
+    prepare([good], tmp_path / "upper", tokenizer="bpe:256", **quiet)  # the same spec, spelt otherwise
     prepare([good], out, tokenizer="bpe:256", overwrite=True, **quiet)
     assert TokenData.open(out).meta["tokenizer"] == "bpe:256"
 

@@ -113,6 +113,11 @@ def find_sources(inputs: Sequence[str | Path]) -> list[Source]:
             sources.append(_source(path))
         else:
             raise DataError(f"{path}: no such file or folder; check the input path")
+    seen: set[Path] = set()
+    for src in sources:
+        if src.path in seen:
+            raise DataError(f"{src.path}: given twice (directly or inside a folder input); list each file once")
+        seen.add(src.path)
     return sources
 
 
@@ -358,14 +363,12 @@ def prepare(
     """
     val_fraction = _check_fraction(val_fraction)
     sources = find_sources(inputs)
-    kind, _ = parse_spec(tokenizer)
+    kind, size = parse_spec(tokenizer)
     tok: Tokenizer | None = None
-    spec = str(tokenizer).strip()
+    spec = {"char": "char", "bpe": f"bpe:{size}"}.get(kind, "")
     if kind == "path":
         tok = load_tokenizer(tokenizer)
         spec = tok.spec = str(Path(tok.spec).resolve())
-    elif kind == "char":
-        spec = "char"
     out = Path(out_dir).expanduser()
     _check_out_dir(out, _recipe(spec, val_fraction, text_field, [str(s.path) for s in sources]), overwrite)
     total = sum(s.size for s in sources)

@@ -97,14 +97,14 @@ class Tokenizer:
         """
         try:
             return [e.ids for e in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
-        except Exception:  # noqa: BLE001 - find which text failed, and why
+        except Exception as exc:  # noqa: BLE001 - find which text failed, and why
             for i, text in enumerate(texts):
                 try:
                     self.encode(text)
-                except UnknownTokenError as exc:
-                    exc.index = i
+                except UnknownTokenError as unknown:
+                    unknown.index = i
                     raise
-            raise
+            raise DataError(f"tokenizer {self.spec!r} cannot encode the batch: {exc}") from None
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of token ids (special tokens kept, so nothing encoded is lost).
