@@ -14,11 +14,12 @@ Inputs, concatenated in the order given (a folder's files in sorted order of the
 
 Nothing is inserted between files or records; put a separator in the text if the model should see one.
 
-Streaming. Files are read :data:`READ_BYTES` at a time and never whole. Text is cut into pieces just before a space
-that follows a non-space character, where every common pre-tokenizer (GPT-2's byte-level regex, cl100k / Llama 3
-regexes, SentencePiece's metaspace) splits anyway, so the ids equal those of encoding the whole file at once. Only
-a run of more than ``2 * READ_BYTES`` characters without such a space is cut where the buffer ends (for ``char``
-that changes nothing; a BPE may merge differently across that one cut).
+Streaming. Files are read :data:`READ_BYTES` (256 KiB) at a time and never whole, and encoded
+:data:`BATCH_CHARS` characters at a time, so memory stays bounded whatever the input size. Text is cut into pieces
+just before a space that follows a non-space character, where every common pre-tokenizer (GPT-2's byte-level
+regex, cl100k / Llama 3 regexes, SentencePiece's metaspace) splits anyway, so the ids equal those of encoding the
+whole file at once. Only a run of more than ``2 * READ_BYTES`` characters without such a space is cut where the
+buffer ends (for ``char`` that changes nothing; a BPE may merge differently across that one cut).
 
 A ``char`` or ``bpe:N`` tokenizer is trained on a first pass over the inputs and the text is encoded on a second.
 Writes are atomic: everything goes to temporary names in the output folder, the old ``meta.json`` is removed, the
@@ -47,9 +48,10 @@ from .tokenizer import TOKENIZER_FILE, Tokenizer, UnknownTokenError, load_tokeni
 FORMAT = "modkit-token-data"
 FORMAT_VERSION = 1
 #: Bytes read from a file at a time (the streaming chunk).
-READ_BYTES = 1 << 20
-#: Characters of text handed to the tokenizer's (multi-threaded) ``encode_batch`` at once.
-BATCH_CHARS = 4 << 20
+READ_BYTES = 1 << 18
+#: Characters of text handed to the tokenizer's (multi-threaded) ``encode_batch`` at once: it bounds the memory of
+#: a run (the tokenizers library holds some 130 bytes per token of a batch while encoding it).
+BATCH_CHARS = 1 << 20
 #: File name endings a folder input picks up.
 FOLDER_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst", ".jsonl")
 #: How the splits are cut, as ``meta.json`` records it.
@@ -111,6 +113,11 @@ def find_sources(inputs: Sequence[str | Path]) -> list[Source]:
             sources.append(_source(path))
         else:
             raise DataError(f"{path}: no such file or folder; check the input path")
+    seen: set[Path] = set()
+    for src in sources:
+        if src.path in seen:
+            raise DataError(f"{src.path}: given twice (directly or inside a folder input); list each file once")
+        seen.add(src.path)
     return sources
 
 
@@ -201,7 +208,7 @@ class _Progress:
     """A tqdm bar over the input bytes that also shows the tokens written (no output when ``show`` is false)."""
 
     def __init__(self, total: int, desc: str, show: bool):
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not show)
         self.tokens = 0
@@ -258,6 +265,11 @@ def _check_out_dir(out: Path, recipe: dict, overwrite: bool) -> None:
 def _short(paths: Sequence[str]) -> str:
     names = [Path(p).name for p in paths[:3]]
     return "[" + ", ".join(names) + (f", ... {len(paths)} files" if len(paths) > 3 else "") + "]"
+
+
+def _no_text(sources: Sequence[Source]) -> DataError:
+    what = ", ".join(f"{s.path} ({s.size:,} bytes)" for s in sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
+    return DataError(f"the inputs hold no text: {what}; give files with text in them (for .jsonl, non-empty text fields)")
 
 
 def _sha256(path: Path) -> str:
@@ -351,24 +363,37 @@ def prepare(
     """
     val_fraction = _check_fraction(val_fraction)
     sources = find_sources(inputs)
-    kind, _ = parse_spec(tokenizer)
+    kind, size = parse_spec(tokenizer)
     tok: Tokenizer | None = None
-    spec = str(tokenizer).strip()
+    spec = {"char": "char", "bpe": f"bpe:{size}"}.get(kind, "")
     if kind == "path":
         tok = load_tokenizer(tokenizer)
         spec = tok.spec = str(Path(tok.spec).resolve())
-    elif kind == "char":
-        spec = "char"
     out = Path(out_dir).expanduser()
     _check_out_dir(out, _recipe(spec, val_fraction, text_field, [str(s.path) for s in sources]), overwrite)
     total = sum(s.size for s in sources)
     if tok is None:
+        chars = [0, False]  # characters read, all read
+
+        def texts() -> Iterator[str]:
+            for piece in _pieces(sources, text_field, progress.on_bytes):
+                chars[0] += len(piece.text)
+                yield piece.text
+            chars[1] = True
+
         with _Progress(total, f"tokenizer {spec}", show_progress) as progress:
-            tok = train_tokenizer(spec, (p.text for p in _pieces(sources, text_field, progress.on_bytes)))
+            try:
+                tok = train_tokenizer(spec, texts())
+            except DataError:
+                if chars == [0, True]:
+                    raise _no_text(sources) from None
+                raise
     dtype = dtype_for(tok.vocab_size)
 
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = {name: out / f".{name}.tmp-{os.getpid()}" for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE)}
+    done = False
     try:
         hashes = {s.path: hashlib.sha256() for s in sources}
         counts = {s.path: 0 for s in sources}
@@ -376,7 +401,7 @@ def prepare(
             _encode_all(sources, tok, dtype, text_field, f, progress, hashes, counts)
         n = sum(counts.values())
         if n == 0:
-            raise DataError(f"the inputs hold no text ({_short([str(s.path) for s in sources])}); give non-empty files")
+            raise _no_text(sources)
         n_train = int(n * (1.0 - val_fraction))
         if n_train == 0 or n_train == n:
             raise DataError(
@@ -417,9 +442,12 @@ def prepare(
         (out / META_FILE).unlink(missing_ok=True)  # from here until the last rename the folder holds no dataset
         for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE):
             os.replace(tmp[name], out / name)
+        done = True
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
+        if created and not done and not any(out.iterdir()):
+            out.rmdir()
     return meta
 
 

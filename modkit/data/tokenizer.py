@@ -52,10 +52,11 @@ class UnknownTokenError(DataError):
 
 
 def describe_char(ch: str) -> str:
-    """``'\\t' (U+0009 CHARACTER TABULATION)``: a character as an error message shows it."""
+    """``'é' (U+00E9 LATIN SMALL LETTER E WITH ACUTE)``: a character as an error message shows it."""
     if len(ch) != 1:
         return repr(ch)
-    return f"{ch!r} (U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')})"
+    name = unicodedata.name(ch, None) or ("a control character" if unicodedata.category(ch) == "Cc" else "unnamed")
+    return f"{ch!r} (U+{ord(ch):04X} {name})"
 
 
 class Tokenizer:
@@ -89,21 +90,21 @@ class Tokenizer:
             raise self._encode_error(text, exc) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text (several threads in the Rust library); the same ids as ``encode`` one by one.
+        """Token ids of each text (several threads in the Rust library, no offsets); the same ids as ``encode``.
 
         Raises:
             UnknownTokenError: as :meth:`encode`, with ``index`` = the first text that cannot be encoded.
         """
         try:
-            return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
-        except Exception:  # noqa: BLE001 - find which text failed, and why
+            return [e.ids for e in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
+        except Exception as exc:  # noqa: BLE001 - find which text failed, and why
             for i, text in enumerate(texts):
                 try:
                     self.encode(text)
-                except UnknownTokenError as exc:
-                    exc.index = i
+                except UnknownTokenError as unknown:
+                    unknown.index = i
                     raise
-            raise
+            raise DataError(f"tokenizer {self.spec!r} cannot encode the batch: {exc}") from None
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of token ids (special tokens kept, so nothing encoded is lost).
