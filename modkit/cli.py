@@ -882,8 +882,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="decode with torch.compile (fullgraph; pays a one-off compilation)")
     p.set_defaults(func=cmd_generate)
 
-    from modkit.data.cli import add_commands as add_data_commands
-    add_data_commands(sub)
     _add_extensions(sub)
     return parser
 

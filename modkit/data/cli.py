@@ -12,8 +12,8 @@ import sys
 import time
 
 
-def add_commands(subparsers) -> None:
-    """Add ``modkit data prepare`` to the ``modkit`` subcommands (called by :func:`modkit.cli.build_parser`)."""
+def add_subcommands(subparsers) -> None:
+    """Add ``modkit data prepare`` to the ``modkit`` subcommands (an extension module of :mod:`modkit.cli`)."""
     data = subparsers.add_parser(
         "data", help="prepare token data for training", description="Prepare token data for training."
     )
