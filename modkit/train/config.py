@@ -121,6 +121,13 @@ class TrainConfig(BaseModel):
 
     eval_interval: int = Field(250, ge=1, le=1 << 40, description="evaluate train and val loss every this many steps (and at the end)")
     eval_batches: int = Field(20, ge=1, le=1 << 20, description="batches per loss estimate")
+    final_eval_tokens: int = Field(
+        10_000_000,
+        ge=0,
+        le=1 << 50,
+        description="at the end, score the first this many tokens of the validation split (the whole split when "
+        "shorter) in non-overlapping seq_len windows: the run's figure of merit; 0: skip",
+    )
     checkpoint_interval: Optional[int] = Field(
         None, ge=1, le=1 << 40, description="save a resumable checkpoint every this many steps; default: eval_interval"
     )
