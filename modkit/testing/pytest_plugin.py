@@ -6,6 +6,7 @@ Usage, in any repository where modkit and the plugin under test are installed (n
     pytest --modkit-contracts --modkit-plugin my-norms          # one plugin (entry-point or distribution name)
     pytest --modkit-contracts --modkit-kind attention --modkit-type 'g*'
     pytest --modkit-contracts --modkit-check causality -k gqa
+    pytest --modkit-contracts --modkit-plugin my-ffns --modkit-neighbour attention=my-attention
     pytest --modkit-contracts --modkit-distributed --modkit-check shards   # tensor parallelism, 2 gloo processes
 
 Items are named ``kind/type::check`` (e.g. ``attention/gqa::causality``), so ``-k``, ``--deselect``, ``--lf`` and
@@ -43,6 +44,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--modkit-distributed", action="store_true", default=False,
         help="also run the 'shards' check (tp = 2 in 2 gloo processes on the CPU; slow; skipped without this flag)",
+    )
+    group.addoption(
+        "--modkit-neighbour", action="append", default=[], metavar="KIND=TYPE",
+        help="fill the KIND slot of the tiny models with this TYPE instead of the built-in (repeatable)",
     )
     group.addoption("--modkit-device", default="cpu", metavar="DEVICE", help="device the tiny models run on (default cpu)")
 
@@ -116,7 +121,7 @@ def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]
 
     from modkit.errors import RegistryError
     from modkit.registry import get_registry
-    from modkit.testing.checks import CHECK_NAMES, ComponentChecks, get_check, select_components
+    from modkit.testing.checks import CHECK_NAMES, ComponentChecks, neighbours_for, get_check, select_components
 
     registry = get_registry()
     try:
@@ -136,9 +141,15 @@ def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]
         warnings.warn(f"modkit plugin {name} was not loaded, so its components are not checked: {why}", stacklevel=1)
     device = config.getoption("modkit_device")
     distributed = bool(config.getoption("modkit_distributed"))
+    neighbours = {}
+    for text in config.getoption("modkit_neighbour") or []:
+        kind, sep, type_ = text.partition("=")
+        if not sep or not kind or not type_:
+            raise pytest.UsageError(f"--modkit-neighbour: expected KIND=TYPE, e.g. attention=gqa; got {text!r}")
+        neighbours[kind.strip()] = type_.strip()
     items = []
     for entry in entries:
-        runner = ComponentChecks(entry, registry, None, device, distributed)
+        runner = ComponentChecks(entry, registry, None, device, distributed, neighbours_for(neighbours, entry))
         for check in checks:
             name = f"{entry.kind}/{entry.type}::{check}"
             items.append(ContractItem.from_parent(session, name=name, nodeid=name, runner=runner, check=check))
