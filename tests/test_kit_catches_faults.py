@@ -1,9 +1,12 @@
-"""The contract kit catches deliberately faulty components, each by the right check.
+"""The contract kit catches deliberately faulty components, each by the right check, by orders of magnitude.
 
-A fresh :class:`modkit.Registry` holds copies of the built-in plugins (the known-good neighbours the kit fills
-the tiny models with) plus one test plugin registering seven broken components. Each must FAIL exactly the
-check that guards its fault, and pass the unrelated ones (the too-wide FFN cannot take part in any forward of a
-model, so only the checks that need no forward are required to pass for it).
+A fresh :class:`modkit.Registry` holds copies of the built-in plugins (the neighbours the kit fills the tiny models
+with) plus one test plugin registering one broken component per fault, written the way a plugin author would (the
+attentions use modkit's attention helpers, then break one thing). Each must FAIL exactly the check that guards its
+fault (and, for a token-mixing ffn, the cached decode it also breaks), and pass the unrelated ones (the too-wide
+FFN cannot take part in any forward of a model, so only the checks that need no forward are required to pass).
+The same code without faults (``SoundPlugin``) passes everything and gets the same verdict whether or not the
+faulty plugin is installed beside it: neighbours come from the built-ins only.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ D_FF = 48
 # ----------------------------------------------------------------------------------------------- faulty modules
 
 
-ATTENTION_FAULTS = ("peeking", "drifting", "nan_softmax", "late_peek", "train_peek", "ignores_bias", "rope_offset", "fake_dropout")
+ATTENTION_FAULTS = ("peeking", "drifting", "nan_softmax", "late_peek", "train_peek", "ignores_bias", "rope_offset",
+                    "fake_dropout")
 
 
 class MiniAttentionConfig(ComponentConfig):
@@ -356,7 +360,7 @@ FAULTS = [
     ("position", "stale_table", "meta_init", "pe"),
     ("norm", "miscounted", "param_count", "declared 33 parameters, the module holds 32"),
     ("ffn", "mixing_groups", "grouped_form", "copy 0 and copy 2 give identical outputs"),
-    # the faults third-party authors made (issue 14)
+    # the faults found by running third-party plugins, written as real authors would, through the kit
     ("attention", "nan_softmax", "masked_row", "padding queries that see only padding keys (explicit positions): "),
     ("attention", "late_peek", "causality", "eval: max |Δ| = "),
     ("attention", "train_peek", "causality", "train mode with dropout (embedding 0.1, residual 0.1)"),

@@ -42,8 +42,8 @@ def check_gqa_equals_mha(bench: Bench) -> str:
 
     Catches: query heads paired with the wrong key/value head (``h % n_kv_heads`` instead of
     ``h // (n_heads / n_kv_heads)``), a cache or mask that assumes ``n_kv_heads = n_heads``, and a key/value
-    projection laid out kv-head-minor (Megatron-LM #5755 and transformers #48169 are the same family of
-    grouping mistakes).
+    projection laid out kv-head-minor. Source: the grouping convention of GQA (Ainslie et al. 2023,
+    arXiv:2305.13245) and Hugging Face ``repeat_kv``.
     """
     reg = bench.registry
     cfg = bench.config_json
