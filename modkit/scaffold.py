@@ -469,6 +469,9 @@ class $Class(nn.Module):
         mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None)
         bias = position_bias(inputs, k_pos, self.n_heads)  # ALiBi's [b, n_heads, q_len, kv_len] bias, or None
         out, _ = masked_attention(q, k, v, mask, bias)  # softmax(q·k / sqrt(head_dim) + bias) v; dead rows -> 0
+        # a score function of your own instead of q·k (import masked_softmax from modkit):
+        #     probs = masked_softmax(my_scores(q, k) + (0 if bias is None else bias), mask)  # dead rows -> 0
+        #     out = probs.to(v.dtype) @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
 

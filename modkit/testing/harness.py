@@ -249,15 +249,20 @@ class Bench:
 
         A host (the component a nested kind such as a router is placed in) comes first, as ``in ffn moe``.
         """
+        def mark(e: Component) -> str:
+            named = self.named.get(e.kind)
+            typ = named if isinstance(named, str) else dict(named or {}).get("type")
+            return " (named)" if typ == e.type else ""
+
         parts = []
         if self.host is not None:
             host = self.host[0]
-            parts.append(f"in {host.kind} {host.type}" + (" (named)" if host.kind in self.named else ""))
+            parts.append(f"in {host.kind} {host.type}{mark(host)}")
         for kind in sorted(self.fillers):
             e = self.fillers[kind][0]
             if self.host is not None and e.key == self.host[0].key:
                 continue
-            parts.append(f"{kind} {e.type}" + (" (named)" if kind in self.named else ""))
+            parts.append(f"{kind} {e.type}{mark(e)}")
         return ", ".join(parts)
 
     # ------------------------------------------------------------------ spec construction
@@ -291,34 +296,33 @@ class Bench:
             return "block", block[kind], self.config_json
         if kind in top:
             return "top", top[kind], self.config_json
-        # nested: find a host whose config has a slot of this kind
+        # nested: a host whose config has a slot of this kind (a named one first, else a built-in)
+        def slot_of(e: Component) -> Optional[str]:
+            return next((f for f, k in nested_slots(e).items() if k == kind), None)
+
+        named = [named_neighbour(self.registry, k, n) for k, n in self.named.items() if k in block or k in top]
+        hosts = [(e, cfg) for e, cfg in named if slot_of(e)] or [
+            (e, example_or_none(e, self.registry))
+            for e in sorted(self.registry.components(), key=lambda e: e.key)
+            if (e.kind in block or e.kind in top) and is_builtin(e, self.registry) and slot_of(e)
+        ]
         reasons = []
-        named_hosts = [named_neighbour(self.registry, k, n)[0] for k, n in self.named.items() if k in block or k in top]
-        hosts = named_hosts or sorted(
-            (e for e in self.registry.components() if (e.kind in block or e.kind in top) and is_builtin(e, self.registry)),
-            key=lambda e: e.key,
-        )
-        for host in hosts:
-            fields = [f for f, k in nested_slots(host).items() if k == kind]
-            if not fields:
-                continue
-            base = named_neighbour(self.registry, host.kind, self.named[host.kind])[1] if host in named_hosts else example_or_none(host, self.registry)
+        for host, base in hosts:
             if base is None:
                 reasons.append(f"{host.kind}/{host.type}: example config does not validate")
                 continue
-            data = {**base, fields[0]: self.config_json}
+            field_name = slot_of(host)
             try:
-                cfg = validate_config(host, data, self.registry)
+                cfg = validate_config(host, {**base, field_name: self.config_json}, self.registry)
             except SpecError as exc:
                 reasons.append(f"{host.kind}/{host.type}: {exc.errors[0][1] if exc.errors else exc}")
                 continue
-            self.host = (host, fields[0])
+            self.host = (host, field_name)
             self.fillers[host.kind] = (host, config_dict(cfg))
             where, field = ("block", block[host.kind]) if host.kind in block else ("top", top[host.kind])
             return where, field, config_dict(cfg)
         raise Unavailable(
-            f"kind {kind!r} has no slot in a model spec and no "
-            + ("named" if named_hosts else "built-in") + f" component holds a {kind!r} slot"
+            f"kind {kind!r} has no slot in a model spec and no built-in or named component holds a {kind!r} slot"
             + (f" that accepts it ({'; '.join(reasons)})" if reasons else "; name a host with neighbours={KIND: TYPE}")
         )
 

@@ -14,8 +14,9 @@ orders of magnitude. Every detail reports the measured value next to its toleran
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Optional
+from typing import Callable, Iterable, Iterator, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -220,17 +221,10 @@ def transplant(src: nn.Module, dst: nn.Module) -> list[str]:
     return sorted(common)
 
 
-def fork_rng(seed: int) -> Any:
-    """A context in which the CPU (and CUDA) random state is seeded with ``seed`` and restored afterwards."""
+@contextlib.contextmanager
+def fork_rng(seed: int) -> Iterator[None]:
+    """A context in which the CPU (and CUDA) random state is seeded with ``seed``, restored afterwards."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-
-    class _Seeded:
-        def __enter__(self):
-            self.ctx = torch.random.fork_rng(devices=devices)
-            self.ctx.__enter__()
-            torch.manual_seed(seed)
-
-        def __exit__(self, *exc):
-            return self.ctx.__exit__(*exc)
-
-    return _Seeded()
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from ...config import ComponentConfig
