@@ -225,3 +225,12 @@ def test_modkit_check_names_neighbours(capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args(["check", "--neighbour", "attention"])
     assert "expected KIND=TYPE" in capsys.readouterr().err
+
+
+def test_pytest_plugin_takes_named_neighbours(pytester):
+    result = pytester.runpytest("--modkit-contracts", "--modkit-type", "rmsnorm", "--modkit-check", "masked_row",
+                                "--modkit-check", "causality", "--modkit-neighbour", "attention=mha", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=1)
+    bad = pytester.runpytest("--modkit-contracts", "--modkit-neighbour", "attention", "-p", "no:cacheprovider")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--modkit-neighbour: expected KIND=TYPE*"])

@@ -144,7 +144,7 @@ class ComponentChecks:
 
     Args:
         entry: the registry entry under test.
-        registry: the registry it comes from (fillers are chosen there too).
+        registry: the registry it comes from (its built-ins, or the named neighbours, fill the other slots).
         config: a config (dict or validated) to test instead of the entry's example.
         device: where to build and run (``"cpu"`` default).
         distributed: also run the checks that start processes (``shards``); otherwise they are skipped.
