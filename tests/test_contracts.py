@@ -231,6 +231,8 @@ def test_pytest_plugin_takes_named_neighbours(pytester):
     result = pytester.runpytest("--modkit-contracts", "--modkit-type", "rmsnorm", "--modkit-check", "masked_row",
                                 "--modkit-check", "causality", "--modkit-neighbour", "attention=mha", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, skipped=1)
-    bad = pytester.runpytest("--modkit-contracts", "--modkit-neighbour", "attention", "-p", "no:cacheprovider")
-    assert bad.ret == pytest.ExitCode.USAGE_ERROR
-    bad.stderr.fnmatch_lines(["*--modkit-neighbour: expected KIND=TYPE*"])
+    result.stdout.fnmatch_lines(["*modkit contracts: type=rmsnorm check=masked_row,causality on cpu; neighbours: built-ins and attention=mha*"])
+    for arg, message in (("attention", "expected KIND=TYPE"), ("attention=nope", "unknown attention type 'nope'")):
+        bad = pytester.runpytest("--modkit-contracts", "--modkit-neighbour", arg, "-p", "no:cacheprovider")
+        assert bad.ret == pytest.ExitCode.USAGE_ERROR
+        bad.stderr.fnmatch_lines([f"*--modkit-contracts: *{message}*"])

@@ -116,11 +116,27 @@ class ContractItem(pytest.Item):
             return self.path, None, self.name
 
 
+def _neighbours(config: pytest.Config) -> dict[str, str]:
+    """``{kind: type}`` from ``--modkit-neighbour KIND=TYPE`` options.
+
+    Raises:
+        ValueError: an option not of the form ``KIND=TYPE``.
+    """
+    out = {}
+    for text in config.getoption("modkit_neighbour") or []:
+        kind, sep, type_ = text.partition("=")
+        if not sep or not kind.strip() or not type_.strip():
+            raise ValueError(f"--modkit-neighbour: expected KIND=TYPE, e.g. attention=gqa; got {text!r}")
+        out[kind.strip()] = type_.strip()
+    return out
+
+
 def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]:
     import warnings
 
-    from modkit.errors import RegistryError
+    from modkit.errors import RegistryError, SpecError
     from modkit.registry import get_registry
+    from modkit.testing.harness import named_neighbour
     from modkit.testing.checks import CHECK_NAMES, ComponentChecks, neighbours_for, get_check, select_components
 
     registry = get_registry()
@@ -134,19 +150,16 @@ def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]
         checks = config.getoption("modkit_check") or list(CHECK_NAMES)
         for c in checks:
             get_check(c)
-    except (RegistryError, ValueError) as exc:
+        neighbours = _neighbours(config)
+        for kind, type_ in neighbours.items():
+            named_neighbour(registry, kind, type_)
+    except (RegistryError, SpecError, ValueError) as exc:
         raise pytest.UsageError(f"--modkit-contracts: {exc}") from None
     skipped = registry.skipped_plugins()
     for name, why in skipped.items():
         warnings.warn(f"modkit plugin {name} was not loaded, so its components are not checked: {why}", stacklevel=1)
     device = config.getoption("modkit_device")
     distributed = bool(config.getoption("modkit_distributed"))
-    neighbours = {}
-    for text in config.getoption("modkit_neighbour") or []:
-        kind, sep, type_ = text.partition("=")
-        if not sep or not kind or not type_:
-            raise pytest.UsageError(f"--modkit-neighbour: expected KIND=TYPE, e.g. attention=gqa; got {text!r}")
-        neighbours[kind.strip()] = type_.strip()
     items = []
     for entry in entries:
         runner = ComponentChecks(entry, registry, None, device, distributed, neighbours_for(neighbours, entry))
@@ -172,4 +185,6 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
     if not config.getoption("modkit_contracts", default=False):
         return None
     parts = [f"{k}={','.join(v)}" for k, v in (("plugin", config.getoption("modkit_plugin")), ("kind", config.getoption("modkit_kind")), ("type", config.getoption("modkit_type")), ("check", config.getoption("modkit_check"))) if v]
-    return "modkit contracts: " + (" ".join(parts) if parts else "every registered component") + f" on {config.getoption('modkit_device')}"
+    named = ", ".join(config.getoption("modkit_neighbour") or [])
+    return ("modkit contracts: " + (" ".join(parts) if parts else "every registered component")
+            + f" on {config.getoption('modkit_device')}; neighbours: built-ins" + (f" and {named}" if named else ""))
