@@ -11,8 +11,21 @@ Public API::
     model = modkit.from_hf("path/to/hf-model")          # config.json + safetensors -> Model with its weights
     modkit.to_hf(model, "out/")                         # Model -> Hugging Face folder transformers loads
     modkit.save(model, "ckpt/"); modkit.load("ckpt/")   # modkit's own format: spec.json + model.safetensors
+
+For component authors: :class:`Component`, :class:`ComponentConfig`, :func:`Slot`, :func:`hookimpl`, the contracts
+in :mod:`modkit.interfaces`, and the attention helpers of :mod:`modkit.attention` (the mask from positions,
+token mask and window; the dead-row guard; the KV-cache update) that the built-in attention uses too.
 """
 
+from .attention import (
+    PreparedMask,
+    attention_mask,
+    masked_attention,
+    masked_softmax,
+    position_bias,
+    prepare_mask,
+    update_cache,
+)
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
 from .cache import KVCache, LayerKVCache
 from .config import ComponentConfig, Slot
@@ -41,6 +54,7 @@ __all__ = [
     "ModelSpec",
     "ModkitError",
     "PositionScheme",
+    "PreparedMask",
     "Registry",
     "RegistryError",
     "Slot",
@@ -48,6 +62,7 @@ __all__ = [
     "SpecError",
     "active_params_per_token",
     "add_aux",
+    "attention_mask",
     "breakdown",
     "build",
     "count_params",
@@ -60,9 +75,14 @@ __all__ = [
     "load",
     "load_component",
     "load_spec",
+    "masked_attention",
+    "masked_softmax",
+    "position_bias",
+    "prepare_mask",
     "run_ffn",
     "save",
     "split_aux",
     "summarize",
     "to_hf",
+    "update_cache",
 ]

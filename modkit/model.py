@@ -18,6 +18,24 @@ from .interfaces import AttentionInputs, Init, add_aux, dropout
 from .spec import ModelSpec
 
 
+def init_modules(root: nn.Module, init: Init, *, skip_root: bool = False) -> None:
+    """Initialise every module of ``root`` (``root`` included unless ``skip_root``) in module order.
+
+    A module with an ``init_weights(init)`` method initialises its direct tensors; ``nn.Linear`` and
+    ``nn.Embedding`` without one get N(0, init_std) weights and zero biases (the rule of :meth:`Model.init_weights`,
+    which calls this; the contract kit uses it to build one component alone). Shared modules are visited once.
+    """
+    for module in root.modules():
+        if skip_root and module is root:
+            continue
+        if getattr(type(module), "init_weights", None) is not None:
+            module.init_weights(init)
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+
+
 @dataclass
 class ModelOutput:
     """Result of :meth:`Model.forward`.
@@ -112,18 +130,9 @@ class Model(nn.Module):
             RuntimeError: a parameter or buffer was left uninitialised (names it and its module).
         """
         init = init if init is not None else Init(seed, self.spec.init_std)
-        for name, module in self.named_modules():
-            own = getattr(type(module), "init_weights", None)
-            if module is self:
-                if self.spec.lm_head_bias and self.spec.tie_embeddings:
-                    init.zeros_(self.lm_head_bias)
-                continue
-            if own is not None:
-                module.init_weights(init)
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
-                init.normal_(module.weight)
-                if getattr(module, "bias", None) is not None:
-                    init.zeros_(module.bias)
+        if self.spec.lm_head_bias and self.spec.tie_embeddings:
+            init.zeros_(self.lm_head_bias)
+        init_modules(self, init, skip_root=True)
         missed = [n for n, t in list(self.named_parameters()) + list(self.named_buffers()) if id(t) not in init.seen]
         if missed:
             raise RuntimeError(

@@ -40,7 +40,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "acts_on": "where a position scheme acts: 'embedding', 'qk', 'bias' or 'none' (position)",
         "returns_weights": "can return attention weights (attention, eager backend)",
         "stateless": "has no parameters",
-        "tp_plan": "tensor-parallel plan relative to the module: {submodule: 'colwise'|'rowwise'|'grouped'|'per_head'|'replicate'|...}",
+        "tp_plan": "tensor-parallel plan relative to the module: {submodule: 'colwise'|'rowwise'|'grouped'|'per_head'|'replicate'|..., "
+        "per-head parameter: 'heads'}",
         "token_mask": "forward takes token_mask [batch, seq] (True = real token) so padding can be excluded (ffn)",
         "attention_dropout": "applies BuildContext.attention_dropout to the attention probabilities in training mode (attention)",
         "residual_dropout": "applies BuildContext.residual_dropout to each sublayer output before it joins the residual (placement)",

@@ -282,7 +282,7 @@ def _normalised(cfg: Any) -> Any:
 def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
     """``(path, value in spec, value in other)`` for every difference that changes the network.
 
-    Compared: sizes, head and embedding fields, init std, dropout, and every layer's resolved components (so two specs
+    Compared: sizes, head and embedding fields, init std, and every layer's resolved components (so two specs
     that express the same layers with different override lists are equal). Name, description, metadata and the
     RoPE layout are not compared.
     """
@@ -292,7 +292,7 @@ def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
         a, b = getattr(spec, key), getattr(other, key)
         if a != b:
             diffs.append((key, a, b))
-    for key in ("embedding_norm", "final_norm", "dropout"):
+    for key in ("embedding_norm", "final_norm"):
         a, b = _normalised(getattr(spec, key)), _normalised(getattr(other, key))
         if a != b:
             diffs.append((key, a, b))
@@ -354,6 +354,12 @@ class HFWeights:
         if not cfg.get("architectures") and self.architecture:
             cfg["architectures"] = [self.architecture]
         problems = self.compatibility(spec, cfg)
+        back_dropout = load_spec(self.convert(dict(cfg))).dropout if not problems else spec.dropout
+        if back_dropout != spec.dropout:  # training-time only (so loading ignores it), but an export must keep it
+            problems.append(
+                f"dropout: spec has {spec.dropout.model_dump()}, the {self.model_type} config can hold only "
+                f"{back_dropout.model_dump()}"
+            )
         if problems:
             raise CheckpointError(
                 f"spec {spec.name or ''!s} cannot be written as a Hugging Face {self.model_type!r} checkpoint; the config "
