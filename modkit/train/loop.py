@@ -689,16 +689,23 @@ class Trainer:
 
     def _sample(self) -> str:
         from ..checkpoint import load
-        from ..generate import generate
+        from ..generate import generate, sample
 
         c = self.config
         model = load(self.run / "best", device=self.device).eval()
         tok = self.data.tokenizer
-        prompt = tok.encode(c.sample_prompt) or [0]
-        room = model.spec.max_seq_len - len(prompt)
-        n = max(0, min(c.sample_tokens, room))
-        ids = generate(model, [prompt], max_new_tokens=n, temperature=c.sample_temperature, top_k=c.sample_top_k, seed=c.seed)
-        text = tok.decode(ids[0].tolist())
+        ids = tok.encode(c.sample_prompt) or [0]
+        limit = model.spec.max_seq_len
+        kwargs = dict(temperature=c.sample_temperature, top_k=c.sample_top_k)
+        if len(ids) + c.sample_tokens <= limit:
+            ids = generate(model, [ids], max_new_tokens=c.sample_tokens, seed=c.seed, **kwargs)[0].tolist()
+        else:  # past the context: each token from the last max_seq_len tokens, as nanoGPT's sample.py does
+            gen = torch.Generator(device=self.device).manual_seed(c.seed)
+            with torch.no_grad():
+                for _ in range(c.sample_tokens):
+                    window = torch.tensor([ids[-limit:]], device=self.device)
+                    ids.append(int(sample(model(window, logits_to_keep=1).logits[:, -1], generator=gen, **kwargs)[0]))
+        text = tok.decode(ids)
         (self.run / "sample.txt").write_text(text + "\n")
         return text
 
