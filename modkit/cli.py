@@ -164,7 +164,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         pat = f" matching {args.pattern!r}" if args.pattern else ""
         _err(f"no components{where}{pat}; installed types: " + ", ".join(f"{c.kind}/{c.type}" for c in reg.components()))
         return 1
-    rows = [(c.kind, c.type, c.provider.plugin if c.provider else "", _one_line(c.description)) for c in comps]
+    rows = []
+    for c in comps:
+        plugin = c.provider.plugin if c.provider else ""
+        rows.append((c.kind, c.type, plugin, _one_line(c.description)))
+        for alias in c.aliases:  # an alias is a second name of the entry above, not a second component
+            note = " (name changed meaning; see modkit show)" if alias in c.alias_notes else ""
+            rows.append((c.kind, f"{alias} -> {c.type}", plugin, f"alias of {c.type}{note}"))
     for line in _table(("KIND", "TYPE", "PLUGIN", "DESCRIPTION"), rows):
         _out(_fit(line))
     return 0
@@ -242,8 +248,16 @@ def cmd_show(args: argparse.Namespace) -> int:
         _out(json.dumps(schema, indent=2))
         return 0
     _out(f"{entry.kind}/{entry.type}    spec: {json.dumps({'type': entry.type})}")
+    if args.type != entry.type:
+        _out(f"({args.type!r} is an alias of {entry.type!r}; specs that use it are stored with {entry.type!r})")
+    if entry.aliases:
+        _out("aliases: " + ", ".join(entry.aliases))
     _out(f"provider: {entry.provider}")
     _out("")
+    for alias, note in entry.alias_notes.items():
+        for para in textwrap.wrap(f"note on alias {alias!r}: " + " ".join(note.split()), width=100):
+            _out(para)
+        _out("")
     for para in textwrap.wrap(" ".join(entry.description.split()), width=100):
         _out(para)
     _out("")

@@ -795,6 +795,8 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
         ("type", f"`{entry.type}`" + (f" (the same config also serves {', '.join(f'`{t}`' for t in others)})" if others else "")),
         ("plugin", _provider(entry)),
         ("config class", f"`{cfg_cls}`"),
+        *([("aliases", ", ".join(f"`{a}`" for a in entry.aliases) + f" (other names of `{entry.type}`, stored as `{entry.type}`)")]
+          if entry.aliases else []),
         ("reference", _link_references(_cell(entry.reference)) if entry.reference else "(none given)"),
         ("goes in a spec at", ", ".join(places.get(entry.kind, [])) or "(no slot)"),
     ]
@@ -821,6 +823,8 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
     if entry.grouped_factory is not None:
         parts += ["", "**Grouped form**: usable as mixture-of-experts experts (its `grouped_factory` builds `n` "
                   "copies with stacked weights, run by one grouped GEMM per projection)."]
+    for alias, note in entry.alias_notes.items():
+        parts += ["", f'!!! note "Alias `{alias}`"', "", textwrap.indent(_link_references(_cell(note)), "    ")]
     parts += ["", "## Fields", "", _field_table(field_rows(schema, link_kind=link_kind)), ""]
     parts += ["## Capabilities", ""]
     if entry.capabilities:
@@ -885,6 +889,10 @@ def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Ma
         )
     col = "acts on" if any("acts_on" in d.entry.capabilities for d in mine) else "parameters (d = d_model)"
     parts += [_table(("type", "plugin", "what it computes", col, "capabilities"), rows), ""]
+    aliases = registry.aliases(kind)
+    if aliases:
+        parts += ["**Aliases** (other names a spec may use; stored under the type): " + ", ".join(
+            f"`{a}` → [`{t}`]({_rel(page, component_path(kind, t))})" for a, t in aliases.items()) + ".", ""]
     diagrams = [d for d in mine if d.diagram]
     if diagrams:
         parts += ["## Side by side", "", "Each block as traced from the module the placement builds; `+` is a residual add.", ""]

@@ -32,3 +32,8 @@ class RegistryError(ModkitError):
 
 class CheckpointError(ModkitError, ValueError):
     """A checkpoint does not match the model (missing/unexpected tensors, shape mismatch, unsafe format)."""
+
+
+class SpecWarning(UserWarning):
+    """A spec (or a Hugging Face config being converted) is accepted, but something in it deserves attention: a
+    component alias whose meaning changed, a config key the converter does not know and dropped."""

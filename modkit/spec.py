@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PositiveInt,
@@ -29,7 +31,7 @@ from pydantic import (
 )
 
 from .config import ComponentConfig, Slot, slot_kind
-from .errors import SpecError
+from .errors import SpecError, SpecWarning
 from .registry import Registry, close_matches, get_registry
 
 SCHEMA_VERSION = 1
@@ -226,14 +228,29 @@ def _live_copy(cls: type[BaseModel], extra: dict[str, Any] | None = None) -> typ
     return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__, **overrides)
 
 
+def _alias_resolver(kind: str, registry: Registry):
+    """The function of a before-validator replacing an alias ``{"type": alias}`` by the type it stands for (a
+    :class:`~modkit.errors.SpecWarning` carries the alias note, if the entry gives one)."""
+
+    def resolve(v: Any) -> Any:
+        if isinstance(v, dict) and isinstance(v.get("type"), str):
+            name = registry.resolve(kind, v["type"])
+            if name != v["type"]:
+                note = registry.get(kind, name).alias_notes.get(v["type"])
+                if note:
+                    warnings.warn(note, SpecWarning, stacklevel=2)
+                return {**v, "type": name}
+        return v
+
+    return resolve
+
+
 def _missing_kind(kind: str, registry: Registry):
     def check(v: Any) -> Any:
         raise ValueError(
             f"no component of kind {kind!r} is installed; installed plugins: "
             f"{', '.join(p.name for p in registry.plugins()) or '(none)'}"
         )
-
-    from pydantic import BeforeValidator
 
     return Annotated[Any, BeforeValidator(check)]
 
@@ -261,7 +278,8 @@ def spec_model(registry: Registry | None = None) -> type[ModelSpec]:
         if not classes:
             ns[_ident(kind)] = _missing_kind(kind, reg)
         else:  # a one-member union too, so an unknown type gets the same helpful error
-            ns[_ident(kind)] = Annotated[Union[tuple(classes)], Field(discriminator="type")]
+            union = Annotated[Union[tuple(classes)], Field(discriminator="type")]
+            ns[_ident(kind)] = Annotated[union, BeforeValidator(_alias_resolver(kind, reg))] if reg.aliases(kind) else union
     block = _live_copy(BlockSpec)
     override = _live_copy(LayerOverride)
     ns["_BlockSpec"], ns["_LayerOverride"] = block, override

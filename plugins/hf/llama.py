@@ -32,7 +32,7 @@ class Family:
             output never (Qwen2); ``"none"``: no biases and no key (Mistral, Mixtral, Phi-3).
         mlp_bias: whether ``mlp_bias`` exists (Llama).
         qk_norm: ``None``, ``"head"`` (RMSNorm over head_dim, Qwen3) or ``"full"`` (over the projection, OLMo).
-        placement: ``"pre"`` or ``"peri"`` (OLMo 2: norm on each sublayer's output).
+        placement: ``"pre"`` or ``"reordered"`` (OLMo 2: norm on each sublayer's output).
         sliding: ``"none"``; ``"all"``: ``sliding_window`` applies to every layer (Mistral, Mixtral, Phi-3);
             ``"qwen"``: ``use_sliding_window`` + ``max_window_layers`` or ``layer_types`` choose the layers.
         moe: ``None``, ``"mixtral"`` (renormalised top-k) or ``"olmoe"`` (``norm_topk_prob``).
@@ -183,7 +183,7 @@ def family_links(fam: Family):
     """The ``links(spec, shapes, config)`` function of a Llama-family member.
 
     Names (``model.layers.{i}.`` prefix): ``input_layernorm``/``post_attention_layernorm`` (pre-norm) or
-    ``post_attention_layernorm``/``post_feedforward_layernorm`` (OLMo 2's peri-norm), ``self_attn.{q,k,v,o}_proj``
+    ``post_attention_layernorm``/``post_feedforward_layernorm`` (OLMo 2's reordered norm), ``self_attn.{q,k,v,o}_proj``
     (Phi-3: fused ``qkv_proj``), ``self_attn.{q,k}_norm``, ``mlp.{gate,up,down}_proj`` (Phi-3: fused
     ``gate_up_proj``, gate first); Mixtral experts ``block_sparse_moe.experts.{e}.w1/w3/w2`` (gate/up/down) and
     router ``block_sparse_moe.gate``; OLMoE experts ``mlp.experts.{e}.{gate,up,down}_proj`` and router ``mlp.gate``.
@@ -193,7 +193,7 @@ def family_links(fam: Family):
     def make(spec, shapes, config):
         L = "model.layers.{i}."
         pairs = [("embed.weight", "model.embed_tokens.weight"), ("final_norm.weight", "model.norm.weight")]
-        if fam.placement == "peri":
+        if fam.placement == "reordered":
             pairs += [("layers.{i}.attn_post_norm.weight", L + "post_attention_layernorm.weight"),
                       ("layers.{i}.ffn_post_norm.weight", L + "post_feedforward_layernorm.weight")]
         else:
