@@ -16,7 +16,7 @@ Public API::
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
 from .cache import KVCache, LayerKVCache
 from .config import ComponentConfig, Slot
-from .errors import CheckpointError, ModkitError, RegistryError, SpecError, SpecWarning
+from .errors import CheckpointError, ModkitError, RegistryError, SpecError, SpecWarning, UnknownConfigKeyWarning
 from .checkpoint import load, save
 from .hf import from_hf, from_hf_config, to_hf
 from .hooks import hookimpl
@@ -66,4 +66,5 @@ __all__ = [
     "split_aux",
     "summarize",
     "to_hf",
+    "UnknownConfigKeyWarning",
 ]

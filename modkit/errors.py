@@ -37,3 +37,23 @@ class CheckpointError(ModkitError, ValueError):
 class SpecWarning(UserWarning):
     """A spec (or a Hugging Face config being converted) is accepted, but something in it deserves attention: a
     component alias whose meaning changed, a config key the converter does not know and dropped."""
+
+
+class UnknownConfigKeyWarning(SpecWarning):
+    """A Hugging Face config holds keys its converter does not know; they were dropped (see :func:`modkit.from_hf_config`).
+
+    Attributes:
+        model_type: the config's ``model_type``.
+        keys: ``{key: value}`` of every dropped key (nested keys as dotted paths, e.g. ``rope_scaling.foo``).
+    """
+
+    def __init__(self, model_type: str, keys: dict):
+        self.model_type = model_type
+        self.keys = dict(keys)
+        listed = ", ".join(f"{k} = {v!r}" for k, v in self.keys.items())
+        super().__init__(
+            f"Hugging Face {model_type} config: dropped {len(self.keys)} key(s) the converter does not know: {listed}. "
+            "transformers ignores keys its config class does not read, and the converter reads every key that shapes a "
+            f"{model_type} network, so the model is the same; convert with strict=True (modkit convert hf --strict) to "
+            "refuse unknown keys instead"
+        )

@@ -40,6 +40,8 @@ class Family:
         ignore: model-specific keys irrelevant to the architecture.
         expect: ``(key, only supported value, why)`` for model-specific switches modkit cannot express.
         fused: the checkpoint stores q/k/v as one ``qkv_proj`` and gate/up as one ``gate_up_proj`` (Phi-3).
+        rope_original_at_top: the config class holds ``original_max_position_embeddings`` at the top level, which
+            then wins over the scaling dict's (Phi-3, ``standardize_rope_params``), and exports write it there.
         architecture: the ``architectures`` entry written on export.
     """
 
@@ -55,6 +57,7 @@ class Family:
     ignore: tuple = field(default_factory=tuple)
     expect: tuple = field(default_factory=tuple)
     fused: bool = False
+    rope_original_at_top: bool = False
     architecture: str = ""
 
 
@@ -82,7 +85,8 @@ def convert_family(cfg: dict, fam: Family) -> dict:
     eps = r.number("rms_norm_eps", dflt.get("rms_norm_eps", 1e-6))
     tie = r.flag("tie_word_embeddings", dflt.get("tie_word_embeddings", False))
     init_std = r.number("initializer_range", 0.02)
-    position = rope(r, default_theta=dflt.get("rope_theta", 10000.0))
+    position = rope(r, default_theta=dflt.get("rope_theta", 10000.0), original_at_top=fam.rope_original_at_top,
+                    max_seq_len=s["max_seq_len"])
 
     if fam.attention_bias == "flag":
         bias = (r.flag("attention_bias", False),) * 4
@@ -259,7 +263,7 @@ def family_config(fam: Family):
         }
         if hd != d // n or fam.head_dim_default is not None:
             cfg["head_dim"] = hd
-        cfg.update(rope_fields(ls.position))
+        cfg.update(rope_fields(ls.position, original_at_top=fam.rope_original_at_top))
         dense = getattr(ffn, "expert", ffn)
         cfg["intermediate_size"] = getattr(dense, "d_ff", None)
         cfg["hidden_act"] = hf_activation(getattr(dense, "act", getattr(dense, "activation", "silu")), base=base.get("hidden_act"))
