@@ -3,7 +3,7 @@
 ``[batch, seq, d_model] -> [batch, seq, d_model]``. MHA is GQA with ``n_kv_heads = n_heads``, MQA with
 ``n_kv_heads = 1``. Options: ``head_dim`` independent of ``d_model / n_heads``; separate q/k/v/output bias
 flags; QK-norm per head (Qwen3, Gemma 3) or over the full projection width (OLMo 2); sliding window;
-causal or bidirectional; softmax scale override; ``sdpa`` (default) or ``eager`` backend; dropout on the
+causal or bidirectional; softmax scale override; tanh soft-capping of the scores (Gemma 2); ``sdpa`` (default) or ``eager`` backend; dropout on the
 attention probabilities in training mode (the spec's ``dropout.attention``, GPT-2's ``attn_pdrop``).
 
 The mask is built from absolute positions, so it is aligned bottom-right whenever the query length differs
@@ -13,7 +13,7 @@ hands back: unwritten slots come back invalid and are masked like padding. Rows 
 (padding queries) output exactly 0 instead of NaN (pytorch #103749).
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); MQA, Shazeer 2019 (arXiv:1911.02150); GQA, Ainslie
-et al. 2023 (arXiv:2305.13245); layout of the module follows torchtune ``modules/attention.py``.
+et al. 2023 (arXiv:2305.13245); logit soft-capping, Gemma Team 2024, Gemma 2 (arXiv:2408.00118) §2; layout of the module follows torchtune ``modules/attention.py``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ class AttentionConfig(ComponentConfig):
     )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
     softmax_scale: Optional[float] = Field(None, gt=0, description="multiplier of q·k; default 1/sqrt(head_dim)")
+    logit_softcap: Optional[float] = Field(
+        None, gt=0, description="scores = cap · tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping); "
+        "null for none. SDPA has no softcap, so a capped layer runs the eager float32 math"
+    )
     backend: Literal["sdpa", "eager"] = Field(
         "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"
     )
@@ -160,15 +164,19 @@ class PreparedMask:
 
 
 def _attend_prepared(
-    q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Optional[Tensor], scale: float, eager: bool, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Optional[Tensor], scale: float, eager: bool, dropout_p: float = 0.0,
+    softcap: Optional[float] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """:func:`masked_attention` with the mask already prepared (shapes as there); ``dropout_p`` drops attention
-    probabilities (the returned weights are the probabilities before dropout)."""
+    probabilities (the returned weights are the probabilities before dropout); ``softcap`` (eager only) maps the
+    scaled scores to ``softcap · tanh(scores / softcap)`` before the bias and the mask (Gemma 2)."""
     rep = q.shape[1] // k.shape[1]
     if eager:
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         if bias is not None:
             scores = scores + bias
         weights = torch.softmax(scores.masked_fill(~mask.allowed, float("-inf")), dim=-1) * mask.live
@@ -206,6 +214,7 @@ class Attention(nn.Module):
         self.backend = cfg.backend
         self.attention_dropout = ctx.attention_dropout  # applied to the probabilities in training mode only
         self.scale = cfg.softmax_scale if cfg.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        self.logit_softcap = cfg.logit_softcap
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)
         self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
@@ -253,7 +262,7 @@ class Attention(nn.Module):
         bias = inputs.position.attention_bias(q_pos, k_pos, self.n_heads) if inputs.position is not None else None
         simple = (
             self.causal and bias is None and k_valid is None and self.sliding_window is None
-            and k_pos is q_pos and not need_weights and self.backend == "sdpa"
+            and k_pos is q_pos and not need_weights and self.backend == "sdpa" and self.logit_softcap is None
         )
         if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel
             out = nn.functional.scaled_dot_product_attention(
@@ -272,7 +281,8 @@ class Attention(nn.Module):
                 scratch[key] = prepared
         # an additive bias (ALiBi) in bf16/fp16 loses precision at long range: take the float32 eager path then
         eager = self.backend == "eager" or need_weights or (bias is not None and q.dtype != torch.float32)
-        out, weights = _attend_prepared(q, k, v, prepared, bias, self.scale, eager, dropout_p)
+        eager = eager or self.logit_softcap is not None  # SDPA has no softcap
+        out, weights = _attend_prepared(q, k, v, prepared, bias, self.scale, eager, dropout_p, softcap=self.logit_softcap)
         return self.o_proj(_merge_heads(out)), weights
 
 

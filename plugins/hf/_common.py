@@ -455,6 +455,7 @@ def attention(
     qk_norm_scope: str = "head",
     sliding_window: Optional[int] = None,
     softmax_scale: Optional[float] = None,
+    logit_softcap: Optional[float] = None,
 ) -> dict:
     """An attention spec (``mha``/``mqa``/``gqa`` chosen from the head counts), default-valued fields left out."""
     if n_kv_heads == n_heads:
@@ -476,6 +477,8 @@ def attention(
         spec["sliding_window"] = sliding_window
     if softmax_scale is not None:
         spec["softmax_scale"] = softmax_scale
+    if logit_softcap is not None:
+        spec["logit_softcap"] = float(logit_softcap)
     return spec
 
 
@@ -606,6 +609,7 @@ DROPOUT_KEYS: dict[str, dict[str, tuple[str, float]]] = {
     "phi": {"embedding": ("embd_pdrop", 0.0), "attention": ("attention_dropout", 0.0), "residual": ("resid_pdrop", 0.0)},
     "phi3": {"embedding": ("embd_pdrop", 0.0), "attention": ("attention_dropout", 0.0), "residual": ("resid_pdrop", 0.0)},
     "falcon": {"attention": ("attention_dropout", 0.0), "residual": ("hidden_dropout", 0.0)},
+    "gemma2": {"attention": ("attention_dropout", 0.0)},  # Gemma2Attention's dropout on the probabilities
     "bert": {
         "embedding": ("hidden_dropout_prob", 0.1),
         "attention": ("attention_probs_dropout_prob", 0.1),
