@@ -396,10 +396,10 @@ def cmd_convert_hf(args: argparse.Namespace) -> int:
     if not src.exists():
         raise FileNotFoundError(f"{args.config}: no such file")
     if src.is_dir() and args.output and args.output != "-" and not args.output.endswith(".json") and _has_weights(src):
-        return _convert_hf_weights(src, Path(args.output), args.dtype)
+        return _convert_hf_weights(src, Path(args.output), args.dtype, args.strict)
     reg = _registry()
     try:
-        data = hf_config_to_dict(src, registry=reg)
+        data = hf_config_to_dict(src, registry=reg, strict=args.strict)
     except modkit.SpecError as exc:
         for line in _spec_error_lines(exc, args.config):
             _err(line)
@@ -437,11 +437,11 @@ def _weights_summary(model) -> str:
     return f"{model.spec.name or 'unnamed'}: {_count(total)} parameters, {_short_count(total)}, {dtype}{kept}"
 
 
-def _convert_hf_weights(src: Path, out: Path, dtype: Optional[str]) -> int:
+def _convert_hf_weights(src: Path, out: Path, dtype: Optional[str], strict: bool = False) -> int:
     """``modkit convert hf DIR -o OUT``: load the folder's safetensors weights and save a modkit checkpoint."""
     import modkit
 
-    model = modkit.from_hf(src, dtype=dtype, registry=_registry())
+    model = modkit.from_hf(src, dtype=dtype, registry=_registry(), strict=strict)
     modkit.save(model, out)
     _err(f"wrote {out}/ (spec.json + model.safetensors; {_weights_summary(model)})")
     return 0
@@ -835,6 +835,11 @@ def build_parser() -> argparse.ArgumentParser:
         "only); otherwise the spec (default: the spec to stdout)",
     )
     h.add_argument("--dtype", default=None, help="with weights: float32, bfloat16 or float16 (default: as stored)")
+    h.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse config keys the converter does not know (default: drop them with one warning naming each key and value)",
+    )
     h.set_defaults(func=cmd_convert_hf)
     m = conv.add_parser(
         "modkit",
@@ -910,12 +915,14 @@ def _add_extensions(subparsers) -> None:
 
 @contextlib.contextmanager
 def _plugin_warnings_to_stderr():
-    """Show modkit's plugin warnings as one ``modkit: warning: ...`` line on stderr (never on stdout)."""
+    """Show modkit's plugin and spec warnings as one ``modkit: warning: ...`` line on stderr (never on stdout)."""
+    from modkit.errors import SpecWarning
+
     with warnings.catch_warnings():
         default = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if category.__name__ == "PluginWarning":
+            if category.__name__ == "PluginWarning" or issubclass(category, SpecWarning):
                 _err(f"{PROG}: warning: {message}")
             else:
                 default(message, category, filename, lineno, file, line)
