@@ -16,7 +16,15 @@ Public API::
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
 from .cache import KVCache, LayerKVCache
 from .config import ComponentConfig, Slot
-from .errors import CheckpointError, ModkitError, RegistryError, SpecError, SpecWarning, UnknownConfigKeyWarning
+from .errors import (
+    CheckpointError,
+    ModkitError,
+    RegistryError,
+    SamplingError,
+    SpecError,
+    SpecWarning,
+    UnknownConfigKeyWarning,
+)
 from .checkpoint import load, save
 from .hf import from_hf, from_hf_config, to_hf
 from .hooks import hookimpl
@@ -43,6 +51,7 @@ __all__ = [
     "PositionScheme",
     "Registry",
     "RegistryError",
+    "SamplingError",
     "Slot",
     "SpecContext",
     "SpecError",

@@ -17,13 +17,23 @@ class SpecError(ModkitError, ValueError):
             ``block.attention.n_kv_heads`` or ``overrides[2].ffn.d_ff`` (empty for the document root).
     """
 
+    #: what is invalid, in the first line of the message
+    subject = "spec"
+
     def __init__(self, errors: Iterable[tuple[str, str]], *, source: str | None = None):
         self.errors: list[tuple[str, str]] = [(str(p), str(m)) for p, m in errors]
         self.source = source
-        head = f"invalid spec {source}" if source else "invalid spec"
+        head = f"invalid {self.subject} {source}" if source else f"invalid {self.subject}"
         lines = [f"{head}: {len(self.errors)} error(s)"]
         lines += [f"  {p or '<root>'}: {m}" for p, m in self.errors]
         super().__init__("\n".join(lines))
+
+
+class SamplingError(SpecError):
+    """A sampling pipeline (keyword arguments or JSON list of logits processors and stop conditions) is invalid;
+    ``errors`` name each argument or list item (``top_p``, ``[1].p``)."""
+
+    subject = "sampling"
 
 
 class RegistryError(ModkitError):

@@ -44,6 +44,9 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "token_mask": "forward takes token_mask [batch, seq] (True = real token) so padding can be excluded (ffn)",
         "attention_dropout": "applies BuildContext.attention_dropout to the attention probabilities in training mode (attention)",
         "residual_dropout": "applies BuildContext.residual_dropout to each sublayer output before it joins the residual (placement)",
+        "argument": "{name, field}: the keyword of modkit.generate.generate (and --flag of modkit generate) that sets this "
+        "field (logits_processor, stop_condition)",
+        "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
     }
 )
 
