@@ -203,7 +203,7 @@ def sampler_from_list(steps: Iterable[Any], setup: SamplingSetup, *, registry: O
 
     reg = registry or get_registry()
     if isinstance(steps, (str, bytes, Mapping)):
-        raise SpecError([("", f"sampling is a JSON list of steps, got {type(steps).__name__}")])
+        raise SamplingError([("", f"sampling is a JSON list of steps, got {type(steps).__name__}")])
     processors, stops, configs, errors = [], [], [], []
     for i, item in enumerate(steps):
         where = f"[{i}]"
