@@ -19,6 +19,8 @@ check                     applies to
 ``aux_loss_grad``         components with the ``aux_loss`` capability
 ``compile``               components with the ``compile_safe`` capability
 ``masked_row``            attention and position
+``sampling``              logits processors and stop conditions (:mod:`modkit.sampling`), which are not part of a
+                          model: every other check but ``spec_roundtrip`` skips them
 ``shards``                components whose capabilities declare a non-empty ``tp_plan`` (opt-in: ``distributed``)
 ========================  =====================================================================================
 
@@ -47,6 +49,7 @@ from ..errors import RegistryError, SpecError
 from ..interfaces import AttentionInputs, split_aux
 from ..registry import Component, Registry, get_registry
 from ..spec import load_component, load_spec
+from ..sampling import KINDS as SAMPLING_KINDS
 from .harness import CONTRACT_KINDS, Bench, Record, Unavailable, qualified_names, registered_positions
 
 Status = Literal["passed", "failed", "skipped"]
@@ -199,13 +202,15 @@ def check_spec_roundtrip(bench: Bench) -> str:
     Also requires the config's JSON Schema to generate (editors and docs use it).
     """
     reg = bench.registry
-    spec = load_spec(bench.spec, registry=reg)
-    text = spec.to_json()
-    again = load_spec(text, registry=reg)
-    if again != spec:
-        a, b = spec.to_dict(), again.to_dict()
-        diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        raise CheckFailed(f"load_spec(spec.to_json()) != spec; differing keys: {diffs}")
+    text = ""
+    if not isinstance(bench, SamplingBench):  # sampling steps live in a sampling list, not in a model spec
+        spec = load_spec(bench.spec, registry=reg)
+        text = spec.to_json()
+        again = load_spec(text, registry=reg)
+        if again != spec:
+            a, b = spec.to_dict(), again.to_dict()
+            diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            raise CheckFailed(f"load_spec(spec.to_json()) != spec; differing keys: {diffs}")
     data = bench.config.model_dump(mode="json")
     cfg = load_component(bench.entry.kind, data, registry=reg)
     if cfg != bench.config:
@@ -214,6 +219,8 @@ def check_spec_roundtrip(bench: Bench) -> str:
         bench.entry.config.model_json_schema()
     except Exception as exc:  # noqa: BLE001
         raise CheckFailed(f"{bench.entry.config.__name__}.model_json_schema() failed: {type(exc).__name__}: {exc}") from None
+    if isinstance(bench, SamplingBench):
+        return f"config {data} round-trips"
     return f"spec ({len(text)} chars of JSON) and config {data} round-trip"
 
 
@@ -934,6 +941,84 @@ def _shards_many(benches: Sequence[Bench]) -> list:
     return run_benches(benches)
 
 
+@dataclass
+class SamplingBench:
+    """What the sampling check runs on: a logits processor or stop condition entry and its validated config."""
+
+    entry: Component
+    config: ComponentConfig
+    registry: Registry
+
+
+def _toy_decode(ids: list[int]) -> str:
+    """The tokenizer of the sampling check: token ``i`` is the text ``"t{i} "``."""
+    return "".join(f"t{i} " for i in ids)
+
+
+def _applies_sampling(entry: Component, config: ComponentConfig) -> Optional[str]:
+    return None if entry.kind in SAMPLING_KINDS else "applies to logits processors and stop conditions"
+
+
+def check_sampling(bench: SamplingBench) -> str:
+    """The calling convention of :mod:`modkit.sampling` on a small batch (vocabulary 16, 3 rows, a left-padded
+    prompt of 3 and 4 generated tokens).
+
+    Logits processors: ``[batch, vocab]`` float32 in and out, the input not modified in place, at least one finite
+    logit per row, nothing but ``-inf`` added (no NaN, no ``+inf``), the same result twice, and rows independent
+    (reordering the batch reorders the result). Stop conditions: a ``[batch]`` bool tensor, the same twice, rows
+    independent. The factory gets ``SamplingSetup(vocab_size=16, decode=...)`` where token ``i`` reads ``"t{i} "``.
+    """
+    from ..sampling import PROCESSOR_KIND, GenerationState, LogitsProcessor, SamplingSetup, StopCondition
+
+    entry, vocab = bench.entry, 16
+    setup = SamplingSetup(vocab_size=vocab, decode=_toy_decode)
+    g = torch.Generator().manual_seed(61)
+    ids = torch.randint(0, vocab, (3, 7), generator=g)
+    real = torch.ones(3, 7, dtype=torch.bool)
+    real[1, :2] = False
+
+    def make():
+        obj = entry.factory(bench.config, setup)
+        want = LogitsProcessor if entry.kind == PROCESSOR_KIND else StopCondition
+        if not isinstance(obj, want):
+            raise CheckFailed(f"factory returned {type(obj).__name__}, not a modkit.sampling.{want.__name__}")
+        return obj
+
+    def st(order):
+        return GenerationState(ids[order], real[order], 3, _toy_decode)
+
+    order, flipped = torch.tensor([0, 1, 2]), torch.tensor([2, 0, 1])
+    if entry.kind == PROCESSOR_KIND:
+        logits = torch.randn(3, vocab, generator=g) * 2
+        before = logits.clone()
+        out = make()(logits, st(order))
+        if not torch.equal(logits, before):
+            raise CheckFailed("the processor modified its input logits in place")
+        if out.shape != logits.shape or out.dtype != torch.float32:
+            raise CheckFailed(f"returned {tuple(out.shape)} {out.dtype} for [3, {vocab}] float32 logits")
+        if torch.isnan(out).any() or (out == float("inf")).any():
+            raise CheckFailed("the result holds NaN or +inf; removed tokens must be -inf")
+        if not torch.isfinite(out).any(-1).all():
+            raise CheckFailed("a row has no finite logit left (every token removed)")
+        again = make()(logits, st(order))
+        if not torch.equal(out, again):
+            raise CheckFailed("two calls on the same input differ")
+        swapped = make()(logits[flipped], st(flipped))
+        if not torch.equal(swapped, out[flipped]):
+            raise CheckFailed("reordering the batch changes the result of a row (rows are not independent)")
+        kept = int(torch.isfinite(out).sum())
+        return f"[3, {vocab}] float32 kept, input untouched, {kept} of {3 * vocab} logits finite, deterministic, rows independent"
+    out = make()(st(order))
+    if not (isinstance(out, torch.Tensor) and out.dtype == torch.bool and out.shape == (3,)):
+        raise CheckFailed(f"a stop condition returns a [batch] bool tensor, got {getattr(out, 'dtype', type(out).__name__)} "
+                          f"{tuple(getattr(out, 'shape', ()))}")
+    if not torch.equal(make()(st(order)), out):
+        raise CheckFailed("two calls on the same state differ")
+    if not torch.equal(make()(st(flipped)), out[flipped]):
+        raise CheckFailed("reordering the batch changes the result of a row (rows are not independent)")
+    return f"[3] bool ({int(out.sum())} of 3 rows stop on the toy batch), deterministic, rows independent"
+
+
 #: Every check, in the order results are reported.
 CHECKS: tuple[Check, ...] = (
     Check("spec_roundtrip", "load_spec(spec.to_json()) == spec; the config round-trips and has a JSON Schema", check_spec_roundtrip),
@@ -948,6 +1033,8 @@ CHECKS: tuple[Check, ...] = (
     Check("compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, _applies_compile),
     Check("masked_row", "no NaN with fully masked rows (left padding); real tokens unaffected", check_masked_row, _applies_masked),
     Check("grouped_form", "the stacked copies (mixture-of-experts experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, _applies_grouped),
+    Check("sampling", "logits processors and stop conditions: shapes, dtype, no in-place change, never empty, deterministic, rows independent",
+          check_sampling, _applies_sampling),
     Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits equal the single-process ones (opt-in: distributed)",
           check_shards, _applies_shards, distributed=True, run_many=_shards_many),
 )
@@ -1027,6 +1114,9 @@ class ComponentChecks:
                 else:
                     self._setup = ("example", f"the entry's example config {dict(entry.example)} does not validate: {why}")
                 return self._setup
+        if entry.kind in SAMPLING_KINDS:
+            self._setup = ("ok", SamplingBench(entry, config, self.registry))
+            return self._setup
         try:
             self._setup = ("ok", Bench(entry, config, self.registry, self.device))
         except Unavailable as exc:
@@ -1060,6 +1150,8 @@ class ComponentChecks:
                 return CheckResult(self.name, chk.name, "failed", str(bench))
             return CheckResult(self.name, chk.name, "skipped", "the example config does not validate (see spec_roundtrip)")
         reason = chk.applies(self.entry, bench.config) if state == "ok" else None
+        if isinstance(bench, SamplingBench) and chk.name not in ("spec_roundtrip", "sampling"):
+            reason = f"applies to model components; a {self.entry.kind} is checked by 'sampling'"
         if reason:
             return CheckResult(self.name, chk.name, "skipped", reason)
         if state == "fail":
