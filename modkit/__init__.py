@@ -11,6 +11,7 @@ Public API::
     model = modkit.from_hf("path/to/hf-model")          # config.json + safetensors -> Model with its weights
     modkit.to_hf(model, "out/")                         # Model -> Hugging Face folder transformers loads
     modkit.save(model, "ckpt/"); modkit.load("ckpt/")   # modkit's own format: spec.json + model.safetensors
+    modkit.resize_vocab(model, 32_100)                  # new token ids: old rows kept, new ones the mean, tie kept
 """
 
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
@@ -32,6 +33,12 @@ from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add
 from .model import Model, ModelOutput
 from .registry import Component, Registry, get_registry
 from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
+
+
+def resize_vocab(model: Model, vocab_size: int, *, init: str = "mean", seed: int = 0) -> Model:
+    """Grow or shrink ``model``'s vocabulary in place, keeping the old rows and the tie (:meth:`Model.resize_vocab`)."""
+    return model.resize_vocab(vocab_size, init=init, seed=seed)
+
 
 __version__ = "0.1.0"
 
@@ -70,6 +77,7 @@ __all__ = [
     "load",
     "load_component",
     "load_spec",
+    "resize_vocab",
     "run_ffn",
     "save",
     "split_aux",
