@@ -21,7 +21,8 @@ A sampling pipeline (:class:`Sampler`) is a list of them, given either
   comes before top-p, as in transformers.
 
 The next token is drawn from ``softmax(processed logits)`` with ``torch.multinomial`` and a seeded generator; a
-temperature of 0 keeps only the most probable token, which makes the draw greedy (argmax, first index on ties).
+temperature of 0 makes the pipeline greedy: the argmax of the processed logits (first index on ties), so the
+penalties before it still apply, as in transformers' greedy search.
 
 Nothing here names a concrete processor: the built-ins live in ``modkit_plugins.sampling``.
 """
@@ -99,7 +100,12 @@ class LogitsProcessor:
 
     A processor returns a new tensor (it must not modify ``logits`` in place), removes tokens by setting them to
     ``-inf``, keeps at least one token per row and treats each row on its own.
+
+    ``picks_argmax``: a processor that sets it (temperature 0) makes the pipeline greedy: the sampler then takes the
+    argmax of the processed logits (first index on ties) instead of drawing from them.
     """
+
+    picks_argmax: bool = False
 
     def __call__(self, logits: Tensor, state: GenerationState) -> Tensor:  # pragma: no cover - interface
         raise NotImplementedError
@@ -137,15 +143,24 @@ class Sampler:
             out = p(out, state)
         return out
 
+    @property
+    def greedy(self) -> bool:
+        """Whether a processor makes the pipeline greedy (``picks_argmax``)."""
+        return any(p.picks_argmax for p in self.processors)
+
     def choose(self, logits: Tensor, state: GenerationState, generator: Optional[torch.Generator] = None) -> Tensor:
-        """Draw one token per row (``[batch]`` int64) from the processed distribution.
+        """One token per row (``[batch]`` int64): the argmax of the processed logits when the pipeline is greedy,
+        else a draw from their softmax (``torch.multinomial`` with ``generator``).
 
         Raises:
             ValueError: the processors removed every token of a row (names the pipeline).
         """
         processed = self.process(logits, state)
-        if not torch.compiler.is_compiling() and not bool(torch.isfinite(processed).any(-1).all()):
+        top, index = processed.max(-1)
+        if not torch.compiler.is_compiling() and not bool(torch.isfinite(top).all()):
             raise ValueError(f"the sampling pipeline {self.describe()} removed every token of a row (or produced NaN)")
+        if self.greedy:
+            return index
         probs = torch.softmax(processed, dim=-1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 

@@ -10,8 +10,8 @@ type                     keyword (field)                 order  what it does
                                                                 excluded): logit / penalty if logit > 0, else logit · penalty
 ``presence_penalty``     ``presence_penalty`` (penalty)    20   logit - penalty for every token id generated at least once
 ``frequency_penalty``    ``frequency_penalty`` (penalty)   21   logit - penalty · (times the token id was generated)
-``temperature``          ``temperature`` (value)           30   logits / value; value 0 keeps only the most probable token
-                                                                (greedy; the first index on ties)
+``temperature``          ``temperature`` (value)           30   logits / value; value 0 makes the pipeline greedy: the
+                                                                argmax of the processed logits (first index on ties)
 ``top_k``                ``top_k`` (k)                     40   keeps tokens whose logit is at least the k-th largest (ties kept)
 ``top_p``                ``top_p`` (p)                     50   keeps the most probable tokens until their mass reaches p: a
                                                                 token stays when the mass of the strictly more probable ones
@@ -54,21 +54,22 @@ class TemperatureConfig(ComponentConfig):
     """Config of ``temperature``: divide the logits by ``value`` (0: greedy)."""
 
     type: Literal["temperature"] = "temperature"
-    value: float = Field(1.0, ge=0, allow_inf_nan=False, description="divisor of the logits; 0 keeps only the most probable token (greedy)")
+    value: float = Field(1.0, ge=0, allow_inf_nan=False, description="divisor of the logits; 0 is greedy (the argmax of the processed logits)")
 
 
 class Temperature(LogitsProcessor):
-    """``logits / value``; ``value == 0``: every token but the first most probable one removed (greedy)."""
+    """``logits / value``; ``value == 0``: logits unchanged and the pipeline greedy (``picks_argmax``: the sampler
+    takes the argmax, first index on ties, as transformers' greedy search)."""
 
     def __init__(self, value: float):
         self.value = float(value)
+        self.picks_argmax = self.value == 0
 
     def __call__(self, logits: Tensor, state: GenerationState) -> Tensor:
         """``[batch, vocab] -> [batch, vocab]``."""
-        if self.value == 0:
-            top = logits.argmax(-1, keepdim=True)
-            return torch.full_like(logits, _NEG_INF).scatter(-1, top, logits.gather(-1, top))
-        return logits if self.value == 1 else logits / self.value
+        if self.value in (0.0, 1.0):
+            return logits
+        return logits / self.value
 
 
 class TopKConfig(ComponentConfig):
@@ -295,8 +296,8 @@ def register_components(register) -> None:
         {"name": "frequency_penalty", "field": "penalty"}, 21, {"type": "frequency_penalty", "penalty": 0.5}))
     register(_processor(
         "temperature", TemperatureConfig, lambda cfg, setup: Temperature(cfg.value),
-        "Temperature: logits / value; value 0 keeps only the most probable token (greedy decoding, first index on "
-        "ties). [batch, vocab] -> [batch, vocab].",
+        "Temperature: logits / value; value 0 makes decoding greedy (the argmax of the processed logits, first index "
+        "on ties). [batch, vocab] -> [batch, vocab].",
         "Hinton et al. 2015, Distilling the Knowledge in a Neural Network, arXiv:1503.02531; transformers TemperatureLogitsWarper",
         {"name": "temperature", "field": "value"}, 30, {"type": "temperature", "value": 0.7}))
     register(_processor(

@@ -40,8 +40,14 @@ def run(steps, logits, st=None, vocab=None):
 
 def test_temperature():
     assert run([{"type": "temperature", "value": 2.0}], [[1.0, 2.0, 3.0]]).tolist() == [[0.5, 1.0, 1.5]]
-    assert run([{"type": "temperature", "value": 0}], [[1.0, 2.0, 3.0]]).tolist() == [[INF, INF, 3.0]]
-    assert run([{"type": "temperature", "value": 0}], [[3.0, 1.0, 3.0]]).tolist() == [[3.0, INF, INF]]  # first on ties
+    greedy = build_sampler(3, temperature=0)
+    assert greedy.greedy and run([{"type": "temperature", "value": 0}], [[1.0, 2.0, 3.0]]).tolist() == [[1.0, 2.0, 3.0]]
+    st = GenerationState(torch.zeros(2, 0, dtype=torch.long), None, 0)
+    assert greedy.choose(torch.tensor([[1.0, 2.0, 3.0], [3.0, 1.0, 3.0]]), st).tolist() == [2, 0]  # first index on ties
+    # penalties before it still apply: token 2 was generated, so 3.0 - 1.5 falls below 2.0
+    penalised = build_sampler(3, temperature=0, presence_penalty=1.5)
+    assert penalised.choose(torch.tensor([[1.0, 2.0, 3.0]]), state([[0, 2]], 1)).tolist() == [1]
+    assert not build_sampler(3, temperature=0.5).greedy
 
 
 def test_top_k_keeps_ties():
