@@ -264,3 +264,20 @@ def test_peri_means_peri_ln_and_warns_about_the_old_meaning(reg):
     with pytest.warns(modkit.SpecWarning):
         cfg = modkit.load_component("placement", {"type": "peri"}, registry=reg)
     assert cfg.type == "sandwich"
+
+
+def test_cli_lists_and_shows_aliases_as_aliases(capsys):
+    from modkit.cli import main
+
+    assert main(["list", "placement"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[:2] for line in out.splitlines()[1:]]
+    assert [t for _, t in rows if t in ("peri", "olmo2", "reordered", "sandwich")] == ["reordered", "olmo2", "sandwich", "peri"]
+    assert "alias of sandwich" in out and "alias of reordered" in out
+    assert main(["show", "placement", "peri"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("placement/sandwich") and "'peri' is an alias of 'sandwich'" in out
+    assert "arXiv:2502.02732" in out and "Peri-LN" in out
+    assert main(["show", "placement", "reordered"]) == 0
+    out = capsys.readouterr().out
+    assert "aliases: olmo2" in out and "arXiv:2501.00656" in out
