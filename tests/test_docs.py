@@ -403,8 +403,11 @@ def test_compose_guide_specs_validate():
 
 def test_generate_guide_runs():
     namespace: dict = {}
-    exec(_blocks("guides/generate.md", "python")[0], namespace)  # noqa: S102 - the guide's own example
+    blocks = _blocks("guides/generate.md", "python")
+    exec(blocks[0], namespace)  # noqa: S102 - the guide's own example
     assert len(namespace["tokens"]) == 17
+    exec(blocks[1], namespace)  # noqa: S102 - the sampling examples
+    assert namespace["out"].shape[0] == 1 and namespace["out"].shape[1] <= 8 + 16
 
 
 def test_hugging_face_guide_runs():
