@@ -200,6 +200,7 @@ def masked_attention(
     *,
     eager: bool = False,
     dropout_p: float = 0.0,
+    softcap: Optional[float] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention with a mask; rows with no visible key output exactly 0 (never NaN).
 
@@ -212,11 +213,18 @@ def masked_attention(
         eager: explicit float32 softmax (returns the weights) instead of ``scaled_dot_product_attention``.
         dropout_p: attention-probability dropout (training only: pass 0 in eval); the returned weights are the
             probabilities before dropout.
+        softcap: map the scaled scores to ``softcap * tanh(scores / softcap)`` before the bias and the mask
+            (Gemma 2's attention logit soft-capping, arXiv:2408.00118); needs ``eager`` (SDPA has no soft-cap).
+
+    Raises:
+        ValueError: ``softcap`` without ``eager``.
 
     Returns:
         ``(out [batch, n_heads, q_len, head_dim] in q's dtype, weights [batch, n_heads, q_len, kv_len] float32
         with eager, else None)``.
     """
+    if softcap is not None and not eager:
+        raise ValueError("softcap needs eager=True: scaled_dot_product_attention cannot soft-cap the scores")
     prepared = mask if isinstance(mask, PreparedMask) else PreparedMask.of(mask, q.dtype)
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     rep = q.shape[1] // k.shape[1]
@@ -224,6 +232,8 @@ def masked_attention(
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         if bias is not None:
             scores = scores + bias
         weights = masked_softmax(scores, prepared)

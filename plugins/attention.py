@@ -3,7 +3,7 @@
 ``[batch, seq, d_model] -> [batch, seq, d_model]``. MHA is GQA with ``n_kv_heads = n_heads``, MQA with
 ``n_kv_heads = 1``. Options: ``head_dim`` independent of ``d_model / n_heads``; separate q/k/v/output bias
 flags; QK-norm per head (Qwen3, Gemma 3) or over the full projection width (OLMo 2); sliding window;
-causal or bidirectional; softmax scale override; ``sdpa`` (default) or ``eager`` backend; dropout on the
+causal or bidirectional; softmax scale override; tanh soft-capping of the scores (Gemma 2); ``sdpa`` (default) or ``eager`` backend; dropout on the
 attention probabilities in training mode (the spec's ``dropout.attention``, GPT-2's ``attn_pdrop``).
 
 The mask, the dead-row guard and the cache update are modkit's public attention helpers (:mod:`modkit.attention`,
@@ -14,7 +14,7 @@ back (unwritten slots come back invalid and are masked like padding); rows with 
 output exactly 0 instead of NaN (pytorch #103749).
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); MQA, Shazeer 2019 (arXiv:1911.02150); GQA, Ainslie
-et al. 2023 (arXiv:2305.13245); layout of the module follows torchtune ``modules/attention.py``.
+et al. 2023 (arXiv:2305.13245); logit soft-capping, Gemma Team 2024, Gemma 2 (arXiv:2408.00118) §2; layout of the module follows torchtune ``modules/attention.py``.
 """
 
 from __future__ import annotations
@@ -64,6 +64,10 @@ class AttentionConfig(ComponentConfig):
     )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
     softmax_scale: Optional[float] = Field(None, gt=0, description="multiplier of q·k; default 1/sqrt(head_dim)")
+    logit_softcap: Optional[float] = Field(
+        None, gt=0, description="scores = cap · tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping); "
+        "null for none. SDPA has no softcap, so a capped layer runs the eager float32 math"
+    )
     backend: Literal["sdpa", "eager"] = Field(
         "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"
     )
@@ -127,6 +131,7 @@ class Attention(nn.Module):
         self.backend = cfg.backend
         self.attention_dropout = ctx.attention_dropout  # applied to the probabilities in training mode only
         self.scale = cfg.softmax_scale if cfg.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        self.logit_softcap = cfg.logit_softcap
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)
         self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
@@ -171,7 +176,7 @@ class Attention(nn.Module):
         bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (
             self.causal and bias is None and k_valid is None and self.sliding_window is None
-            and k_pos is q_pos and not need_weights and self.backend == "sdpa"
+            and k_pos is q_pos and not need_weights and self.backend == "sdpa" and self.logit_softcap is None
         )
         if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel
             out = nn.functional.scaled_dot_product_attention(
@@ -181,7 +186,10 @@ class Attention(nn.Module):
         prepared = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=self.causal, window=self.sliding_window)
         # an additive bias (ALiBi) in bf16/fp16 loses precision at long range: take the float32 eager path then
         eager = self.backend == "eager" or need_weights or (bias is not None and q.dtype != torch.float32)
-        out, weights = masked_attention(q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p)
+        eager = eager or self.logit_softcap is not None  # SDPA has no softcap
+        out, weights = masked_attention(
+            q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p, softcap=self.logit_softcap
+        )
         return self.o_proj(_merge_heads(out)), weights
 
 

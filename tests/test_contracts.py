@@ -68,6 +68,11 @@ def test_capabilities_decide_which_checks_run(builtin_results):
         got = {r.check: r for r in _results(builtin_results, entry)}
         caps = entry.capabilities
         assert got["spec_roundtrip"].status == "passed"
+        if entry.kind in ("logits_processor", "stop_condition"):  # not part of a model: their own contract only
+            assert got["sampling"].status == "passed", got["sampling"]
+            assert {n for n, r in got.items() if r.status == "passed"} == {"spec_roundtrip", "sampling"}
+            continue
+        assert got["sampling"].status == "skipped"
         assert got["shape_dtype"].status == "passed"
         assert got["meta_init"].status == "passed"
         assert got["causality"].status == "passed"
@@ -88,6 +93,7 @@ def test_capabilities_decide_which_checks_run(builtin_results):
             assert got["masked_row"].status == "passed"
         else:
             assert got["gqa_equals_mha"].status == "skipped"
+    assert {e.kind for e in BUILTINS} >= {"logits_processor", "stop_condition"}
     # at least one attention exercises grouping, and decoding ran against every registered position scheme
     attention = [e for e in BUILTINS if e.kind == "attention"]
     gqa = [e for e in attention if {r.check: r for r in _results(builtin_results, e)}["gqa_equals_mha"].status == "passed"]

@@ -64,6 +64,7 @@ from .grouped import applies_grouped, check_grouped_form
 from .init import check_meta_init
 from .parallel import applies_shards, check_shards, outcome, shards_many
 from .precision import applies_precision, check_precision
+from .sampling import SAMPLING_KINDS, SamplingBench, applies_sampling, check_sampling
 from .shapes import check_shape_dtype
 from .training import applies_aux, applies_dropout, check_aux_loss_grad, check_dropout, check_gradients
 
@@ -102,6 +103,8 @@ CHECKS: tuple[Check, ...] = (
     Check("aux_loss_grad", "the aux loss alone sends a gradient to every router parameter", check_aux_loss_grad, applies_aux),
     Check("compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, applies_compile),
     Check("grouped_form", "the stacked copies (mixture-of-experts experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, applies_grouped),
+    Check("sampling", "logits processors and stop conditions: shapes, dtype, no in-place change, never empty, deterministic, rows independent",
+          check_sampling, applies_sampling),
     Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits, gradients and one AdamW step equal the single-process ones (opt-in: distributed)",
           check_shards, applies_shards, distributed=True, run_many=shards_many),
 )
@@ -185,6 +188,9 @@ class ComponentChecks:
                     self._setup = ("example", f"the entry's example config {dict(entry.example)} does not validate: {why}")
                 return self._setup
         try:
+            if entry.kind in SAMPLING_KINDS:  # not part of a model: no tiny model to build
+                self._setup = ("ok", SamplingBench(entry, config, self.registry))
+                return self._setup
             self._setup = ("ok", Bench(entry, config, self.registry, self.device, self.neighbours))
         except Unavailable as exc:
             self._setup = ("skip", str(exc))
@@ -217,6 +223,8 @@ class ComponentChecks:
                 return self._result(chk.name, "failed", str(bench))
             return self._result(chk.name, "skipped", "the example config does not validate (see spec_roundtrip)")
         reason = chk.applies(self.entry, bench.config) if state == "ok" else None
+        if isinstance(bench, SamplingBench) and chk.name not in ("spec_roundtrip", "sampling"):
+            reason = f"applies to model components; a {self.entry.kind} is checked by 'sampling'"
         if reason:
             return self._result(chk.name, "skipped", reason)
         if state == "fail":
@@ -230,7 +238,7 @@ class ComponentChecks:
     def neighbour_summary(self) -> str:
         """The neighbours of the tiny models (``""`` when the bench could not be set up)."""
         state, bench = self._bench()
-        return bench.neighbour_summary() if state == "ok" else ""
+        return bench.neighbour_summary() if state == "ok" and isinstance(bench, Bench) else ""
 
     def _result(self, check: str, status: str, detail: str) -> CheckResult:
         return CheckResult(self.name, check, status, detail, self.neighbour_summary)  # type: ignore[arg-type]

@@ -23,13 +23,15 @@ def check_spec_roundtrip(bench: Bench) -> str:
     JSON Schema does not generate (editors and the docs use it). Source: design brief, "Spec files".
     """
     reg = bench.registry
-    spec = load_spec(bench.spec, registry=reg)
-    text = spec.to_json()
-    again = load_spec(text, registry=reg)
-    if again != spec:
-        a, b = spec.to_dict(), again.to_dict()
-        diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        raise CheckFailed(f"load_spec(spec.to_json()) != spec; differing keys: {diffs}")
+    text = ""
+    if isinstance(bench, Bench):  # a sampling step lives in a sampling list, not in a model spec
+        spec = load_spec(bench.spec, registry=reg)
+        text = spec.to_json()
+        again = load_spec(text, registry=reg)
+        if again != spec:
+            a, b = spec.to_dict(), again.to_dict()
+            diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            raise CheckFailed(f"load_spec(spec.to_json()) != spec; differing keys: {diffs}")
     data = bench.config.model_dump(mode="json")
     cfg = load_component(bench.entry.kind, data, registry=reg)
     if cfg != bench.config:
@@ -38,6 +40,8 @@ def check_spec_roundtrip(bench: Bench) -> str:
         bench.entry.config.model_json_schema()
     except Exception as exc:  # noqa: BLE001
         raise CheckFailed(f"{bench.entry.config.__name__}.model_json_schema() failed: {type(exc).__name__}: {exc}") from None
+    if not text:
+        return f"config {data} round-trips"
     return f"spec ({len(text)} chars of JSON) and config {data} round-trip"
 
 
