@@ -1065,7 +1065,8 @@ def _report(exc: BaseException) -> int:
     from modkit.errors import ModkitError, SpecError
 
     if isinstance(exc, SpecError):
-        _err(f"{PROG}: error: " + (f"invalid spec {exc.source}" if exc.source else "invalid spec"))
+        what = exc.source if (exc.source or "").startswith("training config") else f"spec {exc.source}" if exc.source else "spec"
+        _err(f"{PROG}: error: invalid {what}")
         for line in _spec_error_lines(exc, None):
             _err("  " + line)
     elif isinstance(exc, UserError):

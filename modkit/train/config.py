@@ -233,13 +233,13 @@ def load_train_config(
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise SpecError([("", f"cannot read training config: {exc}")], source=str(path)) from None
+            raise SpecError([("", f"cannot read training config: {exc}")], source=f"training config {path}") from None
         try:
             data = json.loads(text, object_pairs_hook=_no_duplicates)
         except (json.JSONDecodeError, ValueError) as exc:
-            raise SpecError([("", f"not valid JSON: {exc}")], source=str(path)) from None
+            raise SpecError([("", f"not valid JSON: {exc}")], source=f"training config {path}") from None
         if not isinstance(data, dict):
-            raise SpecError([("", f"a training config is a JSON object, got {type(data).__name__}")], source=str(path))
+            raise SpecError([("", f"a training config is a JSON object, got {type(data).__name__}")], source=f"training config {path}")
         data.pop("$schema", None)
         base = path.resolve().parent
     for key, value in (overrides or {}).items():
@@ -250,7 +250,7 @@ def load_train_config(
     try:
         return TrainConfig.model_validate(data), base
     except ValidationError as exc:
-        raise SpecError(config_errors(exc), source=str(source) if isinstance(source, (str, Path)) else "training config") from None
+        raise SpecError(config_errors(exc), source=f"training config {source}" if isinstance(source, (str, Path)) else "training config") from None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
