@@ -27,7 +27,7 @@ from typing import Literal, Optional
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, hookimpl, run_ffn
+from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, elementwise, hookimpl, run_ffn
 from modkit.interfaces import dropout
 
 
@@ -170,6 +170,8 @@ class ParallelBlock(nn.Module):
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich``, ``peri`` (and its alias ``reordered``) and ``parallel``."""
     caps = {"compile_safe": True, "residual_dropout": True}
+    # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
+    flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
     register(
         Component(
             kind="placement",
@@ -180,6 +182,7 @@ def register_components(register) -> None:
             "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
             capabilities=caps,
+            flops=flops,
         )
     )
     register(
@@ -192,6 +195,7 @@ def register_components(register) -> None:
             "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762; BERT, arXiv:1810.04805",
             capabilities=caps,
+            flops=flops,
         )
     )
     register(
@@ -204,6 +208,7 @@ def register_components(register) -> None:
             "Four norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118",
             capabilities=caps,
+            flops=flops,
         )
     )
     for name in ("peri", "reordered"):
@@ -217,6 +222,7 @@ def register_components(register) -> None:
                 "sublayers read the raw residual stream. Two norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
                 reference="OLMo Team 2024, 2 OLMo 2 Furious, arXiv:2501.00656",
                 capabilities=caps,
+                flops=flops,
             )
         )
     register(
@@ -230,6 +236,7 @@ def register_components(register) -> None:
             reference="Wang & Komatsuzaki 2021, GPT-J-6B (kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
             "PaLM, arXiv:2204.02311",
             capabilities=caps,
+            flops=flops,
             example={"type": "parallel", "shared_norm": True},
         )
     )

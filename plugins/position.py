@@ -27,7 +27,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from torch import Tensor, nn
 
 from pydantic import BaseModel, ConfigDict
-from modkit import BuildContext, Component, ComponentConfig, Init, PositionScheme, hookimpl
+from modkit import BuildContext, Component, ComponentConfig, Init, PositionScheme, elementwise, hookimpl
 
 
 class NoPositionConfig(ComponentConfig):
@@ -326,6 +326,7 @@ def register_components(register) -> None:
             reference="Kazemnejad et al. 2023, The Impact of Positional Encoding on Length Generalization, arXiv:2305.19466",
             capabilities={"acts_on": "none", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            flops=elementwise("no position information: nothing computed"),
         )
     )
     register(
@@ -339,6 +340,7 @@ def register_components(register) -> None:
             reference="Su et al. 2021, RoFormer, arXiv:2104.09864; llama3 scaling: meta-llama/llama-models",
             capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            flops=elementwise("RoPE rotates q/k feature pairs: element-wise multiplies and adds, no matrix product"),
             example={"type": "rope", "theta": 500000.0, "layout": "half_split", "scaling": {"type": "llama3", "factor": 8.0,
                      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_seq_len": 8192}},
         )
@@ -355,6 +357,7 @@ def register_components(register) -> None:
             reference="Vaswani et al. 2017, Attention Is All You Need, §3.5, arXiv:1706.03762",
             capabilities={"acts_on": "embedding", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            flops=elementwise("a table row added to each embedding: a lookup and an add"),
             example={"type": "sinusoidal", "base": 10000.0},
         )
     )
@@ -370,6 +373,7 @@ def register_components(register) -> None:
             "Gehring et al. 2017, arXiv:1705.03122",
             capabilities={"acts_on": "embedding", "compile_safe": True, "tp_plan": {}},
             param_count=lambda cfg, ctx: ctx.max_seq_len * ctx.d_model,
+            flops=elementwise("a learned table row added to each embedding: a lookup and an add"),
         )
     )
     register(
@@ -384,5 +388,6 @@ def register_components(register) -> None:
             reference="Press, Smith & Lewis 2022, Train Short, Test Long: Attention with Linear Biases, arXiv:2108.12409",
             capabilities={"acts_on": "bias", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            flops=elementwise("a bias -slope * distance added to the scores: element-wise"),
         )
     )

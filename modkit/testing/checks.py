@@ -48,6 +48,7 @@ from ..interfaces import AttentionInputs, split_aux
 from ..registry import Component, Registry, get_registry
 from ..spec import load_component, load_spec
 from .harness import CONTRACT_KINDS, Bench, Record, Unavailable, qualified_names, registered_positions
+from .flops import SUMMARY as FLOPS_SUMMARY, applies_flops, check_flops
 
 Status = Literal["passed", "failed", "skipped"]
 
@@ -952,6 +953,7 @@ CHECKS: tuple[Check, ...] = (
     Check("compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, _applies_compile),
     Check("masked_row", "no NaN with fully masked rows (left padding); real tokens unaffected", check_masked_row, _applies_masked),
     Check("grouped_form", "the stacked copies (mixture-of-experts experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, _applies_grouped),
+    Check("flops", FLOPS_SUMMARY, check_flops, applies_flops),
     Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits, gradients and one AdamW step equal the single-process ones (opt-in: distributed)",
           check_shards, _applies_shards, distributed=True, run_many=_shards_many),
 )
