@@ -480,16 +480,15 @@ class CostModel:
         """Everything ``modkit cost`` shows, as JSON-ready data (FLOPs per token as floats)."""
         dname = str(_parse_dtype(dtype)).replace("torch.", "")
         seq = train_seq_len or context
-        per_token = {ph: {k: float(v) for k, v in sorted(self.per_token(ph, context).items())} for ph in PHASES}
-        train = {k: 3 * v for k, v in per_token["prefill"].items()} if seq == context else {
-            k: 3 * float(v) for k, v in sorted(self.per_token("prefill", seq).items())}
+        per_token = {ph: {k: float(v) for k, v in self.per_token(ph, context).items()} for ph in PHASES}
+        train = {k: 3 * v for k, v in per_token["prefill"].items()}
         return {
             "name": self.spec.name,
             "context": context,
             "batch": batch,
             "dtype": dname,
             "convention": "matrix-product FLOPs only, 1 multiply-add = 2 FLOPs; attention counts the (query, key) pairs its mask lets through",
-            "flops_per_token": {**per_token, "train": train},
+            "flops_per_token": {**per_token, "train": train},  # train: 3 x prefill at the context
             "flops_per_token_total": {ph: sum(v.values()) for ph, v in {**per_token, "train": train}.items()},
             "context_dependent_parts": sorted(self.context_parts()),
             "attention_overtakes_ffn": {
