@@ -346,3 +346,27 @@ def test_cli_json_and_table(capsys):
     total = next(line for line in table.splitlines() if line.startswith("  total"))
     assert "attention.scores *" in table and decode in total
     assert f"{costs.crossover('decode'):,}" in table and "memory-bound" in table and "an estimate" in table
+
+
+def test_the_guide_shows_what_modkit_computes(capsys):
+    """docs/guides/cost.md: the example's FLOPs table is the command's output, and every crossover in its table is
+    what :meth:`CostModel.crossover` finds."""
+    from modkit.cli import main
+
+    guide = (REPO / "docs" / "guides" / "cost.md").read_text()
+    assert main(["cost", str(SPECS / "llama-3.1-8b.json"), "--context", "8192"]) == 0
+    flops_table = capsys.readouterr().out.split("\n\n")[0]
+    assert flops_table in guide
+    rows = {
+        "GPT-2 (124M)": "gpt2", "GPT-3 175B": "gpt-3-175b", "Llama 3.1 8B": "llama-3.1-8b", "Llama 3 70B": "llama-3-70b",
+        "Llama 3.1 405B": "llama-3.1-405b", "Mixtral 8x7B": "mixtral-8x7b-v0.1", "Qwen3 0.6B": "qwen3-0.6b",
+        "Gemma 3 1B": "gemma-3-1b", "Mistral 7B v0.1": "mistral-7b-v0.1",
+    }
+    fmt = lambda n: "never" if n is None else f"{n:,}"  # noqa: E731
+    for label, stem in rows.items():
+        line = next(row for row in guide.splitlines() if row.startswith(f"| {label}"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        costs = _cost(SPECS / f"{stem}.json")
+        want = [fmt(4 * costs.spec.d_model), fmt(costs.crossover("decode")), fmt(costs.crossover("prefill")),
+                fmt(costs.crossover("decode", projections=True)), fmt(costs.spec.max_seq_len)]
+        assert cells[1:] == want, label
