@@ -12,13 +12,35 @@ Public API::
     model = modkit.from_hf("path/to/hf-model")          # config.json + safetensors -> Model with its weights
     modkit.to_hf(model, "out/")                         # Model -> Hugging Face folder transformers loads
     modkit.save(model, "ckpt/"); modkit.load("ckpt/")   # modkit's own format: spec.json + model.safetensors
+    modkit.resize_vocab(model, 32_100)                  # new token ids: old rows kept, new ones the mean, tie kept
+
+For component authors: :class:`Component`, :class:`ComponentConfig`, :func:`Slot`, :func:`hookimpl`, the contracts
+in :mod:`modkit.interfaces`, and the attention helpers of :mod:`modkit.attention` (the mask from positions,
+token mask and window; the dead-row guard; the KV-cache update) that the built-in attention uses too.
 """
 
+from .attention import (
+    PreparedMask,
+    attention_mask,
+    masked_attention,
+    masked_softmax,
+    position_bias,
+    prepare_mask,
+    update_cache,
+)
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
 from .cache import KVCache, LayerKVCache
 from .config import ComponentConfig, Slot
 from .cost import CostError, CostModel, Workload, elementwise, flops_per_token
-from .errors import CheckpointError, ModkitError, RegistryError, SpecError
+from .errors import (
+    CheckpointError,
+    ModkitError,
+    RegistryError,
+    SamplingError,
+    SpecError,
+    SpecWarning,
+    UnknownConfigKeyWarning,
+)
 from .checkpoint import load, save
 from .hf import from_hf, from_hf_config, to_hf
 from .hooks import hookimpl
@@ -26,6 +48,12 @@ from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add
 from .model import Model, ModelOutput
 from .registry import Component, Registry, get_registry
 from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
+
+
+def resize_vocab(model: Model, vocab_size: int, *, init: str = "mean", seed: int = 0) -> Model:
+    """Grow or shrink ``model``'s vocabulary in place, keeping the old rows and the tie (:meth:`Model.resize_vocab`)."""
+    return model.resize_vocab(vocab_size, init=init, seed=seed)
+
 
 __version__ = "0.1.0"
 
@@ -45,14 +73,18 @@ __all__ = [
     "ModelSpec",
     "ModkitError",
     "PositionScheme",
+    "PreparedMask",
     "Registry",
     "RegistryError",
+    "SamplingError",
     "Slot",
     "SpecContext",
     "SpecError",
+    "SpecWarning",
     "Workload",
     "active_params_per_token",
     "add_aux",
+    "attention_mask",
     "breakdown",
     "build",
     "count_params",
@@ -67,9 +99,16 @@ __all__ = [
     "load",
     "load_component",
     "load_spec",
+    "masked_attention",
+    "masked_softmax",
+    "position_bias",
+    "prepare_mask",
+    "resize_vocab",
     "run_ffn",
     "save",
     "split_aux",
     "summarize",
     "to_hf",
+    "update_cache",
+    "UnknownConfigKeyWarning",
 ]

@@ -5,6 +5,12 @@
   ``model.safetensors.index.json``) → a :class:`~modkit.model.Model` holding its weights.
 * :func:`to_hf`: a model → a Hugging Face folder that transformers loads (``config.json`` + safetensors).
 
+Configs convert as they are: keys that cannot change the network (provenance, tokenizer ids, generation defaults,
+runtime switches) are dropped, and keys a converter does not know at all are dropped with one
+:class:`~modkit.errors.UnknownConfigKeyWarning` naming each key and value, as transformers ignores keys its config
+class does not read. ``strict=True`` refuses unknown keys instead (a :class:`~modkit.errors.SpecError` naming each).
+Converters ask :func:`strict_conversion` which of the two applies.
+
 The core names no model type: converters and their weight mappers arrive through the ``register_hf_converters``
 hook (``register(model_type, convert, weights=mapper)``, see :class:`modkit.checkpoint.WeightMapper`). Weights are
 read only from safetensors (pickle files are refused: unpickling runs arbitrary code), every missing, unexpected
@@ -13,10 +19,12 @@ or mis-shaped tensor is reported by name, and files are written under temporary 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 from pathlib import Path
 import re
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from .errors import CheckpointError, RegistryError, SpecError
 from .registry import Registry, get_registry
@@ -48,12 +56,36 @@ def read_config(source: Union[str, Path, dict]) -> dict:
         raise SpecError([("", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")], source=str(path)) from None
 
 
-def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Registry] = None) -> dict:
+_STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("modkit_hf_strict", default=False)
+
+
+def strict_conversion() -> bool:
+    """Whether the conversion running in this context refuses unknown config keys (``strict=True``) instead of
+    dropping them with an :class:`~modkit.errors.UnknownConfigKeyWarning`. Converters call this when they finish."""
+    return _STRICT.get()
+
+
+@contextlib.contextmanager
+def _strictness(strict: bool) -> Iterator[None]:
+    token = _STRICT.set(bool(strict))
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
+
+def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False) -> dict:
     """Convert a Hugging Face config to a modkit spec dict (not yet validated).
 
+    Args:
+        config: a ``config.json`` dict, file or folder.
+        registry: defaults to the process-wide registry.
+        strict: refuse keys the converter does not know (default: drop them with one
+            :class:`~modkit.errors.UnknownConfigKeyWarning` naming each key and value).
+
     Raises:
-        SpecError: no ``model_type``, an unsupported one (lists the supported types), or a field value the
-            converter cannot express (names the field and value).
+        SpecError: no ``model_type``, an unsupported one (lists the supported types), a field value the converter
+            cannot express (names the field and value), or with ``strict``, every unknown key.
     """
     reg = registry or get_registry()
     cfg = read_config(config)
@@ -64,17 +96,20 @@ def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Regi
         conv = reg.hf_converter(model_type)
     except RegistryError as exc:
         raise SpecError([("model_type", str(exc))]) from None
-    return conv.convert(cfg)
+    with _strictness(strict):
+        return conv.convert(cfg)
 
 
-def from_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registry] = None) -> ModelSpec:
+def from_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False) -> ModelSpec:
     """Convert a Hugging Face ``config.json`` (dict or path) into a validated :class:`ModelSpec`.
+
+    Unknown keys are dropped with a warning, or refused with ``strict=True`` (see :func:`hf_config_to_dict`).
 
     Raises:
         SpecError: as :func:`hf_config_to_dict`, or if the converted spec fails validation.
     """
     reg = registry or get_registry()
-    return load_spec(hf_config_to_dict(config, registry=reg), registry=reg)
+    return load_spec(hf_config_to_dict(config, registry=reg, strict=strict), registry=reg)
 
 
 # ------------------------------------------------------------------------------------------------ weights
@@ -116,6 +151,7 @@ def from_hf(
     dtype: Any = None,
     spec: Union[ModelSpec, dict, str, Path, None] = None,
     registry: Optional[Registry] = None,
+    strict: bool = False,
 ) -> "Model":
     """Load a Hugging Face model folder into a modkit model.
 
@@ -133,6 +169,7 @@ def from_hf(
             RoPE ``layout`` may differ: Hugging Face checkpoints are ``half_split``, and an ``interleaved`` spec gets
             the rows of Wq/Wk permuted per head (C01), giving the same logits.
         registry: defaults to the process-wide registry.
+        strict: refuse config keys the converter does not know instead of dropping them with a warning.
 
     Returns:
         :class:`~modkit.model.Model` in eval mode; ``model(input_ids).logits`` ``[batch, seq, vocab_size]``.
@@ -157,7 +194,7 @@ def from_hf(
     mapper = _mapper(model_type, reg)
     source = TensorSource.from_path(folder)
     if spec is None:
-        spec = from_hf_config(config, registry=reg)
+        spec = from_hf_config(config, registry=reg, strict=strict)
     else:
         spec = load_spec(spec, registry=reg)
         check = getattr(mapper, "compatibility", None)

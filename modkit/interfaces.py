@@ -10,6 +10,18 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
   it gets the built attention and ffn and the norm config in its :class:`BuildContext`.
+* ``router``: not block-level; held by a component whose config has a ``router`` slot (a mixture of experts),
+  which builds it with ``ctx.build(config, extra={"n_experts": n, "top_k": k})``:
+  ``forward(x [tokens, d_model]) -> (weights [tokens, top_k] in x's dtype, indices [tokens, top_k] int64,
+  logits [tokens, n_experts] float32)``; the logits keep their gradient (the holder's aux losses use them).
+
+* ``logits_processor``: not part of a model; ``factory(config, setup)`` returns a
+  :class:`modkit.sampling.LogitsProcessor`, ``processor(logits [batch, vocab] float32, state) -> [batch, vocab]``
+  with removed tokens at ``-inf`` (see :mod:`modkit.sampling`).
+* ``stop_condition``: not part of a model; ``factory(config, setup)`` returns a
+  :class:`modkit.sampling.StopCondition`, ``condition(state) -> [batch]`` bool, True where a row ends.
+
+An attention builds its mask, dead-row guard and cache update from :mod:`modkit.attention`.
 
 Modules own their initialisation through ``init_weights(init: Init)`` covering their *direct* parameters
 and buffers; ``nn.Linear`` and ``nn.Embedding`` children without one get a normal(0, init_std) weight and a

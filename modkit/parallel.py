@@ -26,6 +26,7 @@ sequence parallelism, so every activation between sublayers stays replicated on 
 | ``colwise_gather`` | ``ColwiseParallel(output_layouts=Replicate())``: like ``colwise`` but the output is all-gathered to the full ``[..., out]`` (the vocab-parallel LM head: full logits) |
 | ``grouped`` | stacked copies (a component's grouped form, e.g. mixture-of-experts experts): every parameter sharded on the dim its module's ``tp_shard_dims`` names (the hidden ``d_ff`` dim of each copy); input replicated (its gradient all-reduced: :func:`copy_to_tp`), the module computes on its local shards, output all-reduced |
 | ``per_head`` | ``SequenceParallel(sequence_dim=1)`` with heads for the sequence: weights left whole (``Replicate`` DTensors) and applied to this rank's heads ``[batch, heads / tp, seq, head_dim]`` (a per-head QK-norm); their gradient is summed over the TP group |
+| ``heads`` | a *parameter* (not a submodule) whose dim 0 indexes the module's heads (``[n_heads, ...]`` or ``[n_kv_heads, ...]``, e.g. a per-head gain or temperature): sharded on dim 0 in the blocks the colwise q/k/v shard the heads; during ``forward`` the module reads its local heads as a plain tensor |
 | ``replicate`` | explicit "leave this submodule (or parameter) whole on every TP rank": it reads only replicated activations |
 
 Choices made here (and why):
@@ -130,6 +131,7 @@ STYLES: Mapping[str, str] = {
     "output all-reduced",
     "per_head": "weights replicated, applied to this rank's heads of a [batch, heads, seq, head_dim] activation "
     "(e.g. a per-head QK-norm); their gradient is summed over the tensor-parallel group",
+    "heads": "a parameter [n_heads or n_kv_heads, ...] sharded on its head dim; the module reads its local heads",
     "replicate": "leave whole on every tensor-parallel rank; it reads only replicated activations",
 }
 
@@ -137,7 +139,7 @@ STYLES: Mapping[str, str] = {
 #: registry components): vocab-parallel embedding and LM head (torchtitan's ``tok_embeddings`` / ``output``).
 CORE_PLAN: Mapping[str, str] = {"embedding": "rowwise", "lm_head": "colwise_gather"}
 
-_SHARDING = {"colwise", "rowwise", "colwise_gather", "grouped"}
+_SHARDING = {"colwise", "rowwise", "colwise_gather", "grouped", "heads"}
 
 
 def copy_to_tp(x: Tensor, mesh) -> Tensor:
@@ -281,7 +283,8 @@ class TPPlan:
 
     Attributes:
         tp: the tensor-parallel degree it was validated for.
-        styles: ``{module path: style}`` for every module that is sharded (``replicate`` entries are dropped).
+        styles: ``{module path: style}`` for every module that is sharded (``replicate`` entries are dropped); a
+            ``heads`` entry's path names a parameter.
         sources: ``{module path: "kind/type"}`` (or ``"core:<kind>"``) naming the plan each entry came from.
         head_modules: paths of modules whose ``n_heads`` / ``n_kv_heads`` attributes become local counts.
         bias_positions: paths of position modules (``acts_on = "bias"``) whose ``attention_bias`` is sliced
@@ -418,6 +421,12 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
                     f"use one of {sorted(STYLES)}"
                 )
             full = _join(path, sub)
+            if style == "heads":  # a per-head parameter, not a submodule
+                _check_head_param(full, module, sub, tp, _entry_name(entry))
+                plan.styles[full], plan.sources[full] = style, _entry_name(entry)
+                if path not in plan.head_modules:
+                    plan.head_modules.append(path)
+                continue
             target = modules.get(full)
             if target is None:
                 found = _attribute(module, sub)
@@ -538,6 +547,47 @@ def _check_grouped(path: str, module: nn.Module, tp: int, source: str) -> bool:
                 f"(plan of {source}); choose a tp that divides {size}"
             )
     return True
+
+
+def _check_head_param(full: str, module: nn.Module, sub: str, tp: int, source: str) -> None:
+    """Validate a ``heads`` item: ``sub`` is a parameter of ``module`` whose dim 0 is its n_heads or n_kv_heads."""
+    try:
+        prm = module.get_parameter(sub)
+    except AttributeError:
+        names = [n for n, _ in module.named_parameters()]
+        raise ParallelError(f"{full}: plan of {source} asks for 'heads' on {sub!r}, which is not a parameter of the "
+                            f"module; its parameters are {names}") from None
+    heads = {getattr(module, a) for a in ("n_heads", "n_kv_heads") if isinstance(getattr(module, a, None), int)}
+    if prm.dim() == 0 or prm.shape[0] not in heads:
+        raise ParallelError(f"{full} (shape {list(prm.shape)}): plan of {source} asks for 'heads', but its dim 0 is not "
+                            f"the module's n_heads or n_kv_heads ({sorted(heads) or 'the module exposes neither'})")
+    if prm.shape[0] % tp:
+        raise ParallelError(f"{full}: tensor-parallel degree tp = {tp} does not divide its {prm.shape[0]} heads")
+
+
+def _shard_heads(model: nn.Module, path: str, mesh) -> None:
+    """Shard the per-head parameter at ``path`` on dim 0; its module reads the local heads as a plain tensor.
+
+    The parameter becomes a ``DTensor`` (``Shard(0)``: optimizers, checkpoints and :class:`ShardedInit` see the
+    sharded parameter); for the duration of each forward of its module, the attribute resolves to
+    ``to_local()`` (differentiable, so the gradient reaches the shard).
+    """
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    owner_path, _, name = path.rpartition(".")
+    owner = model.get_submodule(owner_path)
+    p = owner._parameters[name]
+    shard = distribute_tensor(p.data, mesh, [Shard(0)], src_data_rank=None)
+    owner.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
+
+    def local(mod, args):
+        mod.__dict__[name] = mod._parameters[name].to_local()  # found before Module.__getattr__ looks in _parameters
+
+    def restore(mod, args, out):
+        mod.__dict__.pop(name, None)
+
+    owner.register_forward_pre_hook(local)
+    owner.register_forward_hook(restore)
 
 
 def _check_heads(path: str, module: nn.Module, tp: int) -> None:
@@ -754,6 +804,8 @@ def parallelize(
         tp = tp_mesh.size()
         plan = model_plan(model, tp, registry=registry)
         parallelize_module(model, tp_mesh, plan.parallel_styles())
+        for path in [p for p, style in plan.styles.items() if style == "heads"]:
+            _shard_heads(model, path, tp_mesh)
         from torch.distributed.tensor import DTensor
 
         for mod in model.modules():

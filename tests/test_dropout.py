@@ -35,7 +35,7 @@ def test_modules_get_their_rates():
     assert all(block.attention.attention_dropout == 0.2 for block in model.layers)
 
 
-@pytest.mark.parametrize("placement", ["pre", "post", "sandwich", "peri", "parallel"])
+@pytest.mark.parametrize("placement", ["pre", "post", "sandwich", "reordered", "parallel"])
 def test_eval_equals_the_model_without_dropout(placement):
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
     plain = _model(block__placement={"type": placement}).eval()

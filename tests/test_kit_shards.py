@@ -223,7 +223,7 @@ def test_replicated_weight_on_a_sharded_activation_fails_on_its_gradient(session
     r = results["gated_hidden"]
     assert r.status == "failed" and r.id == "ffn/gated_hidden::shards", r
     assert _part(r.detail, "logits") <= 1e-5, r.detail  # the forward is right
-    assert _part(r.detail, "parameter gradients") > 1e-3 and "(layers.0.ffn.alpha)" in r.detail, r.detail
+    assert _part(r.detail, "parameter gradients") > 1e-3 and re.search(r"\(layers\.\d\.ffn\.alpha\)", r.detail), r.detail
     assert re.search(r"replicated parameter layers\.[01]\.ffn\.alpha differs between the 2 ranks by [0-9.e-]+", r.detail), r.detail
     u = results["gated_undeclared"]
     assert u.status == "failed" and "layers.0.ffn.alpha (shape []) is left whole" in u.detail, u
@@ -278,7 +278,7 @@ def test_modkit_check_distributed_and_pytest_plugin_batch(pytester, monkeypatch)
         args = _parser().parse_args(["check", "--kind", "ffn", "--type", "mlp", "--check", "shards", *flag])
         out = io.StringIO()
         assert args.func(args, out=out) == 0
-        assert out.getvalue().splitlines()[1].split() == ["ffn/mlp", want]
+        assert out.getvalue().splitlines()[1].split()[:2] == ["ffn/mlp", want]
 
     sessions = []
     real = shards.run_session

@@ -59,8 +59,10 @@ def losses(run: Path) -> list[tuple]:
     for r in read_metrics(run / "metrics.jsonl"):
         if r["kind"] == "train":
             out.append(("train", r["step"], r["tokens"], r["loss"], r["lr"], r["grad_norm"]))
-        else:
+        elif r["kind"] == "eval":
             out.append(("eval", r["step"], r["tokens"], r["train_loss"], r["val_loss"]))
+        else:
+            out.append((r["kind"], r["step"], r["tokens"], r["val_loss"]))
     return out
 
 
@@ -93,6 +95,24 @@ def test_a_run_learns_and_writes_its_folder(data_dir, tmp_path):
     # keep_checkpoints = 2: steps 20 and 30 remain
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-0000020", "step-0000030"]
     assert result.sample is not None and (run / "sample.txt").read_text().startswith(result.sample[:5])
+
+
+def test_final_score_is_the_whole_validation_split(data_dir, tmp_path):
+    """The run's figure of merit equals scoring every non-overlapping window of the validation split by hand."""
+    run = tmp_path / "run"
+    result = train(config(data_dir, max_steps=4, eval_interval=4, sample_tokens=0), run, echo=lambda line: None)
+    final = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "final"]
+    assert len(final) == 1 and final[0]["val_loss"] == result.final_val_loss
+    from modkit.data import TokenData
+
+    val = torch.from_numpy(TokenData.open(data_dir).val.astype("int64"))
+    n = (len(val) - 1) // 32
+    x, y = val[: n * 32].view(n, 32), val[1 : n * 32 + 1].view(n, 32)
+    model = modkit.load(run / "last").eval()
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(model(x).logits.reshape(-1, model.spec.vocab_size), y.reshape(-1))
+    assert final[0]["val_tokens_scored"] == n * 32
+    assert result.final_val_loss == pytest.approx(loss.item(), abs=1e-5)
 
 
 def test_generate_finds_the_runs_tokenizer(data_dir, tmp_path):

@@ -108,6 +108,19 @@ def test_overrides_apply_on_top_of_the_file(tmp_path):
     assert (c.lr, c.max_steps, c.device) == (0.002, 7, "cpu")
 
 
+def test_paths_from_flags_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "t.json").write_text('{"model": "../spec.json"}')
+    (tmp_path / "spec.json").write_text("{}")
+    (tmp_path / "other.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    c, base = load_train_config(folder / "t.json")
+    assert c.model == "../spec.json" and base == folder.resolve()  # resolved against the file's folder later
+    c, _ = load_train_config(folder / "t.json", {"model": "other.json"})
+    assert c.model == str(tmp_path.resolve() / "other.json")
+
+
 def test_flag_values_are_typed():
     assert parse_flag_value("lr", "3e-4") == 3e-4
     assert parse_flag_value("lr", "1") == 1.0 and isinstance(parse_flag_value("lr", "1"), float)

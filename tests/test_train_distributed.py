@@ -70,8 +70,10 @@ def _losses(run: Path) -> list[tuple[str, int, float]]:
     for r in read_metrics(run / "metrics.jsonl"):
         if r["kind"] == "train":
             out += [("loss", r["step"], r["loss"]), ("grad_norm", r["step"], r["grad_norm"])]
-        else:
+        elif r["kind"] == "eval":
             out += [("train_loss", r["step"], r["train_loss"]), ("val_loss", r["step"], r["val_loss"])]
+        else:
+            out += [("final_val_loss", r["step"], r["val_loss"])]
     return out
 
 

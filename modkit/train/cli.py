@@ -75,7 +75,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     print(f"\ndone: {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
     if result.val_loss is not None:
-        print(f"final loss: train {result.train_loss:.4f}, val {result.val_loss:.4f}; best val {result.best_val_loss:.4f}")
+        print(f"last estimate: train {result.train_loss:.4f}, val {result.val_loss:.4f} (eval_batches fixed windows); best val {result.best_val_loss:.4f}")
+    if result.final_val_loss is not None:
+        print(f"validation loss over the validation split: {result.final_val_loss:.4f}")
     print(f"run folder: {result.run_dir} (best checkpoint: {result.run_dir / 'best'}, loss curve: {result.run_dir / 'loss.png'})")
     if result.sample is not None:
         print("\nsample from the best checkpoint:\n" + "-" * 60 + "\n" + result.sample + "\n" + "-" * 60)

@@ -121,6 +121,13 @@ class TrainConfig(BaseModel):
 
     eval_interval: int = Field(250, ge=1, le=1 << 40, description="evaluate train and val loss every this many steps (and at the end)")
     eval_batches: int = Field(20, ge=1, le=1 << 20, description="batches per loss estimate")
+    final_eval_tokens: int = Field(
+        10_000_000,
+        ge=0,
+        le=1 << 50,
+        description="at the end, score the first this many tokens of the validation split (the whole split when "
+        "shorter) in non-overlapping seq_len windows: the run's figure of merit; 0: skip",
+    )
     checkpoint_interval: Optional[int] = Field(
         None, ge=1, le=1 << 40, description="save a resumable checkpoint every this many steps; default: eval_interval"
     )
@@ -171,6 +178,10 @@ class TrainConfig(BaseModel):
         return self.checkpoint_interval or self.eval_interval
 
 
+#: Fields that may hold a path: relative to the config file's folder in a file, to the working directory as a flag.
+PATH_FIELDS = ("model", "data", "tokenizer")
+
+
 def _loc(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -200,7 +211,8 @@ def load_train_config(
 
     Args:
         source: a JSON file path, a dict, a :class:`TrainConfig`, or ``None`` for the defaults.
-        overrides: field -> value, applied on top (values already typed, e.g. parsed by :func:`parse_flag_value`).
+        overrides: field -> value, applied on top (values already typed, e.g. parsed by :func:`parse_flag_value`);
+            relative paths in :data:`PATH_FIELDS` that exist from the working directory are made absolute.
 
     Returns:
         ``(config, base_dir)``: ``base_dir`` is the config file's folder (relative ``model`` / ``data`` paths
@@ -230,7 +242,11 @@ def load_train_config(
             raise SpecError([("", f"a training config is a JSON object, got {type(data).__name__}")], source=str(path))
         data.pop("$schema", None)
         base = path.resolve().parent
-    data.update(overrides or {})
+    for key, value in (overrides or {}).items():
+        # a path given on the command line is relative to the working directory, not to the config file
+        if key in PATH_FIELDS and isinstance(value, str) and not Path(value).is_absolute() and Path(value).exists():
+            value = str(Path(value).resolve())
+        data[key] = value
     try:
         return TrainConfig.model_validate(data), base
     except ValidationError as exc:

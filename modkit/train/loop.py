@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -223,6 +224,7 @@ class RunResult:
     train_loss: Optional[float]
     val_loss: Optional[float]
     best_val_loss: Optional[float]
+    final_val_loss: Optional[float]
     elapsed_s: float
     tokens_per_s: float
     sample: Optional[str] = None
@@ -456,15 +458,20 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16 if p == "bfloat16" else torch.float16)
 
-    def _loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """``(total loss for backward, cross-entropy alone)`` of one micro-batch."""
+    def _forward(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """``(logits [rows, seq, vocab] as full tensors, aux_loss or None)`` under the run's precision."""
         with self._autocast():
             out = self.forward(x)
         logits = out.logits
         if hasattr(logits, "full_tensor"):  # a DTensor head output under tensor parallelism
             logits = logits.full_tensor()
+        return logits, out.aux_loss
+
+    def _loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """``(total loss for backward, cross-entropy alone)`` of one micro-batch: mean over every position."""
+        logits, aux = self._forward(x)
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-        total = ce if out.aux_loss is None else ce + out.aux_loss.float()
+        total = ce if aux is None else ce + aux.float()
         return total, ce.detach()
 
     def _rows(self, t: Tensor) -> Tensor:
@@ -513,6 +520,34 @@ class Trainer:
             out[split] = float(self.procs.mean(torch.stack(losses).mean()))
         self.model.train()
         return out
+
+    @torch.no_grad()
+    def score_split(self, tokens, max_tokens: int) -> float:
+        """Mean cross-entropy over the first ``max_tokens`` tokens of ``tokens`` in non-overlapping ``seq_len``
+        windows (every position scored once, each with the context its window gives it). Collective: the
+        windows are dealt to the data-parallel ranks, sums and counts all-reduced."""
+        c = self.config
+        t = c.seq_len
+        n = (min(len(tokens), max_tokens + 1) - 1) // t
+        if n < 1:
+            raise TrainError(f"the validation split has {len(tokens)} tokens, fewer than seq_len + 1 = {t + 1}")
+        per = self.rows * self.procs.dp
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        self.model.eval()
+        for b in range(-(-n // per)):  # every rank runs the same number of forwards (FSDP needs it)
+            idx = torch.arange(self.rows) + b * per + self.procs.dp_rank * self.rows
+            real = idx < n
+            starts = torch.where(real, idx, torch.zeros_like(idx)).numpy() * t
+            rows = torch.from_numpy(np.stack([tokens[s : s + t + 1] for s in starts]).astype(np.int64))
+            x, y = self._rows(rows[:, :-1]), self._rows(rows[:, 1:])
+            logits, _ = self._forward(x)
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(len(idx), t)
+            mask = self._rows(real)[:, None].to(ce.dtype)
+            sums += torch.stack([(ce * mask).sum().double(), (mask.sum() * t).double()])
+        self.model.train()
+        if self.procs.distributed:
+            torch.distributed.all_reduce(sums)
+        return float(sums[0] / sums[1])
 
     def _eval_and_record(self) -> dict[str, float]:
         losses = self.evaluate()
@@ -621,6 +656,16 @@ class Trainer:
                     last_log, last_tokens = time.perf_counter(), self.tokens  # tokens/s counts training time only
         elapsed = time.perf_counter() - start
         tps = (self.tokens - start_tokens) / max(elapsed, 1e-9)
+        full_val = None
+        if c.final_eval_tokens:
+            full_val = self.score_split(self.data.val, c.final_eval_tokens)
+            scored = min(len(self.data.val) - 1, c.final_eval_tokens) // c.seq_len * c.seq_len
+            self._metric({"kind": "final", "step": self.step, "tokens": self.tokens, "val_loss": full_val, "val_tokens_scored": scored})
+            self._say(f"validation loss over {scored:,} tokens of the validation split: {full_val:.4f}")
+            if self.procs.main:
+                from .plot import plot_run
+
+                plot_run(self.run / "metrics.jsonl", self.run / "loss.png", title=self.spec.name or "run")
         sample = self._sample() if self.procs.main and c.sample_tokens > 0 else None
         self.procs.barrier()
         return RunResult(
@@ -630,6 +675,7 @@ class Trainer:
             train_loss=losses.get("train"),
             val_loss=losses.get("val"),
             best_val_loss=self.best_val,
+            final_val_loss=full_val,
             elapsed_s=elapsed,
             tokens_per_s=tps,
             sample=sample,
@@ -638,16 +684,23 @@ class Trainer:
 
     def _sample(self) -> str:
         from ..checkpoint import load
-        from ..generate import generate
+        from ..generate import generate, sample
 
         c = self.config
         model = load(self.run / "best", device=self.device).eval()
         tok = self.data.tokenizer
-        prompt = tok.encode(c.sample_prompt) or [0]
-        room = model.spec.max_seq_len - len(prompt)
-        n = max(0, min(c.sample_tokens, room))
-        ids = generate(model, [prompt], max_new_tokens=n, temperature=c.sample_temperature, top_k=c.sample_top_k, seed=c.seed)
-        text = tok.decode(ids[0].tolist())
+        ids = tok.encode(c.sample_prompt) or [0]
+        limit = model.spec.max_seq_len
+        kwargs = dict(temperature=c.sample_temperature, top_k=c.sample_top_k)
+        if len(ids) + c.sample_tokens <= limit:
+            ids = generate(model, [ids], max_new_tokens=c.sample_tokens, seed=c.seed, **kwargs)[0].tolist()
+        else:  # past the context: each token from the last max_seq_len tokens, as nanoGPT's sample.py does
+            gen = torch.Generator(device=self.device).manual_seed(c.seed)
+            with torch.no_grad():
+                for _ in range(c.sample_tokens):
+                    window = torch.tensor([ids[-limit:]], device=self.device)
+                    ids.append(int(sample(model(window, logits_to_keep=1).logits[:, -1], generator=gen, **kwargs)[0]))
+        text = tok.decode(ids)
         (self.run / "sample.txt").write_text(text + "\n")
         return text
 

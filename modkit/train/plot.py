@@ -31,6 +31,7 @@ def plot_run(metrics: Union[str, Path], out: Union[str, Path], *, title: str = "
     records = read_metrics(metrics)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
+    finals = [r for r in records if r["kind"] == "final"]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     if train:
         ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=0.8, alpha=0.6, label="train (batch)")
@@ -38,6 +39,8 @@ def plot_run(metrics: Union[str, Path], out: Union[str, Path], *, title: str = "
         steps = [r["step"] for r in evals]
         ax.plot(steps, [r["train_loss"] for r in evals], "o-", ms=3, label="train (eval)")
         ax.plot(steps, [r["val_loss"] for r in evals], "s-", ms=3, label="validation")
+    for r in finals:
+        ax.plot([r["step"]], [r["val_loss"]], "k*", ms=9, label=f"whole validation split: {r['val_loss']:.4f}")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.set_title(title)

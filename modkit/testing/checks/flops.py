@@ -1,4 +1,4 @@
-"""The ``flops`` contract check: a component's FLOPs declaration equals what ``FlopCounterMode`` measures.
+"""The ``flops`` contract check (family: what an entry declares about itself, like ``param_count``): a component's FLOPs declaration equals what ``FlopCounterMode`` measures.
 
 A component declares its matrix-product FLOPs with ``Component.flops(config, ctx, work)`` (see :mod:`modkit.cost`).
 This check builds the kit's tiny model holding the component (CPU, float32), runs forwards of several shapes under
@@ -24,9 +24,11 @@ from typing import Optional
 
 import torch
 
-from ..config import ComponentConfig
-from ..cost import CostModel, Workload, declared_flops, flop_counter
-from ..registry import Component
+from ...config import ComponentConfig
+from ...cost import CostModel, Workload, declared_flops, flop_counter
+from ...registry import Component
+from ..harness import Bench
+from .base import CheckFailed, CheckSkipped
 
 #: ``(batch, seq)`` of the forwards without a cache.
 SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 5), (3, 8))
@@ -52,10 +54,13 @@ def _measure(model, ids, cache=None) -> dict[str, int]:
     return {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
 
 
-def check_flops(bench) -> str:
-    """Declared FLOPs (whole model and per module of the component) equal the measured ones on every workload."""
-    from .checks import CheckFailed, CheckSkipped
+def check_flops(bench: Bench) -> str:
+    """Declared FLOPs (whole model and per module of the component) equal the measured ones on every workload.
 
+    Catches: a declaration that forgets a product or a factor (the ``relu2`` of ``tests/test_cost.py`` that drops its
+    down projection fails with both numbers), or that ignores GQA, a window or a capacity factor: ``modkit cost``
+    and the training MFU trust the declared numbers.
+    """
     model, records = bench.build()
     model.eval()
     missing = sorted({f"{r.entry.kind}/{r.entry.type}" for r in records if r.entry.flops is None})
