@@ -7,6 +7,7 @@ Public API::
     model = modkit.build(spec, device="cpu", dtype="float32", seed=0)
     out = model(input_ids)                              # out.logits: [batch, seq, vocab_size]
     modkit.count_params(spec)                           # exact, built on meta
+    modkit.CostModel(spec).per_token("decode", 8192)    # FLOPs per token by part, from the components' declarations
     modkit.from_hf_config(config_dict)                  # Hugging Face config.json -> ModelSpec
     model = modkit.from_hf("path/to/hf-model")          # config.json + safetensors -> Model with its weights
     modkit.to_hf(model, "out/")                         # Model -> Hugging Face folder transformers loads
@@ -30,6 +31,7 @@ from .attention import (
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
 from .cache import KVCache, LayerKVCache
 from .config import ComponentConfig, Slot
+from .cost import CostError, CostModel, Workload, elementwise, flops_per_token
 from .errors import (
     CheckpointError,
     ModkitError,
@@ -61,6 +63,8 @@ __all__ = [
     "CheckpointError",
     "Component",
     "ComponentConfig",
+    "CostError",
+    "CostModel",
     "Init",
     "KVCache",
     "LayerKVCache",
@@ -77,12 +81,15 @@ __all__ = [
     "SpecContext",
     "SpecError",
     "SpecWarning",
+    "Workload",
     "active_params_per_token",
     "add_aux",
     "attention_mask",
     "breakdown",
     "build",
     "count_params",
+    "elementwise",
+    "flops_per_token",
     "from_hf",
     "from_hf_config",
     "get_registry",

@@ -84,6 +84,12 @@ class Component:
         reference: the paper or reference implementation its math follows.
         capabilities: data about behaviour (see :data:`KNOWN_CAPABILITIES`).
         param_count: optional analytic parameter count ``param_count(config, ctx) -> int``.
+        flops: optional FLOPs declaration ``flops(config, ctx, work: Workload) -> {part: FLOPs}``: the matrix-product
+            FLOPs (1 multiply-add = 2 FLOPs) of one call of the module on the workload :class:`~modkit.cost.Workload`
+            (tokens, cached keys, mask), by part (``{"q_proj": ..., "scores": ...}``), excluding components it builds
+            through ``ctx.build`` (they declare their own). Element-wise-only components declare
+            :func:`modkit.cost.elementwise`; :mod:`modkit.cost` sums the declarations and the contract kit checks them
+            against ``torch.utils.flop_counter.FlopCounterMode``.
         example: a valid config dict for this component (docs show it; the contract kit builds it); defaults to
             ``{"type": type}``.
         aliases: other names a spec may use for this component (``{"type": alias}`` validates as ``type`` and is
@@ -108,6 +114,7 @@ class Component:
     reference: str = ""
     capabilities: Mapping[str, Any] = field(default_factory=dict)
     param_count: Callable[..., int] | None = None
+    flops: Callable[..., Mapping[str, int]] | None = None
     example: Mapping[str, Any] | None = None
     grouped_factory: Callable[..., Any] | None = None
     aliases: tuple[str, ...] = ()
@@ -139,6 +146,8 @@ class Component:
             )
         if not callable(self.factory):
             raise RegistryError(f"{where}: factory {self.factory!r} is not callable")
+        if self.flops is not None and not callable(self.flops):
+            raise RegistryError(f"{where}: flops {self.flops!r} is not callable")
         if self.grouped_factory is not None and not callable(self.grouped_factory):
             raise RegistryError(f"{where}: grouped_factory {self.grouped_factory!r} is not callable")
         if not isinstance(self.capabilities, Mapping):

@@ -27,7 +27,7 @@ import torch
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, Slot, hookimpl
+from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, Slot, Workload, hookimpl
 from modkit.attention import (  # noqa: F401 - attention_mask and PreparedMask are re-exported for older imports
     PreparedMask,
     attention_mask,
@@ -206,6 +206,28 @@ def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
     return n
 
 
+def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """Matrix-product FLOPs of one call (1 multiply-add = 2 FLOPs): the four projections on ``work.tokens`` rows, and
+    per query head ``2 · head_dim`` for each scored (query, key) pair in ``q·kᵀ`` and as much in ``p·v``.
+
+    GQA/MQA save nothing in the scores (every query head scores every key it sees) but narrow k_proj and v_proj.
+    The pairs are those the mask lets through (causal, sliding window: :meth:`Workload.pairs`), or the whole
+    ``[new, past + new]`` rectangle when ``work.dense``. The QK-norm (a norm component) declares its own; the
+    softmax, the scaling and the biases are element-wise and not counted.
+    """
+    d, hd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model)
+    qw, kvw, t = cfg.n_heads * hd, cfg.kv_heads * hd, work.tokens
+    pairs = work.pairs(causal=cfg.causal, window=cfg.sliding_window)
+    return {
+        "q_proj": 2 * t * d * qw,
+        "k_proj": 2 * t * d * kvw,
+        "v_proj": 2 * t * d * kvw,
+        "o_proj": 2 * t * qw * d,
+        "scores": 2 * cfg.n_heads * hd * pairs,
+        "weighted_sum": 2 * cfg.n_heads * hd * pairs,
+    }
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``mha``, ``mqa`` and ``gqa`` (one module)."""
@@ -239,6 +261,7 @@ def register_components(register) -> None:
                     },
                 },
                 param_count=_param_count,
+                flops=_flops,
                 example={"type": t, "n_heads": 4, **({"n_kv_heads": 2} if t == "gqa" else {})},
             )
         )

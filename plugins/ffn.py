@@ -32,7 +32,7 @@ import torch
 from pydantic import Field, PositiveInt
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig, Init, hookimpl
+from modkit import BuildContext, Component, ComponentConfig, Init, Workload, hookimpl
 from modkit.grouped import grouped_mm
 
 ACTIVATIONS = {
@@ -248,6 +248,18 @@ def _gated_count(cfg: GatedConfig, ctx: BuildContext) -> int:
     return 3 * d * cfg.d_ff + (2 * cfg.d_ff + d if cfg.bias else 0)
 
 
+def _mlp_flops(cfg: MLPConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """``up`` and ``down`` on ``work.tokens`` rows, ``2 · d · d_ff`` FLOPs each per row (activation, biases: not counted)."""
+    d, t = ctx.dim or ctx.d_model, work.tokens
+    return {"up": 2 * t * d * cfg.d_ff, "down": 2 * t * cfg.d_ff * d}
+
+
+def _gated_flops(cfg: GatedConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """``gate``, ``up`` and ``down``, ``2 · d · d_ff`` FLOPs each per row (the gating product is element-wise)."""
+    d, t = ctx.dim or ctx.d_model, work.tokens
+    return {"gate": 2 * t * d * cfg.d_ff, "up": 2 * t * d * cfg.d_ff, "down": 2 * t * cfg.d_ff * d}
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``mlp``, ``swiglu`` and ``geglu``."""
@@ -264,6 +276,7 @@ def register_components(register) -> None:
             reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
             capabilities={"compile_safe": True, "tp_plan": plan_mlp},
             param_count=_mlp_count,
+            flops=_mlp_flops,
             example={"type": "mlp", "d_ff": 128, "activation": "gelu_tanh"},
             grouped_factory=lambda cfg, ctx, n: GroupedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias),
         )
@@ -279,6 +292,7 @@ def register_components(register) -> None:
                 reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
                 capabilities={"compile_safe": True, "tp_plan": plan_gated},
                 param_count=_gated_count,
+                flops=_gated_flops,
                 example={"type": t, "d_ff": 96},
                 grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias),
             )

@@ -36,7 +36,7 @@ from typing import Literal, Optional
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, hookimpl, run_ffn
+from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, elementwise, hookimpl, run_ffn
 from modkit.interfaces import dropout
 
 
@@ -188,6 +188,8 @@ PERI_NOTE = (
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``) and ``parallel``."""
     caps = {"compile_safe": True, "residual_dropout": True}
+    # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
+    flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
     register(
         Component(
             kind="placement",
@@ -198,6 +200,7 @@ def register_components(register) -> None:
             "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
             capabilities=caps,
+            flops=flops,
         )
     )
     register(
@@ -210,6 +213,7 @@ def register_components(register) -> None:
             "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762; BERT, arXiv:1810.04805",
             capabilities=caps,
+            flops=flops,
         )
     )
     register(
@@ -225,6 +229,7 @@ def register_components(register) -> None:
             "as Peri-LN: Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer Architecture, "
             "arXiv:2502.02732",
             capabilities=caps,
+            flops=flops,
             aliases=("peri",),
             alias_notes={"peri": PERI_NOTE},
         )
@@ -240,6 +245,7 @@ def register_components(register) -> None:
             "norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="OLMo Team 2024, 2 OLMo 2 Furious, arXiv:2501.00656, §3.2 (reordered norm)",
             capabilities=caps,
+            flops=flops,
             aliases=("olmo2",),
         )
     )
@@ -254,6 +260,7 @@ def register_components(register) -> None:
             reference="Wang & Komatsuzaki 2021, GPT-J-6B (kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
             "PaLM, arXiv:2204.02311",
             capabilities=caps,
+            flops=flops,
             example={"type": "parallel", "shared_norm": True},
         )
     )

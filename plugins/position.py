@@ -29,7 +29,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from torch import Tensor, nn
 
 from pydantic import BaseModel, ConfigDict
-from modkit import BuildContext, Component, ComponentConfig, Init, PositionScheme, hookimpl
+from modkit import BuildContext, Component, ComponentConfig, Init, PositionScheme, elementwise, hookimpl
 
 
 class NoPositionConfig(ComponentConfig):
@@ -528,6 +528,7 @@ def register_components(register) -> None:
             reference="Kazemnejad et al. 2023, The Impact of Positional Encoding on Length Generalization, arXiv:2305.19466",
             capabilities={"acts_on": "none", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            flops=elementwise("no position information: nothing computed"),
         )
     )
     register(
@@ -544,6 +545,7 @@ def register_components(register) -> None:
             "arXiv:2309.00071; LongRoPE: Ding et al. 2024, arXiv:2402.13753",
             capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            flops=elementwise("RoPE rotates q/k feature pairs: element-wise multiplies and adds, no matrix product"),
             example={"type": "rope", "theta": 500000.0, "layout": "half_split", "scaling": {"type": "llama3", "factor": 8.0,
                      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_seq_len": 8192}},
         )
@@ -560,6 +562,7 @@ def register_components(register) -> None:
             reference="Vaswani et al. 2017, Attention Is All You Need, §3.5, arXiv:1706.03762",
             capabilities={"acts_on": "embedding", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            flops=elementwise("a table row added to each embedding: a lookup and an add"),
             example={"type": "sinusoidal", "base": 10000.0},
         )
     )
@@ -575,6 +578,7 @@ def register_components(register) -> None:
             "Gehring et al. 2017, arXiv:1705.03122",
             capabilities={"acts_on": "embedding", "compile_safe": True, "tp_plan": {}},
             param_count=lambda cfg, ctx: ctx.max_seq_len * ctx.d_model,
+            flops=elementwise("a learned table row added to each embedding: a lookup and an add"),
         )
     )
     register(
@@ -589,5 +593,6 @@ def register_components(register) -> None:
             reference="Press, Smith & Lewis 2022, Train Short, Test Long: Attention with Linear Biases, arXiv:2108.12409",
             capabilities={"acts_on": "bias", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
+            flops=elementwise("a bias -slope * distance added to the scores: element-wise"),
         )
     )

@@ -136,9 +136,13 @@ def test_decay_rule_and_flops():
     d, v, layers, d_ff, t, kv = 32, 64, 2, 64, 32, 2 * 8
     attn = 2 * d * d + 2 * d * kv  # q and o [d, d]; k and v [d, n_kv_heads * head_dim]
     assert n_decay == v * d + t * d + layers * (attn + 3 * d * d_ff)  # embeddings, positions, attention, swiglu
-    # 6 N + 12 L H Q T with N the matmul parameters (tied head counted once as the head)
+    # 3 x the forward of one causal sequence of t tokens, per token: 2 FLOPs per multiply-add of the matmul weights
+    # (the tied head counted as the head) on every token, and per layer 4 heads x 8 dims x (q.k and p.v) x 2 FLOPs
+    # over the t (t + 1) / 2 pairs the causal mask lets through
     n = layers * (attn + 3 * d * d_ff) + v * d
-    assert flops_per_token(modkit.load_spec(TINY_MODEL), t) == 6 * n + 12 * layers * 4 * 8 * t
+    forward = 2 * n * t + layers * 2 * 2 * 4 * 8 * (t * (t + 1) // 2)
+    assert forward % t == 0
+    assert flops_per_token(modkit.load_spec(TINY_MODEL), t) == 3 * forward // t == 6 * n + 6 * layers * 4 * 8 * (t + 1)
 
 
 def test_resume_after_sigkill_gives_the_same_losses(data_dir, tmp_path):

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..build import active_params_per_token, breakdown, build
+from ..build import breakdown, build
+from ..cost import CostError, training_flops_per_token
 from ..checkpoint import save as save_checkpoint
 from ..errors import CheckpointError, ModkitError, SpecError
 from ..spec import ModelSpec, iter_configs, load_spec
@@ -46,26 +47,16 @@ class TrainError(ModkitError, ValueError):
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
-    """Training FLOPs per token (forward + backward), estimated: ``6 N + 12 L H Q T``.
+    """Training FLOPs per token (forward + backward) at ``seq_len``, from the components' FLOPs declarations.
 
-    ``N`` counts the parameters used in matrix products per token (active parameters less embedding and
-    position tables, which are lookups, less vectors such as biases and norm weights, plus the head's
-    ``vocab_size x d_model`` when it is tied), ``L`` layers,
-    ``H`` query heads of width ``Q``, ``T = seq_len`` (attention scores and weighted sum, full square as in the
-    PaLM paper's appendix B, Chowdhery et al. 2022, arXiv:2204.02311; nanoGPT's ``estimate_mfu``).
+    ``3 x`` the forward FLOPs of one causal sequence of ``seq_len`` tokens divided by ``seq_len``, rounded to an
+    integer (:func:`modkit.cost.training_flops_per_token`): the backward of each matrix product is two products of
+    its size (input and weight gradients). Matrix products only, 1 multiply-add = 2 FLOPs; attention counts the
+    (query, key) pairs the causal mask lets through, ``(T + 1) / 2`` keys per token on average, where the PaLM
+    paper's MFU (Chowdhery et al. 2022, arXiv:2204.02311, appendix B; nanoGPT's ``estimate_mfu``: ``6 N + 12 L H Q
+    T``) counts the full ``T`` square, so the attention term here is about half of theirs.
     """
-    model = build(spec, device="meta")
-    parts = breakdown(model)
-    vectors = sum(p.numel() for p in model.parameters() if p.dim() < 2)
-    n = active_params_per_token(model) - parts["embedding"] - parts["position"] - vectors
-    if spec.tie_embeddings:
-        n += spec.vocab_size * spec.d_model
-    attn = 0
-    for block in model.layers:
-        a = next((m for m in block.modules() if getattr(m, "modkit_kind", None) == "attention"), None)
-        if a is not None:
-            attn += 12 * int(a.n_heads) * int(a.head_dim) * seq_len
-    return 6 * n + attn
+    return training_flops_per_token(spec, seq_len)
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -608,7 +599,11 @@ class Trainer:
         if self.resume:
             self._restore()
         self.forward = torch.compile(self.model) if c.compile else self.model
-        self.flops_per_token = flops_per_token(self.spec, c.seq_len)
+        try:
+            self.flops_per_token: Optional[int] = flops_per_token(self.spec, c.seq_len)
+        except CostError as exc:  # a component without a FLOPs declaration: no model FLOP/s rather than a wrong one
+            self.flops_per_token = None
+            self._say(f"model FLOP/s and MFU not reported: {exc}")
 
     def fit(self) -> RunResult:
         """Run to the end of the budget; returns the losses and throughput."""
@@ -643,10 +638,10 @@ class Trainer:
                         "lr": out["lr"],
                         "grad_norm": float(out["grad_norm"]),
                         "tokens_per_s": tps,
-                        "model_flops_per_s": tps * self.flops_per_token,
+                        "model_flops_per_s": tps * self.flops_per_token if self.flops_per_token is not None else None,
                         "peak_mem_bytes": _peak_memory(self.device),
                     }
-                    if c.peak_flops:
+                    if c.peak_flops and self.flops_per_token is not None:
                         record["mfu"] = record["model_flops_per_s"] / (c.peak_flops * self.procs.world)
                     self._metric(record)
                     bar.update(self.step, loss=loss, lr=out["lr"], tps=tps)

@@ -20,6 +20,7 @@ check                     module                          applies to
 ``position_sensitivity``  :mod:`.attention`               attention; position schemes that act somewhere
 ``meta_init``             :mod:`.init`                    every component
 ``param_count``           :mod:`.declarations`            components that declare param_count
+``flops``                 :mod:`.flops`                   components that declare flops (skipped, with the reason, without)
 ``precision``             :mod:`.precision`               every component with a contract call (a router: its ffn)
 ``dropout``               :mod:`.training`                attention_dropout / residual_dropout capabilities
 ``aux_loss_grad``         :mod:`.training`                the aux_loss capability, and routers
@@ -60,6 +61,7 @@ from .cache import applies_kv, applies_masked, check_kv_cache_decode, check_mask
 from .causality import applies_causality, applies_per_token, check_causality, check_per_token
 from .compile import applies_compile, check_compile
 from .declarations import applies_param_count, check_param_count, check_spec_roundtrip
+from .flops import SUMMARY as FLOPS_SUMMARY, applies_flops, check_flops
 from .grouped import applies_grouped, check_grouped_form
 from .init import check_meta_init
 from .parallel import applies_shards, check_shards, outcome, shards_many
@@ -98,6 +100,7 @@ CHECKS: tuple[Check, ...] = (
     Check("position_sensitivity", "the position scheme a layer is given changes its output (against no position scheme)", check_position_sensitivity, applies_position_sensitivity),
     Check("meta_init", "modkit.build (meta, to_empty, init_weights) equals a direct build, tensor for tensor, and runs", check_meta_init),
     Check("param_count", "declared param_count equals the module's parameter count", check_param_count, applies_param_count),
+    Check("flops", FLOPS_SUMMARY, check_flops, applies_flops),
     Check("precision", "bfloat16 and float16 agree with float64 on the same numbers within a few ulps", check_precision, applies_precision),
     Check("dropout", "a declared dropout is random in train mode and absent in eval mode", check_dropout, applies_dropout),
     Check("aux_loss_grad", "the aux loss alone sends a gradient to every router parameter", check_aux_loss_grad, applies_aux),
