@@ -585,7 +585,7 @@ class Trainer:
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        fused = self.device.type == "cuda" and not self.procs.distributed
+        fused = not self.procs.distributed  # one kernel per step on CPU and CUDA (benchmarks/results_train.md)
         self.optimizer = torch.optim.AdamW(
             decay_groups(self.model, c.weight_decay), lr=c.lr, betas=(c.beta1, c.beta2), eps=c.adam_eps, **({"fused": True} if fused else {})
         )
