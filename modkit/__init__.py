@@ -11,6 +11,7 @@ Public API::
     model = modkit.from_hf("path/to/hf-model")          # config.json + safetensors -> Model with its weights
     modkit.to_hf(model, "out/")                         # Model -> Hugging Face folder transformers loads
     modkit.save(model, "ckpt/"); modkit.load("ckpt/")   # modkit's own format: spec.json + model.safetensors
+    with modkit.inspect(model) as rec: model(input_ids) # rec["layers.0:update"], rec["layers.0.attention:weights"]
 """
 
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
@@ -20,6 +21,7 @@ from .errors import CheckpointError, ModkitError, RegistryError, SpecError
 from .checkpoint import load, save
 from .hf import from_hf, from_hf_config, to_hf
 from .hooks import hookimpl
+from .inspection import Recording, inspect
 from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, run_ffn, split_aux
 from .model import Model, ModelOutput
 from .registry import Component, Registry, get_registry
@@ -41,6 +43,7 @@ __all__ = [
     "ModelSpec",
     "ModkitError",
     "PositionScheme",
+    "Recording",
     "Registry",
     "RegistryError",
     "Slot",
@@ -55,6 +58,7 @@ __all__ = [
     "from_hf_config",
     "get_registry",
     "hookimpl",
+    "inspect",
     "json_schema",
     "kv_cache_bytes_per_token",
     "load",
