@@ -18,30 +18,25 @@ again and that logits are bitwise equal with and without recording).
 
 Names are ``MODULE_PATH:WHAT``, with ``MODULE_PATH`` the module's name in ``model.named_modules()``:
 
-=====================================  ===========================================================================
-``embed:output``                       token embeddings ``[batch, seq, d_model]``
-``positions.N:embed``                  the position scheme's :meth:`~modkit.PositionScheme.embed` output
-                                       ``[batch, seq, d_model]`` (schemes acting on the embeddings; a scheme whose
-                                       ``embed`` returns its input unchanged records nothing)
-``layers.I:input`` / ``:output``       block (``placement``) input and output ``[batch, seq, d_model]``
-``layers.I:update``                    the block's residual update, ``output - input``
-``…NORM:output``                       every ``norm`` module (block norms, QK-norms, ``final_norm``, ...)
-``…attention:output``                  the attention sublayer's output ``[batch, seq, d_model]``
-``…attention.CHILD:output``            every ``nn.Linear`` inside the attention (the built-in's ``q_proj``,
-                                       ``k_proj``, ``v_proj``, ``o_proj``), ``[batch, seq, out_features]``
-``…attention:q`` / ``:k``              queries and keys per head as they enter the scores, after QK-norm and the
-                                       position scheme's :meth:`~modkit.PositionScheme.rotate`: ``[batch, n_heads,
-                                       seq, head_dim]`` and ``[batch, n_kv_heads, seq, head_dim]``
-``…attention:position_bias``           the additive bias of a ``bias`` scheme (ALiBi) ``[batch, n_heads, q, k]``
-``…attention:weights``                 attention probabilities ``[batch, n_heads, q_len, kv_len]`` (float32)
-``…ffn:output``                        the FFN's output (the first element when it returns ``(output, aux)``)
-``…ffn.CHILD:output``                  every ``nn.Linear`` inside the FFN (``up``, ``gate``, ``down``, ...)
-``…ffn:hidden``                        the FFN hidden activation ``[batch, seq, d_ff]``: the input of its down
-                                       projection, found as the ``nn.Linear`` whose ``out_features`` equals the
-                                       block width (the last one registered when several do)
-``lm_head:output``                     logits of an untied head
-``X:output.1``, ``X:output.2`` …       further tensors of a module returning a tuple (a router's indices, ...)
-=====================================  ===========================================================================
+| name | what |
+|---|---|
+| ``embed:output`` | token embeddings ``[batch, seq, d_model]`` |
+| ``positions.N:embed`` | the position scheme's ``embed`` output ``[batch, seq, d_model]`` (schemes acting on the embeddings; a scheme whose ``embed`` returns its input unchanged records nothing) |
+| ``layers.I:input``, ``layers.I:output`` | block (``placement``) input and output ``[batch, seq, d_model]`` |
+| ``layers.I:update`` | the block's residual update, ``output - input`` |
+| ``NORM:output`` | every ``norm`` module (block norms, QK-norms, ``final_norm``, ...) |
+| ``ATTN:output`` | the attention sublayer's output ``[batch, seq, d_model]`` |
+| ``ATTN.CHILD:output`` | every ``nn.Linear`` inside the attention (the built-in's ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``), ``[batch, seq, out_features]`` |
+| ``ATTN:q``, ``ATTN:k`` | queries and keys per head as they enter the scores, after QK-norm and the position scheme's ``rotate``: ``[batch, n_heads, seq, head_dim]`` and ``[batch, n_kv_heads, seq, head_dim]`` |
+| ``ATTN:position_bias`` | the additive bias of a ``bias`` scheme (ALiBi) ``[batch, n_heads, q_len, kv_len]`` |
+| ``ATTN:weights`` | attention probabilities ``[batch, n_heads, q_len, kv_len]`` (float32) |
+| ``FFN:output`` | the FFN's output (the first element when it returns ``(output, aux_loss)``) |
+| ``FFN.CHILD:output`` | every ``nn.Linear`` inside the FFN (``up``, ``gate``, ``down``, ...) |
+| ``FFN:hidden`` | the FFN hidden activation ``[batch, seq, d_ff]``: the input of its down projection, found as the ``nn.Linear`` whose ``out_features`` equals ``d_model`` (the last one registered when several do) |
+| ``lm_head:output`` | logits of an untied head |
+| ``X:output.1``, ``X:output.2``, ... | further tensors of a module returning a tuple (a block's aux loss, a router's indices and logits) |
+
+(``ATTN`` is e.g. ``layers.0.attention``, ``FFN`` ``layers.0.ffn``, ``NORM`` ``layers.0.attn_norm``.)
 
 Attention weights come from attentions whose registry entry declares the ``returns_weights`` capability, meaning a
 method ``forward_with_weights(x, inputs) -> (output, weights [batch, n_heads, q_len, kv_len])``. The recorder calls

@@ -220,13 +220,15 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
     short = path.rsplit(".", 1)[-1]
     label, note = f"{short} {what}", ""
     if kind == "embedding":
-        label, note = "token embedding", f"rows of the [vocab_size, d_model] = {list(module.weight.shape)} table"
+        label, note = "token embedding", f"rows of the {list(module.weight.shape)} table"
     elif kind == "position" and what == "embed":
         label, note = f"+ position ({type_})", "[batch, seq, d_model]"
     elif kind == "position" and what in ("q", "k"):
         heads = "n_heads" if what == "q" else "n_kv_heads"
         acts = _capability("position", type_, "acts_on")
-        how = f"after QK-norm and position ({type_})" if acts == "qk" else "as it enters the scores"
+        normed = any(n.startswith(path + ".") and rec.entry(n).kind == "norm" for n in rec.names())
+        steps = (["QK-norm"] if normed else []) + ([type_] if acts == "qk" else [])
+        how = f"after {' and '.join(steps)}" if steps else "as it enters the scores"
         label, note = f"{what} per head {how}", f"[batch, {heads}, seq, head_dim]"
     elif kind == "position" and what == "position_bias":
         label, note = f"position bias ({type_}) added to the scores", "[batch, heads, q, k]"
@@ -234,7 +236,7 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
         label = {
             "input": "block input (residual stream)",
             "output": "block output (residual stream)",
-            "update": "residual adds: update = output - input",
+            "update": "residual update = output - input",
         }[what]
     elif kind == "norm":
         label = f"{short} ({type_})"
@@ -244,13 +246,13 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
         if getattr(owner, "modkit_kind", None) == "attention" and _into_heads(rec, name, path.rsplit(".", 1)[0]):
             note = _heads_view(shape, getattr(owner, "head_dim", None))
         elif getattr(owner, "modkit_kind", None) == "ffn" and module.out_features != getattr(model.spec, "d_model", None):
-            note = f"expansion d_model -> {module.out_features}"
+            note = f"expansion to {module.out_features}"
     elif kind == "attention" and what == "weights":
         label, note = "attention scores (softmax)", "[batch, heads, q, k]"
     elif kind == "attention":
         label = f"attention output ({type_})" if what == "output" else f"attention {what}"
     elif kind == "ffn" and what == "hidden":
-        label, note = "FFN hidden activation (input of the down projection)", f"d_ff = {shape[-1]}"
+        label, note = "FFN hidden activation", f"input of the down projection; d_ff = {shape[-1]}"
     elif kind == "ffn":
         label = f"FFN output ({type_})" if what == "output" else ("FFN aux loss" if what == "output.1" else f"FFN {what}")
     elif kind == "lm_head":

@@ -70,7 +70,8 @@ def print_trace(t: Trace, console=None) -> None:
 
     table = Table(title="The tokens' journey: shape after every stage", title_justify="left", show_lines=False)
     table.add_column("stage")
-    table.add_column("name", style="dim", overflow="fold")
+    longest = max(len(st.name) for st in t.stages())
+    table.add_column("name", style="dim", no_wrap=True, min_width=longest, overflow="fold")
     table.add_column("shape", justify="right", no_wrap=True)
     table.add_column("reading")
 
@@ -88,7 +89,7 @@ def print_trace(t: Trace, console=None) -> None:
     console.print(table)
 
     if t.has_stats:
-        layers = Table(title="Per layer (block output h_i, previous layer h_{i-1})", title_justify="left")
+        layers = Table(title="Per layer (h: block output, h_prev: its input)", title_justify="left")
         for name, justify in (
             ("layer", "right"),
             ("‖h‖", "right"),
@@ -96,7 +97,7 @@ def print_trace(t: Trace, console=None) -> None:
             ("cos(h, h_prev)", "right"),
             ("FFN zeros", "right"),
             ("attention entropy per head (nats)", "left"),
-            ("logit lens: top tokens at the last position", "left"),
+            ("logit lens: next token read from h", "left"),
         ):
             layers.add_column(name, justify=justify)
         for s in t.layers:
@@ -183,7 +184,7 @@ def attention_png(t: Trace, layer: int) -> str:
     heads, q, k = w.shape
     cols = min(heads, 8)
     rows = math.ceil(heads / cols)
-    panel = 1.9 if q <= 24 else 1.6
+    panel = 2.6 if q <= 32 else 1.8
     fig = Figure(figsize=(cols * panel + 0.6, rows * panel + 0.4))
     axes = fig.subplots(rows, cols, squeeze=False)
     labels = [token_display(s) for s in t.tokens]
@@ -195,7 +196,7 @@ def attention_png(t: Trace, layer: int) -> str:
             continue
         ax.imshow(w[h].numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
         ax.set_title(f"head {h}" + (f"  H={ent[h]:.2f}" if ent else ""), fontsize=8)
-        if q <= 16:
+        if q <= 32:
             ax.set_xticks(range(k), labels[-k:], rotation=90, fontsize=6)
             ax.set_yticks(range(q), labels[-q:], fontsize=6)
         else:
@@ -213,7 +214,8 @@ def position_png(pm) -> str:
     rows, cols = pm.values.shape
     fig = Figure(figsize=(min(2.5 + cols / 16, 10), min(2 + rows / 16, 6)))
     ax = fig.subplots()
-    im = ax.imshow(pm.values.numpy(), aspect="auto", cmap="RdBu_r", interpolation="nearest")
+    limit = float(pm.values.abs().max()) or 1.0  # symmetric colours: white is 0
+    im = ax.imshow(pm.values.numpy(), aspect="auto", cmap="RdBu_r", interpolation="nearest", vmin=-limit, vmax=limit)
     ax.set_title(pm.title, fontsize=9)
     ax.set_xlabel(pm.xlabel)
     ax.set_ylabel(pm.ylabel)

@@ -334,3 +334,17 @@ def test_third_party_components_record_what_exists_and_say_what_does_not():
     assert "returns_weights" in rec.unavailable["layers.0.attention:weights"]
     assert "no nn.Linear projecting back to d_model = 32" in rec.unavailable["layers.1.ffn:hidden"]
     assert "layers.0.attention:weights" not in rec and "layers.0.ffn:hidden" not in rec
+
+
+def test_the_guide_example_runs():
+    import re
+
+    text = (SPECS.parent / "docs" / "guides" / "inspect.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    namespace: dict = {}
+    exec(code, namespace)  # noqa: S102 - the guide's own example, with its shape comments checked below
+    assert namespace["update"].shape == (1, 12, 128)
+    assert namespace["weights"].shape == (1, 4, 12, 12)
+    assert namespace["q"].shape == (1, 4, 12, 32)
+    assert namespace["hidden"].shape == (1, 12, 352)
+    assert namespace["names"][0] == "embed:output"

@@ -75,7 +75,7 @@ def test_stages_of_a_tiny_llama_with_exact_shapes():
     assert notes["layers.0.attention.q_proj:output"] == "per head: [1, 4, 5, 8]"
     assert notes["layers.0.attention.k_proj:output"] == "per head: [1, 2, 5, 8]"
     assert notes["layers.0.attention.o_proj:output"] == ""  # the output projection merges heads
-    assert notes["layers.0.ffn:hidden"] == "d_ff = 64"
+    assert notes["layers.0.ffn:hidden"] == "input of the down projection; d_ff = 64"
     assert not t.has_stats and t.weights.startswith("none (meta")
 
 
@@ -109,6 +109,24 @@ def test_every_spec_traces_on_meta(spec_file, capsys):
         assert "layers.0.ffn:hidden" in t.unavailable
     assert t.after[-1].shape == (1, 3, spec.vocab_size)
     assert sum(len(g.layers) for g in t.groups) == spec.n_layers
+
+
+def test_a_70b_spec_traces_on_meta_without_weights():
+    import json
+
+    spec = json.loads((SPECS / "llama-3.1-8b.json").read_text())  # scaled to Llama 3.1 70B's sizes
+    spec.update(name="llama-70b-sizes", d_model=8192, n_layers=80)
+    spec["block"]["attention"].update(n_heads=64, n_kv_heads=8)
+    spec["block"]["ffn"]["d_ff"] = 28672
+    model = modkit.build(spec, device="meta")
+    assert modkit.count_params(model) == 70_553_706_496
+    t = trace(model, [128000, 791, 3938])
+    assert [g.layers for g in t.groups] == [list(range(80))]
+    stages = {s.name: s.shape for s in t.groups[0].stages}
+    assert stages["layers.0.attention:q"] == (1, 64, 3, 128) and stages["layers.0.attention:k"] == (1, 8, 3, 128)
+    assert stages["layers.0.attention:weights"] == (1, 64, 3, 3)
+    assert stages["layers.0.ffn:hidden"] == (1, 3, 28672)
+    assert t.after[-1].shape == (1, 3, 128256) and not t.has_stats
 
 
 # ------------------------------------------------------------------------------------------------ statistics
