@@ -13,6 +13,7 @@ Public API::
     modkit.to_hf(model, "out/")                         # Model -> Hugging Face folder transformers loads
     modkit.save(model, "ckpt/"); modkit.load("ckpt/")   # modkit's own format: spec.json + model.safetensors
     modkit.resize_vocab(model, 32_100)                  # new token ids: old rows kept, new ones the mean, tie kept
+    with modkit.inspect(model) as rec: model(input_ids) # rec["layers.0:update"], rec["layers.0.attention:weights"]
 
 For component authors: :class:`Component`, :class:`ComponentConfig`, :func:`Slot`, :func:`hookimpl`, the contracts
 in :mod:`modkit.interfaces`, and the attention helpers of :mod:`modkit.attention` (the mask from positions,
@@ -44,6 +45,7 @@ from .errors import (
 from .checkpoint import load, save
 from .hf import from_hf, from_hf_config, to_hf
 from .hooks import hookimpl
+from .inspection import Recording, inspect
 from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, run_ffn, split_aux
 from .model import Model, ModelOutput
 from .registry import Component, Registry, get_registry
@@ -74,6 +76,7 @@ __all__ = [
     "ModkitError",
     "PositionScheme",
     "PreparedMask",
+    "Recording",
     "Registry",
     "RegistryError",
     "SamplingError",
@@ -94,6 +97,7 @@ __all__ = [
     "from_hf_config",
     "get_registry",
     "hookimpl",
+    "inspect",
     "json_schema",
     "kv_cache_bytes_per_token",
     "load",

@@ -42,7 +42,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 #: Modules that may contribute subcommands with ``add_subcommands(subparsers)``; a missing one is skipped.
-EXTENSION_MODULES = ("modkit.testing.cli", "modkit.scaffold", "modkit.docs", "modkit.train.cli", "modkit.data.cli", "modkit.cost_cli")
+EXTENSION_MODULES = (
+    "modkit.testing.cli",
+    "modkit.scaffold",
+    "modkit.docs",
+    "modkit.train.cli",
+    "modkit.data.cli",
+    "modkit.cost_cli",
+    "modkit.trace_cli",
+)
 
 PROG = "modkit"
 
