@@ -499,3 +499,23 @@ def test_data_guide_examples_run(shakespeare, tmp_path, monkeypatch):
     exec(blocks[1], ns)  # noqa: S102
     assert ns["data"].path == shakespeare.path and ns["x"].shape == (64, 256) and len(ns["val"]) == 20
     assert ns["state"]["step"] == 1 and ns["batches"].step == 1
+
+
+def test_a_tokenizer_file_with_padding_or_truncation_encodes_text_as_it_is(tmp_path):
+    """A tokenizer.json saved with padding (MiniLM pads to 128) or truncation must not put pad ids into training
+    data or cut a document: load_tokenizer switches both off."""
+    import tokenizers
+
+    from modkit.data import load_tokenizer, train_tokenizer
+
+    base = train_tokenizer("bpe:300", iter(["hello world, the quick brown fox " * 20]))
+    path = tmp_path / "padded.json"
+    base.save(path)
+    raw = tokenizers.Tokenizer.from_file(str(path))
+    raw.enable_padding(length=128, pad_id=0, pad_token="[PAD]")
+    raw.enable_truncation(max_length=4)
+    raw.save(str(path))
+    tok = load_tokenizer(path)
+    ids = tok.encode("hello world, the quick brown fox")
+    assert ids == base.encode("hello world, the quick brown fox")
+    assert 4 < len(ids) < 128 and tok.decode(ids) == "hello world, the quick brown fox"

@@ -236,6 +236,8 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
         path: the file, or a folder with ``tokenizer.json`` in it.
         spec: what the tokenizer was made from (e.g. ``"char"`` from a dataset's ``meta.json``); default: the path.
 
+    Padding and truncation stored in the file are switched off: text is encoded as it is.
+
     Raises:
         DataError: no such file, or a file ``tokenizers`` cannot read.
     """
@@ -248,4 +250,8 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
         backend = tokenizers.Tokenizer.from_file(str(file))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
         raise DataError(f"{file}: not a tokenizers tokenizer.json ({exc}); save one with tokenizers' Tokenizer.save") from None
+    # a model's tokenizer.json may pad (MiniLM: to 128) or truncate its inputs; text for training or a prompt is
+    # encoded as it is, never padded with pad ids or cut
+    backend.no_padding()
+    backend.no_truncation()
     return Tokenizer(backend, spec if spec is not None else str(file))
