@@ -7,23 +7,55 @@ Public API::
     model = modkit.build(spec, device="cpu", dtype="float32", seed=0)
     out = model(input_ids)                              # out.logits: [batch, seq, vocab_size]
     modkit.count_params(spec)                           # exact, built on meta
+    modkit.CostModel(spec).per_token("decode", 8192)    # FLOPs per token by part, from the components' declarations
     modkit.from_hf_config(config_dict)                  # Hugging Face config.json -> ModelSpec
     model = modkit.from_hf("path/to/hf-model")          # config.json + safetensors -> Model with its weights
     modkit.to_hf(model, "out/")                         # Model -> Hugging Face folder transformers loads
     modkit.save(model, "ckpt/"); modkit.load("ckpt/")   # modkit's own format: spec.json + model.safetensors
+    modkit.resize_vocab(model, 32_100)                  # new token ids: old rows kept, new ones the mean, tie kept
+    with modkit.inspect(model) as rec: model(input_ids) # rec["layers.0:update"], rec["layers.0.attention:weights"]
+
+For component authors: :class:`Component`, :class:`ComponentConfig`, :func:`Slot`, :func:`hookimpl`, the contracts
+in :mod:`modkit.interfaces`, and the attention helpers of :mod:`modkit.attention` (the mask from positions,
+token mask and window; the dead-row guard; the KV-cache update) that the built-in attention uses too.
 """
 
+from .attention import (
+    PreparedMask,
+    attention_mask,
+    masked_attention,
+    masked_softmax,
+    position_bias,
+    prepare_mask,
+    update_cache,
+)
 from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
 from .cache import KVCache, LayerKVCache
 from .config import ComponentConfig, Slot
-from .errors import CheckpointError, ModkitError, RegistryError, SpecError
+from .cost import CostError, CostModel, Workload, elementwise, flops_per_token
+from .errors import (
+    CheckpointError,
+    ModkitError,
+    RegistryError,
+    SamplingError,
+    SpecError,
+    SpecWarning,
+    UnknownConfigKeyWarning,
+)
 from .checkpoint import load, save
 from .hf import from_hf, from_hf_config, to_hf
 from .hooks import hookimpl
+from .inspection import Recording, inspect
 from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, run_ffn, split_aux
 from .model import Model, ModelOutput
 from .registry import Component, Registry, get_registry
 from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
+
+
+def resize_vocab(model: Model, vocab_size: int, *, init: str = "mean", seed: int = 0) -> Model:
+    """Grow or shrink ``model``'s vocabulary in place, keeping the old rows and the tie (:meth:`Model.resize_vocab`)."""
+    return model.resize_vocab(vocab_size, init=init, seed=seed)
+
 
 __version__ = "0.1.0"
 
@@ -33,6 +65,8 @@ __all__ = [
     "CheckpointError",
     "Component",
     "ComponentConfig",
+    "CostError",
+    "CostModel",
     "Init",
     "KVCache",
     "LayerKVCache",
@@ -41,28 +75,44 @@ __all__ = [
     "ModelSpec",
     "ModkitError",
     "PositionScheme",
+    "PreparedMask",
+    "Recording",
     "Registry",
     "RegistryError",
+    "SamplingError",
     "Slot",
     "SpecContext",
     "SpecError",
+    "SpecWarning",
+    "Workload",
     "active_params_per_token",
     "add_aux",
+    "attention_mask",
     "breakdown",
     "build",
     "count_params",
+    "elementwise",
+    "flops_per_token",
     "from_hf",
     "from_hf_config",
     "get_registry",
     "hookimpl",
+    "inspect",
     "json_schema",
     "kv_cache_bytes_per_token",
     "load",
     "load_component",
     "load_spec",
+    "masked_attention",
+    "masked_softmax",
+    "position_bias",
+    "prepare_mask",
+    "resize_vocab",
     "run_ffn",
     "save",
     "split_aux",
     "summarize",
     "to_hf",
+    "update_cache",
+    "UnknownConfigKeyWarning",
 ]

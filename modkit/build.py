@@ -106,7 +106,15 @@ def _position_key(cfg, heads: tuple, registry: Registry) -> tuple:
 
 
 def _construct(spec: ModelSpec, registry: Registry) -> Model:
-    base = BuildContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
+    base = BuildContext(
+        spec.d_model,
+        spec.n_layers,
+        spec.vocab_size,
+        spec.max_seq_len,
+        registry,
+        attention_dropout=spec.dropout.attention,
+        residual_dropout=spec.dropout.residual,
+    )
     layer_specs = [spec.layer(i) for i in range(spec.n_layers)]
     blocks, pos_keys, pos_modules, layer_position, windows = [], {}, [], [], []
     top_key = None

@@ -14,8 +14,10 @@ Subcommands::
                                              components, parameter table, weight / KV-cache bytes and, on a real
                                              device, one forward pass (shape, initial loss vs ln(vocab), tokens/s)
     modkit generate MODEL --prompt TEXT [--tokenizer JSON] [--max-new-tokens N] [--temperature T] [--top-k K]
-                    [--top-p P] [--seed S]   stream a continuation (text, or token ids without a tokenizer), then
-                                             prefill ms and decode tokens/s on stderr
+                    [--top-p P] [--min-p P] [--repetition-penalty R] [--stop-strings S...] [--sampling JSON]
+                    [--seed S]               stream a continuation (text, or token ids without a tokenizer), then
+                                             prefill ms and decode tokens/s on stderr; one flag per registered
+                                             sampling keyword, or the whole pipeline as a JSON list
 
 Every handler is ``func(args) -> int``. User errors print one clear message to stderr and exit 1 (argparse usage
 errors exit 2); ``MODKIT_DEBUG=1`` re-raises instead, for a traceback. Other modules may add subcommands through
@@ -40,7 +42,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 #: Modules that may contribute subcommands with ``add_subcommands(subparsers)``; a missing one is skipped.
-EXTENSION_MODULES = ("modkit.testing.cli", "modkit.scaffold", "modkit.docs")
+EXTENSION_MODULES = (
+    "modkit.testing.cli",
+    "modkit.scaffold",
+    "modkit.docs",
+    "modkit.train.cli",
+    "modkit.data.cli",
+    "modkit.cost_cli",
+    "modkit.trace_cli",
+)
 
 PROG = "modkit"
 
@@ -164,7 +174,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         pat = f" matching {args.pattern!r}" if args.pattern else ""
         _err(f"no components{where}{pat}; installed types: " + ", ".join(f"{c.kind}/{c.type}" for c in reg.components()))
         return 1
-    rows = [(c.kind, c.type, c.provider.plugin if c.provider else "", _one_line(c.description)) for c in comps]
+    rows = []
+    for c in comps:
+        plugin = c.provider.plugin if c.provider else ""
+        rows.append((c.kind, c.type, plugin, _one_line(c.description)))
+        for alias in c.aliases:  # an alias is a second name of the entry above, not a second component
+            note = " (name changed meaning; see modkit show)" if alias in c.alias_notes else ""
+            rows.append((c.kind, f"{alias} -> {c.type}", plugin, f"alias of {c.type}{note}"))
     for line in _table(("KIND", "TYPE", "PLUGIN", "DESCRIPTION"), rows):
         _out(_fit(line))
     return 0
@@ -242,8 +258,16 @@ def cmd_show(args: argparse.Namespace) -> int:
         _out(json.dumps(schema, indent=2))
         return 0
     _out(f"{entry.kind}/{entry.type}    spec: {json.dumps({'type': entry.type})}")
+    if args.type != entry.type:
+        _out(f"({args.type!r} is an alias of {entry.type!r}; specs that use it are stored with {entry.type!r})")
+    if entry.aliases:
+        _out("aliases: " + ", ".join(entry.aliases))
     _out(f"provider: {entry.provider}")
     _out("")
+    for alias, note in entry.alias_notes.items():
+        for para in textwrap.wrap(f"note on alias {alias!r}: " + " ".join(note.split()), width=100):
+            _out(para)
+        _out("")
     for para in textwrap.wrap(" ".join(entry.description.split()), width=100):
         _out(para)
     _out("")
@@ -358,10 +382,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    """``modkit schema [-o FILE]``: JSON Schema of specs with the installed components."""
+    """``modkit schema [--train] [-o FILE]``: JSON Schema of specs with the installed components, or of training configs."""
     import modkit
 
-    text = json.dumps(modkit.json_schema(), indent=2) + "\n"
+    if args.train:
+        from modkit.train.config import json_schema as train_schema
+
+        schema = train_schema()
+    else:
+        schema = modkit.json_schema()
+    text = json.dumps(schema, indent=2) + "\n"
     if args.output and args.output != "-":
         Path(args.output).write_text(text)
         _err(f"wrote {args.output}")
@@ -382,10 +412,10 @@ def cmd_convert_hf(args: argparse.Namespace) -> int:
     if not src.exists():
         raise FileNotFoundError(f"{args.config}: no such file")
     if src.is_dir() and args.output and args.output != "-" and not args.output.endswith(".json") and _has_weights(src):
-        return _convert_hf_weights(src, Path(args.output), args.dtype)
+        return _convert_hf_weights(src, Path(args.output), args.dtype, args.strict)
     reg = _registry()
     try:
-        data, spec = convert_hf_config(src, registry=reg)
+        data, spec = convert_hf_config(src, registry=reg, strict=args.strict)
     except modkit.SpecError as exc:
         for line in _spec_error_lines(exc, args.config):
             _err(line)
@@ -416,11 +446,11 @@ def _weights_summary(model) -> str:
     return f"{model.spec.name or 'unnamed'}: {_count(total)} parameters, {_short_count(total)}, {dtype}{kept}"
 
 
-def _convert_hf_weights(src: Path, out: Path, dtype: Optional[str]) -> int:
+def _convert_hf_weights(src: Path, out: Path, dtype: Optional[str], strict: bool = False) -> int:
     """``modkit convert hf DIR -o OUT``: load the folder's safetensors weights and save a modkit checkpoint."""
     import modkit
 
-    model = modkit.from_hf(src, dtype=dtype, registry=_registry())
+    model = modkit.from_hf(src, dtype=dtype, registry=_registry(), strict=strict)
     modkit.save(model, out)
     _err(f"wrote {out}/ (spec.json + model.safetensors; {_weights_summary(model)})")
     return 0
@@ -720,7 +750,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """``modkit generate MODEL --prompt TEXT``: stream a continuation, then one summary line on stderr."""
     import torch
 
-    from modkit.generate import check_generation, check_sampling, column_major_linears, stream_generate
+    import modkit
+
+    from modkit.generate import build_sampler, check_generation, check_sampling, column_major_linears, stream_generate
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -728,6 +760,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
              "max_new_tokens": "--max-new-tokens"}
     check_sampling(args.temperature, args.top_k, args.top_p, names=flags)  # every argument before any work
     check_generation(args.max_new_tokens, seed=args.seed, names=flags)
+    found = Path(args.model) / "tokenizer.json"  # a training run's checkpoints (and HF folders) carry their tokenizer
+    if not args.tokenizer and Path(args.model).is_dir() and found.is_file():
+        args.tokenizer = str(found)
+        _err(f"tokenizer: {found}")
     tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
     ids = _prompt_ids(args.prompt, tokenizer)
     device = _check_device(args.device)
@@ -737,10 +773,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if device.type == "cpu":  # batch-1 decoding streams column-major weights faster (same values; see the docstring)
         column_major_linears(model)
     stream = _TextStream(tokenizer)
+    sampling = _sampling_from_args(args)
+    decode = tokenizer.decode if tokenizer is not None else None
+    try:  # the pipeline is checked before anything is printed
+        build_sampler(model.spec.vocab_size, decode=decode, **sampling)
+    except modkit.SamplingError as exc:
+        if "sampling" in sampling:
+            lines = _spec_error_lines(exc, "--sampling")
+        else:
+            lines = [f"--{p.replace('_', '-')}: {m}" for p, m in exc.errors]
+        for line in lines:
+            _err(line)
+        return 1
     tokens = stream_generate(  # checks the prompt against the model (vocabulary, max_seq_len) before any output
-        model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile,
-        check_memory=not args.no_memory_check,
+        model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, seed=args.seed, compile=args.compile,
+        decode=decode, check_memory=not args.no_memory_check, **sampling,
     )
     start = time.perf_counter()
     first = None
@@ -806,6 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the JSON Schema of specs", description="JSON Schema of specs (installed components).")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("--train", action="store_true", help="the JSON Schema of training configs (modkit train --config) instead")
     p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser(
@@ -831,6 +879,11 @@ def build_parser() -> argparse.ArgumentParser:
         "only); otherwise the spec (default: the spec to stdout)",
     )
     h.add_argument("--dtype", default=None, help="with weights: float32, bfloat16 or float16 (default: as stored)")
+    h.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse config keys the converter does not know (default: drop them with one warning naming each key and value)",
+    )
     h.set_defaults(func=cmd_convert_hf)
     m = conv.add_parser(
         "modkit",
@@ -869,11 +922,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", metavar="MODEL", help="spec .json (random init), modkit checkpoint folder or Hugging Face folder")
     p.add_argument("--prompt", required=True, help="text (with --tokenizer) or token ids separated by commas or spaces")
-    p.add_argument("--tokenizer", metavar="JSON", help="a tokenizers tokenizer.json; without it prompt and output are token ids")
+    p.add_argument(
+        "--tokenizer", metavar="JSON",
+        help="a tokenizers tokenizer.json (default: MODEL/tokenizer.json when there is one); without one, prompt and output are token ids",
+    )
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) is greedy; > 0 samples")
+    p.add_argument("--temperature", type=float, default=None, metavar="T", help="0 (default) is greedy; > 0 samples")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
     p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: smallest set with mass >= P")
+    _add_sampling_flags(p)
+    p.add_argument(
+        "--sampling",
+        metavar="JSON",
+        help="the sampling pipeline as a JSON list (or a file holding one), applied in list order, e.g. "
+        "'[{\"type\": \"temperature\", \"value\": 0.7}, {\"type\": \"min_p\", \"p\": 0.05}]'; instead of the flags above",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (and of random weights for a spec; default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, ...")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)")
@@ -884,6 +947,71 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_extensions(sub)
     return parser
+
+
+def _sampling_arguments() -> dict:
+    """``{keyword: (entry, field)}`` of the registered sampling steps (empty if the registry cannot load)."""
+    try:
+        from modkit.sampling import arguments
+
+        return arguments(_registry())
+    except Exception:  # noqa: BLE001 - a broken registry must not take the parser down; commands report it
+        if _debug():
+            raise
+        return {}
+
+
+def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per sampling keyword a registered logits processor or stop condition declares (its
+    ``argument`` capability), typed from its config field; flags already defined are left as they are."""
+    import typing
+
+    taken = {a.dest for a in p._actions}
+    for name, (entry, field) in sorted(_sampling_arguments().items()):
+        if name in taken:
+            continue
+        def base(t: Any) -> Any:  # int for Annotated[int, Ge(0)] (PositiveInt and friends)
+            return typing.get_args(t)[0] if typing.get_origin(t) is typing.Annotated else t
+
+        info = entry.config.model_fields.get(field)
+        ann = base(info.annotation if info is not None else str)
+        kwargs: dict[str, Any] = {"default": None, "dest": name}
+        if typing.get_origin(ann) is list:
+            item = base((typing.get_args(ann) or (str,))[0])
+            kwargs.update(nargs="+", type=item if item in (int, float, str) else str)
+        elif ann in (int, float):
+            kwargs["type"] = ann
+        text = (info.description or "") if info is not None else ""
+        kwargs["help"] = f"{entry.kind} {entry.type}: {text}".replace("%", "%%")
+        kwargs["metavar"] = field.upper()
+        p.add_argument("--" + name.replace("_", "-"), **kwargs)
+
+
+def _sampling_from_args(args: argparse.Namespace) -> dict:
+    """``generate`` keyword arguments for the sampling pipeline from the parsed flags (``--sampling`` or flags)."""
+    values = {name: getattr(args, name, None) for name in _sampling_arguments()}
+    for name in ("temperature", "top_k", "top_p"):
+        values[name] = getattr(args, name, None)
+    given = {k: v for k, v in values.items() if v is not None}
+    if args.sampling is None:
+        given.setdefault("temperature", 0.0)  # the command line decodes greedily unless told otherwise
+        return given
+    if given:
+        raise UserError(f"--sampling replaces the sampling flags; drop {', '.join('--' + k.replace('_', '-') for k in sorted(given))}")
+    from modkit.jsonio import JSONInputError, parse_json, read_json_file
+
+    text = args.sampling
+    try:
+        if text.lstrip().startswith("["):
+            steps = parse_json(text, source="--sampling")
+        elif "\x00" not in text and Path(text).exists():
+            steps = read_json_file(text)  # a regular file of bounded size, UTF-8, no duplicate keys
+        else:
+            raise UserError(f"--sampling takes a JSON list or a file holding one; {text!r} is neither")
+    except JSONInputError as exc:
+        where = exc.source or "--sampling"
+        raise UserError("; ".join(f"{where}{': ' + p if p else ''}: {m}" for p, m in exc.errors)) from None
+    return {"sampling": steps}
 
 
 def _add_extensions(subparsers) -> None:
@@ -910,12 +1038,14 @@ def _add_extensions(subparsers) -> None:
 
 @contextlib.contextmanager
 def _plugin_warnings_to_stderr():
-    """Show modkit's plugin warnings as one ``modkit: warning: ...`` line on stderr (never on stdout)."""
+    """Show modkit's plugin and spec warnings as one ``modkit: warning: ...`` line on stderr (never on stdout)."""
+    from modkit.errors import SpecWarning
+
     with warnings.catch_warnings():
         default = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if category.__name__ == "PluginWarning":
+            if category.__name__ == "PluginWarning" or issubclass(category, SpecWarning):
                 _err(f"{PROG}: warning: {message}")
             else:
                 default(message, category, filename, lineno, file, line)
@@ -959,7 +1089,8 @@ def _report(exc: BaseException) -> int:
     from modkit.errors import ModkitError, SpecError
 
     if isinstance(exc, SpecError):
-        _err(f"{PROG}: error: " + (f"invalid spec {exc.source}" if exc.source else "invalid spec"))
+        what = exc.source if (exc.source or "").startswith("training config") else f"spec {exc.source}" if exc.source else "spec"
+        _err(f"{PROG}: error: invalid {what}")
         for line in _spec_error_lines(exc, None):
             _err("  " + line)
     elif isinstance(exc, UserError):

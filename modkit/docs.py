@@ -455,7 +455,13 @@ def _build_alone(entry, config, registry, d_model: int, norm_config):
 
 
 def param_info(entry, config, registry) -> ParamInfo:
-    """Count ``entry``'s parameters (built on meta) at :data:`FIT_D_MODELS`; fit ``a·d² + b·d + c`` exactly."""
+    """Count ``entry``'s parameters (built on meta) at :data:`FIT_D_MODELS`; fit ``a·d² + b·d + c`` exactly.
+
+    Sampling steps (logits processors, stop conditions) are not part of a model: 0, ``how = "sampling"``."""
+    from .sampling import KINDS as SAMPLING_KINDS
+
+    if entry.kind in SAMPLING_KINDS:
+        return ParamInfo(count=0, how="sampling")
     norm_config = _default_norm(registry)
     info = ParamInfo()
     counts: dict[int, int] = {}
@@ -739,6 +745,9 @@ def _params_short(info: ParamInfo) -> str:
 def _params_section(doc: ComponentDoc) -> str:
     info, entry = doc.params, doc.entry
     ctx = EXAMPLE_CONTEXT
+    if info.how == "sampling":
+        return ("None: a sampling step works on the logits during generation ([`modkit.sampling`]"
+                "({to:reference/api/modkit.sampling.md})), outside the model.")
     if info.count is None:
         return f"Could not be built on its own to count parameters ({_cell(info.error) or 'no host component'})."
     where = " (built " + info.how + ")" if info.how and info.how != "alone" else ""
@@ -779,6 +788,7 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
     """Markdown of one component's page."""
     from .config import SLOT_KEY  # noqa: F401 - documents where slot markers come from
     from .registry import KNOWN_CAPABILITIES, config_tags
+    from .sampling import KINDS as SAMPLING_KINDS
 
     entry = doc.entry
     page = component_path(entry.kind, entry.type)
@@ -795,8 +805,13 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
         ("type", f"`{entry.type}`" + (f" (the same config also serves {', '.join(f'`{t}`' for t in others)})" if others else "")),
         ("plugin", _provider(entry)),
         ("config class", f"`{cfg_cls}`"),
+        *([("aliases", ", ".join(f"`{a}`" for a in entry.aliases) + f" (other names of `{entry.type}`, stored as `{entry.type}`)")]
+          if entry.aliases else []),
         ("reference", _link_references(_cell(entry.reference)) if entry.reference else "(none given)"),
-        ("goes in a spec at", ", ".join(places.get(entry.kind, [])) or "(no slot)"),
+        ("goes in a spec at", ", ".join(places.get(entry.kind, [])) or "(no slot)")
+        if entry.kind not in SAMPLING_KINDS else
+        ("goes in", "the `sampling` list of `modkit.generate.generate` (`modkit generate --sampling`)"
+         + (f", or its keyword `{entry.capabilities['argument']['name']}`" if isinstance(entry.capabilities.get("argument"), dict) else "")),
     ]
     parts = [
         f"# {entry.type}",
@@ -821,6 +836,8 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
     if entry.grouped_factory is not None:
         parts += ["", "**Grouped form**: usable as mixture-of-experts experts (its `grouped_factory` builds `n` "
                   "copies with stacked weights, run by one grouped GEMM per projection)."]
+    for alias, note in entry.alias_notes.items():
+        parts += ["", f'!!! note "Alias `{alias}`"', "", textwrap.indent(_link_references(_cell(note)), "    ")]
     parts += ["", "## Fields", "", _field_table(field_rows(schema, link_kind=link_kind)), ""]
     parts += ["## Capabilities", ""]
     if entry.capabilities:
@@ -848,7 +865,7 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
         f"Validated with `modkit.load_component({entry.kind!r}, ...)` when the site was built:",
         "",
         "```json",
-        json.dumps({spec_key: doc.example}, indent=2),
+        json.dumps([doc.example] if entry.kind in SAMPLING_KINDS else {spec_key: doc.example}, indent=2),
         "```",
         "",
         '??? note "The same config with every default filled in"',
@@ -885,6 +902,10 @@ def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Ma
         )
     col = "acts on" if any("acts_on" in d.entry.capabilities for d in mine) else "parameters (d = d_model)"
     parts += [_table(("type", "plugin", "what it computes", col, "capabilities"), rows), ""]
+    aliases = registry.aliases(kind)
+    if aliases:
+        parts += ["**Aliases** (other names a spec may use; stored under the type): " + ", ".join(
+            f"`{a}` → [`{t}`]({_rel(page, component_path(kind, t))})" for a, t in aliases.items()) + ".", ""]
     diagrams = [d for d in mine if d.diagram]
     if diagrams:
         parts += ["## Side by side", "", "Each block as traced from the module the placement builds; `+` is a residual add.", ""]

@@ -17,13 +17,23 @@ class SpecError(ModkitError, ValueError):
             ``block.attention.n_kv_heads`` or ``overrides[2].ffn.d_ff`` (empty for the document root).
     """
 
+    #: what is invalid, in the first line of the message
+    subject = "spec"
+
     def __init__(self, errors: Iterable[tuple[str, str]], *, source: str | None = None):
         self.errors: list[tuple[str, str]] = [(str(p), str(m)) for p, m in errors]
         self.source = source
-        head = f"invalid spec {source}" if source else "invalid spec"
+        head = f"invalid {self.subject} {source}" if source else f"invalid {self.subject}"
         lines = [f"{head}: {len(self.errors)} error(s)"]
         lines += [f"  {p or '<root>'}: {m}" for p, m in self.errors]
         super().__init__("\n".join(lines))
+
+
+class SamplingError(SpecError):
+    """A sampling pipeline (keyword arguments or JSON list of logits processors and stop conditions) is invalid;
+    ``errors`` name each argument or list item (``top_p``, ``[1].p``)."""
+
+    subject = "sampling"
 
 
 class RegistryError(ModkitError):
@@ -65,3 +75,32 @@ class ArgumentError(ModkitError, ValueError):
     def __init__(self, name: str, message: str):
         self.name = name
         super().__init__(message)
+class DataError(ModkitError, ValueError):
+    """Training data cannot be prepared or loaded: a missing, empty or non-UTF-8 input, a bad JSON Lines record, a
+    tokenizer that cannot encode the text, a bad option (``val_fraction``, ``batch_size``, ...), or a prepared
+    dataset whose files do not match its ``meta.json``. The message names the file (and line) and the fix."""
+
+
+class SpecWarning(UserWarning):
+    """A spec (or a Hugging Face config being converted) is accepted, but something in it deserves attention: a
+    component alias whose meaning changed, a config key the converter does not know and dropped."""
+
+
+class UnknownConfigKeyWarning(SpecWarning):
+    """A Hugging Face config holds keys its converter does not know; they were dropped (see :func:`modkit.from_hf_config`).
+
+    Attributes:
+        model_type: the config's ``model_type``.
+        keys: ``{key: value}`` of every dropped key (nested keys as dotted paths, e.g. ``rope_scaling.foo``).
+    """
+
+    def __init__(self, model_type: str, keys: dict):
+        self.model_type = model_type
+        self.keys = dict(keys)
+        listed = ", ".join(f"{k} = {v!r}" for k, v in self.keys.items())
+        super().__init__(
+            f"Hugging Face {model_type} config: dropped {len(self.keys)} key(s) the converter does not know: {listed}. "
+            "transformers ignores keys its config class does not read, and the converter reads every key that shapes a "
+            f"{model_type} network, so the model is the same; convert with strict=True (modkit convert hf --strict) to "
+            "refuse unknown keys instead"
+        )

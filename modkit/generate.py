@@ -3,10 +3,14 @@
 ``generate`` allocates a *fresh* static cache of ``prompt_len + max_new_tokens`` slots per call (state never
 leaks between calls: litgpt #1596, torchtune #959), prefills the prompt (at once or in chunks), then decodes one
 token at a time; each decode step has the same shapes, so it can run compiled (``compile=True``: one
-``torch.compile(fullgraph=True)`` trace reused for every token and every later call). Sampling follows the usual order:
-temperature, then top-k, then top-p (nucleus, Holtzman et al. 2019, arXiv:1904.09751); temperature 0 is
-greedy (argmax). On a CPU with MKL, ``generate`` stores the model's ``nn.Linear`` weights column-major first
-(:func:`column_major_linears`, same values): the layout batch-1 decoding streams fastest.
+``torch.compile(fullgraph=True)`` trace reused for every token and every later call).
+
+Sampling is a pipeline of registered logits processors and stop conditions (:mod:`modkit.sampling`), given by
+keyword (``temperature=0.7, top_p=0.9, repetition_penalty=1.1, min_p=0.05, stop_strings=[...]``, applied in the
+documented order: penalties, temperature, top-k, top-p, min-p) or as a spec-like JSON list (``sampling=[{"type":
+"temperature", "value": 0.7}, ...]``, applied in list order). Temperature 0 is greedy (argmax). On a CPU with MKL,
+``generate`` stores the model's ``nn.Linear`` weights column-major first (:func:`column_major_linears`, same
+values): the layout batch-1 decoding streams fastest.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from torch import Tensor
 from .cache import KVCache
 from .errors import ArgumentError
 from .model import Model
+from .sampling import GenerationState, Sampler, SamplingSetup, sampler_from_arguments, sampler_from_list
+
 
 #: largest seed ``torch.Generator.manual_seed`` takes (seeds are unsigned 64-bit)
 MAX_SEED = 2**64 - 1
@@ -58,8 +64,10 @@ def _check_int(value: Any, key: str, names, *, minimum: int, maximum: Optional[i
 def check_sampling(
     temperature: Any = 1.0, top_k: Any = None, top_p: Any = None, *, names: Optional[Mapping[str, str]] = None
 ) -> None:
-    """Check sampling parameters: ``temperature`` a finite number >= 0, ``top_k`` an integer >= 1 or ``None``,
-    ``top_p`` a number in (0, 1] or ``None``.
+    """Check the three classic sampling keywords, each as a Python argument (before the pipeline is built):
+    ``temperature`` a finite number >= 0 or ``None`` (not given), ``top_k`` an integer >= 1 or ``None``, ``top_p``
+    a number in (0, 1] or ``None``. The pipeline (:func:`build_sampler`) then validates every processor's values
+    against its config.
 
     Args:
         names: how to call each parameter in messages (the CLI passes ``{"temperature": "--temperature", ...}``).
@@ -68,7 +76,7 @@ def check_sampling(
         ArgumentError: (a ``ValueError``) naming the parameter and the value.
     """
     name = _name(names, "temperature")
-    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+    if temperature is not None and not _is_real(temperature) or temperature is not None and (not math.isfinite(temperature) or temperature < 0):
         raise ArgumentError(name, f"{name} must be a finite number >= 0 (0 is greedy), got {temperature!r:.40}")
     if top_k is not None:
         _check_int(top_k, "top_k", names, minimum=1)
@@ -164,40 +172,51 @@ def _check_eos(eos_token_id: Any, vocab_size: int) -> list[int]:
     return out
 
 
-def top_p_mask(probs: Tensor, top_p: float) -> Tensor:
-    """Boolean mask ``[..., vocab]`` of the smallest set of tokens whose probability mass reaches ``top_p``.
+def build_sampler(
+    vocab_size: int,
+    *,
+    sampling: Optional[Sequence[Any]] = None,
+    decode: Optional[Callable[[list[int]], str]] = None,
+    **arguments: Any,
+) -> Sampler:
+    """The sampling pipeline of a :func:`generate` call: from the ``sampling`` list, or from keyword ``arguments``.
 
-    A token is kept when the mass of the strictly more probable tokens is below ``top_p``, so the most probable
-    token is always kept (never empty) and ties at the boundary are resolved by sort order
-    (llama.cpp #1953, transformers #18976). ``top_p >= 1`` keeps everything.
-    """
-    if top_p >= 1.0:
-        return torch.ones_like(probs, dtype=torch.bool)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    keep_sorted = mass_before < top_p
-    keep_sorted[..., 0] = True
-    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-
-
-def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None) -> Tensor:
-    """Apply temperature, top-k and top-p to ``logits [..., vocab]``; removed tokens get ``-inf``.
+    Args:
+        vocab_size: the model's vocabulary size.
+        sampling: spec-like JSON list of processors and stop conditions, applied in list order.
+        decode: token ids -> text (stop strings need it).
+        arguments: keyword form, e.g. ``temperature=0.7, top_k=50, stop_token_ids=[2]`` (``None`` = not given);
+            every registered processor or stop condition that declares an ``argument`` capability adds one.
 
     Raises:
-        ArgumentError: (a ``ValueError``) temperature not a finite number >= 0, top_k not an integer >= 1, top_p
-            outside (0, 1] (see :func:`check_sampling`).
+        ValueError: both a list and keyword arguments; SpecError (a ValueError) for an invalid step or value.
+        TypeError: a keyword no registered component declares.
     """
-    check_sampling(temperature, top_k, top_p)
-    logits = logits.float()
-    if temperature > 0:
-        logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1:
-        keep = top_p_mask(torch.softmax(logits, -1), top_p)
-        logits = logits.masked_fill(~keep, float("-inf"))
-    return logits
+    setup = SamplingSetup(vocab_size=vocab_size, decode=decode)
+    if sampling is not None:
+        given = sorted(k for k, v in arguments.items() if v is not None)
+        if given:
+            raise ValueError(f"give the sampling pipeline either as a list (sampling=...) or as keywords, not both; got both "
+                             f"sampling and {', '.join(given)}")
+        return sampler_from_list(sampling, setup)
+    return sampler_from_arguments(arguments, setup)
+
+
+def _no_history(logits: Tensor) -> GenerationState:
+    return GenerationState(ids=torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device), real=None, prompt_len=0)
+
+
+def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                  **arguments: Any) -> Tensor:
+    """Apply the keyword pipeline (temperature, top-k, top-p, and any other processor keyword that needs no token
+    history) to ``logits [batch, vocab]``; removed tokens get ``-inf``; float32 out.
+
+    Raises:
+        SamplingError: (a ``ValueError``) a value a processor refuses, naming it (e.g. ``top_p = 0``: it must lie
+            in (0, 1]; a bool or string where a number belongs).
+    """
+    sampler = build_sampler(logits.shape[-1], temperature=temperature, top_k=top_k, top_p=top_p, **arguments)
+    return sampler.process(logits, _no_history(logits))
 
 
 def sample(
@@ -207,17 +226,16 @@ def sample(
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
+    **arguments: Any,
 ) -> Tensor:
-    """Draw one token per row of ``logits [batch, vocab]`` → ``[batch]`` int64. ``temperature == 0`` is argmax.
+    """Draw one token per row of ``logits [batch, vocab]`` → ``[batch]`` int64 with the keyword pipeline
+    (:func:`filter_logits`). ``temperature == 0`` is argmax.
 
     Raises:
-        ArgumentError: a sampling parameter out of range (see :func:`check_sampling`).
+        SamplingError: as :func:`filter_logits`.
     """
-    check_sampling(temperature, top_k, top_p)
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p), -1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    sampler = build_sampler(logits.shape[-1], temperature=temperature, top_k=top_k, top_p=top_p, **arguments)
+    return sampler.choose(logits, _no_history(logits), generator)
 
 
 def _as_batch(input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]]) -> Tensor:
@@ -295,7 +313,7 @@ def stream_generate(
     input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]],
     *,
     max_new_tokens: int,
-    temperature: float = 1.0,
+    temperature: Optional[float] = None,
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
     seed: Optional[int] = None,
@@ -304,9 +322,13 @@ def stream_generate(
     prefill_chunk: Optional[int] = None,
     compile: bool = False,
     column_major: Optional[bool] = None,
+    sampling: Optional[Sequence[Any]] = None,
+    decode: Optional[Callable[[list[int]], str]] = None,
+    pad_token_id: Optional[int] = None,
     check_memory: bool = True,
+    **sampling_arguments: Any,
 ) -> Iterator[Tensor]:
-    """Yield the next token ``[batch]`` at each step (finished rows repeat their EOS token).
+    """Yield the next token ``[batch]`` at each step (finished rows yield the padding token).
 
     A fresh static cache of ``prompt_len + max_new_tokens`` slots is allocated for every call (state never
     leaks between calls, C12); the prompt is prefilled (at once, or in chunks of ``prefill_chunk`` tokens), then
@@ -321,16 +343,23 @@ def stream_generate(
         model: a built :class:`~modkit.model.Model` (put it in ``eval()`` mode for dropout-free sampling).
         input_ids: prompt ``[batch, seq]`` (or one sequence); left-pad ragged batches and pass ``attention_mask``.
         max_new_tokens: number of steps (>= 0).
-        temperature, top_k, top_p: see :func:`sample`; ``temperature == 0`` is greedy.
+        temperature, top_k, top_p: keyword sampling (``None``: not given; temperature 1 by default, 0 is greedy).
         seed: seeds a private generator, so seeded runs are reproducible.
-        eos_token_id: stop a row once it emits one of these; iteration ends when every row has.
+        eos_token_id: stop a row once it emits one of these; iteration ends when every row has stopped.
         attention_mask: ``[batch, seq]``, 1 for real tokens (padding on the left only).
         prefill_chunk: feed the prompt in chunks of this many tokens (bounds prefill memory); ``None``: at once.
         compile: run decode steps through :func:`compiled_decode` (``torch.compile``, fullgraph, static shapes);
             the first call for a model pays the compilation.
         column_major: ``None`` (default): column-major ``nn.Linear`` weights when the model is on a CPU with MKL;
             ``True``: convert whatever the device; ``False``: leave the weight layout as it is.
-
+        sampling: the pipeline as a spec-like JSON list (processors applied in list order, stop conditions), instead
+            of keywords; see :mod:`modkit.sampling`.
+        decode: token ids -> text (``tokenizer.decode``), needed by ``stop_strings``.
+        pad_token_id: what finished rows emit; default the first ``eos_token_id``, else the first stop condition's
+            suggestion (``stop_tokens``: its first id), else 0.
+        sampling_arguments: more keyword sampling: every registered processor or stop condition with an
+            ``argument`` capability (built-ins: ``min_p``, ``repetition_penalty``, ``presence_penalty``,
+            ``frequency_penalty``, ``stop_token_ids``, ``stop_strings``).
         check_memory: refuse (:class:`~modkit.errors.MemoryLimitError`) a KV cache that would not fit in the memory
             free on the model's device; ``False`` skips the estimate.
 
@@ -339,10 +368,13 @@ def stream_generate(
     Raises:
         ArgumentError: (a ``ValueError``, naming the parameter) an empty, ragged, float, bool or out-of-vocabulary
             prompt; ``max_new_tokens`` not an integer >= 0; a prompt plus ``max_new_tokens`` longer than the
-            model's ``max_seq_len``; ``seed`` outside [0, 2**64 - 1]; an ``eos_token_id`` outside the vocabulary;
-            an ``attention_mask`` of another shape, with values other than 0/1, a row of padding only, or padding
-            after a real token (right padding); ``prefill_chunk < 1``; a bad sampling parameter
-            (:func:`check_sampling`).
+            model's ``max_seq_len``; ``seed`` outside [0, 2**64 - 1]; an ``eos_token_id`` or ``pad_token_id``
+            outside the vocabulary; an ``attention_mask`` of another shape, with values other than 0/1, a row of
+            padding only, or padding after a real token (right padding); ``prefill_chunk < 1``; ``temperature``,
+            ``top_k`` or ``top_p`` of the wrong type or range (:func:`check_sampling`).
+        SamplingError: (a ``ValueError``) a bad value of another sampling keyword or list item, naming it.
+        ValueError: both ``sampling`` and sampling keywords.
+        TypeError: a sampling keyword no registered component declares.
         MemoryLimitError: the KV cache would not fit (see ``check_memory``).
     """
     from .build import kv_cache_bytes_per_token
@@ -356,7 +388,10 @@ def stream_generate(
     device = model.embed.weight.device
     ids = ids.to(device)
     mask = _check_mask(attention_mask, ids) if attention_mask is not None else None
-    eos_ids = _check_eos(eos_token_id, spec.vocab_size)
+    eos_list = _check_eos(eos_token_id, spec.vocab_size)
+    if pad_token_id is not None:
+        pad_token_id = _check_int(pad_token_id, "pad_token_id", None, minimum=0, maximum=spec.vocab_size - 1,
+                                  what="an integer token id")
     batch, prompt_len = ids.shape
     if prompt_len + max_new_tokens > spec.max_seq_len:
         raise ArgumentError(
@@ -365,23 +400,29 @@ def stream_generate(
             f"{prompt_len + max_new_tokens - 1}, past the model's max_seq_len = {spec.max_seq_len}; generate at most "
             f"{max(spec.max_seq_len - prompt_len, 0)} new tokens or shorten the prompt",
         )
+    sampler = build_sampler(  # validates every sampling argument before any work
+        spec.vocab_size, sampling=sampling, decode=decode, temperature=temperature, top_k=top_k, top_p=top_p,
+        **sampling_arguments,
+    )
     if check_memory and max_new_tokens > 0:
         per_token = kv_cache_bytes_per_token(model, model.embed.weight.dtype)  # an upper bound: full-length layers
         cache_bytes = per_token * batch * (prompt_len + max_new_tokens)
         check_fits(cache_bytes, device, f"a KV cache for {batch} x {prompt_len + max_new_tokens} tokens",
                    hint="generate fewer tokens or use a smaller batch")
-    return _stream(model, ids, mask, eos_ids, max_new_tokens, temperature, top_k, top_p, seed, prefill_chunk,
-                   compile, column_major)
+    return _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, seed, prefill_chunk, compile,
+                   column_major, decode)
 
 
 @torch.no_grad()
-def _stream(model, ids, mask, eos_ids, max_new_tokens, temperature, top_k, top_p, seed, prefill_chunk, compile, column_major):
+def _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, seed, prefill_chunk, compile,
+            column_major, decode):
     """The generation loop of :func:`stream_generate`, on checked arguments."""
     if max_new_tokens == 0:
         return
     gen = torch.Generator(device=ids.device)
     gen.manual_seed(seed if seed is not None else torch.seed())
-    eos = torch.tensor(eos_ids, device=ids.device)
+    eos = torch.tensor(eos_list, dtype=torch.long, device=ids.device)
+    pad = pad_token_id if pad_token_id is not None else eos_list[0] if eos_list else sampler.pad_token_id() or 0
     if mask is not None and bool(mask.all()):
         mask = None  # no padding: keep the plain causal prefill kernel
     if column_major is None:
@@ -396,14 +437,27 @@ def _stream(model, ids, mask, eos_ids, max_new_tokens, temperature, top_k, top_p
         logits = model(ids[:, part], attention_mask=None if mask is None else mask[:, part], cache=cache,
                        logits_to_keep=1).logits[:, -1]
     step = compiled_decode(model) if compile else functools.partial(decode_logits, model)
+    # the prompt and every generated token, for processors and stop conditions that look at the history
+    tokens = torch.cat([ids, ids.new_full((batch, max_new_tokens), pad)], 1)
+    real = None if mask is None else torch.cat([mask, mask.new_ones(batch, max_new_tokens)], 1)
+    state = GenerationState(tokens[:, :prompt_len], None if real is None else real[:, :prompt_len], prompt_len, decode)
+    stopping = bool(eos_list) or bool(sampler.stops)
     done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     for i in range(max_new_tokens):
-        token = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
-        if eos.numel():
-            token = torch.where(done, eos[0].to(token.dtype), token)
-            done = done | torch.isin(token, eos)
+        token = sampler.choose(logits, state, gen)
+        if stopping:
+            token = torch.where(done, torch.as_tensor(pad, dtype=token.dtype, device=token.device), token)
+        tokens[:, prompt_len + i] = token
+        state.ids = tokens[:, : prompt_len + i + 1]
+        state.real = None if real is None else real[:, : prompt_len + i + 1]
+        if stopping:
+            if eos_list:
+                done = done | torch.isin(token, eos)
+            hit = sampler.stopped(state)
+            if hit is not None:
+                done = done | hit
         yield token
-        if i == max_new_tokens - 1 or (eos.numel() and bool(done.all())):
+        if i == max_new_tokens - 1 or (stopping and bool(done.all())):
             return
         logits = step(token[:, None], cache)
         if compile:

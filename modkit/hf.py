@@ -5,6 +5,12 @@
   ``model.safetensors.index.json``) → a :class:`~modkit.model.Model` holding its weights.
 * :func:`to_hf`: a model → a Hugging Face folder that transformers loads (``config.json`` + safetensors).
 
+Configs convert as they are: keys that cannot change the network (provenance, tokenizer ids, generation defaults,
+runtime switches) are dropped, and keys a converter does not know at all are dropped with one
+:class:`~modkit.errors.UnknownConfigKeyWarning` naming each key and value, as transformers ignores keys its config
+class does not read. ``strict=True`` refuses unknown keys instead (a :class:`~modkit.errors.SpecError` naming each).
+Converters ask :func:`strict_conversion` which of the two applies.
+
 The core names no model type: converters and their weight mappers arrive through the ``register_hf_converters``
 hook (``register(model_type, convert, weights=mapper)``, see :class:`modkit.checkpoint.WeightMapper`). Weights are
 read only from safetensors (pickle files are refused: unpickling runs arbitrary code), every missing, unexpected
@@ -13,10 +19,12 @@ or mis-shaped tensor is reported by name, and a folder's files are replaced as o
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 from pathlib import Path
 import re
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from .errors import CheckpointError, RegistryError, SpecError
 from .jsonio import JSONInputError, read_json_file
@@ -66,13 +74,37 @@ def _model_type(cfg: dict, label: Optional[str] = None) -> str:
     return model_type
 
 
-def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Registry] = None) -> dict:
+_STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("modkit_hf_strict", default=False)
+
+
+def strict_conversion() -> bool:
+    """Whether the conversion running in this context refuses unknown config keys (``strict=True``) instead of
+    dropping them with an :class:`~modkit.errors.UnknownConfigKeyWarning`. Converters call this when they finish."""
+    return _STRICT.get()
+
+
+@contextlib.contextmanager
+def _strictness(strict: bool) -> Iterator[None]:
+    token = _STRICT.set(bool(strict))
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
+
+def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False) -> dict:
     """Convert a Hugging Face config to a modkit spec dict (not yet validated).
+
+    Args:
+        config: a ``config.json`` dict, file or folder.
+        registry: defaults to the process-wide registry.
+        strict: refuse keys the converter does not know (default: drop them with one
+            :class:`~modkit.errors.UnknownConfigKeyWarning` naming each key and value).
 
     Raises:
         SpecError: an unreadable or malformed file, no ``model_type`` or one that is not a string, an unsupported
-            one (lists the supported types), or a field value the converter cannot express; each error names the
-            config's own key (``rms_norm_eps``, ``rope_scaling.factor``).
+            one (lists the supported types), a field value the converter cannot express (each error names the
+            config's own key: ``rms_norm_eps``, ``rope_scaling.factor``), or with ``strict``, every unknown key.
     """
     reg = registry or get_registry()
     cfg = read_config(config)
@@ -81,32 +113,39 @@ def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Regi
         conv = reg.hf_converter(model_type)
     except RegistryError as exc:
         raise SpecError([("model_type", str(exc))]) from None
-    return conv.convert(cfg)
+    with _strictness(strict):
+        return conv.convert(cfg)
 
 
-def from_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registry] = None) -> ModelSpec:
+def from_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False) -> ModelSpec:
     """Convert a Hugging Face ``config.json`` (dict or path) into a validated :class:`ModelSpec`.
+
+    Unknown keys are dropped with a warning, or refused with ``strict=True`` (see :func:`hf_config_to_dict`).
 
     Raises:
         SpecError: as :func:`hf_config_to_dict`, or if the converted spec fails validation (see
             :func:`convert_hf_config`: the errors name the config's keys).
     """
-    return convert_hf_config(config, registry=registry)[1]
+    return convert_hf_config(config, registry=registry, strict=strict)[1]
 
 
-def convert_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registry] = None) -> tuple[dict, ModelSpec]:
+def convert_hf_config(
+    config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False
+) -> tuple[dict, ModelSpec]:
     """``(spec dict, validated spec)`` for a Hugging Face config (dict or path).
 
     Converters check what they read, naming the config's keys; a problem only the spec's validation finds (a
     cross-field rule, say) is reported at the config key the offending value came from, found by value, with
     the spec path in the message; when no key holds it (a derived value), at the document with the spec path.
 
+    Unknown keys are dropped with a warning, or refused with ``strict=True`` (see :func:`hf_config_to_dict`).
+
     Raises:
         SpecError: as :func:`hf_config_to_dict`, or the converted spec fails validation.
     """
     reg = registry or get_registry()
     cfg = read_config(config)
-    data = hf_config_to_dict(cfg, registry=reg)
+    data = hf_config_to_dict(cfg, registry=reg, strict=strict)
     try:
         return data, load_spec(dict(data), registry=reg)
     except SpecError as exc:
@@ -115,11 +154,12 @@ def convert_hf_config(config: Union[str, Path, dict], *, registry: Optional[Regi
 
 
 def _flatten(doc: Any, path: str = ""):
-    """``(dotted path, value)`` of every scalar in a JSON document."""
+    """``(dotted path, value)`` of every value in a JSON document: scalars, and lists (compared whole)."""
     if isinstance(doc, dict):
         for k, v in doc.items():
             yield from _flatten(v, f"{path}.{k}" if path else str(k))
     elif isinstance(doc, list):
+        yield path, doc
         for i, v in enumerate(doc):
             yield from _flatten(v, f"{path}[{i}]")
     else:
@@ -127,6 +167,8 @@ def _flatten(doc: Any, path: str = ""):
 
 
 def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, list) or isinstance(b, list):  # a list the converter copied (LongRoPE factors)
+        return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(_same_value, a, b))
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -149,7 +191,7 @@ def _config_error(path: str, message: str, spec: dict, cfg: dict) -> tuple[str, 
         else:
             value = None
     field = path.rsplit(".", 1)[-1].split("[")[0]
-    if value is not None and not isinstance(value, (dict, list)):
+    if value is not None and not isinstance(value, dict) and value != []:
         keys = [k for k, v in _flatten(cfg) if _same_value(v, value)]
         if keys:  # several keys with that value: prefer the one whose name shares a word with the spec field
             words = set(field.split("_"))
@@ -201,6 +243,7 @@ def from_hf(
     registry: Optional[Registry] = None,
     nonfinite: str = "warn",
     check_memory: bool = True,
+    strict: bool = False,
 ) -> "Model":
     """Load a Hugging Face model folder into a modkit model.
 
@@ -221,6 +264,7 @@ def from_hf(
         nonfinite: ``"warn"`` (default) or ``"error"``: what to do about NaN or infinite weights (see
             :func:`modkit.load`).
         check_memory: refuse when the weights would not fit in the memory free on ``device``.
+        strict: refuse config keys the converter does not know instead of dropping them with a warning.
 
     Returns:
         :class:`~modkit.model.Model` in eval mode; ``model(input_ids).logits`` ``[batch, seq, vocab_size]``.
@@ -243,7 +287,7 @@ def from_hf(
     mapper = _mapper(model_type, reg)
     source = TensorSource.from_path(folder)
     if spec is None:
-        spec = from_hf_config(config, registry=reg)
+        spec = from_hf_config(config, registry=reg, strict=strict)
     else:
         spec = load_spec(spec, registry=reg)
         check = getattr(mapper, "compatibility", None)

@@ -10,6 +10,18 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
   it gets the built attention and ffn and the norm config in its :class:`BuildContext`.
+* ``router``: not block-level; held by a component whose config has a ``router`` slot (a mixture of experts),
+  which builds it with ``ctx.build(config, extra={"n_experts": n, "top_k": k})``:
+  ``forward(x [tokens, d_model]) -> (weights [tokens, top_k] in x's dtype, indices [tokens, top_k] int64,
+  logits [tokens, n_experts] float32)``; the logits keep their gradient (the holder's aux losses use them).
+
+* ``logits_processor``: not part of a model; ``factory(config, setup)`` returns a
+  :class:`modkit.sampling.LogitsProcessor`, ``processor(logits [batch, vocab] float32, state) -> [batch, vocab]``
+  with removed tokens at ``-inf`` (see :mod:`modkit.sampling`).
+* ``stop_condition``: not part of a model; ``factory(config, setup)`` returns a
+  :class:`modkit.sampling.StopCondition`, ``condition(state) -> [batch]`` bool, True where a row ends.
+
+An attention builds its mask, dead-row guard and cache update from :mod:`modkit.attention`.
 
 Modules own their initialisation through ``init_weights(init: Init)`` covering their *direct* parameters
 and buffers; ``nn.Linear`` and ``nn.Embedding`` children without one get a normal(0, init_std) weight and a
@@ -55,6 +67,20 @@ def add_aux(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
     if b is None:
         return a
     return a + b
+
+
+def dropout(p: float) -> nn.Module:
+    """``nn.Dropout(p)``, or ``nn.Identity()`` when ``p == 0`` so that no dropout costs nothing.
+
+    Args:
+        p: probability of zeroing an element in training mode (the rest are scaled by ``1 / (1 - p)``;
+            Srivastava et al. 2014, JMLR 15); identity in ``eval()``.
+    Raises:
+        ValueError: ``p`` outside ``[0, 1)``.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must lie in [0, 1), got {p}")
+    return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
 @dataclass
@@ -159,6 +185,11 @@ class BuildContext:
         n_heads, head_dim: attention geometry of the layer(s) a position scheme serves.
         attention, ffn, norm: for placements: the built sublayers and the norm config to instantiate.
         registry: the registry to build nested components from (:meth:`build`).
+        attention_dropout: probability of dropping an attention probability in training mode (spec
+            ``dropout.attention``); attentions that apply it declare the ``attention_dropout`` capability.
+        residual_dropout: probability of dropping an element of a sublayer's output before the residual add in
+            training mode (spec ``dropout.residual``); placements that apply it declare ``residual_dropout``
+            and build the module with :func:`dropout`.
     """
 
     d_model: int
@@ -173,6 +204,8 @@ class BuildContext:
     attention: Optional[nn.Module] = None
     ffn: Optional[nn.Module] = None
     norm: Any = None
+    attention_dropout: float = 0.0
+    residual_dropout: float = 0.0
     extra: dict = field(default_factory=dict)
 
     def build(self, config: Any, **changes: Any) -> nn.Module:

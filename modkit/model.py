@@ -14,8 +14,26 @@ from torch import Tensor, nn
 
 from .cache import KVCache, LayerGeometry
 from .errors import CheckpointError
-from .interfaces import AttentionInputs, Init, add_aux
+from .interfaces import AttentionInputs, Init, add_aux, dropout
 from .spec import ModelSpec
+
+
+def init_modules(root: nn.Module, init: Init, *, skip_root: bool = False) -> None:
+    """Initialise every module of ``root`` (``root`` included unless ``skip_root``) in module order.
+
+    A module with an ``init_weights(init)`` method initialises its direct tensors; ``nn.Linear`` and
+    ``nn.Embedding`` without one get N(0, init_std) weights and zero biases (the rule of :meth:`Model.init_weights`,
+    which calls this; the contract kit uses it to build one component alone). Shared modules are visited once.
+    """
+    for module in root.modules():
+        if skip_root and module is root:
+            continue
+        if getattr(type(module), "init_weights", None) is not None:
+            module.init_weights(init)
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
 
 
 @dataclass
@@ -40,6 +58,9 @@ class Model(nn.Module):
 
     Build with :func:`modkit.build`. ``forward(input_ids [batch, seq]) -> ModelOutput``.
 
+    Dropout (spec ``dropout``) is active in training mode only: ``embed_dropout`` on the block input here, the
+    attention and residual rates inside the components that declare them.
+
     With ``tie_embeddings`` the head multiplies by ``embed.weight`` itself: one parameter, so tying survives
     ``to_empty``, ``.to()`` and ``load_state_dict`` by construction (torchtitan #2252).
     """
@@ -61,6 +82,7 @@ class Model(nn.Module):
         self.positions = positions
         self.layer_position = list(layer_position)
         self.embedding_norm = embedding_norm
+        self.embed_dropout = dropout(spec.dropout.embedding)
         self.layers = layers
         self.final_norm = final_norm
         self.windows = list(windows)
@@ -108,18 +130,9 @@ class Model(nn.Module):
             RuntimeError: a parameter or buffer was left uninitialised (names it and its module).
         """
         init = init if init is not None else Init(seed, self.spec.init_std)
-        for name, module in self.named_modules():
-            own = getattr(type(module), "init_weights", None)
-            if module is self:
-                if self.spec.lm_head_bias and self.spec.tie_embeddings:
-                    init.zeros_(self.lm_head_bias)
-                continue
-            if own is not None:
-                module.init_weights(init)
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
-                init.normal_(module.weight)
-                if getattr(module, "bias", None) is not None:
-                    init.zeros_(module.bias)
+        if self.spec.lm_head_bias and self.spec.tie_embeddings:
+            init.zeros_(self.lm_head_bias)
+        init_modules(self, init, skip_root=True)
         missed = [n for n, t in list(self.named_parameters()) + list(self.named_buffers()) if id(t) not in init.seen]
         if missed:
             raise RuntimeError(
@@ -234,6 +247,7 @@ class Model(nn.Module):
         x = self.positions[0].embed(x, positions)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
+        x = self.embed_dropout(x)
         inputs = AttentionInputs(positions=positions, token_mask=token_mask)
         aux = None
         for i, block in enumerate(self.layers):
@@ -249,6 +263,70 @@ class Model(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return ModelOutput(logits=logits, aux_loss=aux, hidden=x, cache=cache)
+
+    @torch.no_grad()
+    def resize_vocab(self, vocab_size: int, *, init: str = "mean", seed: int = 0) -> "Model":
+        """Grow or shrink the vocabulary to ``vocab_size`` token ids, in place; returns the model.
+
+        Rows of ids below ``min(old, new)`` are kept bitwise, in the token embedding ``[vocab, d_model]``, an untied
+        head ``[vocab, d_model]`` and a head bias ``[vocab]``; a tied head stays the embedding itself (one
+        parameter), and ``spec.vocab_size`` follows, so the model saves, loads and exports with the new size.
+        Added rows are initialised as ``init`` says:
+
+        * ``"mean"`` (default): every new row is the mean of the old rows (new bias entries: the old mean), so a
+          new token starts with the average embedding and an average logit instead of a random one that may
+          dominate the softmax (Hewitt 2021, "Initializing New Word Embeddings for Pretrained Language Models";
+          transformers' ``resize_token_embeddings(mean_resizing=True)`` uses this mean, plus noise);
+        * ``"normal"``: N(0, spec.init_std) drawn from ``seed`` (as :meth:`init_weights` would), new bias entries 0.
+
+        Optimiser state and ``torch.compile`` caches refer to the old parameters: resize before creating them.
+
+        Args:
+            vocab_size: the new number of token ids (>= 1).
+            init: ``"mean"`` or ``"normal"``.
+            seed: seed of the ``"normal"`` draws.
+
+        Raises:
+            ValueError: ``vocab_size < 1``, an unknown ``init``, or sharded (tensor-parallel / FSDP) parameters
+                (resize before parallelising).
+        """
+        from .registry import get_registry
+        from .spec import load_spec
+
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        if init not in ("mean", "normal"):
+            raise ValueError(f"init must be 'mean' or 'normal', got {init!r}")
+        weights = [self.embed.weight] + ([] if self.spec.tie_embeddings else [self.lm_head.weight])
+        if any(type(w.data) is not torch.Tensor for w in weights):
+            raise ValueError("resize_vocab needs plain (unsharded) parameters; resize the vocabulary before parallelising")
+        old = self.spec.vocab_size
+        keep = min(old, vocab_size)
+        draws = Init(seed, self.spec.init_std)
+
+        def grown(t: Tensor, bias: bool) -> nn.Parameter:
+            out = torch.empty((vocab_size, *t.shape[1:]), dtype=t.dtype, device=t.device)
+            out[:keep] = t[:keep]
+            if vocab_size > old:
+                if init == "mean":
+                    out[old:] = t.float().mean(0).to(t.dtype)
+                elif bias:
+                    out[old:] = 0
+                else:
+                    draws.normal_(out[old:])
+            return nn.Parameter(out, requires_grad=t.requires_grad)
+
+        self.embed.weight = grown(self.embed.weight, False)
+        self.embed.num_embeddings = vocab_size
+        if not self.spec.tie_embeddings:
+            self.lm_head.weight = grown(self.lm_head.weight, False)
+            if self.lm_head.bias is not None:
+                self.lm_head.bias = grown(self.lm_head.bias, True)
+            self.lm_head.out_features = vocab_size
+        elif self.spec.lm_head_bias:
+            self.lm_head_bias = grown(self.lm_head_bias, True)
+        self.spec = load_spec({**self.spec.to_dict(), "vocab_size": vocab_size}, registry=get_registry())
+        return self
 
     def _head_bias(self) -> Optional[Tensor]:
         if not self.spec.lm_head_bias:

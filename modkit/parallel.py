@@ -10,8 +10,9 @@ The flow, for a model that never exists whole on any rank::
     # or all of it at once: modkit.parallel.build_parallel(spec, mesh, seed=0)
 
 **Plans as data.** Each registry entry with weights declares a ``tp_plan`` capability relative to its own
-module, ``{submodule path: style}`` (attention: q/k/v ``colwise``, o ``rowwise``; gated FFN: gate/up ``colwise``,
-down ``rowwise``; norms, routers, learned positions: ``{}``, replicated). :func:`model_plan` walks
+module, ``{submodule path: style}`` (attention: q/k/v ``colwise``, o ``rowwise``, a per-head QK-norm
+``per_head``; gated FFN: gate/up ``colwise``, down ``rowwise``; MoE: experts ``grouped``, router ``replicate``;
+norms, routers, learned positions: ``{}``, replicated). :func:`model_plan` walks
 ``model.named_modules()``, looks each tagged module (``modkit_kind`` / ``modkit_type``) up in the registry and
 prefixes its plan with the module's path. Nothing here names a component: the only structure it knows is the
 core's own (modules tagged ``embedding`` and ``lm_head``, and blocks tagged ``placement`` as FSDP units). This is
@@ -23,8 +24,10 @@ sequence parallelism, so every activation between sublayers stays replicated on 
 | ``colwise`` | ``ColwiseParallel()``: ``nn.Linear`` weight ``[out, in]`` and bias sharded on ``out``; input replicated, output the local shard ``[..., out / tp]`` (a plain tensor) |
 | ``rowwise`` | ``RowwiseParallel()``: weight sharded on ``in``, bias replicated; input the local shard ``[..., in / tp]``, output all-reduced ``[..., out]``. On an ``nn.Embedding``: vocab-parallel lookup (rows sharded, token ids replicated, output all-reduced) |
 | ``colwise_gather`` | ``ColwiseParallel(output_layouts=Replicate())``: like ``colwise`` but the output is all-gathered to the full ``[..., out]`` (the vocab-parallel LM head: full logits) |
-| ``grouped`` | stacked copies (a component's grouped form, e.g. mixture-of-experts experts): every parameter sharded on the dim its module's ``tp_shard_dims`` names (the hidden ``d_ff`` dim of each copy); input replicated, the module computes on its local shards, output all-reduced |
-| ``replicate`` | explicit "leave this submodule whole on every TP rank" |
+| ``grouped`` | stacked copies (a component's grouped form, e.g. mixture-of-experts experts): every parameter sharded on the dim its module's ``tp_shard_dims`` names (the hidden ``d_ff`` dim of each copy); input replicated (its gradient all-reduced: :func:`copy_to_tp`), the module computes on its local shards, output all-reduced |
+| ``per_head`` | ``SequenceParallel(sequence_dim=1)`` with heads for the sequence: weights left whole (``Replicate`` DTensors) and applied to this rank's heads ``[batch, heads / tp, seq, head_dim]`` (a per-head QK-norm); their gradient is summed over the TP group |
+| ``heads`` | a *parameter* (not a submodule) whose dim 0 indexes the module's heads (``[n_heads, ...]`` or ``[n_kv_heads, ...]``, e.g. a per-head gain or temperature): sharded on dim 0 in the blocks the colwise q/k/v shard the heads; during ``forward`` the module reads its local heads as a plain tensor |
+| ``replicate`` | explicit "leave this submodule (or parameter) whole on every TP rank": it reads only replicated activations |
 
 Choices made here (and why):
 
@@ -40,6 +43,17 @@ Choices made here (and why):
   torchtitan does), so its ``rearrange(..., h=self.n_heads)`` sees the local heads. Position schemes that act
   as an attention bias (capability ``acts_on = "bias"``, e.g. ALiBi) get the full head count and return this
   rank's slice of heads.
+* **Gradients of replicated tensors next to a shard.** A tensor that every TP rank holds whole but that each
+  rank then uses against its own shard gets, on each rank, only that rank's part of its gradient; the full
+  gradient is the sum over the group. Activations entering a sharded module are summed on the way back by the
+  styles themselves (``colwise``: DTensor's ``Replicate`` input; ``grouped`` and sliced attention biases:
+  :func:`copy_to_tp`, Megatron-LM's ``f`` operator). Parameters cannot be told apart by structure, so in a
+  component whose plan shards something **every parameter must be declared**: by a sharding style, ``per_head``
+  (summed over the group), or ``replicate`` (reads only replicated activations); :func:`model_plan` refuses an
+  undeclared one, naming it, rather than train it silently wrong. Nested components whose own plan shards
+  answer for themselves; a plan entry for an optional submodule that is ``None`` (no QK-norm) is skipped. Every
+  DTensor parameter's gradient is brought to the parameter's own placements (``p.grad`` has ``p``'s layout).
+  Position schemes with parameters that act on q/k (this rank's heads) are refused.
 * **Replicated parameters that would read a shard.** A 1-D replicated parameter inside a sharded component
   whose length equals the full output width of a ``colwise`` sibling (OLMo 2's full-width QK-norm) would see
   only ``1/tp`` of the features; :func:`model_plan` rejects it instead of computing wrong statistics.
@@ -89,6 +103,7 @@ from .registry import Registry, get_registry
 
 __all__ = [
     "STYLES",
+    "copy_to_tp",
     "ParallelError",
     "PlanWarning",
     "TPPlan",
@@ -98,6 +113,8 @@ __all__ = [
     "parallelize",
     "materialize",
     "build_parallel",
+    "clip_grad_norm_",
+    "mean_across_ranks",
     "param_stats",
     "save_sharded",
     "load_sharded",
@@ -110,24 +127,85 @@ STYLES: Mapping[str, str] = {
     "colwise": "shard weight/bias on the output features; input replicated, output the local shard",
     "rowwise": "shard weight on the input features (an Embedding: on the vocabulary); output all-reduced",
     "colwise_gather": "colwise with the output all-gathered (vocab-parallel LM head returning full logits)",
-    "grouped": "stacked copies: parameters sharded on the dims the module's tp_shard_dims names; output all-reduced",
-    "replicate": "leave whole on every tensor-parallel rank",
+    "grouped": "stacked copies: parameters sharded on the dims the module's tp_shard_dims names; input gradient and "
+    "output all-reduced",
+    "per_head": "weights replicated, applied to this rank's heads of a [batch, heads, seq, head_dim] activation "
+    "(e.g. a per-head QK-norm); their gradient is summed over the tensor-parallel group",
+    "heads": "a parameter [n_heads or n_kv_heads, ...] sharded on its head dim; the module reads its local heads",
+    "replicate": "leave whole on every tensor-parallel rank; it reads only replicated activations",
 }
 
 #: The core's own parallel layout, keyed by the ``modkit_kind`` tags the core puts on its modules (not
 #: registry components): vocab-parallel embedding and LM head (torchtitan's ``tok_embeddings`` / ``output``).
 CORE_PLAN: Mapping[str, str] = {"embedding": "rowwise", "lm_head": "colwise_gather"}
 
-_SHARDING = {"colwise", "rowwise", "colwise_gather", "grouped"}
+_SHARDING = {"colwise", "rowwise", "colwise_gather", "grouped", "heads"}
+
+
+def copy_to_tp(x: Tensor, mesh) -> Tensor:
+    """Identity in the forward pass; in the backward pass the gradient is summed over the ranks of ``mesh``.
+
+    Megatron-LM's ``copy_to_tensor_model_parallel_region`` (the ``f`` operator of Shoeybi et al. 2019,
+    arXiv:1909.08053, section 3): a tensor that every tensor-parallel rank holds whole (a replicated activation)
+    and that each rank then consumes through its own shard of the weights receives, on each rank, only that
+    shard's part of its gradient; the full gradient is their sum. Built from DTensor's own collectives:
+    ``DTensor.from_local(x, [Replicate()]).to_local(grad_placements=[Partial()])``, whose backward turns the
+    ``Partial`` gradient into a ``Replicate`` one (one all-reduce). A tensor that does not require a gradient is
+    returned as it is (nothing to reduce).
+
+    Args:
+        x: any shape, the same values on every rank of ``mesh``.
+        mesh: the 1-D tensor-parallel ``DeviceMesh``.
+
+    Returns:
+        ``x`` (same values, shape and dtype), a plain tensor.
+    """
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    if not x.requires_grad:
+        return x
+    return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+
+
+def _grads_like_params(module: nn.Module, inputs) -> None:
+    """Forward pre-hook: the gradient of each DTensor parameter of ``module`` arrives in the parameter's placements.
+
+    DTensor's autograd gives a gradient the placements its sharding rules produce, not the parameter's: a
+    ``Replicate`` weight applied to a sharded activation (``per_head``) gets a ``Partial`` gradient (each rank's
+    part), and a vocab-parallel embedding (``Shard(0)``) a ``Replicate`` one (the whole ``[vocab, d_model]``
+    gradient on every rank). A hook on the parameter redistributes it before it is accumulated into ``.grad``
+    (``Partial -> Replicate``: one all-reduce; ``Replicate -> Shard``: a local slice), so ``p.grad`` always has
+    ``p``'s layout: optimisers, gradient clipping and ``p.grad.to_local()`` see this rank's part of the full
+    gradient, and gradient accumulation adds like to like. The hook goes on the tensor the module holds at call
+    time (FSDP2 swaps in its unsharded parameters before the forward, ``to_empty`` replaces parameter objects);
+    each is hooked once.
+    """
+    from torch.distributed.tensor import DTensor
+
+    for p in module.parameters(recurse=False):
+        if isinstance(p, DTensor) and p.requires_grad and not getattr(p, "_modkit_grad_hooked", False):
+            placements = tuple(p.placements)
+
+            def to_placements(g, placements=placements):
+                if isinstance(g, DTensor) and tuple(g.placements) != placements:
+                    return g.redistribute(g.device_mesh, placements)
+                return g
+
+            p.register_hook(to_placements)
+            p._modkit_grad_hooked = True
 
 
 def GroupedParallel():
     """The ``grouped`` style as a ``ParallelStyle``: shard each parameter of stacked copies on its ``tp_shard_dims``
-    dim, and all-reduce the module's partial output (``Partial -> Replicate``, differentiable).
+    dim; the input ``[rows, d_model]`` enters through :func:`copy_to_tp` (its gradient is all-reduced) and the
+    module's partial output is all-reduced (``Partial -> Replicate``, differentiable).
 
     The module computes on local shards (``t.to_local()`` of its DTensor parameters): with gate/up sharded on the
     hidden dim and down on its input (hidden) dim, each rank's output is a partial sum over its slice of the hidden
-    features (Megatron-LM's column-then-row split, Shoeybi et al. 2019, arXiv:1909.08053), here per expert.
+    features (Megatron-LM's column-then-row split, Shoeybi et al. 2019, arXiv:1909.08053), here per expert. The
+    backward mirrors it: each rank's gradient w.r.t. the input covers only its slice of the hidden features, so it
+    is summed over the group (Megatron's ``f`` operator); without that every parameter before the layer would get
+    a wrong gradient.
     """
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -139,14 +217,50 @@ def GroupedParallel():
                 shard = distribute_tensor(p.data, device_mesh, [Shard(dim)], src_data_rank=None)
                 module.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
 
+            def enter(mod, inputs):
+                return (copy_to_tp(inputs[0], device_mesh), *inputs[1:])
+
             def reduce(mod, inputs, out):
                 partial = DTensor.from_local(out, device_mesh, [Partial()], run_check=False)
                 return partial.redistribute(device_mesh, [Replicate()]).to_local()
 
+            module.register_forward_pre_hook(enter)
             module.register_forward_hook(reduce)
             return module
 
     return _Grouped()
+
+
+def PerHeadParallel():
+    """The ``per_head`` style as a ``ParallelStyle``: replicated weights applied to this rank's heads.
+
+    PyTorch's ``SequenceParallel(sequence_dim=1, use_local_output=True)`` with the heads in the place of the
+    sequence: the module's parameters become ``Replicate`` DTensors, its input ``[batch, heads / tp, seq,
+    head_dim]`` is taken as this rank's ``Shard(1)`` of the full ``[batch, heads, seq, head_dim]``, the module runs
+    in DTensor and returns the local tensor. DTensor's autograd then gives each weight the sum over all heads of
+    all ranks (a ``Partial`` gradient, reduced to the weight's ``Replicate`` layout by the hook :func:`parallelize`
+    puts on every DTensor parameter).
+    The module must act on each head independently (a norm over ``head_dim``, a per-head scale): a module mixing
+    heads would see only this rank's.
+    """
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    class _PerHead(SequenceParallel):
+        def __init__(self):
+            super().__init__(sequence_dim=1, use_local_output=True)
+
+        def _replicate_module_fn(self, name: str, module: nn.Module, device_mesh) -> None:
+            # distribute_module visits every submodule: each replicates its own parameters (the values are
+            # already equal on every rank: the model is built on meta and initialised with one seed)
+            from torch.distributed.tensor import DTensor, Replicate
+
+            for p_name, param in list(module.named_parameters(recurse=False)):
+                replicated = DTensor.from_local(param.data, device_mesh, [Replicate()], run_check=False)
+                module.register_parameter(p_name, nn.Parameter(replicated, requires_grad=param.requires_grad))
+
+        # (the Partial gradients of the replicated weights are reduced by the hook parallelize puts on them)
+
+    return _PerHead()
 
 
 class ParallelError(ModkitError, ValueError):
@@ -169,7 +283,8 @@ class TPPlan:
 
     Attributes:
         tp: the tensor-parallel degree it was validated for.
-        styles: ``{module path: style}`` for every module that is sharded (``replicate`` entries are dropped).
+        styles: ``{module path: style}`` for every module that is sharded (``replicate`` entries are dropped); a
+            ``heads`` entry's path names a parameter.
         sources: ``{module path: "kind/type"}`` (or ``"core:<kind>"``) naming the plan each entry came from.
         head_modules: paths of modules whose ``n_heads`` / ``n_kv_heads`` attributes become local counts.
         bias_positions: paths of position modules (``acts_on = "bias"``) whose ``attention_bias`` is sliced
@@ -197,6 +312,8 @@ class TPPlan:
         for path, style in self.styles.items():
             if style == "grouped":
                 out[path] = GroupedParallel()
+            elif style == "per_head":
+                out[path] = PerHeadParallel()
             elif style == "colwise":
                 out[path] = ColwiseParallel()
             elif style == "colwise_gather":
@@ -252,7 +369,9 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
     Raises:
         ParallelError: ``tp`` does not divide ``n_heads`` or ``n_kv_heads`` of an attention module (or a sharded
             ``nn.Linear`` width); a plan uses an unknown style, names a missing submodule or a module that is
-            not ``nn.Linear`` / ``nn.Embedding``; a replicated parameter would read a sharded activation.
+            not ``nn.Linear`` / ``nn.Embedding``; a replicated 1-D parameter is as wide as a sharded output; a
+            component that shards something leaves a parameter undeclared (it could get a partial gradient);
+            a position scheme with parameters acts on q/k while attention heads are sharded.
         RegistryError: a tagged module's ``(kind, type)`` is not in the registry.
 
     Warns:
@@ -269,8 +388,11 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
     spec = getattr(model, "spec", None)
     tied = bool(getattr(spec, "tie_embeddings", False))
     unplanned: dict[str, list[str]] = {}
+    covered: list[str] = []  # submodules an enclosing component's plan declares: that plan answers for them
 
     for path, module in modules.items():
+        if any(path.startswith(c + ".") for c in covered):
+            continue
         kind, typ = getattr(module, "modkit_kind", None), getattr(module, "modkit_type", None)
         if typ is None:
             if kind in CORE_PLAN:
@@ -289,6 +411,7 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
         if not isinstance(comp_plan, Mapping):
             raise ParallelError(f"{_entry_name(entry)} ({entry.provider}): tp_plan must be a mapping, got {comp_plan!r}")
         sharded_here: list[str] = []
+        declared: list[str] = []
         if any(style in _SHARDING for style in comp_plan.values()):
             _check_heads(path, module, tp)  # before the widths: the head counts are the message that helps
         for sub, style in comp_plan.items():
@@ -298,13 +421,32 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
                     f"use one of {sorted(STYLES)}"
                 )
             full = _join(path, sub)
+            if style == "heads":  # a per-head parameter, not a submodule
+                _check_head_param(full, module, sub, tp, _entry_name(entry))
+                plan.styles[full], plan.sources[full] = style, _entry_name(entry)
+                if path not in plan.head_modules:
+                    plan.head_modules.append(path)
+                continue
             target = modules.get(full)
             if target is None:
+                found = _attribute(module, sub)
+                if found is None:  # an optional submodule this configuration does not have (e.g. no QK-norm)
+                    continue
+                if isinstance(found, nn.Parameter) and style == "replicate":
+                    declared.append(full)
+                    continue
                 raise ParallelError(
                     f"{_entry_name(entry)} ({entry.provider}): tp_plan names {sub!r} but {path or '<root>'} has no "
-                    f"submodule of that name; its children are {[n for n, _ in module.named_children()]}"
+                    f"submodule of that name{' (a parameter can only be declared replicate)' if found is not _MISSING else ''}; "
+                    f"its children are {[n for n, _ in module.named_children()]}"
                 )
+            declared.append(full)
             if style == "replicate":
+                continue
+            if style == "per_head":
+                if next(target.parameters(), None) is not None:  # no weights: no gradient to sum, nothing to wrap
+                    plan.styles[full] = style
+                    plan.sources[full] = _entry_name(entry)
                 continue
             if style == "grouped":
                 if not _check_grouped(full, target, tp, _entry_name(entry)):
@@ -319,12 +461,23 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
             if isinstance(target, nn.Embedding):
                 plan.embeddings.append(full)
             sharded_here.append(full)
+        covered.extend(declared)
+        per_head = [p for p in declared if plan.styles.get(p) == "per_head"]
+        if per_head and not sharded_here:
+            raise ParallelError(
+                f"{_entry_name(entry)} ({entry.provider}): tp_plan declares {per_head[0]} 'per_head' but shards nothing "
+                f"in {path or '<root>'}, so its input holds every head: summing its gradient over the tp = {tp} ranks "
+                "would multiply it by tp. 'per_head' belongs in the plan of a component that shards its heads"
+            )
         if kind == "position" and entry.capabilities.get("acts_on") == "bias":
             plan.bias_positions.append(path)
         if sharded_here:
             _check_replicated_consumers(path, module, {p: modules[p] for p in sharded_here}, plan.styles, tp)
+            _check_declared(path, module, _entry_name(entry), declared, sharded_here, reg, tp)
             if any(isinstance(getattr(module, a, None), int) for a in ("n_heads", "n_kv_heads")):
                 plan.head_modules.append(path)
+    if plan.head_modules:
+        _check_positions(modules, reg, tp)
 
     for name, paths in unplanned.items():
         shown = ", ".join(paths[:4]) + (f", ... ({len(paths)} in all)" if len(paths) > 4 else "")
@@ -396,6 +549,47 @@ def _check_grouped(path: str, module: nn.Module, tp: int, source: str) -> bool:
     return True
 
 
+def _check_head_param(full: str, module: nn.Module, sub: str, tp: int, source: str) -> None:
+    """Validate a ``heads`` item: ``sub`` is a parameter of ``module`` whose dim 0 is its n_heads or n_kv_heads."""
+    try:
+        prm = module.get_parameter(sub)
+    except AttributeError:
+        names = [n for n, _ in module.named_parameters()]
+        raise ParallelError(f"{full}: plan of {source} asks for 'heads' on {sub!r}, which is not a parameter of the "
+                            f"module; its parameters are {names}") from None
+    heads = {getattr(module, a) for a in ("n_heads", "n_kv_heads") if isinstance(getattr(module, a, None), int)}
+    if prm.dim() == 0 or prm.shape[0] not in heads:
+        raise ParallelError(f"{full} (shape {list(prm.shape)}): plan of {source} asks for 'heads', but its dim 0 is not "
+                            f"the module's n_heads or n_kv_heads ({sorted(heads) or 'the module exposes neither'})")
+    if prm.shape[0] % tp:
+        raise ParallelError(f"{full}: tensor-parallel degree tp = {tp} does not divide its {prm.shape[0]} heads")
+
+
+def _shard_heads(model: nn.Module, path: str, mesh) -> None:
+    """Shard the per-head parameter at ``path`` on dim 0; its module reads the local heads as a plain tensor.
+
+    The parameter becomes a ``DTensor`` (``Shard(0)``: optimizers, checkpoints and :class:`ShardedInit` see the
+    sharded parameter); for the duration of each forward of its module, the attribute resolves to
+    ``to_local()`` (differentiable, so the gradient reaches the shard).
+    """
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    owner_path, _, name = path.rpartition(".")
+    owner = model.get_submodule(owner_path)
+    p = owner._parameters[name]
+    shard = distribute_tensor(p.data, mesh, [Shard(0)], src_data_rank=None)
+    owner.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
+
+    def local(mod, args):
+        mod.__dict__[name] = mod._parameters[name].to_local()  # found before Module.__getattr__ looks in _parameters
+
+    def restore(mod, args, out):
+        mod.__dict__.pop(name, None)
+
+    owner.register_forward_pre_hook(local)
+    owner.register_forward_hook(restore)
+
+
 def _check_heads(path: str, module: nn.Module, tp: int) -> None:
     heads = {a: getattr(module, a) for a in ("n_heads", "n_kv_heads") if isinstance(getattr(module, a, None), int)}
     bad = {a: v for a, v in heads.items() if v % tp}
@@ -410,6 +604,71 @@ def _check_heads(path: str, module: nn.Module, tp: int) -> None:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+_MISSING = object()
+
+
+def _attribute(module: nn.Module, dotted: str):
+    """``module.a.b`` for ``"a.b"``, or :data:`_MISSING` (``None`` when an optional submodule is absent)."""
+    obj = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING or obj is None:
+            return obj
+    return obj
+
+
+def _shards_itself(module: nn.Module, reg: Registry) -> bool:
+    """A tagged component whose own plan shards something (its styles prepare its input and output)."""
+    if getattr(module, "modkit_type", None) is None:
+        return False
+    comp_plan = reg.get(module.modkit_kind, module.modkit_type).capabilities.get("tp_plan")
+    return isinstance(comp_plan, Mapping) and any(style in _SHARDING for style in comp_plan.values())
+
+
+def _check_declared(
+    path: str, module: nn.Module, source: str, declared: list[str], sharded: list[str], reg: Registry, tp: int
+) -> None:
+    """Every parameter of a component that shards something is declared by its plan.
+
+    Between a ``colwise`` and a ``rowwise`` module the activations are this rank's shard; a parameter left whole
+    on every rank that reads such an activation gets only this rank's part of its gradient (a per-head QK-norm
+    weight sees only this rank's heads), and nothing would sum the parts: the ranks' copies drift apart and
+    training is silently wrong. Whether a parameter reads a shard cannot be seen from the module's structure, so
+    the plan must say it: a sharding style, ``per_head`` (gradient summed over the group) or ``replicate`` (reads
+    only replicated activations). Nested components whose own plan shards something answer for themselves.
+    """
+    answering = [_join(path, sub) for sub, m in module.named_modules() if sub and _shards_itself(m, reg)]
+    roots = declared + answering
+    for name, prm in module.named_parameters():
+        full = _join(path, name)
+        if any(full == d or full.startswith(d + ".") for d in roots):
+            continue
+        child = name.split(".")[0]
+        raise ParallelError(
+            f"{full} (shape {list(prm.shape)}) is left whole on every tensor-parallel rank by the plan of {source}, "
+            f"which shards {', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}; if it reads a sharded "
+            f"activation it gets only this rank's part of its gradient (tp = {tp}) and training is silently wrong. "
+            f"Declare {child!r} in the tp_plan: 'replicate' if it reads only replicated activations (the component's "
+            "input or its all-reduced output), 'per_head' if it acts on this rank's heads (its gradient is summed "
+            "over the tensor-parallel group), or a sharding style"
+        )
+
+
+def _check_positions(modules: dict[str, nn.Module], reg: Registry, tp: int) -> None:
+    """Position schemes with parameters that act on this rank's heads of q/k are refused (partial gradients)."""
+    for path, module in modules.items():
+        if getattr(module, "modkit_kind", None) != "position" or getattr(module, "modkit_type", None) is None:
+            continue
+        entry = reg.get("position", module.modkit_type)
+        names = [n for n, _ in module.named_parameters()]
+        if entry.capabilities.get("acts_on") == "qk" and names:
+            raise ParallelError(
+                f"{path} ({_entry_name(entry)}, {entry.provider}) acts on queries and keys and has parameters "
+                f"{names[:4]}; under tensor parallelism (tp = {tp}) each rank applies it to its own heads only, so "
+                "those parameters would get a partial gradient. Not supported: use FSDP (tp = 1) for this model"
+            )
 
 
 def _check_replicated_consumers(
@@ -482,15 +741,22 @@ def _dtype(value) -> Optional[torch.dtype]:
     return out
 
 
-def _slice_heads_bias(position: nn.Module, tp: int, rank: int) -> None:
-    """Make ``position.attention_bias(q, k, n_local)`` return this rank's heads of the ``n_local * tp`` bias."""
+def _slice_heads_bias(position: nn.Module, mesh) -> None:
+    """Make ``position.attention_bias(q, k, n_local)`` return this rank's heads of the ``n_local * tp`` bias.
+
+    The full bias goes through :func:`copy_to_tp` before the slice: a bias computed from parameters (a learned
+    relative-position bias) gets, on each rank, the gradient of its own heads only, and the sum over the group is
+    the full one (ALiBi's bias needs no gradient: nothing is communicated).
+    """
     full_bias = position.attention_bias
+    tp, rank = mesh.size(), mesh.get_local_rank()
 
     def attention_bias(q_positions: Tensor, k_positions: Tensor, n_heads: int):
         bias = full_bias(q_positions, k_positions, n_heads * tp)
-        if bias is None or bias.shape[1] == 1:
+        if bias is None:
             return bias
-        return bias[:, rank * n_heads : (rank + 1) * n_heads]
+        bias = copy_to_tp(bias, mesh)
+        return bias if bias.shape[1] == 1 else bias[:, rank * n_heads : (rank + 1) * n_heads]
 
     position.attention_bias = attention_bias
 
@@ -538,6 +804,13 @@ def parallelize(
         tp = tp_mesh.size()
         plan = model_plan(model, tp, registry=registry)
         parallelize_module(model, tp_mesh, plan.parallel_styles())
+        for path in [p for p, style in plan.styles.items() if style == "heads"]:
+            _shard_heads(model, path, tp_mesh)
+        from torch.distributed.tensor import DTensor
+
+        for mod in model.modules():
+            if any(isinstance(p, DTensor) for p in mod.parameters(recurse=False)):
+                mod.register_forward_pre_hook(_grads_like_params)
         modules = dict(model.named_modules())
         for path in plan.head_modules:
             mod = modules[path]
@@ -545,7 +818,7 @@ def parallelize(
                 if isinstance(getattr(mod, attr, None), int):
                     setattr(mod, attr, getattr(mod, attr) // tp)
         for path in plan.bias_positions:
-            _slice_heads_bias(modules[path], tp, tp_mesh.get_local_rank())
+            _slice_heads_bias(modules[path], tp_mesh)
         model.modkit_tp_plan = plan
     if dp_mesh is not None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -642,6 +915,96 @@ def build_parallel(
     model = build(spec, device="meta", dtype=dtype, seed=seed, registry=registry)
     parallelize(model, mesh, registry=registry, **parallel_options)
     return materialize(model, device, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------------- training
+
+
+def _copies(t: Tensor, world: int) -> int:
+    """How many ranks hold the same values as this rank's piece of ``t`` (meshes from make_mesh span the world)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not isinstance(t, DTensor):
+        return world
+    shards = 1
+    for i, pl in enumerate(t.placements):
+        if pl.is_partial():
+            raise ParallelError(f"a gradient of shape {list(t.shape)} is still Partial on mesh dim {i}; reduce it first")
+        if pl.is_shard() or isinstance(pl, _StridedShard):
+            shards *= t.device_mesh.size(i)
+    return max(1, world // shards)
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tensor:
+    """Clip the gradients of a parallelised model by their global norm, in place; returns the norm before clipping.
+
+    ``torch.nn.utils.clip_grad_norm_`` for a model whose gradients are a mix of plain tensors (replicated on every
+    rank, e.g. norm weights under TP alone) and DTensors on several meshes (TP shards, FSDP2 shards, both): it
+    cannot mix them in one call. Here each rank adds ``|g_local|^p / copies`` over its gradients, where ``copies``
+    is the number of ranks holding the same piece (the world size for a plain tensor, ``world / shards`` for a
+    DTensor), one all-reduce sums that over the world, and ``total = sum^(1/p)`` is the norm of the full
+    gradient of the single-process model. Every gradient is then scaled by ``min(1, max_norm / (total + 1e-6))``,
+    as torch does. ``norm_type = inf`` takes the max instead (an all-reduce MAX). Without a process group this is
+    the single-process norm.
+
+    Args:
+        parameters: an iterable of parameters (``model.parameters()``); those without ``.grad`` are ignored.
+        max_norm: largest allowed norm (> 0).
+        norm_type: ``p`` of the p-norm (2.0 default; ``float("inf")`` for the max norm).
+
+    Returns:
+        The total norm, a float32 scalar tensor on the gradients' device (identical on every rank).
+
+    Raises:
+        ValueError: ``max_norm`` or ``norm_type`` not positive.
+        ParallelError: a gradient is still a ``Partial`` DTensor (not reduced to its parameter's layout).
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    if not max_norm > 0 or not norm_type > 0:
+        raise ValueError(f"clip_grad_norm_ needs max_norm > 0 and norm_type > 0, got {max_norm} and {norm_type}")
+    grads = [p.grad for p in parameters if p.grad is not None]
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    locals_ = [(g.to_local() if isinstance(g, DTensor) else g, _copies(g, world)) for g in grads]
+    device = locals_[0][0].device if locals_ else torch.device("cpu")
+    inf = math.isinf(norm_type)
+    acc = torch.zeros((), dtype=torch.float32, device=device)
+    for g, copies in locals_:
+        if g.numel() == 0:
+            continue
+        if inf:
+            acc = torch.maximum(acc, g.detach().abs().max().float().to(device))
+        else:
+            acc += torch.linalg.vector_norm(g.detach().float(), norm_type).to(device) ** norm_type / copies
+    if world > 1:
+        dist.all_reduce(acc, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM)
+    total = acc if inf else acc ** (1.0 / norm_type)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g, _ in locals_:
+        g.mul_(coef.to(g.device, g.dtype))
+    return total
+
+
+def mean_across_ranks(value: Union[Tensor, float]) -> Tensor:
+    """The mean of a scalar (a loss, a token count) over every rank of the world, for logging.
+
+    Tensor-parallel ranks of one data-parallel group hold the same value, so the world mean is the mean over the
+    data-parallel groups. One all-reduce of a float32 copy; the input is not modified. Without a process group the
+    value itself.
+
+    Returns:
+        A float32 scalar tensor (on ``value``'s device; CPU for a Python number), detached.
+    """
+    import torch.distributed as dist
+
+    out = torch.as_tensor(value).detach().float().clone().reshape(())
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(out)
+        out /= dist.get_world_size()
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- accounting

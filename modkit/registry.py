@@ -38,10 +38,16 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "compile_safe": "runs under torch.compile(fullgraph=True) without graph breaks",
         "aux_loss": "forward returns (output, aux_loss) instead of output (ffn)",
         "acts_on": "where a position scheme acts: 'embedding', 'qk', 'bias' or 'none' (position)",
-        "returns_weights": "can return attention weights (attention, eager backend)",
+        "returns_weights": "has forward_with_weights(x, inputs) -> (out, weights [batch, n_heads, q_len, kv_len]) (attention, eager math)",
         "stateless": "has no parameters",
-        "tp_plan": "tensor-parallel plan relative to the module: {submodule: 'colwise'|'rowwise'|'grouped'|...}",
+        "tp_plan": "tensor-parallel plan relative to the module: {submodule: 'colwise'|'rowwise'|'grouped'|'per_head'|'replicate'|..., "
+        "per-head parameter: 'heads'}",
         "token_mask": "forward takes token_mask [batch, seq] (True = real token) so padding can be excluded (ffn)",
+        "attention_dropout": "applies BuildContext.attention_dropout to the attention probabilities in training mode (attention)",
+        "residual_dropout": "applies BuildContext.residual_dropout to each sublayer output before it joins the residual (placement)",
+        "argument": "{name, field}: the keyword of modkit.generate.generate (and --flag of modkit generate) that sets this "
+        "field (logits_processor, stop_condition)",
+        "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
     }
 )
 
@@ -78,8 +84,20 @@ class Component:
         reference: the paper or reference implementation its math follows.
         capabilities: data about behaviour (see :data:`KNOWN_CAPABILITIES`).
         param_count: optional analytic parameter count ``param_count(config, ctx) -> int``.
+        flops: optional FLOPs declaration ``flops(config, ctx, work: Workload) -> {part: FLOPs}``: the matrix-product
+            FLOPs (1 multiply-add = 2 FLOPs) of one call of the module on the workload :class:`~modkit.cost.Workload`
+            (tokens, cached keys, mask), by part (``{"q_proj": ..., "scores": ...}``), excluding components it builds
+            through ``ctx.build`` (they declare their own). Element-wise-only components declare
+            :func:`modkit.cost.elementwise`; :mod:`modkit.cost` sums the declarations and the contract kit checks them
+            against ``torch.utils.flop_counter.FlopCounterMode``.
         example: a valid config dict for this component (docs show it; the contract kit builds it); defaults to
             ``{"type": type}``.
+        aliases: other names a spec may use for this component (``{"type": alias}`` validates as ``type`` and is
+            stored under ``type``). An alias is not a second component: listings, ``modkit show`` and the docs show
+            it as an alias of ``type``. Aliases share the type namespace of the kind (no clash with a type or
+            another alias).
+        alias_notes: ``{alias: message}`` for aliases whose use deserves a word (a name whose meaning changed):
+            validating a spec that uses the alias emits the message as a :class:`~modkit.errors.SpecWarning`.
         grouped_factory: optional, for ``ffn`` components that can serve as mixture-of-experts experts:
             ``grouped_factory(config, ctx, n) -> nn.Module`` building ``n`` independent copies with stacked weights,
             whose ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on the
@@ -96,8 +114,11 @@ class Component:
     reference: str = ""
     capabilities: Mapping[str, Any] = field(default_factory=dict)
     param_count: Callable[..., int] | None = None
+    flops: Callable[..., Mapping[str, int]] | None = None
     example: Mapping[str, Any] | None = None
     grouped_factory: Callable[..., Any] | None = None
+    aliases: tuple[str, ...] = ()
+    alias_notes: Mapping[str, str] = field(default_factory=dict)
     provider: Provider | None = None
 
     def example_config(self) -> dict:
@@ -125,12 +146,26 @@ class Component:
             )
         if not callable(self.factory):
             raise RegistryError(f"{where}: factory {self.factory!r} is not callable")
+        if self.flops is not None and not callable(self.flops):
+            raise RegistryError(f"{where}: flops {self.flops!r} is not callable")
         if self.grouped_factory is not None and not callable(self.grouped_factory):
             raise RegistryError(f"{where}: grouped_factory {self.grouped_factory!r} is not callable")
         if not isinstance(self.capabilities, Mapping):
             raise RegistryError(f"{where}: capabilities must be a mapping, got {type(self.capabilities).__name__}")
         if not self.description:
             raise RegistryError(f"{where}: description is empty; say what it computes")
+        if isinstance(self.aliases, str) or not all(isinstance(a, str) for a in self.aliases):
+            raise RegistryError(f"{where}: aliases must be a tuple of names, got {self.aliases!r}")
+        for alias in self.aliases:
+            if not _NAME.match(alias):
+                raise RegistryError(f"{where}: alias {alias!r} must match {_NAME.pattern}")
+            if alias == self.type:
+                raise RegistryError(f"{where}: alias {alias!r} is the type itself")
+        if len(set(self.aliases)) != len(self.aliases):
+            raise RegistryError(f"{where}: aliases {list(self.aliases)} name one alias twice")
+        stray = sorted(set(self.alias_notes) - set(self.aliases))
+        if stray:
+            raise RegistryError(f"{where}: alias_notes for {stray}, which are not among its aliases {list(self.aliases)}")
 
 
 @dataclass(frozen=True)
@@ -182,6 +217,7 @@ class Registry:
         self._pm.add_hookspecs(ModkitHookSpecs)
         self._components: dict[tuple[str, str], Component] = {}
         self._converters: dict[str, HFConverter] = {}
+        self._aliases: dict[tuple[str, str], str] = {}  # (kind, alias) -> canonical type
         self._plugins: dict[str, PluginInfo] = {}
         self._skipped: dict[str, str] = {}
         self.generation = 0
@@ -231,7 +267,15 @@ class Registry:
                 if not isinstance(entry, Component):
                     raise RegistryError(f"register() takes a modkit.Component, got {type(entry).__name__}")
                 entry.validate()
-                comps.append(replace(entry, provider=provider, capabilities=MappingProxyType(dict(entry.capabilities))))
+                comps.append(
+                    replace(
+                        entry,
+                        provider=provider,
+                        capabilities=MappingProxyType(dict(entry.capabilities)),
+                        aliases=tuple(entry.aliases),
+                        alias_notes=MappingProxyType(dict(entry.alias_notes)),
+                    )
+                )
 
             def register_converter(model_type: str, convert: Callable[[dict], dict], weights: Any = None) -> None:
                 if not isinstance(model_type, str) or not model_type or not callable(convert):
@@ -249,6 +293,8 @@ class Registry:
             self._pm.register(obj, name=name)
             for c in comps:
                 self._components[c.key] = c
+                for alias in c.aliases:
+                    self._aliases[(c.kind, alias)] = c.type
             for cv in convs:
                 self._converters[cv.model_type] = cv
             info = PluginInfo(name, provider, [c.key for c in comps], [cv.model_type for cv in convs], obj)
@@ -258,6 +304,11 @@ class Registry:
 
     def _check_clashes(self, provider: Provider, comps: list[Component], convs: list[HFConverter]) -> None:
         seen: dict[tuple[str, str], Component] = {}
+        names: dict[tuple[str, str], tuple[str, Component]] = {}  # (kind, name) -> ("type"|"alias", entry)
+        for c in self._components.values():
+            names[c.key] = ("type", c)
+            for a in c.aliases:
+                names[(c.kind, a)] = ("alias", c)
         for c in comps:
             other = self._components.get(c.key) or seen.get(c.key)
             if other is not None:
@@ -266,6 +317,16 @@ class Registry:
                     "uninstall one of them or rename the type"
                 )
             seen[c.key] = c
+            for what, name in [("type", c.type)] + [("alias", a) for a in c.aliases]:
+                taken = names.get((c.kind, name))
+                if taken is not None and taken[1] is not c:
+                    role, holder = taken
+                    held = f"the type of {holder.kind}/{holder.type}" if role == "type" else f"an alias of {holder.kind}/{holder.type}"
+                    raise RegistryError(
+                        f"{c.kind} name {name!r} is provided twice: as the {what} of {c.kind}/{c.type} by {provider} "
+                        f"and as {held} by {holder.provider or provider}; types and aliases of a kind must be unique"
+                    )
+                names[(c.kind, name)] = (what, c)
         seen_conv: dict[str, HFConverter] = {}
         for cv in convs:
             other = self._converters.get(cv.model_type) or seen_conv.get(cv.model_type)
@@ -286,7 +347,9 @@ class Registry:
             if info is None:
                 raise RegistryError(f"no plugin named {name!r}; registered: {sorted(self._plugins)}")
             for key in info.components:
-                self._components.pop(key, None)
+                entry = self._components.pop(key, None)
+                for alias in entry.aliases if entry is not None else ():
+                    self._aliases.pop((key[0], alias), None)
             for mt in info.converters:
                 self._converters.pop(mt, None)
             self._pm.unregister(name=name)
@@ -355,7 +418,7 @@ class Registry:
             RegistryError: unknown kind or type; the message lists the valid ones, the closest match and the
                 installed plugins.
         """
-        entry = self._components.get((kind, type_))
+        entry = self._components.get((kind, self.resolve(kind, type_)))
         if entry is not None:
             return entry
         kinds = self.kinds()
@@ -370,8 +433,11 @@ class Registry:
     def unknown_type_message(self, kind: str, type_: str) -> str:
         """Human message for an unknown ``type`` of ``kind``: valid types, closest match, installed plugins."""
         types = self.types(kind)
-        hint = close_matches(str(type_), types)
+        aliases = self.aliases(kind)
+        hint = close_matches(str(type_), types + list(aliases))
         msg = f"unknown {kind} type {type_!r}; valid types: {', '.join(types) or '(none installed)'}"
+        if aliases:
+            msg += "; aliases: " + ", ".join(f"{a} (= {t})" for a, t in sorted(aliases.items()))
         if hint:
             msg += f"; did you mean {hint[0]!r}?"
         msg += f"; installed plugins: {', '.join(sorted(self._plugins)) or '(none)'}"
@@ -386,8 +452,16 @@ class Registry:
         return sorted({k for k, _ in self._components})
 
     def types(self, kind: str) -> list[str]:
-        """Sorted type names registered for ``kind``."""
+        """Sorted type names registered for ``kind`` (aliases not included: see :meth:`aliases`)."""
         return sorted(t for k, t in self._components if k == kind)
+
+    def aliases(self, kind: str) -> dict[str, str]:
+        """``{alias: type}`` of the aliases registered for ``kind``."""
+        return {a: t for (k, a), t in sorted(self._aliases.items()) if k == kind}
+
+    def resolve(self, kind: str, name: str) -> str:
+        """The type ``name`` denotes in ``kind``: the type an alias stands for, else ``name`` unchanged."""
+        return self._aliases.get((kind, name), name)
 
     def components(self, kind: str | None = None, *, plugin: str | None = None, pattern: str | None = None) -> list[Component]:
         """Entries filtered by kind, providing plugin and ``fnmatch`` pattern on the type (timm-style listing)."""

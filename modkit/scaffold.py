@@ -388,13 +388,15 @@ Contract of an attention module (modkit.interfaces):
 
 * expose ``n_heads``, ``n_kv_heads`` and ``head_dim`` (the KV cache stores ``n_kv_heads`` heads, never ``n_heads``);
 * let the layer's position scheme act: ``inputs.position.rotate(q, k, positions)`` on
-  ``q [batch, n_heads, seq, head_dim]``, ``k [batch, n_kv_heads, seq, head_dim]`` and
-  ``inputs.position.attention_bias(q_pos, k_pos, n_heads)`` (an additive bias or ``None``);
-* with ``inputs.cache`` set, store the new keys/values with ``inputs.cache.update(k, v, positions, token_mask)``
-  and attend over everything it returns;
-* build the causal mask from absolute positions (``q_pos >= k_pos``), which aligns it bottom-right when the query
-  is shorter than the keys (decode, chunked prefill); ``is_causal=True`` alone aligns top-left and is wrong there;
-* hide padding keys (``token_mask`` False) and output 0, not NaN, for a query that sees no key at all.
+  ``q [batch, n_heads, seq, head_dim]``, ``k [batch, n_kv_heads, seq, head_dim]``, and its additive bias (ALiBi);
+* with ``inputs.cache`` set, store the new keys/values and attend over every key the cache hands back;
+* mask by absolute position (bottom-right aligned in cached decode), hide padding keys, and output 0, not NaN, for a
+  query that sees no key at all.
+
+Everything but the projections and the score function comes from modkit's attention helpers
+(``modkit.attention``): ``update_cache`` (the cache update), ``prepare_mask`` (the mask from positions, token mask
+and window, with the dead-row guard), ``position_bias`` and ``masked_attention`` (or ``masked_softmax`` for a score
+function of your own). Keep them: copied mask code is where causality leaks and NaN rows come from.
 
 Reference: Ainslie et al. 2023, GQA: Training Generalized Multi-Query Transformer Models, arXiv:2305.13245;
 Vaswani et al. 2017, arXiv:1706.03762.
@@ -407,7 +409,16 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig
+from modkit import (
+    AttentionInputs,
+    BuildContext,
+    Component,
+    ComponentConfig,
+    masked_attention,
+    position_bias,
+    prepare_mask,
+    update_cache,
+)
 from modkit.limits import HeadCount, HeadDim
 
 
@@ -458,23 +469,15 @@ class $Class(nn.Module):
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [b, n_heads, s, hd]
         k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [b, n_kv_heads, s, hd]
         v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if inputs.position is not None:
+        if inputs.position is not None:  # RoPE rotates q and k (an identity for other schemes)
             q, k = inputs.position.rotate(q, k, inputs.positions)
-        q_pos, k_pos, k_valid = inputs.positions, inputs.positions, inputs.token_mask
-        if inputs.cache is not None:  # append the new keys/values; attend over all of them
-            k, v, k_pos, k_valid = inputs.cache.update(k, v, q_pos, k_valid)
-        mask = q_pos[:, :, None] >= k_pos[:, None, :]  # [b, q_len, kv_len], causal by absolute position
-        if k_valid is not None:
-            mask = mask & k_valid[:, None, :]
-        mask = mask[:, None]  # [b, 1, q_len, kv_len]
-        live = mask.any(-1, keepdim=True)  # queries that see at least one key
-        mask = mask | ~live  # let the others attend everywhere (finite), then zero them below
-        bias = inputs.position.attention_bias(q_pos, k_pos, self.n_heads) if inputs.position is not None else None
-        attn_mask = mask if bias is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
-        out = nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, enable_gqa=self.n_kv_heads != self.n_heads
-        )
-        out = out.masked_fill(~live, 0.0)
+        k, v, k_pos, k_valid = update_cache(inputs, k, v)  # store the new keys; every key the queries may see
+        mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None)
+        bias = position_bias(inputs, k_pos, self.n_heads)  # ALiBi's [b, n_heads, q_len, kv_len] bias, or None
+        out, _ = masked_attention(q, k, v, mask, bias)  # softmax(q·k / sqrt(head_dim) + bias) v; dead rows -> 0
+        # a score function of your own instead of q·k (import masked_softmax from modkit):
+        #     probs = masked_softmax(my_scores(q, k) + (0 if bias is None else bias), mask)  # dead rows -> 0
+        #     out = probs.to(v.dtype) @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
 

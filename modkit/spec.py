@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import math
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PositiveInt,
@@ -30,7 +32,7 @@ from pydantic import (
 )
 
 from .config import STRICT, ComponentConfig, Slot, StrictModel, slot_kind
-from .errors import SpecError
+from .errors import SpecError, SpecWarning
 from .jsonio import JSONInputError, parse_json, read_json_file
 from .limits import BOUNDS, MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
 from .registry import Registry, close_matches, get_registry
@@ -67,6 +69,21 @@ class LayerRange(_Strict):
         """Whether layer ``index`` of a model of ``n_layers`` layers is in the range (without listing it)."""
         stop = n_layers if self.stop is None else min(self.stop, n_layers)
         return self.start <= index < stop and (index - self.start) % self.step == 0
+
+
+class DropoutSpec(_Strict):
+    """Dropout probabilities of the model (training-time regularisation; identity in ``eval()``).
+
+    Semantics follow GPT-2 (``embd_pdrop``, ``attn_pdrop``, ``resid_pdrop``; Radford et al. 2019) and nanoGPT's
+    ``model.py``: ``embedding`` drops elements of the input to the first block (token + position embeddings),
+    ``attention`` drops attention probabilities, ``residual`` drops each sublayer's output before it is added to
+    the residual stream. Dropout draws from torch's global generator, so ``torch.manual_seed`` makes it repeatable.
+    A probability of 0 adds no operation to the forward pass.
+    """
+
+    embedding: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the embeddings before the first block (GPT-2 embd_pdrop)")
+    attention: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention probabilities (GPT-2 attn_pdrop)")
+    residual: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on each sublayer output before the residual add (GPT-2 resid_pdrop)")
 
 
 class BlockSpec(_Strict):
@@ -132,6 +149,9 @@ class ModelSpec(_Strict):
         None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2); null for none"
     )
     init_std: float = Field(0.02, gt=0, description="standard deviation of the normal init of weight matrices")
+    dropout: DropoutSpec = Field(
+        default_factory=DropoutSpec, description="dropout probabilities (embedding, attention, residual); all 0 by default"
+    )
 
     @field_validator("schema_version", mode="before")
     @classmethod
@@ -197,13 +217,20 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class SpecContext:
-    """Model-wide sizes handed to component configs' cross-field ``check(ctx)`` methods."""
+    """Model-wide sizes handed to component configs' cross-field ``check(ctx)`` methods.
+
+    A position scheme is checked once per attention geometry it serves: ``n_heads`` and ``head_dim`` are then those
+    of the layers' attention (read from its config's ``n_heads`` and ``resolved_head_dim(d_model)``, when it has
+    them); elsewhere they are ``None``.
+    """
 
     d_model: int
     n_layers: int
     vocab_size: int
     max_seq_len: int
     registry: Registry
+    n_heads: Optional[int] = None
+    head_dim: Optional[int] = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -232,14 +259,29 @@ def _live_copy(cls: type[BaseModel], extra: dict[str, Any] | None = None) -> typ
     return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__, **overrides)
 
 
+def _alias_resolver(kind: str, registry: Registry):
+    """The function of a before-validator replacing an alias ``{"type": alias}`` by the type it stands for (a
+    :class:`~modkit.errors.SpecWarning` carries the alias note, if the entry gives one)."""
+
+    def resolve(v: Any) -> Any:
+        if isinstance(v, dict) and isinstance(v.get("type"), str):
+            name = registry.resolve(kind, v["type"])
+            if name != v["type"]:
+                note = registry.get(kind, name).alias_notes.get(v["type"])
+                if note:
+                    warnings.warn(note, SpecWarning, stacklevel=2)
+                return {**v, "type": name}
+        return v
+
+    return resolve
+
+
 def _missing_kind(kind: str, registry: Registry):
     def check(v: Any) -> Any:
         raise ValueError(
             f"no component of kind {kind!r} is installed; installed plugins: "
             f"{', '.join(p.name for p in registry.plugins()) or '(none)'}"
         )
-
-    from pydantic import BeforeValidator
 
     return Annotated[Any, BeforeValidator(check)]
 
@@ -267,7 +309,8 @@ def spec_model(registry: Registry | None = None) -> type[ModelSpec]:
         if not classes:
             ns[_ident(kind)] = _missing_kind(kind, reg)
         else:  # a one-member union too, so an unknown type gets the same helpful error
-            ns[_ident(kind)] = Annotated[Union[tuple(classes)], Field(discriminator="type")]
+            union = Annotated[Union[tuple(classes)], Field(discriminator="type")]
+            ns[_ident(kind)] = Annotated[union, BeforeValidator(_alias_resolver(kind, reg))] if reg.aliases(kind) else union
     block = _live_copy(BlockSpec)
     override = _live_copy(LayerOverride)
     ns["_BlockSpec"], ns["_LayerOverride"] = block, override
@@ -467,21 +510,75 @@ def _allowed_fields(parent: Any, registry: Registry) -> list[str]:
     return []
 
 
+def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
+    """A non-zero dropout needs every component that applies it to declare the capability (else it is ignored)."""
+    errors: list[tuple[str, str]] = []
+    for field_name, kind, capability in (("attention", "attention", "attention_dropout"), ("residual", "placement", "residual_dropout")):
+        if getattr(spec.dropout, field_name) == 0:
+            continue
+        configs = [getattr(spec.block, kind)] + [getattr(o, kind) for o in spec.overrides if getattr(o, kind) is not None]
+        for cfg in configs:
+            entry = registry.entry_for_config(cfg, kind)
+            if not entry.capabilities.get(capability):
+                errors.append(
+                    (
+                        f"dropout.{field_name}",
+                        f"{kind} type {entry.type!r} ({entry.provider}) does not declare the {capability!r} capability, so "
+                        f"dropout.{field_name} = {getattr(spec.dropout, field_name)} would be ignored; set it to 0 or use a "
+                        f"{kind} that applies it",
+                    )
+                )
+                break
+    return errors
+
+
+def _head_geometry(attention: Any, d_model: int) -> tuple[Optional[int], Optional[int]]:
+    """``(n_heads, head_dim)`` of an attention config that exposes them (``n_heads``, ``resolved_head_dim``)."""
+    n_heads = getattr(attention, "n_heads", None)
+    resolve = getattr(attention, "resolved_head_dim", None)
+    try:
+        head_dim = resolve(d_model) if callable(resolve) else getattr(attention, "head_dim", None)
+    except Exception:  # noqa: BLE001 - an inconsistent attention config reports its own error
+        head_dim = None
+    return (n_heads if isinstance(n_heads, int) else None, head_dim if isinstance(head_dim, int) else None)
+
+
+def _position_uses(spec: ModelSpec) -> list[tuple[str, Any, tuple[Optional[int], Optional[int]]]]:
+    """``(path, position config, (n_heads, head_dim))`` for each position config and each attention geometry of the
+    layers that use it (the top-level scheme once without geometry when every layer overrides it)."""
+    uses: dict[tuple[str, tuple], Any] = {}
+    for i in range(spec.n_layers):
+        path = "position"
+        for j, o in enumerate(spec.overrides):
+            if o.position is not None and i in o.indices(spec.n_layers):
+                path = f"overrides[{j}].position"
+        layer = spec.layer(i)
+        uses.setdefault((path, _head_geometry(layer.attention, spec.d_model)), layer.position)
+    if not any(p == "position" for p, _ in uses):
+        uses[("position", (None, None))] = spec.position
+    for j, o in enumerate(spec.overrides):
+        if o.position is not None and not any(p == f"overrides[{j}].position" for p, _ in uses):
+            uses[(f"overrides[{j}].position", (None, None))] = o.position
+    return [(path, cfg, geometry) for (path, geometry), cfg in uses.items()]
+
+
 def _semantic_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
     ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
     errors: list[tuple[str, str]] = []
 
-    def visit(cfg: Any, path: str) -> None:
+    def visit(cfg: Any, path: str, at: SpecContext = ctx) -> None:
         if not isinstance(cfg, ComponentConfig):
             return
         check = getattr(cfg, "check", None)
         if callable(check):
-            for sub, msg in check(ctx) or ():
+            for sub, msg in check(at) or ():
                 errors.append((f"{path}.{sub}" if sub else path, msg))
         for name in type(cfg).model_fields:
-            visit(getattr(cfg, name), f"{path}.{name}")
+            visit(getattr(cfg, name), f"{path}.{name}", at)
 
-    visit(spec.position, "position")
+    errors.extend(_dropout_errors(spec, registry))
+    for path, position, geometry in _position_uses(spec):
+        visit(position, path, SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry, *geometry))
     for slot in ("attention", "ffn", "norm", "placement"):
         visit(getattr(spec.block, slot), f"block.{slot}")
     for name in ("embedding_norm", "final_norm"):
@@ -493,7 +590,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
                     errors.append((f"overrides[{i}].layers[{j}]", f"layer {idx} out of range; n_layers = {spec.n_layers}"))
         elif o.layers.start >= spec.n_layers:
             errors.append((f"overrides[{i}].layers.start", f"start = {o.layers.start} selects no layer; n_layers = {spec.n_layers}"))
-        for slot in ("attention", "ffn", "norm", "placement", "position"):
+        for slot in ("attention", "ffn", "norm", "placement"):
             visit(getattr(o, slot), f"overrides[{i}].{slot}")
         if o.position is not None:
             acts = registry.entry_for_config(o.position, "position").capabilities.get("acts_on")
@@ -549,7 +646,7 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
         spec = model.model_validate(data)
     except ValidationError as exc:
         raise SpecError(_format_errors(exc.errors(), data, reg), source=label) from None
-    errors = _semantic_errors(spec, reg)
+    errors = list(dict.fromkeys(_semantic_errors(spec, reg)))
     if errors:
         raise SpecError(errors, source=label)
     return spec

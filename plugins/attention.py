@@ -3,29 +3,39 @@
 ``[batch, seq, d_model] -> [batch, seq, d_model]``. MHA is GQA with ``n_kv_heads = n_heads``, MQA with
 ``n_kv_heads = 1``. Options: ``head_dim`` independent of ``d_model / n_heads``; separate q/k/v/output bias
 flags; QK-norm per head (Qwen3, Gemma 3) or over the full projection width (OLMo 2); sliding window;
-causal or bidirectional; softmax scale override; ``sdpa`` (default) or ``eager`` backend.
+causal or bidirectional; softmax scale override; tanh soft-capping of the scores (Gemma 2); ``sdpa`` (default) or ``eager`` backend; dropout on the
+attention probabilities in training mode (the spec's ``dropout.attention``, GPT-2's ``attn_pdrop``).
 
-The mask is built from absolute positions, so it is aligned bottom-right whenever the query length differs
-from the key length (cached decode, chunked prefill), and left padding is honoured. With a KV cache
-(:mod:`modkit.cache`) the new keys are stored through ``inputs.cache.update`` and attention runs over the keys it
-hands back: unwritten slots come back invalid and are masked like padding. Rows with no visible key
-(padding queries) output exactly 0 instead of NaN (pytorch #103749).
+The mask, the dead-row guard and the cache update are modkit's public attention helpers (:mod:`modkit.attention`,
+the same a third-party attention uses): the mask is built from absolute positions, so it is aligned bottom-right
+whenever the query length differs from the key length (cached decode, chunked prefill), and left padding is
+honoured; with a KV cache (:mod:`modkit.cache`) the new keys are stored and attention runs over every key handed
+back (unwritten slots come back invalid and are masked like padding); rows with no visible key (padding queries)
+output exactly 0 instead of NaN (pytorch #103749).
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); MQA, Shazeer 2019 (arXiv:1911.02150); GQA, Ainslie
-et al. 2023 (arXiv:2305.13245); layout of the module follows torchtune ``modules/attention.py``.
+et al. 2023 (arXiv:2305.13245); logit soft-capping, Gemma Team 2024, Gemma 2 (arXiv:2408.00118) §2; layout of the module follows torchtune ``modules/attention.py``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal, Optional
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, Slot, hookimpl
+from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, Slot, Workload, hookimpl
+from modkit.attention import (  # noqa: F401 - attention_mask and PreparedMask are re-exported for older imports
+    PreparedMask,
+    attention_mask,
+    masked_attention,
+    position_bias,
+    prepare_mask,
+    update_cache,
+)
 from modkit.limits import HeadCount, HeadDim, SeqLen
 
 
@@ -55,6 +65,10 @@ class AttentionConfig(ComponentConfig):
     )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
     softmax_scale: Optional[float] = Field(None, gt=0, description="multiplier of q·k; default 1/sqrt(head_dim)")
+    logit_softcap: Optional[float] = Field(
+        None, gt=0, description="scores = cap · tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping); "
+        "null for none. SDPA has no softcap, so a capped layer runs the eager float32 math"
+    )
     backend: Literal["sdpa", "eager"] = Field(
         "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"
     )
@@ -95,90 +109,6 @@ class AttentionConfig(ComponentConfig):
         return []
 
 
-def attention_mask(
-    q_pos: Tensor, k_pos: Tensor, k_valid: Optional[Tensor], causal: bool, window: Optional[int]
-) -> Tensor:
-    """Boolean mask ``[batch, 1, q_len, kv_len]`` (True = may attend) from absolute positions.
-
-    Args:
-        q_pos: ``[batch, q_len]`` query positions. k_pos: ``[batch, kv_len]`` key positions.
-        k_valid: ``[batch, kv_len]`` False for padding keys, or ``None``.
-        causal: keys after the query are hidden. window: keys further than ``window - 1`` positions away are hidden.
-    """
-    diff = q_pos[:, :, None] - k_pos[:, None, :]
-    mask = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
-    if window is not None:
-        mask = mask & (diff < window) if causal else mask & (diff.abs() < window)
-    if k_valid is not None:
-        mask = mask & k_valid[:, None, :]
-    return mask[:, None]
-
-
-def masked_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Optional[Tensor], scale: float, *, eager: bool = False
-) -> tuple[Tensor, Optional[Tensor]]:
-    """Softmax attention with a boolean mask; rows with no visible key output exactly 0 (never NaN).
-
-    Args:
-        q: ``[batch, n_heads, q_len, head_dim]``; k, v: ``[batch, n_kv_heads, kv_len, head_dim]`` (n_kv_heads
-            divides n_heads; groups of n_heads / n_kv_heads query heads share a key/value head).
-        mask: ``[batch, 1 or n_heads, q_len, kv_len]`` bool, True = may attend.
-        bias: additive float bias broadcastable to the scores (ALiBi), or ``None``.
-        scale: multiplier of q·k (usually ``head_dim ** -0.5``).
-        eager: explicit float32 softmax (returns the weights) instead of ``scaled_dot_product_attention``.
-
-    Returns:
-        ``(out [batch, n_heads, q_len, head_dim], weights [batch, n_heads, q_len, kv_len] or None)``.
-    """
-    return _attend_prepared(q, k, v, PreparedMask.of(mask, q.dtype), bias, scale, eager)
-
-
-@dataclass(frozen=True)
-class PreparedMask:
-    """A boolean mask in the forms attention consumes, computed once per forward (shared by the layers of a group).
-
-    Attributes:
-        allowed: ``[batch, 1 or n_heads, q_len, kv_len]`` bool, True = may attend; rows with no visible key
-            (padding queries) are opened everywhere so their softmax stays finite.
-        additive: ``allowed`` as ``0 / -inf`` in the query dtype (what SDPA would otherwise rebuild from a bool
-            mask in every layer).
-        live: ``[batch, 1 or n_heads, q_len, 1]`` in the query dtype, 1 for rows with a visible key and 0 for
-            the others: multiplying by it zeroes the opened rows in one op.
-    """
-
-    allowed: Tensor
-    additive: Tensor
-    live: Tensor
-
-    @staticmethod
-    def of(mask: Tensor, dtype: torch.dtype) -> "PreparedMask":
-        """Prepare a bool ``mask [batch, 1 or n_heads, q_len, kv_len]`` for queries of ``dtype``."""
-        live = mask.any(-1, keepdim=True)
-        allowed = mask | ~live
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill_(~allowed, float("-inf"))
-        return PreparedMask(allowed, additive, live.to(dtype))
-
-
-def _attend_prepared(
-    q: Tensor, k: Tensor, v: Tensor, mask: PreparedMask, bias: Optional[Tensor], scale: float, eager: bool
-) -> tuple[Tensor, Optional[Tensor]]:
-    """:func:`masked_attention` with the mask already prepared (shapes as there)."""
-    rep = q.shape[1] // k.shape[1]
-    if eager:
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-        if bias is not None:
-            scores = scores + bias
-        weights = torch.softmax(scores.masked_fill(~mask.allowed, float("-inf")), dim=-1) * mask.live
-        out = torch.matmul(weights.to(v.dtype), v)
-    else:
-        weights = None
-        attn_mask = mask.additive if bias is None else bias.to(q.dtype) + mask.additive
-        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=rep > 1)
-    return out * mask.live, weights
-
-
 def _merge_heads(out: Tensor) -> Tensor:
     """``[batch, n_heads, seq, head_dim] -> [batch, seq, n_heads · head_dim]``."""
     b, h, s, d = out.shape
@@ -200,7 +130,9 @@ class Attention(nn.Module):
         self.sliding_window = cfg.sliding_window
         self.causal = cfg.causal
         self.backend = cfg.backend
+        self.attention_dropout = ctx.attention_dropout  # applied to the probabilities in training mode only
         self.scale = cfg.softmax_scale if cfg.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        self.logit_softcap = cfg.logit_softcap
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)
         self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
@@ -239,34 +171,26 @@ class Attention(nn.Module):
 
     def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         q, k, v = self._project(x, inputs)
-        q_pos, k_pos, k_valid = inputs.positions, inputs.positions, inputs.token_mask
-        if inputs.cache is not None:  # store the new keys; attend over every key the cache hands back
-            k, v, k_pos, k_valid = inputs.cache.update(k, v, q_pos, k_valid)
-            if k.dtype != q.dtype:  # a cache made in another dtype than the model
-                k, v = k.to(q.dtype), v.to(q.dtype)
-        bias = inputs.position.attention_bias(q_pos, k_pos, self.n_heads) if inputs.position is not None else None
+        dropout_p = self.attention_dropout if self.training else 0.0
+        q_pos = inputs.positions
+        k, v, k_pos, k_valid = update_cache(inputs, k, v)  # store the new keys; attend over every key handed back
+        bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (
             self.causal and bias is None and k_valid is None and self.sliding_window is None
-            and k_pos is q_pos and not need_weights and self.backend == "sdpa"
+            and k_pos is q_pos and not need_weights and self.backend == "sdpa" and self.logit_softcap is None
         )
         if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel
             out = nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
+                q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
             )
             return self.o_proj(_merge_heads(out)), None
-        # the mask depends only on the positions and validity, which every layer of a cache slot group shares in a
-        # forward: compute it once per group (the scratch dict is emptied at each forward; no tensor ids in the key,
-        # so torch.compile installs no identity guard)
-        scratch = getattr(inputs.cache, "scratch", None)
-        key = ("mask", self.causal, self.sliding_window, q.dtype)
-        prepared = scratch.get(key) if scratch is not None else None
-        if prepared is None:
-            prepared = PreparedMask.of(attention_mask(q_pos, k_pos, k_valid, self.causal, self.sliding_window), q.dtype)
-            if scratch is not None:
-                scratch[key] = prepared
+        prepared = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=self.causal, window=self.sliding_window)
         # an additive bias (ALiBi) in bf16/fp16 loses precision at long range: take the float32 eager path then
         eager = self.backend == "eager" or need_weights or (bias is not None and q.dtype != torch.float32)
-        out, weights = _attend_prepared(q, k, v, prepared, bias, self.scale, eager)
+        eager = eager or self.logit_softcap is not None  # SDPA has no softcap
+        out, weights = masked_attention(
+            q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p, softcap=self.logit_softcap
+        )
         return self.o_proj(_merge_heads(out)), weights
 
 
@@ -281,6 +205,28 @@ def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
         for width in (qw, kvw):
             n += norm.param_count(cfg.qk_norm, replace(ctx, dim=hd if per_head else width))
     return n
+
+
+def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """Matrix-product FLOPs of one call (1 multiply-add = 2 FLOPs): the four projections on ``work.tokens`` rows, and
+    per query head ``2 · head_dim`` for each scored (query, key) pair in ``q·kᵀ`` and as much in ``p·v``.
+
+    GQA/MQA save nothing in the scores (every query head scores every key it sees) but narrow k_proj and v_proj.
+    The pairs are those the mask lets through (causal, sliding window: :meth:`Workload.pairs`), or the whole
+    ``[new, past + new]`` rectangle when ``work.dense``. The QK-norm (a norm component) declares its own; the
+    softmax, the scaling and the biases are element-wise and not counted.
+    """
+    d, hd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model)
+    qw, kvw, t = cfg.n_heads * hd, cfg.kv_heads * hd, work.tokens
+    pairs = work.pairs(causal=cfg.causal, window=cfg.sliding_window)
+    return {
+        "q_proj": 2 * t * d * qw,
+        "k_proj": 2 * t * d * kvw,
+        "v_proj": 2 * t * d * kvw,
+        "o_proj": 2 * t * qw * d,
+        "scores": 2 * cfg.n_heads * hd * pairs,
+        "weighted_sum": 2 * cfg.n_heads * hd * pairs,
+    }
 
 
 @hookimpl
@@ -308,9 +254,15 @@ def register_components(register) -> None:
                     "kv_cache": True,
                     "compile_safe": True,
                     "returns_weights": True,
-                    "tp_plan": {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"},
+                    "attention_dropout": True,
+                    # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads
+                    "tp_plan": {
+                        "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",
+                        "q_norm": "per_head", "k_norm": "per_head",
+                    },
                 },
                 param_count=_param_count,
+                flops=_flops,
                 example={"type": t, "n_heads": 4, **({"n_kv_heads": 2} if t == "gqa" else {})},
             )
         )

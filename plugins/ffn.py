@@ -6,6 +6,14 @@
 * ``swiglu``: ``down(silu(gate(x)) * up(x))`` (Llama, Mistral, Qwen, OLMo).
 * ``geglu``:  ``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh``; ``activation`` selects exact gelu).
 
+In float16 the gated product ``act(gate(x)) * up(x)`` can exceed 65504 (the largest float16) while the FFN's output
+is representable: plain float16 math (and transformers) then gives ``inf``, and ``inf`` or NaN downstream. The gated
+FFNs therefore form the product in float32 and feed ``down`` a row-scaled copy: each row of the product is divided
+by a power of two ``s >= 1`` chosen so that its largest entry stays below 2^14, ``down`` runs in float16 on that, and
+the result is multiplied by ``s`` (bias added after). Powers of two scale exactly, so rows that need no scaling
+(``s = 1``) get exactly the float16 rounding of the float32 product, one rounding fewer than plain float16. Other
+dtypes take the plain path; the cost in float16 is measured in ``benchmarks/bench_features.py``.
+
 Each also has a *grouped* form (``Component.grouped_factory``), ``n`` independent copies with stacked weights that an
 ``moe`` uses as its experts: ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on the
 contiguous rows ``[offs[g-1], offs[g])`` with one :func:`modkit.grouped.grouped_mm` per projection. Stacked weights
@@ -24,7 +32,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig, Init, hookimpl
+from modkit import BuildContext, Component, ComponentConfig, Init, Workload, hookimpl
 from modkit.grouped import grouped_mm
 from modkit.limits import FFNWidth
 
@@ -61,6 +69,41 @@ class GatedConfig(ComponentConfig):
         return self.activation or ("silu" if self.type == "swiglu" else "gelu_tanh")
 
 
+#: float16 rows of the gated product are scaled to keep their largest entry below this (2^14, a quarter of the
+#: float16 range: ``down``'s float32-accumulated sums of such values times weights of magnitude < 1 stay finite)
+FP16_ROW_LIMIT = 2.0**14
+
+
+def gated_product(act, gate: Tensor, up: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    """``act(gate) * up`` and, in float16, the per-row scale that keeps it finite.
+
+    Args:
+        act: the gate activation. gate, up: ``[..., d_ff]`` projections (any float dtype).
+
+    Returns:
+        ``(h, scale)``: outside float16, ``(act(gate) * up, None)``. In float16, ``h = (act(gate) · up) / scale``
+        computed in float32 and rounded to float16 once, with ``scale [..., 1]`` (float32) the smallest power of two
+        ``>= 1`` that brings each row's largest ``|entry|`` to at most :data:`FP16_ROW_LIMIT`; the caller multiplies
+        ``down(h)`` (without bias) by ``scale``.
+    """
+    if gate.dtype != torch.float16:
+        return act(gate) * up, None
+    h = act(gate.float()) * up.float()
+    peak = h.abs().amax(-1, keepdim=True)
+    scale = torch.exp2(torch.ceil(torch.log2(peak / FP16_ROW_LIMIT))).clamp_(min=1.0)
+    scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))  # inf/NaN rows stay as they are
+    return (h / scale).to(torch.float16), scale
+
+
+def _down(linear: nn.Linear, h: Tensor, scale: Optional[Tensor]) -> Tensor:
+    """``linear(h)``, or ``linear`` without bias times ``scale`` plus the bias (float16 rows scaled by :func:`gated_product`)."""
+    if scale is None:
+        return linear(h)
+    out = nn.functional.linear(h, linear.weight) * scale
+    out = out if linear.bias is None else out + linear.bias.float()
+    return out.to(h.dtype)
+
+
 class MLP(nn.Module):
     """Two-layer MLP. ``[batch, seq, d_model] -> [batch, seq, d_model]``."""
 
@@ -88,8 +131,9 @@ class GatedMLP(nn.Module):
         self._act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        """``down(act(gate(x)) * up(x))``."""
-        return self.down(self._act(self.gate(x)) * self.up(x))
+        """``down(act(gate(x)) * up(x))`` (float16: the product in float32, rows scaled; see :func:`gated_product`)."""
+        h, scale = gated_product(self._act, self.gate(x), self.up(x))
+        return _down(self.down, h, scale)
 
 
 def _local(t: Tensor) -> Tensor:
@@ -183,10 +227,16 @@ class GroupedGatedMLP(_Stacked):
         self._projection("down", n, d_ff, d_model, bias)
 
     def forward(self, x: Tensor, offs: Tensor) -> Tensor:
-        """``x [rows, d_model]``, ``offs [n]`` int32 cumulative row ends -> ``[rows, d_model]``."""
+        """``x [rows, d_model]``, ``offs [n]`` int32 cumulative row ends -> ``[rows, d_model]`` (float16: the gated
+        product in float32, rows scaled as in :func:`gated_product`)."""
         groups = self._groups(x, offs) if self.bias else None
-        h = self._act(self._apply_projection("gate", x, offs, groups)) * self._apply_projection("up", x, offs, groups)
-        return self._apply_projection("down", h, offs, groups)
+        h, scale = gated_product(self._act, self._apply_projection("gate", x, offs, groups), self._apply_projection("up", x, offs, groups))
+        if scale is None:
+            return self._apply_projection("down", h, offs, groups)
+        out = grouped_mm(h, _local(self.down), offs).float() * scale
+        if self.down_bias is not None:
+            out = out + _local(self.down_bias)[groups].float()
+        return out.to(h.dtype)
 
 
 def _mlp_count(cfg: MLPConfig, ctx: BuildContext) -> int:
@@ -197,6 +247,18 @@ def _mlp_count(cfg: MLPConfig, ctx: BuildContext) -> int:
 def _gated_count(cfg: GatedConfig, ctx: BuildContext) -> int:
     d = ctx.dim or ctx.d_model
     return 3 * d * cfg.d_ff + (2 * cfg.d_ff + d if cfg.bias else 0)
+
+
+def _mlp_flops(cfg: MLPConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """``up`` and ``down`` on ``work.tokens`` rows, ``2 · d · d_ff`` FLOPs each per row (activation, biases: not counted)."""
+    d, t = ctx.dim or ctx.d_model, work.tokens
+    return {"up": 2 * t * d * cfg.d_ff, "down": 2 * t * cfg.d_ff * d}
+
+
+def _gated_flops(cfg: GatedConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """``gate``, ``up`` and ``down``, ``2 · d · d_ff`` FLOPs each per row (the gating product is element-wise)."""
+    d, t = ctx.dim or ctx.d_model, work.tokens
+    return {"gate": 2 * t * d * cfg.d_ff, "up": 2 * t * d * cfg.d_ff, "down": 2 * t * cfg.d_ff * d}
 
 
 @hookimpl
@@ -215,6 +277,7 @@ def register_components(register) -> None:
             reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
             capabilities={"compile_safe": True, "tp_plan": plan_mlp},
             param_count=_mlp_count,
+            flops=_mlp_flops,
             example={"type": "mlp", "d_ff": 128, "activation": "gelu_tanh"},
             grouped_factory=lambda cfg, ctx, n: GroupedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias),
         )
@@ -230,6 +293,7 @@ def register_components(register) -> None:
                 reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
                 capabilities={"compile_safe": True, "tp_plan": plan_gated},
                 param_count=_gated_count,
+                flops=_gated_flops,
                 example={"type": t, "d_ff": 96},
                 grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias),
             )

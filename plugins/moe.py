@@ -57,7 +57,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig, Slot, hookimpl
+from modkit import BuildContext, Component, ComponentConfig, Slot, Workload, hookimpl
+from modkit.cost import declared_flops
 from modkit.limits import ExpertCount
 
 # ----------------------------------------------------------------------------------------------------- losses
@@ -171,6 +172,12 @@ def _router_sizes(ctx: BuildContext) -> tuple[int, int]:
 def _make_router(cfg: TopKRouterConfig, ctx: BuildContext) -> TopKRouter:
     n, k = _router_sizes(ctx)
     return TopKRouter(ctx.dim or ctx.d_model, n, k, cfg.renormalize, cfg.bias)
+
+
+def _router_flops(cfg: TopKRouterConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """The logits: ``2 · d_model · n_experts`` FLOPs per token (softmax and top-k are not matrix products)."""
+    n, _ = _router_sizes(ctx)
+    return {"proj": 2 * work.tokens * (ctx.dim or ctx.d_model) * n}
 
 
 def _router_count(cfg: TopKRouterConfig, ctx: BuildContext) -> int:
@@ -372,6 +379,20 @@ def _moe_count(cfg: MoEConfig, ctx: BuildContext) -> int:
     return cfg.n_experts * per_expert + router
 
 
+def _moe_flops(cfg: MoEConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """The experts' FLOPs (the router, built through ``ctx.build``, declares its own): the expert type's declaration
+    on the rows the experts process, ``tokens · top_k`` when dropless (each token through exactly its experts), or
+    ``n_experts · capacity(tokens)`` slots with a capacity factor (empty slots are computed too). Parts are the
+    expert's, prefixed ``experts.``. The weighting and the gather/scatter are not matrix products."""
+    t = work.tokens
+    if cfg.capacity_factor is None:
+        rows = t * cfg.top_k
+    else:
+        rows = cfg.n_experts * min(t, max(1, math.ceil(cfg.capacity_factor * t * cfg.top_k / cfg.n_experts)))
+    expert = ctx.registry.entry_for_config(cfg.expert)
+    return {f"experts.{k}": v for k, v in declared_flops(expert, cfg.expert, ctx, work.rows(rows)).items()}
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register the ``topk`` router and the ``moe`` FFN."""
@@ -388,6 +409,7 @@ def register_components(register) -> None:
             "Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088",
             capabilities={"compile_safe": True, "tp_plan": {}},  # replicated: small, float32 logits
             param_count=_router_count,
+            flops=_router_flops,
             example={"type": "topk", "renormalize": True},
         )
     )
@@ -406,10 +428,12 @@ def register_components(register) -> None:
             capabilities={
                 "aux_loss": True,
                 "compile_safe": True,
-                "tp_plan": {"experts": "grouped"},  # router replicated; stacked experts sharded on d_ff
+                # stacked experts sharded on d_ff; the router reads the replicated input, whole on every rank
+                "tp_plan": {"experts": "grouped", "router": "replicate"},
                 "token_mask": True,  # forward(x, token_mask=None): padding leaves the aux losses
             },
             param_count=_moe_count,
+            flops=_moe_flops,
             example={
                 "type": "moe",
                 "n_experts": 4,

@@ -15,7 +15,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig, Init, hookimpl
+from modkit import BuildContext, Component, ComponentConfig, Init, elementwise, hookimpl
 
 
 class LayerNormConfig(ComponentConfig):
@@ -101,6 +101,7 @@ def _count(cfg: ComponentConfig, ctx: BuildContext) -> int:
 def register_components(register) -> None:
     """Register ``layernorm`` and ``rmsnorm``."""
     caps = {"compile_safe": True, "tp_plan": {}}  # replicated under tensor parallelism (torchtitan without SP)
+    flops = elementwise("a norm is element-wise (statistics over the last dimension, a scale): no matrix product")
     register(
         Component(
             kind="norm",
@@ -112,6 +113,7 @@ def register_components(register) -> None:
             reference="Ba, Kiros & Hinton 2016, Layer Normalization, arXiv:1607.06450",
             capabilities=caps,
             param_count=_count,
+            flops=flops,
         )
     )
     register(
@@ -126,5 +128,6 @@ def register_components(register) -> None:
             "(1 + w) form: Gemma (google-deepmind/gemma)",
             capabilities=caps,
             param_count=_count,
+            flops=flops,
         )
     )

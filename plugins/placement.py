@@ -3,17 +3,30 @@
 Every placement builds the norms it needs from the block's norm config and returns a block module with
 ``forward(x, inputs) -> (x, aux_loss | None)``; the ffn may return ``(out, aux_loss)`` (MoE).
 
-* ``pre``:      ``x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))`` (GPT-2, Llama).
-* ``post``:     ``x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x))`` (original Transformer, BERT).
-* ``sandwich``: ``x = x + attn_post_norm(attn(attn_norm(x))); x = x + ffn_post_norm(ffn(ffn_norm(x)))`` (Gemma 2/3).
-* ``peri`` (alias ``reordered``): ``x = x + attn_post_norm(attn(x)); x = x + ffn_post_norm(ffn(x))`` (OLMo 2's reordered norm).
-* ``parallel``: ``x = x + attn(attn_norm(x)) + ffn(n2(x))`` with ``n2 = attn_norm`` when ``shared_norm``
+* ``pre``:       ``x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))`` (GPT-2, Llama).
+* ``post``:      ``x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x))`` (original Transformer, BERT).
+* ``sandwich`` (alias ``peri``): ``x = x + attn_post_norm(attn(attn_norm(x))); x = x + ffn_post_norm(ffn(ffn_norm(x)))``:
+  norms on each sublayer's input and output, inside the residual (Gemma 2/3). Kim et al. 2025 call this placement
+  Peri-LN.
+* ``reordered`` (alias ``olmo2``): ``x = x + attn_post_norm(attn(x)); x = x + ffn_post_norm(ffn(x))``: a norm on
+  each sublayer's output only (OLMo 2's "reordered norm").
+* ``parallel``:  ``x = x + attn(attn_norm(x)) + ffn(n2(x))`` with ``n2 = attn_norm`` when ``shared_norm``
   (GPT-J, Falcon, Phi) else a separate ``ffn_norm`` (GPT-NeoX ``use_parallel_residual``).
+
+Earlier modkit versions used ``peri`` for OLMo 2's output-only placement (now ``reordered``). In the literature Peri-LN
+puts a norm on both the input and the output of each sublayer, which is ``sandwich``, so ``peri`` is now an alias of
+``sandwich``; a spec using it gets a :class:`modkit.SpecWarning` saying so (a spec written for the old meaning must
+say ``reordered``).
+
+Every placement applies the spec's ``dropout.residual`` (``BuildContext.residual_dropout``) to what each sublayer
+adds to the residual stream (after a post-sublayer norm, where there is one), in training mode only: GPT-2's
+``resid_pdrop`` (nanoGPT's ``resid_dropout`` and MLP dropout).
 
 References: pre-norm, Xiong et al. 2020, On Layer Normalization in the Transformer Architecture
 (arXiv:2002.04745); post-norm, Vaswani et al. 2017 (arXiv:1706.03762); sandwich, Gemma Team 2024, Gemma 2
-(arXiv:2408.00118); peri/reordered, OLMo Team 2024, 2 OLMo 2 Furious (arXiv:2501.00656); parallel, Wang &
-Komatsuzaki 2021 (GPT-J) and Chowdhery et al. 2022, PaLM (arXiv:2204.02311) §2.
+(arXiv:2408.00118), and as Peri-LN, Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer
+Architecture (arXiv:2502.02732); reordered, OLMo Team 2024, 2 OLMo 2 Furious (arXiv:2501.00656) §3.2; parallel,
+Wang & Komatsuzaki 2021 (GPT-J) and Chowdhery et al. 2022, PaLM (arXiv:2204.02311) §2.
 """
 
 from __future__ import annotations
@@ -23,7 +36,8 @@ from typing import Literal, Optional
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, hookimpl, run_ffn
+from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, elementwise, hookimpl, run_ffn
+from modkit.interfaces import dropout
 
 
 class PreConfig(ComponentConfig):
@@ -39,15 +53,16 @@ class PostConfig(ComponentConfig):
 
 
 class SandwichConfig(ComponentConfig):
-    """Config of ``sandwich``: a norm before and after each sublayer, inside the residual (Gemma 2/3)."""
+    """Config of ``sandwich`` (alias ``peri``): a norm before and after each sublayer, inside the residual (Gemma 2/3;
+    Peri-LN in Kim et al. 2025)."""
 
     type: Literal["sandwich"] = "sandwich"
 
 
-class PeriConfig(ComponentConfig):
-    """Config of ``peri`` (alias ``reordered``): a norm on each sublayer's output only, inside the residual (OLMo 2)."""
+class ReorderedConfig(ComponentConfig):
+    """Config of ``reordered`` (alias ``olmo2``): a norm on each sublayer's output only, inside the residual (OLMo 2)."""
 
-    type: Literal["peri", "reordered"] = "peri"
+    type: Literal["reordered"] = "reordered"
 
 
 class ParallelConfig(ComponentConfig):
@@ -70,12 +85,13 @@ class PreNormBlock(nn.Module):
         self.attention = ctx.attention
         self.ffn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.attention(self.attn_norm(x), inputs)
+        x = x + self.drop(self.attention(self.attn_norm(x), inputs))
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
-        return x + h, aux
+        return x + self.drop(h), aux
 
 
 class PostNormBlock(nn.Module):
@@ -87,12 +103,13 @@ class PostNormBlock(nn.Module):
         self.attn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_norm = ctx.build(ctx.norm)
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = self.attn_norm(x + self.attention(x, inputs))
+        x = self.attn_norm(x + self.drop(self.attention(x, inputs)))
         h, aux = run_ffn(self.ffn, x, inputs)
-        return self.ffn_norm(x + h), aux
+        return self.ffn_norm(x + self.drop(h)), aux
 
 
 class SandwichNormBlock(nn.Module):
@@ -109,15 +126,16 @@ class SandwichNormBlock(nn.Module):
         self.ffn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_post_norm = ctx.build(ctx.norm)
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.attn_post_norm(self.attention(self.attn_norm(x), inputs))
+        x = x + self.drop(self.attn_post_norm(self.attention(self.attn_norm(x), inputs)))
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
-        return x + self.ffn_post_norm(h), aux
+        return x + self.drop(self.ffn_post_norm(h)), aux
 
 
-class PeriNormBlock(nn.Module):
+class ReorderedNormBlock(nn.Module):
     """``x + attn_post_norm(attention(x))`` then ``x + ffn_post_norm(ffn(x))`` (OLMo 2). ``[b, s, d] -> ([b, s, d], aux)``."""
 
     def __init__(self, ctx: BuildContext):
@@ -126,12 +144,13 @@ class PeriNormBlock(nn.Module):
         self.attn_post_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_post_norm = ctx.build(ctx.norm)
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.attn_post_norm(self.attention(x, inputs))
+        x = x + self.drop(self.attn_post_norm(self.attention(x, inputs)))
         h, aux = run_ffn(self.ffn, x, inputs)
-        return x + self.ffn_post_norm(h), aux
+        return x + self.drop(self.ffn_post_norm(h)), aux
 
 
 class ParallelBlock(nn.Module):
@@ -147,19 +166,30 @@ class ParallelBlock(nn.Module):
         self.attention = ctx.attention
         self.ffn_norm = None if cfg.shared_norm else ctx.build(ctx.norm)
         self.ffn = ctx.ffn
+        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         h_attn = self.attn_norm(x)
         h_ffn = h_attn if self.ffn_norm is None else self.ffn_norm(x)
         h, aux = run_ffn(self.ffn, h_ffn, inputs)
-        return x + self.attention(h_attn, inputs) + h, aux
+        return x + self.drop(self.attention(h_attn, inputs)) + self.drop(h), aux
+
+
+#: what a spec using ``peri`` is told (the name changed meaning; see the module docstring)
+PERI_NOTE = (
+    "placement 'peri' is read as 'sandwich': Peri-LN (Kim et al. 2025, arXiv:2502.02732) puts a norm on the input and "
+    "on the output of each sublayer. Earlier modkit versions used 'peri' for OLMo 2's norm on the sublayer output "
+    "only, now called 'reordered': write 'reordered' if the spec was written for that, or 'sandwich' to silence this warning"
+)
 
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``pre``, ``post``, ``sandwich``, ``peri`` (and its alias ``reordered``) and ``parallel``."""
-    caps = {"compile_safe": True}
+    """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``) and ``parallel``."""
+    caps = {"compile_safe": True, "residual_dropout": True}
+    # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
+    flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
     register(
         Component(
             kind="placement",
@@ -170,6 +200,7 @@ def register_components(register) -> None:
             "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
             capabilities=caps,
+            flops=flops,
         )
     )
     register(
@@ -182,6 +213,7 @@ def register_components(register) -> None:
             "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762; BERT, arXiv:1810.04805",
             capabilities=caps,
+            flops=flops,
         )
     )
     register(
@@ -190,25 +222,33 @@ def register_components(register) -> None:
             type="sandwich",
             config=SandwichConfig,
             factory=lambda cfg, ctx: SandwichNormBlock(ctx),
-            description="Sandwich norm: x + attn_post_norm(attn(attn_norm(x))), then x + ffn_post_norm(ffn(ffn_norm(x))). "
-            "Four norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118",
+            description="Sandwich norm (Peri-LN): x + attn_post_norm(attn(attn_norm(x))), then "
+            "x + ffn_post_norm(ffn(ffn_norm(x))): a norm on the input and on the output of each sublayer, inside the "
+            "residual. Four norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118; "
+            "as Peri-LN: Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer Architecture, "
+            "arXiv:2502.02732",
             capabilities=caps,
+            flops=flops,
+            aliases=("peri",),
+            alias_notes={"peri": PERI_NOTE},
         )
     )
-    for name in ("peri", "reordered"):
-        register(
-            Component(
-                kind="placement",
-                type=name,
-                config=PeriConfig,
-                factory=lambda cfg, ctx: PeriNormBlock(ctx),
-                description="Reordered (peri) norm: x + attn_post_norm(attn(x)), then x + ffn_post_norm(ffn(x)); the "
-                "sublayers read the raw residual stream. Two norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
-                reference="OLMo Team 2024, 2 OLMo 2 Furious, arXiv:2501.00656",
-                capabilities=caps,
-            )
+    register(
+        Component(
+            kind="placement",
+            type="reordered",
+            config=ReorderedConfig,
+            factory=lambda cfg, ctx: ReorderedNormBlock(ctx),
+            description="Reordered norm (OLMo 2): x + attn_post_norm(attn(x)), then x + ffn_post_norm(ffn(x)); a norm "
+            "on each sublayer's output only, inside the residual, so the sublayers read the raw residual stream. Two "
+            "norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="OLMo Team 2024, 2 OLMo 2 Furious, arXiv:2501.00656, §3.2 (reordered norm)",
+            capabilities=caps,
+            flops=flops,
+            aliases=("olmo2",),
         )
+    )
     register(
         Component(
             kind="placement",
@@ -220,6 +260,7 @@ def register_components(register) -> None:
             reference="Wang & Komatsuzaki 2021, GPT-J-6B (kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
             "PaLM, arXiv:2204.02311",
             capabilities=caps,
+            flops=flops,
             example={"type": "parallel", "shared_norm": True},
         )
     )

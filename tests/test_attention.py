@@ -148,3 +148,26 @@ def test_head_dim_independent_of_d_model():
     assert m.q_proj.weight.shape == (64, 32) and m.o_proj.weight.shape == (32, 64)
     x = torch.randn(1, 3, 32)
     assert m(x, AttentionInputs(positions=torch.arange(3)[None])).shape == (1, 3, 32)
+
+
+def test_logit_softcap_caps_the_scores_before_the_mask():
+    """Weights = softmax(cap · tanh(q·k·scale / cap)) under the causal mask (Gemma 2), on either backend setting."""
+    for backend in ("sdpa", "eager"):
+        m = _attn({"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "logit_softcap": 0.7, "backend": backend})
+        x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(3))
+        pos = torch.arange(5).expand(2, 5)
+        inputs = AttentionInputs(positions=pos)
+        out, w = m.forward_with_weights(x, inputs)
+        q = m.q_proj(x).view(2, 5, 4, 8).transpose(1, 2)
+        k = m.k_proj(x).view(2, 5, 2, 8).transpose(1, 2).repeat_interleave(2, 1)
+        v = m.v_proj(x).view(2, 5, 2, 8).transpose(1, 2).repeat_interleave(2, 1)
+        scores = 0.7 * torch.tanh(q @ k.transpose(-1, -2) * m.scale / 0.7)
+        scores = scores.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+        ref_w = torch.softmax(scores, -1)
+        torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=0)
+        ref = m.o_proj((ref_w @ v).transpose(1, 2).reshape(2, 5, 32))
+        torch.testing.assert_close(m(x, inputs), ref, atol=1e-6, rtol=0)
+        torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+        assert scores[torch.isfinite(scores)].abs().max() < 0.7  # capped scores lie in (-0.7, 0.7)
+    plain = _attn({"type": "gqa", "n_heads": 4, "n_kv_heads": 2})
+    assert not torch.allclose(plain(x, inputs), m(x, inputs), atol=1e-3)  # the cap binds at 0.7

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -267,6 +268,21 @@ def test_convert_hf_llama(capsys, tmp_path):
     spec = modkit.load_spec(out_spec)
     assert (spec.d_model, spec.n_layers, spec.vocab_size) == (64, 2, 256)
     assert run(capsys, "validate", out_spec)[0] == 0
+
+
+def test_convert_hf_unknown_keys_warn_once_and_strict_refuses(capsys, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**SMALL_LLAMA, "foo_legacy": 7, "other_lib": {"x": 1}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", modkit.SpecWarning)  # (the test suite silences UserWarnings by default)
+        code, out, err = run(capsys, "convert", "hf", config)
+    assert code == 0, err
+    lines = [l for l in err.splitlines() if "warning" in l]
+    assert len(lines) == 1 and "foo_legacy = 7" in lines[0] and "other_lib = {'x': 1}" in lines[0], err
+    assert json.loads(out)["d_model"] == 64
+    code, out, err = run(capsys, "convert", "hf", config, "--strict")
+    assert code == 1 and out == ""
+    assert f"{config}: foo_legacy: unknown field" in err and f"{config}: other_lib: unknown field" in err, err
 
 
 class _ToyConverter:

@@ -68,17 +68,32 @@ def test_capabilities_decide_which_checks_run(builtin_results):
         got = {r.check: r for r in _results(builtin_results, entry)}
         caps = entry.capabilities
         assert got["spec_roundtrip"].status == "passed"
+        if entry.kind in ("logits_processor", "stop_condition"):  # not part of a model: their own contract only
+            assert got["sampling"].status == "passed", got["sampling"]
+            assert {n for n, r in got.items() if r.status == "passed"} == {"spec_roundtrip", "sampling"}
+            continue
+        assert got["sampling"].status == "skipped"
         assert got["shape_dtype"].status == "passed"
         assert got["meta_init"].status == "passed"
         assert got["causality"].status == "passed"
         assert (got["compile"].status == "passed") == bool(caps.get("compile_safe")), got["compile"]
-        assert (got["aux_loss_grad"].status == "passed") == bool(caps.get("aux_loss")), got["aux_loss_grad"]
+        assert (got["aux_loss_grad"].status == "passed") == bool(caps.get("aux_loss") or entry.kind == "router"), got["aux_loss_grad"]
+        assert (got["per_token"].status == "passed") == (entry.kind in ("ffn", "norm", "router")), got["per_token"]
+        assert got["precision"].status == "passed", got["precision"]
+        declares_dropout = (entry.kind, bool(caps.get("attention_dropout")), bool(caps.get("residual_dropout"))) in (
+            ("attention", True, False), ("placement", False, True))
+        assert (got["dropout"].status == "passed") == declares_dropout, got["dropout"]
+        senses = entry.kind == "attention" or (entry.kind == "position" and caps.get("acts_on") != "none")
+        assert (got["position_sensitivity"].status == "passed") == senses, got["position_sensitivity"]
+        # neighbours are built-ins only, and say so
+        assert got["causality"].neighbours and all(r.neighbours == got["causality"].neighbours for r in got.values())
         assert (got["param_count"].status == "passed") == (entry.param_count is not None), got["param_count"]
         if entry.kind == "attention":
             assert (got["kv_cache_decode"].status == "passed") == bool(caps.get("kv_cache"))
             assert got["masked_row"].status == "passed"
         else:
             assert got["gqa_equals_mha"].status == "skipped"
+    assert {e.kind for e in BUILTINS} >= {"logits_processor", "stop_condition"}
     # at least one attention exercises grouping, and decoding ran against every registered position scheme
     attention = [e for e in BUILTINS if e.kind == "attention"]
     gqa = [e for e in attention if {r.check: r for r in _results(builtin_results, e)}["gqa_equals_mha"].status == "passed"]
@@ -171,9 +186,10 @@ def test_modkit_check_subcommand_prints_a_table():
     out = io.StringIO()
     assert args.func(args, out=out) == 0
     lines = out.getvalue().splitlines()
-    assert lines[0].split() == ["component", *CHECK_NAMES]
+    assert lines[0].split() == ["component", *CHECK_NAMES, "neighbours"]
     assert lines[1].split()[0] == "position/none" and lines[2].split()[0] == "position/rope"
-    assert set(lines[1].split()[1:]) <= {"passed", "skip"}
+    assert set(lines[1].split()[1 : 1 + len(CHECK_NAMES)]) <= {"passed", "skip"}
+    assert lines[1].endswith("attention gqa, ffn geglu, norm layernorm, placement parallel")
     assert lines[-1].startswith("2 component(s): ") and "0 failed" in lines[-1]
 
 
@@ -184,7 +200,7 @@ def test_render_marks_failures():
         CheckResult("norm/x", "compile", "skipped", "the entry does not claim compile_safe"),
     ]
     text = "\n".join(render(results))
-    assert text.splitlines()[1].split() == ["norm/x", "passed", "FAILED", "skip"]
+    assert text.splitlines()[1].split() == ["norm/x", "passed", "FAILED", "skip", "-"]
     assert "FAILED norm/x::causality: max |Δ| = 0.31 at position 2 after changing token 5" in text
 
 
@@ -193,7 +209,7 @@ def test_modkit_main_check(capsys):
     rc = cli.main(["check", "--kind", "norm", "--type", "rmsnorm", "--check", "causality", "--check", "shape_dtype"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert out.splitlines()[0].split() == ["component", "shape_dtype", "causality"]
+    assert out.splitlines()[0].split() == ["component", "shape_dtype", "causality", "neighbours"]
     assert "norm/rmsnorm" in out
     assert cli.main(["check", "--kind", "nope"]) == 1
     assert "no registered component matches kind 'nope'" in capsys.readouterr().err
@@ -202,3 +218,27 @@ def test_modkit_main_check(capsys):
 def test_run_checks_over_a_selection():
     res = run_checks(kind="placement", type="pre", checks=["causality"])
     assert [(r.id, r.status) for r in res] == [("placement/pre::causality", "passed")]
+
+
+def test_modkit_check_names_neighbours(capsys):
+    args = _parser().parse_args(["check", "--kind", "norm", "--type", "rmsnorm", "--check", "causality",
+                                 "--neighbour", "attention=mha", "--neighbour", "ffn=swiglu"])
+    out = io.StringIO()
+    assert args.func(args, out=out) == 0
+    row = out.getvalue().splitlines()[1]
+    assert row.split()[:2] == ["norm/rmsnorm", "passed"]
+    assert row.endswith("attention mha (named), ffn swiglu (named), placement parallel, position rope")
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["check", "--neighbour", "attention"])
+    assert "expected KIND=TYPE" in capsys.readouterr().err
+
+
+def test_pytest_plugin_takes_named_neighbours(pytester):
+    result = pytester.runpytest("--modkit-contracts", "--modkit-type", "rmsnorm", "--modkit-check", "masked_row",
+                                "--modkit-check", "causality", "--modkit-neighbour", "attention=mha", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*modkit contracts: type=rmsnorm check=masked_row,causality on cpu; neighbours: built-ins and attention=mha*"])
+    for arg, message in (("attention", "expected KIND=TYPE"), ("attention=nope", "unknown attention type 'nope'")):
+        bad = pytester.runpytest("--modkit-contracts", "--modkit-neighbour", arg, "-p", "no:cacheprovider")
+        assert bad.ret == pytest.ExitCode.USAGE_ERROR
+        bad.stderr.fnmatch_lines([f"*--modkit-contracts: *{message}*"])

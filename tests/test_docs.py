@@ -100,6 +100,21 @@ def test_gallery_figures_match_the_build_api(pages, registry):
     assert f"| bf16 | " in card and f"| {kv:,} |" in card
 
 
+def test_aliases_are_shown_as_aliases_not_as_pages(pages, registry):
+    assert "components/placement/peri.md" not in pages and "components/placement/olmo2.md" not in pages
+    sandwich = pages["components/placement/sandwich.md"]
+    assert "| aliases | `peri`" in sandwich and '!!! note "Alias `peri`"' in sandwich and "2502.02732" in sandwich
+    index = pages["components/placement/index.md"]
+    assert "**Aliases**" in index and "`peri` → [`sandwich`]" in index and "`olmo2` → [`reordered`]" in index
+
+
+def test_sampling_steps_document_where_they_go(pages):
+    page = pages["components/logits_processor/top_p.md"]
+    assert "the `sampling` list of `modkit.generate.generate`" in page and "keyword `top_p`" in page
+    assert "outside the model" in page
+    assert '"type": "top_p"' in page
+
+
 def test_parameter_formulas_are_exact(registry):
     reg = registry
     for entry in reg.components():
@@ -388,8 +403,11 @@ def test_compose_guide_specs_validate():
 
 def test_generate_guide_runs():
     namespace: dict = {}
-    exec(_blocks("guides/generate.md", "python")[0], namespace)  # noqa: S102 - the guide's own example
+    blocks = _blocks("guides/generate.md", "python")
+    exec(blocks[0], namespace)  # noqa: S102 - the guide's own example
     assert len(namespace["tokens"]) == 17
+    exec(blocks[1], namespace)  # noqa: S102 - the sampling examples
+    assert namespace["out"].shape[0] == 1 and namespace["out"].shape[1] <= 8 + 16
 
 
 def test_hugging_face_guide_runs():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import modkit
-from modkit.generate import filter_logits, generate, sample, stream_generate, top_p_mask
+from modkit.generate import filter_logits, generate, sample, stream_generate
+from modkit_plugins.sampling import top_p_mask
 
 
 def _logits(p):
@@ -34,7 +35,7 @@ def test_c11_temperature_zero_and_top_k():
     assert torch.equal(filter_logits(logits, top_k=10), logits)  # top_k >= vocab: no truncation
     kept = torch.isfinite(filter_logits(logits, top_k=2))
     assert kept.tolist() == [[False, True, False, True], [True, True, True, True]]  # ties at the k-th value stay
-    with pytest.raises(ValueError, match="top_p must be in"):
+    with pytest.raises(ValueError, match="top_p: Input should be greater than 0"):
         filter_logits(logits, top_p=0)
 
 

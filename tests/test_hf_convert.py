@@ -113,6 +113,26 @@ CASES = [
     # phi3: MHA, tied
     ("phi3-mha-tied", T.Phi3Config, dict(hidden_size=48, num_attention_heads=6, num_hidden_layers=2, intermediate_size=40,
         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, **SMALL)),
+    # gemma2: GQA, alternating sliding/global layers (even layers slide), attention and final softcaps, tied
+    ("gemma2-softcap", T.Gemma2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=4, intermediate_size=96, sliding_window=16, query_pre_attn_scalar=24, **SMALL)),
+    # gemma2: MQA, head_dim 32 != 48 / 2, biases, untied, caps off, explicit layer_types, linear scaling
+    ("gemma2-nocap-untied", T.Gemma2Config, dict(hidden_size=48, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        num_hidden_layers=3, intermediate_size=64, attention_bias=True, tie_word_embeddings=False, attn_logit_softcapping=None,
+        final_logit_softcapping=None, layer_types=["full_attention", "sliding_attention", "full_attention"], sliding_window=8,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, **SMALL)),
+    # llama: YaRN with the default attention factor
+    ("llama-yarn", T.LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                               "rope_theta": 10000.0}, **SMALL)),
+    # qwen2: dynamic NTK scaling
+    ("qwen2-dynamic", T.Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, **SMALL)),
+    # phi3: LongRoPE on a partial rotary width (Phi-3 128k style: factor from the two lengths)
+    ("phi3-longrope", T.Phi3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+        intermediate_size=96, partial_rotary_factor=0.5, original_max_position_embeddings=32, pad_token_id=0, eos_token_id=1,
+        rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [1.0, 2.0, 4.0, 8.0],
+                         "rope_theta": 10000.0}, **SMALL)),
     # gpt2: defaults (n_inner = 4 * n_embd, gelu_new, tied)
     ("gpt2-small", T.GPT2Config, dict(n_embd=64, n_head=4, n_layer=2, n_positions=128, vocab_size=101)),
     # gpt2: explicit n_inner, relu, untied, no 1/sqrt(d) scaling
@@ -120,7 +140,8 @@ CASES = [
         activation_function="relu", tie_word_embeddings=False, scale_attn_weights=False)),
 ]
 
-MODEL_TYPES = ["falcon", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3", "qwen2", "qwen3"]
+MODEL_TYPES = ["falcon", "gemma2", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3", "qwen2",
+               "qwen3"]
 
 
 def _hf_model(cfg):
@@ -230,9 +251,8 @@ def _errors(cfg) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(
     "rope_scaling,field",
     [
-        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}, "rope_scaling.rope_type"),
-        ({"type": "dynamic", "factor": 2.0}, "rope_scaling.type"),
-        ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}, "rope_scaling.rope_type"),
+        ({"rope_type": "proportional", "factor": 2.0}, "rope_scaling.rope_type"),
+        ({"type": "ntk-by-parts", "factor": 2.0}, "rope_scaling.type"),
     ],
 )
 def test_unsupported_rope_scaling_names_field_and_value(rope_scaling, field):
@@ -242,30 +262,84 @@ def test_unsupported_rope_scaling_names_field_and_value(rope_scaling, field):
 
 def test_unsupported_rope_type_in_transformers5_form():
     cfg = T.LlamaConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1,
-                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}).to_dict()
+                        rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}).to_dict()
+    cfg["rope_parameters"]["rope_type"] = "proportional"
     errors = _errors(cfg)
-    assert any(p == "rope_parameters.rope_type" and "'yarn'" in m for p, m in errors), errors
+    assert any(p == "rope_parameters.rope_type" and "'proportional'" in m for p, m in errors), errors
 
 
-def test_unknown_rope_parameter_is_refused():
-    errors = _errors(_llama(rope_scaling={"rope_type": "linear", "factor": 2.0, "attention_factor": 0.5}))
-    assert any(p == "rope_scaling.attention_factor" and "0.5" in m for p, m in errors), errors
+@pytest.mark.parametrize("bad,field", [({"factor": -1.0}, "factor"), ({"beta_fast": "fast"}, "beta_fast"),
+                                       ({"truncate": "yes"}, "truncate"), ({"original_max_position_embeddings": 0.5},
+                                                                           "original_max_position_embeddings")])
+def test_bad_yarn_values_name_the_field(bad, field):
+    errors = _errors(_llama(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192, **bad}))
+    assert any(p == f"rope_scaling.{field}" for p, _ in errors), errors
 
 
-def test_unknown_key_with_value_is_refused():
-    errors = _errors(_llama(foo_bar=3))
-    assert any(p == "foo_bar" and "3" in m for p, m in errors), errors
+def test_longrope_factors_must_be_lists_of_one_value_per_pair():
+    cfg = {"model_type": "phi3", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 1, "max_position_embeddings": 64,
+           "original_max_position_embeddings": 16, "rope_scaling": {"type": "longrope", "short_factor": "1", "long_factor": [1.0] * 4}}
+    assert any(p == "rope_scaling.short_factor" for p, _ in _errors(cfg))
+    cfg["rope_scaling"]["short_factor"] = [1.0] * 3  # head_dim 8 rotates 4 pairs
+    errors = _errors(cfg)
+    # reported at the config's key, naming the spec field it becomes
+    assert any(p == "rope_scaling.short_factor" and "position.scaling.short_factor" in m and "one per rotated pair" in m
+               and "= 4" in m for p, m in errors), errors
+
+
+def test_unknown_rope_parameter_is_dropped_with_a_warning_or_refused_when_strict():
+    cfg = _llama(rope_scaling={"rope_type": "linear", "factor": 2.0, "attention_factor": 0.5})
+    with pytest.warns(modkit.UnknownConfigKeyWarning, match=r"rope_scaling.attention_factor = 0.5") as rec:
+        spec = modkit.from_hf_config(cfg)
+    assert [w.message.keys for w in rec if isinstance(w.message, modkit.UnknownConfigKeyWarning)] == [{"rope_scaling.attention_factor": 0.5}]
+    assert spec.position.scaling.factor == 2.0
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(cfg, strict=True)
+    assert any(p == "rope_scaling.attention_factor" and "0.5" in m for p, m in info.value.errors), info.value.errors
+
+
+def test_unknown_keys_are_reported_in_one_warning_naming_each_key_and_value():
+    cfg = _llama(foo_bar=3, legacy_flag=True, extra_list=[1, 2])
+    with pytest.warns(modkit.UnknownConfigKeyWarning) as rec:
+        spec = modkit.from_hf_config(cfg)
+    ours = [w.message for w in rec if isinstance(w.message, modkit.UnknownConfigKeyWarning)]
+    assert len(ours) == 1 and ours[0].model_type == "llama"
+    assert ours[0].keys == {"extra_list": [1, 2], "foo_bar": 3, "legacy_flag": True}
+    assert "foo_bar = 3" in str(ours[0]) and "legacy_flag = True" in str(ours[0]) and "extra_list = [1, 2]" in str(ours[0])
+    assert spec == modkit.from_hf_config(_llama())  # the same network
+
+
+def test_strict_refuses_unknown_keys_naming_field_and_value():
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(_llama(foo_bar=3), strict=True)
+    assert any(p == "foo_bar" and "3" in m and "strict" in m for p, m in info.value.errors), info.value.errors
+    # a key another model type reads is unknown to this one: MistralConfig has no attention_bias (no biases at all)
+    mistral = json.loads((DATA / "mistral-7b-v0.1" / "config.json").read_text())
+    mistral["attention_bias"] = True
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(mistral, strict=True)
+    assert [p for p, _ in info.value.errors] == ["attention_bias"]
+    with pytest.warns(modkit.UnknownConfigKeyWarning, match="attention_bias = True"):
+        assert not modkit.from_hf_config(mistral).block.attention.q_bias
 
 
 @pytest.mark.parametrize("value", [None, False, [], {}])
-def test_unknown_key_with_nothing_value_is_accepted(value):
-    modkit.from_hf_config(_llama(foo_bar=value))
+def test_unknown_key_with_nothing_value_is_accepted_silently(value):
+    import warnings as w
+
+    with w.catch_warnings():
+        w.simplefilter("error", modkit.UnknownConfigKeyWarning)
+        modkit.from_hf_config(_llama(foo_bar=value), strict=True)
 
 
 def test_all_problems_reported_together():
-    errors = _errors(_llama(foo_bar=3, rope_scaling={"rope_type": "yarn", "factor": 4.0}, hidden_act="quick_gelu"))
+    errors = _errors(_llama(foo_bar=3, rope_scaling={"rope_type": "proportional", "factor": 4.0}, hidden_act="quick_gelu"))
     fields = {p for p, _ in errors}
-    assert {"foo_bar", "rope_scaling.rope_type", "hidden_act"} <= fields, errors
+    assert {"rope_scaling.rope_type", "hidden_act"} <= fields and "foo_bar" not in fields, errors
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(_llama(foo_bar=3, rope_scaling={"rope_type": "proportional", "factor": 4.0}, hidden_act="quick_gelu"),
+                              strict=True)
+    assert {"foo_bar", "rope_scaling.rope_type", "hidden_act"} <= {p for p, _ in info.value.errors}
 
 
 def test_irrelevant_keys_are_ignored_whatever_their_value():
@@ -279,13 +353,12 @@ def test_irrelevant_keys_are_ignored_whatever_their_value():
         ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
         ("gpt2", {"add_cross_attention": True}, "add_cross_attention"),
         ("gpt2", {"activation_function": "quick_gelu"}, "activation_function"),
-        ("gemma-3-1b-pt", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ("gemma-3-1b-pt", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),  # transformers 5 ignores it
         ("gemma-3-1b-pt", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
         ("gemma-3-1b-pt", {"layer_types": ["chunked_attention"] * 26}, "layer_types"),
         ("qwen2.5-0.5b", {"use_mrope": True}, "use_mrope"),
         ("llama-3.2-1b", {"is_encoder_decoder": True}, "is_encoder_decoder"),
         ("llama-3.2-1b", {"num_key_value_heads": 5}, "num_key_value_heads"),
-        ("mistral-7b-v0.1", {"attention_bias": True}, "attention_bias"),
         ("mixtral-8x7b-v0.1", {"num_local_experts": 0}, "num_local_experts"),
     ],
 )
@@ -299,8 +372,6 @@ def test_unsupported_values_name_the_field(model, changes, field):
 @pytest.mark.parametrize(
     "cls,kwargs,field",
     [
-        (T.Phi3Config, dict(rope_parameters={"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
-                                             "rope_theta": 10000.0}, original_max_position_embeddings=64), "rope_parameters.rope_type"),
         (T.OlmoeConfig, dict(clip_qkv=8.0), "clip_qkv"),
         (T.FalconConfig, dict(new_decoder_architecture=True, num_kv_heads=4, parallel_attn=False), "parallel_attn"),
     ],
@@ -312,11 +383,37 @@ def test_unsupported_values_from_transformers_configs(cls, kwargs, field):
     assert any(p == field for p, _ in errors), errors
 
 
-def test_phi3_legacy_su_scaling_is_refused():
-    cfg = {"model_type": "phi3", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 1,
-           "rope_scaling": {"type": "su", "short_factor": [1.0] * 4, "long_factor": [1.0] * 4}}
-    errors = _errors(cfg)
-    assert any(p == "rope_scaling.type" and "'su'" in m for p, m in errors), errors
+def test_phi3_legacy_su_scaling_is_longrope():
+    cfg = {"model_type": "phi3", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 1, "max_position_embeddings": 128,
+           "original_max_position_embeddings": 16,
+           "rope_scaling": {"type": "su", "short_factor": [1.0] * 4, "long_factor": [1.5] * 4}}
+    sc = modkit.from_hf_config(cfg).position.scaling
+    assert (sc.type, sc.short_factor, sc.long_factor, sc.original_max_seq_len) == ("longrope", [1.0] * 4, [1.5] * 4, 16)
+
+
+def test_rope_scalings_in_both_config_forms_agree():
+    """transformers 4.x files (rope_scaling + rope_theta) and 5.x to_dict() (rope_parameters) convert alike."""
+    for scaling in ({"rope_type": "dynamic", "factor": 2.0}, {"type": "dynamic", "factor": 3.0},
+                    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16.0,
+                     "attention_factor": 1.2}, {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0}):
+        legacy = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 1,
+                  "max_position_embeddings": 128, "rope_theta": 5e5, "rope_scaling": dict(scaling)}
+        new = T.LlamaConfig.from_dict(legacy).to_dict()
+        assert "rope_parameters" in new
+        a, b = modkit.from_hf_config(legacy).position, modkit.from_hf_config(new).position
+        assert a == b, (a, b)
+    yarn = modkit.from_hf_config(legacy).position.scaling
+    assert (yarn.factor, yarn.original_max_seq_len, yarn.mscale, yarn.mscale_all_dim) == (4.0, 128, 0.707, 1.0)
+
+
+def test_yarn_factor_defaults_to_the_ratio_of_lengths():
+    cfg = _llama(max_position_embeddings=32768, rope_scaling={"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 8192})
+    assert modkit.from_hf_config(cfg).position.scaling.factor == 4.0
+
+
+def test_dynamic_scaling_takes_the_trained_length_from_max_position_embeddings():
+    sc = modkit.from_hf_config(_llama(rope_scaling={"rope_type": "dynamic", "factor": 2.0})).position.scaling
+    assert (sc.type, sc.factor, sc.original_max_seq_len) == ("dynamic", 2.0, 131072)
 
 
 def test_unsupported_model_type_lists_supported_ones():
@@ -368,6 +465,9 @@ def test_rope_frequencies_and_softmax_scale_match_transformers(name, cls, kwargs
             theirs = getattr(rot, f"{layer_types[i]}_inv_freq", None) if layer_types else None
             theirs = theirs if theirs is not None else rot.inv_freq
             assert torch.allclose(ours.inv_freq.float(), theirs.float(), rtol=1e-5), f"layer {i}"
+            theirs_scale = getattr(rot, f"{layer_types[i]}_attention_scaling", None) if layer_types else None
+            theirs_scale = theirs_scale if theirs_scale is not None else rot.attention_scaling
+            assert ours.attention_scale == pytest.approx(float(theirs_scale), rel=1e-7), f"layer {i}"
         attn = getattr(layer, "self_attn", None)
         if attn is not None and hasattr(attn, "scaling"):
             assert _modkit_attention(model.layers[i]).scale == pytest.approx(attn.scaling, rel=1e-9), f"layer {i}"

@@ -66,7 +66,25 @@ CASES = [
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}, **SMALL), "causal"),
-    # olmo2: peri-norm, full-width QK RMSNorm with GQA (k norm narrower than q norm)
+    # gemma2: GQA, (1 + w) RMSNorm sandwich, alternating local/global layers (window 4), attention logit softcap 0.5
+    # (small, so it binds), final softcap 3, query_pre_attn_scalar != head_dim, sqrt(d) embedding scale, tied
+    ("gemma2", T.Gemma2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=3, intermediate_size=96, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
+        final_logit_softcapping=3.0, **SMALL), "causal"),
+    # llama: YaRN (factor 4 over 4 trained positions: the batch runs past them), default attention factor
+    ("llama-yarn", T.LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4,
+                                               "rope_theta": 10000.0}, **SMALL), "causal"),
+    # qwen2: dynamic NTK with 8 trained positions (the 9-token batch grows the base)
+    ("qwen2-dynamic", T.Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, vocab_size=97, max_position_embeddings=8,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}), "causal"),
+    # phi3: LongRoPE over a partial rotary width, trained length 4 (long factors for the batch)
+    ("phi3-longrope", T.Phi3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, partial_rotary_factor=0.5, original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1,
+        rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [1.0, 2.0, 4.0, 8.0],
+                         "rope_theta": 10000.0}, **SMALL), "causal"),
+    # olmo2: reordered norm, full-width QK RMSNorm with GQA (k norm narrower than q norm)
     ("olmo2", T.Olmo2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
         intermediate_size=96, **SMALL), "causal"),
     # olmoe: 4 experts top-2 NOT renormalised, full-width QK-norm, GQA
@@ -101,8 +119,8 @@ CASES = [
 #: the reference there
 IMPL = {"falcon-alibi": "sdpa"}
 
-MODEL_TYPES = ["bert", "falcon", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3",
-               "qwen2", "qwen3"]
+MODEL_TYPES = ["bert", "falcon", "gemma2", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi",
+               "phi3", "qwen2", "qwen3"]
 
 
 def _quiet():
@@ -244,3 +262,63 @@ def test_export_config_converts_back_to_the_same_spec(tmp_path):
             assert a == b, name
     finally:
         w.__exit__(None, None, None)
+
+
+#: keys transformers ignores that published configs carry: legacy keys, keys other libraries add
+EXTRA_KEYS = {
+    "legacy_hidden_act": "gelu",
+    "use_flash_attn": True,
+    "quantization_bits": 4,
+    "vllm_rope_hint": {"mode": "paged", "blocks": [16, 32]},
+}
+FIRST_CASE = {}
+for _case in CASES:
+    FIRST_CASE.setdefault(_case[1].model_type, _case)
+
+
+@pytest.mark.parametrize("name,cls,kwargs,kind", list(FIRST_CASE.values()), ids=list(FIRST_CASE))
+def test_config_with_extra_keys_converts_and_matches(name, cls, kwargs, kind, tmp_path):
+    """A config.json with keys the converter does not know converts (one warning naming each key and value), still
+    matches transformers (which ignores them), and strict conversion refuses them."""
+    w = _quiet()
+    try:
+        hf = make_hf(cls, kwargs, kind, impl=IMPL.get(name, "eager"))
+        hf.save_pretrained(tmp_path)
+        path = tmp_path / "config.json"
+        cfg = json.loads(path.read_text())
+        cfg.update(EXTRA_KEYS)
+        path.write_text(json.dumps(cfg))
+        again = (transformers.AutoModelForCausalLM if kind == "causal" else transformers.AutoModel).from_pretrained(
+            tmp_path, attn_implementation=IMPL.get(name, "eager")).eval()
+        ids, mask = batch(kwargs.get("vocab_size", 97))
+        ref = hf_output(again, ids, mask, kind)
+    finally:
+        w.__exit__(None, None, None)
+    with pytest.warns(modkit.UnknownConfigKeyWarning) as rec:
+        model = modkit.from_hf(tmp_path)
+    found = [r.message for r in rec if isinstance(r.message, modkit.UnknownConfigKeyWarning)]
+    assert len(found) == 1 and found[0].keys == EXTRA_KEYS
+    diff = max_real_diff(ours_output(model, ids, mask, kind), ref, mask)
+    print(f"\n[parity] {name:24s} with extra keys: max|modkit - hf| = {diff:.3e}")
+    assert diff <= TOL
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf(tmp_path, strict=True)
+    assert sorted(p for p, _ in info.value.errors) == sorted(EXTRA_KEYS)
+
+
+def test_gemma2_greedy_generation_equals_transformers(tmp_path):
+    """Greedy decoding through modkit's cache (softcapped eager attention, sliding layers) gives transformers' tokens."""
+    from modkit.generate import generate
+
+    w = _quiet()
+    try:
+        name, cls, kwargs, kind = next(c for c in CASES if c[0] == "gemma2")
+        hf = make_hf(cls, kwargs, kind)
+        hf.save_pretrained(tmp_path)
+        ids = torch.randint(1, 97, (2, 7), generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    finally:
+        w.__exit__(None, None, None)
+    ours = generate(modkit.from_hf(tmp_path), ids, max_new_tokens=12, temperature=0)
+    assert torch.equal(ours, theirs), (ours, theirs)

@@ -1,9 +1,12 @@
-"""The contract kit catches deliberately faulty components, each by the right check.
+"""The contract kit catches deliberately faulty components, each by the right check, by orders of magnitude.
 
-A fresh :class:`modkit.Registry` holds copies of the built-in plugins (the known-good neighbours the kit fills
-the tiny models with) plus one test plugin registering seven broken components. Each must FAIL exactly the
-check that guards its fault, and pass the unrelated ones (the too-wide FFN cannot take part in any forward of a
-model, so only the checks that need no forward are required to pass for it).
+A fresh :class:`modkit.Registry` holds copies of the built-in plugins (the neighbours the kit fills the tiny models
+with) plus one test plugin registering one broken component per fault, written the way a plugin author would (the
+attentions use modkit's attention helpers, then break one thing). Each must FAIL exactly the check that guards its
+fault (and, for a token-mixing ffn, the cached decode it also breaks), and pass the unrelated ones (the too-wide
+FFN cannot take part in any forward of a model, so only the checks that need no forward are required to pass).
+The same code without faults (``SoundPlugin``) passes everything and gets the same verdict whether or not the
+faulty plugin is installed beside it: neighbours come from the built-ins only.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import re
 from typing import Literal
 
 import pytest
@@ -29,22 +33,27 @@ D_FF = 48
 # ----------------------------------------------------------------------------------------------- faulty modules
 
 
-class MiniAttentionConfig(ComponentConfig):
-    """Config of the test attentions (``peeking``, ``drifting``)."""
+ATTENTION_FAULTS = ("peeking", "drifting", "nan_softmax", "late_peek", "train_peek", "ignores_bias", "rope_offset",
+                    "fake_dropout")
 
-    type: Literal["peeking", "drifting"]
+
+class MiniAttentionConfig(ComponentConfig):
+    """Config of the test attentions (one type per fault, and ``sound``, which has none)."""
+
+    type: Literal[ATTENTION_FAULTS + ("sound",)]  # type: ignore[valid-type]
     n_heads: int = Field(4, description="number of heads")
 
 
 class MiniAttention(nn.Module):
-    """Plain causal multi-head attention with the KV-cache protocol; ``peek`` / ``drift`` inject the faults."""
+    """Causal multi-head attention written as a plugin author would: the projections and the score function, the
+    rest from modkit's attention helpers. ``fault`` injects one realistic mistake (``None``: none)."""
 
-    def __init__(self, d_model: int, n_heads: int, *, peek: bool = False, drift: bool = False):
+    def __init__(self, d_model: int, n_heads: int, fault: str | None = None, dropout: float = 0.0):
         super().__init__()
         self.n_heads = self.n_kv_heads = n_heads
         self.head_dim = d_model // n_heads
         self.sliding_window = None
-        self.peek, self.drift = peek, drift
+        self.fault, self.dropout = fault, dropout
         self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
 
     def forward(self, x, inputs):
@@ -54,72 +63,97 @@ class MiniAttention(nn.Module):
             return t.view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        pos = inputs.positions
         if inputs.position is not None:
-            q, k = inputs.position.rotate(q, k, inputs.positions)
-        q_pos = k_pos = inputs.positions
-        valid = inputs.token_mask
-        if inputs.cache is not None:
-            k, v, k_pos, valid = inputs.cache.update(k, v, q_pos, valid)
-        reach = 1 if self.peek else 0  # FAULT (peeking): a query also sees the next token
-        allowed = q_pos[:, :, None] + reach >= k_pos[:, None, :]
-        if valid is not None:
-            allowed = allowed & valid[:, None, :]
-        allowed = allowed[:, None]
-        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
-        if inputs.position is not None:
-            bias = inputs.position.attention_bias(q_pos, k_pos, self.n_heads)
-            if bias is not None:
-                scores = scores + bias
-        live = allowed.any(-1, keepdim=True)
-        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")).masked_fill(~live, 0.0), -1)
-        out = weights.masked_fill(~live, 0.0).to(v.dtype) @ v
-        if self.drift and inputs.cache is not None and k.shape[2] > s:
+            # FAULT (rope_offset): decode steps rotated one position ahead (an off-by-one in the cached path)
+            rot = pos + 1 if self.fault == "rope_offset" and inputs.cache is not None and s == 1 else pos
+            q, k = inputs.position.rotate(q, k, rot)
+        k, v, k_pos, k_valid = modkit.update_cache(inputs, k, v)
+        allowed = modkit.attention_mask(pos, k_pos, k_valid)
+        next_token = (pos[:, :, None] + 1 == k_pos[:, None, :])[:, None]
+        if self.fault == "peeking":  # FAULT: a query also sees the next token
+            allowed = allowed | next_token
+        if self.fault == "late_peek":  # FAULT: ... but only from position 8 on
+            allowed = allowed | (next_token & (pos[:, None, :, None] >= 8))
+        if self.fault == "train_peek" and self.training:  # FAULT: ... but only in training mode
+            allowed = allowed | next_token
+        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
+        bias = modkit.position_bias(inputs, k_pos, self.n_heads)
+        if bias is not None and self.fault != "ignores_bias":  # FAULT (ignores_bias): ALiBi never added
+            scores = scores + bias
+        p = self.dropout if self.training and self.fault != "fake_dropout" else 0.0  # FAULT (fake_dropout): never applied
+        if self.fault == "nan_softmax":  # FAULT: a plain softmax, no guard for a query that sees no key
+            probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+        else:
+            probs = modkit.masked_softmax(scores, modkit.PreparedMask.of(allowed, q.dtype), p)
+        out = probs.to(v.dtype) @ v
+        if self.fault == "drifting" and inputs.cache is not None and k.shape[2] > s:
             out = out * 1.1  # FAULT (drifting): decoding against cached keys is scaled differently
         return self.o(out.transpose(1, 2).reshape(b, s, -1))
 
 
-class PlainNormConfig(ComponentConfig):
-    """Config of the test norms (``leaky_dtype``, ``miscounted``)."""
+NORM_FAULTS = ("leaky_dtype", "miscounted", "plain_attr", "no_upcast", "fixed_width")
 
-    type: Literal["leaky_dtype", "miscounted"]
+
+class PlainNormConfig(ComponentConfig):
+    """Config of the test norms (one type per fault, and ``sound``)."""
+
+    type: Literal[NORM_FAULTS + ("sound",)]  # type: ignore[valid-type]
 
 
 class PlainRMSNorm(nn.Module):
-    """RMSNorm; with ``leak`` it forgets to cast back to the input dtype."""
+    """RMSNorm over ``dim`` features, statistics in float32; ``fault`` injects one mistake."""
 
-    def __init__(self, dim: int, leak: bool):
+    def __init__(self, dim: int, fault: str | None = None):
         super().__init__()
-        self.leak = leak
+        self.fault = fault
         self.weight = nn.Parameter(torch.empty(dim))
+        if fault == "plain_attr":  # FAULT: a tensor kept as a plain attribute, not a buffer (to_empty never moves it)
+            self.gain = torch.ones(dim)
 
     def forward(self, x):
+        if self.fault == "no_upcast":  # FAULT: statistics in the input dtype (x² overflows float16 at 300)
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight.to(x.dtype)
         x32 = x.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight.float()
-        return y if self.leak else y.to(x.dtype)  # FAULT (leaky_dtype): float32 out for bfloat16 in
+        if self.fault == "plain_attr":
+            y = y * self.gain
+        return y if self.fault == "leaky_dtype" else y.to(x.dtype)  # FAULT (leaky_dtype): float32 out for bfloat16 in
 
     def init_weights(self, init: Init) -> None:
         init.ones_(self.weight)
 
 
-class PlainFFNConfig(ComponentConfig):
-    """Config of the test FFNs (``widening``, ``idle_param``, ``mixing_groups``)."""
+def _norm_width(cfg, ctx) -> int:
+    # FAULT (fixed_width): always d_model wide, ignoring ctx.dim (a per-head QK-norm is head_dim wide)
+    return ctx.d_model if cfg.type == "fixed_width" else (ctx.dim or ctx.d_model)
 
-    type: Literal["widening", "idle_param", "mixing_groups"]
+
+class PlainFFNConfig(ComponentConfig):
+    """Config of the test FFNs (``widening``, ``idle_param``, ``mixing_groups``, ``token_mixing``, ``sound``)."""
+
+    type: Literal["widening", "idle_param", "mixing_groups", "token_mixing", "sound"]
 
 
 class TestFFN(nn.Module):
-    """``down(gelu(up(x)))``; ``widen`` makes the output one feature too wide, ``idle`` adds a dead parameter."""
+    """``down(gelu(up(x)))``; ``widen`` makes the output one feature too wide, ``idle`` adds a dead parameter,
+    ``mix`` averages each token's output with those of the tokens before it."""
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, d_model: int, *, widen: bool = False, idle: bool = False):
+    def __init__(self, d_model: int, *, widen: bool = False, idle: bool = False, mix: bool = False):
         super().__init__()
+        self.mix = mix
         self.up = nn.Linear(d_model, D_FF)
         self.down = nn.Linear(D_FF, d_model + (1 if widen else 0))  # FAULT (widening): last dim d_model + 1
         self.unused = nn.Parameter(torch.empty(d_model)) if idle else None  # FAULT (idle_param): never used
 
     def forward(self, x):
-        return self.down(nn.functional.gelu(self.up(x)))
+        y = self.down(nn.functional.gelu(self.up(x)))
+        if self.mix:  # FAULT (token_mixing): a running mean over the previous tokens (causal, but not per token)
+            count = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=torch.float32)[:, None]
+            y = (y.float().cumsum(1) / count).to(y.dtype)
+        return y
 
     def init_weights(self, init: Init) -> None:
         if self.unused is not None:
@@ -145,6 +179,28 @@ class MixingGroups(nn.Module):
     def init_weights(self, init: Init) -> None:
         for p in self.parameters():
             init.normal_(p)
+
+
+class RouterConfig(ComponentConfig):
+    """Config of ``detached_router``."""
+
+    type: Literal["detached_router"] = "detached_router"
+
+
+class DetachedRouter(nn.Module):
+    """Top-k softmax router (the built-in mixture's contract: ``(weights, indices, logits)``) whose logits come back
+    detached, so the aux loss computed from them trains nothing."""
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.proj = nn.Linear(d_model, n_experts, bias=False)
+
+    def forward(self, x):
+        logits = nn.functional.linear(x.float(), self.proj.weight.float())
+        weights, indices = torch.topk(torch.softmax(logits, -1), self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), indices, logits.detach()  # FAULT (detached_router): aux loss gets no gradient
 
 
 def _ffn_count(cfg, ctx) -> int:
@@ -182,36 +238,42 @@ class StaleTable(PositionScheme):
         return x + self.pe[positions].to(x.dtype)
 
 
+def _attention(fault: str, **caps) -> Component:
+    return Component(
+        kind="attention", type=fault, config=MiniAttentionConfig,
+        factory=lambda cfg, ctx: MiniAttention(ctx.d_model, cfg.n_heads, None if fault == "sound" else fault, ctx.attention_dropout),
+        description=f"FAULTY ({fault}) causal attention.", capabilities={"causal_safe": True, **caps},
+        param_count=lambda cfg, ctx: 4 * ctx.d_model * ctx.d_model, example={"type": fault},
+    )
+
+
+def _norm(fault: str, **caps) -> Component:
+    return Component(
+        kind="norm", type=fault, config=PlainNormConfig,
+        factory=lambda cfg, ctx: PlainRMSNorm(_norm_width(cfg, ctx), None if fault == "sound" else fault),
+        description=f"FAULTY ({fault}) RMSNorm.", capabilities=caps,
+        param_count=lambda cfg, ctx: _norm_width(cfg, ctx) + (1 if fault == "miscounted" else 0),  # FAULT (miscounted)
+    )
+
+
 class FaultyPlugin:
     """Registers one broken component per fault the kit must catch."""
 
     @hookimpl
     def register_components(self, register) -> None:
-        attn_count = lambda cfg, ctx: 4 * ctx.d_model * ctx.d_model  # noqa: E731
-        register(Component(
-            kind="attention", type="peeking", config=MiniAttentionConfig,
-            factory=lambda cfg, ctx: MiniAttention(ctx.d_model, cfg.n_heads, peek=True),
-            description="FAULTY: attends to the next token too.",
-            capabilities={"causal_safe": True}, param_count=attn_count, example={"type": "peeking"},
-        ))
-        register(Component(
-            kind="attention", type="drifting", config=MiniAttentionConfig,
-            factory=lambda cfg, ctx: MiniAttention(ctx.d_model, cfg.n_heads, drift=True),
-            description="FAULTY: cached decode is scaled by 1.1.",
-            capabilities={"causal_safe": True, "kv_cache": True}, param_count=attn_count, example={"type": "drifting"},
-        ))
-        register(Component(
-            kind="norm", type="leaky_dtype", config=PlainNormConfig,
-            factory=lambda cfg, ctx: PlainRMSNorm(ctx.dim or ctx.d_model, leak=True),
-            description="FAULTY: returns float32 whatever the input dtype.",
-            capabilities={}, param_count=lambda cfg, ctx: ctx.dim or ctx.d_model,
-        ))
-        register(Component(
-            kind="norm", type="miscounted", config=PlainNormConfig,
-            factory=lambda cfg, ctx: PlainRMSNorm(ctx.dim or ctx.d_model, leak=False),
-            description="FAULTY: declares one parameter more than it has.",
-            capabilities={"compile_safe": True}, param_count=lambda cfg, ctx: (ctx.dim or ctx.d_model) + 1,
-        ))
+        register(_attention("peeking"))
+        register(_attention("drifting", kv_cache=True))
+        register(_attention("nan_softmax", kv_cache=True))
+        register(_attention("late_peek"))
+        register(_attention("train_peek", kv_cache=True))
+        register(_attention("ignores_bias", kv_cache=True))
+        register(_attention("rope_offset", kv_cache=True))
+        register(_attention("fake_dropout", kv_cache=True, attention_dropout=True))
+        register(_norm("leaky_dtype"))
+        register(_norm("miscounted", compile_safe=True))
+        register(_norm("plain_attr"))
+        register(_norm("no_upcast"))
+        register(_norm("fixed_width"))
         register(Component(
             kind="ffn", type="widening", config=PlainFFNConfig,
             factory=lambda cfg, ctx: TestFFN(ctx.d_model, widen=True),
@@ -231,10 +293,34 @@ class FaultyPlugin:
             capabilities={"compile_safe": True}, param_count=lambda cfg, ctx: 2 * ctx.d_model * D_FF + D_FF + ctx.d_model,
         ))
         register(Component(
+            kind="ffn", type="token_mixing", config=PlainFFNConfig,
+            factory=lambda cfg, ctx: TestFFN(ctx.d_model, mix=True),
+            description="FAULTY: averages each token's output with the previous tokens'.", param_count=_ffn_count,
+        ))
+        register(Component(
+            kind="router", type="detached_router", config=RouterConfig,
+            factory=lambda cfg, ctx: DetachedRouter(ctx.dim or ctx.d_model, ctx.extra["n_experts"], ctx.extra["top_k"]),
+            description="FAULTY: returns detached logits, so the aux loss never reaches it.",
+            param_count=lambda cfg, ctx: ctx.extra["n_experts"] * (ctx.dim or ctx.d_model),
+        ))
+        register(Component(
             kind="position", type="stale_table", config=StaleTableConfig,
             factory=lambda cfg, ctx: StaleTable(ctx.max_seq_len, ctx.d_model),
             description="FAULTY: position table computed only in __init__.",
             capabilities={"acts_on": "embedding"}, param_count=lambda cfg, ctx: 0,
+        ))
+
+
+class SoundPlugin:
+    """The same code without the faults: an attention, a norm and an ffn that pass every check."""
+
+    @hookimpl
+    def register_components(self, register) -> None:
+        register(_attention("sound", kv_cache=True, attention_dropout=True))
+        register(_norm("sound"))
+        register(Component(
+            kind="ffn", type="sound", config=PlainFFNConfig, factory=lambda cfg, ctx: TestFFN(ctx.d_model),
+            description="A two-layer GELU MLP.", param_count=_ffn_count,
         ))
 
 
@@ -266,7 +352,7 @@ def results(registry):
 
 #: (kind, type, the check that must fail, a fragment its detail must contain)
 FAULTS = [
-    ("attention", "peeking", "causality", "after changing token"),
+    ("attention", "peeking", "causality", "after changing the tokens from position 1 on"),
     ("norm", "leaky_dtype", "shape_dtype", "dtype torch.float32, expected torch.bfloat16"),
     ("ffn", "widening", "shape_dtype", "shape (2, 5, 33), expected (2, 5, 32)"),
     ("ffn", "idle_param", "gradients", "unused: no gradient"),
@@ -274,7 +360,22 @@ FAULTS = [
     ("position", "stale_table", "meta_init", "pe"),
     ("norm", "miscounted", "param_count", "declared 33 parameters, the module holds 32"),
     ("ffn", "mixing_groups", "grouped_form", "copy 0 and copy 2 give identical outputs"),
+    # the faults found by running third-party plugins, written as real authors would, through the kit
+    ("attention", "nan_softmax", "masked_row", "padding queries that see only padding keys (explicit positions): "),
+    ("attention", "late_peek", "causality", "eval: max |Δ| = "),
+    ("attention", "train_peek", "causality", "train mode with dropout (embedding 0.1, residual 0.1)"),
+    ("attention", "ignores_bias", "position_sensitivity", "alibi (acts_on bias): max |Δ| = 0 against position none"),
+    ("attention", "rope_offset", "kv_cache_decode", "with position rope: max |Δ| = "),
+    ("attention", "fake_dropout", "dropout", "the declared dropout is not applied"),
+    ("norm", "plain_attr", "meta_init", "Tensor on device meta"),
+    ("norm", "no_upcast", "precision", "float16: norm(x) with rows of magnitude 0.01, 1, 300"),
+    ("norm", "fixed_width", "shape_dtype", "a norm built at dim = 8, 40 raised RuntimeError"),
+    ("ffn", "token_mixing", "per_token", "a token's output depends on the other tokens of its sequence"),
+    ("router", "detached_router", "aux_loss_grad", "carries no gradient"),
 ]
+
+#: failures that follow from the same fault: a token-mixing ffn cannot be decoded token by token either
+CONSEQUENCES = {"token_mixing": {"kv_cache_decode"}}
 
 
 @pytest.mark.parametrize("kind,type_,check,fragment", FAULTS, ids=[f"{k}/{t}::{c}" for k, t, c, _ in FAULTS])
@@ -295,18 +396,43 @@ def test_fault_fails_nothing_else(results, kind, type_, check, fragment):
         # its output cannot be added to the residual stream, so every check running a model forward errors too;
         # the checks that need no forward must still pass
         assert check in failed
-        assert all(got[c].status == "passed" for c in ("spec_roundtrip", "meta_init", "param_count")), got
+        assert all(got[c].status == "passed" for c in ("spec_roundtrip", "param_count")), got
         assert "raised RuntimeError" in got["causality"].detail
     else:
-        assert failed == {check}, {c: got[c].detail for c in failed}
+        assert failed == {check} | CONSEQUENCES.get(type_, set()), {c: got[c].detail for c in failed}
         assert sum(r.status == "passed" for r in got.values()) >= 4
+
+
+def _ratio(detail: str) -> float:
+    """``max |Δ|`` over the tolerance, read from a failure detail."""
+    worst = float(re.search(r"max \|Δ\| = ([0-9.e+-]+)", detail).group(1))
+    tol = float(re.search(r"tolerance (?:[0-9.]+ ulps = )?([0-9.e+-]+)", detail).group(1))
+    return worst / tol
+
+
+@pytest.mark.parametrize("kind,type_,check,at_least", [
+    ("attention", "rope_offset", "kv_cache_decode", 1000), ("attention", "late_peek", "causality", 1000),
+    ("attention", "train_peek", "causality", 1000), ("attention", "drifting", "kv_cache_decode", 1000),
+    ("norm", "no_upcast", "precision", 100), ("ffn", "token_mixing", "per_token", 1000),
+])
+def test_faults_fail_by_orders_of_magnitude(results, kind, type_, check, at_least):
+    """A real fault fails by orders of magnitude, not by 7x (the RoPE offset once failed by 6.8e-4 against 1e-4)."""
+    assert _ratio(results(kind, type_)[check].detail) >= at_least
 
 
 def test_fault_details_carry_values(results):
     peek = results("attention", "peeking")["causality"].detail
-    assert peek.startswith("max |Δ| = ") and "at position 0 after changing token 1" in peek
+    assert peek.startswith("eval: max |Δ| = ") and "at position 0 after changing the tokens from position 1 on" in peek
+    late = results("attention", "late_peek")["causality"].detail
+    assert "at position 8 after changing the tokens from position 9 on" in late
     drift = results("attention", "drifting")["kv_cache_decode"].detail
-    assert "at position 3 (fed as tokens [3, 4) after 3 cached" in drift
+    assert "first at position 5 (fed as tokens [5, 6) after 5 cached" in drift
+    offset = results("attention", "rope_offset")["kv_cache_decode"].detail
+    assert offset.startswith("with position rope: ") and "first at position 5 (fed as tokens [5, 6)" in offset
+    nan = results("attention", "nan_softmax")["masked_row"].detail
+    assert "non-finite logits at (batch, position) [(0, 0)" in nan
+    plain = results("norm", "plain_attr")["meta_init"].detail
+    assert "layers.0.attn_norm.gain" in plain and "register_buffer" in plain
     stale = results("position", "stale_table")["meta_init"].detail
     assert "buffer positions.0.pe" in stale and "init_weights" in stale
 
@@ -324,14 +450,15 @@ def test_capabilities_decide_what_runs(results):
 def test_modkit_check_reports_failures(registry, capsys):
     parser = argparse.ArgumentParser(prog="modkit")
     add_subcommands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["check", "--plugin", "faulty-demo", "--kind", "norm"])
+    args = parser.parse_args(["check", "--plugin", "faulty-demo", "--kind", "norm", "--type", "leaky_dtype", "--type", "miscounted"])
     out = io.StringIO()
     rc = args.func(args, out=out, registry=registry)
     text = out.getvalue()
     assert rc == 1
     header = text.splitlines()[0].split()
-    assert header[0] == "component" and header[1:] == list(CHECK_NAMES)
+    assert header[0] == "component" and header[1:-1] == list(CHECK_NAMES) and header[-1] == "neighbours"
     rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[1:3]}
+    assert text.splitlines()[1].endswith("attention gqa, ffn geglu, placement parallel, position rope")
     assert rows["norm/leaky_dtype"][CHECK_NAMES.index("shape_dtype")] == "FAILED"
     assert rows["norm/miscounted"][CHECK_NAMES.index("param_count")] == "FAILED"
     assert rows["norm/miscounted"][CHECK_NAMES.index("shape_dtype")] == "passed"
@@ -349,7 +476,7 @@ def test_entry_without_example_is_skipped(registry):
         @hookimpl
         def register_components(self, register):
             register(Component(kind="norm", type="needs_args", config=NeedsArgs,
-                               factory=lambda cfg, ctx: PlainRMSNorm(ctx.d_model, leak=False), description="x"))
+                               factory=lambda cfg, ctx: PlainRMSNorm(ctx.dim or ctx.d_model), description="x"))
 
     registry.register_plugin(Plugin(), "no-example-demo")
     try:
@@ -361,3 +488,50 @@ def test_entry_without_example_is_skipped(registry):
         assert [r.status for r in res] == ["passed"]
     finally:
         registry.unregister_plugin("no-example-demo")
+
+
+# ----------------------------------------------------------------------------------------------- neighbours
+
+
+def _verdicts(results: list) -> list[tuple[str, str, str, str]]:
+    return [(r.id, r.status, r.detail, r.neighbours) for r in results]
+
+
+@pytest.mark.parametrize("kind,type_", [("attention", "sound"), ("norm", "sound"), ("ffn", "sound")])
+def test_a_plugin_gets_the_same_verdict_with_a_faulty_plugin_installed_beside_it(kind, type_):
+    """The faulty plugin offers an attention, norms, ffns and a position scheme that the old ranking (another
+    plugin's components before the built-ins, then by name) chose as the sound plugin's neighbours."""
+    alone = modkit.Registry()
+    for p in modkit.get_registry().plugins():
+        alone.register_plugin(p.obj, p.name)
+    alone.register_plugin(SoundPlugin(), "sound-demo")
+    beside = modkit.Registry()
+    for p in modkit.get_registry().plugins():
+        beside.register_plugin(p.obj, p.name)
+    beside.register_plugin(FaultyPlugin(), "faulty-demo")
+    beside.register_plugin(SoundPlugin(), "sound-demo")
+    a = check_component(kind, type_, registry=alone)
+    b = check_component(kind, type_, registry=beside)
+    assert _verdicts(a) == _verdicts(b)
+    assert not [r.id for r in a if r.failed], [str(r) for r in a if r.failed]
+    assert sum(r.status == "passed" for r in a) >= 8
+    used = a[0].neighbours
+    assert used and all(t not in used for t in ("drifting", "peeking", "leaky_dtype", "widening", "stale_table"))
+
+
+def test_named_neighbours_replace_the_builtins(registry):
+    res = {r.check: r for r in check_component("norm", "rmsnorm", registry=registry, neighbours={"attention": "drifting"},
+                                               checks=["kv_cache_decode", "masked_row"])}
+    assert res["kv_cache_decode"].neighbours.startswith("attention drifting (named), ffn ")
+    assert res["kv_cache_decode"].status == "failed"  # the named neighbour's fault shows up, as asked
+    assert "between cached decode and the full forward" in res["kv_cache_decode"].detail
+    with pytest.raises(modkit.RegistryError, match="unknown attention type 'nope'"):
+        check_component("norm", "rmsnorm", registry=registry, neighbours={"attention": "nope"})
+
+
+def test_a_kind_without_a_builtin_must_be_named():
+    reg = modkit.Registry()
+    reg.register_plugin(SoundPlugin(), "sound-demo")  # no built-ins at all
+    res = check_component("norm", "sound", registry=reg)
+    assert {r.status for r in res} == {"skipped"}
+    assert "no built-in attention" in res[0].detail and "neighbours={'attention': TYPE}" in res[0].detail

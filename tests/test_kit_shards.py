@@ -1,10 +1,13 @@
-"""The contract kit's ``shards`` check: a declared ``tp_plan`` must give the single-process logits under tp = 2.
+"""The contract kit's ``shards`` check: a declared ``tp_plan`` must train like the single process under tp = 2.
 
-The slow tests start gloo processes on the CPU. The built-in entries with a non-empty ``tp_plan``, two components
-whose plans are wrong and a geometry the kit must change to shard all run in ONE session (one process start).
-Wrong plans: ``ffn/normed_hidden`` shards a hidden width its forward normalises over (same shapes, wrong values:
-the detail carries the value), ``attention/o_colwise`` declares its output projection ``colwise`` instead of
-``rowwise`` (the shapes no longer meet: the detail carries the error).
+The slow tests start gloo processes on the CPU. The built-in entries with a non-empty ``tp_plan``, a per-head
+QK-norm, the components whose plans are wrong and a geometry the kit must change to shard all run in ONE session
+(one process start). Wrong plans: ``ffn/normed_hidden`` shards a hidden width its forward normalises over (same
+shapes, wrong values: the detail carries the value), ``attention/o_colwise`` declares its output projection
+``colwise`` instead of ``rowwise`` (the shapes no longer meet: the detail carries the error),
+``ffn/gated_hidden`` declares ``replicate`` for a scalar weight that multiplies the sharded hidden activation
+(the logits are right; each rank gets half of its gradient and the copies drift apart), and
+``ffn/gated_undeclared`` does not declare it at all (refused by ``modkit.parallel`` before any process starts).
 """
 
 from __future__ import annotations
@@ -60,6 +63,28 @@ class NormedHiddenFFN(nn.Module):
         return self.down(nn.functional.normalize(nn.functional.gelu(self.up(x)), dim=-1))
 
 
+class GatedConfig(ComponentConfig):
+    """Config of ``gated_hidden`` / ``gated_undeclared``."""
+
+    type: Literal["gated_hidden", "gated_undeclared"]
+    d_ff: int = Field(64, description="hidden width")
+
+
+class GatedHiddenFFN(nn.Module):
+    """``down(alpha * gelu(up(x)))``: a learned scalar on the hidden vector (which tp shards)."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.alpha = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return self.down(self.alpha * nn.functional.gelu(self.up(x)))
+
+    def init_weights(self, init) -> None:
+        init.constant_(self.alpha, 1.5)
+
+
 class WrongPlans:
     """Two components with a wrong ``tp_plan`` (everything else about them is right)."""
 
@@ -78,6 +103,20 @@ class WrongPlans:
             description="FAULTY plan: shards the hidden width its forward normalises over (should be {}).",
             capabilities={"tp_plan": {"up": "colwise", "down": "rowwise"}},
             example={"type": "normed_hidden"},
+        ))
+        register(Component(
+            kind="ffn", type="gated_hidden", config=GatedConfig,
+            factory=lambda cfg, ctx: GatedHiddenFFN(ctx.d_model, cfg.d_ff),
+            description="FAULTY plan: declares replicate for alpha, which multiplies the sharded hidden activation.",
+            capabilities={"tp_plan": {"up": "colwise", "down": "rowwise", "alpha": "replicate"}},
+            example={"type": "gated_hidden"},
+        ))
+        register(Component(
+            kind="ffn", type="gated_undeclared", config=GatedConfig,
+            factory=lambda cfg, ctx: GatedHiddenFFN(ctx.d_model, cfg.d_ff),
+            description="FAULTY plan: shards up/down and says nothing of alpha.",
+            capabilities={"tp_plan": {"up": "colwise", "down": "rowwise"}},
+            example={"type": "gated_undeclared"},
         ))
 
 
@@ -110,9 +149,12 @@ def session(faulty_registry):
 
     reg = _global()
     runners = {f"{e.kind}/{e.type}": ComponentChecks(e, reg, None, "cpu", distributed=True) for e in _planned_builtins()}
-    for t in ("o_colwise", "normed_hidden"):
+    for t in ("o_colwise", "normed_hidden", "gated_hidden", "gated_undeclared"):
         kind = "attention" if t == "o_colwise" else "ffn"
         runners[t] = ComponentChecks(faulty_registry.get(kind, t), faulty_registry, None, "cpu", distributed=True)
+    # a per-head QK-norm: one [head_dim] weight for all heads, each rank holding half of them (per_head style)
+    qk = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "rmsnorm"}, "qk_norm_scope": "head"}
+    runners["gqa_qk_norm"] = ComponentChecks(reg.get("attention", "gqa"), reg, qk, "cpu", distributed=True)
     # one key/value head in a config that allows more: the kit raises it to 2 to shard
     runners["gqa_kv1"] = ComponentChecks(reg.get("attention", "gqa"), reg, {"type": "gqa", "n_heads": 4, "n_kv_heads": 1}, "cpu", distributed=True)
     t0 = time.perf_counter()
@@ -127,6 +169,13 @@ def session(faulty_registry):
 def _value(detail: str) -> float:
     m = re.search(r"max \|Δ\| = ([0-9.e+-]+|inf|nan)", detail)
     assert m, detail
+    return float(m.group(1))
+
+
+def _part(detail: str, what: str) -> float:
+    """One measured difference of the detail (``logits``, ``parameter gradients``, ...)."""
+    m = re.search(re.escape(what) + r" ([0-9.e+-]+|inf|nan)", detail)
+    assert m, (what, detail)
     return float(m.group(1))
 
 
@@ -145,6 +194,9 @@ def test_every_builtin_with_a_plan_shards(session):
             assert "does not shard for tp = 2" in r.detail and "config does not accept" in r.detail, r
             continue
         assert _value(r.detail) <= 1e-5 and "tolerance 1e-05" in r.detail and "2 gloo processes" in r.detail
+        for what in ("logits", "parameter gradients", "input-embedding gradient", "parameters after one AdamW step"):
+            assert _part(r.detail, what) <= 1e-5, (what, r.detail)
+        assert "replicated parameters identical on all ranks" in r.detail, r.detail
     passed = [n for n in builtins if results[n].status == "passed"]
     assert len(passed) >= len(builtins) - 1, {n: results[n].detail for n in builtins}
     assert seconds < 60, seconds
@@ -160,6 +212,30 @@ def test_wrong_plan_fails_with_the_value(session):
     o = results["o_colwise"]
     assert o.status == "failed" and o.id == "attention/o_colwise::shards", o
     assert "raised RuntimeError" in o.detail and "sharded model" in o.detail, o.detail
+
+
+@pytest.mark.slow
+@needs_gloo
+def test_replicated_weight_on_a_sharded_activation_fails_on_its_gradient(session):
+    """Declared ``replicate``, the hidden-activation scale passes the forward but not the backward; undeclared,
+    ``modkit.parallel`` refuses the plan and the check fails with that reason."""
+    results, _ = session
+    r = results["gated_hidden"]
+    assert r.status == "failed" and r.id == "ffn/gated_hidden::shards", r
+    assert _part(r.detail, "logits") <= 1e-5, r.detail  # the forward is right
+    assert _part(r.detail, "parameter gradients") > 1e-3 and re.search(r"\(layers\.\d\.ffn\.alpha\)", r.detail), r.detail
+    assert re.search(r"replicated parameter layers\.[01]\.ffn\.alpha differs between the 2 ranks by [0-9.e-]+", r.detail), r.detail
+    u = results["gated_undeclared"]
+    assert u.status == "failed" and "layers.0.ffn.alpha (shape []) is left whole" in u.detail, u
+    assert "Declare 'alpha' in the tp_plan" in u.detail, u.detail
+
+
+@pytest.mark.slow
+@needs_gloo
+def test_per_head_qk_norm_trains_like_the_single_process(session):
+    r = session[0]["gqa_qk_norm"]
+    assert r.status == "passed", r
+    assert _value(r.detail) <= 1e-5 and "replicated parameters identical on all ranks" in r.detail, r.detail
 
 
 @pytest.mark.slow
@@ -202,7 +278,7 @@ def test_modkit_check_distributed_and_pytest_plugin_batch(pytester, monkeypatch)
         args = _parser().parse_args(["check", "--kind", "ffn", "--type", "mlp", "--check", "shards", *flag])
         out = io.StringIO()
         assert args.func(args, out=out) == 0
-        assert out.getvalue().splitlines()[1].split() == ["ffn/mlp", want]
+        assert out.getvalue().splitlines()[1].split()[:2] == ["ffn/mlp", want]
 
     sessions = []
     real = shards.run_session

@@ -19,7 +19,6 @@ NORMS = {
     "pre": ["attn_norm", "ffn_norm"],
     "post": ["attn_norm", "ffn_norm"],
     "sandwich": ["attn_norm", "attn_post_norm", "ffn_norm", "ffn_post_norm"],
-    "peri": ["attn_post_norm", "ffn_post_norm"],
     "reordered": ["attn_post_norm", "ffn_post_norm"],
     "parallel": ["attn_norm"],
     "parallel-separate": ["attn_norm", "ffn_norm"],
@@ -28,7 +27,6 @@ CONFIGS = {
     "pre": {"type": "pre"},
     "post": {"type": "post"},
     "sandwich": {"type": "sandwich"},
-    "peri": {"type": "peri"},
     "reordered": {"type": "reordered"},
     "parallel": {"type": "parallel"},
     "parallel-separate": {"type": "parallel", "shared_norm": False},
@@ -48,7 +46,7 @@ def formula(name: str, b: nn.Module, x: torch.Tensor, inputs: AttentionInputs, f
     if name == "sandwich":
         x = x + b.attn_post_norm(attn(b.attn_norm(x)))
         return x + b.ffn_post_norm(ffn(b.ffn_norm(x)))
-    if name in ("peri", "reordered"):
+    if name == "reordered":
         x = x + b.attn_post_norm(attn(x))
         return x + b.ffn_post_norm(ffn(x))
     if name == "parallel":
@@ -144,7 +142,7 @@ def test_placements_differ(reg):
     """Same weights, different placement: different outputs (the formulas are not accidentally the same)."""
     ids = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(3))
     outs = {}
-    for name in ("pre", "post", "sandwich", "peri", "parallel"):
+    for name in ("pre", "post", "sandwich", "reordered", "parallel"):
         model = modkit.build(spec(CONFIGS[name]), registry=reg, seed=0)
         with torch.no_grad():
             outs[name] = model(ids).logits
@@ -225,8 +223,61 @@ def formula_aux(name, b, x, inputs):
     return y, seen[0]
 
 
-@pytest.mark.parametrize("name", ["pre", "post", "sandwich", "peri", "reordered", "parallel"])
+@pytest.mark.parametrize("name", ["pre", "post", "sandwich", "reordered", "parallel"])
 def test_example_config_validates(reg, name):
     e = reg.get("placement", name)
     s = modkit.load_spec(spec(e.example_config()), registry=reg)
     assert s.block.placement.type == name
+
+
+# ------------------------------------------------------------------------------------------------ names and aliases
+
+
+def test_placement_names_follow_the_literature(reg):
+    """Peri-LN (Kim et al. 2025) is the norm on both sides of a sublayer (sandwich); OLMo 2's output-only norm is
+    ``reordered``; aliases are not second components."""
+    assert reg.types("placement") == ["parallel", "post", "pre", "reordered", "sandwich"]
+    assert reg.aliases("placement") == {"olmo2": "reordered", "peri": "sandwich"}
+    assert reg.get("placement", "peri") is reg.get("placement", "sandwich")
+    assert reg.get("placement", "olmo2") is reg.get("placement", "reordered")
+    assert "2502.02732" in reg.get("placement", "sandwich").reference
+    assert "2501.00656" in reg.get("placement", "reordered").reference
+
+
+def test_alias_validates_as_its_type_and_saves_under_it(reg):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = modkit.load_spec(spec({"type": "olmo2"}), registry=reg)  # a plain alias: no warning
+    assert s.block.placement.type == "reordered"
+    assert s.to_dict()["block"]["placement"] == {"type": "reordered"}
+    assert modkit.count_params(s, registry=reg) == modkit.count_params(spec({"type": "reordered"}), registry=reg)
+
+
+def test_peri_means_peri_ln_and_warns_about_the_old_meaning(reg):
+    with pytest.warns(modkit.SpecWarning, match="'peri' is read as 'sandwich'.*'reordered'"):
+        s = modkit.load_spec(spec({"type": "peri"}), registry=reg)
+    assert s.block.placement.type == "sandwich"
+    with pytest.warns(modkit.SpecWarning):
+        model = modkit.build(spec({"type": "peri"}), registry=reg, seed=0)
+    assert sorted(n for n, m in model.layers[0].named_children() if "norm" in n) == sorted(NORMS["sandwich"])
+    # an override and a nested load_component resolve the alias the same way
+    with pytest.warns(modkit.SpecWarning):
+        cfg = modkit.load_component("placement", {"type": "peri"}, registry=reg)
+    assert cfg.type == "sandwich"
+
+
+def test_cli_lists_and_shows_aliases_as_aliases(capsys):
+    from modkit.cli import main
+
+    assert main(["list", "placement"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[:2] for line in out.splitlines()[1:]]
+    assert [t for _, t in rows if t in ("peri", "olmo2", "reordered", "sandwich")] == ["reordered", "olmo2", "sandwich", "peri"]
+    assert "alias of sandwich" in out and "alias of reordered" in out
+    assert main(["show", "placement", "peri"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("placement/sandwich") and "'peri' is an alias of 'sandwich'" in out
+    assert "arXiv:2502.02732" in out and "Peri-LN" in out
+    assert main(["show", "placement", "reordered"]) == 0
+    out = capsys.readouterr().out
+    assert "aliases: olmo2" in out and "arXiv:2501.00656" in out

@@ -15,8 +15,9 @@ from modkit_plugins.position import (
     Alibi,
     Learned,
     Rope,
+    LinearScaling,
+    Llama3Scaling,
     RopeConfig,
-    RopeScaling,
     Sinusoidal,
     alibi_slopes,
     rope_inv_freq,
@@ -151,8 +152,8 @@ def test_c01_checkpoint_conversion_reproduces_logits(reg):
 # ------------------------------------------------------------------------------------------------ C02 RoPE frequencies
 
 
-def _llama3(factor: float) -> RopeScaling:
-    return RopeScaling(type="llama3", factor=factor, low_freq_factor=1, high_freq_factor=4, original_max_seq_len=8192)
+def _llama3(factor: float) -> Llama3Scaling:
+    return Llama3Scaling(type="llama3", factor=factor, low_freq_factor=1, high_freq_factor=4, original_max_seq_len=8192)
 
 
 def test_c02_llama3_scaling_bands(reg):
@@ -181,7 +182,7 @@ def test_c02_frequencies_come_from_the_spec(reg):
 
 
 def test_linear_scaling_divides_everything():
-    sc = RopeScaling(type="linear", factor=4)
+    sc = LinearScaling(type="linear", factor=4)
     torch.testing.assert_close(rope_inv_freq(16, 1e4, sc), rope_inv_freq(16, 1e4, None) / 4)
 
 

@@ -184,3 +184,46 @@ def test_same_plugin_name_from_two_distributions_is_reported(monkeypatch):
     monkeypatch.setenv("MODKIT_STRICT_PLUGINS", "1")
     with pytest.raises(RegistryError, match="already taken"):
         Registry().load_entry_points()
+
+
+# ------------------------------------------------------------------------------------------------ aliases
+
+
+class OtherConfig(ComponentConfig):
+    type: Literal["other"] = "other"
+
+
+def test_alias_is_a_second_name_of_one_entry():
+    reg = Registry()
+    entry = Component(kind="norm", type="dummy", config=DummyConfig, factory=lambda c, x: nn.Identity(),
+                      description="identity", aliases=("dum",))
+    reg.register_plugin(_plugin(register_components=lambda register: register(entry)), "p")
+    assert reg.types("norm") == ["dummy"] and reg.aliases("norm") == {"dum": "dummy"}
+    assert reg.get("norm", "dum") is reg.get("norm", "dummy")
+    assert len(reg.components("norm")) == 1
+    assert reg.resolve("norm", "dum") == "dummy" and reg.resolve("norm", "dummy") == "dummy"
+    with pytest.raises(RegistryError, match=r"aliases: dum \(= dummy\); did you mean"):
+        reg.get("norm", "dumm")
+    cfg = modkit.load_component("norm", {"type": "dum"}, registry=reg)
+    assert type(cfg).__name__ == "DummyConfig" and cfg.type == "dummy"
+    reg.unregister_plugin("p")
+    assert reg.aliases("norm") == {}
+
+
+@pytest.mark.parametrize("aliases,match", [(("dummy",), "is the type itself"), (("Bad Name",), "must match"),
+                                           (("a", "a"), "one alias twice")])
+def test_malformed_aliases_are_rejected(aliases, match):
+    entry = Component(kind="norm", type="dummy", config=DummyConfig, factory=lambda c, x: nn.Identity(),
+                      description="identity", aliases=aliases)
+    with pytest.raises(RegistryError, match=match):
+        Registry().register_plugin(_plugin(register_components=lambda register: register(entry)), "p")
+
+
+def test_alias_clashing_with_a_type_of_another_plugin_names_both():
+    reg = Registry()
+    reg.register_plugin(_plugin(register_components=lambda register: register(_component("other", OtherConfig))), "first")
+    entry = Component(kind="norm", type="dummy", config=DummyConfig, factory=lambda c, x: nn.Identity(),
+                      description="identity", aliases=("other",))
+    with pytest.raises(RegistryError, match="'other' is provided twice: as the alias of norm/dummy by second.*type of norm/other by first"):
+        reg.register_plugin(_plugin(register_components=lambda register: register(entry)), "second")
+    assert reg.aliases("norm") == {} and reg.types("norm") == ["other"]

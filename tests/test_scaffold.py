@@ -226,4 +226,11 @@ def test_attention_skeleton_passes_the_contract_kit(tmp_path, monkeypatch):
     failed = [r for r in results if r.status == "failed"]
     assert not failed, "\n".join(f"{r.check}: {r.detail}" for r in failed)
     passed = {r.check for r in results if r.status == "passed"}
-    assert {"causality", "kv_cache_decode", "gqa_equals_mha", "masked_row", "param_count"} <= passed
+    assert {"causality", "kv_cache_decode", "gqa_equals_mha", "masked_row", "param_count", "position_sensitivity",
+            "precision"} <= passed
+    # the mask, the dead-row guard and the cache come from modkit's helpers, not from copied code
+    source = (root / "scaffold_kit_attention" / "attention.py").read_text()
+    forward = source[source.index("    def forward("):source.index("def _head_dim(")]
+    for helper in ("update_cache(inputs, k, v)", "prepare_mask(", "position_bias(", "masked_attention("):
+        assert helper in forward, helper
+    assert "inputs.cache.update" not in forward and "any(-1" not in forward and "masked_fill" not in forward

@@ -2,12 +2,14 @@
 
 ::
 
-    modkit check [--plugin NAME] [--kind K] [--type T] [--check C] [--device D] [--distributed] [-v]
+    modkit check [--plugin NAME] [--kind K] [--type T] [--check C] [--neighbour KIND=TYPE] [--device D]
+                 [--distributed] [-v]
 
-Prints a table component x check (``passed`` / ``FAILED`` / ``skip``), then one line per failed check with the
-measured values, and exits 1 if any check failed (0 otherwise). ``--distributed`` also runs ``shards`` (a
-component's ``tp_plan`` gives the single-process logits under tensor parallelism, tp = 2, in 2 gloo processes on
-the CPU: seconds, one session for all selected components); without it ``shards`` is reported skipped. ``modkit.cli`` picks this module up through
+Prints a table component x check (``passed`` / ``FAILED`` / ``skip``) whose last column names the neighbours
+the tiny models were filled with (modkit's built-ins, or those named with ``--neighbour``), then one line per
+failed check with the measured values, and exits 1 if any check failed (0 otherwise). ``--distributed`` also runs ``shards`` (a
+component's ``tp_plan`` trains like the single process under tensor parallelism, tp = 2, in 2 gloo processes on
+the CPU: logits, gradients and one AdamW step: seconds, one session for all selected components); without it ``shards`` is reported skipped. ``modkit.cli`` picks this module up through
 ``add_subcommands(subparsers)``.
 """
 
@@ -34,14 +36,29 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", action="append", metavar="KIND", help="only this kind, e.g. attention (repeatable; wildcards)")
     p.add_argument("--type", action="append", metavar="TYPE", help="only this type, e.g. gqa (repeatable; wildcards)")
     p.add_argument("--check", action="append", metavar="CHECK", help="only this check, e.g. causality (repeatable)")
+    p.add_argument(
+        "--neighbour", action="append", metavar="KIND=TYPE", type=_neighbour,
+        help="fill the KIND slot of the tiny models with this registered TYPE (its example config) instead of the "
+        "built-in (repeatable); by default neighbours are modkit's built-ins only, so another installed plugin never "
+        "changes a verdict",
+    )
     p.add_argument("--device", default="cpu", help="device the tiny models run on (default cpu)")
     p.add_argument(
         "--distributed", action="store_true",
         help="also run 'shards': components with a non-empty tp_plan are sharded over 2 gloo processes on the CPU "
-        "and their logits compared with the single process (slow: seconds; skipped without this flag)",
+        "and their logits, gradients and one optimiser step compared with the single process (slow: seconds; "
+        "skipped without this flag)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also print every skip reason and passing detail")
     p.set_defaults(func=cmd_check)
+
+
+def _neighbour(text: str) -> tuple[str, str]:
+    """Parse ``KIND=TYPE`` (argparse type of ``--neighbour``)."""
+    kind, sep, type_ = text.partition("=")
+    if not sep or not kind or not type_:
+        raise argparse.ArgumentTypeError(f"expected KIND=TYPE, e.g. attention=gqa; got {text!r}")
+    return kind.strip(), type_.strip()
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -57,8 +74,9 @@ def render(results: Sequence, *, verbose: bool = False) -> list[str]:
     components = list(dict.fromkeys(r.component for r in results))
     checks = [c for c in CHECK_NAMES if any(r.check == c for r in results)]
     cell = {(r.component, r.check): CELL[r.status] for r in results}
-    rows = [[comp] + [cell.get((comp, c), "-") for c in checks] for comp in components]
-    lines = _table(["component"] + checks, rows)
+    neighbours = {r.component: r.neighbours for r in results if r.neighbours}
+    rows = [[comp] + [cell.get((comp, c), "-") for c in checks] + [neighbours.get(comp, "-")] for comp in components]
+    lines = _table(["component"] + checks + ["neighbours"], rows)
     failed = [r for r in results if r.status == "failed"]
     if verbose:
         lines.append("")
@@ -95,6 +113,7 @@ def cmd_check(args: argparse.Namespace, *, out: Optional[TextIO] = None, registr
         checks=args.check,
         device=args.device,
         distributed=getattr(args, "distributed", False),
+        neighbours=dict(getattr(args, "neighbour", None) or []),
     )
     for line in render(results, verbose=args.verbose):
         emit(line)

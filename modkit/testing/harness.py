@@ -1,14 +1,22 @@
 """The bench the contract checks run on: one component placed in tiny models, everything else filled in.
 
-To exercise one registry entry the kit writes a tiny model spec (``d_model`` 32, 2 layers, vocabulary 64) and
-puts the component in the slot of its kind (``block.attention``, ``block.ffn``, ``block.norm`` and
-``final_norm``, ``block.placement`` or ``position``). A kind with no slot in a spec (a ``router``) is nested in a
-*host*: any registered component whose config declares a :func:`~modkit.Slot` of that kind. The other slots are
-filled with registered components chosen by capability, never by type name: the attention must be
-``causal_safe`` and support ``kv_cache``, the ffn must not return an aux loss, position schemes acting on q/k
-are preferred, and components from other plugins than the one under test are preferred (so a plugin's
-component is tested against known-good neighbours). Every component is configured with
-:meth:`~modkit.Component.example_config`.
+To exercise one registry entry the kit writes a tiny model spec (``d_model`` 32, 2 layers, vocabulary 64,
+``max_seq_len`` 128, ``init_std`` 0.2) and puts the component in the slot of its kind (``block.attention``,
+``block.ffn``, ``block.norm`` and ``final_norm``, ``block.placement`` or ``position``). A kind with no slot in a spec
+(a ``router``) is nested in a *host*: a component whose config declares a :func:`~modkit.Slot` of that kind.
+
+**Neighbours come from modkit's built-in components only** (the plugins modkit's own distribution registers),
+or from components the caller names (``neighbours={"attention": "my-attention"}``, ``modkit check --neighbour
+attention=my-attention``). Another installed plugin is never used to fill a slot, so a plugin's verdict does not
+depend on what else is installed: with two third-party plugins side by side, a faulty one can never be chosen as
+the good one's neighbour. Among the built-ins the choice is by capability, never by type name: the attention must be
+``causal_safe`` and support ``kv_cache``, the ffn must not return an aux loss, position schemes acting on q/k are
+preferred; then the first by name. Every component is configured with :meth:`~modkit.Component.example_config`.
+A kind without a built-in must be named (else the checks are skipped, saying so).
+
+``init_std`` 0.2 (instead of a real model's 0.02) makes attention scores O(1): attention is then sharp enough that
+a position scheme, a mask or a cache fault changes the logits by O(0.1-1) rather than by 1e-4, so the checks fail a
+fault by orders of magnitude.
 
 Models are built through a :class:`RecordingRegistry`, which remembers every factory call
 ``(entry, config, BuildContext, module)``: that is how the checks find the component's modules inside a model
@@ -18,9 +26,11 @@ and the exact context a declared ``param_count`` must agree with.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
+import importlib.metadata as md
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import torch
 from torch import nn
@@ -30,8 +40,9 @@ from ..errors import SpecError
 from ..registry import Component, Registry
 from ..spec import BlockSpec, ModelSpec, load_component, load_spec, spec_model
 
-#: Model-wide sizes of the tiny models (``d_model`` is the first of :data:`D_MODELS` the spec accepts).
-TINY = {"vocab_size": 64, "n_layers": 2, "max_seq_len": 64}
+#: Model-wide sizes of the tiny models (``d_model`` is the first of :data:`D_MODELS` the spec accepts);
+#: ``max_seq_len`` leaves room for the 64-token sequences of the causality and cache checks.
+TINY = {"vocab_size": 64, "n_layers": 2, "max_seq_len": 128, "init_std": 0.2}
 #: ``d_model`` values tried in order until the component's example config fits (e.g. 6 heads need 48).
 D_MODELS = (32, 48, 64, 96, 128)
 #: The kinds whose calling convention :mod:`modkit.interfaces` defines; other kinds are exercised through a model.
@@ -118,8 +129,39 @@ def nested_slots(entry: Component) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------- fillers
 
+#: a neighbour as the caller names it: a type name (configured by its example) or a config dict
+Named = Union[str, Mapping[str, Any]]
 
-def _filler_rank(kind: str, entry: Component, target: Component) -> tuple:
+
+@functools.lru_cache(maxsize=1)
+def _builtin_modules() -> frozenset[str]:
+    """Module names modkit's own distribution registers under the ``modkit`` entry-point group (its built-ins)."""
+    from ..hooks import ENTRY_POINT_GROUP
+
+    try:
+        eps = md.distribution("modkit").entry_points
+    except md.PackageNotFoundError:  # a source tree that is not installed: no entry points to read
+        return frozenset()
+    return frozenset(ep.value for ep in eps if ep.group == ENTRY_POINT_GROUP)
+
+
+def is_builtin(entry: Component, registry: Registry) -> bool:
+    """True for a component of one of modkit's built-in plugins, however it was registered.
+
+    A plugin is built-in when its distribution is ``modkit``, or when its plugin object is one of the modules
+    modkit's distribution registers (a test that copies the built-in plugins into a fresh :class:`~modkit.Registry`
+    registers the same modules without a distribution).
+    """
+    prov = entry.provider
+    if prov is None:
+        return False
+    if prov.distribution == "modkit":
+        return True
+    info = next((p for p in registry.plugins() if p.name == prov.plugin), None)
+    return info is not None and getattr(info.obj, "__name__", None) in _builtin_modules()
+
+
+def _filler_rank(kind: str, entry: Component) -> tuple:
     caps = entry.capabilities
     if kind == "attention":
         need = (0 if caps.get("causal_safe") else 1) + (0 if caps.get("kv_cache") else 1)
@@ -129,20 +171,36 @@ def _filler_rank(kind: str, entry: Component, target: Component) -> tuple:
         need = {"qk": 0, "embedding": 1, "bias": 2, "none": 3}.get(caps.get("acts_on"), 4)
     else:
         need = 0
-    same_plugin = target.provider is not None and entry.provider is not None and entry.provider.plugin == target.provider.plugin
-    return (need, same_plugin, entry.example is None, entry.key)
+    return (need, entry.example is None, entry.key)
 
 
-def choose_filler(registry: Registry, kind: str, target: Component, exclude: Iterable[tuple[str, str]] = ()) -> Optional[tuple[Component, dict]]:
-    """The best registered component of ``kind`` to fill a slot while ``target`` is under test, with its config.
+def named_neighbour(registry: Registry, kind: str, named: Named) -> tuple[Component, dict]:
+    """``(entry, config dict)`` of a neighbour the caller named (a type name or a config dict).
 
-    Preference (capabilities only): see the module docstring. Entries whose example does not validate are
-    never chosen. Returns ``None`` when no entry of ``kind`` qualifies.
+    Raises:
+        RegistryError: unknown type. SpecError: the config (or the type's example) does not validate.
     """
+    data = {"type": named} if isinstance(named, str) else dict(named)
+    entry = registry.get(kind, str(data.get("type")))
+    if isinstance(named, str):
+        data = entry.example_config()
+    return entry, config_dict(validate_config(entry, data, registry))
+
+
+def choose_filler(
+    registry: Registry, kind: str, target: Component, exclude: Iterable[tuple[str, str]] = (), named: Optional[Mapping[str, Named]] = None
+) -> Optional[tuple[Component, dict]]:
+    """The component of ``kind`` that fills a slot while ``target`` is under test, with its config.
+
+    A neighbour named in ``named[kind]`` wins; otherwise the best *built-in* component (see the module docstring).
+    Entries whose example does not validate are never chosen. Returns ``None`` when no built-in qualifies.
+    """
+    if named and kind in named:
+        return named_neighbour(registry, kind, named[kind])
     excluded = set(exclude)
     candidates = sorted(
-        (e for e in registry.components(kind) if e.key != target.key and e.key not in excluded),
-        key=lambda e: _filler_rank(kind, e, target),
+        (e for e in registry.components(kind) if e.key != target.key and e.key not in excluded and is_builtin(e, registry)),
+        key=lambda e: _filler_rank(kind, e),
     )
     for e in candidates:
         cfg = example_or_none(e, registry)
@@ -164,18 +222,48 @@ class Bench:
         spec: the tiny spec (JSON dict, validated) holding the component.
         fillers: ``{kind: (entry, config dict)}`` used for the other slots.
         host: ``(entry, field)`` when the component is nested in another component, else ``None``.
+        named: ``{kind: type name or config}``: the neighbours the caller named (the rest are built-ins).
         device: where models are built and run.
+
+    Raises:
+        Unavailable: no neighbour of a needed kind (no built-in, none named), or the example does not fit.
+        RegistryError, SpecError: a named neighbour is unknown or its config does not validate.
     """
 
-    def __init__(self, entry: Component, config: ComponentConfig, registry: Registry, device: str = "cpu"):
+    def __init__(
+        self, entry: Component, config: ComponentConfig, registry: Registry, device: str = "cpu",
+        neighbours: Optional[Mapping[str, Named]] = None,
+    ):
         self.entry = entry
         self.config = config
         self.registry = registry
         self.device = torch.device(device)
+        self.named: dict[str, Named] = dict(neighbours or {})
         self.host: Optional[tuple[Component, str]] = None
         self.fillers: dict[str, tuple[Component, dict]] = {}
         self.notes: list[str] = []
         self.spec = self._make_spec()
+
+    def neighbour_summary(self) -> str:
+        """The neighbours used, e.g. ``"attention gqa, ffn geglu, ..."`` (``(named)`` after those the caller named).
+
+        A host (the component a nested kind such as a router is placed in) comes first, as ``in ffn moe``.
+        """
+        def mark(e: Component) -> str:
+            named = self.named.get(e.kind)
+            typ = named if isinstance(named, str) else dict(named or {}).get("type")
+            return " (named)" if typ == e.type else ""
+
+        parts = []
+        if self.host is not None:
+            host = self.host[0]
+            parts.append(f"in {host.kind} {host.type}{mark(host)}")
+        for kind in sorted(self.fillers):
+            e = self.fillers[kind][0]
+            if self.host is not None and e.key == self.host[0].key:
+                continue
+            parts.append(f"{kind} {e.type}{mark(e)}")
+        return ", ".join(parts)
 
     # ------------------------------------------------------------------ spec construction
     @property
@@ -191,9 +279,12 @@ class Bench:
     def _fill(self, kind: str) -> dict:
         got = self.fillers.get(kind)
         if got is None:
-            got = choose_filler(self.registry, kind, self.entry)
+            got = choose_filler(self.registry, kind, self.entry, named=self.named)
             if got is None:
-                raise Unavailable(f"no registered {kind} with a valid example config to fill the tiny model")
+                raise Unavailable(
+                    f"no built-in {kind} with a valid example config to fill the tiny model; name one "
+                    f"(neighbours={{'{kind}': TYPE}} in Python, --neighbour {kind}=TYPE on the command line)"
+                )
             self.fillers[kind] = got
         return copy.deepcopy(got[1])
 
@@ -205,32 +296,34 @@ class Bench:
             return "block", block[kind], self.config_json
         if kind in top:
             return "top", top[kind], self.config_json
-        # nested: find a host whose config has a slot of this kind
+        # nested: a host whose config has a slot of this kind (a named one first, else a built-in)
+        def slot_of(e: Component) -> Optional[str]:
+            return next((f for f, k in nested_slots(e).items() if k == kind), None)
+
+        named = [named_neighbour(self.registry, k, n) for k, n in self.named.items() if k in block or k in top]
+        hosts = [(e, cfg) for e, cfg in named if slot_of(e)] or [
+            (e, example_or_none(e, self.registry))
+            for e in sorted(self.registry.components(), key=lambda e: e.key)
+            if (e.kind in block or e.kind in top) and is_builtin(e, self.registry) and slot_of(e)
+        ]
         reasons = []
-        hosts = sorted(
-            (e for e in self.registry.components() if e.kind in block or e.kind in top),
-            key=lambda e: (e.provider.plugin == self.entry.provider.plugin if e.provider and self.entry.provider else False, e.key),
-        )
-        for host in hosts:
-            fields = [f for f, k in nested_slots(host).items() if k == kind]
-            if not fields:
-                continue
-            base = example_or_none(host, self.registry)
+        for host, base in hosts:
             if base is None:
                 reasons.append(f"{host.kind}/{host.type}: example config does not validate")
                 continue
-            data = {**base, fields[0]: self.config_json}
+            field_name = slot_of(host)
             try:
-                cfg = validate_config(host, data, self.registry)
+                cfg = validate_config(host, {**base, field_name: self.config_json}, self.registry)
             except SpecError as exc:
                 reasons.append(f"{host.kind}/{host.type}: {exc.errors[0][1] if exc.errors else exc}")
                 continue
-            self.host = (host, fields[0])
+            self.host = (host, field_name)
+            self.fillers[host.kind] = (host, config_dict(cfg))
             where, field = ("block", block[host.kind]) if host.kind in block else ("top", top[host.kind])
             return where, field, config_dict(cfg)
         raise Unavailable(
-            f"kind {kind!r} has no slot in a model spec and no registered component holds a {kind!r} slot"
-            + (f" that accepts it ({'; '.join(reasons)})" if reasons else "")
+            f"kind {kind!r} has no slot in a model spec and no built-in or named component holds a {kind!r} slot"
+            + (f" that accepts it ({'; '.join(reasons)})" if reasons else "; name a host with neighbours={KIND: TYPE}")
         )
 
     def spec_with(self, **slots: Any) -> dict:
@@ -330,13 +423,20 @@ class Bench:
         return int(self.spec["d_model"])
 
 
-def registered_positions(bench: Bench) -> list[tuple[Component, dict]]:
-    """Every registered position scheme with a valid example config (for ``attention x position`` checks)."""
+def neighbour_positions(bench: Bench) -> list[tuple[Component, dict]]:
+    """The position schemes an attention is exercised with: every built-in one with a valid example config, the
+    one named as neighbour, and the component itself when it is a position scheme (never another plugin's)."""
     out = []
+    named = bench.named.get("position")
+    if named is not None:
+        out.append(named_neighbour(bench.registry, "position", named))
     for e in bench.registry.components("position"):
-        cfg = bench.config_json if e.key == bench.entry.key else example_or_none(e, bench.registry)
-        if cfg is not None:
-            out.append((e, cfg))
+        if e.key == bench.entry.key:
+            out.append((e, bench.config_json))
+        elif is_builtin(e, bench.registry) and all(e.key != o[0].key for o in out):
+            cfg = example_or_none(e, bench.registry)
+            if cfg is not None:
+                out.append((e, cfg))
     return out
 
 

@@ -6,6 +6,7 @@ Usage, in any repository where modkit and the plugin under test are installed (n
     pytest --modkit-contracts --modkit-plugin my-norms          # one plugin (entry-point or distribution name)
     pytest --modkit-contracts --modkit-kind attention --modkit-type 'g*'
     pytest --modkit-contracts --modkit-check causality -k gqa
+    pytest --modkit-contracts --modkit-plugin my-ffns --modkit-neighbour attention=my-attention
     pytest --modkit-contracts --modkit-distributed --modkit-check shards   # tensor parallelism, 2 gloo processes
 
 Items are named ``kind/type::check`` (e.g. ``attention/gqa::causality``), so ``-k``, ``--deselect``, ``--lf`` and
@@ -43,6 +44,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--modkit-distributed", action="store_true", default=False,
         help="also run the 'shards' check (tp = 2 in 2 gloo processes on the CPU; slow; skipped without this flag)",
+    )
+    group.addoption(
+        "--modkit-neighbour", action="append", default=[], metavar="KIND=TYPE",
+        help="fill the KIND slot of the tiny models with this TYPE instead of the built-in (repeatable)",
     )
     group.addoption("--modkit-device", default="cpu", metavar="DEVICE", help="device the tiny models run on (default cpu)")
 
@@ -111,12 +116,28 @@ class ContractItem(pytest.Item):
             return self.path, None, self.name
 
 
+def _neighbours(config: pytest.Config) -> dict[str, str]:
+    """``{kind: type}`` from ``--modkit-neighbour KIND=TYPE`` options.
+
+    Raises:
+        ValueError: an option not of the form ``KIND=TYPE``.
+    """
+    out = {}
+    for text in config.getoption("modkit_neighbour") or []:
+        kind, sep, type_ = text.partition("=")
+        if not sep or not kind.strip() or not type_.strip():
+            raise ValueError(f"--modkit-neighbour: expected KIND=TYPE, e.g. attention=gqa; got {text!r}")
+        out[kind.strip()] = type_.strip()
+    return out
+
+
 def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]:
     import warnings
 
-    from modkit.errors import RegistryError
+    from modkit.errors import RegistryError, SpecError
     from modkit.registry import get_registry
-    from modkit.testing.checks import CHECK_NAMES, ComponentChecks, get_check, select_components
+    from modkit.testing.harness import named_neighbour
+    from modkit.testing.checks import CHECK_NAMES, ComponentChecks, neighbours_for, get_check, select_components
 
     registry = get_registry()
     try:
@@ -129,7 +150,10 @@ def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]
         checks = config.getoption("modkit_check") or list(CHECK_NAMES)
         for c in checks:
             get_check(c)
-    except (RegistryError, ValueError) as exc:
+        neighbours = _neighbours(config)
+        for kind, type_ in neighbours.items():
+            named_neighbour(registry, kind, type_)
+    except (RegistryError, SpecError, ValueError) as exc:
         raise pytest.UsageError(f"--modkit-contracts: {exc}") from None
     skipped = registry.skipped_plugins()
     for name, why in skipped.items():
@@ -138,7 +162,7 @@ def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]
     distributed = bool(config.getoption("modkit_distributed"))
     items = []
     for entry in entries:
-        runner = ComponentChecks(entry, registry, None, device, distributed)
+        runner = ComponentChecks(entry, registry, None, device, distributed, neighbours_for(neighbours, entry))
         for check in checks:
             name = f"{entry.kind}/{entry.type}::{check}"
             items.append(ContractItem.from_parent(session, name=name, nodeid=name, runner=runner, check=check))
@@ -161,4 +185,6 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
     if not config.getoption("modkit_contracts", default=False):
         return None
     parts = [f"{k}={','.join(v)}" for k, v in (("plugin", config.getoption("modkit_plugin")), ("kind", config.getoption("modkit_kind")), ("type", config.getoption("modkit_type")), ("check", config.getoption("modkit_check"))) if v]
-    return "modkit contracts: " + (" ".join(parts) if parts else "every registered component") + f" on {config.getoption('modkit_device')}"
+    named = ", ".join(config.getoption("modkit_neighbour") or [])
+    return ("modkit contracts: " + (" ".join(parts) if parts else "every registered component")
+            + f" on {config.getoption('modkit_device')}; neighbours: built-ins" + (f" and {named}" if named else ""))

@@ -1,10 +1,12 @@
 """Shared pieces of the Hugging Face converters: a config reader that tracks consumed keys, and spec builders.
 
-A converter reads every key it understands through :class:`HFConfig`; :meth:`HFConfig.finish` then refuses
-any key that was neither consumed nor listed as irrelevant to the architecture when its value is not a
-"nothing" value (``None``, ``False``, empty string/list/dict). Values a converter cannot express are reported
-with :meth:`HFConfig.error`; all problems are raised together as one :class:`modkit.SpecError` naming each
-field and value. Nothing is dropped silently.
+A converter reads every key it understands through :class:`HFConfig`; :meth:`HFConfig.finish` then looks at
+every key that was neither consumed nor listed as irrelevant to the architecture and whose value is not a "nothing"
+value (``None``, ``False``, empty string/list/dict): such unknown keys (legacy keys, keys other libraries add, which
+transformers ignores too) are dropped with one :class:`modkit.UnknownConfigKeyWarning` naming each key and value, or
+refused when the conversion is strict (:func:`modkit.hf.strict_conversion`). Values a converter cannot express are
+reported with :meth:`HFConfig.error`; all problems are raised together as one :class:`modkit.SpecError` naming
+each field and value. Nothing is dropped silently.
 
 Semantics follow transformers' own configuration and modeling code (read, not copied); where transformers 4.x
 ``config.json`` files and transformers 5.x ``to_dict()`` output differ (``rope_scaling`` + ``rope_theta`` vs
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from modkit import SpecError
+from modkit import SpecError, UnknownConfigKeyWarning
 from modkit.limits import MAX_D_FF, MAX_D_MODEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE
 
 _MISSING = object()
@@ -197,6 +200,7 @@ class HFConfig:
         self.ignored = set(IRRELEVANT) | set(ignore)
         self.used: set[str] = set()
         self.errors: list[tuple[str, str]] = []
+        self.unknown: dict[str, Any] = {}  # nested keys nobody reads (e.g. "rope_scaling.foo"), reported by finish
 
     # ------------------------------------------------------------------ reads
     def __contains__(self, key: str) -> bool:
@@ -309,28 +313,40 @@ class HFConfig:
         return act
 
     # ------------------------------------------------------------------ finish
+    def unknown_key(self, path: str, value: Any) -> None:
+        """Record a nested key nobody reads (``rope_scaling.foo``); :meth:`finish` reports it with the top-level ones."""
+        if not _is_nothing(value):
+            self.unknown[path] = value
+
     def finish(self, spec: dict) -> dict:
-        """Check that every key was consumed or is irrelevant, then return ``spec`` or raise every problem.
+        """Check every key was consumed or is irrelevant; return ``spec`` or raise every problem.
+
+        Unknown keys (neither consumed nor irrelevant, with a value that is not "nothing") are dropped with one
+        :class:`modkit.UnknownConfigKeyWarning` naming each key and value; a strict conversion refuses them.
 
         Raises:
-            SpecError: one entry per unsupported or unknown field, naming it and its value.
+            SpecError: one entry per unsupported field, and with strict conversion per unknown key, naming it and
+                its value.
         """
+        from modkit.hf import strict_conversion
+
         for key, (allowed, why) in EXPECTED.items():
             if key not in self.used:
                 self.expect(key, allowed, why)
-        for key in sorted(self.cfg):
-            if key in self.used or key in self.ignored:
-                continue
-            value = self.cfg[key]
-            if _is_nothing(value):
-                continue
-            self.error(
-                key,
-                f"unknown field for model_type {self.model_type!r} with value {_short(value) or _kind(value)}; the converter does not "
-                "know whether it changes the architecture, so it refuses to drop it",
-            )
+        unknown = {k: self.cfg[k] for k in sorted(self.cfg) if k not in self.used and k not in self.ignored and not _is_nothing(self.cfg[k])}
+        unknown.update(self.unknown)
+        if strict_conversion():
+            for key, value in unknown.items():
+                self.error(
+                    key,
+                    f"unknown field for model_type {self.model_type!r} with value {_short(value) or _kind(value)}; the "
+                    "converter does not know it, and strict conversion refuses what it does not know (without strict it "
+                    "is dropped with a warning, as transformers ignores it)",
+                )
         if self.errors:
             raise SpecError(list(dict.fromkeys(self.errors)), source=f"Hugging Face {self.model_type} config")
+        if unknown:
+            warnings.warn(UnknownConfigKeyWarning(self.model_type, unknown), stacklevel=2)
         return spec
 
 
@@ -346,19 +362,35 @@ def rope(
     scaling_key: Optional[str] = "rope_scaling",
     default_partial: float = 1.0,
     layout: str = "half_split",
+    original_at_top: bool = False,
+    max_seq_len: Optional[int] = None,
 ) -> dict:
     """The ``rope`` position spec from either config form.
 
     transformers 5 writes ``rope_parameters`` (``{"rope_type", "rope_theta", "partial_rotary_factor", ...}``, or
     one such dict per layer type); 4.x files have ``rope_theta``, ``rope_scaling`` (``type`` or ``rope_type``)
     and ``partial_rotary_factor`` at the top level. Values inside the dict win over top-level ones, as in
-    ``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``. Scaling types other than ``default``,
-    ``linear`` and ``llama3`` (``dynamic``, ``yarn``, ``longrope``/``su``, ...) are refused.
+    ``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``. Scaling types (``modeling_rope_utils``):
+
+    * ``linear``: ``factor``;
+    * ``llama3``: ``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``;
+    * ``dynamic``: ``factor``; the trained length is ``max_position_embeddings`` (as in
+      ``_compute_dynamic_ntk_parameters``);
+    * ``yarn``: ``factor`` (default ``max_position_embeddings / original_max_position_embeddings``), ``beta_fast``
+      (``or 32``), ``beta_slow`` (``or 1``), ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``;
+    * ``longrope`` (legacy ``su``): ``short_factor``, ``long_factor``, ``factor``, ``attention_factor``.
+
+    ``original_max_position_embeddings`` comes from the scaling dict, else ``max_position_embeddings``; with
+    ``original_at_top`` (Phi-3, whose config class has the key) the top-level key wins, as in
+    ``standardize_rope_params``. Other keys of the dict are unknown keys (:meth:`HFConfig.unknown_key`).
 
     Args:
         layer_type: pick this entry when ``rope_parameters`` is nested per layer type (Gemma 3).
         theta_key: the 4.x top-level key of the base (Gemma 3 local layers: ``rope_local_base_freq``).
         scaling_key: the 4.x top-level scaling key, or ``None`` when it does not apply to these layers.
+        original_at_top: the top-level ``original_max_position_embeddings`` overrides the dict's (Phi-3).
+        max_seq_len: the model's ``max_position_embeddings`` (with the config class's default); default the key's
+            value in the config.
     """
     params = r.get("rope_parameters")
     legacy = r.get(scaling_key) if scaling_key else None
@@ -410,46 +442,101 @@ def rope(
     if not isinstance(rtype, str):
         r.error(f"{path}.{'rope_type' if 'rope_type' in source else 'type'}", f"must be a string naming the RoPE scaling, got {_kind(rtype)} {_short(rtype)}")
         rtype, d = "default", {}
+    max_pos = max_seq_len if max_seq_len is not None else r.cfg.get("max_position_embeddings")
+
+    def number(key: str, what: str, *, required: bool = False, positive: bool = True, default: Any = None) -> Any:
+        value = d.pop(key, None)
+        if value is None:
+            if required:
+                r.error(f"{path}.{key}", f"required by {what}")
+            return default
+        value = r.check_number(f"{path}.{key}", value, None, positive=positive)
+        return default if value is None else float(value)
+
+    def original() -> Optional[int]:
+        inside = d.pop("original_max_position_embeddings", None)
+        top = r.get("original_max_position_embeddings") if original_at_top else None
+        value = top if top is not None else inside if inside is not None else max_pos
+        where = (
+            "original_max_position_embeddings" if top is not None
+            else f"{path}.original_max_position_embeddings" if inside is not None
+            else "max_position_embeddings"
+        )
+        if value is None:
+            r.error(where, "must be a positive integer, got null")
+            return None
+        return r.check_number(where, value, None, integer=True)
+
+    what = f"{rtype} RoPE scaling"
     if rtype == "default":
         pass
     elif rtype == "linear":
-        factor = d.pop("factor", None)
-        if factor is None:
-            r.error(f"{path}.factor", "linear RoPE scaling needs a positive factor")
-        elif r.check_number(f"{path}.factor", factor) is not None:
-            spec["scaling"] = {"type": "linear", "factor": float(factor)}
+        factor = number("factor", what, required=True)
+        if factor is not None:
+            spec["scaling"] = {"type": "linear", "factor": factor}
     elif rtype == "llama3":
-        omax_key = f"{path}.original_max_position_embeddings"
-        omax = d.pop("original_max_position_embeddings", None)
-        if omax is None:  # transformers fills it from the top level (standardize_rope_params)
-            omax_key = "original_max_position_embeddings" if r.get("original_max_position_embeddings") else "max_position_embeddings"
-            omax = r.get("original_max_position_embeddings") or r.cfg.get("max_position_embeddings")
         scaling: dict[str, Any] = {"type": "llama3"}
-        for ours, theirs in (("factor", "factor"), ("low_freq_factor", "low_freq_factor"), ("high_freq_factor", "high_freq_factor")):
-            value = d.pop(theirs, None)
-            if value is None:
-                r.error(f"{path}.{theirs}", "required by llama3 RoPE scaling")
-            elif r.check_number(f"{path}.{theirs}", value) is not None:
-                scaling[ours] = float(value)
-        low, high = scaling.get("low_freq_factor"), scaling.get("high_freq_factor")
+        for key in ("factor", "low_freq_factor", "high_freq_factor"):
+            scaling[key] = number(key, what, required=True)
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
         if low is not None and high is not None and high <= low:
             r.error(f"{path}.high_freq_factor", f"= {high} must exceed low_freq_factor = {low}")
-        if omax is not None:
-            omax = r.check_number(omax_key, omax, None, integer=True)
-        scaling["original_max_seq_len"] = omax
+        scaling["original_max_seq_len"] = original()
+        spec["scaling"] = scaling
+    elif rtype == "dynamic":
+        factor = number("factor", what, required=True)
+        if max_seq_len is None and max_pos is not None:
+            max_pos = r.check_number("max_position_embeddings", max_pos, None, integer=True)
+        spec["scaling"] = {"type": "dynamic", "factor": factor, "original_max_seq_len": max_pos}
+    elif rtype == "yarn":
+        omax = original()
+        factor = number("factor", what)
+        if factor is None and omax and isinstance(max_pos, int) and not isinstance(max_pos, bool):
+            factor = max_pos / omax  # transformers: the ratio of the two lengths when factor is not given
+        scaling = {"type": "yarn", "factor": factor, "original_max_seq_len": omax}
+        # transformers reads these with `or` defaults: 0 and null mean the default too
+        scaling["beta_fast"] = number("beta_fast", what, positive=False) or 32.0
+        scaling["beta_slow"] = number("beta_slow", what, positive=False) or 1.0
+        for key in ("mscale", "mscale_all_dim"):
+            value = number(key, what, positive=False)
+            if value is not None:
+                scaling[key] = value
+        af = number("attention_factor", what)
+        if af is not None:
+            scaling["attention_factor"] = af
+        truncate = d.pop("truncate", None)
+        if truncate is not None and not isinstance(truncate, bool):
+            r.error(f"{path}.truncate", f"must be true or false, got {_kind(truncate)} {_short(truncate)}")
+        elif truncate is False:
+            scaling["truncate"] = False
+        spec["scaling"] = scaling
+    elif rtype in ("longrope", "su"):  # 'su' is the name of LongRoPE in Phi-3's first configs
+        scaling = {"type": "longrope"}
+        for key in ("short_factor", "long_factor"):
+            value = d.pop(key, None)
+            ok = isinstance(value, list) and value and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v <= 2**63 for v in value
+            )
+            if not ok:
+                shown = _short(value) or (f"{_kind(value)} of {len(value)}" if isinstance(value, (list, dict)) else _kind(value))
+                r.error(f"{path}.{key}", f"LongRoPE needs a non-empty list of positive finite numbers, got {shown}")
+            scaling[key] = [float(v) for v in value] if ok else [1.0]
+        scaling["original_max_seq_len"] = original()
+        for key in ("factor", "attention_factor"):
+            value = number(key, what)
+            if value is not None:
+                scaling[key] = value
         spec["scaling"] = scaling
     else:
         key = "rope_type" if "rope_type" in source else "type"
         r.error(
             f"{path}.{key}",
-            f"unsupported RoPE scaling {rtype!r}; modkit's rope supports 'default', 'linear' and 'llama3' "
-            "(dynamic NTK, YaRN and LongRoPE/su rescale frequencies in ways a spec cannot express yet)",
+            f"unsupported RoPE scaling {rtype!r}; modkit's rope supports 'default', 'linear', 'llama3', 'dynamic', "
+            "'yarn' and 'longrope' ('su')",
         )
         d.clear()
     for key, value in d.items():
-        if _is_nothing(value):
-            continue
-        r.error(f"{path}.{key}", f"unsupported RoPE parameter with value {value!r} for rope_type {rtype!r}")
+        r.unknown_key(f"{path}.{key}", value)
     return spec
 
 
@@ -467,6 +554,7 @@ def attention(
     qk_norm_scope: str = "head",
     sliding_window: Optional[int] = None,
     softmax_scale: Optional[float] = None,
+    logit_softcap: Optional[float] = None,
 ) -> dict:
     """An attention spec (``mha``/``mqa``/``gqa`` chosen from the head counts), default-valued fields left out."""
     if n_kv_heads == n_heads:
@@ -488,6 +576,8 @@ def attention(
         spec["sliding_window"] = sliding_window
     if softmax_scale is not None:
         spec["softmax_scale"] = softmax_scale
+    if logit_softcap is not None:
+        spec["logit_softcap"] = float(logit_softcap)
     return spec
 
 
@@ -603,7 +693,46 @@ def model_spec(
         spec["final_logit_softcap"] = float(final_logit_softcap)
     if init_std is not None:
         spec["init_std"] = float(init_std)
+    dropout = read_dropout(r)
+    if any(dropout.values()):
+        spec["dropout"] = dropout
     return spec
+
+
+#: Where each model type keeps the spec's ``dropout`` fields: spec field -> (config key, transformers' default).
+#: A field a model type cannot express is absent (its config then describes 0). Model types not listed keep
+#: only ``attention_dropout`` (Llama and its relatives). BERT's ``hidden_dropout_prob`` serves the embeddings
+#: and the residuals alike; GPT-2 and BERT default to 0.1 in transformers, the others to 0.
+DROPOUT_KEYS: dict[str, dict[str, tuple[str, float]]] = {
+    "gpt2": {"embedding": ("embd_pdrop", 0.1), "attention": ("attn_pdrop", 0.1), "residual": ("resid_pdrop", 0.1)},
+    "phi": {"embedding": ("embd_pdrop", 0.0), "attention": ("attention_dropout", 0.0), "residual": ("resid_pdrop", 0.0)},
+    "phi3": {"embedding": ("embd_pdrop", 0.0), "attention": ("attention_dropout", 0.0), "residual": ("resid_pdrop", 0.0)},
+    "falcon": {"attention": ("attention_dropout", 0.0), "residual": ("hidden_dropout", 0.0)},
+    "gemma2": {"attention": ("attention_dropout", 0.0)},  # Gemma2Attention's dropout on the probabilities
+    "bert": {
+        "embedding": ("hidden_dropout_prob", 0.1),
+        "attention": ("attention_probs_dropout_prob", 0.1),
+        "residual": ("hidden_dropout_prob", 0.1),
+    },
+}
+_DEFAULT_DROPOUT_KEYS = {"attention": ("attention_dropout", 0.0)}
+
+
+def read_dropout(r: HFConfig) -> dict[str, float]:
+    """The spec's ``dropout`` object from the config's dropout probabilities (see :data:`DROPOUT_KEYS`)."""
+    out = {}
+    for name, (key, default) in DROPOUT_KEYS.get(r.model_type, _DEFAULT_DROPOUT_KEYS).items():
+        value = r.number(key, default, positive=False)
+        if value is not None and not 0 <= value < 1:
+            r.error(key, f"a dropout probability must lie in [0, 1), got {value!r}")
+            value = default
+        out[name] = float(value)
+    return out
+
+
+def dropout_config(spec: Any, model_type: str) -> dict[str, float]:
+    """The config keys holding ``spec.dropout`` for ``model_type`` (the reverse of :func:`read_dropout`)."""
+    return {key: float(getattr(spec.dropout, name)) for name, (key, _) in DROPOUT_KEYS.get(model_type, _DEFAULT_DROPOUT_KEYS).items()}
 
 
 def sizes(r: HFConfig, defaults: dict, names: Optional[dict] = None) -> dict:

@@ -29,7 +29,7 @@ from torch import Tensor
 from modkit import CheckpointError, SpecError, load_spec
 from modkit.checkpoint import Link
 
-from ._common import IMPLEMENTATION_KEYS, IRRELEVANT
+from ._common import IMPLEMENTATION_KEYS, IRRELEVANT, dropout_config
 
 #: keys of a source config copied into an export (tokenizer ids, generation defaults, task heads...): they do
 #: not change the network, so the spec does not hold them, but a checkpoint without them would lose them
@@ -223,11 +223,18 @@ def layer_windows(spec) -> list[Optional[int]]:
 
 
 def rope_fields(
-    position, *, theta_key: str = "rope_theta", scaling_key: Optional[str] = "rope_scaling", always_partial: bool = False
+    position,
+    *,
+    theta_key: str = "rope_theta",
+    scaling_key: Optional[str] = "rope_scaling",
+    always_partial: bool = False,
+    original_at_top: bool = False,
 ) -> dict:
     """A ``rope`` position spec as 4.x-style config keys (read by transformers 4.x and 5.x alike).
 
     ``always_partial``: write ``partial_rotary_factor`` even when it is 1 (Phi's default is 0.5).
+    ``original_at_top``: also write LongRoPE's/YaRN's trained length as the top-level
+    ``original_max_position_embeddings`` (Phi-3, whose config class reads it there first).
     """
     if position.type != "rope":
         return {}
@@ -235,19 +242,37 @@ def rope_fields(
     if position.partial_rotary != 1.0 or always_partial:
         out["partial_rotary_factor"] = position.partial_rotary
     sc = position.scaling
-    if scaling_key is not None:
-        if sc is None:
-            out[scaling_key] = None
-        elif sc.type == "linear":
-            out[scaling_key] = {"rope_type": "linear", "factor": sc.factor}
-        else:
-            out[scaling_key] = {
-                "rope_type": "llama3",
-                "factor": sc.factor,
-                "low_freq_factor": sc.low_freq_factor,
-                "high_freq_factor": sc.high_freq_factor,
-                "original_max_position_embeddings": sc.original_max_seq_len,
-            }
+    if scaling_key is None:
+        return out
+    if sc is None:
+        out[scaling_key] = None
+        return out
+    if sc.type == "linear":
+        d: dict[str, Any] = {"rope_type": "linear", "factor": sc.factor}
+    elif sc.type == "llama3":
+        d = {"rope_type": "llama3", "factor": sc.factor, "low_freq_factor": sc.low_freq_factor,
+             "high_freq_factor": sc.high_freq_factor, "original_max_position_embeddings": sc.original_max_seq_len}
+    elif sc.type == "dynamic":  # its trained length is max_position_embeddings, checked by the reverse conversion
+        d = {"rope_type": "dynamic", "factor": sc.factor}
+    elif sc.type == "yarn":
+        d = {"rope_type": "yarn", "factor": sc.factor, "original_max_position_embeddings": sc.original_max_seq_len,
+             "beta_fast": sc.beta_fast, "beta_slow": sc.beta_slow}
+        for key in ("mscale", "mscale_all_dim", "attention_factor"):
+            if getattr(sc, key) is not None:
+                d[key] = getattr(sc, key)
+        if not sc.truncate:
+            d["truncate"] = False
+    elif sc.type == "longrope":
+        d = {"rope_type": "longrope", "short_factor": list(sc.short_factor), "long_factor": list(sc.long_factor),
+             "original_max_position_embeddings": sc.original_max_seq_len}
+        for key in ("factor", "attention_factor"):
+            if getattr(sc, key) is not None:
+                d[key] = getattr(sc, key)
+    else:
+        raise CheckpointError(f"RoPE scaling {sc.type!r} has no Hugging Face form")
+    out[scaling_key] = d
+    if original_at_top and "original_max_position_embeddings" in d:
+        out["original_max_position_embeddings"] = d["original_max_position_embeddings"]
     return out
 
 
@@ -349,10 +374,17 @@ class HFWeights:
         """
         cfg = carried(base, self.carry)
         cfg.update(self.to_config(spec, base or {}))
+        cfg.update(dropout_config(spec, self.model_type))
         cfg["model_type"] = self.model_type
         if not cfg.get("architectures") and self.architecture:
             cfg["architectures"] = [self.architecture]
         problems = self.compatibility(spec, cfg)
+        back_dropout = load_spec(self.convert(dict(cfg))).dropout if not problems else spec.dropout
+        if back_dropout != spec.dropout:  # training-time only (so loading ignores it), but an export must keep it
+            problems.append(
+                f"dropout: spec has {spec.dropout.model_dump()}, the {self.model_type} config can hold only "
+                f"{back_dropout.model_dump()}"
+            )
         if problems:
             raise CheckpointError(
                 f"spec {spec.name or ''!s} cannot be written as a Hugging Face {self.model_type!r} checkpoint; the config "

@@ -93,7 +93,7 @@ def convert(cfg: dict) -> dict:
         # transformers' eager Falcon computes (scores + alibi) / sqrt(head_dim): the bias is scaled too
         position = {"type": "alibi", "scale": (d // n_heads) ** -0.5}
     else:
-        position = rope(r, default_theta=10000.0)
+        position = rope(r, default_theta=10000.0, max_seq_len=s["max_seq_len"])
 
     block = {
         "attention": attention(d, n_heads, kv, bias=(bias, bias, bias, bias)),

@@ -64,8 +64,9 @@ def convert(cfg: dict) -> dict:
         "use_bidirectional_attention", False, "bidirectional (encoder) Gemma changes the mask and window; only the causal LM is supported"
     )
 
-    local_pos = rope(r, default_theta=10_000.0, layer_type="sliding_attention", theta_key="rope_local_base_freq", scaling_key=None)
-    global_pos = rope(r, default_theta=1_000_000.0, layer_type="full_attention")
+    local_pos = rope(r, default_theta=10_000.0, layer_type="sliding_attention", theta_key="rope_local_base_freq",
+                     scaling_key=None, max_seq_len=s["max_seq_len"])
+    global_pos = rope(r, default_theta=1_000_000.0, layer_type="full_attention", max_seq_len=s["max_seq_len"])
 
     pattern = r.number("sliding_window_pattern", DEFAULTS["sliding_window_pattern"], aliases=("_sliding_window_pattern",), integer=True)
     types = r.get("layer_types")

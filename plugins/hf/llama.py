@@ -32,7 +32,7 @@ class Family:
             output never (Qwen2); ``"none"``: no biases and no key (Mistral, Mixtral, Phi-3).
         mlp_bias: whether ``mlp_bias`` exists (Llama).
         qk_norm: ``None``, ``"head"`` (RMSNorm over head_dim, Qwen3) or ``"full"`` (over the projection, OLMo).
-        placement: ``"pre"`` or ``"peri"`` (OLMo 2: norm on each sublayer's output).
+        placement: ``"pre"`` or ``"reordered"`` (OLMo 2: norm on each sublayer's output).
         sliding: ``"none"``; ``"all"``: ``sliding_window`` applies to every layer (Mistral, Mixtral, Phi-3);
             ``"qwen"``: ``use_sliding_window`` + ``max_window_layers`` or ``layer_types`` choose the layers.
         moe: ``None``, ``"mixtral"`` (renormalised top-k) or ``"olmoe"`` (``norm_topk_prob``).
@@ -40,6 +40,8 @@ class Family:
         ignore: model-specific keys irrelevant to the architecture.
         expect: ``(key, only supported value, why)`` for model-specific switches modkit cannot express.
         fused: the checkpoint stores q/k/v as one ``qkv_proj`` and gate/up as one ``gate_up_proj`` (Phi-3).
+        rope_original_at_top: the config class holds ``original_max_position_embeddings`` at the top level, which
+            then wins over the scaling dict's (Phi-3, ``standardize_rope_params``), and exports write it there.
         architecture: the ``architectures`` entry written on export.
     """
 
@@ -55,6 +57,7 @@ class Family:
     ignore: tuple = field(default_factory=tuple)
     expect: tuple = field(default_factory=tuple)
     fused: bool = False
+    rope_original_at_top: bool = False
     architecture: str = ""
 
 
@@ -82,7 +85,8 @@ def convert_family(cfg: dict, fam: Family) -> dict:
     eps = r.number("rms_norm_eps", dflt.get("rms_norm_eps", 1e-6))
     tie = r.flag("tie_word_embeddings", dflt.get("tie_word_embeddings", False))
     init_std = r.number("initializer_range", 0.02)
-    position = rope(r, default_theta=dflt.get("rope_theta", 10000.0))
+    position = rope(r, default_theta=dflt.get("rope_theta", 10000.0), original_at_top=fam.rope_original_at_top,
+                    max_seq_len=s["max_seq_len"])
 
     if fam.attention_bias == "flag":
         bias = (r.flag("attention_bias", False),) * 4
@@ -183,7 +187,7 @@ def family_links(fam: Family):
     """The ``links(spec, shapes, config)`` function of a Llama-family member.
 
     Names (``model.layers.{i}.`` prefix): ``input_layernorm``/``post_attention_layernorm`` (pre-norm) or
-    ``post_attention_layernorm``/``post_feedforward_layernorm`` (OLMo 2's peri-norm), ``self_attn.{q,k,v,o}_proj``
+    ``post_attention_layernorm``/``post_feedforward_layernorm`` (OLMo 2's reordered norm), ``self_attn.{q,k,v,o}_proj``
     (Phi-3: fused ``qkv_proj``), ``self_attn.{q,k}_norm``, ``mlp.{gate,up,down}_proj`` (Phi-3: fused
     ``gate_up_proj``, gate first); Mixtral experts ``block_sparse_moe.experts.{e}.w1/w3/w2`` (gate/up/down) and
     router ``block_sparse_moe.gate``; OLMoE experts ``mlp.experts.{e}.{gate,up,down}_proj`` and router ``mlp.gate``.
@@ -193,7 +197,7 @@ def family_links(fam: Family):
     def make(spec, shapes, config):
         L = "model.layers.{i}."
         pairs = [("embed.weight", "model.embed_tokens.weight"), ("final_norm.weight", "model.norm.weight")]
-        if fam.placement == "peri":
+        if fam.placement == "reordered":
             pairs += [("layers.{i}.attn_post_norm.weight", L + "post_attention_layernorm.weight"),
                       ("layers.{i}.ffn_post_norm.weight", L + "post_feedforward_layernorm.weight")]
         else:
@@ -259,7 +263,7 @@ def family_config(fam: Family):
         }
         if hd != d // n or fam.head_dim_default is not None:
             cfg["head_dim"] = hd
-        cfg.update(rope_fields(ls.position))
+        cfg.update(rope_fields(ls.position, original_at_top=fam.rope_original_at_top))
         dense = getattr(ffn, "expert", ffn)
         cfg["intermediate_size"] = getattr(dense, "d_ff", None)
         cfg["hidden_act"] = hf_activation(getattr(dense, "act", getattr(dense, "activation", "silu")), base=base.get("hidden_act"))

@@ -1,4 +1,4 @@
-"""Hugging Face ``olmo2`` → modkit: norms on the sublayer outputs (``peri``) and full-width QK-norm.
+"""Hugging Face ``olmo2`` → modkit: norms on the sublayer outputs (``reordered``) and full-width QK-norm.
 
 Semantics: ``transformers/models/olmo2/{configuration,modeling}_olmo2.py``: each block computes
 ``x + post_attention_layernorm(attn(x))`` then ``x + post_feedforward_layernorm(mlp(x))`` (no input norm);
@@ -29,7 +29,7 @@ FAMILY = Family(
     ),
     attention_bias="flag",
     qk_norm="full",
-    placement="peri",
+    placement="reordered",
 )
 
 

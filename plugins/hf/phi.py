@@ -46,7 +46,7 @@ def convert(cfg: dict) -> dict:
     tie = r.flag("tie_word_embeddings", False)
     init_std = r.number("initializer_range", 0.02)
     qk = layernorm(eps) if r.flag("qk_layernorm", False) else None
-    position = rope(r, default_theta=10000.0, default_partial=0.5)
+    position = rope(r, default_theta=10000.0, default_partial=0.5, max_seq_len=s["max_seq_len"])
 
     block = {
         "attention": attention(d, n_heads, kv, head_dim, bias=(True,) * 4, qk_norm=qk),

@@ -3,8 +3,8 @@
 Semantics: ``transformers/models/phi3/{configuration,modeling}_phi3.py``. Phi-3 stores q/k/v as one fused
 ``qkv_proj`` and gate/up as one ``gate_up_proj``: that is a checkpoint layout (split when loading weights), the
 same parameters as separate projections. No biases; RMSNorm; ``partial_rotary_factor`` rotates part of each
-head; ``sliding_window`` applies to every layer. LongRoPE (``rope_scaling`` type ``longrope``, formerly ``su``
-or ``yarn``) is refused by the shared RoPE reader.
+head; ``sliding_window`` applies to every layer. LongRoPE (``rope_scaling`` type ``longrope``, formerly ``su``;
+Phi-3 128k) takes its trained length from the top-level ``original_max_position_embeddings``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ FAMILY = Family(
     ),
     attention_bias="none",
     sliding="all",
-    # original_max_position_embeddings only parameterises LongRoPE scaling, which is refused; with the default
-    # RoPE it has no effect
+    rope_original_at_top=True,  # Phi3Config holds original_max_position_embeddings (LongRoPE's trained length)
+    # with the default RoPE, original_max_position_embeddings (every Phi3Config.to_dict() has it) has no effect
     ignore=("original_max_position_embeddings",),
 )
 

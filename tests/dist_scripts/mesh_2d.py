@@ -2,7 +2,8 @@
 
 Each data-parallel group sees half the batch; the two tensor-parallel ranks of a group see the same rows. Against
 the single-process model: initial weights, logits, gradients after the reduce, one AdamW step, per-rank
-parameter bytes; then a consolidated export compared with the reference on rank 0.
+parameter bytes; the same for the models of ``tp_grads.py`` (logits, gradients, the clipped global gradient
+norm, one step); then a consolidated export compared with the reference on rank 0.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import TINY_LLAMA, Timer, loss_fn, max_diff, param_diff, setup, write_results  # noqa: E402
+import tp_grads  # noqa: E402
 
 import modkit  # noqa: E402
 from modkit import parallel as mp  # noqa: E402
@@ -48,6 +50,26 @@ def main() -> None:
     torch.optim.AdamW(ref.parameters(), lr=1e-2).step()
     res["step_param_max_abs_diff"], res["step_worst"] = param_diff(model, ref)
     timer.lap("step")
+
+    # a replicated tensor next to a sharded activation (MoE experts' input, per-head QK-norm) under FSDP x TP
+    reg = tp_grads.registry()
+    for name, spec in tp_grads.specs().items():
+        ref, model = modkit.build(spec, seed=0, registry=reg), mp.build_parallel(spec, mesh, seed=0, device="cpu", registry=reg)
+        out = model(ids[rows])
+        loss_fn(out.logits, ids[rows], out.aux_loss).backward()
+        # the reference sees each data-parallel group's rows as its own batch: the load-balancing loss is not a
+        # mean over tokens (a product of two means), so it is computed per group and averaged as FSDP averages
+        halves = [ref(ids[2 * g : 2 * g + 2]) for g in range(2)]
+        (sum(loss_fn(h.logits, ids[2 * g : 2 * g + 2], h.aux_loss) for g, h in enumerate(halves)) / 2).backward()
+        r = {"logits_max_abs_diff": max_diff(out.logits, halves[dp].logits)}
+        r["grad_max_abs_diff"], r["grad_worst"] = param_diff(model, ref, grads=True)
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)  # 2-D DTensor gradients (_StridedShard)
+        r["grad_norm_rel_diff"] = float((mp.clip_grad_norm_(model.parameters(), 0.5) - ref_norm).abs() / ref_norm)
+        torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3).step()  # eps: see tp_grads.compare
+        torch.optim.AdamW(ref.parameters(), lr=1e-2, eps=1e-3).step()
+        r["step_param_max_abs_diff"], r["step_worst"] = param_diff(model, ref)
+        res[name] = r
+        timer.lap(name)
 
     path = Path(os.environ["MODKIT_DIST_OUT"]) / "model2d.safetensors"
     mp.export_consolidated(path, model)

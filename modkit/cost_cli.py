@@ -1,0 +1,128 @@
+"""``modkit cost SPEC [--context N] [--batch B] [--dtype D] [--bandwidth BYTES_PER_S] [--peak-flops FLOPS] [--json]``.
+
+Prints, from the components' own FLOPs declarations (:mod:`modkit.cost`): FLOPs per token by part for a prefill, a
+decoded token and a training step at the context; the contexts at which attention's FLOPs overtake the FFN's; weight
+bytes per format; KV-cache bytes at context x batch; a training-memory estimate; a roofline decode latency.
+A component without a FLOPs declaration stops it with one ``modkit: error: ...`` line naming it (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Optional
+
+from .cost import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS, PHASES, CostModel
+
+KIND_ORDER = ("attention", "ffn", "router")
+
+
+def add_subcommands(subparsers) -> None:
+    """Add ``modkit cost`` to the ``modkit`` subcommands (an extension module of :mod:`modkit.cli`)."""
+    p = subparsers.add_parser(
+        "cost",
+        help="FLOPs per token by part, KV-cache / weight / training memory, roofline decode latency",
+        description="What a spec costs, from its components' FLOPs declarations, computed on meta (nothing allocated). "
+        "FLOPs are matrix products only (1 multiply-add = 2 FLOPs); attention counts the (query, key) pairs its mask "
+        "lets through. Prefill: one forward over --context tokens, per token; decode: one token attending to --context "
+        "keys; train: 3 x prefill. The roofline defaults are an H100 SXM's (3.35e12 bytes/s, 989e12 bf16 dense FLOP/s).",
+    )
+    p.add_argument("spec", metavar="SPEC", help="spec .json file")
+    p.add_argument("--context", type=int, default=None, metavar="N", help="context length in tokens (default: the spec's max_seq_len)")
+    p.add_argument("--batch", type=int, default=1, metavar="B", help="rows for the KV cache, the roofline and the training memory (default 1)")
+    p.add_argument("--dtype", default="bfloat16", metavar="D", help="dtype of weights read, KV cache and activations (default bfloat16)")
+    p.add_argument("--train-seq-len", type=int, default=None, metavar="T", help="sequence length of the training-memory estimate (default: --context)")
+    p.add_argument("--bandwidth", type=float, default=DEFAULT_BANDWIDTH, metavar="BYTES_PER_S",
+                   help=f"memory bandwidth of the roofline (default {DEFAULT_BANDWIDTH:.3g}: H100 SXM HBM3)")
+    p.add_argument("--peak-flops", type=float, default=DEFAULT_PEAK_FLOPS, metavar="FLOPS",
+                   help=f"peak FLOP/s of the roofline (default {DEFAULT_PEAK_FLOPS:.3g}: H100 SXM bf16 dense)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.set_defaults(func=cmd_cost)
+
+
+def _flops(x: float) -> str:
+    for div, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= div:
+            return f"{x / div:.3f} {suffix}"
+    return f"{x:.0f} "
+
+
+def _rank(key: str) -> int:
+    """Attention, ffn, router, other kinds, head; the declarations' own order within a kind (a stable sort)."""
+    kind = key.split(".", 1)[0]
+    return KIND_ORDER.index(kind) if kind in KIND_ORDER else (len(KIND_ORDER) + 1 if kind == "head" else len(KIND_ORDER))
+
+
+def _context_line(value: Optional[int], max_seq_len: int) -> str:
+    from .cli import _count
+
+    if value is None:
+        return "never (every layer's sliding window caps the keys)"
+    return _count(value) + (" (beyond max_seq_len)" if value > max_seq_len else "")
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    """Print the cost tables of a spec (or ``--json``)."""
+    import modkit
+
+    from .cli import UserError, _bytes, _count, _registry, _spec_path, _table
+
+    reg = _registry()
+    spec = modkit.load_spec(_spec_path(args.spec), registry=reg)
+    context = args.context if args.context is not None else spec.max_seq_len
+    for name, value in (("--context", context), ("--batch", args.batch), ("--train-seq-len", args.train_seq_len or 1)):
+        if value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
+    costs = CostModel(spec, registry=reg)
+    data = costs.report(context=context, batch=args.batch, dtype=args.dtype, bandwidth=args.bandwidth,
+                        peak_flops=args.peak_flops, train_seq_len=args.train_seq_len)
+    data["spec"] = args.spec
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    out = print
+    per = data["flops_per_token"]
+    varying = set(data["context_dependent_parts"])
+    out(f"{spec.name or args.spec}: FLOPs per token at context {_count(context)} "
+        "(matrix products only, 1 multiply-add = 2 FLOPs; * grows with the context)")
+    keys = sorted(dict.fromkeys([*per["prefill"], *per["decode"]]), key=_rank)
+    rows = [(k + (" *" if k in varying else ""), *(_flops(per[ph].get(k, 0)) for ph in (*PHASES, "train"))) for k in keys]
+    totals = data["flops_per_token_total"]
+    rows.append(("total", *(_flops(totals[ph]) for ph in (*PHASES, "train"))))
+    lines = _table(("PART", "PREFILL", "DECODE", "TRAIN"), rows, right=(1, 2, 3), indent="  ")
+    for i, line in enumerate(lines):
+        if i == len(lines) - 1:
+            out("  " + "-" * (len(max(lines, key=len)) - 2))
+        out(line)
+    cross = data["attention_overtakes_ffn"]
+    out("")
+    out("attention overtakes the FFN (FLOPs per token) at context")
+    out(f"  scores + weighted sum:      decode {_context_line(cross['decode']['scores'], spec.max_seq_len)}; "
+        f"prefill {_context_line(cross['prefill']['scores'], spec.max_seq_len)}")
+    out(f"  with q/k/v/o projections:   decode {_context_line(cross['decode']['with_projections'], spec.max_seq_len)}; "
+        f"prefill {_context_line(cross['prefill']['with_projections'], spec.max_seq_len)}")
+    params = data["params"]
+    out("")
+    active = data["active_params_per_token"]
+    out(f"parameters: {_count(params['total'])}" + (f" ({_count(active)} active per token)" if active != params["total"] else ""))
+    out("weights:    " + ", ".join(f"{k} {_bytes(v)}" for k, v in data["weight_bytes"].items()))
+    kv = data["kv_cache_bytes"]
+    out(f"KV cache:   {_bytes(kv)} at context {_count(context)} x batch {args.batch} in {data['dtype']} "
+        f"({_count(kv // (context * args.batch))} bytes per token on average)")
+    mem = data["training_memory"]
+    out("")
+    out(f"training memory, an estimate (AdamW; float32 weights, gradients and moments; {mem['dtype']} activations at "
+        f"batch {mem['batch']} x {_count(mem['seq_len'])} tokens)")
+    rows = [(k.replace("_", " "), _bytes(mem[k])) for k in ("weights", "gradients", "adamw_states", "activations")]
+    rows.append(("total", _bytes(mem["total"])))
+    for line in _table(("PART", "BYTES"), rows, right=(1,), indent="  "):
+        out(line)
+    out(f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities (eager/math)")
+    roof = data["decode_roofline"]
+    out("")
+    out(f"decode roofline (batch {args.batch}, context {_count(context)}, {data['dtype']}; {roof['bandwidth_bytes_per_s']:.3g} "
+        f"bytes/s, {roof['peak_flops_per_s']:.3g} FLOP/s)")
+    out(f"  memory  {_bytes(roof['bytes'])} read -> {1e3 * roof['memory_s']:.3f} ms")
+    out(f"  compute {_flops(roof['flops'])}FLOP -> {1e3 * roof['compute_s']:.3f} ms")
+    out(f"  {roof['bound']}-bound: {1e3 * roof['seconds']:.3f} ms per step, {roof['tokens_per_s']:,.1f} tokens/s at best")
+    return 0

@@ -1,0 +1,266 @@
+"""Tokenizers for training data, all stored in one format: a Hugging Face ``tokenizers`` ``tokenizer.json``.
+
+A tokenizer is named by a *spec* string:
+
+* ``char``: nanoGPT's ``shakespeare_char`` tokenizer (karpathy/nanoGPT, ``data/shakespeare_char/prepare.py``). The
+  vocabulary is the sorted set of the characters of the training text, id = rank in code-point order (tiny
+  shakespeare: 65 symbols, ``'\\n'`` = 0, ``' '`` = 1, ...). Stored as a ``WordLevel`` model over single
+  characters, a pre-tokenizer that isolates every character (line breaks included) and a ``Fuse`` decoder that
+  joins the pieces with nothing between them.
+* ``bpe:N``: byte-level BPE (GPT-2's scheme: Radford et al. 2019, "Language Models are Unsupervised Multitask
+  Learners") trained with ``tokenizers``' ``BpeTrainer`` to at most ``N`` ids; ``N >= 256`` (the byte alphabet).
+* a path: an existing ``tokenizer.json`` (or a folder holding one), used as is.
+
+Both trained kinds decode exactly: ``decode(encode(text)) == text`` for every text they can encode (any text for
+``bpe:N``; text made of the vocabulary's characters for ``char``). The saved file is a plain ``tokenizer.json``, so
+``modkit generate --tokenizer tokenizer.json`` and ``tokenizers.Tokenizer.from_file`` load it unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import tokenizers
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+
+from ..errors import DataError
+from ..jsonio import JSONInputError, check_regular_file
+
+#: largest tokenizer.json read (bytes); large published vocabularies take tens of MiB
+MAX_TOKENIZER_BYTES = 256 * 2**20
+
+#: File name of a tokenizer inside a folder (a prepared dataset, a checkpoint, a Hugging Face model).
+TOKENIZER_FILE = "tokenizer.json"
+
+#: Smallest ``N`` of ``bpe:N``: the 256 byte symbols every byte-level BPE starts from.
+MIN_BPE_VOCAB = 256
+
+_BPE_SPEC = re.compile(r"bpe(?::(.*))?", re.IGNORECASE)
+
+
+class UnknownTokenError(DataError):
+    """The text holds a character (or word) the tokenizer's vocabulary lacks (a ``char`` or other word-level one).
+
+    Attributes:
+        piece: the character (or pre-tokenized word) with no id.
+        position: its offset in the encoded text, in characters (0-based).
+        index: for :meth:`Tokenizer.encode_batch`, which text of the batch (0-based); ``None`` for one text.
+    """
+
+    def __init__(self, message: str, *, piece: str, position: int, index: int | None = None):
+        super().__init__(message)
+        self.piece, self.position, self.index = piece, position, index
+
+
+def describe_char(ch: str) -> str:
+    """``'é' (U+00E9 LATIN SMALL LETTER E WITH ACUTE)``: a character as an error message shows it."""
+    if len(ch) != 1:
+        return repr(ch)
+    name = unicodedata.name(ch, None) or ("a control character" if unicodedata.category(ch) == "Cc" else "unnamed")
+    return f"{ch!r} (U+{ord(ch):04X} {name})"
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` with the few calls training needs, and the spec it was made from.
+
+    Encoding adds no special tokens and decoding keeps them, so ``decode(encode(text)) == text`` whenever the
+    underlying tokenizer is lossless (both kinds :func:`train_tokenizer` makes are).
+
+    Attributes:
+        backend: the wrapped ``tokenizers.Tokenizer`` (what ``tokenizer.json`` holds).
+        spec: what it was made from: ``"char"``, ``"bpe:512"``, or the path of the file it was loaded from.
+        vocab_size: ``1 + the largest id`` (added tokens included): the ``vocab_size`` a model needs for it.
+    """
+
+    def __init__(self, backend: tokenizers.Tokenizer, spec: str):
+        self.backend = backend
+        self.spec = str(spec)
+        vocab = backend.get_vocab(with_added_tokens=True)
+        self.vocab_size: int = max(vocab.values()) + 1 if vocab else 0
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added).
+
+        Raises:
+            UnknownTokenError: (a ``DataError``, so a ``ValueError``) a character the vocabulary lacks, named with
+                its position; the fix is a tokenizer made from text that holds it, or a byte-level one.
+        """
+        try:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        except Exception as exc:  # tokenizers raises a bare Exception
+            raise self._encode_error(text, exc) from None
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text (several threads in the Rust library, no offsets); the same ids as ``encode``.
+
+        Raises:
+            UnknownTokenError: as :meth:`encode`, with ``index`` = the first text that cannot be encoded.
+        """
+        try:
+            return [e.ids for e in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
+        except Exception as exc:  # noqa: BLE001 - find which text failed, and why
+            for i, text in enumerate(texts):
+                try:
+                    self.encode(text)
+                except UnknownTokenError as unknown:
+                    unknown.index = i
+                    raise
+            raise DataError(f"tokenizer {self.spec!r} cannot encode the batch: {exc}") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of token ids (special tokens kept, so nothing encoded is lost).
+
+        Raises:
+            DataError: an id outside ``[0, vocab_size)``.
+        """
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise DataError(f"token id {bad} is outside the vocabulary of tokenizer {self.spec!r} (ids 0..{self.vocab_size - 1})")
+        return self.backend.decode(ids, skip_special_tokens=False)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``tokenizer.json`` to ``path`` (a file name, or an existing folder to write it into); returns the file."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / TOKENIZER_FILE
+        self.backend.save(str(path), pretty=True)
+        return path
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(spec={self.spec!r}, vocab_size={self.vocab_size})"
+
+    def _encode_error(self, text: str, exc: Exception) -> DataError:
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        pre = self.backend.pre_tokenizer
+        pieces = pre.pre_tokenize_str(text) if pre is not None else [(text, (0, len(text)))]
+        for piece, (start, _end) in pieces:
+            if piece not in vocab:
+                what = f"character {describe_char(piece)}" if len(piece) == 1 else f"text {piece!r}"
+                return UnknownTokenError(
+                    f"{what} at position {start} is not in the vocabulary of tokenizer {self.spec!r} "
+                    f"({len(vocab)} entries); use a tokenizer made from text that holds it (`char` builds its "
+                    f"vocabulary from the inputs) or a byte-level one (`bpe:N`) that encodes any text",
+                    piece=piece,
+                    position=start,
+                )
+        return DataError(f"tokenizer {self.spec!r} cannot encode the text: {exc}")
+
+
+def char_tokenizer(chars: Iterable[str]) -> Tokenizer:
+    """The ``char`` tokenizer over a set of characters: id = rank in sorted (code-point) order.
+
+    Same ids as nanoGPT's ``shakespeare_char/prepare.py``: ``stoi = {ch: i for i, ch in enumerate(sorted(set(text)))}``.
+
+    Raises:
+        DataError: no characters.
+    """
+    vocab = sorted(set(chars))
+    if not vocab:
+        raise DataError("no text to build a `char` vocabulary from: the inputs are empty")
+    backend = tokenizers.Tokenizer(models.WordLevel({ch: i for i, ch in enumerate(vocab)}))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character, \n too
+    backend.decoder = decoders.Fuse()
+    return Tokenizer(backend, "char")
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """``("char", None)``, ``("bpe", N)`` or ``("path", None)`` for a tokenizer spec string.
+
+    Raises:
+        DataError: ``bpe`` without a size, a size that is not an integer, or one below 256.
+    """
+    spec = str(spec).strip()
+    if spec.lower() == "char":
+        return "char", None
+    m = _BPE_SPEC.fullmatch(spec)
+    if m:
+        size = m.group(1)
+        if size is None or not size.strip().isdigit():
+            raise DataError(f"tokenizer {spec!r}: bpe needs a vocabulary size, an integer, e.g. bpe:512")
+        n = int(size)
+        if n < MIN_BPE_VOCAB:
+            raise DataError(
+                f"tokenizer {spec!r}: vocabulary too small: a byte-level BPE needs vocab_size >= {MIN_BPE_VOCAB} "
+                f"(its byte alphabet), got {n}; use e.g. bpe:512"
+            )
+        return "bpe", n
+    return "path", None
+
+
+def train_tokenizer(spec: str, texts: Iterable[str]) -> Tokenizer:
+    """Make a ``char`` or ``bpe:N`` tokenizer from texts, read once as a stream (never all held at once).
+
+    Args:
+        spec: ``"char"`` or ``"bpe:N"`` (``N >= 256``).
+        texts: any iterable of strings (pieces of a corpus, documents).
+
+    Returns:
+        a :class:`Tokenizer` whose ``spec`` is ``spec``. A ``bpe:N`` trained on little text may have fewer than
+        ``N`` ids (the trainer stops when no pair is left to merge); ``vocab_size`` says how many.
+
+    Raises:
+        DataError: a spec that is neither ``char`` nor ``bpe:N`` (use :func:`load_tokenizer` for a file), a BPE
+            size below 256, or no text.
+    """
+    kind, size = parse_spec(spec)
+    if kind == "char":
+        chars: set[str] = set()
+        for text in texts:
+            chars.update(text)
+        return char_tokenizer(chars)
+    if kind == "bpe":
+        backend = tokenizers.Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        )
+        seen = [False]
+
+        def tracked():
+            for text in texts:
+                seen[0] = seen[0] or bool(text)
+                yield text
+
+        backend.train_from_iterator(tracked(), trainer)
+        if not seen[0]:
+            raise DataError(f"no text to train tokenizer {spec!r} on: the inputs are empty")
+        return Tokenizer(backend, f"bpe:{size}")
+    raise DataError(f"tokenizer {spec!r}: train_tokenizer makes `char` or `bpe:N`; load a tokenizer file with load_tokenizer")
+
+
+def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
+    """Load a ``tokenizer.json`` (or a folder holding one), e.g. a prepared dataset's or a Hugging Face model's.
+
+    Args:
+        path: the file, or a folder with ``tokenizer.json`` in it.
+        spec: what the tokenizer was made from (e.g. ``"char"`` from a dataset's ``meta.json``); default: the path.
+
+    Padding and truncation stored in the file are switched off: text is encoded as it is.
+
+    Raises:
+        DataError: no such file, a path that is not a regular file (a FIFO, a device) or one over 256 MiB, or a file
+            ``tokenizers`` cannot read.
+    """
+    path = Path(path)
+    file = path / TOKENIZER_FILE if path.is_dir() else path
+    if not file.exists():
+        where = f"{path} holds no {TOKENIZER_FILE}" if path.is_dir() else f"{path}: no such file"
+        raise DataError(f"{where}; give a tokenizers tokenizer.json (or a folder holding one), `char` or `bpe:N`")
+    try:  # a regular file of bounded size: a FIFO or /dev/zero is refused, not read
+        check_regular_file(file, max_bytes=MAX_TOKENIZER_BYTES)
+    except JSONInputError as exc:
+        raise DataError(f"{exc}; give a tokenizers tokenizer.json (or a folder holding one), `char` or `bpe:N`") from None
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(file))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
+        raise DataError(f"{file}: not a tokenizers tokenizer.json ({exc}); save one with tokenizers' Tokenizer.save") from None
+    # a model's tokenizer.json may pad (MiniLM: to 128) or truncate its inputs; text for training or a prompt is
+    # encoded as it is, never padded with pad ids or cut
+    backend.no_padding()
+    backend.no_truncation()
+    return Tokenizer(backend, spec if spec is not None else str(file))

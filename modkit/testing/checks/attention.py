@@ -1,0 +1,185 @@
+"""Checks of attention as such: ``gqa_equals_mha`` (grouping key/value heads) and ``position_sensitivity``
+(the position scheme a layer is given must change what it computes).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...config import ComponentConfig
+from ...errors import SpecError
+from ...registry import Component
+from ...spec import load_component, load_spec
+from ..harness import Bench, example_or_none, is_builtin, neighbour_positions
+from .base import SAME_MATH_ULPS, CheckFailed, CheckSkipped, fmt, layer_of, max_abs_diff, tolerance, transplant
+
+
+def applies_gqa(entry: Component, config: ComponentConfig) -> Optional[str]:
+    """Attention whose config has ``n_heads`` and ``n_kv_heads`` fields."""
+    if entry.kind != "attention":
+        return "not an attention"
+    fields = entry.config.model_fields
+    if "n_kv_heads" not in fields or "n_heads" not in fields:
+        return "the config has no n_heads / n_kv_heads fields"
+    return None
+
+
+def divisors_below(n: int) -> list[int]:
+    return [g for g in range(n - 1, 0, -1) if n % g == 0]
+
+
+def check_gqa_equals_mha(bench: Bench) -> str:
+    """Grouped-query attention equals multi-head attention whose key/value heads are the groups' copies.
+
+    The component is built with ``n_kv_heads = g < n_heads`` and with ``n_kv_heads = n_heads``; every weight of
+    the second is taken from the first, with each key/value head repeated ``n_heads / g`` times along the
+    projection's output dimension (head-major layout; query head ``h`` reads key/value head ``h // (n_heads/g)``,
+    the convention of GQA, Ainslie et al. 2023, torchtune and Hugging Face ``repeat_kv``). The two models must
+    give the same logits (plain and left-padded input; tolerance :data:`~.base.SAME_MATH_ULPS` float32 ulps).
+    Skipped when the config cannot express both head counts (e.g. an entry fixed to MHA).
+
+    Catches: query heads paired with the wrong key/value head (``h % n_kv_heads`` instead of
+    ``h // (n_heads / n_kv_heads)``), a cache or mask that assumes ``n_kv_heads = n_heads``, and a key/value
+    projection laid out kv-head-minor. Source: the grouping convention of GQA (Ainslie et al. 2023,
+    arXiv:2305.13245) and Hugging Face ``repeat_kv``.
+    """
+    reg = bench.registry
+    cfg = bench.config_json
+    n_heads = cfg.get("n_heads")
+    if not isinstance(n_heads, int) or n_heads < 2:
+        raise CheckSkipped(f"n_heads = {n_heads!r}; grouping needs at least 2 query heads")
+    candidates = ([cfg["n_kv_heads"]] if isinstance(cfg.get("n_kv_heads"), int) and cfg["n_kv_heads"] < n_heads else [])
+    candidates += [g for g in divisors_below(n_heads) if g not in candidates]
+    grouped = None
+    for g in candidates:
+        try:
+            grouped = (g, load_component("attention", {**cfg, "n_kv_heads": g}, registry=reg).model_dump(mode="json"))
+            break
+        except SpecError:
+            continue
+    if grouped is None:
+        raise CheckSkipped(f"the config accepts no n_kv_heads below n_heads = {n_heads}")
+    try:
+        full = load_component("attention", {**cfg, "n_kv_heads": n_heads}, registry=reg).model_dump(mode="json")
+    except SpecError as exc:
+        raise CheckSkipped(f"the config rejects n_kv_heads = n_heads = {n_heads} ({exc.errors[0][1] if exc.errors else exc})") from None
+    g, grouped_cfg = grouped
+    rep = n_heads // g
+    model_g, rec_g = bench.build(bench.spec_with(attention=grouped_cfg))
+    model_f, rec_f = bench.build(bench.spec_with(attention=full))
+    for model, recs, want in ((model_g, rec_g, g), (model_f, rec_f, n_heads)):
+        att = layer_of(recs, "attention", 0)
+        got = getattr(att, "n_kv_heads", want)
+        if got != want:
+            raise CheckFailed(f"built with n_kv_heads = {want}, the module reports n_kv_heads = {got}")
+    sd_g, sd_f = model_g.state_dict(), model_f.state_dict()
+    if set(sd_g) != set(sd_f):
+        raise CheckSkipped(f"parameter names differ between n_kv_heads = {g} and {n_heads}: {sorted(set(sd_g) ^ set(sd_f))[:4]}")
+    new, repeated = {}, []
+    for k, b in sd_f.items():
+        a = sd_g[k]
+        if a.shape == b.shape:
+            new[k] = a
+        elif a.dim() == b.dim() and a.dim() >= 1 and a.shape[1:] == b.shape[1:] and b.shape[0] == a.shape[0] * rep and a.shape[0] % g == 0:
+            new[k] = a.reshape(g, -1, *a.shape[1:]).repeat_interleave(rep, dim=0).reshape(b.shape)
+            repeated.append(k)
+        else:
+            raise CheckSkipped(f"cannot map {k} of shape {tuple(a.shape)} onto {tuple(b.shape)} by repeating key/value heads")
+    model_f.load_state_dict(new)
+    model_g.eval(), model_f.eval()
+    ids = bench.ids(2, 8, seed=31)
+    mask = torch.ones(2, 8, dtype=torch.bool, device=ids.device)
+    mask[0, :2] = False
+    with torch.no_grad():
+        pairs = [(model_g(ids).logits, model_f(ids).logits), (model_g(ids, attention_mask=mask).logits, model_f(ids, attention_mask=mask).logits)]
+    for label, (a, b) in zip(("plain", "left-padded"), pairs):
+        tol = tolerance(a, torch.float32, SAME_MATH_ULPS)
+        d = max_abs_diff(a, b)
+        if d.max().item() > tol:
+            pos = int(d.amax(dim=(0, 2)).argmax().item())
+            raise CheckFailed(
+                f"n_kv_heads = {g} and n_kv_heads = {n_heads} with repeated key/value weights differ ({label} input): "
+                f"max |Δ| = {fmt(d.max().item())} at position {pos} (tolerance {fmt(tol)}); repeated: {repeated}"
+            )
+    return f"n_kv_heads = {g} equals n_kv_heads = {n_heads} with each key/value head repeated {rep}x ({len(repeated)} tensors)"
+
+
+
+#: A position scheme must move the logits by more than this many times the same-math tolerance.
+SENSITIVITY = 100
+
+
+def applies_position_sensitivity(entry: Component, config: ComponentConfig) -> Optional[str]:
+    """Every attention, and position schemes that act somewhere (``acts_on`` other than ``"none"``)."""
+    if entry.kind == "attention":
+        return None
+    if entry.kind == "position":
+        acts = entry.capabilities.get("acts_on")
+        return None if acts != "none" else "the scheme declares acts_on = 'none'"
+    return "applies to attention and position schemes"
+
+
+def _no_position(bench: Bench) -> tuple[str, dict]:
+    """``(type, config)`` of a built-in position scheme with ``acts_on = "none"`` (the 'no position' reference)."""
+    for e in bench.registry.components("position"):
+        if e.capabilities.get("acts_on") == "none" and is_builtin(e, bench.registry) and e.key != bench.entry.key:
+            cfg = example_or_none(e, bench.registry)
+            if cfg is not None:
+                return e.type, cfg
+    raise CheckSkipped("no built-in position scheme with acts_on = 'none' to compare with")
+
+
+def _effect(bench: Bench, position: dict, reference: dict) -> tuple[float, float]:
+    """``(max |Δ| of the logits, tolerance)`` between the tiny model with ``position`` and with ``reference``
+    (every other weight equal)."""
+    model, _ = bench.build(bench.spec_with(position=position))
+    plain, _ = bench.build(bench.spec_with(position=reference))
+    transplant(model, plain)
+    model.eval(), plain.eval()
+    ids = bench.ids(2, 24, seed=91)
+    with torch.no_grad():
+        a, b = model(ids).logits, plain(ids).logits
+    return max_abs_diff(a, b).max().item(), tolerance(b, torch.float32, SAME_MATH_ULPS)
+
+
+def check_position_sensitivity(bench: Bench) -> str:
+    """The position scheme a layer is given changes its output; compared with no position scheme at all.
+
+    For an attention: the tiny model with each neighbour scheme that acts inside attention (``acts_on`` ``qk``:
+    rotary, or ``bias``: ALiBi) against the same model, same weights, with the built-in scheme that acts nowhere;
+    the logits (24 tokens) must differ by more than :data:`SENSITIVITY` times the same-math tolerance. For a
+    position scheme: the tiny model with it against the same model without positions (the built-in attention).
+
+    Catches: an attention that never adds the bias it is given (``ignores_bias``: ALiBi has no effect, yet cached
+    decoding is self-consistent, so no other check notices) or never calls ``rotate``; a position scheme whose
+    hooks are all identities although it declares where it acts.
+    """
+    none_type, none_cfg = _no_position(bench)
+    if bench.entry.kind == "position":
+        schemes = [(bench.entry, bench.config_json)]
+    else:
+        schemes = [(e, c) for e, c in neighbour_positions(bench) if e.capabilities.get("acts_on") in ("qk", "bias")]
+        if not schemes:
+            raise CheckSkipped("no neighbour position scheme acts on q/k or as an attention bias")
+    results, dead, unusable = [], [], []
+    for entry, cfg in schemes:
+        try:
+            load_spec(bench.spec_with(position=cfg), registry=bench.registry)
+        except SpecError as exc:
+            unusable.append(f"{entry.type} ({exc.errors[0][1] if exc.errors else exc})")
+            continue
+        worst, tol = _effect(bench, cfg, none_cfg)
+        label = f"{entry.type} (acts_on {entry.capabilities.get('acts_on')})"
+        if worst <= SENSITIVITY * tol:
+            dead.append(f"{label}: max |Δ| = {fmt(worst)} against position {none_type}, at most {SENSITIVITY} x the "
+                        f"tolerance {fmt(tol)}")
+        else:
+            results.append(f"{label} moves the logits by {fmt(worst)}")
+    if dead:
+        what = "the attention ignores the position scheme it is given" if bench.entry.kind == "attention" else "the scheme changes nothing"
+        raise CheckFailed(f"{what}: " + "; ".join(dead))
+    if not results:
+        raise CheckSkipped("no position scheme could be combined with it: " + "; ".join(unusable))
+    return "; ".join(results) + f" (against position {none_type}, same weights)"

@@ -1,0 +1,216 @@
+"""Padding and the KV cache: ``kv_cache_decode`` (cached decode = full forward) and ``masked_row`` (no NaN from a
+query that sees no key; padding never changes real tokens).
+
+Both build the hard cases through :meth:`modkit.Model.forward`, the way generation uses a model: 64-token
+sequences decoded in chunks past a sliding window; left padding with positions derived from the mask, with explicit
+positions, an all-padding row, and a chunked prefill over left padding.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...config import ComponentConfig
+from ...errors import SpecError
+from ...registry import Component
+from ...spec import load_component, load_spec
+from ..harness import Bench, neighbour_positions
+from .base import SAME_MATH_ULPS, CheckFailed, CheckSkipped, fmt, layer_of, max_abs_diff, tolerance
+
+#: ``[start, end)`` chunks fed to the cache: a prefill, single tokens, chunks of 2, 18 (more than a window of 16:
+#: the ring buffer's concat path) and 12, then single tokens after the window has wrapped; 64 tokens in all.
+DECODE_CHUNKS = ((0, 5), (5, 6), (6, 8), (8, 9), (9, 27), (27, 28), (28, 46), (46, 47), (47, 48), (48, 60),
+                 (60, 61), (61, 62), (62, 63), (63, 64))
+#: Sliding window tried when the attention's config has a ``sliding_window`` field left at ``None``.
+WINDOW = 16
+
+
+def applies_kv(entry: Component, config: ComponentConfig) -> Optional[str]:
+    """Every component; an attention only with the ``kv_cache`` capability and a causal config."""
+    if entry.kind == "attention" and not entry.capabilities.get("kv_cache"):
+        return "the entry does not claim kv_cache"
+    if getattr(config, "causal", True) is False:
+        return "the config is bidirectional (causal = false)"
+    return None
+
+
+def _decode_mismatch(bench: Bench, spec: dict) -> tuple[Optional[str], float, float]:
+    """``(problem or None, worst |Δ|, tolerance)`` of cached decode against the full forward of ``spec``."""
+    model, records = bench.build(spec)
+    model.eval()
+    ids = bench.ids(2, DECODE_CHUNKS[-1][1], seed=21)
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model.new_cache()
+        parts = [model(ids[:, a:e], cache=cache).logits for a, e in DECODE_CHUNKS]
+    inc = torch.cat(parts, dim=1)
+    tol = tolerance(full, torch.float32, SAME_MATH_ULPS)
+    d = max_abs_diff(inc, full)
+    worst = d.max().item()
+    if worst > tol:
+        per_pos = d.amax(dim=(0, 2))
+        pos = int((per_pos > tol).nonzero()[0, 0].item())
+        chunk = next((a, e) for a, e in DECODE_CHUNKS if a <= pos < e)
+        return (
+            f"max |Δ| = {fmt(worst)} between cached decode and the full forward, first at position {pos} "
+            f"(fed as tokens [{chunk[0]}, {chunk[1]}) after {chunk[0]} cached: |Δ| = {fmt(per_pos[pos].item())}; "
+            f"tolerance {fmt(tol)})",
+            worst, tol,
+        )
+    for i, layer in enumerate(cache.layers):
+        attn = layer_of(records, "attention", i)
+        heads = getattr(attn, "n_kv_heads", None)
+        if layer.k is not None and heads is not None and layer.k.shape[1] != heads:
+            return (f"layer {i}'s cache holds {layer.k.shape[1]} heads but n_kv_heads = {heads} (torchtune #38)", worst, tol)
+    return None, worst, tol
+
+
+def _windowed(bench: Bench) -> Optional[dict]:
+    """The attention config with ``sliding_window`` = :data:`WINDOW`, when its config has that field unset."""
+    cfg = bench.config_json
+    if "sliding_window" not in bench.entry.config.model_fields or cfg.get("sliding_window") is not None:
+        return None
+    try:
+        return load_component("attention", {**cfg, "sliding_window": WINDOW}, registry=bench.registry).model_dump(mode="json")
+    except SpecError:
+        return None
+
+
+def check_kv_cache_decode(bench: Bench) -> str:
+    """Decoding with the KV cache, in the chunks of :data:`DECODE_CHUNKS` (64 tokens), gives the full forward's logits.
+
+    For an attention with the ``kv_cache`` capability this runs once per neighbour position scheme (the built-ins:
+    rope rotates cached keys once, ALiBi needs key positions, absolute schemes need the right offsets), and again
+    with ``sliding_window`` = 16 when its config has that field (the cache then keeps a ring buffer of 16 slots,
+    fed chunks longer than the window). Other kinds decode with the tiny model's built-in attention. Also checks
+    the cache stores ``n_kv_heads`` heads. Tolerance :data:`~.base.SAME_MATH_ULPS` float32 ulps of the logit scale.
+
+    Catches: cached decode that drifts from the full forward (the ``drifting`` fixture); a RoPE offset off by one in
+    the cached path (``rope_offset``: caught with a margin of ~10^3, where the 8-token, 1e-4 version of this
+    check had 6.8); a mask aligned top-left (``is_causal=True`` with fewer queries than keys); a ring buffer that
+    forgets or repeats a key. Source: design brief, "Attention and the KV cache" (bottom-right alignment;
+    torchtune #38 for the head count).
+    """
+    if bench.entry.kind == "attention":
+        schemes = neighbour_positions(bench)
+        if not schemes:
+            raise CheckSkipped("no position scheme (built-in or named) has a valid example config")
+    else:
+        filler = bench.fillers.get("attention")
+        if filler is not None and not filler[0].capabilities.get("kv_cache"):
+            raise CheckSkipped("the tiny model's attention has no kv_cache capability to decode with")
+        schemes = [(None, None)]
+    runs = []
+    for pos_entry, pos_cfg in schemes:
+        spec = bench.spec_with(position=pos_cfg) if pos_entry is not None else bench.spec
+        runs.append((pos_entry.type if pos_entry is not None else bench.spec["position"]["type"], spec))
+    window = _windowed(bench) if bench.entry.kind == "attention" else None
+    if window is not None:
+        runs.append((f"{runs[0][0]} and sliding_window {WINDOW}", bench.spec_with(position=runs[0][1]["position"], attention=window)))
+    failures, passed, unusable = [], [], []
+    worst_ratio, tol = 0.0, 0.0
+    for label, spec in runs:
+        try:
+            load_spec(spec, registry=bench.registry)
+        except SpecError as exc:
+            unusable.append(f"{label} ({exc.errors[0][1] if exc.errors else exc})")
+            continue
+        problem, worst, tol = _decode_mismatch(bench, spec)
+        worst_ratio = max(worst_ratio, worst / tol if tol else 0.0)
+        if problem:
+            failures.append(f"with position {label}: {problem}" if len(runs) > 1 else problem)
+        else:
+            passed.append(label)
+    if failures:
+        raise CheckFailed("; ".join(failures))
+    if not passed:
+        raise CheckSkipped("no position scheme could be combined with it: " + "; ".join(unusable))
+    note = f"; not combinable: {', '.join(unusable)}" if unusable else ""
+    return (f"cached decode of 64 tokens equals the full forward (worst at {worst_ratio:.2g} of the tolerance {fmt(tol)}) "
+            f"with position {', '.join(passed)}{note}")
+
+
+def applies_masked(entry: Component, config: ComponentConfig) -> Optional[str]:
+    """Attention and position schemes (the components that see the mask and the positions)."""
+    return None if entry.kind in ("attention", "position") else "applies to attention and position schemes"
+
+
+def _finite(out: torch.Tensor, case: str) -> None:
+    bad = ~torch.isfinite(out.float())
+    if bad.any():
+        rows = sorted({(int(b), int(p)) for b, p, _ in bad.nonzero().tolist()})
+        raise CheckFailed(
+            f"{case}: {int(bad.sum())} non-finite logits at (batch, position) {rows[:6]} (a query that sees no key "
+            "must output 0, not NaN: use modkit.masked_attention / masked_softmax)"
+        )
+
+
+def _same(got: torch.Tensor, ref: torch.Tensor, case: str, offset: int) -> float:
+    tol = tolerance(ref, torch.float32, SAME_MATH_ULPS)
+    d = max_abs_diff(got, ref)
+    worst = d.max().item()
+    if worst > tol:
+        pos = int(d.amax(dim=-1).argmax().item()) + offset
+        raise CheckFailed(f"{case}: the real tokens' logits change: max |Δ| = {fmt(worst)} at position {pos} (tolerance {fmt(tol)})")
+    return worst
+
+
+def check_masked_row(bench: Bench) -> str:
+    """Padding: no NaN anywhere, above all from a query that sees no key at all, and real tokens are unaffected.
+
+    Four cases through :meth:`modkit.Model.forward` (float32, 8 tokens, 3 of them left padding in sequence 0):
+
+    1. positions derived from ``attention_mask`` (padding tokens get position 0, so each sees the first real
+       token): finite; the real tokens equal the unpadded sequence alone;
+    2. explicit positions ``0..7``: each padding query sees only padding keys, a row with no visible key: finite;
+       the real tokens equal the unpadded sequence at positions ``3..7``;
+    3. an all-padding sequence beside a real one: finite; the real one equals itself alone;
+    4. (with a KV cache) a chunked prefill, chunks of 4, of 6 left-padding tokens then 6 real ones: the first chunk
+       is all padding, so its rows have no visible key and whatever they output goes into the cache: finite.
+
+    Catches: a plain softmax with no dead-row guard (the ``nan_softmax`` fixture), which the old check (case 1
+    only) never exercised: in real use its NaN spreads through the cache into every later token. Source: design
+    brief, "Attention and the KV cache" (fully masked rows must not produce NaN; pytorch #103749).
+    """
+    model, _ = bench.build()
+    model.eval()
+    pad, s = 3, 8
+    ids = bench.ids(2, s, seed=61)
+    mask = torch.ones(2, s, dtype=torch.bool, device=ids.device)
+    mask[0, :pad] = False
+    cases = []
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask).logits
+        _finite(out, f"{pad} left-padding tokens")
+        worst = _same(out[0, pad:], model(ids[0:1, pad:]).logits[0], f"{pad} left-padding tokens", pad)
+        worst = max(worst, _same(out[1], model(ids[1:2]).logits[0], f"{pad} left-padding tokens in the other sequence", 0))
+        cases.append("left padding")
+
+        positions = bench.positions(2, s)
+        out = model(ids, attention_mask=mask, positions=positions).logits
+        case = "padding queries that see only padding keys (explicit positions)"
+        _finite(out, case)
+        ref = model(ids[0:1, pad:], positions=positions[0:1, pad:]).logits[0]
+        worst = max(worst, _same(out[0, pad:], ref, case, pad))
+        cases.append("padding-only rows")
+
+        empty = mask.clone()
+        empty[0] = False
+        out = model(ids, attention_mask=empty).logits
+        case = "an all-padding sequence beside a real one"
+        _finite(out, case)
+        worst = max(worst, _same(out[1], model(ids[1:2]).logits[0], case, 0))
+        cases.append("an all-padding row")
+
+        attn = bench.fillers.get("attention", (bench.entry,))[0] if bench.entry.kind != "attention" else bench.entry
+        if attn.capabilities.get("kv_cache"):
+            long_ids = bench.ids(2, 12, seed=62)
+            long_mask = torch.ones(2, 12, dtype=torch.bool, device=ids.device)
+            long_mask[0, :6] = False
+            cache = model.new_cache()
+            outs = [model(long_ids[:, a:a + 4], attention_mask=long_mask[:, : a + 4], cache=cache).logits for a in (0, 4, 8)]
+            _finite(torch.cat(outs, dim=1), "a chunked prefill (chunks of 4) over 6 left-padding tokens")
+            cases.append("a chunked prefill over left padding")
+    return f"no NaN with {', '.join(cases)}; real tokens equal the unpadded run (max |Δ| = {fmt(worst)})"

@@ -1,0 +1,84 @@
+"""``modkit train``: train a spec on text, resume a run; every training-config field is also a flag.
+
+Run under ``torchrun --nproc-per-node N`` the same command trains data-parallel (FSDP2), ``--tp K`` adds tensor
+parallelism from the components' plans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from .config import TrainConfig, parse_flag_value
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_subcommands(subparsers) -> None:
+    """Add ``train`` to the ``modkit`` parser."""
+    p = subparsers.add_parser(
+        "train",
+        help="train a model on text (tiny shakespeare by default)",
+        description="Train a model spec on prepared token data and write a run folder (config, spec, tokenizer, "
+        "metrics.jsonl, loss.png, checkpoints, a sample). With no arguments: nanoGPT's shakespeare-char GPT on the "
+        "shipped tiny shakespeare, nanoGPT's CPU recipe. Every training-config field is a flag overriding the "
+        "config file (--lr 3e-4, --max-steps 500, --model specs/tiny-llama.json, --data text.txt). Under torchrun "
+        "the processes train data-parallel (FSDP2); --tp K adds tensor parallelism.",
+    )
+    p.add_argument("--config", "-c", metavar="FILE", help="training config JSON (default: the built-in defaults)")
+    p.add_argument("--out", "-o", metavar="RUN", help="run folder (default runs/<model name>, numbered when taken)")
+    p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (status lines only)")
+    fields = p.add_argument_group("training-config fields (see 'modkit schema --train')")
+    for name, info in TrainConfig.model_fields.items():
+        if name == "schema_version":
+            continue
+        default = info.get_default(call_default_factory=True)
+        flag_only = info.annotation is bool  # --compile alone means --compile true
+        fields.add_argument(
+            _flag(name), dest=f"field_{name}", metavar="V", default=None,
+            **({"nargs": "?", "const": "true"} if flag_only else {}),
+            help=f"{info.description} (default {json.dumps(default)})".replace("%", "%%"),
+        )
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Handler of ``modkit train``."""
+    from .loop import train
+
+    overrides = {
+        name: parse_flag_value(name, value)
+        for name in TrainConfig.model_fields
+        if (value := getattr(args, f"field_{name}", None)) is not None
+    }
+    if args.resume and args.config:
+        from ..cli import UserError
+
+        raise UserError("--resume continues a run with its own config; drop --config (flags still override fields)")
+    if args.resume and args.out and Path(args.out) != Path(args.resume):
+        from ..cli import UserError
+
+        raise UserError("--resume RUN writes into RUN; drop --out")
+    result = train(
+        args.config,
+        args.resume or args.out,
+        overrides=overrides,
+        resume=bool(args.resume),
+        progress=not args.no_progress,
+    )
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun one report is enough
+        return 0
+    print(f"\ndone: {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
+    if result.val_loss is not None:
+        print(f"last estimate: train {result.train_loss:.4f}, val {result.val_loss:.4f} (eval_batches fixed windows); best val {result.best_val_loss:.4f}")
+    if result.final_val_loss is not None:
+        print(f"validation loss over the validation split: {result.final_val_loss:.4f}")
+    print(f"run folder: {result.run_dir} (best checkpoint: {result.run_dir / 'best'}, loss curve: {result.run_dir / 'loss.png'})")
+    if result.sample is not None:
+        print("\nsample from the best checkpoint:\n" + "-" * 60 + "\n" + result.sample + "\n" + "-" * 60)
+    return 0

@@ -1,0 +1,278 @@
+"""The training config: one strict pydantic model, every field with a working default (nanoGPT's CPU recipe).
+
+A config is a flat JSON object (``modkit train --config train.json``); every field is also a command-line flag
+(``--lr 3e-4``, ``--max-steps 500``) that overrides the file. Unknown keys, wrong types (``true`` for an integer,
+``"3e-4"`` for a float in a file), NaN and out-of-range values are errors that name the field; all of them are
+reported together as one :class:`~modkit.errors.SpecError`.
+
+The defaults reproduce nanoGPT's CPU recipe for tiny shakespeare (``config/train_shakespeare_char.py`` with
+``--device=cpu --compile=False --eval_iters=20 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4
+--n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0``): batch 12 x 64 tokens, 2000 steps, AdamW
+lr 1e-3 (betas 0.9/0.99, weight decay 0.1) with 100 warmup steps and a cosine decay to 1e-4, clipping at 1.0,
+evaluation every 250 steps on 20 batches. The default model is :data:`DEFAULT_MODEL`, nanoGPT's GPT at those
+sizes; the default data is the shipped tiny shakespeare with a character tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import SpecError
+from ..jsonio import JSONInputError, check_regular_file, read_json_file
+from ..limits import MAX_JSON_BYTES
+
+#: nanoGPT's GPT (GPT-2 style: learned positions, LayerNorm with bias, GELU MLP 4x, pre-norm, tied embeddings,
+#: biases everywhere) at the sizes of its CPU recipe for tiny shakespeare; ``specs/nanogpt-shakespeare-char.json``
+#: holds the same spec. ``vocab_size`` is replaced by the data's when ``vocab_size = "data"`` (65 characters).
+DEFAULT_MODEL: dict[str, Any] = {
+    "schema_version": 1,
+    "name": "nanogpt-shakespeare-char",
+    "description": "nanoGPT's GPT at the sizes of its CPU recipe for tiny shakespeare (4 layers, 4 heads, n_embd 128, "
+    "context 64, 65 characters, dropout 0): learned positions, pre-norm LayerNorm with bias, GELU MLP 4x with bias, "
+    "tied embeddings.",
+    "metadata": {"hf_model_type": "gpt2"},
+    "vocab_size": 65,
+    "d_model": 128,
+    "n_layers": 4,
+    "max_seq_len": 64,
+    "position": {"type": "learned"},
+    "block": {
+        "attention": {"type": "mha", "n_heads": 4, "q_bias": True, "k_bias": True, "v_bias": True, "o_bias": True},
+        "ffn": {"type": "mlp", "d_ff": 512, "activation": "gelu", "bias": True},
+        "norm": {"type": "layernorm", "eps": 1e-05},
+        "placement": {"type": "pre"},
+    },
+    "final_norm": {"type": "layernorm", "eps": 1e-05},
+    "tie_embeddings": True,
+    "init_std": 0.02,
+}
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run needs besides the model's weights (see the module docstring for the defaults).
+
+    Batches: ``batch_size`` sequences of ``seq_len`` tokens per micro-batch, summed over all processes (each of
+    ``N`` processes takes ``batch_size / N`` rows of the same global batch), ``grad_accum`` micro-batches per
+    optimizer step: ``tokens_per_step = batch_size * grad_accum * seq_len``.
+
+    Weight decay applies to parameters of two or more dimensions (weight matrices, embeddings, stacked experts)
+    and not to vectors and scalars (biases, norm weights), nanoGPT's and GPT-3's rule.
+
+    Learning rate at optimizer step ``t`` (0-based), with ``W = warmup_steps`` and ``T = decay_steps`` (default:
+    the step budget): ``lr * (t + 1) / (W + 1)`` while ``t < W``; then, with ``r = (t - W) / (T - W)`` clipped to
+    ``[0, 1]``, ``cosine``: ``min_lr + (lr - min_lr) * (1 + cos(pi r)) / 2``; ``linear``: ``lr - (lr - min_lr) r``;
+    ``constant``: ``lr``; ``wsd`` (warmup-stable-decay, Hu et al. 2024, MiniCPM, arXiv:2404.06395): ``lr`` until
+    the last ``wsd_decay_fraction`` of ``T``, then linear down to ``min_lr``.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    schema_version: Literal[1] = Field(1, description="version of the training-config format; currently 1")
+    model: Union[str, dict[str, Any], None] = Field(
+        None,
+        description="the model: a spec file path (relative paths are relative to the config file), an inline spec "
+        "object, a modkit checkpoint folder to fine-tune, or null for nanoGPT's shakespeare-char GPT",
+    )
+    vocab_size: Literal["data", "spec"] = Field(
+        "data", description="'data': set the model's vocab_size to the tokenizer's; 'spec': keep the spec's (must be >= the tokenizer's)"
+    )
+    data: Optional[str] = Field(
+        None,
+        description="a prepared data folder (train.bin, val.bin, meta.json from 'modkit data prepare'), or text "
+        "files/a folder prepared on first use; null: the shipped tiny shakespeare",
+    )
+    tokenizer: str = Field("char", description="tokenizer used when 'data' is raw text: char, bpe:VOCAB_SIZE or a tokenizer.json path")
+    sampler: Literal["random", "sequential"] = Field(
+        "random", description="'random': random contiguous windows (nanoGPT); 'sequential': shuffled non-overlapping windows, epoch by epoch"
+    )
+
+    batch_size: int = Field(12, ge=1, le=1 << 20, description="sequences per micro-batch, over all processes")
+    seq_len: int = Field(64, ge=1, le=1 << 24, description="tokens per sequence (at most the model's max_seq_len)")
+    grad_accum: int = Field(1, ge=1, le=1 << 16, description="micro-batches per optimizer step")
+    max_steps: Optional[int] = Field(2000, ge=1, le=1 << 40, description="optimizer steps to run (null when max_tokens is given)")
+    max_tokens: Optional[int] = Field(
+        None, ge=1, le=1 << 60, description="tokens to train on instead of max_steps (rounded up to whole steps)"
+    )
+
+    lr: float = Field(1e-3, gt=0, le=10, description="peak learning rate")
+    min_lr: float = Field(1e-4, ge=0, le=10, description="learning rate at the end of the decay")
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = Field("cosine", description="shape of the decay after warmup")
+    warmup_steps: int = Field(100, ge=0, le=1 << 40, description="linear warmup steps")
+    decay_steps: Optional[int] = Field(None, ge=1, le=1 << 40, description="step at which the decay ends (nanoGPT lr_decay_iters); default: the budget")
+    wsd_decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: fraction of decay_steps spent decaying")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
+    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2")
+    adam_eps: float = Field(1e-8, gt=0, le=1, description="AdamW epsilon")
+    weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW decoupled weight decay (matrices and embeddings only)")
+    grad_clip: Optional[float] = Field(1.0, gt=0, description="clip the global gradient norm to this; null: no clipping")
+
+    precision: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="float32; bfloat16 autocast (weights and optimizer in float32); float16 autocast with a dynamic grad scaler",
+    )
+    aux_loss_coef: Optional[float] = Field(
+        None, ge=0, description="override every component field named aux_loss_coef (MoE load balancing); null: as in the spec"
+    )
+    z_loss_coef: Optional[float] = Field(
+        None, ge=0, description="override every component field named z_loss_coef (router z-loss); null: as in the spec"
+    )
+
+    eval_interval: int = Field(250, ge=1, le=1 << 40, description="evaluate train and val loss every this many steps (and at the end)")
+    eval_batches: int = Field(20, ge=1, le=1 << 20, description="batches per loss estimate")
+    final_eval_tokens: int = Field(
+        10_000_000,
+        ge=0,
+        le=1 << 50,
+        description="at the end, score the first this many tokens of the validation split (the whole split when "
+        "shorter) in non-overlapping seq_len windows: the run's figure of merit; 0: skip",
+    )
+    checkpoint_interval: Optional[int] = Field(
+        None, ge=1, le=1 << 40, description="save a resumable checkpoint every this many steps; default: eval_interval"
+    )
+    keep_checkpoints: int = Field(2, ge=1, le=1 << 20, description="resumable step checkpoints kept (the best one is kept besides)")
+    log_interval: int = Field(10, ge=1, le=1 << 40, description="write a metrics line every this many steps")
+
+    seed: int = Field(1337, ge=0, lt=1 << 63, description="seed of the weight init, the sampler and dropout")
+    compile: bool = Field(False, description="torch.compile the model")
+    device: str = Field("auto", description="cpu, cuda, cuda:N, mps or auto (cuda when available)")
+    threads: Optional[int] = Field(None, ge=1, le=4096, description="CPU threads (torch.set_num_threads); null: torch's default")
+    tp: int = Field(1, ge=1, le=1 << 16, description="tensor-parallel degree under torchrun (the rest of the processes shard data with FSDP2)")
+    peak_flops: Optional[float] = Field(
+        None, gt=0, description="the device's peak FLOP/s for the MFU column (e.g. 989e12 for an H100's bf16); null: MFU not reported"
+    )
+
+    sample_prompt: str = Field("\n", description="prompt of the sample generated at the end")
+    sample_tokens: int = Field(300, ge=0, le=1 << 20, description="tokens to sample at the end (0: none)")
+    sample_temperature: float = Field(0.8, ge=0, le=100, description="temperature of the sample (0: greedy)")
+    sample_top_k: Optional[int] = Field(200, ge=1, description="top-k of the sample; null: no top-k")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        problems = []
+        if (self.max_steps is None) == (self.max_tokens is None):
+            problems.append("give exactly one of max_steps and max_tokens (set the other to null)")
+        if self.min_lr > self.lr:
+            problems.append(f"min_lr = {self.min_lr} exceeds lr = {self.lr}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step: ``batch_size * grad_accum * seq_len``."""
+        return self.batch_size * self.grad_accum * self.seq_len
+
+    @property
+    def total_steps(self) -> int:
+        """The step budget: ``max_steps``, or ``ceil(max_tokens / tokens_per_step)``."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return -(-self.max_tokens // self.tokens_per_step)
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Steps between resumable checkpoints."""
+        return self.checkpoint_interval or self.eval_interval
+
+
+#: Fields that may hold a path: relative to the config file's folder in a file, to the working directory as a flag.
+PATH_FIELDS = ("model", "data", "tokenizer")
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def config_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """``(field path, message)`` for every error pydantic found, with the offending value in JSON terms."""
+    out = []
+    for err in exc.errors():
+        path = _loc(err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            close = [n for n in TrainConfig.model_fields if path and (path in n or n in path)]
+            msg = "unknown field" + (f"; did you mean {', '.join(repr(c) for c in close)}?" if close else "")
+        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
+            msg += f" (got {json.dumps(err['input'], default=str)})"
+        out.append((path, msg))
+    return out
+
+
+def load_train_config(
+    source: Union[str, Path, dict, TrainConfig, None] = None, overrides: Optional[dict[str, Any]] = None
+) -> tuple[TrainConfig, Optional[Path]]:
+    """Validate a training config, apply command-line overrides, and resolve relative paths.
+
+    Args:
+        source: a JSON file path, a dict, a :class:`TrainConfig`, or ``None`` for the defaults.
+        overrides: field -> value, applied on top (values already typed, e.g. parsed by :func:`parse_flag_value`);
+            relative paths in :data:`PATH_FIELDS` that exist from the working directory are made absolute.
+
+    Returns:
+        ``(config, base_dir)``: ``base_dir`` is the config file's folder (relative ``model`` / ``data`` paths
+        are resolved against it), or ``None`` for a dict / the defaults (relative to the working directory).
+
+    Raises:
+        SpecError: every invalid field at once, each named by its path; an unreadable file (missing, a folder, a FIFO
+            or device, over 16 MiB), text that is not UTF-8, malformed JSON or duplicate keys (read strictly with
+            :func:`modkit.jsonio.read_json_file`).
+    """
+    base: Optional[Path] = None
+    if source is None:
+        data: dict[str, Any] = {}
+    elif isinstance(source, TrainConfig):
+        data = source.model_dump()
+    elif isinstance(source, dict):
+        data = dict(source)
+    else:
+        path = Path(source)
+        label = f"training config {path}"
+        try:  # a regular file of bounded size (a FIFO or /dev/zero is refused, not read forever)
+            check_regular_file(path, max_bytes=MAX_JSON_BYTES)
+        except JSONInputError as exc:
+            raise SpecError([(p, f"cannot read training config: {m}") for p, m in exc.errors], source=label) from None
+        try:  # UTF-8, no duplicate keys, bounded nesting (modkit.jsonio)
+            data = read_json_file(path)
+        except JSONInputError as exc:
+            raise SpecError(exc.errors, source=label) from None
+        if not isinstance(data, dict):
+            raise SpecError([("", f"a training config is a JSON object, got {type(data).__name__}")], source=f"training config {path}")
+        data.pop("$schema", None)
+        base = path.resolve().parent
+    for key, value in (overrides or {}).items():
+        # a path given on the command line is relative to the working directory, not to the config file
+        if key in PATH_FIELDS and isinstance(value, str) and not Path(value).is_absolute() and Path(value).exists():
+            value = str(Path(value).resolve())
+        data[key] = value
+    try:
+        return TrainConfig.model_validate(data), base
+    except ValidationError as exc:
+        raise SpecError(config_errors(exc), source=f"training config {source}" if isinstance(source, (str, Path)) else "training config") from None
+
+
+def parse_flag_value(field_name: str, text: str) -> Any:
+    """A command-line value typed for ``field_name``: JSON (``3e-4``, ``null``, ``true``, ``{...}``) where it
+    parses, else the string itself (``--device cuda``, ``--model specs/x.json``)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    annotation = str(TrainConfig.model_fields[field_name].annotation)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and "float" in annotation and "int" not in annotation:
+        return float(value)  # --lr 1 means 1.0
+    if isinstance(value, (int, float, bool, dict)) or value is None:
+        return value
+    return text
+
+
+def json_schema() -> dict:
+    """The JSON Schema of training configs (for editors; ``modkit schema --train``)."""
+    return TrainConfig.model_json_schema()

@@ -1,0 +1,55 @@
+"""Loss curves of a run (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Union
+
+
+def read_metrics(path: Union[str, Path]) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file, in order (blank lines skipped)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_run(metrics: Union[str, Path], out: Union[str, Path], *, title: str = "run") -> Path:
+    """Write a PNG with the training loss per logged step and the evaluated train / validation losses.
+
+    Args:
+        metrics: the run's ``metrics.jsonl``.
+        out: the PNG path (written under a temporary name, then renamed).
+        title: plot title.
+
+    Returns:
+        ``out``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics)
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    finals = [r for r in records if r["kind"] == "final"]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    if train:
+        ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=0.8, alpha=0.6, label="train (batch)")
+    if evals:
+        steps = [r["step"] for r in evals]
+        ax.plot(steps, [r["train_loss"] for r in evals], "o-", ms=3, label="train (eval)")
+        ax.plot(steps, [r["val_loss"] for r in evals], "s-", ms=3, label="validation")
+    for r in finals:
+        ax.plot([r["step"]], [r["val_loss"]], "k*", ms=9, label=f"whole validation split: {r['val_loss']:.4f}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out)
+    return out

@@ -1,0 +1,372 @@
+"""FLOPs and memory of specs (``modkit.cost``, ``modkit cost``) against independent computations.
+
+* every spec in ``specs/``: the summed declarations equal, to the FLOP, a formula written here from the raw spec JSON
+  (attention pairs counted by brute force over positions), for prefills and decoded tokens at several contexts;
+* built models: the declarations equal ``FlopCounterMode`` (meta for every shipped spec; real CPU tensors with a
+  KV cache for the tiny ones), and forward + backward measures exactly 3 x the forward;
+* a component without a FLOPs declaration: a clear error naming it (API, CLI), a skipped kit check;
+* a wrong declaration: the kit's ``flops`` check fails with both numbers;
+* KV-cache bytes with sliding windows, crossover contexts, the roofline and the training-memory estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import Field
+from typing import Literal
+
+import modkit
+from modkit.cost import CostError, CostModel, Workload, flop_counter, training_flops_per_token
+from modkit.testing import check_component
+from tests.conftest import REPO, SPECS, registry_with, tiny_spec
+
+ALL_SPECS = sorted(SPECS.glob("*.json"))
+TINY_SPECS = sorted(SPECS.glob("tiny-*.json"))
+
+
+# ------------------------------------------------------------------------------------------------ independent formula
+
+
+def _layers(spec: dict) -> list[dict]:
+    """Resolved ``{attention, ffn}`` configs of each layer (overrides applied in order), from the JSON alone."""
+    out = [dict(spec["block"]) for _ in range(spec["n_layers"])]
+    for o in spec.get("overrides", []):
+        sel = o["layers"]
+        idx = sel if isinstance(sel, list) else range(sel.get("start", 0), sel.get("stop") or spec["n_layers"], sel.get("step", 1))
+        for i in idx:
+            out[i].update({k: v for k, v in o.items() if k != "layers"})
+    return out
+
+
+def _pairs(new: int, past: int, causal: bool, window) -> int:
+    """(query, key) pairs the mask lets through, counted one by one."""
+    total, n = past + new, 0
+    for p in range(past, past + new):
+        for k in range(total):
+            d = p - k
+            if (d >= 0 if causal else True) and (window is None or abs(d) < window):
+                n += 1
+    return n
+
+
+def _ffn_per_token(ffn: dict, d: int) -> int:
+    if ffn["type"] == "mlp":
+        return 4 * d * ffn["d_ff"]
+    if ffn["type"] in ("swiglu", "geglu"):
+        return 6 * d * ffn["d_ff"]
+    assert ffn["type"] == "moe" and ffn.get("capacity_factor") is None
+    return 2 * d * ffn["n_experts"] + ffn.get("top_k", 2) * _ffn_per_token(ffn["expert"], d)
+
+
+def formula(spec: dict, new: int, past: int) -> int:
+    """Matmul FLOPs of one row of ``new`` tokens after ``past`` cached ones (2 FLOPs per multiply-add)."""
+    d, total, memo = spec["d_model"], 0, {}
+    for layer in _layers(spec):
+        a = layer["attention"]
+        h = a["n_heads"]
+        kv = {"mha": h, "mqa": 1}.get(a["type"], a.get("n_kv_heads"))
+        kv = a.get("n_kv_heads") or kv
+        hd = a.get("head_dim") or d // h
+        key = (a.get("causal", True), a.get("sliding_window"))
+        if key not in memo:
+            memo[key] = _pairs(new, past, *key)
+        total += new * 2 * d * (2 * h * hd + 2 * kv * hd)  # q, o and k, v
+        total += 2 * 2 * h * hd * memo[key]  # q·kᵀ and p·v
+        total += new * _ffn_per_token(layer["ffn"], d)
+    return total + new * 2 * d * spec["vocab_size"]
+
+
+_costs: dict = {}
+
+
+def _cost(path: Path) -> CostModel:
+    if path not in _costs:
+        _costs[path] = CostModel(path)
+    return _costs[path]
+
+
+@pytest.mark.parametrize("path", ALL_SPECS, ids=lambda p: p.stem)
+def test_flops_equal_an_independent_formula_for_every_spec(path):
+    spec = json.loads(path.read_text())
+    costs = _cost(path)
+    for new, past in ((1, 0), (37, 0), (1, 699), (3, 4000), (700, 0)):
+        if new * (new + past) > 600_000:  # keep the brute-force pair count quick
+            continue
+        got = costs.total(Workload(1, new, past))
+        assert got == formula(spec, new, past), (new, past)
+    # batch scales every term
+    assert costs.total(Workload(3, 5, 2)) == 3 * costs.total(Workload(1, 5, 2))
+
+
+def test_phases_per_token():
+    costs = _cost(SPECS / "llama-3.1-8b.json")
+    d, h, hd, ff, layers, vocab = 4096, 32, 128, 14336, 32, 128256
+    matmul = layers * (2 * d * (2 * h * hd + 2 * 8 * hd) + 6 * d * ff) + 2 * d * vocab
+    for n in (1, 8192, 100_000):
+        decode = costs.per_token("decode", n)
+        assert sum(decode.values()) == matmul + layers * 4 * h * hd * n  # n keys each
+        prefill = costs.per_token("prefill", n)
+        assert sum(prefill.values()) == matmul + layers * 4 * h * hd * (n + 1) / 2  # (n + 1) / 2 keys on average
+    assert costs.context_parts() == {"attention.scores", "attention.weighted_sum"}
+    assert modkit.flops_per_token(SPECS / "llama-3.1-8b.json", 8192, "train") == 3 * float(sum(costs.per_token("prefill", 8192).values()))
+
+
+def test_crossover_contexts():
+    costs = _cost(SPECS / "llama-3.1-8b.json")
+    d, ff, qkvo = 4096, 14336, 2 * 4096 * (2 * 4096 + 2 * 1024)
+    # 4·H·hd·n >= 6·d·d_ff at decode; the prefill average (n + 1) / 2 needs about twice the context
+    assert costs.crossover("decode") == 6 * d * ff // (4 * 4096) == 21504
+    assert costs.crossover("prefill") == 2 * 21504 - 1
+    assert costs.crossover("decode", projections=True) == (6 * d * ff - qkvo) // (4 * 4096) == 16384
+    # Gemma 3: five of six layers keep a 512-token window; only the global layers keep growing
+    gemma = _cost(SPECS / "gemma-3-1b.json")
+    n = gemma.crossover("decode")
+    spec = json.loads((SPECS / "gemma-3-1b.json").read_text())
+    ffn = 26 * 6 * 1152 * 6912
+    attn = lambda c: sum(4 * 4 * 256 * (min(c, 512) if l["attention"].get("sliding_window") else c) for l in _layers(spec))  # noqa: E731
+    assert attn(n) >= ffn > attn(n - 1)
+    # every layer windowed: attention never catches up
+    windowed = tiny_spec(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": 4})
+    assert CostModel(windowed).crossover("decode") is None
+
+
+def test_kv_cache_bytes_keep_only_the_window():
+    gemma = _cost(SPECS / "gemma-3-1b.json")
+    spec = json.loads((SPECS / "gemma-3-1b.json").read_text())
+    for context, batch in ((100, 1), (32768, 4)):
+        want = sum(2 * 1 * 256 * 2 * batch * (min(context, 512) if l["attention"].get("sliding_window") else context) for l in _layers(spec))
+        assert gemma.kv_cache_bytes(context, batch, "bfloat16") == want
+    llama70 = _cost(SPECS / "llama-3-70b.json")
+    assert llama70.kv_cache_bytes(1, 1) == 80 * 2 * 8 * 128 * 2 == 327_680  # per token, bf16
+
+
+def test_decode_roofline():
+    costs = _cost(SPECS / "llama-3.1-8b.json")
+    got = costs.decode_latency(8192, 1, "bfloat16", bandwidth=2e12, peak_flops=1e15)
+    weights = 8_030_261_248 - 128256 * 4096  # every weight but the (untied) embedding table
+    kv = 32 * 2 * 8 * 128 * 2 * 8192
+    assert got["bytes"] == 2 * weights + kv
+    assert got["memory_s"] == (2 * weights + kv) / 2e12 and got["bound"] == "memory"
+    assert got["flops"] == costs.total(Workload(1, 1, 8191))
+    # a mixture of experts reads only the active experts at batch 1
+    mixtral = _cost(SPECS / "mixtral-8x7b-v0.1.json")
+    assert mixtral.weights_read_per_step(1) == modkit.active_params_per_token(mixtral.model) - 32000 * 4096
+    assert mixtral.weights_read_per_step(2) == modkit.count_params(mixtral.model) - 32000 * 4096
+
+
+# ------------------------------------------------------------------------------------------------ measured
+
+
+@pytest.mark.parametrize("path", ALL_SPECS, ids=lambda p: p.stem)
+def test_declarations_equal_flop_counter_on_meta(path):
+    costs = _cost(path)
+    ids = torch.zeros(2, 9, dtype=torch.long, device="meta")
+    with flop_counter() as counter:
+        costs.model(ids)
+    # dense: the kernel scores the whole [9, 9] rectangle, masked pairs too
+    assert counter.get_total_flops() == costs.total(Workload(2, 9, dense=True))
+
+
+@pytest.mark.parametrize("path", TINY_SPECS, ids=lambda p: p.stem)
+def test_declarations_equal_flop_counter_on_cpu_with_a_cache(path):
+    costs = _cost(path)
+    model = modkit.build(path).eval()
+    ids = torch.randint(0, model.spec.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), flop_counter() as counter:
+        model(ids)
+    assert counter.get_total_flops() == costs.total(Workload(2, 6, dense=True))
+    cache = model.new_cache(2, 4)  # no window below 4 tokens: every layer holds exactly past + 1 keys
+    with torch.no_grad():
+        model(ids[:, :3], cache=cache)
+        with flop_counter() as counter:
+            model(ids[:, 3:4], cache=cache)
+    assert counter.get_total_flops() == costs.total(Workload(2, 1, 3, dense=True))
+
+
+def test_backward_is_twice_the_forward():
+    model = modkit.build(SPECS / "tiny-moe.json", device="meta").train()
+    ids = torch.zeros(2, 8, dtype=torch.long, device="meta")
+    with flop_counter() as fwd:
+        out = model(ids)
+    with flop_counter() as bwd:
+        (out.logits.float().mean() + out.aux_loss).backward()
+    assert fwd.get_total_flops() > 0 and bwd.get_total_flops() == 2 * fwd.get_total_flops()
+
+
+def test_training_flops_per_token_is_three_forwards():
+    costs = _cost(SPECS / "gpt2.json")
+    t = 1024
+    assert training_flops_per_token(SPECS / "gpt2.json", t) == round(3 * costs.total(Workload(1, t)) / t)
+
+
+# ------------------------------------------------------------------------------------------------ undeclared / wrong
+
+
+class Relu2Config(modkit.ComponentConfig):
+    type: Literal["relu2"] = "relu2"
+    d_ff: int = Field(64, description="hidden width")
+
+
+class Relu2(torch.nn.Module):
+    def __init__(self, d: int, d_ff: int):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(d, d_ff), torch.nn.Linear(d_ff, d)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)) ** 2)
+
+
+def _relu2(**kw) -> modkit.Component:
+    return modkit.Component(
+        kind="ffn", type="relu2", config=Relu2Config, factory=lambda cfg, ctx: Relu2(ctx.d_model, cfg.d_ff),
+        description="squared-ReLU MLP (test)", example={"type": "relu2", "d_ff": 48}, **kw,
+    )
+
+
+def test_a_component_without_a_declaration_gets_a_clear_error(tmp_path):
+    reg = registry_with("third-party", _relu2())
+    spec = tiny_spec(block__ffn={"type": "relu2"})
+    with pytest.raises(CostError, match=r"ffn/relu2 \(third-party\) declares no FLOPs.*flops=fn\(config, ctx, work\)"):
+        CostModel(spec, registry=reg).per_token("decode", 16)
+    (result,) = check_component("ffn", "relu2", registry=reg, checks=["flops"])
+    assert result.status == "skipped" and "declares no FLOPs" in result.detail
+
+
+def test_cli_reports_the_missing_declaration(tmp_path):
+    """The example plugin's relu2 has no FLOPs declaration: one error line, no number."""
+    example = REPO / "docs" / "examples" / "modkit-extra"
+    spec = tmp_path / "relu2.json"
+    spec.write_text(json.dumps(tiny_spec(block__ffn={"type": "relu2", "d_ff": 64})))
+    code = (
+        "import sys, modkit\n"
+        "sys.path.insert(0, %r)\n"
+        "import modkit_extra\n"
+        "reg = modkit.get_registry(); reg.register_plugin(modkit_extra, 'extra')\n"
+        "from modkit.cli import main\n"
+        "sys.exit(main(['cost', %r]))\n"
+    ) % (str(example), str(spec))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == ""
+    assert "modkit: error: ffn/relu2" in proc.stderr and "declares no FLOPs" in proc.stderr
+
+
+def test_the_kit_catches_a_wrong_declaration():
+    def wrong(cfg, ctx, work):  # forgets the down projection
+        return {"up": 2 * work.tokens * ctx.d_model * cfg.d_ff}
+
+    reg = registry_with("third-party", _relu2(flops=wrong))
+    (result,) = check_component("ffn", "relu2", registry=reg, checks=["flops"])
+    assert result.status == "failed"
+    assert "FlopCounterMode measured" in result.detail and "difference -" in result.detail
+
+    def right(cfg, ctx, work):
+        return {"up": 2 * work.tokens * ctx.d_model * cfg.d_ff, "down": 2 * work.tokens * cfg.d_ff * ctx.d_model}
+
+    reg = registry_with("third-party", _relu2(flops=right))
+    (result,) = check_component("ffn", "relu2", registry=reg, checks=["flops"])
+    assert result.status == "passed", result.detail
+
+
+def test_a_malformed_declaration_is_refused():
+    reg = registry_with("third-party", _relu2(flops=lambda cfg, ctx, work: {"up": 1.5}))
+    with pytest.raises(CostError, match=r"ffn/relu2.*'up': 1\.5.*non-negative integers"):
+        CostModel(tiny_spec(block__ffn={"type": "relu2"}), registry=reg).total(Workload())
+
+
+def test_workload_pairs_match_brute_force():
+    for new, past in ((1, 0), (5, 0), (1, 9), (4, 6), (12, 3)):
+        for causal in (True, False):
+            for window in (None, 1, 3, 7, 50):
+                if not causal and past:
+                    continue
+                want = _pairs(new, past, causal, window)
+                assert Workload(2, new, past).pairs(causal=causal, window=window) == 2 * want
+        assert Workload(1, new, past, dense=True).pairs(window=3) == new * (new + past)
+    with pytest.raises(CostError, match="new >= 1"):
+        Workload(1, 0)
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def test_training_memory_activations_match_a_real_run():
+    """The meta fit a + b·T + c·T² reproduces the bytes autograd saves in a real CPU float32 run of the eager
+    attention (which keeps its [T, T] probabilities), at a length the fit never saw."""
+    spec = tiny_spec(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "backend": "eager"})
+    costs = CostModel(spec)
+    batch, t = 3, 40
+    mem = costs.training_memory(batch, t, "float32")
+    model = modkit.build(spec).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen, keep = {}, []
+
+    def pack(x):
+        s = x.untyped_storage()
+        if s.data_ptr() not in params:
+            seen.setdefault(s.data_ptr(), s.nbytes())
+        keep.append(x)
+        return x
+
+    ids = torch.randint(0, 64, (batch, t), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        logits = model(ids).logits
+        torch.nn.functional.cross_entropy(logits.float().reshape(-1, 64), ids.reshape(-1))
+    assert mem["activations"] + mem["attention_matrix"] == sum(seen.values())
+    n = modkit.count_params(spec)
+    assert (mem["weights"], mem["gradients"], mem["adamw_states"]) == (4 * n, 4 * n, 8 * n)
+    assert mem["total"] == 16 * n + mem["activations"]
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_json_and_table(capsys):
+    from modkit.cli import main
+
+    assert main(["cost", str(SPECS / "tiny-llama.json"), "--context", "32", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    costs = _cost(SPECS / "tiny-llama.json")
+    assert data["flops_per_token_total"]["decode"] == costs.total(Workload(1, 1, 31))
+    assert data["flops_per_token_total"]["prefill"] == costs.total(Workload(1, 32)) / 32
+    assert data["kv_cache_bytes"] == costs.kv_cache_bytes(32, 1, "bfloat16")
+    assert data["decode_roofline"]["bandwidth_bytes_per_s"] == 3.35e12 and data["decode_roofline"]["peak_flops_per_s"] == 989e12
+    assert data["training_memory"]["estimate"] is True
+    assert main(["cost", str(SPECS / "tiny-llama.json"), "--context", "0"]) == 1
+    assert "--context must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["cost", str(SPECS / "tiny-llama.json"), "--context", "32", "--batch", "2"]) == 0
+    table = capsys.readouterr().out
+    decode = f"{costs.total(Workload(1, 1, 31)) / 1e6:.3f} M"
+    total = next(line for line in table.splitlines() if line.startswith("  total"))
+    assert "attention.scores *" in table and decode in total
+    assert f"{costs.crossover('decode'):,}" in table and "memory-bound" in table and "an estimate" in table
+
+
+def test_the_guide_shows_what_modkit_computes(capsys):
+    """docs/guides/cost.md: the example's FLOPs table is the command's output, and every crossover in its table is
+    what :meth:`CostModel.crossover` finds."""
+    from modkit.cli import main
+
+    guide = (REPO / "docs" / "guides" / "cost.md").read_text()
+    assert main(["cost", str(SPECS / "llama-3.1-8b.json"), "--context", "8192"]) == 0
+    flops_table = capsys.readouterr().out.split("\n\n")[0]
+    assert flops_table in guide
+    rows = {
+        "GPT-2 (124M)": "gpt2", "GPT-3 175B": "gpt-3-175b", "Llama 3.1 8B": "llama-3.1-8b", "Llama 3 70B": "llama-3-70b",
+        "Llama 3.1 405B": "llama-3.1-405b", "Mixtral 8x7B": "mixtral-8x7b-v0.1", "Qwen3 0.6B": "qwen3-0.6b",
+        "Gemma 3 1B": "gemma-3-1b", "Mistral 7B v0.1": "mistral-7b-v0.1",
+    }
+    fmt = lambda n: "never" if n is None else f"{n:,}"  # noqa: E731
+    for label, stem in rows.items():
+        line = next(row for row in guide.splitlines() if row.startswith(f"| {label}"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        costs = _cost(SPECS / f"{stem}.json")
+        want = [fmt(4 * costs.spec.d_model), fmt(costs.crossover("decode")), fmt(costs.crossover("prefill")),
+                fmt(costs.crossover("decode", projections=True)), fmt(costs.spec.max_seq_len)]
+        assert cells[1:] == want, label

@@ -1,0 +1,107 @@
+"""``modkit train`` under torchrun (gloo on the CPU): the same per-step losses as one process, sharded resume.
+
+With the same global batch and seed, FSDP2 over 2 processes and tensor parallelism x FSDP2 over 4 (tp 2 x dp 2)
+give the single-process losses to float32 rounding (the reductions add in another order), and a sharded run
+resumed from its DCP checkpoint logs what the uninterrupted run logged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import modkit
+from modkit.data import default_corpus, prepare
+from modkit.train.plot import read_metrics
+from modkit.train.state import point
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+CONFIG = {
+    "model": json.loads((REPO / "specs" / "tiny-llama.json").read_text()),
+    "batch_size": 8,
+    "seq_len": 32,
+    "max_steps": 6,
+    "decay_steps": 6,
+    "warmup_steps": 2,
+    "eval_interval": 3,
+    "eval_batches": 2,
+    "log_interval": 1,
+    "sample_tokens": 0,
+    "device": "cpu",
+    "threads": 1,
+    "seed": 3,
+}
+TOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dist")
+    text = root / "head.txt"
+    text.write_text(default_corpus().read_text()[:40_000])
+    prepare([text], root / "data", tokenizer="char", show_progress=False)
+    (root / "train.json").write_text(json.dumps({**CONFIG, "data": str(root / "data")}))
+    return root
+
+
+def _run(root: Path, out: str, nproc: int, *args: str) -> Path:
+    cmd = [sys.executable, "-m", "modkit", "train"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "modkit", "train"
+    ]
+    args = ("-c", str(root / "train.json"), "-o", str(root / out)) + args if "--resume" not in args else args
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([*cmd, *args, "--no-progress"], capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return root / out
+
+
+def _losses(run: Path) -> list[tuple[str, int, float]]:
+    out = []
+    for r in read_metrics(run / "metrics.jsonl"):
+        if r["kind"] == "train":
+            out += [("loss", r["step"], r["loss"]), ("grad_norm", r["step"], r["grad_norm"])]
+        elif r["kind"] == "eval":
+            out += [("train_loss", r["step"], r["train_loss"]), ("val_loss", r["step"], r["val_loss"])]
+        else:
+            out += [("final_val_loss", r["step"], r["val_loss"])]
+    return out
+
+
+def _close(a: list, b: list) -> None:
+    assert [x[:2] for x in a] == [x[:2] for x in b]
+    worst = max(abs(x[2] - y[2]) for x, y in zip(a, b))
+    assert worst <= TOL, (worst, a, b)
+
+
+def test_data_and_tensor_parallel_runs_match_one_process(setup):
+    one = _losses(_run(setup, "one", 1))
+    fsdp = _run(setup, "fsdp2", 2)
+    _close(_losses(fsdp), one)
+    mesh = _run(setup, "tp2dp2", 4, "--tp", "2")
+    _close(_losses(mesh), one)
+    # the last checkpoint was exported whole: an ordinary modkit checkpoint equal to the single-process weights
+    single, sharded = modkit.load(setup / "one" / "last"), modkit.load(mesh / "last")
+    for (name, x), (_, y) in zip(single.state_dict().items(), sharded.state_dict().items()):
+        torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-4, msg=name)
+    assert (mesh / "last" / "dcp").is_dir() and (mesh / "best" / "tokenizer.json").is_file()
+
+
+def test_sharded_resume_logs_what_the_uninterrupted_run_logged(setup):
+    whole = _run(setup, "whole", 2, "--tp", "2", "--checkpoint-interval", "3")
+    cut = setup / "cut"
+    shutil.copytree(whole, cut, symlinks=True)
+    # as if killed after step 4: the step-6 checkpoint never became complete
+    shutil.rmtree(cut / "checkpoints" / "step-0000006")
+    point(cut / "last", cut / "checkpoints" / "step-0000003")
+    _run(setup, "cut", 2, "--resume", str(cut))
+    assert _losses(cut) == _losses(whole)  # same mesh, same reduction order: bitwise
