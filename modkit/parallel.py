@@ -424,6 +424,7 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
             if style == "heads":  # a per-head parameter, not a submodule
                 _check_head_param(full, module, sub, tp, _entry_name(entry))
                 plan.styles[full], plan.sources[full] = style, _entry_name(entry)
+                declared.append(full)  # sharded with the heads: each rank's gradient is its own shard's
                 if path not in plan.head_modules:
                     plan.head_modules.append(path)
                 continue
