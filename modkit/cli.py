@@ -685,27 +685,20 @@ def _load_model(text: str, device, dtype: Optional[str], seed: int, check_memory
 
 
 def _load_tokenizer(path: str):
-    """A ``tokenizers`` tokenizer from ``path`` (a regular file of at most 256 MiB), or a :class:`UserError`."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise UserError("--tokenizer needs the 'tokenizers' package (pip install tokenizers)") from None
-    from modkit.jsonio import JSONInputError, check_regular_file
+    """The tokenizer at ``path`` (:func:`modkit.data.load_tokenizer`: a regular ``tokenizer.json``, its padding and
+    truncation switched off so a prompt is encoded as it is), or a :class:`UserError`."""
+    from modkit.data import DataError, load_tokenizer
 
     try:
-        check_regular_file(path, max_bytes=256 * 2**20)
-    except JSONInputError as exc:
+        return load_tokenizer(path)
+    except DataError as exc:
         raise UserError(f"--tokenizer {exc}") from None
-    try:
-        return Tokenizer.from_file(path)
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type for any malformed file
-        raise UserError(f"--tokenizer {path}: not a tokenizers tokenizer.json ({str(exc)[:200]})") from None
 
 
 def _prompt_ids(text: str, tokenizer) -> list[int]:
     """The prompt's token ids: encoded by ``tokenizer``, or parsed from ids separated by commas or spaces."""
     if tokenizer is not None:
-        ids = tokenizer.encode(text).ids
+        ids = tokenizer.encode(text)
         if not ids:
             raise UserError("the prompt encodes to no tokens")
         return ids

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import modkit
+from conftest import tiny_spec
 from modkit import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -382,3 +383,26 @@ def test_python_dash_m_modkit(tmp_path):
     assert proc.stdout.strip() == f"ok {TINY}"
     assert f"{bad}: block.ffn.type: " in proc.stderr and "did you mean 'swiglu'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_generate_encodes_the_prompt_without_the_tokenizers_padding(tmp_path):
+    """A model folder's tokenizer.json that pads (MiniLM pads to 128) must not pad the prompt."""
+    import tokenizers
+
+    from modkit.data import train_tokenizer
+
+    tok = train_tokenizer("bpe:300", iter(["the quick brown fox jumps over the lazy dog " * 30]))
+    raw_path = tmp_path / "ckpt" / "tokenizer.json"
+    model = modkit.build(tiny_spec(vocab_size=300), seed=0)
+    modkit.save(model, tmp_path / "ckpt")
+    tok.save(raw_path)
+    raw = tokenizers.Tokenizer.from_file(str(raw_path))
+    raw.enable_padding(length=60, pad_id=0, pad_token="[PAD]")
+    raw.save(str(raw_path))
+    out = subprocess.run(
+        [sys.executable, "-m", "modkit", "generate", str(tmp_path / "ckpt"), "--prompt", "the quick fox", "--max-new-tokens", "2"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    n = len(tok.encode("the quick fox"))
+    assert f"prompt {n} tokens" in out.stderr and n < 60
