@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from ..build import breakdown, build
 from ..cost import CostError, training_flops_per_token
 from ..checkpoint import save as save_checkpoint
-from ..errors import CheckpointError, ModkitError, SpecError
+from ..errors import CheckpointError, ModkitError
 from ..spec import ModelSpec, iter_configs, load_spec
 from . import state as st
 from .config import DEFAULT_MODEL, TrainConfig
