@@ -468,7 +468,11 @@ def cmd_convert_modkit(args: argparse.Namespace) -> int:
     out = Path(args.output)
     modkit.to_hf(model, out, registry=_registry(), **kwargs)
     model_type = model.spec.metadata.get("hf_model_type")
-    _err(f"wrote {out}/ (Hugging Face {model_type}: config.json + safetensors; {_weights_summary(model)})")
+    tokenizer = (src if src.is_dir() else src.parent) / "tokenizer.json"
+    if tokenizer.is_file():  # a training run's checkpoint carries its tokenizer; the export keeps it beside the weights
+        shutil.copyfile(tokenizer, out / "tokenizer.json")
+    _err(f"wrote {out}/ (Hugging Face {model_type}: config.json + safetensors{' + tokenizer.json' if tokenizer.is_file() else ''}; "
+         f"{_weights_summary(model)})")
     return 0
 
 

@@ -125,6 +125,13 @@ def test_generate_finds_the_runs_tokenizer(data_dir, tmp_path):
     assert out.returncode == 0, out.stderr
     assert len(out.stdout) == 10 + 1  # ten characters of the char tokenizer, then a newline
     assert "tokenizer.json" in out.stderr
+    # the Hugging Face export of a run's checkpoint keeps the tokenizer beside the weights
+    conv = subprocess.run(
+        [sys.executable, "-m", "modkit", "convert", "modkit", str(run / "best"), "--to", "hf", "-o", str(tmp_path / "hf")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert conv.returncode == 0, conv.stderr
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (run / "best" / "tokenizer.json").read_bytes()
 
 
 def test_decay_rule_and_flops():
