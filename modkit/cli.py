@@ -50,6 +50,7 @@ EXTENSION_MODULES = (
     "modkit.data.cli",
     "modkit.cost_cli",
     "modkit.trace_cli",
+    "modkit.compare_cli",
 )
 
 PROG = "modkit"
