@@ -26,30 +26,12 @@ from ..jsonio import JSONInputError, check_regular_file, read_json_file
 from ..limits import MAX_JSON_BYTES
 
 #: nanoGPT's GPT (GPT-2 style: learned positions, LayerNorm with bias, GELU MLP 4x, pre-norm, tied embeddings,
-#: biases everywhere) at the sizes of its CPU recipe for tiny shakespeare; ``specs/nanogpt-shakespeare-char.json``
-#: holds the same spec. ``vocab_size`` is replaced by the data's when ``vocab_size = "data"`` (65 characters).
-DEFAULT_MODEL: dict[str, Any] = {
-    "schema_version": 1,
-    "name": "nanogpt-shakespeare-char",
-    "description": "nanoGPT's GPT at the sizes of its CPU recipe for tiny shakespeare (4 layers, 4 heads, n_embd 128, "
-    "context 64, 65 characters, dropout 0): learned positions, pre-norm LayerNorm with bias, GELU MLP 4x with bias, "
-    "tied embeddings.",
-    "metadata": {"hf_model_type": "gpt2"},
-    "vocab_size": 65,
-    "d_model": 128,
-    "n_layers": 4,
-    "max_seq_len": 64,
-    "position": {"type": "learned"},
-    "block": {
-        "attention": {"type": "mha", "n_heads": 4, "q_bias": True, "k_bias": True, "v_bias": True, "o_bias": True},
-        "ffn": {"type": "mlp", "d_ff": 512, "activation": "gelu", "bias": True},
-        "norm": {"type": "layernorm", "eps": 1e-05},
-        "placement": {"type": "pre"},
-    },
-    "final_norm": {"type": "layernorm", "eps": 1e-05},
-    "tie_embeddings": True,
-    "init_std": 0.02,
-}
+#: biases everywhere) at the sizes of its CPU recipe for tiny shakespeare: the model of a config whose ``model`` is
+#: null. A spec file shipped as package data (the same as ``specs/nanogpt-shakespeare-char.json``), read through
+#: the registry like any other spec: the core names no component. ``vocab_size`` is replaced by the data's when
+#: ``vocab_size = "data"`` (65 characters).
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "defaults" / "nanogpt-shakespeare-char.json"
+DEFAULT_MODEL: dict[str, Any] = json.loads(DEFAULT_MODEL_PATH.read_text())
 
 
 class TrainConfig(BaseModel):
