@@ -175,3 +175,16 @@ def test_train_config_schema_is_exported():
     schema = modkit.train.config.json_schema()
     assert schema["additionalProperties"] is False
     assert "lr" in schema["properties"] and schema["properties"]["lr"]["description"] == "peak learning rate"
+
+
+def test_experiment_specs_and_configs_validate():
+    """The files the docs/experiments pages name in their commands load as they are."""
+    experiments = SPECS.parent / "docs" / "experiments" / "specs"
+    for path in experiments.glob("*.json"):
+        data = json.loads(path.read_text())
+        if "schema_version" in data and "block" in data:
+            modkit.load_spec(path)
+        else:
+            load_train_config(path)
+    rms = modkit.load_spec(experiments / "nanogpt-rmsnorm.json")
+    assert modkit.count_params(rms) == 809_856 - 9 * 128  # nine norms lose their bias
