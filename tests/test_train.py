@@ -134,6 +134,19 @@ def test_generate_finds_the_runs_tokenizer(data_dir, tmp_path):
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (run / "best" / "tokenizer.json").read_bytes()
 
 
+def test_a_checkpoint_folder_as_model_fine_tunes_from_its_weights(data_dir, tmp_path):
+    """``model`` = a modkit checkpoint: the run starts from its weights, so its step-0 evaluation equals the source
+    run's last one (same data, same evaluation windows), not the loss of a fresh init."""
+    first = tmp_path / "first"
+    train(config(data_dir, max_steps=6, eval_interval=6, sample_tokens=0), first, echo=lambda line: None)
+    tuned = tmp_path / "tuned"
+    train(config(data_dir, model=str(first / "last"), max_steps=2, eval_interval=2, sample_tokens=0), tuned, echo=lambda line: None)
+    before = [r for r in read_metrics(first / "metrics.jsonl") if r["kind"] == "eval"]
+    after = [r for r in read_metrics(tuned / "metrics.jsonl") if r["kind"] == "eval"]
+    assert after[0]["val_loss"] == pytest.approx(before[-1]["val_loss"], abs=1e-6)
+    assert abs(after[0]["val_loss"] - before[0]["val_loss"]) > 0.05
+
+
 def test_decay_rule_and_flops():
     model = modkit.build(TINY_MODEL, device="meta")
     decay, no_decay = decay_groups(model, 0.1)

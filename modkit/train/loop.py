@@ -98,20 +98,16 @@ def resolve_spec(config: TrainConfig, base: Optional[Path], vocab_size: int) -> 
         TrainError: the vocabulary or context does not fit the data and config.
     """
     model = config.model
-    if model is None:
-        data = json.loads(json.dumps(DEFAULT_MODEL))
-    elif isinstance(model, dict):
-        data = json.loads(json.dumps(model))
-    else:
-        path = Path(model)
-        if not path.is_absolute() and base is not None:
-            path = base / path
-        if path.is_dir():
-            path = path / "spec.json"
-        if not path.is_file():
-            raise TrainError(f"model = {model!r}: no spec file at {path}; give a spec JSON file, a modkit checkpoint folder or an inline spec")
-        data = load_spec(path).to_dict()
-    data = load_spec(data).to_dict()  # every default written out, so overrides find their slots
+    source: Any = DEFAULT_MODEL if model is None else model
+    if isinstance(model, str):
+        source = Path(model)
+        if not source.is_absolute() and base is not None:
+            source = base / source
+        if source.is_dir():
+            source = source / "spec.json"
+        if not source.is_file():
+            raise TrainError(f"model = {model!r}: no spec file at {source}; give a spec JSON file, a modkit checkpoint folder or an inline spec")
+    data = load_spec(source).to_dict()  # a fresh dict with every default written out, so overrides find their slots
     if config.vocab_size == "data":
         data["vocab_size"] = vocab_size
     for name in ("aux_loss_coef", "z_loss_coef"):  # a convention on field names: the core names no component
@@ -795,8 +791,8 @@ def train(
         # the run's own resolved spec and data folder: relative paths of the original config no longer matter
         data_folder = json.loads((run / "data.json").read_text())["folder"]
         fixed = {"model": str((run / "spec.json").resolve()), "vocab_size": "spec", "data": data_folder}
-        cfg, base = load_train_config(run / "config.json", {**(overrides or {}), **fixed})
-        base = None
+        cfg, _ = load_train_config(run / "config.json", {**(overrides or {}), **fixed})
+        base = None  # every path in `fixed` is absolute
     else:
         cfg, base = load_train_config(config, overrides)
         if run_dir is None:
