@@ -1,0 +1,114 @@
+"""The documentation site: pages generated from the live registry and ``specs/``, and ``modkit docs``.
+
+The site is an mkdocs-material project (``mkdocs.yml`` at the repository root, hand-written sources in ``docs/``).
+Nothing generated is checked in: at build time ``docs/scripts/gen_pages.py`` (an mkdocs-gen-files script) calls
+:func:`generate`, which returns ``{path: text}`` for
+
+* ``components/``: an overview table of every registered component, one index page per kind and one page per
+  component (kind, type, description, provider, capabilities, a field table from the config's JSON Schema, the
+  tensor contract of its kind, its parameter count, its reference and an example spec fragment that is
+  *validated* with :func:`modkit.load_component`: a broken example fails the build);
+* ``gallery/``: one model card per spec in ``specs/`` (parameter breakdown, active parameters, weight and
+  KV-cache bytes, a Mermaid diagram of the model and of its blocks traced from the built modules), built on
+  ``meta``;
+* ``reference/``: the spec format (from the JSON Schema), the command line (from the argparse parser) and one
+  mkdocstrings page per module of the Python API.
+
+Whatever is installed shows up, third-party plugins included: nothing here names a concrete component.
+
+Which module renders which page:
+
+==================  ===============================================================================================
+module              renders
+==================  ===============================================================================================
+``pages``           :func:`generate`: every generated page at once, ``{docs-relative path: text}``
+``components``      ``components/index.md`` (overview), ``components/<kind>/index.md``, ``components/<kind>/<type>.md``
+                    and ``components/SUMMARY.md``
+``gallery``         ``gallery/index.md`` and ``gallery/<spec>.md`` (model cards)
+``schema``          the field tables of component pages and ``reference/spec.md``
+``cli_reference``   ``reference/cli.md``
+``api_reference``   ``reference/api/*.md``, and the griffe extension :class:`SphinxRoles` mkdocstrings loads
+``contracts``       the kind contracts, ``acts_on`` sentences and "goes in a spec at" facts the component pages show
+``params``          the parameter counts and ``P(d)`` formulas of component pages
+``diagrams``        the Mermaid block diagrams (placement pages, gallery cards) and the model flow (gallery cards)
+``markdown``        shared helpers: tables, escaping, number formats, page paths, :class:`DocsError`
+``site``            the mkdocs driver (find the config, :func:`build_site`) and the link-rewriting hook
+``cli``             ``modkit docs build`` / ``modkit docs serve`` (:func:`add_subcommands`)
+==================  ===============================================================================================
+
+``modkit docs build [-o DIR]`` builds the site (strict by default) and ``modkit docs serve`` serves it with live
+reload; both need the ``docs`` extra (``pip install 'modkit[docs]'``).
+"""
+
+from __future__ import annotations
+
+from .api_reference import API_SKIP, SphinxRoles, api_modules, api_pages
+from .cli import add_subcommands, cmd_docs_build, cmd_docs_serve
+from .cli_reference import cli_reference_page
+from .components import (
+    ComponentDoc,
+    component_docs,
+    component_page,
+    components_nav,
+    kind_index_page,
+    overview_page,
+    validate_examples,
+)
+from .contracts import acts_on_text, contracts_preamble, kind_contracts, slot_places
+from .diagrams import mermaid_block, trace_block
+from .gallery import DTYPE_BYTES, LONG_CONTEXT, SpecCard, gallery_index, gallery_page, spec_card
+from .markdown import DocsError, component_path, gallery_path, kind_path
+from .pages import PLUGIN_GUIDE, generate
+from .params import EXAMPLE_CONTEXT, FIT_D_MODELS, ParamInfo, fit_quadratic, formula, param_info
+from .params import _build_alone, _default_norm  # noqa: F401 - used by tests/test_docs.py
+from .schema import FieldRow, field_rows, spec_reference_page
+from .site import build_site, find_config, log, rewrite_outside_links
+
+__all__ = [
+    "API_SKIP",
+    "DTYPE_BYTES",
+    "EXAMPLE_CONTEXT",
+    "FIT_D_MODELS",
+    "LONG_CONTEXT",
+    "PLUGIN_GUIDE",
+    "ComponentDoc",
+    "DocsError",
+    "FieldRow",
+    "ParamInfo",
+    "SpecCard",
+    "SphinxRoles",
+    "acts_on_text",
+    "add_subcommands",
+    "api_modules",
+    "api_pages",
+    "build_site",
+    "cli_reference_page",
+    "cmd_docs_build",
+    "cmd_docs_serve",
+    "component_docs",
+    "component_page",
+    "component_path",
+    "components_nav",
+    "contracts_preamble",
+    "field_rows",
+    "find_config",
+    "fit_quadratic",
+    "formula",
+    "gallery_index",
+    "gallery_page",
+    "gallery_path",
+    "generate",
+    "kind_contracts",
+    "kind_index_page",
+    "kind_path",
+    "log",
+    "mermaid_block",
+    "overview_page",
+    "param_info",
+    "rewrite_outside_links",
+    "slot_places",
+    "spec_card",
+    "spec_reference_page",
+    "trace_block",
+    "validate_examples",
+]

@@ -1,0 +1,350 @@
+"""The ``components/`` section: one page per component, one index per kind, the overview table and its nav."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from .contracts import acts_on_text
+from .diagrams import _placement_diagram
+from .markdown import (
+    _cell,
+    component_path,
+    _count,
+    DocsError,
+    _first_sentence,
+    _HIDE_TOC,
+    kind_path,
+    _link_references,
+    _rel,
+    _resolve_links,
+    _rst_to_md,
+    _table,
+)
+from .params import EXAMPLE_CONTEXT, formula, param_info, ParamInfo
+from .schema import field_rows, _field_table
+
+
+def _provider(entry) -> str:
+    p = entry.provider
+    if p is None:
+        return "(unknown)"
+    text = f"`{p.plugin}`"
+    if p.distribution:
+        text += f" from package `{p.distribution}`" + (f" {p.version}" if p.version else "")
+    return text
+
+
+def _caps_inline(entry) -> str:
+    parts = []
+    for k, v in sorted(entry.capabilities.items()):
+        if v is True:
+            parts.append(f"`{k}`")
+        elif v is False or v in (None, {}, []):
+            continue
+        elif isinstance(v, (str, int, float)):
+            parts.append(f"`{k}={v}`")
+        else:
+            parts.append(f"`{k}`")
+    return " ".join(parts)
+
+
+@dataclass
+class ComponentDoc:
+    """Everything one component page shows (computed once, used by its page and the index tables)."""
+
+    entry: Any
+    example: dict
+    validated: dict
+    params: ParamInfo
+    diagram: Optional[str]
+
+
+def validate_examples(registry) -> dict[tuple[str, str], tuple[dict, Any]]:
+    """``{(kind, type): (example, validated config)}`` for every component.
+
+    Raises:
+        DocsError: one or more examples do not validate (each named with its plugin and the errors).
+    """
+    from ..errors import SpecError
+    from ..spec import load_component
+
+    out, problems = {}, []
+    for entry in registry.components():
+        example = entry.example_config()
+        try:
+            cfg = load_component(entry.kind, example, registry=registry)
+        except SpecError as exc:
+            errs = "; ".join(f"{p}: {m}" if p else m for p, m in exc.errors)
+            problems.append(f"{entry.kind}/{entry.type} ({entry.provider}): example {json.dumps(example)} is invalid: {errs}")
+            continue
+        if getattr(cfg, "type", None) != entry.type:
+            problems.append(f"{entry.kind}/{entry.type} ({entry.provider}): example validates as type {cfg.type!r}")
+            continue
+        out[entry.key] = (example, cfg)
+    if problems:
+        raise DocsError("component examples that do not validate:\n  " + "\n  ".join(problems))
+    return out
+
+
+def component_docs(registry) -> list[ComponentDoc]:
+    """Validate every example and compute what the component pages show."""
+    examples = validate_examples(registry)
+    docs = []
+    for entry in registry.components():
+        example, cfg = examples[entry.key]
+        params = param_info(entry, cfg, registry)
+        diagram = _placement_diagram(entry, cfg, registry) if entry.kind == "placement" else None
+        docs.append(ComponentDoc(entry, example, cfg.model_dump(mode="json"), params, diagram))
+    return docs
+
+
+def _params_short(info: ParamInfo) -> str:
+    if info.count is None:
+        return "–"
+    if info.coefficients is not None:
+        return f"`{formula(info.coefficients)}`"
+    return _count(info.count)
+
+
+def _params_section(doc: ComponentDoc) -> str:
+    info, entry = doc.params, doc.entry
+    ctx = EXAMPLE_CONTEXT
+    if info.how == "sampling":
+        return ("None: a sampling step works on the logits during generation ([`modkit.sampling`]"
+                "({to:reference/api/modkit.sampling.md})), outside the model.")
+    if info.count is None:
+        return f"Could not be built on its own to count parameters ({_cell(info.error) or 'no host component'})."
+    where = " (built " + info.how + ")" if info.how and info.how != "alone" else ""
+    lines = [
+        f"**{_count(info.count)}** parameters with the example config at d_model = {ctx['d_model']}{where} "
+        f"(n_heads {ctx['n_heads']}, head_dim {ctx['d_model'] // ctx['n_heads']}, max_seq_len {_count(ctx['max_seq_len'])}).",
+        "",
+    ]
+    if info.coefficients is not None:
+        lines += [
+            f"As a function of d = d_model, the example's other fields held fixed: **`P(d) = {formula(info.coefficients)}`** "
+            f"(counted on meta at d ∈ {{{', '.join(map(str, sorted(info.counts)))}}}, exact at every one).",
+            "",
+        ]
+    elif info.counts and len(info.counts) > 1:
+        lines += [
+            _table(("d_model", "parameters"), ((d, _count(n)) for d, n in sorted(info.counts.items())), "rr"),
+            "",
+        ]
+    if info.norms is not None:
+        lines += [
+            f"It creates **{info.norms}** norm module{'s' if info.norms != 1 else ''} per block from the spec's `norm` "
+            "(the count above is theirs, built here with the first registered norm); the attention and ffn it "
+            "receives are counted under their own kinds.",
+            "",
+        ]
+    if entry.param_count is not None and info.declared is not None:
+        if info.declared == info.count:
+            lines.append("The entry's analytic `param_count` agrees with the built module.")
+        else:
+            lines.append(f"!!! warning\n    The entry's analytic `param_count` gives {_count(info.declared)}, the built module has {_count(info.count)}.")
+    elif entry.param_count is None:
+        lines.append("The entry declares no analytic `param_count`; the figure comes from the built module.")
+    return "\n".join(lines).rstrip()
+
+
+def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], places: Mapping[str, list[str]]) -> str:
+    """Markdown of one component's page."""
+    from ..config import SLOT_KEY  # noqa: F401 - documents where slot markers come from
+    from ..registry import KNOWN_CAPABILITIES, config_tags
+    from ..sampling import KINDS as SAMPLING_KINDS
+
+    entry = doc.entry
+    page = component_path(entry.kind, entry.type)
+
+    def link_kind(kind: str) -> str:
+        return f"[`{kind}`]({_rel(page, kind_path(kind))})" if kind in registry.kinds() else f"`{kind}`"
+
+    schema = entry.config.model_json_schema()
+    tags = config_tags(entry.config)
+    others = [t for t in tags if t != entry.type]
+    cfg_cls = f"{entry.config.__module__}.{entry.config.__qualname__}"
+    facts = [
+        ("kind", link_kind(entry.kind)),
+        ("type", f"`{entry.type}`" + (f" (the same config also serves {', '.join(f'`{t}`' for t in others)})" if others else "")),
+        ("plugin", _provider(entry)),
+        ("config class", f"`{cfg_cls}`"),
+        *([("aliases", ", ".join(f"`{a}`" for a in entry.aliases) + f" (other names of `{entry.type}`, stored as `{entry.type}`)")]
+          if entry.aliases else []),
+        ("reference", _link_references(_cell(entry.reference)) if entry.reference else "(none given)"),
+        ("goes in a spec at", ", ".join(places.get(entry.kind, [])) or "(no slot)")
+        if entry.kind not in SAMPLING_KINDS else
+        ("goes in", "the `sampling` list of `modkit.generate.generate` (`modkit generate --sampling`)"
+         + (f", or its keyword `{entry.capabilities['argument']['name']}`" if isinstance(entry.capabilities.get("argument"), dict) else "")),
+    ]
+    parts = [
+        f"# {entry.type}",
+        "",
+        f"*{entry.kind} component* · {_caps_inline(entry)}" if entry.capabilities else f"*{entry.kind} component*",
+        "",
+        _link_references(_rst_to_md(" ".join(entry.description.split()))),
+        "",
+        _table(("", ""), facts),
+        "",
+        "## Shapes",
+        "",
+    ]
+    contract = contracts.get(entry.kind)
+    if contract:
+        parts.append(f"Contract of every `{entry.kind}` ([`modkit.interfaces`]({_rel(page, 'reference/api/modkit.interfaces.md')})): {contract}")
+    else:
+        parts.append(f"The core defines no calling convention for `{entry.kind}`; its description above gives the shapes.")
+    acts = entry.capabilities.get("acts_on")
+    if acts is not None:
+        parts += ["", f"**Acts on `{acts}`**: {acts_on_text(acts)}"]
+    if entry.grouped_factory is not None:
+        parts += ["", "**Grouped form**: usable as mixture-of-experts experts (its `grouped_factory` builds `n` "
+                  "copies with stacked weights, run by one grouped GEMM per projection)."]
+    for alias, note in entry.alias_notes.items():
+        parts += ["", f'!!! note "Alias `{alias}`"', "", textwrap.indent(_link_references(_cell(note)), "    ")]
+    parts += ["", "## Fields", "", _field_table(field_rows(schema, link_kind=link_kind)), ""]
+    parts += ["## Capabilities", ""]
+    if entry.capabilities:
+        rows = []
+        for k, v in sorted(entry.capabilities.items()):
+            value = json.dumps(v, default=str).replace("`", "'")
+            rows.append((f"`{k}`", _cell(f"`{value}`"), _cell(KNOWN_CAPABILITIES.get(k, "(declared by the plugin)"))))
+        parts.append(_table(("capability", "value", "meaning"), rows))
+    else:
+        parts.append("None declared.")
+    parts += ["", "## Parameters", "", _params_section(doc), ""]
+    if doc.diagram:
+        parts += [
+            "## Block diagram",
+            "",
+            "Traced from the block this placement builds (attention and ffn stand-ins; `+` is a residual add):",
+            "",
+            doc.diagram,
+            "",
+        ]
+    spec_key = entry.kind
+    parts += [
+        "## Example",
+        "",
+        f"Validated with `modkit.load_component({entry.kind!r}, ...)` when the site was built:",
+        "",
+        "```json",
+        json.dumps([doc.example] if entry.kind in SAMPLING_KINDS else {spec_key: doc.example}, indent=2),
+        "```",
+        "",
+        '??? note "The same config with every default filled in"',
+        "",
+        textwrap.indent("```json\n" + json.dumps(doc.validated, indent=2) + "\n```", "    "),
+        "",
+        f"On the command line: `modkit show {entry.kind} {entry.type}`.",
+        "",
+    ]
+    return _resolve_links("\n".join(parts), page)
+
+
+def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Mapping[str, str], places: Mapping[str, list[str]]) -> str:
+    """Markdown of a kind's index page."""
+    page = kind_path(kind)
+    mine = [d for d in docs if d.entry.kind == kind]
+    parts = [_HIDE_TOC, f"# {kind}", ""]
+    if kind in contracts:
+        parts += [f"**Contract** ([`modkit.interfaces`]({_rel(page, 'reference/api/modkit.interfaces.md')})): {contracts[kind]}", ""]
+    if places.get(kind):
+        parts += ["Goes in a spec at " + ", ".join(places[kind]) + ".", ""]
+    rows = []
+    for d in mine:
+        e = d.entry
+        extra = f"`{e.capabilities['acts_on']}`" if "acts_on" in e.capabilities else _params_short(d.params)
+        rows.append(
+            (
+                f"[`{e.type}`]({_rel(page, component_path(kind, e.type))})",
+                f"`{e.provider.plugin if e.provider else ''}`",
+                _cell(_first_sentence(_rst_to_md(e.description))),
+                extra,
+                _caps_inline(e),
+            )
+        )
+    col = "acts on" if any("acts_on" in d.entry.capabilities for d in mine) else "parameters (d = d_model)"
+    parts += [_table(("type", "plugin", "what it computes", col, "capabilities"), rows), ""]
+    aliases = registry.aliases(kind)
+    if aliases:
+        parts += ["**Aliases** (other names a spec may use; stored under the type): " + ", ".join(
+            f"`{a}` → [`{t}`]({_rel(page, component_path(kind, t))})" for a, t in aliases.items()) + ".", ""]
+    diagrams = [d for d in mine if d.diagram]
+    if diagrams:
+        parts += ["## Side by side", "", "Each block as traced from the module the placement builds; `+` is a residual add.", ""]
+        parts.append('<div class="grid cards" markdown>')
+        parts.append("")
+        for d in diagrams:
+            parts += [
+                f"-   [**`{d.entry.type}`**]({_rel(page, component_path(kind, d.entry.type))}) — "
+                f"{d.params.norms} norm{'s' if d.params.norms != 1 else ''} per block",
+                "",
+                textwrap.indent(d.diagram, "    "),
+                "",
+            ]
+        parts += ["</div>", ""]
+    return _resolve_links("\n".join(parts), page)
+
+
+def overview_page(docs: list[ComponentDoc], registry, contracts: Mapping[str, str]) -> str:
+    """Markdown of ``components/index.md``: the kinds and a filterable table of every component."""
+    page = "components/index.md"
+    parts = [
+        _HIDE_TOC,
+        "# Components",
+        "",
+        f"Every component registered when this site was built: {len(docs)} components of {len(registry.kinds())} kinds "
+        f"from {len(registry.plugins())} plugins. Third-party plugins that were installed show up here like the built-ins. "
+        "On the command line: `modkit list`, `modkit show KIND TYPE`, `modkit plugins`.",
+        "",
+        "## Kinds",
+        "",
+    ]
+    rows = []
+    for kind in registry.kinds():
+        n = sum(1 for d in docs if d.entry.kind == kind)
+        rows.append((f"[`{kind}`]({_rel(page, kind_path(kind))})", n, _cell(contracts.get(kind, "see each component's description"))))
+    parts += [_table(("kind", "types", "contract"), rows, "lrl"), "", "## All components", ""]
+    parts += [
+        '<input class="mk-filter" type="search" placeholder="Filter the table: kind, type, plugin, capability, words…" '
+        'aria-label="filter components" data-target="mk-components">',
+        "",
+        '<div id="mk-components" markdown>',
+        "",
+    ]
+    rows = []
+    for d in docs:
+        e = d.entry
+        prov = e.provider
+        pkg = f"{prov.distribution} {prov.version or ''}".strip() if prov and prov.distribution else ""
+        rows.append(
+            (
+                f"`{e.kind}`",
+                f"[`{e.type}`]({_rel(page, component_path(e.kind, e.type))})",
+                f"`{prov.plugin if prov else ''}`" + (f" ({pkg})" if pkg else ""),
+                _caps_inline(e),
+                _cell(_first_sentence(_rst_to_md(e.description))),
+            )
+        )
+    parts += [_table(("kind", "type", "plugin", "capabilities", "description"), rows), "", "</div>", ""]
+    skipped = registry.skipped_plugins()
+    if skipped:
+        parts += ["## Plugins that failed to load", "", "Their components are missing from this site:", ""]
+        parts += [f"- `{name}`: {_cell(reason)}" for name, reason in sorted(skipped.items())]
+        parts.append("")
+    return "\n".join(parts)
+
+
+def components_nav(docs: list[ComponentDoc], registry) -> str:
+    """literate-nav ``components/SUMMARY.md``."""
+    lines = ["* [Overview](index.md)"]
+    for kind in registry.kinds():
+        lines.append(f"* [{kind}]({kind}/index.md)")
+        for d in docs:
+            if d.entry.kind == kind:
+                lines.append(f"    * [{d.entry.type}]({kind}/{d.entry.type}.md)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,259 @@
+"""The ``gallery/`` section: one model card per spec (parameters, active parameters, weight and KV-cache bytes,
+architecture diagrams, components used), built on ``meta``, and the gallery index."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from .diagrams import _model_diagram
+from .markdown import (
+    _bytes,
+    _cell,
+    component_path,
+    _count,
+    gallery_path,
+    _HIDE_TOC,
+    _layer_ranges,
+    _rel,
+    _short,
+    _table,
+)
+
+
+#: Context length of the "KV cache for a long context" figure of the gallery.
+LONG_CONTEXT = 8192
+
+
+#: Weight / KV-cache dtypes of the gallery: (label, bytes per element).
+DTYPE_BYTES = (("fp32", 4), ("bf16", 2), ("int8 / fp8", 1))
+
+
+@dataclass
+class SpecCard:
+    """What the gallery shows for one spec."""
+
+    stem: str
+    source: str
+    spec: Any
+    params: dict
+    active: int
+    kv_elements_per_token: int
+    kv_elements_long: int
+    windowed: bool
+    components: list[dict]
+    diagram: str
+    layer_groups: list[tuple[str, str]]
+    attention: dict
+
+
+def _kv_elements(model, context: int) -> tuple[int, int, bool]:
+    """``(elements per token, elements for ``context`` tokens, any sliding window)``: windows cap the long figure."""
+    per_token, long, windowed = 0, 0, False
+    for i, layer in enumerate(model.layers):
+        window = model.windows[i] if i < len(model.windows) else None
+        for m in layer.modules():
+            if getattr(m, "modkit_kind", None) != "attention":
+                continue
+            fn = getattr(m, "kv_cache_elements_per_token", None)
+            e = int(fn()) if callable(fn) else 2 * int(m.n_kv_heads) * int(m.head_dim)
+            per_token += e
+            tokens = context if window is None else min(window, context)
+            windowed = windowed or (window is not None and window < context)
+            long += e * tokens
+    return per_token, long, windowed
+
+
+def spec_card(path: Path, registry, root: Optional[Path] = None) -> SpecCard:
+    """Load, validate and build (on meta) one spec; compute its gallery figures."""
+    from ..build import active_params_per_token, breakdown, build, summarize
+    from ..spec import load_spec
+
+    spec = load_spec(path, registry=registry)
+    model = build(spec, device="meta", registry=registry)
+    params = breakdown(model)
+    active = active_params_per_token(model)
+    per_token, long, windowed = _kv_elements(model, LONG_CONTEXT)
+    summary = summarize(model, "bfloat16", registry=registry)
+    diagram, groups = _model_diagram(model, registry)
+    attention = {}
+    for m in model.layers[0].modules():  # the attention contract exposes its geometry
+        if getattr(m, "modkit_kind", None) == "attention":
+            attention = {k: getattr(m, k, None) for k in ("n_heads", "n_kv_heads", "head_dim")}
+            break
+    try:
+        source = str(path.resolve().relative_to(root.resolve())) if root else path.name
+    except ValueError:
+        source = str(path)
+    return SpecCard(path.stem, source, spec, params, active, per_token, long, windowed, summary.components, diagram, groups, attention)
+
+
+def _spec_shape(spec, attention: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Headline sizes of a spec; the attention geometry comes from the built first layer."""
+    layer = spec.layer(0)
+    att = layer.attention
+    rows = [
+        ("vocabulary", _count(spec.vocab_size)),
+        ("d_model", _count(spec.d_model)),
+        ("layers", str(spec.n_layers)),
+        ("max_seq_len", _count(spec.max_seq_len)),
+    ]
+    for label, obj, names, known in (
+        ("attention (layer 0)", att, ("sliding_window",), attention),
+        ("ffn (layer 0)", layer.ffn, ("d_ff", "n_experts", "top_k", "activation", "act"), {}),
+    ):
+        bits = [f"`{obj.type}`"] + [f"{k} {v}" for k, v in known.items() if v is not None]
+        for n in names:
+            v = getattr(obj, n, None)
+            if v is not None:
+                bits.append(f"{n} {v}")
+        rows.append((label, ", ".join(bits)))
+    rows.append(("position", f"`{spec.position.type}`"))
+    rows.append(("placement / norm", f"`{layer.placement.type}` / `{layer.norm.type}`"))
+    rows.append(("tied embeddings", "yes" if spec.tie_embeddings else "no"))
+    return rows
+
+
+def gallery_page(card: SpecCard, registry) -> str:
+    """Markdown of one spec's model card."""
+    page = gallery_path(card.stem)
+    spec = card.spec
+    total = card.params["total"]
+    share = lambda n: f"{100.0 * n / total:.1f}%" if total else "–"  # noqa: E731
+    title = spec.name or card.stem
+    parts = [f"# {title}", ""]
+    if spec.description:
+        parts += [_cell(spec.description), ""]
+    meta = ", ".join(f"{k} `{v}`" for k, v in spec.metadata.items()) if spec.metadata else ""
+    parts += [f"Spec: `{card.source}`" + (f" · metadata: {meta}" if meta else "") + " · built on `meta` (no memory) when this site was built.", ""]
+    parts += [_table(("", ""), _spec_shape(spec, card.attention)), ""]
+
+    parts += ["## Parameters", ""]
+    rows = [(k, _count(v), share(v), _short(v)) for k, v in card.params.items() if k != "total"]
+    rows.append(("**total**", f"**{_count(total)}**", "100%", f"**{_short(total)}**"))
+    parts += [_table(("part", "parameters", "share", ""), rows, "lrrr"), ""]
+    if card.active != total:
+        parts += [f"**Active per token: {_count(card.active)} ({_short(card.active)}, {share(card.active)} of the total)**: "
+                  "a sparse layer runs only the experts its router picks.", ""]
+    else:
+        parts += ["Dense: every parameter is active for every token.", ""]
+
+    parts += ["## Memory", ""]
+    rows = []
+    for label, size in DTYPE_BYTES:
+        rows.append(
+            (
+                label,
+                _bytes(total * size),
+                _count(card.kv_elements_per_token * size),
+                _bytes(card.kv_elements_long * size),
+                _bytes(card.kv_elements_per_token * size * spec.max_seq_len),
+            )
+        )
+    long_label = f"KV cache, {LONG_CONTEXT // 1024}K context"
+    parts += [
+        _table(("dtype", "weights", "KV cache bytes / token", long_label, f"KV cache, max_seq_len {_count(spec.max_seq_len)}"), rows, "lrrrr"),
+        "",
+    ]
+    notes = [f"The KV cache stores keys and values of n_kv_heads heads: {_count(card.kv_elements_per_token)} elements per token over all layers (batch 1)."]
+    if card.windowed:
+        notes.append(f"Sliding-window layers keep only their window, which the {LONG_CONTEXT // 1024}K figure counts; the per-token figure is the uncapped rate.")
+    if LONG_CONTEXT > spec.max_seq_len:
+        notes.append(f"{LONG_CONTEXT // 1024}K exceeds this model's max_seq_len ({_count(spec.max_seq_len)}); that figure is for comparison only.")
+    parts += [" ".join(notes), ""]
+
+    parts += [
+        "## Architecture",
+        "",
+        "The model, then its block as traced from the built modules (`+` is a residual add; a note says how the "
+        "position scheme enters attention).",
+        "",
+        '<div class="grid" markdown>',
+        "",
+        '<div class="mk-diagram" markdown>',
+        "",
+        "**Model**",
+        "",
+        "```mermaid",
+        card.diagram,
+        "```",
+        "",
+        "</div>",
+        "",
+    ]
+    for layers, block in card.layer_groups:
+        which = "every layer" if len(card.layer_groups) == 1 else f"layers {layers}"
+        parts += ['<div class="mk-diagram" markdown>', "", f"**Block: {which}**", "", "```mermaid", block, "```", "", "</div>", ""]
+    parts += ["</div>", ""]
+
+    parts += ["## Components", ""]
+    rows = []
+    kinds = set(registry.kinds())
+    for c in card.components:
+        link = f"[`{c['type']}`]({_rel(page, component_path(c['kind'], c['type']))})" if c["kind"] in kinds else f"`{c['type']}`"
+        prov = f"`{c.get('plugin') or ''}`" + (f" ({c['distribution']} {c.get('version') or ''})".rstrip() if c.get("distribution") else "")
+        paths = c.get("paths", [])
+        where = ", ".join(f"`{p}`" for p in paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
+        rows.append((c["kind"], link, prov, where))
+    parts += [_table(("kind", "type", "plugin", "used at"), rows), ""]
+
+    if spec.overrides:
+        parts += ["## Per-layer overrides", ""]
+        rows = []
+        for o in spec.overrides:
+            replaced = [f"{k}: `{getattr(o, k).type}`" for k in ("attention", "ffn", "norm", "placement", "position") if getattr(o, k) is not None]
+            rows.append((_layer_ranges(o.indices(spec.n_layers)), ", ".join(replaced)))
+        parts += [_table(("layers", "replaced"), rows), ""]
+
+    parts += [
+        '??? example "The spec"',
+        "",
+        textwrap.indent("```json\n" + spec.to_json(indent=2) + "\n```", "    "),
+        "",
+        f"Reproduce this card: `modkit build {card.source} --device meta`.",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def gallery_index(cards: list[SpecCard], registry) -> str:
+    """Markdown of ``gallery/index.md``."""
+    page = "gallery/index.md"
+    parts = [
+        _HIDE_TOC,
+        "# Model gallery",
+        "",
+        f"One model card per spec in `specs/` ({len(cards)} specs), each built on `meta` while the site was built: "
+        "parameter breakdown, active parameters, weight and KV-cache bytes and the block diagram.",
+        "",
+    ]
+    rows = []
+    for c in cards:
+        s = c.spec
+        layer = s.layer(0)
+        total = c.params["total"]
+        rows.append(
+            (
+                f"[{s.name or c.stem}]({_rel(page, gallery_path(c.stem))})",
+                _short(total),
+                _short(c.active) if c.active != total else "(dense)",
+                s.n_layers,
+                _count(s.d_model),
+                f"`{layer.attention.type}`",
+                f"`{layer.ffn.type}`",
+                f"`{s.position.type}`",
+                f"`{layer.placement.type}`",
+                f"`{layer.norm.type}`",
+                _count(c.kv_elements_per_token * 2),
+            )
+        )
+    parts.append(
+        _table(
+            ("model", "params", "active", "layers", "d_model", "attention", "ffn", "position", "placement", "norm", "KV bytes/token (bf16)"),
+            rows,
+            "lrrrrllllll" + "r",
+        )
+    )
+    return "\n".join(parts) + "\n"
