@@ -224,7 +224,7 @@ def test_docs_command_without_mkdocs_config(tmp_path, capsys, monkeypatch):
     missing = tmp_path / "nope.yml"
     if not _have_docs_deps():
         assert main(["docs", "build", "-o", str(tmp_path / "s")]) == 1
-        assert "modkit[docs]" in capsys.readouterr().err
+        assert "modkit-lm[docs]" in capsys.readouterr().err
         return
     assert main(["docs", "build", "-f", str(missing), "-o", str(tmp_path / "s")]) == 1
     assert "nope.yml: no such file" in capsys.readouterr().err
@@ -258,7 +258,7 @@ class _Links(html.parser.HTMLParser):
 @pytest.fixture(scope="module")
 def built_site(tmp_path_factory):
     if not _have_docs_deps():
-        pytest.skip("docs extra not installed (pip install 'modkit[docs]')")
+        pytest.skip("docs extra not installed (pip install 'modkit-lm[docs]')")
     work = tmp_path_factory.mktemp("docs")
     extra = _install_example(work)
     env = dict(os.environ)

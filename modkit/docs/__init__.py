@@ -37,7 +37,7 @@ module              renders
 ==================  ===============================================================================================
 
 ``modkit docs build [-o DIR]`` builds the site (strict by default) and ``modkit docs serve`` serves it with live
-reload; both need the ``docs`` extra (``pip install 'modkit[docs]'``).
+reload; both need the ``docs`` extra (``pip install 'modkit-lm[docs]'``).
 """
 
 from __future__ import annotations

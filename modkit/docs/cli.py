@@ -62,7 +62,7 @@ def add_subcommands(subparsers) -> None:
         "docs",
         help="build or serve the documentation site",
         description="Build or serve the mkdocs site; component pages and the model gallery are generated from "
-        "the installed components and specs/ (needs pip install 'modkit[docs]').",
+        "the installed components and specs/ (needs pip install 'modkit-lm[docs]').",
     )
     sub = p.add_subparsers(dest="docs_command", metavar="ACTION", parser_class=type(p))
     sub.required = True

@@ -68,7 +68,7 @@ def _require_mkdocs():
         except ImportError:
             missing.append(mod)
     if missing:
-        raise UserError(f"the docs need {', '.join(missing)}; install them with: pip install 'modkit[docs]'")
+        raise UserError(f"the docs need {', '.join(missing)}; install them with: pip install 'modkit-lm[docs]'")
 
 
 def _quiet_banners() -> None:
