@@ -246,7 +246,9 @@ def register_components(register) -> None:
                 config=AttentionConfig,
                 factory=lambda cfg, ctx: Attention(cfg, ctx),
                 description=f"{names[t].capitalize()} scaled dot-product attention with optional biases, QK-norm, "
-                "sliding window and KV cache. [batch, seq, d_model] -> [batch, seq, d_model]; the cache holds "
+                r"sliding window and KV cache. Per head $\mathrm{softmax}(s\, q k^\top + B)\,v$ with $s$ = scale "
+                r"(default $1 / \sqrt{d_h}$, $d_h$ = head_dim) and $B$ the mask and position bias. "
+                "[batch, seq, d_model] -> [batch, seq, d_model]; the cache holds "
                 "[batch, n_kv_heads, seq, head_dim] keys and values.",
                 reference=refs[t],
                 capabilities={

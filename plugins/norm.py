@@ -123,7 +123,8 @@ def register_components(register) -> None:
             config=RMSNormConfig,
             factory=lambda cfg, ctx: RMSNorm(_dim(ctx), cfg.eps, cfg.unit_offset),
             description="Root-mean-square normalisation over the last dimension (statistics in float32), "
-            "scaled by weight or by (1 + weight) as in Gemma. [batch, seq, dim] -> [batch, seq, dim].",
+            r"scaled by weight or by (1 + weight) as in Gemma. $y = x / \sqrt{\mathrm{mean}(x^2) + \epsilon} \cdot w$ "
+            r"with $\epsilon$ = eps and $w$ = weight (or $1 + w$ with unit_offset). [batch, seq, dim] -> [batch, seq, dim].",
             reference="Zhang & Sennrich 2019, Root Mean Square Layer Normalization, arXiv:1910.07467; "
             "(1 + w) form: Gemma (google-deepmind/gemma)",
             capabilities=caps,

@@ -218,6 +218,50 @@ def test_api_pages_cover_the_package(pages):
         assert f"::: {name}" in pages[f"reference/api/{name}.md"]
 
 
+def test_packaged_and_repository_configurations():
+    """One configuration, shipped in the package; the repository's mkdocs.yml inherits it and changes the pages."""
+    if not _have_docs_deps():
+        pytest.skip("docs extra not installed (pip install 'modkit-lm[docs]')")
+    from mkdocs.config import load_config
+
+    from modkit.docs import plugin, site
+
+    assert site.find_config() == REPO / "mkdocs.yml", "a checkout builds the full project site by default"
+    packaged = load_config(config_file=str(site.PACKAGED_CONFIG))
+    repo = load_config(config_file=str(REPO / "mkdocs.yml"))
+    assert Path(packaged["docs_dir"]) == plugin.PAGES and Path(repo["docs_dir"]) == REPO / "docs"
+    for cfg in (packaged, repo):
+        assert "modkit" in cfg["plugins"] and "gen-files" not in cfg["plugins"]
+        assert list(cfg["plugins"]).index("modkit") < list(cfg["plugins"]).index("literate-nav")
+        assert cfg["theme"]["font"] is False, "no Google Fonts"
+        assert not cfg["hooks"], "hooks are file paths; the plugin does their work"
+        assert "pymdownx.arithmatex" in cfg["markdown_extensions"]
+        for asset in [*map(str, cfg["extra_javascript"]), *cfg["extra_css"]]:
+            assert not asset.startswith(("http:", "https:", "//")), asset
+            assert (plugin.PAGES / asset).is_file(), f"{asset} is not in the packaged pages"
+    assert [str(s) for s in repo["extra_javascript"]] == [str(s) for s in packaged["extra_javascript"]]
+    assert plugin.spec_folder(REPO / "mkdocs.yml") == REPO / "specs"
+    assert plugin.spec_folder(site.PACKAGED_CONFIG, cwd=EXAMPLE) == EXAMPLE / "specs"
+
+
+def test_vendored_assets_match_their_pins():
+    """The bundled Mermaid and KaTeX are the versions docs/scripts/vendor_assets.py pins, with their licences."""
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("vendor_assets", REPO / "docs" / "scripts" / "vendor_assets.py")
+    vendor = iu.module_from_spec(spec)
+    spec.loader.exec_module(vendor)
+    versions = (vendor.VENDOR / "VERSIONS.txt").read_text()
+    for name, (version, integrity, _) in vendor.PINS.items():
+        assert f"{name} {version} {integrity}" in versions
+        assert (vendor.VENDOR / name / "LICENSE").is_file()
+    assert vendor.PINS["mermaid"][0].startswith("11."), "material draws with the Mermaid 11 API"
+    # each bundle carries its own version string
+    assert f'version:"{vendor.PINS["mermaid"][0]}"' in (vendor.VENDOR / "mermaid" / "mermaid.min.js").read_text()
+    assert f'version:"{vendor.PINS["katex"][0]}"' in (vendor.VENDOR / "katex" / "katex.min.js").read_text()
+    assert len(list((vendor.VENDOR / "katex" / "fonts").glob("*.woff2"))) == 20
+
+
 def test_docs_command_without_mkdocs_config(tmp_path, capsys, monkeypatch):
     from modkit.cli import main
 

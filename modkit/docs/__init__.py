@@ -1,8 +1,21 @@
 """The documentation site: pages generated from the live registry and ``specs/``, and ``modkit docs``.
 
-The site is an mkdocs-material project (``mkdocs.yml`` at the repository root, hand-written sources in ``docs/``).
-Nothing generated is checked in: at build time ``docs/scripts/gen_pages.py`` (an mkdocs-gen-files script) calls
-:func:`generate`, which returns ``{path: text}`` for
+The site is an mkdocs-material project with one configuration, shipped in the package:
+``modkit/docs/web/mkdocs.yml``, whose hand-written pages and assets (home, concepts, CSS, and the Mermaid and
+KaTeX that draw diagrams and formulas offline) are ``web/pages/``. That is the whole code path: ``modkit docs
+build`` loads a configuration and runs mkdocs in-process, and the ``modkit`` mkdocs plugin (:mod:`.plugin`,
+registered as an entry point, so the configuration names no file path) adds the generated pages, the packaged
+pages a ``docs_dir`` lacks, and the link rewriting. Which configuration (:func:`~modkit.docs.site.find_config`):
+
+* from an installed wheel, the packaged one: home, concepts, components, the gallery of ``./specs`` and the
+  reference, written to ``./site``; a plugin author who installs modkit-lm and their package gets their
+  components beside the built-ins;
+* from a checkout (editable install), the repository's ``mkdocs.yml``, which inherits the packaged file (``INHERIT``)
+  and only sets ``docs_dir: docs``: the same site plus the guides, the experiments and the project's home page;
+* ``--config-file`` chooses any other.
+
+Nothing generated is checked in: at build time the plugin calls :func:`generate`, which returns ``{path: text}``
+for
 
 * ``components/``: an overview table of every registered component, one index page per kind and one page per
   component (kind, type, description, provider, capabilities, a field table from the config's JSON Schema, the
@@ -18,23 +31,21 @@ Whatever is installed shows up, third-party plugins included: nothing here names
 
 Which module renders which page:
 
-==================  ===============================================================================================
-module              renders
-==================  ===============================================================================================
-``pages``           :func:`generate`: every generated page at once, ``{docs-relative path: text}``
-``components``      ``components/index.md`` (overview), ``components/<kind>/index.md``, ``components/<kind>/<type>.md``
-                    and ``components/SUMMARY.md``
-``gallery``         ``gallery/index.md`` and ``gallery/<spec>.md`` (model cards)
-``schema``          the field tables of component pages and ``reference/spec.md``
-``cli_reference``   ``reference/cli.md``
-``api_reference``   ``reference/api/*.md``, and the griffe extension :class:`SphinxRoles` mkdocstrings loads
-``contracts``       the kind contracts, ``acts_on`` sentences and "goes in a spec at" facts the component pages show
-``params``          the parameter counts and ``P(d)`` formulas of component pages
-``diagrams``        the Mermaid block diagrams (placement pages, gallery cards) and the model flow (gallery cards)
-``markdown``        shared helpers: tables, escaping, number formats, page paths, :class:`DocsError`
-``site``            the mkdocs driver (find the config, :func:`build_site`) and the link-rewriting hook
-``cli``             ``modkit docs build`` / ``modkit docs serve`` (:func:`add_subcommands`)
-==================  ===============================================================================================
+* ``pages``: :func:`generate`, every generated page at once, ``{docs-relative path: text}``;
+* ``components``: ``components/index.md`` (overview), ``components/<kind>/index.md``,
+  ``components/<kind>/<type>.md`` and ``components/SUMMARY.md``;
+* ``gallery``: ``gallery/index.md`` and ``gallery/<spec>.md`` (model cards);
+* ``schema``: the field tables of component pages, and ``reference/spec.md``;
+* ``cli_reference``: ``reference/cli.md``;
+* ``api_reference``: ``reference/api/*.md``, and the griffe extension :class:`SphinxRoles` mkdocstrings loads;
+* ``contracts``: the kind contracts, ``acts_on`` sentences and "goes in a spec at" facts of component pages;
+* ``params``: the parameter counts and ``P(d)`` formulas of component pages;
+* ``diagrams``: the Mermaid block diagrams (placement pages, gallery cards) and the model flow (gallery cards);
+* ``markdown``: shared helpers: tables, escaping, number formats, page paths, :class:`DocsError`;
+* ``site``: the mkdocs driver (:func:`find_config`, :func:`build_site`) and the link rewriting;
+* ``plugin``: the ``modkit`` mkdocs plugin (imports mkdocs; loaded by mkdocs, not by this package);
+* ``cli``: ``modkit docs build`` / ``modkit docs serve`` (:func:`add_subcommands`);
+* ``web/`` (package data): ``mkdocs.yml`` and ``pages/`` (hand-written pages, CSS/JS, ``assets/vendor``).
 
 ``modkit docs build [-o DIR]`` builds the site (strict by default) and ``modkit docs serve`` serves it with live
 reload; both need the ``docs`` extra (``pip install 'modkit-lm[docs]'``).

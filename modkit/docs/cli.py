@@ -9,18 +9,17 @@ from .markdown import DocsError
 from .site import build_site, find_config, _log_to_stderr, _quiet_banners, _require_mkdocs
 
 
-def _config_path(args) -> Path:
-    from ..cli import UserError
+CONFIG_HELP = ("mkdocs.yml to use (default: the repository's in a checkout of modkit, else the one shipped in the "
+               "package; the gallery shows specs/ next to it, else ./specs)")
 
+
+def _config_path(args) -> Path:
     if args.config_file:
         path = Path(args.config_file)
         if not path.is_file():
             raise FileNotFoundError(f"{args.config_file}: no such file")
         return path
-    path = find_config()
-    if path is None:
-        raise UserError("no mkdocs.yml found here or above, nor next to the modkit package; pass --config-file")
-    return path
+    return find_config()
 
 
 def cmd_docs_build(args: argparse.Namespace) -> int:
@@ -43,15 +42,21 @@ def cmd_docs_build(args: argparse.Namespace) -> int:
 
 
 def cmd_docs_serve(args: argparse.Namespace) -> int:
-    """``modkit docs serve [-a ADDR]``: live-reloading server (rebuilds on edits to docs/, modkit/, plugins/, specs/)."""
+    """``modkit docs serve [-a ADDR]``: live-reloading server (rebuilds on edits to the pages, and in a checkout to
+    modkit/ and plugins/, and to the gallery's specs/)."""
     _require_mkdocs()
     from mkdocs.commands.serve import serve
+
+    from .plugin import spec_folder
 
     config = _config_path(args)
     _quiet_banners()
     _log_to_stderr()
     root = config.parent
-    watch = [str(root / d) for d in ("modkit", "plugins", "specs") if (root / d).is_dir()]
+    watch = [str(root / d) for d in ("modkit", "plugins") if (root / d).is_dir()]
+    specs = spec_folder(config)
+    if specs is not None:
+        watch.append(str(specs))
     serve(config_file=str(config), dev_addr=args.dev_addr, livereload=True, watch=watch, strict=False)
     return 0
 
@@ -62,16 +67,17 @@ def add_subcommands(subparsers) -> None:
         "docs",
         help="build or serve the documentation site",
         description="Build or serve the mkdocs site; component pages and the model gallery are generated from "
-        "the installed components and specs/ (needs pip install 'modkit-lm[docs]').",
+        "the installed components (third-party plugins included) and specs/ (needs pip install 'modkit-lm[docs]').",
     )
     sub = p.add_subparsers(dest="docs_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
     b = sub.add_parser("build", help="build the static site", description="Build the static site (strict: any warning fails).")
-    b.add_argument("-o", "--output", metavar="DIR", help="output folder (default: site/ next to mkdocs.yml)")
-    b.add_argument("-f", "--config-file", metavar="FILE", help="mkdocs.yml to use (default: found from the current folder)")
+    b.add_argument("-o", "--output", metavar="DIR", help="output folder (default: site/ next to the repository's mkdocs.yml "
+                   "in a checkout, else ./site)")
+    b.add_argument("-f", "--config-file", metavar="FILE", help=CONFIG_HELP)
     b.add_argument("--no-strict", action="store_true", help="do not fail on warnings")
     b.set_defaults(func=cmd_docs_build)
     s = sub.add_parser("serve", help="serve the site with live reload", description="Serve the site on a local address, rebuilding on edits.")
     s.add_argument("-a", "--dev-addr", metavar="IP:PORT", default="127.0.0.1:8000", help="address to serve on")
-    s.add_argument("-f", "--config-file", metavar="FILE", help="mkdocs.yml to use (default: found from the current folder)")
+    s.add_argument("-f", "--config-file", metavar="FILE", help=CONFIG_HELP)
     s.set_defaults(func=cmd_docs_serve)

@@ -1,9 +1,8 @@
 """The mkdocs driver: find the site configuration, check the docs extra, build the site in this process, and the
-hook that rewrites links leaving the docs folder."""
+link rewriting the ``modkit`` mkdocs plugin (:mod:`modkit.docs.plugin`) applies to every page."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 from pathlib import Path
@@ -47,28 +46,45 @@ def rewrite_outside_links(markdown: str, page_src: str, docs_dir: Path, repo_roo
     return re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)", fix, markdown)
 
 
-def find_config(start: Optional[Path] = None) -> Optional[Path]:
-    """``mkdocs.yml`` of the modkit repository: searched from ``start`` (cwd) upwards, then next to the package."""
-    here = Path(start or Path.cwd()).resolve()
-    for d in [here, *here.parents]:
-        cand = d / "mkdocs.yml"
-        if cand.is_file() and (d / "docs").is_dir():
-            return cand
-    cand = Path(__file__).resolve().parents[2] / "mkdocs.yml"
-    return cand if cand.is_file() else None
+#: The packaged site configuration (``modkit/docs/web/mkdocs.yml``; its pages are ``web/pages/``).
+PACKAGED_CONFIG = Path(__file__).resolve().parent / "web" / "mkdocs.yml"
 
 
-def _require_mkdocs():
+def find_config() -> Path:
+    """The configuration ``modkit docs`` uses without ``--config-file``.
+
+    The repository's ``mkdocs.yml`` when modkit runs from a checkout (an editable install: the full project site,
+    guides and experiments included; that file inherits :data:`PACKAGED_CONFIG` and sets ``docs_dir: docs``),
+    else :data:`PACKAGED_CONFIG` (an installed wheel: home, concepts, components, gallery and reference). The
+    current folder is not searched: a plugin author's own ``mkdocs.yml`` there is their site, not this one.
+    """
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "mkdocs.yml").is_file() and (repo / "docs").is_dir() and (repo / "pyproject.toml").is_file():
+        return repo / "mkdocs.yml"
+    return PACKAGED_CONFIG
+
+
+def _require_mkdocs() -> None:
+    """Check that the docs extra and modkit's mkdocs plugin are installed.
+
+    Raises:
+        modkit.cli.UserError: naming the missing modules and the install command.
+    """
+    import importlib.metadata
+
     from ..cli import UserError
 
     missing = []
-    for mod in ("mkdocs", "material", "mkdocs_gen_files", "mkdocs_literate_nav", "mkdocstrings"):
+    for mod in ("mkdocs", "material", "mkdocs_literate_nav", "mkdocstrings", "mkdocstrings_handlers.python"):
         try:
             importlib.import_module(mod)
         except ImportError:
-            missing.append(mod)
+            missing.append(mod.split(".")[0])
     if missing:
         raise UserError(f"the docs need {', '.join(missing)}; install them with: pip install 'modkit-lm[docs]'")
+    if not importlib.metadata.entry_points(group="mkdocs.plugins", name="modkit"):
+        raise UserError("modkit's mkdocs plugin is not registered (modkit runs without its package metadata); "
+                        "install modkit with pip (in a checkout: pip install -e '.[docs]')")
 
 
 def _quiet_banners() -> None:
@@ -94,6 +110,9 @@ def _log_to_stderr() -> None:
 def build_site(config_file: Path, site_dir: Optional[Path] = None, *, strict: bool = True) -> Path:
     """Build the site with mkdocs (in this process); returns the output folder.
 
+    ``site_dir`` defaults to the configuration's own ``site_dir``, except for :data:`PACKAGED_CONFIG`, whose
+    output goes to ``./site`` of the current folder (never into the installed package).
+
     Raises:
         DocsError: mkdocs aborted (in strict mode: any warning).
     """
@@ -102,6 +121,8 @@ def build_site(config_file: Path, site_dir: Optional[Path] = None, *, strict: bo
     from mkdocs.exceptions import MkDocsException
 
     kwargs: dict[str, Any] = {"strict": strict}
+    if site_dir is None and Path(config_file).resolve() == PACKAGED_CONFIG:
+        site_dir = Path("site")
     if site_dir is not None:
         kwargs["site_dir"] = str(Path(site_dir).resolve())
     try:

@@ -1,0 +1,90 @@
+"""The ``modkit`` mkdocs plugin: everything the site build adds to plain mkdocs-material.
+
+Registered under the ``mkdocs.plugins`` entry-point group (``plugins: [modkit]`` in
+``modkit/docs/web/mkdocs.yml``), so the configuration names no file path and works wherever modkit is installed.
+On each build it
+
+* adds the pages and assets of the packaged ``web/pages/`` folder that the configured ``docs_dir`` lacks (the
+  repository's ``docs/`` brings the guides and its own home page and navigation; a build from the packaged
+  configuration uses ``web/pages/`` itself, so nothing is added);
+* adds every page :func:`modkit.docs.generate` returns, run against the live registry (every installed plugin)
+  and the specs of :func:`spec_folder`; they exist only in the build;
+* rewrites Markdown links that leave the docs folder (:func:`modkit.docs.site.rewrite_outside_links`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from mkdocs.config import config_options
+from mkdocs.config.base import Config
+from mkdocs.plugins import BasePlugin
+from mkdocs.structure.files import File, Files, InclusionLevel
+
+#: The packaged site: ``mkdocs.yml`` and its ``pages/``.
+WEB = Path(__file__).resolve().parent / "web"
+PAGES = WEB / "pages"
+
+
+def spec_folder(config_file: Path, cwd: Optional[Path] = None) -> Optional[Path]:
+    """The folder of the gallery's specs: ``specs/`` next to the configuration file when there is one (the
+    repository), else ``specs/`` of ``cwd`` (the current folder: a plugin author's project); ``None`` if neither
+    is a folder."""
+    for cand in (Path(config_file).resolve().parent / "specs", Path(cwd or Path.cwd()) / "specs"):
+        if cand.is_dir():
+            return cand
+    return None
+
+
+class ModkitPluginConfig(Config):
+    """Options of the ``modkit`` plugin."""
+
+    #: Folder of the gallery's specs (relative to the configuration file); default :func:`spec_folder`.
+    specs = config_options.Optional(config_options.Dir(exists=True))
+
+
+class ModkitPlugin(BasePlugin[ModkitPluginConfig]):
+    """Add the packaged pages, the generated pages and the link rewriting to a build (see the module docstring)."""
+
+    def on_files(self, files: Files, *, config) -> Files:
+        """Add the packaged pages ``docs_dir`` lacks, then every generated page.
+
+        Raises:
+            modkit.docs.DocsError: a component's example config or a spec does not validate.
+        """
+        from .pages import generate
+
+        docs_dir = Path(config["docs_dir"]).resolve()
+        exclude = config.get("exclude_docs")
+
+        def inclusion(src_uri: str) -> InclusionLevel:
+            return InclusionLevel.EXCLUDED if exclude is not None and exclude.match_file(src_uri) else InclusionLevel.UNDEFINED
+
+        if docs_dir != PAGES.resolve():
+            for path in sorted(p for p in PAGES.rglob("*") if p.is_file()):
+                src_uri = path.relative_to(PAGES).as_posix()
+                if files.get_file_from_path(src_uri) is None:
+                    files.append(File.generated(config, src_uri, abs_src_path=str(path), inclusion=inclusion(src_uri)))
+        config_file = Path(config["config_file_path"])
+        specs = Path(self.config.specs) if self.config.specs else spec_folder(config_file)
+        root = specs.parent if specs is not None else config_file.parent
+        for src_uri, text in generate(spec_dir=specs, root=root).items():
+            existing = files.get_file_from_path(src_uri)
+            if existing is not None:
+                files.remove(existing)
+            files.append(File.generated(config, src_uri, content=text, inclusion=inclusion(src_uri)))
+        return files
+
+    def on_page_markdown(self, markdown: str, *, page, config, files) -> str:
+        """Rewrite links that leave the docs folder (to ``repo_url`` when configured, else to the path in code)."""
+        from .site import rewrite_outside_links
+
+        docs_dir = Path(config["docs_dir"])
+        root = Path(config["config_file_path"]).resolve().parent
+        return rewrite_outside_links(markdown, page.file.src_uri, docs_dir, root, config.get("repo_url"))
+
+    def on_serve(self, server, *, config, builder):
+        """Rebuild on edits to the packaged pages too (they are not under ``docs_dir`` in the repository)."""
+        server.watch(str(PAGES))
+        return server
