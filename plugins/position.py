@@ -558,8 +558,8 @@ def register_components(register) -> None:
             config=SinusoidalConfig,
             factory=lambda cfg, ctx: Sinusoidal(cfg, ctx.max_seq_len, ctx.d_model),
             description="Fixed sinusoidal absolute positions added to the token embeddings. "
-            r"x [batch, seq, d_model] + PE[positions] with $PE_{p,2i} = \sin(p / b^{2i/d})$ and "
-            r"$PE_{p,2i+1} = \cos(p / b^{2i/d})$ ($b$ = base, $d$ = d_model). "
+            r"x [batch, seq, d_model] + PE[positions] with $\mathrm{PE}_{p,2i} = \sin(p / b^{2i/d})$ and "
+            r"$\mathrm{PE}_{p,2i+1} = \cos(p / b^{2i/d})$ ($b$ = base, $d$ = d_model). "
             "Odd d_model supported; the table [max_seq_len, d_model] is a float32 buffer recomputed at init.",
             reference="Vaswani et al. 2017, Attention Is All You Need, §3.5, arXiv:1706.03762",
             capabilities={"acts_on": "embedding", "compile_safe": True, "stateless": True},
