@@ -230,6 +230,29 @@ def test_docs_command_without_mkdocs_config(tmp_path, capsys, monkeypatch):
     assert "nope.yml: no such file" in capsys.readouterr().err
 
 
+def test_docstrings_render_as_written(tmp_path):
+    from modkit.docs.api_reference import docstring_problems
+
+    pytest.importorskip("griffe")
+    assert docstring_problems() == []
+    # the check finds both kinds of defect: a continuation line at the first line's indent, a "name: ..." first line
+    pkg = tmp_path / "badpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        'def split():\n    """Do.\n\n    Returns:\n        ``[batch, seq]`` logits, or the hidden states when\n'
+        '        ``hidden`` is set.\n    """\n\n\n'
+        'def named():\n    """Do.\n\n    Returns:\n        total: the sum.\n    """\n\n\n'
+        'def fine():\n    """Do.\n\n    Returns:\n        ``[batch, seq]`` logits, or the hidden states when\n'
+        '            ``hidden`` is set.\n    """\n'
+    )
+    problems = docstring_problems("badpkg", search_paths=[str(tmp_path)])
+    assert len(problems) == 2, problems
+    assert any("badpkg.split" in p and "2 value(s)" in p for p in problems)
+    assert any("badpkg.named" in p and "named 'total'" in p for p in problems)
+    with pytest.raises(docs.DocsError, match="badpkg.split"):
+        docs.check_docstrings("badpkg", search_paths=[str(tmp_path)])
+
+
 # ------------------------------------------------------------------------------------------------ the built site
 
 

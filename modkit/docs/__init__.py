@@ -27,7 +27,8 @@ module              renders
 ``gallery``         ``gallery/index.md`` and ``gallery/<spec>.md`` (model cards)
 ``schema``          the field tables of component pages and ``reference/spec.md``
 ``cli_reference``   ``reference/cli.md``
-``api_reference``   ``reference/api/*.md``, and the griffe extension :class:`SphinxRoles` mkdocstrings loads
+``api_reference``   ``reference/api/*.md``, the griffe extension :class:`SphinxRoles` mkdocstrings loads and the
+                    docstring check (:func:`check_docstrings`)
 ``contracts``       the kind contracts, ``acts_on`` sentences and "goes in a spec at" facts the component pages show
 ``params``          the parameter counts and ``P(d)`` formulas of component pages
 ``diagrams``        the Mermaid block diagrams (placement pages, gallery cards) and the model flow (gallery cards)
@@ -42,7 +43,7 @@ reload; both need the ``docs`` extra (``pip install 'modkit[docs]'``).
 
 from __future__ import annotations
 
-from .api_reference import API_SKIP, SphinxRoles, api_modules, api_pages
+from .api_reference import API_SKIP, DOCSTRING_OPTIONS, SphinxRoles, api_modules, api_pages, check_docstrings, docstring_problems
 from .cli import add_subcommands, cmd_docs_build, cmd_docs_serve
 from .cli_reference import cli_reference_page
 from .components import (
@@ -66,6 +67,7 @@ from .site import build_site, find_config, log, rewrite_outside_links
 
 __all__ = [
     "API_SKIP",
+    "DOCSTRING_OPTIONS",
     "DTYPE_BYTES",
     "EXAMPLE_CONTEXT",
     "FIT_D_MODELS",
@@ -82,6 +84,7 @@ __all__ = [
     "api_modules",
     "api_pages",
     "build_site",
+    "check_docstrings",
     "cli_reference_page",
     "cmd_docs_build",
     "cmd_docs_serve",
@@ -90,6 +93,7 @@ __all__ = [
     "component_path",
     "components_nav",
     "contracts_preamble",
+    "docstring_problems",
     "field_rows",
     "find_config",
     "fit_quadratic",
