@@ -125,7 +125,7 @@ def register_components(register) -> None:
             description="Root-mean-square normalisation over the last dimension (statistics in float32), "
             "scaled by weight or by (1 + weight) as in Gemma. [batch, seq, dim] -> [batch, seq, dim].",
             reference="Zhang & Sennrich 2019, Root Mean Square Layer Normalization, arXiv:1910.07467; "
-            "(1 + w) form: Gemma (google-deepmind/gemma)",
+            "(1 + w) form: Gemma (github.com/google-deepmind/gemma)",
             capabilities=caps,
             param_count=_count,
             flops=flops,

@@ -257,7 +257,7 @@ def register_components(register) -> None:
             factory=lambda cfg, ctx: ParallelBlock(cfg, ctx),
             description="Parallel block: x + attn(attn_norm(x)) + ffn(n2(x)), n2 = attn_norm when shared_norm "
             "(one norm per block) else ffn_norm (two). [batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="Wang & Komatsuzaki 2021, GPT-J-6B (kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
+            reference="Wang & Komatsuzaki 2021, GPT-J-6B (github.com/kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
             "PaLM, arXiv:2204.02311",
             capabilities=caps,
             flops=flops,

@@ -542,7 +542,7 @@ def register_components(register) -> None:
             "by position × frequency. Layouts half_split / interleaved, partial rotary (an even rotary width), and "
             "frequency scalings: linear, llama3, dynamic NTK, YaRN (with its attention factor) and LongRoPE.",
             reference="Su et al. 2021, RoFormer, arXiv:2104.09864; linear: Chen et al. 2023, arXiv:2306.15595; llama3: "
-            "meta-llama/llama-models; dynamic NTK: transformers _compute_dynamic_ntk_parameters; YaRN: Peng et al. 2023, "
+            "github.com/meta-llama/llama-models; dynamic NTK: transformers _compute_dynamic_ntk_parameters; YaRN: Peng et al. 2023, "
             "arXiv:2309.00071; LongRoPE: Ding et al. 2024, arXiv:2402.13753",
             capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,

@@ -55,11 +55,11 @@ from .components import (
     overview_page,
     validate_examples,
 )
-from .contracts import acts_on_text, contracts_preamble, kind_contracts, slot_places
+from .contracts import acts_on_text, contracts_preamble, kind_contract, kind_contracts, slot_places
 from .diagrams import mermaid_block, trace_block
 from .gallery import DTYPE_BYTES, LONG_CONTEXT, SpecCard, gallery_index, gallery_page, spec_card
 from .markdown import DocsError, component_path, gallery_path, kind_path
-from .pages import PLUGIN_GUIDE, generate
+from .pages import exclude_generated, PLUGIN_GUIDE, generate
 from .params import EXAMPLE_CONTEXT, FIT_D_MODELS, ParamInfo, fit_quadratic, formula, param_info
 from .params import _build_alone, _default_norm  # noqa: F401 - used by tests/test_docs.py
 from .schema import FieldRow, field_rows, spec_reference_page
@@ -94,6 +94,7 @@ __all__ = [
     "components_nav",
     "contracts_preamble",
     "docstring_problems",
+    "exclude_generated",
     "field_rows",
     "find_config",
     "fit_quadratic",
@@ -102,6 +103,7 @@ __all__ = [
     "gallery_page",
     "gallery_path",
     "generate",
+    "kind_contract",
     "kind_contracts",
     "kind_index_page",
     "kind_path",

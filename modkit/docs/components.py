@@ -7,7 +7,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .contracts import acts_on_text
+from .contracts import acts_on_text, kind_contract
 from .diagrams import _placement_diagram
 from .markdown import (
     _cell,
@@ -49,6 +49,16 @@ def _caps_inline(entry) -> str:
         else:
             parts.append(f"`{k}`")
     return " ".join(parts)
+
+
+def _cap_value(value: Any) -> str:
+    """A capability value for a table cell: a mapping as one ``key: value`` code span per line (a tensor-parallel
+    plan would otherwise be one unbreakable line wider than the page), anything else as compact JSON."""
+    if isinstance(value, Mapping) and value:
+        return "<br>".join(_cell(f"`{k}: {json.dumps(v, default=str)}`".replace('"', "")) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and value:
+        return "<br>".join(_cell(f"`{json.dumps(v, default=str)}`") for v in value)
+    return _cell("`" + json.dumps(value, default=str).replace("`", "'") + "`")
 
 
 @dataclass
@@ -187,16 +197,12 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
         "",
         _link_references(_rst_to_md(" ".join(entry.description.split()))),
         "",
-        _table(("", ""), facts),
+        _table(("property", "value"), facts),
         "",
         "## Shapes",
         "",
     ]
-    contract = contracts.get(entry.kind)
-    if contract:
-        parts.append(f"Contract of every `{entry.kind}` ([`modkit.interfaces`]({_rel(page, 'reference/api/modkit.interfaces.md')})): {contract}")
-    else:
-        parts.append(f"The core defines no calling convention for `{entry.kind}`; its description above gives the shapes.")
+    parts.append(f"Contract of every `{entry.kind}`: " + kind_contract(entry.kind, contracts, places, page))
     acts = entry.capabilities.get("acts_on")
     if acts is not None:
         parts += ["", f"**Acts on `{acts}`**: {acts_on_text(acts)}"]
@@ -210,8 +216,7 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
     if entry.capabilities:
         rows = []
         for k, v in sorted(entry.capabilities.items()):
-            value = json.dumps(v, default=str).replace("`", "'")
-            rows.append((f"`{k}`", _cell(f"`{value}`"), _cell(KNOWN_CAPABILITIES.get(k, "(declared by the plugin)"))))
+            rows.append((f"`{k}`", _cap_value(v), _cell(KNOWN_CAPABILITIES.get(k, "(declared by the plugin)"))))
         parts.append(_table(("capability", "value", "meaning"), rows))
     else:
         parts.append("None declared.")
@@ -249,11 +254,10 @@ def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Ma
     """Markdown of a kind's index page."""
     page = kind_path(kind)
     mine = [d for d in docs if d.entry.kind == kind]
-    parts = [_HIDE_TOC, f"# {kind}", ""]
-    if kind in contracts:
-        parts += [f"**Contract** ([`modkit.interfaces`]({_rel(page, 'reference/api/modkit.interfaces.md')})): {contracts[kind]}", ""]
+    parts = [_HIDE_TOC, f"# {kind}", "", "## Contract", "", kind_contract(kind, contracts, places, page), ""]
     if places.get(kind):
         parts += ["Goes in a spec at " + ", ".join(places[kind]) + ".", ""]
+    parts += ["## Components", ""]
     rows = []
     for d in mine:
         e = d.entry

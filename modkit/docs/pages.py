@@ -71,3 +71,26 @@ def generate(registry=None, *, spec_dir: Optional[Path] = None, docs_dir: Option
             "[compose a model](compose.md) shows how its components are used in a spec.\n"
         )
     return pages
+
+
+def exclude_generated(files, exclude_docs) -> list[str]:
+    """Apply the site's ``exclude_docs`` to generated files too; returns the paths newly excluded.
+
+    mkdocs applies ``exclude_docs`` when it reads ``docs_dir``, before mkdocs-gen-files adds the generated pages, so
+    a generated literate-nav ``SUMMARY.md`` would otherwise be built as a page (and indexed by the search). An
+    excluded file is still read by literate-nav, which is all a nav file is for.
+
+    Args:
+        files: mkdocs' ``Files`` (anything iterable over ``File`` objects with ``src_uri`` and ``inclusion``).
+        exclude_docs: the config's ``exclude_docs`` (a ``pathspec`` spec with ``match_file``), or ``None``.
+    """
+    from mkdocs.structure.files import InclusionLevel
+
+    if exclude_docs is None:
+        return []
+    out = []
+    for f in files:
+        if not f.inclusion.is_excluded() and exclude_docs.match_file(f.src_uri):
+            f.inclusion = InclusionLevel.EXCLUDED
+            out.append(f.src_uri)
+    return out
