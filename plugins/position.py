@@ -516,6 +516,37 @@ def _head_dim(ctx: BuildContext) -> int:
     return ctx.head_dim
 
 
+#: Key formulas of the docs pages (pymdownx.arithmatex).
+_MATH = {
+    "rope": r"""Query and key features form $r/2$ pairs $(a_i, b_i)$ ($r$ = the rotary width, head_dim or its partial
+rotary part; half_split pairs feature $i$ with $i + r/2$, interleaved pairs $2i$ with $2i + 1$). At position $p$
+each pair is rotated by the angle $p\, \theta_i$:
+
+$$a_i' = a_i \cos(p\,\theta_i) - b_i \sin(p\,\theta_i), \qquad b_i' = b_i \cos(p\,\theta_i) + a_i \sin(p\,\theta_i),
+\qquad \theta_i = \Theta^{-2i/r}$$
+
+$\Theta$ = theta, $i = 0, \dots, r/2 - 1$. The score $q_m'^\top k_n'$ then depends on the positions only through
+$m - n$. A scaling rescales the $\theta_i$ (linear: all by $1/s$; llama3: by frequency band; YaRN, LongRoPE: per
+dimension, YaRN also scales the rotated values by its attention factor).""",
+    "sinusoidal": r"""For position $p$ and feature pair $i$ of $d$ = d_model, with $b$ = base:
+
+$$PE_{p,2i} = \sin\!\left(\frac{p}{b^{2i/d}}\right), \qquad PE_{p,2i+1} = \cos\!\left(\frac{p}{b^{2i/d}}\right),
+\qquad x_p' = x_p + PE_p$$
+
+With an odd $d$ the last feature is a sine whose cosine partner is dropped.""",
+    "learned": r"""$$x_p' = x_p + W_p, \qquad W \in \mathbb{R}^{L \times d}$$
+
+$L$ = max_seq_len, $d$ = d_model; $W$ is trained with the model, initialised $\mathcal{N}(0, \sigma^2)$ with
+$\sigma$ = init_std.""",
+    "alibi": r"""Head $h$ of $n$ = n_heads adds a bias linear in the distance between query position $i$ and key position $j$
+to its attention scores:
+
+$$s_{hij} \leftarrow s_{hij} - \lambda\, m_h\, |i - j|, \qquad m_h = 2^{-8h/n} \quad (h = 1, \dots, n)$$
+
+$\lambda$ = scale. When $n$ is not a power of two, the slopes are those of the largest power of two $n' < n$
+followed by every other slope of $2n'$ heads (Press et al.'s reference code).""",
+}
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``none``, ``sinusoidal``, ``learned``, ``rope`` and ``alibi``."""
@@ -538,6 +569,7 @@ def register_components(register) -> None:
             type="rope",
             config=RopeConfig,
             factory=lambda cfg, ctx: Rope(cfg, _head_dim(ctx), ctx.max_seq_len),
+            math=_MATH["rope"],
             description="Rotary position embedding applied to queries and keys: each feature pair is rotated "
             "by position × frequency. Layouts half_split / interleaved, partial rotary (an even rotary width), and "
             "frequency scalings: linear, llama3, dynamic NTK, YaRN (with its attention factor) and LongRoPE.",
@@ -565,6 +597,7 @@ def register_components(register) -> None:
             param_count=lambda cfg, ctx: 0,
             flops=elementwise("a table row added to each embedding: a lookup and an add"),
             example={"type": "sinusoidal", "base": 10000.0},
+            math=_MATH["sinusoidal"],
         )
     )
     register(
@@ -573,6 +606,7 @@ def register_components(register) -> None:
             type="learned",
             config=LearnedConfig,
             factory=lambda cfg, ctx: Learned(ctx.max_seq_len, ctx.d_model),
+            math=_MATH["learned"],
             description="Learned absolute positions (GPT-2 wpe) added to the token embeddings: "
             "x [batch, seq, d_model] + weight[positions], weight [max_seq_len, d_model] initialised N(0, init_std).",
             reference="Radford et al. 2019, Language Models are Unsupervised Multitask Learners (GPT-2); "
@@ -588,6 +622,7 @@ def register_components(register) -> None:
             type="alibi",
             config=AlibiConfig,
             factory=lambda cfg, ctx: Alibi(ctx.n_heads, cfg.scale),
+            math=_MATH["alibi"],
             description="ALiBi: no position embedding; each head adds -slope_h * |q_pos - k_pos| to its attention "
             "scores ([batch, n_heads, q_len, kv_len] float32). Slopes follow Press et al., including head counts "
             "that are not a power of two.",

@@ -298,6 +298,7 @@ def test_site_config_keeps_docstring_warnings_on_and_has_a_site_url():
     assert options["docstring_options"] == DOCSTRING_OPTIONS, "the docstring check parses as the site does"
     assert options["separate_signature"] is True and options["line_length"] <= 100
     assert cfg["site_url"].startswith("http"), "mkdocs writes an empty sitemap.xml without site_url"
+    assert {"pymdownx.arithmatex": {"generic": True}} in cfg["markdown_extensions"]
 
 
 def test_generated_nav_files_are_not_pages():
@@ -380,6 +381,26 @@ def test_every_kind_page_states_its_contract(pages, registry):
     page = docs.kind_index_page("memory", all_docs, reg, contracts, docs.slot_places(reg))
     section = page[page.index("## Contract\n"):page.index("## Components\n")]
     assert "The core defines no calling convention for `memory`" in section and "nothing builds it yet" in section
+
+
+MATH_PAGES = ("position/sinusoidal", "position/rope", "position/alibi", "norm/rmsnorm", "norm/layernorm",
+              "attention/mha", "attention/gqa", "attention/mqa", "ffn/swiglu", "ffn/moe", "router/topk")
+
+
+def test_component_pages_carry_their_formulas_as_math(pages):
+    import re
+
+    for key in MATH_PAGES:
+        page = pages[f"components/{key}.md"]
+        math = page[page.index("## Math\n"):page.index("## Fields\n")]
+        blocks = re.findall(r"\$\$(.+?)\$\$", math, re.S)
+        assert blocks, f"{key}: no display math"
+        inline = re.sub(r"\$\$.+?\$\$", "", math, flags=re.S)
+        assert inline.count("$") % 2 == 0, f"{key}: unbalanced inline math"
+        for b in blocks:
+            assert b.count("{") == b.count("}") and len(re.findall(r"\\left\b", b)) == len(re.findall(r"\\right\b", b)), f"{key}: {b}"
+    assert r"\sin\!\left(\frac{p}{b^{2i/d}}\right)" in pages["components/position/sinusoidal.md"]
+    assert r"\operatorname{top-}k(p)" in pages["components/ffn/moe.md"]
 
 
 # ------------------------------------------------------------------------------------------------ the built site
@@ -571,6 +592,15 @@ def test_site_every_page_is_in_the_nav(built_site):
     for item in comps:
         assert f"components/{item}" in hrefs, f"{item}: its page is not reachable from the nav"
     assert "examples/modkit-extra" in hrefs
+
+
+@pytest.mark.slow
+def test_site_renders_math_and_links_no_math(built_site):
+    site = built_site["site"]
+    page = (site / "components" / "position" / "sinusoidal" / "index.html").read_text()
+    assert page.count('class="arithmatex"') >= 3
+    assert "github.com/-2i" not in page
+    assert 'class="arithmatex"' in (site / "components" / "ffn" / "moe" / "index.html").read_text()
 
 
 # ------------------------------------------------------------------------------------------------ guide snippets

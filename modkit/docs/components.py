@@ -211,6 +211,8 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
                   "copies with stacked weights, run by one grouped GEMM per projection)."]
     for alias, note in entry.alias_notes.items():
         parts += ["", f'!!! note "Alias `{alias}`"', "", textwrap.indent(_link_references(_cell(note)), "    ")]
+    if entry.math.strip():
+        parts += ["", "## Math", "", entry.math.strip()]
     parts += ["", "## Fields", "", _field_table(field_rows(schema, link_kind=link_kind)), ""]
     parts += ["## Capabilities", ""]
     if entry.capabilities:
