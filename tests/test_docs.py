@@ -383,6 +383,101 @@ def test_every_kind_page_states_its_contract(pages, registry):
     assert "The core defines no calling convention for `memory`" in section and "nothing builds it yet" in section
 
 
+# ------------------------------------------------------------------------------------------------ component page extras
+
+
+def _components_of(spec_path: Path, registry) -> set[tuple[str, str]]:
+    """(kind, type) of every component config in a spec file (nested ones included: an MoE's expert and router)."""
+    from modkit.spec import iter_configs
+
+    spec = modkit.load_spec(spec_path, registry=registry)
+    return {registry.entry_for_config(cfg).key for _, cfg in iter_configs(spec)}
+
+
+def test_component_pages_link_the_gallery_models_that_use_them(pages, registry):
+    import re
+
+    users: dict[tuple[str, str], set[str]] = {}
+    for path in SPECS:
+        for key in _components_of(path, registry):
+            users.setdefault(key, set()).add(path.stem)
+    checked = 0
+    for entry in registry.components():
+        if entry.kind in ("logits_processor", "stop_condition"):
+            continue
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        section = page[page.index("## Used in the gallery"):]
+        linked = set(re.findall(r"\]\(\.\./\.\./gallery/([^)]+)\.md\)", section)) - {"index"}
+        assert linked == users.get(entry.key, set()), f"{entry.kind}/{entry.type}"
+        checked += bool(linked)
+    assert checked >= 15
+
+
+def test_component_pages_show_their_config_schema(pages, registry):
+    import re
+
+    for entry in registry.components():
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        assert f"`{entry.config.__module__}.{entry.config.__qualname__}` (fields and [JSON Schema](#fields) below)" in page
+        block = page[page.index(f'??? info "JSON Schema of `{entry.config.__name__}`"'):]
+        body = re.search(r"```json\n(.*?)\n    ```", block, re.S).group(1)
+        assert json.loads(body) == entry.config.model_json_schema()
+
+
+def _python_tab(page: str) -> str:
+    import re
+    import textwrap
+
+    m = re.search(r'=== "Python"\n\n    ```python\n(.*?)\n    ```', page, re.S)
+    assert m, "no Python tab"
+    return textwrap.dedent(m.group(1))
+
+
+def test_component_python_snippets_run(pages, registry, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.chdir(REPO)
+    torch.set_num_threads(1)
+    for entry in registry.components():
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        code = _python_tab(page)
+        namespace: dict = {}
+        exec(compile(code, f"<{entry.kind}/{entry.type} snippet>", "exec"), namespace)  # noqa: S102 - the page's own code
+        if entry.kind in ("logits_processor", "stop_condition"):
+            out = namespace["out"]
+            assert out.shape[0] == 1 and 3 < out.shape[1] <= 3 + 8, f"{entry.type}: {tuple(out.shape)}"
+            continue
+        model = namespace["model"]
+        tags = {(m.modkit_kind, m.modkit_type) for m in model.modules() if getattr(m, "modkit_type", None)}
+        assert entry.key in tags, f"{entry.kind}/{entry.type}: the snippet's model does not contain it ({sorted(tags)})"
+        assert int(capsys.readouterr().out.split()[-1]) == modkit.count_params(model)
+
+
+def test_attention_comparison_follows_the_cost_formulas(pages, registry):
+    from modkit.docs.comparison import COMPARE_CONTEXT
+
+    page = pages[docs.kind_path("attention")]
+    table = page[page.index("## Comparison"):]
+    d = docs.EXAMPLE_CONTEXT["d_model"]
+    assert f"d_model = {d}, n_heads = {docs.EXAMPLE_CONTEXT['n_heads']}" in table
+    for entry in registry.components("attention"):
+        cfg = modkit.load_component("attention", entry.example_config(), registry=registry)
+        h = cfg.n_heads
+        kv = cfg.n_kv_heads or (1 if entry.type == "mqa" else h)
+        hd = d // h
+        params = d * (h * hd) * 2 + d * (kv * hd) * 2
+        kv_bytes = 2 * kv * hd * 2  # keys and values, bf16
+        flops = 2 * d * (2 * h * hd + 2 * kv * hd) + 2 * 2 * h * hd * COMPARE_CONTEXT  # projections, q·k and p·v
+        row = next(line for line in table.splitlines() if line.startswith(f"| [`{entry.type}`]"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == f"{params:,}" and cells[4] == f"{kv_bytes:,}" and cells[5] == f"{flops:,}", (entry.type, cells)
+    norms = pages[docs.kind_path("norm")]
+    assert "| [`rmsnorm`](rmsnorm.md) | (defaults) | 256 | `d` |" in norms
+    ffn = pages[docs.kind_path("ffn")]
+    assert "active per token" in ffn and "KV cache" not in ffn[ffn.index("## Comparison"):]
+
+
+#: Components whose pages must carry their key formulas as math (the rendering is checked on the built site).
 MATH_PAGES = ("position/sinusoidal", "position/rope", "position/alibi", "norm/rmsnorm", "norm/layernorm",
               "attention/mha", "attention/gqa", "attention/mqa", "ffn/swiglu", "ffn/moe", "router/topk")
 
@@ -401,6 +496,55 @@ def test_component_pages_carry_their_formulas_as_math(pages):
             assert b.count("{") == b.count("}") and len(re.findall(r"\\left\b", b)) == len(re.findall(r"\\right\b", b)), f"{key}: {b}"
     assert r"\sin\!\left(\frac{p}{b^{2i/d}}\right)" in pages["components/position/sinusoidal.md"]
     assert r"\operatorname{top-}k(p)" in pages["components/ffn/moe.md"]
+
+
+def test_component_pages_name_their_source(pages, registry, tmp_path):
+    import inspect
+    import re
+
+    from modkit.docs.usage import source_location
+
+    for entry in registry.components():
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        m = re.search(r"\| source \| `([^`]+)` line (\d+) in the repository \|", page)
+        assert m, f"{entry.kind}/{entry.type}: no source row"
+        lines = (REPO / m.group(1)).read_text().splitlines()
+        assert lines[int(m.group(2)) - 1].startswith(f"class {entry.config.__name__}(")
+    rms = registry.get("norm", "rmsnorm").config
+    line = inspect.getsourcelines(rms)[1]
+    assert source_location(rms, REPO, "https://example.org/modkit") == \
+        f"[`plugins/norm.py` line {line}](https://example.org/modkit/blob/HEAD/plugins/norm.py#L{line})"
+    # outside the site's repository (an installed plugin): the module and its file, no invented link
+    assert source_location(rms, tmp_path, "https://example.org/modkit") == \
+        f"module `modkit_plugins.norm`, file `plugins/norm.py` line {line}"
+
+
+def test_hugging_face_page_lists_every_model_type(pages, registry):
+    import re
+    import warnings
+
+    from modkit.hf import convert_hf_config
+
+    page = pages["reference/hugging-face.md"]
+    types = registry.hf_model_types()
+    assert len(types) >= 13 and f"of {len(types)} Hugging Face model types" in page
+    from_gallery: dict[str, set[str]] = {}
+    for path in SPECS:
+        t = json.loads(path.read_text()).get("metadata", {}).get("hf_model_type")
+        if t:
+            from_gallery.setdefault(t, set()).add(path.stem)
+    for t in types:
+        assert f"\n## {t}\n" in page
+        row = next(line for line in page.splitlines() if line.startswith(f"| [`{t}`](#{t}) |"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec = convert_hf_config({"model_type": t}, registry=registry)[1]
+        layer = spec.layer(0)
+        for kind, type_ in (("attention", layer.attention.type), ("ffn", layer.ffn.type), ("norm", layer.norm.type),
+                            ("placement", layer.placement.type), ("position", spec.position.type)):
+            assert f"[`{type_}`](../components/{kind}/{type_}.md)" in row, (t, kind, row)
+        assert set(re.findall(r"\(\.\./gallery/([^)]+)\.md\)", row)) == from_gallery.get(t, set()), t
+    assert from_gallery, "specs/ holds converted models"
 
 
 # ------------------------------------------------------------------------------------------------ the built site
@@ -591,7 +735,7 @@ def test_site_every_page_is_in_the_nav(built_site):
     comps = [c for p in built_site["plugins"] for c in p["components"]]
     for item in comps:
         assert f"components/{item}" in hrefs, f"{item}: its page is not reachable from the nav"
-    assert "examples/modkit-extra" in hrefs
+    assert "examples/modkit-extra" in hrefs and "reference/hugging-face" in hrefs
 
 
 @pytest.mark.slow

@@ -15,6 +15,6 @@ config = mkdocs_gen_files.config
 root = Path(config["config_file_path"]).resolve().parent
 docs_dir = Path(config["docs_dir"])
 
-for path, text in generate(spec_dir=root / "specs", docs_dir=docs_dir, root=root).items():
+for path, text in generate(spec_dir=root / "specs", docs_dir=docs_dir, root=root, repo_url=config.get("repo_url")).items():
     with mkdocs_gen_files.open(path, "w") as f:
         f.write(text)

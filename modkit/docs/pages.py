@@ -11,21 +11,31 @@ from .cli_reference import cli_reference_page
 from .components import component_docs, component_page, components_nav, kind_index_page, overview_page
 from .contracts import kind_contracts, slot_places
 from .gallery import gallery_index, gallery_page, spec_card
+from .hf_models import HF_PAGE, hf_models_page
 from .markdown import component_path, DocsError, gallery_path, kind_path
 from .schema import spec_reference_page
+from .usage import gallery_usage
 
 
 PLUGIN_GUIDE = "guides/writing-a-plugin.md"
 
 
-def generate(registry=None, *, spec_dir: Optional[Path] = None, docs_dir: Optional[Path] = None, root: Optional[Path] = None) -> dict[str, str]:
+def generate(
+    registry=None,
+    *,
+    spec_dir: Optional[Path] = None,
+    docs_dir: Optional[Path] = None,
+    root: Optional[Path] = None,
+    repo_url: Optional[str] = None,
+) -> dict[str, str]:
     """Every generated page: ``{docs-relative path: text}``.
 
     Args:
         registry: defaults to the process-wide registry (every installed plugin).
         spec_dir: folder of the gallery's specs (``*.json``); none when ``None``.
         docs_dir: the hand-written sources; used to add a placeholder for a linked page that does not exist yet.
-        root: repository root, to show spec paths relative to it.
+        root: repository root, to show spec and source paths relative to it.
+        repo_url: the repository's web address (mkdocs ``repo_url``); source paths link into it when given.
 
     Raises:
         DocsError: a component's example config or a spec does not validate.
@@ -34,16 +44,9 @@ def generate(registry=None, *, spec_dir: Optional[Path] = None, docs_dir: Option
     from ..registry import get_registry
 
     reg = registry or get_registry()
+    pages: dict[str, str] = {}
     contracts = kind_contracts()
     places = slot_places(reg)
-    docs = component_docs(reg)
-    pages: dict[str, str] = {}
-    for d in docs:
-        pages[component_path(d.entry.kind, d.entry.type)] = component_page(d, reg, contracts, places)
-    for kind in reg.kinds():
-        pages[kind_path(kind)] = kind_index_page(kind, docs, reg, contracts, places)
-    pages["components/index.md"] = overview_page(docs, reg, contracts)
-    pages["components/SUMMARY.md"] = components_nav(docs, reg)
 
     cards, problems = [], []
     for path in sorted(Path(spec_dir).glob("*.json")) if spec_dir else []:
@@ -57,6 +60,21 @@ def generate(registry=None, *, spec_dir: Optional[Path] = None, docs_dir: Option
         pages[gallery_path(c.stem)] = gallery_page(c, reg)
     pages["gallery/index.md"] = gallery_index(cards, reg)
     pages["gallery/SUMMARY.md"] = "* [Overview](index.md)\n" + "".join(f"* [{c.spec.name or c.stem}]({c.stem}.md)\n" for c in cards)
+
+    docs = component_docs(reg)
+    uses = gallery_usage(cards)
+    # the Python snippets start from the smallest gallery spec without per-layer overrides
+    plain = [c for c in cards if not c.spec.overrides] or cards
+    base = min(plain, key=lambda c: c.params["total"]) if plain else None
+    for d in docs:
+        pages[component_path(d.entry.kind, d.entry.type)] = component_page(
+            d, reg, contracts, places, uses=uses.get(d.entry.key, []), base=base, root=root, repo_url=repo_url
+        )
+    for kind in reg.kinds():
+        pages[kind_path(kind)] = kind_index_page(kind, docs, reg, contracts, places)
+    pages["components/index.md"] = overview_page(docs, reg, contracts)
+    pages["components/SUMMARY.md"] = components_nav(docs, reg)
+    pages[HF_PAGE] = hf_models_page(reg, cards)
 
     pages["reference/spec.md"] = spec_reference_page(reg)
     from ..spec import json_schema
