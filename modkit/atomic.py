@@ -195,8 +195,8 @@ def recover(folder: Path) -> dict[str, Path]:
 
     Returns:
         ``{file name: path to read}``: empty when the folder is consistent on disk. When the folder cannot be
-        written (read-only), the journal's new files are returned here instead of being moved, so a reader
-        still sees the complete new set.
+            written (read-only), the journal's new files are returned here instead of being moved, so a reader
+            still sees the complete new set.
 
     Raises:
         CheckpointError: a journal that is not one :func:`commit` writes.

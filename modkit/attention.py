@@ -66,7 +66,7 @@ def attention_mask(
 
     Returns:
         ``[batch, 1, q_len, kv_len]`` bool. Query 2 of ``q_pos = [[0, 1, 2]]`` with causal and ``window = 2``
-        sees keys 1 and 2 only.
+            sees keys 1 and 2 only.
     """
     diff = q_pos[:, :, None] - k_pos[:, None, :]
     mask = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
@@ -116,9 +116,9 @@ def update_cache(inputs: AttentionInputs, k: Tensor, v: Tensor) -> tuple[Tensor,
 
     Returns:
         ``(k_all, v_all, k_pos, k_valid)``: keys and values ``[batch, n_kv_heads, kv_len, head_dim]`` in the
-        dtype of ``k`` (a cache made in another dtype is cast back), their positions ``[batch, kv_len]`` and
-        validity ``[batch, kv_len]`` bool (``None`` when every key is real). Without a cache: ``(k, v,
-        inputs.positions, inputs.token_mask)``. See :meth:`modkit.LayerKVCache.update` for ``kv_len``.
+            dtype of ``k`` (a cache made in another dtype is cast back), their positions ``[batch, kv_len]`` and
+            validity ``[batch, kv_len]`` bool (``None`` when every key is real). Without a cache: ``(k, v,
+            inputs.positions, inputs.token_mask)``. See :meth:`modkit.LayerKVCache.update` for ``kv_len``.
     """
     if inputs.cache is None:
         return k, v, inputs.positions, inputs.token_mask
@@ -184,7 +184,7 @@ def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0) -
 
     Returns:
         ``[batch, n_heads, q_len, kv_len]`` float32 probabilities (rows sum to 1, or to 0 for dead rows, before
-        dropout).
+            dropout).
     """
     probs = torch.softmax(scores.float().masked_fill(~mask.allowed, float("-inf")), dim=-1) * mask.live.float()
     return nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
@@ -221,7 +221,7 @@ def masked_attention(
 
     Returns:
         ``(out [batch, n_heads, q_len, head_dim] in q's dtype, weights [batch, n_heads, q_len, kv_len] float32
-        with eager, else None)``.
+            with eager, else None)``.
     """
     if softcap is not None and not eager:
         raise ValueError("softcap needs eager=True: scaled_dot_product_attention cannot soft-cap the scores")

@@ -166,9 +166,9 @@ class LayerKVCache:
 
         Returns:
             ``(k_all, v_all, positions_all, valid_all)``: ``[batch, n_kv_heads, kv_len, head_dim]`` keys and
-            values in the cache dtype, ``[batch, kv_len]`` positions and validity (``valid_all`` is ``None``
-            only when every returned key is real). ``kv_len`` is ``seq`` (fresh cache), the number of slots, or
-            ``window + seq`` (ring layer fed a chunk); see the module docstring.
+                values in the cache dtype, ``[batch, kv_len]`` positions and validity (``valid_all`` is ``None``
+                only when every returned key is real). ``kv_len`` is ``seq`` (fresh cache), the number of slots, or
+                ``window + seq`` (ring layer fed a chunk); see the module docstring.
 
         Raises:
             RuntimeError: the cache was not allocated (use it through ``model(..., cache=cache)``).

@@ -443,7 +443,7 @@ def gather(
 
     Returns:
         ``(state_dict, extras)``: modkit tensors by ``state_dict`` name (CPU, stored dtype), and the kept
-        foreign tensors (``keep`` patterns) by their canonical name.
+            foreign tensors (``keep`` patterns) by their canonical name.
 
     Raises:
         CheckpointError: listing every missing foreign tensor (with the modkit tensor it would feed), every

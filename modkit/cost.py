@@ -124,7 +124,7 @@ class Workload:
 
         Returns:
             ``batch · new · (past + new)`` when ``dense``; otherwise the unmasked pairs, e.g. ``new · (new + 1) / 2``
-            for a causal prefill and ``min(past + 1, window)`` for one decoded token.
+                for a causal prefill and ``min(past + 1, window)`` for one decoded token.
         """
         total = self.past + self.new
         if self.dense:
@@ -365,7 +365,7 @@ class CostModel:
 
         Returns:
             The context in tokens, or ``None`` when attention never reaches the FFN below ``limit`` (every layer has
-            a sliding window, so the attended keys stop growing).
+                a sliding window, so the attended keys stop growing).
         """
         varying = self.context_parts()
 

@@ -105,7 +105,7 @@ def grouped_mm(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
 
     Returns:
         ``[rows, out_features]`` in ``x``'s dtype. Differentiable in ``x`` and ``w``; compiles with
-        ``fullgraph=True`` (a custom op, no host synchronisation visible to the compiler).
+            ``fullgraph=True`` (a custom op, no host synchronisation visible to the compiler).
 
     Raises:
         ValueError: shapes or dtypes that do not fit (names them).

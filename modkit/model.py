@@ -204,7 +204,7 @@ class Model(nn.Module):
 
         Returns:
             :class:`ModelOutput` with ``logits [batch, seq, vocab_size]`` (``[batch, logits_to_keep, vocab_size]``
-            when given) and ``hidden [batch, seq, d_model]``.
+                when given) and ``hidden [batch, seq, d_model]``.
 
         Raises:
             ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``.

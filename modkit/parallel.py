@@ -1016,11 +1016,11 @@ def param_stats(model: nn.Module) -> dict[str, int]:
 
     Returns:
         ``{"global_params", "local_params", "local_bytes", "sharded_local_params", "replicated_params",
-        "owned_params"}``: ``local_*`` count the tensors this rank stores (shards of DTensors, whole plain
-        tensors); ``sharded_local_params`` the part of it that is a shard (split over > 1 rank),
-        ``replicated_params`` the part stored whole; ``owned_params`` sums ``local / (world / shards)``: this
-        rank's share once copies on other ranks are discounted (a norm weight FSDP-sharded over ``dp`` is still
-        copied on each ``tp`` rank), so it adds up to ``global_params`` over all ranks.
+            "owned_params"}``: ``local_*`` count the tensors this rank stores (shards of DTensors, whole plain
+            tensors); ``sharded_local_params`` the part of it that is a shard (split over > 1 rank),
+            ``replicated_params`` the part stored whole; ``owned_params`` sums ``local / (world / shards)``: this
+            rank's share once copies on other ranks are discounted (a norm weight FSDP-sharded over ``dp`` is still
+            copied on each ``tp`` rank), so it adds up to ``global_params`` over all ranks.
     """
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import _StridedShard  # FSDP x TP on one dim; not a Shard subclass

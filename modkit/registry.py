@@ -103,6 +103,9 @@ class Component:
             whose ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on the
             contiguous rows ``[offs[g-1], offs[g])`` (see :func:`modkit.grouped.grouped_mm`), and whose
             ``init_weights(init)`` initialises every copy. A mixture of experts requires it of its expert type.
+        math: optional key formulas in Markdown with LaTeX math (``$...$`` inline, ``$$...$$`` display, as
+            pymdownx.arithmatex reads them), defining every symbol; the docs page shows it under *Math*. Kept out of
+            ``description``, which terminals show.
         provider: filled in by the registry when the entry is registered.
     """
 
@@ -119,6 +122,7 @@ class Component:
     grouped_factory: Callable[..., Any] | None = None
     aliases: tuple[str, ...] = ()
     alias_notes: Mapping[str, str] = field(default_factory=dict)
+    math: str = ""
     provider: Provider | None = None
 
     def example_config(self) -> dict:
@@ -154,6 +158,8 @@ class Component:
             raise RegistryError(f"{where}: capabilities must be a mapping, got {type(self.capabilities).__name__}")
         if not self.description:
             raise RegistryError(f"{where}: description is empty; say what it computes")
+        if not isinstance(self.math, str):
+            raise RegistryError(f"{where}: math must be Markdown text with $...$ formulas, got {type(self.math).__name__}")
         if isinstance(self.aliases, str) or not all(isinstance(a, str) for a in self.aliases):
             raise RegistryError(f"{where}: aliases must be a tuple of names, got {self.aliases!r}")
         for alias in self.aliases:

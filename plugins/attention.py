@@ -229,6 +229,27 @@ def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str,
     }
 
 
+#: Key formulas of the docs pages (pymdownx.arithmatex); one paragraph per type on the grouping of heads.
+_MATH = r"""Per query head $h$, with $q_i$ the query at position $i$, $k_j, v_j$ the key and value of key position $j$ (of
+the key/value head $g(h)$ that $h$ reads) and $d_h$ = head_dim:
+
+$$s_{hij} = c \tanh\!\left(\frac{\alpha\, q_i^\top k_j}{c}\right) + B_{hij} + M_{ij}, \qquad
+o_{hi} = \sum_j \mathrm{softmax}_j(s_{hij})\, v_j$$
+
+$\alpha = 1/\sqrt{d_h}$ (softmax_scale when set); the soft cap $c$ = logit_softcap applies only when it is set
+(otherwise the first term is $\alpha\, q_i^\top k_j$); $B$ is the position scheme's bias (ALiBi, else 0) and $M_{ij}$
+is $0$ where query $i$ may see key $j$ (causal: $j \le i$; within sliding_window: $i - j <$ sliding_window; not
+padding) and $-\infty$ elsewhere. The heads are concatenated and projected by $W_O$. Query head $h$ reads key/value
+head $g(h) = \lfloor h \cdot n_{kv} / n_{heads} \rfloor$; a KV cache holds $2 \cdot n_{kv} \cdot d_h$ numbers per
+token and layer."""
+
+_GROUPS = {
+    "mha": r"Multi-head: $n_{kv} = n_{heads}$, every query head has its own keys and values.",
+    "mqa": r"Multi-query: $n_{kv} = 1$, every query head reads the same key/value head.",
+    "gqa": r"Grouped-query: $n_{kv}$ = n_kv_heads divides $n_{heads}$; groups of $n_{heads} / n_{kv}$ query heads "
+    "share a key/value head.",
+}
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``mha``, ``mqa`` and ``gqa`` (one module)."""
@@ -246,9 +267,7 @@ def register_components(register) -> None:
                 config=AttentionConfig,
                 factory=lambda cfg, ctx: Attention(cfg, ctx),
                 description=f"{names[t].capitalize()} scaled dot-product attention with optional biases, QK-norm, "
-                r"sliding window and KV cache. Per head $\mathrm{softmax}(s\, q k^\top + B)\,v$ with $s$ = scale "
-                r"(default $1 / \sqrt{d_h}$, $d_h$ = head_dim) and $B$ the mask and position bias. "
-                "[batch, seq, d_model] -> [batch, seq, d_model]; the cache holds "
+                "sliding window and KV cache. [batch, seq, d_model] -> [batch, seq, d_model]; the cache holds "
                 "[batch, n_kv_heads, seq, head_dim] keys and values.",
                 reference=refs[t],
                 capabilities={
@@ -266,5 +285,6 @@ def register_components(register) -> None:
                 param_count=_param_count,
                 flops=_flops,
                 example={"type": t, "n_heads": 4, **({"n_kv_heads": 2} if t == "gqa" else {})},
+                math=_MATH + "\n\n" + _GROUPS[t],
             )
         )

@@ -261,6 +261,24 @@ def _gated_flops(cfg: GatedConfig, ctx: BuildContext, work: Workload) -> dict[st
     return {"gate": 2 * t * d * cfg.d_ff, "up": 2 * t * d * cfg.d_ff, "down": 2 * t * cfg.d_ff * d}
 
 
+#: Key formulas of the docs pages (pymdownx.arithmatex).
+_MATH = {
+    "mlp": r"""$$\mathrm{FFN}(x) = W_{down}\, \phi(W_{up}\, x + b_{up}) + b_{down}$$
+
+$W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, $\phi$ the activation (GELU, its tanh
+approximation, ReLU or SiLU: activation, GELU by default); the biases with bias: true (the default).""",
+    "swiglu": r"""$$\mathrm{FFN}(x) = W_{down}\big(\mathrm{SiLU}(W_{gate}\, x) \odot W_{up}\, x\big), \qquad
+\mathrm{SiLU}(z) = z\, \sigma(z) = \frac{z}{1 + e^{-z}}$$
+
+$W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, $\odot$ the element-wise product
+(Shazeer 2020, eq. 6); activation replaces SiLU when set; biases only with bias: true.""",
+    "geglu": r"""$$\mathrm{FFN}(x) = W_{down}\big(\mathrm{GELU}(W_{gate}\, x) \odot W_{up}\, x\big), \qquad
+\mathrm{GELU}(z) \approx \tfrac{z}{2}\left(1 + \tanh\!\left(\sqrt{2/\pi}\,(z + 0.044715\, z^3)\right)\right)$$
+
+$W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, $\odot$ the element-wise product
+(Shazeer 2020, eq. 6; the tanh form of GELU unless activation says otherwise); biases only with bias: true.""",
+}
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``mlp``, ``swiglu`` and ``geglu``."""
@@ -279,6 +297,7 @@ def register_components(register) -> None:
             param_count=_mlp_count,
             flops=_mlp_flops,
             example={"type": "mlp", "d_ff": 128, "activation": "gelu_tanh"},
+            math=_MATH["mlp"],
             grouped_factory=lambda cfg, ctx, n: GroupedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias),
         )
     )
@@ -295,6 +314,7 @@ def register_components(register) -> None:
                 param_count=_gated_count,
                 flops=_gated_flops,
                 example={"type": t, "d_ff": 96},
+                math=_MATH[t],
                 grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias),
             )
         )

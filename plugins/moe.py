@@ -393,6 +393,32 @@ def _moe_flops(cfg: MoEConfig, ctx: BuildContext, work: Workload) -> dict[str, i
     return {f"experts.{k}": v for k, v in declared_flops(expert, cfg.expert, ctx, work.rows(rows)).items()}
 
 
+#: Key formulas of the docs pages (pymdownx.arithmatex).
+_MATH = {
+    "topk": r"""For a token $x$, with $W_r$: $d_{model} \to N$ ($N$ = n_experts) and $k$ = top_k:
+
+$$z = W_r\, x \ \text{(float32)}, \qquad p = \mathrm{softmax}(z), \qquad \mathcal{T} = \operatorname{top-}k(p), \qquad
+g_e = \begin{cases} p_e \,/ \sum_{e' \in \mathcal{T}} p_{e'} & \text{renormalize} \\ p_e & \text{otherwise}
+\end{cases} \quad (e \in \mathcal{T})$$
+
+It returns the weights $g_e$ and indices $\mathcal{T}$ of the $k$ chosen experts and the logits $z$.""",
+    "moe": r"""Each token $x$ goes to the $k$ = top_k experts $\mathcal{T}$ its router picks, with weights $g_e$ (see the
+router):
+
+$$y = \sum_{e \in \mathcal{T}} g_e\, E_e(x), \qquad p = \mathrm{softmax}(W_r\, x), \qquad
+\mathcal{T} = \operatorname{top-}k(p)$$
+
+The auxiliary loss over the $T$ tokens of the layer (padding excluded), $N$ = n_experts:
+
+$$\mathcal{L}_{aux} = \alpha\, N \sum_{e=1}^{N} f_e\, P_e + \beta\, \frac{1}{T} \sum_{t=1}^{T}
+\Big(\log \sum_{e=1}^{N} e^{z_{te}}\Big)^2$$
+
+$f_e$: the fraction of the $T k$ assignments sent to expert $e$ (no gradient); $P_e$: the mean router probability
+of $e$; $z_t$: the router logits of token $t$; $\alpha$ = aux_loss_coef (Switch load balancing, 1 when routing is
+uniform), $\beta$ = z_loss_coef (ST-MoE z-loss). With capacity_factor $c$ an expert takes at most
+$\min(T, \lceil c\, T k / N \rceil)$ tokens and the rest of its assignments are dropped.""",
+}
+
 @hookimpl
 def register_components(register) -> None:
     """Register the ``topk`` router and the ``moe`` FFN."""
@@ -402,6 +428,7 @@ def register_components(register) -> None:
             type="topk",
             config=TopKRouterConfig,
             factory=_make_router,
+            math=_MATH["topk"],
             description="Linear router: float32 logits, softmax, top-k experts, optionally renormalised weights. "
             "[tokens, d_model] -> (weights [tokens, top_k], indices [tokens, top_k] int64, logits [tokens, n_experts] "
             "float32). Built by an moe, which supplies n_experts and top_k.",
@@ -419,6 +446,7 @@ def register_components(register) -> None:
             type="moe",
             config=MoEConfig,
             factory=lambda cfg, ctx: MoE(cfg, ctx),
+            math=_MATH["moe"],
             description="Sparse mixture of experts: a router sends each token to top_k of n_experts ffn experts and "
             "mixes their outputs. [batch, seq, d_model] -> ([batch, seq, d_model], aux_loss scalar: Switch "
             "load-balancing loss and ST-MoE z-loss). No host synchronisation: dropless grouped-GEMM dispatch by "

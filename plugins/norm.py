@@ -97,6 +97,22 @@ def _count(cfg: ComponentConfig, ctx: BuildContext) -> int:
     return _dim(ctx) * (2 if getattr(cfg, "bias", False) else 1)
 
 
+#: Key formulas of the docs pages (pymdownx.arithmatex).
+_MATH = {
+    "layernorm": r"""Over the last dimension ($d$ features of $x$), in float32:
+
+$$y = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot w + b, \qquad \mu = \frac{1}{d}\sum_{i=1}^{d} x_i, \qquad
+\sigma^2 = \frac{1}{d}\sum_{i=1}^{d} (x_i - \mu)^2$$
+
+$\epsilon$ = eps, $w$ = weight, $b$ = bias (only with bias: true); the variance is the biased one.""",
+    "rmsnorm": r"""Over the last dimension ($d$ features of $x$), in float32:
+
+$$y = \frac{x}{\sqrt{\frac{1}{d}\sum_{i=1}^{d} x_i^2 + \epsilon}} \odot w$$
+
+$\epsilon$ = eps and $w$ = weight, or $1 + w$ with unit_offset (Gemma, whose weight starts at 0). No mean is
+subtracted and there is no bias.""",
+}
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``layernorm`` and ``rmsnorm``."""
@@ -108,6 +124,7 @@ def register_components(register) -> None:
             type="layernorm",
             config=LayerNormConfig,
             factory=lambda cfg, ctx: LayerNorm(_dim(ctx), cfg.eps, cfg.bias),
+            math=_MATH["layernorm"],
             description="Layer normalisation over the last dimension (mean and variance in float32), "
             "optional bias. [batch, seq, dim] -> [batch, seq, dim].",
             reference="Ba, Kiros & Hinton 2016, Layer Normalization, arXiv:1607.06450",
@@ -122,11 +139,11 @@ def register_components(register) -> None:
             type="rmsnorm",
             config=RMSNormConfig,
             factory=lambda cfg, ctx: RMSNorm(_dim(ctx), cfg.eps, cfg.unit_offset),
+            math=_MATH["rmsnorm"],
             description="Root-mean-square normalisation over the last dimension (statistics in float32), "
-            r"scaled by weight or by (1 + weight) as in Gemma. $y = x / \sqrt{\mathrm{mean}(x^2) + \epsilon} \cdot w$ "
-            r"with $\epsilon$ = eps and $w$ = weight (or $1 + w$ with unit_offset). [batch, seq, dim] -> [batch, seq, dim].",
+            "scaled by weight or by (1 + weight) as in Gemma. [batch, seq, dim] -> [batch, seq, dim].",
             reference="Zhang & Sennrich 2019, Root Mean Square Layer Normalization, arXiv:1910.07467; "
-            "(1 + w) form: Gemma (google-deepmind/gemma)",
+            "(1 + w) form: Gemma (github.com/google-deepmind/gemma)",
             capabilities=caps,
             param_count=_count,
             flops=flops,

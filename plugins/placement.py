@@ -184,6 +184,29 @@ PERI_NOTE = (
 )
 
 
+#: Key formulas of the docs pages (pymdownx.arithmatex): one block of input $x$, output $y$.
+_MATH = {
+    "pre": r"""$$h = x + \mathrm{Attn}(N_1(x)), \qquad y = h + \mathrm{FFN}(N_2(h))$$
+
+$N_1$ = attn_norm and $N_2$ = ffn_norm normalise each sublayer's input; the residual stream itself is never
+normalised (the model applies final_norm after the last block).""",
+    "post": r"""$$h = N_1\big(x + \mathrm{Attn}(x)\big), \qquad y = N_2\big(h + \mathrm{FFN}(h)\big)$$
+
+$N_1$ = attn_norm, $N_2$ = ffn_norm normalise the residual stream after each addition.""",
+    "sandwich": r"""$$h = x + N_2\big(\mathrm{Attn}(N_1(x))\big), \qquad y = h + N_4\big(\mathrm{FFN}(N_3(h))\big)$$
+
+$N_1$ = attn_norm, $N_2$ = attn_post_norm, $N_3$ = ffn_norm, $N_4$ = ffn_post_norm: each sublayer's input and
+output are normalised, inside the residual.""",
+    "reordered": r"""$$h = x + N_1\big(\mathrm{Attn}(x)\big), \qquad y = h + N_2\big(\mathrm{FFN}(h)\big)$$
+
+$N_1$ = attn_post_norm, $N_2$ = ffn_post_norm normalise each sublayer's output; the sublayers read the raw residual
+stream.""",
+    "parallel": r"""$$y = x + \mathrm{Attn}(N_1(x)) + \mathrm{FFN}(N_2(x))$$
+
+$N_1$ = attn_norm; $N_2 = N_1$ with shared_norm (one norm per block), else ffn_norm. Both sublayers read the same
+input, so they can run concurrently.""",
+}
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``) and ``parallel``."""
@@ -196,6 +219,7 @@ def register_components(register) -> None:
             type="pre",
             config=PreConfig,
             factory=lambda cfg, ctx: PreNormBlock(ctx),
+            math=_MATH["pre"],
             description="Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Two norms per block "
             "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
@@ -209,6 +233,7 @@ def register_components(register) -> None:
             type="post",
             config=PostConfig,
             factory=lambda cfg, ctx: PostNormBlock(ctx),
+            math=_MATH["post"],
             description="Post-norm residual block: attn_norm(x + attn(x)), then ffn_norm(x + ffn(x)). Two norms per "
             "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762; BERT, arXiv:1810.04805",
@@ -222,6 +247,7 @@ def register_components(register) -> None:
             type="sandwich",
             config=SandwichConfig,
             factory=lambda cfg, ctx: SandwichNormBlock(ctx),
+            math=_MATH["sandwich"],
             description="Sandwich norm (Peri-LN): x + attn_post_norm(attn(attn_norm(x))), then "
             "x + ffn_post_norm(ffn(ffn_norm(x))): a norm on the input and on the output of each sublayer, inside the "
             "residual. Four norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
@@ -240,6 +266,7 @@ def register_components(register) -> None:
             type="reordered",
             config=ReorderedConfig,
             factory=lambda cfg, ctx: ReorderedNormBlock(ctx),
+            math=_MATH["reordered"],
             description="Reordered norm (OLMo 2): x + attn_post_norm(attn(x)), then x + ffn_post_norm(ffn(x)); a norm "
             "on each sublayer's output only, inside the residual, so the sublayers read the raw residual stream. Two "
             "norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
@@ -255,9 +282,10 @@ def register_components(register) -> None:
             type="parallel",
             config=ParallelConfig,
             factory=lambda cfg, ctx: ParallelBlock(cfg, ctx),
+            math=_MATH["parallel"],
             description="Parallel block: x + attn(attn_norm(x)) + ffn(n2(x)), n2 = attn_norm when shared_norm "
             "(one norm per block) else ffn_norm (two). [batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="Wang & Komatsuzaki 2021, GPT-J-6B (kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
+            reference="Wang & Komatsuzaki 2021, GPT-J-6B (github.com/kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
             "PaLM, arXiv:2204.02311",
             capabilities=caps,
             flops=flops,

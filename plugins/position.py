@@ -516,6 +516,37 @@ def _head_dim(ctx: BuildContext) -> int:
     return ctx.head_dim
 
 
+#: Key formulas of the docs pages (pymdownx.arithmatex).
+_MATH = {
+    "rope": r"""Query and key features form $r/2$ pairs $(a_i, b_i)$ ($r$ = the rotary width, head_dim or its partial
+rotary part; half_split pairs feature $i$ with $i + r/2$, interleaved pairs $2i$ with $2i + 1$). At position $p$
+each pair is rotated by the angle $p\, \theta_i$:
+
+$$a_i' = a_i \cos(p\,\theta_i) - b_i \sin(p\,\theta_i), \qquad b_i' = b_i \cos(p\,\theta_i) + a_i \sin(p\,\theta_i),
+\qquad \theta_i = \Theta^{-2i/r}$$
+
+$\Theta$ = theta, $i = 0, \dots, r/2 - 1$. The score $q_m'^\top k_n'$ then depends on the positions only through
+$m - n$. A scaling rescales the $\theta_i$ (linear: all by $1/s$; llama3: by frequency band; YaRN, LongRoPE: per
+dimension, YaRN also scales the rotated values by its attention factor).""",
+    "sinusoidal": r"""For position $p$ and feature pair $i$ of $d$ = d_model, with $b$ = base:
+
+$$PE_{p,2i} = \sin\!\left(\frac{p}{b^{2i/d}}\right), \qquad PE_{p,2i+1} = \cos\!\left(\frac{p}{b^{2i/d}}\right),
+\qquad x_p' = x_p + PE_p$$
+
+With an odd $d$ the last feature is a sine whose cosine partner is dropped.""",
+    "learned": r"""$$x_p' = x_p + W_p, \qquad W \in \mathbb{R}^{L \times d}$$
+
+$L$ = max_seq_len, $d$ = d_model; $W$ is trained with the model, initialised $\mathcal{N}(0, \sigma^2)$ with
+$\sigma$ = init_std.""",
+    "alibi": r"""Head $h$ of $n$ = n_heads adds a bias linear in the distance between query position $i$ and key position $j$
+to its attention scores:
+
+$$s_{hij} \leftarrow s_{hij} - \lambda\, m_h\, |i - j|, \qquad m_h = 2^{-8h/n} \quad (h = 1, \dots, n)$$
+
+$\lambda$ = scale. When $n$ is not a power of two, the slopes are those of the largest power of two $n' < n$
+followed by every other slope of $2n'$ heads (Press et al.'s reference code).""",
+}
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``none``, ``sinusoidal``, ``learned``, ``rope`` and ``alibi``."""
@@ -538,11 +569,12 @@ def register_components(register) -> None:
             type="rope",
             config=RopeConfig,
             factory=lambda cfg, ctx: Rope(cfg, _head_dim(ctx), ctx.max_seq_len),
+            math=_MATH["rope"],
             description="Rotary position embedding applied to queries and keys: each feature pair is rotated "
             "by position × frequency. Layouts half_split / interleaved, partial rotary (an even rotary width), and "
             "frequency scalings: linear, llama3, dynamic NTK, YaRN (with its attention factor) and LongRoPE.",
             reference="Su et al. 2021, RoFormer, arXiv:2104.09864; linear: Chen et al. 2023, arXiv:2306.15595; llama3: "
-            "meta-llama/llama-models; dynamic NTK: transformers _compute_dynamic_ntk_parameters; YaRN: Peng et al. 2023, "
+            "github.com/meta-llama/llama-models; dynamic NTK: transformers _compute_dynamic_ntk_parameters; YaRN: Peng et al. 2023, "
             "arXiv:2309.00071; LongRoPE: Ding et al. 2024, arXiv:2402.13753",
             capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
@@ -557,15 +589,15 @@ def register_components(register) -> None:
             type="sinusoidal",
             config=SinusoidalConfig,
             factory=lambda cfg, ctx: Sinusoidal(cfg, ctx.max_seq_len, ctx.d_model),
-            description="Fixed sinusoidal absolute positions added to the token embeddings. "
-            r"x [batch, seq, d_model] + PE[positions] with $\mathrm{PE}_{p,2i} = \sin(p / b^{2i/d})$ and "
-            r"$\mathrm{PE}_{p,2i+1} = \cos(p / b^{2i/d})$ ($b$ = base, $d$ = d_model). "
+            description="Fixed sinusoidal absolute positions added to the token embeddings: "
+            "x [batch, seq, d_model] + PE[positions], PE[p, 2i] = sin(p·base^(-2i/d)), PE[p, 2i+1] = cos(...). "
             "Odd d_model supported; the table [max_seq_len, d_model] is a float32 buffer recomputed at init.",
             reference="Vaswani et al. 2017, Attention Is All You Need, §3.5, arXiv:1706.03762",
             capabilities={"acts_on": "embedding", "compile_safe": True, "stateless": True},
             param_count=lambda cfg, ctx: 0,
             flops=elementwise("a table row added to each embedding: a lookup and an add"),
             example={"type": "sinusoidal", "base": 10000.0},
+            math=_MATH["sinusoidal"],
         )
     )
     register(
@@ -574,6 +606,7 @@ def register_components(register) -> None:
             type="learned",
             config=LearnedConfig,
             factory=lambda cfg, ctx: Learned(ctx.max_seq_len, ctx.d_model),
+            math=_MATH["learned"],
             description="Learned absolute positions (GPT-2 wpe) added to the token embeddings: "
             "x [batch, seq, d_model] + weight[positions], weight [max_seq_len, d_model] initialised N(0, init_std).",
             reference="Radford et al. 2019, Language Models are Unsupervised Multitask Learners (GPT-2); "
@@ -589,6 +622,7 @@ def register_components(register) -> None:
             type="alibi",
             config=AlibiConfig,
             factory=lambda cfg, ctx: Alibi(ctx.n_heads, cfg.scale),
+            math=_MATH["alibi"],
             description="ALiBi: no position embedding; each head adds -slope_h * |q_pos - k_pos| to its attention "
             "scores ([batch, n_heads, q_len, kv_len] float32). Slopes follow Press et al., including head counts "
             "that are not a power of two.",

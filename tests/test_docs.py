@@ -274,6 +274,323 @@ def test_docs_command_without_mkdocs_config(tmp_path, capsys, monkeypatch):
     assert "nope.yml: no such file" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------------------------------------------ rendering defects
+
+
+def test_reference_linker_never_links_math():
+    from modkit.docs.markdown import _link_references
+
+    for text in ("PE[p, 2i] = sin(p·base^(-2i/d))", "(d/2)", "(a/b)", "ratio (n_heads/n_kv_heads)", "(1/sqrt(d_h))",
+                 "$x/y$", "$$ a_{arXiv:1234.56789} $$", "`(owner/repo)`", "`arXiv:1706.03762`", "(2i/d) and (x_1/x_2)"):
+        assert _link_references(text) == text, text
+    assert _link_references("Gemma (github.com/google-deepmind/gemma).") == \
+        "Gemma ([google-deepmind/gemma](https://github.com/google-deepmind/gemma))."
+    assert _link_references("see https://github.com/o/r-x.") == "see [o/r-x](https://github.com/o/r-x)."
+    assert _link_references("arXiv:1706.03762, §3.5") == "[arXiv:1706.03762](https://arxiv.org/abs/1706.03762), §3.5"
+    done = "[arXiv:1706.03762](https://arxiv.org/abs/1706.03762)"
+    assert _link_references(done) == done, "an existing link is not linked twice"
+
+
+def test_generated_pages_link_no_made_up_repositories(pages):
+    import re
+
+    links = [(path, m.group(1)) for path, text in pages.items() for m in re.finditer(r"\(https://github\.com/([^)]*)\)", text)]
+    assert links, "the references with a github.com/owner/repo are linked"
+    for path, repo in links:
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9_.-]+", repo), f"{path}: link to github.com/{repo}"
+    assert "github.com/-2i" not in pages["components/position/sinusoidal.md"]
+
+
+def test_docstrings_render_as_written(tmp_path):
+    from modkit.docs.api_reference import docstring_problems
+
+    pytest.importorskip("griffe")
+    assert docstring_problems() == []
+    # the check finds both kinds of defect: a continuation line at the first line's indent, a "name: ..." first line
+    pkg = tmp_path / "badpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        'def split():\n    """Do.\n\n    Returns:\n        ``[batch, seq]`` logits, or the hidden states when\n'
+        '        ``hidden`` is set.\n    """\n\n\n'
+        'def named():\n    """Do.\n\n    Returns:\n        total: the sum.\n    """\n\n\n'
+        'def fine():\n    """Do.\n\n    Returns:\n        ``[batch, seq]`` logits, or the hidden states when\n'
+        '            ``hidden`` is set.\n    """\n'
+    )
+    problems = docstring_problems("badpkg", search_paths=[str(tmp_path)])
+    assert len(problems) == 2, problems
+    assert any("badpkg.split" in p and "2 value(s)" in p for p in problems)
+    assert any("badpkg.named" in p and "named 'total'" in p for p in problems)
+    with pytest.raises(docs.DocsError, match="badpkg.split"):
+        docs.check_docstrings("badpkg", search_paths=[str(tmp_path)])
+
+
+def _mkdocs_config() -> dict:
+    from mkdocs.utils.yaml import yaml_load
+
+    with open(REPO / "mkdocs.yml", encoding="utf-8") as f:
+        return yaml_load(f)
+
+
+def test_site_config_keeps_docstring_warnings_on_and_has_a_site_url():
+    pytest.importorskip("mkdocs")
+    from modkit.docs.api_reference import DOCSTRING_OPTIONS
+
+    cfg = _mkdocs_config()
+    options = cfg["plugins"][[next(iter(p)) if isinstance(p, dict) else p for p in cfg["plugins"]].index("mkdocstrings")]
+    options = options["mkdocstrings"]["handlers"]["python"]["options"]
+    assert cfg["strict"] is True, "griffe's warnings fail the build only in strict mode"
+    assert options["docstring_options"] == DOCSTRING_OPTIONS, "the docstring check parses as the site does"
+    assert options["separate_signature"] is True and options["line_length"] <= 100
+    assert cfg["site_url"].startswith("http"), "mkdocs writes an empty sitemap.xml without site_url"
+    assert {"pymdownx.arithmatex": {"generic": True}} in cfg["markdown_extensions"]
+
+
+def test_generated_nav_files_are_not_pages():
+    pytest.importorskip("mkdocs")
+    from mkdocs.structure.files import File, InclusionLevel
+    from pathspec.gitignore import GitIgnoreSpec
+
+    spec = GitIgnoreSpec.from_lines(["scripts/", "SUMMARY.md"])
+    files = [File(p, "/src", "/site", True) for p in ("components/SUMMARY.md", "gallery/SUMMARY.md", "components/index.md",
+                                                       "reference/api/SUMMARY.md", "reference/api/modkit.md")]
+    assert docs.exclude_generated(files, spec) == ["components/SUMMARY.md", "gallery/SUMMARY.md", "reference/api/SUMMARY.md"]
+    assert [f.inclusion == InclusionLevel.EXCLUDED for f in files] == [True, True, False, True, False]
+    assert docs.exclude_generated(files, spec) == [], "nothing is excluded twice"
+
+
+def test_capability_mappings_are_wrapped(pages, registry):
+    import re
+
+    plans = 0
+    for entry in registry.components():
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        table = page[page.index("## Capabilities"):page.index("## Parameters")]
+        for span in re.findall(r"`([^`]*)`", table):
+            assert len(span) <= 40, f"{entry.kind}/{entry.type}: capability value `{span}` is one unbreakable line"
+        plan = entry.capabilities.get("tp_plan")
+        if plan:
+            plans += 1
+            row = next(line for line in table.splitlines() if line.startswith("| `tp_plan` |"))
+            value = row.split(" | ")[1]
+            assert value.split("<br>") == [f"`{k}: {v}`" for k, v in plan.items()]
+    assert plans >= 4
+
+
+def _tables(text: str) -> list[list[str]]:
+    """Header cells of every Markdown table in ``text`` (the line above each ``| --- | --: |`` separator)."""
+    import re
+
+    lines = text.splitlines()
+    sep = re.compile(r"^\|( *:?-+:? *\|)+$")
+    return [[c.strip() for c in lines[i - 1].strip().strip("|").split("|")] for i in range(1, len(lines)) if sep.match(lines[i].strip())]
+
+
+def test_every_generated_table_labels_its_columns(pages):
+    n = 0
+    for path, text in pages.items():
+        if not path.endswith(".md"):
+            continue
+        for header in _tables(text):
+            n += 1
+            assert all(header), f"{path}: table with an unlabelled column: {header}"
+    assert n > 100
+    card = pages["gallery/tiny-llama.md"]
+    assert "| part | parameters | share | rounded |" in card
+
+
+def test_every_kind_page_states_its_contract(pages, registry):
+    from typing import Literal
+
+    contracts = docs.kind_contracts()
+    for kind in registry.kinds():
+        page = pages[docs.kind_path(kind)]
+        section = page[page.index("## Contract\n"):page.index("## Components\n")]
+        assert contracts[kind] in section, f"kind {kind}: its contract from modkit.interfaces is not on its page"
+    assert "router" in contracts
+
+    # a kind the core does not know (a third-party plugin's) still gets a contract section saying what holds
+    class ScratchConfig(modkit.ComponentConfig):
+        type: Literal["scratch"] = "scratch"
+
+    class Plugin:
+        @modkit.hookimpl
+        def register_components(self, register):
+            register(Component(kind="memory", type="scratch", config=ScratchConfig, factory=lambda cfg, ctx: None,
+                               description="A memory nothing holds yet."))
+
+    reg = Registry()
+    reg.load_entry_points()
+    reg.register_plugin(Plugin(), "memory-plugin")
+    all_docs = docs.component_docs(reg)
+    page = docs.kind_index_page("memory", all_docs, reg, contracts, docs.slot_places(reg))
+    section = page[page.index("## Contract\n"):page.index("## Components\n")]
+    assert "The core defines no calling convention for `memory`" in section and "nothing builds it yet" in section
+
+
+# ------------------------------------------------------------------------------------------------ component page extras
+
+
+def _components_of(spec_path: Path, registry) -> set[tuple[str, str]]:
+    """(kind, type) of every component config in a spec file (nested ones included: an MoE's expert and router)."""
+    from modkit.spec import iter_configs
+
+    spec = modkit.load_spec(spec_path, registry=registry)
+    return {registry.entry_for_config(cfg).key for _, cfg in iter_configs(spec)}
+
+
+def test_component_pages_link_the_gallery_models_that_use_them(pages, registry):
+    import re
+
+    users: dict[tuple[str, str], set[str]] = {}
+    for path in SPECS:
+        for key in _components_of(path, registry):
+            users.setdefault(key, set()).add(path.stem)
+    checked = 0
+    for entry in registry.components():
+        if entry.kind in ("logits_processor", "stop_condition"):
+            continue
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        section = page[page.index("## Used in the gallery"):]
+        linked = set(re.findall(r"\]\(\.\./\.\./gallery/([^)]+)\.md\)", section)) - {"index"}
+        assert linked == users.get(entry.key, set()), f"{entry.kind}/{entry.type}"
+        checked += bool(linked)
+    assert checked >= 15
+
+
+def test_component_pages_show_their_config_schema(pages, registry):
+    import re
+
+    for entry in registry.components():
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        assert f"`{entry.config.__module__}.{entry.config.__qualname__}` (fields and [JSON Schema](#fields) below)" in page
+        block = page[page.index(f'??? info "JSON Schema of `{entry.config.__name__}`"'):]
+        body = re.search(r"```json\n(.*?)\n    ```", block, re.S).group(1)
+        assert json.loads(body) == entry.config.model_json_schema()
+
+
+def _python_tab(page: str) -> str:
+    import re
+    import textwrap
+
+    m = re.search(r'=== "Python"\n\n    ```python\n(.*?)\n    ```', page, re.S)
+    assert m, "no Python tab"
+    return textwrap.dedent(m.group(1))
+
+
+def test_component_python_snippets_run(pages, registry, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.chdir(REPO)
+    torch.set_num_threads(1)
+    for entry in registry.components():
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        code = _python_tab(page)
+        namespace: dict = {}
+        exec(compile(code, f"<{entry.kind}/{entry.type} snippet>", "exec"), namespace)  # noqa: S102 - the page's own code
+        if entry.kind in ("logits_processor", "stop_condition"):
+            out = namespace["out"]
+            assert out.shape[0] == 1 and 3 < out.shape[1] <= 3 + 8, f"{entry.type}: {tuple(out.shape)}"
+            continue
+        model = namespace["model"]
+        tags = {(m.modkit_kind, m.modkit_type) for m in model.modules() if getattr(m, "modkit_type", None)}
+        assert entry.key in tags, f"{entry.kind}/{entry.type}: the snippet's model does not contain it ({sorted(tags)})"
+        assert int(capsys.readouterr().out.split()[-1]) == modkit.count_params(model)
+
+
+def test_attention_comparison_follows_the_cost_formulas(pages, registry):
+    from modkit.docs.comparison import COMPARE_CONTEXT
+
+    page = pages[docs.kind_path("attention")]
+    table = page[page.index("## Comparison"):]
+    d = docs.EXAMPLE_CONTEXT["d_model"]
+    assert f"d_model = {d}, n_heads = {docs.EXAMPLE_CONTEXT['n_heads']}" in table
+    for entry in registry.components("attention"):
+        cfg = modkit.load_component("attention", entry.example_config(), registry=registry)
+        h = cfg.n_heads
+        kv = cfg.n_kv_heads or (1 if entry.type == "mqa" else h)
+        hd = d // h
+        params = d * (h * hd) * 2 + d * (kv * hd) * 2
+        kv_bytes = 2 * kv * hd * 2  # keys and values, bf16
+        flops = 2 * d * (2 * h * hd + 2 * kv * hd) + 2 * 2 * h * hd * COMPARE_CONTEXT  # projections, q·k and p·v
+        row = next(line for line in table.splitlines() if line.startswith(f"| [`{entry.type}`]"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == f"{params:,}" and cells[4] == f"{kv_bytes:,}" and cells[5] == f"{flops:,}", (entry.type, cells)
+    norms = pages[docs.kind_path("norm")]
+    assert "| [`rmsnorm`](rmsnorm.md) | (defaults) | 256 | `d` |" in norms
+    ffn = pages[docs.kind_path("ffn")]
+    assert "active per token" in ffn and "KV cache" not in ffn[ffn.index("## Comparison"):]
+
+
+#: Components whose pages must carry their key formulas as math (the rendering is checked on the built site).
+MATH_PAGES = ("position/sinusoidal", "position/rope", "position/alibi", "norm/rmsnorm", "norm/layernorm",
+              "attention/mha", "attention/gqa", "attention/mqa", "ffn/swiglu", "ffn/moe", "router/topk")
+
+
+def test_component_pages_carry_their_formulas_as_math(pages):
+    import re
+
+    for key in MATH_PAGES:
+        page = pages[f"components/{key}.md"]
+        math = page[page.index("## Math\n"):page.index("## Fields\n")]
+        blocks = re.findall(r"\$\$(.+?)\$\$", math, re.S)
+        assert blocks, f"{key}: no display math"
+        inline = re.sub(r"\$\$.+?\$\$", "", math, flags=re.S)
+        assert inline.count("$") % 2 == 0, f"{key}: unbalanced inline math"
+        for b in blocks:
+            assert b.count("{") == b.count("}") and len(re.findall(r"\\left\b", b)) == len(re.findall(r"\\right\b", b)), f"{key}: {b}"
+    assert r"\sin\!\left(\frac{p}{b^{2i/d}}\right)" in pages["components/position/sinusoidal.md"]
+    assert r"\operatorname{top-}k(p)" in pages["components/ffn/moe.md"]
+
+
+def test_component_pages_name_their_source(pages, registry, tmp_path):
+    import inspect
+    import re
+
+    from modkit.docs.usage import source_location
+
+    for entry in registry.components():
+        page = pages[docs.component_path(entry.kind, entry.type)]
+        m = re.search(r"\| source \| `([^`]+)` line (\d+) in the repository \|", page)
+        assert m, f"{entry.kind}/{entry.type}: no source row"
+        lines = (REPO / m.group(1)).read_text().splitlines()
+        assert lines[int(m.group(2)) - 1].startswith(f"class {entry.config.__name__}(")
+    rms = registry.get("norm", "rmsnorm").config
+    line = inspect.getsourcelines(rms)[1]
+    assert source_location(rms, REPO, "https://example.org/modkit") == \
+        f"[`plugins/norm.py` line {line}](https://example.org/modkit/blob/HEAD/plugins/norm.py#L{line})"
+    # outside the site's repository (an installed plugin): the module and its file, no invented link
+    assert source_location(rms, tmp_path, "https://example.org/modkit") == \
+        f"module `modkit_plugins.norm`, file `plugins/norm.py` line {line}"
+
+
+def test_hugging_face_page_lists_every_model_type(pages, registry):
+    import re
+    import warnings
+
+    from modkit.hf import convert_hf_config
+
+    page = pages["reference/hugging-face.md"]
+    types = registry.hf_model_types()
+    assert len(types) >= 13 and f"of {len(types)} Hugging Face model types" in page
+    from_gallery: dict[str, set[str]] = {}
+    for path in SPECS:
+        t = json.loads(path.read_text()).get("metadata", {}).get("hf_model_type")
+        if t:
+            from_gallery.setdefault(t, set()).add(path.stem)
+    for t in types:
+        assert f"\n## {t}\n" in page
+        row = next(line for line in page.splitlines() if line.startswith(f"| [`{t}`](#{t}) |"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec = convert_hf_config({"model_type": t}, registry=registry)[1]
+        layer = spec.layer(0)
+        for kind, type_ in (("attention", layer.attention.type), ("ffn", layer.ffn.type), ("norm", layer.norm.type),
+                            ("placement", layer.placement.type), ("position", spec.position.type)):
+            assert f"[`{type_}`](../components/{kind}/{type_}.md)" in row, (t, kind, row)
+        assert set(re.findall(r"\(\.\./gallery/([^)]+)\.md\)", row)) == from_gallery.get(t, set()), t
+    assert from_gallery, "specs/ holds converted models"
+
+
 # ------------------------------------------------------------------------------------------------ the built site
 
 
@@ -318,7 +635,8 @@ def built_site(tmp_path_factory):
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, f"strict site build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     print(f"site built in {seconds:.1f} s (example plugin {'installed' if extra else 'absent'})")
-    return {"site": out, "plugins": _plugins_seen_with(extra), "extra": extra is not None, "seconds": seconds}
+    return {"site": out, "plugins": _plugins_seen_with(extra), "extra": extra is not None, "seconds": seconds,
+            "log": proc.stdout + proc.stderr}
 
 
 def _plugins_seen_with(extra: Path | None) -> list[dict]:
@@ -409,6 +727,68 @@ def test_site_internal_links_resolve(built_site):
                 broken.append(f"{page.relative_to(site)}: {link}")
     assert n_links > 500
     assert not broken, f"{len(broken)} broken internal links:\n  " + "\n  ".join(broken[:40])
+
+
+@pytest.mark.slow
+def test_site_builds_no_nav_files_as_pages(built_site):
+    site = built_site["site"]
+    assert not [p for p in site.rglob("*") if p.name.upper().startswith("SUMMARY")]
+    index = json.loads((site / "search" / "search_index.json").read_text())
+    assert index["docs"] and not [d["location"] for d in index["docs"] if "SUMMARY" in d["location"] or d["title"] == "SUMMARY"]
+
+
+@pytest.mark.slow
+def test_site_api_signatures_are_wrapped(built_site):
+    import re
+
+    site = built_site["site"]
+    lines, long = 0, []
+    for page in (site / "reference" / "api").rglob("index.html"):
+        for block in re.findall(r'<div class="doc-signature[^"]*">\s*<pre>(.*?)</pre>', page.read_text(), re.S):
+            for line in html.unescape(re.sub(r"<[^>]+>", "", block)).splitlines():
+                lines += 1
+                if len(line) > 100:
+                    long.append(f"{page.parent.name}: {line}")
+    assert lines > 500, "signatures are rendered as separate, formatted blocks"
+    assert not long, f"{len(long)} signature lines over 100 characters:\n  " + "\n  ".join(long[:20])
+
+
+@pytest.mark.slow
+def test_site_sitemap_lists_every_page(built_site):
+    import re
+    import xml.etree.ElementTree as ET
+
+    site = built_site["site"]
+    urls = [u.text for u in ET.parse(site / "sitemap.xml").getroot().iter("{http://www.sitemaps.org/schemas/sitemap/0.9}loc")]
+    base = _mkdocs_config()["site_url"]
+    pages = {p.relative_to(site).parent.as_posix() for p in site.rglob("index.html") if "assets" not in p.parts}
+    listed = {re.sub(r"/$", "", u[len(base):]) or "." for u in urls}
+    assert len(urls) == len(pages) > 100 and listed == pages
+
+
+@pytest.mark.slow
+def test_site_every_page_is_in_the_nav(built_site):
+    import re
+
+    site = built_site["site"]
+    assert "not included in the \"nav\"" not in built_site["log"], built_site["log"][-3000:]
+    home = (site / "index.html").read_text()
+    nav = home[home.index('<nav class="md-nav md-nav--primary'):]
+    hrefs = {posixpath.normpath(h) for h in re.findall(r'class="md-nav__link[^"]*"[^>]*href="([^"#]+)"', nav)}
+    hrefs |= {posixpath.normpath(h) for h in re.findall(r'href="([^"#]+)"[^>]*class="md-nav__link', nav)}
+    comps = [c for p in built_site["plugins"] for c in p["components"]]
+    for item in comps:
+        assert f"components/{item}" in hrefs, f"{item}: its page is not reachable from the nav"
+    assert "examples/modkit-extra" in hrefs and "reference/hugging-face" in hrefs
+
+
+@pytest.mark.slow
+def test_site_renders_math_and_links_no_math(built_site):
+    site = built_site["site"]
+    page = (site / "components" / "position" / "sinusoidal" / "index.html").read_text()
+    assert page.count('class="arithmatex"') >= 3
+    assert "github.com/-2i" not in page
+    assert 'class="arithmatex"' in (site / "components" / "ffn" / "moe" / "index.html").read_text()
 
 
 # ------------------------------------------------------------------------------------------------ guide snippets

@@ -358,9 +358,9 @@ def prepare(
 
     Returns:
         the ``meta.json`` written: ``format``, ``format_version``, ``tokenizer`` (spec), ``vocab_size``, ``dtype``,
-        ``tokens`` (``{"train": n, "val": m}``), ``val_fraction``, ``split`` (the rule), ``text_field``,
-        ``sources`` (path, format, bytes, sha256, tokens of each input file) and ``files`` (bytes and sha256 of
-        each file written).
+            ``tokens`` (``{"train": n, "val": m}``), ``val_fraction``, ``split`` (the rule), ``text_field``,
+            ``sources`` (path, format, bytes, sha256, tokens of each input file) and ``files`` (bytes and sha256 of
+            each file written).
 
     Raises:
         DataError: a missing input, a folder without input files, empty input, a file that is not UTF-8, a bad

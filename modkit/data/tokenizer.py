@@ -200,7 +200,7 @@ def train_tokenizer(spec: str, texts: Iterable[str]) -> Tokenizer:
 
     Returns:
         a :class:`Tokenizer` whose ``spec`` is ``spec``. A ``bpe:N`` trained on little text may have fewer than
-        ``N`` ids (the trainer stops when no pair is left to merge); ``vocab_size`` says how many.
+            ``N`` ids (the trainer stops when no pair is left to merge); ``vocab_size`` says how many.
 
     Raises:
         DataError: a spec that is neither ``char`` nor ``bpe:N`` (use :func:`load_tokenizer` for a file), a BPE

@@ -17,35 +17,45 @@ pages a ``docs_dir`` lacks, and the link rewriting. Which configuration (:func:`
 Nothing generated is checked in: at build time the plugin calls :func:`generate`, which returns ``{path: text}``
 for
 
-* ``components/``: an overview table of every registered component, one index page per kind and one page per
-  component (kind, type, description, provider, capabilities, a field table from the config's JSON Schema, the
-  tensor contract of its kind, its parameter count, its reference and an example spec fragment that is
-  *validated* with :func:`modkit.load_component`: a broken example fails the build);
+* ``components/``: an overview table of every registered component, one index page per kind (its contract, its
+  components and a comparison table of their parameters, KV-cache bytes and FLOPs) and one page per component
+  (kind, type, description, provider, source file, capabilities, its formulas as math, a field table and the
+  JSON Schema of its config, the tensor contract of its kind, its parameter count, its reference, the gallery
+  models that use it, and an example spec fragment that is *validated* with :func:`modkit.load_component` (a
+  broken example fails the build) beside a Python snippet the tests run);
 * ``gallery/``: one model card per spec in ``specs/`` (parameter breakdown, active parameters, weight and
   KV-cache bytes, a Mermaid diagram of the model and of its blocks traced from the built modules), built on
   ``meta``;
-* ``reference/``: the spec format (from the JSON Schema), the command line (from the argparse parser) and one
-  mkdocstrings page per module of the Python API.
+* ``reference/``: the spec format (from the JSON Schema), the command line (from the argparse parser), the Hugging
+  Face model types the converters support, and one mkdocstrings page per module of the Python API.
 
 Whatever is installed shows up, third-party plugins included: nothing here names a concrete component.
 
 Which module renders which page:
 
-* ``pages``: :func:`generate`, every generated page at once, ``{docs-relative path: text}``;
-* ``components``: ``components/index.md`` (overview), ``components/<kind>/index.md``,
-  ``components/<kind>/<type>.md`` and ``components/SUMMARY.md``;
-* ``gallery``: ``gallery/index.md`` and ``gallery/<spec>.md`` (model cards);
-* ``schema``: the field tables of component pages, and ``reference/spec.md``;
-* ``cli_reference``: ``reference/cli.md``;
-* ``api_reference``: ``reference/api/*.md``, and the griffe extension :class:`SphinxRoles` mkdocstrings loads;
-* ``contracts``: the kind contracts, ``acts_on`` sentences and "goes in a spec at" facts of component pages;
-* ``params``: the parameter counts and ``P(d)`` formulas of component pages;
-* ``diagrams``: the Mermaid block diagrams (placement pages, gallery cards) and the model flow (gallery cards);
-* ``markdown``: shared helpers: tables, escaping, number formats, page paths, :class:`DocsError`;
-* ``site``: the mkdocs driver (:func:`find_config`, :func:`build_site`) and the link rewriting;
-* ``plugin``: the ``modkit`` mkdocs plugin (imports mkdocs; loaded by mkdocs, not by this package);
-* ``cli``: ``modkit docs build`` / ``modkit docs serve`` (:func:`add_subcommands`);
-* ``web/`` (package data): ``mkdocs.yml`` and ``pages/`` (hand-written pages, CSS/JS, ``assets/vendor``).
+==================  ===============================================================================================
+module              renders
+==================  ===============================================================================================
+``pages``           :func:`generate`: every generated page at once, ``{docs-relative path: text}``
+``components``      ``components/index.md`` (overview), ``components/<kind>/index.md``, ``components/<kind>/<type>.md``
+                    and ``components/SUMMARY.md``
+``gallery``         ``gallery/index.md`` and ``gallery/<spec>.md`` (model cards)
+``schema``          the field tables of component pages and ``reference/spec.md``
+``cli_reference``   ``reference/cli.md``
+``api_reference``   ``reference/api/*.md``, the griffe extension :class:`SphinxRoles` mkdocstrings loads and the
+                    docstring check (:func:`check_docstrings`)
+``contracts``       the kind contracts, ``acts_on`` sentences and "goes in a spec at" facts the component pages show
+``params``          the parameter counts and ``P(d)`` formulas of component pages
+``comparison``      the *Comparison* table of each kind page (parameters, KV-cache bytes, FLOPs of each component)
+``usage``           the gallery models using a component, its source, its config's JSON Schema, its Python snippet
+``hf_models``       ``reference/hugging-face.md``: the Hugging Face model types the converters support
+``diagrams``        the Mermaid block diagrams (placement pages, gallery cards) and the model flow (gallery cards)
+``markdown``        shared helpers: tables, escaping, number formats, page paths, :class:`DocsError`
+``site``            the mkdocs driver (:func:`find_config`, :func:`build_site`) and the link rewriting
+``plugin``          the ``modkit`` mkdocs plugin (imports mkdocs; loaded by mkdocs, not by this package)
+``cli``             ``modkit docs build`` / ``modkit docs serve`` (:func:`add_subcommands`)
+``web/``            package data: ``mkdocs.yml`` and ``pages/`` (hand-written pages, CSS/JS, ``assets/vendor``)
+==================  ===============================================================================================
 
 ``modkit docs build [-o DIR]`` builds the site (strict by default) and ``modkit docs serve`` serves it with live
 reload; both need the ``docs`` extra (``pip install 'modkit-lm[docs]'``).
@@ -53,7 +63,7 @@ reload; both need the ``docs`` extra (``pip install 'modkit-lm[docs]'``).
 
 from __future__ import annotations
 
-from .api_reference import API_SKIP, SphinxRoles, api_modules, api_pages
+from .api_reference import API_SKIP, DOCSTRING_OPTIONS, SphinxRoles, api_modules, api_pages, check_docstrings, docstring_problems
 from .cli import add_subcommands, cmd_docs_build, cmd_docs_serve
 from .cli_reference import cli_reference_page
 from .components import (
@@ -65,26 +75,33 @@ from .components import (
     overview_page,
     validate_examples,
 )
-from .contracts import acts_on_text, contracts_preamble, kind_contracts, slot_places
+from .comparison import COMPARE_CONTEXT, Figures, comparison_section, component_figures
+from .contracts import acts_on_text, contracts_preamble, kind_contract, kind_contracts, slot_places
 from .diagrams import mermaid_block, trace_block
 from .gallery import DTYPE_BYTES, LONG_CONTEXT, SpecCard, gallery_index, gallery_page, spec_card
+from .hf_models import HF_PAGE, hf_models_page
 from .markdown import DocsError, component_path, gallery_path, kind_path
-from .pages import PLUGIN_GUIDE, generate
+from .pages import exclude_generated, PLUGIN_GUIDE, generate
 from .params import EXAMPLE_CONTEXT, FIT_D_MODELS, ParamInfo, fit_quadratic, formula, param_info
 from .params import _build_alone, _default_norm  # noqa: F401 - used by tests/test_docs.py
 from .schema import FieldRow, field_rows, spec_reference_page
 from .site import build_site, find_config, log, rewrite_outside_links
+from .usage import gallery_usage, python_usage, source_location
 
 __all__ = [
     "API_SKIP",
+    "COMPARE_CONTEXT",
+    "DOCSTRING_OPTIONS",
     "DTYPE_BYTES",
     "EXAMPLE_CONTEXT",
     "FIT_D_MODELS",
+    "HF_PAGE",
     "LONG_CONTEXT",
     "PLUGIN_GUIDE",
     "ComponentDoc",
     "DocsError",
     "FieldRow",
+    "Figures",
     "ParamInfo",
     "SpecCard",
     "SphinxRoles",
@@ -93,14 +110,19 @@ __all__ = [
     "api_modules",
     "api_pages",
     "build_site",
+    "check_docstrings",
     "cli_reference_page",
     "cmd_docs_build",
     "cmd_docs_serve",
+    "comparison_section",
     "component_docs",
+    "component_figures",
     "component_page",
     "component_path",
     "components_nav",
     "contracts_preamble",
+    "docstring_problems",
+    "exclude_generated",
     "field_rows",
     "find_config",
     "fit_quadratic",
@@ -108,7 +130,10 @@ __all__ = [
     "gallery_index",
     "gallery_page",
     "gallery_path",
+    "gallery_usage",
     "generate",
+    "hf_models_page",
+    "kind_contract",
     "kind_contracts",
     "kind_index_page",
     "kind_path",
@@ -116,8 +141,10 @@ __all__ = [
     "mermaid_block",
     "overview_page",
     "param_info",
+    "python_usage",
     "rewrite_outside_links",
     "slot_places",
+    "source_location",
     "spec_card",
     "spec_reference_page",
     "trace_block",

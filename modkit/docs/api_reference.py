@@ -7,18 +7,22 @@ import importlib
 import inspect
 import pkgutil
 import re
-from typing import Any
+from typing import Any, Optional
 
 try:  # the griffe extension below is only loaded by mkdocstrings, which brings griffe
     from griffe import Extension as _GriffeExtension
 except ImportError:  # pragma: no cover - docs extra not installed
     _GriffeExtension = object  # type: ignore[misc,assignment]
 
-from .markdown import _cell, _first_sentence, _rst_to_md, _table
+from .markdown import _cell, DocsError, _first_sentence, _rst_to_md, _table
 
 
 #: Modules of the package that get no API page.
 API_SKIP = ("modkit.__main__",)
+
+#: The Google-style docstring options of the mkdocstrings handler (``mkdocs.yml``: ``docstring_options``; a test
+#: keeps the two equal). ``warnings`` stays on: griffe's complaints reach mkdocs' log, which a strict build fails on.
+DOCSTRING_OPTIONS = {"ignore_init_summary": True, "warn_unknown_params": False, "warn_missing_types": False, "warnings": True}
 
 
 def api_modules() -> list[str]:
@@ -35,8 +39,14 @@ def api_modules() -> list[str]:
 
 
 def api_pages() -> dict[str, str]:
-    """``reference/api/<module>.md`` (an mkdocstrings directive each), an index and a literate-nav file."""
+    """``reference/api/<module>.md`` (an mkdocstrings directive each), an index and a literate-nav file.
+
+    Raises:
+        DocsError: a docstring would render wrongly (:func:`check_docstrings`).
+    """
     import modkit
+
+    check_docstrings("modkit")
 
     pages: dict[str, str] = {}
     modules = api_modules()
@@ -72,6 +82,81 @@ def api_pages() -> dict[str, str]:
     nav = ["* [Overview](index.md)"] + [f"* [{n}]({n}.md)" for n in modules]
     pages["reference/api/SUMMARY.md"] = "\n".join(nav) + "\n"
     return pages
+
+
+def docstring_problems(package: str = "modkit", search_paths: Optional[list[str]] = None, options: Optional[dict] = None) -> list[str]:
+    """Docstrings of ``package`` that mkdocstrings would render wrongly: ``["path:line: problem", ...]``.
+
+    The package is loaded with griffe as the site build loads it (Google style, :data:`DOCSTRING_OPTIONS`, the
+    :class:`SphinxRoles` extension) and every docstring is parsed. A problem is a warning griffe logs, or a
+    ``Returns:`` / ``Yields:`` section that parses as several values or as a named value: modkit documents one
+    unnamed value per function, so either means a continuation line at the indent of the first line (each becomes
+    a table row) or a first line that reads as ``name: description``. The fix: indent continuation lines deeper.
+
+    Raises:
+        ImportError: griffe (the ``docs`` extra) is not installed.
+    """
+    import logging
+
+    import griffe
+
+    opts = dict(DOCSTRING_OPTIONS if options is None else options)
+    problems: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                problems.append(record.getMessage())
+
+    handler = Collect()
+    loggers = [logging.getLogger(n) for n in ("griffe", "mkdocs.plugins.griffe")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        root = griffe.load(package, search_paths=search_paths, docstring_parser="google", docstring_options=opts,
+                           extensions=griffe.load_extensions(SphinxRoles))
+        seen: set[int] = set()
+        stack = [root]
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen or obj.is_alias:
+                continue
+            seen.add(id(obj))
+            stack.extend(obj.members.values())
+            doc = obj.docstring
+            if doc is None:
+                continue
+            for section in doc.parse("google", **opts):
+                if section.kind.value not in ("returns", "yields"):
+                    continue
+                items = section.value
+                if len(items) > 1 or any(i.name for i in items):
+                    where = f"{obj.relative_filepath}:{doc.lineno}" if obj.is_module or obj.parent else str(obj.path)
+                    problems.append(
+                        f"{where}: {obj.path}: its {section.kind.value.capitalize()} section parses as "
+                        f"{len(items)} value(s){' named ' + repr(items[0].name) if items[0].name else ''}; indent "
+                        "continuation lines deeper than the first line"
+                    )
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+    return problems
+
+
+def check_docstrings(package: str = "modkit", search_paths: Optional[list[str]] = None) -> None:
+    """Raise :class:`DocsError` listing :func:`docstring_problems` of ``package``; nothing when griffe is absent.
+
+    :func:`api_pages` runs it, so a site build fails on such a docstring as it fails (strict) on griffe's warnings.
+
+    Raises:
+        DocsError: one or more docstrings would render wrongly on the API pages.
+    """
+    try:
+        problems = docstring_problems(package, search_paths)
+    except ImportError:
+        return
+    if problems:
+        raise DocsError("docstrings the API reference would render wrongly:\n  " + "\n  ".join(problems))
 
 
 def _roles_to_autorefs(text: str) -> str:

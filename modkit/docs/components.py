@@ -7,7 +7,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .contracts import acts_on_text
+from .comparison import comparison_section, component_figures, Figures
+from .contracts import acts_on_text, kind_contract
 from .diagrams import _placement_diagram
 from .markdown import (
     _cell,
@@ -23,8 +24,9 @@ from .markdown import (
     _rst_to_md,
     _table,
 )
-from .params import EXAMPLE_CONTEXT, formula, param_info, ParamInfo
+from .params import _default_norm, EXAMPLE_CONTEXT, formula, param_info, ParamInfo
 from .schema import field_rows, _field_table
+from .usage import python_usage, schema_block, source_location, usage_section
 
 
 def _provider(entry) -> str:
@@ -51,6 +53,16 @@ def _caps_inline(entry) -> str:
     return " ".join(parts)
 
 
+def _cap_value(value: Any) -> str:
+    """A capability value for a table cell: a mapping as one ``key: value`` code span per line (a tensor-parallel
+    plan would otherwise be one unbreakable line wider than the page), anything else as compact JSON."""
+    if isinstance(value, Mapping) and value:
+        return "<br>".join(_cell(f"`{k}: {json.dumps(v, default=str)}`".replace('"', "")) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and value:
+        return "<br>".join(_cell(f"`{json.dumps(v, default=str)}`") for v in value)
+    return _cell("`" + json.dumps(value, default=str).replace("`", "'") + "`")
+
+
 @dataclass
 class ComponentDoc:
     """Everything one component page shows (computed once, used by its page and the index tables)."""
@@ -60,6 +72,7 @@ class ComponentDoc:
     validated: dict
     params: ParamInfo
     diagram: Optional[str]
+    figures: Optional[Figures] = None
 
 
 def validate_examples(registry) -> dict[tuple[str, str], tuple[dict, Any]]:
@@ -91,13 +104,17 @@ def validate_examples(registry) -> dict[tuple[str, str], tuple[dict, Any]]:
 
 def component_docs(registry) -> list[ComponentDoc]:
     """Validate every example and compute what the component pages show."""
+    from ..sampling import KINDS as SAMPLING_KINDS
+
     examples = validate_examples(registry)
+    norm = _default_norm(registry)
     docs = []
     for entry in registry.components():
         example, cfg = examples[entry.key]
         params = param_info(entry, cfg, registry)
         diagram = _placement_diagram(entry, cfg, registry) if entry.kind == "placement" else None
-        docs.append(ComponentDoc(entry, example, cfg.model_dump(mode="json"), params, diagram))
+        figures = None if entry.kind in SAMPLING_KINDS else component_figures(entry, cfg, registry, norm)
+        docs.append(ComponentDoc(entry, example, cfg.model_dump(mode="json"), params, diagram, figures))
     return docs
 
 
@@ -151,8 +168,29 @@ def _params_section(doc: ComponentDoc) -> str:
     return "\n".join(lines).rstrip()
 
 
-def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], places: Mapping[str, list[str]]) -> str:
-    """Markdown of one component's page."""
+def component_page(
+    doc: ComponentDoc,
+    registry,
+    contracts: Mapping[str, str],
+    places: Mapping[str, list[str]],
+    *,
+    uses: Optional[list] = None,
+    base: Any = None,
+    root: Any = None,
+    repo_url: Optional[str] = None,
+) -> str:
+    """Markdown of one component's page.
+
+    Args:
+        doc: the component's computed facts.
+        registry: the registry it comes from.
+        contracts: :func:`~modkit.docs.contracts.kind_contracts`.
+        places: :func:`~modkit.docs.contracts.slot_places`.
+        uses: ``[(gallery card, spec paths)]`` of the models that use it (:func:`~modkit.docs.usage.gallery_usage`).
+        base: the gallery card whose spec the Python snippet starts from; no snippet when ``None``.
+        root: the repository root (source paths are shown relative to it).
+        repo_url: links source paths into this repository when given.
+    """
     from ..config import SLOT_KEY  # noqa: F401 - documents where slot markers come from
     from ..registry import KNOWN_CAPABILITIES, config_tags
     from ..sampling import KINDS as SAMPLING_KINDS
@@ -171,7 +209,8 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
         ("kind", link_kind(entry.kind)),
         ("type", f"`{entry.type}`" + (f" (the same config also serves {', '.join(f'`{t}`' for t in others)})" if others else "")),
         ("plugin", _provider(entry)),
-        ("config class", f"`{cfg_cls}`"),
+        ("config class", f"`{cfg_cls}` (fields and [JSON Schema](#fields) below)"),
+        ("source", source_location(entry.config, root, repo_url)),
         *([("aliases", ", ".join(f"`{a}`" for a in entry.aliases) + f" (other names of `{entry.type}`, stored as `{entry.type}`)")]
           if entry.aliases else []),
         ("reference", _link_references(_cell(entry.reference)) if entry.reference else "(none given)"),
@@ -187,16 +226,12 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
         "",
         _link_references(_rst_to_md(" ".join(entry.description.split()))),
         "",
-        _table(("", ""), facts),
+        _table(("property", "value"), facts),
         "",
         "## Shapes",
         "",
     ]
-    contract = contracts.get(entry.kind)
-    if contract:
-        parts.append(f"Contract of every `{entry.kind}` ([`modkit.interfaces`]({_rel(page, 'reference/api/modkit.interfaces.md')})): {contract}")
-    else:
-        parts.append(f"The core defines no calling convention for `{entry.kind}`; its description above gives the shapes.")
+    parts.append(f"Contract of every `{entry.kind}`: " + kind_contract(entry.kind, contracts, places, page))
     acts = entry.capabilities.get("acts_on")
     if acts is not None:
         parts += ["", f"**Acts on `{acts}`**: {acts_on_text(acts)}"]
@@ -205,13 +240,14 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
                   "copies with stacked weights, run by one grouped GEMM per projection)."]
     for alias, note in entry.alias_notes.items():
         parts += ["", f'!!! note "Alias `{alias}`"', "", textwrap.indent(_link_references(_cell(note)), "    ")]
-    parts += ["", "## Fields", "", _field_table(field_rows(schema, link_kind=link_kind)), ""]
+    if entry.math.strip():
+        parts += ["", "## Math", "", entry.math.strip()]
+    parts += ["", "## Fields", "", _field_table(field_rows(schema, link_kind=link_kind)), "", schema_block(entry), ""]
     parts += ["## Capabilities", ""]
     if entry.capabilities:
         rows = []
         for k, v in sorted(entry.capabilities.items()):
-            value = json.dumps(v, default=str).replace("`", "'")
-            rows.append((f"`{k}`", _cell(f"`{value}`"), _cell(KNOWN_CAPABILITIES.get(k, "(declared by the plugin)"))))
+            rows.append((f"`{k}`", _cap_value(v), _cell(KNOWN_CAPABILITIES.get(k, "(declared by the plugin)"))))
         parts.append(_table(("capability", "value", "meaning"), rows))
     else:
         parts.append("None declared.")
@@ -225,16 +261,27 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
             doc.diagram,
             "",
         ]
-    spec_key = entry.kind
+    fragment = json.dumps([doc.example] if entry.kind in SAMPLING_KINDS else {entry.kind: doc.example}, indent=2)
+    snippet = python_usage(entry, doc.example, registry, base)
+    validated = f"Validated with `modkit.load_component({entry.kind!r}, ...)` when the site was built"
+    parts += ["## Example", ""]
+    if snippet is None:
+        parts += [validated + ":", "", "```json", fragment, "```", ""]
+    else:
+        parts += [
+            validated + f"; the Python tab uses it in `{base.source}` (run from the repository root; the tests run "
+            "every such snippet):",
+            "",
+            '=== "JSON"',
+            "",
+            textwrap.indent("```json\n" + fragment + "\n```", "    "),
+            "",
+            '=== "Python"',
+            "",
+            textwrap.indent("```python\n" + snippet + "\n```", "    "),
+            "",
+        ]
     parts += [
-        "## Example",
-        "",
-        f"Validated with `modkit.load_component({entry.kind!r}, ...)` when the site was built:",
-        "",
-        "```json",
-        json.dumps([doc.example] if entry.kind in SAMPLING_KINDS else {spec_key: doc.example}, indent=2),
-        "```",
-        "",
         '??? note "The same config with every default filled in"',
         "",
         textwrap.indent("```json\n" + json.dumps(doc.validated, indent=2) + "\n```", "    "),
@@ -242,6 +289,8 @@ def component_page(doc: ComponentDoc, registry, contracts: Mapping[str, str], pl
         f"On the command line: `modkit show {entry.kind} {entry.type}`.",
         "",
     ]
+    if entry.kind not in SAMPLING_KINDS:
+        parts += ["## Used in the gallery", "", usage_section(entry, uses or [], page), ""]
     return _resolve_links("\n".join(parts), page)
 
 
@@ -249,11 +298,10 @@ def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Ma
     """Markdown of a kind's index page."""
     page = kind_path(kind)
     mine = [d for d in docs if d.entry.kind == kind]
-    parts = [_HIDE_TOC, f"# {kind}", ""]
-    if kind in contracts:
-        parts += [f"**Contract** ([`modkit.interfaces`]({_rel(page, 'reference/api/modkit.interfaces.md')})): {contracts[kind]}", ""]
+    parts = [_HIDE_TOC, f"# {kind}", "", "## Contract", "", kind_contract(kind, contracts, places, page), ""]
     if places.get(kind):
         parts += ["Goes in a spec at " + ", ".join(places[kind]) + ".", ""]
+    parts += ["## Components", ""]
     rows = []
     for d in mine:
         e = d.entry
@@ -273,6 +321,9 @@ def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Ma
     if aliases:
         parts += ["**Aliases** (other names a spec may use; stored under the type): " + ", ".join(
             f"`{a}` → [`{t}`]({_rel(page, component_path(kind, t))})" for a, t in aliases.items()) + ".", ""]
+    comparison = comparison_section(kind, docs, page)
+    if comparison:
+        parts += [comparison, ""]
     diagrams = [d for d in mine if d.diagram]
     if diagrams:
         parts += ["## Side by side", "", "Each block as traced from the module the placement builds; `+` is a residual add.", ""]

@@ -7,7 +7,7 @@ import inspect
 import re
 from typing import Any, Optional
 
-from .markdown import _rst_to_md, component_path
+from .markdown import _rel, _rst_to_md, component_path
 
 
 def kind_contracts() -> dict[str, str]:
@@ -27,6 +27,19 @@ def kind_contracts() -> dict[str, str]:
         else:
             current = None
     return {k: _rst_to_md(v) for k, v in out.items()}
+
+
+def kind_contract(kind: str, contracts: dict[str, str], places: dict[str, list[str]], page: str) -> str:
+    """The contract of ``kind`` as a sentence for ``page``: the core's (from :func:`kind_contracts`), or, for a kind
+    the core does not know (a third-party plugin's), what the core does guarantee about it."""
+    api = f"[`modkit.interfaces`]({_rel(page, 'reference/api/modkit.interfaces.md')})"
+    if kind in contracts:
+        return f"{contracts[kind]} (from {api})"
+    where = ", ".join(places.get(kind, []))
+    held = (f"it is built by what holds a `{kind}` slot ({where}) and called as that component documents"
+            if where else f"no spec field and no installed component has a `{kind}` slot, so nothing builds it yet")
+    return (f"The core defines no calling convention for `{kind}` (it is not one of the kinds of {api}): {held}; "
+            "each component's description gives its shapes.")
 
 
 def contracts_preamble() -> str:

@@ -128,12 +128,12 @@ def gallery_page(card: SpecCard, registry) -> str:
         parts += [_cell(spec.description), ""]
     meta = ", ".join(f"{k} `{v}`" for k, v in spec.metadata.items()) if spec.metadata else ""
     parts += [f"Spec: `{card.source}`" + (f" · metadata: {meta}" if meta else "") + " · built on `meta` (no memory) when this site was built.", ""]
-    parts += [_table(("", ""), _spec_shape(spec, card.attention)), ""]
+    parts += [_table(("property", "value"), _spec_shape(spec, card.attention)), ""]
 
     parts += ["## Parameters", ""]
     rows = [(k, _count(v), share(v), _short(v)) for k, v in card.params.items() if k != "total"]
     rows.append(("**total**", f"**{_count(total)}**", "100%", f"**{_short(total)}**"))
-    parts += [_table(("part", "parameters", "share", ""), rows, "lrrr"), ""]
+    parts += [_table(("part", "parameters", "share", "rounded"), rows, "lrrr"), ""]
     if card.active != total:
         parts += [f"**Active per token: {_count(card.active)} ({_short(card.active)}, {share(card.active)} of the total)**: "
                   "a sparse layer runs only the experts its router picks.", ""]

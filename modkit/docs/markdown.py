@@ -21,26 +21,45 @@ def _rst_to_md(text: str) -> str:
     return re.sub(r"``([^`]+)``", r"`\1`", text)
 
 
+#: Spans that text helpers leave untouched: Markdown links, code spans and arithmatex math (``$$...$$``, ``$...$``
+#: with no space just inside the dollars, ``\(...\)``).
+_PROTECTED = r"\[[^\]\n]*\]\([^)\s]*\)|`[^`]*`|\$\$.+?\$\$|\$[^$\s](?:[^$\n]*?[^$\s])?\$|\\\(.+?\\\)"
+
+
 def _cell(text: Any) -> str:
-    """Text safe inside a Markdown table cell: one line, ``|`` escaped outside code spans (inside them the table
-    extension already ignores it, and an escape would show)."""
-    parts = re.split(r"(`[^`]*`)", " ".join(str(text).split()))
+    """Text safe inside a Markdown table cell: one line, ``|`` and braces escaped outside code spans and math (inside
+    them the table extension already ignores ``|``, an escape would show, and math needs its braces)."""
+    parts = re.split(f"({_PROTECTED})", " ".join(str(text).split()))
     out = []
-    for p in parts:
-        if not p.startswith("`"):  # braces would read as attribute lists (attr_list) at a cell's end
+    for i, p in enumerate(parts):
+        if i % 2 == 0:  # braces would read as attribute lists (attr_list) at a cell's end
             p = p.replace("|", "\\|").replace("{", "&#123;").replace("}", "&#125;")
         out.append(p)
     return "".join(out)
 
 
+#: Reference forms that are links without doubt: an arXiv identifier, a GitHub repository written with its host.
+_REFERENCE = re.compile(
+    r"(?P<arxiv>\barXiv:(?P<id>\d{4}\.\d{4,5}(?:v\d+)?))"
+    r"|(?P<gh>\b(?:https?://)?github\.com/(?P<repo>[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9_.-]*[A-Za-z0-9_-]))"
+)
+
+
 def _link_references(text: str) -> str:
-    """Turn ``arXiv:NNNN.NNNNN`` and bare ``owner/repo`` GitHub mentions in parentheses into links."""
-    text = re.sub(r"arXiv:(\d{4}\.\d{4,5})", r"[arXiv:\1](https://arxiv.org/abs/\1)", text)
-    return re.sub(
-        r"\((?:github\.com/)?([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)\)",
-        lambda m: f"([{m.group(1)}](https://github.com/{m.group(1)}))" if "." not in m.group(1).split("/")[0] else m.group(0),
-        text,
-    )
+    """Link the references in ``text`` that cannot be anything else: ``arXiv:NNNN.NNNNN`` and
+    ``github.com/owner/repo`` (with or without ``https://``).
+
+    Nothing else is guessed: a parenthesised ``(a/b)`` is as likely a ratio or an exponent (``base^(-2i/d)``) as a
+    repository, so it stays text. Existing links, code spans and math are left alone.
+    """
+
+    def link(m: re.Match) -> str:
+        if m.group("arxiv"):
+            return f"[arXiv:{m.group('id')}](https://arxiv.org/abs/{m.group('id')})"
+        return f"[{m.group('repo')}](https://github.com/{m.group('repo')})"
+
+    parts = re.split(f"({_PROTECTED})", text)
+    return "".join(p if i % 2 else _REFERENCE.sub(link, p) for i, p in enumerate(parts))
 
 
 def _count(n: int) -> str:

@@ -20,7 +20,7 @@ from typing import Optional
 from mkdocs.config import config_options
 from mkdocs.config.base import Config
 from mkdocs.plugins import BasePlugin
-from mkdocs.structure.files import File, Files, InclusionLevel
+from mkdocs.structure.files import File, Files
 
 #: The packaged site: ``mkdocs.yml`` and its ``pages/``.
 WEB = Path(__file__).resolve().parent / "web"
@@ -53,27 +53,24 @@ class ModkitPlugin(BasePlugin[ModkitPluginConfig]):
         Raises:
             modkit.docs.DocsError: a component's example config or a spec does not validate.
         """
-        from .pages import generate
+        from .pages import exclude_generated, generate
 
         docs_dir = Path(config["docs_dir"]).resolve()
-        exclude = config.get("exclude_docs")
-
-        def inclusion(src_uri: str) -> InclusionLevel:
-            return InclusionLevel.EXCLUDED if exclude is not None and exclude.match_file(src_uri) else InclusionLevel.UNDEFINED
 
         if docs_dir != PAGES.resolve():
             for path in sorted(p for p in PAGES.rglob("*") if p.is_file()):
                 src_uri = path.relative_to(PAGES).as_posix()
                 if files.get_file_from_path(src_uri) is None:
-                    files.append(File.generated(config, src_uri, abs_src_path=str(path), inclusion=inclusion(src_uri)))
+                    files.append(File.generated(config, src_uri, abs_src_path=str(path)))
         config_file = Path(config["config_file_path"])
         specs = Path(self.config.specs) if self.config.specs else spec_folder(config_file)
         root = specs.parent if specs is not None else config_file.parent
-        for src_uri, text in generate(spec_dir=specs, root=root).items():
+        for src_uri, text in generate(spec_dir=specs, root=root, repo_url=config.get("repo_url")).items():
             existing = files.get_file_from_path(src_uri)
             if existing is not None:
                 files.remove(existing)
-            files.append(File.generated(config, src_uri, content=text, inclusion=inclusion(src_uri)))
+            files.append(File.generated(config, src_uri, content=text))
+        exclude_generated(files, config.get("exclude_docs"))
         return files
 
     def on_page_markdown(self, markdown: str, *, page, config, files) -> str:

@@ -200,7 +200,7 @@ def load_train_config(
 
     Returns:
         ``(config, base_dir)``: ``base_dir`` is the config file's folder (relative ``model`` / ``data`` paths
-        are resolved against it), or ``None`` for a dict / the defaults (relative to the working directory).
+            are resolved against it), or ``None`` for a dict / the defaults (relative to the working directory).
 
     Raises:
         SpecError: every invalid field at once, each named by its path; an unreadable file (missing, a folder, a FIFO

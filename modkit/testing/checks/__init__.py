@@ -332,7 +332,7 @@ def check_component(
 
     Returns:
         One :class:`CheckResult` per check, in :data:`CHECKS` order (``skipped`` where a check does not apply);
-        ``result.neighbours`` names the components the tiny models were filled with.
+            ``result.neighbours`` names the components the tiny models were filled with.
 
     Raises:
         RegistryError: unknown kind or type (of the component or of a named neighbour).

@@ -1,0 +1,134 @@
+"""``reference/hugging-face.md``: the Hugging Face model types the installed converters support, what each converts
+to (its spec fields and components, from converting the model type's transformers defaults), whether it also maps
+checkpoint weights, which gallery specs came from it, and the converter's own notes."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+import warnings
+from typing import Any, Optional, Sequence
+
+from .markdown import _cell, component_path, _count, _first_sentence, gallery_path, _rel, _rst_to_md, _table
+
+HF_PAGE = "reference/hugging-face.md"
+
+#: Spec fields shown for each model type's default conversion.
+_SIZES = ("vocab_size", "d_model", "n_layers", "max_seq_len", "tie_embeddings")
+
+
+def default_conversion(model_type: str, registry) -> tuple[Optional[Any], str]:
+    """``(spec, "")`` for the config ``{"model_type": model_type}`` (every other key at transformers' default), or
+    ``(None, reason)`` when the converter needs more than the defaults."""
+    from ..errors import ModkitError
+    from ..hf import convert_hf_config
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return convert_hf_config({"model_type": model_type}, registry=registry)[1], ""
+    except ModkitError as exc:
+        return None, str(exc).splitlines()[0]
+
+
+def _components(spec, registry) -> list[tuple[str, str, list[str]]]:
+    """``[(kind, type, spec paths)]`` of every component config in ``spec``, in spec order."""
+    from ..spec import iter_configs
+
+    out: dict[tuple[str, str], list[str]] = {}
+    for path, cfg in iter_configs(spec):
+        entry = registry.entry_for_config(cfg)
+        out.setdefault(entry.key, []).append(path)
+    return [(k, t, paths) for (k, t), paths in out.items()]
+
+
+def _module_notes(fn: Any) -> str:
+    """The docstring of the module defining ``fn`` (a converter), in Markdown; ``""`` when it has none."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    return _rst_to_md(inspect.getdoc(module) or "") if module is not None else ""
+
+
+def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
+    """Markdown of :data:`HF_PAGE` for every model type with a registered converter.
+
+    Args:
+        registry: the registry whose converters are listed.
+        cards: the gallery's model cards; a spec whose ``metadata.hf_model_type`` names a model type is linked.
+    """
+    page = HF_PAGE
+    types = registry.hf_model_types()
+    kinds = set(registry.kinds())
+
+    def comp(kind: str, type_: str) -> str:
+        return f"[`{type_}`]({_rel(page, component_path(kind, type_))})" if kind in kinds else f"`{type_}`"
+
+    gallery: dict[str, list[Any]] = {}
+    for c in cards:
+        t = (c.spec.metadata or {}).get("hf_model_type")
+        if t:
+            gallery.setdefault(t, []).append(c)
+
+    def gallery_links(t: str) -> str:
+        return ", ".join(f"[{c.spec.name or c.stem}]({_rel(page, gallery_path(c.stem))})" for c in gallery.get(t, [])) or "–"
+
+    parts = [
+        "# Hugging Face model types",
+        "",
+        f"The installed converters read the `config.json` of {len(types)} Hugging Face model types "
+        "(`modkit convert hf CONFIG`, `modkit.from_hf_config`; see [Load a Hugging Face model](../guides/hugging-face.md)). "
+        "Each row is what the converter makes of the model type's transformers defaults (a `config.json` holding only "
+        "`model_type`). A real config changes the sizes and may change a component: fewer key/value heads than heads "
+        "give `gqa` or `mqa` in place of `mha`, a sliding window or per-layer types add overrides; each type's notes "
+        "say what its converter reads.",
+        "",
+    ]
+    conversions = {t: default_conversion(t, registry) for t in types}
+    rows = []
+    for t in types:
+        spec, _ = conversions[t]
+        if spec is None:
+            rows.append((f"[`{t}`](#{t})", "–", "–", "–", "–", "–", "–", gallery_links(t)))
+            continue
+        layer = spec.layer(0)
+        weights = "yes" if registry.hf_converter(t).weights is not None else "no"
+        rows.append((
+            f"[`{t}`](#{t})",
+            comp("attention", layer.attention.type),
+            comp("ffn", layer.ffn.type),
+            comp("norm", layer.norm.type),
+            comp("placement", layer.placement.type),
+            comp("position", spec.position.type),
+            weights,
+            gallery_links(t),
+        ))
+    parts += [_table(("model type", "attention", "ffn", "norm", "placement", "position", "weights", "gallery"), rows), ""]
+    parts += ["*weights*: the converter also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf "
+              "FOLDER` brings the weights along and `modkit convert modkit --to hf` writes a folder transformers loads.", ""]
+
+    from .usage import source_location
+
+    for t in types:
+        conv = registry.hf_converter(t)
+        spec, reason = conversions[t]
+        parts += [f"## {t}", ""]
+        notes = _module_notes(conv.convert)
+        if notes:
+            parts += [_first_sentence(notes.split("\n\n")[0]), ""]
+        provider = f"`{conv.provider.plugin}`" if conv.provider else "(unknown)"
+        facts = [("converter", provider + ", " + source_location(conv.convert)),
+                 ("checkpoint weights", "converted both ways" if conv.weights is not None else "config only"),
+                 ("gallery", gallery_links(t))]
+        if spec is None:
+            facts.append(("transformers defaults", _cell(f"do not convert on their own: {reason}")))
+        else:
+            facts.append(("defaults give", _cell(", ".join(f"{k} {_count(v) if isinstance(v, int) and not isinstance(v, bool) else v}"
+                                                             for k, v in ((k, getattr(spec, k)) for k in _SIZES)))))
+        parts += [_table(("property", "value"), facts), ""]
+        if spec is not None:
+            rows = [(f"`{k}`", comp(k, ty), ", ".join(f"`{p}`" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else ""))
+                    for k, ty, paths in _components(spec, registry)]
+            parts += ["Components of the converted spec:", "", _table(("kind", "type", "spec fields"), rows), ""]
+        if notes:
+            parts += [f'??? note "What the `{t}` converter reads and how"', "", textwrap.indent(notes, "    "), ""]
+    return "\n".join(parts)
