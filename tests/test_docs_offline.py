@@ -155,6 +155,11 @@ def offline_site(tmp_path_factory):
     # modkit/ must not be found that way
     site_packages = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=work).stdout.strip())
     (site_packages / "zz_dependencies.pth").write_text(str(_dependency_view(work / "deps")) + "\n")
+    # the programs a build runs (ruff formats the API signatures) are scripts in bin/, which a .pth does not carry;
+    # pip would have installed them there
+    for tool in ("ruff",):
+        if (Path(sys.executable).parent / tool).exists():
+            (env_dir / "bin" / tool).symlink_to(Path(sys.executable).parent / tool)
     _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, sorted(wheels.glob("*.whl")))], env=env, cwd=work)
     where = _run([str(python), "-c", "import modkit, modkit_extra; print(modkit.__file__)"], env=env, cwd=work).stdout.strip()
     assert Path(where).resolve().is_relative_to(site_packages.resolve()), f"modkit imported from {where}, not the wheel"
@@ -213,7 +218,8 @@ def test_installed_site_shows_the_plugin_beside_the_builtins(offline_site):
 
 
 class _Refs(html.parser.HTMLParser):
-    """``src`` of scripts and ``href`` of link elements (stylesheets, fonts, preconnects)."""
+    """``src`` of scripts and ``href`` of link elements a browser fetches (stylesheets, fonts, preconnects; not the
+    page's ``rel="canonical"`` address, which names the page and loads nothing)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -223,7 +229,7 @@ class _Refs(html.parser.HTMLParser):
         attrs = dict(attrs)
         if tag == "script" and attrs.get("src"):
             self.refs.append(attrs["src"])
-        if tag == "link" and attrs.get("href"):
+        if tag == "link" and attrs.get("href") and attrs.get("rel") != "canonical":
             self.refs.append(attrs["href"])
 
 

@@ -76,7 +76,7 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
         "# Hugging Face model types",
         "",
         f"The installed converters read the `config.json` of {len(types)} Hugging Face model types "
-        "(`modkit convert hf CONFIG`, `modkit.from_hf_config`; see [Load a Hugging Face model](../guides/hugging-face.md)). "
+        "(`modkit convert hf CONFIG`, `modkit.from_hf_config`; `modkit convert hf --help` lists the options). "
         "Each row is what the converter makes of the model type's transformers defaults (a `config.json` holding only "
         "`model_type`). A real config changes the sizes and may change a component: fewer key/value heads than heads "
         "give `gqa` or `mqa` in place of `mha`, a sliding window or per-layer types add overrides; each type's notes "
