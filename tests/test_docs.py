@@ -258,7 +258,7 @@ class _Links(html.parser.HTMLParser):
 @pytest.fixture(scope="module")
 def built_site(tmp_path_factory):
     if not _have_docs_deps():
-        pytest.skip("docs extra not installed (pip install 'modkit[docs]')")
+        pytest.skip("docs extra not installed (pip install 'modkit-lm[docs]')")
     work = tmp_path_factory.mktemp("docs")
     extra = _install_example(work)
     env = dict(os.environ)
