@@ -35,8 +35,6 @@ from pathlib import Path
 from string import Template
 from typing import Optional
 
-from .hooks import DISTRIBUTION
-
 #: Kinds the scaffold can write a component for.
 KINDS = ("norm", "ffn", "attention", "position", "placement")
 
@@ -70,6 +68,8 @@ def validate_name(name: str) -> str:
             "starting with a letter (e.g. 'my-norms'); it becomes the distribution name and, with '-' -> '_', "
             "the import name"
         )
+    from .hooks import DISTRIBUTION
+
     if name.replace("_", "-") == DISTRIBUTION:
         raise ScaffoldError(f"invalid plugin name {name!r}: it is modkit's own distribution name; name the plugin, e.g. 'modkit-my-norms'")
     mod = import_name(name)

@@ -360,7 +360,7 @@ def test_internal_errors_have_no_traceback(capsys, monkeypatch):
     def boom(args):
         raise RuntimeError("kaput")
 
-    monkeypatch.setattr(cli, "cmd_list", boom)
+    monkeypatch.setattr(cli.list_show, "cmd_list", boom)
     code, _, err = run(capsys, "list")
     assert code == 1
     assert "internal error: RuntimeError: kaput" in err and "Traceback" not in err
@@ -383,6 +383,47 @@ def test_python_dash_m_modkit(tmp_path):
     assert proc.stdout.strip() == f"ok {TINY}"
     assert f"{bad}: block.ffn.type: " in proc.stderr and "did you mean 'swiglu'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+#: what a fresh interpreter imports for `modkit ARGV`: the exit status, stdout, and whether torch (or the plugins) loaded
+_STARTUP = """
+import sys
+from modkit.cli import main
+status = main(sys.argv[1:])
+heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "modkit_plugins")))
+print("HEAVY", heavy)
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["no-such-command"], ["build", "--device"]])
+def test_help_version_and_usage_errors_do_not_import_torch(argv):
+    """The parser assembles without torch or the plugins: every command module and extension module imports them
+    only in its handler (``generate``'s registry-backed flags wait until ``generate`` is parsed)."""
+    env = {k: v for k, v in os.environ.items() if k != "MODKIT_DEBUG"}
+    proc = subprocess.run([sys.executable, "-c", _STARTUP, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.stdout.rstrip().splitlines()[-1] == "HEAVY []", (proc.stdout[-500:], proc.stderr[-2000:])
+    if argv == ["--help"]:
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: modkit ")
+        for command in ("list", "show", "build", "generate", "train", "cost", "trace", "check", "docs", "new", "data", "compare"):
+            assert f"\n    {command} " in proc.stdout, command
+    elif argv == ["--version"]:
+        assert proc.returncode == 0 and proc.stdout.splitlines()[0] == f"modkit {modkit.__version__}"
+    else:
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_the_full_parser_holds_the_deferred_sampling_flags(capsys):
+    """``build_parser()`` (walked by the CLI reference) has every flag; ``generate --help`` shows them too."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    flags = {s for a in sub.choices["generate"]._actions for s in a.option_strings}
+    from modkit.sampling import arguments
+
+    expected = {"--" + name.replace("_", "-") for name in arguments()} | {"--temperature", "--top-k", "--top-p", "--sampling"}
+    assert expected <= flags and "--min-p" in flags
+    code, out, _ = run(capsys, "generate", "--help")
+    assert code == 0 and all(f in out for f in expected)
 
 
 def test_generate_encodes_the_prompt_without_the_tokenizers_padding(tmp_path):
