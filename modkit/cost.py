@@ -44,6 +44,7 @@ from torch import nn
 
 from . import grouped as _grouped  # noqa: F401  (registers torch.ops.modkit.grouped_mm, counted by flop_counter)
 from .build import _parse_dtype, active_params_per_token, breakdown, build
+from .build import kv_cache_bytes as _kv_cache_bytes
 from .errors import ModkitError
 from .hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS  # noqa: F401  (re-exported: the roofline defaults)
 from .registry import Component, Registry, get_registry
@@ -397,7 +398,7 @@ class CostModel:
         ``Σ_layers 2 · n_kv_heads · head_dim · min(context, window) · batch · bytes(dtype)``)."""
         if context < 1 or batch < 1:
             raise CostError(f"context and batch must be >= 1, got context {context}, batch {batch}")
-        return self.model.new_cache(batch, context, dtype=_parse_dtype(dtype), device="meta").nbytes()
+        return _kv_cache_bytes(self.model, context, batch, dtype)
 
     def weights_read_per_step(self, batch: int = 1) -> int:
         """Parameters one decode step reads: every matrix-product weight (the head's too when it is tied), not the

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import modkit
 from conftest import tiny_spec
@@ -223,6 +224,78 @@ def test_build_cpu_json_forward(capsys):
     assert fw["output_shape"] == [2, 64, 1024] and fw["finite"]
     assert abs(fw["loss"] - math.log(1024)) < 1.0  # a fresh init predicts roughly uniformly
     assert fw["tokens_per_s"] > 0
+
+
+def test_build_card_counts_the_kv_cache_of_sliding_windows_as_allocated(capsys):
+    """Mistral 7B: 32 layers, 8 KV heads of 128, window 4,096, max_seq_len 32,768. Each layer keeps a ring of 4,096
+    slots, so one sequence holds 32 x 2 x 8 x 128 x 4,096 x 4 bytes = 1 GiB in float32 (not 8 GiB, the full
+    length): the figure equals the bytes of the tensors new_cache allocates."""
+    path = ROOT / "specs" / "mistral-7b-v0.1.json"
+    code, out, err = run(capsys, "build", path, "--device", "meta")
+    assert code == 0, err
+    kv_line = next(line for line in out.splitlines() if line.startswith("KV cache:"))
+    assert kv_line == ("KV cache: 262,144 bytes/token at float32; 1.00 GiB per sequence of max_seq_len 32,768 "
+                       "(32 of 32 layers keep a sliding window of 4,096 tokens)")
+    code, out, _ = run(capsys, "build", path, "--device", "meta", "--json", "--dtype", "bfloat16")
+    data = json.loads(out)
+    model = modkit.build(str(path), device="meta")
+    cache = model.new_cache(1, model.spec.max_seq_len, dtype=torch.bfloat16, device="meta")
+    allocated = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.k, layer.v))
+    assert data["kv_cache_bytes_per_sequence"] == allocated == 32 * 2 * 8 * 128 * 4096 * 2 == 2**29
+    assert data["kv_cache_bytes_per_token"] * 4096 == allocated  # every layer windowed: per token x window
+
+
+def test_build_card_without_windows_is_per_token_times_max_seq_len(capsys):
+    code, out, _ = run(capsys, "build", TINY, "--device", "meta", "--json")
+    data = json.loads(out)
+    assert data["kv_cache_bytes_per_sequence"] == data["kv_cache_bytes_per_token"] * 512 == 2 * 4 * 2 * 32 * 4 * 512
+
+
+def test_build_throughput_never_times_the_warm_up_pass(monkeypatch):
+    """The first pass is slow (one-off costs); the throughput is the mean of the passes after it, even when the
+    warm-up alone exceeds the time budget (before, a warm-up over 2 s was the only pass timed)."""
+    from modkit.cli import build as build_cli
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(build_cli.time, "perf_counter", lambda: clock["now"])
+    model = modkit.build(tiny_spec(), seed=0)
+    calls = []
+    original = model.forward
+
+    def forward(*args, **kwargs):
+        calls.append(len(calls))
+        clock["now"] += 5.0 if len(calls) == 1 else 0.25  # warm-up 5 s, then 0.25 s per pass
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+    fw = build_cli._forward_check(model, torch.device("cpu"), seed=0)
+    assert (fw["warmup_passes"], fw["timed_passes"], len(calls)) == (1, 3, 4)
+    assert fw["seconds_per_pass"] == 0.25 and fw["tokens_per_s"] == 2 * 64 / 0.25
+    clock["now"], calls[:] = 0.0, []
+    monkeypatch.setattr(build_cli, "TIMED_SECONDS", 0.1)  # one timed pass already exceeds the budget: still one
+    fw = build_cli._forward_check(model, torch.device("cpu"), seed=0)
+    assert (fw["timed_passes"], len(calls), fw["seconds_per_pass"]) == (1, 2, 0.25)
+
+
+def test_build_card_says_the_throughput_follows_a_warm_up(capsys):
+    code, out, _ = run(capsys, "build", TINY)
+    line = next(line for line in out.splitlines() if "throughput" in line)
+    assert "after 1 warm-up pass)" in line and "mean of " in line
+
+
+@pytest.mark.parametrize("entry", modkit.get_registry().components(), ids=lambda e: f"{e.kind}/{e.type}")
+def test_show_prints_a_fragment_that_validates(capsys, entry):
+    """The example line of ``modkit show`` validates as it stands (a bare {"type": "gqa"} does not)."""
+    from modkit.spec import load_component
+
+    code, out, _ = run(capsys, "show", entry.kind, entry.type)
+    assert code == 0
+    head = out.splitlines()[0]
+    assert head.startswith(f"{entry.kind}/{entry.type}    example: ")
+    fragment = json.loads(head.split("example: ", 1)[1])
+    assert fragment["type"] == entry.type
+    config = load_component(entry.kind, fragment)
+    assert isinstance(config, entry.config)
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,15 @@ def add_subcommands(sub) -> None:
     p.set_defaults(func=cmd_build)
 
 
+#: untimed passes before the timed ones (the first pass pays one-off costs: kernel selection, allocator growth, caches)
+WARMUP_PASSES = 1
+#: timed passes: at most this many, and no more once they add up to TIMED_SECONDS (always at least one)
+TIMED_PASSES, TIMED_SECONDS = 3, 2.0
+
+
 def _forward_check(model, device, seed: int) -> dict:
-    """One seeded forward pass of a small random batch; output shape, initial loss vs ln(vocab), tokens/s."""
+    """A seeded forward pass of a small random batch (output shape, initial loss against ln(vocab)), which is also the
+    warm-up, then 1 to :data:`TIMED_PASSES` timed passes for the throughput; the warm-up is never timed."""
     import torch
 
     spec = model.spec
@@ -44,26 +51,21 @@ def _forward_check(model, device, seed: int) -> dict:
     model.eval()
     try:
         with torch.inference_mode():
-            start = time.perf_counter()
-            out = model(ids)
+            out = model(ids)  # the warm-up pass: its loss is reported, its time is not
             _sync(device)
-            first = time.perf_counter() - start
             logits = out.logits.float()
             if seq > 1:  # next-token loss: position t predicts token t + 1
                 loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, spec.vocab_size), ids[:, 1:].reshape(-1))
             else:
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, spec.vocab_size), ids.reshape(-1))
             aux = out.aux_loss
-            # time a few more passes after the warm-up one (stop early when a pass is slow)
             runs, elapsed = 0, 0.0
-            while runs < 3 and elapsed < 2.0 and first < 2.0:
+            while runs == 0 or (runs < TIMED_PASSES and elapsed < TIMED_SECONDS):
                 start = time.perf_counter()
                 model(ids)
                 _sync(device)
                 elapsed += time.perf_counter() - start
                 runs += 1
-            if runs == 0:
-                runs, elapsed = 1, first
     finally:
         model.train(was_training)
     loss_v = float(loss)
@@ -76,6 +78,8 @@ def _forward_check(model, device, seed: int) -> dict:
         "ln_vocab": math.log(spec.vocab_size),
         "aux_loss": None if aux is None else float(aux),
         "finite": bool(torch.isfinite(logits).all()) and math.isfinite(loss_v),
+        "warmup_passes": WARMUP_PASSES,
+        "timed_passes": runs,
         "seconds_per_pass": elapsed / runs,
         "tokens_per_s": batch * seq * runs / elapsed if elapsed > 0 else None,
     }
@@ -121,10 +125,15 @@ def _print_build(spec_name: str, model, summary, device, seed: int) -> None:
     _out("")
     _out(f"weights:  {_bytes(summary.weight_bytes)} ({_count(summary.weight_bytes)} bytes at {summary.dtype})")
     kv = summary.kv_cache_bytes_per_token
-    _out(
+    line = (
         f"KV cache: {_count(kv)} bytes/token at {summary.dtype}; "
-        f"{_bytes(kv * spec.max_seq_len)} per sequence of max_seq_len {_count(spec.max_seq_len)}"
+        f"{_bytes(summary.kv_cache_bytes_per_sequence)} per sequence of max_seq_len {_count(spec.max_seq_len)}"
     )
+    windowed = [w for w in summary.windows if w is not None and w < spec.max_seq_len]
+    if windowed:  # ring buffers: those layers keep only the last `window` tokens
+        sizes = ", ".join(_count(w) for w in sorted(set(windowed)))
+        line += f" ({len(windowed)} of {len(summary.windows)} layers keep a sliding window of {sizes} tokens)"
+    _out(line)
 
 
 def _print_forward(fw: dict) -> None:
@@ -135,7 +144,9 @@ def _print_forward(fw: dict) -> None:
     if fw["aux_loss"] is not None:
         _out(f"  aux loss {fw['aux_loss']:.4f}")
     tps = fw["tokens_per_s"]
-    _out(f"  throughput {_count(round(tps)) if tps else '-'} tokens/s ({1000 * fw['seconds_per_pass']:.1f} ms per pass)")
+    runs, warm = fw["timed_passes"], fw["warmup_passes"]
+    _out(f"  throughput {_count(round(tps)) if tps else '-'} tokens/s ({1000 * fw['seconds_per_pass']:.1f} ms per pass, "
+         f"mean of {runs} pass{'es' if runs != 1 else ''} after {warm} warm-up pass{'es' if warm != 1 else ''})")
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -133,7 +133,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.schema:
         _out(json.dumps(schema, indent=2))
         return 0
-    _out(f"{entry.kind}/{entry.type}    spec: {json.dumps({'type': entry.type})}")
+    # the component's example config: a fragment that validates as it stands (a bare {"type": ...} may not: gqa
+    # needs n_kv_heads)
+    _out(f"{entry.kind}/{entry.type}    example: {json.dumps(entry.example_config())}")
     if args.type != entry.type:
         _out(f"({args.type!r} is an alias of {entry.type!r}; specs that use it are stored with {entry.type!r})")
     if entry.aliases:
