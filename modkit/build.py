@@ -279,9 +279,9 @@ def kv_cache_bytes(
     *,
     registry: Optional[Registry] = None,
 ) -> int:
-    """Bytes of the keys and values :meth:`Model.new_cache(batch, max_len, dtype) <modkit.model.Model.new_cache>`
-    allocates, computed by building that cache on ``meta`` (nothing is allocated): per layer
-    ``2 · batch · n_kv_heads · head_dim · slots · bytes(dtype)`` with ``slots = max_len``, or ``min(window, max_len)``
+    """Bytes of the keys and values ``model.new_cache(batch, max_len, dtype)`` allocates
+    (:meth:`~modkit.model.Model.new_cache`), computed by building that cache on ``meta`` (nothing is allocated):
+    per layer ``2 · batch · n_kv_heads · head_dim · slots · bytes(dtype)`` with ``slots = max_len``, or ``min(window, max_len)``
     for a sliding-window layer (a ring buffer; :mod:`modkit.cache`). The one formula of the KV-cache size: the model
     card (``modkit build``), ``modkit cost`` and the memory check of ``generate`` all use it.
 

@@ -222,7 +222,8 @@ class ErrorFormatter:
             return True
         if etype not in ("value_error", "assertion_error"):
             return False
-        return re.search(rf"(?<![\w.]){re.escape(json_value(value))}(?![\w.])", msg) is not None
+        shown = {json_value(value), repr(value)}  # a validator may quote a string the Python way
+        return any(re.search(rf"(?<![\w.]){re.escape(s)}(?![\w.])", msg) for s in shown)
 
     def _fits(self, err: dict, path: str, union_path: str) -> bool:
         """Whether ``err`` shows its union branch took the input's JSON type (see the module docstring)."""
@@ -247,16 +248,16 @@ class ErrorFormatter:
                 branches = fitting.setdefault(union_path, set())
                 if self._fits(err, path, union_path):
                     branches.add(tags[0])
-        out: list[tuple[str, str]] = []
+        out: list[tuple[str, Optional[str]]] = []
         merged: dict[str, tuple[list[str], Any, bool]] = {}
         for err, path, union_path, tags, parent, present, node in located:
             if union_path is not None and not fitting[union_path]:  # no branch took the input: one message
                 expected = EXPECTED.get(err.get("type", ""))
                 if err.get("type") == "literal_error":
                     expected = _literal_json(str((err.get("ctx") or {}).get("expected", "")))
+                if union_path not in merged:
+                    out.append((union_path, None))  # the merged message goes here (below), once
                 words, value, held = merged.setdefault(union_path, ([], err.get("input"), present))
-                if union_path not in (p for p, _ in out):
-                    out.append((union_path, ""))
                 if expected and expected not in words:
                     words.append(expected)
                 continue
@@ -266,7 +267,7 @@ class ErrorFormatter:
             out.append(special if special is not None else (path, self.message(err, path, present)))
         result = []
         for path, msg in out:
-            if path in merged and not msg:
+            if msg is None:
                 words, value, held = merged[path]
                 msg = "Input should be " + _join(words or ["something else"])
                 if held:

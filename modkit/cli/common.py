@@ -8,12 +8,14 @@ from .errors import UserError
 
 
 def _registry():
+    """The process-wide registry (loads the plugins, and torch, on first use)."""
     import modkit
 
     return modkit.get_registry()
 
 
 def _spec_path(text: str) -> Path:
+    """``text`` as the path of an existing spec file; FileNotFoundError or a :class:`UserError` for a folder."""
     path = Path(text)
     if not path.exists():
         raise FileNotFoundError(f"{text}: no such file")
@@ -23,6 +25,7 @@ def _spec_path(text: str) -> Path:
 
 
 def _check_device(text: str):
+    """``text`` as a usable ``torch.device`` (an empty tensor is made there), or a :class:`UserError` saying why not."""
     import torch
 
     try:
@@ -41,6 +44,7 @@ def _check_device(text: str):
 
 
 def _sync(device) -> None:
+    """Wait for the device's queued work (CUDA), so that wall-clock timings cover it."""
     import torch
 
     if device.type == "cuda":

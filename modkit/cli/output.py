@@ -11,14 +11,17 @@ from typing import Any, Iterable, Optional, Sequence
 
 
 def _out(line: str = "") -> None:
+    """One line on stdout."""
     print(line, file=sys.stdout)
 
 
 def _err(line: str) -> None:
+    """One line on stderr."""
     print(line, file=sys.stderr)
 
 
 def _debug() -> bool:
+    """Whether ``MODKIT_DEBUG`` asks for tracebacks (1, true, yes, on)."""
     return os.environ.get("MODKIT_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
@@ -63,10 +66,12 @@ def _fit(line: str) -> str:
 
 
 def _count(n: int) -> str:
+    """``1,234,567``."""
     return f"{n:,}"
 
 
 def _short_count(n: int) -> str:
+    """``1.23M``, ``46.70B`` (decimal prefixes), or the number itself below 1,000."""
     for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if abs(n) >= div:
             return f"{n / div:.2f}{suffix}"
@@ -74,6 +79,7 @@ def _short_count(n: int) -> str:
 
 
 def _bytes(n: float) -> str:
+    """``1.00 GiB``, ``512.00 KiB`` (binary prefixes), or ``123 B``."""
     for div, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(n) >= div:
             return f"{n / div:.2f} {suffix}"
