@@ -4,9 +4,12 @@
 
 PYTHON ?= python3
 VENV   ?= .venv
-# CPU build of torch, installed before the project so that `torch>=...` in pyproject.toml is already satisfied
-# (a bare `pip install torch` would pull the multi-GB CUDA build on Linux).
+# torch is installed first, on its own and pinned, so that `torch>=...` in pyproject.toml is already satisfied.
 TORCH  ?= torch==2.13.0
+# Optional wheel index for torch, e.g. `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` for the CPU-only
+# build (~200 MB instead of the multi-GB CUDA build on Linux); when that index cannot be reached the install falls
+# back to the default index. Empty: the default index.
+TORCH_INDEX ?=
 
 BIN        := $(VENV)/bin
 BASE_STAMP := $(VENV)/.modkit-base
@@ -18,8 +21,19 @@ setup: $(BASE_STAMP)
 
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install $(TORCH)
+	@if [ -n "$(TORCH_INDEX)" ]; then \
+	  echo "$(BIN)/python -m pip install $(TORCH) --index-url $(TORCH_INDEX)"; \
+	  $(BIN)/python -m pip install --retries 1 --timeout 20 $(TORCH) --index-url $(TORCH_INDEX) || { \
+	    echo "make: could not install $(TORCH) from $(TORCH_INDEX); using the default index"; \
+	    $(BIN)/python -m pip install $(TORCH); }; \
+	else \
+	  echo "$(BIN)/python -m pip install $(TORCH)"; \
+	  $(BIN)/python -m pip install $(TORCH); \
+	fi
 	$(BIN)/python -m pip install -e .
+	@# metadata left by an install from before the distribution was renamed modkit-lm: it would list the built-in
+	@# plugins a second time under the old name
+	rm -rf modkit.egg-info
 	touch $@
 
 $(TEST_STAMP): $(BASE_STAMP)
@@ -34,4 +48,4 @@ test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) modkit.egg-info modkit_lm.egg-info

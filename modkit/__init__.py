@@ -18,38 +18,76 @@ Public API::
 For component authors: :class:`Component`, :class:`ComponentConfig`, :func:`Slot`, :func:`hookimpl`, the contracts
 in :mod:`modkit.interfaces`, and the attention helpers of :mod:`modkit.attention` (the mask from positions,
 token mask and window; the dead-row guard; the KV-cache update) that the built-in attention uses too.
+
+The names load on first use (:mod:`modkit._lazy`): ``import modkit`` and light submodules such as :mod:`modkit.cli`
+and :mod:`modkit.errors` do not import torch; ``modkit.build`` does, the first time it is used.
 """
 
-from .attention import (
-    PreparedMask,
-    attention_mask,
-    masked_attention,
-    masked_softmax,
-    position_bias,
-    prepare_mask,
-    update_cache,
-)
-from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
-from .cache import KVCache, LayerKVCache
-from .config import ComponentConfig, Slot
-from .cost import CostError, CostModel, Workload, elementwise, flops_per_token
-from .errors import (
-    CheckpointError,
-    ModkitError,
-    RegistryError,
-    SamplingError,
-    SpecError,
-    SpecWarning,
-    UnknownConfigKeyWarning,
-)
-from .checkpoint import load, save
-from .hf import from_hf, from_hf_config, to_hf
-from .hooks import hookimpl
-from .inspection import Recording, inspect
-from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, run_ffn, split_aux
-from .model import Model, ModelOutput
-from .registry import Component, Registry, get_registry
-from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._lazy import make_lazy
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use
+    from .attention import (
+        PreparedMask,
+        attention_mask,
+        masked_attention,
+        masked_softmax,
+        position_bias,
+        prepare_mask,
+        update_cache,
+    )
+    from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
+    from .cache import KVCache, LayerKVCache
+    from .config import ComponentConfig, Slot
+    from .cost import CostError, CostModel, Workload, elementwise, flops_per_token
+    from .errors import (
+        CheckpointError,
+        ModkitError,
+        RegistryError,
+        SamplingError,
+        SpecError,
+        SpecWarning,
+        UnknownConfigKeyWarning,
+    )
+    from .checkpoint import load, save
+    from .hf import from_hf, from_hf_config, to_hf
+    from .hooks import hookimpl
+    from .inspection import Recording, inspect
+    from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, run_ffn, split_aux
+    from .model import Model, ModelOutput
+    from .registry import Component, Registry, get_registry
+    from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
+
+#: exported name -> the module defining it (the same names as the imports above, checked by tests/test_cli.py)
+_EXPORTS = {
+    **dict.fromkeys(
+        ("PreparedMask", "attention_mask", "masked_attention", "masked_softmax", "position_bias", "prepare_mask", "update_cache"),
+        "modkit.attention",
+    ),
+    **dict.fromkeys(
+        ("active_params_per_token", "breakdown", "build", "count_params", "kv_cache_bytes_per_token", "summarize"), "modkit.build"
+    ),
+    **dict.fromkeys(("KVCache", "LayerKVCache"), "modkit.cache"),
+    **dict.fromkeys(("ComponentConfig", "Slot"), "modkit.config"),
+    **dict.fromkeys(("CostError", "CostModel", "Workload", "elementwise", "flops_per_token"), "modkit.cost"),
+    **dict.fromkeys(
+        ("CheckpointError", "ModkitError", "RegistryError", "SamplingError", "SpecError", "SpecWarning", "UnknownConfigKeyWarning"),
+        "modkit.errors",
+    ),
+    **dict.fromkeys(("load", "save"), "modkit.checkpoint"),
+    **dict.fromkeys(("from_hf", "from_hf_config", "to_hf"), "modkit.hf"),
+    **dict.fromkeys(("hookimpl",), "modkit.hooks"),
+    **dict.fromkeys(("Recording", "inspect"), "modkit.inspection"),
+    **dict.fromkeys(
+        ("AttentionInputs", "BuildContext", "Init", "PositionScheme", "add_aux", "run_ffn", "split_aux"), "modkit.interfaces"
+    ),
+    **dict.fromkeys(("Model", "ModelOutput"), "modkit.model"),
+    **dict.fromkeys(("Component", "Registry", "get_registry"), "modkit.registry"),
+    **dict.fromkeys(("ModelSpec", "SpecContext", "json_schema", "load_component", "load_spec"), "modkit.spec"),
+}
 
 
 def resize_vocab(model: Model, vocab_size: int, *, init: str = "mean", seed: int = 0) -> Model:
@@ -116,3 +154,5 @@ __all__ = [
     "update_cache",
     "UnknownConfigKeyWarning",
 ]
+
+make_lazy(__name__, _EXPORTS)

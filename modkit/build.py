@@ -271,6 +271,33 @@ def kv_cache_bytes_per_token(spec_or_model: Any, dtype: Union[str, torch.dtype, 
     return total * size
 
 
+def kv_cache_bytes(
+    spec_or_model: Any,
+    max_len: Optional[int] = None,
+    batch: int = 1,
+    dtype: Union[str, torch.dtype, None] = "bfloat16",
+    *,
+    registry: Optional[Registry] = None,
+) -> int:
+    """Bytes of the keys and values ``model.new_cache(batch, max_len, dtype)`` allocates
+    (:meth:`~modkit.model.Model.new_cache`), computed by building that cache on ``meta`` (nothing is allocated):
+    per layer ``2 · batch · n_kv_heads · head_dim · slots · bytes(dtype)`` with ``slots = max_len``, or ``min(window, max_len)``
+    for a sliding-window layer (a ring buffer; :mod:`modkit.cache`). The one formula of the KV-cache size: the model
+    card (``modkit build``), ``modkit cost`` and the memory check of ``generate`` all use it.
+
+    Args:
+        max_len: tokens per row; default ``spec.max_seq_len``.
+        batch: rows.
+        dtype: of keys and values; ``None`` for the model's dtype.
+
+    Raises:
+        ValueError: ``max_len`` or ``batch`` below 1; a layer whose attention exposes no ``n_kv_heads`` / ``head_dim``.
+    """
+    model = _model(spec_or_model, registry)
+    tdtype = _parse_dtype(dtype) if dtype is not None else model.embed.weight.dtype
+    return model.new_cache(batch, max_len if max_len is not None else model.spec.max_seq_len, dtype=tdtype, device="meta").nbytes()
+
+
 def active_params_per_token(spec_or_model: Any, *, registry: Optional[Registry] = None) -> int:
     """Parameters used per token: total minus what sparse modules skip (``inactive_params_per_token()``)."""
     model = _model(spec_or_model, registry)
@@ -293,6 +320,10 @@ class ModelSummary:
     kv_cache_bytes_per_token: int
     dtype: str
     components: list[dict] = field(default_factory=list)
+    #: bytes of one sequence's KV cache at max_seq_len as allocated (sliding-window layers keep min(window, max_seq_len))
+    kv_cache_bytes_per_sequence: int = 0
+    #: sliding window of each layer (``None``: global attention)
+    windows: list[Optional[int]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """The ``--json`` object of ``modkit build``."""
@@ -303,12 +334,14 @@ class ModelSummary:
             "active_params_per_token": self.active_params_per_token,
             "weight_bytes": self.weight_bytes,
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
+            "kv_cache_bytes_per_sequence": self.kv_cache_bytes_per_sequence,
             "components": self.components,
         }
 
 
 def summarize(model: Model, dtype: Union[str, torch.dtype, None] = None, registry: Optional[Registry] = None) -> ModelSummary:
-    """Parameter breakdown, active parameters, weight and KV-cache bytes and components used of a built model."""
+    """Parameter breakdown, active parameters, weight and KV-cache bytes (per token, and per sequence of
+    ``max_seq_len`` as :func:`kv_cache_bytes` allocates it) and components used of a built model."""
     reg = registry or get_registry()
     tdtype = _parse_dtype(dtype) if dtype is not None else model.embed.weight.dtype
     size = torch.empty((), dtype=tdtype).element_size()
@@ -336,4 +369,6 @@ def summarize(model: Model, dtype: Union[str, torch.dtype, None] = None, registr
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(model, tdtype),
         dtype=str(tdtype).replace("torch.", ""),
         components=list(comps.values()),
+        kv_cache_bytes_per_sequence=kv_cache_bytes(model, model.spec.max_seq_len, 1, tdtype),
+        windows=list(model.windows),
     )

@@ -44,17 +44,14 @@ from torch import nn
 
 from . import grouped as _grouped  # noqa: F401  (registers torch.ops.modkit.grouped_mm, counted by flop_counter)
 from .build import _parse_dtype, active_params_per_token, breakdown, build
+from .build import kv_cache_bytes as _kv_cache_bytes
 from .errors import ModkitError
+from .hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS  # noqa: F401  (re-exported: the roofline defaults)
 from .registry import Component, Registry, get_registry
 from .spec import ModelSpec, load_spec, spec_model
 
 #: FLOPs of one multiply-add.
 FLOPS_PER_MAC = 2
-#: Default memory bandwidth of the roofline, bytes/s: an H100 SXM5's HBM3 (NVIDIA H100 datasheet: 3.35 TB/s).
-DEFAULT_BANDWIDTH = 3.35e12
-#: Default peak compute of the roofline, FLOP/s: an H100 SXM5's dense BF16 tensor cores (datasheet: 989 TFLOP/s;
-#: the 1,979 figure assumes 2:4 sparsity).
-DEFAULT_PEAK_FLOPS = 989e12
 #: Bytes per parameter of modkit's training state: float32 weights, float32 gradients and AdamW's two float32
 #: moments (``modkit train`` keeps float32 parameters and runs the forward under autocast).
 TRAIN_STATE_BYTES = {"weights": 4, "gradients": 4, "adamw_states": 8}
@@ -401,7 +398,7 @@ class CostModel:
         ``Σ_layers 2 · n_kv_heads · head_dim · min(context, window) · batch · bytes(dtype)``)."""
         if context < 1 or batch < 1:
             raise CostError(f"context and batch must be >= 1, got context {context}, batch {batch}")
-        return self.model.new_cache(batch, context, dtype=_parse_dtype(dtype), device="meta").nbytes()
+        return _kv_cache_bytes(self.model, context, batch, dtype)
 
     def weights_read_per_step(self, batch: int = 1) -> int:
         """Parameters one decode step reads: every matrix-product weight (the head's too when it is tied), not the

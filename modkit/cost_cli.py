@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Optional
 
-from .cost import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS, PHASES, CostModel
+from .hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS
 
 KIND_ORDER = ("attention", "ffn", "router")
 
@@ -66,6 +66,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     import modkit
 
     from .cli import UserError, _bytes, _count, _registry, _spec_path, _table
+    from .cost import PHASES, CostModel
 
     reg = _registry()
     spec = modkit.load_spec(_spec_path(args.spec), registry=reg)

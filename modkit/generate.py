@@ -377,7 +377,7 @@ def stream_generate(
         TypeError: a sampling keyword no registered component declares.
         MemoryLimitError: the KV cache would not fit (see ``check_memory``).
     """
-    from .build import kv_cache_bytes_per_token
+    from .build import kv_cache_bytes
     from .memory import check_fits
 
     check_sampling(temperature, top_k, top_p)
@@ -405,8 +405,7 @@ def stream_generate(
         **sampling_arguments,
     )
     if check_memory and max_new_tokens > 0:
-        per_token = kv_cache_bytes_per_token(model, model.embed.weight.dtype)  # an upper bound: full-length layers
-        cache_bytes = per_token * batch * (prompt_len + max_new_tokens)
+        cache_bytes = kv_cache_bytes(model, prompt_len + max_new_tokens, batch, None)  # as allocated (windows too)
         check_fits(cache_bytes, device, f"a KV cache for {batch} x {prompt_len + max_new_tokens} tokens",
                    hint="generate fewer tokens or use a smaller batch")
     return _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, seed, prefill_chunk, compile,

@@ -18,6 +18,9 @@ import pluggy
 
 PROJECT = "modkit"
 ENTRY_POINT_GROUP = "modkit"
+#: modkit's own distribution (the name on PyPI; ``modkit`` there is an unrelated project). The import name, the
+#: command and the entry-point group stay ``modkit``.
+DISTRIBUTION = "modkit-lm"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

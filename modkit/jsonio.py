@@ -36,11 +36,17 @@ from .limits import MAX_JSON_BYTES, MAX_JSON_DEPTH
 
 
 class JSONInputError(ModkitError, ValueError):
-    """A JSON file or string could not be read; ``errors`` lists ``(path, message)``, ``source`` names the file."""
+    """A JSON file or string could not be read; ``errors`` lists ``(path, message)``, ``source`` names the file.
 
-    def __init__(self, errors: Iterable[tuple[str, str]], source: str | None = None):
+    ``document`` is the parsed document when the text parsed and its only problems are duplicate keys (the last
+    value of each kept, as Python does), so that a caller can validate it too and report every problem at once;
+    ``None`` otherwise.
+    """
+
+    def __init__(self, errors: Iterable[tuple[str, str]], source: str | None = None, *, document: Any = None):
         self.errors = [(str(p), str(m)) for p, m in errors]
         self.source = source
+        self.document = document
         head = f"{source}: " if source else ""
         super().__init__(head + "; ".join(f"{p + ': ' if p else ''}{m}" for p, m in self.errors))
 
@@ -86,18 +92,22 @@ def _key_path(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _check_tree(doc: Any) -> list[tuple[str, str]]:
-    """Duplicate keys and excessive depth, walked without recursion."""
+def _check_tree(doc: Any) -> tuple[list[tuple[str, str]], bool]:
+    """Duplicate keys, excessive depth and overlong integers, walked without recursion; ``(errors, only
+    duplicate keys)``."""
     errors: list[tuple[str, str]] = []
+    dups_only = True
     stack = [(doc, "", 1, "")]
     while stack:
         node, path, depth, top = stack.pop()
         if isinstance(node, _LongInt):
+            dups_only = False
             errors.append((path, f"an integer of {node.digits:,} digits; no value in a spec or config needs more than a few"))
             continue
         if not isinstance(node, (dict, list)):
             continue
         if depth > MAX_JSON_DEPTH:
+            dups_only = False
             errors.append((top, f"nested deeper than {MAX_JSON_DEPTH} levels of objects and arrays"))
             continue
         if isinstance(node, _Pairs):
@@ -109,14 +119,29 @@ def _check_tree(doc: Any) -> list[tuple[str, str]]:
                 sub = _key_path(path, k)
                 stack.append((v, sub, depth + 1, top or sub))
     errors.sort()
-    return errors
+    return errors, dups_only
+
+
+def _syntax_error(text: str, exc: json.JSONDecodeError) -> str:
+    """The message of a JSON syntax error; a trailing comma (``[1, 2,]``, ``{"a": 1,}``: valid in JavaScript and
+    Python, not in JSON) is named at the comma, where the decoder would point at the next token."""
+    pos = exc.pos
+    if pos < len(text) and text[pos] in "}]":
+        before = text[:pos].rstrip()
+        if before.endswith(","):
+            comma = len(before) - 1
+            line = text.count("\n", 0, comma) + 1
+            column = comma - (text.rfind("\n", 0, comma) + 1) + 1
+            return f"not valid JSON: trailing comma after the last item at line {line}, column {column}: remove it"
+    return f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
 
 
 def parse_json(text: Union[str, bytes], *, source: str | None = None) -> Any:
     """Parse JSON text strictly (see the module docstring).
 
     Raises:
-        JSONInputError: with the path and message of every problem (duplicate keys, depth, syntax, encoding).
+        JSONInputError: with the path and message of every problem (duplicate keys, depth, syntax, encoding); a
+            trailing comma is named at the comma.
     """
     if isinstance(text, (bytes, bytearray)):
         text = decode_text(bytes(text), source=source)
@@ -125,14 +150,13 @@ def parse_json(text: Union[str, bytes], *, source: str | None = None) -> Any:
     try:
         doc = json.loads(text, object_pairs_hook=_pairs, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
-        where = f" at line {exc.lineno} column {exc.colno}" if text.strip() else ""
-        what = "empty input, not JSON" if not text.strip() else f"not valid JSON: {exc.msg}{where}"
+        what = "empty input, not JSON" if not text.strip() else _syntax_error(text, exc)
         raise JSONInputError([("", what)], source) from None
     except RecursionError:
         raise JSONInputError([("", f"nested too deeply to parse (at most {MAX_JSON_DEPTH} levels are accepted)")], source) from None
-    errors = _check_tree(doc)
+    errors, dups_only = _check_tree(doc)
     if errors:
-        raise JSONInputError(errors, source)
+        raise JSONInputError(errors, source, document=doc if dups_only else None)
     return doc
 
 

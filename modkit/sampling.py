@@ -37,6 +37,7 @@ from torch import Tensor
 
 from .errors import SamplingError, SpecError
 from .registry import Component, Registry, get_registry
+from .validation import json_value
 
 #: the component kinds a sampling pipeline is made of
 PROCESSOR_KIND = "logits_processor"
@@ -186,7 +187,7 @@ class Sampler:
 def _kind_of(item: Any, registry: Registry, where: str) -> str:
     t = item.get("type") if isinstance(item, Mapping) else getattr(item, "type", None)
     if not isinstance(t, str):
-        raise SpecError([(where, f"each sampling step needs a \"type\", got {item!r}")])
+        raise SpecError([(where, f"each sampling step needs a \"type\", got {json_value(item)}")])
     kinds = [k for k in KINDS if registry.resolve(k, t) in registry.types(k)]
     if len(kinds) == 1:
         return kinds[0]

@@ -68,6 +68,10 @@ def validate_name(name: str) -> str:
             "starting with a letter (e.g. 'my-norms'); it becomes the distribution name and, with '-' -> '_', "
             "the import name"
         )
+    from .hooks import DISTRIBUTION
+
+    if name.replace("_", "-") == DISTRIBUTION:
+        raise ScaffoldError(f"invalid plugin name {name!r}: it is modkit's own distribution name; name the plugin, e.g. 'modkit-my-norms'")
     mod = import_name(name)
     if keyword.iskeyword(mod):
         raise ScaffoldError(f"invalid plugin name {name!r}: the import name {mod!r} is a Python keyword")
@@ -117,7 +121,7 @@ version = "0.1.0"
 description = "A modkit plugin providing the $kind component '$type'."
 readme = "README.md"
 requires-python = ">=3.10"
-dependencies = ["modkit"]
+dependencies = ["modkit-lm"]
 
 [project.optional-dependencies]
 test = ["pytest>=8"]

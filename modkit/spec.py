@@ -12,7 +12,6 @@ Errors are collected into one :class:`~modkit.errors.SpecError` listing every ``
 from __future__ import annotations
 
 import json
-import math
 import typing
 import warnings
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveInt,
+    TypeAdapter,
     ValidationError,
     create_model,
     field_validator,
@@ -36,6 +36,7 @@ from .errors import SpecError, SpecWarning
 from .jsonio import JSONInputError, parse_json, read_json_file
 from .limits import BOUNDS, MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
 from .registry import Registry, close_matches, get_registry
+from .validation import ErrorFormatter, json_kind, models_in
 
 SCHEMA_VERSION = 1
 
@@ -157,7 +158,7 @@ class ModelSpec(_Strict):
     @classmethod
     def _version_not_bool(cls, v: Any) -> Any:
         if isinstance(v, bool):  # Literal[1] alone would take true (== 1 in Python)
-            raise ValueError(f"schema_version must be the integer 1, not a bool (got {v!r})")
+            raise ValueError("schema_version must be the integer 1, not a boolean")
         return v
 
     @field_validator("overrides")
@@ -341,7 +342,6 @@ def load_component(kind: str, data: Union[dict, ComponentConfig], *, registry: R
     Raises:
         SpecError: with ``(path, message)`` pairs relative to the component.
     """
-    from pydantic import TypeAdapter
 
     reg = registry or get_registry()
     spec_model(reg)
@@ -360,82 +360,6 @@ def load_component(kind: str, data: Union[dict, ComponentConfig], *, registry: R
 # loading and error reporting
 
 
-def _path_of(loc: tuple, data: Any, etype: str | None = None) -> tuple[str, bool]:
-    """Dotted JSON path for a pydantic ``loc``, dropping the union-member tags pydantic inserts.
-
-    Returns ``(path, tagged)``: ``tagged`` says a union-member tag was dropped (the error is one branch's).
-    A key absent from the document is a tag unless it is the missing field an error of type ``missing`` names.
-    """
-    parts: list[str] = []
-    node = data
-    tagged = False
-    for pos, item in enumerate(loc):
-        last = pos == len(loc) - 1
-        if isinstance(item, int) and isinstance(node, list):
-            parts.append(f"[{item}]")
-            node = node[item] if -len(node) <= item < len(node) else None
-            continue
-        if isinstance(node, dict) and item not in node and node.get("type") == item:
-            continue  # discriminated-union tag, not a key of the document
-        if isinstance(node, dict) and item in node:
-            parts.append(("." if parts else "") + str(item))
-            node = node[item]
-            continue
-        if isinstance(node, dict) and last and etype == "missing":
-            parts.append(("." if parts else "") + str(item))
-            continue
-        if isinstance(node, dict) and not isinstance(item, str):
-            parts.append(("." if parts else "") + str(item))
-            node = None
-            continue
-        tagged = True  # a union member (int, float, 'literal[...]', a model name...), not a key of the document
-    return "".join(parts), tagged
-
-
-#: pydantic error types saying "the input is not of this branch's type" (dropped when another branch of the same
-#: union accepted the type and found a real problem)
-_TYPE_ERRORS = {
-    "int_type", "float_type", "string_type", "bool_type", "list_type", "dict_type", "model_type", "model_attributes_type",
-    "literal_error", "none_required", "is_instance_of", "union_tag_invalid", "int_from_float", "dataclass_type",
-}
-
-
-def _format_errors(errs: list[dict], data: Any, registry: Registry) -> list[tuple[str, str]]:
-    """``(path, message)`` per problem; the branches of one union at one path are merged into one message."""
-    formatted = [(*_format_error(e, data, registry), e.get("type") in _TYPE_ERRORS) for e in errs]
-    branch_paths = [path for path, _, tagged, _ in formatted if tagged]
-    out: dict[str, list[tuple[str, bool]]] = {}
-    union_paths: set[str] = set()
-    for path, msg, tagged, is_type in formatted:
-        if tagged and is_type and any(p != path and p.startswith((path + ".", path + "[")) for p in branch_paths):
-            continue  # another branch of this union took the value and found a problem inside it
-        out.setdefault(path, []).append((msg, is_type))
-        if tagged:
-            union_paths.add(path)
-    result = []
-    for path, msgs in out.items():
-        if path in union_paths and len(msgs) > 1:
-            real = [m for m, is_type in msgs if not is_type] or [m for m, _ in msgs]
-            result.append((path, " or ".join(dict.fromkeys(real))))
-        else:
-            result.extend((path, m) for m in dict.fromkeys(m for m, _ in msgs))
-    return result
-
-
-def _node_at(loc: tuple, data: Any) -> Any:
-    node = data
-    for item in loc:
-        if isinstance(node, dict) and item in node:
-            node = node[item]
-        elif isinstance(node, list) and isinstance(item, int) and -len(node) <= item < len(node):
-            node = node[item]
-        elif isinstance(node, dict) and node.get("type") == item:
-            continue
-        else:
-            return None
-    return node
-
-
 def _kind_for_tags(expected: str, registry: Registry) -> str | None:
     tags = {t.strip().strip("'\"") for t in expected.split(",")}
     for kind in registry.kinds():
@@ -444,70 +368,55 @@ def _kind_for_tags(expected: str, registry: Registry) -> str | None:
     return None
 
 
-def _format_error(err: dict, data: Any, registry: Registry) -> tuple[str, str, bool]:
-    loc = tuple(err.get("loc", ()))
-    etype = err.get("type")
-    path, tagged = _path_of(loc, data, etype)
-    if etype == "union_tag_invalid":
-        ctx = err.get("ctx", {})
-        kind = _kind_for_tags(str(ctx.get("expected_tags", "")), registry) or "component"
-        return (f"{path}.type" if path else "type", registry.unknown_type_message(kind, ctx.get("tag")), tagged)
-    if etype == "union_tag_not_found":
-        return (path, "missing 'type'; every component needs a \"type\" naming a registered component", tagged)
-    if etype == "extra_forbidden":
-        parent = _node_at(loc[:-1], data)
-        field = loc[-1]
-        where = f"{parent.get('type')!r}" if isinstance(parent, dict) and "type" in parent else "this object"
-        allowed = _allowed_fields(parent, registry)
-        msg = f"unknown field {field!r} for {where}"
-        if allowed:
-            hint = close_matches(str(field), allowed)
-            msg += f"; valid fields: {', '.join(allowed)}" + (f"; did you mean {hint[0]!r}?" if hint else "")
-        return (path, msg, tagged)
-    msg = err.get("msg", "invalid")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    value = err.get("input")
-    if etype in ("int_type", "float_type", "bool_type", "string_type") and "input" in err:
-        msg += f", not {_json_kind(value)}"
-    if etype == "less_than_equal":
+class _SpecErrorFormatter(ErrorFormatter):
+    """:class:`~modkit.validation.ErrorFormatter` with the registry's messages: unknown component types (valid
+    types, the closest match, the installed plugins), a missing ``type``, the valid fields of a component, and the
+    documented bound of a size (:mod:`modkit.limits`)."""
+
+    def __init__(self, registry: Registry):
+        roots = [spec_model(registry), ModelSpec, *(e.config for e in registry.components())]
+        super().__init__(models_in(roots).values())
+        self.registry = registry
+
+    def special(self, err: dict, path: str, parent: Any, tags: list[str]) -> Optional[tuple[str, str]]:
+        etype = err.get("type")
+        reg = self.registry
+        if etype == "union_tag_invalid":
+            ctx = err.get("ctx", {})
+            kind = _kind_for_tags(str(ctx.get("expected_tags", "")), reg) or "component"
+            return (f"{path}.type" if path else "type", reg.unknown_type_message(kind, ctx.get("tag")))
+        if etype == "union_tag_not_found":
+            return (path, "missing 'type'; every component needs a \"type\" naming a registered component")
+        if etype == "extra_forbidden":
+            field = str(err.get("loc", ("",))[-1])
+            where = f"{parent.get('type')!r}" if isinstance(parent, dict) and "type" in parent else "this object"
+            allowed = self.allowed_fields(parent, tags)
+            msg = f"unknown field {field!r} for {where}"
+            if allowed:
+                hint = close_matches(field, allowed)
+                msg += f"; valid fields: {', '.join(allowed)}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+            return (path, msg)
+        return None
+
+    def allowed_fields(self, parent: Any, tags: list[str]) -> list[str]:
+        if isinstance(parent, dict) and isinstance(parent.get("type"), str):
+            for c in self.registry.components():
+                if c.type == parent["type"]:
+                    return [n for n in c.config.model_fields if n != "type"]
+            return []
+        return super().allowed_fields(parent, tags)
+
+    def hint(self, err: dict, path: str) -> str:
         field = path.rsplit(".", 1)[-1]
-        if field in BOUNDS:
-            msg += f"; {BOUNDS[field]:,} is modkit's bound for {field} (modkit.limits), far above any published model"
-    if etype not in ("missing",) and "input" in err and not isinstance(value, (dict, list)):
-        msg += f" (got {_short_repr(value)})"
-    if etype == "int_type" and isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        msg += "; write an integer without a decimal point or exponent"
-    return (path, msg, tagged)
+        if err.get("type") == "less_than_equal" and field in BOUNDS:
+            return f"; {BOUNDS[field]:,} is modkit's bound for {field} (modkit.limits), far above any published model"
+        return ""
 
 
-def _json_kind(value: Any) -> str:
-    """How a JSON value reads to a user: ``true (a bool)``, ``a string``, ``a float``..."""
-    if isinstance(value, bool):
-        return "a bool"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, int):
-        return "an integer"
-    if value is None:
-        return "null"
-    return f"a JSON {'object' if isinstance(value, dict) else 'array' if isinstance(value, list) else type(value).__name__}"
-
-
-def _short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
-
-
-def _allowed_fields(parent: Any, registry: Registry) -> list[str]:
-    if not isinstance(parent, dict) or "type" not in parent:
-        return []
-    for c in registry.components():
-        if c.type == parent["type"]:
-            return [n for n in c.config.model_fields if n != "type"]
-    return []
+def _format_errors(errs: list[dict], data: Any, registry: Registry) -> list[tuple[str, str]]:
+    """``(path, message)`` per problem pydantic found in ``data`` (JSON paths, JSON values, the union branch the
+    input meant; see :mod:`modkit.validation`)."""
+    return _SpecErrorFormatter(registry).format(errs, data)
 
 
 def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
@@ -518,6 +427,8 @@ def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]
             continue
         configs = [getattr(spec.block, kind)] + [getattr(o, kind) for o in spec.overrides if getattr(o, kind) is not None]
         for cfg in configs:
+            if cfg is None:  # a component that failed the schema (see _valid_parts_errors)
+                continue
             entry = registry.entry_for_config(cfg, kind)
             if not entry.capabilities.get(capability):
                 errors.append(
@@ -562,7 +473,13 @@ def _position_uses(spec: ModelSpec) -> list[tuple[str, Any, tuple[Optional[int],
     return [(path, cfg, geometry) for (path, geometry), cfg in uses.items()]
 
 
-def _semantic_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
+def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = True) -> list[tuple[str, str]]:
+    """Cross-field errors of a spec: component configs' ``check(ctx)``, dropout capabilities, override ranges.
+
+    Components that are ``None`` are skipped. ``geometry=False`` checks position schemes without the attention
+    geometry of the layers they serve (``n_heads`` / ``head_dim`` unknown), for a spec whose attention configs did not
+    all validate.
+    """
     ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
     errors: list[tuple[str, str]] = []
 
@@ -577,14 +494,21 @@ def _semantic_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
             visit(getattr(cfg, name), f"{path}.{name}", at)
 
     errors.extend(_dropout_errors(spec, registry))
-    for path, position, geometry in _position_uses(spec):
-        visit(position, path, SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry, *geometry))
+    if geometry:
+        for path, position, shape in _position_uses(spec):
+            visit(position, path, SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry, *shape))
+    else:
+        visit(spec.position, "position")
+        for i, o in enumerate(spec.overrides):
+            visit(o.position, f"overrides[{i}].position")
     for slot in ("attention", "ffn", "norm", "placement"):
         visit(getattr(spec.block, slot), f"block.{slot}")
     for name in ("embedding_norm", "final_norm"):
         visit(getattr(spec, name), name)
     for i, o in enumerate(spec.overrides):
-        if isinstance(o.layers, list):
+        if o.layers is None:  # the selection failed the schema
+            pass
+        elif isinstance(o.layers, list):
             for j, idx in enumerate(o.layers):
                 if not 0 <= idx < spec.n_layers:
                     errors.append((f"overrides[{i}].layers[{j}]", f"layer {idx} out of range; n_layers = {spec.n_layers}"))
@@ -603,6 +527,72 @@ def _semantic_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
                     )
                 )
     return errors
+
+
+_SLOTS = ("attention", "ffn", "norm", "placement")
+_SIZES = ("vocab_size", "d_model", "n_layers", "max_seq_len")
+
+
+def _valid_parts_errors(data: dict, schema_errors: list[tuple[str, str]], registry: Registry) -> list[tuple[str, str]]:
+    """The cross-field errors of the parts of a spec that failed the schema which passed it on their own.
+
+    A spec with a schema error (``block.ffn.d_ff = -1``) may hold independent cross-field errors elsewhere
+    (``d_model`` not divisible by ``block.attention.n_heads``); reporting them in the same run saves a round trip.
+    Every component config without a schema error at or below its path is validated alone and checked with the
+    model-wide sizes, when those are valid; a component with a schema error is not (its own values are unknown, so
+    a check would guess). Position schemes are checked without the attention geometry unless every attention
+    config and layer selection is valid.
+    """
+    bad = [p for p, _ in schema_errors]
+    if "" in bad or any(n in bad or n not in data for n in _SIZES):
+        return []
+
+    def clean(path: str) -> bool:
+        return not any(b == path or b.startswith((path + ".", path + "[")) for b in bad)
+
+    def component(kind: str, path: str, value: Any) -> Optional[ComponentConfig]:
+        if not isinstance(value, dict) or not clean(path):
+            return None
+        try:
+            return load_component(kind, value, registry=registry)
+        except SpecError:
+            return None
+
+    block = data.get("block") if isinstance(data.get("block"), dict) else {}
+    parts: dict[str, Any] = {n: data[n] for n in _SIZES}
+    parts["position"] = component("position", "position", data.get("position"))
+    parts["block"] = BlockSpec.model_construct(**{s: component(s, f"block.{s}", block.get(s)) for s in _SLOTS})
+    for name in ("embedding_norm", "final_norm"):
+        parts[name] = component("norm", name, data.get(name))
+    complete = parts["position"] is not None and parts["block"].attention is not None
+    parts["dropout"] = None
+    if clean("dropout"):
+        try:
+            parts["dropout"] = DropoutSpec.model_validate(data.get("dropout", {}))
+        except ValidationError:
+            pass
+    overrides = []
+    for i, o in enumerate(data.get("overrides") or [] if isinstance(data.get("overrides"), list) else []):
+        o = o if isinstance(o, dict) else {}
+        where = f"overrides[{i}]"
+        layers = None
+        if "layers" in o and clean(f"{where}.layers"):
+            try:
+                layers = TypeAdapter(LayerOverride.model_fields["layers"].annotation).validate_python(o["layers"])
+            except ValidationError:
+                layers = None
+        slots = {s: component(s, f"{where}.{s}", o.get(s)) for s in _SLOTS}
+        slots["position"] = component("position", f"{where}.position", o.get("position"))
+        complete = complete and clean(where)
+        overrides.append(LayerOverride.model_construct(layers=layers, **slots))
+    parts["overrides"] = overrides
+    if parts["dropout"] is None:
+        parts["dropout"] = DropoutSpec()  # unknown: its checks are skipped (all probabilities 0)
+    partial = ModelSpec.model_construct(**parts)
+    try:
+        return _semantic_errors(partial, registry, geometry=complete)
+    except Exception:  # noqa: BLE001 - a check written for valid specs only; the schema errors stand on their own
+        return []
 
 
 def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry | None = None) -> ModelSpec:
@@ -625,6 +615,7 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
     """
     reg = registry or get_registry()
     label: str | None = None
+    read_errors: list[tuple[str, str]] = []  # duplicate keys: reported with the schema's errors of the same document
     if isinstance(source, ModelSpec):
         data = source.to_dict()
     elif isinstance(source, dict):
@@ -638,15 +629,19 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
                 label = str(source)
                 data = read_json_file(source)
         except JSONInputError as exc:
-            raise SpecError(exc.errors, source=label) from None
+            if exc.document is None:
+                raise SpecError(exc.errors, source=label) from None
+            data, read_errors = exc.document, exc.errors
     if not isinstance(data, dict):
-        raise SpecError([("", f"a spec is a JSON object, got {type(data).__name__}")], source=label)
+        raise SpecError(read_errors + [("", f"a spec is a JSON object, got {json_kind(data)}")], source=label)
     model = spec_model(reg)
     try:
         spec = model.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_format_errors(exc.errors(), data, reg), source=label) from None
-    errors = list(dict.fromkeys(_semantic_errors(spec, reg)))
+        errors = read_errors + _format_errors(exc.errors(), data, reg)
+        errors += _valid_parts_errors(data, errors, reg)
+        raise SpecError(list(dict.fromkeys(errors)), source=label) from None
+    errors = list(dict.fromkeys(read_errors + _semantic_errors(spec, reg)))
     if errors:
         raise SpecError(errors, source=label)
     return spec

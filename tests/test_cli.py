@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import modkit
 from conftest import tiny_spec
@@ -225,6 +226,78 @@ def test_build_cpu_json_forward(capsys):
     assert fw["tokens_per_s"] > 0
 
 
+def test_build_card_counts_the_kv_cache_of_sliding_windows_as_allocated(capsys):
+    """Mistral 7B: 32 layers, 8 KV heads of 128, window 4,096, max_seq_len 32,768. Each layer keeps a ring of 4,096
+    slots, so one sequence holds 32 x 2 x 8 x 128 x 4,096 x 4 bytes = 1 GiB in float32 (not 8 GiB, the full
+    length): the figure equals the bytes of the tensors new_cache allocates."""
+    path = ROOT / "specs" / "mistral-7b-v0.1.json"
+    code, out, err = run(capsys, "build", path, "--device", "meta")
+    assert code == 0, err
+    kv_line = next(line for line in out.splitlines() if line.startswith("KV cache:"))
+    assert kv_line == ("KV cache: 262,144 bytes/token at float32; 1.00 GiB per sequence of max_seq_len 32,768 "
+                       "(32 of 32 layers keep a sliding window of 4,096 tokens)")
+    code, out, _ = run(capsys, "build", path, "--device", "meta", "--json", "--dtype", "bfloat16")
+    data = json.loads(out)
+    model = modkit.build(str(path), device="meta")
+    cache = model.new_cache(1, model.spec.max_seq_len, dtype=torch.bfloat16, device="meta")
+    allocated = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.k, layer.v))
+    assert data["kv_cache_bytes_per_sequence"] == allocated == 32 * 2 * 8 * 128 * 4096 * 2 == 2**29
+    assert data["kv_cache_bytes_per_token"] * 4096 == allocated  # every layer windowed: per token x window
+
+
+def test_build_card_without_windows_is_per_token_times_max_seq_len(capsys):
+    code, out, _ = run(capsys, "build", TINY, "--device", "meta", "--json")
+    data = json.loads(out)
+    assert data["kv_cache_bytes_per_sequence"] == data["kv_cache_bytes_per_token"] * 512 == 2 * 4 * 2 * 32 * 4 * 512
+
+
+def test_build_throughput_never_times_the_warm_up_pass(monkeypatch):
+    """The first pass is slow (one-off costs); the throughput is the mean of the passes after it, even when the
+    warm-up alone exceeds the time budget (before, a warm-up over 2 s was the only pass timed)."""
+    from modkit.cli import build as build_cli
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(build_cli.time, "perf_counter", lambda: clock["now"])
+    model = modkit.build(tiny_spec(), seed=0)
+    calls = []
+    original = model.forward
+
+    def forward(*args, **kwargs):
+        calls.append(len(calls))
+        clock["now"] += 5.0 if len(calls) == 1 else 0.25  # warm-up 5 s, then 0.25 s per pass
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+    fw = build_cli._forward_check(model, torch.device("cpu"), seed=0)
+    assert (fw["warmup_passes"], fw["timed_passes"], len(calls)) == (1, 3, 4)
+    assert fw["seconds_per_pass"] == 0.25 and fw["tokens_per_s"] == 2 * 64 / 0.25
+    clock["now"], calls[:] = 0.0, []
+    monkeypatch.setattr(build_cli, "TIMED_SECONDS", 0.1)  # one timed pass already exceeds the budget: still one
+    fw = build_cli._forward_check(model, torch.device("cpu"), seed=0)
+    assert (fw["timed_passes"], len(calls), fw["seconds_per_pass"]) == (1, 2, 0.25)
+
+
+def test_build_card_says_the_throughput_follows_a_warm_up(capsys):
+    code, out, _ = run(capsys, "build", TINY)
+    line = next(line for line in out.splitlines() if "throughput" in line)
+    assert "after 1 warm-up pass)" in line and "mean of " in line
+
+
+@pytest.mark.parametrize("entry", modkit.get_registry().components(), ids=lambda e: f"{e.kind}/{e.type}")
+def test_show_prints_a_fragment_that_validates(capsys, entry):
+    """The example line of ``modkit show`` validates as it stands (a bare {"type": "gqa"} does not)."""
+    from modkit.spec import load_component
+
+    code, out, _ = run(capsys, "show", entry.kind, entry.type)
+    assert code == 0
+    head = out.splitlines()[0]
+    assert head.startswith(f"{entry.kind}/{entry.type}    example: ")
+    fragment = json.loads(head.split("example: ", 1)[1])
+    assert fragment["type"] == entry.type
+    config = load_component(entry.kind, fragment)
+    assert isinstance(config, entry.config)
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
@@ -360,7 +433,7 @@ def test_internal_errors_have_no_traceback(capsys, monkeypatch):
     def boom(args):
         raise RuntimeError("kaput")
 
-    monkeypatch.setattr(cli, "cmd_list", boom)
+    monkeypatch.setattr(cli.list_show, "cmd_list", boom)
     code, _, err = run(capsys, "list")
     assert code == 1
     assert "internal error: RuntimeError: kaput" in err and "Traceback" not in err
@@ -383,6 +456,47 @@ def test_python_dash_m_modkit(tmp_path):
     assert proc.stdout.strip() == f"ok {TINY}"
     assert f"{bad}: block.ffn.type: " in proc.stderr and "did you mean 'swiglu'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+#: what a fresh interpreter imports for `modkit ARGV`: the exit status, stdout, and whether torch (or the plugins) loaded
+_STARTUP = """
+import sys
+from modkit.cli import main
+status = main(sys.argv[1:])
+heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "modkit_plugins")))
+print("HEAVY", heavy)
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["no-such-command"], ["build", "--device"]])
+def test_help_version_and_usage_errors_do_not_import_torch(argv):
+    """The parser assembles without torch or the plugins: every command module and extension module imports them
+    only in its handler (``generate``'s registry-backed flags wait until ``generate`` is parsed)."""
+    env = {k: v for k, v in os.environ.items() if k != "MODKIT_DEBUG"}
+    proc = subprocess.run([sys.executable, "-c", _STARTUP, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.stdout.rstrip().splitlines()[-1] == "HEAVY []", (proc.stdout[-500:], proc.stderr[-2000:])
+    if argv == ["--help"]:
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: modkit ")
+        for command in ("list", "show", "build", "generate", "train", "cost", "trace", "check", "docs", "new", "data", "compare"):
+            assert f"\n    {command} " in proc.stdout, command
+    elif argv == ["--version"]:
+        assert proc.returncode == 0 and proc.stdout.splitlines()[0] == f"modkit {modkit.__version__}"
+    else:
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_the_full_parser_holds_the_deferred_sampling_flags(capsys):
+    """``build_parser()`` (walked by the CLI reference) has every flag; ``generate --help`` shows them too."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    flags = {s for a in sub.choices["generate"]._actions for s in a.option_strings}
+    from modkit.sampling import arguments
+
+    expected = {"--" + name.replace("_", "-") for name in arguments()} | {"--temperature", "--top-k", "--top-p", "--sampling"}
+    assert expected <= flags and "--min-p" in flags
+    code, out, _ = run(capsys, "generate", "--help")
+    assert code == 0 and all(f in out for f in expected)
 
 
 def test_generate_encodes_the_prompt_without_the_tokenizers_padding(tmp_path):

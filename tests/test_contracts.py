@@ -25,7 +25,7 @@ def _builtin_entries() -> list[modkit.Component]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         reg = modkit.get_registry()
-    return [c for c in reg.components() if c.provider is not None and c.provider.distribution == "modkit"]
+    return [c for c in reg.components() if c.provider is not None and c.provider.distribution == "modkit-lm"]
 
 
 BUILTINS = _builtin_entries()

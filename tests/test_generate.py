@@ -142,7 +142,8 @@ def test_generate_allocates_prompt_plus_new_tokens(monkeypatch):
 
     monkeypatch.setattr(type(model), "new_cache", spy)
     generate(model, [[1, 2, 3], [4, 5, 6]], max_new_tokens=5, temperature=0)
-    (cache,) = made
+    sized, (cache,) = ([c for c in made if c.device.type == dev] for dev in ("meta", "cpu"))
+    assert [c.nbytes() for c in sized] == [cache.nbytes()]  # the memory check sized the very cache allocated, on meta
     assert cache.batch_size == 2 and cache.max_len == 3 + 5
     assert cache.layers[0].k.shape == (2, 2, 8, 8) and cache.seen_tokens == 3 + 4  # the last token is never fed
 

@@ -129,7 +129,7 @@ def _global() -> modkit.Registry:
 def _planned_builtins() -> list[modkit.Component]:
     return [
         c for c in _global().components()
-        if c.provider is not None and c.provider.distribution == "modkit" and c.capabilities.get("tp_plan")
+        if c.provider is not None and c.provider.distribution == "modkit-lm" and c.capabilities.get("tp_plan")
     ]
 
 

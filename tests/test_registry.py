@@ -143,7 +143,7 @@ def test_builtins_load_through_entry_points():
     names = {p.name for p in reg.plugins()}
     assert {"builtin-attention", "builtin-norm", "builtin-ffn", "builtin-position", "builtin-placement"} <= names
     entry = reg.get("norm", "rmsnorm")
-    assert entry.provider.distribution == "modkit" and entry.provider.version == modkit.__version__
+    assert entry.provider.distribution == "modkit-lm" and entry.provider.version == modkit.__version__
     assert entry.capabilities["compile_safe"] is True
     assert reg.get("attention", "gqa").capabilities["kv_cache"] is True
 

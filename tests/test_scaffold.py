@@ -147,6 +147,8 @@ def test_refuses_to_overwrite(tmp_path, capsys):
         ("json", "standard-library"),
         ("plugins", "reserved"),
         ("modkit", "reserved"),
+        ("modkit-lm", "modkit's own distribution"),
+        ("modkit_lm", "modkit's own distribution"),
         ("class", "keyword"),
     ],
 )

@@ -14,11 +14,35 @@ The shipped default corpus ``tinyshakespeare.txt`` is the "tiny shakespeare" tex
 see :mod:`modkit.data.corpus`.
 """
 
-from ..errors import DataError
-from .corpus import cache_root, default_corpus, default_dataset
-from .dataset import RandomWindows, SequentialEpochs, TokenData, eval_batches
-from .prepare import prepare
-from .tokenizer import Tokenizer, UnknownTokenError, load_tokenizer, train_tokenizer
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import make_lazy
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use (modkit._lazy)
+    from ..errors import DataError
+    from .corpus import cache_root, default_corpus, default_dataset
+    from .dataset import RandomWindows, SequentialEpochs, TokenData, eval_batches
+    from .prepare import prepare
+    from .tokenizer import Tokenizer, UnknownTokenError, load_tokenizer, train_tokenizer
+
+#: exported name -> the module defining it
+_EXPORTS = {
+    "DataError": "modkit.errors",
+    "cache_root": "modkit.data.corpus",
+    "default_corpus": "modkit.data.corpus",
+    "default_dataset": "modkit.data.corpus",
+    "RandomWindows": "modkit.data.dataset",
+    "SequentialEpochs": "modkit.data.dataset",
+    "TokenData": "modkit.data.dataset",
+    "eval_batches": "modkit.data.dataset",
+    "prepare": "modkit.data.prepare",
+    "Tokenizer": "modkit.data.tokenizer",
+    "UnknownTokenError": "modkit.data.tokenizer",
+    "load_tokenizer": "modkit.data.tokenizer",
+    "train_tokenizer": "modkit.data.tokenizer",
+}
 
 __all__ = [
     "DataError",
@@ -35,3 +59,5 @@ __all__ = [
     "prepare",
     "train_tokenizer",
 ]
+
+make_lazy(__name__, _EXPORTS)

@@ -25,20 +25,43 @@ attention=my-attention``), so another installed plugin never changes a verdict (
 The checks live in :mod:`modkit.testing.checks`, one family per module, each saying which fault it catches.
 """
 
-from .checks import (
-    CHECK_NAMES,
-    CHECKS,
-    Check,
-    CheckFailed,
-    CheckResult,
-    CheckSkipped,
-    ComponentChecks,
-    check_component,
-    get_check,
-    run_checks,
-    select_components,
-)
-from .harness import Bench
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import make_lazy
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use (modkit._lazy)
+    from .checks import (
+        CHECK_NAMES,
+        CHECKS,
+        Check,
+        CheckFailed,
+        CheckResult,
+        CheckSkipped,
+        ComponentChecks,
+        check_component,
+        get_check,
+        run_checks,
+        select_components,
+    )
+    from .harness import Bench
+
+#: exported name -> the module defining it
+_EXPORTS = {
+    "CHECK_NAMES": "modkit.testing.checks",
+    "CHECKS": "modkit.testing.checks",
+    "Check": "modkit.testing.checks",
+    "CheckFailed": "modkit.testing.checks",
+    "CheckResult": "modkit.testing.checks",
+    "CheckSkipped": "modkit.testing.checks",
+    "ComponentChecks": "modkit.testing.checks",
+    "check_component": "modkit.testing.checks",
+    "get_check": "modkit.testing.checks",
+    "run_checks": "modkit.testing.checks",
+    "select_components": "modkit.testing.checks",
+    "Bench": "modkit.testing.harness",
+}
 
 __all__ = [
     "Bench",
@@ -54,3 +77,5 @@ __all__ = [
     "run_checks",
     "select_components",
 ]
+
+make_lazy(__name__, _EXPORTS)

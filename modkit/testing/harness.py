@@ -37,6 +37,7 @@ from torch import nn
 
 from ..config import ComponentConfig, slot_kind
 from ..errors import SpecError
+from ..hooks import DISTRIBUTION
 from ..registry import Component, Registry
 from ..spec import BlockSpec, ModelSpec, load_component, load_spec, spec_model
 
@@ -139,7 +140,7 @@ def _builtin_modules() -> frozenset[str]:
     from ..hooks import ENTRY_POINT_GROUP
 
     try:
-        eps = md.distribution("modkit").entry_points
+        eps = md.distribution(DISTRIBUTION).entry_points
     except md.PackageNotFoundError:  # a source tree that is not installed: no entry points to read
         return frozenset()
     return frozenset(ep.value for ep in eps if ep.group == ENTRY_POINT_GROUP)
@@ -148,14 +149,14 @@ def _builtin_modules() -> frozenset[str]:
 def is_builtin(entry: Component, registry: Registry) -> bool:
     """True for a component of one of modkit's built-in plugins, however it was registered.
 
-    A plugin is built-in when its distribution is ``modkit``, or when its plugin object is one of the modules
+    A plugin is built-in when its distribution is modkit's own (``modkit-lm``), or when its plugin object is one of the modules
     modkit's distribution registers (a test that copies the built-in plugins into a fresh :class:`~modkit.Registry`
     registers the same modules without a distribution).
     """
     prov = entry.provider
     if prov is None:
         return False
-    if prov.distribution == "modkit":
+    if prov.distribution == DISTRIBUTION:
         return True
     info = next((p for p in registry.plugins() if p.name == prov.plugin), None)
     return info is not None and getattr(info.obj, "__name__", None) in _builtin_modules()

@@ -8,9 +8,30 @@ See :mod:`modkit.train.config` (every field and its default), :mod:`modkit.train
 :mod:`modkit.train.state` (the run folder and checkpoints) and :mod:`modkit.train.schedule` (learning rates).
 """
 
-from .config import DEFAULT_MODEL, TrainConfig, load_train_config
-from .loop import RunResult, TrainError, Trainer, decay_groups, flops_per_token, train
-from .schedule import lr_at
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import make_lazy
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use (modkit._lazy)
+    from .config import DEFAULT_MODEL, TrainConfig, load_train_config
+    from .loop import RunResult, TrainError, Trainer, decay_groups, flops_per_token, train
+    from .schedule import lr_at
+
+#: exported name -> the module defining it
+_EXPORTS = {
+    "DEFAULT_MODEL": "modkit.train.config",
+    "TrainConfig": "modkit.train.config",
+    "load_train_config": "modkit.train.config",
+    "RunResult": "modkit.train.loop",
+    "TrainError": "modkit.train.loop",
+    "Trainer": "modkit.train.loop",
+    "decay_groups": "modkit.train.loop",
+    "flops_per_token": "modkit.train.loop",
+    "train": "modkit.train.loop",
+    "lr_at": "modkit.train.schedule",
+}
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -24,3 +45,5 @@ __all__ = [
     "lr_at",
     "train",
 ]
+
+make_lazy(__name__, _EXPORTS)

@@ -11,8 +11,6 @@ import json
 import os
 from pathlib import Path
 
-from .config import TrainConfig, parse_flag_value
-
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -33,6 +31,16 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--out", "-o", metavar="RUN", help="run folder (default runs/<model name>, numbered when taken)")
     p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (status lines only)")
+    # one flag per config field: read from the pydantic model, so modkit's parser adds them when `train` is parsed
+    defer = getattr(p, "defer", None)
+    defer(_add_field_flags) if defer is not None else _add_field_flags(p)
+    p.set_defaults(func=cmd_train)
+
+
+def _add_field_flags(p: argparse.ArgumentParser) -> None:
+    """One ``--field-name V`` flag per :class:`~modkit.train.config.TrainConfig` field (``--compile`` alone: true)."""
+    from .config import TrainConfig
+
     fields = p.add_argument_group("training-config fields (see 'modkit schema --train')")
     for name, info in TrainConfig.model_fields.items():
         if name == "schema_version":
@@ -44,11 +52,11 @@ def add_subcommands(subparsers) -> None:
             **({"nargs": "?", "const": "true"} if flag_only else {}),
             help=f"{info.description} (default {json.dumps(default)})".replace("%", "%%"),
         )
-    p.set_defaults(func=cmd_train)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Handler of ``modkit train``."""
+    from .config import TrainConfig, parse_flag_value
     from .loop import train
 
     overrides = {

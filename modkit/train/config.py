@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..errors import SpecError
 from ..jsonio import JSONInputError, check_regular_file, read_json_file
 from ..limits import MAX_JSON_BYTES
+from ..validation import ErrorFormatter, models_in
 
 #: nanoGPT's GPT (GPT-2 style: learned positions, LayerNorm with bias, GELU MLP 4x, pre-norm, tied embeddings,
 #: biases everywhere) at the sizes of its CPU recipe for tiny shakespeare: the model of a config whose ``model`` is
@@ -166,26 +167,20 @@ class TrainConfig(BaseModel):
 PATH_FIELDS = ("model", "data", "tokenizer")
 
 
-def _loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
+class _ConfigErrorFormatter(ErrorFormatter):
+    """Training-config errors in JSON terms (:mod:`modkit.validation`); an unknown field names the close fields."""
 
-
-def config_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    """``(field path, message)`` for every error pydantic found, with the offending value in JSON terms."""
-    out = []
-    for err in exc.errors():
-        path = _loc(err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
+    def special(self, err: dict, path: str, parent: Any, tags: list[str]) -> Optional[tuple[str, str]]:
+        if err.get("type") == "extra_forbidden":
             close = [n for n in TrainConfig.model_fields if path and (path in n or n in path)]
-            msg = "unknown field" + (f"; did you mean {', '.join(repr(c) for c in close)}?" if close else "")
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
-            msg += f" (got {json.dumps(err['input'], default=str)})"
-        out.append((path, msg))
-    return out
+            return (path, "unknown field" + (f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""))
+        return None
+
+
+def config_errors(exc: ValidationError, data: Any = None) -> list[tuple[str, str]]:
+    """``(field path, message)`` for every error pydantic found in the config ``data``, paths and values in JSON
+    terms (:class:`~modkit.validation.ErrorFormatter`)."""
+    return _ConfigErrorFormatter(models_in([TrainConfig]).values()).format(exc.errors(), data)
 
 
 def load_train_config(
@@ -237,7 +232,7 @@ def load_train_config(
     try:
         return TrainConfig.model_validate(data), base
     except ValidationError as exc:
-        raise SpecError(config_errors(exc), source=f"training config {source}" if isinstance(source, (str, Path)) else "training config") from None
+        raise SpecError(config_errors(exc, data), source=f"training config {source}" if isinstance(source, (str, Path)) else "training config") from None
 
 
 def parse_flag_value(field_name: str, text: str) -> Any:

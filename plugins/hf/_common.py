@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from modkit import SpecError, UnknownConfigKeyWarning
 from modkit.limits import MAX_D_FF, MAX_D_MODEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE
+from modkit.validation import json_value
 
 _MISSING = object()
 
@@ -262,7 +263,7 @@ class HFConfig:
             self.error(path, f"must be an integer, got the float {_short(value)}{hint}")
             return default
         if isinstance(value, float) and not math.isfinite(value):
-            self.error(path, f"must be a finite number, got {value!r}")
+            self.error(path, f"must be a finite number, got {json_value(value)}")
             return default
         if not integer and isinstance(value, int) and abs(value) > 2**63:
             self.error(path, f"is out of the range of a float64 number: {_short(value)}")
@@ -283,7 +284,7 @@ class HFConfig:
         """A boolean key; records an error for a non-boolean value."""
         value = self.get(key, default, aliases=aliases)
         if not isinstance(value, bool):
-            self.error(key, f"must be true or false, got {value!r}")
+            self.error(key, f"must be true or false, got {json_value(value)}")
             return bool(default)
         return value
 
@@ -436,7 +437,7 @@ def rope(
     if layout != "half_split":
         spec["layout"] = layout
     if not (isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial <= 1):
-        r.error(f"{path}.partial_rotary_factor", f"must lie in (0, 1], got {partial!r}")
+        r.error(f"{path}.partial_rotary_factor", f"must lie in (0, 1], got {json_value(partial)}")
     elif partial != 1:
         spec["partial_rotary"] = float(partial)
     if not isinstance(rtype, str):
@@ -724,7 +725,7 @@ def read_dropout(r: HFConfig) -> dict[str, float]:
     for name, (key, default) in DROPOUT_KEYS.get(r.model_type, _DEFAULT_DROPOUT_KEYS).items():
         value = r.number(key, default, positive=False)
         if value is not None and not 0 <= value < 1:
-            r.error(key, f"a dropout probability must lie in [0, 1), got {value!r}")
+            r.error(key, f"a dropout probability must lie in [0, 1), got {json_value(value)}")
             value = default
         out[name] = float(value)
     return out

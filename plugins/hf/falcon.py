@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from modkit.checkpoint import Link
+from modkit.validation import json_value
 
 from ._common import HFConfig, attention, layernorm, model_spec, rope, sizes
 from ._weights import HFWeights, Renames, head_link, hf_activation, rope_fields
@@ -74,7 +75,7 @@ def convert(cfg: dict) -> dict:
             r.error("parallel_attn", "false with new_decoder_architecture: transformers' FalconDecoderLayer cannot run this combination")
         n_ln = 2 if n_ln is None else n_ln
         if n_ln not in (1, 2):
-            r.error("num_ln_in_parallel_attn", f"must be 1 or 2, got {n_ln!r}")
+            r.error("num_ln_in_parallel_attn", f"must be 1 or 2, got {json_value(n_ln)}")
         placement = {"type": "parallel", "shared_norm": n_ln == 1}
     else:
         kv = 1 if multi_query else n_heads
@@ -85,7 +86,7 @@ def convert(cfg: dict) -> dict:
                 f"{n_heads} key/value heads, which transformers cannot split into {kv_cfg}",
             )
         if n_ln not in (None, 1):
-            r.error("num_ln_in_parallel_attn", f"{n_ln!r} requires new_decoder_architecture = true (transformers reads it only there)")
+            r.error("num_ln_in_parallel_attn", f"{json_value(n_ln)} requires new_decoder_architecture = true (transformers reads it only there)")
         placement = {"type": "parallel", "shared_norm": True} if parallel else {"type": "pre"}
 
     if r.flag("alibi", False):

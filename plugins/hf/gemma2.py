@@ -19,6 +19,8 @@ Semantics: ``transformers/models/gemma2/{configuration,modeling}_gemma2.py`` (``
 
 from __future__ import annotations
 
+from modkit.validation import json_value
+
 from ._common import HFConfig, attention, gated_ffn, head_dim_of, kv_heads_of, model_spec, per_layer, rmsnorm, rope, sizes
 from ._weights import HFWeights, hf_activation, layer_windows, rope_fields
 from .gemma3_text import _scalar, links
@@ -74,7 +76,7 @@ def convert(cfg: dict) -> dict:
     if types is None:  # Gemma2Config.__post_init__ and the 4.x modeling: even layers slide
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
     if not isinstance(types, list) or len(types) != n_layers:
-        r.error("layer_types", f"must list one type per layer ({n_layers}), got {types!r}")
+        r.error("layer_types", f"must list one type per layer ({n_layers}), got {json_value(types)}")
         types = ["full_attention"] * n_layers
     bad = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
     if bad:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from modkit.validation import json_value
+
 from ._common import HFConfig, attention, gated_ffn, head_dim_of, kv_heads_of, model_spec, per_layer, rmsnorm, rope, sizes
 from ._weights import HFWeights, Renames, hf_activation, head_link, layer_windows, rope_fields, split_link, stacked_link
 
@@ -144,7 +146,7 @@ def _windows(r: HFConfig, fam: Family, n_layers: int, dflt: dict) -> list[Option
         return [None] * n_layers
     if types is not None:
         if not isinstance(types, list) or len(types) != n_layers:
-            r.error("layer_types", f"must list one type per layer ({n_layers}), got {types!r}")
+            r.error("layer_types", f"must list one type per layer ({n_layers}), got {json_value(types)}")
             return [None] * n_layers
         bad = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
         if bad:

@@ -1,0 +1,202 @@
+"""The ``modkit`` command line.
+
+Which file holds which command::
+
+    modkit list [KIND] [--pattern GLOB]      list_show.py  registered components (kind, type, plugin, description)
+    modkit show KIND TYPE [--schema]         list_show.py  one component: fields, types, defaults, capabilities, provider
+    modkit plugins [--json]                  plugins.py    installed plugins, what each registers, skipped ones and why
+    modkit validate SPEC...                  validate.py   one line per problem ``SPEC: path: message``; ``ok SPEC`` otherwise
+    modkit schema [--train] [-o FILE]        validate.py   JSON Schema of specs (with the installed components) or training configs
+    modkit convert hf CONFIG [-o SPEC]       convert.py    Hugging Face config.json -> modkit spec
+    modkit convert hf DIR -o OUT [--dtype]   convert.py    a Hugging Face folder with safetensors weights -> modkit checkpoint
+    modkit convert modkit DIR --to hf -o OUT convert.py    a modkit checkpoint -> Hugging Face folder (config.json + safetensors)
+    modkit build SPEC [--device] [--dtype] [--seed] [--json]
+                                             build.py      components, parameter table, weight / KV-cache bytes and, on a
+                                                           real device, one forward pass (shape, initial loss, tokens/s)
+    modkit generate MODEL --prompt TEXT [--tokenizer JSON] [--max-new-tokens N] [--temperature T] [--top-k K]
+                    [--top-p P] [--min-p P] [--repetition-penalty R] [--stop-strings S...] [--sampling JSON] [--seed S]
+                                             generate.py   stream a continuation (text, or token ids without a tokenizer),
+                                                           then prefill ms and decode tokens/s on stderr
+
+Shared pieces: ``output.py`` (stdout / stderr lines, tables, counts, byte sizes), ``errors.py`` (:class:`UserError`
+and :func:`_report`, the one-line error messages), ``common.py`` (the registry, a spec path, a device). Other
+modules add subcommands through ``add_subcommands(subparsers)`` (:data:`EXTENSION_MODULES`: ``check``, ``new``,
+``docs``, ``train``, ``data``, ``cost``, ``trace``, ``compare``), exactly as the command modules above do.
+
+Every handler is ``func(args) -> int``. User errors print one clear message to stderr and exit 1 (argparse usage
+errors exit 2); ``MODKIT_DEBUG=1`` re-raises instead, for a traceback.
+
+Start-up stays light: no command or extension module imports torch (or loads the plugins) before its handler
+runs, so ``modkit --help``, ``modkit --version`` and a usage error take a fraction of a second. A parser whose
+arguments need the registry (``generate``'s sampling flags) defers them with :meth:`_Parser.defer` until that
+subcommand is parsed; :func:`build_parser` adds them all at once, for the generated CLI reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import sys
+import warnings
+from typing import Callable, Optional, Sequence
+
+from . import build, convert, generate, list_show, plugins, validate
+# re-exported: extension modules (cost_cli, docs, train.cli, ...) import these helpers from modkit.cli
+from .common import _check_device, _registry, _spec_path, _sync  # noqa: F401
+from .errors import PROG, UserError, _report
+from .output import _bytes, _count, _debug, _err, _fit, _one_line, _out, _short_count, _spec_error_lines, _table  # noqa: F401
+
+#: Command modules of this package, in the order of ``modkit --help``; each has ``add_subcommands(subparsers)``.
+COMMAND_MODULES = (list_show, plugins, validate, convert, build, generate)
+
+#: Modules that may contribute subcommands with ``add_subcommands(subparsers)``; a missing one is skipped. They
+#: import torch (and load plugins) only inside their handlers, so assembling the parser stays light.
+EXTENSION_MODULES = (
+    "modkit.testing.cli",
+    "modkit.scaffold",
+    "modkit.docs",
+    "modkit.train.cli",
+    "modkit.data.cli",
+    "modkit.cost_cli",
+    "modkit.trace_cli",
+    "modkit.compare_cli",
+)
+
+__all__ = ["EXTENSION_MODULES", "PROG", "UserError", "build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose usage errors say which subcommand they belong to (exit status 2), and whose costly
+    arguments can wait until the parser is used (:meth:`defer`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._deferred: list[Callable[[argparse.ArgumentParser], None]] = []
+
+    def defer(self, configure: Callable[[argparse.ArgumentParser], None]) -> None:
+        """Call ``configure(self)`` before this parser first parses or prints its help (not when only its name and
+        one-line help are listed by the parent's ``--help``)."""
+        self._deferred.append(configure)
+
+    def configure(self) -> None:
+        """Run the deferred ``configure`` calls now (once each)."""
+        while self._deferred:
+            self._deferred.pop(0)(self)
+
+    def parse_known_args(self, args=None, namespace=None):  # the subparsers action calls this on the chosen one
+        self.configure()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self.configure()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self.configure()
+        return super().format_usage()
+
+
+def _configure_all(parser: argparse.ArgumentParser) -> None:
+    """Run every deferred configuration of ``parser`` and its subparsers, recursively."""
+    if isinstance(parser, _Parser):
+        parser.configure()
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sub in dict.fromkeys(action.choices.values()):
+                _configure_all(sub)
+
+
+def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``modkit`` argument parser: the command modules' subcommands, then the extension modules'.
+
+    Args:
+        lazy: leave the deferred arguments (those that need the registry) until a subcommand is parsed, as
+            :func:`main` does; by default every argument is in place (for walking the parser, e.g. the docs).
+    """
+    from modkit import __version__
+
+    parser = _Parser(
+        prog=PROG,
+        description="Compose decoder-only Transformers from registry components declared in JSON specs.",
+        epilog="Set MODKIT_DEBUG=1 for tracebacks, MODKIT_STRICT_PLUGINS=1 to make a broken plugin an error.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for module in COMMAND_MODULES:
+        module.add_subcommands(sub)
+    _add_extensions(sub)
+    if not lazy:
+        _configure_all(parser)
+    return parser
+
+
+def _add_extensions(subparsers) -> None:
+    for name in EXTENSION_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            missing = getattr(exc, "name", None)
+            if _debug() and not (missing and name.startswith(missing)):
+                _err(f"{PROG}: warning: skipped subcommands of {name}: {type(exc).__name__}: {exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - a broken extension must not take the whole CLI down
+            if _debug():
+                raise
+            _err(f"{PROG}: warning: skipped subcommands of {name}: {type(exc).__name__}: {exc}")
+            continue
+        add = getattr(module, "add_subcommands", None)
+        if callable(add):
+            add(subparsers)
+
+
+@contextlib.contextmanager
+def _plugin_warnings_to_stderr():
+    """Show modkit's plugin and spec warnings as one ``modkit: warning: ...`` line on stderr (never on stdout)."""
+    from modkit.errors import SpecWarning
+
+    with warnings.catch_warnings():
+        default = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if category.__name__ == "PluginWarning" or issubclass(category, SpecWarning):
+                _err(f"{PROG}: warning: {message}")
+            else:
+                default(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 1 error, 2 usage error)."""
+    with _plugin_warnings_to_stderr():
+        try:
+            parser = build_parser(lazy=True)
+            if argv is None:
+                argv = sys.argv[1:]
+            if not argv:
+                parser.print_help(sys.stderr)
+                return 2
+            try:
+                args = parser.parse_args(argv)
+            except SystemExit as exc:  # --help, --version, usage errors
+                return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+            func: Callable[[argparse.Namespace], int] = args.func
+            return int(func(args) or 0)
+        except KeyboardInterrupt:
+            _err(f"{PROG}: interrupted")
+            return 130
+        except BrokenPipeError:  # `modkit list | head`: the reader left; exit quietly like other Unix tools
+            try:
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            return 0
+        except Exception as exc:  # noqa: BLE001
+            if _debug():
+                raise
+            return _report(exc)
+
