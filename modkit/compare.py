@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
@@ -48,7 +49,8 @@ class RunSummary:
         spec: the spec's label; lr: its peak learning rate; seed: its seed; run_dir: its folder.
         train_loss: the last ``eval`` record's train estimate; val_loss: ``final_val_loss`` (the whole validation
             split, nats / token), or the last val estimate when the config skips the final evaluation.
-        initial_val_loss: the step-0 val estimate; tokens_per_s: the run's training throughput.
+        initial_val_loss: the step-0 val estimate; tokens_per_s: the run's training throughput; elapsed_s: the
+            run's wall time (seconds, :attr:`modkit.train.RunResult.elapsed_s`).
         diverged: a non-finite loss, or a last val estimate above the step-0 one.
         curve: ``(step, val estimate)`` of every ``eval`` record.
         buckets: mean cross-entropy per position bucket at twice ``seq_len`` (``None``: not measurable).
@@ -65,6 +67,7 @@ class RunSummary:
     diverged: bool
     curve: list[tuple[int, float]]
     buckets: Optional[list[float]] = None
+    elapsed_s: float = 0.0
 
 
 @dataclass
@@ -90,7 +93,12 @@ class SpecRow:
 
 @dataclass
 class Comparison:
-    """What :func:`compare` returns: one :class:`SpecRow` per spec, the report folder and its files."""
+    """What :func:`compare` returns: one :class:`SpecRow` per spec, the report folder and its files.
+
+    ``command`` is the command line that ran the comparison (``None`` when called from Python without one);
+    ``wall_s`` the wall time of the whole comparison in seconds (every run, the position scoring, the plots);
+    ``n_runs`` the training runs it made (a sweep's runs included).
+    """
 
     rows: list[SpecRow]
     out_dir: Path
@@ -98,6 +106,9 @@ class Comparison:
     seq_len: int
     eval_len: int
     n_buckets: int
+    command: Optional[str] = None
+    wall_s: float = 0.0
+    n_runs: int = 0
 
 
 # ------------------------------------------------------------------------------------------------- numbers
@@ -152,6 +163,7 @@ def read_run(run_dir: Path, spec: str, lr: float, seed: int, result: Any) -> Run
         val_loss=val,
         initial_val_loss=evals[0]["val_loss"],
         tokens_per_s=float(result.tokens_per_s),
+        elapsed_s=float(result.elapsed_s),
         diverged=nonfinite or evals[-1]["val_loss"] > evals[0]["val_loss"],
         curve=[(r["step"], r["val_loss"]) for r in evals],
     )
@@ -211,6 +223,7 @@ def compare(
     lr_sweep: Optional[Sequence[float]] = None,
     overrides: Optional[dict[str, Any]] = None,
     n_buckets: int = 8,
+    command: Optional[str] = None,
     echo: Callable[[str], None] = print,
 ) -> Comparison:
     """Train every spec under one training config and write a report folder.
@@ -223,6 +236,8 @@ def compare(
         lr_sweep: learning rates to try on the first seed of each spec (``None``: the config's ``lr``).
         overrides: training-config fields to replace for every run (e.g. ``{"max_steps": 100}``).
         n_buckets: position buckets of the extrapolation table.
+        command: the command line that runs this comparison, recorded in ``report.md`` and ``results.json`` so a
+            published report says how to regenerate it (``modkit compare`` passes its own).
         echo: where progress lines go.
 
     Returns:
@@ -238,6 +253,7 @@ def compare(
     from .train import load_train_config, train
     from .train.loop import _resolve_device
 
+    started = time.perf_counter()
     if not specs:
         raise CompareError("give at least one spec to compare")
     if seeds < 1:
@@ -254,9 +270,11 @@ def compare(
     (out / "runs").mkdir(parents=True, exist_ok=True)
     lrs = list(lr_sweep) if lr_sweep else [base.lr]
     data_folder: Optional[str] = None
+    n_runs = 0
 
     def run(label: str, path: Path, lr: float, i: int) -> RunSummary:
-        nonlocal data_folder
+        nonlocal data_folder, n_runs
+        n_runs += 1
         seed = base.seed + i
         changes = {**(overrides or {}), "model": str(path), "seed": seed, "lr": lr, "min_lr": min(lr, base.min_lr * lr / base.lr), "sample_tokens": 0}
         if data_folder is not None:
@@ -301,12 +319,15 @@ def compare(
             r.buckets = bucket_means(position_losses(model, val_tokens, eval_len, base.final_eval_tokens or eval_len), n_buckets)
         row.buckets = [float(np.mean(col)) for col in zip(*(r.buckets for r in row.runs))]
 
-    result = Comparison(rows=rows, out_dir=out, report=out / "report.md", seq_len=base.seq_len, eval_len=eval_len, n_buckets=n_buckets)
+    result = Comparison(rows=rows, out_dir=out, report=out / "report.md", seq_len=base.seq_len, eval_len=eval_len,
+                        n_buckets=n_buckets, command=command, n_runs=n_runs)
     plot_curves(rows, out / "curves.png")
     if any(row.buckets for row in rows):
         plot_buckets(result, out / "positions.png")
+    result.wall_s = time.perf_counter() - started
     write_report(result, base, data_folder, lr_sweep=bool(lr_sweep))
-    (out / "results.json").write_text(json.dumps([_row_json(r) for r in rows], indent=1, default=str) + "\n")
+    saved = {"command": command, "wall_s": result.wall_s, "n_runs": n_runs, "rows": [_row_json(r) for r in rows]}
+    (out / "results.json").write_text(json.dumps(saved, indent=1, default=str) + "\n")
     return result
 
 
@@ -387,6 +408,13 @@ def write_report(result: Comparison, config: Any, data_folder: Optional[str], *,
         "Losses are cross-entropy in nats per token: train is the last estimate on fixed training windows, validation the "
         "whole-split score (`final_val_loss`); mean ± sample std over seeds. A run diverged when a loss was not finite "
         "or its last validation estimate ended above its step-0 one.",
+        "",
+    ]
+    if result.command:
+        lines += ["Generated by:", "", "```bash", result.command, "```", ""]
+    lines += [
+        f"Wall time of the whole comparison: {result.wall_s:,.0f} s ({result.wall_s / 60:.1f} min) for {result.n_runs} "
+        "training runs.",
         "",
         "| spec | parameters | active parameters | lr | tokens/s | train loss | validation loss | diverged |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -8,6 +8,7 @@ a report folder: ``report.md`` (table, learning-rate sweep, loss by position), `
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 
@@ -31,6 +32,19 @@ def add_subcommands(subparsers) -> None:
     p.set_defaults(func=cmd_compare)
 
 
+def command_line(args: argparse.Namespace, out: str) -> str:
+    """The ``modkit compare`` command line that reruns ``args`` (every option spelled out, shell-quoted).
+
+    Recorded in the report so a published comparison says exactly how it was made; the report folder is ``out``.
+    """
+    argv = ["modkit", "compare", *args.specs, "--train", args.train, "--seeds", str(args.seeds)]
+    if args.lr_sweep is not None:
+        argv += ["--lr-sweep", args.lr_sweep]
+    if args.max_steps is not None:
+        argv += ["--max-steps", str(args.max_steps)]
+    return shlex.join(argv + ["-o", out])
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Handler of ``modkit compare``: check the arguments, run the comparison, print the table."""
     from .cli import UserError
@@ -48,7 +62,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except CompareError as exc:
         raise UserError(str(exc)) from None
     overrides = {"max_steps": args.max_steps, "max_tokens": None} if args.max_steps is not None else {}
-    result = compare(args.specs, args.train, args.out or "reports/compare", seeds=args.seeds, lr_sweep=lrs, overrides=overrides)
+    out = args.out or "reports/compare"
+    result = compare(args.specs, args.train, out, seeds=args.seeds, lr_sweep=lrs, overrides=overrides, command=command_line(args, out))
     print()
     for row in result.rows:
         print(f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "

@@ -12,6 +12,10 @@ Every placement builds the norms it needs from the block's norm config and retur
   each sublayer's output only (OLMo 2's "reordered norm").
 * ``parallel``:  ``x = x + attn(attn_norm(x)) + ffn(n2(x))`` with ``n2 = attn_norm`` when ``shared_norm``
   (GPT-J, Falcon, Phi) else a separate ``ffn_norm`` (GPT-NeoX ``use_parallel_residual``).
+* ``pre-no-residual``: ``x = attn(attn_norm(x)); x = ffn(ffn_norm(x))``: ``pre`` with both residual adds removed.
+  An ablation for experiments (what the residual stream buys, He et al. 2016), not a placement for real models:
+  without the identity path the signal and its gradient must pass through every sublayer, and deep stacks train
+  badly or not at all.
 
 Earlier modkit versions used ``peri`` for OLMo 2's output-only placement (now ``reordered``). In the literature Peri-LN
 puts a norm on both the input and the output of each sublayer, which is ``sandwich``, so ``peri`` is now an alias of
@@ -26,7 +30,8 @@ References: pre-norm, Xiong et al. 2020, On Layer Normalization in the Transform
 (arXiv:2002.04745); post-norm, Vaswani et al. 2017 (arXiv:1706.03762); sandwich, Gemma Team 2024, Gemma 2
 (arXiv:2408.00118), and as Peri-LN, Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer
 Architecture (arXiv:2502.02732); reordered, OLMo Team 2024, 2 OLMo 2 Furious (arXiv:2501.00656) §3.2; parallel,
-Wang & Komatsuzaki 2021 (GPT-J) and Chowdhery et al. 2022, PaLM (arXiv:2204.02311) §2.
+Wang & Komatsuzaki 2021 (GPT-J) and Chowdhery et al. 2022, PaLM (arXiv:2204.02311) §2; residual connections, He et
+al. 2016, Deep Residual Learning for Image Recognition (arXiv:1512.03385).
 """
 
 from __future__ import annotations
@@ -63,6 +68,13 @@ class ReorderedConfig(ComponentConfig):
     """Config of ``reordered`` (alias ``olmo2``): a norm on each sublayer's output only, inside the residual (OLMo 2)."""
 
     type: Literal["reordered"] = "reordered"
+
+
+class PreNoResidualConfig(ComponentConfig):
+    """Config of ``pre-no-residual``: ``pre`` without the residual adds. An ablation for experiments, not for real
+    models."""
+
+    type: Literal["pre-no-residual"] = "pre-no-residual"
 
 
 class ParallelConfig(ComponentConfig):
@@ -153,6 +165,30 @@ class ReorderedNormBlock(nn.Module):
         return x + self.drop(self.ffn_post_norm(h)), aux
 
 
+class PreNormNoResidualBlock(nn.Module):
+    """``attention(attn_norm(x))`` then ``ffn(ffn_norm(x))``: a pre-norm block with no residual adds.
+
+    ``[b, s, d] -> ([b, s, d], aux)``. An ablation for experiments (He et al. 2016, arXiv:1512.03385, measure what the
+    identity shortcut buys), not a placement for real models: each block's output is its ffn's output alone, so the
+    embeddings reach the head only through every sublayer in turn. The spec's ``dropout.residual`` applies to each
+    sublayer's output, as in ``pre`` (there it is what the sublayer adds to the stream).
+    """
+
+    def __init__(self, ctx: BuildContext):
+        super().__init__()
+        self.attn_norm = ctx.build(ctx.norm)
+        self.attention = ctx.attention
+        self.ffn_norm = ctx.build(ctx.norm)
+        self.ffn = ctx.ffn
+        self.drop = dropout(ctx.residual_dropout)
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = self.drop(self.attention(self.attn_norm(x), inputs))
+        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
+        return self.drop(h), aux
+
+
 class ParallelBlock(nn.Module):
     """``x + attention(attn_norm(x)) + ffn(n2(x))``, ``n2`` = ``attn_norm`` (shared) or ``ffn_norm``.
 
@@ -209,7 +245,8 @@ input, so they can run concurrently.""",
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``) and ``parallel``."""
+    """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel`` and the
+    ``pre-no-residual`` ablation."""
     caps = {"compile_safe": True, "residual_dropout": True}
     # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
     flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
@@ -290,5 +327,20 @@ def register_components(register) -> None:
             capabilities=caps,
             flops=flops,
             example={"type": "parallel", "shared_norm": True},
+        )
+    )
+    register(
+        Component(
+            kind="placement",
+            type="pre-no-residual",
+            config=PreNoResidualConfig,
+            factory=lambda cfg, ctx: PreNormNoResidualBlock(ctx),
+            description="Ablation, not for real models: a pre-norm block without residual adds, x = attn(attn_norm(x)), "
+            "then x = ffn(ffn_norm(x)). Two norms per block. For experiments on what residual connections buy. "
+            "[batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="He et al. 2016, Deep Residual Learning for Image Recognition, arXiv:1512.03385 (the residual it "
+            "removes); Xiong et al. 2020, arXiv:2002.04745 (the pre-norm block it ablates)",
+            capabilities=caps,
+            flops=elementwise("the ablation only chains sublayers that declare their own FLOPs (no residual adds)"),
         )
     )

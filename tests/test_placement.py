@@ -22,6 +22,7 @@ NORMS = {
     "reordered": ["attn_post_norm", "ffn_post_norm"],
     "parallel": ["attn_norm"],
     "parallel-separate": ["attn_norm", "ffn_norm"],
+    "pre-no-residual": ["attn_norm", "ffn_norm"],
 }
 CONFIGS = {
     "pre": {"type": "pre"},
@@ -30,6 +31,7 @@ CONFIGS = {
     "reordered": {"type": "reordered"},
     "parallel": {"type": "parallel"},
     "parallel-separate": {"type": "parallel", "shared_norm": False},
+    "pre-no-residual": {"type": "pre-no-residual"},
 }
 
 
@@ -53,6 +55,9 @@ def formula(name: str, b: nn.Module, x: torch.Tensor, inputs: AttentionInputs, f
         return x + attn(b.attn_norm(x)) + ffn(b.attn_norm(x))
     if name == "parallel-separate":
         return x + attn(b.attn_norm(x)) + ffn(b.ffn_norm(x))
+    if name == "pre-no-residual":
+        x = attn(b.attn_norm(x))
+        return ffn(b.ffn_norm(x))
     raise KeyError(name)
 
 
@@ -142,7 +147,7 @@ def test_placements_differ(reg):
     """Same weights, different placement: different outputs (the formulas are not accidentally the same)."""
     ids = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(3))
     outs = {}
-    for name in ("pre", "post", "sandwich", "reordered", "parallel"):
+    for name in ("pre", "post", "sandwich", "reordered", "parallel", "pre-no-residual"):
         model = modkit.build(spec(CONFIGS[name]), registry=reg, seed=0)
         with torch.no_grad():
             outs[name] = model(ids).logits
@@ -223,11 +228,54 @@ def formula_aux(name, b, x, inputs):
     return y, seen[0]
 
 
-@pytest.mark.parametrize("name", ["pre", "post", "sandwich", "reordered", "parallel"])
+@pytest.mark.parametrize("name", ["pre", "post", "sandwich", "reordered", "parallel", "pre-no-residual"])
 def test_example_config_validates(reg, name):
     e = reg.get("placement", name)
     s = modkit.load_spec(spec(e.example_config()), registry=reg)
     assert s.block.placement.type == name
+
+
+def test_pre_no_residual_equals_a_hand_computation(reg):
+    """``pre-no-residual`` on a 2-token, width-4 input with stand-in sublayers (attention: h + 1, ffn: 2h) and
+    LayerNorms of known weights, against the block written out by hand: no residual adds anywhere."""
+    d = 4
+    norm_cfg = reg.get("norm", "layernorm").config(eps=1e-5)
+    ctx = BuildContext(d, 1, 32, 64, reg, layer_index=0, attention=_AddAttention(), ffn=_AuxFFN(), norm=norm_cfg)
+    block = ctx.build(reg.get("placement", "pre-no-residual").config())
+    with torch.no_grad():
+        block.attn_norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0]))
+        block.attn_norm.bias.copy_(torch.tensor([0.0, 0.1, -0.2, 0.3]))
+        block.ffn_norm.weight.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
+        block.ffn_norm.bias.copy_(torch.zeros(d))
+    x = torch.tensor([[[1.0, 2.0, 3.0, 4.0], [0.0, -1.0, 1.0, 2.0]]])
+
+    def layernorm(v, w, b):
+        mean = sum(v) / len(v)
+        var = sum((e - mean) ** 2 for e in v) / len(v)
+        return [(e - mean) / (var + 1e-5) ** 0.5 * wi + bi for e, wi, bi in zip(v, w, b)]
+
+    expected = []
+    for row in x[0].tolist():
+        h = [e + 1 for e in layernorm(row, [1.0, 2.0, 0.5, -1.0], [0.0, 0.1, -0.2, 0.3])]  # attention(attn_norm(x))
+        expected.append([2 * e for e in layernorm(h, [0.5, 1.0, 1.5, 2.0], [0.0] * d)])  # ffn(ffn_norm(h))
+    inputs = AttentionInputs(positions=torch.arange(2).expand(1, 2))
+    y, aux = block(x, inputs)
+    torch.testing.assert_close(y, torch.tensor([expected]), atol=1e-5, rtol=0)
+    assert float(aux) == pytest.approx(float(block.ffn_norm(block.attention(block.attn_norm(x), inputs)).sum()), abs=1e-5)
+    # the same block as pre-norm differs by exactly the residual adds
+    pre = ctx.build(reg.get("placement", "pre").config())
+    pre.load_state_dict(block.state_dict())
+    h = x + block.attention(block.attn_norm(x), inputs)
+    torch.testing.assert_close(pre(x, inputs)[0], h + 2 * block.ffn_norm(h), atol=1e-5, rtol=0)
+    assert not torch.allclose(pre(x, inputs)[0], y, atol=1e-3)
+
+
+def test_pre_no_residual_says_it_is_an_ablation(reg):
+    e = reg.get("placement", "pre-no-residual")
+    assert e.description.startswith("Ablation, not for real models")
+    assert "1512.03385" in e.reference
+    doc = type(modkit.build(spec({"type": "pre-no-residual"}), registry=reg).layers[0]).__doc__
+    assert "not a placement for real models" in " ".join(doc.split())
 
 
 # ------------------------------------------------------------------------------------------------ names and aliases
@@ -236,7 +284,7 @@ def test_example_config_validates(reg, name):
 def test_placement_names_follow_the_literature(reg):
     """Peri-LN (Kim et al. 2025) is the norm on both sides of a sublayer (sandwich); OLMo 2's output-only norm is
     ``reordered``; aliases are not second components."""
-    assert reg.types("placement") == ["parallel", "post", "pre", "reordered", "sandwich"]
+    assert reg.types("placement") == ["parallel", "post", "pre", "pre-no-residual", "reordered", "sandwich"]
     assert reg.aliases("placement") == {"olmo2": "reordered", "peri": "sandwich"}
     assert reg.get("placement", "peri") is reg.get("placement", "sandwich")
     assert reg.get("placement", "olmo2") is reg.get("placement", "reordered")
