@@ -1,0 +1,146 @@
+"""The experiment pages under ``docs/experiments/`` quote only what their runs produced.
+
+A page that links a results folder ``docs/experiments/results/<stem>/`` (the report folder of the ``modkit compare``
+command it shows, less ``runs/``) must have that folder with its ``report.md`` and ``results.json``; every
+``mean ± std`` figure in the page's tables must appear verbatim in that ``report.md``; every image the page shows and
+every spec or training config under ``docs/experiments/specs/`` it names must exist. A page without a results
+folder (one written before the convention) is held to the image and file checks only. No training runs here: the
+checks read the committed files.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "docs" / "experiments"
+PAGES = sorted(EXPERIMENTS.glob("*.md"))
+
+#: a results folder linked from a page: ``results/<stem>/...``
+RESULTS_LINK = re.compile(r"\]\((?:\./)?results/([^/)\s]+)/")
+#: an image: ``![alt](path)`` (an optional title after the path is ignored)
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)")
+#: a mean ± sample std figure as :func:`modkit.compare.fmt_pm` writes it
+MEAN_STD = re.compile(r"-?\d[\d,]*(?:\.\d+)? ± \d[\d,]*(?:\.\d+)?")
+#: a file of the experiments' specs folder named anywhere in the page (commands, prose)
+SPEC_FILE = re.compile(r"docs/experiments/specs/[\w.\-]+\.json")
+
+
+def page_problems(page: Path, repo: Path = REPO) -> list[str]:
+    """Everything wrong with one experiment page (empty when it is consistent with its results folder).
+
+    Args:
+        page: a Markdown file in the experiments folder.
+        repo: the repository root that ``docs/experiments/specs/...`` paths in the page are relative to.
+
+    Returns:
+        One line per problem: a missing results folder or file, a missing image or spec file, a table figure
+        ``mean ± std`` that the results folder's ``report.md`` does not contain.
+    """
+    text = page.read_text(encoding="utf-8")
+    problems = []
+    for link in IMAGE.findall(text):
+        if "://" not in link and not (page.parent / link).is_file():
+            problems.append(f"{page.name}: image {link} does not exist")
+    for name in sorted(set(SPEC_FILE.findall(text))):
+        if not (repo / name).is_file():
+            problems.append(f"{page.name}: {name} does not exist")
+    folders = sorted(set(RESULTS_LINK.findall(text)))
+    if not folders:
+        return problems
+    if folders != [page.stem]:
+        problems.append(f"{page.name}: links results folders {folders}; a page links only results/{page.stem}/")
+    results = page.parent / "results" / page.stem
+    for required in ("report.md", "results.json"):
+        if not (results / required).is_file():
+            problems.append(f"{page.name}: results/{page.stem}/{required} does not exist")
+    if not (results / "report.md").is_file():
+        return problems
+    report = (results / "report.md").read_text(encoding="utf-8")
+    table_lines = [line for line in text.splitlines() if line.lstrip().startswith("|")]
+    figures = [m for line in table_lines for m in MEAN_STD.findall(line)]
+    if not figures:
+        problems.append(f"{page.name}: links results/{page.stem}/ but its tables quote no mean ± std figure")
+    for figure in figures:
+        if figure not in report:
+            problems.append(f"{page.name}: {figure!r} is not in results/{page.stem}/report.md")
+    return problems
+
+
+def test_there_are_experiment_pages():
+    assert len(PAGES) >= 1
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_page_quotes_only_its_run(page):
+    assert page_problems(page) == []
+
+
+def test_every_results_folder_has_a_page():
+    folders = sorted(p.name for p in (EXPERIMENTS / "results").iterdir() if p.is_dir()) if (EXPERIMENTS / "results").is_dir() else []
+    assert [f for f in folders if not (EXPERIMENTS / f"{f}.md").is_file()] == []
+
+
+# ------------------------------------------------------------------------------------------------ the checker itself
+
+REPORT = """# Design comparison
+
+| spec | parameters | active parameters | lr | tokens/s | train loss | validation loss | diverged |
+|---|---:|---:|---:|---:|---:|---:|---:|
+| a | 1,000 | 1,000 | 0.001 | 10,000 | 1.7303 ± 0.0133 | 1.8765 ± 0.0077 | 0/3 |
+"""
+
+
+def _experiment(tmp_path: Path, page: str, *, report: str = REPORT, files=("report.md", "results.json", "curves.png")) -> Path:
+    root = tmp_path / "docs" / "experiments"
+    (root / "results" / "ab").mkdir(parents=True)
+    (root / "specs").mkdir()
+    (root / "specs" / "a.json").write_text("{}")
+    for name in files:
+        (root / "results" / "ab" / name).write_text(report if name == "report.md" else "x")
+    (root / "ab.md").write_text(page)
+    return root / "ab.md"
+
+
+GOOD = """# A versus B
+
+```bash
+modkit compare docs/experiments/specs/a.json --train docs/experiments/specs/a.json --seeds 3 -o /tmp/ab
+```
+
+| spec | validation loss |
+|---|---:|
+| a | 1.8765 ± 0.0077 |
+
+![curves](results/ab/curves.png)
+"""
+
+
+def test_checker_accepts_a_page_that_quotes_its_report(tmp_path):
+    assert page_problems(_experiment(tmp_path, GOOD), repo=tmp_path) == []
+
+
+def test_checker_rejects_a_figure_the_report_lacks(tmp_path):
+    page = _experiment(tmp_path, GOOD.replace("1.8765 ± 0.0077", "1.8700 ± 0.0077"))
+    assert page_problems(page, repo=tmp_path) == ["ab.md: '1.8700 ± 0.0077' is not in results/ab/report.md"]
+
+
+def test_checker_rejects_missing_image_spec_and_results_file(tmp_path):
+    page = _experiment(tmp_path, GOOD.replace("a.json --train", "b.json --train"), files=("report.md", "curves.png"))
+    (page.parent / "results" / "ab" / "curves.png").unlink()
+    assert page_problems(page, repo=tmp_path) == [
+        "ab.md: image results/ab/curves.png does not exist",
+        "ab.md: docs/experiments/specs/b.json does not exist",
+        "ab.md: results/ab/results.json does not exist",
+    ]
+
+
+def test_checker_ignores_figures_outside_tables_and_pages_without_results(tmp_path):
+    prose = GOOD.replace("| a | 1.8765 ± 0.0077 |", "| a | 1.8765 ± 0.0077 |\n\nRuns spread 9.9999 ± 9.9999 in prose.")
+    assert page_problems(_experiment(tmp_path, prose), repo=tmp_path) == []
+    plain = tmp_path / "docs" / "experiments" / "plain.md"
+    plain.write_text("| a | 1.0000 ± 0.1000 |\n")
+    assert page_problems(plain, repo=tmp_path) == []
