@@ -1,8 +1,9 @@
 """The experiment pages under ``docs/experiments/`` quote only what their runs produced.
 
-A page that links a results folder ``docs/experiments/results/<stem>/`` (the report folder of the ``modkit compare``
-command it shows, less ``runs/``) must have that folder with its ``report.md`` and ``results.json``; every
-``mean ± std`` figure in the page's tables must appear verbatim in that ``report.md``; every image the page shows and
+A page that shows a ``modkit compare`` command and links a results folder ``docs/experiments/results/<stem>/`` (the
+command's report folder, less ``runs/``) must have that folder with its ``report.md`` and ``results.json``; every
+``mean ± std`` figure in the page's tables must appear verbatim in that ``report.md``. Every file a page links in
+its results folder (the raw outputs of ``modkit cost``, ``modkit trace`` or a benchmark), every image it shows and
 every spec or training config under ``docs/experiments/specs/`` it names must exist. A page without a results
 folder (one written before the convention) is held to the image and file checks only. No training runs here: the
 checks read the committed files.
@@ -25,6 +26,8 @@ RESULTS_LINK = re.compile(r"\]\((?:\./)?results/([^/)\s]+)/")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)")
 #: a mean ± sample std figure as :func:`modkit.compare.fmt_pm` writes it
 MEAN_STD = re.compile(r"-?\d[\d,]*(?:\.\d+)? ± \d[\d,]*(?:\.\d+)?")
+#: a link into the results folders: ``](results/<stem>/<file>)``
+RESULT_FILE = re.compile(r"\]\(((?:\./)?results/[^)\s#]+)")
 #: a file of the experiments' specs folder named anywhere in the page (commands, prose)
 SPEC_FILE = re.compile(r"docs/experiments/specs/[\w.\-]+\.json")
 
@@ -45,6 +48,10 @@ def page_problems(page: Path, repo: Path = REPO) -> list[str]:
     for link in IMAGE.findall(text):
         if "://" not in link and not (page.parent / link).is_file():
             problems.append(f"{page.name}: image {link} does not exist")
+    images = set(IMAGE.findall(text))
+    for link in RESULT_FILE.findall(text):
+        if link not in images and not (page.parent / link).exists():
+            problems.append(f"{page.name}: {link} does not exist")
     for name in sorted(set(SPEC_FILE.findall(text))):
         if not (repo / name).is_file():
             problems.append(f"{page.name}: {name} does not exist")
@@ -53,6 +60,8 @@ def page_problems(page: Path, repo: Path = REPO) -> list[str]:
         return problems
     if folders != [page.stem]:
         problems.append(f"{page.name}: links results folders {folders}; a page links only results/{page.stem}/")
+    if "modkit compare" not in text:
+        return problems
     results = page.parent / "results" / page.stem
     for required in ("report.md", "results.json"):
         if not (results / required).is_file():
@@ -144,3 +153,9 @@ def test_checker_ignores_figures_outside_tables_and_pages_without_results(tmp_pa
     plain = tmp_path / "docs" / "experiments" / "plain.md"
     plain.write_text("| a | 1.0000 ± 0.1000 |\n")
     assert page_problems(plain, repo=tmp_path) == []
+
+
+def test_checker_holds_pages_without_a_compare_to_the_files_they_link(tmp_path):
+    page = _experiment(tmp_path, "# Costs\n\nThe tables: [tables.md](results/ab/tables.md), [raw](results/ab/cost.json).\n",
+                       files=("cost.json",))
+    assert page_problems(page, repo=tmp_path) == ["ab.md: results/ab/tables.md does not exist"]
