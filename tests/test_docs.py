@@ -146,7 +146,10 @@ def test_placement_trace_shows_norms_and_residuals(registry):
         labels = [label for _, label, _ in flow]
         assert labels[0] == "x" and flow[-1][0] == "__out__"
         assert "attention" in labels and "ffn" in labels
-        assert "+" in labels, f"{entry.type}: no residual add in {labels}"
+        if entry.type == "pre-no-residual":  # the ablation: its diagram must not draw adds it does not do
+            assert "+" not in labels, f"{entry.type}: a residual add drawn in {labels}"
+        else:
+            assert "+" in labels, f"{entry.type}: no residual add in {labels}"
         norms = [lab for lab in labels if lab.endswith("norm")]
         info = docs.param_info(entry, cfg, reg)
         assert len(norms) == info.norms, f"{entry.type}: diagram norms {norms} vs built {info.norms}"
