@@ -35,7 +35,7 @@ from modkit.registry import Component, Registry
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
 SPECS = sorted((REPO / "specs").glob("*.json"))
-DOCS_MODULES = ("mkdocs", "material", "mkdocs_gen_files", "mkdocs_literate_nav", "mkdocstrings", "mkdocstrings_handlers.python")
+DOCS_MODULES = ("mkdocs", "material", "mkdocs_literate_nav", "mkdocstrings", "mkdocstrings_handlers.python")
 
 
 def _have_docs_deps() -> bool:
