@@ -5,7 +5,7 @@
     result.rows[0].val_loss_mean, result.report   # report.md, curves.png, positions.png, results.json
 
 Every run goes through :func:`modkit.train.train` (one training loop in modkit); the runs live under
-``REPORT/runs/<spec>-lr<lr>-seed<seed>``. Run ``i`` of every spec uses seed ``config.seed + i``. With a learning-rate
+``REPORT/runs/<spec>-lr<lr>-seed<seed>``, and with ``jobs > 1`` several train at once, each in its own process. Run ``i`` of every spec uses seed ``config.seed + i``. With a learning-rate
 sweep, each spec first trains its first seed at every learning rate; the one with the lowest whole-split validation
 loss (``final_val_loss``) wins and the other seeds train at it (the sweep's run at the winner is reused). A swept
 run keeps the config's ``min_lr / lr`` ratio, so every learning rate follows the same schedule shape.
@@ -22,12 +22,16 @@ whose ``max_seq_len`` is below twice ``seq_len`` cannot be scored there (learned
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import multiprocessing
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -97,7 +101,7 @@ class Comparison:
 
     ``command`` is the command line that ran the comparison (``None`` when called from Python without one);
     ``wall_s`` the wall time of the whole comparison in seconds (every run, the position scoring, the plots);
-    ``n_runs`` the training runs it made (a sweep's runs included).
+    ``n_runs`` the training runs it made (a sweep's runs included); ``jobs`` how many ran at once.
     """
 
     rows: list[SpecRow]
@@ -109,6 +113,7 @@ class Comparison:
     command: Optional[str] = None
     wall_s: float = 0.0
     n_runs: int = 0
+    jobs: int = 1
 
 
 # ------------------------------------------------------------------------------------------------- numbers
@@ -214,6 +219,14 @@ def _label_specs(paths: Sequence[Union[str, Path]]) -> list[tuple[str, Path]]:
     return out
 
 
+def _train_run(config: Any, run_dir: Path, overrides: dict[str, Any]) -> SimpleNamespace:
+    """One training run of a comparison (in this process, or in a worker process with ``jobs > 1``)."""
+    from .train import train
+
+    result = train(config, run_dir, overrides=overrides, echo=lambda line: None)
+    return SimpleNamespace(tokens_per_s=result.tokens_per_s, elapsed_s=result.elapsed_s)
+
+
 def compare(
     specs: Sequence[Union[str, Path]],
     config: Union[str, Path, dict, None],
@@ -223,19 +236,27 @@ def compare(
     lr_sweep: Optional[Sequence[float]] = None,
     overrides: Optional[dict[str, Any]] = None,
     n_buckets: int = 8,
+    jobs: int = 1,
     command: Optional[str] = None,
     echo: Callable[[str], None] = print,
 ) -> Comparison:
     """Train every spec under one training config and write a report folder.
 
+    The runs are independent: with ``jobs > 1`` up to ``jobs`` of them train at once, each in its own process
+    (``spawn``), and each gives the same losses as it would alone (every run is seeded; on CPU each uses the config's
+    ``threads``, so ``jobs x threads`` should not exceed the cores). The first seed of every spec (at every swept
+    learning rate) trains first, then the other seeds at each spec's winning rate.
+
     Args:
         specs: spec JSON files (labelled by file name).
         config: the training config (file, dict or ``None`` for the defaults); its ``model`` is replaced by each spec.
-        out_dir: the report folder (``report.md``, ``curves.png``, ``positions.png``, ``results.json``, ``runs/``).
+        out_dir: the report folder (``report.md``, ``curves.png``, ``positions.png``, ``results.json``, ``runs/``,
+            and ``data/`` when the config names text files rather than a prepared folder).
         seeds: runs per spec, seeds ``config.seed + 0 .. seeds - 1``.
         lr_sweep: learning rates to try on the first seed of each spec (``None``: the config's ``lr``).
         overrides: training-config fields to replace for every run (e.g. ``{"max_steps": 100}``).
         n_buckets: position buckets of the extrapolation table.
+        jobs: training runs at once (1: one after another, in this process).
         command: the command line that runs this comparison, recorded in ``report.md`` and ``results.json`` so a
             published report says how to regenerate it (``modkit compare`` passes its own).
         echo: where progress lines go.
@@ -244,59 +265,68 @@ def compare(
         :class:`Comparison`.
 
     Raises:
-        CompareError: no specs, ``seeds < 1``, an empty or invalid sweep, a missing spec file, a report folder
-            that already holds a comparison.
-        SpecError / TrainError / DataError: from :func:`modkit.train.train` (an invalid config or spec).
+        CompareError: no specs, ``seeds < 1``, ``jobs < 1``, an empty or invalid sweep, a missing spec file, a report
+            folder that already holds a comparison.
+        SpecError / TrainError / DataError: from :func:`modkit.train.train` (an invalid config or spec, missing data).
     """
     import modkit
     from .data import TokenData
-    from .train import load_train_config, train
-    from .train.loop import _resolve_device
+    from .train import load_train_config
+    from .train.loop import _resolve_device, prepared_data
 
     started = time.perf_counter()
     if not specs:
         raise CompareError("give at least one spec to compare")
     if seeds < 1:
         raise CompareError(f"seeds = {seeds}: give 1 or more")
+    if jobs < 1:
+        raise CompareError(f"jobs = {jobs}: give 1 or more")
     if n_buckets < 1:
         raise CompareError(f"n_buckets = {n_buckets}: give 1 or more")
     if lr_sweep is not None and not lr_sweep:
         raise CompareError("the learning-rate sweep is empty; give one or more learning rates or none")
     labelled = _label_specs(specs)
-    base, _ = load_train_config(config, {**(overrides or {}), "model": str(labelled[0][1])})  # fail early, whole config
+    base, base_dir = load_train_config(config, {**(overrides or {}), "model": str(labelled[0][1])})  # fail early, whole config
     out = Path(out_dir)
     if (out / "results.json").exists():
         raise CompareError(f"{out} already holds a comparison; choose another report folder")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     lrs = list(lr_sweep) if lr_sweep else [base.lr]
-    data_folder: Optional[str] = None
+    data_folder = str(prepared_data(base, base_dir, out / "data"))  # every run reads these same tokens
     n_runs = 0
 
-    def run(label: str, path: Path, lr: float, i: int) -> RunSummary:
-        nonlocal data_folder, n_runs
-        n_runs += 1
-        seed = base.seed + i
-        changes = {**(overrides or {}), "model": str(path), "seed": seed, "lr": lr, "min_lr": min(lr, base.min_lr * lr / base.lr), "sample_tokens": 0}
-        if data_folder is not None:
-            changes["data"] = data_folder  # the first run's prepared data: every run reads the same tokens
-        run_dir = out / "runs" / f"{label}-lr{lr:g}-seed{seed}"
-        echo(f"{label}: lr {lr:g}, seed {seed} -> {run_dir}")
-        result = train(config, run_dir, overrides=changes, echo=lambda line: None)
-        data_folder = data_folder or json.loads((run_dir / "data.json").read_text())["folder"]
-        return read_run(run_dir, label, lr, seed, result)
+    def execute(pool: Optional[ProcessPoolExecutor], runs: list[tuple[str, Path, float, int]]) -> list[RunSummary]:
+        nonlocal n_runs
+        n_runs += len(runs)
+        calls = []
+        for label, path, lr, i in runs:
+            seed = base.seed + i
+            changes = {**(overrides or {}), "model": str(path), "seed": seed, "lr": lr, "data": data_folder,
+                       "min_lr": min(lr, base.min_lr * lr / base.lr), "sample_tokens": 0}
+            run_dir = out / "runs" / f"{label}-lr{lr:g}-seed{seed}"
+            echo(f"{label}: lr {lr:g}, seed {seed} -> {run_dir}")
+            calls.append((config, run_dir, changes))
+        results = pool.map(_train_run, *zip(*calls)) if pool else [_train_run(*call) for call in calls]
+        return [read_run(call[1], label, lr, call[2]["seed"], result) for (label, _, lr, _), call, result in zip(runs, calls, results)]
+
+    workers = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else contextlib.nullcontext()
+    with workers as pool:
+        first = execute(pool, [(label, path, lr, 0) for label, path in labelled for lr in lrs])
+        best = {}
+        for (label, _), sweep_runs in zip(labelled, (first[k * len(lrs):(k + 1) * len(lrs)] for k in range(len(labelled)))):
+            best[label] = min(sweep_runs, key=lambda r: r.val_loss if math.isfinite(r.val_loss) else math.inf)
+        rest = execute(pool, [(label, path, best[label].lr, i) for label, path in labelled for i in range(1, seeds)])
 
     rows: list[SpecRow] = []
-    for label, path in labelled:
-        sweep_runs = [run(label, path, lr, 0) for lr in lrs]
-        sweep = {r.lr: r.val_loss for r in sweep_runs}
-        best = min(sweep_runs, key=lambda r: r.val_loss if math.isfinite(r.val_loss) else math.inf)
-        runs = [best] + [run(label, path, best.lr, i) for i in range(1, seeds)]
-        spec = modkit.load_spec(best.run_dir / "spec.json")  # as trained: vocab_size set from the data
+    for k, (label, path) in enumerate(labelled):
+        sweep = {r.lr: r.val_loss for r in first[k * len(lrs):(k + 1) * len(lrs)]}
+        runs = [best[label]] + rest[k * (seeds - 1):(k + 1) * (seeds - 1)]
+        spec = modkit.load_spec(best[label].run_dir / "spec.json")  # as trained: vocab_size set from the data
         train_mean, train_std = mean_std([r.train_loss for r in runs])
         val_mean, val_std = mean_std([r.val_loss for r in runs])
         rows.append(SpecRow(
             spec=label, path=str(path), params=modkit.count_params(spec), active_params=modkit.active_params_per_token(spec),
-            lr=best.lr, tokens_per_s=statistics.fmean(r.tokens_per_s for r in runs),
+            lr=best[label].lr, tokens_per_s=statistics.fmean(r.tokens_per_s for r in runs),
             train_loss_mean=train_mean, train_loss_std=train_std, val_loss_mean=val_mean, val_loss_std=val_std,
             diverged=sum(r.diverged for r in runs),
             runs=runs, sweep=sweep if lr_sweep else {},
@@ -320,13 +350,13 @@ def compare(
         row.buckets = [float(np.mean(col)) for col in zip(*(r.buckets for r in row.runs))]
 
     result = Comparison(rows=rows, out_dir=out, report=out / "report.md", seq_len=base.seq_len, eval_len=eval_len,
-                        n_buckets=n_buckets, command=command, n_runs=n_runs)
+                        n_buckets=n_buckets, command=command, n_runs=n_runs, jobs=jobs)
     plot_curves(rows, out / "curves.png")
     if any(row.buckets for row in rows):
         plot_buckets(result, out / "positions.png")
     result.wall_s = time.perf_counter() - started
     write_report(result, base, data_folder, lr_sweep=bool(lr_sweep))
-    saved = {"command": command, "wall_s": result.wall_s, "n_runs": n_runs, "rows": [_row_json(r) for r in rows]}
+    saved = {"command": command, "wall_s": result.wall_s, "n_runs": n_runs, "jobs": jobs, "rows": [_row_json(r) for r in rows]}
     (out / "results.json").write_text(json.dumps(saved, indent=1, default=str) + "\n")
     return result
 
@@ -399,6 +429,7 @@ def write_report(result: Comparison, config: Any, data_folder: Optional[str], *,
     """``report.md``: the recipe, the table, the sweep, the curves and the position buckets."""
     rows = result.rows
     seeds = len(rows[0].runs)
+    pace = "one at a time" if result.jobs == 1 else f"{result.jobs} at a time"
     lines = [
         "# Design comparison",
         "",
@@ -414,7 +445,7 @@ def write_report(result: Comparison, config: Any, data_folder: Optional[str], *,
         lines += ["Generated by:", "", "```bash", result.command, "```", ""]
     lines += [
         f"Wall time of the whole comparison: {result.wall_s:,.0f} s ({result.wall_s / 60:.1f} min) for {result.n_runs} "
-        "training runs.",
+        f"training runs, {pace}.",
         "",
         "| spec | parameters | active parameters | lr | tokens/s | train loss | validation loss | diverged |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -1,4 +1,4 @@
-"""``modkit compare SPEC... --train CONFIG [--seeds K] [--lr-sweep 1e-3,3e-3] [-o REPORT_DIR] [--max-steps N]``.
+"""``modkit compare SPEC... --train CONFIG [--seeds K] [--lr-sweep 1e-3,3e-3] [-o REPORT_DIR] [--max-steps N] [--jobs N]``.
 
 Trains every spec with the same data, token budget, schedule and seeds (:func:`modkit.compare.compare`) and writes
 a report folder: ``report.md`` (table, learning-rate sweep, loss by position), ``curves.png``, ``positions.png``,
@@ -29,6 +29,9 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--lr-sweep", metavar="LR,LR,...", help="learning rates to try per spec, e.g. 1e-3,3e-3 (default: the config's lr)")
     p.add_argument("-o", "--out", metavar="REPORT_DIR", default=None, help="report folder (default reports/compare)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="override the config's step budget")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="training runs at once, each in its own process (default 1); on CPU keep N x the config's threads "
+                        "within the cores")
     p.set_defaults(func=cmd_compare)
 
 
@@ -42,6 +45,8 @@ def command_line(args: argparse.Namespace, out: str) -> str:
         argv += ["--lr-sweep", args.lr_sweep]
     if args.max_steps is not None:
         argv += ["--max-steps", str(args.max_steps)]
+    if args.jobs != 1:
+        argv += ["--jobs", str(args.jobs)]
     return shlex.join(argv + ["-o", out])
 
 
@@ -57,13 +62,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"--train {args.train}: no such file; give a training config JSON")
     if args.seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     try:
         lrs = parse_lrs(args.lr_sweep) if args.lr_sweep is not None else None
     except CompareError as exc:
         raise UserError(str(exc)) from None
     overrides = {"max_steps": args.max_steps, "max_tokens": None} if args.max_steps is not None else {}
     out = args.out or "reports/compare"
-    result = compare(args.specs, args.train, out, seeds=args.seeds, lr_sweep=lrs, overrides=overrides, command=command_line(args, out))
+    result = compare(args.specs, args.train, out, seeds=args.seeds, lr_sweep=lrs, overrides=overrides, jobs=args.jobs,
+                     command=command_line(args, out))
     print()
     for row in result.rows:
         print(f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "

@@ -69,6 +69,34 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def prepared_data(config: TrainConfig, base: Optional[Path], text_folder: Path, *, show_progress: bool = False) -> Path:
+    """The prepared token folder a training config reads, preparing it first when it is not yet.
+
+    ``config.data`` ``None`` is the shipped tiny shakespeare (:func:`modkit.data.default_dataset`, prepared once
+    into the cache); a folder with a ``meta.json`` is already prepared and is returned as is; text files (or a
+    folder of them) are tokenized with ``config.tokenizer`` into ``text_folder``, unless it already holds them.
+    A relative ``config.data`` is relative to ``base`` (the config file's folder).
+
+    Raises:
+        TrainError: ``config.data`` does not exist.
+        DataError: the text cannot be read or tokenized.
+    """
+    from ..data import default_dataset, prepare
+
+    if config.data is None:
+        return default_dataset()
+    path = Path(config.data)
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if not path.exists():
+        raise TrainError(f"data = {config.data!r}: {path} does not exist; give a prepared data folder or text files")
+    if path.is_dir() and (path / "meta.json").is_file():
+        return path
+    if not (text_folder / "meta.json").is_file():
+        prepare([path], text_folder, tokenizer=config.tokenizer, show_progress=show_progress)
+    return text_folder
+
+
 def _resolve_device(text: str) -> torch.device:
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -264,27 +292,12 @@ class Trainer:
             self.echo(line)
 
     def _open_data(self):
-        from ..data import TokenData, default_dataset, prepare
+        from ..data import TokenData
 
-        source = self.config.data
-        if source is None:
-            folder = default_dataset() if self.procs.main else None
-            self.procs.barrier()
-            folder = folder or default_dataset()
-        else:
-            path = Path(source)
-            if not path.is_absolute() and self.base is not None:
-                path = self.base / path
-            if not path.exists():
-                raise TrainError(f"data = {source!r}: {path} does not exist; give a prepared data folder or text files")
-            if path.is_dir() and (path / "meta.json").is_file():
-                folder = path
-            else:
-                folder = self.run / "data"
-                if self.procs.main and not (folder / "meta.json").is_file():
-                    prepare([path], folder, tokenizer=self.config.tokenizer, show_progress=self.progress)
-                self.procs.barrier()
-        return TokenData.open(folder)
+        folder = prepared_data(self.config, self.base, self.run / "data", show_progress=self.progress) if self.procs.main else None
+        self.procs.barrier()
+        # the other ranks find the folder rank 0 prepared (the same call, now with nothing to do)
+        return TokenData.open(folder or prepared_data(self.config, self.base, self.run / "data"))
 
     def _build(self, spec: ModelSpec) -> nn.Module:
         c = self.config
