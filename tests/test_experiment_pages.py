@@ -1,8 +1,9 @@
 """The experiment pages under ``docs/experiments/`` quote only what their runs produced.
 
 A page that shows a ``modkit compare`` command and links a results folder ``docs/experiments/results/<stem>/`` (the
-command's report folder, less ``runs/``) must have that folder with its ``report.md`` and ``results.json``; every
-``mean ± std`` figure in the page's tables must appear verbatim in that ``report.md``. Every file a page links in
+command's report folder, less ``runs/``; a page of several commands has one subfolder per report folder) must have
+its ``report.md`` and ``results.json`` files; every ``mean ± std`` figure in the page's tables must appear verbatim in
+one of those ``report.md``. Every file a page links in
 its results folder (the raw outputs of ``modkit cost``, ``modkit trace`` or a benchmark), every image it shows and
 every spec or training config under ``docs/experiments/specs/`` it names must exist. A page without a results
 folder (one written before the convention) is held to the image and file checks only. No training runs here: the
@@ -63,19 +64,25 @@ def page_problems(page: Path, repo: Path = REPO) -> list[str]:
     if "modkit compare" not in text:
         return problems
     results = page.parent / "results" / page.stem
-    for required in ("report.md", "results.json"):
-        if not (results / required).is_file():
-            problems.append(f"{page.name}: results/{page.stem}/{required} does not exist")
-    if not (results / "report.md").is_file():
+    reports = sorted(results.rglob("report.md"))  # one per command: the folder itself, or one subfolder each
+    if not reports:
+        reports = [results / "report.md"]
+    for report in reports:
+        for required in ("report.md", "results.json"):
+            if not (report.parent / required).is_file():
+                problems.append(f"{page.name}: {(report.parent / required).relative_to(page.parent)} does not exist")
+    reports = [r for r in reports if r.is_file()]
+    if not reports:
         return problems
-    report = (results / "report.md").read_text(encoding="utf-8")
+    texts = [r.read_text(encoding="utf-8") for r in reports]
     table_lines = [line for line in text.splitlines() if line.lstrip().startswith("|")]
     figures = [m for line in table_lines for m in MEAN_STD.findall(line)]
     if not figures:
         problems.append(f"{page.name}: links results/{page.stem}/ but its tables quote no mean ± std figure")
+    where = " or ".join(str(r.relative_to(page.parent)) for r in reports)
     for figure in figures:
-        if figure not in report:
-            problems.append(f"{page.name}: {figure!r} is not in results/{page.stem}/report.md")
+        if not any(figure in t for t in texts):
+            problems.append(f"{page.name}: {figure!r} is not in {where}")
     return problems
 
 
@@ -159,3 +166,18 @@ def test_checker_holds_pages_without_a_compare_to_the_files_they_link(tmp_path):
     page = _experiment(tmp_path, "# Costs\n\nThe tables: [tables.md](results/ab/tables.md), [raw](results/ab/cost.json).\n",
                        files=("cost.json",))
     assert page_problems(page, repo=tmp_path) == ["ab.md: results/ab/tables.md does not exist"]
+
+
+def test_checker_reads_one_report_per_command_in_subfolders(tmp_path):
+    page = _experiment(tmp_path, GOOD.replace("results/ab/curves.png", "results/ab/one/curves.png"), files=())
+    for sub, report in (("one", REPORT), ("two", REPORT.replace("1.8765 ± 0.0077", "1.9000 ± 0.0100"))):
+        (page.parent / "results" / "ab" / sub).mkdir()
+        for name in ("report.md", "curves.png"):
+            (page.parent / "results" / "ab" / sub / name).write_text(report if name == "report.md" else "x")
+    (page.parent / "results" / "ab" / "one" / "results.json").write_text("{}")
+    both = page.read_text().replace("| a | 1.8765 ± 0.0077 |", "| a | 1.8765 ± 0.0077 |\n| b | 1.9000 ± 0.0100 |\n| c | 2.0000 ± 0.0100 |")
+    page.write_text(both)
+    assert page_problems(page, repo=tmp_path) == [
+        "ab.md: results/ab/two/results.json does not exist",
+        "ab.md: '2.0000 ± 0.0100' is not in results/ab/one/report.md or results/ab/two/report.md",
+    ]
