@@ -28,7 +28,7 @@ import math
 import multiprocessing
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -306,8 +306,26 @@ def compare(
             run_dir = out / "runs" / f"{label}-lr{lr:g}-seed{seed}"
             echo(f"{label}: lr {lr:g}, seed {seed} -> {run_dir}")
             calls.append((config, run_dir, changes))
-        results = pool.map(_train_run, *zip(*calls)) if pool else [_train_run(*call) for call in calls]
-        return [read_run(call[1], label, lr, call[2]["seed"], result) for (label, _, lr, _), call, result in zip(runs, calls, results)]
+        summaries: list[Any] = [None] * len(calls)  # filled as the runs finish, in any order
+
+        def finish(k: int, result: SimpleNamespace) -> None:
+            (label, _, lr, _), (_, run_dir, changes) = runs[k], calls[k]
+            summaries[k] = read_run(run_dir, label, lr, changes["seed"], result)
+            echo(f"done {run_dir.name}: validation loss {summaries[k].val_loss:.4f}, {result.elapsed_s:.0f} s")
+
+        if pool is None:
+            for k, call in enumerate(calls):
+                finish(k, _train_run(*call))
+            return summaries
+        futures = {pool.submit(_train_run, *call): k for k, call in enumerate(calls)}
+        try:
+            for future in as_completed(futures):
+                finish(futures[future], future.result())
+        except BaseException:
+            for future in futures:
+                future.cancel()  # a failed run stops the queue (runs already training finish)
+            raise
+        return summaries
 
     workers = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else contextlib.nullcontext()
     with workers as pool:

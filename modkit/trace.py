@@ -29,6 +29,8 @@ Per layer (real weights only; a meta model gives shapes alone), with ``h_i`` the
 * ``ffn_sparsity``: fraction of exactly-zero entries of the FFN hidden activation (the input of its down
   projection); ReLU MLPs are sparse, smooth activations (GELU, SiLU) almost never give exact zeros. Li et al.
   2023, The Lazy Neuron Phenomenon (arXiv:2210.06313) count the same nonzeros.
+* ``ffn_near_zero``: fraction of entries of that activation with ``|a| < 0.1 RMS(a)`` (RMS over the layer's whole
+  activation of the traced text): a scale-free reading of "sparse" that smooth activations can show.
 * ``attention_entropy``: per head, mean over query positions of ``-Σ_k p log p`` (nats; ``0 log 0 = 0``) of the
   attention probabilities; ``log(t + 1)`` is the most a causal query ``t`` can reach.
 * ``top_tokens``: the logit lens (nostalgebraist 2020, "interpreting GPT: the logit lens"): ``h_i`` at the last
@@ -98,6 +100,7 @@ class LayerStats:
         update_ratio: mean ``||output - input|| / ||input||`` per token.
         cosine_prev: mean cosine similarity between the block output and its input (the previous layer's output).
         ffn_sparsity: fraction of exact zeros of the FFN hidden activation, ``None`` where it is not exposed.
+        ffn_near_zero: fraction of its entries within a tenth of its RMS of zero, ``None`` where it is not exposed.
         attention_entropy: ``[n_heads]`` mean entropy (nats) per head, ``None`` where weights are not exposed.
         top_tokens: logit lens at the last position: ``(token id, text, probability)``, most likely first.
     """
@@ -107,6 +110,7 @@ class LayerStats:
     update_ratio: float
     cosine_prev: float
     ffn_sparsity: Optional[float]
+    ffn_near_zero: Optional[float]
     attention_entropy: Optional[list[float]]
     top_tokens: list[tuple[int, str, float]]
 
@@ -339,14 +343,18 @@ def _layer_stats(model: nn.Module, rec: Recording, i: int, tokenizer: Any, top_k
     ratio = (upd.norm(dim=-1) / in_norm.clamp_min(torch.finfo(torch.float32).tiny)).mean()
     cos = nn.functional.cosine_similarity(out, inp, dim=-1).mean()
     hidden = next((t for n, t in rec.layer(i).items() if n.endswith(":hidden")), None)
-    sparsity = float((hidden == 0).float().mean()) if hidden is not None else None
+    sparsity = near_zero = None
+    if hidden is not None:
+        a = hidden.float()
+        sparsity = float((a == 0).float().mean())
+        near_zero = float((a.abs() < 0.1 * a.square().mean().sqrt()).float().mean())
     weights = next((t for n, t in rec.layer(i).items() if n.endswith(":weights")), None)
     entropy = attention_entropy(weights[0]).tolist() if weights is not None else None
     last = rec[f"layers.{i}:output"][:, -1:]  # [1, 1, d_model] in the model dtype
     probs = torch.softmax(read_out(model, last)[0, -1].float(), dim=-1)
     top = torch.topk(probs, min(top_k, probs.numel()))
     lens = [(int(t), _token_text(tokenizer, int(t)), float(p)) for p, t in zip(top.values, top.indices)]
-    return LayerStats(i, float(out.norm(dim=-1).mean()), float(ratio), float(cos), sparsity, entropy, lens)
+    return LayerStats(i, float(out.norm(dim=-1).mean()), float(ratio), float(cos), sparsity, near_zero, entropy, lens)
 
 
 def position_maps(model: nn.Module, n: int = 64) -> list[PositionMap]:

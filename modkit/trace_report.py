@@ -96,6 +96,7 @@ def print_trace(t: Trace, console=None) -> None:
             ("‖Δh‖/‖h_prev‖", "right"),
             ("cos(h, h_prev)", "right"),
             ("FFN zeros", "right"),
+            ("FFN |a| < 0.1 rms", "right"),
             ("attention entropy per head (nats)", "left"),
             ("logit lens: next token read from h", "left"),
         ):
@@ -104,7 +105,7 @@ def print_trace(t: Trace, console=None) -> None:
             ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
             layers.add_row(
                 str(s.index), _num(s.residual_norm), _num(s.update_ratio), _num(s.cosine_prev),
-                _num(s.ffn_sparsity), Text(ent), Text(_lens_text(s)),
+                _num(s.ffn_sparsity), _num(s.ffn_near_zero), Text(ent), Text(_lens_text(s)),
             )
         console.print(layers)
     else:
@@ -134,16 +135,21 @@ def layer_curves_png(t: Trace) -> str:
     from matplotlib.figure import Figure
 
     xs = [s.index for s in t.layers]
+    def series(values):
+        return [math.nan if v is None else v for v in values]
+
     panels = [
-        ("residual-stream norm ‖h_i‖", [s.residual_norm for s in t.layers]),
-        ("relative update ‖h_i - h_{i-1}‖ / ‖h_{i-1}‖", [s.update_ratio for s in t.layers]),
-        ("cosine(h_i, h_{i-1})", [s.cosine_prev for s in t.layers]),
-        ("FFN activation sparsity (fraction of zeros)", [math.nan if s.ffn_sparsity is None else s.ffn_sparsity for s in t.layers]),
+        ("residual-stream norm ‖h_i‖", [(None, [s.residual_norm for s in t.layers])]),
+        ("relative update ‖h_i - h_{i-1}‖ / ‖h_{i-1}‖", [(None, [s.update_ratio for s in t.layers])]),
+        ("cosine(h_i, h_{i-1})", [(None, [s.cosine_prev for s in t.layers])]),
+        ("FFN activation sparsity", [("exact zeros", series(s.ffn_sparsity for s in t.layers)),
+                                     ("|a| < 0.1 rms", series(s.ffn_near_zero for s in t.layers))]),
     ]
     fig = Figure(figsize=(10, 6))
     axes = fig.subplots(2, 2)
-    for ax, (title, ys) in zip(axes.flat, panels):
-        ax.plot(xs, ys, "o-", ms=4)
+    for ax, (title, lines) in zip(axes.flat, panels):
+        for label, ys in lines:
+            ax.plot(xs, ys, "o-", ms=4, label=label)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("layer")
         ax.grid(alpha=0.3)
@@ -151,6 +157,7 @@ def layer_curves_png(t: Trace) -> str:
             ax.set_xticks(xs)
         if title.startswith("FFN"):
             ax.set_ylim(-0.02, 1.02)
+            ax.legend(fontsize=8)
     fig.tight_layout()
     return _png(fig)
 
@@ -281,13 +288,14 @@ def render_html(t: Trace) -> str:
     else:
         parts.append("<h2>Per layer</h2>")
         parts.append("<table><tr><th>layer</th><th>‖h‖</th><th>‖Δh‖/‖h_prev‖</th><th>cos(h, h_prev)</th><th>FFN zeros</th>"
-                     "<th>attention entropy per head (nats)</th><th>logit lens: top tokens at the last position</th></tr>")
+                     "<th>FFN |a| &lt; 0.1 rms</th><th>attention entropy per head (nats)</th><th>logit lens: top tokens at the last position</th></tr>")
         for s in t.layers:
             ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
             parts.append(
                 f"<tr><td class='num'>{s.index}</td><td class='num'>{_num(s.residual_norm)}</td>"
                 f"<td class='num'>{_num(s.update_ratio)}</td><td class='num'>{_num(s.cosine_prev)}</td>"
-                f"<td class='num'>{_num(s.ffn_sparsity)}</td><td class='mono'>{_e(ent)}</td>"
+                f"<td class='num'>{_num(s.ffn_sparsity)}</td><td class='num'>{_num(s.ffn_near_zero)}</td>"
+                f"<td class='mono'>{_e(ent)}</td>"
                 f"<td class='mono'>{_e(_lens_text(s))}</td></tr>"
             )
         parts.append("</table>")

@@ -12,6 +12,8 @@ Used for specs (:func:`modkit.spec.load_spec`, with registry-aware messages adde
   lies deeper than the union (an item of the array, a field of the object), or is not a type error (``greater
   than 0``), or is a choice among strings for a string. Only fitting branches are reported; when none fits, one
   message names every accepted type once: ``Input should be an array or an object, not a string (got "all")``.
+* **null where it is accepted.** A type error at a key whose field may be null (``final_norm``) says so:
+  ``Input should be an object or null, not a string``.
 * **Values as JSON.** ``(got null)``, ``(got true)``, ``(got "all")``; a type error names the kind of value it got
   (``not null``, ``not a boolean (got true)``), and a value is never shown twice. A value the document does not
   hold (a default) is not shown.
@@ -115,11 +117,15 @@ class ErrorFormatter:
     def __init__(self, models: Iterable[type[BaseModel]]):
         self.models = {m.__name__: m for m in models}
         self.field_names: set[str] = set()
+        takes_null: dict[str, bool] = {}
         for m in self.models.values():
             for name, f in m.model_fields.items():
-                self.field_names.add(name)
-                if f.alias:
-                    self.field_names.add(f.alias)
+                allows = type(None) in typing.get_args(f.annotation)
+                for key in filter(None, (name, f.alias)):
+                    self.field_names.add(key)
+                    takes_null[key] = takes_null.get(key, True) and allows
+        #: keys whose every field accepts null (``final_norm``, ``max_tokens``): their type errors say "or null"
+        self.nullable = {key for key, allows in takes_null.items() if allows}
 
     # -------------------------------------------------------------------------------------------- hooks
 
@@ -206,6 +212,8 @@ class ErrorFormatter:
         elif etype in ("too_short", "too_long"):  # "List should have at least 1 item after validation, not 0"
             msg = re.sub(r"^(List|Tuple|Set) should", "Array should", msg).replace(" after validation", "")
             msg = re.sub(r"^Dictionary should", "Object should", msg)
+        if etype in EXPECTED and etype != "none_required" and self._takes_null(path):
+            msg += " or null"
         if etype in EXPECTED and has_input:
             msg += f", not {json_kind(value)}"
         if etype == "int_type" and isinstance(value, float) and math.isfinite(value) and value.is_integer():
@@ -213,6 +221,10 @@ class ErrorFormatter:
         elif has_input and value is not None and not isinstance(value, (dict, list)) and not self._shows(msg, value, etype):
             msg += f" (got {json_value(value)})"
         return msg + self.hint(err, path)
+
+    def _takes_null(self, path: str) -> bool:
+        """Whether the value at ``path`` (a document key, not an array item) may be null."""
+        return not path.endswith("]") and re.split(r"[.\]]", path)[-1] in self.nullable
 
     @staticmethod
     def _shows(msg: str, value: Any, etype: str) -> bool:
@@ -269,6 +281,8 @@ class ErrorFormatter:
         for path, msg in out:
             if msg is None:
                 words, value, held = merged[path]
+                if words and self._takes_null(path) and "null" not in words:
+                    words = words + ["null"]
                 msg = "Input should be " + _join(words or ["something else"])
                 if held:
                     msg += f", not {json_kind(value)}"

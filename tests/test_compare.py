@@ -243,3 +243,14 @@ def test_text_data_is_prepared_once_for_every_run(tmp_path):
     folders = {json.loads((r.run_dir / "data.json").read_text())["folder"] for r in result.rows[0].runs}
     assert folders == {str(tmp_path / "r" / "data")}
     assert TokenData.open(tmp_path / "r" / "data").meta["tokenizer"] and not any((r.run_dir / "data").exists() for r in result.rows[0].runs)
+
+
+def test_a_failing_run_in_a_worker_raises_its_own_error(setup, tmp_path):
+    """With jobs > 1 a run that cannot train raises its TrainError (message intact) from the comparison."""
+    from modkit.train import TrainError
+
+    root, _ = setup
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({**tiny_spec(name="short", max_seq_len=16), "position": {"type": "learned"}}))
+    with pytest.raises(TrainError, match="seq_len = 32 exceeds the model's max_seq_len = 16"):
+        compare([root / "rope.json", short], root / "train.json", tmp_path / "r", seeds=1, jobs=2, echo=lambda line: None)

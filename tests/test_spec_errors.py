@@ -152,10 +152,14 @@ def test_a_string_for_a_string_or_number_field_is_checked_against_the_string_cho
         (dict(schema_version=True), "schema_version", "schema_version must be the integer 1, not a boolean (got true)"),
         (dict(d_model="128"), "d_model", 'Input should be a valid integer, not a string (got "128")'),
         (dict(final_norm={"type": "rmsnorm", "eps": None}), "final_norm.eps", "Input should be a valid number, not null"),
-        (dict(position={"type": "rope", "scaling": 5}), "position.scaling", "Input should be an object, not an integer (got 5)"),
+        (dict(position={"type": "rope", "scaling": 5}), "position.scaling", "Input should be an object or null, not an integer (got 5)"),
+        (dict(final_norm="rmsnorm"), "final_norm", 'Input should be an object or null, not a string (got "rmsnorm")'),
+        (dict(position="rope"), "position", 'Input should be an object, not a string (got "rope")'),
+        (dict(n_layers="2"), "n_layers", 'Input should be a valid integer, not a string (got "2")'),
     ],
 )
 def test_values_are_written_as_json_once(changes, path, message):
+    """Values in JSON terms, once; a key that may be null (``final_norm``, rope's ``scaling``) says so, others do not."""
     assert errors_of(tiny_spec(**changes)) == [(path, message)]
 
 
@@ -194,6 +198,6 @@ def test_training_config_errors_use_json_paths_and_values():
         load_train_config({"model": 5, "lr": None, "compile": True, "batch_size": True})
     errors = dict(info.value.errors)
     assert set(errors) == {"model", "lr", "batch_size"}, errors
-    assert errors["model"] == "Input should be a string or an object, not an integer (got 5)"
+    assert errors["model"] == "Input should be a string, an object or null, not an integer (got 5)"
     assert errors["lr"] == "Input should be a valid number, not null"
     assert errors["batch_size"] == "Input should be a valid integer, not a boolean (got true)"

@@ -148,6 +148,9 @@ def test_layer_statistics_equal_hand_computations():
         hidden = rec[f"layers.{i}.ffn:hidden"]
         assert s.ffn_sparsity == (hidden == 0).sum().item() / hidden.numel()
         assert 0.3 < s.ffn_sparsity < 0.7
+        rms = math.sqrt(sum(v * v for v in hidden.flatten().tolist()) / hidden.numel())
+        assert s.ffn_near_zero == sum(abs(v) < 0.1 * rms for v in hidden.flatten().tolist()) / hidden.numel()
+        assert s.ffn_near_zero >= s.ffn_sparsity  # every exact zero is near zero
         w = rec[f"layers.{i}.attention:weights"][0].double()  # [heads, q, k]
         ent = [-sum(p * math.log(p) for p in row.tolist() if p > 0) for head in w for row in head]
         by_head = [sum(ent[h * 6 : (h + 1) * 6]) / 6 for h in range(4)]

@@ -198,6 +198,19 @@ def test_resume_after_sigkill_gives_the_same_losses(data_dir, tmp_path):
     assert not list((killed / "checkpoints").glob(".*tmp-*")), "interrupted saves leave no temporaries after a resume"
 
 
+def test_resuming_a_finished_run_trains_and_evaluates_nothing(data_dir, tmp_path):
+    """--resume on a run that ended: the metrics file is left as it was and the result repeats the logged losses."""
+    run = tmp_path / "run"
+    first = train(config(data_dir, max_steps=6, eval_interval=3, sample_tokens=0), run, echo=lambda line: None)
+    metrics = (run / "metrics.jsonl").read_bytes()
+    lines = []
+    again = train(None, run, resume=True, echo=lines.append)
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+    assert (again.steps, again.train_loss, again.val_loss, again.final_val_loss, again.best_val_loss) == \
+           (first.steps, first.train_loss, first.val_loss, first.final_val_loss, first.best_val_loss)
+    assert again.tokens_per_s == 0.0 and any("already finished its 6 steps" in line for line in lines)
+
+
 def test_run_folder_and_resume_errors(data_dir, tmp_path):
     run = tmp_path / "run"
     train(config(data_dir, max_steps=3, eval_interval=3, sample_tokens=0), run, echo=lambda line: None)

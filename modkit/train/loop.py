@@ -628,6 +628,8 @@ class Trainer:
             f"({len(self.data.train):,} train / {len(self.data.val):,} val tokens, vocab {self.data.vocab_size}); "
             f"{total} steps of {c.tokens_per_step:,} tokens on {self.procs.world} process(es), device {self.device}"
         )
+        if self.step >= total and self.procs.broadcast(any(r["kind"] == "final" for r in self.history) or not c.final_eval_tokens):
+            return self._finished_result()
         if self.step == 0:
             losses = self._eval_and_record()
             self._say(f"step 0: train {losses['train']:.4f}, val {losses['val']:.4f} (ln vocab = {math.log(self.spec.vocab_size):.4f})")
@@ -693,6 +695,18 @@ class Trainer:
             tokens_per_s=tps,
             sample=sample,
             history=self.history,
+        )
+
+    def _finished_result(self) -> RunResult:
+        """What a resumed run that had already finished returns: its logged losses, with nothing trained again."""
+        self._say(f"{self.run} already finished its {self.step} steps: nothing to train (a larger --max-steps trains on)")
+        evals = [r for r in self.history if r["kind"] == "eval"]
+        finals = [r for r in self.history if r["kind"] == "final"]
+        loaded = self.procs.broadcast((evals[-1] if evals else {}, finals[-1]["val_loss"] if finals else None))
+        return RunResult(
+            run_dir=self.run, steps=self.step, tokens=self.tokens, train_loss=loaded[0].get("train_loss"),
+            val_loss=loaded[0].get("val_loss"), best_val_loss=self.best_val, final_val_loss=loaded[1],
+            elapsed_s=0.0, tokens_per_s=0.0, history=self.history,
         )
 
     def _sample(self) -> str:
