@@ -346,8 +346,8 @@ def _layer_stats(model: nn.Module, rec: Recording, i: int, tokenizer: Any, top_k
     sparsity = near_zero = None
     if hidden is not None:
         a = hidden.float()
-        sparsity = float((a == 0).float().mean())
-        near_zero = float((a.abs() < 0.1 * a.square().mean().sqrt()).float().mean())
+        sparsity = int((a == 0).sum()) / a.numel()
+        near_zero = int((a.abs() < 0.1 * a.square().mean().sqrt()).sum()) / a.numel()
     weights = next((t for n, t in rec.layer(i).items() if n.endswith(":weights")), None)
     entropy = attention_entropy(weights[0]).tolist() if weights is not None else None
     last = rec[f"layers.{i}:output"][:, -1:]  # [1, 1, d_model] in the model dtype

@@ -96,7 +96,7 @@ def print_trace(t: Trace, console=None) -> None:
             ("‖Δh‖/‖h_prev‖", "right"),
             ("cos(h, h_prev)", "right"),
             ("FFN zeros", "right"),
-            ("FFN |a| < 0.1 rms", "right"),
+            ("FFN near 0", "right"),
             ("attention entropy per head (nats)", "left"),
             ("logit lens: next token read from h", "left"),
         ):
@@ -288,7 +288,7 @@ def render_html(t: Trace) -> str:
     else:
         parts.append("<h2>Per layer</h2>")
         parts.append("<table><tr><th>layer</th><th>‖h‖</th><th>‖Δh‖/‖h_prev‖</th><th>cos(h, h_prev)</th><th>FFN zeros</th>"
-                     "<th>FFN |a| &lt; 0.1 rms</th><th>attention entropy per head (nats)</th><th>logit lens: top tokens at the last position</th></tr>")
+                     "<th>FFN near 0</th><th>attention entropy per head (nats)</th><th>logit lens: top tokens at the last position</th></tr>")
         for s in t.layers:
             ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
             parts.append(
