@@ -5,10 +5,11 @@
     result.rows[0].val_loss_mean, result.report   # report.md, curves.png, positions.png, results.json
 
 Every run goes through :func:`modkit.train.train` (one training loop in modkit); the runs live under
-``REPORT/runs/<spec>-lr<lr>-seed<seed>``, and with ``jobs > 1`` several train at once, each in its own process. Run ``i`` of every spec uses seed ``config.seed + i``. With a learning-rate
-sweep, each spec first trains its first seed at every learning rate; the one with the lowest whole-split validation
-loss (``final_val_loss``) wins and the other seeds train at it (the sweep's run at the winner is reused). A swept
-run keeps the config's ``min_lr / lr`` ratio, so every learning rate follows the same schedule shape.
+``REPORT/runs/<spec>-lr<lr>-seed<seed>``, and with ``jobs > 1`` several train at once, each in its own process.
+Run ``i`` of every spec uses seed ``config.seed + i``. With a learning-rate sweep, each spec first trains its first
+seed at every learning rate; the one with the lowest whole-split validation loss (``final_val_loss``) wins and the
+other seeds train at it (the sweep's run at the winner is reused). A swept run keeps the config's ``min_lr / lr``
+ratio, so every learning rate follows the same schedule shape.
 
 A run has diverged when any loss it logged is not finite, or when its last validation estimate is above its
 step-0 one (the same ``eval_batches`` windows at both ends).

@@ -135,6 +135,7 @@ def layer_curves_png(t: Trace) -> str:
     from matplotlib.figure import Figure
 
     xs = [s.index for s in t.layers]
+
     def series(values):
         return [math.nan if v is None else v for v in values]
 
