@@ -7,7 +7,7 @@
 Every run goes through :func:`modkit.train.train` (one training loop in modkit); the runs live under
 ``REPORT/runs/<spec>-lr<lr>-seed<seed>``, and with ``jobs > 1`` several train at once, each in its own process.
 Run ``i`` of every spec uses seed ``config.seed + i``. With a learning-rate sweep, each spec first trains its first
-seed at every learning rate; the one with the lowest whole-split validation loss (``final_val_loss``) wins and the
+seed at every learning rate; the one with the lowest final validation loss (``final_val_loss``) wins and the
 other seeds train at it (the sweep's run at the winner is reused). A swept run keeps the config's ``min_lr / lr``
 ratio, so every learning rate follows the same schedule shape.
 
@@ -267,13 +267,14 @@ def compare(
 
     Raises:
         CompareError: no specs, ``seeds < 1``, ``jobs < 1``, an empty or invalid sweep, a missing spec file, a report
-            folder that already holds a comparison.
-        SpecError / TrainError / DataError: from :func:`modkit.train.train` (an invalid config or spec, missing data).
+            folder that already holds a comparison or runs.
+        SpecError / TrainError / DataError: an invalid config or spec, a spec that does not fit the config or data
+            (every spec is checked before the first run), missing data; or from :func:`modkit.train.train`.
     """
     import modkit
     from .data import TokenData
     from .train import load_train_config
-    from .train.loop import _resolve_device, prepared_data
+    from .train.loop import _resolve_device, prepared_data, resolve_spec
 
     started = time.perf_counter()
     if not specs:
@@ -291,9 +292,15 @@ def compare(
     out = Path(out_dir)
     if (out / "results.json").exists():
         raise CompareError(f"{out} already holds a comparison; choose another report folder")
+    if (out / "runs").is_dir() and any((out / "runs").iterdir()):
+        raise CompareError(f"{out / 'runs'} already holds runs (of a comparison that stopped?); choose another report "
+                           "folder or delete that one")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     lrs = list(lr_sweep) if lr_sweep else [base.lr]
     data_folder = str(prepared_data(base, base_dir, out / "data"))  # every run reads these same tokens
+    vocab_size = TokenData.open(data_folder, verify=False).vocab_size
+    for _, path in labelled:  # every spec against the config and data before any run trains: a typo costs no runs
+        resolve_spec(load_train_config(config, {**(overrides or {}), "model": str(path)})[0], base_dir, vocab_size)
     n_runs = 0
 
     def execute(pool: Optional[ProcessPoolExecutor], runs: list[tuple[str, Path, float, int]]) -> list[RunSummary]:
@@ -444,7 +451,21 @@ def fmt_pm(mean: float, std: Optional[float]) -> str:
     return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
 
 
-def write_report(result: Comparison, config: Any, data_folder: Optional[str], *, lr_sweep: bool) -> Path:
+def _validation_scope(config: Any, data_folder: str) -> str:
+    """What a run's validation loss covers: the whole split, its first N tokens, or the last estimate."""
+    from .data import TokenData
+
+    if not config.final_eval_tokens:
+        return f"the last estimate on {config.eval_batches} fixed batches (the config skips the final evaluation)"
+    n_val = len(TokenData.open(data_folder, verify=False).val)
+    whole = (n_val - 1) // config.seq_len * config.seq_len
+    scored = min(n_val - 1, config.final_eval_tokens) // config.seq_len * config.seq_len
+    if scored >= whole:
+        return f"the score over the whole validation split (`final_val_loss`, {scored:,} tokens)"
+    return f"the score over the first {scored:,} of the validation split's {n_val:,} tokens (`final_val_loss`)"
+
+
+def write_report(result: Comparison, config: Any, data_folder: str, *, lr_sweep: bool) -> Path:
     """``report.md``: the recipe, the table, the sweep, the curves and the position buckets."""
     rows = result.rows
     seeds = len(rows[0].runs)
@@ -455,9 +476,9 @@ def write_report(result: Comparison, config: Any, data_folder: Optional[str], *,
         f"Every spec trained on the same data (`{data_folder}`), {config.total_steps} steps of {config.tokens_per_step:,} tokens "
         f"(batch {config.batch_size} x grad_accum {config.grad_accum} x seq_len {config.seq_len}), {config.schedule} schedule "
         f"with {config.warmup_steps} warmup steps, seeds {config.seed}..{config.seed + seeds - 1}. "
-        "Losses are cross-entropy in nats per token: train is the last estimate on fixed training windows, validation the "
-        "whole-split score (`final_val_loss`); mean ± sample std over seeds. A run diverged when a loss was not finite "
-        "or its last validation estimate ended above its step-0 one.",
+        "Losses are cross-entropy in nats per token: train is the last estimate on fixed training windows, validation "
+        f"{_validation_scope(config, data_folder)}; mean ± sample std over seeds. A run diverged when a loss was not "
+        "finite or its last validation estimate ended above its step-0 one.",
         "",
     ]
     if result.command:

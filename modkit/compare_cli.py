@@ -23,7 +23,7 @@ def add_subcommands(subparsers) -> None:
         "bucket at twice the training seq_len (positions.png). With --lr-sweep each spec trains its first seed at "
         "every learning rate and the other seeds at the winner.",
     )
-    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec .json files")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec .json files (the report labels each by its file name)")
     p.add_argument("--train", required=True, metavar="CONFIG", help="training config JSON (its model field is replaced by each spec)")
     p.add_argument("--seeds", type=int, default=3, metavar="K", help="seeds per spec (default 3)")
     p.add_argument("--lr-sweep", metavar="LR,LR,...", help="learning rates to try per spec, e.g. 1e-3,3e-3 (default: the config's lr)")

@@ -6,7 +6,23 @@ from typing import Iterable
 
 
 class ModkitError(Exception):
-    """Base class of every error modkit raises on purpose."""
+    """Base class of every error modkit raises on purpose.
+
+    It pickles with its message and every attribute (``errors``, ``source``, ``needed``...), whatever arguments a
+    subclass's ``__init__`` takes, so an error raised in a worker process (``modkit compare --jobs N``) reaches the
+    caller as it was raised.
+    """
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> ModkitError:
+    """Unpickle a :class:`ModkitError` without calling its subclass's ``__init__`` (see ``ModkitError.__reduce__``)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class SpecError(ModkitError, ValueError):

@@ -246,11 +246,44 @@ def test_text_data_is_prepared_once_for_every_run(tmp_path):
 
 
 def test_a_failing_run_in_a_worker_raises_its_own_error(setup, tmp_path):
-    """With jobs > 1 a run that cannot train raises its TrainError (message intact) from the comparison."""
+    """With jobs > 1 a run that fails in its worker (here: weights too large for this machine, refused before any
+    allocation) raises its own error, type, message and attributes intact."""
+    from modkit.errors import MemoryLimitError
+
+    root, _ = setup
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps(tiny_spec(name="huge", d_model=16384, n_layers=64, block={
+        "attention": {"type": "mha", "n_heads": 16}, "ffn": {"type": "mlp", "d_ff": 65536, "activation": "gelu"},
+        "norm": {"type": "layernorm"}, "placement": {"type": "pre"}})))
+    with pytest.raises(MemoryLimitError, match="would need about") as info:
+        compare([root / "rope.json", huge], root / "train.json", tmp_path / "r", seeds=1, jobs=2, echo=lambda line: None)
+    spec = modkit.load_spec({**json.loads(huge.read_text()), "vocab_size": TokenData.open(root / "data").vocab_size})
+    assert info.value.needed >= 4 * modkit.count_params(spec) > info.value.available  # float32 weights alone
+
+
+def test_every_spec_is_checked_before_any_run_trains(setup, tmp_path):
+    """A spec that is invalid, or does not fit the config, fails the comparison before the first run starts."""
+    from modkit import SpecError
     from modkit.train import TrainError
 
     root, _ = setup
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({**tiny_spec(name="typo"), "final_norm": "rms"}))
     short = tmp_path / "short.json"
     short.write_text(json.dumps({**tiny_spec(name="short", max_seq_len=16), "position": {"type": "learned"}}))
-    with pytest.raises(TrainError, match="seq_len = 32 exceeds the model's max_seq_len = 16"):
-        compare([root / "rope.json", short], root / "train.json", tmp_path / "r", seeds=1, jobs=2, echo=lambda line: None)
+    for bad, error, message in ((typo, SpecError, "final_norm: Input should be an object or null"),
+                                (short, TrainError, "seq_len = 32 exceeds the model's max_seq_len = 16")):
+        out = tmp_path / bad.stem
+        with pytest.raises(error, match=message):
+            compare([root / "rope.json", bad], root / "train.json", out, seeds=1, echo=lambda line: None)
+        assert list((out / "runs").iterdir()) == []  # nothing trained
+    with pytest.raises(CompareError, match="already holds runs"):
+        (tmp_path / "typo" / "runs" / "rope-lr0.001-seed3").mkdir()
+        compare([root / "rope.json"], root / "train.json", tmp_path / "typo", seeds=1, echo=lambda line: None)
+
+
+def test_the_report_says_how_much_of_the_validation_split_was_scored(setup):
+    root, result = setup
+    n_val = len(TokenData.open(root / "data").val)
+    assert f"validation the score over the first 2,048 of the validation split's {n_val:,} tokens (`final_val_loss`)" \
+        in result.report.read_text()
