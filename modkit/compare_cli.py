@@ -1,4 +1,4 @@
-"""``modkit compare SPEC... --train CONFIG [--seeds K] [--lr-sweep 1e-3,3e-3] [-o REPORT_DIR] [--max-steps N] [--jobs N]``.
+"""``modkit compare SPEC... --train CONFIG [--seeds K] [--lr-sweep LR,...] [--max-steps N] [--jobs N] [-o DIR]``.
 
 Trains every spec with the same data, token budget, schedule and seeds (:func:`modkit.compare.compare`) and writes
 a report folder: ``report.md`` (table, learning-rate sweep, loss by position), ``curves.png``, ``positions.png``,
