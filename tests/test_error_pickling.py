@@ -8,12 +8,16 @@ reached the user as that unpickling error, or as a broken process pool, instead 
 
 from __future__ import annotations
 
+import importlib
 import pickle
+import pkgutil
 
 import pytest
 
+import modkit
 import modkit.compare
 import modkit.cost
+import modkit.data.tokenizer
 import modkit.errors
 import modkit.jsonio
 import modkit.parallel
@@ -32,6 +36,7 @@ ERRORS = [
     modkit.trace.TraceError("no tokenizer"),
     modkit.jsonio.JSONInputError([("", "Expecting value: line 1, column 1")], "a.json"),
     modkit.parallel.ParallelError("tp does not divide n_heads"),
+    modkit.data.tokenizer.UnknownTokenError("'é' is not in the vocabulary", piece="é", position=3, index=None),
 ]
 
 
@@ -50,5 +55,10 @@ def test_every_error_class_is_covered():
             yield sub
             yield from subclasses(sub)
 
+    for info in pkgutil.walk_packages(modkit.__path__, "modkit."):  # every module, so every subclass is defined
+        try:
+            importlib.import_module(info.name)
+        except ImportError:  # an optional extra that is not installed
+            continue
     custom = {c for c in subclasses(ModkitError) if "__init__" in vars(c) and c.__module__.startswith("modkit")}
     assert custom <= {type(e) for e in ERRORS}, custom - {type(e) for e in ERRORS}
