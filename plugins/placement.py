@@ -41,7 +41,7 @@ from typing import Literal, Optional
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, add_aux, elementwise, hookimpl, run_ffn
+from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, elementwise, hookimpl, run_ffn
 from modkit.interfaces import dropout
 
 
@@ -165,22 +165,15 @@ class ReorderedNormBlock(nn.Module):
         return x + self.drop(self.ffn_post_norm(h)), aux
 
 
-class PreNormNoResidualBlock(nn.Module):
+class PreNormNoResidualBlock(PreNormBlock):
     """``attention(attn_norm(x))`` then ``ffn(ffn_norm(x))``: a pre-norm block with no residual adds.
 
     ``[b, s, d] -> ([b, s, d], aux)``. An ablation for experiments (He et al. 2016, arXiv:1512.03385, measure what the
     identity shortcut buys), not a placement for real models: each block's output is its ffn's output alone, so the
     embeddings reach the head only through every sublayer in turn. The spec's ``dropout.residual`` applies to each
-    sublayer's output, as in ``pre`` (there it is what the sublayer adds to the stream).
+    sublayer's output, as in ``pre`` (there it is what the sublayer adds to the stream). The modules are ``pre``'s,
+    so its parameter names and counts are too.
     """
-
-    def __init__(self, ctx: BuildContext):
-        super().__init__()
-        self.attn_norm = ctx.build(ctx.norm)
-        self.attention = ctx.attention
-        self.ffn_norm = ctx.build(ctx.norm)
-        self.ffn = ctx.ffn
-        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
