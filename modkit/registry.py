@@ -427,14 +427,17 @@ class Registry:
         entry = self._components.get((kind, self.resolve(kind, type_)))
         if entry is not None:
             return entry
-        kinds = self.kinds()
-        if kind not in kinds:
-            hint = close_matches(kind, kinds)
-            raise RegistryError(
-                f"unknown component kind {kind!r}; known kinds: {kinds}"
-                + (f"; did you mean {hint[0]!r}?" if hint else "")
-            )
+        if kind not in self.kinds():
+            raise RegistryError(self.unknown_kind_message(kind))
         raise RegistryError(self.unknown_type_message(kind, type_))
+
+    def unknown_kind_message(self, kind: str) -> str:
+        """Human message for an unknown component ``kind``: the known kinds and the closest match."""
+        kinds = self.kinds()
+        hint = close_matches(str(kind), kinds)
+        return f"unknown component kind {kind!r}; known kinds: {', '.join(kinds) or '(none installed)'}" + (
+            f"; did you mean {hint[0]!r}?" if hint else ""
+        )
 
     def unknown_type_message(self, kind: str, type_: str) -> str:
         """Human message for an unknown ``type`` of ``kind``: valid types, closest match, installed plugins."""

@@ -23,7 +23,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PositiveInt,
     TypeAdapter,
     ValidationError,
     create_model,
@@ -349,7 +348,7 @@ def load_component(kind: str, data: Union[dict, ComponentConfig], *, registry: R
         data = data.model_dump(mode="json")
     adapter = TypeAdapter(reg._slot_types[_ident(kind)]) if _ident(kind) in reg._slot_types else None
     if adapter is None:
-        raise SpecError([("", f"unknown component kind {kind!r}; known kinds: {reg.kinds()}")])
+        raise SpecError([("", reg.unknown_kind_message(kind))])
     try:
         return adapter.validate_python(data)
     except ValidationError as exc:

@@ -28,15 +28,8 @@ def add_subcommands(sub) -> None:
 
 
 def _check_kind(reg, kind: str) -> None:
-    kinds = reg.kinds()
-    if kind not in kinds:
-        from modkit.registry import close_matches
-
-        hint = close_matches(kind, kinds)
-        raise UserError(
-            f"unknown component kind {kind!r}; known kinds: {', '.join(kinds) or '(none installed)'}"
-            + (f"; did you mean {hint[0]!r}?" if hint else "")
-        )
+    if kind not in reg.kinds():
+        raise UserError(reg.unknown_kind_message(kind))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
