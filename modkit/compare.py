@@ -301,11 +301,8 @@ def compare(
     vocab_size = TokenData.open(data_folder, verify=False).vocab_size
     for _, path in labelled:  # every spec against the config and data before any run trains: a typo costs no runs
         resolve_spec(load_train_config(config, {**(overrides or {}), "model": str(path)})[0], base_dir, vocab_size)
-    n_runs = 0
 
     def execute(pool: Optional[ProcessPoolExecutor], runs: list[tuple[str, Path, float, int]]) -> list[RunSummary]:
-        nonlocal n_runs
-        n_runs += len(runs)
         calls = []
         for label, path, lr, i in runs:
             seed = base.seed + i
@@ -338,14 +335,14 @@ def compare(
     workers = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else contextlib.nullcontext()
     with workers as pool:
         first = execute(pool, [(label, path, lr, 0) for label, path in labelled for lr in lrs])
-        best = {}
-        for (label, _), sweep_runs in zip(labelled, (first[k * len(lrs):(k + 1) * len(lrs)] for k in range(len(labelled)))):
-            best[label] = min(sweep_runs, key=lambda r: r.val_loss if math.isfinite(r.val_loss) else math.inf)
+        sweeps = {label: first[k * len(lrs):(k + 1) * len(lrs)] for k, (label, _) in enumerate(labelled)}
+        best = {label: min(runs, key=lambda r: r.val_loss if math.isfinite(r.val_loss) else math.inf) for label, runs in sweeps.items()}
         rest = execute(pool, [(label, path, best[label].lr, i) for label, path in labelled for i in range(1, seeds)])
+    n_runs = len(first) + len(rest)
 
     rows: list[SpecRow] = []
     for k, (label, path) in enumerate(labelled):
-        sweep = {r.lr: r.val_loss for r in first[k * len(lrs):(k + 1) * len(lrs)]}
+        sweep = {r.lr: r.val_loss for r in sweeps[label]}
         runs = [best[label]] + rest[k * (seeds - 1):(k + 1) * (seeds - 1)]
         spec = modkit.load_spec(best[label].run_dir / "spec.json")  # as trained: vocab_size set from the data
         train_mean, train_std = mean_std([r.train_loss for r in runs])
