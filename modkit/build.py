@@ -7,7 +7,6 @@ every buffer. With ``device="meta"`` it stops after construction.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -16,7 +15,6 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from .errors import SpecError
 from .interfaces import BuildContext
 from .model import Model
 from .registry import Registry, get_registry

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .atomic import commit, discard, recover, write_safetensors_tmp, write_text_tmp
 from .errors import CheckpointError, NonFiniteWeightsWarning

@@ -39,7 +39,6 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from .cache import LayerKVCache
     from .registry import Registry
-    from .spec import ModelSpec
 
 
 def split_aux(out: Any) -> tuple[Tensor, Optional[Tensor]]:

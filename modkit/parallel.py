@@ -86,9 +86,7 @@ Megatron-LM (arXiv:1909.08053) for the column/row split; torchtitan ``paralleliz
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -42,7 +42,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
 from torch import Tensor
 
 from modkit import Component, ComponentConfig, hookimpl
-from modkit.sampling import GenerationState, LogitsProcessor, SamplingSetup, StopCondition
+from modkit.sampling import GenerationState, LogitsProcessor, StopCondition
 
 _NEG_INF = float("-inf")
 

@@ -12,12 +12,10 @@ example plugin's components their pages, and every internal link of the built HT
 from __future__ import annotations
 
 import html.parser
-import importlib.metadata as md
 import importlib.util
 import json
 import os
 import posixpath
-import shutil
 import subprocess
 import sys
 import time
@@ -97,7 +95,7 @@ def test_gallery_figures_match_the_build_api(pages, registry):
     assert f"**{total:,}**" in card
     assert f"Active per token: {active:,}" in card
     kv = modkit.kv_cache_bytes_per_token(spec, "bfloat16", registry=registry)
-    assert f"| bf16 | " in card and f"| {kv:,} |" in card
+    assert "| bf16 | " in card and f"| {kv:,} |" in card
 
 
 def test_aliases_are_shown_as_aliases_not_as_pages(pages, registry):

@@ -12,11 +12,8 @@ and leaves nothing to uninstall if the run is killed.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time

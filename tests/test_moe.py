@@ -12,7 +12,7 @@ import torch
 
 import modkit
 from modkit import BuildContext
-from modkit_plugins.ffn import GatedConfig, GatedMLP
+from modkit_plugins.ffn import GatedConfig
 from modkit_plugins.moe import (
     MoE,
     MoEConfig,

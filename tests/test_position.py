@@ -17,7 +17,6 @@ from modkit_plugins.position import (
     Rope,
     LinearScaling,
     Llama3Scaling,
-    RopeConfig,
     Sinusoidal,
     alibi_slopes,
     rope_inv_freq,

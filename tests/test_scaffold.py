@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import copy
 import importlib
-import importlib.metadata as md
-import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 

@@ -15,7 +15,6 @@ import signal
 from typing import Literal, Optional
 
 import pytest
-import torch
 from pydantic import Field
 
 import modkit

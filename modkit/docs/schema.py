@@ -156,7 +156,7 @@ def spec_reference_page(registry) -> str:
         "`type` over every installed component. This page is generated from the same JSON Schema that "
         "`modkit schema` prints, with the components installed when the site was built.",
         "",
-        f"The schema itself: [modkit.schema.json](modkit.schema.json) (point a spec's `\"$schema\"` key at a copy "
+        "The schema itself: [modkit.schema.json](modkit.schema.json) (point a spec's `\"$schema\"` key at a copy "
         "and an editor completes and checks it as you type).",
         "",
     ]

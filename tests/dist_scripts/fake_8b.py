@@ -15,7 +15,6 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
