@@ -416,7 +416,7 @@ def test_convert_hf_errors(capsys, tmp_path, toy_converter):
 
 
 def test_extension_modules_add_subcommands(capsys, monkeypatch):
-    fake = types.ModuleType("modkit.scaffold")
+    fake = types.ModuleType("modkit.cli.new")
 
     def add_subcommands(subparsers):
         p = subparsers.add_parser("hello", help="say hello")
@@ -424,7 +424,7 @@ def test_extension_modules_add_subcommands(capsys, monkeypatch):
         p.set_defaults(func=lambda args: print(f"hello {args.name}") or 7)
 
     fake.add_subcommands = add_subcommands
-    monkeypatch.setitem(sys.modules, "modkit.scaffold", fake)
+    monkeypatch.setitem(sys.modules, "modkit.cli.new", fake)
     code, out, _ = run(capsys, "hello", "world")
     assert (code, out) == (7, "hello world\n")
 

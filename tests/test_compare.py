@@ -203,7 +203,7 @@ def test_command_line_is_shell_quoted_and_reruns_the_same_arguments():
     import argparse
     import shlex
 
-    from modkit.compare_cli import add_subcommands, command_line
+    from modkit.cli.compare import add_subcommands, command_line
 
     parser = argparse.ArgumentParser(prog="modkit")
     add_subcommands(parser.add_subparsers(dest="command"))

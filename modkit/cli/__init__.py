@@ -18,10 +18,18 @@ Which file holds which command::
                                              generate.py   stream a continuation (text, or token ids without a tokenizer),
                                                            then prefill ms and decode tokens/s on stderr
 
+    modkit cost SPEC ...                     cost.py       FLOPs by part, cache bytes, memory, roofline latency
+    modkit trace MODEL ...                   trace.py      a token's journey through the model, per-layer readings
+    modkit compare SPEC... --train CONFIG    compare.py    several specs under one recipe, one report
+
+Where a command lives: a subpackage of modkit with a command of its own (``modkit.train``, ``modkit.data``,
+``modkit.docs``, ``modkit.testing``) defines it in its ``cli`` module, beside the code it drives; every other command
+is a module of this package (``cost``, ``trace``, ``compare``, ``new``, and the ones above).
+
 Shared pieces: ``output.py`` (stdout / stderr lines, tables, counts, byte sizes), ``errors.py`` (:class:`UserError`
 and :func:`_report`, the one-line error messages), ``common.py`` (the registry, a spec path, a device). Other
 modules add subcommands through ``add_subcommands(subparsers)`` (:data:`EXTENSION_MODULES`: ``check``, ``new``,
-``docs``, ``train``, ``data``, ``cost``, ``trace``, ``compare``), exactly as the command modules above do.
+``docs``, ``train``, ``data``, and this package's ``new``, ``cost``, ``trace``, ``compare``), exactly as the command modules above do.
 
 Every handler is ``func(args) -> int``. User errors print one clear message to stderr and exit 1 (argparse usage
 errors exit 2); ``MODKIT_DEBUG=1`` re-raises instead, for a traceback.
@@ -43,7 +51,7 @@ import warnings
 from typing import Callable, Optional, Sequence
 
 from . import build, convert, generate, list_show, plugins, validate
-# re-exported: extension modules (cost_cli, docs, train.cli, ...) import these helpers from modkit.cli
+# re-exported: extension modules (cli.cost, docs, train.cli, ...) import these helpers from modkit.cli
 from .common import _check_device, _registry, _spec_path, _sync  # noqa: F401
 from .errors import PROG, UserError, _report
 from .output import _bytes, _count, _debug, _err, _fit, _one_line, _out, _short_count, _spec_error_lines, _table  # noqa: F401
@@ -55,13 +63,13 @@ COMMAND_MODULES = (list_show, plugins, validate, convert, build, generate)
 #: import torch (and load plugins) only inside their handlers, so assembling the parser stays light.
 EXTENSION_MODULES = (
     "modkit.testing.cli",
-    "modkit.scaffold",
+    "modkit.cli.new",
     "modkit.docs",
     "modkit.train.cli",
     "modkit.data.cli",
-    "modkit.cost_cli",
-    "modkit.trace_cli",
-    "modkit.compare_cli",
+    "modkit.cli.cost",
+    "modkit.cli.trace",
+    "modkit.cli.compare",
 )
 
 __all__ = ["EXTENSION_MODULES", "PROG", "UserError", "build_parser", "main"]

@@ -40,7 +40,7 @@ import modkit
 from modkit.data.corpus import default_dataset
 from modkit.data.dataset import TokenData
 from modkit.trace import attention_entropy
-from modkit.trace_cli import _checkpoint_folder
+from modkit.cli.trace import _checkpoint_folder
 
 
 def layer_stats(model: modkit.Model, windows: torch.Tensor) -> dict:

@@ -52,8 +52,8 @@ def command_line(args: argparse.Namespace, out: str) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Handler of ``modkit compare``: check the arguments, run the comparison, print the table."""
-    from .cli import UserError
-    from .compare import CompareError, compare, fmt_pm, parse_lrs
+    from . import UserError
+    from ..compare import CompareError, compare, fmt_pm, parse_lrs
 
     for spec in args.specs:
         if not Path(spec).is_file():

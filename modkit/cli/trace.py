@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import ModkitError
+from ..errors import ModkitError
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -116,7 +116,7 @@ def load_for_trace(model: str, *, random_init: bool, seed: int, device: str, dty
 
 
 def _tokenizer(arg: Optional[str], folder: Optional[Path], needed: bool) -> Any:
-    from .data import load_tokenizer
+    from ..data import load_tokenizer
 
     if arg:
         return load_tokenizer(arg)
@@ -132,8 +132,8 @@ def _tokenizer(arg: Optional[str], folder: Optional[Path], needed: bool) -> Any:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Run :func:`modkit.trace.trace` and print it; write the HTML report with ``--html``."""
-    from .trace import trace
-    from .trace_report import print_trace, write_html
+    from ..trace import trace
+    from ..trace_report import print_trace, write_html
 
     if args.top_k < 1:
         raise TraceInputError(f"--top-k must be >= 1, got {args.top_k}")

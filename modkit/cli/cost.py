@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Optional
 
-from .hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS
+from ..hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS
 
 KIND_ORDER = ("attention", "ffn", "router")
 
@@ -54,7 +54,7 @@ def _rank(key: str) -> int:
 
 
 def _context_line(value: Optional[int], max_seq_len: int) -> str:
-    from .cli import _count
+    from . import _count
 
     if value is None:
         return "never (every layer's sliding window caps the keys)"
@@ -65,8 +65,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
     """Print the cost tables of a spec (or ``--json``)."""
     import modkit
 
-    from .cli import UserError, _bytes, _count, _registry, _spec_path, _table
-    from .cost import PHASES, CostModel
+    from . import UserError, _bytes, _count, _registry, _spec_path, _table
+    from ..cost import PHASES, CostModel
 
     reg = _registry()
     spec = modkit.load_spec(_spec_path(args.spec), registry=reg)
