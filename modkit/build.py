@@ -112,6 +112,7 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
         registry,
         attention_dropout=spec.dropout.attention,
         residual_dropout=spec.dropout.residual,
+        parametrization=spec.parametrization,
     )
     layer_specs = [spec.layer(i) for i in range(spec.n_layers)]
     blocks, pos_keys, pos_modules, layer_position, windows = [], {}, [], [], []

@@ -139,16 +139,23 @@ class Init:
         self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
         self.std = float(std)
         self.seen: set[int] = set()
+        #: ``{id(parameter): factor}`` on the std (and the bounds of a uniform) of that parameter's random init;
+        #: :meth:`Model.init_weights` fills it under μP from the parameters' roles (:mod:`modkit.parametrization`)
+        self.scales: dict[int, float] = {}
 
     @torch.no_grad()
     def normal_(self, t: Tensor, std: Optional[float] = None, mean: float = 0.0) -> Tensor:
-        """Fill ``t`` with N(mean, std²) (``std`` defaults to the spec's ``init_std``)."""
-        v = torch.randn(t.shape, generator=self.generator, dtype=torch.float32) * (self.std if std is None else std) + mean
+        """Fill ``t`` with N(mean, (std · s)²): ``std`` defaults to the spec's ``init_std``; ``s`` is the
+        parametrization's factor for ``t`` (1 under standard parametrization)."""
+        scale = (self.std if std is None else std) * self.scales.get(id(t), 1.0)
+        v = torch.randn(t.shape, generator=self.generator, dtype=torch.float32) * scale + mean
         return self.copy_(t, v)
 
     @torch.no_grad()
     def uniform_(self, t: Tensor, a: float, b: float) -> Tensor:
-        """Fill ``t`` with U(a, b)."""
+        """Fill ``t`` with U(a · s, b · s) (``s`` as in :meth:`normal_`)."""
+        s = self.scales.get(id(t), 1.0)
+        a, b = a * s, b * s
         v = torch.rand(t.shape, generator=self.generator, dtype=torch.float32) * (b - a) + a
         return self.copy_(t, v)
 
@@ -189,6 +196,8 @@ class BuildContext:
         residual_dropout: probability of dropping an element of a sublayer's output before the residual add in
             training mode (spec ``dropout.residual``); placements that apply it declare ``residual_dropout``
             and build the module with :func:`dropout`.
+        parametrization: the spec's ``parametrization`` (``None``: standard); attentions take their default score
+            scale from :meth:`attention_scale`, which follows it.
     """
 
     d_model: int
@@ -206,6 +215,15 @@ class BuildContext:
     attention_dropout: float = 0.0
     residual_dropout: float = 0.0
     extra: dict = field(default_factory=dict)
+    parametrization: Any = None
+
+    def attention_scale(self, head_dim: int) -> float:
+        """The default multiplier of ``q·k`` for heads of ``head_dim``: ``1 / sqrt(head_dim)`` under standard
+        parametrization, ``sqrt(base_head_dim) / head_dim`` under μP (:func:`modkit.parametrization.attention_scale`).
+        An attention uses it unless its config sets an explicit scale."""
+        from .parametrization import attention_scale
+
+        return attention_scale(self.parametrization, self.d_model, head_dim)
 
     def build(self, config: Any, **changes: Any) -> nn.Module:
         """Build a (nested) component from its validated config, tagging it with its kind and type.

@@ -92,8 +92,23 @@ class Model(nn.Module):
         elif spec.lm_head_bias:
             self.lm_head_bias = nn.Parameter(torch.empty(spec.vocab_size))
         self._register_load_state_dict_pre_hook(self._check_tied_head)
+        from .parametrization import output_multiplier
+
+        self._output_multiplier = output_multiplier(spec)  # None under standard parametrization
 
     # -------------------------------------------------------------------- weights
+    def param_roles(self) -> dict[str, str]:
+        """Roles of the model's own parameters (:mod:`modkit.roles`): the token embedding, the head and its bias.
+
+        Tied, the head is the embedding (one parameter, role ``embedding``); the components declare the rest.
+        """
+        roles = {"embed.weight": "embedding"}
+        if not self.spec.tie_embeddings:
+            roles["lm_head.weight"] = "head"
+        if self.spec.lm_head_bias:
+            roles["lm_head.bias" if not self.spec.tie_embeddings else "lm_head_bias"] = "bias"
+        return roles
+
     @property
     def lm_head_weight(self) -> Tensor:
         """The ``[vocab_size, d_model]`` matrix the head multiplies by (``embed.weight`` itself when tied)."""
@@ -130,6 +145,13 @@ class Model(nn.Module):
             RuntimeError: a parameter or buffer was left uninitialised (names it and its module).
         """
         init = init if init is not None else Init(seed, self.spec.init_std)
+        from .parametrization import init_scales, is_mup
+
+        if is_mup(self.spec):  # muP: each parameter's init std scaled by its role's factor (modkit.parametrization)
+            from .roles import param_roles
+
+            params = dict(self.named_parameters())
+            init.scales.update({id(params[n]): f for n, f in init_scales(self.spec, param_roles(self)).items()})
         if self.spec.lm_head_bias and self.spec.tie_embeddings:
             init.zeros_(self.lm_head_bias)
         init_modules(self, init, skip_root=True)
@@ -259,6 +281,8 @@ class Model(nn.Module):
         h = x if logits_to_keep is None or logits_to_keep >= seq else x[:, -logits_to_keep:]
         # an untied head is called as a module so tensor-parallel styles hooked on it apply (modkit.parallel)
         logits = nn.functional.linear(h, self.lm_head_weight, self._head_bias()) if self.spec.tie_embeddings else self.lm_head(h)
+        if self._output_multiplier is not None:  # muP's output multiplier (modkit.parametrization)
+            logits = logits * self._output_multiplier
         cap = self.spec.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

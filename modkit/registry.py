@@ -48,6 +48,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "argument": "{name, field}: the keyword of modkit.generate.generate (and --flag of modkit generate) that sets this "
         "field (logits_processor, stop_condition)",
         "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
+        "mup": "which column of muP's learning-rate table the update follows: 'adam' or 'sgd' (optimizer; modkit.parametrization)",
+        "sharded": "the step is correct on FSDP2 / tensor-parallel shards, so it may train under torchrun (optimizer)",
     }
 )
 

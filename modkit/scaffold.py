@@ -257,6 +257,10 @@ class ${Class}Config(ComponentConfig):
 class $Class(nn.Module):
     """``forward(x [..., dim]) -> [..., dim]`` in the dtype of ``x``. Parameter: ``weight [dim]``."""
 
+    # What each parameter is (modkit.roles: hidden, embedding, norm_gain, bias, vector, ...): optimizers, weight
+    # decay and muP read roles, never names. nn.Linear children need none (weight: hidden, bias: bias).
+    param_roles = {"weight": "norm_gain"}
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.dim, self.eps = dim, eps

@@ -33,6 +33,7 @@ from pydantic import (
 from .config import STRICT, ComponentConfig, Slot, StrictModel, slot_kind
 from .errors import SpecError, SpecWarning
 from .jsonio import JSONInputError, parse_json, read_json_file
+from .parametrization import Parametrization
 from .limits import BOUNDS, MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
 from .registry import Registry, close_matches, get_registry
 from .validation import ErrorFormatter, json_kind, models_in
@@ -152,6 +153,11 @@ class ModelSpec(_Strict):
     dropout: DropoutSpec = Field(
         default_factory=DropoutSpec, description="dropout probabilities (embedding, attention, residual); all 0 by default"
     )
+    parametrization: Optional[Parametrization] = Field(
+        None,
+        description="how init, learning rates, logits and attention scale with width: null or {\"type\": \"sp\"} for "
+        "standard parametrization; {\"type\": \"mup\", \"base_d_model\": N} for muP (modkit.parametrization)",
+    )
 
     @field_validator("schema_version", mode="before")
     @classmethod
@@ -200,6 +206,8 @@ class ModelSpec(_Strict):
         data = self.model_dump(mode="json", by_alias=True)
         if data.get("$schema") is None:
             data.pop("$schema", None)
+        if data.get("parametrization") is None:  # standard parametrization: the spec as it was written before muP
+            data.pop("parametrization", None)
         return data
 
 

@@ -19,7 +19,6 @@ et al. 2023 (arXiv:2305.13245); logit soft-capping, Gemma Team 2024, Gemma 2 (ar
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Literal, Optional
 
@@ -131,7 +130,8 @@ class Attention(nn.Module):
         self.causal = cfg.causal
         self.backend = cfg.backend
         self.attention_dropout = ctx.attention_dropout  # applied to the probabilities in training mode only
-        self.scale = cfg.softmax_scale if cfg.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        # 1/sqrt(head_dim) under standard parametrization, the 1/head_dim form under muP (BuildContext.attention_scale)
+        self.scale = cfg.softmax_scale if cfg.softmax_scale is not None else ctx.attention_scale(self.head_dim)
         self.logit_softcap = cfg.logit_softcap
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)

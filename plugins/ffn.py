@@ -178,6 +178,10 @@ class _Stacked(nn.Module):
                 dims[name] = 2  # gate / up [n, d_model, d_ff]
         return dims
 
+    def param_roles(self) -> dict[str, str]:
+        """Parameter roles (:mod:`modkit.roles`): stacked matrices are ``expert``, stacked biases ``bias``."""
+        return {name: "bias" if name.endswith("_bias") else "expert" for name, _ in self.named_parameters(recurse=False)}
+
     @staticmethod
     def _groups(x: Tensor, offs: Tensor) -> Tensor:
         """``[rows]`` int64 group of each row (``g`` for rows ``[offs[g-1], offs[g])``), without a host sync."""

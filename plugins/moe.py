@@ -141,6 +141,9 @@ class TopKRouter(nn.Module):
     ``block_sparse_moe.gate.weight``.
     """
 
+    #: parameter roles (:mod:`modkit.roles`): the projection is a router, not a hidden matrix
+    param_roles = {"proj.weight": "router", "proj.bias": "bias"}
+
     def __init__(self, d_model: int, n_experts: int, top_k: int, renormalize: bool, bias: bool):
         super().__init__()
         if not 1 <= top_k <= n_experts:

@@ -44,6 +44,9 @@ def _float32(t: Tensor) -> Tensor:
 class LayerNorm(nn.Module):
     """LayerNorm over the last dimension, statistics in float32. Shape ``[..., dim] -> [..., dim]``."""
 
+    #: parameter roles (:mod:`modkit.roles`): the scale is a norm gain, beta a bias
+    param_roles = {"weight": "norm_gain", "bias": "bias"}
+
     def __init__(self, dim: int, eps: float, bias: bool):
         super().__init__()
         self.dim, self.eps = dim, eps
@@ -65,6 +68,9 @@ class LayerNorm(nn.Module):
 
 class RMSNorm(nn.Module):
     """RMSNorm over the last dimension, statistics in float32. Shape ``[..., dim] -> [..., dim]``."""
+
+    #: parameter roles (:mod:`modkit.roles`)
+    param_roles = {"weight": "norm_gain"}
 
     def __init__(self, dim: int, eps: float, unit_offset: bool):
         super().__init__()

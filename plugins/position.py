@@ -431,6 +431,9 @@ class Learned(PositionScheme):
     ``weight [max_seq_len, d_model]`` is a parameter initialised N(0, init_std) (GPT-2, Radford et al. 2019).
     """
 
+    #: parameter roles (:mod:`modkit.roles`): a learned position table
+    param_roles = {"weight": "position"}
+
     def __init__(self, max_seq_len: int, d_model: int):
         super().__init__()
         self.max_seq_len, self.d_model = max_seq_len, d_model

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import SpecError
 from ..jsonio import JSONInputError, check_regular_file, read_json_file
@@ -42,8 +42,10 @@ class TrainConfig(BaseModel):
     ``N`` processes takes ``batch_size / N`` rows of the same global batch), ``grad_accum`` micro-batches per
     optimizer step: ``tokens_per_step = batch_size * grad_accum * seq_len``.
 
-    Weight decay applies to parameters of two or more dimensions (weight matrices, embeddings, stacked experts)
-    and not to vectors and scalars (biases, norm weights), nanoGPT's and GPT-3's rule.
+    Weight decay applies to the parameter roles that decay (:mod:`modkit.roles`: hidden and expert matrices,
+    embeddings, the head, routers) and not to norm gains, biases and other vectors, nanoGPT's and GPT-3's rule read
+    from the roles the components declare. ``optimizer`` names a registered optimizer component
+    (:mod:`modkit.train.optim`); AdamW by default.
 
     Learning rate at optimizer step ``t`` (0-based), with ``W = warmup_steps`` and ``T = decay_steps`` (default:
     the step budget): ``lr * (t + 1) / (W + 1)`` while ``t < W``; then, with ``r = (t - W) / (T - W)`` clipped to
@@ -87,10 +89,19 @@ class TrainConfig(BaseModel):
     warmup_steps: int = Field(100, ge=0, le=1 << 40, description="linear warmup steps")
     decay_steps: Optional[int] = Field(None, ge=1, le=1 << 40, description="step at which the decay ends (nanoGPT lr_decay_iters); default: the budget")
     wsd_decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: fraction of decay_steps spent decaying")
-    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
-    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2")
-    adam_eps: float = Field(1e-8, gt=0, le=1, description="AdamW epsilon")
-    weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW decoupled weight decay (matrices and embeddings only)")
+    optimizer: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "adamw"},
+        description="the optimizer, a registered optimizer component: {\"type\": \"adamw\"} (default), "
+        "{\"type\": \"muon\"}, {\"type\": \"lion\"}, {\"type\": \"sgd\", \"momentum\": 0.9}, ... "
+        "('modkit list optimizer'; its fields: 'modkit show optimizer TYPE')",
+    )
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1 (adamw, and the AdamW part of muon)")
+    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2 (adamw, and the AdamW part of muon)")
+    adam_eps: float = Field(1e-8, gt=0, le=1, description="AdamW epsilon (adamw, and the AdamW part of muon)")
+    weight_decay: float = Field(
+        0.1, ge=0, le=10, description="weight decay of the parameter roles that decay (matrices, embeddings, head, "
+        "routers; not norm gains, biases, vectors); decoupled for adamw, muon and lion, L2 for sgd"
+    )
     grad_clip: Optional[float] = Field(1.0, gt=0, description="clip the global gradient norm to this; null: no clipping")
 
     precision: Literal["float32", "bfloat16", "float16"] = Field(
@@ -132,6 +143,17 @@ class TrainConfig(BaseModel):
     sample_tokens: int = Field(300, ge=0, le=1 << 20, description="tokens to sample at the end (0: none)")
     sample_temperature: float = Field(0.8, ge=0, le=100, description="temperature of the sample (0: greedy)")
     sample_top_k: Optional[int] = Field(200, ge=1, description="top-k of the sample; null: no top-k")
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Validate against the registered optimizers; the stored dict has every default written out."""
+        from .optim import load_optimizer_config
+
+        try:
+            return load_optimizer_config(value).model_dump(mode="json")
+        except SpecError as exc:
+            raise ValueError("; ".join(f"{p}: {m}" if p else m for p, m in exc.errors)) from None
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":

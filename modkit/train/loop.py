@@ -2,7 +2,8 @@
 
 One optimizer step = ``grad_accum`` micro-batches of ``batch_size x seq_len`` tokens (the global batch; under
 ``N`` data-parallel processes each computes its ``batch_size / N`` rows), cross-entropy over every position
-(plus the model's auxiliary loss, for MoE), gradient clipping, AdamW at the scheduled learning rate. Evaluation
+(plus the model's auxiliary loss, for MoE), gradient clipping, the configured optimizer (AdamW by default;
+:mod:`modkit.train.optim`) at the scheduled learning rate. Evaluation
 estimates the mean train and validation loss on fixed windows. Everything a run writes is described in
 :mod:`modkit.train.state`.
 
@@ -36,6 +37,7 @@ from ..errors import CheckpointError, ModkitError
 from ..spec import ModelSpec, iter_configs, load_spec
 from . import state as st
 from .config import DEFAULT_MODEL, TrainConfig
+from .optim import build_optimizer
 from .schedule import lr_at
 
 
@@ -60,12 +62,21 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW parameter groups: decay on tensors of 2+ dimensions (matrices, embeddings, stacked experts), none
-    on vectors and scalars (biases, norm weights). nanoGPT's ``configure_optimizers`` rule (GPT-3 likewise)."""
+    """Two parameter groups, decay and no decay, by the parameters' roles (:mod:`modkit.roles`): hidden and expert
+    matrices, embeddings, the head and routers decay; norm gains, biases and vectors do not. nanoGPT's
+    ``configure_optimizers`` rule (GPT-3 likewise), read from roles instead of ``p.dim() >= 2`` (which decayed stacked
+    expert biases).
+
+    Raises:
+        RoleError: a parameter without a role.
+    """
+    from ..roles import ROLES, param_roles
+
+    params = dict(model.named_parameters())
     decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
+    for name, role in param_roles(model).items():
+        if params[name].requires_grad:
+            (decay if ROLES[role].decay else no_decay).append(params[name])
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -495,7 +506,7 @@ class Trainer:
         c = self.config
         lr = lr_at(self.step, c)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_mult", 1.0)  # 1, or muP's factor for the group's roles
         ce_sum = torch.zeros((), device=self.device)
         for micro in range(c.grad_accum):
             if self.procs.distributed and hasattr(self.model, "set_requires_gradient_sync"):
@@ -598,10 +609,9 @@ class Trainer:
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        fused = not self.procs.distributed  # one kernel per step on CPU and CUDA (benchmarks/results_train.md)
-        self.optimizer = torch.optim.AdamW(
-            decay_groups(self.model, c.weight_decay), lr=c.lr, betas=(c.beta1, c.beta2), eps=c.adam_eps, **({"fused": True} if fused else {})
-        )
+        # the registered optimizer the config names, over the parameters grouped by role (modkit.train.optim);
+        # AdamW is fused on one process (one kernel per step on CPU and CUDA: benchmarks/results_train.md)
+        self.optimizer = build_optimizer(self.model, self.spec, c, distributed=self.procs.distributed)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.precision == "float16")
         self.rows = c.batch_size // self.procs.dp
         sampler_cls = RandomWindows if c.sampler == "random" else SequentialEpochs

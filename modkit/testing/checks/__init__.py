@@ -20,12 +20,14 @@ check                     module                          applies to
 ``position_sensitivity``  :mod:`.attention`               attention; position schemes that act somewhere
 ``meta_init``             :mod:`.init`                    every component
 ``param_count``           :mod:`.declarations`            components that declare param_count
+``param_roles``           :mod:`.roles`                   every component with parameters
 ``flops``                 :mod:`.flops`                   components that declare flops (skipped, with the reason, without)
 ``precision``             :mod:`.precision`               every component with a contract call (a router: its ffn)
 ``dropout``               :mod:`.training`                attention_dropout / residual_dropout capabilities
 ``aux_loss_grad``         :mod:`.training`                the aux_loss capability, and routers
 ``compile``               :mod:`.compile`                 the compile_safe capability
 ``grouped_form``          :mod:`.grouped`                 ffn with a grouped_factory
+``optimizer``             :mod:`.optimizer`               optimizers (the optimizer kind)
 ``shards``                :mod:`.parallel`                a non-empty tp_plan (opt-in: distributed)
 ========================  ==============================  ===========================================================
 
@@ -65,7 +67,9 @@ from .flops import SUMMARY as FLOPS_SUMMARY, applies_flops, check_flops
 from .grouped import applies_grouped, check_grouped_form
 from .init import check_meta_init
 from .parallel import applies_shards, check_shards, outcome, shards_many
+from .optimizer import OptimizerBench, applies_optimizer, check_optimizer
 from .precision import applies_precision, check_precision
+from .roles import check_param_roles
 from .sampling import SAMPLING_KINDS, SamplingBench, applies_sampling, check_sampling
 from .shapes import check_shape_dtype
 from .training import applies_aux, applies_dropout, check_aux_loss_grad, check_dropout, check_gradients
@@ -100,6 +104,8 @@ CHECKS: tuple[Check, ...] = (
     Check("position_sensitivity", "the position scheme a layer is given changes its output (against no position scheme)", check_position_sensitivity, applies_position_sensitivity),
     Check("meta_init", "modkit.build (meta, to_empty, init_weights) equals a direct build, tensor for tensor, and runs", check_meta_init),
     Check("param_count", "declared param_count equals the module's parameter count", check_param_count, applies_param_count),
+    Check("param_roles", "every parameter has a declared role (modkit.roles) that fits its shape: what optimizers, weight "
+          "decay and muP read", check_param_roles),
     Check("flops", FLOPS_SUMMARY, check_flops, applies_flops),
     Check("precision", "bfloat16 and float16 agree with float64 on the same numbers within a few ulps", check_precision, applies_precision),
     Check("dropout", "a declared dropout is random in train mode and absent in eval mode", check_dropout, applies_dropout),
@@ -108,6 +114,8 @@ CHECKS: tuple[Check, ...] = (
     Check("grouped_form", "the stacked copies (mixture-of-experts experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, applies_grouped),
     Check("sampling", "logits processors and stop conditions: shapes, dtype, no in-place change, never empty, deterministic, rows independent",
           check_sampling, applies_sampling),
+    Check("optimizer", "an optimizer trains a tiny model holding every parameter role, every parameter in one group, "
+          "and resumes bitwise from its saved state", check_optimizer, applies_optimizer),
     Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits, gradients and one AdamW step equal the single-process ones (opt-in: distributed)",
           check_shards, applies_shards, distributed=True, run_many=shards_many),
 )
@@ -194,6 +202,9 @@ class ComponentChecks:
             if entry.kind in SAMPLING_KINDS:  # not part of a model: no tiny model to build
                 self._setup = ("ok", SamplingBench(entry, config, self.registry))
                 return self._setup
+            if applies_optimizer(entry, config) is None:  # an optimizer: trained on the check's own tiny model
+                self._setup = ("ok", OptimizerBench(entry, config, self.registry))
+                return self._setup
             self._setup = ("ok", Bench(entry, config, self.registry, self.device, self.neighbours))
         except Unavailable as exc:
             self._setup = ("skip", str(exc))
@@ -228,6 +239,8 @@ class ComponentChecks:
         reason = chk.applies(self.entry, bench.config) if state == "ok" else None
         if isinstance(bench, SamplingBench) and chk.name not in ("spec_roundtrip", "sampling"):
             reason = f"applies to model components; a {self.entry.kind} is checked by 'sampling'"
+        if isinstance(bench, OptimizerBench) and chk.name not in ("spec_roundtrip", "optimizer"):
+            reason = "applies to model components; an optimizer is checked by 'optimizer'"
         if reason:
             return self._result(chk.name, "skipped", reason)
         if state == "fail":

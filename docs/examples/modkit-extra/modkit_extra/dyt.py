@@ -38,6 +38,9 @@ class DyT(nn.Module):
     Parameters: ``alpha [1]``, ``weight [dim]``, ``bias [dim]``.
     """
 
+    #: what each parameter is (modkit.roles): optimizers, weight decay and muP read these, never the names
+    param_roles = {"alpha": "vector", "weight": "norm_gain", "bias": "bias"}
+
     def __init__(self, dim: int, alpha_init: float):
         super().__init__()
         self.dim, self.alpha_init = dim, alpha_init
