@@ -1,8 +1,8 @@
-"""``modkit compare SPEC... --train CONFIG [--seeds K] [--lr-sweep LR,...] [--max-steps N] [--jobs N] [-o DIR]``.
+"""``modkit compare SPEC... [--train CONFIG] [--seeds K] [--lr-grid LR,...] [--FIELD V ...] [--widths W,...] [--ladder]``.
 
 Trains every spec with the same data, token budget, schedule and seeds (:func:`modkit.compare.compare`) and writes
-a report folder: ``report.md`` (table, learning-rate sweep, loss by position), ``curves.png``, ``positions.png``,
-``results.json`` and the runs.
+a report folder: ``report.md`` (table, verdicts with confidence intervals, learning rates, instability, ladder fits,
+loss by position), the plots, ``results.json`` and the runs. ``--merge DIR...`` writes one report from several.
 """
 
 from __future__ import annotations
@@ -11,28 +11,74 @@ import argparse
 import shlex
 from pathlib import Path
 
+#: compare's options in the order its recorded command line spells them (after --seeds and the learning rates and
+#: the training-config fields)
+_AFTER_FIELDS = (("override", "--override"), ("widths", "--widths"), ("depths", "--depths"), ("ladder", "--ladder"),
+                 ("tokens_per_param", "--tokens-per-param"), ("tokens", "--tokens"), ("holdout_width", "--holdout-width"),
+                 ("holdout_depth", "--holdout-depth"), ("throughput_steps", "--throughput-steps"),
+                 ("spike_margin", "--spike-margin"))
+
 
 def add_subcommands(subparsers) -> None:
     """Add ``modkit compare`` to the ``modkit`` subcommands (an extension module of :mod:`modkit.cli`)."""
     p = subparsers.add_parser(
         "compare",
-        help="train several specs under one recipe and write a comparison report",
+        help="train several specs under one recipe and write a comparison report (ladders, lr grids, verdicts)",
         description="Train each spec with the same training config (data, token budget, schedule) and seeds, then "
-        "write REPORT_DIR/report.md: parameters, active parameters, tokens/s, final train and validation loss (mean "
-        "± std over seeds), diverged runs; overlaid validation curves (curves.png); validation loss by position "
-        "bucket at twice the training seq_len (positions.png). With --lr-sweep each spec trains its first seed at "
-        "every learning rate and the other seeds at the winner.",
+        "write REPORT_DIR/report.md: parameters, tokens/s (with the load it was measured under), train and validation "
+        "loss (mean ± std over seeds), diverged and unstable runs; each design against the first as a difference with "
+        "a 95%% confidence interval over seeds, resolved only when it excludes zero; train-loss, gradient-norm and "
+        "validation curves; loss by position at twice the training seq_len where a model can be scored. Every "
+        "training-config field is a flag (as for modkit train). --lr-grid trains every seed at every rate, --lr-sweep "
+        "the first seed only; --override LABEL:FIELD=VALUE sets a field for one spec; --widths/--depths train each "
+        "spec at several sizes and --ladder fits L(C) = E + A C^-alpha with a held-out check. --merge DIR... writes "
+        "one report from several report folders.",
     )
-    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec .json files (the report labels each by its file name)")
-    p.add_argument("--train", required=True, metavar="CONFIG", help="training config JSON (its model field is replaced by each spec)")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec .json files, or LABEL=FILE (the report labels each by "
+                   "LABEL or its file name); with --merge: report folders")
+    p.add_argument("--train", default=None, metavar="CONFIG", help="training config JSON (its model field is replaced by "
+                   "each spec; default: the built-in defaults)")
     p.add_argument("--seeds", type=int, default=3, metavar="K", help="seeds per spec (default 3)")
-    p.add_argument("--lr-sweep", metavar="LR,LR,...", help="learning rates to try per spec, e.g. 1e-3,3e-3 (default: the config's lr)")
+    p.add_argument("--lr-sweep", metavar="LR,LR,...", help="learning rates tried on the first seed of each spec; the other "
+                   "seeds train at the winner")
+    p.add_argument("--lr-grid", metavar="LR,LR,...", help="learning rates every seed of every spec trains at")
+    p.add_argument("--override", action="append", default=None, metavar="LABEL:FIELD=VALUE",
+                   help="a training-config field for one spec's runs (repeatable), e.g. muon:optimizer='{\"type\": \"muon\"}'")
+    p.add_argument("--widths", metavar="W,W,...", help="train each spec at these d_model (d_ff and head_dim scaled with it)")
+    p.add_argument("--depths", metavar="L,L,...", help="train each spec at these n_layers")
+    p.add_argument("--ladder", action="store_true", help="fit validation loss against training FLOPs per spec (needs 2+ sizes; 3+ to fit)")
+    p.add_argument("--tokens-per-param", metavar="R[,R...]", help="token budget of each size: R x its parameters (several: "
+                   "every size at every budget, and an L(N, D) fit)")
+    p.add_argument("--tokens", metavar="T,T,...", help="token budget of each size, one per size in order")
+    p.add_argument("--holdout-width", type=int, default=None, metavar="W", help="a larger d_model every spec also trains "
+                   "at, which the ladder fit does not see and predicts")
+    p.add_argument("--holdout-depth", type=int, default=None, metavar="L", help="n_layers of the held-out size")
+    p.add_argument("--throughput-steps", type=int, default=0, metavar="N",
+                   help="after training, time N steps of every variant round-robin in one process (3 rounds, median): "
+                        "throughput that every variant measured under the same load (default 0: off)")
+    p.add_argument("--spike-margin", type=float, default=0.1, metavar="NATS", help="margin of the instability reading (default 0.1)")
+    p.add_argument("--merge", action="store_true", help="SPEC... are report folders of earlier comparisons: write one "
+                   "report from them (nothing trains)")
     p.add_argument("-o", "--out", metavar="REPORT_DIR", default=None, help="report folder (default reports/compare)")
-    p.add_argument("--max-steps", type=int, default=None, metavar="N", help="override the config's step budget")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="training runs at once, each in its own process (default 1); on CPU keep N x the config's threads "
                         "within the cores")
+    defer = getattr(p, "defer", None)
+    defer(_fields) if defer is not None else _fields(p)
     p.set_defaults(func=cmd_compare)
+
+
+def _fields(p: argparse.ArgumentParser) -> None:
+    from ..train.cli import _add_field_flags
+
+    _add_field_flags(p, skip=("model",))
+
+
+def _field_flags(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(name, text)`` of every training-config field given as a flag, in the config's field order."""
+    from ..train.config import TrainConfig
+
+    return [(n, v) for n in TrainConfig.model_fields if (v := getattr(args, f"field_{n}", None)) is not None]
 
 
 def command_line(args: argparse.Namespace, out: str) -> str:
@@ -40,41 +86,110 @@ def command_line(args: argparse.Namespace, out: str) -> str:
 
     Recorded in the report so a published comparison says exactly how it was made; the report folder is ``out``.
     """
-    argv = ["modkit", "compare", *args.specs, "--train", args.train, "--seeds", str(args.seeds)]
+    argv = ["modkit", "compare", *args.specs]
+    if getattr(args, "merge", False):
+        return shlex.join(argv + ["--merge", "-o", out])
+    if args.train is not None:
+        argv += ["--train", args.train]
+    argv += ["--seeds", str(args.seeds)]
     if args.lr_sweep is not None:
         argv += ["--lr-sweep", args.lr_sweep]
-    if args.max_steps is not None:
-        argv += ["--max-steps", str(args.max_steps)]
+    if getattr(args, "lr_grid", None) is not None:
+        argv += ["--lr-grid", args.lr_grid]
+    for name, text in _field_flags(args):
+        argv += ["--" + name.replace("_", "-"), text]
+    for attr, flag in _AFTER_FIELDS:
+        value = getattr(args, attr, None)
+        if attr == "override":
+            for item in value or []:
+                argv += [flag, item]
+        elif attr == "ladder":
+            argv += [flag] if value else []
+        elif attr == "throughput_steps":
+            argv += [flag, str(value)] if value else []
+        elif attr == "spike_margin":
+            argv += [flag, f"{value:g}"] if value != 0.1 else []
+        elif value is not None:
+            argv += [flag, str(value)]
     if args.jobs != 1:
         argv += ["--jobs", str(args.jobs)]
     return shlex.join(argv + ["-o", out])
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Handler of ``modkit compare``: check the arguments, run the comparison, print the table."""
+def _spec_overrides(items, labels_hint: str) -> dict:
     from . import UserError
-    from ..compare import CompareError, compare, fmt_pm, parse_lrs
+    from ..train.config import TrainConfig, parse_flag_value
 
+    out: dict = {}
+    for item in items or []:
+        label, sep, rest = item.partition(":")
+        name, eq, text = rest.partition("=")
+        name = name.replace("-", "_")
+        if not sep or not eq or not label or not name:
+            raise UserError(f"--override {item!r}: write LABEL:FIELD=VALUE, e.g. muon:optimizer='{{\"type\": \"muon\"}}' ({labels_hint})")
+        if name not in TrainConfig.model_fields:
+            raise UserError(f"--override {item!r}: {name!r} is not a training-config field ('modkit schema --train')")
+        out.setdefault(label, {})[name] = parse_flag_value(name, text)
+    return out
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Handler of ``modkit compare``: check the arguments, run the comparison (or merge reports), print the table."""
+    from . import UserError
+    from ..compare import CompareError, compare, fmt_pm, merge_reports, parse_ints, parse_lrs
+    from ..train.config import parse_flag_value
+
+    out = args.out or "reports/compare"
+    if args.merge:
+        for d in args.specs:
+            if not (Path(d) / "results.json").is_file():
+                raise UserError(f"--merge {d}: no results.json; give report folders written by modkit compare")
+        try:
+            result = merge_reports(args.specs, out, command=command_line(args, out))
+        except CompareError as exc:
+            raise UserError(str(exc)) from None
+        print(f"report: {result.report}")
+        return 0
     for spec in args.specs:
-        if not Path(spec).is_file():
-            raise UserError(f"spec {spec}: no such file; give spec .json files")
-    if not Path(args.train).is_file():
+        path = spec.split("=", 1)[1] if "=" in spec and not Path(spec).is_file() else spec
+        if not Path(path).is_file():
+            raise UserError(f"spec {path}: no such file; give spec .json files (or LABEL=FILE)")
+    if args.train is not None and not Path(args.train).is_file():
         raise UserError(f"--train {args.train}: no such file; give a training config JSON")
     if args.seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
     if args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     try:
-        lrs = parse_lrs(args.lr_sweep) if args.lr_sweep is not None else None
+        sweep = parse_lrs(args.lr_sweep) if args.lr_sweep is not None else None
+        grid = parse_lrs(args.lr_grid, "--lr-grid") if args.lr_grid is not None else None
+        widths = parse_ints(args.widths, "--widths") if args.widths else None
+        depths = parse_ints(args.depths, "--depths") if args.depths else None
+        tokens = parse_ints(args.tokens, "--tokens") if args.tokens else None
+        ratios = [float(x) for x in args.tokens_per_param.split(",")] if args.tokens_per_param else None
     except CompareError as exc:
         raise UserError(str(exc)) from None
-    overrides = {"max_steps": args.max_steps, "max_tokens": None} if args.max_steps is not None else {}
-    out = args.out or "reports/compare"
-    result = compare(args.specs, args.train, out, seeds=args.seeds, lr_sweep=lrs, overrides=overrides, jobs=args.jobs,
-                     command=command_line(args, out))
+    except ValueError:
+        raise UserError(f"--tokens-per-param {args.tokens_per_param!r}: give numbers separated by commas") from None
+    overrides = {name: parse_flag_value(name, text) for name, text in _field_flags(args)}
+    if "max_steps" in overrides and "max_tokens" not in overrides:
+        overrides["max_tokens"] = None
+    if "max_tokens" in overrides and "max_steps" not in overrides:
+        overrides["max_steps"] = None
+    spec_overrides = _spec_overrides(args.override, "labels are the spec file names or LABEL of LABEL=FILE")
+    holdout = (args.holdout_width, args.holdout_depth) if (args.holdout_width or args.holdout_depth) else None
+    try:
+        result = compare(args.specs, args.train, out, seeds=args.seeds, lr_sweep=sweep, lr_grid=grid, overrides=overrides,
+                         spec_overrides=spec_overrides, widths=widths, depths=depths, ladder=args.ladder,
+                         tokens_per_param=ratios, tokens=tokens, holdout=holdout, throughput_steps=args.throughput_steps,
+                         spike_margin=args.spike_margin, jobs=args.jobs, command=command_line(args, out))
+    except CompareError as exc:
+        raise UserError(str(exc)) from None
     print()
     for row in result.rows:
         print(f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "
               f"lr {row.lr:g}, {row.params:,} parameters, diverged {row.diverged}/{len(row.runs)}")
+    for v in result.verdicts:
+        print(("" if v.lr is None else f"lr {v.lr:g}: ") + v.text())
     print(f"report: {result.report}")
     return 0

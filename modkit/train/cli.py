@@ -37,13 +37,14 @@ def add_subcommands(subparsers) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _add_field_flags(p: argparse.ArgumentParser) -> None:
-    """One ``--field-name V`` flag per :class:`~modkit.train.config.TrainConfig` field (``--compile`` alone: true)."""
+def _add_field_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One ``--field-name V`` flag per :class:`~modkit.train.config.TrainConfig` field (``--compile`` alone: true),
+    but ``schema_version`` and the fields in ``skip`` (``modkit compare`` sets ``model`` itself)."""
     from .config import TrainConfig
 
     fields = p.add_argument_group("training-config fields (see 'modkit schema --train')")
     for name, info in TrainConfig.model_fields.items():
-        if name == "schema_version":
+        if name == "schema_version" or name in skip:
             continue
         default = info.get_default(call_default_factory=True)
         flag_only = info.annotation is bool  # --compile alone means --compile true

@@ -1,0 +1,183 @@
+"""Parameter roles (:mod:`modkit.roles`): every parameter of every built-in has one, the counts are exact, and a
+third-party parameter without one is a clear error (in training, in ``param_roles`` and in the contract kit)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Literal
+
+import pytest
+import torch
+from torch import nn
+
+import modkit
+from modkit.roles import ROLES, RoleError, check_shapes, param_roles, role_table
+from modkit.testing import check_component
+from modkit.train import decay_groups
+
+from conftest import SPECS, tiny_spec
+
+MOE = {**tiny_spec(), "tie_embeddings": False, "position": {"type": "learned"},
+       "block": {"attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "q_bias": True},
+                 "ffn": {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "mlp", "d_ff": 16},
+                         "router": {"type": "topk", "renormalize": True, "bias": True}},
+                 "norm": {"type": "layernorm"}, "placement": {"type": "pre"}},
+       "final_norm": {"type": "layernorm"}, "lm_head_bias": True}
+
+
+@pytest.mark.parametrize("path", sorted(SPECS.glob("*.json")), ids=lambda p: p.stem)
+def test_every_parameter_of_every_shipped_spec_has_a_role(path):
+    model = modkit.build(path, device="meta")
+    roles = param_roles(model)
+    assert set(roles) == {n for n, _ in model.named_parameters()}
+    assert check_shapes(model, roles) == []
+
+
+def test_roles_of_a_model_with_every_builtin_role():
+    model = modkit.build(MOE, device="meta")
+    roles = param_roles(model)
+    d, v, L, t, e, f = 32, 64, 2, 64, 4, 16
+    assert roles["embed.weight"] == "embedding" and roles["lm_head.weight"] == "head" and roles["lm_head.bias"] == "bias"
+    assert roles["positions.0.weight"] == "position"
+    assert roles["layers.0.attention.q_proj.weight"] == "hidden" and roles["layers.0.attention.q_proj.bias"] == "bias"
+    assert roles["layers.0.ffn.router.proj.weight"] == "router" and roles["layers.0.ffn.router.proj.bias"] == "bias"
+    assert roles["layers.0.ffn.experts.up"] == "expert" and roles["layers.0.ffn.experts.up_bias"] == "bias"
+    assert roles["layers.0.attn_norm.weight"] == "norm_gain" and roles["layers.0.attn_norm.bias"] == "bias"
+    table = role_table(model)
+    kv = 2 * 8
+    assert table == {
+        "embedding": {"tensors": 1, "values": v * d},
+        "position": {"tensors": 1, "values": t * d},
+        "hidden": {"tensors": 4 * L, "values": L * (2 * d * d + 2 * d * kv)},
+        "bias": {"tensors": L * (1 + 1 + 2 + 2) + 2,  # q_bias, router bias, experts' 2, 2 norms' beta; final norm, head
+                 "values": L * (d + e + e * (f + d) + 2 * d) + d + v},
+        "router": {"tensors": L, "values": L * e * d},
+        "expert": {"tensors": 2 * L, "values": L * 2 * e * d * f},
+        "norm_gain": {"tensors": 2 * L + 1, "values": (2 * L + 1) * d},
+        "head": {"tensors": 1, "values": v * d},
+    }
+    assert sum(r["values"] for r in table.values()) == modkit.count_params(MOE)
+
+
+def test_a_tied_head_is_the_embedding_and_its_bias_a_bias():
+    roles = param_roles(modkit.build({**tiny_spec(), "tie_embeddings": True, "lm_head_bias": True}, device="meta"))
+    assert roles["embed.weight"] == "embedding" and roles["lm_head_bias"] == "bias" and "lm_head.weight" not in roles
+
+
+def test_weight_decay_reads_roles():
+    model = modkit.build(MOE, device="meta")
+    decay, no_decay = decay_groups(model, 0.1)
+    roles = param_roles(model)
+    ids = {id(p): n for n, p in model.named_parameters()}
+    assert {roles[ids[id(p)]] for p in decay["params"]} == {"embedding", "position", "hidden", "router", "expert", "head"}
+    assert {roles[ids[id(p)]] for p in no_decay["params"]} == {"bias", "norm_gain"}
+    # the rule p.dim() >= 2 decayed the stacked expert biases [n_experts, d_ff]; roles do not
+    assert model.layers[0].ffn.experts.up_bias.dim() == 2 and any(p is model.layers[0].ffn.experts.up_bias for p in no_decay["params"])
+
+
+@pytest.mark.parametrize("entry", [c for c in modkit.get_registry().components()
+                                   if c.kind not in ("logits_processor", "stop_condition", "optimizer")],
+                         ids=lambda c: f"{c.kind}/{c.type}")
+def test_the_kit_finds_a_role_for_every_builtin_parameter(entry):
+    (result,) = check_component(entry.kind, entry.type, checks=["param_roles"])
+    assert result.status in ("passed", "skipped"), str(result)
+    if result.status == "skipped":
+        assert result.detail == "the component has no parameters"
+
+
+# ------------------------------------------------------------------------------------------------ third parties
+
+
+class ScaleConfig(modkit.ComponentConfig):
+    """Config of ``scalenorm``."""
+
+    type: Literal["scalenorm"] = "scalenorm"
+
+
+class ScaleNorm(nn.Module):
+    """``g * x / ||x||`` with a scalar ``g`` and no role declared (the fault under test)."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = nn.Parameter(torch.empty(()))
+
+    def forward(self, x):
+        return self.g * x / x.norm(dim=-1, keepdim=True).clamp(min=1e-5)
+
+    def init_weights(self, init):
+        init.ones_(self.g)
+
+
+def _plugin(name: str, module_cls, roles=None):
+    cls = type(module_cls.__name__, (module_cls,), {} if roles is None else {"param_roles": roles})
+    mod = types.ModuleType(name)
+
+    @modkit.hookimpl
+    def register_components(register):
+        register(modkit.Component(kind="norm", type="scalenorm", config=ScaleConfig, factory=lambda cfg, ctx: cls(),
+                                  description="ScaleNorm. [batch, seq, d] -> [batch, seq, d]."))
+
+    mod.register_components = register_components
+    sys.modules[name] = mod
+    return mod
+
+
+@pytest.fixture
+def registered():
+    reg = modkit.get_registry()
+    names = []
+
+    def add(name, roles=None):
+        reg.register_plugin(_plugin(name, ScaleNorm, roles), name)
+        names.append(name)
+
+    yield add
+    for n in names:
+        reg.unregister_plugin(n)
+        sys.modules.pop(n, None)
+
+
+def test_an_undeclared_role_is_a_clear_error(registered, tmp_path):
+    registered("my-norms")
+    spec = {**tiny_spec(), "final_norm": {"type": "scalenorm"}}
+    model = modkit.build(spec, device="meta")
+    with pytest.raises(RoleError) as info:
+        param_roles(model)
+    message = str(info.value)
+    assert "parameter 'final_norm.g' [] of norm/scalenorm (plugin my-norms) has no declared role" in message
+    assert "give ScaleNorm a param_roles = {'g': ROLE}" in message and "norm_gain" in message
+    (result,) = check_component("norm", "scalenorm", checks=["param_roles"])
+    assert result.failed and "has no declared role" in result.detail
+    # training refuses it before the first step, with the same message
+    from modkit.train.optim import build_optimizer
+    from modkit.train import TrainConfig
+
+    with pytest.raises(RoleError, match="final_norm.g"):
+        built = modkit.build(spec, seed=0)
+        build_optimizer(built, built.spec, TrainConfig())
+
+
+def test_declared_roles_pass_and_bad_declarations_are_named(registered):
+    registered("good-norms", {"g": "norm_gain"})
+    (result,) = check_component("norm", "scalenorm", checks=["param_roles"])
+    assert result.status == "passed" and "norm_gain" in result.detail
+    spec = {**tiny_spec(), "final_norm": {"type": "scalenorm"}}
+    assert param_roles(modkit.build(spec, device="meta"))["final_norm.g"] == "norm_gain"
+
+
+@pytest.mark.parametrize("roles, message", [
+    ({"g": "gain"}, "declares role 'gain' for 'g'; roles: hidden, expert"),
+    ({"g": "norm_gain", "gg": "bias"}, "declares a role for 'gg', which is not one of its parameters (g)"),
+    ({"g": "hidden"}, "'final_norm.g' [] has role 'hidden', which is 2-dimensional"),
+])
+def test_the_kit_names_a_bad_declaration(registered, roles, message):
+    registered("bad-norms", roles)
+    (result,) = check_component("norm", "scalenorm", checks=["param_roles"])
+    assert result.failed and message in result.detail, result.detail
+
+
+def test_role_table_is_complete():
+    assert set(ROLES) == {"hidden", "expert", "embedding", "position", "head", "router", "norm_gain", "bias", "vector"}
+    assert {r.mup for r in ROLES.values()} == {"input", "hidden", "output", "readout", "vector"}
+    assert [r.name for r in ROLES.values() if r.matrix] == ["hidden", "expert"]
