@@ -20,6 +20,10 @@ Against the first design (the baseline), at the largest fitted compute ``C_max``
 
 The **held-out check**: a larger size each design trained but the fit did not see; the fit's prediction at its
 compute (with its interval) against the measured mean loss (with its t interval over seeds).
+
+With few seeds the bootstrap intervals are narrower than their nominal 95%: a resample of 3 values has only 10
+distinct means and no tails (the t quantile of 2 degrees of freedom is 4.30 where the normal one is 1.96). Read them
+as the spread the seeds show, not as calibrated intervals; the verdicts of :mod:`modkit.stats` (t intervals) are.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import numpy as np
 from .stats import Chinchilla, PowerLaw, fit_chinchilla, fit_power_law, mean_interval
 
 #: bootstrap resamples of the power-law fits (and of the L(N, D) fit, which costs more)
-N_BOOT, N_BOOT_ND = 400, 100
+N_BOOT, N_BOOT_ND = 300, 100
 
 
 @dataclass
@@ -244,8 +248,9 @@ def _trend(gap: tuple[float, Optional[float], Optional[float]], change: tuple[fl
 def report_lines(ladder: Ladder) -> list[str]:
     """The ladder section of a comparison report (Markdown lines)."""
     base = ladder.fits[0].design
-    ci_note = (f"95% bootstrap intervals over seeds ({ladder.n_boot} resamples of the {ladder.seeds} seeds of every size)"
-               if ladder.seeds >= 2 else "one seed per size: no intervals")
+    ci_note = (f"95% bootstrap intervals over seeds ({ladder.n_boot} resamples of the {ladder.seeds} seeds of every size"
+               + ("; with this few seeds they are narrower than a calibrated 95%: the spread the seeds show" if ladder.seeds < 5 else "")
+               + ")" if ladder.seeds >= 2 else "one seed per size: no intervals")
     lines = ["## Ladder", "",
              f"Validation loss against training compute C (FLOPs per token from modkit cost x tokens trained), fitted per "
              f"design as L(C) = E + A C^-alpha on the sizes below (not the held-out one); {ci_note}.", "",

@@ -269,6 +269,27 @@ class PowerLaw:
 ALPHA_RANGE = (0.005, 3.0)
 
 
+def _two_column_nnls(z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(E, A, sse)`` of ``y ≈ E + A z`` with ``E, A >= 0``, in closed form, for every row of ``z`` ``[k, n]`` at once
+    (the unconstrained solution when feasible, else the better of the two one-column solutions)."""
+    zm, ym = z.mean(-1, keepdims=True), y.mean()
+    var = ((z - zm) ** 2).sum(-1)
+    cov = ((z - zm) * (y - ym)).sum(-1)
+    A = np.where(var > 0, cov / np.where(var > 0, var, 1.0), 0.0)
+    E = ym - A * zm[..., 0]
+    feasible = (A >= 0) & (E >= 0)
+    sse_full = ((E[..., None] + A[..., None] * z - y) ** 2).sum(-1)
+    # E alone (A = 0) and A alone (E = 0)
+    sse_e = np.full(A.shape, float(((y - max(ym, 0.0)) ** 2).sum()))
+    a_only = np.maximum((z * y).sum(-1) / np.maximum((z * z).sum(-1), 1e-300), 0.0)
+    sse_a = ((a_only[..., None] * z - y) ** 2).sum(-1)
+    use_e = sse_e <= sse_a
+    E_c = np.where(use_e, max(ym, 0.0), 0.0)
+    A_c = np.where(use_e, 0.0, a_only)
+    sse_c = np.minimum(sse_e, sse_a)
+    return np.where(feasible, E, E_c), np.where(feasible, A, A_c), np.where(feasible, sse_full, sse_c)
+
+
 def fit_power_law(c: Sequence[float], loss: Sequence[float], alpha_range: tuple[float, float] = ALPHA_RANGE) -> PowerLaw:
     """Least-squares fit of ``L = E + A · C^(-alpha)`` with ``E, A >= 0`` (see the module docstring).
 
@@ -284,18 +305,18 @@ def fit_power_law(c: Sequence[float], loss: Sequence[float], alpha_range: tuple[
     if (x <= 0).any() or not np.isfinite(y).all():
         raise ValueError("a power-law fit needs positive computes and finite losses")
     x0 = float(x.min())
-    u = x / x0
+    logu = np.log(x / x0)
 
-    def solve(alpha: float) -> tuple[np.ndarray, float]:
-        return _nnls(np.stack([np.ones_like(u), u ** -alpha], axis=1), y)
+    def sse(alpha: float) -> float:
+        return float(_two_column_nnls(np.exp(-alpha * logu)[None], y)[2][0])
 
-    grid = np.exp(np.linspace(math.log(alpha_range[0]), math.log(alpha_range[1]), 60))
-    sses = [solve(a)[1] for a in grid]
+    grid = np.exp(np.linspace(math.log(alpha_range[0]), math.log(alpha_range[1]), 80))
+    sses = _two_column_nnls(np.exp(-grid[:, None] * logu[None]), y)[2]
     i = int(np.argmin(sses))
     lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-    alpha = math.exp(_golden(lambda la: solve(math.exp(la))[1], math.log(lo), math.log(hi)))
-    coef, sse = solve(alpha)
-    return PowerLaw(float(coef[0]), float(coef[1] * x0 ** alpha), float(alpha), sse)
+    alpha = math.exp(_golden(lambda la: sse(math.exp(la)), math.log(lo), math.log(hi), 45))
+    E, A, s = (float(v[0]) for v in _two_column_nnls(np.exp(-alpha * logu)[None], y))
+    return PowerLaw(E, A * x0 ** alpha, float(alpha), s)
 
 
 @dataclass(frozen=True)
