@@ -289,3 +289,124 @@ def test_the_report_says_how_much_of_the_validation_split_was_scored(setup):
     n_val = len(TokenData.open(root / "data").val)
     assert f"validation the score over the first 2,048 of the validation split's {n_val:,} tokens (`final_val_loss`)" \
         in result.report.read_text()
+
+
+# ------------------------------------------------------------------------------------------------ grids, verdicts, merges
+
+
+@pytest.fixture(scope="module")
+def grid(setup, tmp_path_factory):
+    """One spec as two designs (AdamW and Lion by a per-spec override), every seed at every learning rate."""
+    root, _ = setup
+    out = tmp_path_factory.mktemp("grid") / "report"
+    result = compare([f"adamw={root / 'rope.json'}", f"lion={root / 'rope.json'}"], root / "train.json", out, seeds=2,
+                     lr_grid=LRS, overrides={"max_steps": 10, "log_interval": 1}, throughput_steps=2,
+                     spec_overrides={"lion": {"optimizer": {"type": "lion"}}}, echo=lambda line: None)
+    return root, result
+
+
+def test_a_grid_trains_every_seed_at_every_rate_and_picks_the_lowest_mean(grid):
+    _, result = grid
+    assert result.n_runs == 2 * len(LRS) * 2 and [r.spec for r in result.rows] == ["adamw", "lion"]
+    for row in result.rows:
+        per_lr = {g.lr: g for g in result.grid if g.spec == row.spec}
+        assert sorted(per_lr) == LRS
+        for lr, g in per_lr.items():
+            vals = [_run_numbers(r.run_dir)[1] for r in g.runs]
+            assert [r.run_dir.name for r in g.runs] == [f"{row.spec}-lr{lr:g}-seed{s}" for s in (3, 4)]
+            assert g.val_loss_mean == pytest.approx(np.mean(vals), rel=1e-12)
+        assert row.lr == min(per_lr, key=lambda lr: per_lr[lr].val_loss_mean)
+        optimizer = json.loads((row.runs[0].run_dir / "config.json").read_text())["optimizer"]["type"]
+        assert optimizer == row.spec  # the per-spec override reached the runs
+    report = result.report.read_text()
+    assert "## Learning-rate grid" in report and "Per spec: lion: optimizer = {\"type\": \"lion\"}." in report
+
+
+def test_verdicts_are_computed_from_the_runs(grid):
+    from modkit.stats import mean_difference
+
+    _, result = grid
+    adamw, lion = result.rows
+    chosen = [v for v in result.verdicts if v.lr is None]
+    assert len(chosen) == 1 and (chosen[0].a, chosen[0].b) == ("lion", "adamw")
+    expected = mean_difference([r.val_loss for r in lion.runs], [r.val_loss for r in adamw.runs], paired=True)
+    assert chosen[0].difference == expected and expected.method == "paired t"
+    per_lr = [v for v in result.verdicts if v.lr is not None]
+    assert [v.lr for v in per_lr] == LRS
+    report = result.report.read_text()
+    assert f"- {expected.text('lion', 'adamw')}" in report
+    for v in per_lr:
+        assert f"- lr {v.lr:g}: {v.text()}" in report
+    saved = json.loads((result.out_dir / "results.json").read_text())
+    assert saved["verdicts"][0]["diff"] == expected.diff and saved["verdicts"][0]["resolved"] == expected.resolved
+
+
+def test_instability_curves_and_throughput_are_reported(grid):
+    from modkit.stats import instability
+
+    _, result = grid
+    for row in result.rows:
+        for r in row.runs:
+            train = [x for x in read_metrics(r.run_dir / "metrics.jsonl") if x["kind"] == "train"]
+            reading = instability([x["loss"] for x in train], [x["grad_norm"] for x in train])
+            assert (r.above_min, r.spikes, r.max_grad_norm) == (reading.above_min, reading.spikes, reading.max_grad_norm)
+            assert r.train_curve == [(x["step"], x["loss"]) for x in train] and len(r.grad_curve) == 10
+            assert len(r.load) == 2 and r.cores >= 1
+    for name in ("train-curves.png", "grad-norm.png", "curves.png"):
+        assert (result.out_dir / name).read_bytes()[:4] == b"\x89PNG"
+    report = result.report.read_text()
+    assert "## Instability" in report and "load average" in report
+    assert set(result.throughput) == {"adamw", "lion"} and all(v > 0 for v in result.throughput.values())
+    assert "## Throughput, measured interleaved" in report
+    assert "## Loss by position" in report  # rope can be scored at twice the context
+
+
+def test_reports_merge_into_one_table_with_recomputed_verdicts(setup, grid, tmp_path):
+    from modkit.compare import merge_reports
+
+    root, first = setup
+    _, second = grid
+    merged = merge_reports([first.out_dir, second.out_dir], tmp_path / "merged")
+    assert [r.spec for r in merged.rows] == ["rope", "learned", "adamw", "lion"]
+    assert [r.val_loss_mean for r in merged.rows] == [r.val_loss_mean for r in first.rows + second.rows]
+    assert [(v.a, v.b) for v in merged.verdicts if v.lr is None] == [("learned", "rope"), ("adamw", "rope"), ("lion", "rope")]
+    report = merged.report.read_text()
+    assert report.startswith("# Design comparison\n\nMerged from ") and str(first.out_dir) in report
+    assert "| learned | " in report and (tmp_path / "merged" / "curves.png").is_file()
+    with pytest.raises(CompareError, match="no results.json"):
+        merge_reports([tmp_path], tmp_path / "m2")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(spec_overrides={"nope": {"lr": 1e-3}}), "not a spec label"),
+    (dict(spec_overrides={"rope": {"seed": 1}}), "sets seed itself"),
+    (dict(spec_overrides={"rope": {"lr_typo": 1}}), "not a training-config field"),
+    (dict(spec_overrides={"rope": {"lr": 1e-3}}, lr_grid=[1e-3]), "sweep it or set it"),
+    (dict(lr_grid=[1e-3], lr_sweep=[1e-3]), "not both"),
+    (dict(ladder=True), "two or more sizes"),
+    (dict(tokens=[10]), "needs sizes"),
+])
+def test_bad_comparison_arguments(setup, tmp_path, kwargs, message):
+    root, _ = setup
+    with pytest.raises(CompareError, match=message):
+        compare([root / "rope.json"], root / "train.json", tmp_path / "r", seeds=1, echo=lambda line: None, **kwargs)
+
+
+def test_cli_takes_every_training_field_and_per_spec_overrides(setup, tmp_path, capsys):
+    root, _ = setup
+    out = tmp_path / "r"
+    argv = ["compare", f"a={root / 'rope.json'}", f"b={root / 'rope.json'}", "--train", str(root / "train.json"), "--seeds", "1",
+            "--max-steps", "2", "--weight-decay", "0", "--override", 'b:optimizer={"type": "sgd"}', "--override", "b:lr=0.01",
+            "-o", str(out)]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    cfg_a = json.loads((out / "runs" / "a-lr0.001-seed3" / "config.json").read_text())
+    cfg_b = json.loads((out / "runs" / "b-lr0.01-seed3" / "config.json").read_text())
+    assert (cfg_a["max_steps"], cfg_a["weight_decay"], cfg_a["optimizer"]["type"]) == (2, 0.0, "adamw")
+    assert (cfg_b["lr"], cfg_b["optimizer"]["type"]) == (0.01, "sgd")
+    assert "b - a = " in stdout and "one seed: no interval" in stdout
+    command = (f"modkit compare a={root / 'rope.json'} b={root / 'rope.json'} --train {root / 'train.json'} --seeds 1 "
+               f"--max-steps 2 --weight-decay 0 --override 'b:optimizer={{\"type\": \"sgd\"}}' --override b:lr=0.01 -o {out}")
+    assert json.loads((out / "results.json").read_text())["command"] == command
+    assert main(["compare", str(root / "rope.json"), "--override", "rope-lr=1", "-o", str(tmp_path / "x")]) == 1
+    assert "LABEL:FIELD=VALUE" in capsys.readouterr().err

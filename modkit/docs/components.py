@@ -105,6 +105,7 @@ def validate_examples(registry) -> dict[tuple[str, str], tuple[dict, Any]]:
 def component_docs(registry) -> list[ComponentDoc]:
     """Validate every example and compute what the component pages show."""
     from ..sampling import KINDS as SAMPLING_KINDS
+    from ..train.optim import KIND as OPTIMIZER_KIND
 
     examples = validate_examples(registry)
     norm = _default_norm(registry)
@@ -113,7 +114,8 @@ def component_docs(registry) -> list[ComponentDoc]:
         example, cfg = examples[entry.key]
         params = param_info(entry, cfg, registry)
         diagram = _placement_diagram(entry, cfg, registry) if entry.kind == "placement" else None
-        figures = None if entry.kind in SAMPLING_KINDS else component_figures(entry, cfg, registry, norm)
+        outside = entry.kind in SAMPLING_KINDS or entry.kind == OPTIMIZER_KIND  # not part of a model
+        figures = None if outside else component_figures(entry, cfg, registry, norm)
         docs.append(ComponentDoc(entry, example, cfg.model_dump(mode="json"), params, diagram, figures))
     return docs
 
@@ -132,6 +134,9 @@ def _params_section(doc: ComponentDoc) -> str:
     if info.how == "sampling":
         return ("None: a sampling step works on the logits during generation ([`modkit.sampling`]"
                 "({to:reference/api/modkit.sampling.md})), outside the model.")
+    if info.how == "optimizer":
+        return ("None: an optimizer updates a model's parameters during training, grouped by the roles their "
+                "components declare (`modkit.roles`); a training config names it in its `optimizer` field.")
     if info.count is None:
         return f"Could not be built on its own to count parameters ({_cell(info.error) or 'no host component'})."
     where = " (built " + info.how + ")" if info.how and info.how != "alone" else ""

@@ -133,6 +133,10 @@ def param_info(entry, config, registry) -> ParamInfo:
 
     if entry.kind in SAMPLING_KINDS:
         return ParamInfo(count=0, how="sampling")
+    from ..train.optim import KIND as OPTIMIZER_KIND
+
+    if entry.kind == OPTIMIZER_KIND:
+        return ParamInfo(count=0, how="optimizer")
     norm_config = _default_norm(registry)
     info = ParamInfo()
     counts: dict[int, int] = {}

@@ -152,6 +152,19 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
             f"out = generate(model, [[1, 2, 3]], max_new_tokens=8, seed=0, sampling=[{_py(dict(example))}]{decode}",
             "print(out.shape)  # [1, 3 + new tokens]",
         ])
+    from ..train.optim import KIND as OPTIMIZER_KIND
+
+    if entry.kind == OPTIMIZER_KIND:  # not part of a model: a training config names it
+        return "\n".join([
+            "import modkit",
+            "from modkit.train import TrainConfig",
+            "from modkit.train.optim import build_optimizer",
+            "",
+            f"config = TrainConfig(optimizer={_py(dict(example))}, lr=1e-3)  # validated against the registry",
+            f"model = modkit.build({base.source!r}, seed=0)",
+            "optimizer = build_optimizer(model, model.spec, config)  # parameters grouped by role",
+            "print([g[\"roles\"] for g in optimizer.param_groups])",
+        ])
     route = spec_route(entry.kind, registry)
     if route is None:
         return None

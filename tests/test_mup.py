@@ -1,0 +1,86 @@
+"""μP as a parametrization of any spec (modkit.parametrization): equal to standard at the base width, the documented
+init, output and attention factors away from it, and the coordinate check: flat across widths under μP, growing under
+standard parametrization."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import modkit
+from modkit.coordcheck import coord_check, write_report
+from modkit.parametrization import attention_scale, width_multiplier
+from modkit.scaling import resize
+
+from conftest import tiny_spec
+
+BASE = tiny_spec(d_model=32, block__ffn={"type": "swiglu", "d_ff": 64}, tie_embeddings=False)
+
+
+def test_mup_at_the_base_width_equals_standard_parametrization():
+    sp = modkit.build(BASE, seed=3)
+    mup = modkit.build({**BASE, "parametrization": {"type": "mup", "base_d_model": 32}}, seed=3)
+    for (n, a), (_, b) in zip(sp.state_dict().items(), mup.state_dict().items()):
+        assert torch.equal(a, b), n
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sp(ids).logits, mup(ids).logits)
+    assert "parametrization" not in modkit.load_spec(BASE).to_dict()  # standard specs serialise as before
+
+
+def test_mup_factors_away_from_the_base_width():
+    wide = {**resize(BASE, d_model=128), "parametrization": {"type": "mup", "base_d_model": 32}}  # m = 4
+    spec = modkit.load_spec(wide)
+    assert width_multiplier(spec) == 4.0
+    sp = modkit.build({**wide, "parametrization": None}, seed=0)
+    mup = modkit.build(wide, seed=0)
+    # the same draws, scaled: hidden matrices by m^-1/2, the rest as in SP
+    assert torch.equal(mup.layers[0].attention.q_proj.weight, (sp.layers[0].attention.q_proj.weight * 0.5))
+    assert torch.equal(mup.layers[1].ffn.down.weight, sp.layers[1].ffn.down.weight * 0.5)
+    assert torch.equal(mup.embed.weight, sp.embed.weight) and torch.equal(mup.lm_head.weight, sp.lm_head.weight)
+    assert torch.equal(mup.layers[0].attn_norm.weight, sp.layers[0].attn_norm.weight)
+    # head_dim 32 at m = 4, 8 at the base: sqrt(8) / 32 instead of 1 / sqrt(32)
+    assert mup.layers[0].attention.scale == pytest.approx(math.sqrt(8) / 32)
+    assert sp.layers[0].attention.scale == 1 / math.sqrt(32)
+    assert attention_scale(spec.parametrization, 128, 32) == pytest.approx(math.sqrt(8) / 32)
+    # logits: the head's output times output_multiplier / m
+    ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(1))
+    out = mup(ids)
+    assert torch.allclose(out.logits, mup.lm_head(out.hidden) / 4, rtol=0, atol=1e-7)
+    doubled = modkit.build({**wide, "parametrization": {"type": "mup", "base_d_model": 32, "output_multiplier": 2.0}}, seed=0)
+    assert torch.allclose(doubled(ids).logits, 2 * out.logits, rtol=1e-6, atol=1e-7)
+
+
+def test_resize_scales_every_width_field():
+    big = resize(BASE, d_model=96, n_layers=3)
+    assert (big["d_model"], big["n_layers"], big["block"]["ffn"]["d_ff"], big["name"]) == (96, 3, 192, "test-tiny-d96-l3")
+    assert big["block"]["attention"]["n_heads"] == 4  # heads stay: head_dim grows with d_model
+    moe = resize({**BASE, "block": {**BASE["block"], "ffn": {"type": "moe", "n_experts": 4, "top_k": 2,
+                  "expert": {"type": "swiglu", "d_ff": 48}, "router": {"type": "topk", "renormalize": True}}}}, d_model=64)
+    assert moe["block"]["ffn"]["expert"]["d_ff"] == 96
+    modkit.load_spec(moe)
+
+
+#: the stated factor: under μP every activation's change after 3 steps stays within this factor from d_model 32 to 256
+FLAT = 2.5
+
+
+def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(tmp_path):
+    """Widths 32 to 256 (8x), 3 Adam steps at lr 1e-2, 2 seeds: under μP the mean |h_t - h_0| of the attention and
+    ffn outputs, the residual stream and the logits changes by less than FLAT from the smallest to the largest width;
+    under standard parametrization the hidden activations' change grows more than 8x (about linearly or faster)."""
+    torch.manual_seed(0)
+    spec = {**BASE, "n_layers": 2}
+    result = coord_check(spec, [32, 64, 128, 256], steps=3, lr=1e-2, seeds=2, batch=4, seq_len=16)
+    for q in ("attention", "ffn", "residual", "logits"):
+        g = result.growth("mup", q)
+        assert 1 / FLAT < g < FLAT, (q, g)
+    for q in ("attention", "ffn", "residual"):
+        assert result.growth("sp", q) > 8, (q, result.growth("sp", q))
+    report = write_report(result, tmp_path / "cc", command="modkit coordcheck x.json --widths 32,64,128,256")
+    text = report.read_text()
+    assert "| mup |" in text and "| sp |" in text and (tmp_path / "cc" / "coordcheck.png").read_bytes()[:4] == b"\x89PNG"
+    saved = json.loads((tmp_path / "cc" / "coordcheck.json").read_text())
+    assert saved["growth"]["mup"]["residual"] == pytest.approx(result.growth("mup", "residual"))
