@@ -92,7 +92,7 @@ class MiniAttention(nn.Module):
         return self.o(out.transpose(1, 2).reshape(b, s, -1))
 
 
-NORM_FAULTS = ("leaky_dtype", "miscounted", "plain_attr", "no_upcast", "fixed_width")
+NORM_FAULTS = ("leaky_dtype", "miscounted", "plain_attr", "no_upcast", "fixed_width", "roleless")
 
 
 class PlainNormConfig(ComponentConfig):
@@ -103,6 +103,8 @@ class PlainNormConfig(ComponentConfig):
 
 class PlainRMSNorm(nn.Module):
     """RMSNorm over ``dim`` features, statistics in float32; ``fault`` injects one mistake."""
+
+    param_roles = {"weight": "norm_gain"}
 
     def __init__(self, dim: int, fault: str | None = None):
         super().__init__()
@@ -124,6 +126,12 @@ class PlainRMSNorm(nn.Module):
         init.ones_(self.weight)
 
 
+class RolelessRMSNorm(PlainRMSNorm):
+    """The same norm with no role for its gain: FAULT (roleless): optimizers, weight decay and muP cannot place it."""
+
+    param_roles = None
+
+
 def _norm_width(cfg, ctx) -> int:
     # FAULT (fixed_width): always d_model wide, ignoring ctx.dim (a per-head QK-norm is head_dim wide)
     return ctx.d_model if cfg.type == "fixed_width" else (ctx.dim or ctx.d_model)
@@ -140,6 +148,7 @@ class TestFFN(nn.Module):
     ``mix`` averages each token's output with those of the tokens before it."""
 
     __test__ = False  # not a pytest test class
+    param_roles = {"unused": "vector"}
 
     def __init__(self, d_model: int, *, widen: bool = False, idle: bool = False, mix: bool = False):
         super().__init__()
@@ -163,6 +172,8 @@ class TestFFN(nn.Module):
 class MixingGroups(nn.Module):
     """Grouped form of ``mixing_groups``: ``n`` stacked ``down(gelu(up(x)))`` copies, but every row goes through
     copy 0 whatever ``offs`` says (the routing to experts is lost)."""
+
+    param_roles = {"up": "expert", "up_bias": "bias", "down": "expert", "down_bias": "bias"}
 
     def __init__(self, n: int, d_model: int):
         super().__init__()
@@ -250,7 +261,8 @@ def _attention(fault: str, **caps) -> Component:
 def _norm(fault: str, **caps) -> Component:
     return Component(
         kind="norm", type=fault, config=PlainNormConfig,
-        factory=lambda cfg, ctx: PlainRMSNorm(_norm_width(cfg, ctx), None if fault == "sound" else fault),
+        factory=lambda cfg, ctx: (RolelessRMSNorm if fault == "roleless" else PlainRMSNorm)(
+            _norm_width(cfg, ctx), None if fault == "sound" else fault),
         description=f"FAULTY ({fault}) RMSNorm.", capabilities=caps,
         param_count=lambda cfg, ctx: _norm_width(cfg, ctx) + (1 if fault == "miscounted" else 0),  # FAULT (miscounted)
     )
@@ -274,6 +286,7 @@ class FaultyPlugin:
         register(_norm("plain_attr"))
         register(_norm("no_upcast"))
         register(_norm("fixed_width"))
+        register(_norm("roleless"))
         register(Component(
             kind="ffn", type="widening", config=PlainFFNConfig,
             factory=lambda cfg, ctx: TestFFN(ctx.d_model, widen=True),
@@ -372,6 +385,7 @@ FAULTS = [
     ("norm", "fixed_width", "shape_dtype", "a norm built at dim = 8, 40 raised RuntimeError"),
     ("ffn", "token_mixing", "per_token", "a token's output depends on the other tokens of its sequence"),
     ("router", "detached_router", "aux_loss_grad", "carries no gradient"),
+    ("norm", "roleless", "param_roles", "layers.0.attn_norm.weight' [32] of norm/roleless"),
 ]
 
 #: failures that follow from the same fault: a token-mixing ffn cannot be decoded token by token either
