@@ -47,8 +47,8 @@ def resize(spec: dict, *, d_model: Optional[int] = None, n_layers: Optional[int]
         name: the new ``name`` (default: the old one with ``-d{d_model}`` / ``-l{n_layers}`` appended).
 
     Returns:
-        The new spec dict (not validated: :func:`modkit.load_spec` says what does not fit, e.g. a head count that no
-        longer divides ``d_model``).
+        The new spec dict (not validated: :func:`modkit.load_spec` says what does not fit, e.g. a head count that
+            no longer divides ``d_model``).
 
     Raises:
         ScalingError: a size below 1.

@@ -162,8 +162,8 @@ def mean_difference(a: Sequence[float], b: Sequence[float], *, paired: bool = Fa
         level: confidence level in ``(0, 1)``.
 
     Returns:
-        :class:`Difference` (no interval when a side has one value, or paired with one pair; when every difference is
-        equal the paired interval has width 0).
+        :class:`Difference` (no interval when a side has one value, or paired with one pair; when every difference
+            is equal the paired interval has width 0).
 
     Raises:
         ValueError: empty inputs, non-finite values, ``paired`` with unequal lengths, ``level`` outside ``(0, 1)``.
