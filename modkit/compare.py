@@ -187,6 +187,7 @@ class Comparison:
     recipe: str = ""
     mode: str = "single"
     sources: list[str] = field(default_factory=list)
+    all_runs: list[RunSummary] = field(default_factory=list)
 
     @property
     def differences(self) -> list[Verdict]:
@@ -657,6 +658,7 @@ def compare(
 
     result = Comparison(rows=rows, out_dir=out, report=out / "report.md", seq_len=base.seq_len, eval_len=eval_len,
                         n_buckets=n_buckets, command=command, n_runs=n_runs, jobs=jobs, grid=grid, mode=mode)
+    result.all_runs = sorted(done, key=lambda r: ([v.label for v in variants].index(r.spec), r.lr, r.seed))
     result.verdicts = verdicts_of(rows, grid)
     if ladder:
         from .ladder import fit_ladder
@@ -822,6 +824,7 @@ def write_files(result: Comparison, config: Any, data_folder: str, *, started: f
         "mode": result.mode, "seq_len": result.seq_len, "eval_len": result.eval_len, "n_buckets": result.n_buckets,
         "recipe": result.recipe, "scope": scope, "sources": result.sources,
         "rows": [_row_json(r) for r in result.rows], "grid": [_row_json(r) for r in result.grid],
+        "all_runs": [asdict(r) for r in result.all_runs],
         "verdicts": [{"a": v.a, "b": v.b, "lr": v.lr, **asdict(v.difference), "resolved": v.difference.resolved}
                      for v in result.verdicts],
         "throughput": result.throughput,
@@ -1062,12 +1065,12 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
               f"Per run, from the logged training steps: the fraction of steps whose train loss (mean of the last 5 logged "
               f"batches) exceeds its running minimum by more than {margin:g} nats (stalls and loss spikes), the gradient-"
               "norm spikes (a logged norm above 5x the median of those logged before it, after the first 10) and the "
-              "largest norm. A run counts as unstable above 5% or with any spike.", "",
+              "largest norm. A run counts as unstable above 5% or with any spike. Every run of the comparison, the "
+              "sweep's and the grid's included.", "",
               "| spec | lr | seed | steps above the running minimum | gradient-norm spikes | largest gradient norm |",
               "|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        for run in r.runs:
-            lines.append(f"| {r.spec} | {run.lr:g} | {run.seed} | {run.above_min:.1%} | {run.spikes} | {run.max_grad_norm:.3g} |")
+    for run in result.all_runs or [run for r in rows for run in r.runs]:
+        lines.append(f"| {run.spec} | {run.lr:g} | {run.seed} | {run.above_min:.1%} | {run.spikes} | {run.max_grad_norm:.3g} |")
     if result.throughput:
         lines += ["", "## Throughput, measured interleaved", "",
                   "Every variant timed again in one process, round-robin (a few optimizer steps each, three rounds, "

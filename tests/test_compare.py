@@ -356,6 +356,8 @@ def test_instability_curves_and_throughput_are_reported(grid):
         assert (result.out_dir / name).read_bytes()[:4] == b"\x89PNG"
     report = result.report.read_text()
     assert "## Instability" in report and "load average" in report
+    table = report.split("## Instability")[1].split("## Throughput")[0]
+    assert sum(line.startswith(("| adamw |", "| lion |")) for line in table.splitlines()) == result.n_runs == len(result.all_runs)
     assert set(result.throughput) == {"adamw", "lion"} and all(v > 0 for v in result.throughput.values())
     assert "## Throughput, measured interleaved" in report
     assert "## Loss by position" in report  # rope can be scored at twice the context

@@ -84,3 +84,26 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(tmp_path):
     assert "| mup |" in text and "| sp |" in text and (tmp_path / "cc" / "coordcheck.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((tmp_path / "cc" / "coordcheck.json").read_text())
     assert saved["growth"]["mup"]["residual"] == pytest.approx(result.growth("mup", "residual"))
+
+
+def test_coordcheck_command(tmp_path, capsys):
+    from modkit.cli import main
+
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({**BASE, "d_model": 16, "n_layers": 1, "block": {**BASE["block"], "ffn": {"type": "swiglu", "d_ff": 32}}}))
+    out = tmp_path / "cc"
+    assert main(["coordcheck", str(spec), "--widths", "16,32", "--steps", "1", "--seeds", "1", "--batch", "2", "--seq-len", "8",
+                 "-o", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "mup: growth of mean |h_t - h_0| from d_model 16 to 32:" in stdout and f"report: {out / 'report.md'}" in stdout
+    assert f"modkit coordcheck {spec} --widths 16,32 --steps 1 --lr 0.01 --seeds 1 --batch 2 --seq-len 8 -o {out}" in (out / "report.md").read_text()
+    assert main(["coordcheck", str(spec), "--widths", "32,16", "-o", str(out)]) == 1
+    assert "increasing widths" in capsys.readouterr().err
+
+
+def test_the_training_schema_lists_the_optimizers():
+    from modkit.train.config import json_schema
+
+    schema = json_schema()
+    assert set(schema["properties"]["optimizer"]["discriminator"]["mapping"]) >= {"adamw", "muon", "lion", "sgd"}
+    assert schema["$defs"]["MuonConfig"]["properties"]["momentum"]["default"] == 0.95

@@ -273,5 +273,20 @@ def parse_flag_value(field_name: str, text: str) -> Any:
 
 
 def json_schema() -> dict:
-    """The JSON Schema of training configs (for editors; ``modkit schema --train``)."""
-    return TrainConfig.model_json_schema()
+    """The JSON Schema of training configs (for editors; ``modkit schema --train``): the ``optimizer`` field is the
+    union of the installed optimizers' configs."""
+    from pydantic import TypeAdapter
+
+    from ..registry import get_registry
+    from ..spec import _ident, spec_model
+
+    schema = TrainConfig.model_json_schema()
+    reg = get_registry()
+    spec_model(reg)
+    union = reg._slot_types.get(_ident("optimizer"))
+    if union is not None:
+        sub = TypeAdapter(union).json_schema(ref_template="#/$defs/{model}")
+        schema.setdefault("$defs", {}).update(sub.pop("$defs", {}))
+        described = {"description": schema["properties"]["optimizer"].get("description", ""), "default": {"type": "adamw"}}
+        schema["properties"]["optimizer"] = {**sub, **described}
+    return schema
