@@ -812,6 +812,8 @@ def write_files(result: Comparison, config: Any, data_folder: str, *, started: f
     plot_train_curves(result.rows, out / "train-curves.png", out / "grad-norm.png")
     if any(row.buckets for row in result.rows):
         plot_buckets(result, out / "positions.png")
+    if any(row.sweep for row in result.rows):
+        plot_lr(result.rows, out / "lr.png")
     if result.ladder is not None:
         from .ladder import plot_ladder
 
@@ -935,6 +937,33 @@ def plot_train_curves(rows: Sequence[SpecRow], loss_out: Path, grad_out: Path) -
     return loss_out, grad_out
 
 
+def plot_lr(rows: Sequence[SpecRow], out: Path) -> Path:
+    """Validation loss against learning rate (log x) of a sweep or grid, one line per row: one line style per design,
+    darker for larger sizes, the winner marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    designs = list(dict.fromkeys(r.design or r.spec for r in rows))
+    styles = ["-", "--", ":", "-."]
+    for k, design in enumerate(designs):
+        mine = [r for r in rows if (r.design or r.spec) == design and r.sweep]
+        cmap = plt.get_cmap(["Blues", "Oranges", "Greens", "Purples"][k % 4])
+        for j, r in enumerate(mine):
+            lrs = sorted(r.sweep)
+            colour = cmap(0.4 + 0.6 * (j + 1) / max(1, len(mine)))
+            ax.plot(lrs, [r.sweep[lr] for lr in lrs], styles[k % 4], marker="o", ms=3, color=colour, label=r.spec)
+            ax.plot([r.lr], [r.sweep[r.lr]], "*", ms=10, color=colour)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("validation loss (nats / token)")
+    ax.set_title("validation loss against learning rate (star: each row's best)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def plot_buckets(result: Comparison, out: Path) -> Path:
     """Mean loss per position bucket (mean over seeds) with the training context marked."""
     plt = _pyplot()
@@ -1044,6 +1073,7 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
             cells = [(f"**{r.sweep[lr]:.4f}**" if lr == r.lr else f"{r.sweep[lr]:.4f}") if lr in r.sweep else "" for lr in lrs]
             lines.append(f"| {r.spec} | " + " | ".join(cells) + f" | {r.lr:g} |")
         lines += [""] + [f"- {r.spec}: learning rate {r.lr:g} won." for r in rows]
+        lines += ["", "![validation loss against learning rate](lr.png)"]
     if result.grid:
         lrs = sorted({r.lr for r in result.grid})
         lines += ["", "## Learning-rate grid", "",
@@ -1057,6 +1087,7 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
                 text = fmt_pm(g.val_loss_mean, g.val_loss_std) if g is not None else ""
                 cells.append(f"**{text}**" if g is not None and lr == chosen_row.lr else text)
             lines.append(f"| {chosen_row.spec} | " + " | ".join(cells) + f" | {chosen_row.lr:g} |")
+        lines += ["", "![validation loss against learning rate](lr.png)"]
         per_lr = [v for v in result.verdicts if v.lr is not None]
         if per_lr:
             lines += ["", "At each learning rate:", ""] + [f"- lr {v.lr:g}: {v.text()}" for v in per_lr]
