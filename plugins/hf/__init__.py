@@ -31,20 +31,20 @@ MODULES = (
     "gemma",
     "gemma2",
     "gemma3_text",
-
+    "glm4",
     "gpt2",
     "llama",
     "mistral",
     "mixtral",
     "olmo2",
-
+    "olmo3",
     "olmoe",
     "phi",
     "phi3",
     "qwen2",
     "qwen3",
-
-
+    "smollm3",
+    "starcoder2",
 )
 
 __all__ = [

@@ -48,6 +48,10 @@ class Entry:
 
     status: ClassVar[str] = "mapped"
 
+    def config_keys(self, name: str) -> tuple[str, ...]:
+        """The config keys this row reads (its name, aliases, the other keys of a group)."""
+        return (name,)
+
     def read(self, r: HFConfig, f: dict, name: str) -> None:
         """Read the row's key(s) from ``r`` into fields ``f``."""
 
@@ -124,6 +128,9 @@ class Key(Entry):
     @property
     def fields(self) -> tuple[str, ...]:
         return (self.field,) if isinstance(self.field, str) else tuple(self.field)
+
+    def config_keys(self, name):
+        return (name, *self.aliases)
 
     def read(self, r, f, name):
         default = self.default(f) if callable(self.default) else self.default
@@ -229,6 +236,9 @@ class Own(Entry):
     keys: tuple[str, ...]
     note: str
 
+    def config_keys(self, name):
+        return self.keys
+
     def describe(self, name):
         return [(", ".join(f"`{k}`" for k in self.keys), self.status, "–", self.note)]
 
@@ -253,6 +263,9 @@ class HeadDim(Entry):
     default: Optional[int] = None
     derived: Optional[str] = None
     in_config: bool = True
+
+    def config_keys(self, name):
+        return (name,) if self.in_config else ()
 
     def read(self, r, f, name):
         d, n = f["d_model"], f["n_heads"]
@@ -306,6 +319,9 @@ class KVHeads(Entry):
 
 # ---------------------------------------------------------------------------------------------- RoPE
 
+#: the keys of one RoPE: transformers 5's dict, and the 4.x top-level keys
+ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor")
+
 
 @dataclass(frozen=True)
 class Rope(Entry):
@@ -326,6 +342,9 @@ class Rope(Entry):
     original_at_top: bool = False
     always_partial: bool = False
     layout: str = "half_split"
+
+    def config_keys(self, name):
+        return ROPE_KEYS + (("original_max_position_embeddings",) if self.original_at_top else ())
 
     def read(self, r, f, name):
         f["position"] = rope(r, default_theta=self.default, default_partial=self.partial, layout=self.layout,
@@ -359,6 +378,9 @@ class RopeByLayerType(Entry):
     local_default: float = 10_000.0
     local_key: str = "rope_local_base_freq"
     nested: bool = False
+
+    def config_keys(self, name):
+        return tuple(dict.fromkeys(ROPE_KEYS + (self.local_key,)))
 
     def read(self, r, f, name):
         local = rope(r, default_theta=self.local_default, layer_type="sliding_attention", theta_key=self.local_key,
@@ -444,6 +466,9 @@ class QwenWindows(Entry):
     default: Optional[int] = 4096
     max_window_layers: int = 28
 
+    def config_keys(self, name):
+        return ("use_sliding_window", name, "max_window_layers", "layer_types")
+
     def read(self, r, f, name):
         n = f["n_layers"]
         use = r.flag("use_sliding_window", False)
@@ -485,6 +510,10 @@ class LayerTypes(Entry):
     default: Optional[int] = 4096
     pattern: int = 2
     pattern_key: Optional[str] = None
+
+    def config_keys(self, name):
+        pattern = (self.pattern_key, "_" + self.pattern_key) if self.pattern_key else ()
+        return (name, "sliding_window", *pattern)
 
     def read(self, r, f, name):
         n = f["n_layers"]
