@@ -88,6 +88,8 @@ def _read(r: HFConfig, name: str, kind: str, default: Any, aliases: tuple[str, .
         return r.activation(name, default)
     if kind == "nullable":  # a present null switches the feature off; an absent key means the class default
         return r.number(name, None) if name in r.cfg else default
+    if kind == "window":  # likewise, an integer
+        return r.number(name, None, integer=True) if name in r.cfg else default
     raise ValueError(f"unknown key kind {kind!r}")
 
 
@@ -101,7 +103,8 @@ class Key(Entry):
             (GPT-2's ``n_inner``: ``4 * n_embd``).
         kind: ``int`` (positive integer), ``count`` (integer >= 0), ``number`` (positive), ``nonneg`` (>= 0),
             ``prob`` (a dropout probability in [0, 1)), ``flag`` (boolean), ``act`` (an activation name, mapped to
-            modkit's), ``nullable`` (a positive number; a present null means "off").
+            modkit's), ``nullable`` (a positive number; a present null means "off", unlike other kinds, where null
+            means the default), ``window`` (a positive integer, null meaning "off").
         aliases: other names of the key (transformers' ``attribute_map``).
         tanh: for ``act``: the name written for modkit's ``gelu_tanh`` (``gelu_new`` in GPT-2's family).
         read_as, write_as: ``(value, fields) -> value`` between the config's value and the field's.
@@ -440,12 +443,13 @@ def _types_of(f: Mapping[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class SlidingWindow(Entry):
-    """``sliding_window`` on every layer (null: global attention everywhere; Mistral, Mixtral, Phi-3)."""
+    """``sliding_window`` on every layer (a present null: global attention everywhere, as transformers' mask then
+    is; Mistral, Mixtral, Phi-3)."""
 
     default: Optional[int] = None
 
     def read(self, r, f, name):
-        window = r.number(name, self.default, integer=True)
+        window = _read(r, name, "window", self.default, ())
         f["sliding_window"] = window
         f["layer_types"] = None if window is None else ["sliding_attention"] * f["n_layers"]
 
@@ -472,7 +476,7 @@ class QwenWindows(Entry):
     def read(self, r, f, name):
         n = f["n_layers"]
         use = r.flag("use_sliding_window", False)
-        window = r.number(name, self.default, integer=True)
+        window = _read(r, name, "window", self.default, ())  # a present null: no window (Qwen2Config.__post_init__)
         first = r.number("max_window_layers", self.max_window_layers, integer=True, positive=False)
         types = r.get("layer_types")
         f["layer_types"], f["sliding_window"] = None, window
@@ -520,12 +524,15 @@ class LayerTypes(Entry):
         pattern = self.pattern
         if self.pattern_key:
             pattern = r.number(self.pattern_key, self.pattern, aliases=("_" + self.pattern_key,), integer=True)
-        window = r.number("sliding_window", self.default, integer=True)
+        window = _read(r, "sliding_window", "window", self.default, ())
         types = r.get(name)
         if types is None:  # transformers derives layer_types from the pattern when they are absent
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
         f["layer_types"] = _types(r, types, n)
         f["sliding_window"] = window
+        if window is None and "sliding_attention" in (f["layer_types"] or ()):
+            r.error("sliding_window", f"is null, but {name} has sliding_attention layers, whose mask transformers cannot "
+                    "build without a window; give the window or mark those layers full_attention")
 
     def write(self, f, base, name):
         window = next((w for w in f["windows"] if w is not None), base.get("sliding_window") or self.default)
