@@ -7,7 +7,8 @@ layout transforms against the layouts transformers 5 saves, and a third-party ty
 * every refused row refuses a value other than the one modkit can express, naming the key;
 * each transform maps the tensors as the transformers modeling code reads them (gpt-oss's interleaved
   ``gate_up_proj``, Llama 4's concatenated one, the stacked ``[n_experts, 2 * d_ff, d_model]`` layout, GPT-NeoX's
-  per-head ``query_key_value``, Falcon's grouped one, MLA's ``kv_a_proj_with_mqa``), and back bitwise.
+  per-head ``query_key_value``, Falcon's grouped one, MLA's ``kv_a_proj_with_mqa`` and ``kv_b_proj``), and back
+  bitwise.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 import modkit
-from modkit_plugins.hf import Chain, Concat, FusedQKV, HFType, Refuse, StackExperts, Transpose
+from modkit_plugins.hf import Chain, Concat, FusedQKV, HFType, PerHead, Refuse, StackExperts, Transpose
 from modkit_plugins.hf._reader import EXPECTED, IRRELEVANT
 from modkit_plugins.hf._weights import Ctx
 from modkit_plugins.hf.llama import LLAMA
@@ -177,6 +178,16 @@ def test_grouped_fused_qkv_as_falcon_stores_it():
     g = w.view(kv, n // kv + 2, hd, d)
     assert torch.equal(q.view(kv, n // kv, hd, d), g[:, : n // kv]) and torch.equal(k.view(kv, hd, d), g[:, -2])
     assert torch.equal(v.view(kv, hd, d), g[:, -1])
+
+
+def test_latent_attention_up_projection_splits_head_by_head():
+    """DeepseekV3Attention: ``kv_b_proj(latent).view(..., n_heads, qk_nope_head_dim + v_head_dim)`` split in two."""
+    n, nope, v_dim, rank = 3, 4, 2, 5
+    w = torch.randn(n * (nope + v_dim), rank, generator=torch.Generator().manual_seed(6))
+    x = torch.randn(7, rank)
+    k, v = _round_trip(PerHead(), w, _ctx([(n * nope, rank), (n * v_dim, rank)], 0, _attention_spec(n, n, nope)))
+    ref_k, ref_v = (x @ w.t()).view(7, n, nope + v_dim).split([nope, v_dim], dim=-1)
+    assert torch.allclose((x @ k.t()).view(7, n, nope), ref_k) and torch.allclose((x @ v.t()).view(7, n, v_dim), ref_v)
 
 
 def test_latent_attention_down_projection_splits_into_latent_and_shared_key():

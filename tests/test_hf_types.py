@@ -17,20 +17,19 @@ test-only reference (nothing under ``modkit/`` or ``plugins/`` imports it).
 
 from __future__ import annotations
 
-import json
-import warnings
-
 import pytest
 import torch
-from safetensors import safe_open
 
 import modkit
 from modkit.generate import generate
 
 transformers = pytest.importorskip("transformers")
 
+from test_hf_parity import _quiet, batch, file_tensors, hf_output, make_hf, max_real_diff, ours_output  # noqa: E402
+
 TOL = 1e-5
-SMALL = dict(vocab_size=97, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+#: no end-of-sequence token: greedy decoding runs its full length on both sides
+SMALL = dict(vocab_size=97, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=None)
 GQA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
 
 #: (id, config class, kwargs): every structural feature of the type switched on; windows (4) shorter than the
@@ -58,14 +57,6 @@ FIXTURES = [
 ]
 
 
-def _quiet():
-    w = warnings.catch_warnings()
-    w.__enter__()
-    warnings.simplefilter("ignore")
-    transformers.logging.set_verbosity_error()
-    return w
-
-
 _BUILT: dict = {}
 
 
@@ -87,12 +78,7 @@ def built(tmp_path_factory):
             _, cls, kwargs = next(f for f in FIXTURES if f[0] == name)
             w = _quiet()
             try:
-                cfg = getattr(transformers, cls)(**kwargs)
-                torch.manual_seed(0)
-                hf = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-                with torch.no_grad():
-                    for p in hf.parameters():  # every parameter off its init (norms and biases too)
-                        p.add_(torch.randn_like(p) * 0.05)
+                hf = make_hf(getattr(transformers, cls), kwargs, "causal")  # every parameter off its init
                 folder = tmp_path_factory.mktemp(name) / "hf"
                 hf.save_pretrained(folder)
             finally:
@@ -101,41 +87,6 @@ def built(tmp_path_factory):
         return _BUILT[name]
 
     return get
-
-
-def _batch(vocab: int = 97):
-    """Three sequences of 9 tokens, the second and third left-padded (3 and 6 padding tokens)."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, vocab, (3, 9), generator=g)
-    mask = torch.ones(3, 9, dtype=torch.long)
-    mask[1, :3] = 0
-    mask[2, :6] = 0
-    return ids.masked_fill(mask == 0, 0), mask
-
-
-def _hf_logits(hf, ids, mask):
-    """transformers' logits with positions counted over real tokens (as ``generate`` does for left padding)."""
-    with torch.no_grad():
-        return hf(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
-
-
-def _ours(model, ids, mask=None):
-    with torch.no_grad():
-        return model(ids, attention_mask=mask).logits
-
-
-def _real_diff(a, b, mask) -> float:
-    return (a.float() - b.float()).abs()[mask.bool()].max().item()
-
-
-def _tensors(folder) -> dict:
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
-    out = {}
-    for f in files:
-        with safe_open(str(folder / f), "pt") as h:
-            out.update({k: h.get_tensor(k) for k in h.keys()})
-    return out
 
 
 IDS = [f[0] for f in FIXTURES]
@@ -158,10 +109,10 @@ def test_parameter_count_equals_transformers(name, built):
 @pytest.mark.parametrize("name", IDS)
 def test_logits_equal_transformers_on_a_left_padded_batch(name, built):
     hf, _, model = built(name)
-    ids, mask = _batch()
-    got = _ours(model, ids, mask)
+    ids, mask = batch(97)
+    got = ours_output(model, ids, mask, "causal")
     assert torch.isfinite(got[mask.bool()]).all()
-    diff = _real_diff(got, _hf_logits(hf, ids, mask), mask)
+    diff = max_real_diff(got, hf_output(hf, ids, mask, "causal"), mask)
     print(f"\n[types] {name:12s} max|modkit - transformers| = {diff:.2e}")
     assert diff <= TOL
 
@@ -169,11 +120,11 @@ def test_logits_equal_transformers_on_a_left_padded_batch(name, built):
 @pytest.mark.parametrize("name", IDS)
 def test_left_padding_gives_the_unpadded_rows_logits(name, built):
     _, _, model = built(name)
-    ids, mask = _batch()
-    padded = _ours(model, ids, mask)
+    ids, mask = batch(97)
+    padded = ours_output(model, ids, mask, "causal")
     for row in range(ids.shape[0]):
         real = mask[row].bool()
-        alone = _ours(model, ids[row : row + 1, real])[0]
+        alone = ours_output(model, ids[row : row + 1, real], None, "causal")[0]
         assert (padded[row, real] - alone).abs().max().item() <= TOL, f"row {row}"
 
 
@@ -184,8 +135,7 @@ def test_greedy_decoding_with_the_cache_equals_transformers_generate(name, built
     w = _quiet()
     try:
         with torch.no_grad():
-            theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                                 min_new_tokens=12)
+            theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
     finally:
         w.__exit__(None, None, None)
     assert torch.equal(generate(model, ids, max_new_tokens=12, temperature=0), theirs)
@@ -195,7 +145,7 @@ def test_greedy_decoding_with_the_cache_equals_transformers_generate(name, built
 def test_export_loads_back_in_transformers(name, built, tmp_path):
     hf, folder, model = built(name)
     out = modkit.to_hf(model, tmp_path / "export")
-    original, exported = _tensors(folder), _tensors(out)
+    original, exported = file_tensors(folder), file_tensors(out)
     assert sorted(exported) == sorted(original)
     for k, t in original.items():
         assert exported[k].dtype == t.dtype and torch.equal(exported[k], t), k
@@ -204,8 +154,8 @@ def test_export_loads_back_in_transformers(name, built, tmp_path):
         back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
     finally:
         w.__exit__(None, None, None)
-    ids, mask = _batch()
-    assert _real_diff(_hf_logits(back, ids, mask), _hf_logits(hf, ids, mask), mask) <= TOL
+    ids, mask = batch(97)
+    assert max_real_diff(hf_output(back, ids, mask, "causal"), hf_output(hf, ids, mask, "causal"), mask) <= TOL
     a, b = model.spec.to_dict(), modkit.from_hf_config(out / "config.json").to_dict()
     for d in (a, b):
         d.pop("name"), d.pop("description")

@@ -19,10 +19,11 @@ import importlib
 
 from modkit import hookimpl
 
-from ._keys import HeadDim, Ignore, Key, KVHeads, LayerTypes, Own, QwenWindows, Refuse, Rope, RopeByLayerType, Same, SlidingWindow
+from ._keys import (HeadDim, Ignore, Key, KVHeads, LayerTypes, Own, QwenWindows, Refuse, Rope, RopeByLayerType, Same,
+                    SlidingWindow, sizes)
 from ._spec import FIELDS
 from ._type import HFType
-from ._weights import Chain, Concat, FusedQKV, Head, StackExperts, Transform, Transpose, W, RENAME
+from ._weights import RENAME, Chain, Concat, FusedQKV, Head, PerHead, StackExperts, Transform, Transpose, W
 
 #: converter modules of this package, one per Hugging Face ``model_type``
 MODULES = (
@@ -49,7 +50,7 @@ MODULES = (
 
 __all__ = [
     "FIELDS", "HFType", "HeadDim", "Ignore", "KVHeads", "Key", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
-    "RopeByLayerType", "Same", "SlidingWindow", "Chain", "Concat", "FusedQKV", "Head", "RENAME", "StackExperts",
+    "RopeByLayerType", "Same", "SlidingWindow", "sizes", "Chain", "Concat", "FusedQKV", "Head", "PerHead", "RENAME", "StackExperts",
     "Transform", "Transpose", "W", "MODULES", "register_hf_converters",
 ]
 

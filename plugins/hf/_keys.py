@@ -110,7 +110,6 @@ class Key(Entry):
         read_as, write_as: ``(value, fields) -> value`` between the config's value and the field's.
         values: for ``act``: config values that mean another modkit activation in this type than in general
             (Gemma's legacy ``"gelu"``, which ``GemmaConfig`` turns into the tanh GELU).
-        export: written on export.
         from_base: the spec does not hold the value (it is checked, not used): an export writes the source
             config's value, else ``default`` (BERT's ``type_vocab_size``).
         note: what the key is, for the reference page.
@@ -124,7 +123,6 @@ class Key(Entry):
     read_as: Optional[Callable[[Any, Mapping[str, Any]], Any]] = None
     write_as: Optional[Callable[[Any, Mapping[str, Any]], Any]] = None
     values: Optional[Mapping[str, str]] = None
-    export: bool = True
     from_base: bool = False
     note: str = ""
 
@@ -149,8 +147,6 @@ class Key(Entry):
             r.key_of.setdefault(fld, name)
 
     def write(self, f, base, name):
-        if not self.export:
-            return {}
         if self.from_base:
             value = base.get(name) or self.default
             return {name: int(value) if self.kind == "int" else value}

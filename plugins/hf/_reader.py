@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from modkit import SpecError, UnknownConfigKeyWarning
 from modkit.limits import MAX_D_FF, MAX_D_MODEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE

@@ -12,7 +12,7 @@ model type shares these two functions: what differs between types is only which 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ._reader import HFConfig
 

@@ -13,6 +13,7 @@ Transforms for the layouts transformers 5 saves:
   fused gate/up, MLA's ``kv_a_proj_with_mqa``), or ``interleaved`` (gpt-oss's ``gate_up_proj``: even columns gate,
   odd columns up);
 * :class:`FusedQKV`: q/k/v fused per head or per KV group (Falcon, GPT-NeoX's ``query_key_value``);
+  :class:`PerHead`: any parts fused head by head (MLA's ``kv_b_proj``: per head its key rows, then its value rows);
 * :class:`StackExperts`: one ``nn.Linear`` per expert ↔ modkit's stacked ``[n_experts, in, out]`` experts;
 * :class:`Chain`: transforms applied in turn (e.g. a stacked ``[n_experts, 2 * d_ff, d_model]`` ``gate_up_proj``:
   ``Chain(Transpose(), Concat(dim=-1))``).
@@ -147,6 +148,38 @@ class Concat(Transform):
 
 
 @dataclass(frozen=True)
+class PerHead(Transform):
+    """Several projections fused head by head: the checkpoint's rows are ``[n_heads, s_1 + s_2 + ..., ...]``, the
+    modkit tensors ``[n_heads * s_k, ...]`` each (their sizes give the ``s_k``). MLA's ``kv_b_proj`` (per head its
+    ``qk_nope_head_dim`` key rows, then its ``v_head_dim`` value rows, ``DeepseekV3Attention``); GPT-NeoX's
+    ``query_key_value`` is the case of three equal parts (:class:`FusedQKV` ``"per_head"``).
+
+    Attributes:
+        heads: the head count, a function of the :class:`Ctx` (default: the layer's attention ``n_heads``).
+    """
+
+    heads: Optional[Callable[[Ctx], int]] = None
+
+    def _sizes(self, ctx: Ctx) -> tuple[int, list[int]]:
+        n = self.heads(ctx) if self.heads is not None else ctx.spec.layer(ctx.layer).attention.n_heads
+        return n, [ctx.shape(k)[0] // n for k in range(len(ctx.ours))]
+
+    def to_ours(self, ts, ctx):
+        n, sizes = self._sizes(ctx)
+        rest = tuple(ts[0].shape[1:])
+        parts = torch.split(ts[0].reshape(n, sum(sizes), *rest), sizes, dim=1)
+        return [p.reshape(n * s, *rest) for p, s in zip(parts, sizes)]
+
+    def to_hf(self, ts, ctx, extras):
+        n, sizes = self._sizes(ctx)
+        rest = tuple(ts[0].shape[1:])
+        return [torch.cat([t.reshape(n, s, *rest) for t, s in zip(ts, sizes)], dim=1).reshape(-1, *rest)]
+
+    def describe(self) -> str:
+        return "fused head by head: per head the rows of each part in turn"
+
+
+@dataclass(frozen=True)
 class FusedQKV(Transform):
     """q, k and v fused in one tensor (weight ``[rows, d_model]`` or bias ``[rows]``) head by head.
 
@@ -167,28 +200,27 @@ class FusedQKV(Transform):
 
     def to_ours(self, ts, ctx):
         layout, n_heads, n_kv, hd = self._geometry(ctx)
+        if layout == "per_head":
+            return PerHead().to_ours(ts, ctx)
         f = ts[0]
         rest = tuple(f.shape[1:])
         if layout == "grouped":
             r = n_heads // n_kv
             g = f.reshape(n_kv, r + 2, hd, *rest)
             q, k, v = g[:, :r], g[:, r], g[:, r + 1]
-        elif layout == "per_head":
-            g = f.reshape(n_heads, 3, hd, *rest)
-            q, k, v = g[:, 0], g[:, 1], g[:, 2]
         else:
             q, k, v = torch.split(f, [n_heads * hd, n_kv * hd, n_kv * hd], dim=0)
         return [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
 
     def to_hf(self, ts, ctx, extras):
         layout, n_heads, n_kv, hd = self._geometry(ctx)
+        if layout == "per_head":
+            return PerHead().to_hf(ts, ctx, extras)
         q, k, v = ts
         rest = tuple(q.shape[1:])
         if layout == "grouped":
             r = n_heads // n_kv
             g = torch.cat([q.reshape(n_kv, r, hd, *rest), k.reshape(n_kv, 1, hd, *rest), v.reshape(n_kv, 1, hd, *rest)], dim=1)
-        elif layout == "per_head":
-            g = torch.stack([q.reshape(n_heads, hd, *rest), k.reshape(n_heads, hd, *rest), v.reshape(n_heads, hd, *rest)], dim=1)
         else:
             g = torch.cat([q, k, v], dim=0)
         return [g.reshape(-1, *rest)]

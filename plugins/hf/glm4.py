@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ._keys import Key, Rope
 from ._weights import Concat, W
-from .llama import L, LLAMA
+from .llama import LLAMA, L
 
 MODEL_TYPE = "glm4"
 

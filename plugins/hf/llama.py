@@ -12,7 +12,7 @@ SmolLM3 and GLM-4 derive from this table.
 
 from __future__ import annotations
 
-from ._keys import HeadDim, Ignore, KVHeads, Key, Rope, sizes
+from ._keys import HeadDim, Ignore, Key, KVHeads, Rope, sizes
 from ._type import HFType
 from ._weights import Head, W
 

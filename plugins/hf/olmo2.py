@@ -9,7 +9,7 @@ projections, before RoPE; ``attention_bias`` sets all four projection biases.
 from __future__ import annotations
 
 from ._weights import W
-from .llama import L, LLAMA
+from .llama import LLAMA, L
 
 MODEL_TYPE = "olmo2"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ._keys import HeadDim, Ignore, Key, Refuse
 from ._weights import StackExperts, W
-from .llama import L, LLAMA
+from .llama import LLAMA, L
 
 MODEL_TYPE = "olmoe"
 

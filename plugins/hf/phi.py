@@ -9,7 +9,7 @@ LayerNorm QK-norm (``qk_layernorm``, with bias, over ``hidden_size // num_attent
 
 from __future__ import annotations
 
-from ._keys import HeadDim, KVHeads, Key, Rope, sizes
+from ._keys import HeadDim, Key, KVHeads, Rope, sizes
 from ._type import HFType
 from ._weights import Head, W
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from modkit.validation import json_value
 
-from ._keys import Entry, Key, _types
+from ._keys import Entry, _types
 from .llama import LLAMA
 
 MODEL_TYPE = "smollm3"
