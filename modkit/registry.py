@@ -20,7 +20,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import pluggy
 
@@ -176,12 +176,18 @@ class Component:
 
 @dataclass(frozen=True)
 class HFConverter:
-    """A Hugging Face ``config.json`` → modkit spec converter for one ``model_type``."""
+    """A Hugging Face ``config.json`` → modkit spec converter for one ``model_type``.
+
+    ``declaration`` is the object registered with ``register(declaration)`` (a declarative model type: its
+    ``model_type``, ``convert`` and ``weights`` fill the other fields; its ``describe()``, when it has one, feeds the
+    reference docs), ``None`` for the ``register(model_type, convert, weights=mapper)`` form.
+    """
 
     model_type: str
     convert: Callable[[dict], dict]
     weights: Any = None
     provider: Provider | None = None
+    declaration: Any = None
 
 
 @dataclass
@@ -283,10 +289,19 @@ class Registry:
                     )
                 )
 
-            def register_converter(model_type: str, convert: Callable[[dict], dict], weights: Any = None) -> None:
+            def register_converter(model_type: Any, convert: Optional[Callable[[dict], dict]] = None, weights: Any = None) -> None:
+                declaration = None
+                if not isinstance(model_type, str) and convert is None and weights is None:
+                    # register(declaration): an object with model_type, convert and weights (its mapper)
+                    declaration = model_type
+                    model_type = getattr(declaration, "model_type", None)
+                    convert = getattr(declaration, "convert", None)
+                    weights = getattr(declaration, "weights", None)
                 if not isinstance(model_type, str) or not model_type or not callable(convert):
-                    raise RegistryError(f"register(model_type, fn): bad arguments {model_type!r}, {convert!r}")
-                convs.append(HFConverter(model_type, convert, weights, provider))
+                    raise RegistryError(
+                        f"register(model_type, fn) or register(declaration): bad arguments {model_type!r}, {convert!r}"
+                    )
+                convs.append(HFConverter(model_type, convert, weights, provider, declaration))
 
             try:
                 scratch.hook.register_components(register=register_component)

@@ -839,3 +839,16 @@ def test_hugging_face_guide_runs():
     namespace: dict = {}
     exec(_blocks("guides/hugging-face.md", "python")[0], namespace)  # noqa: S102 - the guide's own example
     assert namespace["spec"].metadata["hf_model_type"] == "llama"
+
+
+def test_hugging_face_guide_model_type_is_the_shipped_one():
+    """The guide's declarative StarCoder2 is the shipped one: same spec for a config, same config written back."""
+    namespace: dict = {}
+    exec(_blocks("guides/hugging-face.md", "python")[1], namespace)  # noqa: S102 - the guide's own example
+    guide, shipped = namespace["STARCODER2"], modkit.get_registry().hf_converter("starcoder2").declaration
+    cfg = {"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "sliding_window": 8, "use_bias": False, "residual_dropout": 0.1}
+    assert guide.convert(dict(cfg)) == shipped.convert(dict(cfg))
+    spec = modkit.load_spec(shipped.convert(dict(cfg)))
+    assert guide.weights.hf_config(spec, cfg) == shipped.weights.hf_config(spec, cfg)
+    assert guide.tensors == shipped.tensors
