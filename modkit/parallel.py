@@ -420,6 +420,8 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
                 )
             full = _join(path, sub)
             if style == "heads":  # a per-head parameter, not a submodule
+                if _attribute(module, sub) is None:  # an optional parameter this configuration does not have
+                    continue
                 _check_head_param(full, module, sub, tp, _entry_name(entry))
                 plan.styles[full], plan.sources[full] = style, _entry_name(entry)
                 declared.append(full)  # sharded with the heads: each rank's gradient is its own shard's
