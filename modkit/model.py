@@ -152,8 +152,10 @@ class Model(nn.Module):
         """A fresh, preallocated (static) :class:`~modkit.cache.KVCache` for this model.
 
         Each layer gets ``[batch_size, n_kv_heads, slots, head_dim]`` keys and values with ``slots = max_len``, or
-        ``min(window, max_len)`` for sliding-window layers (a ring buffer); see :mod:`modkit.cache` for the byte
-        formula.
+        ``min(window, max_len)`` for layers whose attention sees only the latest ``window`` positions (a ring
+        buffer): ``window`` is the attention's ``attention_span`` (sliding window, chunked attention) or, for an
+        attention without one, its ``sliding_window`` (kept in :attr:`windows`); see :mod:`modkit.cache` for the
+        byte formula.
 
         Args:
             batch_size: rows; ``None`` allocates at the first forward, with that forward's batch size.

@@ -15,9 +15,12 @@ and the ring cache it sizes, exact parameter counts, the ``l2norm`` component, t
 from __future__ import annotations
 
 import math
+import re
+from typing import Literal, Optional
 
 import pytest
 import torch
+from pydantic import Field
 
 import modkit
 from modkit import AttentionInputs
@@ -284,7 +287,6 @@ def test_each_head_qk_norm_needs_the_groups_capability():
 def test_each_head_refuses_a_norm_without_groups():
     from modkit import Component, ComponentConfig, elementwise
     from tests.conftest import registry_with
-    from typing import Literal
 
     class Plain(ComponentConfig):
         type: Literal["plainnorm"] = "plainnorm"
@@ -306,3 +308,95 @@ def test_nope_override_leaves_rope_on_the_other_layers():
     att_in = AttentionInputs(positions=torch.arange(3)[None] + 5)
     rot = model.positions[model.layer_position[1]].rotate(q, q[:, :2], att_in.positions)
     assert torch.equal(rot[0], q)
+
+
+# ------------------------------------------------------------------------------------------------ the contract kit
+
+KIT_CONFIGS = {
+    "sinks": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True, "q_bias": True, "o_bias": True},
+    "chunked-l2": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "attention_chunk_size": 6, "qk_norm": {"type": "l2norm"}},
+    "temperature": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "temperature_tuning": {"floor_scale": 4, "attn_scale": 0.5}},
+    "all-eager": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True, "sliding_window": 5, "attention_chunk_size": 6,
+                  "qk_norm": {"type": "layernorm", "bias": False}, "qk_norm_scope": "each_head", "backend": "eager"},
+}
+#: the kit's checks minus the slow ones (compile: see the closing note; shards: distributed)
+KIT_CHECKS = ("shape_dtype", "gradients", "causality", "kv_cache_decode", "masked_row", "gqa_equals_mha", "meta_init",
+              "param_count", "flops")
+
+
+@pytest.mark.parametrize("name", list(KIT_CONFIGS))
+def test_contract_kit_passes_the_options(name):
+    """The kit on configs with the options set: cached decode (also with a window, a chunk and sinks added where
+    unset), padding rows, causality, exact parameter count, FLOPs against FlopCounterMode (the sinks' extra column on
+    the SDPA path included)."""
+    from modkit.testing import check_component
+
+    results = check_component("attention", "gqa", KIT_CONFIGS[name], checks=KIT_CHECKS)
+    failed = [f"{r.check}: {r.detail}" for r in results if r.status == "failed"]
+    assert not failed, failed
+    passed = {r.check for r in results if r.status == "passed"}
+    assert {"kv_cache_decode", "masked_row", "param_count", "flops", "causality"} <= passed
+    kv = next(r for r in results if r.check == "kv_cache_decode").detail
+    if name == "sinks":  # the kit adds the options the config leaves unset
+        assert "sliding_window 16 and attention_chunk_size 12" in kv
+    if name == "all-eager":
+        assert "and sinks" not in kv and "attention_chunk_size 12" not in kv
+
+
+class _FaultyConfig(modkit.ComponentConfig):
+    """Config of the faulty test attentions: each forgets one option on the cached path only."""
+
+    type: Literal["chunk_forgotten", "sinks_forgotten"]
+    n_heads: int = Field(4, description="heads")
+    attention_chunk_size: Optional[int] = Field(None, description="chunk of positions a query sees")
+    sinks: bool = Field(False, description="a sink logit per head")
+
+
+class _FaultyAttention(torch.nn.Module):
+    """Multi-head attention from modkit's helpers that drops the chunk mask (or the sinks) once it decodes against
+    cached keys: a full forward is right, cached decoding is not (a fault only the options' cache runs can see)."""
+
+    def __init__(self, cfg: _FaultyConfig, d_model: int):
+        super().__init__()
+        self.fault = cfg.type
+        self.n_heads = self.n_kv_heads = cfg.n_heads
+        self.head_dim = d_model // cfg.n_heads
+        self.sliding_window, self.attention_chunk_size = None, cfg.attention_chunk_size
+        self.sinks = torch.nn.Parameter(torch.empty(cfg.n_heads)) if cfg.sinks else None
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+
+    @property
+    def attention_span(self):
+        return self.attention_chunk_size
+
+    def init_weights(self, init) -> None:
+        if self.sinks is not None:
+            init.normal_(self.sinks, std=1.0)
+
+    def forward(self, x, inputs):
+        b, s, _ = x.shape
+        q, k, v = (f(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        if inputs.position is not None:
+            q, k = inputs.position.rotate(q, k, inputs.positions)
+        k, v, k_pos, k_valid = modkit.update_cache(inputs, k, v)
+        against_cache = k.shape[2] > s
+        chunk = None if self.fault == "chunk_forgotten" and against_cache else self.attention_chunk_size
+        sinks = None if self.fault == "sinks_forgotten" and against_cache else self.sinks
+        mask = modkit.attention_mask(inputs.positions, k_pos, k_valid, chunk=chunk)
+        out, _ = modkit.masked_attention(q, k, v, mask, None, None, sinks=sinks)
+        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("fault,option", [("chunk_forgotten", "attention_chunk_size 12"), ("sinks_forgotten", "sinks")])
+def test_kit_cache_check_catches_an_option_forgotten_in_the_cached_path(fault, option):
+    from modkit.testing import check_component
+    from tests.conftest import registry_with
+
+    reg = registry_with("faulty", modkit.Component(
+        kind="attention", type=fault, config=_FaultyConfig, factory=lambda cfg, ctx: _FaultyAttention(cfg, ctx.d_model),
+        description="test attention with a cached-path fault", capabilities={"causal_safe": True, "kv_cache": True},
+        example={"type": fault}))
+    (result,) = check_component("attention", fault, registry=reg, checks=["kv_cache_decode"])
+    assert result.status == "failed", result.detail
+    failing = re.findall(r"with position ([^:]+):", result.detail)
+    assert failing and all(option in label for label in failing), failing  # only the runs with the option fail
