@@ -259,7 +259,8 @@ class Attention(nn.Module):
         k, v, k_pos, k_valid = update_cache(inputs, k, v)  # store the new keys; attend over every key handed back
         bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (
-            self.causal and bias is None and k_valid is None and self.attention_span is None and self.sinks is None
+            self.causal and bias is None and k_valid is None and self.sliding_window is None
+            and self.attention_chunk_size is None and self.sinks is None
             and k_pos is q_pos and not need_weights and self.backend == "sdpa" and self.logit_softcap is None
         )
         if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel

@@ -246,3 +246,18 @@ def test_smollm3_nope_layers_through_overrides_equal_transformers():
     ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert (roped(ids).logits - model(ids).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("field,change", [
+    ("logit_scale", {"logit_scale": 0.5}),
+    ("residual_multiplier", {"block__placement": {"type": "pre", "residual_multiplier": 0.5}}),
+    ("sinks", {"block__attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True}}),
+])
+def test_export_to_a_type_without_the_detail_is_refused(tmp_path, field, change):
+    """A Llama checkpoint has no place for these details: the export names the field instead of dropping it."""
+    from tests.conftest import tiny_spec
+
+    model = modkit.build(tiny_spec(metadata={"hf_model_type": "llama"}, **change))
+    with pytest.raises(modkit.CheckpointError, match="different network") as info:
+        modkit.to_hf(model, tmp_path / "out")
+    assert field in str(info.value)
