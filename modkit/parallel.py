@@ -445,7 +445,8 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
             if style == "replicate":
                 continue
             if style == "per_head":
-                grouped = [n for n, prm in target.named_parameters() if prm.dim() > 1]
+                heads = {getattr(module, a) for a in ("n_heads", "n_kv_heads") if isinstance(getattr(module, a, None), int)}
+                grouped = [n for n, prm in target.named_parameters() if prm.dim() > 1 and prm.shape[0] in heads]
                 if grouped:  # a weight per head ([heads, dim]) would need sharding with the heads, not replication
                     raise ParallelError(
                         f"{full}.{grouped[0]} (shape {list(target.get_parameter(grouped[0]).shape)}): plan of "
