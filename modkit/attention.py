@@ -18,7 +18,10 @@ leaks and NaN rows come from). The order inside ``forward(x, inputs)``::
 * **The mask** is built from absolute positions (``q_pos >= k_pos``), so it is aligned bottom-right whenever the
   query is shorter than the keys (cached decode, chunked prefill); ``is_causal=True`` alone aligns top-left and is
   wrong there. Padding keys (``token_mask`` False, or cache slots not written yet) are hidden; a sliding window
-  hides keys ``window`` or more positions back.
+  hides keys ``window`` or more positions back; chunked local attention (Llama 4) hides keys outside the query's
+  fixed-size chunk of positions (``q_pos // chunk != k_pos // chunk``).
+* **Attention sinks** (gpt-oss): a learned logit per head joins the softmax denominator and takes probability mass
+  without contributing a value; :func:`masked_attention` and :func:`masked_softmax` take them as ``sinks``.
 * **Dead rows.** A query that sees no key at all (a padding query whose keys are all padding, an all-padding row,
   the first chunk of a chunked prefill over left padding) would give ``softmax`` of all ``-inf``: NaN, which then
   spreads through the cache into every later token (pytorch #103749). :class:`PreparedMask` opens those rows
@@ -52,7 +55,12 @@ __all__ = [
 
 
 def attention_mask(
-    q_pos: Tensor, k_pos: Tensor, k_valid: Optional[Tensor] = None, causal: bool = True, window: Optional[int] = None
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Optional[Tensor] = None,
+    causal: bool = True,
+    window: Optional[int] = None,
+    chunk: Optional[int] = None,
 ) -> Tensor:
     """Boolean mask ``[batch, 1, q_len, kv_len]`` (True = may attend) from absolute positions.
 
@@ -63,15 +71,22 @@ def attention_mask(
         causal: hide keys after the query (``k_pos > q_pos``); false for a bidirectional (encoder) layer.
         window: sliding window: hide keys with ``q_pos - k_pos >= window`` (``|q_pos - k_pos| >= window`` when
             bidirectional); ``None`` for global attention (Mistral, Gemma 2 local layers).
+        chunk: chunked local attention: hide keys outside the query's chunk, ``k_pos // chunk != q_pos // chunk``
+            (Llama 4's ``attention_chunk_size``; transformers ``chunked_overlay``, whose left-padding offset is
+            already in positions that count real tokens only); ``None`` for none. Combines with ``window`` and
+            ``causal``.
 
     Returns:
         ``[batch, 1, q_len, kv_len]`` bool. Query 2 of ``q_pos = [[0, 1, 2]]`` with causal and ``window = 2``
-            sees keys 1 and 2 only.
+            sees keys 1 and 2 only; with ``chunk = 2`` instead it sees key 2 only (its chunk is positions 2-3).
     """
     diff = q_pos[:, :, None] - k_pos[:, None, :]
     mask = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
     if window is not None:
         mask = mask & (diff < window) if causal else mask & (diff.abs() < window)
+    if chunk is not None:
+        q_chunk, k_chunk = (torch.div(p, chunk, rounding_mode="floor") for p in (q_pos, k_pos))
+        mask = mask & (q_chunk[:, :, None] == k_chunk[:, None, :])
     if k_valid is not None:
         mask = mask & k_valid[:, None, :]
     return mask[:, None]
@@ -136,24 +151,25 @@ def prepare_mask(
     *,
     causal: bool = True,
     window: Optional[int] = None,
+    chunk: Optional[int] = None,
 ) -> PreparedMask:
     """The :class:`PreparedMask` of the new queries (``inputs.positions``) over the keys ``k_pos`` / ``k_valid``.
 
     With a cache, the mask depends only on positions and validity, which every layer of a cache slot group shares
     within a forward: it is computed once and kept in the group's per-forward ``scratch`` dict (keyed by
-    ``causal``, ``window`` and ``dtype``, no tensor ids, so ``torch.compile`` installs no identity guard).
+    ``causal``, ``window``, ``chunk`` and ``dtype``, no tensor ids, so ``torch.compile`` installs no identity guard).
 
     Args:
         inputs: the layer's :class:`~modkit.AttentionInputs`.
         k_pos, k_valid: from :func:`update_cache`.
         dtype: the query dtype (of ``PreparedMask.additive`` and ``live``).
-        causal, window: as in :func:`attention_mask`.
+        causal, window, chunk: as in :func:`attention_mask`.
     """
     scratch = getattr(inputs.cache, "scratch", None)
-    key = ("mask", causal, window, dtype)
+    key = ("mask", causal, window, chunk, dtype)
     prepared = scratch.get(key) if scratch is not None else None
     if prepared is None:
-        prepared = PreparedMask.of(attention_mask(inputs.positions, k_pos, k_valid, causal, window), dtype)
+        prepared = PreparedMask.of(attention_mask(inputs.positions, k_pos, k_valid, causal, window, chunk), dtype)
         if scratch is not None:
             scratch[key] = prepared
     return prepared
@@ -170,7 +186,7 @@ def position_bias(inputs: AttentionInputs, k_pos: Tensor, n_heads: int) -> Optio
     return inputs.position.attention_bias(inputs.positions, k_pos, n_heads)
 
 
-def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0) -> Tensor:
+def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0, sinks: Optional[Tensor] = None) -> Tensor:
     """Softmax over the keys of ``scores`` with the mask applied and dead rows set to all-zero probabilities.
 
     The dead-row guard for an attention with a score function of its own: ``probs @ v`` is then exactly 0 for a
@@ -181,13 +197,39 @@ def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0) -
         mask: from :func:`prepare_mask` / :meth:`PreparedMask.of`.
         dropout_p: probability of dropping a probability (training only: pass 0 in eval), scaled by
             ``1 / (1 - p)`` as in ``scaled_dot_product_attention``.
+        sinks: ``[n_heads]`` attention-sink logits, or ``None``. Each joins its head's softmax as one more column
+            that every query sees, and is dropped afterwards: the probabilities of the keys then sum to
+            ``1 - p_sink`` (gpt-oss; transformers ``GptOssAttention``'s eager path, which also subtracts the row
+            maximum first, as ``softmax`` does).
 
     Returns:
-        ``[batch, n_heads, q_len, kv_len]`` float32 probabilities (rows sum to 1, or to 0 for dead rows, before
-            dropout).
+        ``[batch, n_heads, q_len, kv_len]`` float32 probabilities (rows sum to 1, or ``1 - p_sink`` with sinks, or
+            0 for dead rows, before dropout).
     """
-    probs = torch.softmax(scores.float().masked_fill(~mask.allowed, float("-inf")), dim=-1) * mask.live.float()
+    scores = scores.float().masked_fill(~mask.allowed, float("-inf"))
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        b, h, q, _ = scores.shape
+        column = sinks.float().view(1, h, 1, 1).expand(b, h, q, 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    probs = probs * mask.live.float()
     return nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
+
+
+def _sink_column(k: Tensor, v: Tensor, attn_mask: Tensor, sinks: Tensor, q_shape: torch.Size) -> tuple[Tensor, Tensor, Tensor]:
+    """Keys and values with one zero column appended, and the additive mask with the sink logits as that column.
+
+    ``q·0 = 0``, so the column's score is exactly its additive mask, the sink logit of the head; its value 0 adds
+    nothing to the output. ``k, v [b, h_kv, kv, d] -> [b, h_kv, kv + 1, d]``; ``attn_mask [b, 1 or h, q, kv] ->
+    [b, h, q, kv + 1]`` in the mask's dtype.
+    """
+    b, h, q_len, _ = q_shape
+    zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
+    k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero.to(v.dtype)], dim=2)
+    mask = attn_mask.expand(b, h, q_len, attn_mask.shape[-1])
+    column = sinks.to(attn_mask.dtype).view(1, h, 1, 1).expand(b, h, q_len, 1)
+    return k, v, torch.cat([mask, column], dim=-1)
 
 
 def masked_attention(
@@ -201,6 +243,7 @@ def masked_attention(
     eager: bool = False,
     dropout_p: float = 0.0,
     softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention with a mask; rows with no visible key output exactly 0 (never NaN).
 
@@ -215,6 +258,11 @@ def masked_attention(
             probabilities before dropout.
         softcap: map the scaled scores to ``softcap * tanh(scores / softcap)`` before the bias and the mask
             (Gemma 2's attention logit soft-capping, arXiv:2408.00118); needs ``eager`` (SDPA has no soft-cap).
+        sinks: ``[n_heads]`` attention-sink logits (gpt-oss), or ``None``: each head's softmax gets one more
+            column, the sink logit, that takes probability mass and adds no value (:func:`masked_softmax`). The
+            eager path appends it to the scores; the SDPA path appends a zero key (score 0), a zero value and the
+            sink as that column's additive mask, which is the same softmax (the kernel then scores one more
+            column per query). Dead rows still output 0.
 
     Raises:
         ValueError: ``softcap`` without ``eager``.
@@ -236,12 +284,14 @@ def masked_attention(
             scores = torch.tanh(scores / softcap) * softcap
         if bias is not None:
             scores = scores + bias
-        weights = masked_softmax(scores, prepared)
+        weights = masked_softmax(scores, prepared, sinks=sinks)
         probs = nn.functional.dropout(weights, dropout_p) if dropout_p > 0 else weights
         out = torch.matmul(probs.to(v.dtype), v)
     else:
         weights = None
         attn_mask = prepared.additive if bias is None else bias.to(q.dtype) + prepared.additive
+        if sinks is not None:
+            k, v, attn_mask = _sink_column(k, v, attn_mask, sinks, q.shape)
         out = nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=rep > 1
         )

@@ -131,7 +131,9 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
             top_key = _position_key(spec.position, heads, registry)
         block = ctx.build(ls.placement, attention=attention, ffn=ffn, norm=ls.norm)
         blocks.append(block)
-        windows.append(getattr(attention, "sliding_window", None))
+        # how many of the latest positions a query sees (a ring of that many cache slots): the attention's
+        # attention_span when it declares one (sliding window, chunked attention), else its sliding_window
+        windows.append(attention.attention_span if hasattr(attention, "attention_span") else getattr(attention, "sliding_window", None))
     # the model-level scheme (it acts on embeddings) is the one layer 0 would use without overrides
     if top_key not in pos_keys:
         pos_keys[top_key] = len(pos_modules)

@@ -16,8 +16,8 @@ Conventions:
   leaves out too, so the two can be compared to the FLOP. Components that do only element-wise work declare
   :func:`elementwise` (0, with the reason).
 * **Useful pairs.** Attention counts the (query, key) pairs its mask lets through: causal, within the sliding
-  window, ``min(context, window)`` keys for a decoded token and ``(T + 1) / 2`` on average over a causal prefill
-  of ``T`` tokens. Dense kernels compute the whole ``[new, past + new]`` score rectangle (masked entries included);
+  window or the attention chunk, ``min(context, window)`` keys for a decoded token and ``(T + 1) / 2`` on average
+  over a causal prefill of ``T`` tokens. Dense kernels compute the whole ``[new, past + new]`` score rectangle (masked entries included);
   ``Workload(dense=True)`` counts that instead, which is what ``FlopCounterMode`` measures.
 * **Phases.** *prefill at context N*: one forward over ``N`` tokens, per token (every position's logits, as in
   training; generation skips the head for all but the last prompt token). *decode at context N*: one new token
@@ -82,6 +82,37 @@ def _reach(n: int, window: Optional[int]) -> int:
     return window * (window - 1) // 2 + (n - window) * (window - 1)
 
 
+def _chunked_pairs(past: int, total: int, chunk: int, window: Optional[int], causal: bool) -> int:
+    """Unmasked (query, key) pairs of the queries at positions ``past .. total - 1`` over keys ``0 .. total - 1`` when
+    each query sees only its own chunk of ``chunk`` positions (and, with ``window``, keys less than ``window`` away).
+
+    Causal: query ``p`` at offset ``r = p % chunk`` in its chunk sees ``min(r + 1, window)`` keys, so whole chunks
+    repeat one sum (:func:`_causal_prefix` of ``chunk``). Bidirectional: it also sees the keys after it in its chunk (the
+    last chunk ends at ``total``), ``min(r, window - 1) + min(L - 1 - r, window - 1) + 1`` in a chunk of ``L`` keys.
+    Closed forms per chunk, so the cost is O(1) in the context length.
+    """
+    if causal:
+        def upto(n: int) -> int:  # Σ_{p<n} min(p % chunk + 1, window)
+            return (n // chunk) * _causal_prefix(chunk, window) + _causal_prefix(n % chunk, window)
+
+        return upto(total) - upto(past)
+
+    def part(length: int, r0: int, r1: int) -> int:  # queries at offsets [r0, r1) of a chunk of `length` keys
+        before = _reach(r1, window) - _reach(r0, window)
+        after = _reach(length - r0, window) - _reach(length - r1, window)
+        return before + after + (r1 - r0)
+
+    first, last = past // chunk, (total - 1) // chunk
+    count = 0
+    for c in {first, last}:  # the chunks at the two ends may be cut (by past, by total)
+        start = c * chunk
+        length = min(chunk, total - start)
+        count += part(length, max(past - start, 0), min(total - start, chunk))
+    if last - first > 1:  # whole chunks in between, all of whose queries are new
+        count += (last - first - 1) * part(chunk, 0, chunk)
+    return count
+
+
 @dataclass(frozen=True)
 class Workload:
     """One forward call a FLOPs declaration is evaluated on.
@@ -112,20 +143,25 @@ class Workload:
         """Token rows through each position-wise component: ``batch · new``."""
         return self.batch * self.new
 
-    def pairs(self, *, causal: bool = True, window: Optional[int] = None) -> int:
+    def pairs(self, *, causal: bool = True, window: Optional[int] = None, chunk: Optional[int] = None) -> int:
         """(query, key) pairs one attention head scores over the whole batch.
 
         Args:
             causal: query ``p`` sees keys ``k <= p``; otherwise every key (bidirectional).
             window: sliding window: only keys with ``0 <= p - k < window`` (``|p - k| < window`` bidirectional).
+            chunk: chunked local attention: only keys of the query's own chunk, ``k // chunk == p // chunk``
+                (Llama 4's ``attention_chunk_size``); combines with ``causal`` and ``window``.
 
         Returns:
             ``batch · new · (past + new)`` when ``dense``; otherwise the unmasked pairs, e.g. ``new · (new + 1) / 2``
-                for a causal prefill and ``min(past + 1, window)`` for one decoded token.
+                for a causal prefill, ``min(past + 1, window)`` for one decoded token and ``past % chunk + 1`` for
+                one decoded token of a chunked layer.
         """
         total = self.past + self.new
         if self.dense:
             return self.batch * self.new * total
+        if chunk is not None:
+            return self.batch * _chunked_pairs(self.past, total, chunk, window, causal)
         if causal:
             return self.batch * (_causal_prefix(total, window) - _causal_prefix(self.past, window))
         if window is None:

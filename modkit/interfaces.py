@@ -181,6 +181,10 @@ class BuildContext:
         d_model, n_layers, vocab_size, max_seq_len: model-wide sizes from the spec.
         layer_index: the layer being built (``None`` for model-level components).
         dim: feature size a norm acts on when it is not ``d_model`` (e.g. a per-head QK-norm: ``head_dim``).
+        groups: for a norm: its input is ``[..., groups, dim]`` and each of the ``groups`` slices keeps parameters
+            of its own (weight ``[groups, dim]``: Cohere's per-head QK LayerNorm); statistics are still over the
+            last ``dim`` features. ``None``: one set of parameters ``[dim]`` shared by everything before the last
+            dimension. Only norms whose entry declares the ``groups`` capability accept it.
         n_heads, head_dim: attention geometry of the layer(s) a position scheme serves.
         attention, ffn, norm: for placements: the built sublayers and the norm config to instantiate.
         registry: the registry to build nested components from (:meth:`build`).
@@ -198,6 +202,7 @@ class BuildContext:
     registry: "Registry"
     layer_index: Optional[int] = None
     dim: Optional[int] = None
+    groups: Optional[int] = None
     n_heads: Optional[int] = None
     head_dim: Optional[int] = None
     attention: Optional[nn.Module] = None

@@ -152,8 +152,10 @@ class Model(nn.Module):
         """A fresh, preallocated (static) :class:`~modkit.cache.KVCache` for this model.
 
         Each layer gets ``[batch_size, n_kv_heads, slots, head_dim]`` keys and values with ``slots = max_len``, or
-        ``min(window, max_len)`` for sliding-window layers (a ring buffer); see :mod:`modkit.cache` for the byte
-        formula.
+        ``min(window, max_len)`` for layers whose attention sees only the latest ``window`` positions (a ring
+        buffer): ``window`` is the attention's ``attention_span`` (sliding window, chunked attention) or, for an
+        attention without one, its ``sliding_window`` (kept in :attr:`windows`); see :mod:`modkit.cache` for the
+        byte formula.
 
         Args:
             batch_size: rows; ``None`` allocates at the first forward, with that forward's batch size.
@@ -257,12 +259,24 @@ class Model(nn.Module):
         if self.final_norm is not None:
             x = self.final_norm(x)
         h = x if logits_to_keep is None or logits_to_keep >= seq else x[:, -logits_to_keep:]
+        return ModelOutput(logits=self.head_logits(h), aux_loss=aux, hidden=x, cache=cache)
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Logits ``[..., vocab_size]`` of final hidden states ``h [..., d_model]`` (after the final norm).
+
+        The head matrix (tied or not, with its bias), then the spec's ``logit_scale`` (multiply: Cohere's
+        ``logit_scale``, Granite's ``1 / logits_scaling``), then ``final_logit_softcap`` (``cap · tanh(z / cap)``,
+        Gemma 2). :meth:`forward` and the logit lens of :mod:`modkit.trace` both read out through this.
+        """
         # an untied head is called as a module so tensor-parallel styles hooked on it apply (modkit.parallel)
         logits = nn.functional.linear(h, self.lm_head_weight, self._head_bias()) if self.spec.tie_embeddings else self.lm_head(h)
+        scale = self.spec.logit_scale
+        if scale is not None:
+            logits = logits * scale
         cap = self.spec.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
-        return ModelOutput(logits=logits, aux_loss=aux, hidden=x, cache=cache)
+        return logits
 
     @torch.no_grad()
     def resize_vocab(self, vocab_size: int, *, init: str = "mean", seed: int = 0) -> "Model":

@@ -420,6 +420,8 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
                 )
             full = _join(path, sub)
             if style == "heads":  # a per-head parameter, not a submodule
+                if _attribute(module, sub) is None:  # an optional parameter this configuration does not have
+                    continue
                 _check_head_param(full, module, sub, tp, _entry_name(entry))
                 plan.styles[full], plan.sources[full] = style, _entry_name(entry)
                 declared.append(full)  # sharded with the heads: each rank's gradient is its own shard's
@@ -443,6 +445,15 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
             if style == "replicate":
                 continue
             if style == "per_head":
+                heads = {getattr(module, a) for a in ("n_heads", "n_kv_heads") if isinstance(getattr(module, a, None), int)}
+                grouped = [n for n, prm in target.named_parameters() if prm.dim() > 1 and prm.shape[0] in heads]
+                if grouped:  # a weight per head ([heads, dim]) would need sharding with the heads, not replication
+                    raise ParallelError(
+                        f"{full}.{grouped[0]} (shape {list(target.get_parameter(grouped[0]).shape)}): plan of "
+                        f"{_entry_name(entry)} applies {sub!r} 'per_head' (one replicated weight for every local head), "
+                        "but this weight has a row per head (e.g. qk_norm_scope 'each_head'); such a model cannot be "
+                        "tensor-parallel yet: use qk_norm_scope 'head' or train it without tp"
+                    )
                 if next(target.parameters(), None) is not None:  # no weights: no gradient to sum, nothing to wrap
                     plan.styles[full] = style
                     plan.sources[full] = _entry_name(entry)
@@ -473,7 +484,8 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
         if sharded_here:
             _check_replicated_consumers(path, module, {p: modules[p] for p in sharded_here}, plan.styles, tp)
             _check_declared(path, module, _entry_name(entry), declared, sharded_here, reg, tp)
-            if any(isinstance(getattr(module, a, None), int) for a in ("n_heads", "n_kv_heads")):
+            heads = any(isinstance(getattr(module, a, None), int) for a in ("n_heads", "n_kv_heads"))
+            if heads and path not in plan.head_modules:  # once: a 'heads' parameter may have listed it already
                 plan.head_modules.append(path)
     if plan.head_modules:
         _check_positions(modules, reg, tp)

@@ -40,6 +40,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "acts_on": "where a position scheme acts: 'embedding', 'qk', 'bias' or 'none' (position)",
         "returns_weights": "has forward_with_weights(x, inputs) -> (out, weights [batch, n_heads, q_len, kv_len]) (attention, eager math)",
         "stateless": "has no parameters",
+        "groups": "accepts BuildContext.groups: separate parameters per slice of the last-but-one dimension, "
+        "statistics over the last (norm)",
         "tp_plan": "tensor-parallel plan relative to the module: {submodule: 'colwise'|'rowwise'|'grouped'|'per_head'|'replicate'|..., "
         "per-head parameter: 'heads'}",
         "token_mask": "forward takes token_mask [batch, seq] (True = real token) so padding can be excluded (ffn)",

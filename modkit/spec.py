@@ -145,6 +145,10 @@ class ModelSpec(_Strict):
     final_norm: Optional[ComponentConfig] = Slot("norm", default=None, description="norm after the last block; null for none")
     tie_embeddings: bool = Field(False, description="LM head shares the token-embedding matrix (one parameter)")
     lm_head_bias: bool = Field(False, description="LM head has a bias vector [vocab_size]")
+    logit_scale: Optional[float] = Field(
+        None, gt=0, description="multiply the logits by this before any soft-cap (Cohere's logit_scale; Granite's "
+        "1 / logits_scaling); null for 1"
+    )
     final_logit_softcap: Optional[float] = Field(
         None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2); null for none"
     )

@@ -313,20 +313,13 @@ def check_ids(model: nn.Module, ids: Sequence[int]) -> list[int]:
 def read_out(model: nn.Module, h: Tensor) -> Tensor:
     """Logits of hidden states ``h [..., d_model]`` through the model's final norm and head (the logit lens).
 
-    Applies ``final_norm`` (when the spec has one), the head (tied or not, with its bias) and the final logit
-    soft-cap, exactly as :meth:`Model.forward` does, so the reading of the last block's output equals the model's
-    logits. Returns ``[..., vocab_size]``.
+    Applies ``final_norm`` (when the spec has one), then :meth:`Model.head_logits` (the head, tied or not, with its bias,
+    the logit scale and the final logit soft-cap), exactly as :meth:`Model.forward` does, so the reading of the last
+    block's output equals the model's logits. Returns ``[..., vocab_size]``.
     """
     if model.final_norm is not None:
         h = model.final_norm(h)
-    if model.spec.tie_embeddings:
-        logits = nn.functional.linear(h, model.lm_head_weight, model._head_bias())
-    else:
-        logits = model.lm_head(h)
-    cap = getattr(model.spec, "final_logit_softcap", None)
-    if cap is not None:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+    return model.head_logits(h)
 
 
 def attention_entropy(weights: Tensor) -> Tensor:

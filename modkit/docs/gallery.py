@@ -101,7 +101,7 @@ def _spec_shape(spec, attention: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("max_seq_len", _count(spec.max_seq_len)),
     ]
     for label, obj, names, known in (
-        ("attention (layer 0)", att, ("sliding_window",), attention),
+        ("attention (layer 0)", att, ("sliding_window", "attention_chunk_size"), attention),
         ("ffn (layer 0)", layer.ffn, ("d_ff", "n_experts", "top_k", "activation", "act"), {}),
     ):
         bits = [f"`{obj.type}`"] + [f"{k} {v}" for k, v in known.items() if v is not None]

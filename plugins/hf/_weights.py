@@ -497,7 +497,7 @@ def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
     """
     diffs = []
     for key in ("vocab_size", "d_model", "n_layers", "max_seq_len", "embedding_scale", "tie_embeddings", "lm_head_bias",
-                "final_logit_softcap", "init_std"):
+                "logit_scale", "final_logit_softcap", "init_std"):
         a, b = getattr(spec, key), getattr(other, key)
         if a != b:
             diffs.append((key, a, b))
