@@ -183,6 +183,14 @@ def uniform_entropy(weights) -> float:
     return float(torch.log(seen).mean())
 
 
+def entropy_scale(t: Trace) -> tuple[float, float]:
+    """``(0, top)``: the range of the attention-entropy colours, ``top`` the largest :func:`uniform_entropy` of the
+    layers (never below a measured value, nor 0)."""
+    values = [v for s in t.layers for v in (s.attention_entropy or [])]
+    top = max((uniform_entropy(w) for w in t.attention.values()), default=0.0)
+    return 0.0, max(top, *values, 1e-6)
+
+
 def entropy_png(t: Trace) -> Optional[str]:
     """Base64 PNG of the attention entropy per (layer, head), or ``None`` when no layer exposes weights.
 
@@ -198,8 +206,7 @@ def entropy_png(t: Trace) -> Optional[str]:
         return None
     width = max(len(e) for _, e in rows)
     grid = [[e[h] if h < len(e) else math.nan for h in range(width)] for _, e in rows]
-    top = max((uniform_entropy(t.attention[i]) for i, _ in rows if i in t.attention), default=0.0)
-    top = max(top, max(v for r in grid for v in r if not math.isnan(v)), 1e-6)
+    _, top = entropy_scale(t)
     fig = Figure(figsize=(min(3.5 + 0.7 * width, FIGURE_WIDTH), min(1.8 + 0.45 * len(rows), 14)))
     ax = fig.subplots()
     im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0.0, vmax=top, interpolation="nearest")
@@ -378,4 +385,4 @@ def write_html(t: Trace, path: Union[str, Path]) -> Path:
     return path
 
 
-__all__ = ["attention_png", "entropy_png", "uniform_entropy", "layer_curves_png", "position_png", "print_trace", "render_html", "token_display", "write_html"]
+__all__ = ["attention_png", "entropy_png", "entropy_scale", "uniform_entropy", "layer_curves_png", "position_png", "print_trace", "render_html", "token_display", "write_html"]
