@@ -93,10 +93,21 @@ def test_embedding_position_and_distinct_block_structures():
 
 @pytest.mark.parametrize("spec_file", SPEC_FILES, ids=[p.stem for p in SPEC_FILES])
 def test_every_spec_traces_on_meta(spec_file, capsys):
+    """Text too, out of the box: a spec carries no tokenizer, so bytes when vocab_size >= 256, tiny shakespeare's
+    characters below that."""
     spec = modkit.load_spec(spec_file)
-    code, out, err = run(capsys, "trace", str(spec_file), "--ids", "1,2,3")
+    code, out, err = run(capsys, "trace", str(spec_file), "--text", "hello world")
     assert code == 0, err
-    assert "shapes only" in out and f"[1, 3, {spec.vocab_size}]" in out
+    assert "shapes only" in out and f"[1, 11, {spec.vocab_size}]" in out
+    if spec.vocab_size >= 256:
+        ids = list("hello world".encode())
+        assert f"tokenizer: bytes (one id per UTF-8 byte, 0 to 255): the default for a spec with vocab_size {spec.vocab_size:,} >= 256" in out
+    else:
+        chars = sorted(set(default_corpus().read_text()))
+        ids = [chars.index(c) for c in "hello world"]
+        assert f"tokenizer: char (tiny shakespeare's 65 characters): the default for a spec with vocab_size {spec.vocab_size} < 256" in out
+    assert f"ids: {', '.join(map(str, ids))}" in out
+    assert "tokens (11): 'h' 'e' 'l' 'l' 'o' ' ' 'w' 'o' 'r' 'l' 'd'" in out
     t = trace(modkit.build(spec, device="meta"), [1, 2, 3])
     stages = {s.name: s.shape for g in t.groups for s in g.stages}
     first = spec.layer(0)
@@ -308,23 +319,6 @@ def test_cli_errors_are_one_clear_line(trained_run, tmp_path, capsys):
     assert code == 1 and "é" in err
 
 
-@pytest.mark.parametrize("spec_file", SPEC_FILES, ids=[p.stem for p in SPEC_FILES])
-def test_text_traces_on_every_shipped_spec(spec_file, capsys):
-    """A spec carries no tokenizer: bytes when vocab_size >= 256, tiny shakespeare's characters below that."""
-    spec = modkit.load_spec(spec_file)
-    code, out, err = run(capsys, "trace", str(spec_file), "--text", "hello world")
-    assert code == 0, err
-    if spec.vocab_size >= 256:
-        ids = list("hello world".encode())
-        assert f"tokenizer: bytes (one id per UTF-8 byte, 0 to 255): the default for a spec with vocab_size {spec.vocab_size:,} >= 256" in out
-    else:
-        chars = sorted(set(default_corpus().read_text()))
-        ids = [chars.index(c) for c in "hello world"]
-        assert f"tokenizer: char (tiny shakespeare's 65 characters): the default for a spec with vocab_size {spec.vocab_size} < 256" in out
-    assert f"ids: {', '.join(map(str, ids))}" in out
-    assert "tokens (11): 'h' 'e' 'l' 'l' 'o' ' ' 'w' 'o' 'r' 'l' 'd'" in out
-
-
 def test_bytes_tokenizer_is_lossless_and_its_ids_are_the_bytes():
     from tokenizers import pre_tokenizers
 
@@ -380,8 +374,6 @@ def test_entropy_colours_span_what_entropy_can_be(capsys):
     assert entropy_scale(t) == (0.0, pytest.approx(uniform, abs=1e-6))
     values = [v for s in t.layers for v in s.attention_entropy]
     assert max(values) - min(values) < 0.05 * uniform  # what a stretched scale would have shown as structure
-    page = render_html(t)
-    assert "Attention entropy per layer and head" in page
 
 
 def test_cli_random_init_gives_untrained_statistics(capsys):
