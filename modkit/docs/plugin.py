@@ -9,6 +9,8 @@ On each build it
   configuration uses ``web/pages/`` itself, so nothing is added);
 * adds every page :func:`modkit.docs.generate` returns, run against the live registry (every installed plugin)
   and the specs of :func:`spec_folder`; they exist only in the build;
+* resolves ``pymdownx.snippets`` includes against the configuration's folder (the home page includes the
+  README's quickstart);
 * rewrites Markdown links that leave the docs folder (:func:`modkit.docs.site.rewrite_outside_links`);
 * writes ``search/search_index.js`` beside the theme's ``search_index.json`` (the same index as a script
   defining ``__index``), which material's search loads instead when the page comes from ``file://``, where a
@@ -50,6 +52,14 @@ class ModkitPluginConfig(Config):
 
 class ModkitPlugin(BasePlugin[ModkitPluginConfig]):
     """Add the packaged pages, the generated pages and the link rewriting to a build (see the module docstring)."""
+
+    def on_config(self, config):
+        """Resolve ``pymdownx.snippets`` includes (``--8<-- "README.md:section"``) against the configuration's own
+        folder, whatever the current folder of the build."""
+        snippets = config["mdx_configs"].get("pymdownx.snippets")
+        if snippets is not None:
+            snippets["base_path"] = [str(Path(config["config_file_path"]).resolve().parent)]
+        return config
 
     def on_files(self, files: Files, *, config) -> Files:
         """Add the packaged pages ``docs_dir`` lacks, then every generated page.
