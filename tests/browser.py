@@ -180,8 +180,11 @@ class Browser:
             self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1})
 
     def type(self, text: str) -> None:
-        """Type ``text`` into the focused element (as keyboard input)."""
-        self.send("Input.insertText", {"text": text})
+        """Type ``text`` into the focused element, one key press (keydown, input, keyup) per character: pages that
+        listen to ``keyup`` (the theme's search box) see it as a person typing."""
+        for ch in text:
+            self.send("Input.dispatchKeyEvent", {"type": "keyDown", "text": ch, "key": ch, "unmodifiedText": ch})
+            self.send("Input.dispatchKeyEvent", {"type": "keyUp", "key": ch})
 
     def screenshot(self, path: Path, *, full_page: bool = True) -> Path:
         """Write a PNG of the page (the whole document with ``full_page``, capped at 8,000 px) to ``path``."""

@@ -980,8 +980,10 @@ def test_site_from_disk_follows_links_and_searches(built_site, browser):
         assert url == (site / page).as_uri()
         assert browser.eval("!!document.querySelector('.md-content h1') && !document.title.startsWith('Index of')")
     browser.goto((site / "guides" / "compose.html").as_uri())
-    browser.click("label.md-search__icon")
+    browser.click('label[for="__search"]')  # the header's search toggle: opens the search overlay
     browser.eval("document.querySelector('input.md-search__input').focus()")
+    # typing before the search worker has loaded the index starts no search: wait for the theme to say it is ready
+    browser.wait("!/Initializing/i.test(document.querySelector('.md-search-result__meta').textContent)", timeout=90)
     browser.type("rmsnorm")
     n = browser.wait("document.querySelectorAll('.md-search-result__item').length", timeout=60)
     assert n >= 5 and "matching document" in browser.eval("document.querySelector('.md-search-result__meta').textContent")
