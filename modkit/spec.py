@@ -374,12 +374,16 @@ def _kind_for_tags(expected: str, registry: Registry) -> str | None:
 class _SpecErrorFormatter(ErrorFormatter):
     """:class:`~modkit.validation.ErrorFormatter` with the registry's messages: unknown component types (valid
     types, the closest match, the installed plugins), a missing ``type``, the valid fields of a component, and the
-    documented bound of a size (:mod:`modkit.limits`)."""
+    documented bound of a size (:mod:`modkit.limits`). A renamed field (``dff`` for the required ``d_ff``) is one
+    error, not that plus ``d_ff: Field required``; a field one level off (``block.qk_norm``) names the component
+    it belongs to."""
 
     def __init__(self, registry: Registry):
         roots = [spec_model(registry), ModelSpec, *(e.config for e in registry.components())]
         super().__init__(models_in(roots).values())
         self.registry = registry
+        self._data: Any = None
+        self._renamed: dict[tuple, str] = {}  # loc of an unknown field -> the missing required field it stands for
 
     def special(self, err: dict, path: str, parent: Any, tags: list[str]) -> Optional[tuple[str, str]]:
         etype = err.get("type")
@@ -395,11 +399,61 @@ class _SpecErrorFormatter(ErrorFormatter):
             where = f"{parent.get('type')!r}" if isinstance(parent, dict) and "type" in parent else "this object"
             allowed = self.allowed_fields(parent, tags)
             msg = f"unknown field {field!r} for {where}"
+            renamed = self._renamed.get(tuple(err.get("loc", ())))
             if allowed:
-                hint = close_matches(field, allowed)
+                hint = [renamed] if renamed else close_matches(field, allowed)
                 msg += f"; valid fields: {', '.join(allowed)}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+            moved = self._misplaced(err, path, field, parent)
+            if moved:
+                msg += "; " + moved
             return (path, msg)
         return None
+
+    # a renamed field ("dff" for "d_ff") is one problem: the "Field required" of the name it stands for is dropped
+    def format(self, errs: list[dict], data: Any) -> list[tuple[str, str]]:
+        self._data, self._renamed = data, {}
+        missing: dict[tuple, list[str]] = {}
+        for e in errs:
+            if e.get("type") == "missing" and e.get("loc"):
+                missing.setdefault(tuple(e["loc"][:-1]), []).append(str(e["loc"][-1]))
+        dropped = set()
+        for e in errs:
+            loc = tuple(e.get("loc", ()))
+            if e.get("type") == "extra_forbidden" and loc:
+                hint = close_matches(str(loc[-1]), missing.get(loc[:-1], []))
+                if hint:
+                    self._renamed[loc] = hint[0]
+                    dropped.add(loc[:-1] + (hint[0],))
+        errs = [e for e in errs if not (e.get("type") == "missing" and tuple(e.get("loc", ())) in dropped)]
+        return super().format(errs, data)
+
+    def _misplaced(self, err: dict, path: str, field: str, parent: Any) -> str:
+        """``it is a field of block.attention ('gqa'): move it there (block.attention.qk_norm)`` when the unknown
+        ``field`` is a field of a component one level below its object, or beside it; else ``""``."""
+        loc = tuple(err.get("loc", ()))
+        nodes = [self._data]  # the objects and arrays along loc that the document holds (union tags skipped)
+        for item in loc[:-1]:
+            node = nodes[-1]
+            if isinstance(node, dict) and item in node:
+                nodes.append(node[item])
+            elif isinstance(item, int) and isinstance(node, list) and -len(node) <= item < len(node):
+                nodes.append(node[item])
+        base = path[: -len(field)].rstrip(".") if path.endswith(field) else ""
+        up = base.rsplit(".", 1)[0] if "." in base else ""
+        places = []
+        for prefix, holder, skip in ((base, parent, None), (up, nodes[-2] if len(nodes) > 1 else None, parent)):
+            if not isinstance(holder, dict):
+                continue
+            for key, value in holder.items():
+                if value is skip or not isinstance(value, dict) or not isinstance(value.get("type"), str):
+                    continue
+                if field in self.allowed_fields(value, []):
+                    where = f"{prefix}.{key}" if prefix else str(key)
+                    places.append(f"{where} ({value['type']!r})")
+        if not places:
+            return ""
+        target = places[0].split(" ", 1)[0]
+        return f"it is a field of {' and '.join(places)}: move it there ({target}.{field})"
 
     def allowed_fields(self, parent: Any, tags: list[str]) -> list[str]:
         if isinstance(parent, dict) and isinstance(parent.get("type"), str):

@@ -148,6 +148,8 @@ class Trace:
         positions: probes of the position schemes (empty on meta).
         unavailable: ``{name: reason}`` for what the components do not expose.
         dims: model sizes shown with the shapes (d_model, n_layers, vocab_size, ...).
+        tokenizer: which tokenizer made the ids and where it came from (shown in the header); empty when the ids
+            were given as numbers without one.
     """
 
     name: str
@@ -162,6 +164,7 @@ class Trace:
     positions: list[PositionMap] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
     dims: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str = ""
 
     @property
     def has_stats(self) -> bool:

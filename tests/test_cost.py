@@ -348,6 +348,23 @@ def test_cli_json_and_table(capsys):
     assert f"{costs.crossover('decode'):,}" in table and "memory-bound" in table and "an estimate" in table
 
 
+def test_cli_says_clearly_when_the_context_is_past_max_seq_len(capsys):
+    """tiny-llama's max_seq_len is 512: at 4,096 a warning on stderr, and every line stated at that context says so."""
+    from modkit.cli import main
+
+    assert main(["cost", str(SPECS / "tiny-llama.json"), "--context", "4096"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("modkit: warning: --context 4,096 is beyond the spec's max_seq_len = 512")
+    at = [line for line in out.splitlines() if "context 4,096" in line]
+    assert len(at) == 3 and all("context 4,096 (beyond max_seq_len 512)" in line for line in at), at
+    assert main(["cost", str(SPECS / "tiny-llama.json"), "--context", "4096", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["context_beyond_max_seq_len"] is True and "beyond" in err
+    assert main(["cost", str(SPECS / "tiny-llama.json"), "--context", "512"]) == 0
+    out, err = capsys.readouterr()
+    assert "beyond" not in err and "(beyond max_seq_len 512)" not in out
+
+
 def test_the_guide_shows_what_modkit_computes(capsys):
     """docs/guides/cost.md: the example's FLOPs table is the command's output, and every crossover in its table is
     what :meth:`CostModel.crossover` finds."""

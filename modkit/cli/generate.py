@@ -134,6 +134,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, names=flags)  # every argument before any work
     check_generation(args.max_new_tokens, seed=args.seed, names=flags)
     found = Path(args.model) / "tokenizer.json"  # a training run's checkpoints (and HF folders) carry their tokenizer
+    by_hand = bool(args.tokenizer)
     if not args.tokenizer and Path(args.model).is_dir() and found.is_file():
         args.tokenizer = str(found)
         _err(f"tokenizer: {found}")
@@ -143,6 +144,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if device.type == "meta":
         raise UserError("generate needs a real device (cpu, cuda, ...), not meta")
     model = _load_model(args.model, device, args.dtype, args.seed, not args.no_memory_check).eval()
+    if tokenizer is not None:  # more ids than the model: an error naming both sizes; fewer, given by hand: a warning
+        from modkit.data import check_fits
+
+        warning = check_fits(tokenizer, model.spec.vocab_size)
+        if warning and by_hand:
+            _err(f"modkit: warning: {warning}")
     if device.type == "cpu":  # batch-1 decoding streams column-major weights faster (same values; see the docstring)
         column_major_linears(model)
     stream = _TextStream(tokenizer)

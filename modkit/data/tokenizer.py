@@ -167,6 +167,53 @@ def char_tokenizer(chars: Iterable[str]) -> Tokenizer:
     return Tokenizer(backend, "char")
 
 
+def _byte_symbols() -> dict[int, str]:
+    """GPT-2's reversible map of the 256 byte values to printable characters (Radford et al. 2019; the alphabet of
+    ``tokenizers``' ``ByteLevel`` pre-tokenizer): printable Latin-1 bytes map to themselves, the other 68 to
+    ``chr(256 + n)`` in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols = {b: chr(b) for b in keep}
+    for n, b in enumerate(b for b in range(256) if b not in symbols):
+        symbols[b] = chr(256 + n)
+    return symbols
+
+
+def byte_tokenizer() -> Tokenizer:
+    """The ``bytes`` tokenizer: one token per UTF-8 byte, id = the byte's value (256 ids, no merges, no training).
+
+    Encodes any text and decodes exactly (``decode(encode(text)) == text``); fits every model with
+    ``vocab_size >= 256``. Stored as GPT-2's byte-level scheme with an empty merge list: a ``BPE`` model over the
+    256 byte symbols, the ``ByteLevel`` pre-tokenizer (no prefix space, no word split) and decoder.
+    """
+    vocab = {sym: b for b, sym in _byte_symbols().items()}
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return Tokenizer(backend, "bytes")
+
+
+def check_fits(tokenizer: Tokenizer, vocab_size: int) -> str | None:
+    """Whether ``tokenizer``'s ids fit a model of ``vocab_size``: ``None`` when the sizes agree, a warning text
+    naming both when the model has more ids (usual when a vocabulary is padded to a round size, e.g. nanoGPT's
+    50,304 for GPT-2's 50,257, and a sign of the wrong tokenizer otherwise).
+
+    Raises:
+        DataError: the tokenizer has more ids than the model (an id ``>= vocab_size`` has no embedding), naming both.
+    """
+    if tokenizer.vocab_size > vocab_size:
+        raise DataError(
+            f"tokenizer {tokenizer.spec!r} has {tokenizer.vocab_size:,} ids but the model's vocab_size is "
+            f"{vocab_size:,}: ids {vocab_size:,} and above have no embedding; use the tokenizer the model was made for"
+        )
+    if tokenizer.vocab_size < vocab_size:
+        return (
+            f"tokenizer {tokenizer.spec!r} has {tokenizer.vocab_size:,} ids and the model's vocab_size is "
+            f"{vocab_size:,}: the model's ids {tokenizer.vocab_size:,} to {vocab_size - 1:,} have no text; fine for "
+            "a vocabulary padded to a round size, otherwise not the tokenizer the model was made for"
+        )
+    return None
+
+
 def parse_spec(spec: str) -> tuple[str, int | None]:
     """``("char", None)``, ``("bpe", N)`` or ``("path", None)`` for a tokenizer spec string.
 

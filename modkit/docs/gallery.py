@@ -122,8 +122,10 @@ def gallery_page(card: SpecCard, registry) -> str:
     spec = card.spec
     total = card.params["total"]
     share = lambda n: f"{100.0 * n / total:.1f}%" if total else "–"  # noqa: E731
-    title = spec.name or card.stem
-    parts = [f"# {title}", ""]
+    # the label is the spec's file name (what a command line takes); the spec's own name, when it differs, follows
+    parts = [f"# {card.stem}", ""]
+    if spec.name and spec.name != card.stem:
+        parts += [f"Spec name: `{spec.name}`.", ""]
     if spec.description:
         parts += [_cell(spec.description), ""]
     meta = ", ".join(f"{k} `{v}`" for k, v in spec.metadata.items()) if spec.metadata else ""
@@ -236,7 +238,7 @@ def gallery_index(cards: list[SpecCard], registry) -> str:
         total = c.params["total"]
         rows.append(
             (
-                f"[{s.name or c.stem}]({_rel(page, gallery_path(c.stem))})",
+                f"[{c.stem}]({_rel(page, gallery_path(c.stem))})",
                 _short(total),
                 _short(c.active) if c.active != total else "(dense)",
                 s.n_layers,

@@ -81,7 +81,7 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
             gallery.setdefault(t, []).append(c)
 
     def gallery_links(t: str) -> str:
-        return ", ".join(f"[{c.spec.name or c.stem}]({_rel(page, gallery_path(c.stem))})" for c in gallery.get(t, [])) or "–"
+        return ", ".join(f"[{c.stem}]({_rel(page, gallery_path(c.stem))})" for c in gallery.get(t, [])) or "–"
 
     parts = [
         "# Hugging Face model types",

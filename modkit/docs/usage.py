@@ -31,7 +31,7 @@ def usage_section(entry, uses: Sequence[tuple[Any, list[str]]], page: str) -> st
     lines = [f"{len(uses)} model{'s' if len(uses) != 1 else ''} of the [gallery]({{to:gallery/index.md}}) use{'s' if len(uses) == 1 else ''} it:", ""]
     for card, paths in uses:
         where = ", ".join(f"`{p}`" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-        lines.append(f"- [{card.spec.name or card.stem}]({_rel(page, gallery_path(card.stem))}) at {where}")
+        lines.append(f"- [{card.stem}]({_rel(page, gallery_path(card.stem))}) at {where}")
     return "\n".join(lines)
 
 
