@@ -266,7 +266,7 @@ def test_cli_generate_ids_from_a_spec_and_a_checkpoint(tmp_path, capsys):
     code, _, err = _cli(["generate", spec_file, "--prompt", "one two"], capsys)
     assert code == 1 and "token ids separated by commas or spaces" in err
     code, _, err = _cli(["generate", spec_file, "--prompt", "1 99"], capsys)
-    assert code == 1 and "input_ids must lie in [0, 32)" in err
+    assert code == 1 and "--prompt holds the token id 99, outside the model's vocabulary [0, 32)" in err
 
 
 def test_cli_generate_text_with_a_tokenizer(tmp_path, capsys):
