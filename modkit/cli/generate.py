@@ -9,6 +9,7 @@ import argparse
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -144,6 +145,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     import modkit
 
+    from modkit.errors import MaxSeqLenWarning
     from modkit.generate import build_sampler, check_generation, check_sampling, column_major_linears, stream_generate
 
     if args.max_new_tokens < 1:
@@ -179,10 +181,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for line in lines:
             _err(line)
         return 1
-    tokens = stream_generate(  # checks the prompt against the model (vocabulary, max_seq_len) before any output
-        model, [ids], max_new_tokens=args.max_new_tokens, seed=args.seed, compile=args.compile,
-        decode=decode, check_memory=not args.no_memory_check, max_len=args.max_len, **sampling,
-    )
+    with warnings.catch_warnings(record=True) as caught:  # (the length warning as one modkit line)
+        warnings.simplefilter("always", MaxSeqLenWarning)
+        tokens = stream_generate(  # checks the prompt against the model (vocabulary, max_seq_len) before any output
+            model, [ids], max_new_tokens=args.max_new_tokens, seed=args.seed, compile=args.compile,
+            decode=decode, check_memory=not args.no_memory_check, max_len=args.max_len, **sampling,
+        )
+    for w in caught:
+        if issubclass(w.category, MaxSeqLenWarning):
+            _err(f"modkit: warning: {w.message} (--max-len {args.max_len})")
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     start = time.perf_counter()
     first = None
     n = 0

@@ -335,7 +335,8 @@ class HFConfig:
         for key, (allowed, why) in EXPECTED.items():
             if key not in self.used:
                 self.expect(key, allowed, why)
-        unknown = {k: self.cfg[k] for k in sorted(self.cfg) if k not in self.used and k not in self.ignored and not _is_nothing(self.cfg[k])}
+        unknown = {join_path("", k): self.cfg[k] for k in sorted(self.cfg)  # (as paths: a key "a.b" is ["a.b"])
+                   if k not in self.used and k not in self.ignored and not _is_nothing(self.cfg[k])}
         unknown.update(self.unknown)
         if strict_conversion():
             for key, value in unknown.items():
