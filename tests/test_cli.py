@@ -352,7 +352,7 @@ def test_convert_hf_unknown_keys_warn_once_and_strict_refuses(capsys, tmp_path):
         code, out, err = run(capsys, "convert", "hf", config)
     assert code == 0, err
     lines = [l for l in err.splitlines() if "warning" in l]
-    assert len(lines) == 1 and "foo_legacy = 7" in lines[0] and "other_lib = {'x': 1}" in lines[0], err
+    assert len(lines) == 1 and "foo_legacy = 7" in lines[0] and 'other_lib = {"x": 1}' in lines[0], err  # (containers as JSON)
     assert json.loads(out)["d_model"] == 64
     code, out, err = run(capsys, "convert", "hf", config, "--strict")
     assert code == 1 and out == ""
