@@ -152,6 +152,17 @@ def test_hugging_face_config_errors_and_warnings_quote_keys(where, key):
     assert list(warning.keys) == [printed] and f"{printed} = 123" in str(warning)
 
 
+def test_sampling_list_errors_quote_keys():
+    from modkit.errors import SamplingError
+    from modkit.generate import build_sampler
+
+    steps = [{"type": "temperature", "value": 1.0}, {"type": "min_p", "p": 0.1, "a.b": 1}]
+    with pytest.raises(SamplingError) as info:
+        build_sampler(32, sampling=steps)
+    assert [p for p, _ in info.value.errors] == ['[1]["a.b"]']
+    assert resolve_path(steps, '[1]["a.b"]') == 1
+
+
 def test_the_command_line_prints_the_quoted_path(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(with_key(TINY, ("block",), "a.b", 1)))
