@@ -141,7 +141,6 @@ class _TextStream:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """``modkit generate MODEL --prompt TEXT``: stream a continuation, then one summary line on stderr."""
-    import torch
 
     import modkit
 
