@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from .arguments import MAX_SEED, check_int
 from .interfaces import BuildContext
 from .model import Model
 from .registry import Registry, get_registry
@@ -185,14 +186,13 @@ def build(
         ValueError: unknown dtype; ``seed`` not an integer in range (:class:`~modkit.errors.ArgumentError`).
         MemoryLimitError: the model would not fit (see ``check_memory``).
     """
-    from .generate import MAX_SEED, _check_int
     from .memory import check_fits, module_bytes
 
     reg = registry or get_registry()
     if not isinstance(spec, spec_model(reg)):
         spec = load_spec(spec, registry=reg)
     torch_dtype = _parse_dtype(dtype)
-    _check_int(seed, "seed", None, minimum=0, maximum=MAX_SEED)
+    check_int(seed, "seed", None, minimum=0, maximum=MAX_SEED)
     target = torch.device(device) if device is not None else torch.device("cpu")
     with torch.device("meta"), _Construction(torch_dtype):
         model = _construct(spec, reg)

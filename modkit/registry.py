@@ -38,6 +38,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "compile_safe": "runs under torch.compile(fullgraph=True) without graph breaks",
         "aux_loss": "forward returns (output, aux_loss) instead of output (ffn)",
         "acts_on": "where a position scheme acts: 'embedding', 'qk', 'bias' or 'none' (position)",
+        "unbounded_positions": "computes any position, not only those below max_seq_len (no table of max_seq_len rows), so "
+        "generation may run past max_seq_len when asked (modkit.generate max_len=, --max-len) (position)",
         "returns_weights": "has forward_with_weights(x, inputs) -> (out, weights [batch, n_heads, q_len, kv_len]) (attention, eager math)",
         "stateless": "has no parameters",
         "groups": "accepts BuildContext.groups: separate parameters per slice of the last-but-one dimension, "

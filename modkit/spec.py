@@ -32,10 +32,10 @@ from pydantic import (
 
 from .config import STRICT, ComponentConfig, Slot, StrictModel, slot_kind
 from .errors import SpecError, SpecWarning
-from .jsonio import JSONInputError, parse_json, read_json_file
+from .jsonio import JSONInputError, check_document, parse_json, read_json_file
 from .limits import BOUNDS, MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
 from .registry import Registry, close_matches, get_registry
-from .validation import ErrorFormatter, json_kind, models_in
+from .validation import ErrorFormatter, extend_path, join_path, json_kind, json_value, last_key, models_in
 
 SCHEMA_VERSION = 1
 
@@ -391,12 +391,13 @@ class _SpecErrorFormatter(ErrorFormatter):
         if etype == "union_tag_invalid":
             ctx = err.get("ctx", {})
             kind = _kind_for_tags(str(ctx.get("expected_tags", "")), reg) or "component"
-            return (f"{path}.type" if path else "type", reg.unknown_type_message(kind, ctx.get("tag")))
+            return (join_path(path, "type"), reg.unknown_type_message(kind, ctx.get("tag")))
         if etype == "union_tag_not_found":
             return (path, "missing 'type'; every component needs a \"type\" naming a registered component")
         if etype == "extra_forbidden":
             field = str(err.get("loc", ("",))[-1])
-            where = f"{parent.get('type')!r}" if isinstance(parent, dict) and "type" in parent else "this object"
+            tag = parent.get("type") if isinstance(parent, dict) else None
+            where = "this object" if not isinstance(parent, dict) or "type" not in parent else repr(tag) if isinstance(tag, str) else json_value(tag)
             allowed = self.allowed_fields(parent, tags)
             msg = f"unknown field {field!r} for {where}"
             renamed = self._renamed.get(tuple(err.get("loc", ())))
@@ -464,7 +465,7 @@ class _SpecErrorFormatter(ErrorFormatter):
         return super().allowed_fields(parent, tags)
 
     def hint(self, err: dict, path: str) -> str:
-        field = path.rsplit(".", 1)[-1]
+        field = last_key(path)
         if err.get("type") == "less_than_equal" and field in BOUNDS:
             return f"; {BOUNDS[field]:,} is modkit's bound for {field} (modkit.limits), far above any published model"
         return ""
@@ -546,7 +547,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
         check = getattr(cfg, "check", None)
         if callable(check):
             for sub, msg in check(at) or ():
-                errors.append((f"{path}.{sub}" if sub else path, msg))
+                errors.append((extend_path(path, sub), msg))
         for name in type(cfg).model_fields:
             visit(getattr(cfg, name), f"{path}.{name}", at)
 
@@ -677,6 +678,10 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
         data = source.to_dict()
     elif isinstance(source, dict):
         data = source
+        try:  # the nesting bound a file gets (modkit.jsonio), for a dict built in Python
+            check_document(data)
+        except JSONInputError as exc:
+            raise SpecError(exc.errors) from None
     else:
         text = source if isinstance(source, str) else None
         try:

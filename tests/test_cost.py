@@ -24,7 +24,7 @@ from typing import Literal
 import modkit
 from modkit.cost import CostError, CostModel, Workload, flop_counter, training_flops_per_token
 from modkit.testing import check_component
-from tests.conftest import REPO, SPECS, registry_with, tiny_spec
+from tests.conftest import HANG_TIMEOUT, REPO, SPECS, registry_with, tiny_spec
 
 ALL_SPECS = sorted(SPECS.glob("*.json"))
 TINY_SPECS = sorted(SPECS.glob("tiny-*.json"))
@@ -251,7 +251,7 @@ def test_cli_reports_the_missing_declaration(tmp_path):
         "from modkit.cli import main\n"
         "sys.exit(main(['cost', %r]))\n"
     ) % (str(example), str(spec))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == ""
     assert "modkit: error: ffn/relu2" in proc.stderr and "declares no FLOPs" in proc.stderr

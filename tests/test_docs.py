@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.conftest import pip_install_copies
+from tests.conftest import HANG_TIMEOUT, pip_install_copies
 
 import modkit
 from modkit import docs
@@ -631,7 +631,7 @@ def built_site(tmp_path_factory):
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "modkit", "docs", "build", "-o", str(out), "-f", str(REPO / "mkdocs.yml")],
-        capture_output=True, text=True, cwd=str(REPO), env=env, timeout=900,
+        capture_output=True, text=True, cwd=str(REPO), env=env, timeout=HANG_TIMEOUT,
     )
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, f"strict site build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import offline_build_possible
+from tests.conftest import HANG_TIMEOUT, offline_build_possible
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
@@ -103,7 +103,7 @@ def _copy_tree(dst: Path) -> None:
 
 
 def _run(cmd, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kwargs)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_TIMEOUT, **kwargs)
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -319,7 +319,7 @@ def _dump_dom(browser: str, url: str) -> str:
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
             "--virtual-time-budget=30000", "--dump-dom", url,
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0 and "</html>" in proc.stdout, f"chromium failed on {url}:\n{proc.stderr[-3000:]}"
     return proc.stdout
 

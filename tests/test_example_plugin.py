@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import env_with, pip_install_copies
+from tests.conftest import HANG_TIMEOUT, env_with, pip_install_copies
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
@@ -84,7 +84,7 @@ def run_all(commands: dict[str, list[str]], env: dict, cwd: Path) -> dict[str, s
     results = {}
     try:
         for name, proc in procs.items():
-            out, err = proc.communicate(timeout=600)
+            out, err = proc.communicate(timeout=HANG_TIMEOUT)
             results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     finally:
         for proc in procs.values():

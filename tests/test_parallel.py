@@ -25,7 +25,7 @@ import modkit
 from modkit import Component, ComponentConfig
 from modkit.parallel import ParallelError, PlanWarning, model_plan
 
-from tests.conftest import REPO, SPECS, registry_with, tiny_spec
+from tests.conftest import HANG_TIMEOUT, REPO, SPECS, registry_with, tiny_spec
 
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 TOL = 1e-5
@@ -248,7 +248,7 @@ def test_every_shipped_spec_has_a_plan_for_all_its_weights(path):
 # ---------------------------------------------------------------------------------------------- distributed
 
 
-def _torchrun(script: str, nproc: int, out: Path, timeout: int = 240) -> dict[int, dict]:
+def _torchrun(script: str, nproc: int, out: Path, timeout: int = HANG_TIMEOUT) -> dict[int, dict]:
     env = {**os.environ, "MODKIT_DIST_OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPTS / script)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -344,7 +344,7 @@ def test_llama_3_1_8b_shards_on_meta_across_8_fake_ranks(tmp_path):
     out = tmp_path / "fake8.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "fake_8b.py"), str(out)],
-        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=240,
+        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=HANG_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(proc.stdout)

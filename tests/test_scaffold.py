@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.conftest import env_with, pip_install_copies
+from tests.conftest import HANG_TIMEOUT, env_with, pip_install_copies
 import torch
 
 import modkit
@@ -72,7 +72,7 @@ def installed(tmp_path_factory):
     results = {}
     try:
         for n, p in procs.items():
-            out, err = p.communicate(timeout=600)
+            out, err = p.communicate(timeout=HANG_TIMEOUT)
             results[n] = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     finally:
         for p in procs.values():

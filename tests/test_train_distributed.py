@@ -22,7 +22,7 @@ from modkit.data import default_corpus, prepare
 from modkit.train.plot import read_metrics
 from modkit.train.state import point
 
-from conftest import REPO
+from conftest import HANG_TIMEOUT, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def _run(root: Path, out: str, nproc: int, *args: str) -> Path:
     ]
     args = ("-c", str(root / "train.json"), "-o", str(root / out)) + args if "--resume" not in args else args
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([*cmd, *args, "--no-progress"], capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    done = subprocess.run([*cmd, *args, "--no-progress"], capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return root / out
 

@@ -70,10 +70,20 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
     reg = _registry()
     spec = modkit.load_spec(_spec_path(args.spec), registry=reg)
+    from ..limits import MAX_SEQ_LEN
+
     context = args.context if args.context is not None else spec.max_seq_len
     for name, value in (("--context", context), ("--batch", args.batch), ("--train-seq-len", args.train_seq_len or 1)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
+    for name, value in (("--context", context), ("--train-seq-len", args.train_seq_len or 1)):
+        if value > MAX_SEQ_LEN:
+            raise UserError(f"{name} must be at most {MAX_SEQ_LEN:,} (modkit.limits.MAX_SEQ_LEN, modkit's bound on a context "
+                            f"length), got {value:,}")
+    per_token = modkit.kv_cache_bytes_per_token(spec, args.dtype, registry=reg)
+    if per_token * context * args.batch >= 2**63:  # a tensor's byte size is an int64: torch would overflow
+        raise UserError(f"--batch {args.batch:,} x --context {context:,} tokens would need {per_token * context * args.batch:,} "
+                        "bytes of KV cache, past the 2**63 bytes a tensor size can express; lower --batch or --context")
     costs = CostModel(spec, registry=reg)
     data = costs.report(context=context, batch=args.batch, dtype=args.dtype, bandwidth=args.bandwidth,
                         peak_flops=args.peak_flops, train_seq_len=args.train_seq_len)

@@ -28,6 +28,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 
 from ..errors import DataError
 from ..jsonio import JSONInputError, check_regular_file
+from ..limits import MAX_VOCAB_SIZE
 
 #: largest tokenizer.json read (bytes); large published vocabularies take tens of MiB
 MAX_TOKENIZER_BYTES = 256 * 2**20
@@ -218,7 +219,8 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     """``("char", None)``, ``("bpe", N)`` or ``("path", None)`` for a tokenizer spec string.
 
     Raises:
-        DataError: ``bpe`` without a size, a size that is not an integer, or one below 256.
+        DataError: ``bpe`` without a size, a size that is not an integer, one below 256 or over 2**24
+            (:data:`~modkit.limits.MAX_VOCAB_SIZE`).
     """
     spec = str(spec).strip()
     if spec.lower() == "char":
@@ -226,13 +228,18 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     m = _BPE_SPEC.fullmatch(spec)
     if m:
         size = m.group(1)
-        if size is None or not size.strip().isdigit():
+        if size is None or not re.fullmatch(r"[0-9]+", size.strip()):
             raise DataError(f"tokenizer {spec!r}: bpe needs a vocabulary size, an integer, e.g. bpe:512")
         n = int(size)
         if n < MIN_BPE_VOCAB:
             raise DataError(
                 f"tokenizer {spec!r}: vocabulary too small: a byte-level BPE needs vocab_size >= {MIN_BPE_VOCAB} "
                 f"(its byte alphabet), got {n}; use e.g. bpe:512"
+            )
+        if n > MAX_VOCAB_SIZE:
+            raise DataError(
+                f"tokenizer {spec!r}: vocabulary too large: {n:,} is over {MAX_VOCAB_SIZE:,}, modkit's bound on vocab_size "
+                "(modkit.limits.MAX_VOCAB_SIZE)"
             )
         return "bpe", n
     return "path", None

@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import SpecError
-from ..jsonio import JSONInputError, check_regular_file, read_json_file
+from ..jsonio import JSONInputError, check_document, check_regular_file, read_json_file
 from ..limits import MAX_JSON_BYTES
 from ..validation import ErrorFormatter, models_in
 
@@ -209,6 +209,10 @@ def load_train_config(
         data = source.model_dump()
     elif isinstance(source, dict):
         data = dict(source)
+        try:  # the nesting bound a file gets (modkit.jsonio), for a dict built in Python
+            check_document(data)
+        except JSONInputError as exc:
+            raise SpecError(exc.errors, source="training config") from None
     else:
         path = Path(source)
         label = f"training config {path}"

@@ -111,10 +111,9 @@ def _resolve_device(text: str) -> torch.device:
 
 def _node(data: dict, path: str) -> dict:
     """The dict at a JSON path such as ``block.ffn.router`` or ``overrides[0].ffn`` of a spec dict."""
-    node: Any = data
-    for part in path.replace("[", ".").replace("]", "").split("."):
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    return node
+    from ..validation import resolve_path
+
+    return resolve_path(data, path)
 
 
 def resolve_spec(config: TrainConfig, base: Optional[Path], vocab_size: int) -> ModelSpec:

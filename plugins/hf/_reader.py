@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from modkit import SpecError, UnknownConfigKeyWarning
 from modkit.limits import MAX_D_FF, MAX_D_MODEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE
-from modkit.validation import json_value
+from modkit.validation import join_path, json_value, last_key
 
 _MISSING = object()
 
@@ -281,7 +281,7 @@ class HFConfig:
         if minimum is not None and value < minimum:
             self.error(path, f"must be >= {minimum}, got {_short(value)}")
             return default
-        bound = maximum if maximum is not None else HF_BOUNDS.get(path.rsplit(".", 1)[-1], MAX_SEQ_LEN if integer else None)
+        bound = maximum if maximum is not None else HF_BOUNDS.get(last_key(path) or "", MAX_SEQ_LEN if integer else None)
         if bound is not None and value > bound:
             self.error(path, f"= {_short(value)} exceeds {bound:,}, modkit's bound for this size (modkit.limits; far above any published model)")
             return default
@@ -316,7 +316,8 @@ class HFConfig:
         name = self.get(key, default)
         act = ACTIVATIONS.get(name) if isinstance(name, str) else None
         if act is None:
-            self.error(key, f"unsupported activation {name!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
+            shown = repr(name) if isinstance(name, str) else json_value(name, 40)
+            self.error(key, f"unsupported activation {shown}; supported: {', '.join(sorted(ACTIVATIONS))}")
             return "silu"
         return act
 
@@ -341,7 +342,8 @@ class HFConfig:
         for key, (allowed, why) in EXPECTED.items():
             if key not in self.used:
                 self.expect(key, allowed, why)
-        unknown = {k: self.cfg[k] for k in sorted(self.cfg) if k not in self.used and k not in self.ignored and not _is_nothing(self.cfg[k])}
+        unknown = {join_path("", k): self.cfg[k] for k in sorted(self.cfg)  # (as paths: a key "a.b" is ["a.b"])
+                   if k not in self.used and k not in self.ignored and not _is_nothing(self.cfg[k])}
         unknown.update(self.unknown)
         if strict_conversion():
             for key, value in unknown.items():

@@ -10,7 +10,7 @@ import math
 from typing import Any, Optional
 
 from modkit import CheckpointError
-from modkit.validation import json_value
+from modkit.validation import join_path, json_value
 
 from ._reader import HFConfig, _kind, _short
 
@@ -76,7 +76,7 @@ def rope(
                 r.error("rope_parameters", f"per-layer-type RoPE parameters {sorted(params)} are not used by {r.model_type}")
                 source = {}
             else:
-                source, path = params.get(layer_type) or {}, f"rope_parameters.{layer_type}"
+                source, path = params.get(layer_type) or {}, join_path("rope_parameters", layer_type)
     if source is None:
         source = {}
     if not isinstance(source, dict):
@@ -88,21 +88,21 @@ def rope(
     rtype = rtype or legacy_type or "default"
     theta = d.pop("rope_theta", None)
     if theta is not None:
-        theta = r.check_number(f"{path}.rope_theta", theta, default_theta)
+        theta = r.check_number(join_path(path, "rope_theta"), theta, default_theta)
     theta = theta if theta is not None else top_theta if top_theta is not None else default_theta
     partial = d.pop("partial_rotary_factor", None)
     if partial is not None:
-        partial = r.check_number(f"{path}.partial_rotary_factor", partial, default_partial)
+        partial = r.check_number(join_path(path, "partial_rotary_factor"), partial, default_partial)
     partial = partial if partial is not None else top_partial if top_partial is not None else default_partial
     spec: dict[str, Any] = {"type": "rope", "theta": float(theta)}
     if layout != "half_split":
         spec["layout"] = layout
     if not (isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial <= 1):
-        r.error(f"{path}.partial_rotary_factor", f"must lie in (0, 1], got {json_value(partial)}")
+        r.error(join_path(path, "partial_rotary_factor"), f"must lie in (0, 1], got {json_value(partial)}")
     elif partial != 1:
         spec["partial_rotary"] = float(partial)
     if not isinstance(rtype, str):
-        r.error(f"{path}.{'rope_type' if 'rope_type' in source else 'type'}", f"must be a string naming the RoPE scaling, got {_kind(rtype)} {_short(rtype)}")
+        r.error(join_path(path, "rope_type" if "rope_type" in source else "type"), f"must be a string naming the RoPE scaling, got {_kind(rtype)} {_short(rtype)}")
         rtype, d = "default", {}
     max_pos = max_seq_len if max_seq_len is not None else r.cfg.get("max_position_embeddings")
 
@@ -110,9 +110,9 @@ def rope(
         value = d.pop(key, None)
         if value is None:
             if required:
-                r.error(f"{path}.{key}", f"required by {what}")
+                r.error(join_path(path, key), f"required by {what}")
             return default
-        value = r.check_number(f"{path}.{key}", value, None, positive=positive)
+        value = r.check_number(join_path(path, key), value, None, positive=positive)
         return default if value is None else float(value)
 
     def original() -> Optional[int]:
@@ -121,7 +121,7 @@ def rope(
         value = top if top is not None else inside if inside is not None else max_pos
         where = (
             "original_max_position_embeddings" if top is not None
-            else f"{path}.original_max_position_embeddings" if inside is not None
+            else join_path(path, "original_max_position_embeddings") if inside is not None
             else "max_position_embeddings"
         )
         if value is None:
@@ -142,7 +142,7 @@ def rope(
             scaling[key] = number(key, what, required=True)
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
         if low is not None and high is not None and high <= low:
-            r.error(f"{path}.high_freq_factor", f"= {high} must exceed low_freq_factor = {low}")
+            r.error(join_path(path, "high_freq_factor"), f"= {high} must exceed low_freq_factor = {low}")
         scaling["original_max_seq_len"] = original()
         spec["scaling"] = scaling
     elif rtype == "dynamic":
@@ -168,7 +168,7 @@ def rope(
             scaling["attention_factor"] = af
         truncate = d.pop("truncate", None)
         if truncate is not None and not isinstance(truncate, bool):
-            r.error(f"{path}.truncate", f"must be true or false, got {_kind(truncate)} {_short(truncate)}")
+            r.error(join_path(path, "truncate"), f"must be true or false, got {_kind(truncate)} {_short(truncate)}")
         elif truncate is False:
             scaling["truncate"] = False
         spec["scaling"] = scaling
@@ -181,7 +181,7 @@ def rope(
             )
             if not ok:
                 shown = _short(value) or (f"{_kind(value)} of {len(value)}" if isinstance(value, (list, dict)) else _kind(value))
-                r.error(f"{path}.{key}", f"LongRoPE needs a non-empty list of positive finite numbers, got {shown}")
+                r.error(join_path(path, key), f"LongRoPE needs a non-empty list of positive finite numbers, got {shown}")
             scaling[key] = [float(v) for v in value] if ok else [1.0]
         scaling["original_max_seq_len"] = original()
         for key in ("factor", "attention_factor"):
@@ -192,13 +192,13 @@ def rope(
     else:
         key = "rope_type" if "rope_type" in source else "type"
         r.error(
-            f"{path}.{key}",
+            join_path(path, key),
             f"unsupported RoPE scaling {rtype!r}; modkit's rope supports 'default', 'linear', 'llama3', 'dynamic', "
             "'yarn' and 'longrope' ('su')",
         )
         d.clear()
     for key, value in d.items():
-        r.unknown_key(f"{path}.{key}", value)
+        r.unknown_key(join_path(path, key), value)
     return spec
 
 
