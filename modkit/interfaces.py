@@ -92,12 +92,20 @@ class AttentionInputs:
             real. Cached keys carry their own validity (:class:`~modkit.cache.LayerKVCache`).
         position: the layer's :class:`PositionScheme` (``rotate`` q/k and/or add ``attention_bias``).
         cache: the layer's KV cache, or ``None`` for a plain forward.
+        documents: ``[batch, seq]`` int64 document index of each token of ``x`` within its row (document-masked
+            packing: a query sees only keys of its own document, and ``positions`` restart at 0 at each document);
+            ``None``: the whole row is one sequence. Never set together with ``cache``. Attentions that honour it
+            declare the ``document_mask`` capability; :func:`modkit.attention.prepare_mask` applies it.
+        scratch: a dict shared by every layer of one forward without a cache (where :func:`~modkit.attention.prepare_mask`
+            keeps the mask it built, so a document mask is built once per batch, not once per layer); ``None``: none.
     """
 
     positions: Tensor
     token_mask: Optional[Tensor] = None
     position: Optional["PositionScheme"] = None
     cache: Optional["LayerKVCache"] = None
+    documents: Optional[Tensor] = None
+    scratch: Optional[dict] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .cache import KVCache, LayerGeometry
+from .documents import document_positions
 from .errors import CheckpointError
 from .interfaces import AttentionInputs, Init, add_aux, dropout
 from .spec import ModelSpec
@@ -188,6 +189,7 @@ class Model(nn.Module):
         positions: Optional[Tensor] = None,
         cache: Optional[KVCache] = None,
         logits_to_keep: Optional[int] = None,
+        documents: Optional[Tensor] = None,
     ) -> ModelOutput:
         """Compute logits.
 
@@ -201,13 +203,19 @@ class Model(nn.Module):
             logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (a prefill for
                 generation needs the last one: the head's GEMM and the ``[batch, seq, vocab]`` output shrink to
                 ``[batch, logits_to_keep, vocab]``); ``None``: every position.
+            documents: ``[batch, seq]`` int64 document index of every token of packed rows
+                (:func:`modkit.documents.document_ids`): a token attends only to earlier tokens of its own document
+                and its position counts from that document's start (unless ``positions`` is given), so each document
+                gives the logits it gives alone. Not with ``cache``.
 
         Returns:
             :class:`ModelOutput` with ``logits [batch, seq, vocab_size]`` (``[batch, logits_to_keep, vocab_size]``
                 when given) and ``hidden [batch, seq, d_model]``.
 
         Raises:
-            ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``.
+            ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``;
+                ``documents`` with a cache, or with an attention that does not declare the ``document_mask``
+                capability (named with its layer).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
@@ -231,6 +239,10 @@ class Model(nn.Module):
             token_mask = attention_mask.to(torch.bool)
             if token_mask.shape[1] != seq:  # a mask over the cached tokens too: those were recorded when written
                 token_mask = token_mask[:, -seq:]
+        if documents is not None:
+            self._check_documents(documents, input_ids, cache, eager)
+            if positions is None:
+                positions = document_positions(documents, token_mask)
         if cache is not None:
             positions, token_mask = cache.prepare(bsz, seq, token_mask, positions)
         elif positions is None:
@@ -249,6 +261,8 @@ class Model(nn.Module):
             x = self.embedding_norm(x)
         x = self.embed_dropout(x)
         inputs = AttentionInputs(positions=positions, token_mask=token_mask)
+        if documents is not None:  # the document mask is built once, by the first layer, and shared (prepare_mask)
+            inputs = AttentionInputs(positions=positions, token_mask=token_mask, documents=documents, scratch={})
         aux = None
         for i, block in enumerate(self.layers):
             layer_inputs = inputs.for_layer(self.positions[self.layer_position[i]], cache.layers[i] if cache is not None else None)
@@ -263,6 +277,21 @@ class Model(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return ModelOutput(logits=logits, aux_loss=aux, hidden=x, cache=cache)
+
+    def _check_documents(self, documents: Tensor, input_ids: Tensor, cache: Optional[KVCache], eager: bool) -> None:
+        """Refuse document ids the model cannot honour: with a cache, of another shape, or an attention without
+        the ``document_mask`` capability (checked once per model, against the registry)."""
+        if cache is not None:
+            raise ValueError("documents (document-masked packing) cannot be combined with a KV cache; drop one of them")
+        if eager and tuple(documents.shape) != tuple(input_ids.shape):
+            raise ValueError(f"documents must be [batch, seq] = {tuple(input_ids.shape)} like input_ids, got {tuple(documents.shape)}")
+        problems = getattr(self, "_document_problems", None)
+        if problems is None:
+            from .documents import document_mask_problems
+
+            problems = self._document_problems = document_mask_problems(self.spec)
+        if problems:
+            raise ValueError("document-masked packing: " + "; ".join(f"{path}: {msg}" for path, msg in problems))
 
     @torch.no_grad()
     def resize_vocab(self, vocab_size: int, *, init: str = "mean", seed: int = 0) -> "Model":
