@@ -216,7 +216,8 @@ class BuildContext:
     extra: dict = field(default_factory=dict)
 
     def build(self, config: Any, **changes: Any) -> nn.Module:
-        """Build a (nested) component from its validated config, tagging it with its kind and type.
+        """Build a (nested) component from its validated config, tagging it with its kind, type and capabilities
+        (``modkit_kind``, ``modkit_type``, ``modkit_capabilities``).
 
         Raises:
             RegistryError: the config's type is not registered.
@@ -231,6 +232,7 @@ class BuildContext:
             )
         module.modkit_kind = entry.kind
         module.modkit_type = entry.type
+        module.modkit_capabilities = dict(entry.capabilities)  # read at run time (e.g. document_mask) without a registry
         return module
 
     def build_grouped(self, config: Any, n: int, **changes: Any) -> nn.Module:

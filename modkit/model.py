@@ -286,12 +286,18 @@ class Model(nn.Module):
         if eager and tuple(documents.shape) != tuple(input_ids.shape):
             raise ValueError(f"documents must be [batch, seq] = {tuple(input_ids.shape)} like input_ids, got {tuple(documents.shape)}")
         problems = getattr(self, "_document_problems", None)
-        if problems is None:
-            from .documents import document_mask_problems
-
-            problems = self._document_problems = document_mask_problems(self.spec)
+        if problems is None:  # once per model: the capability each attention was built with
+            problems = []
+            for i, block in enumerate(self.layers):
+                for m in block.modules():
+                    if getattr(m, "modkit_kind", None) == "attention" and not getattr(m, "modkit_capabilities", {}).get("document_mask"):
+                        problems.append(f"layer {i}: attention type {m.modkit_type!r} does not declare the document_mask capability")
+            self._document_problems = problems
         if problems:
-            raise ValueError("document-masked packing: " + "; ".join(f"{path}: {msg}" for path, msg in problems))
+            raise ValueError(
+                "document-masked packing: " + "; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
+                + "; such an attention would attend across the documents of a row: use one that supports it, or no documents"
+            )
 
     @torch.no_grad()
     def resize_vocab(self, vocab_size: int, *, init: str = "mean", seed: int = 0) -> "Model":
