@@ -90,7 +90,11 @@ def _tasks(args: argparse.Namespace) -> int:
 
     lm = ModkitLM(args.checkpoint, batch_size=args.batch_size or 8, device=args.device)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    manager = TaskManager(include_path=args.include_path) if args.include_path else TaskManager()
+    manager = None
+    if args.include_path:  # tasks all in the given folder: no need to index lm-eval's thousands of task files
+        local = TaskManager(include_path=args.include_path, include_defaults=False)
+        manager = local if all(t in local.all_tasks for t in tasks) else TaskManager(include_path=args.include_path)
+    manager = manager or TaskManager()
     results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit, task_manager=manager)
     if results is None:
         return 0
