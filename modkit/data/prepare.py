@@ -409,24 +409,41 @@ def _tokenizer(spec_text: str, eot: str, bos: str, texts) -> Tokenizer:
 # ------------------------------------------------------------------------------------------------ split
 
 
-def _find(tokens: np.ndarray, value: int, start: int, stop: int, step: int, chunk: int = 1 << 22) -> Optional[int]:
+class _Tokens:
+    """A token file read in slices with plain reads (no memory map: the pages read never stay in this process)."""
+
+    def __init__(self, path: Path, dtype: np.dtype):
+        self.path, self.dtype = path, np.dtype(dtype)
+        self.n = path.stat().st_size // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        lo, hi = max(lo, 0), min(hi, self.n)
+        with open(self.path, "rb") as f:
+            f.seek(lo * self.dtype.itemsize)
+            return np.fromfile(f, dtype=self.dtype, count=max(hi - lo, 0))
+
+
+def _find(tokens: _Tokens, value: int, start: int, stop: int, step: int, chunk: int = 1 << 22) -> Optional[int]:
     """The first index ``i`` from ``start`` towards ``stop`` (``step`` +1 or -1, ``stop`` excluded) where
     ``tokens[i] == value``, reading ``chunk`` tokens at a time; ``None`` when there is none."""
     if step > 0:
         for lo in range(start, stop, chunk):
-            hits = np.flatnonzero(np.asarray(tokens[lo : min(lo + chunk, stop)]) == value)
+            hits = np.flatnonzero(tokens.read(lo, min(lo + chunk, stop)) == value)
             if len(hits):
                 return lo + int(hits[0])
     else:
         for hi in range(start + 1, stop + 1, -chunk):
             lo = max(hi - chunk, stop + 1)
-            hits = np.flatnonzero(np.asarray(tokens[lo:hi]) == value)
+            hits = np.flatnonzero(tokens.read(lo, hi) == value)
             if len(hits):
                 return lo + int(hits[-1])
     return None
 
 
-def document_cut(tokens: np.ndarray, target: int, seps: Separators) -> int:
+def document_cut(tokens: _Tokens, target: int, seps: Separators) -> int:
     """Where the validation split starts: the first document start at or after ``target`` (a document starts after
     each end-of-text id and at each begin-of-text id), else the last one before it, else ``target`` itself."""
     n = len(tokens)
@@ -457,10 +474,10 @@ def document_cut(tokens: np.ndarray, target: int, seps: Separators) -> int:
     return target if cut is None else cut
 
 
-def _count(tokens: np.ndarray, value: Optional[int], chunk: int = 1 << 22) -> Optional[int]:
+def _count(tokens: _Tokens, value: Optional[int], chunk: int = 1 << 22) -> Optional[int]:
     if value is None:
         return None
-    return int(sum(np.count_nonzero(np.asarray(tokens[i : i + chunk]) == value) for i in range(0, len(tokens), chunk)))
+    return int(sum(np.count_nonzero(tokens.read(i, i + chunk) == value) for i in range(0, len(tokens), chunk)))
 
 
 # ------------------------------------------------------------------------------------------------ prepare
@@ -577,7 +594,7 @@ def prepare(
             n_train = target
             separated = seps.eot_id is not None or seps.bos_id is not None
             if separated and 0 < target < n:
-                n_train = document_cut(np.memmap(tmp[TRAIN_FILE], dtype=dtype, mode="r"), target, seps)
+                n_train = document_cut(_Tokens(tmp[TRAIN_FILE], dtype), target, seps)
             if n_train == 0 or n_train == n:
                 raise DataError(
                     f"{n} tokens are too few to split with val_fraction = {fraction} ({n_train} train, {n - n_train} "
@@ -592,7 +609,7 @@ def prepare(
         }
         marker = seps.eot_id if seps.eot_id is not None else seps.bos_id
         splits = {
-            s: _count(np.memmap(tmp[f], dtype=dtype, mode="r"), marker) if marker is not None else None
+            s: _count(_Tokens(tmp[f], dtype), marker) if marker is not None else None
             for s, f in (("train", TRAIN_FILE), ("val", VAL_FILE))
         }
         from .. import __version__
@@ -655,9 +672,9 @@ def prepare(
 
 
 def _starts_document(path: Path, dtype, i: int, seps: Separators) -> bool:
-    tokens = np.memmap(path, dtype=dtype, mode="r")
-    return (seps.eot_id is not None and i > 0 and int(tokens[i - 1]) == seps.eot_id) or (
-        seps.bos_id is not None and int(tokens[i]) == seps.bos_id
+    tokens = _Tokens(path, dtype)
+    return (seps.eot_id is not None and i > 0 and int(tokens.read(i - 1, i)[0]) == seps.eot_id) or (
+        seps.bos_id is not None and int(tokens.read(i, i + 1)[0]) == seps.bos_id
     )
 
 
