@@ -283,7 +283,9 @@ class Model(nn.Module):
         the ``document_mask`` capability (checked once per model, against the registry)."""
         if cache is not None:
             raise ValueError("documents (document-masked packing) cannot be combined with a KV cache; drop one of them")
-        if eager and tuple(documents.shape) != tuple(input_ids.shape):
+        if not eager:  # under torch.compile: checked by the eager calls (and by the trainer at setup), not traced
+            return
+        if tuple(documents.shape) != tuple(input_ids.shape):
             raise ValueError(f"documents must be [batch, seq] = {tuple(input_ids.shape)} like input_ids, got {tuple(documents.shape)}")
         problems = getattr(self, "_document_problems", None)
         if problems is None:  # once per model: the capability each attention was built with
