@@ -134,7 +134,7 @@ def main() -> None:
         for fast in (False, True):
             seconds, n, digest = reference(tok_path, texts, tok.eot_id, fast)
             name = "tokenizers encode_batch_fast" if fast else "tokenizers encode_batch"
-            rows.append({"what": name, "seconds": seconds, "tokens": n, "sha": digest})
+            rows.append({"what": name, "seconds": seconds, "tokens": n, "sha": digest, "load": os.getloadavg()[0]})
             print(f"{name}: {seconds:.1f} s, {text_bytes / 1e6 / seconds:.1f} MB/s, {n / 1e6 / seconds:.2f} M tokens/s")
         del texts
         for w in args.workers:
@@ -144,7 +144,7 @@ def main() -> None:
             r = json.loads(done.stdout.strip().splitlines()[-1])
             joined = hashlib.sha256((out / "train.bin").read_bytes() + (out / "val.bin").read_bytes()).hexdigest()
             rows.append({"what": f"modkit prepare, {w} process{'es' if w > 1 else ''}", "seconds": r["seconds"], "tokens": r["tokens"],
-                         "sha": joined, "rss": r["rss"], "worker_rss": r["worker_rss"], "files": r["sha"]})
+                         "sha": joined, "rss": r["rss"], "worker_rss": r["worker_rss"], "files": r["sha"], "load": os.getloadavg()[0]})
             print(f"modkit prepare workers={w}: {r['seconds']:.1f} s, {text_bytes / 1e6 / r['seconds']:.1f} MB/s, "
                   f"{r['tokens'] / 1e6 / r['seconds']:.2f} M tokens/s, peak RSS {r['rss'] / 2**20:,.0f} MiB "
                   f"(workers {r['worker_rss'] / 2**20:,.0f} MiB)")
@@ -163,14 +163,14 @@ def main() -> None:
         f"Corpus: {docs:,} JSON Lines documents (speeches of tiny shakespeare, 1-12 each, seeded), {size / 1e6:,.1f} MB "
         f"on disk, {text_bytes / 1e6:,.1f} MB of text; byte-level `bpe:8192` with `<|endoftext|>` reserved.",
         "",
-        "| what | seconds | MB/s of text | M tokens/s | ÷ encode_batch | ÷ encode_batch_fast | peak RSS |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| what | seconds | MB/s of text | M tokens/s | ÷ encode_batch | ÷ encode_batch_fast | peak RSS | load after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base, fast = ref["tokenizers encode_batch"], ref["tokenizers encode_batch_fast"]
     for r in rows:
         rss = f"{r['rss'] / 2**20:,.0f} MiB" + (f" (+ workers {r['worker_rss'] / 2**20:,.0f} MiB each at most)" if r.get("worker_rss") else "") if "rss" in r else "(texts in memory)"
         lines.append(f"| {r['what']} | {r['seconds']:.1f} | {text_bytes / 1e6 / r['seconds']:.1f} | {r['tokens'] / 1e6 / r['seconds']:.2f} | "
-                     f"{base['seconds'] / r['seconds']:.2f} | {fast['seconds'] / r['seconds']:.2f} | {rss} |")
+                     f"{base['seconds'] / r['seconds']:.2f} | {fast['seconds'] / r['seconds']:.2f} | {rss} | {r['load']:.1f} |")
     lines += [
         "",
         "Ratios are throughput ÷ the reference's (above 1: faster). The references time the encoding calls alone, with "
