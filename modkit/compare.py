@@ -59,6 +59,8 @@ class RunSummary:
         diverged: a non-finite loss, or a last val estimate above the step-0 one.
         curve: ``(step, val estimate)`` of every ``eval`` record.
         buckets: mean cross-entropy per position bucket at twice ``seq_len`` (``None``: not measurable).
+        val_bpb: bits per byte of the final validation score (``val_loss * tokens / bytes / ln 2``: comparable across
+            tokenizers); ``None`` when the run made no final evaluation.
     """
 
     spec: str
@@ -73,6 +75,7 @@ class RunSummary:
     curve: list[tuple[int, float]]
     buckets: Optional[list[float]] = None
     elapsed_s: float = 0.0
+    val_bpb: Optional[float] = None
 
 
 @dataclass
@@ -94,6 +97,8 @@ class SpecRow:
     sweep: dict[float, float] = field(default_factory=dict)
     buckets: Optional[list[float]] = None
     buckets_note: str = ""
+    val_bpb_mean: Optional[float] = None
+    val_bpb_std: Optional[float] = None
 
 
 @dataclass
@@ -172,6 +177,7 @@ def read_run(run_dir: Path, spec: str, lr: float, seed: int, result: Any) -> Run
         elapsed_s=float(result.elapsed_s),
         diverged=nonfinite or evals[-1]["val_loss"] > evals[0]["val_loss"],
         curve=[(r["step"], r["val_loss"]) for r in evals],
+        val_bpb=finals[-1].get("val_bits_per_byte") if finals else None,
     )
 
 
@@ -347,12 +353,13 @@ def compare(
         spec = modkit.load_spec(best[label].run_dir / "spec.json")  # as trained: vocab_size set from the data
         train_mean, train_std = mean_std([r.train_loss for r in runs])
         val_mean, val_std = mean_std([r.val_loss for r in runs])
+        bpb_mean, bpb_std = mean_std([r.val_bpb for r in runs]) if all(r.val_bpb is not None for r in runs) else (None, None)
         rows.append(SpecRow(
             spec=label, path=str(path), params=modkit.count_params(spec), active_params=modkit.active_params_per_token(spec),
             lr=best[label].lr, tokens_per_s=statistics.fmean(r.tokens_per_s for r in runs),
             train_loss_mean=train_mean, train_loss_std=train_std, val_loss_mean=val_mean, val_loss_std=val_std,
             diverged=sum(r.diverged for r in runs),
-            runs=runs, sweep=sweep if lr_sweep else {},
+            runs=runs, sweep=sweep if lr_sweep else {}, val_bpb_mean=bpb_mean, val_bpb_std=bpb_std,
         ))
 
     # position buckets at twice the training context
@@ -474,7 +481,9 @@ def write_report(result: Comparison, config: Any, data_folder: str, *, lr_sweep:
         f"(batch {config.batch_size} x grad_accum {config.grad_accum} x seq_len {config.seq_len}), {config.schedule} schedule "
         f"with {config.warmup_steps} warmup steps, seeds {config.seed}..{config.seed + seeds - 1}. "
         "Losses are cross-entropy in nats per token: train is the last estimate on fixed training windows, validation "
-        f"{_validation_scope(config, data_folder)}; mean ± sample std over seeds. A run diverged when a loss was not "
+        f"{_validation_scope(config, data_folder)}; bits per byte is that validation score per UTF-8 byte of the scored "
+        "text (loss x tokens / bytes / ln 2), which does not depend on the tokenizer; mean ± sample std over seeds. "
+        "A run diverged when a loss was not "
         "finite or its last validation estimate ended above its step-0 one.",
         "",
     ]
@@ -484,13 +493,14 @@ def write_report(result: Comparison, config: Any, data_folder: str, *, lr_sweep:
         f"Wall time of the whole comparison: {result.wall_s:,.0f} s ({result.wall_s / 60:.1f} min) for {result.n_runs} "
         f"training runs, {pace}.",
         "",
-        "| spec | parameters | active parameters | lr | tokens/s | train loss | validation loss | diverged |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| spec | parameters | active parameters | lr | tokens/s | train loss | validation loss | validation bits/byte | diverged |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        bpb = fmt_pm(r.val_bpb_mean, r.val_bpb_std) if r.val_bpb_mean is not None else "n/a"
         lines.append(
             f"| {r.spec} | {r.params:,} | {r.active_params:,} | {r.lr:g} | {r.tokens_per_s:,.0f} | "
-            f"{fmt_pm(r.train_loss_mean, r.train_loss_std)} | {fmt_pm(r.val_loss_mean, r.val_loss_std)} | {r.diverged}/{len(r.runs)} |"
+            f"{fmt_pm(r.train_loss_mean, r.train_loss_std)} | {fmt_pm(r.val_loss_mean, r.val_loss_std)} | {bpb} | {r.diverged}/{len(r.runs)} |"
         )
     if lr_sweep:
         lrs = sorted({lr for r in rows for lr in r.sweep})

@@ -69,6 +69,12 @@ class TrainConfig(BaseModel):
         "files/a folder prepared on first use; null: the shipped tiny shakespeare",
     )
     tokenizer: str = Field("char", description="tokenizer used when 'data' is raw text: char, bpe:VOCAB_SIZE or a tokenizer.json path")
+    document_mask: bool = Field(
+        False,
+        description="document-masked packing: a token attends only to earlier tokens of its own document within a "
+        "training window (documents delimited by the end-of-text tokens the data was prepared with), and positions "
+        "restart at each document; every attention of the model must declare the document_mask capability",
+    )
     sampler: Literal["random", "sequential"] = Field(
         "random", description="'random': random contiguous windows (nanoGPT); 'sequential': shuffled non-overlapping windows, epoch by epoch"
     )

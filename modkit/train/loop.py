@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ..build import breakdown, build
 from ..cost import CostError, training_flops_per_token
+from ..documents import document_ids
 from ..checkpoint import save as save_checkpoint
 from ..errors import CheckpointError, ModkitError
 from ..spec import ModelSpec, iter_configs, load_spec
@@ -155,6 +156,26 @@ def resolve_spec(config: TrainConfig, base: Optional[Path], vocab_size: int) -> 
     if config.seq_len > spec.max_seq_len:
         raise TrainError(f"seq_len = {config.seq_len} exceeds the model's max_seq_len = {spec.max_seq_len}; lower seq_len")
     return spec
+
+
+def check_document_mask(spec: ModelSpec, data) -> None:
+    """Refuse ``document_mask`` when the data has no document separators or an attention cannot honour it.
+
+    Raises:
+        TrainError: names the data folder and what to prepare, or every layer whose attention lacks the
+            ``document_mask`` capability.
+    """
+    from ..documents import document_mask_problems
+
+    if data.separators == (None, None):
+        raise TrainError(
+            f"document_mask = true, but {data.path} holds no document separators (prepared with --eot none, or before "
+            "modkit separated documents); prepare it again with `modkit data prepare ... --eot auto`, or set "
+            "document_mask to false"
+        )
+    problems = document_mask_problems(spec)
+    if problems:
+        raise TrainError("document_mask = true: " + "; ".join(f"{path}: {msg}" for path, msg in problems))
 
 
 # ------------------------------------------------------------------------------------------------- processes
@@ -471,9 +492,11 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16 if p == "bfloat16" else torch.float16)
 
     def _forward(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
-        """``(logits [rows, seq, vocab] as full tensors, aux_loss or None)`` under the run's precision."""
+        """``(logits [rows, seq, vocab] as full tensors, aux_loss or None)`` under the run's precision; with
+        ``document_mask`` the document ids of the batch come from its end-of-text / begin-of-text tokens."""
+        docs = document_ids(x, eot_id=self.separators[0], bos_id=self.separators[1]) if self.config.document_mask else None
         with self._autocast():
-            out = self.forward(x)
+            out = self.forward(x) if docs is None else self.forward(x, documents=docs)
         logits = out.logits
         if hasattr(logits, "full_tensor"):  # a DTensor head output under tensor parallelism
             logits = logits.full_tensor()
@@ -537,14 +560,16 @@ class Trainer:
     def score_split(self, tokens, max_tokens: int) -> float:
         """Mean cross-entropy over the first ``max_tokens`` tokens of ``tokens`` in non-overlapping ``seq_len``
         windows (every position scored once, each with the context its window gives it). Collective: the
-        windows are dealt to the data-parallel ranks, sums and counts all-reduced."""
+        windows are dealt to the data-parallel ranks, sums and counts all-reduced. The UTF-8 bytes of the scored
+        targets (:meth:`modkit.data.Tokenizer.token_bytes`) are left in ``self.scored_bytes`` (bits per byte)."""
         c = self.config
         t = c.seq_len
         n = (min(len(tokens), max_tokens + 1) - 1) // t
         if n < 1:
             raise TrainError(f"the validation split has {len(tokens)} tokens, fewer than seq_len + 1 = {t + 1}")
         per = self.rows * self.procs.dp
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        table = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
         self.model.eval()
         for b in range(-(-n // per)):  # every rank runs the same number of forwards (FSDP needs it)
             idx = torch.arange(self.rows) + b * per + self.procs.dp_rank * self.rows
@@ -555,10 +580,11 @@ class Trainer:
             logits, _ = self._forward(x)
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(len(idx), t)
             mask = self._rows(real)[:, None].to(ce.dtype)
-            sums += torch.stack([(ce * mask).sum().double(), (mask.sum() * t).double()])
+            sums += torch.stack([(ce * mask).sum().double(), (mask.sum() * t).double(), (table[y] * mask).sum().double()])
         self.model.train()
         if self.procs.distributed:
             torch.distributed.all_reduce(sums)
+        self.scored_bytes = int(sums[2])
         return float(sums[0] / sums[1])
 
     def _eval_and_record(self) -> dict[str, float]:
@@ -586,6 +612,9 @@ class Trainer:
         self.procs = init_processes(c, self.device)
         self.data = self._open_data()
         self.spec = resolve_spec(c, self.base, self.data.vocab_size)
+        self.separators = self.data.separators
+        if c.document_mask:
+            check_document_mask(self.spec, self.data)
         self.history: list[dict] = []
         if not self.resume:
             self._start_run_folder(self.spec)
@@ -674,8 +703,11 @@ class Trainer:
         if c.final_eval_tokens:
             full_val = self.score_split(self.data.val, c.final_eval_tokens)
             scored = min(len(self.data.val) - 1, c.final_eval_tokens) // c.seq_len * c.seq_len
-            self._metric({"kind": "final", "step": self.step, "tokens": self.tokens, "val_loss": full_val, "val_tokens_scored": scored})
-            self._say(f"validation loss over {scored:,} tokens of the validation split: {full_val:.4f}")
+            bpb = full_val * scored / self.scored_bytes / math.log(2) if self.scored_bytes else None
+            self._metric({"kind": "final", "step": self.step, "tokens": self.tokens, "val_loss": full_val, "val_tokens_scored": scored,
+                          "val_bytes_scored": self.scored_bytes, "val_bits_per_byte": bpb})
+            per_byte = f" ({bpb:.4f} bits per byte)" if bpb is not None else ""
+            self._say(f"validation loss over {scored:,} tokens of the validation split: {full_val:.4f}{per_byte}")
             if self.procs.main:
                 from .plot import plot_run
 
