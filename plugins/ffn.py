@@ -5,7 +5,7 @@
 * ``mlp``:    ``down(act(up(x)))`` with act in gelu, gelu_tanh, relu, silu (GPT-2 uses gelu_tanh).
 * ``swiglu``: ``down(silu(gate(x)) * up(x))`` (Llama, Mistral, Qwen, OLMo).
 * ``geglu``:  ``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh``; ``activation`` selects exact gelu).
-* ``clamped_swiglu``: gpt-oss's form, ``down(g * sigmoid(alpha * g) * (u + 1))`` with ``g = min(gate(x), limit)``,
+* ``swiglu_clamped``: gpt-oss's form, ``down(g * sigmoid(alpha * g) * (u + 1))`` with ``g = min(gate(x), limit)``,
   ``u = clamp(up(x), -limit, limit)`` (``alpha`` 1.702, ``limit`` 7.0; :class:`ClampedGLU`).
 
 In float16 the gated product ``act(gate(x)) * up(x)`` can exceed 65504 (the largest float16) while the FFN's output
@@ -73,10 +73,10 @@ class GatedConfig(ComponentConfig):
 
 
 class ClampedSwiGLUConfig(ComponentConfig):
-    """Config of ``clamped_swiglu`` (gpt-oss): ``down(g * sigmoid(alpha * g) * (u + 1))``, ``g``, ``u`` the clamped
+    """Config of ``swiglu_clamped`` (gpt-oss): ``down(g * sigmoid(alpha * g) * (u + 1))``, ``g``, ``u`` the clamped
     gate and up projections."""
 
-    type: Literal["clamped_swiglu"] = "clamped_swiglu"
+    type: Literal["swiglu_clamped"] = "swiglu_clamped"
     d_ff: FFNWidth = Field(..., description="hidden width")
     bias: bool = Field(False, description="biases on the three projections (gpt-oss's experts have them)")
     alpha: float = Field(1.702, gt=0, allow_inf_nan=False, description="slope of the gate's sigmoid, g * sigmoid(alpha * g) (gpt-oss swiglu_alpha)")
@@ -323,7 +323,7 @@ $W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, 
 
 $W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, $\odot$ the element-wise product
 (Shazeer 2020, eq. 6; the tanh form of GELU unless activation says otherwise); biases only with bias: true.""",
-    "clamped_swiglu": r"""$$\mathrm{FFN}(x) = W_{down}\big(g\, \sigma(\alpha\, g) \odot (u + 1)\big), \qquad
+    "swiglu_clamped": r"""$$\mathrm{FFN}(x) = W_{down}\big(g\, \sigma(\alpha\, g) \odot (u + 1)\big), \qquad
 g = \min(W_{gate}\, x,\ L), \qquad u = \max(\min(W_{up}\, x,\ L),\ -L)$$
 
 $W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$ (biases with bias: true, added before
@@ -333,7 +333,7 @@ GELU), $L$ = limit (7.0). gpt-oss's experts (OpenAI 2025, arXiv:2508.10925).""",
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``mlp``, ``swiglu``, ``geglu`` and ``clamped_swiglu``."""
+    """Register ``mlp``, ``swiglu``, ``geglu`` and ``swiglu_clamped``."""
     plan_mlp = {"up": "colwise", "down": "rowwise"}
     plan_gated = {"gate": "colwise", "up": "colwise", "down": "rowwise"}
     register(
@@ -373,7 +373,7 @@ def register_components(register) -> None:
     register(
         Component(
             kind="ffn",
-            type="clamped_swiglu",
+            type="swiglu_clamped",
             config=ClampedSwiGLUConfig,
             factory=lambda cfg, ctx: GatedMLP(ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit)),
             description="gpt-oss's clamped SwiGLU down(g * sigmoid(alpha * g) * (u + 1)), g = min(gate(x), limit), "
@@ -383,8 +383,8 @@ def register_components(register) -> None:
             capabilities={"compile_safe": True, "tp_plan": plan_gated},  # the clamps act per feature: shardable on d_ff
             param_count=_gated_count,
             flops=_gated_flops,
-            example={"type": "clamped_swiglu", "d_ff": 96, "bias": True},
-            math=_MATH["clamped_swiglu"],
+            example={"type": "swiglu_clamped", "d_ff": 96, "bias": True},
+            math=_MATH["swiglu_clamped"],
             grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(
                 n, ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit)
             ),

@@ -1,23 +1,43 @@
-"""Sparse mixture of experts: the ``moe`` FFN and its ``topk`` router.
+"""Sparse mixture of experts: the ``moe`` FFN and its ``topk`` / ``sigmoid_topk`` routers.
 
 ``moe``: ``forward(x [batch, seq, d_model]) -> (y [batch, seq, d_model], aux_loss [] float32)``.
 Each token is sent to ``top_k`` of ``n_experts`` experts (each expert is itself a full ``ffn`` spec, e.g. a
-SwiGLU) chosen by a learned router; the output is the router-weighted sum of those experts' outputs:
+SwiGLU, at its own width) chosen by a learned router; the output is the router-weighted sum of those experts'
+outputs, plus an optional shared expert every token passes through:
 
-    probs   = softmax(router(x))                      # [tokens, n_experts], float32
-    w, idx  = top_k(probs)                            # [tokens, top_k]; w renormalised to sum 1 if asked
-    y       = sum_k w[:, k] * expert[idx[:, k]](x)
+    s       = softmax(router(x)) | sigmoid(router(x))  # [tokens, n_experts], float32
+    idx     = top_k(s + correction_bias)              # inside the topk_group best of n_group groups, if asked
+    w       = s[idx] (/ sum, if renormalize) * routed_scaling_factor
+    y       = sum_k w[:, k] * expert[idx[:, k]](x)    # weight_on "input": expert[idx[:, k]](w[:, k] * x)
+            + sigmoid(shared_gate . x) * shared(x)    # the gate only with shared_gate
+
+Each published router is a setting of the two router types:
+
+* Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE: ``topk``, ``renormalize`` true (Mixtral, Qwen3) or false (OLMoE, Qwen2).
+* gpt-oss: ``topk``, ``renormalize`` true, ``bias`` true (a softmax over the top-k logits is this).
+* DeepSeek-V2: ``topk``, ``n_group``, ``topk_group``, ``group_score`` "max", ``routed_scaling_factor``.
+* DeepSeek-V3, Kimi K2: ``sigmoid_topk``, ``correction_bias``, ``n_group``, ``topk_group``, ``renormalize`` true,
+  ``routed_scaling_factor`` (2.5; Kimi K2: 2.827).
+* Llama 4: ``sigmoid_topk``, ``renormalize`` false, and the moe's ``weight_on`` "input".
 
 Auxiliary losses (returned, never hidden in side channels), computed per MoE layer over that layer's tokens:
 
 * load balancing (Switch Transformer): ``n_experts * sum_e f_e * P_e`` with ``f_e`` the fraction of the
   ``tokens * top_k`` routing assignments that went to expert ``e`` (no gradient) and ``P_e`` the mean router
-  probability of ``e`` (gradient flows into the router). Perfectly balanced routing gives 1. This is Megatron-LM's
-  normalisation; Hugging Face Mixtral's ``load_balancing_loss_func`` gives ``top_k`` times this value.
+  probability of ``e`` (the router's ``probabilities``: softmax, or DeepSeek-V3's normalised sigmoid scores;
+  gradient flows into the router). Perfectly balanced routing gives 1. This is Megatron-LM's normalisation; Hugging
+  Face Mixtral's ``load_balancing_loss_func`` gives ``top_k`` times this value. With ``aux_loss_scope`` "sequence"
+  it is computed per sequence and averaged: DeepSeek-V3's sequence-wise balance loss (arXiv:2412.19437, eq. 17-20).
 * router z-loss (ST-MoE): mean over tokens of ``logsumexp(logits)^2`` (computed with ``torch.logsumexp``, so
   logits of 100 stay finite).
 
 ``aux_loss = aux_loss_coef * load_balancing + z_loss_coef * z_loss``.
+
+Auxiliary-loss-free balancing (DeepSeek-V3; Wang et al. 2024, arXiv:2408.15664): the routers count each expert's
+load (assignments of real tokens, the ``expert_load`` buffer) and, with ``correction_bias``, keep a float32 bias
+that is added to the scores for the choice of experts only; the training loop moves it after each optimizer step,
+``b_e += bias_update_speed * sign(mean load - load_e)`` (:meth:`TopKRouter.update_balance`,
+:mod:`modkit.balance`). No gradient reaches it; it is saved in checkpoints.
 
 Routing does no host synchronisation (no ``.item()``, ``.tolist()``, ``.nonzero()`` or data-dependent Python
 control flow), so the layer compiles with ``torch.compile(fullgraph=True)`` (torchtune #2771). Two dispatch
@@ -34,17 +54,21 @@ schemes, chosen statically by ``capacity_factor``:
   ``c`` times the active FLOPs. With ``c >= n_experts / top_k`` nothing is ever dropped.
 
 The experts are one module with stacked weights, built by the expert type's ``grouped_factory`` (``mlp``,
-``swiglu`` and ``geglu`` have one): SwiGLU experts hold ``experts.gate``/``experts.up`` ``[n_experts, d_model, d_ff]``
-and ``experts.down`` ``[n_experts, d_ff, d_model]``.
+``swiglu``, ``geglu`` and ``swiglu_clamped`` have one): SwiGLU experts hold ``experts.gate``/``experts.up``
+``[n_experts, d_model, d_ff]`` and ``experts.down`` ``[n_experts, d_ff, d_model]`` (with ``bias``, also
+``experts.gate_bias``... ``[n_experts, d_ff]``: gpt-oss). The shared expert is an ordinary ffn module (``shared``).
 
 Padding: ``forward`` takes an optional ``token_mask [batch, seq]`` (True = real token; the module sets
 ``takes_token_mask`` so placements pass it through :func:`modkit.run_ffn`): padding tokens count in neither
-loss and take no expert capacity (Megatron-LM #2121).
+loss nor the router's loads and take no expert capacity (Megatron-LM #2121).
 
 References: Shazeer et al. 2017, Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts
 Layer (arXiv:1701.06538); Lepikhin et al. 2020, GShard (arXiv:2006.16668); Fedus et al. 2021, Switch
 Transformers (arXiv:2101.03961); Zoph et al. 2022, ST-MoE: Designing Stable and Transferable Sparse Expert
-Models (arXiv:2202.08906); Jiang et al. 2024, Mixtral of Experts (arXiv:2401.04088).
+Models (arXiv:2202.08906); Jiang et al. 2024, Mixtral of Experts (arXiv:2401.04088); Dai et al. 2024, DeepSeekMoE
+(arXiv:2401.06066); DeepSeek-AI 2024, DeepSeek-V2 (arXiv:2405.04434) and DeepSeek-V3 (arXiv:2412.19437); Wang et
+al. 2024, Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts (arXiv:2408.15664); the transformers
+modules ``DeepseekV3MoE``, ``Qwen2MoeSparseMoeBlock``, ``GptOssMLP`` and ``Llama4TextMoe`` for the exact forms.
 """
 
 from __future__ import annotations
@@ -127,7 +151,7 @@ class RouterConfig(ComponentConfig):
     """Fields shared by the top-k routers (``topk``: softmax scores, ``sigmoid_topk``: sigmoid scores).
 
     ``n_experts`` and ``top_k`` come from the enclosing ``moe``. Each published router is a setting of these fields
-    (see the module docstring's table).
+    (see the module docstring's list).
     """
 
     type: str
@@ -405,7 +429,7 @@ class MoEConfig(ComponentConfig):
     top_k: ExpertCount = Field(2, description="experts per token; must be <= n_experts")
     expert: ComponentConfig = Slot(
         "ffn",
-        description="spec of one routed expert (an ffn type with a grouped form: mlp, swiglu, geglu, clamped_swiglu), "
+        description="spec of one routed expert (an ffn type with a grouped form: mlp, swiglu, geglu, swiglu_clamped), "
         "e.g. {\"type\": \"swiglu\", \"d_ff\": 14336}; its d_ff is the expert's own width (fine-grained experts: "
         "DeepSeek's moe_intermediate_size). The n_experts independent copies are stored stacked "
         "(experts.gate [n_experts, d_model, d_ff] ...)",

@@ -169,7 +169,7 @@ def test_qwen3_moe_sparse_block():
 # ------------------------------------------------------------------------------------------------ gpt-oss
 
 
-def test_gpt_oss_mlp_router_bias_expert_biases_and_clamped_swiglu():
+def test_gpt_oss_mlp_router_bias_expert_biases_and_swiglu_clamped():
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
@@ -182,7 +182,7 @@ def test_gpt_oss_mlp_router_bias_expert_biases_and_clamped_swiglu():
         hf.experts.down_proj_bias.mul_(0.05)
     ours = build({
         "type": "moe", "n_experts": 4, "top_k": 2,
-        "expert": {"type": "clamped_swiglu", "d_ff": 8, "bias": True, "alpha": 1.702, "limit": 7.0},
+        "expert": {"type": "swiglu_clamped", "d_ff": 8, "bias": True, "alpha": 1.702, "limit": 7.0},
         "router": {"type": "topk", "renormalize": True, "bias": True},
     })
     set_(ours.router.proj.weight, hf.router.weight)
@@ -203,8 +203,8 @@ def test_gpt_oss_mlp_router_bias_expert_biases_and_clamped_swiglu():
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
 
 
-def test_clamped_swiglu_dense_equals_gpt_oss_gate():
-    """The dense ``clamped_swiglu`` equals ``GptOssExperts._apply_gate`` followed by the down projection."""
+def test_swiglu_clamped_dense_equals_gpt_oss_gate():
+    """The dense ``swiglu_clamped`` equals ``GptOssExperts._apply_gate`` followed by the down projection."""
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
@@ -216,7 +216,7 @@ def test_clamped_swiglu_dense_equals_gpt_oss_gate():
         ex.down_proj_bias.mul_(0.05)
     from modkit.spec import load_component
 
-    ours = BuildContext(D, 1, 32, 64, modkit.get_registry()).build(load_component("ffn", {"type": "clamped_swiglu", "d_ff": 8, "bias": True}))
+    ours = BuildContext(D, 1, 32, 64, modkit.get_registry()).build(load_component("ffn", {"type": "swiglu_clamped", "d_ff": 8, "bias": True}))
     set_(ours.gate.weight, ex.gate_up_proj[0, :, ::2].t())
     set_(ours.gate.bias, ex.gate_up_proj_bias[0, ::2])
     set_(ours.up.weight, ex.gate_up_proj[0, :, 1::2].t())
