@@ -9,8 +9,6 @@ FLOPs declarations, TP plans, ``modkit trace`` and ``modkit cost`` on the new pa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -315,13 +313,12 @@ def test_tiny_deepseek_counts_exact():
     assert {n for n, _ in model.named_buffers() if "correction_bias" in n} == {f"layers.{i}.ffn.router.correction_bias" for i in (1, 2, 3)}
 
 
-def test_cost_reports_active_parameters_and_declared_flops():
+def test_cost_reports_active_parameters_and_declared_flops(capsys):
+    from modkit.cli import main
     from modkit.cost import CostModel, Workload
 
-    out = subprocess.run([sys.executable, "-m", "modkit", "cost", str(DEEPSEEK), "--context", "64", "--json"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+    assert main(["cost", str(DEEPSEEK), "--context", "64", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert data["active_params_per_token"] == 819_328
     flops = CostModel(DEEPSEEK).flops(Workload(1, 1))  # one token, summed over layers by kind and part
     d = 128
