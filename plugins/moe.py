@@ -719,8 +719,10 @@ eq. 19).""",
     "moe": r"""Each token $x$ goes to the $k$ = top_k experts $\mathcal{T}$ its router picks, with weights $g_e$ (see the
 router), plus the shared expert $S$ when there is one:
 
-$$y = \sum_{e \in \mathcal{T}} g_e\, E_e(x) + \gamma(x)\, S(x), \qquad \gamma(x) = \begin{cases} \sigma(w_s \cdot x) &
-\text{shared\_gate} \\ 1 & \text{otherwise} \end{cases}$$
+$$y = \sum_{e \in \mathcal{T}} g_e\, E_e(x) + \gamma(x)\, S(x), \qquad \mathcal{T} = \operatorname{top-}k(p), \qquad
+\gamma(x) = \begin{cases} \sigma(w_s \cdot x) & \text{shared\_gate} \\ 1 & \text{otherwise} \end{cases}$$
+
+$p$: the router's selection scores (its softmax or sigmoid of $W_r\, x$, plus the correction bias when it has one).
 
 With weight_on input (Llama 4) the weight scales the expert's input instead: $\sum_{e \in \mathcal{T}} E_e(g_e\, x)$.
 

@@ -49,7 +49,7 @@ class ExpertBalance:
 
         Returns:
             ``None`` without routers, else ``{"load_imbalance": mean over layers of max load / mean load,
-            "load_imbalance_layers": {router path: value}}`` of this step's loads (before the update).
+                "load_imbalance_layers": {router path: value}}`` of this step's loads (before the update).
         """
         if not self.active:
             return None
