@@ -17,6 +17,10 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   which builds it with ``ctx.build(config, extra={"n_experts": n, "top_k": k})``:
   ``forward(x [tokens, d_model]) -> (weights [tokens, top_k] in x's dtype, indices [tokens, top_k] int64,
   logits [tokens, n_experts] float32)``; the logits keep their gradient (the holder's aux losses use them).
+  Optional, by name: ``takes_token_mask = True`` (``forward(x, token_mask=[tokens] bool)``), ``probabilities(logits)
+  -> [tokens, n_experts]`` (what the balance loss reads; default softmax), an ``expert_load [n_experts]`` int64
+  buffer of real-token assignments and ``update_balance(load)``, the training-time rule the loop applies after each
+  optimizer step (:mod:`modkit.balance`).
 
 * ``logits_processor``: not part of a model; ``factory(config, setup)`` returns a
   :class:`modkit.sampling.LogitsProcessor`, ``processor(logits [batch, vocab] float32, state) -> [batch, vocab]``

@@ -287,3 +287,24 @@ def test_the_report_says_how_much_of_the_validation_split_was_scored(setup):
     n_val = len(TokenData.open(root / "data").val)
     assert f"validation the score over the first 2,048 of the validation split's {n_val:,} tokens (`final_val_loss`)" \
         in result.report.read_text()
+
+
+def test_moe_runs_get_an_expert_load_table(setup, tmp_path):
+    """Runs whose routers report loads add the imbalance at step 0 and at the end (mean ± std over seeds, from
+    their eval records) and a plot; a dense spec beside them reads n/a."""
+    root, _ = setup
+    moe = tmp_path / "moe.json"
+    moe.write_text(json.dumps(tiny_spec(name="moe", block__ffn={
+        "type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 16},
+        "router": {"type": "sigmoid_topk", "renormalize": True, "correction_bias": True, "bias_update_speed": 0.01}})))
+    result = compare([moe, root / "rope.json"], root / "train.json", tmp_path / "report", seeds=2,
+                     overrides={"max_steps": 4, "eval_interval": 2, "final_eval_tokens": 256}, echo=lambda line: None)
+    report = result.report.read_text()
+    assert "## Expert load imbalance" in report and (tmp_path / "report" / "imbalance.png").is_file()
+    dirs = sorted((tmp_path / "report" / "runs").glob("moe-*"))
+    curves = [[(r["step"], r["load_imbalance"]) for r in read_metrics(d / "metrics.jsonl") if r["kind"] == "eval"] for d in dirs]
+    assert [r.imbalance_curve for r in result.rows[0].runs] == curves and [s for s, _ in curves[0]] == [0, 2, 4]
+    start, end = mean_std([c[0][1] for c in curves]), mean_std([c[-1][1] for c in curves])
+    assert f"| moe | {start[0]:.4f} ± {start[1]:.4f} | {end[0]:.4f} ± {end[1]:.4f} |" in report
+    assert "| rope | n/a: no router reports expert loads | |" in report
+    assert all(not r.imbalance_curve for r in result.rows[1].runs)

@@ -58,10 +58,11 @@ def _pairs(new: int, past: int, causal: bool, window) -> int:
 def _ffn_per_token(ffn: dict, d: int) -> int:
     if ffn["type"] == "mlp":
         return 4 * d * ffn["d_ff"]
-    if ffn["type"] in ("swiglu", "geglu"):
+    if ffn["type"] in ("swiglu", "geglu", "swiglu_clamped"):
         return 6 * d * ffn["d_ff"]
     assert ffn["type"] == "moe" and ffn.get("capacity_factor") is None
-    return 2 * d * ffn["n_experts"] + ffn.get("top_k", 2) * _ffn_per_token(ffn["expert"], d)
+    shared = _ffn_per_token(ffn["shared"], d) + (2 * d if ffn.get("shared_gate") else 0) if ffn.get("shared") else 0
+    return 2 * d * ffn["n_experts"] + ffn.get("top_k", 2) * _ffn_per_token(ffn["expert"], d) + shared
 
 
 def formula(spec: dict, new: int, past: int) -> int:

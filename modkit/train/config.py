@@ -109,6 +109,12 @@ class TrainConfig(BaseModel):
     z_loss_coef: Optional[float] = Field(
         None, ge=0, description="override every component field named z_loss_coef (router z-loss); null: as in the spec"
     )
+    bias_update_speed: Optional[float] = Field(
+        None,
+        ge=0,
+        description="override every component field named bias_update_speed (the step of a router's correction-bias "
+        "update after each optimizer step, DeepSeek-V3's auxiliary-loss-free balancing; 0: no update); null: as in the spec",
+    )
 
     eval_interval: int = Field(250, ge=1, le=1 << 40, description="evaluate train and val loss every this many steps (and at the end)")
     eval_batches: int = Field(20, ge=1, le=1 << 20, description="batches per loss estimate")

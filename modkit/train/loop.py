@@ -36,6 +36,7 @@ from ..checkpoint import save as save_checkpoint
 from ..errors import CheckpointError, ModkitError
 from ..spec import ModelSpec, iter_configs, load_spec
 from . import state as st
+from .balance import ExpertBalance
 from .config import DEFAULT_MODEL, TrainConfig
 from .schedule import lr_at
 
@@ -138,7 +139,7 @@ def resolve_spec(config: TrainConfig, base: Optional[Path], vocab_size: int) -> 
     data = load_spec(source).to_dict()  # a fresh dict with every default written out, so overrides find their slots
     if config.vocab_size == "data":
         data["vocab_size"] = vocab_size
-    for name in ("aux_loss_coef", "z_loss_coef"):  # a convention on field names: the core names no component
+    for name in ("aux_loss_coef", "z_loss_coef", "bias_update_speed"):  # a convention on field names: the core names no component
         value = getattr(config, name)
         if value is None:
             continue
@@ -519,6 +520,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         ce_sum = torch.zeros((), device=self.device)
+        self.balance.begin_step()
         for micro in range(c.grad_accum):
             if self.procs.distributed and hasattr(self.model, "set_requires_gradient_sync"):
                 self.model.set_requires_gradient_sync(micro == c.grad_accum - 1)
@@ -537,9 +539,10 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        balance = self.balance.end_step()  # the routers' bias update from this step's loads (no gradient)
         self.step += 1
         self.tokens += c.tokens_per_step
-        return {"loss": ce_sum / c.grad_accum, "lr": lr, "grad_norm": norm}
+        return {"loss": ce_sum / c.grad_accum, "lr": lr, "grad_norm": norm, "balance": balance}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -588,8 +591,9 @@ class Trainer:
         return float(sums[0] / sums[1])
 
     def _eval_and_record(self) -> dict[str, float]:
-        losses = self.evaluate()
+        losses, balance = self.balance.measure(self.evaluate)  # expert loads on the fixed eval windows (MoE)
         record = {"kind": "eval", "step": self.step, "tokens": self.tokens, "train_loss": losses["train"], "val_loss": losses["val"]}
+        record.update(balance or {})
         self._metric(record)
         if self.best_val is None or losses["val"] < self.best_val:
             self.best_val = losses["val"]
@@ -624,6 +628,8 @@ class Trainer:
         torch.manual_seed(c.seed + self.procs.dp_rank)  # dropout masks: one stream per data-parallel rank
         self.model = self._build(self.spec)
         self.model.train()
+        # routers' expert loads and balancing rules (modkit.balance): summed over the data-parallel ranks
+        self.balance = ExpertBalance(self.model, self.procs.mesh["dp"].get_group() if self.procs.distributed else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         fused = not self.procs.distributed  # one kernel per step on CPU and CUDA (benchmarks/results_train.md)
@@ -686,6 +692,7 @@ class Trainer:
                     }
                     if c.peak_flops and self.flops_per_token is not None:
                         record["mfu"] = record["model_flops_per_s"] / (c.peak_flops * self.procs.world)
+                    record.update(out["balance"] or {})  # expert load imbalance of this step (MoE)
                     self._metric(record)
                     bar.update(self.step, loss=loss, lr=out["lr"], tps=tps)
                 else:
