@@ -18,6 +18,11 @@ journal names and whose writing process is gone (a crash before the commit point
 touched; the pid in a staging folder's name tells whose it is). So after a kill at any instant a reader sees the old set or the new set, complete, and temporary
 files do not pile up. The same idea as a database's write-ahead log; SQLite's rollback journal and git's
 ``index.lock`` are the classic small-scale instances.
+
+Fault injection: :func:`on_step` installs a hook called with the name of each file-system step just before the
+step is taken (``"stage spec.json"``, ``"write spec.json"``, ``"fsync spec.json"``, ..., :data:`COMMIT_STEP`,
+``"move spec.json"``, ...). A test stops the process in the hook, at each step of a save in turn, and checks what a
+reader finds: deterministic kill points instead of kills at timed instants.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
+import contextlib
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from .errors import CheckpointError
 
@@ -37,10 +43,35 @@ JOURNAL = ".modkit-commit.json"
 #: prefix of the staging folders; ``.modkit-tmp.<pid>.<random>``
 STAGING = ".modkit-tmp."
 _STAGING = re.compile(r"^\.modkit-tmp\.(\d+)\.[^/]+$")
+#: the step of :func:`commit` that makes the new files the folder's content: the rename of the journal into place
+COMMIT_STEP = "commit"
+
+_hook: Optional[Callable[[str, Path], None]] = None
+
+
+@contextlib.contextmanager
+def on_step(hook: Callable[[str, Path], None]) -> Iterator[None]:
+    """Call ``hook(step, folder)`` just before each file-system step of a write, commit or recovery in this process
+    (fault injection for tests; see the module docstring). ``step`` names the step and its file: ``"stage NAME"``
+    (create the staging folder of NAME), ``"write NAME"``, ``"fsync NAME"``, :data:`COMMIT_STEP`, ``"sync folder"``,
+    ``"move NAME"``, ``"remove NAME"``, ``"clean staging"``, ``"remove journal"``. The previous hook is restored on exit.
+    """
+    global _hook
+    previous, _hook = _hook, hook
+    try:
+        yield
+    finally:
+        _hook = previous
+
+
+def _step(name: str, folder: Path) -> None:
+    if _hook is not None:
+        _hook(name, Path(folder))
 
 
 def _tmp_name(target: Path) -> Path:
     """A path for ``target``'s new content, inside a fresh staging folder next to it."""
+    _step(f"stage {target.name}", target.parent)
     staging = tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}.", dir=str(target.parent))
     return Path(staging) / target.name
 
@@ -73,8 +104,10 @@ def write_text_tmp(text: str, target: Path) -> Path:
     tmp = _tmp_name(target)
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
+            _step(f"write {target.name}", target.parent)
             fh.write(text)
             fh.flush()
+            _step(f"fsync {target.name}", target.parent)
             os.fsync(fh.fileno())
     except BaseException:
         discard(tmp)
@@ -92,7 +125,9 @@ def write_safetensors_tmp(tensors: Mapping, target: Path, metadata: Optional[Map
     data = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     tmp = _tmp_name(target)
     try:
+        _step(f"write {target.name}", target.parent)
         save_file(data, str(tmp), metadata=dict(metadata or {}))
+        _step(f"fsync {target.name}", target.parent)
         _fsync_file(tmp)
     except BaseException:
         discard(tmp)
@@ -123,24 +158,32 @@ def commit(pairs: Sequence[tuple[Path, Path]], remove: Iterable[Path] = ()) -> N
         for tmp, _ in pairs:
             discard(tmp)
         raise
+    _step(COMMIT_STEP, folder)
     os.replace(journal_tmp, folder / JOURNAL)  # the commit point
     discard(journal_tmp)
+    _step("sync folder", folder)
     _fsync_dir(folder)
     _replay(folder, record)
 
 
 def _replay(folder: Path, record: dict) -> None:
     for tmp, target in record["moves"]:
+        _step(f"move {target}", folder)
         try:
             os.replace(folder / tmp, folder / target)
         except FileNotFoundError:  # already moved (by an earlier replay, or by a concurrent reader's recovery)
             pass
     for name in record["remove"]:
+        _step(f"remove {name}", folder)
         (folder / name).unlink(missing_ok=True)
+    _step("clean staging", folder)
     for tmp, _ in record["moves"]:
         shutil.rmtree(folder / tmp.split("/")[0], ignore_errors=True)
+    _step("sync folder", folder)
     _fsync_dir(folder)
+    _step("remove journal", folder)
     (folder / JOURNAL).unlink(missing_ok=True)
+    _step("sync folder", folder)
     _fsync_dir(folder)
 
 

@@ -7,8 +7,8 @@ leaks and NaN rows come from). The order inside ``forward(x, inputs)``::
     q, k, v = ...                                                    # projections, [batch, heads, seq, head_dim]
     if inputs.position is not None:
         q, k = inputs.position.rotate(q, k, inputs.positions)        # RoPE (identity for other schemes)
-    k, v, k_pos, k_valid = update_cache(inputs, k, v)                # store new keys, get every visible key
-    mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None)
+    k, v, k_pos, k_valid = update_cache(inputs, k, v, mixer=self)    # store new keys, get every visible key
+    mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None, mixer=self)
     bias = position_bias(inputs, k_pos, n_heads)                     # ALiBi (None for other schemes)
     out, _ = masked_attention(q, k, v, mask, bias, scale)            # softmax attention, dead rows -> 0
     # or, with a score function of your own:
@@ -18,13 +18,18 @@ leaks and NaN rows come from). The order inside ``forward(x, inputs)``::
 * **The mask** is built from absolute positions (``q_pos >= k_pos``), so it is aligned bottom-right whenever the
   query is shorter than the keys (cached decode, chunked prefill); ``is_causal=True`` alone aligns top-left and is
   wrong there. Padding keys (``token_mask`` False, or cache slots not written yet) are hidden; a sliding window
-  hides keys ``window`` or more positions back.
+  hides keys ``window`` or more positions back; chunked local attention (Llama 4) hides keys outside the query's
+  fixed-size chunk of positions (``q_pos // chunk != k_pos // chunk``).
+* **Attention sinks** (gpt-oss): a learned logit per head joins the softmax denominator and takes probability mass
+  without contributing a value; :func:`masked_attention` and :func:`masked_softmax` take them as ``sinks``.
 * **Dead rows.** A query that sees no key at all (a padding query whose keys are all padding, an all-padding row,
   the first chunk of a chunked prefill over left padding) would give ``softmax`` of all ``-inf``: NaN, which then
   spreads through the cache into every later token (pytorch #103749). :class:`PreparedMask` opens those rows
   everywhere (finite softmax) and ``live`` zeroes them, so they output exactly 0.
-* **The cache** stores ``n_kv_heads`` heads (never ``n_heads``: torchtune #38) and hands back every key the new
-  queries may see, with their positions and validity; see :mod:`modkit.cache`.
+* **The cache** holds what the attention declares (``cache_spec()``: keys and values of ``n_kv_heads`` heads, never
+  ``n_heads``: torchtune #38; or any named per-token entries, such as an MLA latent) and hands back every key the
+  new queries may see, with their positions and validity (:func:`update_cache`, :func:`update_cache_entries`);
+  see :mod:`modkit.cache`.
 
 References: Vaswani et al. 2017 (arXiv:1706.03762) for scaled dot-product attention; the layout follows
 torchtune ``modules/attention.py`` and Hugging Face's ``sdpa_mask`` (bottom-right causal alignment).
@@ -48,11 +53,19 @@ __all__ = [
     "position_bias",
     "prepare_mask",
     "update_cache",
+    "update_cache_entries",
 ]
 
 
 def attention_mask(
-    q_pos: Tensor, k_pos: Tensor, k_valid: Optional[Tensor] = None, causal: bool = True, window: Optional[int] = None
+    q_pos: Tensor,
+    k_pos: Tensor,
+    k_valid: Optional[Tensor] = None,
+    causal: bool = True,
+    window: Optional[int] = None,
+    chunk: Optional[int] = None,
+    q_doc: Optional[Tensor] = None,
+    k_doc: Optional[Tensor] = None,
 ) -> Tensor:
     """Boolean mask ``[batch, 1, q_len, kv_len]`` (True = may attend) from absolute positions.
 
@@ -63,17 +76,29 @@ def attention_mask(
         causal: hide keys after the query (``k_pos > q_pos``); false for a bidirectional (encoder) layer.
         window: sliding window: hide keys with ``q_pos - k_pos >= window`` (``|q_pos - k_pos| >= window`` when
             bidirectional); ``None`` for global attention (Mistral, Gemma 2 local layers).
+        chunk: chunked local attention: hide keys outside the query's chunk, ``k_pos // chunk != q_pos // chunk``
+            (Llama 4's ``attention_chunk_size``; transformers ``chunked_overlay``, whose left-padding offset is
+            already in positions that count real tokens only); ``None`` for none. Combines with ``window`` and
+            ``causal``.
+        q_doc, k_doc: ``[batch, q_len]`` / ``[batch, kv_len]`` int64 document index of each query and key, or
+            ``None``: with both given, a query sees only keys of its own document (document-masked packing, as in
+            Llama 3 and torchtitan's document mask); ``causal`` and ``window`` then apply within the document.
 
     Returns:
         ``[batch, 1, q_len, kv_len]`` bool. Query 2 of ``q_pos = [[0, 1, 2]]`` with causal and ``window = 2``
-            sees keys 1 and 2 only.
+            sees keys 1 and 2 only; with ``chunk = 2`` instead it sees key 2 only (its chunk is positions 2-3).
     """
     diff = q_pos[:, :, None] - k_pos[:, None, :]
     mask = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
     if window is not None:
         mask = mask & (diff < window) if causal else mask & (diff.abs() < window)
+    if chunk is not None:
+        q_chunk, k_chunk = (torch.div(p, chunk, rounding_mode="floor") for p in (q_pos, k_pos))
+        mask = mask & (q_chunk[:, :, None] == k_chunk[:, None, :])
     if k_valid is not None:
         mask = mask & k_valid[:, None, :]
+    if q_doc is not None and k_doc is not None:
+        mask = mask & (q_doc[:, :, None] == k_doc[:, None, :])
     return mask[:, None]
 
 
@@ -106,26 +131,65 @@ class PreparedMask:
         return PreparedMask(allowed, additive, live.to(dtype))
 
 
-def update_cache(inputs: AttentionInputs, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """Store the new keys and values in ``inputs.cache`` (if any) and return every key the new queries may see.
+def update_cache(
+    inputs: AttentionInputs, k: Tensor, v: Tensor, *, mixer: Optional[nn.Module] = None
+) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """Store the new keys and values in the layer's cache (if any) and return every key the new queries may see.
+
+    The k/v form of :func:`update_cache_entries`, for an attention whose ``cache_spec()`` declares per-token
+    entries ``"k"`` and ``"v"`` (:meth:`modkit.cache.CacheSpec.kv`; also what an attention without ``cache_spec``
+    gets).
 
     Args:
         inputs: the layer's :class:`~modkit.AttentionInputs` (``positions``, ``token_mask``, ``cache``).
         k, v: ``[batch, n_kv_heads, seq, head_dim]`` keys (already rotated by the position scheme) and values of
             the new tokens.
+        mixer: the calling module (``mixer=self``), so that it finds its own state in a layer holding several
+            mixers; optional in a layer with one.
 
     Returns:
         ``(k_all, v_all, k_pos, k_valid)``: keys and values ``[batch, n_kv_heads, kv_len, head_dim]`` in the
             dtype of ``k`` (a cache made in another dtype is cast back), their positions ``[batch, kv_len]`` and
             validity ``[batch, kv_len]`` bool (``None`` when every key is real). Without a cache: ``(k, v,
-            inputs.positions, inputs.token_mask)``. See :meth:`modkit.LayerKVCache.update` for ``kv_len``.
+            inputs.positions, inputs.token_mask)``. See :meth:`modkit.cache.MixerCache.update` for ``kv_len``.
     """
     if inputs.cache is None:
         return k, v, inputs.positions, inputs.token_mask
-    k_all, v_all, k_pos, k_valid = inputs.cache.update(k, v, inputs.positions, inputs.token_mask)
+    cache = inputs.cache.state(mixer) if mixer is not None else inputs.cache
+    k_all, v_all, k_pos, k_valid = cache.update(k, v, inputs.positions, inputs.token_mask)
     if k_all.dtype != k.dtype:  # a cache made in another dtype than the model
         k_all, v_all = k_all.to(k.dtype), v_all.to(v.dtype)
     return k_all, v_all, k_pos, k_valid
+
+
+def update_cache_entries(
+    inputs: AttentionInputs, new: dict[str, Tensor], *, mixer: Optional[nn.Module] = None
+) -> tuple[dict[str, Tensor], Tensor, Optional[Tensor]]:
+    """Store the new tokens' values of any declared per-token cache entries and return everything they may see.
+
+    What a mixer with its own cache layout calls (multi-head latent attention stores its latent and its rotated
+    shared key: ``update_cache_entries(inputs, {"latent": c, "k_rope": k_pe}, mixer=self)``).
+
+    Args:
+        inputs: the layer's :class:`~modkit.AttentionInputs`.
+        new: ``{name: tensor}`` for per-token entries the mixer's ``cache_spec()`` declares, each with the new
+            tokens on the entry's slot axis (``[batch, seq, kv_lora_rank]`` for an entry with ``slot_axis = 1``).
+        mixer: the calling module (``mixer=self``); optional in a layer with one mixer.
+
+    Returns:
+        ``(seen, k_pos, k_valid)``: ``{name: tensor}`` with ``kv_len`` on the slot axis, in the dtype of the
+            tensor given (a cache made in another dtype is cast back), positions ``[batch, kv_len]`` and validity
+            ``[batch, kv_len]`` bool (``None`` when every token is real). Without a cache: ``(new,
+            inputs.positions, inputs.token_mask)``. See :meth:`modkit.cache.MixerCache.append`.
+
+    Raises:
+        KeyError: a name the mixer did not declare as a per-token entry.
+    """
+    if inputs.cache is None:
+        return dict(new), inputs.positions, inputs.token_mask
+    cache = inputs.cache.state(mixer) if mixer is not None else inputs.cache
+    seen, k_pos, k_valid = cache.append(new, inputs.positions, inputs.token_mask)
+    return {n: t if t.dtype == new[n].dtype else t.to(new[n].dtype) for n, t in seen.items()}, k_pos, k_valid
 
 
 def prepare_mask(
@@ -136,24 +200,40 @@ def prepare_mask(
     *,
     causal: bool = True,
     window: Optional[int] = None,
+    chunk: Optional[int] = None,
+    mixer: Optional[nn.Module] = None,
 ) -> PreparedMask:
     """The :class:`PreparedMask` of the new queries (``inputs.positions``) over the keys ``k_pos`` / ``k_valid``.
 
     With a cache, the mask depends only on positions and validity, which every layer of a cache slot group shares
     within a forward: it is computed once and kept in the group's per-forward ``scratch`` dict (keyed by
-    ``causal``, ``window`` and ``dtype``, no tensor ids, so ``torch.compile`` installs no identity guard).
+    ``causal``, ``window``, ``chunk`` and ``dtype``, no tensor ids, so ``torch.compile`` installs no identity guard).
+    With ``inputs.documents`` (document-masked packing, no cache) the mask also keeps each query inside its document
+    and is kept in ``inputs.scratch``, so it is built once per forward.
+
+    Raises:
+        ValueError: ``inputs.documents`` together with a cache (or keys other than the new tokens').
 
     Args:
         inputs: the layer's :class:`~modkit.AttentionInputs`.
         k_pos, k_valid: from :func:`update_cache`.
         dtype: the query dtype (of ``PreparedMask.additive`` and ``live``).
-        causal, window: as in :func:`attention_mask`.
+        causal, window, chunk: as in :func:`attention_mask`.
+        mixer: the calling module (``mixer=self``): in a layer holding several mixers, the mask is then shared
+            through its own state's slot group (without it, it is computed for this call alone there).
     """
-    scratch = getattr(inputs.cache, "scratch", None)
-    key = ("mask", causal, window, dtype)
+    cache = inputs.cache.state(mixer) if inputs.cache is not None and mixer is not None else inputs.cache
+    scratch = getattr(cache, "scratch", None)
+    docs = inputs.documents
+    if docs is not None:
+        if inputs.cache is not None or k_pos is not inputs.positions:
+            raise ValueError("document-masked attention needs the keys of the new tokens alone (no KV cache); "
+                             "drop the cache or the document ids")
+        scratch = inputs.scratch  # one forward's mask over its own keys: the same for every layer
+    key = ("mask", causal, window, chunk, dtype)
     prepared = scratch.get(key) if scratch is not None else None
     if prepared is None:
-        prepared = PreparedMask.of(attention_mask(inputs.positions, k_pos, k_valid, causal, window), dtype)
+        prepared = PreparedMask.of(attention_mask(inputs.positions, k_pos, k_valid, causal, window, chunk, docs, docs), dtype)
         if scratch is not None:
             scratch[key] = prepared
     return prepared
@@ -170,7 +250,7 @@ def position_bias(inputs: AttentionInputs, k_pos: Tensor, n_heads: int) -> Optio
     return inputs.position.attention_bias(inputs.positions, k_pos, n_heads)
 
 
-def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0) -> Tensor:
+def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0, sinks: Optional[Tensor] = None) -> Tensor:
     """Softmax over the keys of ``scores`` with the mask applied and dead rows set to all-zero probabilities.
 
     The dead-row guard for an attention with a score function of its own: ``probs @ v`` is then exactly 0 for a
@@ -181,13 +261,39 @@ def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0) -
         mask: from :func:`prepare_mask` / :meth:`PreparedMask.of`.
         dropout_p: probability of dropping a probability (training only: pass 0 in eval), scaled by
             ``1 / (1 - p)`` as in ``scaled_dot_product_attention``.
+        sinks: ``[n_heads]`` attention-sink logits, or ``None``. Each joins its head's softmax as one more column
+            that every query sees, and is dropped afterwards: the probabilities of the keys then sum to
+            ``1 - p_sink`` (gpt-oss; transformers ``GptOssAttention``'s eager path, which also subtracts the row
+            maximum first, as ``softmax`` does).
 
     Returns:
-        ``[batch, n_heads, q_len, kv_len]`` float32 probabilities (rows sum to 1, or to 0 for dead rows, before
-            dropout).
+        ``[batch, n_heads, q_len, kv_len]`` float32 probabilities (rows sum to 1, or ``1 - p_sink`` with sinks, or
+            0 for dead rows, before dropout).
     """
-    probs = torch.softmax(scores.float().masked_fill(~mask.allowed, float("-inf")), dim=-1) * mask.live.float()
+    scores = scores.float().masked_fill(~mask.allowed, float("-inf"))
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        b, h, q, _ = scores.shape
+        column = sinks.float().view(1, h, 1, 1).expand(b, h, q, 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    probs = probs * mask.live.float()
     return nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
+
+
+def _sink_column(k: Tensor, v: Tensor, attn_mask: Tensor, sinks: Tensor, q_shape: torch.Size) -> tuple[Tensor, Tensor, Tensor]:
+    """Keys and values with one zero column appended, and the additive mask with the sink logits as that column.
+
+    ``q·0 = 0``, so the column's score is exactly its additive mask, the sink logit of the head; its value 0 adds
+    nothing to the output. ``k, v [b, h_kv, kv, d] -> [b, h_kv, kv + 1, d]``; ``attn_mask [b, 1 or h, q, kv] ->
+    [b, h, q, kv + 1]`` in the mask's dtype.
+    """
+    b, h, q_len, _ = q_shape
+    zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
+    k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero.to(v.dtype)], dim=2)
+    mask = attn_mask.expand(b, h, q_len, attn_mask.shape[-1])
+    column = sinks.to(attn_mask.dtype).view(1, h, 1, 1).expand(b, h, q_len, 1)
+    return k, v, torch.cat([mask, column], dim=-1)
 
 
 def masked_attention(
@@ -201,6 +307,7 @@ def masked_attention(
     eager: bool = False,
     dropout_p: float = 0.0,
     softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention with a mask; rows with no visible key output exactly 0 (never NaN).
 
@@ -215,6 +322,11 @@ def masked_attention(
             probabilities before dropout.
         softcap: map the scaled scores to ``softcap * tanh(scores / softcap)`` before the bias and the mask
             (Gemma 2's attention logit soft-capping, arXiv:2408.00118); needs ``eager`` (SDPA has no soft-cap).
+        sinks: ``[n_heads]`` attention-sink logits (gpt-oss), or ``None``: each head's softmax gets one more
+            column, the sink logit, that takes probability mass and adds no value (:func:`masked_softmax`). The
+            eager path appends it to the scores; the SDPA path appends a zero key (score 0), a zero value and the
+            sink as that column's additive mask, which is the same softmax (the kernel then scores one more
+            column per query). Dead rows still output 0.
 
     Raises:
         ValueError: ``softcap`` without ``eager``.
@@ -236,12 +348,14 @@ def masked_attention(
             scores = torch.tanh(scores / softcap) * softcap
         if bias is not None:
             scores = scores + bias
-        weights = masked_softmax(scores, prepared)
+        weights = masked_softmax(scores, prepared, sinks=sinks)
         probs = nn.functional.dropout(weights, dropout_p) if dropout_p > 0 else weights
         out = torch.matmul(probs.to(v.dtype), v)
     else:
         weights = None
         attn_mask = prepared.additive if bias is None else bias.to(q.dtype) + prepared.additive
+        if sinks is not None:
+            k, v, attn_mask = _sink_column(k, v, attn_mask, sinks, q.shape)
         out = nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=rep > 1
         )

@@ -87,6 +87,10 @@ class RunSummary:
         above_min, spikes, max_grad_norm: the instability reading (:func:`modkit.stats.instability`).
         load: ``(1-minute load average at the start, at the end)`` of the run; cores: the machine's CPU count.
         tokens: tokens trained.
+        val_bpb: bits per byte of the final validation score (``val_loss * tokens / bytes / ln 2``: comparable across
+            tokenizers); ``None`` when the run made no final evaluation.
+        imbalance_curve: ``(step, load imbalance)`` of every ``eval`` record of a model whose routers report expert
+            loads (mean over layers of max load / mean load on the evaluation windows; empty without routers).
     """
 
     spec: str
@@ -109,6 +113,8 @@ class RunSummary:
     load: tuple[float, float] = (math.nan, math.nan)
     cores: int = 0
     tokens: int = 0
+    val_bpb: Optional[float] = None
+    imbalance_curve: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -137,6 +143,8 @@ class SpecRow:
     tokens: int = 0
     holdout: bool = False
     unstable: int = 0
+    val_bpb_mean: Optional[float] = None
+    val_bpb_std: Optional[float] = None
 
     @property
     def flops(self) -> Optional[float]:
@@ -283,6 +291,8 @@ def read_run(run_dir: Path, spec: str, lr: float, seed: int, result: Any, *, spi
         load=tuple(getattr(result, "load", (math.nan, math.nan))),
         cores=int(getattr(result, "cores", 0)),
         tokens=int(evals[-1]["tokens"]) if evals else 0,
+        val_bpb=finals[-1].get("val_bits_per_byte") if finals else None,
+        imbalance_curve=[(r["step"], r["load_imbalance"]) for r in evals if r.get("load_imbalance") is not None],
     )
 
 
@@ -611,13 +621,14 @@ def compare(
             fpt: Optional[int] = training_flops_per_token(spec, cfg.seq_len)
         except CostError:
             fpt = None
+        bpb_mean, bpb_std = mean_std([r.val_bpb for r in runs]) if all(r.val_bpb is not None for r in runs) else (None, None)
         return SpecRow(
             spec=v.label, path=str(v.path), params=modkit.count_params(spec), active_params=modkit.active_params_per_token(spec),
             lr=lr, tokens_per_s=statistics.fmean(r.tokens_per_s for r in runs),
             train_loss_mean=train_mean, train_loss_std=train_std, val_loss_mean=val_mean, val_loss_std=val_std,
             diverged=sum(r.diverged for r in runs), runs=sorted(runs, key=lambda r: r.seed), design=v.design, size=v.size,
             flops_per_token=fpt, tokens=runs[0].tokens, holdout=v.holdout,
-            unstable=sum(1 for r in runs if r.above_min > 0.05 or r.spikes > 0),
+            unstable=sum(1 for r in runs if r.above_min > 0.05 or r.spikes > 0), val_bpb_mean=bpb_mean, val_bpb_std=bpb_std,
         )
 
     rows: list[SpecRow] = []
@@ -797,6 +808,7 @@ def _row_from_json(data: dict) -> SpecRow:
         r["curve"] = [tuple(x) for x in r.get("curve", [])]
         r["train_curve"] = [tuple(x) for x in r.get("train_curve", [])]
         r["grad_curve"] = [tuple(x) for x in r.get("grad_curve", [])]
+        r["imbalance_curve"] = [tuple(x) for x in r.get("imbalance_curve", [])]
         r["load"] = tuple(r.get("load", (math.nan, math.nan)))
         runs.append(RunSummary(**{k: v for k, v in r.items() if k in RunSummary.__dataclass_fields__}))
     fields = {k: v for k, v in data.items() if k in SpecRow.__dataclass_fields__ and k not in ("runs", "sweep")}
@@ -810,6 +822,8 @@ def write_files(result: Comparison, config: Any, data_folder: str, *, started: f
     out = result.out_dir
     plot_curves(result.rows, out / "curves.png")
     plot_train_curves(result.rows, out / "train-curves.png", out / "grad-norm.png")
+    if any(r.imbalance_curve for row in result.rows for r in row.runs):
+        plot_curves(result.rows, out / "imbalance.png", imbalance=True)
     if any(row.buckets for row in result.rows):
         plot_buckets(result, out / "positions.png")
     if any(row.sweep for row in result.rows):
@@ -892,18 +906,22 @@ def _pyplot():
     return plt
 
 
-def plot_curves(rows: Sequence[SpecRow], out: Path) -> Path:
-    """Validation estimates against optimizer steps: one colour per row, one thin line per seed."""
+def plot_curves(rows: Sequence[SpecRow], out: Path, *, imbalance: bool = False) -> Path:
+    """Validation estimates (or, with ``imbalance``, expert load imbalances) against optimizer steps: one colour per
+    row, one thin line per seed."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for i, row in enumerate(rows):
         colour = f"C{i % 10}"
         for j, r in enumerate(row.runs):
-            steps, vals = zip(*r.curve)
+            curve = r.imbalance_curve if imbalance else r.curve
+            if not curve:
+                continue
+            steps, vals = zip(*curve)
             ax.plot(steps, vals, color=colour, lw=0.9, alpha=0.8, label=f"{row.spec} (lr {row.lr:g})" if j == 0 else None)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("validation cross-entropy (nats / token)")
-    ax.set_title("validation loss, every seed")
+    ax.set_ylabel("max expert load / mean load (mean over MoE layers)" if imbalance else "validation cross-entropy (nats / token)")
+    ax.set_title("expert load imbalance on the evaluation windows, every seed" if imbalance else "validation loss, every seed")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -1004,6 +1022,30 @@ def _validation_scope(config: Any, data_folder: str) -> str:
     return f"the score over the first {scored:,} of the validation split's {n_val:,} tokens (`final_val_loss`)"
 
 
+def _imbalance_section(rows: Sequence[SpecRow]) -> list[str]:
+    """The expert-load table and plot of a comparison whose runs have routers that report loads (else nothing); a
+    row without routers is named under the table, not filled in."""
+    if not any(r.imbalance_curve for row in rows for r in row.runs):
+        return []
+    lines = [
+        "## Expert load imbalance", "",
+        "Max expert load / mean expert load on the fixed evaluation windows (1 = every expert gets the same number of "
+        "token assignments), mean over the MoE layers, then mean ± sample std over seeds.", "",
+        "| spec | load imbalance at step 0 | load imbalance at the end |", "|---|---:|---:|",
+    ]
+    left = []
+    for row in rows:
+        if not all(r.imbalance_curve for r in row.runs):
+            left.append(row.spec)
+            continue
+        first, last = (mean_std([r.imbalance_curve[i][1] for r in row.runs]) for i in (0, -1))
+        lines.append(f"| {row.spec} | {fmt_pm(*first)} | {fmt_pm(*last)} |")
+    if left:
+        lines += ["", "Not in this table (no router reports expert loads): " + ", ".join(left) + "."]
+    return lines + ["", "![expert load imbalance of every run](imbalance.png)"]
+
+
+
 def _load_note(rows: Sequence[SpecRow]) -> str:
     """What the tokens/s column was measured under (the load averages the runs saw)."""
     loads = [x for r in rows for run in r.runs for x in run.load if math.isfinite(x)]
@@ -1026,13 +1068,17 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
     rows = result.rows
     seeds = max(len(r.runs) for r in rows)
     pace = "one at a time" if result.jobs == 1 else f"{result.jobs} at a time"
+    bpb = any(r.val_bpb_mean is not None for r in rows)
     lines = ["# Design comparison", ""]
     if result.sources:
         lines += ["Merged from " + "; ".join(result.sources) + ".", ""]
     lines += [
         (result.recipe + " " if result.recipe else "")
         + "Losses are cross-entropy in nats per token: train is the last estimate on fixed training windows, validation "
-        f"{scope}; mean ± sample std over seeds. A run diverged when a loss was not finite or its last validation "
+        f"{scope}; "
+        + ("bits per byte is that validation score per UTF-8 byte of the scored text (loss x tokens / bytes / ln 2), "
+           "which does not depend on the tokenizer; " if bpb else "")
+        + "mean ± sample std over seeds. A run diverged when a loss was not finite or its last validation "
         "estimate ended above its step-0 one.",
         "",
     ]
@@ -1046,13 +1092,14 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
         ]
     ladder = result.ladder is not None
     head = "| spec | parameters | active parameters | lr |" + (" training FLOPs |" if ladder else "") + \
-        " tokens/s | train loss | validation loss | diverged | unstable |"
-    lines += [head, "|---|---:|---:|---:|" + ("---:|" if ladder else "") + "---:|---:|---:|---:|---:|"]
+        " tokens/s | train loss | validation loss |" + (" validation bits/byte |" if bpb else "") + " diverged | unstable |"
+    lines += [head, "|---|---:|---:|---:|" + ("---:|" if ladder else "") + "---:|---:|---:|" + ("---:|" if bpb else "") + "---:|---:|"]
     for r in rows:
         flops = f" {r.flops:.3g} |" if ladder and r.flops is not None else (" |" if ladder else "")
+        bits = (f" {fmt_pm(r.val_bpb_mean, r.val_bpb_std)} |" if r.val_bpb_mean is not None else " |") if bpb else ""
         lines.append(
             f"| {r.spec}{' (held out)' if r.holdout else ''} | {r.params:,} | {r.active_params:,} | {r.lr:g} |{flops} {r.tokens_per_s:,.0f} | "
-            f"{fmt_pm(r.train_loss_mean, r.train_loss_std)} | {fmt_pm(r.val_loss_mean, r.val_loss_std)} | {r.diverged}/{len(r.runs)} | "
+            f"{fmt_pm(r.train_loss_mean, r.train_loss_std)} | {fmt_pm(r.val_loss_mean, r.val_loss_std)} |{bits} {r.diverged}/{len(r.runs)} | "
             f"{r.unstable}/{len(r.runs)} |"
         )
     lines += ["", _load_note(rows)]
@@ -1116,6 +1163,9 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
         lines += [""] + report_lines(result.ladder)
     lines += ["", "## Curves", "", "![validation loss of every run](curves.png)", "",
               "![training batch loss of every run](train-curves.png)", "", "![gradient norm of every run](grad-norm.png)"]
+    imbalance = _imbalance_section(rows)
+    if imbalance:
+        lines += [""] + imbalance
     scored = [r for r in rows if r.buckets]
     if scored:
         edges = np.array_split(np.arange(result.eval_len), result.n_buckets)

@@ -16,8 +16,8 @@ Conventions:
   leaves out too, so the two can be compared to the FLOP. Components that do only element-wise work declare
   :func:`elementwise` (0, with the reason).
 * **Useful pairs.** Attention counts the (query, key) pairs its mask lets through: causal, within the sliding
-  window, ``min(context, window)`` keys for a decoded token and ``(T + 1) / 2`` on average over a causal prefill
-  of ``T`` tokens. Dense kernels compute the whole ``[new, past + new]`` score rectangle (masked entries included);
+  window or the attention chunk, ``min(context, window)`` keys for a decoded token and ``(T + 1) / 2`` on average
+  over a causal prefill of ``T`` tokens. Dense kernels compute the whole ``[new, past + new]`` score rectangle (masked entries included);
   ``Workload(dense=True)`` counts that instead, which is what ``FlopCounterMode`` measures.
 * **Phases.** *prefill at context N*: one forward over ``N`` tokens, per token (every position's logits, as in
   training; generation skips the head for all but the last prompt token). *decode at context N*: one new token
@@ -44,7 +44,9 @@ from torch import nn
 
 from . import grouped as _grouped  # noqa: F401  (registers torch.ops.modkit.grouped_mm, counted by flop_counter)
 from .build import _parse_dtype, active_params_per_token, breakdown, build
+from .build import cache_state_bytes_per_sequence as _state_bytes
 from .build import kv_cache_bytes as _kv_cache_bytes
+from .build import kv_cache_bytes_per_token as _kv_bytes_per_token
 from .errors import ModkitError
 from .hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS  # noqa: F401  (re-exported: the roofline defaults)
 from .registry import Component, Registry, get_registry
@@ -82,6 +84,37 @@ def _reach(n: int, window: Optional[int]) -> int:
     return window * (window - 1) // 2 + (n - window) * (window - 1)
 
 
+def _chunked_pairs(past: int, total: int, chunk: int, window: Optional[int], causal: bool) -> int:
+    """Unmasked (query, key) pairs of the queries at positions ``past .. total - 1`` over keys ``0 .. total - 1`` when
+    each query sees only its own chunk of ``chunk`` positions (and, with ``window``, keys less than ``window`` away).
+
+    Causal: query ``p`` at offset ``r = p % chunk`` in its chunk sees ``min(r + 1, window)`` keys, so whole chunks
+    repeat one sum (:func:`_causal_prefix` of ``chunk``). Bidirectional: it also sees the keys after it in its chunk (the
+    last chunk ends at ``total``), ``min(r, window - 1) + min(L - 1 - r, window - 1) + 1`` in a chunk of ``L`` keys.
+    Closed forms per chunk, so the cost is O(1) in the context length.
+    """
+    if causal:
+        def upto(n: int) -> int:  # Σ_{p<n} min(p % chunk + 1, window)
+            return (n // chunk) * _causal_prefix(chunk, window) + _causal_prefix(n % chunk, window)
+
+        return upto(total) - upto(past)
+
+    def part(length: int, r0: int, r1: int) -> int:  # queries at offsets [r0, r1) of a chunk of `length` keys
+        before = _reach(r1, window) - _reach(r0, window)
+        after = _reach(length - r0, window) - _reach(length - r1, window)
+        return before + after + (r1 - r0)
+
+    first, last = past // chunk, (total - 1) // chunk
+    count = 0
+    for c in {first, last}:  # the chunks at the two ends may be cut (by past, by total)
+        start = c * chunk
+        length = min(chunk, total - start)
+        count += part(length, max(past - start, 0), min(total - start, chunk))
+    if last - first > 1:  # whole chunks in between, all of whose queries are new
+        count += (last - first - 1) * part(chunk, 0, chunk)
+    return count
+
+
 @dataclass(frozen=True)
 class Workload:
     """One forward call a FLOPs declaration is evaluated on.
@@ -112,20 +145,25 @@ class Workload:
         """Token rows through each position-wise component: ``batch · new``."""
         return self.batch * self.new
 
-    def pairs(self, *, causal: bool = True, window: Optional[int] = None) -> int:
+    def pairs(self, *, causal: bool = True, window: Optional[int] = None, chunk: Optional[int] = None) -> int:
         """(query, key) pairs one attention head scores over the whole batch.
 
         Args:
             causal: query ``p`` sees keys ``k <= p``; otherwise every key (bidirectional).
             window: sliding window: only keys with ``0 <= p - k < window`` (``|p - k| < window`` bidirectional).
+            chunk: chunked local attention: only keys of the query's own chunk, ``k // chunk == p // chunk``
+                (Llama 4's ``attention_chunk_size``); combines with ``causal`` and ``window``.
 
         Returns:
             ``batch · new · (past + new)`` when ``dense``; otherwise the unmasked pairs, e.g. ``new · (new + 1) / 2``
-                for a causal prefill and ``min(past + 1, window)`` for one decoded token.
+                for a causal prefill, ``min(past + 1, window)`` for one decoded token and ``past % chunk + 1`` for
+                one decoded token of a chunked layer.
         """
         total = self.past + self.new
         if self.dense:
             return self.batch * self.new * total
+        if chunk is not None:
+            return self.batch * _chunked_pairs(self.past, total, chunk, window, causal)
         if causal:
             return self.batch * (_causal_prefix(total, window) - _causal_prefix(self.past, window))
         if window is None:
@@ -346,10 +384,14 @@ class CostModel:
         return {k: Fraction(n, work.tokens) for k, n in self.flops(work).items()}
 
     def context_parts(self) -> set[str]:
-        """The ``"kind.part"`` keys whose FLOPs per decoded token change with the context (attention scores...)."""
+        """The ``"kind.part"`` keys whose FLOPs per decoded token change with the context (attention scores...):
+        present at decode contexts 1 and 2, or 2 and 3, and different there."""
         if self._varying is None:
-            a, b = self.flops(self.workload("decode", 1)), self.flops(self.workload("decode", 2))
-            self._varying = {k for k in set(a) | set(b) if a.get(k, 0) != b.get(k, 0)}
+            # decode at 1 has an empty cache, at 2 and 3 one that holds earlier tokens: a component may compute
+            # differently in the two cases (MLA's expanded and absorbed forms), so only a part present at both
+            # contexts of a pair and different between them depends on the context
+            ctx = [self.flops(self.workload("decode", n)) for n in (1, 2, 3)]
+            self._varying = {k for a, b in zip(ctx, ctx[1:]) for k in set(a) & set(b) if a[k] != b[k]}
         return self._varying
 
     def crossover(self, phase: str, *, projections: bool = False, limit: int = 2**40) -> Optional[int]:
@@ -394,11 +436,21 @@ class CostModel:
         return self.params()["total"] * size
 
     def kv_cache_bytes(self, context: int, batch: int = 1, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
-        """Bytes of keys and values held for ``batch`` rows of ``context`` tokens (the model's own cache layout:
-        ``Σ_layers 2 · n_kv_heads · head_dim · min(context, window) · batch · bytes(dtype)``)."""
+        """Bytes of the cache held for ``batch`` rows of ``context`` tokens, from what each token mixer declares
+        (:func:`modkit.build.kv_cache_bytes`: ``Σ batch · (bytes_per_token · min(context, window) +
+        bytes_per_sequence)``; the built-in attention's ``bytes_per_token`` is ``2 · n_kv_heads · head_dim ·
+        bytes(dtype)``, MLA's ``(kv_lora_rank + qk_rope_head_dim) · bytes(dtype)``)."""
         if context < 1 or batch < 1:
             raise CostError(f"context and batch must be >= 1, got context {context}, batch {batch}")
         return _kv_cache_bytes(self.model, context, batch, dtype)
+
+    def kv_cache_bytes_per_token(self, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
+        """Bytes one token adds to the cache over all layers (:func:`modkit.kv_cache_bytes_per_token`)."""
+        return _kv_bytes_per_token(self.model, dtype)
+
+    def cache_state_bytes_per_sequence(self, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
+        """Bytes of fixed-size (recurrent) state one sequence holds (:func:`modkit.build.cache_state_bytes_per_sequence`)."""
+        return _state_bytes(self.model, dtype)
 
     def weights_read_per_step(self, batch: int = 1) -> int:
         """Parameters one decode step reads: every matrix-product weight (the head's too when it is tied), not the
@@ -495,6 +547,8 @@ class CostModel:
             "active_params_per_token": active_params_per_token(self.model),
             "weight_bytes": {k: self.weight_bytes(b) for k, b in WEIGHT_FORMATS.items()},
             "kv_cache_bytes": self.kv_cache_bytes(context, batch, dtype),
+            "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token(dtype),
+            "cache_state_bytes_per_sequence": self.cache_state_bytes_per_sequence(dtype),
             "training_memory": {"batch": batch, "seq_len": seq, "dtype": dname, "estimate": True,
                                 **self.training_memory(batch, seq, dtype)},
             "decode_roofline": {"bandwidth_bytes_per_s": bandwidth, "peak_flops_per_s": peak_flops,

@@ -29,8 +29,10 @@ class SpecError(ModkitError, ValueError):
     """A spec (or a Hugging Face config being converted) is invalid.
 
     Attributes:
-        errors: every problem found, as ``(path, message)`` pairs; ``path`` is a dotted JSON path such as
-            ``block.attention.n_kv_heads`` or ``overrides[2].ffn.d_ff`` (empty for the document root).
+        errors: every problem found, as ``(path, message)`` pairs; ``path`` is a JSON path such as
+            ``block.attention.n_kv_heads``, ``overrides[2].ffn.d_ff`` or ``block["a.b"]`` (a key that is not an
+            identifier is quoted; empty for the document root), which :func:`modkit.validation.resolve_path` resolves
+            back to the node of the document.
     """
 
     #: what is invalid, in the first line of the message
@@ -97,6 +99,12 @@ class DataError(ModkitError, ValueError):
     dataset whose files do not match its ``meta.json``. The message names the file (and line) and the fix."""
 
 
+class MaxSeqLenWarning(UserWarning):
+    """Generation runs past the ``max_seq_len`` a model was specified for, as asked (``max_len=`` of
+    :func:`modkit.generate.generate`, ``--max-len`` of ``modkit generate``); its position schemes compute any
+    position, but the model was not trained that far."""
+
+
 class SpecWarning(UserWarning):
     """A spec (or a Hugging Face config being converted) is accepted, but something in it deserves attention: a
     component alias whose meaning changed, a config key the converter does not know and dropped."""
@@ -107,13 +115,16 @@ class UnknownConfigKeyWarning(SpecWarning):
 
     Attributes:
         model_type: the config's ``model_type``.
-        keys: ``{key: value}`` of every dropped key (nested keys as dotted paths, e.g. ``rope_scaling.foo``).
+        keys: ``{key: value}`` of every dropped key (nested keys as paths, e.g. ``rope_scaling.foo``; a key that is not
+            an identifier quoted, ``rope_scaling["a.b"]``: see :mod:`modkit.validation`).
     """
 
     def __init__(self, model_type: str, keys: dict):
         self.model_type = model_type
         self.keys = dict(keys)
-        listed = ", ".join(f"{k} = {v!r}" for k, v in self.keys.items())
+        from .validation import json_value  # (bounded: a value nested 10,000 levels deep gives a short text)
+
+        listed = ", ".join(f"{k} = {json_value(v) if isinstance(v, (dict, list, tuple)) else repr(v)}" for k, v in self.keys.items())
         super().__init__(
             f"Hugging Face {model_type} config: dropped {len(self.keys)} key(s) the converter does not know: {listed}. "
             "transformers ignores keys its config class does not read, and the converter reads every key that shapes a "

@@ -18,47 +18,25 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import warnings
 import weakref
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
+from .arguments import MAX_SEED, check_int, is_int, is_real, param_name, shown
+from .build import kv_cache_bytes
 from .cache import KVCache
-from .errors import ArgumentError
+from .errors import ArgumentError, MaxSeqLenWarning
+from .limits import MAX_SEQ_LEN
 from .model import Model
 from .sampling import GenerationState, Sampler, SamplingSetup, sampler_from_arguments, sampler_from_list
 
 
-#: largest seed ``torch.Generator.manual_seed`` takes (seeds are unsigned 64-bit)
-MAX_SEED = 2**64 - 1
-
-
 # ------------------------------------------------------------------------------------------------ argument checks
 
-
-def _name(names: Optional[Mapping[str, str]], key: str) -> str:
-    return (names or {}).get(key, key)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _check_int(value: Any, key: str, names, *, minimum: int, maximum: Optional[int] = None, what: str = "an integer") -> int:
-    name = _name(names, key)
-    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
-        value = int(value)
-    if not _is_int(value):
-        raise ArgumentError(name, f"{name} must be {what}, got {type(value).__name__} {value!r:.40}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ArgumentError(name, f"{name} must be {bound}, got {value}")
-    return int(value)
+_name, _is_int, _is_real, _check_int = param_name, is_int, is_real, check_int
 
 
 def check_sampling(
@@ -77,33 +55,39 @@ def check_sampling(
     """
     name = _name(names, "temperature")
     if temperature is not None and not _is_real(temperature) or temperature is not None and (not math.isfinite(temperature) or temperature < 0):
-        raise ArgumentError(name, f"{name} must be a finite number >= 0 (0 is greedy), got {temperature!r:.40}")
+        raise ArgumentError(name, f"{name} must be a finite number >= 0 (0 is greedy), got {shown(temperature)}")
     if top_k is not None:
         _check_int(top_k, "top_k", names, minimum=1)
     if top_p is not None:
         name = _name(names, "top_p")
         if not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
-            raise ArgumentError(name, f"{name} must be in (0, 1], got {top_p!r:.40}")
+            raise ArgumentError(name, f"{name} must be in (0, 1], got {shown(top_p)}")
 
 
 def check_generation(
-    max_new_tokens: Any, *, seed: Any = None, prefill_chunk: Any = None, names: Optional[Mapping[str, str]] = None
+    max_new_tokens: Any, *, seed: Any = None, prefill_chunk: Any = None, max_len: Any = None,
+    names: Optional[Mapping[str, str]] = None,
 ) -> None:
-    """Check ``max_new_tokens`` (an integer >= 0), ``seed`` (``None`` or an integer in [0, 2**64 - 1]) and
-    ``prefill_chunk`` (``None`` or an integer >= 1).
+    """Check ``max_new_tokens`` (an integer >= 0), ``seed`` (``None`` or an integer in [0, 2**64 - 1]),
+    ``prefill_chunk`` (``None`` or an integer >= 1) and ``max_len`` (``None`` or an integer in [1, 2**27],
+    :data:`~modkit.limits.MAX_SEQ_LEN`), each on its own (:func:`stream_generate` checks them against the model).
 
     Raises:
-        ArgumentError: naming the parameter and the value.
+        ArgumentError: naming the parameter, the value and the bound.
     """
-    _check_int(max_new_tokens, "max_new_tokens", names, minimum=0)
+    check_int(max_new_tokens, "max_new_tokens", names, minimum=0)
     if seed is not None:
-        _check_int(seed, "seed", names, minimum=0, maximum=MAX_SEED)
+        check_int(seed, "seed", names, minimum=0, maximum=MAX_SEED)
     if prefill_chunk is not None:
-        _check_int(prefill_chunk, "prefill_chunk", names, minimum=1)
+        check_int(prefill_chunk, "prefill_chunk", names, minimum=1)
+    if max_len is not None:
+        check_int(max_len, "max_len", names, minimum=1, maximum=MAX_SEQ_LEN)
 
 
-def _token_tensor(value: Any, name: str) -> Tensor:
-    """``value`` (a tensor or nested sequences) as an int64 tensor, refusing floats, bools and out-of-range ints."""
+def _token_tensor(value: Any, name: str, vocab_size: Optional[int] = None) -> Tensor:
+    """``value`` (a tensor or nested sequences) as an int64 tensor, refusing floats, bools and ints outside
+    ``[0, vocab_size)`` (outside int64 when ``vocab_size`` is ``None``) before torch converts them (torch would
+    truncate ``1.7``, read ``True`` as 1 and fail on ``2**64`` with ``Overflow when unpacking long long``)."""
     if isinstance(value, Tensor):
         if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
             raise ArgumentError(name, f"{name} must hold integer token ids, got a {str(value.dtype).replace('torch.', '')} tensor")
@@ -120,9 +104,12 @@ def _token_tensor(value: Any, name: str) -> Tensor:
             continue
         leaves += 1
         if not _is_int(node):
-            raise ArgumentError(name, f"{name} must hold integer token ids, got {type(node).__name__} {node!r:.40}")
+            raise ArgumentError(name, f"{name} must hold integer token ids, got {type(node).__name__} {shown(node)}")
+        if vocab_size is not None and not 0 <= node < vocab_size:
+            raise ArgumentError(name, f"{name} must lie in [0, {vocab_size}) (the vocabulary); got the token id {node}")
         if not -(2**63) <= node < 2**63:
-            raise ArgumentError(name, f"{name} holds {node}, which no vocabulary reaches (token ids are below vocab_size)")
+            raise ArgumentError(name, f"{name} holds {node}, outside the int64 range [-2**63, 2**63) of token ids; "
+                                "token ids lie in [0, vocab_size)")
     try:
         return torch.as_tensor(value, dtype=torch.long)
     except (ValueError, TypeError, RuntimeError) as exc:
@@ -238,8 +225,8 @@ def sample(
     return sampler.choose(logits, _no_history(logits), generator)
 
 
-def _as_batch(input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]]) -> Tensor:
-    ids = _token_tensor(input_ids, "input_ids")
+def _as_batch(input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]], vocab_size: Optional[int] = None) -> Tensor:
+    ids = _token_tensor(input_ids, "input_ids", vocab_size)
     if ids.dim() == 1:
         ids = ids[None]
     if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
@@ -326,6 +313,7 @@ def stream_generate(
     decode: Optional[Callable[[list[int]], str]] = None,
     pad_token_id: Optional[int] = None,
     check_memory: bool = True,
+    max_len: Optional[int] = None,
     **sampling_arguments: Any,
 ) -> Iterator[Tensor]:
     """Yield the next token ``[batch]`` at each step (finished rows yield the padding token).
@@ -362,13 +350,21 @@ def stream_generate(
             ``frequency_penalty``, ``stop_token_ids``, ``stop_strings``).
         check_memory: refuse (:class:`~modkit.errors.MemoryLimitError`) a KV cache that would not fit in the memory
             free on the model's device; ``False`` skips the estimate.
+        max_len: the most positions a row may reach (prompt + new tokens, padding included); default the spec's
+            ``max_seq_len``. Below it, a tighter limit. Above it, only when every position scheme of the model
+            declares the ``unbounded_positions`` capability (a scheme computed from the position, with no table of
+            ``max_seq_len`` rows: RoPE, ALiBi, sinusoidal, none; as transformers generates past
+            ``max_position_embeddings``); a :class:`~modkit.errors.MaxSeqLenWarning` then says the model was
+            specified for less. A scheme with a table (learned positions) is refused past ``max_seq_len``.
 
     Every argument is checked when the function is called, before anything is computed or yielded.
 
     Raises:
         ArgumentError: (a ``ValueError``, naming the parameter) an empty, ragged, float, bool or out-of-vocabulary
-            prompt; ``max_new_tokens`` not an integer >= 0; a prompt plus ``max_new_tokens`` longer than the
-            model's ``max_seq_len``; ``seed`` outside [0, 2**64 - 1]; an ``eos_token_id`` or ``pad_token_id``
+            prompt; ``max_new_tokens`` not an integer >= 0; a prompt plus ``max_new_tokens`` longer than
+            ``max_len`` (default the model's ``max_seq_len``); ``max_len`` not an integer in [1, 2**27]
+            (:data:`~modkit.limits.MAX_SEQ_LEN`), or above ``max_seq_len`` for a model whose position scheme does not
+            declare ``unbounded_positions``; ``seed`` outside [0, 2**64 - 1]; an ``eos_token_id`` or ``pad_token_id``
             outside the vocabulary; an ``attention_mask`` of another shape, with values other than 0/1, a row of
             padding only, or padding after a real token (right padding); ``prefill_chunk < 1``; ``temperature``,
             ``top_k`` or ``top_p`` of the wrong type or range (:func:`check_sampling`).
@@ -377,13 +373,13 @@ def stream_generate(
         TypeError: a sampling keyword no registered component declares.
         MemoryLimitError: the KV cache would not fit (see ``check_memory``).
     """
-    from .build import kv_cache_bytes
     from .memory import check_fits
 
     check_sampling(temperature, top_k, top_p)
     check_generation(max_new_tokens, seed=seed, prefill_chunk=prefill_chunk)
     spec = model.spec
-    ids = _as_batch(input_ids)
+    limit = _length_limit(model, max_len)
+    ids = _as_batch(input_ids, spec.vocab_size)
     _check_range(ids, spec.vocab_size, "input_ids")
     device = model.embed.weight.device
     ids = ids.to(device)
@@ -393,13 +389,24 @@ def stream_generate(
         pad_token_id = _check_int(pad_token_id, "pad_token_id", None, minimum=0, maximum=spec.vocab_size - 1,
                                   what="an integer token id")
     batch, prompt_len = ids.shape
-    if prompt_len + max_new_tokens > spec.max_seq_len:
+    if prompt_len + max_new_tokens > limit:
+        bound = f"max_len = {limit}" if max_len is not None else f"the model's max_seq_len = {spec.max_seq_len}"
+        hint = ""
+        if max_len is None and not _table_positions(model):
+            hint = (f"; or pass max_len={prompt_len + max_new_tokens} (the model's position schemes compute any position, "
+                    "so generation may run past max_seq_len on request)")
         raise ArgumentError(
             "max_new_tokens",
             f"a prompt of {prompt_len} tokens plus max_new_tokens = {max_new_tokens} reaches position "
-            f"{prompt_len + max_new_tokens - 1}, past the model's max_seq_len = {spec.max_seq_len}; generate at most "
-            f"{max(spec.max_seq_len - prompt_len, 0)} new tokens or shorten the prompt",
+            f"{prompt_len + max_new_tokens - 1}, past {bound}; generate at most "
+            f"{max(limit - prompt_len, 0)} new tokens or shorten the prompt{hint}",
         )
+    if prompt_len + max_new_tokens > spec.max_seq_len:
+        warnings.warn(MaxSeqLenWarning(
+            f"generating up to position {prompt_len + max_new_tokens - 1} (max_len = {limit}), past the max_seq_len = "
+            f"{spec.max_seq_len} the model was specified for; its position schemes compute any position, but it was "
+            "trained (if at all) on at most max_seq_len tokens, so quality past that is not known"
+        ), stacklevel=2)
     sampler = build_sampler(  # validates every sampling argument before any work
         spec.vocab_size, sampling=sampling, decode=decode, temperature=temperature, top_k=top_k, top_p=top_p,
         **sampling_arguments,
@@ -412,6 +419,43 @@ def stream_generate(
                    column_major, decode)
 
 
+def _table_positions(model: Model) -> list[str]:
+    """``type (provider)`` of each position scheme of ``model``'s layers that does not declare the
+    ``unbounded_positions`` capability (a table of ``max_seq_len`` rows, or a scheme the registry does not know)."""
+    from .registry import get_registry
+
+    reg = get_registry()
+    spec = model.spec
+    found: dict[str, None] = {}
+    for cfg in [spec.position] + [spec.layer(i).position for i in range(spec.n_layers)]:
+        try:
+            entry = reg.entry_for_config(cfg, "position")
+        except Exception:  # noqa: BLE001 - not in this registry: nothing is declared
+            found[f"{getattr(cfg, 'type', type(cfg).__name__)!r} (not registered here)"] = None
+            continue
+        if not entry.capabilities.get("unbounded_positions"):
+            found[f"{entry.type!r} ({entry.provider})"] = None
+    return list(found)
+
+
+def _length_limit(model: Model, max_len: Any) -> int:
+    """The most positions a row may reach: ``max_len`` checked (see :func:`stream_generate`), or ``max_seq_len``."""
+    spec = model.spec
+    if max_len is None:
+        return spec.max_seq_len
+    max_len = check_int(max_len, "max_len", None, minimum=1, maximum=MAX_SEQ_LEN)
+    if max_len > spec.max_seq_len:
+        tables = _table_positions(model)
+        if tables:
+            raise ArgumentError(
+                "max_len",
+                f"max_len = {max_len} is past the model's max_seq_len = {spec.max_seq_len}, and position type "
+                f"{', '.join(tables)} does not declare 'unbounded_positions' (a table of max_seq_len rows has no row "
+                "for a later position); generate at most max_seq_len positions, or raise max_seq_len in the spec and train",
+            )
+    return max_len
+
+
 @torch.no_grad()
 def _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, seed, prefill_chunk, compile,
             column_major, decode):
@@ -419,7 +463,10 @@ def _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, s
     if max_new_tokens == 0:
         return
     gen = torch.Generator(device=ids.device)
-    gen.manual_seed(seed if seed is not None else torch.seed())
+    if seed is not None:
+        gen.manual_seed(seed)
+    else:  # a fresh non-deterministic seed for this generator only (torch.seed() would reseed the global generator)
+        gen.seed()
     eos = torch.tensor(eos_list, dtype=torch.long, device=ids.device)
     pad = pad_token_id if pad_token_id is not None else eos_list[0] if eos_list else sampler.pad_token_id() or 0
     if mask is not None and bool(mask.all()):
@@ -466,7 +513,7 @@ def _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, s
 def generate(model: Model, input_ids, *, max_new_tokens: int, **kwargs) -> Tensor:
     """Generate and return ``[batch, prompt_len + new]`` tokens (prompt included). Arguments and errors as
     :func:`stream_generate`."""
-    ids = _as_batch(input_ids)
+    ids = _as_batch(input_ids, model.spec.vocab_size)
     new = list(stream_generate(model, ids, max_new_tokens=max_new_tokens, **kwargs))
     if not new:
         return ids

@@ -27,9 +27,10 @@ import re
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from .errors import CheckpointError, RegistryError, SpecError
-from .jsonio import JSONInputError, read_json_file
+from .jsonio import JSONInputError, check_document, read_json_file
 from .registry import Registry, get_registry
 from .spec import ModelSpec, load_spec
+from .validation import PathError, join_path, json_kind, json_value, last_key, resolve_path
 
 if TYPE_CHECKING:
     from .model import Model
@@ -50,6 +51,10 @@ def read_config(source: Union[str, Path, dict]) -> dict:
     label = None
     if isinstance(source, dict):
         cfg: Any = source
+        try:  # the nesting bound a file gets (modkit.jsonio), for a dict built in Python
+            check_document(cfg)
+        except JSONInputError as exc:
+            raise SpecError(exc.errors, source="Hugging Face config") from None
     else:
         path = Path(source) if "\x00" not in str(source) else source
         if isinstance(path, Path) and path.is_dir():
@@ -70,7 +75,7 @@ def _model_type(cfg: dict, label: Optional[str] = None) -> str:
     if model_type is None or model_type == "":
         raise SpecError([("model_type", "missing; cannot tell which architecture this config describes")], source=label)
     if not isinstance(model_type, str):
-        raise SpecError([("model_type", f"must be a string naming the architecture (e.g. \"llama\"), got {type(model_type).__name__} {str(model_type)[:40]}")], source=label)
+        raise SpecError([("model_type", f"must be a string naming the architecture (e.g. \"llama\"), got {json_kind(model_type)} {json_value(model_type, 40)}")], source=label)
     return model_type
 
 
@@ -153,17 +158,18 @@ def convert_hf_config(
         raise SpecError([_config_error(path, msg, data, cfg) for path, msg in exc.errors], source=label) from None
 
 
-def _flatten(doc: Any, path: str = ""):
-    """``(dotted path, value)`` of every value in a JSON document: scalars, and lists (compared whole)."""
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _flatten(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(doc, list):
-        yield path, doc
-        for i, v in enumerate(doc):
-            yield from _flatten(v, f"{path}[{i}]")
-    else:
-        yield path, doc
+def _flatten(doc: Any):
+    """``(path, value)`` of every value in a JSON document (paths as :mod:`modkit.validation` prints them): scalars,
+    and lists (compared whole). Walked without recursion, in document order."""
+    stack = [("", doc)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((join_path(path, k), v) for k, v in reversed(list(node.items())))
+            continue
+        yield path, node
+        if isinstance(node, list):
+            stack.extend((join_path(path, i), v) for i, v in reversed(list(enumerate(node))))
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -179,23 +185,16 @@ def _same_value(a: Any, b: Any) -> bool:
 def _config_error(path: str, message: str, spec: dict, cfg: dict) -> tuple[str, str]:
     """Re-home one error of the converted spec onto the config key its value came from (see
     :func:`convert_hf_config`)."""
-    value: Any = spec
-    for part in path.replace("[", ".[").split("."):
-        if not part:
-            continue
-        if part.startswith("[") and isinstance(value, list):
-            i = int(part[1:-1])
-            value = value[i] if 0 <= i < len(value) else None
-        elif isinstance(value, dict):
-            value = value.get(part)
-        else:
-            value = None
-    field = path.rsplit(".", 1)[-1].split("[")[0]
+    try:
+        value: Any = resolve_path(spec, path, None)
+    except PathError:
+        value = None
+    field = last_key(path) or ""
     if value is not None and not isinstance(value, dict) and value != []:
-        keys = [k for k, v in _flatten(cfg) if _same_value(v, value)]
+        keys = [k for k, v in _flatten(cfg) if k and _same_value(v, value)]
         if keys:  # several keys with that value: prefer the one whose name shares a word with the spec field
             words = set(field.split("_"))
-            keys.sort(key=lambda k: -len(words & set(k.rsplit(".", 1)[-1].split("_"))))
+            keys.sort(key=lambda k: -len(words & set((last_key(k) or "").split("_"))))
             return keys[0], f"{message} (becomes {path} in the converted spec)"
     return "", f"the converted spec is invalid at {path}: {message}"
 

@@ -39,10 +39,16 @@ class ModkitHookSpecs:
 
     @hookspec
     def register_hf_converters(self, register: Callable) -> None:
-        """Register Hugging Face config converters: ``register(model_type, fn)``.
+        """Register Hugging Face model types: ``register(declaration)`` or ``register(model_type, fn)``.
 
-        ``fn(config: dict) -> dict`` returns a modkit spec dict for a Hugging Face ``config.json`` whose
-        ``model_type`` equals ``model_type``. It must raise :class:`modkit.SpecError` for any value it
-        cannot express (never drop it silently). Optionally ``register(model_type, fn, weights=mapper)``
-        adds a checkpoint-name mapper (used by the checkpoint tools).
+        ``register(declaration)`` takes an object with ``model_type`` (str), ``convert(config: dict) -> dict``,
+        ``weights`` (a :class:`modkit.checkpoint.WeightMapper`, or ``None``) and optionally ``describe()`` (what the
+        reference docs show): the built-in declarative model types (``modkit_plugins.hf.HFType``) are such
+        objects, and a plugin usually derives its own from one of them.
+
+        ``register(model_type, fn)``, with ``fn(config: dict) -> dict`` returning a modkit spec dict for a
+        Hugging Face ``config.json`` whose ``model_type`` equals ``model_type``, registers a converter written as a
+        plain function; ``register(model_type, fn, weights=mapper)`` adds a checkpoint-name mapper (used by the
+        checkpoint tools). Both forms are supported. A converter must raise :class:`modkit.SpecError` for any value
+        it cannot express (never drop it silently).
         """

@@ -5,8 +5,11 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
 * ``norm``:      ``forward(x) -> Tensor``; statistics in float32, output in the input dtype.
 * ``ffn``:       ``forward(x) -> Tensor``, or ``(Tensor, aux_loss)`` when the entry declares the ``aux_loss``
   capability (use :func:`split_aux` to accept both).
-* ``attention``: ``forward(x, inputs: AttentionInputs) -> Tensor``; exposes ``n_heads``, ``n_kv_heads``
-  and ``head_dim`` attributes (the KV cache stores ``n_kv_heads`` heads).
+* ``attention``: ``forward(x, inputs: AttentionInputs) -> Tensor``; exposes ``n_heads`` (and, for keys and
+  values, ``n_kv_heads`` and ``head_dim``). A token mixer declares what it caches with ``cache_spec() ->
+  modkit.CacheSpec`` on its module and finds its state with ``inputs.cache_for(self)`` (:mod:`modkit.cache`); its
+  config declares the per-head width its position scheme acts on with ``position_geometry(ctx) ->
+  PositionGeometry`` (default: ``n_heads`` and ``head_dim`` of the config).
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
   it gets the built attention and ffn and the norm config in its :class:`BuildContext`.
@@ -14,6 +17,10 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   which builds it with ``ctx.build(config, extra={"n_experts": n, "top_k": k})``:
   ``forward(x [tokens, d_model]) -> (weights [tokens, top_k] in x's dtype, indices [tokens, top_k] int64,
   logits [tokens, n_experts] float32)``; the logits keep their gradient (the holder's aux losses use them).
+  Optional, by name: ``takes_token_mask = True`` (``forward(x, token_mask=[tokens] bool)``), ``probabilities(logits)
+  -> [tokens, n_experts]`` (what the balance loss reads; default softmax), an ``expert_load [n_experts]`` int64
+  buffer of real-token assignments and ``update_balance(load)``, the training-time rule the loop applies after each
+  optimizer step (:mod:`modkit.balance`).
 
 * ``logits_processor``: not part of a model; ``factory(config, setup)`` returns a
   :class:`modkit.sampling.LogitsProcessor`, ``processor(logits [batch, vocab] float32, state) -> [batch, vocab]``
@@ -37,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from .cache import LayerKVCache
+    from .cache import LayerKVCache, MixerCache
     from .registry import Registry
 
 
@@ -92,16 +99,63 @@ class AttentionInputs:
             real. Cached keys carry their own validity (:class:`~modkit.cache.LayerKVCache`).
         position: the layer's :class:`PositionScheme` (``rotate`` q/k and/or add ``attention_bias``).
         cache: the layer's KV cache, or ``None`` for a plain forward.
+        documents: ``[batch, seq]`` int64 document index of each token of ``x`` within its row (document-masked
+            packing: a query sees only keys of its own document, and ``positions`` restart at 0 at each document);
+            ``None``: the whole row is one sequence. Never set together with ``cache``. Attentions that honour it
+            declare the ``document_mask`` capability; :func:`modkit.attention.prepare_mask` applies it.
+        scratch: a dict shared by every layer of one forward without a cache (where :func:`~modkit.attention.prepare_mask`
+            keeps the mask it built, so a document mask is built once per batch, not once per layer); ``None``: none.
     """
 
     positions: Tensor
     token_mask: Optional[Tensor] = None
     position: Optional["PositionScheme"] = None
     cache: Optional["LayerKVCache"] = None
+    documents: Optional[Tensor] = None
+    scratch: Optional[dict] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""
         return replace(self, position=position, cache=cache)
+
+    def cache_for(self, mixer: Any) -> Optional["MixerCache"]:
+        """The state ``mixer`` (the calling module: ``inputs.cache_for(self)``) keeps in this layer's cache, or
+        ``None`` without a cache: a :class:`~modkit.cache.MixerCache` holding the entries its ``cache_spec()``
+        declared. In a layer with several mixers each gets its own (by its ``modkit_cache_key``).
+
+        Raises:
+            KeyError: the layer holds several mixers and ``mixer`` is none of them.
+        """
+        return None if self.cache is None else self.cache.state(mixer)
+
+
+@dataclass(frozen=True)
+class PositionGeometry:
+    """The per-head tensors a layer's position scheme acts on, declared by the attention's config
+    (``position_geometry(ctx)``) and read at spec time (validation) and at build time (the scheme is built from it).
+
+    ``rotate(q [batch, n_heads, seq, head_dim], k [batch, n_kv_heads, seq, head_dim], positions)``;
+    ``attention_bias(..., n_heads)``. The built-in attention: its ``n_heads``, ``n_kv_heads`` and ``head_dim``.
+    Multi-head latent attention rotates only its decoupled RoPE part: ``head_dim = qk_rope_head_dim``, ``n_kv_heads
+    = 1`` (one rotated key shared by every head).
+
+    Attributes:
+        n_heads: query heads the scheme sees (also the head count of an attention bias).
+        head_dim: width of each q/k head the scheme is given (a rope's ``partial_rotary`` is a fraction of it).
+        n_kv_heads: key heads ``rotate`` is given; ``None`` means ``n_heads``.
+
+    ``n_heads`` or ``head_dim`` is ``None`` only for an attention that neither declares nor exposes it (then a
+    scheme that needs it cannot be checked at spec time).
+    """
+
+    n_heads: Optional[int]
+    head_dim: Optional[int]
+    n_kv_heads: Optional[int] = None
+
+    @property
+    def key_heads(self) -> int:
+        """``n_kv_heads``, or ``n_heads`` when not given."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
 
 class PositionScheme(nn.Module):
@@ -188,6 +242,10 @@ class BuildContext:
         d_model, n_layers, vocab_size, max_seq_len: model-wide sizes from the spec.
         layer_index: the layer being built (``None`` for model-level components).
         dim: feature size a norm acts on when it is not ``d_model`` (e.g. a per-head QK-norm: ``head_dim``).
+        groups: for a norm: its input is ``[..., groups, dim]`` and each of the ``groups`` slices keeps parameters
+            of its own (weight ``[groups, dim]``: Cohere's per-head QK LayerNorm); statistics are still over the
+            last ``dim`` features. ``None``: one set of parameters ``[dim]`` shared by everything before the last
+            dimension. Only norms whose entry declares the ``groups`` capability accept it.
         n_heads, head_dim: attention geometry of the layer(s) a position scheme serves.
         attention, ffn, norm: for placements: the built sublayers and the norm config to instantiate.
         registry: the registry to build nested components from (:meth:`build`).
@@ -207,6 +265,7 @@ class BuildContext:
     registry: "Registry"
     layer_index: Optional[int] = None
     dim: Optional[int] = None
+    groups: Optional[int] = None
     n_heads: Optional[int] = None
     head_dim: Optional[int] = None
     attention: Optional[nn.Module] = None
@@ -226,7 +285,8 @@ class BuildContext:
         return attention_scale(self.parametrization, self.d_model, head_dim)
 
     def build(self, config: Any, **changes: Any) -> nn.Module:
-        """Build a (nested) component from its validated config, tagging it with its kind and type.
+        """Build a (nested) component from its validated config, tagging it with its kind, type and capabilities
+        (``modkit_kind``, ``modkit_type``, ``modkit_capabilities``).
 
         Raises:
             RegistryError: the config's type is not registered.
@@ -241,6 +301,7 @@ class BuildContext:
             )
         module.modkit_kind = entry.kind
         module.modkit_type = entry.type
+        module.modkit_capabilities = dict(entry.capabilities)  # read at run time (e.g. document_mask) without a registry
         return module
 
     def build_grouped(self, config: Any, n: int, **changes: Any) -> nn.Module:

@@ -3,8 +3,8 @@
 Every file modkit reads as JSON goes through :func:`read_json_file` (specs, Hugging Face ``config.json``,
 safetensors indexes) and every JSON string it receives through :func:`parse_json` (specs passed as text, the spec
 and config stored in safetensors metadata). Problems come back as one :class:`JSONInputError` listing
-``(path, message)`` pairs, ``path`` being the dotted JSON path (``block.attention``, ``overrides[1]``; empty for
-the whole document); callers turn it into a :class:`~modkit.errors.SpecError` or
+``(path, message)`` pairs, ``path`` being the JSON path as :mod:`modkit.validation` prints it (``block.attention``,
+``overrides[1]``, ``block["a.b"]``; empty for the whole document); callers turn it into a :class:`~modkit.errors.SpecError` or
 :class:`~modkit.errors.CheckpointError` naming their file.
 
 What is refused, and why:
@@ -33,6 +33,7 @@ from typing import Any, Iterable, Union
 
 from .errors import ModkitError
 from .limits import MAX_JSON_BYTES, MAX_JSON_DEPTH
+from .validation import join_path, json_value
 
 
 class JSONInputError(ModkitError, ValueError):
@@ -86,20 +87,16 @@ def _parse_int(text: str) -> int:
         return out
 
 
-def _key_path(path: str, key: Any) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else str(key)
 
 
 def _check_tree(doc: Any) -> tuple[list[tuple[str, str]], bool]:
     """Duplicate keys, excessive depth and overlong integers, walked without recursion; ``(errors, only
-    duplicate keys)``."""
+    duplicate keys)``. A value nested too deeply is named at its top-level key, with the start of the value."""
     errors: list[tuple[str, str]] = []
     dups_only = True
-    stack = [(doc, "", 1, "")]
+    stack = [(doc, "", 1, "", doc)]
     while stack:
-        node, path, depth, top = stack.pop()
+        node, path, depth, top, top_value = stack.pop()
         if isinstance(node, _LongInt):
             dups_only = False
             errors.append((path, f"an integer of {node.digits:,} digits; no value in a spec or config needs more than a few"))
@@ -108,18 +105,33 @@ def _check_tree(doc: Any) -> tuple[list[tuple[str, str]], bool]:
             continue
         if depth > MAX_JSON_DEPTH:
             dups_only = False
-            errors.append((top, f"nested deeper than {MAX_JSON_DEPTH} levels of objects and arrays"))
+            errors.append((top, f"nested deeper than {MAX_JSON_DEPTH} levels of objects and arrays, modkit's bound "
+                                f"(modkit.limits.MAX_JSON_DEPTH; a spec nests about 6); got {json_value(top_value, 40)}"))
             continue
         if isinstance(node, _Pairs):
             for k in dict.fromkeys(node.dups):
-                errors.append((_key_path(path, k), f"duplicate key {k!r} in one object; give each key once"))
+                errors.append((join_path(path, k), f"duplicate key {k!r} in one object; give each key once"))
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for k, v in items:
             if isinstance(v, (dict, list, _LongInt)):
-                sub = _key_path(path, k)
-                stack.append((v, sub, depth + 1, top or sub))
+                sub = join_path(path, k)
+                stack.append((v, sub, depth + 1, top or sub, top_value if top else v))
     errors.sort()
     return errors, dups_only
+
+
+def check_document(doc: Any, *, source: str | None = None) -> None:
+    """Apply the tree checks of :func:`parse_json` to a document given as Python objects (a dict passed to
+    :func:`modkit.load_spec` or :func:`modkit.from_hf_config`): nesting at most :data:`~modkit.limits.MAX_JSON_DEPTH`
+    levels deep. A value nested deeper (a list nested 10,000 levels, which no spec or config needs) is named at its
+    path before anything else reads it, so that no validator or message recurses into it. Walked without recursion.
+
+    Raises:
+        JSONInputError: naming the path of each too-deep value.
+    """
+    errors, _ = _check_tree(doc)
+    if errors:
+        raise JSONInputError(errors, source)
 
 
 def _syntax_error(text: str, exc: json.JSONDecodeError) -> str:

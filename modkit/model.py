@@ -12,7 +12,8 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .cache import KVCache, LayerGeometry
+from .cache import CacheSpec, KVCache
+from .documents import document_positions
 from .errors import CheckpointError
 from .interfaces import AttentionInputs, Init, add_aux, dropout
 from .spec import ModelSpec
@@ -34,6 +35,55 @@ def init_modules(root: nn.Module, init: Init, *, skip_root: bool = False) -> Non
             init.normal_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
+
+
+def _mixers(block: nn.Module) -> list[str]:
+    """Paths inside ``block`` of its token mixers (see :meth:`Model.cache_layout`), in module order, each module
+    tagged with its path as ``modkit_cache_key`` (how it finds its state in the layer's cache:
+    ``inputs.cache_for(self)``). Declaring modules (``cache_spec()``) come first: the outermost of nested ones; then
+    attentions without a declaration (keys and values from ``n_kv_heads`` / ``head_dim``) that neither hold nor sit
+    inside a declaring module."""
+
+    def related(name: str, paths: list[str]) -> bool:  # name is one of paths, inside one, or holds one
+        return any(name == p or p == "" or name == "" or name.startswith(p + ".") or p.startswith(name + ".") for p in paths)
+
+    modules = list(block.named_modules())
+    declared: list[str] = []
+    for name, module in modules:
+        if callable(getattr(module, "cache_spec", None)) and not any(name.startswith(p + ".") or p == "" for p in declared):
+            declared.append(name)
+    chosen = list(declared)
+    for name, module in modules:
+        legacy = getattr(module, "modkit_kind", None) == "attention" and hasattr(module, "n_kv_heads") and hasattr(module, "head_dim")
+        if legacy and not related(name, chosen):
+            chosen.append(name)
+    order = {name: i for i, (name, _) in enumerate(modules)}
+    chosen.sort(key=order.__getitem__)
+    for name in chosen:
+        block.get_submodule(name).modkit_cache_key = name
+    return chosen
+
+
+def _declared(module: nn.Module, where: str) -> CacheSpec:
+    """The :class:`CacheSpec` of one mixer module: its ``cache_spec()``, or keys and values from its
+    ``n_kv_heads`` / ``head_dim`` (window ``sliding_window``) when it has none."""
+    declare = getattr(module, "cache_spec", None)
+    if not callable(declare):
+        return CacheSpec.kv(int(module.n_kv_heads), int(module.head_dim), getattr(module, "sliding_window", None))
+    spec = declare()
+    if not isinstance(spec, CacheSpec):
+        raise ValueError(f"{where}: cache_spec() returned {type(spec).__name__}, not a modkit.CacheSpec")
+    return spec
+
+
+def mixer_specs(module: nn.Module) -> dict[str, CacheSpec]:
+    """``{path: CacheSpec}`` of the token mixers inside ``module`` (a block, or a component built alone), as
+    :meth:`Model.cache_layout` finds them in each block.
+
+    Raises:
+        ValueError: a ``cache_spec()`` that does not return a :class:`CacheSpec`.
+    """
+    return {path: _declared(module.get_submodule(path), path or type(module).__name__) for path in _mixers(module)}
 
 
 @dataclass
@@ -86,6 +136,9 @@ class Model(nn.Module):
         self.layers = layers
         self.final_norm = final_norm
         self.windows = list(windows)
+        #: per layer, the paths (inside the block) of its token mixers: modules that declare ``cache_spec()``, or
+        #: attentions exposing ``n_kv_heads`` / ``head_dim`` (keys and values); each is tagged ``modkit_cache_key``
+        self.mixer_paths = [_mixers(block) for block in layers]
         if not spec.tie_embeddings:
             self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=spec.lm_head_bias)
             self.lm_head.modkit_kind = "lm_head"
@@ -163,6 +216,28 @@ class Model(nn.Module):
             )
 
     # -------------------------------------------------------------------- forward
+    def cache_layout(self) -> list[dict[str, CacheSpec]]:
+        """What each layer's token mixers declare they keep in the cache: ``[{mixer key: CacheSpec}]`` per layer.
+
+        A mixer is a module of the block with a ``cache_spec() -> CacheSpec`` method (the outermost one, when a
+        declaring module holds others), keyed by its path inside the block (``"attention"``); a module tagged
+        ``attention`` without one but exposing ``n_kv_heads`` and ``head_dim`` keeps keys and values
+        (:meth:`CacheSpec.kv`, window ``sliding_window``). Read at call time, so a tensor-parallel model (local head
+        counts) declares its local state. The one source of every cache byte figure (:mod:`modkit.cache`).
+
+        Raises:
+            ValueError: a layer holds no mixer; a ``cache_spec()`` that does not return a :class:`CacheSpec`.
+        """
+        layout = []
+        for i, (block, paths) in enumerate(zip(self.layers, self.mixer_paths)):
+            if not paths:
+                raise ValueError(
+                    f"layer {i} holds no token mixer that declares its cache state (a cache_spec() method) nor an "
+                    "attention exposing n_kv_heads and head_dim; cannot size its cache"
+                )
+            layout.append({path: _declared(block.get_submodule(path), f"layers.{i}.{path}") for path in paths})
+        return layout
+
     def new_cache(
         self,
         batch_size: Optional[int] = None,
@@ -173,29 +248,25 @@ class Model(nn.Module):
     ) -> KVCache:
         """A fresh, preallocated (static) :class:`~modkit.cache.KVCache` for this model.
 
-        Each layer gets ``[batch_size, n_kv_heads, slots, head_dim]`` keys and values with ``slots = max_len``, or
-        ``min(window, max_len)`` for sliding-window layers (a ring buffer); see :mod:`modkit.cache` for the byte
-        formula.
+        Each layer gets what its mixers declare (:meth:`cache_layout`); for the built-in attention
+        ``[batch_size, n_kv_heads, slots, head_dim]`` keys and values with ``slots = max_len``, or
+        ``min(window, max_len)`` for layers whose attention sees only the latest ``window`` positions (a ring
+        buffer: its ``attention_span``, the sliding window or the attention chunk); see :mod:`modkit.cache` for the
+        byte formula.
 
         Args:
             batch_size: rows; ``None`` allocates at the first forward, with that forward's batch size.
             max_len: the most tokens a row will hold (prompt + generated, padding included); default
                 ``spec.max_seq_len``.
-            dtype: of the keys and values; default the model's (its embedding's) dtype.
+            dtype: of the entries (an entry may declare its own); default the model's (its embedding's) dtype.
             device: default the model's device.
 
         Raises:
-            ValueError: a layer has no attention module exposing ``n_kv_heads`` and ``head_dim``; bad sizes.
+            ValueError: a layer has no token mixer (see :meth:`cache_layout`); bad sizes.
         """
-        geometry = []
-        for i, block in enumerate(self.layers):
-            attn = next((m for m in block.modules() if getattr(m, "modkit_kind", None) == "attention"), None)
-            if attn is None or not hasattr(attn, "n_kv_heads") or not hasattr(attn, "head_dim"):
-                raise ValueError(f"layer {i} has no attention module exposing n_kv_heads and head_dim; cannot size its KV cache")
-            geometry.append(LayerGeometry(int(attn.n_kv_heads), int(attn.head_dim), self.windows[i]))
         weight = self.embed.weight
         return KVCache(
-            geometry,
+            self.cache_layout(),
             max_len if max_len is not None else self.spec.max_seq_len,
             batch_size,
             dtype=dtype if dtype is not None else weight.dtype,
@@ -210,6 +281,7 @@ class Model(nn.Module):
         positions: Optional[Tensor] = None,
         cache: Optional[KVCache] = None,
         logits_to_keep: Optional[int] = None,
+        documents: Optional[Tensor] = None,
     ) -> ModelOutput:
         """Compute logits.
 
@@ -223,13 +295,19 @@ class Model(nn.Module):
             logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (a prefill for
                 generation needs the last one: the head's GEMM and the ``[batch, seq, vocab]`` output shrink to
                 ``[batch, logits_to_keep, vocab]``); ``None``: every position.
+            documents: ``[batch, seq]`` int64 document index of every token of packed rows
+                (:func:`modkit.documents.document_ids`): a token attends only to earlier tokens of its own document
+                and its position counts from that document's start (unless ``positions`` is given), so each document
+                gives the logits it gives alone. Not with ``cache``.
 
         Returns:
             :class:`ModelOutput` with ``logits [batch, seq, vocab_size]`` (``[batch, logits_to_keep, vocab_size]``
                 when given) and ``hidden [batch, seq, d_model]``.
 
         Raises:
-            ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``.
+            ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``;
+                ``documents`` with a cache, or with an attention that does not declare the ``document_mask``
+                capability (named with its layer).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
@@ -253,6 +331,10 @@ class Model(nn.Module):
             token_mask = attention_mask.to(torch.bool)
             if token_mask.shape[1] != seq:  # a mask over the cached tokens too: those were recorded when written
                 token_mask = token_mask[:, -seq:]
+        if documents is not None:
+            self._check_documents(documents, input_ids, cache, eager)
+            if positions is None:
+                positions = document_positions(documents, token_mask)
         if cache is not None:
             positions, token_mask = cache.prepare(bsz, seq, token_mask, positions)
         elif positions is None:
@@ -271,6 +353,8 @@ class Model(nn.Module):
             x = self.embedding_norm(x)
         x = self.embed_dropout(x)
         inputs = AttentionInputs(positions=positions, token_mask=token_mask)
+        if documents is not None:  # the document mask is built once, by the first layer, and shared (prepare_mask)
+            inputs = AttentionInputs(positions=positions, token_mask=token_mask, documents=documents, scratch={})
         aux = None
         for i, block in enumerate(self.layers):
             layer_inputs = inputs.for_layer(self.positions[self.layer_position[i]], cache.layers[i] if cache is not None else None)
@@ -279,14 +363,50 @@ class Model(nn.Module):
         if self.final_norm is not None:
             x = self.final_norm(x)
         h = x if logits_to_keep is None or logits_to_keep >= seq else x[:, -logits_to_keep:]
+        return ModelOutput(logits=self.head_logits(h), aux_loss=aux, hidden=x, cache=cache)
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Logits ``[..., vocab_size]`` of final hidden states ``h [..., d_model]`` (after the final norm).
+
+        The head matrix (tied or not, with its bias), then μP's output multiplier ``base_d_model / d_model`` (only
+        under ``parametrization: mup``; :mod:`modkit.parametrization`), then the spec's ``logit_scale`` (multiply: Cohere's
+        ``logit_scale``, Granite's ``1 / logits_scaling``), then ``final_logit_softcap`` (``cap · tanh(z / cap)``,
+        Gemma 2). :meth:`forward` and the logit lens of :mod:`modkit.trace` both read out through this.
+        """
         # an untied head is called as a module so tensor-parallel styles hooked on it apply (modkit.parallel)
         logits = nn.functional.linear(h, self.lm_head_weight, self._head_bias()) if self.spec.tie_embeddings else self.lm_head(h)
         if self._output_multiplier is not None:  # muP's output multiplier (modkit.parametrization)
             logits = logits * self._output_multiplier
+        scale = self.spec.logit_scale
+        if scale is not None:
+            logits = logits * scale
         cap = self.spec.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
-        return ModelOutput(logits=logits, aux_loss=aux, hidden=x, cache=cache)
+        return logits
+
+    def _check_documents(self, documents: Tensor, input_ids: Tensor, cache: Optional[KVCache], eager: bool) -> None:
+        """Refuse document ids the model cannot honour: with a cache, of another shape, or an attention without
+        the ``document_mask`` capability (checked once per model, against the registry)."""
+        if cache is not None:
+            raise ValueError("documents (document-masked packing) cannot be combined with a KV cache; drop one of them")
+        if not eager:  # under torch.compile: checked by the eager calls (and by the trainer at setup), not traced
+            return
+        if tuple(documents.shape) != tuple(input_ids.shape):
+            raise ValueError(f"documents must be [batch, seq] = {tuple(input_ids.shape)} like input_ids, got {tuple(documents.shape)}")
+        problems = getattr(self, "_document_problems", None)
+        if problems is None:  # once per model: the capability each attention was built with
+            problems = []
+            for i, block in enumerate(self.layers):
+                for m in block.modules():
+                    if getattr(m, "modkit_kind", None) == "attention" and not getattr(m, "modkit_capabilities", {}).get("document_mask"):
+                        problems.append(f"layer {i}: attention type {m.modkit_type!r} does not declare the document_mask capability")
+            self._document_problems = problems
+        if problems:
+            raise ValueError(
+                "document-masked packing: " + "; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
+                + "; such an attention would attend across the documents of a row: use one that supports it, or no documents"
+            )
 
     @torch.no_grad()
     def resize_vocab(self, vocab_size: int, *, init: str = "mean", seed: int = 0) -> "Model":

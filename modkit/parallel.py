@@ -47,7 +47,9 @@ Choices made here (and why):
   rank then uses against its own shard gets, on each rank, only that rank's part of its gradient; the full
   gradient is the sum over the group. Activations entering a sharded module are summed on the way back by the
   styles themselves (``colwise``: DTensor's ``Replicate`` input; ``grouped`` and sliced attention biases:
-  :func:`copy_to_tp`, Megatron-LM's ``f`` operator). Parameters cannot be told apart by structure, so in a
+  :func:`copy_to_tp`, Megatron-LM's ``f`` operator). An activation a component computes whole on every rank and
+  feeds to its local heads without a sharded projection in between (multi-head latent attention's rotated key,
+  shared by every head) goes through :func:`shared_by_heads` in the component's forward. Parameters cannot be told apart by structure, so in a
   component whose plan shards something **every parameter must be declared**: by a sharding style, ``per_head``
   (summed over the group), or ``replicate`` (reads only replicated activations); :func:`model_plan` refuses an
   undeclared one, naming it, rather than train it silently wrong. Nested components whose own plan shards
@@ -102,6 +104,7 @@ from .registry import Registry, get_registry
 __all__ = [
     "STYLES",
     "copy_to_tp",
+    "shared_by_heads",
     "ParallelError",
     "PlanWarning",
     "TPPlan",
@@ -163,6 +166,23 @@ def copy_to_tp(x: Tensor, mesh) -> Tensor:
     if not x.requires_grad:
         return x
     return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+
+
+def shared_by_heads(x: Tensor, sharded: Tensor) -> Tensor:
+    """``x`` as this rank's heads read it: its gradient summed over the tensor-parallel group of ``sharded``.
+
+    For a component whose plan shards its heads: a tensor that every rank computes whole (from replicated
+    weights) and that its local heads then consume directly, not through a ``colwise`` projection (whose input
+    gradient the style already sums), gets only this rank's heads' part of its gradient; this restores the sum
+    (:func:`copy_to_tp` on the mesh of ``sharded``). Without tensor parallelism (``sharded`` a plain tensor) it
+    returns ``x`` itself, so a component may call it unconditionally.
+
+    Args:
+        x: any shape, the same values on every rank (e.g. MLA's rotated key ``[batch, 1, seq, qk_rope_head_dim]``).
+        sharded: a parameter of the component that the plan shards (a DTensor under tensor parallelism).
+    """
+    mesh = getattr(sharded, "device_mesh", None)
+    return x if mesh is None else copy_to_tp(x, mesh)
 
 
 def _grads_like_params(module: nn.Module, inputs) -> None:
@@ -420,6 +440,8 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
                 )
             full = _join(path, sub)
             if style == "heads":  # a per-head parameter, not a submodule
+                if _attribute(module, sub) is None:  # an optional parameter this configuration does not have
+                    continue
                 _check_head_param(full, module, sub, tp, _entry_name(entry))
                 plan.styles[full], plan.sources[full] = style, _entry_name(entry)
                 declared.append(full)  # sharded with the heads: each rank's gradient is its own shard's
@@ -443,6 +465,15 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
             if style == "replicate":
                 continue
             if style == "per_head":
+                heads = {getattr(module, a) for a in ("n_heads", "n_kv_heads") if isinstance(getattr(module, a, None), int)}
+                grouped = [n for n, prm in target.named_parameters() if prm.dim() > 1 and prm.shape[0] in heads]
+                if grouped:  # a weight per head ([heads, dim]) would need sharding with the heads, not replication
+                    raise ParallelError(
+                        f"{full}.{grouped[0]} (shape {list(target.get_parameter(grouped[0]).shape)}): plan of "
+                        f"{_entry_name(entry)} applies {sub!r} 'per_head' (one replicated weight for every local head), "
+                        "but this weight has a row per head (e.g. qk_norm_scope 'each_head'); such a model cannot be "
+                        "tensor-parallel yet: use qk_norm_scope 'head' or train it without tp"
+                    )
                 if next(target.parameters(), None) is not None:  # no weights: no gradient to sum, nothing to wrap
                     plan.styles[full] = style
                     plan.sources[full] = _entry_name(entry)
@@ -473,7 +504,8 @@ def model_plan(model: nn.Module, tp: int, *, registry: Optional[Registry] = None
         if sharded_here:
             _check_replicated_consumers(path, module, {p: modules[p] for p in sharded_here}, plan.styles, tp)
             _check_declared(path, module, _entry_name(entry), declared, sharded_here, reg, tp)
-            if any(isinstance(getattr(module, a, None), int) for a in ("n_heads", "n_kv_heads")):
+            heads = any(isinstance(getattr(module, a, None), int) for a in ("n_heads", "n_kv_heads"))
+            if heads and path not in plan.head_modules:  # once: a 'heads' parameter may have listed it already
                 plan.head_modules.append(path)
     if plan.head_modules:
         _check_positions(modules, reg, tp)

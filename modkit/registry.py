@@ -20,7 +20,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import pluggy
 
@@ -38,8 +38,12 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "compile_safe": "runs under torch.compile(fullgraph=True) without graph breaks",
         "aux_loss": "forward returns (output, aux_loss) instead of output (ffn)",
         "acts_on": "where a position scheme acts: 'embedding', 'qk', 'bias' or 'none' (position)",
+        "unbounded_positions": "computes any position, not only those below max_seq_len (no table of max_seq_len rows), so "
+        "generation may run past max_seq_len when asked (modkit.generate max_len=, --max-len) (position)",
         "returns_weights": "has forward_with_weights(x, inputs) -> (out, weights [batch, n_heads, q_len, kv_len]) (attention, eager math)",
         "stateless": "has no parameters",
+        "groups": "accepts BuildContext.groups: separate parameters per slice of the last-but-one dimension, "
+        "statistics over the last (norm)",
         "tp_plan": "tensor-parallel plan relative to the module: {submodule: 'colwise'|'rowwise'|'grouped'|'per_head'|'replicate'|..., "
         "per-head parameter: 'heads'}",
         "token_mask": "forward takes token_mask [batch, seq] (True = real token) so padding can be excluded (ffn)",
@@ -50,6 +54,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
         "mup": "which column of muP's learning-rate table the update follows: 'adam' or 'sgd' (optimizer; modkit.parametrization)",
         "sharded": "the step is correct on FSDP2 / tensor-parallel shards, so it may train under torchrun (optimizer)",
+        "document_mask": "honours AttentionInputs.documents: a query sees only keys of its own document (document-masked "
+        "packing; attention). An attention without it is refused when documents are given",
     }
 )
 
@@ -178,12 +184,18 @@ class Component:
 
 @dataclass(frozen=True)
 class HFConverter:
-    """A Hugging Face ``config.json`` → modkit spec converter for one ``model_type``."""
+    """A Hugging Face ``config.json`` → modkit spec converter for one ``model_type``.
+
+    ``declaration`` is the object registered with ``register(declaration)`` (a declarative model type: its
+    ``model_type``, ``convert`` and ``weights`` fill the other fields; its ``describe()``, when it has one, feeds the
+    reference docs), ``None`` for the ``register(model_type, convert, weights=mapper)`` form.
+    """
 
     model_type: str
     convert: Callable[[dict], dict]
     weights: Any = None
     provider: Provider | None = None
+    declaration: Any = None
 
 
 @dataclass
@@ -285,10 +297,19 @@ class Registry:
                     )
                 )
 
-            def register_converter(model_type: str, convert: Callable[[dict], dict], weights: Any = None) -> None:
+            def register_converter(model_type: Any, convert: Optional[Callable[[dict], dict]] = None, weights: Any = None) -> None:
+                declaration = None
+                if not isinstance(model_type, str) and convert is None and weights is None:
+                    # register(declaration): an object with model_type, convert and weights (its mapper)
+                    declaration = model_type
+                    model_type = getattr(declaration, "model_type", None)
+                    convert = getattr(declaration, "convert", None)
+                    weights = getattr(declaration, "weights", None)
                 if not isinstance(model_type, str) or not model_type or not callable(convert):
-                    raise RegistryError(f"register(model_type, fn): bad arguments {model_type!r}, {convert!r}")
-                convs.append(HFConverter(model_type, convert, weights, provider))
+                    raise RegistryError(
+                        f"register(model_type, fn) or register(declaration): bad arguments {model_type!r}, {convert!r}"
+                    )
+                convs.append(HFConverter(model_type, convert, weights, provider, declaration))
 
             try:
                 scratch.hook.register_components(register=register_component)

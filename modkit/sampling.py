@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .errors import SamplingError, SpecError
 from .registry import Component, Registry, get_registry
-from .validation import json_value
+from .validation import extend_path, join_path, json_value
 
 #: the component kinds a sampling pipeline is made of
 PROCESSOR_KIND = "logits_processor"
@@ -193,8 +193,8 @@ def _kind_of(item: Any, registry: Registry, where: str) -> str:
         return kinds[0]
     if not kinds:
         known = [f"{k}: {', '.join(registry.types(k))}" for k in KINDS]
-        raise SpecError([(f"{where}.type", f"unknown sampling step {t!r}; registered {'; '.join(known)}")])
-    raise SpecError([(f"{where}.type", f"{t!r} is both a {kinds[0]} and a {kinds[1]}; the registry is ambiguous")])
+        raise SpecError([(join_path(where, "type"), f"unknown sampling step {t!r}; registered {'; '.join(known)}")])
+    raise SpecError([(join_path(where, "type"), f"{t!r} is both a {kinds[0]} and a {kinds[1]}; the registry is ambiguous")])
 
 
 def _build(entry: Component, config: Any, setup: SamplingSetup, where: str) -> Any:
@@ -227,7 +227,7 @@ def sampler_from_list(steps: Iterable[Any], setup: SamplingSetup, *, registry: O
             kind = _kind_of(item, reg, where)
             config = load_component(kind, item if isinstance(item, Mapping) else item.model_dump(mode="json"), registry=reg)
         except SpecError as exc:
-            errors += [(f"{where}.{p}" if p and not p.startswith(where) else (p or where), m) for p, m in exc.errors]
+            errors += [(extend_path(where, p) if p and not p.startswith(where) else (p or where), m) for p, m in exc.errors]
             continue
         try:
             obj = _build(reg.get(kind, config.type), config, setup, where)

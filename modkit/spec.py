@@ -16,7 +16,7 @@ import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
@@ -32,11 +32,14 @@ from pydantic import (
 
 from .config import STRICT, ComponentConfig, Slot, StrictModel, slot_kind
 from .errors import SpecError, SpecWarning
-from .jsonio import JSONInputError, parse_json, read_json_file
+from .jsonio import JSONInputError, check_document, parse_json, read_json_file
 from .parametrization import Parametrization
 from .limits import BOUNDS, MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
 from .registry import Registry, close_matches, get_registry
-from .validation import ErrorFormatter, json_kind, models_in
+from .validation import ErrorFormatter, extend_path, join_path, json_kind, json_value, last_key, models_in
+
+if TYPE_CHECKING:
+    from .interfaces import PositionGeometry
 
 SCHEMA_VERSION = 1
 
@@ -146,6 +149,10 @@ class ModelSpec(_Strict):
     final_norm: Optional[ComponentConfig] = Slot("norm", default=None, description="norm after the last block; null for none")
     tie_embeddings: bool = Field(False, description="LM head shares the token-embedding matrix (one parameter)")
     lm_head_bias: bool = Field(False, description="LM head has a bias vector [vocab_size]")
+    logit_scale: Optional[float] = Field(
+        None, gt=0, description="multiply the logits by this before any soft-cap (Cohere's logit_scale; Granite's "
+        "1 / logits_scaling); null for 1"
+    )
     final_logit_softcap: Optional[float] = Field(
         None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2); null for none"
     )
@@ -378,12 +385,16 @@ def _kind_for_tags(expected: str, registry: Registry) -> str | None:
 class _SpecErrorFormatter(ErrorFormatter):
     """:class:`~modkit.validation.ErrorFormatter` with the registry's messages: unknown component types (valid
     types, the closest match, the installed plugins), a missing ``type``, the valid fields of a component, and the
-    documented bound of a size (:mod:`modkit.limits`)."""
+    documented bound of a size (:mod:`modkit.limits`). A renamed field (``dff`` for the required ``d_ff``) is one
+    error, not that plus ``d_ff: Field required``; a field one level off (``block.qk_norm``) names the component
+    it belongs to."""
 
     def __init__(self, registry: Registry):
         roots = [spec_model(registry), ModelSpec, *(e.config for e in registry.components())]
         super().__init__(models_in(roots).values())
         self.registry = registry
+        self._data: Any = None
+        self._renamed: dict[tuple, str] = {}  # loc of an unknown field -> the missing required field it stands for
 
     def special(self, err: dict, path: str, parent: Any, tags: list[str]) -> Optional[tuple[str, str]]:
         etype = err.get("type")
@@ -391,19 +402,70 @@ class _SpecErrorFormatter(ErrorFormatter):
         if etype == "union_tag_invalid":
             ctx = err.get("ctx", {})
             kind = _kind_for_tags(str(ctx.get("expected_tags", "")), reg) or "component"
-            return (f"{path}.type" if path else "type", reg.unknown_type_message(kind, ctx.get("tag")))
+            return (join_path(path, "type"), reg.unknown_type_message(kind, ctx.get("tag")))
         if etype == "union_tag_not_found":
             return (path, "missing 'type'; every component needs a \"type\" naming a registered component")
         if etype == "extra_forbidden":
             field = str(err.get("loc", ("",))[-1])
-            where = f"{parent.get('type')!r}" if isinstance(parent, dict) and "type" in parent else "this object"
+            tag = parent.get("type") if isinstance(parent, dict) else None
+            where = "this object" if not isinstance(parent, dict) or "type" not in parent else repr(tag) if isinstance(tag, str) else json_value(tag)
             allowed = self.allowed_fields(parent, tags)
             msg = f"unknown field {field!r} for {where}"
+            renamed = self._renamed.get(tuple(err.get("loc", ())))
             if allowed:
-                hint = close_matches(field, allowed)
+                hint = [renamed] if renamed else close_matches(field, allowed)
                 msg += f"; valid fields: {', '.join(allowed)}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+            moved = self._misplaced(err, path, field, parent)
+            if moved:
+                msg += "; " + moved
             return (path, msg)
         return None
+
+    # a renamed field ("dff" for "d_ff") is one problem: the "Field required" of the name it stands for is dropped
+    def format(self, errs: list[dict], data: Any) -> list[tuple[str, str]]:
+        self._data, self._renamed = data, {}
+        missing: dict[tuple, list[str]] = {}
+        for e in errs:
+            if e.get("type") == "missing" and e.get("loc"):
+                missing.setdefault(tuple(e["loc"][:-1]), []).append(str(e["loc"][-1]))
+        dropped = set()
+        for e in errs:
+            loc = tuple(e.get("loc", ()))
+            if e.get("type") == "extra_forbidden" and loc:
+                hint = close_matches(str(loc[-1]), missing.get(loc[:-1], []))
+                if hint:
+                    self._renamed[loc] = hint[0]
+                    dropped.add(loc[:-1] + (hint[0],))
+        errs = [e for e in errs if not (e.get("type") == "missing" and tuple(e.get("loc", ())) in dropped)]
+        return super().format(errs, data)
+
+    def _misplaced(self, err: dict, path: str, field: str, parent: Any) -> str:
+        """``it is a field of block.attention ('gqa'): move it there (block.attention.qk_norm)`` when the unknown
+        ``field`` is a field of a component one level below its object, or beside it; else ``""``."""
+        loc = tuple(err.get("loc", ()))
+        nodes = [self._data]  # the objects and arrays along loc that the document holds (union tags skipped)
+        for item in loc[:-1]:
+            node = nodes[-1]
+            if isinstance(node, dict) and item in node:
+                nodes.append(node[item])
+            elif isinstance(item, int) and isinstance(node, list) and -len(node) <= item < len(node):
+                nodes.append(node[item])
+        base = path[: -len(field)].rstrip(".") if path.endswith(field) else ""
+        up = base.rsplit(".", 1)[0] if "." in base else ""
+        places = []
+        for prefix, holder, skip in ((base, parent, None), (up, nodes[-2] if len(nodes) > 1 else None, parent)):
+            if not isinstance(holder, dict):
+                continue
+            for key, value in holder.items():
+                if value is skip or not isinstance(value, dict) or not isinstance(value.get("type"), str):
+                    continue
+                if field in self.allowed_fields(value, []):
+                    where = f"{prefix}.{key}" if prefix else str(key)
+                    places.append(f"{where} ({value['type']!r})")
+        if not places:
+            return ""
+        target = places[0].split(" ", 1)[0]
+        return f"it is a field of {' and '.join(places)}: move it there ({target}.{field})"
 
     def allowed_fields(self, parent: Any, tags: list[str]) -> list[str]:
         if isinstance(parent, dict) and isinstance(parent.get("type"), str):
@@ -414,7 +476,7 @@ class _SpecErrorFormatter(ErrorFormatter):
         return super().allowed_fields(parent, tags)
 
     def hint(self, err: dict, path: str) -> str:
-        field = path.rsplit(".", 1)[-1]
+        field = last_key(path)
         if err.get("type") == "less_than_equal" and field in BOUNDS:
             return f"; {BOUNDS[field]:,} is modkit's bound for {field} (modkit.limits), far above any published model"
         return ""
@@ -450,28 +512,101 @@ def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]
     return errors
 
 
-def _head_geometry(attention: Any, d_model: int) -> tuple[Optional[int], Optional[int]]:
-    """``(n_heads, head_dim)`` of an attention config that exposes them (``n_heads``, ``resolved_head_dim``)."""
-    n_heads = getattr(attention, "n_heads", None)
+def position_geometry(attention: Any, ctx: Any, module: Any = None) -> Optional["PositionGeometry"]:
+    """The :class:`~modkit.PositionGeometry` a layer's position scheme acts on, as its attention declares it.
+
+    The attention config's ``position_geometry(ctx)`` method when it has one (the declaration: multi-head latent
+    attention rotates only its ``qk_rope_head_dim`` part); otherwise its ``n_heads`` and ``resolved_head_dim(d_model)``
+    (or ``head_dim``) fields, key heads from ``kv_heads`` / ``n_kv_heads``; otherwise, at build time, the built
+    module's ``n_heads`` / ``head_dim`` / ``n_kv_heads`` attributes. ``None`` when nothing tells.
+
+    Used at spec time (each position config is checked against the geometry it serves) and by ``build`` (the
+    scheme is built from it), so a spec that validates builds the scheme it was checked with.
+
+    Args:
+        attention: the layer's attention config. ctx: a :class:`SpecContext` or :class:`~modkit.BuildContext`
+            (both carry ``d_model``). module: the built attention module (build time), or ``None``.
+
+    Raises:
+        TypeError: a ``position_geometry`` that returns something else than a ``PositionGeometry``.
+    """
+    from .interfaces import PositionGeometry
+
+    declare = getattr(attention, "position_geometry", None)
+    if callable(declare):
+        geo = declare(ctx)
+        if geo is not None and not isinstance(geo, PositionGeometry):
+            raise TypeError(f"{type(attention).__name__}.position_geometry() returned {type(geo).__name__}, not a modkit.PositionGeometry")
+        return geo
+
+    def ints(*values: Any) -> Optional[int]:
+        return next((v for v in values if isinstance(v, int) and not isinstance(v, bool)), None)
+
     resolve = getattr(attention, "resolved_head_dim", None)
     try:
-        head_dim = resolve(d_model) if callable(resolve) else getattr(attention, "head_dim", None)
+        head_dim = resolve(ctx.d_model) if callable(resolve) else getattr(attention, "head_dim", None)
     except Exception:  # noqa: BLE001 - an inconsistent attention config reports its own error
         head_dim = None
-    return (n_heads if isinstance(n_heads, int) else None, head_dim if isinstance(head_dim, int) else None)
+    kv = getattr(attention, "kv_heads", None)
+    n_heads = ints(getattr(attention, "n_heads", None), getattr(module, "n_heads", None))
+    head_dim = ints(head_dim, getattr(module, "head_dim", None))
+    n_kv = ints(kv, getattr(attention, "n_kv_heads", None), getattr(module, "n_kv_heads", None))
+    if n_heads is None and head_dim is None:
+        return None
+    return PositionGeometry(n_heads, head_dim, n_kv)
 
 
-def _position_uses(spec: ModelSpec) -> list[tuple[str, Any, tuple[Optional[int], Optional[int]]]]:
+def _head_geometry(attention: Any, ctx: Any) -> tuple[Optional[int], Optional[int]]:
+    """``(n_heads, head_dim)`` of :func:`position_geometry` (``(None, None)`` when unknown)."""
+    try:
+        geo = position_geometry(attention, ctx)
+    except Exception:  # noqa: BLE001 - an inconsistent attention config reports its own error
+        geo = None
+    return (geo.n_heads, geo.head_dim) if geo is not None else (None, None)
+
+
+def _geometry_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
+    """A position scheme acting on q/k or on the scores, in a layer whose attention declares that it has no per-head
+    geometry for one (its ``position_geometry(ctx)`` returns ``None``: a recurrent mixer), could only fail at build."""
+    ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
+    errors: dict[str, str] = {}
+    for i in range(spec.n_layers):
+        layer = spec.layer(i)
+        declare = getattr(layer.attention, "position_geometry", None)
+        if not callable(declare) or layer.position is None:
+            continue
+        acts = registry.entry_for_config(layer.position, "position").capabilities.get("acts_on")
+        if acts not in ("qk", "bias"):
+            continue
+        try:
+            geo = declare(ctx)
+        except Exception:  # noqa: BLE001 - an inconsistent attention config reports its own error
+            continue
+        need = "head_dim" if acts == "qk" else "n_heads"
+        if geo is None or getattr(geo, need) is None:
+            path = "position"
+            for j, o in enumerate(spec.overrides):
+                if o.position is not None and i in o.indices(spec.n_layers):
+                    path = f"overrides[{j}].position"
+            errors.setdefault(path, (
+                f"position type {layer.position.type!r} acts on {'queries and keys' if acts == 'qk' else 'the attention scores'}, "
+                f"but layer {i}'s {layer.attention.type!r} declares no {need} for it (its position_geometry() gives "
+                f"{geo!r}); use position type 'none' for such layers (an override), or a mixer that declares one"))
+    return list(errors.items())
+
+
+def _position_uses(spec: ModelSpec, registry: Registry) -> list[tuple[str, Any, tuple[Optional[int], Optional[int]]]]:
     """``(path, position config, (n_heads, head_dim))`` for each position config and each attention geometry of the
     layers that use it (the top-level scheme once without geometry when every layer overrides it)."""
     uses: dict[tuple[str, tuple], Any] = {}
+    ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
     for i in range(spec.n_layers):
         path = "position"
         for j, o in enumerate(spec.overrides):
             if o.position is not None and i in o.indices(spec.n_layers):
                 path = f"overrides[{j}].position"
         layer = spec.layer(i)
-        uses.setdefault((path, _head_geometry(layer.attention, spec.d_model)), layer.position)
+        uses.setdefault((path, _head_geometry(layer.attention, ctx)), layer.position)
     if not any(p == "position" for p, _ in uses):
         uses[("position", (None, None))] = spec.position
     for j, o in enumerate(spec.overrides):
@@ -496,13 +631,14 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
         check = getattr(cfg, "check", None)
         if callable(check):
             for sub, msg in check(at) or ():
-                errors.append((f"{path}.{sub}" if sub else path, msg))
+                errors.append((extend_path(path, sub), msg))
         for name in type(cfg).model_fields:
             visit(getattr(cfg, name), f"{path}.{name}", at)
 
     errors.extend(_dropout_errors(spec, registry))
+    errors.extend(_geometry_errors(spec, registry) if geometry else [])
     if geometry:
-        for path, position, shape in _position_uses(spec):
+        for path, position, shape in _position_uses(spec, registry):
             visit(position, path, SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry, *shape))
     else:
         visit(spec.position, "position")
@@ -627,6 +763,10 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
         data = source.to_dict()
     elif isinstance(source, dict):
         data = source
+        try:  # the nesting bound a file gets (modkit.jsonio), for a dict built in Python
+            check_document(data)
+        except JSONInputError as exc:
+            raise SpecError(exc.errors) from None
     else:
         text = source if isinstance(source, str) else None
         try:

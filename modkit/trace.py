@@ -31,6 +31,9 @@ Per layer (real weights only; a meta model gives shapes alone), with ``h_i`` the
   2023, The Lazy Neuron Phenomenon (arXiv:2210.06313) count the same nonzeros.
 * ``ffn_near_zero``: fraction of entries of that activation with ``|a| < 0.1 RMS(a)`` (RMS over the layer's whole
   activation of the traced text): a scale-free reading of "sparse" that smooth activations can show.
+* ``expert_load``, ``load_imbalance``: for a layer whose router reports expert loads (:mod:`modkit.balance`), the
+  number of the traced tokens' assignments each expert received and ``max / mean`` of those counts (1: balanced;
+  ``n_experts / top_k`` at most).
 * ``attention_entropy``: per head, mean over query positions of ``-Σ_k p log p`` (nats; ``0 log 0 = 0``) of the
   attention probabilities; ``log(t + 1)`` is the most a causal query ``t`` can reach.
 * ``top_tokens``: the logit lens (nostalgebraist 2020, "interpreting GPT: the logit lens"): ``h_i`` at the last
@@ -46,6 +49,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from . import balance
 from .errors import ModkitError
 from .inspection import Recording, inspect
 
@@ -103,6 +107,9 @@ class LayerStats:
         ffn_near_zero: fraction of its entries within a tenth of its RMS of zero, ``None`` where it is not exposed.
         attention_entropy: ``[n_heads]`` mean entropy (nats) per head, ``None`` where weights are not exposed.
         top_tokens: logit lens at the last position: ``(token id, text, probability)``, most likely first.
+        expert_load: ``[n_experts]`` assignments of the traced tokens per expert of the layer's router, ``None``
+            for a layer without one (the first router of the layer when it has several).
+        load_imbalance: ``max(expert_load) / mean(expert_load)``, ``None`` without a router.
     """
 
     index: int
@@ -113,6 +120,8 @@ class LayerStats:
     ffn_near_zero: Optional[float]
     attention_entropy: Optional[list[float]]
     top_tokens: list[tuple[int, str, float]]
+    expert_load: Optional[list[int]] = None
+    load_imbalance: Optional[float] = None
 
 
 @dataclass
@@ -148,6 +157,8 @@ class Trace:
         positions: probes of the position schemes (empty on meta).
         unavailable: ``{name: reason}`` for what the components do not expose.
         dims: model sizes shown with the shapes (d_model, n_layers, vocab_size, ...).
+        tokenizer: which tokenizer made the ids and where it came from (shown in the header); empty when the ids
+            were given as numbers without one.
     """
 
     name: str
@@ -162,6 +173,7 @@ class Trace:
     positions: list[PositionMap] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
     dims: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str = ""
 
     @property
     def has_stats(self) -> bool:
@@ -187,11 +199,28 @@ def _dims(model: nn.Module) -> dict[str, Any]:
     return {"d_model": spec.d_model, "n_layers": spec.n_layers, "vocab_size": spec.vocab_size, "max_seq_len": spec.max_seq_len}
 
 
-def _heads_view(shape: tuple[int, ...], head_dim: Optional[int]) -> str:
-    """``[b, s, h·hd]`` read as ``[b, h, s, hd]`` when the width is a multiple of ``head_dim``."""
-    if head_dim and len(shape) == 3 and shape[-1] % head_dim == 0:
-        b, s, w = shape
-        return f"per head: [{b}, {w // head_dim}, {s}, {head_dim}]"
+def _heads_view(owner: nn.Module, projection: str, shape: tuple[int, ...]) -> str:
+    """``[b, s, h·hd]`` read as ``[b, h, s, hd]`` for a projection the attention declares per head.
+
+    The declaration is the attention module's ``head_layout() -> {projection: (heads, width per head)}`` (the
+    built-in attention: q/k/v; MLA: its per-head up-projections, not its latent ones). An attention without one is
+    read from its ``n_heads`` / ``n_kv_heads`` / ``head_dim`` only where the width is exactly ``n_heads · head_dim``
+    or ``n_kv_heads · head_dim``: never by dividing an arbitrary width by ``head_dim``.
+    """
+    if len(shape) != 3:
+        return ""
+    b, s, w = shape
+    declare = getattr(owner, "head_layout", None)
+    if callable(declare):
+        heads = declare().get(projection)
+        if heads is None or heads[0] * heads[1] != w:
+            return ""
+        return f"per head: [{b}, {heads[0]}, {s}, {heads[1]}]"
+    hd = getattr(owner, "head_dim", None)
+    counts = [getattr(owner, a, None) for a in ("n_heads", "n_kv_heads")]
+    for h in counts:
+        if isinstance(h, int) and isinstance(hd, int) and h * hd == w:
+            return f"per head: [{b}, {h}, {s}, {hd}]"
     return ""
 
 
@@ -233,7 +262,9 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
         normed = any(n.startswith(path + ".") and rec.entry(n).kind == "norm" for n in rec.names())
         steps = (["QK-norm"] if normed else []) + ([type_] if acts == "qk" else [])
         how = f"after {' and '.join(steps)}" if steps else "as it enters the scores"
-        label, note = f"{what} per head {how}", f"[batch, {heads}, seq, head_dim]"
+        # the width is what the attention declares its position scheme acts on (PositionGeometry.head_dim):
+        # head_dim for the built-in attention, qk_rope_head_dim for MLA's rotated part
+        label, note = f"{what} per head {how}", f"[batch, {heads}, seq, the width the attention declares for its position scheme]"
     elif kind == "position" and what == "position_bias":
         label, note = f"position bias ({type_}) added to the scores", "[batch, heads, q, k]"
     elif kind == "placement" and what in ("input", "output", "update"):
@@ -247,8 +278,9 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
     elif kind == "linear":
         owner = model.get_submodule(path.rsplit(".", 1)[0])
         label = f"{short}: linear {module.in_features} -> {module.out_features}"
-        if getattr(owner, "modkit_kind", None) == "attention" and _into_heads(rec, name, path.rsplit(".", 1)[0]):
-            note = _heads_view(shape, getattr(owner, "head_dim", None))
+        declared = callable(getattr(owner, "head_layout", None))  # the attention says which projections split into heads
+        if getattr(owner, "modkit_kind", None) == "attention" and (declared or _into_heads(rec, name, path.rsplit(".", 1)[0])):
+            note = _heads_view(owner, short, shape)
         elif getattr(owner, "modkit_kind", None) == "ffn" and module.out_features != getattr(model.spec, "d_model", None):
             note = f"expansion to {module.out_features}"
     elif kind == "attention" and what == "weights":
@@ -313,20 +345,13 @@ def check_ids(model: nn.Module, ids: Sequence[int]) -> list[int]:
 def read_out(model: nn.Module, h: Tensor) -> Tensor:
     """Logits of hidden states ``h [..., d_model]`` through the model's final norm and head (the logit lens).
 
-    Applies ``final_norm`` (when the spec has one), the head (tied or not, with its bias) and the final logit
-    soft-cap, exactly as :meth:`Model.forward` does, so the reading of the last block's output equals the model's
-    logits. Returns ``[..., vocab_size]``.
+    Applies ``final_norm`` (when the spec has one), then :meth:`Model.head_logits` (the head, tied or not, with its bias,
+    the logit scale and the final logit soft-cap), exactly as :meth:`Model.forward` does, so the reading of the last
+    block's output equals the model's logits. Returns ``[..., vocab_size]``.
     """
     if model.final_norm is not None:
         h = model.final_norm(h)
-    if model.spec.tie_embeddings:
-        logits = nn.functional.linear(h, model.lm_head_weight, model._head_bias())
-    else:
-        logits = model.lm_head(h)
-    cap = getattr(model.spec, "final_logit_softcap", None)
-    if cap is not None:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+    return model.head_logits(h)
 
 
 def attention_entropy(weights: Tensor) -> Tensor:
@@ -357,12 +382,29 @@ def _layer_stats(model: nn.Module, rec: Recording, i: int, tokenizer: Any, top_k
     return LayerStats(i, float(out.norm(dim=-1).mean()), float(ratio), float(cos), sparsity, near_zero, entropy, lens)
 
 
+def _served_geometry(model: nn.Module, index: int):
+    """The :class:`~modkit.PositionGeometry` the attention of the first layer using position module ``index``
+    declares (the geometry the module was built with; layer 0's for the model-level scheme)."""
+    from .registry import get_registry
+    from .spec import SpecContext, position_geometry
+
+    spec = model.spec
+    layers = [i for i, p in enumerate(getattr(model, "layer_position", [])) if p == index] or [0]
+    ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, get_registry())
+    attn = next((m for m in model.layers[layers[0]].modules() if getattr(m, "modkit_kind", None) == "attention"), None)
+    try:
+        return position_geometry(spec.layer(layers[0]).attention, ctx, attn)
+    except Exception:  # noqa: BLE001 - an attention whose declaration fails gets no rotation map
+        return None
+
+
 def position_maps(model: nn.Module, n: int = 64) -> list[PositionMap]:
     """Probe each position scheme of ``model`` on positions ``0..n-1`` (``n`` capped at ``max_seq_len``).
 
     Through the :class:`~modkit.interfaces.PositionScheme` interface only: ``embed(0, pos)`` is the vector a scheme
     adds to the embeddings ``[n, d_model]``; ``rotate`` of all-ones queries shows a rotary scheme's ``cos θ ± sin θ``
-    pattern ``[n, head_dim]``; ``attention_bias(pos, pos, n_heads)`` of head 0 is a bias scheme's ``[n, n]``. A scheme
+    pattern ``[n, head_dim]`` (the width the layers' attention declares for it: :class:`~modkit.PositionGeometry`);
+    ``attention_bias(pos, pos, n_heads)`` of head 0 is a bias scheme's ``[n, n]``. A scheme
     that leaves all three as identities (``none``) gives no map.
     """
     spec = model.spec
@@ -370,11 +412,11 @@ def position_maps(model: nn.Module, n: int = 64) -> list[PositionMap]:
     weight = model.embed.weight
     device, dtype = weight.device, weight.dtype
     pos = torch.arange(n, device=device)[None]
-    attn = next((m for m in model.modules() if getattr(m, "modkit_kind", None) == "attention"), None)
-    head_dim, n_heads = getattr(attn, "head_dim", None), getattr(attn, "n_heads", None)
     maps = []
     with torch.no_grad():
         for j, scheme in enumerate(model.positions):
+            geo = _served_geometry(model, j)
+            head_dim, n_heads = (geo.head_dim, geo.n_heads) if geo is not None else (None, None)
             name = f"positions.{j} ({getattr(scheme, 'modkit_type', type(scheme).__name__)})"
             x = torch.zeros(1, n, spec.d_model, device=device, dtype=dtype)
             added = scheme.embed(x, pos)
@@ -425,6 +467,8 @@ def trace(
     was_training = model.training
     model.eval()
     try:
+        if not meta:
+            balance.reset_loads(model)  # the routers' loads then count exactly this forward's assignments
         with inspect(model) as rec:
             out = model(x)
         n_layers = len(model.layers)
@@ -450,6 +494,11 @@ def trace(
         )
         if not meta:
             result.layers = [_layer_stats(model, rec, i, tokenizer, top_k) for i in range(n_layers)]
+            for path, load in balance.read_loads(model).items():
+                i = balance.layer_of(path)
+                if i is not None and i < n_layers and result.layers[i].expert_load is None:
+                    result.layers[i].expert_load = [int(v) for v in load.tolist()]
+                    result.layers[i].load_imbalance = balance.imbalance(load)
             for i in range(n_layers):
                 w = next((t for n, t in rec.layer(i).items() if n.endswith(":weights")), None)
                 if w is not None:

@@ -16,16 +16,34 @@ Used for specs (:func:`modkit.spec.load_spec`, with registry-aware messages adde
   ``Input should be an object or null, not a string``.
 * **Values as JSON.** ``(got null)``, ``(got true)``, ``(got "all")``; a type error names the kind of value it got
   (``not null``, ``not a boolean (got true)``), and a value is never shown twice. A value the document does not
-  hold (a default) is not shown.
+  hold (a default) is not shown. Values are rendered by :func:`json_value`, which walks them without recursion and
+  stops at its length limit, so a value nested thousands of levels deep (or a huge one) still gives a short message.
+
+Paths
+-----
+Every path modkit prints (spec errors, training-config errors, Hugging Face config errors, the ``modkit``
+command's error lines) is written by :func:`join_path` / :func:`format_path` and read back by :func:`parse_path`;
+:func:`resolve_path` returns the node a printed path names in a document. A path is a sequence of steps:
+
+* an object key that is a plain identifier (ASCII letters, digits and ``_``, not starting with a digit) is written
+  after a dot, or bare at the start: ``block.attention.n_kv_heads``;
+* any other key (``"["``, ``"a.b"``, ``""``, ``" "``, ``"0"``, non-ASCII, quotes, backslashes) is written as a
+  JSON string in brackets: ``block["["]``, ``metadata["a.b"]``, ``["0"]``; characters that do not print
+  (control characters, zero-width spaces) are escaped (``\\u200b``), so what is shown is what is typed;
+* an array index is written in brackets: ``overrides[2].ffn.d_ff``.
+
+So ``["0"]`` (the key ``"0"``) and ``[0]`` (the first item) never read alike, and every printed path resolves to
+exactly one place in the document; the empty path is the document itself.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 import typing
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from pydantic import BaseModel
 
@@ -47,13 +65,228 @@ _OBJECT_MESSAGE = "Input should be an object"
 _ARRAY_MESSAGE = "Input should be an array"
 
 
-def json_value(value: Any, limit: int = 60) -> str:
-    """``value`` as JSON text (``null``, ``true``, ``"all"``, ``1e-05``, ``NaN``), shortened past ``limit`` characters."""
+def _scalar_json(value: Any) -> str:
+    """One non-container value as JSON text (``repr`` for what JSON cannot hold)."""
     try:
-        text = json.dumps(value, allow_nan=True, ensure_ascii=False, default=repr)
+        return json.dumps(value, allow_nan=True, ensure_ascii=False)
     except (TypeError, ValueError):
+        return _short_repr(value)
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` of a non-container, cut at ``limit`` characters (a repr that fails is named by its type)."""
+    try:
         text = repr(value)
-    return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} characters)"
+    except Exception:  # noqa: BLE001 - a broken __repr__ (or one that recurses) must not break an error message
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit]
+
+
+def json_value(value: Any, limit: int = 60) -> str:
+    """``value`` as JSON text (``null``, ``true``, ``"all"``, ``1e-05``, ``NaN``), shortened past ``limit`` characters.
+
+    Containers are walked with an explicit stack and the walk stops once ``limit`` characters are written, so the
+    time and memory taken are bounded by ``limit`` whatever the value: a list nested 100,000 levels deep gives
+    ``[[[[[[[[[[...`` rather than a ``RecursionError``, a list of a million numbers is not rendered whole. A shortened
+    text ends with ``...`` (and the total length when it is known).
+    """
+    if not isinstance(value, (dict, list, tuple)):
+        text = _scalar_json(value)
+        return text if len(text) <= limit else text[: max(limit - 20, 10)] + f"... ({len(text)} characters)"
+    out: list[str] = []
+    size = 0
+    budget = max(limit - 3, 10)
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Text):
+            piece = item.text
+        elif isinstance(item, dict):
+            stack.append(_Text("}"))
+            entries = list(itertools.islice(item.items(), budget))
+            for i in range(len(entries) - 1, -1, -1):
+                k, v = entries[i]
+                stack.append(v)
+                stack.append(_Text(("" if i == 0 else ", ") + _scalar_json(str(k) if not isinstance(k, str) else k) + ": "))
+            piece = "{"
+        elif isinstance(item, (list, tuple)):
+            stack.append(_Text("]"))
+            entries = list(item[: budget])
+            for i in range(len(entries) - 1, -1, -1):
+                stack.append(entries[i])
+                if i:
+                    stack.append(_Text(", "))
+            piece = "["
+        else:
+            piece = _scalar_json(item)
+        out.append(piece)
+        size += len(piece)
+        if size > limit:
+            return "".join(out)[:budget] + "..."
+    return "".join(out)
+
+
+class _Text:
+    """A literal piece of :func:`json_value`'s output waiting on its stack."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+# ------------------------------------------------------------------------------------------------ paths
+
+#: an object key written after a dot (``block.attention``); any other key is quoted (``block["a.b"]``)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _quoted(key: str) -> str:
+    """``key`` as a JSON string whose every character prints (others escaped as ``\\uXXXX``)."""
+    text = json.dumps(key, ensure_ascii=False)
+    return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in text)
+
+
+def join_path(path: str, key: Any) -> str:
+    """``path`` (as :func:`format_path` writes it) followed by one step: an object key (``str``) or an array
+    index (``int``).
+
+    ``join_path("block", "attention") == "block.attention"``, ``join_path("block", "[") == 'block["["]'``,
+    ``join_path("overrides", 2) == "overrides[2]"``, ``join_path("", "0") == '["0"]'``. Keys of another type
+    (none in a JSON document) are written as their ``str``.
+    """
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"{path}[{key}]"
+    key = key if isinstance(key, str) else str(key)
+    if _IDENTIFIER.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{_quoted(key)}]"
+
+
+def extend_path(path: str, relative: str) -> str:
+    """``path`` followed by ``relative``, a path printed relative to the node at ``path`` (a component's
+    ``check`` names ``n_kv_heads`` or ``scaling.factor`` inside its config): ``extend_path("block.attention",
+    "n_kv_heads") == "block.attention.n_kv_heads"``, ``extend_path("a", '["x"]') == 'a["x"]'``."""
+    if not relative or not path:
+        return path or relative
+    return path + relative if relative.startswith("[") else f"{path}.{relative}"
+
+
+def format_path(steps: Iterable[Any]) -> str:
+    """The printed form of a sequence of steps (object keys as ``str``, array indices as ``int``); see the module
+    docstring. ``format_path(["block", "ffn", "d_ff"]) == "block.ffn.d_ff"``; ``format_path([]) == ""``."""
+    path = ""
+    for step in steps:
+        path = join_path(path, step)
+    return path
+
+
+class PathError(ValueError):
+    """A printed path that is malformed, or that does not lead into the document it is resolved in.
+
+    Attributes:
+        path: the path; ``at``: the steps (as :func:`parse_path` reads them) that did lead into the document.
+    """
+
+    def __init__(self, path: str, message: str, at: tuple = ()):
+        self.path = path
+        self.at = at
+        super().__init__(f"path {path!r}: {message}")
+
+
+def parse_path(path: str) -> list[Union[str, int]]:
+    """The steps of a path printed by modkit (object keys as ``str``, array indices as ``int``): the inverse of
+    :func:`format_path`, so ``parse_path(format_path(steps)) == steps`` for any keys.
+
+    Raises:
+        PathError: text that :func:`format_path` never writes (an empty step ``a..b``, an unclosed bracket, a
+            bracket holding neither an index nor a JSON string).
+    """
+    steps: list[Union[str, int]] = []
+    decoder = json.JSONDecoder()
+    i, n = 0, len(path)
+    while i < n:
+        c = path[i]
+        if c == "[":
+            if i + 1 < n and path[i + 1] == '"':
+                try:
+                    key, end = decoder.raw_decode(path, i + 1)
+                except json.JSONDecodeError:
+                    raise PathError(path, f"unterminated quoted key at character {i + 1}") from None
+                if not isinstance(key, str):
+                    raise PathError(path, f"a quoted key must be a JSON string (character {i + 1})")
+                steps.append(key)
+            else:
+                m = re.compile(r"\d+").match(path, i + 1)
+                if m is None:
+                    raise PathError(path, f"'[' at character {i + 1} holds neither an index nor a quoted key")
+                steps.append(int(m.group()))
+                end = m.end()
+            if end >= n or path[end] != "]":
+                raise PathError(path, f"missing ']' at character {end + 1}")
+            i = end + 1
+            continue
+        if c == ".":
+            if not steps:
+                raise PathError(path, "a path does not start with '.'")
+            i += 1
+        elif steps:
+            raise PathError(path, f"expected '.' or '[' at character {i + 1}")
+        m = _IDENTIFIER.match(path, i)
+        if m is None:
+            raise PathError(path, f"expected a key at character {i + 1} (keys that are not identifiers are quoted: [\"...\"])")
+        steps.append(m.group())
+        i = m.end()
+    return steps
+
+
+def last_key(path: str) -> Optional[str]:
+    """The object key of a printed path's last step (``d_ff`` for ``block.ffn.d_ff``); ``None`` when the last step
+    is an array index, the path is empty or malformed."""
+    try:
+        steps = parse_path(path)
+    except PathError:
+        return None
+    return steps[-1] if steps and isinstance(steps[-1], str) else None
+
+
+_MISSING = object()
+
+
+def resolve_path(document: Any, path: Union[str, Sequence[Any]], default: Any = _MISSING) -> Any:
+    """The node of ``document`` (parsed JSON: dicts, lists, scalars) that the printed ``path`` names.
+
+    ``resolve_path(doc, 'block["["]')`` is ``doc["block"]["["]``; the empty path is ``document`` itself. A path
+    may also be given as its steps (:func:`parse_path`).
+
+    Args:
+        default: returned when only the last step is missing: a key absent from the object its path leads to (an
+            error about a missing required field names it there). Without ``default`` that is an error too.
+
+    Raises:
+        PathError: a malformed path, or one that does not lead into ``document`` (a key absent from an object
+            before the last step, an index out of range, a step into a scalar, an index into an object or a key
+            into an array).
+    """
+    text = path if isinstance(path, str) else format_path(path)
+    steps = parse_path(path) if isinstance(path, str) else list(path)
+    node = document
+    for i, step in enumerate(steps):
+        last = i == len(steps) - 1
+        if isinstance(step, int) and isinstance(node, list):
+            if not 0 <= step < len(node):
+                raise PathError(text, f"index {step} is out of range for an array of {len(node)}", tuple(steps[:i]))
+            node = node[step]
+        elif isinstance(step, str) and isinstance(node, dict):
+            if step not in node:
+                if last and default is not _MISSING:
+                    return default
+                raise PathError(text, f"no key {_quoted(step)} in the object at {format_path(steps[:i]) or 'the root'}", tuple(steps[:i]))
+            node = node[step]
+        else:
+            what = "an index" if isinstance(step, int) else f"the key {_quoted(step)}"
+            raise PathError(text, f"{what} cannot follow {json_kind(node)} (at {format_path(steps[:i]) or 'the root'})", tuple(steps[:i]))
+    return node
 
 
 def json_kind(value: Any) -> str:
@@ -163,35 +396,35 @@ class ErrorFormatter:
         the member tags dropped; ``parent`` is the object holding the last key; ``present`` says the document holds
         the value at ``path`` (``node``).
         """
-        parts: list[str] = []
+        path = ""
         node, parent, present = data, None, True
         union_path: Optional[str] = None
         tags: list[str] = []
         for item in loc:
             if isinstance(item, int) and isinstance(node, list):
-                parts.append(f"[{item}]")
-                parent = node
                 ok = -len(node) <= item < len(node)
+                path = join_path(path, item)
+                parent = node
                 node, present = (node[item], present) if ok else (None, False)
                 continue
             if isinstance(node, dict) and item in node:
-                parts.append(("." if parts else "") + str(item))
+                path = join_path(path, item)
                 parent, node = node, node[item]
                 continue
             if isinstance(node, dict) and node.get("type") == item:
                 continue  # the tag of a discriminated union: the member the document's "type" chose
             if isinstance(item, str) and item in self.field_names:
-                parts.append(("." if parts else "") + item)  # a field the document does not hold
+                path = join_path(path, item)  # a field the document does not hold
                 parent, node, present = node, None, False
                 continue
             if isinstance(item, int):
-                parts.append(f"[{item}]")
+                path = join_path(path, item)
                 parent, node, present = node, None, False
                 continue
             if union_path is None:
-                union_path = "".join(parts)
+                union_path = path
             tags.append(str(item))
-        return "".join(parts), union_path, tags, parent, present, node
+        return path, union_path, tags, parent, present, node
 
     # -------------------------------------------------------------------------------------------- messages
 
@@ -224,7 +457,7 @@ class ErrorFormatter:
 
     def _takes_null(self, path: str) -> bool:
         """Whether the value at ``path`` (a document key, not an array item) may be null."""
-        return not path.endswith("]") and re.split(r"[.\]]", path)[-1] in self.nullable
+        return last_key(path) in self.nullable
 
     @staticmethod
     def _shows(msg: str, value: Any, etype: str) -> bool:

@@ -26,6 +26,10 @@ Every placement applies the spec's ``dropout.residual`` (``BuildContext.residual
 adds to the residual stream (after a post-sublayer norm, where there is one), in training mode only: GPT-2's
 ``resid_pdrop`` (nanoGPT's ``resid_dropout`` and MLP dropout).
 
+Every placement with a residual (all but ``pre-no-residual``) has ``residual_multiplier`` (default 1): what each
+sublayer adds to the residual stream is multiplied by it, ``x + m · f(x)`` (Granite's ``residual_multiplier``,
+transformers ``GraniteDecoderLayer``; a μP-style depth scaling). At 1 no operation is added.
+
 References: pre-norm, Xiong et al. 2020, On Layer Normalization in the Transformer Architecture
 (arXiv:2002.04745); post-norm, Vaswani et al. 2017 (arXiv:1706.03762); sandwich, Gemma Team 2024, Gemma 2
 (arXiv:2408.00118), and as Peri-LN, Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer
@@ -45,26 +49,35 @@ from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, el
 from modkit.interfaces import dropout
 
 
-class PreConfig(ComponentConfig):
+class _ResidualConfig(ComponentConfig):
+    """Fields of every placement with a residual stream."""
+
+    residual_multiplier: float = Field(
+        1.0, gt=0, description="multiply what each sublayer adds to the residual stream: x + residual_multiplier · "
+        "sublayer(...) (Granite's residual_multiplier); 1 for the plain residual"
+    )
+
+
+class PreConfig(_ResidualConfig):
     """Config of ``pre``: a norm before each sublayer, residual around it."""
 
     type: Literal["pre"] = "pre"
 
 
-class PostConfig(ComponentConfig):
+class PostConfig(_ResidualConfig):
     """Config of ``post``: residual first, then a norm after each sublayer (original Transformer, BERT)."""
 
     type: Literal["post"] = "post"
 
 
-class SandwichConfig(ComponentConfig):
+class SandwichConfig(_ResidualConfig):
     """Config of ``sandwich`` (alias ``peri``): a norm before and after each sublayer, inside the residual (Gemma 2/3;
-    Peri-LN in Kim et al. 2025)."""
+    Peri-LN in Kim et al. 2025; GLM-4's input / post_self_attn / post_attention / post_mlp layernorms)."""
 
     type: Literal["sandwich"] = "sandwich"
 
 
-class ReorderedConfig(ComponentConfig):
+class ReorderedConfig(_ResidualConfig):
     """Config of ``reordered`` (alias ``olmo2``): a norm on each sublayer's output only, inside the residual (OLMo 2)."""
 
     type: Literal["reordered"] = "reordered"
@@ -77,7 +90,7 @@ class PreNoResidualConfig(ComponentConfig):
     type: Literal["pre-no-residual"] = "pre-no-residual"
 
 
-class ParallelConfig(ComponentConfig):
+class ParallelConfig(_ResidualConfig):
     """Config of ``parallel``: attention and ffn read the same block input and are added to one residual."""
 
     type: Literal["parallel"] = "parallel"
@@ -88,81 +101,95 @@ class ParallelConfig(ComponentConfig):
     )
 
 
-class PreNormBlock(nn.Module):
-    """``x + attention(attn_norm(x))`` then ``x + ffn(ffn_norm(x))``. ``[b, s, d] -> ([b, s, d], aux)``."""
+class _Residual(nn.Module):
+    """What every block with a residual shares: the residual dropout and the residual multiplier."""
 
-    def __init__(self, ctx: BuildContext):
+    def __init__(self, cfg: Optional[ComponentConfig], ctx: BuildContext):
         super().__init__()
+        self.drop = dropout(ctx.residual_dropout)
+        self.residual_multiplier = float(getattr(cfg, "residual_multiplier", 1.0))
+
+    def _add(self, h: Tensor) -> Tensor:
+        """What a sublayer output ``h`` adds to the residual stream: ``dropout(h) · residual_multiplier``."""
+        h = self.drop(h)
+        return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier
+
+
+class PreNormBlock(_Residual):
+    """``x + m · attention(attn_norm(x))`` then ``x + m · ffn(ffn_norm(x))`` (``m`` = residual_multiplier, 1 by
+    default). ``[b, s, d] -> ([b, s, d], aux)``."""
+
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
         self.attn_norm = ctx.build(ctx.norm)
         self.attention = ctx.attention
         self.ffn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
-        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.drop(self.attention(self.attn_norm(x), inputs))
+        x = x + self._add(self.attention(self.attn_norm(x), inputs))
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
-        return x + self.drop(h), aux
+        return x + self._add(h), aux
 
 
-class PostNormBlock(nn.Module):
-    """``attn_norm(x + attention(x))`` then ``ffn_norm(x + ffn(x))`` (Vaswani et al. 2017). ``[b, s, d] -> ([b, s, d], aux)``."""
+class PostNormBlock(_Residual):
+    """``attn_norm(x + m · attention(x))`` then ``ffn_norm(x + m · ffn(x))`` (Vaswani et al. 2017; ``m`` =
+    residual_multiplier). ``[b, s, d] -> ([b, s, d], aux)``."""
 
-    def __init__(self, ctx: BuildContext):
-        super().__init__()
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
         self.attention = ctx.attention
         self.attn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_norm = ctx.build(ctx.norm)
-        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = self.attn_norm(x + self.drop(self.attention(x, inputs)))
+        x = self.attn_norm(x + self._add(self.attention(x, inputs)))
         h, aux = run_ffn(self.ffn, x, inputs)
-        return self.ffn_norm(x + self.drop(h)), aux
+        return self.ffn_norm(x + self._add(h)), aux
 
 
-class SandwichNormBlock(nn.Module):
-    """``x + attn_post_norm(attention(attn_norm(x)))`` then ``x + ffn_post_norm(ffn(ffn_norm(x)))`` (Gemma 2).
+class SandwichNormBlock(_Residual):
+    """``x + attn_post_norm(attention(attn_norm(x)))`` then ``x + ffn_post_norm(ffn(ffn_norm(x)))`` (Gemma 2;
+    GLM-4's ``Glm4DecoderLayer``: input, post_self_attn, post_attention and post_mlp layernorms in that order).
 
-    ``[b, s, d] -> ([b, s, d], aux)``.
+    ``[b, s, d] -> ([b, s, d], aux)``; each addition times residual_multiplier.
     """
 
-    def __init__(self, ctx: BuildContext):
-        super().__init__()
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
         self.attn_norm = ctx.build(ctx.norm)
         self.attention = ctx.attention
         self.attn_post_norm = ctx.build(ctx.norm)
         self.ffn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_post_norm = ctx.build(ctx.norm)
-        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.drop(self.attn_post_norm(self.attention(self.attn_norm(x), inputs)))
+        x = x + self._add(self.attn_post_norm(self.attention(self.attn_norm(x), inputs)))
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
-        return x + self.drop(self.ffn_post_norm(h)), aux
+        return x + self._add(self.ffn_post_norm(h)), aux
 
 
-class ReorderedNormBlock(nn.Module):
-    """``x + attn_post_norm(attention(x))`` then ``x + ffn_post_norm(ffn(x))`` (OLMo 2). ``[b, s, d] -> ([b, s, d], aux)``."""
+class ReorderedNormBlock(_Residual):
+    """``x + attn_post_norm(attention(x))`` then ``x + ffn_post_norm(ffn(x))`` (OLMo 2; each addition times
+    residual_multiplier). ``[b, s, d] -> ([b, s, d], aux)``."""
 
-    def __init__(self, ctx: BuildContext):
-        super().__init__()
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
         self.attention = ctx.attention
         self.attn_post_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
         self.ffn_post_norm = ctx.build(ctx.norm)
-        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self.drop(self.attn_post_norm(self.attention(x, inputs)))
+        x = x + self._add(self.attn_post_norm(self.attention(x, inputs)))
         h, aux = run_ffn(self.ffn, x, inputs)
-        return x + self.drop(self.ffn_post_norm(h)), aux
+        return x + self._add(self.ffn_post_norm(h)), aux
 
 
 class PreNormNoResidualBlock(PreNormBlock):
@@ -182,27 +209,27 @@ class PreNormNoResidualBlock(PreNormBlock):
         return self.drop(h), aux
 
 
-class ParallelBlock(nn.Module):
+class ParallelBlock(_Residual):
     """``x + attention(attn_norm(x)) + ffn(n2(x))``, ``n2`` = ``attn_norm`` (shared) or ``ffn_norm``.
 
-    GPT-J / Falcon / Phi (shared) and GPT-NeoX (separate). ``[b, s, d] -> ([b, s, d], aux)``.
+    GPT-J / Falcon / Phi / Cohere (shared) and GPT-NeoX ``use_parallel_residual`` (separate); both additions times
+    residual_multiplier. ``[b, s, d] -> ([b, s, d], aux)``.
     """
 
     def __init__(self, cfg: ParallelConfig, ctx: BuildContext):
-        super().__init__()
+        super().__init__(cfg, ctx)
         self.shared_norm = cfg.shared_norm
         self.attn_norm = ctx.build(ctx.norm)
         self.attention = ctx.attention
         self.ffn_norm = None if cfg.shared_norm else ctx.build(ctx.norm)
         self.ffn = ctx.ffn
-        self.drop = dropout(ctx.residual_dropout)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         h_attn = self.attn_norm(x)
         h_ffn = h_attn if self.ffn_norm is None else self.ffn_norm(x)
         h, aux = run_ffn(self.ffn, h_ffn, inputs)
-        return x + self.drop(self.attention(h_attn, inputs)) + self.drop(h), aux
+        return x + self._add(self.attention(h_attn, inputs)) + self._add(h), aux
 
 
 #: what a spec using ``peri`` is told (the name changed meaning; see the module docstring)
@@ -215,25 +242,26 @@ PERI_NOTE = (
 
 #: Key formulas of the docs pages (pymdownx.arithmatex): one block of input $x$, output $y$.
 _MATH = {
-    "pre": r"""$$h = x + \mathrm{Attn}(N_1(x)), \qquad y = h + \mathrm{FFN}(N_2(h))$$
+    "pre": r"""$$h = x + m\,\mathrm{Attn}(N_1(x)), \qquad y = h + m\,\mathrm{FFN}(N_2(h))$$
 
 $N_1$ = attn_norm and $N_2$ = ffn_norm normalise each sublayer's input; the residual stream itself is never
-normalised (the model applies final_norm after the last block).""",
-    "post": r"""$$h = N_1\big(x + \mathrm{Attn}(x)\big), \qquad y = N_2\big(h + \mathrm{FFN}(h)\big)$$
+normalised (the model applies final_norm after the last block). $m$ = residual_multiplier (1 by default; Granite).""",
+    "post": r"""$$h = N_1\big(x + m\,\mathrm{Attn}(x)\big), \qquad y = N_2\big(h + m\,\mathrm{FFN}(h)\big)$$
 
-$N_1$ = attn_norm, $N_2$ = ffn_norm normalise the residual stream after each addition.""",
-    "sandwich": r"""$$h = x + N_2\big(\mathrm{Attn}(N_1(x))\big), \qquad y = h + N_4\big(\mathrm{FFN}(N_3(h))\big)$$
+$N_1$ = attn_norm, $N_2$ = ffn_norm normalise the residual stream after each addition; $m$ = residual_multiplier.""",
+    "sandwich": r"""$$h = x + m\,N_2\big(\mathrm{Attn}(N_1(x))\big), \qquad y = h + m\,N_4\big(\mathrm{FFN}(N_3(h))\big)$$
 
 $N_1$ = attn_norm, $N_2$ = attn_post_norm, $N_3$ = ffn_norm, $N_4$ = ffn_post_norm: each sublayer's input and
-output are normalised, inside the residual.""",
-    "reordered": r"""$$h = x + N_1\big(\mathrm{Attn}(x)\big), \qquad y = h + N_2\big(\mathrm{FFN}(h)\big)$$
+output are normalised, inside the residual (GLM-4's input, post_self_attn, post_attention and post_mlp layernorms).
+$m$ = residual_multiplier.""",
+    "reordered": r"""$$h = x + m\,N_1\big(\mathrm{Attn}(x)\big), \qquad y = h + m\,N_2\big(\mathrm{FFN}(h)\big)$$
 
 $N_1$ = attn_post_norm, $N_2$ = ffn_post_norm normalise each sublayer's output; the sublayers read the raw residual
-stream.""",
-    "parallel": r"""$$y = x + \mathrm{Attn}(N_1(x)) + \mathrm{FFN}(N_2(x))$$
+stream. $m$ = residual_multiplier.""",
+    "parallel": r"""$$y = x + m\,\mathrm{Attn}(N_1(x)) + m\,\mathrm{FFN}(N_2(x))$$
 
-$N_1$ = attn_norm; $N_2 = N_1$ with shared_norm (one norm per block), else ffn_norm. Both sublayers read the same
-input, so they can run concurrently.""",
+$N_1$ = attn_norm; $N_2 = N_1$ with shared_norm (one norm per block: GPT-J, Cohere), else ffn_norm (GPT-NeoX).
+Both sublayers read the same input, so they can run concurrently. $m$ = residual_multiplier.""",
 }
 
 @hookimpl
@@ -248,7 +276,7 @@ def register_components(register) -> None:
             kind="placement",
             type="pre",
             config=PreConfig,
-            factory=lambda cfg, ctx: PreNormBlock(ctx),
+            factory=lambda cfg, ctx: PreNormBlock(ctx, cfg),
             math=_MATH["pre"],
             description="Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Two norms per block "
             "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
@@ -262,7 +290,7 @@ def register_components(register) -> None:
             kind="placement",
             type="post",
             config=PostConfig,
-            factory=lambda cfg, ctx: PostNormBlock(ctx),
+            factory=lambda cfg, ctx: PostNormBlock(ctx, cfg),
             math=_MATH["post"],
             description="Post-norm residual block: attn_norm(x + attn(x)), then ffn_norm(x + ffn(x)). Two norms per "
             "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
@@ -276,7 +304,7 @@ def register_components(register) -> None:
             kind="placement",
             type="sandwich",
             config=SandwichConfig,
-            factory=lambda cfg, ctx: SandwichNormBlock(ctx),
+            factory=lambda cfg, ctx: SandwichNormBlock(ctx, cfg),
             math=_MATH["sandwich"],
             description="Sandwich norm (Peri-LN): x + attn_post_norm(attn(attn_norm(x))), then "
             "x + ffn_post_norm(ffn(ffn_norm(x))): a norm on the input and on the output of each sublayer, inside the "
@@ -295,7 +323,7 @@ def register_components(register) -> None:
             kind="placement",
             type="reordered",
             config=ReorderedConfig,
-            factory=lambda cfg, ctx: ReorderedNormBlock(ctx),
+            factory=lambda cfg, ctx: ReorderedNormBlock(ctx, cfg),
             math=_MATH["reordered"],
             description="Reordered norm (OLMo 2): x + attn_post_norm(attn(x)), then x + ffn_post_norm(ffn(x)); a norm "
             "on each sublayer's output only, inside the residual, so the sublayers read the raw residual stream. Two "

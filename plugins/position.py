@@ -396,6 +396,18 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> T
     return pe.to(torch.float32)
 
 
+def sinusoidal_rows(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
+    """``PE[positions]`` of :func:`sinusoidal_table` without the table: ``[*positions.shape, d_model]`` float32,
+    computed in float64 on the device of ``positions`` (the same math, row for row)."""
+    pos = positions.to(torch.float64)[..., None]
+    inv = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device) / d_model)
+    ang = pos * inv  # [..., ceil(d/2)]
+    pe = torch.stack([ang[..., : d_model // 2].sin(), ang[..., : d_model // 2].cos()], -1).flatten(-2)
+    if d_model % 2:  # the last sine has no cosine partner
+        pe = torch.cat([pe, ang[..., -1:].sin()], -1)
+    return pe.to(torch.float32)
+
+
 class Sinusoidal(PositionScheme):
     """Fixed sinusoidal absolute positions: ``embed(x [b, s, d], positions [b, s]) = x + PE[positions]``.
 
@@ -414,9 +426,20 @@ class Sinusoidal(PositionScheme):
         init.copy_(self.pe, sinusoidal_table(self.max_seq_len, self.d_model, self.cfg.base))
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        """``x [batch, seq, d_model] + PE[positions [batch, seq]]``, in the dtype of ``x``."""
-        _check_positions(positions, self.max_seq_len, "sinusoidal")
-        return x + self.pe[positions].to(x.dtype)
+        """``x [batch, seq, d_model] + PE[positions [batch, seq]]``, in the dtype of ``x``.
+
+        Positions past the table (``>= max_seq_len``: generation asked to run further, see the
+        ``unbounded_positions`` capability) get the rows :func:`sinusoidal_table` gives them, computed on the fly
+        with the same float64 math, so a row is the same whether it comes from the table or not.
+        """
+        if not positions.is_meta and positions.numel() and not torch.compiler.is_compiling() and int(positions.min()) < 0:
+            raise ValueError(f"sinusoidal positions must be >= 0; got min {int(positions.min())}")
+        n = self.pe.shape[0]
+        rows = self.pe[positions.clamp(max=n - 1)]
+        past = torch.compiler.is_compiling() or (not positions.is_meta and positions.numel() and int(positions.max()) >= n)
+        if past:  # a traced graph cannot know its positions: it always takes the rows past the table from the formula
+            rows = torch.where((positions < n)[..., None], rows, sinusoidal_rows(positions, self.d_model, self.cfg.base))
+        return x + rows.to(x.dtype)
 
 
 class LearnedConfig(ComponentConfig):
@@ -561,7 +584,7 @@ def register_components(register) -> None:
             factory=lambda cfg, ctx: NoPosition(),
             description="No explicit position information (NoPE). Acts nowhere.",
             reference="Kazemnejad et al. 2023, The Impact of Positional Encoding on Length Generalization, arXiv:2305.19466",
-            capabilities={"acts_on": "none", "compile_safe": True, "stateless": True},
+            capabilities={"acts_on": "none", "compile_safe": True, "stateless": True, "unbounded_positions": True},
             param_count=lambda cfg, ctx: 0,
             flops=elementwise("no position information: nothing computed"),
         )
@@ -579,7 +602,7 @@ def register_components(register) -> None:
             reference="Su et al. 2021, RoFormer, arXiv:2104.09864; linear: Chen et al. 2023, arXiv:2306.15595; llama3: "
             "github.com/meta-llama/llama-models; dynamic NTK: transformers _compute_dynamic_ntk_parameters; YaRN: Peng et al. 2023, "
             "arXiv:2309.00071; LongRoPE: Ding et al. 2024, arXiv:2402.13753",
-            capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True},
+            capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True, "unbounded_positions": True},
             param_count=lambda cfg, ctx: 0,
             flops=elementwise("RoPE rotates q/k feature pairs: element-wise multiplies and adds, no matrix product"),
             example={"type": "rope", "theta": 500000.0, "layout": "half_split", "scaling": {"type": "llama3", "factor": 8.0,
@@ -596,7 +619,7 @@ def register_components(register) -> None:
             "x [batch, seq, d_model] + PE[positions], PE[p, 2i] = sin(p·base^(-2i/d)), PE[p, 2i+1] = cos(...). "
             "Odd d_model supported; the table [max_seq_len, d_model] is a float32 buffer recomputed at init.",
             reference="Vaswani et al. 2017, Attention Is All You Need, §3.5, arXiv:1706.03762",
-            capabilities={"acts_on": "embedding", "compile_safe": True, "stateless": True},
+            capabilities={"acts_on": "embedding", "compile_safe": True, "stateless": True, "unbounded_positions": True},
             param_count=lambda cfg, ctx: 0,
             flops=elementwise("a table row added to each embedding: a lookup and an add"),
             example={"type": "sinusoidal", "base": 10000.0},
@@ -630,7 +653,7 @@ def register_components(register) -> None:
             "scores ([batch, n_heads, q_len, kv_len] float32). Slopes follow Press et al., including head counts "
             "that are not a power of two.",
             reference="Press, Smith & Lewis 2022, Train Short, Test Long: Attention with Linear Biases, arXiv:2108.12409",
-            capabilities={"acts_on": "bias", "compile_safe": True, "stateless": True},
+            capabilities={"acts_on": "bias", "compile_safe": True, "stateless": True, "unbounded_positions": True},
             param_count=lambda cfg, ctx: 0,
             flops=elementwise("a bias -slope * distance added to the scores: element-wise"),
         )

@@ -3,20 +3,21 @@
 ``save`` writes ``model.safetensors`` and ``spec.json``; renaming them one after the other used to leave, after a
 SIGKILL between the two renames, a folder that ``load`` refused ("spec.json differs from the spec stored in
 model.safetensors"): the old checkpoint lost, the new one unusable, and ``.tmp`` files piling up. Real
-processes (``os.fork``) are killed here, at random instants and at every file-system step of the protocol.
+processes (``os.fork``) are killed here before every named step of the protocol (the fault-injection hook
+:func:`modkit.atomic.on_step`) and before every file-system call it makes: every kill point is chosen, none is a
+timed instant, so the outcome of each kill is known in advance and asserted.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import signal
-import time
 
 import pytest
 import torch
 
 import modkit
+from modkit import atomic
 from modkit.atomic import JOURNAL
 
 from conftest import tiny_spec
@@ -60,34 +61,48 @@ def _run_child(body) -> int:
     return pid
 
 
-def test_saves_killed_at_random_instants_leave_old_or_new(tmp_path, two_models):
+def _steps_of_a_save(model, folder) -> list[str]:
+    """The named steps (:func:`modkit.atomic.on_step`) of one save of ``model`` into ``folder``, in order."""
+    steps: list[str] = []
+    with atomic.on_step(lambda step, where: steps.append(step)):
+        modkit.save(model, folder)
+    return steps
+
+
+@pytest.mark.parametrize("old, new", [("model-a", "model-b"), ("model-b", "model-a")])
+def test_a_save_stopped_at_each_of_its_steps_leaves_old_or_new(tmp_path, two_models, old, new):
+    """A child process saving ``new`` over ``old`` is SIGKILLed just before its k-th step, for every k in turn
+    (chosen through the fault-injection hook, never by timing): up to the commit point the folder loads as
+    ``old``, past it as ``new``, and after the load nothing temporary is left."""
     folder = tmp_path / "ckpt"
-    modkit.save(two_models["model-a"], folder)
-    start = time.perf_counter()
-    modkit.save(two_models["model-b"], folder)
-    one_save = time.perf_counter() - start
-    rng = random.Random(0)
-    seen = {"model-a": 0, "model-b": 0}
-    interrupted = 0  # kills that landed inside a save (its staging folder or journal was left behind)
-    kills = 30
+    modkit.save(two_models[old], folder)
+    steps = _steps_of_a_save(two_models[new], folder)
+    commit = steps.index(atomic.COMMIT_STEP)
+    # every file is staged, written and fsynced before the commit; the moves come after it
+    for name in ("model.safetensors", "spec.json", JOURNAL):
+        assert steps.index(f"stage {name}") < steps.index(f"write {name}") < steps.index(f"fsync {name}") < commit, steps
+    assert steps.index("move model.safetensors") > commit and steps.index("move spec.json") > commit, steps
+    outcomes = []
+    for k, step in enumerate(steps):
+        modkit.save(two_models[old], folder)
 
-    def save_forever(first: int):
-        names = list(two_models)
-        i = first
-        while True:
-            modkit.save(two_models[names[i % 2]], folder)
-            i += 1
+        def save_and_die(k=k):
+            count = iter(range(len(steps)))
 
-    for k in range(kills):
-        pid = _run_child(lambda: save_forever(k))  # children alternate which model they write first
-        time.sleep(rng.uniform(0, 3 * one_save))  # anywhere within the first few saves
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        interrupted += any(p.name not in ("spec.json", "model.safetensors") for p in folder.iterdir())
-        seen[_check_folder(folder, two_models)] += 1
-    assert sum(seen.values()) == kills
-    assert seen["model-a"] and seen["model-b"], seen  # the children made progress: both states were observed
-    assert interrupted >= 3, interrupted  # and many kills fell inside a save, which is what is being tested
+            def hook(name, where):
+                if next(count) == k:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            with atomic.on_step(hook):
+                modkit.save(two_models[new], folder)
+            os._exit(3)  # not reached: step k exists
+
+        pid = _run_child(save_and_die)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (step, status)
+        outcomes.append((step, _check_folder(folder, two_models)))
+    # killed just before the journal's rename (the commit point) or earlier: the old checkpoint; after it: the new one
+    assert [name for _, name in outcomes] == [old] * (commit + 1) + [new] * (len(steps) - commit - 1), outcomes
 
 
 #: the protocol's file-system calls; the child dies just before the n-th of them

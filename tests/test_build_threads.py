@@ -91,11 +91,11 @@ def test_concurrent_builds_get_their_own_dtype_and_values():
     helpers = [threading.Thread(target=user_init), threading.Thread(target=watch_default)]
     for t in threads + helpers:
         t.start()
-    for t in threads:
-        t.join(timeout=120)
+    for t in threads:  # (no timeout: a join that gives up under load would let the checks below race the builds)
+        t.join()
     stop.set()
     for t in helpers:
-        t.join(timeout=60)
+        t.join()
     assert not failures, failures[:10]
     assert torch.get_default_dtype() == default
     assert {n: getattr(nn.init, n) for n in originals} == originals  # the very same function objects
@@ -109,15 +109,18 @@ def test_construction_mode_is_private_to_the_building_thread():
     seen = {}
 
     def hold() -> None:
-        with torch.device("meta"), _Construction(torch.bfloat16):
-            seen["inside_dtype"] = torch.empty(2).dtype
-            seen["inside_device"] = torch.empty(2).device.type
-            inside.set()
-            release.wait(timeout=30)
+        try:
+            with torch.device("meta"), _Construction(torch.bfloat16):
+                seen["inside_dtype"] = torch.empty(2).dtype
+                seen["inside_device"] = torch.empty(2).device.type
+                inside.set()
+                release.wait()  # (no timeout: the checks below must run while this thread is inside, however slow)
+        finally:
+            inside.set()  # (an error above must not leave the main thread waiting)
 
     t = threading.Thread(target=hold)
     t.start()
-    assert inside.wait(timeout=30)
+    inside.wait()
     try:
         x = torch.empty(3)
         nn.init.constant_(x, 2.5)
@@ -125,7 +128,7 @@ def test_construction_mode_is_private_to_the_building_thread():
         assert torch.equal(x, torch.full((3,), 2.5))
     finally:
         release.set()
-        t.join(timeout=30)
+        t.join()
     assert seen == {"inside_dtype": torch.bfloat16, "inside_device": "meta"}
 
 

@@ -19,6 +19,8 @@ from safetensors.torch import save_file
 import modkit
 from modkit import CheckpointError, cli
 
+from conftest import HANG_TIMEOUT
+
 transformers = pytest.importorskip("transformers")
 T = transformers
 
@@ -614,7 +616,7 @@ def test_save_killed_midway_by_sigkill_leaves_the_old_checkpoint_loadable(tmp_pa
         modkit.save(modkit.build({str(tmp_path / "spec.json")!r}, seed=2), {str(tmp_path / "ck")!r})
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert proc.returncode == -9, proc.stderr[-2000:]
     loaded = modkit.load(tmp_path / "ck")
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in first.state_dict().items())

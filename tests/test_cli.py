@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import modkit
-from conftest import tiny_spec
+from conftest import HANG_TIMEOUT, tiny_spec
 from modkit import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,7 +352,7 @@ def test_convert_hf_unknown_keys_warn_once_and_strict_refuses(capsys, tmp_path):
         code, out, err = run(capsys, "convert", "hf", config)
     assert code == 0, err
     lines = [l for l in err.splitlines() if "warning" in l]
-    assert len(lines) == 1 and "foo_legacy = 7" in lines[0] and "other_lib = {'x': 1}" in lines[0], err
+    assert len(lines) == 1 and "foo_legacy = 7" in lines[0] and 'other_lib = {"x": 1}' in lines[0], err  # (containers as JSON)
     assert json.loads(out)["d_model"] == 64
     code, out, err = run(capsys, "convert", "hf", config, "--strict")
     assert code == 1 and out == ""
@@ -450,7 +450,7 @@ def test_python_dash_m_modkit(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MODKIT_DEBUG"}
     proc = subprocess.run(
         [sys.executable, "-m", "modkit", "validate", str(TINY), str(bad)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_TIMEOUT,
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.strip() == f"ok {TINY}"
@@ -474,7 +474,7 @@ def test_help_version_and_usage_errors_do_not_import_torch(argv):
     """The parser assembles without torch or the plugins: every command module and extension module imports them
     only in its handler (``generate``'s registry-backed flags wait until ``generate`` is parsed)."""
     env = {k: v for k, v in os.environ.items() if k != "MODKIT_DEBUG"}
-    proc = subprocess.run([sys.executable, "-c", _STARTUP, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _STARTUP, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_TIMEOUT)
     assert proc.stdout.rstrip().splitlines()[-1] == "HEAVY []", (proc.stdout[-500:], proc.stderr[-2000:])
     if argv == ["--help"]:
         assert proc.returncode == 0 and proc.stdout.startswith("usage: modkit ")
@@ -515,7 +515,7 @@ def test_generate_encodes_the_prompt_without_the_tokenizers_padding(tmp_path):
     raw.save(str(raw_path))
     out = subprocess.run(
         [sys.executable, "-m", "modkit", "generate", str(tmp_path / "ckpt"), "--prompt", "the quick fox", "--max-new-tokens", "2"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=HANG_TIMEOUT,
     )
     assert out.returncode == 0, out.stderr
     n = len(tok.encode("the quick fox"))

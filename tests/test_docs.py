@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.conftest import pip_install_copies
+from tests.conftest import HANG_TIMEOUT, pip_install_copies
 
 import modkit
 from modkit import docs
@@ -507,6 +507,8 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
     assert f"d_model = {d}, n_heads = {docs.EXAMPLE_CONTEXT['n_heads']}" in table
     for entry in registry.components("attention"):
         cfg = modkit.load_component("attention", entry.example_config(), registry=registry)
+        if entry.type == "mla":  # latent attention: its own formulas (plugins/mla.py), decode in the absorbed form
+            continue
         h = cfg.n_heads
         kv = cfg.n_kv_heads or (1 if entry.type == "mqa" else h)
         hd = d // h
@@ -516,6 +518,14 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
         row = next(line for line in table.splitlines() if line.startswith(f"| [`{entry.type}`]"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2] == f"{params:,}" and cells[4] == f"{kv_bytes:,}" and cells[5] == f"{flops:,}", (entry.type, cells)
+    mla = modkit.load_component("attention", registry.get("attention", "mla").example_config(), registry=registry)
+    r, rope, h, nope, v, q = mla.kv_lora_rank, mla.qk_rope_head_dim, mla.n_heads, mla.qk_nope_head_dim, mla.v_head_dim, mla.q_lora_rank
+    params = d * q + q + q * h * (nope + rope) + d * (r + rope) + r + r * h * (nope + v) + h * v * d  # RMSNorm gains q, r
+    flops = (2 * d * q + 2 * q * h * (nope + rope) + 2 * d * (r + rope) + 2 * h * nope * r + 2 * h * r * v + 2 * h * v * d
+             + 2 * h * (r + rope) * COMPARE_CONTEXT + 2 * h * r * COMPARE_CONTEXT)  # absorbed: scores and sum over the latent
+    row = next(line for line in table.splitlines() if line.startswith("| [`mla`]"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{params:,}" and cells[4] == f"{(r + rope) * 2:,}" and cells[5] == f"{flops:,}", cells
     norms = pages[docs.kind_path("norm")]
     assert "| [`rmsnorm`](rmsnorm.md) | (defaults) | 256 | `d` |" in norms
     ffn = pages[docs.kind_path("ffn")]
@@ -631,7 +641,7 @@ def built_site(tmp_path_factory):
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "modkit", "docs", "build", "-o", str(out), "-f", str(REPO / "mkdocs.yml")],
-        capture_output=True, text=True, cwd=str(REPO), env=env, timeout=900,
+        capture_output=True, text=True, cwd=str(REPO), env=env, timeout=HANG_TIMEOUT,
     )
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, f"strict site build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
@@ -661,9 +671,8 @@ def _plugins_seen_with(extra: Path | None) -> list[dict]:
 
 
 def _page(site: Path, docs_path: str) -> Path:
-    """The built HTML file of a docs page (directory URLs: ``a/b.md`` -> ``a/b/index.html``)."""
-    stem = docs_path[: -len(".md")]
-    return site / f"{stem}.html" if stem == "index" or stem.endswith("/index") else site / stem / "index.html"
+    """The built HTML file of a docs page (no directory URLs, so the site works from disk: ``a/b.md`` -> ``a/b.html``)."""
+    return site / f"{docs_path[: -len('.md')]}.html"
 
 
 @pytest.mark.slow
@@ -679,11 +688,11 @@ def test_site_has_a_page_per_component_and_spec(built_site):
         page = _page(site, docs.gallery_path(path.stem))
         assert page.is_file(), f"no gallery page for {path.name}"
         assert 'class="mermaid"' in page.read_text()
-    for name in ("index.html", "concepts/index.html", "reference/cli/index.html", "reference/spec/index.html",
-                 "reference/api/modkit.spec/index.html", "components/index.html", "gallery/index.html",
-                 "reference/modkit.schema.json", "search/search_index.json"):
+    for name in ("index.html", "concepts.html", "reference/cli.html", "reference/spec.html",
+                 "reference/api/modkit.spec.html", "components/index.html", "gallery/index.html",
+                 "reference/modkit.schema.json", "search/search_index.json", "search/search_index.js"):
         assert (site / name).is_file(), name
-    assert "load_spec" in (site / "reference/api/modkit.spec/index.html").read_text()
+    assert "load_spec" in (site / "reference/api/modkit.spec.html").read_text()
 
 
 @pytest.mark.slow
@@ -700,7 +709,7 @@ def test_site_shows_the_example_plugin(built_site):
         assert page.is_file(), f"no page for the example plugin's {item}"
         text = page.read_text()
         assert extra[0]["name"] in text and "modkit-extra" in text
-        assert f"{kind}/{type_}/" in overview
+        assert f"{kind}/{type_}.html" in overview
 
 
 @pytest.mark.slow
@@ -744,12 +753,12 @@ def test_site_api_signatures_are_wrapped(built_site):
 
     site = built_site["site"]
     lines, long = 0, []
-    for page in (site / "reference" / "api").rglob("index.html"):
+    for page in (site / "reference" / "api").rglob("*.html"):
         for block in re.findall(r'<div class="doc-signature[^"]*">\s*<pre>(.*?)</pre>', page.read_text(), re.S):
             for line in html.unescape(re.sub(r"<[^>]+>", "", block)).splitlines():
                 lines += 1
                 if len(line) > 100:
-                    long.append(f"{page.parent.name}: {line}")
+                    long.append(f"{page.stem}: {line}")
     assert lines > 500, "signatures are rendered as separate, formatted blocks"
     assert not long, f"{len(long)} signature lines over 100 characters:\n  " + "\n  ".join(long[:20])
 
@@ -762,8 +771,10 @@ def test_site_sitemap_lists_every_page(built_site):
     site = built_site["site"]
     urls = [u.text for u in ET.parse(site / "sitemap.xml").getroot().iter("{http://www.sitemaps.org/schemas/sitemap/0.9}loc")]
     base = _mkdocs_config()["site_url"]
-    pages = {p.relative_to(site).parent.as_posix() for p in site.rglob("index.html") if "assets" not in p.parts}
-    listed = {re.sub(r"/$", "", u[len(base):]) or "." for u in urls}
+    pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")  # the theme's pages, not a trace report the site links to
+             if "assets" not in p.parts and p.name != "404.html" and 'name="generator" content="mkdocs' in p.read_text(errors="replace")}
+    listed = {u[len(base):] or "index.html" for u in urls}
+    listed = {u + "index.html" if u.endswith("/") else u for u in listed}
     assert len(urls) == len(pages) > 100 and listed == pages
 
 
@@ -779,17 +790,17 @@ def test_site_every_page_is_in_the_nav(built_site):
     hrefs |= {posixpath.normpath(h) for h in re.findall(r'href="([^"#]+)"[^>]*class="md-nav__link', nav)}
     comps = [c for p in built_site["plugins"] for c in p["components"]]
     for item in comps:
-        assert f"components/{item}" in hrefs, f"{item}: its page is not reachable from the nav"
-    assert "examples/modkit-extra" in hrefs and "reference/hugging-face" in hrefs
+        assert f"components/{item}.html" in hrefs, f"{item}: its page is not reachable from the nav"
+    assert "examples/modkit-extra/index.html" in hrefs and "reference/hugging-face.html" in hrefs
 
 
 @pytest.mark.slow
 def test_site_renders_math_and_links_no_math(built_site):
     site = built_site["site"]
-    page = (site / "components" / "position" / "sinusoidal" / "index.html").read_text()
+    page = (site / "components" / "position" / "sinusoidal.html").read_text()
     assert page.count('class="arithmatex"') >= 3
     assert "github.com/-2i" not in page
-    assert 'class="arithmatex"' in (site / "components" / "ffn" / "moe" / "index.html").read_text()
+    assert 'class="arithmatex"' in (site / "components" / "ffn" / "moe.html").read_text()
 
 
 # ------------------------------------------------------------------------------------------------ guide snippets
@@ -839,3 +850,226 @@ def test_hugging_face_guide_runs():
     namespace: dict = {}
     exec(_blocks("guides/hugging-face.md", "python")[0], namespace)  # noqa: S102 - the guide's own example
     assert namespace["spec"].metadata["hf_model_type"] == "llama"
+
+
+def test_hugging_face_guide_model_type_is_the_shipped_one():
+    """The guide's declarative StarCoder2 is the shipped one: same spec for a config, same config written back."""
+    namespace: dict = {}
+    exec(_blocks("guides/hugging-face.md", "python")[1], namespace)  # noqa: S102 - the guide's own example
+    guide, shipped = namespace["STARCODER2"], modkit.get_registry().hf_converter("starcoder2").declaration
+    cfg = {"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "sliding_window": 8, "use_bias": False, "residual_dropout": 0.1}
+    assert guide.convert(dict(cfg)) == shipped.convert(dict(cfg))
+    spec = modkit.load_spec(shipped.convert(dict(cfg)))
+    assert guide.weights.hf_config(spec, cfg) == shipped.weights.hf_config(spec, cfg)
+    assert guide.tensors == shipped.tensors
+
+
+# ------------------------------------------------------------------------------------------------ one source for the quickstart
+
+
+def _readme_section(name: str) -> str:
+    text = (REPO / "README.md").read_text()
+    start, end = f"<!-- --8<-- [start:{name}] -->", f"<!-- --8<-- [end:{name}] -->"
+    assert text.count(start) == 1 and text.count(end) == 1, f"README.md: section {name} is not marked once"
+    return text[text.index(start) + len(start):text.index(end)]
+
+
+def _make_targets() -> dict[str, list[str]]:
+    """``{target: recipe lines}`` of the Makefile."""
+    import re
+
+    targets: dict[str, list[str]] = {}
+    current = None
+    for line in (REPO / "Makefile").read_text().splitlines():
+        m = re.match(r"^([A-Za-z][\w.-]*):", line)
+        if m:
+            current = targets.setdefault(m.group(1), [])
+        elif line.startswith("\t") and current is not None:
+            current.append(line.strip())
+    return targets
+
+
+def test_home_page_and_readme_describe_the_same_demo():
+    """The docs home page includes the README's quickstart (one text, so they cannot drift), and that text
+    describes what the Makefile's targets do."""
+    import re
+
+    home = (REPO / "docs" / "index.md").read_text()
+    for section in ("fresh-machine", "demo"):
+        assert f'--8<-- "README.md:{section}"' in home, f"docs/index.md does not include the README's {section}"
+    assert "make demo" not in re.sub(r'--8<-- "[^"]+"', "", home.split("## Where to go next")[0].split("```python")[0]), \
+        "the home page describes make demo in its own words besides the README's"
+    setup, demo = _readme_section("fresh-machine"), _readme_section("demo")
+    targets = _make_targets()
+    commands = re.findall(r"^make (\w+)", setup, re.M)
+    assert commands[:2] == ["demo", "test"] and all(c in targets for c in commands)
+    # what `make demo` runs: every file its recipe names, and the torch index it defaults to
+    recipe = " ".join(targets["demo"])
+    files = re.findall(r"specs/[\w./-]+\.json", recipe)
+    assert len(files) == 2 and all(f in demo for f in files), (files, demo)
+    assert "modkit train" in recipe and "trains it" in demo
+    assert re.search(r"^TORCH_INDEX \?=\s*$", (REPO / "Makefile").read_text(), re.M), "the Makefile's default index changed"
+    assert "default index serves the multi-GB CUDA build" in setup and "make demo TORCH_INDEX=" in setup
+    # the spec the demo trains has the size the README states
+    spec = modkit.load_spec(REPO / files[0])
+    assert f"{modkit.count_params(spec):,} parameters" in demo
+
+
+def test_plugin_guide_sample_output_is_what_modkit_prints(capsys):
+    """§8 of the plugin guide shows `modkit plugins`: the built-in rows name the distribution as the command does."""
+    from modkit.cli import main
+
+    guide = (REPO / "docs" / "guides" / "writing-a-plugin.md").read_text()
+    assert main(["plugins"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("builtin-attention "))
+    shown = next(line for line in guide.splitlines() if line.startswith("builtin-attention "))
+    assert row.split()[:4] == shown.split()[:4], (row, shown)
+
+
+def test_gallery_labels_are_the_spec_file_names(pages):
+    import re
+
+    index = pages["gallery/index.md"]
+    for path in SPECS:
+        assert f"[{path.stem}]({path.stem}.md)" in index
+        assert pages[docs.gallery_path(path.stem)].startswith(f"# {path.stem}\n")
+    assert f"* [{SPECS[0].stem}]({SPECS[0].stem}.md)" in pages["gallery/SUMMARY.md"]
+    gemma = pages["gallery/gemma-3-1b.md"]
+    assert "Spec name: `gemma-3-1b-pt`." in gemma
+    assert not re.search(r"\[gemma-3-1b-pt\]", index)
+
+
+def test_api_index_sets_the_public_api_apart(pages):
+    from modkit.docs.api_reference import api_modules, public_modules
+
+    index = pages["reference/api/index.md"]
+    public_part, internal_part = index.split("## Internals")
+    modules = api_modules()
+    public = public_modules(modules)
+    assert "modkit.spec" in public and "modkit.generate" in public and "modkit.cli.build" not in public
+    for name in modules:
+        link = f"[`{name}`]({name}.md)"
+        assert (link in public_part) == (name in public) and (link in internal_part) == (name not in public), name
+    # a summary is never cut inside inline code
+    for line in index.splitlines():
+        if line.startswith("| [`"):
+            summary = line.split(" | ", 1)[1]
+            assert summary.count("`") % 2 == 0, line
+
+
+# ------------------------------------------------------------------------------------------------ the built site in a browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from tests.browser import Browser, find_browser
+
+    binary = find_browser()
+    if binary is None:
+        pytest.skip("no Chromium binary (Debian: apt-get install chromium); the site is not viewed here")
+    with Browser(binary, width=1400, height=900) as b:
+        yield b
+
+
+@pytest.mark.slow
+def test_site_links_are_page_files(built_site):
+    """No link names a folder: opened from disk, a folder URL shows the browser's directory listing."""
+    site = built_site["site"]
+    folders = []
+    for page in site.rglob("*.html"):
+        parser = _Links()
+        parser.feed(page.read_text(errors="replace"))
+        for link in parser.links:
+            parts = urlsplit(link)
+            if parts.scheme or parts.netloc or not parts.path:
+                continue
+            if parts.path.endswith("/") or (page.parent / unquote(parts.path)).is_dir():
+                folders.append(f"{page.relative_to(site)}: {link}")
+    assert not folders, f"{len(folders)} links to folders:\n  " + "\n  ".join(folders[:20])
+
+
+@pytest.mark.slow
+def test_site_from_disk_follows_links_and_searches(built_site, browser):
+    """Opened as file://, no server: a click on a link opens that page, and the search finds pages and opens one."""
+    site = built_site["site"]
+    browser.goto((site / "index.html").as_uri())
+    assert browser.eval("!!document.querySelector('h1')")
+    for selector, page in (('a.md-tabs__link[href$="concepts.html"]', "concepts.html"),
+                           ('.md-content a[href$="components/index.html"]', "components/index.html")):
+        browser.goto((site / "index.html").as_uri())
+        browser.click(selector)
+        url = browser.wait(f"location.href.endsWith({json.dumps(page)}) && document.readyState === 'complete' && location.href")
+        assert url == (site / page).as_uri()
+        assert browser.eval("!!document.querySelector('.md-content h1') && !document.title.startsWith('Index of')")
+    browser.goto((site / "guides" / "compose.html").as_uri())
+    browser.click('label[for="__search"]')  # the header's search toggle: opens the search overlay
+    browser.eval("document.querySelector('input.md-search__input').focus()")
+    # typing before the search worker has loaded the index starts no search: wait for the theme to say it is ready
+    browser.wait("!/Initializing/i.test(document.querySelector('.md-search-result__meta').textContent)", timeout=90)
+    browser.type("rmsnorm")
+    n = browser.wait("document.querySelectorAll('.md-search-result__item').length", timeout=60)
+    assert n >= 5 and "matching document" in browser.eval("document.querySelector('.md-search-result__meta').textContent")
+    first = browser.eval("document.querySelector('.md-search-result__item a').href")
+    assert first.startswith(site.as_uri()) and ".html" in first
+    browser.click(".md-search-result__item a")
+    browser.wait(f"location.href === {json.dumps(first)} && document.readyState === 'complete'")
+    assert "rmsnorm" in browser.eval("document.querySelector('.md-content').textContent").lower()
+    assert not browser.console_errors, browser.console_errors
+
+
+#: The column of a page and every table in it wider than the column (page scripts off: tables are laid out by
+#: the stylesheets; KaTeX and Mermaid draw nothing that sits in a table).
+_OVERFLOW = """(() => {
+  const col = document.querySelector('.md-content__inner');
+  if (!col) return null;
+  const cs = getComputedStyle(col);
+  const width = col.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  const tables = [...col.querySelectorAll('table')].filter(t => t.scrollWidth > width + 1)
+    .map(t => [Math.round(t.scrollWidth), (t.rows[0] ? t.rows[0].textContent : '').replace(/\\s+/g, ' ').trim().slice(0, 60)]);
+  return {width: Math.round(width), tables: tables};
+})()"""
+
+
+@pytest.mark.slow
+def test_site_tables_fit_the_content_column(built_site, browser):
+    """At a 1,400 px window no table of any built page is wider than the page's content column."""
+    site = built_site["site"]
+    pages = [p for p in sorted(site.rglob("*.html")) if "<table" in p.read_text(errors="replace")]
+    assert len(pages) > 100
+    browser.send("Emulation.setScriptExecutionDisabled", {"value": True})
+    try:
+        wide, widths = [], set()
+        for page in pages:
+            browser.goto(page.as_uri())
+            found = browser.eval(_OVERFLOW)
+            if found is None:  # a standalone file the site links to (a trace report), not a page of the theme
+                assert "md-content" not in page.read_text(errors="replace"), f"{page.relative_to(site)}: no content column"
+                continue
+            widths.add(found["width"])
+            wide += [f"{page.relative_to(site)}: {w} px > {found['width']} px: {head}" for w, head in found["tables"]]
+    finally:
+        browser.send("Emulation.setScriptExecutionDisabled", {"value": False})
+    assert min(widths) > 600, widths  # the column at 1,400 px, with the navigation and the table of contents beside it
+    assert not wide, f"{len(wide)} tables wider than their column:\n  " + "\n  ".join(wide[:30])
+
+
+@pytest.mark.slow
+def test_site_plugin_guide_lists_render_as_lists(built_site, browser):
+    browser.goto((built_site["site"] / "guides" / "writing-a-plugin.html").as_uri())
+    items = browser.eval("[...document.querySelectorAll('.md-content li')].map(li => li.textContent.replace(/\\s+/g, ' ').trim())")
+    for start in ("param_count(config, ctx) -> int is the exact number", "flops(config, ctx, work) -> {part: FLOPs}",
+                  "example: a valid config", "keep the input dtype", "expose n_heads, n_kv_heads and head_dim",
+                  "modkit.update_cache(inputs, k, v): stores"):
+        assert any(i.startswith(start) for i in items), f"no list item starting {start!r}"
+    paragraphs = browser.eval("[...document.querySelectorAll('.md-content p')].map(p => p.textContent)")
+    assert not [p for p in paragraphs if "* `" in p or p.lstrip().startswith("* ")], "a list rendered as literal asterisks"
+    assert "modkit-lm" in browser.eval("document.querySelector('.md-content').textContent")
+
+
+@pytest.mark.slow
+def test_site_cost_guide_code_is_not_clipped(built_site, browser):
+    browser.goto((built_site["site"] / "guides" / "cost.html").as_uri())
+    clipped = browser.eval("[...document.querySelectorAll('.md-content pre > code')].filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent.slice(0, 60))")
+    assert clipped == []
+    assert browser.eval("[...document.querySelectorAll('.md-content pre > code')].some(c => c.textContent.includes('FLOPs per token at context 8,192'))")

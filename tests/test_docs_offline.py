@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import offline_build_possible
+from tests.conftest import HANG_TIMEOUT, offline_build_possible
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
@@ -103,7 +103,7 @@ def _copy_tree(dst: Path) -> None:
 
 
 def _run(cmd, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kwargs)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_TIMEOUT, **kwargs)
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -182,7 +182,8 @@ def offline_site(tmp_path_factory):
 
 
 def _page(site: Path, path: str) -> Path:
-    return site / path / "index.html"
+    """The built file of a page (no directory URLs: ``a/b`` -> ``a/b.html``, so the site works from disk)."""
+    return site / f"{path}.html"
 
 
 def test_wheel_carries_the_site(offline_site):
@@ -195,6 +196,7 @@ def test_wheel_carries_the_site(offline_site):
                  "modkit/docs/web/pages/assets/vendor/mermaid/LICENSE",
                  "modkit/docs/web/pages/assets/vendor/katex/katex.min.js",
                  "modkit/docs/web/pages/assets/vendor/katex/fonts/KaTeX_Main-Regular.woff2",
+                 "modkit/docs/web/pages/assets/vendor/iframe-worker/shim/index.js",
                  "modkit/docs/plugin.py"):
         assert name in names, f"the wheel lacks {name}"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
@@ -210,7 +212,7 @@ def test_installed_site_shows_the_plugin_beside_the_builtins(offline_site):
     for path in ("norm/rmsnorm", "attention/gqa", "placement/pre", "position/sinusoidal"):  # built-ins beside them
         assert _page(site, f"components/{path}").is_file()
     overview = (site / "components" / "index.html").read_text()
-    assert "norm/dyt/" in overview and "norm/rmsnorm/" in overview
+    assert "norm/dyt.html" in overview and "norm/rmsnorm.html" in overview
     assert _page(site, "gallery/tiny-dyt-relu2").is_file(), "the gallery shows the specs of the current folder"
     for path in ("concepts", "reference/cli", "reference/spec", "reference/api/modkit.spec"):
         assert _page(site, path).is_file(), path
@@ -317,7 +319,7 @@ def _dump_dom(browser: str, url: str) -> str:
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
             "--virtual-time-budget=30000", "--dump-dom", url,
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0 and "</html>" in proc.stdout, f"chromium failed on {url}:\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -359,14 +361,14 @@ def test_diagrams_and_formulas_render_offline_in_chromium(offline_site):
         for path in diagram_pages:
             blocks = _page(site, path).read_text().count('class="mermaid"')
             assert blocks > 0, f"{path}: the built page has no mermaid block"
-            dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}/")
+            dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}.html")
             svgs = re.findall(r'<div class="mermaid"[^>]*>\s*<svg', dom)
             assert len(svgs) == blocks, f"{path}: {len(svgs)} of {blocks} diagrams drawn as SVG"
             assert '<pre class="mermaid"' not in dom
             text = _visible_text(dom)
             assert "flowchart" not in text and "-->" not in text, f"{path}: raw mermaid source is visible"
         for path, formulas in (("components/position/sinusoidal", 2), ("components/norm/rmsnorm", 3), ("components/attention/gqa", 4)):
-            dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}/")
+            dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}.html")
             rendered = len(re.findall(r'<span class="katex">', dom))
             assert rendered >= formulas, f"{path}: {rendered} KaTeX formulas, expected at least {formulas}"
             assert "katex-error" not in dom, f"{path}: KaTeX could not parse a formula"

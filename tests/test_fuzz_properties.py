@@ -12,8 +12,10 @@ damaged (truncated, binary, UTF-16, deeply nested). Properties:
 * a Hugging Face config is either converted to a valid spec or rejected with a SpecError naming the config's
   own keys (never a path of the converted spec).
 
-The default run tries a few hundred examples; ``pytest --hypothesis-profile thorough`` tries thousands (the
-profiles are registered in ``conftest.py``).
+The default run tries the same few hundred examples every time (hypothesis derandomized, no example database);
+``MODKIT_HYPOTHESIS=explore pytest tests/test_fuzz_properties.py`` (or ``--hypothesis-profile explore``) draws
+thousands of fresh ones to find new cases (the profiles are registered in ``conftest.py``); a failure found that
+way becomes an explicit test, as the quoted-key cases of ``test_error_paths.py`` did.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from hypothesis import strategies as st
 
 import modkit
 from modkit.errors import SpecError
+from modkit.validation import PathError, parse_path, resolve_path
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = {p.name: json.loads(p.read_text()) for p in sorted((REPO / "specs").glob("*.json"))}
@@ -101,7 +104,8 @@ def mutated(draw, docs: dict):
     elif kind == "add":
         holders = [n for _, n in nodes if isinstance(n, dict)]
         holder = draw(st.sampled_from(holders))
-        holder[draw(st.sampled_from(["n_layer", "typo", "eps", "type", "bias"]))] = draw(VALUES)
+        key = draw(st.sampled_from(["n_layer", "typo", "eps", "type", "bias"]) | st.text(max_size=6))  # "[", "a.b", ""...
+        holder[key] = draw(VALUES)
     else:  # the same key twice in one object (text level: a dict cannot hold it)
         holders = [n for _, n in nodes if isinstance(n, dict) and n]
         holder = draw(st.sampled_from(holders))
@@ -113,24 +117,14 @@ def mutated(draw, docs: dict):
 
 
 def _resolves(path: str, doc) -> bool:
-    """Whether a dotted error path leads into ``doc`` (its last key may be a missing field)."""
+    """Whether an error path leads into ``doc`` (its last key may be a missing field), read by modkit's own
+    :func:`~modkit.validation.resolve_path`."""
     if doc is None:
         return True  # the document could not be parsed by the stdlib either; the path is checked by shape only
-    node = doc
-    tokens = []
-    for part in path.replace("[", ".[").split("."):
-        if part:
-            tokens.append(int(part[1:-1]) if part.startswith("[") else part)
-    for i, tok in enumerate(tokens):
-        last = i == len(tokens) - 1
-        if isinstance(tok, int) and isinstance(node, list) and 0 <= tok < len(node):
-            node = node[tok]
-        elif isinstance(tok, str) and isinstance(node, dict) and tok in node:
-            node = node[tok]
-        elif last and isinstance(node, dict):
-            return True  # a missing required field, named under its object
-        else:
-            return False
+    try:
+        resolve_path(doc, path, default=None)
+    except PathError:
+        return False
     return True
 
 
@@ -170,8 +164,8 @@ def test_every_mutated_hf_config_converts_or_names_the_configs_key(tmp_path_fact
         keys = set(original) | (set(doc) if isinstance(doc, dict) else set())
         for path, message in exc.errors:
             assert message
-            top = path.split(".")[0].split("[")[0]
-            if not top:
+            top = parse_path(path)[0] if path else ""
+            if not path:
                 assert whole_file or not isinstance(doc, dict) or "duplicate" in message or "model_type" in message, (path, message)
             elif not whole_file:  # (a damaged file is another document; its paths are its own)
                 assert top in keys, f"{name}: the error names {path!r}, not a key of the config: {message}"

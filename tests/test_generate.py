@@ -131,19 +131,27 @@ def test_stream_yields_one_token_per_step_and_prefill_chunks_agree():
 
 
 def test_generate_allocates_prompt_plus_new_tokens(monkeypatch):
+    import modkit.memory
+
     model = modkit.build(C12_SPEC, seed=0).eval()
-    made = []
-    original = type(model).new_cache
+    made, checked = [], []
+    original, fits = type(model).new_cache, modkit.memory.check_fits
 
     def spy(self, *args, **kwargs):
         cache = original(self, *args, **kwargs)
         made.append(cache)
         return cache
 
+    def spy_fits(nbytes, *args, **kwargs):
+        checked.append((nbytes, args[1] if len(args) > 1 else ""))
+        return fits(nbytes, *args, **kwargs)
+
     monkeypatch.setattr(type(model), "new_cache", spy)
+    monkeypatch.setattr(modkit.memory, "check_fits", spy_fits)
     generate(model, [[1, 2, 3], [4, 5, 6]], max_new_tokens=5, temperature=0)
-    sized, (cache,) = ([c for c in made if c.device.type == dev] for dev in ("meta", "cpu"))
-    assert [c.nbytes() for c in sized] == [cache.nbytes()]  # the memory check sized the very cache allocated, on meta
+    (cache,) = made
+    # the memory check sized (from the declarations) the very cache allocated
+    assert [n for n, what in checked if "KV cache" in what] == [cache.nbytes()]
     assert cache.batch_size == 2 and cache.max_len == 3 + 5
     assert cache.layers[0].k.shape == (2, 2, 8, 8) and cache.seen_tokens == 3 + 4  # the last token is never fed
 
@@ -266,7 +274,7 @@ def test_cli_generate_ids_from_a_spec_and_a_checkpoint(tmp_path, capsys):
     code, _, err = _cli(["generate", spec_file, "--prompt", "one two"], capsys)
     assert code == 1 and "token ids separated by commas or spaces" in err
     code, _, err = _cli(["generate", spec_file, "--prompt", "1 99"], capsys)
-    assert code == 1 and "input_ids must lie in [0, 32)" in err
+    assert code == 1 and "--prompt holds the token id 99, outside the model's vocabulary [0, 32)" in err
 
 
 def test_cli_generate_text_with_a_tokenizer(tmp_path, capsys):
@@ -336,3 +344,107 @@ def test_logits_to_keep_returns_the_last_positions_only():
         torch.testing.assert_close(kept, full[:, -n:], atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="logits_to_keep must be >= 1"):
         model(ids, logits_to_keep=0)
+
+
+# ------------------------------------------------------------------------------------------------ past max_seq_len
+
+def _position_types(unbounded: bool) -> list[str]:
+    """The registered position types that declare ``unbounded_positions`` (or do not), read from the registry."""
+    reg = modkit.get_registry()
+    return sorted(e.type for e in reg.components() if e.kind == "position" and bool(e.capabilities.get("unbounded_positions")) == unbounded)
+
+
+def _pair(position: dict, short: int, long: int):
+    """The same weights under two ``max_seq_len`` values (short, long)."""
+    from conftest import tiny_spec
+
+    a = modkit.build(tiny_spec(max_seq_len=short, position=position), seed=0).eval()
+    b = modkit.build(tiny_spec(max_seq_len=long, position=position), seed=1).eval()
+    b.load_state_dict(a.state_dict())  # (every non-persistent buffer is recomputed from the config at init)
+    return a, b
+
+
+def test_the_built_in_schemes_without_a_table_declare_it():
+    assert _position_types(True) == ["alibi", "none", "rope", "sinusoidal"]
+    assert _position_types(False) == ["learned"]
+
+
+@pytest.mark.parametrize("kind", _position_types(True))
+def test_max_len_raises_the_length_for_schemes_without_a_table(kind):
+    """Past max_seq_len with ``max_len``: the tokens and the logits are those of the same weights specified for
+    the longer length (max abs difference 0), and a MaxSeqLenWarning says the model was specified for less."""
+    from modkit.errors import ArgumentError, MaxSeqLenWarning
+
+    short, long = _pair({"type": kind}, 16, 48)
+    prompt = [[1, 2, 3]]
+    with pytest.raises(ArgumentError, match=r"past the model's max_seq_len = 16; .* or pass max_len=33"):
+        generate(short, prompt, max_new_tokens=30, temperature=0)  # the default stays the refusal
+    with pytest.warns(MaxSeqLenWarning, match="past the max_seq_len = 16 the model was specified for"):
+        out = generate(short, prompt, max_new_tokens=30, temperature=0, max_len=40)
+    assert torch.equal(out, generate(long, prompt, max_new_tokens=30, temperature=0))
+    ids = torch.randint(0, 64, (2, 40))
+    assert (short(ids).logits - long(ids).logits).abs().max().item() == 0.0
+    with pytest.raises(ArgumentError, match="past max_len = 40; generate at most 37 new tokens"):
+        generate(short, prompt, max_new_tokens=38, temperature=0, max_len=40)
+
+
+@pytest.mark.parametrize("kind", _position_types(False))
+def test_schemes_with_a_table_keep_the_refusal(kind):
+    from modkit.errors import ArgumentError
+
+    model = modkit.build(__import__("conftest").tiny_spec(max_seq_len=16, position={"type": kind}), seed=0).eval()
+    with pytest.raises(ArgumentError, match=rf"max_len = 40 is past the model's max_seq_len = 16, and position type '{kind}'"):
+        generate(model, [[1, 2, 3]], max_new_tokens=30, max_len=40)
+    with pytest.raises(ArgumentError) as info:
+        generate(model, [[1, 2, 3]], max_new_tokens=30, temperature=0)
+    assert "max_len=" not in str(info.value)  # no hint that cannot be followed
+    assert generate(model, [[1, 2, 3]], max_new_tokens=5, temperature=0, max_len=8).shape == (1, 8)  # below: a limit
+
+
+@pytest.mark.parametrize("value, fragment", [(0, r"max_len must be in \[1, 134217728\], got 0"),
+                                             (2**64, r"max_len must be in \[1, 134217728\], got 18446744073709551616"),
+                                             (1.5, "max_len must be an integer, got float 1.5")])
+def test_max_len_is_checked(value, fragment):
+    from modkit.errors import ArgumentError
+
+    model = modkit.build(__import__("conftest").tiny_spec(), seed=0).eval()
+    with pytest.raises(ArgumentError, match=fragment):
+        generate(model, [[1]], max_new_tokens=1, max_len=value)
+
+
+def test_sinusoidal_rows_past_the_table_match_the_table_also_compiled():
+    """The rows a sinusoidal scheme computes past its table equal the table's own rows (float64 math), eager and
+    traced (a traced graph takes every row past the table from the formula)."""
+    from modkit_plugins.position import sinusoidal_table
+
+    short, long = _pair({"type": "sinusoidal"}, 8, 40)
+    pos = torch.arange(40)[None].repeat(2, 1)
+    x = torch.zeros(2, 40, 32)
+    want = long.positions[0].embed(x, pos)
+    assert torch.equal(want[0], sinusoidal_table(40, 32))
+    assert torch.equal(short.positions[0].embed(x, pos), want)
+    traced = torch.compile(short.positions[0].embed, backend="eager", fullgraph=True)
+    assert torch.equal(traced(x, pos), want)
+
+
+def test_cli_max_len_generates_past_max_seq_len_with_a_warning(tmp_path, capsys):
+    import json
+
+    from conftest import tiny_spec
+
+    spec = tmp_path / "rope16.json"
+    spec.write_text(json.dumps(tiny_spec(max_seq_len=16)))
+    code, out, err = _cli(["generate", spec, "--prompt", "1 2 3", "--max-new-tokens", 20, "--max-len", 23], capsys)
+    assert code == 0, err
+    assert len(out.split()) == 20
+    assert "modkit: warning: generating up to position 22 (max_len = 23), past the max_seq_len = 16" in err
+    from modkit.errors import MaxSeqLenWarning
+
+    with pytest.warns(MaxSeqLenWarning):
+        expected = generate(modkit.build(tiny_spec(max_seq_len=16), seed=0).eval(), [[1, 2, 3]], max_new_tokens=20,
+                            temperature=0, max_len=23)
+    assert out.split() == [str(t) for t in expected[0, 3:].tolist()]
+    code, _, err = _cli(["generate", spec, "--prompt", "1 2 3", "--max-new-tokens", 20], capsys)
+    assert code == 1 and "or pass max_len=23" in err
+    code, _, err = _cli(["generate", spec, "--prompt", "1", "--max-len", 2**64], capsys)
+    assert code == 1 and "--max-len must be in [1, 134217728], got 18446744073709551616" in err

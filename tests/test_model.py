@@ -126,19 +126,17 @@ def test_count_params_matches_module_and_formula():
     assert modkit.breakdown(spec)["attention"] == 2 * attn == 2 * (32 * 32 * 2 + 32 * 16 * 2)
 
 
-def test_meta_build_of_large_spec_is_fast():
-    import time
-
+def test_meta_build_of_large_spec_allocates_nothing():
+    """A 70B spec builds on meta: every parameter and buffer is a meta tensor, and the count is exact (how fast
+    that is belongs to benchmarks, not to a test's outcome)."""
     spec = modkit.load_spec(
         tiny_spec(vocab_size=128256, d_model=8192, n_layers=80, max_seq_len=8192,
                   block__attention={"type": "gqa", "n_heads": 64, "n_kv_heads": 8},
                   block__ffn={"type": "swiglu", "d_ff": 28672})
     )
-    t = time.perf_counter()
-    n = modkit.count_params(spec)
-    elapsed = time.perf_counter() - t
-    assert n == 70_553_706_496  # Llama-3-70B geometry, untied
-    assert elapsed < 5.0, f"meta build of a 70B spec took {elapsed:.2f} s"
+    model = modkit.build(spec, device="meta")
+    assert all(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    assert modkit.count_params(model) == modkit.count_params(spec) == 70_553_706_496  # Llama-3-70B geometry, untied
 
 
 def test_padding_stays_out_of_moe_aux_loss():

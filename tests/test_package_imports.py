@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG_TIMEOUT
+
 ROOT = Path(__file__).resolve().parents[1]
 LAZY = ("modkit", "modkit.data", "modkit.train", "modkit.testing")
 
@@ -56,7 +58,7 @@ def test_function_named_like_its_submodule_keeps_the_name():
         "assert build is modkit.build\n"
         "assert modkit.cost.__name__ == 'modkit.cost'\n"  # a submodule by attribute, as after an eager import
     )
-    proc = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, cwd=ROOT, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -71,7 +73,7 @@ def test_light_modules_do_not_import_torch():
         "modkit.build\n"
         "print('torch' in sys.modules)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[]", "False", "True"]
 

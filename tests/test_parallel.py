@@ -25,7 +25,7 @@ import modkit
 from modkit import Component, ComponentConfig
 from modkit.parallel import ParallelError, PlanWarning, model_plan
 
-from tests.conftest import REPO, SPECS, registry_with, tiny_spec
+from tests.conftest import HANG_TIMEOUT, REPO, SPECS, registry_with, tiny_spec
 
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 TOL = 1e-5
@@ -248,7 +248,7 @@ def test_every_shipped_spec_has_a_plan_for_all_its_weights(path):
 # ---------------------------------------------------------------------------------------------- distributed
 
 
-def _torchrun(script: str, nproc: int, out: Path, timeout: int = 240) -> dict[int, dict]:
+def _torchrun(script: str, nproc: int, out: Path, timeout: int = HANG_TIMEOUT) -> dict[int, dict]:
     env = {**os.environ, "MODKIT_DIST_OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPTS / script)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -344,7 +344,7 @@ def test_llama_3_1_8b_shards_on_meta_across_8_fake_ranks(tmp_path):
     out = tmp_path / "fake8.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "fake_8b.py"), str(out)],
-        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=240,
+        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=HANG_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(proc.stdout)
@@ -357,3 +357,22 @@ def test_llama_3_1_8b_shards_on_meta_across_8_fake_ranks(tmp_path):
             assert st["global_params"] == total
             assert st["local_params"] < 0.126 * total, (name, st)  # about 1/8 each
     assert data["layouts"]["fsdp8"]["sum_local_params"] == total
+
+
+@pytest.mark.slow
+@needs_gloo
+def test_moe_loads_are_all_reduced_and_shared_experts_shard(tmp_path):
+    """FSDP2 over 2 ranks, each on half the batch: the loads summed over the data-parallel group equal the single
+    process's on the whole batch, and so does the bias after the update; under TP the shared expert is sharded
+    (colwise / rowwise), its gate and the router replicated, and the logits match."""
+    ranks = _torchrun("moe_balance.py", 2, tmp_path)
+    for r, res in ranks.items():
+        fs, tp = res["fsdp"], res["tp"]
+        assert fs["global_loads_equal_reference"] and fs["bias_equal_reference"], (r, fs)
+        assert all(v == 2 * 32 * 2 for v in fs["local_load_total"].values())  # this rank's 2 x 32 tokens, top-2
+        assert fs["bias_nonzero"] > 0 and fs["imbalance"] == pytest.approx(fs["reference_imbalance"])
+        assert tp["logits_max_abs_diff"] < TOL and tp["aux_abs_diff"] < TOL, (r, tp)
+        assert tp["loads_equal_reference"] and tp["bias_equal_reference"], (r, tp)
+        assert tp["shared_styles"] == ["colwise", "colwise", "rowwise"]
+        assert tp["shared_gate_local_numel"] == 128 and tp["shared_up_local_rows"] == 64 // 2
+    _show("moe balance (rank 0)", ranks[0])

@@ -297,7 +297,7 @@ def test_alias_validates_as_its_type_and_saves_under_it(reg):
         warnings.simplefilter("error")
         s = modkit.load_spec(spec({"type": "olmo2"}), registry=reg)  # a plain alias: no warning
     assert s.block.placement.type == "reordered"
-    assert s.to_dict()["block"]["placement"] == {"type": "reordered"}
+    assert s.to_dict()["block"]["placement"] == {"type": "reordered", "residual_multiplier": 1.0}
     assert modkit.count_params(s, registry=reg) == modkit.count_params(spec({"type": "reordered"}), registry=reg)
 
 

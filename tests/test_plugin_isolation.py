@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG_TIMEOUT
+
 GOOD_NORM = '''
 """A working plugin: one norm, ``{type}``."""
 from typing import Literal
@@ -142,7 +144,7 @@ def runs(tmp_path_factory):
     results = {}
     try:
         for name, proc in procs.items():
-            out, err = proc.communicate(timeout=300)
+            out, err = proc.communicate(timeout=HANG_TIMEOUT)
             results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     finally:
         for proc in procs.values():

@@ -246,8 +246,10 @@ def test_sinusoidal_embed_adds_the_table(reg):
     pos = torch.tensor([[0, 1, 2], [7, 3, 19]])
     torch.testing.assert_close(sin.embed(x, pos), x + sinusoidal_table(20, 6, 500.0)[pos], atol=0, rtol=0)
     assert sin.rotate(x, x, pos)[0] is x and sin.attention_bias(pos, pos, 2) is None
-    with pytest.raises(ValueError, match="max_seq_len = 20"):
-        sin.embed(x, pos + 1)
+    # a position past the table (20: generation asked to run past max_seq_len) gets the row the formula gives it
+    torch.testing.assert_close(sin.embed(x, pos + 1), x + sinusoidal_table(21, 6, 500.0)[pos + 1], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="sinusoidal positions must be >= 0; got min -1"):
+        sin.embed(x, pos - 1)
     assert "pe" not in sin.state_dict()  # recomputed, never loaded
 
 

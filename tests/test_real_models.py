@@ -34,7 +34,6 @@ SPEC_FILES = {
 }
 MODELS = sorted(EXPECTED)
 SOURCES = ("hf_config", "spec_file")
-BUDGET_S = 5.0  # sanity bound for a meta build, not a benchmark
 
 
 def _config(model: str) -> dict:
@@ -94,7 +93,9 @@ def test_shipped_spec_is_the_converted_config(model):
 
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "mixtral-8x7b-v0.1"])
-def test_meta_build_time(model, record_property):
+def test_meta_build_holds_only_meta_tensors(model, record_property):
+    """A full-size spec builds on meta with nothing allocated. The time it takes is recorded (``meta_build_s`` in
+    the JUnit properties) and printed, never asserted: speed belongs to benchmarks, not to a test's outcome."""
     spec = modkit.load_spec(SPECS / SPEC_FILES[model])
     modkit.build(spec, device="meta")  # warm caches (registry, spec model)
     start = time.perf_counter()
@@ -102,4 +103,4 @@ def test_meta_build_time(model, record_property):
     elapsed = time.perf_counter() - start
     record_property("meta_build_s", round(elapsed, 4))
     print(f"\nmeta build {model}: {elapsed:.3f} s ({modkit.count_params(built):,} params)")
-    assert elapsed < BUDGET_S
+    assert all(t.is_meta for t in list(built.parameters()) + list(built.buffers()))

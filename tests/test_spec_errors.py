@@ -201,3 +201,34 @@ def test_training_config_errors_use_json_paths_and_values():
     assert errors["model"] == "Input should be a string, an object or null, not an integer (got 5)"
     assert errors["lr"] == "Input should be a valid number, not null"
     assert errors["batch_size"] == "Input should be a valid integer, not a boolean (got true)"
+
+
+# ------------------------------------------------------------------------------------------------ renamed and misplaced fields
+
+
+def test_a_renamed_field_is_one_error_with_the_name_it_stands_for():
+    # before: `block.ffn.d_ff: Field required` beside the unknown-field message
+    assert errors_of(tiny_spec(block__ffn={"type": "swiglu", "dff": 64})) == [
+        ("block.ffn.dff", "unknown field 'dff' for 'swiglu'; valid fields: d_ff, bias, activation; did you mean 'd_ff'?")
+    ]
+    errs = errors_of(tiny_spec(overrides=[{"layers": {"start": 1}, "ffn": {"type": "mlp", "dff": 8}}]))
+    assert [p for p, _ in errs] == ["overrides[0].ffn.dff"] and "did you mean 'd_ff'?" in errs[0][1]
+    # a missing required field with no look-alike beside it is still reported
+    errs = errors_of(tiny_spec(block__ffn={"type": "swiglu", "bias": False, "zzz": 1}))
+    assert ("block.ffn.d_ff", "Field required") in errs and any(p == "block.ffn.zzz" for p, _ in errs)
+
+
+def test_a_field_one_level_off_names_the_component_it_belongs_to():
+    spec = tiny_spec()
+    spec["block"]["qk_norm"] = {"type": "rmsnorm"}
+    path, msg = errors_of(spec)[0]
+    assert path == "block.qk_norm"
+    assert msg.startswith("unknown field 'qk_norm'")
+    assert msg.endswith("it is a field of block.attention ('gqa'): move it there (block.attention.qk_norm)")
+    spec = tiny_spec()
+    spec["block"]["attention"]["d_ff"] = 64  # beside its component: the ffn's field put in the attention
+    (path, msg), = errors_of(spec)
+    assert path == "block.attention.d_ff" and msg.endswith("it is a field of block.ffn ('swiglu'): move it there (block.ffn.d_ff)")
+    spec = tiny_spec()
+    spec["block"]["nonsense"] = 1
+    assert "move it" not in errors_of(spec)[0][1]

@@ -288,7 +288,10 @@ def test_huge_integers_and_deep_nesting_are_named(spec_file):
     assert errors == [("d_model", "an integer of 5,000 digits; no value in a spec or config needs more than a few")]
     assert "nested too deeply" in root_error(spec_file(b"[" * 100_000 + b"]" * 100_000))
     deep = text.replace('"metadata"', '"x"') [:-1] + ', "metadata": {"a": ' + "[" * 70 + "]" * 70 + "}}"
-    assert errors_of(str(spec_file(deep.encode())))[0] == ("metadata", "nested deeper than 64 levels of objects and arrays")
+    assert errors_of(str(spec_file(deep.encode())))[0] == (
+        "metadata", "nested deeper than 64 levels of objects and arrays, modkit's bound (modkit.limits.MAX_JSON_DEPTH; "
+        'a spec nests about 6); got {"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[...'
+    )
 
 
 def _with_alarm(fn, seconds=10):

@@ -93,10 +93,21 @@ def test_embedding_position_and_distinct_block_structures():
 
 @pytest.mark.parametrize("spec_file", SPEC_FILES, ids=[p.stem for p in SPEC_FILES])
 def test_every_spec_traces_on_meta(spec_file, capsys):
+    """Text too, out of the box: a spec carries no tokenizer, so bytes when vocab_size >= 256, tiny shakespeare's
+    characters below that."""
     spec = modkit.load_spec(spec_file)
-    code, out, err = run(capsys, "trace", str(spec_file), "--ids", "1,2,3")
+    code, out, err = run(capsys, "trace", str(spec_file), "--text", "hello world")
     assert code == 0, err
-    assert "shapes only" in out and f"[1, 3, {spec.vocab_size}]" in out
+    assert "shapes only" in out and f"[1, 11, {spec.vocab_size}]" in out
+    if spec.vocab_size >= 256:
+        ids = list("hello world".encode())
+        assert f"tokenizer: bytes (one id per UTF-8 byte, 0 to 255): the default for a spec with vocab_size {spec.vocab_size:,} >= 256" in out
+    else:
+        chars = sorted(set(default_corpus().read_text()))
+        ids = [chars.index(c) for c in "hello world"]
+        assert f"tokenizer: char (tiny shakespeare's 65 characters): the default for a spec with vocab_size {spec.vocab_size} < 256" in out
+    assert f"ids: {', '.join(map(str, ids))}" in out
+    assert "tokens (11): 'h' 'e' 'l' 'l' 'o' ' ' 'w' 'o' 'r' 'l' 'd'" in out
     t = trace(modkit.build(spec, device="meta"), [1, 2, 3])
     stages = {s.name: s.shape for g in t.groups for s in g.stages}
     first = spec.layer(0)
@@ -282,8 +293,12 @@ def test_html_report_renders_in_headless_chromium(trained_run, tmp_path):
 
 def test_cli_errors_are_one_clear_line(trained_run, tmp_path, capsys):
     spec = str(SPECS / "tiny-llama.json")
-    code, _, err = run(capsys, "trace", spec, "--text", "hello")
-    assert code == 1 and "--text needs a tokenizer and this model carries none" in err and "--ids 1,2,3" in err
+    weights_only = tmp_path / "no-tokenizer"  # trained weights without their tokenizer: no default is made up
+    weights_only.mkdir()
+    for f in ("spec.json", "model.safetensors"):
+        (weights_only / f).write_bytes((trained_run / "best" / f).read_bytes())
+    code, _, err = run(capsys, "trace", str(weights_only), "--text", "hello")
+    assert code == 1 and "--text needs the tokenizer these weights were trained with" in err and "--ids 1,2,3" in err
     code, _, err = run(capsys, "trace", spec, "--ids", "1,x,3")
     assert code == 1 and "'x' is not a token id" in err
     code, _, err = run(capsys, "trace", spec, "--ids", "1,1024")
@@ -302,6 +317,63 @@ def test_cli_errors_are_one_clear_line(trained_run, tmp_path, capsys):
     assert code == 1 and "--top-k must be >= 1" in err
     code, _, err = run(capsys, "trace", spec, "--text", "héllo", "--tokenizer", str(trained_run / "best" / "tokenizer.json"))
     assert code == 1 and "é" in err
+
+
+def test_bytes_tokenizer_is_lossless_and_its_ids_are_the_bytes():
+    from tokenizers import pre_tokenizers
+
+    from modkit.data import byte_tokenizer
+    from modkit.data.tokenizer import _byte_symbols
+
+    tok = byte_tokenizer()
+    text = "héllo, wörld\n\t€ 🙂"
+    assert tok.encode(text) == list(text.encode("utf-8")) and tok.decode(tok.encode(text)) == text
+    assert tok.vocab_size == 256
+    assert set(_byte_symbols().values()) == set(pre_tokenizers.ByteLevel.alphabet())  # GPT-2's byte alphabet
+
+
+def test_a_tokenizer_that_does_not_fit_the_model_names_both_sizes(trained_run, tmp_path, capsys):
+    char_spec = str(SPECS / "nanogpt-shakespeare-char.json")  # vocab_size 65
+    code, _, err = run(capsys, "trace", char_spec, "--text", "hi", "--tokenizer", "bytes")
+    assert code == 1
+    assert "tokenizer 'bytes' has 256 ids but the model's vocab_size is 65: ids 65 and above have no embedding" in err
+    code, _, err = run(capsys, "generate", char_spec, "--prompt", "hi", "--tokenizer", str(_bytes_file(tmp_path)),
+                       "--max-new-tokens", "1")
+    assert code == 1 and "has 256 ids but the model's vocab_size is 65" in err
+    # fewer ids than the model, given by hand: traced, with a warning naming both sizes
+    file = trained_run / "best" / "tokenizer.json"
+    from modkit.data import load_tokenizer
+
+    n = load_tokenizer(file).vocab_size
+    code, out, err = run(capsys, "trace", str(SPECS / "tiny-llama.json"), "--text", "the", "--tokenizer", str(file))
+    assert code == 0, err
+    assert f"modkit: warning: tokenizer '{file}' has {n} ids and the model's vocab_size is 1,024" in err
+    # no default fits a vocabulary below 65
+    small = tmp_path / "small.json"
+    small.write_text(__import__("json").dumps(tiny_spec(vocab_size=32)))
+    code, _, err = run(capsys, "trace", str(small), "--text", "hi")
+    assert code == 1 and "no default tokenizer fits vocab_size 32 (bytes need 256 ids, tiny shakespeare's characters 65)" in err
+    assert run(capsys, "trace", str(small), "--ids", "1,2")[0] == 0
+
+
+def _bytes_file(folder: Path) -> Path:
+    from modkit.data import byte_tokenizer
+
+    return byte_tokenizer().save(folder / "bytes.json")
+
+
+def test_entropy_colours_span_what_entropy_can_be(capsys):
+    """Random init: every head is near-uniform (1.59 nats for 11 causal tokens); the scale is [0, mean ln(i + 1)],
+    not the 0.001-nat spread of the values."""
+    from modkit.trace_report import entropy_scale, uniform_entropy
+
+    model = modkit.build(SPECS / "tiny-llama.json", seed=0).eval()
+    t = trace(model, list(range(1, 12)))
+    uniform = sum(math.log(i + 1) for i in range(11)) / 11
+    assert all(uniform_entropy(w) == pytest.approx(uniform, abs=1e-6) for w in t.attention.values())
+    assert entropy_scale(t) == (0.0, pytest.approx(uniform, abs=1e-6))
+    values = [v for s in t.layers for v in s.attention_entropy]
+    assert max(values) - min(values) < 0.05 * uniform  # what a stretched scale would have shown as structure
 
 
 def test_cli_random_init_gives_untrained_statistics(capsys):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from modkit.data import default_corpus, prepare
 from modkit.train import TrainError, decay_groups, flops_per_token, train
 from modkit.train.plot import read_metrics
 
-from conftest import REPO, tiny_spec
+from conftest import HANG_TIMEOUT, REPO, tiny_spec
 
 TINY_MODEL = {**tiny_spec(max_seq_len=32), "position": {"type": "learned"}, "tie_embeddings": True}
 
@@ -120,7 +118,7 @@ def test_generate_finds_the_runs_tokenizer(data_dir, tmp_path):
     train(config(data_dir, model=None, max_steps=5, eval_interval=5, sample_tokens=0), run, echo=lambda line: None)  # nanoGPT's GPT
     out = subprocess.run(
         [sys.executable, "-m", "modkit", "generate", str(run / "best"), "--prompt", "ROMEO:", "--max-new-tokens", "10"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT,
     )
     assert out.returncode == 0, out.stderr
     assert len(out.stdout) == 10 + 1  # ten characters of the char tokenizer, then a newline
@@ -128,7 +126,7 @@ def test_generate_finds_the_runs_tokenizer(data_dir, tmp_path):
     # the Hugging Face export of a run's checkpoint keeps the tokenizer beside the weights
     conv = subprocess.run(
         [sys.executable, "-m", "modkit", "convert", "modkit", str(run / "best"), "--to", "hf", "-o", str(tmp_path / "hf")],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT,
     )
     assert conv.returncode == 0, conv.stderr
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (run / "best" / "tokenizer.json").read_bytes()
@@ -165,8 +163,24 @@ def test_decay_rule_and_flops():
     assert flops_per_token(modkit.load_spec(TINY_MODEL), t) == 3 * forward // t == 6 * n + 6 * layers * 4 * 8 * (t + 1)
 
 
+#: ``modkit train ...`` in a process that SIGKILLs itself at the commit point of the model save inside the
+#: checkpoint of step 12 (modkit.atomic's fault-injection hook): a kill at a chosen point, not at a timed instant
+_KILLED_AT_STEP_12 = """
+import os, signal, sys
+from modkit import atomic
+from modkit.cli import main
+
+def hook(step, folder):
+    if step == atomic.COMMIT_STEP and folder.name.startswith(".step-0000012."):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+with atomic.on_step(hook):
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_resume_after_sigkill_gives_the_same_losses(data_dir, tmp_path):
-    """A run killed at a random instant and resumed logs exactly (bitwise) what an uninterrupted run logs."""
+    """A run killed while it writes a checkpoint and resumed logs exactly (bitwise) what an uninterrupted run logs."""
     changes = dict(max_steps=60, checkpoint_interval=4, eval_interval=25, sample_tokens=0, batch_size=8)
     model = {**TINY_MODEL, "dropout": {"embedding": 0.1, "attention": 0.1, "residual": 0.1}}  # RNG state matters
     cfg = config(data_dir, model=model, **changes)
@@ -176,19 +190,14 @@ def test_resume_after_sigkill_gives_the_same_losses(data_dir, tmp_path):
     train(cfg, whole, echo=lambda line: None)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "modkit", "train", "--config", str(path), "-o", str(killed), "--no-progress"],
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_AT_STEP_12, "train", "--config", str(path), "-o", str(killed), "--no-progress"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not (killed / "checkpoints" / "step-0000008").exists() and proc.poll() is None:
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run finished before it could be killed: " + proc.stderr.read().decode()
-    time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    at = max(int(p.name.split("-")[1]) for p in (killed / "checkpoints").glob("step-*") if not p.name.endswith(".old"))
-    assert at < 60
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    published = sorted(p.name for p in (killed / "checkpoints").glob("step-*"))
+    assert published == ["step-0000004", "step-0000008"], published  # step 12 died before its rename into place
+    assert list((killed / "checkpoints").glob(".step-0000012.tmp-*")), "the interrupted save left its folder"
     result = train(None, killed, resume=True, echo=lambda line: None)
     assert result.steps == 60
     assert losses(killed) == losses(whole)
@@ -246,7 +255,7 @@ def test_cli_flags_override_the_config(data_dir, tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "modkit", "train", "-c", str(path), "-o", str(run), "--max-steps", "2", "--lr", "3e-4",
          "--eval-interval", "2", "--sample-tokens", "0", "--no-progress"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT,
     )
     assert out.returncode == 0, out.stderr
     saved = json.loads((run / "config.json").read_text())
@@ -254,7 +263,7 @@ def test_cli_flags_override_the_config(data_dir, tmp_path):
     assert "done: 2 steps" in out.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "modkit", "train", "-c", str(path), "-o", str(tmp_path / "x"), "--lr", "fast", "--batch-size", "0"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT,
     )
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "lr:" in bad.stderr and "batch_size:" in bad.stderr

@@ -1,4 +1,5 @@
-"""Fetch the JavaScript the documentation site bundles (Mermaid, KaTeX) from the npm registry into the package.
+"""Fetch the JavaScript the documentation site bundles (Mermaid, KaTeX, iframe-worker) from the npm registry into
+the package.
 
 The site must work offline: no CDN at view time. The files live under ``modkit/docs/web/pages/assets/vendor/``
 (package data, so they ship in the wheel) with each project's LICENSE and a ``VERSIONS.txt`` naming the npm
@@ -10,7 +11,8 @@ root after changing a pin below (needs ``npm``; only ``npm pack`` talks to the r
 Pins: Mermaid stays on major 11, the version mkdocs-material's integration targets (its bundle would otherwise
 fetch ``unpkg.com/mermaid@11``); KaTeX 0.16. Only what the site loads is kept: ``mermaid.min.js``; KaTeX's
 ``katex.min.js``, ``katex.min.css``, ``contrib/auto-render.min.js`` and the woff2 fonts (every browser the theme
-supports reads woff2, so the woff/ttf fallbacks named in the CSS are never requested).
+supports reads woff2, so the woff/ttf fallbacks named in the CSS are never requested); iframe-worker's
+``shim/index.js``, which runs the search's Web Worker in an iframe when the site is opened from disk (``file://``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ PINS = {
         "0.16.47",
         "sha512-Eeo8Ys1doU1z+x8AZsPpQu+p/QcZBI5PeOo7QGQdy2x2m0MU/hYagBbGOmXwr5KVbEfVuWv9LpnQWeehogurjg==",
         ["dist/katex.min.js", "dist/katex.min.css", "dist/contrib/auto-render.min.js", "dist/fonts/*.woff2", "LICENSE"],
+    ),
+    # the Web Worker shim material's search needs on file:// (a page opened from disk may not start a worker from
+    # a file URL); the author's own offline plugin would load it from unpkg.com
+    "iframe-worker": (
+        "1.0.4",
+        "sha512-roeaaI+Lg1LJNfgpCjoRe/+WzEjy9+Z08LoEvu85MCPbBjwm+qXz8Ag5U05lHa6V1CysZyGzE0SOkAtSUA5q7Q==",
+        ["shim/index.js", "LICENSE"],
     ),
 }
 

@@ -22,15 +22,16 @@ Which file holds which command::
     modkit trace MODEL ...                   trace.py      a token's journey through the model, per-layer readings
     modkit compare SPEC... --train CONFIG    compare.py    several specs under one recipe, one report (ladders too)
     modkit coordcheck SPEC --widths W,...    coordcheck.py activation sizes after a few steps across widths, SP vs muP
+    modkit eval CHECKPOINT [--data ...]      evaluation/   loss, perplexity, bits per byte; --tasks: lm-eval tasks
 
 Where a command lives: a subpackage of modkit with a command of its own (``modkit.train``, ``modkit.data``,
-``modkit.docs``, ``modkit.testing``) defines it in its ``cli`` module, beside the code it drives; every other command
+``modkit.evaluation``, ``modkit.docs``, ``modkit.testing``) defines it in its ``cli`` module, beside the code it drives; every other command
 is a module of this package (``cost``, ``trace``, ``compare``, ``new``, and the ones above).
 
 Shared pieces: ``output.py`` (stdout / stderr lines, tables, counts, byte sizes), ``errors.py`` (:class:`UserError`
 and :func:`_report`, the one-line error messages), ``common.py`` (the registry, a spec path, a device). Other
 modules add subcommands through ``add_subcommands(subparsers)`` (:data:`EXTENSION_MODULES`: ``check``, ``new``,
-``docs``, ``train``, ``data``, and this package's ``new``, ``cost``, ``trace``, ``compare``, ``coordcheck``), exactly as the command modules above do.
+``docs``, ``train``, ``data``, ``eval``, and this package's ``new``, ``cost``, ``trace``, ``compare``, ``coordcheck``), exactly as the command modules above do.
 
 Every handler is ``func(args) -> int``. User errors print one clear message to stderr and exit 1 (argparse usage
 errors exit 2); ``MODKIT_DEBUG=1`` re-raises instead, for a traceback.
@@ -68,6 +69,7 @@ EXTENSION_MODULES = (
     "modkit.docs",
     "modkit.train.cli",
     "modkit.data.cli",
+    "modkit.evaluation.cli",
     "modkit.cli.cost",
     "modkit.cli.trace",
     "modkit.cli.compare",
@@ -78,12 +80,39 @@ __all__ = ["EXTENSION_MODULES", "PROG", "UserError", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose usage errors say which subcommand they belong to (exit status 2), and whose costly
-    arguments can wait until the parser is used (:meth:`defer`)."""
+    """ArgumentParser whose usage errors come from the subcommand they belong to (exit status 2), with close
+    matches, and whose costly arguments can wait until the parser is used (:meth:`defer`).
+
+    * No flag is matched by a prefix (``allow_abbrev`` is always off): ``--lr`` is not ``--lr-sweep``, and
+      ``--seed`` is not ``--seeds``. A flag of its own that starts another one (``--lr`` beside ``--lr-sweep``)
+      would otherwise change what an existing command line means.
+    * An unknown flag is reported by the innermost subcommand on the command line, with its usage and the flags
+      it meant (:func:`unknown_arguments_message`): ``modkit build spec.json --devices meta`` answers with the
+      usage of ``modkit build`` and "did you mean --device?". The same holds for every flag a module adds,
+      generated ones included (``modkit train``'s training-config fields).
+    * An invalid choice (a subcommand name, a ``choices`` value) names the closest valid one.
+    """
 
     def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
         self._deferred: list[Callable[[argparse.ArgumentParser], None]] = []
+
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - unknown arguments: the subcommand's error
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = chosen_parser(self, namespace)
+            parser.error(unknown_arguments_message(parser, extras))
+        return namespace
+
+    def _check_value(self, action, value):  # noqa: D102 - add the closest valid choice to argparse's message
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            hint = _close_choice(action, value)
+            if hint and "did you mean" not in str(exc) and "maybe you meant" not in str(exc):
+                raise argparse.ArgumentError(action, f"{exc.message}; did you mean {hint!r}?") from None
+            raise
 
     def defer(self, configure: Callable[[argparse.ArgumentParser], None]) -> None:
         """Call ``configure(self)`` before this parser first parses or prints its help (not when only its name and
@@ -106,6 +135,82 @@ class _Parser(argparse.ArgumentParser):
     def format_usage(self) -> str:
         self.configure()
         return super().format_usage()
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for action in parser._actions for o in action.option_strings]  # noqa: SLF001
+
+
+def close_flags(parser: argparse.ArgumentParser, word: str, n: int = 3) -> list[str]:
+    """The flags of ``parser`` that an unknown flag ``word`` (``--devices``, ``--ctx=8``) probably meant.
+
+    First those it is a prefix of (what argparse's abbreviation matching used to pick silently: ``--lr`` ->
+    ``--lr-sweep``), then the close spellings (:class:`difflib.SequenceMatcher` ratio at least 0.6 and within 0.1
+    of the best one: ``--devices`` -> ``--device``, ``--ctx`` -> ``--context``, ``--strict`` -> ``--no-strict``);
+    at most ``n``, never ``--help``.
+    """
+    import difflib
+
+    word = word.split("=", 1)[0]
+    options = [o for o in _option_strings(parser) if o not in ("-h", "--help") and (o.startswith("--") or len(word) <= 2)]
+    found = [o for o in options if len(word) > 2 and o.startswith(word) and o != word]
+    ratios = sorted(((difflib.SequenceMatcher(None, word, o).ratio(), o) for o in options), reverse=True)
+    floor = max(0.75 if found else 0.6, ratios[0][0] - 0.1) if ratios else 1.0
+    found += [o for r, o in ratios if r >= floor]
+    return list(dict.fromkeys(found))[:n]
+
+
+def unknown_arguments_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """``unrecognized arguments: --devices meta; did you mean --device?`` for the arguments ``parser`` did not
+    know (one "did you mean" per unknown flag that has close matches, naming the flag when there are several)."""
+    flags = [a for a in extras if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit()]
+    hints = [(flag, close_flags(parser, flag)) for flag in dict.fromkeys(flags)]
+    hints = [(flag, found) for flag, found in hints if found]
+    msg = f"unrecognized arguments: {' '.join(extras)}"
+    for flag, found in hints:
+        meant = " or ".join(found)
+        msg += f"; {flag.split('=', 1)[0]}: did you mean {meant}?" if len(hints) > 1 else f"; did you mean {meant}?"
+    return msg
+
+
+def _close_choice(action: argparse.Action, value) -> Optional[str]:
+    import difflib
+
+    if action.choices is None or not isinstance(value, str):
+        return None
+    found = difflib.get_close_matches(value, [str(c) for c in action.choices], n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def chosen_parser(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand parser that ``namespace`` (a parse by ``parser``) went through: ``modkit docs build``
+    -> the parser of ``docs build``. Follows each subparsers action's ``dest``; ``parser`` itself without one."""
+    while True:
+        action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
+        name = getattr(namespace, action.dest, None) if action is not None and action.dest != argparse.SUPPRESS else None
+        sub = action._name_parser_map.get(name) if action is not None and isinstance(name, str) else None  # noqa: SLF001
+        if sub is None:
+            return parser
+        parser = sub
+
+
+def iter_parsers(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()):
+    """``(words, parser)`` for ``parser`` and every subcommand parser below it (``("docs", "build")``, ...), each
+    once (aliases skipped)."""
+    yield words, parser
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            seen: set[int] = set()
+            for name, sub in action.choices.items():
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    yield from iter_parsers(sub, (*words, name))
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Switch off prefix matching in ``parser`` and every parser below it, whatever class a module gave them."""
+    for _, p in iter_parsers(parser):
+        p.allow_abbrev = False
 
 
 def _configure_all(parser: argparse.ArgumentParser) -> None:
@@ -138,6 +243,7 @@ def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
     for module in COMMAND_MODULES:
         module.add_subcommands(sub)
     _add_extensions(sub)
+    _no_abbreviations(parser)
     if not lazy:
         _configure_all(parser)
     return parser

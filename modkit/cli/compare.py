@@ -187,7 +187,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     print()
     for row in result.rows:
-        print(f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "
+        bpb = f" ({fmt_pm(row.val_bpb_mean, row.val_bpb_std)} bits/byte)" if row.val_bpb_mean is not None else ""
+        print(f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}{bpb}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "
               f"lr {row.lr:g}, {row.params:,} parameters, diverged {row.diverged}/{len(row.runs)}")
     for v in result.verdicts:
         print(("" if v.lr is None else f"lr {v.lr:g}: ") + v.text())

@@ -65,26 +65,43 @@ def cmd_cost(args: argparse.Namespace) -> int:
     """Print the cost tables of a spec (or ``--json``)."""
     import modkit
 
-    from . import UserError, _bytes, _count, _registry, _spec_path, _table
+    from . import UserError, _bytes, _count, _err, _registry, _spec_path, _table
     from ..cost import PHASES, CostModel
 
     reg = _registry()
     spec = modkit.load_spec(_spec_path(args.spec), registry=reg)
+    from ..limits import MAX_SEQ_LEN
+
     context = args.context if args.context is not None else spec.max_seq_len
     for name, value in (("--context", context), ("--batch", args.batch), ("--train-seq-len", args.train_seq_len or 1)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
+    for name, value in (("--context", context), ("--train-seq-len", args.train_seq_len or 1)):
+        if value > MAX_SEQ_LEN:
+            raise UserError(f"{name} must be at most {MAX_SEQ_LEN:,} (modkit.limits.MAX_SEQ_LEN, modkit's bound on a context "
+                            f"length), got {value:,}")
+    per_token = modkit.kv_cache_bytes_per_token(spec, args.dtype, registry=reg)
+    if per_token * context * args.batch >= 2**63:  # a tensor's byte size is an int64: torch would overflow
+        raise UserError(f"--batch {args.batch:,} x --context {context:,} tokens would need {per_token * context * args.batch:,} "
+                        "bytes of KV cache, past the 2**63 bytes a tensor size can express; lower --batch or --context")
     costs = CostModel(spec, registry=reg)
     data = costs.report(context=context, batch=args.batch, dtype=args.dtype, bandwidth=args.bandwidth,
                         peak_flops=args.peak_flops, train_seq_len=args.train_seq_len)
     data["spec"] = args.spec
+    beyond = context > spec.max_seq_len
+    data["context_beyond_max_seq_len"] = beyond
+    if beyond:  # the figures extrapolate a model that cannot run there: said on stderr and on every line at it
+        _err(f"modkit: warning: --context {_count(context)} is beyond the spec's max_seq_len = {_count(spec.max_seq_len)}: "
+             "the model is built for at most max_seq_len tokens (generate refuses more); every figure at this context "
+             "extrapolates the components' declarations")
+    at = _count(context) + (f" (beyond max_seq_len {_count(spec.max_seq_len)})" if beyond else "")
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
     out = print
     per = data["flops_per_token"]
     varying = set(data["context_dependent_parts"])
-    out(f"{spec.name or args.spec}: FLOPs per token at context {_count(context)} "
+    out(f"{spec.name or args.spec}: FLOPs per token at context {at} "
         "(matrix products only, 1 multiply-add = 2 FLOPs; * grows with the context)")
     keys = sorted(dict.fromkeys([*per["prefill"], *per["decode"]]), key=_rank)
     rows = [(k + (" *" if k in varying else ""), *(_flops(per[ph].get(k, 0)) for ph in (*PHASES, "train"))) for k in keys]
@@ -108,8 +125,11 @@ def cmd_cost(args: argparse.Namespace) -> int:
     out(f"parameters: {_count(params['total'])}" + (f" ({_count(active)} active per token)" if active != params["total"] else ""))
     out("weights:    " + ", ".join(f"{k} {_bytes(v)}" for k, v in data["weight_bytes"].items()))
     kv = data["kv_cache_bytes"]
-    out(f"KV cache:   {_bytes(kv)} at context {_count(context)} x batch {args.batch} in {data['dtype']} "
-        f"({_count(kv // (context * args.batch))} bytes per token on average)")
+    state = data["cache_state_bytes_per_sequence"]
+    out(f"KV cache:   {_bytes(kv)} at context {at} x batch {args.batch} in {data['dtype']} "
+        f"({_count(data['kv_cache_bytes_per_token'])} bytes per token as the mixers declare, "
+        f"{_count(kv // (context * args.batch))} per token held on average"
+        + (f"; {_bytes(state)} of fixed-size state per sequence)" if state else ")"))
     mem = data["training_memory"]
     out("")
     out(f"training memory, an estimate (AdamW; float32 weights, gradients and moments; {mem['dtype']} activations at "
@@ -121,7 +141,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     out(f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities (eager/math)")
     roof = data["decode_roofline"]
     out("")
-    out(f"decode roofline (batch {args.batch}, context {_count(context)}, {data['dtype']}; {roof['bandwidth_bytes_per_s']:.3g} "
+    out(f"decode roofline (batch {args.batch}, context {at}, {data['dtype']}; {roof['bandwidth_bytes_per_s']:.3g} "
         f"bytes/s, {roof['peak_flops_per_s']:.3g} FLOP/s)")
     out(f"  memory  {_bytes(roof['bytes'])} read -> {1e3 * roof['memory_s']:.3f} ms")
     out(f"  compute {_flops(roof['flops'])}FLOP -> {1e3 * roof['compute_s']:.3f} ms")

@@ -6,8 +6,10 @@ list (``--sampling``); those flags need the registry, so they are added only whe
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +34,11 @@ def add_subcommands(sub) -> None:
         help="a tokenizers tokenizer.json (default: MODEL/tokenizer.json when there is one); without one, prompt and output are token ids",
     )
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
+    p.add_argument(
+        "--max-len", type=int, default=None, metavar="N",
+        help="most positions the prompt plus the new tokens may reach (default: the spec's max_seq_len); above "
+        "max_seq_len only for position schemes without a table (rope, alibi, sinusoidal, none), with a warning",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (and of random weights for a spec; default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, ...")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)")
@@ -82,16 +89,29 @@ def _prompt_ids(text: str, tokenizer) -> list[int]:
         if not ids:
             raise UserError("the prompt encodes to no tokens")
         return ids
+    from modkit.limits import MAX_VOCAB_SIZE
+
     parts = [p for p in text.replace(",", " ").split() if p]
-    try:
-        ids = [int(p) for p in parts]
-    except ValueError:
+    if not all(re.fullmatch(r"[+-]?[0-9]+", p) for p in parts):
         raise UserError(
             f"without --tokenizer the prompt is token ids separated by commas or spaces, got {text!r}"
-        ) from None
+        )
+    ids = [int(p) for p in parts]
     if not ids:
         raise UserError("the prompt is empty; give at least one token id")
+    for i in ids:  # before the model loads: no vocabulary reaches past modkit's bound (and torch holds int64 only)
+        if not 0 <= i < MAX_VOCAB_SIZE:
+            raise UserError(f"--prompt holds the token id {i}, outside [0, {MAX_VOCAB_SIZE:,}): token ids are >= 0 and "
+                            f"below vocab_size, which is at most {MAX_VOCAB_SIZE:,} (modkit.limits.MAX_VOCAB_SIZE)")
     return ids
+
+
+def _check_prompt(ids: list[int], vocab_size: int) -> None:
+    """Every prompt id lies in the model's vocabulary ``[0, vocab_size)``, or a :class:`UserError` naming it."""
+    for i in ids:
+        if not 0 <= i < vocab_size:
+            raise UserError(f"--prompt holds the token id {i}, outside the model's vocabulary [0, {vocab_size:,}) "
+                            f"(vocab_size = {vocab_size:,})")
 
 
 class _TextStream:
@@ -121,19 +141,20 @@ class _TextStream:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """``modkit generate MODEL --prompt TEXT``: stream a continuation, then one summary line on stderr."""
-    import torch
 
     import modkit
 
+    from modkit.errors import MaxSeqLenWarning
     from modkit.generate import build_sampler, check_generation, check_sampling, column_major_linears, stream_generate
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     flags = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed",
-             "max_new_tokens": "--max-new-tokens"}
+             "max_new_tokens": "--max-new-tokens", "max_len": "--max-len"}
     check_sampling(args.temperature, args.top_k, args.top_p, names=flags)  # every argument before any work
-    check_generation(args.max_new_tokens, seed=args.seed, names=flags)
+    check_generation(args.max_new_tokens, seed=args.seed, max_len=args.max_len, names=flags)
     found = Path(args.model) / "tokenizer.json"  # a training run's checkpoints (and HF folders) carry their tokenizer
+    by_hand = bool(args.tokenizer)
     if not args.tokenizer and Path(args.model).is_dir() and found.is_file():
         args.tokenizer = str(found)
         _err(f"tokenizer: {found}")
@@ -143,6 +164,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if device.type == "meta":
         raise UserError("generate needs a real device (cpu, cuda, ...), not meta")
     model = _load_model(args.model, device, args.dtype, args.seed, not args.no_memory_check).eval()
+    if tokenizer is not None:  # more ids than the model: an error naming both sizes; fewer, given by hand: a warning
+        from modkit.data import check_fits
+
+        warning = check_fits(tokenizer, model.spec.vocab_size)
+        if warning and by_hand:
+            _err(f"modkit: warning: {warning}")
+    else:
+        _check_prompt(ids, model.spec.vocab_size)
     if device.type == "cpu":  # batch-1 decoding streams column-major weights faster (same values; see the docstring)
         column_major_linears(model)
     stream = _TextStream(tokenizer)
@@ -158,10 +187,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for line in lines:
             _err(line)
         return 1
-    tokens = stream_generate(  # checks the prompt against the model (vocabulary, max_seq_len) before any output
-        model, torch.tensor([ids]), max_new_tokens=args.max_new_tokens, seed=args.seed, compile=args.compile,
-        decode=decode, check_memory=not args.no_memory_check, **sampling,
-    )
+    with warnings.catch_warnings(record=True) as caught:  # (the length warning as one modkit line)
+        warnings.simplefilter("always", MaxSeqLenWarning)
+        tokens = stream_generate(  # checks the prompt against the model (vocabulary, max_seq_len) before any output
+            model, [ids], max_new_tokens=args.max_new_tokens, seed=args.seed, compile=args.compile,
+            decode=decode, check_memory=not args.no_memory_check, max_len=args.max_len, **sampling,
+        )
+    for w in caught:
+        if issubclass(w.category, MaxSeqLenWarning):
+            _err(f"modkit: warning: {w.message} (--max-len {args.max_len})")
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     start = time.perf_counter()
     first = None
     n = 0

@@ -3,8 +3,15 @@
 MODEL is a spec ``.json``, a modkit checkpoint folder (``spec.json`` + ``model.safetensors``), a training run folder
 (its ``best`` checkpoint, else ``last``) or a Hugging Face folder (``config.json``). A spec has no weights: it is
 traced on the ``meta`` device (shapes only, instant even for a 70B spec) unless ``--random-init`` builds it with
-random weights, whose statistics are then those of an *untrained* model. The tokenizer is ``--tokenizer`` or the
-``tokenizer.json`` a checkpoint carries; without one, ``--text`` is refused and ``--ids 1,2,3`` gives the tokens.
+random weights, whose statistics are then those of an *untrained* model.
+
+The tokenizer (:func:`choose_tokenizer`): ``--tokenizer`` (a ``tokenizer.json``, a folder holding one, or
+``bytes``), else the ``tokenizer.json`` a checkpoint or Hugging Face folder carries. A spec carries none, so
+``--text`` on a spec uses a default that fits its ``vocab_size``: ``bytes`` (one id per UTF-8 byte, 0 to 255) when
+``vocab_size >= 256``, else the ``char`` tokenizer of the shipped tiny shakespeare (65 symbols: the vocabulary of
+the ``*-shakespeare-char`` specs) when ``vocab_size >= 65``; below that ``--text`` is refused naming both sizes
+(give ``--ids``). Weights without a tokenizer get no default: they were trained with one the folder does not hold.
+A tokenizer with more ids than the model is an error naming both sizes; one with fewer, given by hand, a warning.
 
 Prints the terminal view (:func:`modkit.trace_report.print_trace`) and, with ``--html OUT``, writes the
 self-contained report (:func:`modkit.trace_report.write_html`). Errors reach the user as one
@@ -40,9 +47,12 @@ def add_subcommands(subparsers) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="spec .json, modkit checkpoint folder, training run folder or Hugging Face folder")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--text", help="the text to trace (needs a tokenizer: --tokenizer or the checkpoint's tokenizer.json)")
+    what.add_argument("--text", help="the text to trace (tokenized by --tokenizer, the checkpoint's tokenizer.json or, "
+                      "for a spec, a default that fits its vocab_size)")
     what.add_argument("--ids", help="token ids to trace, separated by commas or spaces (e.g. 1,2,3)")
-    p.add_argument("--tokenizer", metavar="T", help="a tokenizers tokenizer.json, or a folder holding one (default: the checkpoint's)")
+    p.add_argument("--tokenizer", metavar="T", help="a tokenizers tokenizer.json, a folder holding one, or 'bytes' "
+                   "(default: the checkpoint's; for a spec, bytes when vocab_size >= 256, else tiny shakespeare's "
+                   "65 characters when vocab_size >= 65)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report with plots to OUT")
     p.add_argument(
         "--random-init", action="store_true",
@@ -115,25 +125,61 @@ def load_for_trace(model: str, *, random_init: bool, seed: int, device: str, dty
     )
 
 
-def _tokenizer(arg: Optional[str], folder: Optional[Path], needed: bool) -> Any:
-    from ..data import load_tokenizer
+def choose_tokenizer(arg: Optional[str], folder: Optional[Path], *, weights: bool, vocab_size: int,
+                     needed: bool) -> tuple[Any, str, Optional[str]]:
+    """``(tokenizer or None, what it is, warning or None)`` for ``modkit trace`` (the rules in the module docstring).
+
+    Args:
+        arg: ``--tokenizer`` (a path or ``bytes``), or ``None``.
+        folder: the checkpoint or Hugging Face folder, whose ``tokenizer.json`` is the default; ``None`` for a spec.
+        weights: the model has trained weights (no default tokenizer is made up for them).
+        vocab_size: the model's.
+        needed: ``--text`` was given (otherwise a missing tokenizer only means ids are shown as numbers).
+
+    Raises:
+        TraceInputError: ``--text`` with no tokenizer that fits, naming the model's ``vocab_size``.
+        modkit.errors.DataError: a tokenizer with more ids than ``vocab_size`` (both named), or one that cannot be
+            read.
+    """
+    from ..data import byte_tokenizer, check_fits, load_tokenizer
+    from ..data.corpus import default_corpus
+    from ..data.tokenizer import char_tokenizer
 
     if arg:
-        return load_tokenizer(arg)
+        tok = byte_tokenizer() if arg == "bytes" else load_tokenizer(arg)
+        what = "bytes (one id per UTF-8 byte, 0 to 255)" if arg == "bytes" else f"{tok.spec} ({tok.vocab_size:,} ids)"
+        return tok, what, check_fits(tok, vocab_size)
     if folder is not None and (folder / TOKENIZER_FILE).is_file():
-        return load_tokenizer(folder / TOKENIZER_FILE)
+        tok = load_tokenizer(folder / TOKENIZER_FILE)
+        check_fits(tok, vocab_size)
+        return tok, f"{folder / TOKENIZER_FILE} ({tok.vocab_size:,} ids)", None
+    if weights:
+        if needed:
+            raise TraceInputError(
+                "--text needs the tokenizer these weights were trained with and the folder holds no tokenizer.json: "
+                "give --tokenizer PATH (a tokenizer.json), or the token ids with --ids 1,2,3"
+            )
+        return None, "", None
+    if vocab_size >= 256:
+        return byte_tokenizer(), f"bytes (one id per UTF-8 byte, 0 to 255): the default for a spec with vocab_size {vocab_size:,} >= 256", None
+    chars = char_tokenizer(default_corpus().read_text(encoding="utf-8"))
+    if vocab_size >= chars.vocab_size:
+        chars.spec = "char (tiny shakespeare)"
+        return chars, (f"char (tiny shakespeare's {chars.vocab_size} characters): the default for a spec with vocab_size "
+                       f"{vocab_size:,} < 256"), None
     if needed:
         raise TraceInputError(
-            "--text needs a tokenizer and this model carries none: give --tokenizer PATH (a tokenizer.json), "
-            "or the token ids with --ids 1,2,3"
+            f"--text: no default tokenizer fits vocab_size {vocab_size:,} (bytes need 256 ids, tiny shakespeare's "
+            f"characters {chars.vocab_size}): give --tokenizer PATH with at most {vocab_size:,} ids, or --ids 1,2,3"
         )
-    return None
+    return None, "", None
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Run :func:`modkit.trace.trace` and print it; write the HTML report with ``--html``."""
     from ..trace import trace
     from ..trace_report import print_trace, write_html
+    from .output import _err
 
     if args.top_k < 1:
         raise TraceInputError(f"--top-k must be >= 1, got {args.top_k}")
@@ -143,12 +189,16 @@ def cmd_trace(args: argparse.Namespace) -> int:
     model, weights, folder = load_for_trace(
         args.model, random_init=args.random_init, seed=args.seed, device=args.device, dtype=args.dtype
     )
-    tokenizer = _tokenizer(args.tokenizer, folder, needed=args.text is not None)
+    tokenizer, what, warning = choose_tokenizer(args.tokenizer, folder, weights=folder is not None,
+                                                vocab_size=model.spec.vocab_size, needed=args.text is not None)
+    if warning:
+        _err(f"modkit: warning: {warning}")
     if ids is None:
         # one sequence: a tokenizer.json that pads to a fixed length (sentence-transformers folders) must not pad it
         tokenizer.backend.no_padding()
         ids = tokenizer.encode(args.text)
     result = trace(model.eval(), ids, tokenizer=tokenizer, top_k=args.top_k, weights=weights)
+    result.tokenizer = what
     print_trace(result)
     if args.html:
         out = write_html(result, args.html)

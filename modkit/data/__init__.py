@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from .corpus import cache_root, default_corpus, default_dataset
     from .dataset import RandomWindows, SequentialEpochs, TokenData, eval_batches
     from .prepare import prepare
-    from .tokenizer import Tokenizer, UnknownTokenError, load_tokenizer, train_tokenizer
+    from .tokenizer import Tokenizer, UnknownTokenError, byte_tokenizer, check_fits, load_tokenizer, train_tokenizer
 
 #: exported name -> the module defining it
 _EXPORTS = {
@@ -40,6 +40,8 @@ _EXPORTS = {
     "prepare": "modkit.data.prepare",
     "Tokenizer": "modkit.data.tokenizer",
     "UnknownTokenError": "modkit.data.tokenizer",
+    "byte_tokenizer": "modkit.data.tokenizer",
+    "check_fits": "modkit.data.tokenizer",
     "load_tokenizer": "modkit.data.tokenizer",
     "train_tokenizer": "modkit.data.tokenizer",
 }
@@ -51,7 +53,9 @@ __all__ = [
     "TokenData",
     "Tokenizer",
     "UnknownTokenError",
+    "byte_tokenizer",
     "cache_root",
+    "check_fits",
     "default_corpus",
     "default_dataset",
     "eval_batches",

@@ -38,6 +38,8 @@ def cmd_docs_build(args: argparse.Namespace) -> int:
         print(f"modkit: error: {exc}", file=sys.stderr)
         return 1
     print(f"built the site in {out} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+    print(f"view it: open {(out / 'index.html').as_uri()} in a browser (it works from disk, links and search "
+          f"included), or serve it with: modkit docs serve{' -f ' + str(config) if args.config_file else ''}", file=sys.stderr)
     return 0
 
 

@@ -160,6 +160,10 @@ def _model_diagram(model, registry) -> tuple[str, list[tuple[str, str]]]:
     lines.append(f'  head["{head}"]')
     lines.append(f"  {prev} --> head")
     prev = "head"
+    if spec.logit_scale is not None:
+        lines.append(f'  lscale(("× {spec.logit_scale:g}"))')
+        lines.append(f"  {prev} --> lscale")
+        prev = "lscale"
     if spec.final_logit_softcap is not None:
         lines.append(f'  cap["softcap {spec.final_logit_softcap:g}·tanh(z / {spec.final_logit_softcap:g})"]')
         lines.append(f"  {prev} --> cap")

@@ -1,10 +1,15 @@
 """``reference/hugging-face.md``: the Hugging Face model types the installed converters support, what each converts
 to (its spec fields and components, from converting the model type's transformers defaults), whether it also maps
-checkpoint weights, which gallery specs came from it, and the converter's own notes."""
+checkpoint weights, which gallery specs came from it, and the converter's own notes.
+
+A model type registered as a declaration (``register(declaration)``) whose ``describe()`` returns its tables is shown
+with them: every config key (mapped, ignored or refused, with transformers' default and what it becomes or why),
+the fields it fixes, and every checkpoint tensor with its layout; the model type it derives from is linked."""
 
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 import textwrap
 import warnings
@@ -43,6 +48,12 @@ def _components(spec, registry) -> list[tuple[str, str, list[str]]]:
     return [(k, t, paths) for (k, t), paths in out.items()]
 
 
+def describe(conv) -> Optional[dict]:
+    """The declaration's ``describe()`` (config rows, fixed fields, weight rows, parent, notes), or ``None``."""
+    fn = getattr(getattr(conv, "declaration", None), "describe", None)
+    return fn() if callable(fn) else None
+
+
 def _module_notes(fn: Any) -> str:
     """The docstring of the module defining ``fn`` (a converter), in Markdown; ``""`` when it has none."""
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
@@ -70,7 +81,7 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
             gallery.setdefault(t, []).append(c)
 
     def gallery_links(t: str) -> str:
-        return ", ".join(f"[{c.spec.name or c.stem}]({_rel(page, gallery_path(c.stem))})" for c in gallery.get(t, [])) or "–"
+        return ", ".join(f"[{c.stem}]({_rel(page, gallery_path(c.stem))})" for c in gallery.get(t, [])) or "–"
 
     parts = [
         "# Hugging Face model types",
@@ -84,11 +95,17 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
         "",
     ]
     conversions = {t: default_conversion(t, registry) for t in types}
+    described = {t: describe(registry.hf_converter(t)) for t in types}
+
+    def parent_link(t: str) -> str:
+        parent = (described[t] or {}).get("parent")
+        return "–" if not parent else f"[`{parent}`](#{parent})" if parent in described else f"`{parent}`"
+
     rows = []
     for t in types:
         spec, _ = conversions[t]
         if spec is None:
-            rows.append((f"[`{t}`](#{t})", "–", "–", "–", "–", "–", "–", gallery_links(t)))
+            rows.append((f"[`{t}`](#{t})", "–", "–", "–", "–", "–", "–", gallery_links(t), parent_link(t)))
             continue
         layer = spec.layer(0)
         weights = "yes" if registry.hf_converter(t).weights is not None else "no"
@@ -101,8 +118,10 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
             comp("position", spec.position.type),
             weights,
             gallery_links(t),
+            parent_link(t),
         ))
-    parts += [_table(("model type", "attention", "ffn", "norm", "placement", "position", "weights", "gallery"), rows), ""]
+    parts += [_table(("model type", "attention", "ffn", "norm", "placement", "position", "weights", "gallery", "derives from"),
+                     rows), ""]
     parts += ["*weights*: the converter also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf "
               "FOLDER` brings the weights along and `modkit convert modkit --to hf` writes a folder transformers loads.", ""]
 
@@ -111,14 +130,18 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
     for t in types:
         conv = registry.hf_converter(t)
         spec, reason = conversions[t]
+        tables = described[t]
         parts += [f"## {t}", ""]
-        notes = _module_notes(conv.convert)
+        notes = _rst_to_md(inspect.cleandoc(tables.get("notes") or "")) if tables else _module_notes(conv.convert)
         if notes:
             parts += [_first_sentence(notes.split("\n\n")[0]), ""]
         provider = f"`{conv.provider.plugin}`" if conv.provider else "(unknown)"
-        facts = [("converter", provider + ", " + source_location(conv.convert)),
+        where = sys.modules.get(tables.get("module") or "") if tables else None
+        facts = [("converter", provider + ", " + source_location(where if where is not None else conv.convert)),
                  ("checkpoint weights", "converted both ways" if conv.weights is not None else "config only"),
                  ("gallery", gallery_links(t))]
+        if tables and tables.get("parent"):
+            facts.insert(1, ("derives from", parent_link(t) + ": its tables with a few rows changed (shown complete below)"))
         if spec is None:
             facts.append(("transformers defaults", _cell(f"do not convert on their own: {reason}")))
         else:
@@ -129,6 +152,27 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
             rows = [(f"`{k}`", comp(k, ty), ", ".join(f"`{p}`" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else ""))
                     for k, ty, paths in _components(spec, registry)]
             parts += ["Components of the converted spec:", "", _table(("kind", "type", "spec fields"), rows), ""]
+        if tables:
+            parts += _tables_section(t, tables)
         if notes:
             parts += [f'??? note "What the `{t}` converter reads and how"', "", textwrap.indent(notes, "    "), ""]
     return "\n".join(parts)
+
+
+def _tables_section(t: str, tables: dict) -> list[str]:
+    """The config table, the fixed fields and the weight table of a declared model type, as Markdown."""
+    out = []
+    rows = [(_cell(key), status, _cell(default), _cell(becomes)) for key, status, default, becomes in tables.get("config", ())]
+    if rows:
+        out += [f"Config keys of `{t}` (any other key is irrelevant to every model type, or unknown: dropped with a warning, "
+                "refused with `--strict`):", "",
+                _table(("key", "status", "transformers default", "becomes / why"), rows), ""]
+    fixed = tables.get("fixed") or {}
+    if fixed:
+        shown = ", ".join(f"`{k}` = `{json.dumps(v)}`" for k, v in sorted(fixed.items()))
+        out += [_cell(f"Fixed by the type: {shown}."), ""]
+    weights = [(_cell(f"`{ours}`"), _cell(f"`{hf}`"), _cell(how)) for ours, hf, how in tables.get("weights", ())]
+    if weights:
+        out += [f'??? info "Checkpoint tensors of `{t}` ({len(weights)} rows)"', "",
+                textwrap.indent(_table(("modkit", "Hugging Face", "layout"), weights), "    "), ""]
+    return out

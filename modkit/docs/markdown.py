@@ -81,8 +81,11 @@ def _bytes(n: float) -> str:
 
 
 def _first_sentence(text: str) -> str:
+    """The text up to the first full stop followed by a space or the end, outside inline code (```modkit compare
+    SPEC... --train CONFIG``` is not a sentence end), whitespace collapsed."""
     text = " ".join((text or "").split())
-    m = re.search(r"\.(\s|$)", text)
+    masked = re.sub(r"(`+)(.+?)\1", lambda m: "x" * len(m.group(0)), text)  # code spans, same length
+    m = re.search(r"\.(\s|$)", masked)
     return text[: m.start() + 1] if m else text
 
 

@@ -9,7 +9,13 @@ On each build it
   configuration uses ``web/pages/`` itself, so nothing is added);
 * adds every page :func:`modkit.docs.generate` returns, run against the live registry (every installed plugin)
   and the specs of :func:`spec_folder`; they exist only in the build;
-* rewrites Markdown links that leave the docs folder (:func:`modkit.docs.site.rewrite_outside_links`).
+* resolves ``pymdownx.snippets`` includes against the configuration's folder (the home page includes the
+  README's quickstart);
+* rewrites Markdown links that leave the docs folder (:func:`modkit.docs.site.rewrite_outside_links`);
+* writes ``search/search_index.js`` beside the theme's ``search_index.json`` (the same index as a script
+  defining ``__index``), which material's search loads instead when the page comes from ``file://``, where a
+  page may not fetch a file (what material's own ``offline`` plugin does, without its polyfill from a CDN: the
+  configuration bundles that one).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Optional
 
 from mkdocs.config import config_options
 from mkdocs.config.base import Config
-from mkdocs.plugins import BasePlugin
+from mkdocs.plugins import BasePlugin, event_priority
 from mkdocs.structure.files import File, Files
 
 #: The packaged site: ``mkdocs.yml`` and its ``pages/``.
@@ -46,6 +52,14 @@ class ModkitPluginConfig(Config):
 
 class ModkitPlugin(BasePlugin[ModkitPluginConfig]):
     """Add the packaged pages, the generated pages and the link rewriting to a build (see the module docstring)."""
+
+    def on_config(self, config):
+        """Resolve ``pymdownx.snippets`` includes (``--8<-- "README.md:section"``) against the configuration's own
+        folder, whatever the current folder of the build."""
+        snippets = config["mdx_configs"].get("pymdownx.snippets")
+        if snippets is not None:
+            snippets["base_path"] = [str(Path(config["config_file_path"]).resolve().parent)]
+        return config
 
     def on_files(self, files: Files, *, config) -> Files:
         """Add the packaged pages ``docs_dir`` lacks, then every generated page.
@@ -80,6 +94,13 @@ class ModkitPlugin(BasePlugin[ModkitPluginConfig]):
         docs_dir = Path(config["docs_dir"])
         root = Path(config["config_file_path"]).resolve().parent
         return rewrite_outside_links(markdown, page.file.src_uri, docs_dir, root, config.get("repo_url"))
+
+    @event_priority(-100)  # after the search plugin wrote the index
+    def on_post_build(self, *, config) -> None:
+        """Write ``search/search_index.js`` (``var __index = <search_index.json>``) for the site opened from disk."""
+        index = Path(config["site_dir"]) / "search" / "search_index.json"
+        if index.is_file():
+            index.with_suffix(".js").write_text("var __index = " + index.read_text(encoding="utf-8"), encoding="utf-8")
 
     def on_serve(self, server, *, config, builder):
         """Rebuild on edits to the packaged pages too (they are not under ``docs_dir`` in the repository)."""

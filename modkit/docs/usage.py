@@ -31,21 +31,21 @@ def usage_section(entry, uses: Sequence[tuple[Any, list[str]]], page: str) -> st
     lines = [f"{len(uses)} model{'s' if len(uses) != 1 else ''} of the [gallery]({{to:gallery/index.md}}) use{'s' if len(uses) == 1 else ''} it:", ""]
     for card, paths in uses:
         where = ", ".join(f"`{p}`" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-        lines.append(f"- [{card.spec.name or card.stem}]({_rel(page, gallery_path(card.stem))}) at {where}")
+        lines.append(f"- [{card.stem}]({_rel(page, gallery_path(card.stem))}) at {where}")
     return "\n".join(lines)
 
 
 def source_location(obj: Any, root: Optional[Path] = None, repo_url: Optional[str] = None) -> str:
-    """Where ``obj`` (a component's config class) is defined, as Markdown.
+    """Where ``obj`` (a component's config class, a function, or a module) is defined, as Markdown.
 
     Inside ``root`` (the repository of the site): the repository path and line, linked into ``repo_url``
     (``.../blob/HEAD/PATH#LN``) only when one is configured. Elsewhere (an installed plugin): the module and its
     file relative to the folder its top-level package is installed in; no link is made up.
     """
-    module = getattr(obj, "__module__", "") or ""
+    module = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", "") or ""
     try:
         path = Path(inspect.getsourcefile(obj) or "").resolve()
-        line = inspect.getsourcelines(obj)[1]
+        line = max(inspect.getsourcelines(obj)[1], 1)  # a module starts at line 1 (inspect says 0)
     except (TypeError, OSError):
         return f"module `{module}`" if module else "(unknown)"
     if root is not None:

@@ -11,7 +11,7 @@ attention=my-attention``). Another installed plugin is never used to fill a slot
 depend on what else is installed: with two third-party plugins side by side, a faulty one can never be chosen as
 the good one's neighbour. Among the built-ins the choice is by capability, never by type name: the attention must be
 ``causal_safe`` and support ``kv_cache``, the ffn must not return an aux loss, position schemes acting on q/k are
-preferred; then the first by name. Every component is configured with :meth:`~modkit.Component.example_config`.
+preferred, norms with parameters before stateless ones; then the first by name. Every component is configured with :meth:`~modkit.Component.example_config`.
 A kind without a built-in must be named (else the checks are skipped, saying so).
 
 ``init_std`` 0.2 (instead of a real model's 0.02) makes attention scores O(1): attention is then sharp enough that
@@ -170,6 +170,8 @@ def _filler_rank(kind: str, entry: Component) -> tuple:
         need = 1 if caps.get("aux_loss") else 0
     elif kind == "position":
         need = {"qk": 0, "embedding": 1, "bias": 2, "none": 3}.get(caps.get("acts_on"), 4)
+    elif kind == "norm":
+        need = 1 if caps.get("stateless") else 0  # a norm with a gain: gradients and init reach it too
     else:
         need = 0
     return (need, entry.example is None, entry.key)
@@ -358,6 +360,26 @@ class Bench:
                 return data
             except SpecError as exc:
                 errors.append(f"d_model {d}: " + "; ".join(f"{p}: {m}" for p, m in exc.errors[:2]))
+        # a mixer that declares no per-head geometry (a recurrent one) takes no rotary or bias scheme: try the
+        # next built-in position scheme in rank order, unless the caller named one
+        field_ = top.get("position")
+        if field_ is not None and "position" in self.fillers and "position" not in self.named and self.entry.kind != "position":
+            chosen = self.fillers["position"][0]
+            others = sorted((e for e in self.registry.components("position") if e.key != chosen.key and is_builtin(e, self.registry)),
+                            key=lambda e: _filler_rank("position", e))
+            for e in others:
+                cfg = example_or_none(e, self.registry)
+                if cfg is None:
+                    continue
+                data[field_] = cfg
+                for d in D_MODELS:
+                    data["d_model"] = d
+                    try:
+                        load_spec(data, registry=self.registry)
+                    except SpecError:
+                        continue
+                    self.fillers["position"] = (e, cfg)
+                    return data
         raise Unavailable("the example config does not fit a tiny model: " + errors[0])
 
     # ------------------------------------------------------------------ building

@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import SpecError
-from ..jsonio import JSONInputError, check_regular_file, read_json_file
+from ..jsonio import JSONInputError, check_document, check_regular_file, read_json_file
 from ..limits import MAX_JSON_BYTES
 from ..validation import ErrorFormatter, models_in
 
@@ -71,6 +71,12 @@ class TrainConfig(BaseModel):
         "files/a folder prepared on first use; null: the shipped tiny shakespeare",
     )
     tokenizer: str = Field("char", description="tokenizer used when 'data' is raw text: char, bpe:VOCAB_SIZE or a tokenizer.json path")
+    document_mask: bool = Field(
+        False,
+        description="document-masked packing: a token attends only to earlier tokens of its own document within a "
+        "training window (documents delimited by the end-of-text tokens the data was prepared with), and positions "
+        "restart at each document; every attention of the model must declare the document_mask capability",
+    )
     sampler: Literal["random", "sequential"] = Field(
         "random", description="'random': random contiguous windows (nanoGPT); 'sequential': shuffled non-overlapping windows, epoch by epoch"
     )
@@ -113,6 +119,12 @@ class TrainConfig(BaseModel):
     )
     z_loss_coef: Optional[float] = Field(
         None, ge=0, description="override every component field named z_loss_coef (router z-loss); null: as in the spec"
+    )
+    bias_update_speed: Optional[float] = Field(
+        None,
+        ge=0,
+        description="override every component field named bias_update_speed (the step of a router's correction-bias "
+        "update after each optimizer step, DeepSeek-V3's auxiliary-loss-free balancing; 0: no update); null: as in the spec",
     )
 
     eval_interval: int = Field(250, ge=1, le=1 << 40, description="evaluate train and val loss every this many steps (and at the end)")
@@ -231,6 +243,10 @@ def load_train_config(
         data = source.model_dump()
     elif isinstance(source, dict):
         data = dict(source)
+        try:  # the nesting bound a file gets (modkit.jsonio), for a dict built in Python
+            check_document(data)
+        except JSONInputError as exc:
+            raise SpecError(exc.errors, source="training config") from None
     else:
         path = Path(source)
         label = f"training config {path}"

@@ -1,12 +1,16 @@
-"""Hugging Face config converters (one module per model type), registered through ``register_hf_converters``.
+"""Hugging Face model types, each a short declarative file, registered through ``register_hf_converters``.
 
-Each module exposes ``MODEL_TYPE``, ``convert(cfg: dict) -> dict`` (a modkit spec dict, with
-``metadata.hf_model_type``) and ``WEIGHTS``, its checkpoint mapper (:class:`._weights.HFWeights`: the table of
-Hugging Face tensor names ↔ modkit ``state_dict`` names, fused-tensor splits, the reverse config conversion). Shared
-pieces live in ``_common`` (config reader that drops unknown fields with a warning, or refuses them when strict;
-RoPE reader, spec builders), ``_weights`` (name tables, fused links, RoPE layout permutation, reverse-conversion
-check) and ``llama`` (the builder of the Llama family: Llama, Mistral, Mixtral, Qwen2, Qwen3, OLMo 2, OLMoE, Phi-3);
-``gemma2`` reuses Gemma 3's tensor names. Adding a model type means adding a module here; the core is untouched.
+A model type is an :class:`HFType`: a table of ``config.json`` keys (mapped to the fields of the network, ignored,
+or refused; :mod:`._keys`), the fields the type fixes, a table of checkpoint tensor names ↔ modkit names with their
+layout transforms (:mod:`._weights`), and only the code really its own. Both directions come from the same tables:
+``modkit.from_hf`` / ``modkit convert hf`` (config → spec, safetensors → state dict) and ``modkit.to_hf`` (spec →
+``config.json``, state dict → Hugging Face names). A type derives from a neighbour like transformers' "modular"
+files: ``QWEN3 = QWEN2.derive("qwen3", ...)`` replaces a few rows.
+
+One module per model type (``MODEL_TYPE`` and ``TYPE``); shared pieces: ``_reader`` (the recording config reader),
+``_rope`` (RoPE in both config forms), ``_keys`` (config table rows), ``_spec`` (fields → spec and back),
+``_weights`` (weight table rows, transforms, the checkpoint mapper), ``_type`` (:class:`HFType`). Adding a model
+type means adding a module here (or in any plugin: ``register(MY_TYPE)``); the core is untouched.
 """
 
 from __future__ import annotations
@@ -15,28 +19,44 @@ import importlib
 
 from modkit import hookimpl
 
+from ._keys import (HeadDim, Ignore, Key, KVHeads, LayerTypes, Own, QwenWindows, Refuse, Rope, RopeByLayerType, Same,
+                    SlidingWindow, sizes)
+from ._spec import FIELDS
+from ._type import HFType
+from ._weights import RENAME, Chain, Concat, FusedQKV, Head, PerHead, StackExperts, Transform, Transpose, W
+
 #: converter modules of this package, one per Hugging Face ``model_type``
 MODULES = (
     "bert",
     "falcon",
+    "gemma",
     "gemma2",
     "gemma3_text",
+    "glm4",
     "gpt2",
     "llama",
     "mistral",
     "mixtral",
     "olmo2",
+    "olmo3",
     "olmoe",
     "phi",
     "phi3",
     "qwen2",
     "qwen3",
+    "smollm3",
+    "starcoder2",
 )
+
+__all__ = [
+    "FIELDS", "HFType", "HeadDim", "Ignore", "KVHeads", "Key", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
+    "RopeByLayerType", "Same", "SlidingWindow", "sizes", "Chain", "Concat", "FusedQKV", "Head", "PerHead", "RENAME", "StackExperts",
+    "Transform", "Transpose", "W", "MODULES", "register_hf_converters",
+]
 
 
 @hookimpl
 def register_hf_converters(register) -> None:
-    """Register a converter for every supported Hugging Face ``model_type``."""
+    """Register every model type of :data:`MODULES` (``register(TYPE)``)."""
     for name in MODULES:
-        module = importlib.import_module(f"{__name__}.{name}")
-        register(module.MODEL_TYPE, module.convert, weights=getattr(module, "WEIGHTS", None))
+        register(importlib.import_module(f"{__name__}.{name}").TYPE)

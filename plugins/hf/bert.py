@@ -26,92 +26,33 @@ are therefore refused with the head tensors listed as unexpected.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from modkit.checkpoint import Link
-
-from ._common import HFConfig, attention, layernorm, model_spec, sizes
-from ._weights import HFWeights, Renames, hf_activation
+from ._keys import HeadDim, Ignore, Key, Refuse, sizes
+from ._type import HFType
+from ._weights import Transform, W
 
 MODEL_TYPE = "bert"
 
-# transformers BertConfig defaults
-DEFAULTS = dict(
-    vocab_size=30522,
-    hidden_size=768,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    intermediate_size=3072,
-    max_position_embeddings=512,
-    layer_norm_eps=1e-12,
-    type_vocab_size=2,
-)
-
-#: keys irrelevant to the encoder's function: a training-time switch, and the tying of the masked-LM head's decoder
-#: (a head modkit's bert does not compute; its own logits always use the embedding). Kept on export.
-IGNORE = ("gradient_checkpointing", "tie_word_embeddings")
-
-
-def convert(cfg: dict) -> dict:
-    """Hugging Face ``bert`` config → modkit spec dict (the encoder of ``BertModel``).
-
-    Raises:
-        SpecError: every unsupported or unknown field, named with its value (relative position embeddings,
-            ``is_decoder: true``, cross-attention, ...).
-    """
-    r = HFConfig(cfg, MODEL_TYPE, ignore=IGNORE)
-    s = sizes(r, DEFAULTS)
-    d, n_heads = s["d_model"], s["n_heads"]
-    if d % n_heads:
-        r.error("num_attention_heads", f"hidden_size = {d} is not divisible by num_attention_heads = {n_heads}")
-    d_ff = r.number("intermediate_size", DEFAULTS["intermediate_size"], integer=True)
-    act = r.activation("hidden_act", "gelu")
-    eps = r.number("layer_norm_eps", DEFAULTS["layer_norm_eps"])
-    r.number("type_vocab_size", DEFAULTS["type_vocab_size"], integer=True)  # row 0 is folded into the positions
-    init_std = r.number("initializer_range", 0.02)
-    r.expect("position_embedding_type", "absolute", "relative position embeddings (relative_key, relative_key_query) are not supported")
-    r.expect("is_decoder", False, "a causal BERT (BertLMHeadModel) is not supported; modkit's bert is the bidirectional encoder")
-    att = attention(d, n_heads, n_heads, bias=(True,) * 4)
-    att["causal"] = False
-    block = {
-        "attention": att,
-        "ffn": {"type": "mlp", "d_ff": d_ff, "activation": act, "bias": True},
-        "norm": layernorm(eps),
-        "placement": {"type": "post"},
-    }
-    spec = model_spec(
-        r,
-        vocab_size=s["vocab_size"],
-        d_model=d,
-        n_layers=s["n_layers"],
-        max_seq_len=s["max_seq_len"],
-        position={"type": "learned"},
-        block=block,
-        final_norm=None,
-        tie_embeddings=True,
-        init_std=init_std,
-    )
-    spec["embedding_norm"] = layernorm(eps)
-    return r.finish(spec)
-
-
-# ---------------------------------------------------------------------------------------------- weights
-
 POS, TT = "embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight"
+TYPE_VOCAB_SIZE = 2  # transformers BertConfig
 
 
-def _fold_link(config) -> Link:
-    """``positions.0.weight = position_embeddings + token_type_embeddings[0]``, and back."""
-    n_types = int(config.get("type_vocab_size") or DEFAULTS["type_vocab_size"])
+@dataclass(frozen=True)
+class FoldTokenTypes(Transform):
+    """``positions.0.weight = position_embeddings + token_type_embeddings[0]``, and back (bitwise when unchanged)."""
 
-    def to_ours(ts):
+    def to_ours(self, ts, ctx):
         pos, tt = ts
         return [pos + tt[0].to(pos.dtype)]
 
-    def to_hf(ts, extras):
+    def to_hf(self, ts, ctx, extras):
         learned = ts[0]
         tt = extras.get(TT)
         if tt is None:  # never loaded from Hugging Face: segment embeddings all zero, exactly as folded
+            n_types = int(ctx.config.get("type_vocab_size") or TYPE_VOCAB_SIZE)
             tt = learned.new_zeros(n_types, learned.shape[-1])
         orig = extras.get(POS)
         if orig is not None and orig.dtype == learned.dtype and orig.shape == learned.shape and not learned.is_meta:
@@ -119,51 +60,50 @@ def _fold_link(config) -> Link:
                 return [orig, tt]  # unchanged since import: the stored table, bitwise
         return [learned - tt[0].to(learned.dtype), tt]
 
-    return Link((POS, TT), ("positions.0.weight",), to_ours, to_hf)
+    def describe(self) -> str:
+        return "position table + token-type row 0 (the table and the original positions kept for the export)"
 
 
-def links(spec, shapes, config):
-    """``BertModel`` names: ``embeddings.*``, ``encoder.layer.{i}.attention.self.{query,key,value}``,
-    ``attention.output.{dense,LayerNorm}``, ``intermediate.dense``, ``output.{dense,LayerNorm}``."""
-    e = "encoder.layer.{i}."
-    table = Renames([
-        ("embed.weight", "embeddings.word_embeddings.weight"),
-        ("embedding_norm.{p}", "embeddings.LayerNorm.{p}"),
-        ("layers.{i}.attention.q_proj.{p}", e + "attention.self.query.{p}"),
-        ("layers.{i}.attention.k_proj.{p}", e + "attention.self.key.{p}"),
-        ("layers.{i}.attention.v_proj.{p}", e + "attention.self.value.{p}"),
-        ("layers.{i}.attention.o_proj.{p}", e + "attention.output.dense.{p}"),
-        ("layers.{i}.attn_norm.{p}", e + "attention.output.LayerNorm.{p}"),
-        ("layers.{i}.ffn.up.{p}", e + "intermediate.dense.{p}"),
-        ("layers.{i}.ffn.down.{p}", e + "output.dense.{p}"),
-        ("layers.{i}.ffn_norm.{p}", e + "output.LayerNorm.{p}"),
-    ])
-    return [_fold_link(config)] + table.links(shapes, skip=["positions.0.weight"])
+E = "encoder.layer.{i}."
 
-
-def to_config(spec, base):
-    """Spec → ``BertConfig`` keys (``type_vocab_size`` from the source config, else 2)."""
-    ls = spec.layer(0)
-    att, ffn = ls.attention, ls.ffn
-    return {
-        "vocab_size": spec.vocab_size,
-        "hidden_size": spec.d_model,
-        "num_hidden_layers": spec.n_layers,
-        "num_attention_heads": att.n_heads,
-        "intermediate_size": getattr(ffn, "d_ff", None),
-        "hidden_act": hf_activation(getattr(ffn, "activation", "gelu"), "gelu_new", base.get("hidden_act")),
-        "max_position_embeddings": spec.max_seq_len,
-        "layer_norm_eps": getattr(ls.norm, "eps", None),
-        "type_vocab_size": int(base.get("type_vocab_size") or DEFAULTS["type_vocab_size"]),
-        "initializer_range": spec.init_std,
-    }
-
-
-WEIGHTS = HFWeights(
+BERT = HFType(
     model_type=MODEL_TYPE,
-    convert=convert,
-    make_links=links,
-    to_config=to_config,
+    architecture="BertModel",
+    notes=__doc__,
+    # transformers BertConfig
+    keys={
+        **sizes(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                max_position_embeddings=512),
+        "head_dim": HeadDim(in_config=False),
+        "intermediate_size": Key("d_ff", 3072),
+        "hidden_act": Key("act", "gelu", kind="act", tanh="gelu_new"),
+        "layer_norm_eps": Key("eps", 1e-12, kind="number"),
+        "type_vocab_size": Key("type_vocab_size", TYPE_VOCAB_SIZE, from_base=True,
+                               note="checked; row 0 is folded into the position table"),
+        "initializer_range": Key("init_std", 0.02, kind="number"),
+        "position_embedding_type": Refuse("absolute", "relative position embeddings (relative_key, relative_key_query) are not supported"),
+        "is_decoder": Refuse(False, "a causal BERT (BertLMHeadModel) is not supported; modkit's bert is the bidirectional encoder"),
+        "hidden_dropout_prob": Key(("dropout_residual", "dropout_embedding"), 0.1, kind="prob"),
+        "attention_probs_dropout_prob": Key("dropout_attention", 0.1, kind="prob"),
+        "gradient_checkpointing": Ignore("a training-time switch"),
+        "tie_word_embeddings": Ignore("ties the masked-LM head's decoder, a head modkit's bert does not compute"),
+    },
+    fixed={"norm": "layernorm", "placement": {"type": "post"}, "ffn": "mlp", "mlp_bias": True, "qkv_bias": True,
+           "o_bias": True, "causal": False, "position": {"type": "learned"}, "final_norm": False,
+           "embedding_norm": True, "tie_embeddings": True},
+    tensors=(
+        W("positions.0.weight", (POS, TT), FoldTokenTypes()),
+        W("embed.weight", "embeddings.word_embeddings.weight"),
+        W("embedding_norm.{p}", "embeddings.LayerNorm.{p}"),
+        W("layers.{i}.attention.q_proj.{p}", E + "attention.self.query.{p}"),
+        W("layers.{i}.attention.k_proj.{p}", E + "attention.self.key.{p}"),
+        W("layers.{i}.attention.v_proj.{p}", E + "attention.self.value.{p}"),
+        W("layers.{i}.attention.o_proj.{p}", E + "attention.output.dense.{p}"),
+        W("layers.{i}.attn_norm.{p}", E + "attention.output.LayerNorm.{p}"),
+        W("layers.{i}.ffn.up.{p}", E + "intermediate.dense.{p}"),
+        W("layers.{i}.ffn.down.{p}", E + "output.dense.{p}"),
+        W("layers.{i}.ffn_norm.{p}", E + "output.LayerNorm.{p}"),
+    ),
     keep=(
         (r"pooler\..*", "BertModel's pooler (pooler_output); not computed by modkit"),
         (r"embeddings\.position_ids", "position-index buffer of older checkpoints (derivable)"),
@@ -172,6 +112,6 @@ WEIGHTS = HFWeights(
         (POS.replace(".", r"\."), "original position table, to undo the fold bitwise on export"),
     ),
     aliases=(("", "bert."),),
-    carry=IGNORE,
-    architecture="BertModel",
 )
+
+TYPE = BERT

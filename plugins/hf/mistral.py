@@ -6,35 +6,19 @@ Semantics: ``transformers/models/mistral/{configuration,modeling}_mistral.py``: 
 
 from __future__ import annotations
 
-from .llama import Family, convert_family, family_weights
+from ._keys import SlidingWindow
+from .llama import LLAMA
 
 MODEL_TYPE = "mistral"
 
-FAMILY = Family(
-    model_type="mistral",
+MISTRAL = LLAMA.derive(
+    MODEL_TYPE,
     architecture="MistralForCausalLM",
+    notes=__doc__,
+    drop=("attention_bias", "mlp_bias", "pretraining_tp"),
     # transformers MistralConfig defaults
-    defaults=dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=4096 * 32,
-        rms_norm_eps=1e-6,
-        hidden_act="silu",
-        tie_word_embeddings=False,
-        sliding_window=4096,
-    ),
-    attention_bias="none",
-    sliding="all",
+    defaults={"intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32},
+    keys={"sliding_window": SlidingWindow(4096)},
 )
 
-
-def convert(cfg: dict) -> dict:
-    """Hugging Face ``mistral`` config → modkit spec dict."""
-    return convert_family(cfg, FAMILY)
-
-
-WEIGHTS = family_weights(FAMILY, convert)
+TYPE = MISTRAL

@@ -8,34 +8,24 @@ projections, before RoPE; ``attention_bias`` sets all four projection biases.
 
 from __future__ import annotations
 
-from .llama import Family, convert_family, family_weights
+from ._weights import W
+from .llama import LLAMA, L
 
 MODEL_TYPE = "olmo2"
 
-FAMILY = Family(
-    model_type="olmo2",
+OLMO2 = LLAMA.derive(
+    MODEL_TYPE,
     architecture="Olmo2ForCausalLM",
+    notes=__doc__,
+    drop=("mlp_bias", "pretraining_tp"),
     # transformers Olmo2Config defaults
-    defaults=dict(
-        vocab_size=50304,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        hidden_act="silu",
-        tie_word_embeddings=False,
+    defaults={"vocab_size": 50304, "rms_norm_eps": 1e-5},
+    fixed={"qk_norm": "full", "placement": {"type": "reordered"}},
+    tensors=(
+        W("layers.{i}.attn_post_norm.weight", L + "post_attention_layernorm.weight"),
+        W("layers.{i}.ffn_post_norm.weight", L + "post_feedforward_layernorm.weight"),
     ),
-    attention_bias="flag",
-    qk_norm="full",
-    placement="reordered",
+    drop_tensors=("layers.{i}.attn_norm.weight", "layers.{i}.ffn_norm.weight"),
 )
 
-
-def convert(cfg: dict) -> dict:
-    """Hugging Face ``olmo2`` config → modkit spec dict."""
-    return convert_family(cfg, FAMILY)
-
-
-WEIGHTS = family_weights(FAMILY, convert)
+TYPE = OLMO2

@@ -7,38 +7,19 @@ to 128 (not ``hidden_size // num_attention_heads``); sliding windows as in Qwen2
 
 from __future__ import annotations
 
-from .llama import Family, convert_family, family_weights
+from ._keys import Key
+from .qwen2 import QWEN2
 
 MODEL_TYPE = "qwen3"
 
-FAMILY = Family(
-    model_type="qwen3",
+QWEN3 = QWEN2.derive(
+    MODEL_TYPE,
     architecture="Qwen3ForCausalLM",
-    # transformers Qwen3Config defaults
-    defaults=dict(
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=22016,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        hidden_act="silu",
-        tie_word_embeddings=False,
-        sliding_window=4096,
-        max_window_layers=28,
-    ),
-    attention_bias="flag",
-    qk_norm="head",
-    sliding="qwen",
-    head_dim_default=128,
+    notes=__doc__,
+    drop=("use_mrope",),
+    defaults={"head_dim": 128},  # transformers Qwen3Config
+    keys={"attention_bias": Key(("qkv_bias", "o_bias"), False, kind="flag")},
+    fixed={"qkv_bias": False, "qk_norm": "head"},
 )
 
-
-def convert(cfg: dict) -> dict:
-    """Hugging Face ``qwen3`` config → modkit spec dict."""
-    return convert_family(cfg, FAMILY)
-
-
-WEIGHTS = family_weights(FAMILY, convert)
+TYPE = QWEN3

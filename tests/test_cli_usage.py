@@ -1,0 +1,131 @@
+"""Usage errors of every ``modkit`` command: no flag matched by a prefix, and an unknown flag answered by the
+subcommand it was given to, with its usage and the flags it probably meant.
+
+The parser tree is walked, so a command or flag added later (an extension module's, ``modkit train``'s generated
+training-config flags) is covered without a list kept here. Nothing here runs a handler: every case fails while
+parsing, before torch or the plugins are loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from modkit import cli
+from modkit.cli import build_parser, close_flags, iter_parsers
+
+
+def _leaves() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """``(words, parser)`` of every subcommand that runs a handler (``("docs", "build")``, ...)."""
+    return [(w, p) for w, p in iter_parsers(build_parser()) if w and not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)]
+
+
+def _matches(parser: argparse.ArgumentParser, token: str) -> list[argparse.Action]:
+    """The actions argparse would bind ``token`` to (its own optional-argument lookup; tuple or list of tuples
+    depending on the Python version)."""
+    found = parser._parse_optional(token)
+    items = found if isinstance(found, list) else [found] if isinstance(found, tuple) else []
+    return [t[0] for t in items if t and t[0] is not None]
+
+
+def _minimal_argv(parser: argparse.ArgumentParser) -> list[str]:
+    """Arguments that satisfy ``parser``'s required positionals, options and groups (never run: the test adds an
+    unknown flag, and the error comes first)."""
+    argv: list[str] = []
+    for group in parser._mutually_exclusive_groups:
+        if group.required:
+            action = group._group_actions[0]
+            argv += [action.option_strings[-1]] + ([] if action.nargs == 0 else ["1"])
+    grouped = {a for g in parser._mutually_exclusive_groups for a in g._group_actions}
+    for action in parser._actions:
+        if action in grouped or isinstance(action, argparse._SubParsersAction):
+            continue
+        value = str(next(iter(action.choices))) if action.choices else "1"
+        if not action.option_strings and action.nargs not in ("?", "*"):
+            argv.append(value)
+        elif action.option_strings and action.required:
+            argv += [action.option_strings[-1]] + ([] if action.nargs == 0 else [value])
+    return argv
+
+
+def test_every_parser_refuses_abbreviations():
+    leaves = _leaves()
+    names = {" ".join(w) for w, _ in leaves}
+    assert {"build", "cost", "train", "docs build", "compare", "trace", "generate", "convert hf", "new plugin"} <= names
+    checked = 0
+    for words, parser in iter_parsers(build_parser()):
+        assert parser.allow_abbrev is False, f"modkit {' '.join(words)}: allow_abbrev is on"
+        options = {o for a in parser._actions for o in a.option_strings}
+        for option in options:
+            if not option.startswith("--"):
+                continue
+            for end in range(3, len(option)):  # every proper prefix: --d, --de, --dev, ...
+                prefix = option[:end]
+                if prefix in options:
+                    continue
+                bound = _matches(parser, prefix)
+                assert not bound, f"modkit {' '.join(words)}: {prefix} is taken as {bound[0].option_strings}"
+                checked += 1
+    assert checked > 500
+
+
+def test_the_reported_prefix_cases_are_refused(capsys):
+    # `compare --lr` ran as --lr-sweep and `--seed` as --seeds; --devices went to the top-level usage
+    code = cli.main(["compare", "a.json", "--train", "t.json", "--lr", "1e-2", "--seed", "5"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("usage: modkit compare ")
+    assert "unrecognized arguments: --lr 1e-2 --seed 5" in err
+    assert "--lr: did you mean --lr-sweep?" in err and "--seed: did you mean --seeds?" in err
+    for argv, usage, hint in (
+        (["build", "spec.json", "--devices", "meta"], "usage: modkit build ", "did you mean --device?"),
+        (["cost", "spec.json", "--ctx", "8"], "usage: modkit cost ", "did you mean --context?"),
+        (["cost", "spec.json", "--ctx=8"], "usage: modkit cost ", "did you mean --context?"),
+        (["train", "--lrate", "1e-3"], "usage: modkit train ", "did you mean --lr?"),
+        (["docs", "build", "--strict"], "usage: modkit docs build ", "did you mean --no-strict?"),
+    ):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(usage), (argv, err)
+        assert f"modkit {' '.join(usage.split()[2:])}: error: unrecognized arguments: {' '.join(argv[argv.index(next(a for a in argv if a.startswith('--'))):])}; {hint}" in err, err
+        assert "usage: modkit [-h]" not in err
+
+
+@pytest.mark.parametrize("words", [w for w, _ in _leaves()], ids=lambda w: " ".join(w))
+def test_each_command_names_its_own_flag(words, capsys):
+    """For every command: its longest flag misspelt (one letter doubled) gets that command's usage and the flag."""
+    parser = dict(_leaves())[words]
+    options = sorted((o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"), key=len)
+    flag = options[-1] if options else None  # `modkit validate` has none: its usage all the same, no hint
+    typo = flag + flag[-1] if flag else "--zzzz"
+    if flag:
+        assert close_flags(parser, typo)[0] == flag
+    code = cli.main([*words, *_minimal_argv(parser), typo])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"usage: modkit {' '.join(words)} "), err
+    assert f"modkit {' '.join(words)}: error: unrecognized arguments: {typo}" in err
+    assert (f"did you mean {flag}" in err) if flag else ("did you mean" not in err)
+
+
+def test_unknown_subcommand_names_the_closest(capsys):
+    assert cli.main(["bild"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'bild'" in err and "did you mean 'build'?" in err
+    assert cli.main(["docs", "biuld"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: modkit docs ") and "did you mean 'build'?" in err
+
+
+def test_close_flags():
+    p = argparse.ArgumentParser(prog="x")
+    for flag in ("--device", "--dtype", "--lr-sweep", "--seeds", "--context", "--no-strict"):
+        p.add_argument(flag)
+    assert close_flags(p, "--devices") == ["--device"]
+    assert close_flags(p, "--lr") == ["--lr-sweep"]
+    assert close_flags(p, "--seed=3") == ["--seeds"]
+    assert close_flags(p, "--ctx") == ["--context"]
+    assert close_flags(p, "--strict") == ["--no-strict"]
+    assert close_flags(p, "--zzzzzz") == []
+    assert "--help" not in close_flags(p, "--hlp")

@@ -1,0 +1,230 @@
+"""The declarative Hugging Face model types: their tables against transformers' configuration classes, the weight
+layout transforms against the layouts transformers 5 saves, and a third-party type derived in a few lines.
+
+* every key of a type's transformers configuration class (``AutoConfig.for_model(t).to_dict()``) is a row of the
+  type's table, irrelevant for every type, or one of the keys every type must leave at one value;
+* a config holding only ``model_type`` converts to the very spec transformers' class defaults give;
+* every refused row refuses a value other than the one modkit can express, naming the key;
+* each transform maps the tensors as the transformers modeling code reads them (gpt-oss's interleaved
+  ``gate_up_proj``, Llama 4's concatenated one, the stacked ``[n_experts, 2 * d_ff, d_model]`` layout, GPT-NeoX's
+  per-head ``query_key_value``, Falcon's grouped one, MLA's ``kv_a_proj_with_mqa`` and ``kv_b_proj``), and back
+  bitwise.
+"""
+
+from __future__ import annotations
+
+import types as pytypes
+import warnings
+
+import pytest
+import torch
+
+import modkit
+from modkit_plugins.hf import Chain, Concat, FusedQKV, HFType, PerHead, Refuse, StackExperts, Transpose
+from modkit_plugins.hf._reader import EXPECTED, IRRELEVANT
+from modkit_plugins.hf._weights import Ctx
+from modkit_plugins.hf.llama import LLAMA
+
+transformers = pytest.importorskip("transformers")
+
+DECLARED = {t: c.declaration for t in modkit.get_registry().hf_model_types()
+            if isinstance((c := modkit.get_registry().hf_converter(t)).declaration, HFType)}
+
+
+def _defaults(t: str) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.AutoConfig.for_model(t).to_dict()
+
+
+def _same_network(a, b) -> bool:
+    a, b = a.to_dict(), b.to_dict()
+    for d in (a, b):
+        d.pop("name"), d.pop("description")
+    return a == b
+
+
+def test_the_built_in_types_are_declared():
+    assert len(DECLARED) == len(modkit.get_registry().hf_model_types()) >= 19
+
+
+@pytest.mark.parametrize("t", sorted(DECLARED))
+def test_every_key_of_the_transformers_config_class_has_a_row(t):
+    table = DECLARED[t].keys
+    listed = {k for name, row in table.items() for k in row.config_keys(name)}
+    missing = sorted(set(_defaults(t)) - listed - IRRELEVANT - set(EXPECTED))
+    assert not missing, f"{t}: keys of transformers' config class without a row: {missing}"
+
+
+@pytest.mark.parametrize("t", sorted(DECLARED))
+def test_absent_keys_take_transformers_class_defaults(t):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", modkit.UnknownConfigKeyWarning)
+        ours = modkit.from_hf_config({"model_type": t})
+        theirs = modkit.from_hf_config(_defaults(t), strict=True)
+    assert _same_network(ours, theirs)
+
+
+def _bad(allowed):
+    return True if allowed is False else "something_else" if isinstance(allowed, str) else 3.0
+
+
+@pytest.mark.parametrize("t,key", [(t, k) for t, d in sorted(DECLARED.items()) for k, row in d.keys.items()
+                                   if isinstance(row, Refuse)])
+def test_refused_keys_are_refused_by_name(t, key):
+    row = DECLARED[t].keys[key]
+    cfg = dict(_defaults(t), **{key: _bad(row.allowed)})
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(cfg)
+    assert any(p == key and row.why in m for p, m in info.value.errors), info.value.errors
+
+
+@pytest.mark.parametrize("cls", ["MistralConfig", "Qwen2Config"])
+def test_a_null_sliding_window_means_global_attention(cls):
+    kwargs = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2, sliding_window=None)
+    if cls == "Qwen2Config":
+        kwargs["use_sliding_window"] = True
+    cfg = getattr(transformers, cls)(**kwargs)
+    spec = modkit.from_hf_config(cfg.to_dict())
+    assert cfg.sliding_window is None
+    assert [spec.layer(i).attention.sliding_window for i in range(2)] == [None, None]
+
+
+@pytest.mark.parametrize("t", ["gemma2", "gemma3_text", "olmo3"])
+def test_a_null_window_on_sliding_layers_is_refused(t):
+    """transformers cannot build those layers' mask (``create_sliding_window_causal_mask`` raises); modkit names the key
+    instead of inventing a window."""
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config({"model_type": t, "sliding_window": None})
+    assert any(p == "sliding_window" for p, _ in info.value.errors), info.value.errors
+
+
+# ------------------------------------------------------------------------------------------------ transforms
+
+
+def _ctx(ours_shapes, layer=None, spec=None, config=None):
+    names = tuple(f"t{k}" for k in range(len(ours_shapes)))
+    return Ctx(spec, dict(zip(names, ours_shapes)), config or {}, layer, names, ("hf",))
+
+
+def _round_trip(transform, hf, ctx):
+    ours = transform.to_ours([hf], ctx)
+    back = transform.to_hf(ours, ctx, {})
+    assert len(back) == 1 and torch.equal(back[0], hf)
+    return ours
+
+
+def test_interleaved_gate_up_as_gpt_oss_stores_it():
+    """GptOssExperts: ``gate_up_proj [n_experts, d_model, 2 * d_ff]``, gate at even columns, up at odd ones."""
+    g = torch.Generator().manual_seed(0)
+    e, d, ff = 3, 4, 5
+    fused = torch.randn(e, d, 2 * ff, generator=g)
+    gate, up = _round_trip(Concat(dim=-1, interleaved=True), fused, _ctx([(e, d, ff), (e, d, ff)]))
+    assert torch.equal(gate, fused[..., ::2]) and torch.equal(up, fused[..., 1::2])
+    bias = torch.randn(e, 2 * ff, generator=g)  # gate_up_proj_bias, interleaved the same way
+    gb, ub = _round_trip(Concat(dim=-1, interleaved=True), bias, _ctx([(e, ff), (e, ff)]))
+    assert torch.equal(gb, bias[..., ::2]) and torch.equal(ub, bias[..., 1::2])
+
+
+def test_concatenated_gate_up_as_llama4_stores_it():
+    """Llama4TextExperts: ``gate_up_proj [n_experts, d_model, 2 * d_ff]``, ``gate, up = chunk(2, dim=-1)``."""
+    fused = torch.randn(2, 4, 6, generator=torch.Generator().manual_seed(1))
+    gate, up = _round_trip(Concat(dim=-1), fused, _ctx([(2, 4, 3), (2, 4, 3)]))
+    ref_gate, ref_up = fused.chunk(2, dim=-1)
+    assert torch.equal(gate, ref_gate) and torch.equal(up, ref_up)
+
+
+def test_stacked_experts_in_transformers_5_memory_layout():
+    """Qwen2MoeExperts (and the MoE models transformers 5 fuses in memory): ``gate_up_proj [n_experts, 2 * d_ff, d_model]``
+    used as ``F.linear(x, gate_up_proj[e]).chunk(2, -1)``, i.e. rows gate then up; modkit stacks ``[n_experts, in, out]``."""
+    e, d, ff = 3, 4, 5
+    fused = torch.randn(e, 2 * ff, d, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(7, d)
+    gate, up = _round_trip(Chain((Transpose(), Concat(dim=-1))), fused, _ctx([(e, d, ff), (e, d, ff)]))
+    for k in range(e):
+        ref_gate, ref_up = torch.nn.functional.linear(x, fused[k]).chunk(2, dim=-1)
+        assert torch.allclose(x @ gate[k], ref_gate) and torch.allclose(x @ up[k], ref_up)
+
+
+def test_one_linear_per_expert_stacks_into_modkit_experts():
+    ws = [torch.randn(5, 4, generator=torch.Generator().manual_seed(k)) for k in range(3)]  # [out, in] per expert
+    (stacked,) = StackExperts().to_ours(ws, _ctx([(3, 4, 5)]))
+    assert stacked.shape == (3, 4, 5) and all(torch.equal(stacked[k], ws[k].t()) for k in range(3))
+    assert all(torch.equal(a, b) for a, b in zip(StackExperts().to_hf([stacked], _ctx([(3, 4, 5)]), {}), ws))
+
+
+def _attention_spec(n_heads, n_kv, hd):
+    att = pytypes.SimpleNamespace(n_heads=n_heads, kv_heads=n_kv, resolved_head_dim=lambda d: hd)
+    return pytypes.SimpleNamespace(d_model=n_heads * hd, layer=lambda i: pytypes.SimpleNamespace(attention=att))
+
+
+def test_per_head_fused_qkv_as_gpt_neox_stores_it():
+    """GPTNeoXAttention: ``query_key_value`` output viewed ``[..., n_heads, 3 * head_dim]`` and chunked in three."""
+    n, hd, d = 4, 3, 12
+    w = torch.randn(3 * n * hd, d, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(5, d)
+    ctx = _ctx([(n * hd, d)] * 3, layer=0, spec=_attention_spec(n, n, hd))
+    q, k, v = _round_trip(FusedQKV("per_head"), w, ctx)
+    ref_q, ref_k, ref_v = (x @ w.t()).view(5, n, 3 * hd).chunk(3, dim=-1)
+    for ours, ref in ((q, ref_q), (k, ref_k), (v, ref_v)):
+        assert torch.allclose((x @ ours.t()).view(5, n, hd), ref)
+
+
+def test_grouped_fused_qkv_as_falcon_stores_it():
+    """FalconAttention (new architecture): per KV group its query heads, then its key, then its value head."""
+    n, kv, hd, d = 6, 2, 2, 8
+    w = torch.randn((n + 2 * kv) * hd, d, generator=torch.Generator().manual_seed(4))
+    q, k, v = _round_trip(FusedQKV("grouped"), w, _ctx([(n * hd, d), (kv * hd, d), (kv * hd, d)], 0, _attention_spec(n, kv, hd)))
+    g = w.view(kv, n // kv + 2, hd, d)
+    assert torch.equal(q.view(kv, n // kv, hd, d), g[:, : n // kv]) and torch.equal(k.view(kv, hd, d), g[:, -2])
+    assert torch.equal(v.view(kv, hd, d), g[:, -1])
+
+
+def test_latent_attention_up_projection_splits_head_by_head():
+    """DeepseekV3Attention: ``kv_b_proj(latent).view(..., n_heads, qk_nope_head_dim + v_head_dim)`` split in two."""
+    n, nope, v_dim, rank = 3, 4, 2, 5
+    w = torch.randn(n * (nope + v_dim), rank, generator=torch.Generator().manual_seed(6))
+    x = torch.randn(7, rank)
+    k, v = _round_trip(PerHead(), w, _ctx([(n * nope, rank), (n * v_dim, rank)], 0, _attention_spec(n, n, nope)))
+    ref_k, ref_v = (x @ w.t()).view(7, n, nope + v_dim).split([nope, v_dim], dim=-1)
+    assert torch.allclose((x @ k.t()).view(7, n, nope), ref_k) and torch.allclose((x @ v.t()).view(7, n, v_dim), ref_v)
+
+
+def test_latent_attention_down_projection_splits_into_latent_and_shared_key():
+    """DeepseekV3Attention: ``kv_a_proj_with_mqa`` output split ``[kv_lora_rank, qk_rope_head_dim]``."""
+    rank, rope, d = 6, 2, 5
+    w = torch.randn(rank + rope, d, generator=torch.Generator().manual_seed(5))
+    latent, key = _round_trip(Concat(), w, _ctx([(rank, d), (rope, d)]))
+    assert torch.equal(latent, w[:rank]) and torch.equal(key, w[rank:])
+
+
+# ------------------------------------------------------------------------------------------------ a third-party type
+
+
+def test_a_plugin_derives_and_registers_a_type_in_a_few_lines(tmp_path):
+    """A made-up ``my_llama`` (Llama with another default width and a refused key), registered with ``register(TYPE)``
+    by a plugin of its own: converts configs, loads and exports weights under its own model type."""
+    mine = LLAMA.derive("my_llama", architecture="MyLlamaForCausalLM", defaults={"hidden_size": 64},
+                        keys={"my_gate": Refuse(False, "the gated variant is not supported")})
+    reg = modkit.Registry()
+    for info in modkit.get_registry().plugins():
+        reg.register_plugin(info.obj, info.name)
+
+    def register_hf_converters(register):
+        register(mine)
+
+    reg.register_plugin(pytypes.SimpleNamespace(register_hf_converters=modkit.hookimpl(register_hf_converters)), "mine")
+    conv = reg.hf_converter("my_llama")
+    assert conv.declaration is mine and conv.weights is mine.weights and conv.provider.plugin == "mine"
+    base = {"model_type": "my_llama", "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 32,
+            "vocab_size": 50, "max_position_embeddings": 16}
+    spec = modkit.from_hf_config(base, registry=reg)
+    assert spec.d_model == 64 and spec.metadata["hf_model_type"] == "my_llama"
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(dict(base, my_gate=True), registry=reg)
+    assert [p for p, _ in info.value.errors] == ["my_gate"]
+    model = modkit.build(spec, registry=reg, seed=0)
+    out = modkit.to_hf(model, tmp_path / "out", registry=reg)
+    again = modkit.from_hf(out, registry=reg)
+    assert (out / "config.json").read_text().count('"my_llama"') == 1
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))

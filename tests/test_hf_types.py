@@ -1,0 +1,162 @@
+"""The harness a Hugging Face model type joins with one fixture description (:data:`FIXTURES`).
+
+For each fixture, a tiny random transformers model with the type's structural features switched on (sliding
+windows shorter than the test sequence, NoPE layers, biases, fused layouts...) is saved with transformers' own
+``save_pretrained`` (safetensors), then:
+
+1. ``modkit.from_hf`` builds a model with transformers' parameter count (unique parameters);
+2. float32 logits of a left-padded batch agree with transformers' on every real token to 1e-5;
+3. left padding changes nothing: each padded row's real-token logits equal those of the row run alone, unpadded;
+4. greedy decoding with modkit's KV cache gives the tokens of transformers' ``generate``;
+5. ``modkit.to_hf`` writes a folder that transformers loads with the same logits (1e-5), every tensor bitwise
+   equal to the original file's, and whose ``config.json`` converts back to the same spec.
+
+A new model type costs one entry: ``(id, transformers config class name, config kwargs)``. transformers is a
+test-only reference (nothing under ``modkit/`` or ``plugins/`` imports it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import modkit
+from modkit.generate import generate
+
+transformers = pytest.importorskip("transformers")
+
+from test_hf_parity import _quiet, batch, file_tensors, hf_output, make_hf, max_real_diff, ours_output  # noqa: E402
+
+TOL = 1e-5
+#: no end-of-sequence token: greedy decoding runs its full length on both sides
+SMALL = dict(vocab_size=97, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=None)
+GQA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+
+#: (id, config class, kwargs): every structural feature of the type switched on; windows (4) shorter than the
+#: 9-token batch and the 7 + 12 generated tokens
+FIXTURES = [
+    # Gemma 1: (1 + w) RMSNorm, GeGLU with the legacy "gelu" name (the tanh GELU), sqrt(d) embedding scale, MQA,
+    # attention biases, tied head
+    ("gemma-mqa", "GemmaConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        intermediate_size=96, num_hidden_layers=2, attention_bias=True, hidden_act="gelu", **SMALL)),
+    # Gemma 1 with multi-head attention and head_dim != hidden_size / heads, untied
+    ("gemma-mha", "GemmaConfig", dict(hidden_size=48, num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+        intermediate_size=64, num_hidden_layers=2, tie_word_embeddings=False, **SMALL)),
+    # StarCoder2: sliding-window GQA on every layer, biases on every projection, LayerNorm, gelu (tanh) MLP
+    ("starcoder2", "Starcoder2Config", dict(**GQA, num_hidden_layers=2, sliding_window=4, use_bias=True, **SMALL)),
+    # OLMo 3: reordered norms, full-width QK-norm, three sliding layers out of four, per-type RoPE (linear scaling
+    # and another base on the full layer), attention biases
+    ("olmo3", "Olmo3Config", dict(**GQA, num_hidden_layers=4, sliding_window=4, attention_bias=True,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, **SMALL)),
+    # SmolLM3: NoPE on every second layer, those layers sliding (window 4), attention and MLP biases, tied
+    ("smollm3", "SmolLM3Config", dict(**GQA, num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
+        sliding_window=4, attention_bias=True, mlp_bias=True, **SMALL)),
+    # GLM-4: sandwich norms, q/k/v biases (no output bias), interleaved partial RoPE (0.5), fused gate_up, head_dim 16
+    ("glm4", "Glm4Config", dict(**GQA, head_dim=16, num_hidden_layers=2, attention_bias=True, **SMALL)),
+]
+
+
+_BUILT: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared machine they cost a lot of waiting."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """``name -> (transformers model, saved folder, modkit model)``, each built once."""
+
+    def get(name):
+        if name not in _BUILT:
+            _, cls, kwargs = next(f for f in FIXTURES if f[0] == name)
+            w = _quiet()
+            try:
+                hf = make_hf(getattr(transformers, cls), kwargs, "causal")  # every parameter off its init
+                folder = tmp_path_factory.mktemp(name) / "hf"
+                hf.save_pretrained(folder)
+            finally:
+                w.__exit__(None, None, None)
+            _BUILT[name] = (hf, folder, modkit.from_hf(folder))
+        return _BUILT[name]
+
+    return get
+
+
+IDS = [f[0] for f in FIXTURES]
+
+
+def test_fixtures_name_registered_types():
+    types = set(modkit.get_registry().hf_model_types())
+    for name, cls, _ in FIXTURES:
+        assert getattr(transformers, cls).model_type in types, name
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_parameter_count_equals_transformers(name, built):
+    hf, _, model = built(name)
+    assert model.spec.metadata["hf_model_type"] == hf.config.model_type
+    theirs = sum(p.numel() for p in hf.parameters())
+    assert modkit.count_params(model) == theirs == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_logits_equal_transformers_on_a_left_padded_batch(name, built):
+    hf, _, model = built(name)
+    ids, mask = batch(97)
+    got = ours_output(model, ids, mask, "causal")
+    assert torch.isfinite(got[mask.bool()]).all()
+    diff = max_real_diff(got, hf_output(hf, ids, mask, "causal"), mask)
+    print(f"\n[types] {name:12s} max|modkit - transformers| = {diff:.2e}")
+    assert diff <= TOL
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_left_padding_gives_the_unpadded_rows_logits(name, built):
+    _, _, model = built(name)
+    ids, mask = batch(97)
+    padded = ours_output(model, ids, mask, "causal")
+    for row in range(ids.shape[0]):
+        real = mask[row].bool()
+        alone = ours_output(model, ids[row : row + 1, real], None, "causal")[0]
+        assert (padded[row, real] - alone).abs().max().item() <= TOL, f"row {row}"
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_greedy_decoding_with_the_cache_equals_transformers_generate(name, built):
+    hf, _, model = built(name)
+    ids = torch.randint(3, 97, (2, 7), generator=torch.Generator().manual_seed(5))
+    w = _quiet()
+    try:
+        with torch.no_grad():
+            theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    finally:
+        w.__exit__(None, None, None)
+    assert torch.equal(generate(model, ids, max_new_tokens=12, temperature=0), theirs)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_export_loads_back_in_transformers(name, built, tmp_path):
+    hf, folder, model = built(name)
+    out = modkit.to_hf(model, tmp_path / "export")
+    original, exported = file_tensors(folder), file_tensors(out)
+    assert sorted(exported) == sorted(original)
+    for k, t in original.items():
+        assert exported[k].dtype == t.dtype and torch.equal(exported[k], t), k
+    w = _quiet()
+    try:
+        back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    finally:
+        w.__exit__(None, None, None)
+    ids, mask = batch(97)
+    assert max_real_diff(hf_output(back, ids, mask, "causal"), hf_output(hf, ids, mask, "causal"), mask) <= TOL
+    a, b = model.spec.to_dict(), modkit.from_hf_config(out / "config.json").to_dict()
+    for d in (a, b):
+        d.pop("name"), d.pop("description")
+    assert a == b
