@@ -276,12 +276,19 @@ class BuildContext:
     extra: dict = field(default_factory=dict)
     parametrization: Any = None
 
-    def attention_scale(self, head_dim: int) -> float:
+    def attention_scale(self, head_dim: int, standard: Optional[float] = None) -> float:
         """The default multiplier of ``q·k`` for heads of ``head_dim``: ``1 / sqrt(head_dim)`` under standard
         parametrization, ``sqrt(base_head_dim) / head_dim`` under μP (:func:`modkit.parametrization.attention_scale`).
-        An attention uses it unless its config sets an explicit scale."""
-        from .parametrization import attention_scale
+        An attention uses it unless its config sets an explicit scale.
 
+        ``standard``: the component's own standard-parametrization scale, returned as it is outside μP (an
+        attention that must equal a reference to the last bit computes ``head_dim ** -0.5`` as the reference does,
+        which differs from ``1 / sqrt(head_dim)`` in the last bit for many widths). μP replaces it either way.
+        """
+        from .parametrization import attention_scale, is_mup
+
+        if standard is not None and not is_mup(self):
+            return float(standard)
         return attention_scale(self.parametrization, self.d_model, head_dim)
 
     def build(self, config: Any, **changes: Any) -> nn.Module:

@@ -12,7 +12,8 @@ role            what it is                                                      
 ``embedding``   the token-embedding table ``[vocab_size, d_model]`` (the head too, tied)    yes    input
 ``position``    a learned absolute position table ``[max_seq_len, d_model]``                yes    input
 ``head``        the LM head ``[vocab_size, d_model]`` of an untied model                    yes    output
-``router``      a router's weight ``[n_experts, d_model]``                                  yes    readout
+``router``      a router's weight ``[n_experts, d_model]`` (or a shared expert's gate           yes    readout
+                ``[1, d_model]``): scores read out of the width
 ``norm_gain``   a norm's scale (RMSNorm / LayerNorm weight, DyT's weight)                   no     vector
 ``bias``        an additive bias (``nn.Linear`` bias, LayerNorm beta, the LM head's bias)   no     vector
 ``vector``      any other per-channel, per-head or scalar parameter (attention-sink          no     vector
@@ -30,7 +31,9 @@ How a component declares them (:func:`param_roles` resolves a whole model):
 
 * a module may define ``param_roles``: a mapping (class attribute) or a method returning one, from the names of its
   parameters, relative to the module (``"weight"``, or ``"proj.weight"`` for a child without a declaration of its
-  own), to roles. A name whose attribute is ``None`` (an optional bias switched off) is allowed and ignored;
+  own), to roles. A name that runs through an attribute set to ``None`` (an optional bias switched off, an optional
+  child such as a shared expert's gate left out) is allowed and ignored, so a class attribute can list every
+  optional part;
 * ``nn.Linear`` children without a declaration from an enclosing module are ``hidden`` (weight) and ``bias``;
   ``nn.Embedding`` children are ``embedding``;
 * the nearest declaring module wins (a router's ``{"proj.weight": "router"}`` beats the ``nn.Linear`` default; a
@@ -89,7 +92,8 @@ ROLES: Mapping[str, Role] = MappingProxyType({
         Role("embedding", "the token-embedding table [vocab_size, d_model] (also the LM head when tied)", True, "input", ndim=2),
         Role("position", "a learned absolute position table [max_seq_len, d_model]", True, "input", ndim=2),
         Role("head", "the LM head [vocab_size, d_model] of an untied model", True, "output", ndim=2),
-        Role("router", "a router's weight [n_experts, d_model]", True, "readout", ndim=2),
+        Role("router", "a router's weight [n_experts, d_model], or a shared expert's gate [1, d_model]: scores read out of the width",
+             True, "readout", ndim=2),
         Role("norm_gain", "a norm's learned scale (RMSNorm / LayerNorm weight)", False, "vector"),
         Role("bias", "an additive bias (nn.Linear bias, LayerNorm beta, the LM head's bias, stacked expert biases)", False, "vector"),
         Role("vector", "any other per-channel, per-head or scalar parameter (attention-sink logits, SSM A_log / D / dt_bias, "
@@ -113,6 +117,22 @@ def declared_roles(module: nn.Module) -> dict[str, str]:
         raise RoleError(f"{type(module).__name__}.param_roles must be a mapping {{parameter name: role}} or a method "
                         f"returning one, got {type(decl).__name__}")
     return dict(decl)
+
+
+_OFF = object()  # a name that runs through an attribute set to None
+
+
+def _walk(module: nn.Module, key: str) -> Any:
+    """What ``key`` (``"proj.weight"``) names under ``module``: the object, :data:`_OFF` when an attribute on the way
+    is ``None`` (an optional part switched off), ``None`` when it names nothing."""
+    node: Any = module
+    for part in key.split("."):
+        if not hasattr(node, part):
+            return None
+        node = getattr(node, part)
+        if node is None:
+            return _OFF
+    return node
 
 
 def _owner(model: nn.Module, name: str) -> tuple[str, nn.Module, str]:
@@ -161,14 +181,10 @@ def param_roles(model: nn.Module) -> dict[str, str]:
                 continue
             full = f"{prefix}.{key}" if prefix else key
             if full not in params:
-                holder_name, _, leaf = full.rpartition(".")
-                try:
-                    holder = model.get_submodule(holder_name) if holder_name else model
-                except AttributeError:
-                    holder = None
-                if holder is not None and hasattr(holder, leaf) and getattr(holder, leaf) is None:
-                    continue  # an optional parameter switched off (bias=False)
-                if holder is not None and isinstance(getattr(holder, leaf, None), nn.Parameter):
+                target = _walk(module, key)
+                if target is _OFF:
+                    continue  # an optional parameter or sub-module switched off (bias=False, shared_gate=None)
+                if isinstance(target, nn.Parameter):
                     continue  # a tied parameter listed under its first name
                 own = sorted(n for n, _ in module.named_parameters())
                 shown = ", ".join(own[:8]) + (f", ... ({len(own)} in all)" if len(own) > 8 else "")

@@ -171,6 +171,11 @@ class Attention(nn.Module):
     ``sinks`` is the ``[n_heads]`` sink-logit parameter, or ``None``.
     """
 
+    #: parameter roles (:mod:`modkit.roles`): the projections are ``nn.Linear`` (hidden, bias) and a QK-norm declares
+    #: its own; the sink logits are one scalar per head, a ``vector``: no weight decay, AdamW under Muon, width-
+    #: independent under muP (gpt-oss trains them without decay)
+    param_roles = {"sinks": "vector"}
+
     def __init__(self, cfg: AttentionConfig, ctx: BuildContext):
         super().__init__()
         d = ctx.d_model

@@ -26,7 +26,12 @@ Two ways to compute the same scores (arXiv:2405.04434 §2.1.2, "absorbed" weight
   ``r_kv + d_rope`` numbers per cached token, shared by every head (an MQA-shaped read of the latent).
 
 Softmax scale ``α = d_qk^{-1/2}``, times ``mscale²`` with DeepSeek's YaRN correction (``yarn_mscale``: ``mscale =
-0.1 · mscale_all_dim · ln(factor) + 1`` for ``factor > 1``, transformers ``yarn_get_mscale``), or ``softmax_scale``.
+0.1 · mscale_all_dim · ln(factor) + 1`` for ``factor > 1``, transformers ``yarn_get_mscale``), or ``softmax_scale``;
+under μP (spec ``parametrization``) ``d_qk^{-1/2}`` becomes μP's ``sqrt(base_d_qk) / d_qk``.
+
+Parameter roles (:mod:`modkit.roles`): every projection is an ``nn.Linear``, so ``hidden`` (the latent down- and
+up-projections too: they map between hidden widths, and the ladder scales ``kv_lora_rank`` / ``q_lora_rank`` with
+``d_model``) and ``bias``; the latent norms declare their own gains. Nothing to declare here.
 The rotated key uses the layer's position scheme at the width this attention declares (``qk_rope_head_dim``,
 ``PositionGeometry``): DeepSeek-V3's checkpoints store the rope features as interleaved pairs, which is the rope
 ``layout: "interleaved"`` (transformers' ``rope_interleave``); the half-split layout is ``"half_split"``.
@@ -108,11 +113,15 @@ class MLAConfig(ComponentConfig):
         """``qk_nope_head_dim + qk_rope_head_dim``: the width of one query (and expanded key) head in the scores."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
-    def resolved_scale(self) -> float:
-        """The softmax scale: ``softmax_scale``, else ``qk_head_dim^-1/2 · mscale²`` (transformers ``yarn_apply_mscale``)."""
+    def resolved_scale(self, base: Optional[float] = None) -> float:
+        """The softmax scale: ``softmax_scale``, else ``base · mscale²`` (transformers ``yarn_apply_mscale``).
+
+        ``base`` defaults to ``qk_head_dim^-1/2``; the module passes :meth:`BuildContext.attention_scale`'s, which is
+        that under standard parametrization and μP's ``sqrt(base_head_dim) / qk_head_dim`` under μP.
+        """
         if self.softmax_scale is not None:
             return float(self.softmax_scale)
-        scale = self.qk_head_dim**-0.5
+        scale = self.qk_head_dim**-0.5 if base is None else base
         m = self.yarn_mscale
         if m is not None and m.mscale_all_dim and m.factor > 1:
             mscale = 0.1 * m.mscale_all_dim * math.log(m.factor) + 1.0
@@ -139,7 +148,8 @@ class MLA(nn.Module):
         self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.qk_head_dim = cfg.qk_head_dim
-        self.scale = cfg.resolved_scale()
+        # qk_head_dim^-1/2 (times mscale²) under standard parametrization; muP's 1/head_dim form under muP
+        self.scale = cfg.resolved_scale(ctx.attention_scale(self.qk_head_dim, standard=self.qk_head_dim**-0.5))
         self.attention_dropout = ctx.attention_dropout
         self.absorb = True
         if cfg.q_lora_rank is None:

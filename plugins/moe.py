@@ -531,6 +531,11 @@ class MoE(nn.Module):
     See the module docstring for the math, the two dispatch schemes and their cost.
     """
 
+    #: parameter roles (:mod:`modkit.roles`): the router, the experts and the shared expert declare their own; the
+    #: shared gate ``[1, d_model]`` maps the width to one score like a router's row, so it is a ``router`` (AdamW
+    #: under Muon, muP's readout rule), not a hidden matrix
+    param_roles = {"shared_gate.weight": "router"}
+
     def __init__(self, cfg: MoEConfig, ctx: BuildContext):
         super().__init__()
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k

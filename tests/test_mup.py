@@ -53,6 +53,20 @@ def test_mup_factors_away_from_the_base_width():
     assert torch.allclose(doubled(ids).logits, 2 * out.logits, rtol=1e-6, atol=1e-7)
 
 
+def test_latent_attention_takes_the_mup_scale_and_keeps_its_own_standard_one():
+    mla = {"type": "mla", "n_heads": 4, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+           "latent_norm": {"type": "rmsnorm"}}
+    base = {**BASE, "block": {**BASE["block"], "attention": mla}}
+    sp = modkit.build(base, device="meta")
+    assert sp.layers[0].attention.scale == 12**-0.5  # transformers' qk_head_dim ** -0.5, to the last bit
+    wide = resize(base, d_model=128)  # every latent and head width x 4: qk_head_dim 48
+    assert wide["block"]["attention"]["kv_lora_rank"] == 64 and wide["block"]["attention"]["qk_rope_head_dim"] == 16
+    mup = modkit.build({**wide, "parametrization": {"type": "mup", "base_d_model": 32}}, device="meta")
+    assert mup.layers[0].attention.scale == pytest.approx(math.sqrt(12) / 48, rel=1e-12)
+    at_base = modkit.build({**base, "parametrization": {"type": "mup", "base_d_model": 32}}, device="meta")
+    assert at_base.layers[0].attention.scale == pytest.approx(12**-0.5, rel=1e-15)
+
+
 def test_resize_scales_every_width_field():
     big = resize(BASE, d_model=96, n_layers=3)
     assert (big["d_model"], big["n_layers"], big["block"]["ffn"]["d_ff"], big["name"]) == (96, 3, 192, "test-tiny-d96-l3")

@@ -60,6 +60,77 @@ def test_roles_of_a_model_with_every_builtin_role():
     assert sum(r["values"] for r in table.values()) == modkit.count_params(MOE)
 
 
+#: one model holding every component variant that owns parameters beyond nn.Linear defaults: attention sinks and a
+#: per-head QK-norm gain, the clamped SwiGLU with biases, the parallel placement with separate norms (layer 0); latent
+#: attention with a low-rank query and biases, a sigmoid router with its correction bias (a buffer), a shared expert
+#: and its gate (layer 1); an L2 QK-norm without parameters (layer 2)
+VARIANTS = {**tiny_spec(), "n_layers": 3, "tie_embeddings": False, "overrides": [
+    {"layers": [0], "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True,
+                                  "qk_norm": {"type": "rmsnorm", "eps": 1e-6}, "qk_norm_scope": "each_head"},
+     "ffn": {"type": "swiglu_clamped", "d_ff": 16, "bias": True}, "placement": {"type": "parallel", "shared_norm": False}},
+    {"layers": [1], "attention": {"type": "mla", "n_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                                  "qk_rope_head_dim": 4, "v_head_dim": 8, "latent_norm": {"type": "rmsnorm"}, "bias": True},
+     "ffn": {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 16},
+             "shared": {"type": "swiglu", "d_ff": 16}, "shared_gate": True,
+             "router": {"type": "sigmoid_topk", "correction_bias": True, "renormalize": True}}},
+    {"layers": [2], "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "l2norm"}}},
+]}
+
+
+def test_roles_of_every_component_variant():
+    model = modkit.build(VARIANTS, device="meta")
+    roles = param_roles(model)
+    assert check_shapes(model, roles) == []
+    d, v, f, e, kv = 32, 64, 16, 4, 16  # d_model, vocab, d_ff of the small ffns, experts, n_kv_heads * head_dim
+    a = "layers.0.attention."
+    assert roles[a + "sinks"] == "vector" and roles[a + "q_norm.weight"] == "norm_gain"
+    assert list(model.get_parameter(a + "q_norm.weight").shape) == [4, 8]  # one gain per head
+    assert roles["layers.0.ffn.gate.bias"] == "bias" and roles["layers.0.ffn_norm.weight"] == "norm_gain"
+    m = "layers.1.attention."
+    assert {roles[m + n] for n in ("q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight")} == {"hidden"}
+    assert roles[m + "q_a_layernorm.weight"] == roles[m + "kv_a_layernorm.weight"] == "norm_gain"
+    assert roles["layers.1.ffn.router.proj.weight"] == "router" and roles["layers.1.ffn.shared_gate.weight"] == "router"
+    assert roles["layers.1.ffn.shared.up.weight"] == "hidden" and roles["layers.1.ffn.experts.down"] == "expert"
+    # the selection-only correction bias is a buffer the training loop moves, never a parameter an optimizer steps
+    assert "layers.1.ffn.router.correction_bias" in dict(model.named_buffers()) and not any("correction" in n for n in roles)
+    assert not any(n.startswith("layers.2.attention.") and "norm" in n for n in roles)  # l2norm has no gain
+    mla_hidden = d * 16 + 16 * 4 * 12 + d * (16 + 4) + 16 * 4 * (8 + 8) + 4 * 8 * d
+    gqa_hidden = 2 * d * d + 2 * d * kv
+    assert role_table(model) == {
+        "embedding": {"tensors": 1, "values": v * d},
+        "head": {"tensors": 1, "values": v * d},
+        "hidden": {"tensors": 4 + 3 + 5 + 3 + 4 + 3,
+                   "values": gqa_hidden + 3 * d * f + mla_hidden + 3 * d * f + gqa_hidden + 3 * d * 64},
+        "bias": {"tensors": 3 + 3, "values": (2 * f + d) + (16 + 20 + d)},
+        "norm_gain": {"tensors": 2 + 2 + 2 + 2 + 2 + 1, "values": (4 * 8 + 2 * 8) + 6 * d + 2 * 16 + d},
+        "vector": {"tensors": 1, "values": 4},
+        "router": {"tensors": 2, "values": e * d + d},
+        "expert": {"tensors": 3, "values": 3 * e * d * f},
+    }
+    assert sum(r["values"] for r in role_table(model).values()) == modkit.count_params(VARIANTS)
+
+
+def test_a_declared_optional_part_that_is_switched_off_is_ignored():
+    # MoE declares its shared gate's role as a class attribute; without a shared expert the gate is None
+    roles = param_roles(modkit.build(MOE, device="meta"))
+    assert not any("shared" in n for n in roles)
+
+
+def test_muon_steps_matrices_and_leaves_sinks_routers_and_gates_to_adamw():
+    from modkit.train import TrainConfig
+    from modkit.train.optim import build_optimizer
+
+    model = modkit.build(VARIANTS, device="meta")
+    opt = build_optimizer(model, model.spec, TrainConfig(optimizer={"type": "muon"}, lr=1e-3))
+    roles = param_roles(model)
+    ids = {id(p): n for n, p in model.named_parameters()}
+    by_part = {}
+    for part in opt.optimizers:
+        by_part.setdefault(type(part).__name__, set()).update(roles[ids[id(p)]] for g in part.param_groups for p in g["params"])
+    assert by_part == {"Muon": {"hidden"}, "StackedMuon": {"expert"},
+                       "AdamW": {"embedding", "head", "bias", "norm_gain", "vector", "router"}}
+
+
 def test_a_tied_head_is_the_embedding_and_its_bias_a_bias():
     roles = param_roles(modkit.build({**tiny_spec(), "tie_embeddings": True, "lm_head_bias": True}, device="meta"))
     assert roles["embed.weight"] == "embedding" and roles["lm_head_bias"] == "bias" and "lm_head.weight" not in roles
