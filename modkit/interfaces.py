@@ -27,6 +27,12 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   with removed tokens at ``-inf`` (see :mod:`modkit.sampling`).
 * ``stop_condition``: not part of a model; ``factory(config, setup)`` returns a
   :class:`modkit.sampling.StopCondition`, ``condition(state) -> [batch]`` bool, True where a row ends.
+* ``optimizer``: not part of a model; the training config's ``optimizer`` names it. ``factory(config, setup:
+  modkit.train.optim.OptimizerSetup)`` returns a ``torch.optim.Optimizer`` (or an ``OptimizerChain`` of several)
+  over ``setup.param_groups(...)``: the model's parameters grouped by role (:mod:`modkit.roles`), every parameter in
+  exactly one group, each group keeping its ``lr_mult`` (μP's factor) and ``weight_decay``. Optional capabilities:
+  ``mup`` (``"adam"`` or ``"sgd"``: which μP learning-rate rule it follows), ``sharded`` (correct on FSDP2 /
+  tensor-parallel shards).
 
 An attention builds its mask, dead-row guard and cache update from :mod:`modkit.attention`.
 

@@ -493,6 +493,12 @@ def test_component_python_snippets_run(pages, registry, monkeypatch, capsys):
             assert out.shape[0] == 1 and 3 < out.shape[1] <= 3 + 8, f"{entry.type}: {tuple(out.shape)}"
             continue
         model = namespace["model"]
+        if entry.kind == "optimizer":  # not part of a model: the snippet builds it over the model's parameters
+            held = [p for g in namespace["optimizer"].param_groups for p in g["params"]]
+            assert sorted(map(id, held)) == sorted(id(p) for p in model.parameters()), entry.type
+            assert namespace["config"].optimizer["type"] == entry.type
+            capsys.readouterr()
+            continue
         tags = {(m.modkit_kind, m.modkit_type) for m in model.modules() if getattr(m, "modkit_type", None)}
         assert entry.key in tags, f"{entry.kind}/{entry.type}: the snippet's model does not contain it ({sorted(tags)})"
         assert int(capsys.readouterr().out.split()[-1]) == modkit.count_params(model)
