@@ -1027,19 +1027,25 @@ _OVERFLOW = """(() => {
   const width = col.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
   const tables = [...col.querySelectorAll('table')].filter(t => t.scrollWidth > width + 1)
     .map(t => [Math.round(t.scrollWidth), (t.rows[0] ? t.rows[0].textContent : '').replace(/\\s+/g, ' ').trim().slice(0, 60)]);
-  return {width: Math.round(width), tables: tables};
+  // a short name (no spaces, at most 24 characters) in a cell drawn on more than one line was broken inside the word;
+  // a long dotted tensor name may wrap at its punctuation
+  const broken = [...col.querySelectorAll('td code')]
+    .filter(c => !/\\s/.test(c.textContent) && c.textContent.length <= 24 && c.getClientRects().length > 1)
+    .map(c => c.textContent.slice(0, 60));
+  return {width: Math.round(width), tables: tables, broken: broken};
 })()"""
 
 
 @pytest.mark.slow
 def test_site_tables_fit_the_content_column(built_site, browser):
-    """At a 1,400 px window no table of any built page is wider than the page's content column."""
+    """At a 1,400 px window no table of any built page is wider than the page's content column, and no name in a
+    cell (inline code of at most 24 characters without spaces) is broken across lines to get there."""
     site = built_site["site"]
     pages = [p for p in sorted(site.rglob("*.html")) if "<table" in p.read_text(errors="replace")]
     assert len(pages) > 100
     browser.send("Emulation.setScriptExecutionDisabled", {"value": True})
     try:
-        wide, widths = [], set()
+        wide, broken, widths = [], [], set()
         for page in pages:
             browser.goto(page.as_uri())
             found = browser.eval(_OVERFLOW)
@@ -1048,10 +1054,12 @@ def test_site_tables_fit_the_content_column(built_site, browser):
                 continue
             widths.add(found["width"])
             wide += [f"{page.relative_to(site)}: {w} px > {found['width']} px: {head}" for w, head in found["tables"]]
+            broken += [f"{page.relative_to(site)}: {name}" for name in found["broken"]]
     finally:
         browser.send("Emulation.setScriptExecutionDisabled", {"value": False})
     assert min(widths) > 600, widths  # the column at 1,400 px, with the navigation and the table of contents beside it
     assert not wide, f"{len(wide)} tables wider than their column:\n  " + "\n  ".join(wide[:30])
+    assert not broken, f"{len(broken)} names in table cells broken across lines:\n  " + "\n  ".join(broken[:30])
 
 
 @pytest.mark.slow
