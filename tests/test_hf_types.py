@@ -54,6 +54,21 @@ FIXTURES = [
         sliding_window=4, attention_bias=True, mlp_bias=True, **SMALL)),
     # GLM-4: sandwich norms, q/k/v biases (no output bias), interleaved partial RoPE (0.5), fused gate_up, head_dim 16
     ("glm4", "Glm4Config", dict(**GQA, head_dim=16, num_hidden_layers=2, attention_bias=True, **SMALL)),
+    # GPT-NeoX (Pythia): parallel residual with two LayerNorms, fused per-head query_key_value, rotary on a quarter
+    # of each head (4.x keys rotary_pct / rotary_emb_base), biases everywhere, erf GELU, untied embed_out
+    ("gpt_neox-parallel", "GPTNeoXConfig", dict(hidden_size=64, num_attention_heads=4, intermediate_size=96,
+        num_hidden_layers=2, rotary_pct=0.25, rotary_emb_base=5000, use_parallel_residual=True, **SMALL)),
+    # GPT-NeoX with the sequential residual (use_parallel_residual false: a pre-norm block), half the head rotated
+    ("gpt_neox-sequential", "GPTNeoXConfig", dict(hidden_size=64, num_attention_heads=4, intermediate_size=96,
+        num_hidden_layers=2, rotary_pct=0.5, use_parallel_residual=False, **SMALL)),
+    # Granite: every multiplier away from 1 (embedding 6, attention 0.4 in place of 1/sqrt(d), residual 0.22,
+    # logits divided by 6), GQA, attention and MLP biases, untied
+    ("granite", "GraniteConfig", dict(**GQA, num_hidden_layers=2, embedding_multiplier=6.0, attention_multiplier=0.4,
+        residual_multiplier=0.22, logits_scaling=6.0, attention_bias=True, mlp_bias=True, **SMALL)),
+    # Cohere: one shared bias-free LayerNorm per parallel block, interleaved RoPE, per-head QK LayerNorm with a weight
+    # per head, attention biases, logits times 0.3, tied
+    ("cohere", "CohereConfig", dict(**GQA, num_hidden_layers=2, use_qk_norm=True, attention_bias=True, logit_scale=0.3,
+        **SMALL)),
 ]
 
 

@@ -28,12 +28,15 @@ from ._weights import RENAME, Chain, Concat, FusedQKV, Head, PerHead, StackExper
 #: converter modules of this package, one per Hugging Face ``model_type``
 MODULES = (
     "bert",
+    "cohere",
     "falcon",
     "gemma",
     "gemma2",
     "gemma3_text",
     "glm4",
     "gpt2",
+    "gpt_neox",
+    "granite",
     "llama",
     "mistral",
     "mixtral",

@@ -334,6 +334,8 @@ class Rope(Entry):
             over the scaling dict's and is written there on export (Phi-3).
         always_partial: write ``partial_rotary_factor`` even when it is 1 (when the class default is not 1).
         layout: the layout of the rotated pairs in the checkpoint's q/k rows (GLM: ``interleaved``).
+        theta_key, partial_key: the 4.x top-level keys of the base and of the rotated fraction (GPT-NeoX:
+            ``rotary_emb_base``, ``rotary_pct``), read under ``rope_parameters``' values and written on export.
     """
 
     default: float = 10000.0
@@ -341,19 +343,24 @@ class Rope(Entry):
     original_at_top: bool = False
     always_partial: bool = False
     layout: str = "half_split"
+    theta_key: str = "rope_theta"
+    partial_key: str = "partial_rotary_factor"
 
     def config_keys(self, name):
-        return ROPE_KEYS + (("original_max_position_embeddings",) if self.original_at_top else ())
+        keys = ("rope_parameters", self.theta_key, "rope_scaling", self.partial_key)
+        return keys + (("original_max_position_embeddings",) if self.original_at_top else ())
 
     def read(self, r, f, name):
         f["position"] = rope(r, default_theta=self.default, default_partial=self.partial, layout=self.layout,
-                             original_at_top=self.original_at_top, max_seq_len=f["max_seq_len"])
+                             original_at_top=self.original_at_top, max_seq_len=f["max_seq_len"],
+                             theta_key=self.theta_key, partial_key=self.partial_key)
 
     def write(self, f, base, name):
-        return rope_fields(f["position"], original_at_top=self.original_at_top, always_partial=self.always_partial)
+        return rope_fields(f["position"], original_at_top=self.original_at_top, always_partial=self.always_partial,
+                           theta_key=self.theta_key, partial_key=self.partial_key)
 
     def describe(self, name):
-        keys = "`rope_parameters` / `rope_theta`, `rope_scaling`, `partial_rotary_factor`"
+        keys = f"`rope_parameters` / `{self.theta_key}`, `rope_scaling`, `{self.partial_key}`"
         if self.original_at_top:
             keys += ", `original_max_position_embeddings`"
         how = "`position` (rope: theta, partial rotary, scaling linear / llama3 / dynamic / yarn / longrope)"

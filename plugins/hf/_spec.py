@@ -31,6 +31,7 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "unit_offset": (False, "RMSNorm scales by (1 + weight) (Gemma)"),
     "norm_bias": (True, "LayerNorm has a bias"),
     "placement": ({"type": "pre"}, "the block placement spec"),
+    "residual_multiplier": (1.0, "what each sublayer adds to the residual stream is multiplied by it (Granite)"),
     "final_norm": (True, "a norm after the last block"),
     "embedding_norm": (False, "a norm on the token embeddings (BERT)"),
     "qkv_bias": (False, "biases on the q, k and v projections"),
@@ -55,6 +56,7 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "tie_embeddings": (False, "the head shares the token embedding"),
     "lm_head_bias": (False, "the head has a bias"),
     "embedding_scale": (None, "multiplier of the token embeddings ('sqrt_d_model': Gemma)"),
+    "logit_scale": (None, "multiplier of the logits (Cohere's logit_scale, Granite's 1 / logits_scaling)"),
     "final_logit_softcap": (None, "tanh soft-cap of the logits"),
     "init_std": (0.02, "standard deviation of the weight init"),
     "dropout_embedding": (None, "dropout on the embeddings (None: the type has no such key)"),
@@ -185,6 +187,7 @@ def model_spec(
     tie_embeddings: bool = False,
     lm_head_bias: bool = False,
     embedding_scale: Any = None,
+    logit_scale: Optional[float] = None,
     final_logit_softcap: Optional[float] = None,
     init_std: Optional[float] = None,
     dropout: Optional[dict] = None,
@@ -214,6 +217,8 @@ def model_spec(
     spec["tie_embeddings"] = bool(tie_embeddings)
     if lm_head_bias:
         spec["lm_head_bias"] = True
+    if logit_scale is not None:
+        spec["logit_scale"] = float(logit_scale)
     if final_logit_softcap is not None:
         spec["final_logit_softcap"] = float(final_logit_softcap)
     if init_std is not None:
@@ -286,7 +291,10 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
         variants = [(w, json.dumps(p, sort_keys=True)) for w, p in zip(windows, positions)]
         default, overrides = per_layer(variants, n_layers, lambda v: {"attention": attn(v[0]), "position": keyed[v[1]]})
         attention_spec, position = attn(default[0]), keyed[default[1]]
-    block = {"attention": attention_spec, "ffn": ffn_spec(f), "norm": norm, "placement": dict(f["placement"])}
+    placement = dict(f["placement"])
+    if f["residual_multiplier"] != 1:
+        placement["residual_multiplier"] = float(f["residual_multiplier"])
+    block = {"attention": attention_spec, "ffn": ffn_spec(f), "norm": norm, "placement": placement}
     dropout = {name: float(f[field]) for name, field in DROPOUT_FIELDS.items() if f[field] is not None}
     spec = model_spec(
         r,
@@ -301,6 +309,7 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
         final_norm=norm if f["final_norm"] else None,
         tie_embeddings=f["tie_embeddings"],
         lm_head_bias=f["lm_head_bias"],
+        logit_scale=f["logit_scale"],
         final_logit_softcap=f["final_logit_softcap"],
         init_std=f["init_std"],
         dropout=dropout,
@@ -343,6 +352,7 @@ def fields_of(spec) -> dict[str, Any]:
         "unit_offset": getattr(norm, "unit_offset", False),
         "norm_bias": getattr(norm, "bias", True),
         "placement": ls.placement,
+        "residual_multiplier": getattr(ls.placement, "residual_multiplier", 1.0),
         "final_norm": spec.final_norm is not None,
         "embedding_norm": getattr(spec, "embedding_norm", None) is not None,
         "qkv_bias": bool(getattr(att, "q_bias", False)),
@@ -368,6 +378,7 @@ def fields_of(spec) -> dict[str, Any]:
         "tie_embeddings": spec.tie_embeddings,
         "lm_head_bias": spec.lm_head_bias,
         "embedding_scale": spec.embedding_scale,
+        "logit_scale": spec.logit_scale,
         "final_logit_softcap": spec.final_logit_softcap,
         "init_std": spec.init_std,
         **{field: float(getattr(spec.dropout, name)) for name, field in DROPOUT_FIELDS.items()},
