@@ -49,7 +49,7 @@ class HFType:
         parent: the model type this one derives from.
         keep: ``(regex, reason)`` for checkpoint tensors carried along but not computed.
         aliases: ``(canonical prefix, alternative prefix)`` accepted when reading weights.
-        checkpoint_layout: the RoPE layout of the checkpoint's q/k rows.
+        checkpoint_layout: the RoPE layout of the checkpoint's q/k rows, or a function of its config returning it.
         read_own: ``(r, fields) -> None``, run after the config table (the type's own reading code).
         write_own: ``(fields, base, config) -> None``, run after the table writes ``config`` on export.
         module: the module that defined the type (set automatically).
@@ -64,7 +64,7 @@ class HFType:
     parent: Optional[str] = None
     keep: tuple = ()
     aliases: tuple = ()
-    checkpoint_layout: str = "half_split"
+    checkpoint_layout: Any = "half_split"
     read_own: Optional[Callable[[HFConfig, dict], None]] = None
     write_own: Optional[Callable[[Mapping[str, Any], Mapping[str, Any], dict], None]] = None
     module: str = ""
