@@ -69,6 +69,11 @@ FIXTURES = [
     # per head, attention biases, logits times 0.3, tied
     ("cohere", "CohereConfig", dict(**GQA, num_hidden_layers=2, use_qk_norm=True, attention_bias=True, logit_scale=0.3,
         **SMALL)),
+    # Qwen3-MoE: 4 experts top-2 renormalised at width 32, a dense SwiGLU (96) on layer 2 (mlp_only_layers), window 4
+    # on every layer (use_sliding_window), per-head QK-RMSNorm, attention biases, head_dim 16 != 64 / 4
+    ("qwen3_moe", "Qwen3MoeConfig", dict(**GQA, head_dim=16, num_hidden_layers=4, moe_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[2], use_sliding_window=True, sliding_window=4,
+        attention_bias=True, **SMALL)),
 ]
 
 

@@ -25,6 +25,7 @@ EXPECTED = json.loads((DATA / "expected.json").read_text())
 SPEC_FILES = {
     "pythia-160m": "pythia-160m.json",
     "pythia-6.9b": "pythia-6.9b.json",
+    "qwen3-30b-a3b": "qwen3-30b-a3b.json",
 }
 MODELS = sorted(SPEC_FILES)
 
@@ -77,6 +78,13 @@ def test_shipped_spec_is_the_converted_config(model):
 def test_the_counts():
     assert EXPECTED["pythia-160m"]["total"] == 162_322_944
     assert EXPECTED["pythia-6.9b"]["total"] == 6_857_302_016
+    assert EXPECTED["qwen3-30b-a3b"]["total"] == 30_532_122_624
+
+
+def test_qwen3_moe_active_parameters_per_token():
+    """Of 128 experts a token uses 8: 48 layers x 120 unused experts x 3 x 2048 x 768 fewer than the total."""
+    model = modkit.build(modkit.load_spec(SPECS / "qwen3-30b-a3b.json"), device="meta")
+    assert modkit.active_params_per_token(model) == 30_532_122_624 - 48 * 120 * 3 * 2048 * 768 == 3_353_032_704
 
 
 @pytest.mark.parametrize("model", ["pythia-160m"])

@@ -19,8 +19,8 @@ import importlib
 
 from modkit import hookimpl
 
-from ._keys import (HeadDim, Ignore, Key, KVHeads, LayerTypes, Own, QwenWindows, Refuse, Rope, RopeByLayerType, Same,
-                    SlidingWindow, sizes)
+from ._keys import (FirstDense, HeadDim, Ignore, Key, KVHeads, LayerTypes, Own, QwenWindows, Refuse, Rope, RopeByLayerType,
+                    Same, SlidingWindow, SparseStep, UseSlidingWindow, sizes)
 from ._spec import FIELDS
 from ._type import HFType
 from ._weights import RENAME, Chain, Concat, FusedQKV, Head, PerHead, StackExperts, Transform, Transpose, W
@@ -47,12 +47,13 @@ MODULES = (
     "phi3",
     "qwen2",
     "qwen3",
+    "qwen3_moe",
     "smollm3",
     "starcoder2",
 )
 
 __all__ = [
-    "FIELDS", "HFType", "HeadDim", "Ignore", "KVHeads", "Key", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
+    "FIELDS", "FirstDense", "HFType", "HeadDim", "SparseStep", "UseSlidingWindow", "Ignore", "KVHeads", "Key", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
     "RopeByLayerType", "Same", "SlidingWindow", "sizes", "Chain", "Concat", "FusedQKV", "Head", "PerHead", "RENAME", "StackExperts",
     "Transform", "Transpose", "W", "MODULES", "register_hf_converters",
 ]

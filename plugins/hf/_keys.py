@@ -547,7 +547,103 @@ class LayerTypes(Entry):
                  "`sliding_window` per layer (overrides)")]
 
 
+@dataclass(frozen=True)
+class UseSlidingWindow(Entry):
+    """``sliding_window`` on every layer, only with ``use_sliding_window`` (Qwen3-MoE: ``Qwen3MoeConfig`` sets the window
+    to null otherwise, and its attention and mask then read it for every layer)."""
+
+    default: Optional[int] = 4096
+
+    def config_keys(self, name):
+        return ("use_sliding_window", name)
+
+    def read(self, r, f, name):
+        use = r.flag("use_sliding_window", False)
+        window = _read(r, name, "window", self.default, ())
+        on = use and window is not None
+        f["sliding_window"] = window if on else None
+        f["layer_types"] = ["sliding_attention"] * f["n_layers"] if on else None
+
+    def write(self, f, base, name):
+        windows = f["windows"]
+        if windows[0] is None:
+            return {"use_sliding_window": False, name: base.get(name, self.default)}
+        return {"use_sliding_window": True, name: windows[0]}
+
+    def describe(self, name):
+        return [("`use_sliding_window`, `sliding_window`", "mapped", f"off; window {self.default}",
+                 "`sliding_window` of every layer when use_sliding_window")]
+
+
+# ---------------------------------------------------------------------------------------------- MoE layers
+
+
+def _experts(f: Mapping[str, Any]) -> int:
+    return f["n_experts"] or 0
+
+
+@dataclass(frozen=True)
+class SparseStep(Entry):
+    """Qwen-MoE's mixture layers: layer ``i`` is a mixture iff ``num_experts > 0``, ``(i + 1) % decoder_sparse_step ==
+    0`` and ``i`` is not in ``mlp_only_layers``; the others are dense FFNs of ``intermediate_size``
+    (``Qwen2MoeDecoderLayer``, ``Qwen3MoeDecoderLayer``). Export writes the source's step when it explains the
+    mixture layers, else 1, and lists every other dense layer in ``mlp_only_layers``."""
+
+    def config_keys(self, name):
+        return (name, "mlp_only_layers")
+
+    def read(self, r, f, name):
+        n = f["n_layers"]
+        step = r.number(name, 1, integer=True)
+        only = r.get("mlp_only_layers", [])
+        if not (isinstance(only, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in only)):
+            r.error("mlp_only_layers", f"must list layer indices, got {json_value(only)}")
+            only = []
+        bad = sorted({i for i in only if not 0 <= i < n})
+        if bad:
+            r.error("mlp_only_layers", f"layers {bad} outside 0..{n - 1} (num_hidden_layers = {n})")
+        flags = [_experts(f) > 0 and (i + 1) % (step or 1) == 0 and i not in only for i in range(n)]
+        f["moe"] = any(flags)
+        f["moe_layers"] = flags
+
+    def write(self, f, base, name):
+        flags = f["moe_layers"] if f["moe"] else [False] * f["n_layers"]
+        for step in dict.fromkeys((base.get(name) or 1, 1)):
+            explained = [(i + 1) % step == 0 for i in range(len(flags))]
+            if all(e or not m for e, m in zip(explained, flags)):
+                return {name: step, "mlp_only_layers": [i for i, (e, m) in enumerate(zip(explained, flags)) if e and not m]}
+        raise AssertionError("a step of 1 explains every layer")
+
+    def describe(self, name):
+        return [("`decoder_sparse_step`, `mlp_only_layers`", "mapped", "every layer a mixture",
+                 "`moe_layers`: a mixture where (i + 1) % step = 0 and i is not listed, else a dense FFN of d_ff")]
+
+
+@dataclass(frozen=True)
+class FirstDense(Entry):
+    """DeepSeek's mixture layers: the first ``first_k_dense_replace`` layers are dense FFNs of ``intermediate_size``,
+    every later one a mixture (``DeepseekV3DecoderLayer``)."""
+
+    default: int = 3
+
+    def read(self, r, f, name):
+        n = f["n_layers"]
+        k = r.number(name, self.default, integer=True, positive=False)
+        flags = [i >= (k or 0) for i in range(n)]
+        f["moe"], f["moe_layers"] = any(flags), flags
+
+    def write(self, f, base, name):
+        flags = f["moe_layers"] if f["moe"] else [False] * f["n_layers"]
+        k = next((i for i, m in enumerate(flags) if m), len(flags))
+        return {name: k}
+
+    def describe(self, name):
+        return [(f"`{name}`", "mapped", _text(self.default), "`moe_layers`: dense FFNs of d_ff on the first k layers, "
+                 "mixtures after")]
+
+
 __all__ = [
     "Entry", "HeadDim", "Ignore", "KVHeads", "Key", "LAYER_TYPES", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
-    "RopeByLayerType", "Row", "Same", "SlidingWindow", "rope_parameters", "sizes",
+    "RopeByLayerType", "Row", "Same", "SlidingWindow", "rope_parameters", "sizes", "UseSlidingWindow", "SparseStep",
+    "FirstDense",
 ]
