@@ -38,9 +38,10 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
         position_bias,
         prepare_mask,
         update_cache,
+        update_cache_entries,
     )
     from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
-    from .cache import KVCache, LayerKVCache
+    from .cache import CacheEntry, CacheSpec, KVCache, LayerKVCache, MixerCache
     from .config import ComponentConfig, Slot
     from .cost import CostError, CostModel, Workload, elementwise, flops_per_token
     from .errors import (
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from .hf import from_hf, from_hf_config, to_hf
     from .hooks import hookimpl
     from .inspection import Recording, inspect
-    from .interfaces import AttentionInputs, BuildContext, Init, PositionScheme, add_aux, run_ffn, split_aux
+    from .interfaces import AttentionInputs, BuildContext, Init, PositionGeometry, PositionScheme, add_aux, run_ffn, split_aux
     from .model import Model, ModelOutput
     from .registry import Component, Registry, get_registry
     from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
@@ -64,13 +65,14 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
 #: exported name -> the module defining it (the same names as the imports above, checked by tests/test_cli.py)
 _EXPORTS = {
     **dict.fromkeys(
-        ("PreparedMask", "attention_mask", "masked_attention", "masked_softmax", "position_bias", "prepare_mask", "update_cache"),
+        ("PreparedMask", "attention_mask", "masked_attention", "masked_softmax", "position_bias", "prepare_mask", "update_cache",
+         "update_cache_entries"),
         "modkit.attention",
     ),
     **dict.fromkeys(
         ("active_params_per_token", "breakdown", "build", "count_params", "kv_cache_bytes_per_token", "summarize"), "modkit.build"
     ),
-    **dict.fromkeys(("KVCache", "LayerKVCache"), "modkit.cache"),
+    **dict.fromkeys(("CacheEntry", "CacheSpec", "KVCache", "LayerKVCache", "MixerCache"), "modkit.cache"),
     **dict.fromkeys(("ComponentConfig", "Slot"), "modkit.config"),
     **dict.fromkeys(("CostError", "CostModel", "Workload", "elementwise", "flops_per_token"), "modkit.cost"),
     **dict.fromkeys(
@@ -82,7 +84,8 @@ _EXPORTS = {
     **dict.fromkeys(("hookimpl",), "modkit.hooks"),
     **dict.fromkeys(("Recording", "inspect"), "modkit.inspection"),
     **dict.fromkeys(
-        ("AttentionInputs", "BuildContext", "Init", "PositionScheme", "add_aux", "run_ffn", "split_aux"), "modkit.interfaces"
+        ("AttentionInputs", "BuildContext", "Init", "PositionGeometry", "PositionScheme", "add_aux", "run_ffn", "split_aux"),
+        "modkit.interfaces",
     ),
     **dict.fromkeys(("Model", "ModelOutput"), "modkit.model"),
     **dict.fromkeys(("Component", "Registry", "get_registry"), "modkit.registry"),
@@ -100,6 +103,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionInputs",
     "BuildContext",
+    "CacheEntry",
+    "CacheSpec",
     "CheckpointError",
     "Component",
     "ComponentConfig",
@@ -108,10 +113,12 @@ __all__ = [
     "Init",
     "KVCache",
     "LayerKVCache",
+    "MixerCache",
     "Model",
     "ModelOutput",
     "ModelSpec",
     "ModkitError",
+    "PositionGeometry",
     "PositionScheme",
     "PreparedMask",
     "Recording",
@@ -152,6 +159,7 @@ __all__ = [
     "summarize",
     "to_hf",
     "update_cache",
+    "update_cache_entries",
     "UnknownConfigKeyWarning",
 ]
 

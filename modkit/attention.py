@@ -7,8 +7,8 @@ leaks and NaN rows come from). The order inside ``forward(x, inputs)``::
     q, k, v = ...                                                    # projections, [batch, heads, seq, head_dim]
     if inputs.position is not None:
         q, k = inputs.position.rotate(q, k, inputs.positions)        # RoPE (identity for other schemes)
-    k, v, k_pos, k_valid = update_cache(inputs, k, v)                # store new keys, get every visible key
-    mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None)
+    k, v, k_pos, k_valid = update_cache(inputs, k, v, mixer=self)    # store new keys, get every visible key
+    mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None, mixer=self)
     bias = position_bias(inputs, k_pos, n_heads)                     # ALiBi (None for other schemes)
     out, _ = masked_attention(q, k, v, mask, bias, scale)            # softmax attention, dead rows -> 0
     # or, with a score function of your own:
@@ -26,8 +26,10 @@ leaks and NaN rows come from). The order inside ``forward(x, inputs)``::
   the first chunk of a chunked prefill over left padding) would give ``softmax`` of all ``-inf``: NaN, which then
   spreads through the cache into every later token (pytorch #103749). :class:`PreparedMask` opens those rows
   everywhere (finite softmax) and ``live`` zeroes them, so they output exactly 0.
-* **The cache** stores ``n_kv_heads`` heads (never ``n_heads``: torchtune #38) and hands back every key the new
-  queries may see, with their positions and validity; see :mod:`modkit.cache`.
+* **The cache** holds what the attention declares (``cache_spec()``: keys and values of ``n_kv_heads`` heads, never
+  ``n_heads``: torchtune #38; or any named per-token entries, such as an MLA latent) and hands back every key the
+  new queries may see, with their positions and validity (:func:`update_cache`, :func:`update_cache_entries`);
+  see :mod:`modkit.cache`.
 
 References: Vaswani et al. 2017 (arXiv:1706.03762) for scaled dot-product attention; the layout follows
 torchtune ``modules/attention.py`` and Hugging Face's ``sdpa_mask`` (bottom-right causal alignment).
@@ -51,6 +53,7 @@ __all__ = [
     "position_bias",
     "prepare_mask",
     "update_cache",
+    "update_cache_entries",
 ]
 
 
@@ -121,26 +124,65 @@ class PreparedMask:
         return PreparedMask(allowed, additive, live.to(dtype))
 
 
-def update_cache(inputs: AttentionInputs, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """Store the new keys and values in ``inputs.cache`` (if any) and return every key the new queries may see.
+def update_cache(
+    inputs: AttentionInputs, k: Tensor, v: Tensor, *, mixer: Optional[nn.Module] = None
+) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """Store the new keys and values in the layer's cache (if any) and return every key the new queries may see.
+
+    The k/v form of :func:`update_cache_entries`, for an attention whose ``cache_spec()`` declares per-token
+    entries ``"k"`` and ``"v"`` (:meth:`modkit.cache.CacheSpec.kv`; also what an attention without ``cache_spec``
+    gets).
 
     Args:
         inputs: the layer's :class:`~modkit.AttentionInputs` (``positions``, ``token_mask``, ``cache``).
         k, v: ``[batch, n_kv_heads, seq, head_dim]`` keys (already rotated by the position scheme) and values of
             the new tokens.
+        mixer: the calling module (``mixer=self``), so that it finds its own state in a layer holding several
+            mixers; optional in a layer with one.
 
     Returns:
         ``(k_all, v_all, k_pos, k_valid)``: keys and values ``[batch, n_kv_heads, kv_len, head_dim]`` in the
             dtype of ``k`` (a cache made in another dtype is cast back), their positions ``[batch, kv_len]`` and
             validity ``[batch, kv_len]`` bool (``None`` when every key is real). Without a cache: ``(k, v,
-            inputs.positions, inputs.token_mask)``. See :meth:`modkit.LayerKVCache.update` for ``kv_len``.
+            inputs.positions, inputs.token_mask)``. See :meth:`modkit.cache.MixerCache.update` for ``kv_len``.
     """
     if inputs.cache is None:
         return k, v, inputs.positions, inputs.token_mask
-    k_all, v_all, k_pos, k_valid = inputs.cache.update(k, v, inputs.positions, inputs.token_mask)
+    cache = inputs.cache.state(mixer) if mixer is not None else inputs.cache
+    k_all, v_all, k_pos, k_valid = cache.update(k, v, inputs.positions, inputs.token_mask)
     if k_all.dtype != k.dtype:  # a cache made in another dtype than the model
         k_all, v_all = k_all.to(k.dtype), v_all.to(v.dtype)
     return k_all, v_all, k_pos, k_valid
+
+
+def update_cache_entries(
+    inputs: AttentionInputs, new: dict[str, Tensor], *, mixer: Optional[nn.Module] = None
+) -> tuple[dict[str, Tensor], Tensor, Optional[Tensor]]:
+    """Store the new tokens' values of any declared per-token cache entries and return everything they may see.
+
+    What a mixer with its own cache layout calls (multi-head latent attention stores its latent and its rotated
+    shared key: ``update_cache_entries(inputs, {"latent": c, "k_rope": k_pe}, mixer=self)``).
+
+    Args:
+        inputs: the layer's :class:`~modkit.AttentionInputs`.
+        new: ``{name: tensor}`` for per-token entries the mixer's ``cache_spec()`` declares, each with the new
+            tokens on the entry's slot axis (``[batch, seq, kv_lora_rank]`` for an entry with ``slot_axis = 1``).
+        mixer: the calling module (``mixer=self``); optional in a layer with one mixer.
+
+    Returns:
+        ``(seen, k_pos, k_valid)``: ``{name: tensor}`` with ``kv_len`` on the slot axis, in the dtype of the
+            tensor given (a cache made in another dtype is cast back), positions ``[batch, kv_len]`` and validity
+            ``[batch, kv_len]`` bool (``None`` when every token is real). Without a cache: ``(new,
+            inputs.positions, inputs.token_mask)``. See :meth:`modkit.cache.MixerCache.append`.
+
+    Raises:
+        KeyError: a name the mixer did not declare as a per-token entry.
+    """
+    if inputs.cache is None:
+        return dict(new), inputs.positions, inputs.token_mask
+    cache = inputs.cache.state(mixer) if mixer is not None else inputs.cache
+    seen, k_pos, k_valid = cache.append(new, inputs.positions, inputs.token_mask)
+    return {n: t if t.dtype == new[n].dtype else t.to(new[n].dtype) for n, t in seen.items()}, k_pos, k_valid
 
 
 def prepare_mask(
@@ -152,6 +194,7 @@ def prepare_mask(
     causal: bool = True,
     window: Optional[int] = None,
     chunk: Optional[int] = None,
+    mixer: Optional[nn.Module] = None,
 ) -> PreparedMask:
     """The :class:`PreparedMask` of the new queries (``inputs.positions``) over the keys ``k_pos`` / ``k_valid``.
 
@@ -164,8 +207,11 @@ def prepare_mask(
         k_pos, k_valid: from :func:`update_cache`.
         dtype: the query dtype (of ``PreparedMask.additive`` and ``live``).
         causal, window, chunk: as in :func:`attention_mask`.
+        mixer: the calling module (``mixer=self``): in a layer holding several mixers, the mask is then shared
+            through its own state's slot group (without it, it is computed for this call alone there).
     """
-    scratch = getattr(inputs.cache, "scratch", None)
+    cache = inputs.cache.state(mixer) if inputs.cache is not None and mixer is not None else inputs.cache
+    scratch = getattr(cache, "scratch", None)
     key = ("mask", causal, window, chunk, dtype)
     prepared = scratch.get(key) if scratch is not None else None
     if prepared is None:

@@ -19,7 +19,7 @@ from .arguments import MAX_SEED, check_int
 from .interfaces import BuildContext
 from .model import Model
 from .registry import Registry, get_registry
-from .spec import ModelSpec, iter_configs, load_spec, spec_model
+from .spec import ModelSpec, iter_configs, load_spec, position_geometry, spec_model
 
 BREAKDOWN_KEYS = ("embedding", "position", "attention", "ffn", "norm", "lm_head")
 _KIND_TO_KEY = {k: k for k in BREAKDOWN_KEYS}
@@ -121,7 +121,10 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
         ctx = base.__class__(**{**base.__dict__, "layer_index": ls.index})
         attention = ctx.build(ls.attention)
         ffn = ctx.build(ls.ffn)
-        heads = (getattr(attention, "n_heads", None), getattr(attention, "head_dim", None))
+        # the per-head width the scheme acts on is what the attention declares (PositionGeometry), the same
+        # geometry the spec was validated with: MLA's rope acts on its qk_rope_head_dim part only
+        geo = position_geometry(ls.attention, ctx, attention)
+        heads = (geo.n_heads, geo.head_dim) if geo is not None else (None, None)
         key = _position_key(ls.position, heads, registry)
         if key not in pos_keys:
             pos_keys[key] = len(pos_modules)
@@ -255,20 +258,33 @@ def breakdown(spec_or_model: Any, *, registry: Optional[Registry] = None) -> dic
     return counts
 
 
-def kv_cache_bytes_per_token(spec_or_model: Any, dtype: Union[str, torch.dtype, None] = "bfloat16", *, registry: Optional[Registry] = None) -> int:
-    """Bytes of KV cache one token occupies across all layers: Σ_layers 2 · n_kv_heads · head_dim · bytes(dtype).
+def _cache_specs(model: nn.Module) -> list:
+    """Every mixer's :class:`~modkit.CacheSpec` of a model (per layer, :meth:`Model.cache_layout`), or of a
+    component module built alone (the mixers it holds)."""
+    from .model import mixer_specs
 
-    Attention modules may override the formula with a ``kv_cache_elements_per_token()`` method.
+    if isinstance(model, Model):
+        return [spec for specs in model.cache_layout() for spec in specs.values()]
+    return list(mixer_specs(model).values())
+
+
+def kv_cache_bytes_per_token(spec_or_model: Any, dtype: Union[str, torch.dtype, None] = "bfloat16", *, registry: Optional[Registry] = None) -> int:
+    """Bytes of cache one token occupies across all layers: ``Σ_layers Σ_mixers CacheSpec.bytes_per_token(dtype)``,
+    from what each token mixer declares (:meth:`Model.cache_layout`; the built-in attention:
+    ``2 · n_kv_heads · head_dim · bytes(dtype)`` per layer; MLA: ``(kv_lora_rank + qk_rope_head_dim) · bytes``).
+
+    Windows do not shorten it (a windowed layer still adds these bytes per token until its ring is full); a
+    recurrent mixer's fixed state is not per token (:func:`cache_state_bytes_per_sequence`).
     """
     model = _model(spec_or_model, registry)
-    size = torch.empty((), dtype=_parse_dtype(dtype)).element_size()
-    total = 0
-    for module in model.modules():
-        if getattr(module, "modkit_kind", None) != "attention":
-            continue
-        fn = getattr(module, "kv_cache_elements_per_token", None)
-        total += fn() if callable(fn) else 2 * module.n_kv_heads * module.head_dim
-    return total * size
+    return sum(spec.bytes_per_token(_parse_dtype(dtype)) for spec in _cache_specs(model))
+
+
+def cache_state_bytes_per_sequence(spec_or_model: Any, dtype: Union[str, torch.dtype, None] = "bfloat16", *, registry: Optional[Registry] = None) -> int:
+    """Bytes of fixed-size state one sequence holds across all layers, whatever its length (recurrent mixers'
+    convolution windows and SSM states: ``Σ CacheSpec.bytes_per_sequence(dtype)``); 0 for attention-only models."""
+    model = _model(spec_or_model, registry)
+    return sum(spec.bytes_per_sequence(_parse_dtype(dtype)) for spec in _cache_specs(model))
 
 
 def kv_cache_bytes(
@@ -279,23 +295,26 @@ def kv_cache_bytes(
     *,
     registry: Optional[Registry] = None,
 ) -> int:
-    """Bytes of the keys and values ``model.new_cache(batch, max_len, dtype)`` allocates
-    (:meth:`~modkit.model.Model.new_cache`), computed by building that cache on ``meta`` (nothing is allocated):
-    per layer ``2 · batch · n_kv_heads · head_dim · slots · bytes(dtype)`` with ``slots = max_len``, or ``min(window, max_len)``
-    for a sliding-window layer (a ring buffer; :mod:`modkit.cache`). The one formula of the KV-cache size: the model
-    card (``modkit build``), ``modkit cost`` and the memory check of ``generate`` all use it.
+    """Bytes ``model.new_cache(batch, max_len, dtype)`` allocates (:meth:`~modkit.model.Model.new_cache`), from the
+    mixers' declarations: per layer and mixer ``batch · (bytes_per_token · slots + bytes_per_sequence)`` with
+    ``slots = max_len``, or ``min(window, max_len)`` for a sliding-window layer (a ring buffer; :mod:`modkit.cache`).
+    The one formula of the cache size: the model card (``modkit build``), ``modkit cost`` and the memory check of
+    ``generate`` all use it, and the contract kit checks that it equals what ``new_cache`` allocates.
 
     Args:
         max_len: tokens per row; default ``spec.max_seq_len``.
         batch: rows.
-        dtype: of keys and values; ``None`` for the model's dtype.
+        dtype: of the entries (an entry may declare its own); ``None`` for the model's dtype.
 
     Raises:
-        ValueError: ``max_len`` or ``batch`` below 1; a layer whose attention exposes no ``n_kv_heads`` / ``head_dim``.
+        ValueError: ``max_len`` or ``batch`` below 1; a layer without a token mixer (see ``Model.cache_layout``).
     """
     model = _model(spec_or_model, registry)
     tdtype = _parse_dtype(dtype) if dtype is not None else model.embed.weight.dtype
-    return model.new_cache(batch, max_len if max_len is not None else model.spec.max_seq_len, dtype=tdtype, device="meta").nbytes()
+    max_len = max_len if max_len is not None else model.spec.max_seq_len
+    if max_len < 1 or batch < 1:
+        raise ValueError(f"max_len and batch must be >= 1, got max_len {max_len}, batch {batch}")
+    return sum(spec.nbytes(max_len, batch, tdtype) for specs in model.cache_layout() for spec in specs.values())
 
 
 def active_params_per_token(spec_or_model: Any, *, registry: Optional[Registry] = None) -> int:
@@ -320,8 +339,11 @@ class ModelSummary:
     kv_cache_bytes_per_token: int
     dtype: str
     components: list[dict] = field(default_factory=list)
-    #: bytes of one sequence's KV cache at max_seq_len as allocated (sliding-window layers keep min(window, max_seq_len))
+    #: bytes of one sequence's cache at max_seq_len as allocated (sliding-window layers keep min(window, max_seq_len)),
+    #: fixed-size state included
     kv_cache_bytes_per_sequence: int = 0
+    #: of which fixed-size state (recurrent mixers), whatever the sequence length
+    cache_state_bytes_per_sequence: int = 0
     #: sliding window of each layer (``None``: global attention)
     windows: list[Optional[int]] = field(default_factory=list)
 
@@ -335,13 +357,15 @@ class ModelSummary:
             "weight_bytes": self.weight_bytes,
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
             "kv_cache_bytes_per_sequence": self.kv_cache_bytes_per_sequence,
+            "cache_state_bytes_per_sequence": self.cache_state_bytes_per_sequence,
             "components": self.components,
         }
 
 
 def summarize(model: Model, dtype: Union[str, torch.dtype, None] = None, registry: Optional[Registry] = None) -> ModelSummary:
-    """Parameter breakdown, active parameters, weight and KV-cache bytes (per token, and per sequence of
-    ``max_seq_len`` as :func:`kv_cache_bytes` allocates it) and components used of a built model."""
+    """Parameter breakdown, active parameters, weight and cache bytes (per token, per sequence of ``max_seq_len``
+    as :func:`kv_cache_bytes` allocates it, and fixed-size state per sequence; all from the mixers' declarations)
+    and components used of a built model."""
     reg = registry or get_registry()
     tdtype = _parse_dtype(dtype) if dtype is not None else model.embed.weight.dtype
     size = torch.empty((), dtype=tdtype).element_size()
@@ -370,5 +394,7 @@ def summarize(model: Model, dtype: Union[str, torch.dtype, None] = None, registr
         dtype=str(tdtype).replace("torch.", ""),
         components=list(comps.values()),
         kv_cache_bytes_per_sequence=kv_cache_bytes(model, model.spec.max_seq_len, 1, tdtype),
-        windows=list(model.windows),
+        cache_state_bytes_per_sequence=cache_state_bytes_per_sequence(model, tdtype),
+        windows=[next((sp.window for sp in specs.values() if sp.token_entries and sp.window is not None), None)
+                 for specs in model.cache_layout()],
     )

@@ -44,7 +44,9 @@ from torch import nn
 
 from . import grouped as _grouped  # noqa: F401  (registers torch.ops.modkit.grouped_mm, counted by flop_counter)
 from .build import _parse_dtype, active_params_per_token, breakdown, build
+from .build import cache_state_bytes_per_sequence as _state_bytes
 from .build import kv_cache_bytes as _kv_cache_bytes
+from .build import kv_cache_bytes_per_token as _kv_bytes_per_token
 from .errors import ModkitError
 from .hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS  # noqa: F401  (re-exported: the roofline defaults)
 from .registry import Component, Registry, get_registry
@@ -430,11 +432,21 @@ class CostModel:
         return self.params()["total"] * size
 
     def kv_cache_bytes(self, context: int, batch: int = 1, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
-        """Bytes of keys and values held for ``batch`` rows of ``context`` tokens (the model's own cache layout:
-        ``Σ_layers 2 · n_kv_heads · head_dim · min(context, window) · batch · bytes(dtype)``)."""
+        """Bytes of the cache held for ``batch`` rows of ``context`` tokens, from what each token mixer declares
+        (:func:`modkit.build.kv_cache_bytes`: ``Σ batch · (bytes_per_token · min(context, window) +
+        bytes_per_sequence)``; the built-in attention's ``bytes_per_token`` is ``2 · n_kv_heads · head_dim ·
+        bytes(dtype)``, MLA's ``(kv_lora_rank + qk_rope_head_dim) · bytes(dtype)``)."""
         if context < 1 or batch < 1:
             raise CostError(f"context and batch must be >= 1, got context {context}, batch {batch}")
         return _kv_cache_bytes(self.model, context, batch, dtype)
+
+    def kv_cache_bytes_per_token(self, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
+        """Bytes one token adds to the cache over all layers (:func:`modkit.kv_cache_bytes_per_token`)."""
+        return _kv_bytes_per_token(self.model, dtype)
+
+    def cache_state_bytes_per_sequence(self, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
+        """Bytes of fixed-size (recurrent) state one sequence holds (:func:`modkit.build.cache_state_bytes_per_sequence`)."""
+        return _state_bytes(self.model, dtype)
 
     def weights_read_per_step(self, batch: int = 1) -> int:
         """Parameters one decode step reads: every matrix-product weight (the head's too when it is tied), not the
@@ -531,6 +543,8 @@ class CostModel:
             "active_params_per_token": active_params_per_token(self.model),
             "weight_bytes": {k: self.weight_bytes(b) for k, b in WEIGHT_FORMATS.items()},
             "kv_cache_bytes": self.kv_cache_bytes(context, batch, dtype),
+            "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token(dtype),
+            "cache_state_bytes_per_sequence": self.cache_state_bytes_per_sequence(dtype),
             "training_memory": {"batch": batch, "seq_len": seq, "dtype": dname, "estimate": True,
                                 **self.training_memory(batch, seq, dtype)},
             "decode_roofline": {"bandwidth_bytes_per_s": bandwidth, "peak_flops_per_s": peak_flops,

@@ -5,8 +5,11 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
 * ``norm``:      ``forward(x) -> Tensor``; statistics in float32, output in the input dtype.
 * ``ffn``:       ``forward(x) -> Tensor``, or ``(Tensor, aux_loss)`` when the entry declares the ``aux_loss``
   capability (use :func:`split_aux` to accept both).
-* ``attention``: ``forward(x, inputs: AttentionInputs) -> Tensor``; exposes ``n_heads``, ``n_kv_heads``
-  and ``head_dim`` attributes (the KV cache stores ``n_kv_heads`` heads).
+* ``attention``: ``forward(x, inputs: AttentionInputs) -> Tensor``; exposes ``n_heads`` (and, for keys and
+  values, ``n_kv_heads`` and ``head_dim``). A token mixer declares what it caches with ``cache_spec() ->
+  modkit.CacheSpec`` on its module and finds its state with ``inputs.cache_for(self)`` (:mod:`modkit.cache`); its
+  config declares the per-head width its position scheme acts on with ``position_geometry(ctx) ->
+  PositionGeometry`` (default: ``n_heads`` and ``head_dim`` of the config).
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
   it gets the built attention and ffn and the norm config in its :class:`BuildContext`.
@@ -37,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from .cache import LayerKVCache
+    from .cache import LayerKVCache, MixerCache
     from .registry import Registry
 
 
@@ -102,6 +105,45 @@ class AttentionInputs:
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""
         return replace(self, position=position, cache=cache)
+
+    def cache_for(self, mixer: Any) -> Optional["MixerCache"]:
+        """The state ``mixer`` (the calling module: ``inputs.cache_for(self)``) keeps in this layer's cache, or
+        ``None`` without a cache: a :class:`~modkit.cache.MixerCache` holding the entries its ``cache_spec()``
+        declared. In a layer with several mixers each gets its own (by its ``modkit_cache_key``).
+
+        Raises:
+            KeyError: the layer holds several mixers and ``mixer`` is none of them.
+        """
+        return None if self.cache is None else self.cache.state(mixer)
+
+
+@dataclass(frozen=True)
+class PositionGeometry:
+    """The per-head tensors a layer's position scheme acts on, declared by the attention's config
+    (``position_geometry(ctx)``) and read at spec time (validation) and at build time (the scheme is built from it).
+
+    ``rotate(q [batch, n_heads, seq, head_dim], k [batch, n_kv_heads, seq, head_dim], positions)``;
+    ``attention_bias(..., n_heads)``. The built-in attention: its ``n_heads``, ``n_kv_heads`` and ``head_dim``.
+    Multi-head latent attention rotates only its decoupled RoPE part: ``head_dim = qk_rope_head_dim``, ``n_kv_heads
+    = 1`` (one rotated key shared by every head).
+
+    Attributes:
+        n_heads: query heads the scheme sees (also the head count of an attention bias).
+        head_dim: width of each q/k head the scheme is given (a rope's ``partial_rotary`` is a fraction of it).
+        n_kv_heads: key heads ``rotate`` is given; ``None`` means ``n_heads``.
+
+    ``n_heads`` or ``head_dim`` is ``None`` only for an attention that neither declares nor exposes it (then a
+    scheme that needs it cannot be checked at spec time).
+    """
+
+    n_heads: Optional[int]
+    head_dim: Optional[int]
+    n_kv_heads: Optional[int] = None
+
+    @property
+    def key_heads(self) -> int:
+        """``n_kv_heads``, or ``n_heads`` when not given."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
 
 class PositionScheme(nn.Module):

@@ -12,7 +12,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .cache import KVCache, LayerGeometry
+from .cache import CacheSpec, KVCache
 from .errors import CheckpointError
 from .interfaces import AttentionInputs, Init, add_aux, dropout
 from .spec import ModelSpec
@@ -34,6 +34,55 @@ def init_modules(root: nn.Module, init: Init, *, skip_root: bool = False) -> Non
             init.normal_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
+
+
+def _mixers(block: nn.Module) -> list[str]:
+    """Paths inside ``block`` of its token mixers (see :meth:`Model.cache_layout`), in module order, each module
+    tagged with its path as ``modkit_cache_key`` (how it finds its state in the layer's cache:
+    ``inputs.cache_for(self)``). Declaring modules (``cache_spec()``) come first: the outermost of nested ones; then
+    attentions without a declaration (keys and values from ``n_kv_heads`` / ``head_dim``) that neither hold nor sit
+    inside a declaring module."""
+
+    def related(name: str, paths: list[str]) -> bool:  # name is one of paths, inside one, or holds one
+        return any(name == p or p == "" or name == "" or name.startswith(p + ".") or p.startswith(name + ".") for p in paths)
+
+    modules = list(block.named_modules())
+    declared: list[str] = []
+    for name, module in modules:
+        if callable(getattr(module, "cache_spec", None)) and not any(name.startswith(p + ".") or p == "" for p in declared):
+            declared.append(name)
+    chosen = list(declared)
+    for name, module in modules:
+        legacy = getattr(module, "modkit_kind", None) == "attention" and hasattr(module, "n_kv_heads") and hasattr(module, "head_dim")
+        if legacy and not related(name, chosen):
+            chosen.append(name)
+    order = {name: i for i, (name, _) in enumerate(modules)}
+    chosen.sort(key=order.__getitem__)
+    for name in chosen:
+        block.get_submodule(name).modkit_cache_key = name
+    return chosen
+
+
+def _declared(module: nn.Module, where: str) -> CacheSpec:
+    """The :class:`CacheSpec` of one mixer module: its ``cache_spec()``, or keys and values from its
+    ``n_kv_heads`` / ``head_dim`` (window ``sliding_window``) when it has none."""
+    declare = getattr(module, "cache_spec", None)
+    if not callable(declare):
+        return CacheSpec.kv(int(module.n_kv_heads), int(module.head_dim), getattr(module, "sliding_window", None))
+    spec = declare()
+    if not isinstance(spec, CacheSpec):
+        raise ValueError(f"{where}: cache_spec() returned {type(spec).__name__}, not a modkit.CacheSpec")
+    return spec
+
+
+def mixer_specs(module: nn.Module) -> dict[str, CacheSpec]:
+    """``{path: CacheSpec}`` of the token mixers inside ``module`` (a block, or a component built alone), as
+    :meth:`Model.cache_layout` finds them in each block.
+
+    Raises:
+        ValueError: a ``cache_spec()`` that does not return a :class:`CacheSpec`.
+    """
+    return {path: _declared(module.get_submodule(path), path or type(module).__name__) for path in _mixers(module)}
 
 
 @dataclass
@@ -86,6 +135,9 @@ class Model(nn.Module):
         self.layers = layers
         self.final_norm = final_norm
         self.windows = list(windows)
+        #: per layer, the paths (inside the block) of its token mixers: modules that declare ``cache_spec()``, or
+        #: attentions exposing ``n_kv_heads`` / ``head_dim`` (keys and values); each is tagged ``modkit_cache_key``
+        self.mixer_paths = [_mixers(block) for block in layers]
         if not spec.tie_embeddings:
             self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=spec.lm_head_bias)
             self.lm_head.modkit_kind = "lm_head"
@@ -141,6 +193,28 @@ class Model(nn.Module):
             )
 
     # -------------------------------------------------------------------- forward
+    def cache_layout(self) -> list[dict[str, CacheSpec]]:
+        """What each layer's token mixers declare they keep in the cache: ``[{mixer key: CacheSpec}]`` per layer.
+
+        A mixer is a module of the block with a ``cache_spec() -> CacheSpec`` method (the outermost one, when a
+        declaring module holds others), keyed by its path inside the block (``"attention"``); a module tagged
+        ``attention`` without one but exposing ``n_kv_heads`` and ``head_dim`` keeps keys and values
+        (:meth:`CacheSpec.kv`, window ``sliding_window``). Read at call time, so a tensor-parallel model (local head
+        counts) declares its local state. The one source of every cache byte figure (:mod:`modkit.cache`).
+
+        Raises:
+            ValueError: a layer holds no mixer; a ``cache_spec()`` that does not return a :class:`CacheSpec`.
+        """
+        layout = []
+        for i, (block, paths) in enumerate(zip(self.layers, self.mixer_paths)):
+            if not paths:
+                raise ValueError(
+                    f"layer {i} holds no token mixer that declares its cache state (a cache_spec() method) nor an "
+                    "attention exposing n_kv_heads and head_dim; cannot size its cache"
+                )
+            layout.append({path: _declared(block.get_submodule(path), f"layers.{i}.{path}") for path in paths})
+        return layout
+
     def new_cache(
         self,
         batch_size: Optional[int] = None,
@@ -151,31 +225,25 @@ class Model(nn.Module):
     ) -> KVCache:
         """A fresh, preallocated (static) :class:`~modkit.cache.KVCache` for this model.
 
-        Each layer gets ``[batch_size, n_kv_heads, slots, head_dim]`` keys and values with ``slots = max_len``, or
+        Each layer gets what its mixers declare (:meth:`cache_layout`); for the built-in attention
+        ``[batch_size, n_kv_heads, slots, head_dim]`` keys and values with ``slots = max_len``, or
         ``min(window, max_len)`` for layers whose attention sees only the latest ``window`` positions (a ring
-        buffer): ``window`` is the attention's ``attention_span`` (sliding window, chunked attention) or, for an
-        attention without one, its ``sliding_window`` (kept in :attr:`windows`); see :mod:`modkit.cache` for the
+        buffer: its ``attention_span``, the sliding window or the attention chunk); see :mod:`modkit.cache` for the
         byte formula.
 
         Args:
             batch_size: rows; ``None`` allocates at the first forward, with that forward's batch size.
             max_len: the most tokens a row will hold (prompt + generated, padding included); default
                 ``spec.max_seq_len``.
-            dtype: of the keys and values; default the model's (its embedding's) dtype.
+            dtype: of the entries (an entry may declare its own); default the model's (its embedding's) dtype.
             device: default the model's device.
 
         Raises:
-            ValueError: a layer has no attention module exposing ``n_kv_heads`` and ``head_dim``; bad sizes.
+            ValueError: a layer has no token mixer (see :meth:`cache_layout`); bad sizes.
         """
-        geometry = []
-        for i, block in enumerate(self.layers):
-            attn = next((m for m in block.modules() if getattr(m, "modkit_kind", None) == "attention"), None)
-            if attn is None or not hasattr(attn, "n_kv_heads") or not hasattr(attn, "head_dim"):
-                raise ValueError(f"layer {i} has no attention module exposing n_kv_heads and head_dim; cannot size its KV cache")
-            geometry.append(LayerGeometry(int(attn.n_kv_heads), int(attn.head_dim), self.windows[i]))
         weight = self.embed.weight
         return KVCache(
-            geometry,
+            self.cache_layout(),
             max_len if max_len is not None else self.spec.max_seq_len,
             batch_size,
             dtype=dtype if dtype is not None else weight.dtype,

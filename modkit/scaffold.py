@@ -389,10 +389,14 @@ ATTENTION = '''\
 
 Contract of an attention module (modkit.interfaces):
 
-* expose ``n_heads``, ``n_kv_heads`` and ``head_dim`` (the KV cache stores ``n_kv_heads`` heads, never ``n_heads``);
+* declare what the cache keeps for it with ``cache_spec() -> modkit.CacheSpec`` (here keys and values of
+  ``n_kv_heads`` heads, never ``n_heads``; any named per-token entries, or fixed-size per-sequence state, work the
+  same way), and the per-head width its position scheme acts on with the config's ``position_geometry(ctx)``;
+  every cache byte figure (``modkit build``, ``modkit cost``, ``generate``) comes from the declaration;
 * let the layer's position scheme act: ``inputs.position.rotate(q, k, positions)`` on
   ``q [batch, n_heads, seq, head_dim]``, ``k [batch, n_kv_heads, seq, head_dim]``, and its additive bias (ALiBi);
-* with ``inputs.cache`` set, store the new keys/values and attend over every key the cache hands back;
+* with ``inputs.cache`` set, store the new keys/values and attend over every key the cache hands back
+  (``update_cache(inputs, k, v, mixer=self)``; ``update_cache_entries`` for entries of other names);
 * mask by absolute position (bottom-right aligned in cached decode), hide padding keys, and output 0, not NaN, for a
   query that sees no key at all.
 
@@ -415,8 +419,10 @@ from torch import Tensor, nn
 from modkit import (
     AttentionInputs,
     BuildContext,
+    CacheSpec,
     Component,
     ComponentConfig,
+    PositionGeometry,
     masked_attention,
     position_bias,
     prepare_mask,
@@ -448,6 +454,11 @@ class ${Class}Config(ComponentConfig):
         """The effective number of key/value heads."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
+    def position_geometry(self, ctx) -> PositionGeometry:
+        """What the layer's position scheme acts on (checked at spec time, and how it is built): every head, whole."""
+        head_dim = self.head_dim if self.head_dim is not None else ctx.d_model // self.n_heads
+        return PositionGeometry(self.n_heads, head_dim, self.kv_heads)
+
     def check(self, ctx) -> list[tuple[str, str]]:
         """Cross-field check against the model (called while a spec validates): ``(field, message)`` pairs."""
         if self.head_dim is None and ctx.d_model % self.n_heads:
@@ -466,6 +477,10 @@ class $Class(nn.Module):
         self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
 
+    def cache_spec(self) -> CacheSpec:
+        """What the cache keeps per token: keys and values ``[batch, n_kv_heads, slots, head_dim]`` each."""
+        return CacheSpec.kv(self.n_kv_heads, self.head_dim)
+
     def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
         """Attend causally; updates ``inputs.cache`` when one is given."""
         b, s, _ = x.shape
@@ -474,8 +489,8 @@ class $Class(nn.Module):
         v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if inputs.position is not None:  # RoPE rotates q and k (an identity for other schemes)
             q, k = inputs.position.rotate(q, k, inputs.positions)
-        k, v, k_pos, k_valid = update_cache(inputs, k, v)  # store the new keys; every key the queries may see
-        mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None)
+        k, v, k_pos, k_valid = update_cache(inputs, k, v, mixer=self)  # store the new keys; every key the queries may see
+        mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None, mixer=self)
         bias = position_bias(inputs, k_pos, self.n_heads)  # ALiBi's [b, n_heads, q_len, kv_len] bias, or None
         out, _ = masked_attention(q, k, v, mask, bias)  # softmax(q·k / sqrt(head_dim) + bias) v; dead rows -> 0
         # a score function of your own instead of q·k (import masked_softmax from modkit):

@@ -16,7 +16,7 @@ import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
@@ -36,6 +36,9 @@ from .jsonio import JSONInputError, check_document, parse_json, read_json_file
 from .limits import BOUNDS, MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
 from .registry import Registry, close_matches, get_registry
 from .validation import ErrorFormatter, extend_path, join_path, json_kind, json_value, last_key, models_in
+
+if TYPE_CHECKING:
+    from .interfaces import PositionGeometry
 
 SCHEMA_VERSION = 1
 
@@ -501,28 +504,101 @@ def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]
     return errors
 
 
-def _head_geometry(attention: Any, d_model: int) -> tuple[Optional[int], Optional[int]]:
-    """``(n_heads, head_dim)`` of an attention config that exposes them (``n_heads``, ``resolved_head_dim``)."""
-    n_heads = getattr(attention, "n_heads", None)
+def position_geometry(attention: Any, ctx: Any, module: Any = None) -> Optional["PositionGeometry"]:
+    """The :class:`~modkit.PositionGeometry` a layer's position scheme acts on, as its attention declares it.
+
+    The attention config's ``position_geometry(ctx)`` method when it has one (the declaration: multi-head latent
+    attention rotates only its ``qk_rope_head_dim`` part); otherwise its ``n_heads`` and ``resolved_head_dim(d_model)``
+    (or ``head_dim``) fields, key heads from ``kv_heads`` / ``n_kv_heads``; otherwise, at build time, the built
+    module's ``n_heads`` / ``head_dim`` / ``n_kv_heads`` attributes. ``None`` when nothing tells.
+
+    Used at spec time (each position config is checked against the geometry it serves) and by ``build`` (the
+    scheme is built from it), so a spec that validates builds the scheme it was checked with.
+
+    Args:
+        attention: the layer's attention config. ctx: a :class:`SpecContext` or :class:`~modkit.BuildContext`
+            (both carry ``d_model``). module: the built attention module (build time), or ``None``.
+
+    Raises:
+        TypeError: a ``position_geometry`` that returns something else than a ``PositionGeometry``.
+    """
+    from .interfaces import PositionGeometry
+
+    declare = getattr(attention, "position_geometry", None)
+    if callable(declare):
+        geo = declare(ctx)
+        if geo is not None and not isinstance(geo, PositionGeometry):
+            raise TypeError(f"{type(attention).__name__}.position_geometry() returned {type(geo).__name__}, not a modkit.PositionGeometry")
+        return geo
+
+    def ints(*values: Any) -> Optional[int]:
+        return next((v for v in values if isinstance(v, int) and not isinstance(v, bool)), None)
+
     resolve = getattr(attention, "resolved_head_dim", None)
     try:
-        head_dim = resolve(d_model) if callable(resolve) else getattr(attention, "head_dim", None)
+        head_dim = resolve(ctx.d_model) if callable(resolve) else getattr(attention, "head_dim", None)
     except Exception:  # noqa: BLE001 - an inconsistent attention config reports its own error
         head_dim = None
-    return (n_heads if isinstance(n_heads, int) else None, head_dim if isinstance(head_dim, int) else None)
+    kv = getattr(attention, "kv_heads", None)
+    n_heads = ints(getattr(attention, "n_heads", None), getattr(module, "n_heads", None))
+    head_dim = ints(head_dim, getattr(module, "head_dim", None))
+    n_kv = ints(kv, getattr(attention, "n_kv_heads", None), getattr(module, "n_kv_heads", None))
+    if n_heads is None and head_dim is None:
+        return None
+    return PositionGeometry(n_heads, head_dim, n_kv)
 
 
-def _position_uses(spec: ModelSpec) -> list[tuple[str, Any, tuple[Optional[int], Optional[int]]]]:
+def _head_geometry(attention: Any, ctx: Any) -> tuple[Optional[int], Optional[int]]:
+    """``(n_heads, head_dim)`` of :func:`position_geometry` (``(None, None)`` when unknown)."""
+    try:
+        geo = position_geometry(attention, ctx)
+    except Exception:  # noqa: BLE001 - an inconsistent attention config reports its own error
+        geo = None
+    return (geo.n_heads, geo.head_dim) if geo is not None else (None, None)
+
+
+def _geometry_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
+    """A position scheme acting on q/k or on the scores, in a layer whose attention declares that it has no per-head
+    geometry for one (its ``position_geometry(ctx)`` returns ``None``: a recurrent mixer), could only fail at build."""
+    ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
+    errors: dict[str, str] = {}
+    for i in range(spec.n_layers):
+        layer = spec.layer(i)
+        declare = getattr(layer.attention, "position_geometry", None)
+        if not callable(declare) or layer.position is None:
+            continue
+        acts = registry.entry_for_config(layer.position, "position").capabilities.get("acts_on")
+        if acts not in ("qk", "bias"):
+            continue
+        try:
+            geo = declare(ctx)
+        except Exception:  # noqa: BLE001 - an inconsistent attention config reports its own error
+            continue
+        need = "head_dim" if acts == "qk" else "n_heads"
+        if geo is None or getattr(geo, need) is None:
+            path = "position"
+            for j, o in enumerate(spec.overrides):
+                if o.position is not None and i in o.indices(spec.n_layers):
+                    path = f"overrides[{j}].position"
+            errors.setdefault(path, (
+                f"position type {layer.position.type!r} acts on {'queries and keys' if acts == 'qk' else 'the attention scores'}, "
+                f"but layer {i}'s {layer.attention.type!r} declares no {need} for it (its position_geometry() gives "
+                f"{geo!r}); use position type 'none' for such layers (an override), or a mixer that declares one"))
+    return list(errors.items())
+
+
+def _position_uses(spec: ModelSpec, registry: Registry) -> list[tuple[str, Any, tuple[Optional[int], Optional[int]]]]:
     """``(path, position config, (n_heads, head_dim))`` for each position config and each attention geometry of the
     layers that use it (the top-level scheme once without geometry when every layer overrides it)."""
     uses: dict[tuple[str, tuple], Any] = {}
+    ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
     for i in range(spec.n_layers):
         path = "position"
         for j, o in enumerate(spec.overrides):
             if o.position is not None and i in o.indices(spec.n_layers):
                 path = f"overrides[{j}].position"
         layer = spec.layer(i)
-        uses.setdefault((path, _head_geometry(layer.attention, spec.d_model)), layer.position)
+        uses.setdefault((path, _head_geometry(layer.attention, ctx)), layer.position)
     if not any(p == "position" for p, _ in uses):
         uses[("position", (None, None))] = spec.position
     for j, o in enumerate(spec.overrides):
@@ -552,8 +628,9 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
             visit(getattr(cfg, name), f"{path}.{name}", at)
 
     errors.extend(_dropout_errors(spec, registry))
+    errors.extend(_geometry_errors(spec, registry) if geometry else [])
     if geometry:
-        for path, position, shape in _position_uses(spec):
+        for path, position, shape in _position_uses(spec, registry):
             visit(position, path, SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry, *shape))
     else:
         visit(spec.position, "position")

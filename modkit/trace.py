@@ -190,11 +190,28 @@ def _dims(model: nn.Module) -> dict[str, Any]:
     return {"d_model": spec.d_model, "n_layers": spec.n_layers, "vocab_size": spec.vocab_size, "max_seq_len": spec.max_seq_len}
 
 
-def _heads_view(shape: tuple[int, ...], head_dim: Optional[int]) -> str:
-    """``[b, s, h·hd]`` read as ``[b, h, s, hd]`` when the width is a multiple of ``head_dim``."""
-    if head_dim and len(shape) == 3 and shape[-1] % head_dim == 0:
-        b, s, w = shape
-        return f"per head: [{b}, {w // head_dim}, {s}, {head_dim}]"
+def _heads_view(owner: nn.Module, projection: str, shape: tuple[int, ...]) -> str:
+    """``[b, s, h·hd]`` read as ``[b, h, s, hd]`` for a projection the attention declares per head.
+
+    The declaration is the attention module's ``head_layout() -> {projection: (heads, width per head)}`` (the
+    built-in attention: q/k/v; MLA: its per-head up-projections, not its latent ones). An attention without one is
+    read from its ``n_heads`` / ``n_kv_heads`` / ``head_dim`` only where the width is exactly ``n_heads · head_dim``
+    or ``n_kv_heads · head_dim``: never by dividing an arbitrary width by ``head_dim``.
+    """
+    if len(shape) != 3:
+        return ""
+    b, s, w = shape
+    declare = getattr(owner, "head_layout", None)
+    if callable(declare):
+        heads = declare().get(projection)
+        if heads is None or heads[0] * heads[1] != w:
+            return ""
+        return f"per head: [{b}, {heads[0]}, {s}, {heads[1]}]"
+    hd = getattr(owner, "head_dim", None)
+    counts = [getattr(owner, a, None) for a in ("n_heads", "n_kv_heads")]
+    for h in counts:
+        if isinstance(h, int) and isinstance(hd, int) and h * hd == w:
+            return f"per head: [{b}, {h}, {s}, {hd}]"
     return ""
 
 
@@ -236,7 +253,9 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
         normed = any(n.startswith(path + ".") and rec.entry(n).kind == "norm" for n in rec.names())
         steps = (["QK-norm"] if normed else []) + ([type_] if acts == "qk" else [])
         how = f"after {' and '.join(steps)}" if steps else "as it enters the scores"
-        label, note = f"{what} per head {how}", f"[batch, {heads}, seq, head_dim]"
+        # the width is what the attention declares its position scheme acts on (PositionGeometry.head_dim):
+        # head_dim for the built-in attention, qk_rope_head_dim for MLA's rotated part
+        label, note = f"{what} per head {how}", f"[batch, {heads}, seq, the width the attention declares for its position scheme]"
     elif kind == "position" and what == "position_bias":
         label, note = f"position bias ({type_}) added to the scores", "[batch, heads, q, k]"
     elif kind == "placement" and what in ("input", "output", "update"):
@@ -250,8 +269,9 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
     elif kind == "linear":
         owner = model.get_submodule(path.rsplit(".", 1)[0])
         label = f"{short}: linear {module.in_features} -> {module.out_features}"
-        if getattr(owner, "modkit_kind", None) == "attention" and _into_heads(rec, name, path.rsplit(".", 1)[0]):
-            note = _heads_view(shape, getattr(owner, "head_dim", None))
+        declared = callable(getattr(owner, "head_layout", None))  # the attention says which projections split into heads
+        if getattr(owner, "modkit_kind", None) == "attention" and (declared or _into_heads(rec, name, path.rsplit(".", 1)[0])):
+            note = _heads_view(owner, short, shape)
         elif getattr(owner, "modkit_kind", None) == "ffn" and module.out_features != getattr(model.spec, "d_model", None):
             note = f"expansion to {module.out_features}"
     elif kind == "attention" and what == "weights":
@@ -353,12 +373,29 @@ def _layer_stats(model: nn.Module, rec: Recording, i: int, tokenizer: Any, top_k
     return LayerStats(i, float(out.norm(dim=-1).mean()), float(ratio), float(cos), sparsity, near_zero, entropy, lens)
 
 
+def _served_geometry(model: nn.Module, index: int):
+    """The :class:`~modkit.PositionGeometry` the attention of the first layer using position module ``index``
+    declares (the geometry the module was built with; layer 0's for the model-level scheme)."""
+    from .registry import get_registry
+    from .spec import SpecContext, position_geometry
+
+    spec = model.spec
+    layers = [i for i, p in enumerate(getattr(model, "layer_position", [])) if p == index] or [0]
+    ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, get_registry())
+    attn = next((m for m in model.layers[layers[0]].modules() if getattr(m, "modkit_kind", None) == "attention"), None)
+    try:
+        return position_geometry(spec.layer(layers[0]).attention, ctx, attn)
+    except Exception:  # noqa: BLE001 - an attention whose declaration fails gets no rotation map
+        return None
+
+
 def position_maps(model: nn.Module, n: int = 64) -> list[PositionMap]:
     """Probe each position scheme of ``model`` on positions ``0..n-1`` (``n`` capped at ``max_seq_len``).
 
     Through the :class:`~modkit.interfaces.PositionScheme` interface only: ``embed(0, pos)`` is the vector a scheme
     adds to the embeddings ``[n, d_model]``; ``rotate`` of all-ones queries shows a rotary scheme's ``cos θ ± sin θ``
-    pattern ``[n, head_dim]``; ``attention_bias(pos, pos, n_heads)`` of head 0 is a bias scheme's ``[n, n]``. A scheme
+    pattern ``[n, head_dim]`` (the width the layers' attention declares for it: :class:`~modkit.PositionGeometry`);
+    ``attention_bias(pos, pos, n_heads)`` of head 0 is a bias scheme's ``[n, n]``. A scheme
     that leaves all three as identities (``none``) gives no map.
     """
     spec = model.spec
@@ -366,11 +403,11 @@ def position_maps(model: nn.Module, n: int = 64) -> list[PositionMap]:
     weight = model.embed.weight
     device, dtype = weight.device, weight.dtype
     pos = torch.arange(n, device=device)[None]
-    attn = next((m for m in model.modules() if getattr(m, "modkit_kind", None) == "attention"), None)
-    head_dim, n_heads = getattr(attn, "head_dim", None), getattr(attn, "n_heads", None)
     maps = []
     with torch.no_grad():
         for j, scheme in enumerate(model.positions):
+            geo = _served_geometry(model, j)
+            head_dim, n_heads = (geo.head_dim, geo.n_heads) if geo is not None else (None, None)
             name = f"positions.{j} ({getattr(scheme, 'modkit_type', type(scheme).__name__)})"
             x = torch.zeros(1, n, spec.d_model, device=device, dtype=dtype)
             added = scheme.embed(x, pos)

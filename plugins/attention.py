@@ -38,7 +38,7 @@ import torch
 from pydantic import Field, PositiveFloat, ValidationInfo, field_validator
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, Slot, Workload, hookimpl
+from modkit import AttentionInputs, BuildContext, CacheSpec, Component, ComponentConfig, PositionGeometry, Slot, Workload, hookimpl
 from modkit.attention import (  # noqa: F401 - attention_mask and PreparedMask are re-exported for older imports
     PreparedMask,
     attention_mask,
@@ -138,6 +138,10 @@ class AttentionConfig(ComponentConfig):
         """``head_dim``, or ``d_model // n_heads`` when not given."""
         return self.head_dim if self.head_dim is not None else d_model // self.n_heads
 
+    def position_geometry(self, ctx) -> PositionGeometry:
+        """The position scheme acts on every query head and key/value head at full ``head_dim``."""
+        return PositionGeometry(self.n_heads, self.resolved_head_dim(ctx.d_model), self.kv_heads)
+
     def check(self, ctx) -> list[tuple[str, str]]:
         """Cross-field check against the model: a derived head_dim needs n_heads to divide d_model; a QK-norm with a
         weight per head (``each_head``) needs a norm that declares the ``groups`` capability."""
@@ -224,6 +228,16 @@ class Attention(nn.Module):
         out = q * scale[:, None, :, None]
         return out if out.dtype == q.dtype else out.to(q.dtype)
 
+    def cache_spec(self) -> CacheSpec:
+        """Keys and values ``[batch, n_kv_heads, slots, head_dim]`` each; a ring of ``attention_span`` slots (the
+        sliding window or the attention chunk) when set."""
+        return CacheSpec.kv(self.n_kv_heads, self.head_dim, self.attention_span)
+
+    def head_layout(self) -> dict[str, tuple[int, int]]:
+        """``{projection: (heads, width per head)}`` of the projections whose outputs split into heads."""
+        return {"q_proj": (self.n_heads, self.head_dim), "k_proj": (self.n_kv_heads, self.head_dim),
+                "v_proj": (self.n_kv_heads, self.head_dim)}
+
     def _project(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.q_norm is not None and self.qk_norm_scope == "full":
@@ -256,7 +270,7 @@ class Attention(nn.Module):
         q, k, v = self._project(x, inputs)
         dropout_p = self.attention_dropout if self.training else 0.0
         q_pos = inputs.positions
-        k, v, k_pos, k_valid = update_cache(inputs, k, v)  # store the new keys; attend over every key handed back
+        k, v, k_pos, k_valid = update_cache(inputs, k, v, mixer=self)  # store the new keys; attend over every key handed back
         bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (
             self.causal and bias is None and k_valid is None and self.sliding_window is None
@@ -269,7 +283,8 @@ class Attention(nn.Module):
             )
             return self.o_proj(_merge_heads(out)), None
         prepared = prepare_mask(
-            inputs, k_pos, k_valid, q.dtype, causal=self.causal, window=self.sliding_window, chunk=self.attention_chunk_size
+            inputs, k_pos, k_valid, q.dtype, causal=self.causal, window=self.sliding_window,
+            chunk=self.attention_chunk_size, mixer=self,
         )
         # an additive bias (ALiBi) in bf16/fp16 loses precision at long range: take the float32 eager path then
         eager = self.backend == "eager" or need_weights or (bias is not None and q.dtype != torch.float32)

@@ -34,7 +34,7 @@ D_FF = 48
 
 
 ATTENTION_FAULTS = ("peeking", "drifting", "nan_softmax", "late_peek", "train_peek", "ignores_bias", "rope_offset",
-                    "fake_dropout")
+                    "fake_dropout", "overdeclared")
 
 
 class MiniAttentionConfig(ComponentConfig):
@@ -90,6 +90,16 @@ class MiniAttention(nn.Module):
         if self.fault == "drifting" and inputs.cache is not None and k.shape[2] > s:
             out = out * 1.1  # FAULT (drifting): decoding against cached keys is scaled differently
         return self.o(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class OverdeclaredAttention(MiniAttention):
+    """FAULT (overdeclared): declares a per-token cache entry it never writes (the cache-bytes analogue of the old
+    ``kv_cache_elements_per_token`` override that disagreed with what was allocated): ``modkit build`` / ``cost``
+    count bytes the attention never uses."""
+
+    def cache_spec(self):
+        kv = modkit.CacheSpec.kv(self.n_kv_heads, self.head_dim)
+        return modkit.CacheSpec(kv.entries + (modkit.CacheEntry("spare", (self.n_heads, self.head_dim), slot_axis=2),))
 
 
 NORM_FAULTS = ("leaky_dtype", "miscounted", "plain_attr", "no_upcast", "fixed_width")
@@ -239,9 +249,10 @@ class StaleTable(PositionScheme):
 
 
 def _attention(fault: str, **caps) -> Component:
+    cls = OverdeclaredAttention if fault == "overdeclared" else MiniAttention
     return Component(
         kind="attention", type=fault, config=MiniAttentionConfig,
-        factory=lambda cfg, ctx: MiniAttention(ctx.d_model, cfg.n_heads, None if fault == "sound" else fault, ctx.attention_dropout),
+        factory=lambda cfg, ctx: cls(ctx.d_model, cfg.n_heads, None if fault == "sound" else fault, ctx.attention_dropout),
         description=f"FAULTY ({fault}) causal attention.", capabilities={"causal_safe": True, **caps},
         param_count=lambda cfg, ctx: 4 * ctx.d_model * ctx.d_model, example={"type": fault},
     )
@@ -269,6 +280,7 @@ class FaultyPlugin:
         register(_attention("ignores_bias", kv_cache=True))
         register(_attention("rope_offset", kv_cache=True))
         register(_attention("fake_dropout", kv_cache=True, attention_dropout=True))
+        register(_attention("overdeclared", kv_cache=True))
         register(_norm("leaky_dtype"))
         register(_norm("miscounted", compile_safe=True))
         register(_norm("plain_attr"))
@@ -367,6 +379,7 @@ FAULTS = [
     ("attention", "ignores_bias", "position_sensitivity", "alibi (acts_on bias): max |Δ| = 0 against position none"),
     ("attention", "rope_offset", "kv_cache_decode", "with position rope: max |Δ| = "),
     ("attention", "fake_dropout", "dropout", "the declared dropout is not applied"),
+    ("attention", "overdeclared", "kv_cache_decode", "declares cache entry 'spare' (4, 8) (token) but the forward never wrote it"),
     ("norm", "plain_attr", "meta_init", "Tensor on device meta"),
     ("norm", "no_upcast", "precision", "float16: norm(x) with rows of magnitude 0.01, 1, 300"),
     ("norm", "fixed_width", "shape_dtype", "a norm built at dim = 8, 40 raised RuntimeError"),

@@ -229,6 +229,6 @@ def test_attention_skeleton_passes_the_contract_kit(tmp_path, monkeypatch):
     # the mask, the dead-row guard and the cache come from modkit's helpers, not from copied code
     source = (root / "scaffold_kit_attention" / "attention.py").read_text()
     forward = source[source.index("    def forward("):source.index("def _head_dim(")]
-    for helper in ("update_cache(inputs, k, v)", "prepare_mask(", "position_bias(", "masked_attention("):
+    for helper in ("update_cache(inputs, k, v, mixer=self)", "prepare_mask(", "position_bias(", "masked_attention("):
         assert helper in forward, helper
     assert "inputs.cache.update" not in forward and "any(-1" not in forward and "masked_fill" not in forward

@@ -129,6 +129,8 @@ def _print_build(spec_name: str, model, summary, device, seed: int) -> None:
         f"KV cache: {_count(kv)} bytes/token at {summary.dtype}; "
         f"{_bytes(summary.kv_cache_bytes_per_sequence)} per sequence of max_seq_len {_count(spec.max_seq_len)}"
     )
+    if summary.cache_state_bytes_per_sequence:  # recurrent mixers: a fixed-size state, whatever the length
+        line += f", of which {_bytes(summary.cache_state_bytes_per_sequence)} fixed-size state"
     windowed = [w for w in summary.windows if w is not None and w < spec.max_seq_len]
     if windowed:  # ring buffers: those layers keep only the last `window` tokens
         sizes = ", ".join(_count(w) for w in sorted(set(windowed)))

@@ -125,8 +125,11 @@ def cmd_cost(args: argparse.Namespace) -> int:
     out(f"parameters: {_count(params['total'])}" + (f" ({_count(active)} active per token)" if active != params["total"] else ""))
     out("weights:    " + ", ".join(f"{k} {_bytes(v)}" for k, v in data["weight_bytes"].items()))
     kv = data["kv_cache_bytes"]
+    state = data["cache_state_bytes_per_sequence"]
     out(f"KV cache:   {_bytes(kv)} at context {at} x batch {args.batch} in {data['dtype']} "
-        f"({_count(kv // (context * args.batch))} bytes per token on average)")
+        f"({_count(data['kv_cache_bytes_per_token'])} bytes per token as the mixers declare, "
+        f"{_count(kv // (context * args.batch))} per token held on average"
+        + (f"; {_bytes(state)} of fixed-size state per sequence)" if state else ")"))
     mem = data["training_memory"]
     out("")
     out(f"training memory, an estimate (AdamW; float32 weights, gradients and moments; {mem['dtype']} activations at "

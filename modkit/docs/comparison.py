@@ -48,10 +48,9 @@ def component_figures(entry, config, registry, norm_config: Any = None) -> Figur
     if how != "alone":
         return fig
     fig.active = active_params_per_token(module)
-    try:  # the stand-in sublayers a placement is built with have no KV geometry: no figure
-        fig.kv_bytes = kv_cache_bytes_per_token(module, COMPARE_DTYPE)
-    except AttributeError:
-        fig.kv_bytes = None
+    # what the component's token mixers declare (cache_spec()); the stand-in sublayers a placement is built with
+    # declare nothing of their own: no figure
+    fig.kv_bytes = None if entry.kind == "placement" else kv_cache_bytes_per_token(module, COMPARE_DTYPE)
     if entry.kind == "placement":
         fig.norms = sum(1 for m in module.modules() if getattr(m, "modkit_kind", None) == "norm")
     if entry.flops is not None and ctx is not None:

@@ -50,19 +50,16 @@ class SpecCard:
 
 
 def _kv_elements(model, context: int) -> tuple[int, int, bool]:
-    """``(elements per token, elements for ``context`` tokens, any sliding window)``: windows cap the long figure."""
+    """``(elements per token, elements for ``context`` tokens, any sliding window)`` from what each layer's token
+    mixers declare (:meth:`modkit.Model.cache_layout`): windows cap the long figure; fixed-size state counts once."""
     per_token, long, windowed = 0, 0, False
-    for i, layer in enumerate(model.layers):
-        window = model.windows[i] if i < len(model.windows) else None
-        for m in layer.modules():
-            if getattr(m, "modkit_kind", None) != "attention":
-                continue
-            fn = getattr(m, "kv_cache_elements_per_token", None)
-            e = int(fn()) if callable(fn) else 2 * int(m.n_kv_heads) * int(m.head_dim)
+    for specs in model.cache_layout():
+        for spec in specs.values():
+            e = sum(entry.numel for entry in spec.token_entries)
+            fixed = sum(entry.numel for entry in spec.sequence_entries)
             per_token += e
-            tokens = context if window is None else min(window, context)
-            windowed = windowed or (window is not None and window < context)
-            long += e * tokens
+            windowed = windowed or (spec.window is not None and spec.window < context)
+            long += e * spec.slots(context) + fixed
     return per_token, long, windowed
 
 
@@ -159,7 +156,8 @@ def gallery_page(card: SpecCard, registry) -> str:
         _table(("dtype", "weights", "KV cache bytes / token", long_label, f"KV cache, max_seq_len {_count(spec.max_seq_len)}"), rows, "lrrrr"),
         "",
     ]
-    notes = [f"The KV cache stores keys and values of n_kv_heads heads: {_count(card.kv_elements_per_token)} elements per token over all layers (batch 1)."]
+    notes = [f"The cache stores what each layer's token mixers declare (keys and values of n_kv_heads heads for the "
+             f"built-in attention): {_count(card.kv_elements_per_token)} elements per token over all layers (batch 1)."]
     if card.windowed:
         notes.append(f"Sliding-window layers keep only their window, which the {LONG_CONTEXT // 1024}K figure counts; the per-token figure is the uncapped rate.")
     if LONG_CONTEXT > spec.max_seq_len:

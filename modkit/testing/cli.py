@@ -2,14 +2,17 @@
 
 ::
 
-    modkit check [--plugin NAME] [--kind K] [--type T] [--check C] [--neighbour KIND=TYPE] [--device D]
-                 [--distributed] [-v]
+    modkit check [--plugin NAME] [--kind K] [--type T] [--config JSON|FILE] [--check C] [--neighbour KIND=TYPE]
+                 [--device D] [--distributed] [-v]
 
 Prints a table component x check (``passed`` / ``FAILED`` / ``skip``) whose last column names the neighbours
 the tiny models were filled with (modkit's built-ins, or those named with ``--neighbour``), then one line per
 failed check with the measured values, and exits 1 if any check failed (0 otherwise). ``--distributed`` also runs ``shards`` (a
 component's ``tp_plan`` trains like the single process under tensor parallelism, tp = 2, in 2 gloo processes on
-the CPU: logits, gradients and one AdamW step: seconds, one session for all selected components); without it ``shards`` is reported skipped. ``modkit.cli`` picks this module up through
+the CPU: logits, gradients and one AdamW step: seconds, one session for all selected components); without it ``shards`` is reported skipped.
+``--config`` checks one component with a config of its own instead of its example (``modkit check --kind attention
+--type mla --config '{"type": "mla", "n_heads": 8, ...}'``, or a JSON file); the selection must then match exactly
+one component. ``modkit.cli`` picks this module up through
 ``add_subcommands(subparsers)``.
 """
 
@@ -35,6 +38,11 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plugin", action="append", metavar="NAME", help="only components of this plugin (entry-point or distribution name; repeatable; wildcards)")
     p.add_argument("--kind", action="append", metavar="KIND", help="only this kind, e.g. attention (repeatable; wildcards)")
     p.add_argument("--type", action="append", metavar="TYPE", help="only this type, e.g. gqa (repeatable; wildcards)")
+    p.add_argument(
+        "--config", metavar="JSON|FILE",
+        help="check the selected component (exactly one: give --kind and --type) with this config instead of its "
+        "example: a JSON object, or a file holding one; its \"type\" may be left out",
+    )
     p.add_argument("--check", action="append", metavar="CHECK", help="only this check, e.g. causality (repeatable)")
     p.add_argument(
         "--neighbour", action="append", metavar="KIND=TYPE", type=_neighbour,
@@ -59,6 +67,30 @@ def _neighbour(text: str) -> tuple[str, str]:
     if not sep or not kind or not type_:
         raise argparse.ArgumentTypeError(f"expected KIND=TYPE, e.g. attention=gqa; got {text!r}")
     return kind.strip(), type_.strip()
+
+
+def _config_arg(text: str) -> dict:
+    """The ``--config`` value: a JSON object given inline, or the path of a file holding one.
+
+    Raises:
+        ValueError: not JSON, not an object, or a file that cannot be read (the message says which).
+    """
+    import json
+    from pathlib import Path
+
+    source = "--config"
+    if not text.lstrip().startswith("{"):
+        path = Path(text)
+        if not path.is_file():
+            raise ValueError(f"--config {text!r} is neither a JSON object nor a file")
+        source, text = str(path), path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: a component config is a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -101,20 +133,23 @@ def cmd_check(args: argparse.Namespace, *, out: Optional[TextIO] = None, registr
         RegistryError: the selection matches no component (``modkit.cli`` prints it as an error, exit 1).
         ValueError: an unknown check name.
     """
-    from .checks import run_checks
+    from .checks import check_component, run_checks, select_components
 
     stream = out or sys.stdout
     emit: Callable[[str], None] = lambda line: print(line, file=stream)  # noqa: E731
-    results = run_checks(
-        registry,
-        plugin=args.plugin,
-        kind=args.kind,
-        type=args.type,
-        checks=args.check,
-        device=args.device,
-        distributed=getattr(args, "distributed", False),
-        neighbours=dict(getattr(args, "neighbour", None) or []),
-    )
+    options = dict(checks=args.check, device=args.device, distributed=getattr(args, "distributed", False),
+                   neighbours=dict(getattr(args, "neighbour", None) or []))
+    if getattr(args, "config", None) is not None:
+        entries = select_components(registry, plugin=args.plugin, kind=args.kind, type=args.type)
+        if len(entries) != 1:
+            names = ", ".join(f"{e.kind}/{e.type}" for e in entries[:8]) + (", ..." if len(entries) > 8 else "")
+            raise ValueError(f"--config checks one component, but the selection matches {len(entries)} ({names}); "
+                             "name it with --kind and --type")
+        entry = entries[0]
+        config = {"type": entry.type, **_config_arg(args.config)}
+        results = check_component(entry.kind, entry.type, config, registry=registry, **options)
+    else:
+        results = run_checks(registry, plugin=args.plugin, kind=args.kind, type=args.type, **options)
     for line in render(results, verbose=args.verbose):
         emit(line)
     failed = [r for r in results if r.status == "failed"]

@@ -360,6 +360,26 @@ class Bench:
                 return data
             except SpecError as exc:
                 errors.append(f"d_model {d}: " + "; ".join(f"{p}: {m}" for p, m in exc.errors[:2]))
+        # a mixer that declares no per-head geometry (a recurrent one) takes no rotary or bias scheme: try the
+        # next built-in position scheme in rank order, unless the caller named one
+        field_ = top.get("position")
+        if field_ is not None and "position" in self.fillers and "position" not in self.named and self.entry.kind != "position":
+            chosen = self.fillers["position"][0]
+            others = sorted((e for e in self.registry.components("position") if e.key != chosen.key and is_builtin(e, self.registry)),
+                            key=lambda e: _filler_rank("position", e))
+            for e in others:
+                cfg = example_or_none(e, self.registry)
+                if cfg is None:
+                    continue
+                data[field_] = cfg
+                for d in D_MODELS:
+                    data["d_model"] = d
+                    try:
+                        load_spec(data, registry=self.registry)
+                    except SpecError:
+                        continue
+                    self.fillers["position"] = (e, cfg)
+                    return data
         raise Unavailable("the example config does not fit a tiny model: " + errors[0])
 
     # ------------------------------------------------------------------ building

@@ -202,11 +202,16 @@ def call_contract(kind: str, module: nn.Module, x: Tensor, inputs: Optional[Atte
 
 
 def position_geometry(bench: Bench, records: list[Record], rec: Record) -> tuple[int, int, int]:
-    """``(n_heads, n_kv_heads, head_dim)`` a position scheme serves (from its build context and layer 0's attention)."""
-    attn = layer_of(records, "attention", 0)
-    n_heads = rec.ctx.n_heads or getattr(attn, "n_heads", 1) or 1
-    head_dim = rec.ctx.head_dim or getattr(attn, "head_dim", 8) or 8
-    n_kv = getattr(attn, "n_kv_heads", n_heads) or n_heads
+    """``(n_heads, n_kv_heads, head_dim)`` a position scheme serves: its build context (the
+    :class:`~modkit.PositionGeometry` the layer's attention declares, which ``build`` passed it), key heads from
+    that declaration."""
+    from ...spec import position_geometry as declared
+
+    attn = next((r for r in records if r.entry.kind == "attention"), None)
+    geo = declared(attn.config, attn.ctx, attn.module) if attn is not None else None
+    n_heads = rec.ctx.n_heads or (geo.n_heads if geo else None) or 1
+    head_dim = rec.ctx.head_dim or (geo.head_dim if geo else None) or 8
+    n_kv = (geo.key_heads if geo and geo.n_heads else None) or n_heads
     return int(n_heads), int(n_kv), int(head_dim)
 
 

@@ -67,12 +67,47 @@ def _decode_mismatch(bench: Bench, spec: dict) -> tuple[Optional[str], float, fl
             f"tolerance {fmt(tol)})",
             worst, tol,
         )
-    for i, layer in enumerate(cache.layers):
+    problem = _state_problem(model, records, cache)
+    return problem, worst, tol
+
+
+def _state_problem(model, records, cache) -> Optional[str]:
+    """What is wrong with the cache state after a decode, against the mixers' declarations, or ``None``.
+
+    Every declared entry is allocated with its declared shape and dtype; the bytes the declarations give
+    (:func:`modkit.build.kv_cache_bytes`, the figure ``modkit build``, ``modkit cost`` and ``generate`` report)
+    equal the bytes allocated; every entry was written by the forward (a declared entry that stays zero is bytes the
+    mixer reserves and never uses); a ``"k"`` entry holds ``n_kv_heads`` heads, never ``n_heads`` (torchtune #38).
+    """
+    from ...build import kv_cache_bytes
+
+    layout = model.cache_layout()
+    for i, (specs, layer) in enumerate(zip(layout, cache.layers)):
+        for key, spec in specs.items():
+            state = layer.mixers.get(key)
+            if state is None:
+                return f"layer {i}: the cache holds no state for mixer {key!r} (it holds {sorted(layer.mixers)})"
+            for e in spec.entries:
+                t = state.tensors.get(e.name)
+                want = e.allocated_shape(cache.batch_size, spec.slots(cache.max_len))
+                dtype = e.dtype or cache.dtype
+                if t is None or tuple(t.shape) != want or t.dtype != dtype:
+                    got = None if t is None else (tuple(t.shape), t.dtype)
+                    return f"layer {i} {key or 'mixer'}: entry {e.name!r} is allocated as {got}, declared {(want, dtype)}"
+                if not bool(t.ne(0).any()):
+                    return (f"layer {i} {key or 'mixer'}: declares cache entry {e.name!r} {e.shape} ({e.growth}) but the "
+                            f"forward never wrote it: its {e.nbytes(cache.dtype):,} bytes per {e.growth} are counted "
+                            "by modkit build / cost and allocated for nothing (declare only what the mixer stores)")
         attn = layer_of(records, "attention", i)
         heads = getattr(attn, "n_kv_heads", None)
-        if layer.k is not None and heads is not None and layer.k.shape[1] != heads:
-            return (f"layer {i}'s cache holds {layer.k.shape[1]} heads but n_kv_heads = {heads} (torchtune #38)", worst, tol)
-    return None, worst, tol
+        k = layer.mixers[next(iter(layer.mixers))].k if len(layer.mixers) == 1 else None
+        if k is not None and heads is not None and k.dim() == 4 and k.shape[1] != heads:
+            return f"layer {i}'s cache holds {k.shape[1]} key heads but n_kv_heads = {heads} (torchtune #38)"
+    declared = kv_cache_bytes(model, cache.max_len, cache.batch_size, cache.dtype)
+    if declared != cache.nbytes():
+        return (f"the declarations give {declared:,} cache bytes for batch {cache.batch_size} x {cache.max_len} tokens, "
+                f"new_cache allocated {cache.nbytes():,}")
+    return None
 
 
 def _variants(bench: Bench) -> list[tuple[str, dict]]:
@@ -101,13 +136,17 @@ def check_kv_cache_decode(bench: Bench) -> str:
     keeps a ring buffer of 16 slots, fed chunks longer than the window), ``attention_chunk_size`` = 12 (a ring of
     12 slots and a chunked mask), ``sinks`` (a softmax column without a key), then all of them together. Other kinds
     decode with the tiny model's built-in attention. Also checks the cache stores ``n_kv_heads`` heads. Tolerance
+    Then the state against the declarations (any mixer's ``cache_spec()``, not only keys and values): every declared
+    entry allocated as declared and written by the forward, and the bytes the declarations give (what ``modkit
+    build``, ``modkit cost`` and ``generate`` report) equal to the bytes allocated. Tolerance
     :data:`~.base.SAME_MATH_ULPS` float32 ulps of the logit scale.
 
     Catches: cached decode that drifts from the full forward (the ``drifting`` fixture); a RoPE offset off by one in
     the cached path (``rope_offset``: caught with a margin of ~10^3, where the 8-token, 1e-4 version of this
     check had 6.8); a mask aligned top-left (``is_causal=True`` with fewer queries than keys); a ring buffer that
-    forgets or repeats a key. Source: design brief, "Attention and the KV cache" (bottom-right alignment;
-    torchtune #38 for the head count).
+    forgets or repeats a key; a declared cache entry the mixer never writes (``overdeclared``: bytes reported and
+    allocated for nothing). Source: design brief, "Attention and the KV cache" (bottom-right alignment;
+    torchtune #38 for the head count) and "Where the contracts must grow next" (one source of cache bytes).
     """
     if bench.entry.kind == "attention":
         schemes = neighbour_positions(bench)
@@ -144,7 +183,8 @@ def check_kv_cache_decode(bench: Bench) -> str:
         raise CheckSkipped("no position scheme could be combined with it: " + "; ".join(unusable))
     note = f"; not combinable: {', '.join(unusable)}" if unusable else ""
     return (f"cached decode of 64 tokens equals the full forward (worst at {worst_ratio:.2g} of the tolerance {fmt(tol)}) "
-            f"with position {', '.join(passed)}{note}")
+            f"with position {', '.join(passed)}{note}; the cache holds exactly the declared state, every entry written, "
+            "declared bytes = allocated bytes")
 
 
 def applies_masked(entry: Component, config: ComponentConfig) -> Optional[str]:

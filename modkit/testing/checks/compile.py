@@ -67,6 +67,47 @@ def _compile_target(bench: Bench, model: nn.Module, records: list[Record]) -> tu
     return mfn, (bench.ids(b, s, seed=56),), "the tiny model"
 
 
+def _decode_step_compiles(bench: Bench, model: nn.Module) -> tuple[float, int]:
+    """Compile one cached decode step of the tiny model (``fullgraph=True``) and compare it with eager.
+
+    Two caches are prefilled alike in eager mode (6 tokens, row 0 left-padded by 2); one decode step then runs
+    eagerly on the first and compiled on the second: the logits and every cache tensor (whatever state the mixers
+    declare) must agree. Returns ``(max |Δ|, tensors compared)``; raises :class:`CheckFailed`.
+    """
+    ids = bench.ids(2, 7, seed=57)
+    mask = torch.ones(2, 6, dtype=torch.bool, device=bench.device)
+    mask[0, :2] = False
+    caches = [model.new_cache(2, 8), model.new_cache(2, 8)]
+
+    def step(tok: Tensor, cache) -> Tensor:
+        return model(tok, cache=cache).logits
+
+    with torch.no_grad():
+        for c in caches:
+            model(ids[:, :6], attention_mask=mask, cache=c)
+        eager = step(ids[:, 6:], caches[0])
+        try:
+            compiled = torch.compile(step, fullgraph=True, backend=COMPILE_BACKEND)(ids[:, 6:], caches[1])
+        except Exception as exc:  # noqa: BLE001 - any dynamo error means the claim is false
+            msg = " ".join(str(exc).split())
+            raise CheckFailed(
+                f"a cached decode step under torch.compile(fullgraph=True, backend={COMPILE_BACKEND!r}) failed: "
+                f"{type(exc).__name__}: {msg[:400]}"
+            ) from None
+    pairs = [(eager, compiled)]
+    for la, lb in zip(caches[0].layers, caches[1].layers):
+        for key, state in la.mixers.items():
+            pairs += [(t, lb.mixers[key].tensors[n]) for n, t in state.tensors.items()]
+    worst = 0.0
+    for a, c in pairs:
+        d = max_abs_diff(a.float(), c.float()).max().item() if a.numel() else 0.0
+        tol = tolerance(a.float(), torch.float32, SAME_MATH_ULPS)
+        if d > tol:
+            raise CheckFailed(f"a compiled cached decode step differs from eager: max |Δ| = {fmt(d)} (tolerance {fmt(tol)})")
+        worst = max(worst, d)
+    return worst, len(pairs)
+
+
 def _flat(out: Any) -> list[Tensor]:
     if isinstance(out, Tensor):
         return [out]
@@ -78,7 +119,9 @@ def _flat(out: Any) -> list[Tensor]:
 def check_compile(bench: Bench) -> str:
     """``torch.compile(fullgraph=True)`` traces the component's forward without a graph break and matches eager.
 
-    Compiles the module itself (norm, ffn), the attention with and without left padding, the placement's
+    Compiles the module itself (norm, ffn), the attention with and without left padding (and, with the
+    ``kv_cache`` capability, one cached decode step of the tiny model after a left-padded prefill: static shapes
+    over whatever state the mixer declares), the placement's
     block, the position scheme's ``embed``/``rotate``/``attention_bias``; for other kinds the component that
     hosts it (a router: its mixture of experts) or else the tiny model; with backend :data:`COMPILE_BACKEND`.
 
@@ -116,4 +159,12 @@ def check_compile(bench: Bench) -> str:
         if d > tol:
             raise CheckFailed(f"compiled output differs from eager: max |Δ| = {fmt(d)} (tolerance {fmt(tol)})")
         worst = max(worst, d)
-    return f"fullgraph compile of {what} (backend {COMPILE_BACKEND!r}): no graph break; max |Δ| vs eager = {fmt(worst)}"
+    extra = ""
+    if bench.entry.kind == "attention" and bench.entry.capabilities.get("kv_cache") and getattr(bench.config, "causal", True):
+        torch._dynamo.reset()
+        try:
+            d, n = _decode_step_compiles(bench, model)
+        finally:
+            torch._dynamo.reset()
+        extra = f"; a cached decode step too (logits and {n - 1} cache tensors, max |Δ| = {fmt(d)})"
+    return f"fullgraph compile of {what} (backend {COMPILE_BACKEND!r}): no graph break; max |Δ| vs eager = {fmt(worst)}{extra}"

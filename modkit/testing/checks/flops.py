@@ -12,7 +12,8 @@ kernel and modkit's grouped product), and compares, to the FLOP:
   of the components in its subtree (itself and what it built, e.g. an MoE's router).
 
 Shapes: ``(batch, seq)`` = (1, 1), (2, 5), (3, 8) with no cache, and one decoded token per row after a prefill
-into a KV cache (attention with the ``kv_cache`` capability in the model). A component without a declaration is
+into the cache (whatever state the model's mixers declare): a declaration gets ``Workload.past > 0`` there, so a
+mixer with a decode path of its own (MLA's absorbed attention over the latent) is checked on it. A component without a declaration is
 reported ``skipped`` with the reason, never given a number: ``modkit cost`` refuses a model that uses it
 (:class:`modkit.cost.CostError`). Source: design brief, "Costs (FLOPs) are declared by components like parameters,
 and the kit checks the declaration against a measurement".
@@ -71,8 +72,12 @@ def check_flops(bench: Bench) -> str:
     names = {id(m): (f"{root}.{n}" if n else root) for n, m in model.named_modules()}
     targets = [r for r in bench.targets(records) if id(r.module) in names]
 
-    cached = any(getattr(m, "modkit_kind", None) == "attention" for m in model.modules())
-    windows = [w for w in getattr(model, "windows", []) if w is not None]
+    try:  # every layer holds a token mixer that declares (or, an attention, implies) its cache state
+        layout = model.cache_layout()
+    except ValueError:
+        layout = []
+    cached = bool(layout)
+    windows = [sp.window for specs in layout for sp in specs.values() if sp.token_entries and sp.window is not None]
     past = min([DECODE[1]] + [w - 1 for w in windows])  # no ring buffer: the kernel sees exactly past + 1 keys
     runs: list[tuple[str, Workload, dict[str, int]]] = []
     for b, s in SHAPES:
