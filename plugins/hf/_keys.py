@@ -336,6 +336,8 @@ class Rope(Entry):
         layout: the layout of the rotated pairs in the checkpoint's q/k rows (GLM: ``interleaved``).
         theta_key, partial_key: the 4.x top-level keys of the base and of the rotated fraction (GPT-NeoX:
             ``rotary_emb_base``, ``rotary_pct``), read under ``rope_parameters``' values and written on export.
+        default_parameters: the ``rope_parameters`` a config class assumes when a config has neither them nor
+            ``rope_scaling`` (gpt-oss: YaRN, factor 32); an export then writes ``rope_parameters`` too.
     """
 
     default: float = 10000.0
@@ -345,6 +347,7 @@ class Rope(Entry):
     layout: str = "half_split"
     theta_key: str = "rope_theta"
     partial_key: str = "partial_rotary_factor"
+    default_parameters: Optional[Mapping[str, Any]] = None
 
     def config_keys(self, name):
         keys = ("rope_parameters", self.theta_key, "rope_scaling", self.partial_key)
@@ -353,11 +356,15 @@ class Rope(Entry):
     def read(self, r, f, name):
         f["position"] = rope(r, default_theta=self.default, default_partial=self.partial, layout=self.layout,
                              original_at_top=self.original_at_top, max_seq_len=f["max_seq_len"],
-                             theta_key=self.theta_key, partial_key=self.partial_key)
+                             theta_key=self.theta_key, partial_key=self.partial_key,
+                             default_parameters=dict(self.default_parameters or {}))
 
     def write(self, f, base, name):
-        return rope_fields(f["position"], original_at_top=self.original_at_top, always_partial=self.always_partial,
-                           theta_key=self.theta_key, partial_key=self.partial_key)
+        out = rope_fields(f["position"], original_at_top=self.original_at_top, always_partial=self.always_partial,
+                          theta_key=self.theta_key, partial_key=self.partial_key)
+        if self.default_parameters and out:  # a null rope_scaling would mean the class default: say "default"
+            out["rope_parameters"] = rope_parameters(f["position"])
+        return out
 
     def describe(self, name):
         keys = f"`rope_parameters` / `{self.theta_key}`, `rope_scaling`, `{self.partial_key}`"
@@ -367,6 +374,9 @@ class Rope(Entry):
         if self.layout != "half_split":
             how += f", {self.layout} pairs"
         default = f"theta {self.default:g}" + (f", partial {self.partial:g}" if self.partial != 1 else "")
+        if self.default_parameters:
+            extra = ", ".join(f"{k} {v}" for k, v in self.default_parameters.items() if k != "rope_theta")
+            default += f" ({extra})"
         return [(keys, "mapped", default, how)]
 
 
@@ -467,11 +477,14 @@ class SlidingWindow(Entry):
 class QwenWindows(Entry):
     """Qwen's windows: ``sliding_window`` applies only with ``use_sliding_window``, then on the layers that
     ``layer_types`` marks ``sliding_attention`` or, in files without ``layer_types``, on every layer from
-    ``max_window_layers`` on (``Qwen2Config.__post_init__``). Export writes ``layer_types`` and, when the sliding
-    layers form a suffix, the matching ``max_window_layers``."""
+    ``max_window_layers`` on (``Qwen2Config.__post_init__``); with ``alternate`` (Qwen2-MoE), on every other layer
+    (0, 2, 4, ...) below ``max_window_layers`` (``Qwen2MoeConfig.__post_init__``). Without ``use_sliding_window`` the
+    window is not read (Qwen2-MoE writes 0 there). Export writes ``layer_types`` and, when the sliding layers form a
+    suffix, the matching ``max_window_layers``."""
 
     default: Optional[int] = 4096
     max_window_layers: int = 28
+    alternate: bool = False
 
     def config_keys(self, name):
         return ("use_sliding_window", name, "max_window_layers", "layer_types")
@@ -479,7 +492,8 @@ class QwenWindows(Entry):
     def read(self, r, f, name):
         n = f["n_layers"]
         use = r.flag("use_sliding_window", False)
-        window = _read(r, name, "window", self.default, ())  # a present null: no window (Qwen2Config.__post_init__)
+        # a present null: no window (Qwen2Config.__post_init__); not read at all without use_sliding_window
+        window = _read(r, name, "window", self.default, ()) if use else r.get(name) and None
         first = r.number("max_window_layers", self.max_window_layers, integer=True, positive=False)
         types = r.get("layer_types")
         f["layer_types"], f["sliding_window"] = None, window
@@ -488,7 +502,11 @@ class QwenWindows(Entry):
         if types is not None:
             f["layer_types"] = _types(r, types, n)
             return
-        f["layer_types"] = ["sliding_attention" if i >= (first or 0) else "full_attention" for i in range(n)]
+        if self.alternate:
+            slides = [i % 2 == 0 and i < (first or 0) for i in range(n)]
+        else:
+            slides = [i >= (first or 0) for i in range(n)]
+        f["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
 
     def write(self, f, base, name):
         windows = f["windows"]
@@ -501,8 +519,10 @@ class QwenWindows(Entry):
                 "max_window_layers": first if suffix else f["n_layers"]}
 
     def describe(self, name):
+        where = (f"every other layer below {self.max_window_layers}" if self.alternate
+                 else f"from layer {self.max_window_layers}")
         return [("`use_sliding_window`, `sliding_window`, `max_window_layers`, `layer_types`", "mapped",
-                 f"off; window {self.default}, from layer {self.max_window_layers}",
+                 f"off; window {self.default}, {where}",
                  "`sliding_window` of the sliding layers (per-layer overrides)")]
 
 

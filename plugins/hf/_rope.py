@@ -24,6 +24,7 @@ def rope(
     scaling_key: Optional[str] = "rope_scaling",
     default_partial: float = 1.0,
     partial_key: str = "partial_rotary_factor",
+    default_parameters: Optional[dict] = None,
     layout: str = "half_split",
     original_at_top: bool = False,
     max_seq_len: Optional[int] = None,
@@ -52,6 +53,8 @@ def rope(
         theta_key: the 4.x top-level key of the base (Gemma 3 local layers: ``rope_local_base_freq``; GPT-NeoX:
             ``rotary_emb_base``).
         partial_key: the 4.x top-level key of the rotated fraction (GPT-NeoX: ``rotary_pct``).
+        default_parameters: the ``rope_parameters`` of a config that has neither them nor ``rope_scaling`` (gpt-oss's
+            YaRN; the config class's ``__post_init__`` default).
         scaling_key: the 4.x top-level scaling key, or ``None`` when it does not apply to these layers.
         original_at_top: the top-level ``original_max_position_embeddings`` overrides the dict's (Phi-3).
         max_seq_len: the model's ``max_position_embeddings`` (with the config class's default); default the key's
@@ -59,6 +62,8 @@ def rope(
     """
     params = r.get("rope_parameters")
     legacy = r.get(scaling_key) if scaling_key else None
+    if params is None and legacy is None and default_parameters:
+        params = dict(default_parameters)
     top_theta = r.number(theta_key)
     top_partial = r.number(partial_key)
     path = "rope_parameters"
