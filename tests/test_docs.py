@@ -589,6 +589,9 @@ def test_hugging_face_page_lists_every_model_type(pages, registry):
                             ("placement", layer.placement.type), ("position", spec.position.type)):
             assert f"[`{type_}`](../components/{kind}/{type_}.md)" in row, (t, kind, row)
         assert set(re.findall(r"\(\.\./gallery/([^)]+)\.md\)", row)) == from_gallery.get(t, set()), t
+        declared = getattr(registry.hf_converter(t).declaration, "supports", None)
+        if declared is not None:  # the summary table says what the type's tables convert
+            assert f"| [`{t}`](#{t}) | {', '.join(declared())} |" in page, t
     assert from_gallery, "specs/ holds converted models"
 
 

@@ -44,9 +44,17 @@ def _text(value: Any) -> str:
 
 
 class Entry:
-    """One row of a config table (subclasses are frozen dataclasses)."""
+    """One row of a config table (subclasses are frozen dataclasses).
+
+    ``SETS``: the fields (:data:`._spec.FIELDS`) the row can set; what the reference page's "supports" summary reads.
+    """
 
     status: ClassVar[str] = "mapped"
+    SETS: ClassVar[tuple[str, ...]] = ()
+
+    def sets(self) -> tuple[str, ...]:
+        """The fields this row can set (``SETS`` unless a row knows better)."""
+        return self.SETS
 
     def config_keys(self, name: str) -> tuple[str, ...]:
         """The config keys this row reads (its name, aliases, the other keys of a group)."""
@@ -132,6 +140,9 @@ class Key(Entry):
 
     def config_keys(self, name):
         return (name, *self.aliases)
+
+    def sets(self):
+        return self.fields
 
     def read(self, r, f, name):
         default = self.default(f) if callable(self.default) else self.default
@@ -234,9 +245,13 @@ class Own(Entry):
 
     keys: tuple[str, ...]
     note: str
+    fields: tuple[str, ...] = ()
 
     def config_keys(self, name):
         return self.keys
+
+    def sets(self):
+        return self.fields
 
     def describe(self, name):
         return [(", ".join(f"`{k}`" for k in self.keys), self.status, "–", self.note)]
@@ -258,6 +273,8 @@ class HeadDim(Entry):
     ``derived`` (a reason): the type always derives ``head_dim = d_model // n_heads`` and refuses another value
     (Phi, OLMoE size their norms from it). ``in_config=False``: the config has no such key (GPT-2, BERT, Falcon).
     """
+
+    SETS: ClassVar[tuple[str, ...]] = ('head_dim',)
 
     default: Optional[int] = None
     derived: Optional[str] = None
@@ -299,6 +316,8 @@ class HeadDim(Entry):
 class KVHeads(Entry):
     """The key/value head count (absent or null: ``default``, else ``n_heads``), checked to divide ``n_heads``."""
 
+    SETS: ClassVar[tuple[str, ...]] = ('n_kv_heads',)
+
     default: Optional[int] = None
 
     def read(self, r, f, name):
@@ -339,6 +358,8 @@ class Rope(Entry):
         default_parameters: the ``rope_parameters`` a config class assumes when a config has neither them nor
             ``rope_scaling`` (gpt-oss: YaRN, factor 32); an export then writes ``rope_parameters`` too.
     """
+
+    SETS: ClassVar[tuple[str, ...]] = ('position',)
 
     default: float = 10000.0
     partial: float = 1.0
@@ -389,6 +410,8 @@ class RopeByLayerType(Entry):
     ``nested``: export writes ``rope_parameters`` nested per layer type (when ``local_key`` is ``rope_theta``
     itself, the 4.x form cannot hold two bases).
     """
+
+    SETS: ClassVar[tuple[str, ...]] = ('position', 'position_by_type')
 
     default: float = 1_000_000.0
     local_default: float = 10_000.0
@@ -459,6 +482,8 @@ class SlidingWindow(Entry):
     """``sliding_window`` on every layer (a present null: global attention everywhere, as transformers' mask then
     is; Mistral, Mixtral, Phi-3)."""
 
+    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+
     default: Optional[int] = None
 
     def read(self, r, f, name):
@@ -481,6 +506,8 @@ class QwenWindows(Entry):
     (0, 2, 4, ...) below ``max_window_layers`` (``Qwen2MoeConfig.__post_init__``). Without ``use_sliding_window`` the
     window is not read (Qwen2-MoE writes 0 there). Export writes ``layer_types`` and, when the sliding layers form a
     suffix, the matching ``max_window_layers``."""
+
+    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
 
     default: Optional[int] = 4096
     max_window_layers: int = 28
@@ -534,6 +561,8 @@ class LayerTypes(Entry):
     ``pattern_key``: the 4.x config key holding the pattern (read whenever present; also under ``_`` + the key).
     """
 
+    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+
     default: Optional[int] = 4096
     pattern: int = 2
     pattern_key: Optional[str] = None
@@ -572,6 +601,8 @@ class UseSlidingWindow(Entry):
     """``sliding_window`` on every layer, only with ``use_sliding_window`` (Qwen3-MoE: ``Qwen3MoeConfig`` sets the window
     to null otherwise, and its attention and mask then read it for every layer)."""
 
+    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+
     default: Optional[int] = 4096
 
     def config_keys(self, name):
@@ -609,6 +640,8 @@ class SparseStep(Entry):
     (``Qwen2MoeDecoderLayer``, ``Qwen3MoeDecoderLayer``). Export writes the source's step when it explains the
     mixture layers, else 1, and lists every other dense layer in ``mlp_only_layers``."""
 
+    SETS: ClassVar[tuple[str, ...]] = ('moe', 'moe_layers')
+
     def config_keys(self, name):
         return (name, "mlp_only_layers")
 
@@ -643,6 +676,8 @@ class SparseStep(Entry):
 class FirstDense(Entry):
     """DeepSeek's mixture layers: the first ``first_k_dense_replace`` layers are dense FFNs of ``intermediate_size``,
     every later one a mixture (``DeepseekV3DecoderLayer``)."""
+
+    SETS: ClassVar[tuple[str, ...]] = ('moe', 'moe_layers')
 
     default: int = 3
 

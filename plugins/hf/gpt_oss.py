@@ -38,6 +38,8 @@ YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0
 class ClampedSwiGLU(Entry):
     """``swiglu_alpha`` and ``swiglu_limit`` → ``expert_clamp`` (the experts' ``swiglu_clamped`` ``alpha``, ``limit``)."""
 
+    SETS = ('expert_clamp',)
+
     alpha: float = 1.702
     limit: float = 7.0
 

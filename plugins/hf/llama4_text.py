@@ -43,6 +43,8 @@ class Llama4Layers(Entry):
     """Every per-layer choice of Llama 4: NoPE layers, chunked layers, the QK-norm and temperature tuning they imply,
     and the mixture layers (see the module docstring)."""
 
+    SETS = ('positions', 'layer_types', 'attention_chunk_size', 'attention_by_layer', 'moe', 'moe_layers')
+
     interval: int = 4
     chunk: int = 8192
 
