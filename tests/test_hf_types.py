@@ -77,6 +77,11 @@ FIXTURES = [
 ]
 
 
+#: fixtures whose transformers reference changes with left padding, so its logits are compared row by row, each row
+#: unpadded (modkit's own padding invariance is still checked on the padded batch): Llama 4's temperature tuning
+#: takes the cache slot index as the position, which counts the padding
+UNPADDED_REFERENCE = {"llama4_text"}
+
 _BUILT: dict = {}
 
 
@@ -132,7 +137,14 @@ def test_logits_equal_transformers_on_a_left_padded_batch(name, built):
     ids, mask = batch(97)
     got = ours_output(model, ids, mask, "causal")
     assert torch.isfinite(got[mask.bool()]).all()
-    diff = max_real_diff(got, hf_output(hf, ids, mask, "causal"), mask)
+    if name in UNPADDED_REFERENCE:
+        diff = 0.0
+        for row in range(ids.shape[0]):
+            real = ids[row : row + 1, mask[row].bool()]
+            ones = torch.ones_like(real)
+            diff = max(diff, max_real_diff(got[row : row + 1, mask[row].bool()], hf_output(hf, real, ones, "causal"), ones))
+    else:
+        diff = max_real_diff(got, hf_output(hf, ids, mask, "causal"), mask)
     print(f"\n[types] {name:12s} max|modkit - transformers| = {diff:.2e}")
     assert diff <= TOL
 

@@ -47,7 +47,8 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "attention_by_layer": (None, "per layer, attention fields merged into that layer's attention (Llama 4: the QK-norm of "
                            "RoPE layers, the temperature tuning of NoPE layers)"),
     "mla": (None, "multi-head latent attention in place of q/k/v attention: the mla fields beyond n_heads "
-            "(q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, bias, yarn_mscale)"),
+            "(q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, bias, yarn_mscale; latent_norm, "
+            "default the model's norm)"),
     "position": (None, "the position spec of every layer"),
     "position_by_type": (None, "position spec per layer type, when they differ (Gemma 3's local and global RoPE)"),
     "positions": (None, "position spec per layer, when layers differ otherwise (NoPE layers)"),
@@ -340,7 +341,7 @@ def attention_spec(f: Mapping[str, Any], layer_type: str, norm: dict, extra: Opt
     """The attention of a layer of ``layer_type``: ``mla`` when the fields hold one, else ``mha``/``mqa``/``gqa`` with
     the window (``sliding_attention``) or the chunk (``chunked_attention``), sinks, and ``extra`` fields merged in."""
     if f["mla"] is not None:
-        spec: dict[str, Any] = {"type": "mla", "n_heads": f["n_heads"], **dict(f["mla"]), "latent_norm": norm}
+        spec: dict[str, Any] = {"type": "mla", "n_heads": f["n_heads"], "latent_norm": norm, **dict(f["mla"])}
         if f["softmax_scale"] is not None:
             spec["softmax_scale"] = f["softmax_scale"]
     else:
@@ -419,7 +420,8 @@ def _layer_type(att) -> str:
 
 
 #: the fields of an ``mla`` config that the ``mla`` field holds
-MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "bias", "yarn_mscale")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "bias", "yarn_mscale",
+              "latent_norm")
 
 
 def fields_of(spec) -> dict[str, Any]:
