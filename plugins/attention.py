@@ -274,7 +274,7 @@ class Attention(nn.Module):
         bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (
             self.causal and bias is None and k_valid is None and self.sliding_window is None
-            and self.attention_chunk_size is None and self.sinks is None
+            and self.attention_chunk_size is None and self.sinks is None and inputs.documents is None
             and k_pos is q_pos and not need_weights and self.backend == "sdpa" and self.logit_softcap is None
         )
         if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel
@@ -388,6 +388,7 @@ def register_components(register) -> None:
                     "compile_safe": True,
                     "returns_weights": True,
                     "attention_dropout": True,
+                    "document_mask": True,  # prepare_mask keeps each query inside its document
                     # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads, and the
                     # sink logits (when present) are sharded with the query heads
                     "tp_plan": {
