@@ -74,6 +74,34 @@ FIXTURES = [
     ("qwen3_moe", "Qwen3MoeConfig", dict(**GQA, head_dim=16, num_hidden_layers=4, moe_intermediate_size=32, num_experts=4,
         num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[2], use_sliding_window=True, sliding_window=4,
         attention_bias=True, **SMALL)),
+    # Qwen2-MoE: 4 experts top-2 (not renormalised) of width 32 beside a sigmoid-gated shared expert (48), mixtures
+    # on every second layer (decoder_sparse_step 2) except layer 3 (mlp_only_layers), dense SwiGLU (96) elsewhere;
+    # windows on layers 0 and 2 (every other layer below max_window_layers 3), q/k/v biases
+    ("qwen2_moe", "Qwen2MoeConfig", dict(**GQA, num_hidden_layers=6, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=2,
+        mlp_only_layers=[3], use_sliding_window=True, sliding_window=4, max_window_layers=3, **SMALL)),
+    # gpt-oss: sinks, sliding (window 4) / full layers, attention biases, router with a bias, 4 clamped-SwiGLU
+    # experts with biases top-2 (limit 1.5, so the clamps bind), interleaved gate_up_proj, YaRN over 16 positions
+    ("gpt_oss", "GptOssConfig", dict(**GQA, head_dim=16, num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=4, swiglu_limit=1.5,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 16, "rope_theta": 150000.0}, **SMALL)),
+    # Llama 4: chunked attention (chunk 4) on the RoPE layers, NoPE on every third layer with temperature tuning
+    # (floor_scale 4, so it acts within the test), L2 QK-norm on the RoPE layers, mixtures on every second layer
+    # (interleave_moe_layer_step 2) of 4 experts top-1 weighting their input, a shared expert, dense SwiGLU (80)
+    ("llama4_text", "Llama4TextConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=6, intermediate_size=32, intermediate_size_mlp=80, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, no_rope_layer_interval=3, attention_chunk_size=4, floor_scale=4, attn_scale=0.5,
+        **SMALL)),
+    # DeepSeek-V3: latent attention (q_lora_rank 24, kv_lora_rank 16, rope/nope/v head widths 8/8/12, interleaved
+    # rotary rows, YaRN with mscale_all_dim), a dense first layer, then 8 experts top-2 in 4 groups of which 2 are
+    # kept, routed scaling 2.5, renormalised, 2 shared experts
+    ("deepseek_v3", "DeepseekV3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+        num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=4, topk_group=2, n_shared_experts=2, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}, **SMALL)),
 ]
 
 
@@ -94,6 +122,18 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+def _perturb_saved_buffers(hf) -> None:
+    """Saved float buffers off their init too (DeepSeek-V3's ``e_score_correction_bias``, zeros at init, which then
+    changes which experts are chosen), seeded."""
+    g = torch.Generator().manual_seed(3)
+    saved = set(hf.state_dict())
+    params = {name for name, _ in hf.named_parameters()}
+    with torch.no_grad():
+        for name, buf in hf.named_buffers():
+            if name in saved and name not in params and buf.is_floating_point():
+                buf.add_(torch.randn(buf.shape, generator=g, dtype=buf.dtype) * 0.2)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``name -> (transformers model, saved folder, modkit model)``, each built once."""
@@ -104,6 +144,7 @@ def built(tmp_path_factory):
             w = _quiet()
             try:
                 hf = make_hf(getattr(transformers, cls), kwargs, "causal")  # every parameter off its init
+                _perturb_saved_buffers(hf)
                 folder = tmp_path_factory.mktemp(name) / "hf"
                 hf.save_pretrained(folder)
             finally:

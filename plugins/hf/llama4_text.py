@@ -38,6 +38,11 @@ MODEL_TYPE = "llama4_text"
 LAYER_KINDS = ("full_attention", "chunked_attention")
 
 
+def _int_if_whole(value: float):
+    """``floor_scale`` as ``Llama4TextConfig`` types it (an int) when it is whole."""
+    return int(value) if float(value).is_integer() else value
+
+
 @dataclass(frozen=True)
 class Llama4Layers(Entry):
     """Every per-layer choice of Llama 4: NoPE layers, chunked layers, the QK-norm and temperature tuning they imply,
@@ -96,7 +101,6 @@ class Llama4Layers(Entry):
         f["moe"] = any(f["moe_layers"])
 
     def write(self, f, base, name):
-        n = f["n_layers"]
         flags = [0 if getattr(p, "type", None) == "none" else 1 for p in f["positions"]]
         atts = f["attentions"]
         qk = [getattr(a, "qk_norm", None) is not None for a in atts]
@@ -111,11 +115,11 @@ class Llama4Layers(Entry):
             "layer_types": ["chunked_attention" if t == "chunked_attention" else "full_attention" for t in f["layer_types"]],
             "use_qk_norm": any(qk),
             "attn_temperature_tuning": tuning is not None,
-            "floor_scale": tuning.floor_scale if tuning is not None else base.get("floor_scale", 8192),
+            "floor_scale": _int_if_whole(tuning.floor_scale) if tuning is not None else base.get("floor_scale", 8192),
             "attn_scale": tuning.attn_scale if tuning is not None else base.get("attn_scale", 0.1),
             "moe_layers": moe,
             "interleave_moe_layer_step": base.get("interleave_moe_layer_step") or 1,
-        } if n else {}
+        }
 
     def describe(self, name):
         return [
