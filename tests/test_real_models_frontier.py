@@ -26,12 +26,31 @@ SPEC_FILES = {
     "pythia-160m": "pythia-160m.json",
     "pythia-6.9b": "pythia-6.9b.json",
     "qwen3-30b-a3b": "qwen3-30b-a3b.json",
+    "deepseek-v3": "deepseek-v3.json",
+    "gpt-oss-20b": "gpt-oss-20b.json",
+    "gpt-oss-120b": "gpt-oss-120b.json",
+    "llama-4-scout-17b-16e": "llama-4-scout-17b-16e.json",
 }
 MODELS = sorted(SPEC_FILES)
 
+#: the RoPE keys of the published ``config.json`` files, which the frontier data leaves out (they do not change a
+#: count); the shipped specs are converted with them, so that they also hold the models' positions (gpt-oss's
+#: YaRN is transformers' default). deepseek-ai/DeepSeek-V3, Qwen/Qwen3-30B-A3B and meta-llama/Llama-4-Scout-17B-16E
+#: (``text_config``) config.json
+PUBLISHED = {
+    "deepseek-v3": {"rope_theta": 10000, "rope_scaling": {
+        "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096, "type": "yarn"}},
+    "qwen3-30b-a3b": {"rope_theta": 1000000.0},
+    "llama-4-scout-17b-16e": {"rope_theta": 500000.0, "rope_scaling": {
+        "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+        "rope_type": "llama3"}},
+}
 
-def _config(model: str) -> dict:
-    return json.loads((DATA / model / "config.json").read_text())
+
+def _config(model: str, published: bool = False) -> dict:
+    config = json.loads((DATA / model / "config.json").read_text())
+    return {**config, **PUBLISHED.get(model, {})} if published else config
 
 
 def _transformers_count(config: dict) -> int:
@@ -69,7 +88,7 @@ def test_shipped_spec_has_transformers_count(model):
 @pytest.mark.parametrize("model", MODELS)
 def test_shipped_spec_is_the_converted_config(model):
     shipped = modkit.load_spec(SPECS / SPEC_FILES[model]).to_dict()
-    converted = modkit.from_hf_config(_config(model)).to_dict()
+    converted = modkit.from_hf_config(_config(model, published=True)).to_dict()
     for d in (shipped, converted):
         d.pop("name"), d.pop("description")
     assert shipped == converted
@@ -79,15 +98,44 @@ def test_the_counts():
     assert EXPECTED["pythia-160m"]["total"] == 162_322_944
     assert EXPECTED["pythia-6.9b"]["total"] == 6_857_302_016
     assert EXPECTED["qwen3-30b-a3b"]["total"] == 30_532_122_624
+    assert EXPECTED["deepseek-v3"]["total"] == 671_026_404_352
+    assert EXPECTED["gpt-oss-20b"]["total"] == 20_914_757_184
+    assert EXPECTED["gpt-oss-120b"]["total"] == 116_829_156_672
+    assert EXPECTED["llama-4-scout-17b-16e"]["total"] == 107_769_861_120
 
 
-def test_qwen3_moe_active_parameters_per_token():
-    """Of 128 experts a token uses 8: 48 layers x 120 unused experts x 3 x 2048 x 768 fewer than the total."""
-    model = modkit.build(modkit.load_spec(SPECS / "qwen3-30b-a3b.json"), device="meta")
-    assert modkit.active_params_per_token(model) == 30_532_122_624 - 48 * 120 * 3 * 2048 * 768 == 3_353_032_704
+#: active parameters per token (modkit.active_params_per_token: every parameter but the routed experts a token does
+#: not use), with the arithmetic: layers x unused experts x one expert's parameters
+ACTIVE = {
+    "qwen3-30b-a3b": (48 * (128 - 8) * 3 * 2048 * 768, 3_353_032_704),
+    "deepseek-v3": (58 * (256 - 8) * 3 * 7168 * 2048, 37_552_282_624),
+    # a gpt-oss expert: gate, up, down of 2880 x 2880 and their biases
+    "gpt-oss-20b": (24 * (32 - 4) * (3 * 2880 * 2880 + 3 * 2880), 4_187_440_704),
+    "gpt-oss-120b": (36 * (128 - 4) * (3 * 2880 * 2880 + 3 * 2880), 5_711_982_912),
+    "llama-4-scout-17b-16e": (48 * (16 - 1) * 3 * 5120 * 8192, 17_172_894_720),
+}
 
 
-@pytest.mark.parametrize("model", ["pythia-160m"])
+@pytest.mark.parametrize("model", sorted(ACTIVE))
+def test_active_parameters_per_token(model):
+    unused, active = ACTIVE[model]
+    built = modkit.build(modkit.load_spec(SPECS / SPEC_FILES[model]), device="meta")
+    assert modkit.active_params_per_token(built) == EXPECTED[model]["total"] - unused == active
+    assert f"{active:,}" in modkit.load_spec(SPECS / SPEC_FILES[model]).description
+
+
+def test_gpt_oss_published_figures():
+    """OpenAI's model card (arXiv:2508.10925, Table 1) gives 20.91B / 116.83B total and 3.61B / 5.13B active
+    parameters: its active count leaves out the token embedding (201,088 x 2880), which a token reads one row of."""
+    embedding = 201_088 * 2880
+    for model, total, active in (("gpt-oss-20b", 20.91e9, 3.61e9), ("gpt-oss-120b", 116.83e9, 5.13e9)):
+        assert round(EXPECTED[model]["total"] / 1e7) == round(total / 1e7)
+        assert round((ACTIVE[model][1] - embedding) / 1e7) == round(active / 1e7)
+
+
+
+
+@pytest.mark.parametrize("model", ["pythia-160m", "gpt-oss-120b"])
 def test_expected_is_transformers_count(model):
     """The recorded figure is what transformers builds from the config (checked here for the quick ones)."""
     assert _transformers_count(_config(model)) == EXPECTED[model]["total"]

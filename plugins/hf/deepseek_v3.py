@@ -23,6 +23,10 @@ Semantics: ``transformers/models/deepseek_v3/{configuration,modeling}_deepseek_v
 * the multi-token-prediction module (``num_nextn_predict_layers``) is not part of the causal LM transformers builds;
   its tensors (DeepSeek-V3's ``model.layers.61``) are carried along, not computed.
 
+Published configs also hold keys of DeepSeek's own modeling code: ``scoring_func``, ``topk_method`` and
+``moe_layer_freq`` are checked to be the one setting transformers implements, ``seq_aux``, ``aux_loss_alpha`` and
+``ep_size`` (training and deployment settings) are ignored.
+
 On disk each expert is ``mlp.experts.{e}.{gate,up,down}_proj``, the router ``mlp.gate`` with its
 ``e_score_correction_bias``, the shared experts ``mlp.shared_experts``.
 """
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._keys import Entry, FirstDense, Ignore, Key, Rope, _read, sizes
+from ._keys import Entry, FirstDense, Ignore, Key, Refuse, Rope, _read, sizes
 from ._spec import rmsnorm
 from ._weights import StackExperts, W
 from .llama import LLAMA, L
@@ -139,6 +143,13 @@ DEEPSEEK_V3 = LLAMA.derive(
         "num_mtp_layers": Ignore("the multi-token-prediction module is not part of the causal LM"),
         "num_nextn_predict_layers": Ignore("the multi-token-prediction module is not part of the causal LM (the older name)"),
         "output_router_logits": Ignore("switches router-logit outputs on in training", carry=False),
+        # keys of the published configs (written for DeepSeek's own modeling code), which transformers does not read
+        "scoring_func": Refuse("sigmoid", "the router scores are sigmoids (DeepseekV3TopkRouter)"),
+        "topk_method": Refuse("noaux_tc", "experts are chosen by the biased scores inside the best groups (noaux_tc)"),
+        "moe_layer_freq": Refuse(1, "every layer after first_k_dense_replace holds a mixture"),
+        "seq_aux": Ignore("DeepSeek's sequence-wise balance loss switch (training only)"),
+        "aux_loss_alpha": Ignore("weight of DeepSeek's balance loss (training only; transformers computes none)"),
+        "ep_size": Ignore("expert-parallel degree of DeepSeek's inference code (a deployment setting)"),
     },
     fixed={"router": "sigmoid_topk", "correction_bias": True},
     tensors=(

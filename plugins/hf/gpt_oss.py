@@ -16,14 +16,16 @@ Semantics: ``transformers/models/gpt_oss/{configuration,modeling}_gpt_oss.py``:
 * on disk the experts are stacked: ``gate_up_proj [n_experts, d_model, 2 d_ff]`` with the gate at even and the up
   projection at odd columns (its bias ``[n_experts, 2 d_ff]`` likewise), ``down_proj [n_experts, d_ff, d_model]``.
 
-Published configs hold ``rope_scaling`` (4.x) in place of ``rope_parameters``; both are read.
+Published configs hold ``rope_scaling`` (4.x) in place of ``rope_parameters``; both are read. They also carry
+``experts_per_token`` (must equal ``num_experts_per_tok``) and ``initial_context_length`` (ignored), which
+``GptOssConfig`` does not read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._keys import Entry, HeadDim, Ignore, Key, KVHeads, LayerTypes, Rope, sizes
+from ._keys import Entry, HeadDim, Ignore, Key, KVHeads, LayerTypes, Rope, Same, sizes
 from ._weights import Concat, W
 from .llama import LLAMA, L
 
@@ -84,6 +86,9 @@ GPT_OSS = LLAMA.derive(
         "swiglu_alpha": ClampedSwiGLU(),
         "router_aux_loss_coef": Key("aux_loss_coef", 0.001, kind="nonneg"),
         "output_router_logits": Ignore("switches the aux-loss computation on in training", carry=False),
+        # keys of the published configs that GptOssConfig does not read
+        "experts_per_token": Same("top_k", "a duplicate of num_experts_per_tok in the published configs"),
+        "initial_context_length": Ignore("the trained length before YaRN (rope_scaling's original_max_position_embeddings)"),
     },
     # the softmax over the top-k logits is the renormalised top-k of the softmax
     fixed={"moe": True, "renormalize": True, "router_bias": True, "expert_bias": True, "sinks": True},

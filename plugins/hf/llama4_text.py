@@ -12,7 +12,7 @@ Semantics: ``transformers/models/llama4/{configuration,modeling}_llama4.py`` (``
   ``full_attention``): a chunked layer's queries see only keys of their own chunk (``attention_chunk_size``);
 * ``use_qk_norm``: the RoPE layers' q and k go through a weightless L2 norm (``l2norm``, ``rms_norm_eps``; after the
   rotation in transformers, which a norm-preserving rotation makes the same);
-* ``attn_temperature_tuning``: the NoPE layers' queries times ``log(floor((p + 1) / floor_scale) + 1) · attn_scale +
+* ``attn_temperature_tuning`` (published configs write ``4``, read as true): the NoPE layers' queries times ``log(floor((p + 1) / floor_scale) + 1) · attn_scale +
   1`` (``temperature_tuning``). transformers takes ``p`` from the cache slot, which counts left padding; modkit takes
   each token's own position, so the two agree on unpadded rows and modkit is unchanged by padding;
 * the mixture layers ``moe_layers`` (default: every ``interleave_moe_layer_step``-th layer, from layer
@@ -77,7 +77,12 @@ class Llama4Layers(Entry):
             r.error("attention_chunk_size", "is null, but layer_types has chunked_attention layers; give the chunk or "
                     "mark those layers full_attention")
         qk_norm = r.flag("use_qk_norm", True)
-        tuning = r.flag("attn_temperature_tuning", True)
+        tuning = r.get("attn_temperature_tuning", True)
+        if isinstance(tuning, int) and not isinstance(tuning, bool):
+            tuning = tuning != 0  # Meta's published configs write 4, which transformers 4.x reads as true
+        elif not isinstance(tuning, bool):
+            r.error("attn_temperature_tuning", f"must be true or false, got {json_value(tuning)}")
+            tuning = True
         floor_scale = r.number("floor_scale", 8192)
         attn_scale = r.number("attn_scale", 0.1, positive=False, minimum=0)
         extras = []
