@@ -48,6 +48,7 @@ from .interfaces import AttentionInputs
 __all__ = [
     "PreparedMask",
     "attention_mask",
+    "is_plain_causal",
     "masked_attention",
     "masked_softmax",
     "position_bias",
@@ -237,6 +238,19 @@ def prepare_mask(
         if scratch is not None:
             scratch[key] = prepared
     return prepared
+
+
+def is_plain_causal(inputs: AttentionInputs, k_pos: Tensor, k_valid: Optional[Tensor], bias: Optional[Tensor]) -> bool:
+    """Whether SDPA's ``is_causal=True`` alone gives this layer's mask: the fast path's one shared condition.
+
+    True only for one fresh sequence attending to itself: the keys are the queries' own tokens (``k_pos is
+    inputs.positions``: no cache, or an empty one), every key is valid (``k_valid is None``), no additive position
+    bias, and no document-masked packing (``inputs.documents is None``: with documents a token must not see the
+    earlier documents of its row, which ``is_causal`` cannot express). A mixer adds its own conditions (a window, a
+    chunk, sinks, a soft cap) on top. Every built-in attention asks this before taking the causal kernel, so a
+    condition added to the inputs later is honoured by all of them at once.
+    """
+    return bias is None and k_valid is None and k_pos is inputs.positions and inputs.documents is None
 
 
 def position_bias(inputs: AttentionInputs, k_pos: Tensor, n_heads: int) -> Optional[Tensor]:

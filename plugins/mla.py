@@ -55,7 +55,9 @@ from modkit import (
     AttentionInputs, BuildContext, CacheEntry, CacheSpec, Component, ComponentConfig, PositionGeometry, Slot, Workload,
     hookimpl,
 )
-from modkit.attention import masked_attention, masked_softmax, position_bias, prepare_mask, update_cache_entries
+from modkit.attention import (
+    is_plain_causal, masked_attention, masked_softmax, position_bias, prepare_mask, update_cache_entries,
+)
 from modkit.config import StrictModel
 from modkit.limits import HeadCount, HeadDim
 from modkit.parallel import shared_by_heads
@@ -210,7 +212,7 @@ class MLA(nn.Module):
         k_nope, v = self.kv_b_proj(c_all).view(b, kv, h, -1).transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], -1)
         k = torch.cat([k_nope, k_rope_all[:, None].expand(b, h, kv, self.qk_rope_head_dim)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)
-        simple = bias is None and k_valid is None and k_pos is inputs.positions and not need_weights
+        simple = is_plain_causal(inputs, k_pos, k_valid, bias) and not need_weights
         if simple:  # one fresh causal sequence: SDPA's causal kernel
             out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
             return out, None
@@ -325,6 +327,7 @@ def register_components(register) -> None:
             capabilities={
                 "causal_safe": True,
                 "kv_cache": True,
+                "document_mask": True,
                 "compile_safe": True,
                 "returns_weights": True,
                 "attention_dropout": True,

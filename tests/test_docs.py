@@ -1062,8 +1062,8 @@ def test_site_plugin_guide_lists_render_as_lists(built_site, browser):
     browser.goto((built_site["site"] / "guides" / "writing-a-plugin.html").as_uri())
     items = browser.eval("[...document.querySelectorAll('.md-content li')].map(li => li.textContent.replace(/\\s+/g, ' ').trim())")
     for start in ("param_count(config, ctx) -> int is the exact number", "flops(config, ctx, work) -> {part: FLOPs}",
-                  "example: a valid config", "keep the input dtype", "expose n_heads, n_kv_heads and head_dim",
-                  "modkit.update_cache(inputs, k, v): stores"):
+                  "example: a valid config", "keep the input dtype", "expose n_heads; declare what the cache keeps",
+                  "modkit.update_cache(inputs, k, v, mixer=self): stores"):
         assert any(i.startswith(start) for i in items), f"no list item starting {start!r}"
     paragraphs = browser.eval("[...document.querySelectorAll('.md-content p')].map(p => p.textContent)")
     assert not [p for p in paragraphs if "* `" in p or p.lstrip().startswith("* ")], "a list rendered as literal asterisks"
