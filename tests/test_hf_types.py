@@ -9,7 +9,9 @@ windows shorter than the test sequence, NoPE layers, biases, fused layouts...) i
 3. left padding changes nothing: each padded row's real-token logits equal those of the row run alone, unpadded;
 4. greedy decoding with modkit's KV cache gives the tokens of transformers' ``generate``;
 5. ``modkit.to_hf`` writes a folder that transformers loads with the same logits (1e-5), every tensor bitwise
-   equal to the original file's, and whose ``config.json`` converts back to the same spec.
+   equal to the original file's, and whose ``config.json`` converts back to the same spec;
+6. sharded both ways: transformers' ``save_pretrained`` in small shards loads to the same weights, and
+   ``modkit.to_hf`` in small shards writes the same tensors under the same index a transformers model loads.
 
 A new model type costs one entry: ``(id, transformers config class name, config kwargs)``. transformers is a
 test-only reference (nothing under ``modkit/`` or ``plugins/`` imports it).
@@ -233,3 +235,38 @@ def test_export_loads_back_in_transformers(name, built, tmp_path):
     for d in (a, b):
         d.pop("name"), d.pop("description")
     assert a == b
+
+
+#: shard limit of the sharded round trip: a few tensors per shard, so fused and stacked tensors land in
+#: different files from their neighbours
+SHARD_BYTES = 20_000
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_sharded_checkpoints_both_ways(name, built, tmp_path):
+    hf, folder, model = built(name)
+    w = _quiet()
+    try:
+        hf.save_pretrained(tmp_path / "theirs", max_shard_size=SHARD_BYTES)
+    finally:
+        w.__exit__(None, None, None)
+    assert (tmp_path / "theirs" / "model.safetensors.index.json").is_file()
+    loaded = modkit.from_hf(tmp_path / "theirs")
+    want = model.state_dict()
+    got = loaded.state_dict()
+    assert sorted(got) == sorted(want)
+    for k, t in want.items():
+        assert torch.equal(got[k], t), k
+    out = modkit.to_hf(model, tmp_path / "ours", max_shard_size=SHARD_BYTES)
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 1 and not (out / "model.safetensors").exists()
+    original, exported = file_tensors(folder), file_tensors(out)
+    assert sorted(exported) == sorted(original)
+    for k, t in original.items():
+        assert torch.equal(exported[k], t), k
+    w = _quiet()
+    try:
+        back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    finally:
+        w.__exit__(None, None, None)
+    for k, t in hf.state_dict().items():
+        assert torch.equal(back.state_dict()[k], t), k
