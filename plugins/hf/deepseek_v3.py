@@ -34,6 +34,7 @@ On disk each expert is ``mlp.experts.{e}.{gate,up,down}_proj``, the router ``mlp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ._keys import Entry, FirstDense, Ignore, Key, Refuse, Rope, _read, sizes
 from ._spec import rmsnorm
@@ -52,7 +53,9 @@ class LatentAttention(Entry):
     softmax-scale correction, and the head counts transformers derives (``head_dim``, ``qk_head_dim``) or requires
     (``num_key_value_heads`` = ``num_attention_heads``)."""
 
-    SETS = ("mla", "position", "n_kv_heads")
+    SETS = ("mla", "position")
+    #: the RoPE layout ``rope_interleave`` gives by default (what the reference page reads off a row)
+    layout: ClassVar[str] = "interleaved"
 
     KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "attention_bias",
             "rope_interleave", "num_key_value_heads", "head_dim", "qk_head_dim")
