@@ -453,3 +453,41 @@ def test_the_guide_shows_deepseek_v3_and_gpt_oss_as_computed(capsys, monkeypatch
                           ("scores + weighted sum, FLOPs per prefill token", row["prefill"]),
                           ("KV cache held per sequence (bytes)", cache), ("sinks (parameters)", [64, 64])):
         assert f"| {label} | {fmt(values)} |" in guide, label
+
+
+def test_the_guide_s_deepseek_v3_and_gpt_oss_prose_figures():
+    """The figures the cost guide's DeepSeek-V3 / gpt-oss-120b prose derives by hand, recomputed: the active-parameter
+    sum, the latent against the expanded cache, attention's share of the FLOPs, gpt-oss's active count without the
+    embedding, its sinks."""
+    from modkit.cost import active_params_per_token
+
+    guide = (REPO / "docs" / "guides" / "cost.md").read_text()
+    section = guide[guide.index("## Example: DeepSeek-V3"):guide.index("## The explainers")]
+    ds = _cost(SPECS / "deepseek-v3.json")
+    params = ds.params()
+    active = active_params_per_token(ds.model)
+    d, experts = 7168, 8 + 1
+    by_hand = (params["attention"] + 3 * 3 * d * 18432 + 58 * (d * 256 + experts * 3 * d * 2048) + params["norm"]
+               + params["embedding"] + params["lm_head"])
+    assert by_hand == active == 37_552_282_624 and f"{params['attention']:,} (attention)" in section
+    n = 131072
+    latent = ds.kv_cache_bytes(n, 1, "bfloat16")
+    expanded = 61 * 128 * (192 + 128) * 2
+    assert ds.kv_cache_bytes_per_token("bfloat16") == 61 * (512 + 64) * 2
+    assert f"{latent:,} bytes = {latent / 2**30:.2f} GiB" in section
+    assert f"{expanded:,} bytes per token, {expanded * n / 2**30:.0f} GiB: {expanded * n / latent:.0f}x" in section
+    shares = []
+    for phase in ("decode", "prefill"):
+        per = ds.per_token(phase, n)
+        shares.append(f"{100 * float((per['attention.scores'] + per['attention.weighted_sum']) / sum(per.values())):.1f} %")
+    assert f"are {shares[0]} of a decoded token's" in section and f"and {shares[1]} of a prefill token's" in section
+    per = ds.per_token("prefill", n)
+    routed = sum(v for k, v in per.items() if k.startswith("ffn.experts."))
+    dense = sum(per[k] for k in ("ffn.gate", "ffn.up", "ffn.down"))
+    assert f"routed experts are {float(routed) / 1e9:.1f} GFLOPs, the dense layers and the shared expert {float(dense) / 1e9:.1f}" in section
+    go = _cost(SPECS / "gpt-oss-120b.json")
+    go_active = active_params_per_token(go.model)
+    assert f"{go_active:,}, count the embedding" in section
+    assert f"without it, {go_active - go.params()['embedding']:,}: the model card's \"5.13B active\"" in section
+    sinks = sum(p.numel() for name, p in go.model.named_parameters() if name.endswith("attention.sinks"))
+    assert f"(64 per layer, {sinks:,}\nparameters in all)" in section
