@@ -31,6 +31,15 @@ from modkit import docs
 from modkit.registry import Component, Registry
 
 REPO = Path(__file__).resolve().parents[1]
+#: the 27 Hugging Face model types the reference page must list: the 14 of the first converters and the 13 of
+#: today's open models (DeepSeek-V3 / Kimi K2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Llama 4, Pythia, StarCoder2, Granite,
+#: Cohere, Gemma, SmolLM3, GLM-4, OLMo 3)
+HF_MODEL_TYPES = (
+    "bert", "falcon", "gemma2", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3",
+    "qwen2", "qwen3",
+    "deepseek_v3", "qwen3_moe", "qwen2_moe", "gpt_oss", "llama4_text", "gpt_neox", "starcoder2", "granite", "cohere",
+    "gemma", "smollm3", "glm4", "olmo3",
+)
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
 SPECS = sorted((REPO / "specs").glob("*.json"))
 DOCS_MODULES = ("mkdocs", "material", "mkdocs_literate_nav", "mkdocstrings", "mkdocstrings_handlers.python")
@@ -582,7 +591,7 @@ def test_hugging_face_page_lists_every_model_type(pages, registry):
 
     page = pages["reference/hugging-face.md"]
     types = registry.hf_model_types()
-    assert len(types) >= 13 and f"of {len(types)} Hugging Face model types" in page
+    assert set(HF_MODEL_TYPES) <= set(types) and f"of {len(types)} Hugging Face model types" in page
     from_gallery: dict[str, set[str]] = {}
     for path in SPECS:
         t = json.loads(path.read_text()).get("metadata", {}).get("hf_model_type")
@@ -599,7 +608,20 @@ def test_hugging_face_page_lists_every_model_type(pages, registry):
                             ("placement", layer.placement.type), ("position", spec.position.type)):
             assert f"[`{type_}`](../components/{kind}/{type_}.md)" in row, (t, kind, row)
         assert set(re.findall(r"\(\.\./gallery/([^)]+)\.md\)", row)) == from_gallery.get(t, set()), t
+        declared = getattr(registry.hf_converter(t).declaration, "supports", None)
+        if declared is not None:  # the summary table says what the type's tables convert
+            assert f"| [`{t}`](#{t}) | {', '.join(declared())} |" in page, t
     assert from_gallery, "specs/ holds converted models"
+
+
+def test_readme_names_every_hugging_face_model_type(registry):
+    """The README's checkpoint paragraph names each registered model type (the list a user reads first)."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    paragraph = readme[readme.index("- **Checkpoints**"):readme.index("with RoPE scalings")]
+    missing = [t for t in registry.hf_model_types() if not re.search(rf"(?<![\w]){re.escape(t)}(?![\w])", paragraph)]
+    assert not missing, f"README.md's checkpoint paragraph does not name {missing}"
 
 
 # ------------------------------------------------------------------------------------------------ the built site
