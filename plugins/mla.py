@@ -312,7 +312,7 @@ $$s_{hij} = \alpha \left( q^{C\top}_{hi} W^{(h)}_{UK} c_j + q^{R\top}_{hi} k^R_j
 o_{hi} = W^{(h)}_{UV} \sum_j \mathrm{softmax}_j(s_{hij})\, c_j$$
 
 The cache holds only $c_j$ and $k^R_j$: $r + d_R$ numbers per token and layer (576 for DeepSeek-V3, against
-$2 \cdot 128 \cdot 128$ for its heads' keys and values). Decoding computes $W^{(h)\top}_{UK} q^C_{hi}$ once per query
+$128 \cdot (192 + 128) = 40{,}960$ for its 128 heads' keys and values). Decoding computes $W^{(h)\top}_{UK} q^C_{hi}$ once per query
 ("absorbed") and scores the cached latents directly; prefill expands $k^C$ and $v$ per head. $\alpha =
 (d_{nope} + d_R)^{-1/2}\, m^2$ with DeepSeek's YaRN $m = 0.1\, \mu \ln s + 1$ ($s$ = factor, $\mu$ = mscale_all_dim;
 $m = 1$ without yarn_mscale), $M_{ij}$ is the causal mask (0 where $j \le i$ and not padding, $-\infty$ elsewhere).

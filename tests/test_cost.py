@@ -406,3 +406,88 @@ def test_the_guide_shows_what_modkit_computes(capsys):
         want = [fmt(4 * costs.spec.d_model), fmt(costs.crossover("decode")), fmt(costs.crossover("prefill")),
                 fmt(costs.crossover("decode", projections=True)), fmt(costs.spec.max_seq_len)]
         assert cells[1:] == want, label
+
+
+def _guide_blocks(out: str, drop: str) -> str:
+    """The output's blank-line-separated blocks, without the one starting with ``drop``."""
+    return "\n\n".join(b for b in out.rstrip("\n").split("\n\n") if not b.startswith(drop))
+
+
+def test_the_guide_shows_deepseek_v3_and_gpt_oss_as_computed(capsys, monkeypatch):
+    """docs/guides/cost.md's DeepSeek-V3 (128K) and gpt-oss-120b section: the model cards are ``modkit build --device
+    meta`` 's, the cost tables ``modkit cost --context 131072`` 's (its training-memory block, left out of the guide,
+    is stubbed here: it takes seconds of meta forwards), and the per-layer-kind table is what
+    :meth:`CostModel.flops_by_layer` and the cache formula give, summing to :meth:`CostModel.kv_cache_bytes`."""
+    from fractions import Fraction
+
+    from modkit.cli import main
+
+    guide = (REPO / "docs" / "guides" / "cost.md").read_text()
+    monkeypatch.setattr(CostModel, "training_memory", lambda self, batch, seq_len, dtype="bfloat16": dict.fromkeys(
+        ("weights", "gradients", "adamw_states", "activations", "attention_matrix", "total"), 0))
+    for stem in ("deepseek-v3", "gpt-oss-120b"):
+        assert main(["build", str(SPECS / f"{stem}.json"), "--device", "meta", "--dtype", "bfloat16"]) == 0
+        out = capsys.readouterr().out
+        card = out[out.index("parameters\n"):out.index("\n\nbuilt on meta")]
+        assert f"$ modkit build specs/{stem}.json --device meta --dtype bfloat16\n...\n{card}\n```" in guide, stem
+        assert main(["cost", str(SPECS / f"{stem}.json"), "--context", "131072"]) == 0
+        shown = _guide_blocks(capsys.readouterr().out, "training memory")
+        assert f"$ modkit cost specs/{stem}.json --context 131072\n{shown}\n```" in guide, stem
+    costs = _cost(SPECS / "gpt-oss-120b.json")
+    spec = costs.spec
+    windowed, full = spec.layer(0).attention, spec.layer(1).attention
+    assert windowed.sliding_window == 128 and full.sliding_window is None and windowed.sinks and full.sinks
+    n = 131072
+    row = {}
+    for phase in ("decode", "prefill"):
+        work = CostModel.workload(phase, n)
+        by = costs.flops_by_layer(work)
+        row[phase] = [Fraction(by[i]["attention.scores"] + by[i]["attention.weighted_sum"], work.tokens) for i in (0, 1)]
+        assert all(r.denominator == 1 for r in row[phase])
+    cache = [2 * a.n_kv_heads * a.head_dim * 2 * min(n, a.sliding_window or n) for a in (windowed, full)]
+    assert 18 * sum(cache) == costs.kv_cache_bytes(n, 1, "bfloat16") == 4_836_556_800
+    sinks = [p.numel() for name, p in costs.model.named_parameters() if name.endswith("attention.sinks")]
+    assert len(sinks) == 36 and set(sinks) == {64}
+    fmt = lambda xs: " | ".join(f"{int(x):,}" for x in xs)  # noqa: E731
+    for label, values in (("scores + weighted sum, FLOPs per decoded token", row["decode"]),
+                          ("scores + weighted sum, FLOPs per prefill token", row["prefill"]),
+                          ("KV cache held per sequence (bytes)", cache), ("sinks (parameters)", [64, 64])):
+        assert f"| {label} | {fmt(values)} |" in guide, label
+
+
+def test_the_guide_s_deepseek_v3_and_gpt_oss_prose_figures():
+    """The figures the cost guide's DeepSeek-V3 / gpt-oss-120b prose derives by hand, recomputed: the active-parameter
+    sum, the latent against the expanded cache, attention's share of the FLOPs, gpt-oss's active count without the
+    embedding, its sinks."""
+    from modkit.cost import active_params_per_token
+
+    guide = (REPO / "docs" / "guides" / "cost.md").read_text()
+    section = guide[guide.index("## Example: DeepSeek-V3"):guide.index("## The explainers")]
+    ds = _cost(SPECS / "deepseek-v3.json")
+    params = ds.params()
+    active = active_params_per_token(ds.model)
+    d, experts = 7168, 8 + 1
+    by_hand = (params["attention"] + 3 * 3 * d * 18432 + 58 * (d * 256 + experts * 3 * d * 2048) + params["norm"]
+               + params["embedding"] + params["lm_head"])
+    assert by_hand == active == 37_552_282_624 and f"{params['attention']:,} (attention)" in section
+    n = 131072
+    latent = ds.kv_cache_bytes(n, 1, "bfloat16")
+    expanded = 61 * 128 * (192 + 128) * 2
+    assert ds.kv_cache_bytes_per_token("bfloat16") == 61 * (512 + 64) * 2
+    assert f"{latent:,} bytes = {latent / 2**30:.2f} GiB" in section
+    assert f"{expanded:,} bytes per token, {expanded * n / 2**30:.0f} GiB: {expanded * n / latent:.0f}x" in section
+    shares = []
+    for phase in ("decode", "prefill"):
+        per = ds.per_token(phase, n)
+        shares.append(f"{100 * float((per['attention.scores'] + per['attention.weighted_sum']) / sum(per.values())):.1f} %")
+    assert f"are {shares[0]} of a decoded token's" in section and f"and {shares[1]} of a prefill token's" in section
+    per = ds.per_token("prefill", n)
+    routed = sum(v for k, v in per.items() if k.startswith("ffn.experts."))
+    dense = sum(per[k] for k in ("ffn.gate", "ffn.up", "ffn.down"))
+    assert f"routed experts are {float(routed) / 1e9:.1f} GFLOPs, the dense layers and the shared expert {float(dense) / 1e9:.1f}" in section
+    go = _cost(SPECS / "gpt-oss-120b.json")
+    go_active = active_params_per_token(go.model)
+    assert f"{go_active:,}, count the embedding" in section
+    assert f"without it, {go_active - go.params()['embedding']:,}: the model card's \"5.13B active\"" in section
+    sinks = sum(p.numel() for name, p in go.model.named_parameters() if name.endswith("attention.sinks"))
+    assert f"(64 per layer, {sinks:,}\nparameters in all)" in section

@@ -31,6 +31,15 @@ from modkit import docs
 from modkit.registry import Component, Registry
 
 REPO = Path(__file__).resolve().parents[1]
+#: the 27 Hugging Face model types the reference page must list: the 14 of the first converters and the 13 of
+#: today's open models (DeepSeek-V3 / Kimi K2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Llama 4, Pythia, StarCoder2, Granite,
+#: Cohere, Gemma, SmolLM3, GLM-4, OLMo 3)
+HF_MODEL_TYPES = (
+    "bert", "falcon", "gemma2", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3",
+    "qwen2", "qwen3",
+    "deepseek_v3", "qwen3_moe", "qwen2_moe", "gpt_oss", "llama4_text", "gpt_neox", "starcoder2", "granite", "cohere",
+    "gemma", "smollm3", "glm4", "olmo3",
+)
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
 SPECS = sorted((REPO / "specs").glob("*.json"))
 DOCS_MODULES = ("mkdocs", "material", "mkdocs_literate_nav", "mkdocstrings", "mkdocstrings_handlers.python")
@@ -588,7 +597,7 @@ def test_hugging_face_page_lists_every_model_type(pages, registry):
 
     page = pages["reference/hugging-face.md"]
     types = registry.hf_model_types()
-    assert len(types) >= 13 and f"of {len(types)} Hugging Face model types" in page
+    assert set(HF_MODEL_TYPES) <= set(types) and f"of {len(types)} Hugging Face model types" in page
     from_gallery: dict[str, set[str]] = {}
     for path in SPECS:
         t = json.loads(path.read_text()).get("metadata", {}).get("hf_model_type")
@@ -605,7 +614,20 @@ def test_hugging_face_page_lists_every_model_type(pages, registry):
                             ("placement", layer.placement.type), ("position", spec.position.type)):
             assert f"[`{type_}`](../components/{kind}/{type_}.md)" in row, (t, kind, row)
         assert set(re.findall(r"\(\.\./gallery/([^)]+)\.md\)", row)) == from_gallery.get(t, set()), t
+        declared = getattr(registry.hf_converter(t).declaration, "supports", None)
+        if declared is not None:  # the summary table says what the type's tables convert
+            assert f"| [`{t}`](#{t}) | {', '.join(declared())} |" in page, t
     assert from_gallery, "specs/ holds converted models"
+
+
+def test_readme_names_every_hugging_face_model_type(registry):
+    """The README's checkpoint paragraph names each registered model type (the list a user reads first)."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    paragraph = readme[readme.index("- **Checkpoints**"):readme.index("with RoPE scalings")]
+    missing = [t for t in registry.hf_model_types() if not re.search(rf"(?<![\w]){re.escape(t)}(?![\w])", paragraph)]
+    assert not missing, f"README.md's checkpoint paragraph does not name {missing}"
 
 
 # ------------------------------------------------------------------------------------------------ the built site
@@ -1033,19 +1055,25 @@ _OVERFLOW = """(() => {
   const width = col.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
   const tables = [...col.querySelectorAll('table')].filter(t => t.scrollWidth > width + 1)
     .map(t => [Math.round(t.scrollWidth), (t.rows[0] ? t.rows[0].textContent : '').replace(/\\s+/g, ' ').trim().slice(0, 60)]);
-  return {width: Math.round(width), tables: tables};
+  // a short name (no spaces, at most 24 characters) in a cell drawn on more than one line was broken inside the word;
+  // a long dotted tensor name may wrap at its punctuation
+  const broken = [...col.querySelectorAll('td code')]
+    .filter(c => !/\\s/.test(c.textContent) && c.textContent.length <= 24 && c.getClientRects().length > 1)
+    .map(c => c.textContent.slice(0, 60));
+  return {width: Math.round(width), tables: tables, broken: broken};
 })()"""
 
 
 @pytest.mark.slow
 def test_site_tables_fit_the_content_column(built_site, browser):
-    """At a 1,400 px window no table of any built page is wider than the page's content column."""
+    """At a 1,400 px window no table of any built page is wider than the page's content column, and no name in a
+    cell (inline code of at most 24 characters without spaces) is broken across lines to get there."""
     site = built_site["site"]
     pages = [p for p in sorted(site.rglob("*.html")) if "<table" in p.read_text(errors="replace")]
     assert len(pages) > 100
     browser.send("Emulation.setScriptExecutionDisabled", {"value": True})
     try:
-        wide, widths = [], set()
+        wide, broken, widths = [], [], set()
         for page in pages:
             browser.goto(page.as_uri())
             found = browser.eval(_OVERFLOW)
@@ -1054,10 +1082,12 @@ def test_site_tables_fit_the_content_column(built_site, browser):
                 continue
             widths.add(found["width"])
             wide += [f"{page.relative_to(site)}: {w} px > {found['width']} px: {head}" for w, head in found["tables"]]
+            broken += [f"{page.relative_to(site)}: {name}" for name in found["broken"]]
     finally:
         browser.send("Emulation.setScriptExecutionDisabled", {"value": False})
     assert min(widths) > 600, widths  # the column at 1,400 px, with the navigation and the table of contents beside it
     assert not wide, f"{len(wide)} tables wider than their column:\n  " + "\n  ".join(wide[:30])
+    assert not broken, f"{len(broken)} names in table cells broken across lines:\n  " + "\n  ".join(broken[:30])
 
 
 @pytest.mark.slow

@@ -228,3 +228,21 @@ def test_a_plugin_derives_and_registers_a_type_in_a_few_lines(tmp_path):
     again = modkit.from_hf(out, registry=reg)
     assert (out / "config.json").read_text().count('"my_llama"') == 1
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+@pytest.mark.parametrize("model_type", sorted(DECLARED))
+def test_supports_agrees_with_the_converted_defaults(model_type):
+    """The reference page's "supports" labels that a type's defaults decide agree with the spec they convert to:
+    interleaved RoPE exactly when the converted position layout is interleaved (DeepSeek's ``rope_interleave``, GLM,
+    Cohere, Llama 4), latent attention exactly when the attention is ``mla``, and no GQA / MQA label for a latent
+    attention (its key/value head count is fixed to the heads)."""
+    from modkit.hf import convert_hf_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = convert_hf_config({"model_type": model_type})[1]
+    supports = DECLARED[model_type].supports()
+    assert ("interleaved RoPE" in supports) == (getattr(spec.position, "layout", None) == "interleaved")
+    mla = spec.layer(0).attention.type == "mla"
+    assert ("latent attention (MLA)" in supports) == mla
+    assert not (mla and "GQA / MQA" in supports)

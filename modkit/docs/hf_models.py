@@ -4,7 +4,9 @@ checkpoint weights, which gallery specs came from it, and the converter's own no
 
 A model type registered as a declaration (``register(declaration)``) whose ``describe()`` returns its tables is shown
 with them: every config key (mapped, ignored or refused, with transformers' default and what it becomes or why),
-the fields it fixes, and every checkpoint tensor with its layout; the model type it derives from is linked."""
+the fields it fixes, and every checkpoint tensor with its layout; the model type it derives from is linked. A
+``supports`` list in the description (the features its tables convert) is shown in a summary table and in the
+type's section."""
 
 from __future__ import annotations
 
@@ -124,6 +126,11 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
                      rows), ""]
     parts += ["*weights*: the converter also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf "
               "FOLDER` brings the weights along and `modkit convert modkit --to hf` writes a folder transformers loads.", ""]
+    supports = [(f"[`{t}`](#{t})", _cell(", ".join(described[t]["supports"])))
+                for t in types if described[t] and described[t].get("supports")]
+    if supports:
+        parts += ["What each declared model type converts, read from its tables (the config keys it maps, the fields it "
+                  "fixes, the layouts of its checkpoint tensors):", "", _table(("model type", "supports"), supports), ""]
 
     from .usage import source_location
 
@@ -140,6 +147,8 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
         facts = [("converter", provider + ", " + source_location(where if where is not None else conv.convert)),
                  ("checkpoint weights", "converted both ways" if conv.weights is not None else "config only"),
                  ("gallery", gallery_links(t))]
+        if tables and tables.get("supports"):
+            facts.insert(1, ("supports", _cell(", ".join(tables["supports"]))))
         if tables and tables.get("parent"):
             facts.insert(1, ("derives from", parent_link(t) + ": its tables with a few rows changed (shown complete below)"))
         if spec is None:

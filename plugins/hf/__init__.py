@@ -19,8 +19,8 @@ import importlib
 
 from modkit import hookimpl
 
-from ._keys import (HeadDim, Ignore, Key, KVHeads, LayerTypes, Own, QwenWindows, Refuse, Rope, RopeByLayerType, Same,
-                    SlidingWindow, sizes)
+from ._keys import (FirstDense, HeadDim, Ignore, Key, KVHeads, LayerTypes, Own, QwenWindows, Refuse, Rope, RopeByLayerType,
+                    Same, SlidingWindow, SparseStep, UseSlidingWindow, sizes)
 from ._spec import FIELDS
 from ._type import HFType
 from ._weights import RENAME, Chain, Concat, FusedQKV, Head, PerHead, StackExperts, Transform, Transpose, W
@@ -28,13 +28,19 @@ from ._weights import RENAME, Chain, Concat, FusedQKV, Head, PerHead, StackExper
 #: converter modules of this package, one per Hugging Face ``model_type``
 MODULES = (
     "bert",
+    "cohere",
+    "deepseek_v3",
     "falcon",
     "gemma",
     "gemma2",
     "gemma3_text",
     "glm4",
     "gpt2",
+    "gpt_neox",
+    "gpt_oss",
+    "granite",
     "llama",
+    "llama4_text",
     "mistral",
     "mixtral",
     "olmo2",
@@ -43,13 +49,15 @@ MODULES = (
     "phi",
     "phi3",
     "qwen2",
+    "qwen2_moe",
     "qwen3",
+    "qwen3_moe",
     "smollm3",
     "starcoder2",
 )
 
 __all__ = [
-    "FIELDS", "HFType", "HeadDim", "Ignore", "KVHeads", "Key", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
+    "FIELDS", "FirstDense", "HFType", "HeadDim", "SparseStep", "UseSlidingWindow", "Ignore", "KVHeads", "Key", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
     "RopeByLayerType", "Same", "SlidingWindow", "sizes", "Chain", "Concat", "FusedQKV", "Head", "PerHead", "RENAME", "StackExperts",
     "Transform", "Transpose", "W", "MODULES", "register_hf_converters",
 ]

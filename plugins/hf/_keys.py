@@ -44,9 +44,17 @@ def _text(value: Any) -> str:
 
 
 class Entry:
-    """One row of a config table (subclasses are frozen dataclasses)."""
+    """One row of a config table (subclasses are frozen dataclasses).
+
+    ``SETS``: the fields (:data:`._spec.FIELDS`) the row can set; what the reference page's "supports" summary reads.
+    """
 
     status: ClassVar[str] = "mapped"
+    SETS: ClassVar[tuple[str, ...]] = ()
+
+    def sets(self) -> tuple[str, ...]:
+        """The fields this row can set (``SETS`` unless a row knows better)."""
+        return self.SETS
 
     def config_keys(self, name: str) -> tuple[str, ...]:
         """The config keys this row reads (its name, aliases, the other keys of a group)."""
@@ -132,6 +140,9 @@ class Key(Entry):
 
     def config_keys(self, name):
         return (name, *self.aliases)
+
+    def sets(self):
+        return self.fields
 
     def read(self, r, f, name):
         default = self.default(f) if callable(self.default) else self.default
@@ -234,9 +245,13 @@ class Own(Entry):
 
     keys: tuple[str, ...]
     note: str
+    fields: tuple[str, ...] = ()
 
     def config_keys(self, name):
         return self.keys
+
+    def sets(self):
+        return self.fields
 
     def describe(self, name):
         return [(", ".join(f"`{k}`" for k in self.keys), self.status, "–", self.note)]
@@ -258,6 +273,8 @@ class HeadDim(Entry):
     ``derived`` (a reason): the type always derives ``head_dim = d_model // n_heads`` and refuses another value
     (Phi, OLMoE size their norms from it). ``in_config=False``: the config has no such key (GPT-2, BERT, Falcon).
     """
+
+    SETS: ClassVar[tuple[str, ...]] = ('head_dim',)
 
     default: Optional[int] = None
     derived: Optional[str] = None
@@ -299,6 +316,8 @@ class HeadDim(Entry):
 class KVHeads(Entry):
     """The key/value head count (absent or null: ``default``, else ``n_heads``), checked to divide ``n_heads``."""
 
+    SETS: ClassVar[tuple[str, ...]] = ('n_kv_heads',)
+
     default: Optional[int] = None
 
     def read(self, r, f, name):
@@ -334,32 +353,51 @@ class Rope(Entry):
             over the scaling dict's and is written there on export (Phi-3).
         always_partial: write ``partial_rotary_factor`` even when it is 1 (when the class default is not 1).
         layout: the layout of the rotated pairs in the checkpoint's q/k rows (GLM: ``interleaved``).
+        theta_key, partial_key: the 4.x top-level keys of the base and of the rotated fraction (GPT-NeoX:
+            ``rotary_emb_base``, ``rotary_pct``), read under ``rope_parameters``' values and written on export.
+        default_parameters: the ``rope_parameters`` a config class assumes when a config has neither them nor
+            ``rope_scaling`` (gpt-oss: YaRN, factor 32); an export then writes ``rope_parameters`` too.
     """
+
+    SETS: ClassVar[tuple[str, ...]] = ('position',)
 
     default: float = 10000.0
     partial: float = 1.0
     original_at_top: bool = False
     always_partial: bool = False
     layout: str = "half_split"
+    theta_key: str = "rope_theta"
+    partial_key: str = "partial_rotary_factor"
+    default_parameters: Optional[Mapping[str, Any]] = None
 
     def config_keys(self, name):
-        return ROPE_KEYS + (("original_max_position_embeddings",) if self.original_at_top else ())
+        keys = ("rope_parameters", self.theta_key, "rope_scaling", self.partial_key)
+        return keys + (("original_max_position_embeddings",) if self.original_at_top else ())
 
     def read(self, r, f, name):
         f["position"] = rope(r, default_theta=self.default, default_partial=self.partial, layout=self.layout,
-                             original_at_top=self.original_at_top, max_seq_len=f["max_seq_len"])
+                             original_at_top=self.original_at_top, max_seq_len=f["max_seq_len"],
+                             theta_key=self.theta_key, partial_key=self.partial_key,
+                             default_parameters=dict(self.default_parameters or {}))
 
     def write(self, f, base, name):
-        return rope_fields(f["position"], original_at_top=self.original_at_top, always_partial=self.always_partial)
+        out = rope_fields(f["position"], original_at_top=self.original_at_top, always_partial=self.always_partial,
+                          theta_key=self.theta_key, partial_key=self.partial_key)
+        if self.default_parameters and out:  # a null rope_scaling would mean the class default: say "default"
+            out["rope_parameters"] = rope_parameters(f["position"])
+        return out
 
     def describe(self, name):
-        keys = "`rope_parameters` / `rope_theta`, `rope_scaling`, `partial_rotary_factor`"
+        keys = f"`rope_parameters` / `{self.theta_key}`, `rope_scaling`, `{self.partial_key}`"
         if self.original_at_top:
             keys += ", `original_max_position_embeddings`"
         how = "`position` (rope: theta, partial rotary, scaling linear / llama3 / dynamic / yarn / longrope)"
         if self.layout != "half_split":
             how += f", {self.layout} pairs"
         default = f"theta {self.default:g}" + (f", partial {self.partial:g}" if self.partial != 1 else "")
+        if self.default_parameters:
+            extra = ", ".join(f"{k} {v}" for k, v in self.default_parameters.items() if k != "rope_theta")
+            default += f" ({extra})"
         return [(keys, "mapped", default, how)]
 
 
@@ -372,6 +410,8 @@ class RopeByLayerType(Entry):
     ``nested``: export writes ``rope_parameters`` nested per layer type (when ``local_key`` is ``rope_theta``
     itself, the 4.x form cannot hold two bases).
     """
+
+    SETS: ClassVar[tuple[str, ...]] = ('position', 'position_by_type')
 
     default: float = 1_000_000.0
     local_default: float = 10_000.0
@@ -442,6 +482,8 @@ class SlidingWindow(Entry):
     """``sliding_window`` on every layer (a present null: global attention everywhere, as transformers' mask then
     is; Mistral, Mixtral, Phi-3)."""
 
+    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+
     default: Optional[int] = None
 
     def read(self, r, f, name):
@@ -460,11 +502,16 @@ class SlidingWindow(Entry):
 class QwenWindows(Entry):
     """Qwen's windows: ``sliding_window`` applies only with ``use_sliding_window``, then on the layers that
     ``layer_types`` marks ``sliding_attention`` or, in files without ``layer_types``, on every layer from
-    ``max_window_layers`` on (``Qwen2Config.__post_init__``). Export writes ``layer_types`` and, when the sliding
-    layers form a suffix, the matching ``max_window_layers``."""
+    ``max_window_layers`` on (``Qwen2Config.__post_init__``); with ``alternate`` (Qwen2-MoE), on every other layer
+    (0, 2, 4, ...) below ``max_window_layers`` (``Qwen2MoeConfig.__post_init__``). Without ``use_sliding_window`` the
+    window is not read (Qwen2-MoE writes 0 there). Export writes ``layer_types`` and, when the sliding layers form a
+    suffix, the matching ``max_window_layers``."""
+
+    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
 
     default: Optional[int] = 4096
     max_window_layers: int = 28
+    alternate: bool = False
 
     def config_keys(self, name):
         return ("use_sliding_window", name, "max_window_layers", "layer_types")
@@ -472,7 +519,8 @@ class QwenWindows(Entry):
     def read(self, r, f, name):
         n = f["n_layers"]
         use = r.flag("use_sliding_window", False)
-        window = _read(r, name, "window", self.default, ())  # a present null: no window (Qwen2Config.__post_init__)
+        # a present null: no window (Qwen2Config.__post_init__); not read at all without use_sliding_window
+        window = _read(r, name, "window", self.default, ()) if use else r.get(name) and None
         first = r.number("max_window_layers", self.max_window_layers, integer=True, positive=False)
         types = r.get("layer_types")
         f["layer_types"], f["sliding_window"] = None, window
@@ -481,7 +529,11 @@ class QwenWindows(Entry):
         if types is not None:
             f["layer_types"] = _types(r, types, n)
             return
-        f["layer_types"] = ["sliding_attention" if i >= (first or 0) else "full_attention" for i in range(n)]
+        if self.alternate:
+            slides = [i % 2 == 0 and i < (first or 0) for i in range(n)]
+        else:
+            slides = [i >= (first or 0) for i in range(n)]
+        f["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
 
     def write(self, f, base, name):
         windows = f["windows"]
@@ -494,8 +546,10 @@ class QwenWindows(Entry):
                 "max_window_layers": first if suffix else f["n_layers"]}
 
     def describe(self, name):
+        where = (f"every other layer below {self.max_window_layers}" if self.alternate
+                 else f"from layer {self.max_window_layers}")
         return [("`use_sliding_window`, `sliding_window`, `max_window_layers`, `layer_types`", "mapped",
-                 f"off; window {self.default}, from layer {self.max_window_layers}",
+                 f"off; window {self.default}, {where}",
                  "`sliding_window` of the sliding layers (per-layer overrides)")]
 
 
@@ -506,6 +560,8 @@ class LayerTypes(Entry):
 
     ``pattern_key``: the 4.x config key holding the pattern (read whenever present; also under ``_`` + the key).
     """
+
+    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
 
     default: Optional[int] = 4096
     pattern: int = 2
@@ -540,7 +596,109 @@ class LayerTypes(Entry):
                  "`sliding_window` per layer (overrides)")]
 
 
+@dataclass(frozen=True)
+class UseSlidingWindow(Entry):
+    """``sliding_window`` on every layer, only with ``use_sliding_window`` (Qwen3-MoE: ``Qwen3MoeConfig`` sets the window
+    to null otherwise, and its attention and mask then read it for every layer)."""
+
+    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+
+    default: Optional[int] = 4096
+
+    def config_keys(self, name):
+        return ("use_sliding_window", name)
+
+    def read(self, r, f, name):
+        use = r.flag("use_sliding_window", False)
+        window = _read(r, name, "window", self.default, ())
+        on = use and window is not None
+        f["sliding_window"] = window if on else None
+        f["layer_types"] = ["sliding_attention"] * f["n_layers"] if on else None
+
+    def write(self, f, base, name):
+        windows = f["windows"]
+        if windows[0] is None:
+            return {"use_sliding_window": False, name: base.get(name, self.default)}
+        return {"use_sliding_window": True, name: windows[0]}
+
+    def describe(self, name):
+        return [("`use_sliding_window`, `sliding_window`", "mapped", f"off; window {self.default}",
+                 "`sliding_window` of every layer when use_sliding_window")]
+
+
+# ---------------------------------------------------------------------------------------------- MoE layers
+
+
+def _experts(f: Mapping[str, Any]) -> int:
+    return f["n_experts"] or 0
+
+
+@dataclass(frozen=True)
+class SparseStep(Entry):
+    """Qwen-MoE's mixture layers: layer ``i`` is a mixture iff ``num_experts > 0``, ``(i + 1) % decoder_sparse_step ==
+    0`` and ``i`` is not in ``mlp_only_layers``; the others are dense FFNs of ``intermediate_size``
+    (``Qwen2MoeDecoderLayer``, ``Qwen3MoeDecoderLayer``). Export writes the source's step when it explains the
+    mixture layers, else 1, and lists every other dense layer in ``mlp_only_layers``."""
+
+    SETS: ClassVar[tuple[str, ...]] = ('moe', 'moe_layers')
+
+    def config_keys(self, name):
+        return (name, "mlp_only_layers")
+
+    def read(self, r, f, name):
+        n = f["n_layers"]
+        step = r.number(name, 1, integer=True)
+        only = r.get("mlp_only_layers", [])
+        if not (isinstance(only, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in only)):
+            r.error("mlp_only_layers", f"must list layer indices, got {json_value(only)}")
+            only = []
+        bad = sorted({i for i in only if not 0 <= i < n})
+        if bad:
+            r.error("mlp_only_layers", f"layers {bad} outside 0..{n - 1} (num_hidden_layers = {n})")
+        flags = [_experts(f) > 0 and (i + 1) % (step or 1) == 0 and i not in only for i in range(n)]
+        f["moe"] = any(flags)
+        f["moe_layers"] = flags
+
+    def write(self, f, base, name):
+        flags = f["moe_layers"] if f["moe"] else [False] * f["n_layers"]
+        for step in dict.fromkeys((base.get(name) or 1, 1)):
+            explained = [(i + 1) % step == 0 for i in range(len(flags))]
+            if all(e or not m for e, m in zip(explained, flags)):
+                return {name: step, "mlp_only_layers": [i for i, (e, m) in enumerate(zip(explained, flags)) if e and not m]}
+        raise AssertionError("a step of 1 explains every layer")
+
+    def describe(self, name):
+        return [("`decoder_sparse_step`, `mlp_only_layers`", "mapped", "every layer a mixture",
+                 "`moe_layers`: a mixture where (i + 1) % step = 0 and i is not listed, else a dense FFN of d_ff")]
+
+
+@dataclass(frozen=True)
+class FirstDense(Entry):
+    """DeepSeek's mixture layers: the first ``first_k_dense_replace`` layers are dense FFNs of ``intermediate_size``,
+    every later one a mixture (``DeepseekV3DecoderLayer``)."""
+
+    SETS: ClassVar[tuple[str, ...]] = ('moe', 'moe_layers')
+
+    default: int = 3
+
+    def read(self, r, f, name):
+        n = f["n_layers"]
+        k = r.number(name, self.default, integer=True, positive=False)
+        flags = [i >= (k or 0) for i in range(n)]
+        f["moe"], f["moe_layers"] = any(flags), flags
+
+    def write(self, f, base, name):
+        flags = f["moe_layers"] if f["moe"] else [False] * f["n_layers"]
+        k = next((i for i, m in enumerate(flags) if m), len(flags))
+        return {name: k}
+
+    def describe(self, name):
+        return [(f"`{name}`", "mapped", _text(self.default), "`moe_layers`: dense FFNs of d_ff on the first k layers, "
+                 "mixtures after")]
+
+
 __all__ = [
     "Entry", "HeadDim", "Ignore", "KVHeads", "Key", "LAYER_TYPES", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
-    "RopeByLayerType", "Row", "Same", "SlidingWindow", "rope_parameters", "sizes",
+    "RopeByLayerType", "Row", "Same", "SlidingWindow", "rope_parameters", "sizes", "UseSlidingWindow", "SparseStep",
+    "FirstDense",
 ]

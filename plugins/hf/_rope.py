@@ -23,6 +23,8 @@ def rope(
     theta_key: str = "rope_theta",
     scaling_key: Optional[str] = "rope_scaling",
     default_partial: float = 1.0,
+    partial_key: str = "partial_rotary_factor",
+    default_parameters: Optional[dict] = None,
     layout: str = "half_split",
     original_at_top: bool = False,
     max_seq_len: Optional[int] = None,
@@ -48,7 +50,11 @@ def rope(
 
     Args:
         layer_type: pick this entry when ``rope_parameters`` is nested per layer type (Gemma 3).
-        theta_key: the 4.x top-level key of the base (Gemma 3 local layers: ``rope_local_base_freq``).
+        theta_key: the 4.x top-level key of the base (Gemma 3 local layers: ``rope_local_base_freq``; GPT-NeoX:
+            ``rotary_emb_base``).
+        partial_key: the 4.x top-level key of the rotated fraction (GPT-NeoX: ``rotary_pct``).
+        default_parameters: the ``rope_parameters`` of a config that has neither them nor ``rope_scaling`` (gpt-oss's
+            YaRN; the config class's ``__post_init__`` default).
         scaling_key: the 4.x top-level scaling key, or ``None`` when it does not apply to these layers.
         original_at_top: the top-level ``original_max_position_embeddings`` overrides the dict's (Phi-3).
         max_seq_len: the model's ``max_position_embeddings`` (with the config class's default); default the key's
@@ -56,8 +62,10 @@ def rope(
     """
     params = r.get("rope_parameters")
     legacy = r.get(scaling_key) if scaling_key else None
+    if params is None and legacy is None and default_parameters:
+        params = dict(default_parameters)
     top_theta = r.number(theta_key)
-    top_partial = r.number("partial_rotary_factor")
+    top_partial = r.number(partial_key)
     path = "rope_parameters"
     source: Any = None
     for key, value in ((scaling_key, legacy), ("rope_parameters", params)):
@@ -208,11 +216,13 @@ def rope_fields(
     theta_key: str = "rope_theta",
     scaling_key: Optional[str] = "rope_scaling",
     always_partial: bool = False,
+    partial_key: str = "partial_rotary_factor",
     original_at_top: bool = False,
 ) -> dict:
     """A ``rope`` position spec as 4.x-style config keys (read by transformers 4.x and 5.x alike).
 
-    ``always_partial``: write ``partial_rotary_factor`` even when it is 1 (Phi's default is 0.5).
+    ``always_partial``: write the rotated fraction even when it is 1 (Phi's default is 0.5); ``theta_key`` and
+    ``partial_key`` name the base and the fraction (GPT-NeoX: ``rotary_emb_base``, ``rotary_pct``).
     ``original_at_top``: also write LongRoPE's/YaRN's trained length as the top-level
     ``original_max_position_embeddings`` (Phi-3, whose config class reads it there first).
     """
@@ -220,7 +230,7 @@ def rope_fields(
         return {}
     out: dict[str, Any] = {theta_key: position.theta}
     if position.partial_rotary != 1.0 or always_partial:
-        out["partial_rotary_factor"] = position.partial_rotary
+        out[partial_key] = position.partial_rotary
     sc = position.scaling
     if scaling_key is None:
         return out

@@ -32,7 +32,42 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from ._keys import Entry, Ignore
 from ._reader import HFConfig
 from ._spec import FIELDS, assemble, fields_of
-from ._weights import HFWeights, table_links, weight_table
+from ._weights import RENAME, HFWeights, StackExperts, table_links, weight_table
+
+#: ``(label, fields)``: what the reference page's "supports" column says when a type's table can set (or its fixed
+#: values set away from the default) any of the fields
+FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("GQA / MQA", ("n_kv_heads",)),
+    ("latent attention (MLA)", ("mla",)),
+    ("QK-norm", ("qk_norm", "attention_by_layer")),
+    ("sliding windows", ("sliding_window",)),
+    ("chunked attention", ("attention_chunk_size",)),
+    ("attention sinks", ("sinks",)),
+    ("temperature tuning", ("attention_by_layer",)),
+    ("NoPE layers", ("positions",)),
+    ("RoPE per layer type", ("position_by_type",)),
+    ("soft-caps", ("attn_softcap", "final_logit_softcap")),
+    ("softmax scale", ("softmax_scale",)),
+    ("embedding / residual / logit multipliers", ("embedding_scale", "residual_multiplier", "logit_scale")),
+    ("biases", ("qkv_bias", "o_bias", "mlp_bias", "lm_head_bias", "expert_bias", "router_bias")),
+    ("(1 + w) RMSNorm", ("unit_offset",)),
+    ("embedding norm", ("embedding_norm",)),
+    ("MoE", ("moe",)),
+    ("dense and MoE layers", ("moe_layers",)),
+    ("shared experts", ("shared_d_ff",)),
+    ("gated shared expert", ("shared_gate",)),
+    ("sigmoid router", ("router",)),
+    ("group-limited routing", ("n_group",)),
+    ("correction bias", ("correction_bias",)),
+    ("routed scaling", ("routed_scaling_factor",)),
+    ("input-side expert weighting", ("weight_on",)),
+    ("clamped SwiGLU experts", ("expert_clamp",)),
+    ("dropout", ("dropout_embedding", "dropout_attention", "dropout_residual")),
+)
+
+#: the name of a fixed placement on the reference page
+PLACEMENTS = {"parallel": "parallel blocks", "sandwich": "sandwich norms", "reordered": "reordered norms",
+              "post": "post-norm"}
 
 
 @dataclass(frozen=True)
@@ -49,7 +84,7 @@ class HFType:
         parent: the model type this one derives from.
         keep: ``(regex, reason)`` for checkpoint tensors carried along but not computed.
         aliases: ``(canonical prefix, alternative prefix)`` accepted when reading weights.
-        checkpoint_layout: the RoPE layout of the checkpoint's q/k rows.
+        checkpoint_layout: the RoPE layout of the checkpoint's q/k rows, or a function of its config returning it.
         read_own: ``(r, fields) -> None``, run after the config table (the type's own reading code).
         write_own: ``(fields, base, config) -> None``, run after the table writes ``config`` on export.
         module: the module that defined the type (set automatically).
@@ -64,7 +99,7 @@ class HFType:
     parent: Optional[str] = None
     keep: tuple = ()
     aliases: tuple = ()
-    checkpoint_layout: str = "half_split"
+    checkpoint_layout: Any = "half_split"
     read_own: Optional[Callable[[HFConfig, dict], None]] = None
     write_own: Optional[Callable[[Mapping[str, Any], Mapping[str, Any], dict], None]] = None
     module: str = ""
@@ -181,9 +216,41 @@ class HFType:
         )
 
     # ------------------------------------------------------------------ docs
+    def supports(self) -> list[str]:
+        """What the type converts, read from its tables: a label of :data:`FEATURES` for every field a config row can
+        set or a fixed value sets away from the default, then the position scheme, the placement, the norm, the
+        encoder mask and the checkpoint layouts (fused or stacked tensors)."""
+        fixed = {k: v for k, v in self.fixed.items() if v != FIELDS[k][0]}
+        settable = {name for entry in self.keys.values() for name in entry.sets()}
+        have = settable | set(fixed)
+        out = [label for label, names in FEATURES if have & set(names)]
+        if "position" in settable:
+            out.append("RoPE scalings")
+        if any(getattr(e, "layout", "half_split") != "half_split" for e in self.keys.values()):
+            out.append("interleaved RoPE")
+        position = fixed.get("position") or {}
+        if position.get("type") == "learned":
+            out.append("learned positions")
+        placement = fixed.get("placement") or {}
+        if "placement" in settable:
+            out.append("parallel or sequential blocks")
+        elif placement.get("type") in PLACEMENTS:
+            out.append(PLACEMENTS[placement["type"]])
+        if fixed.get("norm") == "layernorm":
+            out.append("LayerNorm")
+        if fixed.get("causal") is False:
+            out.append("encoder (bidirectional)")
+        transforms = {type(getattr(e, "transform", RENAME)) for e in self.tensors}
+        if transforms - {type(RENAME), StackExperts} - {t for t in transforms if t.__name__ == "Transpose"}:
+            out.append("fused weights")
+        if StackExperts in transforms:
+            out.append("per-expert tensors")
+        return out
+
     def describe(self) -> dict[str, Any]:
         """What the reference page shows: ``parent``, ``notes``, ``module``, ``config`` rows ``(key, status, default,
-        becomes)``, ``fixed`` fields and ``weights`` rows ``(modkit name, Hugging Face name, layout)``."""
+        becomes)``, ``fixed`` fields, ``weights`` rows ``(modkit name, Hugging Face name, layout)`` and ``supports``
+        (:meth:`supports`)."""
         rows = [row for key, entry in self.keys.items() for row in entry.describe(key)]
         tensors = []
         for e in self.tensors:
@@ -194,4 +261,4 @@ class HFType:
             hf = e.hf if isinstance(e.hf, str) else ", ".join(e.hf)
             tensors.append((", ".join(e.ours), hf, how))
         return {"parent": self.parent, "notes": self.notes, "module": self.module, "config": rows,
-                "fixed": dict(self.fixed), "weights": tensors}
+                "fixed": dict(self.fixed), "weights": tensors, "supports": self.supports()}

@@ -409,12 +409,30 @@ def _permute_rows(t: Tensor, index: Tensor) -> Tensor:
 
 
 _QK = re.compile(r"layers\.(\d+)\.attention\.(q_proj|k_proj|q_norm|k_norm)\.(weight|bias)")
+#: MLA's tensors with rotated rows: the query projection (per head: ``qk_nope_head_dim`` rows, then
+#: ``qk_rope_head_dim`` rotated ones) and the latent projection (``kv_lora_rank`` latent rows, then the rotated key)
+_MLA = re.compile(r"layers\.(\d+)\.attention\.(q_proj|q_b_proj|kv_a_proj_with_mqa)\.(weight|bias)")
+
+
+def _mla_index(att, rot_index: Tensor, name: str) -> Tensor:
+    """The row order of an MLA tensor that reorders only its rotated rows by ``rot_index`` (over
+    ``qk_rope_head_dim``): per head of the query projection, or the shared key at the end of ``kv_a_proj_with_mqa``."""
+    nope, rope = att.qk_nope_head_dim, att.qk_rope_head_dim
+    if name == "kv_a_proj_with_mqa":
+        r = att.kv_lora_rank
+        return torch.cat([torch.arange(r), r + rot_index])
+    per = torch.cat([torch.arange(nope), nope + rot_index])
+    return torch.cat([h * (nope + rope) + per for h in range(att.n_heads)])
 
 
 def with_rope_layout(links: Sequence[Link], spec, checkpoint_layout: str = "half_split") -> list[Link]:
-    """Wrap ``links`` so that every layer whose RoPE ``layout`` differs from the checkpoint's gets its q/k rows
-    (projection weights and biases, QK-norm weights and biases) permuted per head, in both directions."""
+    """Wrap ``links`` so that every layer whose RoPE ``layout`` differs from the checkpoint's gets its rotated rows
+    permuted, in both directions: per head, the q/k rows of projection weights and biases and QK-norm weights and
+    biases; for latent attention (``mla``, which declares ``qk_rope_head_dim``), only the rotated rows: the last
+    ``qk_rope_head_dim`` of each query head and the shared key rows of ``kv_a_proj_with_mqa`` (DeepSeek's
+    ``rope_interleave``)."""
     plans: dict[int, tuple[Tensor, Tensor]] = {}
+    mla: dict[int, Any] = {}
     for i in range(spec.n_layers):
         ls = spec.layer(i)
         pos = ls.position
@@ -422,7 +440,11 @@ def with_rope_layout(links: Sequence[Link], spec, checkpoint_layout: str = "half
         if pos.type != "rope" or layout is None or layout == checkpoint_layout:
             continue
         att = ls.attention
-        hd = att.resolved_head_dim(spec.d_model) if hasattr(att, "resolved_head_dim") else spec.d_model // att.n_heads
+        if getattr(att, "qk_rope_head_dim", None) is not None:
+            hd = att.qk_rope_head_dim
+            mla[i] = att
+        else:
+            hd = att.resolved_head_dim(spec.d_model) if hasattr(att, "resolved_head_dim") else spec.d_model // att.n_heads
         rot = int(hd * getattr(pos, "partial_rotary", 1.0))
         rot -= rot % 2
         to_inter = layout == "interleaved"
@@ -433,9 +455,16 @@ def with_rope_layout(links: Sequence[Link], spec, checkpoint_layout: str = "half
     for link in links:
         slots = []
         for k, name in enumerate(link.ours):
-            m = _QK.fullmatch(name)
-            if m and int(m.group(1)) in plans:
-                slots.append((k, plans[int(m.group(1))]))
+            m = (_MLA if (m0 := re.match(r"layers\.(\d+)\.", name)) and int(m0.group(1)) in mla else _QK).fullmatch(name)
+            if not m or int(m.group(1)) not in plans:
+                continue
+            i = int(m.group(1))
+            if i in mla:
+                fwd, back = plans[i]
+                att, proj = mla[i], m.group(2)
+                slots.append((k, (_mla_index(att, fwd, proj), _mla_index(att, back, proj)), False))
+            else:
+                slots.append((k, plans[i], True))
         if not slots:
             out.append(link)
             continue
@@ -443,17 +472,23 @@ def with_rope_layout(links: Sequence[Link], spec, checkpoint_layout: str = "half
     return out
 
 
-def _permuted(link: Link, slots: list[tuple[int, tuple[Tensor, Tensor]]]) -> Link:
+def _permuted(link: Link, slots: list[tuple[int, tuple[Tensor, Tensor], bool]]) -> Link:
+    """``link`` with the rows of tensor ``k`` reordered by each slot's index, per head (repeated every
+    ``len(index)`` rows) or over the whole first dimension (``per_head`` false)."""
+
+    def move(t: Tensor, index: Tensor, per_head: bool) -> Tensor:
+        return _permute_rows(t, index) if per_head else t[index.to(t.device)]
+
     def to_ours(ts: Sequence[Tensor]) -> list[Tensor]:
         res = link.forward(ts)
-        for k, (fwd, _) in slots:
-            res[k] = _permute_rows(res[k], fwd)
+        for k, (fwd, _), per_head in slots:
+            res[k] = move(res[k], fwd, per_head)
         return res
 
     def to_hf(ts: Sequence[Tensor], extras: Mapping[str, Tensor]) -> list[Tensor]:
         ts = list(ts)
-        for k, (_, back) in slots:
-            ts[k] = _permute_rows(ts[k], back)
+        for k, (_, back), per_head in slots:
+            ts[k] = move(ts[k], back, per_head)
         return link.backward(ts, extras)
 
     return Link(link.hf, link.ours, to_ours, to_hf, link.optional)
@@ -533,7 +568,8 @@ class HFWeights:
         aliases: ``(canonical prefix, alternative prefix)`` accepted when reading.
         carry: model-specific keys kept from the source config on export (besides :data:`CARRY`).
         architecture: the ``architectures`` entry written when the source config gave none.
-        checkpoint_layout: the RoPE layout of the checkpoint's q/k rows (``half_split``; GLM: ``interleaved``).
+        checkpoint_layout: the RoPE layout of the checkpoint's q/k rows (``half_split``; GLM: ``interleaved``), or a
+            function of the checkpoint's config returning it (DeepSeek-V3's ``rope_interleave``).
     """
 
     model_type: str
@@ -544,11 +580,12 @@ class HFWeights:
     aliases: Sequence[tuple[str, str]] = ()
     carry: Sequence[str] = ()
     architecture: str = ""
-    checkpoint_layout: str = "half_split"
+    checkpoint_layout: Union[str, Callable[[Mapping[str, Any]], str]] = "half_split"
 
     def links(self, spec, shapes: Mapping[str, Any], config: Mapping[str, Any]) -> list[Link]:
         """Every :class:`Link` of a model built from ``spec`` for a checkpoint described by ``config``."""
-        return with_rope_layout(self.make_links(spec, shapes, config), spec, self.checkpoint_layout)
+        layout = self.checkpoint_layout(config) if callable(self.checkpoint_layout) else self.checkpoint_layout
+        return with_rope_layout(self.make_links(spec, shapes, config), spec, layout)
 
     def hf_config(self, spec, base: Optional[Mapping[str, Any]] = None) -> dict:
         """The Hugging Face ``config.json`` dict for ``spec`` (keys of ``base`` that do not shape the network kept).

@@ -129,7 +129,8 @@ FALCON = HFType(
                 max_position_embeddings=2048),
         "hidden_size": Key("d_model", 4544, aliases=("n_embed",)),
         "head_dim": HeadDim(in_config=False),
-        "new_decoder_architecture": Own(ARCHITECTURE_KEYS, "KV heads and the parallel or sequential block (see the notes)"),
+        "new_decoder_architecture": Own(ARCHITECTURE_KEYS, "KV heads and the parallel or sequential block (see the notes)",
+                                        fields=("n_kv_heads", "placement")),
         "apply_residual_connection_post_layernorm": Refuse(
             False, "a residual taken after the norm is not supported (and no longer read by transformers)"),
         "bias": Key(("qkv_bias", "o_bias", "mlp_bias"), False, kind="flag", note="every projection"),
@@ -138,7 +139,7 @@ FALCON = HFType(
         "layer_norm_epsilon": Key("eps", 1e-5, kind="number"),
         "tie_word_embeddings": Key("tie_embeddings", True, kind="flag"),
         "initializer_range": Key("init_std", 0.02, kind="number"),
-        "alibi": Own(POSITION_KEYS, "ALiBi (scaled by 1/sqrt(head_dim)) or RoPE"),
+        "alibi": Own(POSITION_KEYS, "ALiBi (scaled by 1/sqrt(head_dim)) or RoPE", fields=("position",)),
         "attention_dropout": Key("dropout_attention", 0.0, kind="prob"),
         "hidden_dropout": Key("dropout_residual", 0.0, kind="prob"),
     },

@@ -26,6 +26,8 @@ MODEL_TYPE = "smollm3"
 class NoRopeLayers(Entry):
     """``no_rope_layers`` / ``no_rope_layer_interval`` → ``positions`` (NoPE layers); then the sliding layers."""
 
+    SETS = ('positions', 'layer_types', 'sliding_window')
+
     default: int = 4
 
     def config_keys(self, name):
