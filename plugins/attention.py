@@ -275,7 +275,6 @@ class Attention(nn.Module):
     def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         q, k, v = self._project(x, inputs)
         dropout_p = self.attention_dropout if self.training else 0.0
-        q_pos = inputs.positions
         k, v, k_pos, k_valid = update_cache(inputs, k, v, mixer=self)  # store the new keys; attend over every key handed back
         bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (

@@ -793,7 +793,6 @@ def test_site_api_signatures_are_wrapped(built_site):
 
 @pytest.mark.slow
 def test_site_sitemap_lists_every_page(built_site):
-    import re
     import xml.etree.ElementTree as ET
 
     site = built_site["site"]
