@@ -48,6 +48,7 @@ from .interfaces import AttentionInputs
 __all__ = [
     "PreparedMask",
     "attention_mask",
+    "is_plain_causal",
     "masked_attention",
     "masked_softmax",
     "position_bias",
@@ -64,6 +65,8 @@ def attention_mask(
     causal: bool = True,
     window: Optional[int] = None,
     chunk: Optional[int] = None,
+    q_doc: Optional[Tensor] = None,
+    k_doc: Optional[Tensor] = None,
 ) -> Tensor:
     """Boolean mask ``[batch, 1, q_len, kv_len]`` (True = may attend) from absolute positions.
 
@@ -78,6 +81,9 @@ def attention_mask(
             (Llama 4's ``attention_chunk_size``; transformers ``chunked_overlay``, whose left-padding offset is
             already in positions that count real tokens only); ``None`` for none. Combines with ``window`` and
             ``causal``.
+        q_doc, k_doc: ``[batch, q_len]`` / ``[batch, kv_len]`` int64 document index of each query and key, or
+            ``None``: with both given, a query sees only keys of its own document (document-masked packing, as in
+            Llama 3 and torchtitan's document mask); ``causal`` and ``window`` then apply within the document.
 
     Returns:
         ``[batch, 1, q_len, kv_len]`` bool. Query 2 of ``q_pos = [[0, 1, 2]]`` with causal and ``window = 2``
@@ -92,6 +98,8 @@ def attention_mask(
         mask = mask & (q_chunk[:, :, None] == k_chunk[:, None, :])
     if k_valid is not None:
         mask = mask & k_valid[:, None, :]
+    if q_doc is not None and k_doc is not None:
+        mask = mask & (q_doc[:, :, None] == k_doc[:, None, :])
     return mask[:, None]
 
 
@@ -201,6 +209,11 @@ def prepare_mask(
     With a cache, the mask depends only on positions and validity, which every layer of a cache slot group shares
     within a forward: it is computed once and kept in the group's per-forward ``scratch`` dict (keyed by
     ``causal``, ``window``, ``chunk`` and ``dtype``, no tensor ids, so ``torch.compile`` installs no identity guard).
+    With ``inputs.documents`` (document-masked packing, no cache) the mask also keeps each query inside its document
+    and is kept in ``inputs.scratch``, so it is built once per forward.
+
+    Raises:
+        ValueError: ``inputs.documents`` together with a cache (or keys other than the new tokens').
 
     Args:
         inputs: the layer's :class:`~modkit.AttentionInputs`.
@@ -212,13 +225,32 @@ def prepare_mask(
     """
     cache = inputs.cache.state(mixer) if inputs.cache is not None and mixer is not None else inputs.cache
     scratch = getattr(cache, "scratch", None)
+    docs = inputs.documents
+    if docs is not None:
+        if inputs.cache is not None or k_pos is not inputs.positions:
+            raise ValueError("document-masked attention needs the keys of the new tokens alone (no KV cache); "
+                             "drop the cache or the document ids")
+        scratch = inputs.scratch  # one forward's mask over its own keys: the same for every layer
     key = ("mask", causal, window, chunk, dtype)
     prepared = scratch.get(key) if scratch is not None else None
     if prepared is None:
-        prepared = PreparedMask.of(attention_mask(inputs.positions, k_pos, k_valid, causal, window, chunk), dtype)
+        prepared = PreparedMask.of(attention_mask(inputs.positions, k_pos, k_valid, causal, window, chunk, docs, docs), dtype)
         if scratch is not None:
             scratch[key] = prepared
     return prepared
+
+
+def is_plain_causal(inputs: AttentionInputs, k_pos: Tensor, k_valid: Optional[Tensor], bias: Optional[Tensor]) -> bool:
+    """Whether SDPA's ``is_causal=True`` alone gives this layer's mask: the fast path's one shared condition.
+
+    True only for one fresh sequence attending to itself: the keys are the queries' own tokens (``k_pos is
+    inputs.positions``: no cache, or an empty one), every key is valid (``k_valid is None``), no additive position
+    bias, and no document-masked packing (``inputs.documents is None``: with documents a token must not see the
+    earlier documents of its row, which ``is_causal`` cannot express). A mixer adds its own conditions (a window, a
+    chunk, sinks, a soft cap) on top. Every built-in attention asks this before taking the causal kernel, so a
+    condition added to the inputs later is honoured by all of them at once.
+    """
+    return bias is None and k_valid is None and k_pos is inputs.positions and inputs.documents is None
 
 
 def position_bias(inputs: AttentionInputs, k_pos: Tensor, n_heads: int) -> Optional[Tensor]:

@@ -688,7 +688,9 @@ def materialize(
             module.init_weights(init)
     cast = {}
     for n, t in state.items():
-        t = t.to(device=target, dtype=tdtype if t.is_floating_point() else t.dtype)
+        mine = own.get(n)  # a float32 buffer of a bfloat16 model (a router's correction bias) keeps its own dtype
+        want = mine.dtype if mine is not None and mine.is_floating_point() else tdtype
+        t = t.to(device=target, dtype=want if t.is_floating_point() else t.dtype)
         cast[n] = t if t.is_contiguous() else t.contiguous()
     report_nonfinite(cast, origin, nonfinite)
     model.load_state_dict(cast, strict=True, assign=True)

@@ -59,6 +59,10 @@ class RunSummary:
         diverged: a non-finite loss, or a last val estimate above the step-0 one.
         curve: ``(step, val estimate)`` of every ``eval`` record.
         buckets: mean cross-entropy per position bucket at twice ``seq_len`` (``None``: not measurable).
+        val_bpb: bits per byte of the final validation score (``val_loss * tokens / bytes / ln 2``: comparable across
+            tokenizers); ``None`` when the run made no final evaluation.
+        imbalance_curve: ``(step, load imbalance)`` of every ``eval`` record of a model whose routers report expert
+            loads (mean over layers of max load / mean load on the evaluation windows; empty without routers).
     """
 
     spec: str
@@ -73,6 +77,8 @@ class RunSummary:
     curve: list[tuple[int, float]]
     buckets: Optional[list[float]] = None
     elapsed_s: float = 0.0
+    val_bpb: Optional[float] = None
+    imbalance_curve: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -94,6 +100,8 @@ class SpecRow:
     sweep: dict[float, float] = field(default_factory=dict)
     buckets: Optional[list[float]] = None
     buckets_note: str = ""
+    val_bpb_mean: Optional[float] = None
+    val_bpb_std: Optional[float] = None
 
 
 @dataclass
@@ -172,6 +180,8 @@ def read_run(run_dir: Path, spec: str, lr: float, seed: int, result: Any) -> Run
         elapsed_s=float(result.elapsed_s),
         diverged=nonfinite or evals[-1]["val_loss"] > evals[0]["val_loss"],
         curve=[(r["step"], r["val_loss"]) for r in evals],
+        val_bpb=finals[-1].get("val_bits_per_byte") if finals else None,
+        imbalance_curve=[(r["step"], r["load_imbalance"]) for r in evals if r.get("load_imbalance") is not None],
     )
 
 
@@ -347,12 +357,13 @@ def compare(
         spec = modkit.load_spec(best[label].run_dir / "spec.json")  # as trained: vocab_size set from the data
         train_mean, train_std = mean_std([r.train_loss for r in runs])
         val_mean, val_std = mean_std([r.val_loss for r in runs])
+        bpb_mean, bpb_std = mean_std([r.val_bpb for r in runs]) if all(r.val_bpb is not None for r in runs) else (None, None)
         rows.append(SpecRow(
             spec=label, path=str(path), params=modkit.count_params(spec), active_params=modkit.active_params_per_token(spec),
             lr=best[label].lr, tokens_per_s=statistics.fmean(r.tokens_per_s for r in runs),
             train_loss_mean=train_mean, train_loss_std=train_std, val_loss_mean=val_mean, val_loss_std=val_std,
             diverged=sum(r.diverged for r in runs),
-            runs=runs, sweep=sweep if lr_sweep else {},
+            runs=runs, sweep=sweep if lr_sweep else {}, val_bpb_mean=bpb_mean, val_bpb_std=bpb_std,
         ))
 
     # position buckets at twice the training context
@@ -375,6 +386,8 @@ def compare(
     result = Comparison(rows=rows, out_dir=out, report=out / "report.md", seq_len=base.seq_len, eval_len=eval_len,
                         n_buckets=n_buckets, command=command, n_runs=n_runs, jobs=jobs)
     plot_curves(rows, out / "curves.png")
+    if any(r.imbalance_curve for row in rows for r in row.runs):
+        plot_curves(rows, out / "imbalance.png", imbalance=True)
     if any(row.buckets for row in rows):
         plot_buckets(result, out / "positions.png")
     result.wall_s = time.perf_counter() - started
@@ -402,18 +415,22 @@ def _pyplot():
     return plt
 
 
-def plot_curves(rows: Sequence[SpecRow], out: Path) -> Path:
-    """Validation estimates against optimizer steps: one colour per spec, one thin line per seed."""
+def plot_curves(rows: Sequence[SpecRow], out: Path, *, imbalance: bool = False) -> Path:
+    """Validation estimates (or, with ``imbalance``, expert load imbalances) against optimizer steps: one colour per
+    spec, one thin line per seed."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for i, row in enumerate(rows):
         colour = f"C{i % 10}"
         for j, r in enumerate(row.runs):
-            steps, vals = zip(*r.curve)
+            curve = r.imbalance_curve if imbalance else r.curve
+            if not curve:
+                continue
+            steps, vals = zip(*curve)
             ax.plot(steps, vals, color=colour, lw=0.9, alpha=0.8, label=f"{row.spec} (lr {row.lr:g})" if j == 0 else None)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("validation cross-entropy (nats / token)")
-    ax.set_title("validation loss, every seed")
+    ax.set_ylabel("max expert load / mean load (mean over MoE layers)" if imbalance else "validation cross-entropy (nats / token)")
+    ax.set_title("expert load imbalance on the evaluation windows, every seed" if imbalance else "validation loss, every seed")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -462,6 +479,25 @@ def _validation_scope(config: Any, data_folder: str) -> str:
     return f"the score over the first {scored:,} of the validation split's {n_val:,} tokens (`final_val_loss`)"
 
 
+def _imbalance_section(rows: Sequence[SpecRow]) -> list[str]:
+    """The expert-load table and plot of a comparison whose runs have routers that report loads (else nothing)."""
+    if not any(r.imbalance_curve for row in rows for r in row.runs):
+        return []
+    lines = [
+        "## Expert load imbalance", "",
+        "Max expert load / mean expert load on the fixed evaluation windows (1 = every expert gets the same number of "
+        "token assignments), mean over the MoE layers, then mean ± sample std over seeds.", "",
+        "| spec | load imbalance at step 0 | load imbalance at the end |", "|---|---:|---:|",
+    ]
+    for row in rows:
+        if not all(r.imbalance_curve for r in row.runs):
+            lines.append(f"| {row.spec} | n/a: no router reports expert loads | |")
+            continue
+        first, last = (mean_std([r.imbalance_curve[i][1] for r in row.runs]) for i in (0, -1))
+        lines.append(f"| {row.spec} | {fmt_pm(*first)} | {fmt_pm(*last)} |")
+    return lines + ["", "![expert load imbalance of every run](imbalance.png)", ""]
+
+
 def write_report(result: Comparison, config: Any, data_folder: str, *, lr_sweep: bool) -> Path:
     """``report.md``: the recipe, the table, the sweep, the curves and the position buckets."""
     rows = result.rows
@@ -474,7 +510,9 @@ def write_report(result: Comparison, config: Any, data_folder: str, *, lr_sweep:
         f"(batch {config.batch_size} x grad_accum {config.grad_accum} x seq_len {config.seq_len}), {config.schedule} schedule "
         f"with {config.warmup_steps} warmup steps, seeds {config.seed}..{config.seed + seeds - 1}. "
         "Losses are cross-entropy in nats per token: train is the last estimate on fixed training windows, validation "
-        f"{_validation_scope(config, data_folder)}; mean ± sample std over seeds. A run diverged when a loss was not "
+        f"{_validation_scope(config, data_folder)}; bits per byte is that validation score per UTF-8 byte of the scored "
+        "text (loss x tokens / bytes / ln 2), which does not depend on the tokenizer; mean ± sample std over seeds. "
+        "A run diverged when a loss was not "
         "finite or its last validation estimate ended above its step-0 one.",
         "",
     ]
@@ -484,13 +522,14 @@ def write_report(result: Comparison, config: Any, data_folder: str, *, lr_sweep:
         f"Wall time of the whole comparison: {result.wall_s:,.0f} s ({result.wall_s / 60:.1f} min) for {result.n_runs} "
         f"training runs, {pace}.",
         "",
-        "| spec | parameters | active parameters | lr | tokens/s | train loss | validation loss | diverged |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| spec | parameters | active parameters | lr | tokens/s | train loss | validation loss | validation bits/byte | diverged |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        bpb = fmt_pm(r.val_bpb_mean, r.val_bpb_std) if r.val_bpb_mean is not None else "n/a"
         lines.append(
             f"| {r.spec} | {r.params:,} | {r.active_params:,} | {r.lr:g} | {r.tokens_per_s:,.0f} | "
-            f"{fmt_pm(r.train_loss_mean, r.train_loss_std)} | {fmt_pm(r.val_loss_mean, r.val_loss_std)} | {r.diverged}/{len(r.runs)} |"
+            f"{fmt_pm(r.train_loss_mean, r.train_loss_std)} | {fmt_pm(r.val_loss_mean, r.val_loss_std)} | {bpb} | {r.diverged}/{len(r.runs)} |"
         )
     if lr_sweep:
         lrs = sorted({lr for r in rows for lr in r.sweep})
@@ -503,6 +542,7 @@ def write_report(result: Comparison, config: Any, data_folder: str, *, lr_sweep:
             lines.append(f"| {r.spec} | " + " | ".join(cells) + f" | {r.lr:g} |")
         lines += [""] + [f"- {r.spec}: learning rate {r.lr:g} won." for r in rows]
     lines += ["", "## Validation loss", "", "![validation loss of every run](curves.png)", ""]
+    lines += _imbalance_section(rows)
     edges = np.array_split(np.arange(result.eval_len), result.n_buckets)
     lines += [
         f"## Loss by position at context {result.eval_len} (trained at {result.seq_len})", "",

@@ -384,10 +384,14 @@ class CostModel:
         return {k: Fraction(n, work.tokens) for k, n in self.flops(work).items()}
 
     def context_parts(self) -> set[str]:
-        """The ``"kind.part"`` keys whose FLOPs per decoded token change with the context (attention scores...)."""
+        """The ``"kind.part"`` keys whose FLOPs per decoded token change with the context (attention scores...):
+        present at decode contexts 1 and 2, or 2 and 3, and different there."""
         if self._varying is None:
-            a, b = self.flops(self.workload("decode", 1)), self.flops(self.workload("decode", 2))
-            self._varying = {k for k in set(a) | set(b) if a.get(k, 0) != b.get(k, 0)}
+            # decode at 1 has an empty cache, at 2 and 3 one that holds earlier tokens: a component may compute
+            # differently in the two cases (MLA's expanded and absorbed forms), so only a part present at both
+            # contexts of a pair and different between them depends on the context
+            ctx = [self.flops(self.workload("decode", n)) for n in (1, 2, 3)]
+            self._varying = {k for a, b in zip(ctx, ctx[1:]) for k in set(a) & set(b) if a[k] != b[k]}
         return self._varying
 
     def crossover(self, phase: str, *, projections: bool = False, limit: int = 2**40) -> Optional[int]:

@@ -17,6 +17,10 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   which builds it with ``ctx.build(config, extra={"n_experts": n, "top_k": k})``:
   ``forward(x [tokens, d_model]) -> (weights [tokens, top_k] in x's dtype, indices [tokens, top_k] int64,
   logits [tokens, n_experts] float32)``; the logits keep their gradient (the holder's aux losses use them).
+  Optional, by name: ``takes_token_mask = True`` (``forward(x, token_mask=[tokens] bool)``), ``probabilities(logits)
+  -> [tokens, n_experts]`` (what the balance loss reads; default softmax), an ``expert_load [n_experts]`` int64
+  buffer of real-token assignments and ``update_balance(load)``, the training-time rule the loop applies after each
+  optimizer step (:mod:`modkit.balance`).
 
 * ``logits_processor``: not part of a model; ``factory(config, setup)`` returns a
   :class:`modkit.sampling.LogitsProcessor`, ``processor(logits [batch, vocab] float32, state) -> [batch, vocab]``
@@ -95,12 +99,20 @@ class AttentionInputs:
             real. Cached keys carry their own validity (:class:`~modkit.cache.LayerKVCache`).
         position: the layer's :class:`PositionScheme` (``rotate`` q/k and/or add ``attention_bias``).
         cache: the layer's KV cache, or ``None`` for a plain forward.
+        documents: ``[batch, seq]`` int64 document index of each token of ``x`` within its row (document-masked
+            packing: a query sees only keys of its own document, and ``positions`` restart at 0 at each document);
+            ``None``: the whole row is one sequence. Never set together with ``cache``. Attentions that honour it
+            declare the ``document_mask`` capability; :func:`modkit.attention.prepare_mask` applies it.
+        scratch: a dict shared by every layer of one forward without a cache (where :func:`~modkit.attention.prepare_mask`
+            keeps the mask it built, so a document mask is built once per batch, not once per layer); ``None``: none.
     """
 
     positions: Tensor
     token_mask: Optional[Tensor] = None
     position: Optional["PositionScheme"] = None
     cache: Optional["LayerKVCache"] = None
+    documents: Optional[Tensor] = None
+    scratch: Optional[dict] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""
@@ -255,7 +267,8 @@ class BuildContext:
     extra: dict = field(default_factory=dict)
 
     def build(self, config: Any, **changes: Any) -> nn.Module:
-        """Build a (nested) component from its validated config, tagging it with its kind and type.
+        """Build a (nested) component from its validated config, tagging it with its kind, type and capabilities
+        (``modkit_kind``, ``modkit_type``, ``modkit_capabilities``).
 
         Raises:
             RegistryError: the config's type is not registered.
@@ -270,6 +283,7 @@ class BuildContext:
             )
         module.modkit_kind = entry.kind
         module.modkit_type = entry.type
+        module.modkit_capabilities = dict(entry.capabilities)  # read at run time (e.g. document_mask) without a registry
         return module
 
     def build_grouped(self, config: Any, n: int, **changes: Any) -> nn.Module:

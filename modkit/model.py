@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .cache import CacheSpec, KVCache
+from .documents import document_positions
 from .errors import CheckpointError
 from .interfaces import AttentionInputs, Init, add_aux, dropout
 from .spec import ModelSpec
@@ -258,6 +259,7 @@ class Model(nn.Module):
         positions: Optional[Tensor] = None,
         cache: Optional[KVCache] = None,
         logits_to_keep: Optional[int] = None,
+        documents: Optional[Tensor] = None,
     ) -> ModelOutput:
         """Compute logits.
 
@@ -271,13 +273,19 @@ class Model(nn.Module):
             logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (a prefill for
                 generation needs the last one: the head's GEMM and the ``[batch, seq, vocab]`` output shrink to
                 ``[batch, logits_to_keep, vocab]``); ``None``: every position.
+            documents: ``[batch, seq]`` int64 document index of every token of packed rows
+                (:func:`modkit.documents.document_ids`): a token attends only to earlier tokens of its own document
+                and its position counts from that document's start (unless ``positions`` is given), so each document
+                gives the logits it gives alone. Not with ``cache``.
 
         Returns:
             :class:`ModelOutput` with ``logits [batch, seq, vocab_size]`` (``[batch, logits_to_keep, vocab_size]``
                 when given) and ``hidden [batch, seq, d_model]``.
 
         Raises:
-            ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``.
+            ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``;
+                ``documents`` with a cache, or with an attention that does not declare the ``document_mask``
+                capability (named with its layer).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
@@ -301,6 +309,10 @@ class Model(nn.Module):
             token_mask = attention_mask.to(torch.bool)
             if token_mask.shape[1] != seq:  # a mask over the cached tokens too: those were recorded when written
                 token_mask = token_mask[:, -seq:]
+        if documents is not None:
+            self._check_documents(documents, input_ids, cache, eager)
+            if positions is None:
+                positions = document_positions(documents, token_mask)
         if cache is not None:
             positions, token_mask = cache.prepare(bsz, seq, token_mask, positions)
         elif positions is None:
@@ -319,6 +331,8 @@ class Model(nn.Module):
             x = self.embedding_norm(x)
         x = self.embed_dropout(x)
         inputs = AttentionInputs(positions=positions, token_mask=token_mask)
+        if documents is not None:  # the document mask is built once, by the first layer, and shared (prepare_mask)
+            inputs = AttentionInputs(positions=positions, token_mask=token_mask, documents=documents, scratch={})
         aux = None
         for i, block in enumerate(self.layers):
             layer_inputs = inputs.for_layer(self.positions[self.layer_position[i]], cache.layers[i] if cache is not None else None)
@@ -345,6 +359,29 @@ class Model(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def _check_documents(self, documents: Tensor, input_ids: Tensor, cache: Optional[KVCache], eager: bool) -> None:
+        """Refuse document ids the model cannot honour: with a cache, of another shape, or an attention without
+        the ``document_mask`` capability (checked once per model, against the registry)."""
+        if cache is not None:
+            raise ValueError("documents (document-masked packing) cannot be combined with a KV cache; drop one of them")
+        if not eager:  # under torch.compile: checked by the eager calls (and by the trainer at setup), not traced
+            return
+        if tuple(documents.shape) != tuple(input_ids.shape):
+            raise ValueError(f"documents must be [batch, seq] = {tuple(input_ids.shape)} like input_ids, got {tuple(documents.shape)}")
+        problems = getattr(self, "_document_problems", None)
+        if problems is None:  # once per model: the capability each attention was built with
+            problems = []
+            for i, block in enumerate(self.layers):
+                for m in block.modules():
+                    if getattr(m, "modkit_kind", None) == "attention" and not getattr(m, "modkit_capabilities", {}).get("document_mask"):
+                        problems.append(f"layer {i}: attention type {m.modkit_type!r} does not declare the document_mask capability")
+            self._document_problems = problems
+        if problems:
+            raise ValueError(
+                "document-masked packing: " + "; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
+                + "; such an attention would attend across the documents of a row: use one that supports it, or no documents"
+            )
 
     @torch.no_grad()
     def resize_vocab(self, vocab_size: int, *, init: str = "mean", seed: int = 0) -> "Model":

@@ -47,7 +47,9 @@ Choices made here (and why):
   rank then uses against its own shard gets, on each rank, only that rank's part of its gradient; the full
   gradient is the sum over the group. Activations entering a sharded module are summed on the way back by the
   styles themselves (``colwise``: DTensor's ``Replicate`` input; ``grouped`` and sliced attention biases:
-  :func:`copy_to_tp`, Megatron-LM's ``f`` operator). Parameters cannot be told apart by structure, so in a
+  :func:`copy_to_tp`, Megatron-LM's ``f`` operator). An activation a component computes whole on every rank and
+  feeds to its local heads without a sharded projection in between (multi-head latent attention's rotated key,
+  shared by every head) goes through :func:`shared_by_heads` in the component's forward. Parameters cannot be told apart by structure, so in a
   component whose plan shards something **every parameter must be declared**: by a sharding style, ``per_head``
   (summed over the group), or ``replicate`` (reads only replicated activations); :func:`model_plan` refuses an
   undeclared one, naming it, rather than train it silently wrong. Nested components whose own plan shards
@@ -102,6 +104,7 @@ from .registry import Registry, get_registry
 __all__ = [
     "STYLES",
     "copy_to_tp",
+    "shared_by_heads",
     "ParallelError",
     "PlanWarning",
     "TPPlan",
@@ -163,6 +166,23 @@ def copy_to_tp(x: Tensor, mesh) -> Tensor:
     if not x.requires_grad:
         return x
     return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+
+
+def shared_by_heads(x: Tensor, sharded: Tensor) -> Tensor:
+    """``x`` as this rank's heads read it: its gradient summed over the tensor-parallel group of ``sharded``.
+
+    For a component whose plan shards its heads: a tensor that every rank computes whole (from replicated
+    weights) and that its local heads then consume directly, not through a ``colwise`` projection (whose input
+    gradient the style already sums), gets only this rank's heads' part of its gradient; this restores the sum
+    (:func:`copy_to_tp` on the mesh of ``sharded``). Without tensor parallelism (``sharded`` a plain tensor) it
+    returns ``x`` itself, so a component may call it unconditionally.
+
+    Args:
+        x: any shape, the same values on every rank (e.g. MLA's rotated key ``[batch, 1, seq, qk_rope_head_dim]``).
+        sharded: a parameter of the component that the plan shards (a DTensor under tensor parallelism).
+    """
+    mesh = getattr(sharded, "device_mesh", None)
+    return x if mesh is None else copy_to_tp(x, mesh)
 
 
 def _grads_like_params(module: nn.Module, inputs) -> None:

@@ -52,6 +52,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "argument": "{name, field}: the keyword of modkit.generate.generate (and --flag of modkit generate) that sets this "
         "field (logits_processor, stop_condition)",
         "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
+        "document_mask": "honours AttentionInputs.documents: a query sees only keys of its own document (document-masked "
+        "packing; attention). An attention without it is refused when documents are given",
     }
 )
 

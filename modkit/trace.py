@@ -31,6 +31,9 @@ Per layer (real weights only; a meta model gives shapes alone), with ``h_i`` the
   2023, The Lazy Neuron Phenomenon (arXiv:2210.06313) count the same nonzeros.
 * ``ffn_near_zero``: fraction of entries of that activation with ``|a| < 0.1 RMS(a)`` (RMS over the layer's whole
   activation of the traced text): a scale-free reading of "sparse" that smooth activations can show.
+* ``expert_load``, ``load_imbalance``: for a layer whose router reports expert loads (:mod:`modkit.balance`), the
+  number of the traced tokens' assignments each expert received and ``max / mean`` of those counts (1: balanced;
+  ``n_experts / top_k`` at most).
 * ``attention_entropy``: per head, mean over query positions of ``-Σ_k p log p`` (nats; ``0 log 0 = 0``) of the
   attention probabilities; ``log(t + 1)`` is the most a causal query ``t`` can reach.
 * ``top_tokens``: the logit lens (nostalgebraist 2020, "interpreting GPT: the logit lens"): ``h_i`` at the last
@@ -46,6 +49,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from . import balance
 from .errors import ModkitError
 from .inspection import Recording, inspect
 
@@ -103,6 +107,9 @@ class LayerStats:
         ffn_near_zero: fraction of its entries within a tenth of its RMS of zero, ``None`` where it is not exposed.
         attention_entropy: ``[n_heads]`` mean entropy (nats) per head, ``None`` where weights are not exposed.
         top_tokens: logit lens at the last position: ``(token id, text, probability)``, most likely first.
+        expert_load: ``[n_experts]`` assignments of the traced tokens per expert of the layer's router, ``None``
+            for a layer without one (the first router of the layer when it has several).
+        load_imbalance: ``max(expert_load) / mean(expert_load)``, ``None`` without a router.
     """
 
     index: int
@@ -113,6 +120,8 @@ class LayerStats:
     ffn_near_zero: Optional[float]
     attention_entropy: Optional[list[float]]
     top_tokens: list[tuple[int, str, float]]
+    expert_load: Optional[list[int]] = None
+    load_imbalance: Optional[float] = None
 
 
 @dataclass
@@ -458,6 +467,8 @@ def trace(
     was_training = model.training
     model.eval()
     try:
+        if not meta:
+            balance.reset_loads(model)  # the routers' loads then count exactly this forward's assignments
         with inspect(model) as rec:
             out = model(x)
         n_layers = len(model.layers)
@@ -483,6 +494,11 @@ def trace(
         )
         if not meta:
             result.layers = [_layer_stats(model, rec, i, tokenizer, top_k) for i in range(n_layers)]
+            for path, load in balance.read_loads(model).items():
+                i = balance.layer_of(path)
+                if i is not None and i < n_layers and result.layers[i].expert_load is None:
+                    result.layers[i].expert_load = [int(v) for v in load.tolist()]
+                    result.layers[i].load_imbalance = balance.imbalance(load)
             for i in range(n_layers):
                 w = next((t for n, t in rec.layer(i).items() if n.endswith(":weights")), None)
                 if w is not None:

@@ -91,6 +91,7 @@ def print_trace(t: Trace, console=None) -> None:
 
     if t.has_stats:
         layers = Table(title="Per layer (h: block output, h_prev: its input)", title_justify="left")
+        moe = has_expert_loads(t)
         for name, justify in (
             ("layer", "right"),
             ("‖h‖", "right"),
@@ -98,6 +99,7 @@ def print_trace(t: Trace, console=None) -> None:
             ("cos(h, h_prev)", "right"),
             ("FFN zeros", "right"),
             ("FFN near 0", "right"),
+            *([("expert load max/mean", "left")] if moe else []),
             ("attention entropy per head (nats)", "left"),
             ("logit lens: next token read from h", "left"),
         ):
@@ -106,7 +108,8 @@ def print_trace(t: Trace, console=None) -> None:
             ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
             layers.add_row(
                 str(s.index), _num(s.residual_norm), _num(s.update_ratio), _num(s.cosine_prev),
-                _num(s.ffn_sparsity), _num(s.ffn_near_zero), Text(ent), Text(_lens_text(s)),
+                _num(s.ffn_sparsity), _num(s.ffn_near_zero), *([Text(load_text(s))] if moe else []), Text(ent),
+                Text(_lens_text(s)),
             )
         console.print(layers)
     else:
@@ -116,6 +119,19 @@ def print_trace(t: Trace, console=None) -> None:
         console.print(Text("not exposed by the components:", style="bold"))
         for name, why in t.unavailable.items():
             console.print(Text(f"  {name}: {why}"))
+
+
+def has_expert_loads(t: Trace) -> bool:
+    """Whether any layer of the trace has a router that reported expert loads."""
+    return any(s.expert_load is not None for s in t.layers)
+
+
+def load_text(s) -> str:
+    """``1.33 (2..6 of 8 assignments over 4 experts)``: a layer's load imbalance and its counts; ``-`` without a router."""
+    if s.expert_load is None:
+        return "-"
+    imb = "n/a" if s.load_imbalance is None else f"{s.load_imbalance:.2f}"
+    return f"{imb} ({min(s.expert_load)}..{max(s.expert_load)} of {sum(s.expert_load)} assignments over {len(s.expert_load)} experts)"
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -346,15 +362,18 @@ def render_html(t: Trace) -> str:
                      "or a spec with <code>--random-init</code> for an untrained model.</p>")
     else:
         parts.append("<h2>Per layer</h2>")
+        moe = has_expert_loads(t)
         parts.append("<table><tr><th>layer</th><th>‖h‖</th><th>‖Δh‖/‖h_prev‖</th><th>cos(h, h_prev)</th><th>FFN zeros</th>"
-                     "<th>FFN near 0</th><th>attention entropy per head (nats)</th><th>logit lens: top tokens at the last position</th></tr>")
+                     "<th>FFN near 0</th>" + ("<th>expert load max/mean</th>" if moe else "")
+                     + "<th>attention entropy per head (nats)</th><th>logit lens: top tokens at the last position</th></tr>")
         for s in t.layers:
             ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
             parts.append(
                 f"<tr><td class='num'>{s.index}</td><td class='num'>{_num(s.residual_norm)}</td>"
                 f"<td class='num'>{_num(s.update_ratio)}</td><td class='num'>{_num(s.cosine_prev)}</td>"
                 f"<td class='num'>{_num(s.ffn_sparsity)}</td><td class='num'>{_num(s.ffn_near_zero)}</td>"
-                f"<td class='mono'>{_e(ent)}</td>"
+                + (f"<td class='mono'>{_e(load_text(s))}</td>" if moe else "")
+                + f"<td class='mono'>{_e(ent)}</td>"
                 f"<td class='mono'>{_e(_lens_text(s))}</td></tr>"
             )
         parts.append("</table>")

@@ -42,6 +42,7 @@ from modkit import AttentionInputs, BuildContext, CacheSpec, Component, Componen
 from modkit.attention import (  # noqa: F401 - attention_mask and PreparedMask are re-exported for older imports
     PreparedMask,
     attention_mask,
+    is_plain_causal,
     masked_attention,
     position_bias,
     prepare_mask,
@@ -273,9 +274,9 @@ class Attention(nn.Module):
         k, v, k_pos, k_valid = update_cache(inputs, k, v, mixer=self)  # store the new keys; attend over every key handed back
         bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (
-            self.causal and bias is None and k_valid is None and self.sliding_window is None
+            self.causal and is_plain_causal(inputs, k_pos, k_valid, bias) and self.sliding_window is None
             and self.attention_chunk_size is None and self.sinks is None
-            and k_pos is q_pos and not need_weights and self.backend == "sdpa" and self.logit_softcap is None
+            and not need_weights and self.backend == "sdpa" and self.logit_softcap is None
         )
         if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel
             out = nn.functional.scaled_dot_product_attention(
@@ -388,6 +389,7 @@ def register_components(register) -> None:
                     "compile_safe": True,
                     "returns_weights": True,
                     "attention_dropout": True,
+                    "document_mask": True,  # prepare_mask keeps each query inside its document
                     # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads, and the
                     # sink logits (when present) are sharded with the query heads
                     "tp_plan": {

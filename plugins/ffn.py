@@ -5,6 +5,8 @@
 * ``mlp``:    ``down(act(up(x)))`` with act in gelu, gelu_tanh, relu, silu (GPT-2 uses gelu_tanh).
 * ``swiglu``: ``down(silu(gate(x)) * up(x))`` (Llama, Mistral, Qwen, OLMo).
 * ``geglu``:  ``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh``; ``activation`` selects exact gelu).
+* ``swiglu_clamped``: gpt-oss's form, ``down(g * sigmoid(alpha * g) * (u + 1))`` with ``g = min(gate(x), limit)``,
+  ``u = clamp(up(x), -limit, limit)`` (``alpha`` 1.702, ``limit`` 7.0; :class:`ClampedGLU`).
 
 In float16 the gated product ``act(gate(x)) * up(x)`` can exceed 65504 (the largest float16) while the FFN's output
 is representable: plain float16 math (and transformers) then gives ``inf``, and ``inf`` or NaN downstream. The gated
@@ -21,7 +23,8 @@ are stored ``[n, in, out]`` (``x @ W``, the transpose of ``nn.Linear``'s ``[out,
 reads contiguously.
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); Shazeer 2020, GLU Variants Improve Transformer
-(arXiv:2002.05202).
+(arXiv:2002.05202); OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card (arXiv:2508.10925) and its reference
+implementation's ``swiglu`` (transformers ``GptOssExperts._apply_gate``) for the clamped form.
 """
 
 from __future__ import annotations
@@ -67,6 +70,44 @@ class GatedConfig(ComponentConfig):
     def act(self) -> str:
         """The effective gate activation."""
         return self.activation or ("silu" if self.type == "swiglu" else "gelu_tanh")
+
+
+class ClampedSwiGLUConfig(ComponentConfig):
+    """Config of ``swiglu_clamped`` (gpt-oss): ``down(g * sigmoid(alpha * g) * (u + 1))``, ``g``, ``u`` the clamped
+    gate and up projections."""
+
+    type: Literal["swiglu_clamped"] = "swiglu_clamped"
+    d_ff: FFNWidth = Field(..., description="hidden width")
+    bias: bool = Field(False, description="biases on the three projections (gpt-oss's experts have them)")
+    alpha: float = Field(1.702, gt=0, allow_inf_nan=False, description="slope of the gate's sigmoid, g * sigmoid(alpha * g) (gpt-oss swiglu_alpha)")
+    limit: float = Field(
+        7.0, gt=0, allow_inf_nan=False,
+        description="the gate is clamped to at most limit and the up projection to [-limit, limit] (gpt-oss swiglu_limit)",
+    )
+
+
+class ClampedGLU:
+    """gpt-oss's clamped gated unit, as the two element-wise maps of a gated FFN (transformers ``GptOssExperts``).
+
+    ``act(gate) = g * sigmoid(alpha * g)`` with ``g = gate.clamp(max=limit)`` and ``up_map(up) = up.clamp(-limit,
+    limit) + 1``; the hidden activation is ``act(gate) * up_map(up)``. Shapes are preserved (``[..., d_ff]``).
+    """
+
+    def __init__(self, alpha: float, limit: float):
+        self.alpha, self.limit = float(alpha), float(limit)
+
+    def act(self, gate: Tensor) -> Tensor:
+        """``g * sigmoid(alpha * g)``, ``g = min(gate, limit)``."""
+        g = gate.clamp(max=self.limit)
+        return g * torch.sigmoid(g * self.alpha)
+
+    def up_map(self, up: Tensor) -> Tensor:
+        """``clamp(up, -limit, limit) + 1``."""
+        return up.clamp(min=-self.limit, max=self.limit) + 1
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
 
 
 #: float16 rows of the gated product are scaled to keep their largest entry below this (2^14, a quarter of the
@@ -120,19 +161,21 @@ class MLP(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """Gated MLP (SwiGLU/GeGLU). ``[batch, seq, d_model] -> [batch, seq, d_model]``."""
+    """Gated MLP (SwiGLU/GeGLU, or gpt-oss's clamped SwiGLU with ``unit``). ``[batch, seq, d_model] -> [batch, seq,
+    d_model]``."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool):
+    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[ClampedGLU] = None):
         super().__init__()
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = activation
-        self._act = ACTIVATIONS[activation]
+        self._act = unit.act if unit is not None else ACTIVATIONS[activation]
+        self._up = unit.up_map if unit is not None else _identity
 
     def forward(self, x: Tensor) -> Tensor:
         """``down(act(gate(x)) * up(x))`` (float16: the product in float32, rows scaled; see :func:`gated_product`)."""
-        h, scale = gated_product(self._act, self.gate(x), self.up(x))
+        h, scale = gated_product(self._act, self.gate(x), self._up(self.up(x)))
         return _down(self.down, h, scale)
 
 
@@ -144,10 +187,11 @@ def _local(t: Tensor) -> Tensor:
 class _Stacked(nn.Module):
     """Base of the grouped FFNs: stacked ``[n, in, out]`` projections and their per-group biases."""
 
-    def __init__(self, activation: str, bias: bool):
+    def __init__(self, activation: str, bias: bool, unit: Optional[ClampedGLU] = None):
         super().__init__()
         self.bias, self.activation = bias, activation
-        self._act = ACTIVATIONS[activation]
+        self._act = unit.act if unit is not None else ACTIVATIONS[activation]
+        self._up = unit.up_map if unit is not None else _identity
 
     def _projection(self, name: str, n: int, d_in: int, d_out: int, bias: bool) -> None:
         """Register ``name [n, d_in, d_out]`` (and ``{name}_bias [n, d_out]``), filled like ``nn.Linear``'s
@@ -217,11 +261,12 @@ class GroupedGatedMLP(_Stacked):
     Parameters: ``gate [n, d_model, d_ff]``, ``up [n, d_model, d_ff]``, ``down [n, d_ff, d_model]`` and, with
     ``bias``, ``gate_bias``/``up_bias [n, d_ff]``, ``down_bias [n, d_model]``. Copy ``g`` of the single form has
     ``gate.weight == gate[g].T`` (Mixtral's ``experts.{g}.w1.weight``), ``up.weight == up[g].T`` (``w3``),
-    ``down.weight == down[g].T`` (``w2``).
+    ``down.weight == down[g].T`` (``w2``). gpt-oss's ``experts.gate_up_proj [n, d_model, 2 d_ff]`` interleaves the
+    two: ``gate == gate_up_proj[..., ::2]``, ``up == gate_up_proj[..., 1::2]`` (``unit``: its clamped form).
     """
 
-    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool):
-        super().__init__(activation, bias)
+    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[ClampedGLU] = None):
+        super().__init__(activation, bias, unit)
         self._projection("gate", n, d_model, d_ff, bias)
         self._projection("up", n, d_model, d_ff, bias)
         self._projection("down", n, d_ff, d_model, bias)
@@ -230,7 +275,8 @@ class GroupedGatedMLP(_Stacked):
         """``x [rows, d_model]``, ``offs [n]`` int32 cumulative row ends -> ``[rows, d_model]`` (float16: the gated
         product in float32, rows scaled as in :func:`gated_product`)."""
         groups = self._groups(x, offs) if self.bias else None
-        h, scale = gated_product(self._act, self._apply_projection("gate", x, offs, groups), self._apply_projection("up", x, offs, groups))
+        up = self._up(self._apply_projection("up", x, offs, groups))
+        h, scale = gated_product(self._act, self._apply_projection("gate", x, offs, groups), up)
         if scale is None:
             return self._apply_projection("down", h, offs, groups)
         out = grouped_mm(h, _local(self.down), offs).float() * scale
@@ -277,11 +323,17 @@ $W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, 
 
 $W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, $\odot$ the element-wise product
 (Shazeer 2020, eq. 6; the tanh form of GELU unless activation says otherwise); biases only with bias: true.""",
+    "swiglu_clamped": r"""$$\mathrm{FFN}(x) = W_{down}\big(g\, \sigma(\alpha\, g) \odot (u + 1)\big), \qquad
+g = \min(W_{gate}\, x,\ L), \qquad u = \max(\min(W_{up}\, x,\ L),\ -L)$$
+
+$W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$ (biases with bias: true, added before
+the clamps), $\sigma$ the logistic sigmoid, $\alpha$ = alpha (1.702, which makes $g\,\sigma(\alpha g)$ close to
+GELU), $L$ = limit (7.0). gpt-oss's experts (OpenAI 2025, arXiv:2508.10925).""",
 }
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``mlp``, ``swiglu`` and ``geglu``."""
+    """Register ``mlp``, ``swiglu``, ``geglu`` and ``swiglu_clamped``."""
     plan_mlp = {"up": "colwise", "down": "rowwise"}
     plan_gated = {"gate": "colwise", "up": "colwise", "down": "rowwise"}
     register(
@@ -318,3 +370,23 @@ def register_components(register) -> None:
                 grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias),
             )
         )
+    register(
+        Component(
+            kind="ffn",
+            type="swiglu_clamped",
+            config=ClampedSwiGLUConfig,
+            factory=lambda cfg, ctx: GatedMLP(ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit)),
+            description="gpt-oss's clamped SwiGLU down(g * sigmoid(alpha * g) * (u + 1)), g = min(gate(x), limit), "
+            "u = clamp(up(x), -limit, limit). [batch, seq, d_model] -> [batch, seq, d_model]. As mixture-of-experts "
+            "experts with bias: true it is gpt-oss's GptOssExperts.",
+            reference="OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925 (transformers GptOssExperts)",
+            capabilities={"compile_safe": True, "tp_plan": plan_gated},  # the clamps act per feature: shardable on d_ff
+            param_count=_gated_count,
+            flops=_gated_flops,
+            example={"type": "swiglu_clamped", "d_ff": 96, "bias": True},
+            math=_MATH["swiglu_clamped"],
+            grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(
+                n, ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit)
+            ),
+        )
+    )

@@ -80,9 +80,13 @@ def test_cached_decode_equals_full_forward(attention, position, placement):
         full = model(ids).logits
         got, cache = _run_schedule(model, ids)
         torch.testing.assert_close(got, full, atol=ATOL, rtol=1e-4)
-        for layer in cache.layers:  # n_kv_heads heads, never n_heads; max_len slots
-            attn = next(m for m in model.modules() if getattr(m, "modkit_kind", None) == "attention")
-            assert layer.k.shape == (2, attn.n_kv_heads, n, attn.head_dim)
+        attn = next(m for m in model.modules() if getattr(m, "modkit_kind", None) == "attention")
+        for layer in cache.layers:  # what the attention declares (keys: n_kv_heads heads, never n_heads); max_len slots
+            state = layer.state()
+            assert {e.name: tuple(state[e.name].shape) for e in attn.cache_spec().entries} == {
+                e.name: e.allocated_shape(2, n) for e in attn.cache_spec().entries}
+            if state.k is not None:
+                assert state.k.shape == (2, attn.n_kv_heads, n, attn.head_dim)
 
         mask = torch.ones(2, n, dtype=torch.long)
         mask[1, :4] = 0  # row 1 left-padded by 4

@@ -58,10 +58,11 @@ def _pairs(new: int, past: int, causal: bool, window) -> int:
 def _ffn_per_token(ffn: dict, d: int) -> int:
     if ffn["type"] == "mlp":
         return 4 * d * ffn["d_ff"]
-    if ffn["type"] in ("swiglu", "geglu"):
+    if ffn["type"] in ("swiglu", "geglu", "swiglu_clamped"):
         return 6 * d * ffn["d_ff"]
     assert ffn["type"] == "moe" and ffn.get("capacity_factor") is None
-    return 2 * d * ffn["n_experts"] + ffn.get("top_k", 2) * _ffn_per_token(ffn["expert"], d)
+    shared = _ffn_per_token(ffn["shared"], d) + (2 * d if ffn.get("shared_gate") else 0) if ffn.get("shared") else 0
+    return 2 * d * ffn["n_experts"] + ffn.get("top_k", 2) * _ffn_per_token(ffn["expert"], d) + shared
 
 
 def formula(spec: dict, new: int, past: int) -> int:
@@ -70,6 +71,9 @@ def formula(spec: dict, new: int, past: int) -> int:
     for layer in _layers(spec):
         a = layer["attention"]
         h = a["n_heads"]
+        if a["type"] == "mla":  # latent attention (DeepSeek-V2 §2.1): expanded with an empty cache, absorbed after
+            total += new * _ffn_per_token(layer["ffn"], d) + _mla(a, d, new, past, memo)
+            continue
         kv = {"mha": h, "mqa": 1}.get(a["type"], a.get("n_kv_heads"))
         kv = a.get("n_kv_heads") or kv
         hd = a.get("head_dim") or d // h
@@ -80,6 +84,21 @@ def formula(spec: dict, new: int, past: int) -> int:
         total += 2 * 2 * h * hd * memo[key]  # q·kᵀ and p·v
         total += new * _ffn_per_token(layer["ffn"], d)
     return total + new * 2 * d * spec["vocab_size"]
+
+
+def _mla(a: dict, d: int, new: int, past: int, memo: dict) -> int:
+    """Matmul FLOPs of multi-head latent attention on one row, counted from its shapes."""
+    h, r, q, nope, rope, v = a["n_heads"], a["kv_lora_rank"], a.get("q_lora_rank"), a["qk_nope_head_dim"], a["qk_rope_head_dim"], a["v_head_dim"]
+    key = (True, None)
+    if key not in memo:
+        memo[key] = _pairs(new, past, *key)
+    pairs = memo[key]
+    total = new * 2 * (d * h * (nope + rope) if q is None else d * q + q * h * (nope + rope))  # queries
+    total += new * 2 * d * (r + rope) + new * 2 * h * v * d  # latent + shared key; output projection
+    if past == 0:  # per-head keys and values rebuilt from the latent, attention over them
+        return total + new * 2 * r * h * (nope + v) + 2 * h * (nope + rope) * pairs + 2 * h * v * pairs
+    # queries into the latent, scores against it and the shared key, sum of latents, values up-projected
+    return total + new * 2 * h * nope * r + 2 * h * (r + rope) * pairs + 2 * h * r * pairs + new * 2 * h * r * v
 
 
 _costs: dict = {}

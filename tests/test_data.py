@@ -33,6 +33,7 @@ from modkit.data import (
 from modkit.data.tokenizer import char_tokenizer
 
 prepare_mod = importlib.import_module("modkit.data.prepare")  # the module; modkit.data.prepare is the function
+sources_mod = importlib.import_module("modkit.data.sources")
 CORPUS = default_corpus()
 TEXT = CORPUS.read_text(encoding="utf-8")
 CHARS = sorted(set(TEXT))
@@ -178,11 +179,15 @@ def test_jsonl_records_in_a_named_field(tmp_path):
     src = _write(tmp_path / "docs.jsonl", lines[0] + "\n\n" + "\n".join(lines[1:]) + "\n")
     meta = prepare([src], tmp_path / "out", tokenizer="char", text_field="body", show_progress=False, val_fraction=0.25)
     text = "".join(r["body"] for r in records)
-    tok = char_tokenizer(text)
+    tok = char_tokenizer(text, ["<|endoftext|>"])
+    eot = tok.vocab_size - 1  # the id after the characters
     ids = np.concatenate([np.fromfile(tmp_path / "out" / f, dtype=np.uint16) for f in ("train.bin", "val.bin")])
-    assert ids.tolist() == tok.encode(text)
-    assert meta["sources"][0]["format"] == "jsonl" and meta["sources"][0]["tokens"] == len(text)
-    assert meta["tokens"] == {"train": int(len(text) * 0.75), "val": len(text) - int(len(text) * 0.75)}
+    assert ids.tolist() == [i for r in records for i in tok.encode(r["body"]) + [eot]]  # the empty record: its EOT
+    n = len(text) + 3
+    assert meta["sources"][0]["format"] == "jsonl" and meta["sources"][0]["tokens"] == n
+    assert meta["documents"]["count"] == meta["sources"][0]["documents"] == 3 and meta["documents"]["eot_id"] == eot
+    # the split starts at the first document at or after int(n * 0.75): the empty record's EOT
+    assert meta["tokens"] == {"train": n - 1, "val": 1} and meta["documents"]["train"] == 2 and meta["documents"]["val"] == 1
 
 
 def test_folder_input_recursive_sorted_and_filtered(tmp_path):
@@ -198,8 +203,8 @@ def test_folder_input_recursive_sorted_and_filtered(tmp_path):
     assert names == ["a/c.jsonl", "a/z.md", "b.txt"]
     data = TokenData.open(tmp_path / "out")
     ids = np.concatenate([data.train, data.val]).tolist()
-    assert data.tokenizer.decode(ids) == "charlie\nzulu\nbravo\n"
-    assert data.vocab_size == len(set("charlie\nzulu\nbravo\n"))
+    assert data.tokenizer.decode(ids) == "charlie\n<|endoftext|>zulu\n<|endoftext|>bravo\n<|endoftext|>"  # a file: a document
+    assert data.vocab_size == len(set("charlie\nzulu\nbravo\n")) + 1
 
 
 def test_uint32_for_a_vocab_above_65536(tmp_path):
@@ -211,7 +216,10 @@ def test_uint32_for_a_vocab_above_65536(tmp_path):
     backend.decoder = tokenizers.decoders.Fuse()
     backend.save(str(tmp_path / "tokenizer.json"))
     text = "to be or not to be\n" * 50
-    meta = prepare([_write(tmp_path / "in.txt", text)], tmp_path / "out", tokenizer=str(tmp_path), show_progress=False)
+    src = _write(tmp_path / "in.txt", text)
+    msg = _err(prepare, [src], tmp_path / "out", tokenizer=str(tmp_path), show_progress=False)
+    assert "has no end-of-text token its files name (special tokens: none)" in msg and "--eot none" in msg
+    meta = prepare([src], tmp_path / "out", tokenizer=str(tmp_path), eot="none", show_progress=False)
     assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_000 + len(chars)
     assert meta["tokenizer"] == str((tmp_path / "tokenizer.json").resolve())
     data = TokenData.open(tmp_path / "out")
@@ -226,18 +234,18 @@ def test_streaming_in_small_chunks_gives_the_same_ids(tmp_path, monkeypatch, spe
     hard, which a BPE may tokenize (and train) differently, so its text here has no such run."""
     src = _write(tmp_path / "in.txt", text)
     prepare([src], tmp_path / "whole", tokenizer=spec, show_progress=False)
-    monkeypatch.setattr(prepare_mod, "READ_BYTES", 64)  # multi-byte characters straddle reads
+    monkeypatch.setattr(sources_mod, "READ_BYTES", 64)  # multi-byte characters straddle reads
     monkeypatch.setattr(prepare_mod, "BATCH_CHARS", 200)
     calls = []
-    real = prepare_mod._text_pieces
-    monkeypatch.setattr(prepare_mod, "_text_pieces", lambda *a: (calls.append(p) or p for p in real(*a)))
+    real = sources_mod._text_pieces
+    monkeypatch.setattr(sources_mod, "_text_pieces", lambda *a: (calls.append(p) or p for p in real(*a)))
     prepare([src], tmp_path / "chunks", tokenizer=spec, show_progress=False)
     # two passes (train the tokenizer, encode) over many small pieces that together are the text
     assert "".join(p.text for p in calls) == text * 2 and len(calls) > len(text.encode()) // 64
     assert max(len(p.text) for p in calls) < 3 * 64
     assert _bins(tmp_path / "chunks") == _bins(tmp_path / "whole")
     whole = TokenData.open(tmp_path / "whole")
-    assert np.concatenate([whole.train, whole.val]).tolist() == whole.tokenizer.encode(text)
+    assert np.concatenate([whole.train, whole.val]).tolist() == whole.tokenizer.encode(text) + [whole.tokenizer.eot_id]
 
 
 def test_prepare_is_atomic_when_interrupted(tmp_path, monkeypatch):
@@ -301,7 +309,7 @@ def test_each_bad_input_gets_its_error(tmp_path):
     msg = _err(prepare, [no_field], out, **quiet)
     assert f"{no_field.resolve()}:3: no field 'text' (fields: 'body')" in msg and "--text-field" in msg
     assert "no input files in this folder" in _err(prepare, [_write(tmp_path / "d" / "x.csv", "a").parent], out, **quiet)
-    assert "too few to split" in _err(prepare, [_write(tmp_path / "one.txt", "a")], out, **quiet)
+    assert "too few to split" in _err(prepare, [_write(tmp_path / "one.txt", "a")], out, eot="none", **quiet)
     twice = _err(prepare, [tmp_path, good], out, **quiet)  # tmp_path holds good.txt (and one.txt, empty.txt, ...)
     assert twice == f"{good.resolve()}: given twice (directly or inside a folder input); list each file once"
     assert not out.exists()  # nothing was written by any of them
@@ -310,7 +318,7 @@ def test_each_bad_input_gets_its_error(tmp_path):
     char_tok.mkdir()
     char_tokenizer("abc \n").save(char_tok)
     odd = _write(tmp_path / "odd.txt", "abc\nab c\ncab x\n")
-    msg = _err(prepare, [odd], out, tokenizer=str(char_tok), **quiet)
+    msg = _err(prepare, [odd], out, tokenizer=str(char_tok), eot="none", **quiet)
     assert msg.startswith(f"{odd.resolve()}:3:5: character 'x' (U+0078 LATIN SMALL LETTER X) is not in the vocabulary")
     # an output folder holding a different dataset
     prepare([good], out, **quiet)
@@ -474,9 +482,12 @@ def test_cli_data_prepare(tmp_path, capsys, bpe300):
     assert f"{meta['tokens']['train']:,} tokens  {out}/train.bin" in stdout
     assert f"{meta['tokens']['val']:,} tokens  {out}/val.bin" in stdout
     assert "tokenizer  bpe:300  vocab_size 300  dtype uint16" in stdout
+    assert "documents  1, eot '<|endoftext|>' (id 0)" in stdout
+    # one document: no boundary to cut at, so nanoGPT's cut at int(n * 0.8), inside it
     assert meta["tokens"]["val"] == sum(meta["tokens"].values()) - int(sum(meta["tokens"].values()) * 0.8)
+    assert meta["split_within_document"] is True
     data = TokenData.open(out)
-    assert data.tokenizer.decode(np.concatenate([data.train, data.val]).tolist()) == TEXT[:30_000]
+    assert data.tokenizer.decode(np.concatenate([data.train, data.val]).tolist()) == TEXT[:30_000] + "<|endoftext|>"
 
     assert cli.main(["data", "prepare", str(tmp_path / "nope.txt"), "-o", str(out)]) == 1
     err = capsys.readouterr().err

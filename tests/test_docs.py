@@ -507,6 +507,8 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
     assert f"d_model = {d}, n_heads = {docs.EXAMPLE_CONTEXT['n_heads']}" in table
     for entry in registry.components("attention"):
         cfg = modkit.load_component("attention", entry.example_config(), registry=registry)
+        if entry.type == "mla":  # latent attention: its own formulas (plugins/mla.py), decode in the absorbed form
+            continue
         h = cfg.n_heads
         kv = cfg.n_kv_heads or (1 if entry.type == "mqa" else h)
         hd = d // h
@@ -516,6 +518,14 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
         row = next(line for line in table.splitlines() if line.startswith(f"| [`{entry.type}`]"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2] == f"{params:,}" and cells[4] == f"{kv_bytes:,}" and cells[5] == f"{flops:,}", (entry.type, cells)
+    mla = modkit.load_component("attention", registry.get("attention", "mla").example_config(), registry=registry)
+    r, rope, h, nope, v, q = mla.kv_lora_rank, mla.qk_rope_head_dim, mla.n_heads, mla.qk_nope_head_dim, mla.v_head_dim, mla.q_lora_rank
+    params = d * q + q + q * h * (nope + rope) + d * (r + rope) + r + r * h * (nope + v) + h * v * d  # RMSNorm gains q, r
+    flops = (2 * d * q + 2 * q * h * (nope + rope) + 2 * d * (r + rope) + 2 * h * nope * r + 2 * h * r * v + 2 * h * v * d
+             + 2 * h * (r + rope) * COMPARE_CONTEXT + 2 * h * r * COMPARE_CONTEXT)  # absorbed: scores and sum over the latent
+    row = next(line for line in table.splitlines() if line.startswith("| [`mla`]"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{params:,}" and cells[4] == f"{(r + rope) * 2:,}" and cells[5] == f"{flops:,}", cells
     norms = pages[docs.kind_path("norm")]
     assert "| [`rmsnorm`](rmsnorm.md) | (defaults) | 256 | `d` |" in norms
     ffn = pages[docs.kind_path("ffn")]
@@ -1049,8 +1059,8 @@ def test_site_plugin_guide_lists_render_as_lists(built_site, browser):
     browser.goto((built_site["site"] / "guides" / "writing-a-plugin.html").as_uri())
     items = browser.eval("[...document.querySelectorAll('.md-content li')].map(li => li.textContent.replace(/\\s+/g, ' ').trim())")
     for start in ("param_count(config, ctx) -> int is the exact number", "flops(config, ctx, work) -> {part: FLOPs}",
-                  "example: a valid config", "keep the input dtype", "expose n_heads, n_kv_heads and head_dim",
-                  "modkit.update_cache(inputs, k, v): stores"):
+                  "example: a valid config", "keep the input dtype", "expose n_heads; declare what the cache keeps",
+                  "modkit.update_cache(inputs, k, v, mixer=self): stores"):
         assert any(i.startswith(start) for i in items), f"no list item starting {start!r}"
     paragraphs = browser.eval("[...document.querySelectorAll('.md-content p')].map(p => p.textContent)")
     assert not [p for p in paragraphs if "* `" in p or p.lstrip().startswith("* ")], "a list rendered as literal asterisks"

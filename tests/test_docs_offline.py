@@ -356,7 +356,7 @@ def test_diagrams_and_formulas_render_offline_in_chromium(offline_site):
     if browser is None:
         pytest.skip("no Chromium binary (Debian: apt-get install chromium); the pages are not rendered here")
     site = offline_site["site"]
-    diagram_pages = ["concepts", "components/placement", "components/placement/sandwich", "gallery/tiny-dyt-relu2"]
+    diagram_pages = ["concepts", "components/placement/index", "components/placement/sandwich", "gallery/tiny-dyt-relu2"]
     with _Server(site) as server:
         for path in diagram_pages:
             blocks = _page(site, path).read_text().count('class="mermaid"')

@@ -191,12 +191,13 @@ def test_timings_are_reported(installed, capsys):
 
 
 def test_guide_shows_the_example_verbatim():
-    """Every code block of the plugin guide is a verbatim part of a file of the example, or of a skeleton that
+    """Every code block of the plugin guide is a verbatim part of a file of the examples, or of a skeleton that
     ``modkit new plugin`` writes (the attention guide shows the attention skeleton's ``forward``)."""
     from modkit import scaffold
 
     guide = (REPO / "docs" / "guides" / "writing-a-plugin.md").read_text()
-    files = {p: p.read_text() for p in EXAMPLE.rglob("*") if p.suffix in {".py", ".toml", ".json"} and "__pycache__" not in p.parts}
+    # the worked plugin package, and the guide's single-module examples beside it (docs/examples/latent_attention.py)
+    files = {p: p.read_text() for p in EXAMPLE.parent.rglob("*") if p.suffix in {".py", ".toml", ".json"} and "__pycache__" not in p.parts}
     for kind in scaffold.KINDS:
         files.update({f"skeleton:{kind}:{rel}": text for rel, text in scaffold.plugin_files("my-plugin", kind).items()})
     blocks = re.findall(r"```(python|toml|json)\n(.*?)```", guide, re.S)

@@ -106,5 +106,5 @@ def test_moe_refuses_an_expert_type_without_a_grouped_form():
     ))
     spec = modkit.load_spec(ROOT / "specs" / "tiny-moe.json").model_dump(mode="json")
     spec["block"]["ffn"]["expert"] = {"type": "plain", "d_ff": 8}
-    with pytest.raises(modkit.SpecError, match=r"block\.ffn\.expert.*'plain'.*has no grouped form.*use one that has: geglu, mlp, swiglu,"):
+    with pytest.raises(modkit.SpecError, match=r"block\.ffn\.expert.*'plain'.*has no grouped form.*use one that has: geglu, mlp, swiglu, swiglu_clamped,"):
         modkit.load_spec(spec, registry=reg)

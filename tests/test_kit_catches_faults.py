@@ -34,7 +34,7 @@ D_FF = 48
 
 
 ATTENTION_FAULTS = ("peeking", "drifting", "nan_softmax", "late_peek", "train_peek", "ignores_bias", "rope_offset",
-                    "fake_dropout", "overdeclared")
+                    "fake_dropout", "overdeclared", "doc_leak")
 
 
 class MiniAttentionConfig(ComponentConfig):
@@ -69,7 +69,8 @@ class MiniAttention(nn.Module):
             rot = pos + 1 if self.fault == "rope_offset" and inputs.cache is not None and s == 1 else pos
             q, k = inputs.position.rotate(q, k, rot)
         k, v, k_pos, k_valid = modkit.update_cache(inputs, k, v)
-        allowed = modkit.attention_mask(pos, k_pos, k_valid)
+        docs = None if self.fault == "doc_leak" else inputs.documents  # FAULT (doc_leak): documents ignored
+        allowed = modkit.attention_mask(pos, k_pos, k_valid, q_doc=docs, k_doc=docs)
         next_token = (pos[:, :, None] + 1 == k_pos[:, None, :])[:, None]
         if self.fault == "peeking":  # FAULT: a query also sees the next token
             allowed = allowed | next_token
@@ -281,6 +282,7 @@ class FaultyPlugin:
         register(_attention("rope_offset", kv_cache=True))
         register(_attention("fake_dropout", kv_cache=True, attention_dropout=True))
         register(_attention("overdeclared", kv_cache=True))
+        register(_attention("doc_leak", kv_cache=True, document_mask=True))
         register(_norm("leaky_dtype"))
         register(_norm("miscounted", compile_safe=True))
         register(_norm("plain_attr"))
@@ -328,7 +330,7 @@ class SoundPlugin:
 
     @hookimpl
     def register_components(self, register) -> None:
-        register(_attention("sound", kv_cache=True, attention_dropout=True))
+        register(_attention("sound", kv_cache=True, attention_dropout=True, document_mask=True))
         register(_norm("sound"))
         register(Component(
             kind="ffn", type="sound", config=PlainFFNConfig, factory=lambda cfg, ctx: TestFFN(ctx.d_model),
@@ -380,6 +382,7 @@ FAULTS = [
     ("attention", "rope_offset", "kv_cache_decode", "with position rope: max |Δ| = "),
     ("attention", "fake_dropout", "dropout", "the declared dropout is not applied"),
     ("attention", "overdeclared", "kv_cache_decode", "declares cache entry 'spare' (4, 8) (token) but the forward never wrote it"),
+    ("attention", "doc_leak", "document_mask", "gives other logits packed than alone"),
     ("norm", "plain_attr", "meta_init", "Tensor on device meta"),
     ("norm", "no_upcast", "precision", "float16: norm(x) with rows of magnitude 0.01, 1, 300"),
     ("norm", "fixed_width", "shape_dtype", "a norm built at dim = 8, 40 raised RuntimeError"),

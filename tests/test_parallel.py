@@ -357,3 +357,22 @@ def test_llama_3_1_8b_shards_on_meta_across_8_fake_ranks(tmp_path):
             assert st["global_params"] == total
             assert st["local_params"] < 0.126 * total, (name, st)  # about 1/8 each
     assert data["layouts"]["fsdp8"]["sum_local_params"] == total
+
+
+@pytest.mark.slow
+@needs_gloo
+def test_moe_loads_are_all_reduced_and_shared_experts_shard(tmp_path):
+    """FSDP2 over 2 ranks, each on half the batch: the loads summed over the data-parallel group equal the single
+    process's on the whole batch, and so does the bias after the update; under TP the shared expert is sharded
+    (colwise / rowwise), its gate and the router replicated, and the logits match."""
+    ranks = _torchrun("moe_balance.py", 2, tmp_path)
+    for r, res in ranks.items():
+        fs, tp = res["fsdp"], res["tp"]
+        assert fs["global_loads_equal_reference"] and fs["bias_equal_reference"], (r, fs)
+        assert all(v == 2 * 32 * 2 for v in fs["local_load_total"].values())  # this rank's 2 x 32 tokens, top-2
+        assert fs["bias_nonzero"] > 0 and fs["imbalance"] == pytest.approx(fs["reference_imbalance"])
+        assert tp["logits_max_abs_diff"] < TOL and tp["aux_abs_diff"] < TOL, (r, tp)
+        assert tp["loads_equal_reference"] and tp["bias_equal_reference"], (r, tp)
+        assert tp["shared_styles"] == ["colwise", "colwise", "rowwise"]
+        assert tp["shared_gate_local_numel"] == 128 and tp["shared_up_local_rows"] == 64 // 2
+    _show("moe balance (rank 0)", ranks[0])

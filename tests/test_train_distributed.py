@@ -1,8 +1,9 @@
 """``modkit train`` under torchrun (gloo on the CPU): the same per-step losses as one process, sharded resume.
 
 With the same global batch and seed, FSDP2 over 2 processes and tensor parallelism x FSDP2 over 4 (tp 2 x dp 2)
-give the single-process losses to float32 rounding (the reductions add in another order), and a sharded run
-resumed from its DCP checkpoint logs what the uninterrupted run logged.
+give the single-process losses to float32 rounding (the reductions add in another order), a sharded run
+resumed from its DCP checkpoint logs what the uninterrupted run logged, and an MoE's correction-bias update sees
+the loads of the whole global batch (biases equal to one process's).
 """
 
 from __future__ import annotations
@@ -105,3 +106,28 @@ def test_sharded_resume_logs_what_the_uninterrupted_run_logged(setup):
     point(cut / "last", cut / "checkpoints" / "step-0000003")
     _run(setup, "cut", 2, "--resume", str(cut))
     assert _losses(cut) == _losses(whole)  # same mesh, same reduction order: bitwise
+
+
+def test_fsdp_bias_update_equals_one_process(setup):
+    """A DeepSeek-style MoE (correction bias moved after each step): under FSDP2 on 2 processes the loads are summed
+    over the data-parallel ranks before the update, so the biases and the logged imbalances equal one process's."""
+    moe = json.loads((REPO / "specs" / "tiny-deepseek-moe.json").read_text())
+    moe["max_seq_len"] = 32
+    moe["block"]["ffn"]["router"]["bias_update_speed"] = 0.05
+    cfg = {**CONFIG, "model": moe, "data": str(setup / "data"), "max_steps": 4, "eval_interval": 4, "final_eval_tokens": 0}
+    (setup / "moe.json").write_text(json.dumps(cfg))
+    runs = {}
+    for n in (1, 2):
+        cmd = [sys.executable, "-m", "modkit", "train"] if n == 1 else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", "modkit", "train"]
+        out = setup / f"moe-{n}"
+        done = subprocess.run([*cmd, "-c", str(setup / "moe.json"), "-o", str(out), "--no-progress"], capture_output=True,
+                              text=True, cwd=REPO, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        runs[n] = out
+    one, two = modkit.load(runs[1] / "last"), modkit.load(runs[2] / "last")
+    for i in (1, 2, 3):
+        a, b = one.layers[i].ffn.router.correction_bias, two.layers[i].ffn.router.correction_bias
+        assert torch.count_nonzero(a) > 0 and torch.equal(a, b), i
+    imbalance = [[r["load_imbalance"] for r in read_metrics(runs[n] / "metrics.jsonl")] for n in (1, 2)]
+    assert imbalance[0] == imbalance[1]

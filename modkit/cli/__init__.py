@@ -21,15 +21,16 @@ Which file holds which command::
     modkit cost SPEC ...                     cost.py       FLOPs by part, cache bytes, memory, roofline latency
     modkit trace MODEL ...                   trace.py      a token's journey through the model, per-layer readings
     modkit compare SPEC... --train CONFIG    compare.py    several specs under one recipe, one report
+    modkit eval CHECKPOINT [--data ...]      evaluation/   loss, perplexity, bits per byte; --tasks: lm-eval tasks
 
 Where a command lives: a subpackage of modkit with a command of its own (``modkit.train``, ``modkit.data``,
-``modkit.docs``, ``modkit.testing``) defines it in its ``cli`` module, beside the code it drives; every other command
+``modkit.evaluation``, ``modkit.docs``, ``modkit.testing``) defines it in its ``cli`` module, beside the code it drives; every other command
 is a module of this package (``cost``, ``trace``, ``compare``, ``new``, and the ones above).
 
 Shared pieces: ``output.py`` (stdout / stderr lines, tables, counts, byte sizes), ``errors.py`` (:class:`UserError`
 and :func:`_report`, the one-line error messages), ``common.py`` (the registry, a spec path, a device). Other
 modules add subcommands through ``add_subcommands(subparsers)`` (:data:`EXTENSION_MODULES`: ``check``, ``new``,
-``docs``, ``train``, ``data``, and this package's ``new``, ``cost``, ``trace``, ``compare``), exactly as the command modules above do.
+``docs``, ``train``, ``data``, ``eval``, and this package's ``new``, ``cost``, ``trace``, ``compare``), exactly as the command modules above do.
 
 Every handler is ``func(args) -> int``. User errors print one clear message to stderr and exit 1 (argparse usage
 errors exit 2); ``MODKIT_DEBUG=1`` re-raises instead, for a traceback.
@@ -67,6 +68,7 @@ EXTENSION_MODULES = (
     "modkit.docs",
     "modkit.train.cli",
     "modkit.data.cli",
+    "modkit.evaluation.cli",
     "modkit.cli.cost",
     "modkit.cli.trace",
     "modkit.cli.compare",

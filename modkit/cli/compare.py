@@ -74,7 +74,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                      command=command_line(args, out))
     print()
     for row in result.rows:
-        print(f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "
+        bpb = f" ({fmt_pm(row.val_bpb_mean, row.val_bpb_std)} bits/byte)" if row.val_bpb_mean is not None else ""
+        print(f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}{bpb}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "
               f"lr {row.lr:g}, {row.params:,} parameters, diverged {row.diverged}/{len(row.runs)}")
     print(f"report: {result.report}")
     return 0

@@ -132,6 +132,9 @@ def cmd_convert_modkit(args: argparse.Namespace) -> int:
     tokenizer = (src if src.is_dir() else src.parent) / "tokenizer.json"
     if tokenizer.is_file():  # a training run's checkpoint carries its tokenizer; the export keeps it beside the weights
         shutil.copyfile(tokenizer, out / "tokenizer.json")
+        config = tokenizer.with_name("tokenizer_config.json")  # its special tokens (eos_token, ...), for AutoTokenizer
+        if config.is_file():
+            shutil.copyfile(config, out / "tokenizer_config.json")
     _err(f"wrote {out}/ (Hugging Face {model_type}: config.json + safetensors{' + tokenizer.json' if tokenizer.is_file() else ''}; "
          f"{_weights_summary(model)})")
     return 0

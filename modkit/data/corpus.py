@@ -43,9 +43,10 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
 def default_dataset(cache_dir: str | Path | None = None, *, show_progress: bool = False) -> Path:
     """The folder of tiny shakespeare prepared with ``char`` (val_fraction 0.1), made on first use and then reused.
 
-    The folder is ``<cache>/data/tinyshakespeare-char`` with ``<cache>`` from :func:`cache_root`. It is reused when
-    its ``meta.json`` records the shipped corpus's sha256, the ``char`` tokenizer and val_fraction 0.1 and its file
-    sizes match; otherwise it is prepared again into a temporary sibling folder that is renamed into place, so
+    The folder is ``<cache>/data/tinyshakespeare-char`` with ``<cache>`` from :func:`cache_root`. The corpus is one
+    document and nothing is inserted (``eot="none"``), so the ids are nanoGPT's. It is reused when
+    its ``meta.json`` records the shipped corpus's sha256, the ``char`` tokenizer, val_fraction 0.1 and no
+    separator, and its file sizes match; otherwise it is prepared again into a temporary sibling folder that is renamed into place, so
     processes starting together (one per rank) never see a half-written dataset.
 
     Returns:
@@ -63,7 +64,8 @@ def default_dataset(cache_dir: str | Path | None = None, *, show_progress: bool 
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        prepare([corpus], tmp, tokenizer="char", val_fraction=0.1, show_progress=show_progress)
+        # one document, nothing inserted: exactly nanoGPT's shakespeare_char ids (65 symbols)
+        prepare([corpus], tmp, tokenizer="char", val_fraction=0.1, eot="none", show_progress=show_progress)
         if folder.exists() and not _is_current(folder, digest):
             shutil.rmtree(folder)
         try:
@@ -84,5 +86,6 @@ def _is_current(folder: Path, digest: str) -> bool:
     return (
         meta["tokenizer"] == "char"
         and meta.get("val_fraction") == 0.1
+        and (meta.get("documents") or {}).get("eot_policy", "none") == "none"
         and [s.get("sha256") for s in meta.get("sources", [])] == [digest]
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -95,12 +95,22 @@ class TokenData:
                 if _sha256(path / name) != entry.get("sha256"):
                     raise DataError(f"{path / name}: contents differ from {META_FILE} (sha256): corrupt or changed after prepare; {again}")
         tokenizer = load_tokenizer(path / TOKENIZER_FILE, spec=meta["tokenizer"])
+        docs = meta.get("documents") or {}
+        if docs.get("eot") is not None or docs.get("bos") is not None:  # the separators prepare wrote
+            tokenizer.set_special(eot=docs.get("eot") or tokenizer.eot, bos=docs.get("bos") or tokenizer.bos)
         if tokenizer.vocab_size != meta["vocab_size"]:
             raise DataError(
                 f"{path / TOKENIZER_FILE}: vocab_size {tokenizer.vocab_size}, but {META_FILE} says {meta['vocab_size']}; {again}"
             )
         train, val = (np.memmap(splits[s], dtype=dtype, mode="r", shape=(meta["tokens"][s],)) for s in ("train", "val"))
         return cls(path, meta, train, val, tokenizer)
+
+    @property
+    def separators(self) -> tuple[Optional[int], Optional[int]]:
+        """``(eot_id, bos_id)`` that ``prepare`` wrote after / before every document (``None``: not written; a
+        dataset prepared before documents were separated has neither)."""
+        docs = self.meta.get("documents") or {}
+        return docs.get("eot_id"), docs.get("bos_id")
 
     def __repr__(self) -> str:
         return (

@@ -9,7 +9,21 @@ A tokenizer is named by a *spec* string:
   joins the pieces with nothing between them.
 * ``bpe:N``: byte-level BPE (GPT-2's scheme: Radford et al. 2019, "Language Models are Unsupervised Multitask
   Learners") trained with ``tokenizers``' ``BpeTrainer`` to at most ``N`` ids; ``N >= 256`` (the byte alphabet).
-* a path: an existing ``tokenizer.json`` (or a folder holding one), used as is.
+* a path: an existing ``tokenizer.json``, or a folder holding one (a Hugging Face model folder, a prepared dataset,
+  a modkit checkpoint), used as is, with its special tokens.
+
+Special tokens. Documents are kept apart by an end-of-text token (GPT-2's ``<|endoftext|>``; :data:`EOT_TOKEN`) and,
+when asked, started by a begin-of-text token (:data:`BOS_TOKEN`, Llama 3's name). A trained tokenizer reserves them
+as special tokens (:func:`train_tokenizer` ``special_tokens``): ``char`` gives them the ids after the characters (so
+the character ids stay nanoGPT's), ``bpe:N`` the first ids. A given tokenizer's own are found by
+:func:`special_tokens_of`: ``eos_token`` / ``bos_token`` of the folder's ``tokenizer_config.json`` (or
+``special_tokens_map.json``), BERT's ``sep_token`` / ``cls_token`` when there is no ``eos_token``, else a special
+token of a well-known name (:data:`EOT_NAMES`, :data:`BOS_NAMES`). :meth:`Tokenizer.save` writes a small
+``tokenizer_config.json`` beside ``tokenizer.json`` naming them, so a run's checkpoint keeps them.
+
+Document text is encoded *ordinarily* (:meth:`Tokenizer.encode_batch` ``ordinary=True``, as tiktoken's
+``encode_ordinary`` and nanoGPT's OpenWebText preparation do): a literal ``<|endoftext|>`` inside a document is
+text, never the separator.
 
 Both trained kinds decode exactly: ``decode(encode(text)) == text`` for every text they can encode (any text for
 ``bpe:N``; text made of the vocabulary's characters for ``char``). The saved file is a plain ``tokenizer.json``, so
@@ -18,6 +32,7 @@ Both trained kinds decode exactly: ``decode(encode(text)) == text`` for every te
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from pathlib import Path
@@ -40,6 +55,19 @@ TOKENIZER_FILE = "tokenizer.json"
 MIN_BPE_VOCAB = 256
 
 _BPE_SPEC = re.compile(r"bpe(?::(.*))?", re.IGNORECASE)
+
+#: The end-of-text token a trained tokenizer reserves (GPT-2's; nanoGPT's OpenWebText preparation appends it).
+EOT_TOKEN = "<|endoftext|>"
+#: The begin-of-text token a trained tokenizer reserves when documents are to start with one (Llama 3's name).
+BOS_TOKEN = "<|begin_of_text|>"
+#: Special tokens taken as end-of-text in a tokenizer that names none, in order: GPT-2 / Qwen, Llama 3, Llama 2 /
+#: Mistral / T5-style, Gemma, BERT.
+EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
+#: Special tokens taken as begin-of-text likewise: Llama 3, GPT-style, Llama 2 / Mistral, Gemma, BERT.
+BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[CLS]")
+#: File beside ``tokenizer.json`` naming its special tokens (Hugging Face's name and keys).
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+_SPECIAL_MAP_FILE = "special_tokens_map.json"
 
 
 class UnknownTokenError(DataError):
@@ -74,13 +102,45 @@ class Tokenizer:
         backend: the wrapped ``tokenizers.Tokenizer`` (what ``tokenizer.json`` holds).
         spec: what it was made from: ``"char"``, ``"bpe:512"``, or the path of the file it was loaded from.
         vocab_size: ``1 + the largest id`` (added tokens included): the ``vocab_size`` a model needs for it.
+        eot, eot_id: the end-of-text token and its id (``None`` when the tokenizer has none).
+        bos, bos_id: the begin-of-text token and its id (``None`` when it has none).
     """
 
-    def __init__(self, backend: tokenizers.Tokenizer, spec: str):
+    def __init__(self, backend: tokenizers.Tokenizer, spec: str, *, eot: str | None = None, bos: str | None = None):
         self.backend = backend
         self.spec = str(spec)
         vocab = backend.get_vocab(with_added_tokens=True)
         self.vocab_size: int = max(vocab.values()) + 1 if vocab else 0
+        found = special_tokens_of(backend)
+        self.eot: str | None = None
+        self.bos: str | None = None
+        self.eot_id: int | None = None
+        self.bos_id: int | None = None
+        self.set_special(eot=eot if eot is not None else found[0], bos=bos if bos is not None else found[1])
+        self._ordinary: tokenizers.Tokenizer | None = None
+
+    def set_special(self, *, eot: str | None = ..., bos: str | None = ...) -> None:  # type: ignore[assignment]
+        """Name the end-of-text and/or begin-of-text token (``None``: none; an argument left out is kept).
+
+        Raises:
+            DataError: a token that is not in the vocabulary.
+        """
+        for name, token in (("eot", eot), ("bos", bos)):
+            if token is ...:
+                continue
+            token_id = None if token is None else self.backend.token_to_id(token)
+            if token is not None and token_id is None:
+                raise DataError(
+                    f"{name} token {token!r} is not in the vocabulary of tokenizer {self.spec!r}; name one of its "
+                    f"special tokens ({', '.join(repr(t) for t in self.special_tokens()[:8]) or 'it has none'})"
+                )
+            setattr(self, name, token)
+            setattr(self, f"{name}_id", token_id)
+
+    def special_tokens(self) -> list[str]:
+        """The tokenizer's special (added) tokens, in id order."""
+        added = self.backend.get_added_tokens_decoder()
+        return [added[i].content for i in sorted(added) if added[i].special]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added).
@@ -94,14 +154,21 @@ class Tokenizer:
         except Exception as exc:  # tokenizers raises a bare Exception
             raise self._encode_error(text, exc) from None
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str], *, ordinary: bool = False) -> list[list[int]]:
         """Token ids of each text (several threads in the Rust library, no offsets); the same ids as ``encode``.
+
+        Args:
+            texts: the texts.
+            ordinary: encode special tokens written in the text as ordinary text (a document that quotes
+                ``<|endoftext|>`` gets the ids of those characters, not the separator's id); what data preparation
+                uses. Default: special tokens in the text are recognised, as Hugging Face tokenizers do.
 
         Raises:
             UnknownTokenError: as :meth:`encode`, with ``index`` = the first text that cannot be encoded.
         """
+        backend = self._ordinary_backend() if ordinary else self.backend
         try:
-            return [e.ids for e in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
+            return [e.ids for e in backend.encode_batch_fast(list(texts), add_special_tokens=False)]
         except Exception as exc:  # noqa: BLE001 - find which text failed, and why
             for i, text in enumerate(texts):
                 try:
@@ -110,6 +177,32 @@ class Tokenizer:
                     unknown.index = i
                     raise
             raise DataError(f"tokenizer {self.spec!r} cannot encode the batch: {exc}") from None
+
+    def _ordinary_backend(self) -> tokenizers.Tokenizer:
+        if self._ordinary is None:
+            self._ordinary = tokenizers.Tokenizer.from_str(self.backend.to_str())
+            self._ordinary.encode_special_tokens = True
+        return self._ordinary
+
+    def token_bytes(self) -> "np.ndarray":
+        """UTF-8 bytes of text each id stands for, ``[vocab_size]`` int64: the denominator of bits per byte.
+
+        Byte-level BPE (a ``ByteLevel`` decoder): each symbol of a token is one byte, so the count is exact for any
+        span of ids, a UTF-8 character split across tokens included. Other tokenizers: the UTF-8 length of the
+        token decoded alone, exact for ``char``; for WordPiece or SentencePiece vocabularies the spaces the decoder
+        puts between words are not counted. Special tokens (end-of-text, ...) and unused ids count 0: they are no
+        text.
+        """
+        import numpy as np
+
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        special = {i for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
+        decoder = (json.loads(self.backend.to_str()).get("decoder") or {}).get("type")
+        for token, i in self.backend.get_vocab(with_added_tokens=True).items():
+            if i in special:
+                continue
+            out[i] = len(token) if decoder == "ByteLevel" else len(self.backend.decode([i], skip_special_tokens=False).encode("utf-8"))
+        return out
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of token ids (special tokens kept, so nothing encoded is lost).
@@ -124,11 +217,20 @@ class Tokenizer:
         return self.backend.decode(ids, skip_special_tokens=False)
 
     def save(self, path: str | Path) -> Path:
-        """Write ``tokenizer.json`` to ``path`` (a file name, or an existing folder to write it into); returns the file."""
+        """Write ``tokenizer.json`` to ``path`` (a file name, or an existing folder to write it into); returns the file.
+
+        When the file is named ``tokenizer.json`` and the tokenizer has an end-of-text or begin-of-text token, a
+        ``tokenizer_config.json`` naming them (``eos_token``, ``bos_token``; Hugging Face's keys, so transformers'
+        ``AutoTokenizer`` loads the folder too) is written beside it.
+        """
         path = Path(path)
         if path.is_dir():
             path = path / TOKENIZER_FILE
         self.backend.save(str(path), pretty=True)
+        if path.name == TOKENIZER_FILE and (self.eot is not None or self.bos is not None):
+            config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eot, "bos_token": self.bos,
+                      "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False}
+            (path.parent / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         return path
 
     def __repr__(self) -> str:
@@ -151,10 +253,57 @@ class Tokenizer:
         return DataError(f"tokenizer {self.spec!r} cannot encode the text: {exc}")
 
 
-def char_tokenizer(chars: Iterable[str]) -> Tokenizer:
+def _token_name(value) -> str | None:
+    """A special token as a Hugging Face config gives it: a string, or an ``AddedToken`` dict with ``content``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def special_tokens_of(backend: tokenizers.Tokenizer, folder: Path | None = None) -> tuple[str | None, str | None]:
+    """``(end-of-text token, begin-of-text token)`` of a tokenizer (each ``None`` when it has none).
+
+    Looked up in order: ``eos_token`` / ``bos_token`` of ``folder``'s ``tokenizer_config.json`` then
+    ``special_tokens_map.json`` (BERT-style ``sep_token`` / ``cls_token`` when there is no ``eos_token``); then the
+    tokenizer's special tokens with a name of :data:`EOT_NAMES` / :data:`BOS_NAMES`. A name not in the vocabulary
+    is skipped.
+    """
+    eot = bos = None
+    if folder is not None:
+        for name in (TOKENIZER_CONFIG_FILE, _SPECIAL_MAP_FILE):
+            file = folder / name
+            try:
+                config = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
+            except (OSError, ValueError):
+                config = {}
+            if not isinstance(config, dict):
+                continue
+            has_eos = "eos_token" in config
+            for key in ("eos_token",) + (() if has_eos else ("sep_token",)):
+                token = _token_name(config.get(key))
+                if eot is None and token is not None and backend.token_to_id(token) is not None:
+                    eot = token
+            has_bos = "bos_token" in config
+            for key in ("bos_token",) + (() if has_bos or has_eos else ("cls_token",)):
+                token = _token_name(config.get(key))
+                if bos is None and token is not None and backend.token_to_id(token) is not None:
+                    bos = token
+            if has_eos or has_bos or eot is not None:  # the first file that names them decides
+                return eot, bos
+    added = backend.get_added_tokens_decoder()
+    special = {t.content for t in added.values() if t.special}
+    eot = next((t for t in EOT_NAMES if t in special), None)
+    bos = next((t for t in BOS_NAMES if t in special), None)
+    return eot, bos
+
+
+def char_tokenizer(chars: Iterable[str], special_tokens: Sequence[str] = ()) -> Tokenizer:
     """The ``char`` tokenizer over a set of characters: id = rank in sorted (code-point) order.
 
-    Same ids as nanoGPT's ``shakespeare_char/prepare.py``: ``stoi = {ch: i for i, ch in enumerate(sorted(set(text)))}``.
+    Same ids as nanoGPT's ``shakespeare_char/prepare.py``: ``stoi = {ch: i for i, ch in enumerate(sorted(set(text)))}``;
+    ``special_tokens`` (e.g. :data:`EOT_TOKEN`) take the ids after the characters, in the order given.
 
     Raises:
         DataError: no characters.
@@ -165,6 +314,8 @@ def char_tokenizer(chars: Iterable[str]) -> Tokenizer:
     backend = tokenizers.Tokenizer(models.WordLevel({ch: i for i, ch in enumerate(vocab)}))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character, \n too
     backend.decoder = decoders.Fuse()
+    if special_tokens:
+        backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in special_tokens])
     return Tokenizer(backend, "char")
 
 
@@ -245,12 +396,14 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     return "path", None
 
 
-def train_tokenizer(spec: str, texts: Iterable[str]) -> Tokenizer:
+def train_tokenizer(spec: str, texts: Iterable[str], *, special_tokens: Sequence[str] = ()) -> Tokenizer:
     """Make a ``char`` or ``bpe:N`` tokenizer from texts, read once as a stream (never all held at once).
 
     Args:
         spec: ``"char"`` or ``"bpe:N"`` (``N >= 256``).
         texts: any iterable of strings (pieces of a corpus, documents).
+        special_tokens: tokens to reserve (e.g. :data:`EOT_TOKEN`, :data:`BOS_TOKEN`): ``char`` gives them the ids
+            after the characters, ``bpe:N`` the first ids (within ``N``). Text is never merged into them.
 
     Returns:
         a :class:`Tokenizer` whose ``spec`` is ``spec``. A ``bpe:N`` trained on little text may have fewer than
@@ -265,13 +418,14 @@ def train_tokenizer(spec: str, texts: Iterable[str]) -> Tokenizer:
         chars: set[str] = set()
         for text in texts:
             chars.update(text)
-        return char_tokenizer(chars)
+        return char_tokenizer(chars, special_tokens)
     if kind == "bpe":
         backend = tokenizers.Tokenizer(models.BPE())
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+            vocab_size=size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+            special_tokens=[tokenizers.AddedToken(t, special=True, normalized=False) for t in special_tokens],
         )
         seen = [False]
 
@@ -291,10 +445,12 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
     """Load a ``tokenizer.json`` (or a folder holding one), e.g. a prepared dataset's or a Hugging Face model's.
 
     Args:
-        path: the file, or a folder with ``tokenizer.json`` in it.
+        path: the file, or a folder with ``tokenizer.json`` in it (a Hugging Face model folder: its
+            ``tokenizer_config.json`` names the special tokens; see :func:`special_tokens_of`).
         spec: what the tokenizer was made from (e.g. ``"char"`` from a dataset's ``meta.json``); default: the path.
 
-    Padding and truncation stored in the file are switched off: text is encoded as it is.
+    Padding and truncation stored in the file are switched off, and encoding adds no special tokens (a BERT
+    post-processor's ``[CLS] ... [SEP]`` is not applied): text is encoded as it is.
 
     Raises:
         DataError: no such file, a path that is not a regular file (a FIFO, a device) or one over 256 MiB, or a file
@@ -304,7 +460,11 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
     file = path / TOKENIZER_FILE if path.is_dir() else path
     if not file.exists():
         where = f"{path} holds no {TOKENIZER_FILE}" if path.is_dir() else f"{path}: no such file"
-        raise DataError(f"{where}; give a tokenizers tokenizer.json (or a folder holding one), `char` or `bpe:N`")
+        hint = ""
+        if path.is_dir() and any((path / n).is_file() for n in ("vocab.txt", "tokenizer.model", "vocab.json", TOKENIZER_CONFIG_FILE)):
+            hint = (" (this model folder has only a slow tokenizer: write its tokenizer.json with transformers, "
+                    "AutoTokenizer.from_pretrained(folder).save_pretrained(folder))")
+        raise DataError(f"{where}{hint}; give a tokenizers tokenizer.json (or a folder holding one), `char` or `bpe:N`")
     try:  # a regular file of bounded size: a FIFO or /dev/zero is refused, not read
         check_regular_file(file, max_bytes=MAX_TOKENIZER_BYTES)
     except JSONInputError as exc:
@@ -317,4 +477,5 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
     # encoded as it is, never padded with pad ids or cut
     backend.no_padding()
     backend.no_truncation()
-    return Tokenizer(backend, spec if spec is not None else str(file))
+    eot, bos = special_tokens_of(backend, file.parent)
+    return Tokenizer(backend, spec if spec is not None else str(file), eot=eot, bos=bos)

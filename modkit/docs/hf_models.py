@@ -171,7 +171,10 @@ def _tables_section(t: str, tables: dict) -> list[str]:
     if fixed:
         shown = ", ".join(f"`{k}` = `{json.dumps(v)}`" for k, v in sorted(fixed.items()))
         out += [_cell(f"Fixed by the type: {shown}."), ""]
-    weights = [(_cell(f"`{ours}`"), _cell(f"`{hf}`"), _cell(how)) for ours, hf, how in tables.get("weights", ())]
+    def names(text: str) -> str:  # a fused row names several tensors: one code span each, so the cell can wrap
+        return _cell(", ".join(f"`{n}`" for n in text.split(", ")))
+
+    weights = [(names(ours), names(hf), _cell(how)) for ours, hf, how in tables.get("weights", ())]
     if weights:
         out += [f'??? info "Checkpoint tensors of `{t}` ({len(weights)} rows)"', "",
                 textwrap.indent(_table(("modkit", "Hugging Face", "layout"), weights), "    "), ""]

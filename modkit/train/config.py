@@ -69,6 +69,12 @@ class TrainConfig(BaseModel):
         "files/a folder prepared on first use; null: the shipped tiny shakespeare",
     )
     tokenizer: str = Field("char", description="tokenizer used when 'data' is raw text: char, bpe:VOCAB_SIZE or a tokenizer.json path")
+    document_mask: bool = Field(
+        False,
+        description="document-masked packing: a token attends only to earlier tokens of its own document within a "
+        "training window (documents delimited by the end-of-text tokens the data was prepared with), and positions "
+        "restart at each document; every attention of the model must declare the document_mask capability",
+    )
     sampler: Literal["random", "sequential"] = Field(
         "random", description="'random': random contiguous windows (nanoGPT); 'sequential': shuffled non-overlapping windows, epoch by epoch"
     )
@@ -102,6 +108,12 @@ class TrainConfig(BaseModel):
     )
     z_loss_coef: Optional[float] = Field(
         None, ge=0, description="override every component field named z_loss_coef (router z-loss); null: as in the spec"
+    )
+    bias_update_speed: Optional[float] = Field(
+        None,
+        ge=0,
+        description="override every component field named bias_update_speed (the step of a router's correction-bias "
+        "update after each optimizer step, DeepSeek-V3's auxiliary-loss-free balancing; 0: no update); null: as in the spec",
     )
 
     eval_interval: int = Field(250, ge=1, le=1 << 40, description="evaluate train and val loss every this many steps (and at the end)")

@@ -31,10 +31,12 @@ from torch import Tensor, nn
 
 from ..build import breakdown, build
 from ..cost import CostError, training_flops_per_token
+from ..documents import document_ids
 from ..checkpoint import save as save_checkpoint
 from ..errors import CheckpointError, ModkitError
 from ..spec import ModelSpec, iter_configs, load_spec
 from . import state as st
+from .balance import ExpertBalance
 from .config import DEFAULT_MODEL, TrainConfig
 from .schedule import lr_at
 
@@ -137,7 +139,7 @@ def resolve_spec(config: TrainConfig, base: Optional[Path], vocab_size: int) -> 
     data = load_spec(source).to_dict()  # a fresh dict with every default written out, so overrides find their slots
     if config.vocab_size == "data":
         data["vocab_size"] = vocab_size
-    for name in ("aux_loss_coef", "z_loss_coef"):  # a convention on field names: the core names no component
+    for name in ("aux_loss_coef", "z_loss_coef", "bias_update_speed"):  # a convention on field names: the core names no component
         value = getattr(config, name)
         if value is None:
             continue
@@ -155,6 +157,26 @@ def resolve_spec(config: TrainConfig, base: Optional[Path], vocab_size: int) -> 
     if config.seq_len > spec.max_seq_len:
         raise TrainError(f"seq_len = {config.seq_len} exceeds the model's max_seq_len = {spec.max_seq_len}; lower seq_len")
     return spec
+
+
+def check_document_mask(spec: ModelSpec, data) -> None:
+    """Refuse ``document_mask`` when the data has no document separators or an attention cannot honour it.
+
+    Raises:
+        TrainError: names the data folder and what to prepare, or every layer whose attention lacks the
+            ``document_mask`` capability.
+    """
+    from ..documents import document_mask_problems
+
+    if data.separators == (None, None):
+        raise TrainError(
+            f"document_mask = true, but {data.path} holds no document separators (prepared with --eot none, or before "
+            "modkit separated documents); prepare it again with `modkit data prepare ... --eot auto`, or set "
+            "document_mask to false"
+        )
+    problems = document_mask_problems(spec)
+    if problems:
+        raise TrainError("document_mask = true: " + "; ".join(f"{path}: {msg}" for path, msg in problems))
 
 
 # ------------------------------------------------------------------------------------------------- processes
@@ -471,9 +493,11 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16 if p == "bfloat16" else torch.float16)
 
     def _forward(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
-        """``(logits [rows, seq, vocab] as full tensors, aux_loss or None)`` under the run's precision."""
+        """``(logits [rows, seq, vocab] as full tensors, aux_loss or None)`` under the run's precision; with
+        ``document_mask`` the document ids of the batch come from its end-of-text / begin-of-text tokens."""
+        docs = document_ids(x, eot_id=self.separators[0], bos_id=self.separators[1]) if self.config.document_mask else None
         with self._autocast():
-            out = self.forward(x)
+            out = self.forward(x) if docs is None else self.forward(x, documents=docs)
         logits = out.logits
         if hasattr(logits, "full_tensor"):  # a DTensor head output under tensor parallelism
             logits = logits.full_tensor()
@@ -496,6 +520,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         ce_sum = torch.zeros((), device=self.device)
+        self.balance.begin_step()
         for micro in range(c.grad_accum):
             if self.procs.distributed and hasattr(self.model, "set_requires_gradient_sync"):
                 self.model.set_requires_gradient_sync(micro == c.grad_accum - 1)
@@ -514,9 +539,10 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        balance = self.balance.end_step()  # the routers' bias update from this step's loads (no gradient)
         self.step += 1
         self.tokens += c.tokens_per_step
-        return {"loss": ce_sum / c.grad_accum, "lr": lr, "grad_norm": norm}
+        return {"loss": ce_sum / c.grad_accum, "lr": lr, "grad_norm": norm, "balance": balance}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -537,14 +563,16 @@ class Trainer:
     def score_split(self, tokens, max_tokens: int) -> float:
         """Mean cross-entropy over the first ``max_tokens`` tokens of ``tokens`` in non-overlapping ``seq_len``
         windows (every position scored once, each with the context its window gives it). Collective: the
-        windows are dealt to the data-parallel ranks, sums and counts all-reduced."""
+        windows are dealt to the data-parallel ranks, sums and counts all-reduced. The UTF-8 bytes of the scored
+        targets (:meth:`modkit.data.Tokenizer.token_bytes`) are left in ``self.scored_bytes`` (bits per byte)."""
         c = self.config
         t = c.seq_len
         n = (min(len(tokens), max_tokens + 1) - 1) // t
         if n < 1:
             raise TrainError(f"the validation split has {len(tokens)} tokens, fewer than seq_len + 1 = {t + 1}")
         per = self.rows * self.procs.dp
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        table = torch.from_numpy(self.data.tokenizer.token_bytes()).to(self.device)
         self.model.eval()
         for b in range(-(-n // per)):  # every rank runs the same number of forwards (FSDP needs it)
             idx = torch.arange(self.rows) + b * per + self.procs.dp_rank * self.rows
@@ -555,15 +583,17 @@ class Trainer:
             logits, _ = self._forward(x)
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(len(idx), t)
             mask = self._rows(real)[:, None].to(ce.dtype)
-            sums += torch.stack([(ce * mask).sum().double(), (mask.sum() * t).double()])
+            sums += torch.stack([(ce * mask).sum().double(), (mask.sum() * t).double(), (table[y] * mask).sum().double()])
         self.model.train()
         if self.procs.distributed:
             torch.distributed.all_reduce(sums)
+        self.scored_bytes = int(sums[2])
         return float(sums[0] / sums[1])
 
     def _eval_and_record(self) -> dict[str, float]:
-        losses = self.evaluate()
+        losses, balance = self.balance.measure(self.evaluate)  # expert loads on the fixed eval windows (MoE)
         record = {"kind": "eval", "step": self.step, "tokens": self.tokens, "train_loss": losses["train"], "val_loss": losses["val"]}
+        record.update(balance or {})
         self._metric(record)
         if self.best_val is None or losses["val"] < self.best_val:
             self.best_val = losses["val"]
@@ -586,6 +616,9 @@ class Trainer:
         self.procs = init_processes(c, self.device)
         self.data = self._open_data()
         self.spec = resolve_spec(c, self.base, self.data.vocab_size)
+        self.separators = self.data.separators
+        if c.document_mask:
+            check_document_mask(self.spec, self.data)
         self.history: list[dict] = []
         if not self.resume:
             self._start_run_folder(self.spec)
@@ -595,6 +628,8 @@ class Trainer:
         torch.manual_seed(c.seed + self.procs.dp_rank)  # dropout masks: one stream per data-parallel rank
         self.model = self._build(self.spec)
         self.model.train()
+        # routers' expert loads and balancing rules (modkit.balance): summed over the data-parallel ranks
+        self.balance = ExpertBalance(self.model, self.procs.mesh["dp"].get_group() if self.procs.distributed else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         fused = not self.procs.distributed  # one kernel per step on CPU and CUDA (benchmarks/results_train.md)
@@ -657,6 +692,7 @@ class Trainer:
                     }
                     if c.peak_flops and self.flops_per_token is not None:
                         record["mfu"] = record["model_flops_per_s"] / (c.peak_flops * self.procs.world)
+                    record.update(out["balance"] or {})  # expert load imbalance of this step (MoE)
                     self._metric(record)
                     bar.update(self.step, loss=loss, lr=out["lr"], tps=tps)
                 else:
@@ -674,8 +710,11 @@ class Trainer:
         if c.final_eval_tokens:
             full_val = self.score_split(self.data.val, c.final_eval_tokens)
             scored = min(len(self.data.val) - 1, c.final_eval_tokens) // c.seq_len * c.seq_len
-            self._metric({"kind": "final", "step": self.step, "tokens": self.tokens, "val_loss": full_val, "val_tokens_scored": scored})
-            self._say(f"validation loss over {scored:,} tokens of the validation split: {full_val:.4f}")
+            bpb = full_val * scored / self.scored_bytes / math.log(2) if self.scored_bytes else None
+            self._metric({"kind": "final", "step": self.step, "tokens": self.tokens, "val_loss": full_val, "val_tokens_scored": scored,
+                          "val_bytes_scored": self.scored_bytes, "val_bits_per_byte": bpb})
+            per_byte = f" ({bpb:.4f} bits per byte)" if bpb is not None else ""
+            self._say(f"validation loss over {scored:,} tokens of the validation split: {full_val:.4f}{per_byte}")
             if self.procs.main:
                 from .plot import plot_run
 

@@ -18,6 +18,7 @@ check                     module                          applies to
 ``masked_row``            :mod:`.cache`                   attention and position
 ``gqa_equals_mha``        :mod:`.attention`               attention whose config has n_heads and n_kv_heads
 ``position_sensitivity``  :mod:`.attention`               attention; position schemes that act somewhere
+``document_mask``         :mod:`.attention`               attention with the document_mask capability
 ``meta_init``             :mod:`.init`                    every component
 ``param_count``           :mod:`.declarations`            components that declare param_count
 ``flops``                 :mod:`.flops`                   components that declare flops (skipped, with the reason, without)
@@ -55,7 +56,14 @@ from ...errors import RegistryError, SpecError
 from ...registry import Component, Registry, get_registry
 from ...spec import load_component
 from ..harness import Bench, Named, Unavailable, named_neighbour
-from .attention import applies_gqa, applies_position_sensitivity, check_gqa_equals_mha, check_position_sensitivity
+from .attention import (
+    applies_document_mask,
+    applies_gqa,
+    applies_position_sensitivity,
+    check_document_mask,
+    check_gqa_equals_mha,
+    check_position_sensitivity,
+)
 from .base import Check, CheckFailed, CheckResult, CheckSkipped, Status
 from .cache import applies_kv, applies_masked, check_kv_cache_decode, check_masked_row
 from .causality import applies_causality, applies_per_token, check_causality, check_per_token
@@ -98,6 +106,7 @@ CHECKS: tuple[Check, ...] = (
     Check("masked_row", "no NaN from queries that see no key (padding-only rows, all-padding row, chunked prefill); real tokens unaffected", check_masked_row, applies_masked),
     Check("gqa_equals_mha", "n_kv_heads < n_heads equals n_heads key/value heads with repeated weights", check_gqa_equals_mha, applies_gqa),
     Check("position_sensitivity", "the position scheme a layer is given changes its output (against no position scheme)", check_position_sensitivity, applies_position_sensitivity),
+    Check("document_mask", "with document ids, each document of a packed row gives the logits it gives alone", check_document_mask, applies_document_mask),
     Check("meta_init", "modkit.build (meta, to_empty, init_weights) equals a direct build, tensor for tensor, and runs", check_meta_init),
     Check("param_count", "declared param_count equals the module's parameter count", check_param_count, applies_param_count),
     Check("flops", FLOPS_SUMMARY, check_flops, applies_flops),

@@ -183,3 +183,52 @@ def check_position_sensitivity(bench: Bench) -> str:
     if not results:
         raise CheckSkipped("no position scheme could be combined with it: " + "; ".join(unusable))
     return "; ".join(results) + f" (against position {none_type}, same weights)"
+
+
+#: Document pieces of the two packed rows of ``document_mask`` (24 tokens each): ``(row, start, end)``. Row 0 holds a
+#: document, an empty record (one token), one starting at position 8 (a window boundary of 4 and 8) and one cut by
+#: the row's end; row 1 the tail of a document and a document longer than the rest of the row.
+DOCUMENT_PIECES = ((0, 0, 7), (0, 7, 8), (0, 8, 19), (0, 19, 24), (1, 0, 5), (1, 5, 24))
+
+
+def applies_document_mask(entry: Component, config: ComponentConfig) -> Optional[str]:
+    """Attention that declares the ``document_mask`` capability."""
+    if entry.kind != "attention":
+        return "not an attention"
+    if not entry.capabilities.get("document_mask"):
+        return "the entry does not declare the document_mask capability"
+    return None
+
+
+def check_document_mask(bench: Bench) -> str:
+    """Document-masked packing: every document of a packed row gives the logits it gives alone.
+
+    Two rows of 24 tokens with document ids (:data:`DOCUMENT_PIECES`: an empty record, a document starting at a
+    window boundary, one cut by the row's end) run through the tiny model with ``documents=``; each piece run alone
+    (positions from 0, no other tokens) must give the same logits (tolerance :data:`~.base.SAME_MATH_ULPS` float32
+    ulps of the largest logit).
+
+    Catches: an attention that declares ``document_mask`` but builds its mask without ``inputs.documents`` (a query
+    then sees the earlier documents of its row: ``doc_leak``), or takes a causal fast path (SDPA ``is_causal``) that
+    ignores them. Source: the document mask of Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.2).
+    """
+    model, _ = bench.build()
+    model.eval()
+    ids = bench.ids(2, 24, seed=57)
+    docs = torch.zeros(2, 24, dtype=torch.long, device=ids.device)
+    for n, (row, start, end) in enumerate(DOCUMENT_PIECES):
+        docs[row, start:end] = n
+    with torch.no_grad():
+        packed = model(ids, documents=docs).logits
+        worst, where = 0.0, None
+        for row, start, end in DOCUMENT_PIECES:
+            alone = model(ids[row : row + 1, start:end]).logits[0]
+            d = max_abs_diff(packed[row, start:end], alone).max().item()
+            tol = tolerance(alone, torch.float32, SAME_MATH_ULPS)
+            if d > tol and d > worst:
+                worst, where = d, (row, start, end, tol)
+    if where is not None:
+        row, start, end, tol = where
+        raise CheckFailed(f"the document at positions {start}..{end - 1} of row {row} gives other logits packed than alone: "
+                          f"max |Δ| = {fmt(worst)} (tolerance {fmt(tol)}); the attention lets it see other documents of the row")
+    return f"{len(DOCUMENT_PIECES)} document pieces of 2 packed rows equal the documents run alone"

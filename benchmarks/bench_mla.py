@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""MLA decode step: modkit's ``mla`` (absorbed: attends over the cached latent) against transformers'
+``DeepseekV3Attention`` (which caches the latent too, but expands per-head keys and values of the whole context at
+every step), same weights, same run, interleaved.
+
+The attention layer alone, batch 1, float32 on the CPU, at contexts 1K and 4K (``--contexts``): each side's cache is
+prefilled with the same ``context`` tokens, then decode steps of one token are timed (median over ``--repeats``
+rounds of ``--steps`` steps, the two sides alternating round by round). Sizes (``--heads`` etc.) default to
+DeepSeek-V3's per-head sizes with fewer heads: d_model 1024, 8 heads, q_lora_rank 384, kv_lora_rank 512,
+qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128. Prints the seconds per step of each and the ratio
+transformers / modkit (above 1: modkit is faster), and the largest difference of the first decoded outputs. A
+script, not a test: on a shared machine absolute figures move with the load, the ratio is measured in one process.
+
+    python benchmarks/bench_mla.py --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import modkit  # noqa: E402
+from modkit import AttentionInputs  # noqa: E402
+
+
+def build_pair(args, max_len: int):
+    """``(modkit model, its mla, its rope, transformers attention, transformers rotary)`` with the same weights."""
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+
+    cfg = DeepseekV3Config(
+        hidden_size=args.d_model, num_attention_heads=args.heads, num_key_value_heads=args.heads, q_lora_rank=args.q_lora,
+        kv_lora_rank=args.kv_lora, qk_nope_head_dim=args.nope, qk_rope_head_dim=args.rope, v_head_dim=args.v,
+        rope_interleave=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=max_len, num_hidden_layers=1, vocab_size=64,
+    )
+    cfg._attn_implementation = "sdpa"  # transformers' fastest CPU path
+    torch.manual_seed(0)
+    hf = DeepseekV3Attention(cfg, layer_idx=0).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(1.0)
+    spec = {
+        "schema_version": 1, "vocab_size": 64, "d_model": args.d_model, "n_layers": 1, "max_seq_len": max_len,
+        "position": {"type": "rope", "theta": 10000.0, "layout": "interleaved"},
+        "block": {"attention": {"type": "mla", "n_heads": args.heads, "q_lora_rank": args.q_lora, "kv_lora_rank": args.kv_lora,
+                                "qk_nope_head_dim": args.nope, "qk_rope_head_dim": args.rope, "v_head_dim": args.v,
+                                "latent_norm": {"type": "rmsnorm", "eps": 1e-6}},
+                  "ffn": {"type": "swiglu", "d_ff": 64}, "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
+    }
+    model = modkit.build(spec, seed=0).eval()
+    mla = model.layers[0].attention
+    mla.load_state_dict(hf.state_dict())
+    return model, mla, model.positions[model.layer_position[0]], hf, DeepseekV3RotaryEmbedding(cfg)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--steps", type=int, default=8, help="decode steps per timed round")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds per side (median reported)")
+    p.add_argument("--d-model", dest="d_model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--q-lora", dest="q_lora", type=int, default=384)
+    p.add_argument("--kv-lora", dest="kv_lora", type=int, default=512)
+    p.add_argument("--nope", type=int, default=128)
+    p.add_argument("--rope", type=int, default=64)
+    p.add_argument("--v", type=int, default=128)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import DynamicCache
+
+    print(f"MLA decode step, batch 1, float32, {args.threads} thread(s); d_model {args.d_model}, {args.heads} heads, "
+          f"q_lora {args.q_lora}, kv_lora {args.kv_lora}, nope {args.nope}, rope {args.rope}, v {args.v}")
+    for context in args.contexts:
+        max_len = context + 1 + args.steps * (args.repeats + 1)
+        model, mla, rope, hf, rotary = build_pair(args, max_len)
+        gen = torch.Generator().manual_seed(context)
+        prompt = torch.randn(1, context, args.d_model, generator=gen)
+        ours_cache, hf_cache = model.new_cache(1, max_len), DynamicCache(config=hf.config)
+
+        def ours_step(x):
+            positions, mask = ours_cache.prepare(1, x.shape[1])
+            return mla(x, AttentionInputs(positions=positions, token_mask=mask, position=rope, cache=ours_cache.layers[0]))
+
+        def hf_step(x):
+            n = hf_cache.get_seq_length()
+            ids = torch.arange(n, n + x.shape[1])[None]
+            mask = None if x.shape[1] == 1 else torch.full((x.shape[1], x.shape[1]), float("-inf")).triu(1)[None, None]
+            return hf(x, rotary(x, ids), mask, cache=hf_cache)[0]
+
+        with torch.no_grad():
+            ours_step(prompt)
+            hf_step(prompt)
+            x = torch.randn(1, 1, args.d_model, generator=gen)
+            diff = (ours_step(x) - hf_step(x)).abs().max().item()  # the first decoded token, both sides
+            times = {"modkit": [], "transformers": []}
+            steps = [torch.randn(1, 1, args.d_model, generator=gen) for _ in range(args.steps)]
+            for _ in range(args.repeats):
+                for name, fn in (("modkit", ours_step), ("transformers", hf_step)):
+                    start = time.perf_counter()
+                    for t in steps:
+                        fn(t)
+                    times[name].append((time.perf_counter() - start) / args.steps)
+        ours, theirs = statistics.median(times["modkit"]), statistics.median(times["transformers"])
+        print(f"context {context}: modkit {1e3 * ours:.3f} ms/step, transformers {1e3 * theirs:.3f} ms/step, "
+              f"ratio transformers / modkit {theirs / ours:.2f}; first step max |Δ| = {diff:.2e}; "
+              f"cache bytes per token: modkit {mla.cache_spec().bytes_per_token('float32')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""``modkit eval CHECKPOINT``: cross-entropy, perplexity and bits per byte on data, or lm-evaluation-harness tasks.
+
+::
+
+    modkit eval runs/x/best                                   # the run's validation split, as the run scored it
+    modkit eval runs/x/best --data texts/ --seq-len 256 --stride 128
+    modkit eval runs/x/best --tasks hellaswag,arc_easy --num-fewshot 0 --batch-size 16 --output results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_subcommands(subparsers) -> None:
+    """Add ``modkit eval`` to the ``modkit`` parser (an extension module of :mod:`modkit.cli`)."""
+    p = subparsers.add_parser(
+        "eval",
+        help="score a checkpoint: loss, perplexity, bits per byte; or lm-eval tasks",
+        description="Score a modkit checkpoint. Without --tasks: mean cross-entropy (nats/token), perplexity and bits "
+        "per byte on a prepared data folder's split or on text inputs (whole split, in non-overlapping windows of "
+        "--seq-len tokens, or strided with --stride). A checkpoint inside a run folder defaults to the run's data, "
+        "seq_len, batch_size, document mask and final_eval_tokens, so it repeats the validation score the run "
+        "reported. With --tasks: lm-evaluation-harness tasks through the 'modkit' model type (pip install "
+        "'modkit-lm[eval]').",
+    )
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a modkit checkpoint folder (runs/x/best)")
+    p.add_argument("--data", nargs="+", metavar="PATH", help="a prepared data folder, or text / .jsonl / .parquet inputs (default: the run's data)")
+    p.add_argument("--split", default="val", choices=("val", "train"), help="split of a prepared folder (default val)")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per window (default: the run's seq_len, else max_seq_len)")
+    p.add_argument("--stride", type=int, metavar="S", help="strided windows: one every S tokens, each scoring what the last did not")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="score at most N tokens (default: the run's final_eval_tokens, else all)")
+    p.add_argument("--batch-size", type=int, metavar="B", help="windows (or lm-eval requests) per forward (default: the run's, else 8)")
+    mask = p.add_mutually_exclusive_group()
+    mask.add_argument("--document-mask", dest="document_mask", action="store_const", const=True, default=None,
+                      help="document-masked windows (default: as the run trained)")
+    mask.add_argument("--no-document-mask", dest="document_mask", action="store_const", const=False, help="plain causal windows")
+    p.add_argument("--text-field", default="text", metavar="NAME", help="field / column with the text of .jsonl / .parquet inputs")
+    p.add_argument("--tasks", metavar="T[,T...]", help="lm-eval tasks (or groups) to run instead of scoring data")
+    p.add_argument("--include-path", metavar="DIR", help="folder of extra lm-eval task YAML files")
+    p.add_argument("--num-fewshot", type=int, metavar="K", help="lm-eval few-shot examples")
+    p.add_argument("--limit", type=float, metavar="N", help="lm-eval: at most N documents per task (a fraction when < 1)")
+    p.add_argument("--output", "-o", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--device", metavar="DEV", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Handler of ``modkit eval``."""
+    if args.tasks:
+        return _tasks(args)
+    from .run import evaluate_checkpoint
+
+    result = evaluate_checkpoint(
+        args.checkpoint, args.data, split=args.split, seq_len=args.seq_len, stride=args.stride, max_tokens=args.max_tokens,
+        batch_size=args.batch_size, document_mask=args.document_mask, text_field=args.text_field, device=args.device,
+    )
+    record = result.to_json()
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(record, f, indent=2)
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    s, st = result.score, result.settings
+    windows = f"strided windows of {s.seq_len} (stride {s.stride})" if s.stride != s.seq_len else f"non-overlapping windows of {s.seq_len}"
+    print(f"{args.checkpoint} on {st['data']} ({st['split']}: {st['split_tokens']:,} tokens), {windows}, "
+          f"document mask {'on' if st['document_mask'] else 'off'}")
+    print(f"  cross-entropy  {s.loss:.4f} nats/token")
+    print(f"  perplexity     {s.perplexity:.4f}")
+    bpb = s.bits_per_byte
+    print(f"  bits per byte  {bpb:.4f}" if bpb is not None else "  bits per byte  n/a (no text bytes scored)")
+    bytes_note = f" ({s.bytes:,} bytes)" if s.bytes is not None else ""
+    print(f"  scored {s.tokens:,} tokens{bytes_note} in {s.windows:,} windows")
+    return 0
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    from ..cli import UserError
+
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise UserError("--tasks needs lm-evaluation-harness: pip install 'modkit-lm[eval]'") from None
+    from .harness import ModkitLM
+
+    lm = ModkitLM(args.checkpoint, batch_size=args.batch_size or 8, device=args.device)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    manager = None
+    if args.include_path:  # tasks all in the given folder: no need to index lm-eval's thousands of task files
+        local = TaskManager(include_path=args.include_path, include_defaults=False)
+        manager = local if all(t in local.all_tasks for t in tasks) else TaskManager(include_path=args.include_path)
+    manager = manager or TaskManager()
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit, task_manager=manager)
+    if results is None:
+        return 0
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"results": results["results"], "configs": results.get("configs", {})}, f, indent=2, default=str)
+    if args.json:
+        print(json.dumps(results["results"], indent=2, default=str))
+    else:
+        from lm_eval.utils import make_table
+
+        sys.stdout.write(make_table(results) + "\n")
+    return 0
