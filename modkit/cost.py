@@ -404,9 +404,13 @@ class CostModel:
 
         Returns:
             The context in tokens, or ``None`` when attention never reaches the FFN below ``limit`` (every layer has
-                a sliding window, so the attended keys stop growing).
+                a sliding window, so the attended keys stop growing), or when there is no attention or no FFN to
+                compare (a recurrent model, a model without feed-forward layers).
         """
         varying = self.context_parts()
+        parts = self.flops(self.workload(phase, 2))
+        if not any(k.startswith("attention.") for k in parts) or not any(k.startswith(("ffn.", "router.")) for k in parts):
+            return None
 
         def attention_wins(n: int) -> bool:
             f = self.flops(self.workload(phase, n))

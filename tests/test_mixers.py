@@ -297,3 +297,25 @@ def test_the_state_does_not_grow_with_the_context(name):
     big = "ssm" if "ssm" in state else "recurrent"
     assert mixer.cache_spec().entries[1].dtype == torch.float32 and big in state
     assert model.new_cache(2, 48).nbytes() == 2 * kv_cache_bytes(model, 48, 1, "float32")
+
+
+@pytest.mark.parametrize("name", ["tiny-mamba2", "tiny-hybrid"])
+def test_cost_reports_a_constant_state_per_sequence(name):
+    """``modkit cost``'s figures for the shipped recurrent specs: the state bytes are the declared entries' sum
+    (mamba2 per layer: ssm 8·32·32 float32 + conv (256 + 2·32)·3 bfloat16 = 34,688 bytes), the same at 1K and 32K;
+    only the hybrid's attention layer adds bytes per token; no crossover without attention."""
+    from pathlib import Path
+
+    from modkit.cost import CostModel
+    cost = CostModel(Path(__file__).parents[1] / "specs" / f"{name}.json")
+    short, long = (cost.report(context=n) for n in (1024, 32768))
+    per_seq = short["cache_state_bytes_per_sequence"]
+    assert per_seq == long["cache_state_bytes_per_sequence"] > 0
+    if name == "tiny-mamba2":
+        assert per_seq == 4 * (8 * 32 * 32 * 4 + (256 + 2 * 32) * 3 * 2) == 138_752
+        assert short["kv_cache_bytes"] == long["kv_cache_bytes"] == per_seq
+        assert short["attention_overtakes_ffn"]["decode"]["scores"] is None
+    else:  # one gqa layer: 2 · 2 kv heads · 32 · 2 bytes per token
+        assert long["kv_cache_bytes"] - short["kv_cache_bytes"] == (32768 - 1024) * 2 * 2 * 32 * 2
+    part = "mixer.scan" if name == "tiny-mamba2" else "mixer.delta_rule"  # decode FLOPs of the recurrence: flat
+    assert short["flops_per_token"]["decode"][part] == long["flops_per_token"]["decode"][part] > 0
