@@ -35,6 +35,7 @@ MODULES = (
     "glm4",
     "gpt2",
     "llama",
+    "mamba2",
     "mistral",
     "mixtral",
     "olmo2",

@@ -44,7 +44,9 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "position": (None, "the position spec of every layer"),
     "position_by_type": (None, "position spec per layer type, when they differ (Gemma 3's local and global RoPE)"),
     "positions": (None, "position spec per layer, when layers differ otherwise (NoPE layers)"),
-    "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down) or 'mlp' (up, down)"),
+    "mixer": (None, "the token mixer of every layer when it is not an attention: a recurrent mixer's spec (Mamba-2), "
+              "written by the type's own code; None: an attention from the head fields"),
+    "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down), 'mlp' (up, down) or None (no FFN: Mamba-2's blocks)"),
     "act": ("silu", "the FFN activation (modkit's name)"),
     "mlp_bias": (False, "biases on the FFN projections"),
     "moe": (False, "every FFN is a mixture of gated experts with a top-k router"),
@@ -246,6 +248,8 @@ def ffn_spec(f: Mapping[str, Any]) -> dict:
             "aux_loss_coef": float(f["aux_loss_coef"]),
             "z_loss_coef": 0.0,
         }
+    if f["ffn"] is None:
+        return None
     if f["ffn"] == "mlp":
         return {"type": "mlp", "d_ff": f["d_ff"], "activation": f["act"], "bias": bool(f["mlp_bias"])}
     return gated_ffn(f["d_ff"], f["act"], bool(f["mlp_bias"]))
@@ -260,6 +264,14 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     """
     n_layers = f["n_layers"]
     norm = norm_spec(f)
+    if f["mixer"] is not None:  # a recurrent mixer on every layer: no heads, windows or per-layer positions
+        return model_spec(
+            r, vocab_size=f["vocab_size"], d_model=f["d_model"], n_layers=n_layers, max_seq_len=f["max_seq_len"],
+            position=f["position"] or {"type": "none"},
+            block={"mixer": dict(f["mixer"]), "ffn": ffn_spec(f), "norm": norm, "placement": dict(f["placement"])},
+            final_norm=norm if f["final_norm"] else None, tie_embeddings=f["tie_embeddings"],
+            lm_head_bias=f["lm_head_bias"], init_std=f["init_std"],
+        )
     qk = norm if f["qk_norm"] else None
     bias = (f["qkv_bias"],) * 3 + (f["o_bias"],)
 
@@ -318,8 +330,11 @@ def fields_of(spec) -> dict[str, Any]:
     ``windows`` and ``positions`` hold every layer. Component configs stay objects (``position``,
     ``positions``, ``placement``); a field a component does not have is ``None``. Whether the fields describe the
     spec completely is checked afterwards, by converting the written config back."""
+    from modkit import get_registry
+
     ls = spec.layer(0)
     att, ffn, norm = ls.attention, ls.ffn, ls.norm
+    recurrent = get_registry().entry_for_config(att).kind != "attention"  # the mixer slot holds a recurrent mixer
     dense = getattr(ffn, "expert", ffn)
     router = getattr(ffn, "router", None)
     d = spec.d_model
@@ -334,9 +349,10 @@ def fields_of(spec) -> dict[str, Any]:
         "d_model": d,
         "n_layers": spec.n_layers,
         "max_seq_len": spec.max_seq_len,
-        "n_heads": att.n_heads,
-        "n_kv_heads": att.kv_heads,
-        "head_dim": att.resolved_head_dim(d),
+        "mixer": att if recurrent else None,
+        "n_heads": None if recurrent else att.n_heads,
+        "n_kv_heads": None if recurrent else att.kv_heads,
+        "head_dim": None if recurrent else att.resolved_head_dim(d),
         "d_ff": getattr(dense, "d_ff", None),
         "norm": norm.type,
         "eps": getattr(norm, "eps", None),
@@ -357,7 +373,7 @@ def fields_of(spec) -> dict[str, Any]:
         "position": ls.position,
         "position_by_type": by_type,
         "positions": positions,
-        "ffn": "mlp" if getattr(dense, "type", None) == "mlp" else "gated",
+        "ffn": None if ffn is None else "mlp" if getattr(dense, "type", None) == "mlp" else "gated",
         "act": getattr(dense, "act", None) or getattr(dense, "activation", None),
         "mlp_bias": bool(getattr(ffn, "bias", False)),
         "moe": getattr(ffn, "type", None) == "moe",
