@@ -34,6 +34,8 @@ backward; Williams et al. 2009, Roofline (CACM 52(4)) for the latency bound.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -507,7 +509,8 @@ class CostModel:
         them). Activations are what autograd saves for the backward, measured: the model is built on ``meta`` in
         ``dtype`` (the autocast dtype), run in training mode with the training loss at ``batch`` rows and three short
         lengths under ``torch.autograd.graph.saved_tensors_hooks``, and the saved bytes (parameters excluded, each
-        storage once) fitted exactly by ``a + b·T + c·T²``. ``activations`` is ``a + b·seq_len``: attention kernels
+        storage once) fitted exactly by ``a + b·T + c·T²`` (at 2, 3 and 4 chunks when a mixer computes in chunks,
+        a module attribute ``chunk_size``: below two chunks its saved bytes are not yet linear in ``T``). ``activations`` is ``a + b·seq_len``: attention kernels
         that keep no ``[seq, seq]`` matrix (FlashAttention, memory-efficient SDPA); ``attention_matrix`` is
         ``c·seq_len²``, what an eager (math) attention would keep on top. Not counted: temporaries of the backward,
         allocator fragmentation, the CUDA context.
@@ -596,6 +599,12 @@ def _saved_fit(spec: ModelSpec, batch: int, dtype: torch.dtype, registry: Regist
         model = build(spec, device="meta", dtype=dtype, registry=registry).train()
         step = max(1, min(4, spec.max_seq_len // 3))
         ts = (step, 2 * step, 3 * step)
+        # a mixer that computes in chunks of its ``chunk_size`` tokens (the recurrent mixers' chunked forms) saves
+        # [chunk, chunk] blocks: quadratic in T below one chunk, linear from two chunks on, where it is measured
+        chunks = {m.chunk_size for m in model.modules() if isinstance(getattr(m, "chunk_size", None), int) and m.chunk_size > 0}
+        if chunks and 4 * math.lcm(*chunks) <= spec.max_seq_len:
+            step = math.lcm(*chunks)
+            ts = (2 * step, 3 * step, 4 * step)
         s = [_saved_bytes(model, batch, t) for t in ts]
         # second differences of an exact quadratic at equally spaced points
         c = Fraction(s[2] - 2 * s[1] + s[0], 2 * step * step)
