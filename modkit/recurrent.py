@@ -70,8 +70,8 @@ def causal_conv(
         name: the per-sequence entry holding the window.
 
     Returns:
-        ``[batch, seq, channels]`` in ``x``'s dtype, before any activation. FLOPs (as ``FlopCounterMode`` counts the
-        convolution): ``2 · batch · seq · channels · K``.
+        ``[batch, seq, channels]`` in ``x``'s dtype, before any activation (FLOPs, as ``FlopCounterMode`` counts
+            the convolution, ``2 · batch · seq · channels · K``).
     """
     b, s, c = x.shape
     k = conv.kernel_size[0]
