@@ -22,7 +22,8 @@ from .registry import Registry, get_registry
 from .spec import ModelSpec, iter_configs, load_spec, position_geometry, spec_model
 
 BREAKDOWN_KEYS = ("embedding", "position", "attention", "ffn", "norm", "lm_head")
-_KIND_TO_KEY = {k: k for k in BREAKDOWN_KEYS}
+#: kinds whose parameters :func:`breakdown` counts apart; ``mixer`` (recurrent token mixers) is listed only when present
+_KIND_TO_KEY = {**{k: k for k in BREAKDOWN_KEYS}, "mixer": "mixer"}
 
 
 #: torch.nn.init's fills: skipped on meta tensors while constructing (``init_weights`` sets every tensor afterwards)
@@ -117,29 +118,40 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
     )
     layer_specs = [spec.layer(i) for i in range(spec.n_layers)]
     blocks, pos_keys, pos_modules, layer_position, windows = [], {}, [], [], []
-    top_key = None
+    mixers, geometries = [], []
     for ls in layer_specs:
         ctx = base.__class__(**{**base.__dict__, "layer_index": ls.index})
-        attention = ctx.build(ls.attention)
-        ffn = ctx.build(ls.ffn)
-        # the per-head width the scheme acts on is what the attention declares (PositionGeometry), the same
-        # geometry the spec was validated with: MLA's rope acts on its qk_rope_head_dim part only
-        geo = position_geometry(ls.attention, ctx, attention)
-        heads = (geo.n_heads, geo.head_dim) if geo is not None else (None, None)
+        mixer = ctx.build(ls.attention)
+        ffn = ctx.build(ls.ffn) if ls.ffn is not None else None
+        # the per-head width the scheme acts on is what the token mixer declares (PositionGeometry), the same
+        # geometry the spec was validated with: MLA's rope acts on its qk_rope_head_dim part only; a recurrent
+        # mixer declares none (it has no queries or keys)
+        geo = position_geometry(ls.attention, ctx, mixer)
+        mixers.append((ctx, mixer, ffn))
+        geometries.append((geo.n_heads, geo.head_dim) if geo is not None and (geo.n_heads or geo.head_dim) else None)
+    # a layer whose mixer declares no geometry shares the scheme built for another layer with the same config (it
+    # ignores it; validation refused a rotary or bias scheme no layer could take)
+    by_config = {}
+    for ls, heads in zip(layer_specs, geometries):
+        if heads is not None:
+            by_config.setdefault(ls.position.model_dump_json(), heads)
+    first_heads = next((h for h in geometries if h is not None), (None, None))
+    for ls, heads, (ctx, mixer, ffn) in zip(layer_specs, geometries, mixers):
+        heads = heads if heads is not None else by_config.get(ls.position.model_dump_json(), (None, None))
         key = _position_key(ls.position, heads, registry)
         if key not in pos_keys:
             pos_keys[key] = len(pos_modules)
             pos_modules.append(ctx.build(ls.position, n_heads=heads[0], head_dim=heads[1]))
         layer_position.append(pos_keys[key])
-        if ls.index == 0:
-            heads0 = heads
-            top_key = _position_key(spec.position, heads, registry)
-        block = ctx.build(ls.placement, attention=attention, ffn=ffn, norm=ls.norm)
+        block = ctx.build(ls.placement, attention=mixer, ffn=ffn, norm=ls.norm)
         blocks.append(block)
         # how many of the latest positions a query sees (a ring of that many cache slots): the attention's
         # attention_span when it declares one (sliding window, chunked attention), else its sliding_window
-        windows.append(attention.attention_span if hasattr(attention, "attention_span") else getattr(attention, "sliding_window", None))
-    # the model-level scheme (it acts on embeddings) is the one layer 0 would use without overrides
+        windows.append(mixer.attention_span if hasattr(mixer, "attention_span") else getattr(mixer, "sliding_window", None))
+    # the model-level scheme (it acts on embeddings) is the one layer 0 would use without overrides, with the
+    # geometry of the first layer that declares one
+    heads0 = by_config.get(spec.position.model_dump_json(), first_heads)
+    top_key = _position_key(spec.position, heads0, registry)
     if top_key not in pos_keys:
         pos_keys[top_key] = len(pos_modules)
         pos_modules.append(base.build(spec.position, n_heads=heads0[0], head_dim=heads0[1]))
@@ -226,18 +238,23 @@ def breakdown(spec_or_model: Any, *, registry: Optional[Registry] = None) -> dic
     """Parameter counts by category: ``embedding, position, attention, ffn, norm, lm_head, total``.
 
     Each parameter is assigned to the outermost enclosing module tagged with a kind (``attention`` includes
-    QK-norm weights, ``ffn`` includes MoE routers, ``norm`` every norm outside attention). Tied weights count
-    once, under ``embedding``. Parameters owned directly by a placement (no sublayer) count under ``other``,
-    present only when non-zero.
+    QK-norm weights, ``ffn`` includes MoE routers, ``norm`` every norm outside attention), except that a token
+    mixer inside another (the attention of a parallel hybrid layer) counts as its own kind. Recurrent token mixers
+    (kind ``mixer``: Mamba-2, Gated DeltaNet, their convolutions and gated norms) count under ``mixer``, present
+    only when non-zero. Tied weights count once, under ``embedding``. Parameters owned directly by a placement (no
+    sublayer) count under ``other``, present only when non-zero.
     """
     model = _model(spec_or_model, registry)
     counts = {k: 0 for k in BREAKDOWN_KEYS}
-    counts["other"] = 0
+    counts["other"] = counts["mixer"] = 0
     seen: set[int] = set()
 
     def walk(module: nn.Module, category: str) -> None:
-        if category == "other":  # the outermost tagged module decides: a QK-norm stays attention
-            category = _KIND_TO_KEY.get(getattr(module, "modkit_kind", None), category)
+        kind = getattr(module, "modkit_kind", None)
+        if category == "other" or (category == "mixer" and kind == "attention"):
+            # the outermost tagged module decides (a QK-norm stays attention), but an attention beside a recurrent
+            # mixer (inside a parallel hybrid) is attention
+            category = _KIND_TO_KEY.get(kind, category)
         for p in module.parameters(recurse=False):
             if id(p) not in seen:
                 seen.add(id(p))
@@ -253,8 +270,9 @@ def breakdown(spec_or_model: Any, *, registry: Optional[Registry] = None) -> dic
             walk(child, "other")
     else:
         walk(model, "other")
-    if counts["other"] == 0:
-        del counts["other"]
+    for optional in ("other", "mixer"):
+        if counts[optional] == 0:
+            del counts[optional]
     counts["total"] = sum(counts.values())
     return counts
 

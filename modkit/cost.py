@@ -34,6 +34,8 @@ backward; Williams et al. 2009, Roofline (CACM 52(4)) for the latency bound.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -404,9 +406,13 @@ class CostModel:
 
         Returns:
             The context in tokens, or ``None`` when attention never reaches the FFN below ``limit`` (every layer has
-                a sliding window, so the attended keys stop growing).
+                a sliding window, so the attended keys stop growing), or when there is no attention or no FFN to
+                compare (a recurrent model, a model without feed-forward layers).
         """
         varying = self.context_parts()
+        parts = self.flops(self.workload(phase, 2))
+        if not any(k.startswith("attention.") for k in parts) or not any(k.startswith(("ffn.", "router.")) for k in parts):
+            return None
 
         def attention_wins(n: int) -> bool:
             f = self.flops(self.workload(phase, n))
@@ -503,7 +509,8 @@ class CostModel:
         them). Activations are what autograd saves for the backward, measured: the model is built on ``meta`` in
         ``dtype`` (the autocast dtype), run in training mode with the training loss at ``batch`` rows and three short
         lengths under ``torch.autograd.graph.saved_tensors_hooks``, and the saved bytes (parameters excluded, each
-        storage once) fitted exactly by ``a + b·T + c·T²``. ``activations`` is ``a + b·seq_len``: attention kernels
+        storage once) fitted exactly by ``a + b·T + c·T²`` (at 2, 3 and 4 chunks when a mixer computes in chunks,
+        a module attribute ``chunk_size``: below two chunks its saved bytes are not yet linear in ``T``). ``activations`` is ``a + b·seq_len``: attention kernels
         that keep no ``[seq, seq]`` matrix (FlashAttention, memory-efficient SDPA); ``attention_matrix`` is
         ``c·seq_len²``, what an eager (math) attention would keep on top. Not counted: temporaries of the backward,
         allocator fragmentation, the CUDA context.
@@ -592,6 +599,12 @@ def _saved_fit(spec: ModelSpec, batch: int, dtype: torch.dtype, registry: Regist
         model = build(spec, device="meta", dtype=dtype, registry=registry).train()
         step = max(1, min(4, spec.max_seq_len // 3))
         ts = (step, 2 * step, 3 * step)
+        # a mixer that computes in chunks of its ``chunk_size`` tokens (the recurrent mixers' chunked forms) saves
+        # [chunk, chunk] blocks: quadratic in T below one chunk, linear from two chunks on, where it is measured
+        chunks = {m.chunk_size for m in model.modules() if isinstance(getattr(m, "chunk_size", None), int) and m.chunk_size > 0}
+        if chunks and 4 * math.lcm(*chunks) <= spec.max_seq_len:
+            step = math.lcm(*chunks)
+            ts = (2 * step, 3 * step, 4 * step)
         s = [_saved_bytes(model, batch, t) for t in ts]
         # second differences of an exact quadratic at equally spaced points
         c = Fraction(s[2] - 2 * s[1] + s[0], 2 * step * step)
@@ -616,6 +629,17 @@ def _sdpa_cpu_backward(grad_out_shape, query_shape, key_shape, value_shape, *arg
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+def _solve_triangular_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """A triangular solve ``A X = B`` (``A [..., n, n]``, ``B [..., n, m]``, left side): forward or back substitution
+    is ``n (n - 1) / 2`` multiply-adds per right-hand side column, ``n (n - 1) · m`` FLOPs (the divisions by the
+    diagonal, absent with ``unitriangular``, are element-wise), times the batch."""
+    n, m = a_shape[-1], b_shape[-1]
+    batch = 1
+    for size in (out_shape or b_shape)[:-2]:
+        batch *= size
+    return batch * m * n * (n - 1)
+
+
 def _grouped_mm_flops(x_shape, w_shape, offs_shape, *args, out_shape=None, **kwargs) -> int:
     return FLOPS_PER_MAC * x_shape[0] * x_shape[1] * w_shape[-1]
 
@@ -628,9 +652,11 @@ def flop_counter(**kwargs: Any):
     """A ``torch.utils.flop_counter.FlopCounterMode`` that also counts modkit's ops and the CPU attention kernel.
 
     torch 2.13 has no formula for ``aten._scaled_dot_product_flash_attention_for_cpu`` (it would count 0 on the
-    CPU) nor for modkit's ``modkit::grouped_mm`` custom op (mixture-of-experts experts); both are added through
-    ``custom_mapping`` (torch's own SDPA formula: the full ``[q_len, kv_len]`` rectangle; ``2·rows·in·out`` for a
-    grouped product). ``display`` defaults to False; other arguments go to ``FlopCounterMode``.
+    CPU), for modkit's ``modkit::grouped_mm`` custom op (mixture-of-experts experts) nor for
+    ``aten.linalg_solve_triangular`` (the chunkwise delta rule); they are added through ``custom_mapping`` (torch's
+    own SDPA formula: the full ``[q_len, kv_len]`` rectangle; ``2·rows·in·out`` for a grouped product; ``n (n - 1)``
+    FLOPs per right-hand side column of an ``n × n`` triangular solve). ``display`` defaults to False; other
+    arguments go to ``FlopCounterMode``.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -640,6 +666,7 @@ def flop_counter(**kwargs: Any):
         ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward,
         ops.modkit.grouped_mm: _grouped_mm_flops,
         ops.modkit.grouped_mm_weight_grad: _grouped_mm_weight_grad_flops,
+        ops.aten.linalg_solve_triangular: _solve_triangular_flops,
     }
     mapping.update(kwargs.pop("custom_mapping", {}) or {})
     kwargs.setdefault("display", False)

@@ -10,6 +10,10 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   modkit.CacheSpec`` on its module and finds its state with ``inputs.cache_for(self)`` (:mod:`modkit.cache`); its
   config declares the per-head width its position scheme acts on with ``position_geometry(ctx) ->
   PositionGeometry`` (default: ``n_heads`` and ``head_dim`` of the config).
+* ``mixer``:     a token mixer that is not an attention (a recurrent mixer, several mixers side by side):
+  ``forward(x, inputs: AttentionInputs) -> Tensor`` in the block's token-mixing slot, like an attention; keeps a
+  fixed-size state per sequence between forwards, declared as ``growth="sequence"`` entries of its
+  ``cache_spec()`` (helpers in :mod:`modkit.recurrent`); padding tokens (``inputs.token_mask`` False) change no state.
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
   it gets the built attention and ffn and the norm config in its :class:`BuildContext`.

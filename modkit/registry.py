@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import pluggy
 
-from .config import ComponentConfig
+from .config import MIXER_KINDS, ComponentConfig, slot_kinds
 from .errors import RegistryError
 from .hooks import ENTRY_POINT_GROUP, PROJECT, ModkitHookSpecs
 
@@ -339,6 +339,15 @@ class Registry:
             for a in c.aliases:
                 names[(c.kind, a)] = ("alias", c)
         for c in comps:
+            if c.kind in MIXER_KINDS:  # one token-mixing slot holds both kinds: their type names must differ
+                rival = next((o for o in [*self._components.values(), *seen.values()]
+                              if o.kind in MIXER_KINDS and o.kind != c.kind and c.type in (o.type, *o.aliases)), None)
+                if rival is not None:
+                    raise RegistryError(
+                        f"{c.kind} type {c.type!r} (by {provider}) has the name of {rival.kind}/{rival.type} (by "
+                        f"{rival.provider or provider}); attentions and mixers share the token-mixing slot, so their type "
+                        "names must differ: rename one"
+                    )
             other = self._components.get(c.key) or seen.get(c.key)
             if other is not None:
                 raise RegistryError(
@@ -463,11 +472,18 @@ class Registry:
         )
 
     def unknown_type_message(self, kind: str, type_: str) -> str:
-        """Human message for an unknown ``type`` of ``kind``: valid types, closest match, installed plugins."""
-        types = self.types(kind)
-        aliases = self.aliases(kind)
+        """Human message for an unknown ``type`` of ``kind``: valid types, closest match, installed plugins.
+
+        For ``kind = "mixer"`` (a token-mixing slot) the valid types are those of every token-mixer kind, listed by kind.
+        """
+        kinds = [k for k in slot_kinds(kind) if self.types(k)] or [kind]
+        types = sorted({t for k in kinds for t in self.types(k)})
+        aliases = {a: t for k in kinds for a, t in self.aliases(k).items()}
         hint = close_matches(str(type_), types + list(aliases))
-        msg = f"unknown {kind} type {type_!r}; valid types: {', '.join(types) or '(none installed)'}"
+        listed = ", ".join(types) or "(none installed)"
+        if len(kinds) > 1:
+            listed += " (" + "; ".join(f"{k}: {', '.join(self.types(k))}" for k in kinds) + ")"
+        msg = f"unknown {kind} type {type_!r}; valid types: {listed}"
         if aliases:
             msg += "; aliases: " + ", ".join(f"{a} (= {t})" for a, t in sorted(aliases.items()))
         if hint:

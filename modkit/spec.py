@@ -1,7 +1,10 @@
 """Model specs: strict JSON documents validated by pydantic models built from the live registry.
 
-A spec describes a decoder-only Transformer: model-wide sizes, a position scheme, one ``block`` (attention,
-ffn, norm, placement) used by every layer, optional per-layer ``overrides`` and the model head. Each component
+A spec describes a decoder-only Transformer: model-wide sizes, a position scheme, one ``block`` (token mixer,
+ffn, norm, placement) used by every layer, optional per-layer ``overrides`` and the model head. The token mixer is
+written ``mixer`` or ``attention`` (the same slot: any attention or recurrent mixer, :data:`~modkit.config.MIXER_KINDS`),
+so a hybrid is a block plus overrides (Gated DeltaNet everywhere, attention every fourth layer); a block's ``ffn``
+may be ``null`` (Mamba-2's blocks are a mixer alone). Each component
 slot is a discriminated union on ``type`` over every registered component of that kind, built *after*
 plugins load, so a third-party component validates exactly like a built-in. Specs never name Python import
 paths: component names resolve only through the registry.
@@ -19,18 +22,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     TypeAdapter,
     ValidationError,
     create_model,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
-from .config import STRICT, ComponentConfig, Slot, StrictModel, slot_kind
+from .config import SLOT_KEY, STRICT, ComponentConfig, Slot, StrictModel, slot_kind, slot_kinds
 from .errors import SpecError, SpecWarning
 from .jsonio import JSONInputError, check_document, parse_json, read_json_file
 from .parametrization import Parametrization
@@ -90,22 +96,84 @@ class DropoutSpec(_Strict):
     residual: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on each sublayer output before the residual add (GPT-2 resid_pdrop)")
 
 
-class BlockSpec(_Strict):
-    """The components of one Transformer block. The placement creates the norms it needs from ``norm``."""
+#: the two names of the token-mixing slot of a block or an override: ``mixer`` (any token mixer) and ``attention``
+#: (the name specs used before recurrent mixers existed); both hold the same slot, stored as ``attention``
+MIXER_KEYS = ("mixer", "attention")
 
-    attention: ComponentConfig = Slot("attention", description="token-mixing sublayer, [batch, seq, d_model] -> same")
-    ffn: ComponentConfig = Slot("ffn", description="position-wise sublayer, [batch, seq, d_model] -> same")
+
+class _MixerSlot(_Strict):
+    """A model with the token-mixing slot (the ``attention`` field), written ``mixer`` or ``attention`` in a spec.
+
+    The key a document used is remembered (:attr:`mixer_key`) and written back by ``model_dump``, so a spec
+    round-trips as written; giving both keys is an error naming both.
+    """
+
+    _mixer_key: str = PrivateAttr("attention")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_mixer_key(cls, data: Any, handler: Any) -> Any:
+        key = None
+        if isinstance(data, dict):
+            if all(k in data for k in MIXER_KEYS):
+                raise ValueError(
+                    "give the token mixer once: 'mixer' and 'attention' name the same slot (write 'mixer' for any "
+                    "mixer, 'attention' still works for an attention)"
+                )
+            key = next((k for k in MIXER_KEYS if k in data), None)
+        out = handler(data)
+        if key is not None and isinstance(out, _MixerSlot):
+            out._mixer_key = key
+        return out
+
+    @model_serializer(mode="wrap")
+    def _write_mixer_key(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and self._mixer_key != "attention" and "attention" in data:
+            data = {(self._mixer_key if k == "attention" else k): v for k, v in data.items()}
+        return data
+
+    @property
+    def mixer_key(self) -> str:
+        """The key the token mixer was written under: ``"mixer"`` or ``"attention"``."""
+        return self._mixer_key
+
+    @property
+    def mixer(self) -> Optional[ComponentConfig]:
+        """The token mixer (the ``attention`` field, whatever key the spec used)."""
+        return self.attention
+
+
+class BlockSpec(_MixerSlot):
+    """The components of one Transformer block. The placement creates the norms it needs from ``norm``.
+
+    The token mixer is written ``mixer`` (any mixer: an attention, Mamba-2, Gated DeltaNet, several side by side) or
+    ``attention`` (the same slot); it is read as ``block.attention`` or ``block.mixer``. ``ffn`` may be ``null`` for a
+    block that is a mixer alone (Mamba-2).
+    """
+
+    attention: ComponentConfig = Field(
+        ..., validation_alias=AliasChoices("attention", "mixer"),
+        description="token-mixing sublayer (written 'mixer' or 'attention': any attention or recurrent mixer), "
+        "[batch, seq, d_model] -> same", json_schema_extra={SLOT_KEY: "mixer"},
+    )
+    ffn: Optional[ComponentConfig] = Slot(
+        "ffn", description="position-wise sublayer, [batch, seq, d_model] -> same; null for a block without one (Mamba-2)"
+    )
     norm: ComponentConfig = Slot("norm", description="norm config instantiated by the placement wherever it puts a norm")
     placement: ComponentConfig = Slot("placement", description="how norms, sublayers and residuals compose")
 
 
-class LayerOverride(_Strict):
+class LayerOverride(_MixerSlot):
     """Replace whole block slots (and the position scheme) for selected layers; later overrides win."""
 
     layers: Union[Annotated[list[LayerIndex], Field(min_length=1, max_length=MAX_LAYERS)], LayerRange] = Field(
         ..., description="layer indices (0-based; at least one), or a range {start, stop, step}"
     )
-    attention: Optional[ComponentConfig] = Slot("attention", default=None, description="replacement attention")
+    attention: Optional[ComponentConfig] = Field(
+        None, validation_alias=AliasChoices("attention", "mixer"),
+        description="replacement token mixer (written 'mixer' or 'attention')", json_schema_extra={SLOT_KEY: "mixer"},
+    )
     ffn: Optional[ComponentConfig] = Slot("ffn", default=None, description="replacement ffn")
     norm: Optional[ComponentConfig] = Slot("norm", default=None, description="replacement norm config")
     placement: Optional[ComponentConfig] = Slot("placement", default=None, description="replacement placement")
@@ -116,6 +184,12 @@ class LayerOverride(_Strict):
     def indices(self, n_layers: int) -> list[int]:
         """The layer indices this override selects."""
         return self.layers.indices(n_layers) if isinstance(self.layers, LayerRange) else list(self.layers)
+
+
+def slot_path(owner: Any, slot: str) -> str:
+    """The key a block's or an override's ``slot`` is written under (``"mixer"`` or ``"attention"`` for the token
+    mixer, as the spec wrote it); other slots are their own name."""
+    return getattr(owner, "mixer_key", "attention") if slot == "attention" else slot
 
 
 class ModelSpec(_Strict):
@@ -178,7 +252,7 @@ class ModelSpec(_Strict):
     def _no_empty_override(cls, v: list[LayerOverride]) -> list[LayerOverride]:
         for i, o in enumerate(v):
             if not any(getattr(o, k) is not None for k in ("attention", "ffn", "norm", "placement", "position")):
-                raise ValueError(f"overrides[{i}] replaces nothing; give at least one of attention, ffn, norm, placement, position")
+                raise ValueError(f"overrides[{i}] replaces nothing; give at least one of mixer (or attention), ffn, norm, placement, position")
         return v
 
     def layer(self, index: int) -> "LayerSpec":
@@ -220,14 +294,20 @@ class ModelSpec(_Strict):
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """The resolved components of one layer."""
+    """The resolved components of one layer: ``attention`` is the layer's token mixer (also :attr:`mixer`);
+    ``ffn`` is ``None`` for a block without one."""
 
     index: int
     attention: ComponentConfig
-    ffn: ComponentConfig
+    ffn: Optional[ComponentConfig]
     norm: ComponentConfig
     placement: ComponentConfig
     position: ComponentConfig
+
+    @property
+    def mixer(self) -> ComponentConfig:
+        """The layer's token mixer (an attention or a recurrent mixer)."""
+        return self.attention
 
 
 @dataclass(frozen=True)
@@ -267,10 +347,15 @@ def _live_copy(cls: type[BaseModel], extra: dict[str, Any] | None = None) -> typ
     overrides: dict[str, Any] = dict(extra or {})
     for name, kind in slots.items():
         f = cls.model_fields[name]
+        listed = typing.get_origin(f.annotation) is list  # list[ComponentConfig]: a list of slots
         optional = f.default is None or type(None) in typing.get_args(f.annotation)
-        ann = f"Optional[{_ident(kind)}]" if optional else _ident(kind)
+        ann = f"list[{_ident(kind)}]" if listed else _ident(kind)
+        ann = f"Optional[{ann}]" if optional else ann
         default = ... if f.is_required() else f.default
-        overrides[name] = (ann, Field(default, description=f.description, json_schema_extra=f.json_schema_extra))
+        extra_args = {"validation_alias": f.validation_alias} if f.validation_alias is not None else {}
+        if listed and getattr(f, "metadata", None):  # length bounds of the list
+            extra_args.update({k: getattr(m, k) for m in f.metadata for k in ("min_length", "max_length") if hasattr(m, k)})
+        overrides[name] = (ann, Field(default, description=f.description, json_schema_extra=f.json_schema_extra, **extra_args))
     return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__, **overrides)
 
 
@@ -280,12 +365,13 @@ def _alias_resolver(kind: str, registry: Registry):
 
     def resolve(v: Any) -> Any:
         if isinstance(v, dict) and isinstance(v.get("type"), str):
-            name = registry.resolve(kind, v["type"])
-            if name != v["type"]:
-                note = registry.get(kind, name).alias_notes.get(v["type"])
-                if note:
-                    warnings.warn(note, SpecWarning, stacklevel=2)
-                return {**v, "type": name}
+            for k in slot_kinds(kind):  # a mixer slot resolves the aliases of attentions and of mixers
+                name = registry.resolve(k, v["type"])
+                if name != v["type"]:
+                    note = registry.get(k, name).alias_notes.get(v["type"])
+                    if note:
+                        warnings.warn(note, SpecWarning, stacklevel=2)
+                    return {**v, "type": name}
         return v
 
     return resolve
@@ -319,13 +405,16 @@ def spec_model(registry: Registry | None = None) -> type[ModelSpec]:
         if e.config not in live:
             live[e.config] = _live_copy(e.config)
     ns: dict[str, Any] = {"Optional": Optional}
+    kinds.add("mixer")  # the block's token-mixing slot exists whatever is installed
     for kind in sorted(kinds):
-        classes = list(dict.fromkeys(live[e.config] for e in entries if e.kind == kind))
+        accepted = slot_kinds(kind)  # a mixer slot takes attentions and recurrent mixers alike
+        classes = list(dict.fromkeys(live[e.config] for e in entries if e.kind in accepted))
         if not classes:
             ns[_ident(kind)] = _missing_kind(kind, reg)
         else:  # a one-member union too, so an unknown type gets the same helpful error
             union = Annotated[Union[tuple(classes)], Field(discriminator="type")]
-            ns[_ident(kind)] = Annotated[union, BeforeValidator(_alias_resolver(kind, reg))] if reg.aliases(kind) else union
+            aliased = any(reg.aliases(k) for k in accepted)
+            ns[_ident(kind)] = Annotated[union, BeforeValidator(_alias_resolver(kind, reg))] if aliased else union
     block = _live_copy(BlockSpec)
     override = _live_copy(LayerOverride)
     ns["_BlockSpec"], ns["_LayerOverride"] = block, override
@@ -375,10 +464,12 @@ def load_component(kind: str, data: Union[dict, ComponentConfig], *, registry: R
 
 
 def _kind_for_tags(expected: str, registry: Registry) -> str | None:
+    """The slot kind whose union has exactly these tags (``"mixer"`` for the token-mixing slot: attentions and
+    recurrent mixers; a slot of kind ``attention`` lists attentions only)."""
     tags = {t.strip().strip("'\"") for t in expected.split(",")}
-    for kind in registry.kinds():
-        if set(registry.types(kind)) == tags:
-            return kind
+    for kind in ["mixer", *registry.kinds()]:
+        if {t for k in slot_kinds(kind) for t in registry.types(k)} == tags:
+            return kind if kind != "mixer" or registry.types("mixer") else "attention"
     return None
 
 
@@ -488,16 +579,42 @@ def _format_errors(errs: list[dict], data: Any, registry: Registry) -> list[tupl
     return _SpecErrorFormatter(registry).format(errs, data)
 
 
+def _within(cfg: Any) -> Iterable[ComponentConfig]:
+    """``cfg`` and every component config nested in it (slots, lists of slots), depth first."""
+    if isinstance(cfg, ComponentConfig):
+        yield cfg
+        for name in type(cfg).model_fields:
+            value = getattr(cfg, name)
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                yield from _within(item)
+
+
 def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
-    """A non-zero dropout needs every component that applies it to declare the capability (else it is ignored)."""
+    """A non-zero dropout needs every component that applies it to declare the capability (else it is ignored).
+
+    ``dropout.attention`` is checked on the attentions (kind ``attention``) of the layers' token mixers, nested ones
+    included (an attention beside a recurrent mixer); a recurrent mixer has no attention probabilities to drop, so it
+    is not asked for the capability, but a spec with no attention at all is refused (the dropout would apply nowhere).
+    """
     errors: list[tuple[str, str]] = []
     for field_name, kind, capability in (("attention", "attention", "attention_dropout"), ("residual", "placement", "residual_dropout")):
         if getattr(spec.dropout, field_name) == 0:
             continue
         configs = [getattr(spec.block, kind)] + [getattr(o, kind) for o in spec.overrides if getattr(o, kind) is not None]
+        checked = []
         for cfg in configs:
             if cfg is None:  # a component that failed the schema (see _valid_parts_errors)
                 continue
+            if kind == "attention":  # the attentions among the token mixers (recurrent mixers hold no probabilities)
+                inner = [c for c in _within(cfg) if registry.entry_for_config(c).kind == "attention"]
+                checked += inner
+                continue
+            checked.append(cfg)
+        if kind == "attention" and not checked and any(c is not None for c in configs):
+            errors.append((f"dropout.{field_name}", f"dropout.{field_name} = {getattr(spec.dropout, field_name)} drops attention "
+                           "probabilities, but no layer's token mixer holds an attention; set it to 0"))
+            continue
+        for cfg in checked:
             entry = registry.entry_for_config(cfg, kind)
             if not entry.capabilities.get(capability):
                 errors.append(
@@ -566,32 +683,48 @@ def _head_geometry(attention: Any, ctx: Any) -> tuple[Optional[int], Optional[in
 
 
 def _geometry_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
-    """A position scheme acting on q/k or on the scores, in a layer whose attention declares that it has no per-head
-    geometry for one (its ``position_geometry(ctx)`` returns ``None``: a recurrent mixer), could only fail at build."""
+    """A position scheme acting on q/k or on the scores that no layer using it can take: every layer using that
+    scheme has a token mixer declaring no per-head geometry for it (its ``position_geometry(ctx)`` returns ``None``: a
+    recurrent mixer). A layer whose mixer declares none while other layers with the same scheme do (a hybrid: Gated
+    DeltaNet layers beside attention layers) is fine: its mixer has no queries or keys and ignores the scheme."""
     ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
-    errors: dict[str, str] = {}
+    served: dict[str, bool] = {}  # position config (JSON) -> some layer declares the geometry it needs
+    first: dict[str, tuple[str, int, Any, Any, str, str]] = {}
     for i in range(spec.n_layers):
         layer = spec.layer(i)
-        declare = getattr(layer.attention, "position_geometry", None)
-        if not callable(declare) or layer.position is None:
+        if layer.position is None:
             continue
         acts = registry.entry_for_config(layer.position, "position").capabilities.get("acts_on")
         if acts not in ("qk", "bias"):
             continue
+        need = "head_dim" if acts == "qk" else "n_heads"
+        key = layer.position.model_dump_json()
+        declare = getattr(layer.attention, "position_geometry", None)
+        if not callable(declare):  # an attention without the declaration: its fields tell (checked elsewhere)
+            served[key] = True
+            continue
         try:
             geo = declare(ctx)
         except Exception:  # noqa: BLE001 - an inconsistent attention config reports its own error
+            served[key] = True
             continue
-        need = "head_dim" if acts == "qk" else "n_heads"
-        if geo is None or getattr(geo, need) is None:
+        ok = geo is not None and getattr(geo, need) is not None
+        served[key] = served.get(key, False) or ok
+        if not ok and key not in first:
             path = "position"
             for j, o in enumerate(spec.overrides):
                 if o.position is not None and i in o.indices(spec.n_layers):
                     path = f"overrides[{j}].position"
-            errors.setdefault(path, (
-                f"position type {layer.position.type!r} acts on {'queries and keys' if acts == 'qk' else 'the attention scores'}, "
-                f"but layer {i}'s {layer.attention.type!r} declares no {need} for it (its position_geometry() gives "
-                f"{geo!r}); use position type 'none' for such layers (an override), or a mixer that declares one"))
+            first[key] = (path, i, layer, geo, need, acts)
+    errors: dict[str, str] = {}
+    for key, (path, i, layer, geo, need, acts) in first.items():
+        if served.get(key):
+            continue
+        errors.setdefault(path, (
+            f"position type {layer.position.type!r} acts on {'queries and keys' if acts == 'qk' else 'the attention scores'}, "
+            f"but no layer using it has a mixer that declares a {need} for it (layer {i}'s {layer.attention.type!r} declares "
+            f"no {need}: its position_geometry() gives {geo!r}); use position type 'none', or give such layers an "
+            "attention"))
     return list(errors.items())
 
 
@@ -633,7 +766,12 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
             for sub, msg in check(at) or ():
                 errors.append((extend_path(path, sub), msg))
         for name in type(cfg).model_fields:
-            visit(getattr(cfg, name), f"{path}.{name}", at)
+            value = getattr(cfg, name)
+            if isinstance(value, (list, tuple)):  # a list of slots (the mixers of a parallel hybrid)
+                for k, item in enumerate(value):
+                    visit(item, f"{path}.{name}[{k}]", at)
+            else:
+                visit(value, f"{path}.{name}", at)
 
     errors.extend(_dropout_errors(spec, registry))
     errors.extend(_geometry_errors(spec, registry) if geometry else [])
@@ -645,7 +783,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
         for i, o in enumerate(spec.overrides):
             visit(o.position, f"overrides[{i}].position")
     for slot in ("attention", "ffn", "norm", "placement"):
-        visit(getattr(spec.block, slot), f"block.{slot}")
+        visit(getattr(spec.block, slot), f"block.{slot_path(spec.block, slot)}")
     for name in ("embedding_norm", "final_norm"):
         visit(getattr(spec, name), name)
     for i, o in enumerate(spec.overrides):
@@ -658,7 +796,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
         elif o.layers.start >= spec.n_layers:
             errors.append((f"overrides[{i}].layers.start", f"start = {o.layers.start} selects no layer; n_layers = {spec.n_layers}"))
         for slot in ("attention", "ffn", "norm", "placement"):
-            visit(getattr(o, slot), f"overrides[{i}].{slot}")
+            visit(getattr(o, slot), f"overrides[{i}].{slot_path(o, slot)}")
         if o.position is not None:
             acts = registry.entry_for_config(o.position, "position").capabilities.get("acts_on")
             if acts == "embedding":
@@ -701,10 +839,19 @@ def _valid_parts_errors(data: dict, schema_errors: list[tuple[str, str]], regist
         except SpecError:
             return None
 
+    def slots_of(holder: dict, where: str, cls: type) -> Any:
+        """A block or override built from its valid slots, the mixer under the key the document used."""
+        key = next((k for k in MIXER_KEYS if k in holder), "attention")
+        got = {s: component("mixer" if s == "attention" else s, f"{where}.{key if s == 'attention' else s}",
+                            holder.get(key if s == "attention" else s)) for s in _SLOTS}
+        return got, key
+
     block = data.get("block") if isinstance(data.get("block"), dict) else {}
     parts: dict[str, Any] = {n: data[n] for n in _SIZES}
     parts["position"] = component("position", "position", data.get("position"))
-    parts["block"] = BlockSpec.model_construct(**{s: component(s, f"block.{s}", block.get(s)) for s in _SLOTS})
+    got, key = slots_of(block, "block", BlockSpec)
+    parts["block"] = BlockSpec.model_construct(**got)
+    parts["block"]._mixer_key = key
     for name in ("embedding_norm", "final_norm"):
         parts[name] = component("norm", name, data.get(name))
     complete = parts["position"] is not None and parts["block"].attention is not None
@@ -724,10 +871,12 @@ def _valid_parts_errors(data: dict, schema_errors: list[tuple[str, str]], regist
                 layers = TypeAdapter(LayerOverride.model_fields["layers"].annotation).validate_python(o["layers"])
             except ValidationError:
                 layers = None
-        slots = {s: component(s, f"{where}.{s}", o.get(s)) for s in _SLOTS}
+        slots, key = slots_of(o, where, LayerOverride)
         slots["position"] = component("position", f"{where}.position", o.get("position"))
         complete = complete and clean(where)
-        overrides.append(LayerOverride.model_construct(layers=layers, **slots))
+        override = LayerOverride.model_construct(layers=layers, **slots)
+        override._mixer_key = key
+        overrides.append(override)
     parts["overrides"] = overrides
     if parts["dropout"] is None:
         parts["dropout"] = DropoutSpec()  # unknown: its checks are skipped (all probabilities 0)
@@ -797,6 +946,16 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
 def json_schema(registry: Registry | None = None) -> dict:
     """JSON Schema (draft 2020-12) of specs with the installed components, for editors (``"$schema"`` key)."""
     schema = spec_model(registry).model_json_schema(by_alias=True)
+    for name in ("BlockSpec", "LayerOverride"):  # the token mixer may be written 'mixer' or 'attention'
+        d = schema.get("$defs", {}).get(name)
+        if d is None or "attention" not in d.get("properties", {}):
+            continue
+        d["properties"]["mixer"] = d["properties"]["attention"]
+        if "attention" in d.get("required", []):
+            d["required"] = [r for r in d["required"] if r != "attention"]
+            d["oneOf"] = [{"required": ["mixer"]}, {"required": ["attention"]}]
+        else:
+            d["not"] = {"required": ["mixer", "attention"]}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema.setdefault("title", "modkit model spec")
     return schema
@@ -809,13 +968,18 @@ def iter_configs(spec: ModelSpec) -> Iterable[tuple[str, ComponentConfig]]:
         if isinstance(cfg, ComponentConfig):
             yield path, cfg
             for name in type(cfg).model_fields:
-                yield from walk(getattr(cfg, name), f"{path}.{name}")
+                value = getattr(cfg, name)
+                if isinstance(value, (list, tuple)):  # a list of slots
+                    for k, item in enumerate(value):
+                        yield from walk(item, f"{path}.{name}[{k}]")
+                else:
+                    yield from walk(value, f"{path}.{name}")
 
     yield from walk(spec.position, "position")
     for slot in ("attention", "ffn", "norm", "placement"):
-        yield from walk(getattr(spec.block, slot), f"block.{slot}")
+        yield from walk(getattr(spec.block, slot), f"block.{slot_path(spec.block, slot)}")
     for name in ("embedding_norm", "final_norm"):
         yield from walk(getattr(spec, name), name)
     for i, o in enumerate(spec.overrides):
         for slot in ("attention", "ffn", "norm", "placement", "position"):
-            yield from walk(getattr(o, slot), f"overrides[{i}].{slot}")
+            yield from walk(getattr(o, slot), f"overrides[{i}].{slot_path(o, slot)}")

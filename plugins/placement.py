@@ -1,7 +1,10 @@
 """Placements: how a block composes its norms, sublayers and residuals. ``[batch, seq, d_model]`` in and out.
 
 Every placement builds the norms it needs from the block's norm config and returns a block module with
-``forward(x, inputs) -> (x, aux_loss | None)``; the ffn may return ``(out, aux_loss)`` (MoE).
+``forward(x, inputs) -> (x, aux_loss | None)``; the ffn may return ``(out, aux_loss)`` (MoE). ``attn`` below is the
+block's token mixer, whatever its kind (an attention, Mamba-2, Gated DeltaNet, mixers side by side): every mixer is
+called ``mixer(x, inputs)``. A block without an ffn (``"ffn": null``, Mamba-2) has only the mixer's half, and
+builds no ffn norm.
 
 * ``pre``:       ``x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))`` (GPT-2, Llama).
 * ``post``:      ``x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x))`` (original Transformer, BERT).
@@ -123,12 +126,14 @@ class PreNormBlock(_Residual):
         super().__init__(cfg, ctx)
         self.attn_norm = ctx.build(ctx.norm)
         self.attention = ctx.attention
-        self.ffn_norm = ctx.build(ctx.norm)
+        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
         self.ffn = ctx.ffn
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = x + self._add(self.attention(self.attn_norm(x), inputs))
+        if self.ffn is None:  # a block that is a mixer alone (Mamba-2)
+            return x, None
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
         return x + self._add(h), aux
 
@@ -142,11 +147,13 @@ class PostNormBlock(_Residual):
         self.attention = ctx.attention
         self.attn_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
-        self.ffn_norm = ctx.build(ctx.norm)
+        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = self.attn_norm(x + self._add(self.attention(x, inputs)))
+        if self.ffn is None:
+            return x, None
         h, aux = run_ffn(self.ffn, x, inputs)
         return self.ffn_norm(x + self._add(h)), aux
 
@@ -163,13 +170,15 @@ class SandwichNormBlock(_Residual):
         self.attn_norm = ctx.build(ctx.norm)
         self.attention = ctx.attention
         self.attn_post_norm = ctx.build(ctx.norm)
-        self.ffn_norm = ctx.build(ctx.norm)
+        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
         self.ffn = ctx.ffn
-        self.ffn_post_norm = ctx.build(ctx.norm)
+        self.ffn_post_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = x + self._add(self.attn_post_norm(self.attention(self.attn_norm(x), inputs)))
+        if self.ffn is None:
+            return x, None
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
         return x + self._add(self.ffn_post_norm(h)), aux
 
@@ -183,11 +192,13 @@ class ReorderedNormBlock(_Residual):
         self.attention = ctx.attention
         self.attn_post_norm = ctx.build(ctx.norm)
         self.ffn = ctx.ffn
-        self.ffn_post_norm = ctx.build(ctx.norm)
+        self.ffn_post_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = x + self._add(self.attn_post_norm(self.attention(x, inputs)))
+        if self.ffn is None:
+            return x, None
         h, aux = run_ffn(self.ffn, x, inputs)
         return x + self._add(self.ffn_post_norm(h)), aux
 
@@ -205,6 +216,8 @@ class PreNormNoResidualBlock(PreNormBlock):
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         x = self.drop(self.attention(self.attn_norm(x), inputs))
+        if self.ffn is None:
+            return x, None
         h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
         return self.drop(h), aux
 
@@ -221,12 +234,14 @@ class ParallelBlock(_Residual):
         self.shared_norm = cfg.shared_norm
         self.attn_norm = ctx.build(ctx.norm)
         self.attention = ctx.attention
-        self.ffn_norm = None if cfg.shared_norm else ctx.build(ctx.norm)
+        self.ffn_norm = None if cfg.shared_norm or ctx.ffn is None else ctx.build(ctx.norm)
         self.ffn = ctx.ffn
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         h_attn = self.attn_norm(x)
+        if self.ffn is None:
+            return x + self._add(self.attention(h_attn, inputs)), None
         h_ffn = h_attn if self.ffn_norm is None else self.ffn_norm(x)
         h, aux = run_ffn(self.ffn, h_ffn, inputs)
         return x + self._add(self.attention(h_attn, inputs)) + self._add(h), aux

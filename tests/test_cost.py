@@ -41,6 +41,8 @@ def _layers(spec: dict) -> list[dict]:
         idx = sel if isinstance(sel, list) else range(sel.get("start", 0), sel.get("stop") or spec["n_layers"], sel.get("step", 1))
         for i in idx:
             out[i].update({k: v for k, v in o.items() if k != "layers"})
+            if "mixer" in o or "attention" in o:  # the token-mixing slot, under either name
+                out[i].pop("attention" if "mixer" in o else "mixer", None)
     return out
 
 
@@ -65,11 +67,47 @@ def _ffn_per_token(ffn: dict, d: int) -> int:
     return 2 * d * ffn["n_experts"] + ffn.get("top_k", 2) * _ffn_per_token(ffn["expert"], d) + shared
 
 
+def _chunks(new: int, chunk: int) -> tuple[int, int]:
+    """``(L, c)``: the chunk length a chunked scan uses on ``new`` tokens and how many chunks (the last padded)."""
+    L = min(chunk, new)
+    return L, -(-new // L)
+
+
+def _recurrent(a: dict, d: int, new: int) -> int:
+    """Matmul FLOPs of a recurrent mixer on one row of ``new`` tokens (none depend on the cached context): its
+    projections, its depthwise convolution (2 FLOPs per tap), and the scan: one token reads the state, more take
+    the chunked form (Mamba-2: SSD's C·Bᵀ blocks, their product with x, the chunk states and their read-out; Gated
+    DeltaNet: β K Kᵀ, two triangular solves, q·kᵀ, the in-chunk attention, the state's read-outs and update)."""
+    K = a.get("d_conv", 4)
+    if a["type"] == "mamba2":
+        P, N, G = a.get("head_dim", 64), a.get("d_state", 128), a.get("n_groups", 1)
+        inner = a.get("d_inner") or int(a.get("expand", 2.0) * d)
+        H, conv = inner // P, inner + 2 * G * N
+        total = new * 2 * d * (2 * inner + 2 * G * N + H) + new * 2 * conv * K + new * 2 * inner * d
+        if new == 1:
+            return total + 2 * H * P * N
+        L, c = _chunks(new, a.get("chunk_size", 64))
+        return total + c * (2 * G * L * L * N + 2 * H * L * L * P + 4 * H * L * P * N)
+    assert a["type"] == "gated_deltanet", a["type"]
+    dk, dv = a.get("key_head_dim", 128), a.get("value_head_dim", 128)
+    H = a.get("n_value_heads") or a["n_heads"]
+    kd, vd = a["n_heads"] * dk, H * dv
+    total = new * 2 * d * (2 * kd + 2 * vd + 2 * H) + new * 2 * (2 * kd + vd) * K + new * 2 * vd * d
+    if new == 1:
+        return total + 4 * H * dk * dv
+    L, c = _chunks(new, a.get("chunk_size", 64))
+    return total + H * c * (4 * L * L * dk + L * (L - 1) * (dk + dv) + 2 * L * L * dv + 6 * L * dk * dv)
+
+
 def formula(spec: dict, new: int, past: int) -> int:
     """Matmul FLOPs of one row of ``new`` tokens after ``past`` cached ones (2 FLOPs per multiply-add)."""
     d, total, memo = spec["d_model"], 0, {}
     for layer in _layers(spec):
-        a = layer["attention"]
+        a = layer.get("mixer") or layer["attention"]
+        ffn = new * _ffn_per_token(layer["ffn"], d) if layer.get("ffn") else 0
+        if a["type"] in ("mamba2", "gated_deltanet"):
+            total += ffn + _recurrent(a, d, new)
+            continue
         h = a["n_heads"]
         if a["type"] == "mla":  # latent attention (DeepSeek-V2 §2.1): expanded with an empty cache, absorbed after
             total += new * _ffn_per_token(layer["ffn"], d) + _mla(a, d, new, past, memo)

@@ -27,6 +27,10 @@ from modkit.generate import generate
 
 transformers = pytest.importorskip("transformers")
 
+from hf_fallback import force_torch_fallback  # noqa: E402
+
+force_torch_fallback()  # the recurrent types (mamba2) run transformers' PyTorch paths
+
 from test_hf_parity import _quiet, batch, file_tensors, hf_output, make_hf, max_real_diff, ours_output  # noqa: E402
 
 TOL = 1e-5
@@ -104,6 +108,13 @@ FIXTURES = [
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
                          "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}, **SMALL)),
+    # Mamba-2: no attention, no FFN; 2 groups of B/C, a step-size clamp, chunks (4) shorter than the batch, untied.
+    # No in_proj bias: transformers zeroes padding before in_proj, so with use_bias its padding tokens put the bias
+    # into the convolution window of the first real tokens (0.6 on these logits; modkit's padding changes nothing);
+    # the biases are compared without padding in tests/test_mixers.py
+    ("mamba2", "Mamba2Config", dict(hidden_size=32, num_heads=8, head_dim=8, state_size=8, n_groups=2, expand=2,
+        conv_kernel=3, use_bias=False, time_step_limit=(0.01, 2.0), chunk_size=4, num_hidden_layers=2,
+        vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=None)),
 ]
 
 

@@ -61,6 +61,14 @@ def _context_line(value: Optional[int], max_seq_len: int) -> str:
     return _count(value) + (" (beyond max_seq_len)" if value > max_seq_len else "")
 
 
+def _crossover_lines(out, cross: dict, max_seq_len: int) -> None:
+    out("attention overtakes the FFN (FLOPs per token) at context")
+    out(f"  scores + weighted sum:      decode {_context_line(cross['decode']['scores'], max_seq_len)}; "
+        f"prefill {_context_line(cross['prefill']['scores'], max_seq_len)}")
+    out(f"  with q/k/v/o projections:   decode {_context_line(cross['decode']['with_projections'], max_seq_len)}; "
+        f"prefill {_context_line(cross['prefill']['with_projections'], max_seq_len)}")
+
+
 def cmd_cost(args: argparse.Namespace) -> int:
     """Print the cost tables of a spec (or ``--json``)."""
     import modkit
@@ -114,11 +122,14 @@ def cmd_cost(args: argparse.Namespace) -> int:
         out(line)
     cross = data["attention_overtakes_ffn"]
     out("")
-    out("attention overtakes the FFN (FLOPs per token) at context")
-    out(f"  scores + weighted sum:      decode {_context_line(cross['decode']['scores'], spec.max_seq_len)}; "
-        f"prefill {_context_line(cross['prefill']['scores'], spec.max_seq_len)}")
-    out(f"  with q/k/v/o projections:   decode {_context_line(cross['decode']['with_projections'], spec.max_seq_len)}; "
-        f"prefill {_context_line(cross['prefill']['with_projections'], spec.max_seq_len)}")
+    has = lambda *prefix: any(k.startswith(prefix) for k in per["decode"])  # noqa: E731
+    if not has("attention."):
+        out("attention overtakes the FFN: never (no attention layer; the other mixers' FLOPs per token do not grow "
+            "with the context)")
+    elif not has("ffn.", "router."):
+        out("attention overtakes the FFN: no FFN layer to compare with")
+    else:
+        _crossover_lines(out, cross, spec.max_seq_len)
     params = data["params"]
     out("")
     active = data["active_params_per_token"]
@@ -138,7 +149,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
     rows.append(("total", _bytes(mem["total"])))
     for line in _table(("PART", "BYTES"), rows, right=(1,), indent="  "):
         out(line)
-    out(f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities (eager/math)")
+    if has("attention."):
+        out(f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities (eager/math)")
     roof = data["decode_roofline"]
     out("")
     out(f"decode roofline (batch {args.batch}, context {at}, {data['dtype']}; {roof['bandwidth_bytes_per_s']:.3g} "

@@ -101,6 +101,9 @@ def _spec_shape(spec, attention: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("attention (layer 0)", att, ("sliding_window", "attention_chunk_size"), attention),
         ("ffn (layer 0)", layer.ffn, ("d_ff", "n_experts", "top_k", "activation", "act"), {}),
     ):
+        if obj is None:  # a block without this sublayer (Mamba-2's blocks have no ffn)
+            rows.append((label, "none"))
+            continue
         bits = [f"`{obj.type}`"] + [f"{k} {v}" for k, v in known.items() if v is not None]
         for n in names:
             v = getattr(obj, n, None)
@@ -242,7 +245,7 @@ def gallery_index(cards: list[SpecCard], registry) -> str:
                 s.n_layers,
                 _count(s.d_model),
                 f"`{layer.attention.type}`",
-                f"`{layer.ffn.type}`",
+                f"`{layer.ffn.type}`" if layer.ffn is not None else "none",
                 f"`{s.position.type}`",
                 f"`{layer.placement.type}`",
                 f"`{layer.norm.type}`",

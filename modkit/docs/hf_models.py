@@ -113,8 +113,8 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
         weights = "yes" if registry.hf_converter(t).weights is not None else "no"
         rows.append((
             f"[`{t}`](#{t})",
-            comp("attention", layer.attention.type),
-            comp("ffn", layer.ffn.type),
+            comp(registry.entry_for_config(layer.attention).kind, layer.attention.type),  # an attention or a mixer
+            comp("ffn", layer.ffn.type) if layer.ffn is not None else "none",
             comp("norm", layer.norm.type),
             comp("placement", layer.placement.type),
             comp("position", spec.position.type),
@@ -122,7 +122,7 @@ def hf_models_page(registry, cards: Sequence[Any] = ()) -> str:
             gallery_links(t),
             parent_link(t),
         ))
-    parts += [_table(("model type", "attention", "ffn", "norm", "placement", "position", "weights", "gallery", "derives from"),
+    parts += [_table(("model type", "token mixer", "ffn", "norm", "placement", "position", "weights", "gallery", "derives from"),
                      rows), ""]
     parts += ["*weights*: the converter also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf "
               "FOLDER` brings the weights along and `modkit convert modkit --to hf` writes a folder transformers loads.", ""]

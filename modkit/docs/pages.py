@@ -63,8 +63,9 @@ def generate(
 
     docs = component_docs(reg)
     uses = gallery_usage(cards)
-    # the Python snippets start from the smallest gallery spec without per-layer overrides
-    plain = [c for c in cards if not c.spec.overrides] or cards
+    # the Python snippets start from the smallest gallery spec without per-layer overrides, with an attention and
+    # an ffn on its layers (every other component fits in such a block)
+    plain = [c for c in cards if not c.spec.overrides and c.attention and c.spec.layer(0).ffn is not None] or cards
     base = min(plain, key=lambda c: c.params["total"]) if plain else None
     for d in docs:
         pages[component_path(d.entry.kind, d.entry.type)] = component_page(

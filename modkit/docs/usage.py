@@ -95,18 +95,21 @@ def spec_route(kind: str, registry, _depth: int = 0) -> Optional[list[tuple[str,
     """How a component of ``kind`` enters a spec dict: ``[("block", "norm")]`` for a block field, ``[("position",)]``
     for a top-level field, and for a kind that only lives inside another component (a router inside an MoE) the
     route of the host followed by ``("host", kind, type, field)``. ``None`` when nothing holds the kind."""
-    from ..config import slot_kind
+    from ..config import slot_kind, slot_kinds
     from ..spec import BlockSpec, ModelSpec
+
+    def holds(f) -> bool:  # a slot of kind "mixer" takes attentions and recurrent mixers alike
+        return slot_kind(f) is not None and kind in slot_kinds(slot_kind(f))
 
     for prefix, cls in ((("block",), BlockSpec), ((), ModelSpec)):
         for name, f in cls.model_fields.items():
-            if slot_kind(f) == kind:
+            if holds(f):
                 return [prefix + (name,)]
     if _depth > 3:
         return None
     for host in registry.components():
         for name, f in host.config.model_fields.items():
-            if slot_kind(f) == kind and host.kind != kind:
+            if holds(f) and host.kind != kind:
                 outer = spec_route(host.kind, registry, _depth + 1)
                 if outer is not None:
                     return outer + [("host", host.kind, host.type, name)]
@@ -189,7 +192,13 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
         lines.append(f"{host_kind} = {_py(host.example_config())}  # the example {host_type}")
         lines.append(f"{host_kind}[{field!r}] = {value}")
         value = host_kind
-    target = "spec" + "".join(f"[{k!r}]" for k in route[0])
-    lines += [f"{target} = {value}", 'model = modkit.build(spec, device="meta")  # no memory; device="cpu" for real weights',
+    keys = route[0]
+    if keys == ("block", "attention") and "mixer" in base.spec.to_dict()["block"]:
+        keys = ("block", "mixer")  # the base spec writes its token-mixing slot 'mixer' (one name per slot)
+    target = "spec" + "".join(f"[{k!r}]" for k in keys)
+    lines += [f"{target} = {value}"]
+    if entry.kind == "mixer" and keys[0] == "block":  # a recurrent mixer takes no position scheme
+        lines += ['spec["position"] = {"type": "none"}  # a recurrent mixer carries the order itself']
+    lines += ['model = modkit.build(spec, device="meta")  # no memory; device="cpu" for real weights',
               "print(modkit.count_params(model))"]
     return "\n".join(lines)

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from ..config import ComponentConfig, slot_kind
+from ..config import ComponentConfig, is_mixer, slot_kind, slot_kinds
 from ..errors import SpecError
 from ..hooks import DISTRIBUTION
 from ..registry import Component, Registry
@@ -47,7 +47,7 @@ TINY = {"vocab_size": 64, "n_layers": 2, "max_seq_len": 128, "init_std": 0.2}
 #: ``d_model`` values tried in order until the component's example config fits (e.g. 6 heads need 48).
 D_MODELS = (32, 48, 64, 96, 128)
 #: The kinds whose calling convention :mod:`modkit.interfaces` defines; other kinds are exercised through a model.
-CONTRACT_KINDS = ("attention", "ffn", "norm", "placement", "position")
+CONTRACT_KINDS = ("attention", "mixer", "ffn", "norm", "placement", "position")
 
 
 class Unavailable(Exception):
@@ -108,13 +108,19 @@ def example_or_none(entry: Component, registry: Registry) -> Optional[dict]:
         return None
 
 
+def block_fields() -> dict[str, str]:
+    """``{block field: slot kind}`` read from the spec model's slot markers (``attention``: ``"mixer"``, the token
+    mixer of any kind)."""
+    return {name: k for name, f in BlockSpec.model_fields.items() if (k := slot_kind(f)) is not None}
+
+
 def spec_slots() -> tuple[dict[str, str], dict[str, str]]:
-    """``({kind: block field}, {kind: required top-level field})`` read from the spec models' slot markers."""
+    """``({kind: block field}, {kind: required top-level field})`` read from the spec models' slot markers; every
+    registry kind a slot accepts maps to it (``attention`` and ``mixer`` both to the token-mixing field)."""
     block = {}
-    for name, f in BlockSpec.model_fields.items():
-        k = slot_kind(f)
-        if k is not None:
-            block.setdefault(k, name)
+    for name, k in block_fields().items():
+        for kind in (k, *slot_kinds(k)):
+            block.setdefault(kind, name)
     top = {}
     for name, f in ModelSpec.model_fields.items():
         k = slot_kind(f)
@@ -164,8 +170,9 @@ def is_builtin(entry: Component, registry: Registry) -> bool:
 
 def _filler_rank(kind: str, entry: Component) -> tuple:
     caps = entry.capabilities
-    if kind == "attention":
+    if is_mixer(kind):  # a causal, cacheable token mixer; an attention before a recurrent mixer
         need = (0 if caps.get("causal_safe") else 1) + (0 if caps.get("kv_cache") else 1)
+        need = 2 * need + (0 if entry.kind == "attention" else 1)
     elif kind == "ffn":
         need = 1 if caps.get("aux_loss") else 0
     elif kind == "position":
@@ -184,7 +191,10 @@ def named_neighbour(registry: Registry, kind: str, named: Named) -> tuple[Compon
         RegistryError: unknown type. SpecError: the config (or the type's example) does not validate.
     """
     data = {"type": named} if isinstance(named, str) else dict(named)
-    entry = registry.get(kind, str(data.get("type")))
+    kinds = slot_kinds("mixer") if is_mixer(kind) else (kind,)  # a token mixer may be named as either kind
+    found = [registry.components(k) for k in kinds]
+    match = next((k for k, es in zip(kinds, found) if any(e.type == registry.resolve(k, str(data.get("type"))) for e in es)), kind)
+    entry = registry.get(match, str(data.get("type")))
     if isinstance(named, str):
         data = entry.example_config()
     return entry, config_dict(validate_config(entry, data, registry))
@@ -198,11 +208,14 @@ def choose_filler(
     A neighbour named in ``named[kind]`` wins; otherwise the best *built-in* component (see the module docstring).
     Entries whose example does not validate are never chosen. Returns ``None`` when no built-in qualifies.
     """
-    if named and kind in named:
-        return named_neighbour(registry, kind, named[kind])
+    accepted = slot_kinds(kind)  # a token-mixing slot takes attentions and recurrent mixers
+    for k in (kind, *accepted):
+        if named and k in named:
+            return named_neighbour(registry, k, named[k])
     excluded = set(exclude)
     candidates = sorted(
-        (e for e in registry.components(kind) if e.key != target.key and e.key not in excluded and is_builtin(e, registry)),
+        (e for k in accepted for e in registry.components(k)
+         if e.key != target.key and e.key not in excluded and is_builtin(e, registry)),
         key=lambda e: _filler_rank(kind, e),
     )
     for e in candidates:
@@ -280,7 +293,9 @@ class Bench:
         return config_dict(self.config)
 
     def _fill(self, kind: str) -> dict:
-        got = self.fillers.get(kind)
+        """The config filling a slot of ``kind`` (a token-mixing slot: an attention or a mixer, kept in
+        :attr:`fillers` under the filler's own kind)."""
+        got = next((self.fillers[k] for k in (kind, *slot_kinds(kind)) if k in self.fillers), None)
         if got is None:
             got = choose_filler(self.registry, kind, self.entry, named=self.named)
             if got is None:
@@ -288,8 +303,14 @@ class Bench:
                     f"no built-in {kind} with a valid example config to fill the tiny model; name one "
                     f"(neighbours={{'{kind}': TYPE}} in Python, --neighbour {kind}=TYPE on the command line)"
                 )
-            self.fillers[kind] = got
+            self.fillers[got[0].kind] = got
         return copy.deepcopy(got[1])
+
+    @property
+    def mixer_filler(self) -> Optional[tuple[Component, dict]]:
+        """``(entry, config)`` of the token mixer filling the tiny model's mixing slot, or ``None`` when the component
+        under test is the token mixer (or no mixer filler was chosen)."""
+        return next((self.fillers[k] for k in slot_kinds("mixer") if k in self.fillers), None)
 
     def _placement(self) -> tuple[str, str, dict]:
         """``(where, field, config)``: where = 'block' | 'top', the field, and the config dict to put there."""
@@ -345,7 +366,7 @@ class Bench:
         where, field, target_cfg = self._placement()
         data: dict[str, Any] = {"schema_version": 1, "name": f"modkit-check-{self.entry.kind}-{self.entry.type}", **TINY}
         data["block"] = {}
-        for kind, f in block.items():
+        for f, kind in block_fields().items():
             data["block"][f] = target_cfg if (where == "block" and f == field) else self._fill(kind)
         for kind, f in top.items():
             data[f] = target_cfg if (where == "top" and f == field) else self._fill(kind)

@@ -41,6 +41,7 @@ MODULES = (
     "granite",
     "llama",
     "llama4_text",
+    "mamba2",
     "mistral",
     "mixtral",
     "olmo2",

@@ -52,7 +52,9 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "position": (None, "the position spec of every layer"),
     "position_by_type": (None, "position spec per layer type, when they differ (Gemma 3's local and global RoPE)"),
     "positions": (None, "position spec per layer, when layers differ otherwise (NoPE layers)"),
-    "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down) or 'mlp' (up, down)"),
+    "mixer": (None, "the token mixer of every layer when it is not an attention: a recurrent mixer's spec (Mamba-2), "
+              "written by the type's own code; None: an attention from the head fields"),
+    "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down), 'mlp' (up, down) or None (no FFN: Mamba-2's blocks)"),
     "act": ("silu", "the FFN activation (modkit's name)"),
     "mlp_bias": (False, "biases on the FFN projections"),
     "moe": (False, "FFNs are mixtures of gated experts with a top-k router (every layer unless moe_layers)"),
@@ -260,7 +262,9 @@ def norm_spec(f: Mapping[str, Any]) -> dict:
 
 
 def dense_ffn(f: Mapping[str, Any], d_ff: Optional[int] = None) -> dict:
-    """The dense FFN spec of width ``d_ff`` (default ``f["d_ff"]``): a gated FFN or an MLP."""
+    """The dense FFN spec of width ``d_ff`` (default ``f["d_ff"]``): a gated FFN, an MLP, or ``None`` (no FFN)."""
+    if f["ffn"] is None:
+        return None
     d_ff = f["d_ff"] if d_ff is None else d_ff
     if f["ffn"] == "mlp":
         return {"type": "mlp", "d_ff": d_ff, "activation": f["act"], "bias": bool(f["mlp_bias"])}
@@ -370,6 +374,14 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     """
     n_layers = f["n_layers"]
     norm = norm_spec(f)
+    if f["mixer"] is not None:  # a recurrent mixer on every layer: no heads, windows or per-layer positions
+        return model_spec(
+            r, vocab_size=f["vocab_size"], d_model=f["d_model"], n_layers=n_layers, max_seq_len=f["max_seq_len"],
+            position=f["position"] or {"type": "none"},
+            block={"mixer": dict(f["mixer"]), "ffn": ffn_spec(f), "norm": norm, "placement": dict(f["placement"])},
+            final_norm=norm if f["final_norm"] else None, tie_embeddings=f["tie_embeddings"],
+            lm_head_bias=f["lm_head_bias"], init_std=f["init_std"],
+        )
     types = f["layer_types"] or ["full_attention"] * n_layers
     positions = f["positions"]
     if positions is None and f["position_by_type"] is not None:
@@ -430,10 +442,13 @@ def fields_of(spec) -> dict[str, Any]:
     model: the expert width); ``windows``, ``positions``, ``attentions`` and ``ffns`` hold every layer. Component
     configs stay objects (``position``, ``positions``, ``placement``); a field a component does not have is ``None``.
     Whether the fields describe the spec completely is checked afterwards, by converting the written config back."""
+    from modkit import get_registry
+
     n = spec.n_layers
     layers = [spec.layer(i) for i in range(n)]
     ls = layers[0]
     att, norm = ls.attention, ls.norm
+    recurrent = get_registry().entry_for_config(att).kind != "attention"  # the mixer slot holds a recurrent mixer
     attentions = [x.attention for x in layers]
     ffns = [x.ffn for x in layers]
     flags = [getattr(x, "type", None) == "moe" for x in ffns]
@@ -457,9 +472,10 @@ def fields_of(spec) -> dict[str, Any]:
         "d_model": d,
         "n_layers": n,
         "max_seq_len": spec.max_seq_len,
-        "n_heads": att.n_heads,
-        "n_kv_heads": getattr(att, "kv_heads", att.n_heads),
-        "head_dim": att.resolved_head_dim(d) if hasattr(att, "resolved_head_dim") else None,
+        "mixer": att if recurrent else None,
+        "n_heads": None if recurrent else att.n_heads,
+        "n_kv_heads": None if recurrent else getattr(att, "kv_heads", att.n_heads),
+        "head_dim": att.resolved_head_dim(d) if hasattr(att, "resolved_head_dim") and not recurrent else None,
         "d_ff": getattr(width, "d_ff", None),
         "norm": norm.type,
         "eps": getattr(norm, "eps", None),
@@ -487,7 +503,7 @@ def fields_of(spec) -> dict[str, Any]:
         "position_by_type": by_type,
         "positions": positions,
         "ffns": ffns,
-        "ffn": "mlp" if getattr(width, "type", None) == "mlp" else "gated",
+        "ffn": None if width is None else "mlp" if getattr(width, "type", None) == "mlp" else "gated",
         "act": getattr(width, "act", None) or getattr(width, "activation", None),
         "mlp_bias": bool(getattr(dense, "bias", False)),
         "moe": moe is not None,

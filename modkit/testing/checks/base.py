@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Literal, Optional
 import torch
 from torch import Tensor, nn
 
-from ...config import ComponentConfig
+from ...config import ComponentConfig, is_mixer
 from ...interfaces import AttentionInputs, split_aux
 from ...registry import Component
 from ..harness import CONTRACT_KINDS, Bench, Record
@@ -191,10 +191,10 @@ def attention_inputs(bench: Bench, model: nn.Module, rec: Record, batch: int, se
 def call_contract(kind: str, module: nn.Module, x: Tensor, inputs: Optional[AttentionInputs] = None) -> Tensor:
     """Call ``module`` by the contract of ``kind`` on ``x [batch, seq, width]``; returns the output tensor.
 
-    norm / ffn: ``module(x)`` (an ffn's aux loss is dropped); attention: ``module(x, inputs)``; placement:
-    ``module(x, inputs)[0]``.
+    norm / ffn: ``module(x)`` (an ffn's aux loss is dropped); a token mixer (attention or mixer):
+    ``module(x, inputs)``; placement: ``module(x, inputs)[0]``.
     """
-    if kind == "attention":
+    if is_mixer(kind):
         return module(x, inputs)
     if kind == "placement":
         return module(x, inputs)[0]
@@ -207,7 +207,8 @@ def position_geometry(bench: Bench, records: list[Record], rec: Record) -> tuple
     that declaration."""
     from ...spec import position_geometry as declared
 
-    attn = next((r for r in records if r.entry.kind == "attention"), None)
+    attn = next((r for r in records if r.entry.kind == "attention"), None) or next(
+        (r for r in records if is_mixer(r.entry.kind)), None)
     geo = declared(attn.config, attn.ctx, attn.module) if attn is not None else None
     n_heads = rec.ctx.n_heads or (geo.n_heads if geo else None) or 1
     head_dim = rec.ctx.head_dim or (geo.head_dim if geo else None) or 8

@@ -36,8 +36,8 @@ OPTIONS = (("sliding_window", WINDOW), ("attention_chunk_size", CHUNK), ("sinks"
 
 
 def applies_kv(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """Every component; an attention only with the ``kv_cache`` capability and a causal config."""
-    if entry.kind == "attention" and not entry.capabilities.get("kv_cache"):
+    """Every component; a token mixer (attention or mixer) only with the ``kv_cache`` capability and a causal config."""
+    if entry.kind in ("attention", "mixer") and not entry.capabilities.get("kv_cache"):
         return "the entry does not claim kv_cache"
     if getattr(config, "causal", True) is False:
         return "the config is bidirectional (causal = false)"
@@ -120,7 +120,7 @@ def _variants(bench: Bench) -> list[tuple[str, dict]]:
     out = []
     for chosen in sets:
         try:
-            data = load_component("attention", {**cfg, **dict(chosen)}, registry=bench.registry).model_dump(mode="json")
+            data = load_component(bench.entry.kind, {**cfg, **dict(chosen)}, registry=bench.registry).model_dump(mode="json")
         except SpecError:
             continue
         out.append((" and ".join(f"{n} {v}" if v is not True else n for n, v in chosen), data))
@@ -148,12 +148,12 @@ def check_kv_cache_decode(bench: Bench) -> str:
     allocated for nothing). Source: design brief, "Attention and the KV cache" (bottom-right alignment;
     torchtune #38 for the head count) and "Where the contracts must grow next" (one source of cache bytes).
     """
-    if bench.entry.kind == "attention":
+    if bench.entry.kind in ("attention", "mixer"):
         schemes = neighbour_positions(bench)
         if not schemes:
             raise CheckSkipped("no position scheme (built-in or named) has a valid example config")
     else:
-        filler = bench.fillers.get("attention")
+        filler = bench.mixer_filler
         if filler is not None and not filler[0].capabilities.get("kv_cache"):
             raise CheckSkipped("the tiny model's attention has no kv_cache capability to decode with")
         schemes = [(None, None)]
@@ -161,7 +161,7 @@ def check_kv_cache_decode(bench: Bench) -> str:
     for pos_entry, pos_cfg in schemes:
         spec = bench.spec_with(position=pos_cfg) if pos_entry is not None else bench.spec
         runs.append((pos_entry.type if pos_entry is not None else bench.spec["position"]["type"], spec))
-    for label, attention in _variants(bench) if bench.entry.kind == "attention" else ():
+    for label, attention in _variants(bench) if bench.entry.kind in ("attention", "mixer") else ():
         runs.append((f"{runs[0][0]} and {label}", bench.spec_with(position=runs[0][1]["position"], attention=attention)))
     failures, passed, unusable = [], [], []
     worst_ratio, tol = 0.0, 0.0
@@ -188,8 +188,8 @@ def check_kv_cache_decode(bench: Bench) -> str:
 
 
 def applies_masked(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """Attention and position schemes (the components that see the mask and the positions)."""
-    return None if entry.kind in ("attention", "position") else "applies to attention and position schemes"
+    """Token mixers (attention or mixer) and position schemes (the components that see the mask and the positions)."""
+    return None if entry.kind in ("attention", "mixer", "position") else "applies to token mixers and position schemes"
 
 
 def _finite(out: torch.Tensor, case: str) -> None:
@@ -259,7 +259,7 @@ def check_masked_row(bench: Bench) -> str:
         worst = max(worst, _same(out[1], model(ids[1:2]).logits[0], case, 0))
         cases.append("an all-padding row")
 
-        attn = bench.fillers.get("attention", (bench.entry,))[0] if bench.entry.kind != "attention" else bench.entry
+        attn = bench.entry if bench.entry.kind in ("attention", "mixer") else (bench.mixer_filler or (bench.entry,))[0]
         if attn.capabilities.get("kv_cache"):
             long_ids = bench.ids(2, 12, seed=62)
             long_mask = torch.ones(2, 12, dtype=torch.bool, device=ids.device)

@@ -40,8 +40,8 @@ TRAIN_DROPOUT = 0.1
 
 
 def applies_causality(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """Every component; an attention only when it claims ``causal_safe`` and its config is not bidirectional."""
-    if entry.kind == "attention" and not entry.capabilities.get("causal_safe"):
+    """Every component; a token mixer only when it claims ``causal_safe`` and its config is not bidirectional."""
+    if entry.kind in ("attention", "mixer") and not entry.capabilities.get("causal_safe"):
         return "the entry does not claim causal_safe"
     if getattr(config, "causal", True) is False:
         return "the config is bidirectional (causal = false)"

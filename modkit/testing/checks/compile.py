@@ -32,7 +32,7 @@ def _compile_target(bench: Bench, model: nn.Module, records: list[Record]) -> tu
     b, s, d = 2, 6, bench.d_model()
     if rec is not None and kind in ("norm", "ffn"):
         return rec.module, (bench.randn(b, s, rec.ctx.dim or d, seed=51),), f"{kind} module"
-    if rec is not None and kind in ("attention", "placement"):
+    if rec is not None and kind in ("attention", "mixer", "placement"):
         m = rec.module
         scheme = bench.position_for(model, getattr(rec.ctx, "layer_index", None))
         if kind == "placement":  # the block; padding paths are the attention's own compile check
@@ -49,7 +49,7 @@ def _compile_target(bench: Bench, model: nn.Module, records: list[Record]) -> tu
 
         mask = torch.ones(b, s, dtype=torch.bool, device=bench.device)
         mask[0, :2] = False
-        return fn, (bench.randn(b, s, d, seed=52), bench.positions(b, s), mask), "attention(x, inputs) with and without padding"
+        return fn, (bench.randn(b, s, d, seed=52), bench.positions(b, s), mask), f"{kind}(x, inputs) with and without padding"
     if rec is not None and kind == "position":
         scheme = rec.module
         h, hkv, hd = position_geometry(bench, records, rec)
@@ -160,7 +160,7 @@ def check_compile(bench: Bench) -> str:
             raise CheckFailed(f"compiled output differs from eager: max |Δ| = {fmt(d)} (tolerance {fmt(tol)})")
         worst = max(worst, d)
     extra = ""
-    if bench.entry.kind == "attention" and bench.entry.capabilities.get("kv_cache") and getattr(bench.config, "causal", True):
+    if bench.entry.kind in ("attention", "mixer") and bench.entry.capabilities.get("kv_cache") and getattr(bench.config, "causal", True):
         torch._dynamo.reset()
         try:
             d, n = _decode_step_compiles(bench, model)

@@ -43,7 +43,7 @@ def _calls(bench: Bench, model: nn.Module, records: list[Record], dtype: torch.d
         return t.to(dtype).to(run)
 
     b, s, d = 2, 8, bench.d_model()
-    if kind in ("norm", "ffn", "attention", "placement"):
+    if kind in ("norm", "ffn", "attention", "mixer", "placement"):
         width = rec.ctx.dim or d
         if kind == "norm":
             rows = torch.tensor(NORM_SCALES).repeat_interleave(2)[:, None, None]  # [6, 1, 1]
@@ -52,7 +52,8 @@ def _calls(bench: Bench, model: nn.Module, records: list[Record], dtype: torch.d
         x = made(bench.randn(b, s, width, seed=102))
         inputs = AttentionInputs(positions=bench.positions(b, s),
                                  position=bench.position_for(model, getattr(rec.ctx, "layer_index", None)))
-        label = {"ffn": "ffn(x)", "attention": "attention(x, inputs)", "placement": "block(x, inputs)[0]"}[kind]
+        label = {"ffn": "ffn(x)", "attention": "attention(x, inputs)", "mixer": "mixer(x, inputs)",
+                 "placement": "block(x, inputs)[0]"}[kind]
         return [(label, lambda: call_contract(kind, rec.module, x, inputs))]
     if kind == "position":
         scheme = rec.module

@@ -30,7 +30,7 @@ def _calls(bench: Bench, model: nn.Module, records: list[Record], b: int, s: int
     """Yield ``(label, output, expected shape, expected dtype)`` for one call of the component's contract."""
     kind = bench.entry.kind
     d = bench.d_model()
-    if kind in ("norm", "ffn", "attention", "placement"):
+    if kind in ("norm", "ffn", "attention", "mixer", "placement"):
         rec = first_target(bench, records)
         m = rec.module
         x = bench.randn(b, s, rec.ctx.dim or d, dtype=dtype, seed=b * 31 + s)
@@ -50,8 +50,8 @@ def _calls(bench: Bench, model: nn.Module, records: list[Record], b: int, s: int
                 if nonfinite(aux):
                     raise CheckFailed(f"aux_loss is not finite: {aux.item()}")
             yield "ffn(x)", y, x.shape, dtype
-        elif kind == "attention":
-            yield "attention(x, inputs)", m(x, attention_inputs(bench, model, rec, b, s)), x.shape, dtype
+        elif kind in ("attention", "mixer"):
+            yield f"{kind}(x, inputs)", m(x, attention_inputs(bench, model, rec, b, s)), x.shape, dtype
         else:
             out = m(x, attention_inputs(bench, model, rec, b, s))
             if not (isinstance(out, tuple) and len(out) == 2):
