@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -30,6 +31,10 @@ def find_browser() -> Optional[str]:
         if found:
             return found
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None
+
+
+#: protocol errors of a poll that ran while the page navigated (its execution context went away)
+_NAVIGATING = re.compile(r"navigated or closed|context was destroyed|Cannot find context|Execution context", re.I)
 
 
 class BrowserError(RuntimeError):
@@ -151,7 +156,15 @@ class Browser:
         """
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
-            value = self.eval(expression)
+            try:
+                value = self.eval(expression)
+            except BrowserError as exc:
+                # a navigation under way (after a click) destroys the page's context between two polls: whether a
+                # poll lands before, during or after it depends on the machine's load, so such a poll counts as
+                # "not yet" and the next one reads the new page
+                if not _NAVIGATING.search(str(exc)):
+                    raise
+                value = None
             if value:
                 return value
             if time.monotonic() > deadline:
