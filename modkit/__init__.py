@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from .attention import (
         PreparedMask,
         attention_mask,
+        is_plain_causal,
         masked_attention,
         masked_softmax,
         position_bias,
@@ -65,8 +66,8 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
 #: exported name -> the module defining it (the same names as the imports above, checked by tests/test_cli.py)
 _EXPORTS = {
     **dict.fromkeys(
-        ("PreparedMask", "attention_mask", "masked_attention", "masked_softmax", "position_bias", "prepare_mask", "update_cache",
-         "update_cache_entries"),
+        ("PreparedMask", "attention_mask", "is_plain_causal", "masked_attention", "masked_softmax", "position_bias",
+         "prepare_mask", "update_cache", "update_cache_entries"),
         "modkit.attention",
     ),
     **dict.fromkeys(
@@ -143,6 +144,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "inspect",
+    "is_plain_causal",
     "json_schema",
     "kv_cache_bytes_per_token",
     "load",
