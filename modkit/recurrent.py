@@ -104,6 +104,8 @@ class GatedRMSNorm(nn.Module):
         ValueError: ``group_size`` does not divide ``dim``.
     """
 
+    param_roles = {"weight": "norm_gain"}
+
     def __init__(self, dim: int, eps: float, *, group_size: Optional[int] = None, norm_before_gate: bool = False):
         super().__init__()
         group_size = group_size or dim

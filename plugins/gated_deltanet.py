@@ -162,6 +162,9 @@ class GatedDeltaNet(nn.Module):
     ``[value_head_dim]`` (shared by the heads), ``out_proj`` ``[d_model, n_value_heads · value_head_dim]``.
     """
 
+    #: the per-head decay parameters and the depthwise filter are fixed-fan-in vectors (no width multiplier, no Muon step)
+    param_roles = {"dt_bias": "bias", "A_log": "vector", "conv1d.weight": "vector", "conv1d.bias": "bias"}
+
     def __init__(self, cfg: GatedDeltaNetConfig, ctx: BuildContext):
         super().__init__()
         d = ctx.d_model

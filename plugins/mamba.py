@@ -148,6 +148,10 @@ class Mamba(nn.Module):
     ``c_norm``.
     """
 
+    #: the state matrix, skip and depthwise filter are fixed-fan-in vectors; x_proj, dt_proj and the projections are
+    #: nn.Linear (hidden)
+    param_roles = {"A_log": "vector", "D": "vector", "conv1d.weight": "vector", "conv1d.bias": "bias"}
+
     def __init__(self, cfg: MambaConfig, ctx: BuildContext):
         super().__init__()
         d = ctx.d_model

@@ -203,6 +203,9 @@ class Mamba2(nn.Module):
     ``[d_model, d_inner]``.
     """
 
+    #: the per-head scalars and the depthwise filter are fixed-fan-in vectors (no width multiplier, no Muon step)
+    param_roles = {"dt_bias": "bias", "A_log": "vector", "D": "vector", "conv1d.weight": "vector", "conv1d.bias": "bias"}
+
     def __init__(self, cfg: Mamba2Config, ctx: BuildContext):
         super().__init__()
         d = ctx.d_model
