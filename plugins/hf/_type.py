@@ -37,6 +37,7 @@ from ._weights import RENAME, HFWeights, StackExperts, table_links, weight_table
 #: ``(label, fields)``: what the reference page's "supports" column says when a type's table can set (or its fixed
 #: values set away from the default) any of the fields
 FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("recurrent mixer", ("mixer",)),
     ("GQA / MQA", ("n_kv_heads",)),
     ("latent attention (MLA)", ("mla",)),
     ("QK-norm", ("qk_norm", "attention_by_layer")),
@@ -236,6 +237,8 @@ class HFType:
             out.append("parallel or sequential blocks")
         elif placement.get("type") in PLACEMENTS:
             out.append(PLACEMENTS[placement["type"]])
+        if "ffn" in fixed and fixed["ffn"] is None:
+            out.append("no FFN")
         if fixed.get("norm") == "layernorm":
             out.append("LayerNorm")
         if fixed.get("causal") is False:

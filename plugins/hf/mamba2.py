@@ -99,7 +99,7 @@ MAMBA2 = HFType(
         "layer_norm_epsilon": Key("eps", 1e-5, kind="number"),
         "tie_word_embeddings": Key("tie_embeddings", False, kind="flag"),
         "initializer_range": Key("init_std", 0.1, kind="number"),
-        "num_heads": Own(MIXER_KEYS, "the mamba2 mixer of every layer (see the notes)"),
+        "num_heads": Own(MIXER_KEYS, "the mamba2 mixer of every layer (see the notes)", fields=("mixer",)),
         "residual_in_fp32": Ignore("the residual kept in float32 under half precision: the same network"),
         "rescale_prenorm_residual": Ignore("an initialisation option of out_proj"),
         "time_step_rank": Ignore("Mamba-1's Δ rank; Mamba2Mixer does not read it"),
