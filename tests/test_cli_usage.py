@@ -71,13 +71,14 @@ def test_every_parser_refuses_abbreviations():
 
 
 def test_the_reported_prefix_cases_are_refused(capsys):
-    # `compare --lr` ran as --lr-sweep and `--seed` as --seeds; --devices went to the top-level usage
-    code = cli.main(["compare", "a.json", "--train", "t.json", "--lr", "1e-2", "--seed", "5"])
+    # `compare --lr` ran as --lr-sweep and `--seed` as --seeds; --devices went to the top-level usage. compare now
+    # takes every training field as a flag (--lr and --seed are flags of their own), so the prefixes are shorter
+    code = cli.main(["compare", "a.json", "--train", "t.json", "--lr-sw", "1e-2", "--see", "5"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("usage: modkit compare ")
-    assert "unrecognized arguments: --lr 1e-2 --seed 5" in err
-    assert "--lr: did you mean --lr-sweep?" in err and "--seed: did you mean --seeds?" in err
+    assert "unrecognized arguments: --lr-sw 1e-2 --see 5" in err
+    assert "--lr-sw: did you mean --lr-sweep?" in err and "--see: did you mean --seeds or --seed?" in err
     for argv, usage, hint in (
         (["build", "spec.json", "--devices", "meta"], "usage: modkit build ", "did you mean --device?"),
         (["cost", "spec.json", "--ctx", "8"], "usage: modkit cost ", "did you mean --context?"),
