@@ -564,4 +564,4 @@ def test_a_kind_without_a_builtin_must_be_named():
     reg.register_plugin(SoundPlugin(), "sound-demo")  # no built-ins at all
     res = check_component("norm", "sound", registry=reg)
     assert {r.status for r in res} == {"skipped"}
-    assert "no built-in attention" in res[0].detail and "neighbours={'attention': TYPE}" in res[0].detail
+    assert "no built-in mixer" in res[0].detail and "neighbours={'mixer': TYPE}" in res[0].detail  # the token-mixer slot

@@ -241,8 +241,15 @@ def test_every_shipped_spec_has_a_plan_for_all_its_weights(path):
         except ParallelError as exc:
             assert "does not divide" in str(exc) or "as wide as the full output" in str(exc)
             return
-    assert not [w for w in caught if "declares no tp_plan" in str(w.message)]
-    assert not plan.replicated or set(plan.replicated) <= {"embed", "lm_head"}
+    # stated exceptions, not sharded yet: they stay whole on every rank (the same numbers, no memory saved) and the
+    # plan says why: grouped experts with an output bias (gpt-oss) and the recurrent mixers (no tp_plan declared)
+    unsharded_mixers = ("mixer/mamba2 ", "mixer/gated_deltanet ", "mixer/mamba ")
+    assert not [w for w in caught if "declares no tp_plan" in str(w.message)
+                and not str(w.message).startswith(tuple(f"component {m}" for m in unsharded_mixers))]
+    kept = {name: why for name, why in plan.replicated.items() if name not in {"embed", "lm_head"}}
+    assert all((name.endswith(".ffn.experts") and why.endswith("declares no tp_shard_dims (output bias)"))
+               or (name.endswith(".attention") and why.startswith(tuple(m + "declares no tp_plan" for m in unsharded_mixers)))
+               for name, why in kept.items()), kept
 
 
 # ---------------------------------------------------------------------------------------------- distributed
