@@ -1134,7 +1134,8 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
                 text = fmt_pm(g.val_loss_mean, g.val_loss_std) if g is not None else ""
                 cells.append(f"**{text}**" if g is not None and lr == chosen_row.lr else text)
             lines.append(f"| {chosen_row.spec} | " + " | ".join(cells) + f" | {chosen_row.lr:g} |")
-        lines += ["", "![validation loss against learning rate](lr.png)"]
+        if any(r.sweep for r in result.rows):  # the plot is written under the same condition (one rate: no plot)
+            lines += ["", "![validation loss against learning rate](lr.png)"]
         per_lr = [v for v in result.verdicts if v.lr is not None]
         if per_lr:
             lines += ["", "At each learning rate:", ""] + [f"- lr {v.lr:g}: {v.text()}" for v in per_lr]
