@@ -1057,10 +1057,10 @@ _OVERFLOW = """(() => {
   const width = col.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
   const tables = [...col.querySelectorAll('table')].filter(t => t.scrollWidth > width + 1)
     .map(t => [Math.round(t.scrollWidth), (t.rows[0] ? t.rows[0].textContent : '').replace(/\\s+/g, ' ').trim().slice(0, 60)]);
-  // a short name (no spaces, at most 24 characters) in a cell drawn on more than one line was broken inside the word;
-  // a long dotted tensor name may wrap at its punctuation
+  // a short name (no spaces or hyphens, at most 24 characters) in a cell drawn on more than one line was broken
+  // inside the word; a hyphenated name may wrap at its hyphen, a long dotted tensor name at its punctuation
   const broken = [...col.querySelectorAll('td code')]
-    .filter(c => !/\\s/.test(c.textContent) && c.textContent.length <= 24 && c.getClientRects().length > 1)
+    .filter(c => !/[\\s-]/.test(c.textContent) && c.textContent.length <= 24 && c.getClientRects().length > 1)
     .map(c => c.textContent.slice(0, 60));
   return {width: Math.round(width), tables: tables, broken: broken};
 })()"""
@@ -1069,7 +1069,7 @@ _OVERFLOW = """(() => {
 @pytest.mark.slow
 def test_site_tables_fit_the_content_column(built_site, browser):
     """At a 1,400 px window no table of any built page is wider than the page's content column, and no name in a
-    cell (inline code of at most 24 characters without spaces) is broken across lines to get there."""
+    cell (inline code of at most 24 characters without spaces or hyphens) is broken across lines to get there."""
     site = built_site["site"]
     pages = [p for p in sorted(site.rglob("*.html")) if "<table" in p.read_text(errors="replace")]
     assert len(pages) > 100
