@@ -210,6 +210,23 @@ def _open(src: Source, on_bytes: Callable[[bytes], None]):
     return counted, raw
 
 
+def _read(src, read, *args):
+    """``read(*args)`` on an input's stream, a failed decompression raised as the input's DataError.
+
+    Raises:
+        DataError: the stream is compressed and cannot be decompressed (gzip's OSError / EOFError, zstandard's
+            ZstdError), named by :func:`_decompress_error`.
+    """
+    try:
+        return read(*args)
+    except (OSError, EOFError) as exc:
+        raise _decompress_error(src, exc) from None
+    except Exception as exc:  # zstandard.ZstdError
+        if src.compression:
+            raise _decompress_error(src, exc) from None
+        raise
+
+
 def _decompress_error(src: Source, exc: Exception) -> DataError:
     return DataError(f"{src.path}: not a valid {src.compression} file ({exc}); check the file or its name's ending")
 
@@ -226,14 +243,7 @@ def _text_pieces(src: Source, on_bytes: Callable[[bytes], None]) -> Iterator[Pie
     stream, raw_file = _open(src, on_bytes)
     with raw_file, stream:
         while True:
-            try:
-                raw = stream.read(READ_BYTES)
-            except (OSError, EOFError) as exc:
-                raise _decompress_error(src, exc) from None
-            except Exception as exc:  # zstandard.ZstdError
-                if src.compression:
-                    raise _decompress_error(src, exc) from None
-                raise
+            raw = _read(src, stream.read, READ_BYTES)
             pending = len(decoder.getstate()[0])
             try:
                 buf += decoder.decode(raw, final=not raw)
@@ -269,14 +279,7 @@ def _jsonl_pieces(src: Source, on_bytes: Callable[[bytes], None], text_field: st
     with raw_file, stream:
         lineno = 0
         while True:
-            try:
-                raw = stream.readline()
-            except (OSError, EOFError) as exc:
-                raise _decompress_error(src, exc) from None
-            except Exception as exc:  # zstandard.ZstdError
-                if src.compression:
-                    raise _decompress_error(src, exc) from None
-                raise
+            raw = _read(src, stream.readline)
             if not raw:
                 break
             lineno += 1
