@@ -1,7 +1,8 @@
 """Assembly: spec → ``nn.Module`` on the requested device and dtype, plus analytic summaries.
 
 ``build`` always constructs on ``meta`` first (instant even for 70B specs), then materialises with
-``to_empty`` on the target device and runs one deterministic ``init_weights(seed)`` that also recomputes
+``to_empty`` on the target device (every tensor then poisoned with NaN, so nothing depends on uninitialised
+memory: :func:`to_empty_poisoned`) and runs one deterministic ``init_weights(seed)`` that also recomputes
 every buffer. With ``device="meta"`` it stops after construction.
 """
 
@@ -218,8 +219,35 @@ def build(
         dt = str(torch_dtype).replace("torch.", "")
         check_fits(module_bytes(model), target, f"the weights and buffers of this model ({dt})",
                    hint="use a smaller spec or dtype, or build on meta to inspect it")
-    model.to_empty(device=target)
+    to_empty_poisoned(model, target)
     model.init_weights(seed)
+    return model
+
+
+def to_empty_poisoned(model: nn.Module, device: Union[str, torch.device]) -> nn.Module:
+    """``model.to_empty(device)``, then fill every parameter and buffer with a poison value; returns ``model``.
+
+    ``to_empty`` allocates without initialising, so a tensor that ``init_weights`` forgets (a buffer computed only in
+    ``__init__``: transformers #45902) would otherwise hold whatever the allocator returned: often garbage, sometimes
+    by chance the freed memory of the right values, so the fault would show on one machine and not another. After
+    this fill the result never depends on uninitialised memory: such a tensor is NaN (floating and complex dtypes),
+    its dtype's minimum (integers) or ``True`` (bool) on every machine, and the ``meta_init`` contract check reports
+    it by name. Sharded (DTensor) tensors are filled shard by shard.
+
+    Args:
+        model: a module whose tensors are on ``meta`` (any shapes and dtypes).
+        device: where to allocate.
+    """
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for t in (*model.parameters(), *model.buffers()):
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if local.dtype.is_floating_point or local.dtype.is_complex:
+                local.fill_(float("nan"))
+            elif local.dtype == torch.bool:
+                local.fill_(True)
+            else:
+                local.fill_(torch.iinfo(local.dtype).min)
     return model
 
 

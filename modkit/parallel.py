@@ -914,7 +914,9 @@ def materialize(model: nn.Module, device: Union[str, torch.device, None] = None,
     """
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    model.to_empty(device=device)
+    from .build import to_empty_poisoned
+
+    to_empty_poisoned(model, device)  # what init_weights leaves unset is NaN on every rank, never allocator leftovers
     std = float(getattr(getattr(model, "spec", None), "init_std", 0.02))
     model.init_weights(seed, init=ShardedInit(seed, std))
     return model

@@ -450,6 +450,27 @@ def test_faults_fail_by_orders_of_magnitude(results, kind, type_, check, at_leas
     assert _ratio(results(kind, type_)[check].detail) >= at_least
 
 
+def test_stale_buffer_is_caught_even_when_to_empty_memory_holds_the_right_values(registry, monkeypatch):
+    """CI once passed ``stale_table`` because the allocator handed ``to_empty`` the freed memory of a table with the
+    right values in it. The check must not depend on what uninitialised memory happens to hold: here every
+    ``to_empty`` returns tensors that already hold the direct build's values, and the fault is still caught."""
+    real = torch.nn.Module.to_empty
+
+    def lucky_to_empty(self, *, device, recurse=True):
+        out = real(self, device=device, recurse=recurse)
+        for b in out.buffers():
+            if b.dim() == 2 and b.shape[1] % 2 == 0:  # the sinusoidal table: what freed memory might still hold
+                pos = torch.arange(b.shape[0], dtype=torch.float32)[:, None]
+                inv = 10000.0 ** (-torch.arange(0, b.shape[1], 2, dtype=torch.float32) / b.shape[1])
+                b[:, 0::2], b[:, 1::2] = torch.sin(pos * inv), torch.cos(pos * inv)
+        return out
+
+    monkeypatch.setattr(torch.nn.Module, "to_empty", lucky_to_empty)
+    got = {r.check: r for r in check_component("position", "stale_table", registry=registry)}
+    assert got["meta_init"].status == "failed", got["meta_init"].detail
+    assert "buffer positions.0.pe" in got["meta_init"].detail
+
+
 def test_fault_details_carry_values(results):
     peek = results("attention", "peeking")["causality"].detail
     assert peek.startswith("eval: max |Δ| = ") and "at position 0 after changing the tokens from position 1 on" in peek
