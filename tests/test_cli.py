@@ -235,7 +235,14 @@ def test_build_card_counts_the_kv_cache_of_sliding_windows_as_allocated(capsys):
     assert code == 0, err
     kv_line = next(line for line in out.splitlines() if line.startswith("KV cache:"))
     assert kv_line == ("KV cache: 262,144 bytes/token at float32; 1.00 GiB per sequence of max_seq_len 32,768 "
-                       "(32 of 32 layers keep a sliding window of 4,096 tokens)")
+                       "(32 of 32 layers cache at most 4,096 tokens: their sliding window or attention chunk)")
+    # Llama 4 Scout: chunked attention (8,192) on 36 of 48 layers, 12 global ones: 12 x 10,485,760 + 36 x 8,192
+    # slots of 2 x 8 x 128 float32 values = 962.25 GiB; the chunked layers are not called sliding windows
+    code, out, err = run(capsys, "build", ROOT / "specs" / "llama-4-scout-17b-16e.json", "--device", "meta")
+    assert code == 0, err
+    kv_line = next(line for line in out.splitlines() if line.startswith("KV cache:"))
+    assert kv_line == ("KV cache: 393,216 bytes/token at float32; 962.25 GiB per sequence of max_seq_len 10,485,760 "
+                       "(36 of 48 layers cache at most 8,192 tokens: their sliding window or attention chunk)")
     code, out, _ = run(capsys, "build", path, "--device", "meta", "--json", "--dtype", "bfloat16")
     data = json.loads(out)
     model = modkit.build(str(path), device="meta")

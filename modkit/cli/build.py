@@ -134,7 +134,8 @@ def _print_build(spec_name: str, model, summary, device, seed: int) -> None:
     windowed = [w for w in summary.windows if w is not None and w < spec.max_seq_len]
     if windowed:  # ring buffers: those layers keep only the last `window` tokens
         sizes = ", ".join(_count(w) for w in sorted(set(windowed)))
-        line += f" ({len(windowed)} of {len(summary.windows)} layers keep a sliding window of {sizes} tokens)"
+        line += (f" ({len(windowed)} of {len(summary.windows)} layers cache at most {sizes} tokens: "
+                 "their sliding window or attention chunk)")
     _out(line)
 
 
