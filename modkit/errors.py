@@ -35,12 +35,14 @@ class SpecError(ModkitError, ValueError):
             back to the node of the document.
     """
 
-    #: what is invalid, in the first line of the message
+    #: what is invalid, in the first line of the message (``subject=`` overrides it for one error)
     subject = "spec"
 
-    def __init__(self, errors: Iterable[tuple[str, str]], *, source: str | None = None):
+    def __init__(self, errors: Iterable[tuple[str, str]], *, source: str | None = None, subject: str | None = None):
         self.errors: list[tuple[str, str]] = [(str(p), str(m)) for p, m in errors]
         self.source = source
+        if subject is not None:
+            self.subject = subject
         head = f"invalid {self.subject} {source}" if source else f"invalid {self.subject}"
         lines = [f"{head}: {len(self.errors)} error(s)"]
         lines += [f"  {p or '<root>'}: {m}" for p, m in self.errors]

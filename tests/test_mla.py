@@ -231,7 +231,9 @@ def test_modkit_check_takes_a_config(tmp_path, capsys):
     path = tmp_path / "mla.json"
     path.write_text(json.dumps({**cfg, "kv_lora_rank": 0}))  # from a file; an invalid config is named
     assert main(["check", "--kind", "attention", "--type", "mla", "--config", str(path), "--check", "kv_cache_decode"]) == 1
-    assert "kv_lora_rank" in capsys.readouterr().err
+    err = capsys.readouterr().err  # named as the component's config, not as a spec
+    assert err.splitlines()[0] == "modkit: error: invalid component config attention/mla", err
+    assert "attention/mla: kv_lora_rank: " in err
     assert main(["check", "--kind", "attention", "--config", json.dumps(cfg)]) == 1  # several attentions match
     assert "--config checks one component" in capsys.readouterr().err
 

@@ -17,7 +17,8 @@ def _report(exc: BaseException) -> int:
     from modkit.errors import ModkitError, SpecError
 
     if isinstance(exc, SpecError):
-        what = exc.source if (exc.source or "").startswith("training config") else f"spec {exc.source}" if exc.source else "spec"
+        src = exc.source or ""
+        what = src if src.startswith("training config") else f"{exc.subject} {src}".strip()
         _err(f"{PROG}: error: invalid {what}")
         for line in _spec_error_lines(exc, None):
             _err("  " + line)

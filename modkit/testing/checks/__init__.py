@@ -194,9 +194,13 @@ class ComponentChecks:
             return self._setup
         entry = self.entry
         if self._given is not None:
-            config = load_component(entry.kind, self._given, registry=self.registry)  # SpecError: the caller's mistake
+            try:  # a SpecError here is the caller's mistake: it names the component, not a spec
+                config = load_component(entry.kind, self._given, registry=self.registry)
+            except SpecError as exc:
+                raise SpecError(exc.errors, source=self.name, subject="component config") from None
             if config.type != entry.type:
-                raise SpecError([("type", f"the config is a {entry.kind} {config.type!r}, not {entry.type!r}")])
+                raise SpecError([("type", f"the config is a {entry.kind} {config.type!r}, not {entry.type!r}")],
+                                source=self.name, subject="component config")
         else:
             try:
                 config = load_component(entry.kind, entry.example_config(), registry=self.registry)
