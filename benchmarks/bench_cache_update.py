@@ -93,7 +93,7 @@ def run(model, ids, steps: int) -> tuple[float, torch.Tensor]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7)

@@ -32,7 +32,7 @@ import _bench as B  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported; default 5)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--only", choices=["prefill", "decode", "moe"], action="append", help="run only these workloads")

@@ -284,7 +284,7 @@ def markdown(results: list[dict], args: argparse.Namespace, header: dict) -> str
 
 def main() -> None:
     """Parse arguments, run every model, print and write the report."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--spec", action="append", help="spec to measure (repeatable; default: the two models of the page)")
     p.add_argument("--contexts", help="comma-separated contexts for every --spec (default per model)")
     p.add_argument("--repeats", type=int, default=5)

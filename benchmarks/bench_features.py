@@ -224,7 +224,7 @@ def bench_resize(tab: Table, device: str, samples: int) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--device", default="cpu")
     p.add_argument("--samples", type=int, default=7, help="interleaved samples per figure (median reported)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")

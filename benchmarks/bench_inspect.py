@@ -21,7 +21,7 @@ import modkit
 
 def main() -> None:
     """Print a table of median forward times (ms) and ratios for each recording state."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--spec", default="specs/tiny-llama.json")
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=1)

@@ -172,7 +172,7 @@ def decode(args) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--d-model", dest="d_model", type=int, default=256)
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])

@@ -63,7 +63,7 @@ def build_pair(args, max_len: int):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--steps", type=int, default=8, help="decode steps per timed round")

@@ -110,7 +110,7 @@ def reference(tok_path: Path, texts: list[str], eot_id: int, fast: bool) -> tupl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--mb", type=int, default=200, help="corpus size in MB (>= 200 for the reported figure)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="process counts to run modkit with")
     ap.add_argument("-o", "--output", default=str(HERE / "results_prepare.md"))

@@ -568,7 +568,7 @@ def write_report(path: Path, results: list[SizeResult], args, argv, load_before:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--size", choices=sorted(SIZES), action="append", help="run only these sizes (default: small and big)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default: small 6, big 4)")
     p.add_argument("--steps", type=int, default=None, help="timed steps of each variant per round (default: small 4, big 1)")

@@ -866,7 +866,7 @@ def run_timing(timeout: float, log) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--surface", action="append", choices=["spec", "hf", "checkpoint", "cli", "generate", "timing"])
     p.add_argument("--n-spec", type=int, default=3000, help="mutated specs (default 3000)")
     p.add_argument("--n-hf", type=int, default=1500, help="mutated Hugging Face configs (default 1500)")

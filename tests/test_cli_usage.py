@@ -130,3 +130,21 @@ def test_close_flags():
     assert close_flags(p, "--strict") == ["--no-strict"]
     assert close_flags(p, "--zzzzzz") == []
     assert "--help" not in close_flags(p, "--hlp")
+
+
+def test_benchmark_and_page_scripts_match_no_flag_by_prefix():
+    """The scripts under benchmarks/ and docs/experiments/scripts/ parse like modkit itself: ``--seq`` is not taken
+    for ``--seq-lens`` (argparse's ``allow_abbrev`` is off in every parser they build)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = sorted([*(root / "benchmarks").glob("*.py"), *(root / "docs" / "experiments" / "scripts").glob("*.py")])
+    parsers = []
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser":
+                abbrev = [k.value for k in node.keywords if k.arg == "allow_abbrev"]
+                parsers.append((path.name, len(abbrev) == 1 and isinstance(abbrev[0], ast.Constant) and abbrev[0].value is False))
+    assert len(parsers) >= 13
+    assert [name for name, off in parsers if not off] == []

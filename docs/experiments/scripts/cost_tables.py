@@ -167,7 +167,7 @@ def kv_shape(spec: dict) -> str:
 
 def main() -> None:
     """Run every ``modkit cost`` call, write ``cost.json`` and ``tables.md``."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("-o", "--out", type=Path, default=OUT)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,7 @@ def layer_stats(model: modkit.Model, windows: torch.Tensor) -> dict:
 
 def main() -> None:
     """Load both models, measure, print a table, write the JSON."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("run", type=Path, help="training run folder (or checkpoint folder)")
     p.add_argument("--spec", default="specs/nanogpt-shakespeare-char.json", help="spec of the untrained model")
     p.add_argument("--seed", type=int, default=0, help="seed of the untrained model (modkit trace --seed)")
