@@ -115,6 +115,18 @@ FIXTURES = [
     ("mamba2", "Mamba2Config", dict(hidden_size=32, num_heads=8, head_dim=8, state_size=8, n_groups=2, expand=2,
         conv_kernel=3, use_bias=False, time_step_limit=(0.01, 2.0), chunk_size=4, num_hidden_layers=2,
         vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=None)),
+    # Falcon-H1: attention (GQA, head_dim 16 != 64 / 4, biases) and Mamba-2 (its own width 48 in 6 heads, the gated
+    # norm over 2 groups, gate first, out_proj bias, chunks of 4) side by side in every layer; every μP multiplier
+    # away from 1 (embeddings, logits, keys, the two halves' inputs and outputs, in_proj's five parts, the FFN's
+    # gate and output). No in_proj bias, for the padding reason of mamba2 above; no step-size clamp: transformers
+    # clamps Δ in its chunked scan but not in its one-token step, so its generate would not be the model its
+    # forward computes (modkit clamps in both; the clamp is compared in tests/test_mixers.py)
+    ("falcon_h1", "FalconH1Config", dict(**GQA, head_dim=16, num_hidden_layers=2, attention_bias=True, mlp_bias=True,
+        mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=3,
+        mamba_chunk_size=4, mamba_rms_norm=True, mamba_norm_before_gate=False, projectors_bias=True,
+        embedding_multiplier=2.5, lm_head_multiplier=0.4, key_multiplier=0.7, attention_in_multiplier=1.3,
+        attention_out_multiplier=0.6, ssm_in_multiplier=0.8, ssm_out_multiplier=1.7,
+        ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 0.75], mlp_multipliers=[1.25, 0.6], **SMALL)),
 ]
 
 
