@@ -57,8 +57,8 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down), 'mlp' (up, down) or None (no FFN: Mamba-2's blocks)"),
     "act": ("silu", "the FFN activation (modkit's name)"),
     "mlp_bias": (False, "biases on the FFN projections"),
-    "ffn_multipliers": (None, "[gate, output] multipliers of the gated dense FFN, m_out · down(act(m_gate · gate(x)) · "
-                        "up(x)) (Falcon-H1's mlp_multipliers; None: 1 and 1)"),
+    "ffn_multipliers": (None, ("[gate, output] multipliers of the gated dense FFN, m_out · down(act(m_gate · gate(x)) · "
+                               "up(x)) (Falcon-H1's mlp_multipliers; None: 1 and 1)")),
     "moe": (False, "FFNs are mixtures of gated experts with a top-k router (every layer unless moe_layers)"),
     "moe_layers": (None, "one flag per layer: true for a mixture, false for a dense FFN of width d_ff (None: every "
                    "layer when moe)"),

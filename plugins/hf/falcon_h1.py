@@ -39,7 +39,8 @@ describe layers without an FFN or without attention and are refused.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from modkit import CheckpointError
 
