@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 from pathlib import Path
 import re
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
@@ -38,12 +39,41 @@ if TYPE_CHECKING:
 #: default largest shard :func:`to_hf` writes (bytes), as transformers' ``save_pretrained`` (5 GB)
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 
+#: the floats JSON cannot hold, as transformers 5 writes them in ``config.json``: ``{"__float__": "Infinity"}``
+#: (``PreTrainedConfig._encode_special_floats``; Falcon-H1's and Mamba-2's ``time_step_limit`` default to ``(0, inf)``)
+FLOAT_TAG = "__float__"
+SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def decode_special_floats(value: Any) -> Any:
+    """``value`` with every ``{"__float__": "Infinity" | "-Infinity" | "NaN"}`` object, at any depth, replaced by its
+    float (other values as they are; a new container where anything changed)."""
+    if isinstance(value, dict):
+        if set(value) == {FLOAT_TAG} and value[FLOAT_TAG] in SPECIAL_FLOATS:
+            return SPECIAL_FLOATS[value[FLOAT_TAG]]
+        return {k: decode_special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_special_floats(v) for v in value]
+    return value
+
+
+def encode_special_floats(value: Any) -> Any:
+    """The inverse of :func:`decode_special_floats`: infinite and NaN floats (in dicts, lists and tuples) as tagged
+    objects, so an exported ``config.json`` is plain JSON, as transformers 5 writes it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {FLOAT_TAG: "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
+    if isinstance(value, dict):
+        return {k: encode_special_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encode_special_floats(v) for v in value]
+    return value
+
 
 def read_config(source: Union[str, Path, dict]) -> dict:
     """Load a ``config.json`` (path to the file or its folder) or pass a dict through.
 
     The file is read strictly (:mod:`modkit.jsonio`: a regular file of at most 16 MiB, UTF-8, no duplicate keys)
-    and must hold a JSON object.
+    and must hold a JSON object; transformers 5's tagged floats become floats (:func:`decode_special_floats`).
 
     Raises:
         SpecError: unreadable file, malformed JSON, or a document that is not an object; naming the file.
@@ -67,7 +97,7 @@ def read_config(source: Union[str, Path, dict]) -> dict:
     if not isinstance(cfg, dict):
         kind = "null" if cfg is None else "an array" if isinstance(cfg, list) else f"a {type(cfg).__name__}"
         raise SpecError([("", f"a Hugging Face config is a JSON object, got {kind}")], source=label)
-    return cfg
+    return decode_special_floats(cfg)
 
 
 def _model_type(cfg: dict, label: Optional[str] = None) -> str:
@@ -394,7 +424,8 @@ def to_hf(
             index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
             pairs.append((write_text_tmp(json.dumps(index, indent=2) + "\n", out / HF_INDEX_FILE), out / HF_INDEX_FILE))
             written.add(HF_INDEX_FILE)
-        pairs.append((write_text_tmp(json.dumps(config, indent=2) + "\n", out / HF_CONFIG_FILE), out / HF_CONFIG_FILE))
+        text = json.dumps(encode_special_floats(config), indent=2) + "\n"
+        pairs.append((write_text_tmp(text, out / HF_CONFIG_FILE), out / HF_CONFIG_FILE))
     except BaseException:
         for tmp, _ in pairs:
             discard(tmp)

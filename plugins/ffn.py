@@ -5,6 +5,8 @@
 * ``mlp``:    ``down(act(up(x)))`` with act in gelu, gelu_tanh, relu, silu (GPT-2 uses gelu_tanh).
 * ``swiglu``: ``down(silu(gate(x)) * up(x))`` (Llama, Mistral, Qwen, OLMo).
 * ``geglu``:  ``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh``; ``activation`` selects exact gelu).
+  Both take μP-style multipliers, ``m_out · down(act(m_gate · gate(x)) * up(x))`` (``gate_multiplier``,
+  ``output_multiplier``, 1 by default; Falcon-H1's ``mlp_multipliers``, transformers ``FalconH1MLP``).
 * ``swiglu_clamped``: gpt-oss's form, ``down(g * sigmoid(alpha * g) * (u + 1))`` with ``g = min(gate(x), limit)``,
   ``u = clamp(up(x), -limit, limit)`` (``alpha`` 1.702, ``limit`` 7.0; :class:`ClampedGLU`).
 
@@ -65,6 +67,12 @@ class GatedConfig(ComponentConfig):
     activation: Literal["gelu", "gelu_tanh", "relu", "silu", None] = Field(
         None, description="gate activation; default silu for swiglu, gelu_tanh for geglu"
     )
+    gate_multiplier: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="multiplier of the gate projection before the activation, "
+        "act(gate_multiplier · gate(x)) (Falcon-H1's mlp_multipliers[0], μP); 1 for none")
+    output_multiplier: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="multiplier of the FFN's output, output_multiplier · down(...) "
+        "(Falcon-H1's mlp_multipliers[1], μP); 1 for none")
 
     @property
     def act(self) -> str:
@@ -160,11 +168,17 @@ class MLP(nn.Module):
         return self.down(self._act(self.up(x)))
 
 
+def _scaled(t: Tensor, m: float) -> Tensor:
+    """``t · m``, or ``t`` itself when ``m`` is 1."""
+    return t if m == 1.0 else t * m
+
+
 class GatedMLP(nn.Module):
     """Gated MLP (SwiGLU/GeGLU, or gpt-oss's clamped SwiGLU with ``unit``). ``[batch, seq, d_model] -> [batch, seq,
-    d_model]``."""
+    d_model]``; ``multipliers``: ``(gate, output)`` multipliers (Falcon-H1's ``mlp_multipliers``)."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[ClampedGLU] = None):
+    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[ClampedGLU] = None,
+                 multipliers: tuple[float, float] = (1.0, 1.0)):
         super().__init__()
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
@@ -172,11 +186,13 @@ class GatedMLP(nn.Module):
         self.activation = activation
         self._act = unit.act if unit is not None else ACTIVATIONS[activation]
         self._up = unit.up_map if unit is not None else _identity
+        self.gate_multiplier, self.output_multiplier = (float(m) for m in multipliers)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``down(act(gate(x)) * up(x))`` (float16: the product in float32, rows scaled; see :func:`gated_product`)."""
-        h, scale = gated_product(self._act, self.gate(x), self._up(self.up(x)))
-        return _down(self.down, h, scale)
+        """``m_out · down(act(m_gate · gate(x)) * up(x))`` (float16: the product in float32, rows scaled; see
+        :func:`gated_product`)."""
+        h, scale = gated_product(self._act, _scaled(self.gate(x), self.gate_multiplier), self._up(self.up(x)))
+        return _scaled(_down(self.down, h, scale), self.output_multiplier)
 
 
 def _local(t: Tensor) -> Tensor:
@@ -269,24 +285,27 @@ class GroupedGatedMLP(_Stacked):
     two: ``gate == gate_up_proj[..., ::2]``, ``up == gate_up_proj[..., 1::2]`` (``unit``: its clamped form).
     """
 
-    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[ClampedGLU] = None):
+    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[ClampedGLU] = None,
+                 multipliers: tuple[float, float] = (1.0, 1.0)):
         super().__init__(activation, bias, unit)
         self._projection("gate", n, d_model, d_ff, bias)
         self._projection("up", n, d_model, d_ff, bias)
         self._projection("down", n, d_ff, d_model, bias)
+        self.gate_multiplier, self.output_multiplier = (float(m) for m in multipliers)
 
     def forward(self, x: Tensor, offs: Tensor) -> Tensor:
         """``x [rows, d_model]``, ``offs [n]`` int32 cumulative row ends -> ``[rows, d_model]`` (float16: the gated
-        product in float32, rows scaled as in :func:`gated_product`)."""
+        product in float32, rows scaled as in :func:`gated_product`); the multipliers as in :class:`GatedMLP`."""
         groups = self._groups(x, offs) if self.bias else None
         up = self._up(self._apply_projection("up", x, offs, groups))
-        h, scale = gated_product(self._act, self._apply_projection("gate", x, offs, groups), up)
+        gate = _scaled(self._apply_projection("gate", x, offs, groups), self.gate_multiplier)
+        h, scale = gated_product(self._act, gate, up)
         if scale is None:
-            return self._apply_projection("down", h, offs, groups)
+            return _scaled(self._apply_projection("down", h, offs, groups), self.output_multiplier)
         out = grouped_mm(h, _local(self.down), offs).float() * scale
         if self.down_bias is not None:
             out = out + _local(self.down_bias)[groups].float()
-        return out.to(h.dtype)
+        return _scaled(out.to(h.dtype), self.output_multiplier)
 
 
 def _mlp_count(cfg: MLPConfig, ctx: BuildContext) -> int:
@@ -321,12 +340,15 @@ approximation, ReLU or SiLU: activation, GELU by default); the biases with bias:
 \mathrm{SiLU}(z) = z\, \sigma(z) = \frac{z}{1 + e^{-z}}$$
 
 $W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, $\odot$ the element-wise product
-(Shazeer 2020, eq. 6); activation replaces SiLU when set; biases only with bias: true.""",
+(Shazeer 2020, eq. 6); activation replaces SiLU when set; biases only with bias: true. gate_multiplier and
+output_multiplier (1 by default; Falcon-H1's μP mlp_multipliers) make it
+$m_{out}\, W_{down}\big(\mathrm{SiLU}(m_{gate}\, W_{gate}\, x) \odot W_{up}\, x\big)$.""",
     "geglu": r"""$$\mathrm{FFN}(x) = W_{down}\big(\mathrm{GELU}(W_{gate}\, x) \odot W_{up}\, x\big), \qquad
 \mathrm{GELU}(z) \approx \tfrac{z}{2}\left(1 + \tanh\!\left(\sqrt{2/\pi}\,(z + 0.044715\, z^3)\right)\right)$$
 
 $W_{gate}, W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, $\odot$ the element-wise product
-(Shazeer 2020, eq. 6; the tanh form of GELU unless activation says otherwise); biases only with bias: true.""",
+(Shazeer 2020, eq. 6; the tanh form of GELU unless activation says otherwise); biases only with bias: true;
+gate_multiplier and output_multiplier as in swiglu.""",
     "swiglu_clamped": r"""$$\mathrm{FFN}(x) = W_{down}\big(g\, \sigma(\alpha\, g) \odot (u + 1)\big), \qquad
 g = \min(W_{gate}\, x,\ L), \qquad u = \max(\min(W_{up}\, x,\ L),\ -L)$$
 
@@ -363,7 +385,8 @@ def register_components(register) -> None:
                 kind="ffn",
                 type=t,
                 config=GatedConfig,
-                factory=lambda cfg, ctx: GatedMLP(ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias),
+                factory=lambda cfg, ctx: GatedMLP(ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias,
+                                                  multipliers=(cfg.gate_multiplier, cfg.output_multiplier)),
                 description=f"Gated MLP down({what}(gate(x)) * up(x)). [batch, seq, d_model] -> [batch, seq, d_model].",
                 reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
                 capabilities={"compile_safe": True, "tp_plan": plan_gated},
@@ -371,7 +394,9 @@ def register_components(register) -> None:
                 flops=_gated_flops,
                 example={"type": t, "d_ff": 96},
                 math=_MATH[t],
-                grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias),
+                grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(
+                    n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias, multipliers=(cfg.gate_multiplier, cfg.output_multiplier)
+                ),
             )
         )
     register(

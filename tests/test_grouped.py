@@ -70,10 +70,11 @@ def test_bad_shapes_and_dtypes_name_the_problem():
     [
         GatedConfig(type="swiglu", d_ff=12),
         GatedConfig(type="geglu", d_ff=12, bias=True),
+        GatedConfig(type="swiglu", d_ff=12, gate_multiplier=1.5, output_multiplier=0.25),
         MLPConfig(d_ff=12, activation="relu"),
         MLPConfig(d_ff=12, bias=False),
     ],
-    ids=["swiglu", "geglu-bias", "mlp-relu-bias", "mlp-nobias"],
+    ids=["swiglu", "geglu-bias", "swiglu-multipliers", "mlp-relu-bias", "mlp-nobias"],
 )
 def test_grouped_form_equals_independent_single_ffns(cfg):
     """Copy g of the grouped form, with its weights transposed into an nn.Linear FFN, computes the same rows."""

@@ -19,6 +19,8 @@ test-only reference (nothing under ``modkit/`` or ``plugins/`` imports it).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -115,6 +117,18 @@ FIXTURES = [
     ("mamba2", "Mamba2Config", dict(hidden_size=32, num_heads=8, head_dim=8, state_size=8, n_groups=2, expand=2,
         conv_kernel=3, use_bias=False, time_step_limit=(0.01, 2.0), chunk_size=4, num_hidden_layers=2,
         vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=None)),
+    # Falcon-H1: attention (GQA, head_dim 16 != 64 / 4, biases) and Mamba-2 (its own width 48 in 6 heads, the gated
+    # norm over 2 groups, gate first, out_proj bias, chunks of 4) side by side in every layer; every μP multiplier
+    # away from 1 (embeddings, logits, keys, the two halves' inputs and outputs, in_proj's five parts, the FFN's
+    # gate and output). No in_proj bias, for the padding reason of mamba2 above; no step-size clamp: transformers
+    # clamps Δ in its chunked scan but not in its one-token step, so its generate would not be the model its
+    # forward computes (modkit clamps in both; the clamp is compared in tests/test_mixers.py)
+    ("falcon_h1", "FalconH1Config", dict(**GQA, head_dim=16, num_hidden_layers=2, attention_bias=True, mlp_bias=True,
+        mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=3,
+        mamba_chunk_size=4, mamba_rms_norm=True, mamba_norm_before_gate=False, projectors_bias=True,
+        embedding_multiplier=2.5, lm_head_multiplier=0.4, key_multiplier=0.7, attention_in_multiplier=1.3,
+        attention_out_multiplier=0.6, ssm_in_multiplier=0.8, ssm_out_multiplier=1.7,
+        ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 0.75], mlp_multipliers=[1.25, 0.6], **SMALL)),
 ]
 
 
@@ -281,3 +295,62 @@ def test_sharded_checkpoints_both_ways(name, built, tmp_path):
         w.__exit__(None, None, None)
     for k, t in hf.state_dict().items():
         assert torch.equal(back.state_dict()[k], t), k
+
+
+# ------------------------------------------------------------------------------------------------- Falcon-H1's own rows
+
+
+def _falcon_h1_config(**changes) -> dict:
+    """The falcon_h1 fixture's config as transformers writes it, with ``changes``."""
+    _, cls, kwargs = next(f for f in FIXTURES if f[0] == "falcon_h1")
+    return {**getattr(transformers, cls)(**kwargs).to_dict(), **changes}
+
+
+@pytest.mark.parametrize("changes,field,says", [
+    ({"hidden_act": "gelu"}, "hidden_act", "Mamba-2 convolution"),
+    ({"mamba_use_mlp": False}, "mamba_use_mlp", "FFN in every layer"),
+    ({"attn_layer_indices": [0]}, "attn_layer_indices", "in every layer"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor", "rotates the whole head"),
+    ({"mlp_multipliers": [1.25]}, "mlp_multipliers", "a list of 2 numbers"),
+    ({"ssm_multipliers": [0.5, 2.0]}, "ssm_multipliers", "a list of 5 numbers"),
+    ({"key_multiplier": 0.0}, "key_multiplier", "positive"),
+    ({"embedding_multiplier": -1.0}, "embedding_multiplier", "positive"),
+    ({"mamba_d_head": 7}, "mamba_d_head", "must equal the Mamba-2 width 48"),
+    ({"mamba_n_groups": 4}, "mamba_n_groups", "does not divide mamba_n_heads = 6"),
+], ids=lambda v: v if isinstance(v, str) and "_" in v else None)
+def test_falcon_h1_refuses_by_name_what_modkit_cannot_express(changes, field, says):
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(_falcon_h1_config(**changes))
+    assert any(p == field and says in m for p, m in info.value.errors), info.value.errors
+
+
+def test_falcon_h1_export_refuses_a_mixer_it_cannot_hold(tmp_path):
+    spec = modkit.from_hf_config(_falcon_h1_config()).to_dict()
+    for mixer in (spec["block"]["mixer"]["mixers"][0], {**spec["block"]["mixer"],
+                                                        "mixers": spec["block"]["mixer"]["mixers"][::-1]}):
+        bad = {**spec, "block": {**spec["block"], "mixer": mixer}}
+        with pytest.raises(modkit.CheckpointError, match="parallel mixer of an attention and a mamba2 mixer"):
+            modkit.to_hf(modkit.build(bad, device="meta"), tmp_path / "out")
+
+
+def test_falcon_h1_export_writes_infinity_as_transformers_5_does(built, tmp_path):
+    """transformers 5 writes the default time_step_limit (0, inf) as [0.0, {"__float__": "Infinity"}] (plain JSON);
+    the fixture's file is read that way and the export writes it back so."""
+    _, folder, model = built("falcon_h1")
+    assert json.loads((folder / "config.json").read_text())["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    text = (modkit.to_hf(model, tmp_path / "export") / "config.json").read_text()
+    cfg = json.loads(text, parse_constant=lambda c: pytest.fail(f"config.json holds the non-JSON constant {c}"))
+    assert cfg["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    assert model.spec.layer(0).attention.mixers[1].dt_clamp_max is None
+
+
+@pytest.mark.parametrize("head_dim", [12, 64, 80])
+def test_falcon_h1_key_multiplier_is_written_back_to_the_same_softmax_scale(head_dim):
+    from modkit_plugins.hf.falcon_h1 import key_multiplier
+
+    for km in (0.390625, 0.7, 1 / 3, 2.2, 0.1234567890123):
+        scale = km * head_dim**-0.5  # as the converter reads it
+        assert key_multiplier(scale, head_dim) * head_dim**-0.5 == scale
+        assert key_multiplier(scale, head_dim, base=km) == km  # the source config's own value when it fits
+    assert key_multiplier(0.7 * 12**-0.5, 12) == 0.7 and key_multiplier(None, 12) == 1.0  # the shortest decimal

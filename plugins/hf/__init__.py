@@ -31,6 +31,7 @@ MODULES = (
     "cohere",
     "deepseek_v3",
     "falcon",
+    "falcon_h1",
     "gemma",
     "gemma2",
     "gemma3_text",

@@ -57,6 +57,8 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down), 'mlp' (up, down) or None (no FFN: Mamba-2's blocks)"),
     "act": ("silu", "the FFN activation (modkit's name)"),
     "mlp_bias": (False, "biases on the FFN projections"),
+    "ffn_multipliers": (None, ("[gate, output] multipliers of the gated dense FFN, m_out · down(act(m_gate · gate(x)) · "
+                               "up(x)) (Falcon-H1's mlp_multipliers; None: 1 and 1)")),
     "moe": (False, "FFNs are mixtures of gated experts with a top-k router (every layer unless moe_layers)"),
     "moe_layers": (None, "one flag per layer: true for a mixture, false for a dense FFN of width d_ff (None: every "
                    "layer when moe)"),
@@ -268,7 +270,11 @@ def dense_ffn(f: Mapping[str, Any], d_ff: Optional[int] = None) -> dict:
     d_ff = f["d_ff"] if d_ff is None else d_ff
     if f["ffn"] == "mlp":
         return {"type": "mlp", "d_ff": d_ff, "activation": f["act"], "bias": bool(f["mlp_bias"])}
-    return gated_ffn(d_ff, f["act"], bool(f["mlp_bias"]))
+    spec = gated_ffn(d_ff, f["act"], bool(f["mlp_bias"]))
+    for name, m in zip(("gate_multiplier", "output_multiplier"), f["ffn_multipliers"] or ()):
+        if m != 1:
+            spec[name] = float(m)
+    return spec
 
 
 def moe_spec(f: Mapping[str, Any]) -> dict:
@@ -381,6 +387,8 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
             block={"mixer": dict(f["mixer"]), "ffn": ffn_spec(f), "norm": norm, "placement": dict(f["placement"])},
             final_norm=norm if f["final_norm"] else None, tie_embeddings=f["tie_embeddings"],
             lm_head_bias=f["lm_head_bias"], init_std=f["init_std"],
+            embedding_scale=f["embedding_scale"], logit_scale=f["logit_scale"],
+            dropout={name: float(f[field]) for name, field in DROPOUT_FIELDS.items() if f[field] is not None},
         )
     types = f["layer_types"] or ["full_attention"] * n_layers
     positions = f["positions"]
@@ -506,6 +514,7 @@ def fields_of(spec) -> dict[str, Any]:
         "ffn": None if width is None else "mlp" if getattr(width, "type", None) == "mlp" else "gated",
         "act": getattr(width, "act", None) or getattr(width, "activation", None),
         "mlp_bias": bool(getattr(dense, "bias", False)),
+        "ffn_multipliers": [getattr(dense, "gate_multiplier", 1.0), getattr(dense, "output_multiplier", 1.0)],
         "moe": moe is not None,
         "moe_layers": flags,
         "n_experts": getattr(moe, "n_experts", None),

@@ -50,6 +50,7 @@ FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("soft-caps", ("attn_softcap", "final_logit_softcap")),
     ("softmax scale", ("softmax_scale",)),
     ("embedding / residual / logit multipliers", ("embedding_scale", "residual_multiplier", "logit_scale")),
+    ("FFN gate / output multipliers", ("ffn_multipliers",)),
     ("biases", ("qkv_bias", "o_bias", "mlp_bias", "lm_head_bias", "expert_bias", "router_bias")),
     ("(1 + w) RMSNorm", ("unit_offset",)),
     ("embedding norm", ("embedding_norm",)),

@@ -32,6 +32,29 @@ MIXER_KEYS = ("num_heads", "head_dim", "state_size", "expand", "n_groups", "conv
 MAX_SEQ_LEN = 2**20
 
 
+def read_time_step_limit(r: HFConfig, key: str = "time_step_limit") -> dict:
+    """The ``mamba2`` clamp fields (``dt_clamp_min``, ``dt_clamp_max``; those at their defaults left out) of the pair
+    ``[min, max]`` at ``key`` (default ``(0, inf)``: no clamp); an error on ``key`` for anything but a pair of
+    numbers >= 0."""
+    limit = r.get(key, (0.0, math.inf))
+    if not isinstance(limit, (list, tuple)) or len(limit) != 2:
+        r.error(key, f"must be a pair [min, max], got {limit!r}")
+        limit = (0.0, math.inf)
+    lo, hi = (math.inf if v == math.inf and not isinstance(v, bool)
+              else r.check_number(key, v, 0.0, positive=False, minimum=0.0) for v in limit)
+    out = {}
+    if lo:
+        out["dt_clamp_min"] = lo
+    if hi != math.inf:
+        out["dt_clamp_max"] = hi
+    return out
+
+
+def write_time_step_limit(m) -> list[float]:
+    """``time_step_limit`` of a ``mamba2`` mixer config: ``[dt_clamp_min, dt_clamp_max or inf]``."""
+    return [m.dt_clamp_min, m.dt_clamp_max if m.dt_clamp_max is not None else math.inf]
+
+
 def read_mixer(r: HFConfig, f: dict) -> None:
     """The ``mamba2`` mixer of every layer from :data:`MIXER_KEYS` (transformers' ``Mamba2Config`` defaults)."""
     d = f["d_model"]
@@ -49,12 +72,6 @@ def read_mixer(r: HFConfig, f: dict) -> None:
     if r.activation("hidden_act", "silu") != "silu":
         r.error("hidden_act", "Mamba2Mixer's activation is silu in modkit's mamba2 (transformers reads the key, "
                 "modkit does not support another)")
-    limit = r.get("time_step_limit", (0.0, math.inf))
-    if not isinstance(limit, (list, tuple)) or len(limit) != 2:
-        r.error("time_step_limit", f"must be a pair [min, max], got {limit!r}")
-        limit = (0.0, math.inf)
-    lo, hi = (r.check_number("time_step_limit", float(v), 0.0, positive=False, minimum=0.0) if math.isfinite(float(v))
-              else math.inf for v in limit)
     bias = r.flag("use_bias", False)
     mixer: dict[str, Any] = {
         "type": "mamba2", "d_state": r.number("state_size", 128, integer=True), "head_dim": head_dim,
@@ -64,10 +81,7 @@ def read_mixer(r: HFConfig, f: dict) -> None:
         "dt_init_min": r.number("time_step_min", 0.001), "dt_init_max": r.number("time_step_max", 0.1),
         "dt_init_floor": r.number("time_step_floor", 1e-4),
     }
-    if lo:
-        mixer["dt_clamp_min"] = lo
-    if hi != math.inf:
-        mixer["dt_clamp_max"] = hi
+    mixer.update(read_time_step_limit(r))
     f["mixer"] = mixer
 
 
@@ -81,7 +95,7 @@ def write_mixer(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> Non
         expand=int(expand) if expand.is_integer() else expand, n_groups=m.n_groups, conv_kernel=m.d_conv,
         use_bias=m.in_proj_bias, use_conv_bias=m.conv_bias, hidden_act="silu", time_step_min=m.dt_init_min,
         time_step_max=m.dt_init_max, time_step_floor=m.dt_init_floor, chunk_size=m.chunk_size,
-        time_step_limit=[m.dt_clamp_min, m.dt_clamp_max if m.dt_clamp_max is not None else math.inf],
+        time_step_limit=write_time_step_limit(m),
     )
 
 
