@@ -115,6 +115,22 @@ FIXTURES = [
     ("mamba2", "Mamba2Config", dict(hidden_size=32, num_heads=8, head_dim=8, state_size=8, n_groups=2, expand=2,
         conv_kernel=3, use_bias=False, time_step_limit=(0.01, 2.0), chunk_size=4, num_hidden_layers=2,
         vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=None)),
+    # Qwen3-Next: Gated DeltaNet on layers 0 and 2 (2 key heads, 4 value heads, key width 8 != value width 12), gated
+    # attention on layers 1 and 3 (full_attention_interval 2: GQA 4/2, head_dim 16 != 32 / 4, partial RoPE 0.25,
+    # per-head QK-norm, biases on every projection, the gate's too); (1 + w) RMSNorms everywhere; 4 experts top-2
+    # renormalised beside a sigmoid-gated shared expert (24), a dense SwiGLU (48) on layer 2 (mlp_only_layers)
+    ("qwen3_next", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[2],
+        attention_bias=True, **SMALL)),
+    # Jamba: Mamba on layers 0 and 2 (d_state 8, Δ rank 4, Δ/B/C RMSNorms, convolution bias), attention on layers 1
+    # and 3 (attn_layer_period 2, offset 1: GQA 4/2, head_dim 16 != 32 / 4, no position encoding), mixtures of 4
+    # experts top-2 (not renormalised) on layers 0 and 2 (expert_layer_period 2, offset 0), dense SwiGLU elsewhere.
+    # No mamba_proj_bias, for the reason of mamba2's fixture (transformers zeroes padding before in_proj)
+    ("jamba", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+        expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=4, **SMALL)),
 ]
 
 

@@ -39,6 +39,7 @@ MODULES = (
     "gpt_neox",
     "gpt_oss",
     "granite",
+    "jamba",
     "llama",
     "llama4_text",
     "mamba2",
@@ -53,6 +54,7 @@ MODULES = (
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "qwen3_next",
     "smollm3",
     "starcoder2",
 )
