@@ -297,3 +297,90 @@ def test_sharded_checkpoints_both_ways(name, built, tmp_path):
         w.__exit__(None, None, None)
     for k, t in hf.state_dict().items():
         assert torch.equal(back.state_dict()[k], t), k
+
+
+# ------------------------------------------------------------------------------------------------ the hybrids
+
+#: transformers' parameter counts at the configuration classes' defaults (Qwen3-Next-80B-A3B, Jamba v0.1): the sum
+#: over ``AutoModelForCausalLM.from_config(Qwen3NextConfig())`` / ``(JambaConfig())`` built on meta, transformers
+#: 5.24 (the Qwen3-Next build alone takes about 10 s, so the counts are written here)
+DEFAULT_COUNTS = {"qwen3_next": 79_674_391_296, "jamba": 51_570_323_328}
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
+def test_hybrid_defaults_give_transformers_parameter_count(model_type):
+    """An absent key means transformers' class default: a config naming only the model type is the default model,
+    its layers in the class's pattern (Qwen3-Next: gated attention on every 4th layer, mixtures everywhere; Jamba:
+    attention on layers 4, 12, ..., mixtures on odd layers)."""
+    spec = modkit.from_hf_config({"model_type": model_type})
+    assert modkit.count_params(spec) == DEFAULT_COUNTS[model_type]
+    kinds = [spec.layer(i).attention.type for i in range(spec.n_layers)]
+    moe = [spec.layer(i).ffn.type == "moe" for i in range(spec.n_layers)]
+    if model_type == "qwen3_next":
+        assert kinds == ["gated_deltanet", "gated_deltanet", "gated_deltanet", "gqa"] * 12 and all(moe)
+        assert spec.layer(3).attention.output_gate and spec.layer(3).position.partial_rotary == 0.25
+    else:
+        assert kinds == (["mamba"] * 4 + ["gqa"] + ["mamba"] * 3) * 4
+        assert moe == [i % 2 == 1 for i in range(32)]
+
+
+def _fixture_config(name: str) -> dict:
+    _, cls, kwargs = next(f for f in FIXTURES if f[0] == name)
+    return getattr(transformers, cls)(**kwargs).to_dict()
+
+
+#: (fixture, config change, the key each error names): what modkit cannot express is refused by name, never dropped
+REFUSED = [
+    # the Gated DeltaNet convolution's activation (modkit's gated_deltanet: silu)
+    ("qwen3_next", {"hidden_act": "gelu"}, "hidden_act"),
+    # a layer type Qwen3NextDecoderLayer builds no mixer for
+    ("qwen3_next", {"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+     "layer_types"),
+    # value heads that the key heads do not divide
+    ("qwen3_next", {"linear_num_value_heads": 3}, "linear_num_value_heads"),
+    # the Mamba layers' activation (modkit's mamba: silu)
+    ("jamba", {"hidden_act": "gelu"}, "hidden_act"),
+    # an offset at or past its period (JambaConfig.validate_architecture refuses it too)
+    ("jamba", {"attn_layer_offset": 2}, "attn_layer_offset"),
+    ("jamba", {"mamba_dt_rank": "full"}, "mamba_dt_rank"),
+]
+
+
+@pytest.mark.parametrize("name,change,key", REFUSED, ids=[f"{n}-{k}" for n, _, k in REFUSED])
+def test_hybrid_config_modkit_cannot_express_is_refused_by_key(name, change, key):
+    cfg = {**_fixture_config(name), **change}
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(cfg)
+    assert [path for path, _ in info.value.errors] == [key], info.value.errors
+    value = str(change[key]) if not isinstance(change[key], list) else "sliding_attention"
+    assert value in info.value.errors[0][1], info.value.errors
+
+
+def test_jamba_export_refuses_layers_no_period_places(built, tmp_path):
+    """Attention on layers 1 and 2 of 4: no ``attn_layer_period`` and offset put it there, so no jamba config holds the
+    spec; the export says so (the mixture layers, 0 and 3, have a period: 3, offset 0)."""
+    _, _, model = built("jamba")
+    d = model.spec.to_dict()
+    (override,) = [o for o in d["overrides"] if o.get("mixer")]
+    override["layers"] = [1, 2]
+    other = modkit.build(d, seed=0)
+    with pytest.raises(modkit.CheckpointError, match=r"attention layers are on layers \[1, 2\].*attn_layer_period"):
+        modkit.to_hf(other, tmp_path / "out")
+
+
+def test_qwen3_next_carries_the_multi_token_prediction_module(built, tmp_path):
+    """A published checkpoint's ``mtp.*`` tensors (which transformers does not load) load into
+    ``checkpoint_extras`` and are written back bitwise."""
+    from safetensors.torch import save_file
+
+    _, folder, _ = built("qwen3_next")
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text((folder / "config.json").read_text())
+    tensors = file_tensors(folder)
+    mtp = torch.randn(8, 32, generator=torch.Generator().manual_seed(7))
+    save_file({**tensors, "mtp.fc.weight": mtp}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    model = modkit.from_hf(src)
+    assert torch.equal(model.checkpoint_extras["mtp.fc.weight"], mtp)
+    exported = file_tensors(modkit.to_hf(model, tmp_path / "out"))
+    assert sorted(exported) == sorted([*tensors, "mtp.fc.weight"]) and torch.equal(exported["mtp.fc.weight"], mtp)
