@@ -108,7 +108,7 @@ def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> No
     if f["moe"]:
         _write_pattern(f["moe_layers"], EXPERT_PATTERN, base, "mixture layers", cfg)
     else:
-        cfg.update(num_experts=1, num_experts_per_tok=base.get("num_experts_per_tok") or 1)
+        cfg["num_experts"] = 1
         for key, default in zip(EXPERT_PATTERN[:2], EXPERT_PATTERN[2]):
             cfg[key] = base.get(key, default)
     m = f["mixer"]
