@@ -384,3 +384,42 @@ def test_qwen3_next_carries_the_multi_token_prediction_module(built, tmp_path):
     assert torch.equal(model.checkpoint_extras["mtp.fc.weight"], mtp)
     exported = file_tensors(modkit.to_hf(model, tmp_path / "out"))
     assert sorted(exported) == sorted([*tensors, "mtp.fc.weight"]) and torch.equal(exported["mtp.fc.weight"], mtp)
+
+
+#: hybrids whose layers leave out a part: no mixture (Jamba with num_experts 1, Qwen3-Next with none), no attention
+#: layer (Jamba's period past the depth), mixtures on every second layer only (decoder_sparse_step 2)
+PATTERNS = [
+    ("jamba-dense", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        num_hidden_layers=9, num_experts=1, mamba_dt_rank=4)),
+    ("jamba-no-attention", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=48, num_hidden_layers=3, attn_layer_period=4, attn_layer_offset=3)),
+    ("qwen3_next-attention-only", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=2, layer_types=["full_attention"] * 2, num_experts=0, intermediate_size=40)),
+    ("qwen3_next-sparse-step", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=4, decoder_sparse_step=2, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=8, shared_expert_intermediate_size=8, intermediate_size=40, linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
+]
+
+
+@pytest.mark.parametrize("name,cls,kwargs", PATTERNS, ids=[p[0] for p in PATTERNS])
+def test_hybrid_layer_patterns_convert_both_ways(name, cls, kwargs):
+    """transformers' parameter count (both built on meta), and the config an export writes (for the fields a spec
+    without mixtures or without attention does not hold: the source's values) builds the same network again in
+    transformers and in modkit."""
+    import warnings
+
+    config_class = getattr(transformers, cls)
+    cfg = config_class(**kwargs)
+    spec = modkit.from_hf_config(cfg.to_dict())
+    written = modkit.get_registry().hf_converter(cfg.model_type).declaration.weights.hf_config(spec, cfg.to_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):
+            counts = [sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
+                      for c in (cfg, config_class(**{k: v for k, v in written.items() if k != "model_type"}))]
+    assert modkit.count_params(spec) == counts[0] == counts[1]
+    a, b = spec.to_dict(), modkit.from_hf_config(written).to_dict()
+    for d in (a, b):
+        d.pop("name"), d.pop("description")
+    assert a == b

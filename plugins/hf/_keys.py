@@ -162,9 +162,10 @@ class Key(Entry):
             value = base.get(name) or self.default
             return {name: int(value) if self.kind == "int" else value}
         value = f[self.fields[0]]
-        if value is None and self.kind not in ("nullable", "window"):
+        if value is None and self.kind not in ("nullable", "window") and self.read_as is None and self.write_as is None:
             # a field the spec does not have (the router's of a model without mixtures): null reads as the default,
-            # so write the source config's value, else the default, which configuration classes type-check
+            # so write the source config's value, else the default, which configuration classes type-check (a row
+            # converting values, GPT-2's softmax_scale, gives None a meaning of its own)
             value = base.get(name)
             value = value if value is not None else (self.default(f) if callable(self.default) else self.default)
         if self.write_as is not None:

@@ -13,7 +13,8 @@ Semantics: ``transformers/models/qwen3_next/{configuration,modeling}_qwen3_next.
   ``head_dim``; the merged head outputs are multiplied by ``sigmoid(gate)`` before ``o_proj`` (modkit's
   ``output_gate``, whose ``gate_proj`` rows are split out of ``q_proj`` head by head); ``q_norm``/``k_norm`` over
   ``head_dim`` (default 256) before a partial RoPE (``partial_rotary_factor``, default 0.25); ``attention_bias`` on
-  all four projections (the gate's rows of ``q_proj`` included);
+  all four projections (the gate's rows of ``q_proj`` included). The RoPE is the spec's position scheme on every
+  layer: a Gated DeltaNet layer has no queries or keys for it and ignores it;
 * every RMSNorm but the Gated DeltaNet's is ``Qwen3NextRMSNorm``, ``x / rms(x) · (1 + weight)`` in float32 (the
   weight stored as the offset from 1, as Gemma's: ``unit_offset``);
 * the FFN of layer ``i`` is the mixture iff ``num_experts > 0``, ``(i + 1) % decoder_sparse_step == 0`` and ``i`` is
