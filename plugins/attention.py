@@ -6,8 +6,10 @@ flags; QK-norm per head (Qwen3, Gemma 3), per head with a weight of each head's 
 projection width (OLMo 2), any norm component (Llama 4's weightless ``l2norm`` too); sliding window; chunked local
 attention (Llama 4's ``attention_chunk_size``); attention sinks (gpt-oss); attention temperature tuning of the
 queries by position (Llama 4's NoPE layers); causal or bidirectional; softmax scale override (Granite's
-``attention_multiplier``); tanh soft-capping of the scores (Gemma 2); ``sdpa`` (default) or ``eager`` backend;
-dropout on the attention probabilities in training mode (the spec's ``dropout.attention``, GPT-2's ``attn_pdrop``).
+``attention_multiplier``); tanh soft-capping of the scores (Gemma 2); an output gate, the attention output times
+``sigmoid`` of a second query-width projection before ``o_proj`` (Qwen3-Next's gated attention); ``sdpa`` (default)
+or ``eager`` backend; dropout on the attention probabilities in training mode (the spec's ``dropout.attention``,
+GPT-2's ``attn_pdrop``).
 
 How many past positions a query can see is :attr:`Attention.attention_span` (the sliding window, the chunk size,
 the smaller of the two, or ``None`` for unbounded): the KV cache keeps a ring of that many slots for the layer.
@@ -23,7 +25,8 @@ References: Vaswani et al. 2017 (arXiv:1706.03762); MQA, Shazeer 2019 (arXiv:191
 et al. 2023 (arXiv:2305.13245); logit soft-capping, Gemma Team 2024, Gemma 2 (arXiv:2408.00118) §2; attention sinks,
 Xiao et al. 2024, Efficient Streaming Language Models with Attention Sinks (arXiv:2309.17453), in the learned-logit
 form of OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card (arXiv:2508.10925) and transformers ``GptOssAttention``;
-chunked attention and temperature tuning, Meta 2025, Llama 4 (transformers ``Llama4TextAttention``; the temperature
+the output gate, Qiu et al. 2025, Gated Attention for Large Language Models (arXiv:2505.06708), as in transformers
+``Qwen3NextAttention``; chunked attention and temperature tuning, Meta 2025, Llama 4 (transformers ``Llama4TextAttention``; the temperature
 follows Nakanishi 2025, Scalable-Softmax Is Superior for Attention, arXiv:2501.19399); layout of the module follows
 torchtune ``modules/attention.py``.
 """
@@ -99,6 +102,11 @@ class AttentionConfig(ComponentConfig):
         None, description="multiply the queries at position p by log(floor((p + 1) / floor_scale) + 1) · attn_scale + 1 "
         "(Llama 4's attn_temperature_tuning, on its layers without RoPE); null for none"
     )
+    output_gate: bool = Field(
+        False, description="gated attention (Qwen3-Next): the merged head outputs [batch, seq, n_heads · head_dim] are "
+        "multiplied element-wise by sigmoid(gate_proj(x)) before o_proj; gate_proj is a second query-width projection "
+        "[n_heads · head_dim, d_model], with a bias when q_bias (Qwen3-Next fuses it into q_proj). false: no gate"
+    )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
     softmax_scale: Optional[float] = Field(None, gt=0, description="multiplier of q·k; default 1/sqrt(head_dim)")
     logit_softcap: Optional[float] = Field(
@@ -168,7 +176,8 @@ class Attention(nn.Module):
 
     Attributes ``n_heads``, ``n_kv_heads``, ``head_dim``, ``sliding_window`` and ``attention_chunk_size`` describe the
     geometry; the KV cache stores ``n_kv_heads`` heads in :attr:`attention_span` slots (a ring) or all of them.
-    ``sinks`` is the ``[n_heads]`` sink-logit parameter, or ``None``.
+    ``sinks`` is the ``[n_heads]`` sink-logit parameter, or ``None``; ``gate_proj`` the output gate's projection
+    (``output_gate``), or ``None``.
     """
 
     #: parameter roles (:mod:`modkit.roles`): the projections are ``nn.Linear`` (hidden, bias) and a QK-norm declares
@@ -194,6 +203,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
         self.v_proj = nn.Linear(d, kv_width, bias=cfg.v_bias)
         self.o_proj = nn.Linear(q_width, d, bias=cfg.o_bias)
+        self.gate_proj = nn.Linear(d, q_width, bias=cfg.q_bias) if cfg.output_gate else None
         self.qk_norm_scope = cfg.qk_norm_scope
         if cfg.qk_norm is None:
             self.q_norm = self.k_norm = None
@@ -241,8 +251,19 @@ class Attention(nn.Module):
 
     def head_layout(self) -> dict[str, tuple[int, int]]:
         """``{projection: (heads, width per head)}`` of the projections whose outputs split into heads."""
-        return {"q_proj": (self.n_heads, self.head_dim), "k_proj": (self.n_kv_heads, self.head_dim),
-                "v_proj": (self.n_kv_heads, self.head_dim)}
+        layout = {"q_proj": (self.n_heads, self.head_dim), "k_proj": (self.n_kv_heads, self.head_dim),
+                  "v_proj": (self.n_kv_heads, self.head_dim)}
+        if self.gate_proj is not None:
+            layout["gate_proj"] = (self.n_heads, self.head_dim)
+        return layout
+
+    def _output(self, out: Tensor, x: Tensor) -> Tensor:
+        """``o_proj`` of the merged heads ``out [batch, n_heads, seq, head_dim]``, gated by ``sigmoid(gate_proj(x))``
+        first with ``output_gate``."""
+        merged = _merge_heads(out)
+        if self.gate_proj is not None:
+            merged = merged * torch.sigmoid(self.gate_proj(x))
+        return self.o_proj(merged)
 
     def _project(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -286,7 +307,7 @@ class Attention(nn.Module):
             out = nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
             )
-            return self.o_proj(_merge_heads(out)), None
+            return self._output(out, x), None
         prepared = prepare_mask(
             inputs, k_pos, k_valid, q.dtype, causal=self.causal, window=self.sliding_window,
             chunk=self.attention_chunk_size, mixer=self,
@@ -297,7 +318,7 @@ class Attention(nn.Module):
         out, weights = masked_attention(
             q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p, softcap=self.logit_softcap, sinks=self.sinks
         )
-        return self.o_proj(_merge_heads(out)), weights
+        return self._output(out, x), weights
 
 
 def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
@@ -305,6 +326,8 @@ def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
     qw, kvw = cfg.n_heads * hd, cfg.kv_heads * hd
     n = d * qw * 2 + d * kvw * 2
     n += qw * cfg.q_bias + kvw * cfg.k_bias + kvw * cfg.v_bias + d * cfg.o_bias
+    if cfg.output_gate:  # gate_proj: as wide as q_proj, with q_proj's bias
+        n += d * qw + qw * cfg.q_bias
     if cfg.qk_norm is not None:
         norm = ctx.registry.entry_for_config(cfg.qk_norm)
         for width, heads in ((qw, cfg.n_heads), (kvw, cfg.kv_heads)):
@@ -316,7 +339,8 @@ def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
 
 
 def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
-    """Matrix-product FLOPs of one call (1 multiply-add = 2 FLOPs): the four projections on ``work.tokens`` rows, and
+    """Matrix-product FLOPs of one call (1 multiply-add = 2 FLOPs): the four projections (five with the output gate's
+    ``gate_proj``; the gating itself is element-wise) on ``work.tokens`` rows, and
     per query head ``2 · head_dim`` for each scored (query, key) pair in ``q·kᵀ`` and as much in ``p·v``.
 
     GQA/MQA save nothing in the scores (every query head scores every key it sees) but narrow k_proj and v_proj.
@@ -331,7 +355,7 @@ def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str,
     pairs = work.pairs(causal=cfg.causal, window=cfg.sliding_window, chunk=cfg.attention_chunk_size)
     if work.dense and cfg.sinks and cfg.backend == "sdpa" and cfg.logit_softcap is None:
         pairs += t  # the zero key column the SDPA path appends for the sink
-    return {
+    out = {
         "q_proj": 2 * t * d * qw,
         "k_proj": 2 * t * d * kvw,
         "v_proj": 2 * t * d * kvw,
@@ -339,6 +363,9 @@ def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str,
         "scores": 2 * cfg.n_heads * hd * pairs,
         "weighted_sum": 2 * cfg.n_heads * hd * pairs,
     }
+    if cfg.output_gate:
+        out["gate_proj"] = 2 * t * d * qw
+    return out
 
 
 #: Key formulas of the docs pages (pymdownx.arithmatex); one paragraph per type on the grouping of heads.
@@ -355,8 +382,9 @@ within attention_chunk_size $C$: $\lfloor i / C \rfloor = \lfloor j / C \rfloor$
 elsewhere. The sink logit $z_h$ (a parameter, with sinks) joins the denominator only: its term $e^{z_h}$ takes
 probability mass and adds no value; without sinks it is absent ($e^{z_h} = 0$, a plain softmax). The temperature
 $\tau_i = \ln\!\big(\lfloor (i + 1) / f \rfloor + 1\big)\, a + 1$ with $f$ = floor_scale and $a$ = attn_scale
-(temperature_tuning; else $\tau_i = 1$). The heads are concatenated and projected by $W_O$. Query head $h$ reads
-key/value head $g(h) = \lfloor h \cdot n_{kv} / n_{heads} \rfloor$; a KV cache holds $2 \cdot n_{kv} \cdot d_h$
+(temperature_tuning; else $\tau_i = 1$). The heads are concatenated and projected by $W_O$; with output_gate the
+concatenation is first multiplied element-wise by $\sigma(W_G\, x_i)$ (gated attention, $W_G$ as wide as $W_Q$).
+Query head $h$ reads key/value head $g(h) = \lfloor h \cdot n_{kv} / n_{heads} \rfloor$; a KV cache holds $2 \cdot n_{kv} \cdot d_h$
 numbers per token and layer, in a ring of min(sliding_window, attention_chunk_size) slots when either is set."""
 
 _GROUPS = {
@@ -383,7 +411,8 @@ def register_components(register) -> None:
                 config=AttentionConfig,
                 factory=lambda cfg, ctx: Attention(cfg, ctx),
                 description=f"{names[t].capitalize()} scaled dot-product attention with optional biases, QK-norm, "
-                "sliding window, chunked local attention, attention sinks, query temperature tuning and KV cache. "
+                "sliding window, chunked local attention, attention sinks, query temperature tuning, an output gate and KV "
+                "cache. "
                 "[batch, seq, d_model] -> [batch, seq, d_model]; the cache holds [batch, n_kv_heads, seq, head_dim] keys "
                 "and values (a ring of min(sliding_window, attention_chunk_size) slots when either is set).",
                 reference=refs[t],
@@ -398,6 +427,7 @@ def register_components(register) -> None:
                     # sink logits (when present) are sharded with the query heads
                     "tp_plan": {
                         "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",
+                        "gate_proj": "colwise",
                         "q_norm": "per_head", "k_norm": "per_head", "sinks": "heads",
                     },
                 },

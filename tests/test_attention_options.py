@@ -9,7 +9,9 @@ Each runs as a modkit model (full forward, and a prefill then chunks and single 
 left-padded batch); the attention's recorded input goes through the transformers module over the whole sequence
 (its mask from ``transformers.masking_utils``, positions counted over real tokens). Then the helpers and
 declarations the options add: the chunk mask, sinks on both attention paths (and their gradient), ``attention_span``
-and the ring cache it sizes, exact parameter counts, the ``l2norm`` component, temperature tuning's formula.
+and the ring cache it sizes, exact parameter counts, the ``l2norm`` component, temperature tuning's formula; the
+contract kit on configs with the options set (Qwen3-Next's output gate too, whose parity with transformers runs in
+``tests/test_hf_types.py``).
 """
 
 from __future__ import annotations
@@ -320,6 +322,9 @@ KIT_CONFIGS = {
     "temperature": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "temperature_tuning": {"floor_scale": 4, "attn_scale": 0.5}},
     "all-eager": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True, "sliding_window": 5, "attention_chunk_size": 6,
                   "qk_norm": {"type": "layernorm", "bias": False}, "qk_norm_scope": "each_head", "backend": "eager"},
+    # Qwen3-Next's gated attention: the output gate (its projection with q_proj's bias) and a per-head QK-norm
+    "output-gate": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "output_gate": True, "q_bias": True,
+                    "qk_norm": {"type": "rmsnorm", "unit_offset": True}},
 }
 #: the kit's checks minus the slow ones (compile: see the closing note; shards: distributed)
 KIT_CHECKS = ("shape_dtype", "gradients", "causality", "kv_cache_decode", "masked_row", "gqa_equals_mha", "meta_init",

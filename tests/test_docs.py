@@ -31,14 +31,14 @@ from modkit import docs
 from modkit.registry import Component, Registry
 
 REPO = Path(__file__).resolve().parents[1]
-#: the 28 Hugging Face model types the reference page must list: the 14 of the first converters, the 13 of today's
+#: the 30 Hugging Face model types the reference page must list: the 14 of the first converters, the 13 of today's
 #: open models (DeepSeek-V3 / Kimi K2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Llama 4, Pythia, StarCoder2, Granite, Cohere,
-#: Gemma, SmolLM3, GLM-4, OLMo 3) and the first recurrent one (Mamba-2)
+#: Gemma, SmolLM3, GLM-4, OLMo 3), the first recurrent one (Mamba-2) and the hybrids (Qwen3-Next, Jamba)
 HF_MODEL_TYPES = (
     "bert", "falcon", "gemma2", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3",
     "qwen2", "qwen3",
     "deepseek_v3", "qwen3_moe", "qwen2_moe", "gpt_oss", "llama4_text", "gpt_neox", "starcoder2", "granite", "cohere",
-    "gemma", "smollm3", "glm4", "olmo3", "mamba2",
+    "gemma", "smollm3", "glm4", "olmo3", "mamba2", "qwen3_next", "jamba",
 )
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
 SPECS = sorted((REPO / "specs").glob("*.json"))

@@ -129,6 +129,22 @@ FIXTURES = [
         embedding_multiplier=2.5, lm_head_multiplier=0.4, key_multiplier=0.7, attention_in_multiplier=1.3,
         attention_out_multiplier=0.6, ssm_in_multiplier=0.8, ssm_out_multiplier=1.7,
         ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 0.75], mlp_multipliers=[1.25, 0.6], **SMALL)),
+    # Qwen3-Next: Gated DeltaNet on layers 0 and 2 (2 key heads, 4 value heads, key width 8 != value width 12), gated
+    # attention on layers 1 and 3 (full_attention_interval 2: GQA 4/2, head_dim 16 != 32 / 4, partial RoPE 0.25,
+    # per-head QK-norm, biases on every projection, the gate's too); (1 + w) RMSNorms everywhere; 4 experts top-2
+    # renormalised beside a sigmoid-gated shared expert (24), a dense SwiGLU (48) on layer 2 (mlp_only_layers)
+    ("qwen3_next", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[2],
+        attention_bias=True, **SMALL)),
+    # Jamba: Mamba on layers 0 and 2 (d_state 8, Δ rank 4, Δ/B/C RMSNorms, convolution bias), attention on layers 1
+    # and 3 (attn_layer_period 2, offset 1: GQA 4/2, head_dim 16 != 32 / 4, no position encoding), mixtures of 4
+    # experts top-2 (not renormalised) on layers 0 and 2 (expert_layer_period 2, offset 0), dense SwiGLU elsewhere.
+    # No mamba_proj_bias, for the reason of mamba2's fixture (transformers zeroes padding before in_proj)
+    ("jamba", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+        expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=4, **SMALL)),
 ]
 
 
@@ -354,3 +370,129 @@ def test_falcon_h1_key_multiplier_is_written_back_to_the_same_softmax_scale(head
         assert key_multiplier(scale, head_dim) * head_dim**-0.5 == scale
         assert key_multiplier(scale, head_dim, base=km) == km  # the source config's own value when it fits
     assert key_multiplier(0.7 * 12**-0.5, 12) == 0.7 and key_multiplier(None, 12) == 1.0  # the shortest decimal
+
+
+# ------------------------------------------------------------------------------------------------ the hybrids
+
+#: transformers' parameter counts at the configuration classes' defaults (Qwen3-Next-80B-A3B, Jamba v0.1): the sum
+#: over ``AutoModelForCausalLM.from_config(Qwen3NextConfig())`` / ``(JambaConfig())`` built on meta, transformers
+#: 5.24 (the Qwen3-Next build alone takes about 10 s, so the counts are written here)
+DEFAULT_COUNTS = {"qwen3_next": 79_674_391_296, "jamba": 51_570_323_328}
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
+def test_hybrid_defaults_give_transformers_parameter_count(model_type):
+    """An absent key means transformers' class default: a config naming only the model type is the default model,
+    its layers in the class's pattern (Qwen3-Next: gated attention on every 4th layer, mixtures everywhere; Jamba:
+    attention on layers 4, 12, ..., mixtures on odd layers)."""
+    spec = modkit.from_hf_config({"model_type": model_type})
+    assert modkit.count_params(spec) == DEFAULT_COUNTS[model_type]
+    kinds = [spec.layer(i).attention.type for i in range(spec.n_layers)]
+    moe = [spec.layer(i).ffn.type == "moe" for i in range(spec.n_layers)]
+    if model_type == "qwen3_next":
+        assert kinds == ["gated_deltanet", "gated_deltanet", "gated_deltanet", "gqa"] * 12 and all(moe)
+        assert spec.layer(3).attention.output_gate and spec.layer(3).position.partial_rotary == 0.25
+    else:
+        assert kinds == (["mamba"] * 4 + ["gqa"] + ["mamba"] * 3) * 4
+        assert moe == [i % 2 == 1 for i in range(32)]
+
+
+def _fixture_config(name: str) -> dict:
+    _, cls, kwargs = next(f for f in FIXTURES if f[0] == name)
+    return getattr(transformers, cls)(**kwargs).to_dict()
+
+
+#: (fixture, config change, the key each error names): what modkit cannot express is refused by name, never dropped
+REFUSED = [
+    # the Gated DeltaNet convolution's activation (modkit's gated_deltanet: silu)
+    ("qwen3_next", {"hidden_act": "gelu"}, "hidden_act"),
+    # a layer type Qwen3NextDecoderLayer builds no mixer for
+    ("qwen3_next", {"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+     "layer_types"),
+    # value heads that the key heads do not divide
+    ("qwen3_next", {"linear_num_value_heads": 3}, "linear_num_value_heads"),
+    # the Mamba layers' activation (modkit's mamba: silu)
+    ("jamba", {"hidden_act": "gelu"}, "hidden_act"),
+    # an offset at or past its period (JambaConfig.validate_architecture refuses it too)
+    ("jamba", {"attn_layer_offset": 2}, "attn_layer_offset"),
+    ("jamba", {"mamba_dt_rank": "full"}, "mamba_dt_rank"),
+]
+
+
+@pytest.mark.parametrize("name,change,key", REFUSED, ids=[f"{n}-{k}" for n, _, k in REFUSED])
+def test_hybrid_config_modkit_cannot_express_is_refused_by_key(name, change, key):
+    cfg = {**_fixture_config(name), **change}
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(cfg)
+    assert [path for path, _ in info.value.errors] == [key], info.value.errors
+    value = str(change[key]) if not isinstance(change[key], list) else "sliding_attention"
+    assert value in info.value.errors[0][1], info.value.errors
+
+
+def test_jamba_export_refuses_layers_no_period_places(built, tmp_path):
+    """Attention on layers 1 and 2 of 4: no ``attn_layer_period`` and offset put it there, so no jamba config holds the
+    spec; the export says so (the mixture layers, 0 and 3, have a period: 3, offset 0)."""
+    _, _, model = built("jamba")
+    d = model.spec.to_dict()
+    (override,) = [o for o in d["overrides"] if o.get("mixer")]
+    override["layers"] = [1, 2]
+    other = modkit.build(d, seed=0)
+    with pytest.raises(modkit.CheckpointError, match=r"attention layers are on layers \[1, 2\].*attn_layer_period"):
+        modkit.to_hf(other, tmp_path / "out")
+
+
+def test_qwen3_next_carries_the_multi_token_prediction_module(built, tmp_path):
+    """A published checkpoint's ``mtp.*`` tensors (which transformers does not load) load into
+    ``checkpoint_extras`` and are written back bitwise."""
+    from safetensors.torch import save_file
+
+    _, folder, _ = built("qwen3_next")
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text((folder / "config.json").read_text())
+    tensors = file_tensors(folder)
+    mtp = torch.randn(8, 32, generator=torch.Generator().manual_seed(7))
+    save_file({**tensors, "mtp.fc.weight": mtp}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    model = modkit.from_hf(src)
+    assert torch.equal(model.checkpoint_extras["mtp.fc.weight"], mtp)
+    exported = file_tensors(modkit.to_hf(model, tmp_path / "out"))
+    assert sorted(exported) == sorted([*tensors, "mtp.fc.weight"]) and torch.equal(exported["mtp.fc.weight"], mtp)
+
+
+#: hybrids whose layers leave out a part: no mixture (Jamba with num_experts 1, Qwen3-Next with none), no attention
+#: layer (Jamba's period past the depth), mixtures on every second layer only (decoder_sparse_step 2)
+PATTERNS = [
+    ("jamba-dense", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        num_hidden_layers=9, num_experts=1, mamba_dt_rank=4)),
+    ("jamba-no-attention", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=48, num_hidden_layers=3, attn_layer_period=4, attn_layer_offset=3)),
+    ("qwen3_next-attention-only", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=2, layer_types=["full_attention"] * 2, num_experts=0, intermediate_size=40)),
+    ("qwen3_next-sparse-step", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=4, decoder_sparse_step=2, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=8, shared_expert_intermediate_size=8, intermediate_size=40, linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
+]
+
+
+@pytest.mark.parametrize("name,cls,kwargs", PATTERNS, ids=[p[0] for p in PATTERNS])
+def test_hybrid_layer_patterns_convert_both_ways(name, cls, kwargs):
+    """transformers' parameter count (both built on meta), and the config an export writes (for the fields a spec
+    without mixtures or without attention does not hold: the source's values) builds the same network again in
+    transformers and in modkit."""
+    import warnings
+
+    config_class = getattr(transformers, cls)
+    cfg = config_class(**kwargs)
+    spec = modkit.from_hf_config(cfg.to_dict())
+    written = modkit.get_registry().hf_converter(cfg.model_type).declaration.weights.hf_config(spec, cfg.to_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):
+            counts = [sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
+                      for c in (cfg, config_class(**{k: v for k, v in written.items() if k != "model_type"}))]
+    assert modkit.count_params(spec) == counts[0] == counts[1]
+    a, b = spec.to_dict(), modkit.from_hf_config(written).to_dict()
+    for d in (a, b):
+        d.pop("name"), d.pop("description")
+    assert a == b

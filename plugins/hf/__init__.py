@@ -40,6 +40,7 @@ MODULES = (
     "gpt_neox",
     "gpt_oss",
     "granite",
+    "jamba",
     "llama",
     "llama4_text",
     "mamba2",
@@ -54,6 +55,7 @@ MODULES = (
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "qwen3_next",
     "smollm3",
     "starcoder2",
 )

@@ -162,6 +162,12 @@ class Key(Entry):
             value = base.get(name) or self.default
             return {name: int(value) if self.kind == "int" else value}
         value = f[self.fields[0]]
+        if value is None and self.kind not in ("nullable", "window") and self.read_as is None and self.write_as is None:
+            # a field the spec does not have (the router's of a model without mixtures): null reads as the default,
+            # so write the source config's value, else the default, which configuration classes type-check (a row
+            # converting values, GPT-2's softmax_scale, gives None a meaning of its own)
+            value = base.get(name)
+            value = value if value is not None else (self.default(f) if callable(self.default) else self.default)
         if self.write_as is not None:
             value = self.write_as(value, f)
         if self.kind == "act":
@@ -301,6 +307,8 @@ class HeadDim(Entry):
         if not self.in_config or self.derived:
             return {}
         hd = f["head_dim"]
+        if hd is None:  # no attention layer (a recurrent model): the source config's value, if any
+            return {name: base[name]} if base.get(name) is not None else {}
         return {name: hd} if self.default is not None or hd != f["d_model"] // f["n_heads"] else {}
 
     def describe(self, name):
@@ -329,7 +337,10 @@ class KVHeads(Entry):
         f["n_kv_heads"] = kv
 
     def write(self, f, base, name):
-        return {name: f["n_kv_heads"]}
+        kv = f["n_kv_heads"]
+        if kv is None:  # no attention layer (a recurrent model): the source config's value, else the default
+            kv = base.get(name) or self.default
+        return {name: kv} if kv is not None else {}
 
     def describe(self, name):
         return [(f"`{name}`", "mapped", _text(self.default) if self.default is not None else "n_heads", "`n_kv_heads`")]

@@ -1,9 +1,10 @@
 """The decoder a model type's table describes: its fields, the spec assembled from them, and the way back.
 
 A model type's config table (:mod:`._keys`) reads a Hugging Face config into **fields**, a flat description of the
-network in modkit's terms (:data:`FIELDS`: sizes, the norm, the block placement, attention biases and windows,
-the position scheme, the FFN or MoE, the head). :func:`assemble` turns fields into a spec dict (``mha``/``mqa``/
-``gqa`` from the head counts, per-layer windows and position schemes as compact overrides); :func:`fields_of`
+network in modkit's terms (:data:`FIELDS`: sizes, the norm, the block placement, the token mixer of each layer,
+attention biases and windows, the position scheme, the FFN or MoE, the head). :func:`assemble` turns fields into a
+spec dict (``mha``/``mqa``/``gqa`` from the head counts; per-layer mixers, windows, position schemes and FFNs as
+compact overrides); :func:`fields_of`
 reads the same fields back from a validated spec, which is what the table writes into an exported config. Every
 model type shares these two functions: what differs between types is only which config key holds which field
 (the table) and the fields a type fixes (its ``fixed`` values).
@@ -54,6 +55,10 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "positions": (None, "position spec per layer, when layers differ otherwise (NoPE layers)"),
     "mixer": (None, "the token mixer of every layer when it is not an attention: a recurrent mixer's spec (Mamba-2), "
               "written by the type's own code; None: an attention from the head fields"),
+    "mixers": (None, "per layer, a recurrent mixer's spec or None for an attention from the head fields (hybrids: Jamba's "
+               "Mamba layers, Qwen3-Next's Gated DeltaNet layers); wins over mixer; written by the type's own code"),
+    "attn_output_gate": (False, "the attention output times sigmoid of a second query-width projection before o_proj "
+                         "(Qwen3-Next's gated attention)"),
     "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down), 'mlp' (up, down) or None (no FFN: Mamba-2's blocks)"),
     "act": ("silu", "the FFN activation (modkit's name)"),
     "mlp_bias": (False, "biases on the FFN projections"),
@@ -365,45 +370,50 @@ def attention_spec(f: Mapping[str, Any], layer_type: str, norm: dict, extra: Opt
             spec["attention_chunk_size"] = f["attention_chunk_size"]
         if f["sinks"]:
             spec["sinks"] = True
+        if f["attn_output_gate"]:
+            spec["output_gate"] = True
     if not f["causal"]:
         spec["causal"] = False
     spec.update(extra or {})
     return spec
 
 
+def layer_mixers(f: Mapping[str, Any]) -> list[Optional[dict]]:
+    """The recurrent mixer of each layer, ``None`` where the layer holds an attention: ``mixers`` when the type reads
+    one per layer (a hybrid), else ``mixer`` on every layer (``None`` everywhere: an attention model)."""
+    if f["mixers"] is not None:
+        return [None if m is None else dict(m) for m in f["mixers"]]
+    return [None if f["mixer"] is None else dict(f["mixer"])] * f["n_layers"]
+
+
 def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     """The spec dict that fields ``f`` describe (see :data:`FIELDS`).
 
-    Layers differ by their kind (``layer_types``: a sliding window or a chunk), their position scheme (``positions``
-    or ``position_by_type``), extra attention fields (``attention_by_layer``) and their FFN (``moe_layers``): the most
+    Layers differ by their token mixer (``mixers``: a recurrent mixer or an attention), their kind (``layer_types``:
+    a sliding window or a chunk), their position scheme (``positions`` or ``position_by_type``), extra attention
+    fields (``attention_by_layer``) and their FFN (``moe_layers``): each layer is described slot by slot, the most
     common layer is the block, every other one an override of the slots where it differs (:func:`per_layer_slots`).
+    A model with a recurrent mixer on some layer writes the token-mixing slot as ``mixer``, else as ``attention``.
     """
     n_layers = f["n_layers"]
     norm = norm_spec(f)
-    if f["mixer"] is not None:  # a recurrent mixer on every layer: no heads, windows or per-layer positions
-        return model_spec(
-            r, vocab_size=f["vocab_size"], d_model=f["d_model"], n_layers=n_layers, max_seq_len=f["max_seq_len"],
-            position=f["position"] or {"type": "none"},
-            block={"mixer": dict(f["mixer"]), "ffn": ffn_spec(f), "norm": norm, "placement": dict(f["placement"])},
-            final_norm=norm if f["final_norm"] else None, tie_embeddings=f["tie_embeddings"],
-            lm_head_bias=f["lm_head_bias"], init_std=f["init_std"],
-            embedding_scale=f["embedding_scale"], logit_scale=f["logit_scale"],
-            dropout={name: float(f[field]) for name, field in DROPOUT_FIELDS.items() if f[field] is not None},
-        )
+    mixers = layer_mixers(f)
+    recurrent = any(m is not None for m in mixers)
     types = f["layer_types"] or ["full_attention"] * n_layers
     positions = f["positions"]
     if positions is None and f["position_by_type"] is not None:
         positions = [f["position_by_type"].get(t, f["position"]) for t in types]
-    positions = positions or [f["position"]] * n_layers
+    positions = positions or [f["position"] or {"type": "none"}] * n_layers
     extras = f["attention_by_layer"] or [None] * n_layers
     ffns = layer_ffns(f)
-    layers = [{"attention": attention_spec(f, t, norm, x), "position": p, "ffn": ffn}
-              for t, p, x, ffn in zip(types, positions, extras, ffns)]
+    slot = "mixer" if recurrent else "attention"
+    layers = [{slot: m if m is not None else attention_spec(f, t, norm, x), "position": p, "ffn": ffn}
+              for m, t, p, x, ffn in zip(mixers, types, positions, extras, ffns)]
     default, overrides = per_layer_slots(layers, n_layers)
     placement = dict(f["placement"])
     if f["residual_multiplier"] != 1:
         placement["residual_multiplier"] = float(f["residual_multiplier"])
-    block = {"attention": default["attention"], "ffn": default["ffn"], "norm": norm, "placement": placement}
+    block = {slot: default[slot], "ffn": default["ffn"], "norm": norm, "placement": placement}
     dropout = {name: float(f[field]) for name, field in DROPOUT_FIELDS.items() if f[field] is not None}
     spec = model_spec(
         r,
@@ -445,8 +455,9 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_d
 
 
 def fields_of(spec) -> dict[str, Any]:
-    """The fields (:data:`FIELDS`) of a validated spec, as an export writes them: layer 0 stands for the block's
-    attention and norm, the first mixture layer for the MoE fields and the first dense layer for ``d_ff`` (an all-MoE
+    """The fields (:data:`FIELDS`) of a validated spec, as an export writes them: layer 0 stands for the norm, the
+    first attention layer for the attention fields, the first recurrent layer for ``mixer`` (``mixers`` holds every
+    layer's recurrent mixer, ``None`` on attention layers), the first mixture layer for the MoE fields and the first dense layer for ``d_ff`` (an all-MoE
     model: the expert width); ``windows``, ``positions``, ``attentions`` and ``ffns`` hold every layer. Component
     configs stay objects (``position``, ``positions``, ``placement``); a field a component does not have is ``None``.
     Whether the fields describe the spec completely is checked afterwards, by converting the written config back."""
@@ -455,8 +466,12 @@ def fields_of(spec) -> dict[str, Any]:
     n = spec.n_layers
     layers = [spec.layer(i) for i in range(n)]
     ls = layers[0]
-    att, norm = ls.attention, ls.norm
-    recurrent = get_registry().entry_for_config(att).kind != "attention"  # the mixer slot holds a recurrent mixer
+    norm = ls.norm
+    registry = get_registry()
+    # per layer, the recurrent mixer, or None where the mixer slot holds an attention
+    mixers = [None if registry.entry_for_config(x.attention).kind == "attention" else x.attention for x in layers]
+    mixer = next((m for m in mixers if m is not None), None)
+    att = next((x.attention for x, m in zip(layers, mixers) if m is None), None)  # the first attention layer's
     attentions = [x.attention for x in layers]
     ffns = [x.ffn for x in layers]
     flags = [getattr(x, "type", None) == "moe" for x in ffns]
@@ -480,10 +495,11 @@ def fields_of(spec) -> dict[str, Any]:
         "d_model": d,
         "n_layers": n,
         "max_seq_len": spec.max_seq_len,
-        "mixer": att if recurrent else None,
-        "n_heads": None if recurrent else att.n_heads,
-        "n_kv_heads": None if recurrent else getattr(att, "kv_heads", att.n_heads),
-        "head_dim": att.resolved_head_dim(d) if hasattr(att, "resolved_head_dim") and not recurrent else None,
+        "mixer": mixer,
+        "mixers": mixers,
+        "n_heads": getattr(att, "n_heads", None),
+        "n_kv_heads": getattr(att, "kv_heads", getattr(att, "n_heads", None)),
+        "head_dim": att.resolved_head_dim(d) if hasattr(att, "resolved_head_dim") else None,
         "d_ff": getattr(width, "d_ff", None),
         "norm": norm.type,
         "eps": getattr(norm, "eps", None),
@@ -505,6 +521,7 @@ def fields_of(spec) -> dict[str, Any]:
         "attention_chunk_size": next((a.attention_chunk_size for a in attentions
                                       if getattr(a, "attention_chunk_size", None) is not None), None),
         "sinks": bool(getattr(att, "sinks", False)),
+        "attn_output_gate": bool(getattr(att, "output_gate", False)),
         "attentions": attentions,
         "mla": {k: getattr(att, k) for k in MLA_FIELDS} if is_mla else None,
         "position": ls.position,

@@ -37,7 +37,9 @@ from ._weights import RENAME, HFWeights, StackExperts, table_links, weight_table
 #: ``(label, fields)``: what the reference page's "supports" column says when a type's table can set (or its fixed
 #: values set away from the default) any of the fields
 FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("recurrent mixer", ("mixer",)),
+    ("recurrent mixer", ("mixer", "mixers")),
+    ("attention and recurrent layers", ("mixers",)),
+    ("gated attention output", ("attn_output_gate",)),
     ("GQA / MQA", ("n_kv_heads",)),
     ("latent attention (MLA)", ("mla",)),
     ("QK-norm", ("qk_norm", "attention_by_layer")),
