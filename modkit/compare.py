@@ -457,7 +457,7 @@ def compare(
     import modkit
     from .cost import CostError, training_flops_per_token
     from .data import TokenData
-    from .scaling import resize
+    from .scaling import ScalingError, resize_checked
     from .train import load_train_config
     from .train.config import TrainConfig
     from .train.loop import _resolve_device, prepared_data, resolve_spec
@@ -528,7 +528,10 @@ def compare(
         budgets = list(tokens_per_param) if tokens_per_param else [None]
         for k, ((d, n), held) in enumerate(plan):
             for ratio in budgets:
-                resized = resize(data, d_model=d or data["d_model"], n_layers=n or data["n_layers"], name=None)
+                try:
+                    resized = resize_checked(data, d_model=d or data["d_model"], n_layers=n or data["n_layers"], name=None)
+                except ScalingError as exc:
+                    raise CompareError(f"design {label}: {exc}") from None
                 vlabel = f"{label}-d{resized['d_model']}-l{resized['n_layers']}" + (f"-t{ratio:g}" if len(budgets) > 1 else "")
                 resized["name"] = vlabel
                 (out / "specs").mkdir(exist_ok=True)

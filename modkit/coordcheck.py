@@ -122,7 +122,7 @@ def coord_check(
 
     Args:
         spec: a spec file or dict (its own ``parametrization`` is replaced: ``sp``, then μP at ``base_d_model``).
-        widths: two or more ``d_model`` values (:func:`modkit.scaling.resize` makes each size).
+        widths: two or more ``d_model`` values (:func:`modkit.scaling.resize_checked` makes each size).
         base_d_model: μP's base width; default the smallest width.
         steps: optimizer steps after the initial measurement. lr: constant learning rate.
         optimizer: an optimizer config (default ``{"type": "adamw"}``). seeds: runs averaged per width.
@@ -134,11 +134,12 @@ def coord_check(
 
     Raises:
         CoordCheckError: fewer than two widths, ``steps < 1``, ``seeds < 1``, an unknown parametrization.
-        SpecError: a width the spec cannot take (a head count that does not divide it).
+        ScalingError: a width the spec cannot take (a head count that does not divide it), naming the field and
+            the nearest widths that fit.
     """
     from .build import build
     from .jsonio import read_json_file
-    from .scaling import resize, with_parametrization
+    from .scaling import resize_checked, with_parametrization
     from .spec import load_spec
     from .train.config import TrainConfig
     from .train.optim import build_optimizer
@@ -163,7 +164,7 @@ def coord_check(
         size = {q: np.zeros((len(widths), steps + 1)) for q in QUANTITIES}
         change = {q: np.zeros((len(widths), steps + 1)) for q in QUANTITIES}
         for wi, width in enumerate(widths):
-            spec_obj = load_spec(with_parametrization(resize(data, d_model=width), p))
+            spec_obj = load_spec(with_parametrization(resize_checked(data, d_model=width), p))
             v = spec_obj.vocab_size
             probe = torch.randint(0, v, (batch, seq_len + 1), generator=torch.Generator().manual_seed(10_000))
             for seed in range(seeds):

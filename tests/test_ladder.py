@@ -107,3 +107,23 @@ def test_a_tiny_ladder_end_to_end(tmp_path):
     assert (tmp_path / "r" / "ladder.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((tmp_path / "r" / "results.json").read_text())
     assert saved["ladder"]["fits"][0]["predicted"] == fit.predicted
+
+
+def test_a_ladder_size_the_spec_cannot_take_is_refused_before_any_run(tmp_path):
+    """d_model 36 with 4 heads: head_dim 9, odd under RoPE. The comparison names the design, the size, the field and
+    the widths nearby that fit, and trains nothing."""
+    from modkit.compare import CompareError
+    from modkit.data import default_corpus, prepare
+
+    (tmp_path / "head.txt").write_text(default_corpus().read_text()[:5_000])
+    prepare([tmp_path / "head.txt"], tmp_path / "data", tokenizer="char", show_progress=False)
+    spec = tmp_path / "base.json"
+    spec.write_text(json.dumps(tiny_spec(name="base", d_model=16, block__ffn={"type": "swiglu", "d_ff": 32})))
+    cfg = {"data": str(tmp_path / "data"), "batch_size": 2, "seq_len": 16, "max_steps": 2, "warmup_steps": 0,
+           "sample_tokens": 0, "device": "cpu", "threads": 1}
+    with pytest.raises(CompareError) as info:
+        compare([spec], cfg, tmp_path / "r", seeds=1, widths=[16, 36, 48], ladder=True, tokens_per_param=[1], echo=lambda line: None)
+    text = str(info.value)
+    assert text.startswith("design base: base at d_model = 36 (scaled from 16) is not a valid spec:")
+    assert "head_dim = 9 gives a rotary width of 9, which is odd" in text and "widths near 36 that give a valid spec: 32, 40" in text
+    assert list((tmp_path / "r" / "runs").iterdir()) == []

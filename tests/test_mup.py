@@ -77,6 +77,52 @@ def test_resize_scales_every_width_field():
     modkit.load_spec(moe)
 
 
+MLA = {"type": "mla", "n_heads": 4, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+       "latent_norm": {"type": "rmsnorm"}}
+
+
+@pytest.mark.parametrize("width", range(8, 201, 4))
+def test_widths_keep_every_even_width_even_so_latent_attention_stays_valid(width):
+    """MLA at d_model 128 (rope width 16) resized to every multiple of 4 from 8 to 200: each width field that was even
+    stays even (RoPE rotates pairs of qk_rope_head_dim), within 1 of the exact ratio, and the spec validates."""
+    base = {**BASE, "d_model": 128, "block": {**BASE["block"], "attention": MLA, "ffn": {"type": "swiglu", "d_ff": 341}}}
+    wide = resize(base, d_model=width)
+    ratio = width / 128
+    got = {**wide["block"]["attention"], "d_ff": wide["block"]["ffn"]["d_ff"]}
+    for name, value in {**MLA, "d_ff": 341}.items():
+        if name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            assert got[name] % 2 == 0 and abs(got[name] - value * ratio) <= 1, (name, got[name], value * ratio)
+    assert got["d_ff"] == max(1, round(341 * ratio))  # an odd width is rounded to the nearest integer, as before
+    modkit.load_spec(wide)
+
+
+def test_a_width_that_cannot_fit_is_refused_naming_the_field_the_value_and_the_fix():
+    """A derived width the ladder cannot keep valid: head_dim = d_model / n_heads = 36 / 4 = 9 is odd under RoPE;
+    Mamba-2's scaled head_dim no longer divides d_inner. Refused with the size, the field, the value and the widths
+    nearby that fit."""
+    from modkit.scaling import ScalingError, resize_checked
+
+    assert resize_checked(BASE, d_model=40)["d_model"] == 40
+    with pytest.raises(ScalingError) as info:
+        resize_checked(BASE, d_model=36)
+    text = str(info.value)
+    assert text.startswith("test-tiny at d_model = 36 (scaled from 32) is not a valid spec:")
+    assert "head_dim = 9 gives a rotary width of 9, which is odd" in text
+    assert text.endswith("widths near 36 that give a valid spec: 32, 40 (or set the field in the spec so it fits)")
+    mamba = tiny_spec(d_model=64, position={"type": "none"}, block__attention={"type": "mamba2", "head_dim": 16, "d_state": 16})
+    modkit.load_spec(mamba)
+    with pytest.raises(ScalingError) as info:
+        resize_checked(mamba, d_model=50)  # head_dim 16 -> 12 (kept even), d_inner 100 = 2 x 50: not a multiple of 12
+    text = str(info.value)
+    assert "block.attention.expand: d_inner = 100 is not a multiple of head_dim = 12" in text
+    assert "widths near 50 that give a valid spec: 48, 52" in text
+    # at 52 the even rounding (head_dim 14) does not divide d_inner 104; the nearest integer (13) does, and is taken
+    assert resize_checked(mamba, d_model=52)["block"]["attention"]["head_dim"] == 13
+    assert resize(mamba, d_model=52)["block"]["attention"]["head_dim"] == 14
+    with pytest.raises(ScalingError, match=r"n_layers = 0: give a positive integer"):
+        resize_checked(BASE, n_layers=0)
+
+
 #: the stated factor: under μP every activation's change after 3 steps stays within this factor from d_model 32 to 256
 FLAT = 2.5
 
