@@ -36,7 +36,10 @@ non-overlapping windows of that length, at most ``final_eval_tokens`` tokens); t
 positions in each of ``buckets`` equal slices of the window shows how a position scheme extrapolates past the
 context it was trained on (Press et al. 2022, ALiBi, arXiv:2108.12409, figure 1 does the same per length). A model
 whose ``max_seq_len`` is below twice ``seq_len`` cannot be scored there (learned positions): it is left out of that
-table, and the table is left out when no model can be scored.
+table, and the table is left out when no model can be scored. The mean over every position of those windows is
+the run's validation loss at twice the training length (``long_val_loss``), and the designs get verdicts on it too
+(``long_verdicts``: each against the first, as for the validation loss), so a design that wins within the training
+length and loses past it shows both.
 
 Throughput: each run's tokens/s is measured while it trains, so runs made at different moments on a shared machine
 are not comparable; the report says the load average they ran under. ``throughput_steps > 0`` also measures every
@@ -84,6 +87,8 @@ class RunSummary:
         curve: ``(step, val estimate)`` of every ``eval`` record; train_curve, grad_curve: ``(step, batch loss)`` and
             ``(step, gradient norm)`` of every logged ``train`` record.
         buckets: mean cross-entropy per position bucket at twice ``seq_len`` (``None``: not measurable).
+        long_val_loss: mean cross-entropy (nats / token) over every position of the validation windows of twice
+            ``seq_len`` (the mean of the per-position losses; ``None``: not measurable).
         above_min, spikes, max_grad_norm: the instability reading (:func:`modkit.stats.instability`).
         load: ``(1-minute load average at the start, at the end)`` of the run; cores: the machine's CPU count.
         tokens: tokens trained.
@@ -115,12 +120,14 @@ class RunSummary:
     tokens: int = 0
     val_bpb: Optional[float] = None
     imbalance_curve: list[tuple[int, float]] = field(default_factory=list)
+    long_val_loss: Optional[float] = None
 
 
 @dataclass
 class SpecRow:
     """A variant's line of the comparison table at one learning rate: counts, and mean / sample std (n - 1) over its
-    seeds. ``design`` is the spec label the variant came from, ``size`` its ``(d_model, n_layers)``."""
+    seeds. ``design`` is the spec label the variant came from, ``size`` its ``(d_model, n_layers)``;
+    ``long_val_loss_mean`` / ``_std`` the runs' validation loss at twice ``seq_len`` (``None``: not measurable)."""
 
     spec: str
     path: str
@@ -145,6 +152,8 @@ class SpecRow:
     unstable: int = 0
     val_bpb_mean: Optional[float] = None
     val_bpb_std: Optional[float] = None
+    long_val_loss_mean: Optional[float] = None
+    long_val_loss_std: Optional[float] = None
 
     @property
     def flops(self) -> Optional[float]:
@@ -154,12 +163,14 @@ class SpecRow:
 
 @dataclass
 class Verdict:
-    """One computed verdict: ``a - b`` (validation loss, mean over seeds) at a size and learning rate."""
+    """One computed verdict: ``a - b`` (mean over seeds) of ``metric`` at a size and learning rate: ``"val_loss"``
+    (the validation loss at the training length) or ``"long_val_loss"`` (at twice it)."""
 
     a: str
     b: str
     lr: Optional[float]
     difference: Any  # modkit.stats.Difference
+    metric: str = "val_loss"
 
     def text(self) -> str:
         """The verdict sentence (:meth:`modkit.stats.Difference.text`)."""
@@ -172,7 +183,8 @@ class Comparison:
     and its files.
 
     ``grid`` holds every (variant, learning rate) row of an lr grid; ``verdicts`` the computed differences (each
-    design against the first at every size; with a grid, at every rate too); ``ladder`` the fits
+    design against the first at every size; with a grid, at every rate too), ``long_verdicts`` the same on the
+    validation loss at twice the training length (chosen rates only); ``ladder`` the fits
     (:class:`modkit.ladder.Ladder`) of a ladder. ``command`` is the command line that ran the comparison (``None``
     from Python); ``wall_s`` the wall time of the whole comparison in seconds; ``n_runs`` the training runs it made;
     ``jobs`` how many ran at once; ``throughput`` the interleaved tokens/s per variant when measured.
@@ -190,6 +202,7 @@ class Comparison:
     jobs: int = 1
     grid: list[SpecRow] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
+    long_verdicts: list[Verdict] = field(default_factory=list)
     ladder: Any = None
     throughput: dict[str, float] = field(default_factory=dict)
     recipe: str = ""
@@ -667,13 +680,17 @@ def compare(
             continue
         for r in row.runs:
             model = modkit.load(r.run_dir / "best", device=device).eval()
-            r.buckets = bucket_means(position_losses(model, val_tokens, eval_len, base.final_eval_tokens or eval_len), n_buckets)
+            per_position = position_losses(model, val_tokens, eval_len, base.final_eval_tokens or eval_len)
+            r.buckets = bucket_means(per_position, n_buckets)
+            r.long_val_loss = float(per_position.mean())
         row.buckets = [float(np.mean(col)) for col in zip(*(r.buckets for r in row.runs))]
+        row.long_val_loss_mean, row.long_val_loss_std = mean_std([r.long_val_loss for r in row.runs])
 
     result = Comparison(rows=rows, out_dir=out, report=out / "report.md", seq_len=base.seq_len, eval_len=eval_len,
                         n_buckets=n_buckets, command=command, n_runs=n_runs, jobs=jobs, grid=grid, mode=mode)
     result.all_runs = sorted(done, key=lambda r: ([v.label for v in variants].index(r.spec), r.lr, r.seed))
     result.verdicts = verdicts_of(rows, grid)
+    result.long_verdicts = verdicts_of(rows, metric="long_val_loss")
     if ladder:
         from .ladder import fit_ladder
 
@@ -705,30 +722,46 @@ def _holdout_tokens(variants: list[_Variant], held: _Variant, tokens: Sequence[i
     return max(1, int(math.ceil(per_param * modkit.count_params(held.spec))))
 
 
-def verdicts_of(rows: Sequence[SpecRow], grid: Sequence[SpecRow] = ()) -> list[Verdict]:
+def verdicts_of(rows: Sequence[SpecRow], grid: Sequence[SpecRow] = (), *, metric: str = "val_loss") -> list[Verdict]:
     """Each design against the first at every size (chosen learning rates), and with a grid at every rate.
 
-    Paired over seeds when both rows ran the same seeds (:func:`modkit.stats.mean_difference`). Rows with a
-    non-finite loss are skipped (a diverged run has no loss to compare).
+    ``metric`` is the :class:`RunSummary` field compared: ``"val_loss"`` (the validation loss at the training length)
+    or ``"long_val_loss"`` (at twice it). Paired over seeds when both rows ran the same seeds
+    (:func:`modkit.stats.mean_difference`). Rows with a non-finite or missing value are skipped (a diverged run has no
+    loss to compare; a model that cannot read twice the training length has no long loss); with ``"long_val_loss"``
+    the first row that has one is the reference.
+
+    Raises:
+        CompareError: an unknown ``metric``.
     """
     from .stats import mean_difference
 
+    if metric not in ("val_loss", "long_val_loss"):
+        raise CompareError(f"metric = {metric!r}: give 'val_loss' or 'long_val_loss'")
     out: list[Verdict] = []
+
+    def values(row: SpecRow) -> Optional[list[float]]:
+        got = [getattr(r, metric) for r in row.runs]
+        return got if all(x is not None and math.isfinite(x) for x in got) else None
 
     def pairs(items: Sequence[SpecRow], lr: Optional[float]) -> None:
         by_size: dict[tuple, list[SpecRow]] = {}
         for r in items:
             by_size.setdefault(r.size, []).append(r)
         for group in by_size.values():
+            if metric != "val_loss":  # rows a metric does not reach are left out, the reference included
+                group = [r for r in group if values(r) is not None]
+            if not group:
+                continue
             first = group[0]
             for other in group[1:]:
                 if other.design == first.design and other.design:
                     continue
-                a, b = [r.val_loss for r in other.runs], [r.val_loss for r in first.runs]
-                if not all(math.isfinite(x) for x in a + b):
+                a, b = values(other), values(first)
+                if a is None or b is None:
                     continue
                 paired = [r.seed for r in other.runs] == [r.seed for r in first.runs]
-                out.append(Verdict(other.spec, first.spec, lr, mean_difference(a, b, paired=paired)))
+                out.append(Verdict(other.spec, first.spec, lr, mean_difference(a, b, paired=paired), metric))
 
     pairs(rows, None)
     lrs = sorted({r.lr for r in grid})
@@ -846,6 +879,8 @@ def write_files(result: Comparison, config: Any, data_folder: str, *, started: f
         "all_runs": [asdict(r) for r in result.all_runs],
         "verdicts": [{"a": v.a, "b": v.b, "lr": v.lr, **asdict(v.difference), "resolved": v.difference.resolved}
                      for v in result.verdicts],
+        "long_verdicts": [{"a": v.a, "b": v.b, "lr": v.lr, **asdict(v.difference), "resolved": v.difference.resolved}
+                          for v in result.long_verdicts],
         "throughput": result.throughput,
         "ladder": result.ladder.to_json() if result.ladder is not None else None,
     }
@@ -895,6 +930,7 @@ def merge_reports(dirs: Sequence[Union[str, Path]], out_dir: Union[str, Path], *
                         n_buckets=n_buckets or 8, command=command, n_runs=sum(len(r.runs) for r in rows), jobs=1,
                         grid=grid, mode="grid" if grid else "single", sources=sources)
     result.verdicts = verdicts_of(rows, grid)
+    result.long_verdicts = verdicts_of(rows, metric="long_val_loss")
     result.recipe = " ".join(f"Source {k}: {text}" for k, text in enumerate(recipes, 1) if text)
     write_files(result, None, "", started=started)
     return result
@@ -1178,14 +1214,19 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
             "Best checkpoint of each run on the validation split in windows of "
             f"{result.eval_len} tokens; mean loss of the positions in each bucket, mean over seeds. Buckets past "
             f"position {result.seq_len - 1} are beyond the training context.", "",
-            "| spec | " + " | ".join(f"{int(e[0])}-{int(e[-1])}" for e in edges) + " |",
-            "|---|" + "---:|" * len(edges),
+            "| spec | " + " | ".join(f"{int(e[0])}-{int(e[-1])}" for e in edges) + f" | all {result.eval_len} (mean ± std) |",
+            "|---|" + "---:|" * (len(edges) + 1),
         ]
         for r in scored:
-            lines.append(f"| {r.spec} | " + " | ".join(f"{v:.4f}" for v in r.buckets) + " |")
+            long = fmt_pm(r.long_val_loss_mean, r.long_val_loss_std) if r.long_val_loss_mean is not None else ""
+            lines.append(f"| {r.spec} | " + " | ".join(f"{v:.4f}" for v in r.buckets) + f" | {long} |")
         left = [r for r in rows if not r.buckets]
         if left:
             lines += ["", "Not scored at this context: " + "; ".join(f"{r.spec} ({r.buckets_note})" for r in left) + "."]
+        if result.long_verdicts:
+            lines += ["", (f"Verdicts at context {result.eval_len}: the validation loss over every position of those "
+                           "windows (the last column), each scored design against the first, as above."), ""]
+            lines += [f"- {v.text()}" for v in result.long_verdicts]
         lines += ["", "![loss by position](positions.png)"]
     lines += ["", "## Runs", "", "| spec | lr | seed | train loss | validation loss | diverged | folder |", "|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
