@@ -209,7 +209,7 @@ def test_training_config_errors_use_json_paths_and_values():
 def test_a_renamed_field_is_one_error_with_the_name_it_stands_for():
     # before: `block.ffn.d_ff: Field required` beside the unknown-field message
     assert errors_of(tiny_spec(block__ffn={"type": "swiglu", "dff": 64})) == [
-        ("block.ffn.dff", "unknown field 'dff' for 'swiglu'; valid fields: d_ff, bias, activation; did you mean 'd_ff'?")
+        ("block.ffn.dff", "unknown field 'dff' for 'swiglu'; valid fields: d_ff, bias, activation, gate_multiplier, output_multiplier; did you mean 'd_ff'?")
     ]
     errs = errors_of(tiny_spec(overrides=[{"layers": {"start": 1}, "ffn": {"type": "mlp", "dff": 8}}]))
     assert [p for p, _ in errs] == ["overrides[0].ffn.dff"] and "did you mean 'd_ff'?" in errs[0][1]
