@@ -172,6 +172,10 @@ class Verdict:
     difference: Any  # modkit.stats.Difference
     metric: str = "val_loss"
 
+    def to_json(self) -> dict:
+        """``{"a", "b", "lr", every field of the difference, "resolved"}``, as ``results.json`` holds it."""
+        return {"a": self.a, "b": self.b, "lr": self.lr, **asdict(self.difference), "resolved": self.difference.resolved}
+
     def text(self) -> str:
         """The verdict sentence (:meth:`modkit.stats.Difference.text`)."""
         return self.difference.text(self.a, self.b)
@@ -877,10 +881,8 @@ def write_files(result: Comparison, config: Any, data_folder: str, *, started: f
         "recipe": result.recipe, "scope": scope, "sources": result.sources,
         "rows": [_row_json(r) for r in result.rows], "grid": [_row_json(r) for r in result.grid],
         "all_runs": [asdict(r) for r in result.all_runs],
-        "verdicts": [{"a": v.a, "b": v.b, "lr": v.lr, **asdict(v.difference), "resolved": v.difference.resolved}
-                     for v in result.verdicts],
-        "long_verdicts": [{"a": v.a, "b": v.b, "lr": v.lr, **asdict(v.difference), "resolved": v.difference.resolved}
-                          for v in result.long_verdicts],
+        "verdicts": [v.to_json() for v in result.verdicts],
+        "long_verdicts": [v.to_json() for v in result.long_verdicts],
         "throughput": result.throughput,
         "ladder": result.ladder.to_json() if result.ladder is not None else None,
     }

@@ -145,7 +145,7 @@ def resize_checked(spec: dict, *, d_model: Optional[int] = None, n_layers: Optio
 
 def _nearest(valid, value: int, reach: int = 64) -> list[int]:
     """The nearest value below and the nearest above ``value`` (within ``reach``, at least 1) for which ``valid``."""
-    below = next((v for v in range(value - 1, max(0, value - reach) , -1) if valid(v)), None)
+    below = next((v for v in range(value - 1, max(0, value - reach), -1) if valid(v)), None)
     above = next((v for v in range(value + 1, value + reach + 1) if valid(v)), None)
     return [v for v in (below, above) if v is not None]
 

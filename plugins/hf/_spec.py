@@ -457,8 +457,8 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_d
 def fields_of(spec) -> dict[str, Any]:
     """The fields (:data:`FIELDS`) of a validated spec, as an export writes them: layer 0 stands for the norm, the
     first attention layer for the attention fields, the first recurrent layer for ``mixer`` (``mixers`` holds every
-    layer's recurrent mixer, ``None`` on attention layers), the first mixture layer for the MoE fields and the first dense layer for ``d_ff`` (an all-MoE
-    model: the expert width); ``windows``, ``positions``, ``attentions`` and ``ffns`` hold every layer. Component
+    layer's recurrent mixer, ``None`` on attention layers), the first mixture layer for the MoE fields and the first
+    dense layer for ``d_ff`` (an all-MoE model: the expert width); ``windows``, ``positions``, ``attentions`` and ``ffns`` hold every layer. Component
     configs stay objects (``position``, ``positions``, ``placement``); a field a component does not have is ``None``.
     Whether the fields describe the spec completely is checked afterwards, by converting the written config back."""
     from modkit import get_registry
