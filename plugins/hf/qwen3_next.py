@@ -45,9 +45,11 @@ MODEL_TYPE = "qwen3_next"
 
 #: the layer types of ``layer_types``
 LINEAR, FULL = "linear_attention", "full_attention"
+#: the Gated DeltaNet layers' config keys with ``Qwen3NextConfig``'s defaults (read and written by the same table)
+LINEAR_DEFAULTS = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                   "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
 #: the config keys of the Gated DeltaNet layers and of the layer pattern (:func:`read_layers`, :func:`write_layers`)
-LAYER_KEYS = ("layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
-              "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+LAYER_KEYS = ("layer_types", "full_attention_interval", *LINEAR_DEFAULTS)
 
 
 def read_layers(r: HFConfig, f: dict) -> None:
@@ -55,15 +57,14 @@ def read_layers(r: HFConfig, f: dict) -> None:
     (``mixers``), from :data:`LAYER_KEYS` with ``Qwen3NextConfig`` defaults; ``hidden_act`` must be silu when a
     linear layer exists (the activation of its convolution)."""
     n = f["n_layers"]
-    nk = r.number("linear_num_key_heads", 16, integer=True)
-    nv = r.number("linear_num_value_heads", 32, integer=True)
+    size = {key: r.number(key, default, integer=True) for key, default in LINEAR_DEFAULTS.items()}
+    nk, nv = size["linear_num_key_heads"], size["linear_num_value_heads"]
     if nv % nk:
         r.error("linear_num_value_heads", f"linear_num_value_heads = {nv} is not a multiple of linear_num_key_heads = "
                 f"{nk}: each key head serves linear_num_value_heads / linear_num_key_heads value heads")
     mixer = {"type": "gated_deltanet", "n_heads": nk, "n_value_heads": nv,
-             "key_head_dim": r.number("linear_key_head_dim", 128, integer=True),
-             "value_head_dim": r.number("linear_value_head_dim", 128, integer=True),
-             "d_conv": r.number("linear_conv_kernel_dim", 4, integer=True), "norm_eps": f["eps"]}
+             "key_head_dim": size["linear_key_head_dim"], "value_head_dim": size["linear_value_head_dim"],
+             "d_conv": size["linear_conv_kernel_dim"], "norm_eps": f["eps"]}
     interval = r.number("full_attention_interval", 4, integer=True)
     types = r.get("layer_types")
     if types is None:  # Qwen3NextConfig.__post_init__
@@ -92,9 +93,7 @@ def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> No
         cfg.update(linear_num_key_heads=m.n_heads, linear_num_value_heads=m.value_heads, linear_key_head_dim=m.key_head_dim,
                    linear_value_head_dim=m.value_head_dim, linear_conv_kernel_dim=m.d_conv)
     else:
-        for key, default in (("linear_num_key_heads", 16), ("linear_num_value_heads", 32), ("linear_key_head_dim", 128),
-                             ("linear_value_head_dim", 128), ("linear_conv_kernel_dim", 4)):
-            cfg[key] = base.get(key, default)
+        cfg.update({key: base.get(key, default) for key, default in LINEAR_DEFAULTS.items()})
 
 
 #: the Gated DeltaNet layer as transformers 5 saves it: per key head, the fused q, k, v, z and β, α rows split
