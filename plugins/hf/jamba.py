@@ -62,15 +62,17 @@ def read_layers(r: HFConfig, f: dict) -> None:
     """The mixer of every layer (``mixers``: ``mamba`` or an attention) and the mixture layers (``moe_layers``) from
     the two patterns and :data:`MAMBA_KEYS`, with ``JambaConfig`` defaults."""
     n, d = f["n_layers"], f["d_model"]
-    rank = r.get("mamba_dt_rank", "auto")
+    k = MAMBA_KEYS
+    rank = r.get("mamba_dt_rank", k["mamba_dt_rank"])
     if rank == "auto":
         rank = math.ceil(d / 16)
     else:
         rank = r.check_number("mamba_dt_rank", rank, math.ceil(d / 16), integer=True)
-    mixer = {"type": "mamba", "d_state": r.number("mamba_d_state", 16, integer=True),
-             "d_inner": r.number("mamba_expand", 2, integer=True) * d, "dt_rank": rank,
-             "d_conv": r.number("mamba_d_conv", 4, integer=True), "conv_bias": r.flag("mamba_conv_bias", True),
-             "bias": r.flag("mamba_proj_bias", False), "inner_norm": {"type": "rmsnorm", "eps": float(f["eps"])}}
+    mixer = {"type": "mamba", "d_state": r.number("mamba_d_state", k["mamba_d_state"], integer=True),
+             "d_inner": r.number("mamba_expand", k["mamba_expand"], integer=True) * d, "dt_rank": rank,
+             "d_conv": r.number("mamba_d_conv", k["mamba_d_conv"], integer=True),
+             "conv_bias": r.flag("mamba_conv_bias", k["mamba_conv_bias"]), "bias": r.flag("mamba_proj_bias", k["mamba_proj_bias"]),
+             "inner_norm": {"type": "rmsnorm", "eps": float(f["eps"])}}
     attention = _pattern(r, ATTENTION_PATTERN, n)
     f["mixers"] = [None if a else mixer for a in attention]
     flags = [(f["n_experts"] or 0) > 1 and e for e in _pattern(r, EXPERT_PATTERN, n)]
