@@ -383,6 +383,36 @@ def test_verdicts_at_twice_the_training_length(setup, grid, tmp_path):
         verdicts_of(result.rows, metric="loss")
 
 
+def test_merged_reports_that_repeat_labels_compare_each_source_within_itself(setup, grid, tmp_path):
+    """The same designs merged from two folders (as one compare per learning rate would give): every verdict pairs
+    rows of one source; none compares a design with itself or with the reference of another source."""
+    from modkit.compare import merge_reports
+
+    root, first = setup
+    _, second = grid
+    twice = merge_reports([first.out_dir, first.out_dir], tmp_path / "twice")
+    assert [r.spec for r in twice.rows] == ["rope@1", "learned@1", "rope@2", "learned@2"]
+    assert [r.design for r in twice.rows] == ["rope@1", "learned@1", "rope@2", "learned@2"]
+    (original,) = first.verdicts
+    assert [(v.a, v.b, v.difference) for v in twice.verdicts] == [
+        ("learned@1", "rope@1", original.difference), ("learned@2", "rope@2", original.difference)]
+    # a new source joins the first table; the one that repeats its labels is compared within itself, grid included
+    merged = merge_reports([first.out_dir, second.out_dir, second.out_dir], tmp_path / "three")
+    assert [r.spec for r in merged.rows] == ["rope", "learned", "adamw@2", "lion@2", "adamw@3", "lion@3"]
+    assert {r.spec for r in merged.grid} == {"adamw@2", "lion@2", "adamw@3", "lion@3"}
+    chosen = [(v.a, v.b) for v in merged.verdicts if v.lr is None]
+    assert chosen == [("learned", "rope"), ("adamw@2", "rope"), ("lion@2", "rope"), ("lion@3", "adamw@3")]
+    per_lr = {v.lr: v for v in second.verdicts if v.lr is not None}
+    for lr in LRS:
+        at = [v for v in merged.verdicts if v.lr == lr]
+        assert [(v.a, v.b) for v in at] == [("lion@2", "adamw@2"), ("lion@3", "adamw@3")]
+        assert all(v.difference == per_lr[lr].difference for v in at)
+    report = merged.report.read_text()
+    assert "| adamw@3 | " in report and "lion@3 - adamw@3" in report
+    with pytest.raises(CompareError, match="no comparison folders"):
+        merge_reports([], tmp_path / "none")
+
+
 def test_instability_curves_and_throughput_are_reported(grid):
     from modkit.stats import instability
 
