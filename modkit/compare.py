@@ -1170,10 +1170,11 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
                   "The first seed of each spec at every learning rate (validation loss); the lowest wins and the other seeds train at it.",
                   "", "| spec | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | winner |",
                   "|---|" + "---:|" * len(lrs) + "---:|"]
-        for r in rows:
+        swept = [r for r in rows if r.sweep]  # a merged report may hold rows that were never swept
+        for r in swept:
             cells = [(f"**{r.sweep[lr]:.4f}**" if lr == r.lr else f"{r.sweep[lr]:.4f}") if lr in r.sweep else "" for lr in lrs]
             lines.append(f"| {r.spec} | " + " | ".join(cells) + f" | {r.lr:g} |")
-        lines += [""] + [f"- {r.spec}: learning rate {r.lr:g} won." for r in rows]
+        lines += [""] + [f"- {r.spec}: learning rate {r.lr:g} won." for r in swept]
         lines += ["", "![validation loss against learning rate](lr.png)"]
     if result.grid:
         lrs = sorted({r.lr for r in result.grid})
@@ -1181,7 +1182,8 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
                   f"Every seed of every spec at every learning rate (validation loss, mean ± std over {seeds} seeds); "
                   "the lowest mean wins (bold).", "",
                   "| spec | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | winner |", "|---|" + "---:|" * len(lrs) + "---:|"]
-        for chosen_row in rows:
+        gridded = {g.spec for g in result.grid}  # a merged report may hold rows from a source without a grid
+        for chosen_row in (r for r in rows if r.spec in gridded):
             cells = []
             for lr in lrs:
                 g = next((x for x in result.grid if x.spec == chosen_row.spec and x.lr == lr), None)

@@ -409,6 +409,8 @@ def test_merged_reports_that_repeat_labels_compare_each_source_within_itself(set
         assert all(v.difference == per_lr[lr].difference for v in at)
     report = merged.report.read_text()
     assert "| adamw@3 | " in report and "lion@3 - adamw@3" in report
+    grid_table = report.split("## Learning-rate grid")[1].split("\n\n")[2]  # only the rows that have a grid
+    assert [line.split(" | ")[0] for line in grid_table.splitlines()[2:]] == ["| adamw@2", "| lion@2", "| adamw@3", "| lion@3"]
     with pytest.raises(CompareError, match="no comparison folders"):
         merge_reports([], tmp_path / "none")
 

@@ -39,6 +39,14 @@ TOL = 1e-5
 D = 32
 
 
+def _max_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| in units of the reference's scale, max(1, max |want|): float32 rounding grows with the
+    logits, and the per-head gated norm of a near-zero read-out magnifies it (1.4e-5 absolute at |logits| 4.7 for
+    Gated DeltaNet at chunk 3 against chunk 1), so an absolute bound passes or fails by the machine's summation
+    order. The exact math is checked in float64 at 1e-12 (``test_the_chunked_functions_equal_their_recurrence_in_float64``)."""
+    return (got - want).abs().max().item() / max(1.0, want.abs().max().item())
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     n = torch.get_num_threads()
@@ -247,9 +255,8 @@ def test_recurrent_step_and_cached_chunks_equal_the_full_forward(name):
         steps = torch.cat([model(ids[:, t:t + 1], cache=cache).logits for t in range(29)], 1)  # the recurrent form
         cache = model.new_cache(2, 29)
         chunks = torch.cat([model(ids[:, a:b], cache=cache).logits for a, b in SCHEDULE], 1)
-    scale = max(1.0, full.abs().max().item())  # float32 rounding grows with the logits (|logits| up to ~4.5 here)
-    assert (steps - full).abs().max().item() <= TOL * scale
-    assert (chunks - full).abs().max().item() <= TOL * scale
+    assert _max_error(steps, full) <= TOL
+    assert _max_error(chunks, full) <= TOL
 
 
 @pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "mamba"])
@@ -258,7 +265,7 @@ def test_the_chunk_length_changes_no_number(name):
     with torch.no_grad():
         outs = [_model(name, chunk_size=c)(ids).logits for c in (1, 3, 8, 64)]
     for out in outs[1:]:
-        assert (out - outs[0]).abs().max().item() <= TOL
+        assert _max_error(out, outs[0]) <= TOL
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -272,7 +279,7 @@ def test_left_padding_changes_no_state(name):
     with torch.no_grad():
         padded = model(ids, attention_mask=mask).logits
         alone = model(ids[:1, 6:]).logits
-        assert (padded[0, 6:] - alone[0]).abs().max().item() <= TOL
+        assert _max_error(padded[0, 6:], alone[0]) <= TOL
         cache = model.new_cache(2, 20)
         for a, b in ((0, 4), (4, 11), (11, 20)):
             model(ids[:, a:b], attention_mask=mask[:, :b], cache=cache)
@@ -282,7 +289,7 @@ def test_left_padding_changes_no_state(name):
         for key, state in layer.mixers.items():
             for entry in state.spec.sequence_entries:
                 got, want = state[entry.name][0], ref.mixers[key][entry.name][0]
-                assert (got.float() - want.float()).abs().max().item() <= TOL, (key, entry.name)
+                assert _max_error(got.float(), want.float()) <= TOL, (key, entry.name)
 
 
 @pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "mamba"])
