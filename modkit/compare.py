@@ -29,7 +29,8 @@ the first, and checks the fit on a held-out larger size (``holdout``) it did not
 
 A run has *diverged* when any loss it logged is not finite, or its last validation estimate is above its step-0 one.
 The *instability* reading (:func:`modkit.stats.instability`) also catches stalls and spikes: the fraction of logged
-steps whose smoothed train loss sits above its running minimum by ``spike_margin`` nats, and the gradient-norm spikes.
+steps whose smoothed train loss sits above its running minimum by ``spike_margin`` nats plus the dip that the run's
+batch noise alone gives that minimum over the run's length, and the gradient-norm spikes.
 
 Position buckets: each run's best checkpoint scores the validation split at twice the training ``seq_len`` (in
 non-overlapping windows of that length, at most ``final_eval_tokens`` tokens); the mean cross-entropy of the
@@ -89,7 +90,8 @@ class RunSummary:
         buckets: mean cross-entropy per position bucket at twice ``seq_len`` (``None``: not measurable).
         long_val_loss: mean cross-entropy (nats / token) over every position of the validation windows of twice
             ``seq_len`` (the mean of the per-position losses; ``None``: not measurable).
-        above_min, spikes, max_grad_norm: the instability reading (:func:`modkit.stats.instability`).
+        above_min, spikes, max_grad_norm: the instability reading (:func:`modkit.stats.instability`);
+            above_threshold: the nats above the running minimum that it counts as above (0: an older report).
         load: ``(1-minute load average at the start, at the end)`` of the run; cores: the machine's CPU count.
         tokens: tokens trained.
         val_bpb: bits per byte of the final validation score (``val_loss * tokens / bytes / ln 2``: comparable across
@@ -115,6 +117,7 @@ class RunSummary:
     above_min: float = 0.0
     spikes: int = 0
     max_grad_norm: float = math.nan
+    above_threshold: float = 0.0
     load: tuple[float, float] = (math.nan, math.nan)
     cores: int = 0
     tokens: int = 0
@@ -305,6 +308,7 @@ def read_run(run_dir: Path, spec: str, lr: float, seed: int, result: Any, *, spi
         above_min=reading.above_min,
         spikes=reading.spikes,
         max_grad_norm=reading.max_grad_norm,
+        above_threshold=reading.threshold,
         load=tuple(getattr(result, "load", (math.nan, math.nan))),
         cores=int(getattr(result, "cores", 0)),
         tokens=int(evals[-1]["tokens"]) if evals else 0,
@@ -1195,17 +1199,22 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
         per_lr = [v for v in result.verdicts if v.lr is not None]
         if per_lr:
             lines += ["", "At each learning rate:", ""] + [f"- lr {v.lr:g}: {v.text()}" for v in per_lr]
-    margin = 0.1
     lines += ["", "## Instability", "",
-              f"Per run, from the logged training steps: the fraction of steps whose train loss (mean of the last 5 logged "
-              f"batches) exceeds its running minimum by more than {margin:g} nats (stalls and loss spikes), the gradient-"
-              "norm spikes (a logged norm above 5x the median of those logged before it, after the first 10) and the "
-              "largest norm. A run counts as unstable above 5% or with any spike. Every run of the comparison, the "
-              "sweep's and the grid's included.", "",
-              "| spec | lr | seed | steps above the running minimum | gradient-norm spikes | largest gradient norm |",
-              "|---|---:|---:|---:|---:|---:|"]
+              "Per run, from the logged training steps: the fraction of steps whose train loss (mean of the last 5 logged "
+              "batches) exceeds its running minimum by more than the run's threshold (stalls and loss spikes), the "
+              "gradient-norm spikes (a logged norm above 5x the median of those logged before it, after the first 10) "
+              "and the largest norm. The threshold is the margin (`--spike-margin`, 0.1 nats unless changed) plus the "
+              "dip that the run's batch noise alone gives the running minimum over its length (noise / sqrt(5) x "
+              "sqrt(2 ln(steps / 5)), the noise estimated from the step-to-step changes of the loss), so that a long "
+              "healthy run does not count as unstable. A run counts as unstable above 5% or with any spike. Every run "
+              "of the comparison, the sweep's and the grid's included.", "",
+              "| spec | lr | seed | steps above the running minimum | threshold (nats) | gradient-norm spikes | "
+              "largest gradient norm |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for run in result.all_runs or [run for r in rows for run in r.runs]:
-        lines.append(f"| {run.spec} | {run.lr:g} | {run.seed} | {run.above_min:.1%} | {run.spikes} | {run.max_grad_norm:.3g} |")
+        threshold = f"{run.above_threshold:.3f}" if run.above_threshold > 0 else ""  # older reports did not keep it
+        lines.append(f"| {run.spec} | {run.lr:g} | {run.seed} | {run.above_min:.1%} | {threshold} | {run.spikes} | "
+                     f"{run.max_grad_norm:.3g} |")
     if result.throughput:
         lines += ["", "## Throughput, measured interleaved", "",
                   "Every variant timed again in one process, round-robin (a few optimizer steps each, three rounds, "

@@ -399,8 +399,10 @@ class Instability:
 
     Attributes:
         above_min: fraction of logged steps (after the first ``skip``) whose smoothed loss exceeds the running minimum of
-            the smoothed loss by more than ``margin`` nats. spikes: logged steps whose gradient norm exceeds
+            the smoothed loss by more than ``threshold`` nats. spikes: logged steps whose gradient norm exceeds
             ``spike_factor`` times the median of the norms logged before it. max_grad_norm: the largest logged norm.
+        steps: logged steps read. noise: the estimated standard deviation of one batch's loss, nats (0 when not
+            estimated). threshold: ``margin`` plus the dip that batch noise alone gives the running minimum, nats.
         margin, spike_factor, window: the settings.
     """
 
@@ -411,6 +413,8 @@ class Instability:
     margin: float
     spike_factor: float
     window: int
+    noise: float = 0.0
+    threshold: float = 0.0
 
     @property
     def unstable(self) -> bool:
@@ -418,22 +422,47 @@ class Instability:
         return self.above_min > 0.05 or self.spikes > 0
 
 
+def batch_noise(losses: Sequence[float]) -> float:
+    """Robust standard deviation of one logged batch's loss around the curve's trend, nats.
+
+    ``1.4826 * median |y[i+1] - y[i]| / sqrt(2)``: the median absolute first difference, which a slowly varying trend
+    barely moves and a spike or a stall (a few large differences) does not move at all, scaled to a normal's standard
+    deviation (the median absolute deviation, Rousseeuw & Croux 1993; the difference of two independent draws has
+    variance ``2 sigma^2``). Non-finite losses are skipped; fewer than 3 finite differences give 0.
+    """
+    d = np.diff(np.asarray(losses, dtype=np.float64))
+    d = d[np.isfinite(d)]
+    if len(d) < 3:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(d)) / math.sqrt(2.0))
+
+
 def instability(losses: Sequence[float], grad_norms: Sequence[float], *, margin: float = 0.1, spike_factor: float = 5.0,
-                window: int = 5, skip: int = 10) -> Instability:
+                window: int = 5, skip: int = 10, noise: bool = True) -> Instability:
     """The instability reading (see :class:`Instability`) of a run's logged train losses and gradient norms.
 
     The loss is smoothed by a trailing mean over ``window`` logged steps (one batch's loss is noisy; a stall or a
     spike lasts); the gradient-norm median covers every earlier logged step after the first ``skip`` (the first steps'
     norms are large by nature). A non-finite loss counts as above the minimum.
+
+    The running minimum of a noisy curve is its lowest dip, which sits lower the longer the run: about
+    ``s sqrt(2 ln n)`` below the trend for ``n`` independent smoothed values of standard deviation ``s`` (the
+    expected maximum of ``n`` normals). With ``noise`` (the default) a step counts as above the minimum only when it
+    exceeds it by ``margin`` plus that dip, with ``s = batch_noise(losses) / sqrt(window)`` and ``n`` the counted steps
+    over ``window``, so a healthy run of any length reads stable; ``noise=False`` keeps the bare ``margin``. The noise
+    comes from the run's own step-to-step differences (:func:`batch_noise`), which persistent rises and spikes do
+    not inflate.
     """
     y = np.asarray(losses, dtype=np.float64)
     g = np.asarray(grad_norms, dtype=np.float64)
     if len(y) == 0:
-        return Instability(0.0, 0, math.nan, 0, margin, spike_factor, window)
+        return Instability(0.0, 0, math.nan, 0, margin, spike_factor, window, 0.0, margin)
     smooth = np.array([y[max(0, i - window + 1): i + 1].mean() for i in range(len(y))])
     run_min = np.minimum.accumulate(np.where(np.isfinite(smooth), smooth, np.inf))
     counted = range(min(skip, len(y) - 1), len(y))
-    above = sum(1 for i in counted if not np.isfinite(smooth[i]) or smooth[i] > run_min[i] + margin)
+    sigma = batch_noise(y[counted.start:]) if noise else 0.0
+    threshold = margin + sigma / math.sqrt(window) * math.sqrt(2.0 * math.log(max(2.0, len(counted) / window)))
+    above = sum(1 for i in counted if not np.isfinite(smooth[i]) or smooth[i] > run_min[i] + threshold)
     spikes = 0
     for i in range(skip + 1, len(g)):
         base = np.median(g[skip:i])
@@ -443,4 +472,4 @@ def instability(losses: Sequence[float], grad_norms: Sequence[float], *, margin:
             spikes += 1
     finite = g[np.isfinite(g)]
     return Instability(above / max(1, len(counted)), spikes, float(finite.max()) if len(finite) else math.nan, len(y),
-                       margin, spike_factor, window)
+                       margin, spike_factor, window, sigma, threshold)

@@ -424,6 +424,7 @@ def test_instability_curves_and_throughput_are_reported(grid):
             train = [x for x in read_metrics(r.run_dir / "metrics.jsonl") if x["kind"] == "train"]
             reading = instability([x["loss"] for x in train], [x["grad_norm"] for x in train])
             assert (r.above_min, r.spikes, r.max_grad_norm) == (reading.above_min, reading.spikes, reading.max_grad_norm)
+            assert r.above_threshold == reading.threshold >= 0.1  # the margin plus the noise's dip, kept per run
             assert r.train_curve == [(x["step"], x["loss"]) for x in train] and len(r.grad_curve) == 10
             assert len(r.load) == 2 and r.cores >= 1
     for name in ("train-curves.png", "grad-norm.png", "curves.png"):
@@ -432,6 +433,8 @@ def test_instability_curves_and_throughput_are_reported(grid):
     assert "## Instability" in report and "load average" in report
     table = report.split("## Instability")[1].split("## Throughput")[0]
     assert sum(line.startswith(("| adamw |", "| lion |")) for line in table.splitlines()) == result.n_runs == len(result.all_runs)
+    first = next(run for run in result.all_runs)
+    assert f"| {first.spec} | {first.lr:g} | {first.seed} | {first.above_min:.1%} | {first.above_threshold:.3f} | " in table
     assert set(result.throughput) == {"adamw", "lion"} and all(v > 0 for v in result.throughput.values())
     assert "## Throughput, measured interleaved" in report
     assert "## Loss by position" in report  # rope can be scored at twice the context
