@@ -637,6 +637,8 @@ def compare(
     n_runs = len(done)
 
     def make_row(v: _Variant, lr: float, runs: list[RunSummary]) -> SpecRow:
+        from .stats import is_unstable
+
         spec = modkit.load_spec(runs[0].run_dir / "spec.json")  # as trained: vocab_size set from the data
         train_mean, train_std = mean_std([r.train_loss for r in runs])
         val_mean, val_std = mean_std([r.val_loss for r in runs])
@@ -652,7 +654,7 @@ def compare(
             train_loss_mean=train_mean, train_loss_std=train_std, val_loss_mean=val_mean, val_loss_std=val_std,
             diverged=sum(r.diverged for r in runs), runs=sorted(runs, key=lambda r: r.seed), design=v.design, size=v.size,
             flops_per_token=fpt, tokens=runs[0].tokens, holdout=v.holdout,
-            unstable=sum(1 for r in runs if r.above_min > 0.05 or r.spikes > 0), val_bpb_mean=bpb_mean, val_bpb_std=bpb_std,
+            unstable=sum(1 for r in runs if is_unstable(r.above_min, r.spikes)), val_bpb_mean=bpb_mean, val_bpb_std=bpb_std,
         )
 
     rows: list[SpecRow] = []

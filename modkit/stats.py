@@ -418,8 +418,13 @@ class Instability:
 
     @property
     def unstable(self) -> bool:
-        """More than 5% of the steps above the running minimum, or a gradient-norm spike."""
-        return self.above_min > 0.05 or self.spikes > 0
+        """More than 5% of the steps above the running minimum, or a gradient-norm spike (:func:`is_unstable`)."""
+        return is_unstable(self.above_min, self.spikes)
+
+
+def is_unstable(above_min: float, spikes: int) -> bool:
+    """The rule a reading is judged by: ``above_min`` (a fraction of logged steps) over 5%, or any gradient-norm spike."""
+    return above_min > 0.05 or spikes > 0
 
 
 def batch_noise(losses: Sequence[float]) -> float:
