@@ -10,7 +10,7 @@ slot-group scratch read off ``inputs.cache``). Both produce the same logits (che
 per decode step of each and their ratio (new / old; 1.0 = no cost). A script, not a test: the machine's load moves
 absolute figures, the ratio is measured in one process.
 
-    python benchmarks/bench_cache_update.py --threads 1 --steps 64 --repeats 7
+    .venv/bin/python benchmarks/bench_cache_update.py --threads 1 --steps 64 --repeats 7
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ Workloads, formulas and sources are described in ``benchmarks/_bench.py``. Targe
 This is a script, not a timed test: absolute figures depend on the machine and its load (recorded in the report);
 the ratios are measured in the same run, interleaved. Usage::
 
-    python benchmarks/bench_cpu.py                  # full run, writes benchmarks/results.md
-    python benchmarks/bench_cpu.py --quick          # fewer repeats, smaller decode, no compile (a smoke run)
+    .venv/bin/python benchmarks/bench_cpu.py                  # full run, writes benchmarks/results.md
+    .venv/bin/python benchmarks/bench_cpu.py --quick          # fewer repeats, smaller decode, no compile (a smoke run)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Prefill against decode, with and without the KV cache, measured and set against ``modkit cost``'s prediction.
 
-    python benchmarks/bench_decode.py --threads 1                     # what docs/experiments/prefill-vs-decode.md shows
-    python benchmarks/bench_decode.py --spec specs/tiny-llama.json --contexts 64,256 --repeats 3
+    .venv/bin/python benchmarks/bench_decode.py --threads 1                     # what docs/experiments/prefill-vs-decode.md shows
+    .venv/bin/python benchmarks/bench_decode.py --spec specs/tiny-llama.json --contexts 64,256 --repeats 3
 
 For each model (random weights, seed 0, float32, eval, ``nn.Linear`` weights column-major as ``modkit generate``
 stores them on a CPU with MKL), and each context ``N``:
@@ -308,7 +308,7 @@ def main() -> None:
         plan = [(s, contexts) for s in args.spec]
     else:
         plan = DEFAULTS
-    header = {"command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:]), "cpu": cpu_name(),
+    header = {"command": ".venv/bin/python benchmarks/bench_decode.py " + " ".join(sys.argv[1:]), "cpu": cpu_name(),
               "load_before": load_average(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(f"load average {header['load_before']}; torch threads {torch.get_num_threads()}", flush=True)
     start = time.perf_counter()

@@ -7,8 +7,8 @@ d_model 2048, 16 layers, 16 heads / 4 KV heads, d_ff 5632, vocab 32000 (about 1.
 d_ff 5632 on 16384 tokens. Timings synchronise the device around every measured call. Usage (where a GPU is
 available; nothing here runs on the CPU)::
 
-    python benchmarks/bench_gpu.py                    # writes benchmarks/results-gpu.md
-    python benchmarks/bench_gpu.py --only decode --repeats 3
+    .venv/bin/python benchmarks/bench_gpu.py                    # writes benchmarks/results-gpu.md
+    .venv/bin/python benchmarks/bench_gpu.py --only decode --repeats 3
 
 Greedy bfloat16 generations of the two libraries may part after a near tie (different but equally valid
 reduction orders); the report says where.

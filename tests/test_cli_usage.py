@@ -148,3 +148,31 @@ def test_benchmark_and_page_scripts_match_no_flag_by_prefix():
                 parsers.append((path.name, len(abbrev) == 1 and isinstance(abbrev[0], ast.Constant) and abbrev[0].value is False))
     assert len(parsers) >= 13
     assert [name for name, off in parsers if not off] == []
+
+
+def _extension(tmp_path, monkeypatch, name: str, body: str) -> None:
+    """Put a command module ``name`` (source ``body``) on the path and make it the CLI's last extension module."""
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "EXTENSION_MODULES", cli.EXTENSION_MODULES + (name,))
+    monkeypatch.delenv("MODKIT_DEBUG", raising=False)
+
+
+def test_a_built_in_command_module_that_fails_to_import_is_an_error_naming_it(tmp_path, monkeypatch, capsys):
+    """A broken command module stops every command with its name and cause (it used to vanish, and argparse said
+    ``invalid choice``)."""
+    _extension(tmp_path, monkeypatch, "mk_broken_cmd", "from modkit.cli import no_such_helper\n")
+    assert cli.main(["coordcheck", "--help"]) == 1
+    err = capsys.readouterr().err
+    assert "the built-in command module mk_broken_cmd failed to import" in err
+    assert "no_such_helper" in err and "invalid choice" not in err
+
+
+def test_a_command_module_missing_an_optional_extra_is_skipped_naming_the_extra(tmp_path, monkeypatch, capsys):
+    """Only a package of an optional extra may make a module's commands unavailable, and the warning names the
+    extra and how to install it; every other command still runs."""
+    _extension(tmp_path, monkeypatch, "mk_needs_eval", "raise ImportError('no lm_eval here', name='lm_eval')\n")
+    assert cli.main(["coordcheck", "--help"]) == 0
+    captured = capsys.readouterr()
+    assert "usage: modkit coordcheck" in captured.out
+    assert "optional extra 'eval' (pip install 'modkit-lm[eval]')" in captured.err

@@ -59,6 +59,9 @@ def pip_install(sources: list[Path], workdir: Path) -> tuple[Path, float]:
 DRIVER = """
 import contextlib, io, json, sys
 from modkit import cli
+
+#: pip-installs packages: end to end, left out of make test-fast
+pytestmark = pytest.mark.slow
 results = {}
 for name, argv in json.loads(sys.argv[1]).items():
     out, err = io.StringIO(), io.StringIO()

@@ -477,3 +477,29 @@ def test_falcon_alibi_bias_is_scaled_like_transformers():
     cfg = T.FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1, alibi=True, **SMALL).to_dict()
     spec = modkit.from_hf_config(cfg)
     assert spec.position.type == "alibi" and spec.position.scale == pytest.approx(16 ** -0.5)
+
+
+@pytest.mark.parametrize(
+    "flags,kv",
+    [(dict(new_decoder_architecture=True, num_kv_heads=2), 2),  # grouped (Falcon-40B)
+     (dict(multi_query=True), 1),  # multi-query (Falcon-7B)
+     (dict(multi_query=False, parallel_attn=False), 4)],  # multi-head, sequential (Falcon-RW)
+)
+def test_falcon_num_key_value_heads_is_read_checked_and_written(flags, kv):
+    """transformers 5.25+ writes ``num_key_value_heads`` (the KV width the flags give) into a Falcon config: it is
+    accepted when present and equal to the flags' width, accepted when absent (older transformers), refused by name
+    when it disagrees, and written on export."""
+    from modkit.hf import _mapper
+
+    base = dict(model_type="falcon", hidden_size=64, num_attention_heads=4, num_hidden_layers=1, vocab_size=64, **flags)
+    for cfg in (base, dict(base, num_key_value_heads=kv)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", modkit.UnknownConfigKeyWarning)
+            spec = modkit.from_hf_config(cfg, strict=True)
+        assert spec.block.attention.kv_heads == kv
+        assert _mapper("falcon", modkit.get_registry()).hf_config(spec, None)["num_key_value_heads"] == kv
+    wrong = 3 if kv != 3 else 1
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(dict(base, num_key_value_heads=wrong))
+    assert [p for p, _ in info.value.errors] == ["num_key_value_heads"], info.value.errors
+    assert f"give {kv} key/value heads" in info.value.errors[0][1]

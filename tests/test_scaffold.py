@@ -23,6 +23,9 @@ import torch
 import modkit
 from modkit import cli, scaffold
 
+#: pip-installs packages: end to end, left out of make test-fast
+pytestmark = pytest.mark.slow
+
 TINY = {
     "schema_version": 1,
     "name": "scaffold-probe",

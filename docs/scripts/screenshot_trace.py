@@ -1,8 +1,8 @@
 """Screenshot a ``modkit trace`` HTML report in headless Chromium (the check that the report renders in a browser).
 
-    python docs/scripts/screenshot_trace.py                                   # tiny-llama, random init, -> trace.png
-    python docs/scripts/screenshot_trace.py runs/demo --text "ROMEO:" -o out  # a trained run folder
-    python docs/scripts/screenshot_trace.py specs/tiny-gpt2.json --ids 1,2,3 --height 6000
+    .venv/bin/python docs/scripts/screenshot_trace.py                                   # tiny-llama, random init, -> trace.png
+    .venv/bin/python docs/scripts/screenshot_trace.py runs/demo --text "ROMEO:" -o out  # a trained run folder
+    .venv/bin/python docs/scripts/screenshot_trace.py specs/tiny-gpt2.json --ids 1,2,3 --height 6000
 
 Writes ``OUT/trace.html`` (``modkit trace ... --html``) and ``OUT/trace.png`` (Chromium ``--screenshot``), then
 prints the PNG's size and the share of its pixels that are coloured (plots) rather than grey (text, tables): a

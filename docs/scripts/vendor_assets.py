@@ -6,7 +6,7 @@ The site must work offline: no CDN at view time. The files live under ``modkit/d
 package, version and the registry's sha512 integrity of the tarball they came from. Run from the repository
 root after changing a pin below (needs ``npm``; only ``npm pack`` talks to the registry)::
 
-    python docs/scripts/vendor_assets.py
+    .venv/bin/python docs/scripts/vendor_assets.py
 
 Pins: Mermaid stays on major 11, the version mkdocs-material's integration targets (its bundle would otherwise
 fetch ``unpkg.com/mermaid@11``); KaTeX 0.16. Only what the site loads is kept: ``mermaid.min.js``; KaTeX's

@@ -250,22 +250,57 @@ def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
 
 
 def _add_extensions(subparsers) -> None:
+    """Add the subcommands of every module in :data:`EXTENSION_MODULES`.
+
+    Every one of them imports with the base install, so a failure to import is a broken install or a bug, and it
+    is an error of every command (:class:`UserError` naming the module and the cause), never a command that
+    silently disappears (argparse would then answer ``invalid choice``). The one exception is a package of an
+    optional extra (:func:`optional_extra`): its commands are skipped with a warning naming the extra and the
+    command that installs it.
+
+    Raises:
+        UserError: a built-in command module failed to import for another reason than a missing optional extra.
+    """
     for name in EXTENSION_MODULES:
         try:
             module = importlib.import_module(name)
-        except ImportError as exc:
-            missing = getattr(exc, "name", None)
-            if _debug() and not (missing and name.startswith(missing)):
-                _err(f"{PROG}: warning: skipped subcommands of {name}: {type(exc).__name__}: {exc}")
-            continue
-        except Exception as exc:  # noqa: BLE001 - a broken extension must not take the whole CLI down
+        except Exception as exc:  # noqa: BLE001 - reported with the module's name
             if _debug():
                 raise
-            _err(f"{PROG}: warning: skipped subcommands of {name}: {type(exc).__name__}: {exc}")
+            missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+            extra = optional_extra(missing) if missing else None
+            if extra is None:
+                raise UserError(
+                    f"the built-in command module {name} failed to import ({type(exc).__name__}: {exc}); its "
+                    "commands cannot run. This is a broken install or a bug in modkit: reinstall (make setup, or "
+                    "pip install -e .) and rerun with MODKIT_DEBUG=1 for the traceback"
+                ) from exc
+            _err(f"{PROG}: warning: the commands of {name} are unavailable: they need {missing!r} from the "
+                 f"optional extra {extra!r} (pip install 'modkit-lm[{extra}]')")
             continue
         add = getattr(module, "add_subcommands", None)
         if callable(add):
             add(subparsers)
+
+
+def optional_extra(module: str) -> Optional[str]:
+    """The optional extra of the ``modkit-lm`` distribution (``data``, ``eval``, ``docs``, ...) that provides the
+    importable ``module`` (``lm_eval``, ``pyarrow.parquet``), read from the installed distribution's own metadata;
+    None when no extra lists it (a base dependency, modkit itself, or an unknown package)."""
+    import importlib.metadata as md
+    import re
+
+    top = module.split(".")[0]
+    try:
+        dists = {d.lower().replace("_", "-") for d in md.packages_distributions().get(top, [top])}
+        requires = md.requires("modkit-lm") or []
+    except md.PackageNotFoundError:
+        return None
+    for req in requires:
+        found = re.match(r"\s*([A-Za-z0-9_.\-]+).*;\s*extra\s*==\s*[\"']([^\"']+)[\"']", req)
+        if found and found.group(1).lower().replace("_", "-") in dists and found.group(2) != "test":
+            return found.group(2)
+    return None
 
 
 @contextlib.contextmanager

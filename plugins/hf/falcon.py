@@ -8,6 +8,8 @@ Semantics: ``transformers/models/falcon/{configuration,modeling}_falcon.py``:
   since transformers' block cannot run it).
 * otherwise (Falcon-7B, Falcon-RW): ``multi_query`` gives one KV head, else ``num_attention_heads``;
   ``parallel_attn`` gives a parallel block with one shared norm, else a sequential pre-norm block.
+* ``num_key_value_heads`` (written by transformers 5.25 and later, derived from the flags above) is the same KV
+  width once more: read and checked against the flags, and written on export.
 * ``bias`` on the fused QKV, the output ``dense`` and both MLP projections (one switch for all);
   MLP width ``ffn_hidden_size`` (default ``4 * hidden_size``) and ``activation``; LayerNorms with bias;
   head tied by default, never biased.
@@ -37,7 +39,8 @@ from ._weights import FusedQKV, Head, W
 
 MODEL_TYPE = "falcon"
 
-ARCHITECTURE_KEYS = ("new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn", "num_kv_heads")
+ARCHITECTURE_KEYS = ("new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn", "num_kv_heads",
+                     "num_key_value_heads")
 POSITION_KEYS = ("alibi", "rope_parameters", "rope_theta", "rope_scaling")
 
 
@@ -70,6 +73,16 @@ def read_architecture(r: HFConfig, f: dict) -> None:
         if n_ln not in (None, 1):
             r.error("num_ln_in_parallel_attn", f"{json_value(n_ln)} requires new_decoder_architecture = true (transformers reads it only there)")
         placement = {"type": "parallel", "shared_norm": True} if parallel else {"type": "pre"}
+    # transformers 5.25 and later write the KV width the three flags give as num_key_value_heads (and recompute it
+    # on load); an older config has no such key. A value that disagrees with the flags describes no network
+    # transformers builds, so it is refused rather than one of the two picked.
+    written = r.number("num_key_value_heads", None, integer=True)
+    if written is not None and written != kv:
+        r.error(
+            "num_key_value_heads",
+            f"{written}, but new_decoder_architecture = {json_value(new_arch)}, multi_query = {json_value(multi_query)} "
+            f"and num_kv_heads = {json_value(kv_cfg)} give {kv} key/value heads; make it {kv} or remove the key",
+        )
     f["n_kv_heads"], f["placement"] = kv, placement
     if r.flag("alibi", False):
         r.ignore("rope_parameters", "rope_theta", "rope_scaling")  # transformers builds no rotary table then
@@ -93,6 +106,7 @@ def write_architecture(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict)
         cfg.update(new_decoder_architecture=True, parallel_attn=True, num_kv_heads=kv, num_ln_in_parallel_attn=1)
     else:
         cfg.update(new_decoder_architecture=False, parallel_attn=True, multi_query=kv == 1)
+    cfg["num_key_value_heads"] = kv  # what transformers 5.25+ writes beside the flags
     if f["position"].type == "alibi":
         cfg["alibi"] = True
     else:

@@ -89,6 +89,19 @@ class Timer:
         self._t = now
 
 
+def finish() -> None:
+    """End a rank after its results are written: wait for every rank, destroy the process group, flush, and leave
+    without interpreter finalisation. On a loaded machine torch 2.13's gloo could still abort a rank while the
+    interpreter tore down ("terminate called without an active exception"), after the results were complete: the
+    outcome of a numerics test then depended on the load. ``os._exit`` skips that teardown, and nothing is lost,
+    since everything the test reads is on disk and flushed."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def write_results(out: dict, rank: int) -> None:
     """Rank-wise JSON to ``$MODKIT_DIST_OUT/rank{r}.json`` (the test reads them) and a printed summary."""
     out_dir = Path(os.environ.get("MODKIT_DIST_OUT", "."))

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import TINY_LLAMA, Timer, loss_fn, max_diff, param_diff, setup, write_results  # noqa: E402
+from _common import TINY_LLAMA, Timer, loss_fn, max_diff, param_diff, finish, setup, write_results  # noqa: E402
 import tp_grads  # noqa: E402
 
 import modkit  # noqa: E402
@@ -81,8 +81,7 @@ def main() -> None:
     timer.lap("export")
     res["times_s"] = timer.times
     write_results(res, rank)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

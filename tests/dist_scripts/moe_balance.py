@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import loss_fn, max_diff, setup, write_results  # noqa: E402
+from _common import loss_fn, max_diff, finish, setup, write_results  # noqa: E402
 
 import modkit  # noqa: E402
 from modkit import balance  # noqa: E402
@@ -102,7 +102,7 @@ def main() -> None:
         "shared_up_local_rows": int(mp_local(tp.layers[1].ffn.shared.up.weight).shape[0]),
     }
     write_results(res, rank)
-    dist.destroy_process_group()
+    finish()
 
 
 def mp_local(t: torch.Tensor) -> torch.Tensor:

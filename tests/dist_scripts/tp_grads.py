@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import TINY_LLAMA, Timer, loss_fn, max_diff, param_diff, setup, write_results  # noqa: E402
+from _common import TINY_LLAMA, Timer, loss_fn, max_diff, param_diff, finish, setup, write_results  # noqa: E402
 
 import modkit  # noqa: E402
 from modkit import Component, ComponentConfig, PositionScheme, hookimpl  # noqa: E402
@@ -175,8 +175,7 @@ def main() -> None:
         timer.lap(name)
     res["times_s"] = timer.times
     write_results(res, rank)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

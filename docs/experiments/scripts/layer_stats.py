@@ -1,6 +1,6 @@
 """Per-layer statistics of a trained model and the same model untrained, over many windows of validation text.
 
-    python docs/experiments/scripts/layer_stats.py RUN -o docs/experiments/results/trained-vs-untrained/layer_stats.json
+    .venv/bin/python docs/experiments/scripts/layer_stats.py RUN -o docs/experiments/results/trained-vs-untrained/layer_stats.json
 
 ``modkit trace`` reports these statistics for one text; this script averages them over ``--windows``
 non-overlapping ``seq_len``-token windows from the start of tiny shakespeare's validation split (text neither model

@@ -2,7 +2,7 @@
 first, attention): the same paired-t difference (:func:`modkit.stats.mean_difference`) on the per-run losses of
 ``results.json``, at the training length (``val_loss``) and at twice it (``long_val_loss``).
 
-Run from the repository root: ``python docs/experiments/results/attention-vs-recurrent-mixers/pairs.py``.
+Run from the repository root: ``.venv/bin/python docs/experiments/results/attention-vs-recurrent-mixers/pairs.py``.
 """
 
 import json

@@ -1,6 +1,6 @@
 """Expert load of every MoE layer of a comparison's MoE runs, on the validation split.
 
-    python docs/experiments/results/dense-vs-moe/routing.py REPORT_DIR
+    .venv/bin/python docs/experiments/results/dense-vs-moe/routing.py REPORT_DIR
 
 For each run under ``REPORT_DIR/runs/*moe*`` the best checkpoint reads the whole validation split in windows of
 64 tokens; the router's choices are recorded with :func:`modkit.inspect` (``layers.I.ffn.router:output.1``, the
