@@ -10,7 +10,7 @@ Workloads (``Config`` sizes):
   transformers (``use_cache=False``); eager and ``torch.compile``. Achieved FLOP/s is compared with plain
   ``torch.matmul`` running the model's own GEMMs at the same token count (same run).
 * **decode**: greedy generation of ``new`` tokens after a ``prompt``-token prompt, batch 1: modkit's
-  :func:`modkit.generate.generate` (eager; ``compile=True``) against transformers' ``generate``; tokens/s counted
+  :func:`modkit.inference.generate.generate` (eager; ``compile=True``) against transformers' ``generate``; tokens/s counted
   end to end (prefill included, both sides alike) and per decode step. The decode roofline is
   ``bandwidth / weight bytes per token`` with the bandwidth of a large tensor copy (read + write) measured in the
   same run; weight bytes per token = every parameter except the embedding table (one row of it is read).
@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import modkit  # noqa: E402
-from modkit.generate import column_major_linears, compiled_decode, decode_logits, stream_generate  # noqa: E402
+from modkit.inference.generate import column_major_linears, compiled_decode, decode_logits, stream_generate  # noqa: E402
 
 
 @dataclass
@@ -315,7 +315,7 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
     """Greedy decode, batch 1: tokens/s ratios, roofline fraction, compile checks.
 
     modkit runs twice eagerly: as ``stream_generate`` runs by default (on a CPU with MKL it stores the
-    ``nn.Linear`` weights column-major first, :func:`modkit.generate.column_major_linears`) and on a row-major copy
+    ``nn.Linear`` weights column-major first, :func:`modkit.inference.generate.column_major_linears`) and on a row-major copy
     with ``column_major=False``; the compiled step runs by default too. transformers runs with its default layout.
     """
     import copy
@@ -413,7 +413,7 @@ def bench_moe(cfg: Config, rep: Report) -> None:
     """8-expert top-2 SwiGLU MoE block against ``MixtralSparseMoeBlock`` with the same weights.
 
     modkit's dropless dispatch sorts the ``T * top_k`` assignments by expert and runs one grouped GEMM per
-    projection (plugins/moe.py); transformers loops in Python over the experts that were hit (a host sync per
+    projection (modkit_plugins/moe.py); transformers loops in Python over the experts that were hit (a host sync per
     forward). Also: the fixed-capacity mode (not the same function: it drops overflow), active-expert FLOP/s
     against a plain matmul of one expert's GEMM size, and ``torch.compile(fullgraph=True)`` of the block.
     """

@@ -3,7 +3,7 @@
 
 Same model, same run, interleaved: bench_cpu's reference llama-like model (d_model 512, 8 layers, 8 heads / 2 KV
 heads, d_ff 1408, vocab 32000, float32, batch 1) decodes ``--steps`` tokens after a 32-token prompt with
-:func:`modkit.generate.decode_logits`, once through the current cache (``update_cache(..., mixer=self)`` ->
+:func:`modkit.inference.generate.decode_logits`, once through the current cache (``update_cache(..., mixer=self)`` ->
 ``LayerKVCache.state`` -> ``MixerCache.update``, the mask shared through the mixer's slot group) and once with those
 three calls replaced by the code they replaced (``LayerKVCache.update`` writing ``k`` / ``v`` directly, the
 slot-group scratch read off ``inputs.cache``). Both produce the same logits (checked). Prints the median seconds
@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import modkit  # noqa: E402
-import modkit.attention as attention_helpers  # noqa: E402
+import modkit.nn.attention as attention_helpers  # noqa: E402
 import modkit_plugins.attention as builtin  # noqa: E402
-from modkit.cache import MixerCache  # noqa: E402
-from modkit.generate import decode_logits  # noqa: E402
+from modkit.nn.cache import MixerCache  # noqa: E402
+from modkit.inference.generate import decode_logits  # noqa: E402
 
 SPEC = {
     "schema_version": 1, "vocab_size": 32000, "d_model": 512, "n_layers": 8, "max_seq_len": 512,
@@ -61,7 +61,7 @@ def _old_update(self, k, v, positions, valid=None):
 
 
 def _old_update_cache(inputs, k, v, *, mixer=None):
-    """``modkit.attention.update_cache`` before the contract (no per-mixer lookup)."""
+    """``modkit.nn.attention.update_cache`` before the contract (no per-mixer lookup)."""
     if inputs.cache is None:
         return k, v, inputs.positions, inputs.token_mask
     k_all, v_all, k_pos, k_valid = _old_update(inputs.cache.only, k, v, inputs.positions, inputs.token_mask)

@@ -8,7 +8,7 @@ stores them on a CPU with MKL), and each context ``N``:
 
 * **prefill**: one forward over ``N`` prompt tokens with the logits of every position (the ``prefill`` of
   ``modkit cost``); tokens/s = ``N / seconds``;
-* **decode, cached**: one new token at a time through a :class:`modkit.cache.KVCache` allocated for ``N`` tokens (a
+* **decode, cached**: one new token at a time through a :class:`modkit.nn.cache.KVCache` allocated for ``N`` tokens (a
   static cache attends over every slot it allocated, masked or not, so it is sized to the run) that holds the
   ``N - steps`` before the first timed step; each round times ``steps`` consecutive steps on a fresh copy of that
   cache, the last of them attending to ``N`` keys; per-step median;
@@ -49,8 +49,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import modkit  # noqa: E402
-from modkit.cost import CostModel, Workload  # noqa: E402
-from modkit.generate import column_major_linears, decode_logits  # noqa: E402
+from modkit.analysis.cost import CostModel, Workload  # noqa: E402
+from modkit.inference.generate import column_major_linears, decode_logits  # noqa: E402
 
 #: (spec, contexts) measured by default: nanoGPT's shakespeare-char shape with a 1,024-token position table, and the
 #: benchmarks' llama-like reference model as a spec.

@@ -42,8 +42,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import modkit  # noqa: E402
-from modkit.generate import build_sampler, column_major_linears  # noqa: E402
-from modkit.sampling import GenerationState  # noqa: E402
+from modkit.inference.generate import build_sampler, column_major_linears  # noqa: E402
+from modkit.inference.sampling import GenerationState  # noqa: E402
 
 
 def sync(device: str) -> None:
@@ -142,7 +142,7 @@ def bench_generate(tab: Table, device: str, samples: int) -> None:
             logits = model(token[:, None], cache=cache).logits[:, -1]
         return out
 
-    from modkit.generate import generate
+    from modkit.inference.generate import generate
 
     t = timed({"hand": hand, "generate": lambda: generate(model, prompt, max_new_tokens=new, temperature=0)}, device, samples, 1)
     tab.add(f"greedy decode of {new} tokens, reference model: argmax loop -> generate(temperature=0)", t["hand"], t["generate"],
@@ -180,7 +180,7 @@ def bench_rope(tab: Table, device: str, samples: int) -> None:
 
 @torch.no_grad()
 def bench_softcap(tab: Table, device: str, samples: int) -> None:
-    from modkit.generate import generate
+    from modkit.inference.generate import generate
 
     plain = modkit.build(reference_spec(), device=device, seed=0).eval()
     capped_spec = reference_spec()

@@ -10,12 +10,12 @@ attempt to allocate terabytes fails instead of taking the machine down):
   ``from_hf_config``;
 * ``checkpoint``: damaged modkit checkpoints and Hugging Face folders through ``load`` / ``from_hf``;
 * ``cli``: bad command lines through ``modkit.cli.main``;
-* ``generate``: bad arguments to ``modkit.generate``.
+* ``generate``: bad arguments to ``modkit.inference.generate``.
 
 Each mutation that makes the input wrong by construction (a bool or a string where a number belongs, a
 non-finite float, a size beyond the documented bound, a duplicate key, an empty layer selection, undecodable
 bytes...) is labelled *bad*; a bad input that is accepted counts as ``accepted-bad``. Other outcomes:
-``named`` (an error of :mod:`modkit.errors`, or a ``ValueError`` raised by modkit's own code; for specs the
+``named`` (an error of :mod:`modkit.core.errors`, or a ``ValueError`` raised by modkit's own code; for specs the
 SpecError names a path, ``named-root`` when it names only the document), ``raw`` (any other exception: a
 Python or torch error escaping, or the CLI's "internal error"), ``hang`` (the alarm fired), ``slow`` (an
 accepted spec that takes over 1 s to build on meta).
@@ -71,7 +71,7 @@ def deadline(seconds: float):
 
 def _ours(exc: BaseException) -> bool:
     """An error modkit raised on purpose: a ModkitError, or a ValueError whose raising frame is modkit's code."""
-    from modkit.errors import ModkitError
+    from modkit.core.errors import ModkitError
 
     if isinstance(exc, ModkitError):
         return True
@@ -236,7 +236,7 @@ def _classify_spec_error(exc) -> str:
 
 def run_specs(n: int, rng: random.Random, tmp: Path, timeout: float, log) -> Counter:
     import modkit
-    from modkit.errors import SpecError
+    from modkit.core.errors import SpecError
 
     docs = [(p.name, json.loads(p.read_text())) for p in SPECS]
     out: Counter = Counter()
@@ -298,7 +298,7 @@ def _consumed_keys(name: str, doc: dict) -> set[str]:
 
 def run_hf(n: int, rng: random.Random, tmp: Path, timeout: float, log) -> Counter:
     import modkit
-    from modkit.errors import SpecError
+    from modkit.core.errors import SpecError
 
     docs = [(p.parent.name, json.loads(p.read_text())) for p in CONFIGS]
     out: Counter = Counter()
@@ -791,7 +791,7 @@ def generate_cases():
 
 def run_generate(timeout: float, log) -> Counter:
     import modkit
-    from modkit.generate import generate
+    from modkit.inference.generate import generate
 
     models = {
         "llama": modkit.build(json.loads((REPO / "specs" / "tiny-llama.json").read_text())).eval(),

@@ -16,21 +16,22 @@ Public API::
     with modkit.inspect(model) as rec: model(input_ids) # rec["layers.0:update"], rec["layers.0.attention:weights"]
 
 For component authors: :class:`Component`, :class:`ComponentConfig`, :func:`Slot`, :func:`hookimpl`, the contracts
-in :mod:`modkit.interfaces`, and the attention helpers of :mod:`modkit.attention` (the mask from positions,
+in :mod:`modkit.core.interfaces`, and the attention helpers of :mod:`modkit.nn.attention` (the mask from positions,
 token mask and window; the dead-row guard; the KV-cache update) that the built-in attention uses too.
 
-The names load on first use (:mod:`modkit._lazy`): ``import modkit`` and light submodules such as :mod:`modkit.cli`
-and :mod:`modkit.errors` do not import torch; ``modkit.build`` does, the first time it is used.
+The names load on first use (:mod:`modkit.core._lazy`): ``import modkit`` and light submodules such as :mod:`modkit.cli`
+and :mod:`modkit.core.errors` do not import torch; ``modkit.build`` does, the first time it is used.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import make_lazy
+from modkit.core import moved
+from modkit.core._lazy import make_lazy
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use
-    from .attention import (
+    from modkit.nn.attention import (
         PreparedMask,
         attention_mask,
         is_plain_causal,
@@ -41,11 +42,11 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
         update_cache,
         update_cache_entries,
     )
-    from .build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
-    from .cache import CacheEntry, CacheSpec, KVCache, LayerKVCache, MixerCache
-    from .config import ComponentConfig, Slot
-    from .cost import CostError, CostModel, Workload, elementwise, flops_per_token
-    from .errors import (
+    from modkit.nn.build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
+    from modkit.nn.cache import CacheEntry, CacheSpec, KVCache, LayerKVCache, MixerCache
+    from modkit.core.config import ComponentConfig, Slot
+    from modkit.analysis.cost import CostError, CostModel, Workload, elementwise, flops_per_token
+    from modkit.core.errors import (
         CheckpointError,
         ModkitError,
         RegistryError,
@@ -54,13 +55,13 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
         SpecWarning,
         UnknownConfigKeyWarning,
     )
-    from .checkpoint import load, save
-    from .hf import from_hf, from_hf_config, to_hf
-    from .hooks import hookimpl
-    from .inspection import Recording, inspect
-    from .interfaces import AttentionInputs, BuildContext, Init, PositionGeometry, PositionScheme, add_aux, run_ffn, split_aux
-    from .model import Model, ModelOutput
-    from .registry import Component, Registry, get_registry
+    from modkit.io.checkpoint import load, save
+    from modkit.io.hf import from_hf, from_hf_config, to_hf
+    from modkit.core.hooks import hookimpl
+    from modkit.analysis.inspection import Recording, inspect
+    from modkit.core.interfaces import AttentionInputs, BuildContext, Init, PositionGeometry, PositionScheme, add_aux, run_ffn, split_aux
+    from modkit.nn.model import Model, ModelOutput
+    from modkit.core.registry import Component, Registry, get_registry
     from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
 
 #: exported name -> the module defining it (the same names as the imports above, checked by tests/test_cli.py)
@@ -68,28 +69,28 @@ _EXPORTS = {
     **dict.fromkeys(
         ("PreparedMask", "attention_mask", "is_plain_causal", "masked_attention", "masked_softmax", "position_bias",
          "prepare_mask", "update_cache", "update_cache_entries"),
-        "modkit.attention",
+        "modkit.nn.attention",
     ),
     **dict.fromkeys(
-        ("active_params_per_token", "breakdown", "build", "count_params", "kv_cache_bytes_per_token", "summarize"), "modkit.build"
+        ("active_params_per_token", "breakdown", "build", "count_params", "kv_cache_bytes_per_token", "summarize"), "modkit.nn.build"
     ),
-    **dict.fromkeys(("CacheEntry", "CacheSpec", "KVCache", "LayerKVCache", "MixerCache"), "modkit.cache"),
-    **dict.fromkeys(("ComponentConfig", "Slot"), "modkit.config"),
-    **dict.fromkeys(("CostError", "CostModel", "Workload", "elementwise", "flops_per_token"), "modkit.cost"),
+    **dict.fromkeys(("CacheEntry", "CacheSpec", "KVCache", "LayerKVCache", "MixerCache"), "modkit.nn.cache"),
+    **dict.fromkeys(("ComponentConfig", "Slot"), "modkit.core.config"),
+    **dict.fromkeys(("CostError", "CostModel", "Workload", "elementwise", "flops_per_token"), "modkit.analysis.cost"),
     **dict.fromkeys(
         ("CheckpointError", "ModkitError", "RegistryError", "SamplingError", "SpecError", "SpecWarning", "UnknownConfigKeyWarning"),
-        "modkit.errors",
+        "modkit.core.errors",
     ),
-    **dict.fromkeys(("load", "save"), "modkit.checkpoint"),
-    **dict.fromkeys(("from_hf", "from_hf_config", "to_hf"), "modkit.hf"),
-    **dict.fromkeys(("hookimpl",), "modkit.hooks"),
-    **dict.fromkeys(("Recording", "inspect"), "modkit.inspection"),
+    **dict.fromkeys(("load", "save"), "modkit.io.checkpoint"),
+    **dict.fromkeys(("from_hf", "from_hf_config", "to_hf"), "modkit.io.hf"),
+    **dict.fromkeys(("hookimpl",), "modkit.core.hooks"),
+    **dict.fromkeys(("Recording", "inspect"), "modkit.analysis.inspection"),
     **dict.fromkeys(
         ("AttentionInputs", "BuildContext", "Init", "PositionGeometry", "PositionScheme", "add_aux", "run_ffn", "split_aux"),
-        "modkit.interfaces",
+        "modkit.core.interfaces",
     ),
-    **dict.fromkeys(("Model", "ModelOutput"), "modkit.model"),
-    **dict.fromkeys(("Component", "Registry", "get_registry"), "modkit.registry"),
+    **dict.fromkeys(("Model", "ModelOutput"), "modkit.nn.model"),
+    **dict.fromkeys(("Component", "Registry", "get_registry"), "modkit.core.registry"),
     **dict.fromkeys(("ModelSpec", "SpecContext", "json_schema", "load_component", "load_spec"), "modkit.spec"),
 }
 
@@ -166,3 +167,4 @@ __all__ = [
 ]
 
 make_lazy(__name__, _EXPORTS)
+moved.install()  # the import paths of 0.1 (modkit.cache, modkit.cost, ...) keep working, with a DeprecationWarning

@@ -4,7 +4,7 @@
 SIGKILL between the two renames, a folder that ``load`` refused ("spec.json differs from the spec stored in
 model.safetensors"): the old checkpoint lost, the new one unusable, and ``.tmp`` files piling up. Real
 processes (``os.fork``) are killed here before every named step of the protocol (the fault-injection hook
-:func:`modkit.atomic.on_step`) and before every file-system call it makes: every kill point is chosen, none is a
+:func:`modkit.io.atomic.on_step`) and before every file-system call it makes: every kill point is chosen, none is a
 timed instant, so the outcome of each kill is known in advance and asserted.
 """
 
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import modkit
-from modkit import atomic
-from modkit.atomic import JOURNAL
+from modkit.io import atomic
+from modkit.io.atomic import JOURNAL
 
 from conftest import tiny_spec
 
@@ -62,7 +62,7 @@ def _run_child(body) -> int:
 
 
 def _steps_of_a_save(model, folder) -> list[str]:
-    """The named steps (:func:`modkit.atomic.on_step`) of one save of ``model`` into ``folder``, in order."""
+    """The named steps (:func:`modkit.io.atomic.on_step`) of one save of ``model`` into ``folder``, in order."""
     steps: list[str] = []
     with atomic.on_step(lambda step, where: steps.append(step)):
         modkit.save(model, folder)
@@ -251,7 +251,7 @@ def test_a_tampered_journal_is_refused_not_followed(tmp_path, two_models):
 
 def test_a_reader_that_cannot_write_still_sees_the_committed_checkpoint(tmp_path, two_models, monkeypatch):
     """Past the commit point, a reader without write access reads the new files from where they wait."""
-    import modkit.atomic as atomic
+    import modkit.io.atomic as atomic
 
     folder = tmp_path / "ckpt"
     modkit.save(two_models["model-a"], folder)

@@ -7,7 +7,7 @@ import torch
 
 import modkit
 from modkit import AttentionInputs
-from modkit.interfaces import BuildContext
+from modkit.core.interfaces import BuildContext
 from tests.conftest import tiny_spec
 
 
@@ -48,7 +48,7 @@ def _reference(m, x, positions, valid=None, causal=True, window=None):
 
 @pytest.mark.parametrize("eager", [False, True])
 def test_c05_fully_masked_row_is_zero_not_nan(eager):
-    from modkit_plugins.attention import masked_attention
+    from modkit.plugin import masked_attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 1, 3, 4, requires_grad=True) for _ in range(3))

@@ -1,4 +1,4 @@
-"""modkit's public attention helpers (``modkit.attention``): the mask, the dead-row guard, the cache update.
+"""modkit's public attention helpers (``modkit.nn.attention``): the mask, the dead-row guard, the cache update.
 
 Values are checked against explicit small cases and a plain softmax reference; the built-in attention and a
 hand-written attention built from the helpers give the same logits as each other's math.
@@ -13,7 +13,7 @@ import torch
 
 import modkit
 from modkit import AttentionInputs, KVCache
-from modkit.cache import LayerGeometry
+from modkit.nn.cache import LayerGeometry
 
 
 def test_mask_from_positions_token_mask_and_window():

@@ -265,7 +265,7 @@ def test_attention_span_sizes_the_ring():
 
 
 def test_chunked_cost_counts_only_pairs_within_a_chunk():
-    from modkit.cost import CostModel, Workload
+    from modkit.analysis.cost import CostModel, Workload
 
     spec = _spec({"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "attention_chunk_size": 8})
     full = _spec({"type": "gqa", "n_heads": 4, "n_kv_heads": 2})

@@ -103,7 +103,7 @@ def test_concurrent_builds_get_their_own_dtype_and_values():
 
 def test_construction_mode_is_private_to_the_building_thread():
     """While one thread is inside construction, another thread's tensors and init calls are unaffected."""
-    from modkit.build import _Construction
+    from modkit.nn.build import _Construction
 
     inside, release = threading.Event(), threading.Event()
     seen = {}
@@ -135,7 +135,7 @@ def test_construction_mode_is_private_to_the_building_thread():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_explicit_dtypes_survive_construction(dtype):
     """Tensors created with an explicit dtype keep it; unnamed float factories take the build dtype."""
-    from modkit.build import _Construction
+    from modkit.nn.build import _Construction
 
     with torch.device("meta"), _Construction(dtype):
         plain = torch.empty(2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import modkit
-from modkit.cache import KVCache, LayerGeometry
+from modkit.nn.cache import KVCache, LayerGeometry
 
 REG = modkit.get_registry()
 

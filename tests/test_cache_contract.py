@@ -21,9 +21,9 @@ from torch import nn
 
 import modkit
 from modkit import CacheEntry, CacheSpec, Component, ComponentConfig, PositionGeometry, Slot, hookimpl
-from modkit.build import cache_state_bytes_per_sequence, kv_cache_bytes
-from modkit.cache import KVCache, LayerGeometry
-from modkit.cost import Workload
+from modkit.nn.build import cache_state_bytes_per_sequence, kv_cache_bytes
+from modkit.nn.cache import KVCache, LayerGeometry
+from modkit.analysis.cost import Workload
 from modkit.spec import position_geometry
 from modkit.testing import check_component
 

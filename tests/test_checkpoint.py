@@ -319,7 +319,7 @@ def test_export_interrupted_after_its_commit_point_is_completed_by_the_next_read
     hf, folder = saved(tmp_path)
     model = modkit.from_hf(folder)
     modkit.to_hf(model, tmp_path / "out")
-    import modkit.checkpoint as ck
+    import modkit.io.checkpoint as ck
 
     real = ck.os.replace
     calls = []
@@ -550,7 +550,7 @@ class _ToyMapper:
     aliases = ()
 
     def links(self, spec, shapes, config):
-        return [modkit.checkpoint.Link((f"toy.{n}",), (n,)) for n in shapes]
+        return [modkit.io.checkpoint.Link((f"toy.{n}",), (n,)) for n in shapes]
 
     def hf_config(self, spec, base=None):
         return {"model_type": "modkit-toy", "spec": spec.to_dict()}

@@ -498,7 +498,7 @@ def test_the_full_parser_holds_the_deferred_sampling_flags(capsys):
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
     flags = {s for a in sub.choices["generate"]._actions for s in a.option_strings}
-    from modkit.sampling import arguments
+    from modkit.inference.sampling import arguments
 
     expected = {"--" + name.replace("_", "-") for name in arguments()} | {"--temperature", "--top-k", "--top-p", "--sampling"}
     assert expected <= flags and "--min-p" in flags

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import modkit
 from modkit.cli import main
-from modkit.compare import CompareError, compare, fmt_pm, mean_std, parse_lrs, read_run, verdicts_of
+from modkit.experiments.compare import CompareError, compare, fmt_pm, mean_std, parse_lrs, read_run, verdicts_of
 from modkit.data import TokenData, default_corpus, prepare
 from modkit.train.plot import read_metrics
 
@@ -255,7 +255,7 @@ def test_text_data_is_prepared_once_for_every_run(tmp_path):
 def test_a_failing_run_in_a_worker_raises_its_own_error(setup, tmp_path):
     """With jobs > 1 a run that fails in its worker (here: weights too large for this machine, refused before any
     allocation) raises its own error, type, message and attributes intact."""
-    from modkit.errors import MemoryLimitError
+    from modkit.core.errors import MemoryLimitError
 
     root, _ = setup
     huge = tmp_path / "huge.json"
@@ -328,7 +328,7 @@ def test_a_grid_trains_every_seed_at_every_rate_and_picks_the_lowest_mean(grid):
 
 
 def test_verdicts_are_computed_from_the_runs(grid):
-    from modkit.stats import mean_difference
+    from modkit.experiments.stats import mean_difference
 
     _, result = grid
     adamw, lion = result.rows
@@ -349,8 +349,8 @@ def test_verdicts_are_computed_from_the_runs(grid):
 def test_verdicts_at_twice_the_training_length(setup, grid, tmp_path):
     """Each run's loss over every position of the windows of twice seq_len, the row's mean and std of it, and the
     verdicts on it: equal to an independent computation; a model that cannot read that far has none and gets none."""
-    from modkit.compare import merge_reports
-    from modkit.stats import mean_difference
+    from modkit.experiments.compare import merge_reports
+    from modkit.experiments.stats import mean_difference
 
     root, first = setup
     rope, learned = first.rows
@@ -386,7 +386,7 @@ def test_verdicts_at_twice_the_training_length(setup, grid, tmp_path):
 def test_merged_reports_that_repeat_labels_compare_each_source_within_itself(setup, grid, tmp_path):
     """The same designs merged from two folders (as one compare per learning rate would give): every verdict pairs
     rows of one source; none compares a design with itself or with the reference of another source."""
-    from modkit.compare import merge_reports
+    from modkit.experiments.compare import merge_reports
 
     root, first = setup
     _, second = grid
@@ -416,7 +416,7 @@ def test_merged_reports_that_repeat_labels_compare_each_source_within_itself(set
 
 
 def test_instability_curves_and_throughput_are_reported(grid):
-    from modkit.stats import instability
+    from modkit.experiments.stats import instability
 
     _, result = grid
     for row in result.rows:
@@ -441,7 +441,7 @@ def test_instability_curves_and_throughput_are_reported(grid):
 
 
 def test_reports_merge_into_one_table_with_recomputed_verdicts(setup, grid, tmp_path):
-    from modkit.compare import merge_reports
+    from modkit.experiments.compare import merge_reports
 
     root, first = setup
     _, second = grid

@@ -1,4 +1,4 @@
-"""FLOPs and memory of specs (``modkit.cost``, ``modkit cost``) against independent computations.
+"""FLOPs and memory of specs (``modkit.analysis.cost``, ``modkit cost``) against independent computations.
 
 * every spec in ``specs/``: the summed declarations equal, to the FLOP, a formula written here from the raw spec JSON
   (attention pairs counted by brute force over positions), for prefills and decoded tokens at several contexts;
@@ -22,7 +22,7 @@ from pydantic import Field
 from typing import Literal
 
 import modkit
-from modkit.cost import CostError, CostModel, Workload, flop_counter, training_flops_per_token
+from modkit.analysis.cost import CostError, CostModel, Workload, flop_counter, training_flops_per_token
 from modkit.testing import check_component
 from tests.conftest import HANG_TIMEOUT, REPO, SPECS, registry_with, tiny_spec
 
@@ -497,7 +497,7 @@ def test_the_guide_s_deepseek_v3_and_gpt_oss_prose_figures():
     """The figures the cost guide's DeepSeek-V3 / gpt-oss-120b prose derives by hand, recomputed: the active-parameter
     sum, the latent against the expanded cache, attention's share of the FLOPs, gpt-oss's active count without the
     embedding, its sinks."""
-    from modkit.cost import active_params_per_token
+    from modkit.analysis.cost import active_params_per_token
 
     guide = (REPO / "docs" / "guides" / "cost.md").read_text()
     section = guide[guide.index("## Example: DeepSeek-V3"):guide.index("## The explainers")]

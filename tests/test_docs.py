@@ -28,7 +28,7 @@ from tests.conftest import HANG_TIMEOUT, pip_install_copies
 
 import modkit
 from modkit import docs
-from modkit.registry import Component, Registry
+from modkit.core.registry import Component, Registry
 
 REPO = Path(__file__).resolve().parents[1]
 #: the 30 Hugging Face model types the reference page must list: the 14 of the first converters, the 13 of today's
@@ -117,7 +117,7 @@ def test_aliases_are_shown_as_aliases_not_as_pages(pages, registry):
 
 def test_sampling_steps_document_where_they_go(pages):
     page = pages["components/logits_processor/top_p.md"]
-    assert "the `sampling` list of `modkit.generate.generate`" in page and "keyword `top_p`" in page
+    assert "the `sampling` list of `modkit.inference.generate.generate`" in page and "keyword `top_p`" in page
     assert "outside the model" in page
     assert '"type": "top_p"' in page
 
@@ -194,10 +194,10 @@ def test_broken_example_fails_the_build():
 
 def test_links_outside_the_docs_are_rewritten(tmp_path):
     (tmp_path / "docs" / "guides").mkdir(parents=True)
-    md_text = "see [the README](../../README.md), [plugins](../../plugins/norm.py#L3), [ok](other.md), [web](https://x.org/a)"
+    md_text = "see [the README](../../README.md), [plugins](../../modkit_plugins/norm.py#L3), [ok](other.md), [web](https://x.org/a)"
     out = docs.rewrite_outside_links(md_text, "guides/page.md", tmp_path / "docs", tmp_path, None)
     assert "the README (`README.md` in the repository)" in out
-    assert "plugins (`plugins/norm.py` in the repository)" in out
+    assert "plugins (`modkit_plugins/norm.py` in the repository)" in out
     assert "[ok](other.md)" in out and "[web](https://x.org/a)" in out
     out = docs.rewrite_outside_links(md_text, "guides/page.md", tmp_path / "docs", tmp_path, "https://github.com/o/r")
     assert "[the README](https://github.com/o/r/blob/HEAD/README.md)" in out
@@ -224,7 +224,7 @@ def test_spec_reference_lists_every_top_level_field(pages, registry):
 
 
 def test_api_pages_cover_the_package(pages):
-    for name in ("modkit", "modkit.spec", "modkit.build", "modkit.registry", "modkit.interfaces"):
+    for name in ("modkit", "modkit.spec", "modkit.nn.build", "modkit.core.registry", "modkit.core.interfaces"):
         assert f"::: {name}" in pages[f"reference/api/{name}.md"]
 
 
@@ -415,7 +415,7 @@ def test_every_kind_page_states_its_contract(pages, registry):
     for kind in registry.kinds():
         page = pages[docs.kind_path(kind)]
         section = page[page.index("## Contract\n"):page.index("## Components\n")]
-        assert contracts[kind] in section, f"kind {kind}: its contract from modkit.interfaces is not on its page"
+        assert contracts[kind] in section, f"kind {kind}: its contract from modkit.core.interfaces is not on its page"
     assert "router" in contracts
 
     # a kind the core does not know (a third-party plugin's) still gets a contract section saying what holds
@@ -522,7 +522,7 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
     assert f"d_model = {d}, n_heads = {docs.EXAMPLE_CONTEXT['n_heads']}" in table
     for entry in registry.components("attention"):
         cfg = modkit.load_component("attention", entry.example_config(), registry=registry)
-        if entry.type == "mla":  # latent attention: its own formulas (plugins/mla.py), decode in the absorbed form
+        if entry.type == "mla":  # latent attention: its own formulas (modkit_plugins/mla.py), decode in the absorbed form
             continue
         h = cfg.n_heads
         kv = cfg.n_kv_heads or (1 if entry.type == "mqa" else h)
@@ -583,17 +583,17 @@ def test_component_pages_name_their_source(pages, registry, tmp_path):
     rms = registry.get("norm", "rmsnorm").config
     line = inspect.getsourcelines(rms)[1]
     assert source_location(rms, REPO, "https://example.org/modkit") == \
-        f"[`plugins/norm.py` line {line}](https://example.org/modkit/blob/HEAD/plugins/norm.py#L{line})"
+        f"[`modkit_plugins/norm.py` line {line}](https://example.org/modkit/blob/HEAD/modkit_plugins/norm.py#L{line})"
     # outside the site's repository (an installed plugin): the module and its file, no invented link
     assert source_location(rms, tmp_path, "https://example.org/modkit") == \
-        f"module `modkit_plugins.norm`, file `plugins/norm.py` line {line}"
+        f"module `modkit_plugins.norm`, file `modkit_plugins/norm.py` line {line}"
 
 
 def test_hugging_face_page_lists_every_model_type(pages, registry):
     import re
     import warnings
 
-    from modkit.hf import convert_hf_config
+    from modkit.io.hf import convert_hf_config
 
     page = pages["reference/hugging-face.md"]
     types = registry.hf_model_types()
@@ -977,7 +977,7 @@ def test_api_index_sets_the_public_api_apart(pages):
     public_part, internal_part = index.split("## Internals")
     modules = api_modules()
     public = public_modules(modules)
-    assert "modkit.spec" in public and "modkit.generate" in public and "modkit.cli.build" not in public
+    assert "modkit.spec" in public and "modkit.inference.generate" in public and "modkit.cli.build" not in public
     for name in modules:
         link = f"[`{name}`]({name}.md)"
         assert (link in public_part) == (name in public) and (link in internal_part) == (name not in public), name

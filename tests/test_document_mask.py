@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import modkit
-import modkit.attention as attention_helpers
-from modkit.documents import document_ids, document_mask_problems, document_positions
+import modkit.nn.attention as attention_helpers
+from modkit.nn.documents import document_ids, document_mask_problems, document_positions
 
 from conftest import registry_with, tiny_spec
 

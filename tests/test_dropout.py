@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import modkit
-from modkit.interfaces import dropout
+from modkit.core.interfaces import dropout
 
 from conftest import registry_with, tiny_spec
 

@@ -4,7 +4,7 @@ deeply nested, breaks the building of an error message.
 A key that is not a plain identifier used to be printed after a dot: the key ``"["`` of ``block`` read as
 ``block.[`` (list syntax; the fuzz test's own path parser crashed on it), ``"a.b"`` as two keys, ``"0"`` as an
 index, ``""`` as nothing. Now such keys are quoted as JSON strings in brackets (``block["["]``), and
-:func:`modkit.validation.resolve_path` resolves any printed path back to its node: the tests below use it on the
+:func:`modkit.core.validation.resolve_path` resolves any printed path back to its node: the tests below use it on the
 errors of specs, training configs, Hugging Face configs and the ``modkit`` command's output.
 """
 
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import modkit
 from modkit import cli
-from modkit.errors import SpecError, UnknownConfigKeyWarning
-from modkit.validation import PathError, format_path, json_value, parse_path, resolve_path
+from modkit.core.errors import SpecError, UnknownConfigKeyWarning
+from modkit.core.validation import PathError, format_path, json_value, parse_path, resolve_path
 
 from conftest import TINY, tiny_spec
 
@@ -153,8 +153,8 @@ def test_hugging_face_config_errors_and_warnings_quote_keys(where, key):
 
 
 def test_sampling_list_errors_quote_keys():
-    from modkit.errors import SamplingError
-    from modkit.generate import build_sampler
+    from modkit.core.errors import SamplingError
+    from modkit.inference.generate import build_sampler
 
     steps = [{"type": "temperature", "value": 1.0}, {"type": "min_p", "p": 0.1, "a.b": 1}]
     with pytest.raises(SamplingError) as info:
@@ -279,7 +279,7 @@ def test_a_hugging_face_model_type_nested_deeply_is_one_clean_error():
         modkit.from_hf_config({"model_type": _deep(5000)})
     (path, message), = info.value.errors
     assert path == "model_type"
-    assert "nested deeper than 64 levels" in message and "modkit.limits.MAX_JSON_DEPTH" in message
+    assert "nested deeper than 64 levels" in message and "modkit.core.limits.MAX_JSON_DEPTH" in message
     assert message.endswith("got " + "[" * 37 + "...") and len(message) < 200, message
 
 
@@ -313,9 +313,9 @@ def test_a_deeply_nested_value_in_a_training_config_or_hf_key_is_named():
 def test_message_builders_bound_what_they_render():
     """The renderers themselves (reached without the entry check) never recurse: json_value, the Hugging Face
     model_type check, the unknown-key warning, an argument check."""
-    from modkit.arguments import check_int
-    from modkit.errors import ArgumentError
-    from modkit.hf import _model_type
+    from modkit.core.arguments import check_int
+    from modkit.core.errors import ArgumentError
+    from modkit.io.hf import _model_type
 
     deep = _deep(100_000)
     assert json_value(deep) == "[" * 57 + "..."
@@ -347,8 +347,8 @@ def test_generate_prompt_ids_past_int64_name_the_value_and_the_bound(tmp_path, c
 
 
 def test_generate_in_python_names_the_vocabulary_bound():
-    from modkit.errors import ArgumentError
-    from modkit.generate import generate
+    from modkit.core.errors import ArgumentError
+    from modkit.inference.generate import generate
 
     model = modkit.build(TINY, seed=0).eval()
     for ids in ([[2**64]], [[1, 2**63]], [[-1]], [[64]]):
@@ -359,7 +359,7 @@ def test_generate_in_python_names_the_vocabulary_bound():
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["--context", str(2**64)], "--context must be at most 134,217,728 (modkit.limits.MAX_SEQ_LEN"),
+        (["--context", str(2**64)], "--context must be at most 134,217,728 (modkit.core.limits.MAX_SEQ_LEN"),
         (["--train-seq-len", str(2**64)], "--train-seq-len must be at most 134,217,728"),
         (["--batch", str(2**64)], "past the 2**63 bytes a tensor size can express"),
         (["--batch", str(10**12), "--context", str(2**27)], "past the 2**63 bytes a tensor size can express"),

@@ -15,15 +15,15 @@ import pkgutil
 import pytest
 
 import modkit
-import modkit.compare
-import modkit.cost
+import modkit.experiments.compare
+import modkit.analysis.cost
 import modkit.data.tokenizer
-import modkit.errors
-import modkit.jsonio
+import modkit.core.errors
+import modkit.core.jsonio
 import modkit.parallel
-import modkit.trace
+import modkit.analysis.trace
 import modkit.train.loop
-from modkit.errors import ArgumentError, MemoryLimitError, ModkitError, SamplingError, SpecError
+from modkit.core.errors import ArgumentError, MemoryLimitError, ModkitError, SamplingError, SpecError
 
 ERRORS = [
     SpecError([("block.ffn.d_ff", "Input should be greater than 0 (got -1)"), ("", "root problem")], source="a.json"),
@@ -31,10 +31,10 @@ ERRORS = [
     MemoryLimitError("would need about 600 GiB", needed=600 * 2**30, available=2**34),
     ArgumentError("--max-new-tokens", "--max-new-tokens must be >= 1, got 0"),
     modkit.train.loop.TrainError("seq_len = 64 exceeds the model's max_seq_len = 32; lower seq_len"),
-    modkit.compare.CompareError("seeds = 0: give 1 or more"),
-    modkit.cost.CostError("no FLOPs declaration"),
-    modkit.trace.TraceError("no tokenizer"),
-    modkit.jsonio.JSONInputError([("", "Expecting value: line 1, column 1")], "a.json"),
+    modkit.experiments.compare.CompareError("seeds = 0: give 1 or more"),
+    modkit.analysis.cost.CostError("no FLOPs declaration"),
+    modkit.analysis.trace.TraceError("no tokenizer"),
+    modkit.core.jsonio.JSONInputError([("", "Expecting value: line 1, column 1")], "a.json"),
     modkit.parallel.ParallelError("tp does not divide n_heads"),
     modkit.data.tokenizer.UnknownTokenError("'é' is not in the vocabulary", piece="é", position=3, index=None),
 ]

@@ -137,7 +137,7 @@ def test_document_mask_needs_separators_and_a_capable_attention(tmp_path):
 
 
 def test_compare_reports_bits_per_byte(documents, tmp_path):
-    from modkit.compare import compare
+    from modkit.experiments.compare import compare
 
     spec = tmp_path / "tiny.json"
     spec.write_text(json.dumps(TINY))

@@ -23,6 +23,9 @@ import pytest
 
 from tests.conftest import HANG_TIMEOUT, env_with, pip_install_copies
 
+#: pip-installs packages: end to end, left out of make test-fast
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
 
@@ -59,9 +62,6 @@ def pip_install(sources: list[Path], workdir: Path) -> tuple[Path, float]:
 DRIVER = """
 import contextlib, io, json, sys
 from modkit import cli
-
-#: pip-installs packages: end to end, left out of make test-fast
-pytestmark = pytest.mark.slow
 results = {}
 for name, argv in json.loads(sys.argv[1]).items():
     out, err = io.StringIO(), io.StringIO()
@@ -196,7 +196,7 @@ def test_timings_are_reported(installed, capsys):
 def test_guide_shows_the_example_verbatim():
     """Every code block of the plugin guide is a verbatim part of a file of the examples, or of a skeleton that
     ``modkit new plugin`` writes (the attention guide shows the attention skeleton's ``forward``)."""
-    from modkit import scaffold
+    from modkit.cli import scaffold
 
     guide = (REPO / "docs" / "guides" / "writing-a-plugin.md").read_text()
     # the worked plugin package, and the guide's single-module examples beside it (docs/examples/latent_attention.py)

@@ -26,7 +26,7 @@ PAGES = sorted(EXPERIMENTS.glob("*.md"))
 RESULTS_LINK = re.compile(r"\]\((?:\./)?results/([^/)\s]+)/")
 #: an image: ``![alt](path)`` (an optional title after the path is ignored)
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)")
-#: a mean ± sample std figure as :func:`modkit.compare.fmt_pm` writes it
+#: a mean ± sample std figure as :func:`modkit.experiments.compare.fmt_pm` writes it
 MEAN_STD = re.compile(r"-?\d[\d,]*(?:\.\d+)? ± \d[\d,]*(?:\.\d+)?")
 #: a link into the results folders: ``](results/<stem>/<file>)``
 RESULT_FILE = re.compile(r"\]\(((?:\./)?results/[^)\s#]+)")

@@ -7,7 +7,7 @@ NaN and infinities, strings, nested containers), a key deleted or added, a key g
 damaged (truncated, binary, UTF-16, deeply nested). Properties:
 
 * a spec is either valid (and then builds on ``meta`` and round-trips through ``to_json``) or rejected with a
-  :class:`~modkit.errors.SpecError` whose every path leads into the document (the empty path only for a
+  :class:`~modkit.core.errors.SpecError` whose every path leads into the document (the empty path only for a
   problem of the whole document);
 * a Hugging Face config is either converted to a valid spec or rejected with a SpecError naming the config's
   own keys (never a path of the converted spec).
@@ -29,8 +29,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import modkit
-from modkit.errors import SpecError
-from modkit.validation import PathError, parse_path, resolve_path
+from modkit.core.errors import SpecError
+from modkit.core.validation import PathError, parse_path, resolve_path
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = {p.name: json.loads(p.read_text()) for p in sorted((REPO / "specs").glob("*.json"))}
@@ -118,7 +118,7 @@ def mutated(draw, docs: dict):
 
 def _resolves(path: str, doc) -> bool:
     """Whether an error path leads into ``doc`` (its last key may be a missing field), read by modkit's own
-    :func:`~modkit.validation.resolve_path`."""
+    :func:`~modkit.core.validation.resolve_path`."""
     if doc is None:
         return True  # the document could not be parsed by the stdlib either; the path is checked by shape only
     try:

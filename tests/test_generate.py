@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import modkit
-from modkit.generate import filter_logits, generate, sample, stream_generate
+from modkit.inference.generate import filter_logits, generate, sample, stream_generate
 from modkit_plugins.sampling import top_p_mask
 
 
@@ -131,11 +131,11 @@ def test_stream_yields_one_token_per_step_and_prefill_chunks_agree():
 
 
 def test_generate_allocates_prompt_plus_new_tokens(monkeypatch):
-    import modkit.memory
+    import modkit.nn.memory
 
     model = modkit.build(C12_SPEC, seed=0).eval()
     made, checked = [], []
-    original, fits = type(model).new_cache, modkit.memory.check_fits
+    original, fits = type(model).new_cache, modkit.nn.memory.check_fits
 
     def spy(self, *args, **kwargs):
         cache = original(self, *args, **kwargs)
@@ -147,7 +147,7 @@ def test_generate_allocates_prompt_plus_new_tokens(monkeypatch):
         return fits(nbytes, *args, **kwargs)
 
     monkeypatch.setattr(type(model), "new_cache", spy)
-    monkeypatch.setattr(modkit.memory, "check_fits", spy_fits)
+    monkeypatch.setattr(modkit.nn.memory, "check_fits", spy_fits)
     generate(model, [[1, 2, 3], [4, 5, 6]], max_new_tokens=5, temperature=0)
     (cache,) = made
     # the memory check sized (from the declarations) the very cache allocated
@@ -159,7 +159,7 @@ def test_generate_allocates_prompt_plus_new_tokens(monkeypatch):
 def test_decode_step_compiles_fullgraph_once_without_graph_breaks():
     """The decode step traces as one graph (zero graph breaks) and is not recompiled per token: the write
     pointer and positions are tensors inside the cache, so every step has the same static shapes."""
-    from modkit.generate import compiled_decode, decode_logits
+    from modkit.inference.generate import compiled_decode, decode_logits
 
     torch._dynamo.reset()
     model = modkit.build(C12_SPEC, seed=0).eval()
@@ -297,7 +297,7 @@ def test_cli_generate_text_with_a_tokenizer(tmp_path, capsys):
 
 
 def test_column_major_linears_keeps_values_names_and_checkpoints(tmp_path):
-    from modkit.generate import column_major_linears
+    from modkit.inference.generate import column_major_linears
 
     model = modkit.build(C12_SPEC, seed=0).eval()
     ids = torch.tensor([[1, 2, 3, 4]])
@@ -373,7 +373,7 @@ def test_the_built_in_schemes_without_a_table_declare_it():
 def test_max_len_raises_the_length_for_schemes_without_a_table(kind):
     """Past max_seq_len with ``max_len``: the tokens and the logits are those of the same weights specified for
     the longer length (max abs difference 0), and a MaxSeqLenWarning says the model was specified for less."""
-    from modkit.errors import ArgumentError, MaxSeqLenWarning
+    from modkit.core.errors import ArgumentError, MaxSeqLenWarning
 
     short, long = _pair({"type": kind}, 16, 48)
     prompt = [[1, 2, 3]]
@@ -390,7 +390,7 @@ def test_max_len_raises_the_length_for_schemes_without_a_table(kind):
 
 @pytest.mark.parametrize("kind", _position_types(False))
 def test_schemes_with_a_table_keep_the_refusal(kind):
-    from modkit.errors import ArgumentError
+    from modkit.core.errors import ArgumentError
 
     model = modkit.build(__import__("conftest").tiny_spec(max_seq_len=16, position={"type": kind}), seed=0).eval()
     with pytest.raises(ArgumentError, match=rf"max_len = 40 is past the model's max_seq_len = 16, and position type '{kind}'"):
@@ -405,7 +405,7 @@ def test_schemes_with_a_table_keep_the_refusal(kind):
                                              (2**64, r"max_len must be in \[1, 134217728\], got 18446744073709551616"),
                                              (1.5, "max_len must be an integer, got float 1.5")])
 def test_max_len_is_checked(value, fragment):
-    from modkit.errors import ArgumentError
+    from modkit.core.errors import ArgumentError
 
     model = modkit.build(__import__("conftest").tiny_spec(), seed=0).eval()
     with pytest.raises(ArgumentError, match=fragment):
@@ -438,7 +438,7 @@ def test_cli_max_len_generates_past_max_seq_len_with_a_warning(tmp_path, capsys)
     assert code == 0, err
     assert len(out.split()) == 20
     assert "modkit: warning: generating up to position 22 (max_len = 23), past the max_seq_len = 16" in err
-    from modkit.errors import MaxSeqLenWarning
+    from modkit.core.errors import MaxSeqLenWarning
 
     with pytest.warns(MaxSeqLenWarning):
         expected = generate(modkit.build(tiny_spec(max_seq_len=16), seed=0).eval(), [[1, 2, 3]], max_new_tokens=20,

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import modkit
-from modkit.errors import ArgumentError
-from modkit.generate import generate, stream_generate
+from modkit.core.errors import ArgumentError
+from modkit.inference.generate import generate, stream_generate
 
 from conftest import tiny_spec
 

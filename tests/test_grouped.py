@@ -1,4 +1,4 @@
-"""Tests of :func:`modkit.grouped.grouped_mm` and of the grouped (stacked) forms of the built-in FFNs."""
+"""Tests of :func:`modkit.nn.grouped.grouped_mm` and of the grouped (stacked) forms of the built-in FFNs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 
 import modkit
 from modkit import BuildContext, Component, ComponentConfig
-from modkit.grouped import grouped_mm
+from modkit.nn.grouped import grouped_mm
 from modkit_plugins.ffn import GatedConfig, MLPConfig
 from tests.conftest import registry_with
 

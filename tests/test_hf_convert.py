@@ -191,13 +191,13 @@ def test_tied_head_counted_once_and_lm_head_bias_kept():
 def test_sliding_window_overrides_are_compact():
     cfg = T.Gemma3TextConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=26,
                              intermediate_size=48, sliding_window=512, **SMALL)
-    d = modkit.hf.hf_config_to_dict(cfg.to_dict())
+    d = modkit.io.hf.hf_config_to_dict(cfg.to_dict())
     assert d["block"]["attention"]["sliding_window"] == 512
     assert [o["layers"] for o in d["overrides"]] == [{"start": 5, "step": 6}]
     assert "sliding_window" not in d["overrides"][0]["attention"]
     cfg = T.Qwen2Config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=6,
                         use_sliding_window=True, sliding_window=64, max_window_layers=4, **SMALL)
-    d = modkit.hf.hf_config_to_dict(cfg.to_dict())
+    d = modkit.io.hf.hf_config_to_dict(cfg.to_dict())
     assert d["block"]["attention"].get("sliding_window") is None
     assert d["overrides"] == [{"layers": {"start": 4}, "attention": dict(d["block"]["attention"], sliding_window=64)}]
 
@@ -430,7 +430,7 @@ def test_missing_model_type():
 
 def test_converters_do_not_import_transformers():
     root = Path(modkit.__file__).resolve().parents[1]
-    for path in list((root / "plugins").rglob("*.py")) + list((root / "modkit").rglob("*.py")):
+    for path in list((root / "modkit_plugins").rglob("*.py")) + list((root / "modkit").rglob("*.py")):
         text = path.read_text()
         assert "import transformers" not in text and "from transformers" not in text, path
 
@@ -489,7 +489,7 @@ def test_falcon_num_key_value_heads_is_read_checked_and_written(flags, kv):
     """transformers 5.25+ writes ``num_key_value_heads`` (the KV width the flags give) into a Falcon config: it is
     accepted when present and equal to the flags' width, accepted when absent (older transformers), refused by name
     when it disagrees, and written on export."""
-    from modkit.hf import _mapper
+    from modkit.io.hf import _mapper
 
     base = dict(model_type="falcon", hidden_size=64, num_attention_heads=4, num_hidden_layers=1, vocab_size=64, **flags)
     for cfg in (base, dict(base, num_key_value_heads=kv)):

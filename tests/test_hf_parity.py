@@ -308,7 +308,7 @@ def test_config_with_extra_keys_converts_and_matches(name, cls, kwargs, kind, tm
 
 def test_gemma2_greedy_generation_equals_transformers(tmp_path):
     """Greedy decoding through modkit's cache (softcapped eager attention, sliding layers) gives transformers' tokens."""
-    from modkit.generate import generate
+    from modkit.inference.generate import generate
 
     w = _quiet()
     try:

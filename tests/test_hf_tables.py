@@ -236,7 +236,7 @@ def test_supports_agrees_with_the_converted_defaults(model_type):
     interleaved RoPE exactly when the converted position layout is interleaved (DeepSeek's ``rope_interleave``, GLM,
     Cohere, Llama 4), latent attention exactly when the attention is ``mla``, and no GQA / MQA label for a latent
     attention (its key/value head count is fixed to the heads)."""
-    from modkit.hf import convert_hf_config
+    from modkit.io.hf import convert_hf_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import modkit
-from modkit.generate import generate
+from modkit.inference.generate import generate
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,7 +12,7 @@ from torch import nn
 
 import modkit
 from modkit import AttentionInputs, Component, ComponentConfig
-from modkit.inspection import POSITION_METHODS
+from modkit.analysis.inspection import POSITION_METHODS
 from tests.conftest import SPECS, registry_with, tiny_spec
 
 HOOK_DICTS = (

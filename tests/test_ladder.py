@@ -1,4 +1,4 @@
-"""Scaling ladders (modkit.ladder, ``modkit compare --ladder``): the fit recovers known parameters from synthetic
+"""Scaling ladders (modkit.experiments.ladder, ``modkit compare --ladder``): the fit recovers known parameters from synthetic
 losses, the compute multiplier, gaps and held-out prediction equal their closed forms, the intervals cover the truth,
 and a tiny ladder runs end to end."""
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import modkit
-from modkit.compare import RunSummary, SpecRow, compare
-from modkit.cost import training_flops_per_token
-from modkit.ladder import fit_ladder
-from modkit.stats import PowerLaw
+from modkit.experiments.compare import RunSummary, SpecRow, compare
+from modkit.analysis.cost import training_flops_per_token
+from modkit.experiments.ladder import fit_ladder
+from modkit.experiments.stats import PowerLaw
 
 from conftest import tiny_spec
 
@@ -112,7 +112,7 @@ def test_a_tiny_ladder_end_to_end(tmp_path):
 def test_a_ladder_size_the_spec_cannot_take_is_refused_before_any_run(tmp_path):
     """d_model 36 with 4 heads: head_dim 9, odd under RoPE. The comparison names the design, the size, the field and
     the widths nearby that fit, and trains nothing."""
-    from modkit.compare import CompareError
+    from modkit.experiments.compare import CompareError
     from modkit.data import default_corpus, prepare
 
     (tmp_path / "head.txt").write_text(default_corpus().read_text()[:5_000])

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import modkit
-from modkit.errors import CheckpointError, NonFiniteWeightsWarning, SpecError
+from modkit.core.errors import CheckpointError, NonFiniteWeightsWarning, SpecError
 
 from conftest import tiny_spec
 

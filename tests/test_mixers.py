@@ -22,7 +22,7 @@ import torch
 
 import modkit
 from modkit import AttentionInputs
-from modkit.build import cache_state_bytes_per_sequence, kv_cache_bytes
+from modkit.nn.build import cache_state_bytes_per_sequence, kv_cache_bytes
 
 transformers = pytest.importorskip("transformers")
 
@@ -313,7 +313,7 @@ def test_cost_reports_a_constant_state_per_sequence(name):
     only the hybrid's attention layer adds bytes per token; no crossover without attention."""
     from pathlib import Path
 
-    from modkit.cost import CostModel
+    from modkit.analysis.cost import CostModel
     cost = CostModel(Path(__file__).parents[1] / "specs" / f"{name}.json")
     short, long = (cost.report(context=n) for n in (1024, 32768))
     per_seq = short["cache_state_bytes_per_sequence"]

@@ -17,7 +17,7 @@ import torch
 import modkit
 from modkit import AttentionInputs
 from modkit.cli import main
-from modkit.cost import CostModel
+from modkit.analysis.cost import CostModel
 from modkit.testing import check_component
 
 transformers = pytest.importorskip("transformers")
@@ -239,7 +239,7 @@ def test_modkit_check_takes_a_config(tmp_path, capsys):
 
 
 def test_trace_labels_mla_projections_from_their_declarations():
-    from modkit.trace import trace
+    from modkit.analysis.trace import trace
 
     model = modkit.build(TINY_MLA, device="meta")
     t = trace(model, [1, 2, 3, 4, 5])

@@ -1,7 +1,7 @@
 """Routers as registered components and what the rest of modkit does with them (cases by hand, exact values).
 
 ``topk`` (softmax) and ``sigmoid_topk``: selection-only correction bias, group-limited selection, routed scaling,
-renormalisation; the loads a router reports (:mod:`modkit.balance`) and the bias update that reads them; shared
+renormalisation; the loads a router reports (:mod:`modkit.nn.balance`) and the bias update that reads them; shared
 experts, input-side weighting and the sequence-wise balance loss of ``moe``; compile, the contract kit, parameter and
 FLOPs declarations, TP plans, ``modkit trace`` and ``modkit cost`` on the new parts.
 """
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import modkit
-from modkit import BuildContext, balance
+from modkit import BuildContext
+from modkit.nn import balance
 from modkit.spec import load_component
 from modkit.testing import check_component
 
@@ -315,7 +316,7 @@ def test_tiny_deepseek_counts_exact():
 
 def test_cost_reports_active_parameters_and_declared_flops(capsys):
     from modkit.cli import main
-    from modkit.cost import CostModel, Workload
+    from modkit.analysis.cost import CostModel, Workload
 
     assert main(["cost", str(DEEPSEEK), "--context", "64", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -357,8 +358,8 @@ def test_bfloat16_checkpoint_keeps_the_bias_in_float32(tmp_path):
 
 
 def test_trace_shows_expert_load_per_layer():
-    from modkit.trace import trace
-    from modkit.trace_report import load_text, print_trace
+    from modkit.analysis.trace import trace
+    from modkit.analysis.trace_report import load_text, print_trace
 
     model = modkit.build(DEEPSEEK, seed=0)
     ids = list(range(1, 25))

@@ -1,4 +1,4 @@
-"""μP as a parametrization of any spec (modkit.parametrization): equal to standard at the base width, the documented
+"""μP as a parametrization of any spec (modkit.nn.parametrization): equal to standard at the base width, the documented
 init, output and attention factors away from it, and the coordinate check: flat across widths under μP, growing under
 standard parametrization."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import modkit
-from modkit.coordcheck import coord_check, write_report
-from modkit.parametrization import attention_scale, width_multiplier
-from modkit.scaling import resize
+from modkit.experiments.coordcheck import coord_check, write_report
+from modkit.nn.parametrization import attention_scale, width_multiplier
+from modkit.experiments.scaling import resize
 
 from conftest import tiny_spec
 
@@ -100,7 +100,7 @@ def test_a_width_that_cannot_fit_is_refused_naming_the_field_the_value_and_the_f
     """A derived width the ladder cannot keep valid: head_dim = d_model / n_heads = 36 / 4 = 9 is odd under RoPE;
     Mamba-2's scaled head_dim no longer divides d_inner. Refused with the size, the field, the value and the widths
     nearby that fit."""
-    from modkit.scaling import ScalingError, resize_checked
+    from modkit.experiments.scaling import ScalingError, resize_checked
 
     assert resize_checked(BASE, d_model=40)["d_model"] == 40
     with pytest.raises(ScalingError) as info:

@@ -3,7 +3,7 @@
 import torch
 
 import modkit
-from modkit.interfaces import BuildContext
+from modkit.core.interfaces import BuildContext
 
 
 def _norm(cfg: dict, dim: int):

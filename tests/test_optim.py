@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import modkit
 from modkit import SpecError
-from modkit.roles import param_roles
+from modkit.core.roles import param_roles
 from modkit.testing import check_component
 from modkit.train import TrainConfig, train
 from modkit.train.optim import OptimizerChain, OptimizerError, build_optimizer

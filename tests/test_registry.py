@@ -9,7 +9,7 @@ from torch import nn
 
 import modkit
 from modkit import Component, ComponentConfig, Registry, RegistryError, hookimpl
-from modkit import registry as registry_mod
+from modkit.core import registry as registry_mod
 
 
 class DummyConfig(ComponentConfig):

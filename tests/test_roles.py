@@ -1,4 +1,4 @@
-"""Parameter roles (:mod:`modkit.roles`): every parameter of every built-in has one, the counts are exact, and a
+"""Parameter roles (:mod:`modkit.core.roles`): every parameter of every built-in has one, the counts are exact, and a
 third-party parameter without one is a clear error (in training, in ``param_roles`` and in the contract kit)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import modkit
-from modkit.roles import ROLES, RoleError, check_shapes, param_roles, role_table
+from modkit.core.roles import ROLES, RoleError, check_shapes, param_roles, role_table
 from modkit.testing import check_component
 from modkit.train import decay_groups
 

@@ -219,7 +219,7 @@ def test_parity_inside_and_beyond_the_trained_length_and_under_the_cache(name, c
 
 
 def test_greedy_generation_with_yarn_equals_transformers(tmp_path):
-    from modkit.generate import generate
+    from modkit.inference.generate import generate
 
     hf, model = _pair(T.LlamaConfig, SCALINGS[3][2], tmp_path)
     ids = torch.randint(1, 97, (1, 5), generator=torch.Generator().manual_seed(2))

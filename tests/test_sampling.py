@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import modkit
-from modkit.generate import build_sampler, filter_logits, generate
-from modkit.sampling import GenerationState, LogitsProcessor, sampler_from_list
+from modkit.inference.generate import build_sampler, filter_logits, generate
+from modkit.inference.sampling import GenerationState, LogitsProcessor, sampler_from_list
 
 INF = float("-inf")
 
@@ -114,7 +114,7 @@ def test_the_order_is_data_on_the_entries():
 
 def test_greedy_equals_argmax_and_filter_logits_still_works():
     logits = torch.tensor([[0.1, 3.0, -2.0, 2.9], [5.0, 0.0, 0.0, 0.0]])
-    assert modkit.generate.sample(logits, temperature=0).tolist() == [1, 0]
+    assert modkit.inference.generate.sample(logits, temperature=0).tolist() == [1, 0]
     assert torch.equal(filter_logits(logits, top_k=10), logits)
 
 

@@ -21,7 +21,10 @@ from tests.conftest import HANG_TIMEOUT, env_with, pip_install_copies
 import torch
 
 import modkit
-from modkit import cli, scaffold
+from modkit import cli
+
+#: pip-installs packages: end to end, left out of make test-fast
+from modkit.cli import scaffold
 
 #: pip-installs packages: end to end, left out of make test-fast
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""modkit.stats: t quantiles equal scipy's, intervals cover the true difference at their stated rate on simulated seeds
+"""modkit.experiments.stats: t quantiles equal scipy's, intervals cover the true difference at their stated rate on simulated seeds
 (a fixed seed: deterministic), the fits recover known parameters, bootstrap and instability readings are exact."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as S
 
-from modkit.stats import (
+from modkit.experiments.stats import (
     bootstrap_seeds,
     fit_chinchilla,
     fit_power_law,

@@ -18,8 +18,8 @@ import pytest
 from pydantic import Field
 
 import modkit
-from modkit import limits
-from modkit.errors import MemoryLimitError, SpecError
+from modkit.core import limits
+from modkit.core.errors import MemoryLimitError, SpecError
 
 from conftest import registry_with, tiny_spec
 
@@ -212,7 +212,7 @@ def test_a_huge_hf_config_is_refused_at_its_key_without_converting_layer_by_laye
 @pytest.fixture
 def little_memory(monkeypatch):
     """Pretend the CPU has 1 MiB free."""
-    import modkit.memory as mem
+    import modkit.nn.memory as mem
 
     monkeypatch.setattr(mem, "available_bytes", lambda device: 2**20)
     return 2**20
@@ -230,7 +230,7 @@ def test_build_refuses_what_cannot_fit_with_the_estimate_and_the_memory_availabl
 
 
 def test_generate_refuses_a_kv_cache_that_cannot_fit(little_memory):
-    from modkit.generate import generate
+    from modkit.inference.generate import generate
 
     model = modkit.build(tiny_spec(max_seq_len=2**14), seed=0, check_memory=False).eval()
     with pytest.raises(MemoryLimitError, match="KV cache"):
@@ -289,7 +289,7 @@ def test_huge_integers_and_deep_nesting_are_named(spec_file):
     assert "nested too deeply" in root_error(spec_file(b"[" * 100_000 + b"]" * 100_000))
     deep = text.replace('"metadata"', '"x"') [:-1] + ', "metadata": {"a": ' + "[" * 70 + "]" * 70 + "}}"
     assert errors_of(str(spec_file(deep.encode())))[0] == (
-        "metadata", "nested deeper than 64 levels of objects and arrays, modkit's bound (modkit.limits.MAX_JSON_DEPTH; "
+        "metadata", "nested deeper than 64 levels of objects and arrays, modkit's bound (modkit.core.limits.MAX_JSON_DEPTH; "
         'a spec nests about 6); got {"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[...'
     )
 

@@ -18,8 +18,8 @@ import torch
 import modkit
 from modkit.cli import main
 from modkit.data import default_corpus, prepare
-from modkit.trace import TraceError, attention_entropy, position_maps, read_out, trace
-from modkit.trace_report import render_html
+from modkit.analysis.trace import TraceError, attention_entropy, position_maps, read_out, trace
+from modkit.analysis.trace_report import render_html
 from tests.conftest import REPO, SPECS, tiny_spec
 
 SPEC_FILES = sorted(SPECS.glob("*.json"))
@@ -369,7 +369,7 @@ def _bytes_file(folder: Path) -> Path:
 def test_entropy_colours_span_what_entropy_can_be(capsys):
     """Random init: every head is near-uniform (1.59 nats for 11 causal tokens); the scale is [0, mean ln(i + 1)],
     not the 0.001-nat spread of the values."""
-    from modkit.trace_report import entropy_scale, uniform_entropy
+    from modkit.analysis.trace_report import entropy_scale, uniform_entropy
 
     model = modkit.build(SPECS / "tiny-llama.json", seed=0).eval()
     t = trace(model, list(range(1, 12)))

@@ -164,10 +164,10 @@ def test_decay_rule_and_flops():
 
 
 #: ``modkit train ...`` in a process that SIGKILLs itself at the commit point of the model save inside the
-#: checkpoint of step 12 (modkit.atomic's fault-injection hook): a kill at a chosen point, not at a timed instant
+#: checkpoint of step 12 (modkit.io.atomic's fault-injection hook): a kill at a chosen point, not at a timed instant
 _KILLED_AT_STEP_12 = """
 import os, signal, sys
-from modkit import atomic
+from modkit.io import atomic
 from modkit.cli import main
 
 def hook(step, folder):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import modkit
-from modkit import balance
+from modkit.nn import balance
 from modkit.data import default_corpus, prepare
 from modkit.train import train
 from modkit.train.loop import Trainer

@@ -15,7 +15,7 @@ from pydantic import Field
 from torch import nn
 
 from modkit import CacheEntry, CacheSpec, Component, ComponentConfig, PositionGeometry, hookimpl
-from modkit.attention import masked_attention, position_bias, prepare_mask, update_cache_entries
+from modkit.nn.attention import masked_attention, position_bias, prepare_mask, update_cache_entries
 
 
 class LatentAttentionConfig(ComponentConfig):

@@ -306,7 +306,7 @@ def optional_extra(module: str) -> Optional[str]:
 @contextlib.contextmanager
 def _plugin_warnings_to_stderr():
     """Show modkit's plugin and spec warnings as one ``modkit: warning: ...`` line on stderr (never on stdout)."""
-    from modkit.errors import SpecWarning
+    from modkit.core.errors import SpecWarning
 
     with warnings.catch_warnings():
         default = warnings.showwarning

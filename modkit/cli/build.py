@@ -155,7 +155,7 @@ def _print_forward(fw: dict) -> None:
 def cmd_build(args: argparse.Namespace) -> int:
     """``modkit build SPEC``: build the model, print its card and (on a real device) run one forward pass."""
     import modkit
-    from modkit.build import summarize
+    from modkit.nn.build import summarize
 
     path = _spec_path(args.spec)
     device = _check_device(args.device)

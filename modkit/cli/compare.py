@@ -1,6 +1,6 @@
 """``modkit compare SPEC... [--train CONFIG] [--seeds K] [--lr-grid LR,...] [--FIELD V ...] [--widths W,...] [--ladder]``.
 
-Trains every spec with the same data, token budget, schedule and seeds (:func:`modkit.compare.compare`) and writes
+Trains every spec with the same data, token budget, schedule and seeds (:func:`modkit.experiments.compare.compare`) and writes
 a report folder: ``report.md`` (table, verdicts with confidence intervals, learning rates, instability, ladder fits,
 loss by position), the plots, ``results.json`` and the runs. ``--merge DIR...`` writes one report from several.
 """
@@ -136,7 +136,7 @@ def _spec_overrides(items, labels_hint: str) -> dict:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Handler of ``modkit compare``: check the arguments, run the comparison (or merge reports), print the table."""
     from . import UserError
-    from ..compare import CompareError, compare, fmt_pm, merge_reports, parse_ints, parse_lrs
+    from modkit.experiments.compare import CompareError, compare, fmt_pm, merge_reports, parse_ints, parse_lrs
     from ..train.config import parse_flag_value
 
     out = args.out or "reports/compare"

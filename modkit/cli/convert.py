@@ -67,7 +67,7 @@ def add_subcommands(sub) -> None:
 def cmd_convert_hf(args: argparse.Namespace) -> int:
     """``modkit convert hf CONFIG [-o SPEC]``: Hugging Face ``config.json`` (file or folder) -> validated spec."""
     import modkit
-    from modkit.hf import convert_hf_config
+    from modkit.io.hf import convert_hf_config
 
     src = Path(args.config)
     if not src.exists():
@@ -93,7 +93,7 @@ def cmd_convert_hf(args: argparse.Namespace) -> int:
 
 def _has_weights(folder: Path) -> bool:
     """Whether a model folder holds weights: safetensors, or pickle files (refused when converting)."""
-    from modkit.checkpoint import PICKLE_SUFFIXES
+    from modkit.io.checkpoint import PICKLE_SUFFIXES
 
     return any(p.suffix == ".safetensors" or p.name.endswith(".safetensors.index.json") or p.suffix.lower() in PICKLE_SUFFIXES
                for p in folder.iterdir() if p.is_file())

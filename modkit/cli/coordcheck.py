@@ -1,6 +1,6 @@
 """``modkit coordcheck SPEC --widths 64,128,256,512 [--steps 4] [--lr 1e-2] [--base-d-model W] [-o DIR]``.
 
-The coordinate check (:mod:`modkit.coordcheck`): the spec trained for a few steps at several widths under standard
+The coordinate check (:mod:`modkit.experiments.coordcheck`): the spec trained for a few steps at several widths under standard
 parametrization and under μP; ``DIR/report.md`` (how much each activation's change grows from the smallest to the
 largest width), ``coordcheck.png`` and ``coordcheck.json``.
 """
@@ -54,7 +54,7 @@ def cmd_coordcheck(args: argparse.Namespace) -> int:
         raise UserError(f"spec {args.spec}: no such file")
     import torch
 
-    from ..coordcheck import CoordCheckError, coord_check, write_report
+    from modkit.experiments.coordcheck import CoordCheckError, coord_check, write_report
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """``modkit cost SPEC [--context N] [--batch B] [--dtype D] [--bandwidth BYTES_PER_S] [--peak-flops FLOPS] [--json]``.
 
-Prints, from the components' own FLOPs declarations (:mod:`modkit.cost`): FLOPs per token by part for a prefill, a
+Prints, from the components' own FLOPs declarations (:mod:`modkit.analysis.cost`): FLOPs per token by part for a prefill, a
 decoded token and a training step at the context; the contexts at which attention's FLOPs overtake the FFN's; weight
 bytes per format; KV-cache bytes at context x batch; a training-memory estimate; a roofline decode latency.
 A component without a FLOPs declaration stops it with one ``modkit: error: ...`` line naming it (exit status 1).
@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Optional
 
-from ..hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS
+from modkit.analysis.hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS
 
 KIND_ORDER = ("attention", "ffn", "router")
 
@@ -74,11 +74,11 @@ def cmd_cost(args: argparse.Namespace) -> int:
     import modkit
 
     from . import UserError, _bytes, _count, _err, _registry, _spec_path, _table
-    from ..cost import PHASES, CostModel
+    from modkit.analysis.cost import PHASES, CostModel
 
     reg = _registry()
     spec = modkit.load_spec(_spec_path(args.spec), registry=reg)
-    from ..limits import MAX_SEQ_LEN
+    from modkit.core.limits import MAX_SEQ_LEN
 
     context = args.context if args.context is not None else spec.max_seq_len
     for name, value in (("--context", context), ("--batch", args.batch), ("--train-seq-len", args.train_seq_len or 1)):
@@ -86,7 +86,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
             raise UserError(f"{name} must be >= 1, got {value}")
     for name, value in (("--context", context), ("--train-seq-len", args.train_seq_len or 1)):
         if value > MAX_SEQ_LEN:
-            raise UserError(f"{name} must be at most {MAX_SEQ_LEN:,} (modkit.limits.MAX_SEQ_LEN, modkit's bound on a context "
+            raise UserError(f"{name} must be at most {MAX_SEQ_LEN:,} (modkit.core.limits.MAX_SEQ_LEN, modkit's bound on a context "
                             f"length), got {value:,}")
     per_token = modkit.kv_cache_bytes_per_token(spec, args.dtype, registry=reg)
     if per_token * context * args.batch >= 2**63:  # a tensor's byte size is an int64: torch would overflow

@@ -14,7 +14,7 @@ class UserError(Exception):
 
 def _report(exc: BaseException) -> int:
     """Print ``exc`` as ``modkit: error: ...`` (a spec error: one line per problem) on stderr; returns 1."""
-    from modkit.errors import ModkitError, SpecError
+    from modkit.core.errors import ModkitError, SpecError
 
     if isinstance(exc, SpecError):
         src = exc.source or ""

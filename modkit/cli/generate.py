@@ -89,7 +89,7 @@ def _prompt_ids(text: str, tokenizer) -> list[int]:
         if not ids:
             raise UserError("the prompt encodes to no tokens")
         return ids
-    from modkit.limits import MAX_VOCAB_SIZE
+    from modkit.core.limits import MAX_VOCAB_SIZE
 
     parts = [p for p in text.replace(",", " ").split() if p]
     if not all(re.fullmatch(r"[+-]?[0-9]+", p) for p in parts):
@@ -102,7 +102,7 @@ def _prompt_ids(text: str, tokenizer) -> list[int]:
     for i in ids:  # before the model loads: no vocabulary reaches past modkit's bound (and torch holds int64 only)
         if not 0 <= i < MAX_VOCAB_SIZE:
             raise UserError(f"--prompt holds the token id {i}, outside [0, {MAX_VOCAB_SIZE:,}): token ids are >= 0 and "
-                            f"below vocab_size, which is at most {MAX_VOCAB_SIZE:,} (modkit.limits.MAX_VOCAB_SIZE)")
+                            f"below vocab_size, which is at most {MAX_VOCAB_SIZE:,} (modkit.core.limits.MAX_VOCAB_SIZE)")
     return ids
 
 
@@ -144,8 +144,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     import modkit
 
-    from modkit.errors import MaxSeqLenWarning
-    from modkit.generate import build_sampler, check_generation, check_sampling, column_major_linears, stream_generate
+    from modkit.core.errors import MaxSeqLenWarning
+    from modkit.inference.generate import build_sampler, check_generation, check_sampling, column_major_linears, stream_generate
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -224,7 +224,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _sampling_arguments() -> dict:
     """``{keyword: (entry, field)}`` of the registered sampling steps (empty if the registry cannot load)."""
     try:
-        from modkit.sampling import arguments
+        from modkit.inference.sampling import arguments
 
         return arguments(_registry())
     except Exception:  # noqa: BLE001 - a broken registry must not take the parser down; commands report it
@@ -285,7 +285,7 @@ def _sampling_from_args(args: argparse.Namespace) -> dict:
         return given
     if given:
         raise UserError(f"--sampling replaces the sampling flags; drop {', '.join('--' + k.replace('_', '-') for k in sorted(given))}")
-    from modkit.jsonio import JSONInputError, parse_json, read_json_file
+    from modkit.core.jsonio import JSONInputError, parse_json, read_json_file
 
     text = args.sampling
     try:

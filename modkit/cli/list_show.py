@@ -117,7 +117,7 @@ def _field_rows(schema: dict, node: dict, prefix: str = "", slot_key: str = "x-m
 
 def cmd_show(args: argparse.Namespace) -> int:
     """``modkit show KIND TYPE``: fields from the config's JSON Schema, capabilities, provider, reference."""
-    from modkit.config import SLOT_KEY
+    from modkit.core.config import SLOT_KEY
 
     reg = _registry()
     _check_kind(reg, args.kind)
@@ -152,7 +152,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     _out("")
     _out("capabilities:")
     if entry.capabilities:
-        from modkit.registry import KNOWN_CAPABILITIES
+        from modkit.core.registry import KNOWN_CAPABILITIES
 
         caps = [(k, json.dumps(v, default=str), KNOWN_CAPABILITIES.get(k, "")) for k, v in sorted(entry.capabilities.items())]
         name_w = max(len(k) for k, _, _ in caps)

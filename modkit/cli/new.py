@@ -1,4 +1,4 @@
-"""``modkit new plugin NAME --kind KIND``: write a plugin package skeleton (:mod:`modkit.scaffold` holds the templates)."""
+"""``modkit new plugin NAME --kind KIND``: write a plugin package skeleton (:mod:`modkit.cli.scaffold` holds the templates)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..scaffold import KINDS, ScaffoldError, import_name, plugin_files, scaffold_plugin
+from modkit.cli.scaffold import KINDS, ScaffoldError, import_name, plugin_files, scaffold_plugin
 
 
 def _clashes(name: str, kind: str, type_: str) -> list[str]:
     """Why the new plugin would clash with what is installed: its plugin name or its ``kind/type`` already taken."""
     try:
-        from ..registry import get_registry
+        from modkit.core.registry import get_registry
 
         reg = get_registry()
         problems = []

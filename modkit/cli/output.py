@@ -1,5 +1,5 @@
 """Output helpers of the ``modkit`` command: stdout / stderr lines, aligned tables, counts and byte sizes, and the
-lines of a :class:`~modkit.errors.SpecError`. Plain functions with no modkit imports (other command modules and
+lines of a :class:`~modkit.core.errors.SpecError`. Plain functions with no modkit imports (other command modules and
 extension modules use them: ``from modkit.cli import _table, _count``)."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _bytes(n: float) -> str:
 
 
 def _spec_error_lines(exc: Any, source: Optional[str]) -> list[str]:
-    """``SOURCE: path: message`` per error of a :class:`~modkit.errors.SpecError` (path omitted when empty)."""
+    """``SOURCE: path: message`` per error of a :class:`~modkit.core.errors.SpecError` (path omitted when empty)."""
     src = source or getattr(exc, "source", None)
     lines = []
     for path, message in exc.errors:

@@ -13,8 +13,8 @@ the ``*-shakespeare-char`` specs) when ``vocab_size >= 65``; below that ``--text
 (give ``--ids``). Weights without a tokenizer get no default: they were trained with one the folder does not hold.
 A tokenizer with more ids than the model is an error naming both sizes; one with fewer, given by hand, a warning.
 
-Prints the terminal view (:func:`modkit.trace_report.print_trace`) and, with ``--html OUT``, writes the
-self-contained report (:func:`modkit.trace_report.write_html`). Errors reach the user as one
+Prints the terminal view (:func:`modkit.analysis.trace_report.print_trace`) and, with ``--html OUT``, writes the
+self-contained report (:func:`modkit.analysis.trace_report.write_html`). Errors reach the user as one
 ``modkit: error: ...`` line (exit status 1).
 """
 
@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ModkitError
+from modkit.core.errors import ModkitError
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -138,7 +138,7 @@ def choose_tokenizer(arg: Optional[str], folder: Optional[Path], *, weights: boo
 
     Raises:
         TraceInputError: ``--text`` with no tokenizer that fits, naming the model's ``vocab_size``.
-        modkit.errors.DataError: a tokenizer with more ids than ``vocab_size`` (both named), or one that cannot be
+        modkit.core.errors.DataError: a tokenizer with more ids than ``vocab_size`` (both named), or one that cannot be
             read.
     """
     from ..data import byte_tokenizer, check_fits, load_tokenizer
@@ -176,9 +176,9 @@ def choose_tokenizer(arg: Optional[str], folder: Optional[Path], *, weights: boo
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    """Run :func:`modkit.trace.trace` and print it; write the HTML report with ``--html``."""
-    from ..trace import trace
-    from ..trace_report import print_trace, write_html
+    """Run :func:`modkit.analysis.trace.trace` and print it; write the HTML report with ``--html``."""
+    from modkit.analysis.trace import trace
+    from modkit.analysis.trace_report import print_trace, write_html
     from .output import _err
 
     if args.top_k < 1:

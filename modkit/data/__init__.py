@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import make_lazy
+from modkit.core._lazy import make_lazy
 
-if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use (modkit._lazy)
-    from ..errors import DataError
+if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use (modkit.core._lazy)
+    from modkit.core.errors import DataError
     from .corpus import cache_root, default_corpus, default_dataset
     from .dataset import RandomWindows, SequentialEpochs, TokenData, eval_batches
     from .prepare import prepare
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
 
 #: exported name -> the module defining it
 _EXPORTS = {
-    "DataError": "modkit.errors",
+    "DataError": "modkit.core.errors",
     "cache_root": "modkit.data.corpus",
     "default_corpus": "modkit.data.corpus",
     "default_dataset": "modkit.data.corpus",

@@ -3,7 +3,7 @@
 
 Tokenizes text, JSON Lines, Parquet and ``datasets`` inputs (and folders of them) into a dataset folder (``train.bin``, ``val.bin``,
 ``tokenizer.json``, ``meta.json``; see :mod:`modkit.data.prepare`) and prints a short summary. Errors in the input
-are :class:`~modkit.errors.DataError` and reach the user as one ``modkit: error: ...`` line (exit status 1).
+are :class:`~modkit.core.errors.DataError` and reach the user as one ``modkit: error: ...`` line (exit status 1).
 """
 
 from __future__ import annotations

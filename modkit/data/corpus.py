@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import DataError
+from modkit.core.errors import DataError
 from .dataset import TokenData
 from .prepare import prepare
 

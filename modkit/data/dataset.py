@@ -27,8 +27,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..errors import DataError
-from ..jsonio import JSONInputError, read_json_file
+from modkit.core.errors import DataError
+from modkit.core.jsonio import JSONInputError, read_json_file
 from .prepare import FORMAT, FORMAT_VERSION, META_FILE, TRAIN_FILE, VAL_FILE, dtype_for
 from .tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 
@@ -123,7 +123,7 @@ def _read_meta(path: Path, again: str) -> dict:
     file = path / META_FILE
     if not file.is_file():
         raise DataError(f"{path}: no {META_FILE}, so not a prepared dataset (or an interrupted prepare); {again}")
-    try:  # strictly: a regular file of bounded size, UTF-8, no duplicate keys (modkit.jsonio)
+    try:  # strictly: a regular file of bounded size, UTF-8, no duplicate keys (modkit.core.jsonio)
         meta = read_json_file(file)
     except JSONInputError as exc:
         raise DataError(f"{exc}; {again}") from None

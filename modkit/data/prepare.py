@@ -14,7 +14,7 @@ used), as nanoGPT's OpenWebText preparation appends GPT-2's ``<|endoftext|>``; `
 begin-of-text token before every document; ``eot="none"`` (and no ``bos``) inserts nothing, the documents then run
 together. Document text is encoded ordinarily: a literal ``<|endoftext|>`` in a document is text, not the separator.
 ``meta.json`` records the policy, the separator ids and the document counts (``documents``), which document-masked
-training (:mod:`modkit.documents`) reads.
+training (:mod:`modkit.nn.documents`) reads.
 
 Splits. With ``val_inputs`` the validation split is those inputs, encoded alike. Otherwise it is the last
 ``val_fraction`` of the tokens: with documents separated, the split starts at the first document that starts at or
@@ -48,8 +48,8 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from ..errors import DataError
-from ..jsonio import read_json_file
+from modkit.core.errors import DataError
+from modkit.core.jsonio import read_json_file
 from . import sources as _sources
 from .sources import FOLDER_SUFFIXES, Piece, Source, find_sources, source_digest  # noqa: F401 - re-exported
 from .tokenizer import (

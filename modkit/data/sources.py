@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from ..errors import DataError
-from ..jsonio import JSONInputError, check_regular_file
+from modkit.core.errors import DataError
+from modkit.core.jsonio import JSONInputError, check_regular_file
 
 #: Bytes read from a file at a time (the streaming chunk).
 READ_BYTES = 1 << 18

@@ -41,9 +41,9 @@ from typing import Iterable, Sequence
 import tokenizers
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 
-from ..errors import DataError
-from ..jsonio import JSONInputError, check_regular_file
-from ..limits import MAX_VOCAB_SIZE
+from modkit.core.errors import DataError
+from modkit.core.jsonio import JSONInputError, check_regular_file
+from modkit.core.limits import MAX_VOCAB_SIZE
 
 #: largest tokenizer.json read (bytes); large published vocabularies take tens of MiB
 MAX_TOKENIZER_BYTES = 256 * 2**20
@@ -371,7 +371,7 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
 
     Raises:
         DataError: ``bpe`` without a size, a size that is not an integer, one below 256 or over 2**24
-            (:data:`~modkit.limits.MAX_VOCAB_SIZE`).
+            (:data:`~modkit.core.limits.MAX_VOCAB_SIZE`).
     """
     spec = str(spec).strip()
     if spec.lower() == "char":
@@ -390,7 +390,7 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
         if n > MAX_VOCAB_SIZE:
             raise DataError(
                 f"tokenizer {spec!r}: vocabulary too large: {n:,} is over {MAX_VOCAB_SIZE:,}, modkit's bound on vocab_size "
-                "(modkit.limits.MAX_VOCAB_SIZE)"
+                "(modkit.core.limits.MAX_VOCAB_SIZE)"
             )
         return "bpe", n
     return "path", None

@@ -1,7 +1,7 @@
 """The *Comparison* table of a kind's index page: every component of the kind built alone on ``meta`` with its
 example config at the same stated sizes, measured with the project's own accounting: parameters and active
-parameters (:mod:`modkit.build`), KV-cache bytes per token (:func:`modkit.kv_cache_bytes_per_token`) and the FLOPs
-its cost declaration gives for one decoded token (:mod:`modkit.cost`). Nothing is hard-coded per component."""
+parameters (:mod:`modkit.nn.build`), KV-cache bytes per token (:func:`modkit.kv_cache_bytes_per_token`) and the FLOPs
+its cost declaration gives for one decoded token (:mod:`modkit.analysis.cost`). Nothing is hard-coded per component."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def component_figures(entry, config, registry, norm_config: Any = None) -> Figur
     A component that needs a host (a router) is built inside one; its parameters are then its own tagged ones and
     the host-dependent figures are left out.
     """
-    from ..build import active_params_per_token, kv_cache_bytes_per_token
-    from ..cost import declared_flops, Workload
+    from modkit.nn.build import active_params_per_token, kv_cache_bytes_per_token
+    from modkit.analysis.cost import declared_flops, Workload
     from .params import _build_alone, _default_norm, _tagged_params
 
     norm_config = norm_config if norm_config is not None else _default_norm(registry)
@@ -78,7 +78,7 @@ def _example_text(example: dict) -> str:
 
 def comparison_section(kind: str, docs: Sequence[Any], page: str) -> str:
     """Markdown of a kind's *Comparison* section, or ``""`` for kinds outside a model (sampling steps)."""
-    from ..sampling import KINDS as SAMPLING_KINDS
+    from modkit.inference.sampling import KINDS as SAMPLING_KINDS
 
     mine = [d for d in docs if d.entry.kind == kind and d.figures is not None]
     if kind in SAMPLING_KINDS or not mine:
@@ -109,7 +109,7 @@ def comparison_section(kind: str, docs: Sequence[Any], page: str) -> str:
     if any(c[0].startswith("KV") for c in cols):
         notes.append("KV-cache bytes per token and layer as `modkit.kv_cache_bytes_per_token` computes them")
     if any(c[0].startswith("FLOPs") for c in cols):
-        notes.append(f"FLOPs from the component's cost declaration (`modkit.cost`: matrix products, 1 multiply-add = 2 "
+        notes.append(f"FLOPs from the component's cost declaration (`modkit.analysis.cost`: matrix products, 1 multiply-add = 2 "
                      f"FLOPs) for one decoded token with {_count(COMPARE_CONTEXT)} tokens of context (only attention "
                      "depends on the context)")
     text = intro + ("; " + "; ".join(notes) if notes else "") + "."

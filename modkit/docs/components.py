@@ -81,7 +81,7 @@ def validate_examples(registry) -> dict[tuple[str, str], tuple[dict, Any]]:
     Raises:
         DocsError: one or more examples do not validate (each named with its plugin and the errors).
     """
-    from ..errors import SpecError
+    from modkit.core.errors import SpecError
     from ..spec import load_component
 
     out, problems = {}, []
@@ -104,7 +104,7 @@ def validate_examples(registry) -> dict[tuple[str, str], tuple[dict, Any]]:
 
 def component_docs(registry) -> list[ComponentDoc]:
     """Validate every example and compute what the component pages show."""
-    from ..sampling import KINDS as SAMPLING_KINDS
+    from modkit.inference.sampling import KINDS as SAMPLING_KINDS
     from ..train.optim import KIND as OPTIMIZER_KIND
 
     examples = validate_examples(registry)
@@ -132,11 +132,11 @@ def _params_section(doc: ComponentDoc) -> str:
     info, entry = doc.params, doc.entry
     ctx = EXAMPLE_CONTEXT
     if info.how == "sampling":
-        return ("None: a sampling step works on the logits during generation ([`modkit.sampling`]"
-                "({to:reference/api/modkit.sampling.md})), outside the model.")
+        return ("None: a sampling step works on the logits during generation ([`modkit.inference.sampling`]"
+                "({to:reference/api/modkit.inference.sampling.md})), outside the model.")
     if info.how == "optimizer":
         return ("None: an optimizer updates a model's parameters during training, grouped by the roles their "
-                "components declare (`modkit.roles`); a training config names it in its `optimizer` field.")
+                "components declare (`modkit.core.roles`); a training config names it in its `optimizer` field.")
     if info.count is None:
         return f"Could not be built on its own to count parameters ({_cell(info.error) or 'no host component'})."
     where = " (built " + info.how + ")" if info.how and info.how != "alone" else ""
@@ -196,9 +196,9 @@ def component_page(
         root: the repository root (source paths are shown relative to it).
         repo_url: links source paths into this repository when given.
     """
-    from ..config import SLOT_KEY  # noqa: F401 - documents where slot markers come from
-    from ..registry import KNOWN_CAPABILITIES, config_tags
-    from ..sampling import KINDS as SAMPLING_KINDS
+    from modkit.core.config import SLOT_KEY  # noqa: F401 - documents where slot markers come from
+    from modkit.core.registry import KNOWN_CAPABILITIES, config_tags
+    from modkit.inference.sampling import KINDS as SAMPLING_KINDS
 
     entry = doc.entry
     page = component_path(entry.kind, entry.type)
@@ -221,7 +221,7 @@ def component_page(
         ("reference", _link_references(_cell(entry.reference)) if entry.reference else "(none given)"),
         ("goes in a spec at", ", ".join(places.get(entry.kind, [])) or "(no slot)")
         if entry.kind not in SAMPLING_KINDS else
-        ("goes in", "the `sampling` list of `modkit.generate.generate` (`modkit generate --sampling`)"
+        ("goes in", "the `sampling` list of `modkit.inference.generate.generate` (`modkit generate --sampling`)"
          + (f", or its keyword `{entry.capabilities['argument']['name']}`" if isinstance(entry.capabilities.get("argument"), dict) else "")),
     ]
     parts = [

@@ -1,4 +1,4 @@
-"""What the core says about each kind: its tensor contract (from :mod:`modkit.interfaces`' docstring), what a
+"""What the core says about each kind: its tensor contract (from :mod:`modkit.core.interfaces`' docstring), what a
 position scheme's ``acts_on`` means, and where in a spec a component of each kind goes."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from .markdown import _rel, _rst_to_md, component_path
 
 
 def kind_contracts() -> dict[str, str]:
-    """``{kind: contract}`` parsed from the bullet list of :mod:`modkit.interfaces`' docstring."""
-    from .. import interfaces
+    """``{kind: contract}`` parsed from the bullet list of :mod:`modkit.core.interfaces`' docstring."""
+    from modkit.core import interfaces
 
     doc = inspect.getdoc(interfaces) or ""
     out: dict[str, str] = {}
@@ -32,7 +32,7 @@ def kind_contracts() -> dict[str, str]:
 def kind_contract(kind: str, contracts: dict[str, str], places: dict[str, list[str]], page: str) -> str:
     """The contract of ``kind`` as a sentence for ``page``: the core's (from :func:`kind_contracts`), or, for a kind
     the core does not know (a third-party plugin's), what the core does guarantee about it."""
-    api = f"[`modkit.interfaces`]({_rel(page, 'reference/api/modkit.interfaces.md')})"
+    api = f"[`modkit.core.interfaces`]({_rel(page, 'reference/api/modkit.core.interfaces.md')})"
     if kind in contracts:
         return f"{contracts[kind]} (from {api})"
     where = ", ".join(places.get(kind, []))
@@ -43,8 +43,8 @@ def kind_contract(kind: str, contracts: dict[str, str], places: dict[str, list[s
 
 
 def contracts_preamble() -> str:
-    """The sentence of :mod:`modkit.interfaces` that precedes the per-kind contracts."""
-    from .. import interfaces
+    """The sentence of :mod:`modkit.core.interfaces` that precedes the per-kind contracts."""
+    from modkit.core import interfaces
 
     doc = inspect.getdoc(interfaces) or ""
     for para in doc.split("\n\n"):
@@ -53,13 +53,13 @@ def contracts_preamble() -> str:
     return ""
 
 
-#: ``acts_on`` capability value -> the :class:`~modkit.interfaces.PositionScheme` hook it overrides.
+#: ``acts_on`` capability value -> the :class:`~modkit.core.interfaces.PositionScheme` hook it overrides.
 _ACTS_ON_HOOK = {"embedding": "embed", "qk": "rotate", "bias": "attention_bias"}
 
 
 def acts_on_text(value: Any) -> str:
     """What a position scheme whose ``acts_on`` is ``value`` does, from :class:`PositionScheme`'s docstrings."""
-    from ..interfaces import PositionScheme
+    from modkit.core.interfaces import PositionScheme
 
     hook = _ACTS_ON_HOOK.get(str(value))
     if hook is None:
@@ -70,7 +70,7 @@ def acts_on_text(value: Any) -> str:
 
 def slot_places(registry) -> dict[str, list[str]]:
     """``{kind: [spec paths where a component of that kind goes]}``: spec fields and other components' fields."""
-    from ..config import slot_kind
+    from modkit.core.config import slot_kind
     from ..spec import BlockSpec, LayerOverride, ModelSpec
 
     places: dict[str, list[str]] = {}

@@ -65,7 +65,7 @@ def _kv_elements(model, context: int) -> tuple[int, int, bool]:
 
 def spec_card(path: Path, registry, root: Optional[Path] = None) -> SpecCard:
     """Load, validate and build (on meta) one spec; compute its gallery figures."""
-    from ..build import active_params_per_token, breakdown, build, summarize
+    from modkit.nn.build import active_params_per_token, breakdown, build, summarize
     from ..spec import load_spec
 
     spec = load_spec(path, registry=registry)

@@ -28,8 +28,8 @@ _SIZES = ("vocab_size", "d_model", "n_layers", "max_seq_len", "tie_embeddings")
 def default_conversion(model_type: str, registry) -> tuple[Optional[Any], str]:
     """``(spec, "")`` for the config ``{"model_type": model_type}`` (every other key at transformers' default), or
     ``(None, reason)`` when the converter needs more than the defaults."""
-    from ..errors import ModkitError
-    from ..hf import convert_hf_config
+    from modkit.core.errors import ModkitError
+    from modkit.io.hf import convert_hf_config
 
     try:
         with warnings.catch_warnings():

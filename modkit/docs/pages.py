@@ -40,8 +40,8 @@ def generate(
     Raises:
         DocsError: a component's example config or a spec does not validate.
     """
-    from ..errors import SpecError
-    from ..registry import get_registry
+    from modkit.core.errors import SpecError
+    from modkit.core.registry import get_registry
 
     reg = registry or get_registry()
     pages: dict[str, str] = {}

@@ -34,7 +34,7 @@ def _stub(kind: str):
 
 
 def _context(registry, d_model: int, norm_config: Any = None, **changes: Any):
-    from ..interfaces import BuildContext
+    from modkit.core.interfaces import BuildContext
 
     sizes = dict(EXAMPLE_CONTEXT)
     n_heads = sizes.pop("n_heads")
@@ -101,7 +101,7 @@ def _build_alone(entry, config, registry, d_model: int, norm_config):
     """Build ``config`` on meta on its own, or nested in a host component when it needs one (a router)."""
     import torch
 
-    from ..config import slot_kind
+    from modkit.core.config import slot_kind
     from ..spec import load_component
 
     ctx = _context(registry, d_model, norm_config)
@@ -129,7 +129,7 @@ def param_info(entry, config, registry) -> ParamInfo:
     """Count ``entry``'s parameters (built on meta) at :data:`FIT_D_MODELS`; fit ``a·d² + b·d + c`` exactly.
 
     Sampling steps (logits processors, stop conditions) are not part of a model: 0, ``how = "sampling"``."""
-    from ..sampling import KINDS as SAMPLING_KINDS
+    from modkit.inference.sampling import KINDS as SAMPLING_KINDS
 
     if entry.kind in SAMPLING_KINDS:
         return ParamInfo(count=0, how="sampling")

@@ -95,7 +95,7 @@ def spec_route(kind: str, registry, _depth: int = 0) -> Optional[list[tuple[str,
     """How a component of ``kind`` enters a spec dict: ``[("block", "norm")]`` for a block field, ``[("position",)]``
     for a top-level field, and for a kind that only lives inside another component (a router inside an MoE) the
     route of the host followed by ``("host", kind, type, field)``. ``None`` when nothing holds the kind."""
-    from ..config import slot_kind, slot_kinds
+    from modkit.core.config import slot_kind, slot_kinds
     from ..spec import BlockSpec, ModelSpec
 
     def holds(f) -> bool:  # a slot of kind "mixer" takes attentions and recurrent mixers alike
@@ -134,10 +134,10 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
 
     Model components: the config is constructed from its class (or with :func:`modkit.load_component` when the
     class cannot be imported or holds other components), put in ``base`` (a small gallery spec, read from its file) where the kind goes, and
-    the model is built on ``meta``. Sampling steps: the example goes in :func:`modkit.generate.generate`'s
+    the model is built on ``meta``. Sampling steps: the example goes in :func:`modkit.inference.generate.generate`'s
     ``sampling`` list. Run from the repository root (``base.source`` is a path relative to it).
     """
-    from ..sampling import KINDS as SAMPLING_KINDS
+    from modkit.inference.sampling import KINDS as SAMPLING_KINDS
 
     if base is None:
         return None
@@ -149,7 +149,7 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
             decode = ")"
         return "\n".join([
             "import modkit",
-            "from modkit.generate import generate",
+            "from modkit.inference.generate import generate",
             "",
             f"model = modkit.build({base.source!r}, seed=0).eval()",
             f"out = generate(model, [[1, 2, 3]], max_new_tokens=8, seed=0, sampling=[{_py(dict(example))}]{decode}",
@@ -173,7 +173,7 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
         return None
     lines = ["import modkit"]
     cls = entry.config
-    from ..config import slot_kind
+    from modkit.core.config import slot_kind
 
     # a config with component fields validates them against the registry: load_component, not the bare class
     if _importable(cls) and not any(slot_kind(f) for f in cls.model_fields.values()):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import make_lazy
+from modkit.core._lazy import make_lazy
 
 if TYPE_CHECKING:
     from .run import EvalResult, evaluate_checkpoint, run_defaults

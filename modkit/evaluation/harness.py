@@ -23,7 +23,7 @@ exported with :func:`modkit.to_hf` gets the same scores through both:
 * ``loglikelihood_rolling``: the whole text in disjoint windows of ``max_length`` tokens, each conditioned on the
   end of the previous one (lm-eval's ``get_rolling_token_windows``), summed.
 * ``generate_until``: greedy (or sampled, as the task asks) continuation of the context (left-truncated to
-  ``max_length - max_gen_toks``) with modkit's KV cache (:func:`modkit.generate.generate`), batched with left
+  ``max_length - max_gen_toks``) with modkit's KV cache (:func:`modkit.inference.generate.generate`), batched with left
   padding; stops at the end-of-text token or any ``until`` string, and the text is cut before the first of them.
 
 Requests are scored in batches of ``batch_size``, longest first (padding on the right for scoring: causal, so it
@@ -64,7 +64,7 @@ class ModkitLM(TemplateLM):
 
     Args:
         pretrained: a modkit checkpoint folder (``runs/x/best``; its ``tokenizer.json`` is used unless ``tokenizer``
-            is given), or a built :class:`~modkit.model.Model` (then ``tokenizer`` is needed).
+            is given), or a built :class:`~modkit.nn.model.Model` (then ``tokenizer`` is needed).
         tokenizer: a :class:`modkit.data.Tokenizer`, or the path of a ``tokenizer.json`` / folder holding one.
         batch_size: requests per forward (lm-eval passes it as a string; ``"auto"`` means 8).
         device: ``cpu``, ``cuda``, ... (default: cuda when available).
@@ -88,7 +88,7 @@ class ModkitLM(TemplateLM):
         **kwargs: Any,
     ):
         super().__init__()
-        from ..checkpoint import load
+        from modkit.io.checkpoint import load
         from ..data.tokenizer import Tokenizer, load_tokenizer
 
         kwargs.pop("max_batch_size", None)  # lm-eval's simple_evaluate passes these to every model type
@@ -216,7 +216,7 @@ class ModkitLM(TemplateLM):
     @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Continuations of each context, cut before the first ``until`` string (or the end-of-text token)."""
-        from ..generate import generate
+        from modkit.inference.generate import generate
 
         eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
         out: list[Optional[str]] = [None] * len(requests)

@@ -104,7 +104,7 @@ def evaluate_checkpoint(
         DataError: unreadable inputs or text the tokenizer cannot encode.
         CheckpointError: not a checkpoint.
     """
-    from ..checkpoint import load
+    from modkit.io.checkpoint import load
     from ..data import TokenData, load_tokenizer
     from ..data.prepare import Separators, dtype_for, encode_sources
     from ..data.sources import find_sources

@@ -17,7 +17,7 @@ Figures (Shannon 1951; the bits-per-byte convention of Gao et al. 2020, The Pile
   the loss per token it does not depend on the tokenizer, so models with different vocabularies compare fairly.
 
 With document masking (``documents=(eot_id, bos_id)``) each window is run with the document mask a training run
-with ``document_mask`` uses (:func:`modkit.documents.document_ids`).
+with ``document_mask`` uses (:func:`modkit.nn.documents.document_ids`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..documents import document_ids
-from ..errors import ModkitError
+from modkit.nn.documents import document_ids
+from modkit.core.errors import ModkitError
 
 __all__ = ["EvalError", "Score", "score_tokens", "windows"]
 
@@ -127,7 +127,7 @@ def score_tokens(
     """Score ``tokens`` with ``model`` in windows (see :func:`windows` and the module docstring).
 
     Args:
-        model: a :class:`~modkit.model.Model` (its ``max_seq_len`` must cover ``seq_len``); put in eval mode here.
+        model: a :class:`~modkit.nn.model.Model` (its ``max_seq_len`` must cover ``seq_len``); put in eval mode here.
         tokens: 1-D integer array (a :class:`~modkit.data.TokenData` split: a memmap, read one batch at a time).
         seq_len: input tokens per window.
         stride: start a window every ``stride`` tokens (``None``: non-overlapping windows).

@@ -35,10 +35,10 @@ from typing import Any, Iterable, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from ..config import ComponentConfig, is_mixer, slot_kind, slot_kinds
-from ..errors import SpecError
-from ..hooks import DISTRIBUTION
-from ..registry import Component, Registry
+from modkit.core.config import ComponentConfig, is_mixer, slot_kind, slot_kinds
+from modkit.core.errors import SpecError
+from modkit.core.hooks import DISTRIBUTION
+from modkit.core.registry import Component, Registry
 from ..spec import BlockSpec, ModelSpec, load_component, load_spec, spec_model
 
 #: Model-wide sizes of the tiny models (``d_model`` is the first of :data:`D_MODELS` the spec accepts);
@@ -46,7 +46,7 @@ from ..spec import BlockSpec, ModelSpec, load_component, load_spec, spec_model
 TINY = {"vocab_size": 64, "n_layers": 2, "max_seq_len": 128, "init_std": 0.2}
 #: ``d_model`` values tried in order until the component's example config fits (e.g. 6 heads need 48).
 D_MODELS = (32, 48, 64, 96, 128)
-#: The kinds whose calling convention :mod:`modkit.interfaces` defines; other kinds are exercised through a model.
+#: The kinds whose calling convention :mod:`modkit.core.interfaces` defines; other kinds are exercised through a model.
 CONTRACT_KINDS = ("attention", "mixer", "ffn", "norm", "placement", "position")
 
 
@@ -143,7 +143,7 @@ Named = Union[str, Mapping[str, Any]]
 @functools.lru_cache(maxsize=1)
 def _builtin_modules() -> frozenset[str]:
     """Module names modkit's own distribution registers under the ``modkit`` entry-point group (its built-ins)."""
-    from ..hooks import ENTRY_POINT_GROUP
+    from modkit.core.hooks import ENTRY_POINT_GROUP
 
     try:
         eps = md.distribution(DISTRIBUTION).entry_points
@@ -417,7 +417,7 @@ class Bench:
         as garbage by ``to_empty``) shows up in ``meta_init`` alone; ``meta_init`` proves both paths equal.
         Returns the model and the factory calls recorded while constructing it.
         """
-        build_module = importlib.import_module("modkit.build")  # the module; ``modkit.build`` is the function
+        build_module = importlib.import_module("modkit.nn.build")  # the module; ``modkit.build`` is the function
 
         rec = self.recorder()
         spec_obj = load_spec(spec or self.spec, registry=rec)
@@ -430,7 +430,7 @@ class Bench:
         self, spec: Optional[dict] = None, *, dtype: torch.dtype = torch.float32, seed: int = 0, device: Any = None
     ) -> tuple[nn.Module, list[Record]]:
         """:func:`modkit.build` (``meta`` first, ``to_empty``, one ``init_weights``); ``device="meta"`` stops after construction."""
-        from ..build import build
+        from modkit.nn.build import build
 
         rec = self.recorder()
         model = build(spec or self.spec, device=device or self.device, dtype=dtype, seed=seed, registry=rec)

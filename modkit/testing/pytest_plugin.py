@@ -134,8 +134,8 @@ def _neighbours(config: pytest.Config) -> dict[str, str]:
 def _items(session: pytest.Session, config: pytest.Config) -> list[ContractItem]:
     import warnings
 
-    from modkit.errors import RegistryError, SpecError
-    from modkit.registry import get_registry
+    from modkit.core.errors import RegistryError, SpecError
+    from modkit.core.registry import get_registry
     from modkit.testing.harness import named_neighbour
     from modkit.testing.checks import CHECK_NAMES, ComponentChecks, neighbours_for, get_check, select_components
 

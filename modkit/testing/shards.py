@@ -42,8 +42,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ..errors import SpecError
-from ..registry import Registry, get_registry
+from modkit.core.errors import SpecError
+from modkit.core.registry import Registry, get_registry
 from ..spec import load_component
 from .harness import Bench, Unavailable
 
@@ -115,7 +115,7 @@ class Job:
 
 
 def _plan(spec: dict, registry: Registry):
-    from ..build import build
+    from modkit.nn.build import build
     from ..parallel import model_plan
 
     with warnings.catch_warnings():
@@ -157,7 +157,7 @@ def prepare(bench: Bench) -> Job:
             component's config cannot be changed to fix it.
         ParallelError: the plan itself is malformed (unknown style, missing submodule, not a Linear): a failure.
     """
-    from ..build import build
+    from modkit.nn.build import build
     from ..parallel import ParallelError
 
     note = ""

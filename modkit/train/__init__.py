@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import make_lazy
+from modkit.core._lazy import make_lazy
 
-if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use (modkit._lazy)
+if TYPE_CHECKING:  # for type checkers and editors; at run time the names load on first use (modkit.core._lazy)
     from .config import DEFAULT_MODEL, TrainConfig, load_train_config
     from .loop import RunResult, TrainError, Trainer, decay_groups, flops_per_token, train
     from .schedule import lr_at

@@ -1,6 +1,6 @@
 """The training loop's side of routers that report expert loads: reset, all-reduce, balancing update, imbalance.
 
-:class:`ExpertBalance` is the whole hook (see :mod:`modkit.balance` for the contract it reads):
+:class:`ExpertBalance` is the whole hook (see :mod:`modkit.nn.balance` for the contract it reads):
 
 * :meth:`ExpertBalance.begin_step` before the first micro-batch of an optimizer step zeroes every router's load, so
   the loads of the step are the assignments of its ``grad_accum`` micro-batches and nothing else (evaluation
@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from torch import nn
 
-from .. import balance as bal
+from modkit.nn import balance as bal
 
 
 class ExpertBalance:

@@ -3,7 +3,7 @@
 A config is a flat JSON object (``modkit train --config train.json``); every field is also a command-line flag
 (``--lr 3e-4``, ``--max-steps 500``) that overrides the file. Unknown keys, wrong types (``true`` for an integer,
 ``"3e-4"`` for a float in a file), NaN and out-of-range values are errors that name the field; all of them are
-reported together as one :class:`~modkit.errors.SpecError`.
+reported together as one :class:`~modkit.core.errors.SpecError`.
 
 The defaults reproduce nanoGPT's CPU recipe for tiny shakespeare (``config/train_shakespeare_char.py`` with
 ``--device=cpu --compile=False --eval_iters=20 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4
@@ -21,10 +21,10 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import SpecError
-from ..jsonio import JSONInputError, check_document, check_regular_file, read_json_file
-from ..limits import MAX_JSON_BYTES
-from ..validation import ErrorFormatter, models_in
+from modkit.core.errors import SpecError
+from modkit.core.jsonio import JSONInputError, check_document, check_regular_file, read_json_file
+from modkit.core.limits import MAX_JSON_BYTES
+from modkit.core.validation import ErrorFormatter, models_in
 
 #: nanoGPT's GPT (GPT-2 style: learned positions, LayerNorm with bias, GELU MLP 4x, pre-norm, tied embeddings,
 #: biases everywhere) at the sizes of its CPU recipe for tiny shakespeare: the model of a config whose ``model`` is
@@ -42,7 +42,7 @@ class TrainConfig(BaseModel):
     ``N`` processes takes ``batch_size / N`` rows of the same global batch), ``grad_accum`` micro-batches per
     optimizer step: ``tokens_per_step = batch_size * grad_accum * seq_len``.
 
-    Weight decay applies to the parameter roles that decay (:mod:`modkit.roles`: hidden and expert matrices,
+    Weight decay applies to the parameter roles that decay (:mod:`modkit.core.roles`: hidden and expert matrices,
     embeddings, the head, routers) and not to norm gains, biases and other vectors, nanoGPT's and GPT-3's rule read
     from the roles the components declare. ``optimizer`` names a registered optimizer component
     (:mod:`modkit.train.optim`); AdamW by default.
@@ -202,7 +202,7 @@ PATH_FIELDS = ("model", "data", "tokenizer")
 
 
 class _ConfigErrorFormatter(ErrorFormatter):
-    """Training-config errors in JSON terms (:mod:`modkit.validation`); an unknown field names the close fields."""
+    """Training-config errors in JSON terms (:mod:`modkit.core.validation`); an unknown field names the close fields."""
 
     def special(self, err: dict, path: str, parent: Any, tags: list[str]) -> Optional[tuple[str, str]]:
         if err.get("type") == "extra_forbidden":
@@ -213,7 +213,7 @@ class _ConfigErrorFormatter(ErrorFormatter):
 
 def config_errors(exc: ValidationError, data: Any = None) -> list[tuple[str, str]]:
     """``(field path, message)`` for every error pydantic found in the config ``data``, paths and values in JSON
-    terms (:class:`~modkit.validation.ErrorFormatter`)."""
+    terms (:class:`~modkit.core.validation.ErrorFormatter`)."""
     return _ConfigErrorFormatter(models_in([TrainConfig]).values()).format(exc.errors(), data)
 
 
@@ -234,7 +234,7 @@ def load_train_config(
     Raises:
         SpecError: every invalid field at once, each named by its path; an unreadable file (missing, a folder, a FIFO
             or device, over 16 MiB), text that is not UTF-8, malformed JSON or duplicate keys (read strictly with
-            :func:`modkit.jsonio.read_json_file`).
+            :func:`modkit.core.jsonio.read_json_file`).
     """
     base: Optional[Path] = None
     if source is None:
@@ -243,7 +243,7 @@ def load_train_config(
         data = source.model_dump()
     elif isinstance(source, dict):
         data = dict(source)
-        try:  # the nesting bound a file gets (modkit.jsonio), for a dict built in Python
+        try:  # the nesting bound a file gets (modkit.core.jsonio), for a dict built in Python
             check_document(data)
         except JSONInputError as exc:
             raise SpecError(exc.errors, source="training config") from None
@@ -254,7 +254,7 @@ def load_train_config(
             check_regular_file(path, max_bytes=MAX_JSON_BYTES)
         except JSONInputError as exc:
             raise SpecError([(p, f"cannot read training config: {m}") for p, m in exc.errors], source=label) from None
-        try:  # UTF-8, no duplicate keys, bounded nesting (modkit.jsonio)
+        try:  # UTF-8, no duplicate keys, bounded nesting (modkit.core.jsonio)
             data = read_json_file(path)
         except JSONInputError as exc:
             raise SpecError(exc.errors, source=label) from None
@@ -293,7 +293,7 @@ def json_schema() -> dict:
     union of the installed optimizers' configs."""
     from pydantic import TypeAdapter
 
-    from ..registry import get_registry
+    from modkit.core.registry import get_registry
     from ..spec import _ident, spec_model
 
     schema = TrainConfig.model_json_schema()

@@ -8,7 +8,7 @@ estimates the mean train and validation loss on fixed windows. Everything a run 
 :mod:`modkit.train.state`.
 
 Built on the rest of modkit: :func:`modkit.build` / :func:`modkit.parallel.build_parallel` for the model,
-:func:`modkit.save` checkpoints, :func:`modkit.generate.generate` for the sample, :mod:`modkit.data` for data.
+:func:`modkit.save` checkpoints, :func:`modkit.inference.generate.generate` for the sample, :mod:`modkit.data` for data.
 The recipe follows nanoGPT's ``train.py`` (Karpathy): random-window batches, AdamW with decay on matrices only,
 warmup + cosine, clipping at 1.0.
 """
@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..build import breakdown, build
-from ..cost import CostError, training_flops_per_token
-from ..documents import document_ids
-from ..checkpoint import save as save_checkpoint
-from ..errors import CheckpointError, ModkitError
+from modkit.nn.build import breakdown, build
+from modkit.analysis.cost import CostError, training_flops_per_token
+from modkit.nn.documents import document_ids
+from modkit.io.checkpoint import save as save_checkpoint
+from modkit.core.errors import CheckpointError, ModkitError
 from ..spec import ModelSpec, iter_configs, load_spec
 from . import state as st
 from .balance import ExpertBalance
@@ -54,7 +54,7 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     """Training FLOPs per token (forward + backward) at ``seq_len``, from the components' FLOPs declarations.
 
     ``3 x`` the forward FLOPs of one causal sequence of ``seq_len`` tokens divided by ``seq_len``, rounded to an
-    integer (:func:`modkit.cost.training_flops_per_token`): the backward of each matrix product is two products of
+    integer (:func:`modkit.analysis.cost.training_flops_per_token`): the backward of each matrix product is two products of
     its size (input and weight gradients). Matrix products only, 1 multiply-add = 2 FLOPs; attention counts the
     (query, key) pairs the causal mask lets through, ``(T + 1) / 2`` keys per token on average, where the PaLM
     paper's MFU (Chowdhery et al. 2022, arXiv:2204.02311, appendix B; nanoGPT's ``estimate_mfu``: ``6 N + 12 L H Q
@@ -64,7 +64,7 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two parameter groups, decay and no decay, by the parameters' roles (:mod:`modkit.roles`): hidden and expert
+    """Two parameter groups, decay and no decay, by the parameters' roles (:mod:`modkit.core.roles`): hidden and expert
     matrices, embeddings, the head and routers decay; norm gains, biases and vectors do not. nanoGPT's
     ``configure_optimizers`` rule (GPT-3 likewise), read from roles instead of ``p.dim() >= 2`` (which decayed stacked
     expert biases).
@@ -72,7 +72,7 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     Raises:
         RoleError: a parameter without a role.
     """
-    from ..roles import ROLES, param_roles
+    from modkit.core.roles import ROLES, param_roles
 
     params = dict(model.named_parameters())
     decay, no_decay = [], []
@@ -124,7 +124,7 @@ def _resolve_device(text: str) -> torch.device:
 
 def _node(data: dict, path: str) -> dict:
     """The dict at a JSON path such as ``block.ffn.router`` or ``overrides[0].ffn`` of a spec dict."""
-    from ..validation import resolve_path
+    from modkit.core.validation import resolve_path
 
     return resolve_path(data, path)
 
@@ -177,7 +177,7 @@ def check_document_mask(spec: ModelSpec, data) -> None:
         TrainError: names the data folder and what to prepare, or every layer whose attention lacks the
             ``document_mask`` capability.
     """
-    from ..documents import document_mask_problems
+    from modkit.nn.documents import document_mask_problems
 
     if data.separators == (None, None):
         raise TrainError(
@@ -639,7 +639,7 @@ class Trainer:
         torch.manual_seed(c.seed + self.procs.dp_rank)  # dropout masks: one stream per data-parallel rank
         self.model = self._build(self.spec)
         self.model.train()
-        # routers' expert loads and balancing rules (modkit.balance): summed over the data-parallel ranks
+        # routers' expert loads and balancing rules (modkit.nn.balance): summed over the data-parallel ranks
         self.balance = ExpertBalance(self.model, self.procs.mesh["dp"].get_group() if self.procs.distributed else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
@@ -758,8 +758,8 @@ class Trainer:
         )
 
     def _sample(self) -> str:
-        from ..checkpoint import load
-        from ..generate import generate, sample
+        from modkit.io.checkpoint import load
+        from modkit.inference.generate import generate, sample
 
         c = self.config
         model = load(self.run / "best", device=self.device).eval()

@@ -8,9 +8,9 @@ A training config names its optimizer like a spec names a component (``"optimize
                               factory=lambda cfg, setup: MyOpt(setup.param_groups(), lr=setup.lr),
                               description="...", capabilities={"mup": "adam", "sharded": True}))
 
-The factory gets an :class:`OptimizerSetup`: the model's parameters grouped by role (:mod:`modkit.roles`), each
+The factory gets an :class:`OptimizerSetup`: the model's parameters grouped by role (:mod:`modkit.core.roles`), each
 group with its weight decay (the training config's ``weight_decay`` on roles that decay, 0 on the others) and its
-learning-rate multiplier (1, or μP's factor for the role: :mod:`modkit.parametrization`), plus the shared
+learning-rate multiplier (1, or μP's factor for the role: :mod:`modkit.nn.parametrization`), plus the shared
 hyper-parameters of the training config. It returns a ``torch.optim.Optimizer`` whose param groups carry an
 ``lr_mult`` key (the loop sets ``group["lr"] = lr(step) * group["lr_mult"]`` every step), or an
 :class:`OptimizerChain` of several (Muon for hidden matrices, AdamW for the rest). Which rule updates which tensor
@@ -29,7 +29,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..errors import ModkitError
+from modkit.core.errors import ModkitError
 
 #: the registry kind of optimizers
 KIND = "optimizer"
@@ -44,7 +44,7 @@ class RoleGroup:
     """The trainable parameters of one role.
 
     Attributes:
-        role: the role (:data:`modkit.roles.ROLES`); names: the parameters' qualified names (for messages);
+        role: the role (:data:`modkit.core.roles.ROLES`); names: the parameters' qualified names (for messages);
         params: the parameters, in ``named_parameters`` order; weight_decay: its decoupled weight decay (the
             training config's on roles that decay, times μP's factor; 0 on the others); lr_mult: the factor on the
             scheduled learning rate (1 under standard parametrization).
@@ -117,9 +117,9 @@ def role_groups(model: nn.Module, spec: Any, weight_decay: float, family: Option
     """Trainable parameters grouped by role, with weight decay and μP learning-rate factors.
 
     Args:
-        model: the model (every parameter needs a role: :func:`modkit.roles.param_roles`).
+        model: the model (every parameter needs a role: :func:`modkit.core.roles.param_roles`).
         spec: its spec (its ``parametrization`` decides the factors).
-        weight_decay: the training config's; applied to roles whose :attr:`~modkit.roles.Role.decay` is true.
+        weight_decay: the training config's; applied to roles whose :attr:`~modkit.core.roles.Role.decay` is true.
         family: the optimizer's ``mup`` capability (``"adam"`` / ``"sgd"``; needed only under μP).
 
     Returns:
@@ -128,8 +128,8 @@ def role_groups(model: nn.Module, spec: Any, weight_decay: float, family: Option
     Raises:
         RoleError: a parameter without a role. OptimizerError: μP with an optimizer that declares no ``mup`` rule.
     """
-    from ..parametrization import lr_multiplier
-    from ..roles import ROLES, param_roles
+    from modkit.nn.parametrization import lr_multiplier
+    from modkit.core.roles import ROLES, param_roles
 
     roles = param_roles(model)
     params = dict(model.named_parameters())
@@ -249,7 +249,7 @@ def build_optimizer(model: nn.Module, spec: Any, config: Any, *, distributed: bo
             without a ``mup`` rule; a non-sharded optimizer under torchrun; a factory that returned something else.
         SpecError: an invalid optimizer config.
     """
-    from ..registry import get_registry
+    from modkit.core.registry import get_registry
 
     reg = registry or get_registry()
     cfg = load_optimizer_config(config.optimizer, registry=reg)

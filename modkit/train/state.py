@@ -38,8 +38,8 @@ from typing import Any, Optional
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError
-from ..jsonio import JSONInputError, read_json_file
+from modkit.core.errors import CheckpointError
+from modkit.core.jsonio import JSONInputError, read_json_file
 
 TRAINER_JSON = "trainer.json"
 TRAINER_TENSORS = "trainer.safetensors"
@@ -171,7 +171,7 @@ def read_trainer_files(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
             f"{folder} is not a resumable checkpoint (no {TRAINER_JSON} / {TRAINER_TENSORS}); the best checkpoint holds "
             "the model only: resume from the run folder or its 'last' checkpoint"
         )
-    try:  # strictly (modkit.jsonio): a regular file of bounded size, UTF-8, no duplicate keys
+    try:  # strictly (modkit.core.jsonio): a regular file of bounded size, UTF-8, no duplicate keys
         data = read_json_file(jpath)
     except JSONInputError as exc:
         raise CheckpointError(f"unreadable trainer state: {exc}") from None

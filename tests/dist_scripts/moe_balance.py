@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import loss_fn, max_diff, finish, setup, write_results  # noqa: E402
 
 import modkit  # noqa: E402
-from modkit import balance  # noqa: E402
+from modkit.nn import balance  # noqa: E402
 from modkit import parallel as mp  # noqa: E402
 from modkit.train.balance import ExpertBalance  # noqa: E402
 

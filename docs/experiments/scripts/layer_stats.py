@@ -9,7 +9,7 @@ was trained on), so that a verdict does not rest on one line. The two models:
 * trained: the checkpoint of RUN (``RUN/best``, else ``RUN/last``), as ``modkit trace RUN`` loads it;
 * untrained: ``modkit.build(SPEC, seed=0)``, as ``modkit trace SPEC --random-init`` builds it (seed 0).
 
-Per layer ``i`` (``h`` its block output, ``h_prev`` its input; the same definitions as :mod:`modkit.trace`, every
+Per layer ``i`` (``h`` its block output, ``h_prev`` its input; the same definitions as :mod:`modkit.analysis.trace`, every
 token of every window averaged alike): mean ``||h||``, mean ``||h - h_prev|| / ||h_prev||``, mean
 ``cos(h, h_prev)``, attention entropy (nats, mean over heads and queries) next to the entropy of uniform causal
 attention over the same queries (``mean log(t + 1)``), and three readings of the FFN hidden activation (the input
@@ -39,7 +39,7 @@ from torch import nn
 import modkit
 from modkit.data.corpus import default_dataset
 from modkit.data.dataset import TokenData
-from modkit.trace import attention_entropy
+from modkit.analysis.trace import attention_entropy
 from modkit.cli.trace import _checkpoint_folder
 
 

@@ -1,6 +1,6 @@
 """The contract checks, and the function API that runs them.
 
-Each check tests one invariant of the contracts in :mod:`modkit.interfaces` and the design brief ("The contract
+Each check tests one invariant of the contracts in :mod:`modkit.core.interfaces` and the design brief ("The contract
 kit"), and exists to catch a fault real plugin authors make (its docstring names the fault, the fixture in
 ``tests/test_kit_catches_faults.py`` that commits it, and the public report it comes from). Which checks apply to a
 component is decided by its kind, its capabilities and the fields of its config, never by its type name. One
@@ -53,9 +53,9 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from ...config import ComponentConfig
-from ...errors import RegistryError, SpecError
-from ...registry import Component, Registry, get_registry
+from modkit.core.config import ComponentConfig
+from modkit.core.errors import RegistryError, SpecError
+from modkit.core.registry import Component, Registry, get_registry
 from ...spec import load_component
 from ..harness import Bench, Named, Unavailable, named_neighbour
 from .attention import (
@@ -113,7 +113,7 @@ CHECKS: tuple[Check, ...] = (
     Check("document_mask", "with document ids, each document of a packed row gives the logits it gives alone", check_document_mask, applies_document_mask),
     Check("meta_init", "modkit.build (meta, to_empty, init_weights) equals a direct build, tensor for tensor, and runs", check_meta_init),
     Check("param_count", "declared param_count equals the module's parameter count", check_param_count, applies_param_count),
-    Check("param_roles", "every parameter has a declared role (modkit.roles) that fits its shape: what optimizers, weight "
+    Check("param_roles", "every parameter has a declared role (modkit.core.roles) that fits its shape: what optimizers, weight "
           "decay and muP read", check_param_roles),
     Check("flops", FLOPS_SUMMARY, check_flops, applies_flops),
     Check("precision", "bfloat16 and float16 agree with float64 on the same numbers within a few ulps", check_precision, applies_precision),

@@ -8,9 +8,9 @@ from typing import Optional
 
 import torch
 
-from ...config import ComponentConfig
-from ...errors import SpecError
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.core.errors import SpecError
+from modkit.core.registry import Component
 from ...spec import load_component, load_spec
 from ..harness import Bench, example_or_none, is_builtin, neighbour_positions
 from .base import SAME_MATH_ULPS, CheckFailed, CheckSkipped, fmt, layer_of, max_abs_diff, tolerance, transplant

@@ -21,9 +21,9 @@ from typing import Callable, Iterable, Iterator, Literal, Optional
 import torch
 from torch import Tensor, nn
 
-from ...config import ComponentConfig, is_mixer
-from ...interfaces import AttentionInputs, split_aux
-from ...registry import Component
+from modkit.core.config import ComponentConfig, is_mixer
+from modkit.core.interfaces import AttentionInputs, split_aux
+from modkit.core.registry import Component
 from ..harness import CONTRACT_KINDS, Bench, Record
 
 Status = Literal["passed", "failed", "skipped"]
@@ -165,7 +165,7 @@ def first_target(bench: Bench, records: list[Record]) -> Record:
 
 
 def contract_record(bench: Bench, records: list[Record]) -> tuple[Optional[str], Optional[Record]]:
-    """``(kind, record)`` of the module to call with its kind's contract (:mod:`modkit.interfaces`).
+    """``(kind, record)`` of the module to call with its kind's contract (:mod:`modkit.core.interfaces`).
 
     The component itself for the kinds with a contract; for a nested kind (a router) the host that holds it
     (its ffn); ``(None, None)`` when neither has a contract (the checks then use the whole model).

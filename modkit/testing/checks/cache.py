@@ -12,9 +12,9 @@ from typing import Optional
 
 import torch
 
-from ...config import ComponentConfig
-from ...errors import SpecError
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.core.errors import SpecError
+from modkit.core.registry import Component
 from ...spec import load_component, load_spec
 from ..harness import Bench, neighbour_positions
 from .base import SAME_MATH_ULPS, CheckFailed, CheckSkipped, fmt, layer_of, max_abs_diff, tolerance
@@ -75,11 +75,11 @@ def _state_problem(model, records, cache) -> Optional[str]:
     """What is wrong with the cache state after a decode, against the mixers' declarations, or ``None``.
 
     Every declared entry is allocated with its declared shape and dtype; the bytes the declarations give
-    (:func:`modkit.build.kv_cache_bytes`, the figure ``modkit build``, ``modkit cost`` and ``generate`` report)
+    (:func:`modkit.nn.build.kv_cache_bytes`, the figure ``modkit build``, ``modkit cost`` and ``generate`` report)
     equal the bytes allocated; every entry was written by the forward (a declared entry that stays zero is bytes the
     mixer reserves and never uses); a ``"k"`` entry holds ``n_kv_heads`` heads, never ``n_heads`` (torchtune #38).
     """
-    from ...build import kv_cache_bytes
+    from modkit.nn.build import kv_cache_bytes
 
     layout = model.cache_layout()
     for i, (specs, layer) in enumerate(zip(layout, cache.layers)):

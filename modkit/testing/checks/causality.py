@@ -13,9 +13,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ...config import ComponentConfig
-from ...errors import SpecError
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.core.errors import SpecError
+from modkit.core.registry import Component
 from ...spec import load_spec
 from ..harness import CONTRACT_KINDS, Bench
 from .base import (

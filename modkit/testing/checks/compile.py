@@ -10,9 +10,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ...config import ComponentConfig
-from ...interfaces import AttentionInputs
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.core.interfaces import AttentionInputs
+from modkit.core.registry import Component
 from ..harness import Bench, Record
 from .base import SAME_MATH_ULPS, CheckFailed, contract_record, fmt, max_abs_diff, position_geometry, tolerance
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ...config import ComponentConfig
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.core.registry import Component
 from ...spec import load_component, load_spec
 from ..harness import Bench
 from .base import CheckFailed

@@ -1,12 +1,12 @@
 """The ``flops`` contract check (family: what an entry declares about itself, like ``param_count``): a component's FLOPs declaration equals what ``FlopCounterMode`` measures.
 
-A component declares its matrix-product FLOPs with ``Component.flops(config, ctx, work)`` (see :mod:`modkit.cost`).
+A component declares its matrix-product FLOPs with ``Component.flops(config, ctx, work)`` (see :mod:`modkit.analysis.cost`).
 This check builds the kit's tiny model holding the component (CPU, float32), runs forwards of several shapes under
-:func:`modkit.cost.flop_counter` (``torch.utils.flop_counter.FlopCounterMode`` plus formulas for the CPU attention
+:func:`modkit.analysis.cost.flop_counter` (``torch.utils.flop_counter.FlopCounterMode`` plus formulas for the CPU attention
 kernel and modkit's grouped product), and compares, to the FLOP:
 
 * the whole model: the measured total against the sum of every component's declaration and the head
-  (:class:`modkit.cost.CostModel` on the recorded factory calls, ``Workload(dense=True)``: the kernels score the whole
+  (:class:`modkit.analysis.cost.CostModel` on the recorded factory calls, ``Workload(dense=True)``: the kernels score the whole
   ``[new, past + new]`` rectangle);
 * each module the component built and whose ``forward`` ran: the FLOPs measured inside it against the declarations
   of the components in its subtree (itself and what it built, e.g. an MoE's router).
@@ -15,7 +15,7 @@ Shapes: ``(batch, seq)`` = (1, 1), (2, 5), (3, 8) with no cache, and one decoded
 into the cache (whatever state the model's mixers declare): a declaration gets ``Workload.past > 0`` there, so a
 mixer with a decode path of its own (MLA's absorbed attention over the latent) is checked on it. A component without a declaration is
 reported ``skipped`` with the reason, never given a number: ``modkit cost`` refuses a model that uses it
-(:class:`modkit.cost.CostError`). Source: design brief, "Costs (FLOPs) are declared by components like parameters,
+(:class:`modkit.analysis.cost.CostError`). Source: design brief, "Costs (FLOPs) are declared by components like parameters,
 and the kit checks the declaration against a measurement".
 """
 
@@ -25,9 +25,9 @@ from typing import Optional
 
 import torch
 
-from ...config import ComponentConfig
-from ...cost import CostModel, Workload, declared_flops, flop_counter
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.analysis.cost import CostModel, Workload, declared_flops, flop_counter
+from modkit.core.registry import Component
 from ..harness import Bench
 from .base import CheckFailed, CheckSkipped
 
@@ -44,7 +44,7 @@ def applies_flops(entry: Component, config: ComponentConfig) -> Optional[str]:
         return None
     return (
         "declares no FLOPs (Component.flops): modkit cost refuses models using it instead of guessing; add "
-        "flops=fn(config, ctx, work) -> {part: FLOPs}, or modkit.cost.elementwise(reason) if it does no matrix product"
+        "flops=fn(config, ctx, work) -> {part: FLOPs}, or modkit.analysis.cost.elementwise(reason) if it does no matrix product"
     )
 
 

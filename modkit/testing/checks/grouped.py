@@ -8,9 +8,9 @@ from typing import Optional
 
 from torch import Tensor
 
-from ...config import ComponentConfig
-from ...interfaces import BuildContext, Init
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.core.interfaces import BuildContext, Init
+from modkit.core.registry import Component
 from ..harness import Bench
 from .base import SAME_MATH_ULPS, CheckFailed, fmt, max_abs_diff, nonfinite, tolerance
 from .compile import COMPILE_BACKEND

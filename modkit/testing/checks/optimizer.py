@@ -12,11 +12,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ...config import ComponentConfig
-from ...registry import Component, Registry
+from modkit.core.config import ComponentConfig
+from modkit.core.registry import Component, Registry
 from .base import CheckFailed, fmt
 
-#: the tiny model of the optimizer check: every role of :data:`modkit.roles.ROLES` but ``vector`` (hidden, expert,
+#: the tiny model of the optimizer check: every role of :data:`modkit.core.roles.ROLES` but ``vector`` (hidden, expert,
 #: embedding, position, head, router, norm_gain, bias), built from built-in components
 OPTIMIZER_SPEC = {
     "schema_version": 1, "name": "optimizer-check", "vocab_size": 64, "d_model": 32, "n_layers": 2, "max_seq_len": 16,
@@ -75,7 +75,7 @@ def check_optimizer(bench: OptimizerBench) -> str:
     learning rate the loop sets, a loss that does not go down. Source: resumable, bitwise training is a modkit
     contract (:mod:`modkit.train.state`); optimizers that select tensors by name mistreat new components.
     """
-    from ...build import build
+    from modkit.nn.build import build
     from ...spec import load_spec
     from ...train.config import TrainConfig
     from ...train.optim import OptimizerError, build_optimizer

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ...config import ComponentConfig
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.core.registry import Component
 from ..harness import Bench
 from .base import CheckFailed, CheckSkipped
 

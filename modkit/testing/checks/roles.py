@@ -1,4 +1,4 @@
-"""``param_roles``: every parameter of the component has a declared role that fits its shape (:mod:`modkit.roles`).
+"""``param_roles``: every parameter of the component has a declared role that fits its shape (:mod:`modkit.core.roles`).
 
 Optimizers, weight decay and μP read roles, never names, so a parameter without a role cannot be trained; this check
 runs the same resolution the training loop runs, on the tiny model, before anyone trains it.
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...roles import RoleError, check_shapes, param_roles
+from modkit.core.roles import RoleError, check_shapes, param_roles
 from ..harness import Bench, qualified_names
 from .base import CheckFailed, CheckSkipped, unique_modules
 
 
 def check_param_roles(bench: Bench) -> str:
-    """Every parameter of the tiny model has a role (:func:`modkit.roles.param_roles` raises nothing), and each of the
+    """Every parameter of the tiny model has a role (:func:`modkit.core.roles.param_roles` raises nothing), and each of the
     component's parameters has the number of dimensions its role implies (``hidden`` 2, ``expert`` 3, ...).
 
     Catches: an ``nn.Parameter`` of a third-party component with no ``param_roles`` entry (the ``roleless_param``

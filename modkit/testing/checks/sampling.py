@@ -1,4 +1,4 @@
-"""The check of sampling steps (logits processors and stop conditions, :mod:`modkit.sampling`).
+"""The check of sampling steps (logits processors and stop conditions, :mod:`modkit.inference.sampling`).
 
 They are not part of a model, so every model check but ``spec_roundtrip`` skips them and ``sampling`` checks their
 calling convention on a small batch.
@@ -11,9 +11,9 @@ from typing import Optional
 
 import torch
 
-from ...config import ComponentConfig
-from ...registry import Component, Registry
-from ...sampling import KINDS as SAMPLING_KINDS
+from modkit.core.config import ComponentConfig
+from modkit.core.registry import Component, Registry
+from modkit.inference.sampling import KINDS as SAMPLING_KINDS
 from .base import CheckFailed
 
 
@@ -36,7 +36,7 @@ def applies_sampling(entry: Component, config: ComponentConfig) -> Optional[str]
 
 
 def check_sampling(bench: SamplingBench) -> str:
-    """The calling convention of :mod:`modkit.sampling` on a small batch (vocabulary 16, 3 rows, a left-padded
+    """The calling convention of :mod:`modkit.inference.sampling` on a small batch (vocabulary 16, 3 rows, a left-padded
     prompt of 3 and 4 generated tokens).
 
     Catches: a processor that edits its input in place (the next step sees changed logits), one that empties a row
@@ -47,7 +47,7 @@ def check_sampling(bench: SamplingBench) -> str:
     (reordering the batch reorders the result). Stop conditions: a ``[batch]`` bool tensor, the same twice, rows
     independent. The factory gets ``SamplingSetup(vocab_size=16, decode=...)`` where token ``i`` reads ``"t{i} "``.
     """
-    from ...sampling import PROCESSOR_KIND, GenerationState, LogitsProcessor, SamplingSetup, StopCondition
+    from modkit.inference.sampling import PROCESSOR_KIND, GenerationState, LogitsProcessor, SamplingSetup, StopCondition
 
     entry, vocab = bench.entry, 16
     setup = SamplingSetup(vocab_size=vocab, decode=_toy_decode)
@@ -60,7 +60,7 @@ def check_sampling(bench: SamplingBench) -> str:
         obj = entry.factory(bench.config, setup)
         want = LogitsProcessor if entry.kind == PROCESSOR_KIND else StopCondition
         if not isinstance(obj, want):
-            raise CheckFailed(f"factory returned {type(obj).__name__}, not a modkit.sampling.{want.__name__}")
+            raise CheckFailed(f"factory returned {type(obj).__name__}, not a modkit.inference.sampling.{want.__name__}")
         return obj
 
     def st(order):

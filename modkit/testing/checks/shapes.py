@@ -1,6 +1,6 @@
 """``shape_dtype``: every call of the component's contract keeps shape, dtype and device, and stays finite.
 
-The contracts are those of :mod:`modkit.interfaces`: every block-level component maps ``[batch, seq, d_model]`` to
+The contracts are those of :mod:`modkit.core.interfaces`: every block-level component maps ``[batch, seq, d_model]`` to
 ``[batch, seq, d_model]``; a norm also acts at widths other than ``d_model`` (a per-head QK-norm is built at
 ``head_dim`` and called on ``[batch, n_heads, seq, head_dim]``); a position scheme keeps q/k shapes and returns a
 bias broadcastable to ``[batch, n_heads, q_len, kv_len]``.
@@ -13,8 +13,8 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from ...interfaces import Init, split_aux
-from ...model import init_modules
+from modkit.core.interfaces import Init, split_aux
+from modkit.nn.model import init_modules
 from ..harness import Bench, Record
 from .base import CheckFailed, attention_inputs, first_target, nonfinite, position_geometry
 

@@ -9,8 +9,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ...config import ComponentConfig
-from ...registry import Component
+from modkit.core.config import ComponentConfig
+from modkit.core.registry import Component
 from ..harness import Bench, qualified_names
 from .base import SAME_MATH_ULPS, CheckFailed, CheckSkipped, fmt, fork_rng, max_abs_diff, nonfinite, tolerance, transplant, unique_modules
 

@@ -38,7 +38,7 @@ class DyT(nn.Module):
     Parameters: ``alpha [1]``, ``weight [dim]``, ``bias [dim]``.
     """
 
-    #: what each parameter is (modkit.roles): optimizers, weight decay and muP read these, never the names
+    #: what each parameter is (modkit.core.roles): optimizers, weight decay and muP read these, never the names
     param_roles = {"alpha": "vector", "weight": "norm_gain", "bias": "bias"}
 
     def __init__(self, dim: int, alpha_init: float):

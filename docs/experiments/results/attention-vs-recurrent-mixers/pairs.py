@@ -1,5 +1,5 @@
 """The pairs among the recurrent designs that ``modkit compare`` does not compute (it compares every design with the
-first, attention): the same paired-t difference (:func:`modkit.stats.mean_difference`) on the per-run losses of
+first, attention): the same paired-t difference (:func:`modkit.experiments.stats.mean_difference`) on the per-run losses of
 ``results.json``, at the training length (``val_loss``) and at twice it (``long_val_loss``).
 
 Run from the repository root: ``.venv/bin/python docs/experiments/results/attention-vs-recurrent-mixers/pairs.py``.
@@ -8,7 +8,7 @@ Run from the repository root: ``.venv/bin/python docs/experiments/results/attent
 import json
 from pathlib import Path
 
-from modkit.stats import mean_difference
+from modkit.experiments.stats import mean_difference
 
 saved = json.loads((Path(__file__).parent / "results.json").read_text())
 rows = {r["spec"]: sorted(r["runs"], key=lambda run: run["seed"]) for r in saved["rows"]}

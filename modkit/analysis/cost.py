@@ -1,0 +1,701 @@
+"""What a model costs: FLOPs by part, KV-cache and weight bytes, a training-memory estimate, a roofline decode latency.
+
+FLOPs come from the components themselves, the way parameter counts do: every registry entry declares
+``Component.flops(config, ctx, work) -> {part: FLOPs}`` for one call of its module on a :class:`Workload`, and this
+module sums the declarations of every component a spec builds (on ``meta``: nothing is allocated, a 405B spec takes
+about a second). The core names no component; the LM head (a matrix product the model itself owns) is the only
+term computed here. The contract kit checks each declaration against ``torch.utils.flop_counter.FlopCounterMode``
+(:mod:`modkit.testing.flops`), as it checks ``param_count``.
+
+Conventions:
+
+* **1 multiply-add = 2 FLOPs.** A ``[m, k] @ [k, n]`` product costs ``2·m·k·n``.
+* **Matrix products only.** Linear projections, attention scores ``q·kᵀ`` and the weighted sum ``p·v``, the MoE
+  router and experts, the LM head. Element-wise work (softmax, activations, gating products, norms, RoPE, residual
+  adds, biases) is not counted: it is well under 1 % of a real model's FLOPs, and it is what ``FlopCounterMode``
+  leaves out too, so the two can be compared to the FLOP. Components that do only element-wise work declare
+  :func:`elementwise` (0, with the reason).
+* **Useful pairs.** Attention counts the (query, key) pairs its mask lets through: causal, within the sliding
+  window or the attention chunk, ``min(context, window)`` keys for a decoded token and ``(T + 1) / 2`` on average
+  over a causal prefill of ``T`` tokens. Dense kernels compute the whole ``[new, past + new]`` score rectangle (masked entries included);
+  ``Workload(dense=True)`` counts that instead, which is what ``FlopCounterMode`` measures.
+* **Phases.** *prefill at context N*: one forward over ``N`` tokens, per token (every position's logits, as in
+  training; generation skips the head for all but the last prompt token). *decode at context N*: one new token
+  whose cache holds the ``N - 1`` tokens before it, so it attends to ``N`` keys (``min(N, window)`` in a
+  sliding-window layer). *training*: forward + backward = 3 x forward (the backward of every matrix product is
+  two products of the same size: the input and the weight gradients; kernels that recompute attention scores in
+  the backward, FlashAttention, do one product more there, which is recomputation, not model FLOPs).
+
+References: Kaplan et al. 2020, Scaling Laws for Neural Language Models (arXiv:2001.08361) §2.1 (FLOPs per token
+``2N + 2·n_layer·n_ctx·d_attn``); Hoffmann et al. 2022, Chinchilla (arXiv:2203.15556) appendix F; Korthikanti et al.
+2022, Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198) for what a layer keeps for the
+backward; Williams et al. 2009, Roofline (CACM 52(4)) for the latency bound.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
+
+import torch
+from torch import nn
+
+from modkit.nn import grouped as _grouped  # noqa: F401  (registers torch.ops.modkit.grouped_mm, counted by flop_counter)
+from modkit.nn.build import _parse_dtype, active_params_per_token, breakdown, build
+from modkit.nn.build import cache_state_bytes_per_sequence as _state_bytes
+from modkit.nn.build import kv_cache_bytes as _kv_cache_bytes
+from modkit.nn.build import kv_cache_bytes_per_token as _kv_bytes_per_token
+from modkit.core.errors import ModkitError
+from modkit.analysis.hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS  # noqa: F401  (re-exported: the roofline defaults)
+from modkit.core.registry import Component, Registry, get_registry
+from modkit.spec import ModelSpec, load_spec, spec_model
+
+#: FLOPs of one multiply-add.
+FLOPS_PER_MAC = 2
+#: Bytes per parameter of modkit's training state: float32 weights, float32 gradients and AdamW's two float32
+#: moments (``modkit train`` keeps float32 parameters and runs the forward under autocast).
+TRAIN_STATE_BYTES = {"weights": 4, "gradients": 4, "adamw_states": 8}
+#: Weight storage formats shown by ``modkit cost``: bytes per parameter (float8: one byte, scales not counted).
+WEIGHT_FORMATS = {"float32": 4, "bfloat16": 2, "float8": 1}
+PHASES = ("prefill", "decode")
+
+
+class CostError(ModkitError, ValueError):
+    """A cost cannot be computed: a component declares no FLOPs, a declaration returns something that is not
+    ``{part: non-negative int}``, or an argument is out of range. The message names the component and the fix."""
+
+
+# ------------------------------------------------------------------------------------------------- workload
+
+
+def _causal_prefix(n: int, window: Optional[int]) -> int:
+    """``Σ_{p<n} min(p + 1, window)``: the pairs a causal mask lets through for queries at positions ``0..n-1``."""
+    if window is None or n <= window:
+        return n * (n + 1) // 2
+    return window * (window + 1) // 2 + (n - window) * window
+
+
+def _reach(n: int, window: Optional[int]) -> int:
+    """``Σ_{p<n} min(p, window - 1)``: keys on one side of a query, summed over queries ``0..n-1``."""
+    if window is None or n <= window:
+        return n * (n - 1) // 2
+    return window * (window - 1) // 2 + (n - window) * (window - 1)
+
+
+def _chunked_pairs(past: int, total: int, chunk: int, window: Optional[int], causal: bool) -> int:
+    """Unmasked (query, key) pairs of the queries at positions ``past .. total - 1`` over keys ``0 .. total - 1`` when
+    each query sees only its own chunk of ``chunk`` positions (and, with ``window``, keys less than ``window`` away).
+
+    Causal: query ``p`` at offset ``r = p % chunk`` in its chunk sees ``min(r + 1, window)`` keys, so whole chunks
+    repeat one sum (:func:`_causal_prefix` of ``chunk``). Bidirectional: it also sees the keys after it in its chunk (the
+    last chunk ends at ``total``), ``min(r, window - 1) + min(L - 1 - r, window - 1) + 1`` in a chunk of ``L`` keys.
+    Closed forms per chunk, so the cost is O(1) in the context length.
+    """
+    if causal:
+        def upto(n: int) -> int:  # Σ_{p<n} min(p % chunk + 1, window)
+            return (n // chunk) * _causal_prefix(chunk, window) + _causal_prefix(n % chunk, window)
+
+        return upto(total) - upto(past)
+
+    def part(length: int, r0: int, r1: int) -> int:  # queries at offsets [r0, r1) of a chunk of `length` keys
+        before = _reach(r1, window) - _reach(r0, window)
+        after = _reach(length - r0, window) - _reach(length - r1, window)
+        return before + after + (r1 - r0)
+
+    first, last = past // chunk, (total - 1) // chunk
+    count = 0
+    for c in {first, last}:  # the chunks at the two ends may be cut (by past, by total)
+        start = c * chunk
+        length = min(chunk, total - start)
+        count += part(length, max(past - start, 0), min(total - start, chunk))
+    if last - first > 1:  # whole chunks in between, all of whose queries are new
+        count += (last - first - 1) * part(chunk, 0, chunk)
+    return count
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One forward call a FLOPs declaration is evaluated on.
+
+    Attributes:
+        batch: rows (sequences).
+        new: new tokens per row (the query length; 1 when decoding).
+        past: tokens per row already in the KV cache (their keys are attended to, not recomputed).
+        dense: count every (query, key) pair of the ``[new, past + new]`` score matrix, as a dense kernel computes
+            it (masked entries included; what ``FlopCounterMode`` measures) instead of only the pairs the mask
+            lets through.
+
+    Raises:
+        CostError: a negative size, or no new token.
+    """
+
+    batch: int = 1
+    new: int = 1
+    past: int = 0
+    dense: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.new < 1 or self.past < 0:
+            raise CostError(f"a workload needs batch >= 1, new >= 1, past >= 0; got batch {self.batch}, new {self.new}, past {self.past}")
+
+    @property
+    def tokens(self) -> int:
+        """Token rows through each position-wise component: ``batch · new``."""
+        return self.batch * self.new
+
+    def pairs(self, *, causal: bool = True, window: Optional[int] = None, chunk: Optional[int] = None) -> int:
+        """(query, key) pairs one attention head scores over the whole batch.
+
+        Args:
+            causal: query ``p`` sees keys ``k <= p``; otherwise every key (bidirectional).
+            window: sliding window: only keys with ``0 <= p - k < window`` (``|p - k| < window`` bidirectional).
+            chunk: chunked local attention: only keys of the query's own chunk, ``k // chunk == p // chunk``
+                (Llama 4's ``attention_chunk_size``); combines with ``causal`` and ``window``.
+
+        Returns:
+            ``batch · new · (past + new)`` when ``dense``; otherwise the unmasked pairs, e.g. ``new · (new + 1) / 2``
+                for a causal prefill, ``min(past + 1, window)`` for one decoded token and ``past % chunk + 1`` for
+                one decoded token of a chunked layer.
+        """
+        total = self.past + self.new
+        if self.dense:
+            return self.batch * self.new * total
+        if chunk is not None:
+            return self.batch * _chunked_pairs(self.past, total, chunk, window, causal)
+        if causal:
+            return self.batch * (_causal_prefix(total, window) - _causal_prefix(self.past, window))
+        if window is None:
+            return self.batch * self.new * total
+        before = _reach(total, window) - _reach(self.past, window)  # keys at or before each query, itself excluded
+        after = _reach(total - self.past, window)  # keys after each query
+        return self.batch * (before + after + self.new)
+
+    def rows(self, n: int) -> Optional["Workload"]:
+        """``n`` independent token rows (what a mixture of experts hands its stacked experts); ``None`` for none."""
+        return Workload(batch=int(n), new=1, past=0, dense=self.dense) if n > 0 else None
+
+
+class Elementwise:
+    """A FLOPs declaration of 0 matrix-product FLOPs, with the reason (``Component(flops=elementwise(...))``)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __call__(self, config: Any, ctx: Any, work: Workload) -> dict[str, int]:
+        """No matrix product: ``{}``."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"elementwise({self.reason!r})"
+
+
+def elementwise(reason: str) -> Elementwise:
+    """Declare that a component does no matrix product (0 FLOPs under modkit's convention), saying why.
+
+    Example: ``Component(..., flops=elementwise("normalisation: element-wise"))``.
+    """
+    return Elementwise(reason)
+
+
+def declared_flops(entry: Component, config: Any, ctx: Any, work: Optional[Workload]) -> dict[str, int]:
+    """``entry.flops(config, ctx, work)`` checked: ``{part: FLOPs}`` with non-negative integer values.
+
+    ``work`` may be ``None`` (zero rows: an expert no token reaches), which gives ``{}``.
+
+    Raises:
+        CostError: the entry declares no FLOPs (names it, its provider and the fix), or its declaration returned
+            something else than a mapping of part names to non-negative integers.
+    """
+    where = f"{entry.kind}/{entry.type} ({entry.provider})" if entry.provider else f"{entry.kind}/{entry.type}"
+    if entry.flops is None:
+        raise CostError(
+            f"{where} declares no FLOPs, so its cost is unknown (modkit does not guess a number); give its Component "
+            "a flops=fn(config, ctx, work) -> {part: FLOPs} declaration, or flops=modkit.analysis.cost.elementwise(reason) "
+            "when it does no matrix product (see docs/guides/cost.md)"
+        )
+    if work is None:
+        return {}
+    got = entry.flops(config, ctx, work)
+    if not isinstance(got, Mapping):
+        raise CostError(f"{where}: flops() returned {type(got).__name__}, expected a dict {{part: FLOPs}}")
+    out = {}
+    for part, n in got.items():
+        if not isinstance(part, str) or isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise CostError(f"{where}: flops() returned {part!r}: {n!r}; parts must be names and FLOPs non-negative integers")
+        out[part] = n
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- the model's components
+
+
+class _Recorder(Registry):
+    """A view of a registry that remembers each factory call ``(entry, config, ctx, module)`` while building."""
+
+    def __init__(self, base: Registry):  # noqa: D107 - shares the base registry's state
+        spec_model(base)
+        self.__dict__.update(base.__dict__)
+        self.records: list[_Record] = []
+
+    def entry_for_config(self, config, kind=None) -> Component:
+        entry = super().entry_for_config(config, kind)
+        records = self.records
+
+        def factory(cfg, ctx, _entry=entry):
+            module = _entry.factory(cfg, ctx)
+            if isinstance(module, nn.Module):
+                records.append(_Record(_entry, cfg, ctx, module))
+            return module
+
+        return replace(entry, factory=factory)
+
+
+@dataclass
+class _Record:
+    entry: Component
+    config: Any
+    ctx: Any
+    module: nn.Module
+
+
+@dataclass
+class _Use:
+    """A built component, the layer it belongs to and how many times one forward calls it."""
+
+    entry: Component
+    config: Any
+    ctx: Any
+    layer: Optional[int]
+    calls: int
+
+
+def _uses(model: nn.Module, records: Iterable[Any]) -> list[_Use]:
+    """One :class:`_Use` per factory call. A position scheme is shared by the layers with the same config: acting on
+    q/k or on the scores it runs once per such layer, acting on the embeddings once (the model-level scheme only)."""
+    positions = list(getattr(model, "positions", []))
+    layer_position = list(getattr(model, "layer_position", []))
+    out = []
+    for r in records:
+        calls = 1
+        if r.entry.kind == "position":
+            index = next((i for i, m in enumerate(positions) if m is r.module), None)
+            acts_on = r.entry.capabilities.get("acts_on")
+            per_layer = layer_position.count(index) if index is not None else 0
+            if acts_on == "embedding":
+                calls = 1 if index == 0 else 0
+            elif acts_on in ("qk", "bias"):
+                calls = per_layer
+            else:
+                calls = per_layer + (1 if index == 0 else 0)
+        out.append(_Use(r.entry, r.config, r.ctx, getattr(r.ctx, "layer_index", None), calls))
+    return out
+
+
+def _as_spec(spec: Union[ModelSpec, dict, str, Path], reg: Registry) -> ModelSpec:
+    return spec if isinstance(spec, spec_model(reg)) else load_spec(spec, registry=reg)
+
+
+class CostModel:
+    """The costs of one spec, from its components' declarations (built once on ``meta``).
+
+    Args:
+        spec: a :class:`~modkit.ModelSpec`, a dict, a JSON string or a path.
+        registry: defaults to the process-wide registry.
+
+    Raises:
+        SpecError: the spec is invalid. CostError (on use): a component declares no FLOPs.
+    """
+
+    def __init__(self, spec: Union[ModelSpec, dict, str, Path], *, registry: Optional[Registry] = None):
+        reg = registry or get_registry()
+        self.registry = reg
+        self.spec = _as_spec(spec, reg)
+        recorder = _Recorder(reg)
+        self.model = build(self.spec, device="meta", registry=recorder)
+        self._uses = _uses(self.model, recorder.records)
+        self._varying: Optional[set[str]] = None
+
+    @classmethod
+    def from_records(cls, model: nn.Module, records: Iterable[Any], registry: Registry) -> "CostModel":
+        """A cost model of an already built model, given the factory calls recorded while building it (objects with
+        ``entry``, ``config``, ``ctx`` and ``module``, as the contract kit's bench records them)."""
+        self = cls.__new__(cls)
+        self.registry, self.spec, self.model = registry, model.spec, model
+        self._uses = _uses(model, records)
+        self._varying = None
+        return self
+
+    # ------------------------------------------------------------------ FLOPs
+    def _head(self, work: Workload) -> int:
+        return FLOPS_PER_MAC * work.tokens * self.spec.d_model * self.spec.vocab_size
+
+    def flops_by_layer(self, work: Workload) -> dict[Optional[int], dict[str, int]]:
+        """FLOPs of one forward on ``work`` by layer (``None``: model-level parts) and ``"kind.part"``.
+
+        The head is ``{"head.proj": 2 · tokens · d_model · vocab_size}`` under ``None``; embedding lookups cost 0.
+
+        Raises:
+            CostError: a component declares no FLOPs or returns a malformed declaration.
+        """
+        out: dict[Optional[int], dict[str, int]] = {}
+        for u in self._uses:
+            parts = declared_flops(u.entry, u.config, u.ctx, work)
+            if not u.calls:
+                continue
+            bucket = out.setdefault(u.layer, {})
+            for part, n in parts.items():
+                key = f"{u.entry.kind}.{part}"
+                bucket[key] = bucket.get(key, 0) + u.calls * n
+        out.setdefault(None, {})["head.proj"] = self._head(work)
+        return out
+
+    def flops(self, work: Workload) -> dict[str, int]:
+        """FLOPs of one forward on ``work`` by ``"kind.part"`` summed over layers (see :meth:`flops_by_layer`)."""
+        total: dict[str, int] = {}
+        for parts in self.flops_by_layer(work).values():
+            for k, n in parts.items():
+                total[k] = total.get(k, 0) + n
+        return total
+
+    def total(self, work: Workload) -> int:
+        """All FLOPs of one forward on ``work``."""
+        return sum(self.flops(work).values())
+
+    @staticmethod
+    def workload(phase: str, context: int, batch: int = 1) -> Workload:
+        """The workload of a phase: ``prefill`` = ``context`` new tokens; ``decode`` = 1 new token after ``context - 1``.
+
+        Raises:
+            CostError: unknown phase or ``context < 1``.
+        """
+        if phase not in PHASES:
+            raise CostError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+        if context < 1:
+            raise CostError(f"context must be >= 1 token, got {context}")
+        if phase == "prefill":
+            return Workload(batch=batch, new=context, past=0)
+        return Workload(batch=batch, new=1, past=context - 1)
+
+    def per_token(self, phase: str, context: int) -> dict[str, Fraction]:
+        """FLOPs per token by ``"kind.part"`` in ``phase`` at ``context`` (exact fractions; see the module docstring)."""
+        work = self.workload(phase, context)
+        return {k: Fraction(n, work.tokens) for k, n in self.flops(work).items()}
+
+    def context_parts(self) -> set[str]:
+        """The ``"kind.part"`` keys whose FLOPs per decoded token change with the context (attention scores...):
+        present at decode contexts 1 and 2, or 2 and 3, and different there."""
+        if self._varying is None:
+            # decode at 1 has an empty cache, at 2 and 3 one that holds earlier tokens: a component may compute
+            # differently in the two cases (MLA's expanded and absorbed forms), so only a part present at both
+            # contexts of a pair and different between them depends on the context
+            ctx = [self.flops(self.workload("decode", n)) for n in (1, 2, 3)]
+            self._varying = {k for a, b in zip(ctx, ctx[1:]) for k in set(a) & set(b) if a[k] != b[k]}
+        return self._varying
+
+    def crossover(self, phase: str, *, projections: bool = False, limit: int = 2**40) -> Optional[int]:
+        """The smallest context at which attention's FLOPs per token reach the FFN's (router included), in ``phase``.
+
+        Args:
+            projections: count all of attention (q/k/v/o projections too); default only its context-dependent
+                parts (scores and weighted sum).
+            limit: search bound.
+
+        Returns:
+            The context in tokens, or ``None`` when attention never reaches the FFN below ``limit`` (every layer has
+                a sliding window, so the attended keys stop growing), or when there is no attention or no FFN to
+                compare (a recurrent model, a model without feed-forward layers).
+        """
+        varying = self.context_parts()
+        parts = self.flops(self.workload(phase, 2))
+        if not any(k.startswith("attention.") for k in parts) or not any(k.startswith(("ffn.", "router.")) for k in parts):
+            return None
+
+        def attention_wins(n: int) -> bool:
+            f = self.flops(self.workload(phase, n))
+            attn = sum(v for k, v in f.items() if k.startswith("attention.") and (projections or k in varying))
+            ffn = sum(v for k, v in f.items() if k.startswith(("ffn.", "router.")))
+            return attn >= ffn
+
+        if not attention_wins(limit):
+            return None
+        lo, hi = 1, limit
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if attention_wins(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # ------------------------------------------------------------------ bytes
+    def params(self) -> dict[str, int]:
+        """Parameter breakdown (:func:`modkit.breakdown`)."""
+        return breakdown(self.model)
+
+    def weight_bytes(self, dtype: Union[str, torch.dtype, int]) -> int:
+        """Bytes of all parameters stored in ``dtype`` (a torch dtype, or bytes per parameter)."""
+        size = dtype if isinstance(dtype, int) else torch.empty((), dtype=_parse_dtype(dtype)).element_size()
+        return self.params()["total"] * size
+
+    def kv_cache_bytes(self, context: int, batch: int = 1, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
+        """Bytes of the cache held for ``batch`` rows of ``context`` tokens, from what each token mixer declares
+        (:func:`modkit.nn.build.kv_cache_bytes`: ``Σ batch · (bytes_per_token · min(context, window) +
+        bytes_per_sequence)``; the built-in attention's ``bytes_per_token`` is ``2 · n_kv_heads · head_dim ·
+        bytes(dtype)``, MLA's ``(kv_lora_rank + qk_rope_head_dim) · bytes(dtype)``)."""
+        if context < 1 or batch < 1:
+            raise CostError(f"context and batch must be >= 1, got context {context}, batch {batch}")
+        return _kv_cache_bytes(self.model, context, batch, dtype)
+
+    def kv_cache_bytes_per_token(self, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
+        """Bytes one token adds to the cache over all layers (:func:`modkit.kv_cache_bytes_per_token`)."""
+        return _kv_bytes_per_token(self.model, dtype)
+
+    def cache_state_bytes_per_sequence(self, dtype: Union[str, torch.dtype] = "bfloat16") -> int:
+        """Bytes of fixed-size (recurrent) state one sequence holds (:func:`modkit.nn.build.cache_state_bytes_per_sequence`)."""
+        return _state_bytes(self.model, dtype)
+
+    def weights_read_per_step(self, batch: int = 1) -> int:
+        """Parameters one decode step reads: every matrix-product weight (the head's too when it is tied), not the
+        embedding and position tables (a lookup reads ``batch`` rows), and at batch 1 not the experts a token skips
+        (``inactive_params_per_token``). At batch > 1 every expert is assumed read: an upper bound."""
+        p = self.params()
+        read = p["total"] - p["embedding"] - p["position"]
+        if self.spec.tie_embeddings:
+            read += self.spec.vocab_size * self.spec.d_model
+        if batch == 1:
+            read -= p["total"] - active_params_per_token(self.model)
+        return read
+
+    def decode_latency(
+        self, context: int, batch: int = 1, dtype: Union[str, torch.dtype] = "bfloat16",
+        bandwidth: float = DEFAULT_BANDWIDTH, peak_flops: float = DEFAULT_PEAK_FLOPS,
+    ) -> dict[str, Any]:
+        """Roofline latency of one decode step of ``batch`` rows at ``context``: ``max(bytes / bandwidth, FLOPs / peak)``.
+
+        Bytes: the weights read (:meth:`weights_read_per_step`) and the whole KV cache at ``context``, in ``dtype``.
+        A lower bound: no kernel overheads, perfect overlap of memory and compute.
+
+        Returns:
+            ``{"seconds", "bound" ("memory" | "compute"), "bytes", "flops", "memory_s", "compute_s", "tokens_per_s"}``.
+
+        Raises:
+            CostError: a non-positive bandwidth or peak.
+        """
+        if bandwidth <= 0 or peak_flops <= 0:
+            raise CostError(f"bandwidth and peak FLOP/s must be > 0, got {bandwidth} and {peak_flops}")
+        size = torch.empty((), dtype=_parse_dtype(dtype)).element_size()
+        nbytes = self.weights_read_per_step(batch) * size + self.kv_cache_bytes(context, batch, dtype)
+        flops = self.total(self.workload("decode", context, batch))
+        memory_s, compute_s = nbytes / bandwidth, flops / peak_flops
+        seconds = max(memory_s, compute_s)
+        return {
+            "seconds": seconds,
+            "bound": "memory" if memory_s >= compute_s else "compute",
+            "bytes": nbytes,
+            "flops": flops,
+            "memory_s": memory_s,
+            "compute_s": compute_s,
+            "tokens_per_s": batch / seconds,
+        }
+
+    def training_memory(self, batch: int, seq_len: int, dtype: Union[str, torch.dtype] = "bfloat16") -> dict[str, int]:
+        """An estimate of the memory one training step holds: weights, gradients, AdamW states, activations.
+
+        Weights, gradients and AdamW's two moments are float32 (:data:`TRAIN_STATE_BYTES`, as ``modkit train`` keeps
+        them). Activations are what autograd saves for the backward, measured: the model is built on ``meta`` in
+        ``dtype`` (the autocast dtype), run in training mode with the training loss at ``batch`` rows and three short
+        lengths under ``torch.autograd.graph.saved_tensors_hooks``, and the saved bytes (parameters excluded, each
+        storage once) fitted exactly by ``a + b·T + c·T²`` (at 2, 3 and 4 chunks when a mixer computes in chunks,
+        a module attribute ``chunk_size``: below two chunks its saved bytes are not yet linear in ``T``). ``activations`` is ``a + b·seq_len``: attention kernels
+        that keep no ``[seq, seq]`` matrix (FlashAttention, memory-efficient SDPA); ``attention_matrix`` is
+        ``c·seq_len²``, what an eager (math) attention would keep on top. Not counted: temporaries of the backward,
+        allocator fragmentation, the CUDA context.
+
+        Raises:
+            CostError: ``batch`` or ``seq_len`` below 1.
+        """
+        if batch < 1 or seq_len < 1:
+            raise CostError(f"batch and seq_len must be >= 1, got batch {batch}, seq_len {seq_len}")
+        n = self.params()["total"]
+        out = {k: n * b for k, b in TRAIN_STATE_BYTES.items()}
+        a, b, c = _saved_fit(self.spec, batch, _parse_dtype(dtype), self.registry)
+        out["activations"] = int(round(a + b * seq_len))
+        out["attention_matrix"] = int(round(c * seq_len * seq_len))
+        out["total"] = sum(out[k] for k in ("weights", "gradients", "adamw_states", "activations"))
+        return out
+
+    # ------------------------------------------------------------------ report
+    def report(
+        self, *, context: int, batch: int = 1, dtype: Union[str, torch.dtype] = "bfloat16",
+        bandwidth: float = DEFAULT_BANDWIDTH, peak_flops: float = DEFAULT_PEAK_FLOPS, train_seq_len: Optional[int] = None,
+    ) -> dict[str, Any]:
+        """Everything ``modkit cost`` shows, as JSON-ready data (FLOPs per token as floats)."""
+        dname = str(_parse_dtype(dtype)).replace("torch.", "")
+        seq = train_seq_len or context
+        per_token = {ph: {k: float(v) for k, v in self.per_token(ph, context).items()} for ph in PHASES}
+        train = {k: 3 * v for k, v in per_token["prefill"].items()}
+        return {
+            "name": self.spec.name,
+            "context": context,
+            "batch": batch,
+            "dtype": dname,
+            "convention": "matrix-product FLOPs only, 1 multiply-add = 2 FLOPs; attention counts the (query, key) pairs its mask lets through",
+            "flops_per_token": {**per_token, "train": train},  # train: 3 x prefill at the context
+            "flops_per_token_total": {ph: sum(v.values()) for ph, v in {**per_token, "train": train}.items()},
+            "context_dependent_parts": sorted(self.context_parts()),
+            "attention_overtakes_ffn": {
+                ph: {"scores": self.crossover(ph), "with_projections": self.crossover(ph, projections=True)} for ph in PHASES
+            },
+            "params": self.params(),
+            "active_params_per_token": active_params_per_token(self.model),
+            "weight_bytes": {k: self.weight_bytes(b) for k, b in WEIGHT_FORMATS.items()},
+            "kv_cache_bytes": self.kv_cache_bytes(context, batch, dtype),
+            "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token(dtype),
+            "cache_state_bytes_per_sequence": self.cache_state_bytes_per_sequence(dtype),
+            "training_memory": {"batch": batch, "seq_len": seq, "dtype": dname, "estimate": True,
+                                **self.training_memory(batch, seq, dtype)},
+            "decode_roofline": {"bandwidth_bytes_per_s": bandwidth, "peak_flops_per_s": peak_flops,
+                                **self.decode_latency(context, batch, dtype, bandwidth, peak_flops)},
+        }
+
+
+# ------------------------------------------------------------------------------------------------- activations
+
+
+def _saved_bytes(model: nn.Module, batch: int, seq: int) -> int:
+    """Bytes autograd saves for the backward in one training forward + loss (each storage once, parameters excluded)."""
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    seen: dict[int, int] = {}
+    keep: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor):
+        s = t.untyped_storage()
+        if s._cdata not in params:
+            seen.setdefault(s._cdata, s.nbytes())
+        keep.append(t)  # hold it: a freed storage's address could be reused and counted once for two
+        return t
+
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(ids)
+        logits = out.logits
+        loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids.reshape(-1))
+        if out.aux_loss is not None:
+            loss = loss + out.aux_loss.float()
+    return sum(seen.values())
+
+
+_FIT_CACHE: dict[tuple, tuple[float, float, float]] = {}
+
+
+def _saved_fit(spec: ModelSpec, batch: int, dtype: torch.dtype, registry: Registry) -> tuple[float, float, float]:
+    """``(a, b, c)`` with saved bytes ``= a + b·T + c·T²`` at ``batch`` rows, fitted on three lengths (exact)."""
+    key = (spec.model_dump_json(), batch, str(dtype), id(registry))
+    if key not in _FIT_CACHE:
+        model = build(spec, device="meta", dtype=dtype, registry=registry).train()
+        step = max(1, min(4, spec.max_seq_len // 3))
+        ts = (step, 2 * step, 3 * step)
+        # a mixer that computes in chunks of its ``chunk_size`` tokens (the recurrent mixers' chunked forms) saves
+        # [chunk, chunk] blocks: quadratic in T below one chunk, linear from two chunks on, where it is measured
+        chunks = {m.chunk_size for m in model.modules() if isinstance(getattr(m, "chunk_size", None), int) and m.chunk_size > 0}
+        if chunks and 4 * math.lcm(*chunks) <= spec.max_seq_len:
+            step = math.lcm(*chunks)
+            ts = (2 * step, 3 * step, 4 * step)
+        s = [_saved_bytes(model, batch, t) for t in ts]
+        # second differences of an exact quadratic at equally spaced points
+        c = Fraction(s[2] - 2 * s[1] + s[0], 2 * step * step)
+        b = Fraction(s[1] - s[0], step) - c * (ts[0] + ts[1])
+        a = s[0] - b * ts[0] - c * ts[0] * ts[0]
+        _FIT_CACHE[key] = (float(a), float(b), float(c))
+    return _FIT_CACHE[key]
+
+
+# ------------------------------------------------------------------------------------------------- measuring
+
+
+def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _sdpa_cpu_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def _solve_triangular_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """A triangular solve ``A X = B`` (``A [..., n, n]``, ``B [..., n, m]``, left side): forward or back substitution
+    is ``n (n - 1) / 2`` multiply-adds per right-hand side column, ``n (n - 1) · m`` FLOPs (the divisions by the
+    diagonal, absent with ``unitriangular``, are element-wise), times the batch."""
+    n, m = a_shape[-1], b_shape[-1]
+    batch = 1
+    for size in (out_shape or b_shape)[:-2]:
+        batch *= size
+    return batch * m * n * (n - 1)
+
+
+def _grouped_mm_flops(x_shape, w_shape, offs_shape, *args, out_shape=None, **kwargs) -> int:
+    return FLOPS_PER_MAC * x_shape[0] * x_shape[1] * w_shape[-1]
+
+
+def _grouped_mm_weight_grad_flops(x_shape, dy_shape, offs_shape, *args, out_shape=None, **kwargs) -> int:
+    return FLOPS_PER_MAC * x_shape[0] * x_shape[1] * dy_shape[1]
+
+
+def flop_counter(**kwargs: Any):
+    """A ``torch.utils.flop_counter.FlopCounterMode`` that also counts modkit's ops and the CPU attention kernel.
+
+    torch 2.13 has no formula for ``aten._scaled_dot_product_flash_attention_for_cpu`` (it would count 0 on the
+    CPU), for modkit's ``modkit::grouped_mm`` custom op (mixture-of-experts experts) nor for
+    ``aten.linalg_solve_triangular`` (the chunkwise delta rule); they are added through ``custom_mapping`` (torch's
+    own SDPA formula: the full ``[q_len, kv_len]`` rectangle; ``2·rows·in·out`` for a grouped product; ``n (n - 1)``
+    FLOPs per right-hand side column of an ``n × n`` triangular solve). ``display`` defaults to False; other
+    arguments go to ``FlopCounterMode``.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ops = torch.ops
+    mapping: dict[Any, Callable] = {
+        ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu,
+        ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward,
+        ops.modkit.grouped_mm: _grouped_mm_flops,
+        ops.modkit.grouped_mm_weight_grad: _grouped_mm_weight_grad_flops,
+        ops.aten.linalg_solve_triangular: _solve_triangular_flops,
+    }
+    mapping.update(kwargs.pop("custom_mapping", {}) or {})
+    kwargs.setdefault("display", False)
+    return FlopCounterMode(custom_mapping=mapping, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------- shortcuts
+
+
+def flops_per_token(
+    spec: Union[ModelSpec, dict, str, Path], context: int, phase: str = "decode", *, registry: Optional[Registry] = None
+) -> float:
+    """FLOPs per token of ``spec`` in ``phase`` (``"prefill"``, ``"decode"`` or ``"train"`` = 3 x prefill) at ``context``.
+
+    Raises:
+        CostError: unknown phase, bad context, or a component without a FLOPs declaration.
+        SpecError: invalid spec.
+    """
+    model = CostModel(spec, registry=registry)
+    if phase == "train":
+        return 3 * float(sum(model.per_token("prefill", context).values()))
+    return float(sum(model.per_token(phase, context).values()))
+
+
+def training_flops_per_token(spec: Union[ModelSpec, dict, str, Path], seq_len: int, *, registry: Optional[Registry] = None) -> int:
+    """Training FLOPs per token at ``seq_len``: 3 x the forward FLOPs of one causal sequence / ``seq_len``, rounded.
+
+    Raises:
+        CostError: as :func:`flops_per_token`.
+    """
+    model = CostModel(spec, registry=registry)
+    return round(Fraction(3 * model.total(model.workload("prefill", seq_len)), seq_len))

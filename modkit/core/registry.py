@@ -1,0 +1,598 @@
+"""The component registry, filled only through pluggy hooks.
+
+Every component (attention, norm, ffn, router, position, placement, or any kind a plugin invents) is a
+:class:`Component` entry: kind, type name, config model, factory, provider and capabilities as data.
+
+Plugins are discovered from the ``modkit`` entry-point group and loaded one at a time, in isolation
+(simonw/llm #1280): a plugin that fails to import, has a malformed hook implementation or registers a bad
+entry produces one warning naming it and leaves nothing behind (pluggy #733); the others still load.
+``MODKIT_STRICT_PLUGINS=1`` turns those warnings into :class:`~modkit.core.errors.RegistryError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata as md
+import os
+import re
+import threading
+import typing
+import warnings
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import pluggy
+
+from modkit.core.config import MIXER_KINDS, ComponentConfig, slot_kinds
+from modkit.core.errors import RegistryError
+from modkit.core.hooks import ENTRY_POINT_GROUP, PROJECT, ModkitHookSpecs
+
+_NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
+
+#: Capability keys the core understands. Plugins may add others; these drive validation, contract tests and docs.
+KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
+    {
+        "causal_safe": "never lets a position see later positions when used causally (attention)",
+        "kv_cache": "supports incremental decoding with a KV cache (attention)",
+        "compile_safe": "runs under torch.compile(fullgraph=True) without graph breaks",
+        "aux_loss": "forward returns (output, aux_loss) instead of output (ffn)",
+        "acts_on": "where a position scheme acts: 'embedding', 'qk', 'bias' or 'none' (position)",
+        "unbounded_positions": "computes any position, not only those below max_seq_len (no table of max_seq_len rows), so "
+        "generation may run past max_seq_len when asked (modkit.inference.generate max_len=, --max-len) (position)",
+        "returns_weights": "has forward_with_weights(x, inputs) -> (out, weights [batch, n_heads, q_len, kv_len]) (attention, eager math)",
+        "stateless": "has no parameters",
+        "groups": "accepts BuildContext.groups: separate parameters per slice of the last-but-one dimension, "
+        "statistics over the last (norm)",
+        "tp_plan": "tensor-parallel plan relative to the module: {submodule: 'colwise'|'rowwise'|'grouped'|'per_head'|'replicate'|..., "
+        "per-head parameter: 'heads'}",
+        "token_mask": "forward takes token_mask [batch, seq] (True = real token) so padding can be excluded (ffn)",
+        "attention_dropout": "applies BuildContext.attention_dropout to the attention probabilities in training mode (attention)",
+        "residual_dropout": "applies BuildContext.residual_dropout to each sublayer output before it joins the residual (placement)",
+        "argument": "{name, field}: the keyword of modkit.inference.generate.generate (and --flag of modkit generate) that sets this "
+        "field (logits_processor, stop_condition)",
+        "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
+        "mup": "which column of muP's learning-rate table the update follows: 'adam' or 'sgd' (optimizer; modkit.nn.parametrization)",
+        "sharded": "the step is correct on FSDP2 / tensor-parallel shards, so it may train under torchrun (optimizer)",
+        "document_mask": "honours AttentionInputs.documents: a query sees only keys of its own document (document-masked "
+        "packing; attention). An attention without it is refused when documents are given",
+    }
+)
+
+
+class PluginWarning(UserWarning):
+    """Warning emitted when a plugin is skipped because it is broken (non-strict mode)."""
+
+
+@dataclass(frozen=True)
+class Provider:
+    """Who provides a component: the plugin name and its distribution (package) name and version."""
+
+    plugin: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def __str__(self) -> str:
+        dist = f" ({self.distribution} {self.version})" if self.distribution else ""
+        return f"{self.plugin}{dist}"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registry entry.
+
+    Attributes:
+        kind: the slot it fills, e.g. ``"attention"``, ``"norm"``, ``"ffn"``, ``"router"``, ``"position"``,
+            ``"placement"``.
+        type: the name used in specs (``{"type": "rmsnorm"}``); unique within ``kind``.
+        config: the pydantic config model (subclass of :class:`~modkit.core.config.ComponentConfig`) whose ``type``
+            field is a ``Literal`` containing ``type``.
+        factory: ``factory(config, ctx: BuildContext) -> torch.nn.Module``.
+        description: one paragraph: what it computes, input/output shapes.
+        reference: the paper or reference implementation its math follows.
+        capabilities: data about behaviour (see :data:`KNOWN_CAPABILITIES`).
+        param_count: optional analytic parameter count ``param_count(config, ctx) -> int``.
+        flops: optional FLOPs declaration ``flops(config, ctx, work: Workload) -> {part: FLOPs}``: the matrix-product
+            FLOPs (1 multiply-add = 2 FLOPs) of one call of the module on the workload :class:`~modkit.analysis.cost.Workload`
+            (tokens, cached keys, mask), by part (``{"q_proj": ..., "scores": ...}``), excluding components it builds
+            through ``ctx.build`` (they declare their own). Element-wise-only components declare
+            :func:`modkit.analysis.cost.elementwise`; :mod:`modkit.analysis.cost` sums the declarations and the contract kit checks them
+            against ``torch.utils.flop_counter.FlopCounterMode``.
+        example: a valid config dict for this component (docs show it; the contract kit builds it); defaults to
+            ``{"type": type}``.
+        aliases: other names a spec may use for this component (``{"type": alias}`` validates as ``type`` and is
+            stored under ``type``). An alias is not a second component: listings, ``modkit show`` and the docs show
+            it as an alias of ``type``. Aliases share the type namespace of the kind (no clash with a type or
+            another alias).
+        alias_notes: ``{alias: message}`` for aliases whose use deserves a word (a name whose meaning changed):
+            validating a spec that uses the alias emits the message as a :class:`~modkit.core.errors.SpecWarning`.
+        grouped_factory: optional, for ``ffn`` components that can serve as mixture-of-experts experts:
+            ``grouped_factory(config, ctx, n) -> nn.Module`` building ``n`` independent copies with stacked weights,
+            whose ``forward(x [rows, d_model], offs [n] int32) -> [rows, d_model]`` runs copy ``g`` on the
+            contiguous rows ``[offs[g-1], offs[g])`` (see :func:`modkit.nn.grouped.grouped_mm`), and whose
+            ``init_weights(init)`` initialises every copy. A mixture of experts requires it of its expert type.
+        math: optional key formulas in Markdown with LaTeX math (``$...$`` inline, ``$$...$$`` display, as
+            pymdownx.arithmatex reads them), defining every symbol; the docs page shows it under *Math*. Kept out of
+            ``description``, which terminals show.
+        provider: filled in by the registry when the entry is registered.
+    """
+
+    kind: str
+    type: str
+    config: type[ComponentConfig]
+    factory: Callable[..., Any]
+    description: str
+    reference: str = ""
+    capabilities: Mapping[str, Any] = field(default_factory=dict)
+    param_count: Callable[..., int] | None = None
+    flops: Callable[..., Mapping[str, int]] | None = None
+    example: Mapping[str, Any] | None = None
+    grouped_factory: Callable[..., Any] | None = None
+    aliases: tuple[str, ...] = ()
+    alias_notes: Mapping[str, str] = field(default_factory=dict)
+    math: str = ""
+    provider: Provider | None = None
+
+    def example_config(self) -> dict:
+        """A config dict that validates for this component (``example`` or ``{"type": type}``)."""
+        return dict(self.example) if self.example is not None else {"type": self.type}
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(kind, type)``."""
+        return (self.kind, self.type)
+
+    def validate(self) -> None:
+        """Raise :class:`RegistryError` if the entry is malformed (bad names, config model, factory)."""
+        where = f"component {self.kind}/{self.type}"
+        for label, value in (("kind", self.kind), ("type", self.type)):
+            if not isinstance(value, str) or not _NAME.match(value):
+                raise RegistryError(f"{where}: {label} {value!r} must match {_NAME.pattern}")
+        if not (isinstance(self.config, type) and issubclass(self.config, ComponentConfig)):
+            raise RegistryError(f"{where}: config must be a subclass of modkit.ComponentConfig, got {self.config!r}")
+        tags = config_tags(self.config)
+        if self.type not in tags:
+            raise RegistryError(
+                f"{where}: config {self.config.__name__}.type must be Literal[...] including {self.type!r}; "
+                f"it allows {sorted(tags)}"
+            )
+        if not callable(self.factory):
+            raise RegistryError(f"{where}: factory {self.factory!r} is not callable")
+        if self.flops is not None and not callable(self.flops):
+            raise RegistryError(f"{where}: flops {self.flops!r} is not callable")
+        if self.grouped_factory is not None and not callable(self.grouped_factory):
+            raise RegistryError(f"{where}: grouped_factory {self.grouped_factory!r} is not callable")
+        if not isinstance(self.capabilities, Mapping):
+            raise RegistryError(f"{where}: capabilities must be a mapping, got {type(self.capabilities).__name__}")
+        if not self.description:
+            raise RegistryError(f"{where}: description is empty; say what it computes")
+        if not isinstance(self.math, str):
+            raise RegistryError(f"{where}: math must be Markdown text with $...$ formulas, got {type(self.math).__name__}")
+        if isinstance(self.aliases, str) or not all(isinstance(a, str) for a in self.aliases):
+            raise RegistryError(f"{where}: aliases must be a tuple of names, got {self.aliases!r}")
+        for alias in self.aliases:
+            if not _NAME.match(alias):
+                raise RegistryError(f"{where}: alias {alias!r} must match {_NAME.pattern}")
+            if alias == self.type:
+                raise RegistryError(f"{where}: alias {alias!r} is the type itself")
+        if len(set(self.aliases)) != len(self.aliases):
+            raise RegistryError(f"{where}: aliases {list(self.aliases)} name one alias twice")
+        stray = sorted(set(self.alias_notes) - set(self.aliases))
+        if stray:
+            raise RegistryError(f"{where}: alias_notes for {stray}, which are not among its aliases {list(self.aliases)}")
+
+
+@dataclass(frozen=True)
+class HFConverter:
+    """A Hugging Face ``config.json`` → modkit spec converter for one ``model_type``.
+
+    ``declaration`` is the object registered with ``register(declaration)`` (a declarative model type: its
+    ``model_type``, ``convert`` and ``weights`` fill the other fields; its ``describe()``, when it has one, feeds the
+    reference docs), ``None`` for the ``register(model_type, convert, weights=mapper)`` form.
+    """
+
+    model_type: str
+    convert: Callable[[dict], dict]
+    weights: Any = None
+    provider: Provider | None = None
+    declaration: Any = None
+
+
+@dataclass
+class PluginInfo:
+    """A loaded plugin: its name, provider and what it registered."""
+
+    name: str
+    provider: Provider
+    components: list[tuple[str, str]] = field(default_factory=list)
+    converters: list[str] = field(default_factory=list)
+    obj: Any = None
+
+
+def config_tags(config: type[ComponentConfig]) -> tuple[str, ...]:
+    """The ``type`` values a config model accepts (the args of its ``Literal`` annotation)."""
+    f = config.model_fields.get("type")
+    if f is None:
+        return ()
+    ann = f.annotation
+    if typing.get_origin(ann) is typing.Literal:
+        return tuple(str(a) for a in typing.get_args(ann))
+    return ()
+
+
+def close_matches(word: str, choices: Iterable[str]) -> list[str]:
+    """Up to three entries of ``choices`` closest to ``word`` (difflib ratio ≥ 0.5)."""
+    return difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
+
+
+class Registry:
+    """Holds components and HF converters; filled by plugins through pluggy hooks.
+
+    Use :func:`get_registry` for the process-wide instance (entry points loaded on first use); create a bare
+    ``Registry()`` and call :meth:`register_plugin` for isolated experiments and tests.
+    """
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(PROJECT)
+        self._pm.add_hookspecs(ModkitHookSpecs)
+        self._components: dict[tuple[str, str], Component] = {}
+        self._converters: dict[str, HFConverter] = {}
+        self._aliases: dict[tuple[str, str], str] = {}  # (kind, alias) -> canonical type
+        self._plugins: dict[str, PluginInfo] = {}
+        self._skipped: dict[str, str] = {}
+        self.generation = 0
+        self._lock = threading.RLock()
+        self._spec_model_cache: tuple[int, Any] | None = None  # filled by modkit.spec.spec_model
+        self._slot_types: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- plugins
+    def register_plugin(
+        self,
+        obj: Any,
+        name: str | None = None,
+        *,
+        distribution: str | None = None,
+        version: str | None = None,
+    ) -> PluginInfo:
+        """Register a plugin object (module or instance with ``@hookimpl`` functions), atomically.
+
+        The plugin is first validated and its hooks are called against a scratch plugin manager; only if
+        everything succeeds are its entries added and the plugin registered for real. On failure nothing of
+        it remains and it can be registered again once fixed.
+
+        Raises:
+            RegistryError: malformed hook implementation, a hook that raised, a malformed entry, a name
+                already used by another plugin, or a (kind, type) / model_type already provided by another
+                plugin (the message names both providers).
+        """
+        name = name or getattr(obj, "__name__", None) or type(obj).__name__
+        provider = Provider(name, distribution, version)
+        with self._lock:
+            if name in self._plugins:
+                raise RegistryError(f"plugin name {name!r} is already registered by {self._plugins[name].provider}")
+            scratch = pluggy.PluginManager(PROJECT)
+            scratch.add_hookspecs(ModkitHookSpecs)
+            try:
+                scratch.register(obj, name=name)
+            except Exception as exc:  # pluggy.PluginValidationError and friends
+                raise RegistryError(f"plugin {provider}: invalid hook implementation: {exc}") from exc
+            if not scratch.get_hookcallers(obj):
+                raise RegistryError(
+                    f"plugin {provider} implements no modkit hook (expected register_components or register_hf_converters)"
+                )
+            comps: list[Component] = []
+            convs: list[HFConverter] = []
+
+            def register_component(entry: Component) -> None:
+                if not isinstance(entry, Component):
+                    raise RegistryError(f"register() takes a modkit.Component, got {type(entry).__name__}")
+                entry.validate()
+                comps.append(
+                    replace(
+                        entry,
+                        provider=provider,
+                        capabilities=MappingProxyType(dict(entry.capabilities)),
+                        aliases=tuple(entry.aliases),
+                        alias_notes=MappingProxyType(dict(entry.alias_notes)),
+                    )
+                )
+
+            def register_converter(model_type: Any, convert: Optional[Callable[[dict], dict]] = None, weights: Any = None) -> None:
+                declaration = None
+                if not isinstance(model_type, str) and convert is None and weights is None:
+                    # register(declaration): an object with model_type, convert and weights (its mapper)
+                    declaration = model_type
+                    model_type = getattr(declaration, "model_type", None)
+                    convert = getattr(declaration, "convert", None)
+                    weights = getattr(declaration, "weights", None)
+                if not isinstance(model_type, str) or not model_type or not callable(convert):
+                    raise RegistryError(
+                        f"register(model_type, fn) or register(declaration): bad arguments {model_type!r}, {convert!r}"
+                    )
+                convs.append(HFConverter(model_type, convert, weights, provider, declaration))
+
+            try:
+                scratch.hook.register_components(register=register_component)
+                scratch.hook.register_hf_converters(register=register_converter)
+            except RegistryError as exc:
+                raise RegistryError(f"plugin {provider}: {exc}") from exc
+            except Exception as exc:
+                raise RegistryError(f"plugin {provider}: hook raised {type(exc).__name__}: {exc}") from exc
+            self._check_clashes(provider, comps, convs)
+            self._pm.register(obj, name=name)
+            for c in comps:
+                self._components[c.key] = c
+                for alias in c.aliases:
+                    self._aliases[(c.kind, alias)] = c.type
+            for cv in convs:
+                self._converters[cv.model_type] = cv
+            info = PluginInfo(name, provider, [c.key for c in comps], [cv.model_type for cv in convs], obj)
+            self._plugins[name] = info
+            self.generation += 1
+            return info
+
+    def _check_clashes(self, provider: Provider, comps: list[Component], convs: list[HFConverter]) -> None:
+        seen: dict[tuple[str, str], Component] = {}
+        names: dict[tuple[str, str], tuple[str, Component]] = {}  # (kind, name) -> ("type"|"alias", entry)
+        for c in self._components.values():
+            names[c.key] = ("type", c)
+            for a in c.aliases:
+                names[(c.kind, a)] = ("alias", c)
+        for c in comps:
+            if c.kind in MIXER_KINDS:  # one token-mixing slot holds both kinds: their type names must differ
+                rival = next((o for o in [*self._components.values(), *seen.values()]
+                              if o.kind in MIXER_KINDS and o.kind != c.kind and c.type in (o.type, *o.aliases)), None)
+                if rival is not None:
+                    raise RegistryError(
+                        f"{c.kind} type {c.type!r} (by {provider}) has the name of {rival.kind}/{rival.type} (by "
+                        f"{rival.provider or provider}); attentions and mixers share the token-mixing slot, so their type "
+                        "names must differ: rename one"
+                    )
+            other = self._components.get(c.key) or seen.get(c.key)
+            if other is not None:
+                raise RegistryError(
+                    f"component {c.kind}/{c.type} is provided twice: by {other.provider} and by {provider}; "
+                    "uninstall one of them or rename the type"
+                )
+            seen[c.key] = c
+            for what, name in [("type", c.type)] + [("alias", a) for a in c.aliases]:
+                taken = names.get((c.kind, name))
+                if taken is not None and taken[1] is not c:
+                    role, holder = taken
+                    held = f"the type of {holder.kind}/{holder.type}" if role == "type" else f"an alias of {holder.kind}/{holder.type}"
+                    raise RegistryError(
+                        f"{c.kind} name {name!r} is provided twice: as the {what} of {c.kind}/{c.type} by {provider} "
+                        f"and as {held} by {holder.provider or provider}; types and aliases of a kind must be unique"
+                    )
+                names[(c.kind, name)] = (what, c)
+        seen_conv: dict[str, HFConverter] = {}
+        for cv in convs:
+            other = self._converters.get(cv.model_type) or seen_conv.get(cv.model_type)
+            if other is not None:
+                raise RegistryError(
+                    f"HF converter for model_type {cv.model_type!r} is provided twice: by {other.provider} and by {provider}"
+                )
+            seen_conv[cv.model_type] = cv
+
+    def unregister_plugin(self, name: str) -> None:
+        """Remove a plugin and everything it registered (mainly for tests).
+
+        Raises:
+            RegistryError: no plugin of that name is registered.
+        """
+        with self._lock:
+            info = self._plugins.pop(name, None)
+            if info is None:
+                raise RegistryError(f"no plugin named {name!r}; registered: {sorted(self._plugins)}")
+            for key in info.components:
+                entry = self._components.pop(key, None)
+                for alias in entry.aliases if entry is not None else ():
+                    self._aliases.pop((key[0], alias), None)
+            for mt in info.converters:
+                self._converters.pop(mt, None)
+            self._pm.unregister(name=name)
+            self.generation += 1
+
+    def load_entry_points(self, *, strict: bool | None = None) -> None:
+        """Discover and load every plugin advertised under the ``modkit`` entry-point group.
+
+        Each plugin loads in isolation. A failure warns (:class:`PluginWarning`) naming the plugin and its
+        distribution, unless ``strict`` (default: environment ``MODKIT_STRICT_PLUGINS=1``), which raises.
+        The same (distribution, entry point) found twice, as editable installs can produce, loads once.
+        A genuine clash between two plugins always raises :class:`RegistryError`.
+        """
+        if strict is None:
+            strict = os.environ.get("MODKIT_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes", "on"}
+        seen: set[tuple[str, str]] = set()
+        for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = getattr(ep, "dist", None)
+            dist_name = _normalize(dist.metadata["Name"]) if dist is not None else ""
+            version = dist.version if dist is not None else None
+            ident = (dist_name, ep.name)
+            if ident in seen:  # the same distribution found twice (editable installs): load once
+                continue
+            seen.add(ident)
+            provider = Provider(ep.name, dist_name or None, version)
+            loaded = self._plugins.get(ep.name)
+            if loaded is not None:
+                if loaded.provider.distribution != provider.distribution:
+                    message = (
+                        f"its plugin name {ep.name!r} is already taken by {loaded.provider}; "
+                        "rename one entry point (only the first was loaded)"
+                    )
+                    self._fail(provider, message, strict, RegistryError(message))
+                continue
+            try:
+                obj = ep.load()
+            except Exception as exc:
+                self._fail(provider, f"failed to import {ep.value!r}: {type(exc).__name__}: {exc}", strict, exc)
+                continue
+            try:
+                self.register_plugin(obj, ep.name, distribution=dist_name or None, version=version)
+            except RegistryError as exc:
+                if "provided twice" in str(exc):
+                    raise
+                self._fail(provider, str(exc), strict, exc)
+
+    def _fail(self, provider: Provider, message: str, strict: bool, exc: BaseException) -> None:
+        message = " ".join(message.split())  # one line, whatever the underlying error printed
+        prefix = f"plugin {provider}: "
+        if message.startswith(prefix):
+            message = message[len(prefix) :]
+        if strict:
+            raise RegistryError(f"modkit plugin {provider} failed to load: {message} (MODKIT_STRICT_PLUGINS=1)") from exc
+        self._skipped[provider.plugin] = message
+        warnings.warn(
+            f"modkit plugin {provider} was skipped: {message}; set MODKIT_STRICT_PLUGINS=1 to make this an error",
+            PluginWarning,
+            stacklevel=3,
+        )
+
+    # ---------------------------------------------------------------- lookups
+    def get(self, kind: str, type_: str) -> Component:
+        """The entry for ``(kind, type_)``.
+
+        Raises:
+            RegistryError: unknown kind or type; the message lists the valid ones, the closest match and the
+                installed plugins.
+        """
+        entry = self._components.get((kind, self.resolve(kind, type_)))
+        if entry is not None:
+            return entry
+        if kind not in self.kinds():
+            raise RegistryError(self.unknown_kind_message(kind))
+        raise RegistryError(self.unknown_type_message(kind, type_))
+
+    def unknown_kind_message(self, kind: str) -> str:
+        """Human message for an unknown component ``kind``: the known kinds and the closest match."""
+        kinds = self.kinds()
+        hint = close_matches(str(kind), kinds)
+        return f"unknown component kind {kind!r}; known kinds: {', '.join(kinds) or '(none installed)'}" + (
+            f"; did you mean {hint[0]!r}?" if hint else ""
+        )
+
+    def unknown_type_message(self, kind: str, type_: str) -> str:
+        """Human message for an unknown ``type`` of ``kind``: valid types, closest match, installed plugins.
+
+        For ``kind = "mixer"`` (a token-mixing slot) the valid types are those of every token-mixer kind, listed by kind.
+        """
+        kinds = [k for k in slot_kinds(kind) if self.types(k)] or [kind]
+        types = sorted({t for k in kinds for t in self.types(k)})
+        aliases = {a: t for k in kinds for a, t in self.aliases(k).items()}
+        hint = close_matches(str(type_), types + list(aliases))
+        listed = ", ".join(types) or "(none installed)"
+        if len(kinds) > 1:
+            listed += " (" + "; ".join(f"{k}: {', '.join(self.types(k))}" for k in kinds) + ")"
+        msg = f"unknown {kind} type {type_!r}; valid types: {listed}"
+        if aliases:
+            msg += "; aliases: " + ", ".join(f"{a} (= {t})" for a, t in sorted(aliases.items()))
+        if hint:
+            msg += f"; did you mean {hint[0]!r}?"
+        msg += f"; installed plugins: {', '.join(sorted(self._plugins)) or '(none)'}"
+        if self._skipped:
+            msg += "; plugins that failed to load (their components are missing): " + ", ".join(
+                f"{name} ({reason})" for name, reason in sorted(self._skipped.items())
+            )
+        return msg
+
+    def kinds(self) -> list[str]:
+        """Sorted list of kinds with at least one registered component."""
+        return sorted({k for k, _ in self._components})
+
+    def types(self, kind: str) -> list[str]:
+        """Sorted type names registered for ``kind`` (aliases not included: see :meth:`aliases`)."""
+        return sorted(t for k, t in self._components if k == kind)
+
+    def aliases(self, kind: str) -> dict[str, str]:
+        """``{alias: type}`` of the aliases registered for ``kind``."""
+        return {a: t for (k, a), t in sorted(self._aliases.items()) if k == kind}
+
+    def resolve(self, kind: str, name: str) -> str:
+        """The type ``name`` denotes in ``kind``: the type an alias stands for, else ``name`` unchanged."""
+        return self._aliases.get((kind, name), name)
+
+    def components(self, kind: str | None = None, *, plugin: str | None = None, pattern: str | None = None) -> list[Component]:
+        """Entries filtered by kind, providing plugin and ``fnmatch`` pattern on the type (timm-style listing)."""
+        import fnmatch
+
+        out = [
+            c
+            for c in self._components.values()
+            if (kind is None or c.kind == kind)
+            and (plugin is None or c.provider.plugin == plugin)
+            and (pattern is None or fnmatch.fnmatch(c.type, pattern))
+        ]
+        return sorted(out, key=lambda c: c.key)
+
+    def entry_for_config(self, config: ComponentConfig, kind: str | None = None) -> Component:
+        """The entry whose config model produced ``config`` (looked up by its ``type`` tag).
+
+        Raises:
+            RegistryError: no entry of that type (and kind, if given) is registered.
+        """
+        matches = [c for c in self._components.values() if c.type == config.type and isinstance(config, c.config)]
+        if kind is not None:
+            matches = [c for c in matches if c.kind == kind]
+        if not matches:
+            raise RegistryError(f"no registered component for config {type(config).__name__}(type={config.type!r})")
+        return matches[0]
+
+    def plugins(self) -> list[PluginInfo]:
+        """Loaded plugins, sorted by name."""
+        return [self._plugins[k] for k in sorted(self._plugins)]
+
+    def skipped_plugins(self) -> dict[str, str]:
+        """Plugins that failed to load in non-strict mode: ``{name: reason}``."""
+        return dict(self._skipped)
+
+    def hf_converter(self, model_type: str) -> HFConverter:
+        """The converter for a Hugging Face ``model_type``.
+
+        Raises:
+            RegistryError: none registered; lists the supported model types and the closest match.
+        """
+        conv = self._converters.get(model_type)
+        if conv is None:
+            types = sorted(self._converters)
+            hint = close_matches(str(model_type), types)
+            raise RegistryError(
+                f"no converter for Hugging Face model_type {model_type!r}; supported: {', '.join(types) or '(none)'}"
+                + (f"; did you mean {hint[0]!r}?" if hint else "")
+            )
+        return conv
+
+    def hf_model_types(self) -> list[str]:
+        """Sorted Hugging Face model types with a registered converter."""
+        return sorted(self._converters)
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        """The underlying pluggy manager (holds only successfully registered plugins)."""
+        return self._pm
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_default: Registry | None = None
+_default_lock = threading.Lock()
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, with every installed plugin loaded (on first call)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                reg = Registry()
+                reg.load_entry_points()
+                _default = reg
+    return _default
+
+
+def reset_registry() -> None:
+    """Forget the process-wide registry; the next :func:`get_registry` reloads entry points (tests, after installs)."""
+    global _default
+    with _default_lock:
+        _default = None

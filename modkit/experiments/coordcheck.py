@@ -1,0 +1,256 @@
+"""The coordinate check: how large a model's activations are, and how much a few training steps change them, as the
+width grows, under standard parametrization and under μP.
+
+Yang et al. 2022 (Tensor Programs V, arXiv:2203.03466, §D.1 and figure 5; the ``mup`` package's
+``get_coord_data``): train the same design at several widths for a few steps with the same learning rate and record
+the mean absolute coordinate of each activation. Under μP (:mod:`modkit.nn.parametrization`) every curve is flat in the
+width; under standard parametrization with Adam the change of the hidden activations and the logits grows about
+linearly with it, which is why a learning rate tuned small does not transfer. u-μP (Blake et al. 2024,
+arXiv:2407.17465) uses the same check.
+
+Recorded per width, step ``t = 0..steps`` and quantity, on one fixed batch in eval mode, averaged over seeds:
+
+* ``size``: ``mean |h_t|``; ``change``: ``mean |h_t - h_0|`` (the coordinate size of what training did);
+* quantities: ``embedding`` (the token-embedding output), ``attention`` and ``ffn`` (each sublayer's output, mean
+  over layers), ``residual`` (the last block's output) and ``logits``.
+
+Training: ``steps`` optimizer steps of the named optimizer (AdamW by default; its parameter groups, μP factors
+included, from :func:`modkit.train.optim.build_optimizer`) at a constant learning rate, no weight decay, no
+clipping, on random token batches (a different seeded batch each step); the measurement batch is another seeded
+batch, the same at every width.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from modkit.core.errors import ModkitError
+
+QUANTITIES = ("embedding", "attention", "ffn", "residual", "logits")
+
+
+class CoordCheckError(ModkitError, ValueError):
+    """A coordinate check that cannot run as asked (fewer than two widths, a bad step count)."""
+
+
+@dataclass
+class CoordCheck:
+    """What :func:`coord_check` measured.
+
+    Attributes:
+        name: the spec's name. widths: ``d_model`` of each size. steps: optimizer steps. lr: the learning rate.
+        base_d_model: μP's base width. optimizer: the optimizer config.
+        size, change: ``{parametrization: {quantity: [len(widths), steps + 1] array}}`` (``"sp"`` and ``"mup"``).
+    """
+
+    name: str
+    widths: list[int]
+    steps: int
+    lr: float
+    base_d_model: int
+    optimizer: dict
+    seeds: int
+    size: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    change: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def growth(self, parametrization: str, quantity: str, step: int = -1) -> float:
+        """``change`` at the largest width over ``change`` at the smallest, after ``step`` steps (default: the last)."""
+        c = self.change[parametrization][quantity][:, step]
+        return float(c[-1] / c[0]) if c[0] > 0 else float("inf")
+
+    def to_json(self) -> dict:
+        """A JSON-able dict (arrays as nested lists)."""
+        return {
+            "name": self.name, "widths": self.widths, "steps": self.steps, "lr": self.lr, "base_d_model": self.base_d_model,
+            "optimizer": self.optimizer, "seeds": self.seeds,
+            "size": {p: {q: a.tolist() for q, a in d.items()} for p, d in self.size.items()},
+            "change": {p: {q: a.tolist() for q, a in d.items()} for p, d in self.change.items()},
+            "growth": {p: {q: self.growth(p, q) for q in d} for p, d in self.change.items()},
+        }
+
+
+def _measure(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The quantities' activations on ``ids`` (eval mode, no grad)."""
+    acts: dict[str, list[torch.Tensor]] = {q: [] for q in QUANTITIES}
+    hooks = []
+
+    def keep(q):
+        def hook(module, inputs, output):
+            acts[q].append((output[0] if isinstance(output, tuple) else output).detach().float())
+        return hook
+
+    hooks.append(model.embed.register_forward_hook(keep("embedding")))
+    for m in model.modules():
+        kind = getattr(m, "modkit_kind", None)
+        if kind in ("attention", "ffn"):
+            hooks.append(m.register_forward_hook(keep(kind)))
+    hooks.append(model.layers[-1].register_forward_hook(keep("residual")))
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(ids).logits.float()
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train()
+    out = {q: torch.stack(v) for q, v in acts.items() if v}  # [layers, batch, seq, width]
+    out["logits"] = logits[None]
+    return out
+
+
+def coord_check(
+    spec: Union[str, Path, dict],
+    widths: Sequence[int],
+    *,
+    base_d_model: Optional[int] = None,
+    steps: int = 4,
+    lr: float = 1e-2,
+    optimizer: Optional[dict] = None,
+    seeds: int = 2,
+    batch: int = 8,
+    seq_len: int = 32,
+    parametrizations: Sequence[str] = ("sp", "mup"),
+) -> CoordCheck:
+    """Run the coordinate check of ``spec`` at ``widths`` (see the module docstring).
+
+    Args:
+        spec: a spec file or dict (its own ``parametrization`` is replaced: ``sp``, then μP at ``base_d_model``).
+        widths: two or more ``d_model`` values (:func:`modkit.experiments.scaling.resize_checked` makes each size).
+        base_d_model: μP's base width; default the smallest width.
+        steps: optimizer steps after the initial measurement. lr: constant learning rate.
+        optimizer: an optimizer config (default ``{"type": "adamw"}``). seeds: runs averaged per width.
+        batch, seq_len: the size of each training and measurement batch.
+        parametrizations: which of ``"sp"`` and ``"mup"`` to run.
+
+    Returns:
+        :class:`CoordCheck`.
+
+    Raises:
+        CoordCheckError: fewer than two widths, ``steps < 1``, ``seeds < 1``, an unknown parametrization.
+        ScalingError: a width the spec cannot take (a head count that does not divide it), naming the field and
+            the nearest widths that fit.
+    """
+    from modkit.nn.build import build
+    from modkit.core.jsonio import read_json_file
+    from modkit.experiments.scaling import resize_checked, with_parametrization
+    from modkit.spec import load_spec
+    from modkit.train.config import TrainConfig
+    from modkit.train.optim import build_optimizer
+
+    widths = [int(w) for w in widths]
+    if len(widths) < 2 or sorted(set(widths)) != widths:
+        raise CoordCheckError(f"widths = {widths}: give two or more increasing widths")
+    if steps < 1 or seeds < 1:
+        raise CoordCheckError(f"steps = {steps}, seeds = {seeds}: give 1 or more of each")
+    bad = [p for p in parametrizations if p not in ("sp", "mup")]
+    if bad:
+        raise CoordCheckError(f"parametrizations {bad}: use 'sp' and/or 'mup'")
+    data = read_json_file(Path(spec)) if not isinstance(spec, dict) else dict(spec)
+    data = load_spec(data).to_dict()
+    base = base_d_model or widths[0]
+    opt = dict(optimizer or {"type": "adamw"})
+    cfg = TrainConfig(optimizer=opt, lr=lr, weight_decay=0.0, grad_clip=None)
+    seq_len = min(seq_len, data["max_seq_len"])
+    result = CoordCheck(data.get("name") or "model", widths, steps, lr, base, cfg.optimizer, seeds)
+    for par in parametrizations:
+        p = {"type": "mup", "base_d_model": base} if par == "mup" else None
+        size = {q: np.zeros((len(widths), steps + 1)) for q in QUANTITIES}
+        change = {q: np.zeros((len(widths), steps + 1)) for q in QUANTITIES}
+        for wi, width in enumerate(widths):
+            spec_obj = load_spec(with_parametrization(resize_checked(data, d_model=width), p))
+            v = spec_obj.vocab_size
+            probe = torch.randint(0, v, (batch, seq_len + 1), generator=torch.Generator().manual_seed(10_000))
+            for seed in range(seeds):
+                torch.manual_seed(seed)
+                model = build(spec_obj, seed=seed)
+                optim = build_optimizer(model, spec_obj, cfg)
+                for g in optim.param_groups:
+                    g["lr"] = lr * g["lr_mult"]
+                gen = torch.Generator().manual_seed(seed)
+                first = _measure(model, probe[:, :-1])
+                for q in first:
+                    size[q][wi, 0] += float(first[q].abs().mean()) / seeds
+                for t in range(1, steps + 1):
+                    ids = torch.randint(0, v, (batch, seq_len + 1), generator=gen)
+                    out = model(ids[:, :-1])
+                    loss = F.cross_entropy(out.logits.float().reshape(-1, v), ids[:, 1:].reshape(-1))
+                    if out.aux_loss is not None:
+                        loss = loss + out.aux_loss.float()
+                    loss.backward()
+                    optim.step()
+                    optim.zero_grad(set_to_none=True)
+                    now = _measure(model, probe[:, :-1])
+                    for q in now:
+                        size[q][wi, t] += float(now[q].abs().mean()) / seeds
+                        change[q][wi, t] += float((now[q] - first[q]).abs().mean()) / seeds
+        result.size[par] = {q: a for q, a in size.items() if a.any()}
+        result.change[par] = {q: a for q, a in change.items() if q in result.size[par]}
+    return result
+
+
+def plot(result: CoordCheck, out: Union[str, Path]) -> Path:
+    """``change`` against width (log-log), one panel per (parametrization, quantity), one line per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pars = list(result.change)
+    quantities = [q for q in QUANTITIES if q in result.change[pars[0]]]
+    fig, axes = plt.subplots(len(pars), len(quantities), figsize=(3.0 * len(quantities), 2.6 * len(pars)), dpi=110,
+                             squeeze=False, sharex=True)
+    cmap = plt.get_cmap("viridis")
+    names = {"sp": "standard", "mup": f"muP (base d_model {result.base_d_model})"}
+    for i, par in enumerate(pars):
+        for j, q in enumerate(quantities):
+            ax = axes[i][j]
+            for t in range(1, result.steps + 1):
+                ax.plot(result.widths, result.change[par][q][:, t], "o-", ms=3, lw=1,
+                        color=cmap((t - 1) / max(1, result.steps - 1)), label=f"step {t}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title(q)
+            if j == 0:
+                ax.set_ylabel(f"{names[par]}\nmean |h_t - h_0|")
+            if i == len(pars) - 1:
+                ax.set_xlabel("d_model")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(f"coordinate check of {result.name}: lr {result.lr:g}, {result.optimizer['type']}, {result.seeds} seed(s)")
+    fig.tight_layout()
+    path = Path(out)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(result: CoordCheck, out_dir: Union[str, Path], command: Optional[str] = None) -> Path:
+    """``report.md`` (the growth table), ``coordcheck.json`` and ``coordcheck.png`` in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / "coordcheck.png")
+    (out / "coordcheck.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    quantities = [q for q in QUANTITIES if q in next(iter(result.change.values()))]
+    lines = ["# Coordinate check", ""]
+    if command:
+        lines += ["Generated by:", "", "```bash", command, "```", ""]
+    lines += [
+        f"{result.name} at d_model {', '.join(map(str, result.widths))}; {result.steps} steps of {result.optimizer['type']} "
+        f"at a constant lr {result.lr:g} (no weight decay, no clipping), mean over {result.seeds} seed(s). Each cell is "
+        f"the growth of mean |h_t - h_0| after step {result.steps} from d_model {result.widths[0]} to "
+        f"{result.widths[-1]} (1: flat in width; {result.widths[-1] / result.widths[0]:g}: linear in width).", "",
+        "| parametrization | " + " | ".join(quantities) + " |", "|---|" + "---:|" * len(quantities),
+    ]
+    for par in result.change:
+        lines.append(f"| {par} | " + " | ".join(f"{result.growth(par, q):.2f}" for q in quantities) + " |")
+    lines += ["", "![coordinate check](coordcheck.png)", ""]
+    (out / "report.md").write_text("\n".join(lines))
+    return out / "report.md"

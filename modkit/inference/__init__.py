@@ -1,0 +1,6 @@
+"""Generating text: :mod:`~modkit.inference.generate` (prefill, decode with the cache, streaming) and
+:mod:`~modkit.inference.sampling` (logits processors and stop conditions, registered as components)."""
+
+from modkit.core._lazy import make_lazy
+
+make_lazy(__name__, {})  # a submodule loads on first attribute access (modkit.nn.cache), as after an import

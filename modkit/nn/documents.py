@@ -1,0 +1,110 @@
+"""Document-masked packing: which document each token of a packed row belongs to, and where it sits in it.
+
+Pretraining data is many documents run together, each followed by an end-of-text token (``modkit data prepare``
+appends one; nanoGPT's OpenWebText preparation appends GPT-2's ``<|endoftext|>``). A training window then holds the
+tail of one document, some whole ones and the head of another. With document masking a token attends only to
+earlier tokens of its own document and its position counts from the start of that document, so every document in
+the row is computed exactly as if it ran alone (Llama 3, Dubey et al. 2024, arXiv:2407.21783, §3.2: "we use an
+attention mask that prevents self-attention between different documents within the same sequence"; torchtitan's
+document mask builds the same from the end-of-text positions).
+
+The rule, from token ids alone (built once per batch): a token belongs to the document that the end-of-text tokens
+*before* it delimit, so the end-of-text token is the last token of its document; with a begin-of-text token, that
+token is the first of a new document. ``[a, b, EOT, c, EOT, EOT, d]`` gives documents ``[0, 0, 0, 1, 1, 2, 3]``
+(an empty record is a document of its end-of-text token alone) and positions ``[0, 1, 2, 0, 1, 0, 0]``.
+
+:func:`document_ids` and :func:`document_positions` compute both; ``Model.forward(input_ids, documents=...)``
+takes the ids, restarts the positions and hands the ids to every attention through
+:class:`~modkit.core.interfaces.AttentionInputs` (``documents``). An attention honours them when its registry entry
+declares the ``document_mask`` capability; :func:`document_mask_problems` names the layers that do not, so a run
+is refused at configuration time rather than trained with attention leaking across documents.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from modkit.core.registry import Registry
+    from modkit.spec import ModelSpec
+
+__all__ = ["document_ids", "document_mask_problems", "document_positions"]
+
+
+def document_ids(input_ids: Tensor, *, eot_id: Optional[int] = None, bos_id: Optional[int] = None) -> Tensor:
+    """Document index ``[batch, seq]`` int64 of every token of packed rows, counted from 0 in each row.
+
+    Args:
+        input_ids: ``[batch, seq]`` token ids.
+        eot_id: the end-of-text id: the token after one starts a new document (the end-of-text token itself is the
+            last token of the document it ends).
+        bos_id: the begin-of-text id: a new document starts at it (besides after each end-of-text token).
+
+    Returns:
+        ``[batch, seq]`` int64, non-decreasing along each row, 0 at the first token.
+
+    Raises:
+        ValueError: ``input_ids`` is not 2-D, or neither ``eot_id`` nor ``bos_id`` is given.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+    if eot_id is None and bos_id is None:
+        raise ValueError("document_ids needs the end-of-text id (eot_id) or the begin-of-text id (bos_id) that delimits documents")
+    starts = torch.zeros_like(input_ids, dtype=torch.bool)
+    if eot_id is not None:
+        starts[:, 1:] |= input_ids[:, :-1] == eot_id
+    if bos_id is not None:
+        starts[:, 1:] |= input_ids[:, 1:] == bos_id
+    return starts.long().cumsum(-1)
+
+
+def document_positions(documents: Tensor, token_mask: Optional[Tensor] = None) -> Tensor:
+    """Position of every token within its document ``[batch, seq]`` int64: 0 at each document's first token.
+
+    Args:
+        documents: ``[batch, seq]`` from :func:`document_ids` (non-decreasing along each row).
+        token_mask: ``[batch, seq]`` bool, False for padding, which does not advance the count (its position is
+            that of the previous real token, or 0), as :meth:`modkit.nn.model.Model.forward` counts without documents.
+
+    Returns:
+        ``[batch, seq]`` int64.
+    """
+    real = torch.ones_like(documents) if token_mask is None else token_mask.long()
+    counted = real.cumsum(-1)
+    seq = documents.shape[-1]
+    index = torch.arange(seq, device=documents.device).expand_as(documents)
+    first = torch.ones_like(documents, dtype=torch.bool)
+    first[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    start = torch.where(first, index, torch.zeros_like(index)).cummax(-1).values  # first token of each one's document
+    before = (counted - real).gather(-1, start)  # real tokens of the row before the document starts
+    return (counted - before - 1).clamp(min=0)
+
+
+def document_mask_problems(spec: "ModelSpec", registry: Optional["Registry"] = None) -> list[tuple[str, str]]:
+    """``(JSON path, message)`` for every layer whose attention does not declare the ``document_mask`` capability.
+
+    An empty list means document-masked packing is safe for this spec (every attention keeps queries inside their
+    document). Layers that share one attention config are reported once, at the first such layer's path.
+    """
+    from modkit.core.registry import get_registry
+
+    reg = registry or get_registry()
+    problems: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for i in range(spec.n_layers):
+        cfg = spec.layer(i).attention
+        entry = reg.entry_for_config(cfg, "attention")
+        if entry.capabilities.get("document_mask") or (entry.kind, entry.type) in seen:
+            continue
+        seen.add((entry.kind, entry.type))
+        able = [e.type for e in reg.components("attention") if e.capabilities.get("document_mask")]
+        problems.append((
+            f"layer {i}.attention",
+            f"attention type {entry.type!r} ({entry.provider}) does not declare the document_mask capability, so it "
+            f"would attend across the documents of a packed row; train without document masking, or use an "
+            f"attention that supports it ({', '.join(able) or 'none installed'})",
+        ))
+    return problems

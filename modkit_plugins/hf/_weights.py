@@ -1,0 +1,621 @@
+"""The weight side of a Hugging Face model type: a table of checkpoint names ↔ modkit ``state_dict`` names.
+
+A model type lists its tensors as :class:`W` entries (plus one :class:`Head`): a modkit name pattern, the
+Hugging Face name pattern and the :class:`Transform` between the two layouts. Placeholders: ``{i}`` a layer,
+``{p}`` ``weight`` or ``bias``, ``{e}`` an expert (on the Hugging Face side: one tensor per expert, as many as the
+modkit tensor stacks). The same entry serves both directions: :meth:`Transform.to_ours` when loading,
+:meth:`Transform.to_hf` when exporting, exact inverses so that round trips are bitwise.
+
+Transforms for the layouts transformers 5 saves:
+
+* :data:`RENAME` (one tensor, the same layout) and :class:`Transpose` (``Conv1D``'s ``[in, out]``; expert stacks);
+* :class:`Concat`: one fused tensor ↔ several modkit tensors side by side along a dimension (fused q/k/v,
+  fused gate/up, MLA's ``kv_a_proj_with_mqa``), or ``interleaved`` (gpt-oss's ``gate_up_proj``: even columns gate,
+  odd columns up);
+* :class:`FusedQKV`: q/k/v fused per head or per KV group (Falcon, GPT-NeoX's ``query_key_value``);
+  :class:`PerHead`: any parts fused head by head (MLA's ``kv_b_proj``: per head its key rows, then its value rows);
+* :class:`StackExperts`: one ``nn.Linear`` per expert ↔ modkit's stacked ``[n_experts, in, out]`` experts;
+* :class:`Chain`: transforms applied in turn (e.g. a stacked ``[n_experts, 2 * d_ff, d_model]`` ``gate_up_proj``:
+  ``Chain(Transpose(), Concat(dim=-1))``).
+
+RoPE layout (C01): Hugging Face checkpoints rotate half-split pairs (GLM: interleaved ones; a type says so with
+``checkpoint_layout``). A spec asking for the other layout gets the rows of Wq and Wk (biases and QK-norm weights
+too) permuted per head, so the logits are unchanged; export permutes back, bitwise.
+
+The reverse config conversion is checked by :class:`HFWeights`: the config an export writes must convert back to
+the very spec it came from (RoPE layout aside, which the weights carry), otherwise the export is refused naming
+each field that would change.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from modkit.plugin import CheckpointError, Link, load_spec, SpecError
+
+from ._reader import ACTIVATIONS, IMPLEMENTATION_KEYS, IRRELEVANT, PROVENANCE
+
+#: keys of a source config copied into an export (tokenizer ids, generation defaults, task heads...): they do
+#: not change the network, so the spec does not hold them, but a checkpoint without them would lose them
+CARRY: frozenset[str] = frozenset(IRRELEVANT) - IMPLEMENTATION_KEYS - PROVENANCE
+
+#: modkit activation → the Hugging Face name written on export, unless a model type prefers another
+HF_ACTIVATION = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+
+
+# ------------------------------------------------------------------------------------------------ transforms
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a transform may look at: the model's spec and ``state_dict`` shapes, the checkpoint's config, the layer
+    (``None`` outside the blocks) and the names the entry resolved to."""
+
+    spec: Any
+    shapes: Mapping[str, tuple]
+    config: Mapping[str, Any]
+    layer: Optional[int]
+    ours: tuple[str, ...]
+    hf: tuple[str, ...]
+
+    def shape(self, k: int) -> tuple:
+        """The shape of the ``k``-th modkit tensor."""
+        return tuple(self.shapes[self.ours[k]])
+
+
+class Transform:
+    """Hugging Face tensors ↔ modkit tensors of one :class:`W` entry; the base class renames (identity).
+
+    Subclasses override :meth:`to_ours` and :meth:`to_hf`, exact inverses of each other (split, concatenate,
+    transpose, permute), and :meth:`describe` (a few words for the reference docs).
+    """
+
+    def to_ours(self, ts: list[Tensor], ctx: Ctx) -> list[Tensor]:
+        """Checkpoint tensors (in the entry's ``hf`` order) → modkit tensors (in its ``ours`` order)."""
+        return list(ts)
+
+    def to_hf(self, ts: list[Tensor], ctx: Ctx, extras: Mapping[str, Tensor]) -> list[Tensor]:
+        """Modkit tensors → checkpoint tensors; ``extras`` are the kept source tensors (``model.checkpoint_extras``)."""
+        return list(ts)
+
+    def describe(self) -> str:
+        """What the transform does, for the reference docs."""
+        return "renamed"
+
+
+#: the identity transform: the same tensor under another name
+RENAME = Transform()
+
+
+def _dim(t: Tensor, dim: int) -> int:
+    return dim if dim >= 0 else t.dim() + dim
+
+
+@dataclass(frozen=True)
+class Transpose(Transform):
+    """The last two dimensions swapped: ``Conv1D`` weights ``[in, out]`` (GPT-2) vs ``nn.Linear``'s ``[out, in]``;
+    stacked experts ``[n_experts, out, in]`` vs modkit's ``[n_experts, in, out]``. 1-D tensors pass unchanged."""
+
+    def to_ours(self, ts, ctx):
+        return [t.transpose(-2, -1) if t.dim() >= 2 else t for t in ts]
+
+    def to_hf(self, ts, ctx, extras):
+        return self.to_ours(ts, ctx)
+
+    def describe(self) -> str:
+        return "transposed"
+
+
+@dataclass(frozen=True)
+class Concat(Transform):
+    """One fused checkpoint tensor ↔ the modkit tensors side by side along ``dim`` (their sizes along ``dim`` split
+    it), e.g. Phi-3's ``qkv_proj`` (q, k, v rows) and ``gate_up_proj`` (gate, up rows).
+
+    Attributes:
+        dim: the dimension of the modkit tensors along which they are fused (``-1``: columns of ``[in, out]``).
+        transpose: the fused tensor is stored transposed (GPT-2's ``c_attn``: ``[in, 3 * out]``).
+        interleaved: the parts alternate along ``dim`` (part ``k`` at positions ``k, k + n, k + 2n, ...``; gpt-oss's
+            ``gate_up_proj``: gate at even, up at odd columns) instead of following each other.
+    """
+
+    dim: int = 0
+    transpose: bool = False
+    interleaved: bool = False
+
+    def to_ours(self, ts, ctx):
+        t = ts[0].transpose(-2, -1) if self.transpose and ts[0].dim() >= 2 else ts[0]
+        dim = _dim(t, self.dim)
+        n = len(ctx.ours)
+        if self.interleaved:
+            return [t.unflatten(dim, (-1, n)).select(dim + 1, k) for k in range(n)]
+        return list(torch.split(t, [ctx.shape(k)[dim] for k in range(n)], dim=dim))
+
+    def to_hf(self, ts, ctx, extras):
+        dim = _dim(ts[0], self.dim)
+        t = torch.stack(list(ts), dim=dim + 1).flatten(dim, dim + 1) if self.interleaved else torch.cat(list(ts), dim=dim)
+        return [t.transpose(-2, -1) if self.transpose and t.dim() >= 2 else t]
+
+    def describe(self) -> str:
+        how = "interleaved" if self.interleaved else "concatenated"
+        return f"fused: the parts {how} along dim {self.dim}" + (", stored transposed" if self.transpose else "")
+
+
+@dataclass(frozen=True)
+class PerHead(Transform):
+    """Several projections fused head by head: the checkpoint's rows are ``[n_heads, s_1 + s_2 + ..., ...]``, the
+    modkit tensors ``[n_heads * s_k, ...]`` each (their sizes give the ``s_k``). MLA's ``kv_b_proj`` (per head its
+    ``qk_nope_head_dim`` key rows, then its ``v_head_dim`` value rows, ``DeepseekV3Attention``); GPT-NeoX's
+    ``query_key_value`` is the case of three equal parts (:class:`FusedQKV` ``"per_head"``).
+
+    Attributes:
+        heads: the head count, a function of the :class:`Ctx` (default: the layer's attention ``n_heads``).
+    """
+
+    heads: Optional[Callable[[Ctx], int]] = None
+
+    def _sizes(self, ctx: Ctx) -> tuple[int, list[int]]:
+        n = self.heads(ctx) if self.heads is not None else ctx.spec.layer(ctx.layer).attention.n_heads
+        return n, [ctx.shape(k)[0] // n for k in range(len(ctx.ours))]
+
+    def to_ours(self, ts, ctx):
+        n, sizes = self._sizes(ctx)
+        rest = tuple(ts[0].shape[1:])
+        parts = torch.split(ts[0].reshape(n, sum(sizes), *rest), sizes, dim=1)
+        return [p.reshape(n * s, *rest) for p, s in zip(parts, sizes)]
+
+    def to_hf(self, ts, ctx, extras):
+        n, sizes = self._sizes(ctx)
+        rest = tuple(ts[0].shape[1:])
+        return [torch.cat([t.reshape(n, s, *rest) for t, s in zip(ts, sizes)], dim=1).reshape(-1, *rest)]
+
+    def describe(self) -> str:
+        return "fused head by head: per head the rows of each part in turn"
+
+
+@dataclass(frozen=True)
+class FusedQKV(Transform):
+    """q, k and v fused in one tensor (weight ``[rows, d_model]`` or bias ``[rows]``) head by head.
+
+    Layouts (``layout``, or a function of the checkpoint's config returning one):
+
+    * ``"per_head"``: per head its query, key and value rows, ``[n_heads, 3, head_dim]`` (GPT-NeoX, Falcon-RW);
+    * ``"grouped"``: per KV group its ``n_heads / n_kv_heads`` query heads, then its key, then its value head,
+      ``[n_kv_heads, n_heads / n_kv_heads + 2, head_dim]`` (Falcon-40B/180B, ``FalconAttention._split_heads``);
+    * ``"blocks"``: all query heads, then all key heads, then all value heads (Falcon-7B's multi-query).
+    """
+
+    layout: Union[str, Callable[[Mapping[str, Any]], str]] = "per_head"
+
+    def _geometry(self, ctx: Ctx) -> tuple[str, int, int, int]:
+        att = ctx.spec.layer(ctx.layer).attention
+        layout = self.layout(ctx.config) if callable(self.layout) else self.layout
+        return layout, att.n_heads, att.kv_heads, att.resolved_head_dim(ctx.spec.d_model)
+
+    def to_ours(self, ts, ctx):
+        layout, n_heads, n_kv, hd = self._geometry(ctx)
+        if layout == "per_head":
+            return PerHead().to_ours(ts, ctx)
+        f = ts[0]
+        rest = tuple(f.shape[1:])
+        if layout == "grouped":
+            r = n_heads // n_kv
+            g = f.reshape(n_kv, r + 2, hd, *rest)
+            q, k, v = g[:, :r], g[:, r], g[:, r + 1]
+        else:
+            q, k, v = torch.split(f, [n_heads * hd, n_kv * hd, n_kv * hd], dim=0)
+        return [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
+
+    def to_hf(self, ts, ctx, extras):
+        layout, n_heads, n_kv, hd = self._geometry(ctx)
+        if layout == "per_head":
+            return PerHead().to_hf(ts, ctx, extras)
+        q, k, v = ts
+        rest = tuple(q.shape[1:])
+        if layout == "grouped":
+            r = n_heads // n_kv
+            g = torch.cat([q.reshape(n_kv, r, hd, *rest), k.reshape(n_kv, 1, hd, *rest), v.reshape(n_kv, 1, hd, *rest)], dim=1)
+        else:
+            g = torch.cat([q, k, v], dim=0)
+        return [g.reshape(-1, *rest)]
+
+    def describe(self) -> str:
+        layout = "per head or per KV group, as the config says" if callable(self.layout) else self.layout.replace("_", " ")
+        return f"q, k, v fused ({layout})"
+
+
+@dataclass(frozen=True)
+class StackExperts(Transform):
+    """One ``nn.Linear`` weight ``[out, in]`` per expert (the checkpoint's ``{e}`` names, in expert order) ↔ one
+    modkit tensor of stacked experts ``[n_experts, in, out]`` (the grouped-GEMM layout of ``moe``'s experts)."""
+
+    def to_ours(self, ts, ctx):
+        return [torch.stack([t.t() for t in ts])]
+
+    def to_hf(self, ts, ctx, extras):
+        return [w.t().contiguous() for w in ts[0].unbind(0)]
+
+    def describe(self) -> str:
+        return "one tensor per expert, stacked (transposed) into [n_experts, in, out]"
+
+
+@dataclass(frozen=True)
+class Chain(Transform):
+    """``steps`` applied in turn when loading (the last one produces modkit's tensors), in reverse when exporting."""
+
+    steps: tuple[Transform, ...] = ()
+
+    def to_ours(self, ts, ctx):
+        for step in self.steps:
+            ts = step.to_ours(ts, ctx)
+        return ts
+
+    def to_hf(self, ts, ctx, extras):
+        for step in reversed(self.steps):
+            ts = step.to_hf(ts, ctx, extras)
+        return ts
+
+    def describe(self) -> str:
+        return ", then ".join(step.describe() for step in self.steps)
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+
+_SLOTS = {"i": r"\d+", "e": r"\d+", "j": r"\d+", "p": r"weight|bias"}
+
+
+def _regex(pattern: str) -> re.Pattern:
+    out, pos = "", 0
+    for m in re.finditer(r"\{(\w)\}", pattern):
+        out += re.escape(pattern[pos : m.start()]) + f"(?P<{m.group(1)}>{_SLOTS[m.group(1)]})"
+        pos = m.end()
+    return re.compile(out + re.escape(pattern[pos:]))
+
+
+def _names(x: Union[str, Sequence[str]]) -> tuple[str, ...]:
+    return (x,) if isinstance(x, str) else tuple(x)
+
+
+@dataclass(frozen=True)
+class W:
+    """One row of a weight table: modkit name pattern(s) ↔ Hugging Face name pattern(s), and the layout change.
+
+    ``W("layers.{i}.attention.o_proj.{p}", "model.layers.{i}.self_attn.o_proj.{p}")`` renames;
+    ``W(("layers.{i}.ffn.gate.weight", "layers.{i}.ffn.up.weight"), "model.layers.{i}.mlp.gate_up_proj.weight",
+    Concat())`` splits a fused tensor. An entry applies where every modkit name it resolves to exists in the model
+    (and ``when``, a test of the checkpoint's config, holds); earlier entries claim tensors first.
+    """
+
+    ours: Union[str, tuple[str, ...]]
+    hf: Union[str, tuple[str, ...]]
+    transform: Transform = RENAME
+    when: Optional[Callable[[Mapping[str, Any]], bool]] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "ours", _names(self.ours))
+        object.__setattr__(self, "hf", _names(self.hf))
+
+    @property
+    def grouped(self) -> bool:
+        """Resolved layer by layer (several tensors on a side, or one tensor per expert), not by name matching."""
+        return len(self.ours) > 1 or len(self.hf) > 1 or any("{e}" in h for h in self.hf)
+
+
+@dataclass(frozen=True)
+class Head:
+    """The LM head: a plain link when untied; when tied, an *optional* one, so a checkpoint storing the head too is
+    accepted if it equals the embedding and refused if it differs (the model checks, C10)."""
+
+    hf: str = "lm_head.weight"
+
+    @property
+    def ours(self) -> tuple[str, ...]:
+        return ("lm_head.weight",)
+
+
+def weight_table(base: Sequence[Any], *entries: Any, drop: Sequence[str] = ()) -> tuple:
+    """``base`` with ``entries`` in place of the rows for the same modkit names (others appended) and the rows for
+    the modkit names in ``drop`` removed: how a derived model type changes a few rows of its parent's table."""
+    new = {e.ours: e for e in entries}
+    dropped = {_names(d) for d in drop}
+    out = [new.pop(e.ours, e) for e in base if e.ours not in dropped]
+    return tuple(out) + tuple(new.values())
+
+
+def _link(entry: W, hf: tuple[str, ...], ours: tuple[str, ...], ctx: Ctx) -> Link:
+    t = entry.transform
+    if t is RENAME:
+        return Link(hf, ours)
+    return Link(hf, ours, lambda ts: t.to_ours(list(ts), ctx), lambda ts, extras: t.to_hf(list(ts), ctx, extras))
+
+
+def table_links(table: Sequence[Any], spec, shapes: Mapping[str, Any], config: Mapping[str, Any]) -> list[Link]:
+    """Every :class:`Link` of a model built from ``spec`` (``shapes``: its ``state_dict`` shapes) under ``table``.
+
+    Grouped entries are resolved first, layer by layer (the tensors of a layer stay together), then every remaining
+    model tensor takes the first one-to-one entry whose pattern matches it, then the head.
+    """
+    active = [e for e in table if not isinstance(e, W) or e.when is None or e.when(config)]
+    grouped = [e for e in active if isinstance(e, W) and e.grouped]
+    single = [(e, [_regex(o) for o in e.ours]) for e in active if isinstance(e, W) and not e.grouped]
+    claimed: set[str] = set()
+    out: list[Link] = []
+    layers = [None] + list(range(spec.n_layers))
+    for i in layers:
+        for e in grouped:
+            has_i = any("{i}" in o for o in e.ours)
+            if has_i == (i is None):
+                continue
+            for p in ("weight", "bias") if any("{p}" in o for o in e.ours + e.hf) else (None,):
+                ours = tuple(o.format(i=i, p=p) for o in e.ours)
+                if not all(o in shapes for o in ours) or claimed & set(ours):
+                    continue
+                if any("{e}" in h for h in e.hf):
+                    n = shapes[ours[0]][0]
+                    hf = tuple(h.format(i=i, p=p, e=x) for x in range(n) for h in e.hf)
+                else:
+                    hf = tuple(h.format(i=i, p=p) for h in e.hf)
+                out.append(_link(e, hf, ours, Ctx(spec, shapes, config, i, ours, hf)))
+                claimed.update(ours)
+    for name in shapes:
+        if name in claimed:
+            continue
+        for e, (regex,) in single:
+            m = regex.fullmatch(name)
+            if m:
+                groups = m.groupdict()
+                hf = (e.hf[0].format(**groups),)
+                layer = int(groups["i"]) if "i" in groups else None
+                out.append(_link(e, hf, (name,), Ctx(spec, shapes, config, layer, (name,), hf)))
+                claimed.add(name)
+                break
+    for e in active:
+        if isinstance(e, Head):
+            out.append(Link((e.hf,), ("lm_head.weight",), optional="lm_head.weight" not in shapes))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ RoPE layout
+
+
+def rope_index(head_dim: int, rotary_dim: int, to_interleaved: bool) -> Tensor:
+    """Per-head feature order converting between RoPE layouts (C01).
+
+    ``P = [0, 2, 4, ..., 1, 3, 5, ...]`` over the rotary dims (identity beyond them) satisfies
+    ``half_split(x[P], m) == interleaved(x, m)[P]``. Rows of a half-split checkpoint reordered by ``P⁻¹`` serve an
+    interleaved model (``to_interleaved``); rows of an interleaved one reordered by ``P`` serve a half-split one.
+    """
+    half = rotary_dim // 2
+    p = list(range(0, rotary_dim, 2)) + list(range(1, rotary_dim, 2))
+    inv = [0] * rotary_dim
+    for new, old in enumerate(p):
+        inv[old] = new
+    order = inv if to_interleaved else p
+    assert len(order) == 2 * half
+    return torch.tensor(order + list(range(rotary_dim, head_dim)), dtype=torch.long)
+
+
+def _permute_rows(t: Tensor, index: Tensor) -> Tensor:
+    hd = index.numel()
+    shape = t.shape
+    return t.reshape(shape[0] // hd, hd, *shape[1:])[:, index.to(t.device)].reshape(shape)
+
+
+_QK = re.compile(r"layers\.(\d+)\.attention\.(q_proj|k_proj|q_norm|k_norm)\.(weight|bias)")
+#: MLA's tensors with rotated rows: the query projection (per head: ``qk_nope_head_dim`` rows, then
+#: ``qk_rope_head_dim`` rotated ones) and the latent projection (``kv_lora_rank`` latent rows, then the rotated key)
+_MLA = re.compile(r"layers\.(\d+)\.attention\.(q_proj|q_b_proj|kv_a_proj_with_mqa)\.(weight|bias)")
+
+
+def _mla_index(att, rot_index: Tensor, name: str) -> Tensor:
+    """The row order of an MLA tensor that reorders only its rotated rows by ``rot_index`` (over
+    ``qk_rope_head_dim``): per head of the query projection, or the shared key at the end of ``kv_a_proj_with_mqa``."""
+    nope, rope = att.qk_nope_head_dim, att.qk_rope_head_dim
+    if name == "kv_a_proj_with_mqa":
+        r = att.kv_lora_rank
+        return torch.cat([torch.arange(r), r + rot_index])
+    per = torch.cat([torch.arange(nope), nope + rot_index])
+    return torch.cat([h * (nope + rope) + per for h in range(att.n_heads)])
+
+
+def with_rope_layout(links: Sequence[Link], spec, checkpoint_layout: str = "half_split") -> list[Link]:
+    """Wrap ``links`` so that every layer whose RoPE ``layout`` differs from the checkpoint's gets its rotated rows
+    permuted, in both directions: per head, the q/k rows of projection weights and biases and QK-norm weights and
+    biases; for latent attention (``mla``, which declares ``qk_rope_head_dim``), only the rotated rows: the last
+    ``qk_rope_head_dim`` of each query head and the shared key rows of ``kv_a_proj_with_mqa`` (DeepSeek's
+    ``rope_interleave``)."""
+    plans: dict[int, tuple[Tensor, Tensor]] = {}
+    mla: dict[int, Any] = {}
+    for i in range(spec.n_layers):
+        ls = spec.layer(i)
+        pos = ls.position
+        layout = getattr(pos, "layout", None)
+        if pos.type != "rope" or layout is None or layout == checkpoint_layout:
+            continue
+        att = ls.attention
+        if getattr(att, "qk_rope_head_dim", None) is not None:
+            hd = att.qk_rope_head_dim
+            mla[i] = att
+        else:
+            hd = att.resolved_head_dim(spec.d_model) if hasattr(att, "resolved_head_dim") else spec.d_model // att.n_heads
+        rot = int(hd * getattr(pos, "partial_rotary", 1.0))
+        rot -= rot % 2
+        to_inter = layout == "interleaved"
+        plans[i] = (rope_index(hd, rot, to_inter), rope_index(hd, rot, not to_inter))
+    if not plans:
+        return list(links)
+    out = []
+    for link in links:
+        slots = []
+        for k, name in enumerate(link.ours):
+            m = (_MLA if (m0 := re.match(r"layers\.(\d+)\.", name)) and int(m0.group(1)) in mla else _QK).fullmatch(name)
+            if not m or int(m.group(1)) not in plans:
+                continue
+            i = int(m.group(1))
+            if i in mla:
+                fwd, back = plans[i]
+                att, proj = mla[i], m.group(2)
+                slots.append((k, (_mla_index(att, fwd, proj), _mla_index(att, back, proj)), False))
+            else:
+                slots.append((k, plans[i], True))
+        if not slots:
+            out.append(link)
+            continue
+        out.append(_permuted(link, slots))
+    return out
+
+
+def _permuted(link: Link, slots: list[tuple[int, tuple[Tensor, Tensor], bool]]) -> Link:
+    """``link`` with the rows of tensor ``k`` reordered by each slot's index, per head (repeated every
+    ``len(index)`` rows) or over the whole first dimension (``per_head`` false)."""
+
+    def move(t: Tensor, index: Tensor, per_head: bool) -> Tensor:
+        return _permute_rows(t, index) if per_head else t[index.to(t.device)]
+
+    def to_ours(ts: Sequence[Tensor]) -> list[Tensor]:
+        res = link.forward(ts)
+        for k, (fwd, _), per_head in slots:
+            res[k] = move(res[k], fwd, per_head)
+        return res
+
+    def to_hf(ts: Sequence[Tensor], extras: Mapping[str, Tensor]) -> list[Tensor]:
+        ts = list(ts)
+        for k, (_, back), per_head in slots:
+            ts[k] = move(ts[k], back, per_head)
+        return link.backward(ts, extras)
+
+    return Link(link.hf, link.ours, to_ours, to_hf, link.optional)
+
+
+# ------------------------------------------------------------------------------------------------ configs
+
+
+def hf_activation(act: str, tanh_name: str = "gelu_pytorch_tanh", base: Any = None) -> str:
+    """The Hugging Face activation name for modkit's ``act`` (``gelu_tanh`` → ``tanh_name``); the source config's
+    name ``base`` is kept when it denotes the same function (``gelu_fast`` stays ``gelu_fast``)."""
+    if isinstance(base, str) and ACTIVATIONS.get(base) == act:
+        return base
+    return tanh_name if act == "gelu_tanh" else HF_ACTIVATION.get(act, act)
+
+
+def carried(base: Optional[Mapping[str, Any]], extra: Sequence[str] = ()) -> dict:
+    """The keys of a source config an export keeps as they were (:data:`CARRY` and ``extra``)."""
+    if not base:
+        return {}
+    keys = CARRY | set(extra)
+    return {k: copy.deepcopy(v) for k, v in base.items() if k in keys}
+
+
+def _normalised(cfg: Any) -> Any:
+    """A component config dumped to JSON data, with the RoPE layout (carried by the weights) left out."""
+    if cfg is None:
+        return None
+    data = cfg.model_dump(mode="json")
+    if data.get("type") == "rope":
+        data.pop("layout", None)
+    return data
+
+
+def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
+    """``(path, value in spec, value in other)`` for every difference that changes the network.
+
+    Compared: sizes, head and embedding fields, init std, and every layer's resolved components (so two specs
+    that express the same layers with different override lists are equal). Name, description, metadata and the
+    RoPE layout are not compared.
+    """
+    diffs = []
+    for key in ("vocab_size", "d_model", "n_layers", "max_seq_len", "embedding_scale", "tie_embeddings", "lm_head_bias",
+                "logit_scale", "final_logit_softcap", "init_std"):
+        a, b = getattr(spec, key), getattr(other, key)
+        if a != b:
+            diffs.append((key, a, b))
+    for key in ("embedding_norm", "final_norm"):
+        a, b = _normalised(getattr(spec, key)), _normalised(getattr(other, key))
+        if a != b:
+            diffs.append((key, a, b))
+    if spec.position.type in ("learned", "sinusoidal") or other.position.type in ("learned", "sinusoidal"):
+        a, b = _normalised(spec.position), _normalised(other.position)
+        if a != b:
+            diffs.append(("position", a, b))
+    if spec.n_layers == other.n_layers:
+        for i in range(spec.n_layers):
+            la, lb = spec.layer(i), other.layer(i)
+            for slot in ("attention", "ffn", "norm", "placement", "position"):
+                a, b = _normalised(getattr(la, slot)), _normalised(getattr(lb, slot))
+                if a != b:
+                    diffs.append((f"layers[{i}].{slot}", a, b))
+    return diffs
+
+
+@dataclass
+class HFWeights:
+    """The weight mapper of one Hugging Face ``model_type`` (see :class:`modkit.io.checkpoint.WeightMapper`).
+
+    Attributes:
+        model_type: the Hugging Face ``model_type``.
+        convert: the forward config converter (``config dict -> spec dict``).
+        make_links: ``(spec, shapes, config) -> list[Link]`` (a model type's :func:`table_links`); the RoPE layout
+            permutation is added here.
+        to_config: ``(spec, base) -> dict``: the architecture keys of the reverse conversion.
+        keep: ``(regex, reason)`` for checkpoint tensors carried along but not computed by modkit.
+        aliases: ``(canonical prefix, alternative prefix)`` accepted when reading.
+        carry: model-specific keys kept from the source config on export (besides :data:`CARRY`).
+        architecture: the ``architectures`` entry written when the source config gave none.
+        checkpoint_layout: the RoPE layout of the checkpoint's q/k rows (``half_split``; GLM: ``interleaved``), or a
+            function of the checkpoint's config returning it (DeepSeek-V3's ``rope_interleave``).
+    """
+
+    model_type: str
+    convert: Callable[[dict], dict]
+    make_links: Callable[..., list[Link]]
+    to_config: Callable[..., dict]
+    keep: Sequence[tuple[str, str]] = ()
+    aliases: Sequence[tuple[str, str]] = ()
+    carry: Sequence[str] = ()
+    architecture: str = ""
+    checkpoint_layout: Union[str, Callable[[Mapping[str, Any]], str]] = "half_split"
+
+    def links(self, spec, shapes: Mapping[str, Any], config: Mapping[str, Any]) -> list[Link]:
+        """Every :class:`Link` of a model built from ``spec`` for a checkpoint described by ``config``."""
+        layout = self.checkpoint_layout(config) if callable(self.checkpoint_layout) else self.checkpoint_layout
+        return with_rope_layout(self.make_links(spec, shapes, config), spec, layout)
+
+    def hf_config(self, spec, base: Optional[Mapping[str, Any]] = None) -> dict:
+        """The Hugging Face ``config.json`` dict for ``spec`` (keys of ``base`` that do not shape the network kept).
+
+        Raises:
+            CheckpointError: the spec cannot be expressed as this model type: the config would convert back to a
+                different network (each differing field named, with both values).
+        """
+        cfg = carried(base, self.carry)
+        cfg.update(self.to_config(spec, base or {}))
+        cfg["model_type"] = self.model_type
+        if not cfg.get("architectures") and self.architecture:
+            cfg["architectures"] = [self.architecture]
+        problems = self.compatibility(spec, cfg)
+        back_dropout = load_spec(self.convert(dict(cfg))).dropout if not problems else spec.dropout
+        if back_dropout != spec.dropout:  # training-time only (so loading ignores it), but an export must keep it
+            problems.append(
+                f"dropout: spec has {spec.dropout.model_dump()}, the {self.model_type} config can hold only "
+                f"{back_dropout.model_dump()}"
+            )
+        if problems:
+            raise CheckpointError(
+                f"spec {spec.name or ''!s} cannot be written as a Hugging Face {self.model_type!r} checkpoint; the config "
+                f"would describe a different network:\n  " + "\n  ".join(problems)
+            )
+        return cfg
+
+    def compatibility(self, spec, config: Mapping[str, Any]) -> list[str]:
+        """Why the network ``config`` describes differs from ``spec`` (empty when they agree, RoPE layout aside)."""
+        try:
+            back = load_spec(self.convert(dict(config)))
+        except SpecError as exc:
+            return [f"{p or '<root>'}: {m}" for p, m in exc.errors]
+        return [f"{path}: spec has {a!r}, the {self.model_type} config gives {b!r}" for path, a, b in spec_differences(spec, back)]

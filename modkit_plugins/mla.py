@@ -1,0 +1,353 @@
+"""Multi-head latent attention (``mla``): DeepSeek-V2/V3's attention, whose cache holds a compressed latent.
+
+Shapes (``h`` = n_heads, ``d_nope`` = qk_nope_head_dim, ``d_rope`` = qk_rope_head_dim, ``d_v`` = v_head_dim,
+``r_kv`` = kv_lora_rank, ``r_q`` = q_lora_rank, ``d_qk = d_nope + d_rope``)::
+
+    x [b, s, d_model]
+    q      = q_proj(x)                                   (q_lora_rank null: one d_model -> h·d_qk projection)
+           = q_b_proj(q_a_layernorm(q_a_proj(x)))        (low-rank: d_model -> r_q -> h·d_qk)   -> [b, h, s, d_qk]
+    q_nope, q_rope = q[..., :d_nope], q[..., d_nope:]
+    c, k_rope = kv_a_proj_with_mqa(x)                   d_model -> r_kv + d_rope, split
+    c      = kv_a_layernorm(c)                          the normalised latent       [b, s, r_kv]
+    q_rope, k_rope = position.rotate(q_rope, k_rope)    RoPE on d_rope features; k_rope is one head shared by all
+    cache  <- c [b, slots, r_kv], k_rope [b, slots, d_rope]: r_kv + d_rope numbers per token and layer
+    k_nope, v = kv_b_proj(c) split per head             r_kv -> h·(d_nope + d_v)   (W_UK [h, d_nope, r_kv], W_UV [h, d_v, r_kv])
+    score_hij = α (q_nope_hi · k_nope_hj + q_rope_hi · k_rope_j),   o_hi = Σ_j softmax_j(score_hij) v_hj
+    out    = o_proj(o)                                  h·d_v -> d_model
+
+Two ways to compute the same scores (arXiv:2405.04434 §2.1.2, "absorbed" weights):
+
+* **expanded** (a forward whose cache is empty, or no cache: prefill and training): ``kv_b_proj`` rebuilds per-head
+  keys and values of every token, then ordinary attention over ``d_qk``-wide keys and ``d_v``-wide values;
+* **absorbed** (a forward over a cache that holds earlier tokens: decoding): ``q_nope · k_nope_j = (W_UKᵀ q_nope) ·
+  c_j``, so each query is mapped into the latent once (``q_lat = W_UKᵀ q_nope``, ``[b, h, s, r_kv]``) and scores are
+  ``α (q_lat · c_j + q_rope · k_rope_j)`` straight against the cached latent, and ``o_h = W_UV (Σ_j p_hj c_j)``: the
+  value up-projection after the weighted sum. A decode step never rebuilds per-head keys for the context; it reads
+  ``r_kv + d_rope`` numbers per cached token, shared by every head (an MQA-shaped read of the latent).
+
+Softmax scale ``α = d_qk^{-1/2}``, times ``mscale²`` with DeepSeek's YaRN correction (``yarn_mscale``: ``mscale =
+0.1 · mscale_all_dim · ln(factor) + 1`` for ``factor > 1``, transformers ``yarn_get_mscale``), or ``softmax_scale``;
+under μP (spec ``parametrization``) ``d_qk^{-1/2}`` becomes μP's ``sqrt(base_d_qk) / d_qk``.
+
+Parameter roles (:mod:`modkit.core.roles`): every projection is an ``nn.Linear``, so ``hidden`` (the latent down- and
+up-projections too: they map between hidden widths, and the ladder scales ``kv_lora_rank`` / ``q_lora_rank`` with
+``d_model``) and ``bias``; the latent norms declare their own gains. Nothing to declare here.
+The rotated key uses the layer's position scheme at the width this attention declares (``qk_rope_head_dim``,
+``PositionGeometry``): DeepSeek-V3's checkpoints store the rope features as interleaved pairs, which is the rope
+``layout: "interleaved"`` (transformers' ``rope_interleave``); the half-split layout is ``"half_split"``.
+
+Tensor parallelism: heads are sharded (``q_proj`` / ``q_b_proj`` and ``kv_b_proj`` colwise by head, ``o_proj``
+rowwise); the latent projections and norms read the replicated input and are replicated, so every rank holds
+the whole (small) latent cache, as DeepSeek's inference does. The rotated key reaches the local heads without a
+sharded projection, so its gradient is summed over the ranks (``modkit.parallel.shared_by_heads``); the latent's is
+summed by ``kv_b_proj``'s colwise style.
+
+References: DeepSeek-AI 2024, DeepSeek-V2 (arXiv:2405.04434) §2.1; DeepSeek-V3 (arXiv:2412.19437) §2.1.1; the
+transformers ``DeepseekV3Attention`` (``modeling_deepseek_v3.py``) for the layout, the mscale and the interleave.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Literal, Optional
+
+import torch
+from pydantic import Field, PositiveFloat
+from torch import Tensor, nn
+
+from modkit.plugin import (
+    AttentionInputs, BuildContext, CacheEntry, CacheSpec, Component, ComponentConfig, HeadCount, HeadDim, hookimpl,
+    is_plain_causal, masked_attention, masked_softmax, position_bias, PositionGeometry, prepare_mask,
+    shared_by_heads, Slot, StrictModel, update_cache_entries, Workload,
+)
+
+
+class YarnMscale(StrictModel):
+    """DeepSeek's YaRN softmax-scale correction (the ``factor`` and ``mscale_all_dim`` of its rope scaling)."""
+
+    factor: PositiveFloat = Field(..., description="the YaRN context-extension factor of the rope scaling (DeepSeek-V3: 40)")
+    mscale_all_dim: float = Field(
+        ..., ge=0, description="mscale_all_dim of the rope scaling; mscale = 0.1 · mscale_all_dim · ln(factor) + 1, "
+        "the softmax scale is multiplied by mscale² (0: no correction)"
+    )
+
+
+class MLAConfig(ComponentConfig):
+    """Config of ``mla`` (multi-head latent attention)."""
+
+    type: Literal["mla"] = "mla"
+    n_heads: HeadCount = Field(..., description="number of query heads (every head reads the shared latent)")
+    q_lora_rank: Optional[HeadDim] = Field(
+        None, description="rank of the low-rank query projection (DeepSeek-V3: 1536); null: a full d_model -> "
+        "n_heads · (qk_nope_head_dim + qk_rope_head_dim) projection (DeepSeek-V2-Lite)"
+    )
+    kv_lora_rank: HeadDim = Field(..., description="width of the compressed key/value latent that is cached (DeepSeek-V3: 512)")
+    qk_nope_head_dim: HeadDim = Field(..., description="per-head query/key features without position (DeepSeek-V3: 128)")
+    qk_rope_head_dim: HeadDim = Field(
+        ..., description="per-head query features, and features of the one key shared by all heads, that the position "
+        "scheme rotates (DeepSeek-V3: 64); cached per token beside the latent"
+    )
+    v_head_dim: HeadDim = Field(..., description="per-head value width (DeepSeek-V3: 128)")
+    latent_norm: ComponentConfig = Slot(
+        "norm", description="norm of the latents (kv_a_layernorm, and q_a_layernorm with q_lora_rank), e.g. "
+        "{\"type\": \"rmsnorm\", \"eps\": 1e-6}"
+    )
+    bias: bool = Field(False, description="biases on q_a_proj, kv_a_proj_with_mqa and o_proj (DeepSeek's attention_bias)")
+    softmax_scale: Optional[PositiveFloat] = Field(
+        None, description="multiplier of the scores; default (qk_nope_head_dim + qk_rope_head_dim)^-1/2, times mscale² "
+        "with yarn_mscale"
+    )
+    yarn_mscale: Optional[YarnMscale] = Field(
+        None, description="DeepSeek's YaRN softmax-scale correction {factor, mscale_all_dim} (copy them from the rope "
+        "scaling); null for none"
+    )
+
+    @property
+    def qk_head_dim(self) -> int:
+        """``qk_nope_head_dim + qk_rope_head_dim``: the width of one query (and expanded key) head in the scores."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def resolved_scale(self, base: Optional[float] = None) -> float:
+        """The softmax scale: ``softmax_scale``, else ``base · mscale²`` (transformers ``yarn_apply_mscale``).
+
+        ``base`` defaults to ``qk_head_dim^-1/2``; the module passes :meth:`BuildContext.attention_scale`'s, which is
+        that under standard parametrization and μP's ``sqrt(base_head_dim) / qk_head_dim`` under μP.
+        """
+        if self.softmax_scale is not None:
+            return float(self.softmax_scale)
+        scale = self.qk_head_dim**-0.5 if base is None else base
+        m = self.yarn_mscale
+        if m is not None and m.mscale_all_dim and m.factor > 1:
+            mscale = 0.1 * m.mscale_all_dim * math.log(m.factor) + 1.0
+            scale = scale * mscale * mscale
+        return scale
+
+    def position_geometry(self, ctx) -> PositionGeometry:
+        """The position scheme acts on the ``qk_rope_head_dim`` part: ``n_heads`` query heads, one shared key."""
+        return PositionGeometry(self.n_heads, self.qk_rope_head_dim, 1)
+
+
+class MLA(nn.Module):
+    """Multi-head latent attention. ``forward(x [batch, seq, d_model], inputs) -> [batch, seq, d_model]``.
+
+    The cache holds ``latent [batch, slots, kv_lora_rank]`` and ``k_rope [batch, slots, qk_rope_head_dim]``
+    (:meth:`cache_spec`). ``absorb`` (default True) selects the absorbed computation for forwards over a cache that
+    holds earlier tokens; False expands per-head keys there too (the same numbers; a reference for tests).
+    """
+
+    def __init__(self, cfg: MLAConfig, ctx: BuildContext):
+        super().__init__()
+        d, h = ctx.d_model, cfg.n_heads
+        self.n_heads = h
+        self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
+        self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.qk_head_dim = cfg.qk_head_dim
+        # qk_head_dim^-1/2 (times mscale²) under standard parametrization; muP's 1/head_dim form under muP
+        self.scale = cfg.resolved_scale(ctx.attention_scale(self.qk_head_dim, standard=self.qk_head_dim**-0.5))
+        self.attention_dropout = ctx.attention_dropout
+        self.absorb = True
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(d, h * self.qk_head_dim, bias=False)
+            self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
+        else:
+            self.q_proj = None
+            self.q_a_proj = nn.Linear(d, cfg.q_lora_rank, bias=cfg.bias)
+            self.q_a_layernorm = ctx.build(cfg.latent_norm, dim=cfg.q_lora_rank)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * self.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=cfg.bias)
+        self.kv_a_layernorm = ctx.build(cfg.latent_norm, dim=cfg.kv_lora_rank)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(h * cfg.v_head_dim, d, bias=cfg.bias)
+
+    def cache_spec(self) -> CacheSpec:
+        """The normalised latent ``[kv_lora_rank]`` and the rotated shared key ``[qk_rope_head_dim]`` per token."""
+        return CacheSpec((CacheEntry("latent", (self.kv_lora_rank,)), CacheEntry("k_rope", (self.qk_rope_head_dim,))))
+
+    def head_layout(self) -> dict[str, tuple[int, int]]:
+        """The projections whose outputs split into heads (the latent ones do not)."""
+        out = {"kv_b_proj": (self.n_heads, self.qk_nope_head_dim + self.v_head_dim)}
+        out["q_proj" if self.q_lora_rank is None else "q_b_proj"] = (self.n_heads, self.qk_head_dim)
+        return out
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
+        """Attend. ``x [batch, seq, d_model]`` → ``[batch, seq, d_model]``; stores the latent in ``inputs.cache``."""
+        return self._attend(x, inputs, need_weights=False)[0]
+
+    def forward_with_weights(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor]:
+        """Like :meth:`forward`, also returning the attention weights ``[batch, n_heads, q_len, kv_len]`` (float32)."""
+        return self._attend(x, inputs, need_weights=True)
+
+    def _kv_b(self) -> tuple[Tensor, Tensor]:
+        """``(W_UK [h, d_nope, r_kv], W_UV [h, d_v, r_kv])``: this rank's heads of ``kv_b_proj.weight``."""
+        w = self.kv_b_proj.weight
+        w = w.to_local() if hasattr(w, "to_local") else w  # a tensor-parallel shard holds whole heads
+        w = w.view(self.n_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+        return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim :]
+
+    def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+        b, s, _ = x.shape
+        h, d_nope, d_rope, r = self.n_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
+        q = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(b, s, h, self.qk_head_dim).transpose(1, 2)  # [b, h, s, d_qk]
+        q_nope, q_rope = q[..., :d_nope], q[..., d_nope:]
+        c, k_rope = self.kv_a_proj_with_mqa(x).split([r, d_rope], dim=-1)
+        c = self.kv_a_layernorm(c)  # [b, s, r_kv]
+        k_rope = k_rope.view(b, 1, s, d_rope)
+        if inputs.position is not None:
+            q_rope, k_rope = inputs.position.rotate(q_rope, k_rope, inputs.positions)
+        # every rank holds the shared key whole and its local heads read it directly: sum its gradient over them
+        k_rope = shared_by_heads(k_rope, self.kv_b_proj.weight)
+        state = inputs.cache_for(self)
+        absorbed = self.absorb and state is not None and state.group is not None and state.group.mode != "fresh"
+        seen, k_pos, k_valid = update_cache_entries(inputs, {"latent": c, "k_rope": k_rope.squeeze(1)}, mixer=self)
+        c_all, k_rope_all = seen["latent"], seen["k_rope"]  # [b, kv, r_kv], [b, kv, d_rope]
+        dropout_p = self.attention_dropout if self.training else 0.0
+        bias = position_bias(inputs, k_pos, h)
+        if absorbed:
+            out, weights = self._absorbed(q_nope, q_rope, c_all, k_rope_all, inputs, k_pos, k_valid, bias, dropout_p)
+        else:
+            out, weights = self._expanded(q_nope, q_rope, c_all, k_rope_all, inputs, k_pos, k_valid, bias, dropout_p, need_weights)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, h * self.v_head_dim)), weights
+
+    def _expanded(self, q_nope, q_rope, c_all, k_rope_all, inputs, k_pos, k_valid, bias, dropout_p, need_weights):
+        """Per-head keys ``[b, h, kv, d_qk]`` and values ``[b, h, kv, d_v]`` from the latents, then attention."""
+        b, h, s, _ = q_nope.shape
+        kv = c_all.shape[1]
+        k_nope, v = self.kv_b_proj(c_all).view(b, kv, h, -1).transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], -1)
+        k = torch.cat([k_nope, k_rope_all[:, None].expand(b, h, kv, self.qk_rope_head_dim)], dim=-1)
+        q = torch.cat([q_nope, q_rope], dim=-1)
+        simple = is_plain_causal(inputs, k_pos, k_valid, bias) and not need_weights
+        if simple:  # one fresh causal sequence: SDPA's causal kernel
+            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
+            return out, None
+        prepared = prepare_mask(inputs, k_pos, k_valid, q.dtype, mixer=self)
+        eager = need_weights or (bias is not None and q.dtype != torch.float32)
+        return masked_attention(q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p)
+
+    def _absorbed(self, q_nope, q_rope, c_all, k_rope_all, inputs, k_pos, k_valid, bias, dropout_p):
+        """Scores against the cached latent with ``W_UK`` folded into the query; ``W_UV`` after the weighted sum."""
+        b, h, s, _ = q_nope.shape
+        w_uk, w_uv = self._kv_b()
+        q_lat = torch.matmul(q_nope, w_uk)  # [b, h, s, d_nope] @ [h, d_nope, r_kv] -> [b, h, s, r_kv]
+        kv = c_all.shape[1]
+        # every head reads the same latent and rotated key: heads fold into the rows of one product per batch row
+        scores = torch.bmm(q_lat.reshape(b, h * s, -1), c_all.transpose(1, 2))
+        scores = scores + torch.bmm(q_rope.reshape(b, h * s, -1), k_rope_all.transpose(1, 2))
+        scores = scores.view(b, h, s, kv) * self.scale
+        if bias is not None:
+            scores = scores.float() + bias
+        prepared = prepare_mask(inputs, k_pos, k_valid, q_nope.dtype, mixer=self)
+        probs = masked_softmax(scores, prepared, dropout_p)  # [b, h, s, kv] float32, dead rows 0
+        o_lat = torch.bmm(probs.to(c_all.dtype).view(b, h * s, kv), c_all).view(b, h, s, -1)  # [b, h, s, r_kv]
+        out = torch.matmul(o_lat, w_uv.transpose(1, 2))  # [b, h, s, r_kv] @ [h, r_kv, d_v] -> [b, h, s, d_v]
+        return out, probs
+
+
+def _norm_params(cfg: MLAConfig, ctx: BuildContext, dim: int) -> int:
+    return ctx.registry.entry_for_config(cfg.latent_norm).param_count(cfg.latent_norm, replace(ctx, dim=dim))
+
+
+def _param_count(cfg: MLAConfig, ctx: BuildContext) -> int:
+    d, h = ctx.d_model, cfg.n_heads
+    if cfg.q_lora_rank is None:
+        n = d * h * cfg.qk_head_dim
+    else:
+        n = d * cfg.q_lora_rank + cfg.q_lora_rank * cfg.bias + _norm_params(cfg, ctx, cfg.q_lora_rank)
+        n += cfg.q_lora_rank * h * cfg.qk_head_dim
+    n += d * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * cfg.bias
+    n += _norm_params(cfg, ctx, cfg.kv_lora_rank)
+    n += cfg.kv_lora_rank * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    n += h * cfg.v_head_dim * d + d * cfg.bias
+    return n
+
+
+def _flops(cfg: MLAConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+    """Matrix-product FLOPs of one call (1 multiply-add = 2 FLOPs; ``t`` = tokens, ``P`` = scored pairs per head,
+    :meth:`Workload.pairs`).
+
+    Projections on the ``t`` new tokens: the queries (``q_proj``, or ``q_a_proj`` and ``q_b_proj``), the latent and
+    rotated key (``kv_a_proj``), ``o_proj``. Then, with no earlier token in the cache (``work.past == 0``: prefill,
+    training), the expanded form: ``kv_b_proj`` rebuilds per-head keys and values of the ``t`` tokens
+    (``2·t·r_kv·h·(d_nope + d_v)``), scores ``2·h·d_qk·P``, weighted sum ``2·h·d_v·P``. Over a cache holding earlier
+    tokens (``past > 0``: decoding) the absorbed form: the query into the latent ``2·t·h·d_nope·r_kv``, scores against
+    the latent and the shared key ``2·h·(r_kv + d_rope)·P``, weighted sum of latents ``2·h·r_kv·P``, value
+    up-projection ``2·t·h·r_kv·d_v``: nothing grows with the context but the scores and the sum. The latent norms
+    (norm components) declare their own; softmax, scaling and RoPE are element-wise.
+    """
+    d, h, t = ctx.d_model, cfg.n_heads, work.tokens
+    r, d_nope, d_rope, d_v = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    pairs = work.pairs(causal=True)
+    out = {}
+    if cfg.q_lora_rank is None:
+        out["q_proj"] = 2 * t * d * h * cfg.qk_head_dim
+    else:
+        out["q_a_proj"] = 2 * t * d * cfg.q_lora_rank
+        out["q_b_proj"] = 2 * t * cfg.q_lora_rank * h * cfg.qk_head_dim
+    out["kv_a_proj"] = 2 * t * d * (r + d_rope)
+    if work.past == 0:
+        out["kv_b_proj"] = 2 * t * r * h * (d_nope + d_v)
+        out["scores"] = 2 * h * cfg.qk_head_dim * pairs
+        out["weighted_sum"] = 2 * h * d_v * pairs
+    else:
+        out["q_absorb"] = 2 * t * h * d_nope * r
+        out["scores"] = 2 * h * (r + d_rope) * pairs
+        out["weighted_sum"] = 2 * h * r * pairs
+        out["v_up"] = 2 * t * h * r * d_v
+    out["o_proj"] = 2 * t * h * d_v * d
+    return out
+
+
+#: Key formulas of the docs page (pymdownx.arithmatex).
+_MATH = r"""With $c_j = \mathrm{norm}(W_{DKV} x_j) \in \mathbb{R}^{r}$ ($r$ = kv_lora_rank), the rotated key shared by
+every head $k^R_j = \mathrm{RoPE}_j(W_{KR} x_j) \in \mathbb{R}^{d_R}$ ($d_R$ = qk_rope_head_dim), and per head $h$ the
+query $[q^C_{hi}; q^R_{hi}]$ ($q^R$ rotated), key $k^C_{hj} = W^{(h)}_{UK} c_j$ and value $v_{hj} = W^{(h)}_{UV} c_j$:
+
+$$s_{hij} = \alpha \left( q^{C\top}_{hi} W^{(h)}_{UK} c_j + q^{R\top}_{hi} k^R_j \right) + M_{ij}, \qquad
+o_{hi} = W^{(h)}_{UV} \sum_j \mathrm{softmax}_j(s_{hij})\, c_j$$
+
+The cache holds only $c_j$ and $k^R_j$: $r + d_R$ numbers per token and layer (576 for DeepSeek-V3, against
+$128 \cdot (192 + 128) = 40{,}960$ for its 128 heads' keys and values). Decoding computes $W^{(h)\top}_{UK} q^C_{hi}$ once per query
+("absorbed") and scores the cached latents directly; prefill expands $k^C$ and $v$ per head. $\alpha =
+(d_{nope} + d_R)^{-1/2}\, m^2$ with DeepSeek's YaRN $m = 0.1\, \mu \ln s + 1$ ($s$ = factor, $\mu$ = mscale_all_dim;
+$m = 1$ without yarn_mscale), $M_{ij}$ is the causal mask (0 where $j \le i$ and not padding, $-\infty$ elsewhere).
+The heads' outputs are concatenated and projected by $W_O$."""
+
+
+@hookimpl
+def register_components(register) -> None:
+    """Register ``mla``."""
+    register(
+        Component(
+            kind="attention",
+            type="mla",
+            config=MLAConfig,
+            factory=lambda cfg, ctx: MLA(cfg, ctx),
+            description="Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): optional low-rank queries, a compressed "
+            "key/value latent and a decoupled RoPE key shared by all heads. [batch, seq, d_model] -> [batch, seq, "
+            "d_model]; the cache holds the latent [batch, slots, kv_lora_rank] and the rotated key [batch, slots, "
+            "qk_rope_head_dim], and decoding attends over the latent with the key up-projection absorbed into the query.",
+            reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434 §2.1; DeepSeek-V3, arXiv:2412.19437; "
+            "transformers DeepseekV3Attention",
+            capabilities={
+                "causal_safe": True,
+                "kv_cache": True,
+                "document_mask": True,
+                "compile_safe": True,
+                "returns_weights": True,
+                "attention_dropout": True,
+                # heads sharded (q by head, kv_b by head, o on its input); the latent path reads the replicated
+                # input, so its projections and norms stay whole on every rank (and so does the latent cache)
+                "tp_plan": {
+                    "q_proj": "colwise", "q_a_proj": "replicate", "q_a_layernorm": "replicate", "q_b_proj": "colwise",
+                    "kv_a_proj_with_mqa": "replicate", "kv_a_layernorm": "replicate", "kv_b_proj": "colwise",
+                    "o_proj": "rowwise",
+                },
+            },
+            param_count=_param_count,
+            flops=_flops,
+            example={"type": "mla", "n_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                     "qk_rope_head_dim": 4, "v_head_dim": 6, "latent_norm": {"type": "rmsnorm", "eps": 1e-6}},
+            math=_MATH,
+        )
+    )

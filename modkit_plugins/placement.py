@@ -1,0 +1,383 @@
+"""Placements: how a block composes its norms, sublayers and residuals. ``[batch, seq, d_model]`` in and out.
+
+Every placement builds the norms it needs from the block's norm config and returns a block module with
+``forward(x, inputs) -> (x, aux_loss | None)``; the ffn may return ``(out, aux_loss)`` (MoE). ``attn`` below is the
+block's token mixer, whatever its kind (an attention, Mamba-2, Gated DeltaNet, mixers side by side): every mixer is
+called ``mixer(x, inputs)``. A block without an ffn (``"ffn": null``, Mamba-2) has only the mixer's half, and
+builds no ffn norm.
+
+* ``pre``:       ``x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))`` (GPT-2, Llama).
+* ``post``:      ``x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x))`` (original Transformer, BERT).
+* ``sandwich`` (alias ``peri``): ``x = x + attn_post_norm(attn(attn_norm(x))); x = x + ffn_post_norm(ffn(ffn_norm(x)))``:
+  norms on each sublayer's input and output, inside the residual (Gemma 2/3). Kim et al. 2025 call this placement
+  Peri-LN.
+* ``reordered`` (alias ``olmo2``): ``x = x + attn_post_norm(attn(x)); x = x + ffn_post_norm(ffn(x))``: a norm on
+  each sublayer's output only (OLMo 2's "reordered norm").
+* ``parallel``:  ``x = x + attn(attn_norm(x)) + ffn(n2(x))`` with ``n2 = attn_norm`` when ``shared_norm``
+  (GPT-J, Falcon, Phi) else a separate ``ffn_norm`` (GPT-NeoX ``use_parallel_residual``).
+* ``pre-no-residual``: ``x = attn(attn_norm(x)); x = ffn(ffn_norm(x))``: ``pre`` with both residual adds removed.
+  An ablation for experiments (what the residual stream buys, He et al. 2016), not a placement for real models:
+  without the identity path the signal and its gradient must pass through every sublayer, and deep stacks train
+  badly or not at all.
+
+Earlier modkit versions used ``peri`` for OLMo 2's output-only placement (now ``reordered``). In the literature Peri-LN
+puts a norm on both the input and the output of each sublayer, which is ``sandwich``, so ``peri`` is now an alias of
+``sandwich``; a spec using it gets a :class:`modkit.SpecWarning` saying so (a spec written for the old meaning must
+say ``reordered``).
+
+Every placement applies the spec's ``dropout.residual`` (``BuildContext.residual_dropout``) to what each sublayer
+adds to the residual stream (after a post-sublayer norm, where there is one), in training mode only: GPT-2's
+``resid_pdrop`` (nanoGPT's ``resid_dropout`` and MLP dropout).
+
+Every placement with a residual (all but ``pre-no-residual``) has ``residual_multiplier`` (default 1): what each
+sublayer adds to the residual stream is multiplied by it, ``x + m · f(x)`` (Granite's ``residual_multiplier``,
+transformers ``GraniteDecoderLayer``; a μP-style depth scaling). At 1 no operation is added.
+
+References: pre-norm, Xiong et al. 2020, On Layer Normalization in the Transformer Architecture
+(arXiv:2002.04745); post-norm, Vaswani et al. 2017 (arXiv:1706.03762); sandwich, Gemma Team 2024, Gemma 2
+(arXiv:2408.00118), and as Peri-LN, Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer
+Architecture (arXiv:2502.02732); reordered, OLMo Team 2024, 2 OLMo 2 Furious (arXiv:2501.00656) §3.2; parallel,
+Wang & Komatsuzaki 2021 (GPT-J) and Chowdhery et al. 2022, PaLM (arXiv:2204.02311) §2; residual connections, He et
+al. 2016, Deep Residual Learning for Image Recognition (arXiv:1512.03385).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+from torch import Tensor, nn
+
+from modkit.plugin import (
+    AttentionInputs, BuildContext, Component, ComponentConfig, dropout, elementwise, hookimpl, run_ffn,
+)
+
+
+class _ResidualConfig(ComponentConfig):
+    """Fields of every placement with a residual stream."""
+
+    residual_multiplier: float = Field(
+        1.0, gt=0, description="multiply what each sublayer adds to the residual stream: x + residual_multiplier · "
+        "sublayer(...) (Granite's residual_multiplier); 1 for the plain residual"
+    )
+
+
+class PreConfig(_ResidualConfig):
+    """Config of ``pre``: a norm before each sublayer, residual around it."""
+
+    type: Literal["pre"] = "pre"
+
+
+class PostConfig(_ResidualConfig):
+    """Config of ``post``: residual first, then a norm after each sublayer (original Transformer, BERT)."""
+
+    type: Literal["post"] = "post"
+
+
+class SandwichConfig(_ResidualConfig):
+    """Config of ``sandwich`` (alias ``peri``): a norm before and after each sublayer, inside the residual (Gemma 2/3;
+    Peri-LN in Kim et al. 2025; GLM-4's input / post_self_attn / post_attention / post_mlp layernorms)."""
+
+    type: Literal["sandwich"] = "sandwich"
+
+
+class ReorderedConfig(_ResidualConfig):
+    """Config of ``reordered`` (alias ``olmo2``): a norm on each sublayer's output only, inside the residual (OLMo 2)."""
+
+    type: Literal["reordered"] = "reordered"
+
+
+class PreNoResidualConfig(ComponentConfig):
+    """Config of ``pre-no-residual``: ``pre`` without the residual adds. An ablation for experiments, not for real
+    models."""
+
+    type: Literal["pre-no-residual"] = "pre-no-residual"
+
+
+class ParallelConfig(_ResidualConfig):
+    """Config of ``parallel``: attention and ffn read the same block input and are added to one residual."""
+
+    type: Literal["parallel"] = "parallel"
+    shared_norm: bool = Field(
+        True,
+        description="true: one norm feeds both sublayers (GPT-J, Falcon-7B, Phi); false: separate attn_norm and "
+        "ffn_norm (GPT-NeoX use_parallel_residual)",
+    )
+
+
+class _Residual(nn.Module):
+    """What every block with a residual shares: the residual dropout and the residual multiplier."""
+
+    def __init__(self, cfg: Optional[ComponentConfig], ctx: BuildContext):
+        super().__init__()
+        self.drop = dropout(ctx.residual_dropout)
+        self.residual_multiplier = float(getattr(cfg, "residual_multiplier", 1.0))
+
+    def _add(self, h: Tensor) -> Tensor:
+        """What a sublayer output ``h`` adds to the residual stream: ``dropout(h) · residual_multiplier``."""
+        h = self.drop(h)
+        return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier
+
+
+class PreNormBlock(_Residual):
+    """``x + m · attention(attn_norm(x))`` then ``x + m · ffn(ffn_norm(x))`` (``m`` = residual_multiplier, 1 by
+    default). ``[b, s, d] -> ([b, s, d], aux)``."""
+
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
+        self.attn_norm = ctx.build(ctx.norm)
+        self.attention = ctx.attention
+        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
+        self.ffn = ctx.ffn
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = x + self._add(self.attention(self.attn_norm(x), inputs))
+        if self.ffn is None:  # a block that is a mixer alone (Mamba-2)
+            return x, None
+        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
+        return x + self._add(h), aux
+
+
+class PostNormBlock(_Residual):
+    """``attn_norm(x + m · attention(x))`` then ``ffn_norm(x + m · ffn(x))`` (Vaswani et al. 2017; ``m`` =
+    residual_multiplier). ``[b, s, d] -> ([b, s, d], aux)``."""
+
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
+        self.attention = ctx.attention
+        self.attn_norm = ctx.build(ctx.norm)
+        self.ffn = ctx.ffn
+        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = self.attn_norm(x + self._add(self.attention(x, inputs)))
+        if self.ffn is None:
+            return x, None
+        h, aux = run_ffn(self.ffn, x, inputs)
+        return self.ffn_norm(x + self._add(h)), aux
+
+
+class SandwichNormBlock(_Residual):
+    """``x + attn_post_norm(attention(attn_norm(x)))`` then ``x + ffn_post_norm(ffn(ffn_norm(x)))`` (Gemma 2;
+    GLM-4's ``Glm4DecoderLayer``: input, post_self_attn, post_attention and post_mlp layernorms in that order).
+
+    ``[b, s, d] -> ([b, s, d], aux)``; each addition times residual_multiplier.
+    """
+
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
+        self.attn_norm = ctx.build(ctx.norm)
+        self.attention = ctx.attention
+        self.attn_post_norm = ctx.build(ctx.norm)
+        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
+        self.ffn = ctx.ffn
+        self.ffn_post_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = x + self._add(self.attn_post_norm(self.attention(self.attn_norm(x), inputs)))
+        if self.ffn is None:
+            return x, None
+        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
+        return x + self._add(self.ffn_post_norm(h)), aux
+
+
+class ReorderedNormBlock(_Residual):
+    """``x + attn_post_norm(attention(x))`` then ``x + ffn_post_norm(ffn(x))`` (OLMo 2; each addition times
+    residual_multiplier). ``[b, s, d] -> ([b, s, d], aux)``."""
+
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
+        self.attention = ctx.attention
+        self.attn_post_norm = ctx.build(ctx.norm)
+        self.ffn = ctx.ffn
+        self.ffn_post_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = x + self._add(self.attn_post_norm(self.attention(x, inputs)))
+        if self.ffn is None:
+            return x, None
+        h, aux = run_ffn(self.ffn, x, inputs)
+        return x + self._add(self.ffn_post_norm(h)), aux
+
+
+class PreNormNoResidualBlock(PreNormBlock):
+    """``attention(attn_norm(x))`` then ``ffn(ffn_norm(x))``: a pre-norm block with no residual adds.
+
+    ``[b, s, d] -> ([b, s, d], aux)``. An ablation for experiments (He et al. 2016, arXiv:1512.03385, measure what the
+    identity shortcut buys), not a placement for real models: each block's output is its ffn's output alone, so the
+    embeddings reach the head only through every sublayer in turn. The spec's ``dropout.residual`` applies to each
+    sublayer's output, as in ``pre`` (there it is what the sublayer adds to the stream). The modules are ``pre``'s,
+    so its parameter names and counts are too.
+    """
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x = self.drop(self.attention(self.attn_norm(x), inputs))
+        if self.ffn is None:
+            return x, None
+        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
+        return self.drop(h), aux
+
+
+class ParallelBlock(_Residual):
+    """``x + attention(attn_norm(x)) + ffn(n2(x))``, ``n2`` = ``attn_norm`` (shared) or ``ffn_norm``.
+
+    GPT-J / Falcon / Phi / Cohere (shared) and GPT-NeoX ``use_parallel_residual`` (separate); both additions times
+    residual_multiplier. ``[b, s, d] -> ([b, s, d], aux)``.
+    """
+
+    def __init__(self, cfg: ParallelConfig, ctx: BuildContext):
+        super().__init__(cfg, ctx)
+        self.shared_norm = cfg.shared_norm
+        self.attn_norm = ctx.build(ctx.norm)
+        self.attention = ctx.attention
+        self.ffn_norm = None if cfg.shared_norm or ctx.ffn is None else ctx.build(ctx.norm)
+        self.ffn = ctx.ffn
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        h_attn = self.attn_norm(x)
+        if self.ffn is None:
+            return x + self._add(self.attention(h_attn, inputs)), None
+        h_ffn = h_attn if self.ffn_norm is None else self.ffn_norm(x)
+        h, aux = run_ffn(self.ffn, h_ffn, inputs)
+        return x + self._add(self.attention(h_attn, inputs)) + self._add(h), aux
+
+
+#: what a spec using ``peri`` is told (the name changed meaning; see the module docstring)
+PERI_NOTE = (
+    "placement 'peri' is read as 'sandwich': Peri-LN (Kim et al. 2025, arXiv:2502.02732) puts a norm on the input and "
+    "on the output of each sublayer. Earlier modkit versions used 'peri' for OLMo 2's norm on the sublayer output "
+    "only, now called 'reordered': write 'reordered' if the spec was written for that, or 'sandwich' to silence this warning"
+)
+
+
+#: Key formulas of the docs pages (pymdownx.arithmatex): one block of input $x$, output $y$.
+_MATH = {
+    "pre": r"""$$h = x + m\,\mathrm{Attn}(N_1(x)), \qquad y = h + m\,\mathrm{FFN}(N_2(h))$$
+
+$N_1$ = attn_norm and $N_2$ = ffn_norm normalise each sublayer's input; the residual stream itself is never
+normalised (the model applies final_norm after the last block). $m$ = residual_multiplier (1 by default; Granite).""",
+    "post": r"""$$h = N_1\big(x + m\,\mathrm{Attn}(x)\big), \qquad y = N_2\big(h + m\,\mathrm{FFN}(h)\big)$$
+
+$N_1$ = attn_norm, $N_2$ = ffn_norm normalise the residual stream after each addition; $m$ = residual_multiplier.""",
+    "sandwich": r"""$$h = x + m\,N_2\big(\mathrm{Attn}(N_1(x))\big), \qquad y = h + m\,N_4\big(\mathrm{FFN}(N_3(h))\big)$$
+
+$N_1$ = attn_norm, $N_2$ = attn_post_norm, $N_3$ = ffn_norm, $N_4$ = ffn_post_norm: each sublayer's input and
+output are normalised, inside the residual (GLM-4's input, post_self_attn, post_attention and post_mlp layernorms).
+$m$ = residual_multiplier.""",
+    "reordered": r"""$$h = x + m\,N_1\big(\mathrm{Attn}(x)\big), \qquad y = h + m\,N_2\big(\mathrm{FFN}(h)\big)$$
+
+$N_1$ = attn_post_norm, $N_2$ = ffn_post_norm normalise each sublayer's output; the sublayers read the raw residual
+stream. $m$ = residual_multiplier.""",
+    "parallel": r"""$$y = x + m\,\mathrm{Attn}(N_1(x)) + m\,\mathrm{FFN}(N_2(x))$$
+
+$N_1$ = attn_norm; $N_2 = N_1$ with shared_norm (one norm per block: GPT-J, Cohere), else ffn_norm (GPT-NeoX).
+Both sublayers read the same input, so they can run concurrently. $m$ = residual_multiplier.""",
+}
+
+@hookimpl
+def register_components(register) -> None:
+    """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel`` and the
+    ``pre-no-residual`` ablation."""
+    caps = {"compile_safe": True, "residual_dropout": True}
+    # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
+    flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
+    register(
+        Component(
+            kind="placement",
+            type="pre",
+            config=PreConfig,
+            factory=lambda cfg, ctx: PreNormBlock(ctx, cfg),
+            math=_MATH["pre"],
+            description="Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Two norms per block "
+            "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
+            capabilities=caps,
+            flops=flops,
+        )
+    )
+    register(
+        Component(
+            kind="placement",
+            type="post",
+            config=PostConfig,
+            factory=lambda cfg, ctx: PostNormBlock(ctx, cfg),
+            math=_MATH["post"],
+            description="Post-norm residual block: attn_norm(x + attn(x)), then ffn_norm(x + ffn(x)). Two norms per "
+            "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762; BERT, arXiv:1810.04805",
+            capabilities=caps,
+            flops=flops,
+        )
+    )
+    register(
+        Component(
+            kind="placement",
+            type="sandwich",
+            config=SandwichConfig,
+            factory=lambda cfg, ctx: SandwichNormBlock(ctx, cfg),
+            math=_MATH["sandwich"],
+            description="Sandwich norm (Peri-LN): x + attn_post_norm(attn(attn_norm(x))), then "
+            "x + ffn_post_norm(ffn(ffn_norm(x))): a norm on the input and on the output of each sublayer, inside the "
+            "residual. Four norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118; "
+            "as Peri-LN: Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer Architecture, "
+            "arXiv:2502.02732",
+            capabilities=caps,
+            flops=flops,
+            aliases=("peri",),
+            alias_notes={"peri": PERI_NOTE},
+        )
+    )
+    register(
+        Component(
+            kind="placement",
+            type="reordered",
+            config=ReorderedConfig,
+            factory=lambda cfg, ctx: ReorderedNormBlock(ctx, cfg),
+            math=_MATH["reordered"],
+            description="Reordered norm (OLMo 2): x + attn_post_norm(attn(x)), then x + ffn_post_norm(ffn(x)); a norm "
+            "on each sublayer's output only, inside the residual, so the sublayers read the raw residual stream. Two "
+            "norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="OLMo Team 2024, 2 OLMo 2 Furious, arXiv:2501.00656, §3.2 (reordered norm)",
+            capabilities=caps,
+            flops=flops,
+            aliases=("olmo2",),
+        )
+    )
+    register(
+        Component(
+            kind="placement",
+            type="parallel",
+            config=ParallelConfig,
+            factory=lambda cfg, ctx: ParallelBlock(cfg, ctx),
+            math=_MATH["parallel"],
+            description="Parallel block: x + attn(attn_norm(x)) + ffn(n2(x)), n2 = attn_norm when shared_norm "
+            "(one norm per block) else ffn_norm (two). [batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="Wang & Komatsuzaki 2021, GPT-J-6B (github.com/kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
+            "PaLM, arXiv:2204.02311",
+            capabilities=caps,
+            flops=flops,
+            example={"type": "parallel", "shared_norm": True},
+        )
+    )
+    register(
+        Component(
+            kind="placement",
+            type="pre-no-residual",
+            config=PreNoResidualConfig,
+            factory=lambda cfg, ctx: PreNormNoResidualBlock(ctx),
+            description="Ablation, not for real models: a pre-norm block without residual adds, x = attn(attn_norm(x)), "
+            "then x = ffn(ffn_norm(x)). Two norms per block. For experiments on what residual connections buy. "
+            "[batch, seq, d_model] -> [batch, seq, d_model].",
+            reference="He et al. 2016, Deep Residual Learning for Image Recognition, arXiv:1512.03385 (the residual it "
+            "removes); Xiong et al. 2020, arXiv:2002.04745 (the pre-norm block it ablates)",
+            capabilities=caps,
+            flops=elementwise("the ablation only chains sublayers that declare their own FLOPs (no residual adds)"),
+        )
+    )
