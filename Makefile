@@ -3,6 +3,7 @@
 #                 make test-fast   (the inner loop: everything but the tests marked slow, about 2 min)
 #                 make test-latest (the suite against the newest releases on the index, in .venv-latest)
 #                 make lock        (write constraints.txt from .venv-latest: how the lock is refreshed)
+#                 make lint        (ruff check and ruff format --check: seconds; make format applies both)
 # Each install runs once: stamp files under .venv make it idempotent (redone when pyproject.toml or
 # constraints.txt changes).
 #
@@ -30,7 +31,7 @@ BASE_STAMP := $(VENV)/.modkit-base
 TEST_STAMP := $(VENV)/.modkit-test
 PIP_FLAGS  := --disable-pip-version-check
 
-.PHONY: setup demo test test-fast test-latest lock clean
+.PHONY: setup demo test test-fast test-latest lock lint format clean
 
 setup: $(BASE_STAMP)
 
@@ -66,6 +67,15 @@ demo: $(BASE_STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS)
+
+# ruff (in the test extras; configured in pyproject.toml): lint, and check that the code is formatted
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(TEST_STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) -m "not slow"

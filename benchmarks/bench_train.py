@@ -415,7 +415,7 @@ def run_size(size: Size, args, data: TokenData) -> SizeResult:
         fact(f"step 0, {name} vs hf: loss |Δ| = {abs(losses0[name] - losses0['hf']):.2e} "
              f"({losses0[name]:.6f} vs {losses0['hf']:.6f}); gradients max |Δ| = {gd:.2e} (at {where}; "
              f"largest gradient entry {max(t.abs().max().item() for t in ref.values()):.2e})")
-    del grads
+    grads.clear()  # the gradients of every variant are no longer needed
 
     # untimed warmup, then interleaved timed rounds (each variant runs `steps` steps in turn, order rotated)
     for v in variants:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import types
+from typing import Literal
 
 import pytest
 import torch
@@ -185,7 +186,7 @@ def test_sampling_draws_only_kept_tokens_with_the_right_frequencies():
 
 
 class BanConfig(modkit.ComponentConfig):
-    type: __import__("typing").Literal["ban_token"] = "ban_token"
+    type: Literal["ban_token"] = "ban_token"
     token: int
 
 

@@ -36,7 +36,7 @@ import json
 import re
 import unicodedata
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import tokenizers
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
@@ -44,6 +44,9 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from modkit.core.errors import DataError
 from modkit.core.jsonio import JSONInputError, check_regular_file
 from modkit.core.limits import MAX_VOCAB_SIZE
+
+if TYPE_CHECKING:  # the annotation of token_bytes
+    import numpy as np
 
 #: largest tokenizer.json read (bytes); large published vocabularies take tens of MiB
 MAX_TOKENIZER_BYTES = 256 * 2**20

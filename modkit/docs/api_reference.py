@@ -28,16 +28,15 @@ DOCSTRING_OPTIONS = {"ignore_init_summary": True, "warn_unknown_params": False, 
 #: Modules whose own functions the guides call by module path (``modkit.inference.generate.generate``, ``modkit.analysis.trace.trace``)
 #: and the subpackages a user imports from (``from modkit.data import prepare``): public API beside what the
 #: ``modkit`` package exports.
-PUBLIC_MODULES = ("modkit.experiments.compare", "modkit.data", "modkit.inference.generate", "modkit.inference.sampling", "modkit.testing", "modkit.analysis.trace",
-                  "modkit.analysis.trace_report", "modkit.train")
+PUBLIC_MODULES = ("modkit.plugin", "modkit.experiments.compare", "modkit.data", "modkit.inference.generate",
+                  "modkit.inference.sampling", "modkit.testing", "modkit.analysis.trace", "modkit.analysis.trace_report",
+                  "modkit.train")
 
 
 def public_modules(modules: list[str]) -> list[str]:
     """The public API among ``modules``: ``modkit``, the modules defining what ``modkit`` and the subpackages of
     :data:`PUBLIC_MODULES` export (``__all__``), and :data:`PUBLIC_MODULES` themselves; the rest (the command
     line, the site generator, the kit's check modules, helpers) are internals, documented all the same."""
-    import modkit
-
     public = {"modkit", *PUBLIC_MODULES}
     for pkg_name in ("modkit", *PUBLIC_MODULES):
         try:

@@ -53,7 +53,7 @@ def register() -> None:
     Idempotent; a registration already there (this module's own, or a plugin's) is kept. lm-eval's own model types
     are registered first (its registry fills itself only while it is empty).
     """
-    import lm_eval.models  # noqa: F401
+    import lm_eval.models  # noqa: F401,F811 - also imported at the end of this module, after ModkitLM is defined
 
     if MODEL_TYPE not in model_registry:
         model_registry.register(MODEL_TYPE, target="modkit.evaluation.harness:ModkitLM")

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import TINY_LLAMA, Timer, loss_fn, max_diff, param_diff, finish, setup, write_results  # noqa: E402
