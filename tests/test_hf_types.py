@@ -13,7 +13,8 @@ windows shorter than the test sequence, NoPE layers, biases, fused layouts...) i
 6. sharded both ways: transformers' ``save_pretrained`` in small shards loads to the same weights, and
    ``modkit.to_hf`` in small shards writes the same tensors under the same index a transformers model loads.
 
-A new model type costs one entry: ``(id, transformers config class name, config kwargs)``. transformers is a
+A new model type costs one entry: ``(id, transformers config class name, config kwargs)``. The decoder cases of
+``tests/test_hf_parity.py`` run here too, so all model types get the same six checks. transformers is a
 test-only reference (nothing under ``modkit/`` or ``plugins/`` imports it).
 """
 
@@ -33,6 +34,7 @@ from hf_fallback import force_torch_fallback  # noqa: E402
 
 force_torch_fallback()  # the recurrent types (mamba2) run transformers' PyTorch paths
 
+from test_hf_parity import CASES as PARITY_CASES  # noqa: E402
 from test_hf_parity import _quiet, batch, file_tensors, hf_output, make_hf, max_real_diff, ours_output  # noqa: E402
 
 TOL = 1e-5
@@ -147,6 +149,18 @@ FIXTURES = [
         expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=4, **SMALL)),
 ]
 
+# The decoder cases of tests/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
+# join the same checks, so every decoder model type, old or new, is held to the same six: counts, left-padded logits,
+# padding invariance, greedy decoding with the cache, export, sharded checkpoints. Their end-of-sequence id is
+# cleared as in SMALL above, so that greedy generation runs its 12 tokens in both. Left out: the RoPE scalings whose
+# frequencies depend on the sequence's length (dynamic NTK, LongRoPE), by definition not invariant to left padding,
+# and stateful in transformers (its dynamic table changes after a longer input), so their reference would depend on
+# which test ran first; tests/test_hf_parity.py checks them on fresh models.
+LENGTH_DEPENDENT_ROPE = {"dynamic", "longrope"}
+FIXTURES += [(name, cls.__name__, dict(kwargs, eos_token_id=None)) for name, cls, kwargs, kind in PARITY_CASES
+             if kind == "causal" and name not in {f[0] for f in FIXTURES}
+             and (kwargs.get("rope_parameters") or {}).get("rope_type") not in LENGTH_DEPENDENT_ROPE]
+
 
 #: fixtures whose transformers reference changes with left padding, so its logits are compared row by row, each row
 #: unpadded (modkit's own padding invariance is still checked on the padded batch): Llama 4's temperature tuning
@@ -199,6 +213,14 @@ def built(tmp_path_factory):
 
 
 IDS = [f[0] for f in FIXTURES]
+
+
+def test_every_registered_decoder_type_is_in_the_harness():
+    """Each Hugging Face model type a plugin registers runs the six checks; BERT, an encoder with no causal decoding
+    to compare, is checked for parity and round trips in tests/test_hf_parity.py."""
+    covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
+    assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
+    assert len(covered) == 30
 
 
 def test_fixtures_name_registered_types():
