@@ -471,6 +471,32 @@ def test_bad_comparison_arguments(setup, tmp_path, kwargs, message):
         compare([root / "rope.json"], root / "train.json", tmp_path / "r", seeds=1, echo=lambda line: None, **kwargs)
 
 
+def test_a_request_object_is_the_same_comparison(tmp_path):
+    """compare(request) takes a CompareRequest, compare's own arguments build one, and a request is checked before
+    anything is made; a request with more arguments, no report folder or an unknown option is refused."""
+    import dataclasses
+
+    from modkit.experiments.compare import CompareRequest, check_request
+
+    spec = tmp_path / "a.json"
+    spec.write_text("{}")
+    request = CompareRequest([spec, f"b={spec}"], None, tmp_path / "r", seeds=2, overrides={"max_steps": 4})
+    assert check_request(request) == [("a", spec.resolve()), ("b", spec.resolve())]
+    assert request.mode == "single" and request.overrides == {"max_steps": 4} and request.spec_overrides == {}
+    assert CompareRequest([spec], None, tmp_path / "r", lr_grid=[1e-3, 3e-3]).lrs == [1e-3, 3e-3]
+    with pytest.raises(CompareError, match="seeds = 0"):
+        compare(CompareRequest([spec], None, tmp_path / "r", seeds=0))
+    with pytest.raises(TypeError, match="no other arguments"):
+        compare(request, seeds=3)
+    with pytest.raises(TypeError, match="out_dir"):
+        compare([spec])
+    with pytest.raises(TypeError):
+        compare([spec], None, tmp_path / "r", seed=3)  # not a field of the request
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.seeds = 3
+    assert not (tmp_path / "r").exists()
+
+
 def test_cli_takes_every_training_field_and_per_spec_overrides(setup, tmp_path, capsys):
     root, _ = setup
     out = tmp_path / "r"

@@ -136,7 +136,8 @@ def _spec_overrides(items, labels_hint: str) -> dict:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Handler of ``modkit compare``: check the arguments, run the comparison (or merge reports), print the table."""
     from . import UserError
-    from modkit.experiments.compare import CompareError, compare, fmt_pm, merge_reports, parse_ints, parse_lrs
+    from modkit.experiments.compare import (CompareError, CompareRequest, compare, fmt_pm, merge_reports, parse_ints,
+                                            parse_lrs)
     from ..train.config import parse_flag_value
 
     out = args.out or "reports/compare"
@@ -179,10 +180,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     spec_overrides = _spec_overrides(args.override, "labels are the spec file names or LABEL of LABEL=FILE")
     holdout = (args.holdout_width, args.holdout_depth) if (args.holdout_width or args.holdout_depth) else None
     try:
-        result = compare(args.specs, args.train, out, seeds=args.seeds, lr_sweep=sweep, lr_grid=grid, overrides=overrides,
-                         spec_overrides=spec_overrides, widths=widths, depths=depths, ladder=args.ladder,
-                         tokens_per_param=ratios, tokens=tokens, holdout=holdout, throughput_steps=args.throughput_steps,
-                         spike_margin=args.spike_margin, jobs=args.jobs, command=command_line(args, out))
+        request = CompareRequest(args.specs, args.train, out, seeds=args.seeds, lr_sweep=sweep, lr_grid=grid,
+                                 overrides=overrides, spec_overrides=spec_overrides, widths=widths, depths=depths,
+                                 ladder=args.ladder, tokens_per_param=ratios, tokens=tokens, holdout=holdout,
+                                 throughput_steps=args.throughput_steps, spike_margin=args.spike_margin, jobs=args.jobs,
+                                 command=command_line(args, out))
+        result = compare(request)
     except CompareError as exc:
         raise UserError(str(exc)) from None
     print()

@@ -1,0 +1,272 @@
+"""Training a comparison's runs: one after another in this process, or several at once in worker processes
+(:func:`train_runs`); each run read back from its folder (:func:`read_run`); throughput timed round-robin
+(:func:`measure_throughput`); and :func:`compare`, which does all of it and writes the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import os
+import statistics
+import time
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Optional, Sequence, Union
+
+from .plan import CompareRequest, ComparePlan, _Variant, make_plan
+from .results import Comparison, RunSummary, _finite
+
+#: one training run of a plan: (variant, learning rate or ``None`` for the config's, seed index)
+RunKey = tuple[_Variant, Optional[float], int]
+
+
+def _instability_of(records: list[dict], margin: float) -> Any:
+    from modkit.experiments.stats import instability
+
+    train = [r for r in records if r["kind"] == "train"]
+    return instability([r["loss"] for r in train], [r.get("grad_norm", math.nan) for r in train], margin=margin)
+
+
+def read_run(run_dir: Path, spec: str, lr: float, seed: int, result: Any, *, spike_margin: float = 0.1) -> RunSummary:
+    """Summarize a finished run from its ``metrics.jsonl`` (and the :class:`~modkit.train.RunResult`)."""
+    from modkit.train.plot import read_metrics
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    evals = [r for r in records if r["kind"] == "eval"]
+    finals = [r for r in records if r["kind"] == "final"]
+    train = [r for r in records if r["kind"] == "train"]
+    losses = [r["loss"] for r in train]
+    losses += [r[k] for r in evals for k in ("train_loss", "val_loss")] + [r["val_loss"] for r in finals]
+    val = finals[-1]["val_loss"] if finals else evals[-1]["val_loss"]
+    nonfinite = not all(math.isfinite(v) for v in losses)
+    reading = _instability_of(records, spike_margin)
+    return RunSummary(
+        spec=spec,
+        lr=lr,
+        seed=seed,
+        run_dir=run_dir,
+        train_loss=evals[-1]["train_loss"],
+        val_loss=val,
+        initial_val_loss=evals[0]["val_loss"],
+        tokens_per_s=float(result.tokens_per_s),
+        elapsed_s=float(result.elapsed_s),
+        diverged=nonfinite or evals[-1]["val_loss"] > evals[0]["val_loss"],
+        curve=[(r["step"], r["val_loss"]) for r in evals],
+        train_curve=[(r["step"], r["loss"]) for r in train],
+        grad_curve=[(r["step"], r["grad_norm"]) for r in train if "grad_norm" in r],
+        above_min=reading.above_min,
+        spikes=reading.spikes,
+        max_grad_norm=reading.max_grad_norm,
+        above_threshold=reading.threshold,
+        load=tuple(getattr(result, "load", (math.nan, math.nan))),
+        cores=int(getattr(result, "cores", 0)),
+        tokens=int(evals[-1]["tokens"]) if evals else 0,
+        val_bpb=finals[-1].get("val_bits_per_byte") if finals else None,
+        imbalance_curve=[(r["step"], r["load_imbalance"]) for r in evals if r.get("load_imbalance") is not None],
+    )
+
+
+def _load_average() -> float:
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return math.nan
+
+
+def _train_run(config: Any, run_dir: Path, overrides: dict[str, Any]) -> SimpleNamespace:
+    """One training run of a comparison (in this process, or in a worker process with ``jobs > 1``)."""
+    from modkit.train import train
+
+    before = _load_average()
+    result = train(config, run_dir, overrides=overrides, echo=lambda line: None)
+    return SimpleNamespace(tokens_per_s=result.tokens_per_s, elapsed_s=result.elapsed_s, load=(before, _load_average()),
+                           cores=os.cpu_count() or 0)
+
+
+def _execute(plan: ComparePlan, pool: Optional[Executor], runs: list[RunKey]) -> list[RunSummary]:
+    """Train ``runs`` (in ``pool``'s worker processes, or here when ``pool`` is ``None``); their summaries in the
+    order of ``runs``. A run that fails stops the queue (runs already training finish) and its error is raised."""
+    request = plan.request
+    calls = []
+    for v, lr, i in runs:
+        changes = plan.run_changes(v, lr, i)
+        run_dir = plan.out / "runs" / f"{v.label}-lr{changes['lr']:g}-seed{changes['seed']}"
+        request.echo(f"{v.label}: lr {changes['lr']:g}, seed {changes['seed']} -> {run_dir}")
+        calls.append((request.config, run_dir, changes))
+    summaries: list[Any] = [None] * len(calls)  # filled as the runs finish, in any order
+
+    def finish(k: int, result: SimpleNamespace) -> None:
+        (v, _, _), (_, run_dir, changes) = runs[k], calls[k]
+        summaries[k] = read_run(run_dir, v.label, changes["lr"], changes["seed"], result,
+                                spike_margin=request.spike_margin)
+        request.echo(f"done {run_dir.name}: validation loss {summaries[k].val_loss:.4f}, {result.elapsed_s:.0f} s")
+
+    if pool is None:
+        for k, call in enumerate(calls):
+            finish(k, _train_run(*call))
+        return summaries
+    futures = {pool.submit(_train_run, *call): k for k, call in enumerate(calls)}
+    try:
+        for future in as_completed(futures):
+            finish(futures[future], future.result())
+    except BaseException:
+        for future in futures:
+            future.cancel()  # a failed run stops the queue (runs already training finish)
+        raise
+    return summaries
+
+
+def train_runs(plan: ComparePlan) -> tuple[dict[str, dict[float, list[RunSummary]]], list[RunSummary]]:
+    """Train every run of ``plan``: ``({variant label: {lr: runs}}, every run in the order trained)``.
+
+    A grid trains every seed of every variant at every rate; a sweep the first seed at every rate, then the other
+    seeds at the rate whose first seed scored the lowest validation loss (the sweep's run is reused); otherwise every
+    seed at the config's rate. With ``request.jobs > 1`` the runs train in that many ``spawn`` worker processes.
+    """
+    request, variants = plan.request, plan.variants
+    by_variant: dict[str, dict[float, list[RunSummary]]] = {v.label: {} for v in variants}
+    jobs = request.jobs
+    workers = (ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1
+               else contextlib.nullcontext())
+    with workers as pool:
+        if request.mode == "grid":
+            runs = [(v, lr, i) for v in variants for lr in request.lrs for i in range(request.seeds)]
+        elif request.mode == "sweep":
+            runs = [(v, lr, 0) for v in variants for lr in request.lrs]
+        else:
+            runs = [(v, None, i) for v in variants for i in range(request.seeds)]
+        done = _execute(plan, pool, runs)
+        for r in done:
+            by_variant[r.spec].setdefault(r.lr, []).append(r)
+        if request.mode == "sweep":
+            best = {label: min(per_lr, key=lambda lr: _finite(per_lr[lr][0].val_loss))
+                    for label, per_lr in by_variant.items()}
+            rest = _execute(plan, pool, [(v, best[v.label], i) for v in variants for i in range(1, request.seeds)])
+            for r in rest:
+                by_variant[r.spec][r.lr].append(r)
+            done = done + rest
+    return by_variant, done
+
+
+def measure_throughput(variants: Sequence[_Variant], config: Any, data_folder: str, steps: int, *, rounds: int = 3,
+                       echo: Callable[[str], None] = print) -> dict[str, float]:
+    """Training tokens/s of every variant measured round-robin in this process (each round times ``steps`` optimizer
+    steps of every variant in turn after one warm-up step), median over ``rounds``: every variant sees the same load.
+
+    Uses the training loop's own step (:meth:`modkit.train.loop.Trainer.train_step`) in a scratch run folder.
+    """
+    import shutil
+    import tempfile
+
+    from modkit.train import load_train_config
+    from modkit.train.loop import Trainer
+
+    trainers = {}
+    scratch = Path(tempfile.mkdtemp(prefix="modkit-throughput-"))
+    try:
+        for k, v in enumerate(variants):
+            changes = {**v.changes, "model": str(v.path), "data": data_folder, "sample_tokens": 0}
+            cfg, base = load_train_config(config, changes)
+            t = Trainer(cfg, scratch / f"run{k}", base_dir=base, progress=False, echo=lambda line: None)
+            t.setup()
+            t.train_step()  # warm-up
+            trainers[v.label] = t
+        times: dict[str, list[float]] = {label: [] for label in trainers}
+        for _ in range(rounds):
+            for label, t in trainers.items():
+                start = time.perf_counter()
+                for _ in range(steps):
+                    t.train_step()
+                times[label].append(t.config.tokens_per_step * steps / (time.perf_counter() - start))
+        out = {label: float(statistics.median(v)) for label, v in times.items()}
+        echo("throughput (interleaved): " + ", ".join(f"{k} {v:,.0f} tokens/s" for k, v in out.items()))
+        return out
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _request_of(specs: Any, config: Any, out_dir: Any, options: dict[str, Any]) -> CompareRequest:
+    """``specs`` itself when it is a :class:`CompareRequest` (then nothing else may be given), else a request built
+    from the arguments.
+
+    Raises:
+        TypeError: a request together with other arguments, or no ``out_dir``; an unknown option.
+    """
+    if isinstance(specs, CompareRequest):
+        if config is not None or out_dir is not None or options:
+            raise TypeError("compare(request) takes no other arguments; set them in the CompareRequest")
+        return specs
+    if out_dir is None:
+        raise TypeError("compare() needs out_dir, the report folder")
+    return CompareRequest(specs, config, out_dir, **options)
+
+
+def compare(
+    specs: Union[CompareRequest, Sequence[Union[str, Path, tuple]]],
+    config: Union[str, Path, dict, None] = None,
+    out_dir: Union[str, Path, None] = None,
+    **options: Any,
+) -> Comparison:
+    """Train every spec under one training config and write a report folder (see :mod:`modkit.experiments.compare`).
+
+    Called as ``compare(request)`` with a :class:`~modkit.experiments.compare.plan.CompareRequest`, or as
+    ``compare(specs, config, out_dir, seeds=3, lr_grid=[...], ...)``, whose arguments are the request's fields (their
+    meaning is documented there): ``seeds``, ``lr_sweep``, ``lr_grid``, ``overrides``, ``spec_overrides``,
+    ``widths``, ``depths``, ``ladder``, ``tokens_per_param``, ``tokens``, ``holdout``, ``throughput_steps``,
+    ``spike_margin``, ``n_buckets``, ``jobs``, ``command``, ``echo``.
+
+    The runs are independent: with ``jobs > 1`` up to ``jobs`` of them train at once, each in its own process
+    (``spawn``), and each gives the same losses as it would alone (every run is seeded; on CPU each uses the config's
+    ``threads``, so ``jobs x threads`` should not exceed the cores).
+
+    Args:
+        specs: a request, or spec JSON files (labelled by file name), ``"LABEL=FILE"`` strings or ``(label, file)``
+            pairs.
+        config: the training config (file, dict or ``None`` for the defaults); its ``model`` is replaced by each spec.
+        out_dir: the report folder (``report.md``, ``curves.png``, ``train-curves.png``, ``grad-norm.png``,
+            ``positions.png``, ``ladder.png``, ``results.json``, ``specs/``, ``runs/``, and ``data/`` when the config
+            names text files rather than a prepared folder).
+        **options: the other fields of the request.
+
+    Returns:
+        :class:`~modkit.experiments.compare.results.Comparison`.
+
+    Raises:
+        CompareError: no specs, ``seeds < 1``, ``jobs < 1``, an empty or invalid sweep or grid, both a sweep and a
+            grid, a missing spec file, a per-spec override of an unknown label or a reserved field, a ladder without
+            sizes, a report folder that already holds a comparison or runs.
+        SpecError / TrainError / DataError: an invalid config or spec, a spec (or a size of it) that does not fit the
+            config or data (every run is checked before the first trains), missing data; or from
+            :func:`modkit.train.train`.
+        TypeError: a request with other arguments, no ``out_dir``, or an option that is not a request field.
+    """
+    from .report import _recipe, verdicts_of, write_files
+    from .rows import score_positions, table_rows
+
+    started = time.perf_counter()
+    request = _request_of(specs, config, out_dir, options)
+    plan = make_plan(request, started)
+    by_variant, done = train_runs(plan)
+    rows, grid = table_rows(plan, by_variant)
+    eval_len = 2 * plan.base.seq_len
+    score_positions(plan, rows, eval_len)
+    result = Comparison(rows=rows, out_dir=plan.out, report=plan.out / "report.md", seq_len=plan.base.seq_len,
+                        eval_len=eval_len, n_buckets=request.n_buckets, command=request.command, n_runs=len(done),
+                        jobs=request.jobs, grid=grid, mode=request.mode)
+    order = [v.label for v in plan.variants]
+    result.all_runs = sorted(done, key=lambda r: (order.index(r.spec), r.lr, r.seed))
+    result.verdicts = verdicts_of(rows, grid)
+    result.long_verdicts = verdicts_of(rows, metric="long_val_loss")
+    if request.ladder:
+        from modkit.experiments.ladder import fit_ladder
+
+        result.ladder = fit_ladder(rows)
+    if request.throughput_steps > 0:
+        result.throughput = measure_throughput(plan.variants, request.config, plan.data_folder,
+                                               request.throughput_steps, echo=request.echo)
+    result.recipe = _recipe(plan.base, plan.data_folder, request)
+    write_files(result, plan.base, plan.data_folder, started=started)
+    return result
