@@ -291,7 +291,7 @@ def stream_generate(
         settings: ``max_new_tokens`` (required), the other fields of :class:`GenerationRequest` by name
             (``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_token_id``, ``prefill_chunk``, ``compile``,
             ``column_major``, ``sampling``, ``decode``, ``pad_token_id``, ``check_memory``, ``max_len``), and any
-            other sampling keyword (``min_p=0.05``, ``stop_strings=[...]``).
+            other sampling keyword (``min_p``, ``stop_strings``, ...).
 
     Every argument is checked when the function is called, before anything is computed or yielded.
 
