@@ -11,152 +11,30 @@ documented order: penalties, temperature, top-k, top-p, min-p) or as a spec-like
 "temperature", "value": 0.7}, ...]``, applied in list order). Temperature 0 is greedy (argmax). On a CPU with MKL,
 ``generate`` stores the model's ``nn.Linear`` weights column-major first (:func:`column_major_linears`, same
 values): the layout batch-1 decoding streams fastest.
+
+The settings of a call (length, sampling, stopping, how the loop runs) are one :class:`GenerationRequest`, given
+as keywords (``generate(model, ids, max_new_tokens=8, temperature=0)``) or as the object itself; the argument
+checks live in :mod:`modkit.inference.checks`.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import numbers
-import warnings
 import weakref
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
-from modkit.core.arguments import MAX_SEED, check_int, is_int, is_real, param_name, shown
+from modkit.core.arguments import check_int
+from modkit.inference.checks import (  # noqa: F401 - check_sampling, check_generation: public here too (the CLI's)
+    _as_batch, _check_eos, _check_length, _check_mask, _check_range, _length_limit, check_generation, check_sampling,
+)
 from modkit.nn.build import kv_cache_bytes
 from modkit.nn.cache import KVCache
-from modkit.core.errors import ArgumentError, MaxSeqLenWarning
-from modkit.core.limits import MAX_SEQ_LEN
 from modkit.nn.model import Model
 from modkit.inference.sampling import GenerationState, Sampler, SamplingSetup, sampler_from_arguments, sampler_from_list
-
-
-# ------------------------------------------------------------------------------------------------ argument checks
-
-_name, _is_int, _is_real, _check_int = param_name, is_int, is_real, check_int
-
-
-def check_sampling(
-    temperature: Any = 1.0, top_k: Any = None, top_p: Any = None, *, names: Optional[Mapping[str, str]] = None
-) -> None:
-    """Check the three classic sampling keywords, each as a Python argument (before the pipeline is built):
-    ``temperature`` a finite number >= 0 or ``None`` (not given), ``top_k`` an integer >= 1 or ``None``, ``top_p``
-    a number in (0, 1] or ``None``. The pipeline (:func:`build_sampler`) then validates every processor's values
-    against its config.
-
-    Args:
-        names: how to call each parameter in messages (the CLI passes ``{"temperature": "--temperature", ...}``).
-
-    Raises:
-        ArgumentError: (a ``ValueError``) naming the parameter and the value.
-    """
-    name = _name(names, "temperature")
-    if temperature is not None and not _is_real(temperature) or temperature is not None and (not math.isfinite(temperature) or temperature < 0):
-        raise ArgumentError(name, f"{name} must be a finite number >= 0 (0 is greedy), got {shown(temperature)}")
-    if top_k is not None:
-        _check_int(top_k, "top_k", names, minimum=1)
-    if top_p is not None:
-        name = _name(names, "top_p")
-        if not _is_real(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
-            raise ArgumentError(name, f"{name} must be in (0, 1], got {shown(top_p)}")
-
-
-def check_generation(
-    max_new_tokens: Any, *, seed: Any = None, prefill_chunk: Any = None, max_len: Any = None,
-    names: Optional[Mapping[str, str]] = None,
-) -> None:
-    """Check ``max_new_tokens`` (an integer >= 0), ``seed`` (``None`` or an integer in [0, 2**64 - 1]),
-    ``prefill_chunk`` (``None`` or an integer >= 1) and ``max_len`` (``None`` or an integer in [1, 2**27],
-    :data:`~modkit.core.limits.MAX_SEQ_LEN`), each on its own (:func:`stream_generate` checks them against the model).
-
-    Raises:
-        ArgumentError: naming the parameter, the value and the bound.
-    """
-    check_int(max_new_tokens, "max_new_tokens", names, minimum=0)
-    if seed is not None:
-        check_int(seed, "seed", names, minimum=0, maximum=MAX_SEED)
-    if prefill_chunk is not None:
-        check_int(prefill_chunk, "prefill_chunk", names, minimum=1)
-    if max_len is not None:
-        check_int(max_len, "max_len", names, minimum=1, maximum=MAX_SEQ_LEN)
-
-
-def _token_tensor(value: Any, name: str, vocab_size: Optional[int] = None) -> Tensor:
-    """``value`` (a tensor or nested sequences) as an int64 tensor, refusing floats, bools and ints outside
-    ``[0, vocab_size)`` (outside int64 when ``vocab_size`` is ``None``) before torch converts them (torch would
-    truncate ``1.7``, read ``True`` as 1 and fail on ``2**64`` with ``Overflow when unpacking long long``)."""
-    if isinstance(value, Tensor):
-        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-            raise ArgumentError(name, f"{name} must hold integer token ids, got a {str(value.dtype).replace('torch.', '')} tensor")
-        return value.long()
-    if value is None or isinstance(value, (str, bytes, numbers.Number)):
-        raise ArgumentError(name, f"{name} must be a [batch, seq] sequence of integer token ids, got {type(value).__name__}")
-    stack, leaves = [value], 0
-    while stack:  # refuse floats and bools before torch truncates 1.7 to 1 or reads True as 1
-        node = stack.pop()
-        if isinstance(node, Tensor):
-            continue
-        if isinstance(node, (list, tuple)):
-            stack.extend(node)
-            continue
-        leaves += 1
-        if not _is_int(node):
-            raise ArgumentError(name, f"{name} must hold integer token ids, got {type(node).__name__} {shown(node)}")
-        if vocab_size is not None and not 0 <= node < vocab_size:
-            raise ArgumentError(name, f"{name} must lie in [0, {vocab_size}) (the vocabulary); got the token id {node}")
-        if not -(2**63) <= node < 2**63:
-            raise ArgumentError(name, f"{name} holds {node}, outside the int64 range [-2**63, 2**63) of token ids; "
-                                "token ids lie in [0, vocab_size)")
-    try:
-        return torch.as_tensor(value, dtype=torch.long)
-    except (ValueError, TypeError, RuntimeError) as exc:
-        raise ArgumentError(name, f"{name} must be a rectangular [batch, seq] sequence of integer token ids ({exc})") from None
-
-
-def _check_range(ids: Tensor, vocab_size: int, name: str) -> None:
-    if ids.numel() and (bool((ids < 0).any()) or bool((ids >= vocab_size).any())):
-        lo, hi = int(ids.min()), int(ids.max())
-        raise ArgumentError(name, f"{name} must lie in [0, {vocab_size}) (the vocabulary); got min {lo}, max {hi}")
-
-
-def _check_mask(mask: Any, ids: Tensor) -> Tensor:
-    name = "attention_mask"
-    if not isinstance(mask, Tensor):
-        mask = _token_tensor(mask, name)
-    if mask.is_floating_point() or mask.is_complex():
-        raise ArgumentError(name, f"{name} must be bool or integer (1 for a real token, 0 for padding), got {mask.dtype}")
-    if tuple(mask.shape) != tuple(ids.shape):
-        raise ArgumentError(name, f"{name} must have the prompt's shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
-    if mask.dtype != torch.bool:
-        if bool(((mask != 0) & (mask != 1)).any()):
-            raise ArgumentError(name, f"{name} must hold only 0 (padding) and 1 (a real token)")
-        mask = mask != 0
-    mask = mask.to(ids.device)
-    empty = ~mask.any(dim=1)
-    if bool(empty.any()):
-        raise ArgumentError(name, f"{name} row {int(empty.nonzero()[0])} is all padding; every row needs at least one real token")
-    # left padding only: once a row has a real token, every later position is real (cumulative max stays 1)
-    right = mask.int().cummax(dim=1).values.bool() & ~mask
-    if bool(right.any()):
-        row = int(right.any(dim=1).nonzero()[0])
-        raise ArgumentError(name, f"{name} row {row} has padding after a real token; generate needs the padding on the left "
-                            "(left-pad ragged prompts: the new tokens follow the last column)")
-    return mask
-
-
-def _check_eos(eos_token_id: Any, vocab_size: int) -> list[int]:
-    name = "eos_token_id"
-    if eos_token_id is None:
-        return []
-    values = [eos_token_id] if not isinstance(eos_token_id, (list, tuple, Tensor)) else list(eos_token_id)
-    out = []
-    for v in values:
-        v = _check_int(v, name, None, minimum=0, maximum=vocab_size - 1, what="an integer token id (or a list of them)")
-        out.append(v)
-    return out
 
 
 def build_sampler(
@@ -225,15 +103,6 @@ def sample(
     return sampler.choose(logits, _no_history(logits), generator)
 
 
-def _as_batch(input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]], vocab_size: Optional[int] = None) -> Tensor:
-    ids = _token_tensor(input_ids, "input_ids", vocab_size)
-    if ids.dim() == 1:
-        ids = ids[None]
-    if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ArgumentError("input_ids", f"input_ids must be a non-empty [batch, seq] sequence, got shape {tuple(ids.shape)}")
-    return ids
-
-
 def decode_logits(model: Model, token: Tensor, cache: KVCache) -> Tensor:
     """One decode step: feed ``token [batch, 1]`` through ``model`` with ``cache``; next-token logits ``[batch, vocab]``.
 
@@ -295,46 +164,22 @@ def column_major_linears(model: torch.nn.Module, enable: bool = True) -> int:
     return changed
 
 
-def stream_generate(
-    model: Model,
-    input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]],
-    *,
-    max_new_tokens: int,
-    temperature: Optional[float] = None,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    seed: Optional[int] = None,
-    eos_token_id: Optional[Union[int, Sequence[int]]] = None,
-    attention_mask: Optional[Tensor] = None,
-    prefill_chunk: Optional[int] = None,
-    compile: bool = False,
-    column_major: Optional[bool] = None,
-    sampling: Optional[Sequence[Any]] = None,
-    decode: Optional[Callable[[list[int]], str]] = None,
-    pad_token_id: Optional[int] = None,
-    check_memory: bool = True,
-    max_len: Optional[int] = None,
-    **sampling_arguments: Any,
-) -> Iterator[Tensor]:
-    """Yield the next token ``[batch]`` at each step (finished rows yield the padding token).
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What one :func:`generate` / :func:`stream_generate` call asks for: how many tokens, how to choose each one
+    (the sampling settings), when a row stops, and how the loop runs.
 
-    A fresh static cache of ``prompt_len + max_new_tokens`` slots is allocated for every call (state never
-    leaks between calls, C12); the prompt is prefilled (at once, or in chunks of ``prefill_chunk`` tokens), then
-    each step feeds one token.
+    A plain holder: :func:`stream_generate` checks every field against the model when it is called (the errors
+    are listed there). The keyword form ``generate(model, ids, max_new_tokens=8, temperature=0)`` builds one with
+    :meth:`from_keywords`; ``generate(model, ids, GenerationRequest(8, temperature=0))`` is the same call.
 
-    On a CPU with MKL the model's ``nn.Linear`` weights are first stored column-major (:func:`column_major_linears`:
-    values, names, parameter objects and saved checkpoints unchanged; the layout stays after the call): decode
-    steps are matrix-vector products bound by weight bandwidth, which MKL streams faster from that layout
-    (``benchmarks/results.md``). Later calls find the weights converted and copy nothing.
-
-    Args:
-        model: a built :class:`~modkit.nn.model.Model` (put it in ``eval()`` mode for dropout-free sampling).
-        input_ids: prompt ``[batch, seq]`` (or one sequence); left-pad ragged batches and pass ``attention_mask``.
+    Attributes:
         max_new_tokens: number of steps (>= 0).
-        temperature, top_k, top_p: keyword sampling (``None``: not given; temperature 1 by default, 0 is greedy).
-        seed: seeds a private generator, so seeded runs are reproducible.
+        temperature: keyword sampling: ``None`` is not given (temperature 1), 0 is greedy (argmax).
+        top_k: keyword sampling: keep the ``top_k`` most likely tokens; ``None``: not given.
+        top_p: keyword sampling: keep the most likely tokens whose probabilities sum to ``top_p``; ``None``: not given.
+        seed: seeds a private generator, so seeded runs are reproducible; ``None``: a fresh seed.
         eos_token_id: stop a row once it emits one of these; iteration ends when every row has stopped.
-        attention_mask: ``[batch, seq]``, 1 for real tokens (padding on the left only).
         prefill_chunk: feed the prompt in chunks of this many tokens (bounds prefill memory); ``None``: at once.
         compile: run decode steps through :func:`compiled_decode` (``torch.compile``, fullgraph, static shapes);
             the first call for a model pays the compilation.
@@ -345,17 +190,108 @@ def stream_generate(
         decode: token ids -> text (``tokenizer.decode``), needed by ``stop_strings``.
         pad_token_id: what finished rows emit; default the first ``eos_token_id``, else the first stop condition's
             suggestion (``stop_tokens``: its first id), else 0.
-        sampling_arguments: more keyword sampling: every registered processor or stop condition with an
-            ``argument`` capability (built-ins: ``min_p``, ``repetition_penalty``, ``presence_penalty``,
-            ``frequency_penalty``, ``stop_token_ids``, ``stop_strings``).
-        check_memory: refuse (:class:`~modkit.core.errors.MemoryLimitError`) a KV cache that would not fit in the memory
-            free on the model's device; ``False`` skips the estimate.
+        check_memory: refuse (:class:`~modkit.core.errors.MemoryLimitError`) a KV cache that would not fit in the
+            memory free on the model's device; ``False`` skips the estimate.
         max_len: the most positions a row may reach (prompt + new tokens, padding included); default the spec's
             ``max_seq_len``. Below it, a tighter limit. Above it, only when every position scheme of the model
             declares the ``unbounded_positions`` capability (a scheme computed from the position, with no table of
             ``max_seq_len`` rows: RoPE, ALiBi, sinusoidal, none; as transformers generates past
             ``max_position_embeddings``); a :class:`~modkit.core.errors.MaxSeqLenWarning` then says the model was
             specified for less. A scheme with a table (learned positions) is refused past ``max_seq_len``.
+        sampling_arguments: more keyword sampling, ``{keyword: value}``: every registered processor or stop
+            condition with an ``argument`` capability (built-ins: ``min_p``, ``repetition_penalty``,
+            ``presence_penalty``, ``frequency_penalty``, ``stop_token_ids``, ``stop_strings``).
+    """
+
+    max_new_tokens: int
+    _: KW_ONLY
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    eos_token_id: Optional[Union[int, Sequence[int]]] = None
+    prefill_chunk: Optional[int] = None
+    compile: bool = False
+    column_major: Optional[bool] = None
+    sampling: Optional[Sequence[Any]] = None
+    decode: Optional[Callable[[list[int]], str]] = None
+    pad_token_id: Optional[int] = None
+    check_memory: bool = True
+    max_len: Optional[int] = None
+    sampling_arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_keywords(cls, keywords: Mapping[str, Any], caller: str = "generate") -> "GenerationRequest":
+        """The request of a keyword call: each field by its name; any other keyword is a sampling argument
+        (:attr:`sampling_arguments`, checked when the sampler is built).
+
+        Raises:
+            TypeError: no ``max_new_tokens`` (as a missing keyword argument of ``caller``).
+        """
+        if "max_new_tokens" not in keywords:
+            raise TypeError(f"{caller}() missing 1 required keyword-only argument: 'max_new_tokens'")
+        named = _REQUEST_FIELDS & keywords.keys()
+        rest = {k: v for k, v in keywords.items() if k not in named}
+        return cls(**{k: keywords[k] for k in named}, sampling_arguments=rest)
+
+
+#: the fields a keyword call sets by name (any other keyword is a sampling argument)
+_REQUEST_FIELDS = frozenset(f.name for f in fields(GenerationRequest)) - {"_", "sampling_arguments"}
+
+
+def _request(request: Any, settings: Mapping[str, Any], caller: str) -> GenerationRequest:
+    """``request``, or the one the keyword ``settings`` give; refuses both, and a ``request`` of another type."""
+    if request is None:
+        return GenerationRequest.from_keywords(settings, caller)
+    if not isinstance(request, GenerationRequest):
+        raise TypeError(f"{caller}() takes a GenerationRequest as its third argument, got {type(request).__name__}; "
+                        "give the settings as keyword arguments (max_new_tokens=..., temperature=...)")
+    if settings:
+        raise TypeError(f"{caller}() takes a GenerationRequest or keyword settings, not both; got both a request "
+                        f"and {', '.join(sorted(settings))}")
+    return request
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A request checked against its model: what the generation loop (:func:`_stream`) runs on."""
+
+    ids: Tensor  # [batch, prompt_len] int64 on the model's device
+    mask: Optional[Tensor]  # [batch, prompt_len] bool (True = real token), left padding only; None: no mask
+    eos: list[int]  # the end-of-sequence token ids (may be empty)
+    pad_token_id: Optional[int]  # checked, as given
+    sampler: Sampler
+    request: GenerationRequest
+
+
+def stream_generate(
+    model: Model,
+    input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]],
+    request: Optional[GenerationRequest] = None,
+    *,
+    attention_mask: Optional[Tensor] = None,
+    **settings: Any,
+) -> Iterator[Tensor]:
+    """Yield the next token ``[batch]`` at each step (finished rows yield the padding token).
+
+    A fresh static cache of ``prompt_len + max_new_tokens`` slots is allocated for every call (state never
+    leaks between calls); the prompt is prefilled (at once, or in chunks of ``prefill_chunk`` tokens), then
+    each step feeds one token.
+
+    On a CPU with MKL the model's ``nn.Linear`` weights are first stored column-major (:func:`column_major_linears`:
+    values, names, parameter objects and saved checkpoints unchanged; the layout stays after the call): decode
+    steps are matrix-vector products bound by weight bandwidth, which MKL streams faster from that layout
+    (``benchmarks/results.md``). Later calls find the weights converted and copy nothing.
+
+    Args:
+        model: a built :class:`~modkit.nn.model.Model` (put it in ``eval()`` mode for dropout-free sampling).
+        input_ids: prompt ``[batch, seq]`` (or one sequence); left-pad ragged batches and pass ``attention_mask``.
+        request: a :class:`GenerationRequest`; or, instead, its fields as keyword ``settings``.
+        attention_mask: ``[batch, seq]``, 1 for real tokens (padding on the left only).
+        settings: ``max_new_tokens`` (required), the other fields of :class:`GenerationRequest` by name
+            (``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_token_id``, ``prefill_chunk``, ``compile``,
+            ``column_major``, ``sampling``, ``decode``, ``pad_token_id``, ``check_memory``, ``max_len``), and any
+            other sampling keyword (``min_p``, ``stop_strings``, ...).
 
     Every argument is checked when the function is called, before anything is computed or yielded.
 
@@ -363,130 +299,107 @@ def stream_generate(
         ArgumentError: (a ``ValueError``, naming the parameter) an empty, ragged, float, bool or out-of-vocabulary
             prompt; ``max_new_tokens`` not an integer >= 0; a prompt plus ``max_new_tokens`` longer than
             ``max_len`` (default the model's ``max_seq_len``); ``max_len`` not an integer in [1, 2**27]
-            (:data:`~modkit.core.limits.MAX_SEQ_LEN`), or above ``max_seq_len`` for a model whose position scheme does not
-            declare ``unbounded_positions``; ``seed`` outside [0, 2**64 - 1]; an ``eos_token_id`` or ``pad_token_id``
-            outside the vocabulary; an ``attention_mask`` of another shape, with values other than 0/1, a row of
-            padding only, or padding after a real token (right padding); ``prefill_chunk < 1``; ``temperature``,
-            ``top_k`` or ``top_p`` of the wrong type or range (:func:`check_sampling`).
+            (:data:`~modkit.core.limits.MAX_SEQ_LEN`), or above ``max_seq_len`` for a model whose position scheme
+            does not declare ``unbounded_positions``; ``seed`` outside [0, 2**64 - 1]; an ``eos_token_id`` or
+            ``pad_token_id`` outside the vocabulary; an ``attention_mask`` of another shape, with values other than
+            0/1, a row of padding only, or padding after a real token (right padding); ``prefill_chunk < 1``;
+            ``temperature``, ``top_k`` or ``top_p`` of the wrong type or range
+            (:func:`~modkit.inference.checks.check_sampling`).
         SamplingError: (a ``ValueError``) a bad value of another sampling keyword or list item, naming it.
         ValueError: both ``sampling`` and sampling keywords.
-        TypeError: a sampling keyword no registered component declares.
+        TypeError: a sampling keyword no registered component declares; no ``max_new_tokens``; both a ``request``
+            and keyword settings.
         MemoryLimitError: the KV cache would not fit (see ``check_memory``).
     """
+    checked = _checked(model, input_ids, attention_mask, _request(request, settings, "stream_generate"))
+    return _stream(model, checked)
+
+
+def _checked(model: Model, input_ids: Any, attention_mask: Any, request: GenerationRequest) -> _Checked:
+    """Check every argument of a :func:`stream_generate` call against ``model`` (errors there), in a fixed order:
+    the sampling keywords, the loop's integers, ``max_len``, the prompt, the mask, the token ids, the length, the
+    sampling pipeline, the cache's memory."""
     from modkit.nn.memory import check_fits
 
-    check_sampling(temperature, top_k, top_p)
-    check_generation(max_new_tokens, seed=seed, prefill_chunk=prefill_chunk)
+    r = request
+    check_sampling(r.temperature, r.top_k, r.top_p)
+    check_generation(r.max_new_tokens, seed=r.seed, prefill_chunk=r.prefill_chunk)
     spec = model.spec
-    limit = _length_limit(model, max_len)
+    limit = _length_limit(model, r.max_len)
     ids = _as_batch(input_ids, spec.vocab_size)
     _check_range(ids, spec.vocab_size, "input_ids")
     device = model.embed.weight.device
     ids = ids.to(device)
     mask = _check_mask(attention_mask, ids) if attention_mask is not None else None
-    eos_list = _check_eos(eos_token_id, spec.vocab_size)
+    eos_list = _check_eos(r.eos_token_id, spec.vocab_size)
+    pad_token_id = r.pad_token_id
     if pad_token_id is not None:
-        pad_token_id = _check_int(pad_token_id, "pad_token_id", None, minimum=0, maximum=spec.vocab_size - 1,
+        pad_token_id = check_int(pad_token_id, "pad_token_id", None, minimum=0, maximum=spec.vocab_size - 1,
                                   what="an integer token id")
     batch, prompt_len = ids.shape
-    if prompt_len + max_new_tokens > limit:
-        bound = f"max_len = {limit}" if max_len is not None else f"the model's max_seq_len = {spec.max_seq_len}"
-        hint = ""
-        if max_len is None and not _table_positions(model):
-            hint = (f"; or pass max_len={prompt_len + max_new_tokens} (the model's position schemes compute any position, "
-                    "so generation may run past max_seq_len on request)")
-        raise ArgumentError(
-            "max_new_tokens",
-            f"a prompt of {prompt_len} tokens plus max_new_tokens = {max_new_tokens} reaches position "
-            f"{prompt_len + max_new_tokens - 1}, past {bound}; generate at most "
-            f"{max(limit - prompt_len, 0)} new tokens or shorten the prompt{hint}",
-        )
-    if prompt_len + max_new_tokens > spec.max_seq_len:
-        warnings.warn(MaxSeqLenWarning(
-            f"generating up to position {prompt_len + max_new_tokens - 1} (max_len = {limit}), past the max_seq_len = "
-            f"{spec.max_seq_len} the model was specified for; its position schemes compute any position, but it was "
-            "trained (if at all) on at most max_seq_len tokens, so quality past that is not known"
-        ), stacklevel=2)
+    _check_length(model, prompt_len, r.max_new_tokens, limit, r.max_len)
     sampler = build_sampler(  # validates every sampling argument before any work
-        spec.vocab_size, sampling=sampling, decode=decode, temperature=temperature, top_k=top_k, top_p=top_p,
-        **sampling_arguments,
+        spec.vocab_size, sampling=r.sampling, decode=r.decode, temperature=r.temperature, top_k=r.top_k,
+        top_p=r.top_p, **r.sampling_arguments,
     )
-    if check_memory and max_new_tokens > 0:
-        cache_bytes = kv_cache_bytes(model, prompt_len + max_new_tokens, batch, None)  # as allocated (windows too)
-        check_fits(cache_bytes, device, f"a KV cache for {batch} x {prompt_len + max_new_tokens} tokens",
+    if r.check_memory and r.max_new_tokens > 0:
+        total = prompt_len + r.max_new_tokens
+        cache_bytes = kv_cache_bytes(model, total, batch, None)  # as allocated (windows too)
+        check_fits(cache_bytes, device, f"a KV cache for {batch} x {total} tokens",
                    hint="generate fewer tokens or use a smaller batch")
-    return _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, seed, prefill_chunk, compile,
-                   column_major, decode)
+    return _Checked(ids, mask, eos_list, pad_token_id, sampler, r)
 
 
-def _table_positions(model: Model) -> list[str]:
-    """``type (provider)`` of each position scheme of ``model``'s layers that does not declare the
-    ``unbounded_positions`` capability (a table of ``max_seq_len`` rows, or a scheme the registry does not know)."""
-    from modkit.core.registry import get_registry
-
-    reg = get_registry()
-    spec = model.spec
-    found: dict[str, None] = {}
-    for cfg in [spec.position] + [spec.layer(i).position for i in range(spec.n_layers)]:
-        try:
-            entry = reg.entry_for_config(cfg, "position")
-        except Exception:  # noqa: BLE001 - not in this registry: nothing is declared
-            found[f"{getattr(cfg, 'type', type(cfg).__name__)!r} (not registered here)"] = None
-            continue
-        if not entry.capabilities.get("unbounded_positions"):
-            found[f"{entry.type!r} ({entry.provider})"] = None
-    return list(found)
+def _generator(seed: Optional[int], device: torch.device) -> torch.Generator:
+    """A private generator on ``device``: seeded with ``seed``, or freshly (``torch.seed()`` would reseed the
+    global generator)."""
+    gen = torch.Generator(device=device)
+    if seed is not None:
+        gen.manual_seed(seed)
+    else:
+        gen.seed()
+    return gen
 
 
-def _length_limit(model: Model, max_len: Any) -> int:
-    """The most positions a row may reach: ``max_len`` checked (see :func:`stream_generate`), or ``max_seq_len``."""
-    spec = model.spec
-    if max_len is None:
-        return spec.max_seq_len
-    max_len = check_int(max_len, "max_len", None, minimum=1, maximum=MAX_SEQ_LEN)
-    if max_len > spec.max_seq_len:
-        tables = _table_positions(model)
-        if tables:
-            raise ArgumentError(
-                "max_len",
-                f"max_len = {max_len} is past the model's max_seq_len = {spec.max_seq_len}, and position type "
-                f"{', '.join(tables)} does not declare 'unbounded_positions' (a table of max_seq_len rows has no row "
-                "for a later position); generate at most max_seq_len positions, or raise max_seq_len in the spec and train",
-            )
-    return max_len
+def _prefill(model: Model, ids: Tensor, mask: Optional[Tensor], cache: KVCache, chunk: Optional[int]) -> Tensor:
+    """Feed the prompt ``ids [batch, prompt_len]`` into ``cache`` (in pieces of ``chunk`` tokens; ``None``: at
+    once); the logits of its last position ``[batch, vocab]``."""
+    prompt_len = ids.shape[1]
+    chunk = chunk or prompt_len
+    for start in range(0, prompt_len, chunk):
+        part = slice(start, start + chunk)
+        logits = model(ids[:, part], attention_mask=None if mask is None else mask[:, part], cache=cache,
+                       logits_to_keep=1).logits[:, -1]
+    return logits
 
 
 @torch.no_grad()
-def _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, seed, prefill_chunk, compile,
-            column_major, decode):
-    """The generation loop of :func:`stream_generate`, on checked arguments."""
+def _stream(model: Model, checked: _Checked) -> Iterator[Tensor]:
+    """The generation loop of :func:`stream_generate`, on checked arguments: prefill, then one token per step."""
+    r, ids, mask, eos_list, sampler = checked.request, checked.ids, checked.mask, checked.eos, checked.sampler
+    max_new_tokens = r.max_new_tokens
     if max_new_tokens == 0:
         return
-    gen = torch.Generator(device=ids.device)
-    if seed is not None:
-        gen.manual_seed(seed)
-    else:  # a fresh non-deterministic seed for this generator only (torch.seed() would reseed the global generator)
-        gen.seed()
+    gen = _generator(r.seed, ids.device)
     eos = torch.tensor(eos_list, dtype=torch.long, device=ids.device)
-    pad = pad_token_id if pad_token_id is not None else eos_list[0] if eos_list else sampler.pad_token_id() or 0
+    pad = checked.pad_token_id
+    pad = pad if pad is not None else eos_list[0] if eos_list else sampler.pad_token_id() or 0
     if mask is not None and bool(mask.all()):
         mask = None  # no padding: keep the plain causal prefill kernel
+    column_major = r.column_major
     if column_major is None:
         column_major = ids.device.type == "cpu" and torch.backends.mkl.is_available()
     if column_major:
         column_major_linears(model)
     batch, prompt_len = ids.shape
     cache = model.new_cache(batch, prompt_len + max_new_tokens)
-    chunk = prefill_chunk or prompt_len
-    for start in range(0, prompt_len, chunk):
-        part = slice(start, start + chunk)
-        logits = model(ids[:, part], attention_mask=None if mask is None else mask[:, part], cache=cache,
-                       logits_to_keep=1).logits[:, -1]
-    step = compiled_decode(model) if compile else functools.partial(decode_logits, model)
+    logits = _prefill(model, ids, mask, cache, r.prefill_chunk)
+    step = compiled_decode(model) if r.compile else functools.partial(decode_logits, model)
     # the prompt and every generated token, for processors and stop conditions that look at the history
     tokens = torch.cat([ids, ids.new_full((batch, max_new_tokens), pad)], 1)
     real = None if mask is None else torch.cat([mask, mask.new_ones(batch, max_new_tokens)], 1)
-    state = GenerationState(tokens[:, :prompt_len], None if real is None else real[:, :prompt_len], prompt_len, decode)
+    state = GenerationState(tokens[:, :prompt_len], None if real is None else real[:, :prompt_len], prompt_len,
+                            r.decode)
     stopping = bool(eos_list) or bool(sampler.stops)
     done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     for i in range(max_new_tokens):
@@ -506,15 +419,24 @@ def _stream(model, ids, mask, eos_list, pad_token_id, sampler, max_new_tokens, s
         if i == max_new_tokens - 1 or (stopping and bool(done.all())):
             return
         logits = step(token[:, None], cache)
-        if compile:
+        if r.compile:
             cache.seen_tokens += 1  # the compiled step does not touch host-side bookkeeping
 
 
-def generate(model: Model, input_ids, *, max_new_tokens: int, **kwargs) -> Tensor:
-    """Generate and return ``[batch, prompt_len + new]`` tokens (prompt included). Arguments and errors as
+def generate(
+    model: Model,
+    input_ids: Union[Tensor, Sequence[int], Sequence[Sequence[int]]],
+    request: Optional[GenerationRequest] = None,
+    *,
+    attention_mask: Optional[Tensor] = None,
+    **settings: Any,
+) -> Tensor:
+    """Generate and return ``[batch, prompt_len + new]`` int64 tokens (prompt included). Arguments (a
+    :class:`GenerationRequest`, or its fields as keywords: ``max_new_tokens`` required) and errors as
     :func:`stream_generate`."""
+    request = _request(request, settings, "generate")
     ids = _as_batch(input_ids, model.spec.vocab_size)
-    new = list(stream_generate(model, ids, max_new_tokens=max_new_tokens, **kwargs))
+    new = list(stream_generate(model, ids, request, attention_mask=attention_mask))
     if not new:
         return ids
     return torch.cat([ids.to(new[0].device), torch.stack(new, 1)], 1)

@@ -12,10 +12,10 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from modkit.nn.cache import CacheSpec, KVCache
-from modkit.nn.documents import document_positions
 from modkit.core.errors import CheckpointError
 from modkit.core.interfaces import AttentionInputs, Init, add_aux, dropout
+from modkit.nn.cache import CacheSpec, KVCache
+from modkit.nn.inputs import ForwardInputs
 from modkit.spec import ModelSpec
 
 
@@ -309,40 +309,23 @@ class Model(nn.Module):
                 ``documents`` with a cache, or with an attention that does not declare the ``document_mask``
                 capability (named with its layer).
         """
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
-        if logits_to_keep is not None and logits_to_keep < 1:
-            raise ValueError(f"logits_to_keep must be >= 1 or None, got {logits_to_keep}")
-        bsz, seq = input_ids.shape
-        eager = not torch.compiler.is_compiling()
-        if eager and not input_ids.is_meta and input_ids.numel():
-            lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()  # one host sync, not two
-            if lo < 0 or hi >= self.spec.vocab_size:
-                raise ValueError(f"input_ids must lie in [0, {self.spec.vocab_size}); got min {lo}, max {hi}")
-        token_mask = None
-        if attention_mask is not None:
-            if eager:  # (under torch.compile the host-side token count is not read: no recompile per token)
-                past = cache.seen_tokens if cache is not None else 0
-                if attention_mask.dim() != 2 or attention_mask.shape[0] != bsz or attention_mask.shape[1] not in (seq, past + seq):
-                    raise ValueError(
-                        f"attention_mask must be [batch, seq] = {(bsz, seq)} or [batch, past + seq] = {(bsz, past + seq)}, "
-                        f"got {tuple(attention_mask.shape)}"
-                    )
-            token_mask = attention_mask.to(torch.bool)
-            if token_mask.shape[1] != seq:  # a mask over the cached tokens too: those were recorded when written
-                token_mask = token_mask[:, -seq:]
-        if documents is not None:
-            self._check_documents(documents, input_ids, cache, eager)
-            if positions is None:
-                positions = document_positions(documents, token_mask)
-        if cache is not None:
-            positions, token_mask = cache.prepare(bsz, seq, token_mask, positions)
-        elif positions is None:
-            if token_mask is None:
-                positions = torch.arange(seq, device=input_ids.device).expand(bsz, seq)
-            else:
-                positions = (token_mask.long().cumsum(-1) - 1).clamp(min=0)
+        inputs = ForwardInputs.prepare(self, input_ids, attention_mask=attention_mask, positions=positions,
+                                       cache=cache, documents=documents, logits_to_keep=logits_to_keep)
+        x = self._embed_tokens(input_ids, inputs.positions)
+        x, aux = self._run_blocks(x, inputs.attention_inputs(), cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        h = x if logits_to_keep is None or logits_to_keep >= x.shape[1] else x[:, -logits_to_keep:]
+        return ModelOutput(logits=self.head_logits(h), aux_loss=aux, hidden=x, cache=cache)
 
+    def _embed_tokens(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        """The blocks' input ``[batch, seq, d_model]`` of ``input_ids [batch, seq]`` at ``positions [batch, seq]``.
+
+        The embedding row of each token, times the spec's ``embedding_scale`` (``sqrt(d_model)``: Gemma; a number:
+        that factor), then the model-level position scheme's ``embed`` (learned or sinusoidal tables add a row per
+        position; RoPE and ALiBi return ``x`` unchanged), then the ``embedding_norm`` when the spec has one, then
+        the embedding dropout (training mode only).
+        """
         x = self.embed(input_ids)
         scale = self.spec.embedding_scale
         if scale is not None:
@@ -351,19 +334,23 @@ class Model(nn.Module):
         x = self.positions[0].embed(x, positions)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
-        x = self.embed_dropout(x)
-        inputs = AttentionInputs(positions=positions, token_mask=token_mask)
-        if documents is not None:  # the document mask is built once, by the first layer, and shared (prepare_mask)
-            inputs = AttentionInputs(positions=positions, token_mask=token_mask, documents=documents, scratch={})
+        return self.embed_dropout(x)
+
+    def _run_blocks(
+        self, x: Tensor, inputs: AttentionInputs, cache: Optional[KVCache] = None
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """Run every block in order on ``x [batch, seq, d_model]``; ``(x [batch, seq, d_model], aux_loss)``.
+
+        Block ``i`` gets ``inputs`` bound to its position scheme (``positions[layer_position[i]]``) and its layer of
+        ``cache`` (:meth:`~modkit.core.interfaces.AttentionInputs.for_layer`); ``aux_loss`` is the sum of the scalar
+        auxiliary losses the blocks return (MoE), ``None`` when none does.
+        """
         aux = None
         for i, block in enumerate(self.layers):
-            layer_inputs = inputs.for_layer(self.positions[self.layer_position[i]], cache.layers[i] if cache is not None else None)
-            x, layer_aux = block(x, layer_inputs)
+            layer_cache = cache.layers[i] if cache is not None else None
+            x, layer_aux = block(x, inputs.for_layer(self.positions[self.layer_position[i]], layer_cache))
             aux = add_aux(aux, layer_aux)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        h = x if logits_to_keep is None or logits_to_keep >= seq else x[:, -logits_to_keep:]
-        return ModelOutput(logits=self.head_logits(h), aux_loss=aux, hidden=x, cache=cache)
+        return x, aux
 
     def head_logits(self, h: Tensor) -> Tensor:
         """Logits ``[..., vocab_size]`` of final hidden states ``h [..., d_model]`` (after the final norm).
@@ -384,29 +371,6 @@ class Model(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
-
-    def _check_documents(self, documents: Tensor, input_ids: Tensor, cache: Optional[KVCache], eager: bool) -> None:
-        """Refuse document ids the model cannot honour: with a cache, of another shape, or an attention without
-        the ``document_mask`` capability (checked once per model, against the registry)."""
-        if cache is not None:
-            raise ValueError("documents (document-masked packing) cannot be combined with a KV cache; drop one of them")
-        if not eager:  # under torch.compile: checked by the eager calls (and by the trainer at setup), not traced
-            return
-        if tuple(documents.shape) != tuple(input_ids.shape):
-            raise ValueError(f"documents must be [batch, seq] = {tuple(input_ids.shape)} like input_ids, got {tuple(documents.shape)}")
-        problems = getattr(self, "_document_problems", None)
-        if problems is None:  # once per model: the capability each attention was built with
-            problems = []
-            for i, block in enumerate(self.layers):
-                for m in block.modules():
-                    if getattr(m, "modkit_kind", None) == "attention" and not getattr(m, "modkit_capabilities", {}).get("document_mask"):
-                        problems.append(f"layer {i}: attention type {m.modkit_type!r} does not declare the document_mask capability")
-            self._document_problems = problems
-        if problems:
-            raise ValueError(
-                "document-masked packing: " + "; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
-                + "; such an attention would attend across the documents of a row: use one that supports it, or no documents"
-            )
 
     @torch.no_grad()
     def resize_vocab(self, vocab_size: int, *, init: str = "mean", seed: int = 0) -> "Model":
