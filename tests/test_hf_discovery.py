@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import modkit
-import modkit_plugins.hf as hf
+from modkit_plugins import hf
 
 HF_DIR = Path(hf.__file__).resolve().parent
 

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def type_modules() -> tuple[str, ...]:
     """The names of this package's model-type modules, sorted: every module without a leading underscore that
     defines ``TYPE`` (each one is imported to find out).
