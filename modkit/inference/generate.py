@@ -319,7 +319,7 @@ def stream_generate(
     """Yield the next token ``[batch]`` at each step (finished rows yield the padding token).
 
     A fresh static cache of ``prompt_len + max_new_tokens`` slots is allocated for every call (state never
-    leaks between calls, C12); the prompt is prefilled (at once, or in chunks of ``prefill_chunk`` tokens), then
+    leaks between calls); the prompt is prefilled (at once, or in chunks of ``prefill_chunk`` tokens), then
     each step feeds one token.
 
     On a CPU with MKL the model's ``nn.Linear`` weights are first stored column-major (:func:`column_major_linears`:
