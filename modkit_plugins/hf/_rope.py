@@ -14,8 +14,7 @@ from modkit.plugin import CheckpointError, join_path, json_value
 from ._reader import HFConfig, _kind, _short
 
 
-# size: ten keyword parameters, each a config key or a default one model type overrides (Gemma 3, GPT-NeoX, Phi,
-# Phi-3, gpt-oss, GLM); the callers name only the ones they change
+# size: 11 parameters: each a config key or default that some model type overrides; callers name only theirs
 def rope(
     r: HFConfig,
     *,
