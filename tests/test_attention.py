@@ -1,4 +1,5 @@
-"""Attention: fully masked rows (C05), mask alignment, GQA/MHA equivalence, backends, sliding window, cache."""
+"""Attention: fully masked rows (zeros, not NaN), mask alignment, GQA/MHA equivalence, backends, sliding window,
+cache."""
 
 import math
 

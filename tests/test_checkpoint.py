@@ -1,5 +1,6 @@
-"""Checkpoint safety and fidelity: safetensors only, every mismatch named, atomic saves, tying (C10), RoPE layout
-conversion (C01), sharding, kept source tensors, dtypes, and the ``modkit convert`` subcommands for weights.
+"""Checkpoint safety and fidelity: safetensors only, every mismatch named, atomic saves, tying (a stored head must
+equal the tied embedding), RoPE layout conversion, sharding, kept source tensors, dtypes, and the ``modkit convert``
+subcommands for weights.
 
 Hugging Face folders are made with transformers (a test-only dependency) or written by hand with safetensors.
 """
@@ -188,7 +189,7 @@ def test_modkit_checkpoint_mismatch_is_named(tmp_path):
     assert "layers.0.attention.k_proj.weight: the checkpoint stores shape [8, 32], the model needs [16, 32]" in msg
 
 
-# ------------------------------------------------------------------------------------------------ tying (C10)
+# ------------------------------------------------------------------------------------------------ tying
 
 
 def test_tied_head_equal_to_embedding_loads_as_one_parameter(tmp_path):
@@ -210,7 +211,7 @@ def test_tied_head_that_differs_is_an_error(tmp_path):
         modkit.from_hf(folder)
 
 
-# ------------------------------------------------------------------------------------------------ RoPE layout (C01)
+# ------------------------------------------------------------------------------------------------ RoPE layout
 
 
 ROPE_CASES = [
@@ -249,7 +250,7 @@ def test_interleaved_spec_loads_half_split_checkpoint(name, cls, kwargs, tmp_pat
 def test_c01_permutation_matches_the_case_numbers():
     from modkit_plugins.hf._weights import rope_index
 
-    assert rope_index(8, 8, to_interleaved=False).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]  # P of C01
+    assert rope_index(8, 8, to_interleaved=False).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]  # half-split -> interleaved
     assert rope_index(8, 8, to_interleaved=True).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]  # its inverse
     assert rope_index(8, 4, to_interleaved=True).tolist() == [0, 2, 1, 3, 4, 5, 6, 7]  # partial: the rest stays
 

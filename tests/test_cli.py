@@ -478,7 +478,7 @@ sys.exit(status)
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["no-such-command"], ["build", "--device"]])
 def test_help_version_and_usage_errors_do_not_import_torch(argv):
-    """The parser assembles without torch or the plugins: every command module and extension module imports them
+    """The parser assembles without torch or the plugins: every command module imports them
     only in its handler (``generate``'s registry-backed flags wait until ``generate`` is parsed)."""
     env = {k: v for k, v in os.environ.items() if k != "MODKIT_DEBUG"}
     proc = subprocess.run([sys.executable, "-c", _STARTUP, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_TIMEOUT)

@@ -1,7 +1,7 @@
 """Usage errors of every ``modkit`` command: no flag matched by a prefix, and an unknown flag answered by the
 subcommand it was given to, with its usage and the flags it probably meant.
 
-The parser tree is walked, so a command or flag added later (an extension module's, ``modkit train``'s generated
+The parser tree is walked, so a command or flag added later (a command module's, ``modkit train``'s generated
 training-config flags) is covered without a list kept here. Nothing here runs a handler: every case fails while
 parsing, before torch or the plugins are loaded.
 """
@@ -151,10 +151,10 @@ def test_benchmark_and_page_scripts_match_no_flag_by_prefix():
 
 
 def _extension(tmp_path, monkeypatch, name: str, body: str) -> None:
-    """Put a command module ``name`` (source ``body``) on the path and make it the CLI's last extension module."""
+    """Put a command module ``name`` (source ``body``) on the path and make it the CLI's last command module."""
     (tmp_path / f"{name}.py").write_text(body)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "EXTENSION_MODULES", cli.EXTENSION_MODULES + (name,))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", cli.COMMAND_MODULES + (name,))
     monkeypatch.delenv("MODKIT_DEBUG", raising=False)
 
 
@@ -176,3 +176,56 @@ def test_a_command_module_missing_an_optional_extra_is_skipped_naming_the_extra(
     captured = capsys.readouterr()
     assert "usage: modkit coordcheck" in captured.out
     assert "optional extra 'eval' (pip install 'modkit-lm[eval]')" in captured.err
+
+
+def _commands_by_module() -> list[tuple[str, list[str]]]:
+    """``(module name, [the subcommands it adds])`` for every module of ``COMMAND_MODULES``, in order, each module's
+    ``add_subcommands`` called on a fresh parser the way :func:`modkit.cli.build_parser` calls it."""
+    import importlib
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    found = []
+    for name in cli.COMMAND_MODULES:
+        before = set(sub.choices)
+        importlib.import_module(name).add_subcommands(sub)
+        found.append((name, [c for c in sub.choices if c not in before]))
+    return found
+
+
+def test_the_command_map_of_the_cli_docstring_is_the_parser():
+    """The map in ``modkit.cli``'s docstring (which module holds which command) lists every subcommand of
+    ``build_parser()``, in the order of ``modkit --help``, under the module that really adds it."""
+    import re
+
+    documented = []
+    for line in cli.__doc__.splitlines():
+        row = re.match(r"^    ([a-z][a-z0-9, -]*?)\s{2,}(modkit\.[a-z0-9_.]+)\s", line)
+        if row:
+            documented.append((row.group(2), [w.strip() for w in row.group(1).split(",")]))
+    assert documented == _commands_by_module()
+    parser = build_parser(lazy=True)
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(action.choices) == [c for _, commands in documented for c in commands]
+
+
+def test_every_module_that_defines_commands_is_a_command_module():
+    """One way to register a command: a module of modkit that defines ``add_subcommands`` is in
+    ``COMMAND_MODULES`` (so it is imported, and reported when broken, like every other), and each adds one."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cli.__file__).resolve().parents[1]
+    defining = set()
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.FunctionDef) and n.name == "add_subcommands" for n in tree.body):
+            parts = path.relative_to(root.parent).with_suffix("").parts
+            defining.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    assert defining == set(cli.COMMAND_MODULES)
+    assert len(set(cli.COMMAND_MODULES)) == len(cli.COMMAND_MODULES)
+    assert all(commands for _, commands in _commands_by_module())
+
+
+def test_extension_modules_is_a_deprecated_name_of_command_modules():
+    with pytest.warns(DeprecationWarning, match="COMMAND_MODULES"):
+        assert cli.EXTENSION_MODULES == cli.COMMAND_MODULES

@@ -1,5 +1,5 @@
-"""Sampling (C11), generation with a fresh static cache per call (C12), the compiled decode step (one graph, no
-recompile per token) and greedy parity with transformers' ``generate``."""
+"""Sampling, generation with a fresh static cache per call (no state leaks between calls), the compiled decode
+step (one graph, no recompile per token) and greedy parity with transformers' ``generate``."""
 
 
 import pytest

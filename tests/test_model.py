@@ -1,4 +1,5 @@
-"""Assembly: meta-first build, deterministic init, tying (C10), forward contract, input errors."""
+"""Assembly: meta-first build, deterministic init, tying (one tensor for embedding and head), forward
+contract, input errors."""
 
 import math
 

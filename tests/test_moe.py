@@ -1,4 +1,4 @@
-"""Tests of the ``moe`` FFN and the ``topk`` router (cases C08, C09 of shared/cases/components.md)."""
+"""Tests of the ``moe`` FFN and the ``topk`` router (the router's weights, and the z-loss computed in float32)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def reference_moe(m: MoE, x: torch.Tensor, renormalize: bool, capacity: int | No
     return out.view(x.shape)
 
 
-# ------------------------------------------------------------------------------------------------ C08 router
+# ------------------------------------------------------------------------------------------------ router weights
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_router_needs_sizes_from_moe():
         make_ctx(8).build(TopKRouterConfig(renormalize=True))
 
 
-# ------------------------------------------------------------------------------------------------ C09 z-loss
+# ------------------------------------------------------------------------------------------------ z-loss
 
 
 def test_c09_z_loss_helper():

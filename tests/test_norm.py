@@ -1,4 +1,4 @@
-"""Norm components: float32 statistics (case C07), formulas, init."""
+"""Norm components: float32 statistics (even for half-precision inputs), formulas, init."""
 
 import torch
 

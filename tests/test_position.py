@@ -1,4 +1,4 @@
-"""Position schemes: cases C01-C04 of shared/cases/components.md, meta builds, partial rotary, cached decode."""
+"""Position schemes: RoPE layouts and frequencies, sinusoidal, ALiBi, meta builds, partial rotary, cached decode."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_param_count_declared_equals_built(reg, position, expected):
     assert modkit.breakdown(s)["position"] == expected
 
 
-# ------------------------------------------------------------------------------------------------ C01 RoPE layout
+# ------------------------------------------------------------------------------------------------ RoPE layout
 
 
 def _e1_at_1(rope: Rope) -> torch.Tensor:
@@ -148,7 +148,7 @@ def test_c01_checkpoint_conversion_reproduces_logits(reg):
     assert not torch.allclose(half(ids).logits, modkit.build(spec({"type": "rope", "layout": "half_split"}), seed=3, registry=reg)(ids).logits, atol=1e-4)
 
 
-# ------------------------------------------------------------------------------------------------ C02 RoPE frequencies
+# ------------------------------------------------------------------------------------------------ RoPE frequencies
 
 
 def _llama3(factor: float) -> Llama3Scaling:
@@ -203,7 +203,7 @@ def test_partial_rotary_leaves_the_rest_untouched(reg):
     assert not torch.allclose(rq[..., :4], q[..., :4], atol=1e-3)
 
 
-# ------------------------------------------------------------------------------------------------ C03 sinusoidal
+# ------------------------------------------------------------------------------------------------ sinusoidal
 
 
 def test_c03_sinusoidal_odd_d_model():
@@ -300,7 +300,7 @@ def test_learned_in_bfloat16(reg):
         assert out.dtype == torch.bfloat16 and out.isfinite().all()
 
 
-# ------------------------------------------------------------------------------------------------ C04 ALiBi
+# ------------------------------------------------------------------------------------------------ ALiBi
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Registry and plugin loading: isolation (C14), strict mode, duplicates, clashes."""
+"""Registry and plugin loading: isolation (a failed registration leaves nothing behind), strict mode,
+duplicates, clashes."""
 
 import types
 import warnings

@@ -1,4 +1,5 @@
-"""Spec validation: errors name the field and value (C06, C13), round trips, schema export."""
+"""Spec validation: errors name the field and value (head counts, one error per bad field,
+closest type names), round trips, schema export."""
 
 import json
 

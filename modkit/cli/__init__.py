@@ -1,45 +1,41 @@
 """The ``modkit`` command line.
 
-Which file holds which command::
+Every command lives in a module of :data:`COMMAND_MODULES` (one ordered tuple of module names, the order of
+``modkit --help``) that exposes ``add_subcommands(subparsers)``; :func:`build_parser` imports each one the same way
+and lets it add its subcommands. A subpackage of modkit with a command of its own (``modkit.train``,
+``modkit.data``, ``modkit.evaluation``, ``modkit.docs``, ``modkit.testing``) defines it in its ``cli`` module,
+beside the code it drives; every other command is a module of this package. Adding a command means writing such a
+module and naming it in :data:`COMMAND_MODULES`, nothing else. Which module holds which command (checked against
+:func:`build_parser` by ``tests/test_cli_usage.py``; ``modkit --help`` has the one-line help of each, ``modkit
+COMMAND --help`` its flags, and the generated CLI reference of the docs all of them)::
 
-    modkit list [KIND] [--pattern GLOB]      list_show.py  registered components (kind, type, plugin, description)
-    modkit show KIND TYPE [--schema]         list_show.py  one component: fields, types, defaults, capabilities, provider
-    modkit plugins [--json]                  plugins.py    installed plugins, what each registers, skipped ones and why
-    modkit validate SPEC...                  validate.py   one line per problem ``SPEC: path: message``; ``ok SPEC`` otherwise
-    modkit schema [--train] [-o FILE]        validate.py   JSON Schema of specs (with the installed components) or training configs
-    modkit convert hf CONFIG [-o SPEC]       convert.py    Hugging Face config.json -> modkit spec
-    modkit convert hf DIR -o OUT [--dtype]   convert.py    a Hugging Face folder with safetensors weights -> modkit checkpoint
-    modkit convert modkit DIR --to hf -o OUT convert.py    a modkit checkpoint -> Hugging Face folder (config.json + safetensors)
-    modkit build SPEC [--device] [--dtype] [--seed] [--json]
-                                             build.py      components, parameter table, weight / KV-cache bytes and, on a
-                                                           real device, one forward pass (shape, initial loss, tokens/s)
-    modkit generate MODEL --prompt TEXT [--tokenizer JSON] [--max-new-tokens N] [--temperature T] [--top-k K]
-                    [--top-p P] [--min-p P] [--repetition-penalty R] [--stop-strings S...] [--sampling JSON] [--seed S]
-                                             generate.py   stream a continuation (text, or token ids without a tokenizer),
-                                                           then prefill ms and decode tokens/s on stderr
-
-    modkit cost SPEC ...                     cost.py       FLOPs by part, cache bytes, memory, roofline latency
-    modkit trace MODEL ...                   trace.py      a token's journey through the model, per-layer readings
-    modkit compare SPEC... --train CONFIG    compare.py    several specs under one recipe, one report (ladders too)
-    modkit coordcheck SPEC --widths W,...    coordcheck.py activation sizes after a few steps across widths, SP vs muP
-    modkit eval CHECKPOINT [--data ...]      evaluation/   loss, perplexity, bits per byte; --tasks: lm-eval tasks
-
-Where a command lives: a subpackage of modkit with a command of its own (``modkit.train``, ``modkit.data``,
-``modkit.evaluation``, ``modkit.docs``, ``modkit.testing``) defines it in its ``cli`` module, beside the code it drives; every other command
-is a module of this package (``cost``, ``trace``, ``compare``, ``new``, and the ones above).
+    list, show        modkit.cli.list_show      registered components; one component's fields and capabilities
+    plugins           modkit.cli.plugins        installed plugins, what each registers, skipped ones and why
+    validate, schema  modkit.cli.validate       spec problems, one per line; JSON Schema of specs or training configs
+    convert           modkit.cli.convert        Hugging Face config / checkpoint <-> modkit spec / checkpoint
+    build             modkit.cli.build          components, parameter table, bytes, one forward pass
+    generate          modkit.cli.generate       stream a continuation, then prefill ms and decode tokens/s
+    check             modkit.testing.cli        the contract checks on registered components
+    new               modkit.cli.new            a new plugin package (templates: :mod:`modkit.cli.scaffold`)
+    docs              modkit.docs.cli           build or serve the documentation site
+    train             modkit.train.cli          train a model on text
+    data              modkit.data.cli           prepare token data for training
+    eval              modkit.evaluation.cli     loss, perplexity, bits per byte; lm-eval tasks
+    cost              modkit.cli.cost           FLOPs by part, cache bytes, memory, roofline latency
+    trace             modkit.cli.trace          a text's journey through the model, per-layer readings
+    compare           modkit.cli.compare        several specs under one recipe, one report (ladders too)
+    coordcheck        modkit.cli.coordcheck     activation sizes after a few steps across widths, SP vs muP
 
 Shared pieces: ``output.py`` (stdout / stderr lines, tables, counts, byte sizes), ``errors.py`` (:class:`UserError`
-and :func:`_report`, the one-line error messages), ``common.py`` (the registry, a spec path, a device). Other
-modules add subcommands through ``add_subcommands(subparsers)`` (:data:`EXTENSION_MODULES`: ``check``, ``new``,
-``docs``, ``train``, ``data``, ``eval``, and this package's ``new``, ``cost``, ``trace``, ``compare``, ``coordcheck``), exactly as the command modules above do.
+and :func:`_report`, the one-line error messages), ``common.py`` (the registry, a spec path, a device).
 
 Every handler is ``func(args) -> int``. User errors print one clear message to stderr and exit 1 (argparse usage
 errors exit 2); ``MODKIT_DEBUG=1`` re-raises instead, for a traceback.
 
-Start-up stays light: no command or extension module imports torch (or loads the plugins) before its handler
-runs, so ``modkit --help``, ``modkit --version`` and a usage error take a fraction of a second. A parser whose
-arguments need the registry (``generate``'s sampling flags) defers them with :meth:`_Parser.defer` until that
-subcommand is parsed; :func:`build_parser` adds them all at once, for the generated CLI reference.
+Start-up stays light: no command module imports torch (or loads the plugins) before its handler runs, so
+``modkit --help``, ``modkit --version`` and a usage error take a fraction of a second. A parser whose arguments
+need the registry (``generate``'s sampling flags) defers them with :meth:`_Parser.defer` until that subcommand is
+parsed; :func:`build_parser` adds them all at once, for the generated CLI reference.
 """
 
 from __future__ import annotations
@@ -52,21 +48,24 @@ import sys
 import warnings
 from typing import Callable, Optional, Sequence
 
-from . import build, convert, generate, list_show, plugins, validate
-# re-exported: extension modules (cli.cost, docs, train.cli, ...) import these helpers from modkit.cli
+# re-exported: command modules (cli.cost, docs, train.cli, ...) import these helpers from modkit.cli
 from .common import _check_device, _registry, _spec_path, _sync  # noqa: F401
 from .errors import PROG, UserError, _report
-from .output import _bytes, _count, _debug, _err, _fit, _one_line, _out, _short_count, _spec_error_lines, _table  # noqa: F401
+from .output import (_bytes, _count, _debug, _err, _fit, _one_line, _out, _short_count,  # noqa: F401
+                     _spec_error_lines, _table)
 
-#: Command modules of this package, in the order of ``modkit --help``; each has ``add_subcommands(subparsers)``.
-COMMAND_MODULES = (list_show, plugins, validate, convert, build, generate)
-
-#: Modules that may contribute subcommands with ``add_subcommands(subparsers)``; a missing one is skipped. They
-#: import torch (and load plugins) only inside their handlers, so assembling the parser stays light.
-EXTENSION_MODULES = (
+#: The modules that define the commands, in the order of ``modkit --help``; each has ``add_subcommands(subparsers)``
+#: and imports torch (and loads plugins) only inside its handlers, so assembling the parser stays light.
+COMMAND_MODULES = (
+    "modkit.cli.list_show",
+    "modkit.cli.plugins",
+    "modkit.cli.validate",
+    "modkit.cli.convert",
+    "modkit.cli.build",
+    "modkit.cli.generate",
     "modkit.testing.cli",
     "modkit.cli.new",
-    "modkit.docs",
+    "modkit.docs.cli",
     "modkit.train.cli",
     "modkit.data.cli",
     "modkit.evaluation.cli",
@@ -76,7 +75,23 @@ EXTENSION_MODULES = (
     "modkit.cli.coordcheck",
 )
 
-__all__ = ["EXTENSION_MODULES", "PROG", "UserError", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "EXTENSION_MODULES", "PROG", "UserError", "build_parser", "main"]
+
+
+def __getattr__(name: str):
+    """``EXTENSION_MODULES``: the old name of :data:`COMMAND_MODULES` (a :class:`DeprecationWarning`); a command
+    module of this package by its short name (``modkit.cli.list_show``), imported on first use.
+
+    Raises:
+        AttributeError: ``name`` is neither.
+    """
+    if name == "EXTENSION_MODULES":
+        warnings.warn("modkit.cli.EXTENSION_MODULES is deprecated: every command module is in "
+                      "modkit.cli.COMMAND_MODULES", DeprecationWarning, stacklevel=2)
+        return COMMAND_MODULES
+    if f"{__name__}.{name}" in COMMAND_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -224,7 +239,7 @@ def _configure_all(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
-    """The ``modkit`` argument parser: the command modules' subcommands, then the extension modules'.
+    """The ``modkit`` argument parser: the subcommands of every module of :data:`COMMAND_MODULES`, in order.
 
     Args:
         lazy: leave the deferred arguments (those that need the registry) until a subcommand is parsed, as
@@ -240,17 +255,15 @@ def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for module in COMMAND_MODULES:
-        module.add_subcommands(sub)
-    _add_extensions(sub)
+    _add_commands(sub)
     _no_abbreviations(parser)
     if not lazy:
         _configure_all(parser)
     return parser
 
 
-def _add_extensions(subparsers) -> None:
-    """Add the subcommands of every module in :data:`EXTENSION_MODULES`.
+def _add_commands(subparsers) -> None:
+    """Import every module of :data:`COMMAND_MODULES` and add its subcommands (``add_subcommands(subparsers)``).
 
     Every one of them imports with the base install, so a failure to import is a broken install or a bug, and it
     is an error of every command (:class:`UserError` naming the module and the cause), never a command that
@@ -261,7 +274,7 @@ def _add_extensions(subparsers) -> None:
     Raises:
         UserError: a built-in command module failed to import for another reason than a missing optional extra.
     """
-    for name in EXTENSION_MODULES:
+    for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - reported with the module's name
@@ -278,9 +291,7 @@ def _add_extensions(subparsers) -> None:
             _err(f"{PROG}: warning: the commands of {name} are unavailable: they need {missing!r} from the "
                  f"optional extra {extra!r} (pip install 'modkit-lm[{extra}]')")
             continue
-        add = getattr(module, "add_subcommands", None)
-        if callable(add):
-            add(subparsers)
+        module.add_subcommands(subparsers)
 
 
 def optional_extra(module: str) -> Optional[str]:

@@ -20,7 +20,7 @@ _AFTER_FIELDS = (("override", "--override"), ("widths", "--widths"), ("depths", 
 
 
 def add_subcommands(subparsers) -> None:
-    """Add ``modkit compare`` to the ``modkit`` subcommands (an extension module of :mod:`modkit.cli`)."""
+    """Add ``modkit compare`` to the ``modkit`` subcommands (a command module of :mod:`modkit.cli`)."""
     p = subparsers.add_parser(
         "compare",
         help="train several specs under one recipe and write a comparison report (ladders, lr grids, verdicts)",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def add_subcommands(subparsers) -> None:
-    """Add ``modkit coordcheck`` to the ``modkit`` subcommands (an extension module of :mod:`modkit.cli`)."""
+    """Add ``modkit coordcheck`` to the ``modkit`` subcommands (a command module of :mod:`modkit.cli`)."""
     p = subparsers.add_parser(
         "coordcheck",
         help="coordinate check: activation sizes after a few steps at several widths, standard vs muP",

@@ -18,7 +18,7 @@ KIND_ORDER = ("attention", "ffn", "router")
 
 
 def add_subcommands(subparsers) -> None:
-    """Add ``modkit cost`` to the ``modkit`` subcommands (an extension module of :mod:`modkit.cli`)."""
+    """Add ``modkit cost`` to the ``modkit`` subcommands (a command module of :mod:`modkit.cli`)."""
     p = subparsers.add_parser(
         "cost",
         help="FLOPs per token by part, KV-cache / weight / training memory, roofline decode latency",

@@ -1,6 +1,6 @@
 """Output helpers of the ``modkit`` command: stdout / stderr lines, aligned tables, counts and byte sizes, and the
-lines of a :class:`~modkit.core.errors.SpecError`. Plain functions with no modkit imports (other command modules and
-extension modules use them: ``from modkit.cli import _table, _count``)."""
+lines of a :class:`~modkit.core.errors.SpecError`. Plain functions with no modkit imports (every command
+module uses them: ``from modkit.cli import _table, _count``)."""
 
 from __future__ import annotations
 

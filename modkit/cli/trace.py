@@ -35,7 +35,7 @@ class TraceInputError(ModkitError, ValueError):
 
 
 def add_subcommands(subparsers) -> None:
-    """Add ``modkit trace`` to the ``modkit`` subcommands (an extension module of :mod:`modkit.cli`)."""
+    """Add ``modkit trace`` to the ``modkit`` subcommands (a command module of :mod:`modkit.cli`)."""
     p = subparsers.add_parser(
         "trace",
         help="show the shapes after every stage and per-layer statistics of one text",

@@ -14,7 +14,7 @@ import time
 
 
 def add_subcommands(subparsers) -> None:
-    """Add ``modkit data prepare`` to the ``modkit`` subcommands (an extension module of :mod:`modkit.cli`)."""
+    """Add ``modkit data prepare`` to the ``modkit`` subcommands (a command module of :mod:`modkit.cli`)."""
     data = subparsers.add_parser(
         "data", help="prepare token data for training", description="Prepare token data for training."
     )

@@ -15,7 +15,7 @@ import sys
 
 
 def add_subcommands(subparsers) -> None:
-    """Add ``modkit eval`` to the ``modkit`` parser (an extension module of :mod:`modkit.cli`)."""
+    """Add ``modkit eval`` to the ``modkit`` parser (a command module of :mod:`modkit.cli`)."""
     p = subparsers.add_parser(
         "eval",
         help="score a checkpoint: loss, perplexity, bits per byte; or lm-eval tasks",

@@ -19,7 +19,7 @@ Safety and no data loss:
   arbitrary code; the message says how to convert them once in a trusted environment;
 * every missing tensor, unexpected tensor and shape mismatch is collected into one ``CheckpointError`` that
   names each tensor (and both shapes); nothing is skipped silently. A checkpoint whose head differs from a tied
-  embedding is refused by :class:`~modkit.nn.model.Model` itself (C10);
+  embedding is refused by :class:`~modkit.nn.model.Model` itself (a tied pair holds one tensor);
 * tensors of a source checkpoint that modkit's model does not compute (BERT's pooler, a buffer such as
   ``position_ids``) are not dropped either: a mapper declares them as *kept*; they travel with the model in
   ``model.checkpoint_extras`` (and in :func:`save` files) and are written back on export;
@@ -628,7 +628,7 @@ def materialize(
     Parameters are assigned from ``state`` (cast to ``dtype``: default, the checkpoint's floating dtype, or the
     widest one when it mixes several); buffers (RoPE tables...) are recomputed by their modules'
     ``init_weights``. The model's own ``load_state_dict`` checks run (strict names; a head that differs from a
-    tied embedding raises :class:`CheckpointError`, C10).
+    tied embedding raises :class:`CheckpointError`).
 
     Non-finite values (NaN, +-inf) are counted tensor by tensor: a :class:`~modkit.core.errors.NonFiniteWeightsWarning`
     with ``nonfinite="warn"``, a :class:`CheckpointError` with ``nonfinite="error"``.

@@ -288,7 +288,7 @@ def from_hf(
         dtype: parameter dtype; default: the checkpoint's (the widest one if it mixes several).
         spec: build this spec instead of the converted one. It must describe the same network, except that its
             RoPE ``layout`` may differ: Hugging Face checkpoints are ``half_split``, and an ``interleaved`` spec gets
-            the rows of Wq/Wk permuted per head (C01), giving the same logits.
+            the rows of Wq/Wk permuted per head (the RoPE layout conversion), giving the same logits.
         registry: defaults to the process-wide registry.
         nonfinite: ``"warn"`` (default) or ``"error"``: what to do about NaN or infinite weights (see
             :func:`modkit.load`).
@@ -303,7 +303,7 @@ def from_hf(
             code; the message says how to convert them), no weights, a model type without a weight mapper, a spec
             that does not describe this checkpoint, and, all listed together by name: missing tensors,
             unexpected tensors and shape mismatches (with both shapes); a stored head that differs from a tied
-            embedding (C10).
+            embedding (a tied head is the embedding itself).
         SpecError: the config cannot be converted (each unsupported field named).
     """
     from modkit.nn.build import build

@@ -11,11 +11,17 @@ One module per model type (``MODEL_TYPE`` and ``TYPE``); shared pieces: ``_reade
 ``_rope`` (RoPE in both config forms), ``_keys`` (config table rows), ``_spec`` (fields → spec and back),
 ``_weights`` (weight table rows, transforms, the checkpoint mapper), ``_type`` (:class:`HFType`). Adding a model
 type means adding a module here (or in any plugin: ``register(MY_TYPE)``); the core is untouched.
+
+The model types are found, not listed: every module of this package whose name has no leading underscore and that
+defines ``TYPE`` is one (:func:`type_modules`; :data:`MODULES` is their names), so a new type module needs no other
+edit.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import pkgutil
 
 from modkit.plugin import hookimpl
 
@@ -25,50 +31,38 @@ from ._spec import FIELDS
 from ._type import HFType
 from ._weights import RENAME, Chain, Concat, FusedQKV, Head, PerHead, StackExperts, Transform, Transpose, W
 
-#: converter modules of this package, one per Hugging Face ``model_type``
-MODULES = (
-    "bert",
-    "cohere",
-    "deepseek_v3",
-    "falcon",
-    "falcon_h1",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "glm4",
-    "gpt2",
-    "gpt_neox",
-    "gpt_oss",
-    "granite",
-    "jamba",
-    "llama",
-    "llama4_text",
-    "mamba2",
-    "mistral",
-    "mixtral",
-    "olmo2",
-    "olmo3",
-    "olmoe",
-    "phi",
-    "phi3",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "qwen3_next",
-    "smollm3",
-    "starcoder2",
-)
-
 __all__ = [
     "FIELDS", "FirstDense", "HFType", "HeadDim", "SparseStep", "UseSlidingWindow", "Ignore", "KVHeads", "Key", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
     "RopeByLayerType", "Same", "SlidingWindow", "sizes", "Chain", "Concat", "FusedQKV", "Head", "PerHead", "RENAME", "StackExperts",
-    "Transform", "Transpose", "W", "MODULES", "register_hf_converters",
+    "Transform", "Transpose", "W", "MODULES", "register_hf_converters", "type_modules",
 ]
+
+
+@functools.cache
+def type_modules() -> tuple[str, ...]:
+    """The names of this package's model-type modules, sorted: every module without a leading underscore that
+    defines ``TYPE`` (each one is imported to find out).
+
+    Raises:
+        ImportError: a module of the package fails to import (the error of the module itself).
+    """
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and not m.ispkg)
+    return tuple(name for name in names if hasattr(importlib.import_module(f"{__name__}.{name}"), "TYPE"))
+
+
+def __getattr__(name: str):
+    """``MODULES``: the model-type module names of :func:`type_modules`, computed on first use.
+
+    Raises:
+        AttributeError: any other missing name.
+    """
+    if name == "MODULES":
+        return type_modules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @hookimpl
 def register_hf_converters(register) -> None:
-    """Register every model type of :data:`MODULES` (``register(TYPE)``)."""
-    for name in MODULES:
+    """Register the ``TYPE`` of every model-type module of this package (:func:`type_modules`)."""
+    for name in type_modules():
         register(importlib.import_module(f"{__name__}.{name}").TYPE)

@@ -18,9 +18,10 @@ Transforms for the layouts transformers 5 saves:
 * :class:`Chain`: transforms applied in turn (e.g. a stacked ``[n_experts, 2 * d_ff, d_model]`` ``gate_up_proj``:
   ``Chain(Transpose(), Concat(dim=-1))``).
 
-RoPE layout (C01): Hugging Face checkpoints rotate half-split pairs (GLM: interleaved ones; a type says so with
-``checkpoint_layout``). A spec asking for the other layout gets the rows of Wq and Wk (biases and QK-norm weights
-too) permuted per head, so the logits are unchanged; export permutes back, bitwise.
+RoPE layout (which features form a rotated pair): Hugging Face checkpoints rotate half-split pairs (GLM:
+interleaved ones; a type says so with ``checkpoint_layout``). A spec asking for the other layout gets the rows of
+Wq and Wk (biases and QK-norm weights too) permuted per head, so the logits are unchanged; export permutes back,
+bitwise.
 
 The reverse config conversion is checked by :class:`HFWeights`: the config an export writes must convert back to
 the very spec it came from (RoPE layout aside, which the weights carry), otherwise the export is refused naming
@@ -310,7 +311,7 @@ class W:
 @dataclass(frozen=True)
 class Head:
     """The LM head: a plain link when untied; when tied, an *optional* one, so a checkpoint storing the head too is
-    accepted if it equals the embedding and refused if it differs (the model checks, C10)."""
+    accepted if it equals the embedding and refused if it differs (the model checks)."""
 
     hf: str = "lm_head.weight"
 
@@ -385,7 +386,7 @@ def table_links(table: Sequence[Any], spec, shapes: Mapping[str, Any], config: M
 
 
 def rope_index(head_dim: int, rotary_dim: int, to_interleaved: bool) -> Tensor:
-    """Per-head feature order converting between RoPE layouts (C01).
+    """Per-head feature order converting between RoPE layouts (half-split and interleaved pairs).
 
     ``P = [0, 2, 4, ..., 1, 3, 5, ...]`` over the rotary dims (identity beyond them) satisfies
     ``half_split(x[P], m) == interleaved(x, m)[P]``. Rows of a half-split checkpoint reordered by ``P⁻¹`` serve an

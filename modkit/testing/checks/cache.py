@@ -145,8 +145,8 @@ def check_kv_cache_decode(bench: Bench) -> str:
     the cached path (``rope_offset``: caught with a margin of ~10^3, where the 8-token, 1e-4 version of this
     check had 6.8); a mask aligned top-left (``is_causal=True`` with fewer queries than keys); a ring buffer that
     forgets or repeats a key; a declared cache entry the mixer never writes (``overdeclared``: bytes reported and
-    allocated for nothing). Source: design brief, "Attention and the KV cache" (bottom-right alignment;
-    torchtune #38 for the head count) and "Where the contracts must grow next" (one source of cache bytes).
+    allocated for nothing). Source: a cached decode must equal the full forward (masks aligned bottom-right;
+    torchtune #38 for the head count), and the cache's declaration is the one source of its bytes.
     """
     if bench.entry.kind in ("attention", "mixer"):
         schemes = neighbour_positions(bench)

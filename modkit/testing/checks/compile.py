@@ -127,7 +127,7 @@ def check_compile(bench: Bench) -> str:
 
     Catches: a ``compile_safe`` claim that does not hold: ``.item()`` / ``.tolist()`` / data-dependent Python
     control flow in the forward (torchtune #2771: MoE routing that breaks graphs), and a compiled result that
-    differs from eager. Source: design brief, "Lessons".
+    differs from eager. Source: known faults of compiled MoE and decode code (graph breaks, silent divergence).
     """
     import torch._dynamo
 

@@ -20,7 +20,8 @@ def check_spec_roundtrip(bench: Bench) -> str:
 
     Catches: a config that serialises to something it cannot read back (a tuple, a non-JSON float, an alias, a
     field excluded from the dump), which breaks saved specs, checkpoints and ``modkit convert``; and a config whose
-    JSON Schema does not generate (editors and the docs use it). Source: design brief, "Spec files".
+    JSON Schema does not generate (editors and the docs use it). Source: a spec file is JSON that reads back into
+    the very configs it was written from.
     """
     reg = bench.registry
     text = ""
@@ -57,8 +58,8 @@ def check_param_count(bench: Bench) -> str:
     ``meta``), for every distinct instance (a norm at ``d_model`` and, nested, at ``head_dim``).
 
     Catches: a count that forgets a parameter or a bias (the kit's ``miscounted`` fixture declares one too many);
-    ``modkit.count_params``, ``modkit build`` and the docs trust the declared number. Source: design brief,
-    "Each registry entry carries ..."; OLMo-core's analytic parameter counts.
+    ``modkit.count_params``, ``modkit build`` and the docs trust the declared number. Source: every registry entry
+    carries its analytic parameter count (as OLMo-core's do).
     """
     _, records = bench.build_meta(device="meta")
     targets = bench.targets(records)

@@ -15,8 +15,8 @@ Shapes: ``(batch, seq)`` = (1, 1), (2, 5), (3, 8) with no cache, and one decoded
 into the cache (whatever state the model's mixers declare): a declaration gets ``Workload.past > 0`` there, so a
 mixer with a decode path of its own (MLA's absorbed attention over the latent) is checked on it. A component without a declaration is
 reported ``skipped`` with the reason, never given a number: ``modkit cost`` refuses a model that uses it
-(:class:`modkit.analysis.cost.CostError`). Source: design brief, "Costs (FLOPs) are declared by components like parameters,
-and the kit checks the declaration against a measurement".
+(:class:`modkit.analysis.cost.CostError`). Source: a component declares its FLOPs as it declares its parameter
+count, and the kit checks the declaration against a measurement.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ def check_meta_init(bench: Bench) -> str:
     Catches: a buffer computed only in ``__init__`` (``to_empty`` leaves garbage; transformers #45902, the
     ``stale_table`` fixture); a tensor kept as a plain attribute instead of a buffer (``plain_attr``): ``to_empty``
     never moves it, so the model built by ``modkit.build`` fails its first forward with "Tensor on device meta"
-    although every parameter and buffer is right. Source: design brief, "Assembly".
+    although every parameter and buffer is right. Source: the model is built on ``meta`` first and every module
+    fills its own tensors in ``init_weights``.
     """
     seed = 7
     meta, records = bench.build_meta(seed=seed)

@@ -21,7 +21,7 @@ def check_param_roles(bench: Bench) -> str:
     fixture), a declaration naming a parameter that does not exist (a typo: the parameter it meant then gets the
     ``nn.Linear`` default or none), an unknown role, a stacked ``[n, in, out]`` weight declared ``hidden`` (Muon would
     orthogonalise it as one matrix). Source: optimizers that pick tensors by name (``"bias" in name``, ``p.ndim``)
-    silently mistreat new components; the design brief's "parameters carry roles".
+    silently mistreat new components; here every parameter carries a declared role instead.
     """
     model, records = bench.build_meta(device="meta")
     modules = unique_modules(bench.targets(records))

@@ -135,7 +135,7 @@ def check_aux_loss_grad(bench: Bench) -> str:
 
     Catches: an aux loss computed from detached router logits (the ``detached_router`` fixture; the main loss still
     trains the router through the expert weights, so ``gradients`` passes); an aux loss that is a constant.
-    Source: design brief, "Lessons" (MoE aux loss whose gradient never reaches the router, Megatron-LM #1617).
+    Source: a known fault of MoE code (an aux loss whose gradient never reaches the router, Megatron-LM #1617).
     """
     model, records = bench.build()
     model.train()
