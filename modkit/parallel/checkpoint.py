@@ -142,7 +142,7 @@ def _read_consolidated(path: Union[str, Path], model: nn.Module) -> tuple[dict[s
 
     Returns:
         ``(state dict, problem)``: ``problem`` names the read error, or the missing and unexpected tensors and
-        the shape mismatches (five of each) against ``model.state_dict()``.
+            the shape mismatches (five of each) against ``model.state_dict()``.
     """
     from safetensors.torch import load_file
 

@@ -249,7 +249,7 @@ class _Composer:
 
         Returns:
             ``"absent"`` (an optional submodule or parameter this configuration does not have), ``"declared"``
-            (left whole or replicated per head: the plan answers for it) or ``"sharded"`` (also declared).
+                (left whole or replicated per head: the plan answers for it) or ``"sharded"`` (also declared).
 
         Raises:
             ParallelError: see :func:`model_plan`.

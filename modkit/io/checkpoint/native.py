@@ -165,7 +165,7 @@ def _open_weights(path: Path) -> tuple[TensorSource, Path, dict[str, Path]]:
 
     Returns:
         ``(source, folder, pending)``: the opened weights, the checkpoint's folder, and ``{file name: path}`` of
-        the files :func:`modkit.io.atomic.recover` says to read in place of the folder's.
+            the files :func:`modkit.io.atomic.recover` says to read in place of the folder's.
 
     Raises:
         CheckpointError: a pickle file, a Hugging Face folder, a folder without ``model.safetensors``, or weights
