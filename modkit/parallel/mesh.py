@@ -1,0 +1,58 @@
+"""Device meshes: the ``("dp", "tp")`` mesh over the world and the per-rank counts of sharded tensors."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .errors import ParallelError
+
+
+def make_mesh(tp: int = 1, dp: Optional[int] = None, *, device_type: Optional[str] = None):
+    """A 2-D ``DeviceMesh`` named ``("dp", "tp")`` over the initialised world (``dp * tp == world_size``).
+
+    Args:
+        tp: tensor-parallel degree (inner dimension: neighbouring ranks, i.e. the GPUs of one node).
+        dp: data-parallel / FSDP degree; default ``world_size // tp``.
+        device_type: ``"cuda"`` when CUDA is available, else ``"cpu"`` (gloo).
+
+    Raises:
+        ParallelError: no process group, or ``dp * tp`` differs from the world size.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        raise ParallelError(
+            "torch.distributed is not initialised; launch with torchrun and call init_process_group first"
+        )
+    world = dist.get_world_size()
+    if tp < 1 or world % tp:
+        raise ParallelError(f"tensor-parallel degree tp = {tp} does not divide the world size {world}")
+    dp = world // tp if dp is None else dp
+    if dp * tp != world:
+        raise ParallelError(f"mesh dp = {dp} x tp = {tp} = {dp * tp} differs from the world size {world}")
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def _sub_mesh(mesh, name: str):
+    """The 1-D sub-mesh named ``name`` of ``mesh``, or ``None`` when it has no such dim or it has size 1."""
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    if name not in names:
+        return None
+    sub = mesh[name] if len(names) > 1 else mesh
+    return sub if sub.size() > 1 else None
+
+
+def _shard_count(t) -> int:
+    """Into how many pieces the placements of DTensor ``t`` cut it: the product of the mesh sizes of its
+    ``Shard`` and ``_StridedShard`` dims (FSDP x TP on one dim; not a ``Shard`` subclass); 1 when replicated."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    shards = 1
+    for i, pl in enumerate(t.placements):
+        if pl.is_shard() or isinstance(pl, _StridedShard):
+            shards *= t.device_mesh.size(i)
+    return shards
