@@ -249,7 +249,8 @@ def _none_component() -> Component:
         config=NoPositionConfig,
         factory=lambda cfg, ctx: NoPosition(),
         description="No explicit position information (NoPE). Acts nowhere.",
-        reference="Kazemnejad et al. 2023, The Impact of Positional Encoding on Length Generalization, arXiv:2305.19466",
+        reference="Kazemnejad et al. 2023, The Impact of Positional Encoding on Length Generalization, "
+        "arXiv:2305.19466",
         capabilities={"acts_on": "none", "compile_safe": True, "stateless": True, "unbounded_positions": True},
         param_count=lambda cfg, ctx: 0,
         flops=elementwise("no position information: nothing computed"),

@@ -40,16 +40,23 @@ class LinearScaling(_Scaling):
 class Llama3Scaling(_Scaling):
     """Llama 3.1's band-wise scaling (meta-llama/llama-models ``apply_scaling``)."""
 
-    type: Literal["llama3"] = Field(..., description="'llama3': keep high frequencies, divide low ones by factor, blend between")
+    type: Literal["llama3"] = Field(
+        ..., description="'llama3': keep high frequencies, divide low ones by factor, blend between"
+    )
     factor: PositiveFloat = Field(..., description="divisor of the low frequencies")
-    low_freq_factor: PositiveFloat = Field(..., description="wavelengths above original_max_seq_len / low_freq_factor are divided by factor")
-    high_freq_factor: PositiveFloat = Field(..., description="wavelengths below original_max_seq_len / high_freq_factor are kept")
+    low_freq_factor: PositiveFloat = Field(
+        ..., description="wavelengths above original_max_seq_len / low_freq_factor are divided by factor"
+    )
+    high_freq_factor: PositiveFloat = Field(
+        ..., description="wavelengths below original_max_seq_len / high_freq_factor are kept"
+    )
     original_max_seq_len: SeqLen = Field(..., description="context length the model was pre-trained with")
 
     @model_validator(mode="after")
     def _bands(self) -> "Llama3Scaling":
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(f"high_freq_factor = {self.high_freq_factor} must exceed low_freq_factor = {self.low_freq_factor}")
+            raise ValueError(f"high_freq_factor = {self.high_freq_factor} must exceed "
+                             f"low_freq_factor = {self.low_freq_factor}")
         return self
 
 
@@ -61,9 +68,13 @@ class DynamicScaling(_Scaling):
     within the trained length use ``theta`` unchanged.
     """
 
-    type: Literal["dynamic"] = Field(..., description="'dynamic': NTK-aware base that grows once the input passes original_max_seq_len")
+    type: Literal["dynamic"] = Field(
+        ..., description="'dynamic': NTK-aware base that grows once the input passes original_max_seq_len"
+    )
     factor: PositiveFloat = Field(..., description="scaling factor of the base growth")
-    original_max_seq_len: SeqLen = Field(..., description="trained context length (transformers: max_position_embeddings)")
+    original_max_seq_len: SeqLen = Field(
+        ..., description="trained context length (transformers: max_position_embeddings)"
+    )
 
 
 class YarnScaling(_Scaling):
@@ -79,11 +90,21 @@ class YarnScaling(_Scaling):
     factor: PositiveFloat = Field(..., description="context extension factor s")
     original_max_seq_len: SeqLen = Field(..., description="context length the model was pre-trained with")
     beta_fast: PositiveFloat = Field(32.0, description="rotations above which a frequency is kept (extrapolated)")
-    beta_slow: PositiveFloat = Field(1.0, description="rotations below which a frequency is divided by factor (interpolated)")
-    mscale: Optional[float] = Field(None, description="with mscale_all_dim: numerator coefficient of the attention factor")
-    mscale_all_dim: Optional[float] = Field(None, description="with mscale: denominator coefficient of the attention factor")
-    attention_factor: Optional[PositiveFloat] = Field(None, description="multiplier of cos/sin; overrides the default 0.1·ln(factor) + 1")
-    truncate: bool = Field(True, description="round the correction range outwards to whole dimensions (transformers' default)")
+    beta_slow: PositiveFloat = Field(
+        1.0, description="rotations below which a frequency is divided by factor (interpolated)"
+    )
+    mscale: Optional[float] = Field(
+        None, description="with mscale_all_dim: numerator coefficient of the attention factor"
+    )
+    mscale_all_dim: Optional[float] = Field(
+        None, description="with mscale: denominator coefficient of the attention factor"
+    )
+    attention_factor: Optional[PositiveFloat] = Field(
+        None, description="multiplier of cos/sin; overrides the default 0.1·ln(factor) + 1"
+    )
+    truncate: bool = Field(
+        True, description="round the correction range outwards to whole dimensions (transformers' default)"
+    )
 
 
 class LongRopeScaling(_Scaling):
@@ -95,12 +116,23 @@ class LongRopeScaling(_Scaling):
     defaults to ``max_seq_len / original_max_seq_len``.
     """
 
-    type: Literal["longrope"] = Field(..., description="'longrope': per-frequency factors, short below original_max_seq_len, long above")
-    short_factor: list[PositiveFloat] = Field(..., min_length=1, description="divisor of each frequency for inputs within original_max_seq_len (rotary width / 2 values)")
-    long_factor: list[PositiveFloat] = Field(..., min_length=1, description="divisor of each frequency for longer inputs (rotary width / 2 values)")
+    type: Literal["longrope"] = Field(
+        ..., description="'longrope': per-frequency factors, short below original_max_seq_len, long above"
+    )
+    short_factor: list[PositiveFloat] = Field(
+        ..., min_length=1, description="divisor of each frequency for inputs within original_max_seq_len (rotary width "
+        "/ 2 values)"
+    )
+    long_factor: list[PositiveFloat] = Field(
+        ..., min_length=1, description="divisor of each frequency for longer inputs (rotary width / 2 values)"
+    )
     original_max_seq_len: SeqLen = Field(..., description="context length the model was pre-trained with")
-    factor: Optional[PositiveFloat] = Field(None, description="context extension factor; default max_seq_len / original_max_seq_len")
-    attention_factor: Optional[PositiveFloat] = Field(None, description="multiplier of cos/sin; default sqrt(1 + ln(factor) / ln(original_max_seq_len))")
+    factor: Optional[PositiveFloat] = Field(
+        None, description="context extension factor; default max_seq_len / original_max_seq_len"
+    )
+    attention_factor: Optional[PositiveFloat] = Field(
+        None, description="multiplier of cos/sin; default sqrt(1 + ln(factor) / ln(original_max_seq_len))"
+    )
 
     def resolved_attention_factor(self, max_seq_len: int) -> float:
         """The multiplier of cos and sin for a model of ``max_seq_len`` positions."""
@@ -135,7 +167,8 @@ class RopeConfig(ComponentConfig):
     type: Literal["rope"] = "rope"
     theta: PositiveFloat = Field(10000.0, description="base of the geometric frequency sequence (rope_theta)")
     layout: Literal["half_split", "interleaved"] = Field(
-        "half_split", description="which features form a rotated pair: the two halves (NeoX/HF) or neighbours (GPT-J/Meta)"
+        "half_split",
+        description="which features form a rotated pair: the two halves (NeoX/HF) or neighbours (GPT-J/Meta)",
     )
     partial_rotary: float = Field(
         1.0, gt=0, le=1, description="fraction of head_dim that is rotated (Phi: 0.4); int(head_dim × partial_rotary) "
@@ -153,9 +186,11 @@ class RopeConfig(ComponentConfig):
             return []
         rot = int(hd * self.partial_rotary)
         if rot < 2 or rot % 2:
-            where = "partial_rotary" if self.partial_rotary != 1 else ""
-            how = f"int(head_dim × partial_rotary) = int({hd} × {self.partial_rotary})" if self.partial_rotary != 1 else f"head_dim = {hd}"
-            fix = "choose partial_rotary so that head_dim × partial_rotary is even" if self.partial_rotary != 1 else "use an even head_dim"
+            if self.partial_rotary != 1:
+                where, how = "partial_rotary", f"int(head_dim × partial_rotary) = int({hd} × {self.partial_rotary})"
+                fix = "choose partial_rotary so that head_dim × partial_rotary is even"
+            else:
+                where, how, fix = "", f"head_dim = {hd}", "use an even head_dim"
             return [(where, f"rope rotates features in pairs, but {how} gives a rotary width of {rot}, which is "
                             f"{'odd' if rot % 2 else 'empty'}; {fix} (transformers would rotate a different width)")]
         sc = self.scaling
@@ -164,10 +199,12 @@ class RopeConfig(ComponentConfig):
             for name in ("short_factor", "long_factor"):
                 n = len(getattr(sc, name))
                 if n != rot // 2:
-                    errors.append((f"scaling.{name}", f"has {n} values; LongRoPE needs one per rotated pair, rotary width "
-                                                      f"{rot} / 2 = {rot // 2} (head_dim = {hd}, partial_rotary = {self.partial_rotary})"))
+                    errors.append((f"scaling.{name}", f"has {n} values; LongRoPE needs one per rotated pair, "
+                                   f"rotary width {rot} / 2 = {rot // 2} (head_dim = {hd}, "
+                                   f"partial_rotary = {self.partial_rotary})"))
         if isinstance(sc, DynamicScaling) and rot <= 2:
-            errors.append(("scaling", f"dynamic NTK scaling needs a rotary width above 2 (its exponent is d / (d - 2)), got {rot}"))
+            errors.append(("scaling", "dynamic NTK scaling needs a rotary width above 2 (its exponent is d / (d - 2)), "
+                           f"got {rot}"))
         return errors
 
 
@@ -180,8 +217,8 @@ def rotary_width(head_dim: int, partial_rotary: float) -> int:
     rot = int(head_dim * partial_rotary)
     if rot < 2 or rot % 2:
         raise ValueError(
-            f"rope rotary width int(head_dim × partial_rotary) = int({head_dim} × {partial_rotary}) = {rot} must be even and "
-            "positive (features are rotated in pairs)"
+            f"rope rotary width int(head_dim × partial_rotary) = int({head_dim} × {partial_rotary}) = {rot} must be "
+            "even and positive (features are rotated in pairs)"
         )
     return rot
 
@@ -261,7 +298,8 @@ class Rope(PositionScheme):
         if isinstance(sc, YarnScaling):
             self.attention_scale = yarn_attention_factor(sc)
         elif isinstance(sc, LongRopeScaling):
-            self.attention_scale = sc.resolved_attention_factor(max_seq_len if max_seq_len is not None else sc.original_max_seq_len)
+            length = max_seq_len if max_seq_len is not None else sc.original_max_seq_len
+            self.attention_scale = sc.resolved_attention_factor(length)
         else:
             self.attention_scale = 1.0
         self.register_buffer("inv_freq", torch.empty(self.rotary_dim // 2, dtype=torch.float32), persistent=False)
@@ -373,8 +411,8 @@ def rope_component() -> Component:
         "by position × frequency. Layouts half_split / interleaved, partial rotary (an even rotary width), and "
         "frequency scalings: linear, llama3, dynamic NTK, YaRN (with its attention factor) and LongRoPE.",
         reference="Su et al. 2021, RoFormer, arXiv:2104.09864; linear: Chen et al. 2023, arXiv:2306.15595; llama3: "
-        "github.com/meta-llama/llama-models; dynamic NTK: transformers _compute_dynamic_ntk_parameters; YaRN: Peng et al. 2023, "
-        "arXiv:2309.00071; LongRoPE: Ding et al. 2024, arXiv:2402.13753",
+        "github.com/meta-llama/llama-models; dynamic NTK: transformers _compute_dynamic_ntk_parameters; YaRN: "
+        "Peng et al. 2023, arXiv:2309.00071; LongRoPE: Ding et al. 2024, arXiv:2402.13753",
         capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True, "unbounded_positions": True},
         param_count=lambda cfg, ctx: 0,
         flops=elementwise("RoPE rotates q/k feature pairs: element-wise multiplies and adds, no matrix product"),

@@ -111,7 +111,10 @@ class Concat(Transform):
 
     def to_hf(self, ts, ctx, extras):
         dim = _dim(ts[0], self.dim)
-        t = torch.stack(list(ts), dim=dim + 1).flatten(dim, dim + 1) if self.interleaved else torch.cat(list(ts), dim=dim)
+        if self.interleaved:
+            t = torch.stack(list(ts), dim=dim + 1).flatten(dim, dim + 1)
+        else:
+            t = torch.cat(list(ts), dim=dim)
         return [t.transpose(-2, -1) if self.transpose and t.dim() >= 2 else t]
 
     def describe(self) -> str:
@@ -192,13 +195,17 @@ class FusedQKV(Transform):
         rest = tuple(q.shape[1:])
         if layout == "grouped":
             r = n_heads // n_kv
-            g = torch.cat([q.reshape(n_kv, r, hd, *rest), k.reshape(n_kv, 1, hd, *rest), v.reshape(n_kv, 1, hd, *rest)], dim=1)
+            g = torch.cat([q.reshape(n_kv, r, hd, *rest), k.reshape(n_kv, 1, hd, *rest),
+                           v.reshape(n_kv, 1, hd, *rest)], dim=1)
         else:
             g = torch.cat([q, k, v], dim=0)
         return [g.reshape(-1, *rest)]
 
     def describe(self) -> str:
-        layout = "per head or per KV group, as the config says" if callable(self.layout) else self.layout.replace("_", " ")
+        if callable(self.layout):
+            layout = "per head or per KV group, as the config says"
+        else:
+            layout = self.layout.replace("_", " ")
         return f"q, k, v fused ({layout})"
 
 
