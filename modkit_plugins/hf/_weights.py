@@ -31,7 +31,7 @@ from modkit.plugin import CheckpointError, Link, load_spec, SpecError
 from ._reader import ACTIVATIONS, IMPLEMENTATION_KEYS, IRRELEVANT, PROVENANCE
 # the layout changes of the weight table's rows, importable from here too
 from ._transforms import (RENAME, Chain, Concat, Ctx, FusedQKV, PerHead, StackExperts, Transform,  # noqa: F401
-                          Transpose)
+                          Transpose, _dim)
 
 #: keys of a source config copied into an export (tokenizer ids, generation defaults, task heads...): they do
 #: not change the network, so the spec does not hold them, but a checkpoint without them would lose them
