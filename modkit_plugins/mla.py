@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Literal, Optional
+from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 from pydantic import Field, PositiveFloat
@@ -126,6 +126,25 @@ class MLAConfig(ComponentConfig):
     def position_geometry(self, ctx) -> PositionGeometry:
         """The position scheme acts on the ``qk_rope_head_dim`` part: ``n_heads`` query heads, one shared key."""
         return PositionGeometry(self.n_heads, self.qk_rope_head_dim, 1)
+
+
+class _Projected(NamedTuple):
+    """The tensors MLA's scores are computed from (the queries of this call, the keys of every cached position)."""
+
+    q_nope: Tensor  # [b, h, s, d_nope]: the un-rotated query features
+    q_rope: Tensor  # [b, h, s, d_rope]: the rotated query features
+    latent: Tensor  # [b, kv, r_kv]: the normalised latent of every key position (cached and new)
+    k_rope: Tensor  # [b, kv, d_rope]: the rotated key shared by every head, per key position
+
+
+class _KeyMask(NamedTuple):
+    """Where the keys sit and what masks or biases their scores (:func:`prepare_mask`, :func:`position_bias`)."""
+
+    inputs: Any  # the layer's AttentionInputs
+    k_pos: Tensor  # [b, kv] the key positions
+    k_valid: Optional[Tensor]  # [b, kv] which key slots hold a token (None: all)
+    bias: Optional[Tensor]  # [b, h, s, kv] float32 position bias (ALiBi), or None
+    dropout_p: float  # attention dropout probability of this call
 
 
 class MLA(nn.Module):
@@ -204,14 +223,15 @@ class MLA(nn.Module):
         c_all, k_rope_all = seen["latent"], seen["k_rope"]  # [b, kv, r_kv], [b, kv, d_rope]
         dropout_p = self.attention_dropout if self.training else 0.0
         bias = position_bias(inputs, k_pos, h)
-        if absorbed:
-            out, weights = self._absorbed(q_nope, q_rope, c_all, k_rope_all, inputs, k_pos, k_valid, bias, dropout_p)
-        else:
-            out, weights = self._expanded(q_nope, q_rope, c_all, k_rope_all, inputs, k_pos, k_valid, bias, dropout_p, need_weights)
+        t, keys = _Projected(q_nope, q_rope, c_all, k_rope_all), _KeyMask(inputs, k_pos, k_valid, bias, dropout_p)
+        out, weights = self._absorbed(t, keys) if absorbed else self._expanded(t, keys, need_weights)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, h * self.v_head_dim)), weights
 
-    def _expanded(self, q_nope, q_rope, c_all, k_rope_all, inputs, k_pos, k_valid, bias, dropout_p, need_weights):
-        """Per-head keys ``[b, h, kv, d_qk]`` and values ``[b, h, kv, d_v]`` from the latents, then attention."""
+    def _expanded(self, t: _Projected, keys: _KeyMask, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """Per-head keys ``[b, h, kv, d_qk]`` and values ``[b, h, kv, d_v]`` from the latents, then attention:
+        ``([b, h, s, d_v], weights [b, h, s, kv] float32 or None)``."""
+        q_nope, q_rope, c_all, k_rope_all = t
+        inputs, k_pos, k_valid, bias, dropout_p = keys
         b, h, s, _ = q_nope.shape
         kv = c_all.shape[1]
         k_nope, v = self.kv_b_proj(c_all).view(b, kv, h, -1).transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], -1)
@@ -225,8 +245,11 @@ class MLA(nn.Module):
         eager = need_weights or (bias is not None and q.dtype != torch.float32)
         return masked_attention(q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p)
 
-    def _absorbed(self, q_nope, q_rope, c_all, k_rope_all, inputs, k_pos, k_valid, bias, dropout_p):
-        """Scores against the cached latent with ``W_UK`` folded into the query; ``W_UV`` after the weighted sum."""
+    def _absorbed(self, t: _Projected, keys: _KeyMask) -> tuple[Tensor, Tensor]:
+        """Scores against the cached latent with ``W_UK`` folded into the query; ``W_UV`` after the weighted sum:
+        ``([b, h, s, d_v], probabilities [b, h, s, kv] float32)``."""
+        q_nope, q_rope, c_all, k_rope_all = t
+        inputs, k_pos, k_valid, bias, dropout_p = keys
         b, h, s, _ = q_nope.shape
         w_uk, w_uv = self._kv_b()
         q_lat = torch.matmul(q_nope, w_uk)  # [b, h, s, d_nope] @ [h, d_nope, r_kv] -> [b, h, s, r_kv]

@@ -197,7 +197,6 @@ def component_page(
         repo_url: links source paths into this repository when given.
     """
     from modkit.core.config import SLOT_KEY  # noqa: F401 - documents where slot markers come from
-    from modkit.core.registry import KNOWN_CAPABILITIES, config_tags
     from modkit.inference.sampling import KINDS as SAMPLING_KINDS
 
     entry = doc.entry
@@ -206,24 +205,7 @@ def component_page(
     def link_kind(kind: str) -> str:
         return f"[`{kind}`]({_rel(page, kind_path(kind))})" if kind in registry.kinds() else f"`{kind}`"
 
-    schema = entry.config.model_json_schema()
-    tags = config_tags(entry.config)
-    others = [t for t in tags if t != entry.type]
-    cfg_cls = f"{entry.config.__module__}.{entry.config.__qualname__}"
-    facts = [
-        ("kind", link_kind(entry.kind)),
-        ("type", f"`{entry.type}`" + (f" (the same config also serves {', '.join(f'`{t}`' for t in others)})" if others else "")),
-        ("plugin", _provider(entry)),
-        ("config class", f"`{cfg_cls}` (fields and [JSON Schema](#fields) below)"),
-        ("source", source_location(entry.config, root, repo_url)),
-        *([("aliases", ", ".join(f"`{a}`" for a in entry.aliases) + f" (other names of `{entry.type}`, stored as `{entry.type}`)")]
-          if entry.aliases else []),
-        ("reference", _link_references(_cell(entry.reference)) if entry.reference else "(none given)"),
-        ("goes in a spec at", ", ".join(places.get(entry.kind, [])) or "(no slot)")
-        if entry.kind not in SAMPLING_KINDS else
-        ("goes in", "the `sampling` list of `modkit.inference.generate.generate` (`modkit generate --sampling`)"
-         + (f", or its keyword `{entry.capabilities['argument']['name']}`" if isinstance(entry.capabilities.get("argument"), dict) else "")),
-    ]
+    facts = _facts(entry, link_kind, places, root, repo_url)
     parts = [
         f"# {entry.type}",
         "",
@@ -233,29 +215,13 @@ def component_page(
         "",
         _table(("property", "value"), facts),
         "",
-        "## Shapes",
-        "",
     ]
-    parts.append(f"Contract of every `{entry.kind}`: " + kind_contract(entry.kind, contracts, places, page))
-    acts = entry.capabilities.get("acts_on")
-    if acts is not None:
-        parts += ["", f"**Acts on `{acts}`**: {acts_on_text(acts)}"]
-    if entry.grouped_factory is not None:
-        parts += ["", "**Grouped form**: usable as mixture-of-experts experts (its `grouped_factory` builds `n` "
-                  "copies with stacked weights, run by one grouped GEMM per projection)."]
-    for alias, note in entry.alias_notes.items():
-        parts += ["", f'!!! note "Alias `{alias}`"', "", textwrap.indent(_link_references(_cell(note)), "    ")]
+    parts += _shapes_section(entry, contracts, places, page)
     if entry.math.strip():
         parts += ["", "## Math", "", entry.math.strip()]
+    schema = entry.config.model_json_schema()
     parts += ["", "## Fields", "", _field_table(field_rows(schema, link_kind=link_kind)), "", schema_block(entry), ""]
-    parts += ["## Capabilities", ""]
-    if entry.capabilities:
-        rows = []
-        for k, v in sorted(entry.capabilities.items()):
-            rows.append((f"`{k}`", _cap_value(v), _cell(KNOWN_CAPABILITIES.get(k, "(declared by the plugin)"))))
-        parts.append(_table(("capability", "value", "meaning"), rows))
-    else:
-        parts.append("None declared.")
+    parts += _capabilities_section(entry)
     parts += ["", "## Parameters", "", _params_section(doc), ""]
     if doc.diagram:
         parts += [
@@ -266,10 +232,81 @@ def component_page(
             doc.diagram,
             "",
         ]
+    parts += _example_section(doc, registry, base)
+    if entry.kind not in SAMPLING_KINDS:
+        parts += ["## Used in the gallery", "", usage_section(entry, uses or [], page), ""]
+    return _resolve_links("\n".join(parts), page)
+
+
+def _facts(entry, link_kind, places: Mapping[str, list[str]], root: Any, repo_url: Optional[str]) -> list[tuple]:
+    """The ``(property, value)`` rows of a component page's first table: kind, type, plugin, config class, source,
+    aliases, reference and where it goes (a spec slot, or the sampling list)."""
+    from modkit.core.registry import config_tags
+    from modkit.inference.sampling import KINDS as SAMPLING_KINDS
+
+    others = [t for t in config_tags(entry.config) if t != entry.type]
+    cfg_cls = f"{entry.config.__module__}.{entry.config.__qualname__}"
+    also = f" (the same config also serves {', '.join(f'`{t}`' for t in others)})" if others else ""
+    aliases = ", ".join(f"`{a}`" for a in entry.aliases) + f" (other names of `{entry.type}`, stored as `{entry.type}`)"
+    argument = entry.capabilities.get("argument")
+    goes_in = (
+        ("goes in a spec at", ", ".join(places.get(entry.kind, [])) or "(no slot)")
+        if entry.kind not in SAMPLING_KINDS else
+        ("goes in", "the `sampling` list of `modkit.inference.generate.generate` (`modkit generate --sampling`)"
+         + (f", or its keyword `{argument['name']}`" if isinstance(argument, dict) else ""))
+    )
+    return [
+        ("kind", link_kind(entry.kind)),
+        ("type", f"`{entry.type}`" + also),
+        ("plugin", _provider(entry)),
+        ("config class", f"`{cfg_cls}` (fields and [JSON Schema](#fields) below)"),
+        ("source", source_location(entry.config, root, repo_url)),
+        *([("aliases", aliases)] if entry.aliases else []),
+        ("reference", _link_references(_cell(entry.reference)) if entry.reference else "(none given)"),
+        goes_in,
+    ]
+
+
+def _shapes_section(entry, contracts: Mapping[str, str], places: Mapping[str, list[str]], page: str) -> list[str]:
+    """The ``## Shapes`` section: the kind's contract, what the component acts on, its grouped form, alias notes."""
+    parts = ["## Shapes", ""]
+    parts.append(f"Contract of every `{entry.kind}`: " + kind_contract(entry.kind, contracts, places, page))
+    acts = entry.capabilities.get("acts_on")
+    if acts is not None:
+        parts += ["", f"**Acts on `{acts}`**: {acts_on_text(acts)}"]
+    if entry.grouped_factory is not None:
+        parts += ["", "**Grouped form**: usable as mixture-of-experts experts (its `grouped_factory` builds `n` "
+                  "copies with stacked weights, run by one grouped GEMM per projection)."]
+    for alias, note in entry.alias_notes.items():
+        parts += ["", f'!!! note "Alias `{alias}`"', "", textwrap.indent(_link_references(_cell(note)), "    ")]
+    return parts
+
+
+def _capabilities_section(entry) -> list[str]:
+    """The ``## Capabilities`` section: one row per declared capability with its meaning."""
+    from modkit.core.registry import KNOWN_CAPABILITIES
+
+    parts = ["## Capabilities", ""]
+    if entry.capabilities:
+        rows = []
+        for k, v in sorted(entry.capabilities.items()):
+            rows.append((f"`{k}`", _cap_value(v), _cell(KNOWN_CAPABILITIES.get(k, "(declared by the plugin)"))))
+        parts.append(_table(("capability", "value", "meaning"), rows))
+    else:
+        parts.append("None declared.")
+    return parts
+
+
+def _example_section(doc: ComponentDoc, registry, base: Any) -> list[str]:
+    """The ``## Example`` section: the example config as JSON (and, with a ``base`` gallery card, a Python tab that
+    uses it in that spec), the config with every default filled in, and the ``modkit show`` command."""
+    from modkit.inference.sampling import KINDS as SAMPLING_KINDS
+
+    entry = doc.entry
     fragment = json.dumps([doc.example] if entry.kind in SAMPLING_KINDS else {entry.kind: doc.example}, indent=2)
     snippet = python_usage(entry, doc.example, registry, base)
     validated = f"Validated with `modkit.load_component({entry.kind!r}, ...)` when the site was built"
-    parts += ["## Example", ""]
+    parts = ["## Example", ""]
     if snippet is None:
         parts += [validated + ":", "", "```json", fragment, "```", ""]
     else:
@@ -294,9 +331,7 @@ def component_page(
         f"On the command line: `modkit show {entry.kind} {entry.type}`.",
         "",
     ]
-    if entry.kind not in SAMPLING_KINDS:
-        parts += ["## Used in the gallery", "", usage_section(entry, uses or [], page), ""]
-    return _resolve_links("\n".join(parts), page)
+    return parts
 
 
 def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Mapping[str, str], places: Mapping[str, list[str]]) -> str:

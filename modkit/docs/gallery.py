@@ -117,32 +117,65 @@ def _spec_shape(spec, attention: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def gallery_page(card: SpecCard, registry) -> str:
-    """Markdown of one spec's model card."""
+    """Markdown of one spec's model card: its headline, parameters, memory, architecture diagrams, components,
+    per-layer overrides and the spec itself."""
     page = gallery_path(card.stem)
+    parts = _card_header(card)
+    parts += _parameters_section(card)
+    parts += _memory_section(card)
+    parts += _architecture_section(card)
+    parts += _components_section(card, registry, page)
+    parts += _overrides_section(card.spec)
+    parts += [
+        '??? example "The spec"',
+        "",
+        textwrap.indent("```json\n" + card.spec.to_json(indent=2) + "\n```", "    "),
+        "",
+        f"Reproduce this card: `modkit build {card.source} --device meta`.",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def _share(n: int, total: int) -> str:
+    """``n`` as a percentage of ``total`` with one decimal (``–`` when ``total`` is 0)."""
+    return f"{100.0 * n / total:.1f}%" if total else "–"
+
+
+def _card_header(card: SpecCard) -> list[str]:
+    """The title (the spec's file name, what a command line takes; the spec's own name follows when it differs), the
+    description, where the spec comes from and the headline sizes."""
     spec = card.spec
-    total = card.params["total"]
-    share = lambda n: f"{100.0 * n / total:.1f}%" if total else "–"  # noqa: E731
-    # the label is the spec's file name (what a command line takes); the spec's own name, when it differs, follows
     parts = [f"# {card.stem}", ""]
     if spec.name and spec.name != card.stem:
         parts += [f"Spec name: `{spec.name}`.", ""]
     if spec.description:
         parts += [_cell(spec.description), ""]
     meta = ", ".join(f"{k} `{v}`" for k, v in spec.metadata.items()) if spec.metadata else ""
-    parts += [f"Spec: `{card.source}`" + (f" · metadata: {meta}" if meta else "") + " · built on `meta` (no memory) when this site was built.", ""]
+    parts += [f"Spec: `{card.source}`" + (f" · metadata: {meta}" if meta else "")
+              + " · built on `meta` (no memory) when this site was built.", ""]
     parts += [_table(("property", "value"), _spec_shape(spec, card.attention)), ""]
+    return parts
 
-    parts += ["## Parameters", ""]
-    rows = [(k, _count(v), share(v), _short(v)) for k, v in card.params.items() if k != "total"]
+
+def _parameters_section(card: SpecCard) -> list[str]:
+    """The ``## Parameters`` section: the breakdown by part and the parameters active per token."""
+    total = card.params["total"]
+    parts = ["## Parameters", ""]
+    rows = [(k, _count(v), _share(v, total), _short(v)) for k, v in card.params.items() if k != "total"]
     rows.append(("**total**", f"**{_count(total)}**", "100%", f"**{_short(total)}**"))
     parts += [_table(("part", "parameters", "share", "rounded"), rows, "lrrr"), ""]
     if card.active != total:
-        parts += [f"**Active per token: {_count(card.active)} ({_short(card.active)}, {share(card.active)} of the total)**: "
-                  "a sparse layer runs only the experts its router picks.", ""]
+        parts += [f"**Active per token: {_count(card.active)} ({_short(card.active)}, {_share(card.active, total)} "
+                  "of the total)**: a sparse layer runs only the experts its router picks.", ""]
     else:
         parts += ["Dense: every parameter is active for every token.", ""]
+    return parts
 
-    parts += ["## Memory", ""]
+
+def _memory_section(card: SpecCard) -> list[str]:
+    """The ``## Memory`` section: weight and KV-cache bytes per dtype of :data:`DTYPE_BYTES`, and what they count."""
+    spec, total = card.spec, card.params["total"]
     rows = []
     for label, size in DTYPE_BYTES:
         rows.append(
@@ -155,19 +188,24 @@ def gallery_page(card: SpecCard, registry) -> str:
             )
         )
     long_label = f"KV cache, {LONG_CONTEXT // 1024}K context"
-    parts += [
-        _table(("dtype", "weights", "KV cache bytes / token", long_label, f"KV cache, max_seq_len {_count(spec.max_seq_len)}"), rows, "lrrrr"),
-        "",
-    ]
+    header = ("dtype", "weights", "KV cache bytes / token", long_label,
+              f"KV cache, max_seq_len {_count(spec.max_seq_len)}")
+    parts = ["## Memory", "", _table(header, rows, "lrrrr"), ""]
     notes = [f"The cache stores what each layer's token mixers declare (keys and values of n_kv_heads heads for the "
              f"built-in attention): {_count(card.kv_elements_per_token)} elements per token over all layers (batch 1)."]
     if card.windowed:
-        notes.append(f"Sliding-window layers keep only their window, which the {LONG_CONTEXT // 1024}K figure counts; the per-token figure is the uncapped rate.")
+        notes.append(f"Sliding-window layers keep only their window, which the {LONG_CONTEXT // 1024}K figure counts; "
+                     "the per-token figure is the uncapped rate.")
     if LONG_CONTEXT > spec.max_seq_len:
-        notes.append(f"{LONG_CONTEXT // 1024}K exceeds this model's max_seq_len ({_count(spec.max_seq_len)}); that figure is for comparison only.")
+        notes.append(f"{LONG_CONTEXT // 1024}K exceeds this model's max_seq_len ({_count(spec.max_seq_len)}); that "
+                     "figure is for comparison only.")
     parts += [" ".join(notes), ""]
+    return parts
 
-    parts += [
+
+def _architecture_section(card: SpecCard) -> list[str]:
+    """The ``## Architecture`` section: the model diagram, then one block diagram per group of identical layers."""
+    parts = [
         "## Architecture",
         "",
         "The model, then its block as traced from the built modules (`+` is a residual add; a note says how the "
@@ -188,37 +226,37 @@ def gallery_page(card: SpecCard, registry) -> str:
     ]
     for layers, block in card.layer_groups:
         which = "every layer" if len(card.layer_groups) == 1 else f"layers {layers}"
-        parts += ['<div class="mk-diagram" markdown>', "", f"**Block: {which}**", "", "```mermaid", block, "```", "", "</div>", ""]
+        parts += ['<div class="mk-diagram" markdown>', "", f"**Block: {which}**", "", "```mermaid", block, "```", "",
+                  "</div>", ""]
     parts += ["</div>", ""]
+    return parts
 
-    parts += ["## Components", ""]
+
+def _components_section(card: SpecCard, registry, page: str) -> list[str]:
+    """The ``## Components`` section: every component the model uses, its plugin and where the spec uses it."""
     rows = []
     kinds = set(registry.kinds())
     for c in card.components:
-        link = f"[`{c['type']}`]({_rel(page, component_path(c['kind'], c['type']))})" if c["kind"] in kinds else f"`{c['type']}`"
-        prov = f"`{c.get('plugin') or ''}`" + (f" ({c['distribution']} {c.get('version') or ''})".rstrip() if c.get("distribution") else "")
+        link = (f"[`{c['type']}`]({_rel(page, component_path(c['kind'], c['type']))})" if c["kind"] in kinds
+                else f"`{c['type']}`")
+        dist = f" ({c['distribution']} {c.get('version') or ''})".rstrip() if c.get("distribution") else ""
+        prov = f"`{c.get('plugin') or ''}`" + dist
         paths = c.get("paths", [])
         where = ", ".join(f"`{p}`" for p in paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
         rows.append((c["kind"], link, prov, where))
-    parts += [_table(("kind", "type", "plugin", "used at"), rows), ""]
+    return ["## Components", "", _table(("kind", "type", "plugin", "used at"), rows), ""]
 
-    if spec.overrides:
-        parts += ["## Per-layer overrides", ""]
-        rows = []
-        for o in spec.overrides:
-            replaced = [f"{k}: `{getattr(o, k).type}`" for k in ("attention", "ffn", "norm", "placement", "position") if getattr(o, k) is not None]
-            rows.append((_layer_ranges(o.indices(spec.n_layers)), ", ".join(replaced)))
-        parts += [_table(("layers", "replaced"), rows), ""]
 
-    parts += [
-        '??? example "The spec"',
-        "",
-        textwrap.indent("```json\n" + spec.to_json(indent=2) + "\n```", "    "),
-        "",
-        f"Reproduce this card: `modkit build {card.source} --device meta`.",
-        "",
-    ]
-    return "\n".join(parts)
+def _overrides_section(spec) -> list[str]:
+    """The ``## Per-layer overrides`` section (empty without overrides): the layers and the slots each replaces."""
+    if not spec.overrides:
+        return []
+    rows = []
+    for o in spec.overrides:
+        replaced = [f"{k}: `{getattr(o, k).type}`" for k in ("attention", "ffn", "norm", "placement", "position")
+                    if getattr(o, k) is not None]
+        rows.append((_layer_ranges(o.indices(spec.n_layers)), ", ".join(replaced)))
+    return ["## Per-layer overrides", "", _table(("layers", "replaced"), rows), ""]
 
 
 def gallery_index(cards: list[SpecCard], registry) -> str:

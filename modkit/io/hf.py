@@ -34,6 +34,8 @@ from modkit.spec import ModelSpec, load_spec
 from modkit.core.validation import PathError, join_path, json_kind, json_value, last_key, resolve_path
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from modkit.nn.model import Model
 
 #: default largest shard :func:`to_hf` writes (bytes), as transformers' ``save_pretrained`` (5 GB)
@@ -379,10 +381,32 @@ def to_hf(
         CheckpointError: no ``metadata.hf_model_type``, no weight mapper for it, a spec it cannot express, or a
             model tensor without a counterpart in the format.
     """
-    from modkit.io.atomic import commit, discard, recover, write_safetensors_tmp, write_text_tmp
-    from modkit.io.checkpoint import HF_CONFIG_FILE, HF_INDEX_FILE, WEIGHTS_FILE, checked_path, export
+    from modkit.io.atomic import commit, recover
+    from modkit.io.checkpoint import HF_INDEX_FILE, WEIGHTS_FILE, checked_path
 
-    reg = registry or get_registry()
+    config, tensors = _hf_export(model, registry or get_registry())
+    out = checked_path(path)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    recover(out)
+    pairs, written = _write_tmp_files(out, config, tensors, max_shard_size)
+    stale = [old for old in out.iterdir()  # weights of an earlier save that the new files replace
+             if (old.name in (WEIGHTS_FILE, HF_INDEX_FILE) or _SHARD.fullmatch(old.name)) and old.name not in written]
+    commit(pairs, remove=stale)
+    return out
+
+
+def _hf_export(model: "Model", reg: Registry) -> tuple[dict, dict[str, Tensor]]:
+    """The Hugging Face ``config.json`` dict of ``model`` and its tensors under the checkpoint's names, in mapping
+    order.
+
+    Raises:
+        CheckpointError: no ``metadata.hf_model_type``, no weight mapper for it, a spec it cannot express, or a
+            model tensor without a counterpart in the format.
+    """
+    from modkit.io.checkpoint import export
+
     spec = model.spec
     model_type = (spec.metadata or {}).get("hf_model_type")
     if not model_type:
@@ -395,20 +419,36 @@ def to_hf(
     config["torch_dtype"] = _dtype_name(model)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     tensors = export(model, mapper.links(spec, shapes, config), what=f"a Hugging Face {model_type} checkpoint")
-    out = checked_path(path)
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    recover(out)
-    sizes = {k: t.numel() * t.element_size() for k, t in tensors.items()}
+    return config, tensors
+
+
+def _shards(tensors: dict[str, Tensor], max_shard_size: int) -> list[dict[str, Tensor]]:
+    """``tensors`` cut into shards of at most ``max_shard_size`` bytes (a larger tensor alone in its shard), in
+    mapping order, as transformers does: layers stay together."""
     shards: list[dict] = [{}]
     used = 0
-    for name in tensors:  # in mapping order, as transformers does: layers stay together
-        if shards[-1] and used + sizes[name] > max_shard_size:
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        if shards[-1] and used + size > max_shard_size:
             shards.append({})
             used = 0
-        shards[-1][name] = tensors[name]
-        used += sizes[name]
+        shards[-1][name] = t
+        used += size
+    return shards
+
+
+def _write_tmp_files(out: Path, config: dict, tensors: dict[str, Tensor],
+                     max_shard_size: int) -> tuple[list[tuple[Path, Path]], set[str]]:
+    """Write the weights (one file, or shards and their index) and ``config.json`` under temporary names in ``out``;
+    on any error the temporary files written so far are removed and the error raised.
+
+    Returns:
+        ``([(temporary path, final path)], names of the weight files written)`` for :func:`modkit.io.atomic.commit`.
+    """
+    from modkit.io.atomic import discard, write_safetensors_tmp, write_text_tmp
+    from modkit.io.checkpoint import HF_CONFIG_FILE, HF_INDEX_FILE, WEIGHTS_FILE
+
+    shards = _shards(tensors, max_shard_size)
     pairs = []
     try:
         if len(shards) == 1:
@@ -421,7 +461,8 @@ def to_hf(
                 pairs.append((write_safetensors_tmp(shard, out / fname, {"format": "pt"}), out / fname))
                 weight_map.update({k: fname for k in shard})
                 written.add(fname)
-            index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             pairs.append((write_text_tmp(json.dumps(index, indent=2) + "\n", out / HF_INDEX_FILE), out / HF_INDEX_FILE))
             written.add(HF_INDEX_FILE)
         text = json.dumps(encode_special_floats(config), indent=2) + "\n"
@@ -430,7 +471,4 @@ def to_hf(
         for tmp, _ in pairs:
             discard(tmp)
         raise
-    stale = [old for old in out.iterdir()  # weights of an earlier save that the new files replace
-             if (old.name in (WEIGHTS_FILE, HF_INDEX_FILE) or _SHARD.fullmatch(old.name)) and old.name not in written]
-    commit(pairs, remove=stale)
-    return out
+    return pairs, written

@@ -310,6 +310,8 @@ def _sink_column(k: Tensor, v: Tensor, attn_mask: Tensor, sinks: Tensor, q_shape
     return k, v, torch.cat([mask, column], dim=-1)
 
 
+# size: a public helper that third-party attentions call positionally and with these keywords; its arguments are the
+# tensors and options of one formula, softmax(scale · q·kᵀ + bias + mask) · v
 def masked_attention(
     q: Tensor,
     k: Tensor,

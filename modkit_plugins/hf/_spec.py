@@ -7,14 +7,18 @@ spec dict (``mha``/``mqa``/``gqa`` from the head counts; per-layer mixers, windo
 compact overrides); :func:`fields_of`
 reads the same fields back from a validated spec, which is what the table writes into an exported config. Every
 model type shares these two functions: what differs between types is only which config key holds which field
-(the table) and the fields a type fixes (its ``fixed`` values).
+(the table) and the fields a type fixes (its ``fixed`` values). The component spec dicts themselves are written by
+the builders of :mod:`._builders` (re-exported here).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
+# the builders of component spec dicts, importable from here too
+from ._builders import (AttentionRequest, ModelRequest, attention, gated_ffn, layer_selector,  # noqa: F401
+                        layernorm, model_spec, per_layer, rmsnorm)
 from ._reader import HFConfig
 
 #: The fields of a decoder: ``name -> (value when neither the type nor its table sets it, meaning)``.
@@ -96,166 +100,6 @@ FIELDS: dict[str, tuple[Any, str]] = {
 
 #: the spec's ``dropout`` fields and the field each comes from
 DROPOUT_FIELDS = {"embedding": "dropout_embedding", "attention": "dropout_attention", "residual": "dropout_residual"}
-
-
-def attention(
-    d_model: int,
-    n_heads: int,
-    n_kv_heads: int,
-    head_dim: Optional[int] = None,
-    *,
-    bias: Sequence[bool] = (False, False, False, False),
-    qk_norm: Optional[dict] = None,
-    qk_norm_scope: str = "head",
-    sliding_window: Optional[int] = None,
-    softmax_scale: Optional[float] = None,
-    logit_softcap: Optional[float] = None,
-) -> dict:
-    """An attention spec (``mha``/``mqa``/``gqa`` chosen from the head counts), default-valued fields left out."""
-    if n_kv_heads == n_heads:
-        spec: dict[str, Any] = {"type": "mha", "n_heads": n_heads}
-    elif n_kv_heads == 1:
-        spec = {"type": "mqa", "n_heads": n_heads}
-    else:
-        spec = {"type": "gqa", "n_heads": n_heads, "n_kv_heads": n_kv_heads}
-    if head_dim is not None and (d_model % n_heads or d_model // n_heads != head_dim):
-        spec["head_dim"] = head_dim
-    for name, on in zip(("q_bias", "k_bias", "v_bias", "o_bias"), bias):
-        if on:
-            spec[name] = True
-    if qk_norm is not None:
-        spec["qk_norm"] = qk_norm
-        if qk_norm_scope != "head":
-            spec["qk_norm_scope"] = qk_norm_scope
-    if sliding_window is not None:
-        spec["sliding_window"] = sliding_window
-    if softmax_scale is not None:
-        spec["softmax_scale"] = softmax_scale
-    if logit_softcap is not None:
-        spec["logit_softcap"] = float(logit_softcap)
-    return spec
-
-
-def gated_ffn(d_ff: int, activation: str, bias: bool = False) -> dict:
-    """``swiglu`` for silu, ``geglu`` for the tanh GELU, else the gated MLP with an explicit activation."""
-    if activation == "silu":
-        spec: dict[str, Any] = {"type": "swiglu", "d_ff": d_ff}
-    elif activation == "gelu_tanh":
-        spec = {"type": "geglu", "d_ff": d_ff}
-    elif activation == "gelu":
-        spec = {"type": "geglu", "d_ff": d_ff, "activation": "gelu"}
-    else:
-        spec = {"type": "swiglu", "d_ff": d_ff, "activation": activation}
-    if bias:
-        spec["bias"] = True
-    return spec
-
-
-def rmsnorm(eps: float, unit_offset: bool = False) -> dict:
-    """An ``rmsnorm`` spec."""
-    return {"type": "rmsnorm", "eps": float(eps), **({"unit_offset": True} if unit_offset else {})}
-
-
-def layernorm(eps: float, bias: bool = True) -> dict:
-    """A ``layernorm`` spec."""
-    return {"type": "layernorm", "eps": float(eps), **({} if bias else {"bias": False})}
-
-
-def layer_selector(indices: Sequence[int], n_layers: int) -> Any:
-    """The most readable ``layers`` value for sorted ``indices``: a range ``{start, stop, step}`` or a list."""
-    idx = list(indices)
-    if len(idx) >= 2:
-        step = idx[1] - idx[0]
-        if step > 0 and all(b - a == step for a, b in zip(idx, idx[1:])):
-            sel: dict[str, int] = {}
-            if idx[0]:
-                sel["start"] = idx[0]
-            if idx[-1] + step < n_layers:
-                sel["stop"] = idx[-1] + 1
-            if step != 1:
-                sel["step"] = step
-            return sel
-    return idx
-
-
-def per_layer(
-    variants: Sequence[Any], n_layers: int, slots: Callable[[Any], dict]
-) -> tuple[Any, list[dict]]:
-    """Split per-layer variants into the block default (the most common; ties go to layer 0's) and overrides.
-
-    Args:
-        variants: one hashable description per layer.
-        slots: maps a variant to the slots it sets, e.g. ``{"attention": {...}, "position": {...}}``.
-
-    Returns:
-        ``(default variant, overrides)`` with one override per other variant, in order of first appearance.
-    """
-    counts: dict[Any, int] = {}
-    for v in variants:
-        counts[v] = counts.get(v, 0) + 1
-    default = max(counts, key=lambda v: (counts[v], v == variants[0]))
-    overrides = []
-    for v in counts:
-        if v == default:
-            continue
-        layers = [i for i, x in enumerate(variants) if x == v]
-        overrides.append({"layers": layer_selector(layers, n_layers), **slots(v)})
-    return default, overrides
-
-
-def model_spec(
-    r: HFConfig,
-    *,
-    vocab_size: int,
-    d_model: int,
-    n_layers: int,
-    max_seq_len: int,
-    position: dict,
-    block: dict,
-    overrides: Sequence[dict] = (),
-    final_norm: Optional[dict] = None,
-    tie_embeddings: bool = False,
-    lm_head_bias: bool = False,
-    embedding_scale: Any = None,
-    logit_scale: Optional[float] = None,
-    final_logit_softcap: Optional[float] = None,
-    init_std: Optional[float] = None,
-    dropout: Optional[dict] = None,
-) -> dict:
-    """Assemble the top-level spec dict (``name``/``description`` from the config's provenance); ``dropout`` is
-    written only when one of its probabilities is non-zero."""
-    source = r.cfg.get("_name_or_path") or r.cfg.get("name_or_path")
-    archs = r.cfg.get("architectures") or []
-    arch = f" ({archs[0]})" if isinstance(archs, list) and archs else ""
-    spec: dict[str, Any] = {
-        "schema_version": 1,
-        "name": str(source) if source else r.model_type,
-        "description": f"Converted from a Hugging Face {r.model_type} config{arch}.",
-        "metadata": {"hf_model_type": r.model_type},
-        "vocab_size": vocab_size,
-        "d_model": d_model,
-        "n_layers": n_layers,
-        "max_seq_len": max_seq_len,
-        "position": position,
-        "block": block,
-    }
-    if overrides:
-        spec["overrides"] = list(overrides)
-    if embedding_scale is not None:
-        spec["embedding_scale"] = embedding_scale
-    spec["final_norm"] = final_norm
-    spec["tie_embeddings"] = bool(tie_embeddings)
-    if lm_head_bias:
-        spec["lm_head_bias"] = True
-    if logit_scale is not None:
-        spec["logit_scale"] = float(logit_scale)
-    if final_logit_softcap is not None:
-        spec["final_logit_softcap"] = float(final_logit_softcap)
-    if init_std is not None:
-        spec["init_std"] = float(init_std)
-    if dropout and any(dropout.values()):
-        spec["dropout"] = dropout
-    return spec
 
 
 # ---------------------------------------------------------------------------------------------- fields -> spec
@@ -362,10 +206,11 @@ def attention_spec(f: Mapping[str, Any], layer_type: str, norm: dict, extra: Opt
     else:
         kv = f["n_heads"] if f["n_kv_heads"] is None else f["n_kv_heads"]
         bias = (f["qkv_bias"],) * 3 + (f["o_bias"],)
-        spec = attention(f["d_model"], f["n_heads"], kv, f["head_dim"], bias=bias, qk_norm=norm if f["qk_norm"] else None,
-                         qk_norm_scope=f["qk_norm"] or "head",
-                         sliding_window=f["sliding_window"] if layer_type == "sliding_attention" else None,
-                         softmax_scale=f["softmax_scale"], logit_softcap=f["attn_softcap"])
+        spec = attention(AttentionRequest(
+            f["d_model"], f["n_heads"], kv, f["head_dim"], bias=bias, qk_norm=norm if f["qk_norm"] else None,
+            qk_norm_scope=f["qk_norm"] or "head",
+            sliding_window=f["sliding_window"] if layer_type == "sliding_attention" else None,
+            softmax_scale=f["softmax_scale"], logit_softcap=f["attn_softcap"]))
         if layer_type == "chunked_attention":
             spec["attention_chunk_size"] = f["attention_chunk_size"]
         if f["sinks"]:
@@ -415,8 +260,7 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
         placement["residual_multiplier"] = float(f["residual_multiplier"])
     block = {slot: default[slot], "ffn": default["ffn"], "norm": norm, "placement": placement}
     dropout = {name: float(f[field]) for name, field in DROPOUT_FIELDS.items() if f[field] is not None}
-    spec = model_spec(
-        r,
+    spec = model_spec(r, ModelRequest(
         vocab_size=f["vocab_size"],
         d_model=f["d_model"],
         n_layers=n_layers,
@@ -432,7 +276,7 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
         final_logit_softcap=f["final_logit_softcap"],
         init_std=f["init_std"],
         dropout=dropout,
-    )
+    ))
     if f["embedding_norm"]:
         spec["embedding_norm"] = norm
     return spec
@@ -454,53 +298,63 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_d
               "latent_norm")
 
 
-def fields_of(spec) -> dict[str, Any]:
-    """The fields (:data:`FIELDS`) of a validated spec, as an export writes them: layer 0 stands for the norm, the
-    first attention layer for the attention fields, the first recurrent layer for ``mixer`` (``mixers`` holds every
-    layer's recurrent mixer, ``None`` on attention layers), the first mixture layer for the MoE fields and the first
-    dense layer for ``d_ff`` (an all-MoE model: the expert width); ``windows``, ``positions``, ``attentions`` and ``ffns`` hold every layer. Component
-    configs stay objects (``position``, ``positions``, ``placement``); a field a component does not have is ``None``.
-    Whether the fields describe the spec completely is checked afterwards, by converting the written config back."""
+class _Picked(NamedTuple):
+    """The components of a validated spec that stand for the fields (:func:`fields_of`)."""
+
+    layers: list  # every layer's resolved slots
+    mixers: list  # per layer, the recurrent mixer, or None where the mixer slot holds an attention
+    att: Any  # the first attention layer's attention (None: no attention layer)
+    moe: Any  # the first mixture FFN (None: no mixture)
+    dense: Any  # the first dense FFN (None: every FFN is a mixture)
+
+    @property
+    def expert(self) -> Any:
+        """The routed expert of the first mixture."""
+        return getattr(self.moe, "expert", None)
+
+    @property
+    def width(self) -> Any:
+        """The FFN that stands for ``d_ff``, ``ffn`` and ``act``: the first dense one, else the expert."""
+        return self.dense if self.dense is not None else self.expert
+
+
+def _pick(spec) -> _Picked:
+    """Layer 0 stands for the norm, the first attention layer for the attention fields, the first recurrent layer for
+    ``mixer``, the first mixture layer for the MoE fields and the first dense layer for ``d_ff``."""
     from modkit.plugin import get_registry
 
-    n = spec.n_layers
-    layers = [spec.layer(i) for i in range(n)]
-    ls = layers[0]
-    norm = ls.norm
+    layers = [spec.layer(i) for i in range(spec.n_layers)]
     registry = get_registry()
-    # per layer, the recurrent mixer, or None where the mixer slot holds an attention
     mixers = [None if registry.entry_for_config(x.attention).kind == "attention" else x.attention for x in layers]
-    mixer = next((m for m in mixers if m is not None), None)
-    att = next((x.attention for x, m in zip(layers, mixers) if m is None), None)  # the first attention layer's
-    attentions = [x.attention for x in layers]
+    att = next((x.attention for x, m in zip(layers, mixers) if m is None), None)
     ffns = [x.ffn for x in layers]
-    flags = [getattr(x, "type", None) == "moe" for x in ffns]
     moe = next((x for x in ffns if getattr(x, "type", None) == "moe"), None)
     dense = next((x for x in ffns if getattr(x, "type", None) != "moe"), None)
-    expert = getattr(moe, "expert", None)
-    router = getattr(moe, "router", None)
-    shared = getattr(moe, "shared", None)
-    width = dense if dense is not None else expert
-    d = spec.d_model
-    windows = [getattr(a, "sliding_window", None) for a in attentions]
-    types = [_layer_type(a) for a in attentions]
-    positions = [x.position for x in layers]
-    by_type: dict[str, Any] = {}
-    for t, p in zip(types, positions):
-        by_type.setdefault(t, p)
-    is_mla = getattr(att, "type", None) == "mla"
-    clamped = getattr(expert, "type", None) == "swiglu_clamped"
+    return _Picked(layers, mixers, att, moe, dense)
+
+
+def _head_fields(spec, p: _Picked) -> dict[str, Any]:
+    """The sizes, the token mixers and the head counts."""
+    att, d = p.att, spec.d_model
     return {
         "vocab_size": spec.vocab_size,
         "d_model": d,
-        "n_layers": n,
+        "n_layers": spec.n_layers,
         "max_seq_len": spec.max_seq_len,
-        "mixer": mixer,
-        "mixers": mixers,
+        "mixer": next((m for m in p.mixers if m is not None), None),
+        "mixers": p.mixers,
         "n_heads": getattr(att, "n_heads", None),
         "n_kv_heads": getattr(att, "kv_heads", getattr(att, "n_heads", None)),
         "head_dim": att.resolved_head_dim(d) if hasattr(att, "resolved_head_dim") else None,
-        "d_ff": getattr(width, "d_ff", None),
+        "d_ff": getattr(p.width, "d_ff", None),
+    }
+
+
+def _norm_fields(spec, p: _Picked) -> dict[str, Any]:
+    """The norm (layer 0's), the placement and where norms sit."""
+    ls = p.layers[0]
+    norm = ls.norm
+    return {
         "norm": norm.type,
         "eps": getattr(norm, "eps", None),
         "unit_offset": getattr(norm, "unit_offset", False),
@@ -509,6 +363,15 @@ def fields_of(spec) -> dict[str, Any]:
         "residual_multiplier": getattr(ls.placement, "residual_multiplier", 1.0),
         "final_norm": spec.final_norm is not None,
         "embedding_norm": getattr(spec, "embedding_norm", None) is not None,
+    }
+
+
+def _attention_fields(p: _Picked) -> dict[str, Any]:
+    """The attention fields (the first attention layer's), every layer's window, kind and attention."""
+    att = p.att
+    attentions = [x.attention for x in p.layers]
+    windows = [getattr(a, "sliding_window", None) for a in attentions]
+    return {
         "qkv_bias": bool(getattr(att, "q_bias", False)),
         "o_bias": bool(getattr(att, "o_bias", False)),
         "qk_norm": getattr(att, "qk_norm_scope", "head") if getattr(att, "qk_norm", None) is not None else None,
@@ -516,24 +379,46 @@ def fields_of(spec) -> dict[str, Any]:
         "attn_softcap": getattr(att, "logit_softcap", None),
         "causal": getattr(att, "causal", True),
         "windows": windows,
-        "layer_types": types,
+        "layer_types": [_layer_type(a) for a in attentions],
         "sliding_window": next((w for w in windows if w is not None), None),
         "attention_chunk_size": next((a.attention_chunk_size for a in attentions
                                       if getattr(a, "attention_chunk_size", None) is not None), None),
         "sinks": bool(getattr(att, "sinks", False)),
         "attn_output_gate": bool(getattr(att, "output_gate", False)),
         "attentions": attentions,
-        "mla": {k: getattr(att, k) for k in MLA_FIELDS} if is_mla else None,
-        "position": ls.position,
-        "position_by_type": by_type,
-        "positions": positions,
-        "ffns": ffns,
+        "mla": {k: getattr(att, k) for k in MLA_FIELDS} if getattr(att, "type", None) == "mla" else None,
+    }
+
+
+def _position_fields(p: _Picked, types: Sequence[str]) -> dict[str, Any]:
+    """Layer 0's position, the first position of each layer type, every layer's position."""
+    positions = [x.position for x in p.layers]
+    by_type: dict[str, Any] = {}
+    for t, pos in zip(types, positions):
+        by_type.setdefault(t, pos)
+    return {"position": p.layers[0].position, "position_by_type": by_type, "positions": positions}
+
+
+def _ffn_fields(p: _Picked) -> dict[str, Any]:
+    """Every layer's FFN and the dense FFN's fields (the width FFN's kind and activation)."""
+    width, dense = p.width, p.dense
+    return {
+        "ffns": [x.ffn for x in p.layers],
         "ffn": None if width is None else "mlp" if getattr(width, "type", None) == "mlp" else "gated",
         "act": getattr(width, "act", None) or getattr(width, "activation", None),
         "mlp_bias": bool(getattr(dense, "bias", False)),
         "ffn_multipliers": [getattr(dense, "gate_multiplier", 1.0), getattr(dense, "output_multiplier", 1.0)],
+    }
+
+
+def _moe_fields(p: _Picked) -> dict[str, Any]:
+    """The mixture fields (the first mixture layer's) and which layers hold a mixture."""
+    moe, expert = p.moe, p.expert
+    router = getattr(moe, "router", None)
+    clamped = getattr(expert, "type", None) == "swiglu_clamped"
+    return {
         "moe": moe is not None,
-        "moe_layers": flags,
+        "moe_layers": [getattr(x.ffn, "type", None) == "moe" for x in p.layers],
         "n_experts": getattr(moe, "n_experts", None),
         "top_k": getattr(moe, "top_k", None),
         "expert_d_ff": getattr(expert, "d_ff", None),
@@ -547,9 +432,15 @@ def fields_of(spec) -> dict[str, Any]:
         "topk_group": getattr(router, "topk_group", None),
         "correction_bias": bool(getattr(router, "correction_bias", False)),
         "weight_on": getattr(moe, "weight_on", "output"),
-        "shared_d_ff": getattr(shared, "d_ff", None),
+        "shared_d_ff": getattr(getattr(moe, "shared", None), "d_ff", None),
         "shared_gate": bool(getattr(moe, "shared_gate", False)),
         "aux_loss_coef": getattr(moe, "aux_loss_coef", None),
+    }
+
+
+def _output_fields(spec) -> dict[str, Any]:
+    """The head, embedding and init fields, and the dropout probabilities."""
+    return {
         "tie_embeddings": spec.tie_embeddings,
         "lm_head_bias": spec.lm_head_bias,
         "embedding_scale": spec.embedding_scale,
@@ -557,4 +448,25 @@ def fields_of(spec) -> dict[str, Any]:
         "final_logit_softcap": spec.final_logit_softcap,
         "init_std": spec.init_std,
         **{field: float(getattr(spec.dropout, name)) for name, field in DROPOUT_FIELDS.items()},
+    }
+
+
+def fields_of(spec) -> dict[str, Any]:
+    """The fields (:data:`FIELDS`) of a validated spec, as an export writes them: layer 0 stands for the norm, the
+    first attention layer for the attention fields, the first recurrent layer for ``mixer`` (``mixers`` holds every
+    layer's recurrent mixer, ``None`` on attention layers), the first mixture layer for the MoE fields and the first
+    dense layer for ``d_ff`` (an all-MoE model: the expert width); ``windows``, ``positions``, ``attentions`` and
+    ``ffns`` hold every layer. Component configs stay objects (``position``, ``positions``, ``placement``); a field a
+    component does not have is ``None``. Whether the fields describe the spec completely is checked afterwards, by
+    converting the written config back."""
+    p = _pick(spec)
+    attention_fields = _attention_fields(p)
+    return {
+        **_head_fields(spec, p),
+        **_norm_fields(spec, p),
+        **attention_fields,
+        **_position_fields(p, attention_fields["layer_types"]),
+        **_ffn_fields(p),
+        **_moe_fields(p),
+        **_output_fields(spec),
     }

@@ -116,6 +116,8 @@ class HFType:
             object.__setattr__(self, "module", sys._getframe(2).f_globals.get("__name__", ""))
 
     # ------------------------------------------------------------------ derive
+    # size: the keywords are the documented derivation API (docs/guides/hugging-face.md, third-party types call
+    # derive with them): one keyword per kind of table change, each applied by its own helper
     def derive(
         self,
         model_type: str,
@@ -144,28 +146,37 @@ class HFType:
         Raises:
             KeyError: a ``defaults`` or ``drop`` key the parent's table does not have.
         """
-        table = dict(self.keys)
-        for key in drop:
-            if key not in table:
-                raise KeyError(f"{self.model_type} has no config key {key!r} to drop")
-            del table[key]
-        for key, value in (defaults or {}).items():
-            if key not in table:
-                raise KeyError(f"{self.model_type} has no config key {key!r} to give a default")
-            table[key] = replace(table[key], default=value)
-        table.update(keys or {})
         return replace(
             self,
             model_type=model_type,
             architecture=architecture,
             notes=notes,
-            keys=table,
+            keys=self._edited_keys(keys or {}, defaults or {}, drop),
             fixed={**self.fixed, **(fixed or {})},
             tensors=weight_table(self.tensors, *(tensors or ()), drop=drop_tensors),
             parent=self.model_type,
             module=sys._getframe(1).f_globals.get("__name__", ""),
             **changes,
         )
+
+    def _edited_keys(self, keys: Mapping[str, Entry], defaults: Mapping[str, Any], drop: Sequence[str]) -> dict:
+        """This type's config table with the keys in ``drop`` removed, new transformers ``defaults`` for some rows,
+        then ``keys`` replacing rows in place or added at the end.
+
+        Raises:
+            KeyError: a ``defaults`` or ``drop`` key the table does not have.
+        """
+        table = dict(self.keys)
+        for key in drop:
+            if key not in table:
+                raise KeyError(f"{self.model_type} has no config key {key!r} to drop")
+            del table[key]
+        for key, value in defaults.items():
+            if key not in table:
+                raise KeyError(f"{self.model_type} has no config key {key!r} to give a default")
+            table[key] = replace(table[key], default=value)
+        table.update(keys)
+        return table
 
     # ------------------------------------------------------------------ config -> spec
     def fields(self, r: HFConfig) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from modkit.plugin import CheckpointError
 
 from ._keys import Ignore, Key, Own, Refuse, Rope
 from ._reader import HFConfig
-from ._spec import attention
+from ._spec import AttentionRequest, attention
 from ._type import HFType
 from ._weights import Head, W
 from .granite import _unless_one
@@ -103,8 +103,8 @@ def read_mixer(r: HFConfig, f: dict) -> None:
         head_dim = d // heads
     bias = r.flag("attention_bias", False)
     key_multiplier = r.number("key_multiplier", 1.0)
-    att = attention(d, heads, kv, head_dim, bias=(bias,) * 4,
-                    softmax_scale=None if key_multiplier == 1 else key_multiplier * head_dim**-0.5)
+    att = attention(AttentionRequest(d, heads, kv, head_dim, bias=(bias,) * 4,
+                                     softmax_scale=None if key_multiplier == 1 else key_multiplier * head_dim**-0.5))
     # the Mamba-2 mixer
     expand = r.number("mamba_expand", 2)
     d_ssm = int(expand * d) if _null(r, "mamba_d_ssm") else r.number("mamba_d_ssm", 1024, integer=True)
