@@ -2,9 +2,9 @@
 
 A spec describes a decoder-only Transformer: model-wide sizes, a position scheme, one ``block`` (token mixer,
 ffn, norm, placement) used by every layer, optional per-layer ``overrides`` and the model head. The token mixer is
-written ``mixer`` or ``attention`` (the same slot: any attention or recurrent mixer, :data:`~modkit.core.config.MIXER_KINDS`),
-so a hybrid is a block plus overrides (Gated DeltaNet everywhere, attention every fourth layer); a block's ``ffn``
-may be ``null`` (Mamba-2's blocks are a mixer alone). Each component
+written ``mixer`` or ``attention`` (the same slot: any attention or recurrent mixer,
+:data:`~modkit.core.config.MIXER_KINDS`), so a hybrid is a block plus overrides (Gated DeltaNet everywhere,
+attention every fourth layer); a block's ``ffn`` may be ``null`` (Mamba-2's blocks are a mixer alone). Each component
 slot is a discriminated union on ``type`` over every registered component of that kind, built *after*
 plugins load, so a third-party component validates exactly like a built-in. Specs never name Python import
 paths: component names resolve only through the registry.
