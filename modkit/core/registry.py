@@ -12,6 +12,7 @@ entry produces one warning naming it and leaves nothing behind (pluggy #733); th
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import importlib.metadata as md
 import os
 import re
@@ -242,8 +243,7 @@ class Registry:
         self._skipped: dict[str, str] = {}
         self.generation = 0
         self._lock = threading.RLock()
-        self._spec_model_cache: tuple[int, Any] | None = None  # filled by modkit.spec.spec_model
-        self._slot_types: dict[str, Any] = {}
+        self._derived: dict[str, tuple[int, Any]] = {}  # key -> (generation, value): see derived()
 
     # ---------------------------------------------------------------- plugins
     def register_plugin(
@@ -287,15 +287,9 @@ class Registry:
                 if not isinstance(entry, Component):
                     raise RegistryError(f"register() takes a modkit.Component, got {type(entry).__name__}")
                 entry.validate()
-                comps.append(
-                    replace(
-                        entry,
-                        provider=provider,
-                        capabilities=MappingProxyType(dict(entry.capabilities)),
-                        aliases=tuple(entry.aliases),
-                        alias_notes=MappingProxyType(dict(entry.alias_notes)),
-                    )
-                )
+                frozen = dict(capabilities=MappingProxyType(dict(entry.capabilities)), aliases=tuple(entry.aliases),
+                              alias_notes=MappingProxyType(dict(entry.alias_notes)))
+                comps.append(replace(entry, provider=provider, **frozen))
 
             def register_converter(model_type: Any, convert: Optional[Callable[[dict], dict]] = None, weights: Any = None) -> None:
                 declaration = None
@@ -513,8 +507,6 @@ class Registry:
 
     def components(self, kind: str | None = None, *, plugin: str | None = None, pattern: str | None = None) -> list[Component]:
         """Entries filtered by kind, providing plugin and ``fnmatch`` pattern on the type (timm-style listing)."""
-        import fnmatch
-
         out = [
             c
             for c in self._components.values()
@@ -564,6 +556,16 @@ class Registry:
     def hf_model_types(self) -> list[str]:
         """Sorted Hugging Face model types with a registered converter."""
         return sorted(self._converters)
+
+    def derived(self, key: str, build: Callable[[], Any]) -> Any:
+        """``build()``, computed once and kept under ``key`` until the registry changes (a plugin registered or
+        removed: :attr:`generation`), for values derived from the registered components (the live spec model of
+        :func:`modkit.spec.spec_model`). Whatever ``build`` raises propagates, and nothing is kept."""
+        with self._lock:
+            held = self._derived.get(key)
+            if held is None or held[0] != self.generation:
+                held = self._derived[key] = (self.generation, build())
+            return held[1]
 
     @property
     def plugin_manager(self) -> pluggy.PluginManager:

@@ -35,14 +35,18 @@ PUBLIC_MODULES = ("modkit.plugin", "modkit.experiments.compare", "modkit.data", 
 
 def public_modules(modules: list[str]) -> list[str]:
     """The public API among ``modules``: ``modkit``, the modules defining what ``modkit`` and the subpackages of
-    :data:`PUBLIC_MODULES` export (``__all__``), and :data:`PUBLIC_MODULES` themselves; the rest (the command
-    line, the site generator, the kit's check modules, helpers) are internals, documented all the same."""
+    :data:`PUBLIC_MODULES` export (``__all__``), the modules they export it from (``modkit.spec`` for
+    ``modkit.ModelSpec``, defined in ``modkit.spec.models``), and :data:`PUBLIC_MODULES` themselves; the rest (the
+    command line, the site generator, the kit's check modules, helpers) are internals, documented all the same."""
+
     public = {"modkit", *PUBLIC_MODULES}
     for pkg_name in ("modkit", *PUBLIC_MODULES):
         try:
             pkg = importlib.import_module(pkg_name)
         except Exception:  # noqa: BLE001 - an optional dependency missing here: the module keeps its own page
             continue
+        via = getattr(pkg, "_lazy_exports", {})  # name -> the module a lazy package imports it from
+        public.update(m for n, m in via.items() if n in getattr(pkg, "__all__", []) and m.startswith("modkit"))
         for name in getattr(pkg, "__all__", []):
             try:
                 obj = getattr(pkg, name)

@@ -156,7 +156,7 @@ def update_cache(
     """
     if inputs.cache is None:
         return k, v, inputs.positions, inputs.token_mask
-    cache = inputs.cache.state(mixer) if mixer is not None else inputs.cache
+    cache = inputs.cache.state(mixer)  # with one mixer in the layer, its state whatever `mixer` is
     k_all, v_all, k_pos, k_valid = cache.update(k, v, inputs.positions, inputs.token_mask)
     if k_all.dtype != k.dtype:  # a cache made in another dtype than the model
         k_all, v_all = k_all.to(k.dtype), v_all.to(v.dtype)
@@ -188,7 +188,7 @@ def update_cache_entries(
     """
     if inputs.cache is None:
         return dict(new), inputs.positions, inputs.token_mask
-    cache = inputs.cache.state(mixer) if mixer is not None else inputs.cache
+    cache = inputs.cache.state(mixer)  # with one mixer in the layer, its state whatever `mixer` is
     seen, k_pos, k_valid = cache.append(new, inputs.positions, inputs.token_mask)
     return {n: t if t.dtype == new[n].dtype else t.to(new[n].dtype) for n, t in seen.items()}, k_pos, k_valid
 
@@ -223,8 +223,7 @@ def prepare_mask(
         mixer: the calling module (``mixer=self``): in a layer holding several mixers, the mask is then shared
             through its own state's slot group (without it, it is computed for this call alone there).
     """
-    cache = inputs.cache.state(mixer) if inputs.cache is not None and mixer is not None else inputs.cache
-    scratch = getattr(cache, "scratch", None)
+    scratch = _shared_scratch(inputs, mixer)
     docs = inputs.documents
     if docs is not None:
         if inputs.cache is not None or k_pos is not inputs.positions:
@@ -238,6 +237,16 @@ def prepare_mask(
         if scratch is not None:
             scratch[key] = prepared
     return prepared
+
+
+def _shared_scratch(inputs: AttentionInputs, mixer: Optional[nn.Module]) -> Optional[dict]:
+    """The per-forward dict of the caller's slot group, where :func:`prepare_mask` keeps a mask for the other layers
+    of the group; ``None`` without a cache, or in a layer of several mixers when the caller is not named (the mask
+    is then computed for this call alone)."""
+    cache = inputs.cache
+    if cache is None or (mixer is None and len(getattr(cache, "mixers", ())) > 1):
+        return None
+    return cache.state(mixer).scratch
 
 
 def is_plain_causal(inputs: AttentionInputs, k_pos: Tensor, k_valid: Optional[Tensor], bias: Optional[Tensor]) -> bool:

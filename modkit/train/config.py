@@ -293,13 +293,10 @@ def json_schema() -> dict:
     union of the installed optimizers' configs."""
     from pydantic import TypeAdapter
 
-    from modkit.core.registry import get_registry
-    from ..spec import _ident, spec_model
+    from ..spec import slot_type
 
     schema = TrainConfig.model_json_schema()
-    reg = get_registry()
-    spec_model(reg)
-    union = reg._slot_types.get(_ident("optimizer"))
+    union = slot_type("optimizer")
     if union is not None:
         sub = TypeAdapter(union).json_schema(ref_template="#/$defs/{model}")
         schema.setdefault("$defs", {}).update(sub.pop("$defs", {}))

@@ -1,0 +1,199 @@
+"""What a token mixer declares it keeps in the cache: :class:`CacheSpec`, a set of named :class:`CacheEntry` s
+(the contract of :mod:`modkit.nn.cache`), and the byte counts every report reads from those declarations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Optional, Union
+
+import torch
+
+#: How an entry grows: one slot per token, or one fixed-size state per sequence.
+GROWTH = ("token", "sequence")
+
+
+def _dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        out = dtype
+    else:
+        out = getattr(torch, str(dtype).replace("torch.", ""), None)
+    if not isinstance(out, torch.dtype) or not out.is_floating_point:
+        raise ValueError(f"unknown cache dtype {dtype!r}; use float32, bfloat16 or float16")
+    return out
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One named tensor a token mixer keeps in the cache (an item of :class:`CacheSpec`).
+
+    Attributes:
+        name: the entry's name, unique within its mixer (``"k"``, ``"latent"``, ``"ssm"``).
+        shape: per token (``growth="token"``) or per sequence (``growth="sequence"``), batch and slot axes
+            excluded: keys ``(n_kv_heads, head_dim)``, an MLA latent ``(kv_lora_rank,)``, an SSM state
+            ``(n_heads, head_dim, d_state)``.
+        growth: ``"token"``: one slot per token (``max_len`` slots, or ``min(window, max_len)`` in a ring);
+            ``"sequence"``: one fixed-size state per row.
+        slot_axis: for per-token entries, the axis of the allocated tensor ``[batch, ...]`` that indexes slots
+            (``1``: ``[batch, slots, *shape]``; the built-in keys use ``2``: ``[batch, n_kv_heads, slots,
+            head_dim]``); between 1 and ``len(shape) + 1``. Ignored for per-sequence entries.
+        dtype: the entry's dtype, or ``None`` for the cache's (the model's by default); a recurrent state may ask
+            for ``torch.float32`` in a bfloat16 model.
+
+    Raises:
+        ValueError: an empty or non-identifier name, a non-positive size, an unknown growth, a slot axis out of
+            range, or a dtype that is not floating (each names the value).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    growth: str = "token"
+    slot_axis: int = 1
+    dtype: Optional[torch.dtype] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"a cache entry's name must be an identifier such as 'k' or 'latent', got {self.name!r}")
+        shape = tuple(self.shape) if isinstance(self.shape, (tuple, list, torch.Size)) else (self.shape,)
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+            raise ValueError(f"cache entry {self.name!r}: shape must hold positive integers, got {self.shape!r}")
+        object.__setattr__(self, "shape", tuple(int(n) for n in shape))
+        if self.growth not in GROWTH:
+            raise ValueError(f"cache entry {self.name!r}: growth must be 'token' or 'sequence', got {self.growth!r}")
+        if self.growth == "token" and not 1 <= self.slot_axis <= len(shape) + 1:
+            raise ValueError(
+                f"cache entry {self.name!r}: slot_axis = {self.slot_axis} is outside [1, {len(shape) + 1}] for a "
+                f"[batch, ...] tensor of {len(shape) + 1} axes plus the slot axis (1 puts slots right after batch)"
+            )
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype", _dtype(self.dtype))
+
+    @property
+    def per_token(self) -> bool:
+        """Whether the entry has one slot per token (``growth == "token"``)."""
+        return self.growth == "token"
+
+    @property
+    def numel(self) -> int:
+        """Numbers per token (per-token entry) or per sequence (per-sequence entry)."""
+        return math.prod(self.shape)
+
+    def nbytes(self, dtype: Union[str, torch.dtype]) -> int:
+        """Bytes per token or per sequence, in the entry's dtype or else ``dtype`` (the cache's)."""
+        return self.numel * torch.empty((), dtype=self.dtype or _dtype(dtype), device="meta").element_size()
+
+    def allocated_shape(self, batch: int, slots: int) -> tuple[int, ...]:
+        """The shape the cache allocates for ``batch`` rows: ``[batch, *shape]`` with ``slots`` inserted at
+        ``slot_axis`` for a per-token entry."""
+        if not self.per_token:
+            return (batch, *self.shape)
+        axis = self.slot_axis - 1
+        return (batch, *self.shape[:axis], slots, *self.shape[axis:])
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """What one token mixer keeps in the cache: its entries, and the window of its per-token entries.
+
+    Returned by a mixer module's ``cache_spec()`` (the contract of :mod:`modkit.nn.cache`).
+
+    Attributes:
+        entries: the :class:`CacheEntry` s (names unique).
+        window: the sliding window in positions of the per-token entries, or ``None`` (global): a window below
+            the cache's ``max_len`` makes them a ring buffer of ``window`` slots.
+
+    Raises:
+        ValueError: duplicate names, a non-entry item, or a window below 1.
+    """
+
+    entries: tuple[CacheEntry, ...]
+    window: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        entries = tuple(self.entries)
+        bad = [e for e in entries if not isinstance(e, CacheEntry)]
+        if bad:
+            raise ValueError(f"a CacheSpec holds CacheEntry items, got {type(bad[0]).__name__}")
+        names = [e.name for e in entries]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"cache entry names must be unique within a mixer; repeated: {dup}")
+        if self.window is not None and (isinstance(self.window, bool) or int(self.window) < 1):
+            raise ValueError(f"a cache window must be >= 1 position or None, got {self.window!r}")
+        object.__setattr__(self, "entries", entries)
+
+    @classmethod
+    def kv(cls, n_kv_heads: int, head_dim: int, window: Optional[int] = None) -> "CacheSpec":
+        """Keys and values ``[batch, n_kv_heads, slots, head_dim]`` each (the built-in attention's layout)."""
+        shape = (int(n_kv_heads), int(head_dim))
+        return cls((CacheEntry("k", shape, slot_axis=2), CacheEntry("v", shape, slot_axis=2)), window)
+
+    @property
+    def token_entries(self) -> tuple[CacheEntry, ...]:
+        """The per-token entries."""
+        return tuple(e for e in self.entries if e.per_token)
+
+    @property
+    def sequence_entries(self) -> tuple[CacheEntry, ...]:
+        """The per-sequence (fixed-size) entries."""
+        return tuple(e for e in self.entries if not e.per_token)
+
+    def slots(self, max_len: int) -> int:
+        """Slots of the per-token entries in a cache of ``max_len``: ``min(window, max_len)`` or ``max_len``."""
+        return min(self.window, max_len) if self.window is not None else max_len
+
+    def bytes_per_token(self, dtype: Union[str, torch.dtype]) -> int:
+        """Bytes one token adds: ``Σ`` per-token entries ``prod(shape) · bytes(entry dtype or dtype)``."""
+        return sum(e.nbytes(dtype) for e in self.token_entries)
+
+    def bytes_per_sequence(self, dtype: Union[str, torch.dtype]) -> int:
+        """Bytes of the fixed-size state of one row: ``Σ`` per-sequence entries ``prod(shape) · bytes``."""
+        return sum(e.nbytes(dtype) for e in self.sequence_entries)
+
+    def nbytes(self, max_len: int, batch: int, dtype: Union[str, torch.dtype]) -> int:
+        """Bytes a cache of ``batch`` rows and ``max_len`` tokens allocates for this mixer:
+        ``batch · (bytes_per_token · slots(max_len) + bytes_per_sequence)``."""
+        return batch * (self.bytes_per_token(dtype) * self.slots(max_len) + self.bytes_per_sequence(dtype))
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    """The key/value geometry of one layer's attention (the form of a cache layout before mixers declared
+    their state; :meth:`cache_spec` turns it into keys and values).
+
+    Attributes:
+        n_kv_heads: key/value heads stored (``attention.n_kv_heads``).
+        head_dim: width of one key/value head (``attention.head_dim``).
+        window: the layer's sliding window in positions, or ``None`` for global attention.
+    """
+
+    n_kv_heads: int
+    head_dim: int
+    window: Optional[int] = None
+
+    def cache_spec(self) -> CacheSpec:
+        """``CacheSpec.kv(n_kv_heads, head_dim, window)``."""
+        return CacheSpec.kv(self.n_kv_heads, self.head_dim, self.window)
+
+
+#: One layer of a cache layout: a :class:`LayerGeometry` (keys and values), one mixer's :class:`CacheSpec`, or
+#: ``{mixer key: CacheSpec}`` for a layer holding several mixers.
+LayerLayout = Union[LayerGeometry, CacheSpec, Mapping[str, CacheSpec]]
+
+
+def layer_specs(layout: LayerLayout) -> dict[str, CacheSpec]:
+    """``{mixer key: CacheSpec}`` of one layer of a layout (key ``""`` for a single unnamed mixer).
+
+    Raises:
+        TypeError: an item of another type.
+    """
+    if isinstance(layout, LayerGeometry):
+        return {"": layout.cache_spec()}
+    if isinstance(layout, CacheSpec):
+        return {"": layout}
+    if isinstance(layout, Mapping) and all(isinstance(v, CacheSpec) for v in layout.values()):
+        return dict(layout)
+    raise TypeError(
+        f"a cache layout item is a LayerGeometry, a CacheSpec or {{key: CacheSpec}}, got {type(layout).__name__}"
+    )

@@ -1,0 +1,140 @@
+"""Cross-field (semantic) checks of a spec that passed the schema: what one field alone cannot tell.
+
+Each component config's ``check(ctx)`` with the model-wide sizes (:class:`~modkit.spec.models.SpecContext`; a
+position scheme once per attention geometry it serves), dropout probabilities against the components that apply
+them, position schemes against the geometry of their layers (:mod:`modkit.spec.geometry`), override ranges
+against ``n_layers``. Each problem is a ``(JSON path, message)`` pair.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from modkit.core.config import ComponentConfig
+from modkit.core.registry import Registry
+from modkit.core.validation import extend_path
+from modkit.spec.geometry import _geometry_errors, _position_uses
+from modkit.spec.models import LayerOverride, ModelSpec, SpecContext, slot_path
+
+
+def _within(cfg: Any) -> Iterable[ComponentConfig]:
+    """``cfg`` and every component config nested in it (slots, lists of slots), depth first."""
+    if isinstance(cfg, ComponentConfig):
+        yield cfg
+        for name in type(cfg).model_fields:
+            value = getattr(cfg, name)
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                yield from _within(item)
+
+
+def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
+    """A non-zero dropout needs every component that applies it to declare the capability (else it is ignored).
+
+    ``dropout.attention`` is checked on the attentions (kind ``attention``) of the layers' token mixers, nested ones
+    included (an attention beside a recurrent mixer); a recurrent mixer has no attention probabilities to drop, so it
+    is not asked for the capability, but a spec with no attention at all is refused (the dropout would apply nowhere).
+    """
+    errors: list[tuple[str, str]] = []
+    applied = (("attention", "attention", "attention_dropout"), ("residual", "placement", "residual_dropout"))
+    for field_name, kind, capability in applied:
+        p = getattr(spec.dropout, field_name)
+        if p == 0:
+            continue
+        configs = [getattr(spec.block, kind)]
+        configs += [getattr(o, kind) for o in spec.overrides if getattr(o, kind) is not None]
+        checked = []
+        for cfg in configs:
+            if cfg is None:  # a component that failed the schema (see _valid_parts_errors)
+                continue
+            if kind == "attention":  # the attentions among the token mixers (recurrent mixers hold no probabilities)
+                inner = [c for c in _within(cfg) if registry.entry_for_config(c).kind == "attention"]
+                checked += inner
+                continue
+            checked.append(cfg)
+        if kind == "attention" and not checked and any(c is not None for c in configs):
+            errors.append((f"dropout.{field_name}", f"dropout.{field_name} = {p} drops attention probabilities, but "
+                           "no layer's token mixer holds an attention; set it to 0"))
+            continue
+        for cfg in checked:
+            entry = registry.entry_for_config(cfg, kind)
+            if not entry.capabilities.get(capability):
+                errors.append(
+                    (
+                        f"dropout.{field_name}",
+                        f"{kind} type {entry.type!r} ({entry.provider}) does not declare the {capability!r} "
+                        f"capability, so dropout.{field_name} = {p} would be ignored; set it to 0 or use a {kind} "
+                        "that applies it",
+                    )
+                )
+                break
+    return errors
+
+
+
+def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = True) -> list[tuple[str, str]]:
+    """Cross-field errors of a spec: component configs' ``check(ctx)``, dropout capabilities, override ranges.
+
+    Components that are ``None`` are skipped. ``geometry=False`` checks position schemes without the attention
+    geometry of the layers they serve (``n_heads`` / ``head_dim`` unknown), for a spec whose attention configs did not
+    all validate.
+    """
+    sizes = (spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len)
+    ctx = SpecContext(*sizes, registry)
+    errors: list[tuple[str, str]] = []
+
+    def visit(cfg: Any, path: str, at: SpecContext = ctx) -> None:
+        if not isinstance(cfg, ComponentConfig):
+            return
+        check = getattr(cfg, "check", None)
+        if callable(check):
+            for sub, msg in check(at) or ():
+                errors.append((extend_path(path, sub), msg))
+        for name in type(cfg).model_fields:
+            value = getattr(cfg, name)
+            if isinstance(value, (list, tuple)):  # a list of slots (the mixers of a parallel hybrid)
+                for k, item in enumerate(value):
+                    visit(item, f"{path}.{name}[{k}]", at)
+            else:
+                visit(value, f"{path}.{name}", at)
+
+    errors.extend(_dropout_errors(spec, registry))
+    errors.extend(_geometry_errors(spec, registry) if geometry else [])
+    if geometry:
+        for path, position, shape in _position_uses(spec, registry):
+            visit(position, path, SpecContext(*sizes, registry, *shape))
+    else:
+        visit(spec.position, "position")
+        for i, o in enumerate(spec.overrides):
+            visit(o.position, f"overrides[{i}].position")
+    for slot in ("attention", "ffn", "norm", "placement"):
+        visit(getattr(spec.block, slot), f"block.{slot_path(spec.block, slot)}")
+    for name in ("embedding_norm", "final_norm"):
+        visit(getattr(spec, name), name)
+    for i, o in enumerate(spec.overrides):
+        errors.extend(_layer_selection_errors(o, f"overrides[{i}]", spec.n_layers))
+        for slot in ("attention", "ffn", "norm", "placement"):
+            visit(getattr(o, slot), f"overrides[{i}].{slot_path(o, slot)}")
+        if o.position is not None:
+            acts = registry.entry_for_config(o.position, "position").capabilities.get("acts_on")
+            if acts == "embedding":
+                errors.append((
+                    f"overrides[{i}].position",
+                    f"position type {o.position.type!r} acts on the input embeddings, so it cannot differ per "
+                    "layer; set it in the top-level 'position' instead",
+                ))
+    return errors
+
+
+def _layer_selection_errors(override: LayerOverride, where: str, n_layers: int) -> list[tuple[str, str]]:
+    """Layers an override selects that the model does not have (``where`` is the override's JSON path); none for
+    a selection that failed the schema (``layers`` is ``None``)."""
+    layers = override.layers
+    if layers is None:
+        return []
+    if isinstance(layers, list):
+        return [(f"{where}.layers[{j}]", f"layer {idx} out of range; n_layers = {n_layers}")
+                for j, idx in enumerate(layers) if not 0 <= idx < n_layers]
+    if layers.start >= n_layers:
+        return [(f"{where}.layers.start", f"start = {layers.start} selects no layer; n_layers = {n_layers}")]
+    return []
+
