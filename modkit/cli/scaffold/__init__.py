@@ -18,7 +18,7 @@ Kinds and the starting component written for each:
 * ``norm``: RMSNorm (statistics in float32, output in the input dtype).
 * ``ffn``: a two-layer GELU MLP.
 * ``attention``: causal grouped-query attention over ``scaled_dot_product_attention``, mask built from absolute
-  positions (bottom-right aligned for cached decode), KV cache through ``inputs.cache.update``.
+  positions (bottom-right aligned for cached decode), KV cache through ``update_cache(inputs, k, v, mixer=self)``.
 * ``position``: no position information (NoPE), every hook an identity, ``acts_on = "none"``.
 * ``placement``: a pre-norm block.
 
