@@ -60,7 +60,7 @@ class StepMixin:
 
         Returns:
             ``{"loss": mean cross-entropy [] (nats, the step's batch), "lr": float, "grad_norm": [] (before
-            clipping), "balance": the routers' load imbalance of the step or None}``.
+                clipping), "balance": the routers' load imbalance of the step or None}``.
         """
         c = self.config
         lr = lr_at(self.step, c)
