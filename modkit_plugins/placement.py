@@ -43,7 +43,7 @@ al. 2016, Deep Residual Learning for Image Recognition (arXiv:1512.03385).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 from pydantic import Field
 from torch import Tensor, nn
@@ -51,6 +51,10 @@ from torch import Tensor, nn
 from modkit.plugin import (
     AttentionInputs, BuildContext, Component, ComponentConfig, dropout, elementwise, hookimpl, run_ffn,
 )
+
+
+#: a sublayer as a block runs it: ``h [b, s, d] -> (out [b, s, d], aux_loss or None)``
+_Sublayer = Callable[[Tensor], tuple[Tensor, Optional[Tensor]]]
 
 
 class _ResidualConfig(ComponentConfig):
@@ -119,89 +123,91 @@ class _Residual(nn.Module):
         return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier
 
 
-class PreNormBlock(_Residual):
+class _Block(_Residual):
+    """A block that runs its mixer, then its ffn, each wrapped by :meth:`_sublayer`, the one thing a placement
+    writes; a block without an ffn (Mamba-2) is its mixer's half alone. ``[b, s, d] -> ([b, s, d], aux)``.
+
+    The modules are built in the order :attr:`parts` names them, which is the order of the block's parameters
+    (state_dict keys) and of their initialisation.
+    """
+
+    #: the block's modules in order: ``attention``, ``ffn`` and the norms (``attn_*``, ``ffn_*``), see :meth:`_part`
+    parts: tuple[str, ...] = ()
+
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(cfg, ctx)
+        for name in self.parts:
+            setattr(self, name, self._part(name, ctx, cfg))
+
+    def _part(self, name: str, ctx: BuildContext, cfg: Optional[ComponentConfig]) -> Optional[nn.Module]:
+        """The module ``name`` stands for: the block's ``attention`` (its token mixer) or ``ffn`` as built, or a
+        norm built from the block's norm config; an ``ffn_*`` norm is ``None`` in a block without an ffn."""
+        if name == "attention":
+            return ctx.attention
+        if name == "ffn":
+            return ctx.ffn
+        if name.startswith("ffn_") and ctx.ffn is None:
+            return None
+        return ctx.build(ctx.norm)
+
+    def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
+        """The residual stream ``x [b, s, d]`` after the sublayer ``run`` (``h -> (out, aux or None)``) of ``side``
+        (``"attn"`` or ``"ffn"``, which names its norms: ``{side}_norm``, ``{side}_post_norm``)."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        x, _ = self._sublayer(x, "attn", lambda h: (self.attention(h, inputs), None))
+        if self.ffn is None:  # a block that is a mixer alone (Mamba-2)
+            return x, None
+        return self._sublayer(x, "ffn", lambda h: run_ffn(self.ffn, h, inputs))
+
+
+class PreNormBlock(_Block):
     """``x + m · attention(attn_norm(x))`` then ``x + m · ffn(ffn_norm(x))`` (``m`` = residual_multiplier, 1 by
     default). ``[b, s, d] -> ([b, s, d], aux)``."""
 
-    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
-        super().__init__(cfg, ctx)
-        self.attn_norm = ctx.build(ctx.norm)
-        self.attention = ctx.attention
-        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
-        self.ffn = ctx.ffn
+    parts = ("attn_norm", "attention", "ffn_norm", "ffn")
 
-    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
-        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self._add(self.attention(self.attn_norm(x), inputs))
-        if self.ffn is None:  # a block that is a mixer alone (Mamba-2)
-            return x, None
-        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
+    def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
+        h, aux = run(getattr(self, f"{side}_norm")(x))
         return x + self._add(h), aux
 
 
-class PostNormBlock(_Residual):
+class PostNormBlock(_Block):
     """``attn_norm(x + m · attention(x))`` then ``ffn_norm(x + m · ffn(x))`` (Vaswani et al. 2017; ``m`` =
     residual_multiplier). ``[b, s, d] -> ([b, s, d], aux)``."""
 
-    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
-        super().__init__(cfg, ctx)
-        self.attention = ctx.attention
-        self.attn_norm = ctx.build(ctx.norm)
-        self.ffn = ctx.ffn
-        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
+    parts = ("attention", "attn_norm", "ffn", "ffn_norm")
 
-    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
-        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = self.attn_norm(x + self._add(self.attention(x, inputs)))
-        if self.ffn is None:
-            return x, None
-        h, aux = run_ffn(self.ffn, x, inputs)
-        return self.ffn_norm(x + self._add(h)), aux
+    def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
+        h, aux = run(x)
+        return getattr(self, f"{side}_norm")(x + self._add(h)), aux
 
 
-class SandwichNormBlock(_Residual):
+class SandwichNormBlock(_Block):
     """``x + attn_post_norm(attention(attn_norm(x)))`` then ``x + ffn_post_norm(ffn(ffn_norm(x)))`` (Gemma 2;
     GLM-4's ``Glm4DecoderLayer``: input, post_self_attn, post_attention and post_mlp layernorms in that order).
 
     ``[b, s, d] -> ([b, s, d], aux)``; each addition times residual_multiplier.
     """
 
-    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
-        super().__init__(cfg, ctx)
-        self.attn_norm = ctx.build(ctx.norm)
-        self.attention = ctx.attention
-        self.attn_post_norm = ctx.build(ctx.norm)
-        self.ffn_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
-        self.ffn = ctx.ffn
-        self.ffn_post_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
+    parts = ("attn_norm", "attention", "attn_post_norm", "ffn_norm", "ffn", "ffn_post_norm")
 
-    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
-        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self._add(self.attn_post_norm(self.attention(self.attn_norm(x), inputs)))
-        if self.ffn is None:
-            return x, None
-        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
-        return x + self._add(self.ffn_post_norm(h)), aux
+    def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
+        h, aux = run(getattr(self, f"{side}_norm")(x))
+        return x + self._add(getattr(self, f"{side}_post_norm")(h)), aux
 
 
-class ReorderedNormBlock(_Residual):
+class ReorderedNormBlock(_Block):
     """``x + attn_post_norm(attention(x))`` then ``x + ffn_post_norm(ffn(x))`` (OLMo 2; each addition times
     residual_multiplier). ``[b, s, d] -> ([b, s, d], aux)``."""
 
-    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
-        super().__init__(cfg, ctx)
-        self.attention = ctx.attention
-        self.attn_post_norm = ctx.build(ctx.norm)
-        self.ffn = ctx.ffn
-        self.ffn_post_norm = ctx.build(ctx.norm) if ctx.ffn is not None else None
+    parts = ("attention", "attn_post_norm", "ffn", "ffn_post_norm")
 
-    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
-        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = x + self._add(self.attn_post_norm(self.attention(x, inputs)))
-        if self.ffn is None:
-            return x, None
-        h, aux = run_ffn(self.ffn, x, inputs)
-        return x + self._add(self.ffn_post_norm(h)), aux
+    def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
+        h, aux = run(x)
+        return x + self._add(getattr(self, f"{side}_post_norm")(h)), aux
 
 
 class PreNormNoResidualBlock(PreNormBlock):
@@ -214,29 +220,29 @@ class PreNormNoResidualBlock(PreNormBlock):
     so its parameter names and counts are too.
     """
 
-    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
-        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x = self.drop(self.attention(self.attn_norm(x), inputs))
-        if self.ffn is None:
-            return x, None
-        h, aux = run_ffn(self.ffn, self.ffn_norm(x), inputs)
+    def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
+        h, aux = run(getattr(self, f"{side}_norm")(x))
         return self.drop(h), aux
 
 
-class ParallelBlock(_Residual):
+class ParallelBlock(_Block):
     """``x + attention(attn_norm(x)) + ffn(n2(x))``, ``n2`` = ``attn_norm`` (shared) or ``ffn_norm``.
 
     GPT-J / Falcon / Phi / Cohere (shared) and GPT-NeoX ``use_parallel_residual`` (separate); both additions times
     residual_multiplier. ``[b, s, d] -> ([b, s, d], aux)``.
     """
 
+    parts = PreNormBlock.parts
+
     def __init__(self, cfg: ParallelConfig, ctx: BuildContext):
-        super().__init__(cfg, ctx)
+        super().__init__(ctx, cfg)
         self.shared_norm = cfg.shared_norm
-        self.attn_norm = ctx.build(ctx.norm)
-        self.attention = ctx.attention
-        self.ffn_norm = None if cfg.shared_norm or ctx.ffn is None else ctx.build(ctx.norm)
-        self.ffn = ctx.ffn
+
+    def _part(self, name: str, ctx: BuildContext, cfg: Optional[ComponentConfig]) -> Optional[nn.Module]:
+        """As :meth:`_Block._part`, but no ``ffn_norm`` with ``shared_norm``: ``attn_norm`` feeds both sublayers."""
+        if name == "ffn_norm" and cfg.shared_norm:
+            return None
+        return super()._part(name, ctx, cfg)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
@@ -280,6 +286,70 @@ $N_1$ = attn_norm; $N_2 = N_1$ with shared_norm (one norm per block: GPT-J, Cohe
 Both sublayers read the same input, so they can run concurrently. $m$ = residual_multiplier.""",
 }
 
+#: each placement's entry, less what they share (kind, math, capabilities, FLOPs): see :func:`register_components`
+_ENTRIES = (
+    dict(
+        type="pre",
+        config=PreConfig,
+        factory=lambda cfg, ctx: PreNormBlock(ctx, cfg),
+        description="Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Two norms per block "
+        "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
+        reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
+    ),
+    dict(
+        type="post",
+        config=PostConfig,
+        factory=lambda cfg, ctx: PostNormBlock(ctx, cfg),
+        description="Post-norm residual block: attn_norm(x + attn(x)), then ffn_norm(x + ffn(x)). Two norms per "
+        "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
+        reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762; BERT, arXiv:1810.04805",
+    ),
+    dict(
+        type="sandwich",
+        config=SandwichConfig,
+        factory=lambda cfg, ctx: SandwichNormBlock(ctx, cfg),
+        description="Sandwich norm (Peri-LN): x + attn_post_norm(attn(attn_norm(x))), then "
+        "x + ffn_post_norm(ffn(ffn_norm(x))): a norm on the input and on the output of each sublayer, inside the "
+        "residual. Four norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+        reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118; "
+        "as Peri-LN: Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer Architecture, "
+        "arXiv:2502.02732",
+        aliases=("peri",),
+        alias_notes={"peri": PERI_NOTE},
+    ),
+    dict(
+        type="reordered",
+        config=ReorderedConfig,
+        factory=lambda cfg, ctx: ReorderedNormBlock(ctx, cfg),
+        description="Reordered norm (OLMo 2): x + attn_post_norm(attn(x)), then x + ffn_post_norm(ffn(x)); a norm "
+        "on each sublayer's output only, inside the residual, so the sublayers read the raw residual stream. Two "
+        "norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+        reference="OLMo Team 2024, 2 OLMo 2 Furious, arXiv:2501.00656, §3.2 (reordered norm)",
+        aliases=("olmo2",),
+    ),
+    dict(
+        type="parallel",
+        config=ParallelConfig,
+        factory=lambda cfg, ctx: ParallelBlock(cfg, ctx),
+        description="Parallel block: x + attn(attn_norm(x)) + ffn(n2(x)), n2 = attn_norm when shared_norm "
+        "(one norm per block) else ffn_norm (two). [batch, seq, d_model] -> [batch, seq, d_model].",
+        reference="Wang & Komatsuzaki 2021, GPT-J-6B (github.com/kingoflolz/mesh-transformer-jax); Chowdhery et al. "
+        "2022, PaLM, arXiv:2204.02311",
+        example={"type": "parallel", "shared_norm": True},
+    ),
+    dict(
+        type="pre-no-residual",
+        config=PreNoResidualConfig,
+        factory=lambda cfg, ctx: PreNormNoResidualBlock(ctx),
+        description="Ablation, not for real models: a pre-norm block without residual adds, x = attn(attn_norm(x)), "
+        "then x = ffn(ffn_norm(x)). Two norms per block. For experiments on what residual connections buy. "
+        "[batch, seq, d_model] -> [batch, seq, d_model].",
+        reference="He et al. 2016, Deep Residual Learning for Image Recognition, arXiv:1512.03385 (the residual it "
+        "removes); Xiong et al. 2020, arXiv:2002.04745 (the pre-norm block it ablates)",
+    ),
+)
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel`` and the
@@ -287,97 +357,14 @@ def register_components(register) -> None:
     caps = {"compile_safe": True, "residual_dropout": True}
     # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
     flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
-    register(
-        Component(
-            kind="placement",
-            type="pre",
-            config=PreConfig,
-            factory=lambda cfg, ctx: PreNormBlock(ctx, cfg),
-            math=_MATH["pre"],
-            description="Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Two norms per block "
-            "(attn_norm, ffn_norm). [batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="Xiong et al. 2020, On Layer Normalization in the Transformer Architecture, arXiv:2002.04745",
-            capabilities=caps,
-            flops=flops,
+    ablation_flops = elementwise("the ablation only chains sublayers that declare their own FLOPs (no residual adds)")
+    for entry in _ENTRIES:
+        register(
+            Component(
+                kind="placement",
+                math=_MATH.get(entry["type"], ""),
+                capabilities=caps,
+                flops=ablation_flops if entry["type"] == "pre-no-residual" else flops,
+                **entry,
+            )
         )
-    )
-    register(
-        Component(
-            kind="placement",
-            type="post",
-            config=PostConfig,
-            factory=lambda cfg, ctx: PostNormBlock(ctx, cfg),
-            math=_MATH["post"],
-            description="Post-norm residual block: attn_norm(x + attn(x)), then ffn_norm(x + ffn(x)). Two norms per "
-            "block; the block output is normalised. [batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762; BERT, arXiv:1810.04805",
-            capabilities=caps,
-            flops=flops,
-        )
-    )
-    register(
-        Component(
-            kind="placement",
-            type="sandwich",
-            config=SandwichConfig,
-            factory=lambda cfg, ctx: SandwichNormBlock(ctx, cfg),
-            math=_MATH["sandwich"],
-            description="Sandwich norm (Peri-LN): x + attn_post_norm(attn(attn_norm(x))), then "
-            "x + ffn_post_norm(ffn(ffn_norm(x))): a norm on the input and on the output of each sublayer, inside the "
-            "residual. Four norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical Size, arXiv:2408.00118; "
-            "as Peri-LN: Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer Architecture, "
-            "arXiv:2502.02732",
-            capabilities=caps,
-            flops=flops,
-            aliases=("peri",),
-            alias_notes={"peri": PERI_NOTE},
-        )
-    )
-    register(
-        Component(
-            kind="placement",
-            type="reordered",
-            config=ReorderedConfig,
-            factory=lambda cfg, ctx: ReorderedNormBlock(ctx, cfg),
-            math=_MATH["reordered"],
-            description="Reordered norm (OLMo 2): x + attn_post_norm(attn(x)), then x + ffn_post_norm(ffn(x)); a norm "
-            "on each sublayer's output only, inside the residual, so the sublayers read the raw residual stream. Two "
-            "norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="OLMo Team 2024, 2 OLMo 2 Furious, arXiv:2501.00656, §3.2 (reordered norm)",
-            capabilities=caps,
-            flops=flops,
-            aliases=("olmo2",),
-        )
-    )
-    register(
-        Component(
-            kind="placement",
-            type="parallel",
-            config=ParallelConfig,
-            factory=lambda cfg, ctx: ParallelBlock(cfg, ctx),
-            math=_MATH["parallel"],
-            description="Parallel block: x + attn(attn_norm(x)) + ffn(n2(x)), n2 = attn_norm when shared_norm "
-            "(one norm per block) else ffn_norm (two). [batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="Wang & Komatsuzaki 2021, GPT-J-6B (github.com/kingoflolz/mesh-transformer-jax); Chowdhery et al. 2022, "
-            "PaLM, arXiv:2204.02311",
-            capabilities=caps,
-            flops=flops,
-            example={"type": "parallel", "shared_norm": True},
-        )
-    )
-    register(
-        Component(
-            kind="placement",
-            type="pre-no-residual",
-            config=PreNoResidualConfig,
-            factory=lambda cfg, ctx: PreNormNoResidualBlock(ctx),
-            description="Ablation, not for real models: a pre-norm block without residual adds, x = attn(attn_norm(x)), "
-            "then x = ffn(ffn_norm(x)). Two norms per block. For experiments on what residual connections buy. "
-            "[batch, seq, d_model] -> [batch, seq, d_model].",
-            reference="He et al. 2016, Deep Residual Learning for Image Recognition, arXiv:1512.03385 (the residual it "
-            "removes); Xiong et al. 2020, arXiv:2002.04745 (the pre-norm block it ablates)",
-            capabilities=caps,
-            flops=elementwise("the ablation only chains sublayers that declare their own FLOPs (no residual adds)"),
-        )
-    )

@@ -1,0 +1,93 @@
+"""The process layout of a training run: one process, or the ``torchrun`` ranks on a ``("dp", "tp")`` device mesh
+(data parallel with FSDP2, tensor parallel), and the few collectives the loop needs (barrier, mean, broadcast)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .config import TrainConfig
+from .errors import TrainError
+
+
+@dataclass
+class Processes:
+    """The process layout of a run: ``world = dp * tp`` ranks on a ``("dp", "tp")`` mesh (one process: all 1)."""
+
+    world: int = 1
+    rank: int = 0
+    dp: int = 1
+    dp_rank: int = 0
+    tp: int = 1
+    mesh: Any = None
+
+    @property
+    def main(self) -> bool:
+        """Rank 0 writes the run folder's shared files."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """More than one process."""
+        return self.world > 1
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op on one process)."""
+        if self.distributed:
+            torch.distributed.barrier()
+
+    def mean(self, value: Tensor) -> Tensor:
+        """The mean of a scalar tensor over all ranks (tensor-parallel replicas hold equal values)."""
+        if not self.distributed:
+            return value
+        from ..parallel import mean_across_ranks
+
+        return mean_across_ranks(value)
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def init_processes(config: TrainConfig, device: torch.device) -> Processes:
+    """Join the process group that ``torchrun`` describes (``WORLD_SIZE`` > 1) and build the mesh.
+
+    gloo on the CPU, NCCL on CUDA (each rank on ``cuda:LOCAL_RANK``). One process: nothing to do.
+
+    Raises:
+        TrainError: ``tp`` does not divide the world size, or ``batch_size`` is not divisible by the data-parallel
+            degree, or ``tp`` > 1 on one process.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        if config.tp > 1:
+            raise TrainError(
+                f"tp = {config.tp} needs {config.tp} processes or more: launch with torchrun --nproc-per-node N"
+            )
+        return Processes()
+    import torch.distributed as dist
+
+    from ..parallel import make_mesh
+
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % config.tp:
+        raise TrainError(f"tp = {config.tp} does not divide the number of processes {world}")
+    dp = world // config.tp
+    if config.batch_size % dp:
+        raise TrainError(
+            f"batch_size = {config.batch_size} is not divisible by the {dp} data-parallel processes"
+        )
+    mesh = make_mesh(tp=config.tp, dp=dp, device_type=device.type)
+    return Processes(world=world, rank=rank, dp=dp, dp_rank=mesh.get_local_rank("dp"), tp=config.tp, mesh=mesh)
