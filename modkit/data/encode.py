@@ -17,7 +17,7 @@ import os
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -201,24 +201,32 @@ def encode_sources(
             for batch in stream:
                 write(batch, _encode_here(batch))
         else:
-            context = multiprocessing.get_context("spawn")  # no fork of a process whose tokenizer threads already ran
-            with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
-                                     initargs=(tokenizer.backend.to_str(), tokenizer.spec)) as pool:
-                pending: deque = deque()
-                for batch in stream:
-                    flags = [(p.starts, p.ends) for p in batch]
-                    texts = [p.text for p in batch]
-                    pending.append((batch, pool.submit(_worker_encode, texts, flags, separators, dtype.name)))
-                    if len(pending) >= 2 * workers:
-                        done, future = pending.popleft()
-                        write(done, future.result())
-                while pending:
-                    done, future = pending.popleft()
-                    write(done, future.result())
+            _encode_in_pool(stream, tokenizer, separators, workers, write)
     for src in srcs:
         digest = hashes[src.label].hexdigest() if src.label in hashes else source_digest(src)
         stats.per_source[src.label]["sha256"] = digest
     return stats
+
+
+def _encode_in_pool(stream: Iterable[list[Piece]], tokenizer: Tokenizer, separators: Separators, workers: int,
+                    write: Callable[[list[Piece], Any], None]) -> None:
+    """Encode the batches of ``stream`` on ``workers`` processes and ``write`` each (with its ids, or ``None`` when
+    a worker could not encode it) in the order of the stream, with at most ``2 workers`` batches in flight."""
+    dtype = dtype_for(tokenizer.vocab_size)
+    context = multiprocessing.get_context("spawn")  # no fork of a process whose tokenizer threads already ran
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
+                             initargs=(tokenizer.backend.to_str(), tokenizer.spec)) as pool:
+        pending: deque = deque()
+        for batch in stream:
+            flags = [(p.starts, p.ends) for p in batch]
+            texts = [p.text for p in batch]
+            pending.append((batch, pool.submit(_worker_encode, texts, flags, separators, dtype.name)))
+            if len(pending) >= 2 * workers:
+                done, future = pending.popleft()
+                write(done, future.result())
+        while pending:
+            done, future = pending.popleft()
+            write(done, future.result())
 
 
 def _located(exc: UnknownTokenError, piece: Piece) -> DataError:
