@@ -34,6 +34,7 @@ from modkit.data.tokenizer import char_tokenizer
 
 prepare_mod = importlib.import_module("modkit.data.prepare")  # the module; modkit.data.prepare is the function
 sources_mod = importlib.import_module("modkit.data.sources")
+encode_mod = importlib.import_module("modkit.data.encode")  # the encoding pass: its batch size
 CORPUS = default_corpus()
 TEXT = CORPUS.read_text(encoding="utf-8")
 CHARS = sorted(set(TEXT))
@@ -235,7 +236,7 @@ def test_streaming_in_small_chunks_gives_the_same_ids(tmp_path, monkeypatch, spe
     src = _write(tmp_path / "in.txt", text)
     prepare([src], tmp_path / "whole", tokenizer=spec, show_progress=False)
     monkeypatch.setattr(sources_mod, "READ_BYTES", 64)  # multi-byte characters straddle reads
-    monkeypatch.setattr(prepare_mod, "BATCH_CHARS", 200)
+    monkeypatch.setattr(encode_mod, "BATCH_CHARS", 200)
     calls = []
     real = sources_mod._text_pieces
     monkeypatch.setattr(sources_mod, "_text_pieces", lambda *a: (calls.append(p) or p for p in real(*a)))

@@ -20,6 +20,7 @@ from modkit.data import DataError, TokenData, load_tokenizer, prepare, train_tok
 from modkit.data.tokenizer import BOS_TOKEN, EOT_TOKEN
 
 prepare_mod = importlib.import_module("modkit.data.prepare")
+encode_mod = importlib.import_module("modkit.data.encode")  # the encoding pass: its batch size
 CORPUS = Path(importlib.import_module("modkit.data").default_corpus()).read_text(encoding="utf-8")
 DOCS = [
     CORPUS[:400],
@@ -138,7 +139,7 @@ def test_n_processes_write_the_bytes_of_one(tmp_path, monkeypatch):
         part = text[k * 10_000 : (k + 1) * 10_000]
         _jsonl(shards / f"part-{k:03d}.jsonl", [part[i : i + 700] for i in range(0, len(part), 700)])
     (shards / "notes.txt").write_text(CORPUS[60_000:70_000], encoding="utf-8")
-    monkeypatch.setattr(prepare_mod, "BATCH_CHARS", 3_000)  # many batches in flight
+    monkeypatch.setattr(encode_mod, "BATCH_CHARS", 3_000)  # many batches in flight
     one = prepare([shards], tmp_path / "one", tokenizer="bpe:500", show_progress=False)
     two = prepare([shards], tmp_path / "two", tokenizer="bpe:500", workers=2, show_progress=False)
     for name in ("train.bin", "val.bin", "tokenizer.json"):

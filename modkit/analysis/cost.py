@@ -30,204 +30,56 @@ References: Kaplan et al. 2020, Scaling Laws for Neural Language Models (arXiv:2
 ``2N + 2·n_layer·n_ctx·d_attn``); Hoffmann et al. 2022, Chinchilla (arXiv:2203.15556) appendix F; Korthikanti et al.
 2022, Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198) for what a layer keeps for the
 backward; Williams et al. 2009, Roofline (CACM 52(4)) for the latency bound.
+
+The pieces: :mod:`modkit.analysis.workload` (the workload a declaration is evaluated on, the declarations checked),
+:mod:`modkit.analysis.activations` (the measured activation memory) and :mod:`modkit.analysis.flop_counting` (the
+FLOPs torch measures); every name they define is importable from here too.
 """
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 import torch
 from torch import nn
 
-from modkit.nn import grouped as _grouped  # noqa: F401  (registers torch.ops.modkit.grouped_mm, counted by flop_counter)
 from modkit.nn.build import _parse_dtype, active_params_per_token, breakdown, build
 from modkit.nn.build import cache_state_bytes_per_sequence as _state_bytes
 from modkit.nn.build import kv_cache_bytes as _kv_cache_bytes
 from modkit.nn.build import kv_cache_bytes_per_token as _kv_bytes_per_token
-from modkit.core.errors import ModkitError
 from modkit.analysis.hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS  # noqa: F401  (re-exported: the roofline defaults)
 from modkit.core.registry import Component, Registry, get_registry
 from modkit.spec import ModelSpec, load_spec, spec_model
+from .activations import _FIT_CACHE, _saved_bytes, _saved_fit  # noqa: F401  (re-exported: they lived here)
+from .flop_counting import (  # noqa: F401  (re-exported: they lived here)
+    _grouped_mm_flops,
+    _grouped_mm_weight_grad_flops,
+    _sdpa_cpu,
+    _sdpa_cpu_backward,
+    _solve_triangular_flops,
+    flop_counter,
+)
+from .workload import (  # noqa: F401  (re-exported: the declarations' side, which modkit.plugin hands to plugins)
+    FLOPS_PER_MAC,
+    CostError,
+    Elementwise,
+    Workload,
+    _causal_prefix,
+    _chunked_pairs,
+    _reach,
+    declared_flops,
+    elementwise,
+)
 
-#: FLOPs of one multiply-add.
-FLOPS_PER_MAC = 2
 #: Bytes per parameter of modkit's training state: float32 weights, float32 gradients and AdamW's two float32
 #: moments (``modkit train`` keeps float32 parameters and runs the forward under autocast).
 TRAIN_STATE_BYTES = {"weights": 4, "gradients": 4, "adamw_states": 8}
 #: Weight storage formats shown by ``modkit cost``: bytes per parameter (float8: one byte, scales not counted).
 WEIGHT_FORMATS = {"float32": 4, "bfloat16": 2, "float8": 1}
 PHASES = ("prefill", "decode")
-
-
-class CostError(ModkitError, ValueError):
-    """A cost cannot be computed: a component declares no FLOPs, a declaration returns something that is not
-    ``{part: non-negative int}``, or an argument is out of range. The message names the component and the fix."""
-
-
-# ------------------------------------------------------------------------------------------------- workload
-
-
-def _causal_prefix(n: int, window: Optional[int]) -> int:
-    """``Σ_{p<n} min(p + 1, window)``: the pairs a causal mask lets through for queries at positions ``0..n-1``."""
-    if window is None or n <= window:
-        return n * (n + 1) // 2
-    return window * (window + 1) // 2 + (n - window) * window
-
-
-def _reach(n: int, window: Optional[int]) -> int:
-    """``Σ_{p<n} min(p, window - 1)``: keys on one side of a query, summed over queries ``0..n-1``."""
-    if window is None or n <= window:
-        return n * (n - 1) // 2
-    return window * (window - 1) // 2 + (n - window) * (window - 1)
-
-
-def _chunked_pairs(past: int, total: int, chunk: int, window: Optional[int], causal: bool) -> int:
-    """Unmasked (query, key) pairs of the queries at positions ``past .. total - 1`` over keys ``0 .. total - 1`` when
-    each query sees only its own chunk of ``chunk`` positions (and, with ``window``, keys less than ``window`` away).
-
-    Causal: query ``p`` at offset ``r = p % chunk`` in its chunk sees ``min(r + 1, window)`` keys, so whole chunks
-    repeat one sum (:func:`_causal_prefix` of ``chunk``). Bidirectional: it also sees the keys after it in its chunk (the
-    last chunk ends at ``total``), ``min(r, window - 1) + min(L - 1 - r, window - 1) + 1`` in a chunk of ``L`` keys.
-    Closed forms per chunk, so the cost is O(1) in the context length.
-    """
-    if causal:
-        def upto(n: int) -> int:  # Σ_{p<n} min(p % chunk + 1, window)
-            return (n // chunk) * _causal_prefix(chunk, window) + _causal_prefix(n % chunk, window)
-
-        return upto(total) - upto(past)
-
-    def part(length: int, r0: int, r1: int) -> int:  # queries at offsets [r0, r1) of a chunk of `length` keys
-        before = _reach(r1, window) - _reach(r0, window)
-        after = _reach(length - r0, window) - _reach(length - r1, window)
-        return before + after + (r1 - r0)
-
-    first, last = past // chunk, (total - 1) // chunk
-    count = 0
-    for c in {first, last}:  # the chunks at the two ends may be cut (by past, by total)
-        start = c * chunk
-        length = min(chunk, total - start)
-        count += part(length, max(past - start, 0), min(total - start, chunk))
-    if last - first > 1:  # whole chunks in between, all of whose queries are new
-        count += (last - first - 1) * part(chunk, 0, chunk)
-    return count
-
-
-@dataclass(frozen=True)
-class Workload:
-    """One forward call a FLOPs declaration is evaluated on.
-
-    Attributes:
-        batch: rows (sequences).
-        new: new tokens per row (the query length; 1 when decoding).
-        past: tokens per row already in the KV cache (their keys are attended to, not recomputed).
-        dense: count every (query, key) pair of the ``[new, past + new]`` score matrix, as a dense kernel computes
-            it (masked entries included; what ``FlopCounterMode`` measures) instead of only the pairs the mask
-            lets through.
-
-    Raises:
-        CostError: a negative size, or no new token.
-    """
-
-    batch: int = 1
-    new: int = 1
-    past: int = 0
-    dense: bool = False
-
-    def __post_init__(self) -> None:
-        if self.batch < 1 or self.new < 1 or self.past < 0:
-            raise CostError(f"a workload needs batch >= 1, new >= 1, past >= 0; got batch {self.batch}, new {self.new}, past {self.past}")
-
-    @property
-    def tokens(self) -> int:
-        """Token rows through each position-wise component: ``batch · new``."""
-        return self.batch * self.new
-
-    def pairs(self, *, causal: bool = True, window: Optional[int] = None, chunk: Optional[int] = None) -> int:
-        """(query, key) pairs one attention head scores over the whole batch.
-
-        Args:
-            causal: query ``p`` sees keys ``k <= p``; otherwise every key (bidirectional).
-            window: sliding window: only keys with ``0 <= p - k < window`` (``|p - k| < window`` bidirectional).
-            chunk: chunked local attention: only keys of the query's own chunk, ``k // chunk == p // chunk``
-                (Llama 4's ``attention_chunk_size``); combines with ``causal`` and ``window``.
-
-        Returns:
-            ``batch · new · (past + new)`` when ``dense``; otherwise the unmasked pairs, e.g. ``new · (new + 1) / 2``
-                for a causal prefill, ``min(past + 1, window)`` for one decoded token and ``past % chunk + 1`` for
-                one decoded token of a chunked layer.
-        """
-        total = self.past + self.new
-        if self.dense:
-            return self.batch * self.new * total
-        if chunk is not None:
-            return self.batch * _chunked_pairs(self.past, total, chunk, window, causal)
-        if causal:
-            return self.batch * (_causal_prefix(total, window) - _causal_prefix(self.past, window))
-        if window is None:
-            return self.batch * self.new * total
-        before = _reach(total, window) - _reach(self.past, window)  # keys at or before each query, itself excluded
-        after = _reach(total - self.past, window)  # keys after each query
-        return self.batch * (before + after + self.new)
-
-    def rows(self, n: int) -> Optional["Workload"]:
-        """``n`` independent token rows (what a mixture of experts hands its stacked experts); ``None`` for none."""
-        return Workload(batch=int(n), new=1, past=0, dense=self.dense) if n > 0 else None
-
-
-class Elementwise:
-    """A FLOPs declaration of 0 matrix-product FLOPs, with the reason (``Component(flops=elementwise(...))``)."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-    def __call__(self, config: Any, ctx: Any, work: Workload) -> dict[str, int]:
-        """No matrix product: ``{}``."""
-        return {}
-
-    def __repr__(self) -> str:
-        return f"elementwise({self.reason!r})"
-
-
-def elementwise(reason: str) -> Elementwise:
-    """Declare that a component does no matrix product (0 FLOPs under modkit's convention), saying why.
-
-    Example: ``Component(..., flops=elementwise("normalisation: element-wise"))``.
-    """
-    return Elementwise(reason)
-
-
-def declared_flops(entry: Component, config: Any, ctx: Any, work: Optional[Workload]) -> dict[str, int]:
-    """``entry.flops(config, ctx, work)`` checked: ``{part: FLOPs}`` with non-negative integer values.
-
-    ``work`` may be ``None`` (zero rows: an expert no token reaches), which gives ``{}``.
-
-    Raises:
-        CostError: the entry declares no FLOPs (names it, its provider and the fix), or its declaration returned
-            something else than a mapping of part names to non-negative integers.
-    """
-    where = f"{entry.kind}/{entry.type} ({entry.provider})" if entry.provider else f"{entry.kind}/{entry.type}"
-    if entry.flops is None:
-        raise CostError(
-            f"{where} declares no FLOPs, so its cost is unknown (modkit does not guess a number); give its Component "
-            "a flops=fn(config, ctx, work) -> {part: FLOPs} declaration, or flops=modkit.analysis.cost.elementwise(reason) "
-            "when it does no matrix product (see docs/guides/cost.md)"
-        )
-    if work is None:
-        return {}
-    got = entry.flops(config, ctx, work)
-    if not isinstance(got, Mapping):
-        raise CostError(f"{where}: flops() returned {type(got).__name__}, expected a dict {{part: FLOPs}}")
-    out = {}
-    for part, n in got.items():
-        if not isinstance(part, str) or isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise CostError(f"{where}: flops() returned {part!r}: {n!r}; parts must be names and FLOPs non-negative integers")
-        out[part] = n
-    return out
 
 
 # ------------------------------------------------------------------------------------------------- the model's components
@@ -561,116 +413,6 @@ class CostModel:
             "decode_roofline": {"bandwidth_bytes_per_s": bandwidth, "peak_flops_per_s": peak_flops,
                                 **self.decode_latency(context, batch, dtype, bandwidth, peak_flops)},
         }
-
-
-# ------------------------------------------------------------------------------------------------- activations
-
-
-def _saved_bytes(model: nn.Module, batch: int, seq: int) -> int:
-    """Bytes autograd saves for the backward in one training forward + loss (each storage once, parameters excluded)."""
-    params = {p.untyped_storage()._cdata for p in model.parameters()}
-    seen: dict[int, int] = {}
-    keep: list[torch.Tensor] = []
-
-    def pack(t: torch.Tensor):
-        s = t.untyped_storage()
-        if s._cdata not in params:
-            seen.setdefault(s._cdata, s.nbytes())
-        keep.append(t)  # hold it: a freed storage's address could be reused and counted once for two
-        return t
-
-    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(ids)
-        logits = out.logits
-        loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids.reshape(-1))
-        if out.aux_loss is not None:
-            loss = loss + out.aux_loss.float()
-    return sum(seen.values())
-
-
-_FIT_CACHE: dict[tuple, tuple[float, float, float]] = {}
-
-
-def _saved_fit(spec: ModelSpec, batch: int, dtype: torch.dtype, registry: Registry) -> tuple[float, float, float]:
-    """``(a, b, c)`` with saved bytes ``= a + b·T + c·T²`` at ``batch`` rows, fitted on three lengths (exact)."""
-    key = (spec.model_dump_json(), batch, str(dtype), id(registry))
-    if key not in _FIT_CACHE:
-        model = build(spec, device="meta", dtype=dtype, registry=registry).train()
-        step = max(1, min(4, spec.max_seq_len // 3))
-        ts = (step, 2 * step, 3 * step)
-        # a mixer that computes in chunks of its ``chunk_size`` tokens (the recurrent mixers' chunked forms) saves
-        # [chunk, chunk] blocks: quadratic in T below one chunk, linear from two chunks on, where it is measured
-        chunks = {m.chunk_size for m in model.modules() if isinstance(getattr(m, "chunk_size", None), int) and m.chunk_size > 0}
-        if chunks and 4 * math.lcm(*chunks) <= spec.max_seq_len:
-            step = math.lcm(*chunks)
-            ts = (2 * step, 3 * step, 4 * step)
-        s = [_saved_bytes(model, batch, t) for t in ts]
-        # second differences of an exact quadratic at equally spaced points
-        c = Fraction(s[2] - 2 * s[1] + s[0], 2 * step * step)
-        b = Fraction(s[1] - s[0], step) - c * (ts[0] + ts[1])
-        a = s[0] - b * ts[0] - c * ts[0] * ts[0]
-        _FIT_CACHE[key] = (float(a), float(b), float(c))
-    return _FIT_CACHE[key]
-
-
-# ------------------------------------------------------------------------------------------------- measuring
-
-
-def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
-def _sdpa_cpu_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
-
-
-def _solve_triangular_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    """A triangular solve ``A X = B`` (``A [..., n, n]``, ``B [..., n, m]``, left side): forward or back substitution
-    is ``n (n - 1) / 2`` multiply-adds per right-hand side column, ``n (n - 1) · m`` FLOPs (the divisions by the
-    diagonal, absent with ``unitriangular``, are element-wise), times the batch."""
-    n, m = a_shape[-1], b_shape[-1]
-    batch = 1
-    for size in (out_shape or b_shape)[:-2]:
-        batch *= size
-    return batch * m * n * (n - 1)
-
-
-def _grouped_mm_flops(x_shape, w_shape, offs_shape, *args, out_shape=None, **kwargs) -> int:
-    return FLOPS_PER_MAC * x_shape[0] * x_shape[1] * w_shape[-1]
-
-
-def _grouped_mm_weight_grad_flops(x_shape, dy_shape, offs_shape, *args, out_shape=None, **kwargs) -> int:
-    return FLOPS_PER_MAC * x_shape[0] * x_shape[1] * dy_shape[1]
-
-
-def flop_counter(**kwargs: Any):
-    """A ``torch.utils.flop_counter.FlopCounterMode`` that also counts modkit's ops and the CPU attention kernel.
-
-    torch 2.13 has no formula for ``aten._scaled_dot_product_flash_attention_for_cpu`` (it would count 0 on the
-    CPU), for modkit's ``modkit::grouped_mm`` custom op (mixture-of-experts experts) nor for
-    ``aten.linalg_solve_triangular`` (the chunkwise delta rule); they are added through ``custom_mapping`` (torch's
-    own SDPA formula: the full ``[q_len, kv_len]`` rectangle; ``2·rows·in·out`` for a grouped product; ``n (n - 1)``
-    FLOPs per right-hand side column of an ``n × n`` triangular solve). ``display`` defaults to False; other
-    arguments go to ``FlopCounterMode``.
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    ops = torch.ops
-    mapping: dict[Any, Callable] = {
-        ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu,
-        ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward,
-        ops.modkit.grouped_mm: _grouped_mm_flops,
-        ops.modkit.grouped_mm_weight_grad: _grouped_mm_weight_grad_flops,
-        ops.aten.linalg_solve_triangular: _solve_triangular_flops,
-    }
-    mapping.update(kwargs.pop("custom_mapping", {}) or {})
-    kwargs.setdefault("display", False)
-    return FlopCounterMode(custom_mapping=mapping, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------- shortcuts

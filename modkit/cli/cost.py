@@ -70,14 +70,53 @@ def _crossover_lines(out, cross: dict, max_seq_len: int) -> None:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    """Print the cost tables of a spec (or ``--json``)."""
+    """Print the cost tables of a spec (or ``--json``).
+
+    Raises:
+        UserError: a ``--context`` / ``--batch`` / ``--train-seq-len`` out of range, or a KV cache too large to size.
+        CostError: a component without a FLOPs declaration. SpecError: an invalid spec.
+    """
     import modkit
 
-    from . import UserError, _bytes, _count, _err, _registry, _spec_path, _table
-    from modkit.analysis.cost import PHASES, CostModel
+    from . import _count, _err, _registry, _spec_path
+    from modkit.analysis.cost import CostModel
 
     reg = _registry()
     spec = modkit.load_spec(_spec_path(args.spec), registry=reg)
+    context = _checked_context(args, spec, reg)
+    costs = CostModel(spec, registry=reg)
+    data = costs.report(context=context, batch=args.batch, dtype=args.dtype, bandwidth=args.bandwidth,
+                        peak_flops=args.peak_flops, train_seq_len=args.train_seq_len)
+    data["spec"] = args.spec
+    beyond = context > spec.max_seq_len
+    data["context_beyond_max_seq_len"] = beyond
+    if beyond:  # the figures extrapolate a model that cannot run there: said on stderr and on every line at it
+        _err(f"modkit: warning: --context {_count(context)} is beyond the spec's max_seq_len = "
+             f"{_count(spec.max_seq_len)}: the model is built for at most max_seq_len tokens (generate refuses more); "
+             "every figure at this context extrapolates the components' declarations")
+    at = _count(context) + (f" (beyond max_seq_len {_count(spec.max_seq_len)})" if beyond else "")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    out = print
+    _flops_lines(out, data, f"{spec.name or args.spec}", at)
+    has_attention = any(k.startswith("attention.") for k in data["flops_per_token"]["decode"])
+    _crossover_section(out, data, spec.max_seq_len)
+    _memory_lines(out, data, context, args.batch, at, has_attention)
+    _roofline_lines(out, data, args.batch, at)
+    return 0
+
+
+def _checked_context(args: argparse.Namespace, spec, reg) -> int:
+    """The context of the tables (``--context``, else the spec's ``max_seq_len``), the flags checked.
+
+    Raises:
+        UserError: a value below 1, a length above :data:`modkit.core.limits.MAX_SEQ_LEN`, or a KV cache of
+            ``--batch`` x ``--context`` tokens of 2**63 bytes or more (a tensor's byte size is an int64).
+    """
+    import modkit
+
+    from . import UserError
     from modkit.core.limits import MAX_SEQ_LEN
 
     context = args.context if args.context is not None else spec.max_seq_len
@@ -86,33 +125,28 @@ def cmd_cost(args: argparse.Namespace) -> int:
             raise UserError(f"{name} must be >= 1, got {value}")
     for name, value in (("--context", context), ("--train-seq-len", args.train_seq_len or 1)):
         if value > MAX_SEQ_LEN:
-            raise UserError(f"{name} must be at most {MAX_SEQ_LEN:,} (modkit.core.limits.MAX_SEQ_LEN, modkit's bound on a context "
-                            f"length), got {value:,}")
+            raise UserError(f"{name} must be at most {MAX_SEQ_LEN:,} (modkit.core.limits.MAX_SEQ_LEN, modkit's bound "
+                            f"on a context length), got {value:,}")
     per_token = modkit.kv_cache_bytes_per_token(spec, args.dtype, registry=reg)
     if per_token * context * args.batch >= 2**63:  # a tensor's byte size is an int64: torch would overflow
-        raise UserError(f"--batch {args.batch:,} x --context {context:,} tokens would need {per_token * context * args.batch:,} "
-                        "bytes of KV cache, past the 2**63 bytes a tensor size can express; lower --batch or --context")
-    costs = CostModel(spec, registry=reg)
-    data = costs.report(context=context, batch=args.batch, dtype=args.dtype, bandwidth=args.bandwidth,
-                        peak_flops=args.peak_flops, train_seq_len=args.train_seq_len)
-    data["spec"] = args.spec
-    beyond = context > spec.max_seq_len
-    data["context_beyond_max_seq_len"] = beyond
-    if beyond:  # the figures extrapolate a model that cannot run there: said on stderr and on every line at it
-        _err(f"modkit: warning: --context {_count(context)} is beyond the spec's max_seq_len = {_count(spec.max_seq_len)}: "
-             "the model is built for at most max_seq_len tokens (generate refuses more); every figure at this context "
-             "extrapolates the components' declarations")
-    at = _count(context) + (f" (beyond max_seq_len {_count(spec.max_seq_len)})" if beyond else "")
-    if args.json:
-        print(json.dumps(data, indent=2))
-        return 0
-    out = print
+        raise UserError(f"--batch {args.batch:,} x --context {context:,} tokens would need "
+                        f"{per_token * context * args.batch:,} bytes of KV cache, past the 2**63 bytes a tensor size "
+                        "can express; lower --batch or --context")
+    return context
+
+
+def _flops_lines(out, data: dict, name: str, at: str) -> None:
+    """The FLOPs-per-token table: a row per part (``*``: grows with the context) and the total, per phase."""
+    from . import _table
+    from modkit.analysis.cost import PHASES
+
     per = data["flops_per_token"]
     varying = set(data["context_dependent_parts"])
-    out(f"{spec.name or args.spec}: FLOPs per token at context {at} "
+    out(f"{name}: FLOPs per token at context {at} "
         "(matrix products only, 1 multiply-add = 2 FLOPs; * grows with the context)")
     keys = sorted(dict.fromkeys([*per["prefill"], *per["decode"]]), key=_rank)
-    rows = [(k + (" *" if k in varying else ""), *(_flops(per[ph].get(k, 0)) for ph in (*PHASES, "train"))) for k in keys]
+    rows = [(k + (" *" if k in varying else ""), *(_flops(per[ph].get(k, 0)) for ph in (*PHASES, "train")))
+            for k in keys]
     totals = data["flops_per_token_total"]
     rows.append(("total", *(_flops(totals[ph]) for ph in (*PHASES, "train"))))
     lines = _table(("PART", "PREFILL", "DECODE", "TRAIN"), rows, right=(1, 2, 3), indent="  ")
@@ -120,7 +154,11 @@ def cmd_cost(args: argparse.Namespace) -> int:
         if i == len(lines) - 1:
             out("  " + "-" * (len(max(lines, key=len)) - 2))
         out(line)
-    cross = data["attention_overtakes_ffn"]
+
+
+def _crossover_section(out, data: dict, max_seq_len: int) -> None:
+    """Where attention's FLOPs per token overtake the FFN's, or why they never do / cannot be compared."""
+    per = data["flops_per_token"]
     out("")
     has = lambda *prefix: any(k.startswith(prefix) for k in per["decode"])  # noqa: E731
     if not has("attention."):
@@ -129,17 +167,24 @@ def cmd_cost(args: argparse.Namespace) -> int:
     elif not has("ffn.", "router."):
         out("attention overtakes the FFN: no FFN layer to compare with")
     else:
-        _crossover_lines(out, cross, spec.max_seq_len)
+        _crossover_lines(out, data["attention_overtakes_ffn"], max_seq_len)
+
+
+def _memory_lines(out, data: dict, context: int, batch: int, at: str, has_attention: bool) -> None:
+    """Parameters, weight bytes per format, the KV cache at ``context`` x ``batch`` and the training-memory table."""
+    from . import _bytes, _count, _table
+
     params = data["params"]
     out("")
     active = data["active_params_per_token"]
-    out(f"parameters: {_count(params['total'])}" + (f" ({_count(active)} active per token)" if active != params["total"] else ""))
+    out(f"parameters: {_count(params['total'])}"
+        + (f" ({_count(active)} active per token)" if active != params["total"] else ""))
     out("weights:    " + ", ".join(f"{k} {_bytes(v)}" for k, v in data["weight_bytes"].items()))
     kv = data["kv_cache_bytes"]
     state = data["cache_state_bytes_per_sequence"]
-    out(f"KV cache:   {_bytes(kv)} at context {at} x batch {args.batch} in {data['dtype']} "
+    out(f"KV cache:   {_bytes(kv)} at context {at} x batch {batch} in {data['dtype']} "
         f"({_count(data['kv_cache_bytes_per_token'])} bytes per token as the mixers declare, "
-        f"{_count(kv // (context * args.batch))} per token held on average"
+        f"{_count(kv // (context * batch))} per token held on average"
         + (f"; {_bytes(state)} of fixed-size state per sequence)" if state else ")"))
     mem = data["training_memory"]
     out("")
@@ -149,13 +194,20 @@ def cmd_cost(args: argparse.Namespace) -> int:
     rows.append(("total", _bytes(mem["total"])))
     for line in _table(("PART", "BYTES"), rows, right=(1,), indent="  "):
         out(line)
-    if has("attention."):
-        out(f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities (eager/math)")
+    if has_attention:
+        out(f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities "
+            "(eager/math)")
+
+
+def _roofline_lines(out, data: dict, batch: int, at: str) -> None:
+    """The decode roofline: bytes read and FLOPs, their times at the bandwidth and peak, the bound and tokens/s."""
+    from . import _bytes
+
     roof = data["decode_roofline"]
     out("")
-    out(f"decode roofline (batch {args.batch}, context {at}, {data['dtype']}; {roof['bandwidth_bytes_per_s']:.3g} "
+    out(f"decode roofline (batch {batch}, context {at}, {data['dtype']}; {roof['bandwidth_bytes_per_s']:.3g} "
         f"bytes/s, {roof['peak_flops_per_s']:.3g} FLOP/s)")
     out(f"  memory  {_bytes(roof['bytes'])} read -> {1e3 * roof['memory_s']:.3f} ms")
     out(f"  compute {_flops(roof['flops'])}FLOP -> {1e3 * roof['compute_s']:.3f} ms")
-    out(f"  {roof['bound']}-bound: {1e3 * roof['seconds']:.3f} ms per step, {roof['tokens_per_s']:,.1f} tokens/s at best")
-    return 0
+    out(f"  {roof['bound']}-bound: {1e3 * roof['seconds']:.3f} ms per step, "
+        f"{roof['tokens_per_s']:,.1f} tokens/s at best")

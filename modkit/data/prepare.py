@@ -22,37 +22,85 @@ after token ``int(n * (1 - val_fraction))`` (else at the last one before it; a d
 no boundary at all); with nothing inserted it is nanoGPT's cut at exactly that token.
 
 Processes. ``workers = N`` encodes on ``N`` processes: the parent reads the inputs and hands out batches of
-:data:`BATCH_CHARS` characters; the batches are the same whatever ``N`` is and are written in order, so the files
-are byte for byte those of one process. At most ``2 N`` batches are in flight, so memory stays bounded by the
-chunk sizes (and the longest record), whatever the input size. A tqdm bar shows the bytes read and the tokens
-written.
+:data:`~modkit.data.encode.BATCH_CHARS` characters; the batches are the same whatever ``N`` is and are written in
+order, so the files are byte for byte those of one process. At most ``2 N`` batches are in flight, so memory stays
+bounded by the chunk sizes (and the longest record), whatever the input size. A tqdm bar shows the bytes read and
+the tokens written (:mod:`modkit.data.encode`).
 
 A ``char`` or ``bpe:N`` tokenizer is trained on a first pass over the inputs and the text is encoded on a second.
 Writes are atomic: everything goes to temporary names in the output folder, the old ``meta.json`` is removed, the
 data files are renamed into place and ``meta.json`` comes last, so an interrupted run never leaves a folder that
 :meth:`modkit.data.dataset.TokenData.open` accepts with the wrong contents.
+
+The pieces: :mod:`modkit.data.prepare_format` (file names, ``meta.json``'s format, dtype, separators),
+:mod:`modkit.data.prepare_checks` (the arguments and the output folder checked, the tokenizer made ready),
+:mod:`modkit.data.encode` (text -> ids) and :mod:`modkit.data.prepare_files` (the split cut, file hashes); every
+name they define is importable from here too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import multiprocessing
 import os
-import shutil
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 from modkit.core.errors import DataError
-from modkit.core.jsonio import read_json_file
+from modkit.core.jsonio import read_json_file  # noqa: F401 - re-exported
 from . import sources as _sources
+from .encode import (  # noqa: F401 - re-exported: the encoding pass lived here
+    _WORKER,
+    BATCH_CHARS,
+    EncodeStats,
+    _batches,
+    _located,
+    _pieces,
+    _Progress,
+    _worker_encode,
+    _worker_init,
+    encode_pieces,
+    encode_sources,
+)
+from .prepare_checks import (  # noqa: F401 - re-exported
+    _check_fraction,
+    _check_out_dir,
+    _check_policy,
+    _check_workers,
+    _no_text,
+    _old_recipe,
+    _recipe,
+    _short,
+    _special,
+    _tokenizer,
+)
+from .prepare_files import (  # noqa: F401 - re-exported
+    _count,
+    _find,
+    _sha256,
+    _split,
+    _starts_document,
+    _Tokens,
+    document_cut,
+)
+from .prepare_format import (  # noqa: F401 - re-exported: the names of the format lived here
+    AUTO,
+    FORMAT,
+    FORMAT_VERSION,
+    META_FILE,
+    NONE,
+    SPLIT_RULE,
+    SPLIT_RULE_DOCUMENTS,
+    SPLIT_RULE_INPUTS,
+    TRAIN_FILE,
+    VAL_FILE,
+    Separators,
+    dtype_for,
+)
 from .sources import FOLDER_SUFFIXES, Piece, Source, find_sources, source_digest  # noqa: F401 - re-exported
-from .tokenizer import (
+from .tokenizer import (  # noqa: F401 - re-exported
     BOS_TOKEN,
     EOT_TOKEN,
     TOKENIZER_FILE,
@@ -63,443 +111,78 @@ from .tokenizer import (
     train_tokenizer,
 )
 
-#: ``meta.json``'s ``format`` and ``format_version``.
-FORMAT = "modkit-token-data"
-FORMAT_VERSION = 1
-#: Characters of text handed to the tokenizer's (multi-threaded) ``encode_batch`` at once: it bounds the memory of
-#: a run (the tokenizers library holds some 130 bytes per token of a batch while encoding it).
-BATCH_CHARS = 1 << 20
-#: How the splits are cut, as ``meta.json`` records it.
-SPLIT_RULE = "train = the first int(n_tokens * (1 - val_fraction)) tokens, val = the rest (nanoGPT)"
-SPLIT_RULE_DOCUMENTS = (
-    "val starts at the first document that starts at or after token int(n_tokens * (1 - val_fraction)), else at the "
-    "last one before it, else at that token"
-)
-SPLIT_RULE_INPUTS = "train = the inputs, val = the validation inputs"
-#: The files of a prepared dataset.
-TRAIN_FILE, VAL_FILE, META_FILE = "train.bin", "val.bin", "meta.json"
-#: What ``eot`` / ``bos`` accept besides a token: insert the tokenizer's own (or a reserved) one; insert nothing.
-AUTO, NONE = "auto", "none"
-
 # kept for callers (and tests) that patch or read them here
 READ_BYTES = _sources.READ_BYTES
 _text_pieces = _sources._text_pieces
 
 
-def dtype_for(vocab_size: int) -> np.dtype:
-    """``uint16`` when every id fits (``vocab_size <= 65536``), else ``uint32``."""
-    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
-
-
-@dataclass(frozen=True)
-class Separators:
-    """The ids written around each document: ``eot_id`` after it, ``bos_id`` before it (``None``: nothing)."""
-
-    eot_id: Optional[int] = None
-    bos_id: Optional[int] = None
-
-
-# ------------------------------------------------------------------------------------------------ progress
-
-
-class _Progress:
-    """A tqdm bar over the input bytes that also shows the tokens written (no output when ``show`` is false)."""
-
-    def __init__(self, total: int, desc: str, show: bool):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not show)
-        self.tokens = 0
-
-    def on_bytes(self, raw: bytes) -> None:
-        self.bar.update(len(raw))
-
-    def on_size(self, n: int) -> None:
-        self.bar.update(n)
-
-    def add_tokens(self, n: int) -> None:
-        self.tokens += n
-        self.bar.set_postfix_str(f"{self.tokens:,} tokens", refresh=False)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.bar.close()
-
-
-# ------------------------------------------------------------------------------------------------ encoding
-
-
-def _pieces(srcs: Iterable[Source], text_field: str, progress: _Progress, hashes: Optional[dict] = None) -> Iterator[Piece]:
-    for src in srcs:
-        h = hashes.get(src.label) if hashes is not None else None
-
-        def on_bytes(raw: bytes, h=h) -> None:
-            progress.on_bytes(raw)
-            if h is not None:
-                h.update(raw)
-
-        yield from _sources.pieces(src, text_field, on_bytes, progress.on_size)
-
-
-def encode_pieces(tokenizer: Tokenizer, batch: Sequence[Piece], seps: Separators, dtype) -> tuple[np.ndarray, list[int], list[int]]:
-    """Ids of a batch of pieces with the separators around its documents.
-
-    Returns:
-        ``(ids [n] of dtype, tokens per piece (separators included), text tokens per piece)``.
-
-    Raises:
-        UnknownTokenError: with ``index`` = the piece that cannot be encoded.
-    """
-    encoded = tokenizer.encode_batch([p.text for p in batch], ordinary=True)
-    parts, lengths, texts = [], [], []
-    for piece, ids in zip(batch, encoded):
-        before = [seps.bos_id] if seps.bos_id is not None and piece.starts else []
-        after = [seps.eot_id] if seps.eot_id is not None and piece.ends else []
-        row = before + ids + after
-        parts.append(row)
-        lengths.append(len(row))
-        texts.append(len(ids))
-    flat = np.fromiter((i for row in parts for i in row), dtype=dtype, count=sum(lengths))
-    return flat, lengths, texts
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _worker_init(tokenizer_json: str, spec: str) -> None:
-    """A preparation worker: one tokenizer thread per process (the processes are the parallelism)."""
-    os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = "1"
-    import tokenizers
-
-    _WORKER["tokenizer"] = Tokenizer(tokenizers.Tokenizer.from_str(tokenizer_json), spec)
-
-
-def _worker_encode(texts: list[str], flags: list[tuple[bool, bool]], seps: Separators, dtype: str):
-    batch = [Piece(t, None, 0, None, starts=s, ends=e) for t, (s, e) in zip(texts, flags)]  # type: ignore[arg-type]
-    try:
-        return encode_pieces(_WORKER["tokenizer"], batch, seps, np.dtype(dtype))
-    except DataError:
-        return None  # the parent encodes this batch again itself, for the error with its file and line
-
-
-@dataclass
-class EncodeStats:
-    """What encoding some inputs wrote: ``tokens`` (separators included) and ``text_tokens``, ``documents``, and
-    per source label: ``tokens``, ``documents`` and the sha256 (``hashes``)."""
-
-    tokens: int = 0
-    text_tokens: int = 0
-    documents: int = 0
-    per_source: dict[str, dict] = field(default_factory=dict)
-
-
-def _batches(pieces: Iterator[Piece]) -> Iterator[list[Piece]]:
-    batch: list[Piece] = []
-    size = 0
-    for piece in pieces:
-        batch.append(piece)
-        size += len(piece.text)
-        if size >= BATCH_CHARS:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
-def encode_sources(
-    srcs: Sequence[Source],
-    tokenizer: Tokenizer,
-    out,
-    *,
-    separators: Separators = Separators(),
-    text_field: str = "text",
-    workers: int = 1,
-    show_progress: bool = False,
-    desc: str = "encode",
-) -> EncodeStats:
-    """Encode every document of ``srcs`` into the binary file object ``out`` (ids of ``dtype_for(vocab_size)``).
-
-    Args:
-        srcs: from :func:`~modkit.data.sources.find_sources`.
-        tokenizer: encodes the text (ordinarily: special tokens written in the text are text).
-        out: a file opened for binary writing.
-        separators: the ids written before / after each document.
-        text_field: the field (JSON Lines) or column (Parquet, ``datasets``) that holds the text.
-        workers: encoding processes (1: this one); the bytes written are the same for any number.
-        show_progress: a tqdm bar (bytes read, tokens written) on stderr.
-
-    Returns:
-        :class:`EncodeStats`.
-
-    Raises:
-        DataError: unreadable input or text the tokenizer cannot encode (named with file and line).
-    """
-    dtype = dtype_for(tokenizer.vocab_size)
-    stats = EncodeStats(per_source={s.label: {"tokens": 0, "documents": 0, "sha256": None} for s in srcs})
-    hashes = {s.label: hashlib.sha256() for s in srcs if s.format in ("text", "jsonl")}
-
-    def write(batch: list[Piece], result) -> None:
-        if result is None:  # a worker could not encode it: do it here, for the located error
-            result = _encode_here(batch)
-        flat, lengths, texts = result
-        flat.tofile(out)
-        for piece, n, t in zip(batch, lengths, texts):
-            entry = stats.per_source[piece.source.label]
-            entry["tokens"] += n
-            entry["documents"] += piece.ends
-            stats.documents += piece.ends
-            stats.text_tokens += t
-        stats.tokens += len(flat)
-        progress.add_tokens(len(flat))
-
-    def _encode_here(batch: list[Piece]):
-        try:
-            return encode_pieces(tokenizer, batch, separators, dtype)
-        except UnknownTokenError as exc:
-            raise _located(exc, batch[exc.index]) from None
-
-    total = sum(s.size for s in srcs)
-    with _Progress(total, desc, show_progress) as progress:
-        stream = _batches(_pieces(srcs, text_field, progress, hashes))
-        if workers <= 1:
-            for batch in stream:
-                write(batch, _encode_here(batch))
-        else:
-            context = multiprocessing.get_context("spawn")  # no fork of a process whose tokenizer threads already ran
-            with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
-                                     initargs=(tokenizer.backend.to_str(), tokenizer.spec)) as pool:
-                pending: deque = deque()
-                for batch in stream:
-                    flags = [(p.starts, p.ends) for p in batch]
-                    pending.append((batch, pool.submit(_worker_encode, [p.text for p in batch], flags, separators, dtype.name)))
-                    if len(pending) >= 2 * workers:
-                        done, future = pending.popleft()
-                        write(done, future.result())
-                while pending:
-                    done, future = pending.popleft()
-                    write(done, future.result())
-    for src in srcs:
-        stats.per_source[src.label]["sha256"] = hashes[src.label].hexdigest() if src.label in hashes else source_digest(src)
-    return stats
-
-
-def _located(exc: UnknownTokenError, piece: Piece) -> DataError:
-    pos = exc.position
-    if piece.column is None:
-        what = "row" if piece.source.format in ("parquet", "dataset") else "record"
-        where = f"{piece.source.label}:{piece.line}: the {what}'s text, character {pos}"
-    else:
-        before = piece.text.rfind("\n", 0, pos)
-        line = piece.line + piece.text.count("\n", 0, pos)
-        column = pos - before if before >= 0 else piece.column + pos
-        where = f"{piece.source.path}:{line}:{column}"
-    return DataError(f"{where}: {exc}".replace(f" at position {pos} ", " "))
-
-
-# ------------------------------------------------------------------------------------------------ checks
-
-
-def _check_fraction(val_fraction) -> float:
-    try:
-        value = float(val_fraction)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not 0.0 < value < 1.0:
-        raise DataError(f"val_fraction = {val_fraction!r} must be a number in (0, 1), e.g. 0.1 (the last 10% of the tokens)")
-    return value
-
-
-def _check_policy(name: str, value: Union[str, bool, None]) -> str:
-    """``eot`` / ``bos`` as stored: ``"auto"``, ``"none"`` or a token (``bos``: True = auto, False / None = none)."""
-    if value is True:
-        return AUTO
-    if value is False or value is None:
-        return NONE
-    if isinstance(value, str) and value.strip():
-        return value.strip() if value.strip().lower() not in (AUTO, NONE) else value.strip().lower()
-    raise DataError(f"{name} = {value!r}: give 'auto' (the tokenizer's own token), 'none' (insert nothing) or a token of the vocabulary")
-
-
-def _recipe(tokenizer: str, val_fraction: float, text_field: str, sources: Sequence[str], val_sources: Sequence[str], eot: str, bos: str) -> dict:
-    return {"tokenizer": tokenizer, "val_fraction": val_fraction, "text_field": text_field, "sources": list(sources),
-            "val_sources": list(val_sources), "eot": eot, "bos": bos}
-
-
-def _old_recipe(old: dict) -> dict:
-    """The recipe of an existing ``meta.json`` (one written before documents were separated inserted nothing)."""
-    docs = old.get("documents") or {}
-    return _recipe(old["tokenizer"], old["val_fraction"], old["text_field"], [s.get("label", s["path"]) for s in old["sources"]],
-                   [s.get("label", s["path"]) for s in old.get("val_sources", [])], docs.get("eot_policy", NONE), docs.get("bos_policy", NONE))
-
-
-def _check_out_dir(out: Path, recipe: dict, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a folder; choose another output folder (-o)")
-    meta_path = out / META_FILE
-    if overwrite or not meta_path.is_file():
-        return
-    try:
-        old_recipe = _old_recipe(read_json_file(meta_path))
-    except (ValueError, KeyError, TypeError, AttributeError):  # JSONInputError is a ValueError
-        raise DataError(f"{out} holds a {META_FILE} that is not a modkit dataset's; choose another output folder (-o) or delete it") from None
-    if old_recipe != recipe:
-        diffs = [f"{k} {old_recipe[k]!r} there, {recipe[k]!r} now" for k in recipe
-                 if k not in ("sources", "val_sources") and old_recipe[k] != recipe[k]]
-        for k in ("sources", "val_sources"):
-            if old_recipe[k] != recipe[k]:
-                diffs.append(f"{k} {_short(old_recipe[k])} there, {_short(recipe[k])} now")
-        raise DataError(
-            f"{out} already holds a different dataset ({'; '.join(diffs)}); choose another output folder (-o) or "
-            f"delete {out} first"
-        )
-
-
-def _short(paths: Sequence[str]) -> str:
-    names = [Path(p).name for p in paths[:3]]
-    return "[" + ", ".join(names) + (f", ... {len(paths)} files" if len(paths) > 3 else "") + "]"
-
-
-def _no_text(srcs: Sequence[Source]) -> DataError:
-    what = ", ".join(f"{s.label} ({s.size:,} bytes)" for s in srcs[:3]) + (f" and {len(srcs) - 3} more" if len(srcs) > 3 else "")
-    return DataError(f"the inputs hold no text: {what}; give files with text in them (for .jsonl, non-empty text fields)")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-# ------------------------------------------------------------------------------------------------ tokenizer
-
-
-def _special(kind: str, policy: str, tok: Optional[Tokenizer], reserved: str) -> Optional[str]:
-    """The token a policy names: for a tokenizer to train (``tok`` None), the one to reserve; for a given one, its own."""
-    if policy == NONE:
-        return None
-    if tok is None:
-        return reserved if policy == AUTO else policy
-    if policy == AUTO:
-        own = tok.eot if kind == "eot" else tok.bos
-        if own is None:
-            what = "end-of-text" if kind == "eot" else "begin-of-text"
-            specials = ", ".join(repr(t) for t in tok.special_tokens()[:8]) or "none"
-            raise DataError(
-                f"tokenizer {tok.spec!r} has no {what} token its files name (special tokens: {specials}); name one "
-                f"with --{kind} TOKEN ({kind}=...), or --{kind} none to insert nothing"
-            )
-        return own
-    return policy
-
-
-def _tokenizer(spec_text: str, eot: str, bos: str, texts) -> Tokenizer:
-    kind, size = parse_spec(spec_text)
-    spec = {"char": "char", "bpe": f"bpe:{size}"}[kind]
-    eot_token, bos_token = _special("eot", eot, None, EOT_TOKEN), _special("bos", bos, None, BOS_TOKEN)
-    reserved = [t for t in (eot_token, bos_token) if t is not None]
-    tok = train_tokenizer(spec, texts, special_tokens=reserved)
-    tok.set_special(eot=eot_token, bos=bos_token)
-    return tok
-
-
-# ------------------------------------------------------------------------------------------------ split
-
-
-class _Tokens:
-    """A token file read in slices with plain reads (no memory map: the pages read never stay in this process)."""
-
-    def __init__(self, path: Path, dtype: np.dtype):
-        self.path, self.dtype = path, np.dtype(dtype)
-        self.n = path.stat().st_size // self.dtype.itemsize
-
-    def __len__(self) -> int:
-        return self.n
-
-    def read(self, lo: int, hi: int) -> np.ndarray:
-        lo, hi = max(lo, 0), min(hi, self.n)
-        with open(self.path, "rb") as f:
-            f.seek(lo * self.dtype.itemsize)
-            return np.fromfile(f, dtype=self.dtype, count=max(hi - lo, 0))
-
-
-def _find(tokens: _Tokens, value: int, start: int, stop: int, step: int, chunk: int = 1 << 22) -> Optional[int]:
-    """The first index ``i`` from ``start`` towards ``stop`` (``step`` +1 or -1, ``stop`` excluded) where
-    ``tokens[i] == value``, reading ``chunk`` tokens at a time; ``None`` when there is none."""
-    if step > 0:
-        for lo in range(start, stop, chunk):
-            hits = np.flatnonzero(tokens.read(lo, min(lo + chunk, stop)) == value)
-            if len(hits):
-                return lo + int(hits[0])
-    else:
-        for hi in range(start + 1, stop + 1, -chunk):
-            lo = max(hi - chunk, stop + 1)
-            hits = np.flatnonzero(tokens.read(lo, hi) == value)
-            if len(hits):
-                return lo + int(hits[-1])
-    return None
-
-
-def document_cut(tokens: _Tokens, target: int, seps: Separators) -> int:
-    """Where the validation split starts: the first document start at or after ``target`` (a document starts after
-    each end-of-text id and at each begin-of-text id), else the last one before it, else ``target`` itself."""
-    n = len(tokens)
-
-    def start_at_or_after(i: int) -> Optional[int]:
-        found = []
-        if seps.eot_id is not None:
-            e = _find(tokens, seps.eot_id, max(i - 1, 0), n - 1, 1)  # an end-of-text token at e: a document starts at e + 1
-            found.append(e + 1 if e is not None else None)
-        if seps.bos_id is not None:
-            found.append(_find(tokens, seps.bos_id, i, n, 1))
-        found = [f for f in found if f is not None and i <= f < n]
-        return min(found) if found else None
-
-    def start_before(i: int) -> Optional[int]:
-        found = []
-        if seps.eot_id is not None:
-            e = _find(tokens, seps.eot_id, i - 2, -1, -1)
-            found.append(e + 1 if e is not None else None)
-        if seps.bos_id is not None:
-            found.append(_find(tokens, seps.bos_id, i - 1, 0, -1))
-        found = [f for f in found if f is not None and 0 < f < i]
-        return max(found) if found else None
-
-    cut = start_at_or_after(target)
-    if cut is None:
-        cut = start_before(target)
-    return target if cut is None else cut
-
-
-def _count(tokens: _Tokens, value: Optional[int], chunk: int = 1 << 22) -> Optional[int]:
-    if value is None:
-        return None
-    return int(sum(np.count_nonzero(tokens.read(i, i + chunk) == value) for i in range(0, len(tokens), chunk)))
-
-
 # ------------------------------------------------------------------------------------------------ prepare
 
 
-def prepare(
-    inputs: Sequence[str | Path],
-    out_dir: str | Path,
-    *,
-    tokenizer: str = "char",
-    val_fraction: float = 0.1,
-    val_inputs: Optional[Sequence[str | Path]] = None,
-    text_field: str = "text",
-    eot: Union[str, None] = AUTO,
-    bos: Union[bool, str, None] = False,
-    split: str = "train",
-    val_split: str = "validation",
-    workers: int = 1,
-    show_progress: bool = True,
-    overwrite: bool = False,
-) -> dict:
+@dataclass(frozen=True)
+class PrepareRequest:
+    """One preparation: the arguments of :func:`prepare` (documented there), as one value.
+
+    Attributes:
+        inputs: text files, JSON Lines, Parquet files, ``datasets`` folders and folders of them.
+        out_dir: the dataset folder.
+        tokenizer: ``"char"``, ``"bpe:N"`` or the path of a ``tokenizer.json`` (or of a folder holding one).
+        val_fraction: share of the tokens, taken from the end, that forms ``val.bin``; in (0, 1).
+        val_inputs: inputs that form the validation split instead (``None``: cut by ``val_fraction``).
+        text_field: the field (JSON Lines) or column (Parquet, ``datasets``) that holds the text.
+        eot, bos: the separators' policies (``"auto"``, ``"none"``, a token; ``bos`` also ``True`` / ``False``).
+        split, val_split: the split of a ``datasets`` DatasetDict folder read for ``inputs`` / ``val_inputs``.
+        workers: encoding processes. show_progress: a tqdm bar on stderr. overwrite: replace any dataset there.
+    """
+
+    inputs: Sequence[str | Path]
+    out_dir: str | Path
+    tokenizer: str = "char"
+    val_fraction: float = 0.1
+    val_inputs: Optional[Sequence[str | Path]] = None
+    text_field: str = "text"
+    eot: Union[str, None] = AUTO
+    bos: Union[bool, str, None] = False
+    split: str = "train"
+    val_split: str = "validation"
+    workers: int = 1
+    show_progress: bool = True
+    overwrite: bool = False
+
+
+@dataclass
+class _Plan:
+    """A checked request: the split fraction, the separator policies, the sources, the tokenizer spec (and the
+    tokenizer itself when one is given) and the output folder."""
+
+    request: PrepareRequest
+    fraction: float
+    eot_policy: str
+    bos_policy: str
+    srcs: list[Source]
+    val_srcs: list[Source]
+    spec: str
+    kind: str
+    tok: Optional[Tokenizer]
+    out: Path
+
+
+@dataclass
+class _Splits:
+    """What encoding wrote: tokens per split, the rule of the cut and the stats of each split's inputs."""
+
+    n_train: int
+    n_val: int
+    rule: str
+    within: bool
+    train: EncodeStats
+    val: Optional[EncodeStats]
+
+
+def prepare(inputs: Sequence[str | Path], out_dir: str | Path, **options: Any) -> dict:
     """Tokenize text into a dataset folder: ``train.bin``, ``val.bin``, ``tokenizer.json``, ``meta.json``.
+
+    The keyword arguments are the fields of :class:`PrepareRequest` (:func:`run_prepare` takes one whole).
 
     Args:
         inputs: text files, JSON Lines files (plain, ``.gz``, ``.zst``), Parquet files, ``datasets`` folders and
@@ -534,130 +217,85 @@ def prepare(
             JSON Lines record, a bad tokenizer spec or one too small, a tokenizer without the separator asked
             for, text the tokenizer cannot encode, ``val_fraction`` outside (0, 1), too few tokens for two splits,
             or an ``out_dir`` holding a different dataset. Each message names the file (and line) and the fix.
+        TypeError: a keyword that is not a field of :class:`PrepareRequest`.
     """
-    fraction = _check_fraction(val_fraction) if val_inputs is None else float(val_fraction)
-    eot_policy, bos_policy = _check_policy("eot", eot), _check_policy("bos", bos)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise DataError(f"workers = {workers!r} must be a positive integer (encoding processes)")
-    srcs = find_sources(inputs, split=split)
-    val_srcs = find_sources(val_inputs, split=val_split) if val_inputs is not None else []
-    kind, size = parse_spec(tokenizer)
+    return run_prepare(PrepareRequest(inputs, out_dir, **options))
+
+
+def run_prepare(request: PrepareRequest) -> dict:
+    """Run one :class:`PrepareRequest`: check it, train the tokenizer if one is to be trained, write the folder.
+
+    Returns:
+        the ``meta.json`` written (see :func:`prepare`).
+
+    Raises:
+        DataError: as :func:`prepare`.
+    """
+    plan = _plan(request)
+    tok = plan.tok if plan.tok is not None else _train(plan)
+    return _write_dataset(plan, tok)
+
+
+def _plan(request: PrepareRequest) -> _Plan:
+    """Check the arguments, find the sources, load a given tokenizer and check the output folder, in that order."""
+    r = request
+    fraction = _check_fraction(r.val_fraction) if r.val_inputs is None else float(r.val_fraction)
+    eot_policy, bos_policy = _check_policy("eot", r.eot), _check_policy("bos", r.bos)
+    _check_workers(r.workers)
+    srcs = find_sources(r.inputs, split=r.split)
+    val_srcs = find_sources(r.val_inputs, split=r.val_split) if r.val_inputs is not None else []
+    kind, size = parse_spec(r.tokenizer)
     tok: Tokenizer | None = None
     spec = {"char": "char", "bpe": f"bpe:{size}"}.get(kind, "")
     if kind == "path":
-        tok = load_tokenizer(tokenizer)
+        tok = load_tokenizer(r.tokenizer)
         spec = tok.spec = str(Path(tok.spec).resolve())
-        tok.set_special(eot=_special("eot", eot_policy, tok, EOT_TOKEN), bos=_special("bos", bos_policy, tok, BOS_TOKEN))
-    out = Path(out_dir).expanduser()
-    recipe = _recipe(spec, fraction, text_field, [s.label for s in srcs], [s.label for s in val_srcs], eot_policy, bos_policy)
-    _check_out_dir(out, recipe, overwrite)
-    if tok is None:
-        chars = [0, False]  # characters read, all read
-        trained_on = srcs + (val_srcs if kind == "char" else [])
+        tok.set_special(eot=_special("eot", eot_policy, tok, EOT_TOKEN),
+                        bos=_special("bos", bos_policy, tok, BOS_TOKEN))
+    out = Path(r.out_dir).expanduser()
+    recipe = _recipe(spec, fraction, r.text_field, [s.label for s in srcs], [s.label for s in val_srcs],
+                     eot_policy, bos_policy)
+    _check_out_dir(out, recipe, r.overwrite)
+    return _Plan(r, fraction, eot_policy, bos_policy, srcs, val_srcs, spec, kind, tok, out)
 
-        def texts() -> Iterator[str]:
-            for piece in _pieces(trained_on, text_field, progress):
-                chars[0] += len(piece.text)
-                yield piece.text
-            chars[1] = True
 
-        with _Progress(sum(s.size for s in trained_on), f"tokenizer {spec}", show_progress) as progress:
-            try:
-                tok = _tokenizer(spec, eot_policy, bos_policy, texts())
-            except DataError:
-                if chars == [0, True]:
-                    raise _no_text(trained_on) from None
-                raise
-    seps = Separators(tok.eot_id, tok.bos_id)
-    dtype = dtype_for(tok.vocab_size)
+def _train(plan: _Plan) -> Tokenizer:
+    """Train the ``char`` / ``bpe:N`` tokenizer of ``plan`` on its inputs (a ``char`` one on the validation inputs
+    too), reserving the separators its policies name.
 
+    Raises:
+        DataError: inputs without text, or what training the tokenizer raises.
+    """
+    chars = [0, False]  # characters read, all read
+    trained_on = plan.srcs + (plan.val_srcs if plan.kind == "char" else [])
+
+    def texts() -> Iterator[str]:
+        for piece in _pieces(trained_on, plan.request.text_field, progress):
+            chars[0] += len(piece.text)
+            yield piece.text
+        chars[1] = True
+
+    with _Progress(sum(s.size for s in trained_on), f"tokenizer {plan.spec}", plan.request.show_progress) as progress:
+        try:
+            return _tokenizer(plan.spec, plan.eot_policy, plan.bos_policy, texts())
+        except DataError:
+            if chars == [0, True]:
+                raise _no_text(trained_on) from None
+            raise
+
+
+def _write_dataset(plan: _Plan, tok: Tokenizer) -> dict:
+    """Encode, split and describe the dataset under temporary names in the output folder, then rename the files into
+    place (``meta.json`` last); whatever happens, no temporary file stays, nor a folder this call created empty."""
+    out = plan.out
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = {name: out / f".{name}.tmp-{os.getpid()}" for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE)}
     done = False
-    common = dict(separators=seps, text_field=text_field, workers=workers, show_progress=show_progress)
     try:
-        with open(tmp[TRAIN_FILE], "wb") as f:
-            train_stats = encode_sources(srcs, tok, f, **common, desc="encode")
-        if train_stats.text_tokens == 0:
-            raise _no_text(srcs)
-        if val_srcs:
-            with open(tmp[VAL_FILE], "wb") as f:
-                val_stats = encode_sources(val_srcs, tok, f, **common, desc="encode val")
-            if val_stats.text_tokens == 0:
-                raise _no_text(val_srcs)
-            n_train, n_val, rule, within = train_stats.tokens, val_stats.tokens, SPLIT_RULE_INPUTS, False
-        else:
-            val_stats = None
-            n = train_stats.tokens
-            target = int(n * (1.0 - fraction))
-            n_train = target
-            separated = seps.eot_id is not None or seps.bos_id is not None
-            if separated and 0 < target < n:
-                n_train = document_cut(_Tokens(tmp[TRAIN_FILE], dtype), target, seps)
-            if n_train == 0 or n_train == n:
-                raise DataError(
-                    f"{n} tokens are too few to split with val_fraction = {fraction} ({n_train} train, {n - n_train} "
-                    f"val); give more text or another val_fraction"
-                )
-            n_val, rule = n - n_train, SPLIT_RULE_DOCUMENTS if separated else SPLIT_RULE
-            within = separated and n_train == target and not _starts_document(tmp[TRAIN_FILE], dtype, target, seps)
-            _split(tmp[TRAIN_FILE], tmp[VAL_FILE], n_train * dtype.itemsize)
+        splits = _encode_splits(plan, tok, tmp)
         tok.save(tmp[TOKENIZER_FILE])
-        files = {
-            name: {"bytes": tmp[name].stat().st_size, "sha256": _sha256(tmp[name])} for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE)
-        }
-        marker = seps.eot_id if seps.eot_id is not None else seps.bos_id
-        splits = {
-            s: _count(_Tokens(tmp[f], dtype), marker) if marker is not None else None
-            for s, f in (("train", TRAIN_FILE), ("val", VAL_FILE))
-        }
-        from .. import __version__
-
-        def entries(source_list: Sequence[Source], stats: EncodeStats) -> list[dict]:
-            return [
-                {
-                    "path": str(s.path),
-                    **({"label": s.label, "split": s.split} if s.split else {}),
-                    "format": s.format,
-                    **({"compression": s.compression} if s.compression else {}),
-                    "bytes": s.size,
-                    "sha256": stats.per_source[s.label]["sha256"],
-                    "tokens": stats.per_source[s.label]["tokens"],
-                    "documents": stats.per_source[s.label]["documents"],
-                }
-                for s in source_list
-            ]
-
-        meta = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "tokenizer": tok.spec,
-            "vocab_size": tok.vocab_size,
-            "dtype": dtype.name,
-            "tokens": {"train": n_train, "val": n_val},
-            "val_fraction": fraction,
-            "split": rule,
-            "split_within_document": within,
-            "text_field": text_field,
-            "documents": {
-                "eot_policy": eot_policy,
-                "bos_policy": bos_policy,
-                "eot": tok.eot if seps.eot_id is not None else None,
-                "eot_id": seps.eot_id,
-                "bos": tok.bos if seps.bos_id is not None else None,
-                "bos_id": seps.bos_id,
-                "count": train_stats.documents + (val_stats.documents if val_stats else 0),
-                "separated": marker is not None,
-                # documents ending (end-of-text) or starting (begin-of-text only) in each split; None: not separated
-                "train": splits["train"],
-                "val": splits["val"],
-            },
-            "sources": entries(srcs, train_stats),
-            **({"val_sources": entries(val_srcs, val_stats)} if val_stats else {}),
-            "files": files,
-            "modkit_version": __version__,
-        }
+        meta = _meta(plan, tok, splits, tmp)
         tmp[META_FILE].write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         (out / META_FILE).unlink(missing_ok=True)  # from here until the last rename the folder holds no dataset
         for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE):
@@ -671,20 +309,107 @@ def prepare(
     return meta
 
 
-def _starts_document(path: Path, dtype, i: int, seps: Separators) -> bool:
-    tokens = _Tokens(path, dtype)
-    return (seps.eot_id is not None and i > 0 and int(tokens.read(i - 1, i)[0]) == seps.eot_id) or (
-        seps.bos_id is not None and int(tokens.read(i, i + 1)[0]) == seps.bos_id
-    )
+def _encode_splits(plan: _Plan, tok: Tokenizer, tmp: dict[str, Path]) -> _Splits:
+    """Encode the inputs into ``tmp[TRAIN_FILE]`` and the validation inputs into ``tmp[VAL_FILE]``, or cut the
+    validation split off the end of the training file (:func:`_cut`).
+
+    Raises:
+        DataError: inputs without text, text the tokenizer cannot encode, too few tokens for two splits.
+    """
+    r = plan.request
+    seps = Separators(tok.eot_id, tok.bos_id)
+    common = dict(separators=seps, text_field=r.text_field, workers=r.workers, show_progress=r.show_progress)
+    with open(tmp[TRAIN_FILE], "wb") as f:
+        train_stats = encode_sources(plan.srcs, tok, f, **common, desc="encode")
+    if train_stats.text_tokens == 0:
+        raise _no_text(plan.srcs)
+    if not plan.val_srcs:
+        return _cut(plan.fraction, seps, dtype_for(tok.vocab_size), tmp, train_stats)
+    with open(tmp[VAL_FILE], "wb") as f:
+        val_stats = encode_sources(plan.val_srcs, tok, f, **common, desc="encode val")
+    if val_stats.text_tokens == 0:
+        raise _no_text(plan.val_srcs)
+    return _Splits(train_stats.tokens, val_stats.tokens, SPLIT_RULE_INPUTS, False, train_stats, val_stats)
 
 
-def _split(train: Path, val: Path, train_bytes: int) -> None:
-    """Move everything after ``train_bytes`` of ``train`` into ``val`` (copy the tail, truncate); both fsynced."""
-    with open(train, "r+b") as src, open(val, "wb") as dst:
-        src.seek(train_bytes)
-        shutil.copyfileobj(src, dst, 1 << 20)
-        dst.flush()
-        os.fsync(dst.fileno())
-        src.truncate(train_bytes)
-        src.flush()
-        os.fsync(src.fileno())
+def _cut(fraction: float, seps: Separators, dtype: np.dtype, tmp: dict[str, Path], stats: EncodeStats) -> _Splits:
+    """Move the last ``fraction`` of the training file's tokens into the validation file: at a document start when
+    the documents are separated (:func:`document_cut`), else at exactly ``int(n * (1 - fraction))`` (nanoGPT).
+
+    Raises:
+        DataError: a split that would be empty.
+    """
+    n = stats.tokens
+    target = int(n * (1.0 - fraction))
+    n_train = target
+    separated = seps.eot_id is not None or seps.bos_id is not None
+    if separated and 0 < target < n:
+        n_train = document_cut(_Tokens(tmp[TRAIN_FILE], dtype), target, seps)
+    if n_train == 0 or n_train == n:
+        raise DataError(
+            f"{n} tokens are too few to split with val_fraction = {fraction} ({n_train} train, {n - n_train} "
+            f"val); give more text or another val_fraction"
+        )
+    rule = SPLIT_RULE_DOCUMENTS if separated else SPLIT_RULE
+    within = separated and n_train == target and not _starts_document(tmp[TRAIN_FILE], dtype, target, seps)
+    _split(tmp[TRAIN_FILE], tmp[VAL_FILE], n_train * dtype.itemsize)
+    return _Splits(n_train, n - n_train, rule, within, stats, None)
+
+
+def _source_entries(source_list: Sequence[Source], stats: EncodeStats) -> list[dict]:
+    """``meta.json``'s ``sources`` / ``val_sources``: path, format, bytes, sha256, tokens, documents of each."""
+    return [
+        {
+            "path": str(s.path),
+            **({"label": s.label, "split": s.split} if s.split else {}),
+            "format": s.format,
+            **({"compression": s.compression} if s.compression else {}),
+            "bytes": s.size,
+            "sha256": stats.per_source[s.label]["sha256"],
+            "tokens": stats.per_source[s.label]["tokens"],
+            "documents": stats.per_source[s.label]["documents"],
+        }
+        for s in source_list
+    ]
+
+
+def _meta(plan: _Plan, tok: Tokenizer, splits: _Splits, tmp: dict[str, Path]) -> dict:
+    """The ``meta.json`` of the files written under ``tmp`` (the keys: see :func:`prepare`)."""
+    from .. import __version__
+
+    seps, dtype = Separators(tok.eot_id, tok.bos_id), dtype_for(tok.vocab_size)
+    files = {name: {"bytes": tmp[name].stat().st_size, "sha256": _sha256(tmp[name])}
+             for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE)}
+    marker = seps.eot_id if seps.eot_id is not None else seps.bos_id
+    counts = {s: _count(_Tokens(tmp[f], dtype), marker) if marker is not None else None
+              for s, f in (("train", TRAIN_FILE), ("val", VAL_FILE))}
+    val_stats = splits.val
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tok.spec,
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype.name,
+        "tokens": {"train": splits.n_train, "val": splits.n_val},
+        "val_fraction": plan.fraction,
+        "split": splits.rule,
+        "split_within_document": splits.within,
+        "text_field": plan.request.text_field,
+        "documents": {
+            "eot_policy": plan.eot_policy,
+            "bos_policy": plan.bos_policy,
+            "eot": tok.eot if seps.eot_id is not None else None,
+            "eot_id": seps.eot_id,
+            "bos": tok.bos if seps.bos_id is not None else None,
+            "bos_id": seps.bos_id,
+            "count": splits.train.documents + (val_stats.documents if val_stats else 0),
+            "separated": marker is not None,
+            # documents ending (end-of-text) or starting (begin-of-text only) in each split; None: not separated
+            "train": counts["train"],
+            "val": counts["val"],
+        },
+        "sources": _source_entries(plan.srcs, splits.train),
+        **({"val_sources": _source_entries(plan.val_srcs, val_stats)} if val_stats else {}),
+        "files": files,
+        "modkit_version": __version__,
+    }

@@ -66,21 +66,50 @@ def _is_prepared(path: Path) -> bool:
     return path.is_dir() and (path / "meta.json").is_file()
 
 
+@dataclass(frozen=True)
+class EvalRequest:
+    """One evaluation: the arguments of :func:`evaluate_checkpoint` (documented there) as one value.
+
+    Attributes:
+        checkpoint: a modkit checkpoint folder. data: a prepared folder or text inputs (``None``: the run's data).
+        split: ``"val"`` or ``"train"`` of a prepared folder. seq_len, stride, max_tokens, batch_size: the windows
+            (tokens; ``None``: the run's or the model's defaults). document_mask: document-masked windows (``None``:
+            the run's setting). text_field: the text's field / column in structured inputs. device: where to run.
+        model: an already loaded model (``None``: load ``checkpoint``).
+    """
+
+    checkpoint: Union[str, Path]
+    data: Union[str, Path, Sequence[Union[str, Path]], None] = None
+    split: str = "val"
+    seq_len: Optional[int] = None
+    stride: Optional[int] = None
+    max_tokens: Optional[int] = None
+    batch_size: Optional[int] = None
+    document_mask: Optional[bool] = None
+    text_field: str = "text"
+    device: Optional[str] = None
+    model: Any = None
+
+
+@dataclass
+class _EvalData:
+    """The tokens to score and what describes them: the separators, the byte table, a label and the split's name
+    (``tmp``: the temporary file text inputs were encoded into, closed after scoring)."""
+
+    tokens: np.ndarray
+    separators: tuple
+    table: np.ndarray
+    label: str
+    whole: str
+    tmp: Any = None
+
+
 def evaluate_checkpoint(
-    checkpoint: Union[str, Path],
-    data: Union[str, Path, Sequence[Union[str, Path]], None] = None,
-    *,
-    split: str = "val",
-    seq_len: Optional[int] = None,
-    stride: Optional[int] = None,
-    max_tokens: Optional[int] = None,
-    batch_size: Optional[int] = None,
-    document_mask: Optional[bool] = None,
-    text_field: str = "text",
-    device: Optional[str] = None,
-    model: Any = None,
+    checkpoint: Union[str, Path], data: Union[str, Path, Sequence[Union[str, Path]], None] = None, **options: Any
 ) -> EvalResult:
     """Cross-entropy, perplexity and bits per byte of a checkpoint on a data split or text inputs.
+
+    The keyword arguments are the fields of :class:`EvalRequest` (:func:`run_eval` takes one whole).
 
     Args:
         checkpoint: a modkit checkpoint folder (with its ``tokenizer.json``).
@@ -103,57 +132,97 @@ def evaluate_checkpoint(
             cover, document masking on data without separators; as :func:`~modkit.evaluation.score.score_tokens`.
         DataError: unreadable inputs or text the tokenizer cannot encode.
         CheckpointError: not a checkpoint.
+        TypeError: a keyword that is not a field of :class:`EvalRequest`.
+    """
+    return run_eval(EvalRequest(checkpoint, data, **options))
+
+
+def run_eval(request: EvalRequest) -> EvalResult:
+    """Run one :class:`EvalRequest`: load the model and the tokenizer, read or encode the data, score it.
+
+    Returns:
+        :class:`EvalResult`.
+
+    Raises:
+        EvalError, DataError, CheckpointError: as :func:`evaluate_checkpoint`.
     """
     from modkit.io.checkpoint import load
-    from ..data import TokenData, load_tokenizer
-    from ..data.prepare import Separators, dtype_for, encode_sources
+    from ..data import load_tokenizer
+
+    r = request
+    defaults = run_defaults(r.checkpoint)
+    dev = torch.device(r.device) if r.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = r.model if r.model is not None else load(r.checkpoint, device=str(dev))
+    folder = Path(r.checkpoint).expanduser()
+    if not (folder / "tokenizer.json").is_file():
+        raise EvalError(f"{r.checkpoint}: no tokenizer.json in the checkpoint folder; evaluate a checkpoint that "
+                        "training saved")
+    tokenizer = load_tokenizer(folder)
+    data = r.data if r.data is not None else defaults.get("data")
+    if data is None:
+        raise EvalError(f"{r.checkpoint} is not in a run folder, so there is no default data; give --data (a prepared "
+                        "folder or text files)")
+    found = _eval_data([data] if isinstance(data, (str, Path)) else list(data), r, tokenizer)
+    try:
+        return _score(model, found, r, defaults, dev)
+    finally:
+        if found.tmp is not None:
+            found.tmp.close()
+
+
+def _eval_data(inputs: list, request: EvalRequest, tokenizer) -> _EvalData:
+    """The split of a prepared folder (one input that is one), else the text inputs encoded with ``tokenizer``
+    into a temporary file (an end-of-text id after each document when the tokenizer has one).
+
+    Raises:
+        EvalError: a split a prepared folder does not have. DataError: unreadable inputs or unencodable text.
+    """
+    from ..data import TokenData
+    from ..data.encode import encode_sources
+    from ..data.prepare_format import Separators, dtype_for
     from ..data.sources import find_sources
 
-    defaults = run_defaults(checkpoint)
-    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = model if model is not None else load(checkpoint, device=str(dev))
-    folder = Path(checkpoint).expanduser()
-    if not (folder / "tokenizer.json").is_file():
-        raise EvalError(f"{checkpoint}: no tokenizer.json in the checkpoint folder; evaluate a checkpoint that training saved")
-    tokenizer = load_tokenizer(folder)
-    data = data if data is not None else defaults.get("data")
-    if data is None:
-        raise EvalError(f"{checkpoint} is not in a run folder, so there is no default data; give --data (a prepared folder or text files)")
-    inputs = [data] if isinstance(data, (str, Path)) else list(data)
-    separators: tuple = (tokenizer.eot_id, tokenizer.bos_id)
-    tmp = None
     if len(inputs) == 1 and _is_prepared(Path(inputs[0]).expanduser()):
         prepared = TokenData.open(Path(inputs[0]).expanduser(), verify=False)
-        if split not in ("val", "train"):
-            raise EvalError(f"split = {split!r}: a prepared folder has the splits 'train' and 'val'")
-        tokens = prepared.val if split == "val" else prepared.train
-        separators = prepared.separators
-        table = prepared.tokenizer.token_bytes()
-        label, whole = str(prepared.path), f"{split} split"
-    else:
-        srcs = find_sources(inputs)
-        tmp = tempfile.NamedTemporaryFile(prefix="modkit-eval-", suffix=".bin")
-        with open(tmp.name, "wb") as f:
-            encode_sources(srcs, tokenizer, f, separators=Separators(tokenizer.eot_id, tokenizer.bos_id), text_field=text_field)
-        tokens = np.fromfile(tmp.name, dtype=dtype_for(tokenizer.vocab_size))
-        table = tokenizer.token_bytes()
-        label, whole = ", ".join(str(i) for i in inputs), "whole text"
-    if len(tokens) and int(tokens.max()) >= model.spec.vocab_size:
-        raise EvalError(f"{label}: token id {int(tokens.max())} is outside the model's vocabulary ({model.spec.vocab_size}); "
-                        "evaluate on data prepared with the checkpoint's tokenizer")
-    masked = defaults.get("document_mask", False) if document_mask is None else bool(document_mask)
-    if masked and separators == (None, None):
-        raise EvalError(f"document masking needs document separators, and {label} has none (prepared with --eot none?); "
-                        "evaluate without --document-mask")
-    seq = seq_len or defaults.get("seq_len") or model.spec.max_seq_len
-    limit = max_tokens if max_tokens is not None else defaults.get("max_tokens")
-    rows = batch_size or defaults.get("batch_size") or 8
+        if request.split not in ("val", "train"):
+            raise EvalError(f"split = {request.split!r}: a prepared folder has the splits 'train' and 'val'")
+        tokens = prepared.val if request.split == "val" else prepared.train
+        return _EvalData(tokens, prepared.separators, prepared.tokenizer.token_bytes(), str(prepared.path),
+                         f"{request.split} split")
+    srcs = find_sources(inputs)
+    tmp = tempfile.NamedTemporaryFile(prefix="modkit-eval-", suffix=".bin")
     try:
-        score = score_tokens(model, tokens, seq_len=seq, stride=stride, max_tokens=limit, batch_size=rows,
-                             documents=separators if masked else None, token_bytes=table, device=dev)
-    finally:
-        if tmp is not None:
-            tmp.close()
-    settings = {"checkpoint": str(checkpoint), "data": label, "split": whole, "split_tokens": int(len(tokens)),
+        with open(tmp.name, "wb") as f:
+            encode_sources(srcs, tokenizer, f, separators=Separators(tokenizer.eot_id, tokenizer.bos_id),
+                           text_field=request.text_field)
+        tokens = np.fromfile(tmp.name, dtype=dtype_for(tokenizer.vocab_size))
+    except BaseException:
+        tmp.close()
+        raise
+    return _EvalData(tokens, (tokenizer.eot_id, tokenizer.bos_id), tokenizer.token_bytes(),
+                     ", ".join(str(i) for i in inputs), "whole text", tmp)
+
+
+def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.device) -> EvalResult:
+    """Check the data against the model and the masking asked for, then score it with the run's defaults filled in.
+
+    Raises:
+        EvalError: ids outside the model's vocabulary, document masking without separators; as
+            :func:`~modkit.evaluation.score.score_tokens`.
+    """
+    tokens, label = found.tokens, found.label
+    if len(tokens) and int(tokens.max()) >= model.spec.vocab_size:
+        raise EvalError(f"{label}: token id {int(tokens.max())} is outside the model's vocabulary "
+                        f"({model.spec.vocab_size}); evaluate on data prepared with the checkpoint's tokenizer")
+    masked = defaults.get("document_mask", False) if r.document_mask is None else bool(r.document_mask)
+    if masked and found.separators == (None, None):
+        raise EvalError(f"document masking needs document separators, and {label} has none (prepared with --eot "
+                        "none?); evaluate without --document-mask")
+    seq = r.seq_len or defaults.get("seq_len") or model.spec.max_seq_len
+    limit = r.max_tokens if r.max_tokens is not None else defaults.get("max_tokens")
+    rows = r.batch_size or defaults.get("batch_size") or 8
+    score = score_tokens(model, tokens, seq_len=seq, stride=r.stride, max_tokens=limit, batch_size=rows,
+                         documents=found.separators if masked else None, token_bytes=found.table, device=dev)
+    settings = {"checkpoint": str(r.checkpoint), "data": label, "split": found.whole, "split_tokens": int(len(tokens)),
                 "batch_size": rows, "document_mask": masked, "max_tokens": limit}
     return EvalResult(score, settings)

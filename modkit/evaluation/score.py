@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ from torch import nn
 from modkit.nn.documents import document_ids
 from modkit.core.errors import ModkitError
 
-__all__ = ["EvalError", "Score", "score_tokens", "windows"]
+__all__ = ["EvalError", "Score", "ScoreRequest", "score_request", "score_tokens", "windows"]
 
 
 class EvalError(ModkitError, ValueError):
@@ -110,26 +110,40 @@ def windows(n_tokens: int, seq_len: int, *, stride: Optional[int] = None, max_to
     return out
 
 
-@torch.no_grad()
-def score_tokens(
-    model: nn.Module,
-    tokens: np.ndarray,
-    *,
-    seq_len: int,
-    stride: Optional[int] = None,
-    max_tokens: Optional[int] = None,
-    batch_size: int = 8,
-    documents: Optional[Sequence[Optional[int]]] = None,
-    token_bytes: Optional[np.ndarray] = None,
-    device: Optional[torch.device] = None,
-    autocast: Optional[torch.dtype] = None,
-) -> Score:
+@dataclass(frozen=True)
+class ScoreRequest:
+    """How :func:`score_tokens` scores: its keyword arguments (documented there) as one value.
+
+    Attributes:
+        seq_len: input tokens per window.
+        stride: start a window every ``stride`` tokens (``None``: non-overlapping windows).
+        max_tokens: score the first ``max_tokens`` targets at most (``None``: the whole array).
+        batch_size: windows per forward.
+        documents: ``(eot_id, bos_id)`` for document-masked windows; ``None``: plain causal windows.
+        token_bytes: ``[vocab]`` UTF-8 bytes per id for bits per byte (``None``: no byte count).
+        device: where to run (``None``: the model's device).
+        autocast: run under ``torch.autocast`` in this dtype (``None``: the model's own dtype).
+    """
+
+    seq_len: int
+    stride: Optional[int] = None
+    max_tokens: Optional[int] = None
+    batch_size: int = 8
+    documents: Optional[Sequence[Optional[int]]] = None
+    token_bytes: Optional[np.ndarray] = None
+    device: Optional[torch.device] = None
+    autocast: Optional[torch.dtype] = None
+
+
+def score_tokens(model: nn.Module, tokens: np.ndarray, **options: Any) -> Score:
     """Score ``tokens`` with ``model`` in windows (see :func:`windows` and the module docstring).
+
+    The keyword arguments are the fields of :class:`ScoreRequest` (:func:`score_request` takes one whole).
 
     Args:
         model: a :class:`~modkit.nn.model.Model` (its ``max_seq_len`` must cover ``seq_len``); put in eval mode here.
         tokens: 1-D integer array (a :class:`~modkit.data.TokenData` split: a memmap, read one batch at a time).
-        seq_len: input tokens per window.
+        seq_len: input tokens per window (required).
         stride: start a window every ``stride`` tokens (``None``: non-overlapping windows).
         max_tokens: score the first ``max_tokens`` targets at most (``None``: the whole array).
         batch_size: windows per forward.
@@ -144,40 +158,68 @@ def score_tokens(
     Raises:
         EvalError: bad windows, too few tokens, a window longer than the model's ``max_seq_len``, ids outside the
             model's vocabulary.
+        TypeError: no ``seq_len``, or a keyword that is not a field of :class:`ScoreRequest`.
     """
-    spans = windows(len(tokens), seq_len, stride=stride, max_tokens=max_tokens)
+    return score_request(model, tokens, ScoreRequest(**options))
+
+
+@torch.no_grad()
+def score_request(model: nn.Module, tokens: np.ndarray, request: ScoreRequest) -> Score:
+    """Score ``tokens`` with ``model`` as ``request`` says (see :func:`score_tokens`); the model is put in eval mode
+    and back in the mode it was in.
+
+    Returns:
+        :class:`Score`.
+
+    Raises:
+        EvalError: as :func:`score_tokens`.
+    """
+    r = request
+    spans = windows(len(tokens), r.seq_len, stride=r.stride, max_tokens=r.max_tokens)
     limit = getattr(getattr(model, "spec", None), "max_seq_len", None)
-    if limit is not None and seq_len > limit:
-        raise EvalError(f"seq_len = {seq_len} exceeds the model's max_seq_len = {limit}; use --seq-len {limit} or less")
-    device = device or next(model.parameters()).device
+    if limit is not None and r.seq_len > limit:
+        raise EvalError(
+            f"seq_len = {r.seq_len} exceeds the model's max_seq_len = {limit}; use --seq-len {limit} or less"
+        )
+    device = r.device or next(model.parameters()).device
     was_training = model.training
     model.eval()
     loss_sum, count, n_bytes = 0.0, 0, 0
     try:
-        for lo in range(0, len(spans), batch_size):
-            batch = spans[lo : lo + batch_size]
-            rows = np.zeros((len(batch), seq_len + 1), dtype=np.int64)
-            keep = np.zeros((len(batch), seq_len), dtype=bool)
-            for r, (b, e, first) in enumerate(batch):
-                rows[r, : e - b + 1] = tokens[b : e + 1]
-                keep[r, first - b : e - b] = True
-            x = torch.from_numpy(rows[:, :-1]).to(device)
-            y = torch.from_numpy(rows[:, 1:]).to(device)
-            kwargs = {}
-            if documents is not None:
-                kwargs["documents"] = document_ids(x, eot_id=documents[0], bos_id=documents[1])
-            context = torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
-            try:
-                with context:
-                    logits = model(x, **kwargs).logits
-            except ValueError as exc:
-                raise EvalError(f"the model cannot score this data: {exc}") from None
-            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
-            mask = torch.from_numpy(keep).to(device)
-            loss_sum += float((ce * mask).sum().double())
-            count += int(keep.sum())
-            if token_bytes is not None:
-                n_bytes += int(token_bytes[rows[:, 1:][keep]].sum())
+        for lo in range(0, len(spans), r.batch_size):
+            batch_loss, batch_count, batch_bytes = _score_batch(model, tokens, spans[lo : lo + r.batch_size], r, device)
+            loss_sum, count, n_bytes = loss_sum + batch_loss, count + batch_count, n_bytes + batch_bytes
     finally:
         model.train(was_training)
-    return Score(loss_sum / count, count, n_bytes if token_bytes is not None else None, len(spans), seq_len, stride or seq_len)
+    return Score(loss_sum / count, count, n_bytes if r.token_bytes is not None else None, len(spans), r.seq_len,
+                 r.stride or r.seq_len)
+
+
+def _score_batch(model: nn.Module, tokens: np.ndarray, batch: Sequence[tuple[int, int, int]], r: ScoreRequest,
+                 device: torch.device) -> tuple[float, int, int]:
+    """One forward over the windows ``batch``: ``(sum of the scored targets' cross-entropy in nats, targets scored,
+    their UTF-8 bytes (0 without a byte table))``.
+
+    Raises:
+        EvalError: the model rejects the inputs (ids outside its vocabulary, ...).
+    """
+    rows = np.zeros((len(batch), r.seq_len + 1), dtype=np.int64)
+    keep = np.zeros((len(batch), r.seq_len), dtype=bool)
+    for i, (b, e, first) in enumerate(batch):
+        rows[i, : e - b + 1] = tokens[b : e + 1]
+        keep[i, first - b : e - b] = True
+    x = torch.from_numpy(rows[:, :-1]).to(device)
+    y = torch.from_numpy(rows[:, 1:]).to(device)
+    kwargs = {}
+    if r.documents is not None:
+        kwargs["documents"] = document_ids(x, eot_id=r.documents[0], bos_id=r.documents[1])
+    context = torch.autocast(device.type, dtype=r.autocast) if r.autocast is not None else contextlib.nullcontext()
+    try:
+        with context:
+            logits = model(x, **kwargs).logits
+    except ValueError as exc:
+        raise EvalError(f"the model cannot score this data: {exc}") from None
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
+    mask = torch.from_numpy(keep).to(device)
+    n_bytes = int(r.token_bytes[rows[:, 1:][keep]].sum()) if r.token_bytes is not None else 0
+    return float((ce * mask).sum().double()), int(keep.sum()), n_bytes

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -105,20 +105,33 @@ def _measure(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def coord_check(
-    spec: Union[str, Path, dict],
-    widths: Sequence[int],
-    *,
-    base_d_model: Optional[int] = None,
-    steps: int = 4,
-    lr: float = 1e-2,
-    optimizer: Optional[dict] = None,
-    seeds: int = 2,
-    batch: int = 8,
-    seq_len: int = 32,
-    parametrizations: Sequence[str] = ("sp", "mup"),
-) -> CoordCheck:
+@dataclass(frozen=True)
+class CoordCheckRequest:
+    """One coordinate check: the arguments of :func:`coord_check` (documented there) as one value.
+
+    Attributes:
+        spec: a spec file or dict. widths: two or more increasing ``d_model`` values. base_d_model: μP's base width
+            (``None``: the smallest width). steps: optimizer steps. lr: constant learning rate. optimizer: an
+            optimizer config (``None``: AdamW). seeds: runs averaged per width. batch, seq_len: rows and tokens of
+            each batch. parametrizations: which of ``"sp"`` and ``"mup"`` to run.
+    """
+
+    spec: Union[str, Path, dict]
+    widths: Sequence[int]
+    base_d_model: Optional[int] = None
+    steps: int = 4
+    lr: float = 1e-2
+    optimizer: Optional[dict] = None
+    seeds: int = 2
+    batch: int = 8
+    seq_len: int = 32
+    parametrizations: Sequence[str] = ("sp", "mup")
+
+
+def coord_check(spec: Union[str, Path, dict], widths: Sequence[int], **options: Any) -> CoordCheck:
     """Run the coordinate check of ``spec`` at ``widths`` (see the module docstring).
+
+    The keyword arguments are the fields of :class:`CoordCheckRequest` (:func:`run_coord_check` takes one whole).
 
     Args:
         spec: a spec file or dict (its own ``parametrization`` is replaced: ``sp``, then μP at ``base_d_model``).
@@ -136,63 +149,104 @@ def coord_check(
         CoordCheckError: fewer than two widths, ``steps < 1``, ``seeds < 1``, an unknown parametrization.
         ScalingError: a width the spec cannot take (a head count that does not divide it), naming the field and
             the nearest widths that fit.
+        TypeError: a keyword that is not a field of :class:`CoordCheckRequest`.
     """
-    from modkit.nn.build import build
+    return run_coord_check(CoordCheckRequest(spec, widths, **options))
+
+
+def run_coord_check(request: CoordCheckRequest) -> CoordCheck:
+    """Run one :class:`CoordCheckRequest`: every parametrization asked for, at every width.
+
+    Returns:
+        :class:`CoordCheck`.
+
+    Raises:
+        CoordCheckError, ScalingError: as :func:`coord_check`.
+    """
     from modkit.core.jsonio import read_json_file
     from modkit.experiments.scaling import resize_checked, with_parametrization
     from modkit.spec import load_spec
     from modkit.train.config import TrainConfig
-    from modkit.train.optim import build_optimizer
 
-    widths = [int(w) for w in widths]
-    if len(widths) < 2 or sorted(set(widths)) != widths:
-        raise CoordCheckError(f"widths = {widths}: give two or more increasing widths")
-    if steps < 1 or seeds < 1:
-        raise CoordCheckError(f"steps = {steps}, seeds = {seeds}: give 1 or more of each")
-    bad = [p for p in parametrizations if p not in ("sp", "mup")]
-    if bad:
-        raise CoordCheckError(f"parametrizations {bad}: use 'sp' and/or 'mup'")
-    data = read_json_file(Path(spec)) if not isinstance(spec, dict) else dict(spec)
+    r = request
+    widths = _checked_widths(r)
+    data = read_json_file(Path(r.spec)) if not isinstance(r.spec, dict) else dict(r.spec)
     data = load_spec(data).to_dict()
-    base = base_d_model or widths[0]
-    opt = dict(optimizer or {"type": "adamw"})
-    cfg = TrainConfig(optimizer=opt, lr=lr, weight_decay=0.0, grad_clip=None)
-    seq_len = min(seq_len, data["max_seq_len"])
-    result = CoordCheck(data.get("name") or "model", widths, steps, lr, base, cfg.optimizer, seeds)
-    for par in parametrizations:
+    base = r.base_d_model or widths[0]
+    opt = dict(r.optimizer or {"type": "adamw"})
+    cfg = TrainConfig(optimizer=opt, lr=r.lr, weight_decay=0.0, grad_clip=None)
+    seq_len = min(r.seq_len, data["max_seq_len"])
+    result = CoordCheck(data.get("name") or "model", widths, r.steps, r.lr, base, cfg.optimizer, r.seeds)
+    for par in r.parametrizations:
         p = {"type": "mup", "base_d_model": base} if par == "mup" else None
-        size = {q: np.zeros((len(widths), steps + 1)) for q in QUANTITIES}
-        change = {q: np.zeros((len(widths), steps + 1)) for q in QUANTITIES}
+        size = {q: np.zeros((len(widths), r.steps + 1)) for q in QUANTITIES}
+        change = {q: np.zeros((len(widths), r.steps + 1)) for q in QUANTITIES}
         for wi, width in enumerate(widths):
             spec_obj = load_spec(with_parametrization(resize_checked(data, d_model=width), p))
-            v = spec_obj.vocab_size
-            probe = torch.randint(0, v, (batch, seq_len + 1), generator=torch.Generator().manual_seed(10_000))
-            for seed in range(seeds):
-                torch.manual_seed(seed)
-                model = build(spec_obj, seed=seed)
-                optim = build_optimizer(model, spec_obj, cfg)
-                for g in optim.param_groups:
-                    g["lr"] = lr * g["lr_mult"]
-                gen = torch.Generator().manual_seed(seed)
-                first = _measure(model, probe[:, :-1])
-                for q in first:
-                    size[q][wi, 0] += float(first[q].abs().mean()) / seeds
-                for t in range(1, steps + 1):
-                    ids = torch.randint(0, v, (batch, seq_len + 1), generator=gen)
-                    out = model(ids[:, :-1])
-                    loss = F.cross_entropy(out.logits.float().reshape(-1, v), ids[:, 1:].reshape(-1))
-                    if out.aux_loss is not None:
-                        loss = loss + out.aux_loss.float()
-                    loss.backward()
-                    optim.step()
-                    optim.zero_grad(set_to_none=True)
-                    now = _measure(model, probe[:, :-1])
-                    for q in now:
-                        size[q][wi, t] += float(now[q].abs().mean()) / seeds
-                        change[q][wi, t] += float((now[q] - first[q]).abs().mean()) / seeds
+            row_size, row_change = _width_curves(spec_obj, cfg, r, seq_len)
+            for q in QUANTITIES:
+                size[q][wi], change[q][wi] = row_size[q], row_change[q]
         result.size[par] = {q: a for q, a in size.items() if a.any()}
         result.change[par] = {q: a for q, a in change.items() if q in result.size[par]}
     return result
+
+
+def _checked_widths(r: CoordCheckRequest) -> list[int]:
+    """The widths as integers, the request checked.
+
+    Raises:
+        CoordCheckError: fewer than two increasing widths, ``steps`` or ``seeds`` below 1, an unknown
+            parametrization.
+    """
+    widths = [int(w) for w in r.widths]
+    if len(widths) < 2 or sorted(set(widths)) != widths:
+        raise CoordCheckError(f"widths = {widths}: give two or more increasing widths")
+    if r.steps < 1 or r.seeds < 1:
+        raise CoordCheckError(f"steps = {r.steps}, seeds = {r.seeds}: give 1 or more of each")
+    bad = [p for p in r.parametrizations if p not in ("sp", "mup")]
+    if bad:
+        raise CoordCheckError(f"parametrizations {bad}: use 'sp' and/or 'mup'")
+    return widths
+
+
+def _width_curves(spec_obj, cfg, r: CoordCheckRequest, seq_len: int) -> tuple[dict, dict]:
+    """``size`` and ``change`` of each quantity at one width: ``{quantity: [steps + 1] array}``, averaged over the
+    seeds (quantities the model does not have stay 0). The measurement batch is seeded alike at every width."""
+    from modkit.nn.build import build
+    from modkit.train.optim import build_optimizer
+
+    v = spec_obj.vocab_size
+    probe = torch.randint(0, v, (r.batch, seq_len + 1), generator=torch.Generator().manual_seed(10_000))
+    size = {q: np.zeros(r.steps + 1) for q in QUANTITIES}
+    change = {q: np.zeros(r.steps + 1) for q in QUANTITIES}
+    for seed in range(r.seeds):
+        torch.manual_seed(seed)
+        model = build(spec_obj, seed=seed)
+        optim = build_optimizer(model, spec_obj, cfg)
+        for g in optim.param_groups:
+            g["lr"] = r.lr * g["lr_mult"]
+        gen = torch.Generator().manual_seed(seed)
+        first = _measure(model, probe[:, :-1])
+        for q in first:
+            size[q][0] += float(first[q].abs().mean()) / r.seeds
+        for t in range(1, r.steps + 1):
+            _train_step(model, optim, torch.randint(0, v, (r.batch, seq_len + 1), generator=gen), v)
+            now = _measure(model, probe[:, :-1])
+            for q in now:
+                size[q][t] += float(now[q].abs().mean()) / r.seeds
+                change[q][t] += float((now[q] - first[q]).abs().mean()) / r.seeds
+    return size, change
+
+
+def _train_step(model, optim, ids: torch.Tensor, vocab_size: int) -> None:
+    """One optimizer step on the next-token loss of ``ids`` ``[batch, seq + 1]`` (plus the model's auxiliary loss)."""
+    out = model(ids[:, :-1])
+    loss = F.cross_entropy(out.logits.float().reshape(-1, vocab_size), ids[:, 1:].reshape(-1))
+    if out.aux_loss is not None:
+        loss = loss + out.aux_loss.float()
+    loss.backward()
+    optim.step()
+    optim.zero_grad(set_to_none=True)
 
 
 def plot(result: CoordCheck, out: Union[str, Path]) -> Path:
