@@ -1,4 +1,4 @@
-"""μP as a parametrization of any spec (modkit.nn.parametrization): equal to standard at the base width, the documented
+"""μP as a parametrization of any spec (modkit.core.parametrization): equal to standard at the base width, the documented
 init, output and attention factors away from it, and the coordinate check: flat across widths under μP, growing under
 standard parametrization."""
 
@@ -12,7 +12,7 @@ import torch
 
 import modkit
 from modkit.experiments.coordcheck import coord_check, write_report
-from modkit.nn.parametrization import attention_scale, width_multiplier
+from modkit.core.parametrization import attention_scale, width_multiplier
 from modkit.experiments.scaling import resize
 
 from conftest import tiny_spec

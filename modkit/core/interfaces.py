@@ -204,7 +204,7 @@ class Init:
         self.std = float(std)
         self.seen: set[int] = set()
         #: ``{id(parameter): factor}`` on the std (and the bounds of a uniform) of that parameter's random init;
-        #: :meth:`Model.init_weights` fills it under μP from the parameters' roles (:mod:`modkit.nn.parametrization`)
+        #: :meth:`Model.init_weights` fills it under μP from the parameters' roles (:mod:`modkit.core.parametrization`)
         self.scales: dict[int, float] = {}
 
     @torch.no_grad()
@@ -288,14 +288,14 @@ class BuildContext:
 
     def attention_scale(self, head_dim: int, standard: Optional[float] = None) -> float:
         """The default multiplier of ``q·k`` for heads of ``head_dim``: ``1 / sqrt(head_dim)`` under standard
-        parametrization, ``sqrt(base_head_dim) / head_dim`` under μP (:func:`modkit.nn.parametrization.attention_scale`).
+        parametrization, ``sqrt(base_head_dim) / head_dim`` under μP (:func:`modkit.core.parametrization.attention_scale`).
         An attention uses it unless its config sets an explicit scale.
 
         ``standard``: the component's own standard-parametrization scale, returned as it is outside μP (an
         attention that must equal a reference to the last bit computes ``head_dim ** -0.5`` as the reference does,
         which differs from ``1 / sqrt(head_dim)`` in the last bit for many widths). μP replaces it either way.
         """
-        from modkit.nn.parametrization import attention_scale, is_mup
+        from modkit.core.parametrization import attention_scale, is_mup
 
         if standard is not None and not is_mup(self):
             return float(standard)

@@ -26,7 +26,7 @@ MOVED = {
         "jsonio": "core.jsonio", "arguments": "core.arguments",
         "build": "nn.build", "model": "nn.model", "cache": "nn.cache", "attention": "nn.attention",
         "recurrent": "nn.recurrent", "documents": "nn.documents", "grouped": "nn.grouped", "balance": "nn.balance",
-        "parametrization": "nn.parametrization", "memory": "nn.memory",
+        "parametrization": "core.parametrization", "memory": "nn.memory",
         "checkpoint": "io.checkpoint", "atomic": "io.atomic", "hf": "io.hf",
         "generate": "inference.generate", "sampling": "inference.sampling",
         "cost": "analysis.cost", "trace": "analysis.trace", "trace_report": "analysis.trace_report",

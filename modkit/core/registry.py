@@ -53,7 +53,7 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "argument": "{name, field}: the keyword of modkit.inference.generate.generate (and --flag of modkit generate) that sets this "
         "field (logits_processor, stop_condition)",
         "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
-        "mup": "which column of muP's learning-rate table the update follows: 'adam' or 'sgd' (optimizer; modkit.nn.parametrization)",
+        "mup": "which column of muP's learning-rate table the update follows: 'adam' or 'sgd' (optimizer; modkit.core.parametrization)",
         "sharded": "the step is correct on FSDP2 / tensor-parallel shards, so it may train under torchrun (optimizer)",
         "document_mask": "honours AttentionInputs.documents: a query sees only keys of its own document (document-masked "
         "packing; attention). An attention without it is refused when documents are given",

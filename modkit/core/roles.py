@@ -1,7 +1,7 @@
 """Parameter roles: what each parameter of a model *is*, declared by the component that owns it.
 
 Optimizers (which rule updates a tensor: Muon for hidden matrices, AdamW for the rest), weight decay (which tensors
-decay), μP (the init scale and learning-rate multiplier of each tensor, :mod:`modkit.nn.parametrization`) and the
+decay), μP (the init scale and learning-rate multiplier of each tensor, :mod:`modkit.core.parametrization`) and the
 contract kit read a parameter's role, never its name. A role is one of :data:`ROLES`:
 
 ==============  ==========================================================================  =====  ===========

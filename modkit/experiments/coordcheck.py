@@ -3,7 +3,7 @@ width grows, under standard parametrization and under μP.
 
 Yang et al. 2022 (Tensor Programs V, arXiv:2203.03466, §D.1 and figure 5; the ``mup`` package's
 ``get_coord_data``): train the same design at several widths for a few steps with the same learning rate and record
-the mean absolute coordinate of each activation. Under μP (:mod:`modkit.nn.parametrization`) every curve is flat in the
+the mean absolute coordinate of each activation. Under μP (:mod:`modkit.core.parametrization`) every curve is flat in the
 width; under standard parametrization with Adam the change of the hidden activations and the logits grows about
 linearly with it, which is why a learning rate tuned small does not transfer. u-μP (Blake et al. 2024,
 arXiv:2407.17465) uses the same check.

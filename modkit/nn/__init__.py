@@ -2,7 +2,7 @@
 dtype), :mod:`~modkit.nn.model` (embed, blocks, norm, head), :mod:`~modkit.nn.cache` (declared decode state),
 :mod:`~modkit.nn.attention` and :mod:`~modkit.nn.recurrent` (helpers every mixer may use),
 :mod:`~modkit.nn.documents` (packed-document masks), :mod:`~modkit.nn.grouped` and :mod:`~modkit.nn.balance`
-(mixture-of-experts kernels and load reports), :mod:`~modkit.nn.parametrization` (standard and μP),
+(mixture-of-experts kernels and load reports), :mod:`~modkit.core.parametrization` (standard and μP),
 :mod:`~modkit.nn.memory` (estimates before allocating)."""
 
 from modkit.core._lazy import make_lazy

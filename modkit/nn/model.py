@@ -145,7 +145,7 @@ class Model(nn.Module):
         elif spec.lm_head_bias:
             self.lm_head_bias = nn.Parameter(torch.empty(spec.vocab_size))
         self._register_load_state_dict_pre_hook(self._check_tied_head)
-        from modkit.nn.parametrization import output_multiplier
+        from modkit.core.parametrization import output_multiplier
 
         self._output_multiplier = output_multiplier(spec)  # None under standard parametrization
 
@@ -198,9 +198,9 @@ class Model(nn.Module):
             RuntimeError: a parameter or buffer was left uninitialised (names it and its module).
         """
         init = init if init is not None else Init(seed, self.spec.init_std)
-        from modkit.nn.parametrization import init_scales, is_mup
+        from modkit.core.parametrization import init_scales, is_mup
 
-        if is_mup(self.spec):  # muP: each parameter's init std scaled by its role's factor (modkit.nn.parametrization)
+        if is_mup(self.spec):  # muP: each parameter's init std scaled by its role's factor (modkit.core.parametrization)
             from modkit.core.roles import param_roles
 
             params = dict(self.named_parameters())
@@ -356,13 +356,13 @@ class Model(nn.Module):
         """Logits ``[..., vocab_size]`` of final hidden states ``h [..., d_model]`` (after the final norm).
 
         The head matrix (tied or not, with its bias), then μP's output multiplier ``base_d_model / d_model`` (only
-        under ``parametrization: mup``; :mod:`modkit.nn.parametrization`), then the spec's ``logit_scale`` (multiply: Cohere's
+        under ``parametrization: mup``; :mod:`modkit.core.parametrization`), then the spec's ``logit_scale`` (multiply: Cohere's
         ``logit_scale``, Granite's ``1 / logits_scaling``), then ``final_logit_softcap`` (``cap · tanh(z / cap)``,
         Gemma 2). :meth:`forward` and the logit lens of :mod:`modkit.analysis.trace` both read out through this.
         """
         # an untied head is called as a module so tensor-parallel styles hooked on it apply (modkit.parallel)
         logits = nn.functional.linear(h, self.lm_head_weight, self._head_bias()) if self.spec.tie_embeddings else self.lm_head(h)
-        if self._output_multiplier is not None:  # muP's output multiplier (modkit.nn.parametrization)
+        if self._output_multiplier is not None:  # muP's output multiplier (modkit.core.parametrization)
             logits = logits * self._output_multiplier
         scale = self.spec.logit_scale
         if scale is not None:

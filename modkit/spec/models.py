@@ -16,7 +16,7 @@ from pydantic import AliasChoices, ConfigDict, Field, PrivateAttr, field_validat
 from modkit.core.config import SLOT_KEY, STRICT, ComponentConfig, Slot, StrictModel
 from modkit.core.limits import MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
 from modkit.core.registry import Registry
-from modkit.nn.parametrization import Parametrization
+from modkit.core.parametrization import Parametrization
 
 SCHEMA_VERSION = 1
 
@@ -222,7 +222,7 @@ class ModelSpec(_Strict):
     parametrization: Optional[Parametrization] = Field(
         None,
         description="how init, learning rates, logits and attention scale with width: null or {\"type\": \"sp\"} for "
-        "standard parametrization; {\"type\": \"mup\", \"base_d_model\": N} for muP (modkit.nn.parametrization)",
+        "standard parametrization; {\"type\": \"mup\", \"base_d_model\": N} for muP (modkit.core.parametrization)",
     )
 
     @field_validator("schema_version", mode="before")

@@ -10,7 +10,7 @@ A training config names its optimizer like a spec names a component (``"optimize
 
 The factory gets an :class:`OptimizerSetup`: the model's parameters grouped by role (:mod:`modkit.core.roles`), each
 group with its weight decay (the training config's ``weight_decay`` on roles that decay, 0 on the others) and its
-learning-rate multiplier (1, or μP's factor for the role: :mod:`modkit.nn.parametrization`), plus the shared
+learning-rate multiplier (1, or μP's factor for the role: :mod:`modkit.core.parametrization`), plus the shared
 hyper-parameters of the training config. It returns a ``torch.optim.Optimizer`` whose param groups carry an
 ``lr_mult`` key (the loop sets ``group["lr"] = lr(step) * group["lr_mult"]`` every step), or an
 :class:`OptimizerChain` of several (Muon for hidden matrices, AdamW for the rest). Which rule updates which tensor
@@ -128,7 +128,7 @@ def role_groups(model: nn.Module, spec: Any, weight_decay: float, family: Option
     Raises:
         RoleError: a parameter without a role. OptimizerError: μP with an optimizer that declares no ``mup`` rule.
     """
-    from modkit.nn.parametrization import lr_multiplier
+    from modkit.core.parametrization import lr_multiplier
     from modkit.core.roles import ROLES, param_roles
 
     roles = param_roles(model)

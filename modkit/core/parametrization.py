@@ -58,7 +58,7 @@ class StandardParametrization(StrictModel):
 
 
 class MuParametrization(StrictModel):
-    """μP relative to a base width (see :mod:`modkit.nn.parametrization`)."""
+    """μP relative to a base width (see :mod:`modkit.core.parametrization`)."""
 
     type: Literal["mup"] = "mup"
     base_d_model: DModel = Field(..., description="the base width: at d_model = base_d_model muP equals standard parametrization")
