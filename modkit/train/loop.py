@@ -340,7 +340,9 @@ def train(
             run_dir = _fresh_run_dir(cfg)
     trainer = Trainer(cfg, run_dir, base_dir=base, resume=resume, progress=progress, echo=echo)
     trainer.setup()
-    return trainer.fit()
+    result = trainer.fit()
+    trainer.procs.close()  # under torchrun: the group this run joined, left once every rank has finished
+    return result
 
 
 def _fresh_run_dir(config: TrainConfig) -> Path:

@@ -24,6 +24,8 @@ class Processes:
     dp_rank: int = 0
     tp: int = 1
     mesh: Any = None
+    #: True when this run joined the process group itself (launched by torchrun, no group before it)
+    owns_group: bool = False
 
     @property
     def main(self) -> bool:
@@ -34,6 +36,19 @@ class Processes:
     def distributed(self) -> bool:
         """More than one process."""
         return self.world > 1
+
+    def close(self) -> None:
+        """Leave the process group this run joined (every rank, after a barrier), as PyTorch asks of a finished
+        program: a gloo rank that exits with its group alive can abort in the interpreter's teardown ("terminate
+        called without an active exception") after its work is done. A group the caller created is left alone.
+        Called only after a run that finished on every rank: a rank that failed must not wait in a collective."""
+        if self.owns_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.barrier()
+                dist.destroy_process_group()
+            self.owns_group = False
 
     def barrier(self) -> None:
         """Wait for every rank (no-op on one process)."""
@@ -77,7 +92,8 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
 
     from ..parallel import make_mesh
 
-    if not dist.is_initialized():
+    owns_group = not dist.is_initialized()
+    if owns_group:
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -90,4 +106,5 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
             f"batch_size = {config.batch_size} is not divisible by the {dp} data-parallel processes"
         )
     mesh = make_mesh(tp=config.tp, dp=dp, device_type=device.type)
-    return Processes(world=world, rank=rank, dp=dp, dp_rank=mesh.get_local_rank("dp"), tp=config.tp, mesh=mesh)
+    return Processes(world=world, rank=rank, dp=dp, dp_rank=mesh.get_local_rank("dp"), tp=config.tp, mesh=mesh,
+                     owns_group=owns_group)
