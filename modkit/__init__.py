@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from modkit.core.registry import Component, Registry, get_registry
     from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
 
-#: exported name -> the module defining it (the same names as the imports above, checked by tests/test_cli.py)
+#: exported name -> the module defining it (the same names as the imports above, checked by tests/cli/test_cli.py)
 _EXPORTS = {
     **dict.fromkeys(
         ("PreparedMask", "attention_mask", "is_plain_causal", "masked_attention", "masked_softmax", "position_bias",

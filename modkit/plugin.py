@@ -97,7 +97,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from modkit.spec import load_spec, position_geometry
     from modkit.train.optim import OptimizerChain, OptimizerSetup
 
-#: exported name -> the module defining it (the same names as the imports above; tests/test_package_imports.py
+#: exported name -> the module defining it (the same names as the imports above; tests/core/test_package_imports.py
 #: checks that they agree)
 _EXPORTS = {
     **dict.fromkeys(("Workload", "declared_flops", "elementwise"), "modkit.analysis.cost"),

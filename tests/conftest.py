@@ -36,7 +36,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 # Property-based tests (hypothesis). The default profile, "modkit", is derandomized: every run of every clone tries
 # the same examples (a seed derived from each test), and no example database is kept, so a test's outcome never
 # depends on a random draw or on what an earlier run stored. Exploring is opt-in, to find new cases:
-#   MODKIT_HYPOTHESIS=explore .venv/bin/python -m pytest tests/test_fuzz_properties.py   (or --hypothesis-profile explore)
+#   MODKIT_HYPOTHESIS=explore .venv/bin/python -m pytest tests/spec/test_fuzz_properties.py   (or --hypothesis-profile explore)
 # draws fresh random examples (2,000 per test), keeps failures in .hypothesis/ to replay them, and prints the seed
 # (--hypothesis-seed N replays a run); a failure found that way becomes an explicit test. No deadline in either:
 # the machine's load, not the code, decides how long one example takes.

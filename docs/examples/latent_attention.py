@@ -3,7 +3,7 @@
 Written as a third-party plugin would be, against modkit's cache contract only (``cache_spec()``,
 ``update_cache_entries``, ``position_geometry``): it caches a latent and one rotated key shared by every head, with
 no core edit and no padding. The guide (``docs/guides/writing-a-plugin.md``, "The cache holds what a mixer
-declares") shows this file verbatim; ``tests/test_cache_contract.py`` registers it and runs the contract kit on it.
+declares") shows this file verbatim; ``tests/nn/test_cache_contract.py`` registers it and runs the contract kit on it.
 Multi-head latent attention in the manner of DeepSeek-V2 (arXiv:2405.04434 §2.1), without the absorbed decode of
 the built-in ``mla``.
 """

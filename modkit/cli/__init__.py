@@ -6,7 +6,7 @@ and lets it add its subcommands. A subpackage of modkit with a command of its ow
 ``modkit.data``, ``modkit.evaluation``, ``modkit.docs``, ``modkit.testing``) defines it in its ``cli`` module,
 beside the code it drives; every other command is a module of this package. Adding a command means writing such a
 module and naming it in :data:`COMMAND_MODULES`, nothing else. Which module holds which command (checked against
-:func:`build_parser` by ``tests/test_cli_usage.py``; ``modkit --help`` has the one-line help of each, ``modkit
+:func:`build_parser` by ``tests/cli/test_cli_usage.py``; ``modkit --help`` has the one-line help of each, ``modkit
 COMMAND --help`` its flags, and the generated CLI reference of the docs all of them)::
 
     list, show        modkit.cli.list_show      registered components; one component's fields and capabilities

@@ -83,7 +83,7 @@ from .hf_models import HF_PAGE, hf_models_page
 from .markdown import DocsError, component_path, gallery_path, kind_path
 from .pages import exclude_generated, PLUGIN_GUIDE, generate
 from .params import EXAMPLE_CONTEXT, FIT_D_MODELS, ParamInfo, fit_quadratic, formula, param_info
-from .params import _build_alone, _default_norm  # noqa: F401 - used by tests/test_docs.py
+from .params import _build_alone, _default_norm  # noqa: F401 - used by tests/docs/test_docs.py
 from .schema import FieldRow, field_rows, spec_reference_page
 from .site import build_site, find_config, log, rewrite_outside_links
 from .usage import gallery_usage, python_usage, source_location

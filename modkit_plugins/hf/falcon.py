@@ -16,7 +16,7 @@ Semantics: ``transformers/models/falcon/{configuration,modeling}_falcon.py``:
 * positions: RoPE (half-split pairs, ``rope_theta``) unless ``alibi``. transformers scales Falcon's ALiBi bias
   by ``1 / sqrt(head_dim)`` like the scores (``FalconModel.forward`` folds ``alibi / sqrt(head_dim)`` into the
   attention mask), so ``alibi: true`` maps to ``{"type": "alibi", "scale": head_dim**-0.5}``. This matches
-  transformers' SDPA path to 4e-7 (tests/test_hf_parity.py); its eager path adds the bias a second time
+  transformers' SDPA path to 4e-7 (tests/plugins/hf/test_hf_parity.py); its eager path adds the bias a second time
   (``(scores + alibi) * inv_norm_factor`` plus the mask that already holds it), a transformers quirk not followed.
 * weights: ``query_key_value`` fuses q, k, v per KV group (new architecture), as all queries then the key and
   value head (multi-query), or per head (multi-head); the norms are ``input_layernorm`` (+

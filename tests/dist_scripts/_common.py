@@ -1,4 +1,4 @@
-"""Helpers shared by the scripts that ``tests/test_parallel.py`` launches with ``torchrun`` (CPU, gloo).
+"""Helpers shared by the scripts that ``tests/parallel/test_parallel.py`` launches with ``torchrun`` (CPU, gloo).
 
 Each script compares a parallel model against the single-process ``modkit.build`` of the same spec and seed,
 which every rank builds in full: the models are tiny, and the reference is the point of the test.

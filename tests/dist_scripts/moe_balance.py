@@ -1,4 +1,4 @@
-"""Two-rank checks of today's MoE parts (``torchrun --nproc_per_node 2``, gloo on CPU), run by ``tests/test_parallel.py``.
+"""Two-rank checks of today's MoE parts (``torchrun --nproc_per_node 2``, gloo on CPU), run by ``tests/parallel/test_parallel.py``.
 
 Against the single-process model of the tiny DeepSeek-style spec (sigmoid router with a correction bias, groups,
 a shared expert, a dense first layer), each rank measures:

@@ -1,4 +1,4 @@
-"""Training under tensor parallelism (``torchrun --nproc_per_node 2``, gloo on CPU), run by ``tests/test_parallel.py``.
+"""Training under tensor parallelism (``torchrun --nproc_per_node 2``, gloo on CPU), run by ``tests/parallel/test_parallel.py``.
 
 Two tiny models whose TP layout puts a replicated tensor next to a sharded activation:
 

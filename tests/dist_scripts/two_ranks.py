@@ -1,4 +1,4 @@
-"""Two-rank checks (``torchrun --nproc_per_node 2``, gloo on CPU), run by ``tests/test_parallel.py``.
+"""Two-rank checks (``torchrun --nproc_per_node 2``, gloo on CPU), run by ``tests/parallel/test_parallel.py``.
 
 Against the single-process model built from the same spec and seed, each rank measures:
 

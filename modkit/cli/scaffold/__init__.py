@@ -8,7 +8,7 @@ kit unchanged, so an author starts from green and edits the math::
       README.md
       IMPORT/__init__.py        @modkit.hookimpl register_components(register)
       IMPORT/KIND.py            config model, module, factory, param_count, the Component entry
-      tests/test_contracts.py   runs modkit.testing.check_component on the component
+      tests/testing/test_contracts.py   runs modkit.testing.check_component on the component
 
 ``NAME`` is the distribution name and the plugin (entry-point) name; the import name ``IMPORT`` is ``NAME``
 with ``-`` replaced by ``_``. ``--type`` (default: ``IMPORT``) is the name specs use: ``{"type": TYPE}``.
@@ -135,7 +135,7 @@ def plugin_files(name: str, kind: str, type_: Optional[str] = None) -> dict[str,
         "README.md": render(README),
         f"{mod}/__init__.py": render(INIT),
         f"{mod}/{kind}.py": render(COMPONENT_TEMPLATES[kind]),
-        "tests/test_contracts.py": render(TEST),
+        "tests/testing/test_contracts.py": render(TEST),
     }
 
 

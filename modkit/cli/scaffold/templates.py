@@ -46,7 +46,7 @@ pip install -e .                            # registers the entry point: modkit 
 modkit list $kind                           # shows $type from plugin $name
 modkit show $kind $type                     # fields, capabilities, provider
 modkit check --plugin $name                 # the contract kit on every component of this plugin
-pytest                                      # tests/test_contracts.py (the same checks)
+pytest                                      # tests/testing/test_contracts.py (the same checks)
 pytest --modkit-contracts --modkit-plugin $name
 ```
 

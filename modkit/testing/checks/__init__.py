@@ -2,7 +2,7 @@
 
 Each check tests one invariant of the contracts in :mod:`modkit.core.interfaces` (what a component must do for the
 kit to accept it), and exists to catch a fault real plugin authors make (its docstring names the fault, the fixture in
-``tests/test_kit_catches_faults.py`` that commits it, and the public report it comes from). Which checks apply to a
+``tests/testing/test_kit_catches_faults.py`` that commits it, and the public report it comes from). Which checks apply to a
 component is decided by its kind, its capabilities and the fields of its config, never by its type name. One
 family of checks per module:
 

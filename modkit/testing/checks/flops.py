@@ -58,7 +58,7 @@ def _measure(model, ids, cache=None) -> dict[str, int]:
 def check_flops(bench: Bench) -> str:
     """Declared FLOPs (whole model and per module of the component) equal the measured ones on every workload.
 
-    Catches: a declaration that forgets a product or a factor (the ``relu2`` of ``tests/test_cost.py`` that drops its
+    Catches: a declaration that forgets a product or a factor (the ``relu2`` of ``tests/analysis/test_cost.py`` that drops its
     down projection fails with both numbers), or that ignores GQA, a window or a capacity factor: ``modkit cost``
     and the training MFU trust the declared numbers.
     """

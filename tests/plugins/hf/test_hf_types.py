@@ -1,0 +1,520 @@
+"""The harness a Hugging Face model type joins with one fixture description (:data:`FIXTURES`).
+
+For each fixture, a tiny random transformers model with the type's structural features switched on (sliding
+windows shorter than the test sequence, NoPE layers, biases, fused layouts...) is saved with transformers' own
+``save_pretrained`` (safetensors), then:
+
+1. ``modkit.from_hf`` builds a model with transformers' parameter count (unique parameters);
+2. float32 logits of a left-padded batch agree with transformers' on every real token to 1e-5;
+3. left padding changes nothing: each padded row's real-token logits equal those of the row run alone, unpadded;
+4. greedy decoding with modkit's KV cache gives the tokens of transformers' ``generate``;
+5. ``modkit.to_hf`` writes a folder that transformers loads with the same logits (1e-5), every tensor bitwise
+   equal to the original file's, and whose ``config.json`` converts back to the same spec;
+6. sharded both ways: transformers' ``save_pretrained`` in small shards loads to the same weights, and
+   ``modkit.to_hf`` in small shards writes the same tensors under the same index a transformers model loads.
+
+A new model type costs one entry: ``(id, transformers config class name, config kwargs)``. The decoder cases of
+``tests/plugins/hf/test_hf_parity.py`` run here too, so all model types get the same six checks. transformers is a
+test-only reference (nothing under ``modkit/`` or ``plugins/`` imports it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import modkit
+from modkit.inference.generate import generate
+
+transformers = pytest.importorskip("transformers")
+
+from hf_fallback import force_torch_fallback  # noqa: E402
+
+force_torch_fallback()  # the recurrent types (mamba2) run transformers' PyTorch paths
+
+from test_hf_parity import CASES as PARITY_CASES  # noqa: E402
+from test_hf_parity import _quiet, batch, file_tensors, hf_output, make_hf, max_real_diff, ours_output  # noqa: E402
+
+TOL = 1e-5
+#: no end-of-sequence token: greedy decoding runs its full length on both sides
+SMALL = dict(vocab_size=97, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=None)
+GQA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+
+#: (id, config class, kwargs): every structural feature of the type switched on; windows (4) shorter than the
+#: 9-token batch and the 7 + 12 generated tokens
+FIXTURES = [
+    # Gemma 1: (1 + w) RMSNorm, GeGLU with the legacy "gelu" name (the tanh GELU), sqrt(d) embedding scale, MQA,
+    # attention biases, tied head
+    ("gemma-mqa", "GemmaConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        intermediate_size=96, num_hidden_layers=2, attention_bias=True, hidden_act="gelu", **SMALL)),
+    # Gemma 1 with multi-head attention and head_dim != hidden_size / heads, untied
+    ("gemma-mha", "GemmaConfig", dict(hidden_size=48, num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+        intermediate_size=64, num_hidden_layers=2, tie_word_embeddings=False, **SMALL)),
+    # StarCoder2: sliding-window GQA on every layer, biases on every projection, LayerNorm, gelu (tanh) MLP
+    ("starcoder2", "Starcoder2Config", dict(**GQA, num_hidden_layers=2, sliding_window=4, use_bias=True, **SMALL)),
+    # OLMo 3: reordered norms, full-width QK-norm, three sliding layers out of four, per-type RoPE (linear scaling
+    # and another base on the full layer), attention biases
+    ("olmo3", "Olmo3Config", dict(**GQA, num_hidden_layers=4, sliding_window=4, attention_bias=True,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, **SMALL)),
+    # SmolLM3: NoPE on every second layer, those layers sliding (window 4), attention and MLP biases, tied
+    ("smollm3", "SmolLM3Config", dict(**GQA, num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
+        sliding_window=4, attention_bias=True, mlp_bias=True, **SMALL)),
+    # GLM-4: sandwich norms, q/k/v biases (no output bias), interleaved partial RoPE (0.5), fused gate_up, head_dim 16
+    ("glm4", "Glm4Config", dict(**GQA, head_dim=16, num_hidden_layers=2, attention_bias=True, **SMALL)),
+    # GPT-NeoX (Pythia): parallel residual with two LayerNorms, fused per-head query_key_value, rotary on a quarter
+    # of each head (4.x keys rotary_pct / rotary_emb_base), biases everywhere, erf GELU, untied embed_out
+    ("gpt_neox-parallel", "GPTNeoXConfig", dict(hidden_size=64, num_attention_heads=4, intermediate_size=96,
+        num_hidden_layers=2, rotary_pct=0.25, rotary_emb_base=5000, use_parallel_residual=True, **SMALL)),
+    # GPT-NeoX with the sequential residual (use_parallel_residual false: a pre-norm block), half the head rotated
+    ("gpt_neox-sequential", "GPTNeoXConfig", dict(hidden_size=64, num_attention_heads=4, intermediate_size=96,
+        num_hidden_layers=2, rotary_pct=0.5, use_parallel_residual=False, **SMALL)),
+    # Granite: every multiplier away from 1 (embedding 6, attention 0.4 in place of 1/sqrt(d), residual 0.22,
+    # logits divided by 6), GQA, attention and MLP biases, untied
+    ("granite", "GraniteConfig", dict(**GQA, num_hidden_layers=2, embedding_multiplier=6.0, attention_multiplier=0.4,
+        residual_multiplier=0.22, logits_scaling=6.0, attention_bias=True, mlp_bias=True, **SMALL)),
+    # Cohere: one shared bias-free LayerNorm per parallel block, interleaved RoPE, per-head QK LayerNorm with a weight
+    # per head, attention biases, logits times 0.3, tied
+    ("cohere", "CohereConfig", dict(**GQA, num_hidden_layers=2, use_qk_norm=True, attention_bias=True, logit_scale=0.3,
+        **SMALL)),
+    # Qwen3-MoE: 4 experts top-2 renormalised at width 32, a dense SwiGLU (96) on layer 2 (mlp_only_layers), window 4
+    # on every layer (use_sliding_window), per-head QK-RMSNorm, attention biases, head_dim 16 != 64 / 4
+    ("qwen3_moe", "Qwen3MoeConfig", dict(**GQA, head_dim=16, num_hidden_layers=4, moe_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[2], use_sliding_window=True, sliding_window=4,
+        attention_bias=True, **SMALL)),
+    # Qwen2-MoE: 4 experts top-2 (not renormalised) of width 32 beside a sigmoid-gated shared expert (48), mixtures
+    # on every second layer (decoder_sparse_step 2) except layer 3 (mlp_only_layers), dense SwiGLU (96) elsewhere;
+    # windows on layers 0 and 2 (every other layer below max_window_layers 3), q/k/v biases
+    ("qwen2_moe", "Qwen2MoeConfig", dict(**GQA, num_hidden_layers=6, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=2,
+        mlp_only_layers=[3], use_sliding_window=True, sliding_window=4, max_window_layers=3, **SMALL)),
+    # gpt-oss: sinks, sliding (window 4) / full layers, attention biases, router with a bias, 4 clamped-SwiGLU
+    # experts with biases top-2 (limit 1.5, so the clamps bind), interleaved gate_up_proj, YaRN over 16 positions
+    ("gpt_oss", "GptOssConfig", dict(**GQA, head_dim=16, num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=4, swiglu_limit=1.5,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 16, "rope_theta": 150000.0}, **SMALL)),
+    # Llama 4: chunked attention (chunk 4) on the RoPE layers, NoPE on every third layer with temperature tuning
+    # (floor_scale 4, so it acts within the test), L2 QK-norm on the RoPE layers, mixtures on every second layer
+    # (interleave_moe_layer_step 2) of 4 experts top-1 weighting their input, a shared expert, dense SwiGLU (80)
+    ("llama4_text", "Llama4TextConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=6, intermediate_size=32, intermediate_size_mlp=80, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, no_rope_layer_interval=3, attention_chunk_size=4, floor_scale=4, attn_scale=0.5,
+        **SMALL)),
+    # DeepSeek-V3: latent attention (q_lora_rank 24, kv_lora_rank 16, rope/nope/v head widths 8/8/12, interleaved
+    # rotary rows, YaRN with mscale_all_dim), a dense first layer, then 8 experts top-2 in 4 groups of which 2 are
+    # kept, routed scaling 2.5, renormalised, 2 shared experts
+    ("deepseek_v3", "DeepseekV3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+        num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=4, topk_group=2, n_shared_experts=2, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}, **SMALL)),
+    # Mamba-2: no attention, no FFN; 2 groups of B/C, a step-size clamp, chunks (4) shorter than the batch, untied.
+    # No in_proj bias: transformers zeroes padding before in_proj, so with use_bias its padding tokens put the bias
+    # into the convolution window of the first real tokens (0.6 on these logits; modkit's padding changes nothing);
+    # the biases are compared without padding in tests/plugins/test_mixers.py
+    ("mamba2", "Mamba2Config", dict(hidden_size=32, num_heads=8, head_dim=8, state_size=8, n_groups=2, expand=2,
+        conv_kernel=3, use_bias=False, time_step_limit=(0.01, 2.0), chunk_size=4, num_hidden_layers=2,
+        vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=None)),
+    # Falcon-H1: attention (GQA, head_dim 16 != 64 / 4, biases) and Mamba-2 (its own width 48 in 6 heads, the gated
+    # norm over 2 groups, gate first, out_proj bias, chunks of 4) side by side in every layer; every μP multiplier
+    # away from 1 (embeddings, logits, keys, the two halves' inputs and outputs, in_proj's five parts, the FFN's
+    # gate and output). No in_proj bias, for the padding reason of mamba2 above; no step-size clamp: transformers
+    # clamps Δ in its chunked scan but not in its one-token step, so its generate would not be the model its
+    # forward computes (modkit clamps in both; the clamp is compared in tests/plugins/test_mixers.py)
+    ("falcon_h1", "FalconH1Config", dict(**GQA, head_dim=16, num_hidden_layers=2, attention_bias=True, mlp_bias=True,
+        mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=3,
+        mamba_chunk_size=4, mamba_rms_norm=True, mamba_norm_before_gate=False, projectors_bias=True,
+        embedding_multiplier=2.5, lm_head_multiplier=0.4, key_multiplier=0.7, attention_in_multiplier=1.3,
+        attention_out_multiplier=0.6, ssm_in_multiplier=0.8, ssm_out_multiplier=1.7,
+        ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 0.75], mlp_multipliers=[1.25, 0.6], **SMALL)),
+    # Qwen3-Next: Gated DeltaNet on layers 0 and 2 (2 key heads, 4 value heads, key width 8 != value width 12), gated
+    # attention on layers 1 and 3 (full_attention_interval 2: GQA 4/2, head_dim 16 != 32 / 4, partial RoPE 0.25,
+    # per-head QK-norm, biases on every projection, the gate's too); (1 + w) RMSNorms everywhere; 4 experts top-2
+    # renormalised beside a sigmoid-gated shared expert (24), a dense SwiGLU (48) on layer 2 (mlp_only_layers)
+    ("qwen3_next", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[2],
+        attention_bias=True, **SMALL)),
+    # Jamba: Mamba on layers 0 and 2 (d_state 8, Δ rank 4, Δ/B/C RMSNorms, convolution bias), attention on layers 1
+    # and 3 (attn_layer_period 2, offset 1: GQA 4/2, head_dim 16 != 32 / 4, no position encoding), mixtures of 4
+    # experts top-2 (not renormalised) on layers 0 and 2 (expert_layer_period 2, offset 0), dense SwiGLU elsewhere.
+    # No mamba_proj_bias, for the reason of mamba2's fixture (transformers zeroes padding before in_proj)
+    ("jamba", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+        expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=4, **SMALL)),
+]
+
+# The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
+# join the same checks, so every decoder model type, old or new, is held to the same six: counts, left-padded logits,
+# padding invariance, greedy decoding with the cache, export, sharded checkpoints. Their end-of-sequence id is
+# cleared as in SMALL above, so that greedy generation runs its 12 tokens in both. Left out: the RoPE scalings whose
+# frequencies depend on the sequence's length (dynamic NTK, LongRoPE), by definition not invariant to left padding,
+# and stateful in transformers (its dynamic table changes after a longer input), so their reference would depend on
+# which test ran first; tests/plugins/hf/test_hf_parity.py checks them on fresh models.
+LENGTH_DEPENDENT_ROPE = {"dynamic", "longrope"}
+FIXTURES += [(name, cls.__name__, dict(kwargs, eos_token_id=None)) for name, cls, kwargs, kind in PARITY_CASES
+             if kind == "causal" and name not in {f[0] for f in FIXTURES}
+             and (kwargs.get("rope_parameters") or {}).get("rope_type") not in LENGTH_DEPENDENT_ROPE]
+
+
+#: fixtures whose transformers reference changes with left padding, so its logits are compared row by row, each row
+#: unpadded (modkit's own padding invariance is still checked on the padded batch): Llama 4's temperature tuning
+#: takes the cache slot index as the position, which counts the padding
+UNPADDED_REFERENCE = {"llama4_text"}
+
+_BUILT: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared machine they cost a lot of waiting."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _perturb_saved_buffers(hf) -> None:
+    """Saved float buffers off their init too (DeepSeek-V3's ``e_score_correction_bias``, zeros at init, which then
+    changes which experts are chosen), seeded."""
+    g = torch.Generator().manual_seed(3)
+    saved = set(hf.state_dict())
+    params = {name for name, _ in hf.named_parameters()}
+    with torch.no_grad():
+        for name, buf in hf.named_buffers():
+            if name in saved and name not in params and buf.is_floating_point():
+                buf.add_(torch.randn(buf.shape, generator=g, dtype=buf.dtype) * 0.2)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """``name -> (transformers model, saved folder, modkit model)``, each built once."""
+
+    def get(name):
+        if name not in _BUILT:
+            _, cls, kwargs = next(f for f in FIXTURES if f[0] == name)
+            w = _quiet()
+            try:
+                hf = make_hf(getattr(transformers, cls), kwargs, "causal")  # every parameter off its init
+                _perturb_saved_buffers(hf)
+                folder = tmp_path_factory.mktemp(name) / "hf"
+                hf.save_pretrained(folder)
+            finally:
+                w.__exit__(None, None, None)
+            _BUILT[name] = (hf, folder, modkit.from_hf(folder))
+        return _BUILT[name]
+
+    return get
+
+
+IDS = [f[0] for f in FIXTURES]
+
+
+def test_every_registered_decoder_type_is_in_the_harness():
+    """Each Hugging Face model type a plugin registers runs the six checks; BERT, an encoder with no causal decoding
+    to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
+    covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
+    assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
+    assert len(covered) == 30
+
+
+def test_fixtures_name_registered_types():
+    types = set(modkit.get_registry().hf_model_types())
+    for name, cls, _ in FIXTURES:
+        assert getattr(transformers, cls).model_type in types, name
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_parameter_count_equals_transformers(name, built):
+    hf, _, model = built(name)
+    assert model.spec.metadata["hf_model_type"] == hf.config.model_type
+    theirs = sum(p.numel() for p in hf.parameters())
+    assert modkit.count_params(model) == theirs == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_logits_equal_transformers_on_a_left_padded_batch(name, built):
+    hf, _, model = built(name)
+    ids, mask = batch(97)
+    got = ours_output(model, ids, mask, "causal")
+    assert torch.isfinite(got[mask.bool()]).all()
+    if name in UNPADDED_REFERENCE:
+        diff = 0.0
+        for row in range(ids.shape[0]):
+            real = ids[row : row + 1, mask[row].bool()]
+            ones = torch.ones_like(real)
+            diff = max(diff, max_real_diff(got[row : row + 1, mask[row].bool()], hf_output(hf, real, ones, "causal"), ones))
+    else:
+        diff = max_real_diff(got, hf_output(hf, ids, mask, "causal"), mask)
+    print(f"\n[types] {name:12s} max|modkit - transformers| = {diff:.2e}")
+    assert diff <= TOL
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_left_padding_gives_the_unpadded_rows_logits(name, built):
+    _, _, model = built(name)
+    ids, mask = batch(97)
+    padded = ours_output(model, ids, mask, "causal")
+    for row in range(ids.shape[0]):
+        real = mask[row].bool()
+        alone = ours_output(model, ids[row : row + 1, real], None, "causal")[0]
+        assert (padded[row, real] - alone).abs().max().item() <= TOL, f"row {row}"
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_greedy_decoding_with_the_cache_equals_transformers_generate(name, built):
+    hf, _, model = built(name)
+    ids = torch.randint(3, 97, (2, 7), generator=torch.Generator().manual_seed(5))
+    w = _quiet()
+    try:
+        with torch.no_grad():
+            theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    finally:
+        w.__exit__(None, None, None)
+    assert torch.equal(generate(model, ids, max_new_tokens=12, temperature=0), theirs)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_export_loads_back_in_transformers(name, built, tmp_path):
+    hf, folder, model = built(name)
+    out = modkit.to_hf(model, tmp_path / "export")
+    original, exported = file_tensors(folder), file_tensors(out)
+    assert sorted(exported) == sorted(original)
+    for k, t in original.items():
+        assert exported[k].dtype == t.dtype and torch.equal(exported[k], t), k
+    w = _quiet()
+    try:
+        back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    finally:
+        w.__exit__(None, None, None)
+    ids, mask = batch(97)
+    assert max_real_diff(hf_output(back, ids, mask, "causal"), hf_output(hf, ids, mask, "causal"), mask) <= TOL
+    a, b = model.spec.to_dict(), modkit.from_hf_config(out / "config.json").to_dict()
+    for d in (a, b):
+        d.pop("name"), d.pop("description")
+    assert a == b
+
+
+#: shard limit of the sharded round trip: a few tensors per shard, so fused and stacked tensors land in
+#: different files from their neighbours
+SHARD_BYTES = 20_000
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_sharded_checkpoints_both_ways(name, built, tmp_path):
+    hf, folder, model = built(name)
+    w = _quiet()
+    try:
+        hf.save_pretrained(tmp_path / "theirs", max_shard_size=SHARD_BYTES)
+    finally:
+        w.__exit__(None, None, None)
+    assert (tmp_path / "theirs" / "model.safetensors.index.json").is_file()
+    loaded = modkit.from_hf(tmp_path / "theirs")
+    want = model.state_dict()
+    got = loaded.state_dict()
+    assert sorted(got) == sorted(want)
+    for k, t in want.items():
+        assert torch.equal(got[k], t), k
+    out = modkit.to_hf(model, tmp_path / "ours", max_shard_size=SHARD_BYTES)
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 1 and not (out / "model.safetensors").exists()
+    original, exported = file_tensors(folder), file_tensors(out)
+    assert sorted(exported) == sorted(original)
+    for k, t in original.items():
+        assert torch.equal(exported[k], t), k
+    w = _quiet()
+    try:
+        back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    finally:
+        w.__exit__(None, None, None)
+    for k, t in hf.state_dict().items():
+        assert torch.equal(back.state_dict()[k], t), k
+
+
+# ------------------------------------------------------------------------------------------------- Falcon-H1's own rows
+
+
+def _falcon_h1_config(**changes) -> dict:
+    """The falcon_h1 fixture's config as transformers writes it, with ``changes``."""
+    _, cls, kwargs = next(f for f in FIXTURES if f[0] == "falcon_h1")
+    return {**getattr(transformers, cls)(**kwargs).to_dict(), **changes}
+
+
+@pytest.mark.parametrize("changes,field,says", [
+    ({"hidden_act": "gelu"}, "hidden_act", "Mamba-2 convolution"),
+    ({"mamba_use_mlp": False}, "mamba_use_mlp", "FFN in every layer"),
+    ({"attn_layer_indices": [0]}, "attn_layer_indices", "in every layer"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor", "rotates the whole head"),
+    ({"mlp_multipliers": [1.25]}, "mlp_multipliers", "a list of 2 numbers"),
+    ({"ssm_multipliers": [0.5, 2.0]}, "ssm_multipliers", "a list of 5 numbers"),
+    ({"key_multiplier": 0.0}, "key_multiplier", "positive"),
+    ({"embedding_multiplier": -1.0}, "embedding_multiplier", "positive"),
+    ({"mamba_d_head": 7}, "mamba_d_head", "must equal the Mamba-2 width 48"),
+    ({"mamba_n_groups": 4}, "mamba_n_groups", "does not divide mamba_n_heads = 6"),
+], ids=lambda v: v if isinstance(v, str) and "_" in v else None)
+def test_falcon_h1_refuses_by_name_what_modkit_cannot_express(changes, field, says):
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(_falcon_h1_config(**changes))
+    assert any(p == field and says in m for p, m in info.value.errors), info.value.errors
+
+
+def test_falcon_h1_export_refuses_a_mixer_it_cannot_hold(tmp_path):
+    spec = modkit.from_hf_config(_falcon_h1_config()).to_dict()
+    for mixer in (spec["block"]["mixer"]["mixers"][0], {**spec["block"]["mixer"],
+                                                        "mixers": spec["block"]["mixer"]["mixers"][::-1]}):
+        bad = {**spec, "block": {**spec["block"], "mixer": mixer}}
+        with pytest.raises(modkit.CheckpointError, match="parallel mixer of an attention and a mamba2 mixer"):
+            modkit.to_hf(modkit.build(bad, device="meta"), tmp_path / "out")
+
+
+def test_falcon_h1_export_writes_infinity_as_transformers_5_does(built, tmp_path):
+    """transformers 5 writes the default time_step_limit (0, inf) as [0.0, {"__float__": "Infinity"}] (plain JSON);
+    the fixture's file is read that way and the export writes it back so."""
+    _, folder, model = built("falcon_h1")
+    assert json.loads((folder / "config.json").read_text())["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    text = (modkit.to_hf(model, tmp_path / "export") / "config.json").read_text()
+    cfg = json.loads(text, parse_constant=lambda c: pytest.fail(f"config.json holds the non-JSON constant {c}"))
+    assert cfg["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    assert model.spec.layer(0).attention.mixers[1].dt_clamp_max is None
+
+
+@pytest.mark.parametrize("head_dim", [12, 64, 80])
+def test_falcon_h1_key_multiplier_is_written_back_to_the_same_softmax_scale(head_dim):
+    from modkit_plugins.hf.falcon_h1 import key_multiplier
+
+    for km in (0.390625, 0.7, 1 / 3, 2.2, 0.1234567890123):
+        scale = km * head_dim**-0.5  # as the converter reads it
+        assert key_multiplier(scale, head_dim) * head_dim**-0.5 == scale
+        assert key_multiplier(scale, head_dim, base=km) == km  # the source config's own value when it fits
+    assert key_multiplier(0.7 * 12**-0.5, 12) == 0.7 and key_multiplier(None, 12) == 1.0  # the shortest decimal
+
+
+# ------------------------------------------------------------------------------------------------ the hybrids
+
+#: transformers' parameter counts at the configuration classes' defaults (Qwen3-Next-80B-A3B, Jamba v0.1): the sum
+#: over ``AutoModelForCausalLM.from_config(Qwen3NextConfig())`` / ``(JambaConfig())`` built on meta, transformers
+#: 5.24 (the Qwen3-Next build alone takes about 10 s, so the counts are written here)
+DEFAULT_COUNTS = {"qwen3_next": 79_674_391_296, "jamba": 51_570_323_328}
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
+def test_hybrid_defaults_give_transformers_parameter_count(model_type):
+    """An absent key means transformers' class default: a config naming only the model type is the default model,
+    its layers in the class's pattern (Qwen3-Next: gated attention on every 4th layer, mixtures everywhere; Jamba:
+    attention on layers 4, 12, ..., mixtures on odd layers)."""
+    spec = modkit.from_hf_config({"model_type": model_type})
+    assert modkit.count_params(spec) == DEFAULT_COUNTS[model_type]
+    kinds = [spec.layer(i).attention.type for i in range(spec.n_layers)]
+    moe = [spec.layer(i).ffn.type == "moe" for i in range(spec.n_layers)]
+    if model_type == "qwen3_next":
+        assert kinds == ["gated_deltanet", "gated_deltanet", "gated_deltanet", "gqa"] * 12 and all(moe)
+        assert spec.layer(3).attention.output_gate and spec.layer(3).position.partial_rotary == 0.25
+    else:
+        assert kinds == (["mamba"] * 4 + ["gqa"] + ["mamba"] * 3) * 4
+        assert moe == [i % 2 == 1 for i in range(32)]
+
+
+def _fixture_config(name: str) -> dict:
+    _, cls, kwargs = next(f for f in FIXTURES if f[0] == name)
+    return getattr(transformers, cls)(**kwargs).to_dict()
+
+
+#: (fixture, config change, the key each error names): what modkit cannot express is refused by name, never dropped
+REFUSED = [
+    # the Gated DeltaNet convolution's activation (modkit's gated_deltanet: silu)
+    ("qwen3_next", {"hidden_act": "gelu"}, "hidden_act"),
+    # a layer type Qwen3NextDecoderLayer builds no mixer for
+    ("qwen3_next", {"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+     "layer_types"),
+    # value heads that the key heads do not divide
+    ("qwen3_next", {"linear_num_value_heads": 3}, "linear_num_value_heads"),
+    # the Mamba layers' activation (modkit's mamba: silu)
+    ("jamba", {"hidden_act": "gelu"}, "hidden_act"),
+    # an offset at or past its period (JambaConfig.validate_architecture refuses it too)
+    ("jamba", {"attn_layer_offset": 2}, "attn_layer_offset"),
+    ("jamba", {"mamba_dt_rank": "full"}, "mamba_dt_rank"),
+]
+
+
+@pytest.mark.parametrize("name,change,key", REFUSED, ids=[f"{n}-{k}" for n, _, k in REFUSED])
+def test_hybrid_config_modkit_cannot_express_is_refused_by_key(name, change, key):
+    cfg = {**_fixture_config(name), **change}
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(cfg)
+    assert [path for path, _ in info.value.errors] == [key], info.value.errors
+    value = str(change[key]) if not isinstance(change[key], list) else "sliding_attention"
+    assert value in info.value.errors[0][1], info.value.errors
+
+
+def test_jamba_export_refuses_layers_no_period_places(built, tmp_path):
+    """Attention on layers 1 and 2 of 4: no ``attn_layer_period`` and offset put it there, so no jamba config holds the
+    spec; the export says so (the mixture layers, 0 and 3, have a period: 3, offset 0)."""
+    _, _, model = built("jamba")
+    d = model.spec.to_dict()
+    (override,) = [o for o in d["overrides"] if o.get("mixer")]
+    override["layers"] = [1, 2]
+    other = modkit.build(d, seed=0)
+    with pytest.raises(modkit.CheckpointError, match=r"attention layers are on layers \[1, 2\].*attn_layer_period"):
+        modkit.to_hf(other, tmp_path / "out")
+
+
+def test_qwen3_next_carries_the_multi_token_prediction_module(built, tmp_path):
+    """A published checkpoint's ``mtp.*`` tensors (which transformers does not load) load into
+    ``checkpoint_extras`` and are written back bitwise."""
+    from safetensors.torch import save_file
+
+    _, folder, _ = built("qwen3_next")
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text((folder / "config.json").read_text())
+    tensors = file_tensors(folder)
+    mtp = torch.randn(8, 32, generator=torch.Generator().manual_seed(7))
+    save_file({**tensors, "mtp.fc.weight": mtp}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    model = modkit.from_hf(src)
+    assert torch.equal(model.checkpoint_extras["mtp.fc.weight"], mtp)
+    exported = file_tensors(modkit.to_hf(model, tmp_path / "out"))
+    assert sorted(exported) == sorted([*tensors, "mtp.fc.weight"]) and torch.equal(exported["mtp.fc.weight"], mtp)
+
+
+#: hybrids whose layers leave out a part: no mixture (Jamba with num_experts 1, Qwen3-Next with none), no attention
+#: layer (Jamba's period past the depth), mixtures on every second layer only (decoder_sparse_step 2)
+PATTERNS = [
+    ("jamba-dense", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        num_hidden_layers=9, num_experts=1, mamba_dt_rank=4)),
+    ("jamba-no-attention", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=48, num_hidden_layers=3, attn_layer_period=4, attn_layer_offset=3)),
+    ("qwen3_next-attention-only", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=2, layer_types=["full_attention"] * 2, num_experts=0, intermediate_size=40)),
+    ("qwen3_next-sparse-step", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=4, decoder_sparse_step=2, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=8, shared_expert_intermediate_size=8, intermediate_size=40, linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
+]
+
+
+@pytest.mark.parametrize("name,cls,kwargs", PATTERNS, ids=[p[0] for p in PATTERNS])
+def test_hybrid_layer_patterns_convert_both_ways(name, cls, kwargs):
+    """transformers' parameter count (both built on meta), and the config an export writes (for the fields a spec
+    without mixtures or without attention does not hold: the source's values) builds the same network again in
+    transformers and in modkit."""
+    import warnings
+
+    config_class = getattr(transformers, cls)
+    cfg = config_class(**kwargs)
+    spec = modkit.from_hf_config(cfg.to_dict())
+    written = modkit.get_registry().hf_converter(cfg.model_type).declaration.weights.hf_config(spec, cfg.to_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):
+            counts = [sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
+                      for c in (cfg, config_class(**{k: v for k, v in written.items() if k != "model_type"}))]
+    assert modkit.count_params(spec) == counts[0] == counts[1]
+    a, b = spec.to_dict(), modkit.from_hf_config(written).to_dict()
+    for d in (a, b):
+        d.pop("name"), d.pop("description")
+    assert a == b
