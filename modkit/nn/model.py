@@ -6,6 +6,7 @@ Only structure lives here; every block-level computation comes from registered c
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -64,11 +65,29 @@ def _mixers(block: nn.Module) -> list[str]:
     return chosen
 
 
+#: component types already told that their cache layout is inferred (one warning each per process)
+_UNDECLARED_WARNED: set[str] = set()
+
+
 def _declared(module: nn.Module, where: str) -> CacheSpec:
     """The :class:`CacheSpec` of one mixer module: its ``cache_spec()``, or keys and values from its
-    ``n_kv_heads`` / ``head_dim`` (window ``sliding_window``) when it has none."""
+    ``n_kv_heads`` / ``head_dim`` (window ``sliding_window``) when it has none.
+
+    The inference is for attentions written before the cache contract, kept for one release: it warns once per
+    component type (:class:`DeprecationWarning`) naming the declaration to add, ``cache_spec()`` returning
+    ``CacheSpec.kv(n_kv_heads, head_dim, window)``; modkit 0.3 asks every mixer to declare its state."""
     declare = getattr(module, "cache_spec", None)
     if not callable(declare):
+        name = f"{getattr(module, 'modkit_kind', 'attention')}/{getattr(module, 'modkit_type', type(module).__name__)}"
+        if name not in _UNDECLARED_WARNED:
+            _UNDECLARED_WARNED.add(name)
+            warnings.warn(
+                f"{name} declares no cache_spec(): its KV cache is inferred from n_kv_heads and head_dim, which goes "
+                "in modkit 0.3; give the module def cache_spec(self): return CacheSpec.kv(self.n_kv_heads, "
+                "self.head_dim, self.sliding_window)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         return CacheSpec.kv(int(module.n_kv_heads), int(module.head_dim), getattr(module, "sliding_window", None))
     spec = declare()
     if not isinstance(spec, CacheSpec):

@@ -133,3 +133,38 @@ def test_the_attention_helpers_called_without_the_mixer_use_no_deprecated_member
         assert seen["c"].shape == (2, 6, 3)  # the whole buffer after the second write
     assert _deprecation_messages(caught) == []
     assert ("mask", True, None, None, torch.float32) in cache.layers[0].only.scratch  # shared through the group
+
+
+def test_an_attention_without_a_cache_declaration_warns_once_per_type_naming_the_declaration():
+    """An attention written before the cache contract (``n_kv_heads`` / ``head_dim``, no ``cache_spec()``) still gets
+    its keys and values, with one DeprecationWarning per component type naming the method to add."""
+    from torch import nn
+
+    from modkit.nn import model as model_module
+
+    class Old(nn.Module):
+        n_kv_heads, head_dim, sliding_window = 2, 8, 5
+        modkit_kind, modkit_type = "attention", "old-attention"
+
+    model_module._UNDECLARED_WARNED.discard("attention/old-attention")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = model_module._declared(Old(), "layers.0.attention")
+        second = model_module._declared(Old(), "layers.1.attention")
+    assert first == second == CacheSpec.kv(2, 8, 5)
+    said = [str(w.message) for w in caught if w.category is DeprecationWarning]
+    assert len(said) == 1 and said[0].startswith("attention/old-attention declares no cache_spec()")
+    assert "def cache_spec(self): return CacheSpec.kv(" in said[0]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mla", "tiny-hybrid", "tiny-mamba2", "tiny-gpt2"])
+def test_the_built_in_mixers_all_declare_their_cache(name):
+    """No built-in mixer relies on the inferred layout: every module the cache holds state for declares it."""
+    from modkit.nn.model import mixer_specs
+
+    model = modkit.build(SPECS / f"{name}.json", seed=0).eval()
+    for i, block in enumerate(model.layers):
+        paths = list(mixer_specs(block))
+        assert paths, f"layer {i}: no mixer found"
+        for path in paths:
+            assert callable(getattr(block.get_submodule(path), "cache_spec", None)), f"layers.{i}.{path}"
