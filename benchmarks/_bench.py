@@ -92,7 +92,9 @@ class Report:
     facts: list[str] = field(default_factory=list)
     profiles: list[tuple[str, str]] = field(default_factory=list)
 
-    def add(self, metric: str, value: float, target: Optional[str] = None, met: Optional[bool] = None, note: str = "") -> None:
+    def add(
+        self, metric: str, value: float, target: Optional[str] = None, met: Optional[bool] = None, note: str = ""
+    ) -> None:
         self.rows.append(Row(metric, value, target, met, note))
         flag = "" if met is None else ("  [target met]" if met else "  [TARGET MISSED]")
         tgt = f"  (target {target})" if target else ""
@@ -112,7 +114,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: str, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved(
+    fns: dict[str, Callable[[], object]], repeats: int, device: str, warmup: int = 1
+) -> dict[str, list[float]]:
     """Seconds per call of each function, calls interleaved A, B, A, B... (``warmup`` untimed rounds first)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(warmup + repeats):
@@ -149,9 +153,15 @@ def hf_llama(cfg: Config, seed: int = 0):
 
     transformers.logging.set_verbosity_error()
     config = transformers.LlamaConfig(
-        vocab_size=cfg.vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads, intermediate_size=cfg.d_ff, max_position_embeddings=2048,
-        rms_norm_eps=1e-5, tie_word_embeddings=False,
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        intermediate_size=cfg.d_ff,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
     hf = transformers.LlamaForCausalLM(config).to(dtype=cfg.dtype, device=cfg.device).eval()
@@ -170,8 +180,15 @@ def modkit_from(hf) -> "modkit.Model":
 def linear_shapes(cfg: Config) -> list[tuple[int, int]]:
     """``(in, out)`` of every GEMM of one forward: per layer q, k, v, o, gate, up, down; then the head."""
     hd = cfg.d_model // cfg.n_heads
-    per_layer = [(cfg.d_model, cfg.n_heads * hd), (cfg.d_model, cfg.n_kv_heads * hd), (cfg.d_model, cfg.n_kv_heads * hd),
-                 (cfg.n_heads * hd, cfg.d_model), (cfg.d_model, cfg.d_ff), (cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)]
+    per_layer = [
+        (cfg.d_model, cfg.n_heads * hd),
+        (cfg.d_model, cfg.n_kv_heads * hd),
+        (cfg.d_model, cfg.n_kv_heads * hd),
+        (cfg.n_heads * hd, cfg.d_model),
+        (cfg.d_model, cfg.d_ff),
+        (cfg.d_model, cfg.d_ff),
+        (cfg.d_ff, cfg.d_model),
+    ]
     return per_layer * cfg.n_layers + [(cfg.d_model, cfg.vocab)]
 
 
@@ -236,15 +253,27 @@ def bench_prefill(cfg: Config, rep: Report, hf, model) -> None:
     mm = matmul_seconds(cfg, b * s, cfg.repeats)
     mm_rate = 2.0 * b * s * sum(i * o for i, o in linear_shapes(cfg)) / mm
     m_t, h_t = med(t["modkit"]), med(t["hf"])
-    rep.fact(f"prefill eager: modkit {1e3 * m_t:.1f} ms, transformers {1e3 * h_t:.1f} ms (medians of {cfg.repeats}); "
-             f"plain matmul of the same GEMMs {1e3 * mm:.1f} ms = {mm_rate / 1e9:.1f} GFLOP/s")
+    rep.fact(
+        f"prefill eager: modkit {1e3 * m_t:.1f} ms, transformers {1e3 * h_t:.1f} ms (medians of {cfg.repeats}); "
+        f"plain matmul of the same GEMMs {1e3 * mm:.1f} ms = {mm_rate / 1e9:.1f} GFLOP/s"
+    )
     rep.add("prefill eager: modkit time / transformers time", m_t / h_t, "<= 1.0", m_t / h_t <= 1.0)
-    rep.add("prefill eager: modkit FLOP/s / plain-matmul FLOP/s", flops / m_t / mm_rate, note=f"{flops / m_t / 1e9:.1f} GFLOP/s")
-    rep.add("prefill eager: transformers FLOP/s / plain-matmul FLOP/s", flops / h_t / mm_rate, note=f"{flops / h_t / 1e9:.1f} GFLOP/s")
+    rep.add(
+        "prefill eager: modkit FLOP/s / plain-matmul FLOP/s",
+        flops / m_t / mm_rate,
+        note=f"{flops / m_t / 1e9:.1f} GFLOP/s",
+    )
+    rep.add(
+        "prefill eager: transformers FLOP/s / plain-matmul FLOP/s",
+        flops / h_t / mm_rate,
+        note=f"{flops / h_t / 1e9:.1f} GFLOP/s",
+    )
     if cfg.profile and m_t / h_t > 1.0:
         with torch.inference_mode():
             rep.profiles.append(("prefill eager, modkit", profile_table(lambda: model(ids), cfg.device)))
-            rep.profiles.append(("prefill eager, transformers", profile_table(lambda: hf(ids, use_cache=False), cfg.device)))
+            rep.profiles.append(
+                ("prefill eager, transformers", profile_table(lambda: hf(ids, use_cache=False), cfg.device))
+            )
     if not cfg.compile:
         return
     start = time.perf_counter()
@@ -263,12 +292,18 @@ def bench_prefill(cfg: Config, rep: Report, hf, model) -> None:
     with torch.inference_mode():
         t = interleaved(fns, cfg.repeats, cfg.device)
     c_t, h_t = med(t["modkit_compiled"]), med(t["hf"])
-    rep.fact(f"prefill compiled: modkit {1e3 * c_t:.1f} ms, transformers eager {1e3 * h_t:.1f} ms"
-             + (f", transformers compiled {1e3 * med(t['hf_compiled']):.1f} ms" if "hf_compiled" in t else ""))
+    rep.fact(
+        f"prefill compiled: modkit {1e3 * c_t:.1f} ms, transformers eager {1e3 * h_t:.1f} ms"
+        + (f", transformers compiled {1e3 * med(t['hf_compiled']):.1f} ms" if "hf_compiled" in t else "")
+    )
     rep.add("prefill compiled: modkit time / transformers eager time", c_t / h_t, "<= 0.85", c_t / h_t <= 0.85)
     if "hf_compiled" in t:
         rep.add("prefill compiled: modkit time / transformers compiled time", c_t / med(t["hf_compiled"]))
-    rep.add("prefill compiled: modkit FLOP/s / plain-matmul FLOP/s", flops / c_t / mm_rate, note=f"{flops / c_t / 1e9:.1f} GFLOP/s")
+    rep.add(
+        "prefill compiled: modkit FLOP/s / plain-matmul FLOP/s",
+        flops / c_t / mm_rate,
+        note=f"{flops / c_t / 1e9:.1f} GFLOP/s",
+    )
     if cfg.profile and c_t / h_t > 0.85:
         with torch.inference_mode():
             rep.profiles.append(("prefill compiled, modkit", profile_table(lambda: cm(ids), cfg.device)))
@@ -304,8 +339,14 @@ def _hf_run(hf, ids, new: int) -> tuple[torch.Tensor, float, float]:
 
     sync(str(ids.device))
     t0 = time.perf_counter()
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                      min_new_tokens=new, streamer=Clock())
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        streamer=Clock(),
+    )
     sync(str(ids.device))
     t2 = time.perf_counter()
     return out, t2 - t0, t2 - stamps[1]  # stamps[0]: the prompt, stamps[1]: the first new token
@@ -323,11 +364,15 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
     print(f"\ndecode: batch 1, prompt {cfg.prompt}, {cfg.new} new tokens, greedy", flush=True)
     ids = torch.randint(0, cfg.vocab, (1, cfg.prompt), generator=torch.Generator().manual_seed(2)).to(cfg.device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    weight_bytes -= model.embed.weight.numel() * model.embed.weight.element_size() - cfg.d_model * model.embed.weight.element_size()
+    weight_bytes -= (
+        model.embed.weight.numel() * model.embed.weight.element_size() - cfg.d_model * model.embed.weight.element_size()
+    )
     bw = copy_bandwidth(cfg)
     roof = bw / weight_bytes
-    rep.fact(f"weight bytes per decoded token {weight_bytes / 2**20:.1f} MiB; large-copy bandwidth {bw / 1e9:.2f} GB/s "
-             f"(read + write) -> roofline {roof:.1f} tokens/s ({1e3 / roof:.1f} ms per token)")
+    rep.fact(
+        f"weight bytes per decoded token {weight_bytes / 2**20:.1f} MiB; large-copy bandwidth {bw / 1e9:.2f} GB/s "
+        f"(read + write) -> roofline {roof:.1f} tokens/s ({1e3 / roof:.1f} ms per token)"
+    )
     row = copy.deepcopy(model)  # row-major weights, decoded with column_major=False
     column_major_linears(row, enable=False)
 
@@ -339,8 +384,11 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
     rep.fact(f"generate's default weight layout here: {'column' if w.stride()[0] == 1 else 'row'}-major")
     same = torch.equal(ours.cpu(), theirs.cpu())
     first = int((ours.cpu() != theirs.cpu()).any(0).nonzero()[0]) - cfg.prompt if not same else None
-    rep.fact(f"greedy tokens identical to transformers: {same}" + ("" if same else f" (first difference at new token {first})")
-             + f"; row-major weights give the same tokens: {torch.equal(ours_row, ours)}")
+    rep.fact(
+        f"greedy tokens identical to transformers: {same}"
+        + ("" if same else f" (first difference at new token {first})")
+        + f"; row-major weights give the same tokens: {torch.equal(ours_row, ours)}"
+    )
 
     runs: dict[str, Callable[[], tuple]] = {
         "modkit": lambda: _modkit_run(model, ids, cfg.new, False),
@@ -353,8 +401,13 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
             cache = model.new_cache(1, cfg.prompt + cfg.new)
             model(ids, cache=cache)
             explained = torch._dynamo.explain(functools.partial(decode_logits, model))(ids[:, :1], cache)
-        rep.add("decode step: graph breaks (torch._dynamo.explain)", explained.graph_break_count, "0",
-                explained.graph_break_count == 0, note=f"{explained.graph_count} graph(s)")
+        rep.add(
+            "decode step: graph breaks (torch._dynamo.explain)",
+            explained.graph_break_count,
+            "0",
+            explained.graph_break_count == 0,
+            note=f"{explained.graph_count} graph(s)",
+        )
         torch._dynamo.reset()
         from torch._dynamo.utils import counters
 
@@ -363,7 +416,9 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
         with torch.inference_mode():
             compiled_decode(model)  # fullgraph=True, dynamic=False
             ours_c, _, _ = _modkit_run(model, ids, cfg.new, True)
-        rep.fact(f"decode: compiled step (fullgraph=True, dynamic=False) first call incl. compilation {time.perf_counter() - start:.1f} s")
+        rep.fact(
+            f"decode: compiled step (fullgraph=True, dynamic=False) first call incl. compilation {time.perf_counter() - start:.1f} s"
+        )
         with torch.inference_mode():
             _modkit_run(model, ids, cfg.new, True)  # a second generation: must not recompile
         graphs = counters["stats"]["unique_graphs"] - before
@@ -382,18 +437,26 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
     tps = {k: cfg.new / total[k] for k in total}
     dps = {k: (cfg.new - 1) / step[k] for k in step}
     for k in runs:
-        rep.fact(f"decode {k}: {tps[k]:.1f} tokens/s end to end (prefill included), {dps[k]:.1f} tokens/s per decode step, "
-                 f"{1e3 * step[k] / (cfg.new - 1):.2f} ms/step")
+        rep.fact(
+            f"decode {k}: {tps[k]:.1f} tokens/s end to end (prefill included), {dps[k]:.1f} tokens/s per decode step, "
+            f"{1e3 * step[k] / (cfg.new - 1):.2f} ms/step"
+        )
     for k, label in (("modkit", "generate's default weight layout"), ("modkit_rowmajor", "row-major weights")):
         r = tps[k] / tps["hf"]
         rep.add(f"decode eager ({label}): modkit tokens/s / transformers tokens/s", r, ">= 1.8", r >= 1.8)
-        rep.add(f"decode eager ({label}): modkit step tokens/s / roofline", dps[k] / roof, ">= 0.5", dps[k] / roof >= 0.5)
+        rep.add(
+            f"decode eager ({label}): modkit step tokens/s / roofline", dps[k] / roof, ">= 0.5", dps[k] / roof >= 0.5
+        )
     rep.add("decode eager: transformers step tokens/s / roofline", dps["hf"] / roof)
     if "modkit_compiled" in tps:
         rc = tps["modkit_compiled"] / tps["hf"]
         rep.add("decode compiled: modkit tokens/s / transformers tokens/s", rc, ">= 2.5", rc >= 2.5)
-        rep.add("decode compiled: modkit step tokens/s / roofline", dps["modkit_compiled"] / roof, ">= 0.5",
-                dps["modkit_compiled"] / roof >= 0.5)
+        rep.add(
+            "decode compiled: modkit step tokens/s / roofline",
+            dps["modkit_compiled"] / roof,
+            ">= 0.5",
+            dps["modkit_compiled"] / roof >= 0.5,
+        )
     if cfg.profile:
         with torch.inference_mode():
             cache = model.new_cache(1, cfg.prompt + 17)
@@ -404,9 +467,18 @@ def bench_decode(cfg: Config, rep: Report, hf, model) -> None:
                 for _ in range(16):
                     decode_logits(model, tok, cache)
 
-            rep.profiles.append(("decode eager, modkit (generate's default layout): 16 decode steps", profile_table(sixteen_steps, cfg.device)))
-            rep.profiles.append(("decode, transformers generate (16 new tokens)",
-                                 profile_table(lambda: _hf_run(hf, ids, 16), cfg.device)))
+            rep.profiles.append(
+                (
+                    "decode eager, modkit (generate's default layout): 16 decode steps",
+                    profile_table(sixteen_steps, cfg.device),
+                )
+            )
+            rep.profiles.append(
+                (
+                    "decode, transformers generate (16 new tokens)",
+                    profile_table(lambda: _hf_run(hf, ids, 16), cfg.device),
+                )
+            )
 
 
 def bench_moe(cfg: Config, rep: Report) -> None:
@@ -433,8 +505,15 @@ def bench_moe(cfg: Config, rep: Report) -> None:
     ctx = modkit.BuildContext(d_model=d, n_layers=1, vocab_size=cfg.vocab, max_seq_len=2048, registry=reg)
 
     def ours(capacity: Optional[float]):
-        conf = {"type": "moe", "n_experts": n, "top_k": k, "expert": {"type": "swiglu", "d_ff": f},
-                "router": {"type": "topk", "renormalize": True}, "aux_loss_coef": 0.0, "capacity_factor": capacity}
+        conf = {
+            "type": "moe",
+            "n_experts": n,
+            "top_k": k,
+            "expert": {"type": "swiglu", "d_ff": f},
+            "router": {"type": "topk", "renormalize": True},
+            "aux_loss_coef": 0.0,
+            "capacity_factor": capacity,
+        }
         with torch.device(cfg.device):
             m = ctx.build(modkit.load_component("ffn", conf)).to(cfg.dtype).eval()
         with torch.no_grad():  # transformers stores gate_up [E, 2f, d] and down [E, d, f]; modkit [E, in, out]
@@ -453,15 +532,22 @@ def bench_moe(cfg: Config, rep: Report) -> None:
         fns = {"dropless": lambda: dropless(x), "capacity": lambda: capacity(x), "hf": lambda: block(x)}
     if cfg.compile:
         explained = torch._dynamo.explain(dropless)(x)
-        rep.add("moe: graph breaks in the dropless block (torch._dynamo.explain)", explained.graph_break_count, "0",
-                explained.graph_break_count == 0, note=f"{explained.graph_count} graph(s)")
+        rep.add(
+            "moe: graph breaks in the dropless block (torch._dynamo.explain)",
+            explained.graph_break_count,
+            "0",
+            explained.graph_break_count == 0,
+            note=f"{explained.graph_count} graph(s)",
+        )
         torch._dynamo.reset()
         compiled = torch.compile(dropless, fullgraph=True, dynamic=False)
         with torch.inference_mode():
             start = time.perf_counter()
             cdiff = (compiled(x)[0] - ref).abs().max().item()
-        rep.fact(f"moe: torch.compile(dropless, fullgraph=True) compiled in {time.perf_counter() - start:.1f} s; "
-                 f"max |compiled - transformers| = {cdiff:.2e}")
+        rep.fact(
+            f"moe: torch.compile(dropless, fullgraph=True) compiled in {time.perf_counter() - start:.1f} s; "
+            f"max |compiled - transformers| = {cdiff:.2e}"
+        )
         fns["compiled"] = lambda: compiled(x)
     with torch.inference_mode():
         t = interleaved(fns, cfg.repeats, cfg.device)
@@ -472,14 +558,28 @@ def bench_moe(cfg: Config, rep: Report) -> None:
     mm = med(interleaved({"mm": lambda: torch.matmul(a, w)}, cfg.repeats, cfg.device)["mm"])
     mm_rate = 2.0 * per_expert * d * f / mm
     dl, cp, hf_t = med(t["dropless"]), med(t["capacity"]), med(t["hf"])
-    rep.fact(f"moe: modkit dropless {1e3 * dl:.1f} ms, modkit capacity 1.25 {1e3 * cp:.1f} ms, transformers {1e3 * hf_t:.1f} ms; "
-             f"plain matmul [{per_expert}x{d}]·[{d}x{f}] {mm_rate / 1e9:.1f} GFLOP/s")
-    rep.add("moe eager: modkit dropless time / transformers time", dl / hf_t, "<= 1.0", dl / hf_t <= 1.0,
-            note="both exact; grouped GEMM vs a Python loop over the hit experts")
-    rep.add("moe eager: modkit capacity-1.25 time / transformers time", cp / hf_t,
-            note="fixed capacity drops overflow tokens: not the same function")
-    rep.add("moe: modkit dropless active-FLOP/s / plain-matmul FLOP/s", active / dl / mm_rate, ">= 0.85",
-            active / dl / mm_rate >= 0.85)
+    rep.fact(
+        f"moe: modkit dropless {1e3 * dl:.1f} ms, modkit capacity 1.25 {1e3 * cp:.1f} ms, transformers {1e3 * hf_t:.1f} ms; "
+        f"plain matmul [{per_expert}x{d}]·[{d}x{f}] {mm_rate / 1e9:.1f} GFLOP/s"
+    )
+    rep.add(
+        "moe eager: modkit dropless time / transformers time",
+        dl / hf_t,
+        "<= 1.0",
+        dl / hf_t <= 1.0,
+        note="both exact; grouped GEMM vs a Python loop over the hit experts",
+    )
+    rep.add(
+        "moe eager: modkit capacity-1.25 time / transformers time",
+        cp / hf_t,
+        note="fixed capacity drops overflow tokens: not the same function",
+    )
+    rep.add(
+        "moe: modkit dropless active-FLOP/s / plain-matmul FLOP/s",
+        active / dl / mm_rate,
+        ">= 0.85",
+        active / dl / mm_rate >= 0.85,
+    )
     rep.add("moe: transformers active-FLOP/s / plain-matmul FLOP/s", active / hf_t / mm_rate)
     if "compiled" in t:
         c = med(t["compiled"])
@@ -488,10 +588,14 @@ def bench_moe(cfg: Config, rep: Report) -> None:
     if cfg.profile:
         with torch.inference_mode():
             rep.profiles.append(("moe, modkit dropless", profile_table(lambda: dropless(x), cfg.device)))
-            rep.profiles.append(("moe, transformers MixtralSparseMoeBlock", profile_table(lambda: block(x), cfg.device)))
+            rep.profiles.append(
+                ("moe, transformers MixtralSparseMoeBlock", profile_table(lambda: block(x), cfg.device))
+            )
 
 
-def run_workloads(cfg: Config, only: set[str], title: str, script: str, argv: Optional[list[str]], output: Path) -> None:
+def run_workloads(
+    cfg: Config, only: set[str], title: str, script: str, argv: Optional[list[str]], output: Path
+) -> None:
     """Run the chosen workloads (``prefill``, ``decode``, ``moe``) on ``cfg`` and write the markdown report.
 
     The llama-like model is built once in transformers and copied into modkit with :func:`modkit_from` (its
@@ -505,8 +609,10 @@ def run_workloads(cfg: Config, only: set[str], title: str, script: str, argv: Op
     if only & {"prefill", "decode"}:
         hf = hf_llama(cfg)
         model = modkit_from(hf)
-        rep.fact(f"weights copied into modkit by modkit.from_hf(save_pretrained folder); "
-                 f"{sum(p.numel() for p in model.parameters()):,} parameters")
+        rep.fact(
+            f"weights copied into modkit by modkit.from_hf(save_pretrained folder); "
+            f"{sum(p.numel() for p in model.parameters()):,} parameters"
+        )
         if "prefill" in only:
             bench_prefill(cfg, rep, hf, model)
         if "decode" in only:
@@ -535,24 +641,32 @@ def machine(cfg: Config) -> list[str]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    lines = [f"CPU: {cpu}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}",
-             f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}"]
+    lines = [
+        f"CPU: {cpu}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}",
+        f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}",
+    ]
     if cfg.device.startswith("cuda"):
         lines.append(f"GPU: {torch.cuda.get_device_name()}")
     return lines
 
 
-def write_markdown(rep: Report, path: Path, title: str, command: str, load_before: str, load_after: str, seconds: float) -> None:
+def write_markdown(
+    rep: Report, path: Path, title: str, command: str, load_before: str, load_after: str, seconds: float
+) -> None:
     """Write the results table, facts, machine and profiles to ``path``."""
     c = rep.cfg
     out = [f"# {title}", "", f"Generated by `{command}` on {time.strftime('%Y-%m-%d %H:%M:%S')} ({seconds:.0f} s).", ""]
     out += ["## Machine", ""] + [f"- {x}" for x in machine(c)]
     out += [f"- load average (1, 5, 15 min) before: {load_before}; after: {load_after}", ""]
-    out += ["## Configuration", "",
-            f"llama-like: d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads / {c.n_kv_heads} KV heads, d_ff {c.d_ff}, "
-            f"vocab {c.vocab}, {str(c.dtype).replace('torch.', '')}, {c.device}; same weights in both libraries. "
-            f"Prefill [{c.prefill_batch}, {c.prefill_seq}]; decode batch 1, prompt {c.prompt}, {c.new} new tokens greedy; "
-            f"MoE {c.moe_experts} experts top-{c.moe_top_k} on {c.moe_tokens} tokens. Medians of {c.repeats} interleaved runs.", ""]
+    out += [
+        "## Configuration",
+        "",
+        f"llama-like: d_model {c.d_model}, {c.n_layers} layers, {c.n_heads} heads / {c.n_kv_heads} KV heads, d_ff {c.d_ff}, "
+        f"vocab {c.vocab}, {str(c.dtype).replace('torch.', '')}, {c.device}; same weights in both libraries. "
+        f"Prefill [{c.prefill_batch}, {c.prefill_seq}]; decode batch 1, prompt {c.prompt}, {c.new} new tokens greedy; "
+        f"MoE {c.moe_experts} experts top-{c.moe_top_k} on {c.moe_tokens} tokens. Medians of {c.repeats} interleaved runs.",
+        "",
+    ]
     out += ["## Results", "", "| metric | value | target | met |", "|---|---:|---|---|"]
     for r in rep.rows:
         met = "" if r.met is None else ("yes" if r.met else "**no**")

@@ -33,10 +33,18 @@ from modkit.nn.cache import MixerCache  # noqa: E402
 from modkit.inference.generate import decode_logits  # noqa: E402
 
 SPEC = {
-    "schema_version": 1, "vocab_size": 32000, "d_model": 512, "n_layers": 8, "max_seq_len": 512,
+    "schema_version": 1,
+    "vocab_size": 32000,
+    "d_model": 512,
+    "n_layers": 8,
+    "max_seq_len": 512,
     "position": {"type": "rope"},
-    "block": {"attention": {"type": "gqa", "n_heads": 8, "n_kv_heads": 2}, "ffn": {"type": "swiglu", "d_ff": 1408},
-              "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
+    "block": {
+        "attention": {"type": "gqa", "n_heads": 8, "n_kv_heads": 2},
+        "ffn": {"type": "swiglu", "d_ff": 1408},
+        "norm": {"type": "rmsnorm"},
+        "placement": {"type": "pre"},
+    },
     "final_norm": {"type": "rmsnorm"},
 }
 
@@ -119,10 +127,14 @@ def main(argv=None) -> int:
     use(new_fns)
     assert torch.equal(outs["new"], outs["old"]), "the two paths differ"
     new, old = statistics.median(times["new"]), statistics.median(times["old"])
-    print(f"threads {args.threads}, {args.steps} decode steps after a 32-token prompt, median of {args.repeats} interleaved runs")
+    print(
+        f"threads {args.threads}, {args.steps} decode steps after a 32-token prompt, median of {args.repeats} interleaved runs"
+    )
     print(f"declared-state cache: {1e3 * new:.3f} ms per step; k/v-only cache (old code): {1e3 * old:.3f} ms per step")
-    print(f"ratio new / old: {new / old:.3f}  (all runs new: {[round(1e3 * t, 2) for t in times['new']]}, "
-          f"old: {[round(1e3 * t, 2) for t in times['old']]})")
+    print(
+        f"ratio new / old: {new / old:.3f}  (all runs new: {[round(1e3 * t, 2) for t in times['new']]}, "
+        f"old: {[round(1e3 * t, 2) for t in times['old']]})"
+    )
     return 0
 
 

@@ -37,19 +37,33 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--only", choices=["prefill", "decode", "moe"], action="append", help="run only these workloads")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
-    p.add_argument("--no-compile-hf", action="store_true", help="do not compile transformers for the prefill comparison")
+    p.add_argument(
+        "--no-compile-hf", action="store_true", help="do not compile transformers for the prefill comparison"
+    )
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler tables")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 repeats, 32 new tokens, no compile, no profiles")
-    p.add_argument("-o", "--output", default=str(HERE / "results.md"), help="markdown report (default benchmarks/results.md)")
+    p.add_argument(
+        "-o", "--output", default=str(HERE / "results.md"), help="markdown report (default benchmarks/results.md)"
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = B.Config(repeats=args.repeats, compile=not args.no_compile, compile_hf=not args.no_compile_hf,
-                   profile=not args.no_profile)
+    cfg = B.Config(
+        repeats=args.repeats,
+        compile=not args.no_compile,
+        compile_hf=not args.no_compile_hf,
+        profile=not args.no_profile,
+    )
     if args.quick:
         cfg.repeats, cfg.new, cfg.compile, cfg.profile = 2, 32, False, False
-    B.run_workloads(cfg, set(args.only or ["prefill", "decode", "moe"]), "CPU benchmark: modkit vs transformers",
-                    "bench_cpu.py", argv, Path(args.output))
+    B.run_workloads(
+        cfg,
+        set(args.only or ["prefill", "decode", "moe"]),
+        "CPU benchmark: modkit vs transformers",
+        "bench_cpu.py",
+        argv,
+        Path(args.output),
+    )
     return 0
 
 

@@ -135,7 +135,7 @@ def primed_cache(model: modkit.Model, ids: torch.Tensor, n: int, max_len: int, s
 def decode_steps(model: modkit.Model, ids: torch.Tensor, cache, n: int, steps: int) -> None:
     """Feed ``ids[:, n - steps : n]`` one token at a time through ``cache`` (the last step attends to ``n`` keys)."""
     for p in range(n - steps, n):
-        decode_logits(model, ids[:, p: p + 1], cache)
+        decode_logits(model, ids[:, p : p + 1], cache)
 
 
 def check_cache(model: modkit.Model, prompt: int, steps: int) -> dict:
@@ -157,8 +157,13 @@ def check_cache(model: modkit.Model, prompt: int, steps: int) -> dict:
         cached.append(decode_logits(model, seq_c[:, -1:], cache))
         recomputed.append(model(seq_r, logits_to_keep=1).logits[:, -1])
     c, r = torch.stack(cached), torch.stack(recomputed)
-    return {"prompt": prompt, "steps": steps, "max_abs_diff": float((c - r).abs().max()),
-            "max_abs_logit": float(r.abs().max()), "tokens_equal": bool(torch.equal(seq_c, seq_r))}
+    return {
+        "prompt": prompt,
+        "steps": steps,
+        "max_abs_diff": float((c - r).abs().max()),
+        "max_abs_logit": float(r.abs().max()),
+        "tokens_equal": bool(torch.equal(seq_c, seq_r)),
+    }
 
 
 def bench_model(path: str, contexts: tuple[int, ...], args: argparse.Namespace) -> dict:
@@ -169,17 +174,28 @@ def bench_model(path: str, contexts: tuple[int, ...], args: argparse.Namespace) 
     costs = CostModel(path)
     too_long = [n for n in contexts if n > spec.max_seq_len]
     if too_long:
-        raise SystemExit(f"{path}: contexts {too_long} exceed max_seq_len {spec.max_seq_len}; give --contexts within it")
+        raise SystemExit(
+            f"{path}: contexts {too_long} exceed max_seq_len {spec.max_seq_len}; give --contexts within it"
+        )
     n_max = max(contexts)
     bw = copy_bandwidth(args.repeats)
     peak = matmul_flops(n_max, spec.d_model, d_ff_of(spec), args.repeats)
-    print(f"\n{spec.name} ({path}): {costs.params()['total']:,} parameters; copy bandwidth {bw / 1e9:.2f} GB/s; "
-          f"matmul [{n_max}, {spec.d_model}] @ [{spec.d_model}, {d_ff_of(spec)}] {peak / 1e9:.1f} GFLOP/s", flush=True)
-    print(f"  prediction: modkit cost {path} --dtype float32 --bandwidth {bw:.3g} --peak-flops {peak:.3g} --context N", flush=True)
+    print(
+        f"\n{spec.name} ({path}): {costs.params()['total']:,} parameters; copy bandwidth {bw / 1e9:.2f} GB/s; "
+        f"matmul [{n_max}, {spec.d_model}] @ [{spec.d_model}, {d_ff_of(spec)}] {peak / 1e9:.1f} GFLOP/s",
+        flush=True,
+    )
+    print(
+        f"  prediction: modkit cost {path} --dtype float32 --bandwidth {bw:.3g} --peak-flops {peak:.3g} --context N",
+        flush=True,
+    )
     with torch.inference_mode():
         check = check_cache(model, args.check_prompt, args.check_steps)
-    print(f"  cached decode vs recomputation: max |diff| {check['max_abs_diff']:.3g} over {check['steps']} greedy steps "
-          f"(max |logit| {check['max_abs_logit']:.3g}); greedy tokens equal: {check['tokens_equal']}", flush=True)
+    print(
+        f"  cached decode vs recomputation: max |diff| {check['max_abs_diff']:.3g} over {check['steps']} greedy steps "
+        f"(max |logit| {check['max_abs_logit']:.3g}); greedy tokens equal: {check['tokens_equal']}",
+        flush=True,
+    )
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, spec.vocab_size, (1, n_max), generator=g)
     if min(contexts) <= args.steps:
@@ -214,71 +230,110 @@ def bench_model(path: str, contexts: tuple[int, ...], args: argparse.Namespace) 
         roof = costs.decode_latency(n, 1, "float32", bandwidth=bw, peak_flops=peak)
         row = {
             "context": n,
-            "prefill_s": t_pre, "prefill_tokens_per_s": n / t_pre, "prefill_flops": f_pre,
-            "prefill_flops_per_s": f_pre / t_pre, "prefill_predicted_s": f_pre / peak,
-            "uncached_step_s": t_unc, "uncached_flops": f_unc, "uncached_predicted_s": f_unc / peak,
-            "cached_step_s": t_dec, "cached_flops": roof["flops"], "cached_bytes": roof["bytes"],
-            "kv_cache_bytes": costs.kv_cache_bytes(n, 1, "float32"), "cached_roofline_s": roof["seconds"],
+            "prefill_s": t_pre,
+            "prefill_tokens_per_s": n / t_pre,
+            "prefill_flops": f_pre,
+            "prefill_flops_per_s": f_pre / t_pre,
+            "prefill_predicted_s": f_pre / peak,
+            "uncached_step_s": t_unc,
+            "uncached_flops": f_unc,
+            "uncached_predicted_s": f_unc / peak,
+            "cached_step_s": t_dec,
+            "cached_flops": roof["flops"],
+            "cached_bytes": roof["bytes"],
+            "kv_cache_bytes": costs.kv_cache_bytes(n, 1, "float32"),
+            "cached_roofline_s": roof["seconds"],
             "cached_roofline_bound": roof["bound"],
-            "cache_speedup": t_unc / t_dec, "flops_ratio_uncached_over_cached": f_unc / roof["flops"],
+            "cache_speedup": t_unc / t_dec,
+            "flops_ratio_uncached_over_cached": f_unc / roof["flops"],
             "wall_s": {k: med(v) for k, v in walls.items()},
             "wall_over_clock": {k: med(walls[k]) / med(times[k]) for k in times},
         }
         rows.append(row)
-        print(f"  context {n:>5}: prefill {n / t_pre:>9,.0f} tok/s ({f_pre / t_pre / 1e9:5.1f} GFLOP/s, "
-              f"{f_pre / t_pre / peak:.2f} of matmul) | decode cached {1 / t_dec:>7,.1f} tok/s "
-              f"({roof['seconds'] / t_dec:.2f} of roofline) | uncached {1 / t_unc:>7,.2f} tok/s | "
-              f"cache speedup {t_unc / t_dec:,.1f}x (FLOPs ratio {f_unc / roof['flops']:,.1f}x)", flush=True)
+        print(
+            f"  context {n:>5}: prefill {n / t_pre:>9,.0f} tok/s ({f_pre / t_pre / 1e9:5.1f} GFLOP/s, "
+            f"{f_pre / t_pre / peak:.2f} of matmul) | decode cached {1 / t_dec:>7,.1f} tok/s "
+            f"({roof['seconds'] / t_dec:.2f} of roofline) | uncached {1 / t_unc:>7,.2f} tok/s | "
+            f"cache speedup {t_unc / t_dec:,.1f}x (FLOPs ratio {f_unc / roof['flops']:,.1f}x)",
+            flush=True,
+        )
     # what a static cache allocated for max_seq_len costs a short context (it attends over every slot)
     n = min(contexts)
     big = primed_cache(model, ids, n, spec.max_seq_len, args.steps)
     with torch.inference_mode():
-        t_big = med([timed(lambda: decode_steps(model, ids, copy.deepcopy(big), n, args.steps)) / args.steps
-                     for _ in range(args.repeats + 1)][1:])
+        t_big = med(
+            [
+                timed(lambda: decode_steps(model, ids, copy.deepcopy(big), n, args.steps)) / args.steps
+                for _ in range(args.repeats + 1)
+            ][1:]
+        )
     t_tight = rows[0]["cached_step_s"]
-    print(f"  context {n} in a cache allocated for max_seq_len {spec.max_seq_len}: {1 / t_big:,.1f} tok/s "
-          f"({t_big / t_tight:.2f}x the step time of a cache sized to the run)", flush=True)
-    return {"spec": path, "name": spec.name, "params": costs.params()["total"],
-            "weights_read_per_step": costs.weights_read_per_step(1), "copy_bandwidth_bytes_per_s": bw,
-            "matmul_flops_per_s": peak, "matmul_shape": [n_max, spec.d_model, d_ff_of(spec)], "check": check,
-            "rows": rows, "static_cache": {"context": n, "max_len": spec.max_seq_len, "step_s": t_big,
-                                           "ratio_to_sized": t_big / t_tight}}
+    print(
+        f"  context {n} in a cache allocated for max_seq_len {spec.max_seq_len}: {1 / t_big:,.1f} tok/s "
+        f"({t_big / t_tight:.2f}x the step time of a cache sized to the run)",
+        flush=True,
+    )
+    return {
+        "spec": path,
+        "name": spec.name,
+        "params": costs.params()["total"],
+        "weights_read_per_step": costs.weights_read_per_step(1),
+        "copy_bandwidth_bytes_per_s": bw,
+        "matmul_flops_per_s": peak,
+        "matmul_shape": [n_max, spec.d_model, d_ff_of(spec)],
+        "check": check,
+        "rows": rows,
+        "static_cache": {"context": n, "max_len": spec.max_seq_len, "step_s": t_big, "ratio_to_sized": t_big / t_tight},
+    }
 
 
 def markdown(results: list[dict], args: argparse.Namespace, header: dict) -> str:
     """The report: machine, command, one table per model, the correctness check."""
-    out = ["# Prefill and decode, with and without the KV cache (`benchmarks/bench_decode.py`)", "",
-           f"Generated by `{header['command']}` on {header['date']} ({header['seconds']:.0f} s).", "",
-           f"- CPU: {header['cpu']}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}",
-           f"- torch {torch.__version__}, Python {platform.python_version()}",
-           f"- load average (1, 5, 15 min) before: {header['load_before']}; after: {header['load_after']}",
-           f"- medians of {args.repeats} rounds after one warm-up; cached decode timed over {args.steps} consecutive steps per round",
-           f"- clock: {'CPU time of the process (time.process_time; one torch thread)' if args.clock == 'cpu' else 'wall time'}; "
-           f"median wall ÷ clock over every timing: {header['wall_over_clock']:.2f}",
-           ""]
+    out = [
+        "# Prefill and decode, with and without the KV cache (`benchmarks/bench_decode.py`)",
+        "",
+        f"Generated by `{header['command']}` on {header['date']} ({header['seconds']:.0f} s).",
+        "",
+        f"- CPU: {header['cpu']}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}",
+        f"- torch {torch.__version__}, Python {platform.python_version()}",
+        f"- load average (1, 5, 15 min) before: {header['load_before']}; after: {header['load_after']}",
+        f"- medians of {args.repeats} rounds after one warm-up; cached decode timed over {args.steps} consecutive steps per round",
+        f"- clock: {'CPU time of the process (time.process_time; one torch thread)' if args.clock == 'cpu' else 'wall time'}; "
+        f"median wall ÷ clock over every timing: {header['wall_over_clock']:.2f}",
+        "",
+    ]
     for res in results:
-        out += [f"## {res['name']} ({res['params']:,} parameters)", "",
-                f"`{res['spec']}`. References measured in this run: copy bandwidth "
-                f"{res['copy_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (read + write), matmul "
-                f"[{res['matmul_shape'][0]}, {res['matmul_shape'][1]}] @ [{res['matmul_shape'][1]}, {res['matmul_shape'][2]}] "
-                f"{res['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s. Weights read per decode step: "
-                f"{res['weights_read_per_step'] * 4 / 2**20:.1f} MiB (float32).", "",
-                "| context | prefill tokens/s | prefill GFLOP/s (÷ matmul) | decode tokens/s, cached | cached step ms (÷ roofline ms) | "
-                "KV cache MiB | decode tokens/s, uncached | cache speedup | FLOPs ratio |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            f"## {res['name']} ({res['params']:,} parameters)",
+            "",
+            f"`{res['spec']}`. References measured in this run: copy bandwidth "
+            f"{res['copy_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (read + write), matmul "
+            f"[{res['matmul_shape'][0]}, {res['matmul_shape'][1]}] @ [{res['matmul_shape'][1]}, {res['matmul_shape'][2]}] "
+            f"{res['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s. Weights read per decode step: "
+            f"{res['weights_read_per_step'] * 4 / 2**20:.1f} MiB (float32).",
+            "",
+            "| context | prefill tokens/s | prefill GFLOP/s (÷ matmul) | decode tokens/s, cached | cached step ms (÷ roofline ms) | "
+            "KV cache MiB | decode tokens/s, uncached | cache speedup | FLOPs ratio |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in res["rows"]:
             out.append(
                 f"| {r['context']:,} | {r['prefill_tokens_per_s']:,.0f} | {r['prefill_flops_per_s'] / 1e9:.1f} "
                 f"({r['prefill_flops_per_s'] / res['matmul_flops_per_s']:.2f}) | {1 / r['cached_step_s']:,.1f} | "
                 f"{1e3 * r['cached_step_s']:.2f} ({r['cached_step_s'] / r['cached_roofline_s']:.1f}x of "
                 f"{1e3 * r['cached_roofline_s']:.3f}, {r['cached_roofline_bound']}) | {r['kv_cache_bytes'] / 2**20:.2f} | "
-                f"{1 / r['uncached_step_s']:,.2f} | {r['cache_speedup']:,.1f}x | {r['flops_ratio_uncached_over_cached']:,.1f}x |")
+                f"{1 / r['uncached_step_s']:,.2f} | {r['cache_speedup']:,.1f}x | {r['flops_ratio_uncached_over_cached']:,.1f}x |"
+            )
         c, s = res["check"], res["static_cache"]
-        out += ["", f"- cached decode against recomputing the prefix: max |Δ logits| = {c['max_abs_diff']:.3g} over "
-                f"{c['steps']} greedy steps after a {c['prompt']}-token prompt (max |logit| {c['max_abs_logit']:.3g}); "
-                f"greedy tokens equal: {'yes' if c['tokens_equal'] else 'no'}",
-                f"- a cache allocated for max_seq_len {s['max_len']:,} at context {s['context']}: "
-                f"{1e3 * s['step_s']:.2f} ms per step, {s['ratio_to_sized']:.2f}x the cache sized to the run", ""]
+        out += [
+            "",
+            f"- cached decode against recomputing the prefix: max |Δ logits| = {c['max_abs_diff']:.3g} over "
+            f"{c['steps']} greedy steps after a {c['prompt']}-token prompt (max |logit| {c['max_abs_logit']:.3g}); "
+            f"greedy tokens equal: {'yes' if c['tokens_equal'] else 'no'}",
+            f"- a cache allocated for max_seq_len {s['max_len']:,} at context {s['context']}: "
+            f"{1e3 * s['step_s']:.2f} ms per step, {s['ratio_to_sized']:.2f}x the cache sized to the run",
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -292,9 +347,15 @@ def main() -> None:
     p.add_argument("--check-prompt", type=int, default=16)
     p.add_argument("--check-steps", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                   help="cpu: the process's CPU time (default; robust to other jobs on a shared machine with 1 thread); wall")
-    p.add_argument("-o", "--out", type=Path, help="write the markdown report here (and the raw numbers next to it as .json)")
+    p.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="cpu: the process's CPU time (default; robust to other jobs on a shared machine with 1 thread); wall",
+    )
+    p.add_argument(
+        "-o", "--out", type=Path, help="write the markdown report here (and the raw numbers next to it as .json)"
+    )
     args = p.parse_args()
     for name in ("repeats", "steps", "check_prompt", "check_steps", "threads"):
         if getattr(args, name) < 1:
@@ -308,8 +369,12 @@ def main() -> None:
         plan = [(s, contexts) for s in args.spec]
     else:
         plan = DEFAULTS
-    header = {"command": ".venv/bin/python benchmarks/bench_decode.py " + " ".join(sys.argv[1:]), "cpu": cpu_name(),
-              "load_before": load_average(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    header = {
+        "command": ".venv/bin/python benchmarks/bench_decode.py " + " ".join(sys.argv[1:]),
+        "cpu": cpu_name(),
+        "load_before": load_average(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     print(f"load average {header['load_before']}; torch threads {torch.get_num_threads()}", flush=True)
     start = time.perf_counter()
     results = [bench_model(path, contexts, args) for path, contexts in plan]

@@ -81,10 +81,19 @@ class Table:
 
 def reference_spec(vocab: int = 32000, **block) -> dict:
     return {
-        "schema_version": 1, "vocab_size": vocab, "d_model": 512, "n_layers": 8, "max_seq_len": 4096,
+        "schema_version": 1,
+        "vocab_size": vocab,
+        "d_model": 512,
+        "n_layers": 8,
+        "max_seq_len": 4096,
         "position": {"type": "rope", "theta": 10000.0},
-        "block": {"attention": {"type": "gqa", "n_heads": 8, "n_kv_heads": 2}, "ffn": {"type": "swiglu", "d_ff": 1408},
-                  "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}, **block},
+        "block": {
+            "attention": {"type": "gqa", "n_heads": 8, "n_kv_heads": 2},
+            "ffn": {"type": "swiglu", "d_ff": 1408},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+            **block,
+        },
         "final_norm": {"type": "rmsnorm"},
     }
 
@@ -98,8 +107,12 @@ def bench_ffn(tab: Table, device: str, samples: int) -> None:
         m = GatedMLP(d, d_ff, "silu", False).to(device=device, dtype=torch.float16)
         x = torch.randn(tokens, d, device=device, dtype=torch.float16)
         with torch.no_grad():
-            t = timed({"plain": lambda: m.down(torch.nn.functional.silu(m.gate(x)) * m.up(x)), "guarded": lambda: m(x)},
-                      device, samples, loops)
+            t = timed(
+                {"plain": lambda: m.down(torch.nn.functional.silu(m.gate(x)) * m.up(x)), "guarded": lambda: m(x)},
+                device,
+                samples,
+                loops,
+            )
         tab.add(f"float16 swiglu d {d} d_ff {d_ff}, {tokens} tokens: plain -> finite-safe", t["plain"], t["guarded"])
 
 
@@ -114,8 +127,15 @@ def bench_sampling(tab: Table, device: str, samples: int) -> None:
                 "greedy (temperature=0)": build_sampler(vocab, temperature=0),
                 "temperature 0.8 + top_p 0.9": build_sampler(vocab, temperature=0.8, top_p=0.9),
                 "penalties + temperature + top_k + top_p + min_p": build_sampler(
-                    vocab, repetition_penalty=1.1, presence_penalty=0.3, frequency_penalty=0.2, temperature=0.8, top_k=50,
-                    top_p=0.95, min_p=0.05),
+                    vocab,
+                    repetition_penalty=1.1,
+                    presence_penalty=0.3,
+                    frequency_penalty=0.2,
+                    temperature=0.8,
+                    top_k=50,
+                    top_p=0.95,
+                    min_p=0.05,
+                ),
             }
             fns = {"argmax": lambda: logits.argmax(-1)}
             for name, sampler in pipes.items():
@@ -144,9 +164,18 @@ def bench_generate(tab: Table, device: str, samples: int) -> None:
 
     from modkit.inference.generate import generate
 
-    t = timed({"hand": hand, "generate": lambda: generate(model, prompt, max_new_tokens=new, temperature=0)}, device, samples, 1)
-    tab.add(f"greedy decode of {new} tokens, reference model: argmax loop -> generate(temperature=0)", t["hand"], t["generate"],
-            f"{(t['generate'] - t['hand']) / new * 1e6:,.0f} µs per token")
+    t = timed(
+        {"hand": hand, "generate": lambda: generate(model, prompt, max_new_tokens=new, temperature=0)},
+        device,
+        samples,
+        1,
+    )
+    tab.add(
+        f"greedy decode of {new} tokens, reference model: argmax loop -> generate(temperature=0)",
+        t["hand"],
+        t["generate"],
+        f"{(t['generate'] - t['hand']) / new * 1e6:,.0f} µs per token",
+    )
 
 
 def bench_rope(tab: Table, device: str, samples: int) -> None:
@@ -154,7 +183,12 @@ def bench_rope(tab: Table, device: str, samples: int) -> None:
     base = {"type": "rope", "theta": 10000.0}
     variants = {
         "dynamic": {"type": "dynamic", "factor": 2.0, "original_max_seq_len": 1024},
-        "longrope": {"type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32, "original_max_seq_len": 1024},
+        "longrope": {
+            "type": "longrope",
+            "short_factor": [1.0] * 32,
+            "long_factor": [2.0] * 32,
+            "original_max_seq_len": 1024,
+        },
         "yarn": {"type": "yarn", "factor": 4.0, "original_max_seq_len": 1024},
     }
 
@@ -174,8 +208,12 @@ def bench_rope(tab: Table, device: str, samples: int) -> None:
             fns[name] = lambda m=make(sc): m.rotate(q, k, pos)
         t = timed(fns, device, samples, loops)
         for name in variants:
-            tab.add(f"rope rotate q [1, 8, {seq}, 64], k [1, 2, {seq}, 64]: static -> {name}", t["static"], t[name],
-                    "past the trained length" if start + seq > 1024 else "")
+            tab.add(
+                f"rope rotate q [1, 8, {seq}, 64], k [1, 2, {seq}, 64]: static -> {name}",
+                t["static"],
+                t[name],
+                "past the trained length" if start + seq > 1024 else "",
+            )
 
 
 @torch.no_grad()
@@ -193,10 +231,21 @@ def bench_softcap(tab: Table, device: str, samples: int) -> None:
     t = timed({"sdpa": lambda: attn_p(x, inputs), "softcap": lambda: attn_c(x, inputs)}, device, samples, 10)
     tab.add(f"gqa attention prefill [1, {seq}, 512]: SDPA -> soft-capped (eager float32)", t["sdpa"], t["softcap"])
     ids, new = torch.randint(0, 32000, (1, seq), device=device), 32
-    t = timed({"sdpa": lambda: generate(plain, ids, max_new_tokens=new, temperature=0),
-               "softcap": lambda: generate(capped, ids, max_new_tokens=new, temperature=0)}, device, samples, 1)
-    tab.add(f"greedy generate, {seq}-token prompt + {new} tokens, reference model: SDPA -> soft-capped attention",
-            t["sdpa"], t["softcap"], f"{(t['softcap'] - t['sdpa']) / new * 1e6:,.0f} µs per token incl. prefill share")
+    t = timed(
+        {
+            "sdpa": lambda: generate(plain, ids, max_new_tokens=new, temperature=0),
+            "softcap": lambda: generate(capped, ids, max_new_tokens=new, temperature=0),
+        },
+        device,
+        samples,
+        1,
+    )
+    tab.add(
+        f"greedy generate, {seq}-token prompt + {new} tokens, reference model: SDPA -> soft-capped attention",
+        t["sdpa"],
+        t["softcap"],
+        f"{(t['softcap'] - t['sdpa']) / new * 1e6:,.0f} µs per token incl. prefill share",
+    )
 
 
 @torch.no_grad()
@@ -219,8 +268,11 @@ def bench_resize(tab: Table, device: str, samples: int) -> None:
         fresh()
         sync(device)
         build.append(time.perf_counter() - t)
-    tab.add("resize_vocab 32000 -> 32100, reference model (one-off): vs building the model", statistics.median(build),
-            statistics.median(times[1:]))
+    tab.add(
+        "resize_vocab 32000 -> 32100, reference model (one-off): vs building the model",
+        statistics.median(build),
+        statistics.median(times[1:]),
+    )
 
 
 def main(argv=None) -> int:
@@ -238,14 +290,21 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     for name in chosen:
         globals()[f"bench_{name}"](tab, args.device, args.samples)
-    machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}"
+    machine = (
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}"
+    )
     if args.device.startswith("cuda"):
         machine += f", {torch.cuda.get_device_name()}"
-    lines = ["# What the configuration features cost", "",
-             f"Generated by `.venv/bin/python benchmarks/bench_features.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
-             f"in {time.perf_counter() - start:.0f} s on {args.device} ({machine}). Medians of {args.samples} interleaved "
-             "samples; see the script's docstring for what each row compares.", "",
-             "| what (baseline -> feature) | baseline | feature | ratio |", "|---|---:|---:|---|"]
+    lines = [
+        "# What the configuration features cost",
+        "",
+        f"Generated by `.venv/bin/python benchmarks/bench_features.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
+        f"in {time.perf_counter() - start:.0f} s on {args.device} ({machine}). Medians of {args.samples} interleaved "
+        "samples; see the script's docstring for what each row compares.",
+        "",
+        "| what (baseline -> feature) | baseline | feature | ratio |",
+        "|---|---:|---:|---|",
+    ]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in tab.rows]
     Path(args.output).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.output}")

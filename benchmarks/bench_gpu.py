@@ -35,18 +35,44 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler tables")
     p.add_argument("--device", default="cuda", help="CUDA device (default cuda)")
-    p.add_argument("-o", "--output", default=str(HERE / "results-gpu.md"), help="markdown report (default benchmarks/results-gpu.md)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=str(HERE / "results-gpu.md"),
+        help="markdown report (default benchmarks/results-gpu.md)",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gpu.py: no CUDA device here; run benchmarks/bench_cpu.py instead", file=sys.stderr)
         return 1
     torch.backends.cuda.matmul.allow_tf32 = True
-    cfg = B.Config(d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4, d_ff=5632, vocab=32000, dtype=torch.bfloat16,
-                   device=args.device, prefill_batch=8, prefill_seq=1024, prompt=128, new=256, moe_tokens=16384,
-                   repeats=args.repeats, compile=not args.no_compile, compile_hf=not args.no_compile,
-                   profile=not args.no_profile)
-    B.run_workloads(cfg, set(args.only or ["prefill", "decode", "moe"]), "GPU benchmark: modkit vs transformers (bfloat16)",
-                    "bench_gpu.py", argv, Path(args.output))
+    cfg = B.Config(
+        d_model=2048,
+        n_layers=16,
+        n_heads=16,
+        n_kv_heads=4,
+        d_ff=5632,
+        vocab=32000,
+        dtype=torch.bfloat16,
+        device=args.device,
+        prefill_batch=8,
+        prefill_seq=1024,
+        prompt=128,
+        new=256,
+        moe_tokens=16384,
+        repeats=args.repeats,
+        compile=not args.no_compile,
+        compile_hf=not args.no_compile,
+        profile=not args.no_profile,
+    )
+    B.run_workloads(
+        cfg,
+        set(args.only or ["prefill", "decode", "moe"]),
+        "GPU benchmark: modkit vs transformers (bfloat16)",
+        "bench_gpu.py",
+        argv,
+        Path(args.output),
+    )
     return 0
 
 

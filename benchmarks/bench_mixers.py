@@ -43,9 +43,15 @@ from modkit import AttentionInputs  # noqa: E402
 
 
 def _spec(d: int, mixer: dict, max_len: int) -> dict:
-    return {"schema_version": 1, "vocab_size": 256, "d_model": d, "n_layers": 1, "max_seq_len": max_len,
-            "position": {"type": "none"},
-            "block": {"mixer": mixer, "ffn": None, "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}}}
+    return {
+        "schema_version": 1,
+        "vocab_size": 256,
+        "d_model": d,
+        "n_layers": 1,
+        "max_seq_len": max_len,
+        "position": {"type": "none"},
+        "block": {"mixer": mixer, "ffn": None, "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
+    }
 
 
 def mixers(d: int) -> dict:
@@ -54,8 +60,14 @@ def mixers(d: int) -> dict:
     expand 2), and multi-head attention with heads of 64."""
     return {
         "mamba2": {"type": "mamba2", "d_state": 128, "head_dim": 64, "expand": 2, "n_groups": 1, "chunk_size": 64},
-        "gated_deltanet": {"type": "gated_deltanet", "n_heads": max(1, d // 128), "n_value_heads": max(2, d // 64),
-                           "key_head_dim": 128, "value_head_dim": 128, "chunk_size": 64},
+        "gated_deltanet": {
+            "type": "gated_deltanet",
+            "n_heads": max(1, d // 128),
+            "n_value_heads": max(2, d // 64),
+            "key_head_dim": 128,
+            "value_head_dim": 128,
+            "chunk_size": 64,
+        },
         "mamba": {"type": "mamba", "d_state": 16, "expand": 2, "chunk_size": 64, "inner_norm": {"type": "rmsnorm"}},
         "attention": {"type": "mha", "n_heads": d // 64},
     }
@@ -69,31 +81,63 @@ def reference(name: str, d: int, ours: torch.nn.Module):
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
     if name == "mamba2":
-        cfg = transformers.Mamba2Config(hidden_size=d, num_heads=2 * d // 64, head_dim=64, state_size=128, n_groups=1,
-                                        expand=2, chunk_size=64)
+        cfg = transformers.Mamba2Config(
+            hidden_size=d, num_heads=2 * d // 64, head_dim=64, state_size=128, n_groups=1, expand=2, chunk_size=64
+        )
         hf = Mamba2Mixer(cfg, 0)
         hf.load_state_dict(ours.state_dict())
     elif name == "gated_deltanet":
         nk, nv = ours.n_heads, ours.n_value_heads
-        cfg = transformers.Qwen3NextConfig(hidden_size=d, linear_num_key_heads=nk, linear_num_value_heads=nv,
-                                           linear_key_head_dim=128, linear_value_head_dim=128, num_hidden_layers=1)
+        cfg = transformers.Qwen3NextConfig(
+            hidden_size=d,
+            linear_num_key_heads=nk,
+            linear_num_value_heads=nv,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            num_hidden_layers=1,
+        )
         hf = Qwen3NextGatedDeltaNet(cfg, 0)
         r, dk, dv = nv // nk, 128, 128
         sd = ours.state_dict()
         per = lambda t, w: t.view(nk, w, d)  # noqa: E731
-        qkvz = torch.cat([per(sd["q_proj.weight"], dk), per(sd["k_proj.weight"], dk), per(sd["v_proj.weight"], r * dv),
-                          per(sd["g_proj.weight"], r * dv)], 1).reshape(-1, d)
+        qkvz = torch.cat(
+            [
+                per(sd["q_proj.weight"], dk),
+                per(sd["k_proj.weight"], dk),
+                per(sd["v_proj.weight"], r * dv),
+                per(sd["g_proj.weight"], r * dv),
+            ],
+            1,
+        ).reshape(-1, d)
         ba = torch.cat([per(sd["b_proj.weight"], r), per(sd["a_proj.weight"], r)], 1).reshape(-1, d)
-        hf.load_state_dict({"in_proj_qkvz.weight": qkvz, "in_proj_ba.weight": ba, "conv1d.weight": sd["conv1d.weight"],
-                            "dt_bias": sd["dt_bias"], "A_log": sd["A_log"], "norm.weight": sd["norm.weight"],
-                            "out_proj.weight": sd["out_proj.weight"]})
+        hf.load_state_dict(
+            {
+                "in_proj_qkvz.weight": qkvz,
+                "in_proj_ba.weight": ba,
+                "conv1d.weight": sd["conv1d.weight"],
+                "dt_bias": sd["dt_bias"],
+                "A_log": sd["A_log"],
+                "norm.weight": sd["norm.weight"],
+                "out_proj.weight": sd["out_proj.weight"],
+            }
+        )
     elif name == "mamba":
-        cfg = transformers.JambaConfig(hidden_size=d, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
-                                       num_hidden_layers=1, use_mamba_kernels=False)
+        cfg = transformers.JambaConfig(
+            hidden_size=d,
+            mamba_d_state=16,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            num_hidden_layers=1,
+            use_mamba_kernels=False,
+        )
         hf = JambaMambaMixer(cfg, 0)
         names = {"dt_norm": "dt_layernorm", "b_norm": "b_layernorm", "c_norm": "c_layernorm"}
-        hf.load_state_dict({names.get(k.split(".")[0], k.split(".")[0]) + k[len(k.split(".")[0]):]: v
-                            for k, v in ours.state_dict().items()})
+        hf.load_state_dict(
+            {
+                names.get(k.split(".")[0], k.split(".")[0]) + k[len(k.split(".")[0]) :]: v
+                for k, v in ours.state_dict().items()
+            }
+        )
     else:
         return None
     return hf.train()
@@ -111,7 +155,9 @@ def _time(fn, repeats: int) -> list[float]:
 def forward_backward(args) -> None:
     d = args.d_model
     print(f"\n## forward + backward, batch 1, float32, d_model {d} (median of {args.repeats}; seconds)\n")
-    print("| mixer | T | modkit | transformers | attention | transformers / modkit | attention / modkit | max abs diff |")
+    print(
+        "| mixer | T | modkit | transformers | attention | transformers / modkit | attention / modkit | max abs diff |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     configs = mixers(d)
     attn_model = modkit.build(_spec(d, configs["attention"], max(args.lengths)), seed=0)
@@ -129,8 +175,11 @@ def forward_backward(args) -> None:
             def run(f):
                 return lambda: f().sum().backward()
 
-            sides = {"modkit": run(lambda: ours(x, inputs)), "transformers": run(lambda: hf(x)),
-                     "attention": run(lambda: attn(x, inputs))}
+            sides = {
+                "modkit": run(lambda: ours(x, inputs)),
+                "transformers": run(lambda: hf(x)),
+                "attention": run(lambda: attn(x, inputs)),
+            }
             for fn in sides.values():  # warm-up
                 fn()
             times = {k: [] for k in sides}
@@ -138,14 +187,18 @@ def forward_backward(args) -> None:
                 for k, fn in sides.items():
                     times[k] += _time(fn, 1)
             m = {k: statistics.median(v) for k, v in times.items()}
-            print(f"| {name} | {T} | {m['modkit']:.4f} | {m['transformers']:.4f} | {m['attention']:.4f} | "
-                  f"{m['transformers'] / m['modkit']:.2f} | {m['attention'] / m['modkit']:.2f} | {diff:.1e} |",
-                  flush=True)
+            print(
+                f"| {name} | {T} | {m['modkit']:.4f} | {m['transformers']:.4f} | {m['attention']:.4f} | "
+                f"{m['transformers'] / m['modkit']:.2f} | {m['attention'] / m['modkit']:.2f} | {diff:.1e} |",
+                flush=True,
+            )
 
 
 def decode(args) -> None:
     d = args.d_model
-    print(f"\n## decode step, batch 1, float32, d_model {d} (median of {args.repeats} rounds of {args.steps} steps; ms)\n")
+    print(
+        f"\n## decode step, batch 1, float32, d_model {d} (median of {args.repeats} rounds of {args.steps} steps; ms)\n"
+    )
     print("| mixer | " + " | ".join(f"context {c}" for c in args.contexts) + " | cache bytes at each context |")
     print("|---|" + "---:|" * len(args.contexts) + "---|")
     for name, cfg in mixers(d).items():
@@ -167,8 +220,10 @@ def decode(args) -> None:
                 steps()  # warm-up
                 row.append(1e3 * statistics.median(_time(steps, args.repeats)) / args.steps)
             sizes.append(cache.nbytes())
-        print(f"| {name} | " + " | ".join(f"{t:.3f}" for t in row) + " | " + ", ".join(f"{s:,}" for s in sizes) + " |",
-              flush=True)
+        print(
+            f"| {name} | " + " | ".join(f"{t:.3f}" for t in row) + " | " + ", ".join(f"{s:,}" for s in sizes) + " |",
+            flush=True,
+        )
 
 
 def main(argv=None) -> int:
@@ -186,8 +241,10 @@ def main(argv=None) -> int:
 
     transformers.logging.set_verbosity_error()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"# recurrent mixers, {args.threads} thread(s), torch {torch.__version__}, transformers "
-          f"{transformers.__version__}, load average at start {load:.1f} ({os.cpu_count()} CPUs)")
+    print(
+        f"# recurrent mixers, {args.threads} thread(s), torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, load average at start {load:.1f} ({os.cpu_count()} CPUs)"
+    )
     if "train" not in args.skip:
         forward_backward(args)
     if "decode" not in args.skip:

@@ -37,10 +37,19 @@ def build_pair(args, max_len: int):
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
 
     cfg = DeepseekV3Config(
-        hidden_size=args.d_model, num_attention_heads=args.heads, num_key_value_heads=args.heads, q_lora_rank=args.q_lora,
-        kv_lora_rank=args.kv_lora, qk_nope_head_dim=args.nope, qk_rope_head_dim=args.rope, v_head_dim=args.v,
-        rope_interleave=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        max_position_embeddings=max_len, num_hidden_layers=1, vocab_size=64,
+        hidden_size=args.d_model,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        q_lora_rank=args.q_lora,
+        kv_lora_rank=args.kv_lora,
+        qk_nope_head_dim=args.nope,
+        qk_rope_head_dim=args.rope,
+        v_head_dim=args.v,
+        rope_interleave=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=max_len,
+        num_hidden_layers=1,
+        vocab_size=64,
     )
     cfg._attn_implementation = "sdpa"  # transformers' fastest CPU path
     torch.manual_seed(0)
@@ -49,12 +58,27 @@ def build_pair(args, max_len: int):
         for p in hf.parameters():
             p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(1.0)
     spec = {
-        "schema_version": 1, "vocab_size": 64, "d_model": args.d_model, "n_layers": 1, "max_seq_len": max_len,
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": args.d_model,
+        "n_layers": 1,
+        "max_seq_len": max_len,
         "position": {"type": "rope", "theta": 10000.0, "layout": "interleaved"},
-        "block": {"attention": {"type": "mla", "n_heads": args.heads, "q_lora_rank": args.q_lora, "kv_lora_rank": args.kv_lora,
-                                "qk_nope_head_dim": args.nope, "qk_rope_head_dim": args.rope, "v_head_dim": args.v,
-                                "latent_norm": {"type": "rmsnorm", "eps": 1e-6}},
-                  "ffn": {"type": "swiglu", "d_ff": 64}, "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
+        "block": {
+            "attention": {
+                "type": "mla",
+                "n_heads": args.heads,
+                "q_lora_rank": args.q_lora,
+                "kv_lora_rank": args.kv_lora,
+                "qk_nope_head_dim": args.nope,
+                "qk_rope_head_dim": args.rope,
+                "v_head_dim": args.v,
+                "latent_norm": {"type": "rmsnorm", "eps": 1e-6},
+            },
+            "ffn": {"type": "swiglu", "d_ff": 64},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
     }
     model = modkit.build(spec, seed=0).eval()
     mla = model.layers[0].attention
@@ -79,8 +103,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from transformers import DynamicCache
 
-    print(f"MLA decode step, batch 1, float32, {args.threads} thread(s); d_model {args.d_model}, {args.heads} heads, "
-          f"q_lora {args.q_lora}, kv_lora {args.kv_lora}, nope {args.nope}, rope {args.rope}, v {args.v}")
+    print(
+        f"MLA decode step, batch 1, float32, {args.threads} thread(s); d_model {args.d_model}, {args.heads} heads, "
+        f"q_lora {args.q_lora}, kv_lora {args.kv_lora}, nope {args.nope}, rope {args.rope}, v {args.v}"
+    )
     for context in args.contexts:
         max_len = context + 1 + args.steps * (args.repeats + 1)
         model, mla, rope, hf, rotary = build_pair(args, max_len)
@@ -90,7 +116,9 @@ def main(argv=None) -> int:
 
         def ours_step(x):
             positions, mask = ours_cache.prepare(1, x.shape[1])
-            return mla(x, AttentionInputs(positions=positions, token_mask=mask, position=rope, cache=ours_cache.layers[0]))
+            return mla(
+                x, AttentionInputs(positions=positions, token_mask=mask, position=rope, cache=ours_cache.layers[0])
+            )
 
         def hf_step(x):
             n = hf_cache.get_seq_length()
@@ -112,9 +140,11 @@ def main(argv=None) -> int:
                         fn(t)
                     times[name].append((time.perf_counter() - start) / args.steps)
         ours, theirs = statistics.median(times["modkit"]), statistics.median(times["transformers"])
-        print(f"context {context}: modkit {1e3 * ours:.3f} ms/step, transformers {1e3 * theirs:.3f} ms/step, "
-              f"ratio transformers / modkit {theirs / ours:.2f}; first step max |Δ| = {diff:.2e}; "
-              f"cache bytes per token: modkit {mla.cache_spec().bytes_per_token('float32')}")
+        print(
+            f"context {context}: modkit {1e3 * ours:.3f} ms/step, transformers {1e3 * theirs:.3f} ms/step, "
+            f"ratio transformers / modkit {theirs / ours:.2f}; first step max |Δ| = {diff:.2e}; "
+            f"cache bytes per token: modkit {mla.cache_spec().bytes_per_token('float32')}"
+        )
     return 0
 
 

@@ -100,7 +100,11 @@ def reference(tok_path: Path, texts: list[str], eot_id: int, fast: bool) -> tupl
     h, n, seconds = hashlib.sha256(), 0, 0.0
     for batch in batches(texts):
         start = time.perf_counter()
-        enc = backend.encode_batch_fast(batch, add_special_tokens=False) if fast else backend.encode_batch(batch, add_special_tokens=False)
+        enc = (
+            backend.encode_batch_fast(batch, add_special_tokens=False)
+            if fast
+            else backend.encode_batch(batch, add_special_tokens=False)
+        )
         seconds += time.perf_counter() - start
         for e in enc:
             ids = np.asarray(e.ids + [eot_id], dtype=np.uint16)
@@ -114,7 +118,9 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=200, help="corpus size in MB (>= 200 for the reported figure)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="process counts to run modkit with")
     ap.add_argument("-o", "--output", default=str(HERE / "results_prepare.md"))
-    ap.add_argument("--keep", metavar="DIR", help="write the corpus and outputs here and keep them (default: a temporary folder)")
+    ap.add_argument(
+        "--keep", metavar="DIR", help="write the corpus and outputs here and keep them (default: a temporary folder)"
+    )
     args = ap.parse_args()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="modkit-bench-prepare-") as tmp:
@@ -124,8 +130,10 @@ def main() -> None:
         t0 = time.perf_counter()
         docs, text_bytes = make_corpus(corpus, args.mb)
         size = corpus.stat().st_size
-        print(f"corpus: {docs:,} documents, {size / 1e6:,.1f} MB of JSON Lines ({text_bytes / 1e6:,.1f} MB of text), "
-              f"written in {time.perf_counter() - t0:.0f} s")
+        print(
+            f"corpus: {docs:,} documents, {size / 1e6:,.1f} MB of JSON Lines ({text_bytes / 1e6:,.1f} MB of text), "
+            f"written in {time.perf_counter() - t0:.0f} s"
+        )
         tok = train_tokenizer("bpe:8192", [default_corpus().read_text(encoding="utf-8")], special_tokens=[EOT_TOKEN])
         tok_path = tok.save(root / "tokenizer.json")
         with open(corpus, encoding="utf-8") as f:
@@ -139,15 +147,32 @@ def main() -> None:
         del texts
         for w in args.workers:
             out = root / f"out-{w}"
-            done = subprocess.run([sys.executable, "-c", CHILD, str(corpus), str(out), str(tok_path), str(w)],
-                                  check=True, capture_output=True, text=True, cwd=HERE.parent)
+            done = subprocess.run(
+                [sys.executable, "-c", CHILD, str(corpus), str(out), str(tok_path), str(w)],
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=HERE.parent,
+            )
             r = json.loads(done.stdout.strip().splitlines()[-1])
             joined = hashlib.sha256((out / "train.bin").read_bytes() + (out / "val.bin").read_bytes()).hexdigest()
-            rows.append({"what": f"modkit prepare, {w} process{'es' if w > 1 else ''}", "seconds": r["seconds"], "tokens": r["tokens"],
-                         "sha": joined, "rss": r["rss"], "worker_rss": r["worker_rss"], "files": r["sha"], "load": os.getloadavg()[0]})
-            print(f"modkit prepare workers={w}: {r['seconds']:.1f} s, {text_bytes / 1e6 / r['seconds']:.1f} MB/s, "
-                  f"{r['tokens'] / 1e6 / r['seconds']:.2f} M tokens/s, peak RSS {r['rss'] / 2**20:,.0f} MiB "
-                  f"(workers {r['worker_rss'] / 2**20:,.0f} MiB)")
+            rows.append(
+                {
+                    "what": f"modkit prepare, {w} process{'es' if w > 1 else ''}",
+                    "seconds": r["seconds"],
+                    "tokens": r["tokens"],
+                    "sha": joined,
+                    "rss": r["rss"],
+                    "worker_rss": r["worker_rss"],
+                    "files": r["sha"],
+                    "load": os.getloadavg()[0],
+                }
+            )
+            print(
+                f"modkit prepare workers={w}: {r['seconds']:.1f} s, {text_bytes / 1e6 / r['seconds']:.1f} MB/s, "
+                f"{r['tokens'] / 1e6 / r['seconds']:.2f} M tokens/s, peak RSS {r['rss'] / 2**20:,.0f} MiB "
+                f"(workers {r['worker_rss'] / 2**20:,.0f} MiB)"
+            )
     load_after = os.getloadavg()
     ref = {r["what"]: r for r in rows}
     same = len({r["sha"] for r in rows}) == 1
@@ -168,9 +193,16 @@ def main() -> None:
     ]
     base, fast = ref["tokenizers encode_batch"], ref["tokenizers encode_batch_fast"]
     for r in rows:
-        rss = f"{r['rss'] / 2**20:,.0f} MiB" + (f" (+ workers {r['worker_rss'] / 2**20:,.0f} MiB each at most)" if r.get("worker_rss") else "") if "rss" in r else "(texts in memory)"
-        lines.append(f"| {r['what']} | {r['seconds']:.1f} | {text_bytes / 1e6 / r['seconds']:.1f} | {r['tokens'] / 1e6 / r['seconds']:.2f} | "
-                     f"{base['seconds'] / r['seconds']:.2f} | {fast['seconds'] / r['seconds']:.2f} | {rss} | {r['load']:.1f} |")
+        rss = (
+            f"{r['rss'] / 2**20:,.0f} MiB"
+            + (f" (+ workers {r['worker_rss'] / 2**20:,.0f} MiB each at most)" if r.get("worker_rss") else "")
+            if "rss" in r
+            else "(texts in memory)"
+        )
+        lines.append(
+            f"| {r['what']} | {r['seconds']:.1f} | {text_bytes / 1e6 / r['seconds']:.1f} | {r['tokens'] / 1e6 / r['seconds']:.2f} | "
+            f"{base['seconds'] / r['seconds']:.2f} | {fast['seconds'] / r['seconds']:.2f} | {rss} | {r['load']:.1f} |"
+        )
     lines += [
         "",
         "Ratios are throughput ÷ the reference's (above 1: faster). The references time the encoding calls alone, with "

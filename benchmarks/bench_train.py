@@ -103,7 +103,9 @@ class Size:
 
 SIZES = {
     "small": Size("small", "nanoGPT CPU recipe", 4, 4, 128, 64, 12, rounds=6, steps=4, warmup=2, profile_steps=8),
-    "big": Size("big", "nanoGPT GPU-recipe shape, batch 8", 6, 6, 384, 256, 8, rounds=4, steps=1, warmup=0, profile_steps=3),
+    "big": Size(
+        "big", "nanoGPT GPU-recipe shape, batch 8", 6, 6, 384, 256, 8, rounds=4, steps=1, warmup=0, profile_steps=3
+    ),
 }
 
 REFERENCE = "hf"  # the denominator of the time ratios
@@ -288,7 +290,9 @@ def step_peak_bytes(fn: Callable[[], object], device: str) -> int:
 def persistent_bytes(v: Variant) -> int:
     """Bytes of the parameters and the optimizer state (each tensor counted once)."""
     seen, total = set(), 0
-    tensors = list(v.model.parameters()) + [t for s in v.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    tensors = list(v.model.parameters()) + [
+        t for s in v.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+    ]
     for t in tensors:
         if id(t) not in seen:
             seen.add(id(t))
@@ -310,9 +314,13 @@ def op_times(fn: Callable[[], object], device: str) -> dict[str, tuple[int, floa
 
 def op_comparison(runs: dict[str, list[dict[str, tuple[int, float]]]], a: str, b: str, rows: int) -> str:
     """A markdown table of per-op self time, median over the profiled steps, ``a`` against ``b``, by |difference|."""
+
     def medians(name: str) -> dict[str, tuple[int, float]]:
         keys = {k for r in runs[name] for k in r}
-        return {k: (max(r.get(k, (0, 0.0))[0] for r in runs[name]), B.med([r.get(k, (0, 0.0))[1] for r in runs[name]])) for k in keys}
+        return {
+            k: (max(r.get(k, (0, 0.0))[0] for r in runs[name]), B.med([r.get(k, (0, 0.0))[1] for r in runs[name]]))
+            for k in keys
+        }
 
     ma, mb = medians(a), medians(b)
     total_a = B.med([sum(t for _, t in r.values()) for r in runs[a]])
@@ -322,8 +330,10 @@ def op_comparison(runs: dict[str, list[dict[str, tuple[int, float]]]], a: str, b
     for k in keys[:rows]:
         (ca, ta), (cb, tb) = ma.get(k, (0, 0.0)), mb.get(k, (0, 0.0))
         lines.append(f"| `{k}` | {ca} | {1e3 * ta:.2f} | {cb} | {1e3 * tb:.2f} | {1e3 * (ta - tb):+.2f} |")
-    lines.append(f"| **all ops (self time)** | {sum(c for c, _ in ma.values())} | {1e3 * total_a:.2f} | "
-                 f"{sum(c for c, _ in mb.values())} | {1e3 * total_b:.2f} | {1e3 * (total_a - total_b):+.2f} |")
+    lines.append(
+        f"| **all ops (self time)** | {sum(c for c, _ in ma.values())} | {1e3 * total_a:.2f} | "
+        f"{sum(c for c, _ in mb.values())} | {1e3 * total_b:.2f} | {1e3 * (total_a - total_b):+.2f} |"
+    )
     return "\n".join(lines)
 
 
@@ -353,8 +363,11 @@ def run_size(size: Size, args, data: TokenData) -> SizeResult:
     rounds = args.rounds if args.rounds is not None else size.rounds
     steps = args.steps if args.steps is not None else size.steps
     warmup = args.warmup if args.warmup is not None else size.warmup
-    print(f"\n{size.name}: {size.label}: {size.n_layers} layers, {size.n_heads} heads, d_model {size.d_model}, "
-          f"context {size.seq_len}, batch {size.batch_size}", flush=True)
+    print(
+        f"\n{size.name}: {size.label}: {size.n_layers} layers, {size.n_heads} heads, d_model {size.d_model}, "
+        f"context {size.seq_len}, batch {size.batch_size}",
+        flush=True,
+    )
     torch._dynamo.reset()
     spec = spec_for(size, data.vocab_size)
     total_steps = 1 + warmup + rounds * steps + 1
@@ -366,9 +379,13 @@ def run_size(size: Size, args, data: TokenData) -> SizeResult:
         variants = make_variants(reference, folder, args)
     by_name = {v.name: v for v in variants}
     n_params = sum(p.numel() for p in by_name["modkit"].model.parameters())
-    fact(f"{n_params:,} parameters; {size.tokens:,} tokens per step; weights: modkit.build(seed 0) -> modkit.to_hf -> "
-         "GPT2LMHeadModel.from_pretrained")
-    autocast = (lambda: torch.autocast(torch.device(dev).type, dtype=torch.bfloat16)) if args.bf16 else contextlib.nullcontext
+    fact(
+        f"{n_params:,} parameters; {size.tokens:,} tokens per step; weights: modkit.build(seed 0) -> modkit.to_hf -> "
+        "GPT2LMHeadModel.from_pretrained"
+    )
+    autocast = (
+        (lambda: torch.autocast(torch.device(dev).type, dtype=torch.bfloat16)) if args.bf16 else contextlib.nullcontext
+    )
 
     # weights equal: eval logits of the two eager models on the first batch
     with torch.no_grad():
@@ -405,16 +422,20 @@ def run_size(size: Size, args, data: TokenData) -> SizeResult:
         if v.compiled:
             after = _graph_counters()
             v.graphs, v.graph_breaks = after[0] - before[0], after[1] - before[1]
-            fact(f"{v.name}: first step (compilation included) {v.first_step_s:.1f} s; {v.graphs} graph(s), "
-                 f"{v.graph_breaks} graph break(s)")
+            fact(
+                f"{v.name}: first step (compilation included) {v.first_step_s:.1f} s; {v.graphs} graph(s), "
+                f"{v.graph_breaks} graph break(s)"
+            )
     ref = grads["hf"]
     for name in losses0:
         if name == "hf":
             continue
         gd, where = max_diff(grads[name], ref)
-        fact(f"step 0, {name} vs hf: loss |Δ| = {abs(losses0[name] - losses0['hf']):.2e} "
-             f"({losses0[name]:.6f} vs {losses0['hf']:.6f}); gradients max |Δ| = {gd:.2e} (at {where}; "
-             f"largest gradient entry {max(t.abs().max().item() for t in ref.values()):.2e})")
+        fact(
+            f"step 0, {name} vs hf: loss |Δ| = {abs(losses0[name] - losses0['hf']):.2e} "
+            f"({losses0[name]:.6f} vs {losses0['hf']:.6f}); gradients max |Δ| = {gd:.2e} (at {where}; "
+            f"largest gradient entry {max(t.abs().max().item() for t in ref.values()):.2e})"
+        )
     grads.clear()  # the gradients of every variant are no longer needed
 
     # untimed warmup, then interleaved timed rounds (each variant runs `steps` steps in turn, order rotated)
@@ -423,7 +444,7 @@ def run_size(size: Size, args, data: TokenData) -> SizeResult:
             x, y = batches[v.step]
             train_step(v, x, y, cfg, autocast)
     for r in range(rounds):
-        order = variants[r % len(variants):] + variants[: r % len(variants)]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for v in order:
             v.round_times.append([])
             for _ in range(steps):
@@ -436,8 +457,12 @@ def run_size(size: Size, args, data: TokenData) -> SizeResult:
                 v.times.append(time.perf_counter() - t)
                 v.round_times[-1].append(v.times[-1])
                 v.losses.append(loss.item())
-        print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{v.name} {1e3 * B.med(v.times):.1f}" for v in variants)
-              + " ms/step (running medians)", flush=True)
+        print(
+            f"  round {r + 1}/{rounds}: "
+            + ", ".join(f"{v.name} {1e3 * B.med(v.times):.1f}" for v in variants)
+            + " ms/step (running medians)",
+            flush=True,
+        )
 
     # memory: one more step per variant, measured
     for v in variants:
@@ -453,10 +478,16 @@ def run_size(size: Size, args, data: TokenData) -> SizeResult:
     for v in variants:
         if v is ref_v:
             continue
-        ours = hf_named(v.model, dict(v.model.named_parameters())) if v.name.startswith("modkit") else hf_tensors(v.model, grads=False)
+        ours = (
+            hf_named(v.model, dict(v.model.named_parameters()))
+            if v.name.startswith("modkit")
+            else hf_tensors(v.model, grads=False)
+        )
         wd, where = max_diff(ours, final_ref)
         ld = max(abs(a - b) for a, b in zip(v.losses, ref_v.losses))
-        fact(f"after {v.step} steps, {v.name} vs hf: losses max |Δ| = {ld:.2e}; weights max |Δ| = {wd:.2e} (at {where})")
+        fact(
+            f"after {v.step} steps, {v.name} vs hf: losses max |Δ| = {ld:.2e}; weights max |Δ| = {wd:.2e} (at {where})"
+        )
 
     profiles: list[tuple[str, str]] = []
     if not args.no_profile:
@@ -468,8 +499,12 @@ def run_size(size: Size, args, data: TokenData) -> SizeResult:
                 x, y = batches[total_steps - 2]
                 gc.collect()
                 runs[v.name].append(op_times(lambda: train_step(v, x, y, cfg, autocast), dev))
-        profiles.append((f"{size.name}: self time per op, median of {n} profiled steps each (largest differences first)",
-                         op_comparison(runs, "modkit", "hf", args.profile_rows)))
+        profiles.append(
+            (
+                f"{size.name}: self time per op, median of {n} profiled steps each (largest differences first)",
+                op_comparison(runs, "modkit", "hf", args.profile_rows),
+            )
+        )
     return SizeResult(size, variants, facts, n_params, profiles)
 
 
@@ -497,15 +532,38 @@ def ratio_lines(res: SizeResult) -> list[tuple[str, float, str, Optional[bool]]]
     r = t["modkit"] / t["hf"]
     out.append(("eager step time: modkit / transformers (sdpa)", r, "<= 1.0", r <= 1.0))
     per_round = paired_ratios(res, "modkit", "hf")
-    out.append((f"eager, per-round ratios (modkit / transformers sdpa, {len(per_round)} rounds): median "
-                f"(range {min(per_round):.3f}–{max(per_round):.3f})", B.med(per_round), "", None))
+    out.append(
+        (
+            f"eager, per-round ratios (modkit / transformers sdpa, {len(per_round)} rounds): median "
+            f"(range {min(per_round):.3f}–{max(per_round):.3f})",
+            B.med(per_round),
+            "",
+            None,
+        )
+    )
     if "hf_eager_attn" in t:
-        out.append(("eager step time: modkit / transformers (eager attention)", t["modkit"] / t["hf_eager_attn"], "", None))
+        out.append(
+            ("eager step time: modkit / transformers (eager attention)", t["modkit"] / t["hf_eager_attn"], "", None)
+        )
     if "modkit_compiled" in t:
-        out.append(("compiled step time: modkit compiled / transformers eager (sdpa)", t["modkit_compiled"] / t["hf"], "", None))
+        out.append(
+            (
+                "compiled step time: modkit compiled / transformers eager (sdpa)",
+                t["modkit_compiled"] / t["hf"],
+                "",
+                None,
+            )
+        )
         out.append(("compiled step time: modkit compiled / modkit eager", t["modkit_compiled"] / t["modkit"], "", None))
     if "hf_compiled" in t:
-        out.append(("compiled step time: modkit compiled / transformers compiled", t["modkit_compiled"] / t["hf_compiled"], "", None))
+        out.append(
+            (
+                "compiled step time: modkit compiled / transformers compiled",
+                t["modkit_compiled"] / t["hf_compiled"],
+                "",
+                None,
+            )
+        )
     r = mem["modkit"] / mem["hf"]
     out.append(("peak step memory, eager: modkit / transformers (sdpa)", r, "<= 1.0", r <= 1.0))
     if "hf_compiled" in mem:
@@ -518,14 +576,19 @@ def print_table(res: SizeResult) -> list[str]:
     """Print and return the markdown table of one size."""
     ref = B.med(next(v for v in res.variants if v.name == REFERENCE).times)
     s = res.size
-    lines = [f"### {s.name}: {s.label} ({s.n_layers} layers, {s.n_heads} heads, d_model {s.d_model}, context "
-             f"{s.seq_len}, batch {s.batch_size}; {res.n_params:,} parameters)", "",
-             "| variant | median ms/step | (min–max) | tokens/s | time ÷ transformers (sdpa) | peak step MiB | weights + AdamW state MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### {s.name}: {s.label} ({s.n_layers} layers, {s.n_heads} heads, d_model {s.d_model}, context "
+        f"{s.seq_len}, batch {s.batch_size}; {res.n_params:,} parameters)",
+        "",
+        "| variant | median ms/step | (min–max) | tokens/s | time ÷ transformers (sdpa) | peak step MiB | weights + AdamW state MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for v in res.variants:
         m = B.med(v.times)
-        lines.append(f"| {v.name} | {1e3 * m:.1f} | {1e3 * min(v.times):.1f}–{1e3 * max(v.times):.1f} | "
-                     f"{s.tokens / m:,.0f} | {m / ref:.3f} | {v.peak_bytes / 2**20:.2f} | {v.state_bytes / 2**20:.2f} |")
+        lines.append(
+            f"| {v.name} | {1e3 * m:.1f} | {1e3 * min(v.times):.1f}–{1e3 * max(v.times):.1f} | "
+            f"{s.tokens / m:,.0f} | {m / ref:.3f} | {v.peak_bytes / 2**20:.2f} | {v.state_bytes / 2**20:.2f} |"
+        )
     lines += ["", "| ratio | value | target | met |", "|---|---:|---|---|"]
     for what, value, target, met in ratio_lines(res):
         flag = "" if met is None else ("yes" if met else "**no**")
@@ -534,28 +597,41 @@ def print_table(res: SizeResult) -> list[str]:
     return lines
 
 
-def write_report(path: Path, results: list[SizeResult], args, argv, load_before: str, load_after: str, seconds: float) -> None:
+def write_report(
+    path: Path, results: list[SizeResult], args, argv, load_before: str, load_after: str, seconds: float
+) -> None:
     """The markdown report: machine, load, settings, per-size tables, checks, profiles."""
     command = ".venv/bin/python benchmarks/bench_train.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = ["# Training-step benchmark: modkit vs transformers GPT-2", "",
-           f"Generated by `{command.strip()}` on {time.strftime('%Y-%m-%d %H:%M:%S')} ({seconds:.0f} s).", "",
-           "## Machine", ""]
+    out = [
+        "# Training-step benchmark: modkit vs transformers GPT-2",
+        "",
+        f"Generated by `{command.strip()}` on {time.strftime('%Y-%m-%d %H:%M:%S')} ({seconds:.0f} s).",
+        "",
+        "## Machine",
+        "",
+    ]
     out += [f"- {x}" for x in B.machine(SimpleNamespace(device=args.device))]
     out += [f"- load average (1, 5, 15 min) before: {load_before}; after: {load_after}", ""]
     cfg = TrainConfig()
-    out += ["## Settings", "",
-            f"A step = lr schedule, forward{' (bf16 autocast)' if args.bf16 else ''}, cross-entropy on float32 logits, "
-            f"backward, clip_grad_norm_ {cfg.grad_clip}, AdamW (lr {cfg.lr} with {cfg.warmup_steps} warmup steps, betas "
-            f"{cfg.beta1}/{cfg.beta2}, eps {cfg.adam_eps}, weight decay {cfg.weight_decay} on matrices and embeddings), "
-            "zero_grad(set_to_none=True); dropout 0; device "
-            f"{args.device}, {'bfloat16 autocast' if args.bf16 else 'float32'}. Same initial weights, same batches "
-            "(random windows of tiny shakespeare, seed 0) in every variant. Timed steps run interleaved in rounds "
-            "(every variant in turn, order rotated each round); medians of the per-step times. Peak step memory: "
-            + ("torch.cuda.max_memory_allocated during a step above the memory allocated before it."
-               if args.device.startswith("cuda") else
-               "peak of the live bytes allocated through torch's CPU allocator during one step (torch.profiler "
-               "profile_memory allocation events), not counting the weights and AdamW state that exist before it "
-               "(listed separately); oneDNN/MKL scratch buffers are not seen on either side."), ""]
+    out += [
+        "## Settings",
+        "",
+        f"A step = lr schedule, forward{' (bf16 autocast)' if args.bf16 else ''}, cross-entropy on float32 logits, "
+        f"backward, clip_grad_norm_ {cfg.grad_clip}, AdamW (lr {cfg.lr} with {cfg.warmup_steps} warmup steps, betas "
+        f"{cfg.beta1}/{cfg.beta2}, eps {cfg.adam_eps}, weight decay {cfg.weight_decay} on matrices and embeddings), "
+        "zero_grad(set_to_none=True); dropout 0; device "
+        f"{args.device}, {'bfloat16 autocast' if args.bf16 else 'float32'}. Same initial weights, same batches "
+        "(random windows of tiny shakespeare, seed 0) in every variant. Timed steps run interleaved in rounds "
+        "(every variant in turn, order rotated each round); medians of the per-step times. Peak step memory: "
+        + (
+            "torch.cuda.max_memory_allocated during a step above the memory allocated before it."
+            if args.device.startswith("cuda")
+            else "peak of the live bytes allocated through torch's CPU allocator during one step (torch.profiler "
+            "profile_memory allocation events), not counting the weights and AdamW state that exist before it "
+            "(listed separately); oneDNN/MKL scratch buffers are not seen on either side."
+        ),
+        "",
+    ]
     out += ["## Results", ""]
     for res in results:
         out += print_table(res) + ["", "Checks and notes:", ""] + [f"- {f}" for f in res.facts] + [""]
@@ -569,20 +645,35 @@ def write_report(path: Path, results: list[SizeResult], args, argv, load_before:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--size", choices=sorted(SIZES), action="append", help="run only these sizes (default: small and big)")
+    p.add_argument(
+        "--size", choices=sorted(SIZES), action="append", help="run only these sizes (default: small and big)"
+    )
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default: small 6, big 4)")
-    p.add_argument("--steps", type=int, default=None, help="timed steps of each variant per round (default: small 4, big 1)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="timed steps of each variant per round (default: small 4, big 1)"
+    )
     p.add_argument("--warmup", type=int, default=None, help="untimed steps after step 0 (default: small 2, big 0)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--bf16", action="store_true", help="forward under torch.autocast(bfloat16), as the loop's precision=bfloat16")
+    p.add_argument(
+        "--bf16", action="store_true", help="forward under torch.autocast(bfloat16), as the loop's precision=bfloat16"
+    )
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     p.add_argument("--no-compile-hf", action="store_true", help="do not compile transformers")
     p.add_argument("--no-hf-eager-attn", action="store_true", help="skip transformers with attn_implementation='eager'")
-    p.add_argument("--no-profile", action="store_true", help="skip the per-op profile of modkit eager against transformers eager")
+    p.add_argument(
+        "--no-profile", action="store_true", help="skip the per-op profile of modkit eager against transformers eager"
+    )
     p.add_argument("--profile-rows", type=int, default=25, help="rows of the per-op comparison")
-    p.add_argument("--profile-steps", type=int, default=None, help="profiled steps of each side (default: small 8, big 3)")
-    p.add_argument("-o", "--output", default=str(HERE / "results_train.md"), help="markdown report (default benchmarks/results_train.md)")
+    p.add_argument(
+        "--profile-steps", type=int, default=None, help="profiled steps of each side (default: small 8, big 3)"
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        default=str(HERE / "results_train.md"),
+        help="markdown report (default benchmarks/results_train.md)",
+    )
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but CUDA is not available here")
@@ -594,7 +685,10 @@ def main(argv=None) -> int:
     transformers.utils.logging.disable_progress_bar()
     load_before = B.load_average()
     start = time.perf_counter()
-    print(f"load average {load_before}; torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}", flush=True)
+    print(
+        f"load average {load_before}; torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}",
+        flush=True,
+    )
     data = TokenData.open(default_dataset())
     results = [run_size(SIZES[name], args, data) for name in (args.size or ["small", "big"])]
     load_after = B.load_average()

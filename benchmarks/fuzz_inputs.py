@@ -85,14 +85,34 @@ def _ours(exc: BaseException) -> bool:
 
 #: sizes (ints) beyond which a value is wrong by construction: the documented bounds, with a margin
 SIZE_KEYS = {
-    "vocab_size": 2**31, "d_model": 2**20, "n_layers": 10**5, "max_seq_len": 2**31, "n_heads": 2**20,
-    "n_kv_heads": 2**20, "head_dim": 2**20, "d_ff": 2**31, "n_experts": 2**20, "top_k": 2**20,
-    "sliding_window": 2**31, "original_max_seq_len": 2**31,
+    "vocab_size": 2**31,
+    "d_model": 2**20,
+    "n_layers": 10**5,
+    "max_seq_len": 2**31,
+    "n_heads": 2**20,
+    "n_kv_heads": 2**20,
+    "head_dim": 2**20,
+    "d_ff": 2**31,
+    "n_experts": 2**20,
+    "top_k": 2**20,
+    "sliding_window": 2**31,
+    "original_max_seq_len": 2**31,
     # Hugging Face names
-    "hidden_size": 2**20, "num_hidden_layers": 10**5, "num_attention_heads": 2**20, "num_key_value_heads": 2**20,
-    "intermediate_size": 2**31, "max_position_embeddings": 2**31, "num_local_experts": 2**20,
-    "num_experts_per_tok": 2**20, "n_embd": 2**20, "n_layer": 10**5, "n_head": 2**20, "n_positions": 2**31,
-    "n_inner": 2**31, "moe_intermediate_size": 2**31, "num_experts": 2**20,
+    "hidden_size": 2**20,
+    "num_hidden_layers": 10**5,
+    "num_attention_heads": 2**20,
+    "num_key_value_heads": 2**20,
+    "intermediate_size": 2**31,
+    "max_position_embeddings": 2**31,
+    "num_local_experts": 2**20,
+    "num_experts_per_tok": 2**20,
+    "n_embd": 2**20,
+    "n_layer": 10**5,
+    "n_head": 2**20,
+    "n_positions": 2**31,
+    "n_inner": 2**31,
+    "moe_intermediate_size": 2**31,
+    "num_experts": 2**20,
 }
 HUGE = [10**5, 10**8, 2**31, 2**40, 2**63 - 1, 2**63, 2**64, 10**30]
 
@@ -153,7 +173,9 @@ def mutate(doc: dict, rng: random.Random, *, free: set[str], read: "callable") -
         else:
             new = rng.choice([True, "x", 7])
         # an int turned into a float is wrong only where an integer is required (a size); 1e4 is a fine theta
-        bad = interpreted and not (isinstance(value, int) and not isinstance(value, bool) and isinstance(new, float) and key not in SIZE_KEYS)
+        bad = interpreted and not (
+            isinstance(value, int) and not isinstance(value, bool) and isinstance(new, float) and key not in SIZE_KEYS
+        )
         if isinstance(value, (dict, list)):
             bad = interpreted
         if value is None:
@@ -167,7 +189,9 @@ def mutate(doc: dict, rng: random.Random, *, free: set[str], read: "callable") -
     if op == "huge":
         new = rng.choice(HUGE)
         _set(doc, path, new)
-        bad = interpreted and (key in SIZE_KEYS and new > SIZE_KEYS[key] or not isinstance(value, (int, float)) or isinstance(value, bool))
+        bad = interpreted and (
+            key in SIZE_KEYS and new > SIZE_KEYS[key] or not isinstance(value, (int, float)) or isinstance(value, bool)
+        )
         return f"huge {where} = {new}", _dumps(doc).encode(), bad
     if op == "small":
         new = rng.choice([0, -1, -(2**63), 0.0, -1e-5])
@@ -186,14 +210,20 @@ def mutate(doc: dict, rng: random.Random, *, free: set[str], read: "callable") -
         parents = [(p, v) for p, v in _nodes(doc) if isinstance(v, dict) and not (set(map(str, p)) & free)]
         p, v = rng.choice(parents)
         v["n_layer_typo"] = 3
-        return f"unknown key under {'.'.join(map(str, p)) or '<root>'}", _dumps(doc).encode(), read(p + ("n_layer_typo",)) or not p
+        return (
+            f"unknown key under {'.'.join(map(str, p)) or '<root>'}",
+            _dumps(doc).encode(),
+            read(p + ("n_layer_typo",)) or not p,
+        )
     if op == "dup":
         parents = [(p, v) for p, v in _nodes(doc) if isinstance(v, dict) and v and not (set(map(str, p)) & free)]
         p, v = rng.choice(parents)
         k = rng.choice(list(v))
         marker = "__DUP__"
         v[marker] = 0
-        text = _dumps(doc).replace(f'"{marker}": 0', f'"{k}": {json.dumps(v[k])}' if rng.random() < 0.5 else f'"{k}": 1')
+        text = _dumps(doc).replace(
+            f'"{marker}": 0', f'"{k}": {json.dumps(v[k])}' if rng.random() < 0.5 else f'"{k}": 1'
+        )
         return f"duplicate key {k!r} under {'.'.join(map(str, p)) or '<root>'}", text.encode(), True
     if op == "text":
         kind = rng.choice(["utf16", "binary", "deep", "digits", "truncated", "empty", "bom", "latin1"])
@@ -205,7 +235,11 @@ def mutate(doc: dict, rng: random.Random, *, free: set[str], read: "callable") -
         if kind == "deep":
             depth = rng.choice([1000, 100_000])
             _set(doc, path, "__DEEP__")
-            return f"text: nested {depth} deep at {where}", _dumps(doc).replace('"__DEEP__"', "[" * depth + "]" * depth).encode(), interpreted or depth > 1000
+            return (
+                f"text: nested {depth} deep at {where}",
+                _dumps(doc).replace('"__DEEP__"', "[" * depth + "]" * depth).encode(),
+                interpreted or depth > 1000,
+            )
         if kind == "digits":
             _set(doc, path, "__BIG__")
             return f"text: 5000-digit integer at {where}", _dumps(doc).replace('"__BIG__"', "9" * 5000).encode(), True
@@ -400,19 +434,22 @@ def checkpoint_cases(tmp: Path):
 
     size = (base / "model.safetensors").stat().st_size
     for k, cut in enumerate([0, 4, 8, 9, 50, 200, size // 3, size // 2, size - 100, size - 1]):
+
         def make(cut=cut, k=k):
             d = copy_of(base, f"trunc-{k}")
             data = (d / "model.safetensors").read_bytes()[:cut]
             (d / "model.safetensors").write_bytes(data)
             return load(d)
+
         cases.append((f"weights truncated at {cut}", make, True))
     for name, header in [
         ("header length 2**60", (2**60).to_bytes(8, "little") + b"{}"),
         ("header not JSON", (5).to_bytes(8, "little") + b"{{{{{"),
         ("header a list", (2).to_bytes(8, "little") + b"[]"),
-        ("header UTF-16", (len('{}'.encode('utf-16'))).to_bytes(8, "little") + "{}".encode("utf-16")),
+        ("header UTF-16", (len("{}".encode("utf-16"))).to_bytes(8, "little") + "{}".encode("utf-16")),
         ("header wrong offsets", None),
     ]:
+
         def make(header=header, name=name):
             d = copy_of(base, "hdr-" + name.replace(" ", "-").replace("*", ""))
             f = d / "model.safetensors"
@@ -428,6 +465,7 @@ def checkpoint_cases(tmp: Path):
             else:
                 f.write_bytes(header)
             return load(d)
+
         cases.append((name, make, True))
     spec_text = json.loads((base / "spec.json").read_text())
     metas = {
@@ -445,6 +483,7 @@ def checkpoint_cases(tmp: Path):
         "format version 99": None,
     }
     for name, value in metas.items():
+
         def make(name=name, value=value):
             d = copy_of(base, "meta-" + str(abs(hash(name))))
             if name.startswith("hf_config"):
@@ -456,6 +495,7 @@ def checkpoint_cases(tmp: Path):
             _rewrite_weights(d, metadata=meta)
             (d / "spec.json").unlink()
             return load(d)
+
         cases.append((name, make, name != "format version 99"))
     for name, content in [
         ("spec.json binary", bytes(range(256))),
@@ -465,10 +505,12 @@ def checkpoint_cases(tmp: Path):
         ("spec.json differs", json.dumps({**spec_text, "d_model": 64}).encode()),
         ("spec.json duplicate key", (json.dumps(spec_text)[:-1] + ', "n_layers": 4}').encode()),
     ]:
+
         def make(content=content, name=name):
             d = copy_of(base, "sj-" + str(abs(hash(name))))
             (d / "spec.json").write_bytes(content)
             return load(d)
+
         cases.append((name, make, True))
 
     def special_spec(kind):
@@ -482,6 +524,7 @@ def checkpoint_cases(tmp: Path):
             else:
                 (d / "spec.json").mkdir()
             return load(d)
+
         return make
 
     for kind in ("fifo", "devzero", "dir"):
@@ -492,6 +535,7 @@ def checkpoint_cases(tmp: Path):
             d = copy_of(base, "t-" + str(abs(hash(name))))
             _rewrite_weights(d, change=change)
             return load(d)
+
         cases.append((name, make, bad))
 
     first = "layers.0.attention.q_proj.weight"
@@ -512,7 +556,7 @@ def checkpoint_cases(tmp: Path):
     tensor_case("mixed f16/f32", lambda t: t.__setitem__(first, t[first].half()), bad=False)
 
     def path_case(name, path_fn, bad=True):
-        cases.append((name, lambda: (lambda: modkit.load(path_fn())), bad))
+        cases.append((name, lambda: lambda: modkit.load(path_fn()), bad))
 
     path_case("path with NUL byte", lambda: str(base) + "\x00x")
     path_case("nonexistent path", lambda: tmp / "nope")
@@ -538,18 +582,31 @@ def checkpoint_cases(tmp: Path):
         ("config.json model_type a dict", json.dumps({**hf_cfg, "model_type": {"a": 1}}).encode()),
         ("config.json model_type a list", json.dumps({**hf_cfg, "model_type": ["llama"]}).encode()),
         ("config.json model_type unknown", json.dumps({**hf_cfg, "model_type": "nope"}).encode()),
-        ("config.json rope_scaling.factor []", json.dumps({**hf_cfg, "rope_scaling": {"rope_type": "linear", "factor": []}}).encode()),
-        ("config.json rope_scaling llama3 factor {}", json.dumps({**hf_cfg, "rope_scaling": {"rope_type": "llama3", "factor": {}, "low_freq_factor": 1, "high_freq_factor": 4}}).encode()),
+        (
+            "config.json rope_scaling.factor []",
+            json.dumps({**hf_cfg, "rope_scaling": {"rope_type": "linear", "factor": []}}).encode(),
+        ),
+        (
+            "config.json rope_scaling llama3 factor {}",
+            json.dumps(
+                {
+                    **hf_cfg,
+                    "rope_scaling": {"rope_type": "llama3", "factor": {}, "low_freq_factor": 1, "high_freq_factor": 4},
+                }
+            ).encode(),
+        ),
         ("config.json rms_norm_eps NaN", json.dumps({**hf_cfg, "rms_norm_eps": math.nan}).encode()),
         ("config.json rms_norm_eps true", json.dumps({**hf_cfg, "rms_norm_eps": True}).encode()),
         ("config.json vocab 2**63", json.dumps({**hf_cfg, "vocab_size": 2**63}).encode()),
         ("config.json duplicate key", (json.dumps(hf_cfg)[:-1] + ', "hidden_size": 32}').encode()),
         ("config.json nested deep", b"[" * 100_000 + b"]" * 100_000),
     ]:
+
         def make(content=content, name=name):
             d = copy_of(hf_base, "hf-" + str(abs(hash(name))))
             (d / "config.json").write_bytes(content)
             return from_hf(d)
+
         cases.append((name, make, True))
 
     index_base = {"metadata": {"total_size": 1}, "weight_map": {}}
@@ -567,21 +624,28 @@ def checkpoint_cases(tmp: Path):
         ("index weight_map names a .bin", {n: "pytorch_model.bin" for n in names}),
         ("index weight_map empty", {}),
     ]:
+
         def make(wm=wm, name=name):
             d = copy_of(hf_base, "idx-" + str(abs(hash(name))))
             (d / "model.safetensors.index.json").write_text(json.dumps({**index_base, "weight_map": wm}))
             return from_hf(d)
+
         cases.append((name, make, True))
     for name, content in [
         ("index not JSON", b"{"),
         ("index a list", b"[]"),
         ("index binary", bytes(range(256))),
-        ("index metadata a list", json.dumps({"metadata": [1], "weight_map": {n: "model.safetensors" for n in names}}).encode()),
+        (
+            "index metadata a list",
+            json.dumps({"metadata": [1], "weight_map": {n: "model.safetensors" for n in names}}).encode(),
+        ),
     ]:
+
         def make(content=content, name=name):
             d = copy_of(hf_base, "idx2-" + str(abs(hash(name))))
             (d / "model.safetensors.index.json").write_bytes(content)
             return from_hf(d)
+
         cases.append((name, make, True))
 
     def hf_tensor(name, change, bad=True):
@@ -589,6 +653,7 @@ def checkpoint_cases(tmp: Path):
             d = copy_of(hf_base, "hft-" + str(abs(hash(name))))
             _rewrite_weights(d, change=change)
             return from_hf(d)
+
         cases.append(("HF " + name, make, bad))
 
     hfirst = "model.layers.0.self_attn.q_proj.weight"
@@ -646,13 +711,26 @@ def cli_cases(tmp: Path) -> list[tuple[str, list[str], bool]]:
     files["utf16"] = put("utf16.json", json.dumps(spec).encode("utf-16"))
     files["dup"] = put("dup.json", (json.dumps(spec)[:-1] + ', "d_model": 64}').encode())
     files["deep"] = put("deep.json", b"[" * 100_000 + b"]" * 100_000)
-    files["digits"] = put("digits.json", json.dumps(spec).replace('"d_model": 128', '"d_model": ' + "9" * 5000).encode())
+    files["digits"] = put(
+        "digits.json", json.dumps(spec).replace('"d_model": 128', '"d_model": ' + "9" * 5000).encode()
+    )
     files["layers"] = put("layers.json", json.dumps({**spec, "n_layers": 100000}).encode())
     files["vocab"] = put("vocab.json", json.dumps({**spec, "vocab_size": 2**63}).encode())
     files["nan"] = put("nan.json", json.dumps({**spec, "final_norm": {"type": "rmsnorm", "eps": math.nan}}).encode())
     files["true"] = put("true.json", json.dumps({**spec, "n_layers": True}).encode())
     files["list"] = put("list.json", b"[]")
-    files["huge_model"] = put("huge.json", json.dumps({**spec, "d_model": 16384, "vocab_size": 2**20, "block": {**spec["block"], "ffn": {"type": "swiglu", "d_ff": 65536}}, "n_layers": 64}).encode())
+    files["huge_model"] = put(
+        "huge.json",
+        json.dumps(
+            {
+                **spec,
+                "d_model": 16384,
+                "vocab_size": 2**20,
+                "block": {**spec["block"], "ffn": {"type": "swiglu", "d_ff": 65536}},
+                "n_layers": 64,
+            }
+        ).encode(),
+    )
     fifo = tmp / "fifo.json"
     if not fifo.exists():
         os.mkfifo(fifo)
@@ -667,7 +745,9 @@ def cli_cases(tmp: Path) -> list[tuple[str, list[str], bool]]:
     hfcfg.mkdir(exist_ok=True)
     base_cfg = json.loads((REPO / "tests" / "data" / "real-models" / "llama-3.2-1b" / "config.json").read_text())
     hf_files = {
-        "hf-list": b"[]", "hf-null": b"null", "hf-binary": bytes(range(256)),
+        "hf-list": b"[]",
+        "hf-null": b"null",
+        "hf-binary": bytes(range(256)),
         "hf-utf16": json.dumps(base_cfg).encode("utf-16"),
         "hf-layers": json.dumps({**base_cfg, "num_hidden_layers": 10**8}).encode(),
         "hf-eps-nan": json.dumps({**base_cfg, "rms_norm_eps": math.nan}).encode(),
@@ -711,12 +791,24 @@ def cli_cases(tmp: Path) -> list[tuple[str, list[str], bool]]:
                 argv[3] = v
             else:
                 argv += [flag, v]
-            cases.append((f"generate {flag} {v!r:.30}", argv, not (flag == "--top-k" and v == str(2**63))))  # keeps all tokens
-    cases.append(("generate past max_seq_len (learned)", ["generate", gpt2, "--prompt", "1 2", "--max-new-tokens", "300"], True))
-    cases.append(("generate past max_seq_len (rope)", ["generate", good, "--prompt", "1 2", "--max-new-tokens", "600"], True))
+            cases.append(
+                (f"generate {flag} {v!r:.30}", argv, not (flag == "--top-k" and v == str(2**63)))
+            )  # keeps all tokens
+    cases.append(
+        ("generate past max_seq_len (learned)", ["generate", gpt2, "--prompt", "1 2", "--max-new-tokens", "300"], True)
+    )
+    cases.append(
+        ("generate past max_seq_len (rope)", ["generate", good, "--prompt", "1 2", "--max-new-tokens", "600"], True)
+    )
     for key in ("binary", "utf16", "fifo", "devzero", "nul", "dup", "layers"):
         cases.append((f"generate model {key}", ["generate", files[key], "--prompt", "1 2"], True))
-    cases.append(("convert modkit bad shard size", ["convert", "modkit", str(ckpt), "--to", "hf", "-o", str(tmp / "o"), "--max-shard-size", "nan"], True))
+    cases.append(
+        (
+            "convert modkit bad shard size",
+            ["convert", "modkit", str(ckpt), "--to", "hf", "-o", str(tmp / "o"), "--max-shard-size", "nan"],
+            True,
+        )
+    )
     return cases
 
 
@@ -727,7 +819,12 @@ def run_cli(tmp: Path, timeout: float, log) -> Counter:
     for name, argv, bad in cli_cases(tmp):
         err, std = io.StringIO(), io.StringIO()
         try:
-            with deadline(timeout), contextlib.redirect_stderr(err), contextlib.redirect_stdout(std), warnings.catch_warnings():
+            with (
+                deadline(timeout),
+                contextlib.redirect_stderr(err),
+                contextlib.redirect_stdout(std),
+                warnings.catch_warnings(),
+            ):
                 warnings.simplefilter("ignore")
                 code = cli.main(argv)
             text = err.getvalue()
@@ -773,15 +870,27 @@ def generate_cases():
             kw = {**ok, k: v}
             cases.append((f"{k}={v!r:.20}", ids, kw, not (k == "top_k" and v == 2**63)))
     for name, x in [
-        ("float ids", [[1.7, 2.2]]), ("empty", []), ("empty row", [[]]), ("2**63 id", [[2**63]]), ("negative id", [[-1]]),
-        ("id = vocab", [[1024]]), ("ragged", [[1, 2], [3]]), ("3-D", [[[1, 2]]]), ("bool tensor", torch.tensor([[True, False]])),
-        ("float tensor", torch.tensor([[1.0, 2.0]])), ("strings", [["a"]]), ("None", None),
+        ("float ids", [[1.7, 2.2]]),
+        ("empty", []),
+        ("empty row", [[]]),
+        ("2**63 id", [[2**63]]),
+        ("negative id", [[-1]]),
+        ("id = vocab", [[1024]]),
+        ("ragged", [[1, 2], [3]]),
+        ("3-D", [[[1, 2]]]),
+        ("bool tensor", torch.tensor([[True, False]])),
+        ("float tensor", torch.tensor([[1.0, 2.0]])),
+        ("strings", [["a"]]),
+        ("None", None),
     ]:
         cases.append((f"input_ids {name}", x, ok, True))
     for name, mask in [
-        ("right padded", torch.tensor([[1, 1, 0]])), ("all zeros", torch.tensor([[0, 0, 0]])),
-        ("wrong shape", torch.tensor([[1, 1]])), ("values 2", torch.tensor([[2, 1, 1]])),
-        ("float 0.5", torch.tensor([[0.5, 1.0, 1.0]])), ("list", [[0, 1, 1]]),
+        ("right padded", torch.tensor([[1, 1, 0]])),
+        ("all zeros", torch.tensor([[0, 0, 0]])),
+        ("wrong shape", torch.tensor([[1, 1]])),
+        ("values 2", torch.tensor([[2, 1, 1]])),
+        ("float 0.5", torch.tensor([[0.5, 1.0, 1.0]])),
+        ("list", [[0, 1, 1]]),
     ]:
         cases.append((f"attention_mask {name}", ids, {**ok, "attention_mask": mask}, name != "list"))
     cases.append(("past max_seq_len (rope)", ids, {"max_new_tokens": 600}, True))
@@ -904,7 +1013,11 @@ def main(argv=None) -> int:
                 continue
             else:
                 c = run_generate(args.timeout, log)
-            results[s] = {"total": sum(c.values()), **dict(sorted(c.items())), "seconds": round(time.perf_counter() - start, 1)}
+            results[s] = {
+                "total": sum(c.values()),
+                **dict(sorted(c.items())),
+                "seconds": round(time.perf_counter() - start, 1),
+            }
             print(f"{s:<11} {json.dumps(results[s])}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

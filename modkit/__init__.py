@@ -42,7 +42,14 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
         update_cache,
         update_cache_entries,
     )
-    from modkit.nn.build import active_params_per_token, breakdown, build, count_params, kv_cache_bytes_per_token, summarize
+    from modkit.nn.build import (
+        active_params_per_token,
+        breakdown,
+        build,
+        count_params,
+        kv_cache_bytes_per_token,
+        summarize,
+    )
     from modkit.nn.cache import CacheEntry, CacheSpec, KVCache, LayerKVCache, MixerCache
     from modkit.core.config import ComponentConfig, Slot
     from modkit.analysis.cost import CostError, CostModel, Workload, elementwise, flops_per_token
@@ -59,7 +66,16 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from modkit.io.hf import from_hf, from_hf_config, to_hf
     from modkit.core.hooks import hookimpl
     from modkit.analysis.inspection import Recording, inspect
-    from modkit.core.interfaces import AttentionInputs, BuildContext, Init, PositionGeometry, PositionScheme, add_aux, run_ffn, split_aux
+    from modkit.core.interfaces import (
+        AttentionInputs,
+        BuildContext,
+        Init,
+        PositionGeometry,
+        PositionScheme,
+        add_aux,
+        run_ffn,
+        split_aux,
+    )
     from modkit.nn.model import Model, ModelOutput
     from modkit.core.registry import Component, Registry, get_registry
     from .spec import ModelSpec, SpecContext, json_schema, load_component, load_spec
@@ -67,18 +83,36 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
 #: exported name -> the module defining it (the same names as the imports above, checked by tests/cli/test_cli.py)
 _EXPORTS = {
     **dict.fromkeys(
-        ("PreparedMask", "attention_mask", "is_plain_causal", "masked_attention", "masked_softmax", "position_bias",
-         "prepare_mask", "update_cache", "update_cache_entries"),
+        (
+            "PreparedMask",
+            "attention_mask",
+            "is_plain_causal",
+            "masked_attention",
+            "masked_softmax",
+            "position_bias",
+            "prepare_mask",
+            "update_cache",
+            "update_cache_entries",
+        ),
         "modkit.nn.attention",
     ),
     **dict.fromkeys(
-        ("active_params_per_token", "breakdown", "build", "count_params", "kv_cache_bytes_per_token", "summarize"), "modkit.nn.build"
+        ("active_params_per_token", "breakdown", "build", "count_params", "kv_cache_bytes_per_token", "summarize"),
+        "modkit.nn.build",
     ),
     **dict.fromkeys(("CacheEntry", "CacheSpec", "KVCache", "LayerKVCache", "MixerCache"), "modkit.nn.cache"),
     **dict.fromkeys(("ComponentConfig", "Slot"), "modkit.core.config"),
     **dict.fromkeys(("CostError", "CostModel", "Workload", "elementwise", "flops_per_token"), "modkit.analysis.cost"),
     **dict.fromkeys(
-        ("CheckpointError", "ModkitError", "RegistryError", "SamplingError", "SpecError", "SpecWarning", "UnknownConfigKeyWarning"),
+        (
+            "CheckpointError",
+            "ModkitError",
+            "RegistryError",
+            "SamplingError",
+            "SpecError",
+            "SpecWarning",
+            "UnknownConfigKeyWarning",
+        ),
         "modkit.core.errors",
     ),
     **dict.fromkeys(("load", "save"), "modkit.io.checkpoint"),
@@ -86,7 +120,16 @@ _EXPORTS = {
     **dict.fromkeys(("hookimpl",), "modkit.core.hooks"),
     **dict.fromkeys(("Recording", "inspect"), "modkit.analysis.inspection"),
     **dict.fromkeys(
-        ("AttentionInputs", "BuildContext", "Init", "PositionGeometry", "PositionScheme", "add_aux", "run_ffn", "split_aux"),
+        (
+            "AttentionInputs",
+            "BuildContext",
+            "Init",
+            "PositionGeometry",
+            "PositionScheme",
+            "add_aux",
+            "run_ffn",
+            "split_aux",
+        ),
         "modkit.core.interfaces",
     ),
     **dict.fromkeys(("Model", "ModelOutput"), "modkit.nn.model"),

@@ -41,9 +41,24 @@ from pydantic import Field, PositiveFloat, ValidationInfo, field_validator
 from torch import Tensor, nn
 
 from modkit.plugin import (
-    AttentionInputs, BuildContext, CacheSpec, Component, ComponentConfig, HeadCount, HeadDim, hookimpl,
-    is_plain_causal, masked_attention, position_bias, PositionGeometry, prepare_mask, SeqLen, Slot, StrictModel,
-    update_cache, Workload,
+    AttentionInputs,
+    BuildContext,
+    CacheSpec,
+    Component,
+    ComponentConfig,
+    HeadCount,
+    HeadDim,
+    hookimpl,
+    is_plain_causal,
+    masked_attention,
+    position_bias,
+    PositionGeometry,
+    prepare_mask,
+    SeqLen,
+    Slot,
+    StrictModel,
+    update_cache,
+    Workload,
 )
 
 
@@ -62,7 +77,9 @@ class AttentionConfig(ComponentConfig):
     type: Literal["mha", "mqa", "gqa"]
     n_heads: HeadCount = Field(..., description="number of query heads")
     n_kv_heads: Optional[HeadCount] = Field(
-        None, validate_default=True, description="number of key/value heads; must divide n_heads. Default: n_heads (mha), 1 (mqa); required for gqa"
+        None,
+        validate_default=True,
+        description="number of key/value heads; must divide n_heads. Default: n_heads (mha), 1 (mqa); required for gqa",
     )
     head_dim: Optional[HeadDim] = Field(
         None, description="width of one head; default d_model / n_heads (which must then be an integer)"
@@ -75,36 +92,44 @@ class AttentionConfig(ComponentConfig):
         "norm", default=None, description="norm applied to queries and keys before the position scheme; null for none"
     )
     qk_norm_scope: Literal["head", "each_head", "full"] = Field(
-        "head", description="'head': normalise each head over head_dim, one weight shared by the heads (Qwen3, Gemma 3); "
+        "head",
+        description="'head': normalise each head over head_dim, one weight shared by the heads (Qwen3, Gemma 3); "
         "'each_head': the same statistics with a weight of each head's own, [n_heads, head_dim] (Cohere; the norm must "
-        "declare the groups capability); 'full': over the whole projection (OLMo 2)"
+        "declare the groups capability); 'full': over the whole projection (OLMo 2)",
     )
     sliding_window: Optional[SeqLen] = Field(
-        None, description="each query sees only keys with 0 <= q_pos - k_pos < sliding_window; null for global attention"
+        None,
+        description="each query sees only keys with 0 <= q_pos - k_pos < sliding_window; null for global attention",
     )
     attention_chunk_size: Optional[SeqLen] = Field(
-        None, description="chunked local attention (Llama 4): each query sees only keys of its own chunk of "
+        None,
+        description="chunked local attention (Llama 4): each query sees only keys of its own chunk of "
         "attention_chunk_size positions, q_pos // attention_chunk_size = k_pos // attention_chunk_size (with the causal "
-        "mask and any sliding window); the KV cache keeps a ring of that many slots. null for none"
+        "mask and any sliding window); the KV cache keeps a ring of that many slots. null for none",
     )
     sinks: bool = Field(
-        False, description="attention sinks (gpt-oss): a learned logit per query head, parameter sinks [n_heads], joins "
-        "the softmax denominator and takes probability mass without contributing a value"
+        False,
+        description="attention sinks (gpt-oss): a learned logit per query head, parameter sinks [n_heads], joins "
+        "the softmax denominator and takes probability mass without contributing a value",
     )
     temperature_tuning: Optional[TemperatureTuning] = Field(
-        None, description="multiply the queries at position p by log(floor((p + 1) / floor_scale) + 1) · attn_scale + 1 "
-        "(Llama 4's attn_temperature_tuning, on its layers without RoPE); null for none"
+        None,
+        description="multiply the queries at position p by log(floor((p + 1) / floor_scale) + 1) · attn_scale + 1 "
+        "(Llama 4's attn_temperature_tuning, on its layers without RoPE); null for none",
     )
     output_gate: bool = Field(
-        False, description="gated attention (Qwen3-Next): the merged head outputs [batch, seq, n_heads · head_dim] are "
+        False,
+        description="gated attention (Qwen3-Next): the merged head outputs [batch, seq, n_heads · head_dim] are "
         "multiplied element-wise by sigmoid(gate_proj(x)) before o_proj; gate_proj is a second query-width projection "
-        "[n_heads · head_dim, d_model], with a bias when q_bias (Qwen3-Next fuses it into q_proj). false: no gate"
+        "[n_heads · head_dim, d_model], with a bias when q_bias (Qwen3-Next fuses it into q_proj). false: no gate",
     )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
     softmax_scale: Optional[float] = Field(None, gt=0, description="multiplier of q·k; default 1/sqrt(head_dim)")
     logit_softcap: Optional[float] = Field(
-        None, gt=0, description="scores = cap · tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping); "
-        "null for none. SDPA has no softcap, so a capped layer runs the eager float32 math"
+        None,
+        gt=0,
+        description="scores = cap · tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping); "
+        "null for none. SDPA has no softcap, so a capped layer runs the eager float32 math",
     )
     backend: Literal["sdpa", "eager"] = Field(
         "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"
@@ -148,13 +173,23 @@ class AttentionConfig(ComponentConfig):
         weight per head (``each_head``) needs a norm that declares the ``groups`` capability."""
         errors = []
         if self.head_dim is None and ctx.d_model % self.n_heads:
-            errors.append(("n_heads", f"d_model = {ctx.d_model} is not divisible by n_heads = {self.n_heads}; set head_dim explicitly or change n_heads"))
+            errors.append(
+                (
+                    "n_heads",
+                    f"d_model = {ctx.d_model} is not divisible by n_heads = {self.n_heads}; set head_dim explicitly or change n_heads",
+                )
+            )
         if self.qk_norm is not None and self.qk_norm_scope == "each_head":
             entry = ctx.registry.entry_for_config(self.qk_norm, "norm")
             if not entry.capabilities.get("groups"):
-                errors.append(("qk_norm_scope", f"'each_head' gives every head a weight of its own, but norm type "
-                               f"{entry.type!r} ({entry.provider}) does not declare the 'groups' capability (parameters per "
-                               "group); use a norm that does (layernorm, rmsnorm) or qk_norm_scope 'head'"))
+                errors.append(
+                    (
+                        "qk_norm_scope",
+                        f"'each_head' gives every head a weight of its own, but norm type "
+                        f"{entry.type!r} ({entry.provider}) does not declare the 'groups' capability (parameters per "
+                        "group); use a norm that does (layernorm, rmsnorm) or qk_norm_scope 'head'",
+                    )
+                )
         return errors
 
 
@@ -244,8 +279,11 @@ class Attention(nn.Module):
 
     def head_layout(self) -> dict[str, tuple[int, int]]:
         """``{projection: (heads, width per head)}`` of the projections whose outputs split into heads."""
-        layout = {"q_proj": (self.n_heads, self.head_dim), "k_proj": (self.n_kv_heads, self.head_dim),
-                  "v_proj": (self.n_kv_heads, self.head_dim)}
+        layout = {
+            "q_proj": (self.n_heads, self.head_dim),
+            "k_proj": (self.n_kv_heads, self.head_dim),
+            "v_proj": (self.n_kv_heads, self.head_dim),
+        }
         if self.gate_proj is not None:
             layout["gate_proj"] = (self.n_heads, self.head_dim)
         return layout
@@ -265,7 +303,9 @@ class Attention(nn.Module):
         b, s, _ = x.shape  # [b, s, h·d] -> [b, h, s, d] (plain views: einops costs ~20 µs a call in a decode step)
         q = q.view(b, s, self.n_heads, self.head_dim)
         k = k.view(b, s, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.qk_norm_scope == "each_head":  # per-head weights [heads, d] on [b, s, heads, d]
+        if (
+            self.q_norm is not None and self.qk_norm_scope == "each_head"
+        ):  # per-head weights [heads, d] on [b, s, heads, d]
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -289,27 +329,55 @@ class Attention(nn.Module):
     def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         q, k, v = self._project(x, inputs)
         dropout_p = self.attention_dropout if self.training else 0.0
-        k, v, k_pos, k_valid = update_cache(inputs, k, v, mixer=self)  # store the new keys; attend over every key handed back
+        k, v, k_pos, k_valid = update_cache(
+            inputs, k, v, mixer=self
+        )  # store the new keys; attend over every key handed back
         bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (
-            self.causal and is_plain_causal(inputs, k_pos, k_valid, bias) and self.sliding_window is None
-            and self.attention_chunk_size is None and self.sinks is None
-            and not need_weights and self.backend == "sdpa" and self.logit_softcap is None
+            self.causal
+            and is_plain_causal(inputs, k_pos, k_valid, bias)
+            and self.sliding_window is None
+            and self.attention_chunk_size is None
+            and self.sinks is None
+            and not need_weights
+            and self.backend == "sdpa"
+            and self.logit_softcap is None
         )
         if simple:  # causal self-attention of one fresh sequence (no cache, or an empty one): SDPA's fastest kernel
             out = nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
+                q,
+                k,
+                v,
+                is_causal=True,
+                dropout_p=dropout_p,
+                scale=self.scale,
+                enable_gqa=self.n_kv_heads != self.n_heads,
             )
             return self._output(out, x), None
         prepared = prepare_mask(
-            inputs, k_pos, k_valid, q.dtype, causal=self.causal, window=self.sliding_window,
-            chunk=self.attention_chunk_size, mixer=self,
+            inputs,
+            k_pos,
+            k_valid,
+            q.dtype,
+            causal=self.causal,
+            window=self.sliding_window,
+            chunk=self.attention_chunk_size,
+            mixer=self,
         )
         # an additive bias (ALiBi) in bf16/fp16 loses precision at long range: take the float32 eager path then
         eager = self.backend == "eager" or need_weights or (bias is not None and q.dtype != torch.float32)
         eager = eager or self.logit_softcap is not None  # SDPA has no softcap
         out, weights = masked_attention(
-            q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p, softcap=self.logit_softcap, sinks=self.sinks
+            q,
+            k,
+            v,
+            prepared,
+            bias,
+            self.scale,
+            eager=eager,
+            dropout_p=dropout_p,
+            softcap=self.logit_softcap,
+            sinks=self.sinks,
         )
         return self._output(out, x), weights
 
@@ -327,7 +395,9 @@ def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
             if cfg.qk_norm_scope == "full":
                 n += norm.param_count(cfg.qk_norm, replace(ctx, dim=width))
             else:
-                n += norm.param_count(cfg.qk_norm, replace(ctx, dim=hd, groups=heads if cfg.qk_norm_scope == "each_head" else None))
+                n += norm.param_count(
+                    cfg.qk_norm, replace(ctx, dim=hd, groups=heads if cfg.qk_norm_scope == "each_head" else None)
+                )
     return n + cfg.n_heads * cfg.sinks
 
 
@@ -387,6 +457,7 @@ _GROUPS = {
     "share a key/value head.",
 }
 
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``mha``, ``mqa`` and ``gqa`` (one module)."""
@@ -419,9 +490,14 @@ def register_components(register) -> None:
                     # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads, and the
                     # sink logits (when present) are sharded with the query heads
                     "tp_plan": {
-                        "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",
+                        "q_proj": "colwise",
+                        "k_proj": "colwise",
+                        "v_proj": "colwise",
+                        "o_proj": "rowwise",
                         "gate_proj": "colwise",
-                        "q_norm": "per_head", "k_norm": "per_head", "sinks": "heads",
+                        "q_norm": "per_head",
+                        "k_norm": "per_head",
+                        "sinks": "heads",
                     },
                 },
                 param_count=_param_count,

@@ -52,7 +52,9 @@ class MLPConfig(ComponentConfig):
 
     type: Literal["mlp"] = "mlp"
     d_ff: FFNWidth = Field(..., description="hidden width")
-    activation: Literal["gelu", "gelu_tanh", "relu", "silu"] = Field("gelu", description="activation between the projections")
+    activation: Literal["gelu", "gelu_tanh", "relu", "silu"] = Field(
+        "gelu", description="activation between the projections"
+    )
     bias: bool = Field(True, description="biases on both projections")
 
 
@@ -66,11 +68,19 @@ class GatedConfig(ComponentConfig):
         None, description="gate activation; default silu for swiglu, gelu_tanh for geglu"
     )
     gate_multiplier: float = Field(
-        1.0, gt=0, allow_inf_nan=False, description="multiplier of the gate projection before the activation, "
-        "act(gate_multiplier · gate(x)) (Falcon-H1's mlp_multipliers[0], μP); 1 for none")
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="multiplier of the gate projection before the activation, "
+        "act(gate_multiplier · gate(x)) (Falcon-H1's mlp_multipliers[0], μP); 1 for none",
+    )
     output_multiplier: float = Field(
-        1.0, gt=0, allow_inf_nan=False, description="multiplier of the FFN's output, output_multiplier · down(...) "
-        "(Falcon-H1's mlp_multipliers[1], μP); 1 for none")
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="multiplier of the FFN's output, output_multiplier · down(...) "
+        "(Falcon-H1's mlp_multipliers[1], μP); 1 for none",
+    )
 
     @property
     def act(self) -> str:
@@ -85,9 +95,16 @@ class ClampedSwiGLUConfig(ComponentConfig):
     type: Literal["swiglu_clamped"] = "swiglu_clamped"
     d_ff: FFNWidth = Field(..., description="hidden width")
     bias: bool = Field(False, description="biases on the three projections (gpt-oss's experts have them)")
-    alpha: float = Field(1.702, gt=0, allow_inf_nan=False, description="slope of the gate's sigmoid, g * sigmoid(alpha * g) (gpt-oss swiglu_alpha)")
+    alpha: float = Field(
+        1.702,
+        gt=0,
+        allow_inf_nan=False,
+        description="slope of the gate's sigmoid, g * sigmoid(alpha * g) (gpt-oss swiglu_alpha)",
+    )
     limit: float = Field(
-        7.0, gt=0, allow_inf_nan=False,
+        7.0,
+        gt=0,
+        allow_inf_nan=False,
         description="the gate is clamped to at most limit and the up projection to [-limit, limit] (gpt-oss swiglu_limit)",
     )
 
@@ -175,8 +192,15 @@ class GatedMLP(nn.Module):
     """Gated MLP (SwiGLU/GeGLU, or gpt-oss's clamped SwiGLU with ``unit``). ``[batch, seq, d_model] -> [batch, seq,
     d_model]``; ``multipliers``: ``(gate, output)`` multipliers (Falcon-H1's ``mlp_multipliers``)."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[ClampedGLU] = None,
-                 multipliers: tuple[float, float] = (1.0, 1.0)):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str,
+        bias: bool,
+        unit: Optional[ClampedGLU] = None,
+        multipliers: tuple[float, float] = (1.0, 1.0),
+    ):
         super().__init__()
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
@@ -238,7 +262,9 @@ class _Stacked(nn.Module):
 
     def param_roles(self) -> dict[str, str]:
         """Parameter roles (:mod:`modkit.core.roles`): stacked matrices are ``expert``, stacked biases ``bias``."""
-        return {name: "bias" if name.endswith("_bias") else "expert" for name, _ in self.named_parameters(recurse=False)}
+        return {
+            name: "bias" if name.endswith("_bias") else "expert" for name, _ in self.named_parameters(recurse=False)
+        }
 
     @staticmethod
     def _groups(x: Tensor, offs: Tensor) -> Tensor:
@@ -283,8 +309,16 @@ class GroupedGatedMLP(_Stacked):
     two: ``gate == gate_up_proj[..., ::2]``, ``up == gate_up_proj[..., 1::2]`` (``unit``: its clamped form).
     """
 
-    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[ClampedGLU] = None,
-                 multipliers: tuple[float, float] = (1.0, 1.0)):
+    def __init__(
+        self,
+        n: int,
+        d_model: int,
+        d_ff: int,
+        activation: str,
+        bias: bool,
+        unit: Optional[ClampedGLU] = None,
+        multipliers: tuple[float, float] = (1.0, 1.0),
+    ):
         super().__init__(activation, bias, unit)
         self._projection("gate", n, d_model, d_ff, bias)
         self._projection("up", n, d_model, d_ff, bias)
@@ -355,6 +389,7 @@ the clamps), $\sigma$ the logistic sigmoid, $\alpha$ = alpha (1.702, which makes
 GELU), $L$ = limit (7.0). gpt-oss's experts (OpenAI 2025, arXiv:2508.10925).""",
 }
 
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``mlp``, ``swiglu``, ``geglu`` and ``swiglu_clamped``."""
@@ -374,7 +409,9 @@ def register_components(register) -> None:
             flops=_mlp_flops,
             example={"type": "mlp", "d_ff": 128, "activation": "gelu_tanh"},
             math=_MATH["mlp"],
-            grouped_factory=lambda cfg, ctx, n: GroupedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias),
+            grouped_factory=lambda cfg, ctx, n: GroupedMLP(
+                n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias
+            ),
         )
     )
     for t, what in (("swiglu", "SiLU"), ("geglu", "GELU (tanh)")):
@@ -383,8 +420,13 @@ def register_components(register) -> None:
                 kind="ffn",
                 type=t,
                 config=GatedConfig,
-                factory=lambda cfg, ctx: GatedMLP(ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias,
-                                                  multipliers=(cfg.gate_multiplier, cfg.output_multiplier)),
+                factory=lambda cfg, ctx: GatedMLP(
+                    ctx.dim or ctx.d_model,
+                    cfg.d_ff,
+                    cfg.act,
+                    cfg.bias,
+                    multipliers=(cfg.gate_multiplier, cfg.output_multiplier),
+                ),
                 description=f"Gated MLP down({what}(gate(x)) * up(x)). [batch, seq, d_model] -> [batch, seq, d_model].",
                 reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
                 capabilities={"compile_safe": True, "tp_plan": plan_gated},
@@ -393,7 +435,12 @@ def register_components(register) -> None:
                 example={"type": t, "d_ff": 96},
                 math=_MATH[t],
                 grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(
-                    n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias, multipliers=(cfg.gate_multiplier, cfg.output_multiplier)
+                    n,
+                    ctx.dim or ctx.d_model,
+                    cfg.d_ff,
+                    cfg.act,
+                    cfg.bias,
+                    multipliers=(cfg.gate_multiplier, cfg.output_multiplier),
                 ),
             )
         )
@@ -402,7 +449,9 @@ def register_components(register) -> None:
             kind="ffn",
             type="swiglu_clamped",
             config=ClampedSwiGLUConfig,
-            factory=lambda cfg, ctx: GatedMLP(ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit)),
+            factory=lambda cfg, ctx: GatedMLP(
+                ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit)
+            ),
             description="gpt-oss's clamped SwiGLU down(g * sigmoid(alpha * g) * (u + 1)), g = min(gate(x), limit), "
             "u = clamp(up(x), -limit, limit). [batch, seq, d_model] -> [batch, seq, d_model]. As mixture-of-experts "
             "experts with bias: true it is gpt-oss's GptOssExperts.",

@@ -39,8 +39,20 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
-    AttentionInputs, BuildContext, CacheEntry, CacheSpec, causal_conv, Component, ComponentConfig, GatedRMSNorm,
-    HeadCount, HeadDim, hookimpl, padding_mask, Workload, zero_padding,
+    AttentionInputs,
+    BuildContext,
+    CacheEntry,
+    CacheSpec,
+    causal_conv,
+    Component,
+    ComponentConfig,
+    GatedRMSNorm,
+    HeadCount,
+    HeadDim,
+    hookimpl,
+    padding_mask,
+    Workload,
+    zero_padding,
 )
 
 
@@ -50,15 +62,24 @@ class GatedDeltaNetConfig(ComponentConfig):
     type: Literal["gated_deltanet"] = "gated_deltanet"
     n_heads: HeadCount = Field(..., description="query / key heads (Qwen3-Next's linear_num_key_heads)")
     n_value_heads: Optional[HeadCount] = Field(
-        None, description="value heads, a multiple of n_heads (each key head serves n_value_heads / n_heads of them; "
-        "Qwen3-Next's linear_num_value_heads); default n_heads")
+        None,
+        description="value heads, a multiple of n_heads (each key head serves n_value_heads / n_heads of them; "
+        "Qwen3-Next's linear_num_value_heads); default n_heads",
+    )
     key_head_dim: HeadDim = Field(128, description="width of a query / key head (linear_key_head_dim)")
-    value_head_dim: HeadDim = Field(128, description="width of a value head, of the state's columns (linear_value_head_dim)")
+    value_head_dim: HeadDim = Field(
+        128, description="width of a value head, of the state's columns (linear_value_head_dim)"
+    )
     d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over q, k and v")
     conv_bias: bool = Field(False, description="bias on the convolution (Qwen3-Next: none)")
     norm_eps: float = Field(1e-6, gt=0, description="epsilon of the gated output norm")
-    chunk_size: int = Field(64, ge=1, le=1024, description="chunk length of the chunkwise form used for training and "
-                            "prefill; changes the speed, not the numbers")
+    chunk_size: int = Field(
+        64,
+        ge=1,
+        le=1024,
+        description="chunk length of the chunkwise form used for training and "
+        "prefill; changes the speed, not the numbers",
+    )
 
     @property
     def value_heads(self) -> int:
@@ -72,7 +93,9 @@ class GatedDeltaNetConfig(ComponentConfig):
     def check(self, ctx) -> list[tuple[str, str]]:
         """``n_heads`` divides ``n_value_heads``."""
         if self.value_heads % self.n_heads:
-            return [("n_value_heads", f"n_value_heads = {self.value_heads} is not a multiple of n_heads = {self.n_heads}")]
+            return [
+                ("n_value_heads", f"n_value_heads = {self.value_heads} is not a multiple of n_heads = {self.n_heads}")
+            ]
         return []
 
 
@@ -84,8 +107,9 @@ def l2_normalise(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def delta_rule_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, chunk: int,
-                       state: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def delta_rule_chunked(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, chunk: int, state: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
     """The chunkwise form of the gated delta rule.
 
     Args:
@@ -190,11 +214,17 @@ class GatedDeltaNet(nn.Module):
     def cache_spec(self) -> CacheSpec:
         """Per sequence: the convolution window ``conv [conv_dim, d_conv - 1]`` (cache dtype) and the state
         ``recurrent [n_value_heads, key_head_dim, value_head_dim]`` (float32). Nothing per token."""
-        return CacheSpec((
-            CacheEntry("conv", (self.conv_dim, self.d_conv - 1), growth="sequence"),
-            CacheEntry("recurrent", (self.n_value_heads, self.key_head_dim, self.value_head_dim), growth="sequence",
-                       dtype=torch.float32),
-        ))
+        return CacheSpec(
+            (
+                CacheEntry("conv", (self.conv_dim, self.d_conv - 1), growth="sequence"),
+                CacheEntry(
+                    "recurrent",
+                    (self.n_value_heads, self.key_head_dim, self.value_head_dim),
+                    growth="sequence",
+                    dtype=torch.float32,
+                ),
+            )
+        )
 
     @torch.no_grad()
     def init_weights(self, init) -> None:
@@ -204,15 +234,19 @@ class GatedDeltaNet(nn.Module):
         a = torch.empty(self.n_value_heads)
         init.uniform_(a, 0.01, 16.0)
         init.copy_(self.A_log, a.log())
-        bound = self.d_conv ** -0.5
+        bound = self.d_conv**-0.5
         init.uniform_(self.conv1d.weight, -bound, bound)
         if self.conv1d.bias is not None:
             init.zeros_(self.conv1d.bias)
 
     def head_layout(self) -> dict[str, tuple[int, int]]:
         """``{projection: (heads, width per head)}``."""
-        return {"q_proj": (self.n_heads, self.key_head_dim), "k_proj": (self.n_heads, self.key_head_dim),
-                "v_proj": (self.n_value_heads, self.value_head_dim), "g_proj": (self.n_value_heads, self.value_head_dim)}
+        return {
+            "q_proj": (self.n_heads, self.key_head_dim),
+            "k_proj": (self.n_heads, self.key_head_dim),
+            "v_proj": (self.n_value_heads, self.value_head_dim),
+            "g_proj": (self.n_value_heads, self.value_head_dim),
+        }
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
         """``x [batch, seq, d_model]`` → ``[batch, seq, d_model]``; continues and updates the cached state if given.
@@ -227,7 +261,7 @@ class GatedDeltaNet(nn.Module):
         qkv = nn.functional.silu(causal_conv(qkv, self.conv1d, state)).float()
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.n_value_heads // self.n_heads
-        q = l2_normalise(q.view(bsz, s, self.n_heads, self.key_head_dim)) * self.key_head_dim ** -0.5
+        q = l2_normalise(q.view(bsz, s, self.n_heads, self.key_head_dim)) * self.key_head_dim**-0.5
         k = l2_normalise(k.view(bsz, s, self.n_heads, self.key_head_dim))
         if rep > 1:  # grouped values: key head i serves value heads i·rep .. i·rep + rep - 1
             q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
@@ -326,7 +360,13 @@ def register_components(register) -> None:
             param_count=_param_count,
             flops=_flops,
             math=_MATH,
-            example={"type": "gated_deltanet", "n_heads": 2, "n_value_heads": 4, "key_head_dim": 8, "value_head_dim": 8,
-                     "chunk_size": 4},
+            example={
+                "type": "gated_deltanet",
+                "n_heads": 2,
+                "n_value_heads": 4,
+                "key_head_dim": 8,
+                "value_head_dim": 8,
+                "chunk_size": 4,
+            },
         )
     )

@@ -24,7 +24,14 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
-    AttentionInputs, BuildContext, Component, ComponentConfig, elementwise, hookimpl, position_geometry, Slot,
+    AttentionInputs,
+    BuildContext,
+    Component,
+    ComponentConfig,
+    elementwise,
+    hookimpl,
+    position_geometry,
+    Slot,
 )
 
 
@@ -32,14 +39,20 @@ class ParallelConfig(ComponentConfig):
     """Config of ``parallel``: several token mixers reading the same input, their outputs summed."""
 
     type: Literal["parallel"] = "parallel"
-    mixers: list[ComponentConfig] = Slot("mixer", description="the token mixers (attention or recurrent), at least two, "
-                                         "in the order their outputs are summed")
+    mixers: list[ComponentConfig] = Slot(
+        "mixer",
+        description="the token mixers (attention or recurrent), at least two, in the order their outputs are summed",
+    )
     in_multipliers: Optional[list[float]] = Field(
-        None, description="multiplier of each mixer's input (Falcon-H1's ssm_in_multiplier, attention_in_multiplier); "
-        "null for 1 each")
+        None,
+        description="multiplier of each mixer's input (Falcon-H1's ssm_in_multiplier, attention_in_multiplier); "
+        "null for 1 each",
+    )
     out_multipliers: Optional[list[float]] = Field(
-        None, description="multiplier of each mixer's output (Falcon-H1's ssm_out_multiplier, attention_out_multiplier); "
-        "null for 1 each")
+        None,
+        description="multiplier of each mixer's output (Falcon-H1's ssm_out_multiplier, attention_out_multiplier); "
+        "null for 1 each",
+    )
 
     def position_geometry(self, ctx):
         """The geometry of the first mixer that declares one (the attention of an attention + SSM layer)."""
@@ -53,8 +66,9 @@ class ParallelConfig(ComponentConfig):
         """At least two mixers; one multiplier per mixer."""
         errors = []
         if len(self.mixers) < 2:
-            errors.append(("mixers", f"a parallel mixer holds at least two mixers, got {len(self.mixers)}; use the mixer "
-                           "itself"))
+            errors.append(
+                ("mixers", f"a parallel mixer holds at least two mixers, got {len(self.mixers)}; use the mixer itself")
+            )
         for name in ("in_multipliers", "out_multipliers"):
             values = getattr(self, name)
             if values is not None and len(values) != len(self.mixers):
@@ -123,10 +137,18 @@ def register_components(register) -> None:
             reference="Zuo et al. 2025, Falcon-H1: A Family of Hybrid-Head Language Models, arXiv:2507.22448",
             capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True},
             param_count=_param_count,
-            flops=elementwise("sums the outputs of mixers that declare their own FLOPs (the multipliers are element-wise)"),
+            flops=elementwise(
+                "sums the outputs of mixers that declare their own FLOPs (the multipliers are element-wise)"
+            ),
             math=_MATH,
-            example={"type": "parallel", "mixers": [{"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
-                                                    {"type": "mamba2", "d_state": 8, "head_dim": 8, "chunk_size": 4}],
-                     "in_multipliers": [1.0, 0.5], "out_multipliers": [0.5, 2.0]},
+            example={
+                "type": "parallel",
+                "mixers": [
+                    {"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
+                    {"type": "mamba2", "d_state": 8, "head_dim": 8, "chunk_size": 4},
+                ],
+                "in_multipliers": [1.0, 0.5],
+                "out_multipliers": [0.5, 2.0],
+            },
         )
     )

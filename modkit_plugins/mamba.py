@@ -37,8 +37,19 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
-    AttentionInputs, BuildContext, CacheEntry, CacheSpec, causal_conv, Component, ComponentConfig, HeadDim,
-    hookimpl, padding_mask, Slot, Workload, zero_padding,
+    AttentionInputs,
+    BuildContext,
+    CacheEntry,
+    CacheSpec,
+    causal_conv,
+    Component,
+    ComponentConfig,
+    HeadDim,
+    hookimpl,
+    padding_mask,
+    Slot,
+    Workload,
+    zero_padding,
 )
 
 
@@ -54,10 +65,18 @@ class MambaConfig(ComponentConfig):
     conv_bias: bool = Field(True, description="bias on the convolution")
     bias: bool = Field(False, description="biases on in_proj and out_proj (Jamba's mamba_proj_bias)")
     inner_norm: Optional[ComponentConfig] = Slot(
-        "norm", default=None, description="norm applied to δ (dt_rank wide), B and C (d_state wide) before they are "
-        "used: Jamba's dt_layernorm, b_layernorm, c_layernorm; null for none (Mamba)")
-    chunk_size: int = Field(64, ge=1, le=4096, description="chunk length of the chunked scan used for training and "
-                            "prefill; changes the speed, not the numbers")
+        "norm",
+        default=None,
+        description="norm applied to δ (dt_rank wide), B and C (d_state wide) before they are "
+        "used: Jamba's dt_layernorm, b_layernorm, c_layernorm; null for none (Mamba)",
+    )
+    chunk_size: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="chunk length of the chunked scan used for training and "
+        "prefill; changes the speed, not the numbers",
+    )
     dt_init_min: float = Field(0.001, gt=0, description="initial Δ is log-uniform in [dt_init_min, dt_init_max]")
     dt_init_max: float = Field(0.1, gt=0, description="see dt_init_min")
     dt_init_floor: float = Field(1e-4, gt=0, description="initial Δ is at least this")
@@ -87,8 +106,9 @@ class MambaConfig(ComponentConfig):
 # ----------------------------------------------------------------------------------------------- the two forms
 
 
-def scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int,
-                 state: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def scan_chunked(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int, state: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
     """The chunked associative scan, without the ``D`` skip.
 
     Args:
@@ -177,10 +197,12 @@ class Mamba(nn.Module):
     def cache_spec(self) -> CacheSpec:
         """Per sequence: the convolution window ``conv [d_inner, d_conv - 1]`` (cache dtype) and the SSM state ``ssm
         [d_inner, d_state]`` (float32). Nothing per token."""
-        return CacheSpec((
-            CacheEntry("conv", (self.d_inner, self.d_conv - 1), growth="sequence"),
-            CacheEntry("ssm", (self.d_inner, self.d_state), growth="sequence", dtype=torch.float32),
-        ))
+        return CacheSpec(
+            (
+                CacheEntry("conv", (self.d_inner, self.d_conv - 1), growth="sequence"),
+                CacheEntry("ssm", (self.d_inner, self.d_state), growth="sequence", dtype=torch.float32),
+            )
+        )
 
     @torch.no_grad()
     def init_weights(self, init) -> None:
@@ -188,9 +210,11 @@ class Mamba(nn.Module):
         weight ``U(±dt_rank^-1/2)`` and bias ``softplus⁻¹(Δ)`` with ``Δ`` log-uniform in ``[dt_init_min,
         dt_init_max]``, the convolution ``U(±1/sqrt(d_conv))`` with a zero bias; the other projections are
         ``nn.Linear`` children initialised by the model's rule."""
-        init.copy_(self.A_log, torch.log(torch.arange(1, self.d_state + 1, dtype=torch.float32)).expand(self.d_inner, -1))
+        init.copy_(
+            self.A_log, torch.log(torch.arange(1, self.d_state + 1, dtype=torch.float32)).expand(self.d_inner, -1)
+        )
         init.ones_(self.D)
-        init.uniform_(self.dt_proj.weight, -self.dt_rank ** -0.5, self.dt_rank ** -0.5)
+        init.uniform_(self.dt_proj.weight, -(self.dt_rank**-0.5), self.dt_rank**-0.5)
         lo, hi, floor = self.dt_init
         u = torch.empty(self.d_inner)
         init.uniform_(u, 0.0, 1.0)
@@ -303,7 +327,13 @@ def register_components(register) -> None:
             param_count=_param_count,
             flops=_flops,
             math=_MATH,
-            example={"type": "mamba", "d_state": 8, "expand": 2, "dt_rank": 4, "chunk_size": 4,
-                     "inner_norm": {"type": "rmsnorm", "eps": 1e-6}},
+            example={
+                "type": "mamba",
+                "d_state": 8,
+                "expand": 2,
+                "dt_rank": 4,
+                "chunk_size": 4,
+                "inner_norm": {"type": "rmsnorm", "eps": 1e-6},
+            },
         )
     )

@@ -40,8 +40,20 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
-    AttentionInputs, BuildContext, CacheEntry, CacheSpec, causal_conv, Component, ComponentConfig, GatedRMSNorm,
-    HeadCount, HeadDim, hookimpl, padding_mask, Workload, zero_padding,
+    AttentionInputs,
+    BuildContext,
+    CacheEntry,
+    CacheSpec,
+    causal_conv,
+    Component,
+    ComponentConfig,
+    GatedRMSNorm,
+    HeadCount,
+    HeadDim,
+    hookimpl,
+    padding_mask,
+    Workload,
+    zero_padding,
 )
 
 #: the parts of ``in_proj``'s output, in order (what ``projection_multipliers`` scales)
@@ -55,29 +67,51 @@ class Mamba2Config(ComponentConfig):
     d_state: HeadDim = Field(128, description="N: the state size per head (rows of B and C); Mamba-2 uses 64-256")
     head_dim: HeadDim = Field(64, description="P: channels per head (the paper's headdim)")
     expand: float = Field(2.0, gt=0, description="d_inner = expand · d_model when d_inner is not given")
-    d_inner: Optional[int] = Field(None, gt=0, description="width of x and z (= n_heads · head_dim); default expand · d_model "
-                                   "(Falcon-H1's mamba_d_ssm sets it on its own)")
-    n_groups: HeadCount = Field(1, description="groups of heads sharing B and C (like key/value heads in GQA); divides n_heads")
+    d_inner: Optional[int] = Field(
+        None,
+        gt=0,
+        description="width of x and z (= n_heads · head_dim); default expand · d_model "
+        "(Falcon-H1's mamba_d_ssm sets it on its own)",
+    )
+    n_groups: HeadCount = Field(
+        1, description="groups of heads sharing B and C (like key/value heads in GQA); divides n_heads"
+    )
     d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over x, B and C")
     conv_bias: bool = Field(True, description="bias on the convolution")
     in_proj_bias: bool = Field(False, description="bias on in_proj")
     out_proj_bias: bool = Field(False, description="bias on out_proj")
-    gated_norm: bool = Field(True, description="RMSNorm of the output gated by silu(z) (Mamba-2); false: y · silu(z) "
-                             "alone (Falcon-H1's mamba_rms_norm = false)")
-    norm_before_gate: bool = Field(False, description="the gated norm normalises first, then gates (Falcon-H1); false: gate "
-                                   "then normalise (Mamba-2)")
+    gated_norm: bool = Field(
+        True,
+        description="RMSNorm of the output gated by silu(z) (Mamba-2); false: y · silu(z) "
+        "alone (Falcon-H1's mamba_rms_norm = false)",
+    )
+    norm_before_gate: bool = Field(
+        False,
+        description="the gated norm normalises first, then gates (Falcon-H1); false: gate then normalise (Mamba-2)",
+    )
     norm_eps: float = Field(1e-5, gt=0, description="epsilon of the gated norm")
-    chunk_size: int = Field(64, ge=1, le=4096, description="chunk length of the chunked (SSD) form used for training and "
-                            "prefill; changes the speed, not the numbers")
-    dt_clamp_min: float = Field(0.0, ge=0, description="Δ is clamped to at least this (transformers' time_step_limit[0])")
-    dt_clamp_max: Optional[float] = Field(None, gt=0, description="Δ is clamped to at most this; null for no bound "
-                                          "(time_step_limit[1] = inf)")
+    chunk_size: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="chunk length of the chunked (SSD) form used for training and "
+        "prefill; changes the speed, not the numbers",
+    )
+    dt_clamp_min: float = Field(
+        0.0, ge=0, description="Δ is clamped to at least this (transformers' time_step_limit[0])"
+    )
+    dt_clamp_max: Optional[float] = Field(
+        None, gt=0, description="Δ is clamped to at most this; null for no bound (time_step_limit[1] = inf)"
+    )
     dt_init_min: float = Field(0.001, gt=0, description="initial Δ is log-uniform in [dt_init_min, dt_init_max]")
     dt_init_max: float = Field(0.1, gt=0, description="see dt_init_min")
     dt_init_floor: float = Field(1e-4, gt=0, description="initial Δ is at least this")
     projection_multipliers: Optional[list[float]] = Field(
-        None, min_length=5, max_length=5, description="multipliers of in_proj's parts [z, x, B, C, Δ] (Falcon-H1's "
-        "ssm_multipliers, μP); null for none")
+        None,
+        min_length=5,
+        max_length=5,
+        description="multipliers of in_proj's parts [z, x, B, C, Δ] (Falcon-H1's ssm_multipliers, μP); null for none",
+    )
 
     def resolved_d_inner(self, d_model: int) -> int:
         """``d_inner``, or ``int(expand · d_model)``."""
@@ -97,15 +131,27 @@ class Mamba2Config(ComponentConfig):
         d_inner = self.resolved_d_inner(ctx.d_model)
         field = "d_inner" if self.d_inner is not None else "expand"
         if d_inner < 1 or d_inner % self.head_dim:
-            errors.append((field, f"d_inner = {d_inner} is not a multiple of head_dim = {self.head_dim}; choose d_inner "
-                           "(or expand · d_model) = n_heads · head_dim"))
+            errors.append(
+                (
+                    field,
+                    f"d_inner = {d_inner} is not a multiple of head_dim = {self.head_dim}; choose d_inner "
+                    "(or expand · d_model) = n_heads · head_dim",
+                )
+            )
         elif (d_inner // self.head_dim) % self.n_groups:
-            errors.append(("n_groups", f"n_groups = {self.n_groups} does not divide n_heads = d_inner / head_dim = "
-                           f"{d_inner // self.head_dim}"))
+            errors.append(
+                (
+                    "n_groups",
+                    f"n_groups = {self.n_groups} does not divide n_heads = d_inner / head_dim = "
+                    f"{d_inner // self.head_dim}",
+                )
+            )
         if self.dt_init_min > self.dt_init_max:
             errors.append(("dt_init_min", f"dt_init_min = {self.dt_init_min} exceeds dt_init_max = {self.dt_init_max}"))
         if self.dt_clamp_max is not None and self.dt_clamp_max < self.dt_clamp_min:
-            errors.append(("dt_clamp_max", f"dt_clamp_max = {self.dt_clamp_max} is below dt_clamp_min = {self.dt_clamp_min}"))
+            errors.append(
+                ("dt_clamp_max", f"dt_clamp_max = {self.dt_clamp_max} is below dt_clamp_min = {self.dt_clamp_min}")
+            )
         return errors
 
 
@@ -123,8 +169,9 @@ def segsum(a: Tensor) -> Tensor:
     return y.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=a.device).tril(), float("-inf"))
 
 
-def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int,
-                state: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def ssd_chunked(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int, state: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
     """The chunked (SSD) form of the scan, without the ``D`` skip.
 
     Args:
@@ -205,7 +252,13 @@ class Mamba2(nn.Module):
     """
 
     #: the per-head scalars and the depthwise filter are fixed-fan-in vectors (no width multiplier, no Muon step)
-    param_roles = {"dt_bias": "bias", "A_log": "vector", "D": "vector", "conv1d.weight": "vector", "conv1d.bias": "bias"}
+    param_roles = {
+        "dt_bias": "bias",
+        "A_log": "vector",
+        "D": "vector",
+        "conv1d.weight": "vector",
+        "conv1d.bias": "bias",
+    }
 
     def __init__(self, cfg: Mamba2Config, ctx: BuildContext):
         super().__init__()
@@ -222,8 +275,16 @@ class Mamba2(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
         self.D = nn.Parameter(torch.empty(self.n_heads))
-        self.norm = (GatedRMSNorm(self.d_inner, cfg.norm_eps, group_size=self.d_inner // self.n_groups,
-                                  norm_before_gate=cfg.norm_before_gate) if cfg.gated_norm else None)
+        self.norm = (
+            GatedRMSNorm(
+                self.d_inner,
+                cfg.norm_eps,
+                group_size=self.d_inner // self.n_groups,
+                norm_before_gate=cfg.norm_before_gate,
+            )
+            if cfg.gated_norm
+            else None
+        )
         self.out_proj = nn.Linear(self.d_inner, d, bias=cfg.out_proj_bias)
         self.multipliers = list(cfg.projection_multipliers) if cfg.projection_multipliers is not None else None
         if self.multipliers is not None:
@@ -234,10 +295,12 @@ class Mamba2(nn.Module):
     def cache_spec(self) -> CacheSpec:
         """Per sequence: the convolution window ``conv [conv_dim, d_conv - 1]`` (cache dtype) and the SSM state
         ``ssm [n_heads, head_dim, d_state]`` (float32). Nothing per token."""
-        return CacheSpec((
-            CacheEntry("conv", (self.conv_dim, self.d_conv - 1), growth="sequence"),
-            CacheEntry("ssm", (self.n_heads, self.head_dim, self.d_state), growth="sequence", dtype=torch.float32),
-        ))
+        return CacheSpec(
+            (
+                CacheEntry("conv", (self.conv_dim, self.d_conv - 1), growth="sequence"),
+                CacheEntry("ssm", (self.n_heads, self.head_dim, self.d_state), growth="sequence", dtype=torch.float32),
+            )
+        )
 
     @torch.no_grad()
     def init_weights(self, init) -> None:
@@ -257,8 +320,16 @@ class Mamba2(nn.Module):
         if self.conv1d.bias is not None:
             init.zeros_(self.conv1d.bias)
         if self.projection_scale is not None:
-            sizes = (self.d_inner, self.d_inner, self.n_groups * self.d_state, self.n_groups * self.d_state, self.n_heads)
-            init.copy_(self.projection_scale, torch.cat([torch.full((n,), float(m)) for n, m in zip(sizes, self.multipliers)]))
+            sizes = (
+                self.d_inner,
+                self.d_inner,
+                self.n_groups * self.d_state,
+                self.n_groups * self.d_state,
+                self.n_heads,
+            )
+            init.copy_(
+                self.projection_scale, torch.cat([torch.full((n,), float(m)) for n, m in zip(sizes, self.multipliers)])
+            )
 
     def head_layout(self) -> dict[str, tuple[int, int]]:
         """No projection splits into heads as a whole (``in_proj`` holds several parts)."""

@@ -57,19 +57,40 @@ from pydantic import Field, PositiveFloat
 from torch import Tensor, nn
 
 from modkit.plugin import (
-    AttentionInputs, BuildContext, CacheEntry, CacheSpec, Component, ComponentConfig, HeadCount, HeadDim, hookimpl,
-    is_plain_causal, masked_attention, masked_softmax, position_bias, PositionGeometry, prepare_mask,
-    shared_by_heads, Slot, StrictModel, update_cache_entries, Workload,
+    AttentionInputs,
+    BuildContext,
+    CacheEntry,
+    CacheSpec,
+    Component,
+    ComponentConfig,
+    HeadCount,
+    HeadDim,
+    hookimpl,
+    is_plain_causal,
+    masked_attention,
+    masked_softmax,
+    position_bias,
+    PositionGeometry,
+    prepare_mask,
+    shared_by_heads,
+    Slot,
+    StrictModel,
+    update_cache_entries,
+    Workload,
 )
 
 
 class YarnMscale(StrictModel):
     """DeepSeek's YaRN softmax-scale correction (the ``factor`` and ``mscale_all_dim`` of its rope scaling)."""
 
-    factor: PositiveFloat = Field(..., description="the YaRN context-extension factor of the rope scaling (DeepSeek-V3: 40)")
+    factor: PositiveFloat = Field(
+        ..., description="the YaRN context-extension factor of the rope scaling (DeepSeek-V3: 40)"
+    )
     mscale_all_dim: float = Field(
-        ..., ge=0, description="mscale_all_dim of the rope scaling; mscale = 0.1 · mscale_all_dim · ln(factor) + 1, "
-        "the softmax scale is multiplied by mscale² (0: no correction)"
+        ...,
+        ge=0,
+        description="mscale_all_dim of the rope scaling; mscale = 0.1 · mscale_all_dim · ln(factor) + 1, "
+        "the softmax scale is multiplied by mscale² (0: no correction)",
     )
 
 
@@ -79,28 +100,39 @@ class MLAConfig(ComponentConfig):
     type: Literal["mla"] = "mla"
     n_heads: HeadCount = Field(..., description="number of query heads (every head reads the shared latent)")
     q_lora_rank: Optional[HeadDim] = Field(
-        None, description="rank of the low-rank query projection (DeepSeek-V3: 1536); null: a full d_model -> "
-        "n_heads · (qk_nope_head_dim + qk_rope_head_dim) projection (DeepSeek-V2-Lite)"
+        None,
+        description="rank of the low-rank query projection (DeepSeek-V3: 1536); null: a full d_model -> "
+        "n_heads · (qk_nope_head_dim + qk_rope_head_dim) projection (DeepSeek-V2-Lite)",
     )
-    kv_lora_rank: HeadDim = Field(..., description="width of the compressed key/value latent that is cached (DeepSeek-V3: 512)")
-    qk_nope_head_dim: HeadDim = Field(..., description="per-head query/key features without position (DeepSeek-V3: 128)")
+    kv_lora_rank: HeadDim = Field(
+        ..., description="width of the compressed key/value latent that is cached (DeepSeek-V3: 512)"
+    )
+    qk_nope_head_dim: HeadDim = Field(
+        ..., description="per-head query/key features without position (DeepSeek-V3: 128)"
+    )
     qk_rope_head_dim: HeadDim = Field(
-        ..., description="per-head query features, and features of the one key shared by all heads, that the position "
-        "scheme rotates (DeepSeek-V3: 64); cached per token beside the latent"
+        ...,
+        description="per-head query features, and features of the one key shared by all heads, that the position "
+        "scheme rotates (DeepSeek-V3: 64); cached per token beside the latent",
     )
     v_head_dim: HeadDim = Field(..., description="per-head value width (DeepSeek-V3: 128)")
     latent_norm: ComponentConfig = Slot(
-        "norm", description="norm of the latents (kv_a_layernorm, and q_a_layernorm with q_lora_rank), e.g. "
-        "{\"type\": \"rmsnorm\", \"eps\": 1e-6}"
+        "norm",
+        description="norm of the latents (kv_a_layernorm, and q_a_layernorm with q_lora_rank), e.g. "
+        '{"type": "rmsnorm", "eps": 1e-6}',
     )
-    bias: bool = Field(False, description="biases on q_a_proj, kv_a_proj_with_mqa and o_proj (DeepSeek's attention_bias)")
+    bias: bool = Field(
+        False, description="biases on q_a_proj, kv_a_proj_with_mqa and o_proj (DeepSeek's attention_bias)"
+    )
     softmax_scale: Optional[PositiveFloat] = Field(
-        None, description="multiplier of the scores; default (qk_nope_head_dim + qk_rope_head_dim)^-1/2, times mscale² "
-        "with yarn_mscale"
+        None,
+        description="multiplier of the scores; default (qk_nope_head_dim + qk_rope_head_dim)^-1/2, times mscale² "
+        "with yarn_mscale",
     )
     yarn_mscale: Optional[YarnMscale] = Field(
-        None, description="DeepSeek's YaRN softmax-scale correction {factor, mscale_all_dim} (copy them from the rope "
-        "scaling); null for none"
+        None,
+        description="DeepSeek's YaRN softmax-scale correction {factor, mscale_all_dim} (copy them from the rope "
+        "scaling); null for none",
     )
 
     @property
@@ -160,7 +192,11 @@ class MLA(nn.Module):
         d, h = ctx.d_model, cfg.n_heads
         self.n_heads = h
         self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
-        self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = (
+            cfg.qk_nope_head_dim,
+            cfg.qk_rope_head_dim,
+            cfg.v_head_dim,
+        )
         self.qk_head_dim = cfg.qk_head_dim
         # qk_head_dim^-1/2 (times mscale²) under standard parametrization; muP's 1/head_dim form under muP
         self.scale = cfg.resolved_scale(ctx.attention_scale(self.qk_head_dim, standard=self.qk_head_dim**-0.5))
@@ -234,12 +270,16 @@ class MLA(nn.Module):
         inputs, k_pos, k_valid, bias, dropout_p = keys
         b, h, s, _ = q_nope.shape
         kv = c_all.shape[1]
-        k_nope, v = self.kv_b_proj(c_all).view(b, kv, h, -1).transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], -1)
+        k_nope, v = (
+            self.kv_b_proj(c_all).view(b, kv, h, -1).transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], -1)
+        )
         k = torch.cat([k_nope, k_rope_all[:, None].expand(b, h, kv, self.qk_rope_head_dim)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)
         simple = is_plain_causal(inputs, k_pos, k_valid, bias) and not need_weights
         if simple:  # one fresh causal sequence: SDPA's causal kernel
-            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
+            out = nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale
+            )
             return out, None
         prepared = prepare_mask(inputs, k_pos, k_valid, q.dtype, mixer=self)
         eager = need_weights or (bias is not None and q.dtype != torch.float32)
@@ -362,15 +402,28 @@ def register_components(register) -> None:
                 # heads sharded (q by head, kv_b by head, o on its input); the latent path reads the replicated
                 # input, so its projections and norms stay whole on every rank (and so does the latent cache)
                 "tp_plan": {
-                    "q_proj": "colwise", "q_a_proj": "replicate", "q_a_layernorm": "replicate", "q_b_proj": "colwise",
-                    "kv_a_proj_with_mqa": "replicate", "kv_a_layernorm": "replicate", "kv_b_proj": "colwise",
+                    "q_proj": "colwise",
+                    "q_a_proj": "replicate",
+                    "q_a_layernorm": "replicate",
+                    "q_b_proj": "colwise",
+                    "kv_a_proj_with_mqa": "replicate",
+                    "kv_a_layernorm": "replicate",
+                    "kv_b_proj": "colwise",
                     "o_proj": "rowwise",
                 },
             },
             param_count=_param_count,
             flops=_flops,
-            example={"type": "mla", "n_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
-                     "qk_rope_head_dim": 4, "v_head_dim": 6, "latent_norm": {"type": "rmsnorm", "eps": 1e-6}},
+            example={
+                "type": "mla",
+                "n_heads": 4,
+                "q_lora_rank": 24,
+                "kv_lora_rank": 16,
+                "qk_nope_head_dim": 8,
+                "qk_rope_head_dim": 4,
+                "v_head_dim": 6,
+                "latent_norm": {"type": "rmsnorm", "eps": 1e-6},
+            },
             math=_MATH,
         )
     )

@@ -77,7 +77,14 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from modkit.plugin import (
-    BuildContext, Component, ComponentConfig, declared_flops, ExpertCount, hookimpl, Slot, Workload,
+    BuildContext,
+    Component,
+    ComponentConfig,
+    declared_flops,
+    ExpertCount,
+    hookimpl,
+    Slot,
+    Workload,
 )
 from .routers import (  # noqa: F401 - the router names, importable from here as before the routers had a module
     _MATH as _ROUTER_MATHS,
@@ -116,9 +123,7 @@ def z_loss(logits: Tensor, token_mask: Optional[Tensor] = None) -> Tensor:
     return (lse * lse * m).sum() / m.sum().clamp(min=1.0)
 
 
-def load_balancing_loss(
-    probs: Tensor, indices: Tensor, n_experts: int, token_mask: Optional[Tensor] = None
-) -> Tensor:
+def load_balancing_loss(probs: Tensor, indices: Tensor, n_experts: int, token_mask: Optional[Tensor] = None) -> Tensor:
     """Switch Transformer load-balancing loss (Fedus et al. 2021, arXiv:2101.03961, eq. 4) for top-k routing.
 
     ``n_experts * sum_e f_e * P_e`` where ``f_e`` is the fraction of routing assignments (``tokens * top_k`` of
@@ -179,13 +184,13 @@ class MoEConfig(ComponentConfig):
     expert: ComponentConfig = Slot(
         "ffn",
         description="spec of one routed expert (an ffn type with a grouped form: mlp, swiglu, geglu, swiglu_clamped), "
-        "e.g. {\"type\": \"swiglu\", \"d_ff\": 14336}; its d_ff is the expert's own width (fine-grained experts: "
+        'e.g. {"type": "swiglu", "d_ff": 14336}; its d_ff is the expert\'s own width (fine-grained experts: '
         "DeepSeek's moe_intermediate_size). The n_experts independent copies are stored stacked "
         "(experts.gate [n_experts, d_model, d_ff] ...)",
     )
     router: ComponentConfig = Slot(
         "router",
-        description="router spec, e.g. {\"type\": \"topk\", \"renormalize\": true}; it gets n_experts and top_k from here",
+        description='router spec, e.g. {"type": "topk", "renormalize": true}; it gets n_experts and top_k from here',
     )
     shared: Optional[ComponentConfig] = Slot(
         "ffn",
@@ -235,13 +240,21 @@ class MoEConfig(ComponentConfig):
             if isinstance(getattr(self, name), MoEConfig):
                 raise ValueError(
                     f"{name} is itself an 'moe'; nested mixtures are not supported: give a dense ffn "
-                    "(e.g. {\"type\": \"swiglu\", \"d_ff\": ...}) as the " + ("expert" if name == "expert" else "shared expert")
+                    '(e.g. {"type": "swiglu", "d_ff": ...}) as the '
+                    + ("expert" if name == "expert" else "shared expert")
                 )
         if self.shared_gate and self.shared is None:
-            raise ValueError("shared_gate = true gates a shared expert, but shared is null; give shared an ffn spec or drop shared_gate")
+            raise ValueError(
+                "shared_gate = true gates a shared expert, but shared is null; give shared an ffn spec or drop shared_gate"
+            )
         n_group = getattr(self.router, "n_group", None)
-        problem = check_groups(self.n_experts, self.top_k, n_group, getattr(self.router, "topk_group", None),
-                               getattr(self.router, "group_score", "top2_sum"))
+        problem = check_groups(
+            self.n_experts,
+            self.top_k,
+            n_group,
+            getattr(self.router, "topk_group", None),
+            getattr(self.router, "group_score", "top2_sum"),
+        )
         if problem:
             raise ValueError(f"router: {problem}")
         return self
@@ -252,13 +265,28 @@ class MoEConfig(ComponentConfig):
         problems = []
         entry = ctx.registry.entry_for_config(self.expert)
         if entry.capabilities.get("aux_loss"):
-            problems.append(("expert", f"expert type {self.expert.type!r} returns an aux loss (it is a mixture itself); use a dense ffn"))
+            problems.append(
+                (
+                    "expert",
+                    f"expert type {self.expert.type!r} returns an aux loss (it is a mixture itself); use a dense ffn",
+                )
+            )
         elif entry.grouped_factory is None:
             able = sorted(e.type for e in ctx.registry.components("ffn") if e.grouped_factory is not None)
-            problems.append(("expert", f"expert type {self.expert.type!r} ({entry.provider}) has no grouped form (Component."
-                             f"grouped_factory) to stack n_experts copies; use one that has: {', '.join(able)}, or give it one"))
+            problems.append(
+                (
+                    "expert",
+                    f"expert type {self.expert.type!r} ({entry.provider}) has no grouped form (Component."
+                    f"grouped_factory) to stack n_experts copies; use one that has: {', '.join(able)}, or give it one",
+                )
+            )
         if self.shared is not None and ctx.registry.entry_for_config(self.shared).capabilities.get("aux_loss"):
-            problems.append(("shared", f"shared type {self.shared.type!r} returns an aux loss (it is a mixture itself); use a dense ffn"))
+            problems.append(
+                (
+                    "shared",
+                    f"shared type {self.shared.type!r} returns an aux loss (it is a mixture itself); use a dense ffn",
+                )
+            )
         return problems
 
 
@@ -471,6 +499,7 @@ sequence the first term is computed per sequence and averaged (DeepSeek-V3's seq
 capacity_factor $c$ an expert takes at most $\min(T, \lceil c\, T k / N \rceil)$ tokens and the rest of its
 assignments are dropped.""",
 }
+
 
 @hookimpl
 def register_components(register) -> None:

@@ -28,7 +28,9 @@ class L2NormConfig(ComponentConfig):
     """Config of ``l2norm``: ``y = x / sqrt(mean(x²) + eps)``, no parameters (Llama 4's ``use_qk_norm``)."""
 
     type: Literal["l2norm"] = "l2norm"
-    eps: float = Field(1e-6, gt=0, description="added to the mean square before the square root (Llama 4: rms_norm_eps)")
+    eps: float = Field(
+        1e-6, gt=0, description="added to the mean square before the square root (Llama 4: rms_norm_eps)"
+    )
 
 
 class LayerNormConfig(ComponentConfig):
@@ -173,6 +175,7 @@ $\epsilon$ = eps. Every vector leaves with a root mean square of 1 (an L2 norm o
 RMSNorm without its weight, Llama 4's QK-norm.""",
 }
 
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``layernorm``, ``rmsnorm`` and ``l2norm``."""
@@ -218,7 +221,7 @@ def register_components(register) -> None:
             factory=lambda cfg, ctx: L2Norm(cfg.eps),
             math=_MATH["l2norm"],
             description="Weightless RMS normalisation x / sqrt(mean(x²) + eps) over the last dimension (float32): "
-            "Llama 4's QK-norm (qk_norm: {\"type\": \"l2norm\"}). No parameters. [batch, seq, dim] -> [batch, seq, dim].",
+            'Llama 4\'s QK-norm (qk_norm: {"type": "l2norm"}). No parameters. [batch, seq, dim] -> [batch, seq, dim].',
             reference="Meta 2025, Llama 4 (transformers Llama4TextL2Norm); Zhang & Sennrich 2019, arXiv:1910.07467 "
             "(RMSNorm, of which this is the weightless form)",
             capabilities={"compile_safe": True, "tp_plan": {}, "groups": True, "stateless": True},

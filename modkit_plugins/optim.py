@@ -51,7 +51,9 @@ class MuonConfig(ComponentConfig):
         description="'match_rms_adamw': lr * 0.2 * sqrt(max(A, B)) so Muon reuses AdamW's lr and weight decay "
         "(Moonshot); 'original': lr * sqrt(max(1, A / B)) (Keller Jordan; pair it with lr_multiplier ~ 20)",
     )
-    lr_multiplier: float = Field(1.0, gt=0, le=1e4, description="Muon's learning rate is the scheduled lr times this (AdamW's part keeps lr)")
+    lr_multiplier: float = Field(
+        1.0, gt=0, le=1e4, description="Muon's learning rate is the scheduled lr times this (AdamW's part keeps lr)"
+    )
     roles: list[Literal["hidden", "expert"]] = Field(
         ["hidden", "expert"], min_length=1, description="matrix roles Muon updates; every other role trains with AdamW"
     )
@@ -76,8 +78,10 @@ class SGDConfig(ComponentConfig):
     @model_validator(mode="after")
     def _nesterov(self) -> "SGDConfig":
         if self.nesterov and (self.momentum == 0 or self.dampening != 0):
-            raise ValueError(f"nesterov needs momentum > 0 and dampening = 0; got momentum = {self.momentum}, "
-                             f"dampening = {self.dampening}")
+            raise ValueError(
+                f"nesterov needs momentum > 0 and dampening = 0; got momentum = {self.momentum}, "
+                f"dampening = {self.dampening}"
+            )
         return self
 
 
@@ -100,7 +104,9 @@ class Lion(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0):
         if lr < 0 or weight_decay < 0 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"Lion needs lr >= 0, weight_decay >= 0 and betas in [0, 1); got {lr}, {weight_decay}, {betas}")
+            raise ValueError(
+                f"Lion needs lr >= 0, weight_decay >= 0 and betas in [0, 1); got {lr}, {weight_decay}, {betas}"
+            )
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
 
     @torch.no_grad()
@@ -159,19 +165,42 @@ class StackedMuon(torch.optim.Optimizer):
         ValueError: a parameter that is not 3-dimensional.
     """
 
-    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True,
-                 ns_steps: int = 5, adjust_lr_fn: str = "original", eps: float = 1e-7):
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
-                                  "ns_steps": ns_steps, "adjust_lr_fn": adjust_lr_fn, "eps": eps})
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        adjust_lr_fn: str = "original",
+        eps: float = 1e-7,
+    ):
+        super().__init__(
+            params,
+            {
+                "lr": lr,
+                "weight_decay": weight_decay,
+                "momentum": momentum,
+                "nesterov": nesterov,
+                "ns_steps": ns_steps,
+                "adjust_lr_fn": adjust_lr_fn,
+                "eps": eps,
+            },
+        )
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 3:
-                    raise ValueError(f"StackedMuon updates [n, in, out] stacks; got a parameter of shape {tuple(p.shape)}")
+                    raise ValueError(
+                        f"StackedMuon updates [n, in, out] stacks; got a parameter of shape {tuple(p.shape)}"
+                    )
 
     @staticmethod
     def _adjusted(lr: float, fn: str, out_dim: int, in_dim: int) -> float:
         """The learning rate of one ``[out, in]`` matrix, computed as ``torch.optim.Muon`` computes it."""
-        ratio = 0.2 * math.sqrt(max(out_dim, in_dim)) if fn == "match_rms_adamw" else math.sqrt(max(1, out_dim / in_dim))
+        ratio = (
+            0.2 * math.sqrt(max(out_dim, in_dim)) if fn == "match_rms_adamw" else math.sqrt(max(1, out_dim / in_dim))
+        )
         return lr * ratio
 
     @torch.no_grad()
@@ -226,38 +255,56 @@ def _muon(cfg: MuonConfig, setup: OptimizerSetup):
 @hookimpl
 def register_components(register) -> None:
     """Register ``adamw``, ``muon``, ``lion`` and ``sgd``."""
-    register(Component(
-        kind="optimizer", type="adamw", config=AdamWConfig,
-        factory=lambda cfg, setup: setup.adamw(),
-        description="AdamW with decoupled weight decay on the roles that decay (matrices, embeddings, head, routers), "
-        "none on norm gains, biases and vectors; the training config's lr, beta1, beta2, adam_eps, weight_decay.",
-        reference="Loshchilov & Hutter 2019, Decoupled Weight Decay Regularization, arXiv:1711.05101 (torch.optim.AdamW); "
-        "the decay rule of nanoGPT's configure_optimizers",
-        capabilities={"mup": "adam", "sharded": True},
-    ))
-    register(Component(
-        kind="optimizer", type="muon", config=MuonConfig, factory=_muon,
-        description="Muon (momentum orthogonalised by Newton-Schulz) on hidden matrices, per expert on stacked expert "
-        "matrices; AdamW on embeddings, the head, norm gains, biases, routers and vectors (the nanoGPT speedruns' split).",
-        reference="Jordan et al. 2024, Muon: An optimizer for hidden layers in neural networks (kellerjordan.github.io/"
-        "posts/muon), torch.optim.Muon; Liu et al. 2025, Muon is Scalable for LLM Training, arXiv:2502.16982",
-        capabilities={"mup": "adam", "sharded": False},
-        example={"type": "muon", "momentum": 0.95},
-    ))
-    register(Component(
-        kind="optimizer", type="lion", config=LionConfig,
-        factory=lambda cfg, setup: Lion(setup.param_groups(), lr=setup.lr, betas=(cfg.beta1, cfg.beta2)),
-        description="Lion: the sign of an interpolation of momentum and gradient, decoupled weight decay; one state "
-        "tensor per parameter. Use a learning rate 3-10x smaller than AdamW's.",
-        reference="Chen et al. 2023, Symbolic Discovery of Optimization Algorithms, arXiv:2302.06675 (Program 1)",
-        capabilities={"mup": "adam", "sharded": True},
-    ))
-    register(Component(
-        kind="optimizer", type="sgd", config=SGDConfig,
-        factory=lambda cfg, setup: torch.optim.SGD(setup.param_groups(), lr=setup.lr, momentum=cfg.momentum,
-                                                   dampening=cfg.dampening, nesterov=cfg.nesterov),
-        description="Stochastic gradient descent with (Nesterov) momentum and coupled L2 weight decay (torch.optim.SGD).",
-        reference="Polyak 1964 (momentum); Sutskever et al. 2013, On the importance of initialization and momentum in "
-        "deep learning (Nesterov form); torch.optim.SGD",
-        capabilities={"mup": "sgd", "sharded": True},
-    ))
+    register(
+        Component(
+            kind="optimizer",
+            type="adamw",
+            config=AdamWConfig,
+            factory=lambda cfg, setup: setup.adamw(),
+            description="AdamW with decoupled weight decay on the roles that decay (matrices, embeddings, head, routers), "
+            "none on norm gains, biases and vectors; the training config's lr, beta1, beta2, adam_eps, weight_decay.",
+            reference="Loshchilov & Hutter 2019, Decoupled Weight Decay Regularization, arXiv:1711.05101 (torch.optim.AdamW); "
+            "the decay rule of nanoGPT's configure_optimizers",
+            capabilities={"mup": "adam", "sharded": True},
+        )
+    )
+    register(
+        Component(
+            kind="optimizer",
+            type="muon",
+            config=MuonConfig,
+            factory=_muon,
+            description="Muon (momentum orthogonalised by Newton-Schulz) on hidden matrices, per expert on stacked expert "
+            "matrices; AdamW on embeddings, the head, norm gains, biases, routers and vectors (the nanoGPT speedruns' split).",
+            reference="Jordan et al. 2024, Muon: An optimizer for hidden layers in neural networks (kellerjordan.github.io/"
+            "posts/muon), torch.optim.Muon; Liu et al. 2025, Muon is Scalable for LLM Training, arXiv:2502.16982",
+            capabilities={"mup": "adam", "sharded": False},
+            example={"type": "muon", "momentum": 0.95},
+        )
+    )
+    register(
+        Component(
+            kind="optimizer",
+            type="lion",
+            config=LionConfig,
+            factory=lambda cfg, setup: Lion(setup.param_groups(), lr=setup.lr, betas=(cfg.beta1, cfg.beta2)),
+            description="Lion: the sign of an interpolation of momentum and gradient, decoupled weight decay; one state "
+            "tensor per parameter. Use a learning rate 3-10x smaller than AdamW's.",
+            reference="Chen et al. 2023, Symbolic Discovery of Optimization Algorithms, arXiv:2302.06675 (Program 1)",
+            capabilities={"mup": "adam", "sharded": True},
+        )
+    )
+    register(
+        Component(
+            kind="optimizer",
+            type="sgd",
+            config=SGDConfig,
+            factory=lambda cfg, setup: torch.optim.SGD(
+                setup.param_groups(), lr=setup.lr, momentum=cfg.momentum, dampening=cfg.dampening, nesterov=cfg.nesterov
+            ),
+            description="Stochastic gradient descent with (Nesterov) momentum and coupled L2 weight decay (torch.optim.SGD).",
+            reference="Polyak 1964 (momentum); Sutskever et al. 2013, On the importance of initialization and momentum in "
+            "deep learning (Nesterov form); torch.optim.SGD",
+            capabilities={"mup": "sgd", "sharded": True},
+        )
+    )

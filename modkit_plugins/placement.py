@@ -49,7 +49,14 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
-    AttentionInputs, BuildContext, Component, ComponentConfig, dropout, elementwise, hookimpl, run_ffn,
+    AttentionInputs,
+    BuildContext,
+    Component,
+    ComponentConfig,
+    dropout,
+    elementwise,
+    hookimpl,
+    run_ffn,
 )
 
 
@@ -61,8 +68,10 @@ class _ResidualConfig(ComponentConfig):
     """Fields of every placement with a residual stream."""
 
     residual_multiplier: float = Field(
-        1.0, gt=0, description="multiply what each sublayer adds to the residual stream: x + residual_multiplier · "
-        "sublayer(...) (Granite's residual_multiplier); 1 for the plain residual"
+        1.0,
+        gt=0,
+        description="multiply what each sublayer adds to the residual stream: x + residual_multiplier · "
+        "sublayer(...) (Granite's residual_multiplier); 1 for the plain residual",
     )
 
 

@@ -26,8 +26,21 @@ from modkit.plugin import Component, ComponentConfig, elementwise, hookimpl, Ini
 
 # RoPE and its scalings, importable from here too
 from .rope import (  # noqa: F401
-    _head_dim, _Scaling, _yarn, DynamicScaling, LinearScaling, Llama3Scaling, LongRopeScaling, Rope, rope_component,
-    rope_inv_freq, RopeConfig, RopeScaling, rotary_width, yarn_attention_factor, YarnScaling,
+    _head_dim,
+    _Scaling,
+    _yarn,
+    DynamicScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    Rope,
+    rope_component,
+    rope_inv_freq,
+    RopeConfig,
+    RopeScaling,
+    rotary_width,
+    yarn_attention_factor,
+    YarnScaling,
 )
 
 
@@ -60,7 +73,9 @@ class SinusoidalConfig(ComponentConfig):
     """Config of ``sinusoidal``: fixed sin/cos table added to the token embeddings."""
 
     type: Literal["sinusoidal"] = "sinusoidal"
-    base: PositiveFloat = Field(10000.0, description="base of the geometric wavelength sequence (10000 in Vaswani et al.)")
+    base: PositiveFloat = Field(
+        10000.0, description="base of the geometric wavelength sequence (10000 in Vaswani et al.)"
+    )
 
 
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
@@ -115,13 +130,22 @@ class Sinusoidal(PositionScheme):
         ``unbounded_positions`` capability) get the rows :func:`sinusoidal_table` gives them, computed on the fly
         with the same float64 math, so a row is the same whether it comes from the table or not.
         """
-        if not positions.is_meta and positions.numel() and not torch.compiler.is_compiling() and int(positions.min()) < 0:
+        if (
+            not positions.is_meta
+            and positions.numel()
+            and not torch.compiler.is_compiling()
+            and int(positions.min()) < 0
+        ):
             raise ValueError(f"sinusoidal positions must be >= 0; got min {int(positions.min())}")
         n = self.pe.shape[0]
         rows = self.pe[positions.clamp(max=n - 1)]
-        past = torch.compiler.is_compiling() or (not positions.is_meta and positions.numel() and int(positions.max()) >= n)
+        past = torch.compiler.is_compiling() or (
+            not positions.is_meta and positions.numel() and int(positions.max()) >= n
+        )
         if past:  # a traced graph cannot know its positions: it always takes the rows past the table from the formula
-            rows = torch.where((positions < n)[..., None], rows, sinusoidal_rows(positions, self.d_model, self.cfg.base))
+            rows = torch.where(
+                (positions < n)[..., None], rows, sinusoidal_rows(positions, self.d_model, self.cfg.base)
+            )
         return x + rows.to(x.dtype)
 
 
@@ -163,7 +187,9 @@ class AlibiConfig(ComponentConfig):
 
     type: Literal["alibi"] = "alibi"
     scale: float = Field(
-        1.0, gt=0, description="multiplier of the bias (Falcon scales it by 1/sqrt(head_dim) with the scores); 1 in Press et al."
+        1.0,
+        gt=0,
+        description="multiplier of the bias (Falcon scales it by 1/sqrt(head_dim) with the scores); 1 in Press et al.",
     )
 
 

@@ -22,7 +22,14 @@ from pydantic import Field, PositiveFloat, model_validator
 from torch import Tensor
 
 from modkit.plugin import (
-    BuildContext, Component, ComponentConfig, elementwise, Init, PositionScheme, SeqLen, StrictModel,
+    BuildContext,
+    Component,
+    ComponentConfig,
+    elementwise,
+    Init,
+    PositionScheme,
+    SeqLen,
+    StrictModel,
 )
 
 
@@ -55,8 +62,9 @@ class Llama3Scaling(_Scaling):
     @model_validator(mode="after")
     def _bands(self) -> "Llama3Scaling":
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(f"high_freq_factor = {self.high_freq_factor} must exceed "
-                             f"low_freq_factor = {self.low_freq_factor}")
+            raise ValueError(
+                f"high_freq_factor = {self.high_freq_factor} must exceed low_freq_factor = {self.low_freq_factor}"
+            )
         return self
 
 
@@ -120,8 +128,9 @@ class LongRopeScaling(_Scaling):
         ..., description="'longrope': per-frequency factors, short below original_max_seq_len, long above"
     )
     short_factor: list[PositiveFloat] = Field(
-        ..., min_length=1, description="divisor of each frequency for inputs within original_max_seq_len (rotary width "
-        "/ 2 values)"
+        ...,
+        min_length=1,
+        description="divisor of each frequency for inputs within original_max_seq_len (rotary width / 2 values)",
     )
     long_factor: list[PositiveFloat] = Field(
         ..., min_length=1, description="divisor of each frequency for longer inputs (rotary width / 2 values)"
@@ -171,8 +180,11 @@ class RopeConfig(ComponentConfig):
         description="which features form a rotated pair: the two halves (NeoX/HF) or neighbours (GPT-J/Meta)",
     )
     partial_rotary: float = Field(
-        1.0, gt=0, le=1, description="fraction of head_dim that is rotated (Phi: 0.4); int(head_dim × partial_rotary) "
-        "features are rotated, which must be even; the rest passes through"
+        1.0,
+        gt=0,
+        le=1,
+        description="fraction of head_dim that is rotated (Phi: 0.4); int(head_dim × partial_rotary) "
+        "features are rotated, which must be even; the rest passes through",
     )
     scaling: Optional[RopeScaling] = Field(
         None, description="frequency scaling (linear, llama3, dynamic, yarn, longrope); null for none"
@@ -191,20 +203,34 @@ class RopeConfig(ComponentConfig):
                 fix = "choose partial_rotary so that head_dim × partial_rotary is even"
             else:
                 where, how, fix = "", f"head_dim = {hd}", "use an even head_dim"
-            return [(where, f"rope rotates features in pairs, but {how} gives a rotary width of {rot}, which is "
-                            f"{'odd' if rot % 2 else 'empty'}; {fix} (transformers would rotate a different width)")]
+            return [
+                (
+                    where,
+                    f"rope rotates features in pairs, but {how} gives a rotary width of {rot}, which is "
+                    f"{'odd' if rot % 2 else 'empty'}; {fix} (transformers would rotate a different width)",
+                )
+            ]
         sc = self.scaling
         errors = []
         if isinstance(sc, LongRopeScaling):
             for name in ("short_factor", "long_factor"):
                 n = len(getattr(sc, name))
                 if n != rot // 2:
-                    errors.append((f"scaling.{name}", f"has {n} values; LongRoPE needs one per rotated pair, "
-                                   f"rotary width {rot} / 2 = {rot // 2} (head_dim = {hd}, "
-                                   f"partial_rotary = {self.partial_rotary})"))
+                    errors.append(
+                        (
+                            f"scaling.{name}",
+                            f"has {n} values; LongRoPE needs one per rotated pair, "
+                            f"rotary width {rot} / 2 = {rot // 2} (head_dim = {hd}, "
+                            f"partial_rotary = {self.partial_rotary})",
+                        )
+                    )
         if isinstance(sc, DynamicScaling) and rot <= 2:
-            errors.append(("scaling", "dynamic NTK scaling needs a rotary width above 2 (its exponent is d / (d - 2)), "
-                           f"got {rot}"))
+            errors.append(
+                (
+                    "scaling",
+                    f"dynamic NTK scaling needs a rotary width above 2 (its exponent is d / (d - 2)), got {rot}",
+                )
+            )
         return errors
 
 
@@ -416,6 +442,16 @@ def rope_component() -> Component:
         capabilities={"acts_on": "qk", "compile_safe": True, "stateless": True, "unbounded_positions": True},
         param_count=lambda cfg, ctx: 0,
         flops=elementwise("RoPE rotates q/k feature pairs: element-wise multiplies and adds, no matrix product"),
-        example={"type": "rope", "theta": 500000.0, "layout": "half_split", "scaling": {"type": "llama3", "factor": 8.0,
-                 "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_seq_len": 8192}},
+        example={
+            "type": "rope",
+            "theta": 500000.0,
+            "layout": "half_split",
+            "scaling": {
+                "type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_seq_len": 8192,
+            },
+        },
     )

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from modkit.plugin import BuildContext, Component, ComponentConfig, ExpertCount, Init, Workload
 
+
 class RouterConfig(ComponentConfig):
     """Fields shared by the top-k routers (``topk``: softmax scores, ``sigmoid_topk``: sigmoid scores).
 
@@ -124,11 +125,15 @@ def check_groups(
         return f"n_group = {n_group} does not divide n_experts = {n_experts}; the groups must be equal"
     per = n_experts // n_group
     if group_score == "top2_sum" and per < 2:
-        return (f"group_score 'top2_sum' needs 2 or more experts per group; n_experts = {n_experts} in n_group = "
-                f"{n_group} groups gives {per}; use fewer groups or group_score 'max'")
+        return (
+            f"group_score 'top2_sum' needs 2 or more experts per group; n_experts = {n_experts} in n_group = "
+            f"{n_group} groups gives {per}; use fewer groups or group_score 'max'"
+        )
     if top_k > topk_group * per:
-        return (f"top_k = {top_k} exceeds the {topk_group * per} experts of topk_group = {topk_group} groups of {per}; "
-                "raise topk_group or lower top_k")
+        return (
+            f"top_k = {top_k} exceeds the {topk_group * per} experts of topk_group = {topk_group} groups of {per}; "
+            "raise topk_group or lower top_k"
+        )
     return None
 
 
@@ -333,7 +338,8 @@ It returns the weights $g_e$ and indices $\mathcal{T}$ of the $k$ chosen experts
 
 _MATH = {
     "topk": _ROUTER_MATH.replace("SCORE", r"\mathrm{softmax}(z)"),
-    "sigmoid_topk": _ROUTER_MATH.replace("SCORE", r"\sigma(z) \ \text{(element-wise)}") + r"""
+    "sigmoid_topk": _ROUTER_MATH.replace("SCORE", r"\sigma(z) \ \text{(element-wise)}")
+    + r"""
 
 The balance loss of the holding mixture reads the normalised scores $s'_e = s_e / \sum_{e'} s_{e'}$ (DeepSeek-V3,
 eq. 19).""",
@@ -385,7 +391,13 @@ def register_routers(register) -> None:
             capabilities=router_caps,
             param_count=_router_count,
             flops=_router_flops,
-            example={"type": "sigmoid_topk", "renormalize": True, "correction_bias": True, "n_group": 2,
-                     "topk_group": 1, "routed_scaling_factor": 2.5},
+            example={
+                "type": "sigmoid_topk",
+                "renormalize": True,
+                "correction_bias": True,
+                "n_group": 2,
+                "topk_group": 1,
+                "routed_scaling_factor": 2.5,
+            },
         )
     )

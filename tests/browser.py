@@ -60,17 +60,29 @@ class Browser:
             os.set_inheritable(4, True)
 
         args = [
-            binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-            "--remote-debugging-pipe", f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}",
-            "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={self._profile.name}",
+            f"--window-size={width},{height}",
+            "--proxy-server=127.0.0.1:9",
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
             "about:blank",
         ]
         # close_fds=False: fds 3 and 4 made in `fds` must survive; every other descriptor of this process is
         # non-inheritable (Python's default) and closes at exec
         self._log = open(Path(self._profile.name) / "stderr.log", "wb")
-        self.proc = subprocess.Popen(args, preexec_fn=fds, close_fds=False, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self._log)
+        self.proc = subprocess.Popen(
+            args, preexec_fn=fds, close_fds=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log
+        )
         os.close(cmd_r)
         os.close(out_w)
         self._buf = b""
@@ -81,7 +93,10 @@ class Browser:
         self.session = self._call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log"):
             self.send(f"{domain}.enable")
-        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
 
     # -------------------------------------------------------------------------------------------- protocol
 
@@ -178,7 +193,9 @@ class Browser:
 
     def wait_loaded(self, url_prefix: str = "") -> str:
         """Wait until the page's document is complete (after a navigation); returns its address."""
-        return self.wait(f"document.readyState === 'complete' && location.href.startsWith({json.dumps(url_prefix)}) && location.href")
+        return self.wait(
+            f"document.readyState === 'complete' && location.href.startsWith({json.dumps(url_prefix)}) && location.href"
+        )
 
     def click(self, selector: str) -> None:
         """Click the element matched by ``selector`` with a real (trusted) mouse event at its centre."""
@@ -190,7 +207,9 @@ class Browser:
         if not box:
             raise BrowserError(f"no element matches {selector}")
         for kind in ("mousePressed", "mouseReleased"):
-            self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1})
+            self.send(
+                "Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1}
+            )
 
     def type(self, text: str) -> None:
         """Type ``text`` into the focused element, one key press (keydown, input, keyup) per character: pages that
@@ -204,7 +223,9 @@ class Browser:
         params: dict[str, Any] = {"format": "png"}
         if full_page:
             w, h = self.eval("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
-            params.update(captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": w, "height": min(h, 8000), "scale": 1})
+            params.update(
+                captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": w, "height": min(h, 8000), "scale": 1}
+            )
         data = self.send("Page.captureScreenshot", params)["data"]
         Path(path).write_bytes(base64.b64decode(data))
         return Path(path)

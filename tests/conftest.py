@@ -40,7 +40,9 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 # draws fresh random examples (2,000 per test), keeps failures in .hypothesis/ to replay them, and prints the seed
 # (--hypothesis-seed N replays a run); a failure found that way becomes an explicit test. No deadline in either:
 # the machine's load, not the code, decides how long one example takes.
-_COMMON = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+_COMMON = dict(
+    deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 settings.register_profile("modkit", max_examples=150, derandomize=True, database=None, **_COMMON)
 settings.register_profile("explore", max_examples=2000, derandomize=False, **_COMMON)
 settings.register_profile("thorough", parent=settings.get_profile("explore"), max_examples=5000)
@@ -61,6 +63,7 @@ def _seeded_random_state():
     np.random.seed(0)
     torch.manual_seed(0)
     yield
+
 
 REPO = Path(__file__).resolve().parents[1]
 #: seconds after which a subprocess a test starts is taken for hung: a guard against a hang, far beyond what any
@@ -159,7 +162,17 @@ def pip_install_copies(sources: list[Path], workdir: Path) -> tuple[Path, float,
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
         copies.append(str(dst))
     site = workdir / "site"
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--disable-pip-version-check", "--target", str(site)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "-q",
+        "--disable-pip-version-check",
+        "--target",
+        str(site),
+    ]
     if offline_build_possible():
         cmd += ["--no-build-isolation", "--no-index"]
     start = time.perf_counter()

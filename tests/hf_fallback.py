@@ -20,7 +20,11 @@ MODELING = ("mamba2", "qwen3_next", "falcon_h1", "jamba")
 
 def force_torch_fallback() -> None:
     """Make the kernel packages unimportable, so transformers' recurrent models run their PyTorch fallback."""
-    available = [n for n in KERNEL_PACKAGES if sys.modules.get(n) is not None or (n not in sys.modules and importlib.util.find_spec(n))]
+    available = [
+        n
+        for n in KERNEL_PACKAGES
+        if sys.modules.get(n) is not None or (n not in sys.modules and importlib.util.find_spec(n))
+    ]
     for name in KERNEL_PACKAGES:
         sys.modules[name] = None  # import now raises ImportError: transformers keeps its torch functions
     for model in MODELING if available else ():

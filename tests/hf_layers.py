@@ -38,6 +38,7 @@ def record(
     seen: dict[int, list[tuple[Tensor, Tensor]]] = {i: [] for i in range(len(model.layers))}
     hooks = []
     for i in range(len(model.layers)):
+
         def hook(mod, args, out, i=i):
             out = out[0] if isinstance(out, tuple) else out
             seen[i].append((args[0].detach(), out.detach()))
@@ -76,8 +77,11 @@ def hf_mask(kind: str, config, x: Tensor, mask: Tensor):
     2-d padding ``mask``, as its models build it (no cache)."""
     from transformers import masking_utils as mu
 
-    make = {"causal": mu.create_causal_mask, "sliding": mu.create_sliding_window_causal_mask,
-            "chunked": mu.create_chunked_causal_mask}[kind]
+    make = {
+        "causal": mu.create_causal_mask,
+        "sliding": mu.create_sliding_window_causal_mask,
+        "chunked": mu.create_chunked_causal_mask,
+    }[kind]
     return make(config=config, inputs_embeds=x, attention_mask=mask, cache=None)
 
 

@@ -65,12 +65,17 @@ class LatentAttention(nn.Module):
 
 
 COMPONENT = Component(
-    kind="attention", type="latent-attention", config=LatentAttentionConfig,
+    kind="attention",
+    type="latent-attention",
+    config=LatentAttentionConfig,
     factory=lambda cfg, ctx: LatentAttention(cfg, ctx.d_model),
     description="Attention over a cached latent and one shared rotated key (an MLA-style cache, no padding).",
     capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True},
-    param_count=lambda cfg, ctx: ctx.d_model * (cfg.n_heads * (cfg.head_dim + cfg.rope_dim) + cfg.latent + cfg.rope_dim)
-    + cfg.latent * cfg.n_heads * 2 * cfg.head_dim + cfg.n_heads * cfg.head_dim * ctx.d_model,
+    param_count=lambda cfg, ctx: (
+        ctx.d_model * (cfg.n_heads * (cfg.head_dim + cfg.rope_dim) + cfg.latent + cfg.rope_dim)
+        + cfg.latent * cfg.n_heads * 2 * cfg.head_dim
+        + cfg.n_heads * cfg.head_dim * ctx.d_model
+    ),
 )
 
 

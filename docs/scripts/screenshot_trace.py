@@ -31,7 +31,9 @@ def find_browser() -> str | None:
     return None
 
 
-def screenshot(html: Path, png: Path, *, width: int = 1280, height: int = 2000, browser: str | None = None, timeout: float = 120) -> Path:
+def screenshot(
+    html: Path, png: Path, *, width: int = 1280, height: int = 2000, browser: str | None = None, timeout: float = 120
+) -> Path:
     """Render ``html`` in headless Chromium at ``width x height`` CSS pixels and write the screenshot to ``png``.
 
     Raises:
@@ -40,14 +42,25 @@ def screenshot(html: Path, png: Path, *, width: int = 1280, height: int = 2000, 
     """
     browser = browser or find_browser()
     if browser is None:
-        raise FileNotFoundError("no Chromium found on PATH (tried " + ", ".join(BROWSERS) + "); apt-get install chromium")
+        raise FileNotFoundError(
+            "no Chromium found on PATH (tried " + ", ".join(BROWSERS) + "); apt-get install chromium"
+        )
     png = Path(png).resolve()
     png.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="modkit-chromium-") as profile:
         cmd = [
-            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run", "--hide-scrollbars", f"--user-data-dir={profile}",
-            f"--screenshot={png}", f"--window-size={width},{height}", Path(html).resolve().as_uri(),
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--screenshot={png}",
+            f"--window-size={width},{height}",
+            Path(html).resolve().as_uri(),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0 or not png.is_file():
@@ -67,7 +80,12 @@ def coloured_share(png: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Trace a model to HTML and screenshot the report; returns the exit status."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("model", nargs="?", default="specs/tiny-llama.json", help="what modkit trace takes (default specs/tiny-llama.json)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default="specs/tiny-llama.json",
+        help="what modkit trace takes (default specs/tiny-llama.json)",
+    )
     p.add_argument("--text", help="text to trace (the model needs a tokenizer)")
     p.add_argument("--ids", default=None, help="token ids to trace (default 1..12 when --text is not given)")
     p.add_argument("-o", "--out", default=".", help="folder for trace.html and trace.png (default: here)")

@@ -55,8 +55,11 @@ def _saved_fit(spec: ModelSpec, batch: int, dtype: torch.dtype, registry: Regist
         ts = (step, 2 * step, 3 * step)
         # a mixer that computes in chunks of its ``chunk_size`` tokens (the recurrent mixers' chunked forms) saves
         # [chunk, chunk] blocks: quadratic in T below one chunk, linear from two chunks on, where it is measured
-        chunks = {m.chunk_size for m in model.modules()
-                  if isinstance(getattr(m, "chunk_size", None), int) and m.chunk_size > 0}
+        chunks = {
+            m.chunk_size
+            for m in model.modules()
+            if isinstance(getattr(m, "chunk_size", None), int) and m.chunk_size > 0
+        }
         if chunks and 4 * math.lcm(*chunks) <= spec.max_seq_len:
             step = math.lcm(*chunks)
             ts = (2 * step, 3 * step, 4 * step)

@@ -263,7 +263,9 @@ class CostModel:
         """
         varying = self.context_parts()
         parts = self.flops(self.workload(phase, 2))
-        if not any(k.startswith("attention.") for k in parts) or not any(k.startswith(("ffn.", "router.")) for k in parts):
+        if not any(k.startswith("attention.") for k in parts) or not any(
+            k.startswith(("ffn.", "router.")) for k in parts
+        ):
             return None
 
         def attention_wins(n: int) -> bool:
@@ -323,8 +325,12 @@ class CostModel:
         return read
 
     def decode_latency(
-        self, context: int, batch: int = 1, dtype: Union[str, torch.dtype] = "bfloat16",
-        bandwidth: float = DEFAULT_BANDWIDTH, peak_flops: float = DEFAULT_PEAK_FLOPS,
+        self,
+        context: int,
+        batch: int = 1,
+        dtype: Union[str, torch.dtype] = "bfloat16",
+        bandwidth: float = DEFAULT_BANDWIDTH,
+        peak_flops: float = DEFAULT_PEAK_FLOPS,
     ) -> dict[str, Any]:
         """Roofline latency of one decode step of ``batch`` rows at ``context``: ``max(bytes / bandwidth, FLOPs / peak)``.
 
@@ -382,8 +388,14 @@ class CostModel:
 
     # ------------------------------------------------------------------ report
     def report(
-        self, *, context: int, batch: int = 1, dtype: Union[str, torch.dtype] = "bfloat16",
-        bandwidth: float = DEFAULT_BANDWIDTH, peak_flops: float = DEFAULT_PEAK_FLOPS, train_seq_len: Optional[int] = None,
+        self,
+        *,
+        context: int,
+        batch: int = 1,
+        dtype: Union[str, torch.dtype] = "bfloat16",
+        bandwidth: float = DEFAULT_BANDWIDTH,
+        peak_flops: float = DEFAULT_PEAK_FLOPS,
+        train_seq_len: Optional[int] = None,
     ) -> dict[str, Any]:
         """Everything ``modkit cost`` shows, as JSON-ready data (FLOPs per token as floats)."""
         dname = str(_parse_dtype(dtype)).replace("torch.", "")
@@ -400,7 +412,8 @@ class CostModel:
             "flops_per_token_total": {ph: sum(v.values()) for ph, v in {**per_token, "train": train}.items()},
             "context_dependent_parts": sorted(self.context_parts()),
             "attention_overtakes_ffn": {
-                ph: {"scores": self.crossover(ph), "with_projections": self.crossover(ph, projections=True)} for ph in PHASES
+                ph: {"scores": self.crossover(ph), "with_projections": self.crossover(ph, projections=True)}
+                for ph in PHASES
             },
             "params": self.params(),
             "active_params_per_token": active_params_per_token(self.model),
@@ -408,10 +421,18 @@ class CostModel:
             "kv_cache_bytes": self.kv_cache_bytes(context, batch, dtype),
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token(dtype),
             "cache_state_bytes_per_sequence": self.cache_state_bytes_per_sequence(dtype),
-            "training_memory": {"batch": batch, "seq_len": seq, "dtype": dname, "estimate": True,
-                                **self.training_memory(batch, seq, dtype)},
-            "decode_roofline": {"bandwidth_bytes_per_s": bandwidth, "peak_flops_per_s": peak_flops,
-                                **self.decode_latency(context, batch, dtype, bandwidth, peak_flops)},
+            "training_memory": {
+                "batch": batch,
+                "seq_len": seq,
+                "dtype": dname,
+                "estimate": True,
+                **self.training_memory(batch, seq, dtype),
+            },
+            "decode_roofline": {
+                "bandwidth_bytes_per_s": bandwidth,
+                "peak_flops_per_s": peak_flops,
+                **self.decode_latency(context, batch, dtype, bandwidth, peak_flops),
+            },
         }
 
 
@@ -433,7 +454,9 @@ def flops_per_token(
     return float(sum(model.per_token(phase, context).values()))
 
 
-def training_flops_per_token(spec: Union[ModelSpec, dict, str, Path], seq_len: int, *, registry: Optional[Registry] = None) -> int:
+def training_flops_per_token(
+    spec: Union[ModelSpec, dict, str, Path], seq_len: int, *, registry: Optional[Registry] = None
+) -> int:
     """Training FLOPs per token at ``seq_len``: 3 x the forward FLOPs of one causal sequence / ``seq_len``, rounded.
 
     Raises:

@@ -152,7 +152,11 @@ class Recording:
         hint = close_matches(name, self._by_name)
         raise KeyError(
             f"nothing recorded under {name!r}"
-            + (f"; did you mean {', '.join(repr(h) for h in hint)}?" if hint else f" ({len(self._by_name)} names recorded; see .names())")
+            + (
+                f"; did you mean {', '.join(repr(h) for h in hint)}?"
+                if hint
+                else f" ({len(self._by_name)} names recorded; see .names())"
+            )
         )
 
     def get(self, name: str, default: Any = None) -> Any:
@@ -285,7 +289,13 @@ class _Recorder:
             self.record(f"{name}:output", first, kind, type_)
             for i, t in enumerate(rest, start=1):
                 self.record(f"{name}:output.{i}", t, kind, type_)
-            if is_block and first is not None and args and isinstance(args[0], Tensor) and self.wanted(f"{name}:update"):
+            if (
+                is_block
+                and first is not None
+                and args
+                and isinstance(args[0], Tensor)
+                and self.wanted(f"{name}:update")
+            ):
                 self.record(f"{name}:update", first - args[0], kind, type_)
 
         self.handles.append(module.register_forward_pre_hook(pre))
@@ -311,14 +321,21 @@ class _Recorder:
         if not self.capability(module, "returns_weights"):
             self.missing(weights_name, f"attention type {type_!r} does not declare the returns_weights capability")
         elif not callable(method):
-            self.missing(weights_name, f"attention type {type_!r} declares returns_weights but has no forward_with_weights(x, inputs)")
+            self.missing(
+                weights_name,
+                f"attention type {type_!r} declares returns_weights but has no forward_with_weights(x, inputs)",
+            )
         elif self.wanted(weights_name):
+
             def weights_hook(mod, args, kwargs, out):
                 if self.paused:
                     return
                 inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
                 if getattr(inputs, "cache", None) is not None:
-                    self.missing(weights_name, "not recorded under a KV cache (a second attention call would store the keys twice)")
+                    self.missing(
+                        weights_name,
+                        "not recorded under a KV cache (a second attention call would store the keys twice)",
+                    )
                     return
                 x = args[0] if args else kwargs.get("x")
                 devices = [x.device] if isinstance(x, Tensor) and x.device.type == "cuda" else []
@@ -339,7 +356,10 @@ class _Recorder:
         if not down and self.d_model is None and linears:
             down = [linears[-1][1]]
         if not down:
-            self.missing(f"{name}:hidden", f"ffn type {type_!r} has no nn.Linear projecting back to d_model = {self.d_model} (e.g. stacked experts)")
+            self.missing(
+                f"{name}:hidden",
+                f"ffn type {type_!r} has no nn.Linear projecting back to d_model = {self.d_model} (e.g. stacked experts)",
+            )
             return
         if not self.wanted(f"{name}:hidden"):
             return

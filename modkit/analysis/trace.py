@@ -196,7 +196,12 @@ def _token_text(tokenizer: Any, i: int) -> str:
 
 def _dims(model: nn.Module) -> dict[str, Any]:
     spec = model.spec
-    return {"d_model": spec.d_model, "n_layers": spec.n_layers, "vocab_size": spec.vocab_size, "max_seq_len": spec.max_seq_len}
+    return {
+        "d_model": spec.d_model,
+        "n_layers": spec.n_layers,
+        "vocab_size": spec.vocab_size,
+        "max_seq_len": spec.max_seq_len,
+    }
 
 
 def _heads_view(owner: nn.Module, projection: str, shape: tuple[int, ...]) -> str:
@@ -264,7 +269,10 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
         how = f"after {' and '.join(steps)}" if steps else "as it enters the scores"
         # the width is what the attention declares its position scheme acts on (PositionGeometry.head_dim):
         # head_dim for the built-in attention, qk_rope_head_dim for MLA's rotated part
-        label, note = f"{what} per head {how}", f"[batch, {heads}, seq, the width the attention declares for its position scheme]"
+        label, note = (
+            f"{what} per head {how}",
+            f"[batch, {heads}, seq, the width the attention declares for its position scheme]",
+        )
     elif kind == "position" and what == "position_bias":
         label, note = f"position bias ({type_}) added to the scores", "[batch, heads, q, k]"
     elif kind == "placement" and what in ("input", "output", "update"):
@@ -278,10 +286,16 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
     elif kind == "linear":
         owner = model.get_submodule(path.rsplit(".", 1)[0])
         label = f"{short}: linear {module.in_features} -> {module.out_features}"
-        declared = callable(getattr(owner, "head_layout", None))  # the attention says which projections split into heads
-        if getattr(owner, "modkit_kind", None) == "attention" and (declared or _into_heads(rec, name, path.rsplit(".", 1)[0])):
+        declared = callable(
+            getattr(owner, "head_layout", None)
+        )  # the attention says which projections split into heads
+        if getattr(owner, "modkit_kind", None) == "attention" and (
+            declared or _into_heads(rec, name, path.rsplit(".", 1)[0])
+        ):
             note = _heads_view(owner, short, shape)
-        elif getattr(owner, "modkit_kind", None) == "ffn" and module.out_features != getattr(model.spec, "d_model", None):
+        elif getattr(owner, "modkit_kind", None) == "ffn" and module.out_features != getattr(
+            model.spec, "d_model", None
+        ):
             note = f"expansion to {module.out_features}"
     elif kind == "attention" and what == "weights":
         label, note = "attention scores (softmax)", "[batch, heads, q, k]"
@@ -290,7 +304,9 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
     elif kind == "ffn" and what == "hidden":
         label, note = "FFN hidden activation", f"input of the down projection; d_ff = {shape[-1]}"
     elif kind == "ffn":
-        label = f"FFN output ({type_})" if what == "output" else ("FFN aux loss" if what == "output.1" else f"FFN {what}")
+        label = (
+            f"FFN output ({type_})" if what == "output" else ("FFN aux loss" if what == "output.1" else f"FFN {what}")
+        )
     elif kind == "lm_head":
         label, note = f"LM head: linear {module.in_features} -> {module.out_features}", "[batch, seq, vocab_size]"
     elif kind == "placement" and what == "output.1":
@@ -421,16 +437,37 @@ def position_maps(model: nn.Module, n: int = 64) -> list[PositionMap]:
             x = torch.zeros(1, n, spec.d_model, device=device, dtype=dtype)
             added = scheme.embed(x, pos)
             if added is not x and bool(added.ne(0).any()):
-                maps.append(PositionMap(f"{name}: vector added to the embedding", added[0].float().cpu(), "feature (d_model)", "position"))
+                maps.append(
+                    PositionMap(
+                        f"{name}: vector added to the embedding",
+                        added[0].float().cpu(),
+                        "feature (d_model)",
+                        "position",
+                    )
+                )
             if head_dim:
                 ones = torch.ones(1, 1, n, head_dim, device=device, dtype=dtype)
                 q, _ = scheme.rotate(ones, ones.clone(), pos)
                 if q is not ones and not torch.equal(q, ones):
-                    maps.append(PositionMap(f"{name}: all-ones query after rotation", q[0, 0].float().cpu(), "feature (head_dim)", "position"))
+                    maps.append(
+                        PositionMap(
+                            f"{name}: all-ones query after rotation",
+                            q[0, 0].float().cpu(),
+                            "feature (head_dim)",
+                            "position",
+                        )
+                    )
             if n_heads:
                 bias = scheme.attention_bias(pos, pos, n_heads)
                 if bias is not None:
-                    maps.append(PositionMap(f"{name}: attention bias of head 0", bias[0, 0].float().cpu(), "key position", "query position"))
+                    maps.append(
+                        PositionMap(
+                            f"{name}: attention bias of head 0",
+                            bias[0, 0].float().cpu(),
+                            "key position",
+                            "query position",
+                        )
+                    )
     return maps
 
 
@@ -509,4 +546,16 @@ def trace(
     return result
 
 
-__all__ = ["LayerStats", "PositionMap", "Stage", "StageGroup", "Trace", "TraceError", "attention_entropy", "check_ids", "position_maps", "read_out", "trace"]
+__all__ = [
+    "LayerStats",
+    "PositionMap",
+    "Stage",
+    "StageGroup",
+    "Trace",
+    "TraceError",
+    "attention_entropy",
+    "check_ids",
+    "position_maps",
+    "read_out",
+    "trace",
+]

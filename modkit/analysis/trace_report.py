@@ -40,7 +40,13 @@ def _header_lines(t: Trace) -> list[str]:
     dims = " · ".join(f"{k} {v:,}" for k, v in t.dims.items())
     toks = " ".join(token_display(s) for s in t.tokens)
     tokenizer = [f"tokenizer: {t.tokenizer}"] if t.tokenizer else []
-    return [f"weights: {t.weights}", *tokenizer, dims, f"tokens ({len(t.ids)}): {toks}", f"ids: {', '.join(map(str, t.ids))}"]
+    return [
+        f"weights: {t.weights}",
+        *tokenizer,
+        dims,
+        f"tokens ({len(t.ids)}): {toks}",
+        f"ids: {', '.join(map(str, t.ids))}",
+    ]
 
 
 def _lens_text(layer) -> str:
@@ -83,7 +89,12 @@ def print_trace(t: Trace, console=None) -> None:
     rows(t.before)
     for g in t.groups:
         table.add_section()
-        table.add_row(Text(g.title, style="bold"), Text(f"layers.{g.layers[0]}" + ("" if len(g.layers) == 1 else " (first of the group)"), style="dim"), "", "")
+        table.add_row(
+            Text(g.title, style="bold"),
+            Text(f"layers.{g.layers[0]}" + ("" if len(g.layers) == 1 else " (first of the group)"), style="dim"),
+            "",
+            "",
+        )
         rows(g.stages)
     table.add_section()
     rows(t.after)
@@ -107,14 +118,25 @@ def print_trace(t: Trace, console=None) -> None:
         for s in t.layers:
             ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
             layers.add_row(
-                str(s.index), _num(s.residual_norm), _num(s.update_ratio), _num(s.cosine_prev),
-                _num(s.ffn_sparsity), _num(s.ffn_near_zero), *([Text(load_text(s))] if moe else []), Text(ent),
+                str(s.index),
+                _num(s.residual_norm),
+                _num(s.update_ratio),
+                _num(s.cosine_prev),
+                _num(s.ffn_sparsity),
+                _num(s.ffn_near_zero),
+                *([Text(load_text(s))] if moe else []),
+                Text(ent),
                 Text(_lens_text(s)),
             )
         console.print(layers)
     else:
-        console.print(Text("no statistics: the model has no weights here (meta device); trace a checkpoint, or a spec "
-                           "with --random-init for an untrained model", style="italic"))
+        console.print(
+            Text(
+                "no statistics: the model has no weights here (meta device); trace a checkpoint, or a spec "
+                "with --random-init for an untrained model",
+                style="italic",
+            )
+        )
     if t.unavailable:
         console.print(Text("not exposed by the components:", style="bold"))
         for name, why in t.unavailable.items():
@@ -160,8 +182,13 @@ def layer_curves_png(t: Trace) -> str:
         ("residual-stream norm ‖h_i‖", [(None, [s.residual_norm for s in t.layers])]),
         ("relative update ‖h_i - h_{i-1}‖ / ‖h_{i-1}‖", [(None, [s.update_ratio for s in t.layers])]),
         ("cosine(h_i, h_{i-1})", [(None, [s.cosine_prev for s in t.layers])]),
-        ("FFN activation sparsity", [("exact zeros", series(s.ffn_sparsity for s in t.layers)),
-                                     ("|a| < 0.1 rms", series(s.ffn_near_zero for s in t.layers))]),
+        (
+            "FFN activation sparsity",
+            [
+                ("exact zeros", series(s.ffn_sparsity for s in t.layers)),
+                ("|a| < 0.1 rms", series(s.ffn_near_zero for s in t.layers)),
+            ],
+        ),
     ]
     fig = Figure(figsize=(FIGURE_WIDTH, 7))
     axes = fig.subplots(2, 2)
@@ -235,8 +262,15 @@ def entropy_png(t: Trace) -> Optional[str]:
         for r, row in enumerate(grid):
             for h, v in enumerate(row):
                 if not math.isnan(v):
-                    ax.text(h, r, f"{v:.2f}", ha="center", va="center", fontsize=MIN_FONT,
-                            color="black" if v > 0.6 * top else "white")
+                    ax.text(
+                        h,
+                        r,
+                        f"{v:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=MIN_FONT,
+                        color="black" if v > 0.6 * top else "white",
+                    )
     bar = fig.colorbar(im, ax=ax)
     bar.set_label(f"0 = one key; {top:.2f} = uniform over the keys seen", fontsize=9)
     bar.ax.tick_params(labelsize=9)
@@ -345,10 +379,16 @@ def render_html(t: Trace) -> str:
         f"<h1>modkit trace: {_e(t.name)}</h1>",
     ]
     parts += [f"<p class='meta'>{_e(line)}</p>" for line in _header_lines(t)[: 3 if t.tokenizer else 2]]
-    parts.append("<div class='tokens'>" + "".join(f"<span title='id {i}'>{_e(token_display(s))}</span>" for i, s in zip(t.ids, t.tokens)) + "</div>")
+    parts.append(
+        "<div class='tokens'>"
+        + "".join(f"<span title='id {i}'>{_e(token_display(s))}</span>" for i, s in zip(t.ids, t.tokens))
+        + "</div>"
+    )
 
     parts.append("<h2>The tokens' journey: shape after every stage</h2>")
-    parts.append("<table><tr><th>stage</th><th>name (<code>modkit.inspect</code>)</th><th>shape</th><th>reading</th></tr>")
+    parts.append(
+        "<table><tr><th>stage</th><th>name (<code>modkit.inspect</code>)</th><th>shape</th><th>reading</th></tr>"
+    )
     parts.append(_stage_rows(t.before))
     for g in t.groups:
         parts.append(f"<tr class='group'><td colspan='4'>{_e(g.title)}</td></tr>")
@@ -358,14 +398,19 @@ def render_html(t: Trace) -> str:
     parts.append("</table>")
 
     if not t.has_stats:
-        parts.append("<p class='warn'>No statistics: the model has no weights here (meta device). Trace a checkpoint, "
-                     "or a spec with <code>--random-init</code> for an untrained model.</p>")
+        parts.append(
+            "<p class='warn'>No statistics: the model has no weights here (meta device). Trace a checkpoint, "
+            "or a spec with <code>--random-init</code> for an untrained model.</p>"
+        )
     else:
         parts.append("<h2>Per layer</h2>")
         moe = has_expert_loads(t)
-        parts.append("<table><tr><th>layer</th><th>‖h‖</th><th>‖Δh‖/‖h_prev‖</th><th>cos(h, h_prev)</th><th>FFN zeros</th>"
-                     "<th>FFN near 0</th>" + ("<th>expert load max/mean</th>" if moe else "")
-                     + "<th>attention entropy per head (nats)</th><th>logit lens: top tokens at the last position</th></tr>")
+        parts.append(
+            "<table><tr><th>layer</th><th>‖h‖</th><th>‖Δh‖/‖h_prev‖</th><th>cos(h, h_prev)</th><th>FFN zeros</th>"
+            "<th>FFN near 0</th>"
+            + ("<th>expert load max/mean</th>" if moe else "")
+            + "<th>attention entropy per head (nats)</th><th>logit lens: top tokens at the last position</th></tr>"
+        )
         for s in t.layers:
             ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
             parts.append(
@@ -404,4 +449,15 @@ def write_html(t: Trace, path: Union[str, Path]) -> Path:
     return path
 
 
-__all__ = ["attention_png", "entropy_png", "entropy_scale", "uniform_entropy", "layer_curves_png", "position_png", "print_trace", "render_html", "token_display", "write_html"]
+__all__ = [
+    "attention_png",
+    "entropy_png",
+    "entropy_scale",
+    "uniform_entropy",
+    "layer_curves_png",
+    "position_png",
+    "print_trace",
+    "render_html",
+    "token_display",
+    "write_html",
+]

@@ -52,6 +52,7 @@ def _chunked_pairs(past: int, total: int, chunk: int, window: Optional[int], cau
     keys. Closed forms per chunk, so the cost is O(1) in the context length.
     """
     if causal:
+
         def upto(n: int) -> int:  # Σ_{p<n} min(p % chunk + 1, window)
             return (n // chunk) * _causal_prefix(chunk, window) + _causal_prefix(n % chunk, window)
 
@@ -96,8 +97,10 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.new < 1 or self.past < 0:
-            raise CostError(f"a workload needs batch >= 1, new >= 1, past >= 0; got batch {self.batch}, "
-                            f"new {self.new}, past {self.past}")
+            raise CostError(
+                f"a workload needs batch >= 1, new >= 1, past >= 0; got batch {self.batch}, "
+                f"new {self.new}, past {self.past}"
+            )
 
     @property
     def tokens(self) -> int:
@@ -183,8 +186,8 @@ def declared_flops(entry: Component, config: Any, ctx: Any, work: Optional[Workl
     out = {}
     for part, n in got.items():
         if not isinstance(part, str) or isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise CostError(f"{where}: flops() returned {part!r}: {n!r}; parts must be names and FLOPs "
-                            "non-negative integers")
+            raise CostError(
+                f"{where}: flops() returned {part!r}: {n!r}; parts must be names and FLOPs non-negative integers"
+            )
         out[part] = n
     return out
-

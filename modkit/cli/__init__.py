@@ -51,8 +51,18 @@ from typing import Callable, Optional, Sequence
 # re-exported: command modules (cli.cost, docs, train.cli, ...) import these helpers from modkit.cli
 from .common import _check_device, _registry, _spec_path, _sync  # noqa: F401
 from .errors import PROG, UserError, _report
-from .output import (_bytes, _count, _debug, _err, _fit, _one_line, _out, _short_count,  # noqa: F401
-                     _spec_error_lines, _table)
+from .output import (
+    _bytes,
+    _count,
+    _debug,
+    _err,
+    _fit,
+    _one_line,
+    _out,
+    _short_count,  # noqa: F401
+    _spec_error_lines,
+    _table,
+)
 
 #: The modules that define the commands, in the order of ``modkit --help``; each has ``add_subcommands(subparsers)``
 #: and imports torch (and loads plugins) only inside its handlers, so assembling the parser stays light.
@@ -86,8 +96,11 @@ def __getattr__(name: str):
         AttributeError: ``name`` is neither.
     """
     if name == "EXTENSION_MODULES":
-        warnings.warn("modkit.cli.EXTENSION_MODULES is deprecated: every command module is in "
-                      "modkit.cli.COMMAND_MODULES", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "modkit.cli.EXTENSION_MODULES is deprecated: every command module is in modkit.cli.COMMAND_MODULES",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return COMMAND_MODULES
     if f"{__name__}.{name}" in COMMAND_MODULES:
         return importlib.import_module(f"{__name__}.{name}")
@@ -167,7 +180,9 @@ def close_flags(parser: argparse.ArgumentParser, word: str, n: int = 3) -> list[
     import difflib
 
     word = word.split("=", 1)[0]
-    options = [o for o in _option_strings(parser) if o not in ("-h", "--help") and (o.startswith("--") or len(word) <= 2)]
+    options = [
+        o for o in _option_strings(parser) if o not in ("-h", "--help") and (o.startswith("--") or len(word) <= 2)
+    ]
     found = [o for o in options if len(word) > 2 and o.startswith(word) and o != word]
     ratios = sorted(((difflib.SequenceMatcher(None, word, o).ratio(), o) for o in options), reverse=True)
     floor = max(0.75 if found else 0.6, ratios[0][0] - 0.1) if ratios else 1.0
@@ -202,7 +217,9 @@ def chosen_parser(parser: argparse.ArgumentParser, namespace: argparse.Namespace
     -> the parser of ``docs build``. Follows each subparsers action's ``dest``; ``parser`` itself without one."""
     while True:
         action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
-        name = getattr(namespace, action.dest, None) if action is not None and action.dest != argparse.SUPPRESS else None
+        name = (
+            getattr(namespace, action.dest, None) if action is not None and action.dest != argparse.SUPPRESS else None
+        )
         sub = action._name_parser_map.get(name) if action is not None and isinstance(name, str) else None  # noqa: SLF001
         if sub is None:
             return parser
@@ -288,8 +305,10 @@ def _add_commands(subparsers) -> None:
                     "commands cannot run. This is a broken install or a bug in modkit: reinstall (make setup, or "
                     "pip install -e .) and rerun with MODKIT_DEBUG=1 for the traceback"
                 ) from exc
-            _err(f"{PROG}: warning: the commands of {name} are unavailable: they need {missing!r} from the "
-                 f"optional extra {extra!r} (pip install 'modkit-lm[{extra}]')")
+            _err(
+                f"{PROG}: warning: the commands of {name} are unavailable: they need {missing!r} from the "
+                f"optional extra {extra!r} (pip install 'modkit-lm[{extra}]')"
+            )
             continue
         module.add_subcommands(subparsers)
 
@@ -361,4 +380,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if _debug():
                 raise
             return _report(exc)
-

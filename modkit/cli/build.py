@@ -13,7 +13,6 @@ from .common import _check_device, _registry, _spec_path, _sync
 from .output import _bytes, _count, _err, _out, _short_count, _spec_error_lines, _table
 
 
-
 def add_subcommands(sub) -> None:
     """Add ``build``."""
     p = sub.add_parser(
@@ -23,12 +22,17 @@ def add_subcommands(sub) -> None:
         "on a real device also one forward pass of a random batch.",
     )
     p.add_argument("spec", metavar="SPEC", help="spec .json file")
-    p.add_argument("--device", default="cpu", help="cpu (default), meta (no memory, no forward pass), cuda, cuda:N, ...")
+    p.add_argument(
+        "--device", default="cpu", help="cpu (default), meta (no memory, no forward pass), cuda, cuda:N, ..."
+    )
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument("--seed", type=int, default=0, help="seed of the weight init and the random batch (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="allocate even when the estimated weight bytes exceed the memory free on the device")
+    p.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="allocate even when the estimated weight bytes exceed the memory free on the device",
+    )
     p.set_defaults(func=cmd_build)
 
 
@@ -55,7 +59,9 @@ def _forward_check(model, device, seed: int) -> dict:
             _sync(device)
             logits = out.logits.float()
             if seq > 1:  # next-token loss: position t predicts token t + 1
-                loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, spec.vocab_size), ids[:, 1:].reshape(-1))
+                loss = torch.nn.functional.cross_entropy(
+                    logits[:, :-1].reshape(-1, spec.vocab_size), ids[:, 1:].reshape(-1)
+                )
             else:
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, spec.vocab_size), ids.reshape(-1))
             aux = out.aux_loss
@@ -134,8 +140,10 @@ def _print_build(spec_name: str, model, summary, device, seed: int) -> None:
     windowed = [w for w in summary.windows if w is not None and w < spec.max_seq_len]
     if windowed:  # ring buffers: those layers keep only the last `window` tokens
         sizes = ", ".join(_count(w) for w in sorted(set(windowed)))
-        line += (f" ({len(windowed)} of {len(summary.windows)} layers cache at most {sizes} tokens: "
-                 "their sliding window or attention chunk)")
+        line += (
+            f" ({len(windowed)} of {len(summary.windows)} layers cache at most {sizes} tokens: "
+            "their sliding window or attention chunk)"
+        )
     _out(line)
 
 
@@ -148,8 +156,10 @@ def _print_forward(fw: dict) -> None:
         _out(f"  aux loss {fw['aux_loss']:.4f}")
     tps = fw["tokens_per_s"]
     runs, warm = fw["timed_passes"], fw["warmup_passes"]
-    _out(f"  throughput {_count(round(tps)) if tps else '-'} tokens/s ({1000 * fw['seconds_per_pass']:.1f} ms per pass, "
-         f"mean of {runs} pass{'es' if runs != 1 else ''} after {warm} warm-up pass{'es' if warm != 1 else ''})")
+    _out(
+        f"  throughput {_count(round(tps)) if tps else '-'} tokens/s ({1000 * fw['seconds_per_pass']:.1f} ms per pass, "
+        f"mean of {runs} pass{'es' if runs != 1 else ''} after {warm} warm-up pass{'es' if warm != 1 else ''})"
+    )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -166,8 +176,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         for line in _spec_error_lines(exc, args.spec):
             _err(line)
         return 1
-    model = modkit.build(spec, device=device, dtype=args.dtype, seed=args.seed, registry=reg,
-                         check_memory=not args.no_memory_check)
+    model = modkit.build(
+        spec, device=device, dtype=args.dtype, seed=args.seed, registry=reg, check_memory=not args.no_memory_check
+    )
     summary = summarize(model, args.dtype, registry=reg)
     data = summary.to_json()
     data.update(spec=args.spec, device=str(device), seed=args.seed)

@@ -31,7 +31,9 @@ def _check_device(text: str):
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
-        raise UserError(f"invalid device {text!r}; use cpu, meta, cuda or cuda:N (any torch device type works)") from None
+        raise UserError(
+            f"invalid device {text!r}; use cpu, meta, cuda or cuda:N (any torch device type works)"
+        ) from None
     if device.type == "meta":
         return device
     if device.type == "cuda" and not torch.cuda.is_available():

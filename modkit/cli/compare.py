@@ -13,10 +13,18 @@ from pathlib import Path
 
 #: compare's options in the order its recorded command line spells them (after --seeds and the learning rates and
 #: the training-config fields)
-_AFTER_FIELDS = (("override", "--override"), ("widths", "--widths"), ("depths", "--depths"), ("ladder", "--ladder"),
-                 ("tokens_per_param", "--tokens-per-param"), ("tokens", "--tokens"), ("holdout_width", "--holdout-width"),
-                 ("holdout_depth", "--holdout-depth"), ("throughput_steps", "--throughput-steps"),
-                 ("spike_margin", "--spike-margin"))
+_AFTER_FIELDS = (
+    ("override", "--override"),
+    ("widths", "--widths"),
+    ("depths", "--depths"),
+    ("ladder", "--ladder"),
+    ("tokens_per_param", "--tokens-per-param"),
+    ("tokens", "--tokens"),
+    ("holdout_width", "--holdout-width"),
+    ("holdout_depth", "--holdout-depth"),
+    ("throughput_steps", "--throughput-steps"),
+    ("spike_margin", "--spike-margin"),
+)
 
 
 def add_subcommands(subparsers) -> None:
@@ -34,35 +42,85 @@ def add_subcommands(subparsers) -> None:
         "spec at several sizes and --ladder fits L(C) = E + A C^-alpha with a held-out check. --merge DIR... writes "
         "one report from several report folders.",
     )
-    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec .json files, or LABEL=FILE (the report labels each by "
-                   "LABEL or its file name); with --merge: report folders")
-    p.add_argument("--train", default=None, metavar="CONFIG", help="training config JSON (its model field is replaced by "
-                   "each spec; default: the built-in defaults)")
+    p.add_argument(
+        "specs",
+        nargs="+",
+        metavar="SPEC",
+        help="spec .json files, or LABEL=FILE (the report labels each by "
+        "LABEL or its file name); with --merge: report folders",
+    )
+    p.add_argument(
+        "--train",
+        default=None,
+        metavar="CONFIG",
+        help="training config JSON (its model field is replaced by each spec; default: the built-in defaults)",
+    )
     p.add_argument("--seeds", type=int, default=3, metavar="K", help="seeds per spec (default 3)")
-    p.add_argument("--lr-sweep", metavar="LR,LR,...", help="learning rates tried on the first seed of each spec; the other "
-                   "seeds train at the winner")
+    p.add_argument(
+        "--lr-sweep",
+        metavar="LR,LR,...",
+        help="learning rates tried on the first seed of each spec; the other seeds train at the winner",
+    )
     p.add_argument("--lr-grid", metavar="LR,LR,...", help="learning rates every seed of every spec trains at")
-    p.add_argument("--override", action="append", default=None, metavar="LABEL:FIELD=VALUE",
-                   help="a training-config field for one spec's runs (repeatable), e.g. muon:optimizer='{\"type\": \"muon\"}'")
-    p.add_argument("--widths", metavar="W,W,...", help="train each spec at these d_model (d_ff and head_dim scaled with it)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=None,
+        metavar="LABEL:FIELD=VALUE",
+        help='a training-config field for one spec\'s runs (repeatable), e.g. muon:optimizer=\'{"type": "muon"}\'',
+    )
+    p.add_argument(
+        "--widths", metavar="W,W,...", help="train each spec at these d_model (d_ff and head_dim scaled with it)"
+    )
     p.add_argument("--depths", metavar="L,L,...", help="train each spec at these n_layers")
-    p.add_argument("--ladder", action="store_true", help="fit validation loss against training FLOPs per spec (needs 2+ sizes; 3+ to fit)")
-    p.add_argument("--tokens-per-param", metavar="R[,R...]", help="token budget of each size: R x its parameters (several: "
-                   "every size at every budget, and an L(N, D) fit)")
+    p.add_argument(
+        "--ladder",
+        action="store_true",
+        help="fit validation loss against training FLOPs per spec (needs 2+ sizes; 3+ to fit)",
+    )
+    p.add_argument(
+        "--tokens-per-param",
+        metavar="R[,R...]",
+        help="token budget of each size: R x its parameters (several: every size at every budget, and an L(N, D) fit)",
+    )
     p.add_argument("--tokens", metavar="T,T,...", help="token budget of each size, one per size in order")
-    p.add_argument("--holdout-width", type=int, default=None, metavar="W", help="a larger d_model every spec also trains "
-                   "at, which the ladder fit does not see and predicts")
+    p.add_argument(
+        "--holdout-width",
+        type=int,
+        default=None,
+        metavar="W",
+        help="a larger d_model every spec also trains at, which the ladder fit does not see and predicts",
+    )
     p.add_argument("--holdout-depth", type=int, default=None, metavar="L", help="n_layers of the held-out size")
-    p.add_argument("--throughput-steps", type=int, default=0, metavar="N",
-                   help="after training, time N steps of every variant round-robin in one process (3 rounds, median): "
-                        "throughput that every variant measured under the same load (default 0: off)")
-    p.add_argument("--spike-margin", type=float, default=0.1, metavar="NATS", help="margin of the instability reading (default 0.1)")
-    p.add_argument("--merge", action="store_true", help="SPEC... are report folders of earlier comparisons: write one "
-                   "report from them (nothing trains)")
+    p.add_argument(
+        "--throughput-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after training, time N steps of every variant round-robin in one process (3 rounds, median): "
+        "throughput that every variant measured under the same load (default 0: off)",
+    )
+    p.add_argument(
+        "--spike-margin",
+        type=float,
+        default=0.1,
+        metavar="NATS",
+        help="margin of the instability reading (default 0.1)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="SPEC... are report folders of earlier comparisons: write one report from them (nothing trains)",
+    )
     p.add_argument("-o", "--out", metavar="REPORT_DIR", default=None, help="report folder (default reports/compare)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="training runs at once, each in its own process (default 1); on CPU keep N x the config's threads "
-                        "within the cores")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="training runs at once, each in its own process (default 1); on CPU keep N x the config's threads "
+        "within the cores",
+    )
     defer = getattr(p, "defer", None)
     defer(_fields) if defer is not None else _fields(p)
     p.set_defaults(func=cmd_compare)
@@ -126,7 +184,9 @@ def _spec_overrides(items, labels_hint: str) -> dict:
         name, eq, text = rest.partition("=")
         name = name.replace("-", "_")
         if not sep or not eq or not label or not name:
-            raise UserError(f"--override {item!r}: write LABEL:FIELD=VALUE, e.g. muon:optimizer='{{\"type\": \"muon\"}}' ({labels_hint})")
+            raise UserError(
+                f'--override {item!r}: write LABEL:FIELD=VALUE, e.g. muon:optimizer=\'{{"type": "muon"}}\' ({labels_hint})'
+            )
         if name not in TrainConfig.model_fields:
             raise UserError(f"--override {item!r}: {name!r} is not a training-config field ('modkit schema --train')")
         out.setdefault(label, {})[name] = parse_flag_value(name, text)
@@ -136,8 +196,15 @@ def _spec_overrides(items, labels_hint: str) -> dict:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Handler of ``modkit compare``: check the arguments, run the comparison (or merge reports), print the table."""
     from . import UserError
-    from modkit.experiments.compare import (CompareError, CompareRequest, compare, fmt_pm, merge_reports, parse_ints,
-                                            parse_lrs)
+    from modkit.experiments.compare import (
+        CompareError,
+        CompareRequest,
+        compare,
+        fmt_pm,
+        merge_reports,
+        parse_ints,
+        parse_lrs,
+    )
     from ..train.config import parse_flag_value
 
     out = args.out or "reports/compare"
@@ -180,19 +247,36 @@ def cmd_compare(args: argparse.Namespace) -> int:
     spec_overrides = _spec_overrides(args.override, "labels are the spec file names or LABEL of LABEL=FILE")
     holdout = (args.holdout_width, args.holdout_depth) if (args.holdout_width or args.holdout_depth) else None
     try:
-        request = CompareRequest(args.specs, args.train, out, seeds=args.seeds, lr_sweep=sweep, lr_grid=grid,
-                                 overrides=overrides, spec_overrides=spec_overrides, widths=widths, depths=depths,
-                                 ladder=args.ladder, tokens_per_param=ratios, tokens=tokens, holdout=holdout,
-                                 throughput_steps=args.throughput_steps, spike_margin=args.spike_margin, jobs=args.jobs,
-                                 command=command_line(args, out))
+        request = CompareRequest(
+            args.specs,
+            args.train,
+            out,
+            seeds=args.seeds,
+            lr_sweep=sweep,
+            lr_grid=grid,
+            overrides=overrides,
+            spec_overrides=spec_overrides,
+            widths=widths,
+            depths=depths,
+            ladder=args.ladder,
+            tokens_per_param=ratios,
+            tokens=tokens,
+            holdout=holdout,
+            throughput_steps=args.throughput_steps,
+            spike_margin=args.spike_margin,
+            jobs=args.jobs,
+            command=command_line(args, out),
+        )
         result = compare(request)
     except CompareError as exc:
         raise UserError(str(exc)) from None
     print()
     for row in result.rows:
         bpb = f" ({fmt_pm(row.val_bpb_mean, row.val_bpb_std)} bits/byte)" if row.val_bpb_mean is not None else ""
-        print(f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}{bpb}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "
-              f"lr {row.lr:g}, {row.params:,} parameters, diverged {row.diverged}/{len(row.runs)}")
+        print(
+            f"{row.spec}: val {fmt_pm(row.val_loss_mean, row.val_loss_std)}{bpb}, train {fmt_pm(row.train_loss_mean, row.train_loss_std)}, "
+            f"lr {row.lr:g}, {row.params:,} parameters, diverged {row.diverged}/{len(row.runs)}"
+        )
     for v in result.verdicts:
         print(("" if v.lr is None else f"lr {v.lr:g}: ") + v.text())
     print(f"report: {result.report}")

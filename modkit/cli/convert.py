@@ -17,7 +17,6 @@ from .errors import UserError
 from .output import _count, _err, _short_count, _spec_error_lines
 
 
-
 def add_subcommands(sub) -> None:
     """Add ``convert hf`` and ``convert modkit``."""
     p = sub.add_parser(
@@ -95,8 +94,11 @@ def _has_weights(folder: Path) -> bool:
     """Whether a model folder holds weights: safetensors, or pickle files (refused when converting)."""
     from modkit.io.checkpoint import PICKLE_SUFFIXES
 
-    return any(p.suffix == ".safetensors" or p.name.endswith(".safetensors.index.json") or p.suffix.lower() in PICKLE_SUFFIXES
-               for p in folder.iterdir() if p.is_file())
+    return any(
+        p.suffix == ".safetensors" or p.name.endswith(".safetensors.index.json") or p.suffix.lower() in PICKLE_SUFFIXES
+        for p in folder.iterdir()
+        if p.is_file()
+    )
 
 
 def _weights_summary(model) -> str:
@@ -135,8 +137,10 @@ def cmd_convert_modkit(args: argparse.Namespace) -> int:
         config = tokenizer.with_name("tokenizer_config.json")  # its special tokens (eos_token, ...), for AutoTokenizer
         if config.is_file():
             shutil.copyfile(config, out / "tokenizer_config.json")
-    _err(f"wrote {out}/ (Hugging Face {model_type}: config.json + safetensors{' + tokenizer.json' if tokenizer.is_file() else ''}; "
-         f"{_weights_summary(model)})")
+    _err(
+        f"wrote {out}/ (Hugging Face {model_type}: config.json + safetensors{' + tokenizer.json' if tokenizer.is_file() else ''}; "
+        f"{_weights_summary(model)})"
+    )
     return 0
 
 
@@ -146,7 +150,7 @@ def _parse_size(text: str) -> int:
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
     try:
-        value = float(num) * units[t[len(num):]]
+        value = float(num) * units[t[len(num) :]]
     except (ValueError, KeyError):
         raise UserError(f"invalid size {text!r}; use e.g. 5GB, 500MB, 2GiB or a number of bytes") from None
     if not math.isfinite(value):

@@ -26,15 +26,21 @@ def add_subcommands(subparsers) -> None:
     )
     p.add_argument("spec", metavar="SPEC", help="spec .json file (its own parametrization is replaced)")
     p.add_argument("--widths", required=True, metavar="W,W,...", help="d_model values, increasing, e.g. 64,128,256,512")
-    p.add_argument("--base-d-model", type=int, default=None, metavar="W", help="muP's base width (default: the smallest width)")
+    p.add_argument(
+        "--base-d-model", type=int, default=None, metavar="W", help="muP's base width (default: the smallest width)"
+    )
     p.add_argument("--steps", type=int, default=4, metavar="N", help="optimizer steps (default 4)")
     p.add_argument("--lr", type=float, default=1e-2, metavar="LR", help="constant learning rate (default 1e-2)")
-    p.add_argument("--optimizer", default='{"type": "adamw"}', metavar="JSON", help='optimizer config (default {"type": "adamw"})')
+    p.add_argument(
+        "--optimizer", default='{"type": "adamw"}', metavar="JSON", help='optimizer config (default {"type": "adamw"})'
+    )
     p.add_argument("--seeds", type=int, default=2, metavar="K", help="seeds averaged per width (default 2)")
     p.add_argument("--batch", type=int, default=8, metavar="B", help="sequences per batch (default 8)")
     p.add_argument("--seq-len", type=int, default=32, metavar="T", help="tokens per sequence (default 32)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (torch.set_num_threads)")
-    p.add_argument("-o", "--out", default="reports/coordcheck", metavar="DIR", help="report folder (default reports/coordcheck)")
+    p.add_argument(
+        "-o", "--out", default="reports/coordcheck", metavar="DIR", help="report folder (default reports/coordcheck)"
+    )
     p.set_defaults(func=cmd_coordcheck)
 
 
@@ -49,7 +55,7 @@ def cmd_coordcheck(args: argparse.Namespace) -> int:
     try:
         optimizer = json.loads(args.optimizer)
     except ValueError:
-        raise UserError(f"--optimizer {args.optimizer!r} is not JSON; e.g. '{{\"type\": \"muon\"}}'") from None
+        raise UserError(f'--optimizer {args.optimizer!r} is not JSON; e.g. \'{{"type": "muon"}}\'') from None
     if not Path(args.spec).is_file():
         raise UserError(f"spec {args.spec}: no such file")
     import torch
@@ -59,12 +65,36 @@ def cmd_coordcheck(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        result = coord_check(args.spec, widths, base_d_model=args.base_d_model, steps=args.steps, lr=args.lr,
-                             optimizer=optimizer, seeds=args.seeds, batch=args.batch, seq_len=args.seq_len)
+        result = coord_check(
+            args.spec,
+            widths,
+            base_d_model=args.base_d_model,
+            steps=args.steps,
+            lr=args.lr,
+            optimizer=optimizer,
+            seeds=args.seeds,
+            batch=args.batch,
+            seq_len=args.seq_len,
+        )
     except CoordCheckError as exc:
         raise UserError(str(exc)) from None
-    argv = ["modkit", "coordcheck", args.spec, "--widths", args.widths, "--steps", str(args.steps), "--lr", f"{args.lr:g}",
-            "--seeds", str(args.seeds), "--batch", str(args.batch), "--seq-len", str(args.seq_len)]
+    argv = [
+        "modkit",
+        "coordcheck",
+        args.spec,
+        "--widths",
+        args.widths,
+        "--steps",
+        str(args.steps),
+        "--lr",
+        f"{args.lr:g}",
+        "--seeds",
+        str(args.seeds),
+        "--batch",
+        str(args.batch),
+        "--seq-len",
+        str(args.seq_len),
+    ]
     if args.base_d_model is not None:
         argv += ["--base-d-model", str(args.base_d_model)]
     if optimizer != {"type": "adamw"}:

@@ -28,14 +28,47 @@ def add_subcommands(subparsers) -> None:
         "keys; train: 3 x prefill. The roofline defaults are an H100 SXM's (3.35e12 bytes/s, 989e12 bf16 dense FLOP/s).",
     )
     p.add_argument("spec", metavar="SPEC", help="spec .json file")
-    p.add_argument("--context", type=int, default=None, metavar="N", help="context length in tokens (default: the spec's max_seq_len)")
-    p.add_argument("--batch", type=int, default=1, metavar="B", help="rows for the KV cache, the roofline and the training memory (default 1)")
-    p.add_argument("--dtype", default="bfloat16", metavar="D", help="dtype of weights read, KV cache and activations (default bfloat16)")
-    p.add_argument("--train-seq-len", type=int, default=None, metavar="T", help="sequence length of the training-memory estimate (default: --context)")
-    p.add_argument("--bandwidth", type=float, default=DEFAULT_BANDWIDTH, metavar="BYTES_PER_S",
-                   help=f"memory bandwidth of the roofline (default {DEFAULT_BANDWIDTH:.3g}: H100 SXM HBM3)")
-    p.add_argument("--peak-flops", type=float, default=DEFAULT_PEAK_FLOPS, metavar="FLOPS",
-                   help=f"peak FLOP/s of the roofline (default {DEFAULT_PEAK_FLOPS:.3g}: H100 SXM bf16 dense)")
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="context length in tokens (default: the spec's max_seq_len)",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        metavar="B",
+        help="rows for the KV cache, the roofline and the training memory (default 1)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        metavar="D",
+        help="dtype of weights read, KV cache and activations (default bfloat16)",
+    )
+    p.add_argument(
+        "--train-seq-len",
+        type=int,
+        default=None,
+        metavar="T",
+        help="sequence length of the training-memory estimate (default: --context)",
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        default=DEFAULT_BANDWIDTH,
+        metavar="BYTES_PER_S",
+        help=f"memory bandwidth of the roofline (default {DEFAULT_BANDWIDTH:.3g}: H100 SXM HBM3)",
+    )
+    p.add_argument(
+        "--peak-flops",
+        type=float,
+        default=DEFAULT_PEAK_FLOPS,
+        metavar="FLOPS",
+        help=f"peak FLOP/s of the roofline (default {DEFAULT_PEAK_FLOPS:.3g}: H100 SXM bf16 dense)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=cmd_cost)
 
@@ -50,7 +83,9 @@ def _flops(x: float) -> str:
 def _rank(key: str) -> int:
     """Attention, ffn, router, other kinds, head; the declarations' own order within a kind (a stable sort)."""
     kind = key.split(".", 1)[0]
-    return KIND_ORDER.index(kind) if kind in KIND_ORDER else (len(KIND_ORDER) + 1 if kind == "head" else len(KIND_ORDER))
+    return (
+        KIND_ORDER.index(kind) if kind in KIND_ORDER else (len(KIND_ORDER) + 1 if kind == "head" else len(KIND_ORDER))
+    )
 
 
 def _context_line(value: Optional[int], max_seq_len: int) -> str:
@@ -63,10 +98,14 @@ def _context_line(value: Optional[int], max_seq_len: int) -> str:
 
 def _crossover_lines(out, cross: dict, max_seq_len: int) -> None:
     out("attention overtakes the FFN (FLOPs per token) at context")
-    out(f"  scores + weighted sum:      decode {_context_line(cross['decode']['scores'], max_seq_len)}; "
-        f"prefill {_context_line(cross['prefill']['scores'], max_seq_len)}")
-    out(f"  with q/k/v/o projections:   decode {_context_line(cross['decode']['with_projections'], max_seq_len)}; "
-        f"prefill {_context_line(cross['prefill']['with_projections'], max_seq_len)}")
+    out(
+        f"  scores + weighted sum:      decode {_context_line(cross['decode']['scores'], max_seq_len)}; "
+        f"prefill {_context_line(cross['prefill']['scores'], max_seq_len)}"
+    )
+    out(
+        f"  with q/k/v/o projections:   decode {_context_line(cross['decode']['with_projections'], max_seq_len)}; "
+        f"prefill {_context_line(cross['prefill']['with_projections'], max_seq_len)}"
+    )
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
@@ -85,15 +124,23 @@ def cmd_cost(args: argparse.Namespace) -> int:
     spec = modkit.load_spec(_spec_path(args.spec), registry=reg)
     context = _checked_context(args, spec, reg)
     costs = CostModel(spec, registry=reg)
-    data = costs.report(context=context, batch=args.batch, dtype=args.dtype, bandwidth=args.bandwidth,
-                        peak_flops=args.peak_flops, train_seq_len=args.train_seq_len)
+    data = costs.report(
+        context=context,
+        batch=args.batch,
+        dtype=args.dtype,
+        bandwidth=args.bandwidth,
+        peak_flops=args.peak_flops,
+        train_seq_len=args.train_seq_len,
+    )
     data["spec"] = args.spec
     beyond = context > spec.max_seq_len
     data["context_beyond_max_seq_len"] = beyond
     if beyond:  # the figures extrapolate a model that cannot run there: said on stderr and on every line at it
-        _err(f"modkit: warning: --context {_count(context)} is beyond the spec's max_seq_len = "
-             f"{_count(spec.max_seq_len)}: the model is built for at most max_seq_len tokens (generate refuses more); "
-             "every figure at this context extrapolates the components' declarations")
+        _err(
+            f"modkit: warning: --context {_count(context)} is beyond the spec's max_seq_len = "
+            f"{_count(spec.max_seq_len)}: the model is built for at most max_seq_len tokens (generate refuses more); "
+            "every figure at this context extrapolates the components' declarations"
+        )
     at = _count(context) + (f" (beyond max_seq_len {_count(spec.max_seq_len)})" if beyond else "")
     if args.json:
         print(json.dumps(data, indent=2))
@@ -125,13 +172,17 @@ def _checked_context(args: argparse.Namespace, spec, reg) -> int:
             raise UserError(f"{name} must be >= 1, got {value}")
     for name, value in (("--context", context), ("--train-seq-len", args.train_seq_len or 1)):
         if value > MAX_SEQ_LEN:
-            raise UserError(f"{name} must be at most {MAX_SEQ_LEN:,} (modkit.core.limits.MAX_SEQ_LEN, modkit's bound "
-                            f"on a context length), got {value:,}")
+            raise UserError(
+                f"{name} must be at most {MAX_SEQ_LEN:,} (modkit.core.limits.MAX_SEQ_LEN, modkit's bound "
+                f"on a context length), got {value:,}"
+            )
     per_token = modkit.kv_cache_bytes_per_token(spec, args.dtype, registry=reg)
     if per_token * context * args.batch >= 2**63:  # a tensor's byte size is an int64: torch would overflow
-        raise UserError(f"--batch {args.batch:,} x --context {context:,} tokens would need "
-                        f"{per_token * context * args.batch:,} bytes of KV cache, past the 2**63 bytes a tensor size "
-                        "can express; lower --batch or --context")
+        raise UserError(
+            f"--batch {args.batch:,} x --context {context:,} tokens would need "
+            f"{per_token * context * args.batch:,} bytes of KV cache, past the 2**63 bytes a tensor size "
+            "can express; lower --batch or --context"
+        )
     return context
 
 
@@ -142,11 +193,14 @@ def _flops_lines(out, data: dict, name: str, at: str) -> None:
 
     per = data["flops_per_token"]
     varying = set(data["context_dependent_parts"])
-    out(f"{name}: FLOPs per token at context {at} "
-        "(matrix products only, 1 multiply-add = 2 FLOPs; * grows with the context)")
+    out(
+        f"{name}: FLOPs per token at context {at} "
+        "(matrix products only, 1 multiply-add = 2 FLOPs; * grows with the context)"
+    )
     keys = sorted(dict.fromkeys([*per["prefill"], *per["decode"]]), key=_rank)
-    rows = [(k + (" *" if k in varying else ""), *(_flops(per[ph].get(k, 0)) for ph in (*PHASES, "train")))
-            for k in keys]
+    rows = [
+        (k + (" *" if k in varying else ""), *(_flops(per[ph].get(k, 0)) for ph in (*PHASES, "train"))) for k in keys
+    ]
     totals = data["flops_per_token_total"]
     rows.append(("total", *(_flops(totals[ph]) for ph in (*PHASES, "train"))))
     lines = _table(("PART", "PREFILL", "DECODE", "TRAIN"), rows, right=(1, 2, 3), indent="  ")
@@ -162,8 +216,10 @@ def _crossover_section(out, data: dict, max_seq_len: int) -> None:
     out("")
     has = lambda *prefix: any(k.startswith(prefix) for k in per["decode"])  # noqa: E731
     if not has("attention."):
-        out("attention overtakes the FFN: never (no attention layer; the other mixers' FLOPs per token do not grow "
-            "with the context)")
+        out(
+            "attention overtakes the FFN: never (no attention layer; the other mixers' FLOPs per token do not grow "
+            "with the context)"
+        )
     elif not has("ffn.", "router."):
         out("attention overtakes the FFN: no FFN layer to compare with")
     else:
@@ -177,26 +233,34 @@ def _memory_lines(out, data: dict, context: int, batch: int, at: str, has_attent
     params = data["params"]
     out("")
     active = data["active_params_per_token"]
-    out(f"parameters: {_count(params['total'])}"
-        + (f" ({_count(active)} active per token)" if active != params["total"] else ""))
+    out(
+        f"parameters: {_count(params['total'])}"
+        + (f" ({_count(active)} active per token)" if active != params["total"] else "")
+    )
     out("weights:    " + ", ".join(f"{k} {_bytes(v)}" for k, v in data["weight_bytes"].items()))
     kv = data["kv_cache_bytes"]
     state = data["cache_state_bytes_per_sequence"]
-    out(f"KV cache:   {_bytes(kv)} at context {at} x batch {batch} in {data['dtype']} "
+    out(
+        f"KV cache:   {_bytes(kv)} at context {at} x batch {batch} in {data['dtype']} "
         f"({_count(data['kv_cache_bytes_per_token'])} bytes per token as the mixers declare, "
         f"{_count(kv // (context * batch))} per token held on average"
-        + (f"; {_bytes(state)} of fixed-size state per sequence)" if state else ")"))
+        + (f"; {_bytes(state)} of fixed-size state per sequence)" if state else ")")
+    )
     mem = data["training_memory"]
     out("")
-    out(f"training memory, an estimate (AdamW; float32 weights, gradients and moments; {mem['dtype']} activations at "
-        f"batch {mem['batch']} x {_count(mem['seq_len'])} tokens)")
+    out(
+        f"training memory, an estimate (AdamW; float32 weights, gradients and moments; {mem['dtype']} activations at "
+        f"batch {mem['batch']} x {_count(mem['seq_len'])} tokens)"
+    )
     rows = [(k.replace("_", " "), _bytes(mem[k])) for k in ("weights", "gradients", "adamw_states", "activations")]
     rows.append(("total", _bytes(mem["total"])))
     for line in _table(("PART", "BYTES"), rows, right=(1,), indent="  "):
         out(line)
     if has_attention:
-        out(f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities "
-            "(eager/math)")
+        out(
+            f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities "
+            "(eager/math)"
+        )
 
 
 def _roofline_lines(out, data: dict, batch: int, at: str) -> None:
@@ -205,9 +269,13 @@ def _roofline_lines(out, data: dict, batch: int, at: str) -> None:
 
     roof = data["decode_roofline"]
     out("")
-    out(f"decode roofline (batch {batch}, context {at}, {data['dtype']}; {roof['bandwidth_bytes_per_s']:.3g} "
-        f"bytes/s, {roof['peak_flops_per_s']:.3g} FLOP/s)")
+    out(
+        f"decode roofline (batch {batch}, context {at}, {data['dtype']}; {roof['bandwidth_bytes_per_s']:.3g} "
+        f"bytes/s, {roof['peak_flops_per_s']:.3g} FLOP/s)"
+    )
     out(f"  memory  {_bytes(roof['bytes'])} read -> {1e3 * roof['memory_s']:.3f} ms")
     out(f"  compute {_flops(roof['flops'])}FLOP -> {1e3 * roof['compute_s']:.3f} ms")
-    out(f"  {roof['bound']}-bound: {1e3 * roof['seconds']:.3f} ms per step, "
-        f"{roof['tokens_per_s']:,.1f} tokens/s at best")
+    out(
+        f"  {roof['bound']}-bound: {1e3 * roof['seconds']:.3f} ms per step, "
+        f"{roof['tokens_per_s']:,.1f} tokens/s at best"
+    )

@@ -18,7 +18,6 @@ from .errors import UserError
 from .output import _bytes, _debug, _err, _spec_error_lines
 
 
-
 def add_subcommands(sub) -> None:
     """Add ``generate``; the sampling flags are deferred until it is parsed (they need the registry)."""
     p = sub.add_parser(
@@ -27,24 +26,39 @@ def add_subcommands(sub) -> None:
         description="Stream a continuation of a prompt from a spec (random weights), a modkit checkpoint folder or a "
         "Hugging Face folder, then print one summary line (prefill ms, decode tokens/s) on stderr.",
     )
-    p.add_argument("model", metavar="MODEL", help="spec .json (random init), modkit checkpoint folder or Hugging Face folder")
+    p.add_argument(
+        "model", metavar="MODEL", help="spec .json (random init), modkit checkpoint folder or Hugging Face folder"
+    )
     p.add_argument("--prompt", required=True, help="text (with --tokenizer) or token ids separated by commas or spaces")
     p.add_argument(
-        "--tokenizer", metavar="JSON",
+        "--tokenizer",
+        metavar="JSON",
         help="a tokenizers tokenizer.json (default: MODEL/tokenizer.json when there is one); without one, prompt and output are token ids",
     )
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
     p.add_argument(
-        "--max-len", type=int, default=None, metavar="N",
+        "--max-len",
+        type=int,
+        default=None,
+        metavar="N",
         help="most positions the prompt plus the new tokens may reach (default: the spec's max_seq_len); above "
         "max_seq_len only for position schemes without a table (rope, alibi, sinusoidal, none), with a warning",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (and of random weights for a spec; default 0)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the sampling (and of random weights for a spec; default 0)"
+    )
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, ...")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)")
-    p.add_argument("--compile", action="store_true", help="decode with torch.compile (fullgraph; pays a one-off compilation)")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="allocate even when the estimated weight or KV-cache bytes exceed the memory free on the device")
+    p.add_argument(
+        "--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)"
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="decode with torch.compile (fullgraph; pays a one-off compilation)"
+    )
+    p.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="allocate even when the estimated weight or KV-cache bytes exceed the memory free on the device",
+    )
     defer = getattr(p, "defer", None)  # modkit's parser: when `generate` is parsed or its help shown; a plain one: now
     defer(_add_sampling_arguments) if defer is not None else _add_sampling_arguments(p)
     p.set_defaults(func=cmd_generate)
@@ -62,8 +76,14 @@ def _load_model(text: str, device, dtype: Optional[str], seed: int, check_memory
         if path.suffix != ".json":
             raise UserError(f"{text}: give a spec .json file or a checkpoint folder")
         reg = _registry()
-        return modkit.build(modkit.load_spec(path, registry=reg), device=device, dtype=dtype, seed=seed, registry=reg,
-                            check_memory=check_memory)
+        return modkit.build(
+            modkit.load_spec(path, registry=reg),
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            registry=reg,
+            check_memory=check_memory,
+        )
     if (path / "spec.json").is_file():
         return modkit.load(path, device=device, dtype=dtype, check_memory=check_memory)
     if (path / "config.json").is_file():
@@ -93,16 +113,16 @@ def _prompt_ids(text: str, tokenizer) -> list[int]:
 
     parts = [p for p in text.replace(",", " ").split() if p]
     if not all(re.fullmatch(r"[+-]?[0-9]+", p) for p in parts):
-        raise UserError(
-            f"without --tokenizer the prompt is token ids separated by commas or spaces, got {text!r}"
-        )
+        raise UserError(f"without --tokenizer the prompt is token ids separated by commas or spaces, got {text!r}")
     ids = [int(p) for p in parts]
     if not ids:
         raise UserError("the prompt is empty; give at least one token id")
     for i in ids:  # before the model loads: no vocabulary reaches past modkit's bound (and torch holds int64 only)
         if not 0 <= i < MAX_VOCAB_SIZE:
-            raise UserError(f"--prompt holds the token id {i}, outside [0, {MAX_VOCAB_SIZE:,}): token ids are >= 0 and "
-                            f"below vocab_size, which is at most {MAX_VOCAB_SIZE:,} (modkit.core.limits.MAX_VOCAB_SIZE)")
+            raise UserError(
+                f"--prompt holds the token id {i}, outside [0, {MAX_VOCAB_SIZE:,}): token ids are >= 0 and "
+                f"below vocab_size, which is at most {MAX_VOCAB_SIZE:,} (modkit.core.limits.MAX_VOCAB_SIZE)"
+            )
     return ids
 
 
@@ -110,8 +130,10 @@ def _check_prompt(ids: list[int], vocab_size: int) -> None:
     """Every prompt id lies in the model's vocabulary ``[0, vocab_size)``, or a :class:`UserError` naming it."""
     for i in ids:
         if not 0 <= i < vocab_size:
-            raise UserError(f"--prompt holds the token id {i}, outside the model's vocabulary [0, {vocab_size:,}) "
-                            f"(vocab_size = {vocab_size:,})")
+            raise UserError(
+                f"--prompt holds the token id {i}, outside the model's vocabulary [0, {vocab_size:,}) "
+                f"(vocab_size = {vocab_size:,})"
+            )
 
 
 class _TextStream:
@@ -145,12 +167,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import modkit
 
     from modkit.core.errors import MaxSeqLenWarning
-    from modkit.inference.generate import build_sampler, check_generation, check_sampling, column_major_linears, stream_generate
+    from modkit.inference.generate import (
+        build_sampler,
+        check_generation,
+        check_sampling,
+        column_major_linears,
+        stream_generate,
+    )
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    flags = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed",
-             "max_new_tokens": "--max-new-tokens", "max_len": "--max-len"}
+    flags = {
+        "temperature": "--temperature",
+        "top_k": "--top-k",
+        "top_p": "--top-p",
+        "seed": "--seed",
+        "max_new_tokens": "--max-new-tokens",
+        "max_len": "--max-len",
+    }
     check_sampling(args.temperature, args.top_k, args.top_p, names=flags)  # every argument before any work
     check_generation(args.max_new_tokens, seed=args.seed, max_len=args.max_len, names=flags)
     found = Path(args.model) / "tokenizer.json"  # a training run's checkpoints (and HF folders) carry their tokenizer
@@ -190,8 +224,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:  # (the length warning as one modkit line)
         warnings.simplefilter("always", MaxSeqLenWarning)
         tokens = stream_generate(  # checks the prompt against the model (vocabulary, max_seq_len) before any output
-            model, [ids], max_new_tokens=args.max_new_tokens, seed=args.seed, compile=args.compile,
-            decode=decode, check_memory=not args.no_memory_check, max_len=args.max_len, **sampling,
+            model,
+            [ids],
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            compile=args.compile,
+            decode=decode,
+            check_memory=not args.no_memory_check,
+            max_len=args.max_len,
+            **sampling,
         )
     for w in caught:
         if issubclass(w.category, MaxSeqLenWarning):
@@ -238,13 +279,15 @@ def _add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     sampling keyword (:func:`_add_sampling_flags`; this loads the plugins) and ``--sampling``."""
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="0 (default) is greedy; > 0 samples")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: smallest set with mass >= P")
+    p.add_argument(
+        "--top-p", type=float, default=None, metavar="P", help="nucleus sampling: smallest set with mass >= P"
+    )
     _add_sampling_flags(p)
     p.add_argument(
         "--sampling",
         metavar="JSON",
         help="the sampling pipeline as a JSON list (or a file holding one), applied in list order, e.g. "
-        "'[{\"type\": \"temperature\", \"value\": 0.7}, {\"type\": \"min_p\", \"p\": 0.05}]'; instead of the flags above",
+        '\'[{"type": "temperature", "value": 0.7}, {"type": "min_p", "p": 0.05}]\'; instead of the flags above',
     )
 
 
@@ -257,6 +300,7 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     for name, (entry, field) in sorted(_sampling_arguments().items()):
         if name in taken:
             continue
+
         def base(t: Any) -> Any:  # int for Annotated[int, Ge(0)] (PositiveInt and friends)
             return typing.get_args(t)[0] if typing.get_origin(t) is typing.Annotated else t
 
@@ -284,7 +328,9 @@ def _sampling_from_args(args: argparse.Namespace) -> dict:
         given.setdefault("temperature", 0.0)  # the command line decodes greedily unless told otherwise
         return given
     if given:
-        raise UserError(f"--sampling replaces the sampling flags; drop {', '.join('--' + k.replace('_', '-') for k in sorted(given))}")
+        raise UserError(
+            f"--sampling replaces the sampling flags; drop {', '.join('--' + k.replace('_', '-') for k in sorted(given))}"
+        )
     from modkit.core.jsonio import JSONInputError, parse_json, read_json_file
 
     text = args.sampling

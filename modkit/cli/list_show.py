@@ -12,7 +12,6 @@ from .errors import UserError
 from .output import _err, _fit, _one_line, _out, _table
 
 
-
 def add_subcommands(sub) -> None:
     """Add ``list`` and ``show``."""
     p = sub.add_parser("list", help="list registered components", description="List registered components.")
@@ -20,7 +19,9 @@ def add_subcommands(sub) -> None:
     p.add_argument("--pattern", "-p", help="fnmatch pattern on the type name, e.g. '*norm'")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("show", help="describe one component", description="Fields, capabilities and provider of one component.")
+    p = sub.add_parser(
+        "show", help="describe one component", description="Fields, capabilities and provider of one component."
+    )
     p.add_argument("kind", help="component kind, e.g. norm")
     p.add_argument("type", help="component type, e.g. rmsnorm")
     p.add_argument("--schema", action="store_true", help="print the config's JSON Schema instead")
@@ -41,7 +42,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not comps:
         where = f" of kind {args.kind!r}" if args.kind else ""
         pat = f" matching {args.pattern!r}" if args.pattern else ""
-        _err(f"no components{where}{pat}; installed types: " + ", ".join(f"{c.kind}/{c.type}" for c in reg.components()))
+        _err(
+            f"no components{where}{pat}; installed types: " + ", ".join(f"{c.kind}/{c.type}" for c in reg.components())
+        )
         return 1
     rows = []
     for c in comps:
@@ -87,7 +90,9 @@ def _type_str(schema: dict, node: dict) -> str:
     return out
 
 
-def _field_rows(schema: dict, node: dict, prefix: str = "", slot_key: str = "x-modkit-slot") -> list[tuple[str, str, str, str]]:
+def _field_rows(
+    schema: dict, node: dict, prefix: str = "", slot_key: str = "x-modkit-slot"
+) -> list[tuple[str, str, str, str]]:
     rows = []
     required = set(node.get("required", []))
     for name, prop in node.get("properties", {}).items():
@@ -154,7 +159,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     if entry.capabilities:
         from modkit.core.registry import KNOWN_CAPABILITIES
 
-        caps = [(k, json.dumps(v, default=str), KNOWN_CAPABILITIES.get(k, "")) for k, v in sorted(entry.capabilities.items())]
+        caps = [
+            (k, json.dumps(v, default=str), KNOWN_CAPABILITIES.get(k, ""))
+            for k, v in sorted(entry.capabilities.items())
+        ]
         name_w = max(len(k) for k, _, _ in caps)
         short = [v for _, v, _ in caps if len(v) <= 16]
         value_w = max((len(v) for v in short), default=0)

@@ -23,7 +23,9 @@ def _clashes(name: str, kind: str, type_: str) -> list[str]:
                 "pick another NAME"
             )
         if type_ in reg.types(kind):
-            problems.append(f"{kind} type {type_!r} is already provided by {reg.get(kind, type_).provider}; pick another name with --type")
+            problems.append(
+                f"{kind} type {type_!r} is already provided by {reg.get(kind, type_).provider}; pick another name with --type"
+            )
         return problems
     except Exception:  # noqa: BLE001 - a broken environment must not stop the scaffold
         return []
@@ -73,5 +75,7 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("name", metavar="NAME", help="distribution and plugin name, e.g. my-norms (import name my_norms)")
     p.add_argument("--kind", "-k", required=True, choices=KINDS, help="the kind of component to start from")
     p.add_argument("--type", "-t", metavar="TYPE", help="component type name used in specs (default: the import name)")
-    p.add_argument("-o", "--output", metavar="DIR", default=".", help="parent directory (default: .); DIR/NAME must not exist")
+    p.add_argument(
+        "-o", "--output", metavar="DIR", default=".", help="parent directory (default: .); DIR/NAME must not exist"
+    )
     p.set_defaults(func=cmd_new_plugin)

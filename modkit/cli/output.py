@@ -25,7 +25,9 @@ def _debug() -> bool:
     return os.environ.get("MODKIT_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Sequence[int] = (), indent: str = "") -> list[str]:
+def _table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Sequence[int] = (), indent: str = ""
+) -> list[str]:
     """Plain aligned text table; columns listed in ``right`` are right-aligned, the last one is never padded."""
     rows = [[("" if c is None else str(c)) for c in r] for r in rows]
     widths = [len(h) for h in headers]

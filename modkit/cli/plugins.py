@@ -10,10 +10,11 @@ from .common import _registry
 from .output import _fit, _out, _table
 
 
-
 def add_subcommands(sub) -> None:
     """Add ``plugins``."""
-    p = sub.add_parser("plugins", help="list installed plugins", description="Installed plugins and what each registers.")
+    p = sub.add_parser(
+        "plugins", help="list installed plugins", description="Installed plugins and what each registers."
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_plugins)
 

@@ -45,22 +45,38 @@ def add_subcommands(subparsers) -> None:
         "attention entropy per head and the logit lens. A spec without --random-init is traced on the meta device "
         "(shapes only).",
     )
-    p.add_argument("model", metavar="MODEL", help="spec .json, modkit checkpoint folder, training run folder or Hugging Face folder")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="spec .json, modkit checkpoint folder, training run folder or Hugging Face folder",
+    )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--text", help="the text to trace (tokenized by --tokenizer, the checkpoint's tokenizer.json or, "
-                      "for a spec, a default that fits its vocab_size)")
+    what.add_argument(
+        "--text",
+        help="the text to trace (tokenized by --tokenizer, the checkpoint's tokenizer.json or, "
+        "for a spec, a default that fits its vocab_size)",
+    )
     what.add_argument("--ids", help="token ids to trace, separated by commas or spaces (e.g. 1,2,3)")
-    p.add_argument("--tokenizer", metavar="T", help="a tokenizers tokenizer.json, a folder holding one, or 'bytes' "
-                   "(default: the checkpoint's; for a spec, bytes when vocab_size >= 256, else tiny shakespeare's "
-                   "65 characters when vocab_size >= 65)")
+    p.add_argument(
+        "--tokenizer",
+        metavar="T",
+        help="a tokenizers tokenizer.json, a folder holding one, or 'bytes' "
+        "(default: the checkpoint's; for a spec, bytes when vocab_size >= 256, else tiny shakespeare's "
+        "65 characters when vocab_size >= 65)",
+    )
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report with plots to OUT")
     p.add_argument(
-        "--random-init", action="store_true",
+        "--random-init",
+        action="store_true",
         help="for a spec: build it with random weights (seed --seed) to get statistics of an untrained model",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --random-init (default 0)")
-    p.add_argument("--device", default="cpu", help="device for a checkpoint or --random-init: cpu (default), cuda, cuda:N")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)")
+    p.add_argument(
+        "--device", default="cpu", help="device for a checkpoint or --random-init: cpu (default), cuda, cuda:N"
+    )
+    p.add_argument(
+        "--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)"
+    )
     p.add_argument("--top-k", type=int, default=5, metavar="K", help="tokens per layer in the logit lens (default 5)")
     p.set_defaults(func=cmd_trace)
 
@@ -74,7 +90,9 @@ def parse_ids(text: str) -> list[int]:
     items = [s for s in re.split(r"[,\s]+", text.strip()) if s]
     bad = next((s for s in items if not s.isdigit()), None)
     if bad is not None or not items:
-        raise TraceInputError(f"--ids {text!r}: {'no ids' if bad is None else repr(bad) + ' is not a token id'}; give non-negative integers such as --ids 1,2,3")
+        raise TraceInputError(
+            f"--ids {text!r}: {'no ids' if bad is None else repr(bad) + ' is not a token id'}; give non-negative integers such as --ids 1,2,3"
+        )
     return [int(s) for s in items]
 
 
@@ -89,7 +107,9 @@ def _checkpoint_folder(path: Path) -> Optional[Path]:
     return None
 
 
-def load_for_trace(model: str, *, random_init: bool, seed: int, device: str, dtype: Optional[str]) -> tuple[Any, str, Optional[Path]]:
+def load_for_trace(
+    model: str, *, random_init: bool, seed: int, device: str, dtype: Optional[str]
+) -> tuple[Any, str, Optional[Path]]:
     """``(model, weights description, folder holding a tokenizer.json or None)`` for ``modkit trace MODEL``.
 
     Raises:
@@ -107,13 +127,19 @@ def load_for_trace(model: str, *, random_init: bool, seed: int, device: str, dty
             raise TraceInputError(f"{model}: give a spec .json file, a checkpoint folder or a training run folder")
         spec = modkit.load_spec(path)
         if not random_init:
-            return modkit.build(spec, device="meta"), "none (meta device): shapes only; add --random-init for statistics of an untrained model", None
+            return (
+                modkit.build(spec, device="meta"),
+                "none (meta device): shapes only; add --random-init for statistics of an untrained model",
+                None,
+            )
         built = modkit.build(spec, device=device, dtype=dtype, seed=seed)
         return built, f"untrained (random init, seed {seed}): statistics describe no training", None
     if random_init:
         raise TraceInputError(f"--random-init applies to a spec .json; {model} is a folder with weights")
     if device == "meta":
-        raise TraceInputError("--device meta is for specs (the default for them); a checkpoint is traced with its weights on cpu or cuda")
+        raise TraceInputError(
+            "--device meta is for specs (the default for them); a checkpoint is traced with its weights on cpu or cuda"
+        )
     folder = _checkpoint_folder(path)
     if folder is not None:
         return modkit.load(folder, device=device, dtype=dtype), f"trained checkpoint {folder}", folder
@@ -125,8 +151,9 @@ def load_for_trace(model: str, *, random_init: bool, seed: int, device: str, dty
     )
 
 
-def choose_tokenizer(arg: Optional[str], folder: Optional[Path], *, weights: bool, vocab_size: int,
-                     needed: bool) -> tuple[Any, str, Optional[str]]:
+def choose_tokenizer(
+    arg: Optional[str], folder: Optional[Path], *, weights: bool, vocab_size: int, needed: bool
+) -> tuple[Any, str, Optional[str]]:
     """``(tokenizer or None, what it is, warning or None)`` for ``modkit trace`` (the rules in the module docstring).
 
     Args:
@@ -161,12 +188,22 @@ def choose_tokenizer(arg: Optional[str], folder: Optional[Path], *, weights: boo
             )
         return None, "", None
     if vocab_size >= 256:
-        return byte_tokenizer(), f"bytes (one id per UTF-8 byte, 0 to 255): the default for a spec with vocab_size {vocab_size:,} >= 256", None
+        return (
+            byte_tokenizer(),
+            f"bytes (one id per UTF-8 byte, 0 to 255): the default for a spec with vocab_size {vocab_size:,} >= 256",
+            None,
+        )
     chars = char_tokenizer(default_corpus().read_text(encoding="utf-8"))
     if vocab_size >= chars.vocab_size:
         chars.spec = "char (tiny shakespeare)"
-        return chars, (f"char (tiny shakespeare's {chars.vocab_size} characters): the default for a spec with vocab_size "
-                       f"{vocab_size:,} < 256"), None
+        return (
+            chars,
+            (
+                f"char (tiny shakespeare's {chars.vocab_size} characters): the default for a spec with vocab_size "
+                f"{vocab_size:,} < 256"
+            ),
+            None,
+        )
     if needed:
         raise TraceInputError(
             f"--text: no default tokenizer fits vocab_size {vocab_size:,} (bytes need 256 ids, tiny shakespeare's "
@@ -189,8 +226,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
     model, weights, folder = load_for_trace(
         args.model, random_init=args.random_init, seed=args.seed, device=args.device, dtype=args.dtype
     )
-    tokenizer, what, warning = choose_tokenizer(args.tokenizer, folder, weights=folder is not None,
-                                                vocab_size=model.spec.vocab_size, needed=args.text is not None)
+    tokenizer, what, warning = choose_tokenizer(
+        args.tokenizer,
+        folder,
+        weights=folder is not None,
+        vocab_size=model.spec.vocab_size,
+        needed=args.text is not None,
+    )
     if warning:
         _err(f"modkit: warning: {warning}")
     if ids is None:

@@ -12,16 +12,19 @@ from .common import _registry
 from .output import _err, _out, _spec_error_lines
 
 
-
 def add_subcommands(sub) -> None:
     """Add ``validate`` and ``schema``."""
     p = sub.add_parser("validate", help="validate spec files", description="Validate spec files; one line per error.")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec .json file(s)")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("schema", help="print the JSON Schema of specs", description="JSON Schema of specs (installed components).")
+    p = sub.add_parser(
+        "schema", help="print the JSON Schema of specs", description="JSON Schema of specs (installed components)."
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
-    p.add_argument("--train", action="store_true", help="the JSON Schema of training configs (modkit train --config) instead")
+    p.add_argument(
+        "--train", action="store_true", help="the JSON Schema of training configs (modkit train --config) instead"
+    )
     p.set_defaults(func=cmd_schema)
 
 

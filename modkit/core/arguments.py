@@ -46,7 +46,12 @@ def shown(value: Any, limit: int = 40) -> str:
 
 
 def check_int(
-    value: Any, key: str, names: Optional[Mapping[str, str]] = None, *, minimum: int, maximum: Optional[int] = None,
+    value: Any,
+    key: str,
+    names: Optional[Mapping[str, str]] = None,
+    *,
+    minimum: int,
+    maximum: Optional[int] = None,
     what: str = "an integer",
 ) -> int:
     """``value`` as an ``int`` after checking it is an integer (a one-element integer tensor counts) in
@@ -63,7 +68,12 @@ def check_int(
     import torch
 
     name = param_name(names, key)
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
+    if (
+        isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and not value.is_floating_point()
+        and value.dtype != torch.bool
+    ):
         value = int(value)
     if not is_int(value):
         raise ArgumentError(name, f"{name} must be {what}, got {type(value).__name__} {shown(value)}")

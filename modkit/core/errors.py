@@ -95,6 +95,8 @@ class ArgumentError(ModkitError, ValueError):
     def __init__(self, name: str, message: str):
         self.name = name
         super().__init__(message)
+
+
 class DataError(ModkitError, ValueError):
     """Training data cannot be prepared or loaded: a missing, empty or non-UTF-8 input, a bad JSON Lines record, a
     tokenizer that cannot encode the text, a bad option (``val_fraction``, ``batch_size``, ...), or a prepared
@@ -126,7 +128,9 @@ class UnknownConfigKeyWarning(SpecWarning):
         self.keys = dict(keys)
         from modkit.core.validation import json_value  # (bounded: a value nested 10,000 levels deep gives a short text)
 
-        listed = ", ".join(f"{k} = {json_value(v) if isinstance(v, (dict, list, tuple)) else repr(v)}" for k, v in self.keys.items())
+        listed = ", ".join(
+            f"{k} = {json_value(v) if isinstance(v, (dict, list, tuple)) else repr(v)}" for k, v in self.keys.items()
+        )
         super().__init__(
             f"Hugging Face {model_type} config: dropped {len(self.keys)} key(s) the converter does not know: {listed}. "
             "transformers ignores keys its config class does not read, and the converter reads every key that shapes a "

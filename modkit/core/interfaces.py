@@ -318,7 +318,9 @@ class BuildContext:
             )
         module.modkit_kind = entry.kind
         module.modkit_type = entry.type
-        module.modkit_capabilities = dict(entry.capabilities)  # read at run time (e.g. document_mask) without a registry
+        module.modkit_capabilities = dict(
+            entry.capabilities
+        )  # read at run time (e.g. document_mask) without a registry
         return module
 
     def build_grouped(self, config: Any, n: int, **changes: Any) -> nn.Module:

@@ -87,8 +87,6 @@ def _parse_int(text: str) -> int:
         return out
 
 
-
-
 def _check_tree(doc: Any) -> tuple[list[tuple[str, str]], bool]:
     """Duplicate keys, excessive depth and overlong integers, walked without recursion; ``(errors, only
     duplicate keys)``. A value nested too deeply is named at its top-level key, with the start of the value."""
@@ -99,14 +97,21 @@ def _check_tree(doc: Any) -> tuple[list[tuple[str, str]], bool]:
         node, path, depth, top, top_value = stack.pop()
         if isinstance(node, _LongInt):
             dups_only = False
-            errors.append((path, f"an integer of {node.digits:,} digits; no value in a spec or config needs more than a few"))
+            errors.append(
+                (path, f"an integer of {node.digits:,} digits; no value in a spec or config needs more than a few")
+            )
             continue
         if not isinstance(node, (dict, list)):
             continue
         if depth > MAX_JSON_DEPTH:
             dups_only = False
-            errors.append((top, f"nested deeper than {MAX_JSON_DEPTH} levels of objects and arrays, modkit's bound "
-                                f"(modkit.core.limits.MAX_JSON_DEPTH; a spec nests about 6); got {json_value(top_value, 40)}"))
+            errors.append(
+                (
+                    top,
+                    f"nested deeper than {MAX_JSON_DEPTH} levels of objects and arrays, modkit's bound "
+                    f"(modkit.core.limits.MAX_JSON_DEPTH; a spec nests about 6); got {json_value(top_value, 40)}",
+                )
+            )
             continue
         if isinstance(node, _Pairs):
             for k in dict.fromkeys(node.dups):
@@ -165,7 +170,9 @@ def parse_json(text: Union[str, bytes], *, source: str | None = None) -> Any:
         what = "empty input, not JSON" if not text.strip() else _syntax_error(text, exc)
         raise JSONInputError([("", what)], source) from None
     except RecursionError:
-        raise JSONInputError([("", f"nested too deeply to parse (at most {MAX_JSON_DEPTH} levels are accepted)")], source) from None
+        raise JSONInputError(
+            [("", f"nested too deeply to parse (at most {MAX_JSON_DEPTH} levels are accepted)")], source
+        ) from None
     errors, dups_only = _check_tree(doc)
     if errors:
         raise JSONInputError(errors, source, document=doc if dups_only else None)
@@ -183,7 +190,9 @@ def decode_text(data: bytes, *, source: str | None = None) -> str:
         if data.startswith(bom):
             raise JSONInputError([("", f"the text is encoded as {name}; save it as UTF-8")], source)
     if b"\x00" in data[:4] and data.strip(b"\x00"):  # JSON starts with ASCII: zero bytes there mean UTF-16/32
-        raise JSONInputError([("", "the text looks like UTF-16 or UTF-32 (zero bytes between characters); save it as UTF-8")], source)
+        raise JSONInputError(
+            [("", "the text looks like UTF-16 or UTF-32 (zero bytes between characters); save it as UTF-8")], source
+        )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -212,10 +221,20 @@ def check_regular_file(path: Union[str, Path], *, max_bytes: int | None = None) 
     if stat.S_ISDIR(st.st_mode):
         raise JSONInputError([("", "is a folder, not a file")], str(p))
     if not stat.S_ISREG(st.st_mode):
-        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file"
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(st.st_mode)
+            else "not a regular file"
+        )
         raise JSONInputError([("", f"is {kind}, not a regular file; modkit reads only regular files")], str(p))
     if max_bytes is not None and st.st_size > max_bytes:
-        raise JSONInputError([("", f"is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit for this kind of file")], str(p))
+        raise JSONInputError(
+            [("", f"is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit for this kind of file")], str(p)
+        )
     return p
 
 

@@ -21,18 +21,41 @@ from typing import Optional
 MOVED = {
     f"modkit.{old}": f"modkit.{new}"
     for old, new in {
-        "registry": "core.registry", "hooks": "core.hooks", "config": "core.config", "interfaces": "core.interfaces",
-        "roles": "core.roles", "errors": "core.errors", "validation": "core.validation", "limits": "core.limits",
-        "jsonio": "core.jsonio", "arguments": "core.arguments",
-        "build": "nn.build", "model": "nn.model", "cache": "nn.cache", "attention": "nn.attention",
-        "recurrent": "nn.recurrent", "documents": "nn.documents", "grouped": "nn.grouped", "balance": "nn.balance",
-        "parametrization": "core.parametrization", "memory": "nn.memory",
-        "checkpoint": "io.checkpoint", "atomic": "io.atomic", "hf": "io.hf",
-        "generate": "inference.generate", "sampling": "inference.sampling",
-        "cost": "analysis.cost", "trace": "analysis.trace", "trace_report": "analysis.trace_report",
-        "inspection": "analysis.inspection", "hardware": "analysis.hardware",
-        "compare": "experiments.compare", "ladder": "experiments.ladder", "stats": "experiments.stats",
-        "scaling": "experiments.scaling", "coordcheck": "experiments.coordcheck",
+        "registry": "core.registry",
+        "hooks": "core.hooks",
+        "config": "core.config",
+        "interfaces": "core.interfaces",
+        "roles": "core.roles",
+        "errors": "core.errors",
+        "validation": "core.validation",
+        "limits": "core.limits",
+        "jsonio": "core.jsonio",
+        "arguments": "core.arguments",
+        "build": "nn.build",
+        "model": "nn.model",
+        "cache": "nn.cache",
+        "attention": "nn.attention",
+        "recurrent": "nn.recurrent",
+        "documents": "nn.documents",
+        "grouped": "nn.grouped",
+        "balance": "nn.balance",
+        "parametrization": "core.parametrization",
+        "memory": "nn.memory",
+        "checkpoint": "io.checkpoint",
+        "atomic": "io.atomic",
+        "hf": "io.hf",
+        "generate": "inference.generate",
+        "sampling": "inference.sampling",
+        "cost": "analysis.cost",
+        "trace": "analysis.trace",
+        "trace_report": "analysis.trace_report",
+        "inspection": "analysis.inspection",
+        "hardware": "analysis.hardware",
+        "compare": "experiments.compare",
+        "ladder": "experiments.ladder",
+        "stats": "experiments.stats",
+        "scaling": "experiments.scaling",
+        "coordcheck": "experiments.coordcheck",
         "scaffold": "cli.scaffold",
     }.items()
 }
@@ -65,7 +88,9 @@ class _Alias(importlib.abc.Loader):
 def _caller_level() -> int:
     """The stack level of the first frame outside importlib and this module (the ``import`` statement)."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib") or frame.f_code.co_filename == __file__):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith("<frozen importlib") or frame.f_code.co_filename == __file__
+    ):
         frame, level = frame.f_back, level + 1
     return level
 

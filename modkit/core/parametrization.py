@@ -61,11 +61,16 @@ class MuParametrization(StrictModel):
     """μP relative to a base width (see :mod:`modkit.core.parametrization`)."""
 
     type: Literal["mup"] = "mup"
-    base_d_model: DModel = Field(..., description="the base width: at d_model = base_d_model muP equals standard parametrization")
-    base_head_dim: Optional[HeadDim] = Field(
-        None, description="head_dim at the base width for the 1/head_dim attention scale; default head_dim * base_d_model / d_model"
+    base_d_model: DModel = Field(
+        ..., description="the base width: at d_model = base_d_model muP equals standard parametrization"
     )
-    output_multiplier: float = Field(1.0, gt=0, description="alpha_output: logits = output_multiplier * base_d_model / d_model * head(h)")
+    base_head_dim: Optional[HeadDim] = Field(
+        None,
+        description="head_dim at the base width for the 1/head_dim attention scale; default head_dim * base_d_model / d_model",
+    )
+    output_multiplier: float = Field(
+        1.0, gt=0, description="alpha_output: logits = output_multiplier * base_d_model / d_model * head(h)"
+    )
 
 
 #: the ``parametrization`` field of a spec
@@ -126,8 +131,10 @@ def lr_multiplier(spec, role: str, family: Optional[str]) -> tuple[float, float]
     if not is_mup(spec):
         return 1.0, 1.0
     if family not in LR_EXPONENT:
-        raise ValueError(f"the spec is in muP but the optimizer declares no muP rule (capability 'mup' = "
-                         f"{family!r}; one of {', '.join(LR_EXPONENT)}); use another optimizer or a standard-parametrization spec")
+        raise ValueError(
+            f"the spec is in muP but the optimizer declares no muP rule (capability 'mup' = "
+            f"{family!r}; one of {', '.join(LR_EXPONENT)}); use another optimizer or a standard-parametrization spec"
+        )
     f = width_multiplier(spec) ** LR_EXPONENT[family][ROLES[role].mup]
     return f, 1.0 / f
 

@@ -168,7 +168,9 @@ class Component:
         if not self.description:
             raise RegistryError(f"{where}: description is empty; say what it computes")
         if not isinstance(self.math, str):
-            raise RegistryError(f"{where}: math must be Markdown text with $...$ formulas, got {type(self.math).__name__}")
+            raise RegistryError(
+                f"{where}: math must be Markdown text with $...$ formulas, got {type(self.math).__name__}"
+            )
         if isinstance(self.aliases, str) or not all(isinstance(a, str) for a in self.aliases):
             raise RegistryError(f"{where}: aliases must be a tuple of names, got {self.aliases!r}")
         for alias in self.aliases:
@@ -180,7 +182,9 @@ class Component:
             raise RegistryError(f"{where}: aliases {list(self.aliases)} name one alias twice")
         stray = sorted(set(self.alias_notes) - set(self.aliases))
         if stray:
-            raise RegistryError(f"{where}: alias_notes for {stray}, which are not among its aliases {list(self.aliases)}")
+            raise RegistryError(
+                f"{where}: alias_notes for {stray}, which are not among its aliases {list(self.aliases)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -287,11 +291,16 @@ class Registry:
                 if not isinstance(entry, Component):
                     raise RegistryError(f"register() takes a modkit.Component, got {type(entry).__name__}")
                 entry.validate()
-                frozen = dict(capabilities=MappingProxyType(dict(entry.capabilities)), aliases=tuple(entry.aliases),
-                              alias_notes=MappingProxyType(dict(entry.alias_notes)))
+                frozen = dict(
+                    capabilities=MappingProxyType(dict(entry.capabilities)),
+                    aliases=tuple(entry.aliases),
+                    alias_notes=MappingProxyType(dict(entry.alias_notes)),
+                )
                 comps.append(replace(entry, provider=provider, **frozen))
 
-            def register_converter(model_type: Any, convert: Optional[Callable[[dict], dict]] = None, weights: Any = None) -> None:
+            def register_converter(
+                model_type: Any, convert: Optional[Callable[[dict], dict]] = None, weights: Any = None
+            ) -> None:
                 declaration = None
                 if not isinstance(model_type, str) and convert is None and weights is None:
                     # register(declaration): an object with model_type, convert and weights (its mapper)
@@ -334,8 +343,14 @@ class Registry:
                 names[(c.kind, a)] = ("alias", c)
         for c in comps:
             if c.kind in MIXER_KINDS:  # one token-mixing slot holds both kinds: their type names must differ
-                rival = next((o for o in [*self._components.values(), *seen.values()]
-                              if o.kind in MIXER_KINDS and o.kind != c.kind and c.type in (o.type, *o.aliases)), None)
+                rival = next(
+                    (
+                        o
+                        for o in [*self._components.values(), *seen.values()]
+                        if o.kind in MIXER_KINDS and o.kind != c.kind and c.type in (o.type, *o.aliases)
+                    ),
+                    None,
+                )
                 if rival is not None:
                     raise RegistryError(
                         f"{c.kind} type {c.type!r} (by {provider}) has the name of {rival.kind}/{rival.type} (by "
@@ -353,7 +368,11 @@ class Registry:
                 taken = names.get((c.kind, name))
                 if taken is not None and taken[1] is not c:
                     role, holder = taken
-                    held = f"the type of {holder.kind}/{holder.type}" if role == "type" else f"an alias of {holder.kind}/{holder.type}"
+                    held = (
+                        f"the type of {holder.kind}/{holder.type}"
+                        if role == "type"
+                        else f"an alias of {holder.kind}/{holder.type}"
+                    )
                     raise RegistryError(
                         f"{c.kind} name {name!r} is provided twice: as the {what} of {c.kind}/{c.type} by {provider} "
                         f"and as {held} by {holder.provider or provider}; types and aliases of a kind must be unique"
@@ -434,7 +453,9 @@ class Registry:
         if message.startswith(prefix):
             message = message[len(prefix) :]
         if strict:
-            raise RegistryError(f"modkit plugin {provider} failed to load: {message} (MODKIT_STRICT_PLUGINS=1)") from exc
+            raise RegistryError(
+                f"modkit plugin {provider} failed to load: {message} (MODKIT_STRICT_PLUGINS=1)"
+            ) from exc
         self._skipped[provider.plugin] = message
         warnings.warn(
             f"modkit plugin {provider} was skipped: {message}; set MODKIT_STRICT_PLUGINS=1 to make this an error",
@@ -505,7 +526,9 @@ class Registry:
         """The type ``name`` denotes in ``kind``: the type an alias stands for, else ``name`` unchanged."""
         return self._aliases.get((kind, name), name)
 
-    def components(self, kind: str | None = None, *, plugin: str | None = None, pattern: str | None = None) -> list[Component]:
+    def components(
+        self, kind: str | None = None, *, plugin: str | None = None, pattern: str | None = None
+    ) -> list[Component]:
         """Entries filtered by kind, providing plugin and ``fnmatch`` pattern on the type (timm-style listing)."""
         out = [
             c

@@ -83,23 +83,59 @@ class Role:
 
 
 #: Every role, by name (see the module docstring's table).
-ROLES: Mapping[str, Role] = MappingProxyType({
-    r.name: r
-    for r in (
-        Role("hidden", "a weight matrix between hidden widths, nn.Linear layout [out, in] (q/k/v/o, ffn and latent projections)",
-             True, "hidden", matrix=True, ndim=2),
-        Role("expert", "stacked weight matrices of mixture-of-experts copies [n, in, out]", True, "hidden", matrix=True, ndim=3),
-        Role("embedding", "the token-embedding table [vocab_size, d_model] (also the LM head when tied)", True, "input", ndim=2),
-        Role("position", "a learned absolute position table [max_seq_len, d_model]", True, "input", ndim=2),
-        Role("head", "the LM head [vocab_size, d_model] of an untied model", True, "output", ndim=2),
-        Role("router", "a router's weight [n_experts, d_model], or a shared expert's gate [1, d_model]: scores read out of the width",
-             True, "readout", ndim=2),
-        Role("norm_gain", "a norm's learned scale (RMSNorm / LayerNorm weight)", False, "vector"),
-        Role("bias", "an additive bias (nn.Linear bias, LayerNorm beta, the LM head's bias, stacked expert biases)", False, "vector"),
-        Role("vector", "any other per-channel, per-head or scalar parameter (attention-sink logits, SSM A_log / D / dt_bias, "
-             "depthwise conv kernels, DyT's alpha)", False, "vector"),
-    )
-})
+ROLES: Mapping[str, Role] = MappingProxyType(
+    {
+        r.name: r
+        for r in (
+            Role(
+                "hidden",
+                "a weight matrix between hidden widths, nn.Linear layout [out, in] (q/k/v/o, ffn and latent projections)",
+                True,
+                "hidden",
+                matrix=True,
+                ndim=2,
+            ),
+            Role(
+                "expert",
+                "stacked weight matrices of mixture-of-experts copies [n, in, out]",
+                True,
+                "hidden",
+                matrix=True,
+                ndim=3,
+            ),
+            Role(
+                "embedding",
+                "the token-embedding table [vocab_size, d_model] (also the LM head when tied)",
+                True,
+                "input",
+                ndim=2,
+            ),
+            Role("position", "a learned absolute position table [max_seq_len, d_model]", True, "input", ndim=2),
+            Role("head", "the LM head [vocab_size, d_model] of an untied model", True, "output", ndim=2),
+            Role(
+                "router",
+                "a router's weight [n_experts, d_model], or a shared expert's gate [1, d_model]: scores read out of the width",
+                True,
+                "readout",
+                ndim=2,
+            ),
+            Role("norm_gain", "a norm's learned scale (RMSNorm / LayerNorm weight)", False, "vector"),
+            Role(
+                "bias",
+                "an additive bias (nn.Linear bias, LayerNorm beta, the LM head's bias, stacked expert biases)",
+                False,
+                "vector",
+            ),
+            Role(
+                "vector",
+                "any other per-channel, per-head or scalar parameter (attention-sink logits, SSM A_log / D / dt_bias, "
+                "depthwise conv kernels, DyT's alpha)",
+                False,
+                "vector",
+            ),
+        )
+    }
+)
 
 
 def declared_roles(module: nn.Module) -> dict[str, str]:
@@ -114,8 +150,10 @@ def declared_roles(module: nn.Module) -> dict[str, str]:
     if callable(decl):
         decl = decl()
     if not isinstance(decl, Mapping):
-        raise RoleError(f"{type(module).__name__}.param_roles must be a mapping {{parameter name: role}} or a method "
-                        f"returning one, got {type(decl).__name__}")
+        raise RoleError(
+            f"{type(module).__name__}.param_roles must be a mapping {{parameter name: role}} or a method "
+            f"returning one, got {type(decl).__name__}"
+        )
     return dict(decl)
 
 
@@ -188,8 +226,9 @@ def param_roles(model: nn.Module) -> dict[str, str]:
                     continue  # a tied parameter listed under its first name
                 own = sorted(n for n, _ in module.named_parameters())
                 shown = ", ".join(own[:8]) + (f", ... ({len(own)} in all)" if len(own) > 8 else "")
-                problems.append(f"{where} declares a role for {key!r}, which is not one of its parameters "
-                                f"({shown or 'none'})")
+                problems.append(
+                    f"{where} declares a role for {key!r}, which is not one of its parameters ({shown or 'none'})"
+                )
                 continue
             if full not in found or found[full][0] < depth:
                 found[full] = (depth, role)
@@ -222,8 +261,10 @@ def check_shapes(model: nn.Module, roles: Mapping[str, str]) -> list[str]:
     for name, role in roles.items():
         want = ROLES[role].ndim
         if want is not None and params[name].dim() != want:
-            out.append(f"{name!r} {list(params[name].shape)} has role {role!r}, which is {want}-dimensional "
-                       f"({ROLES[role].description})")
+            out.append(
+                f"{name!r} {list(params[name].shape)} has role {role!r}, which is {want}-dimensional "
+                f"({ROLES[role].description})"
+            )
     return out
 
 

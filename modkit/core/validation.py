@@ -49,12 +49,21 @@ from pydantic import BaseModel
 
 #: what a type error's branch expected, in JSON terms
 EXPECTED = {
-    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
-    "float_type": "a number", "float_parsing": "a number",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
     "string_type": "a string",
-    "bool_type": "a boolean", "bool_parsing": "a boolean",
-    "list_type": "an array", "tuple_type": "an array", "set_type": "an array",
-    "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object", "dataclass_type": "an object",
+    "bool_type": "a boolean",
+    "bool_parsing": "a boolean",
+    "list_type": "an array",
+    "tuple_type": "an array",
+    "set_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "dataclass_type": "an object",
     "none_required": "null",
 }
 #: pydantic error types meaning "the input is not of this type at all"; literal_error is one unless the input has
@@ -107,11 +116,13 @@ def json_value(value: Any, limit: int = 60) -> str:
             for i in range(len(entries) - 1, -1, -1):
                 k, v = entries[i]
                 stack.append(v)
-                stack.append(_Text(("" if i == 0 else ", ") + _scalar_json(str(k) if not isinstance(k, str) else k) + ": "))
+                stack.append(
+                    _Text(("" if i == 0 else ", ") + _scalar_json(str(k) if not isinstance(k, str) else k) + ": ")
+                )
             piece = "{"
         elif isinstance(item, (list, tuple)):
             stack.append(_Text("]"))
-            entries = list(item[: budget])
+            entries = list(item[:budget])
             for i in range(len(entries) - 1, -1, -1):
                 stack.append(entries[i])
                 if i:
@@ -234,7 +245,9 @@ def parse_path(path: str) -> list[Union[str, int]]:
             raise PathError(path, f"expected '.' or '[' at character {i + 1}")
         m = _IDENTIFIER.match(path, i)
         if m is None:
-            raise PathError(path, f"expected a key at character {i + 1} (keys that are not identifiers are quoted: [\"...\"])")
+            raise PathError(
+                path, f'expected a key at character {i + 1} (keys that are not identifiers are quoted: ["..."])'
+            )
         steps.append(m.group())
         i = m.end()
     return steps
@@ -281,11 +294,19 @@ def resolve_path(document: Any, path: Union[str, Sequence[Any]], default: Any = 
             if step not in node:
                 if last and default is not _MISSING:
                     return default
-                raise PathError(text, f"no key {_quoted(step)} in the object at {format_path(steps[:i]) or 'the root'}", tuple(steps[:i]))
+                raise PathError(
+                    text,
+                    f"no key {_quoted(step)} in the object at {format_path(steps[:i]) or 'the root'}",
+                    tuple(steps[:i]),
+                )
             node = node[step]
         else:
             what = "an index" if isinstance(step, int) else f"the key {_quoted(step)}"
-            raise PathError(text, f"{what} cannot follow {json_kind(node)} (at {format_path(steps[:i]) or 'the root'})", tuple(steps[:i]))
+            raise PathError(
+                text,
+                f"{what} cannot follow {json_kind(node)} (at {format_path(steps[:i]) or 'the root'})",
+                tuple(steps[:i]),
+            )
     return node
 
 
@@ -378,7 +399,11 @@ class ErrorFormatter:
                     return self._fields_of(self.models[name])
         if isinstance(parent, dict):  # the one model whose fields hold every other key of the object
             keys = set(parent)
-            fits = [m for m in self.models.values() if len(keys & set(self._fields_of(m))) == len(keys) - 1 and len(keys) > 1]
+            fits = [
+                m
+                for m in self.models.values()
+                if len(keys & set(self._fields_of(m))) == len(keys) - 1 and len(keys) > 1
+            ]
             if len(fits) == 1:
                 return self._fields_of(fits[0])
         return []
@@ -451,7 +476,12 @@ class ErrorFormatter:
             msg += f", not {json_kind(value)}"
         if etype == "int_type" and isinstance(value, float) and math.isfinite(value) and value.is_integer():
             msg += f" (got {json_value(value)}); write an integer without a decimal point or exponent"
-        elif has_input and value is not None and not isinstance(value, (dict, list)) and not self._shows(msg, value, etype):
+        elif (
+            has_input
+            and value is not None
+            and not isinstance(value, (dict, list))
+            and not self._shows(msg, value, etype)
+        ):
             msg += f" (got {json_value(value)})"
         return msg + self.hint(err, path)
 

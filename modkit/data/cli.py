@@ -30,7 +30,12 @@ def add_subcommands(subparsers) -> None:
         "own is used). The validation split is --val inputs, or the last --val-fraction of the tokens, cut at a "
         "document boundary.",
     )
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text, .jsonl(.gz/.zst), .parquet file, datasets folder, or folder of them")
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="text, .jsonl(.gz/.zst), .parquet file, datasets folder, or folder of them",
+    )
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="dataset folder to write")
     p.add_argument(
         "--tokenizer",
@@ -40,18 +45,59 @@ def add_subcommands(subparsers) -> None:
         "inputs to N ids, N >= 256), or PATH of a tokenizer.json or of a folder holding one (a Hugging Face model "
         "folder: its special tokens come with it)",
     )
-    p.add_argument("--val", nargs="+", metavar="INPUT", dest="val_inputs", help="inputs that form the validation split (instead of --val-fraction)")
-    p.add_argument("--val-fraction", type=float, default=0.1, metavar="F", help="share of the tokens, from the end, kept for validation (default 0.1)")
-    p.add_argument("--text-field", default="text", metavar="NAME", help="field of a .jsonl record / column of a .parquet file or dataset holding the text (default: text)")
-    p.add_argument("--eot", default="auto", metavar="{auto,none,TOKEN}",
-                   help="end-of-text token after every document: auto (default: the tokenizer's own, or <|endoftext|> "
-                   "reserved by char / bpe:N), none (insert nothing: documents run together), or a token of the vocabulary")
-    p.add_argument("--bos", nargs="?", const="auto", default="none", metavar="TOKEN",
-                   help="also a begin-of-text token before every document (--bos alone: the tokenizer's own, or "
-                   "<|begin_of_text|> reserved by char / bpe:N)")
-    p.add_argument("--split", default="train", metavar="NAME", help="split of a datasets DatasetDict input (default train)")
-    p.add_argument("--val-split", default="validation", metavar="NAME", help="split of a DatasetDict --val input (default validation)")
-    p.add_argument("--workers", "-j", type=int, default=1, metavar="N", help="encoding processes (the files are the same for any N; default 1)")
+    p.add_argument(
+        "--val",
+        nargs="+",
+        metavar="INPUT",
+        dest="val_inputs",
+        help="inputs that form the validation split (instead of --val-fraction)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="share of the tokens, from the end, kept for validation (default 0.1)",
+    )
+    p.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="field of a .jsonl record / column of a .parquet file or dataset holding the text (default: text)",
+    )
+    p.add_argument(
+        "--eot",
+        default="auto",
+        metavar="{auto,none,TOKEN}",
+        help="end-of-text token after every document: auto (default: the tokenizer's own, or <|endoftext|> "
+        "reserved by char / bpe:N), none (insert nothing: documents run together), or a token of the vocabulary",
+    )
+    p.add_argument(
+        "--bos",
+        nargs="?",
+        const="auto",
+        default="none",
+        metavar="TOKEN",
+        help="also a begin-of-text token before every document (--bos alone: the tokenizer's own, or "
+        "<|begin_of_text|> reserved by char / bpe:N)",
+    )
+    p.add_argument(
+        "--split", default="train", metavar="NAME", help="split of a datasets DatasetDict input (default train)"
+    )
+    p.add_argument(
+        "--val-split",
+        default="validation",
+        metavar="NAME",
+        help="split of a DatasetDict --val input (default validation)",
+    )
+    p.add_argument(
+        "--workers",
+        "-j",
+        type=int,
+        default=1,
+        metavar="N",
+        help="encoding processes (the files are the same for any N; default 1)",
+    )
     p.set_defaults(func=cmd_data_prepare)
 
 
@@ -78,7 +124,9 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     every = meta["sources"] + meta.get("val_sources", [])
     n_bytes = sum(s["bytes"] for s in every)
     n_src = len(every)
-    print(f"prepared {args.output} in {seconds:.1f} s from {n_src} input{'s' if n_src != 1 else ''} ({n_bytes:,} bytes)")
+    print(
+        f"prepared {args.output} in {seconds:.1f} s from {n_src} input{'s' if n_src != 1 else ''} ({n_bytes:,} bytes)"
+    )
     print(f"  tokenizer  {meta['tokenizer']}  vocab_size {meta['vocab_size']:,}  dtype {meta['dtype']}")
     docs = meta["documents"]
     seps = [f"{k} {docs[k]!r} (id {docs[k + '_id']})" for k in ("bos", "eot") if docs[k] is not None]

@@ -82,7 +82,11 @@ class TokenData:
             size, expected = file.stat().st_size, n * dtype.itemsize
             if size != expected:
                 other = np.dtype("uint32" if dtype.name == "uint16" else "uint16")
-                hint = f" (the size fits {n:,} {other.name} ids: written with another dtype?)" if size == n * other.itemsize else ""
+                hint = (
+                    f" (the size fits {n:,} {other.name} ids: written with another dtype?)"
+                    if size == n * other.itemsize
+                    else ""
+                )
                 raise DataError(
                     f"{file}: {size:,} bytes, expected {expected:,} ({n:,} tokens of {dtype.name}, as {META_FILE} "
                     f"says){hint}; the file is truncated or not this dataset's: {again}"
@@ -93,7 +97,9 @@ class TokenData:
         if verify:
             for name, entry in meta.get("files", {}).items():
                 if _sha256(path / name) != entry.get("sha256"):
-                    raise DataError(f"{path / name}: contents differ from {META_FILE} (sha256): corrupt or changed after prepare; {again}")
+                    raise DataError(
+                        f"{path / name}: contents differ from {META_FILE} (sha256): corrupt or changed after prepare; {again}"
+                    )
         tokenizer = load_tokenizer(path / TOKENIZER_FILE, spec=meta["tokenizer"])
         docs = meta.get("documents") or {}
         if docs.get("eot") is not None or docs.get("bos") is not None:  # the separators prepare wrote
@@ -128,10 +134,12 @@ def _read_meta(path: Path, again: str) -> dict:
     except JSONInputError as exc:
         raise DataError(f"{exc}; {again}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise DataError(f"{file}: not a modkit dataset's {META_FILE} (no \"format\": \"{FORMAT}\"); {again}")
+        raise DataError(f'{file}: not a modkit dataset\'s {META_FILE} (no "format": "{FORMAT}"); {again}')
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
-        raise DataError(f"{file}: format_version {version!r}, this modkit reads {FORMAT_VERSION}; {again} (or upgrade modkit)")
+        raise DataError(
+            f"{file}: format_version {version!r}, this modkit reads {FORMAT_VERSION}; {again} (or upgrade modkit)"
+        )
     problems = []
     tokens = meta.get("tokens")
     if not isinstance(meta.get("tokenizer"), str):
@@ -140,8 +148,10 @@ def _read_meta(path: Path, again: str) -> dict:
         problems.append(f"vocab_size = {meta.get('vocab_size')!r}: not a positive integer")
     if meta.get("dtype") not in _DTYPES:
         problems.append(f"dtype = {meta.get('dtype')!r}: not one of {', '.join(_DTYPES)}")
-    if not (isinstance(tokens, dict) and all(isinstance(tokens.get(s), int) and tokens[s] > 0 for s in ("train", "val"))):
-        problems.append(f"tokens = {tokens!r}: not {{\"train\": n, \"val\": m}} with positive counts")
+    if not (
+        isinstance(tokens, dict) and all(isinstance(tokens.get(s), int) and tokens[s] > 0 for s in ("train", "val"))
+    ):
+        problems.append(f'tokens = {tokens!r}: not {{"train": n, "val": m}} with positive counts')
     if problems:
         raise DataError(f"{file}: {'; '.join(problems)}; {again}")
     if np.dtype(meta["dtype"]) != dtype_for(meta["vocab_size"]):
@@ -187,7 +197,9 @@ class _Sampler:
     def __init__(self, tokens, batch_size: int, seq_len: int, *, seed: int, rank: int = 0, world_size: int = 1):
         tokens = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-            raise DataError(f"tokens: a 1-D array of integer ids is needed, got shape {tuple(tokens.shape)} of {tokens.dtype}")
+            raise DataError(
+                f"tokens: a 1-D array of integer ids is needed, got shape {tuple(tokens.shape)} of {tokens.dtype}"
+            )
         self.tokens = tokens
         self.batch_size = _positive_int("batch_size", batch_size)
         self.seq_len = _positive_int("seq_len", seq_len)
@@ -212,14 +224,24 @@ class _Sampler:
         local = self.batch_size // self.world_size
         mine = starts[self.rank * local : (self.rank + 1) * local]
         windows = np.asarray(self.tokens[mine[:, None] + np.arange(self.seq_len + 1)], dtype=np.int64)
-        return torch.from_numpy(np.ascontiguousarray(windows[:, :-1])), torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
+        return torch.from_numpy(np.ascontiguousarray(windows[:, :-1])), torch.from_numpy(
+            np.ascontiguousarray(windows[:, 1:])
+        )
 
     def _config(self) -> dict:
-        return {"sampler": self.kind, "seed": self.seed, "batch_size": self.batch_size, "seq_len": self.seq_len, "n_tokens": len(self.tokens)}
+        return {
+            "sampler": self.kind,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "n_tokens": len(self.tokens),
+        }
 
     def _check_state(self, state: dict, counters: tuple[str, ...]) -> None:
         if not isinstance(state, dict):
-            raise DataError(f"sampler state: a dict from {self.kind}.state_dict() is needed, got {type(state).__name__}")
+            raise DataError(
+                f"sampler state: a dict from {self.kind}.state_dict() is needed, got {type(state).__name__}"
+            )
         for key, value in self._config().items():
             if state.get(key) != value:
                 raise DataError(
@@ -306,7 +328,17 @@ class SequentialEpochs(_Sampler):
 
     kind = "SequentialEpochs"
 
-    def __init__(self, tokens, batch_size: int, seq_len: int, *, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        tokens,
+        batch_size: int,
+        seq_len: int,
+        *,
+        seed: int,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         super().__init__(tokens, batch_size, seq_len, seed=seed, rank=rank, world_size=world_size)
         self.shuffle = bool(shuffle)
         self.windows_per_epoch = (len(self.tokens) - 1) // self.seq_len
@@ -347,7 +379,9 @@ class SequentialEpochs(_Sampler):
         """
         self._check_state(state, ("epoch", "position"))
         if state["position"] >= self.windows_per_epoch:
-            raise DataError(f"sampler state: position = {state['position']} is not below windows_per_epoch = {self.windows_per_epoch}")
+            raise DataError(
+                f"sampler state: position = {state['position']} is not below windows_per_epoch = {self.windows_per_epoch}"
+            )
         self.epoch, self.position = state["epoch"], state["position"]
 
 
@@ -367,4 +401,7 @@ def eval_batches(
     n_batches = _positive_int("n_batches", n_batches)
     sampler = _Sampler(tokens, batch_size, seq_len, seed=seed, rank=rank, world_size=world_size)
     high = len(sampler.tokens) - sampler.seq_len
-    return [sampler._batch(_rng(_EVAL, sampler.seed, i).integers(0, high, size=sampler.batch_size)) for i in range(n_batches)]
+    return [
+        sampler._batch(_rng(_EVAL, sampler.seed, i).integers(0, high, size=sampler.batch_size))
+        for i in range(n_batches)
+    ]

@@ -63,8 +63,9 @@ class _Progress:
 # ------------------------------------------------------------------------------------------------ encoding
 
 
-def _pieces(srcs: Iterable[Source], text_field: str, progress: _Progress,
-            hashes: Optional[dict] = None) -> Iterator[Piece]:
+def _pieces(
+    srcs: Iterable[Source], text_field: str, progress: _Progress, hashes: Optional[dict] = None
+) -> Iterator[Piece]:
     for src in srcs:
         h = hashes.get(src.label) if hashes is not None else None
 
@@ -76,8 +77,9 @@ def _pieces(srcs: Iterable[Source], text_field: str, progress: _Progress,
         yield from _sources.pieces(src, text_field, on_bytes, progress.on_size)
 
 
-def encode_pieces(tokenizer: Tokenizer, batch: Sequence[Piece], seps: Separators,
-                  dtype) -> tuple[np.ndarray, list[int], list[int]]:
+def encode_pieces(
+    tokenizer: Tokenizer, batch: Sequence[Piece], seps: Separators, dtype
+) -> tuple[np.ndarray, list[int], list[int]]:
     """Ids of a batch of pieces with the separators around its documents.
 
     Returns:
@@ -208,14 +210,20 @@ def encode_sources(
     return stats
 
 
-def _encode_in_pool(stream: Iterable[list[Piece]], tokenizer: Tokenizer, separators: Separators, workers: int,
-                    write: Callable[[list[Piece], Any], None]) -> None:
+def _encode_in_pool(
+    stream: Iterable[list[Piece]],
+    tokenizer: Tokenizer,
+    separators: Separators,
+    workers: int,
+    write: Callable[[list[Piece], Any], None],
+) -> None:
     """Encode the batches of ``stream`` on ``workers`` processes and ``write`` each (with its ids, or ``None`` when
     a worker could not encode it) in the order of the stream, with at most ``2 workers`` batches in flight."""
     dtype = dtype_for(tokenizer.vocab_size)
     context = multiprocessing.get_context("spawn")  # no fork of a process whose tokenizer threads already ran
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
-                             initargs=(tokenizer.backend.to_str(), tokenizer.spec)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_worker_init, initargs=(tokenizer.backend.to_str(), tokenizer.spec)
+    ) as pool:
         pending: deque = deque()
         for batch in stream:
             flags = [(p.starts, p.ends) for p in batch]

@@ -250,11 +250,13 @@ def _plan(request: PrepareRequest) -> _Plan:
     if kind == "path":
         tok = load_tokenizer(r.tokenizer)
         spec = tok.spec = str(Path(tok.spec).resolve())
-        tok.set_special(eot=_special("eot", eot_policy, tok, EOT_TOKEN),
-                        bos=_special("bos", bos_policy, tok, BOS_TOKEN))
+        tok.set_special(
+            eot=_special("eot", eot_policy, tok, EOT_TOKEN), bos=_special("bos", bos_policy, tok, BOS_TOKEN)
+        )
     out = Path(r.out_dir).expanduser()
-    recipe = _recipe(spec, fraction, r.text_field, [s.label for s in srcs], [s.label for s in val_srcs],
-                     eot_policy, bos_policy)
+    recipe = _recipe(
+        spec, fraction, r.text_field, [s.label for s in srcs], [s.label for s in val_srcs], eot_policy, bos_policy
+    )
     _check_out_dir(out, recipe, r.overwrite)
     return _Plan(r, fraction, eot_policy, bos_policy, srcs, val_srcs, spec, kind, tok, out)
 
@@ -378,11 +380,15 @@ def _meta(plan: _Plan, tok: Tokenizer, splits: _Splits, tmp: dict[str, Path]) ->
     from .. import __version__
 
     seps, dtype = Separators(tok.eot_id, tok.bos_id), dtype_for(tok.vocab_size)
-    files = {name: {"bytes": tmp[name].stat().st_size, "sha256": _sha256(tmp[name])}
-             for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE)}
+    files = {
+        name: {"bytes": tmp[name].stat().st_size, "sha256": _sha256(tmp[name])}
+        for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE)
+    }
     marker = seps.eot_id if seps.eot_id is not None else seps.bos_id
-    counts = {s: _count(_Tokens(tmp[f], dtype), marker) if marker is not None else None
-              for s, f in (("train", TRAIN_FILE), ("val", VAL_FILE))}
+    counts = {
+        s: _count(_Tokens(tmp[f], dtype), marker) if marker is not None else None
+        for s, f in (("train", TRAIN_FILE), ("val", VAL_FILE))
+    }
     val_stats = splits.val
     return {
         "format": FORMAT,

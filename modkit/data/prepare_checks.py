@@ -49,19 +49,38 @@ def _check_workers(workers) -> None:
         raise DataError(f"workers = {workers!r} must be a positive integer (encoding processes)")
 
 
-def _recipe(tokenizer: str, val_fraction: float, text_field: str, sources: Sequence[str], val_sources: Sequence[str],
-            eot: str, bos: str) -> dict:
-    return {"tokenizer": tokenizer, "val_fraction": val_fraction, "text_field": text_field, "sources": list(sources),
-            "val_sources": list(val_sources), "eot": eot, "bos": bos}
+def _recipe(
+    tokenizer: str,
+    val_fraction: float,
+    text_field: str,
+    sources: Sequence[str],
+    val_sources: Sequence[str],
+    eot: str,
+    bos: str,
+) -> dict:
+    return {
+        "tokenizer": tokenizer,
+        "val_fraction": val_fraction,
+        "text_field": text_field,
+        "sources": list(sources),
+        "val_sources": list(val_sources),
+        "eot": eot,
+        "bos": bos,
+    }
 
 
 def _old_recipe(old: dict) -> dict:
     """The recipe of an existing ``meta.json`` (one written before documents were separated inserted nothing)."""
     docs = old.get("documents") or {}
-    return _recipe(old["tokenizer"], old["val_fraction"], old["text_field"],
-                   [s.get("label", s["path"]) for s in old["sources"]],
-                   [s.get("label", s["path"]) for s in old.get("val_sources", [])],
-                   docs.get("eot_policy", NONE), docs.get("bos_policy", NONE))
+    return _recipe(
+        old["tokenizer"],
+        old["val_fraction"],
+        old["text_field"],
+        [s.get("label", s["path"]) for s in old["sources"]],
+        [s.get("label", s["path"]) for s in old.get("val_sources", [])],
+        docs.get("eot_policy", NONE),
+        docs.get("bos_policy", NONE),
+    )
 
 
 def _check_out_dir(out: Path, recipe: dict, overwrite: bool) -> None:
@@ -73,11 +92,15 @@ def _check_out_dir(out: Path, recipe: dict, overwrite: bool) -> None:
     try:
         old_recipe = _old_recipe(read_json_file(meta_path))
     except (ValueError, KeyError, TypeError, AttributeError):  # JSONInputError is a ValueError
-        raise DataError(f"{out} holds a {META_FILE} that is not a modkit dataset's; choose another output folder (-o) "
-                        "or delete it") from None
+        raise DataError(
+            f"{out} holds a {META_FILE} that is not a modkit dataset's; choose another output folder (-o) or delete it"
+        ) from None
     if old_recipe != recipe:
-        diffs = [f"{k} {old_recipe[k]!r} there, {recipe[k]!r} now" for k in recipe
-                 if k not in ("sources", "val_sources") and old_recipe[k] != recipe[k]]
+        diffs = [
+            f"{k} {old_recipe[k]!r} there, {recipe[k]!r} now"
+            for k in recipe
+            if k not in ("sources", "val_sources") and old_recipe[k] != recipe[k]
+        ]
         for k in ("sources", "val_sources"):
             if old_recipe[k] != recipe[k]:
                 diffs.append(f"{k} {_short(old_recipe[k])} there, {_short(recipe[k])} now")
@@ -94,7 +117,8 @@ def _short(paths: Sequence[str]) -> str:
 
 def _no_text(srcs: Sequence[Source]) -> DataError:
     what = ", ".join(f"{s.label} ({s.size:,} bytes)" for s in srcs[:3]) + (
-        f" and {len(srcs) - 3} more" if len(srcs) > 3 else "")
+        f" and {len(srcs) - 3} more" if len(srcs) > 3 else ""
+    )
     return DataError(
         f"the inputs hold no text: {what}; give files with text in them (for .jsonl, non-empty text fields)"
     )

@@ -117,12 +117,19 @@ def find_sources(inputs: Sequence[str | Path], *, split: str = "train") -> list[
             sources.append(_dataset_source(path, split))
         elif path.is_dir():
             found = sorted(
-                (p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(FOLDER_SUFFIXES)
-                 and not any(part.startswith(".") for part in p.relative_to(path).parts)),
+                (
+                    p
+                    for p in path.rglob("*")
+                    if p.is_file()
+                    and p.name.lower().endswith(FOLDER_SUFFIXES)
+                    and not any(part.startswith(".") for part in p.relative_to(path).parts)
+                ),
                 key=lambda p: p.relative_to(path).as_posix(),
             )
             if not found:
-                raise DataError(f"{path}: no input files in this folder (looked for {', '.join('*' + s for s in FOLDER_SUFFIXES)})")
+                raise DataError(
+                    f"{path}: no input files in this folder (looked for {', '.join('*' + s for s in FOLDER_SUFFIXES)})"
+                )
             sources += [_file_source(p) for p in found]
         elif path.exists() or path.is_symlink():
             sources.append(_file_source(path))
@@ -168,9 +175,13 @@ def _dataset_source(path: Path, split: str) -> Source:
         try:
             splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
         except (OSError, ValueError, KeyError, TypeError):
-            raise DataError(f"{path}/dataset_dict.json: not a datasets DatasetDict file; save it again with save_to_disk") from None
+            raise DataError(
+                f"{path}/dataset_dict.json: not a datasets DatasetDict file; save it again with save_to_disk"
+            ) from None
         if split not in splits:
-            raise DataError(f"{path}: a DatasetDict without split {split!r} (splits: {', '.join(map(repr, splits))}); choose one with --split / --val-split")
+            raise DataError(
+                f"{path}: a DatasetDict without split {split!r} (splits: {', '.join(map(repr, splits))}); choose one with --split / --val-split"
+            )
         chosen, folder = split, path / split
     else:
         folder = path
@@ -206,7 +217,9 @@ def _open(src: Source, on_bytes: Callable[[bytes], None]):
     if src.compression == "zstd":
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(counted, read_across_frames=True), READ_BYTES), raw
+        return io.BufferedReader(
+            zstandard.ZstdDecompressor().stream_reader(counted, read_across_frames=True), READ_BYTES
+        ), raw
     return counted, raw
 
 
@@ -289,11 +302,13 @@ def _jsonl_pieces(src: Source, on_bytes: Callable[[bytes], None], text_field: st
             try:
                 record = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as exc:
-                raise DataError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); convert the file to UTF-8") from None
+                raise DataError(
+                    f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); convert the file to UTF-8"
+                ) from None
             except json.JSONDecodeError as exc:
                 raise DataError(
                     f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); each line of a .jsonl file must be "
-                    f"one JSON object, e.g. {{\"{text_field}\": \"...\"}}"
+                    f'one JSON object, e.g. {{"{text_field}": "..."}}'
                 ) from None
             if not isinstance(record, dict):
                 raise DataError(f"{where}: a JSON {type(record).__name__}, not an object with a {text_field!r} field")
@@ -309,7 +324,9 @@ def _jsonl_pieces(src: Source, on_bytes: Callable[[bytes], None], text_field: st
             yield Piece(text, src, lineno, None)
 
 
-def _rows(src: Source, batches: Iterator, total_rows: int, on_size: Callable[[int], None], text_field: str, what: str) -> Iterator[Piece]:
+def _rows(
+    src: Source, batches: Iterator, total_rows: int, on_size: Callable[[int], None], text_field: str, what: str
+) -> Iterator[Piece]:
     """Documents of record batches (``{text_field: [...]}`` columns); progress in shares of the source's bytes."""
     row, reported = 0, 0
     for batch in batches:
@@ -317,7 +334,9 @@ def _rows(src: Source, batches: Iterator, total_rows: int, on_size: Callable[[in
             row += 1
             if not isinstance(text, str):
                 kind = "null" if text is None else type(text).__name__
-                raise DataError(f"{src.label}: {what} {row}: {text_field!r} is {kind}, not a string of text; drop or fill those rows first")
+                raise DataError(
+                    f"{src.label}: {what} {row}: {text_field!r} is {kind}, not a string of text; drop or fill those rows first"
+                )
             yield Piece(text, src, row, None)
         share = src.size * row // max(total_rows, 1)
         on_size(share - reported)
@@ -328,7 +347,9 @@ def _rows(src: Source, batches: Iterator, total_rows: int, on_size: Callable[[in
 def _columns(names: Sequence[str], src: Source, text_field: str) -> None:
     if text_field not in names:
         shown = ", ".join(repr(n) for n in list(names)[:8]) or "none"
-        raise DataError(f"{src.label}: no column {text_field!r} (columns: {shown}); name the text column with --text-field (text_field=...)")
+        raise DataError(
+            f"{src.label}: no column {text_field!r} (columns: {shown}); name the text column with --text-field (text_field=...)"
+        )
 
 
 def _parquet_pieces(src: Source, on_size: Callable[[int], None], text_field: str) -> Iterator[Piece]:
@@ -358,7 +379,9 @@ def _dataset_pieces(src: Source, on_size: Callable[[int], None], text_field: str
     yield from _rows(src, batches, len(ds), on_size, text_field, "row")
 
 
-def pieces(src: Source, text_field: str, on_bytes: Callable[[bytes], None], on_size: Callable[[int], None]) -> Iterator[Piece]:
+def pieces(
+    src: Source, text_field: str, on_bytes: Callable[[bytes], None], on_size: Callable[[int], None]
+) -> Iterator[Piece]:
     """The pieces of one source, in order. ``on_bytes(raw)`` sees every byte of a text or JSON Lines file as read
     (compressed bytes for a compressed one); ``on_size(n)`` advances by ``n`` bytes for Parquet and ``datasets``
     sources (read by rows)."""

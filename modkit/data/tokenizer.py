@@ -204,7 +204,11 @@ class Tokenizer:
         for token, i in self.backend.get_vocab(with_added_tokens=True).items():
             if i in special:
                 continue
-            out[i] = len(token) if decoder == "ByteLevel" else len(self.backend.decode([i], skip_special_tokens=False).encode("utf-8"))
+            out[i] = (
+                len(token)
+                if decoder == "ByteLevel"
+                else len(self.backend.decode([i], skip_special_tokens=False).encode("utf-8"))
+            )
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -216,7 +220,9 @@ class Tokenizer:
         ids = [int(i) for i in ids]
         bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
         if bad is not None:
-            raise DataError(f"token id {bad} is outside the vocabulary of tokenizer {self.spec!r} (ids 0..{self.vocab_size - 1})")
+            raise DataError(
+                f"token id {bad} is outside the vocabulary of tokenizer {self.spec!r} (ids 0..{self.vocab_size - 1})"
+            )
         return self.backend.decode(ids, skip_special_tokens=False)
 
     def save(self, path: str | Path) -> Path:
@@ -231,8 +237,14 @@ class Tokenizer:
             path = path / TOKENIZER_FILE
         self.backend.save(str(path), pretty=True)
         if path.name == TOKENIZER_FILE and (self.eot is not None or self.bos is not None):
-            config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eot, "bos_token": self.bos,
-                      "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False}
+            config = {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": self.eot,
+                "bos_token": self.bos,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "clean_up_tokenization_spaces": False,
+            }
             (path.parent / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         return path
 
@@ -427,7 +439,9 @@ def train_tokenizer(spec: str, texts: Iterable[str], *, special_tokens: Sequence
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+            vocab_size=size,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
             special_tokens=[tokenizers.AddedToken(t, special=True, normalized=False) for t in special_tokens],
         )
         seen = [False]
@@ -441,7 +455,9 @@ def train_tokenizer(spec: str, texts: Iterable[str], *, special_tokens: Sequence
         if not seen[0]:
             raise DataError(f"no text to train tokenizer {spec!r} on: the inputs are empty")
         return Tokenizer(backend, f"bpe:{size}")
-    raise DataError(f"tokenizer {spec!r}: train_tokenizer makes `char` or `bpe:N`; load a tokenizer file with load_tokenizer")
+    raise DataError(
+        f"tokenizer {spec!r}: train_tokenizer makes `char` or `bpe:N`; load a tokenizer file with load_tokenizer"
+    )
 
 
 def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
@@ -464,18 +480,26 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
     if not file.exists():
         where = f"{path} holds no {TOKENIZER_FILE}" if path.is_dir() else f"{path}: no such file"
         hint = ""
-        if path.is_dir() and any((path / n).is_file() for n in ("vocab.txt", "tokenizer.model", "vocab.json", TOKENIZER_CONFIG_FILE)):
-            hint = (" (this model folder has only a slow tokenizer: write its tokenizer.json with transformers, "
-                    "AutoTokenizer.from_pretrained(folder).save_pretrained(folder))")
+        if path.is_dir() and any(
+            (path / n).is_file() for n in ("vocab.txt", "tokenizer.model", "vocab.json", TOKENIZER_CONFIG_FILE)
+        ):
+            hint = (
+                " (this model folder has only a slow tokenizer: write its tokenizer.json with transformers, "
+                "AutoTokenizer.from_pretrained(folder).save_pretrained(folder))"
+            )
         raise DataError(f"{where}{hint}; give a tokenizers tokenizer.json (or a folder holding one), `char` or `bpe:N`")
     try:  # a regular file of bounded size: a FIFO or /dev/zero is refused, not read
         check_regular_file(file, max_bytes=MAX_TOKENIZER_BYTES)
     except JSONInputError as exc:
-        raise DataError(f"{exc}; give a tokenizers tokenizer.json (or a folder holding one), `char` or `bpe:N`") from None
+        raise DataError(
+            f"{exc}; give a tokenizers tokenizer.json (or a folder holding one), `char` or `bpe:N`"
+        ) from None
     try:
         backend = tokenizers.Tokenizer.from_file(str(file))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
-        raise DataError(f"{file}: not a tokenizers tokenizer.json ({exc}); save one with tokenizers' Tokenizer.save") from None
+        raise DataError(
+            f"{file}: not a tokenizers tokenizer.json ({exc}); save one with tokenizers' Tokenizer.save"
+        ) from None
     # a model's tokenizer.json may pad (MiniLM: to 128) or truncate its inputs; text for training or a prompt is
     # encoded as it is, never padded with pad ids or cut
     backend.no_padding()

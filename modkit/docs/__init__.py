@@ -63,7 +63,15 @@ reload; both need the ``docs`` extra (``pip install 'modkit-lm[docs]'``).
 
 from __future__ import annotations
 
-from .api_reference import API_SKIP, DOCSTRING_OPTIONS, SphinxRoles, api_modules, api_pages, check_docstrings, docstring_problems
+from .api_reference import (
+    API_SKIP,
+    DOCSTRING_OPTIONS,
+    SphinxRoles,
+    api_modules,
+    api_pages,
+    check_docstrings,
+    docstring_problems,
+)
 from .cli import add_subcommands, cmd_docs_build, cmd_docs_serve
 from .cli_reference import cli_reference_page
 from .components import (

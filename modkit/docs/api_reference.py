@@ -22,15 +22,28 @@ API_SKIP = ("modkit.__main__",)
 
 #: The Google-style docstring options of the mkdocstrings handler (``mkdocs.yml``: ``docstring_options``; a test
 #: keeps the two equal). ``warnings`` stays on: griffe's complaints reach mkdocs' log, which a strict build fails on.
-DOCSTRING_OPTIONS = {"ignore_init_summary": True, "warn_unknown_params": False, "warn_missing_types": False, "warnings": True}
+DOCSTRING_OPTIONS = {
+    "ignore_init_summary": True,
+    "warn_unknown_params": False,
+    "warn_missing_types": False,
+    "warnings": True,
+}
 
 
 #: Modules whose own functions the guides call by module path (``modkit.inference.generate.generate``, ``modkit.analysis.trace.trace``)
 #: and the subpackages a user imports from (``from modkit.data import prepare``): public API beside what the
 #: ``modkit`` package exports.
-PUBLIC_MODULES = ("modkit.plugin", "modkit.experiments.compare", "modkit.data", "modkit.inference.generate",
-                  "modkit.inference.sampling", "modkit.testing", "modkit.analysis.trace", "modkit.analysis.trace_report",
-                  "modkit.train")
+PUBLIC_MODULES = (
+    "modkit.plugin",
+    "modkit.experiments.compare",
+    "modkit.data",
+    "modkit.inference.generate",
+    "modkit.inference.sampling",
+    "modkit.testing",
+    "modkit.analysis.trace",
+    "modkit.analysis.trace_report",
+    "modkit.train",
+)
 
 
 def public_modules(modules: list[str]) -> list[str]:
@@ -99,7 +112,10 @@ def api_pages() -> dict[str, str]:
                 + _table(
                     ("name", "defined in"),
                     (
-                        (f"`modkit.{n}`", f"[`{getattr(getattr(modkit, n), '__module__', 'modkit')}`]({getattr(getattr(modkit, n), '__module__', 'modkit')}.md)")
+                        (
+                            f"`modkit.{n}`",
+                            f"[`{getattr(getattr(modkit, n), '__module__', 'modkit')}`]({getattr(getattr(modkit, n), '__module__', 'modkit')}.md)",
+                        )
                         for n in modkit.__all__
                         if getattr(getattr(modkit, n), "__module__", "").startswith("modkit")
                     ),
@@ -116,15 +132,23 @@ def api_pages() -> dict[str, str]:
         "`modkit.train` and `modkit.testing` export, and the modules the guides call by name (`modkit.inference.generate`, "
         "`modkit.analysis.trace`, ...).\n\n" + _table(("module", "what it holds"), rows[True]) + "\n\n"
         "## Internals\n\nThe command line, the site generator, the contract kit's check modules and helpers: "
-        "documented here, but not an interface to build on.\n\n" + _table(("module", "what it holds"), rows[False]) + "\n"
+        "documented here, but not an interface to build on.\n\n"
+        + _table(("module", "what it holds"), rows[False])
+        + "\n"
     )
-    nav = (["* [Overview](index.md)", "* Public API"] + [f"    * [{n}]({n}.md)" for n in modules if n in public]
-           + ["* Internals"] + [f"    * [{n}]({n}.md)" for n in modules if n not in public])
+    nav = (
+        ["* [Overview](index.md)", "* Public API"]
+        + [f"    * [{n}]({n}.md)" for n in modules if n in public]
+        + ["* Internals"]
+        + [f"    * [{n}]({n}.md)" for n in modules if n not in public]
+    )
     pages["reference/api/SUMMARY.md"] = "\n".join(nav) + "\n"
     return pages
 
 
-def docstring_problems(package: str = "modkit", search_paths: Optional[list[str]] = None, options: Optional[dict] = None) -> list[str]:
+def docstring_problems(
+    package: str = "modkit", search_paths: Optional[list[str]] = None, options: Optional[dict] = None
+) -> list[str]:
     """Docstrings of ``package`` that mkdocstrings would render wrongly: ``["path:line: problem", ...]``.
 
     The package is loaded with griffe as the site build loads it (Google style, :data:`DOCSTRING_OPTIONS`, the
@@ -153,8 +177,13 @@ def docstring_problems(package: str = "modkit", search_paths: Optional[list[str]
     for lg in loggers:
         lg.addHandler(handler)
     try:
-        root = griffe.load(package, search_paths=search_paths, docstring_parser="google", docstring_options=opts,
-                           extensions=griffe.load_extensions(SphinxRoles))
+        root = griffe.load(
+            package,
+            search_paths=search_paths,
+            docstring_parser="google",
+            docstring_options=opts,
+            extensions=griffe.load_extensions(SphinxRoles),
+        )
         seen: set[int] = set()
         stack = [root]
         while stack:

@@ -9,8 +9,10 @@ from .markdown import DocsError
 from .site import build_site, find_config, _log_to_stderr, _quiet_banners, _require_mkdocs
 
 
-CONFIG_HELP = ("mkdocs.yml to use (default: the repository's in a checkout of modkit, else the one shipped in the "
-               "package; the gallery shows specs/ next to it, else ./specs)")
+CONFIG_HELP = (
+    "mkdocs.yml to use (default: the repository's in a checkout of modkit, else the one shipped in the "
+    "package; the gallery shows specs/ next to it, else ./specs)"
+)
 
 
 def _config_path(args) -> Path:
@@ -38,8 +40,11 @@ def cmd_docs_build(args: argparse.Namespace) -> int:
         print(f"modkit: error: {exc}", file=sys.stderr)
         return 1
     print(f"built the site in {out} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
-    print(f"view it: open {(out / 'index.html').as_uri()} in a browser (it works from disk, links and search "
-          f"included), or serve it with: modkit docs serve{' -f ' + str(config) if args.config_file else ''}", file=sys.stderr)
+    print(
+        f"view it: open {(out / 'index.html').as_uri()} in a browser (it works from disk, links and search "
+        f"included), or serve it with: modkit docs serve{' -f ' + str(config) if args.config_file else ''}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -73,13 +78,23 @@ def add_subcommands(subparsers) -> None:
     )
     sub = p.add_subparsers(dest="docs_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
-    b = sub.add_parser("build", help="build the static site", description="Build the static site (strict: any warning fails).")
-    b.add_argument("-o", "--output", metavar="DIR", help="output folder (default: site/ next to the repository's mkdocs.yml "
-                   "in a checkout, else ./site)")
+    b = sub.add_parser(
+        "build", help="build the static site", description="Build the static site (strict: any warning fails)."
+    )
+    b.add_argument(
+        "-o",
+        "--output",
+        metavar="DIR",
+        help="output folder (default: site/ next to the repository's mkdocs.yml in a checkout, else ./site)",
+    )
     b.add_argument("-f", "--config-file", metavar="FILE", help=CONFIG_HELP)
     b.add_argument("--no-strict", action="store_true", help="do not fail on warnings")
     b.set_defaults(func=cmd_docs_build)
-    s = sub.add_parser("serve", help="serve the site with live reload", description="Serve the site on a local address, rebuilding on edits.")
+    s = sub.add_parser(
+        "serve",
+        help="serve the site with live reload",
+        description="Serve the site on a local address, rebuilding on edits.",
+    )
     s.add_argument("-a", "--dev-addr", metavar="IP:PORT", default="127.0.0.1:8000", help="address to serve on")
     s.add_argument("-f", "--config-file", metavar="FILE", help=CONFIG_HELP)
     s.set_defaults(func=cmd_docs_serve)

@@ -38,7 +38,13 @@ def _argparse_sections(parser: argparse.ArgumentParser, words: list[str], depth:
         help_text = (action.help or "") if action.help != argparse.SUPPRESS else ""
         if action.required and action.option_strings:
             help_text = "(required) " + help_text
-        rows.append((names, default, _cell(help_text % {"default": action.default, "prog": parser.prog} if "%(" in help_text else help_text)))
+        rows.append(
+            (
+                names,
+                default,
+                _cell(help_text % {"default": action.default, "prog": parser.prog} if "%(" in help_text else help_text),
+            )
+        )
     if rows:
         out += [_table(("argument", "default", "meaning"), rows), ""]
     if parser.epilog:
@@ -72,6 +78,12 @@ def cli_reference_page() -> str:
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
     if sub is not None:
         helps = {a.dest: a.help for a in sub._choices_actions}  # noqa: SLF001
-        parts += [_table(("command", "what it does"), ((f"[`modkit {n}`](#modkit-{n})", _cell(helps.get(n, ""))) for n in sub.choices)), ""]
+        parts += [
+            _table(
+                ("command", "what it does"),
+                ((f"[`modkit {n}`](#modkit-{n})", _cell(helps.get(n, ""))) for n in sub.choices),
+            ),
+            "",
+        ]
     parts += _argparse_sections(parser, ["modkit"], 2)
     return "\n".join(parts)

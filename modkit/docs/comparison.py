@@ -55,7 +55,9 @@ def component_figures(entry, config, registry, norm_config: Any = None) -> Figur
         fig.norms = sum(1 for m in module.modules() if getattr(m, "modkit_kind", None) == "norm")
     if entry.flops is not None and ctx is not None:
         try:
-            fig.decode_flops = sum(declared_flops(entry, config, ctx, Workload(new=1, past=COMPARE_CONTEXT - 1)).values())
+            fig.decode_flops = sum(
+                declared_flops(entry, config, ctx, Workload(new=1, past=COMPARE_CONTEXT - 1)).values()
+            )
         except Exception:  # noqa: BLE001 - a declaration that fails here is the contract kit's to report
             fig.decode_flops = None
     return fig
@@ -84,10 +86,12 @@ def comparison_section(kind: str, docs: Sequence[Any], page: str) -> str:
     if kind in SAMPLING_KINDS or not mine:
         return ""
     ctx = EXAMPLE_CONTEXT
-    cols = [("type", lambda d: f"[`{d.entry.type}`]({_rel(page, component_path(kind, d.entry.type))})"),
-            ("example config", lambda d: _cell(_example_text(d.example))),
-            (f"parameters at d_model {ctx['d_model']}", lambda d: _num(d.figures.params)),
-            ("P(d)", lambda d: f"`{formula(d.params.coefficients)}`" if d.params.coefficients is not None else "–")]
+    cols = [
+        ("type", lambda d: f"[`{d.entry.type}`]({_rel(page, component_path(kind, d.entry.type))})"),
+        ("example config", lambda d: _cell(_example_text(d.example))),
+        (f"parameters at d_model {ctx['d_model']}", lambda d: _num(d.figures.params)),
+        ("P(d)", lambda d: f"`{formula(d.params.coefficients)}`" if d.params.coefficients is not None else "–"),
+    ]
     if any(d.figures.active is not None and d.figures.active != d.figures.params for d in mine):
         cols.append(("active per token", lambda d: _num(d.figures.active)))
     if any(d.figures.kv_bytes for d in mine):
@@ -95,7 +99,9 @@ def comparison_section(kind: str, docs: Sequence[Any], page: str) -> str:
     if any(d.figures.norms is not None for d in mine):
         cols.append(("norms per block", lambda d: _num(d.figures.norms)))
     if any(d.figures.decode_flops for d in mine):
-        cols.append((f"FLOPs / decoded token at context {_count(COMPARE_CONTEXT)}", lambda d: _num(d.figures.decode_flops)))
+        cols.append(
+            (f"FLOPs / decoded token at context {_count(COMPARE_CONTEXT)}", lambda d: _num(d.figures.decode_flops))
+        )
     rows = [[fn(d) for _, fn in cols] for d in mine]
     intro = (
         f"Each `{kind}` built alone on `meta` with its example config at d_model = {ctx['d_model']}, n_heads = "
@@ -105,13 +111,17 @@ def comparison_section(kind: str, docs: Sequence[Any], page: str) -> str:
     )
     notes = []
     if any(c[0].startswith("active") for c in cols):
-        notes.append("active parameters as `modkit.active_params_per_token` counts them (a sparse layer runs only the experts it routes to)")
+        notes.append(
+            "active parameters as `modkit.active_params_per_token` counts them (a sparse layer runs only the experts it routes to)"
+        )
     if any(c[0].startswith("KV") for c in cols):
         notes.append("KV-cache bytes per token and layer as `modkit.kv_cache_bytes_per_token` computes them")
     if any(c[0].startswith("FLOPs") for c in cols):
-        notes.append(f"FLOPs from the component's cost declaration (`modkit.analysis.cost`: matrix products, 1 multiply-add = 2 "
-                     f"FLOPs) for one decoded token with {_count(COMPARE_CONTEXT)} tokens of context (only attention "
-                     "depends on the context)")
+        notes.append(
+            f"FLOPs from the component's cost declaration (`modkit.analysis.cost`: matrix products, 1 multiply-add = 2 "
+            f"FLOPs) for one decoded token with {_count(COMPARE_CONTEXT)} tokens of context (only attention "
+            "depends on the context)"
+        )
     text = intro + ("; " + "; ".join(notes) if notes else "") + "."
     align = "ll" + "r" * (len(cols) - 2)
     return "\n".join(["## Comparison", "", text, "", _table([c[0] for c in cols], rows, align)])

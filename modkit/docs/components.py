@@ -91,7 +91,9 @@ def validate_examples(registry) -> dict[tuple[str, str], tuple[dict, Any]]:
             cfg = load_component(entry.kind, example, registry=registry)
         except SpecError as exc:
             errs = "; ".join(f"{p}: {m}" if p else m for p, m in exc.errors)
-            problems.append(f"{entry.kind}/{entry.type} ({entry.provider}): example {json.dumps(example)} is invalid: {errs}")
+            problems.append(
+                f"{entry.kind}/{entry.type} ({entry.provider}): example {json.dumps(example)} is invalid: {errs}"
+            )
             continue
         if getattr(cfg, "type", None) != entry.type:
             problems.append(f"{entry.kind}/{entry.type} ({entry.provider}): example validates as type {cfg.type!r}")
@@ -132,11 +134,15 @@ def _params_section(doc: ComponentDoc) -> str:
     info, entry = doc.params, doc.entry
     ctx = EXAMPLE_CONTEXT
     if info.how == "sampling":
-        return ("None: a sampling step works on the logits during generation ([`modkit.inference.sampling`]"
-                "({to:reference/api/modkit.inference.sampling.md})), outside the model.")
+        return (
+            "None: a sampling step works on the logits during generation ([`modkit.inference.sampling`]"
+            "({to:reference/api/modkit.inference.sampling.md})), outside the model."
+        )
     if info.how == "optimizer":
-        return ("None: an optimizer updates a model's parameters during training, grouped by the roles their "
-                "components declare (`modkit.core.roles`); a training config names it in its `optimizer` field.")
+        return (
+            "None: an optimizer updates a model's parameters during training, grouped by the roles their "
+            "components declare (`modkit.core.roles`); a training config names it in its `optimizer` field."
+        )
     if info.count is None:
         return f"Could not be built on its own to count parameters ({_cell(info.error) or 'no host component'})."
     where = " (built " + info.how + ")" if info.how and info.how != "alone" else ""
@@ -167,7 +173,9 @@ def _params_section(doc: ComponentDoc) -> str:
         if info.declared == info.count:
             lines.append("The entry's analytic `param_count` agrees with the built module.")
         else:
-            lines.append(f"!!! warning\n    The entry's analytic `param_count` gives {_count(info.declared)}, the built module has {_count(info.count)}.")
+            lines.append(
+                f"!!! warning\n    The entry's analytic `param_count` gives {_count(info.declared)}, the built module has {_count(info.count)}."
+            )
     elif entry.param_count is None:
         lines.append("The entry declares no analytic `param_count`; the figure comes from the built module.")
     return "\n".join(lines).rstrip()
@@ -251,9 +259,12 @@ def _facts(entry, link_kind, places: Mapping[str, list[str]], root: Any, repo_ur
     argument = entry.capabilities.get("argument")
     goes_in = (
         ("goes in a spec at", ", ".join(places.get(entry.kind, [])) or "(no slot)")
-        if entry.kind not in SAMPLING_KINDS else
-        ("goes in", "the `sampling` list of `modkit.inference.generate.generate` (`modkit generate --sampling`)"
-         + (f", or its keyword `{argument['name']}`" if isinstance(argument, dict) else ""))
+        if entry.kind not in SAMPLING_KINDS
+        else (
+            "goes in",
+            "the `sampling` list of `modkit.inference.generate.generate` (`modkit generate --sampling`)"
+            + (f", or its keyword `{argument['name']}`" if isinstance(argument, dict) else ""),
+        )
     )
     return [
         ("kind", link_kind(entry.kind)),
@@ -275,8 +286,11 @@ def _shapes_section(entry, contracts: Mapping[str, str], places: Mapping[str, li
     if acts is not None:
         parts += ["", f"**Acts on `{acts}`**: {acts_on_text(acts)}"]
     if entry.grouped_factory is not None:
-        parts += ["", "**Grouped form**: usable as mixture-of-experts experts (its `grouped_factory` builds `n` "
-                  "copies with stacked weights, run by one grouped GEMM per projection)."]
+        parts += [
+            "",
+            "**Grouped form**: usable as mixture-of-experts experts (its `grouped_factory` builds `n` "
+            "copies with stacked weights, run by one grouped GEMM per projection).",
+        ]
     for alias, note in entry.alias_notes.items():
         parts += ["", f'!!! note "Alias `{alias}`"', "", textwrap.indent(_link_references(_cell(note)), "    ")]
     return parts
@@ -334,7 +348,9 @@ def _example_section(doc: ComponentDoc, registry, base: Any) -> list[str]:
     return parts
 
 
-def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Mapping[str, str], places: Mapping[str, list[str]]) -> str:
+def kind_index_page(
+    kind: str, docs: list[ComponentDoc], registry, contracts: Mapping[str, str], places: Mapping[str, list[str]]
+) -> str:
     """Markdown of a kind's index page."""
     page = kind_path(kind)
     mine = [d for d in docs if d.entry.kind == kind]
@@ -359,14 +375,23 @@ def kind_index_page(kind: str, docs: list[ComponentDoc], registry, contracts: Ma
     parts += [_table(("type", "plugin", "what it computes", col, "capabilities"), rows), ""]
     aliases = registry.aliases(kind)
     if aliases:
-        parts += ["**Aliases** (other names a spec may use; stored under the type): " + ", ".join(
-            f"`{a}` → [`{t}`]({_rel(page, component_path(kind, t))})" for a, t in aliases.items()) + ".", ""]
+        parts += [
+            "**Aliases** (other names a spec may use; stored under the type): "
+            + ", ".join(f"`{a}` → [`{t}`]({_rel(page, component_path(kind, t))})" for a, t in aliases.items())
+            + ".",
+            "",
+        ]
     comparison = comparison_section(kind, docs, page)
     if comparison:
         parts += [comparison, ""]
     diagrams = [d for d in mine if d.diagram]
     if diagrams:
-        parts += ["## Side by side", "", "Each block as traced from the module the placement builds; `+` is a residual add.", ""]
+        parts += [
+            "## Side by side",
+            "",
+            "Each block as traced from the module the placement builds; `+` is a residual add.",
+            "",
+        ]
         parts.append('<div class="grid cards" markdown>')
         parts.append("")
         for d in diagrams:
@@ -398,7 +423,13 @@ def overview_page(docs: list[ComponentDoc], registry, contracts: Mapping[str, st
     rows = []
     for kind in registry.kinds():
         n = sum(1 for d in docs if d.entry.kind == kind)
-        rows.append((f"[`{kind}`]({_rel(page, kind_path(kind))})", n, _cell(contracts.get(kind, "see each component's description"))))
+        rows.append(
+            (
+                f"[`{kind}`]({_rel(page, kind_path(kind))})",
+                n,
+                _cell(contracts.get(kind, "see each component's description")),
+            )
+        )
     parts += [_table(("kind", "types", "contract"), rows, "lrl"), "", "## All components", ""]
     parts += [
         '<input class="mk-filter" type="search" placeholder="Filter the table: kind, type, plugin, capability, words…" '

@@ -36,10 +36,15 @@ def kind_contract(kind: str, contracts: dict[str, str], places: dict[str, list[s
     if kind in contracts:
         return f"{contracts[kind]} (from {api})"
     where = ", ".join(places.get(kind, []))
-    held = (f"it is built by what holds a `{kind}` slot ({where}) and called as that component documents"
-            if where else f"no spec field and no installed component has a `{kind}` slot, so nothing builds it yet")
-    return (f"The core defines no calling convention for `{kind}` (it is not one of the kinds of {api}): {held}; "
-            "each component's description gives its shapes.")
+    held = (
+        f"it is built by what holds a `{kind}` slot ({where}) and called as that component documents"
+        if where
+        else f"no spec field and no installed component has a `{kind}` slot, so nothing builds it yet"
+    )
+    return (
+        f"The core defines no calling convention for `{kind}` (it is not one of the kinds of {api}): {held}; "
+        "each component's description gives its shapes."
+    )
 
 
 def contracts_preamble() -> str:
@@ -63,7 +68,9 @@ def acts_on_text(value: Any) -> str:
 
     hook = _ACTS_ON_HOOK.get(str(value))
     if hook is None:
-        return "acts nowhere: the model gets no explicit position information" if value == "none" else f"acts on `{value}`"
+        return (
+            "acts nowhere: the model gets no explicit position information" if value == "none" else f"acts on `{value}`"
+        )
     doc = _rst_to_md(" ".join((inspect.getdoc(getattr(PositionScheme, hook)) or "").split("\n\n")[0].split()))
     return f"overrides `PositionScheme.{hook}`: {doc}"
 

@@ -80,7 +80,11 @@ def trace_block(block, *, types: bool = True) -> Optional[list[tuple[str, str, l
             kind, type_ = getattr(m, "modkit_kind", None), getattr(m, "modkit_type", None)
             if types and type_ and type_ != kind:
                 label += f"<br/>{type_}"
-        elif n.op == "call_function" and n.target in (operator.add, operator.iadd) or getattr(n.target, "__name__", "") == "add":
+        elif (
+            n.op == "call_function"
+            and n.target in (operator.add, operator.iadd)
+            or getattr(n.target, "__name__", "") == "add"
+        ):
             label = "+"
         elif n.op == "call_function" and n.target in (operator.mul, operator.imul):
             label = "×"
@@ -91,7 +95,9 @@ def trace_block(block, *, types: bool = True) -> Optional[list[tuple[str, str, l
     return out_nodes
 
 
-def mermaid_block(flow: list[tuple[str, str, list[str]]], *, prefix: str = "", notes: Mapping[str, str] = {}) -> list[str]:
+def mermaid_block(
+    flow: list[tuple[str, str, list[str]]], *, prefix: str = "", notes: Mapping[str, str] = {}
+) -> list[str]:
     """Mermaid flowchart lines (without the ``flowchart`` header) for a traced block."""
     lines = []
     ids = {name: f"{prefix}n{i}" for i, (name, _, _) in enumerate(flow)}
@@ -132,7 +138,10 @@ def _model_diagram(model, registry) -> tuple[str, list[tuple[str, str]]]:
     pos_entry = registry.entry_for_config(pos_cfg)
     acts = pos_entry.capabilities.get("acts_on")
     head = "lm_head<br/>tied to the embedding" if spec.tie_embeddings else "lm_head"
-    lines = ["flowchart TB", f'  ids(["input_ids #91;batch, seq#93;"]) --> emb["token embedding<br/>{_count(spec.vocab_size)} × {spec.d_model}"]']
+    lines = [
+        "flowchart TB",
+        f'  ids(["input_ids #91;batch, seq#93;"]) --> emb["token embedding<br/>{_count(spec.vocab_size)} × {spec.d_model}"]',
+    ]
     prev = "emb"
     if spec.embedding_scale is not None:
         scale = "√d_model" if spec.embedding_scale == "sqrt_d_model" else f"{spec.embedding_scale:g}"

@@ -84,7 +84,20 @@ def spec_card(path: Path, registry, root: Optional[Path] = None) -> SpecCard:
         source = str(path.resolve().relative_to(root.resolve())) if root else path.name
     except ValueError:
         source = str(path)
-    return SpecCard(path.stem, source, spec, params, active, per_token, long, windowed, summary.components, diagram, groups, attention)
+    return SpecCard(
+        path.stem,
+        source,
+        spec,
+        params,
+        active,
+        per_token,
+        long,
+        windowed,
+        summary.components,
+        diagram,
+        groups,
+        attention,
+    )
 
 
 def _spec_shape(spec, attention: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -152,8 +165,12 @@ def _card_header(card: SpecCard) -> list[str]:
     if spec.description:
         parts += [_cell(spec.description), ""]
     meta = ", ".join(f"{k} `{v}`" for k, v in spec.metadata.items()) if spec.metadata else ""
-    parts += [f"Spec: `{card.source}`" + (f" · metadata: {meta}" if meta else "")
-              + " · built on `meta` (no memory) when this site was built.", ""]
+    parts += [
+        f"Spec: `{card.source}`"
+        + (f" · metadata: {meta}" if meta else "")
+        + " · built on `meta` (no memory) when this site was built.",
+        "",
+    ]
     parts += [_table(("property", "value"), _spec_shape(spec, card.attention)), ""]
     return parts
 
@@ -166,8 +183,11 @@ def _parameters_section(card: SpecCard) -> list[str]:
     rows.append(("**total**", f"**{_count(total)}**", "100%", f"**{_short(total)}**"))
     parts += [_table(("part", "parameters", "share", "rounded"), rows, "lrrr"), ""]
     if card.active != total:
-        parts += [f"**Active per token: {_count(card.active)} ({_short(card.active)}, {_share(card.active, total)} "
-                  "of the total)**: a sparse layer runs only the experts its router picks.", ""]
+        parts += [
+            f"**Active per token: {_count(card.active)} ({_short(card.active)}, {_share(card.active, total)} "
+            "of the total)**: a sparse layer runs only the experts its router picks.",
+            "",
+        ]
     else:
         parts += ["Dense: every parameter is active for every token.", ""]
     return parts
@@ -188,17 +208,28 @@ def _memory_section(card: SpecCard) -> list[str]:
             )
         )
     long_label = f"KV cache, {LONG_CONTEXT // 1024}K context"
-    header = ("dtype", "weights", "KV cache bytes / token", long_label,
-              f"KV cache, max_seq_len {_count(spec.max_seq_len)}")
+    header = (
+        "dtype",
+        "weights",
+        "KV cache bytes / token",
+        long_label,
+        f"KV cache, max_seq_len {_count(spec.max_seq_len)}",
+    )
     parts = ["## Memory", "", _table(header, rows, "lrrrr"), ""]
-    notes = [f"The cache stores what each layer's token mixers declare (keys and values of n_kv_heads heads for the "
-             f"built-in attention): {_count(card.kv_elements_per_token)} elements per token over all layers (batch 1)."]
+    notes = [
+        f"The cache stores what each layer's token mixers declare (keys and values of n_kv_heads heads for the "
+        f"built-in attention): {_count(card.kv_elements_per_token)} elements per token over all layers (batch 1)."
+    ]
     if card.windowed:
-        notes.append(f"Sliding-window layers keep only their window, which the {LONG_CONTEXT // 1024}K figure counts; "
-                     "the per-token figure is the uncapped rate.")
+        notes.append(
+            f"Sliding-window layers keep only their window, which the {LONG_CONTEXT // 1024}K figure counts; "
+            "the per-token figure is the uncapped rate."
+        )
     if LONG_CONTEXT > spec.max_seq_len:
-        notes.append(f"{LONG_CONTEXT // 1024}K exceeds this model's max_seq_len ({_count(spec.max_seq_len)}); that "
-                     "figure is for comparison only.")
+        notes.append(
+            f"{LONG_CONTEXT // 1024}K exceeds this model's max_seq_len ({_count(spec.max_seq_len)}); that "
+            "figure is for comparison only."
+        )
     parts += [" ".join(notes), ""]
     return parts
 
@@ -226,8 +257,18 @@ def _architecture_section(card: SpecCard) -> list[str]:
     ]
     for layers, block in card.layer_groups:
         which = "every layer" if len(card.layer_groups) == 1 else f"layers {layers}"
-        parts += ['<div class="mk-diagram" markdown>', "", f"**Block: {which}**", "", "```mermaid", block, "```", "",
-                  "</div>", ""]
+        parts += [
+            '<div class="mk-diagram" markdown>',
+            "",
+            f"**Block: {which}**",
+            "",
+            "```mermaid",
+            block,
+            "```",
+            "",
+            "</div>",
+            "",
+        ]
     parts += ["</div>", ""]
     return parts
 
@@ -237,8 +278,11 @@ def _components_section(card: SpecCard, registry, page: str) -> list[str]:
     rows = []
     kinds = set(registry.kinds())
     for c in card.components:
-        link = (f"[`{c['type']}`]({_rel(page, component_path(c['kind'], c['type']))})" if c["kind"] in kinds
-                else f"`{c['type']}`")
+        link = (
+            f"[`{c['type']}`]({_rel(page, component_path(c['kind'], c['type']))})"
+            if c["kind"] in kinds
+            else f"`{c['type']}`"
+        )
         dist = f" ({c['distribution']} {c.get('version') or ''})".rstrip() if c.get("distribution") else ""
         prov = f"`{c.get('plugin') or ''}`" + dist
         paths = c.get("paths", [])
@@ -253,8 +297,11 @@ def _overrides_section(spec) -> list[str]:
         return []
     rows = []
     for o in spec.overrides:
-        replaced = [f"{k}: `{getattr(o, k).type}`" for k in ("attention", "ffn", "norm", "placement", "position")
-                    if getattr(o, k) is not None]
+        replaced = [
+            f"{k}: `{getattr(o, k).type}`"
+            for k in ("attention", "ffn", "norm", "placement", "position")
+            if getattr(o, k) is not None
+        ]
         rows.append((_layer_ranges(o.indices(spec.n_layers)), ", ".join(replaced)))
     return ["## Per-layer overrides", "", _table(("layers", "replaced"), rows), ""]
 
@@ -292,7 +339,19 @@ def gallery_index(cards: list[SpecCard], registry) -> str:
         )
     parts.append(
         _table(
-            ("model", "params", "active", "layers", "d_model", "attention", "ffn", "position", "placement", "norm", "KV bytes/token (bf16)"),
+            (
+                "model",
+                "params",
+                "active",
+                "layers",
+                "d_model",
+                "attention",
+                "ffn",
+                "position",
+                "placement",
+                "norm",
+                "KV bytes/token (bf16)",
+            ),
             rows,
             "lrrrrllllll" + "r",
         )

@@ -139,28 +139,42 @@ def _summary_section(info: _Types) -> list[str]:
             continue
         layer = spec.layer(0)
         weights = "yes" if registry.hf_converter(t).weights is not None else "no"
-        rows.append((
-            f"[`{t}`](#{t})",
-            info.comp(registry.entry_for_config(layer.attention).kind, layer.attention.type),  # an attention or a mixer
-            info.comp("ffn", layer.ffn.type) if layer.ffn is not None else "none",
-            info.comp("norm", layer.norm.type),
-            info.comp("placement", layer.placement.type),
-            info.comp("position", spec.position.type),
-            weights,
-            info.gallery_links(t),
-            info.parent_link(t),
-        ))
+        rows.append(
+            (
+                f"[`{t}`](#{t})",
+                info.comp(
+                    registry.entry_for_config(layer.attention).kind, layer.attention.type
+                ),  # an attention or a mixer
+                info.comp("ffn", layer.ffn.type) if layer.ffn is not None else "none",
+                info.comp("norm", layer.norm.type),
+                info.comp("placement", layer.placement.type),
+                info.comp("position", spec.position.type),
+                weights,
+                info.gallery_links(t),
+                info.parent_link(t),
+            )
+        )
     header = ("model type", "token mixer", "ffn", "norm", "placement", "position", "weights", "gallery", "derives from")
     parts = [_table(header, rows), ""]
-    parts += ["*weights*: the converter also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf "
-              "FOLDER` brings the weights along and `modkit convert modkit --to hf` writes a folder transformers "
-              "loads.", ""]
-    supports = [(f"[`{t}`](#{t})", _cell(", ".join(described[t]["supports"])))
-                for t in info.types if described[t] and described[t].get("supports")]
+    parts += [
+        "*weights*: the converter also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf "
+        "FOLDER` brings the weights along and `modkit convert modkit --to hf` writes a folder transformers "
+        "loads.",
+        "",
+    ]
+    supports = [
+        (f"[`{t}`](#{t})", _cell(", ".join(described[t]["supports"])))
+        for t in info.types
+        if described[t] and described[t].get("supports")
+    ]
     if supports:
-        parts += ["What each declared model type converts, read from its tables (the config keys it maps, the fields "
-                  "it fixes, the layouts of its checkpoint tensors):", "",
-                  _table(("model type", "supports"), supports), ""]
+        parts += [
+            "What each declared model type converts, read from its tables (the config keys it maps, the fields "
+            "it fixes, the layouts of its checkpoint tensors):",
+            "",
+            _table(("model type", "supports"), supports),
+            "",
+        ]
     return parts
 
 
@@ -176,9 +190,14 @@ def _type_section(info: _Types, t: str) -> list[str]:
         parts += [_first_sentence(notes.split("\n\n")[0]), ""]
     parts += [_table(("property", "value"), _type_facts(info, t)), ""]
     if spec is not None:
-        rows = [(f"`{k}`", info.comp(k, ty), ", ".join(f"`{p}`" for p in paths[:3])
-                 + (f" and {len(paths) - 3} more" if len(paths) > 3 else ""))
-                for k, ty, paths in _components(spec, info.registry)]
+        rows = [
+            (
+                f"`{k}`",
+                info.comp(k, ty),
+                ", ".join(f"`{p}`" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else ""),
+            )
+            for k, ty, paths in _components(spec, info.registry)
+        ]
         parts += ["Components of the converted spec:", "", _table(("kind", "type", "spec fields"), rows), ""]
     if tables:
         parts += _tables_section(t, tables)
@@ -197,40 +216,63 @@ def _type_facts(info: _Types, t: str) -> list[tuple[str, str]]:
     tables = info.described[t]
     provider = f"`{conv.provider.plugin}`" if conv.provider else "(unknown)"
     where = sys.modules.get(tables.get("module") or "") if tables else None
-    facts = [("converter", provider + ", " + source_location(where if where is not None else conv.convert)),
-             ("checkpoint weights", "converted both ways" if conv.weights is not None else "config only"),
-             ("gallery", info.gallery_links(t))]
+    facts = [
+        ("converter", provider + ", " + source_location(where if where is not None else conv.convert)),
+        ("checkpoint weights", "converted both ways" if conv.weights is not None else "config only"),
+        ("gallery", info.gallery_links(t)),
+    ]
     if tables and tables.get("supports"):
         facts.insert(1, ("supports", _cell(", ".join(tables["supports"]))))
     if tables and tables.get("parent"):
-        facts.insert(1, ("derives from",
-                         info.parent_link(t) + ": its tables with a few rows changed (shown complete below)"))
+        facts.insert(
+            1, ("derives from", info.parent_link(t) + ": its tables with a few rows changed (shown complete below)")
+        )
     if spec is None:
         facts.append(("transformers defaults", _cell(f"do not convert on their own: {reason}")))
     else:
         sizes = ((k, getattr(spec, k)) for k in _SIZES)
-        facts.append(("defaults give", _cell(", ".join(
-            f"{k} {_count(v) if isinstance(v, int) and not isinstance(v, bool) else v}" for k, v in sizes))))
+        facts.append(
+            (
+                "defaults give",
+                _cell(
+                    ", ".join(
+                        f"{k} {_count(v) if isinstance(v, int) and not isinstance(v, bool) else v}" for k, v in sizes
+                    )
+                ),
+            )
+        )
     return facts
 
 
 def _tables_section(t: str, tables: dict) -> list[str]:
     """The config table, the fixed fields and the weight table of a declared model type, as Markdown."""
     out = []
-    rows = [(_cell(key), status, _cell(default), _cell(becomes)) for key, status, default, becomes in tables.get("config", ())]
+    rows = [
+        (_cell(key), status, _cell(default), _cell(becomes))
+        for key, status, default, becomes in tables.get("config", ())
+    ]
     if rows:
-        out += [f"Config keys of `{t}` (any other key is irrelevant to every model type, or unknown: dropped with a warning, "
-                "refused with `--strict`):", "",
-                _table(("key", "status", "transformers default", "becomes / why"), rows), ""]
+        out += [
+            f"Config keys of `{t}` (any other key is irrelevant to every model type, or unknown: dropped with a warning, "
+            "refused with `--strict`):",
+            "",
+            _table(("key", "status", "transformers default", "becomes / why"), rows),
+            "",
+        ]
     fixed = tables.get("fixed") or {}
     if fixed:
         shown = ", ".join(f"`{k}` = `{json.dumps(v)}`" for k, v in sorted(fixed.items()))
         out += [_cell(f"Fixed by the type: {shown}."), ""]
+
     def names(text: str) -> str:  # a fused row names several tensors: one code span each, so the cell can wrap
         return _cell(", ".join(f"`{n}`" for n in text.split(", ")))
 
     weights = [(names(ours), names(hf), _cell(how)) for ours, hf, how in tables.get("weights", ())]
     if weights:
-        out += [f'??? info "Checkpoint tensors of `{t}` ({len(weights)} rows)"', "",
-                textwrap.indent(_table(("modkit", "Hugging Face", "layout"), weights), "    "), ""]
+        out += [
+            f'??? info "Checkpoint tensors of `{t}` ({len(weights)} rows)"',
+            "",
+            textwrap.indent(_table(("modkit", "Hugging Face", "layout"), weights), "    "),
+            "",
+        ]
     return out

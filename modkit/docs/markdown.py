@@ -13,6 +13,7 @@ class DocsError(Exception):
 
 def _rst_to_md(text: str) -> str:
     """Sphinx-flavoured docstring text to Markdown: ``:class:`~a.b.C``` -> ```C```, ````x```` -> ```x```."""
+
     def role(m: re.Match) -> str:
         target = m.group(1)
         return f"`{target[1:].split('.')[-1]}`" if target.startswith("~") else f"`{target}`"

@@ -119,7 +119,11 @@ def _build_alone(entry, config, registry, d_model: int, norm_config):
             try:
                 hcfg = load_component(host.kind, data, registry=registry)
                 with torch.device("meta"):
-                    return ctx.build(hcfg), f"inside [`{host.type}`]({{to:{component_path(host.kind, host.type)}}})", None
+                    return (
+                        ctx.build(hcfg),
+                        f"inside [`{host.type}`]({{to:{component_path(host.kind, host.type)}}})",
+                        None,
+                    )
             except Exception:  # noqa: BLE001 - try the next host
                 continue
         raise direct_exc

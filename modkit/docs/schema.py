@@ -77,7 +77,14 @@ class FieldRow:
     description: str
 
 
-def field_rows(schema: dict, node: Optional[dict] = None, prefix: str = "", *, link_kind: Callable[[str], str] = lambda k: f"`{k}`", skip_type: bool = True) -> list[FieldRow]:
+def field_rows(
+    schema: dict,
+    node: Optional[dict] = None,
+    prefix: str = "",
+    *,
+    link_kind: Callable[[str], str] = lambda k: f"`{k}`",
+    skip_type: bool = True,
+) -> list[FieldRow]:
     """Rows ``(name, type, default, constraints, description)`` of an object schema; nested plain objects (e.g.
     ``rope.scaling``) expand into dotted sub-fields."""
     node = schema if node is None else node
@@ -93,7 +100,9 @@ def field_rows(schema: dict, node: Optional[dict] = None, prefix: str = "", *, l
             default = f"`{json.dumps(prop['default'])}`"
         else:
             default = ""
-        rows.append(FieldRow(prefix + name, type_s, default, ", ".join(cons), _cell(_rst_to_md(prop.get("description", "")))))
+        rows.append(
+            FieldRow(prefix + name, type_s, default, ", ".join(cons), _cell(_rst_to_md(prop.get("description", ""))))
+        )
         if prop.get("x-modkit-slot"):
             continue
         for variant in prop.get("anyOf") or prop.get("oneOf") or [prop]:
@@ -156,13 +165,15 @@ def spec_reference_page(registry) -> str:
         "`type` over every installed component. This page is generated from the same JSON Schema that "
         "`modkit schema` prints, with the components installed when the site was built.",
         "",
-        "The schema itself: [modkit.schema.json](modkit.schema.json) (point a spec's `\"$schema\"` key at a copy "
+        'The schema itself: [modkit.schema.json](modkit.schema.json) (point a spec\'s `"$schema"` key at a copy '
         "and an editor completes and checks it as you type).",
         "",
     ]
     parts += section("Top level", schema, _rst_to_md(" ".join((schema.get("description") or "").split())))
     parts += section("block", find_def("BlockSpec"), _rst_to_md(find_def("BlockSpec").get("description", "")))
-    parts += section("overrides[]", find_def("LayerOverride"), _rst_to_md(find_def("LayerOverride").get("description", "")))
+    parts += section(
+        "overrides[]", find_def("LayerOverride"), _rst_to_md(find_def("LayerOverride").get("description", ""))
+    )
     parts += section("LayerRange", find_def("LayerRange"), _rst_to_md(find_def("LayerRange").get("description", "")))
     parts += [
         "## Rules checked across fields",

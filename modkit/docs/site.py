@@ -14,7 +14,9 @@ from .markdown import DocsError
 log = logging.getLogger("mkdocs.plugins.modkit")
 
 
-def rewrite_outside_links(markdown: str, page_src: str, docs_dir: Path, repo_root: Path, repo_url: Optional[str]) -> str:
+def rewrite_outside_links(
+    markdown: str, page_src: str, docs_dir: Path, repo_root: Path, repo_url: Optional[str]
+) -> str:
     """Rewrite Markdown links that leave ``docs_dir`` (``../../README.md``) so strict builds do not break on them.
 
     A link to a repository file outside the docs becomes a link into ``repo_url`` (``.../blob/HEAD/PATH``) when
@@ -83,8 +85,10 @@ def _require_mkdocs() -> None:
     if missing:
         raise UserError(f"the docs need {', '.join(missing)}; install them with: pip install 'modkit-lm[docs]'")
     if not importlib.metadata.entry_points(group="mkdocs.plugins", name="modkit"):
-        raise UserError("modkit's mkdocs plugin is not registered (modkit runs without its package metadata); "
-                        "install modkit with pip (in a checkout: pip install -e '.[docs]')")
+        raise UserError(
+            "modkit's mkdocs plugin is not registered (modkit runs without its package metadata); "
+            "install modkit with pip (in a checkout: pip install -e '.[docs]')"
+        )
 
 
 def _quiet_banners() -> None:

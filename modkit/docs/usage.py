@@ -28,7 +28,10 @@ def usage_section(entry, uses: Sequence[tuple[Any, list[str]]], page: str) -> st
     """Markdown of the *Used in the gallery* list of a component page (links to the model cards)."""
     if not uses:
         return "No model of the [gallery]({to:gallery/index.md}) uses it."
-    lines = [f"{len(uses)} model{'s' if len(uses) != 1 else ''} of the [gallery]({{to:gallery/index.md}}) use{'s' if len(uses) == 1 else ''} it:", ""]
+    lines = [
+        f"{len(uses)} model{'s' if len(uses) != 1 else ''} of the [gallery]({{to:gallery/index.md}}) use{'s' if len(uses) == 1 else ''} it:",
+        "",
+    ]
     for card, paths in uses:
         where = ", ".join(f"`{p}`" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
         lines.append(f"- [{card.stem}]({_rel(page, gallery_path(card.stem))}) at {where}")
@@ -84,11 +87,13 @@ def _importable(cls: Any) -> bool:
 def schema_block(entry) -> str:
     """A collapsed block with the JSON Schema of ``entry``'s config class (what ``modkit show --schema`` prints)."""
     schema = json.dumps(entry.config.model_json_schema(), indent=2)
-    return "\n".join([
-        f'??? info "JSON Schema of `{entry.config.__name__}`"',
-        "",
-        textwrap.indent("```json\n" + schema + "\n```", "    "),
-    ])
+    return "\n".join(
+        [
+            f'??? info "JSON Schema of `{entry.config.__name__}`"',
+            "",
+            textwrap.indent("```json\n" + schema + "\n```", "    "),
+        ]
+    )
 
 
 def spec_route(kind: str, registry, _depth: int = 0) -> Optional[list[tuple[str, ...]]]:
@@ -144,30 +149,36 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
     if entry.kind in SAMPLING_KINDS:
         decode = ""
         if entry.kind == "stop_condition":
-            decode = ",\n               decode=lambda ids: \" \".join(map(str, ids)))  # a tokenizer's decode in practice"
+            decode = (
+                ',\n               decode=lambda ids: " ".join(map(str, ids)))  # a tokenizer\'s decode in practice'
+            )
         else:
             decode = ")"
-        return "\n".join([
-            "import modkit",
-            "from modkit.inference.generate import generate",
-            "",
-            f"model = modkit.build({base.source!r}, seed=0).eval()",
-            f"out = generate(model, [[1, 2, 3]], max_new_tokens=8, seed=0, sampling=[{_py(dict(example))}]{decode}",
-            "print(out.shape)  # [1, 3 + new tokens]",
-        ])
+        return "\n".join(
+            [
+                "import modkit",
+                "from modkit.inference.generate import generate",
+                "",
+                f"model = modkit.build({base.source!r}, seed=0).eval()",
+                f"out = generate(model, [[1, 2, 3]], max_new_tokens=8, seed=0, sampling=[{_py(dict(example))}]{decode}",
+                "print(out.shape)  # [1, 3 + new tokens]",
+            ]
+        )
     from ..train.optim import KIND as OPTIMIZER_KIND
 
     if entry.kind == OPTIMIZER_KIND:  # not part of a model: a training config names it
-        return "\n".join([
-            "import modkit",
-            "from modkit.train import TrainConfig",
-            "from modkit.train.optim import build_optimizer",
-            "",
-            f"config = TrainConfig(optimizer={_py(dict(example))}, lr=1e-3)  # validated against the registry",
-            f"model = modkit.build({base.source!r}, seed=0)",
-            "optimizer = build_optimizer(model, model.spec, config)  # parameters grouped by role",
-            "print([g[\"roles\"] for g in optimizer.param_groups])",
-        ])
+        return "\n".join(
+            [
+                "import modkit",
+                "from modkit.train import TrainConfig",
+                "from modkit.train.optim import build_optimizer",
+                "",
+                f"config = TrainConfig(optimizer={_py(dict(example))}, lr=1e-3)  # validated against the registry",
+                f"model = modkit.build({base.source!r}, seed=0)",
+                "optimizer = build_optimizer(model, model.spec, config)  # parameters grouped by role",
+                'print([g["roles"] for g in optimizer.param_groups])',
+            ]
+        )
     route = spec_route(entry.kind, registry)
     if route is None:
         return None
@@ -179,12 +190,14 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
     if _importable(cls) and not any(slot_kind(f) for f in cls.model_fields.values()):
         call = f"config = {cls.__qualname__}({', '.join(f'{k}={v!r}' for k, v in example.items())})"
         if len(call) > 100:
-            call = (f"config = {cls.__qualname__}(\n" + "".join(f"    {k}={_py(v, 4)},\n" for k, v in example.items()) + ")")
+            call = (
+                f"config = {cls.__qualname__}(\n" + "".join(f"    {k}={_py(v, 4)},\n" for k, v in example.items()) + ")"
+            )
         lines += [f"from {cls.__module__} import {cls.__qualname__}", "", call + "  # validated by pydantic"]
     else:
         lines += ["", f"config = modkit.load_component({entry.kind!r}, {_py(dict(example))})"]
     lines += [f"spec = modkit.load_spec({base.source!r}).to_dict()"]
-    value = "config.model_dump(mode=\"json\")"
+    value = 'config.model_dump(mode="json")'
     # innermost first: wrap the value in its hosts (a router goes in an MoE's router field, the MoE in block.ffn)
     for step in reversed(route[1:]):
         _, host_kind, host_type, field = step
@@ -199,6 +212,8 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
     lines += [f"{target} = {value}"]
     if entry.kind == "mixer" and keys[0] == "block":  # a recurrent mixer takes no position scheme
         lines += ['spec["position"] = {"type": "none"}  # a recurrent mixer carries the order itself']
-    lines += ['model = modkit.build(spec, device="meta")  # no memory; device="cpu" for real weights',
-              "print(modkit.count_params(model))"]
+    lines += [
+        'model = modkit.build(spec, device="meta")  # no memory; device="cpu" for real weights',
+        "print(modkit.count_params(model))",
+    ]
     return "\n".join(lines)

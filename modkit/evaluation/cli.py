@@ -27,21 +27,55 @@ def add_subcommands(subparsers) -> None:
         "'modkit-lm[eval]').",
     )
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a modkit checkpoint folder (runs/x/best)")
-    p.add_argument("--data", nargs="+", metavar="PATH", help="a prepared data folder, or text / .jsonl / .parquet inputs (default: the run's data)")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="a prepared data folder, or text / .jsonl / .parquet inputs (default: the run's data)",
+    )
     p.add_argument("--split", default="val", choices=("val", "train"), help="split of a prepared folder (default val)")
-    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per window (default: the run's seq_len, else max_seq_len)")
-    p.add_argument("--stride", type=int, metavar="S", help="strided windows: one every S tokens, each scoring what the last did not")
-    p.add_argument("--max-tokens", type=int, metavar="N", help="score at most N tokens (default: the run's final_eval_tokens, else all)")
-    p.add_argument("--batch-size", type=int, metavar="B", help="windows (or lm-eval requests) per forward (default: the run's, else 8)")
+    p.add_argument(
+        "--seq-len", type=int, metavar="N", help="tokens per window (default: the run's seq_len, else max_seq_len)"
+    )
+    p.add_argument(
+        "--stride",
+        type=int,
+        metavar="S",
+        help="strided windows: one every S tokens, each scoring what the last did not",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help="score at most N tokens (default: the run's final_eval_tokens, else all)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="windows (or lm-eval requests) per forward (default: the run's, else 8)",
+    )
     mask = p.add_mutually_exclusive_group()
-    mask.add_argument("--document-mask", dest="document_mask", action="store_const", const=True, default=None,
-                      help="document-masked windows (default: as the run trained)")
-    mask.add_argument("--no-document-mask", dest="document_mask", action="store_const", const=False, help="plain causal windows")
-    p.add_argument("--text-field", default="text", metavar="NAME", help="field / column with the text of .jsonl / .parquet inputs")
+    mask.add_argument(
+        "--document-mask",
+        dest="document_mask",
+        action="store_const",
+        const=True,
+        default=None,
+        help="document-masked windows (default: as the run trained)",
+    )
+    mask.add_argument(
+        "--no-document-mask", dest="document_mask", action="store_const", const=False, help="plain causal windows"
+    )
+    p.add_argument(
+        "--text-field", default="text", metavar="NAME", help="field / column with the text of .jsonl / .parquet inputs"
+    )
     p.add_argument("--tasks", metavar="T[,T...]", help="lm-eval tasks (or groups) to run instead of scoring data")
     p.add_argument("--include-path", metavar="DIR", help="folder of extra lm-eval task YAML files")
     p.add_argument("--num-fewshot", type=int, metavar="K", help="lm-eval few-shot examples")
-    p.add_argument("--limit", type=float, metavar="N", help="lm-eval: at most N documents per task (a fraction when < 1)")
+    p.add_argument(
+        "--limit", type=float, metavar="N", help="lm-eval: at most N documents per task (a fraction when < 1)"
+    )
     p.add_argument("--output", "-o", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--device", metavar="DEV", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -55,8 +89,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .run import evaluate_checkpoint
 
     result = evaluate_checkpoint(
-        args.checkpoint, args.data, split=args.split, seq_len=args.seq_len, stride=args.stride, max_tokens=args.max_tokens,
-        batch_size=args.batch_size, document_mask=args.document_mask, text_field=args.text_field, device=args.device,
+        args.checkpoint,
+        args.data,
+        split=args.split,
+        seq_len=args.seq_len,
+        stride=args.stride,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        document_mask=args.document_mask,
+        text_field=args.text_field,
+        device=args.device,
     )
     record = result.to_json()
     if args.output:
@@ -66,9 +108,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(record, indent=2))
         return 0
     s, st = result.score, result.settings
-    windows = f"strided windows of {s.seq_len} (stride {s.stride})" if s.stride != s.seq_len else f"non-overlapping windows of {s.seq_len}"
-    print(f"{args.checkpoint} on {st['data']} ({st['split']}: {st['split_tokens']:,} tokens), {windows}, "
-          f"document mask {'on' if st['document_mask'] else 'off'}")
+    windows = (
+        f"strided windows of {s.seq_len} (stride {s.stride})"
+        if s.stride != s.seq_len
+        else f"non-overlapping windows of {s.seq_len}"
+    )
+    print(
+        f"{args.checkpoint} on {st['data']} ({st['split']}: {st['split_tokens']:,} tokens), {windows}, "
+        f"document mask {'on' if st['document_mask'] else 'off'}"
+    )
     print(f"  cross-entropy  {s.loss:.4f} nats/token")
     print(f"  perplexity     {s.perplexity:.4f}")
     bpb = s.bits_per_byte
@@ -95,7 +143,9 @@ def _tasks(args: argparse.Namespace) -> int:
         local = TaskManager(include_path=args.include_path, include_defaults=False)
         manager = local if all(t in local.all_tasks for t in tasks) else TaskManager(include_path=args.include_path)
     manager = manager or TaskManager()
-    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit, task_manager=manager)
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit, task_manager=manager
+    )
     if results is None:
         return 0
     if args.output:

@@ -93,15 +93,19 @@ class ModkitLM(TemplateLM):
 
         kwargs.pop("max_batch_size", None)  # lm-eval's simple_evaluate passes these to every model type
         if kwargs:
-            raise ValueError(f"modkit model type: unknown arguments {', '.join(sorted(kwargs))}; it takes pretrained, "
-                             "tokenizer, batch_size, device, dtype, max_length, max_gen_toks")
+            raise ValueError(
+                f"modkit model type: unknown arguments {', '.join(sorted(kwargs))}; it takes pretrained, "
+                "tokenizer, batch_size, device, dtype, max_length, max_gen_toks"
+            )
         self._device = torch.device(device if device else ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(pretrained, torch.nn.Module):
             self.model = pretrained.to(self._device)
         elif pretrained is not None:
             self.model = load(pretrained, device=str(self._device), **({"dtype": dtype} if dtype else {}))
         else:
-            raise ValueError("modkit model type: give pretrained=CHECKPOINT_FOLDER (model_args 'pretrained=runs/x/best')")
+            raise ValueError(
+                "modkit model type: give pretrained=CHECKPOINT_FOLDER (model_args 'pretrained=runs/x/best')"
+            )
         self.model.eval()
         if tokenizer is None and not isinstance(pretrained, torch.nn.Module):
             tokenizer = Path(pretrained)
@@ -109,8 +113,10 @@ class ModkitLM(TemplateLM):
             raise ValueError("modkit model type: a Model was given without a tokenizer; pass tokenizer=")
         self.tok: Tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
         if self.tok.eot_id is None:
-            raise ValueError(f"modkit model type: tokenizer {self.tok.spec!r} has no end-of-text token, which lm-eval "
-                             "uses as prefix and stop token; name it in the folder's tokenizer_config.json (eos_token)")
+            raise ValueError(
+                f"modkit model type: tokenizer {self.tok.spec!r} has no end-of-text token, which lm-eval "
+                "uses as prefix and stop token; name it in the folder's tokenizer_config.json (eos_token)"
+            )
         self.batch_size_per_gpu = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self._max_length = int(max_length) if max_length else int(self.model.spec.max_seq_len)
         self._max_gen_toks = int(max_gen_toks)
@@ -151,7 +157,9 @@ class ModkitLM(TemplateLM):
         (a begin-of-text token, if it adds one) applies unless ``add_special_tokens`` is False or the text already
         starts with the prefix token's text: ``hf``'s rule."""
         add = add_special_tokens is not False
-        if add_special_tokens is None and string.startswith(self.tok.backend.decode([self.prefix_token_id], skip_special_tokens=False)):
+        if add_special_tokens is None and string.startswith(
+            self.tok.backend.decode([self.prefix_token_id], skip_special_tokens=False)
+        ):
             add = False
         return self.tok.backend.encode(string, add_special_tokens=add).ids
 
@@ -161,7 +169,9 @@ class ModkitLM(TemplateLM):
 
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: Optional[int] = None) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests, disable_tqdm: bool = False, override_bs: Optional[int] = None
+    ) -> list[tuple[float, bool]]:
         """``(sum of log p(continuation), every continuation token greedy)`` of ``(key, context_enc, cont_enc)``."""
         bs = override_bs or self.batch_size
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1] + requests[i][2]))
@@ -200,8 +210,17 @@ class ModkitLM(TemplateLM):
 
         spans, counts = [], []
         for (string,) in (req.args for req in requests):
-            windows = list(map(utils.make_disjoint_window, utils.get_rolling_token_windows(
-                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1)))
+            windows = list(
+                map(
+                    utils.make_disjoint_window,
+                    utils.get_rolling_token_windows(
+                        token_list=self.tok_encode(string),
+                        prefix_token=self.prefix_token_id,
+                        max_seq_len=self.max_length,
+                        context_len=1,
+                    ),
+                )
+            )
             spans += [(None, ctx, cont) for ctx, cont in windows]
             counts.append(len(windows))
         scores = self._loglikelihood_tokens(spans, disable_tqdm=disable_tqdm)
@@ -237,7 +256,9 @@ class ModkitLM(TemplateLM):
             seed = kwargs.pop("seed", 0)
             limit = self.max_length - max_new
             if limit < 1:
-                raise ValueError(f"max_gen_toks = {max_new} leaves no room for a context in max_length = {self.max_length}")
+                raise ValueError(
+                    f"max_gen_toks = {max_new} leaves no room for a context in max_length = {self.max_length}"
+                )
             encoded = {i: self.tok_encode(requests[i].args[0])[-limit:] for i in members}
             members = sorted(members, key=lambda i: -len(encoded[i]))
             for lo in range(0, len(members), self.batch_size):
@@ -250,8 +271,14 @@ class ModkitLM(TemplateLM):
                     mask[r, width - len(encoded[i]) :] = 1
                 stops = [s for s in until if s != eos]
                 tokens = generate(
-                    self.model, ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=max_new,
-                    temperature=temperature, top_p=top_p, seed=seed, eos_token_id=self.eot_token_id,
+                    self.model,
+                    ids.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    max_new_tokens=max_new,
+                    temperature=temperature,
+                    top_p=top_p,
+                    seed=seed,
+                    eos_token_id=self.eot_token_id,
                     **({"stop_strings": stops, "decode": self.tok_decode} if stops else {}),
                 )
                 for r, i in enumerate(chunk):

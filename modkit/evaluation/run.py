@@ -155,13 +155,16 @@ def run_eval(request: EvalRequest) -> EvalResult:
     model = r.model if r.model is not None else load(r.checkpoint, device=str(dev))
     folder = Path(r.checkpoint).expanduser()
     if not (folder / "tokenizer.json").is_file():
-        raise EvalError(f"{r.checkpoint}: no tokenizer.json in the checkpoint folder; evaluate a checkpoint that "
-                        "training saved")
+        raise EvalError(
+            f"{r.checkpoint}: no tokenizer.json in the checkpoint folder; evaluate a checkpoint that training saved"
+        )
     tokenizer = load_tokenizer(folder)
     data = r.data if r.data is not None else defaults.get("data")
     if data is None:
-        raise EvalError(f"{r.checkpoint} is not in a run folder, so there is no default data; give --data (a prepared "
-                        "folder or text files)")
+        raise EvalError(
+            f"{r.checkpoint} is not in a run folder, so there is no default data; give --data (a prepared "
+            "folder or text files)"
+        )
     found = _eval_data([data] if isinstance(data, (str, Path)) else list(data), r, tokenizer)
     try:
         return _score(model, found, r, defaults, dev)
@@ -187,20 +190,32 @@ def _eval_data(inputs: list, request: EvalRequest, tokenizer) -> _EvalData:
         if request.split not in ("val", "train"):
             raise EvalError(f"split = {request.split!r}: a prepared folder has the splits 'train' and 'val'")
         tokens = prepared.val if request.split == "val" else prepared.train
-        return _EvalData(tokens, prepared.separators, prepared.tokenizer.token_bytes(), str(prepared.path),
-                         f"{request.split} split")
+        return _EvalData(
+            tokens, prepared.separators, prepared.tokenizer.token_bytes(), str(prepared.path), f"{request.split} split"
+        )
     srcs = find_sources(inputs)
     tmp = tempfile.NamedTemporaryFile(prefix="modkit-eval-", suffix=".bin")
     try:
         with open(tmp.name, "wb") as f:
-            encode_sources(srcs, tokenizer, f, separators=Separators(tokenizer.eot_id, tokenizer.bos_id),
-                           text_field=request.text_field)
+            encode_sources(
+                srcs,
+                tokenizer,
+                f,
+                separators=Separators(tokenizer.eot_id, tokenizer.bos_id),
+                text_field=request.text_field,
+            )
         tokens = np.fromfile(tmp.name, dtype=dtype_for(tokenizer.vocab_size))
     except BaseException:
         tmp.close()
         raise
-    return _EvalData(tokens, (tokenizer.eot_id, tokenizer.bos_id), tokenizer.token_bytes(),
-                     ", ".join(str(i) for i in inputs), "whole text", tmp)
+    return _EvalData(
+        tokens,
+        (tokenizer.eot_id, tokenizer.bos_id),
+        tokenizer.token_bytes(),
+        ", ".join(str(i) for i in inputs),
+        "whole text",
+        tmp,
+    )
 
 
 def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.device) -> EvalResult:
@@ -212,17 +227,37 @@ def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.d
     """
     tokens, label = found.tokens, found.label
     if len(tokens) and int(tokens.max()) >= model.spec.vocab_size:
-        raise EvalError(f"{label}: token id {int(tokens.max())} is outside the model's vocabulary "
-                        f"({model.spec.vocab_size}); evaluate on data prepared with the checkpoint's tokenizer")
+        raise EvalError(
+            f"{label}: token id {int(tokens.max())} is outside the model's vocabulary "
+            f"({model.spec.vocab_size}); evaluate on data prepared with the checkpoint's tokenizer"
+        )
     masked = defaults.get("document_mask", False) if r.document_mask is None else bool(r.document_mask)
     if masked and found.separators == (None, None):
-        raise EvalError(f"document masking needs document separators, and {label} has none (prepared with --eot "
-                        "none?); evaluate without --document-mask")
+        raise EvalError(
+            f"document masking needs document separators, and {label} has none (prepared with --eot "
+            "none?); evaluate without --document-mask"
+        )
     seq = r.seq_len or defaults.get("seq_len") or model.spec.max_seq_len
     limit = r.max_tokens if r.max_tokens is not None else defaults.get("max_tokens")
     rows = r.batch_size or defaults.get("batch_size") or 8
-    score = score_tokens(model, tokens, seq_len=seq, stride=r.stride, max_tokens=limit, batch_size=rows,
-                         documents=found.separators if masked else None, token_bytes=found.table, device=dev)
-    settings = {"checkpoint": str(r.checkpoint), "data": label, "split": found.whole, "split_tokens": int(len(tokens)),
-                "batch_size": rows, "document_mask": masked, "max_tokens": limit}
+    score = score_tokens(
+        model,
+        tokens,
+        seq_len=seq,
+        stride=r.stride,
+        max_tokens=limit,
+        batch_size=rows,
+        documents=found.separators if masked else None,
+        token_bytes=found.table,
+        device=dev,
+    )
+    settings = {
+        "checkpoint": str(r.checkpoint),
+        "data": label,
+        "split": found.whole,
+        "split_tokens": int(len(tokens)),
+        "batch_size": rows,
+        "document_mask": masked,
+        "max_tokens": limit,
+    }
     return EvalResult(score, settings)

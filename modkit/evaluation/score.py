@@ -78,7 +78,9 @@ class Score:
         return {**asdict(self), "perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte}
 
 
-def windows(n_tokens: int, seq_len: int, *, stride: Optional[int] = None, max_tokens: Optional[int] = None) -> list[tuple[int, int, int]]:
+def windows(
+    n_tokens: int, seq_len: int, *, stride: Optional[int] = None, max_tokens: Optional[int] = None
+) -> list[tuple[int, int, int]]:
     """The windows over the first ``max_tokens + 1`` tokens (all when ``None``): ``(begin, end, first_scored)``.
 
     A window's inputs are ``tokens[begin:end]`` and its targets ``tokens[begin + 1 : end + 1]``; targets of inputs
@@ -97,7 +99,9 @@ def windows(n_tokens: int, seq_len: int, *, stride: Optional[int] = None, max_to
     if stride == seq_len:
         k = (n - 1) // seq_len
         if k < 1:
-            raise EvalError(f"{n_tokens:,} tokens are fewer than the seq_len + 1 = {seq_len + 1} one window needs; use a smaller --seq-len")
+            raise EvalError(
+                f"{n_tokens:,} tokens are fewer than the seq_len + 1 = {seq_len + 1} one window needs; use a smaller --seq-len"
+            )
         return [(i * seq_len, (i + 1) * seq_len, i * seq_len) for i in range(k)]
     if n < 2:
         raise EvalError(f"{n_tokens:,} tokens: nothing to score (a target needs a token before it)")
@@ -191,12 +195,19 @@ def score_request(model: nn.Module, tokens: np.ndarray, request: ScoreRequest) -
             loss_sum, count, n_bytes = loss_sum + batch_loss, count + batch_count, n_bytes + batch_bytes
     finally:
         model.train(was_training)
-    return Score(loss_sum / count, count, n_bytes if r.token_bytes is not None else None, len(spans), r.seq_len,
-                 r.stride or r.seq_len)
+    return Score(
+        loss_sum / count,
+        count,
+        n_bytes if r.token_bytes is not None else None,
+        len(spans),
+        r.seq_len,
+        r.stride or r.seq_len,
+    )
 
 
-def _score_batch(model: nn.Module, tokens: np.ndarray, batch: Sequence[tuple[int, int, int]], r: ScoreRequest,
-                 device: torch.device) -> tuple[float, int, int]:
+def _score_batch(
+    model: nn.Module, tokens: np.ndarray, batch: Sequence[tuple[int, int, int]], r: ScoreRequest, device: torch.device
+) -> tuple[float, int, int]:
     """One forward over the windows ``batch``: ``(sum of the scored targets' cross-entropy in nats, targets scored,
     their UTF-8 bytes (0 without a byte table))``.
 

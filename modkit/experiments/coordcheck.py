@@ -68,8 +68,13 @@ class CoordCheck:
     def to_json(self) -> dict:
         """A JSON-able dict (arrays as nested lists)."""
         return {
-            "name": self.name, "widths": self.widths, "steps": self.steps, "lr": self.lr, "base_d_model": self.base_d_model,
-            "optimizer": self.optimizer, "seeds": self.seeds,
+            "name": self.name,
+            "widths": self.widths,
+            "steps": self.steps,
+            "lr": self.lr,
+            "base_d_model": self.base_d_model,
+            "optimizer": self.optimizer,
+            "seeds": self.seeds,
             "size": {p: {q: a.tolist() for q, a in d.items()} for p, d in self.size.items()},
             "change": {p: {q: a.tolist() for q, a in d.items()} for p, d in self.change.items()},
             "growth": {p: {q: self.growth(p, q) for q in d} for p, d in self.change.items()},
@@ -84,6 +89,7 @@ def _measure(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     def keep(q):
         def hook(module, inputs, output):
             acts[q].append((output[0] if isinstance(output, tuple) else output).detach().float())
+
         return hook
 
     hooks.append(model.embed.register_forward_hook(keep("embedding")))
@@ -258,16 +264,29 @@ def plot(result: CoordCheck, out: Union[str, Path]) -> Path:
 
     pars = list(result.change)
     quantities = [q for q in QUANTITIES if q in result.change[pars[0]]]
-    fig, axes = plt.subplots(len(pars), len(quantities), figsize=(3.0 * len(quantities), 2.6 * len(pars)), dpi=110,
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(
+        len(pars),
+        len(quantities),
+        figsize=(3.0 * len(quantities), 2.6 * len(pars)),
+        dpi=110,
+        squeeze=False,
+        sharex=True,
+    )
     cmap = plt.get_cmap("viridis")
     names = {"sp": "standard", "mup": f"muP (base d_model {result.base_d_model})"}
     for i, par in enumerate(pars):
         for j, q in enumerate(quantities):
             ax = axes[i][j]
             for t in range(1, result.steps + 1):
-                ax.plot(result.widths, result.change[par][q][:, t], "o-", ms=3, lw=1,
-                        color=cmap((t - 1) / max(1, result.steps - 1)), label=f"step {t}")
+                ax.plot(
+                    result.widths,
+                    result.change[par][q][:, t],
+                    "o-",
+                    ms=3,
+                    lw=1,
+                    color=cmap((t - 1) / max(1, result.steps - 1)),
+                    label=f"step {t}",
+                )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.grid(alpha=0.3)
@@ -278,7 +297,9 @@ def plot(result: CoordCheck, out: Union[str, Path]) -> Path:
             if i == len(pars) - 1:
                 ax.set_xlabel("d_model")
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle(f"coordinate check of {result.name}: lr {result.lr:g}, {result.optimizer['type']}, {result.seeds} seed(s)")
+    fig.suptitle(
+        f"coordinate check of {result.name}: lr {result.lr:g}, {result.optimizer['type']}, {result.seeds} seed(s)"
+    )
     fig.tight_layout()
     path = Path(out)
     fig.savefig(path)
@@ -300,8 +321,10 @@ def write_report(result: CoordCheck, out_dir: Union[str, Path], command: Optiona
         f"{result.name} at d_model {', '.join(map(str, result.widths))}; {result.steps} steps of {result.optimizer['type']} "
         f"at a constant lr {result.lr:g} (no weight decay, no clipping), mean over {result.seeds} seed(s). Each cell is "
         f"the growth of mean |h_t - h_0| after step {result.steps} from d_model {result.widths[0]} to "
-        f"{result.widths[-1]} (1: flat in width; {result.widths[-1] / result.widths[0]:g}: linear in width).", "",
-        "| parametrization | " + " | ".join(quantities) + " |", "|---|" + "---:|" * len(quantities),
+        f"{result.widths[-1]} (1: flat in width; {result.widths[-1] / result.widths[0]:g}: linear in width).",
+        "",
+        "| parametrization | " + " | ".join(quantities) + " |",
+        "|---|" + "---:|" * len(quantities),
     ]
     for par in result.change:
         lines.append(f"| {par} | " + " | ".join(f"{result.growth(par, q):.2f}" for q in quantities) + " |")

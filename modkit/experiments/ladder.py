@@ -100,14 +100,29 @@ class Ladder:
     def to_json(self) -> dict:
         """A JSON-able summary."""
         return {
-            "c_min": self.c_min, "c_max": self.c_max, "n_boot": self.n_boot, "seeds": self.seeds,
-            "fits": [{
-                "design": f.design, "E": f.law.E, "A": f.law.A, "alpha": f.law.alpha, "intervals": f.intervals,
-                "chinchilla": None if f.chinchilla is None else vars(f.chinchilla), "chinchilla_intervals": f.chinchilla_intervals,
-                "points": [vars(p) for p in f.points], "holdout": None if f.holdout is None else vars(f.holdout),
-                "predicted": f.predicted, "predicted_ci": f.predicted_ci, "measured": f.measured,
-            } for f in self.fits],
-            "multipliers": self.multipliers, "gaps": self.gaps,
+            "c_min": self.c_min,
+            "c_max": self.c_max,
+            "n_boot": self.n_boot,
+            "seeds": self.seeds,
+            "fits": [
+                {
+                    "design": f.design,
+                    "E": f.law.E,
+                    "A": f.law.A,
+                    "alpha": f.law.alpha,
+                    "intervals": f.intervals,
+                    "chinchilla": None if f.chinchilla is None else vars(f.chinchilla),
+                    "chinchilla_intervals": f.chinchilla_intervals,
+                    "points": [vars(p) for p in f.points],
+                    "holdout": None if f.holdout is None else vars(f.holdout),
+                    "predicted": f.predicted,
+                    "predicted_ci": f.predicted_ci,
+                    "measured": f.measured,
+                }
+                for f in self.fits
+            ],
+            "multipliers": self.multipliers,
+            "gaps": self.gaps,
         }
 
 
@@ -117,7 +132,9 @@ def points_of(rows: Sequence[Any]) -> dict[str, list[Point]]:
     for r in rows:
         if r.flops is None:
             raise ValueError(f"{r.spec}: no training FLOPs (a component without a FLOPs declaration)")
-        out.setdefault(r.design, []).append(Point(r.spec, r.params, r.tokens, r.flops, [x.val_loss for x in r.runs], r.holdout))
+        out.setdefault(r.design, []).append(
+            Point(r.spec, r.params, r.tokens, r.flops, [x.val_loss for x in r.runs], r.holdout)
+        )
     return {d: sorted(ps, key=lambda p: p.flops) for d, ps in out.items()}
 
 
@@ -126,7 +143,11 @@ def _multiplier(base: PowerLaw, law: PowerLaw, c: float) -> float:
 
 
 def _both_vary(points: Sequence[Point]) -> bool:
-    return len({p.params for p in points}) >= 2 and len({round(p.tokens / p.params, 6) for p in points}) >= 2 and len(points) >= 5
+    return (
+        len({p.params for p in points}) >= 2
+        and len({round(p.tokens / p.params, 6) for p in points}) >= 2
+        and len(points) >= 5
+    )
 
 
 def fit_ladder(rows: Sequence[Any], *, n_boot: int = N_BOOT, seed: int = 0) -> Ladder:
@@ -172,7 +193,9 @@ def fit_ladder(rows: Sequence[Any], *, n_boot: int = N_BOOT, seed: int = 0) -> L
             try:
                 ls = {}
                 for d, ps in fitted.items():
-                    means = [float(np.asarray(p.losses)[rng.integers(0, len(p.losses), len(p.losses))].mean()) for p in ps]
+                    means = [
+                        float(np.asarray(p.losses)[rng.integers(0, len(p.losses), len(p.losses))].mean()) for p in ps
+                    ]
                     ls[d] = fit_power_law([p.flops for p in ps], means)
             except ValueError:
                 continue
@@ -236,7 +259,9 @@ def _with_ci(v: tuple[float, Optional[float], Optional[float]], digits: int = 4)
     return _num(value, digits) + (f" [{_num(lo, digits)}, {_num(hi, digits)}]" if lo is not None else "")
 
 
-def _trend(gap: tuple[float, Optional[float], Optional[float]], change: tuple[float, Optional[float], Optional[float]]) -> str:
+def _trend(
+    gap: tuple[float, Optional[float], Optional[float]], change: tuple[float, Optional[float], Optional[float]]
+) -> str:
     g, (c, lo, hi) = gap[0], change
     if lo is None:
         return "no interval (one seed)"
@@ -248,51 +273,94 @@ def _trend(gap: tuple[float, Optional[float], Optional[float]], change: tuple[fl
 def report_lines(ladder: Ladder) -> list[str]:
     """The ladder section of a comparison report (Markdown lines)."""
     base = ladder.fits[0].design
-    ci_note = (f"95% bootstrap intervals over seeds ({ladder.n_boot} resamples of the {ladder.seeds} seeds of every size"
-               + ("; with this few seeds they are narrower than a calibrated 95%: the spread the seeds show" if ladder.seeds < 5 else "")
-               + ")" if ladder.seeds >= 2 else "one seed per size: no intervals")
-    lines = ["## Ladder", "",
-             f"Validation loss against training compute C (FLOPs per token from modkit cost x tokens trained), fitted per "
-             f"design as L(C) = E + A C^-alpha on the sizes below (not the held-out one); {ci_note}.", "",
-             "| design | sizes fitted | E | A | alpha |", "|---|---:|---:|---:|---:|"]
+    ci_note = (
+        f"95% bootstrap intervals over seeds ({ladder.n_boot} resamples of the {ladder.seeds} seeds of every size"
+        + (
+            "; with this few seeds they are narrower than a calibrated 95%: the spread the seeds show"
+            if ladder.seeds < 5
+            else ""
+        )
+        + ")"
+        if ladder.seeds >= 2
+        else "one seed per size: no intervals"
+    )
+    lines = [
+        "## Ladder",
+        "",
+        f"Validation loss against training compute C (FLOPs per token from modkit cost x tokens trained), fitted per "
+        f"design as L(C) = E + A C^-alpha on the sizes below (not the held-out one); {ci_note}.",
+        "",
+        "| design | sizes fitted | E | A | alpha |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for f in ladder.fits:
         iv = f.intervals or {}
         cells = [_with_ci((getattr(f.law, k), *(iv.get(k) or (None, None)))) for k in ("E", "A", "alpha")]
         lines.append(f"| {f.design} | {len(f.points)} | " + " | ".join(cells) + " |")
     nd = [f for f in ladder.fits if f.chinchilla is not None]
     if nd:
-        lines += ["", "The ladder varies parameters N and tokens D independently, so also L(N, D) = E + A N^-alpha + B D^-beta:", "",
-                  "| design | E | A | alpha | B | beta |", "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "The ladder varies parameters N and tokens D independently, so also L(N, D) = E + A N^-alpha + B D^-beta:",
+            "",
+            "| design | E | A | alpha | B | beta |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for f in nd:
             iv = f.chinchilla_intervals or {}
-            lines.append(f"| {f.design} | " + " | ".join(_with_ci((getattr(f.chinchilla, k), *(iv.get(k) or (None, None))))
-                                                       for k in ("E", "A", "alpha", "B", "beta")) + " |")
-    lines += ["", "| design | size | parameters | tokens | C (FLOPs) | validation loss (mean) | fit |", "|---|---|---:|---:|---:|---:|---:|"]
+            lines.append(
+                f"| {f.design} | "
+                + " | ".join(
+                    _with_ci((getattr(f.chinchilla, k), *(iv.get(k) or (None, None))))
+                    for k in ("E", "A", "alpha", "B", "beta")
+                )
+                + " |"
+            )
+    lines += [
+        "",
+        "| design | size | parameters | tokens | C (FLOPs) | validation loss (mean) | fit |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for f in ladder.fits:
         for p in f.points + ([f.holdout] if f.holdout else []):
-            lines.append(f"| {f.design} | {p.spec}{' (held out)' if p.holdout else ''} | {p.params:,} | {p.tokens:,} | "
-                         f"{p.flops:.3g} | {p.mean:.4f} | {float(f.law(p.flops)):.4f} |")
+            lines.append(
+                f"| {f.design} | {p.spec}{' (held out)' if p.holdout else ''} | {p.params:,} | {p.tokens:,} | "
+                f"{p.flops:.3g} | {p.mean:.4f} | {float(f.law(p.flops)):.4f} |"
+            )
     if ladder.multipliers:
-        lines += ["", f"Against {base}: the compute multiplier (how many times {base}'s compute reaches the design's loss; "
-                  "above 1 the design is ahead) and the gap L_design - L_base of the fits, at the smallest and largest "
-                  f"fitted compute (C_min = {ladder.c_min:.3g}, C_max = {ladder.c_max:.3g} FLOPs) and extrapolated tenfold.", "",
-                  "| design | multiplier at C_max | multiplier at 10 C_max | gap at C_min | gap at C_max | gap at 10 C_max | "
-                  "change C_min -> C_max | reading |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            "",
+            f"Against {base}: the compute multiplier (how many times {base}'s compute reaches the design's loss; "
+            "above 1 the design is ahead) and the gap L_design - L_base of the fits, at the smallest and largest "
+            f"fitted compute (C_min = {ladder.c_min:.3g}, C_max = {ladder.c_max:.3g} FLOPs) and extrapolated tenfold.",
+            "",
+            "| design | multiplier at C_max | multiplier at 10 C_max | gap at C_min | gap at C_max | gap at 10 C_max | "
+            "change C_min -> C_max | reading |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for d, m in ladder.multipliers.items():
             g = ladder.gaps[d]
-            lines.append(f"| {d} | {_with_ci(m['C_max'], 3)} | {_with_ci(m['10 C_max'], 3)} | {_with_ci(g['C_min'])} | "
-                         f"{_with_ci(g['C_max'])} | {_with_ci(g['10 C_max'])} | {_with_ci(g['change'])} | "
-                         f"{_trend(g['C_max'], g['change'])} |")
+            lines.append(
+                f"| {d} | {_with_ci(m['C_max'], 3)} | {_with_ci(m['10 C_max'], 3)} | {_with_ci(g['C_min'])} | "
+                f"{_with_ci(g['C_max'])} | {_with_ci(g['10 C_max'])} | {_with_ci(g['change'])} | "
+                f"{_trend(g['C_max'], g['change'])} |"
+            )
     held = [f for f in ladder.fits if f.holdout is not None]
     if held:
-        lines += ["", "Held-out check: a larger size each design trained, which its fit did not see.", "",
-                  "| design | held-out size | C (FLOPs) | predicted loss | measured loss | measured - predicted |",
-                  "|---|---|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "Held-out check: a larger size each design trained, which its fit did not see.",
+            "",
+            "| design | held-out size | C (FLOPs) | predicted loss | measured loss | measured - predicted |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
         for f in held:
             m, lo, hi = f.measured
             pred = (f.predicted, *(f.predicted_ci or (None, None)))
-            lines.append(f"| {f.design} | {f.holdout.spec} | {f.holdout.flops:.3g} | {_with_ci(pred)} | "
-                         f"{_with_ci((m, lo, hi))} | {m - f.predicted:+.4f} |")
+            lines.append(
+                f"| {f.design} | {f.holdout.spec} | {f.holdout.flops:.3g} | {_with_ci(pred)} | "
+                f"{_with_ci((m, lo, hi))} | {m - f.predicted:+.4f} |"
+            )
     lines += ["", "![loss against compute with the fits](ladder.png)"]
     return lines
 
@@ -312,10 +380,18 @@ def plot_ladder(ladder: Ladder, out: Path) -> Path:
         for p in f.points:
             ax.plot([p.flops] * len(p.losses), p.losses, ".", color=colour, alpha=0.4, ms=4)
         ax.plot([p.flops for p in f.points], [p.mean for p in f.points], "o", color=colour, ms=5)
-        ax.plot(grid, f.law(grid), "-", color=colour, lw=1.2,
-                label=f"{f.design}: {f.law.E:.3f} + {f.law.A:.3g} C^-{f.law.alpha:.3f}")
+        ax.plot(
+            grid,
+            f.law(grid),
+            "-",
+            color=colour,
+            lw=1.2,
+            label=f"{f.design}: {f.law.E:.3f} + {f.law.A:.3g} C^-{f.law.alpha:.3f}",
+        )
         if f.holdout is not None:
-            ax.plot([f.holdout.flops], [f.holdout.mean], "*", color=colour, ms=11, label=f"{f.design} held out (measured)")
+            ax.plot(
+                [f.holdout.flops], [f.holdout.mean], "*", color=colour, ms=11, label=f"{f.design} held out (measured)"
+            )
             ax.plot([f.holdout.flops], [f.predicted], "o", mfc="none", mec=colour, ms=9)
     ax.axvline(ladder.c_max, color="k", lw=0.6, ls=":")
     ax.set_xscale("log")

@@ -55,8 +55,14 @@ def _scale_fields(node: Any, ratio: float, keep_parity: bool) -> Any:
     return out
 
 
-def resize(spec: dict, *, d_model: Optional[int] = None, n_layers: Optional[int] = None, name: Optional[str] = None,
-           keep_parity: bool = True) -> dict:
+def resize(
+    spec: dict,
+    *,
+    d_model: Optional[int] = None,
+    n_layers: Optional[int] = None,
+    name: Optional[str] = None,
+    keep_parity: bool = True,
+) -> dict:
     """A copy of the spec dict at ``d_model`` and/or ``n_layers`` (see the module docstring).
 
     Args:
@@ -80,7 +86,10 @@ def resize(spec: dict, *, d_model: Optional[int] = None, n_layers: Optional[int]
     suffix = ""
     if d_model is not None and d_model != spec["d_model"]:
         ratio = d_model / spec["d_model"]
-        out = {k: (_scale_fields(v, ratio, keep_parity) if k not in ("parametrization", "metadata") else v) for k, v in out.items()}
+        out = {
+            k: (_scale_fields(v, ratio, keep_parity) if k not in ("parametrization", "metadata") else v)
+            for k, v in out.items()
+        }
         out["d_model"] = d_model
         suffix += f"-d{d_model}"
     if n_layers is not None and n_layers != spec["n_layers"]:
@@ -90,7 +99,9 @@ def resize(spec: dict, *, d_model: Optional[int] = None, n_layers: Optional[int]
     return out
 
 
-def _attempt(spec: dict, d_model: Optional[int], n_layers: Optional[int], name: Optional[str]) -> tuple[Optional[dict], Any]:
+def _attempt(
+    spec: dict, d_model: Optional[int], n_layers: Optional[int], name: Optional[str]
+) -> tuple[Optional[dict], Any]:
     """The first of (even rounding, nearest rounding) that validates, else ``(None, the first one's SpecError)``."""
     from modkit.core.errors import SpecError
     from modkit.spec import load_spec
@@ -106,8 +117,9 @@ def _attempt(spec: dict, d_model: Optional[int], n_layers: Optional[int], name: 
     return None, first
 
 
-def resize_checked(spec: dict, *, d_model: Optional[int] = None, n_layers: Optional[int] = None,
-                   name: Optional[str] = None) -> dict:
+def resize_checked(
+    spec: dict, *, d_model: Optional[int] = None, n_layers: Optional[int] = None, name: Optional[str] = None
+) -> dict:
     """:func:`resize`, validated: even widths kept even when that gives a valid spec, else rounded to the nearest
     integer when that does (the module docstring).
 
@@ -136,8 +148,11 @@ def resize_checked(spec: dict, *, d_model: Optional[int] = None, n_layers: Optio
     else:
         near = []
     if near:
-        lines.append(f"{what} near {d_model if what == 'widths' else n_layers} that give a valid spec: "
-                     + ", ".join(str(v) for v in near) + " (or set the field in the spec so it fits)")
+        lines.append(
+            f"{what} near {d_model if what == 'widths' else n_layers} that give a valid spec: "
+            + ", ".join(str(v) for v in near)
+            + " (or set the field in the spec so it fits)"
+        )
     else:
         lines.append("no nearby size gives a valid spec: fix the fields above in the spec itself")
     raise ScalingError("\n".join(lines))

@@ -77,8 +77,12 @@ def t_cdf(t: float, df: float) -> float:
 
 def t_pdf(t: float, df: float) -> float:
     """The density of Student's t with ``df`` degrees of freedom at ``t``."""
-    return math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-                    - (df + 1) / 2 * math.log1p(t * t / df))
+    return math.exp(
+        math.lgamma((df + 1) / 2)
+        - math.lgamma(df / 2)
+        - 0.5 * math.log(df * math.pi)
+        - (df + 1) / 2 * math.log1p(t * t / df)
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -148,9 +152,13 @@ class Difference:
         if self.low is None:
             return f"{a} - {b} = {f.format(self.diff)} (one seed: no interval): not resolved"
         n = f"{self.n_a} seeds" if self.n_a == self.n_b else f"{self.n_a} and {self.n_b} seeds"
-        verdict = f"resolved, {a if self.diff < 0 else b} lower" if self.resolved else "not resolved (the interval holds 0)"
-        return (f"{a} - {b} = {f.format(self.diff)} [{f.format(self.low)}, {f.format(self.high)}] "
-                f"({self.level:.0%} CI, {self.method} over {n}): {verdict}")
+        verdict = (
+            f"resolved, {a if self.diff < 0 else b} lower" if self.resolved else "not resolved (the interval holds 0)"
+        )
+        return (
+            f"{a} - {b} = {f.format(self.diff)} [{f.format(self.low)}, {f.format(self.high)}] "
+            f"({self.level:.0%} CI, {self.method} over {n}): {verdict}"
+        )
 
 
 def mean_difference(a: Sequence[float], b: Sequence[float], *, paired: bool = False, level: float = 0.95) -> Difference:
@@ -290,7 +298,9 @@ def _two_column_nnls(z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.where(feasible, E, E_c), np.where(feasible, A, A_c), np.where(feasible, sse_full, sse_c)
 
 
-def fit_power_law(c: Sequence[float], loss: Sequence[float], alpha_range: tuple[float, float] = ALPHA_RANGE) -> PowerLaw:
+def fit_power_law(
+    c: Sequence[float], loss: Sequence[float], alpha_range: tuple[float, float] = ALPHA_RANGE
+) -> PowerLaw:
     """Least-squares fit of ``L = E + A · C^(-alpha)`` with ``E, A >= 0`` (see the module docstring).
 
     Args:
@@ -316,7 +326,7 @@ def fit_power_law(c: Sequence[float], loss: Sequence[float], alpha_range: tuple[
     lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
     alpha = math.exp(_golden(lambda la: sse(math.exp(la)), math.log(lo), math.log(hi), 45))
     E, A, s = (float(v[0]) for v in _two_column_nnls(np.exp(-alpha * logu)[None], y))
-    return PowerLaw(E, A * x0 ** alpha, float(alpha), s)
+    return PowerLaw(E, A * x0**alpha, float(alpha), s)
 
 
 @dataclass(frozen=True)
@@ -333,11 +343,12 @@ class Chinchilla:
     def __call__(self, n, d):
         """The fitted loss at ``n`` parameters and ``d`` tokens."""
         n, d = np.asarray(n, dtype=np.float64), np.asarray(d, dtype=np.float64)
-        return self.E + self.A * n ** -self.alpha + self.B * d ** -self.beta
+        return self.E + self.A * n**-self.alpha + self.B * d**-self.beta
 
 
-def fit_chinchilla(n: Sequence[float], d: Sequence[float], loss: Sequence[float],
-                   alpha_range: tuple[float, float] = ALPHA_RANGE) -> Chinchilla:
+def fit_chinchilla(
+    n: Sequence[float], d: Sequence[float], loss: Sequence[float], alpha_range: tuple[float, float] = ALPHA_RANGE
+) -> Chinchilla:
     """Least-squares fit of ``L = E + A N^-alpha + B D^-beta`` with ``E, A, B >= 0``: ``(alpha, beta)`` on a grid,
     refined by alternating golden-section searches, the coefficients by exact non-negative least squares.
 
@@ -351,7 +362,7 @@ def fit_chinchilla(n: Sequence[float], d: Sequence[float], loss: Sequence[float]
     un, ud = N / n0, D / d0
 
     def solve(a: float, b: float) -> tuple[np.ndarray, float]:
-        return _nnls(np.stack([np.ones_like(un), un ** -a, ud ** -b], axis=1), y)
+        return _nnls(np.stack([np.ones_like(un), un**-a, ud**-b], axis=1), y)
 
     grid = np.exp(np.linspace(math.log(alpha_range[0]), math.log(alpha_range[1]), 24))
     best = min(((solve(a, b)[1], a, b) for a in grid for b in grid))
@@ -360,11 +371,17 @@ def fit_chinchilla(n: Sequence[float], d: Sequence[float], loss: Sequence[float]
         a = math.exp(_golden(lambda la: solve(math.exp(la), b)[1], math.log(a / 2), math.log(a * 2), 40))
         b = math.exp(_golden(lambda lb: solve(a, math.exp(lb))[1], math.log(b / 2), math.log(b * 2), 40))
     coef, sse = solve(a, b)
-    return Chinchilla(float(coef[0]), float(coef[1] * n0 ** a), float(a), float(coef[2] * d0 ** b), float(b), sse)
+    return Chinchilla(float(coef[0]), float(coef[1] * n0**a), float(a), float(coef[2] * d0**b), float(b), sse)
 
 
-def bootstrap_seeds(groups: Sequence[Sequence[float]], statistic: Callable[[list[float]], float], *, n: int = 1000,
-                    seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+def bootstrap_seeds(
+    groups: Sequence[Sequence[float]],
+    statistic: Callable[[list[float]], float],
+    *,
+    n: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
     """Percentile interval of ``statistic(means)`` where ``means[k]`` is the mean of a resample (with replacement)
     of ``groups[k]`` (the seeds of size ``k``). Deterministic for a given ``seed``.
 
@@ -442,8 +459,16 @@ def batch_noise(losses: Sequence[float]) -> float:
     return float(1.4826 * np.median(np.abs(d)) / math.sqrt(2.0))
 
 
-def instability(losses: Sequence[float], grad_norms: Sequence[float], *, margin: float = 0.1, spike_factor: float = 5.0,
-                window: int = 5, skip: int = 10, noise: bool = True) -> Instability:
+def instability(
+    losses: Sequence[float],
+    grad_norms: Sequence[float],
+    *,
+    margin: float = 0.1,
+    spike_factor: float = 5.0,
+    window: int = 5,
+    skip: int = 10,
+    noise: bool = True,
+) -> Instability:
     """The instability reading (see :class:`Instability`) of a run's logged train losses and gradient norms.
 
     The loss is smoothed by a trailing mean over ``window`` logged steps (one batch's loss is noisy; a stall or a
@@ -462,10 +487,10 @@ def instability(losses: Sequence[float], grad_norms: Sequence[float], *, margin:
     g = np.asarray(grad_norms, dtype=np.float64)
     if len(y) == 0:
         return Instability(0.0, 0, math.nan, 0, margin, spike_factor, window, 0.0, margin)
-    smooth = np.array([y[max(0, i - window + 1): i + 1].mean() for i in range(len(y))])
+    smooth = np.array([y[max(0, i - window + 1) : i + 1].mean() for i in range(len(y))])
     run_min = np.minimum.accumulate(np.where(np.isfinite(smooth), smooth, np.inf))
     counted = range(min(skip, len(y) - 1), len(y))
-    sigma = batch_noise(y[counted.start:]) if noise else 0.0
+    sigma = batch_noise(y[counted.start :]) if noise else 0.0
     threshold = margin + sigma / math.sqrt(window) * math.sqrt(2.0 * math.log(max(2.0, len(counted) / window)))
     above = sum(1 for i in counted if not np.isfinite(smooth[i]) or smooth[i] > run_min[i] + threshold)
     spikes = 0
@@ -476,5 +501,14 @@ def instability(losses: Sequence[float], grad_norms: Sequence[float], *, margin:
         elif not np.isfinite(g[i]):
             spikes += 1
     finite = g[np.isfinite(g)]
-    return Instability(above / max(1, len(counted)), spikes, float(finite.max()) if len(finite) else math.nan, len(y),
-                       margin, spike_factor, window, sigma, threshold)
+    return Instability(
+        above / max(1, len(counted)),
+        spikes,
+        float(finite.max()) if len(finite) else math.nan,
+        len(y),
+        margin,
+        spike_factor,
+        window,
+        sigma,
+        threshold,
+    )

@@ -50,7 +50,11 @@ def check_sampling(
 
 
 def check_generation(
-    max_new_tokens: Any, *, seed: Any = None, prefill_chunk: Any = None, max_len: Any = None,
+    max_new_tokens: Any,
+    *,
+    seed: Any = None,
+    prefill_chunk: Any = None,
+    max_len: Any = None,
     names: Optional[Mapping[str, str]] = None,
 ) -> None:
     """Check ``max_new_tokens`` (an integer >= 0), ``seed`` (``None`` or an integer in [0, 2**64 - 1]),
@@ -97,8 +101,11 @@ def _token_tensor(value: Any, name: str, vocab_size: Optional[int] = None) -> Te
         if vocab_size is not None and not 0 <= node < vocab_size:
             raise ArgumentError(name, f"{name} must lie in [0, {vocab_size}) (the vocabulary); got the token id {node}")
         if not -(2**63) <= node < 2**63:
-            raise ArgumentError(name, f"{name} holds {node}, outside the int64 range [-2**63, 2**63) of token ids; "
-                                "token ids lie in [0, vocab_size)")
+            raise ArgumentError(
+                name,
+                f"{name} holds {node}, outside the int64 range [-2**63, 2**63) of token ids; "
+                "token ids lie in [0, vocab_size)",
+            )
     try:
         return torch.as_tensor(value, dtype=torch.long)
     except (ValueError, TypeError, RuntimeError) as exc:
@@ -136,8 +143,11 @@ def _check_mask(mask: Any, ids: Tensor) -> Tensor:
     right = mask.int().cummax(dim=1).values.bool() & ~mask
     if bool(right.any()):
         row = int(right.any(dim=1).nonzero()[0])
-        raise ArgumentError(name, f"{name} row {row} has padding after a real token; generate needs the padding on "
-                            "the left (left-pad ragged prompts: the new tokens follow the last column)")
+        raise ArgumentError(
+            name,
+            f"{name} row {row} has padding after a real token; generate needs the padding on "
+            "the left (left-pad ragged prompts: the new tokens follow the last column)",
+        )
     return mask
 
 
@@ -184,19 +194,24 @@ def _check_length(model: Model, prompt_len: int, max_new_tokens: int, limit: int
         bound = f"max_len = {limit}" if max_len is not None else f"the model's max_seq_len = {spec.max_seq_len}"
         hint = ""
         if max_len is None and not _table_positions(model):
-            hint = (f"; or pass max_len={total} (the model's position schemes compute any position, "
-                    "so generation may run past max_seq_len on request)")
+            hint = (
+                f"; or pass max_len={total} (the model's position schemes compute any position, "
+                "so generation may run past max_seq_len on request)"
+            )
         raise ArgumentError(
             "max_new_tokens",
             f"a prompt of {prompt_len} tokens plus max_new_tokens = {max_new_tokens} reaches position {total - 1}, "
             f"past {bound}; generate at most {max(limit - prompt_len, 0)} new tokens or shorten the prompt{hint}",
         )
     if total > spec.max_seq_len:
-        warnings.warn(MaxSeqLenWarning(
-            f"generating up to position {total - 1} (max_len = {limit}), past the max_seq_len = "
-            f"{spec.max_seq_len} the model was specified for; its position schemes compute any position, but it was "
-            "trained (if at all) on at most max_seq_len tokens, so quality past that is not known"
-        ), stacklevel=4)  # the caller of stream_generate (stream_generate -> _checked -> here)
+        warnings.warn(
+            MaxSeqLenWarning(
+                f"generating up to position {total - 1} (max_len = {limit}), past the max_seq_len = "
+                f"{spec.max_seq_len} the model was specified for; its position schemes compute any position, but it was "
+                "trained (if at all) on at most max_seq_len tokens, so quality past that is not known"
+            ),
+            stacklevel=4,
+        )  # the caller of stream_generate (stream_generate -> _checked -> here)
 
 
 def _table_positions(model: Model) -> list[str]:

@@ -29,7 +29,14 @@ from torch import Tensor
 
 from modkit.core.arguments import check_int
 from modkit.inference.checks import (  # noqa: F401 - check_sampling, check_generation: public here too (the CLI's)
-    _as_batch, _check_eos, _check_length, _check_mask, _check_range, _length_limit, check_generation, check_sampling,
+    _as_batch,
+    _check_eos,
+    _check_length,
+    _check_mask,
+    _check_range,
+    _length_limit,
+    check_generation,
+    check_sampling,
 )
 from modkit.nn.build import kv_cache_bytes
 from modkit.nn.cache import KVCache
@@ -61,18 +68,28 @@ def build_sampler(
     if sampling is not None:
         given = sorted(k for k, v in arguments.items() if v is not None)
         if given:
-            raise ValueError(f"give the sampling pipeline either as a list (sampling=...) or as keywords, not both; got both "
-                             f"sampling and {', '.join(given)}")
+            raise ValueError(
+                f"give the sampling pipeline either as a list (sampling=...) or as keywords, not both; got both "
+                f"sampling and {', '.join(given)}"
+            )
         return sampler_from_list(sampling, setup)
     return sampler_from_arguments(arguments, setup)
 
 
 def _no_history(logits: Tensor) -> GenerationState:
-    return GenerationState(ids=torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device), real=None, prompt_len=0)
+    return GenerationState(
+        ids=torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device), real=None, prompt_len=0
+    )
 
 
-def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                  **arguments: Any) -> Tensor:
+def filter_logits(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    **arguments: Any,
+) -> Tensor:
     """Apply the keyword pipeline (temperature, top-k, top-p, and any other processor keyword that needs no token
     history) to ``logits [batch, vocab]``; removed tokens get ``-inf``; float32 out.
 
@@ -244,11 +261,15 @@ def _request(request: Any, settings: Mapping[str, Any], caller: str) -> Generati
     if request is None:
         return GenerationRequest.from_keywords(settings, caller)
     if not isinstance(request, GenerationRequest):
-        raise TypeError(f"{caller}() takes a GenerationRequest as its third argument, got {type(request).__name__}; "
-                        "give the settings as keyword arguments (max_new_tokens=..., temperature=...)")
+        raise TypeError(
+            f"{caller}() takes a GenerationRequest as its third argument, got {type(request).__name__}; "
+            "give the settings as keyword arguments (max_new_tokens=..., temperature=...)"
+        )
     if settings:
-        raise TypeError(f"{caller}() takes a GenerationRequest or keyword settings, not both; got both a request "
-                        f"and {', '.join(sorted(settings))}")
+        raise TypeError(
+            f"{caller}() takes a GenerationRequest or keyword settings, not both; got both a request "
+            f"and {', '.join(sorted(settings))}"
+        )
     return request
 
 
@@ -334,19 +355,29 @@ def _checked(model: Model, input_ids: Any, attention_mask: Any, request: Generat
     eos_list = _check_eos(r.eos_token_id, spec.vocab_size)
     pad_token_id = r.pad_token_id
     if pad_token_id is not None:
-        pad_token_id = check_int(pad_token_id, "pad_token_id", None, minimum=0, maximum=spec.vocab_size - 1,
-                                  what="an integer token id")
+        pad_token_id = check_int(
+            pad_token_id, "pad_token_id", None, minimum=0, maximum=spec.vocab_size - 1, what="an integer token id"
+        )
     batch, prompt_len = ids.shape
     _check_length(model, prompt_len, r.max_new_tokens, limit, r.max_len)
     sampler = build_sampler(  # validates every sampling argument before any work
-        spec.vocab_size, sampling=r.sampling, decode=r.decode, temperature=r.temperature, top_k=r.top_k,
-        top_p=r.top_p, **r.sampling_arguments,
+        spec.vocab_size,
+        sampling=r.sampling,
+        decode=r.decode,
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        **r.sampling_arguments,
     )
     if r.check_memory and r.max_new_tokens > 0:
         total = prompt_len + r.max_new_tokens
         cache_bytes = kv_cache_bytes(model, total, batch, None)  # as allocated (windows too)
-        check_fits(cache_bytes, device, f"a KV cache for {batch} x {total} tokens",
-                   hint="generate fewer tokens or use a smaller batch")
+        check_fits(
+            cache_bytes,
+            device,
+            f"a KV cache for {batch} x {total} tokens",
+            hint="generate fewer tokens or use a smaller batch",
+        )
     return _Checked(ids, mask, eos_list, pad_token_id, sampler, r)
 
 
@@ -368,8 +399,9 @@ def _prefill(model: Model, ids: Tensor, mask: Optional[Tensor], cache: KVCache, 
     chunk = chunk or prompt_len
     for start in range(0, prompt_len, chunk):
         part = slice(start, start + chunk)
-        logits = model(ids[:, part], attention_mask=None if mask is None else mask[:, part], cache=cache,
-                       logits_to_keep=1).logits[:, -1]
+        logits = model(
+            ids[:, part], attention_mask=None if mask is None else mask[:, part], cache=cache, logits_to_keep=1
+        ).logits[:, -1]
     return logits
 
 
@@ -398,8 +430,9 @@ def _stream(model: Model, checked: _Checked) -> Iterator[Tensor]:
     # the prompt and every generated token, for processors and stop conditions that look at the history
     tokens = torch.cat([ids, ids.new_full((batch, max_new_tokens), pad)], 1)
     real = None if mask is None else torch.cat([mask, mask.new_ones(batch, max_new_tokens)], 1)
-    state = GenerationState(tokens[:, :prompt_len], None if real is None else real[:, :prompt_len], prompt_len,
-                            r.decode)
+    state = GenerationState(
+        tokens[:, :prompt_len], None if real is None else real[:, :prompt_len], prompt_len, r.decode
+    )
     stopping = bool(eos_list) or bool(sampler.stops)
     done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     for i in range(max_new_tokens):

@@ -132,7 +132,12 @@ class Sampler:
     token ``[batch]`` from ``softmax(process(logits))``; ``stopped(state)`` ORs the stop conditions.
     """
 
-    def __init__(self, processors: Sequence[LogitsProcessor] = (), stops: Sequence[StopCondition] = (), configs: Sequence[Any] = ()):
+    def __init__(
+        self,
+        processors: Sequence[LogitsProcessor] = (),
+        stops: Sequence[StopCondition] = (),
+        configs: Sequence[Any] = (),
+    ):
         self.processors = list(processors)
         self.stops = list(stops)
         self.configs = list(configs)
@@ -187,14 +192,16 @@ class Sampler:
 def _kind_of(item: Any, registry: Registry, where: str) -> str:
     t = item.get("type") if isinstance(item, Mapping) else getattr(item, "type", None)
     if not isinstance(t, str):
-        raise SpecError([(where, f"each sampling step needs a \"type\", got {json_value(item)}")])
+        raise SpecError([(where, f'each sampling step needs a "type", got {json_value(item)}')])
     kinds = [k for k in KINDS if registry.resolve(k, t) in registry.types(k)]
     if len(kinds) == 1:
         return kinds[0]
     if not kinds:
         known = [f"{k}: {', '.join(registry.types(k))}" for k in KINDS]
         raise SpecError([(join_path(where, "type"), f"unknown sampling step {t!r}; registered {'; '.join(known)}")])
-    raise SpecError([(join_path(where, "type"), f"{t!r} is both a {kinds[0]} and a {kinds[1]}; the registry is ambiguous")])
+    raise SpecError(
+        [(join_path(where, "type"), f"{t!r} is both a {kinds[0]} and a {kinds[1]}; the registry is ambiguous")]
+    )
 
 
 def _build(entry: Component, config: Any, setup: SamplingSetup, where: str) -> Any:
@@ -204,7 +211,9 @@ def _build(entry: Component, config: Any, setup: SamplingSetup, where: str) -> A
         raise SpecError([(where, str(exc))]) from None
     base = LogitsProcessor if entry.kind == PROCESSOR_KIND else StopCondition
     if not isinstance(obj, base):
-        raise TypeError(f"factory of {entry.kind}/{entry.type} ({entry.provider}) returned {type(obj).__name__}, not a {base.__name__}")
+        raise TypeError(
+            f"factory of {entry.kind}/{entry.type} ({entry.provider}) returned {type(obj).__name__}, not a {base.__name__}"
+        )
     return obj
 
 
@@ -225,9 +234,13 @@ def sampler_from_list(steps: Iterable[Any], setup: SamplingSetup, *, registry: O
         where = f"[{i}]"
         try:
             kind = _kind_of(item, reg, where)
-            config = load_component(kind, item if isinstance(item, Mapping) else item.model_dump(mode="json"), registry=reg)
+            config = load_component(
+                kind, item if isinstance(item, Mapping) else item.model_dump(mode="json"), registry=reg
+            )
         except SpecError as exc:
-            errors += [(extend_path(where, p) if p and not p.startswith(where) else (p or where), m) for p, m in exc.errors]
+            errors += [
+                (extend_path(where, p) if p and not p.startswith(where) else (p or where), m) for p, m in exc.errors
+            ]
             continue
         try:
             obj = _build(reg.get(kind, config.type), config, setup, where)
@@ -253,7 +266,9 @@ def arguments(registry: Optional[Registry] = None) -> dict[str, tuple[Component,
     return out
 
 
-def sampler_from_arguments(values: Mapping[str, Any], setup: SamplingSetup, *, registry: Optional[Registry] = None) -> Sampler:
+def sampler_from_arguments(
+    values: Mapping[str, Any], setup: SamplingSetup, *, registry: Optional[Registry] = None
+) -> Sampler:
     """A :class:`Sampler` from keyword arguments (``{"temperature": 0.7, "top_p": 0.9}``; ``None`` values skipped),
     processors sorted by their entries' ``order`` capability.
 

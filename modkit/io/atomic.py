@@ -147,7 +147,11 @@ def commit(pairs: Sequence[tuple[Path, Path]], remove: Iterable[Path] = ()) -> N
     """
     pairs = [(Path(t), Path(g)) for t, g in pairs]
     remove = [Path(p) for p in remove]
-    folders = {t.parent.parent.resolve() for t, _ in pairs} | {g.parent.resolve() for _, g in pairs} | {p.parent.resolve() for p in remove}
+    folders = (
+        {t.parent.parent.resolve() for t, _ in pairs}
+        | {g.parent.resolve() for _, g in pairs}
+        | {p.parent.resolve() for p in remove}
+    )
     if len(folders) != 1 or not all(t.parent.name.startswith(STAGING) for t, _ in pairs):
         raise CheckpointError(f"an atomic commit works inside one folder on files from write_*_tmp, got {pairs}")
     folder = folders.pop()
@@ -201,7 +205,9 @@ def _read_journal(folder: Path) -> Optional[dict]:
         isinstance(record, dict)
         and isinstance(record.get("moves"), list)
         and isinstance(record.get("remove"), list)
-        and all(isinstance(m, list) and len(m) == 2 and _staged_name(m[0]) and _plain_name(m[1]) for m in record["moves"])
+        and all(
+            isinstance(m, list) and len(m) == 2 and _staged_name(m[0]) and _plain_name(m[1]) for m in record["moves"]
+        )
         and all(_plain_name(x) for x in record["remove"])
     )
     if not ok:
@@ -218,7 +224,13 @@ def _staged_name(name: object) -> bool:
 
 
 def _plain_name(name: object) -> bool:
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\x00" not in name
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\x00" not in name
+    )
 
 
 def _alive(pid: int) -> bool:

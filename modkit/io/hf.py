@@ -107,7 +107,15 @@ def _model_type(cfg: dict, label: Optional[str] = None) -> str:
     if model_type is None or model_type == "":
         raise SpecError([("model_type", "missing; cannot tell which architecture this config describes")], source=label)
     if not isinstance(model_type, str):
-        raise SpecError([("model_type", f"must be a string naming the architecture (e.g. \"llama\"), got {json_kind(model_type)} {json_value(model_type, 40)}")], source=label)
+        raise SpecError(
+            [
+                (
+                    "model_type",
+                    f'must be a string naming the architecture (e.g. "llama"), got {json_kind(model_type)} {json_value(model_type, 40)}',
+                )
+            ],
+            source=label,
+        )
     return model_type
 
 
@@ -129,7 +137,9 @@ def _strictness(strict: bool) -> Iterator[None]:
         _STRICT.reset(token)
 
 
-def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False) -> dict:
+def hf_config_to_dict(
+    config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False
+) -> dict:
     """Convert a Hugging Face config to a modkit spec dict (not yet validated).
 
     Args:
@@ -154,7 +164,9 @@ def hf_config_to_dict(config: Union[str, Path, dict], *, registry: Optional[Regi
         return conv.convert(cfg)
 
 
-def from_hf_config(config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False) -> ModelSpec:
+def from_hf_config(
+    config: Union[str, Path, dict], *, registry: Optional[Registry] = None, strict: bool = False
+) -> ModelSpec:
     """Convert a Hugging Face ``config.json`` (dict or path) into a validated :class:`ModelSpec`.
 
     Unknown keys are dropped with a warning, or refused with ``strict=True`` (see :func:`hf_config_to_dict`).
@@ -330,11 +342,23 @@ def from_hf(
     shapes = {k: tuple(v.shape) for k, v in build(spec, device="meta", registry=reg).state_dict().items()}
     links = mapper.links(spec, shapes, config)
     state, extras = gather(
-        source, links, shapes, keep=getattr(mapper, "keep", ()), aliases=getattr(mapper, "aliases", ()),
+        source,
+        links,
+        shapes,
+        keep=getattr(mapper, "keep", ()),
+        aliases=getattr(mapper, "aliases", ()),
         what=f"Hugging Face {model_type} checkpoint",
     )
-    model = materialize(spec, state, device=device, dtype=dtype, registry=reg, nonfinite=nonfinite,
-                        check_memory=check_memory, origin=str(source.origin))
+    model = materialize(
+        spec,
+        state,
+        device=device,
+        dtype=dtype,
+        registry=reg,
+        nonfinite=nonfinite,
+        check_memory=check_memory,
+        origin=str(source.origin),
+    )
     model.checkpoint_extras = extras
     model.hf_config = json.loads(json.dumps(config))
     return model
@@ -391,8 +415,11 @@ def to_hf(
     out.mkdir(parents=True, exist_ok=True)
     recover(out)
     pairs, written = _write_tmp_files(out, config, tensors, max_shard_size)
-    stale = [old for old in out.iterdir()  # weights of an earlier save that the new files replace
-             if (old.name in (WEIGHTS_FILE, HF_INDEX_FILE) or _SHARD.fullmatch(old.name)) and old.name not in written]
+    stale = [
+        old
+        for old in out.iterdir()  # weights of an earlier save that the new files replace
+        if (old.name in (WEIGHTS_FILE, HF_INDEX_FILE) or _SHARD.fullmatch(old.name)) and old.name not in written
+    ]
     commit(pairs, remove=stale)
     return out
 
@@ -412,7 +439,7 @@ def _hf_export(model: "Model", reg: Registry) -> tuple[dict, dict[str, Tensor]]:
     if not model_type:
         raise CheckpointError(
             "the spec has no metadata.hf_model_type, so the Hugging Face model type to write is unknown; set it "
-            f"(\"metadata\": {{\"hf_model_type\": ...}}) to one of {', '.join(reg.hf_model_types())}"
+            f'("metadata": {{"hf_model_type": ...}}) to one of {", ".join(reg.hf_model_types())}'
         )
     mapper = _mapper(str(model_type), reg)
     config = mapper.hf_config(spec, getattr(model, "hf_config", None))
@@ -437,8 +464,9 @@ def _shards(tensors: dict[str, Tensor], max_shard_size: int) -> list[dict[str, T
     return shards
 
 
-def _write_tmp_files(out: Path, config: dict, tensors: dict[str, Tensor],
-                     max_shard_size: int) -> tuple[list[tuple[Path, Path]], set[str]]:
+def _write_tmp_files(
+    out: Path, config: dict, tensors: dict[str, Tensor], max_shard_size: int
+) -> tuple[list[tuple[Path, Path]], set[str]]:
     """Write the weights (one file, or shards and their index) and ``config.json`` under temporary names in ``out``;
     on any error the temporary files written so far are removed and the error raised.
 

@@ -227,13 +227,17 @@ def prepare_mask(
     docs = inputs.documents
     if docs is not None:
         if inputs.cache is not None or k_pos is not inputs.positions:
-            raise ValueError("document-masked attention needs the keys of the new tokens alone (no KV cache); "
-                             "drop the cache or the document ids")
+            raise ValueError(
+                "document-masked attention needs the keys of the new tokens alone (no KV cache); "
+                "drop the cache or the document ids"
+            )
         scratch = inputs.scratch  # one forward's mask over its own keys: the same for every layer
     key = ("mask", causal, window, chunk, dtype)
     prepared = scratch.get(key) if scratch is not None else None
     if prepared is None:
-        prepared = PreparedMask.of(attention_mask(inputs.positions, k_pos, k_valid, causal, window, chunk, docs, docs), dtype)
+        prepared = PreparedMask.of(
+            attention_mask(inputs.positions, k_pos, k_valid, causal, window, chunk, docs, docs), dtype
+        )
         if scratch is not None:
             scratch[key] = prepared
     return prepared
@@ -273,7 +277,9 @@ def position_bias(inputs: AttentionInputs, k_pos: Tensor, n_heads: int) -> Optio
     return inputs.position.attention_bias(inputs.positions, k_pos, n_heads)
 
 
-def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0, sinks: Optional[Tensor] = None) -> Tensor:
+def masked_softmax(
+    scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0, sinks: Optional[Tensor] = None
+) -> Tensor:
     """Softmax over the keys of ``scores`` with the mask applied and dead rows set to all-zero probabilities.
 
     The dead-row guard for an attention with a score function of its own: ``probs @ v`` is then exactly 0 for a
@@ -304,7 +310,9 @@ def masked_softmax(scores: Tensor, mask: PreparedMask, dropout_p: float = 0.0, s
     return nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
 
 
-def _sink_column(k: Tensor, v: Tensor, attn_mask: Tensor, sinks: Tensor, q_shape: torch.Size) -> tuple[Tensor, Tensor, Tensor]:
+def _sink_column(
+    k: Tensor, v: Tensor, attn_mask: Tensor, sinks: Tensor, q_shape: torch.Size
+) -> tuple[Tensor, Tensor, Tensor]:
     """Keys and values with one zero column appended, and the additive mask with the sink logits as that column.
 
     ``q·0 = 0``, so the column's score is exactly its additive mask, the sink logit of the head; its value 0 adds

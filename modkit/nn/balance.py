@@ -29,7 +29,16 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-__all__ = ["all_reduce_loads", "imbalance", "layer_of", "load_reporters", "mean_imbalance", "read_loads", "reset_loads", "update_balance"]
+__all__ = [
+    "all_reduce_loads",
+    "imbalance",
+    "layer_of",
+    "load_reporters",
+    "mean_imbalance",
+    "read_loads",
+    "reset_loads",
+    "update_balance",
+]
 
 #: the buffer name a load-reporting module holds
 LOAD_BUFFER = "expert_load"

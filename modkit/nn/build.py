@@ -29,14 +29,27 @@ _KIND_TO_KEY = {**{k: k for k in BREAKDOWN_KEYS}, "mixer": "mixer"}
 
 #: torch.nn.init's fills: skipped on meta tensors while constructing (``init_weights`` sets every tensor afterwards)
 _INIT_FUNCS = frozenset(
-    getattr(nn.init, n) for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))
+    getattr(nn.init, n)
+    for n in dir(nn.init)
+    if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))
 )
 #: in-place fills of a tensor, skipped on meta tensors while constructing (on meta some, e.g. ``normal_``, pull in
 #: torch's decomposition machinery and cost seconds; they compute nothing there)
 _FILLS = frozenset(
     getattr(torch.Tensor, n)
-    for n in ("normal_", "uniform_", "fill_", "zero_", "random_", "exponential_", "bernoulli_", "log_normal_",
-              "cauchy_", "geometric_", "copy_")
+    for n in (
+        "normal_",
+        "uniform_",
+        "fill_",
+        "zero_",
+        "random_",
+        "exponential_",
+        "bernoulli_",
+        "log_normal_",
+        "cauchy_",
+        "geometric_",
+        "copy_",
+    )
 )
 _SKIPPED = _INIT_FUNCS | _FILLS
 #: factories whose result without a ``dtype`` is always in the default dtype: the dtype is passed in directly
@@ -96,7 +109,9 @@ def _parse_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
         if not isinstance(out, torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
     if out not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):  # not ints, not float8 storage types
-        raise ValueError(f"dtype must be a floating type (float32, bfloat16, float16; float64 for reference checks), got {out}")
+        raise ValueError(
+            f"dtype must be a floating type (float32, bfloat16, float16; float64 for reference checks), got {out}"
+        )
     return out
 
 
@@ -148,7 +163,9 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
         blocks.append(block)
         # how many of the latest positions a query sees (a ring of that many cache slots): the attention's
         # attention_span when it declares one (sliding window, chunked attention), else its sliding_window
-        windows.append(mixer.attention_span if hasattr(mixer, "attention_span") else getattr(mixer, "sliding_window", None))
+        windows.append(
+            mixer.attention_span if hasattr(mixer, "attention_span") else getattr(mixer, "sliding_window", None)
+        )
     # the model-level scheme (it acts on embeddings) is the one layer 0 would use without overrides, with the
     # geometry of the first layer that declares one
     heads0 = by_config.get(spec.position.model_dump_json(), first_heads)
@@ -217,8 +234,12 @@ def build(
         return model
     if check_memory:
         dt = str(torch_dtype).replace("torch.", "")
-        check_fits(module_bytes(model), target, f"the weights and buffers of this model ({dt})",
-                   hint="use a smaller spec or dtype, or build on meta to inspect it")
+        check_fits(
+            module_bytes(model),
+            target,
+            f"the weights and buffers of this model ({dt})",
+            hint="use a smaller spec or dtype, or build on meta to inspect it",
+        )
     to_empty_poisoned(model, target)
     model.init_weights(seed)
     return model
@@ -251,7 +272,9 @@ def to_empty_poisoned(model: nn.Module, device: Union[str, torch.device]) -> nn.
     return model
 
 
-def count_params(spec_or_model: Union[ModelSpec, dict, str, Path, nn.Module], *, registry: Optional[Registry] = None) -> int:
+def count_params(
+    spec_or_model: Union[ModelSpec, dict, str, Path, nn.Module], *, registry: Optional[Registry] = None
+) -> int:
     """Exact number of parameters (shared tensors counted once), built on ``meta`` if given a spec."""
     return breakdown(spec_or_model, registry=registry)["total"]
 
@@ -315,7 +338,9 @@ def _cache_specs(model: nn.Module) -> list:
     return list(mixer_specs(model).values())
 
 
-def kv_cache_bytes_per_token(spec_or_model: Any, dtype: Union[str, torch.dtype, None] = "bfloat16", *, registry: Optional[Registry] = None) -> int:
+def kv_cache_bytes_per_token(
+    spec_or_model: Any, dtype: Union[str, torch.dtype, None] = "bfloat16", *, registry: Optional[Registry] = None
+) -> int:
     """Bytes of cache one token occupies across all layers: ``Σ_layers Σ_mixers CacheSpec.bytes_per_token(dtype)``,
     from what each token mixer declares (:meth:`Model.cache_layout`; the built-in attention:
     ``2 · n_kv_heads · head_dim · bytes(dtype)`` per layer; MLA: ``(kv_lora_rank + qk_rope_head_dim) · bytes``).
@@ -327,7 +352,9 @@ def kv_cache_bytes_per_token(spec_or_model: Any, dtype: Union[str, torch.dtype, 
     return sum(spec.bytes_per_token(_parse_dtype(dtype)) for spec in _cache_specs(model))
 
 
-def cache_state_bytes_per_sequence(spec_or_model: Any, dtype: Union[str, torch.dtype, None] = "bfloat16", *, registry: Optional[Registry] = None) -> int:
+def cache_state_bytes_per_sequence(
+    spec_or_model: Any, dtype: Union[str, torch.dtype, None] = "bfloat16", *, registry: Optional[Registry] = None
+) -> int:
     """Bytes of fixed-size state one sequence holds across all layers, whatever its length (recurrent mixers'
     convolution windows and SSM states: ``Σ CacheSpec.bytes_per_sequence(dtype)``); 0 for attention-only models."""
     model = _model(spec_or_model, registry)
@@ -409,7 +436,9 @@ class ModelSummary:
         }
 
 
-def summarize(model: Model, dtype: Union[str, torch.dtype, None] = None, registry: Optional[Registry] = None) -> ModelSummary:
+def summarize(
+    model: Model, dtype: Union[str, torch.dtype, None] = None, registry: Optional[Registry] = None
+) -> ModelSummary:
     """Parameter breakdown, active parameters, weight and cache bytes (per token, per sequence of ``max_seq_len``
     as :func:`kv_cache_bytes` allocates it, and fixed-size state per sequence; all from the mixers' declarations)
     and components used of a built model."""
@@ -442,6 +471,8 @@ def summarize(model: Model, dtype: Union[str, torch.dtype, None] = None, registr
         components=list(comps.values()),
         kv_cache_bytes_per_sequence=kv_cache_bytes(model, model.spec.max_seq_len, 1, tdtype),
         cache_state_bytes_per_sequence=cache_state_bytes_per_sequence(model, tdtype),
-        windows=[next((sp.window for sp in specs.values() if sp.token_entries and sp.window is not None), None)
-                 for specs in model.cache_layout()],
+        windows=[
+            next((sp.window for sp in specs.values() if sp.token_entries and sp.window is not None), None)
+            for specs in model.cache_layout()
+        ],
     )

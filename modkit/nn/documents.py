@@ -52,7 +52,9 @@ def document_ids(input_ids: Tensor, *, eot_id: Optional[int] = None, bos_id: Opt
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
     if eot_id is None and bos_id is None:
-        raise ValueError("document_ids needs the end-of-text id (eot_id) or the begin-of-text id (bos_id) that delimits documents")
+        raise ValueError(
+            "document_ids needs the end-of-text id (eot_id) or the begin-of-text id (bos_id) that delimits documents"
+        )
     starts = torch.zeros_like(input_ids, dtype=torch.bool)
     if eot_id is not None:
         starts[:, 1:] |= input_ids[:, :-1] == eot_id
@@ -101,10 +103,12 @@ def document_mask_problems(spec: "ModelSpec", registry: Optional["Registry"] = N
             continue
         seen.add((entry.kind, entry.type))
         able = [e.type for e in reg.components("attention") if e.capabilities.get("document_mask")]
-        problems.append((
-            f"layer {i}.attention",
-            f"attention type {entry.type!r} ({entry.provider}) does not declare the document_mask capability, so it "
-            f"would attend across the documents of a packed row; train without document masking, or use an "
-            f"attention that supports it ({', '.join(able) or 'none installed'})",
-        ))
+        problems.append(
+            (
+                f"layer {i}.attention",
+                f"attention type {entry.type!r} ({entry.provider}) does not declare the document_mask capability, so it "
+                f"would attend across the documents of a packed row; train without document masking, or use an "
+                f"attention that supports it ({', '.join(able) or 'none installed'})",
+            )
+        )
     return problems

@@ -92,8 +92,9 @@ class ForwardInputs:
         once, by the first layer, and reused (:func:`modkit.nn.attention.prepare_mask`)."""
         if self.documents is None:
             return AttentionInputs(positions=self.positions, token_mask=self.token_mask)
-        return AttentionInputs(positions=self.positions, token_mask=self.token_mask, documents=self.documents,
-                               scratch={})
+        return AttentionInputs(
+            positions=self.positions, token_mask=self.token_mask, documents=self.documents, scratch={}
+        )
 
 
 def _check_token_range(input_ids: Tensor, vocab_size: int) -> None:
@@ -120,8 +121,9 @@ def _new_token_mask(attention_mask: Tensor, bsz: int, seq: int, cache: Optional[
     return token_mask[:, -seq:] if token_mask.shape[1] != seq else token_mask
 
 
-def _check_documents(model: "Model", documents: Tensor, input_ids: Tensor, cache: Optional[KVCache],
-                     eager: bool) -> None:
+def _check_documents(
+    model: "Model", documents: Tensor, input_ids: Tensor, cache: Optional[KVCache], eager: bool
+) -> None:
     """Refuse document ids ``model`` cannot honour: with a cache, of another shape, or an attention without the
     ``document_mask`` capability (found once per model, from the capabilities each attention was built with)."""
     if cache is not None:
@@ -146,7 +148,9 @@ def _check_documents(model: "Model", documents: Tensor, input_ids: Tensor, cache
     if problems:
         more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
         raise ValueError(
-            "document-masked packing: " + "; ".join(problems[:4]) + more
+            "document-masked packing: "
+            + "; ".join(problems[:4])
+            + more
             + "; such an attention would attend across the documents of a row: use one that supports it, or no "
             "documents"
         )

@@ -46,16 +46,24 @@ def _mixers(block: nn.Module) -> list[str]:
     inside a declaring module."""
 
     def related(name: str, paths: list[str]) -> bool:  # name is one of paths, inside one, or holds one
-        return any(name == p or p == "" or name == "" or name.startswith(p + ".") or p.startswith(name + ".") for p in paths)
+        return any(
+            name == p or p == "" or name == "" or name.startswith(p + ".") or p.startswith(name + ".") for p in paths
+        )
 
     modules = list(block.named_modules())
     declared: list[str] = []
     for name, module in modules:
-        if callable(getattr(module, "cache_spec", None)) and not any(name.startswith(p + ".") or p == "" for p in declared):
+        if callable(getattr(module, "cache_spec", None)) and not any(
+            name.startswith(p + ".") or p == "" for p in declared
+        ):
             declared.append(name)
     chosen = list(declared)
     for name, module in modules:
-        legacy = getattr(module, "modkit_kind", None) == "attention" and hasattr(module, "n_kv_heads") and hasattr(module, "head_dim")
+        legacy = (
+            getattr(module, "modkit_kind", None) == "attention"
+            and hasattr(module, "n_kv_heads")
+            and hasattr(module, "head_dim")
+        )
         if legacy and not related(name, chosen):
             chosen.append(name)
     order = {name: i for i, (name, _) in enumerate(modules)}
@@ -219,7 +227,9 @@ class Model(nn.Module):
         init = init if init is not None else Init(seed, self.spec.init_std)
         from modkit.core.parametrization import init_scales, is_mup
 
-        if is_mup(self.spec):  # muP: each parameter's init std scaled by its role's factor (modkit.core.parametrization)
+        if is_mup(
+            self.spec
+        ):  # muP: each parameter's init std scaled by its role's factor (modkit.core.parametrization)
             from modkit.core.roles import param_roles
 
             params = dict(self.named_parameters())
@@ -328,8 +338,15 @@ class Model(nn.Module):
                 ``documents`` with a cache, or with an attention that does not declare the ``document_mask``
                 capability (named with its layer).
         """
-        inputs = ForwardInputs.prepare(self, input_ids, attention_mask=attention_mask, positions=positions,
-                                       cache=cache, documents=documents, logits_to_keep=logits_to_keep)
+        inputs = ForwardInputs.prepare(
+            self,
+            input_ids,
+            attention_mask=attention_mask,
+            positions=positions,
+            cache=cache,
+            documents=documents,
+            logits_to_keep=logits_to_keep,
+        )
         x = self._embed_tokens(input_ids, inputs.positions)
         x, aux = self._run_blocks(x, inputs.attention_inputs(), cache)
         if self.final_norm is not None:
@@ -380,7 +397,11 @@ class Model(nn.Module):
         Gemma 2). :meth:`forward` and the logit lens of :mod:`modkit.analysis.trace` both read out through this.
         """
         # an untied head is called as a module so tensor-parallel styles hooked on it apply (modkit.parallel)
-        logits = nn.functional.linear(h, self.lm_head_weight, self._head_bias()) if self.spec.tie_embeddings else self.lm_head(h)
+        logits = (
+            nn.functional.linear(h, self.lm_head_weight, self._head_bias())
+            if self.spec.tie_embeddings
+            else self.lm_head(h)
+        )
         if self._output_multiplier is not None:  # muP's output multiplier (modkit.core.parametrization)
             logits = logits * self._output_multiplier
         scale = self.spec.logit_scale
@@ -426,7 +447,9 @@ class Model(nn.Module):
             raise ValueError(f"init must be 'mean' or 'normal', got {init!r}")
         weights = [self.embed.weight] + ([] if self.spec.tie_embeddings else [self.lm_head.weight])
         if any(type(w.data) is not torch.Tensor for w in weights):
-            raise ValueError("resize_vocab needs plain (unsharded) parameters; resize the vocabulary before parallelising")
+            raise ValueError(
+                "resize_vocab needs plain (unsharded) parameters; resize the vocabulary before parallelising"
+            )
         old = self.spec.vocab_size
         keep = min(old, vocab_size)
         draws = Init(seed, self.spec.init_std)

@@ -51,9 +51,7 @@ def zero_padding(x: Tensor, mask: Optional[Tensor]) -> Tensor:
     return x * mask
 
 
-def causal_conv(
-    x: Tensor, conv: nn.Conv1d, state: Optional[MixerCache] = None, name: str = "conv"
-) -> Tensor:
+def causal_conv(x: Tensor, conv: nn.Conv1d, state: Optional[MixerCache] = None, name: str = "conv") -> Tensor:
     """Depthwise causal convolution of ``x [batch, seq, channels]`` along the sequence, continuing the cached window.
 
     ``y_t = bias + Σ_{j<K} w_j · x_{t-K+1+j}`` per channel (kernel ``K = conv.kernel_size[0]``), with the inputs before
@@ -79,7 +77,7 @@ def causal_conv(
     if state is not None:
         window = state[name]
         full = torch.cat([window.to(xt.dtype), xt], dim=-1)  # [b, c, K - 1 + s]
-        state.write(name, full[:, :, full.shape[-1] - (k - 1):])
+        state.write(name, full[:, :, full.shape[-1] - (k - 1) :])
     else:
         full = nn.functional.pad(xt, (k - 1, 0))
     w = conv.weight

@@ -14,9 +14,7 @@ from modkit.core.errors import CheckpointError
 from .fsdp import _dtype
 
 
-def save_sharded(
-    path: Union[str, Path], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
-) -> None:
+def save_sharded(path: Union[str, Path], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
     """Save a sharded model (and optimiser) with ``torch.distributed.checkpoint``: every rank writes its shards.
 
     Collective: call on every rank. ``path`` is a directory shared by the ranks (one file per rank plus
@@ -31,9 +29,7 @@ def save_sharded(
     dcp.save(state, checkpoint_id=str(path))
 
 
-def load_sharded(
-    path: Union[str, Path], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
-) -> None:
+def load_sharded(path: Union[str, Path], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
     """Load a :func:`save_sharded` checkpoint into a parallelised, materialised model (and optimiser), in place.
 
     Collective. Each rank reads the pieces overlapping its shards; the saving mesh may differ.

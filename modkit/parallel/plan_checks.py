@@ -76,8 +76,10 @@ def _check_head_param(full: str, module: nn.Module, sub: str, tp: int, source: s
         prm = module.get_parameter(sub)
     except AttributeError:
         names = [n for n, _ in module.named_parameters()]
-        raise ParallelError(f"{full}: plan of {source} asks for 'heads' on {sub!r}, which is not a parameter of the "
-                            f"module; its parameters are {names}") from None
+        raise ParallelError(
+            f"{full}: plan of {source} asks for 'heads' on {sub!r}, which is not a parameter of the "
+            f"module; its parameters are {names}"
+        ) from None
     heads = {getattr(module, a) for a in ("n_heads", "n_kv_heads") if isinstance(getattr(module, a, None), int)}
     if prm.dim() == 0 or prm.shape[0] not in heads:
         raise ParallelError(

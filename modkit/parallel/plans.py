@@ -275,9 +275,12 @@ class _Composer:
             return "declared"
         if style == "grouped" and not _check_grouped(full, target, plan.tp, source):
             plan.replicated[full] = f"{type(target).__name__} declares no tp_shard_dims (output bias)"
-            warnings.warn(f"{full} ({source}): {type(target).__name__} has tp_shard_dims None (an output bias "
-                          "would be added tp times); it stays replicated", PlanWarning,
-                          stacklevel=_CALLER_OF_MODEL_PLAN)
+            warnings.warn(
+                f"{full} ({source}): {type(target).__name__} has tp_shard_dims None (an output bias "
+                "would be added tp times); it stays replicated",
+                PlanWarning,
+                stacklevel=_CALLER_OF_MODEL_PLAN,
+            )
             return "declared"
         if style != "grouped":
             _check_linear(full, target, style, plan.tp, source)
@@ -333,7 +336,9 @@ def _core_entry(plan: TPPlan, path: str, module: nn.Module, kind: str, tied: boo
         plan.replicated[path] = f"vocab_size = {rows} is not divisible by tp = {plan.tp}"
         warnings.warn(
             f"{path} ({kind}): vocab_size = {rows} is not divisible by tp = {plan.tp}; it stays replicated on "
-            "every tensor-parallel rank", PlanWarning, stacklevel=3,
+            "every tensor-parallel rank",
+            PlanWarning,
+            stacklevel=3,
         )
         return
     _check_linear(path, module, style, plan.tp, f"core:{kind}")

@@ -52,8 +52,13 @@ def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]
                 continue
             checked.append(cfg)
         if kind == "attention" and not checked and any(c is not None for c in configs):
-            errors.append((f"dropout.{field_name}", f"dropout.{field_name} = {p} drops attention probabilities, but "
-                           "no layer's token mixer holds an attention; set it to 0"))
+            errors.append(
+                (
+                    f"dropout.{field_name}",
+                    f"dropout.{field_name} = {p} drops attention probabilities, but "
+                    "no layer's token mixer holds an attention; set it to 0",
+                )
+            )
             continue
         for cfg in checked:
             entry = registry.entry_for_config(cfg, kind)
@@ -68,7 +73,6 @@ def _dropout_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]
                 )
                 break
     return errors
-
 
 
 def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = True) -> list[tuple[str, str]]:
@@ -117,11 +121,13 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
         if o.position is not None:
             acts = registry.entry_for_config(o.position, "position").capabilities.get("acts_on")
             if acts == "embedding":
-                errors.append((
-                    f"overrides[{i}].position",
-                    f"position type {o.position.type!r} acts on the input embeddings, so it cannot differ per "
-                    "layer; set it in the top-level 'position' instead",
-                ))
+                errors.append(
+                    (
+                        f"overrides[{i}].position",
+                        f"position type {o.position.type!r} acts on the input embeddings, so it cannot differ per "
+                        "layer; set it in the top-level 'position' instead",
+                    )
+                )
     return errors
 
 
@@ -132,9 +138,11 @@ def _layer_selection_errors(override: LayerOverride, where: str, n_layers: int) 
     if layers is None:
         return []
     if isinstance(layers, list):
-        return [(f"{where}.layers[{j}]", f"layer {idx} out of range; n_layers = {n_layers}")
-                for j, idx in enumerate(layers) if not 0 <= idx < n_layers]
+        return [
+            (f"{where}.layers[{j}]", f"layer {idx} out of range; n_layers = {n_layers}")
+            for j, idx in enumerate(layers)
+            if not 0 <= idx < n_layers
+        ]
     if layers.start >= n_layers:
         return [(f"{where}.layers.start", f"start = {layers.start} selects no layer; n_layers = {n_layers}")]
     return []
-

@@ -135,4 +135,3 @@ def _format_errors(errs: list[dict], data: Any, registry: Registry) -> list[tupl
     """``(path, message)`` per problem pydantic found in ``data`` (JSON paths, JSON values, the union branch the
     input meant; see :mod:`modkit.core.validation`)."""
     return _SpecErrorFormatter(registry).format(errs, data)
-

@@ -107,10 +107,14 @@ def _geometry_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
         if served.get(key):
             continue
         target = "queries and keys" if acts == "qk" else "the attention scores"
-        errors.setdefault(path, (
-            f"position type {layer.position.type!r} acts on {target}, but no layer using it has a mixer that "
-            f"declares a {need} for it (layer {i}'s {layer.attention.type!r} declares no {need}: its "
-            f"position_geometry() gives {geo!r}); use position type 'none', or give such layers an attention"))
+        errors.setdefault(
+            path,
+            (
+                f"position type {layer.position.type!r} acts on {target}, but no layer using it has a mixer that "
+                f"declares a {need} for it (layer {i}'s {layer.attention.type!r} declares no {need}: its "
+                f"position_geometry() gives {geo!r}); use position type 'none', or give such layers an attention"
+            ),
+        )
     return list(errors.items())
 
 
@@ -124,9 +128,7 @@ def _position_path(spec: ModelSpec, index: int) -> str:
     return path
 
 
-def _position_uses(
-    spec: ModelSpec, registry: Registry
-) -> list[tuple[str, Any, tuple[Optional[int], Optional[int]]]]:
+def _position_uses(spec: ModelSpec, registry: Registry) -> list[tuple[str, Any, tuple[Optional[int], Optional[int]]]]:
     """``(path, position config, (n_heads, head_dim))`` for each position config and each attention geometry of the
     layers that use it (the top-level scheme once without geometry when every layer overrides it)."""
     uses: dict[tuple[str, tuple], Any] = {}
@@ -140,4 +142,3 @@ def _position_uses(
         if o.position is not None and not any(p == f"overrides[{j}].position" for p, _ in uses):
             uses[(f"overrides[{j}].position", (None, None))] = o.position
     return [(path, cfg, geometry) for (path, geometry), cfg in uses.items()]
-

@@ -76,8 +76,14 @@ class _ValidParts:
     def slots(self, holder: dict, where: str, cls: type) -> Any:
         """A block or override (``cls``) built from its valid slots, the mixer under the key the document used."""
         key = next((k for k in MIXER_KEYS if k in holder), "attention")
-        got = {s: self.component("mixer" if s == "attention" else s, f"{where}.{key if s == 'attention' else s}",
-                                 holder.get(key if s == "attention" else s)) for s in _SLOTS}
+        got = {
+            s: self.component(
+                "mixer" if s == "attention" else s,
+                f"{where}.{key if s == 'attention' else s}",
+                holder.get(key if s == "attention" else s),
+            )
+            for s in _SLOTS
+        }
         if cls is LayerOverride:
             got["position"] = self.component("position", f"{where}.position", holder.get("position"))
             got["layers"] = self.layers(holder, where)

@@ -132,9 +132,11 @@ class BlockSpec(_MixerSlot):
     """
 
     attention: ComponentConfig = Field(
-        ..., validation_alias=AliasChoices("attention", "mixer"),
+        ...,
+        validation_alias=AliasChoices("attention", "mixer"),
         description="token-mixing sublayer (written 'mixer' or 'attention': any attention or recurrent mixer), "
-        "[batch, seq, d_model] -> same", json_schema_extra={SLOT_KEY: "mixer"},
+        "[batch, seq, d_model] -> same",
+        json_schema_extra={SLOT_KEY: "mixer"},
     )
     ffn: Optional[ComponentConfig] = Slot(
         "ffn",
@@ -153,8 +155,10 @@ class LayerOverride(_MixerSlot):
         ..., description="layer indices (0-based; at least one), or a range {start, stop, step}"
     )
     attention: Optional[ComponentConfig] = Field(
-        None, validation_alias=AliasChoices("attention", "mixer"),
-        description="replacement token mixer (written 'mixer' or 'attention')", json_schema_extra={SLOT_KEY: "mixer"},
+        None,
+        validation_alias=AliasChoices("attention", "mixer"),
+        description="replacement token mixer (written 'mixer' or 'attention')",
+        json_schema_extra={SLOT_KEY: "mixer"},
     )
     ffn: Optional[ComponentConfig] = Slot("ffn", default=None, description="replacement ffn")
     norm: Optional[ComponentConfig] = Slot("norm", default=None, description="replacement norm config")
@@ -208,8 +212,10 @@ class ModelSpec(_Strict):
     tie_embeddings: bool = Field(False, description="LM head shares the token-embedding matrix (one parameter)")
     lm_head_bias: bool = Field(False, description="LM head has a bias vector [vocab_size]")
     logit_scale: Optional[float] = Field(
-        None, gt=0, description="multiply the logits by this before any soft-cap (Cohere's logit_scale; Granite's "
-        "1 / logits_scaling); null for 1"
+        None,
+        gt=0,
+        description="multiply the logits by this before any soft-cap (Cohere's logit_scale; Granite's "
+        "1 / logits_scaling); null for 1",
     )
     final_logit_softcap: Optional[float] = Field(
         None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2); null for none"
@@ -221,8 +227,8 @@ class ModelSpec(_Strict):
     )
     parametrization: Optional[Parametrization] = Field(
         None,
-        description="how init, learning rates, logits and attention scale with width: null or {\"type\": \"sp\"} for "
-        "standard parametrization; {\"type\": \"mup\", \"base_d_model\": N} for muP (modkit.core.parametrization)",
+        description='how init, learning rates, logits and attention scale with width: null or {"type": "sp"} for '
+        'standard parametrization; {"type": "mup", "base_d_model": N} for muP (modkit.core.parametrization)',
     )
 
     @field_validator("schema_version", mode="before")
@@ -314,7 +320,6 @@ class SpecContext:
     registry: Registry
     n_heads: Optional[int] = None
     head_dim: Optional[int] = None
-
 
 
 def iter_configs(spec: ModelSpec) -> Iterable[tuple[str, ComponentConfig]]:

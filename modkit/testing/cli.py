@@ -35,24 +35,36 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
         "Exits 1 naming each failed check. The 'shards' check (tensor parallelism, tp = 2, in 2 gloo processes on "
         "the CPU) is slow and runs only with --distributed.",
     )
-    p.add_argument("--plugin", action="append", metavar="NAME", help="only components of this plugin (entry-point or distribution name; repeatable; wildcards)")
-    p.add_argument("--kind", action="append", metavar="KIND", help="only this kind, e.g. attention (repeatable; wildcards)")
+    p.add_argument(
+        "--plugin",
+        action="append",
+        metavar="NAME",
+        help="only components of this plugin (entry-point or distribution name; repeatable; wildcards)",
+    )
+    p.add_argument(
+        "--kind", action="append", metavar="KIND", help="only this kind, e.g. attention (repeatable; wildcards)"
+    )
     p.add_argument("--type", action="append", metavar="TYPE", help="only this type, e.g. gqa (repeatable; wildcards)")
     p.add_argument(
-        "--config", metavar="JSON|FILE",
+        "--config",
+        metavar="JSON|FILE",
         help="check the selected component (exactly one: give --kind and --type) with this config instead of its "
-        "example: a JSON object, or a file holding one; its \"type\" may be left out",
+        'example: a JSON object, or a file holding one; its "type" may be left out',
     )
     p.add_argument("--check", action="append", metavar="CHECK", help="only this check, e.g. causality (repeatable)")
     p.add_argument(
-        "--neighbour", action="append", metavar="KIND=TYPE", type=_neighbour,
+        "--neighbour",
+        action="append",
+        metavar="KIND=TYPE",
+        type=_neighbour,
         help="fill the KIND slot of the tiny models with this registered TYPE (its example config) instead of the "
         "built-in (repeatable); by default neighbours are modkit's built-ins only, so another installed plugin never "
         "changes a verdict",
     )
     p.add_argument("--device", default="cpu", help="device the tiny models run on (default cpu)")
     p.add_argument(
-        "--distributed", action="store_true",
+        "--distributed",
+        action="store_true",
         help="also run 'shards': components with a non-empty tp_plan are sharded over 2 gloo processes on the CPU "
         "and their logits, gradients and one optimiser step compared with the single process (slow: seconds; "
         "skipped without this flag)",
@@ -137,14 +149,20 @@ def cmd_check(args: argparse.Namespace, *, out: Optional[TextIO] = None, registr
 
     stream = out or sys.stdout
     emit: Callable[[str], None] = lambda line: print(line, file=stream)  # noqa: E731
-    options = dict(checks=args.check, device=args.device, distributed=getattr(args, "distributed", False),
-                   neighbours=dict(getattr(args, "neighbour", None) or []))
+    options = dict(
+        checks=args.check,
+        device=args.device,
+        distributed=getattr(args, "distributed", False),
+        neighbours=dict(getattr(args, "neighbour", None) or []),
+    )
     if getattr(args, "config", None) is not None:
         entries = select_components(registry, plugin=args.plugin, kind=args.kind, type=args.type)
         if len(entries) != 1:
             names = ", ".join(f"{e.kind}/{e.type}" for e in entries[:8]) + (", ..." if len(entries) > 8 else "")
-            raise ValueError(f"--config checks one component, but the selection matches {len(entries)} ({names}); "
-                             "name it with --kind and --type")
+            raise ValueError(
+                f"--config checks one component, but the selection matches {len(entries)} ({names}); "
+                "name it with --kind and --type"
+            )
         entry = entries[0]
         config = {"type": entry.type, **_config_arg(args.config)}
         results = check_component(entry.kind, entry.type, config, registry=registry, **options)

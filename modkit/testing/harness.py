@@ -193,7 +193,10 @@ def named_neighbour(registry: Registry, kind: str, named: Named) -> tuple[Compon
     data = {"type": named} if isinstance(named, str) else dict(named)
     kinds = slot_kinds("mixer") if is_mixer(kind) else (kind,)  # a token mixer may be named as either kind
     found = [registry.components(k) for k in kinds]
-    match = next((k for k, es in zip(kinds, found) if any(e.type == registry.resolve(k, str(data.get("type"))) for e in es)), kind)
+    match = next(
+        (k for k, es in zip(kinds, found) if any(e.type == registry.resolve(k, str(data.get("type"))) for e in es)),
+        kind,
+    )
     entry = registry.get(match, str(data.get("type")))
     if isinstance(named, str):
         data = entry.example_config()
@@ -201,7 +204,11 @@ def named_neighbour(registry: Registry, kind: str, named: Named) -> tuple[Compon
 
 
 def choose_filler(
-    registry: Registry, kind: str, target: Component, exclude: Iterable[tuple[str, str]] = (), named: Optional[Mapping[str, Named]] = None
+    registry: Registry,
+    kind: str,
+    target: Component,
+    exclude: Iterable[tuple[str, str]] = (),
+    named: Optional[Mapping[str, Named]] = None,
 ) -> Optional[tuple[Component, dict]]:
     """The component of ``kind`` that fills a slot while ``target`` is under test, with its config.
 
@@ -214,8 +221,12 @@ def choose_filler(
             return named_neighbour(registry, k, named[k])
     excluded = set(exclude)
     candidates = sorted(
-        (e for k in accepted for e in registry.components(k)
-         if e.key != target.key and e.key not in excluded and is_builtin(e, registry)),
+        (
+            e
+            for k in accepted
+            for e in registry.components(k)
+            if e.key != target.key and e.key not in excluded and is_builtin(e, registry)
+        ),
         key=lambda e: _filler_rank(kind, e),
     )
     for e in candidates:
@@ -247,7 +258,11 @@ class Bench:
     """
 
     def __init__(
-        self, entry: Component, config: ComponentConfig, registry: Registry, device: str = "cpu",
+        self,
+        entry: Component,
+        config: ComponentConfig,
+        registry: Registry,
+        device: str = "cpu",
         neighbours: Optional[Mapping[str, Named]] = None,
     ):
         self.entry = entry
@@ -265,6 +280,7 @@ class Bench:
 
         A host (the component a nested kind such as a router is placed in) comes first, as ``in ffn moe``.
         """
+
         def mark(e: Component) -> str:
             named = self.named.get(e.kind)
             typ = named if isinstance(named, str) else dict(named or {}).get("type")
@@ -320,6 +336,7 @@ class Bench:
             return "block", block[kind], self.config_json
         if kind in top:
             return "top", top[kind], self.config_json
+
         # nested: a host whose config has a slot of this kind (a named one first, else a built-in)
         def slot_of(e: Component) -> Optional[str]:
             return next((f for f, k in nested_slots(e).items() if k == kind), None)
@@ -364,7 +381,11 @@ class Bench:
     def _make_spec(self) -> dict:
         block, top = spec_slots()
         where, field, target_cfg = self._placement()
-        data: dict[str, Any] = {"schema_version": 1, "name": f"modkit-check-{self.entry.kind}-{self.entry.type}", **TINY}
+        data: dict[str, Any] = {
+            "schema_version": 1,
+            "name": f"modkit-check-{self.entry.kind}-{self.entry.type}",
+            **TINY,
+        }
         data["block"] = {}
         for f, kind in block_fields().items():
             data["block"][f] = target_cfg if (where == "block" and f == field) else self._fill(kind)
@@ -384,10 +405,21 @@ class Bench:
         # a mixer that declares no per-head geometry (a recurrent one) takes no rotary or bias scheme: try the
         # next built-in position scheme in rank order, unless the caller named one
         field_ = top.get("position")
-        if field_ is not None and "position" in self.fillers and "position" not in self.named and self.entry.kind != "position":
+        if (
+            field_ is not None
+            and "position" in self.fillers
+            and "position" not in self.named
+            and self.entry.kind != "position"
+        ):
             chosen = self.fillers["position"][0]
-            others = sorted((e for e in self.registry.components("position") if e.key != chosen.key and is_builtin(e, self.registry)),
-                            key=lambda e: _filler_rank("position", e))
+            others = sorted(
+                (
+                    e
+                    for e in self.registry.components("position")
+                    if e.key != chosen.key and is_builtin(e, self.registry)
+                ),
+                key=lambda e: _filler_rank("position", e),
+            )
             for e in others:
                 cfg = example_or_none(e, self.registry)
                 if cfg is None:

@@ -37,19 +37,50 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the modkit contract suite over the registered components (ids: kind/type::check)",
     )
-    group.addoption("--modkit-plugin", action="append", default=[], metavar="NAME", help="only components of this plugin (entry-point or distribution name; repeatable; wildcards)")
-    group.addoption("--modkit-kind", action="append", default=[], metavar="KIND", help="only this kind, e.g. attention (repeatable; wildcards)")
-    group.addoption("--modkit-type", action="append", default=[], metavar="TYPE", help="only this type, e.g. gqa (repeatable; wildcards)")
-    group.addoption("--modkit-check", action="append", default=[], metavar="CHECK", help="only this check, e.g. causality (repeatable)")
     group.addoption(
-        "--modkit-distributed", action="store_true", default=False,
+        "--modkit-plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only components of this plugin (entry-point or distribution name; repeatable; wildcards)",
+    )
+    group.addoption(
+        "--modkit-kind",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="only this kind, e.g. attention (repeatable; wildcards)",
+    )
+    group.addoption(
+        "--modkit-type",
+        action="append",
+        default=[],
+        metavar="TYPE",
+        help="only this type, e.g. gqa (repeatable; wildcards)",
+    )
+    group.addoption(
+        "--modkit-check",
+        action="append",
+        default=[],
+        metavar="CHECK",
+        help="only this check, e.g. causality (repeatable)",
+    )
+    group.addoption(
+        "--modkit-distributed",
+        action="store_true",
+        default=False,
         help="also run the 'shards' check (tp = 2 in 2 gloo processes on the CPU; slow; skipped without this flag)",
     )
     group.addoption(
-        "--modkit-neighbour", action="append", default=[], metavar="KIND=TYPE",
+        "--modkit-neighbour",
+        action="append",
+        default=[],
+        metavar="KIND=TYPE",
         help="fill the KIND slot of the tiny models with this TYPE instead of the built-in (repeatable)",
     )
-    group.addoption("--modkit-device", default="cpu", metavar="DEVICE", help="device the tiny models run on (default cpu)")
+    group.addoption(
+        "--modkit-device", default="cpu", metavar="DEVICE", help="device the tiny models run on (default cpu)"
+    )
 
 
 class ContractFailure(AssertionError):
@@ -184,7 +215,20 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
     """One header line naming the selection when ``--modkit-contracts`` is on."""
     if not config.getoption("modkit_contracts", default=False):
         return None
-    parts = [f"{k}={','.join(v)}" for k, v in (("plugin", config.getoption("modkit_plugin")), ("kind", config.getoption("modkit_kind")), ("type", config.getoption("modkit_type")), ("check", config.getoption("modkit_check"))) if v]
+    parts = [
+        f"{k}={','.join(v)}"
+        for k, v in (
+            ("plugin", config.getoption("modkit_plugin")),
+            ("kind", config.getoption("modkit_kind")),
+            ("type", config.getoption("modkit_type")),
+            ("check", config.getoption("modkit_check")),
+        )
+        if v
+    ]
     named = ", ".join(config.getoption("modkit_neighbour") or [])
-    return ("modkit contracts: " + (" ".join(parts) if parts else "every registered component")
-            + f" on {config.getoption('modkit_device')}; neighbours: built-ins" + (f" and {named}" if named else ""))
+    return (
+        "modkit contracts: "
+        + (" ".join(parts) if parts else "every registered component")
+        + f" on {config.getoption('modkit_device')}; neighbours: built-ins"
+        + (f" and {named}" if named else "")
+    )

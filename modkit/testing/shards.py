@@ -72,7 +72,9 @@ def loss_of(out, ids: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy of ``out.logits [batch, seq, vocab]`` against ``ids [batch, seq]`` (mean over
     ``batch * (seq - 1)`` tokens, float32), plus ``out.aux_loss`` when the model returns one."""
     logits = out.logits
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)
+    )
     return loss + out.aux_loss if getattr(out, "aux_loss", None) is not None else loss
 
 
@@ -128,11 +130,17 @@ def _regeometry(bench: Bench, problem: str) -> tuple[Bench, str]:
     cfg = bench.config_json
     heads = {k: cfg[k] for k in ("n_heads", "n_kv_heads") if isinstance(cfg.get(k), int)}
     if "n_heads" not in heads:
-        raise Skip(f"the tiny model does not shard for tp = {TP} ({problem}) and {bench.name}'s config has no n_heads to change")
+        raise Skip(
+            f"the tiny model does not shard for tp = {TP} ({problem}) and {bench.name}'s config has no n_heads to change"
+        )
     # the module's own head counts (what modkit.parallel reads): a config may leave n_kv_heads to a default
     _, records = bench.build_meta(device="meta")
     modules = [r.module for r in bench.targets(records)]
-    kv = next((m.n_kv_heads for m in modules if isinstance(getattr(m, "n_kv_heads", None), int)), None) or heads.get("n_kv_heads") or heads["n_heads"]
+    kv = (
+        next((m.n_kv_heads for m in modules if isinstance(getattr(m, "n_kv_heads", None), int)), None)
+        or heads.get("n_kv_heads")
+        or heads["n_heads"]
+    )
     new_kv = -(-int(kv) // TP) * TP
     new_heads = math.lcm(-(-heads["n_heads"] // TP) * TP, new_kv)
     data = {**cfg, "n_heads": new_heads}
@@ -143,9 +151,15 @@ def _regeometry(bench: Bench, problem: str) -> tuple[Bench, str]:
         again = Bench(bench.entry, config, bench.registry, str(bench.device))
     except (SpecError, Unavailable) as exc:
         why = "; ".join(f"{p}: {m}" if p else m for p, m in exc.errors[:2]) if isinstance(exc, SpecError) else str(exc)
-        raise Skip(f"the tiny model does not shard for tp = {TP} ({problem}), and {bench.name}'s config does not accept "
-                   f"n_heads = {new_heads}, n_kv_heads = {new_kv} ({why})") from None
-    changed = ", ".join(f"{k} {cfg.get(k, kv if k == 'n_kv_heads' else None)} -> {v}" for k, v in data.items() if k in ("n_heads", "n_kv_heads") and cfg.get(k) != v)
+        raise Skip(
+            f"the tiny model does not shard for tp = {TP} ({problem}), and {bench.name}'s config does not accept "
+            f"n_heads = {new_heads}, n_kv_heads = {new_kv} ({why})"
+        ) from None
+    changed = ", ".join(
+        f"{k} {cfg.get(k, kv if k == 'n_kv_heads' else None)} -> {v}"
+        for k, v in data.items()
+        if k in ("n_heads", "n_kv_heads") and cfg.get(k) != v
+    )
     return again, f" (geometry changed to shard: {changed})"
 
 
@@ -187,7 +201,17 @@ def prepare(bench: Bench) -> Job:
     grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters() if p.grad is not None}
     optimizer(ref).step()
     stepped = {n: p.detach().clone() for n, p in ref.named_parameters()}
-    return Job(bench.spec, registry, ids, out.logits.detach().float(), grads, input_grad().detach().clone(), stepped, note, sharded)
+    return Job(
+        bench.spec,
+        registry,
+        ids,
+        out.logits.detach().float(),
+        grads,
+        input_grad().detach().clone(),
+        stepped,
+        note,
+        sharded,
+    )
 
 
 # ------------------------------------------------------------------------------------------------- the session
@@ -201,7 +225,9 @@ def _worker(rank: int, jobs: Sequence[Job], store: str, out: str) -> None:
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=TP, timeout=timedelta(seconds=PG_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=TP, timeout=timedelta(seconds=PG_TIMEOUT_S)
+    )
     results: dict[int, dict] = {}
     try:
         mesh = make_mesh(tp=TP, device_type="cpu")
@@ -212,7 +238,14 @@ def _worker(rank: int, jobs: Sequence[Job], store: str, out: str) -> None:
                 results[i] = _train_step(model, job)
             except Exception as exc:  # noqa: BLE001 - reported as this job's failure
                 frames = traceback.extract_tb(exc.__traceback__)
-                where = next((f" (at {os.path.basename(f.filename)}:{f.lineno} in {f.name})" for f in reversed(frames) if "/torch/" not in f.filename), "")
+                where = next(
+                    (
+                        f" (at {os.path.basename(f.filename)}:{f.lineno} in {f.name})"
+                        for f in reversed(frames)
+                        if "/torch/" not in f.filename
+                    ),
+                    "",
+                )
                 msg = " ".join(str(exc).split())[:400]
                 results[i] = {"error": f"raised {type(exc).__name__}: {msg}{where}"}
             Path(out, f"rank{rank}.json").write_text(json.dumps(results))
@@ -281,8 +314,10 @@ def _start_method(jobs: Sequence[Job]) -> str:
     if "fork" in multiprocessing.get_all_start_methods() and not (dist.is_available() and dist.is_initialized()):
         return "fork"
     if any(j.registry is not None for j in jobs):
-        raise Skip("spawned processes load only the process-wide registry, and this one was built in memory "
-                   "(fork is unavailable here or a process group is already initialised)")
+        raise Skip(
+            "spawned processes load only the process-wide registry, and this one was built in memory "
+            "(fork is unavailable here or a process group is already initialised)"
+        )
     return "spawn"
 
 
@@ -303,7 +338,9 @@ def run_session(jobs: Sequence[Job]) -> list[Union[dict, str]]:
     method = _start_method(jobs)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="modkit-shards-") as tmp:
-        ctx = mp.start_processes(_worker, args=(list(jobs), os.path.join(tmp, "store"), tmp), nprocs=TP, join=False, start_method=method)
+        ctx = mp.start_processes(
+            _worker, args=(list(jobs), os.path.join(tmp, "store"), tmp), nprocs=TP, join=False, start_method=method
+        )
         deadline = time.monotonic() + START_S + PER_MODEL_S * len(jobs)
         crash = ""
         try:
@@ -382,9 +419,13 @@ def _verdict(res: dict, job: Job) -> Union[str, AssertionError]:
     if res["missing"]:
         problems.append(f"gradient present in one model only for {res['missing'][:4]}")
     if res["spread"] != 0.0:
-        problems.append(f"replicated parameter {res['spread_worst']} differs between the {TP} ranks by {res['spread']:.3g} "
-                        "after one AdamW step (each rank got a different gradient: a replicated parameter reading a "
-                        "sharded activation?)")
-    msg = (f"max |Δ| = {worst:.3g} between the sharded and the single-process training step (tolerance {TOL:g}): {parts}"
-           f"{'; ' + '; '.join(problems) if problems else '; replicated parameters identical on all ranks'}; {where}{job.note}")
+        problems.append(
+            f"replicated parameter {res['spread_worst']} differs between the {TP} ranks by {res['spread']:.3g} "
+            "after one AdamW step (each rank got a different gradient: a replicated parameter reading a "
+            "sharded activation?)"
+        )
+    msg = (
+        f"max |Δ| = {worst:.3g} between the sharded and the single-process training step (tolerance {TOL:g}): {parts}"
+        f"{'; ' + '; '.join(problems) if problems else '; replicated parameters identical on all ranks'}; {where}{job.note}"
+    )
     return msg if worst <= TOL and not problems else AssertionError(msg)

@@ -49,7 +49,10 @@ def _add_field_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> 
         default = info.get_default(call_default_factory=True)
         flag_only = info.annotation is bool  # --compile alone means --compile true
         fields.add_argument(
-            _flag(name), dest=f"field_{name}", metavar="V", default=None,
+            _flag(name),
+            dest=f"field_{name}",
+            metavar="V",
+            default=None,
             **({"nargs": "?", "const": "true"} if flag_only else {}),
             help=f"{info.description} (default {json.dumps(default)})".replace("%", "%%"),
         )
@@ -82,12 +85,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun one report is enough
         return 0
-    print(f"\ndone: {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
+    print(
+        f"\ndone: {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s)"
+    )
     if result.val_loss is not None:
-        print(f"last estimate: train {result.train_loss:.4f}, val {result.val_loss:.4f} (eval_batches fixed windows); best val {result.best_val_loss:.4f}")
+        print(
+            f"last estimate: train {result.train_loss:.4f}, val {result.val_loss:.4f} (eval_batches fixed windows); best val {result.best_val_loss:.4f}"
+        )
     if result.final_val_loss is not None:
         print(f"validation loss over the validation split: {result.final_val_loss:.4f}")
-    print(f"run folder: {result.run_dir} (best checkpoint: {result.run_dir / 'best'}, loss curve: {result.run_dir / 'loss.png'})")
+    print(
+        f"run folder: {result.run_dir} (best checkpoint: {result.run_dir / 'best'}, loss curve: {result.run_dir / 'loss.png'})"
+    )
     if result.sample is not None:
         print("\nsample from the best checkpoint:\n" + "-" * 60 + "\n" + result.sample + "\n" + "-" * 60)
     return 0

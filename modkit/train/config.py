@@ -63,14 +63,17 @@ class TrainConfig(BaseModel):
         "object, a modkit checkpoint folder to fine-tune, or null for nanoGPT's shakespeare-char GPT",
     )
     vocab_size: Literal["data", "spec"] = Field(
-        "data", description="'data': set the model's vocab_size to the tokenizer's; 'spec': keep the spec's (must be >= the tokenizer's)"
+        "data",
+        description="'data': set the model's vocab_size to the tokenizer's; 'spec': keep the spec's (must be >= the tokenizer's)",
     )
     data: Optional[str] = Field(
         None,
         description="a prepared data folder (train.bin, val.bin, meta.json from 'modkit data prepare'), or text "
         "files/a folder prepared on first use; null: the shipped tiny shakespeare",
     )
-    tokenizer: str = Field("char", description="tokenizer used when 'data' is raw text: char, bpe:VOCAB_SIZE or a tokenizer.json path")
+    tokenizer: str = Field(
+        "char", description="tokenizer used when 'data' is raw text: char, bpe:VOCAB_SIZE or a tokenizer.json path"
+    )
     document_mask: bool = Field(
         False,
         description="document-masked packing: a token attends only to earlier tokens of its own document within a "
@@ -78,44 +81,58 @@ class TrainConfig(BaseModel):
         "restart at each document; every attention of the model must declare the document_mask capability",
     )
     sampler: Literal["random", "sequential"] = Field(
-        "random", description="'random': random contiguous windows (nanoGPT); 'sequential': shuffled non-overlapping windows, epoch by epoch"
+        "random",
+        description="'random': random contiguous windows (nanoGPT); 'sequential': shuffled non-overlapping windows, epoch by epoch",
     )
 
     batch_size: int = Field(12, ge=1, le=1 << 20, description="sequences per micro-batch, over all processes")
     seq_len: int = Field(64, ge=1, le=1 << 24, description="tokens per sequence (at most the model's max_seq_len)")
     grad_accum: int = Field(1, ge=1, le=1 << 16, description="micro-batches per optimizer step")
-    max_steps: Optional[int] = Field(2000, ge=1, le=1 << 40, description="optimizer steps to run (null when max_tokens is given)")
+    max_steps: Optional[int] = Field(
+        2000, ge=1, le=1 << 40, description="optimizer steps to run (null when max_tokens is given)"
+    )
     max_tokens: Optional[int] = Field(
         None, ge=1, le=1 << 60, description="tokens to train on instead of max_steps (rounded up to whole steps)"
     )
 
     lr: float = Field(1e-3, gt=0, le=10, description="peak learning rate")
     min_lr: float = Field(1e-4, ge=0, le=10, description="learning rate at the end of the decay")
-    schedule: Literal["cosine", "linear", "constant", "wsd"] = Field("cosine", description="shape of the decay after warmup")
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = Field(
+        "cosine", description="shape of the decay after warmup"
+    )
     warmup_steps: int = Field(100, ge=0, le=1 << 40, description="linear warmup steps")
-    decay_steps: Optional[int] = Field(None, ge=1, le=1 << 40, description="step at which the decay ends (nanoGPT lr_decay_iters); default: the budget")
+    decay_steps: Optional[int] = Field(
+        None, ge=1, le=1 << 40, description="step at which the decay ends (nanoGPT lr_decay_iters); default: the budget"
+    )
     wsd_decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: fraction of decay_steps spent decaying")
     optimizer: dict[str, Any] = Field(
         default_factory=lambda: {"type": "adamw"},
-        description="the optimizer, a registered optimizer component: {\"type\": \"adamw\"} (default), "
-        "{\"type\": \"muon\"}, {\"type\": \"lion\"}, {\"type\": \"sgd\", \"momentum\": 0.9}, ... "
+        description='the optimizer, a registered optimizer component: {"type": "adamw"} (default), '
+        '{"type": "muon"}, {"type": "lion"}, {"type": "sgd", "momentum": 0.9}, ... '
         "('modkit list optimizer'; its fields: 'modkit show optimizer TYPE')",
     )
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1 (adamw, and the AdamW part of muon)")
     beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2 (adamw, and the AdamW part of muon)")
     adam_eps: float = Field(1e-8, gt=0, le=1, description="AdamW epsilon (adamw, and the AdamW part of muon)")
     weight_decay: float = Field(
-        0.1, ge=0, le=10, description="weight decay of the parameter roles that decay (matrices, embeddings, head, "
-        "routers; not norm gains, biases, vectors); decoupled for adamw, muon and lion, L2 for sgd"
+        0.1,
+        ge=0,
+        le=10,
+        description="weight decay of the parameter roles that decay (matrices, embeddings, head, "
+        "routers; not norm gains, biases, vectors); decoupled for adamw, muon and lion, L2 for sgd",
     )
-    grad_clip: Optional[float] = Field(1.0, gt=0, description="clip the global gradient norm to this; null: no clipping")
+    grad_clip: Optional[float] = Field(
+        1.0, gt=0, description="clip the global gradient norm to this; null: no clipping"
+    )
 
     precision: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
         description="float32; bfloat16 autocast (weights and optimizer in float32); float16 autocast with a dynamic grad scaler",
     )
     aux_loss_coef: Optional[float] = Field(
-        None, ge=0, description="override every component field named aux_loss_coef (MoE load balancing); null: as in the spec"
+        None,
+        ge=0,
+        description="override every component field named aux_loss_coef (MoE load balancing); null: as in the spec",
     )
     z_loss_coef: Optional[float] = Field(
         None, ge=0, description="override every component field named z_loss_coef (router z-loss); null: as in the spec"
@@ -127,7 +144,9 @@ class TrainConfig(BaseModel):
         "update after each optimizer step, DeepSeek-V3's auxiliary-loss-free balancing; 0: no update); null: as in the spec",
     )
 
-    eval_interval: int = Field(250, ge=1, le=1 << 40, description="evaluate train and val loss every this many steps (and at the end)")
+    eval_interval: int = Field(
+        250, ge=1, le=1 << 40, description="evaluate train and val loss every this many steps (and at the end)"
+    )
     eval_batches: int = Field(20, ge=1, le=1 << 20, description="batches per loss estimate")
     final_eval_tokens: int = Field(
         10_000_000,
@@ -139,16 +158,27 @@ class TrainConfig(BaseModel):
     checkpoint_interval: Optional[int] = Field(
         None, ge=1, le=1 << 40, description="save a resumable checkpoint every this many steps; default: eval_interval"
     )
-    keep_checkpoints: int = Field(2, ge=1, le=1 << 20, description="resumable step checkpoints kept (the best one is kept besides)")
+    keep_checkpoints: int = Field(
+        2, ge=1, le=1 << 20, description="resumable step checkpoints kept (the best one is kept besides)"
+    )
     log_interval: int = Field(10, ge=1, le=1 << 40, description="write a metrics line every this many steps")
 
     seed: int = Field(1337, ge=0, lt=1 << 63, description="seed of the weight init, the sampler and dropout")
     compile: bool = Field(False, description="torch.compile the model")
     device: str = Field("auto", description="cpu, cuda, cuda:N, mps or auto (cuda when available)")
-    threads: Optional[int] = Field(None, ge=1, le=4096, description="CPU threads (torch.set_num_threads); null: torch's default")
-    tp: int = Field(1, ge=1, le=1 << 16, description="tensor-parallel degree under torchrun (the rest of the processes shard data with FSDP2)")
+    threads: Optional[int] = Field(
+        None, ge=1, le=4096, description="CPU threads (torch.set_num_threads); null: torch's default"
+    )
+    tp: int = Field(
+        1,
+        ge=1,
+        le=1 << 16,
+        description="tensor-parallel degree under torchrun (the rest of the processes shard data with FSDP2)",
+    )
     peak_flops: Optional[float] = Field(
-        None, gt=0, description="the device's peak FLOP/s for the MFU column (e.g. 989e12 for an H100's bf16); null: MFU not reported"
+        None,
+        gt=0,
+        description="the device's peak FLOP/s for the MFU column (e.g. 989e12 for an H100's bf16); null: MFU not reported",
     )
 
     sample_prompt: str = Field("\n", description="prompt of the sample generated at the end")
@@ -259,7 +289,10 @@ def load_train_config(
         except JSONInputError as exc:
             raise SpecError(exc.errors, source=label) from None
         if not isinstance(data, dict):
-            raise SpecError([("", f"a training config is a JSON object, got {type(data).__name__}")], source=f"training config {path}")
+            raise SpecError(
+                [("", f"a training config is a JSON object, got {type(data).__name__}")],
+                source=f"training config {path}",
+            )
         data.pop("$schema", None)
         base = path.resolve().parent
     for key, value in (overrides or {}).items():
@@ -270,7 +303,10 @@ def load_train_config(
     try:
         return TrainConfig.model_validate(data), base
     except ValidationError as exc:
-        raise SpecError(config_errors(exc, data), source=f"training config {source}" if isinstance(source, (str, Path)) else "training config") from None
+        raise SpecError(
+            config_errors(exc, data),
+            source=f"training config {source}" if isinstance(source, (str, Path)) else "training config",
+        ) from None
 
 
 def parse_flag_value(field_name: str, text: str) -> Any:
@@ -281,7 +317,12 @@ def parse_flag_value(field_name: str, text: str) -> Any:
     except ValueError:
         return text
     annotation = str(TrainConfig.model_fields[field_name].annotation)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and "float" in annotation and "int" not in annotation:
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and "float" in annotation
+        and "int" not in annotation
+    ):
         return float(value)  # --lr 1 means 1.0
     if isinstance(value, (int, float, bool, dict)) or value is None:
         return value
@@ -300,6 +341,9 @@ def json_schema() -> dict:
     if union is not None:
         sub = TypeAdapter(union).json_schema(ref_template="#/$defs/{model}")
         schema.setdefault("$defs", {}).update(sub.pop("$defs", {}))
-        described = {"description": schema["properties"]["optimizer"].get("description", ""), "default": {"type": "adamw"}}
+        described = {
+            "description": schema["properties"]["optimizer"].get("description", ""),
+            "default": {"type": "adamw"},
+        }
         schema["properties"]["optimizer"] = {**sub, **described}
     return schema

@@ -85,8 +85,13 @@ class EvalMixin:
     def _eval_and_record(self) -> dict[str, float]:
         """Evaluate, log the ``eval`` line, save ``best`` when the validation loss is the lowest yet, plot."""
         losses, balance = self.balance.measure(self.evaluate)  # expert loads on the fixed eval windows (MoE)
-        record = {"kind": "eval", "step": self.step, "tokens": self.tokens, "train_loss": losses["train"],
-                  "val_loss": losses["val"]}
+        record = {
+            "kind": "eval",
+            "step": self.step,
+            "tokens": self.tokens,
+            "train_loss": losses["train"],
+            "val_loss": losses["val"],
+        }
         record.update(balance or {})
         self._metric(record)
         if self.best_val is None or losses["val"] < self.best_val:
@@ -104,8 +109,17 @@ class EvalMixin:
         full_val = self.score_split(self.data.val, c.final_eval_tokens)
         scored = min(len(self.data.val) - 1, c.final_eval_tokens) // c.seq_len * c.seq_len
         bpb = full_val * scored / self.scored_bytes / math.log(2) if self.scored_bytes else None
-        self._metric({"kind": "final", "step": self.step, "tokens": self.tokens, "val_loss": full_val,
-                      "val_tokens_scored": scored, "val_bytes_scored": self.scored_bytes, "val_bits_per_byte": bpb})
+        self._metric(
+            {
+                "kind": "final",
+                "step": self.step,
+                "tokens": self.tokens,
+                "val_loss": full_val,
+                "val_tokens_scored": scored,
+                "val_bytes_scored": self.scored_bytes,
+                "val_bits_per_byte": bpb,
+            }
+        )
         per_byte = f" ({bpb:.4f} bits per byte)" if bpb is not None else ""
         self._say(f"validation loss over {scored:,} tokens of the validation split: {full_val:.4f}{per_byte}")
         self._plot()

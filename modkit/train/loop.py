@@ -43,7 +43,13 @@ from .optim import build_optimizer
 from .processes import Processes, init_processes  # noqa: F401 - Processes: re-exported
 from .progress import _peak_memory, _ProgressBar
 from .resolve import (  # noqa: F401 - _node, decay_groups: re-exported (modkit.train, benchmarks)
-    _node, _resolve_device, check_document_mask, decay_groups, flops_per_token, prepared_data, resolve_spec,
+    _node,
+    _resolve_device,
+    check_document_mask,
+    decay_groups,
+    flops_per_token,
+    prepared_data,
+    resolve_spec,
 )
 from .step import StepMixin
 
@@ -284,9 +290,16 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         finals = [r for r in self.history if r["kind"] == "final"]
         loaded = self.procs.broadcast((evals[-1] if evals else {}, finals[-1]["val_loss"] if finals else None))
         return RunResult(
-            run_dir=self.run, steps=self.step, tokens=self.tokens, train_loss=loaded[0].get("train_loss"),
-            val_loss=loaded[0].get("val_loss"), best_val_loss=self.best_val, final_val_loss=loaded[1],
-            elapsed_s=0.0, tokens_per_s=0.0, history=self.history,
+            run_dir=self.run,
+            steps=self.step,
+            tokens=self.tokens,
+            train_loss=loaded[0].get("train_loss"),
+            val_loss=loaded[0].get("val_loss"),
+            best_val_loss=self.best_val,
+            final_val_loss=loaded[1],
+            elapsed_s=0.0,
+            tokens_per_s=0.0,
+            history=self.history,
         )
 
 
@@ -347,8 +360,10 @@ def train(
 
 def _fresh_run_dir(config: TrainConfig) -> Path:
     """``runs/<model name>``, or ``runs/<model name>-2``, ``-3``... when taken."""
-    name = Path(config.model).stem if isinstance(config.model, str) else (
-        str(config.model.get("name") or "model") if isinstance(config.model, dict) else DEFAULT_MODEL["name"]
+    name = (
+        Path(config.model).stem
+        if isinstance(config.model, str)
+        else (str(config.model.get("name") or "model") if isinstance(config.model, dict) else DEFAULT_MODEL["name"])
     )
     candidate, n = Path("runs") / name, 1
     while candidate.exists():

@@ -96,12 +96,16 @@ class OptimizerSetup:
         merged: dict[tuple[float, float], dict[str, Any]] = {}
         for g in groups if groups is not None else self.groups:
             key = (g.weight_decay, g.lr_mult)
-            d = merged.setdefault(key, {"params": [], "weight_decay": g.weight_decay, "lr_mult": g.lr_mult, "roles": [], "_order": []})
+            d = merged.setdefault(
+                key, {"params": [], "weight_decay": g.weight_decay, "lr_mult": g.lr_mult, "roles": [], "_order": []}
+            )
             d["_order"] += list(zip(g.names, g.params))
             d["roles"].append(g.role)
         order = {n: i for i, n in enumerate(self.roles)}
         out = []
-        for d in sorted(merged.values(), key=lambda d: (d["weight_decay"] == 0.0, min(order.get(n, 0) for n, _ in d["_order"]))):
+        for d in sorted(
+            merged.values(), key=lambda d: (d["weight_decay"] == 0.0, min(order.get(n, 0) for n, _ in d["_order"]))
+        ):
             d["params"] = [p for _, p in sorted(d.pop("_order"), key=lambda np_: order.get(np_[0], 0))]
             out.append(d)
         return out
@@ -109,11 +113,18 @@ class OptimizerSetup:
     def adamw(self, groups: Optional[Sequence[RoleGroup]] = None) -> torch.optim.AdamW:
         """AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101; ``torch.optim.AdamW``) over ``groups`` with the
         training config's betas and epsilon: modkit's optimizer before optimizers were components."""
-        return torch.optim.AdamW(self.param_groups(groups), lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps,
-                                 **({"fused": True} if self.fused else {}))
+        return torch.optim.AdamW(
+            self.param_groups(groups),
+            lr=self.lr,
+            betas=(self.beta1, self.beta2),
+            eps=self.eps,
+            **({"fused": True} if self.fused else {}),
+        )
 
 
-def role_groups(model: nn.Module, spec: Any, weight_decay: float, family: Optional[str]) -> tuple[list[RoleGroup], dict[str, str]]:
+def role_groups(
+    model: nn.Module, spec: Any, weight_decay: float, family: Optional[str]
+) -> tuple[list[RoleGroup], dict[str, str]]:
     """Trainable parameters grouped by role, with weight decay and μP learning-rate factors.
 
     Args:
@@ -215,10 +226,15 @@ class OptimizerChain:
         for k, opt in enumerate(self.optimizers):
             groups = [g for g in state_dict["param_groups"] if g.get("part") == k]
             if len(groups) != len(opt.param_groups):
-                raise ValueError(f"optimizer state of part {k} has {len(groups)} param groups, the optimizer {len(opt.param_groups)}")
+                raise ValueError(
+                    f"optimizer state of part {k} has {len(groups)} param groups, the optimizer {len(opt.param_groups)}"
+                )
             n = sum(len(g["params"]) for g in opt.param_groups)
             own = {i - offset: s for i, s in state_dict["state"].items() if offset <= int(i) < offset + n}
-            parts = [{key: v for key, v in g.items() if key != "part"} | {"params": [i - offset for i in g["params"]]} for g in groups]
+            parts = [
+                {key: v for key, v in g.items() if key != "part"} | {"params": [i - offset for i in g["params"]]}
+                for g in groups
+            ]
             opt.load_state_dict({"state": own, "param_groups": parts})
             offset += n
 
@@ -255,18 +271,31 @@ def build_optimizer(model: nn.Module, spec: Any, config: Any, *, distributed: bo
     cfg = load_optimizer_config(config.optimizer, registry=reg)
     entry = reg.get(KIND, cfg.type)
     if distributed and not entry.capabilities.get("sharded"):
-        raise OptimizerError(f"optimizer {cfg.type!r} ({entry.provider}) does not declare the 'sharded' capability: its "
-                             "step is not known to be correct on FSDP2 / tensor-parallel shards; train on one process or "
-                             "use an optimizer that declares it (adamw, lion, sgd)")
+        raise OptimizerError(
+            f"optimizer {cfg.type!r} ({entry.provider}) does not declare the 'sharded' capability: its "
+            "step is not known to be correct on FSDP2 / tensor-parallel shards; train on one process or "
+            "use an optimizer that declares it (adamw, lion, sgd)"
+        )
     groups, roles = role_groups(model, spec, config.weight_decay, entry.capabilities.get("mup"))
     if not groups:
         raise OptimizerError("the model has no trainable parameters")
-    setup = OptimizerSetup(groups, config.lr, config.beta1, config.beta2, config.adam_eps, config.weight_decay,
-                           fused=not distributed, distributed=distributed, roles=roles)
+    setup = OptimizerSetup(
+        groups,
+        config.lr,
+        config.beta1,
+        config.beta2,
+        config.adam_eps,
+        config.weight_decay,
+        fused=not distributed,
+        distributed=distributed,
+        roles=roles,
+    )
     opt = entry.factory(cfg, setup)
     if not isinstance(opt, (torch.optim.Optimizer, OptimizerChain)):
-        raise OptimizerError(f"factory of optimizer/{cfg.type} ({entry.provider}) returned {type(opt).__name__}, "
-                             "not a torch.optim.Optimizer or modkit.train.optim.OptimizerChain")
+        raise OptimizerError(
+            f"factory of optimizer/{cfg.type} ({entry.provider}) returned {type(opt).__name__}, "
+            "not a torch.optim.Optimizer or modkit.train.optim.OptimizerChain"
+        )
     for g in opt.param_groups:
         g.setdefault("lr_mult", 1.0)
     return opt

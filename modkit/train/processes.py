@@ -102,9 +102,8 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
         raise TrainError(f"tp = {config.tp} does not divide the number of processes {world}")
     dp = world // config.tp
     if config.batch_size % dp:
-        raise TrainError(
-            f"batch_size = {config.batch_size} is not divisible by the {dp} data-parallel processes"
-        )
+        raise TrainError(f"batch_size = {config.batch_size} is not divisible by the {dp} data-parallel processes")
     mesh = make_mesh(tp=config.tp, dp=dp, device_type=device.type)
-    return Processes(world=world, rank=rank, dp=dp, dp_rank=mesh.get_local_rank("dp"), tp=config.tp, mesh=mesh,
-                     owns_group=owns_group)
+    return Processes(
+        world=world, rank=rank, dp=dp, dp_rank=mesh.get_local_rank("dp"), tp=config.tp, mesh=mesh, owns_group=owns_group
+    )

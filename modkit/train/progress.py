@@ -30,7 +30,12 @@ class _ProgressBar:
     def __enter__(self) -> "_ProgressBar":
         if self.enabled:
             from rich.progress import (
-                BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
             )
 
             self.bar = Progress(

@@ -54,9 +54,7 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def prepared_data(
-    config: TrainConfig, base: Optional[Path], text_folder: Path, *, show_progress: bool = False
-) -> Path:
+def prepared_data(config: TrainConfig, base: Optional[Path], text_folder: Path, *, show_progress: bool = False) -> Path:
     """The prepared token folder a training config reads, preparing it first when it is not yet.
 
     ``config.data`` ``None`` is the shipped tiny shakespeare (:func:`modkit.data.default_dataset`, prepared once

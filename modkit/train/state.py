@@ -147,7 +147,9 @@ def restore_rng(tensors: dict[str, torch.Tensor]) -> None:
             torch.cuda.set_rng_state_all(states)
 
 
-def write_trainer_files(folder: Path, optimizer: torch.optim.Optimizer, trainer: dict[str, Any], *, with_optimizer: bool = True) -> None:
+def write_trainer_files(
+    folder: Path, optimizer: torch.optim.Optimizer, trainer: dict[str, Any], *, with_optimizer: bool = True
+) -> None:
     """Write ``trainer.json`` and ``trainer.safetensors`` (optimizer moments unless saved elsewhere, RNG)."""
     tensors = rng_tensors()
     data = dict(trainer, version=STATE_VERSION)

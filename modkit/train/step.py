@@ -90,4 +90,3 @@ class StepMixin:
         self.step += 1
         self.tokens += c.tokens_per_step
         return {"loss": ce_sum / c.grad_accum, "lr": lr, "grad_norm": norm, "balance": balance}
-

@@ -25,16 +25,60 @@ import pkgutil
 
 from modkit.plugin import hookimpl
 
-from ._keys import (FirstDense, HeadDim, Ignore, Key, KVHeads, LayerTypes, Own, QwenWindows, Refuse, Rope, RopeByLayerType,
-                    Same, SlidingWindow, SparseStep, UseSlidingWindow, sizes)
+from ._keys import (
+    FirstDense,
+    HeadDim,
+    Ignore,
+    Key,
+    KVHeads,
+    LayerTypes,
+    Own,
+    QwenWindows,
+    Refuse,
+    Rope,
+    RopeByLayerType,
+    Same,
+    SlidingWindow,
+    SparseStep,
+    UseSlidingWindow,
+    sizes,
+)
 from ._spec import FIELDS
 from ._type import HFType
 from ._weights import RENAME, Chain, Concat, FusedQKV, Head, PerHead, StackExperts, Transform, Transpose, W
 
 __all__ = [
-    "FIELDS", "FirstDense", "HFType", "HeadDim", "SparseStep", "UseSlidingWindow", "Ignore", "KVHeads", "Key", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
-    "RopeByLayerType", "Same", "SlidingWindow", "sizes", "Chain", "Concat", "FusedQKV", "Head", "PerHead", "RENAME", "StackExperts",
-    "Transform", "Transpose", "W", "MODULES", "register_hf_converters", "type_modules",
+    "FIELDS",
+    "FirstDense",
+    "HFType",
+    "HeadDim",
+    "SparseStep",
+    "UseSlidingWindow",
+    "Ignore",
+    "KVHeads",
+    "Key",
+    "LayerTypes",
+    "Own",
+    "QwenWindows",
+    "Refuse",
+    "Rope",
+    "RopeByLayerType",
+    "Same",
+    "SlidingWindow",
+    "sizes",
+    "Chain",
+    "Concat",
+    "FusedQKV",
+    "Head",
+    "PerHead",
+    "RENAME",
+    "StackExperts",
+    "Transform",
+    "Transpose",
+    "W",
+    "MODULES",
+    "register_hf_converters",
+    "type_modules",
 ]
 
 

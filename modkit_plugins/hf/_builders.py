@@ -109,9 +109,7 @@ def layer_selector(indices: Sequence[int], n_layers: int) -> Any:
     return idx
 
 
-def per_layer(
-    variants: Sequence[Any], n_layers: int, slots: Callable[[Any], dict]
-) -> tuple[Any, list[dict]]:
+def per_layer(variants: Sequence[Any], n_layers: int, slots: Callable[[Any], dict]) -> tuple[Any, list[dict]]:
     """Split per-layer variants into the block default (the most common; ties go to layer 0's) and overrides.
 
     Args:

@@ -29,7 +29,7 @@ class HeadDim(Entry):
     (Phi, OLMoE size their norms from it). ``in_config=False``: the config has no such key (GPT-2, BERT, Falcon).
     """
 
-    SETS: ClassVar[tuple[str, ...]] = ('head_dim',)
+    SETS: ClassVar[tuple[str, ...]] = ("head_dim",)
 
     default: Optional[int] = None
     derived: Optional[str] = None
@@ -73,7 +73,7 @@ class HeadDim(Entry):
 class KVHeads(Entry):
     """The key/value head count (absent or null: ``default``, else ``n_heads``), checked to divide ``n_heads``."""
 
-    SETS: ClassVar[tuple[str, ...]] = ('n_kv_heads',)
+    SETS: ClassVar[tuple[str, ...]] = ("n_kv_heads",)
 
     default: Optional[int] = None
 
@@ -119,7 +119,7 @@ class Rope(Entry):
             ``rope_scaling`` (gpt-oss: YaRN, factor 32); an export then writes ``rope_parameters`` too.
     """
 
-    SETS: ClassVar[tuple[str, ...]] = ('position',)
+    SETS: ClassVar[tuple[str, ...]] = ("position",)
 
     default: float = 10000.0
     partial: float = 1.0
@@ -135,14 +135,26 @@ class Rope(Entry):
         return keys + (("original_max_position_embeddings",) if self.original_at_top else ())
 
     def read(self, r, f, name):
-        f["position"] = rope(r, default_theta=self.default, default_partial=self.partial, layout=self.layout,
-                             original_at_top=self.original_at_top, max_seq_len=f["max_seq_len"],
-                             theta_key=self.theta_key, partial_key=self.partial_key,
-                             default_parameters=dict(self.default_parameters or {}))
+        f["position"] = rope(
+            r,
+            default_theta=self.default,
+            default_partial=self.partial,
+            layout=self.layout,
+            original_at_top=self.original_at_top,
+            max_seq_len=f["max_seq_len"],
+            theta_key=self.theta_key,
+            partial_key=self.partial_key,
+            default_parameters=dict(self.default_parameters or {}),
+        )
 
     def write(self, f, base, name):
-        out = rope_fields(f["position"], original_at_top=self.original_at_top, always_partial=self.always_partial,
-                          theta_key=self.theta_key, partial_key=self.partial_key)
+        out = rope_fields(
+            f["position"],
+            original_at_top=self.original_at_top,
+            always_partial=self.always_partial,
+            theta_key=self.theta_key,
+            partial_key=self.partial_key,
+        )
         if self.default_parameters and out:  # a null rope_scaling would mean the class default: say "default"
             out["rope_parameters"] = rope_parameters(f["position"])
         return out
@@ -171,7 +183,7 @@ class RopeByLayerType(Entry):
     itself, the 4.x form cannot hold two bases).
     """
 
-    SETS: ClassVar[tuple[str, ...]] = ('position', 'position_by_type')
+    SETS: ClassVar[tuple[str, ...]] = ("position", "position_by_type")
 
     default: float = 1_000_000.0
     local_default: float = 10_000.0
@@ -182,8 +194,14 @@ class RopeByLayerType(Entry):
         return tuple(dict.fromkeys(ROPE_KEYS + (self.local_key,)))
 
     def read(self, r, f, name):
-        local = rope(r, default_theta=self.local_default, layer_type="sliding_attention", theta_key=self.local_key,
-                     scaling_key=None, max_seq_len=f["max_seq_len"])
+        local = rope(
+            r,
+            default_theta=self.local_default,
+            layer_type="sliding_attention",
+            theta_key=self.local_key,
+            scaling_key=None,
+            max_seq_len=f["max_seq_len"],
+        )
         glob = rope(r, default_theta=self.default, layer_type="full_attention", max_seq_len=f["max_seq_len"])
         f["position"] = glob
         f["position_by_type"] = {"sliding_attention": local, "full_attention": glob}
@@ -192,8 +210,12 @@ class RopeByLayerType(Entry):
         by_type = f["position_by_type"]
         glob, loc = by_type.get("full_attention"), by_type.get("sliding_attention")
         if self.nested:
-            return {"rope_parameters": {t: rope_parameters(p) for t, p in (("full_attention", glob or loc),
-                                                                            ("sliding_attention", loc or glob))}}
+            return {
+                "rope_parameters": {
+                    t: rope_parameters(p)
+                    for t, p in (("full_attention", glob or loc), ("sliding_attention", loc or glob))
+                }
+            }
         cfg = rope_fields(glob) if glob is not None else {"rope_theta": self.default, "rope_scaling": None}
         if loc is not None:
             local = rope_fields(loc, theta_key=self.local_key, scaling_key=None)

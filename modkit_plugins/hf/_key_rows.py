@@ -166,8 +166,9 @@ class Key(Entry):
         return [(key, self.status, _text(self.default), becomes + (f": {self.note}" if self.note else ""))]
 
 
-def sizes(*, vocab_size: int, hidden_size: int, num_hidden_layers: int, num_attention_heads: int,
-          max_position_embeddings: int) -> dict[str, Key]:
+def sizes(
+    *, vocab_size: int, hidden_size: int, num_hidden_layers: int, num_attention_heads: int, max_position_embeddings: int
+) -> dict[str, Key]:
     """The size rows under the names most configuration classes use, with one type's transformers defaults."""
     return {
         "vocab_size": Key("vocab_size", vocab_size),

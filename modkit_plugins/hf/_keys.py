@@ -29,11 +29,37 @@ from __future__ import annotations
 # the rows, and the helpers beside them that type modules use (``_read``, ``_types``)
 from ._group_rows import ROPE_KEYS, HeadDim, KVHeads, Rope, RopeByLayerType, _divisible, rope_parameters  # noqa: F401
 from ._key_rows import LAYER_TYPES, Entry, Ignore, Key, Own, Refuse, Row, Same, _read, _text, sizes  # noqa: F401
-from ._layer_rows import (FirstDense, LayerTypes, QwenWindows, SlidingWindow, SparseStep,  # noqa: F401
-                          UseSlidingWindow, _experts, _types, _types_of)
+from ._layer_rows import (
+    FirstDense,
+    LayerTypes,
+    QwenWindows,
+    SlidingWindow,
+    SparseStep,  # noqa: F401
+    UseSlidingWindow,
+    _experts,
+    _types,
+    _types_of,
+)
 
 __all__ = [
-    "Entry", "HeadDim", "Ignore", "KVHeads", "Key", "LAYER_TYPES", "LayerTypes", "Own", "QwenWindows", "Refuse", "Rope",
-    "RopeByLayerType", "Row", "Same", "SlidingWindow", "rope_parameters", "sizes", "UseSlidingWindow", "SparseStep",
+    "Entry",
+    "HeadDim",
+    "Ignore",
+    "KVHeads",
+    "Key",
+    "LAYER_TYPES",
+    "LayerTypes",
+    "Own",
+    "QwenWindows",
+    "Refuse",
+    "Rope",
+    "RopeByLayerType",
+    "Row",
+    "Same",
+    "SlidingWindow",
+    "rope_parameters",
+    "sizes",
+    "UseSlidingWindow",
+    "SparseStep",
     "FirstDense",
 ]

@@ -36,7 +36,7 @@ class SlidingWindow(Entry):
     """``sliding_window`` on every layer (a present null: global attention everywhere, as transformers' mask then
     is; Mistral, Mixtral, Phi-3)."""
 
-    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+    SETS: ClassVar[tuple[str, ...]] = ("layer_types", "sliding_window")
 
     default: Optional[int] = None
 
@@ -61,7 +61,7 @@ class QwenWindows(Entry):
     window is not read (Qwen2-MoE writes 0 there). Export writes ``layer_types`` and, when the sliding layers form a
     suffix, the matching ``max_window_layers``."""
 
-    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+    SETS: ClassVar[tuple[str, ...]] = ("layer_types", "sliding_window")
 
     default: Optional[int] = 4096
     max_window_layers: int = 28
@@ -96,15 +96,27 @@ class QwenWindows(Entry):
             return {"use_sliding_window": False, name: None, "max_window_layers": f["n_layers"]}
         first = next(i for i, w in enumerate(windows) if w is not None)
         suffix = all(w is not None for w in windows[first:])
-        return {"use_sliding_window": True, name: sliding[0], "layer_types": _types_of(f),
-                "max_window_layers": first if suffix else f["n_layers"]}
+        return {
+            "use_sliding_window": True,
+            name: sliding[0],
+            "layer_types": _types_of(f),
+            "max_window_layers": first if suffix else f["n_layers"],
+        }
 
     def describe(self, name):
-        where = (f"every other layer below {self.max_window_layers}" if self.alternate
-                 else f"from layer {self.max_window_layers}")
-        return [("`use_sliding_window`, `sliding_window`, `max_window_layers`, `layer_types`", "mapped",
-                 f"off; window {self.default}, {where}",
-                 "`sliding_window` of the sliding layers (per-layer overrides)")]
+        where = (
+            f"every other layer below {self.max_window_layers}"
+            if self.alternate
+            else f"from layer {self.max_window_layers}"
+        )
+        return [
+            (
+                "`use_sliding_window`, `sliding_window`, `max_window_layers`, `layer_types`",
+                "mapped",
+                f"off; window {self.default}, {where}",
+                "`sliding_window` of the sliding layers (per-layer overrides)",
+            )
+        ]
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,7 @@ class LayerTypes(Entry):
     ``pattern_key``: the 4.x config key holding the pattern (read whenever present; also under ``_`` + the key).
     """
 
-    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+    SETS: ClassVar[tuple[str, ...]] = ("layer_types", "sliding_window")
 
     default: Optional[int] = 4096
     pattern: int = 2
@@ -137,8 +149,11 @@ class LayerTypes(Entry):
         f["layer_types"] = _types(r, types, n)
         f["sliding_window"] = window
         if window is None and "sliding_attention" in (f["layer_types"] or ()):
-            r.error("sliding_window", f"is null, but {name} has sliding_attention layers, whose mask transformers cannot "
-                    "build without a window; give the window or mark those layers full_attention")
+            r.error(
+                "sliding_window",
+                f"is null, but {name} has sliding_attention layers, whose mask transformers cannot "
+                "build without a window; give the window or mark those layers full_attention",
+            )
 
     def write(self, f, base, name):
         window = next((w for w in f["windows"] if w is not None), base.get("sliding_window") or self.default)
@@ -146,8 +161,14 @@ class LayerTypes(Entry):
 
     def describe(self, name):
         keys = "`layer_types`, `sliding_window`" + (f", `{self.pattern_key}`" if self.pattern_key else "")
-        return [(keys, "mapped", f"window {self.default}; every layer but each {self.pattern}th slides",
-                 "`sliding_window` per layer (overrides)")]
+        return [
+            (
+                keys,
+                "mapped",
+                f"window {self.default}; every layer but each {self.pattern}th slides",
+                "`sliding_window` per layer (overrides)",
+            )
+        ]
 
 
 @dataclass(frozen=True)
@@ -155,7 +176,7 @@ class UseSlidingWindow(Entry):
     """``sliding_window`` on every layer, only with ``use_sliding_window`` (Qwen3-MoE: ``Qwen3MoeConfig`` sets the window
     to null otherwise, and its attention and mask then read it for every layer)."""
 
-    SETS: ClassVar[tuple[str, ...]] = ('layer_types', 'sliding_window')
+    SETS: ClassVar[tuple[str, ...]] = ("layer_types", "sliding_window")
 
     default: Optional[int] = 4096
 
@@ -176,8 +197,14 @@ class UseSlidingWindow(Entry):
         return {"use_sliding_window": True, name: windows[0]}
 
     def describe(self, name):
-        return [("`use_sliding_window`, `sliding_window`", "mapped", f"off; window {self.default}",
-                 "`sliding_window` of every layer when use_sliding_window")]
+        return [
+            (
+                "`use_sliding_window`, `sliding_window`",
+                "mapped",
+                f"off; window {self.default}",
+                "`sliding_window` of every layer when use_sliding_window",
+            )
+        ]
 
 
 # ---------------------------------------------------------------------------------------------- MoE layers
@@ -194,7 +221,7 @@ class SparseStep(Entry):
     (``Qwen2MoeDecoderLayer``, ``Qwen3MoeDecoderLayer``). Export writes the source's step when it explains the
     mixture layers, else 1, and lists every other dense layer in ``mlp_only_layers``."""
 
-    SETS: ClassVar[tuple[str, ...]] = ('moe', 'moe_layers')
+    SETS: ClassVar[tuple[str, ...]] = ("moe", "moe_layers")
 
     def config_keys(self, name):
         return (name, "mlp_only_layers")
@@ -218,12 +245,21 @@ class SparseStep(Entry):
         for step in dict.fromkeys((base.get(name) or 1, 1)):
             explained = [(i + 1) % step == 0 for i in range(len(flags))]
             if all(e or not m for e, m in zip(explained, flags)):
-                return {name: step, "mlp_only_layers": [i for i, (e, m) in enumerate(zip(explained, flags)) if e and not m]}
+                return {
+                    name: step,
+                    "mlp_only_layers": [i for i, (e, m) in enumerate(zip(explained, flags)) if e and not m],
+                }
         raise AssertionError("a step of 1 explains every layer")
 
     def describe(self, name):
-        return [("`decoder_sparse_step`, `mlp_only_layers`", "mapped", "every layer a mixture",
-                 "`moe_layers`: a mixture where (i + 1) % step = 0 and i is not listed, else a dense FFN of d_ff")]
+        return [
+            (
+                "`decoder_sparse_step`, `mlp_only_layers`",
+                "mapped",
+                "every layer a mixture",
+                "`moe_layers`: a mixture where (i + 1) % step = 0 and i is not listed, else a dense FFN of d_ff",
+            )
+        ]
 
 
 @dataclass(frozen=True)
@@ -231,7 +267,7 @@ class FirstDense(Entry):
     """DeepSeek's mixture layers: the first ``first_k_dense_replace`` layers are dense FFNs of ``intermediate_size``,
     every later one a mixture (``DeepseekV3DecoderLayer``)."""
 
-    SETS: ClassVar[tuple[str, ...]] = ('moe', 'moe_layers')
+    SETS: ClassVar[tuple[str, ...]] = ("moe", "moe_layers")
 
     default: int = 3
 
@@ -247,5 +283,11 @@ class FirstDense(Entry):
         return {name: k}
 
     def describe(self, name):
-        return [(f"`{name}`", "mapped", _text(self.default), "`moe_layers`: dense FFNs of d_ff on the first k layers, "
-                 "mixtures after")]
+        return [
+            (
+                f"`{name}`",
+                "mapped",
+                _text(self.default),
+                "`moe_layers`: dense FFNs of d_ff on the first k layers, mixtures after",
+            )
+        ]

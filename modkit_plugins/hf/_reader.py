@@ -22,8 +22,19 @@ import warnings
 from typing import Any, Iterable, Optional, Sequence
 
 from modkit.plugin import (
-    join_path, json_value, last_key, MAX_D_FF, MAX_D_MODEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
-    MAX_SEQ_LEN, MAX_VOCAB_SIZE, SpecError, UnknownConfigKeyWarning,
+    join_path,
+    json_value,
+    last_key,
+    MAX_D_FF,
+    MAX_D_MODEL,
+    MAX_EXPERTS,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    MAX_VOCAB_SIZE,
+    SpecError,
+    UnknownConfigKeyWarning,
 )
 
 _MISSING = object()
@@ -57,82 +68,86 @@ PROVENANCE: frozenset[str] = frozenset(
 )
 
 #: Keys that never change the architecture or the parameter count, for every model type.
-IRRELEVANT: frozenset[str] = IMPLEMENTATION_KEYS | PROVENANCE | frozenset(
-    {
-        "architectures",
-        "auto_map",  # remote-code hints; model_type decides the architecture here
-        # runtime switches of the reference implementation
-        "use_cache",
-        "cache_implementation",
-        "output_hidden_states",
-        "output_attentions",
-        "return_dict",
-        "torchscript",
-        "tf_legacy_loss",
-        "chunk_size_feed_forward",  # chunked FFN evaluation: same result
-        "is_decoder",  # causal-LM classes are causal whatever this says
-        "tie_encoder_decoder",  # meaningful only for encoder-decoder models (refused below)
-        # task heads and tokenizer
-        "id2label",
-        "label2id",
-        "num_labels",
-        "problem_type",
-        "finetuning_task",
-        "task_specific_params",
-        "tokenizer_class",
-        "prefix",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "sep_token_id",
-        "decoder_start_token_id",
-        # dropout probabilities: training-time regularisation only, no parameters, identity at inference
-        "attention_dropout",
-        "attn_pdrop",
-        "resid_pdrop",
-        "embd_pdrop",
-        "hidden_dropout",
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-        "classifier_dropout",
-        "summary_first_dropout",
-        "activation_dropout",
-        "dropout",
-        # generation defaults (transformers.GenerationConfig): decoding settings, not the network
-        "assistant_confidence_threshold",
-        "assistant_lookbehind",
-        "bad_words_ids",
-        "begin_suppress_tokens",
-        "diversity_penalty",
-        "do_sample",
-        "early_stopping",
-        "encoder_no_repeat_ngram_size",
-        "encoder_repetition_penalty",
-        "epsilon_cutoff",
-        "eta_cutoff",
-        "exponential_decay_length_penalty",
-        "forced_bos_token_id",
-        "forced_eos_token_id",
-        "length_penalty",
-        "max_length",
-        "min_length",
-        "no_repeat_ngram_size",
-        "num_assistant_tokens",
-        "num_assistant_tokens_schedule",
-        "num_beam_groups",
-        "num_beams",
-        "num_return_sequences",
-        "output_scores",
-        "remove_invalid_values",
-        "repetition_penalty",
-        "return_dict_in_generate",
-        "suppress_tokens",
-        "target_lookbehind",
-        "temperature",
-        "top_k",
-        "top_p",
-        "typical_p",
-    }
+IRRELEVANT: frozenset[str] = (
+    IMPLEMENTATION_KEYS
+    | PROVENANCE
+    | frozenset(
+        {
+            "architectures",
+            "auto_map",  # remote-code hints; model_type decides the architecture here
+            # runtime switches of the reference implementation
+            "use_cache",
+            "cache_implementation",
+            "output_hidden_states",
+            "output_attentions",
+            "return_dict",
+            "torchscript",
+            "tf_legacy_loss",
+            "chunk_size_feed_forward",  # chunked FFN evaluation: same result
+            "is_decoder",  # causal-LM classes are causal whatever this says
+            "tie_encoder_decoder",  # meaningful only for encoder-decoder models (refused below)
+            # task heads and tokenizer
+            "id2label",
+            "label2id",
+            "num_labels",
+            "problem_type",
+            "finetuning_task",
+            "task_specific_params",
+            "tokenizer_class",
+            "prefix",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+            "sep_token_id",
+            "decoder_start_token_id",
+            # dropout probabilities: training-time regularisation only, no parameters, identity at inference
+            "attention_dropout",
+            "attn_pdrop",
+            "resid_pdrop",
+            "embd_pdrop",
+            "hidden_dropout",
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "classifier_dropout",
+            "summary_first_dropout",
+            "activation_dropout",
+            "dropout",
+            # generation defaults (transformers.GenerationConfig): decoding settings, not the network
+            "assistant_confidence_threshold",
+            "assistant_lookbehind",
+            "bad_words_ids",
+            "begin_suppress_tokens",
+            "diversity_penalty",
+            "do_sample",
+            "early_stopping",
+            "encoder_no_repeat_ngram_size",
+            "encoder_repetition_penalty",
+            "epsilon_cutoff",
+            "eta_cutoff",
+            "exponential_decay_length_penalty",
+            "forced_bos_token_id",
+            "forced_eos_token_id",
+            "length_penalty",
+            "max_length",
+            "min_length",
+            "no_repeat_ngram_size",
+            "num_assistant_tokens",
+            "num_assistant_tokens_schedule",
+            "num_beam_groups",
+            "num_beams",
+            "num_return_sequences",
+            "output_scores",
+            "remove_invalid_values",
+            "repetition_penalty",
+            "return_dict_in_generate",
+            "suppress_tokens",
+            "target_lookbehind",
+            "temperature",
+            "top_k",
+            "top_p",
+            "typical_p",
+        }
+    )
 )
 
 #: Keys every model type must leave at one value: (allowed value, why).
@@ -161,11 +176,23 @@ ACTIVATIONS: dict[str, str] = {
 HF_BOUNDS: dict[str, int] = {
     **{k: MAX_VOCAB_SIZE for k in ("vocab_size", "type_vocab_size")},
     **{k: MAX_D_MODEL for k in ("hidden_size", "n_embd", "d_model")},
-    **{k: MAX_LAYERS for k in ("num_hidden_layers", "n_layer", "num_layers", "sliding_window_pattern", "max_window_layers")},
+    **{
+        k: MAX_LAYERS
+        for k in ("num_hidden_layers", "n_layer", "num_layers", "sliding_window_pattern", "max_window_layers")
+    },
     **{k: MAX_HEADS for k in ("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "n_head_kv")},
     **{k: MAX_HEAD_DIM for k in ("head_dim",)},
     **{k: MAX_D_FF for k in ("intermediate_size", "n_inner", "ffn_hidden_size", "moe_intermediate_size")},
-    **{k: MAX_SEQ_LEN for k in ("max_position_embeddings", "n_positions", "n_ctx", "sliding_window", "original_max_position_embeddings")},
+    **{
+        k: MAX_SEQ_LEN
+        for k in (
+            "max_position_embeddings",
+            "n_positions",
+            "n_ctx",
+            "sliding_window",
+            "original_max_position_embeddings",
+        )
+    },
     **{k: MAX_EXPERTS for k in ("num_local_experts", "num_experts", "num_experts_per_tok")},
 }
 
@@ -245,7 +272,9 @@ class HFConfig:
         if value is None:
             return None
         present = next((n for n in (key, *aliases) if self.cfg.get(n) is not None), key)
-        return self.check_number(present, value, default, integer=integer, positive=positive, minimum=minimum, maximum=maximum)
+        return self.check_number(
+            present, value, default, integer=integer, positive=positive, minimum=minimum, maximum=maximum
+        )
 
     def check_number(
         self,
@@ -267,7 +296,9 @@ class HFConfig:
             self.error(path, f"must be a {kind}, got {_kind(value)} {_short(value)}")
             return default
         if integer and not isinstance(value, int):
-            hint = "; write it without a decimal point or exponent" if math.isfinite(value) and value.is_integer() else ""
+            hint = (
+                "; write it without a decimal point or exponent" if math.isfinite(value) and value.is_integer() else ""
+            )
             self.error(path, f"must be an integer, got the float {_short(value)}{hint}")
             return default
         if isinstance(value, float) and not math.isfinite(value):
@@ -282,9 +313,14 @@ class HFConfig:
         if minimum is not None and value < minimum:
             self.error(path, f"must be >= {minimum}, got {_short(value)}")
             return default
-        bound = maximum if maximum is not None else HF_BOUNDS.get(last_key(path) or "", MAX_SEQ_LEN if integer else None)
+        bound = (
+            maximum if maximum is not None else HF_BOUNDS.get(last_key(path) or "", MAX_SEQ_LEN if integer else None)
+        )
         if bound is not None and value > bound:
-            self.error(path, f"= {_short(value)} exceeds {bound:,}, modkit's bound for this size (modkit.core.limits; far above any published model)")
+            self.error(
+                path,
+                f"= {_short(value)} exceeds {bound:,}, modkit's bound for this size (modkit.core.limits; far above any published model)",
+            )
             return default
         return value
 
@@ -301,7 +337,10 @@ class HFConfig:
         self.used.add(key)
         value = self.cfg.get(key)
         if value is not None and (value != allowed or type(value) is not type(allowed)):  # 0 is not false
-            self.error(key, f"unsupported value {_short(value) or _kind(value)} (only {json.dumps(allowed)} is supported): {why}")
+            self.error(
+                key,
+                f"unsupported value {_short(value) or _kind(value)} (only {json.dumps(allowed)} is supported): {why}",
+            )
         return self.cfg.get(key, allowed)
 
     def ignore(self, *keys: str) -> None:
@@ -343,8 +382,11 @@ class HFConfig:
         for key, (allowed, why) in EXPECTED.items():
             if key not in self.used:
                 self.expect(key, allowed, why)
-        unknown = {join_path("", k): self.cfg[k] for k in sorted(self.cfg)  # (as paths: a key "a.b" is ["a.b"])
-                   if k not in self.used and k not in self.ignored and not _is_nothing(self.cfg[k])}
+        unknown = {
+            join_path("", k): self.cfg[k]
+            for k in sorted(self.cfg)  # (as paths: a key "a.b" is ["a.b"])
+            if k not in self.used and k not in self.ignored and not _is_nothing(self.cfg[k])
+        }
         unknown.update(self.unknown)
         if strict_conversion():
             for key, value in unknown.items():

@@ -80,8 +80,10 @@ def rope(
     rtype = rtype or legacy_type or "default"
     spec = _base_spec(r, d, path, layout, (top_theta, default_theta), (top_partial, default_partial))
     if not isinstance(rtype, str):
-        r.error(join_path(path, "rope_type" if "rope_type" in source else "type"),
-                f"must be a string naming the RoPE scaling, got {_kind(rtype)} {_short(rtype)}")
+        r.error(
+            join_path(path, "rope_type" if "rope_type" in source else "type"),
+            f"must be a string naming the RoPE scaling, got {_kind(rtype)} {_short(rtype)}",
+        )
         rtype, d = "default", {}
     max_pos = max_seq_len if max_seq_len is not None else r.cfg.get("max_position_embeddings")
     scaling = _read_scaling(_Scaling(r, d, path, max_pos, original_at_top), rtype, source, max_seq_len)
@@ -132,8 +134,9 @@ def _read_scaling(s: "_Scaling", rtype: str, source: dict, max_seq_len: Optional
     return scaling
 
 
-def _source(r: HFConfig, params: Any, legacy: Any, scaling_key: Optional[str],
-            layer_type: Optional[str]) -> tuple[dict, Optional[str]]:
+def _source(
+    r: HFConfig, params: Any, legacy: Any, scaling_key: Optional[str], layer_type: Optional[str]
+) -> tuple[dict, Optional[str]]:
     """The dict of RoPE parameters to read and its path in the config: the 4.x scaling dict ``legacy`` when given,
     else ``rope_parameters`` (the entry of ``layer_type`` when nested per layer type), else ``{}``. A value that is
     not an object is an error on ``r`` and reads as ``{}``."""
@@ -150,8 +153,9 @@ def _source(r: HFConfig, params: Any, legacy: Any, scaling_key: Optional[str],
         source = params
         if any(isinstance(v, dict) for v in params.values()) or set(params) & {"full_attention", "sliding_attention"}:
             if layer_type is None:
-                r.error("rope_parameters",
-                        f"per-layer-type RoPE parameters {sorted(params)} are not used by {r.model_type}")
+                r.error(
+                    "rope_parameters", f"per-layer-type RoPE parameters {sorted(params)} are not used by {r.model_type}"
+                )
                 source = {}
             else:
                 source, path = params.get(layer_type) or {}, join_path("rope_parameters", layer_type)
@@ -189,8 +193,10 @@ class _Scaling:
         top = r.get("original_max_position_embeddings") if self.original_at_top else None
         value = top if top is not None else inside if inside is not None else self.max_pos
         where = (
-            "original_max_position_embeddings" if top is not None
-            else join_path(self.path, "original_max_position_embeddings") if inside is not None
+            "original_max_position_embeddings"
+            if top is not None
+            else join_path(self.path, "original_max_position_embeddings")
+            if inside is not None
             else "max_position_embeddings"
         )
         if value is None:
@@ -260,15 +266,21 @@ def _longrope(s: _Scaling, what: str, max_seq_len: Optional[int]) -> dict:
     scaling: dict[str, Any] = {"type": "longrope"}
     for key in ("short_factor", "long_factor"):
         value = s.d.pop(key, None)
-        ok = isinstance(value, list) and value and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v <= 2**63
-            for v in value
+        ok = (
+            isinstance(value, list)
+            and value
+            and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v <= 2**63
+                for v in value
+            )
         )
         if not ok:
-            shown = _short(value) or (f"{_kind(value)} of {len(value)}" if isinstance(value, (list, dict))
-                                      else _kind(value))
-            s.r.error(join_path(s.path, key),
-                      f"LongRoPE needs a non-empty list of positive finite numbers, got {shown}")
+            shown = _short(value) or (
+                f"{_kind(value)} of {len(value)}" if isinstance(value, (list, dict)) else _kind(value)
+            )
+            s.r.error(
+                join_path(s.path, key), f"LongRoPE needs a non-empty list of positive finite numbers, got {shown}"
+            )
         scaling[key] = [float(v) for v in value] if ok else [1.0]
     scaling["original_max_seq_len"] = s.original()
     s.optional(scaling, ("factor", "attention_factor"), what)
@@ -277,7 +289,12 @@ def _longrope(s: _Scaling, what: str, max_seq_len: Optional[int]) -> dict:
 
 #: the reader of each RoPE scaling type (``rope_type``, or ``type`` in 4.x files); 'su' is LongRoPE's first name
 _SCALINGS: dict[str, Callable[[_Scaling, str, Optional[int]], Optional[dict]]] = {
-    "linear": _linear, "llama3": _llama3, "dynamic": _dynamic, "yarn": _yarn, "longrope": _longrope, "su": _longrope,
+    "linear": _linear,
+    "llama3": _llama3,
+    "dynamic": _dynamic,
+    "yarn": _yarn,
+    "longrope": _longrope,
+    "su": _longrope,
 }
 
 
@@ -311,21 +328,35 @@ def rope_fields(
     if sc.type == "linear":
         d: dict[str, Any] = {"rope_type": "linear", "factor": sc.factor}
     elif sc.type == "llama3":
-        d = {"rope_type": "llama3", "factor": sc.factor, "low_freq_factor": sc.low_freq_factor,
-             "high_freq_factor": sc.high_freq_factor, "original_max_position_embeddings": sc.original_max_seq_len}
+        d = {
+            "rope_type": "llama3",
+            "factor": sc.factor,
+            "low_freq_factor": sc.low_freq_factor,
+            "high_freq_factor": sc.high_freq_factor,
+            "original_max_position_embeddings": sc.original_max_seq_len,
+        }
     elif sc.type == "dynamic":  # its trained length is max_position_embeddings, checked by the reverse conversion
         d = {"rope_type": "dynamic", "factor": sc.factor}
     elif sc.type == "yarn":
-        d = {"rope_type": "yarn", "factor": sc.factor, "original_max_position_embeddings": sc.original_max_seq_len,
-             "beta_fast": sc.beta_fast, "beta_slow": sc.beta_slow}
+        d = {
+            "rope_type": "yarn",
+            "factor": sc.factor,
+            "original_max_position_embeddings": sc.original_max_seq_len,
+            "beta_fast": sc.beta_fast,
+            "beta_slow": sc.beta_slow,
+        }
         for key in ("mscale", "mscale_all_dim", "attention_factor"):
             if getattr(sc, key) is not None:
                 d[key] = getattr(sc, key)
         if not sc.truncate:
             d["truncate"] = False
     elif sc.type == "longrope":
-        d = {"rope_type": "longrope", "short_factor": list(sc.short_factor), "long_factor": list(sc.long_factor),
-             "original_max_position_embeddings": sc.original_max_seq_len}
+        d = {
+            "rope_type": "longrope",
+            "short_factor": list(sc.short_factor),
+            "long_factor": list(sc.long_factor),
+            "original_max_position_embeddings": sc.original_max_seq_len,
+        }
         for key in ("factor", "attention_factor"):
             if getattr(sc, key) is not None:
                 d[key] = getattr(sc, key)

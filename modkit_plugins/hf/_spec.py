@@ -17,8 +17,17 @@ import json
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 # the builders of component spec dicts, importable from here too
-from ._builders import (AttentionRequest, ModelRequest, attention, gated_ffn, layer_selector,  # noqa: F401
-                        layernorm, model_spec, per_layer, rmsnorm)
+from ._builders import (
+    AttentionRequest,
+    ModelRequest,
+    attention,
+    gated_ffn,
+    layer_selector,  # noqa: F401
+    layernorm,
+    model_spec,
+    per_layer,
+    rmsnorm,
+)
 from ._reader import HFConfig
 
 #: The fields of a decoder: ``name -> (value when neither the type nor its table sets it, meaning)``.
@@ -45,32 +54,57 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "softmax_scale": (None, "multiplier of q·k (None: 1/sqrt(head_dim))"),
     "attn_softcap": (None, "tanh soft-cap of the attention logits"),
     "causal": (True, "causal mask (false: bidirectional encoder)"),
-    "layer_types": (None, "kind of every layer: 'full_attention', 'sliding_attention' or 'chunked_attention' (None: all full)"),
+    "layer_types": (
+        None,
+        "kind of every layer: 'full_attention', 'sliding_attention' or 'chunked_attention' (None: all full)",
+    ),
     "sliding_window": (None, "the window of the sliding_attention layers"),
     "attention_chunk_size": (None, "the chunk of the chunked_attention layers (Llama 4)"),
     "sinks": (False, "a learned sink logit per query head in every attention (gpt-oss)"),
-    "attention_by_layer": (None, "per layer, attention fields merged into that layer's attention (Llama 4: the QK-norm of "
-                           "RoPE layers, the temperature tuning of NoPE layers)"),
-    "mla": (None, "multi-head latent attention in place of q/k/v attention: the mla fields beyond n_heads "
-            "(q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, bias, yarn_mscale; latent_norm, "
-            "default the model's norm)"),
+    "attention_by_layer": (
+        None,
+        "per layer, attention fields merged into that layer's attention (Llama 4: the QK-norm of "
+        "RoPE layers, the temperature tuning of NoPE layers)",
+    ),
+    "mla": (
+        None,
+        "multi-head latent attention in place of q/k/v attention: the mla fields beyond n_heads "
+        "(q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, bias, yarn_mscale; latent_norm, "
+        "default the model's norm)",
+    ),
     "position": (None, "the position spec of every layer"),
     "position_by_type": (None, "position spec per layer type, when they differ (Gemma 3's local and global RoPE)"),
     "positions": (None, "position spec per layer, when layers differ otherwise (NoPE layers)"),
-    "mixer": (None, "the token mixer of every layer when it is not an attention: a recurrent mixer's spec (Mamba-2), "
-              "written by the type's own code; None: an attention from the head fields"),
-    "mixers": (None, "per layer, a recurrent mixer's spec or None for an attention from the head fields (hybrids: Jamba's "
-               "Mamba layers, Qwen3-Next's Gated DeltaNet layers); wins over mixer; written by the type's own code"),
-    "attn_output_gate": (False, "the attention output times sigmoid of a second query-width projection before o_proj "
-                         "(Qwen3-Next's gated attention)"),
+    "mixer": (
+        None,
+        "the token mixer of every layer when it is not an attention: a recurrent mixer's spec (Mamba-2), "
+        "written by the type's own code; None: an attention from the head fields",
+    ),
+    "mixers": (
+        None,
+        "per layer, a recurrent mixer's spec or None for an attention from the head fields (hybrids: Jamba's "
+        "Mamba layers, Qwen3-Next's Gated DeltaNet layers); wins over mixer; written by the type's own code",
+    ),
+    "attn_output_gate": (
+        False,
+        "the attention output times sigmoid of a second query-width projection before o_proj "
+        "(Qwen3-Next's gated attention)",
+    ),
     "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down), 'mlp' (up, down) or None (no FFN: Mamba-2's blocks)"),
     "act": ("silu", "the FFN activation (modkit's name)"),
     "mlp_bias": (False, "biases on the FFN projections"),
-    "ffn_multipliers": (None, ("[gate, output] multipliers of the gated dense FFN, m_out · down(act(m_gate · gate(x)) · "
-                               "up(x)) (Falcon-H1's mlp_multipliers; None: 1 and 1)")),
+    "ffn_multipliers": (
+        None,
+        (
+            "[gate, output] multipliers of the gated dense FFN, m_out · down(act(m_gate · gate(x)) · "
+            "up(x)) (Falcon-H1's mlp_multipliers; None: 1 and 1)"
+        ),
+    ),
     "moe": (False, "FFNs are mixtures of gated experts with a top-k router (every layer unless moe_layers)"),
-    "moe_layers": (None, "one flag per layer: true for a mixture, false for a dense FFN of width d_ff (None: every "
-                   "layer when moe)"),
+    "moe_layers": (
+        None,
+        "one flag per layer: true for a mixture, false for a dense FFN of width d_ff (None: every layer when moe)",
+    ),
     "n_experts": (None, "routed experts per MoE layer"),
     "top_k": (None, "experts per token"),
     "expert_d_ff": (None, "hidden width of each routed expert (None: d_ff)"),
@@ -146,8 +180,13 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         router["n_group"], router["topk_group"] = f["n_group"], f["topk_group"]
     if f["correction_bias"]:
         router["correction_bias"] = True
-    spec: dict[str, Any] = {"type": "moe", "n_experts": f["n_experts"], "top_k": f["top_k"], "expert": expert,
-                            "router": router}
+    spec: dict[str, Any] = {
+        "type": "moe",
+        "n_experts": f["n_experts"],
+        "top_k": f["top_k"],
+        "expert": expert,
+        "router": router,
+    }
     if f["shared_d_ff"]:
         spec["shared"] = gated_ffn(f["shared_d_ff"], f["act"])
         if f["shared_gate"]:
@@ -196,7 +235,9 @@ def per_layer_slots(layers: Sequence[Mapping[str, Any]], n_layers: int) -> tuple
     return default, overrides
 
 
-def attention_spec(f: Mapping[str, Any], layer_type: str, norm: dict, extra: Optional[Mapping[str, Any]] = None) -> dict:
+def attention_spec(
+    f: Mapping[str, Any], layer_type: str, norm: dict, extra: Optional[Mapping[str, Any]] = None
+) -> dict:
     """The attention of a layer of ``layer_type``: ``mla`` when the fields hold one, else ``mha``/``mqa``/``gqa`` with
     the window (``sliding_attention``) or the chunk (``chunked_attention``), sinks, and ``extra`` fields merged in."""
     if f["mla"] is not None:
@@ -206,11 +247,20 @@ def attention_spec(f: Mapping[str, Any], layer_type: str, norm: dict, extra: Opt
     else:
         kv = f["n_heads"] if f["n_kv_heads"] is None else f["n_kv_heads"]
         bias = (f["qkv_bias"],) * 3 + (f["o_bias"],)
-        spec = attention(AttentionRequest(
-            f["d_model"], f["n_heads"], kv, f["head_dim"], bias=bias, qk_norm=norm if f["qk_norm"] else None,
-            qk_norm_scope=f["qk_norm"] or "head",
-            sliding_window=f["sliding_window"] if layer_type == "sliding_attention" else None,
-            softmax_scale=f["softmax_scale"], logit_softcap=f["attn_softcap"]))
+        spec = attention(
+            AttentionRequest(
+                f["d_model"],
+                f["n_heads"],
+                kv,
+                f["head_dim"],
+                bias=bias,
+                qk_norm=norm if f["qk_norm"] else None,
+                qk_norm_scope=f["qk_norm"] or "head",
+                sliding_window=f["sliding_window"] if layer_type == "sliding_attention" else None,
+                softmax_scale=f["softmax_scale"],
+                logit_softcap=f["attn_softcap"],
+            )
+        )
         if layer_type == "chunked_attention":
             spec["attention_chunk_size"] = f["attention_chunk_size"]
         if f["sinks"]:
@@ -252,31 +302,36 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     extras = f["attention_by_layer"] or [None] * n_layers
     ffns = layer_ffns(f)
     slot = "mixer" if recurrent else "attention"
-    layers = [{slot: m if m is not None else attention_spec(f, t, norm, x), "position": p, "ffn": ffn}
-              for m, t, p, x, ffn in zip(mixers, types, positions, extras, ffns)]
+    layers = [
+        {slot: m if m is not None else attention_spec(f, t, norm, x), "position": p, "ffn": ffn}
+        for m, t, p, x, ffn in zip(mixers, types, positions, extras, ffns)
+    ]
     default, overrides = per_layer_slots(layers, n_layers)
     placement = dict(f["placement"])
     if f["residual_multiplier"] != 1:
         placement["residual_multiplier"] = float(f["residual_multiplier"])
     block = {slot: default[slot], "ffn": default["ffn"], "norm": norm, "placement": placement}
     dropout = {name: float(f[field]) for name, field in DROPOUT_FIELDS.items() if f[field] is not None}
-    spec = model_spec(r, ModelRequest(
-        vocab_size=f["vocab_size"],
-        d_model=f["d_model"],
-        n_layers=n_layers,
-        max_seq_len=f["max_seq_len"],
-        position=default["position"],
-        block=block,
-        overrides=overrides,
-        embedding_scale=f["embedding_scale"],
-        final_norm=norm if f["final_norm"] else None,
-        tie_embeddings=f["tie_embeddings"],
-        lm_head_bias=f["lm_head_bias"],
-        logit_scale=f["logit_scale"],
-        final_logit_softcap=f["final_logit_softcap"],
-        init_std=f["init_std"],
-        dropout=dropout,
-    ))
+    spec = model_spec(
+        r,
+        ModelRequest(
+            vocab_size=f["vocab_size"],
+            d_model=f["d_model"],
+            n_layers=n_layers,
+            max_seq_len=f["max_seq_len"],
+            position=default["position"],
+            block=block,
+            overrides=overrides,
+            embedding_scale=f["embedding_scale"],
+            final_norm=norm if f["final_norm"] else None,
+            tie_embeddings=f["tie_embeddings"],
+            lm_head_bias=f["lm_head_bias"],
+            logit_scale=f["logit_scale"],
+            final_logit_softcap=f["final_logit_softcap"],
+            init_std=f["init_std"],
+            dropout=dropout,
+        ),
+    )
     if f["embedding_norm"]:
         spec["embedding_norm"] = norm
     return spec
@@ -294,8 +349,16 @@ def _layer_type(att) -> str:
 
 
 #: the fields of an ``mla`` config that the ``mla`` field holds
-MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "bias", "yarn_mscale",
-              "latent_norm")
+MLA_FIELDS = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "bias",
+    "yarn_mscale",
+    "latent_norm",
+)
 
 
 class _Picked(NamedTuple):
@@ -381,8 +444,9 @@ def _attention_fields(p: _Picked) -> dict[str, Any]:
         "windows": windows,
         "layer_types": [_layer_type(a) for a in attentions],
         "sliding_window": next((w for w in windows if w is not None), None),
-        "attention_chunk_size": next((a.attention_chunk_size for a in attentions
-                                      if getattr(a, "attention_chunk_size", None) is not None), None),
+        "attention_chunk_size": next(
+            (a.attention_chunk_size for a in attentions if getattr(a, "attention_chunk_size", None) is not None), None
+        ),
         "sinks": bool(getattr(att, "sinks", False)),
         "attn_output_gate": bool(getattr(att, "output_gate", False)),
         "attentions": attentions,

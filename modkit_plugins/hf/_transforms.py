@@ -195,8 +195,9 @@ class FusedQKV(Transform):
         rest = tuple(q.shape[1:])
         if layout == "grouped":
             r = n_heads // n_kv
-            g = torch.cat([q.reshape(n_kv, r, hd, *rest), k.reshape(n_kv, 1, hd, *rest),
-                           v.reshape(n_kv, 1, hd, *rest)], dim=1)
+            g = torch.cat(
+                [q.reshape(n_kv, r, hd, *rest), k.reshape(n_kv, 1, hd, *rest), v.reshape(n_kv, 1, hd, *rest)], dim=1
+            )
         else:
             g = torch.cat([q, k, v], dim=0)
         return [g.reshape(-1, *rest)]

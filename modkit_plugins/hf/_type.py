@@ -70,8 +70,12 @@ FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 #: the name of a fixed placement on the reference page
-PLACEMENTS = {"parallel": "parallel blocks", "sandwich": "sandwich norms", "reordered": "reordered norms",
-              "post": "post-norm"}
+PLACEMENTS = {
+    "parallel": "parallel blocks",
+    "sandwich": "sandwich norms",
+    "reordered": "reordered norms",
+    "post": "post-norm",
+}
 
 
 @dataclass(frozen=True)
@@ -277,5 +281,12 @@ class HFType:
                 how += " (depending on the config)"
             hf = e.hf if isinstance(e.hf, str) else ", ".join(e.hf)
             tensors.append((", ".join(e.ours), hf, how))
-        return {"parent": self.parent, "notes": self.notes, "module": self.module, "config": rows,
-                "fixed": dict(self.fixed), "weights": tensors, "supports": self.supports()}
+        return {
+            "parent": self.parent,
+            "notes": self.notes,
+            "module": self.module,
+            "config": rows,
+            "fixed": dict(self.fixed),
+            "weights": tensors,
+            "supports": self.supports(),
+        }

@@ -29,9 +29,20 @@ from torch import Tensor
 from modkit.plugin import CheckpointError, Link, load_spec, SpecError
 
 from ._reader import ACTIVATIONS, IMPLEMENTATION_KEYS, IRRELEVANT, PROVENANCE
+
 # the layout changes of the weight table's rows, importable from here too
-from ._transforms import (RENAME, Chain, Concat, Ctx, FusedQKV, PerHead, StackExperts, Transform,  # noqa: F401
-                          Transpose, _dim)
+from ._transforms import (
+    RENAME,
+    Chain,
+    Concat,
+    Ctx,
+    FusedQKV,
+    PerHead,
+    StackExperts,
+    Transform,  # noqa: F401
+    Transpose,
+    _dim,
+)
 
 #: keys of a source config copied into an export (tokenizer ids, generation defaults, task heads...): they do
 #: not change the network, so the spec does not hold them, but a checkpoint without them would lose them
@@ -220,7 +231,11 @@ def with_rope_layout(links: Sequence[Link], spec, checkpoint_layout: str = "half
             hd = att.qk_rope_head_dim
             mla[i] = att
         else:
-            hd = att.resolved_head_dim(spec.d_model) if hasattr(att, "resolved_head_dim") else spec.d_model // att.n_heads
+            hd = (
+                att.resolved_head_dim(spec.d_model)
+                if hasattr(att, "resolved_head_dim")
+                else spec.d_model // att.n_heads
+            )
         rot = int(hd * getattr(pos, "partial_rotary", 1.0))
         rot -= rot % 2
         to_inter = layout == "interleaved"
@@ -231,7 +246,9 @@ def with_rope_layout(links: Sequence[Link], spec, checkpoint_layout: str = "half
     for link in links:
         slots = []
         for k, name in enumerate(link.ours):
-            m = (_MLA if (m0 := re.match(r"layers\.(\d+)\.", name)) and int(m0.group(1)) in mla else _QK).fullmatch(name)
+            m = (_MLA if (m0 := re.match(r"layers\.(\d+)\.", name)) and int(m0.group(1)) in mla else _QK).fullmatch(
+                name
+            )
             if not m or int(m.group(1)) not in plans:
                 continue
             i = int(m.group(1))
@@ -307,8 +324,18 @@ def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
     RoPE layout are not compared.
     """
     diffs = []
-    for key in ("vocab_size", "d_model", "n_layers", "max_seq_len", "embedding_scale", "tie_embeddings", "lm_head_bias",
-                "logit_scale", "final_logit_softcap", "init_std"):
+    for key in (
+        "vocab_size",
+        "d_model",
+        "n_layers",
+        "max_seq_len",
+        "embedding_scale",
+        "tie_embeddings",
+        "lm_head_bias",
+        "logit_scale",
+        "final_logit_softcap",
+        "init_std",
+    ):
         a, b = getattr(spec, key), getattr(other, key)
         if a != b:
             diffs.append((key, a, b))
@@ -395,4 +422,7 @@ class HFWeights:
             back = load_spec(self.convert(dict(config)))
         except SpecError as exc:
             return [f"{p or '<root>'}: {m}" for p, m in exc.errors]
-        return [f"{path}: spec has {a!r}, the {self.model_type} config gives {b!r}" for path, a, b in spec_differences(spec, back)]
+        return [
+            f"{path}: spec has {a!r}, the {self.model_type} config gives {b!r}"
+            for path, a, b in spec_differences(spec, back)
+        ]

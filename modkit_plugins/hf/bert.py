@@ -72,25 +72,41 @@ BERT = HFType(
     notes=__doc__,
     # transformers BertConfig
     keys={
-        **sizes(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                max_position_embeddings=512),
+        **sizes(
+            vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, max_position_embeddings=512
+        ),
         "head_dim": HeadDim(in_config=False),
         "intermediate_size": Key("d_ff", 3072),
         "hidden_act": Key("act", "gelu", kind="act", tanh="gelu_new"),
         "layer_norm_eps": Key("eps", 1e-12, kind="number"),
-        "type_vocab_size": Key("type_vocab_size", TYPE_VOCAB_SIZE, from_base=True,
-                               note="checked; row 0 is folded into the position table"),
+        "type_vocab_size": Key(
+            "type_vocab_size", TYPE_VOCAB_SIZE, from_base=True, note="checked; row 0 is folded into the position table"
+        ),
         "initializer_range": Key("init_std", 0.02, kind="number"),
-        "position_embedding_type": Refuse("absolute", "relative position embeddings (relative_key, relative_key_query) are not supported"),
-        "is_decoder": Refuse(False, "a causal BERT (BertLMHeadModel) is not supported; modkit's bert is the bidirectional encoder"),
+        "position_embedding_type": Refuse(
+            "absolute", "relative position embeddings (relative_key, relative_key_query) are not supported"
+        ),
+        "is_decoder": Refuse(
+            False, "a causal BERT (BertLMHeadModel) is not supported; modkit's bert is the bidirectional encoder"
+        ),
         "hidden_dropout_prob": Key(("dropout_residual", "dropout_embedding"), 0.1, kind="prob"),
         "attention_probs_dropout_prob": Key("dropout_attention", 0.1, kind="prob"),
         "gradient_checkpointing": Ignore("a training-time switch"),
         "tie_word_embeddings": Ignore("ties the masked-LM head's decoder, a head modkit's bert does not compute"),
     },
-    fixed={"norm": "layernorm", "placement": {"type": "post"}, "ffn": "mlp", "mlp_bias": True, "qkv_bias": True,
-           "o_bias": True, "causal": False, "position": {"type": "learned"}, "final_norm": False,
-           "embedding_norm": True, "tie_embeddings": True},
+    fixed={
+        "norm": "layernorm",
+        "placement": {"type": "post"},
+        "ffn": "mlp",
+        "mlp_bias": True,
+        "qkv_bias": True,
+        "o_bias": True,
+        "causal": False,
+        "position": {"type": "learned"},
+        "final_norm": False,
+        "embedding_norm": True,
+        "tie_embeddings": True,
+    },
     tensors=(
         W("positions.0.weight", (POS, TT), FoldTokenTypes()),
         W("embed.weight", "embeddings.word_embeddings.weight"),

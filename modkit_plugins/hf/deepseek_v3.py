@@ -57,8 +57,18 @@ class LatentAttention(Entry):
     #: the RoPE layout ``rope_interleave`` gives by default (what the reference page reads off a row)
     layout: ClassVar[str] = "interleaved"
 
-    KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "attention_bias",
-            "rope_interleave", "num_key_value_heads", "head_dim", "qk_head_dim")
+    KEYS = (
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "attention_bias",
+        "rope_interleave",
+        "num_key_value_heads",
+        "head_dim",
+        "qk_head_dim",
+    )
 
     def config_keys(self, name):
         return self.KEYS
@@ -84,8 +94,11 @@ class LatentAttention(Entry):
             f["position"] = {**f["position"], "layout": "interleaved"}
         kv = r.number("num_key_value_heads", None, integer=True)
         if kv is not None and kv != f["n_heads"]:
-            r.error("num_key_value_heads", f"= {kv} differs from num_attention_heads = {f['n_heads']}: latent attention "
-                    "serves every head from one latent, and transformers' DeepseekV3Attention fails unless they are equal")
+            r.error(
+                "num_key_value_heads",
+                f"= {kv} differs from num_attention_heads = {f['n_heads']}: latent attention "
+                "serves every head from one latent, and transformers' DeepseekV3Attention fails unless they are equal",
+            )
         r.ignore("head_dim", "qk_head_dim")  # DeepseekV3Config.__post_init__ recomputes both
 
     def write(self, f, base, name):
@@ -103,11 +116,20 @@ class LatentAttention(Entry):
 
     def describe(self, name):
         return [
-            ("`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`", "mapped",
-             "`1536`, `512`, `128`, `64`, `128`", "`mla`: ranks and head widths (latent norms RMSNorm, eps 1e-6)"),
+            (
+                "`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`",
+                "mapped",
+                "`1536`, `512`, `128`, `64`, `128`",
+                "`mla`: ranks and head widths (latent norms RMSNorm, eps 1e-6)",
+            ),
             ("`attention_bias`", "mapped", "`false`", "`mla.bias`: q_a_proj, kv_a_proj_with_mqa, o_proj"),
             ("`rope_interleave`", "mapped", "`true`", "`position.layout`: interleaved (else half_split)"),
-            ("`num_key_value_heads`", "refused", "num_attention_heads", "only num_attention_heads: the latent serves every head"),
+            (
+                "`num_key_value_heads`",
+                "refused",
+                "num_attention_heads",
+                "only num_attention_heads: the latent serves every head",
+            ),
             ("`head_dim`, `qk_head_dim`", "ignored", "–", "recomputed by DeepseekV3Config"),
         ]
 
@@ -125,26 +147,39 @@ DEEPSEEK_V3 = LLAMA.derive(
     drop=("mlp_bias", "pretraining_tp", "head_dim", "num_key_value_heads", "attention_bias"),
     keys={
         # transformers DeepseekV3Config, key by key
-        **sizes(vocab_size=129280, hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
-                max_position_embeddings=4096),
+        **sizes(
+            vocab_size=129280,
+            hidden_size=7168,
+            num_hidden_layers=61,
+            num_attention_heads=128,
+            max_position_embeddings=4096,
+        ),
         "intermediate_size": Key("d_ff", 18432, note="the dense first layers"),
         "rope_theta": Rope(10000.0),
         "q_lora_rank": LatentAttention(),
         "n_routed_experts": Key("n_experts", 256),
         "num_experts_per_tok": Key("top_k", 8),
         "moe_intermediate_size": Key("expert_d_ff", 2048),
-        "n_shared_experts": Key("shared_d_ff", 1, kind="count", read_as=lambda v, f: v * f["expert_d_ff"] if v else None,
-                                write_as=lambda v, f: v // f["expert_d_ff"] if v else 0,
-                                note="n_shared_experts × moe_intermediate_size"),
+        "n_shared_experts": Key(
+            "shared_d_ff",
+            1,
+            kind="count",
+            read_as=lambda v, f: v * f["expert_d_ff"] if v else None,
+            write_as=lambda v, f: v // f["expert_d_ff"] if v else 0,
+            note="n_shared_experts × moe_intermediate_size",
+        ),
         "routed_scaling_factor": Key("routed_scaling_factor", 2.5, kind="number"),
         "n_group": Key("n_group", 8, read_as=_groups, write_as=lambda v, f: v or 1, note="1: no limit"),
-        "topk_group": Key("topk_group", 4, read_as=lambda v, f: None if f["n_group"] is None else v,
-                          write_as=lambda v, f: v or 1),
+        "topk_group": Key(
+            "topk_group", 4, read_as=lambda v, f: None if f["n_group"] is None else v, write_as=lambda v, f: v or 1
+        ),
         "norm_topk_prob": Key("renormalize", True, kind="flag"),
         "first_k_dense_replace": FirstDense(3),
         "pretraining_tp": Ignore("Meta's tensor-parallel matmul slicing emulation: numerically the same model"),
         "num_mtp_layers": Ignore("the multi-token-prediction module is not part of the causal LM"),
-        "num_nextn_predict_layers": Ignore("the multi-token-prediction module is not part of the causal LM (the older name)"),
+        "num_nextn_predict_layers": Ignore(
+            "the multi-token-prediction module is not part of the causal LM (the older name)"
+        ),
         "output_router_logits": Ignore("switches router-logit outputs on in training", carry=False),
         # keys of the published configs (written for DeepSeek's own modeling code), which transformers does not read
         "scoring_func": Refuse("sigmoid", "the router scores are sigmoids (DeepseekV3TopkRouter)"),
@@ -157,15 +192,22 @@ DEEPSEEK_V3 = LLAMA.derive(
     fixed={"router": "sigmoid_topk", "correction_bias": True},
     tensors=(
         *(W(A + f"{x}.{{p}}", L + f"self_attn.{x}.{{p}}") for x in ("q_a_proj", "kv_a_proj_with_mqa")),
-        *(W(A + f"{x}.weight", L + f"self_attn.{x}.weight")
-          for x in ("q_a_layernorm", "q_b_proj", "kv_a_layernorm", "kv_b_proj")),
+        *(
+            W(A + f"{x}.weight", L + f"self_attn.{x}.weight")
+            for x in ("q_a_layernorm", "q_b_proj", "kv_a_layernorm", "kv_b_proj")
+        ),
         W(F + "router.proj.weight", L + "mlp.gate.weight"),
         W(F + "router.correction_bias", L + "mlp.gate.e_score_correction_bias"),
-        *(W(F + f"experts.{x}", L + f"mlp.experts.{{e}}.{x}_proj.weight", StackExperts()) for x in ("gate", "up", "down")),
+        *(
+            W(F + f"experts.{x}", L + f"mlp.experts.{{e}}.{x}_proj.weight", StackExperts())
+            for x in ("gate", "up", "down")
+        ),
         *(W(F + f"shared.{x}.weight", L + f"mlp.shared_experts.{x}_proj.weight") for x in ("gate", "up", "down")),
     ),
     keep=((r"model\.layers\.61\..*", "DeepSeek-V3's multi-token-prediction layer (not computed by the causal LM)"),),
-    checkpoint_layout=lambda config: "interleaved" if config.get("rope_interleave", True) is not False else "half_split",
+    checkpoint_layout=lambda config: (
+        "interleaved" if config.get("rope_interleave", True) is not False else "half_split"
+    ),
 )
 
 TYPE = DEEPSEEK_V3

@@ -39,8 +39,14 @@ from ._weights import FusedQKV, Head, W
 
 MODEL_TYPE = "falcon"
 
-ARCHITECTURE_KEYS = ("new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn", "num_kv_heads",
-                     "num_key_value_heads")
+ARCHITECTURE_KEYS = (
+    "new_decoder_architecture",
+    "multi_query",
+    "parallel_attn",
+    "num_ln_in_parallel_attn",
+    "num_kv_heads",
+    "num_key_value_heads",
+)
 POSITION_KEYS = ("alibi", "rope_parameters", "rope_theta", "rope_scaling")
 
 
@@ -57,7 +63,10 @@ def read_architecture(r: HFConfig, f: dict) -> None:
         if n_heads % kv:
             r.error("num_kv_heads", f"num_kv_heads = {kv} does not divide num_attention_heads = {n_heads}")
         if not parallel:
-            r.error("parallel_attn", "false with new_decoder_architecture: transformers' FalconDecoderLayer cannot run this combination")
+            r.error(
+                "parallel_attn",
+                "false with new_decoder_architecture: transformers' FalconDecoderLayer cannot run this combination",
+            )
         n_ln = 2 if n_ln is None else n_ln
         if n_ln not in (1, 2):
             r.error("num_ln_in_parallel_attn", f"must be 1 or 2, got {json_value(n_ln)}")
@@ -71,7 +80,10 @@ def read_architecture(r: HFConfig, f: dict) -> None:
                 f"{n_heads} key/value heads, which transformers cannot split into {kv_cfg}",
             )
         if n_ln not in (None, 1):
-            r.error("num_ln_in_parallel_attn", f"{json_value(n_ln)} requires new_decoder_architecture = true (transformers reads it only there)")
+            r.error(
+                "num_ln_in_parallel_attn",
+                f"{json_value(n_ln)} requires new_decoder_architecture = true (transformers reads it only there)",
+            )
         placement = {"type": "parallel", "shared_norm": True} if parallel else {"type": "pre"}
     # transformers 5.25 and later write the KV width the three flags give as num_key_value_heads (and recompute it
     # on load); an older config has no such key. A value that disagrees with the flags describes no network
@@ -139,14 +151,23 @@ FALCON = HFType(
     notes=__doc__,
     # transformers FalconConfig
     keys={
-        **sizes(vocab_size=65024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
-                max_position_embeddings=2048),
+        **sizes(
+            vocab_size=65024,
+            hidden_size=4544,
+            num_hidden_layers=32,
+            num_attention_heads=71,
+            max_position_embeddings=2048,
+        ),
         "hidden_size": Key("d_model", 4544, aliases=("n_embed",)),
         "head_dim": HeadDim(in_config=False),
-        "new_decoder_architecture": Own(ARCHITECTURE_KEYS, "KV heads and the parallel or sequential block (see the notes)",
-                                        fields=("n_kv_heads", "placement")),
+        "new_decoder_architecture": Own(
+            ARCHITECTURE_KEYS,
+            "KV heads and the parallel or sequential block (see the notes)",
+            fields=("n_kv_heads", "placement"),
+        ),
         "apply_residual_connection_post_layernorm": Refuse(
-            False, "a residual taken after the norm is not supported (and no longer read by transformers)"),
+            False, "a residual taken after the norm is not supported (and no longer read by transformers)"
+        ),
         "bias": Key(("qkv_bias", "o_bias", "mlp_bias"), False, kind="flag", note="every projection"),
         "ffn_hidden_size": Key("d_ff", lambda f: 4 * f["d_model"], note="4 × hidden_size when absent"),
         "activation": Key("act", "gelu", kind="act"),
@@ -167,8 +188,11 @@ FALCON = HFType(
         W("layers.{i}.ffn_norm.{p}", H + "post_attention_layernorm.{p}", when=_sequential),
         W("layers.{i}.attn_norm.{p}", H + "ln_attn.{p}", when=_two_norms),
         W("layers.{i}.ffn_norm.{p}", H + "ln_mlp.{p}", when=_two_norms),
-        W(tuple(f"layers.{{i}}.attention.{x}_proj.{{p}}" for x in "qkv"), H + "self_attention.query_key_value.{p}",
-          FusedQKV(qkv_layout)),
+        W(
+            tuple(f"layers.{{i}}.attention.{x}_proj.{{p}}" for x in "qkv"),
+            H + "self_attention.query_key_value.{p}",
+            FusedQKV(qkv_layout),
+        ),
         W("layers.{i}.attention.o_proj.{p}", H + "self_attention.dense.{p}"),
         W("layers.{i}.ffn.up.{p}", H + "mlp.dense_h_to_4h.{p}"),
         W("layers.{i}.ffn.down.{p}", H + "mlp.dense_4h_to_h.{p}"),

@@ -57,9 +57,23 @@ MODEL_TYPE = "falcon_h1"
 #: the keys of the attention half of the mixer (read by :func:`read_mixer`, written by :func:`write_mixer`)
 ATTENTION_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim", "attention_bias", "key_multiplier")
 #: the keys of the Mamba-2 half
-MAMBA_KEYS = ("mamba_d_ssm", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
-              "mamba_expand", "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "projectors_bias",
-              "mamba_norm_before_gate", "mamba_rms_norm", "time_step_limit", "ssm_multipliers")
+MAMBA_KEYS = (
+    "mamba_d_ssm",
+    "mamba_n_heads",
+    "mamba_d_head",
+    "mamba_n_groups",
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_expand",
+    "mamba_chunk_size",
+    "mamba_conv_bias",
+    "mamba_proj_bias",
+    "projectors_bias",
+    "mamba_norm_before_gate",
+    "mamba_rms_norm",
+    "time_step_limit",
+    "ssm_multipliers",
+)
 #: the multipliers of the two halves' inputs and outputs
 SIDE_KEYS = ("attention_in_multiplier", "ssm_in_multiplier", "attention_out_multiplier", "ssm_out_multiplier")
 
@@ -84,11 +98,17 @@ def read_mixer(r: HFConfig, f: dict) -> None:
     FFN multipliers (``mlp_multipliers``), with ``FalconH1Config``'s defaults."""
     d = f["d_model"]
     if f["position"].get("partial_rotary", 1.0) != 1:
-        r.error("partial_rotary_factor", f"unsupported value {f['position']['partial_rotary']}: FalconH1RotaryEmbedding "
-                "rotates the whole head (its default RoPE does not read the factor); only 1 converts")
+        r.error(
+            "partial_rotary_factor",
+            f"unsupported value {f['position']['partial_rotary']}: FalconH1RotaryEmbedding "
+            "rotates the whole head (its default RoPE does not read the factor); only 1 converts",
+        )
     if f["act"] != "silu":
-        r.error("hidden_act", f"unsupported value {f['act']!r}: Falcon-H1 uses hidden_act for the FFN and for the "
-                "Mamba-2 convolution, whose activation is silu in modkit's mamba2; only silu converts")
+        r.error(
+            "hidden_act",
+            f"unsupported value {f['act']!r}: Falcon-H1 uses hidden_act for the FFN and for the "
+            "Mamba-2 convolution, whose activation is silu in modkit's mamba2; only silu converts",
+        )
     # the attention
     heads = r.number("num_attention_heads", 32, integer=True)
     kv = heads if _null(r, "num_key_value_heads") else r.number("num_key_value_heads", 8, integer=True)
@@ -98,13 +118,23 @@ def read_mixer(r: HFConfig, f: dict) -> None:
     head_dim = r.number("head_dim", None, integer=True)
     if head_dim is None:
         if d % heads:
-            r.error("num_attention_heads", f"hidden_size = {d} is not divisible by num_attention_heads = {heads} and "
-                    "head_dim is not given")
+            r.error(
+                "num_attention_heads",
+                f"hidden_size = {d} is not divisible by num_attention_heads = {heads} and head_dim is not given",
+            )
         head_dim = d // heads
     bias = r.flag("attention_bias", False)
     key_multiplier = r.number("key_multiplier", 1.0)
-    att = attention(AttentionRequest(d, heads, kv, head_dim, bias=(bias,) * 4,
-                                     softmax_scale=None if key_multiplier == 1 else key_multiplier * head_dim**-0.5))
+    att = attention(
+        AttentionRequest(
+            d,
+            heads,
+            kv,
+            head_dim,
+            bias=(bias,) * 4,
+            softmax_scale=None if key_multiplier == 1 else key_multiplier * head_dim**-0.5,
+        )
+    )
     # the Mamba-2 mixer
     expand = r.number("mamba_expand", 2)
     d_ssm = int(expand * d) if _null(r, "mamba_d_ssm") else r.number("mamba_d_ssm", 1024, integer=True)
@@ -113,17 +143,27 @@ def read_mixer(r: HFConfig, f: dict) -> None:
     d_head = None if d_head == "auto" else r.number("mamba_d_head", None, integer=True)
     d_head = d_ssm // n_heads if d_head is None else d_head
     if n_heads * d_head != d_ssm:
-        r.error("mamba_d_head", f"mamba_n_heads · mamba_d_head = {n_heads} · {d_head} = {n_heads * d_head} must equal "
-                f"the Mamba-2 width {d_ssm} (mamba_d_ssm, or mamba_expand · hidden_size when it is null)")
+        r.error(
+            "mamba_d_head",
+            f"mamba_n_heads · mamba_d_head = {n_heads} · {d_head} = {n_heads * d_head} must equal "
+            f"the Mamba-2 width {d_ssm} (mamba_d_ssm, or mamba_expand · hidden_size when it is null)",
+        )
     groups = r.number("mamba_n_groups", 1, integer=True)
     if n_heads % groups:
         r.error("mamba_n_groups", f"mamba_n_groups = {groups} does not divide mamba_n_heads = {n_heads}")
     mamba: dict[str, Any] = {
-        "type": "mamba2", "d_state": r.number("mamba_d_state", 256, integer=True), "head_dim": d_head, "d_inner": d_ssm,
-        "n_groups": groups, "d_conv": r.number("mamba_d_conv", 4, integer=True),
-        "conv_bias": r.flag("mamba_conv_bias", True), "in_proj_bias": r.flag("mamba_proj_bias", False),
-        "out_proj_bias": r.flag("projectors_bias", False), "gated_norm": r.flag("mamba_rms_norm", False),
-        "norm_before_gate": r.flag("mamba_norm_before_gate", True), "norm_eps": f["eps"],
+        "type": "mamba2",
+        "d_state": r.number("mamba_d_state", 256, integer=True),
+        "head_dim": d_head,
+        "d_inner": d_ssm,
+        "n_groups": groups,
+        "d_conv": r.number("mamba_d_conv", 4, integer=True),
+        "conv_bias": r.flag("mamba_conv_bias", True),
+        "in_proj_bias": r.flag("mamba_proj_bias", False),
+        "out_proj_bias": r.flag("projectors_bias", False),
+        "gated_norm": r.flag("mamba_rms_norm", False),
+        "norm_before_gate": r.flag("mamba_norm_before_gate", True),
+        "norm_eps": f["eps"],
         "chunk_size": r.number("mamba_chunk_size", 256, integer=True),
         **read_time_step_limit(r),
     }
@@ -174,22 +214,37 @@ def write_mixer(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> Non
     mixers = getattr(m, "mixers", None) or ()
     kinds = [get_registry().entry_for_config(x).kind for x in mixers]
     if getattr(m, "type", None) != "parallel" or kinds != ["attention", "mixer"] or mixers[1].type != "mamba2":
-        raise CheckpointError(f"a {MODEL_TYPE} checkpoint holds in every layer a parallel mixer of an attention and a "
-                              f"mamba2 mixer, in this order; the spec's mixer is {getattr(m, 'type', 'an attention')!r}"
-                              f"{' of ' + str([x.type for x in mixers]) if mixers else ''}")
+        raise CheckpointError(
+            f"a {MODEL_TYPE} checkpoint holds in every layer a parallel mixer of an attention and a "
+            f"mamba2 mixer, in this order; the spec's mixer is {getattr(m, 'type', 'an attention')!r}"
+            f"{' of ' + str([x.type for x in mixers]) if mixers else ''}"
+        )
     att, mamba = mixers
     head_dim = att.resolved_head_dim(d)
-    cfg.update(num_attention_heads=att.n_heads, num_key_value_heads=att.kv_heads, attention_bias=att.q_bias,
-               key_multiplier=key_multiplier(att.softmax_scale, head_dim, base.get("key_multiplier")))
+    cfg.update(
+        num_attention_heads=att.n_heads,
+        num_key_value_heads=att.kv_heads,
+        attention_bias=att.q_bias,
+        key_multiplier=key_multiplier(att.softmax_scale, head_dim, base.get("key_multiplier")),
+    )
     if "head_dim" in base or head_dim * att.n_heads != d:
         cfg["head_dim"] = head_dim
     inner = mamba.resolved_d_inner(d)
     cfg.update(
-        mamba_d_ssm=inner, mamba_n_heads=inner // mamba.head_dim, mamba_d_head=mamba.head_dim,
-        mamba_n_groups=mamba.n_groups, mamba_d_state=mamba.d_state, mamba_d_conv=mamba.d_conv,
-        mamba_expand=base.get("mamba_expand") or 2, mamba_chunk_size=mamba.chunk_size, mamba_conv_bias=mamba.conv_bias,
-        mamba_proj_bias=mamba.in_proj_bias, projectors_bias=mamba.out_proj_bias, mamba_rms_norm=mamba.gated_norm,
-        mamba_norm_before_gate=mamba.norm_before_gate, time_step_limit=write_time_step_limit(mamba),
+        mamba_d_ssm=inner,
+        mamba_n_heads=inner // mamba.head_dim,
+        mamba_d_head=mamba.head_dim,
+        mamba_n_groups=mamba.n_groups,
+        mamba_d_state=mamba.d_state,
+        mamba_d_conv=mamba.d_conv,
+        mamba_expand=base.get("mamba_expand") or 2,
+        mamba_chunk_size=mamba.chunk_size,
+        mamba_conv_bias=mamba.conv_bias,
+        mamba_proj_bias=mamba.in_proj_bias,
+        projectors_bias=mamba.out_proj_bias,
+        mamba_rms_norm=mamba.gated_norm,
+        mamba_norm_before_gate=mamba.norm_before_gate,
+        time_step_limit=write_time_step_limit(mamba),
         ssm_multipliers=list(mamba.projection_multipliers or [1.0] * 5),
     )
     ins, outs = m.in_multipliers or [1.0, 1.0], m.out_multipliers or [1.0, 1.0]
@@ -217,26 +272,50 @@ FALCON_H1 = HFType(
         "tie_word_embeddings": Key("tie_embeddings", False, kind="flag"),
         "initializer_range": Key("init_std", 0.02, kind="number"),
         "attention_dropout": Key("dropout_attention", 0.0, kind="prob"),
-        "embedding_multiplier": Key("embedding_scale", 1.0, kind="number", read_as=_unless_one,
-                                    write_as=lambda v, f: 1.0 if v is None else v, note="times the token embeddings"),
-        "lm_head_multiplier": Key("logit_scale", 1.0, kind="number", read_as=_unless_one,
-                                  write_as=lambda v, f: 1.0 if v is None else v, note="times the logits"),
+        "embedding_multiplier": Key(
+            "embedding_scale",
+            1.0,
+            kind="number",
+            read_as=_unless_one,
+            write_as=lambda v, f: 1.0 if v is None else v,
+            note="times the token embeddings",
+        ),
+        "lm_head_multiplier": Key(
+            "logit_scale",
+            1.0,
+            kind="number",
+            read_as=_unless_one,
+            write_as=lambda v, f: 1.0 if v is None else v,
+            note="times the logits",
+        ),
         "rope_parameters": Rope(10000.0),
-        "num_attention_heads": Own(ATTENTION_KEYS, "the attention of every layer's parallel mixer; key_multiplier "
-                                   "becomes its softmax_scale = key_multiplier / sqrt(head_dim) (see the notes)",
-                                   fields=("mixer", "n_kv_heads", "softmax_scale", "qkv_bias", "o_bias")),
-        "mamba_d_ssm": Own(MAMBA_KEYS, "the mamba2 mixer of every layer's parallel mixer (see the notes)",
-                           fields=("mixer",)),
-        "attention_in_multiplier": Own(SIDE_KEYS, "the parallel mixer's in_multipliers and out_multipliers "
-                                       "(attention, then Mamba-2)", fields=("mixer",)),
-        "mlp_multipliers": Own(("mlp_multipliers",), "the SwiGLU's gate_multiplier and output_multiplier",
-                               fields=("ffn_multipliers",)),
+        "num_attention_heads": Own(
+            ATTENTION_KEYS,
+            "the attention of every layer's parallel mixer; key_multiplier "
+            "becomes its softmax_scale = key_multiplier / sqrt(head_dim) (see the notes)",
+            fields=("mixer", "n_kv_heads", "softmax_scale", "qkv_bias", "o_bias"),
+        ),
+        "mamba_d_ssm": Own(
+            MAMBA_KEYS, "the mamba2 mixer of every layer's parallel mixer (see the notes)", fields=("mixer",)
+        ),
+        "attention_in_multiplier": Own(
+            SIDE_KEYS,
+            "the parallel mixer's in_multipliers and out_multipliers (attention, then Mamba-2)",
+            fields=("mixer",),
+        ),
+        "mlp_multipliers": Own(
+            ("mlp_multipliers",), "the SwiGLU's gate_multiplier and output_multiplier", fields=("ffn_multipliers",)
+        ),
         "num_logits_to_keep": Ignore("how many positions' logits generate computes"),
         "mlp_expansion_factor": Ignore("a 4.x-era key transformers does not read; the FFN width is intermediate_size"),
-        "mamba_use_mlp": Refuse(True, "transformers builds the FFN in every layer; a config without it describes "
-                                "another network"),
-        "attn_layer_indices": Refuse(None, "transformers runs attention beside Mamba-2 in every layer; a config "
-                                     "listing attention layers describes another network"),
+        "mamba_use_mlp": Refuse(
+            True, "transformers builds the FFN in every layer; a config without it describes another network"
+        ),
+        "attn_layer_indices": Refuse(
+            None,
+            "transformers runs attention beside Mamba-2 in every layer; a config "
+            "listing attention layers describes another network",
+        ),
     },
     fixed={"norm": "rmsnorm", "placement": {"type": "pre"}, "ffn": "gated"},
     read_own=read_mixer,
@@ -246,10 +325,18 @@ FALCON_H1 = HFType(
         W("final_norm.weight", "model.final_layernorm.weight"),
         W("layers.{i}.attn_norm.weight", L + "input_layernorm.weight"),
         W("layers.{i}.ffn_norm.weight", L + "pre_ff_layernorm.weight"),
-        *(W(f"layers.{{i}}.attention.mixers.0.{x}.{{p}}", L + f"self_attn.{x}.{{p}}")
-          for x in ("q_proj", "k_proj", "v_proj", "o_proj")),
-        *(W(f"layers.{{i}}.attention.mixers.1.{x}", L + f"mamba.{x}") for x in ("dt_bias", "A_log", "D", "norm.weight")),
-        *(W(f"layers.{{i}}.attention.mixers.1.{x}.{{p}}", L + f"mamba.{x}.{{p}}") for x in ("in_proj", "conv1d", "out_proj")),
+        *(
+            W(f"layers.{{i}}.attention.mixers.0.{x}.{{p}}", L + f"self_attn.{x}.{{p}}")
+            for x in ("q_proj", "k_proj", "v_proj", "o_proj")
+        ),
+        *(
+            W(f"layers.{{i}}.attention.mixers.1.{x}", L + f"mamba.{x}")
+            for x in ("dt_bias", "A_log", "D", "norm.weight")
+        ),
+        *(
+            W(f"layers.{{i}}.attention.mixers.1.{x}.{{p}}", L + f"mamba.{x}.{{p}}")
+            for x in ("in_proj", "conv1d", "out_proj")
+        ),
         *(W(f"layers.{{i}}.ffn.{x}.{{p}}", L + f"feed_forward.{x}_proj.{{p}}") for x in ("gate", "up", "down")),
         Head(),
     ),

@@ -18,7 +18,9 @@ from .llama import LLAMA
 MODEL_TYPE = "gemma"
 
 #: the key every Gemma refuses: the encoder variant changes the mask (and Gemma 3's windows)
-BIDIRECTIONAL = Refuse(False, "bidirectional (encoder) Gemma changes the mask and window; only the causal LM is supported")
+BIDIRECTIONAL = Refuse(
+    False, "bidirectional (encoder) Gemma changes the mask and window; only the causal LM is supported"
+)
 
 GEMMA = LLAMA.derive(
     MODEL_TYPE,
@@ -26,9 +28,17 @@ GEMMA = LLAMA.derive(
     notes=__doc__,
     drop=("mlp_bias", "pretraining_tp"),
     # transformers GemmaConfig defaults
-    defaults={"vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
-              "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "max_position_embeddings": 8192,
-              "tie_word_embeddings": True},
+    defaults={
+        "vocab_size": 256000,
+        "hidden_size": 3072,
+        "intermediate_size": 24576,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+    },
     keys={
         "hidden_act": Key("act", "gelu_pytorch_tanh", kind="act", values={"gelu": "gelu_tanh"}),
         "use_bidirectional_attention": BIDIRECTIONAL,

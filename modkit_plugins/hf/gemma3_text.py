@@ -32,7 +32,9 @@ GEMMA3_TEXT = GEMMA2.derive(
     defaults={"vocab_size": 262_208, "max_position_embeddings": 131_072, "final_logit_softcapping": None},
     keys={
         "rope_theta": RopeByLayerType(1_000_000.0, local_default=10_000.0, local_key="rope_local_base_freq"),
-        "attn_logit_softcapping": Refuse(None, "tanh soft-capping of attention logits is not supported by modkit's attention"),
+        "attn_logit_softcapping": Refuse(
+            None, "tanh soft-capping of attention logits is not supported by modkit's attention"
+        ),
         "layer_types": LayerTypes(4096, pattern=6, pattern_key="sliding_window_pattern"),
     },
     fixed={"qk_norm": "head"},

@@ -25,8 +25,15 @@ GLM4 = LLAMA.derive(
     notes=__doc__,
     drop=("mlp_bias", "pretraining_tp"),
     # transformers Glm4Config defaults
-    defaults={"vocab_size": 151552, "intermediate_size": 13696, "num_hidden_layers": 40, "num_key_value_heads": 2,
-              "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 0.00000015625},
+    defaults={
+        "vocab_size": 151552,
+        "intermediate_size": 13696,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 0.00000015625,
+    },
     keys={
         "attention_bias": Key("qkv_bias", True, kind="flag", note="q, k and v (never the output projection)"),
         "rope_theta": Rope(10000.0, partial=0.5, always_partial=True, layout="interleaved"),

@@ -41,24 +41,45 @@ GPT2 = HFType(
         "layer_norm_epsilon": Key("eps", 1e-5, kind="number"),
         "tie_word_embeddings": Key("tie_embeddings", True, kind="flag"),
         "initializer_range": Key("init_std", 0.02, kind="number"),
-        "scale_attn_weights": Key("softmax_scale", True, kind="flag", read_as=lambda v, f: None if v else 1.0,
-                                  write_as=lambda v, f: v is None, note="false: scores not divided by sqrt(head_dim)"),
-        "scale_attn_by_inverse_layer_idx": Refuse(False, "scaling attention by 1 / (layer_idx + 1) per layer is not supported"),
+        "scale_attn_weights": Key(
+            "softmax_scale",
+            True,
+            kind="flag",
+            read_as=lambda v, f: None if v else 1.0,
+            write_as=lambda v, f: v is None,
+            note="false: scores not divided by sqrt(head_dim)",
+        ),
+        "scale_attn_by_inverse_layer_idx": Refuse(
+            False, "scaling attention by 1 / (layer_idx + 1) per layer is not supported"
+        ),
         "embd_pdrop": Key("dropout_embedding", 0.1, kind="prob"),
         "attn_pdrop": Key("dropout_attention", 0.1, kind="prob"),
         "resid_pdrop": Key("dropout_residual", 0.1, kind="prob"),
-        **{k: Ignore(_HEAD) for k in ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels")},
+        **{
+            k: Ignore(_HEAD)
+            for k in ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels")
+        },
         "reorder_and_upcast_attn": Ignore("only changes the float precision of the eager attention kernel"),
     },
-    fixed={"norm": "layernorm", "ffn": "mlp", "mlp_bias": True, "qkv_bias": True, "o_bias": True,
-           "position": {"type": "learned"}},
+    fixed={
+        "norm": "layernorm",
+        "ffn": "mlp",
+        "mlp_bias": True,
+        "qkv_bias": True,
+        "o_bias": True,
+        "position": {"type": "learned"},
+    },
     tensors=(
         W("embed.weight", "transformer.wte.weight"),
         W("positions.0.weight", "transformer.wpe.weight"),
         W("final_norm.{p}", "transformer.ln_f.{p}"),
         W("layers.{i}.attn_norm.{p}", H + "ln_1.{p}"),
         W("layers.{i}.ffn_norm.{p}", H + "ln_2.{p}"),
-        W(tuple(f"layers.{{i}}.attention.{x}_proj.{{p}}" for x in "qkv"), H + "attn.c_attn.{p}", Concat(transpose=True)),
+        W(
+            tuple(f"layers.{{i}}.attention.{x}_proj.{{p}}" for x in "qkv"),
+            H + "attn.c_attn.{p}",
+            Concat(transpose=True),
+        ),
         W("layers.{i}.attention.o_proj.weight", H + "attn.c_proj.weight", Transpose()),
         W("layers.{i}.attention.o_proj.bias", H + "attn.c_proj.bias"),
         W("layers.{i}.ffn.up.weight", H + "mlp.c_fc.weight", Transpose()),
@@ -67,7 +88,12 @@ GPT2 = HFType(
         W("layers.{i}.ffn.down.bias", H + "mlp.c_proj.bias"),
         Head(),
     ),
-    keep=((r"transformer\.h\.\d+\.attn\.(bias|masked_bias)", "causal-mask buffers stored by older GPT-2 checkpoints (derivable)"),),
+    keep=(
+        (
+            r"transformer\.h\.\d+\.attn\.(bias|masked_bias)",
+            "causal-mask buffers stored by older GPT-2 checkpoints (derivable)",
+        ),
+    ),
     aliases=(("transformer.", ""),),
 )
 

@@ -49,18 +49,30 @@ GPT_NEOX = HFType(
     notes=__doc__,
     # transformers GPTNeoXConfig, key by key
     keys={
-        **sizes(vocab_size=50432, hidden_size=6144, num_hidden_layers=44, num_attention_heads=64,
-                max_position_embeddings=2048),
+        **sizes(
+            vocab_size=50432,
+            hidden_size=6144,
+            num_hidden_layers=44,
+            num_attention_heads=64,
+            max_position_embeddings=2048,
+        ),
         "head_dim": HeadDim(in_config=False),
         "intermediate_size": Key("d_ff", 24576),
         "hidden_act": Key("act", "gelu", kind="act"),
         "layer_norm_eps": Key("eps", 1e-5, kind="number"),
         "tie_word_embeddings": Key("tie_embeddings", False, kind="flag"),
         "initializer_range": Key("init_std", 0.02, kind="number"),
-        "use_parallel_residual": Key("placement", True, kind="flag", read_as=_placement, write_as=_parallel,
-                                     note="true: parallel with two norms; false: sequential pre-norm"),
-        "rope_parameters": Rope(10000.0, partial=0.25, always_partial=True, theta_key="rotary_emb_base",
-                                partial_key="rotary_pct"),
+        "use_parallel_residual": Key(
+            "placement",
+            True,
+            kind="flag",
+            read_as=_placement,
+            write_as=_parallel,
+            note="true: parallel with two norms; false: sequential pre-norm",
+        ),
+        "rope_parameters": Rope(
+            10000.0, partial=0.25, always_partial=True, theta_key="rotary_emb_base", partial_key="rotary_pct"
+        ),
         "attention_bias": Key(("qkv_bias", "o_bias"), True, kind="flag", note="query_key_value and dense"),
         "attention_dropout": Key("dropout_attention", 0.0, kind="prob"),
         "hidden_dropout": Key("dropout_residual", 0.0, kind="prob"),
@@ -71,15 +83,22 @@ GPT_NEOX = HFType(
         W("final_norm.{p}", "gpt_neox.final_layer_norm.{p}"),
         W("layers.{i}.attn_norm.{p}", L + "input_layernorm.{p}"),
         W("layers.{i}.ffn_norm.{p}", L + "post_attention_layernorm.{p}"),
-        W(tuple(f"layers.{{i}}.attention.{x}_proj.{{p}}" for x in "qkv"), L + "attention.query_key_value.{p}",
-          FusedQKV("per_head")),
+        W(
+            tuple(f"layers.{{i}}.attention.{x}_proj.{{p}}" for x in "qkv"),
+            L + "attention.query_key_value.{p}",
+            FusedQKV("per_head"),
+        ),
         W("layers.{i}.attention.o_proj.{p}", L + "attention.dense.{p}"),
         W("layers.{i}.ffn.up.{p}", L + "mlp.dense_h_to_4h.{p}"),
         W("layers.{i}.ffn.down.{p}", L + "mlp.dense_4h_to_h.{p}"),
         Head("embed_out.weight"),
     ),
-    keep=((r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",
-           "causal-mask and RoPE-table buffers of old checkpoints (derivable)"),),
+    keep=(
+        (
+            r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",
+            "causal-mask and RoPE-table buffers of old checkpoints (derivable)",
+        ),
+    ),
     aliases=(("embed_out.", "lm_head."),),
 )
 

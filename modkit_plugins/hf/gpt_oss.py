@@ -32,15 +32,21 @@ from .llama import LLAMA, L
 MODEL_TYPE = "gpt_oss"
 
 #: ``GptOssConfig.__post_init__``'s RoPE when a config gives none
-YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-        "original_max_position_embeddings": 4096}
+YARN = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 
 
 @dataclass(frozen=True)
 class ClampedSwiGLU(Entry):
     """``swiglu_alpha`` and ``swiglu_limit`` → ``expert_clamp`` (the experts' ``swiglu_clamped`` ``alpha``, ``limit``)."""
 
-    SETS = ('expert_clamp',)
+    SETS = ("expert_clamp",)
 
     alpha: float = 1.702
     limit: float = 7.0
@@ -58,8 +64,14 @@ class ClampedSwiGLU(Entry):
         return {"swiglu_alpha": clamp.get("alpha"), "swiglu_limit": clamp.get("limit")}
 
     def describe(self, name):
-        return [("`swiglu_alpha`, `swiglu_limit`", "mapped", f"`{self.alpha}`, `{self.limit}`",
-                 "`expert_clamp`: the experts' swiglu_clamped alpha and limit")]
+        return [
+            (
+                "`swiglu_alpha`, `swiglu_limit`",
+                "mapped",
+                f"`{self.alpha}`, `{self.limit}`",
+                "`expert_clamp`: the experts' swiglu_clamped alpha and limit",
+            )
+        ]
 
 
 E = "layers.{i}.ffn.experts."
@@ -71,8 +83,13 @@ GPT_OSS = LLAMA.derive(
     drop=("mlp_bias", "pretraining_tp", "intermediate_size"),
     keys={
         # transformers GptOssConfig, key by key
-        **sizes(vocab_size=201088, hidden_size=2880, num_hidden_layers=36, num_attention_heads=64,
-                max_position_embeddings=131072),
+        **sizes(
+            vocab_size=201088,
+            hidden_size=2880,
+            num_hidden_layers=36,
+            num_attention_heads=64,
+            max_position_embeddings=131072,
+        ),
         "num_key_value_heads": KVHeads(8),
         "head_dim": HeadDim(64),
         "hidden_act": Ignore("not read: the experts' activation is the clamped SwiGLU of swiglu_alpha / swiglu_limit"),
@@ -88,7 +105,9 @@ GPT_OSS = LLAMA.derive(
         "output_router_logits": Ignore("switches the aux-loss computation on in training", carry=False),
         # keys of the published configs that GptOssConfig does not read
         "experts_per_token": Same("top_k", "a duplicate of num_experts_per_tok in the published configs"),
-        "initial_context_length": Ignore("the trained length before YaRN (rope_scaling's original_max_position_embeddings)"),
+        "initial_context_length": Ignore(
+            "the trained length before YaRN (rope_scaling's original_max_position_embeddings)"
+        ),
     },
     # the softmax over the top-k logits is the renormalised top-k of the softmax
     fixed={"moe": True, "renormalize": True, "router_bias": True, "expert_bias": True, "sinks": True},

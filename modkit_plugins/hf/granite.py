@@ -41,14 +41,30 @@ GRANITE = LLAMA.derive(
     notes=__doc__,
     drop=("pretraining_tp",),
     keys={
-        "embedding_multiplier": Key("embedding_scale", 1.0, kind="number", read_as=_unless_one,
-                                    write_as=lambda v, f: 1.0 if v is None else v, note="times the token embeddings"),
-        "logits_scaling": Key("logit_scale", 1.0, kind="number", read_as=lambda v, f: None if v == 1 else 1.0 / v,
-                              write_as=shortest_inverse, note="logit_scale = 1 / logits_scaling"),
+        "embedding_multiplier": Key(
+            "embedding_scale",
+            1.0,
+            kind="number",
+            read_as=_unless_one,
+            write_as=lambda v, f: 1.0 if v is None else v,
+            note="times the token embeddings",
+        ),
+        "logits_scaling": Key(
+            "logit_scale",
+            1.0,
+            kind="number",
+            read_as=lambda v, f: None if v == 1 else 1.0 / v,
+            write_as=shortest_inverse,
+            note="logit_scale = 1 / logits_scaling",
+        ),
         "residual_multiplier": Key("residual_multiplier", 1.0, kind="number", note="of both residual adds"),
-        "attention_multiplier": Key("softmax_scale", 1.0, kind="number",
-                                    write_as=lambda v, f: f["head_dim"] ** -0.5 if v is None else v,
-                                    note="replaces 1 / sqrt(head_dim)"),
+        "attention_multiplier": Key(
+            "softmax_scale",
+            1.0,
+            kind="number",
+            write_as=lambda v, f: f["head_dim"] ** -0.5 if v is None else v,
+            note="replaces 1 / sqrt(head_dim)",
+        ),
     },
 )
 

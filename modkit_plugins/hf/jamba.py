@@ -39,8 +39,14 @@ from ._weights import Head, StackExperts, W
 MODEL_TYPE = "jamba"
 
 #: the config keys of the Mamba layers (:func:`read_layers`, :func:`write_layers`) and their transformers defaults
-MAMBA_KEYS = {"mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": "auto", "mamba_conv_bias": True,
-              "mamba_proj_bias": False}
+MAMBA_KEYS = {
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": "auto",
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+}
 #: ``(period key, offset key, defaults)`` of the attention layers and of the mixture layers
 ATTENTION_PATTERN = ("attn_layer_period", "attn_layer_offset", (8, 4))
 EXPERT_PATTERN = ("expert_layer_period", "expert_layer_offset", (2, 1))
@@ -67,18 +73,26 @@ def read_layers(r: HFConfig, f: dict) -> None:
         rank = math.ceil(d / 16)
     else:
         rank = r.check_number("mamba_dt_rank", rank, math.ceil(d / 16), integer=True)
-    mixer = {"type": "mamba", "d_state": r.number("mamba_d_state", k["mamba_d_state"], integer=True),
-             "d_inner": r.number("mamba_expand", k["mamba_expand"], integer=True) * d, "dt_rank": rank,
-             "d_conv": r.number("mamba_d_conv", k["mamba_d_conv"], integer=True),
-             "conv_bias": r.flag("mamba_conv_bias", k["mamba_conv_bias"]), "bias": r.flag("mamba_proj_bias", k["mamba_proj_bias"]),
-             "inner_norm": {"type": "rmsnorm", "eps": float(f["eps"])}}
+    mixer = {
+        "type": "mamba",
+        "d_state": r.number("mamba_d_state", k["mamba_d_state"], integer=True),
+        "d_inner": r.number("mamba_expand", k["mamba_expand"], integer=True) * d,
+        "dt_rank": rank,
+        "d_conv": r.number("mamba_d_conv", k["mamba_d_conv"], integer=True),
+        "conv_bias": r.flag("mamba_conv_bias", k["mamba_conv_bias"]),
+        "bias": r.flag("mamba_proj_bias", k["mamba_proj_bias"]),
+        "inner_norm": {"type": "rmsnorm", "eps": float(f["eps"])},
+    }
     attention = _pattern(r, ATTENTION_PATTERN, n)
     f["mixers"] = [None if a else mixer for a in attention]
     flags = [(f["n_experts"] or 0) > 1 and e for e in _pattern(r, EXPERT_PATTERN, n)]
     f["moe"], f["moe_layers"] = any(flags), flags
     if not all(attention) and f["act"] != "silu":
-        r.error("hidden_act", "is also the activation of the Mamba layers (convolution and gate), which modkit's mamba "
-                f"computes with silu only; got {json_value(r.get('hidden_act'))}")
+        r.error(
+            "hidden_act",
+            "is also the activation of the Mamba layers (convolution and gate), which modkit's mamba "
+            f"computes with silu only; got {json_value(r.get('hidden_act'))}",
+        )
 
 
 def period_of(flags: Sequence[bool], preferred: Sequence[tuple[Any, Any]]) -> Optional[tuple[int, int]]:
@@ -90,15 +104,17 @@ def period_of(flags: Sequence[bool], preferred: Sequence[tuple[Any, Any]]) -> Op
     return next(((p, o) for p, o in candidates if all(flag == (i % p == o) for i, flag in enumerate(flags))), None)
 
 
-def _write_pattern(flags: Sequence[bool], keys: tuple[str, str, tuple[int, int]], base: Mapping[str, Any], what: str,
-                   cfg: dict) -> None:
+def _write_pattern(
+    flags: Sequence[bool], keys: tuple[str, str, tuple[int, int]], base: Mapping[str, Any], what: str, cfg: dict
+) -> None:
     period_key, offset_key, default = keys
     found = period_of(flags, [(base.get(period_key), base.get(offset_key)), default])
     if found is None:
         layers = [i for i, flag in enumerate(flags) if flag]
         raise CheckpointError(
             f"the spec cannot be written as a Hugging Face jamba checkpoint: its {what} are on layers {layers}, and jamba "
-            f"places them on the layers i with i % {period_key} == {offset_key}, which no period and offset give")
+            f"places them on the layers i with i % {period_key} == {offset_key}, which no period and offset give"
+        )
     cfg[period_key], cfg[offset_key] = found
 
 
@@ -115,8 +131,14 @@ def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> No
     m = f["mixer"]
     if getattr(m, "type", None) == "mamba":
         inner, d = m.resolved_d_inner(f["d_model"]), f["d_model"]
-        cfg.update(mamba_d_state=m.d_state, mamba_d_conv=m.d_conv, mamba_expand=inner // d if inner % d == 0 else inner / d,
-                   mamba_dt_rank=m.resolved_dt_rank(d), mamba_conv_bias=m.conv_bias, mamba_proj_bias=m.bias)
+        cfg.update(
+            mamba_d_state=m.d_state,
+            mamba_d_conv=m.d_conv,
+            mamba_expand=inner // d if inner % d == 0 else inner / d,
+            mamba_dt_rank=m.resolved_dt_rank(d),
+            mamba_conv_bias=m.conv_bias,
+            mamba_proj_bias=m.bias,
+        )
     else:
         cfg.update({key: base.get(key, default) for key, default in MAMBA_KEYS.items()})
 
@@ -129,8 +151,13 @@ JAMBA = HFType(
     notes=__doc__,
     # transformers JambaConfig, key by key
     keys={
-        **sizes(vocab_size=65536, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                max_position_embeddings=262144),
+        **sizes(
+            vocab_size=65536,
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            max_position_embeddings=262144,
+        ),
         "num_key_value_heads": KVHeads(8),
         "head_dim": HeadDim(),
         "hidden_act": Key("act", "silu", kind="act"),
@@ -143,10 +170,12 @@ JAMBA = HFType(
         "num_experts_per_tok": Key("top_k", 2),
         "router_aux_loss_coef": Key("aux_loss_coef", 0.001, kind="nonneg"),
         "output_router_logits": Ignore("switches the aux-loss computation on in training", carry=False),
-        "attn_layer_period": Own((*ATTENTION_PATTERN[:2], *EXPERT_PATTERN[:2], *MAMBA_KEYS),
-                                 "the mixer of each layer (mamba, or attention where i % attn_layer_period == "
-                                 "attn_layer_offset) and the mixture layers (see the notes)",
-                                 fields=("mixers", "moe_layers")),
+        "attn_layer_period": Own(
+            (*ATTENTION_PATTERN[:2], *EXPERT_PATTERN[:2], *MAMBA_KEYS),
+            "the mixer of each layer (mamba, or attention where i % attn_layer_period == "
+            "attn_layer_offset) and the mixture layers (see the notes)",
+            fields=("mixers", "moe_layers"),
+        ),
         "use_mamba_kernels": Ignore("deprecated in transformers 5: the fast kernels are used when available"),
         "use_mambapy": Ignore("a training-time fallback implementation of the same scan"),
         "use_associative_scan": Ignore("an implementation of the same scan under torch.compile"),
@@ -160,14 +189,18 @@ JAMBA = HFType(
         W("layers.{i}.attn_norm.weight", L + "input_layernorm.weight"),
         W("layers.{i}.ffn_norm.weight", L + "pre_ff_layernorm.weight"),
         *(W(f"layers.{{i}}.attention.{x}_proj.{{p}}", L + f"self_attn.{x}_proj.{{p}}") for x in "qkvo"),
-        *(W(f"layers.{{i}}.attention.{x}.{{p}}", L + f"mamba.{x}.{{p}}")
-          for x in ("in_proj", "conv1d", "x_proj", "dt_proj", "out_proj")),
+        *(
+            W(f"layers.{{i}}.attention.{x}.{{p}}", L + f"mamba.{x}.{{p}}")
+            for x in ("in_proj", "conv1d", "x_proj", "dt_proj", "out_proj")
+        ),
         *(W(f"layers.{{i}}.attention.{x}", L + f"mamba.{x}") for x in ("A_log", "D")),
         *(W(f"layers.{{i}}.attention.{x}_norm.weight", L + f"mamba.{x}_layernorm.weight") for x in ("dt", "b", "c")),
         *(W(f"layers.{{i}}.ffn.{x}.{{p}}", L + f"feed_forward.{x}_proj.{{p}}") for x in ("gate", "up", "down")),
         W("layers.{i}.ffn.router.proj.weight", L + "feed_forward.router.weight"),
-        *(W(f"layers.{{i}}.ffn.experts.{x}", L + f"feed_forward.experts.{{e}}.{x}_proj.weight", StackExperts())
-          for x in ("gate", "up", "down")),
+        *(
+            W(f"layers.{{i}}.ffn.experts.{x}", L + f"feed_forward.experts.{{e}}.{x}_proj.weight", StackExperts())
+            for x in ("gate", "up", "down")
+        ),
         Head(),
     ),
 )

@@ -38,8 +38,13 @@ LLAMA = HFType(
     notes=__doc__,
     # transformers LlamaConfig, key by key
     keys={
-        **sizes(vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                max_position_embeddings=2048),
+        **sizes(
+            vocab_size=32000,
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            max_position_embeddings=2048,
+        ),
         "num_key_value_heads": KVHeads(),
         "head_dim": HeadDim(),
         "hidden_act": Key("act", "silu", kind="act"),
@@ -56,7 +61,9 @@ LLAMA = HFType(
     fixed={"norm": "rmsnorm", "placement": {"type": "pre"}, "ffn": "gated"},
     tensors=TENSORS,
     # rotary tables that transformers < 4.3x stored in Llama checkpoints: recomputed, carried for a lossless export
-    keep=((r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", "RoPE table buffer of old checkpoints (recomputed)"),),
+    keep=(
+        (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", "RoPE table buffer of old checkpoints (recomputed)"),
+    ),
 )
 
 TYPE = LLAMA

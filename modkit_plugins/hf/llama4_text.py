@@ -48,13 +48,23 @@ class Llama4Layers(Entry):
     """Every per-layer choice of Llama 4: NoPE layers, chunked layers, the QK-norm and temperature tuning they imply,
     and the mixture layers (see the module docstring)."""
 
-    SETS = ('positions', 'layer_types', 'attention_chunk_size', 'attention_by_layer', 'moe', 'moe_layers')
+    SETS = ("positions", "layer_types", "attention_chunk_size", "attention_by_layer", "moe", "moe_layers")
 
     interval: int = 4
     chunk: int = 8192
 
-    KEYS = ("no_rope_layers", "no_rope_layer_interval", "attention_chunk_size", "layer_types", "use_qk_norm",
-            "attn_temperature_tuning", "floor_scale", "attn_scale", "moe_layers", "interleave_moe_layer_step")
+    KEYS = (
+        "no_rope_layers",
+        "no_rope_layer_interval",
+        "attention_chunk_size",
+        "layer_types",
+        "use_qk_norm",
+        "attn_temperature_tuning",
+        "floor_scale",
+        "attn_scale",
+        "moe_layers",
+        "interleave_moe_layer_step",
+    )
 
     def config_keys(self, name):
         return self.KEYS
@@ -65,8 +75,12 @@ class Llama4Layers(Entry):
         flags = r.get("no_rope_layers")
         if not flags:  # transformers: an empty list means the default too
             flags = [int((i + 1) % interval != 0) for i in range(n)]
-        elif not (isinstance(flags, list) and len(flags) >= n and all(v in (0, 1) and not isinstance(v, float) for v in flags)):
-            r.error("no_rope_layers", f"must list 1 (RoPE) or 0 (NoPE) for each of the {n} layers, got {json_value(flags)}")
+        elif not (
+            isinstance(flags, list) and len(flags) >= n and all(v in (0, 1) and not isinstance(v, float) for v in flags)
+        ):
+            r.error(
+                "no_rope_layers", f"must list 1 (RoPE) or 0 (NoPE) for each of the {n} layers, got {json_value(flags)}"
+            )
             flags = [1] * n
         chunk = _read(r, "attention_chunk_size", "window", self.chunk, ())
         types = r.get("layer_types")
@@ -74,8 +88,11 @@ class Llama4Layers(Entry):
             types = ["chunked_attention" if flags[i] and chunk is not None else "full_attention" for i in range(n)]
         types = _types(r, types, n, LAYER_KINDS) or ["full_attention"] * n
         if "chunked_attention" in types and chunk is None:
-            r.error("attention_chunk_size", "is null, but layer_types has chunked_attention layers; give the chunk or "
-                    "mark those layers full_attention")
+            r.error(
+                "attention_chunk_size",
+                "is null, but layer_types has chunked_attention layers; give the chunk or "
+                "mark those layers full_attention",
+            )
         qk_norm = r.flag("use_qk_norm", True)
         tuning = r.get("attn_temperature_tuning", True)
         if isinstance(tuning, int) and not isinstance(tuning, bool):
@@ -90,8 +107,11 @@ class Llama4Layers(Entry):
             if flags[i]:
                 extras.append({"qk_norm": {"type": "l2norm", "eps": float(f["eps"])}} if qk_norm else {})
             else:
-                extras.append({"temperature_tuning": {"floor_scale": float(floor_scale), "attn_scale": float(attn_scale)}}
-                              if tuning else {})
+                extras.append(
+                    {"temperature_tuning": {"floor_scale": float(floor_scale), "attn_scale": float(attn_scale)}}
+                    if tuning
+                    else {}
+                )
         step = r.number("interleave_moe_layer_step", 1, integer=True)
         moe = r.get("moe_layers")
         if moe is None:
@@ -117,7 +137,9 @@ class Llama4Layers(Entry):
             "no_rope_layers": flags,
             "no_rope_layer_interval": base.get("no_rope_layer_interval") or self.interval,
             "attention_chunk_size": chunk if chunk is not None else base.get("attention_chunk_size", self.chunk),
-            "layer_types": ["chunked_attention" if t == "chunked_attention" else "full_attention" for t in f["layer_types"]],
+            "layer_types": [
+                "chunked_attention" if t == "chunked_attention" else "full_attention" for t in f["layer_types"]
+            ],
             "use_qk_norm": any(qk),
             "attn_temperature_tuning": tuning is not None,
             "floor_scale": _int_if_whole(tuning.floor_scale) if tuning is not None else base.get("floor_scale", 8192),
@@ -128,15 +150,31 @@ class Llama4Layers(Entry):
 
     def describe(self, name):
         return [
-            ("`no_rope_layers`, `no_rope_layer_interval`", "mapped", f"NoPE on every {self.interval}th layer",
-             "`positions`: `none` on NoPE layers (overrides)"),
-            ("`attention_chunk_size`, `layer_types`", "mapped", f"chunk {self.chunk} on the RoPE layers",
-             "`attention_chunk_size` of the chunked layers"),
+            (
+                "`no_rope_layers`, `no_rope_layer_interval`",
+                "mapped",
+                f"NoPE on every {self.interval}th layer",
+                "`positions`: `none` on NoPE layers (overrides)",
+            ),
+            (
+                "`attention_chunk_size`, `layer_types`",
+                "mapped",
+                f"chunk {self.chunk} on the RoPE layers",
+                "`attention_chunk_size` of the chunked layers",
+            ),
             ("`use_qk_norm`", "mapped", "`true`", "`l2norm` QK-norm on the RoPE layers"),
-            ("`attn_temperature_tuning`, `floor_scale`, `attn_scale`", "mapped", "`true`, `8192`, `0.1`",
-             "`temperature_tuning` of the NoPE layers"),
-            ("`moe_layers`, `interleave_moe_layer_step`", "mapped", "every layer",
-             "`moe_layers`: mixtures there, dense FFNs of intermediate_size_mlp elsewhere"),
+            (
+                "`attn_temperature_tuning`, `floor_scale`, `attn_scale`",
+                "mapped",
+                "`true`, `8192`, `0.1`",
+                "`temperature_tuning` of the NoPE layers",
+            ),
+            (
+                "`moe_layers`, `interleave_moe_layer_step`",
+                "mapped",
+                "every layer",
+                "`moe_layers`: mixtures there, dense FFNs of intermediate_size_mlp elsewhere",
+            ),
         ]
 
 
@@ -149,8 +187,13 @@ LLAMA4_TEXT = LLAMA.derive(
     drop=("mlp_bias", "pretraining_tp", "intermediate_size"),
     keys={
         # transformers Llama4TextConfig, key by key
-        **sizes(vocab_size=202048, hidden_size=5120, num_hidden_layers=48, num_attention_heads=40,
-                max_position_embeddings=131072),
+        **sizes(
+            vocab_size=202048,
+            hidden_size=5120,
+            num_hidden_layers=48,
+            num_attention_heads=40,
+            max_position_embeddings=131072,
+        ),
         "num_key_value_heads": KVHeads(8),
         "head_dim": HeadDim(128),
         "rms_norm_eps": Key("eps", 1e-5, kind="number"),
@@ -170,7 +213,10 @@ LLAMA4_TEXT = LLAMA.derive(
         W(F + "router.proj.weight", L + "feed_forward.router.weight"),
         W((F + "experts.gate", F + "experts.up"), L + "feed_forward.experts.gate_up_proj", Concat(dim=-1)),
         W(F + "experts.down", L + "feed_forward.experts.down_proj"),
-        *(W(F + f"shared.{x}.weight", L + f"feed_forward.shared_expert.{x}_proj.weight") for x in ("gate", "up", "down")),
+        *(
+            W(F + f"shared.{x}.weight", L + f"feed_forward.shared_expert.{x}_proj.weight")
+            for x in ("gate", "up", "down")
+        ),
     ),
     checkpoint_layout="interleaved",
 )

@@ -25,8 +25,22 @@ from ._weights import Head, W
 MODEL_TYPE = "mamba2"
 
 #: the config keys the mixer is read from (:func:`read_mixer`) and written back to (:func:`write_mixer`)
-MIXER_KEYS = ("num_heads", "head_dim", "state_size", "expand", "n_groups", "conv_kernel", "use_bias", "use_conv_bias",
-              "hidden_act", "time_step_min", "time_step_max", "time_step_floor", "time_step_limit", "chunk_size")
+MIXER_KEYS = (
+    "num_heads",
+    "head_dim",
+    "state_size",
+    "expand",
+    "n_groups",
+    "conv_kernel",
+    "use_bias",
+    "use_conv_bias",
+    "hidden_act",
+    "time_step_min",
+    "time_step_max",
+    "time_step_floor",
+    "time_step_limit",
+    "chunk_size",
+)
 
 #: the context length written into the spec (Mamba-2 configs have none)
 MAX_SEQ_LEN = 2**20
@@ -40,8 +54,12 @@ def read_time_step_limit(r: HFConfig, key: str = "time_step_limit") -> dict:
     if not isinstance(limit, (list, tuple)) or len(limit) != 2:
         r.error(key, f"must be a pair [min, max], got {limit!r}")
         limit = (0.0, math.inf)
-    lo, hi = (math.inf if v == math.inf and not isinstance(v, bool)
-              else r.check_number(key, v, 0.0, positive=False, minimum=0.0) for v in limit)
+    lo, hi = (
+        math.inf
+        if v == math.inf and not isinstance(v, bool)
+        else r.check_number(key, v, 0.0, positive=False, minimum=0.0)
+        for v in limit
+    )
     out = {}
     if lo:
         out["dt_clamp_min"] = lo
@@ -64,21 +82,35 @@ def read_mixer(r: HFConfig, f: dict) -> None:
     groups = r.number("n_groups", 8, integer=True)
     inner = int(expand * d)
     if heads * head_dim != inner:
-        r.error("num_heads", f"num_heads · head_dim = {heads} · {head_dim} = {heads * head_dim} must equal "
-                f"int(expand · hidden_size) = {inner}: transformers' Mamba2Mixer splits in_proj by both; change "
-                "num_heads, head_dim or expand")
+        r.error(
+            "num_heads",
+            f"num_heads · head_dim = {heads} · {head_dim} = {heads * head_dim} must equal "
+            f"int(expand · hidden_size) = {inner}: transformers' Mamba2Mixer splits in_proj by both; change "
+            "num_heads, head_dim or expand",
+        )
     if heads % groups:
         r.error("n_groups", f"n_groups = {groups} does not divide num_heads = {heads}")
     if r.activation("hidden_act", "silu") != "silu":
-        r.error("hidden_act", "Mamba2Mixer's activation is silu in modkit's mamba2 (transformers reads the key, "
-                "modkit does not support another)")
+        r.error(
+            "hidden_act",
+            "Mamba2Mixer's activation is silu in modkit's mamba2 (transformers reads the key, "
+            "modkit does not support another)",
+        )
     bias = r.flag("use_bias", False)
     mixer: dict[str, Any] = {
-        "type": "mamba2", "d_state": r.number("state_size", 128, integer=True), "head_dim": head_dim,
-        "d_inner": inner, "n_groups": groups, "d_conv": r.number("conv_kernel", 4, integer=True),
-        "conv_bias": r.flag("use_conv_bias", True), "in_proj_bias": bias, "out_proj_bias": bias,
-        "norm_eps": f["eps"], "chunk_size": r.number("chunk_size", 256, integer=True),
-        "dt_init_min": r.number("time_step_min", 0.001), "dt_init_max": r.number("time_step_max", 0.1),
+        "type": "mamba2",
+        "d_state": r.number("state_size", 128, integer=True),
+        "head_dim": head_dim,
+        "d_inner": inner,
+        "n_groups": groups,
+        "d_conv": r.number("conv_kernel", 4, integer=True),
+        "conv_bias": r.flag("use_conv_bias", True),
+        "in_proj_bias": bias,
+        "out_proj_bias": bias,
+        "norm_eps": f["eps"],
+        "chunk_size": r.number("chunk_size", 256, integer=True),
+        "dt_init_min": r.number("time_step_min", 0.001),
+        "dt_init_max": r.number("time_step_max", 0.1),
         "dt_init_floor": r.number("time_step_floor", 1e-4),
     }
     mixer.update(read_time_step_limit(r))
@@ -91,10 +123,19 @@ def write_mixer(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> Non
     inner = m.resolved_d_inner(d)
     expand = inner / d
     cfg.update(
-        num_heads=inner // m.head_dim, head_dim=m.head_dim, state_size=m.d_state,
-        expand=int(expand) if expand.is_integer() else expand, n_groups=m.n_groups, conv_kernel=m.d_conv,
-        use_bias=m.in_proj_bias, use_conv_bias=m.conv_bias, hidden_act="silu", time_step_min=m.dt_init_min,
-        time_step_max=m.dt_init_max, time_step_floor=m.dt_init_floor, chunk_size=m.chunk_size,
+        num_heads=inner // m.head_dim,
+        head_dim=m.head_dim,
+        state_size=m.d_state,
+        expand=int(expand) if expand.is_integer() else expand,
+        n_groups=m.n_groups,
+        conv_kernel=m.d_conv,
+        use_bias=m.in_proj_bias,
+        use_conv_bias=m.conv_bias,
+        hidden_act="silu",
+        time_step_min=m.dt_init_min,
+        time_step_max=m.dt_init_max,
+        time_step_floor=m.dt_init_floor,
+        chunk_size=m.chunk_size,
         time_step_limit=write_time_step_limit(m),
     )
 
@@ -118,8 +159,13 @@ MAMBA2 = HFType(
         "rescale_prenorm_residual": Ignore("an initialisation option of out_proj"),
         "time_step_rank": Ignore("Mamba-1's Δ rank; Mamba2Mixer does not read it"),
     },
-    fixed={"norm": "rmsnorm", "placement": {"type": "pre"}, "ffn": None, "position": {"type": "none"},
-           "max_seq_len": MAX_SEQ_LEN},
+    fixed={
+        "norm": "rmsnorm",
+        "placement": {"type": "pre"},
+        "ffn": None,
+        "position": {"type": "none"},
+        "max_seq_len": MAX_SEQ_LEN,
+    },
     read_own=read_mixer,
     write_own=write_mixer,
     tensors=(

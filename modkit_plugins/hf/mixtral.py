@@ -34,8 +34,10 @@ MIXTRAL = MISTRAL.derive(
     fixed={"moe": True, "renormalize": True},  # MixtralTopKRouter divides the top-k probabilities by their sum
     tensors=(
         W("layers.{i}.ffn.router.proj.weight", L + "block_sparse_moe.gate.weight"),
-        *(W(f"layers.{{i}}.ffn.experts.{ours}", L + f"block_sparse_moe.experts.{{e}}.{theirs}.weight", StackExperts())
-          for ours, theirs in (("gate", "w1"), ("up", "w3"), ("down", "w2"))),
+        *(
+            W(f"layers.{{i}}.ffn.experts.{ours}", L + f"block_sparse_moe.experts.{{e}}.{theirs}.weight", StackExperts())
+            for ours, theirs in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+        ),
     ),
 )
 

@@ -21,8 +21,15 @@ OLMOE = LLAMA.derive(
     notes=__doc__,
     drop=("mlp_bias", "pretraining_tp"),
     # transformers OlmoeConfig defaults
-    defaults={"vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
-              "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5},
+    defaults={
+        "vocab_size": 50304,
+        "hidden_size": 2048,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+    },
     keys={
         # OLMoE sizes its QK-norms from hidden_size, so transformers only works with the derived head_dim
         "head_dim": HeadDim(derived="OLMoE derives head_dim = hidden_size // num_attention_heads"),
@@ -36,8 +43,10 @@ OLMOE = LLAMA.derive(
     fixed={"qk_norm": "full", "moe": True},
     tensors=(
         W("layers.{i}.ffn.router.proj.weight", L + "mlp.gate.weight"),
-        *(W(f"layers.{{i}}.ffn.experts.{x}", L + f"mlp.experts.{{e}}.{x}_proj.weight", StackExperts())
-          for x in ("gate", "up", "down")),
+        *(
+            W(f"layers.{{i}}.ffn.experts.{x}", L + f"mlp.experts.{{e}}.{x}_proj.weight", StackExperts())
+            for x in ("gate", "up", "down")
+        ),
     ),
 )
 

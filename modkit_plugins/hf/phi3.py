@@ -24,8 +24,15 @@ PHI3 = MISTRAL.derive(
     architecture="Phi3ForCausalLM",
     notes=__doc__,
     # transformers Phi3Config defaults
-    defaults={"vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_key_value_heads": None,
-              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None},
+    defaults={
+        "vocab_size": 32064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "sliding_window": None,
+    },
     keys={
         # Phi3Config holds original_max_position_embeddings (LongRoPE's trained length), which wins over the dict's
         "rope_theta": Rope(10000.0, original_at_top=True),

@@ -18,7 +18,12 @@ QWEN2 = MISTRAL.derive(
     architecture="Qwen2ForCausalLM",
     notes=__doc__,
     # transformers Qwen2Config defaults
-    defaults={"vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32, "max_position_embeddings": 32768},
+    defaults={
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 32768,
+    },
     keys={
         "sliding_window": QwenWindows(4096, max_window_layers=28),
         "use_mrope": Refuse(False, "multimodal rotary sections (Qwen2-VL) are not supported"),

@@ -33,8 +33,15 @@ QWEN2_MOE = QWEN2.derive(
     notes=__doc__,
     drop=("use_mrope",),
     # transformers Qwen2MoeConfig defaults
-    defaults={"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
-              "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 32768},
+    defaults={
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "max_position_embeddings": 32768,
+    },
     keys={
         "qkv_bias": Key("qkv_bias", True, kind="flag", note="q, k and v (never the output projection)"),
         "sliding_window": QwenWindows(4096, max_window_layers=28, alternate=True),
@@ -47,7 +54,10 @@ QWEN2_MOE = QWEN2.derive(
     fixed={"moe": True, "shared_gate": True},
     tensors=(
         *QWEN_MOE_TENSORS,
-        *(W(f"layers.{{i}}.ffn.shared.{x}.weight", L + f"mlp.shared_expert.{x}_proj.weight") for x in ("gate", "up", "down")),
+        *(
+            W(f"layers.{{i}}.ffn.shared.{x}.weight", L + f"mlp.shared_expert.{x}_proj.weight")
+            for x in ("gate", "up", "down")
+        ),
         W("layers.{i}.ffn.shared_gate.weight", L + "mlp.shared_expert_gate.weight"),
     ),
 )

@@ -28,8 +28,10 @@ MODEL_TYPE = "qwen3_moe"
 #: the router and the stacked experts of a Qwen-MoE layer, as transformers 5 writes them back to disk
 QWEN_MOE_TENSORS = (
     W("layers.{i}.ffn.router.proj.weight", L + "mlp.gate.weight"),
-    *(W(f"layers.{{i}}.ffn.experts.{x}", L + f"mlp.experts.{{e}}.{x}_proj.weight", StackExperts())
-      for x in ("gate", "up", "down")),
+    *(
+        W(f"layers.{{i}}.ffn.experts.{x}", L + f"mlp.experts.{{e}}.{x}_proj.weight", StackExperts())
+        for x in ("gate", "up", "down")
+    ),
 )
 
 #: the MoE keys Qwen2-MoE and Qwen3-MoE share (transformers defaults of Qwen3-MoE)
@@ -48,8 +50,16 @@ QWEN3_MOE = QWEN3.derive(
     architecture="Qwen3MoeForCausalLM",
     notes=__doc__,
     # transformers Qwen3MoeConfig defaults
-    defaults={"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
-              "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6},
+    defaults={
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+    },
     drop=("sliding_window",),
     keys={
         "head_dim": HeadDim(),

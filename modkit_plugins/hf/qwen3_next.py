@@ -46,8 +46,13 @@ MODEL_TYPE = "qwen3_next"
 #: the layer types of ``layer_types``
 LINEAR, FULL = "linear_attention", "full_attention"
 #: the Gated DeltaNet layers' config keys with ``Qwen3NextConfig``'s defaults (read and written by the same table)
-LINEAR_DEFAULTS = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-                   "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+LINEAR_DEFAULTS = {
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+}
 #: the config keys of the Gated DeltaNet layers and of the layer pattern (:func:`read_layers`, :func:`write_layers`)
 LAYER_KEYS = ("layer_types", "full_attention_interval", *LINEAR_DEFAULTS)
 
@@ -60,11 +65,20 @@ def read_layers(r: HFConfig, f: dict) -> None:
     size = {key: r.number(key, default, integer=True) for key, default in LINEAR_DEFAULTS.items()}
     nk, nv = size["linear_num_key_heads"], size["linear_num_value_heads"]
     if nv % nk:
-        r.error("linear_num_value_heads", f"linear_num_value_heads = {nv} is not a multiple of linear_num_key_heads = "
-                f"{nk}: each key head serves linear_num_value_heads / linear_num_key_heads value heads")
-    mixer = {"type": "gated_deltanet", "n_heads": nk, "n_value_heads": nv,
-             "key_head_dim": size["linear_key_head_dim"], "value_head_dim": size["linear_value_head_dim"],
-             "d_conv": size["linear_conv_kernel_dim"], "norm_eps": f["eps"]}
+        r.error(
+            "linear_num_value_heads",
+            f"linear_num_value_heads = {nv} is not a multiple of linear_num_key_heads = "
+            f"{nk}: each key head serves linear_num_value_heads / linear_num_key_heads value heads",
+        )
+    mixer = {
+        "type": "gated_deltanet",
+        "n_heads": nk,
+        "n_value_heads": nv,
+        "key_head_dim": size["linear_key_head_dim"],
+        "value_head_dim": size["linear_value_head_dim"],
+        "d_conv": size["linear_conv_kernel_dim"],
+        "norm_eps": f["eps"],
+    }
     interval = r.number("full_attention_interval", 4, integer=True)
     types = r.get("layer_types")
     if types is None:  # Qwen3NextConfig.__post_init__
@@ -75,12 +89,18 @@ def read_layers(r: HFConfig, f: dict) -> None:
     else:
         bad = sorted({str(t) for t in types if t not in (LINEAR, FULL)})
         if bad:
-            r.error("layer_types", f"unsupported layer types {bad}: a Qwen3NextDecoderLayer holds a mixer only for "
-                    f"{LINEAR!r} and {FULL!r}")
+            r.error(
+                "layer_types",
+                f"unsupported layer types {bad}: a Qwen3NextDecoderLayer holds a mixer only for "
+                f"{LINEAR!r} and {FULL!r}",
+            )
     f["mixers"] = [mixer if t == LINEAR else None for t in types]
     if LINEAR in types and f["act"] != "silu":
-        r.error("hidden_act", f"is also the activation of the Gated DeltaNet convolution, which modkit's gated_deltanet "
-                f"computes with silu only; got {json_value(r.get('hidden_act'))}")
+        r.error(
+            "hidden_act",
+            f"is also the activation of the Gated DeltaNet convolution, which modkit's gated_deltanet "
+            f"computes with silu only; got {json_value(r.get('hidden_act'))}",
+        )
 
 
 def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> None:
@@ -90,19 +110,33 @@ def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> No
     cfg["layer_types"] = [LINEAR if m is not None else FULL for m in f["mixers"]]
     m = f["mixer"]
     if getattr(m, "type", None) == "gated_deltanet":
-        cfg.update(linear_num_key_heads=m.n_heads, linear_num_value_heads=m.value_heads, linear_key_head_dim=m.key_head_dim,
-                   linear_value_head_dim=m.value_head_dim, linear_conv_kernel_dim=m.d_conv)
+        cfg.update(
+            linear_num_key_heads=m.n_heads,
+            linear_num_value_heads=m.value_heads,
+            linear_key_head_dim=m.key_head_dim,
+            linear_value_head_dim=m.value_head_dim,
+            linear_conv_kernel_dim=m.d_conv,
+        )
     else:
         cfg.update({key: base.get(key, default) for key, default in LINEAR_DEFAULTS.items()})
 
 
 #: the Gated DeltaNet layer as transformers 5 saves it: per key head, the fused q, k, v, z and β, α rows split
 LINEAR_TENSORS = (
-    W(tuple(f"layers.{{i}}.attention.{x}_proj.weight" for x in "qkvg"), L + "linear_attn.in_proj_qkvz.weight", PerHead()),
-    W(("layers.{i}.attention.b_proj.weight", "layers.{i}.attention.a_proj.weight"), L + "linear_attn.in_proj_ba.weight",
-      PerHead()),
-    *(W(f"layers.{{i}}.attention.{x}", L + f"linear_attn.{x}")
-      for x in ("conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight")),
+    W(
+        tuple(f"layers.{{i}}.attention.{x}_proj.weight" for x in "qkvg"),
+        L + "linear_attn.in_proj_qkvz.weight",
+        PerHead(),
+    ),
+    W(
+        ("layers.{i}.attention.b_proj.weight", "layers.{i}.attention.a_proj.weight"),
+        L + "linear_attn.in_proj_ba.weight",
+        PerHead(),
+    ),
+    *(
+        W(f"layers.{{i}}.attention.{x}", L + f"linear_attn.{x}")
+        for x in ("conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight")
+    ),
 )
 
 QWEN3_NEXT = QWEN3_MOE.derive(
@@ -111,8 +145,15 @@ QWEN3_NEXT = QWEN3_MOE.derive(
     notes=__doc__,
     drop=("sliding_window", "max_window_layers"),
     # transformers Qwen3NextConfig defaults
-    defaults={"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 48,
-              "num_attention_heads": 16, "num_key_value_heads": 2, "max_position_embeddings": 32768},
+    defaults={
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+    },
     keys={
         "head_dim": HeadDim(256),
         "rope_theta": Rope(10000.0, partial=0.25, always_partial=True),
@@ -121,15 +162,26 @@ QWEN3_NEXT = QWEN3_MOE.derive(
         "moe_intermediate_size": Key("expert_d_ff", 512),
         "norm_topk_prob": Key("renormalize", True, kind="flag"),
         "shared_expert_intermediate_size": Key("shared_d_ff", 512),
-        "layer_types": Own(LAYER_KEYS, "the token mixer of each layer: gated_deltanet on linear_attention layers, the "
-                           "gated attention on full_attention layers (see the notes)", fields=("mixers",)),
+        "layer_types": Own(
+            LAYER_KEYS,
+            "the token mixer of each layer: gated_deltanet on linear_attention layers, the "
+            "gated attention on full_attention layers (see the notes)",
+            fields=("mixers",),
+        ),
     },
     fixed={"unit_offset": True, "attn_output_gate": True, "shared_gate": True},
     tensors=(
         # the gated attention: per head, the query rows then the output gate's rows of q_proj
-        W(("layers.{i}.attention.q_proj.{p}", "layers.{i}.attention.gate_proj.{p}"), L + "self_attn.q_proj.{p}", PerHead()),
+        W(
+            ("layers.{i}.attention.q_proj.{p}", "layers.{i}.attention.gate_proj.{p}"),
+            L + "self_attn.q_proj.{p}",
+            PerHead(),
+        ),
         *LINEAR_TENSORS,
-        *(W(f"layers.{{i}}.ffn.shared.{x}.weight", L + f"mlp.shared_expert.{x}_proj.weight") for x in ("gate", "up", "down")),
+        *(
+            W(f"layers.{{i}}.ffn.shared.{x}.weight", L + f"mlp.shared_expert.{x}_proj.weight")
+            for x in ("gate", "up", "down")
+        ),
         W("layers.{i}.ffn.shared_gate.weight", L + "mlp.shared_expert_gate.weight"),
     ),
     keep=((r"mtp\..*", "the multi-token-prediction module of published checkpoints (transformers does not load it)"),),

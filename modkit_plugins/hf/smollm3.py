@@ -26,7 +26,7 @@ MODEL_TYPE = "smollm3"
 class NoRopeLayers(Entry):
     """``no_rope_layers`` / ``no_rope_layer_interval`` → ``positions`` (NoPE layers); then the sliding layers."""
 
-    SETS = ('positions', 'layer_types', 'sliding_window')
+    SETS = ("positions", "layer_types", "sliding_window")
 
     default: int = 4
 
@@ -39,7 +39,9 @@ class NoRopeLayers(Entry):
         flags = r.get(name)
         if flags is None:
             flags = [int((i + 1) % interval != 0) for i in range(n)]
-        elif not (isinstance(flags, list) and len(flags) >= n and all(v in (0, 1) and not isinstance(v, float) for v in flags)):
+        elif not (
+            isinstance(flags, list) and len(flags) >= n and all(v in (0, 1) and not isinstance(v, float) for v in flags)
+        ):
             r.error(name, f"must list 1 (RoPE) or 0 (NoPE) for each of the {n} layers, got {json_value(flags)}")
             flags = [1] * n
         f["positions"] = [f["position"] if flags[i] else {"type": "none"} for i in range(n)]
@@ -48,26 +50,46 @@ class NoRopeLayers(Entry):
         window = r.number("sliding_window", None, integer=True)
         types = r.get("layer_types")
         if types is None:
-            types = ["sliding_attention" if use and window is not None and not flags[i] else "full_attention" for i in range(n)]
+            types = [
+                "sliding_attention" if use and window is not None and not flags[i] else "full_attention"
+                for i in range(n)
+            ]
         types = _types(r, types, n)
         if types and "sliding_attention" in types and not (use and window is not None):
-            r.error("layer_types", "marks sliding_attention layers but use_sliding_window is false or sliding_window is "
-                    "null: transformers' attention would not slide there while its mask does; set both or mark them full")
+            r.error(
+                "layer_types",
+                "marks sliding_attention layers but use_sliding_window is false or sliding_window is "
+                "null: transformers' attention would not slide there while its mask does; set both or mark them full",
+            )
         f["layer_types"], f["sliding_window"] = types, window
 
     def write(self, f, base, name):
         flags = [0 if getattr(p, "type", None) == "none" else 1 for p in f["positions"]]
         windows = f["windows"]
         sliding = any(w is not None for w in windows)
-        return {name: flags, "no_rope_layer_interval": base.get("no_rope_layer_interval") or self.default,
-                "use_sliding_window": sliding, "sliding_window": f["sliding_window"],
-                "layer_types": ["sliding_attention" if w is not None else "full_attention" for w in windows]}
+        return {
+            name: flags,
+            "no_rope_layer_interval": base.get("no_rope_layer_interval") or self.default,
+            "use_sliding_window": sliding,
+            "sliding_window": f["sliding_window"],
+            "layer_types": ["sliding_attention" if w is not None else "full_attention" for w in windows],
+        }
 
     def describe(self, name):
-        return [("`no_rope_layers`, `no_rope_layer_interval`", "mapped", f"NoPE on every {self.default}th layer",
-                 "`positions`: `none` on NoPE layers (overrides)"),
-                ("`use_sliding_window`, `sliding_window`, `layer_types`", "mapped", "off",
-                 "`sliding_window` of the sliding layers (overrides)")]
+        return [
+            (
+                "`no_rope_layers`, `no_rope_layer_interval`",
+                "mapped",
+                f"NoPE on every {self.default}th layer",
+                "`positions`: `none` on NoPE layers (overrides)",
+            ),
+            (
+                "`use_sliding_window`, `sliding_window`, `layer_types`",
+                "mapped",
+                "off",
+                "`sliding_window` of the sliding layers (overrides)",
+            ),
+        ]
 
 
 SMOLLM3 = LLAMA.derive(
@@ -76,9 +98,16 @@ SMOLLM3 = LLAMA.derive(
     notes=__doc__,
     drop=("pretraining_tp",),
     # transformers SmolLM3Config defaults
-    defaults={"vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
-              "num_key_value_heads": 4, "max_position_embeddings": 32768, "tie_word_embeddings": True,
-              "rope_theta": 2_000_000.0},
+    defaults={
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+        "rope_theta": 2_000_000.0,
+    },
     keys={"no_rope_layers": NoRopeLayers(4)},
 )
 

@@ -23,10 +23,19 @@ STARCODER2 = MISTRAL.derive(
     notes=__doc__,
     drop=("rms_norm_eps",),
     # transformers Starcoder2Config defaults
-    defaults={"vocab_size": 49152, "hidden_size": 3072, "intermediate_size": 12288, "num_hidden_layers": 30,
-              "num_attention_heads": 24, "num_key_value_heads": 2, "max_position_embeddings": 4096,
-              "hidden_act": "gelu_pytorch_tanh", "initializer_range": 0.018042, "tie_word_embeddings": True,
-              "sliding_window": None},
+    defaults={
+        "vocab_size": 49152,
+        "hidden_size": 3072,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "hidden_act": "gelu_pytorch_tanh",
+        "initializer_range": 0.018042,
+        "tie_word_embeddings": True,
+        "sliding_window": None,
+    },
     keys={
         "norm_epsilon": Key("eps", 1e-5, kind="number"),
         "use_bias": Key(("qkv_bias", "o_bias", "mlp_bias"), True, kind="flag", note="every projection"),

@@ -38,7 +38,11 @@ def _layers(spec: dict) -> list[dict]:
     out = [dict(spec["block"]) for _ in range(spec["n_layers"])]
     for o in spec.get("overrides", []):
         sel = o["layers"]
-        idx = sel if isinstance(sel, list) else range(sel.get("start", 0), sel.get("stop") or spec["n_layers"], sel.get("step", 1))
+        idx = (
+            sel
+            if isinstance(sel, list)
+            else range(sel.get("start", 0), sel.get("stop") or spec["n_layers"], sel.get("step", 1))
+        )
         for i in idx:
             out[i].update({k: v for k, v in o.items() if k != "layers"})
             if "mixer" in o or "attention" in o:  # the token-mixing slot, under either name
@@ -126,7 +130,14 @@ def formula(spec: dict, new: int, past: int) -> int:
 
 def _mla(a: dict, d: int, new: int, past: int, memo: dict) -> int:
     """Matmul FLOPs of multi-head latent attention on one row, counted from its shapes."""
-    h, r, q, nope, rope, v = a["n_heads"], a["kv_lora_rank"], a.get("q_lora_rank"), a["qk_nope_head_dim"], a["qk_rope_head_dim"], a["v_head_dim"]
+    h, r, q, nope, rope, v = (
+        a["n_heads"],
+        a["kv_lora_rank"],
+        a.get("q_lora_rank"),
+        a["qk_nope_head_dim"],
+        a["qk_rope_head_dim"],
+        a["v_head_dim"],
+    )
     key = (True, None)
     if key not in memo:
         memo[key] = _pairs(new, past, *key)
@@ -171,7 +182,9 @@ def test_phases_per_token():
         prefill = costs.per_token("prefill", n)
         assert sum(prefill.values()) == matmul + layers * 4 * h * hd * (n + 1) / 2  # (n + 1) / 2 keys on average
     assert costs.context_parts() == {"attention.scores", "attention.weighted_sum"}
-    assert modkit.flops_per_token(SPECS / "llama-3.1-8b.json", 8192, "train") == 3 * float(sum(costs.per_token("prefill", 8192).values()))
+    assert modkit.flops_per_token(SPECS / "llama-3.1-8b.json", 8192, "train") == 3 * float(
+        sum(costs.per_token("prefill", 8192).values())
+    )
 
 
 def test_crossover_contexts():
@@ -186,7 +199,9 @@ def test_crossover_contexts():
     n = gemma.crossover("decode")
     spec = json.loads((SPECS / "gemma-3-1b.json").read_text())
     ffn = 26 * 6 * 1152 * 6912
-    attn = lambda c: sum(4 * 4 * 256 * (min(c, 512) if l["attention"].get("sliding_window") else c) for l in _layers(spec))  # noqa: E731
+    attn = lambda c: sum(
+        4 * 4 * 256 * (min(c, 512) if l["attention"].get("sliding_window") else c) for l in _layers(spec)
+    )  # noqa: E731
     assert attn(n) >= ffn > attn(n - 1)
     # every layer windowed: attention never catches up
     windowed = tiny_spec(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": 4})
@@ -197,7 +212,10 @@ def test_kv_cache_bytes_keep_only_the_window():
     gemma = _cost(SPECS / "gemma-3-1b.json")
     spec = json.loads((SPECS / "gemma-3-1b.json").read_text())
     for context, batch in ((100, 1), (32768, 4)):
-        want = sum(2 * 1 * 256 * 2 * batch * (min(context, 512) if l["attention"].get("sliding_window") else context) for l in _layers(spec))
+        want = sum(
+            2 * 1 * 256 * 2 * batch * (min(context, 512) if l["attention"].get("sliding_window") else context)
+            for l in _layers(spec)
+        )
         assert gemma.kv_cache_bytes(context, batch, "bfloat16") == want
     llama70 = _cost(SPECS / "llama-3-70b.json")
     assert llama70.kv_cache_bytes(1, 1) == 80 * 2 * 8 * 128 * 2 == 327_680  # per token, bf16
@@ -281,8 +299,13 @@ class Relu2(torch.nn.Module):
 
 def _relu2(**kw) -> modkit.Component:
     return modkit.Component(
-        kind="ffn", type="relu2", config=Relu2Config, factory=lambda cfg, ctx: Relu2(ctx.d_model, cfg.d_ff),
-        description="squared-ReLU MLP (test)", example={"type": "relu2", "d_ff": 48}, **kw,
+        kind="ffn",
+        type="relu2",
+        config=Relu2Config,
+        factory=lambda cfg, ctx: Relu2(ctx.d_model, cfg.d_ff),
+        description="squared-ReLU MLP (test)",
+        example={"type": "relu2", "d_ff": 48},
+        **kw,
     )
 
 
@@ -393,7 +416,10 @@ def test_cli_json_and_table(capsys):
     assert data["flops_per_token_total"]["decode"] == costs.total(Workload(1, 1, 31))
     assert data["flops_per_token_total"]["prefill"] == costs.total(Workload(1, 32)) / 32
     assert data["kv_cache_bytes"] == costs.kv_cache_bytes(32, 1, "bfloat16")
-    assert data["decode_roofline"]["bandwidth_bytes_per_s"] == 3.35e12 and data["decode_roofline"]["peak_flops_per_s"] == 989e12
+    assert (
+        data["decode_roofline"]["bandwidth_bytes_per_s"] == 3.35e12
+        and data["decode_roofline"]["peak_flops_per_s"] == 989e12
+    )
     assert data["training_memory"]["estimate"] is True
     assert main(["cost", str(SPECS / "tiny-llama.json"), "--context", "0"]) == 1
     assert "--context must be >= 1, got 0" in capsys.readouterr().err
@@ -432,17 +458,28 @@ def test_the_guide_shows_what_modkit_computes(capsys):
     flops_table = capsys.readouterr().out.split("\n\n")[0]
     assert flops_table in guide
     rows = {
-        "GPT-2 (124M)": "gpt2", "GPT-3 175B": "gpt-3-175b", "Llama 3.1 8B": "llama-3.1-8b", "Llama 3 70B": "llama-3-70b",
-        "Llama 3.1 405B": "llama-3.1-405b", "Mixtral 8x7B": "mixtral-8x7b-v0.1", "Qwen3 0.6B": "qwen3-0.6b",
-        "Gemma 3 1B": "gemma-3-1b", "Mistral 7B v0.1": "mistral-7b-v0.1",
+        "GPT-2 (124M)": "gpt2",
+        "GPT-3 175B": "gpt-3-175b",
+        "Llama 3.1 8B": "llama-3.1-8b",
+        "Llama 3 70B": "llama-3-70b",
+        "Llama 3.1 405B": "llama-3.1-405b",
+        "Mixtral 8x7B": "mixtral-8x7b-v0.1",
+        "Qwen3 0.6B": "qwen3-0.6b",
+        "Gemma 3 1B": "gemma-3-1b",
+        "Mistral 7B v0.1": "mistral-7b-v0.1",
     }
     fmt = lambda n: "never" if n is None else f"{n:,}"  # noqa: E731
     for label, stem in rows.items():
         line = next(row for row in guide.splitlines() if row.startswith(f"| {label}"))
         cells = [c.strip() for c in line.strip("|").split("|")]
         costs = _cost(SPECS / f"{stem}.json")
-        want = [fmt(4 * costs.spec.d_model), fmt(costs.crossover("decode")), fmt(costs.crossover("prefill")),
-                fmt(costs.crossover("decode", projections=True)), fmt(costs.spec.max_seq_len)]
+        want = [
+            fmt(4 * costs.spec.d_model),
+            fmt(costs.crossover("decode")),
+            fmt(costs.crossover("prefill")),
+            fmt(costs.crossover("decode", projections=True)),
+            fmt(costs.spec.max_seq_len),
+        ]
         assert cells[1:] == want, label
 
 
@@ -461,12 +498,17 @@ def test_the_guide_shows_deepseek_v3_and_gpt_oss_as_computed(capsys, monkeypatch
     from modkit.cli import main
 
     guide = (REPO / "docs" / "guides" / "cost.md").read_text()
-    monkeypatch.setattr(CostModel, "training_memory", lambda self, batch, seq_len, dtype="bfloat16": dict.fromkeys(
-        ("weights", "gradients", "adamw_states", "activations", "attention_matrix", "total"), 0))
+    monkeypatch.setattr(
+        CostModel,
+        "training_memory",
+        lambda self, batch, seq_len, dtype="bfloat16": dict.fromkeys(
+            ("weights", "gradients", "adamw_states", "activations", "attention_matrix", "total"), 0
+        ),
+    )
     for stem in ("deepseek-v3", "gpt-oss-120b"):
         assert main(["build", str(SPECS / f"{stem}.json"), "--device", "meta", "--dtype", "bfloat16"]) == 0
         out = capsys.readouterr().out
-        card = out[out.index("parameters\n"):out.index("\n\nbuilt on meta")]
+        card = out[out.index("parameters\n") : out.index("\n\nbuilt on meta")]
         assert f"$ modkit build specs/{stem}.json --device meta --dtype bfloat16\n...\n{card}\n```" in guide, stem
         assert main(["cost", str(SPECS / f"{stem}.json"), "--context", "131072"]) == 0
         shown = _guide_blocks(capsys.readouterr().out, "training memory")
@@ -480,16 +522,21 @@ def test_the_guide_shows_deepseek_v3_and_gpt_oss_as_computed(capsys, monkeypatch
     for phase in ("decode", "prefill"):
         work = CostModel.workload(phase, n)
         by = costs.flops_by_layer(work)
-        row[phase] = [Fraction(by[i]["attention.scores"] + by[i]["attention.weighted_sum"], work.tokens) for i in (0, 1)]
+        row[phase] = [
+            Fraction(by[i]["attention.scores"] + by[i]["attention.weighted_sum"], work.tokens) for i in (0, 1)
+        ]
         assert all(r.denominator == 1 for r in row[phase])
     cache = [2 * a.n_kv_heads * a.head_dim * 2 * min(n, a.sliding_window or n) for a in (windowed, full)]
     assert 18 * sum(cache) == costs.kv_cache_bytes(n, 1, "bfloat16") == 4_836_556_800
     sinks = [p.numel() for name, p in costs.model.named_parameters() if name.endswith("attention.sinks")]
     assert len(sinks) == 36 and set(sinks) == {64}
     fmt = lambda xs: " | ".join(f"{int(x):,}" for x in xs)  # noqa: E731
-    for label, values in (("scores + weighted sum, FLOPs per decoded token", row["decode"]),
-                          ("scores + weighted sum, FLOPs per prefill token", row["prefill"]),
-                          ("KV cache held per sequence (bytes)", cache), ("sinks (parameters)", [64, 64])):
+    for label, values in (
+        ("scores + weighted sum, FLOPs per decoded token", row["decode"]),
+        ("scores + weighted sum, FLOPs per prefill token", row["prefill"]),
+        ("KV cache held per sequence (bytes)", cache),
+        ("sinks (parameters)", [64, 64]),
+    ):
         assert f"| {label} | {fmt(values)} |" in guide, label
 
 
@@ -500,13 +547,19 @@ def test_the_guide_s_deepseek_v3_and_gpt_oss_prose_figures():
     from modkit.analysis.cost import active_params_per_token
 
     guide = (REPO / "docs" / "guides" / "cost.md").read_text()
-    section = guide[guide.index("## Example: DeepSeek-V3"):guide.index("## The explainers")]
+    section = guide[guide.index("## Example: DeepSeek-V3") : guide.index("## The explainers")]
     ds = _cost(SPECS / "deepseek-v3.json")
     params = ds.params()
     active = active_params_per_token(ds.model)
     d, experts = 7168, 8 + 1
-    by_hand = (params["attention"] + 3 * 3 * d * 18432 + 58 * (d * 256 + experts * 3 * d * 2048) + params["norm"]
-               + params["embedding"] + params["lm_head"])
+    by_hand = (
+        params["attention"]
+        + 3 * 3 * d * 18432
+        + 58 * (d * 256 + experts * 3 * d * 2048)
+        + params["norm"]
+        + params["embedding"]
+        + params["lm_head"]
+    )
     assert by_hand == active == 37_552_282_624 and f"{params['attention']:,} (attention)" in section
     n = 131072
     latent = ds.kv_cache_bytes(n, 1, "bfloat16")
@@ -517,15 +570,20 @@ def test_the_guide_s_deepseek_v3_and_gpt_oss_prose_figures():
     shares = []
     for phase in ("decode", "prefill"):
         per = ds.per_token(phase, n)
-        shares.append(f"{100 * float((per['attention.scores'] + per['attention.weighted_sum']) / sum(per.values())):.1f} %")
+        shares.append(
+            f"{100 * float((per['attention.scores'] + per['attention.weighted_sum']) / sum(per.values())):.1f} %"
+        )
     assert f"are {shares[0]} of a decoded token's" in section and f"and {shares[1]} of a prefill token's" in section
     per = ds.per_token("prefill", n)
     routed = sum(v for k, v in per.items() if k.startswith("ffn.experts."))
     dense = sum(per[k] for k in ("ffn.gate", "ffn.up", "ffn.down"))
-    assert f"routed experts are {float(routed) / 1e9:.1f} GFLOPs, the dense layers and the shared expert {float(dense) / 1e9:.1f}" in section
+    assert (
+        f"routed experts are {float(routed) / 1e9:.1f} GFLOPs, the dense layers and the shared expert {float(dense) / 1e9:.1f}"
+        in section
+    )
     go = _cost(SPECS / "gpt-oss-120b.json")
     go_active = active_params_per_token(go.model)
     assert f"{go_active:,}, count the embedding" in section
-    assert f"without it, {go_active - go.params()['embedding']:,}: the model card's \"5.13B active\"" in section
+    assert f'without it, {go_active - go.params()["embedding"]:,}: the model card\'s "5.13B active"' in section
     sinks = sum(p.numel() for name, p in go.model.named_parameters() if name.endswith("attention.sinks"))
     assert f"(64 per layer, {sinks:,}\nparameters in all)" in section

@@ -16,8 +16,13 @@ from modkit.analysis.inspection import POSITION_METHODS
 from tests.conftest import SPECS, registry_with, tiny_spec
 
 HOOK_DICTS = (
-    "_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-    "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
 )
 
 
@@ -186,7 +191,9 @@ def test_include_selects_names_and_skips_the_weights_call(monkeypatch):
     calls = []
     attn_cls = type(model.layers[0].attention)
     original = attn_cls.forward_with_weights
-    monkeypatch.setattr(attn_cls, "forward_with_weights", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    monkeypatch.setattr(
+        attn_cls, "forward_with_weights", lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    )
     with modkit.inspect(model, include=["layers.*:update", "final_norm:*"]) as rec:
         model(ids_for(model))
     assert rec.names() == ["layers.0:update", "layers.1:update", "final_norm:output"]
@@ -313,15 +320,27 @@ class StackedFFN(nn.Module):
 def test_third_party_components_record_what_exists_and_say_what_does_not():
     from typing import Literal
 
-    attn_cfg = type("FusedCfg", (FusedConfig,), {"__annotations__": {"type": Literal["fused-test"]}, "type": "fused-test"})
-    ffn_cfg = type("StackedCfg", (StackedConfig,), {"__annotations__": {"type": Literal["stacked-test"]}, "type": "stacked-test"})
+    attn_cfg = type(
+        "FusedCfg", (FusedConfig,), {"__annotations__": {"type": Literal["fused-test"]}, "type": "fused-test"}
+    )
+    ffn_cfg = type(
+        "StackedCfg", (StackedConfig,), {"__annotations__": {"type": Literal["stacked-test"]}, "type": "stacked-test"}
+    )
     reg = registry_with(
         "inspect-test",
-        Component(kind="attention", type="fused-test", config=attn_cfg, factory=FusedAttention, description="fused qkv",
-                  capabilities={"causal_safe": True}),
+        Component(
+            kind="attention",
+            type="fused-test",
+            config=attn_cfg,
+            factory=FusedAttention,
+            description="fused qkv",
+            capabilities={"causal_safe": True},
+        ),
         Component(kind="ffn", type="stacked-test", config=ffn_cfg, factory=StackedFFN, description="bare parameters"),
     )
-    spec = tiny_spec(block__attention={"type": "fused-test", "n_heads": 4}, block__ffn={"type": "stacked-test", "d_ff": 48})
+    spec = tiny_spec(
+        block__attention={"type": "fused-test", "n_heads": 4}, block__ffn={"type": "stacked-test", "d_ff": 48}
+    )
     model = modkit.build(spec, registry=reg, seed=0).eval()
     ids = ids_for(model)
     plain = model(ids).logits

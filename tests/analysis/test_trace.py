@@ -70,7 +70,11 @@ def test_stages_of_a_tiny_llama_with_exact_shapes():
         ("layers.0:output", (1, 5, 32)),
         ("layers.0:update", (1, 5, 32)),
     ]
-    assert shapes(t.after) == [("final_norm:output", (1, 5, 32)), ("lm_head:output", (1, 5, 64)), ("logits", (1, 5, 64))]
+    assert shapes(t.after) == [
+        ("final_norm:output", (1, 5, 32)),
+        ("lm_head:output", (1, 5, 64)),
+        ("logits", (1, 5, 64)),
+    ]
     notes = {s.name: s.note for s in t.groups[0].stages}
     assert notes["layers.0.attention.q_proj:output"] == "per head: [1, 4, 5, 8]"
     assert notes["layers.0.attention.k_proj:output"] == "per head: [1, 2, 5, 8]"
@@ -101,11 +105,17 @@ def test_every_spec_traces_on_meta(spec_file, capsys):
     assert "shapes only" in out and f"[1, 11, {spec.vocab_size}]" in out
     if spec.vocab_size >= 256:
         ids = list("hello world".encode())
-        assert f"tokenizer: bytes (one id per UTF-8 byte, 0 to 255): the default for a spec with vocab_size {spec.vocab_size:,} >= 256" in out
+        assert (
+            f"tokenizer: bytes (one id per UTF-8 byte, 0 to 255): the default for a spec with vocab_size {spec.vocab_size:,} >= 256"
+            in out
+        )
     else:
         chars = sorted(set(default_corpus().read_text()))
         ids = [chars.index(c) for c in "hello world"]
-        assert f"tokenizer: char (tiny shakespeare's 65 characters): the default for a spec with vocab_size {spec.vocab_size} < 256" in out
+        assert (
+            f"tokenizer: char (tiny shakespeare's 65 characters): the default for a spec with vocab_size {spec.vocab_size} < 256"
+            in out
+        )
     assert f"ids: {', '.join(map(str, ids))}" in out
     assert "tokens (11): 'h' 'e' 'l' 'l' 'o' ' ' 'w' 'o' 'r' 'l' 'd'" in out
     t = trace(modkit.build(spec, device="meta"), [1, 2, 3])
@@ -224,9 +234,18 @@ def trained_run(tmp_path_factory) -> Path:
     prepare([text], root / "data", tokenizer="char", show_progress=False)
     model = {**tiny_spec(max_seq_len=32), "position": {"type": "learned"}, "tie_embeddings": True}
     config = {
-        "model": model, "data": str(root / "data"), "batch_size": 8, "seq_len": 32, "max_steps": 40,
-        "warmup_steps": 5, "lr": 3e-3, "eval_interval": 40, "eval_batches": 2, "sample_tokens": 0,
-        "device": "cpu", "seed": 0,
+        "model": model,
+        "data": str(root / "data"),
+        "batch_size": 8,
+        "seq_len": 32,
+        "max_steps": 40,
+        "warmup_steps": 5,
+        "lr": 3e-3,
+        "eval_interval": 40,
+        "eval_batches": 2,
+        "sample_tokens": 0,
+        "device": "cpu",
+        "seed": 0,
     }
     train(config, root / "run", echo=lambda line: None)
     return root / "run"
@@ -319,7 +338,9 @@ def test_cli_errors_are_one_clear_line(trained_run, tmp_path, capsys):
     assert code == 2 and "not allowed with argument" in err
     code, _, err = run(capsys, "trace", spec, "--ids", "1", "--top-k", "0")
     assert code == 1 and "--top-k must be >= 1" in err
-    code, _, err = run(capsys, "trace", spec, "--text", "héllo", "--tokenizer", str(trained_run / "best" / "tokenizer.json"))
+    code, _, err = run(
+        capsys, "trace", spec, "--text", "héllo", "--tokenizer", str(trained_run / "best" / "tokenizer.json")
+    )
     assert code == 1 and "é" in err
 
 
@@ -341,8 +362,17 @@ def test_a_tokenizer_that_does_not_fit_the_model_names_both_sizes(trained_run, t
     code, _, err = run(capsys, "trace", char_spec, "--text", "hi", "--tokenizer", "bytes")
     assert code == 1
     assert "tokenizer 'bytes' has 256 ids but the model's vocab_size is 65: ids 65 and above have no embedding" in err
-    code, _, err = run(capsys, "generate", char_spec, "--prompt", "hi", "--tokenizer", str(_bytes_file(tmp_path)),
-                       "--max-new-tokens", "1")
+    code, _, err = run(
+        capsys,
+        "generate",
+        char_spec,
+        "--prompt",
+        "hi",
+        "--tokenizer",
+        str(_bytes_file(tmp_path)),
+        "--max-new-tokens",
+        "1",
+    )
     assert code == 1 and "has 256 ids but the model's vocab_size is 65" in err
     # fewer ids than the model, given by hand: traced, with a warning naming both sizes
     file = trained_run / "best" / "tokenizer.json"
@@ -356,7 +386,10 @@ def test_a_tokenizer_that_does_not_fit_the_model_names_both_sizes(trained_run, t
     small = tmp_path / "small.json"
     small.write_text(__import__("json").dumps(tiny_spec(vocab_size=32)))
     code, _, err = run(capsys, "trace", str(small), "--text", "hi")
-    assert code == 1 and "no default tokenizer fits vocab_size 32 (bytes need 256 ids, tiny shakespeare's characters 65)" in err
+    assert (
+        code == 1
+        and "no default tokenizer fits vocab_size 32 (bytes need 256 ids, tiny shakespeare's characters 65)" in err
+    )
     assert run(capsys, "trace", str(small), "--ids", "1,2")[0] == 0
 
 
@@ -381,7 +414,9 @@ def test_entropy_colours_span_what_entropy_can_be(capsys):
 
 
 def test_cli_random_init_gives_untrained_statistics(capsys):
-    code, out, err = run(capsys, "trace", str(SPECS / "tiny-llama.json"), "--ids", "1 2 3 4", "--random-init", "--seed", "3")
+    code, out, err = run(
+        capsys, "trace", str(SPECS / "tiny-llama.json"), "--ids", "1 2 3 4", "--random-init", "--seed", "3"
+    )
     assert code == 0, err
     assert "weights: untrained (random init, seed 3)" in out
     assert "Per layer" in out and "logit lens" in out

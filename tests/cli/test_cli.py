@@ -234,15 +234,19 @@ def test_build_card_counts_the_kv_cache_of_sliding_windows_as_allocated(capsys):
     code, out, err = run(capsys, "build", path, "--device", "meta")
     assert code == 0, err
     kv_line = next(line for line in out.splitlines() if line.startswith("KV cache:"))
-    assert kv_line == ("KV cache: 262,144 bytes/token at float32; 1.00 GiB per sequence of max_seq_len 32,768 "
-                       "(32 of 32 layers cache at most 4,096 tokens: their sliding window or attention chunk)")
+    assert kv_line == (
+        "KV cache: 262,144 bytes/token at float32; 1.00 GiB per sequence of max_seq_len 32,768 "
+        "(32 of 32 layers cache at most 4,096 tokens: their sliding window or attention chunk)"
+    )
     # Llama 4 Scout: chunked attention (8,192) on 36 of 48 layers, 12 global ones: 12 x 10,485,760 + 36 x 8,192
     # slots of 2 x 8 x 128 float32 values = 962.25 GiB; the chunked layers are not called sliding windows
     code, out, err = run(capsys, "build", ROOT / "specs" / "llama-4-scout-17b-16e.json", "--device", "meta")
     assert code == 0, err
     kv_line = next(line for line in out.splitlines() if line.startswith("KV cache:"))
-    assert kv_line == ("KV cache: 393,216 bytes/token at float32; 962.25 GiB per sequence of max_seq_len 10,485,760 "
-                       "(36 of 48 layers cache at most 8,192 tokens: their sliding window or attention chunk)")
+    assert kv_line == (
+        "KV cache: 393,216 bytes/token at float32; 962.25 GiB per sequence of max_seq_len 10,485,760 "
+        "(36 of 48 layers cache at most 8,192 tokens: their sliding window or attention chunk)"
+    )
     code, out, _ = run(capsys, "build", path, "--device", "meta", "--json", "--dtype", "bfloat16")
     data = json.loads(out)
     model = modkit.build(str(path), device="meta")
@@ -359,7 +363,9 @@ def test_convert_hf_unknown_keys_warn_once_and_strict_refuses(capsys, tmp_path):
         code, out, err = run(capsys, "convert", "hf", config)
     assert code == 0, err
     lines = [l for l in err.splitlines() if "warning" in l]
-    assert len(lines) == 1 and "foo_legacy = 7" in lines[0] and 'other_lib = {"x": 1}' in lines[0], err  # (containers as JSON)
+    assert len(lines) == 1 and "foo_legacy = 7" in lines[0] and 'other_lib = {"x": 1}' in lines[0], (
+        err
+    )  # (containers as JSON)
     assert json.loads(out)["d_model"] == 64
     code, out, err = run(capsys, "convert", "hf", config, "--strict")
     assert code == 1 and out == ""
@@ -406,7 +412,9 @@ def test_convert_hf_dispatches_on_model_type(capsys, tmp_path, toy_converter):
 
 def test_convert_hf_errors(capsys, tmp_path, toy_converter):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "modkit-cli-toy", "hidden_size": 64, "num_hidden_layers": 2, "hidden_act": "relu"}))
+    config.write_text(
+        json.dumps({"model_type": "modkit-cli-toy", "hidden_size": 64, "num_hidden_layers": 2, "hidden_act": "relu"})
+    )
     code, _, err = run(capsys, "convert", "hf", config)
     assert code == 1 and f"{config}: hidden_act: 'relu' is not supported" in err
     config.write_text(json.dumps({"model_type": "modkit-cli-toi"}))
@@ -415,7 +423,9 @@ def test_convert_hf_errors(capsys, tmp_path, toy_converter):
     code, _, err = run(capsys, "convert", "hf", tmp_path / "nope.json")
     assert code == 1 and "no such file" in err and "Traceback" not in err
     config.write_text(json.dumps({"model_type": "modkit-cli-toy", "hidden_size": 62, "num_hidden_layers": 2}))
-    code, _, err = run(capsys, "convert", "hf", config)  # converter output fails validation (62 is not divisible by 4 heads)
+    code, _, err = run(
+        capsys, "convert", "hf", config
+    )  # converter output fails validation (62 is not divisible by 4 heads)
     assert code == 1 and "block.attention" in err and "Traceback" not in err
 
 
@@ -457,7 +467,11 @@ def test_python_dash_m_modkit(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MODKIT_DEBUG"}
     proc = subprocess.run(
         [sys.executable, "-m", "modkit", "validate", str(TINY), str(bad)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_TIMEOUT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=HANG_TIMEOUT,
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.strip() == f"ok {TINY}"
@@ -481,11 +495,26 @@ def test_help_version_and_usage_errors_do_not_import_torch(argv):
     """The parser assembles without torch or the plugins: every command module imports them
     only in its handler (``generate``'s registry-backed flags wait until ``generate`` is parsed)."""
     env = {k: v for k, v in os.environ.items() if k != "MODKIT_DEBUG"}
-    proc = subprocess.run([sys.executable, "-c", _STARTUP, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", _STARTUP, *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_TIMEOUT
+    )
     assert proc.stdout.rstrip().splitlines()[-1] == "HEAVY []", (proc.stdout[-500:], proc.stderr[-2000:])
     if argv == ["--help"]:
         assert proc.returncode == 0 and proc.stdout.startswith("usage: modkit ")
-        for command in ("list", "show", "build", "generate", "train", "cost", "trace", "check", "docs", "new", "data", "compare"):
+        for command in (
+            "list",
+            "show",
+            "build",
+            "generate",
+            "train",
+            "cost",
+            "trace",
+            "check",
+            "docs",
+            "new",
+            "data",
+            "compare",
+        ):
             assert f"\n    {command} " in proc.stdout, command
     elif argv == ["--version"]:
         assert proc.returncode == 0 and proc.stdout.splitlines()[0] == f"modkit {modkit.__version__}"
@@ -500,7 +529,12 @@ def test_the_full_parser_holds_the_deferred_sampling_flags(capsys):
     flags = {s for a in sub.choices["generate"]._actions for s in a.option_strings}
     from modkit.inference.sampling import arguments
 
-    expected = {"--" + name.replace("_", "-") for name in arguments()} | {"--temperature", "--top-k", "--top-p", "--sampling"}
+    expected = {"--" + name.replace("_", "-") for name in arguments()} | {
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--sampling",
+    }
     assert expected <= flags and "--min-p" in flags
     code, out, _ = run(capsys, "generate", "--help")
     assert code == 0 and all(f in out for f in expected)
@@ -521,8 +555,20 @@ def test_generate_encodes_the_prompt_without_the_tokenizers_padding(tmp_path):
     raw.enable_padding(length=60, pad_id=0, pad_token="[PAD]")
     raw.save(str(raw_path))
     out = subprocess.run(
-        [sys.executable, "-m", "modkit", "generate", str(tmp_path / "ckpt"), "--prompt", "the quick fox", "--max-new-tokens", "2"],
-        capture_output=True, text=True, timeout=HANG_TIMEOUT,
+        [
+            sys.executable,
+            "-m",
+            "modkit",
+            "generate",
+            str(tmp_path / "ckpt"),
+            "--prompt",
+            "the quick fox",
+            "--max-new-tokens",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG_TIMEOUT,
     )
     assert out.returncode == 0, out.stderr
     n = len(tok.encode("the quick fox"))

@@ -18,7 +18,11 @@ from modkit.cli import build_parser, close_flags, iter_parsers
 
 def _leaves() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """``(words, parser)`` of every subcommand that runs a handler (``("docs", "build")``, ...)."""
-    return [(w, p) for w, p in iter_parsers(build_parser()) if w and not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)]
+    return [
+        (w, p)
+        for w, p in iter_parsers(build_parser())
+        if w and not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
+    ]
 
 
 def _matches(parser: argparse.ArgumentParser, token: str) -> list[argparse.Action]:
@@ -89,7 +93,10 @@ def test_the_reported_prefix_cases_are_refused(capsys):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(usage), (argv, err)
-        assert f"modkit {' '.join(usage.split()[2:])}: error: unrecognized arguments: {' '.join(argv[argv.index(next(a for a in argv if a.startswith('--'))):])}; {hint}" in err, err
+        assert (
+            f"modkit {' '.join(usage.split()[2:])}: error: unrecognized arguments: {' '.join(argv[argv.index(next(a for a in argv if a.startswith('--'))) :])}; {hint}"
+            in err
+        ), err
         assert "usage: modkit [-h]" not in err
 
 
@@ -97,7 +104,9 @@ def test_the_reported_prefix_cases_are_refused(capsys):
 def test_each_command_names_its_own_flag(words, capsys):
     """For every command: its longest flag misspelt (one letter doubled) gets that command's usage and the flag."""
     parser = dict(_leaves())[words]
-    options = sorted((o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"), key=len)
+    options = sorted(
+        (o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"), key=len
+    )
     flag = options[-1] if options else None  # `modkit validate` has none: its usage all the same, no hint
     typo = flag + flag[-1] if flag else "--zzzz"
     if flag:
@@ -145,7 +154,9 @@ def test_benchmark_and_page_scripts_match_no_flag_by_prefix():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser":
                 abbrev = [k.value for k in node.keywords if k.arg == "allow_abbrev"]
-                parsers.append((path.name, len(abbrev) == 1 and isinstance(abbrev[0], ast.Constant) and abbrev[0].value is False))
+                parsers.append(
+                    (path.name, len(abbrev) == 1 and isinstance(abbrev[0], ast.Constant) and abbrev[0].value is False)
+                )
     assert len(parsers) >= 13
     assert [name for name, off in parsers if not off] == []
 

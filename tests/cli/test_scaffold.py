@@ -69,12 +69,24 @@ def installed(tmp_path_factory):
     commands = {
         "check": ["-m", "modkit", "check", "--plugin", "my-norms", "--plugin", "my-ffns"],
         # the skeletons' own tests, run against the installed packages (importlib mode: two tests/ folders)
-        "pytest": ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
-                   str(work / "new" / "my-norms" / "tests"), str(work / "new" / "my-ffns" / "tests")],
+        "pytest": [
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--import-mode=importlib",
+            str(work / "new" / "my-norms" / "tests"),
+            str(work / "new" / "my-ffns" / "tests"),
+        ],
     }
     start = time.perf_counter()
-    procs = {n: subprocess.Popen([sys.executable, *a], env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for n, a in commands.items()}
+    procs = {
+        n: subprocess.Popen(
+            [sys.executable, *a], env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for n, a in commands.items()
+    }
     results = {}
     try:
         for n, p in procs.items():
@@ -92,7 +104,11 @@ def test_skeleton_layout(installed):
     work, site, _ = installed
     root = work / "new" / "my-norms"
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == [
-        "README.md", "my_norms/__init__.py", "my_norms/norm.py", "pyproject.toml", "tests/testing/test_contracts.py",
+        "README.md",
+        "my_norms/__init__.py",
+        "my_norms/norm.py",
+        "pyproject.toml",
+        "tests/testing/test_contracts.py",
     ]
     pyproject = (root / "pyproject.toml").read_text()
     assert 'name = "my-norms"' in pyproject
@@ -117,7 +133,9 @@ def test_scaffolded_tests_pass(installed):
 def test_timings_are_reported(installed, capsys):
     seconds = installed[2]["_seconds"]
     with capsys.disabled():
-        print(f"\nscaffold: pip install (2 packages) {seconds['install']:.1f}s; checks + skeleton tests {seconds['commands']:.1f}s")
+        print(
+            f"\nscaffold: pip install (2 packages) {seconds['install']:.1f}s; checks + skeleton tests {seconds['commands']:.1f}s"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ refusals
@@ -212,7 +230,9 @@ def test_every_kind_builds_runs_and_decodes(tmp_path, monkeypatch, kind):
     with torch.no_grad():
         full = model(ids).logits
         cache = model.new_cache()
-        steps = [model(ids[:, :4], cache=cache).logits] + [model(ids[:, t : t + 1], cache=cache).logits for t in range(4, 9)]
+        steps = [model(ids[:, :4], cache=cache).logits] + [
+            model(ids[:, t : t + 1], cache=cache).logits for t in range(4, 9)
+        ]
     assert torch.isfinite(full).all()
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
 
@@ -230,11 +250,18 @@ def test_attention_skeleton_passes_the_contract_kit(tmp_path, monkeypatch):
     failed = [r for r in results if r.status == "failed"]
     assert not failed, "\n".join(f"{r.check}: {r.detail}" for r in failed)
     passed = {r.check for r in results if r.status == "passed"}
-    assert {"causality", "kv_cache_decode", "gqa_equals_mha", "masked_row", "param_count", "position_sensitivity",
-            "precision"} <= passed
+    assert {
+        "causality",
+        "kv_cache_decode",
+        "gqa_equals_mha",
+        "masked_row",
+        "param_count",
+        "position_sensitivity",
+        "precision",
+    } <= passed
     # the mask, the dead-row guard and the cache come from modkit's helpers, not from copied code
     source = (root / "scaffold_kit_attention" / "attention.py").read_text()
-    forward = source[source.index("    def forward("):source.index("def _head_dim(")]
+    forward = source[source.index("    def forward(") : source.index("def _head_dim(")]
     for helper in ("update_cache(inputs, k, v, mixer=self)", "prepare_mask(", "position_bias(", "masked_attention("):
         assert helper in forward, helper
     assert "inputs.cache.update" not in forward and "any(-1" not in forward and "masked_fill" not in forward

@@ -80,7 +80,7 @@ def test_a_key_that_is_not_an_identifier_is_printed_quoted_and_resolves(key, pri
 def test_identifier_keys_and_indices_print_as_before():
     """Plain keys keep the dotted form and indices the bracket form (``overrides[0].ffn.d_ff``)."""
     doc = tiny_spec(overrides=[{"layers": [0], "ffn": {"type": "swiglu", "d_ff": -1}}])
-    (path, _), = spec_errors(doc)
+    ((path, _),) = spec_errors(doc)
     assert path == "overrides[0].ffn.d_ff"
     assert resolve_path(doc, path) == -1
     assert format_path(["overrides", 0, "ffn", "d_ff"]) == path
@@ -106,7 +106,7 @@ def test_quoted_keys_inside_an_array_item(key, printed):
 
 def test_a_quoted_key_inside_a_component_slot():
     doc = tiny_spec(block__ffn={"type": "swiglu", "d_ff": 64, "a.b": True})
-    (path, message), = spec_errors(doc)
+    ((path, message),) = spec_errors(doc)
     assert path == 'block.ffn["a.b"]' and "unknown field 'a.b' for 'swiglu'" in message
     assert resolve_path(doc, path) is True
 
@@ -196,8 +196,12 @@ def test_resolve_path_names_where_it_stops():
     assert resolve_path(doc, "") is doc
     assert resolve_path(doc, "overrides[0].layers[0]") == 0
     assert resolve_path(doc, "block.ffn.missing", default=None) is None  # a missing field under its object
-    for path, fragment in [("block.nope.d_ff", "no key \"nope\""), ("overrides[3]", "out of range"),
-                           ("block.ffn.d_ff.x", "cannot follow an integer"), ("block[0]", "cannot follow an object")]:
+    for path, fragment in [
+        ("block.nope.d_ff", 'no key "nope"'),
+        ("overrides[3]", "out of range"),
+        ("block.ffn.d_ff.x", "cannot follow an integer"),
+        ("block[0]", "cannot follow an object"),
+    ]:
         with pytest.raises(PathError, match=fragment):
             resolve_path(doc, path, default=None)
 
@@ -277,7 +281,7 @@ def test_a_hugging_face_model_type_nested_deeply_is_one_clean_error():
     while the message was built. Now: one error at model_type naming the bound (64 levels) and the value."""
     with pytest.raises(SpecError) as info:
         modkit.from_hf_config({"model_type": _deep(5000)})
-    (path, message), = info.value.errors
+    ((path, message),) = info.value.errors
     assert path == "model_type"
     assert "nested deeper than 64 levels" in message and "modkit.core.limits.MAX_JSON_DEPTH" in message
     assert message.endswith("got " + "[" * 37 + "...") and len(message) < 200, message
@@ -352,7 +356,9 @@ def test_generate_in_python_names_the_vocabulary_bound():
 
     model = modkit.build(TINY, seed=0).eval()
     for ids in ([[2**64]], [[1, 2**63]], [[-1]], [[64]]):
-        with pytest.raises(ArgumentError, match=r"input_ids must lie in \[0, 64\) \(the vocabulary\); got the token id"):
+        with pytest.raises(
+            ArgumentError, match=r"input_ids must lie in \[0, 64\) \(the vocabulary\); got the token id"
+        ):
             generate(model, ids, max_new_tokens=1)
 
 

@@ -50,6 +50,7 @@ def test_an_error_survives_pickling(error):
 
 def test_every_error_class_is_covered():
     """A new ModkitError subclass with its own __init__ gets a case above (the base class's pickling covers it)."""
+
     def subclasses(cls):
         for sub in cls.__subclasses__():
             yield sub

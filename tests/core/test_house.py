@@ -17,8 +17,22 @@ MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 MAX_PARAMETERS = 8
 #: the packages above modkit.core: core may import none of them
-ABOVE_CORE = ("analysis", "cli", "data", "docs", "evaluation", "experiments", "inference", "io", "nn", "parallel",
-              "plugin", "spec", "testing", "train")
+ABOVE_CORE = (
+    "analysis",
+    "cli",
+    "data",
+    "docs",
+    "evaluation",
+    "experiments",
+    "inference",
+    "io",
+    "nn",
+    "parallel",
+    "plugin",
+    "spec",
+    "testing",
+    "train",
+)
 
 
 def _sources() -> list[Path]:
@@ -74,13 +88,20 @@ def test_core_imports_nothing_from_the_packages_above_it():
     found = []
     for path in sorted((ROOT / "modkit" / "core").rglob("*.py")):
         tree = ast.parse(path.read_text())
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
+            for n in ast.walk(block)
+        }
         for node in ast.walk(tree):
             if id(node) in typing_only:  # annotations only: no import at run time
                 continue
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else (
-                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else ([a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            )
             for name in names:
                 parts = name.split(".")
                 if parts[0] == "modkit" and len(parts) > 1 and parts[1] in ABOVE_CORE:

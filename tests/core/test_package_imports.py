@@ -54,7 +54,7 @@ def test_function_named_like_its_submodule_keeps_the_name():
         "from modkit.nn.build import summarize\n"
         "with warnings.catch_warnings():\n"
         "    warnings.simplefilter('ignore', DeprecationWarning)\n"
-        "    import modkit.build\n"                          # the old path: the import system binds it on modkit
+        "    import modkit.build\n"  # the old path: the import system binds it on modkit
         "import modkit.data.prepare\n"
         "assert callable(modkit.build) and modkit.build.__module__ == 'modkit.nn.build', modkit.build\n"
         "assert modkit.data.prepare.__module__ == 'modkit.data.prepare' and callable(modkit.data.prepare)\n"
@@ -63,7 +63,9 @@ def test_function_named_like_its_submodule_keeps_the_name():
         "assert build is modkit.build\n"
         "assert modkit.analysis.cost.__name__ == 'modkit.analysis.cost'\n"  # a submodule by attribute, as after an eager import
     )
-    proc = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, cwd=ROOT, timeout=HANG_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, cwd=ROOT, timeout=HANG_TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -117,7 +119,9 @@ def test_the_import_paths_of_0_1_give_the_moved_modules_with_one_warning_each():
     assert set(seen) == set(MOVED) and len(MOVED) == 36
     for old, (same, texts) in seen.items():
         assert same, old
-        assert texts == [f"{old} moved to {MOVED[old]} in modkit 0.2 (a component imports from modkit.plugin); the old path goes in 0.3"]
+        assert texts == [
+            f"{old} moved to {MOVED[old]} in modkit 0.2 (a component imports from modkit.plugin); the old path goes in 0.3"
+        ]
 
 
 def test_modkit_and_its_built_in_plugins_import_no_old_path():
@@ -143,7 +147,12 @@ def test_the_built_in_plugins_import_modkit_only_through_modkit_plugin():
     found = {}
     for path in sorted((ROOT / "modkit_plugins").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == "modkit":
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and node.module
+                and node.module.split(".")[0] == "modkit"
+            ):
                 found.setdefault(node.module, []).append(path.relative_to(ROOT).as_posix())
             elif isinstance(node, ast.Import):
                 for alias in node.names:

@@ -108,10 +108,16 @@ def runs(tmp_path_factory):
     """Lay out every scenario, run all the ``python -m modkit`` commands concurrently, return their results."""
     tmp = tmp_path_factory.mktemp("plugin-isolation")
     broken = tmp / "broken"
-    make_dist(broken, "modkit-isolation-importfail", "isolation-importfail", "modkit_isolation_importfail", IMPORT_FAILS)
+    make_dist(
+        broken, "modkit-isolation-importfail", "isolation-importfail", "modkit_isolation_importfail", IMPORT_FAILS
+    )
     make_dist(broken, "modkit-isolation-badsig", "isolation-badsig", "modkit_isolation_badsig", BAD_SIGNATURE)
     only_importfail = make_dist(
-        tmp / "only-importfail", "modkit-isolation-importfail", "isolation-importfail", "modkit_isolation_importfail", IMPORT_FAILS
+        tmp / "only-importfail",
+        "modkit-isolation-importfail",
+        "isolation-importfail",
+        "modkit_isolation_importfail",
+        IMPORT_FAILS,
     )
     only_badsig = make_dist(
         tmp / "only-badsig", "modkit-isolation-badsig", "isolation-badsig", "modkit_isolation_badsig", BAD_SIGNATURE
@@ -120,8 +126,12 @@ def runs(tmp_path_factory):
     copy_a = make_dist(tmp / "copy-a", "modkit-isolation-dup", "isolation-dup", "modkit_isolation_dup", good)
     copy_b = make_dist(tmp / "copy-b", "modkit-isolation-dup", "isolation-dup", "modkit_isolation_dup", good)
     clash = tmp / "clash"
-    make_dist(clash, "modkit-isolation-one", "isolation-one", "modkit_isolation_one", GOOD_NORM.format(type="isolation-same"))
-    make_dist(clash, "modkit-isolation-two", "isolation-two", "modkit_isolation_two", GOOD_NORM.format(type="isolation-same"))
+    make_dist(
+        clash, "modkit-isolation-one", "isolation-one", "modkit_isolation_one", GOOD_NORM.format(type="isolation-same")
+    )
+    make_dist(
+        clash, "modkit-isolation-two", "isolation-two", "modkit_isolation_two", GOOD_NORM.format(type="isolation-same")
+    )
 
     commands = {
         "broken-list": (["list"], [broken], False),

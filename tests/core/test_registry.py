@@ -79,7 +79,9 @@ def test_name_clash_names_both_providers():
 
     reg.register_plugin(_plugin(register_components=register_components), "first", distribution="pkg-a", version="1.0")
     with pytest.raises(RegistryError) as info:
-        reg.register_plugin(_plugin(register_components=register_components), "second", distribution="pkg-b", version="2.0")
+        reg.register_plugin(
+            _plugin(register_components=register_components), "second", distribution="pkg-b", version="2.0"
+        )
     text = str(info.value)
     assert "first (pkg-a 1.0)" in text and "second (pkg-b 2.0)" in text
     assert [p.name for p in reg.plugins()] == ["first"]
@@ -196,8 +198,14 @@ class OtherConfig(ComponentConfig):
 
 def test_alias_is_a_second_name_of_one_entry():
     reg = Registry()
-    entry = Component(kind="norm", type="dummy", config=DummyConfig, factory=lambda c, x: nn.Identity(),
-                      description="identity", aliases=("dum",))
+    entry = Component(
+        kind="norm",
+        type="dummy",
+        config=DummyConfig,
+        factory=lambda c, x: nn.Identity(),
+        description="identity",
+        aliases=("dum",),
+    )
     reg.register_plugin(_plugin(register_components=lambda register: register(entry)), "p")
     assert reg.types("norm") == ["dummy"] and reg.aliases("norm") == {"dum": "dummy"}
     assert reg.get("norm", "dum") is reg.get("norm", "dummy")
@@ -211,20 +219,39 @@ def test_alias_is_a_second_name_of_one_entry():
     assert reg.aliases("norm") == {}
 
 
-@pytest.mark.parametrize("aliases,match", [(("dummy",), "is the type itself"), (("Bad Name",), "must match"),
-                                           (("a", "a"), "one alias twice")])
+@pytest.mark.parametrize(
+    "aliases,match",
+    [(("dummy",), "is the type itself"), (("Bad Name",), "must match"), (("a", "a"), "one alias twice")],
+)
 def test_malformed_aliases_are_rejected(aliases, match):
-    entry = Component(kind="norm", type="dummy", config=DummyConfig, factory=lambda c, x: nn.Identity(),
-                      description="identity", aliases=aliases)
+    entry = Component(
+        kind="norm",
+        type="dummy",
+        config=DummyConfig,
+        factory=lambda c, x: nn.Identity(),
+        description="identity",
+        aliases=aliases,
+    )
     with pytest.raises(RegistryError, match=match):
         Registry().register_plugin(_plugin(register_components=lambda register: register(entry)), "p")
 
 
 def test_alias_clashing_with_a_type_of_another_plugin_names_both():
     reg = Registry()
-    reg.register_plugin(_plugin(register_components=lambda register: register(_component("other", OtherConfig))), "first")
-    entry = Component(kind="norm", type="dummy", config=DummyConfig, factory=lambda c, x: nn.Identity(),
-                      description="identity", aliases=("other",))
-    with pytest.raises(RegistryError, match="'other' is provided twice: as the alias of norm/dummy by second.*type of norm/other by first"):
+    reg.register_plugin(
+        _plugin(register_components=lambda register: register(_component("other", OtherConfig))), "first"
+    )
+    entry = Component(
+        kind="norm",
+        type="dummy",
+        config=DummyConfig,
+        factory=lambda c, x: nn.Identity(),
+        description="identity",
+        aliases=("other",),
+    )
+    with pytest.raises(
+        RegistryError,
+        match="'other' is provided twice: as the alias of norm/dummy by second.*type of norm/other by first",
+    ):
         reg.register_plugin(_plugin(register_components=lambda register: register(entry)), "second")
     assert reg.aliases("norm") == {} and reg.types("norm") == ["other"]

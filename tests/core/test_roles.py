@@ -18,12 +18,25 @@ from modkit.train import decay_groups
 
 from conftest import SPECS, tiny_spec
 
-MOE = {**tiny_spec(), "tie_embeddings": False, "position": {"type": "learned"},
-       "block": {"attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "q_bias": True},
-                 "ffn": {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "mlp", "d_ff": 16},
-                         "router": {"type": "topk", "renormalize": True, "bias": True}},
-                 "norm": {"type": "layernorm"}, "placement": {"type": "pre"}},
-       "final_norm": {"type": "layernorm"}, "lm_head_bias": True}
+MOE = {
+    **tiny_spec(),
+    "tie_embeddings": False,
+    "position": {"type": "learned"},
+    "block": {
+        "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "q_bias": True},
+        "ffn": {
+            "type": "moe",
+            "n_experts": 4,
+            "top_k": 2,
+            "expert": {"type": "mlp", "d_ff": 16},
+            "router": {"type": "topk", "renormalize": True, "bias": True},
+        },
+        "norm": {"type": "layernorm"},
+        "placement": {"type": "pre"},
+    },
+    "final_norm": {"type": "layernorm"},
+    "lm_head_bias": True,
+}
 
 
 @pytest.mark.parametrize("path", sorted(SPECS.glob("*.json")), ids=lambda p: p.stem)
@@ -38,7 +51,9 @@ def test_roles_of_a_model_with_every_builtin_role():
     model = modkit.build(MOE, device="meta")
     roles = param_roles(model)
     d, v, L, t, e, f = 32, 64, 2, 64, 4, 16
-    assert roles["embed.weight"] == "embedding" and roles["lm_head.weight"] == "head" and roles["lm_head.bias"] == "bias"
+    assert (
+        roles["embed.weight"] == "embedding" and roles["lm_head.weight"] == "head" and roles["lm_head.bias"] == "bias"
+    )
     assert roles["positions.0.weight"] == "position"
     assert roles["layers.0.attention.q_proj.weight"] == "hidden" and roles["layers.0.attention.q_proj.bias"] == "bias"
     assert roles["layers.0.ffn.router.proj.weight"] == "router" and roles["layers.0.ffn.router.proj.bias"] == "bias"
@@ -50,8 +65,10 @@ def test_roles_of_a_model_with_every_builtin_role():
         "embedding": {"tensors": 1, "values": v * d},
         "position": {"tensors": 1, "values": t * d},
         "hidden": {"tensors": 4 * L, "values": L * (2 * d * d + 2 * d * kv)},
-        "bias": {"tensors": L * (1 + 1 + 2 + 2) + 2,  # q_bias, router bias, experts' 2, 2 norms' beta; final norm, head
-                 "values": L * (d + e + e * (f + d) + 2 * d) + d + v},
+        "bias": {
+            "tensors": L * (1 + 1 + 2 + 2) + 2,  # q_bias, router bias, experts' 2, 2 norms' beta; final norm, head
+            "values": L * (d + e + e * (f + d) + 2 * d) + d + v,
+        },
         "router": {"tensors": L, "values": L * e * d},
         "expert": {"tensors": 2 * L, "values": L * 2 * e * d * f},
         "norm_gain": {"tensors": 2 * L + 1, "values": (2 * L + 1) * d},
@@ -64,17 +81,50 @@ def test_roles_of_a_model_with_every_builtin_role():
 #: per-head QK-norm gain, the clamped SwiGLU with biases, the parallel placement with separate norms (layer 0); latent
 #: attention with a low-rank query and biases, a sigmoid router with its correction bias (a buffer), a shared expert
 #: and its gate (layer 1); an L2 QK-norm without parameters (layer 2)
-VARIANTS = {**tiny_spec(), "n_layers": 3, "tie_embeddings": False, "overrides": [
-    {"layers": [0], "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True,
-                                  "qk_norm": {"type": "rmsnorm", "eps": 1e-6}, "qk_norm_scope": "each_head"},
-     "ffn": {"type": "swiglu_clamped", "d_ff": 16, "bias": True}, "placement": {"type": "parallel", "shared_norm": False}},
-    {"layers": [1], "attention": {"type": "mla", "n_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
-                                  "qk_rope_head_dim": 4, "v_head_dim": 8, "latent_norm": {"type": "rmsnorm"}, "bias": True},
-     "ffn": {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 16},
-             "shared": {"type": "swiglu", "d_ff": 16}, "shared_gate": True,
-             "router": {"type": "sigmoid_topk", "correction_bias": True, "renormalize": True}}},
-    {"layers": [2], "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "l2norm"}}},
-]}
+VARIANTS = {
+    **tiny_spec(),
+    "n_layers": 3,
+    "tie_embeddings": False,
+    "overrides": [
+        {
+            "layers": [0],
+            "attention": {
+                "type": "gqa",
+                "n_heads": 4,
+                "n_kv_heads": 2,
+                "sinks": True,
+                "qk_norm": {"type": "rmsnorm", "eps": 1e-6},
+                "qk_norm_scope": "each_head",
+            },
+            "ffn": {"type": "swiglu_clamped", "d_ff": 16, "bias": True},
+            "placement": {"type": "parallel", "shared_norm": False},
+        },
+        {
+            "layers": [1],
+            "attention": {
+                "type": "mla",
+                "n_heads": 4,
+                "q_lora_rank": 16,
+                "kv_lora_rank": 16,
+                "qk_nope_head_dim": 8,
+                "qk_rope_head_dim": 4,
+                "v_head_dim": 8,
+                "latent_norm": {"type": "rmsnorm"},
+                "bias": True,
+            },
+            "ffn": {
+                "type": "moe",
+                "n_experts": 4,
+                "top_k": 2,
+                "expert": {"type": "swiglu", "d_ff": 16},
+                "shared": {"type": "swiglu", "d_ff": 16},
+                "shared_gate": True,
+                "router": {"type": "sigmoid_topk", "correction_bias": True, "renormalize": True},
+            },
+        },
+        {"layers": [2], "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "l2norm"}}},
+    ],
+}
 
 
 def test_roles_of_every_component_variant():
@@ -87,20 +137,26 @@ def test_roles_of_every_component_variant():
     assert list(model.get_parameter(a + "q_norm.weight").shape) == [4, 8]  # one gain per head
     assert roles["layers.0.ffn.gate.bias"] == "bias" and roles["layers.0.ffn_norm.weight"] == "norm_gain"
     m = "layers.1.attention."
-    assert {roles[m + n] for n in ("q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight")} == {"hidden"}
+    assert {
+        roles[m + n] for n in ("q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight")
+    } == {"hidden"}
     assert roles[m + "q_a_layernorm.weight"] == roles[m + "kv_a_layernorm.weight"] == "norm_gain"
     assert roles["layers.1.ffn.router.proj.weight"] == "router" and roles["layers.1.ffn.shared_gate.weight"] == "router"
     assert roles["layers.1.ffn.shared.up.weight"] == "hidden" and roles["layers.1.ffn.experts.down"] == "expert"
     # the selection-only correction bias is a buffer the training loop moves, never a parameter an optimizer steps
-    assert "layers.1.ffn.router.correction_bias" in dict(model.named_buffers()) and not any("correction" in n for n in roles)
+    assert "layers.1.ffn.router.correction_bias" in dict(model.named_buffers()) and not any(
+        "correction" in n for n in roles
+    )
     assert not any(n.startswith("layers.2.attention.") and "norm" in n for n in roles)  # l2norm has no gain
     mla_hidden = d * 16 + 16 * 4 * 12 + d * (16 + 4) + 16 * 4 * (8 + 8) + 4 * 8 * d
     gqa_hidden = 2 * d * d + 2 * d * kv
     assert role_table(model) == {
         "embedding": {"tensors": 1, "values": v * d},
         "head": {"tensors": 1, "values": v * d},
-        "hidden": {"tensors": 4 + 3 + 5 + 3 + 4 + 3,
-                   "values": gqa_hidden + 3 * d * f + mla_hidden + 3 * d * f + gqa_hidden + 3 * d * 64},
+        "hidden": {
+            "tensors": 4 + 3 + 5 + 3 + 4 + 3,
+            "values": gqa_hidden + 3 * d * f + mla_hidden + 3 * d * f + gqa_hidden + 3 * d * 64,
+        },
         "bias": {"tensors": 3 + 3, "values": (2 * f + d) + (16 + 20 + d)},
         "norm_gain": {"tensors": 2 + 2 + 2 + 2 + 2 + 1, "values": (4 * 8 + 2 * 8) + 6 * d + 2 * 16 + d},
         "vector": {"tensors": 1, "values": 4},
@@ -126,9 +182,14 @@ def test_muon_steps_matrices_and_leaves_sinks_routers_and_gates_to_adamw():
     ids = {id(p): n for n, p in model.named_parameters()}
     by_part = {}
     for part in opt.optimizers:
-        by_part.setdefault(type(part).__name__, set()).update(roles[ids[id(p)]] for g in part.param_groups for p in g["params"])
-    assert by_part == {"Muon": {"hidden"}, "StackedMuon": {"expert"},
-                       "AdamW": {"embedding", "head", "bias", "norm_gain", "vector", "router"}}
+        by_part.setdefault(type(part).__name__, set()).update(
+            roles[ids[id(p)]] for g in part.param_groups for p in g["params"]
+        )
+    assert by_part == {
+        "Muon": {"hidden"},
+        "StackedMuon": {"expert"},
+        "AdamW": {"embedding", "head", "bias", "norm_gain", "vector", "router"},
+    }
 
 
 def test_a_tied_head_is_the_embedding_and_its_bias_a_bias():
@@ -141,15 +202,30 @@ def test_weight_decay_reads_roles():
     decay, no_decay = decay_groups(model, 0.1)
     roles = param_roles(model)
     ids = {id(p): n for n, p in model.named_parameters()}
-    assert {roles[ids[id(p)]] for p in decay["params"]} == {"embedding", "position", "hidden", "router", "expert", "head"}
+    assert {roles[ids[id(p)]] for p in decay["params"]} == {
+        "embedding",
+        "position",
+        "hidden",
+        "router",
+        "expert",
+        "head",
+    }
     assert {roles[ids[id(p)]] for p in no_decay["params"]} == {"bias", "norm_gain"}
     # the rule p.dim() >= 2 decayed the stacked expert biases [n_experts, d_ff]; roles do not
-    assert model.layers[0].ffn.experts.up_bias.dim() == 2 and any(p is model.layers[0].ffn.experts.up_bias for p in no_decay["params"])
+    assert model.layers[0].ffn.experts.up_bias.dim() == 2 and any(
+        p is model.layers[0].ffn.experts.up_bias for p in no_decay["params"]
+    )
 
 
-@pytest.mark.parametrize("entry", [c for c in modkit.get_registry().components()
-                                   if c.kind not in ("logits_processor", "stop_condition", "optimizer")],
-                         ids=lambda c: f"{c.kind}/{c.type}")
+@pytest.mark.parametrize(
+    "entry",
+    [
+        c
+        for c in modkit.get_registry().components()
+        if c.kind not in ("logits_processor", "stop_condition", "optimizer")
+    ],
+    ids=lambda c: f"{c.kind}/{c.type}",
+)
 def test_the_kit_finds_a_role_for_every_builtin_parameter(entry):
     (result,) = check_component(entry.kind, entry.type, checks=["param_roles"])
     assert result.status in ("passed", "skipped"), str(result)
@@ -186,8 +262,15 @@ def _plugin(name: str, module_cls, roles=None):
 
     @modkit.hookimpl
     def register_components(register):
-        register(modkit.Component(kind="norm", type="scalenorm", config=ScaleConfig, factory=lambda cfg, ctx: cls(),
-                                  description="ScaleNorm. [batch, seq, d] -> [batch, seq, d]."))
+        register(
+            modkit.Component(
+                kind="norm",
+                type="scalenorm",
+                config=ScaleConfig,
+                factory=lambda cfg, ctx: cls(),
+                description="ScaleNorm. [batch, seq, d] -> [batch, seq, d].",
+            )
+        )
 
     mod.register_components = register_components
     sys.modules[name] = mod
@@ -237,11 +320,14 @@ def test_declared_roles_pass_and_bad_declarations_are_named(registered):
     assert param_roles(modkit.build(spec, device="meta"))["final_norm.g"] == "norm_gain"
 
 
-@pytest.mark.parametrize("roles, message", [
-    ({"g": "gain"}, "declares role 'gain' for 'g'; roles: hidden, expert"),
-    ({"g": "norm_gain", "gg": "bias"}, "declares a role for 'gg', which is not one of its parameters (g)"),
-    ({"g": "hidden"}, "'final_norm.g' [] has role 'hidden', which is 2-dimensional"),
-])
+@pytest.mark.parametrize(
+    "roles, message",
+    [
+        ({"g": "gain"}, "declares role 'gain' for 'g'; roles: hidden, expert"),
+        ({"g": "norm_gain", "gg": "bias"}, "declares a role for 'gg', which is not one of its parameters (g)"),
+        ({"g": "hidden"}, "'final_norm.g' [] has role 'hidden', which is 2-dimensional"),
+    ],
+)
 def test_the_kit_names_a_bad_declaration(registered, roles, message):
     registered("bad-norms", roles)
     (result,) = check_component("norm", "scalenorm", checks=["param_roles"])

@@ -105,7 +105,9 @@ def test_char_tokenizer_file_loads_in_tokenizers_as_generate_does(tmp_path):
 
 def test_char_unknown_character_is_a_value_error_naming_it_and_its_position():
     tok = char_tokenizer(CHARS)
-    with pytest.raises(ValueError, match=r"character '\\t' \(U\+0009 a control character\) at position 6 is not in the vocabulary") as info:
+    with pytest.raises(
+        ValueError, match=r"character '\\t' \(U\+0009 a control character\) at position 6 is not in the vocabulary"
+    ) as info:
         tok.encode("hello \tworld")
     assert isinstance(info.value, UnknownTokenError) and info.value.position == 6 and info.value.piece == "\t"
 
@@ -188,7 +190,11 @@ def test_jsonl_records_in_a_named_field(tmp_path):
     assert meta["sources"][0]["format"] == "jsonl" and meta["sources"][0]["tokens"] == n
     assert meta["documents"]["count"] == meta["sources"][0]["documents"] == 3 and meta["documents"]["eot_id"] == eot
     # the split starts at the first document at or after int(n * 0.75): the empty record's EOT
-    assert meta["tokens"] == {"train": n - 1, "val": 1} and meta["documents"]["train"] == 2 and meta["documents"]["val"] == 1
+    assert (
+        meta["tokens"] == {"train": n - 1, "val": 1}
+        and meta["documents"]["train"] == 2
+        and meta["documents"]["val"] == 1
+    )
 
 
 def test_folder_input_recursive_sorted_and_filtered(tmp_path):
@@ -204,7 +210,9 @@ def test_folder_input_recursive_sorted_and_filtered(tmp_path):
     assert names == ["a/c.jsonl", "a/z.md", "b.txt"]
     data = TokenData.open(tmp_path / "out")
     ids = np.concatenate([data.train, data.val]).tolist()
-    assert data.tokenizer.decode(ids) == "charlie\n<|endoftext|>zulu\n<|endoftext|>bravo\n<|endoftext|>"  # a file: a document
+    assert (
+        data.tokenizer.decode(ids) == "charlie\n<|endoftext|>zulu\n<|endoftext|>bravo\n<|endoftext|>"
+    )  # a file: a document
     assert data.vocab_size == len(set("charlie\nzulu\nbravo\n")) + 1
 
 
@@ -309,7 +317,9 @@ def test_each_bad_input_gets_its_error(tmp_path):
     no_field = _write(tmp_path / "nofield.jsonl", '{"text": "a"}\n\n{"body": "b"}\n')
     msg = _err(prepare, [no_field], out, **quiet)
     assert f"{no_field.resolve()}:3: no field 'text' (fields: 'body')" in msg and "--text-field" in msg
-    assert "no input files in this folder" in _err(prepare, [_write(tmp_path / "d" / "x.csv", "a").parent], out, **quiet)
+    assert "no input files in this folder" in _err(
+        prepare, [_write(tmp_path / "d" / "x.csv", "a").parent], out, **quiet
+    )
     assert "too few to split" in _err(prepare, [_write(tmp_path / "one.txt", "a")], out, eot="none", **quiet)
     twice = _err(prepare, [tmp_path, good], out, **quiet)  # tmp_path holds good.txt (and one.txt, empty.txt, ...)
     assert twice == f"{good.resolve()}: given twice (directly or inside a folder input); list each file once"
@@ -398,10 +408,13 @@ def test_random_windows_deterministic_and_resumable():
         RandomWindows(ARANGE, 4, 9, seed=7).load_state_dict(state)
 
 
-@pytest.mark.parametrize("make", [
-    lambda **k: RandomWindows(ARANGE, 6, 10, seed=1, **k),
-    lambda **k: SequentialEpochs(ARANGE, 6, 10, seed=1, **k),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **k: RandomWindows(ARANGE, 6, 10, seed=1, **k),
+        lambda **k: SequentialEpochs(ARANGE, 6, 10, seed=1, **k),
+    ],
+)
 def test_rank_slices_concatenate_to_the_single_process_batch(make):
     one = make()
     ranks = [make(rank=r, world_size=2) for r in range(2)] + [make(rank=r, world_size=3) for r in range(3)]
@@ -409,7 +422,9 @@ def test_rank_slices_concatenate_to_the_single_process_batch(make):
         x, y = one.next()
         parts = [r.next() for r in ranks]
         assert parts[0][0].shape == (3, 10) and parts[2][0].shape == (2, 10)
-        assert torch.equal(torch.cat([p[0] for p in parts[:2]]), x) and torch.equal(torch.cat([p[1] for p in parts[2:]]), y)
+        assert torch.equal(torch.cat([p[0] for p in parts[:2]]), x) and torch.equal(
+            torch.cat([p[1] for p in parts[2:]]), y
+        )
     with pytest.raises(DataError, match="batch_size = 6 .* not divisible by world_size = 4"):
         make(rank=0, world_size=4)
     with pytest.raises(DataError, match=r"rank = 2 must be in \[0, world_size = 2\)"):
@@ -477,7 +492,9 @@ def test_sampler_argument_errors():
 def test_cli_data_prepare(tmp_path, capsys, bpe300):
     src = _write(tmp_path / "in.txt", TEXT[:30_000])
     out = tmp_path / "ds"
-    assert cli.main(["data", "prepare", str(src), "-o", str(out), "--tokenizer", "bpe:300", "--val-fraction", "0.2"]) == 0
+    assert (
+        cli.main(["data", "prepare", str(src), "-o", str(out), "--tokenizer", "bpe:300", "--val-fraction", "0.2"]) == 0
+    )
     stdout = capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())
     assert f"{meta['tokens']['train']:,} tokens  {out}/train.bin" in stdout
@@ -492,7 +509,9 @@ def test_cli_data_prepare(tmp_path, capsys, bpe300):
 
     assert cli.main(["data", "prepare", str(tmp_path / "nope.txt"), "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == [f"modkit: error: {tmp_path / 'nope.txt'}: no such file or folder; check the input path"]
+    assert err.strip().splitlines() == [
+        f"modkit: error: {tmp_path / 'nope.txt'}: no such file or folder; check the input path"
+    ]
     assert cli.main(["data", "prepare", str(src), "-o", str(out), "--tokenizer", "bpe:12"]) == 1
     assert "Traceback" not in capsys.readouterr().err
 
@@ -500,7 +519,9 @@ def test_cli_data_prepare(tmp_path, capsys, bpe300):
 def test_data_guide_examples_run(shakespeare, tmp_path, monkeypatch):
     import re
 
-    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).resolve().parents[2] / "docs/guides/data.md").read_text(), re.S)
+    blocks = re.findall(
+        r"```python\n(.*?)```", (Path(__file__).resolve().parents[2] / "docs/guides/data.md").read_text(), re.S
+    )
     assert len(blocks) == 2
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MODKIT_CACHE", str(shakespeare.path.parents[1]))

@@ -83,16 +83,24 @@ def test_bos_when_asked_and_nothing_when_told(tmp_path):
 def test_a_hugging_face_tokenizer_folder_brings_its_own_separator(tmp_path):
     transformers = pytest.importorskip("transformers")
     base = train_tokenizer("bpe:400", DOCS, special_tokens=["<|doc_end|>", "<|doc_start|>"])  # names no rule knows
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=base.backend, eos_token="<|doc_end|>", bos_token="<|doc_start|>")
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=base.backend, eos_token="<|doc_end|>", bos_token="<|doc_start|>"
+    )
     hf.save_pretrained(tmp_path / "model")
     src = _jsonl(tmp_path / "docs.jsonl", DOCS)
-    meta = prepare([src], tmp_path / "out", tokenizer=str(tmp_path / "model"), bos=True, val_fraction=0.2, show_progress=False)
+    meta = prepare(
+        [src], tmp_path / "out", tokenizer=str(tmp_path / "model"), bos=True, val_fraction=0.2, show_progress=False
+    )
     assert meta["documents"]["eot"] == "<|doc_end|>" and meta["documents"]["bos"] == "<|doc_start|>"
     ids = _ids(tmp_path / "out")
     assert ids[0] == hf.bos_token_id and ids.count(hf.eos_token_id) == len(DOCS)
-    assert TokenData.open(tmp_path / "out").tokenizer.decode(ids) == "".join(f"<|doc_start|>{d}<|doc_end|>" for d in DOCS)
+    assert TokenData.open(tmp_path / "out").tokenizer.decode(ids) == "".join(
+        f"<|doc_start|>{d}<|doc_end|>" for d in DOCS
+    )
     # the same ids as transformers' own tokenizer gives each document
-    assert ids == [i for d in DOCS for i in [hf.bos_token_id] + hf(d, add_special_tokens=False)["input_ids"] + [hf.eos_token_id]]
+    assert ids == [
+        i for d in DOCS for i in [hf.bos_token_id] + hf(d, add_special_tokens=False)["input_ids"] + [hf.eos_token_id]
+    ]
     # a token the vocabulary lacks, and a tokenizer without a separator, are named errors
     with pytest.raises(DataError, match=r"eot token '<\|nope\|>' is not in the vocabulary"):
         prepare([src], tmp_path / "bad", tokenizer=str(tmp_path / "model"), eot="<|nope|>", show_progress=False)
@@ -124,7 +132,10 @@ def test_separate_validation_input(tmp_path):
     data = TokenData.open(tmp_path / "out")
     tok = data.tokenizer
     assert tok.decode(data.train.tolist()) == "".join(d + EOT_TOKEN for d in DOCS[:4])
-    assert tok.decode(data.val.tolist()) == "held out text, with a new character: §<|endoftext|>and a second one<|endoftext|>"
+    assert (
+        tok.decode(data.val.tolist())
+        == "held out text, with a new character: §<|endoftext|>and a second one<|endoftext|>"
+    )
     assert meta["split"] == prepare_mod.SPLIT_RULE_INPUTS and len(meta["val_sources"]) == 1
     assert meta["documents"] == {**meta["documents"], "count": 6, "train": 4, "val": 2}
     assert "§" in tok.backend.get_vocab()  # the char vocabulary covers both splits

@@ -18,7 +18,10 @@ pq = pytest.importorskip("pyarrow.parquet")
 zstandard = pytest.importorskip("zstandard")
 datasets = pytest.importorskip("datasets")
 
-RECORDS = [f"record {i}: " + "to be or not to be, " * (i % 7) + "that is the question" for i in range(120)] + ["", "last ü 🤖"]
+RECORDS = [f"record {i}: " + "to be or not to be, " * (i % 7) + "that is the question" for i in range(120)] + [
+    "",
+    "last ü 🤖",
+]
 
 
 def _ids(folder: Path) -> list[int]:
@@ -27,7 +30,9 @@ def _ids(folder: Path) -> list[int]:
 
 
 def _lines(records) -> bytes:
-    return "".join(json.dumps({"text": r, "id": i}, ensure_ascii=False) + "\n" for i, r in enumerate(records)).encode("utf-8")
+    return "".join(json.dumps({"text": r, "id": i}, ensure_ascii=False) + "\n" for i, r in enumerate(records)).encode(
+        "utf-8"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +57,11 @@ def test_gzip_and_zstd_json_lines(reference, tmp_path):
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(raw))
     meta = _same(reference, [tmp_path / "a.jsonl.gz"], tmp_path)
     src = meta["sources"][0]
-    assert src["format"] == "jsonl" and src["compression"] == "gzip" and src["bytes"] == (tmp_path / "a.jsonl.gz").stat().st_size
+    assert (
+        src["format"] == "jsonl"
+        and src["compression"] == "gzip"
+        and src["bytes"] == (tmp_path / "a.jsonl.gz").stat().st_size
+    )
     import hashlib
 
     assert src["sha256"] == hashlib.sha256((tmp_path / "a.jsonl.gz").read_bytes()).hexdigest()  # of the file as stored
@@ -81,7 +90,9 @@ def test_parquet_file_and_a_folder_of_shards(reference, tmp_path):
 
 def test_parquet_errors(tmp_path):
     pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "x.parquet")
-    with pytest.raises(DataError, match=r"x.parquet: no column 'text' \(columns: 'body'\); name the text column with --text-field"):
+    with pytest.raises(
+        DataError, match=r"x.parquet: no column 'text' \(columns: 'body'\); name the text column with --text-field"
+    ):
         prepare([tmp_path / "x.parquet"], tmp_path / "o", show_progress=False)
     pq.write_table(pa.table({"text": ["a", None, "c"]}), tmp_path / "n.parquet")
     with pytest.raises(DataError, match=r"n.parquet: row 2: 'text' is null, not a string of text"):
@@ -97,8 +108,13 @@ def test_datasets_save_to_disk_folders(reference, tmp_path):
     dd = datasets.DatasetDict({"train": ds.select(range(half)), "validation": ds.select(range(half, len(RECORDS)))})
     dd.save_to_disk(str(tmp_path / "dd"))
     folder, ids = reference
-    meta = prepare([tmp_path / "dd"], tmp_path / "split", tokenizer=str(folder / "tokenizer.json"), val_inputs=[tmp_path / "dd"],
-                   show_progress=False)
+    meta = prepare(
+        [tmp_path / "dd"],
+        tmp_path / "split",
+        tokenizer=str(folder / "tokenizer.json"),
+        val_inputs=[tmp_path / "dd"],
+        show_progress=False,
+    )
     data = TokenData.open(tmp_path / "split")
     assert np.concatenate([data.train, data.val]).tolist() == ids  # train split, then the validation split
     assert data.tokenizer.decode(data.val.tolist()).count("<|endoftext|>") == len(RECORDS) - half

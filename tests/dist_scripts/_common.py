@@ -72,7 +72,9 @@ def param_diff(model, ref, *, grads: bool = False) -> tuple[float, str]:
 
 def loss_fn(logits: torch.Tensor, ids: torch.Tensor, aux=None) -> torch.Tensor:
     """Next-token cross entropy, mean over the given tokens (+ aux loss)."""
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)
+    )
     return loss + aux if aux is not None else loss
 
 

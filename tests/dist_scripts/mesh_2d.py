@@ -32,7 +32,12 @@ def main() -> None:
     ref = modkit.build(TINY_LLAMA, seed=0)
     mesh = mp.make_mesh(tp=2, device_type="cpu")  # ("dp", "tp") = (2, 2)
     model = mp.build_parallel(TINY_LLAMA, mesh, seed=0, device="cpu")
-    res["mesh"] = {"dp": mesh["dp"].size(), "tp": mesh["tp"].size(), "dp_rank": mesh["dp"].get_local_rank(), "tp_rank": mesh["tp"].get_local_rank()}
+    res["mesh"] = {
+        "dp": mesh["dp"].size(),
+        "tp": mesh["tp"].size(),
+        "dp_rank": mesh["dp"].get_local_rank(),
+        "tp_rank": mesh["tp"].get_local_rank(),
+    }
     res["init_max_abs_diff"] = param_diff(model, ref)[0]
     res["stats"] = mp.param_stats(model)
     res["placements"] = {n: str(p.placements) for n, p in model.named_parameters() if n.startswith("layers.0.")}
@@ -53,7 +58,10 @@ def main() -> None:
     # a replicated tensor next to a sharded activation (MoE experts' input, per-head QK-norm) under FSDP x TP
     reg = tp_grads.registry()
     for name, spec in tp_grads.specs().items():
-        ref, model = modkit.build(spec, seed=0, registry=reg), mp.build_parallel(spec, mesh, seed=0, device="cpu", registry=reg)
+        ref, model = (
+            modkit.build(spec, seed=0, registry=reg),
+            mp.build_parallel(spec, mesh, seed=0, device="cpu", registry=reg),
+        )
         out = model(ids[rows])
         loss_fn(out.logits, ids[rows], out.aux_loss).backward()
         # the reference sees each data-parallel group's rows as its own batch: the load-balancing loss is not a

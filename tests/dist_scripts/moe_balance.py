@@ -73,9 +73,7 @@ def main() -> None:
     res["fsdp"] = {
         "local_load_total": {n: int(v.sum()) for n, v in mine.items()},
         "global_loads_equal_reference": all(torch.equal(glob[n], ref_loads[n]) for n in ref_loads),
-        "bias_equal_reference": all(
-            torch.equal(dict(model.named_buffers())[n], b) for n, b in ref_biases.items()
-        ),
+        "bias_equal_reference": all(torch.equal(dict(model.named_buffers())[n], b) for n, b in ref_biases.items()),
         "bias_nonzero": int(sum(torch.count_nonzero(b) for b in ref_biases.values())),
         "imbalance": summary["load_imbalance"],
         "reference_imbalance": balance.mean_imbalance({n: balance.imbalance(v) for n, v in ref_loads.items()}),

@@ -67,11 +67,16 @@ def registry() -> modkit.Registry:
         reg.register_plugin(info.obj, info.name)
 
     def register_components(register):
-        register(Component(
-            kind="position", type="learned_alibi", config=LearnedAlibiConfig,
-            factory=lambda cfg, ctx: LearnedAlibi(ctx.n_heads), description="ALiBi with trainable slopes",
-            capabilities={"acts_on": "bias", "tp_plan": {}},
-        ))
+        register(
+            Component(
+                kind="position",
+                type="learned_alibi",
+                config=LearnedAlibiConfig,
+                factory=lambda cfg, ctx: LearnedAlibi(ctx.n_heads),
+                description="ALiBi with trainable slopes",
+                capabilities={"acts_on": "bias", "tp_plan": {}},
+            )
+        )
 
     reg.register_plugin(types.SimpleNamespace(register_components=hookimpl(register_components)), "learned-alibi")
     return reg
@@ -82,12 +87,23 @@ def specs() -> dict[str, dict]:
     moe = copy.deepcopy(TINY_LLAMA)
     moe["name"] = "dist-tiny-moe"
     moe["block"]["ffn"] = {
-        "type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 64},
-        "router": {"type": "topk", "renormalize": True}, "aux_loss_coef": 0.01, "z_loss_coef": 0.001,
+        "type": "moe",
+        "n_experts": 4,
+        "top_k": 2,
+        "expert": {"type": "swiglu", "d_ff": 64},
+        "router": {"type": "topk", "renormalize": True},
+        "aux_loss_coef": 0.01,
+        "z_loss_coef": 0.001,
     }
     qk = copy.deepcopy(TINY_LLAMA)
     qk["name"] = "dist-tiny-qk-norm"
-    qk["block"]["attention"] = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "rmsnorm", "eps": 1e-6}, "qk_norm_scope": "head"}
+    qk["block"]["attention"] = {
+        "type": "gqa",
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "qk_norm": {"type": "rmsnorm", "eps": 1e-6},
+        "qk_norm_scope": "head",
+    }
     bias = copy.deepcopy(TINY_LLAMA)
     bias["name"] = "dist-tiny-learned-bias"
     bias["position"] = {"type": "learned_alibi"}
@@ -130,7 +146,9 @@ def grad_layout_mismatches(model) -> list[str]:
 
     bad = []
     for n, p in model.named_parameters():
-        if isinstance(p, DTensor) and (not isinstance(p.grad, DTensor) or tuple(p.grad.placements) != tuple(p.placements)):
+        if isinstance(p, DTensor) and (
+            not isinstance(p.grad, DTensor) or tuple(p.grad.placements) != tuple(p.placements)
+        ):
             bad.append(f"{n}: {getattr(p.grad, 'placements', type(p.grad).__name__)} vs {p.placements}")
     return bad
 

@@ -35,10 +35,36 @@ REPO = Path(__file__).resolve().parents[2]
 #: open models (DeepSeek-V3 / Kimi K2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Llama 4, Pythia, StarCoder2, Granite, Cohere,
 #: Gemma, SmolLM3, GLM-4, OLMo 3), the first recurrent one (Mamba-2) and the hybrids (Qwen3-Next, Jamba)
 HF_MODEL_TYPES = (
-    "bert", "falcon", "gemma2", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3",
-    "qwen2", "qwen3",
-    "deepseek_v3", "qwen3_moe", "qwen2_moe", "gpt_oss", "llama4_text", "gpt_neox", "starcoder2", "granite", "cohere",
-    "gemma", "smollm3", "glm4", "olmo3", "mamba2", "qwen3_next", "jamba",
+    "bert",
+    "falcon",
+    "gemma2",
+    "gemma3_text",
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "olmo2",
+    "olmoe",
+    "phi",
+    "phi3",
+    "qwen2",
+    "qwen3",
+    "deepseek_v3",
+    "qwen3_moe",
+    "qwen2_moe",
+    "gpt_oss",
+    "llama4_text",
+    "gpt_neox",
+    "starcoder2",
+    "granite",
+    "cohere",
+    "gemma",
+    "smollm3",
+    "glm4",
+    "olmo3",
+    "mamba2",
+    "qwen3_next",
+    "jamba",
 )
 EXAMPLE = REPO / "docs" / "examples" / "modkit-extra"
 SPECS = sorted((REPO / "specs").glob("*.json"))
@@ -98,7 +124,10 @@ def test_every_spec_has_a_gallery_card(pages):
 
 def test_gallery_figures_match_the_build_api(pages, registry):
     spec = modkit.load_spec(REPO / "specs" / "tiny-moe.json", registry=registry)
-    total, active = modkit.count_params(spec, registry=registry), modkit.active_params_per_token(spec, registry=registry)
+    total, active = (
+        modkit.count_params(spec, registry=registry),
+        modkit.active_params_per_token(spec, registry=registry),
+    )
     assert active < total
     card = pages["gallery/tiny-moe.md"]
     assert f"**{total:,}**" in card
@@ -133,7 +162,9 @@ def test_parameter_formulas_are_exact(registry):
             for d, n in info.counts.items():
                 assert c0 + c1 * d + c2 * d * d == n
         if entry.param_count is not None and info.declared is not None:
-            assert info.declared == info.count, f"{entry.kind}/{entry.type}: declared {info.declared}, built {info.count}"
+            assert info.declared == info.count, (
+                f"{entry.kind}/{entry.type}: declared {info.declared}, built {info.count}"
+            )
 
 
 def test_fit_and_formula():
@@ -290,11 +321,23 @@ def test_docs_command_without_mkdocs_config(tmp_path, capsys, monkeypatch):
 def test_reference_linker_never_links_math():
     from modkit.docs.markdown import _link_references
 
-    for text in ("PE[p, 2i] = sin(p·base^(-2i/d))", "(d/2)", "(a/b)", "ratio (n_heads/n_kv_heads)", "(1/sqrt(d_h))",
-                 "$x/y$", "$$ a_{arXiv:1234.56789} $$", "`(owner/repo)`", "`arXiv:1706.03762`", "(2i/d) and (x_1/x_2)"):
+    for text in (
+        "PE[p, 2i] = sin(p·base^(-2i/d))",
+        "(d/2)",
+        "(a/b)",
+        "ratio (n_heads/n_kv_heads)",
+        "(1/sqrt(d_h))",
+        "$x/y$",
+        "$$ a_{arXiv:1234.56789} $$",
+        "`(owner/repo)`",
+        "`arXiv:1706.03762`",
+        "(2i/d) and (x_1/x_2)",
+    ):
         assert _link_references(text) == text, text
-    assert _link_references("Gemma (github.com/google-deepmind/gemma).") == \
-        "Gemma ([google-deepmind/gemma](https://github.com/google-deepmind/gemma))."
+    assert (
+        _link_references("Gemma (github.com/google-deepmind/gemma).")
+        == "Gemma ([google-deepmind/gemma](https://github.com/google-deepmind/gemma))."
+    )
     assert _link_references("see https://github.com/o/r-x.") == "see [o/r-x](https://github.com/o/r-x)."
     assert _link_references("arXiv:1706.03762, §3.5") == "[arXiv:1706.03762](https://arxiv.org/abs/1706.03762), §3.5"
     done = "[arXiv:1706.03762](https://arxiv.org/abs/1706.03762)"
@@ -304,7 +347,11 @@ def test_reference_linker_never_links_math():
 def test_generated_pages_link_no_made_up_repositories(pages):
     import re
 
-    links = [(path, m.group(1)) for path, text in pages.items() for m in re.finditer(r"\(https://github\.com/([^)]*)\)", text)]
+    links = [
+        (path, m.group(1))
+        for path, text in pages.items()
+        for m in re.finditer(r"\(https://github\.com/([^)]*)\)", text)
+    ]
     assert links, "the references with a github.com/owner/repo are linked"
     for path, repo in links:
         assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9_.-]+", repo), f"{path}: link to github.com/{repo}"
@@ -346,7 +393,9 @@ def test_site_config_keeps_docstring_warnings_on_and_has_a_site_url():
     from modkit.docs.api_reference import DOCSTRING_OPTIONS
 
     cfg = _mkdocs_config()
-    options = cfg["plugins"][[next(iter(p)) if isinstance(p, dict) else p for p in cfg["plugins"]].index("mkdocstrings")]
+    options = cfg["plugins"][
+        [next(iter(p)) if isinstance(p, dict) else p for p in cfg["plugins"]].index("mkdocstrings")
+    ]
     options = options["mkdocstrings"]["handlers"]["python"]["options"]
     assert cfg["strict"] is True, "griffe's warnings fail the build only in strict mode"
     assert options["docstring_options"] == DOCSTRING_OPTIONS, "the docstring check parses as the site does"
@@ -361,9 +410,21 @@ def test_generated_nav_files_are_not_pages():
     from pathspec.gitignore import GitIgnoreSpec
 
     spec = GitIgnoreSpec.from_lines(["scripts/", "SUMMARY.md"])
-    files = [File(p, "/src", "/site", True) for p in ("components/SUMMARY.md", "gallery/SUMMARY.md", "components/index.md",
-                                                       "reference/api/SUMMARY.md", "reference/api/modkit.md")]
-    assert docs.exclude_generated(files, spec) == ["components/SUMMARY.md", "gallery/SUMMARY.md", "reference/api/SUMMARY.md"]
+    files = [
+        File(p, "/src", "/site", True)
+        for p in (
+            "components/SUMMARY.md",
+            "gallery/SUMMARY.md",
+            "components/index.md",
+            "reference/api/SUMMARY.md",
+            "reference/api/modkit.md",
+        )
+    ]
+    assert docs.exclude_generated(files, spec) == [
+        "components/SUMMARY.md",
+        "gallery/SUMMARY.md",
+        "reference/api/SUMMARY.md",
+    ]
     assert [f.inclusion == InclusionLevel.EXCLUDED for f in files] == [True, True, False, True, False]
     assert docs.exclude_generated(files, spec) == [], "nothing is excluded twice"
 
@@ -374,7 +435,7 @@ def test_capability_mappings_are_wrapped(pages, registry):
     plans = 0
     for entry in registry.components():
         page = pages[docs.component_path(entry.kind, entry.type)]
-        table = page[page.index("## Capabilities"):page.index("## Parameters")]
+        table = page[page.index("## Capabilities") : page.index("## Parameters")]
         for span in re.findall(r"`([^`]*)`", table):
             assert len(span) <= 40, f"{entry.kind}/{entry.type}: capability value `{span}` is one unbreakable line"
         plan = entry.capabilities.get("tp_plan")
@@ -392,7 +453,11 @@ def _tables(text: str) -> list[list[str]]:
 
     lines = text.splitlines()
     sep = re.compile(r"^\|( *:?-+:? *\|)+$")
-    return [[c.strip() for c in lines[i - 1].strip().strip("|").split("|")] for i in range(1, len(lines)) if sep.match(lines[i].strip())]
+    return [
+        [c.strip() for c in lines[i - 1].strip().strip("|").split("|")]
+        for i in range(1, len(lines))
+        if sep.match(lines[i].strip())
+    ]
 
 
 def test_every_generated_table_labels_its_columns(pages):
@@ -414,7 +479,7 @@ def test_every_kind_page_states_its_contract(pages, registry):
     contracts = docs.kind_contracts()
     for kind in registry.kinds():
         page = pages[docs.kind_path(kind)]
-        section = page[page.index("## Contract\n"):page.index("## Components\n")]
+        section = page[page.index("## Contract\n") : page.index("## Components\n")]
         assert contracts[kind] in section, f"kind {kind}: its contract from modkit.core.interfaces is not on its page"
     assert "router" in contracts
 
@@ -425,15 +490,22 @@ def test_every_kind_page_states_its_contract(pages, registry):
     class Plugin:
         @modkit.hookimpl
         def register_components(self, register):
-            register(Component(kind="memory", type="scratch", config=ScratchConfig, factory=lambda cfg, ctx: None,
-                               description="A memory nothing holds yet."))
+            register(
+                Component(
+                    kind="memory",
+                    type="scratch",
+                    config=ScratchConfig,
+                    factory=lambda cfg, ctx: None,
+                    description="A memory nothing holds yet.",
+                )
+            )
 
     reg = Registry()
     reg.load_entry_points()
     reg.register_plugin(Plugin(), "memory-plugin")
     all_docs = docs.component_docs(reg)
     page = docs.kind_index_page("memory", all_docs, reg, contracts, docs.slot_places(reg))
-    section = page[page.index("## Contract\n"):page.index("## Components\n")]
+    section = page[page.index("## Contract\n") : page.index("## Components\n")]
     assert "The core defines no calling convention for `memory`" in section and "nothing builds it yet" in section
 
 
@@ -460,7 +532,7 @@ def test_component_pages_link_the_gallery_models_that_use_them(pages, registry):
         if entry.kind in ("logits_processor", "stop_condition"):
             continue
         page = pages[docs.component_path(entry.kind, entry.type)]
-        section = page[page.index("## Used in the gallery"):]
+        section = page[page.index("## Used in the gallery") :]
         linked = set(re.findall(r"\]\(\.\./\.\./gallery/([^)]+)\.md\)", section)) - {"index"}
         assert linked == users.get(entry.key, set()), f"{entry.kind}/{entry.type}"
         checked += bool(linked)
@@ -472,8 +544,10 @@ def test_component_pages_show_their_config_schema(pages, registry):
 
     for entry in registry.components():
         page = pages[docs.component_path(entry.kind, entry.type)]
-        assert f"`{entry.config.__module__}.{entry.config.__qualname__}` (fields and [JSON Schema](#fields) below)" in page
-        block = page[page.index(f'??? info "JSON Schema of `{entry.config.__name__}`"'):]
+        assert (
+            f"`{entry.config.__module__}.{entry.config.__qualname__}` (fields and [JSON Schema](#fields) below)" in page
+        )
+        block = page[page.index(f'??? info "JSON Schema of `{entry.config.__name__}`"') :]
         body = re.search(r"```json\n(.*?)\n    ```", block, re.S).group(1)
         assert json.loads(body) == entry.config.model_json_schema()
 
@@ -517,12 +591,14 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
     from modkit.docs.comparison import COMPARE_CONTEXT
 
     page = pages[docs.kind_path("attention")]
-    table = page[page.index("## Comparison"):]
+    table = page[page.index("## Comparison") :]
     d = docs.EXAMPLE_CONTEXT["d_model"]
     assert f"d_model = {d}, n_heads = {docs.EXAMPLE_CONTEXT['n_heads']}" in table
     for entry in registry.components("attention"):
         cfg = modkit.load_component("attention", entry.example_config(), registry=registry)
-        if entry.type == "mla":  # latent attention: its own formulas (modkit_plugins/mla.py), decode in the absorbed form
+        if (
+            entry.type == "mla"
+        ):  # latent attention: its own formulas (modkit_plugins/mla.py), decode in the absorbed form
             continue
         h = cfg.n_heads
         kv = cfg.n_kv_heads or (1 if entry.type == "mqa" else h)
@@ -532,24 +608,55 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
         flops = 2 * d * (2 * h * hd + 2 * kv * hd) + 2 * 2 * h * hd * COMPARE_CONTEXT  # projections, q·k and p·v
         row = next(line for line in table.splitlines() if line.startswith(f"| [`{entry.type}`]"))
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[2] == f"{params:,}" and cells[4] == f"{kv_bytes:,}" and cells[5] == f"{flops:,}", (entry.type, cells)
+        assert cells[2] == f"{params:,}" and cells[4] == f"{kv_bytes:,}" and cells[5] == f"{flops:,}", (
+            entry.type,
+            cells,
+        )
     mla = modkit.load_component("attention", registry.get("attention", "mla").example_config(), registry=registry)
-    r, rope, h, nope, v, q = mla.kv_lora_rank, mla.qk_rope_head_dim, mla.n_heads, mla.qk_nope_head_dim, mla.v_head_dim, mla.q_lora_rank
-    params = d * q + q + q * h * (nope + rope) + d * (r + rope) + r + r * h * (nope + v) + h * v * d  # RMSNorm gains q, r
-    flops = (2 * d * q + 2 * q * h * (nope + rope) + 2 * d * (r + rope) + 2 * h * nope * r + 2 * h * r * v + 2 * h * v * d
-             + 2 * h * (r + rope) * COMPARE_CONTEXT + 2 * h * r * COMPARE_CONTEXT)  # absorbed: scores and sum over the latent
+    r, rope, h, nope, v, q = (
+        mla.kv_lora_rank,
+        mla.qk_rope_head_dim,
+        mla.n_heads,
+        mla.qk_nope_head_dim,
+        mla.v_head_dim,
+        mla.q_lora_rank,
+    )
+    params = (
+        d * q + q + q * h * (nope + rope) + d * (r + rope) + r + r * h * (nope + v) + h * v * d
+    )  # RMSNorm gains q, r
+    flops = (
+        2 * d * q
+        + 2 * q * h * (nope + rope)
+        + 2 * d * (r + rope)
+        + 2 * h * nope * r
+        + 2 * h * r * v
+        + 2 * h * v * d
+        + 2 * h * (r + rope) * COMPARE_CONTEXT
+        + 2 * h * r * COMPARE_CONTEXT
+    )  # absorbed: scores and sum over the latent
     row = next(line for line in table.splitlines() if line.startswith("| [`mla`]"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == f"{params:,}" and cells[4] == f"{(r + rope) * 2:,}" and cells[5] == f"{flops:,}", cells
     norms = pages[docs.kind_path("norm")]
     assert "| [`rmsnorm`](rmsnorm.md) | (defaults) | 256 | `d` |" in norms
     ffn = pages[docs.kind_path("ffn")]
-    assert "active per token" in ffn and "KV cache" not in ffn[ffn.index("## Comparison"):]
+    assert "active per token" in ffn and "KV cache" not in ffn[ffn.index("## Comparison") :]
 
 
 #: Components whose pages must carry their key formulas as math (the rendering is checked on the built site).
-MATH_PAGES = ("position/sinusoidal", "position/rope", "position/alibi", "norm/rmsnorm", "norm/layernorm",
-              "attention/mha", "attention/gqa", "attention/mqa", "ffn/swiglu", "ffn/moe", "router/topk")
+MATH_PAGES = (
+    "position/sinusoidal",
+    "position/rope",
+    "position/alibi",
+    "norm/rmsnorm",
+    "norm/layernorm",
+    "attention/mha",
+    "attention/gqa",
+    "attention/mqa",
+    "ffn/swiglu",
+    "ffn/moe",
+    "router/topk",
+)
 
 
 def test_component_pages_carry_their_formulas_as_math(pages):
@@ -557,13 +664,15 @@ def test_component_pages_carry_their_formulas_as_math(pages):
 
     for key in MATH_PAGES:
         page = pages[f"components/{key}.md"]
-        math = page[page.index("## Math\n"):page.index("## Fields\n")]
+        math = page[page.index("## Math\n") : page.index("## Fields\n")]
         blocks = re.findall(r"\$\$(.+?)\$\$", math, re.S)
         assert blocks, f"{key}: no display math"
         inline = re.sub(r"\$\$.+?\$\$", "", math, flags=re.S)
         assert inline.count("$") % 2 == 0, f"{key}: unbalanced inline math"
         for b in blocks:
-            assert b.count("{") == b.count("}") and len(re.findall(r"\\left\b", b)) == len(re.findall(r"\\right\b", b)), f"{key}: {b}"
+            assert b.count("{") == b.count("}") and len(re.findall(r"\\left\b", b)) == len(
+                re.findall(r"\\right\b", b)
+            ), f"{key}: {b}"
     assert r"\sin\!\left(\frac{p}{b^{2i/d}}\right)" in pages["components/position/sinusoidal.md"]
     assert r"\operatorname{top-}k(p)" in pages["components/ffn/moe.md"]
 
@@ -582,11 +691,15 @@ def test_component_pages_name_their_source(pages, registry, tmp_path):
         assert lines[int(m.group(2)) - 1].startswith(f"class {entry.config.__name__}(")
     rms = registry.get("norm", "rmsnorm").config
     line = inspect.getsourcelines(rms)[1]
-    assert source_location(rms, REPO, "https://example.org/modkit") == \
-        f"[`modkit_plugins/norm.py` line {line}](https://example.org/modkit/blob/HEAD/modkit_plugins/norm.py#L{line})"
+    assert (
+        source_location(rms, REPO, "https://example.org/modkit")
+        == f"[`modkit_plugins/norm.py` line {line}](https://example.org/modkit/blob/HEAD/modkit_plugins/norm.py#L{line})"
+    )
     # outside the site's repository (an installed plugin): the module and its file, no invented link
-    assert source_location(rms, tmp_path, "https://example.org/modkit") == \
-        f"module `modkit_plugins.norm`, file `modkit_plugins/norm.py` line {line}"
+    assert (
+        source_location(rms, tmp_path, "https://example.org/modkit")
+        == f"module `modkit_plugins.norm`, file `modkit_plugins/norm.py` line {line}"
+    )
 
 
 def test_hugging_face_page_lists_every_model_type(pages, registry):
@@ -611,8 +724,13 @@ def test_hugging_face_page_lists_every_model_type(pages, registry):
             spec = convert_hf_config({"model_type": t}, registry=registry)[1]
         layer = spec.layer(0)
         mixer_kind = registry.entry_for_config(layer.attention).kind  # an attention, or a recurrent mixer (mamba2)
-        for kind, type_ in ((mixer_kind, layer.attention.type), ("ffn", getattr(layer.ffn, "type", None)),
-                            ("norm", layer.norm.type), ("placement", layer.placement.type), ("position", spec.position.type)):
+        for kind, type_ in (
+            (mixer_kind, layer.attention.type),
+            ("ffn", getattr(layer.ffn, "type", None)),
+            ("norm", layer.norm.type),
+            ("placement", layer.placement.type),
+            ("position", spec.position.type),
+        ):
             if type_ is None:  # no ffn
                 continue
             assert f"[`{type_}`](../components/{kind}/{type_}.md)" in row, (t, kind, row)
@@ -628,7 +746,7 @@ def test_readme_names_every_hugging_face_model_type(registry):
     import re
 
     readme = (REPO / "README.md").read_text()
-    paragraph = readme[readme.index("- **Checkpoints**"):readme.index("with RoPE scalings")]
+    paragraph = readme[readme.index("- **Checkpoints**") : readme.index("with RoPE scalings")]
     missing = [t for t in registry.hf_model_types() if not re.search(rf"(?<![\w]){re.escape(t)}(?![\w])", paragraph)]
     assert not missing, f"README.md's checkpoint paragraph does not name {missing}"
 
@@ -672,13 +790,22 @@ def built_site(tmp_path_factory):
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "modkit", "docs", "build", "-o", str(out), "-f", str(REPO / "mkdocs.yml")],
-        capture_output=True, text=True, cwd=str(REPO), env=env, timeout=HANG_TIMEOUT,
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        env=env,
+        timeout=HANG_TIMEOUT,
     )
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, f"strict site build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     print(f"site built in {seconds:.1f} s (example plugin {'installed' if extra else 'absent'})")
-    return {"site": out, "plugins": _plugins_seen_with(extra), "extra": extra is not None, "seconds": seconds,
-            "log": proc.stdout + proc.stderr}
+    return {
+        "site": out,
+        "plugins": _plugins_seen_with(extra),
+        "extra": extra is not None,
+        "seconds": seconds,
+        "log": proc.stdout + proc.stderr,
+    }
 
 
 def _plugins_seen_with(extra: Path | None) -> list[dict]:
@@ -690,7 +817,11 @@ def _plugins_seen_with(extra: Path | None) -> list[dict]:
         reg = Registry()
         reg.load_entry_points()
         return [
-            {"name": p.name, "distribution": p.provider.distribution, "components": [f"{k}/{t}" for k, t in p.components]}
+            {
+                "name": p.name,
+                "distribution": p.provider.distribution,
+                "components": [f"{k}/{t}" for k, t in p.components],
+            }
             for p in reg.plugins()
         ]
     finally:
@@ -719,9 +850,18 @@ def test_site_has_a_page_per_component_and_spec(built_site):
         page = _page(site, docs.gallery_path(path.stem))
         assert page.is_file(), f"no gallery page for {path.name}"
         assert 'class="mermaid"' in page.read_text()
-    for name in ("index.html", "concepts.html", "reference/cli.html", "reference/spec.html",
-                 "reference/api/modkit.spec.html", "components/index.html", "gallery/index.html",
-                 "reference/modkit.schema.json", "search/search_index.json", "search/search_index.js"):
+    for name in (
+        "index.html",
+        "concepts.html",
+        "reference/cli.html",
+        "reference/spec.html",
+        "reference/api/modkit.spec.html",
+        "components/index.html",
+        "gallery/index.html",
+        "reference/modkit.schema.json",
+        "search/search_index.json",
+        "search/search_index.js",
+    ):
         assert (site / name).is_file(), name
     assert "load_spec" in (site / "reference/api/modkit.spec.html").read_text()
 
@@ -775,7 +915,9 @@ def test_site_builds_no_nav_files_as_pages(built_site):
     site = built_site["site"]
     assert not [p for p in site.rglob("*") if p.name.upper().startswith("SUMMARY")]
     index = json.loads((site / "search" / "search_index.json").read_text())
-    assert index["docs"] and not [d["location"] for d in index["docs"] if "SUMMARY" in d["location"] or d["title"] == "SUMMARY"]
+    assert index["docs"] and not [
+        d["location"] for d in index["docs"] if "SUMMARY" in d["location"] or d["title"] == "SUMMARY"
+    ]
 
 
 @pytest.mark.slow
@@ -799,11 +941,19 @@ def test_site_sitemap_lists_every_page(built_site):
     import xml.etree.ElementTree as ET
 
     site = built_site["site"]
-    urls = [u.text for u in ET.parse(site / "sitemap.xml").getroot().iter("{http://www.sitemaps.org/schemas/sitemap/0.9}loc")]
+    urls = [
+        u.text
+        for u in ET.parse(site / "sitemap.xml").getroot().iter("{http://www.sitemaps.org/schemas/sitemap/0.9}loc")
+    ]
     base = _mkdocs_config()["site_url"]
-    pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")  # the theme's pages, not a trace report the site links to
-             if "assets" not in p.parts and p.name != "404.html" and 'name="generator" content="mkdocs' in p.read_text(errors="replace")}
-    listed = {u[len(base):] or "index.html" for u in urls}
+    pages = {
+        p.relative_to(site).as_posix()
+        for p in site.rglob("*.html")  # the theme's pages, not a trace report the site links to
+        if "assets" not in p.parts
+        and p.name != "404.html"
+        and 'name="generator" content="mkdocs' in p.read_text(errors="replace")
+    }
+    listed = {u[len(base) :] or "index.html" for u in urls}
     listed = {u + "index.html" if u.endswith("/") else u for u in listed}
     assert len(urls) == len(pages) > 100 and listed == pages
 
@@ -813,9 +963,9 @@ def test_site_every_page_is_in_the_nav(built_site):
     import re
 
     site = built_site["site"]
-    assert "not included in the \"nav\"" not in built_site["log"], built_site["log"][-3000:]
+    assert 'not included in the "nav"' not in built_site["log"], built_site["log"][-3000:]
     home = (site / "index.html").read_text()
-    nav = home[home.index('<nav class="md-nav md-nav--primary'):]
+    nav = home[home.index('<nav class="md-nav md-nav--primary') :]
     hrefs = {posixpath.normpath(h) for h in re.findall(r'class="md-nav__link[^"]*"[^>]*href="([^"#]+)"', nav)}
     hrefs |= {posixpath.normpath(h) for h in re.findall(r'href="([^"#]+)"[^>]*class="md-nav__link', nav)}
     comps = [c for p in built_site["plugins"] for c in p["components"]]
@@ -887,8 +1037,15 @@ def test_hugging_face_guide_model_type_is_the_shipped_one():
     namespace: dict = {}
     exec(_blocks("guides/hugging-face.md", "python")[1], namespace)  # noqa: S102 - the guide's own example
     guide, shipped = namespace["STARCODER2"], modkit.get_registry().hf_converter("starcoder2").declaration
-    cfg = {"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-           "sliding_window": 8, "use_bias": False, "residual_dropout": 0.1}
+    cfg = {
+        "model_type": "starcoder2",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "sliding_window": 8,
+        "use_bias": False,
+        "residual_dropout": 0.1,
+    }
     assert guide.convert(dict(cfg)) == shipped.convert(dict(cfg))
     spec = modkit.load_spec(shipped.convert(dict(cfg)))
     assert guide.weights.hf_config(spec, cfg) == shipped.weights.hf_config(spec, cfg)
@@ -902,7 +1059,7 @@ def _readme_section(name: str) -> str:
     text = (REPO / "README.md").read_text()
     start, end = f"<!-- --8<-- [start:{name}] -->", f"<!-- --8<-- [end:{name}] -->"
     assert text.count(start) == 1 and text.count(end) == 1, f"README.md: section {name} is not marked once"
-    return text[text.index(start) + len(start):text.index(end)]
+    return text[text.index(start) + len(start) : text.index(end)]
 
 
 def _make_targets() -> dict[str, list[str]]:
@@ -928,8 +1085,9 @@ def test_home_page_and_readme_describe_the_same_demo():
     home = (REPO / "docs" / "index.md").read_text()
     for section in ("fresh-machine", "demo"):
         assert f'--8<-- "README.md:{section}"' in home, f"docs/index.md does not include the README's {section}"
-    assert "make demo" not in re.sub(r'--8<-- "[^"]+"', "", home.split("## Where to go next")[0].split("```python")[0]), \
-        "the home page describes make demo in its own words besides the README's"
+    assert "make demo" not in re.sub(
+        r'--8<-- "[^"]+"', "", home.split("## Where to go next")[0].split("```python")[0]
+    ), "the home page describes make demo in its own words besides the README's"
     setup, demo = _readme_section("fresh-machine"), _readme_section("demo")
     targets = _make_targets()
     commands = re.findall(r"^make (\w+)", setup, re.M)
@@ -939,7 +1097,9 @@ def test_home_page_and_readme_describe_the_same_demo():
     files = re.findall(r"specs/[\w./-]+\.json", recipe)
     assert len(files) == 2 and all(f in demo for f in files), (files, demo)
     assert "modkit train" in recipe and "trains it" in demo
-    assert re.search(r"^TORCH_INDEX \?=\s*$", (REPO / "Makefile").read_text(), re.M), "the Makefile's default index changed"
+    assert re.search(r"^TORCH_INDEX \?=\s*$", (REPO / "Makefile").read_text(), re.M), (
+        "the Makefile's default index changed"
+    )
     assert "default index serves the multi-GB CUDA build" in setup and "make demo TORCH_INDEX=" in setup
     # the spec the demo trains has the size the README states
     spec = modkit.load_spec(REPO / files[0])
@@ -1025,11 +1185,15 @@ def test_site_from_disk_follows_links_and_searches(built_site, browser):
     site = built_site["site"]
     browser.goto((site / "index.html").as_uri())
     assert browser.eval("!!document.querySelector('h1')")
-    for selector, page in (('a.md-tabs__link[href$="concepts.html"]', "concepts.html"),
-                           ('.md-content a[href$="components/index.html"]', "components/index.html")):
+    for selector, page in (
+        ('a.md-tabs__link[href$="concepts.html"]', "concepts.html"),
+        ('.md-content a[href$="components/index.html"]', "components/index.html"),
+    ):
         browser.goto((site / "index.html").as_uri())
         browser.click(selector)
-        url = browser.wait(f"location.href.endsWith({json.dumps(page)}) && document.readyState === 'complete' && location.href")
+        url = browser.wait(
+            f"location.href.endsWith({json.dumps(page)}) && document.readyState === 'complete' && location.href"
+        )
         assert url == (site / page).as_uri()
         assert browser.eval("!!document.querySelector('.md-content h1') && !document.title.startsWith('Index of')")
     browser.goto((site / "guides" / "compose.html").as_uri())
@@ -1039,7 +1203,9 @@ def test_site_from_disk_follows_links_and_searches(built_site, browser):
     browser.wait("!/Initializing/i.test(document.querySelector('.md-search-result__meta').textContent)", timeout=90)
     browser.type("rmsnorm")
     n = browser.wait("document.querySelectorAll('.md-search-result__item').length", timeout=60)
-    assert n >= 5 and "matching document" in browser.eval("document.querySelector('.md-search-result__meta').textContent")
+    assert n >= 5 and "matching document" in browser.eval(
+        "document.querySelector('.md-search-result__meta').textContent"
+    )
     first = browser.eval("document.querySelector('.md-search-result__item a').href")
     assert first.startswith(site.as_uri()) and ".html" in first
     browser.click(".md-search-result__item a")
@@ -1080,7 +1246,9 @@ def test_site_tables_fit_the_content_column(built_site, browser):
             browser.goto(page.as_uri())
             found = browser.eval(_OVERFLOW)
             if found is None:  # a standalone file the site links to (a trace report), not a page of the theme
-                assert "md-content" not in page.read_text(errors="replace"), f"{page.relative_to(site)}: no content column"
+                assert "md-content" not in page.read_text(errors="replace"), (
+                    f"{page.relative_to(site)}: no content column"
+                )
                 continue
             widths.add(found["width"])
             wide += [f"{page.relative_to(site)}: {w} px > {found['width']} px: {head}" for w, head in found["tables"]]
@@ -1095,19 +1263,32 @@ def test_site_tables_fit_the_content_column(built_site, browser):
 @pytest.mark.slow
 def test_site_plugin_guide_lists_render_as_lists(built_site, browser):
     browser.goto((built_site["site"] / "guides" / "writing-a-plugin.html").as_uri())
-    items = browser.eval("[...document.querySelectorAll('.md-content li')].map(li => li.textContent.replace(/\\s+/g, ' ').trim())")
-    for start in ("param_count(config, ctx) -> int is the exact number", "flops(config, ctx, work) -> {part: FLOPs}",
-                  "example: a valid config", "keep the input dtype", "expose n_heads; declare what the cache keeps",
-                  "modkit.update_cache(inputs, k, v, mixer=self): stores"):
+    items = browser.eval(
+        "[...document.querySelectorAll('.md-content li')].map(li => li.textContent.replace(/\\s+/g, ' ').trim())"
+    )
+    for start in (
+        "param_count(config, ctx) -> int is the exact number",
+        "flops(config, ctx, work) -> {part: FLOPs}",
+        "example: a valid config",
+        "keep the input dtype",
+        "expose n_heads; declare what the cache keeps",
+        "modkit.update_cache(inputs, k, v, mixer=self): stores",
+    ):
         assert any(i.startswith(start) for i in items), f"no list item starting {start!r}"
     paragraphs = browser.eval("[...document.querySelectorAll('.md-content p')].map(p => p.textContent)")
-    assert not [p for p in paragraphs if "* `" in p or p.lstrip().startswith("* ")], "a list rendered as literal asterisks"
+    assert not [p for p in paragraphs if "* `" in p or p.lstrip().startswith("* ")], (
+        "a list rendered as literal asterisks"
+    )
     assert "modkit-lm" in browser.eval("document.querySelector('.md-content').textContent")
 
 
 @pytest.mark.slow
 def test_site_cost_guide_code_is_not_clipped(built_site, browser):
     browser.goto((built_site["site"] / "guides" / "cost.html").as_uri())
-    clipped = browser.eval("[...document.querySelectorAll('.md-content pre > code')].filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent.slice(0, 60))")
+    clipped = browser.eval(
+        "[...document.querySelectorAll('.md-content pre > code')].filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent.slice(0, 60))"
+    )
     assert clipped == []
-    assert browser.eval("[...document.querySelectorAll('.md-content pre > code')].some(c => c.textContent.includes('FLOPs per token at context 8,192'))")
+    assert browser.eval(
+        "[...document.querySelectorAll('.md-content pre > code')].some(c => c.textContent.includes('FLOPs per token at context 8,192'))"
+    )

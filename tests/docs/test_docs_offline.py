@@ -48,7 +48,7 @@ CDN = re.compile(r"unpkg|jsdelivr|googleapis|gstatic|cdnjs|cloudflare", re.I)
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 #: Refuses (and records in $MODKIT_TEST_NET_LOG) every connection that is not to the loopback interface.
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import os, socket
 
 _log = os.environ.get("MODKIT_TEST_NET_LOG")
@@ -66,7 +66,7 @@ def _guarded(self, address):
 
 
 socket.socket.connect = _guarded
-'''
+"""
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,9 @@ def _copy_tree(dst: Path) -> None:
     try:
         out = subprocess.run(
             ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=REPO, capture_output=True, check=True,
+            cwd=REPO,
+            capture_output=True,
+            check=True,
         ).stdout.decode()
         files = [f for f in out.split("\0") if f and (REPO / f).is_file()]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout (an sdist): copy without build outputs
@@ -136,14 +138,27 @@ def offline_site(tmp_path_factory):
     src = work / "src"
     _copy_tree(src)
     plugin = work / "plugin"
-    shutil.copytree(EXAMPLE, plugin, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    shutil.copytree(
+        EXAMPLE, plugin, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache")
+    )
     dist = _distribution_name()
     pyproject = plugin / "pyproject.toml"
     text, n = re.subn(r"^dependencies = \[.*\]$", f'dependencies = ["{dist}"]', pyproject.read_text(), flags=re.M)
     assert n == 1, "the example plugin's pyproject.toml has no one-line dependencies list"
     pyproject.write_text(text)
     wheels = work / "wheels"
-    pip_wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels)]
+    pip_wheel = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-w",
+        str(wheels),
+    ]
     _run(pip_wheel + [str(src), str(plugin)], env=env, cwd=work)
     modkit_wheel = next(wheels.glob(dist.replace("-", "_") + "-*.whl"))
 
@@ -153,15 +168,23 @@ def offline_site(tmp_path_factory):
     python = env_dir / "bin" / "python"
     # every command runs in `work`: `python -c` puts the current folder first on sys.path, and the repository's
     # modkit/ must not be found that way
-    site_packages = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=work).stdout.strip())
+    site_packages = Path(
+        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=work).stdout.strip()
+    )
     (site_packages / "zz_dependencies.pth").write_text(str(_dependency_view(work / "deps")) + "\n")
     # the programs a build runs (ruff formats the API signatures) are scripts in bin/, which a .pth does not carry;
     # pip would have installed them there
     for tool in ("ruff",):
         if (Path(sys.executable).parent / tool).exists():
             (env_dir / "bin" / tool).symlink_to(Path(sys.executable).parent / tool)
-    _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, sorted(wheels.glob("*.whl")))], env=env, cwd=work)
-    where = _run([str(python), "-c", "import modkit, modkit_extra; print(modkit.__file__)"], env=env, cwd=work).stdout.strip()
+    _run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, sorted(wheels.glob("*.whl")))],
+        env=env,
+        cwd=work,
+    )
+    where = _run(
+        [str(python), "-c", "import modkit, modkit_extra; print(modkit.__file__)"], env=env, cwd=work
+    ).stdout.strip()
     assert Path(where).resolve().is_relative_to(site_packages.resolve()), f"modkit imported from {where}, not the wheel"
 
     # 3. the site, built with the network refused
@@ -169,15 +192,24 @@ def offline_site(tmp_path_factory):
     guard.mkdir()
     (guard / "sitecustomize.py").write_text(SITECUSTOMIZE)
     net_log = work / "connections.log"
-    build_env = dict(env, PYTHONPATH=str(guard), MODKIT_TEST_NET_LOG=str(net_log), http_proxy="http://127.0.0.1:9",
-                     https_proxy="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9")
+    build_env = dict(
+        env,
+        PYTHONPATH=str(guard),
+        MODKIT_TEST_NET_LOG=str(net_log),
+        http_proxy="http://127.0.0.1:9",
+        https_proxy="http://127.0.0.1:9",
+        HTTP_PROXY="http://127.0.0.1:9",
+        HTTPS_PROXY="http://127.0.0.1:9",
+    )
     site = plugin / "site"
     build_start = time.perf_counter()
     _run([str(env_dir / "bin" / "modkit"), "docs", "build", "-o", "site"], cwd=plugin, env=build_env)
     seconds = time.perf_counter() - build_start
     pages = sum(1 for _ in site.rglob("*.html"))
-    print(f"wheel {modkit_wheel.name}: {modkit_wheel.stat().st_size / 2**20:.1f} MiB; site built in {seconds:.1f} s, "
-          f"{pages} HTML pages; whole fixture {time.perf_counter() - start:.1f} s")
+    print(
+        f"wheel {modkit_wheel.name}: {modkit_wheel.stat().st_size / 2**20:.1f} MiB; site built in {seconds:.1f} s, "
+        f"{pages} HTML pages; whole fixture {time.perf_counter() - start:.1f} s"
+    )
     return {"site": site, "net_log": net_log, "wheel": modkit_wheel, "pages": pages}
 
 
@@ -190,17 +222,24 @@ def test_wheel_carries_the_site(offline_site):
     import zipfile
 
     names = set(zipfile.ZipFile(offline_site["wheel"]).namelist())
-    for name in ("modkit/docs/web/mkdocs.yml", "modkit/docs/web/pages/index.md", "modkit/docs/web/pages/concepts.md",
-                 "modkit/docs/web/pages/SUMMARY.md", "modkit/docs/web/pages/assets/modkit.css",
-                 "modkit/docs/web/pages/assets/vendor/mermaid/mermaid.min.js",
-                 "modkit/docs/web/pages/assets/vendor/mermaid/LICENSE",
-                 "modkit/docs/web/pages/assets/vendor/katex/katex.min.js",
-                 "modkit/docs/web/pages/assets/vendor/katex/fonts/KaTeX_Main-Regular.woff2",
-                 "modkit/docs/web/pages/assets/vendor/iframe-worker/shim/index.js",
-                 "modkit/docs/plugin.py"):
+    for name in (
+        "modkit/docs/web/mkdocs.yml",
+        "modkit/docs/web/pages/index.md",
+        "modkit/docs/web/pages/concepts.md",
+        "modkit/docs/web/pages/SUMMARY.md",
+        "modkit/docs/web/pages/assets/modkit.css",
+        "modkit/docs/web/pages/assets/vendor/mermaid/mermaid.min.js",
+        "modkit/docs/web/pages/assets/vendor/mermaid/LICENSE",
+        "modkit/docs/web/pages/assets/vendor/katex/katex.min.js",
+        "modkit/docs/web/pages/assets/vendor/katex/fonts/KaTeX_Main-Regular.woff2",
+        "modkit/docs/web/pages/assets/vendor/iframe-worker/shim/index.js",
+        "modkit/docs/plugin.py",
+    ):
         assert name in names, f"the wheel lacks {name}"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "modkit = modkit.docs.plugin:ModkitPlugin" in zipfile.ZipFile(offline_site["wheel"]).read(entry_points).decode()
+    assert (
+        "modkit = modkit.docs.plugin:ModkitPlugin" in zipfile.ZipFile(offline_site["wheel"]).read(entry_points).decode()
+    )
 
 
 def test_installed_site_shows_the_plugin_beside_the_builtins(offline_site):
@@ -246,7 +285,9 @@ def test_no_page_loads_from_a_cdn(offline_site):
         offenders += [f"{page.relative_to(site)}: {r}" for r in remote]
         offenders += [f"{page.relative_to(site)}: mentions {m}" for m in set(CDN.findall(text))]
     for css in site.rglob("*.css"):
-        offenders += [f"{css.relative_to(site)}: {u}" for u in re.findall(r"url\((['\"]?)(https?:[^)]+)\1\)", css.read_text())]
+        offenders += [
+            f"{css.relative_to(site)}: {u}" for u in re.findall(r"url\((['\"]?)(https?:[^)]+)\1\)", css.read_text())
+        ]
     assert offenders == [], "remote resources:\n  " + "\n  ".join(offenders[:30])
     assert offline_site["pages"] > 100
 
@@ -313,11 +354,21 @@ def _dump_dom(browser: str, url: str) -> str:
     """The DOM of ``url`` after scripts ran (virtual time), with every host but 127.0.0.1 unreachable."""
     with tempfile.TemporaryDirectory(prefix="modkit-chromium-") as profile:
         cmd = [
-            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={profile}", "--proxy-server=127.0.0.1:9",
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--proxy-server=127.0.0.1:9",
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-            "--virtual-time-budget=30000", "--dump-dom", url,
+            "--virtual-time-budget=30000",
+            "--dump-dom",
+            url,
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0 and "</html>" in proc.stdout, f"chromium failed on {url}:\n{proc.stderr[-3000:]}"
@@ -356,7 +407,12 @@ def test_diagrams_and_formulas_render_offline_in_chromium(offline_site):
     if browser is None:
         pytest.skip("no Chromium binary (Debian: apt-get install chromium); the pages are not rendered here")
     site = offline_site["site"]
-    diagram_pages = ["concepts", "components/placement/index", "components/placement/sandwich", "gallery/tiny-dyt-relu2"]
+    diagram_pages = [
+        "concepts",
+        "components/placement/index",
+        "components/placement/sandwich",
+        "gallery/tiny-dyt-relu2",
+    ]
     with _Server(site) as server:
         for path in diagram_pages:
             blocks = _page(site, path).read_text().count('class="mermaid"')
@@ -367,7 +423,11 @@ def test_diagrams_and_formulas_render_offline_in_chromium(offline_site):
             assert '<pre class="mermaid"' not in dom
             text = _visible_text(dom)
             assert "flowchart" not in text and "-->" not in text, f"{path}: raw mermaid source is visible"
-        for path, formulas in (("components/position/sinusoidal", 2), ("components/norm/rmsnorm", 3), ("components/attention/gqa", 4)):
+        for path, formulas in (
+            ("components/position/sinusoidal", 2),
+            ("components/norm/rmsnorm", 3),
+            ("components/attention/gqa", 4),
+        ):
             dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}.html")
             rendered = len(re.findall(r'<span class="katex">', dom))
             assert rendered >= formulas, f"{path}: {rendered} KaTeX formulas, expected at least {formulas}"

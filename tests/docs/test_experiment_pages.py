@@ -88,7 +88,9 @@ def page_problems(page: Path, repo: Path = REPO) -> list[str]:
     for report, report_text in zip(reports, texts):
         for command in REPORT_COMMAND.findall(report_text):
             if " ".join(command.split()) not in shown:
-                problems.append(f"{page.name}: does not show the command that made {report.relative_to(page.parent)}: {command}")
+                problems.append(
+                    f"{page.name}: does not show the command that made {report.relative_to(page.parent)}: {command}"
+                )
     where = " or ".join(str(r.relative_to(page.parent)) for r in reports)
     for figure in figures:
         if not any(figure in t for t in texts):
@@ -106,7 +108,11 @@ def test_page_quotes_only_its_run(page):
 
 
 def test_every_results_folder_has_a_page():
-    folders = sorted(p.name for p in (EXPERIMENTS / "results").iterdir() if p.is_dir()) if (EXPERIMENTS / "results").is_dir() else []
+    folders = (
+        sorted(p.name for p in (EXPERIMENTS / "results").iterdir() if p.is_dir())
+        if (EXPERIMENTS / "results").is_dir()
+        else []
+    )
     assert [f for f in folders if not (EXPERIMENTS / f"{f}.md").is_file()] == []
 
 
@@ -120,7 +126,9 @@ REPORT = """# Design comparison
 """
 
 
-def _experiment(tmp_path: Path, page: str, *, report: str = REPORT, files=("report.md", "results.json", "curves.png")) -> Path:
+def _experiment(
+    tmp_path: Path, page: str, *, report: str = REPORT, files=("report.md", "results.json", "curves.png")
+) -> Path:
     root = tmp_path / "docs" / "experiments"
     (root / "results" / "ab").mkdir(parents=True)
     (root / "specs").mkdir()
@@ -184,8 +192,11 @@ def test_checker_ignores_figures_outside_tables_and_pages_without_results(tmp_pa
 
 
 def test_checker_holds_pages_without_a_compare_to_the_files_they_link(tmp_path):
-    page = _experiment(tmp_path, "# Costs\n\nThe tables: [tables.md](results/ab/tables.md), [raw](results/ab/cost.json).\n",
-                       files=("cost.json",))
+    page = _experiment(
+        tmp_path,
+        "# Costs\n\nThe tables: [tables.md](results/ab/tables.md), [raw](results/ab/cost.json).\n",
+        files=("cost.json",),
+    )
     assert page_problems(page, repo=tmp_path) == ["ab.md: results/ab/tables.md does not exist"]
 
 
@@ -196,7 +207,9 @@ def test_checker_reads_one_report_per_command_in_subfolders(tmp_path):
         for name in ("report.md", "curves.png"):
             (page.parent / "results" / "ab" / sub / name).write_text(report if name == "report.md" else "x")
     (page.parent / "results" / "ab" / "one" / "results.json").write_text("{}")
-    both = page.read_text().replace("| a | 1.8765 ± 0.0077 |", "| a | 1.8765 ± 0.0077 |\n| b | 1.9000 ± 0.0100 |\n| c | 2.0000 ± 0.0100 |")
+    both = page.read_text().replace(
+        "| a | 1.8765 ± 0.0077 |", "| a | 1.8765 ± 0.0077 |\n| b | 1.9000 ± 0.0100 |\n| c | 2.0000 ± 0.0100 |"
+    )
     page.write_text(both)
     assert page_problems(page, repo=tmp_path) == [
         "ab.md: results/ab/two/results.json does not exist",

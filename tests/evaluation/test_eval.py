@@ -40,7 +40,9 @@ def documents(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("docs")
     speeches = [s for s in TEXT[:40_000].split("\n\n") if s]
     speeches[-3] = speeches[-3] + " — ünïcode ✓"  # in the validation split
-    (root / "speeches.jsonl").write_text("".join(json.dumps({"text": s}, ensure_ascii=False) + "\n" for s in speeches), encoding="utf-8")
+    (root / "speeches.jsonl").write_text(
+        "".join(json.dumps({"text": s}, ensure_ascii=False) + "\n" for s in speeches), encoding="utf-8"
+    )
     prepare([root / "speeches.jsonl"], root / "prepared", tokenizer="char", show_progress=False)
     return root / "prepared"
 
@@ -48,9 +50,22 @@ def documents(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def run(documents, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("run") / "run"
-    config = {"model": TINY, "data": str(documents), "batch_size": 4, "seq_len": 32, "max_steps": 6, "warmup_steps": 2,
-              "lr": 3e-3, "eval_interval": 6, "eval_batches": 2, "log_interval": 3, "sample_tokens": 0, "device": "cpu",
-              "seed": 5, "document_mask": True}
+    config = {
+        "model": TINY,
+        "data": str(documents),
+        "batch_size": 4,
+        "seq_len": 32,
+        "max_steps": 6,
+        "warmup_steps": 2,
+        "lr": 3e-3,
+        "eval_interval": 6,
+        "eval_batches": 2,
+        "log_interval": 3,
+        "sample_tokens": 0,
+        "device": "cpu",
+        "seed": 5,
+        "document_mask": True,
+    }
     train(config, folder, echo=lambda line: None)
     return folder
 
@@ -82,7 +97,9 @@ def test_bits_per_byte_is_loss_times_tokens_over_bytes_on_char_data(run, documen
     n = s.tokens
     targets = np.asarray(data.val[1 : n + 1])  # non-overlapping windows of 16: targets 1..n, in order
     text = data.tokenizer.decode([t for t in targets.tolist() if t != data.tokenizer.eot_id])  # separators are no text
-    assert s.bytes == len(text.encode("utf-8")) and s.bytes > n - targets.tolist().count(data.tokenizer.eot_id)  # ü, ✓: 2-3 bytes
+    assert s.bytes == len(text.encode("utf-8")) and s.bytes > n - targets.tolist().count(
+        data.tokenizer.eot_id
+    )  # ü, ✓: 2-3 bytes
     assert s.bits_per_byte == pytest.approx(s.loss * s.tokens / s.bytes / math.log(2), rel=1e-12)
 
 
@@ -117,9 +134,14 @@ def test_strided_score_equals_scoring_each_window_by_hand():
 
 def test_eval_on_text_files_and_errors(run, tmp_path, capsys):
     texts = tmp_path / "held-out.jsonl"
-    texts.write_text("".join(json.dumps({"text": s}) + "\n" for s in TEXT[30_000:40_000].split("\n\n") if s), encoding="utf-8")
+    texts.write_text(
+        "".join(json.dumps({"text": s}) + "\n" for s in TEXT[30_000:40_000].split("\n\n") if s), encoding="utf-8"
+    )
     result = evaluate_checkpoint(run / "last", [texts], seq_len=32)
-    assert result.settings["split"] == "whole text" and result.score.tokens == (result.settings["split_tokens"] - 1) // 32 * 32
+    assert (
+        result.settings["split"] == "whole text"
+        and result.score.tokens == (result.settings["split_tokens"] - 1) // 32 * 32
+    )
     with pytest.raises(EvalError, match="exceeds the model's max_seq_len = 32"):
         evaluate_checkpoint(run / "last", seq_len=64)
     assert cli.main(["eval", str(run / "last"), "--data", str(tmp_path / "missing.txt")]) == 1
@@ -130,8 +152,16 @@ def test_document_mask_needs_separators_and_a_capable_attention(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text(TEXT[:5_000])
     prepare([text], tmp_path / "plain", tokenizer="char", eot="none", show_progress=False)
-    config = {"model": TINY, "data": str(tmp_path / "plain"), "batch_size": 2, "seq_len": 16, "max_steps": 1,
-              "sample_tokens": 0, "device": "cpu", "document_mask": True}
+    config = {
+        "model": TINY,
+        "data": str(tmp_path / "plain"),
+        "batch_size": 2,
+        "seq_len": 16,
+        "max_steps": 1,
+        "sample_tokens": 0,
+        "device": "cpu",
+        "document_mask": True,
+    }
     with pytest.raises(TrainError, match=r"holds no document separators .*--eot auto"):
         train(config, tmp_path / "r1", echo=lambda line: None)
 
@@ -142,11 +172,27 @@ def test_compare_reports_bits_per_byte(documents, tmp_path):
     spec = tmp_path / "tiny.json"
     spec.write_text(json.dumps(TINY))
     recipe = tmp_path / "train.json"
-    recipe.write_text(json.dumps({"data": str(documents), "batch_size": 4, "seq_len": 16, "max_steps": 2, "warmup_steps": 1,
-                                  "eval_interval": 2, "eval_batches": 1, "sample_tokens": 0, "device": "cpu", "final_eval_tokens": 2_000}))
+    recipe.write_text(
+        json.dumps(
+            {
+                "data": str(documents),
+                "batch_size": 4,
+                "seq_len": 16,
+                "max_steps": 2,
+                "warmup_steps": 1,
+                "eval_interval": 2,
+                "eval_batches": 1,
+                "sample_tokens": 0,
+                "device": "cpu",
+                "final_eval_tokens": 2_000,
+            }
+        )
+    )
     result = compare([spec], recipe, tmp_path / "report", seeds=1, echo=lambda line: None)
     row = result.rows[0]
     final = _final(row.runs[0].run_dir)
-    assert row.val_bpb_mean == pytest.approx(final["val_loss"] * final["val_tokens_scored"] / final["val_bytes_scored"] / math.log(2))
+    assert row.val_bpb_mean == pytest.approx(
+        final["val_loss"] * final["val_tokens_scored"] / final["val_bytes_scored"] / math.log(2)
+    )
     report = result.report.read_text()
     assert "| validation bits/byte |" in report and f"| {row.val_bpb_mean:.4f} |" in report

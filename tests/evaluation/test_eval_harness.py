@@ -26,9 +26,18 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval_tasks"
 GROUP = ["modkit_tiny_choice", "modkit_tiny_rolling", "modkit_tiny_generate"]
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
-         "rope_theta": 10000.0, "tie_word_embeddings": False}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -72,13 +81,20 @@ def folders(tmp_path_factory):
 def _evaluate(model, **kwargs):
     from lm_eval.tasks import TaskManager
 
-    return lm_eval.simple_evaluate(model=model, tasks=GROUP, task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
-                                   log_samples=True, **kwargs)
+    return lm_eval.simple_evaluate(
+        model=model,
+        tasks=GROUP,
+        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
+        log_samples=True,
+        **kwargs,
+    )
 
 
 def _responses(results) -> dict:
-    return {task: [(s["doc_id"], s["filtered_resps"]) for s in sorted(samples, key=lambda s: s["doc_id"])]
-            for task, samples in results["samples"].items()}
+    return {
+        task: [(s["doc_id"], s["filtered_resps"]) for s in sorted(samples, key=lambda s: s["doc_id"])]
+        for task, samples in results["samples"].items()
+    }
 
 
 def test_modkit_and_hf_model_types_give_the_same_scores(folders):
@@ -111,12 +127,33 @@ def test_modkit_and_hf_model_types_give_the_same_scores(folders):
 def test_modkit_eval_tasks_command(folders, tmp_path, capsys):
     ckpt, _ = folders
     out = tmp_path / "results.json"
-    assert cli.main(["eval", str(ckpt), "--tasks", "modkit_tiny_choice", "--include-path", str(TASKS), "--batch-size", "4",
-                     "--device", "cpu", "--output", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                str(ckpt),
+                "--tasks",
+                "modkit_tiny_choice",
+                "--include-path",
+                str(TASKS),
+                "--batch-size",
+                "4",
+                "--device",
+                "cpu",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     assert "modkit_tiny_choice" in table and "acc" in table
     results = json.loads(out.read_text())["results"]["modkit_tiny_choice"]
-    direct = lm_eval.simple_evaluate(model=modkit.evaluation.harness.ModkitLM(ckpt, batch_size=2, device="cpu"),
-                                     tasks=["modkit_tiny_choice"],
-                                     task_manager=__import__("lm_eval.tasks", fromlist=["TaskManager"]).TaskManager(include_path=str(TASKS), include_defaults=False))
+    direct = lm_eval.simple_evaluate(
+        model=modkit.evaluation.harness.ModkitLM(ckpt, batch_size=2, device="cpu"),
+        tasks=["modkit_tiny_choice"],
+        task_manager=__import__("lm_eval.tasks", fromlist=["TaskManager"]).TaskManager(
+            include_path=str(TASKS), include_defaults=False
+        ),
+    )
     assert results["acc,none"] == direct["results"]["modkit_tiny_choice"]["acc,none"]  # batch size changes nothing

@@ -29,10 +29,32 @@ def _rows(noise: float = 0.0, seeds: int = 3, rng_seed: int = 0) -> list[SpecRow
     rows = []
     for design, (E, A, alpha) in TRUE.items():
         for c in C + [HELD]:
-            losses = E + A * c ** -alpha + rng.normal(0, noise, seeds) if noise else np.full(seeds, E + A * c ** -alpha)
-            runs = [RunSummary(f"{design}-{c:g}", 1e-3, s, Path("."), 0.0, float(v), 4.0, 0.0, False, []) for s, v in enumerate(losses)]
-            rows.append(SpecRow(f"{design}-{c:g}", "", int(c / 1e9), 0, 1e-3, 0.0, 0, None, float(np.mean(losses)), None, 0, runs,
-                                design=design, size=(int(c / 1e9), 2), flops_per_token=int(c / 1000), tokens=1000, holdout=c == HELD))
+            losses = E + A * c**-alpha + rng.normal(0, noise, seeds) if noise else np.full(seeds, E + A * c**-alpha)
+            runs = [
+                RunSummary(f"{design}-{c:g}", 1e-3, s, Path("."), 0.0, float(v), 4.0, 0.0, False, [])
+                for s, v in enumerate(losses)
+            ]
+            rows.append(
+                SpecRow(
+                    f"{design}-{c:g}",
+                    "",
+                    int(c / 1e9),
+                    0,
+                    1e-3,
+                    0.0,
+                    0,
+                    None,
+                    float(np.mean(losses)),
+                    None,
+                    0,
+                    runs,
+                    design=design,
+                    size=(int(c / 1e9), 2),
+                    flops_per_token=int(c / 1000),
+                    tokens=1000,
+                    holdout=c == HELD,
+                )
+            )
     return rows
 
 
@@ -40,8 +62,12 @@ def test_the_fit_recovers_known_parameters_and_closed_forms():
     lad = fit_ladder(_rows())
     for f in lad.fits:
         E, A, alpha = TRUE[f.design]
-        assert (f.law.E, f.law.A, f.law.alpha) == (pytest.approx(E, abs=1e-7), pytest.approx(A, rel=1e-5), pytest.approx(alpha, rel=1e-6))
-        assert f.predicted == pytest.approx(E + A * HELD ** -alpha, abs=1e-7)  # the held-out point the fit never saw
+        assert (f.law.E, f.law.A, f.law.alpha) == (
+            pytest.approx(E, abs=1e-7),
+            pytest.approx(A, rel=1e-5),
+            pytest.approx(alpha, rel=1e-6),
+        )
+        assert f.predicted == pytest.approx(E + A * HELD**-alpha, abs=1e-7)  # the held-out point the fit never saw
         assert len(f.points) == 4 and f.holdout.flops == HELD
     a, b = (PowerLaw(*TRUE[d]) for d in ("a", "b"))
     for where, c in (("C_max", 3e13), ("10 C_max", 3e14)):
@@ -64,7 +90,7 @@ def test_noisy_seeds_fit_close_to_the_truth_and_the_prediction_interval_covers_i
             lo, hi = f.intervals[name]
             assert lo <= getattr(f.law, name) <= hi
         lo, hi = f.predicted_ci
-        assert lo <= E + A * HELD ** -alpha <= hi
+        assert lo <= E + A * HELD**-alpha <= hi
         m, mlo, mhi = f.measured
         assert mlo < m < mhi and len(f.holdout.losses) == 3
     a, b = (PowerLaw(*TRUE[d]) for d in ("a", "b"))
@@ -87,16 +113,39 @@ def test_a_tiny_ladder_end_to_end(tmp_path):
     prepare([tmp_path / "head.txt"], tmp_path / "data", tokenizer="char", show_progress=False)
     spec = tmp_path / "base.json"
     spec.write_text(json.dumps(tiny_spec(name="base", d_model=16, block__ffn={"type": "swiglu", "d_ff": 32})))
-    cfg = {"data": str(tmp_path / "data"), "batch_size": 4, "seq_len": 16, "warmup_steps": 2, "lr": 3e-3, "eval_interval": 50,
-           "eval_batches": 1, "log_interval": 2, "final_eval_tokens": 1024, "sample_tokens": 0, "device": "cpu", "threads": 1}
-    result = compare([spec], cfg, tmp_path / "r", seeds=2, widths=[16, 24, 32], ladder=True, tokens=[640, 960, 1280],
-                     holdout=(48, None), echo=lambda line: None)
+    cfg = {
+        "data": str(tmp_path / "data"),
+        "batch_size": 4,
+        "seq_len": 16,
+        "warmup_steps": 2,
+        "lr": 3e-3,
+        "eval_interval": 50,
+        "eval_batches": 1,
+        "log_interval": 2,
+        "final_eval_tokens": 1024,
+        "sample_tokens": 0,
+        "device": "cpu",
+        "threads": 1,
+    }
+    result = compare(
+        [spec],
+        cfg,
+        tmp_path / "r",
+        seeds=2,
+        widths=[16, 24, 32],
+        ladder=True,
+        tokens=[640, 960, 1280],
+        holdout=(48, None),
+        echo=lambda line: None,
+    )
     assert [r.spec for r in result.rows] == ["base-d16-l2", "base-d24-l2", "base-d32-l2", "base-d48-l2"]
     assert [r.holdout for r in result.rows] == [False, False, False, True]
     for row, tokens in zip(result.rows, [640, 960, 1280]):
         spec_obj = modkit.load_spec(row.runs[0].run_dir / "spec.json")
         assert row.tokens == tokens and row.flops == training_flops_per_token(spec_obj, 16) * tokens
-        assert spec_obj.d_model == row.size[0] and spec_obj.block.ffn.d_ff == 2 * row.size[0]  # d_ff scaled with d_model
+        assert (
+            spec_obj.d_model == row.size[0] and spec_obj.block.ffn.d_ff == 2 * row.size[0]
+        )  # d_ff scaled with d_model
     held = result.rows[-1]
     per_param = 1280 / result.rows[2].params  # the held-out budget: the last size's tokens per parameter
     assert held.tokens == math.ceil(math.ceil(per_param * held.params) / 64) * 64
@@ -119,11 +168,31 @@ def test_a_ladder_size_the_spec_cannot_take_is_refused_before_any_run(tmp_path):
     prepare([tmp_path / "head.txt"], tmp_path / "data", tokenizer="char", show_progress=False)
     spec = tmp_path / "base.json"
     spec.write_text(json.dumps(tiny_spec(name="base", d_model=16, block__ffn={"type": "swiglu", "d_ff": 32})))
-    cfg = {"data": str(tmp_path / "data"), "batch_size": 2, "seq_len": 16, "max_steps": 2, "warmup_steps": 0,
-           "sample_tokens": 0, "device": "cpu", "threads": 1}
+    cfg = {
+        "data": str(tmp_path / "data"),
+        "batch_size": 2,
+        "seq_len": 16,
+        "max_steps": 2,
+        "warmup_steps": 0,
+        "sample_tokens": 0,
+        "device": "cpu",
+        "threads": 1,
+    }
     with pytest.raises(CompareError) as info:
-        compare([spec], cfg, tmp_path / "r", seeds=1, widths=[16, 36, 48], ladder=True, tokens_per_param=[1], echo=lambda line: None)
+        compare(
+            [spec],
+            cfg,
+            tmp_path / "r",
+            seeds=1,
+            widths=[16, 36, 48],
+            ladder=True,
+            tokens_per_param=[1],
+            echo=lambda line: None,
+        )
     text = str(info.value)
     assert text.startswith("design base: base at d_model = 36 (scaled from 16) is not a valid spec:")
-    assert "head_dim = 9 gives a rotary width of 9, which is odd" in text and "widths near 36 that give a valid spec: 32, 40" in text
+    assert (
+        "head_dim = 9 gives a rotary width of 9, which is odd" in text
+        and "widths near 36 that give a valid spec: 32, 40" in text
+    )
     assert list((tmp_path / "r" / "runs").iterdir()) == []

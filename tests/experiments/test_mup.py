@@ -49,13 +49,22 @@ def test_mup_factors_away_from_the_base_width():
     ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(1))
     out = mup(ids)
     assert torch.allclose(out.logits, mup.lm_head(out.hidden) / 4, rtol=0, atol=1e-7)
-    doubled = modkit.build({**wide, "parametrization": {"type": "mup", "base_d_model": 32, "output_multiplier": 2.0}}, seed=0)
+    doubled = modkit.build(
+        {**wide, "parametrization": {"type": "mup", "base_d_model": 32, "output_multiplier": 2.0}}, seed=0
+    )
     assert torch.allclose(doubled(ids).logits, 2 * out.logits, rtol=1e-6, atol=1e-7)
 
 
 def test_latent_attention_takes_the_mup_scale_and_keeps_its_own_standard_one():
-    mla = {"type": "mla", "n_heads": 4, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
-           "latent_norm": {"type": "rmsnorm"}}
+    mla = {
+        "type": "mla",
+        "n_heads": 4,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+        "latent_norm": {"type": "rmsnorm"},
+    }
     base = {**BASE, "block": {**BASE["block"], "attention": mla}}
     sp = modkit.build(base, device="meta")
     assert sp.layers[0].attention.scale == 12**-0.5  # transformers' qk_head_dim ** -0.5, to the last bit
@@ -69,23 +78,53 @@ def test_latent_attention_takes_the_mup_scale_and_keeps_its_own_standard_one():
 
 def test_resize_scales_every_width_field():
     big = resize(BASE, d_model=96, n_layers=3)
-    assert (big["d_model"], big["n_layers"], big["block"]["ffn"]["d_ff"], big["name"]) == (96, 3, 192, "test-tiny-d96-l3")
+    assert (big["d_model"], big["n_layers"], big["block"]["ffn"]["d_ff"], big["name"]) == (
+        96,
+        3,
+        192,
+        "test-tiny-d96-l3",
+    )
     assert big["block"]["attention"]["n_heads"] == 4  # heads stay: head_dim grows with d_model
-    moe = resize({**BASE, "block": {**BASE["block"], "ffn": {"type": "moe", "n_experts": 4, "top_k": 2,
-                  "expert": {"type": "swiglu", "d_ff": 48}, "router": {"type": "topk", "renormalize": True}}}}, d_model=64)
+    moe = resize(
+        {
+            **BASE,
+            "block": {
+                **BASE["block"],
+                "ffn": {
+                    "type": "moe",
+                    "n_experts": 4,
+                    "top_k": 2,
+                    "expert": {"type": "swiglu", "d_ff": 48},
+                    "router": {"type": "topk", "renormalize": True},
+                },
+            },
+        },
+        d_model=64,
+    )
     assert moe["block"]["ffn"]["expert"]["d_ff"] == 96
     modkit.load_spec(moe)
 
 
-MLA = {"type": "mla", "n_heads": 4, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
-       "latent_norm": {"type": "rmsnorm"}}
+MLA = {
+    "type": "mla",
+    "n_heads": 4,
+    "kv_lora_rank": 64,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "latent_norm": {"type": "rmsnorm"},
+}
 
 
 @pytest.mark.parametrize("width", range(8, 201, 4))
 def test_widths_keep_every_even_width_even_so_latent_attention_stays_valid(width):
     """MLA at d_model 128 (rope width 16) resized to every multiple of 4 from 8 to 200: each width field that was even
     stays even (RoPE rotates pairs of qk_rope_head_dim), within 1 of the exact ratio, and the spec validates."""
-    base = {**BASE, "d_model": 128, "block": {**BASE["block"], "attention": MLA, "ffn": {"type": "swiglu", "d_ff": 341}}}
+    base = {
+        **BASE,
+        "d_model": 128,
+        "block": {**BASE["block"], "attention": MLA, "ffn": {"type": "swiglu", "d_ff": 341}},
+    }
     wide = resize(base, d_model=width)
     ratio = width / 128
     got = {**wide["block"]["attention"], "d_ff": wide["block"]["ffn"]["d_ff"]}
@@ -109,7 +148,9 @@ def test_a_width_that_cannot_fit_is_refused_naming_the_field_the_value_and_the_f
     assert text.startswith("test-tiny at d_model = 36 (scaled from 32) is not a valid spec:")
     assert "head_dim = 9 gives a rotary width of 9, which is odd" in text
     assert text.endswith("widths near 36 that give a valid spec: 32, 40 (or set the field in the spec so it fits)")
-    mamba = tiny_spec(d_model=64, position={"type": "none"}, block__attention={"type": "mamba2", "head_dim": 16, "d_state": 16})
+    mamba = tiny_spec(
+        d_model=64, position={"type": "none"}, block__attention={"type": "mamba2", "head_dim": 16, "d_state": 16}
+    )
     modkit.load_spec(mamba)
     with pytest.raises(ScalingError) as info:
         resize_checked(mamba, d_model=50)  # head_dim 16 -> 12 (kept even), d_inner 100 = 2 x 50: not a multiple of 12
@@ -141,7 +182,9 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(tmp_path):
         assert result.growth("sp", q) > 8, (q, result.growth("sp", q))
     report = write_report(result, tmp_path / "cc", command="modkit coordcheck x.json --widths 32,64,128,256")
     text = report.read_text()
-    assert "| mup |" in text and "| sp |" in text and (tmp_path / "cc" / "coordcheck.png").read_bytes()[:4] == b"\x89PNG"
+    assert (
+        "| mup |" in text and "| sp |" in text and (tmp_path / "cc" / "coordcheck.png").read_bytes()[:4] == b"\x89PNG"
+    )
     saved = json.loads((tmp_path / "cc" / "coordcheck.json").read_text())
     assert saved["growth"]["mup"]["residual"] == pytest.approx(result.growth("mup", "residual"))
 
@@ -150,13 +193,41 @@ def test_coordcheck_command(tmp_path, capsys):
     from modkit.cli import main
 
     spec = tmp_path / "s.json"
-    spec.write_text(json.dumps({**BASE, "d_model": 16, "n_layers": 1, "block": {**BASE["block"], "ffn": {"type": "swiglu", "d_ff": 32}}}))
+    spec.write_text(
+        json.dumps(
+            {**BASE, "d_model": 16, "n_layers": 1, "block": {**BASE["block"], "ffn": {"type": "swiglu", "d_ff": 32}}}
+        )
+    )
     out = tmp_path / "cc"
-    assert main(["coordcheck", str(spec), "--widths", "16,32", "--steps", "1", "--seeds", "1", "--batch", "2", "--seq-len", "8",
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "coordcheck",
+                str(spec),
+                "--widths",
+                "16,32",
+                "--steps",
+                "1",
+                "--seeds",
+                "1",
+                "--batch",
+                "2",
+                "--seq-len",
+                "8",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     stdout = capsys.readouterr().out
-    assert "mup: growth of mean |h_t - h_0| from d_model 16 to 32:" in stdout and f"report: {out / 'report.md'}" in stdout
-    assert f"modkit coordcheck {spec} --widths 16,32 --steps 1 --lr 0.01 --seeds 1 --batch 2 --seq-len 8 -o {out}" in (out / "report.md").read_text()
+    assert (
+        "mup: growth of mean |h_t - h_0| from d_model 16 to 32:" in stdout and f"report: {out / 'report.md'}" in stdout
+    )
+    assert (
+        f"modkit coordcheck {spec} --widths 16,32 --steps 1 --lr 0.01 --seeds 1 --batch 2 --seq-len 8 -o {out}"
+        in (out / "report.md").read_text()
+    )
     assert main(["coordcheck", str(spec), "--widths", "32,16", "-o", str(out)]) == 1
     assert "increasing widths" in capsys.readouterr().err
 

@@ -36,8 +36,13 @@ def test_paired_and_welch_intervals_equal_scipys():
     d = mean_difference(a, b, paired=True)
     diffs = np.subtract(a, b)
     half = S.t.ppf(0.975, 2) * diffs.std(ddof=1) / math.sqrt(3)
-    assert (d.diff, d.low, d.high, d.method, d.df) == (pytest.approx(diffs.mean()), pytest.approx(diffs.mean() - half),
-                                                       pytest.approx(diffs.mean() + half), "paired t", 2.0)
+    assert (d.diff, d.low, d.high, d.method, d.df) == (
+        pytest.approx(diffs.mean()),
+        pytest.approx(diffs.mean() - half),
+        pytest.approx(diffs.mean() + half),
+        "paired t",
+        2.0,
+    )
     assert d.resolved and d.text("swiglu", "gelu").endswith("resolved, swiglu lower")
     w = mean_difference(a, b)
     ref = S.ttest_ind(a, b, equal_var=False)
@@ -79,8 +84,12 @@ def test_mean_interval():
 def test_power_law_fit_recovers_known_parameters():
     c = np.array([3e11, 1e12, 3e12, 1e13, 3e13])
     for E, A, alpha in ((1.7, 2000.0, 0.3), (0.0, 50.0, 0.1), (2.5, 1e6, 0.6)):
-        f = fit_power_law(c, E + A * c ** -alpha)
-        assert (f.E, f.A, f.alpha) == (pytest.approx(E, abs=1e-6), pytest.approx(A, rel=1e-5), pytest.approx(alpha, rel=1e-6))
+        f = fit_power_law(c, E + A * c**-alpha)
+        assert (f.E, f.A, f.alpha) == (
+            pytest.approx(E, abs=1e-6),
+            pytest.approx(A, rel=1e-5),
+            pytest.approx(alpha, rel=1e-6),
+        )
         assert f.compute_for(float(f(1e13))) == pytest.approx(1e13, rel=1e-6)
     assert fit_power_law(c, np.full(5, 2.0)).compute_for(1.9) == math.inf
     with pytest.raises(ValueError, match="three or more points"):
@@ -92,20 +101,27 @@ def test_power_law_fit_equals_scipys_least_squares_on_noisy_losses():
 
     rng = np.random.default_rng(5)
     c = np.geomspace(1e11, 1e14, 6)
-    y = 1.6 + 900.0 * c ** -0.25 + rng.normal(0, 0.01, 6)
+    y = 1.6 + 900.0 * c**-0.25 + rng.normal(0, 0.01, 6)
     f = fit_power_law(c, y)
     u = c / c[0]
-    (E, A, alpha), _ = curve_fit(lambda x, E, A, a: E + A * x ** -a, u, y, p0=(f.E, f.A * c[0] ** -f.alpha, f.alpha), maxfev=20000)
+    (E, A, alpha), _ = curve_fit(
+        lambda x, E, A, a: E + A * x**-a, u, y, p0=(f.E, f.A * c[0] ** -f.alpha, f.alpha), maxfev=20000
+    )
     assert (f.E, f.alpha) == (pytest.approx(E, rel=1e-4), pytest.approx(alpha, rel=1e-4))
-    assert f.sse <= float(((E + A * u ** -alpha - y) ** 2).sum()) * (1 + 1e-8)
+    assert f.sse <= float(((E + A * u**-alpha - y) ** 2).sum()) * (1 + 1e-8)
 
 
 def test_chinchilla_fit_recovers_known_parameters():
     N = np.repeat([1e5, 3e5, 1e6, 3e6], 3)
     D = np.tile([1e6, 4e6, 1.6e7], 4)
-    f = fit_chinchilla(N, D, 1.5 + 300 * N ** -0.35 + 900 * D ** -0.28)
-    assert (f.E, f.A, f.alpha, f.B, f.beta) == (pytest.approx(1.5, abs=1e-6), pytest.approx(300, rel=1e-5),
-                                                pytest.approx(0.35, rel=1e-6), pytest.approx(900, rel=1e-5), pytest.approx(0.28, rel=1e-6))
+    f = fit_chinchilla(N, D, 1.5 + 300 * N**-0.35 + 900 * D**-0.28)
+    assert (f.E, f.A, f.alpha, f.B, f.beta) == (
+        pytest.approx(1.5, abs=1e-6),
+        pytest.approx(300, rel=1e-5),
+        pytest.approx(0.35, rel=1e-6),
+        pytest.approx(900, rel=1e-5),
+        pytest.approx(0.28, rel=1e-6),
+    )
 
 
 def test_bootstrap_is_deterministic_and_brackets_the_mean():
@@ -141,24 +157,34 @@ def test_instability_does_not_flag_a_long_healthy_run_for_its_batch_noise():
     import json
     from pathlib import Path
 
-    saved = json.loads((Path(__file__).resolve().parents[2] / "docs/experiments/results/ladder-gelu-swiglu-pre-post"
-                        / "holdout-d96/results.json").read_text())
+    saved = json.loads(
+        (
+            Path(__file__).resolve().parents[2]
+            / "docs/experiments/results/ladder-gelu-swiglu-pre-post"
+            / "holdout-d96/results.json"
+        ).read_text()
+    )
     long_runs = [run for row in saved["rows"] if row["spec"].endswith("-d96-l2") for run in row["runs"]]
     assert len(long_runs) == 9
     for run in long_runs:
         reading = instability([y for _, y in run["train_curve"]], [g for _, g in run["grad_curve"]])
         assert reading.spikes == 0 and reading.above_min <= 0.05 and not reading.unstable, (run["spec"], run["seed"])
         # the report's reading, with the margin alone: every one of them over 5%
-        assert instability([y for _, y in run["train_curve"]], [g for _, g in run["grad_curve"]], noise=False).above_min > 0.05
+        assert (
+            instability([y for _, y in run["train_curve"]], [g for _, g in run["grad_curve"]], noise=False).above_min
+            > 0.05
+        )
     rng = np.random.default_rng(0)
     for n in (500, 5000):
         steps = np.arange(n)
-        noisy = 3.0 * np.exp(-steps / (n / 10)) + 1.6 + rng.normal(0.0, 0.09, n)  # batch noise 0.09: 0.04 smoothed over 5
+        noisy = (
+            3.0 * np.exp(-steps / (n / 10)) + 1.6 + rng.normal(0.0, 0.09, n)
+        )  # batch noise 0.09: 0.04 smoothed over 5
         reading = instability(noisy, np.full(n, 0.8))
         assert not reading.unstable, (n, reading)
         assert reading.noise == pytest.approx(0.09, rel=0.15)  # the batch noise is estimated, not assumed
         risen = noisy.copy()
-        risen[6 * n // 10: 7 * n // 10] += 0.4  # the loss rises 0.4 nats for a tenth of the run, then recovers
+        risen[6 * n // 10 : 7 * n // 10] += 0.4  # the loss rises 0.4 nats for a tenth of the run, then recovers
         caught = instability(risen, np.full(n, 0.8))
         assert caught.unstable and 0.08 <= caught.above_min <= 0.12, (n, caught)  # a tenth, + the 5-step mean's tail
         assert caught.noise == pytest.approx(reading.noise, rel=0.02)  # the rise does not inflate the noise

@@ -1,7 +1,6 @@
 """Sampling, generation with a fresh static cache per call (no state leaks between calls), the compiled decode
 step (one graph, no recompile per token) and greedy parity with transformers' ``generate``."""
 
-
 import pytest
 import torch
 
@@ -122,7 +121,7 @@ def test_stream_yields_one_token_per_step_and_prefill_chunks_agree():
     steps = list(stream_generate(model, prompt, max_new_tokens=6, temperature=0))
     assert len(steps) == 6 and all(t.shape == (1,) for t in steps)
     whole = generate(model, prompt, max_new_tokens=6, temperature=0)
-    assert whole[0, len(prompt):].tolist() == [int(t) for t in steps]
+    assert whole[0, len(prompt) :].tolist() == [int(t) for t in steps]
     for chunk in (1, 2, 4):
         assert torch.equal(generate(model, prompt, max_new_tokens=6, temperature=0, prefill_chunk=chunk), whole)
     assert generate(model, prompt, max_new_tokens=0).shape == (1, len(prompt))
@@ -190,6 +189,7 @@ def test_decode_step_compiles_fullgraph_once_without_graph_breaks():
 
 # ----------------------------------------------------------------------------- greedy parity with transformers
 
+
 def _hf_causal(cls_name: str, seed: int = 0, **kwargs):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
@@ -206,22 +206,101 @@ def _hf_causal(cls_name: str, seed: int = 0, **kwargs):
 
 #: (id, transformers config class, kwargs), each loaded into modkit through modkit.from_hf
 PARITY_CASES = [
-    ("llama", "LlamaConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=96)),
-    ("mistral-window4", "MistralConfig", dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
-        num_hidden_layers=2, intermediate_size=96, sliding_window=4)),
-    ("qwen2-mixed-window", "Qwen2Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, tie_word_embeddings=True, use_sliding_window=True, sliding_window=4, max_window_layers=1)),
-    ("qwen3", "Qwen3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        num_hidden_layers=2, intermediate_size=96)),
-    ("gemma3-local-global", "Gemma3TextConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-        num_hidden_layers=3, intermediate_size=96, sliding_window=4, query_pre_attn_scalar=24, final_logit_softcapping=3.0,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
-    ("mixtral", "MixtralConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, sliding_window=5)),
+    (
+        "llama",
+        "LlamaConfig",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=96),
+    ),
+    (
+        "mistral-window4",
+        "MistralConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            sliding_window=4,
+        ),
+    ),
+    (
+        "qwen2-mixed-window",
+        "Qwen2Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+        ),
+    ),
+    (
+        "qwen3",
+        "Qwen3Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_hidden_layers=2,
+            intermediate_size=96,
+        ),
+    ),
+    (
+        "gemma3-local-global",
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_hidden_layers=3,
+            intermediate_size=96,
+            sliding_window=4,
+            query_pre_attn_scalar=24,
+            final_logit_softcapping=3.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        ),
+    ),
+    (
+        "mixtral",
+        "MixtralConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=48,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=5,
+        ),
+    ),
     ("gpt2", "GPT2Config", dict(n_embd=64, n_head=4, n_layer=2, n_positions=64)),
-    ("phi3-window", "Phi3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, sliding_window=5, partial_rotary_factor=0.75, pad_token_id=0, eos_token_id=1)),
-    ("olmo2", "Olmo2Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=96)),
+    (
+        "phi3-window",
+        "Phi3Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            sliding_window=5,
+            partial_rotary_factor=0.75,
+            pad_token_id=0,
+            eos_token_id=1,
+        ),
+    ),
+    (
+        "olmo2",
+        "Olmo2Config",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=96),
+    ),
 ]
 
 
@@ -238,12 +317,18 @@ def test_greedy_generation_matches_transformers(name, cls_name, kwargs, tmp_path
     ids = ids.masked_fill(mask == 0, 0)
     with torch.no_grad():
         for rows, m in ((ids[:1], None), (ids, mask)):
-            theirs = hf.generate(rows, attention_mask=m if m is not None else torch.ones_like(rows), do_sample=False,
-                                 max_new_tokens=32, min_new_tokens=32)
+            theirs = hf.generate(
+                rows,
+                attention_mask=m if m is not None else torch.ones_like(rows),
+                do_sample=False,
+                max_new_tokens=32,
+                min_new_tokens=32,
+            )
             ours = generate(model, rows, attention_mask=m, max_new_tokens=32, temperature=0)
             assert theirs.shape == ours.shape == (rows.shape[0], 8 + 32)
-            assert torch.equal(ours, theirs), f"{name}: first difference at new token " \
-                f"{int((ours != theirs).any(0).nonzero()[0]) - 8}"
+            assert torch.equal(ours, theirs), (
+                f"{name}: first difference at new token {int((ours != theirs).any(0).nonzero()[0]) - 8}"
+            )
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -287,8 +372,24 @@ def test_cli_generate_text_with_a_tokenizer(tmp_path, capsys):
     tok.save(str(tmp_path / "tokenizer.json"))
     spec_file = tmp_path / "c12.json"
     spec_file.write_text(json.dumps(C12_SPEC))
-    argv = ["generate", spec_file, "--prompt", "w5 w6 w7", "--tokenizer", tmp_path / "tokenizer.json",
-            "--max-new-tokens", 5, "--temperature", 0.8, "--top-k", 10, "--top-p", 0.9, "--seed", 7]
+    argv = [
+        "generate",
+        spec_file,
+        "--prompt",
+        "w5 w6 w7",
+        "--tokenizer",
+        tmp_path / "tokenizer.json",
+        "--max-new-tokens",
+        5,
+        "--temperature",
+        0.8,
+        "--top-k",
+        10,
+        "--top-p",
+        0.9,
+        "--seed",
+        7,
+    ]
     code, out, err = _cli(argv, capsys)
     assert code == 0, err
     model = modkit.build(C12_SPEC, seed=7).eval()
@@ -310,8 +411,10 @@ def test_column_major_linears_keeps_values_names_and_checkpoints(tmp_path):
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     torch.testing.assert_close(model(ids).logits, logits, atol=1e-6, rtol=0)
-    assert torch.equal(generate(model, [1, 2, 3], max_new_tokens=5, temperature=0),
-                       generate(modkit.build(C12_SPEC, seed=0).eval(), [1, 2, 3], max_new_tokens=5, temperature=0))
+    assert torch.equal(
+        generate(model, [1, 2, 3], max_new_tokens=5, temperature=0),
+        generate(modkit.build(C12_SPEC, seed=0).eval(), [1, 2, 3], max_new_tokens=5, temperature=0),
+    )
     modkit.save(model, tmp_path / "ckpt")
     again = modkit.load(tmp_path / "ckpt")
     assert all(torch.equal(again.state_dict()[k], before[k]) for k in before)
@@ -348,10 +451,15 @@ def test_logits_to_keep_returns_the_last_positions_only():
 
 # ------------------------------------------------------------------------------------------------ past max_seq_len
 
+
 def _position_types(unbounded: bool) -> list[str]:
     """The registered position types that declare ``unbounded_positions`` (or do not), read from the registry."""
     reg = modkit.get_registry()
-    return sorted(e.type for e in reg.components() if e.kind == "position" and bool(e.capabilities.get("unbounded_positions")) == unbounded)
+    return sorted(
+        e.type
+        for e in reg.components()
+        if e.kind == "position" and bool(e.capabilities.get("unbounded_positions")) == unbounded
+    )
 
 
 def _pair(position: dict, short: int, long: int):
@@ -393,7 +501,9 @@ def test_schemes_with_a_table_keep_the_refusal(kind):
     from modkit.core.errors import ArgumentError
 
     model = modkit.build(__import__("conftest").tiny_spec(max_seq_len=16, position={"type": kind}), seed=0).eval()
-    with pytest.raises(ArgumentError, match=rf"max_len = 40 is past the model's max_seq_len = 16, and position type '{kind}'"):
+    with pytest.raises(
+        ArgumentError, match=rf"max_len = 40 is past the model's max_seq_len = 16, and position type '{kind}'"
+    ):
         generate(model, [[1, 2, 3]], max_new_tokens=30, max_len=40)
     with pytest.raises(ArgumentError) as info:
         generate(model, [[1, 2, 3]], max_new_tokens=30, temperature=0)
@@ -401,9 +511,14 @@ def test_schemes_with_a_table_keep_the_refusal(kind):
     assert generate(model, [[1, 2, 3]], max_new_tokens=5, temperature=0, max_len=8).shape == (1, 8)  # below: a limit
 
 
-@pytest.mark.parametrize("value, fragment", [(0, r"max_len must be in \[1, 134217728\], got 0"),
-                                             (2**64, r"max_len must be in \[1, 134217728\], got 18446744073709551616"),
-                                             (1.5, "max_len must be an integer, got float 1.5")])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        (0, r"max_len must be in \[1, 134217728\], got 0"),
+        (2**64, r"max_len must be in \[1, 134217728\], got 18446744073709551616"),
+        (1.5, "max_len must be an integer, got float 1.5"),
+    ],
+)
 def test_max_len_is_checked(value, fragment):
     from modkit.core.errors import ArgumentError
 
@@ -441,8 +556,13 @@ def test_cli_max_len_generates_past_max_seq_len_with_a_warning(tmp_path, capsys)
     from modkit.core.errors import MaxSeqLenWarning
 
     with pytest.warns(MaxSeqLenWarning):
-        expected = generate(modkit.build(tiny_spec(max_seq_len=16), seed=0).eval(), [[1, 2, 3]], max_new_tokens=20,
-                            temperature=0, max_len=23)
+        expected = generate(
+            modkit.build(tiny_spec(max_seq_len=16), seed=0).eval(),
+            [[1, 2, 3]],
+            max_new_tokens=20,
+            temperature=0,
+            max_len=23,
+        )
     assert out.split() == [str(t) for t in expected[0, 3:].tolist()]
     code, _, err = _cli(["generate", spec, "--prompt", "1 2 3", "--max-new-tokens", 20], capsys)
     assert code == 1 and "or pass max_len=23" in err

@@ -75,7 +75,10 @@ def test_bad_arguments_are_refused_naming_the_parameter(rope_model, kwargs, name
         (torch.tensor([[1.0, 2.0]]), "got a float32 tensor"),
         (torch.tensor([[True, False]]), "got a bool tensor"),
         ([[True, 1]], "got bool"),
-        ([[2**63]], f"must lie in [0, 64) (the vocabulary); got the token id {2**63}"),  # (past int64: torch never sees it)
+        (
+            [[2**63]],
+            f"must lie in [0, 64) (the vocabulary); got the token id {2**63}",
+        ),  # (past int64: torch never sees it)
         ([[2**70]], f"must lie in [0, 64) (the vocabulary); got the token id {2**70}"),
         ([[-1, 2]], "must lie in [0, 64)"),
         ([[1, 64]], "must lie in [0, 64)"),
@@ -113,8 +116,13 @@ def test_bad_attention_masks_are_refused(rope_model, mask, fragment):
 
 
 def test_a_left_padded_mask_is_accepted_as_documented(rope_model):
-    out = generate(rope_model, [[0, 5, 6], [4, 5, 6]], max_new_tokens=3, temperature=0,
-                   attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    out = generate(
+        rope_model,
+        [[0, 5, 6], [4, 5, 6]],
+        max_new_tokens=3,
+        temperature=0,
+        attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]),
+    )
     alone = generate(rope_model, [[5, 6]], max_new_tokens=3, temperature=0)
     assert out.shape == (2, 6) and out[0, 3:].tolist() == alone[0, 2:].tolist()
 
@@ -124,7 +132,9 @@ def test_runs_past_max_seq_len_are_refused_before_any_token(request, which):
     model = request.getfixturevalue(which)
     prompt = [[1] * 60]
     assert generate(model, prompt, max_new_tokens=4, temperature=0).shape == (1, 64)  # exactly max_seq_len: fine
-    with pytest.raises(ArgumentError, match="reaches position 64, past the model's max_seq_len = 64; generate at most 4"):
+    with pytest.raises(
+        ArgumentError, match="reaches position 64, past the model's max_seq_len = 64; generate at most 4"
+    ):
         stream_generate(model, prompt, max_new_tokens=5, temperature=0)
 
 

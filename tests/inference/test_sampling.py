@@ -17,9 +17,18 @@ from modkit.inference.sampling import GenerationState, LogitsProcessor, sampler_
 INF = float("-inf")
 
 SPEC = {
-    "schema_version": 1, "vocab_size": 32, "d_model": 16, "n_layers": 2, "max_seq_len": 64, "position": {"type": "rope"},
-    "block": {"attention": {"type": "mha", "n_heads": 2}, "ffn": {"type": "swiglu", "d_ff": 32}, "norm": {"type": "rmsnorm"},
-              "placement": {"type": "pre"}},
+    "schema_version": 1,
+    "vocab_size": 32,
+    "d_model": 16,
+    "n_layers": 2,
+    "max_seq_len": 64,
+    "position": {"type": "rope"},
+    "block": {
+        "attention": {"type": "mha", "n_heads": 2},
+        "ffn": {"type": "swiglu", "d_ff": 32},
+        "norm": {"type": "rmsnorm"},
+        "placement": {"type": "pre"},
+    },
     "final_norm": {"type": "rmsnorm"},
 }
 
@@ -100,17 +109,39 @@ def test_keyword_order_puts_temperature_before_top_p_and_a_list_keeps_its_order(
     assert torch.isfinite(keyword.process(lp, st)).tolist() == [[True, True, False]]
     listed = build_sampler(3, sampling=[{"type": "top_p", "p": 0.7}, {"type": "temperature", "value": 3.0}])
     assert torch.isfinite(listed.process(lp, st)).tolist() == [[True, False, False]]
-    full = build_sampler(8, min_p=0.1, top_p=0.9, top_k=5, temperature=0.7, frequency_penalty=0.1, presence_penalty=0.2,
-                         repetition_penalty=1.1)
-    assert [c.type for c in full.configs] == ["repetition_penalty", "presence_penalty", "frequency_penalty", "temperature",
-                                             "top_k", "top_p", "min_p"]
+    full = build_sampler(
+        8,
+        min_p=0.1,
+        top_p=0.9,
+        top_k=5,
+        temperature=0.7,
+        frequency_penalty=0.1,
+        presence_penalty=0.2,
+        repetition_penalty=1.1,
+    )
+    assert [c.type for c in full.configs] == [
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+    ]
 
 
 def test_the_order_is_data_on_the_entries():
     reg = modkit.get_registry()
     orders = {e.type: e.capabilities["order"] for e in reg.components("logits_processor")}
-    assert orders == {"repetition_penalty": 10, "presence_penalty": 20, "frequency_penalty": 21, "temperature": 30,
-                      "top_k": 40, "top_p": 50, "min_p": 60}
+    assert orders == {
+        "repetition_penalty": 10,
+        "presence_penalty": 20,
+        "frequency_penalty": 21,
+        "temperature": 30,
+        "top_k": 40,
+        "top_p": 50,
+        "min_p": 60,
+    }
 
 
 def test_greedy_equals_argmax_and_filter_logits_still_works():
@@ -125,8 +156,12 @@ def test_stop_tokens_in_generate():
     stop = greedy[2]
     cut = greedy[: greedy.index(stop) + 1]
     assert generate(model, [1, 2, 3], max_new_tokens=8, temperature=0, stop_token_ids=[stop])[0, 3:].tolist() == cut
-    listed = generate(model, [1, 2, 3], max_new_tokens=8,
-                      sampling=[{"type": "temperature", "value": 0}, {"type": "stop_tokens", "ids": [stop]}])
+    listed = generate(
+        model,
+        [1, 2, 3],
+        max_new_tokens=8,
+        sampling=[{"type": "temperature", "value": 0}, {"type": "stop_tokens", "ids": [stop]}],
+    )
     assert listed[0, 3:].tolist() == cut
     # in a batch the finished row is padded with the stop token (its first id) until the other one stops
     batch = generate(model, [[1, 2, 3], [4, 5, 6]], max_new_tokens=8, temperature=0, stop_token_ids=[stop])
@@ -146,7 +181,10 @@ def test_stop_strings_need_a_tokenizer_and_stop_on_the_text():
     assert out[0, 3:].tolist() == greedy[: first + 1]
     # the prompt never matches: a stop string made of prompt letters does not stop before generating it
     prompt_text = decode([1, 2, 3])
-    assert generate(model, [1, 2, 3], max_new_tokens=4, temperature=0, stop_strings=[prompt_text], decode=decode).shape[1] >= 4
+    assert (
+        generate(model, [1, 2, 3], max_new_tokens=4, temperature=0, stop_strings=[prompt_text], decode=decode).shape[1]
+        >= 4
+    )
     with pytest.raises(modkit.SamplingError, match="stop_strings needs a tokenizer"):
         generate(model, [1, 2, 3], max_new_tokens=4, stop_strings=["x"])
 
@@ -156,8 +194,15 @@ def test_errors_name_the_argument_or_the_list_item():
         build_sampler(32, top_p=1.5, min_p=-0.1, temperature=float("nan"))
     assert sorted(p for p, _ in info.value.errors) == ["min_p", "temperature", "top_p"]
     with pytest.raises(modkit.SamplingError) as info:
-        build_sampler(32, sampling=[{"type": "top_p", "p": 2}, {"type": "nope"}, {"type": "temperature", "value": 1, "x": 1},
-                                    {"type": "stop_tokens", "ids": [40]}])
+        build_sampler(
+            32,
+            sampling=[
+                {"type": "top_p", "p": 2},
+                {"type": "nope"},
+                {"type": "temperature", "value": 1, "x": 1},
+                {"type": "stop_tokens", "ids": [40]},
+            ],
+        )
     paths = [p for p, _ in info.value.errors]
     assert paths[:2] == ["[0].p", "[1].type"] and "[2].x" in paths and "[3]" in paths, info.value.errors
     assert any("outside the vocabulary [0, 32)" in m for _, m in info.value.errors)
@@ -179,7 +224,9 @@ def test_generate_keeps_its_training_loop_keywords():
 def test_sampling_draws_only_kept_tokens_with_the_right_frequencies():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(20000, 4)
     sampler = build_sampler(4, min_p=0.2)  # drops token 3; renormalised 0.5 / 0.3 / 0.15 over 0.95
-    draws = sampler.choose(logits, GenerationState(torch.zeros(20000, 0, dtype=torch.long), None, 0), torch.Generator().manual_seed(0))
+    draws = sampler.choose(
+        logits, GenerationState(torch.zeros(20000, 0, dtype=torch.long), None, 0), torch.Generator().manual_seed(0)
+    )
     freq = torch.bincount(draws, minlength=4).float() / draws.numel()
     assert freq[3] == 0
     torch.testing.assert_close(freq[:3], torch.tensor([0.5, 0.3, 0.15]) / 0.95, atol=0.015, rtol=0)
@@ -202,9 +249,16 @@ def test_a_plugin_adds_a_processor_usable_by_keyword_and_in_a_list():
     reg = modkit.get_registry()
 
     def register_components(register):
-        register(modkit.Component(kind="logits_processor", type="ban_token", config=BanConfig,
-                                  factory=lambda cfg, setup: Ban(cfg.token), description="bans one token",
-                                  capabilities={"argument": {"name": "ban_token", "field": "token"}, "order": 5}))
+        register(
+            modkit.Component(
+                kind="logits_processor",
+                type="ban_token",
+                config=BanConfig,
+                factory=lambda cfg, setup: Ban(cfg.token),
+                description="bans one token",
+                capabilities={"argument": {"name": "ban_token", "field": "token"}, "order": 5},
+            )
+        )
 
     reg.register_plugin(types.SimpleNamespace(register_components=modkit.hookimpl(register_components)), "test-ban")
     try:
@@ -212,10 +266,18 @@ def test_a_plugin_adds_a_processor_usable_by_keyword_and_in_a_list():
         greedy = generate(model, [1, 2, 3], max_new_tokens=6, temperature=0)[0, 3:].tolist()
         banned = generate(model, [1, 2, 3], max_new_tokens=6, temperature=0, ban_token=greedy[0])[0, 3:].tolist()
         assert banned[0] != greedy[0] and greedy[0] not in banned
-        listed = generate(model, [1, 2, 3], max_new_tokens=6,
-                          sampling=[{"type": "ban_token", "token": greedy[0]}, {"type": "temperature", "value": 0}])
+        listed = generate(
+            model,
+            [1, 2, 3],
+            max_new_tokens=6,
+            sampling=[{"type": "ban_token", "token": greedy[0]}, {"type": "temperature", "value": 0}],
+        )
         assert listed[0, 3:].tolist() == banned
-        assert [c.type for c in build_sampler(32, ban_token=1, temperature=0.5, top_k=3).configs] == ["ban_token", "temperature", "top_k"]
+        assert [c.type for c in build_sampler(32, ban_token=1, temperature=0.5, top_k=3).configs] == [
+            "ban_token",
+            "temperature",
+            "top_k",
+        ]
     finally:
         reg.unregister_plugin("test-ban")
 
@@ -261,13 +323,17 @@ def test_cli_generate_takes_sampling_flags_and_a_json_list(tmp_path, capsys):
     model = modkit.build(SPEC, seed=0).eval()
     greedy = generate(model, [1, 2, 3], max_new_tokens=8, temperature=0)[0, 3:].tolist()
     cut = greedy[: greedy.index(greedy[2]) + 1]
-    code, out, err = cli("generate", spec_file, "--prompt", "1 2 3", "--max-new-tokens", 8, "--stop-token-ids", greedy[2])
+    code, out, err = cli(
+        "generate", spec_file, "--prompt", "1 2 3", "--max-new-tokens", 8, "--stop-token-ids", greedy[2]
+    )
     assert code == 0 and out.split() == [str(t) for t in cut], err
     steps = json.dumps([{"type": "temperature", "value": 0}, {"type": "stop_tokens", "ids": [greedy[2]]}])
     code, out, err = cli("generate", spec_file, "--prompt", "1 2 3", "--max-new-tokens", 8, "--sampling", steps)
     assert code == 0 and out.split() == [str(t) for t in cut], err
     (tmp_path / "sampling.json").write_text(steps)
-    code, again, err = cli("generate", spec_file, "--prompt", "1 2 3", "--max-new-tokens", 8, "--sampling", tmp_path / "sampling.json")
+    code, again, err = cli(
+        "generate", spec_file, "--prompt", "1 2 3", "--max-new-tokens", 8, "--sampling", tmp_path / "sampling.json"
+    )
     assert code == 0 and again == out, err
     code, out, err = cli("generate", spec_file, "--prompt", "1 2 3", "--repetition-penalty", 1.3, "--max-new-tokens", 8)
     penalised = generate(model, [1, 2, 3], max_new_tokens=8, temperature=0, repetition_penalty=1.3)[0, 3:].tolist()

@@ -80,7 +80,9 @@ def test_a_save_stopped_at_each_of_its_steps_leaves_old_or_new(tmp_path, two_mod
     commit = steps.index(atomic.COMMIT_STEP)
     # every file is staged, written and fsynced before the commit; the moves come after it
     for name in ("model.safetensors", "spec.json", JOURNAL):
-        assert steps.index(f"stage {name}") < steps.index(f"write {name}") < steps.index(f"fsync {name}") < commit, steps
+        assert steps.index(f"stage {name}") < steps.index(f"write {name}") < steps.index(f"fsync {name}") < commit, (
+            steps
+        )
     assert steps.index("move model.safetensors") > commit and steps.index("move spec.json") > commit, steps
     outcomes = []
     for k, step in enumerate(steps):
@@ -229,8 +231,15 @@ def test_export_to_hugging_face_is_atomic_too(tmp_path):
 
 def _llama_config() -> dict:
     return {
-        "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False,
     }
 
@@ -256,7 +265,11 @@ def test_a_reader_that_cannot_write_still_sees_the_committed_checkpoint(tmp_path
     folder = tmp_path / "ckpt"
     modkit.save(two_models["model-a"], folder)
     real = os.replace
-    monkeypatch.setattr(atomic.os, "replace", lambda src, dst: real(src, dst) if str(dst).endswith(JOURNAL) else (_ for _ in ()).throw(OSError("disk gone")))
+    monkeypatch.setattr(
+        atomic.os,
+        "replace",
+        lambda src, dst: real(src, dst) if str(dst).endswith(JOURNAL) else (_ for _ in ()).throw(OSError("disk gone")),
+    )
     with pytest.raises(OSError):
         modkit.save(two_models["model-b"], folder)  # committed, then the first move failed
     monkeypatch.setattr(atomic.os, "replace", lambda src, dst: (_ for _ in ()).throw(PermissionError("read-only")))

@@ -26,7 +26,9 @@ transformers = pytest.importorskip("transformers")
 T = transformers
 
 SMALL = dict(vocab_size=61, max_position_embeddings=32)
-LLAMA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=48, **SMALL)
+LLAMA = dict(
+    hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=48, **SMALL
+)
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +120,9 @@ def test_pickle_checkpoint_is_refused_without_unpickling(tmp_path):
 def test_index_naming_a_pickle_shard_is_refused(tmp_path):
     _, folder = saved(tmp_path)
     (folder / "model.safetensors").unlink()
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"model.norm.weight": "pytorch_model-00001-of-00001.bin"}}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.norm.weight": "pytorch_model-00001-of-00001.bin"}})
+    )
     (folder / "pytorch_model-00001-of-00001.bin").write_bytes(b"not read")
     with pytest.raises(CheckpointError, match="arbitrary code"):
         modkit.from_hf(folder)
@@ -169,7 +173,9 @@ def test_fused_shape_mismatch_is_named_before_splitting(tmp_path):
     data = tensors(folder / "model.safetensors")
     data["model.layers.1.self_attn.qkv_proj.weight"] = data["model.layers.1.self_attn.qkv_proj.weight"][:60]
     save_file(data, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=r"qkv_proj.weight: the checkpoint stores shape \[60, 32\], the model needs \[64, 32\]"):
+    with pytest.raises(
+        CheckpointError, match=r"qkv_proj.weight: the checkpoint stores shape \[60, 32\], the model needs \[64, 32\]"
+    ):
         modkit.from_hf(folder)
 
 
@@ -217,8 +223,19 @@ def test_tied_head_that_differs_is_an_error(tmp_path):
 ROPE_CASES = [
     ("llama", T.LlamaConfig, LLAMA),
     # partial rotary (half the head rotated) and per-head LayerNorm QK-norm with bias
-    ("phi", T.PhiConfig, dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=48,
-                              qk_layernorm=True, partial_rotary_factor=0.5, **SMALL)),
+    (
+        "phi",
+        T.PhiConfig,
+        dict(
+            hidden_size=32,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=48,
+            qk_layernorm=True,
+            partial_rotary_factor=0.5,
+            **SMALL,
+        ),
+    ),
     # full-width QK-norm over GQA projections
     ("olmo2", T.Olmo2Config, LLAMA),
 ]
@@ -235,7 +252,10 @@ def test_interleaved_spec_loads_half_split_checkpoint(name, cls, kwargs, tmp_pat
     assert real_diff(our_logits(model, ids, mask), hf_logits(hf, ids, mask), mask) <= 1e-5
     # the rows really moved (per head), and they move back bitwise on export
     plain = modkit.from_hf(folder)
-    q_i, q_h = model.state_dict()["layers.0.attention.q_proj.weight"], plain.state_dict()["layers.0.attention.q_proj.weight"]
+    q_i, q_h = (
+        model.state_dict()["layers.0.attention.q_proj.weight"],
+        plain.state_dict()["layers.0.attention.q_proj.weight"],
+    )
     assert not torch.equal(q_i, q_h) and torch.equal(q_i.sort(0).values, q_h.sort(0).values)
     modkit.to_hf(model, tmp_path / "out")
     a, b = tensors(folder / "model.safetensors"), tensors(tmp_path / "out" / "model.safetensors")
@@ -465,7 +485,9 @@ def test_bert_fold_pooler_and_a_changed_position_table(tmp_path):
     modkit.to_hf(model, tmp_path / "out")
     out = tensors(tmp_path / "out" / "model.safetensors")
     assert torch.equal(out["embeddings.token_type_embeddings.weight"], tt)
-    assert torch.allclose(out["embeddings.position_embeddings.weight"], data["embeddings.position_embeddings.weight"] + 0.5, atol=1e-6)
+    assert torch.allclose(
+        out["embeddings.position_embeddings.weight"], data["embeddings.position_embeddings.weight"] + 0.5, atol=1e-6
+    )
     assert torch.equal(out["pooler.dense.weight"], data["pooler.dense.weight"])
     # a bert built from a spec alone (no source tensors) exports zero token types, exactly the folded model
     fresh = modkit.build(model.spec, seed=3)
@@ -512,7 +534,9 @@ def test_cli_convert_weights_both_ways(capsys, tmp_path):
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back", attn_implementation="eager").eval()
     ids, mask = padded_batch()
     assert torch.equal(hf_logits(again, ids, mask), hf_logits(hf, ids, mask))
-    code, _, err = run(capsys, "convert", "modkit", tmp_path / "ck", "--to", "hf", "-o", tmp_path / "sh", "--max-shard-size", "20KB")
+    code, _, err = run(
+        capsys, "convert", "modkit", tmp_path / "ck", "--to", "hf", "-o", tmp_path / "sh", "--max-shard-size", "20KB"
+    )
     assert code == 0, err
     assert (tmp_path / "sh" / "model.safetensors.index.json").is_file()
     # the config alone still converts to a spec on stdout
@@ -530,7 +554,9 @@ def test_cli_convert_errors(capsys, tmp_path):
     assert code == 1 and "no such file" in err
     code, _, err = run(capsys, "convert", "modkit", folder, "--to", "hf", "-o", tmp_path / "x")
     assert code == 1 and "modkit.from_hf" in err
-    code, _, err = run(capsys, "convert", "modkit", folder, "--to", "hf", "-o", tmp_path / "x", "--max-shard-size", "lots")
+    code, _, err = run(
+        capsys, "convert", "modkit", folder, "--to", "hf", "-o", tmp_path / "x", "--max-shard-size", "lots"
+    )
     assert code == 1 and "invalid size" in err
 
 
@@ -563,7 +589,9 @@ class _ToyPlugin:
 
     @modkit.hookimpl
     def register_hf_converters(self, register):
-        register("modkit-toy", lambda cfg: dict(cfg["spec"], metadata={"hf_model_type": "modkit-toy"}), weights=self.weights)
+        register(
+            "modkit-toy", lambda cfg: dict(cfg["spec"], metadata={"hf_model_type": "modkit-toy"}), weights=self.weights
+        )
 
 
 @pytest.mark.parametrize("with_weights", [True, False])

@@ -26,9 +26,17 @@ from modkit.core.errors import CheckpointError, NonFiniteWeightsWarning, SpecErr
 from conftest import tiny_spec
 
 LLAMA = {
-    "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
 }
 
 
@@ -55,8 +63,16 @@ def hf_errors(config) -> list[tuple[str, str]]:
         (dict(intermediate_size=10**9), "intermediate_size", "bound"),
         (dict(rope_scaling={"rope_type": "linear", "factor": []}), "rope_scaling.factor", "array"),
         (dict(rope_scaling={"rope_type": "linear", "factor": math.nan}), "rope_scaling.factor", "finite"),
-        (dict(rope_scaling={"rope_type": "llama3", "factor": {}, "low_freq_factor": 1.0, "high_freq_factor": 4.0}), "rope_scaling.factor", "object"),
-        (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0}), "rope_scaling.high_freq_factor", "must exceed"),
+        (
+            dict(rope_scaling={"rope_type": "llama3", "factor": {}, "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+            "rope_scaling.factor",
+            "object",
+        ),
+        (
+            dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0}),
+            "rope_scaling.high_freq_factor",
+            "must exceed",
+        ),
         (dict(rope_scaling={"rope_type": 3}), "rope_scaling.rope_type", "string"),
         (dict(rope_scaling=[]), "rope_scaling", "must be an object"),
         (dict(model_type={"a": 1}), "model_type", "must be a string"),
@@ -75,7 +91,9 @@ def test_a_cross_field_problem_of_the_converted_spec_is_reported_at_the_config_k
     assert errors[0][0] == "num_key_value_heads", errors
 
 
-@pytest.mark.parametrize("content, fragment", [(b"[]", "an array"), (b"null", "null"), (b'"llama"', "a str"), (b"3", "a int")])
+@pytest.mark.parametrize(
+    "content, fragment", [(b"[]", "an array"), (b"null", "null"), (b'"llama"', "a str"), (b"3", "a int")]
+)
 def test_a_config_that_is_not_an_object_is_a_spec_error(tmp_path, content, fragment):
     f = tmp_path / "config.json"
     f.write_bytes(content)
@@ -118,8 +136,14 @@ def rewrite(folder, change=None, metadata=None, drop_spec=True):
 
 @pytest.mark.parametrize(
     "value, fragment",
-    [("{not json", "not valid JSON"), ("[1, 2]", "must be a JSON object, got an array"), ("3", "got an integer"),
-     ("", "empty input"), ('{"a": 1, "a": 2}', "duplicate key"), ("[" * 100_000 + "]" * 100_000, "nested too deeply")],
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object, got an array"),
+        ("3", "got an integer"),
+        ("", "empty input"),
+        ('{"a": 1, "a": 2}', "duplicate key"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ],
 )
 def test_malformed_spec_metadata_is_a_checkpoint_error(ckpt, value, fragment):
     rewrite(ckpt, metadata={"modkit.spec": value})
@@ -136,8 +160,14 @@ def test_malformed_hf_config_metadata_is_a_checkpoint_error(ckpt):
 
 @pytest.mark.parametrize(
     "dtype, fragment",
-    [(torch.int32, "int32 (not a floating-point type)"), (torch.int64, "int64"), (torch.bool, "bool"),
-     (torch.uint8, "uint8"), (torch.float8_e4m3fn, "quantised 8-bit float"), (torch.float8_e5m2, "quantised 8-bit float")],
+    [
+        (torch.int32, "int32 (not a floating-point type)"),
+        (torch.int64, "int64"),
+        (torch.bool, "bool"),
+        (torch.uint8, "uint8"),
+        (torch.float8_e4m3fn, "quantised 8-bit float"),
+        (torch.float8_e5m2, "quantised 8-bit float"),
+    ],
 )
 def test_tensors_of_a_dtype_the_model_cannot_take_are_named(ckpt, dtype, fragment):
     name = "layers.0.attention.q_proj.weight"

@@ -86,10 +86,21 @@ def test_update_cache_and_prepare_mask_share_per_forward():
 
 
 def test_position_bias_is_the_schemes_bias():
-    spec = {"schema_version": 1, "name": "t", "vocab_size": 16, "d_model": 16, "n_layers": 1, "max_seq_len": 8,
-            "position": {"type": "alibi"},
-            "block": {"attention": {"type": "mha", "n_heads": 2}, "ffn": {"type": "mlp", "d_ff": 16},
-                      "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}}}
+    spec = {
+        "schema_version": 1,
+        "name": "t",
+        "vocab_size": 16,
+        "d_model": 16,
+        "n_layers": 1,
+        "max_seq_len": 8,
+        "position": {"type": "alibi"},
+        "block": {
+            "attention": {"type": "mha", "n_heads": 2},
+            "ffn": {"type": "mlp", "d_ff": 16},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+    }
     model = modkit.build(spec)
     pos = torch.arange(3)[None]
     bias = modkit.position_bias(AttentionInputs(positions=pos, position=model.positions[0]), pos, 2)

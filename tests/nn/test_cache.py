@@ -84,7 +84,8 @@ def test_cached_decode_equals_full_forward(attention, position, placement):
         for layer in cache.layers:  # what the attention declares (keys: n_kv_heads heads, never n_heads); max_len slots
             state = layer.state()
             assert {e.name: tuple(state[e.name].shape) for e in attn.cache_spec().entries} == {
-                e.name: e.allocated_shape(2, n) for e in attn.cache_spec().entries}
+                e.name: e.allocated_shape(2, n) for e in attn.cache_spec().entries
+            }
             if state.k is not None:
                 assert state.k.shape == (2, attn.n_kv_heads, n, attn.head_dim)
 
@@ -141,10 +142,16 @@ def test_allocated_bytes_equal_the_formula(dtype):
     assert model.new_cache(batch, max_len).nbytes() == per_token * max_len * batch
 
     # layer 0 local (window 8 < max_len: a ring of 8 slots), layers 1 and 3 global, layer 2 window 100 >= max_len
-    spec = _spec(n_layers=4, overrides=[
-        {"layers": [0], "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "sliding_window": 8}},
-        {"layers": [2], "attention": {"type": "mqa", "n_heads": 4, "sliding_window": 100}},
-    ])
+    spec = _spec(
+        n_layers=4,
+        overrides=[
+            {
+                "layers": [0],
+                "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "sliding_window": 8},
+            },
+            {"layers": [2], "attention": {"type": "mqa", "n_heads": 4, "sliding_window": 100}},
+        ],
+    )
     model = modkit.build(spec, dtype=dtype)
     size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     per_layer = [2 * 2 * 16, 2 * 2 * 8, 2 * 1 * 8, 2 * 2 * 8]  # 2 · n_kv_heads · head_dim (d_model 32 / 4 heads = 8)
@@ -153,7 +160,10 @@ def test_allocated_bytes_equal_the_formula(dtype):
     assert cache.nbytes() == batch * size * sum(e * s for e, s in zip(per_layer, slots))
     full = modkit.kv_cache_bytes_per_token(model, dtype) * max_len * batch
     assert cache.nbytes() == full - batch * size * per_layer[0] * (max_len - 8)
-    assert sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.only.k, layer.only.v)) == cache.nbytes()
+    assert (
+        sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.only.k, layer.only.v))
+        == cache.nbytes()
+    )
     assert cache.metadata_nbytes() == 8 + 8 * batch + (8 + 1) * batch * (8 + max_len)  # two slot groups
 
 

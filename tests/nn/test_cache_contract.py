@@ -95,17 +95,29 @@ class Hybrid(nn.Module):
 class Plugin:
     @hookimpl
     def register_components(self, register) -> None:
-        register(Component(
-            kind="attention", type="cumsum", config=CumSumConfig, factory=lambda cfg, ctx: CumSum(ctx.d_model, cfg.d_inner),
-            description="test-only causal running sum with a per-sequence state",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True},
-            param_count=lambda cfg, ctx: 2 * ctx.d_model * cfg.d_inner, flops=_cumsum_flops,
-        ))
-        register(Component(
-            kind="attention", type="hybrid", config=HybridConfig, factory=lambda cfg, ctx: Hybrid(cfg, ctx),
-            description="test-only attention + running sum", capabilities={"causal_safe": True, "kv_cache": True},
-            example={"type": "hybrid", "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2}},
-        ))
+        register(
+            Component(
+                kind="attention",
+                type="cumsum",
+                config=CumSumConfig,
+                factory=lambda cfg, ctx: CumSum(ctx.d_model, cfg.d_inner),
+                description="test-only causal running sum with a per-sequence state",
+                capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True},
+                param_count=lambda cfg, ctx: 2 * ctx.d_model * cfg.d_inner,
+                flops=_cumsum_flops,
+            )
+        )
+        register(
+            Component(
+                kind="attention",
+                type="hybrid",
+                config=HybridConfig,
+                factory=lambda cfg, ctx: Hybrid(cfg, ctx),
+                description="test-only attention + running sum",
+                capabilities={"causal_safe": True, "kv_cache": True},
+                example={"type": "hybrid", "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2}},
+            )
+        )
 
 
 def _builtins() -> modkit.Registry:
@@ -125,10 +137,18 @@ def reg() -> modkit.Registry:
 
 def _spec(attention: dict, **top) -> dict:
     spec = {
-        "schema_version": 1, "vocab_size": 64, "d_model": D, "n_layers": 2, "max_seq_len": 32,
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": D,
+        "n_layers": 2,
+        "max_seq_len": 32,
         "position": {"type": "none" if attention["type"] == "cumsum" else "rope"},
-        "block": {"attention": attention, "ffn": {"type": "swiglu", "d_ff": 48}, "norm": {"type": "rmsnorm"},
-                  "placement": {"type": "pre"}},
+        "block": {
+            "attention": attention,
+            "ffn": {"type": "swiglu", "d_ff": 48},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
         "final_norm": {"type": "rmsnorm"},
     }
     spec.update(top)
@@ -137,15 +157,21 @@ def _spec(attention: dict, **top) -> dict:
 
 def _decode(model, ids, mask, schedule, cache=None):
     cache = cache if cache is not None else model.new_cache(ids.shape[0], schedule[-1][1])
-    out = [model(ids[:, a:b], attention_mask=None if mask is None else mask[:, :b], cache=cache).logits for a, b in schedule]
+    out = [
+        model(ids[:, a:b], attention_mask=None if mask is None else mask[:, :b], cache=cache).logits
+        for a, b in schedule
+    ]
     return torch.cat(out, 1), cache
 
 
 SCHEDULE = ((0, 5), (5, 6), (6, 9), (9, 10), (10, 14))
 
 
-@pytest.mark.parametrize("attention", [{"type": "cumsum"}, {"type": "hybrid", "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2}}],
-                         ids=["recurrent", "hybrid"])
+@pytest.mark.parametrize(
+    "attention",
+    [{"type": "cumsum"}, {"type": "hybrid", "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2}}],
+    ids=["recurrent", "hybrid"],
+)
 def test_declared_state_decodes_like_the_full_forward_with_left_padding(reg, attention):
     model = modkit.build(_spec(attention), seed=0, registry=reg).eval()
     ids = torch.randint(1, 64, (2, 14), generator=torch.Generator().manual_seed(0))
@@ -159,13 +185,17 @@ def test_declared_state_decodes_like_the_full_forward_with_left_padding(reg, att
         got, _ = _decode(model, ids, mask, SCHEDULE)
         torch.testing.assert_close(got[0, 4:], padded[0, 4:], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(got[1], padded[1], atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(padded[0, 4:], model(ids[:1, 4:]).logits[0], atol=1e-5, rtol=1e-4)  # padding adds nothing
+        torch.testing.assert_close(
+            padded[0, 4:], model(ids[:1, 4:]).logits[0], atol=1e-5, rtol=1e-4
+        )  # padding adds nothing
 
     layer = cache.layers[0]
     if attention["type"] == "cumsum":
         state = layer.state()
         assert list(layer.mixers) == ["attention"] and state.group is None and state.slots == 0
-        assert state["sum"].shape == (2, 16) and state["sum"].dtype == torch.float32  # float32 state, whatever the model
+        assert (
+            state["sum"].shape == (2, 16) and state["sum"].dtype == torch.float32
+        )  # float32 state, whatever the model
         # exactly the declared bytes: 16 float32 per row and layer, nothing per token
         assert cache.nbytes() == 2 * 2 * 16 * 4 == cache.declared_nbytes() == kv_cache_bytes(model, 14, 2, "float32")
         assert modkit.kv_cache_bytes_per_token(model, "bfloat16") == 0
@@ -187,9 +217,18 @@ def test_declared_state_decodes_like_the_full_forward_with_left_padding(reg, att
 def test_the_kit_checks_a_declared_state_generically(reg):
     """Cached decode (and declared = allocated bytes), a compiled cached decode step, padding and FLOPs on a
     recurrent mixer the core knows nothing about."""
-    results = {r.check: r for r in check_component(
-        "attention", "cumsum", registry=reg, checks=["kv_cache_decode", "masked_row", "compile", "flops", "param_count"])}
-    assert {c: r.status for c, r in results.items()} == dict.fromkeys(results, "passed"), {c: r.detail for c, r in results.items()}
+    results = {
+        r.check: r
+        for r in check_component(
+            "attention",
+            "cumsum",
+            registry=reg,
+            checks=["kv_cache_decode", "masked_row", "compile", "flops", "param_count"],
+        )
+    }
+    assert {c: r.status for c, r in results.items()} == dict.fromkeys(results, "passed"), {
+        c: r.detail for c, r in results.items()
+    }
     assert "declared bytes = allocated bytes" in results["kv_cache_decode"].detail
     assert "a cached decode step too" in results["compile"].detail
 
@@ -198,7 +237,10 @@ def test_the_kit_checks_a_declared_state_generically(reg):
 
 
 def test_entries_of_any_shape_and_slot_axis_with_a_ring():
-    spec = CacheSpec((CacheEntry("latent", (6,)), CacheEntry("rope", (1, 4), slot_axis=2), CacheEntry("s", (3,), growth="sequence")), window=4)
+    spec = CacheSpec(
+        (CacheEntry("latent", (6,)), CacheEntry("rope", (1, 4), slot_axis=2), CacheEntry("s", (3,), growth="sequence")),
+        window=4,
+    )
     assert spec.bytes_per_token("float32") == (6 + 4) * 4 and spec.bytes_per_sequence("bfloat16") == 3 * 2
     cache = KVCache([spec, LayerGeometry(2, 8)], max_len=10, batch_size=2, dtype="bfloat16")
     lat = cache.layers[0].state()
@@ -224,15 +266,18 @@ def test_entries_of_any_shape_and_slot_axis_with_a_ring():
         lat.write("latent", x)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda: CacheEntry("1k", (2,)), "identifier"),
-    (lambda: CacheEntry("k", (0, 2)), "positive integers"),
-    (lambda: CacheEntry("k", (2, 4), slot_axis=4), "slot_axis = 4 is outside"),
-    (lambda: CacheEntry("k", (2,), growth="forever"), "growth"),
-    (lambda: CacheEntry("k", (2,), dtype=torch.int8), "unknown cache dtype"),
-    (lambda: CacheSpec((CacheEntry("k", (2,)), CacheEntry("k", (3,)))), "repeated"),
-    (lambda: CacheSpec((CacheEntry("k", (2,)),), window=0), "window"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda: CacheEntry("1k", (2,)), "identifier"),
+        (lambda: CacheEntry("k", (0, 2)), "positive integers"),
+        (lambda: CacheEntry("k", (2, 4), slot_axis=4), "slot_axis = 4 is outside"),
+        (lambda: CacheEntry("k", (2,), growth="forever"), "growth"),
+        (lambda: CacheEntry("k", (2,), dtype=torch.int8), "unknown cache dtype"),
+        (lambda: CacheSpec((CacheEntry("k", (2,)), CacheEntry("k", (3,)))), "repeated"),
+        (lambda: CacheSpec((CacheEntry("k", (2,)),), window=0), "window"),
+    ],
+)
 def test_bad_declarations_are_refused_with_the_value(bad, match):
     with pytest.raises(ValueError, match=match):
         bad()
@@ -241,7 +286,7 @@ def test_bad_declarations_are_refused_with_the_value(bad, match):
 def test_a_mixer_without_queries_refuses_a_rotary_scheme_at_spec_time(reg):
     with pytest.raises(modkit.SpecError) as err:
         modkit.load_spec(_spec({"type": "cumsum"}, position={"type": "rope"}), registry=reg)
-    (path, msg), = err.value.errors
+    ((path, msg),) = err.value.errors
     assert path == "position" and "layer 0's 'cumsum' declares no head_dim" in msg and "'none'" in msg
 
 
@@ -294,9 +339,16 @@ class HalfRope(nn.Module):
 class RopePlugin:
     @hookimpl
     def register_components(self, register) -> None:
-        register(Component(kind="attention", type="half_rope", config=HalfRopeConfig,
-                           factory=lambda cfg, ctx: HalfRope(cfg, ctx.d_model), description="test-only partial rope",
-                           capabilities={"causal_safe": True, "kv_cache": True}))
+        register(
+            Component(
+                kind="attention",
+                type="half_rope",
+                config=HalfRopeConfig,
+                factory=lambda cfg, ctx: HalfRope(cfg, ctx.d_model),
+                description="test-only partial rope",
+                capabilities={"causal_safe": True, "kv_cache": True},
+            )
+        )
 
 
 @pytest.fixture(scope="module")
@@ -326,8 +378,10 @@ def test_the_rotary_width_is_validated_as_declared(rope_reg):
     (refused, naming the declared width), although 0.125 of the 16-wide heads would be a valid 2."""
     modkit.load_spec(_spec({"type": "half_rope"}, position={"type": "rope", "partial_rotary": 0.25}), registry=rope_reg)
     with pytest.raises(modkit.SpecError) as err:
-        modkit.load_spec(_spec({"type": "half_rope"}, position={"type": "rope", "partial_rotary": 0.125}), registry=rope_reg)
-    (path, msg), = err.value.errors
+        modkit.load_spec(
+            _spec({"type": "half_rope"}, position={"type": "rope", "partial_rotary": 0.125}), registry=rope_reg
+        )
+    ((path, msg),) = err.value.errors
     assert path == "position.partial_rotary" and "int(8 × 0.125)" in msg and "rotary width of 1" in msg
 
 
@@ -337,11 +391,12 @@ def test_the_builtin_attention_keeps_its_layout_and_declares_it():
     attn = model.layers[0].attention
     assert attn.cache_spec() == CacheSpec.kv(2, 8, 6) and model.mixer_paths == [["attention"], ["attention"]]
     cache = model.new_cache(3, 20, "bfloat16")
-    assert cache.layers[0].only.k.shape == (3, 2, 6, 8) and cache.layers[0].only.group.ring  # [batch, n_kv_heads, slots, head_dim]
+    assert (
+        cache.layers[0].only.k.shape == (3, 2, 6, 8) and cache.layers[0].only.group.ring
+    )  # [batch, n_kv_heads, slots, head_dim]
     assert cache.nbytes() == cache.declared_nbytes() == 2 * 3 * 2 * (2 * 8) * 6 * 2
     geo = position_geometry(model.spec.block.attention, model.spec)
     assert geo == PositionGeometry(4, 8, 2)
-
 
 
 # ------------------------------------------------------------------------------------ the plugin guide's example
@@ -371,7 +426,17 @@ def test_the_guides_latent_only_attention_works_without_a_core_edit():
     assert summary["kv_cache_bytes_per_token"] == (16 + 4) * 2 * 4 == 160  # latent + shared key, no padding
     assert summary["kv_cache_bytes_per_sequence"] == 160 * spec["max_seq_len"]
     cache = model.new_cache(1, 32)
-    assert {n: tuple(t.shape) for n, t in cache.layers[0].state().tensors.items()} == {"latent": (1, 32, 16), "k_rope": (1, 32, 4)}
-    results = {x.check: x for x in check_component("attention", "latent-attention", registry=r,
-                                                 checks=["kv_cache_decode", "masked_row", "causality", "compile", "param_count"])}
+    assert {n: tuple(t.shape) for n, t in cache.layers[0].state().tensors.items()} == {
+        "latent": (1, 32, 16),
+        "k_rope": (1, 32, 4),
+    }
+    results = {
+        x.check: x
+        for x in check_component(
+            "attention",
+            "latent-attention",
+            registry=r,
+            checks=["kv_cache_decode", "masked_row", "causality", "compile", "param_count"],
+        )
+    }
     assert all(x.status == "passed" for x in results.values()), {c: x.detail for c, x in results.items()}

@@ -36,8 +36,11 @@ def _prefilled_cache() -> KVCache:
 
 
 def _deprecation_messages(caught) -> list[str]:
-    return [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning) and "LayerKVCache." in
-            str(w.message)]
+    return [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, DeprecationWarning) and "LayerKVCache." in str(w.message)
+    ]
 
 
 @pytest.mark.parametrize("name", DEPRECATED)

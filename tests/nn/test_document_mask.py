@@ -85,9 +85,14 @@ def test_row_layout_covers_the_cases():
 
 
 def _spec(attention: dict, position: dict) -> dict:
-    return tiny_spec(vocab_size=64, max_seq_len=64, position=position, block__attention=attention,
-                     block__ffn={"type": "mlp", "d_ff": 64, "activation": "gelu"},
-                     block__norm={"type": "layernorm", "eps": 1e-5})
+    return tiny_spec(
+        vocab_size=64,
+        max_seq_len=64,
+        position=position,
+        block__attention=attention,
+        block__ffn={"type": "mlp", "d_ff": 64, "activation": "gelu"},
+        block__norm={"type": "layernorm", "eps": 1e-5},
+    )
 
 
 def _cases():
@@ -178,9 +183,14 @@ def test_the_fast_causal_path_is_not_taken_with_documents(monkeypatch):
 def _third_party_registry():
     plain = REG.get("attention", "gqa")
     entry = modkit.Component(
-        kind="attention", type="leaky-attention", config=_leaky_config(), factory=lambda cfg, ctx: plain.factory(
-            plain.config(type="gqa", n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads), ctx),
-        description="gqa that does not declare document masking", capabilities={"causal_safe": True},
+        kind="attention",
+        type="leaky-attention",
+        config=_leaky_config(),
+        factory=lambda cfg, ctx: plain.factory(
+            plain.config(type="gqa", n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads), ctx
+        ),
+        description="gqa that does not declare document masking",
+        capabilities={"causal_safe": True},
     )
     return registry_with("test-leaky", entry)
 
@@ -207,7 +217,9 @@ def test_an_attention_without_the_capability_is_refused():
     assert "gqa" in problems[0][1]  # names the ones that do
     model = modkit.build(spec, registry=reg).eval()
     x = _rows()
-    with pytest.raises(ValueError, match=r"layer 0: attention type 'leaky-attention' does not declare the document_mask capability"):
+    with pytest.raises(
+        ValueError, match=r"layer 0: attention type 'leaky-attention' does not declare the document_mask capability"
+    ):
         model(x, documents=document_ids(x, eot_id=EOT))
     model(x)  # without documents it is an ordinary attention
     assert document_mask_problems(modkit.load_spec(tiny_spec())) == []

@@ -129,39 +129,83 @@ def test_a_component_that_ignores_dropout_is_refused():
 
     reg = registry_with(
         "plain",
-        modkit.Component(kind="placement", type="plainpre", config=PlainConfig, factory=lambda c, ctx: PlainBlock(ctx), description="x"),
+        modkit.Component(
+            kind="placement",
+            type="plainpre",
+            config=PlainConfig,
+            factory=lambda c, ctx: PlainBlock(ctx),
+            description="x",
+        ),
     )
     spec = tiny_spec(block__placement={"type": "plainpre"})
     modkit.load_spec(spec, registry=reg)  # fine without dropout
     modkit.load_spec({**spec, "dropout": {"attention": 0.1}}, registry=reg)  # the attention applies that one
     with pytest.raises(modkit.SpecError) as exc:
         modkit.load_spec({**spec, "dropout": {"residual": 0.1}}, registry=reg)
-    (path, message), = exc.value.errors
+    ((path, message),) = exc.value.errors
     assert path == "dropout.residual" and "plainpre" in message and "residual_dropout" in message
 
 
 def test_hf_configs_carry_their_dropout():
     gpt2 = modkit.from_hf_config(
-        {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
-         "embd_pdrop": 0.05, "attn_pdrop": 0.0, "resid_pdrop": 0.2}
+        {
+            "model_type": "gpt2",
+            "vocab_size": 64,
+            "n_embd": 32,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 64,
+            "embd_pdrop": 0.05,
+            "attn_pdrop": 0.0,
+            "resid_pdrop": 0.2,
+        }
     )
     assert gpt2.dropout.model_dump() == {"embedding": 0.05, "attention": 0.0, "residual": 0.2}
     # transformers' GPT2Config defaults every probability to 0.1
-    default = modkit.from_hf_config({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64})
+    default = modkit.from_hf_config(
+        {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
+    )
     assert default.dropout.model_dump() == {"embedding": 0.1, "attention": 0.1, "residual": 0.1}
     llama = modkit.from_hf_config(
-        {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "max_position_embeddings": 64, "attention_dropout": 0.1}
+        {
+            "model_type": "llama",
+            "vocab_size": 64,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 64,
+            "attention_dropout": 0.1,
+        }
     )
     assert llama.dropout.model_dump() == {"embedding": 0.0, "attention": 0.1, "residual": 0.0}
     with pytest.raises(modkit.SpecError, match="attn_pdrop"):
-        modkit.from_hf_config({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64, "attn_pdrop": 1.5})
+        modkit.from_hf_config(
+            {
+                "model_type": "gpt2",
+                "vocab_size": 64,
+                "n_embd": 32,
+                "n_layer": 2,
+                "n_head": 4,
+                "n_positions": 64,
+                "attn_pdrop": 1.5,
+            }
+        )
 
 
 def test_hf_export_writes_dropout_back(tmp_path):
     spec = modkit.from_hf_config(
-        {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
-         "embd_pdrop": 0.05, "attn_pdrop": 0.0, "resid_pdrop": 0.2}
+        {
+            "model_type": "gpt2",
+            "vocab_size": 64,
+            "n_embd": 32,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 64,
+            "embd_pdrop": 0.05,
+            "attn_pdrop": 0.0,
+            "resid_pdrop": 0.2,
+        }
     )
     model = modkit.build(spec, seed=0)
     modkit.to_hf(model, tmp_path / "out")
@@ -170,6 +214,8 @@ def test_hf_export_writes_dropout_back(tmp_path):
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (cfg["embd_pdrop"], cfg["attn_pdrop"], cfg["resid_pdrop"]) == (0.05, 0.0, 0.2)
     # a Llama config has no residual dropout: exporting one is refused, not silently dropped
-    spec = tiny_spec(dropout={"residual": 0.1}, metadata={"hf_model_type": "llama"}, block__ffn={"type": "swiglu", "d_ff": 64})
+    spec = tiny_spec(
+        dropout={"residual": 0.1}, metadata={"hf_model_type": "llama"}, block__ffn={"type": "swiglu", "d_ff": 64}
+    )
     with pytest.raises(modkit.CheckpointError, match="dropout"):
         modkit.to_hf(modkit.build(spec, seed=0), tmp_path / "llama")

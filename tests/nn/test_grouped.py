@@ -101,11 +101,20 @@ class _PlainConfig(ComponentConfig):
 
 
 def test_moe_refuses_an_expert_type_without_a_grouped_form():
-    reg = registry_with("thirdparty-plain", Component(
-        kind="ffn", type="plain", config=_PlainConfig, description="a third-party MLP",
-        factory=lambda cfg, ctx: nn.Sequential(nn.Linear(ctx.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, ctx.d_model)),
-    ))
+    reg = registry_with(
+        "thirdparty-plain",
+        Component(
+            kind="ffn",
+            type="plain",
+            config=_PlainConfig,
+            description="a third-party MLP",
+            factory=lambda cfg, ctx: nn.Sequential(nn.Linear(ctx.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, ctx.d_model)),
+        ),
+    )
     spec = modkit.load_spec(ROOT / "specs" / "tiny-moe.json").model_dump(mode="json")
     spec["block"]["ffn"]["expert"] = {"type": "plain", "d_ff": 8}
-    with pytest.raises(modkit.SpecError, match=r"block\.ffn\.expert.*'plain'.*has no grouped form.*use one that has: geglu, mlp, swiglu, swiglu_clamped,"):
+    with pytest.raises(
+        modkit.SpecError,
+        match=r"block\.ffn\.expert.*'plain'.*has no grouped form.*use one that has: geglu, mlp, swiglu, swiglu_clamped,",
+    ):
         modkit.load_spec(spec, registry=reg)

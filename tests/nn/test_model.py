@@ -131,9 +131,14 @@ def test_meta_build_of_large_spec_allocates_nothing():
     """A 70B spec builds on meta: every parameter and buffer is a meta tensor, and the count is exact (how fast
     that is belongs to benchmarks, not to a test's outcome)."""
     spec = modkit.load_spec(
-        tiny_spec(vocab_size=128256, d_model=8192, n_layers=80, max_seq_len=8192,
-                  block__attention={"type": "gqa", "n_heads": 64, "n_kv_heads": 8},
-                  block__ffn={"type": "swiglu", "d_ff": 28672})
+        tiny_spec(
+            vocab_size=128256,
+            d_model=8192,
+            n_layers=80,
+            max_seq_len=8192,
+            block__attention={"type": "gqa", "n_heads": 64, "n_kv_heads": 8},
+            block__ffn={"type": "swiglu", "d_ff": 28672},
+        )
     )
     model = modkit.build(spec, device="meta")
     assert all(t.is_meta for t in list(model.parameters()) + list(model.buffers()))

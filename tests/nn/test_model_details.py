@@ -33,8 +33,15 @@ SMALL = dict(vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0, bos_t
 
 def _spec(**parts) -> dict:
     block = {k: parts.pop(k) for k in ("attention", "ffn", "norm", "placement")}
-    return {"schema_version": 1, "vocab_size": VOCAB, "d_model": 64, "max_seq_len": 64, "n_layers": 2,
-            "block": block, **parts}
+    return {
+        "schema_version": 1,
+        "vocab_size": VOCAB,
+        "d_model": 64,
+        "max_seq_len": 64,
+        "n_layers": 2,
+        "block": block,
+        **parts,
+    }
 
 
 def _randomise(module: torch.nn.Module, seed: int, std: float = 0.1) -> None:
@@ -90,15 +97,24 @@ def _compare_lm(model: modkit.Model, hf, what: str, pad: int = 3) -> float:
 def test_gpt_neox_block_equals_gpt_neox_layer(parallel):
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXLayer, GPTNeoXRotaryEmbedding
 
-    cfg = T.GPTNeoXConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2,
-                          rotary_pct=0.25, use_parallel_residual=parallel, **SMALL)
+    cfg = T.GPTNeoXConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        rotary_pct=0.25,
+        use_parallel_residual=parallel,
+        **SMALL,
+    )
     cfg._attn_implementation = "eager"
     placement = {"type": "parallel", "shared_norm": False} if parallel else {"type": "pre"}
     spec = _spec(
         position={"type": "rope", "theta": 10000.0, "layout": "half_split", "partial_rotary": 0.25},
         attention={"type": "mha", "n_heads": 4, "q_bias": True, "k_bias": True, "v_bias": True, "o_bias": True},
-        ffn={"type": "mlp", "d_ff": 128, "activation": "gelu"}, norm={"type": "layernorm", "eps": 1e-5},
-        placement=placement, final_norm={"type": "layernorm", "eps": 1e-5},
+        ffn={"type": "mlp", "d_ff": 128, "activation": "gelu"},
+        norm={"type": "layernorm", "eps": 1e-5},
+        placement=placement,
+        final_norm={"type": "layernorm", "eps": 1e-5},
     )
     model = modkit.build(spec, seed=0).eval()
     rotary = GPTNeoXRotaryEmbedding(cfg)
@@ -110,11 +126,18 @@ def test_gpt_neox_block_equals_gpt_neox_layer(parallel):
         h, hd = 4, 16
         qkv_w = sd["attention.query_key_value.weight"].view(h, 3, hd, 64)  # fused per head: [q_h; k_h; v_h]
         qkv_b = sd["attention.query_key_value.bias"].view(h, 3, hd)
-        ours = {"attn_norm.weight": sd["input_layernorm.weight"], "attn_norm.bias": sd["input_layernorm.bias"],
-                "ffn_norm.weight": sd["post_attention_layernorm.weight"], "ffn_norm.bias": sd["post_attention_layernorm.bias"],
-                "attention.o_proj.weight": sd["attention.dense.weight"], "attention.o_proj.bias": sd["attention.dense.bias"],
-                "ffn.up.weight": sd["mlp.dense_h_to_4h.weight"], "ffn.up.bias": sd["mlp.dense_h_to_4h.bias"],
-                "ffn.down.weight": sd["mlp.dense_4h_to_h.weight"], "ffn.down.bias": sd["mlp.dense_4h_to_h.bias"]}
+        ours = {
+            "attn_norm.weight": sd["input_layernorm.weight"],
+            "attn_norm.bias": sd["input_layernorm.bias"],
+            "ffn_norm.weight": sd["post_attention_layernorm.weight"],
+            "ffn_norm.bias": sd["post_attention_layernorm.bias"],
+            "attention.o_proj.weight": sd["attention.dense.weight"],
+            "attention.o_proj.bias": sd["attention.dense.bias"],
+            "ffn.up.weight": sd["mlp.dense_h_to_4h.weight"],
+            "ffn.up.bias": sd["mlp.dense_h_to_4h.bias"],
+            "ffn.down.weight": sd["mlp.dense_4h_to_h.weight"],
+            "ffn.down.bias": sd["mlp.dense_4h_to_h.bias"],
+        }
         for j, x in enumerate("qkv"):
             ours[f"attention.{x}_proj.weight"] = qkv_w[:, j].reshape(h * hd, 64)
             ours[f"attention.{x}_proj.bias"] = qkv_b[:, j].reshape(h * hd)
@@ -136,17 +159,32 @@ def test_gpt_neox_block_equals_gpt_neox_layer(parallel):
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-layernorm"])
 def test_cohere_equals_transformers(qk_norm):
-    cfg = T.CohereConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-                         num_hidden_layers=2, use_qk_norm=qk_norm, logit_scale=0.3, **SMALL)
+    cfg = T.CohereConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        use_qk_norm=qk_norm,
+        logit_scale=0.3,
+        **SMALL,
+    )
     hf = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     _randomise(hf, seed=30)
     ln = {"type": "layernorm", "eps": 1e-5, "bias": False}
     attention = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2}
     if qk_norm:
         attention.update(qk_norm=ln, qk_norm_scope="each_head")
-    spec = _spec(position={"type": "rope", "theta": 500000.0, "layout": "interleaved"}, attention=attention,
-                 ffn={"type": "swiglu", "d_ff": 96}, norm=ln, placement={"type": "parallel", "shared_norm": True},
-                 final_norm=ln, tie_embeddings=True, logit_scale=0.3)
+    spec = _spec(
+        position={"type": "rope", "theta": 500000.0, "layout": "interleaved"},
+        attention=attention,
+        ffn={"type": "swiglu", "d_ff": 96},
+        norm=ln,
+        placement={"type": "parallel", "shared_norm": True},
+        final_norm=ln,
+        tie_embeddings=True,
+        logit_scale=0.3,
+    )
     model = modkit.build(spec, seed=0).eval()
     names = _llama_names(2, ffn_norm=False, head=False)
     if qk_norm:
@@ -162,16 +200,33 @@ def test_cohere_equals_transformers(qk_norm):
 
 
 def test_granite_multipliers_equal_transformers():
-    cfg = T.GraniteConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-                          num_hidden_layers=2, embedding_multiplier=6.0, residual_multiplier=0.22,
-                          attention_multiplier=0.4, logits_scaling=6.0, tie_word_embeddings=False, rms_norm_eps=1e-6, **SMALL)
+    cfg = T.GraniteConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        embedding_multiplier=6.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.4,
+        logits_scaling=6.0,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        **SMALL,
+    )
     hf = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     _randomise(hf, seed=40)
     rms = {"type": "rmsnorm", "eps": 1e-6}
-    spec = _spec(position={"type": "rope", "theta": 10000.0},
-                 attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "softmax_scale": 0.4},
-                 ffn={"type": "swiglu", "d_ff": 96}, norm=rms, placement={"type": "pre", "residual_multiplier": 0.22},
-                 final_norm=rms, embedding_scale=6.0, logit_scale=1 / 6.0)
+    spec = _spec(
+        position={"type": "rope", "theta": 10000.0},
+        attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "softmax_scale": 0.4},
+        ffn={"type": "swiglu", "d_ff": 96},
+        norm=rms,
+        placement={"type": "pre", "residual_multiplier": 0.22},
+        final_norm=rms,
+        embedding_scale=6.0,
+        logit_scale=1 / 6.0,
+    )
     model = modkit.build(spec, seed=0).eval()
     _load(model, hf.state_dict(), _llama_names(2))
     assert modkit.count_params(spec) == sum(p.numel() for p in hf.parameters())
@@ -189,28 +244,56 @@ def test_granite_multipliers_equal_transformers():
 
 
 def test_glm4_sandwich_equals_transformers():
-    cfg = T.Glm4Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
-                       num_hidden_layers=2, rms_norm_eps=1e-5, attention_bias=True, **SMALL)
+    cfg = T.Glm4Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        rms_norm_eps=1e-5,
+        attention_bias=True,
+        **SMALL,
+    )
     assert cfg.rope_parameters["partial_rotary_factor"] == 0.5
     hf = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     _randomise(hf, seed=50)
     rms = {"type": "rmsnorm", "eps": 1e-5}
-    spec = _spec(position={"type": "rope", "theta": 10000.0, "layout": "interleaved", "partial_rotary": 0.5},
-                 attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "q_bias": True, "k_bias": True,
-                            "v_bias": True},
-                 ffn={"type": "swiglu", "d_ff": 96}, norm=rms, placement={"type": "sandwich"}, final_norm=rms)
+    spec = _spec(
+        position={"type": "rope", "theta": 10000.0, "layout": "interleaved", "partial_rotary": 0.5},
+        attention={
+            "type": "gqa",
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "head_dim": 16,
+            "q_bias": True,
+            "k_bias": True,
+            "v_bias": True,
+        },
+        ffn={"type": "swiglu", "d_ff": 96},
+        norm=rms,
+        placement={"type": "sandwich"},
+        final_norm=rms,
+    )
     model = modkit.build(spec, seed=0).eval()
     sd = hf.state_dict()
-    names = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
-             "lm_head.weight": "lm_head.weight"}
+    names = {
+        "embed.weight": "model.embed_tokens.weight",
+        "final_norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
     extra = {}
     for i in range(2):
         L, M = f"model.layers.{i}.", f"layers.{i}."
-        names.update({M + "attn_norm.weight": L + "input_layernorm.weight",
-                      M + "attn_post_norm.weight": L + "post_self_attn_layernorm.weight",
-                      M + "ffn_norm.weight": L + "post_attention_layernorm.weight",
-                      M + "ffn_post_norm.weight": L + "post_mlp_layernorm.weight",
-                      M + "ffn.down.weight": L + "mlp.down_proj.weight"})
+        names.update(
+            {
+                M + "attn_norm.weight": L + "input_layernorm.weight",
+                M + "attn_post_norm.weight": L + "post_self_attn_layernorm.weight",
+                M + "ffn_norm.weight": L + "post_attention_layernorm.weight",
+                M + "ffn_post_norm.weight": L + "post_mlp_layernorm.weight",
+                M + "ffn.down.weight": L + "mlp.down_proj.weight",
+            }
+        )
         for x in "qkvo":
             names[M + f"attention.{x}_proj.weight"] = L + f"self_attn.{x}_proj.weight"
         for x in "qkv":
@@ -226,15 +309,30 @@ def test_glm4_sandwich_equals_transformers():
 
 
 def test_smollm3_nope_layers_through_overrides_equal_transformers():
-    cfg = T.SmolLM3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-                          num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0], tie_word_embeddings=False, rms_norm_eps=1e-6,
-                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **SMALL)
+    cfg = T.SmolLM3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        no_rope_layers=[1, 1, 1, 0],
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        **SMALL,
+    )
     hf = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     _randomise(hf, seed=60)
     rms = {"type": "rmsnorm", "eps": 1e-6}
-    spec = _spec(position={"type": "rope", "theta": 10000.0}, attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
-                 ffn={"type": "swiglu", "d_ff": 96}, norm=rms, placement={"type": "pre"}, final_norm=rms,
-                 overrides=[{"layers": [3], "position": {"type": "none"}}])
+    spec = _spec(
+        position={"type": "rope", "theta": 10000.0},
+        attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
+        ffn={"type": "swiglu", "d_ff": 96},
+        norm=rms,
+        placement={"type": "pre"},
+        final_norm=rms,
+        overrides=[{"layers": [3], "position": {"type": "none"}}],
+    )
     spec["n_layers"] = 4
     model = modkit.build(spec, seed=0).eval()
     _load(model, hf.state_dict(), _llama_names(4))
@@ -248,11 +346,14 @@ def test_smollm3_nope_layers_through_overrides_equal_transformers():
         assert (roped(ids).logits - model(ids).logits).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("field,change", [
-    ("logit_scale", {"logit_scale": 0.5}),
-    ("residual_multiplier", {"block__placement": {"type": "pre", "residual_multiplier": 0.5}}),
-    ("sinks", {"block__attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True}}),
-])
+@pytest.mark.parametrize(
+    "field,change",
+    [
+        ("logit_scale", {"logit_scale": 0.5}),
+        ("residual_multiplier", {"block__placement": {"type": "pre", "residual_multiplier": 0.5}}),
+        ("sinks", {"block__attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True}}),
+    ],
+)
 def test_export_to_a_type_without_the_detail_is_refused(tmp_path, field, change):
     """A Llama checkpoint has no place for these details: the export names the field instead of dropping it."""
     from tests.conftest import tiny_spec

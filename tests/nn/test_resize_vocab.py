@@ -13,10 +13,21 @@ import modkit
 
 def spec(tie: bool, head_bias: bool = False) -> dict:
     return {
-        "schema_version": 1, "vocab_size": 40, "d_model": 16, "n_layers": 2, "max_seq_len": 64, "position": {"type": "rope"},
-        "block": {"attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2}, "ffn": {"type": "swiglu", "d_ff": 32},
-                  "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
-        "final_norm": {"type": "rmsnorm"}, "tie_embeddings": tie, "lm_head_bias": head_bias,
+        "schema_version": 1,
+        "vocab_size": 40,
+        "d_model": 16,
+        "n_layers": 2,
+        "max_seq_len": 64,
+        "position": {"type": "rope"},
+        "block": {
+            "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
+            "ffn": {"type": "swiglu", "d_ff": 32},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+        "final_norm": {"type": "rmsnorm"},
+        "tie_embeddings": tie,
+        "lm_head_bias": head_bias,
     }
 
 
@@ -35,7 +46,9 @@ def test_grow_keeps_rows_ties_and_logits_of_old_tokens(tie, bias):
         assert model.lm_head_weight is model.embed.weight and "lm_head.weight" not in model.state_dict()
     else:
         assert torch.equal(model.lm_head.weight[:40], before["lm_head.weight"])
-        torch.testing.assert_close(model.lm_head.weight[40:], before["lm_head.weight"].mean(0).expand(8, 16), atol=0, rtol=0)
+        torch.testing.assert_close(
+            model.lm_head.weight[40:], before["lm_head.weight"].mean(0).expand(8, 16), atol=0, rtol=0
+        )
         assert model.lm_head.out_features == 48
     bias_name = ("lm_head_bias" if tie else "lm_head.bias") if bias else None
     if bias_name:
@@ -90,8 +103,16 @@ def test_resized_hf_model_exports_and_transformers_agrees(tie, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         transformers.logging.set_verbosity_error()
-        cfg = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-                                       intermediate_size=48, vocab_size=60, max_position_embeddings=64, tie_word_embeddings=tie)
+        cfg = transformers.LlamaConfig(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=48,
+            vocab_size=60,
+            max_position_embeddings=64,
+            tie_word_embeddings=tie,
+        )
         torch.manual_seed(0)
         hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
         hf.save_pretrained(tmp_path / "hf")

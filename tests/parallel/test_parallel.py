@@ -75,7 +75,13 @@ def test_tp_degree_that_does_not_divide_kv_heads_is_rejected_with_path_and_value
 def test_tp_degree_that_does_not_divide_a_sharded_width_is_rejected():
     model = modkit.build(tiny_spec(block__ffn={"type": "swiglu", "d_ff": 66}), device="meta")
     with pytest.raises(ParallelError, match=r"layers\.0\.ffn\.gate: .*tp = 4 does not divide out_features = 66"):
-        model_plan(modkit.build(tiny_spec(block__ffn={"type": "swiglu", "d_ff": 66}, block__attention={"type": "mha", "n_heads": 4}), device="meta"), 4)
+        model_plan(
+            modkit.build(
+                tiny_spec(block__ffn={"type": "swiglu", "d_ff": 66}, block__attention={"type": "mha", "n_heads": 4}),
+                device="meta",
+            ),
+            4,
+        )
     model_plan(model, 2)  # 66 / 2 is fine
 
 
@@ -106,7 +112,10 @@ def test_moe_experts_are_tensor_parallel_and_router_replicated():
     assert not any("router" in p for p in plan.styles)
     odd = modkit.load_spec(SPECS / "tiny-moe.json").model_dump(mode="json")
     odd["block"]["ffn"]["expert"]["d_ff"] = 175
-    with pytest.raises(ParallelError, match=r"layers\.1\.ffn\.experts\.gate: tensor-parallel degree tp = 2 does not divide its dim 2 \(size 175\)"):
+    with pytest.raises(
+        ParallelError,
+        match=r"layers\.1\.ffn\.experts\.gate: tensor-parallel degree tp = 2 does not divide its dim 2 \(size 175\)",
+    ):
         model_plan(modkit.build(odd, device="meta"), 2)
 
 
@@ -125,12 +134,20 @@ class _PlainMLP(nn.Module):
 
 
 def test_third_party_component_without_plan_is_replicated_with_a_warning_naming_it():
-    reg = registry_with("thirdparty-mlp", Component(
-        kind="ffn", type="plainmlp", config=_PlainMLPConfig, factory=lambda cfg, ctx: _PlainMLP(ctx.d_model, cfg.d_ff),
-        description="a third-party MLP that declares no tp_plan",
-    ))
+    reg = registry_with(
+        "thirdparty-mlp",
+        Component(
+            kind="ffn",
+            type="plainmlp",
+            config=_PlainMLPConfig,
+            factory=lambda cfg, ctx: _PlainMLP(ctx.d_model, cfg.d_ff),
+            description="a third-party MLP that declares no tp_plan",
+        ),
+    )
     model = modkit.build(tiny_spec(block__ffn={"type": "plainmlp", "d_ff": 64}), device="meta", registry=reg)
-    with pytest.warns(PlanWarning, match=r"ffn/plainmlp \(plugin thirdparty-mlp\) declares no tp_plan.*layers\.0\.ffn, layers\.1\.ffn"):
+    with pytest.warns(
+        PlanWarning, match=r"ffn/plainmlp \(plugin thirdparty-mlp\) declares no tp_plan.*layers\.0\.ffn, layers\.1\.ffn"
+    ):
         plan = model_plan(model, 2, registry=reg)
     assert not any(".ffn." in p for p in plan.styles)
     assert "plainmlp declares no tp_plan" in plan.replicated["layers.0.ffn"]
@@ -138,11 +155,17 @@ def test_third_party_component_without_plan_is_replicated_with_a_warning_naming_
 
 
 def test_bad_plan_data_is_reported_with_the_entry():
-    reg = registry_with("bad-plan", Component(
-        kind="ffn", type="plainmlp", config=_PlainMLPConfig, factory=lambda cfg, ctx: _PlainMLP(ctx.d_model, cfg.d_ff),
-        description="a plan naming a missing submodule and a style that does not exist",
-        capabilities={"tp_plan": {"fc1": "colwise", "fc3": "rowwise"}},
-    ))
+    reg = registry_with(
+        "bad-plan",
+        Component(
+            kind="ffn",
+            type="plainmlp",
+            config=_PlainMLPConfig,
+            factory=lambda cfg, ctx: _PlainMLP(ctx.d_model, cfg.d_ff),
+            description="a plan naming a missing submodule and a style that does not exist",
+            capabilities={"tp_plan": {"fc1": "colwise", "fc3": "rowwise"}},
+        ),
+    )
     model = modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg)
     with pytest.raises(ParallelError, match=r"ffn/plainmlp .*names 'fc3' but layers\.0\.ffn has no submodule"):
         model_plan(model, 2, registry=reg)
@@ -163,10 +186,17 @@ class _GatedHidden(_PlainMLP):
 
 
 def _gated_registry(plan: dict) -> modkit.Registry:
-    return registry_with("gated-hidden", Component(
-        kind="ffn", type="plainmlp", config=_PlainMLPConfig, factory=lambda cfg, ctx: _GatedHidden(ctx.d_model, cfg.d_ff),
-        description="an MLP with a scalar gate on its hidden activation", capabilities={"tp_plan": plan},
-    ))
+    return registry_with(
+        "gated-hidden",
+        Component(
+            kind="ffn",
+            type="plainmlp",
+            config=_PlainMLPConfig,
+            factory=lambda cfg, ctx: _GatedHidden(ctx.d_model, cfg.d_ff),
+            description="an MLP with a scalar gate on its hidden activation",
+            capabilities={"tp_plan": plan},
+        ),
+    )
 
 
 def test_replicated_parameter_of_a_sharding_component_must_be_declared():
@@ -175,21 +205,40 @@ def test_replicated_parameter_of_a_sharding_component_must_be_declared():
     plan = {"fc1": "colwise", "fc2": "rowwise"}
     reg = _gated_registry(plan)
     model = modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg)
-    with pytest.raises(ParallelError, match=r"layers\.0\.ffn\.alpha \(shape \[\]\) is left whole .*plan of ffn/plainmlp, "
-                       r"which shards layers\.0\.ffn\.fc1, layers\.0\.ffn\.fc2.*Declare 'alpha' in the tp_plan"):
+    with pytest.raises(
+        ParallelError,
+        match=r"layers\.0\.ffn\.alpha \(shape \[\]\) is left whole .*plan of ffn/plainmlp, "
+        r"which shards layers\.0\.ffn\.fc1, layers\.0\.ffn\.fc2.*Declare 'alpha' in the tp_plan",
+    ):
         model_plan(model, 2, registry=reg)
     # a parameter may be named directly, but only as replicated (a claim the kit's shards check verifies)
     reg = _gated_registry({**plan, "alpha": "replicate"})
-    assert set(model_plan(modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg), 2, registry=reg).styles) >= {"layers.0.ffn.fc1"}
+    assert set(
+        model_plan(
+            modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg), 2, registry=reg
+        ).styles
+    ) >= {"layers.0.ffn.fc1"}
     reg = _gated_registry({**plan, "alpha": "per_head"})
-    with pytest.raises(ParallelError, match=r"names 'alpha' but layers\.0\.ffn has no submodule of that name \(a parameter can only be declared replicate\)"):
-        model_plan(modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg), 2, registry=reg)
+    with pytest.raises(
+        ParallelError,
+        match=r"names 'alpha' but layers\.0\.ffn has no submodule of that name \(a parameter can only be declared replicate\)",
+    ):
+        model_plan(
+            modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg), 2, registry=reg
+        )
     # per_head in a component that shards nothing: its input holds every head, a summed gradient would be tp times too big
     reg = _gated_registry({"alpha": "replicate", "fc1": "per_head"})
     with pytest.raises(ParallelError, match=r"declares layers\.0\.ffn\.fc1 'per_head' but shards nothing"):
-        model_plan(modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg), 2, registry=reg)
+        model_plan(
+            modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=reg), 2, registry=reg
+        )
     # tp = 1 needs no plan
-    assert model_plan(modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=_gated_registry(plan)), 1).styles == {}
+    assert (
+        model_plan(
+            modkit.build(tiny_spec(block__ffn={"type": "plainmlp"}), device="meta", registry=_gated_registry(plan)), 1
+        ).styles
+        == {}
+    )
 
 
 def test_per_head_qk_norm_and_moe_router_are_declared_by_their_components():
@@ -220,12 +269,22 @@ class _LearnedRotate(modkit.PositionScheme):
 
 
 def test_position_with_parameters_acting_on_local_heads_is_refused():
-    reg = registry_with("learned-rotate", Component(
-        kind="position", type="learned_rotate", config=_LearnedRotateConfig, factory=lambda cfg, ctx: _LearnedRotate(ctx.head_dim),
-        description="q/k scaled by learned factors", capabilities={"acts_on": "qk", "tp_plan": {}},
-    ))
+    reg = registry_with(
+        "learned-rotate",
+        Component(
+            kind="position",
+            type="learned_rotate",
+            config=_LearnedRotateConfig,
+            factory=lambda cfg, ctx: _LearnedRotate(ctx.head_dim),
+            description="q/k scaled by learned factors",
+            capabilities={"acts_on": "qk", "tp_plan": {}},
+        ),
+    )
     model = modkit.build(tiny_spec(position={"type": "learned_rotate"}), device="meta", registry=reg)
-    with pytest.raises(ParallelError, match=r"positions\.0 \(position/learned_rotate, .*acts on queries and keys and has parameters \['scale'\].*partial gradient"):
+    with pytest.raises(
+        ParallelError,
+        match=r"positions\.0 \(position/learned_rotate, .*acts on queries and keys and has parameters \['scale'\].*partial gradient",
+    ):
         model_plan(model, 2, registry=reg)
 
 
@@ -244,12 +303,18 @@ def test_every_shipped_spec_has_a_plan_for_all_its_weights(path):
     # stated exceptions, not sharded yet: they stay whole on every rank (the same numbers, no memory saved) and the
     # plan says why: grouped experts with an output bias (gpt-oss) and the recurrent mixers (no tp_plan declared)
     unsharded_mixers = ("mixer/mamba2 ", "mixer/gated_deltanet ", "mixer/mamba ")
-    assert not [w for w in caught if "declares no tp_plan" in str(w.message)
-                and not str(w.message).startswith(tuple(f"component {m}" for m in unsharded_mixers))]
+    assert not [
+        w
+        for w in caught
+        if "declares no tp_plan" in str(w.message)
+        and not str(w.message).startswith(tuple(f"component {m}" for m in unsharded_mixers))
+    ]
     kept = {name: why for name, why in plan.replicated.items() if name not in {"embed", "lm_head"}}
-    assert all((name.endswith(".ffn.experts") and why.endswith("declares no tp_shard_dims (output bias)"))
-               or (name.endswith(".attention") and why.startswith(tuple(m + "declares no tp_plan" for m in unsharded_mixers)))
-               for name, why in kept.items()), kept
+    assert all(
+        (name.endswith(".ffn.experts") and why.endswith("declares no tp_shard_dims (output bias)"))
+        or (name.endswith(".attention") and why.startswith(tuple(m + "declares no tp_plan" for m in unsharded_mixers)))
+        for name, why in kept.items()
+    ), kept
 
 
 # ---------------------------------------------------------------------------------------------- distributed
@@ -257,7 +322,14 @@ def test_every_shipped_spec_has_a_plan_for_all_its_weights(path):
 
 def _torchrun(script: str, nproc: int, out: Path, timeout: int = HANG_TIMEOUT) -> dict[int, dict]:
     env = {**os.environ, "MODKIT_DIST_OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPTS / script)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(SCRIPTS / script),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
@@ -316,7 +388,12 @@ def test_training_under_tp_gives_single_process_gradients_and_steps(tmp_path):
     for r, res in ranks.items():
         for model in ("moe", "qk_norm", "learned_bias"):
             got = res[model]
-            for key in ("logits_max_abs_diff", "grad_max_abs_diff", "embed_grad_max_abs_diff", "step_param_max_abs_diff"):
+            for key in (
+                "logits_max_abs_diff",
+                "grad_max_abs_diff",
+                "embed_grad_max_abs_diff",
+                "step_param_max_abs_diff",
+            ):
                 assert got[key] < TOL, (r, model, key, got)
             assert got["replica_spread"] == 0.0, (r, model, got)
             assert got["grad_layout_mismatches"] == [], (r, model, got)  # p.grad has p's layout (no Partial left)
@@ -351,7 +428,11 @@ def test_llama_3_1_8b_shards_on_meta_across_8_fake_ranks(tmp_path):
     out = tmp_path / "fake8.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "fake_8b.py"), str(out)],
-        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=HANG_TIMEOUT,
+        cwd=REPO,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=HANG_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(proc.stdout)

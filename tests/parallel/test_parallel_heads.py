@@ -62,7 +62,9 @@ class HeadGainAttention(nn.Module):
             q, k = inputs.position.rotate(q, k, inputs.positions)
         k, v, k_pos, k_valid = modkit.update_cache(inputs, k, v)
         mask = modkit.prepare_mask(inputs, k_pos, k_valid, q.dtype)
-        out, _ = modkit.masked_attention(q, k, v, mask, modkit.position_bias(inputs, k_pos, self.n_heads), 1 / math.sqrt(self.head_dim))
+        out, _ = modkit.masked_attention(
+            q, k, v, mask, modkit.position_bias(inputs, k_pos, self.n_heads), 1 / math.sqrt(self.head_dim)
+        )
         return self.o(out.transpose(1, 2).reshape(b, s, -1))
 
     def init_weights(self, init: Init) -> None:
@@ -71,10 +73,13 @@ class HeadGainAttention(nn.Module):
 
 def _component(type_: str, plan: dict) -> Component:
     return Component(
-        kind="attention", type=type_, config=GainConfig,
+        kind="attention",
+        type=type_,
+        config=GainConfig,
         factory=lambda cfg, ctx: HeadGainAttention(ctx.d_model, cfg.n_heads, wide=type_ == "head_gain_wrong"),
         description="Causal attention with a per-head query gain.",
-        capabilities={"causal_safe": True, "kv_cache": True, "tp_plan": plan}, example={"type": type_},
+        capabilities={"causal_safe": True, "kv_cache": True, "tp_plan": plan},
+        example={"type": type_},
     )
 
 
@@ -103,7 +108,9 @@ def test_plan_names_the_per_head_parameter(registry):
 
 
 def test_plan_rejects_a_parameter_that_is_not_per_head(registry):
-    with pytest.raises(ParallelError, match=r"head_gain \(shape \[5\]\).*not the module's n_heads or n_kv_heads \(\[4\]\)"):
+    with pytest.raises(
+        ParallelError, match=r"head_gain \(shape \[5\]\).*not the module's n_heads or n_kv_heads \(\[4\]\)"
+    ):
         model_plan(_meta(registry, "head_gain_wrong"), 2, registry=registry)
     bad = registry_with("head-gain-typo", _component("head_gain", {**PROJECTIONS, "head_gian": "heads"}))
     with pytest.raises(ParallelError, match="'head_gian', which is not a parameter of the module"):
@@ -115,8 +122,10 @@ def test_plan_rejects_a_parameter_that_is_not_per_head(registry):
 @pytest.mark.slow
 @needs_gloo
 def test_sharded_per_head_parameter_gives_the_single_process_logits(registry):
-    got = {t: check_component("attention", t, registry=registry, checks=["shards"], distributed=True)[0]
-           for t in ("head_gain", "head_gain_unplanned")}
+    got = {
+        t: check_component("attention", t, registry=registry, checks=["shards"], distributed=True)[0]
+        for t in ("head_gain", "head_gain_unplanned")
+    }
     assert got["head_gain"].status == "passed", got["head_gain"].detail
     assert "10 module(s) of the component sharded" in got["head_gain"].detail  # q, k, v, o and head_gain, 2 layers
     assert got["head_gain_unplanned"].status == "failed", got["head_gain_unplanned"].detail

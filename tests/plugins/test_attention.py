@@ -78,7 +78,9 @@ def test_c05_left_padded_batch_equals_each_sequence_alone(backend):
 @pytest.mark.parametrize("window,causal", [(None, True), (3, True), (None, False), (2, False)])
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_matches_reference_with_padding_and_windows(window, causal, backend):
-    m = _attn({"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": window, "causal": causal, "backend": backend})
+    m = _attn(
+        {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": window, "causal": causal, "backend": backend}
+    )
     x = torch.randn(2, 6, 32)
     pos = torch.arange(6)[None].expand(2, 6)
     valid = torch.ones(2, 6, dtype=torch.bool)
@@ -111,13 +113,20 @@ def test_eager_weights_sum_to_one_and_match_sdpa():
 
 
 def test_chunked_prefill_mask_is_bottom_right_aligned():
-    model = modkit.build(tiny_spec(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": 4}), seed=2)
+    model = modkit.build(
+        tiny_spec(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": 4}), seed=2
+    )
     ids = torch.randint(0, 64, (2, 11))
     full = model(ids).logits
     cache = model.new_cache(2, 11)
     parts = [model(ids[:, a:b], cache=cache).logits for a, b in ((0, 5), (5, 6), (6, 11))]
     assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
-    assert cache.layers[0].only.k.shape == (2, 2, 4, 8)  # sliding-window layer: a ring of window slots, n_kv_heads heads
+    assert cache.layers[0].only.k.shape == (
+        2,
+        2,
+        4,
+        8,
+    )  # sliding-window layer: a ring of window slots, n_kv_heads heads
 
 
 def test_softmax_scale_override():
@@ -128,7 +137,9 @@ def test_softmax_scale_override():
 
 def test_qk_norm_per_head_and_full_width():
     per_head = _attn({"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "rmsnorm"}})
-    full = _attn({"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "rmsnorm"}, "qk_norm_scope": "full"})
+    full = _attn(
+        {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "rmsnorm"}, "qk_norm_scope": "full"}
+    )
     assert per_head.q_norm.weight.shape == (8,) and per_head.k_norm.weight.shape == (8,)
     assert full.q_norm.weight.shape == (32,) and full.k_norm.weight.shape == (16,)
     x = torch.randn(1, 3, 32)

@@ -40,11 +40,20 @@ def _attention(model, i):
 
 def _spec(attention: dict, *, overrides=(), position=None, n_layers=2) -> dict:
     return {
-        "schema_version": 1, "vocab_size": VOCAB, "d_model": 64, "n_layers": n_layers, "max_seq_len": 64,
+        "schema_version": 1,
+        "vocab_size": VOCAB,
+        "d_model": 64,
+        "n_layers": n_layers,
+        "max_seq_len": 64,
         "position": position or {"type": "rope", "theta": 10000.0},
-        "block": {"attention": attention, "ffn": {"type": "swiglu", "d_ff": 32}, "norm": {"type": "rmsnorm"},
-                  "placement": {"type": "pre"}},
-        "overrides": list(overrides), "final_norm": {"type": "rmsnorm"},
+        "block": {
+            "attention": attention,
+            "ffn": {"type": "swiglu", "d_ff": 32},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+        "overrides": list(overrides),
+        "final_norm": {"type": "rmsnorm"},
     }
 
 
@@ -59,8 +68,17 @@ def _randomise(model, seed: int, std: float = 0.1) -> None:
 
 # ------------------------------------------------------------------------------------------------ gpt-oss
 
-GPT_OSS_ATTN = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "q_bias": True, "k_bias": True,
-                "v_bias": True, "o_bias": True, "sinks": True}
+GPT_OSS_ATTN = {
+    "type": "gqa",
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "head_dim": 16,
+    "q_bias": True,
+    "k_bias": True,
+    "v_bias": True,
+    "o_bias": True,
+    "sinks": True,
+}
 
 
 def _gpt_oss(backend: str):
@@ -69,9 +87,17 @@ def _gpt_oss(backend: str):
     model = modkit.build(spec, seed=0).eval()
     _randomise(model, seed=1)
     cfg = T.GptOssConfig(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=VOCAB,
-        layer_types=["sliding_attention", "full_attention"], sliding_window=4, attention_bias=True,
-        max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+        attention_bias=True,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     cfg._attn_implementation = "eager"
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention, GptOssRotaryEmbedding
@@ -120,19 +146,46 @@ CHUNK = 4
 
 
 def _llama4():
-    rope_attn = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "attention_chunk_size": CHUNK,
-                 "qk_norm": {"type": "l2norm", "eps": 1e-5}}
-    nope_attn = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": 16,
-                 "temperature_tuning": {"floor_scale": 3, "attn_scale": 0.5}}
-    spec = _spec(rope_attn, position={"type": "rope", "theta": 500000.0, "layout": "interleaved"},
-                 overrides=[{"layers": [1], "attention": nope_attn, "position": {"type": "none"}}])
+    rope_attn = {
+        "type": "gqa",
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "head_dim": 16,
+        "attention_chunk_size": CHUNK,
+        "qk_norm": {"type": "l2norm", "eps": 1e-5},
+    }
+    nope_attn = {
+        "type": "gqa",
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "head_dim": 16,
+        "temperature_tuning": {"floor_scale": 3, "attn_scale": 0.5},
+    }
+    spec = _spec(
+        rope_attn,
+        position={"type": "rope", "theta": 500000.0, "layout": "interleaved"},
+        overrides=[{"layers": [1], "attention": nope_attn, "position": {"type": "none"}}],
+    )
     model = modkit.build(spec, seed=0).eval()
     _randomise(model, seed=4, std=0.15)
     cfg = T.Llama4TextConfig(
-        hidden_size=64, intermediate_size=32, intermediate_size_mlp=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=64, rms_norm_eps=1e-5,
-        use_qk_norm=True, no_rope_layers=[1, 0], attention_chunk_size=CHUNK, attn_temperature_tuning=True,
-        floor_scale=3, attn_scale=0.5, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        hidden_size=64,
+        intermediate_size=32,
+        intermediate_size_mlp=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        use_qk_norm=True,
+        no_rope_layers=[1, 0],
+        attention_chunk_size=CHUNK,
+        attn_temperature_tuning=True,
+        floor_scale=3,
+        attn_scale=0.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         moe_layers=[],
     )
     cfg._attn_implementation = "eager"
@@ -198,15 +251,30 @@ def test_l2norm_equals_llama4_l2norm_and_has_no_parameters():
 def test_chunk_mask_from_positions():
     q = torch.arange(6)[None]
     mask = modkit.attention_mask(q, q, None, causal=True, chunk=3)[0, 0].int().tolist()
-    assert mask == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                    [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
+    assert mask == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 1, 1, 1],
+    ]
     both = modkit.attention_mask(q, q, None, causal=True, window=2, chunk=3)[0, 0].int().tolist()
     assert both[2] == [0, 1, 1, 0, 0, 0] and both[4] == [0, 0, 0, 1, 1, 0]
     bidir = modkit.attention_mask(q, q, None, causal=False, chunk=4)[0, 0].int().tolist()
     assert bidir[1] == [1, 1, 1, 1, 0, 0] and bidir[5] == [0, 0, 0, 0, 1, 1]
     # decode: the query at position 7 of chunk 4..7 sees keys 4..7 only, bottom-right aligned
     k = torch.arange(8)[None]
-    assert modkit.attention_mask(torch.tensor([[7]]), k, None, chunk=4)[0, 0, 0].int().tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert modkit.attention_mask(torch.tensor([[7]]), k, None, chunk=4)[0, 0, 0].int().tolist() == [
+        0,
+        0,
+        0,
+        0,
+        1,
+        1,
+        1,
+        1,
+    ]
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -254,9 +322,21 @@ def test_sinks_parameter_count_init_and_tp_plan():
 
 
 def test_attention_span_sizes_the_ring():
-    spec = _spec({"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "attention_chunk_size": 8},
-                 overrides=[{"layers": [1], "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2,
-                                                          "attention_chunk_size": 8, "sliding_window": 5}}])
+    spec = _spec(
+        {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "attention_chunk_size": 8},
+        overrides=[
+            {
+                "layers": [1],
+                "attention": {
+                    "type": "gqa",
+                    "n_heads": 4,
+                    "n_kv_heads": 2,
+                    "attention_chunk_size": 8,
+                    "sliding_window": 5,
+                },
+            }
+        ],
+    )
     model = modkit.build(spec)
     assert [b.attention.attention_span for b in model.layers] == [8, 5]
     cache = model.new_cache(1, 64)
@@ -280,8 +360,9 @@ def test_chunked_cost_counts_only_pairs_within_a_chunk():
 
 
 def test_each_head_qk_norm_needs_the_groups_capability():
-    bad = _spec({"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "layernorm"},
-                 "qk_norm_scope": "each_head"})
+    bad = _spec(
+        {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "layernorm"}, "qk_norm_scope": "each_head"}
+    )
     model = modkit.build(bad)
     assert model.layers[0].attention.q_norm.weight.shape == (4, 16)
     assert model.layers[0].attention.k_norm.bias.shape == (2, 16)
@@ -295,16 +376,29 @@ def test_each_head_refuses_a_norm_without_groups():
     class Plain(ComponentConfig):
         type: Literal["plainnorm"] = "plainnorm"
 
-    reg = registry_with("plain", Component(kind="norm", type="plainnorm", config=Plain, factory=lambda c, x: torch.nn.Identity(),
-                                           description="identity", flops=elementwise("nothing")))
-    spec = _spec({"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "plainnorm"}, "qk_norm_scope": "each_head"})
+    reg = registry_with(
+        "plain",
+        Component(
+            kind="norm",
+            type="plainnorm",
+            config=Plain,
+            factory=lambda c, x: torch.nn.Identity(),
+            description="identity",
+            flops=elementwise("nothing"),
+        ),
+    )
+    spec = _spec(
+        {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "qk_norm": {"type": "plainnorm"}, "qk_norm_scope": "each_head"}
+    )
     with pytest.raises(modkit.SpecError, match="groups"):
         modkit.load_spec(spec, registry=reg)
 
 
 def test_nope_override_leaves_rope_on_the_other_layers():
     """``overrides[].position: none`` on layer 1: layer 0 rotates, layer 1 does not, and the spec validates."""
-    spec = _spec({"type": "gqa", "n_heads": 4, "n_kv_heads": 2}, overrides=[{"layers": [1], "position": {"type": "none"}}])
+    spec = _spec(
+        {"type": "gqa", "n_heads": 4, "n_kv_heads": 2}, overrides=[{"layers": [1], "position": {"type": "none"}}]
+    )
     model = modkit.build(spec, seed=0).eval()
     schemes = [type(model.positions[model.layer_position[i]]).__name__ for i in range(2)]
     assert schemes == ["Rope", "NoPosition"]
@@ -318,17 +412,52 @@ def test_nope_override_leaves_rope_on_the_other_layers():
 
 KIT_CONFIGS = {
     "sinks": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True, "q_bias": True, "o_bias": True},
-    "chunked-l2": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "attention_chunk_size": 6, "qk_norm": {"type": "l2norm"}},
-    "temperature": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "temperature_tuning": {"floor_scale": 4, "attn_scale": 0.5}},
-    "all-eager": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True, "sliding_window": 5, "attention_chunk_size": 6,
-                  "qk_norm": {"type": "layernorm", "bias": False}, "qk_norm_scope": "each_head", "backend": "eager"},
+    "chunked-l2": {
+        "type": "gqa",
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "attention_chunk_size": 6,
+        "qk_norm": {"type": "l2norm"},
+    },
+    "temperature": {
+        "type": "gqa",
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "temperature_tuning": {"floor_scale": 4, "attn_scale": 0.5},
+    },
+    "all-eager": {
+        "type": "gqa",
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "sinks": True,
+        "sliding_window": 5,
+        "attention_chunk_size": 6,
+        "qk_norm": {"type": "layernorm", "bias": False},
+        "qk_norm_scope": "each_head",
+        "backend": "eager",
+    },
     # Qwen3-Next's gated attention: the output gate (its projection with q_proj's bias) and a per-head QK-norm
-    "output-gate": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "output_gate": True, "q_bias": True,
-                    "qk_norm": {"type": "rmsnorm", "unit_offset": True}},
+    "output-gate": {
+        "type": "gqa",
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "output_gate": True,
+        "q_bias": True,
+        "qk_norm": {"type": "rmsnorm", "unit_offset": True},
+    },
 }
 #: the kit's checks minus the slow ones (compile: see the closing note; shards: distributed)
-KIT_CHECKS = ("shape_dtype", "gradients", "causality", "kv_cache_decode", "masked_row", "gqa_equals_mha", "meta_init",
-              "param_count", "flops")
+KIT_CHECKS = (
+    "shape_dtype",
+    "gradients",
+    "causality",
+    "kv_cache_decode",
+    "masked_row",
+    "gqa_equals_mha",
+    "meta_init",
+    "param_count",
+    "flops",
+)
 
 
 @pytest.mark.parametrize("name", list(KIT_CONFIGS))
@@ -399,10 +528,18 @@ def test_kit_cache_check_catches_an_option_forgotten_in_the_cached_path(fault, o
     from modkit.testing import check_component
     from tests.conftest import registry_with
 
-    reg = registry_with("faulty", modkit.Component(
-        kind="attention", type=fault, config=_FaultyConfig, factory=lambda cfg, ctx: _FaultyAttention(cfg, ctx.d_model),
-        description="test attention with a cached-path fault", capabilities={"causal_safe": True, "kv_cache": True},
-        example={"type": fault}))
+    reg = registry_with(
+        "faulty",
+        modkit.Component(
+            kind="attention",
+            type=fault,
+            config=_FaultyConfig,
+            factory=lambda cfg, ctx: _FaultyAttention(cfg, ctx.d_model),
+            description="test attention with a cached-path fault",
+            capabilities={"causal_safe": True, "kv_cache": True},
+            example={"type": fault},
+        ),
+    )
     (result,) = check_component("attention", fault, registry=reg, checks=["kv_cache_decode"])
     assert result.status == "failed", result.detail
     failing = re.findall(r"with position ([^:]+):", result.detail)

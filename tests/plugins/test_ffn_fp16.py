@@ -47,7 +47,7 @@ def test_unscaled_rows_are_the_float16_rounding_of_the_float32_product():
     m = GatedMLP(32, 64, "silu", False).half()
     x = torch.randn(5, 32).half()
     with torch.no_grad():
-        h = (nn.functional.silu(m.gate(x).float()) * m.up(x).float())
+        h = nn.functional.silu(m.gate(x).float()) * m.up(x).float()
         assert h.abs().max() < FP16_ROW_LIMIT
         expected = m.down(h.half())
         assert torch.equal(m(x), expected)
@@ -77,10 +77,21 @@ def test_grouped_experts_stay_finite_in_float16():
 
 
 def test_a_float16_model_with_an_overflowing_ffn_gives_finite_logits():
-    spec = {"schema_version": 1, "vocab_size": 16, "d_model": 8, "n_layers": 1, "max_seq_len": 16, "position": {"type": "rope"},
-            "block": {"attention": {"type": "mha", "n_heads": 2}, "ffn": {"type": "swiglu", "d_ff": 8},
-                      "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
-            "final_norm": {"type": "rmsnorm"}}
+    spec = {
+        "schema_version": 1,
+        "vocab_size": 16,
+        "d_model": 8,
+        "n_layers": 1,
+        "max_seq_len": 16,
+        "position": {"type": "rope"},
+        "block": {
+            "attention": {"type": "mha", "n_heads": 2},
+            "ffn": {"type": "swiglu", "d_ff": 8},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+        "final_norm": {"type": "rmsnorm"},
+    }
     model = modkit.build(spec, dtype="float16", seed=0).eval()
     with torch.no_grad():
         ffn = model.layers[0].ffn

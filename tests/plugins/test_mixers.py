@@ -58,10 +58,18 @@ def one_thread():
 
 def _spec(mixer: dict, n_layers: int = 1, **top) -> dict:
     position = {"type": "rope"} if mixer["type"] == "parallel" else {"type": "none"}
-    return {"schema_version": 1, "vocab_size": 64, "d_model": D, "n_layers": n_layers, "max_seq_len": 64,
-            "position": position, "init_std": 0.2,
-            "block": {"mixer": mixer, "ffn": None, "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
-            "final_norm": {"type": "rmsnorm"}, **top}
+    return {
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": D,
+        "n_layers": n_layers,
+        "max_seq_len": 64,
+        "position": position,
+        "init_std": 0.2,
+        "block": {"mixer": mixer, "ffn": None, "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
+        "final_norm": {"type": "rmsnorm"},
+        **top,
+    }
 
 
 def _mixer(cfg: dict):
@@ -91,12 +99,34 @@ def _x(b: int = 2, s: int = 37, seed: int = 1) -> torch.Tensor:
 
 @pytest.mark.parametrize("bias", [False, True], ids=["plain", "biases"])
 def test_mamba2_equals_transformers_mamba2_mixer(bias):
-    cfg = transformers.Mamba2Config(hidden_size=D, num_heads=8, head_dim=8, state_size=16, n_groups=2, expand=2,
-                                    conv_kernel=4, use_bias=bias, use_conv_bias=True, chunk_size=16)
+    cfg = transformers.Mamba2Config(
+        hidden_size=D,
+        num_heads=8,
+        head_dim=8,
+        state_size=16,
+        n_groups=2,
+        expand=2,
+        conv_kernel=4,
+        use_bias=bias,
+        use_conv_bias=True,
+        chunk_size=16,
+    )
     hf = Mamba2Mixer(cfg, 0).eval()
     _perturb(hf)
-    _, ours = _mixer({"type": "mamba2", "d_state": 16, "head_dim": 8, "expand": 2, "n_groups": 2, "d_conv": 4,
-                      "in_proj_bias": bias, "out_proj_bias": bias, "chunk_size": 8, "norm_eps": cfg.layer_norm_epsilon})
+    _, ours = _mixer(
+        {
+            "type": "mamba2",
+            "d_state": 16,
+            "head_dim": 8,
+            "expand": 2,
+            "n_groups": 2,
+            "d_conv": 4,
+            "in_proj_bias": bias,
+            "out_proj_bias": bias,
+            "chunk_size": 8,
+            "norm_eps": cfg.layer_norm_epsilon,
+        }
+    )
     ours.load_state_dict(hf.state_dict())
     x = _x()
     with torch.no_grad():
@@ -109,8 +139,9 @@ FALCON_VARIANTS = {
     # Falcon-H1's defaults: no gated norm (y * silu(z)), d_ssm independent of expand, μP multipliers on every part
     "no-norm": dict(mamba_rms_norm=False, ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 0.75]),
     # the gated norm, normalising before the gate, over 2 groups, with projection and convolution biases
-    "norm-first": dict(mamba_rms_norm=True, mamba_norm_before_gate=True, mamba_n_groups=2, mamba_proj_bias=True,
-                       projectors_bias=True),
+    "norm-first": dict(
+        mamba_rms_norm=True, mamba_norm_before_gate=True, mamba_n_groups=2, mamba_proj_bias=True, projectors_bias=True
+    ),
     # gate first (Mamba-2's order) with a step-size clamp
     "gate-first": dict(mamba_rms_norm=True, mamba_norm_before_gate=False, time_step_limit=(0.05, 1.5)),
 }
@@ -118,18 +149,42 @@ FALCON_VARIANTS = {
 
 @pytest.mark.parametrize("variant", sorted(FALCON_VARIANTS))
 def test_mamba2_equals_transformers_falcon_h1_mixer(variant):
-    kw = dict(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8,
-              mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=3, num_hidden_layers=1, mamba_chunk_size=8)
+    kw = dict(
+        hidden_size=D,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=48,
+        mamba_n_heads=6,
+        mamba_d_head=8,
+        mamba_d_state=8,
+        mamba_n_groups=1,
+        mamba_d_conv=3,
+        num_hidden_layers=1,
+        mamba_chunk_size=8,
+    )
     kw.update(FALCON_VARIANTS[variant])
     cfg = transformers.FalconH1Config(**kw)
     hf = FalconH1Mixer(cfg, 0).eval()
     hf.register_buffer("mup_vector", compute_mup_vector(cfg), persistent=False)
     _perturb(hf, seed=2)
     lo, hi = cfg.time_step_limit
-    mixer = {"type": "mamba2", "d_inner": 48, "head_dim": 8, "d_state": 8, "n_groups": cfg.mamba_n_groups, "d_conv": 3,
-             "conv_bias": True, "in_proj_bias": cfg.mamba_proj_bias, "out_proj_bias": cfg.projectors_bias,
-             "gated_norm": cfg.mamba_rms_norm, "norm_before_gate": cfg.mamba_norm_before_gate, "norm_eps": cfg.rms_norm_eps,
-             "chunk_size": 5, "dt_clamp_min": lo, **({"dt_clamp_max": hi} if hi != float("inf") else {})}
+    mixer = {
+        "type": "mamba2",
+        "d_inner": 48,
+        "head_dim": 8,
+        "d_state": 8,
+        "n_groups": cfg.mamba_n_groups,
+        "d_conv": 3,
+        "conv_bias": True,
+        "in_proj_bias": cfg.mamba_proj_bias,
+        "out_proj_bias": cfg.projectors_bias,
+        "gated_norm": cfg.mamba_rms_norm,
+        "norm_before_gate": cfg.mamba_norm_before_gate,
+        "norm_eps": cfg.rms_norm_eps,
+        "chunk_size": 5,
+        "dt_clamp_min": lo,
+        **({"dt_clamp_max": hi} if hi != float("inf") else {}),
+    }
     if variant == "no-norm":
         mixer["projection_multipliers"] = list(cfg.ssm_multipliers)
     _, ours = _mixer(mixer)
@@ -149,20 +204,45 @@ def _qwen3_next_weights(hf, nk: int, nv: int, dk: int, dv: int) -> dict:
     q, k, v, z = hf.in_proj_qkvz.weight.view(nk, 2 * dk + 2 * r * dv, D).split([dk, dk, r * dv, r * dv], 1)
     b, a = hf.in_proj_ba.weight.view(nk, 2 * r, D).split([r, r], 1)
     flat = lambda t: t.reshape(-1, D)  # noqa: E731
-    return {"q_proj.weight": flat(q), "k_proj.weight": flat(k), "v_proj.weight": flat(v), "g_proj.weight": flat(z),
-            "b_proj.weight": flat(b), "a_proj.weight": flat(a), "conv1d.weight": hf.conv1d.weight, "dt_bias": hf.dt_bias,
-            "A_log": hf.A_log, "norm.weight": hf.norm.weight, "out_proj.weight": hf.out_proj.weight}
+    return {
+        "q_proj.weight": flat(q),
+        "k_proj.weight": flat(k),
+        "v_proj.weight": flat(v),
+        "g_proj.weight": flat(z),
+        "b_proj.weight": flat(b),
+        "a_proj.weight": flat(a),
+        "conv1d.weight": hf.conv1d.weight,
+        "dt_bias": hf.dt_bias,
+        "A_log": hf.A_log,
+        "norm.weight": hf.norm.weight,
+        "out_proj.weight": hf.out_proj.weight,
+    }
 
 
 def test_gated_deltanet_equals_transformers_qwen3_next():
     nk, nv, dk, dv = 2, 4, 8, 6
-    cfg = transformers.Qwen3NextConfig(hidden_size=D, linear_num_key_heads=nk, linear_num_value_heads=nv,
-                                       linear_key_head_dim=dk, linear_value_head_dim=dv, linear_conv_kernel_dim=4,
-                                       num_hidden_layers=1)
+    cfg = transformers.Qwen3NextConfig(
+        hidden_size=D,
+        linear_num_key_heads=nk,
+        linear_num_value_heads=nv,
+        linear_key_head_dim=dk,
+        linear_value_head_dim=dv,
+        linear_conv_kernel_dim=4,
+        num_hidden_layers=1,
+    )
     hf = Qwen3NextGatedDeltaNet(cfg, 0).eval()
     _perturb(hf, seed=4)
-    _, ours = _mixer({"type": "gated_deltanet", "n_heads": nk, "n_value_heads": nv, "key_head_dim": dk,
-                      "value_head_dim": dv, "chunk_size": 8, "norm_eps": cfg.rms_norm_eps})
+    _, ours = _mixer(
+        {
+            "type": "gated_deltanet",
+            "n_heads": nk,
+            "n_value_heads": nv,
+            "key_head_dim": dk,
+            "value_head_dim": dv,
+            "chunk_size": 8,
+            "norm_eps": cfg.rms_norm_eps,
+        }
+    )
     ours.load_state_dict(_qwen3_next_weights(hf, nk, nv, dk, dv))
     x = _x(seed=5)
     with torch.no_grad():
@@ -172,15 +252,33 @@ def test_gated_deltanet_equals_transformers_qwen3_next():
 
 
 def test_mamba_equals_transformers_jamba_mixer():
-    cfg = transformers.JambaConfig(hidden_size=D, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
-                                   mamba_proj_bias=True, num_hidden_layers=1)
+    cfg = transformers.JambaConfig(
+        hidden_size=D,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=4,
+        mamba_proj_bias=True,
+        num_hidden_layers=1,
+    )
     hf = JambaMambaMixer(cfg, 0).eval()
     _perturb(hf, seed=6)
-    _, ours = _mixer({"type": "mamba", "d_state": 8, "d_conv": 4, "expand": 2, "dt_rank": 4, "bias": True, "chunk_size": 8,
-                      "inner_norm": {"type": "rmsnorm", "eps": cfg.rms_norm_eps}})
+    _, ours = _mixer(
+        {
+            "type": "mamba",
+            "d_state": 8,
+            "d_conv": 4,
+            "expand": 2,
+            "dt_rank": 4,
+            "bias": True,
+            "chunk_size": 8,
+            "inner_norm": {"type": "rmsnorm", "eps": cfg.rms_norm_eps},
+        }
+    )
     names = {"dt_layernorm": "dt_norm", "b_layernorm": "b_norm", "c_layernorm": "c_norm"}
-    ours.load_state_dict({names.get(k.split(".")[0], k.split(".")[0]) + k[len(k.split(".")[0]):]: v
-                          for k, v in hf.state_dict().items()})
+    ours.load_state_dict(
+        {names.get(k.split(".")[0], k.split(".")[0]) + k[len(k.split(".")[0]) :]: v for k, v in hf.state_dict().items()}
+    )
     x = _x(seed=7)
     with torch.no_grad():
         diff = (ours(x, _inputs(2, 37)) - hf(x)).abs().max().item()
@@ -192,12 +290,24 @@ def test_mamba_equals_transformers_jamba_mixer():
 
 MIXERS = {
     "mamba2": {"type": "mamba2", "d_state": 16, "head_dim": 8, "n_groups": 2, "chunk_size": 8},
-    "gated_deltanet": {"type": "gated_deltanet", "n_heads": 2, "n_value_heads": 4, "key_head_dim": 8,
-                       "value_head_dim": 8, "chunk_size": 8},
+    "gated_deltanet": {
+        "type": "gated_deltanet",
+        "n_heads": 2,
+        "n_value_heads": 4,
+        "key_head_dim": 8,
+        "value_head_dim": 8,
+        "chunk_size": 8,
+    },
     "mamba": {"type": "mamba", "d_state": 8, "dt_rank": 4, "chunk_size": 8, "inner_norm": {"type": "rmsnorm"}},
-    "parallel": {"type": "parallel", "mixers": [{"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
-                                                {"type": "mamba2", "d_state": 8, "head_dim": 8, "chunk_size": 8}],
-                 "in_multipliers": [1.0, 0.5], "out_multipliers": [0.5, 2.0]},
+    "parallel": {
+        "type": "parallel",
+        "mixers": [
+            {"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
+            {"type": "mamba2", "d_state": 8, "head_dim": 8, "chunk_size": 8},
+        ],
+        "in_multipliers": [1.0, 0.5],
+        "out_multipliers": [0.5, 2.0],
+    },
 }
 #: ``[start, end)`` chunks fed through the cache: a prefill shorter than a chunk, single tokens, a chunk that
 #: crosses the chunked form's chunk boundaries, and more single tokens (29 tokens in all)
@@ -228,14 +338,19 @@ def test_the_chunked_functions_equal_their_recurrence_in_float64(kind):
     from modkit_plugins.gated_deltanet import delta_rule_chunked, delta_rule_step
     from modkit_plugins.mamba import scan_chunked, scan_step
     from modkit_plugins.mamba2 import ssd_chunked, ssd_step
-    chunked, step = {"ssd": (ssd_chunked, ssd_step), "scan": (scan_chunked, scan_step),
-                     "delta_rule": (delta_rule_chunked, delta_rule_step)}[kind]
+
+    chunked, step = {
+        "ssd": (ssd_chunked, ssd_step),
+        "scan": (scan_chunked, scan_step),
+        "delta_rule": (delta_rule_chunked, delta_rule_step),
+    }[kind]
     args = _scan_inputs(kind)
     time_axis = 2 if kind == "delta_rule" else 1
     T = args[0].shape[time_axis]
     at = lambda t, i: t.select(time_axis, i) if t.dim() > 1 and t.shape[time_axis] == T else t  # noqa: E731
-    _, warm = chunked(*(at(a, 0).unsqueeze(time_axis) if a.dim() > 1 and a.shape[time_axis] == T else a
-                        for a in args), 1)  # a state after one token to start from
+    _, warm = chunked(
+        *(at(a, 0).unsqueeze(time_axis) if a.dim() > 1 and a.shape[time_axis] == T else a for a in args), 1
+    )  # a state after one token to start from
     y, final = chunked(*args, 8, warm.clone())
     state, ys = warm.clone(), []
     for i in range(T):
@@ -252,7 +367,7 @@ def test_recurrent_step_and_cached_chunks_equal_the_full_forward(name):
     with torch.no_grad():
         full = model(ids).logits
         cache = model.new_cache(2, 29)
-        steps = torch.cat([model(ids[:, t:t + 1], cache=cache).logits for t in range(29)], 1)  # the recurrent form
+        steps = torch.cat([model(ids[:, t : t + 1], cache=cache).logits for t in range(29)], 1)  # the recurrent form
         cache = model.new_cache(2, 29)
         chunks = torch.cat([model(ids[:, a:b], cache=cache).logits for a, b in SCHEDULE], 1)
     assert _max_error(steps, full) <= TOL
@@ -314,6 +429,7 @@ def test_cost_reports_a_constant_state_per_sequence(name):
     from pathlib import Path
 
     from modkit.analysis.cost import CostModel
+
     cost = CostModel(Path(__file__).parents[2] / "specs" / f"{name}.json")
     short, long = (cost.report(context=n) for n in (1024, 32768))
     per_seq = short["cache_state_bytes_per_sequence"]

@@ -28,19 +28,38 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Atten
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MLA = ROOT / "specs" / "tiny-mla.json"
 D, H, R_Q, R_KV, NOPE, ROPE, V = 32, 4, 24, 16, 8, 4, 6
-YARN = {"factor": 40.0, "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
-        "mscale_all_dim": 0.8}
+YARN = {
+    "factor": 40.0,
+    "original_max_position_embeddings": 16,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.8,
+}
 
 
 def _pair(q_lora: bool, yarn: bool, interleave: bool, bias: bool = False):
     """``(modkit model, HF attention, HF rotary)`` with the same weights: a 1-layer modkit model holding ``mla``."""
     theta = 10000.0
-    rope_parameters = {"rope_type": "yarn", "rope_theta": theta, **YARN} if yarn else {"rope_type": "default", "rope_theta": theta}
+    rope_parameters = (
+        {"rope_type": "yarn", "rope_theta": theta, **YARN} if yarn else {"rope_type": "default", "rope_theta": theta}
+    )
     hf_cfg = DeepseekV3Config(
-        hidden_size=D, num_attention_heads=H, num_key_value_heads=H, q_lora_rank=R_Q if q_lora else None,
-        kv_lora_rank=R_KV, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V, rope_interleave=interleave,
-        rope_parameters=rope_parameters, attention_bias=bias, max_position_embeddings=640, rms_norm_eps=1e-6,
-        num_hidden_layers=1, vocab_size=64,
+        hidden_size=D,
+        num_attention_heads=H,
+        num_key_value_heads=H,
+        q_lora_rank=R_Q if q_lora else None,
+        kv_lora_rank=R_KV,
+        qk_nope_head_dim=NOPE,
+        qk_rope_head_dim=ROPE,
+        v_head_dim=V,
+        rope_interleave=interleave,
+        rope_parameters=rope_parameters,
+        attention_bias=bias,
+        max_position_embeddings=640,
+        rms_norm_eps=1e-6,
+        num_hidden_layers=1,
+        vocab_size=64,
     )
     hf_cfg._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -49,20 +68,49 @@ def _pair(q_lora: bool, yarn: bool, interleave: bool, bias: bool = False):
         for p in hf.parameters():
             p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
     rotary = DeepseekV3RotaryEmbedding(hf_cfg)
-    attention = {"type": "mla", "n_heads": H, "q_lora_rank": R_Q if q_lora else None, "kv_lora_rank": R_KV,
-                 "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE, "v_head_dim": V, "bias": bias,
-                 "latent_norm": {"type": "rmsnorm", "eps": 1e-6}}
+    attention = {
+        "type": "mla",
+        "n_heads": H,
+        "q_lora_rank": R_Q if q_lora else None,
+        "kv_lora_rank": R_KV,
+        "qk_nope_head_dim": NOPE,
+        "qk_rope_head_dim": ROPE,
+        "v_head_dim": V,
+        "bias": bias,
+        "latent_norm": {"type": "rmsnorm", "eps": 1e-6},
+    }
     if yarn:
         attention["yarn_mscale"] = {"factor": YARN["factor"], "mscale_all_dim": YARN["mscale_all_dim"]}
     scaling = None
     if yarn:
-        scaling = {"type": "yarn", "factor": YARN["factor"], "original_max_seq_len": YARN["original_max_position_embeddings"],
-                   "beta_fast": YARN["beta_fast"], "beta_slow": YARN["beta_slow"], "mscale": YARN["mscale"],
-                   "mscale_all_dim": YARN["mscale_all_dim"]}
-    spec = {"schema_version": 1, "vocab_size": 64, "d_model": D, "n_layers": 1, "max_seq_len": 640,
-            "position": {"type": "rope", "theta": theta, "layout": "interleaved" if interleave else "half_split", "scaling": scaling},
-            "block": {"attention": attention, "ffn": {"type": "swiglu", "d_ff": 48}, "norm": {"type": "rmsnorm"},
-                      "placement": {"type": "pre"}}}
+        scaling = {
+            "type": "yarn",
+            "factor": YARN["factor"],
+            "original_max_seq_len": YARN["original_max_position_embeddings"],
+            "beta_fast": YARN["beta_fast"],
+            "beta_slow": YARN["beta_slow"],
+            "mscale": YARN["mscale"],
+            "mscale_all_dim": YARN["mscale_all_dim"],
+        }
+    spec = {
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": D,
+        "n_layers": 1,
+        "max_seq_len": 640,
+        "position": {
+            "type": "rope",
+            "theta": theta,
+            "layout": "interleaved" if interleave else "half_split",
+            "scaling": scaling,
+        },
+        "block": {
+            "attention": attention,
+            "ffn": {"type": "swiglu", "d_ff": 48},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+    }
     model = modkit.build(spec, seed=0).eval()
     mla = model.layers[0].attention
     loaded = mla.load_state_dict(hf.state_dict(), strict=True)  # the same parameter names as transformers'
@@ -82,13 +130,27 @@ def _ours(model, x, positions, token_mask=None, cache=None):
     mla = model.layers[0].attention
     if cache is not None:
         positions, token_mask = cache.prepare(x.shape[0], x.shape[1], token_mask, positions)
-    inputs = AttentionInputs(positions=positions, token_mask=token_mask, position=model.positions[model.layer_position[0]],
-                             cache=cache.layers[0] if cache is not None else None)
+    inputs = AttentionInputs(
+        positions=positions,
+        token_mask=token_mask,
+        position=model.positions[model.layer_position[0]],
+        cache=cache.layers[0] if cache is not None else None,
+    )
     return mla(x, inputs)
 
 
-CASES = [pytest.param(q, y, i, id=f"{'q_lora' if q else 'full_q'}-{'yarn' if y else 'plain'}-{'interleaved' if i else 'half_split'}")
-         for q, y, i in ((True, False, True), (False, False, True), (True, True, True), (False, True, False), (True, False, False))]
+CASES = [
+    pytest.param(
+        q, y, i, id=f"{'q_lora' if q else 'full_q'}-{'yarn' if y else 'plain'}-{'interleaved' if i else 'half_split'}"
+    )
+    for q, y, i in (
+        (True, False, True),
+        (False, False, True),
+        (True, True, True),
+        (False, True, False),
+        (True, False, False),
+    )
+]
 
 
 @pytest.mark.parametrize("q_lora,yarn,interleave", CASES)
@@ -122,7 +184,11 @@ def test_equals_transformers_forward_and_cached_with_left_padding(q_lora, yarn, 
 def test_yarn_mscale_is_deepseeks_softmax_scale():
     model, hf, _ = _pair(True, True, True)
     m = 0.1 * YARN["mscale_all_dim"] * math.log(YARN["factor"]) + 1
-    assert model.layers[0].attention.scale == pytest.approx((NOPE + ROPE) ** -0.5 * m * m, rel=1e-12) == pytest.approx(hf.scaling)
+    assert (
+        model.layers[0].attention.scale
+        == pytest.approx((NOPE + ROPE) ** -0.5 * m * m, rel=1e-12)
+        == pytest.approx(hf.scaling)
+    )
 
 
 def test_absorbed_decoding_equals_the_expanded_form_and_the_full_forward():
@@ -139,7 +205,9 @@ def test_absorbed_decoding_equals_the_expanded_form_and_the_full_forward():
             layer.attention.absorb = absorb
         cache = model.new_cache(2, 20, dtype)
         with torch.no_grad():
-            return torch.cat([model(ids[:, a:e], attention_mask=mask[:, :e], cache=cache).logits for a, e in schedule], 1)
+            return torch.cat(
+                [model(ids[:, a:e], attention_mask=mask[:, :e], cache=cache).logits for a, e in schedule], 1
+            )
 
     absorbed, expanded = decode(True), decode(False)
     with torch.no_grad():
@@ -156,20 +224,35 @@ def _v3_spec() -> dict:
     a dense FFN (the cache does not depend on it), from its published config."""
     cfg = json.loads((Path("/work/shared/real-models/frontier/deepseek-v3/config.json")).read_text())
     return {
-        "schema_version": 1, "name": "deepseek-v3-attention", "vocab_size": cfg["vocab_size"], "d_model": cfg["hidden_size"],
-        "n_layers": cfg["num_hidden_layers"], "max_seq_len": 4096,
+        "schema_version": 1,
+        "name": "deepseek-v3-attention",
+        "vocab_size": cfg["vocab_size"],
+        "d_model": cfg["hidden_size"],
+        "n_layers": cfg["num_hidden_layers"],
+        "max_seq_len": 4096,
         "position": {"type": "rope", "theta": 10000.0, "layout": "interleaved"},
-        "block": {"attention": {"type": "mla", "n_heads": cfg["num_attention_heads"], "q_lora_rank": cfg["q_lora_rank"],
-                                "kv_lora_rank": cfg["kv_lora_rank"], "qk_nope_head_dim": cfg["qk_nope_head_dim"],
-                                "qk_rope_head_dim": cfg["qk_rope_head_dim"], "v_head_dim": cfg["v_head_dim"],
-                                "latent_norm": {"type": "rmsnorm", "eps": 1e-6}},
-                  "ffn": {"type": "swiglu", "d_ff": cfg["intermediate_size"]}, "norm": {"type": "rmsnorm", "eps": 1e-6},
-                  "placement": {"type": "pre"}},
+        "block": {
+            "attention": {
+                "type": "mla",
+                "n_heads": cfg["num_attention_heads"],
+                "q_lora_rank": cfg["q_lora_rank"],
+                "kv_lora_rank": cfg["kv_lora_rank"],
+                "qk_nope_head_dim": cfg["qk_nope_head_dim"],
+                "qk_rope_head_dim": cfg["qk_rope_head_dim"],
+                "v_head_dim": cfg["v_head_dim"],
+                "latent_norm": {"type": "rmsnorm", "eps": 1e-6},
+            },
+            "ffn": {"type": "swiglu", "d_ff": cfg["intermediate_size"]},
+            "norm": {"type": "rmsnorm", "eps": 1e-6},
+            "placement": {"type": "pre"},
+        },
         "final_norm": {"type": "rmsnorm", "eps": 1e-6},
     }
 
 
-@pytest.mark.skipif(not Path("/work/shared/real-models/frontier/deepseek-v3/config.json").exists(), reason="no DeepSeek-V3 config")
+@pytest.mark.skipif(
+    not Path("/work/shared/real-models/frontier/deepseek-v3/config.json").exists(), reason="no DeepSeek-V3 config"
+)
 def test_deepseek_v3_cache_bytes_and_attention_parameters(tmp_path, capsys):
     """576 numbers per token and layer: 576 · 61 · 2 = 70,272 bytes per token in bfloat16, in modkit build --json
     and modkit cost; the attention's parameters equal transformers' module's (built on meta)."""
@@ -184,7 +267,18 @@ def test_deepseek_v3_cache_bytes_and_attention_parameters(tmp_path, capsys):
     cost = json.loads(capsys.readouterr().out)
     assert cost["kv_cache_bytes_per_token"] == 70_272 and cost["kv_cache_bytes"] == 70_272 * 4096
     with torch.device("meta"):
-        hf = DeepseekV3Attention(DeepseekV3Config(**{k: v for k, v in json.loads(Path("/work/shared/real-models/frontier/deepseek-v3/config.json").read_text()).items() if k != "model_type"}), 0)
+        hf = DeepseekV3Attention(
+            DeepseekV3Config(
+                **{
+                    k: v
+                    for k, v in json.loads(
+                        Path("/work/shared/real-models/frontier/deepseek-v3/config.json").read_text()
+                    ).items()
+                    if k != "model_type"
+                }
+            ),
+            0,
+        )
     per_layer = modkit.breakdown(spec)["attention"] // 61
     assert per_layer == sum(p.numel() for p in hf.parameters()) == 187_107_328
 
@@ -193,9 +287,13 @@ def test_tiny_mla_bytes_in_build_and_cost(capsys):
     """(kv_lora_rank + qk_rope_head_dim) · n_layers · bytes: (32 + 8) · 4 · 4 = 640 in float32, 320 in bfloat16."""
     assert main(["build", str(TINY_MLA), "--device", "meta", "--json"]) == 0
     card = json.loads(capsys.readouterr().out)
-    assert card["kv_cache_bytes_per_token"] == (32 + 8) * 4 * 4 == 640 and card["kv_cache_bytes_per_sequence"] == 640 * 512
+    assert (
+        card["kv_cache_bytes_per_token"] == (32 + 8) * 4 * 4 == 640 and card["kv_cache_bytes_per_sequence"] == 640 * 512
+    )
     costs = CostModel(TINY_MLA)
-    assert costs.kv_cache_bytes_per_token("bfloat16") == 320 and costs.kv_cache_bytes(100, 3, "bfloat16") == 320 * 100 * 3
+    assert (
+        costs.kv_cache_bytes_per_token("bfloat16") == 320 and costs.kv_cache_bytes(100, 3, "bfloat16") == 320 * 100 * 3
+    )
     model = modkit.build(TINY_MLA, dtype="bfloat16")
     assert model.new_cache(3, 100).nbytes() == 320 * 100 * 3  # allocated = declared, no padding
 
@@ -206,31 +304,83 @@ def test_decode_flops_do_not_rebuild_keys():
     costs = CostModel(TINY_MLA)
     decode, prefill = costs.flops(costs.workload("decode", 101)), costs.flops(costs.workload("prefill", 8))
     assert "attention.kv_b_proj" in prefill and "attention.kv_b_proj" not in decode
-    assert decode["attention.scores"] == 4 * 2 * 4 * (32 + 8) * 101 and decode["attention.weighted_sum"] == 4 * 2 * 4 * 32 * 101
+    assert (
+        decode["attention.scores"] == 4 * 2 * 4 * (32 + 8) * 101
+        and decode["attention.weighted_sum"] == 4 * 2 * 4 * 32 * 101
+    )
     assert costs.context_parts() == {"attention.scores", "attention.weighted_sum"}
 
 
 def test_the_contract_kit_passes_on_mla_and_its_full_query_form():
-    for config in (None, {"type": "mla", "n_heads": 4, "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
-                          "qk_rope_head_dim": 4, "v_head_dim": 8, "latent_norm": {"type": "rmsnorm"}, "bias": True}):
+    for config in (
+        None,
+        {
+            "type": "mla",
+            "n_heads": 4,
+            "q_lora_rank": None,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4,
+            "v_head_dim": 8,
+            "latent_norm": {"type": "rmsnorm"},
+            "bias": True,
+        },
+    ):
         results = check_component("attention", "mla", config)
         bad = {r.check: r.detail for r in results if r.status == "failed"}
         assert not bad, bad
         passed = {r.check for r in results if r.status == "passed"}
-        assert {"kv_cache_decode", "masked_row", "causality", "flops", "param_count", "compile", "meta_init", "dropout",
-                "position_sensitivity", "precision", "gradients"} <= passed, {r.check: r.detail for r in results}
+        assert {
+            "kv_cache_decode",
+            "masked_row",
+            "causality",
+            "flops",
+            "param_count",
+            "compile",
+            "meta_init",
+            "dropout",
+            "position_sensitivity",
+            "precision",
+            "gradients",
+        } <= passed, {r.check: r.detail for r in results}
 
 
 def test_modkit_check_takes_a_config(tmp_path, capsys):
-    cfg = {"n_heads": 2, "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4,
-           "latent_norm": {"type": "rmsnorm"}}
-    assert main(["check", "--kind", "attention", "--type", "mla", "--config", json.dumps(cfg), "--check", "kv_cache_decode",
-                 "--check", "param_count", "-v"]) == 0
+    cfg = {
+        "n_heads": 2,
+        "kv_lora_rank": 8,
+        "qk_nope_head_dim": 4,
+        "qk_rope_head_dim": 2,
+        "v_head_dim": 4,
+        "latent_norm": {"type": "rmsnorm"},
+    }
+    assert (
+        main(
+            [
+                "check",
+                "--kind",
+                "attention",
+                "--type",
+                "mla",
+                "--config",
+                json.dumps(cfg),
+                "--check",
+                "kv_cache_decode",
+                "--check",
+                "param_count",
+                "-v",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "attention/mla" in out and "2 passed" in out
     path = tmp_path / "mla.json"
     path.write_text(json.dumps({**cfg, "kv_lora_rank": 0}))  # from a file; an invalid config is named
-    assert main(["check", "--kind", "attention", "--type", "mla", "--config", str(path), "--check", "kv_cache_decode"]) == 1
+    assert (
+        main(["check", "--kind", "attention", "--type", "mla", "--config", str(path), "--check", "kv_cache_decode"])
+        == 1
+    )
     err = capsys.readouterr().err  # named as the component's config, not as a spec
     assert err.splitlines()[0] == "modkit: error: invalid component config attention/mla", err
     assert "attention/mla: kv_lora_rank: " in err

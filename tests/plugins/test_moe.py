@@ -83,9 +83,7 @@ def reference_moe(m: MoE, x: torch.Tensor, renormalize: bool, capacity: int | No
 # ------------------------------------------------------------------------------------------------ router weights
 
 
-@pytest.mark.parametrize(
-    "renormalize, expected", [(True, [0.731059, 0.268941]), (False, [0.643914, 0.236883])]
-)
+@pytest.mark.parametrize("renormalize, expected", [(True, [0.731059, 0.268941]), (False, [0.643914, 0.236883])])
 def test_c08_router_weights(renormalize, expected):
     router = make_ctx(4, n_experts=4, top_k=2).build(TopKRouterConfig(renormalize=renormalize))
     assert isinstance(router, TopKRouter)
@@ -129,9 +127,7 @@ def test_c09_z_loss_helper():
     assert masked.item() == pytest.approx(2.693147**2, abs=1e-5)
 
 
-@pytest.mark.parametrize(
-    "rows, expected", [([[0.0, 0.0], [2.0, 0.0]], 3.866747), ([[100.0, 0.0]], 10000.0)]
-)
+@pytest.mark.parametrize("rows, expected", [([[0.0, 0.0], [2.0, 0.0]], 3.866747), ([[100.0, 0.0]], 10000.0)])
 def test_c09_z_loss_through_module(rows, expected):
     cfg = moe_cfg(n_experts=2, top_k=1, d_ff=4, aux_loss_coef=0.0, z_loss_coef=1.0)
     m = make_ctx(2).build(cfg)
@@ -317,8 +313,15 @@ def test_declared_param_count_matches_module():
     reg = modkit.get_registry()
     entry = reg.get("ffn", "moe")
     ctx = make_ctx(16)
-    for cfg in (moe_cfg(), MoEConfig(n_experts=3, top_k=1, expert=GatedConfig(type="geglu", d_ff=8, bias=True),
-                                     router=TopKRouterConfig(renormalize=False, bias=True))):
+    for cfg in (
+        moe_cfg(),
+        MoEConfig(
+            n_experts=3,
+            top_k=1,
+            expert=GatedConfig(type="geglu", d_ff=8, bias=True),
+            router=TopKRouterConfig(renormalize=False, bias=True),
+        ),
+    ):
         m = ctx.build(cfg)
         assert entry.param_count(cfg, ctx) == sum(p.numel() for p in m.parameters())
     assert dict(entry.capabilities)["aux_loss"] is True

@@ -72,22 +72,46 @@ def deepseek_pair(norm_topk_prob: bool = True):
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 
     cfg = DeepseekV3Config(
-        hidden_size=D, intermediate_size=48, moe_intermediate_size=8, n_routed_experts=8, num_experts_per_tok=3,
-        n_group=4, topk_group=2, n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=norm_topk_prob,
-        hidden_act="silu", num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        hidden_size=D,
+        intermediate_size=48,
+        moe_intermediate_size=8,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        n_group=4,
+        topk_group=2,
+        n_shared_experts=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=norm_topk_prob,
+        hidden_act="silu",
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
     )
     hf = DeepseekV3MoE(cfg).eval()
     fill(hf, 0)
     with torch.no_grad():
         hf.gate.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(1))
         hf.gate.e_score_correction_bias.copy_(torch.randn(8, generator=torch.Generator().manual_seed(2)) * 0.3)
-        hf.experts.down_proj.mul_(0.3)  # outputs of order 1 despite the scaling by 2.5: 1e-5 compares math, not rounding
-    ours = build({
-        "type": "moe", "n_experts": 8, "top_k": 3, "expert": {"type": "swiglu", "d_ff": 8},
-        "shared": {"type": "swiglu", "d_ff": 16},  # n_shared_experts x moe_intermediate_size
-        "router": {"type": "sigmoid_topk", "renormalize": norm_topk_prob, "correction_bias": True, "n_group": 4,
-                   "topk_group": 2, "routed_scaling_factor": 2.5},
-    })
+        hf.experts.down_proj.mul_(
+            0.3
+        )  # outputs of order 1 despite the scaling by 2.5: 1e-5 compares math, not rounding
+    ours = build(
+        {
+            "type": "moe",
+            "n_experts": 8,
+            "top_k": 3,
+            "expert": {"type": "swiglu", "d_ff": 8},
+            "shared": {"type": "swiglu", "d_ff": 16},  # n_shared_experts x moe_intermediate_size
+            "router": {
+                "type": "sigmoid_topk",
+                "renormalize": norm_topk_prob,
+                "correction_bias": True,
+                "n_group": 4,
+                "topk_group": 2,
+                "routed_scaling_factor": 2.5,
+            },
+        }
+    )
     set_(ours.router.proj.weight, hf.gate.weight)
     set_(ours.router.correction_bias, hf.gate.e_score_correction_bias)
     copy_concat_experts(ours.experts, hf.experts.gate_up_proj, hf.experts.down_proj)
@@ -132,15 +156,28 @@ def test_qwen2_moe_sparse_block_with_gated_shared_expert(norm_topk_prob):
     from transformers import Qwen2MoeConfig
     from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
-    cfg = Qwen2MoeConfig(hidden_size=D, moe_intermediate_size=8, shared_expert_intermediate_size=24, num_experts=6,
-                         num_experts_per_tok=2, norm_topk_prob=norm_topk_prob, hidden_act="silu")
+    cfg = Qwen2MoeConfig(
+        hidden_size=D,
+        moe_intermediate_size=8,
+        shared_expert_intermediate_size=24,
+        num_experts=6,
+        num_experts_per_tok=2,
+        norm_topk_prob=norm_topk_prob,
+        hidden_act="silu",
+    )
     hf = Qwen2MoeSparseMoeBlock(cfg).eval()
     fill(hf, 4)
-    ours = build({
-        "type": "moe", "n_experts": 6, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 8},
-        "shared": {"type": "swiglu", "d_ff": 24}, "shared_gate": True,
-        "router": {"type": "topk", "renormalize": norm_topk_prob},
-    })
+    ours = build(
+        {
+            "type": "moe",
+            "n_experts": 6,
+            "top_k": 2,
+            "expert": {"type": "swiglu", "d_ff": 8},
+            "shared": {"type": "swiglu", "d_ff": 24},
+            "shared_gate": True,
+            "router": {"type": "topk", "renormalize": norm_topk_prob},
+        }
+    )
     set_(ours.router.proj.weight, hf.gate.weight)
     copy_concat_experts(ours.experts, hf.experts.gate_up_proj, hf.experts.down_proj)
     copy_mlp(ours.shared, hf.shared_expert.gate_proj, hf.shared_expert.up_proj, hf.shared_expert.down_proj)
@@ -154,12 +191,25 @@ def test_qwen3_moe_sparse_block():
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-    cfg = Qwen3MoeConfig(hidden_size=D, moe_intermediate_size=8, num_experts=8, num_experts_per_tok=2,
-                         norm_topk_prob=True, hidden_act="silu")
+    cfg = Qwen3MoeConfig(
+        hidden_size=D,
+        moe_intermediate_size=8,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        hidden_act="silu",
+    )
     hf = Qwen3MoeSparseMoeBlock(cfg).eval()
     fill(hf, 6)
-    ours = build({"type": "moe", "n_experts": 8, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 8},
-                  "router": {"type": "topk", "renormalize": True}})
+    ours = build(
+        {
+            "type": "moe",
+            "n_experts": 8,
+            "top_k": 2,
+            "expert": {"type": "swiglu", "d_ff": 8},
+            "router": {"type": "topk", "renormalize": True},
+        }
+    )
     set_(ours.router.proj.weight, hf.gate.weight)
     copy_concat_experts(ours.experts, hf.experts.gate_up_proj, hf.experts.down_proj)
     x = inputs(seed=8)
@@ -174,18 +224,31 @@ def test_gpt_oss_mlp_router_bias_expert_biases_and_swiglu_clamped():
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
-    cfg = GptOssConfig(hidden_size=D, intermediate_size=8, num_local_experts=4, num_experts_per_tok=2,
-                       swiglu_limit=7.0, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    cfg = GptOssConfig(
+        hidden_size=D,
+        intermediate_size=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        swiglu_limit=7.0,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
     hf = GptOssMLP(cfg).eval()
     fill(hf, 9, std=1.0)  # large enough that the clamps act (checked below)
     with torch.no_grad():  # outputs of order 1, so that 1e-5 is a float32 comparison, not a rounding one
         hf.experts.down_proj.mul_(0.05)
         hf.experts.down_proj_bias.mul_(0.05)
-    ours = build({
-        "type": "moe", "n_experts": 4, "top_k": 2,
-        "expert": {"type": "swiglu_clamped", "d_ff": 8, "bias": True, "alpha": 1.702, "limit": 7.0},
-        "router": {"type": "topk", "renormalize": True, "bias": True},
-    })
+    ours = build(
+        {
+            "type": "moe",
+            "n_experts": 4,
+            "top_k": 2,
+            "expert": {"type": "swiglu_clamped", "d_ff": 8, "bias": True, "alpha": 1.702, "limit": 7.0},
+            "router": {"type": "topk", "renormalize": True, "bias": True},
+        }
+    )
     set_(ours.router.proj.weight, hf.router.weight)
     set_(ours.router.proj.bias, hf.router.bias)
     ex = hf.experts  # gate_up_proj [n, d, 2 d_ff] interleaved: gate at even columns, up at odd ones
@@ -217,7 +280,9 @@ def test_swiglu_clamped_dense_equals_gpt_oss_gate():
         ex.down_proj_bias.mul_(0.05)
     from modkit.spec import load_component
 
-    ours = BuildContext(D, 1, 32, 64, modkit.get_registry()).build(load_component("ffn", {"type": "swiglu_clamped", "d_ff": 8, "bias": True}))
+    ours = BuildContext(D, 1, 32, 64, modkit.get_registry()).build(
+        load_component("ffn", {"type": "swiglu_clamped", "d_ff": 8, "bias": True})
+    )
     set_(ours.gate.weight, ex.gate_up_proj[0, :, ::2].t())
     set_(ours.gate.bias, ex.gate_up_proj_bias[0, ::2])
     set_(ours.up.weight, ex.gate_up_proj[0, :, 1::2].t())
@@ -238,16 +303,31 @@ def test_llama4_text_moe_scales_the_expert_input(top_k):
     from transformers import Llama4TextConfig
     from transformers.models.llama4.modeling_llama4 import Llama4TextMoe
 
-    cfg = Llama4TextConfig(hidden_size=D, intermediate_size=8, intermediate_size_mlp=32, num_local_experts=4,
-                           num_experts_per_tok=top_k, hidden_act="silu", num_hidden_layers=1, num_attention_heads=2,
-                           num_key_value_heads=1, head_dim=8)
+    cfg = Llama4TextConfig(
+        hidden_size=D,
+        intermediate_size=8,
+        intermediate_size_mlp=32,
+        num_local_experts=4,
+        num_experts_per_tok=top_k,
+        hidden_act="silu",
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
     hf = Llama4TextMoe(cfg).eval()
     fill(hf, 13)
-    ours = build({
-        "type": "moe", "n_experts": 4, "top_k": top_k, "expert": {"type": "swiglu", "d_ff": 8},
-        "shared": {"type": "swiglu", "d_ff": 8}, "weight_on": "input",
-        "router": {"type": "sigmoid_topk", "renormalize": False},
-    })
+    ours = build(
+        {
+            "type": "moe",
+            "n_experts": 4,
+            "top_k": top_k,
+            "expert": {"type": "swiglu", "d_ff": 8},
+            "shared": {"type": "swiglu", "d_ff": 8},
+            "weight_on": "input",
+            "router": {"type": "sigmoid_topk", "renormalize": False},
+        }
+    )
     set_(ours.router.proj.weight, hf.router.weight)
     ex = hf.experts  # gate_up_proj [n, d, 2 d_ff]: gate is the first half (chunk)
     set_(ours.experts.gate, ex.gate_up_proj[..., :8])
@@ -267,9 +347,15 @@ def test_llama4_text_moe_scales_the_expert_input(top_k):
 
 
 def ours_cfg_output(top_k: int) -> dict:
-    return {"type": "moe", "n_experts": 4, "top_k": top_k, "expert": {"type": "swiglu", "d_ff": 8},
-            "shared": {"type": "swiglu", "d_ff": 8}, "weight_on": "output",
-            "router": {"type": "sigmoid_topk", "renormalize": False}}
+    return {
+        "type": "moe",
+        "n_experts": 4,
+        "top_k": top_k,
+        "expert": {"type": "swiglu", "d_ff": 8},
+        "shared": {"type": "swiglu", "d_ff": 8},
+        "weight_on": "output",
+        "router": {"type": "sigmoid_topk", "renormalize": False},
+    }
 
 
 # ------------------------------------------------------------------------------------------------ layer patterns
@@ -277,16 +363,30 @@ def ours_cfg_output(top_k: int) -> dict:
 
 def _spec(ffn: dict, overrides: list, n_layers: int = 6) -> dict:
     return {
-        "schema_version": 1, "vocab_size": 64, "d_model": D, "n_layers": n_layers, "max_seq_len": 32,
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": D,
+        "n_layers": n_layers,
+        "max_seq_len": 32,
         "position": {"type": "rope", "theta": 10000.0},
-        "block": {"attention": {"type": "gqa", "n_heads": 2, "n_kv_heads": 1}, "ffn": ffn,
-                  "norm": {"type": "rmsnorm", "eps": 1e-6}, "placement": {"type": "pre"}},
-        "overrides": overrides, "final_norm": {"type": "rmsnorm", "eps": 1e-6},
+        "block": {
+            "attention": {"type": "gqa", "n_heads": 2, "n_kv_heads": 1},
+            "ffn": ffn,
+            "norm": {"type": "rmsnorm", "eps": 1e-6},
+            "placement": {"type": "pre"},
+        },
+        "overrides": overrides,
+        "final_norm": {"type": "rmsnorm", "eps": 1e-6},
     }
 
 
-MOE = {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 8},
-       "router": {"type": "topk", "renormalize": True}}
+MOE = {
+    "type": "moe",
+    "n_experts": 4,
+    "top_k": 2,
+    "expert": {"type": "swiglu", "d_ff": 8},
+    "router": {"type": "topk", "renormalize": True},
+}
 DENSE = {"type": "swiglu", "d_ff": 32}
 
 

@@ -82,7 +82,9 @@ def test_correction_bias_changes_the_choice_not_the_weights():
 def test_group_limited_selection_by_hand(group_score, want):
     """Groups {0, 1} and {2, 3}; one group allowed. Scores 0.9, 0.1 | 0.8, 0.7: by top-2 sum group 1 wins (1.5 >
     1.0), by max group 0 (0.9 > 0.8); the plain top-2 would be experts 0 and 2, across both groups."""
-    r = router({"type": "sigmoid_topk", "renormalize": False, "n_group": 2, "topk_group": 1, "group_score": group_score})
+    r = router(
+        {"type": "sigmoid_topk", "renormalize": False, "n_group": 2, "topk_group": 1, "group_score": group_score}
+    )
     logit = lambda p: torch.log(torch.tensor(p) / (1 - torch.tensor(p)))  # noqa: E731
     x = torch.stack([logit(0.9), logit(0.1), logit(0.8), logit(0.7)])[None]
     w, idx, _ = r(x)
@@ -173,8 +175,15 @@ def test_imbalance_summary():
 
 
 def test_moe_passes_the_padding_mask_to_the_router():
-    m = moe({"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 8},
-             "router": {"type": "topk", "renormalize": True}})
+    m = moe(
+        {
+            "type": "moe",
+            "n_experts": 4,
+            "top_k": 2,
+            "expert": {"type": "swiglu", "d_ff": 8},
+            "router": {"type": "topk", "renormalize": True},
+        }
+    )
     x = torch.randn(2, 5, 16)
     mask = torch.tensor([[False, False, True, True, True], [True] * 5])
     m(x, token_mask=mask)
@@ -190,8 +199,15 @@ def test_moe_passes_the_padding_mask_to_the_router():
 def test_sequence_wise_balance_loss_equals_deepseek_formula():
     """DeepSeek-V3 eqs. 17-20 per sequence: f_i = N / (K T) * count_i, P_i = mean_t s'_{i,t}, s' = s / sum(s);
     the loss is alpha * sum_i f_i P_i averaged over the sequences."""
-    cfg = {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 8}, "aux_loss_coef": 0.5,
-           "aux_loss_scope": "sequence", "router": {"type": "sigmoid_topk", "renormalize": True, "correction_bias": True}}
+    cfg = {
+        "type": "moe",
+        "n_experts": 4,
+        "top_k": 2,
+        "expert": {"type": "swiglu", "d_ff": 8},
+        "aux_loss_coef": 0.5,
+        "aux_loss_scope": "sequence",
+        "router": {"type": "sigmoid_topk", "renormalize": True, "correction_bias": True},
+    }
     m = moe(cfg)
     with torch.no_grad():
         m.router.correction_bias.copy_(torch.tensor([0.3, -0.2, 0.0, 0.1]))
@@ -216,8 +232,15 @@ def test_sequence_wise_balance_loss_equals_deepseek_formula():
 
 
 def test_sequence_loss_skips_all_padding_sequences():
-    cfg = {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 8}, "aux_loss_coef": 1.0,
-           "aux_loss_scope": "sequence", "router": {"type": "topk", "renormalize": True}}
+    cfg = {
+        "type": "moe",
+        "n_experts": 4,
+        "top_k": 2,
+        "expert": {"type": "swiglu", "d_ff": 8},
+        "aux_loss_coef": 1.0,
+        "aux_loss_scope": "sequence",
+        "router": {"type": "topk", "renormalize": True},
+    }
     m = moe(cfg)
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(2))
     mask = torch.tensor([[False] * 5, [True] * 5])
@@ -227,9 +250,15 @@ def test_sequence_loss_skips_all_padding_sequences():
 
 
 def test_shared_expert_and_its_gate_by_hand():
-    cfg = {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 8},
-           "shared": {"type": "mlp", "d_ff": 12, "activation": "relu"}, "shared_gate": True,
-           "router": {"type": "topk", "renormalize": True}}
+    cfg = {
+        "type": "moe",
+        "n_experts": 4,
+        "top_k": 2,
+        "expert": {"type": "swiglu", "d_ff": 8},
+        "shared": {"type": "mlp", "d_ff": 12, "activation": "relu"},
+        "shared_gate": True,
+        "router": {"type": "topk", "renormalize": True},
+    }
     m = moe(cfg)
     plain = moe({k: v for k, v in cfg.items() if k not in ("shared", "shared_gate")})
     plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("shared")})
@@ -244,10 +273,24 @@ def test_shared_expert_and_its_gate_by_hand():
 
 def test_compile_fullgraph_with_every_option():
     torch._dynamo.reset()
-    cfg = {"type": "moe", "n_experts": 8, "top_k": 3, "expert": {"type": "swiglu_clamped", "d_ff": 8, "bias": True},
-           "shared": {"type": "swiglu", "d_ff": 16}, "shared_gate": True, "weight_on": "input", "aux_loss_scope": "sequence",
-           "router": {"type": "sigmoid_topk", "renormalize": True, "correction_bias": True, "n_group": 4, "topk_group": 2,
-                      "routed_scaling_factor": 2.5}}
+    cfg = {
+        "type": "moe",
+        "n_experts": 8,
+        "top_k": 3,
+        "expert": {"type": "swiglu_clamped", "d_ff": 8, "bias": True},
+        "shared": {"type": "swiglu", "d_ff": 16},
+        "shared_gate": True,
+        "weight_on": "input",
+        "aux_loss_scope": "sequence",
+        "router": {
+            "type": "sigmoid_topk",
+            "renormalize": True,
+            "correction_bias": True,
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 2.5,
+        },
+    }
     m = moe(cfg)
     with torch.no_grad():
         m.router.correction_bias.copy_(torch.linspace(-0.2, 0.2, 8))
@@ -270,21 +313,69 @@ def test_compile_fullgraph_with_every_option():
 
 
 KIT_CONFIGS = [
-    ("ffn", "moe", {"type": "moe", "n_experts": 8, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 16},
-                    "shared": {"type": "swiglu", "d_ff": 32}, "shared_gate": True, "aux_loss_scope": "sequence",
-                    "router": {"type": "sigmoid_topk", "renormalize": True, "correction_bias": True, "n_group": 4,
-                               "topk_group": 2, "routed_scaling_factor": 2.5}}),
-    ("ffn", "moe", {"type": "moe", "n_experts": 4, "top_k": 1, "expert": {"type": "swiglu", "d_ff": 16},
-                    "shared": {"type": "swiglu", "d_ff": 16}, "weight_on": "input",
-                    "router": {"type": "sigmoid_topk", "renormalize": False}}),
-    ("ffn", "moe", {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu_clamped", "d_ff": 16, "bias": True},
-                    "router": {"type": "topk", "renormalize": True, "bias": True}}),
-    ("router", "topk", {"type": "topk", "renormalize": True, "n_group": 2, "topk_group": 1, "group_score": "max",
-                        "routed_scaling_factor": 16.0}),
+    (
+        "ffn",
+        "moe",
+        {
+            "type": "moe",
+            "n_experts": 8,
+            "top_k": 2,
+            "expert": {"type": "swiglu", "d_ff": 16},
+            "shared": {"type": "swiglu", "d_ff": 32},
+            "shared_gate": True,
+            "aux_loss_scope": "sequence",
+            "router": {
+                "type": "sigmoid_topk",
+                "renormalize": True,
+                "correction_bias": True,
+                "n_group": 4,
+                "topk_group": 2,
+                "routed_scaling_factor": 2.5,
+            },
+        },
+    ),
+    (
+        "ffn",
+        "moe",
+        {
+            "type": "moe",
+            "n_experts": 4,
+            "top_k": 1,
+            "expert": {"type": "swiglu", "d_ff": 16},
+            "shared": {"type": "swiglu", "d_ff": 16},
+            "weight_on": "input",
+            "router": {"type": "sigmoid_topk", "renormalize": False},
+        },
+    ),
+    (
+        "ffn",
+        "moe",
+        {
+            "type": "moe",
+            "n_experts": 4,
+            "top_k": 2,
+            "expert": {"type": "swiglu_clamped", "d_ff": 16, "bias": True},
+            "router": {"type": "topk", "renormalize": True, "bias": True},
+        },
+    ),
+    (
+        "router",
+        "topk",
+        {
+            "type": "topk",
+            "renormalize": True,
+            "n_group": 2,
+            "topk_group": 1,
+            "group_score": "max",
+            "routed_scaling_factor": 16.0,
+        },
+    ),
 ]
 
 
-@pytest.mark.parametrize("kind, type_, config", KIT_CONFIGS, ids=["deepseek", "llama4", "gpt-oss", "deepseek-v2-router"])
+@pytest.mark.parametrize(
+    "kind, type_, config", KIT_CONFIGS, ids=["deepseek", "llama4", "gpt-oss", "deepseek-v2-router"]
+)
 def test_the_kit_passes_on_todays_configurations(kind, type_, config):
     results = check_component(kind, type_, config)
     failed = [f"{r.check}: {r.detail}" for r in results if r.status == "failed"]
@@ -302,8 +393,14 @@ def test_tiny_deepseek_counts_exact():
     dense = 3 * d * 352
     expert = 3 * d * 64
     moe_layer = 8 * expert + 8 * d + 3 * d * 64  # routed experts, router, shared expert
-    want = {"embedding": v * d, "position": 0, "attention": 4 * attention, "ffn": dense + 3 * moe_layer,
-            "norm": 9 * d, "lm_head": v * d}
+    want = {
+        "embedding": v * d,
+        "position": 0,
+        "attention": 4 * attention,
+        "ffn": dense + 3 * moe_layer,
+        "norm": 9 * d,
+        "lm_head": v * d,
+    }
     want["total"] = sum(want.values())
     assert modkit.breakdown(DEEPSEEK) == want and want["total"] == 1_261_696
     active = want["total"] - 3 * (8 - 2) * expert  # the shared expert is always active
@@ -311,7 +408,9 @@ def test_tiny_deepseek_counts_exact():
     assert modkit.get_registry().get("ffn", "moe").param_count is not None
     model = modkit.build(DEEPSEEK, device="meta")
     assert model.layers[1].ffn.router.correction_bias.dtype == torch.float32
-    assert {n for n, _ in model.named_buffers() if "correction_bias" in n} == {f"layers.{i}.ffn.router.correction_bias" for i in (1, 2, 3)}
+    assert {n for n, _ in model.named_buffers() if "correction_bias" in n} == {
+        f"layers.{i}.ffn.router.correction_bias" for i in (1, 2, 3)
+    }
 
 
 def test_cost_reports_active_parameters_and_declared_flops(capsys):
@@ -337,8 +436,11 @@ def test_tp_plan_shards_the_shared_expert_and_replicates_router_and_gate():
     for i in (1, 2, 3):
         p = f"layers.{i}.ffn"
         assert plan.styles[f"{p}.experts"] == "grouped"
-        assert (plan.styles[f"{p}.shared.gate"], plan.styles[f"{p}.shared.up"], plan.styles[f"{p}.shared.down"]) == \
-               ("colwise", "colwise", "rowwise")
+        assert (plan.styles[f"{p}.shared.gate"], plan.styles[f"{p}.shared.up"], plan.styles[f"{p}.shared.down"]) == (
+            "colwise",
+            "colwise",
+            "rowwise",
+        )
         assert f"{p}.router" not in plan.styles and f"{p}.shared_gate" not in plan.styles
 
 

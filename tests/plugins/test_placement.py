@@ -158,8 +158,10 @@ def test_placements_differ(reg):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize("norm, per_norm", [({"type": "layernorm"}, 2 * D), ({"type": "rmsnorm"}, D),
-                                            ({"type": "layernorm", "bias": False}, D)])
+@pytest.mark.parametrize(
+    "norm, per_norm",
+    [({"type": "layernorm"}, 2 * D), ({"type": "rmsnorm"}, D), ({"type": "layernorm", "bias": False}, D)],
+)
 def test_norm_parameter_count(reg, name, norm, per_norm):
     counts = modkit.breakdown(spec(CONFIGS[name], norm=norm), registry=reg)
     final = D  # rmsnorm final norm
@@ -261,7 +263,9 @@ def test_pre_no_residual_equals_a_hand_computation(reg):
     inputs = AttentionInputs(positions=torch.arange(2).expand(1, 2))
     y, aux = block(x, inputs)
     torch.testing.assert_close(y, torch.tensor([expected]), atol=1e-5, rtol=0)
-    assert float(aux) == pytest.approx(float(block.ffn_norm(block.attention(block.attn_norm(x), inputs)).sum()), abs=1e-5)
+    assert float(aux) == pytest.approx(
+        float(block.ffn_norm(block.attention(block.attn_norm(x), inputs)).sum()), abs=1e-5
+    )
     # the same block as pre-norm differs by exactly the residual adds
     pre = ctx.build(reg.get("placement", "pre").config())
     pre.load_state_dict(block.state_dict())
@@ -320,7 +324,12 @@ def test_cli_lists_and_shows_aliases_as_aliases(capsys):
     assert main(["list", "placement"]) == 0
     out = capsys.readouterr().out
     rows = [line.split()[:2] for line in out.splitlines()[1:]]
-    assert [t for _, t in rows if t in ("peri", "olmo2", "reordered", "sandwich")] == ["reordered", "olmo2", "sandwich", "peri"]
+    assert [t for _, t in rows if t in ("peri", "olmo2", "reordered", "sandwich")] == [
+        "reordered",
+        "olmo2",
+        "sandwich",
+        "peri",
+    ]
     assert "alias of sandwich" in out and "alias of reordered" in out
     assert main(["show", "placement", "peri"]) == 0
     out = capsys.readouterr().out

@@ -71,8 +71,10 @@ def spec(position: dict, **kw) -> dict:
 # ------------------------------------------------------------------------------------------------ registry
 
 
-@pytest.mark.parametrize("name, acts_on", [("none", "none"), ("rope", "qk"), ("sinusoidal", "embedding"),
-                                           ("learned", "embedding"), ("alibi", "bias")])
+@pytest.mark.parametrize(
+    "name, acts_on",
+    [("none", "none"), ("rope", "qk"), ("sinusoidal", "embedding"), ("learned", "embedding"), ("alibi", "bias")],
+)
 def test_entries_declare_where_they_act(reg, name, acts_on):
     e = reg.get("position", name)
     assert e.kind == "position"
@@ -81,8 +83,16 @@ def test_entries_declare_where_they_act(reg, name, acts_on):
     assert e.description and e.reference and e.param_count is not None
 
 
-@pytest.mark.parametrize("position, expected", [({"type": "learned"}, 64 * 16), ({"type": "sinusoidal"}, 0),
-                                                ({"type": "alibi"}, 0), ({"type": "rope"}, 0), ({"type": "none"}, 0)])
+@pytest.mark.parametrize(
+    "position, expected",
+    [
+        ({"type": "learned"}, 64 * 16),
+        ({"type": "sinusoidal"}, 0),
+        ({"type": "alibi"}, 0),
+        ({"type": "rope"}, 0),
+        ({"type": "none"}, 0),
+    ],
+)
 def test_param_count_declared_equals_built(reg, position, expected):
     s = modkit.load_spec(spec(position), registry=reg)
     entry = reg.entry_for_config(s.position)
@@ -145,7 +155,11 @@ def test_c01_checkpoint_conversion_reproduces_logits(reg):
     ids = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
     a, b = inter(ids).logits, half(ids).logits
     torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-    assert not torch.allclose(half(ids).logits, modkit.build(spec({"type": "rope", "layout": "half_split"}), seed=3, registry=reg)(ids).logits, atol=1e-4)
+    assert not torch.allclose(
+        half(ids).logits,
+        modkit.build(spec({"type": "rope", "layout": "half_split"}), seed=3, registry=reg)(ids).logits,
+        atol=1e-4,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ RoPE frequencies
@@ -162,9 +176,13 @@ def test_c02_llama3_scaling_bands(reg):
     assert torch.equal(scaled[:15], plain[:15])
     assert torch.equal(scaled[18:], plain[18:] / 32)
     ratio = plain[15:18].double() / scaled[15:18].double()
-    torch.testing.assert_close(ratio, torch.tensor([1.651329, 3.292262, 9.666729], dtype=torch.float64), atol=2e-6, rtol=0)
+    torch.testing.assert_close(
+        ratio, torch.tensor([1.651329, 3.292262, 9.666729], dtype=torch.float64), atol=2e-6, rtol=0
+    )
     ratio8 = plain[15:18].double() / rope_inv_freq(64, 5e5, _llama3(8))[15:18].double()
-    torch.testing.assert_close(ratio8, torch.tensor([1.553415, 2.694530, 5.257327], dtype=torch.float64), atol=2e-6, rtol=0)
+    torch.testing.assert_close(
+        ratio8, torch.tensor([1.553415, 2.694530, 5.257327], dtype=torch.float64), atol=2e-6, rtol=0
+    )
 
 
 def test_c02_frequencies_come_from_the_spec(reg):
@@ -172,10 +190,27 @@ def test_c02_frequencies_come_from_the_spec(reg):
     rope = make(reg, {"type": "rope", "theta": 1e6}, head_dim=128)
     assert rope.inv_freq.shape == (64,)
     assert rope.inv_freq[1].item() == pytest.approx(0.805842, abs=1e-6)
-    scaled = make(reg, {"type": "rope", "theta": 5e5, "scaling": {"type": "llama3", "factor": 32, "low_freq_factor": 1,
-                                                                   "high_freq_factor": 4, "original_max_seq_len": 8192}}, head_dim=64)
+    scaled = make(
+        reg,
+        {
+            "type": "rope",
+            "theta": 5e5,
+            "scaling": {
+                "type": "llama3",
+                "factor": 32,
+                "low_freq_factor": 1,
+                "high_freq_factor": 4,
+                "original_max_seq_len": 8192,
+            },
+        },
+        head_dim=64,
+    )
     assert torch.equal(scaled.inv_freq, rope_inv_freq(64, 5e5, _llama3(32)))
-    s = spec({"type": "rope", "theta": 1e6}, d_model=32, block={**spec({})["block"], "attention": {"type": "gqa", "n_heads": 2, "n_kv_heads": 1}})
+    s = spec(
+        {"type": "rope", "theta": 1e6},
+        d_model=32,
+        block={**spec({})["block"], "attention": {"type": "gqa", "n_heads": 2, "n_kv_heads": 1}},
+    )
     model = modkit.build(s, registry=reg)
     torch.testing.assert_close(model.positions[0].inv_freq, rope_inv_freq(16, 1e6, None), atol=0, rtol=0)
 
@@ -220,8 +255,7 @@ def test_c03_sinusoidal_odd_d_model():
 
 
 def test_c03_sinusoidal_model_with_odd_d_model_builds(reg):
-    s = spec({"type": "sinusoidal"}, d_model=5,
-             block={**spec({})["block"], "attention": {"type": "mha", "n_heads": 1}})
+    s = spec({"type": "sinusoidal"}, d_model=5, block={**spec({})["block"], "attention": {"type": "mha", "n_heads": 1}})
     model = modkit.build(s, registry=reg)
     assert model.positions[0].pe.shape == (64, 5)
     torch.testing.assert_close(model.positions[0].pe[:3], sinusoidal_table(3, 5), atol=0, rtol=0)
@@ -307,9 +341,9 @@ def test_learned_in_bfloat16(reg):
     "n, expected",
     [
         (6, [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]),
-        (8, [2.0 ** -i for i in range(1, 9)]),
-        (12, [2.0 ** -i for i in range(1, 9)] + [0.707107, 0.353553, 0.176777, 0.088388]),
-        (1, [2.0 ** -8]),
+        (8, [2.0**-i for i in range(1, 9)]),
+        (12, [2.0**-i for i in range(1, 9)] + [0.707107, 0.353553, 0.176777, 0.088388]),
+        (1, [2.0**-8]),
         (4, [0.25, 0.0625, 0.015625, 0.00390625]),
     ],
 )
@@ -345,14 +379,18 @@ def test_alibi_bias_uses_absolute_positions_for_decode(reg):
 
 
 def test_alibi_meta_build_recomputes_slopes(reg):
-    s = spec({"type": "alibi"}, block={**spec({})["block"], "attention": {"type": "gqa", "n_heads": 8, "n_kv_heads": 2}})
+    s = spec(
+        {"type": "alibi"}, block={**spec({})["block"], "attention": {"type": "gqa", "n_heads": 8, "n_kv_heads": 2}}
+    )
     model = modkit.build(s, registry=reg)
-    torch.testing.assert_close(model.positions[0].slopes, torch.tensor([2.0 ** -i for i in range(1, 9)]), atol=0, rtol=0)
+    torch.testing.assert_close(model.positions[0].slopes, torch.tensor([2.0**-i for i in range(1, 9)]), atol=0, rtol=0)
 
 
 def test_alibi_reaches_attention_weights(reg):
     """Eager attention weights equal softmax(q·k·scale + alibi bias) under the causal mask."""
-    s = spec({"type": "alibi"}, block={**spec({})["block"], "attention": {"type": "mha", "n_heads": 4, "backend": "eager"}})
+    s = spec(
+        {"type": "alibi"}, block={**spec({})["block"], "attention": {"type": "mha", "n_heads": 4, "backend": "eager"}}
+    )
     model = modkit.build(s, registry=reg)
     attn = model.layers[0].attention
     pos_scheme = model.positions[model.layer_position[0]]

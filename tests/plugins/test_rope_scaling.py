@@ -24,8 +24,9 @@ def reg():
 
 def rope(reg, scaling, head_dim=8, theta=1e4, partial=1.0, max_seq_len=64):
     entry = reg.get("position", "rope")
-    cfg = modkit.load_component("position", {"type": "rope", "theta": theta, "partial_rotary": partial, "scaling": scaling},
-                                registry=reg)
+    cfg = modkit.load_component(
+        "position", {"type": "rope", "theta": theta, "partial_rotary": partial, "scaling": scaling}, registry=reg
+    )
     module = BuildContext(16, 1, 32, max_seq_len, reg, head_dim=head_dim).build(cfg)
     module.init_weights(Init(0, 0.02))
     assert entry.config is type(cfg)
@@ -44,7 +45,9 @@ PLAIN = [1.0, 0.1, 0.01, 0.001]
 
 def test_unscaled_and_linear(reg):
     assert pairs(rope(reg, None), 5) == pytest.approx(PLAIN, rel=1e-6)
-    assert pairs(rope(reg, {"type": "linear", "factor": 4.0}), 5) == pytest.approx([0.25, 0.025, 0.0025, 0.00025], rel=1e-6)
+    assert pairs(rope(reg, {"type": "linear", "factor": 4.0}), 5) == pytest.approx(
+        [0.25, 0.025, 0.0025, 0.00025], rel=1e-6
+    )
 
 
 def test_dynamic_ntk_grows_the_base_beyond_the_trained_length_only(reg):
@@ -74,7 +77,9 @@ def test_yarn_ramp_and_default_attention_factor(reg):
 def test_yarn_attention_factor_forms(reg):
     explicit = rope(reg, {"type": "yarn", "factor": 4.0, "original_max_seq_len": 16, "attention_factor": 1.5})
     assert explicit.attention_scale == 1.5
-    deepseek = rope(reg, {"type": "yarn", "factor": 40.0, "original_max_seq_len": 16, "mscale": 1.0, "mscale_all_dim": 0.707})
+    deepseek = rope(
+        reg, {"type": "yarn", "factor": 40.0, "original_max_seq_len": 16, "mscale": 1.0, "mscale_all_dim": 0.707}
+    )
     assert deepseek.attention_scale == pytest.approx((0.1 * math.log(40) + 1) / (0.1 * 0.707 * math.log(40) + 1))
     only_one = rope(reg, {"type": "yarn", "factor": 40.0, "original_max_seq_len": 16, "mscale": 0.707})
     assert only_one.attention_scale == pytest.approx(0.1 * math.log(40) + 1)  # both mscales are needed
@@ -89,7 +94,9 @@ def test_yarn_wider_ramp(reg):
     ramp = [min(max((i - 2) / 4, 0), 1) for i in range(8)]
     expected = [p / 8 * r + p * (1 - r) for p, r in zip(plain, ramp)]
     assert pairs(m, 3) == pytest.approx(expected, rel=1e-6)
-    untruncated = rope(reg, {"type": "yarn", "factor": 8.0, "original_max_seq_len": 2048, "truncate": False}, head_dim=16)
+    untruncated = rope(
+        reg, {"type": "yarn", "factor": 8.0, "original_max_seq_len": 2048, "truncate": False}, head_dim=16
+    )
     low = 16 * math.log(2048 / (32 * 2 * math.pi)) / (2 * math.log(1e4))
     high = 16 * math.log(2048 / (2 * math.pi)) / (2 * math.log(1e4))
     ramp = [min(max((i - low) / (high - low), 0), 1) for i in range(8)]
@@ -97,13 +104,20 @@ def test_yarn_wider_ramp(reg):
 
 
 def test_longrope_short_and_long_factors(reg):
-    sc = {"type": "longrope", "short_factor": [1.0, 2.0, 4.0, 8.0], "long_factor": [1.0, 4.0, 16.0, 64.0], "original_max_seq_len": 16}
+    sc = {
+        "type": "longrope",
+        "short_factor": [1.0, 2.0, 4.0, 8.0],
+        "long_factor": [1.0, 4.0, 16.0, 64.0],
+        "original_max_seq_len": 16,
+    }
     m = rope(reg, sc, max_seq_len=512)
     assert pairs(m, 16) == pytest.approx([1.0, 0.05, 0.0025, 0.000125], rel=1e-6)
     assert pairs(m, 17) == pytest.approx([1.0, 0.025, 0.000625, 0.000015625], rel=1e-6)
     # default factor = max_seq_len / trained = 32: sqrt(1 + ln 32 / ln 16) = sqrt(1 + 5/4) = 1.5
     assert m.attention_scale == pytest.approx(1.5)
-    assert rope(reg, {**sc, "factor": 4.0}, max_seq_len=512).attention_scale == pytest.approx(math.sqrt(1 + math.log(4) / math.log(16)))
+    assert rope(reg, {**sc, "factor": 4.0}, max_seq_len=512).attention_scale == pytest.approx(
+        math.sqrt(1 + math.log(4) / math.log(16))
+    )
     assert rope(reg, {**sc, "attention_factor": 1.25}).attention_scale == 1.25
     assert rope(reg, sc, max_seq_len=16).attention_scale == 1.0  # factor 1
 
@@ -122,18 +136,33 @@ def test_dynamic_and_longrope_choose_by_the_longest_position_of_the_batch(reg):
 
 def spec(position: dict, d_model=16, n_heads=4) -> dict:
     return {
-        "schema_version": 1, "vocab_size": 32, "d_model": d_model, "n_layers": 1, "max_seq_len": 64, "position": position,
-        "block": {"attention": {"type": "mha", "n_heads": n_heads}, "ffn": {"type": "swiglu", "d_ff": 32},
-                  "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
+        "schema_version": 1,
+        "vocab_size": 32,
+        "d_model": d_model,
+        "n_layers": 1,
+        "max_seq_len": 64,
+        "position": position,
+        "block": {
+            "attention": {"type": "mha", "n_heads": n_heads},
+            "ffn": {"type": "swiglu", "d_ff": 32},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
     }
 
 
-@pytest.mark.parametrize("d_model,n_heads,partial,field,width", [(100, 4, 1.0, "position", 25), (16, 4, 0.75, "position.partial_rotary", 3),
-                                                                 (16, 4, 0.4, "position.partial_rotary", 1)])
+@pytest.mark.parametrize(
+    "d_model,n_heads,partial,field,width",
+    [
+        (100, 4, 1.0, "position", 25),
+        (16, 4, 0.75, "position.partial_rotary", 3),
+        (16, 4, 0.4, "position.partial_rotary", 1),
+    ],
+)
 def test_odd_rotary_width_is_a_spec_error(reg, d_model, n_heads, partial, field, width):
     with pytest.raises(modkit.SpecError) as info:
         modkit.load_spec(spec({"type": "rope", "partial_rotary": partial}, d_model, n_heads), registry=reg)
-    (path, msg), = info.value.errors
+    ((path, msg),) = info.value.errors
     assert path == field
     assert f"rotary width of {width}" in msg and "head_dim" in msg
     if partial != 1.0:
@@ -160,24 +189,102 @@ def test_rope_module_refuses_an_odd_width_built_directly(reg):
 transformers = pytest.importorskip("transformers")
 T = transformers
 
-BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=96,
-            vocab_size=97, max_position_embeddings=16)
+BASE = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=2,
+    intermediate_size=96,
+    vocab_size=97,
+    max_position_embeddings=16,
+)
 SCALINGS = [
-    ("linear", T.LlamaConfig, dict(BASE, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})),
-    ("llama3", T.LlamaConfig, dict(BASE, rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8,
-                                                          "rope_theta": 500000.0})),
-    ("dynamic", T.LlamaConfig, dict(BASE, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})),
-    ("yarn", T.LlamaConfig, dict(BASE, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
-                                                        "rope_theta": 10000.0})),
-    ("yarn-explicit-factor", T.Qwen2Config, dict(BASE, rope_parameters={
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "attention_factor": 1.3, "beta_fast": 16.0,
-        "beta_slow": 2.0, "rope_theta": 10000.0})),
-    ("yarn-mscale", T.LlamaConfig, dict(BASE, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
-                                                               "mscale": 0.707, "mscale_all_dim": 1.0, "rope_theta": 10000.0})),
-    ("longrope", T.Phi3Config, dict(BASE, partial_rotary_factor=0.5, original_max_position_embeddings=8, pad_token_id=0,
-                                    eos_token_id=1, rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0],
-                                                                     "long_factor": [1.0, 2.0, 4.0, 8.0], "rope_theta": 10000.0})),
+    (
+        "linear",
+        T.LlamaConfig,
+        dict(BASE, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+    ),
+    (
+        "llama3",
+        T.LlamaConfig,
+        dict(
+            BASE,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "rope_theta": 500000.0,
+            },
+        ),
+    ),
+    (
+        "dynamic",
+        T.LlamaConfig,
+        dict(BASE, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
+    ),
+    (
+        "yarn",
+        T.LlamaConfig,
+        dict(
+            BASE,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "rope_theta": 10000.0,
+            },
+        ),
+    ),
+    (
+        "yarn-explicit-factor",
+        T.Qwen2Config,
+        dict(
+            BASE,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "attention_factor": 1.3,
+                "beta_fast": 16.0,
+                "beta_slow": 2.0,
+                "rope_theta": 10000.0,
+            },
+        ),
+    ),
+    (
+        "yarn-mscale",
+        T.LlamaConfig,
+        dict(
+            BASE,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "mscale": 0.707,
+                "mscale_all_dim": 1.0,
+                "rope_theta": 10000.0,
+            },
+        ),
+    ),
+    (
+        "longrope",
+        T.Phi3Config,
+        dict(
+            BASE,
+            partial_rotary_factor=0.5,
+            original_max_position_embeddings=8,
+            pad_token_id=0,
+            eos_token_id=1,
+            rope_parameters={
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.2, 1.5, 2.0],
+                "long_factor": [1.0, 2.0, 4.0, 8.0],
+                "rope_theta": 10000.0,
+            },
+        ),
+    ),
 ]
 
 

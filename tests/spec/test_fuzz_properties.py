@@ -50,7 +50,11 @@ SCALARS = st.one_of(
     st.text(max_size=12),
     st.sampled_from(["128", "yes", "true", "sqrt_d_model", "rope", "gqa", ""]),
 )
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 def _nodes(doc, path=()):
@@ -104,7 +108,9 @@ def mutated(draw, docs: dict):
     elif kind == "add":
         holders = [n for _, n in nodes if isinstance(n, dict)]
         holder = draw(st.sampled_from(holders))
-        key = draw(st.sampled_from(["n_layer", "typo", "eps", "type", "bias"]) | st.text(max_size=6))  # "[", "a.b", ""...
+        key = draw(
+            st.sampled_from(["n_layer", "typo", "eps", "type", "bias"]) | st.text(max_size=6)
+        )  # "[", "a.b", ""...
         holder[key] = draw(VALUES)
     else:  # the same key twice in one object (text level: a dict cannot hold it)
         holders = [n for _, n in nodes if isinstance(n, dict) and n]
@@ -166,7 +172,10 @@ def test_every_mutated_hf_config_converts_or_names_the_configs_key(tmp_path_fact
             assert message
             top = parse_path(path)[0] if path else ""
             if not path:
-                assert whole_file or not isinstance(doc, dict) or "duplicate" in message or "model_type" in message, (path, message)
+                assert whole_file or not isinstance(doc, dict) or "duplicate" in message or "model_type" in message, (
+                    path,
+                    message,
+                )
             elif not whole_file:  # (a damaged file is another document; its paths are its own)
                 assert top in keys, f"{name}: the error names {path!r}, not a key of the config: {message}"
         return

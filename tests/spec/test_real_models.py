@@ -73,13 +73,20 @@ def test_param_breakdown_exact(model, source):
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("model", MODELS)
 def test_kv_cache_bytes_per_token(model, source):
-    assert modkit.kv_cache_bytes_per_token(_meta(model, source), "bfloat16") == EXPECTED[model]["kv_cache_bytes_per_token_bf16"]
+    assert (
+        modkit.kv_cache_bytes_per_token(_meta(model, source), "bfloat16")
+        == EXPECTED[model]["kv_cache_bytes_per_token_bf16"]
+    )
 
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_mixtral_active_params_per_token(source):
     model = "mixtral-8x7b-v0.1"
-    assert modkit.active_params_per_token(_meta(model, source)) == EXPECTED[model]["active_params_per_token"] == 12879925248
+    assert (
+        modkit.active_params_per_token(_meta(model, source))
+        == EXPECTED[model]["active_params_per_token"]
+        == 12879925248
+    )
 
 
 @pytest.mark.parametrize("model", MODELS)

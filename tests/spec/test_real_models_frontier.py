@@ -38,13 +38,29 @@ MODELS = sorted(SPEC_FILES)
 #: YaRN is transformers' default). deepseek-ai/DeepSeek-V3, Qwen/Qwen3-30B-A3B and meta-llama/Llama-4-Scout-17B-16E
 #: (``text_config``) config.json
 PUBLISHED = {
-    "deepseek-v3": {"rope_theta": 10000, "rope_scaling": {
-        "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 4096, "type": "yarn"}},
+    "deepseek-v3": {
+        "rope_theta": 10000,
+        "rope_scaling": {
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "factor": 40,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
+            "type": "yarn",
+        },
+    },
     "qwen3-30b-a3b": {"rope_theta": 1000000.0},
-    "llama-4-scout-17b-16e": {"rope_theta": 500000.0, "rope_scaling": {
-        "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
-        "rope_type": "llama3"}},
+    "llama-4-scout-17b-16e": {
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+    },
 }
 
 
@@ -82,7 +98,9 @@ def test_converted_config_has_transformers_count(model):
 def test_shipped_spec_has_transformers_count(model):
     spec = modkit.load_spec(SPECS / SPEC_FILES[model])
     assert modkit.count_params(spec) == EXPECTED[model]["total"]
-    assert f"{EXPECTED[model]['total']:,}" in spec.description  # the description states the number it was checked against
+    assert (
+        f"{EXPECTED[model]['total']:,}" in spec.description
+    )  # the description states the number it was checked against
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -131,8 +149,6 @@ def test_gpt_oss_published_figures():
     for model, total, active in (("gpt-oss-20b", 20.91e9, 3.61e9), ("gpt-oss-120b", 116.83e9, 5.13e9)):
         assert round(EXPECTED[model]["total"] / 1e7) == round(total / 1e7)
         assert round((ACTIVE[model][1] - embedding) / 1e7) == round(active / 1e7)
-
-
 
 
 @pytest.mark.parametrize("model", ["pythia-160m", "gpt-oss-120b"])

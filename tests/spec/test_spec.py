@@ -36,7 +36,7 @@ def test_c06_head_counts_rejected_at_validation(n_heads, n_kv_heads, fragment):
 
 def test_c06_derived_head_dim_needs_divisible_d_model():
     spec = tiny_spec(d_model=36, block__attention={"type": "gqa", "n_heads": 8, "n_kv_heads": 2})
-    (path, msg), = _errors(spec)
+    ((path, msg),) = _errors(spec)
     assert path == "block.attention.n_heads"
     assert "d_model = 36" in msg and "n_heads = 8" in msg
 
@@ -51,11 +51,16 @@ def test_c06_valid_head_counts_pass(kv):
 
 
 def test_mha_mqa_constraints():
-    (path, msg), = _errors(tiny_spec(block__attention={"type": "mqa", "n_heads": 4, "n_kv_heads": 2}))
+    ((path, msg),) = _errors(tiny_spec(block__attention={"type": "mqa", "n_heads": 4, "n_kv_heads": 2}))
     assert "mqa has n_kv_heads = 1" in msg
-    (path, msg), = _errors(tiny_spec(block__attention={"type": "mha", "n_heads": 4, "n_kv_heads": 2}))
+    ((path, msg),) = _errors(tiny_spec(block__attention={"type": "mha", "n_heads": 4, "n_kv_heads": 2}))
     assert "use gqa" in msg
-    assert modkit.build(tiny_spec(block__attention={"type": "mqa", "n_heads": 4}), device="meta").layers[0].attention.n_kv_heads == 1
+    assert (
+        modkit.build(tiny_spec(block__attention={"type": "mqa", "n_heads": 4}), device="meta")
+        .layers[0]
+        .attention.n_kv_heads
+        == 1
+    )
 
 
 def test_c13_one_error_per_bad_field_in_override():
@@ -76,7 +81,7 @@ def test_c13_one_error_per_bad_field_in_override():
 
 
 def test_c13_unknown_type_lists_valid_and_closest():
-    (path, msg), = _errors(tiny_spec(block__ffn={"type": "swiglue", "d_ff": 64}))
+    ((path, msg),) = _errors(tiny_spec(block__ffn={"type": "swiglue", "d_ff": 64}))
     assert path == "block.ffn.type"
     assert "did you mean 'swiglu'" in msg
     for t in modkit.get_registry().types("ffn"):
@@ -100,7 +105,7 @@ def test_unknown_top_level_key_and_missing_fields():
 
 def test_override_layer_out_of_range():
     spec = tiny_spec(overrides=[{"layers": [0, 5], "ffn": {"type": "mlp", "d_ff": 8}}])
-    (path, msg), = _errors(spec)
+    ((path, msg),) = _errors(spec)
     assert path == "overrides[0].layers[1]" and "n_layers = 2" in msg
 
 
@@ -138,7 +143,7 @@ def test_schema_export_and_dollar_schema_key():
 
 
 def test_spec_cannot_name_python_code():
-    (path, msg), = _errors(tiny_spec(block__ffn={"type": "os.system", "d_ff": 8}))
+    ((path, msg),) = _errors(tiny_spec(block__ffn={"type": "os.system", "d_ff": 8}))
     assert path == "block.ffn.type" and "unknown ffn type" in msg
     errors = _errors(tiny_spec(block__ffn={"_target_": "torch.nn.Linear", "type": "mlp", "d_ff": 8}))
     assert any("_target_" in p for p, _ in errors)

@@ -38,7 +38,13 @@ def only_error(data) -> tuple[str, str]:
 
 # ------------------------------------------------------------------------------------------------ strict types
 
-MOE_FFN = {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 32}, "router": {"type": "topk", "renormalize": True}}
+MOE_FFN = {
+    "type": "moe",
+    "n_experts": 4,
+    "top_k": 2,
+    "expert": {"type": "swiglu", "d_ff": 32},
+    "router": {"type": "topk", "renormalize": True},
+}
 
 
 @pytest.mark.parametrize(
@@ -58,12 +64,28 @@ MOE_FFN = {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu
         (dict(init_std="0.02"), "init_std", "not a string"),
         (dict(name=5), "name", "not an integer"),
         (dict(final_norm={"type": "rmsnorm", "eps": True}), "final_norm.eps", "not a bool"),
-        (dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": True}), "block.attention.n_kv_heads", "not a bool"),
-        (dict(block__attention={"type": "gqa", "n_heads": 4.0, "n_kv_heads": 2}), "block.attention.n_heads", "not a float"),
-        (dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "q_bias": "false"}), "block.attention.q_bias", "valid boolean"),
+        (
+            dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": True}),
+            "block.attention.n_kv_heads",
+            "not a bool",
+        ),
+        (
+            dict(block__attention={"type": "gqa", "n_heads": 4.0, "n_kv_heads": 2}),
+            "block.attention.n_heads",
+            "not a float",
+        ),
+        (
+            dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "q_bias": "false"}),
+            "block.attention.q_bias",
+            "valid boolean",
+        ),
         (dict(block__ffn={"type": "swiglu", "d_ff": "64"}), "block.ffn.d_ff", "not a string"),
         (dict(position={"type": "rope", "theta": "10000"}), "position.theta", "not a string"),
-        (dict(position={"type": "rope", "scaling": {"type": "linear", "factor": True}}), "position.scaling.factor", "not a bool"),
+        (
+            dict(position={"type": "rope", "scaling": {"type": "linear", "factor": True}}),
+            "position.scaling.factor",
+            "not a bool",
+        ),
         (dict(block__ffn={**MOE_FFN, "top_k": 2.0}), "block.ffn.top_k", "not a float"),
         (dict(embedding_scale=True), "embedding_scale", "not a bool"),
     ],
@@ -75,7 +97,9 @@ def test_json_types_are_not_coerced(changes, path, fragment):
 
 
 def test_ints_are_accepted_where_floats_are_expected():
-    spec = modkit.load_spec(tiny_spec(position={"type": "rope", "theta": 10000}, init_std=1, final_norm={"type": "rmsnorm", "eps": 1}))
+    spec = modkit.load_spec(
+        tiny_spec(position={"type": "rope", "theta": 10000}, init_std=1, final_norm={"type": "rmsnorm", "eps": 1})
+    )
     assert spec.position.theta == 10000.0 and isinstance(spec.position.theta, float) and spec.init_std == 1.0
 
 
@@ -86,11 +110,27 @@ FLOAT_FIELDS = [
     (lambda v: dict(position={"type": "rope", "theta": v}), "position.theta"),
     (lambda v: dict(position={"type": "rope", "partial_rotary": v}), "position.partial_rotary"),
     (lambda v: dict(position={"type": "rope", "scaling": {"type": "linear", "factor": v}}), "position.scaling.factor"),
-    (lambda v: dict(position={"type": "rope", "scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": v,
-                                                           "high_freq_factor": 4.0, "original_max_seq_len": 32}}), "position.scaling.low_freq_factor"),
+    (
+        lambda v: dict(
+            position={
+                "type": "rope",
+                "scaling": {
+                    "type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": v,
+                    "high_freq_factor": 4.0,
+                    "original_max_seq_len": 32,
+                },
+            }
+        ),
+        "position.scaling.low_freq_factor",
+    ),
     (lambda v: dict(position={"type": "sinusoidal", "base": v}), "position.base"),
     (lambda v: dict(position={"type": "alibi", "scale": v}), "position.scale"),
-    (lambda v: dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "softmax_scale": v}), "block.attention.softmax_scale"),
+    (
+        lambda v: dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "softmax_scale": v}),
+        "block.attention.softmax_scale",
+    ),
     (lambda v: dict(block__ffn={**MOE_FFN, "aux_loss_coef": v}), "block.ffn.aux_loss_coef"),
     (lambda v: dict(block__ffn={**MOE_FFN, "z_loss_coef": v}), "block.ffn.z_loss_coef"),
     (lambda v: dict(block__ffn={**MOE_FFN, "capacity_factor": v}), "block.ffn.capacity_factor"),
@@ -120,10 +160,17 @@ def test_a_third_party_config_is_strict_too():
         learnable: Optional[bool] = Field(None, description="flag")
 
     norm = next(c for c in modkit.get_registry().components("norm") if c.type == "rmsnorm")
-    comp = modkit.Component(kind="norm", type="scalednorm", config=ScaledNormConfig, factory=norm.factory, description="test")
+    comp = modkit.Component(
+        kind="norm", type="scalednorm", config=ScaledNormConfig, factory=norm.factory, description="test"
+    )
     reg = registry_with("scaled-norm-plugin", comp)
-    for field, value, fragment in [("eps", math.nan, "finite"), ("eps", "1e-5", "not a string"), ("groups", True, "not a bool"),
-                                   ("groups", 2.0, "not a float"), ("learnable", "yes", "not a string")]:
+    for field, value, fragment in [
+        ("eps", math.nan, "finite"),
+        ("eps", "1e-5", "not a string"),
+        ("groups", True, "not a bool"),
+        ("groups", 2.0, "not a float"),
+        ("learnable", "yes", "not a string"),
+    ]:
         spec = tiny_spec(final_norm={"type": "scalednorm", field: value})
         errors = errors_of(spec, registry=reg)
         assert errors == [(f"final_norm.{field}", errors[0][1])] and fragment in errors[0][1], errors
@@ -134,7 +181,10 @@ def test_a_third_party_config_is_strict_too():
 
 def test_duplicate_keys_are_errors_naming_key_and_path():
     text = json.dumps(tiny_spec())
-    assert only_error(text[:-1] + ', "d_model": 64}') == ("d_model", "duplicate key 'd_model' in one object; give each key once")
+    assert only_error(text[:-1] + ', "d_model": 64}') == (
+        "d_model",
+        "duplicate key 'd_model' in one object; give each key once",
+    )
     nested = text.replace('"placement": {"type": "pre"}', '"placement": {"type": "pre", "type": "post"}')
     assert only_error(nested)[0] == "block.placement.type"
     overrides = json.dumps(tiny_spec(overrides=[{"layers": [0], "ffn": {"type": "mlp", "d_ff": 8}}]))
@@ -171,8 +221,16 @@ BOUNDED = [
     (lambda v: dict(n_layers=v), "n_layers", limits.MAX_LAYERS),
     (lambda v: dict(max_seq_len=v), "max_seq_len", limits.MAX_SEQ_LEN),
     (lambda v: dict(block__attention={"type": "mha", "n_heads": v}), "block.attention.n_heads", limits.MAX_HEADS),
-    (lambda v: dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": v}), "block.attention.head_dim", limits.MAX_HEAD_DIM),
-    (lambda v: dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": v}), "block.attention.sliding_window", limits.MAX_SEQ_LEN),
+    (
+        lambda v: dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "head_dim": v}),
+        "block.attention.head_dim",
+        limits.MAX_HEAD_DIM,
+    ),
+    (
+        lambda v: dict(block__attention={"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": v}),
+        "block.attention.sliding_window",
+        limits.MAX_SEQ_LEN,
+    ),
     (lambda v: dict(block__ffn={"type": "swiglu", "d_ff": v}), "block.ffn.d_ff", limits.MAX_D_FF),
     (lambda v: dict(block__ffn={**MOE_FFN, "n_experts": v}), "block.ffn.n_experts", limits.MAX_EXPERTS),
 ]
@@ -201,8 +259,15 @@ def test_a_spec_at_the_layer_bound_builds_on_meta():
 
 
 def test_a_huge_hf_config_is_refused_at_its_key_without_converting_layer_by_layer():
-    config = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 10**8, "num_attention_heads": 4, "max_position_embeddings": 64}
+    config = {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 10**8,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 64,
+    }
     with pytest.raises(SpecError) as info:
         modkit.from_hf_config(config)
     assert [p for p, _ in info.value.errors] == ["num_hidden_layers"]
@@ -287,10 +352,11 @@ def test_huge_integers_and_deep_nesting_are_named(spec_file):
     errors = errors_of(str(spec_file(text.replace('"d_model": 32', '"d_model": ' + "9" * 5000).encode())))
     assert errors == [("d_model", "an integer of 5,000 digits; no value in a spec or config needs more than a few")]
     assert "nested too deeply" in root_error(spec_file(b"[" * 100_000 + b"]" * 100_000))
-    deep = text.replace('"metadata"', '"x"') [:-1] + ', "metadata": {"a": ' + "[" * 70 + "]" * 70 + "}}"
+    deep = text.replace('"metadata"', '"x"')[:-1] + ', "metadata": {"a": ' + "[" * 70 + "]" * 70 + "}}"
     assert errors_of(str(spec_file(deep.encode())))[0] == (
-        "metadata", "nested deeper than 64 levels of objects and arrays, modkit's bound (modkit.core.limits.MAX_JSON_DEPTH; "
-        'a spec nests about 6); got {"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[...'
+        "metadata",
+        "nested deeper than 64 levels of objects and arrays, modkit's bound (modkit.core.limits.MAX_JSON_DEPTH; "
+        'a spec nests about 6); got {"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[...',
     )
 
 

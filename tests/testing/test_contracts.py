@@ -73,7 +73,9 @@ def test_capabilities_decide_which_checks_run(builtin_results):
             assert {n for n, r in got.items() if r.status == "passed"} == {"spec_roundtrip", "sampling"}
             continue
         if entry.kind == "optimizer":  # not part of a model either: trained on the check's own tiny model
-            assert {n for n, r in got.items() if r.status == "passed"} == {"spec_roundtrip", "optimizer"}, got["optimizer"]
+            assert {n for n, r in got.items() if r.status == "passed"} == {"spec_roundtrip", "optimizer"}, got[
+                "optimizer"
+            ]
             continue
         assert got["sampling"].status == "skipped" and got["optimizer"].status == "skipped"
         assert got["param_roles"].status == "passed" or got["param_roles"].detail == "the component has no parameters"
@@ -81,11 +83,15 @@ def test_capabilities_decide_which_checks_run(builtin_results):
         assert got["meta_init"].status == "passed"
         assert got["causality"].status == "passed"
         assert (got["compile"].status == "passed") == bool(caps.get("compile_safe")), got["compile"]
-        assert (got["aux_loss_grad"].status == "passed") == bool(caps.get("aux_loss") or entry.kind == "router"), got["aux_loss_grad"]
+        assert (got["aux_loss_grad"].status == "passed") == bool(caps.get("aux_loss") or entry.kind == "router"), got[
+            "aux_loss_grad"
+        ]
         assert (got["per_token"].status == "passed") == (entry.kind in ("ffn", "norm", "router")), got["per_token"]
         assert got["precision"].status == "passed", got["precision"]
         declares_dropout = (entry.kind, bool(caps.get("attention_dropout")), bool(caps.get("residual_dropout"))) in (
-            ("attention", True, False), ("placement", False, True))
+            ("attention", True, False),
+            ("placement", False, True),
+        )
         assert (got["dropout"].status == "passed") == declares_dropout, got["dropout"]
         senses = entry.kind == "attention" or (entry.kind == "position" and caps.get("acts_on") != "none")
         assert (got["position_sensitivity"].status == "passed") == senses, got["position_sensitivity"]
@@ -100,7 +106,9 @@ def test_capabilities_decide_which_checks_run(builtin_results):
     assert {e.kind for e in BUILTINS} >= {"logits_processor", "stop_condition", "optimizer"}
     # at least one attention exercises grouping, and decoding ran against every registered position scheme
     attention = [e for e in BUILTINS if e.kind == "attention"]
-    gqa = [e for e in attention if {r.check: r for r in _results(builtin_results, e)}["gqa_equals_mha"].status == "passed"]
+    gqa = [
+        e for e in attention if {r.check: r for r in _results(builtin_results, e)}["gqa_equals_mha"].status == "passed"
+    ]
     assert gqa, "no built-in attention ran gqa_equals_mha"
     positions = [e.type for e in BUILTINS if e.kind == "position"]
     decode = {r.check: r for r in _results(builtin_results, gqa[0])}["kv_cache_decode"].detail
@@ -108,7 +116,9 @@ def test_capabilities_decide_which_checks_run(builtin_results):
 
 
 def test_check_component_options():
-    res = check_component("norm", "rmsnorm", {"type": "rmsnorm", "eps": 1e-5, "unit_offset": True}, checks=["shape_dtype", "meta_init"])
+    res = check_component(
+        "norm", "rmsnorm", {"type": "rmsnorm", "eps": 1e-5, "unit_offset": True}, checks=["shape_dtype", "meta_init"]
+    )
     assert [(r.check, r.status) for r in res] == [("shape_dtype", "passed"), ("meta_init", "passed")]
     with pytest.raises(modkit.RegistryError, match="did you mean 'rmsnorm'"):
         check_component("norm", "rmsnrom")
@@ -164,11 +174,21 @@ def test_pytest_plugin_selection_and_failures(pytester):
     reg.register_plugin(FaultyPlugin(), "faulty-pytest-demo")
     try:
         result = pytester.runpytest(
-            "--modkit-contracts", "--modkit-plugin", "faulty-pytest-demo", "--modkit-type", "miscounted",
-            "-k", "param_count or shape_dtype", "-p", "no:cacheprovider", "-rf",
+            "--modkit-contracts",
+            "--modkit-plugin",
+            "faulty-pytest-demo",
+            "--modkit-type",
+            "miscounted",
+            "-k",
+            "param_count or shape_dtype",
+            "-p",
+            "no:cacheprovider",
+            "-rf",
         )
         result.assert_outcomes(passed=1, failed=1, deselected=len(CHECK_NAMES) - 2)
-        result.stdout.fnmatch_lines(["*norm/miscounted::param_count failed: declared 33 parameters, the module holds 32*"])
+        result.stdout.fnmatch_lines(
+            ["*norm/miscounted::param_count failed: declared 33 parameters, the module holds 32*"]
+        )
         bad = pytester.runpytest("--modkit-contracts", "--modkit-kind", "nope", "-p", "no:cacheprovider")
         assert bad.ret == pytest.ExitCode.USAGE_ERROR
         bad.stderr.fnmatch_lines(["*--modkit-contracts: no registered component matches kind 'nope'*"])
@@ -225,8 +245,21 @@ def test_run_checks_over_a_selection():
 
 
 def test_modkit_check_names_neighbours(capsys):
-    args = _parser().parse_args(["check", "--kind", "norm", "--type", "rmsnorm", "--check", "causality",
-                                 "--neighbour", "attention=mha", "--neighbour", "ffn=swiglu"])
+    args = _parser().parse_args(
+        [
+            "check",
+            "--kind",
+            "norm",
+            "--type",
+            "rmsnorm",
+            "--check",
+            "causality",
+            "--neighbour",
+            "attention=mha",
+            "--neighbour",
+            "ffn=swiglu",
+        ]
+    )
     out = io.StringIO()
     assert args.func(args, out=out) == 0
     row = out.getvalue().splitlines()[1]
@@ -238,10 +271,23 @@ def test_modkit_check_names_neighbours(capsys):
 
 
 def test_pytest_plugin_takes_named_neighbours(pytester):
-    result = pytester.runpytest("--modkit-contracts", "--modkit-type", "rmsnorm", "--modkit-check", "masked_row",
-                                "--modkit-check", "causality", "--modkit-neighbour", "attention=mha", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        "--modkit-contracts",
+        "--modkit-type",
+        "rmsnorm",
+        "--modkit-check",
+        "masked_row",
+        "--modkit-check",
+        "causality",
+        "--modkit-neighbour",
+        "attention=mha",
+        "-p",
+        "no:cacheprovider",
+    )
     result.assert_outcomes(passed=1, skipped=1)
-    result.stdout.fnmatch_lines(["*modkit contracts: type=rmsnorm check=masked_row,causality on cpu; neighbours: built-ins and attention=mha*"])
+    result.stdout.fnmatch_lines(
+        ["*modkit contracts: type=rmsnorm check=masked_row,causality on cpu; neighbours: built-ins and attention=mha*"]
+    )
     for arg, message in (("attention", "expected KIND=TYPE"), ("attention=nope", "unknown attention type 'nope'")):
         bad = pytester.runpytest("--modkit-contracts", "--modkit-neighbour", arg, "-p", "no:cacheprovider")
         assert bad.ret == pytest.ExitCode.USAGE_ERROR

@@ -108,8 +108,16 @@ def installed(tmp_path_factory):
         "show": ["show", "norm", "dyt"],
         "build": ["build", "spec.json", "--json"],
         # the example's own tests against the installed package; its contract tests repeat `modkit check` below
-        "own-tests": ["pytest", "-q", "-p", "no:cacheprovider", "--capture=sys", "-k", "math or spec",
-                      str(work / "src" / EXAMPLE.name / "tests")],
+        "own-tests": [
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--capture=sys",
+            "-k",
+            "math or spec",
+            str(work / "src" / EXAMPLE.name / "tests"),
+        ],
     }
     start = time.perf_counter()
     procs = run_all(
@@ -120,7 +128,10 @@ def installed(tmp_path_factory):
     seconds = {"install": install_s, "commands": time.perf_counter() - start}
     driver = procs.pop("driver")
     assert driver.returncode == 0, driver.stderr
-    results = {name: subprocess.CompletedProcess(["modkit", *cli_commands[name]], *r) for name, r in json.loads(driver.stdout).items()}
+    results = {
+        name: subprocess.CompletedProcess(["modkit", *cli_commands[name]], *r)
+        for name, r in json.loads(driver.stdout).items()
+    }
     results.update(procs)
     results["_seconds"] = seconds
     return site, results
@@ -190,7 +201,9 @@ def test_contract_kit_passes(installed):
 def test_timings_are_reported(installed, capsys):
     seconds = installed[1]["_seconds"]
     with capsys.disabled():
-        print(f"\nmodkit-extra: pip install {seconds['install']:.1f}s; list, plugins, show, build, own tests + check (2 processes) {seconds['commands']:.1f}s")
+        print(
+            f"\nmodkit-extra: pip install {seconds['install']:.1f}s; list, plugins, show, build, own tests + check (2 processes) {seconds['commands']:.1f}s"
+        )
 
 
 def test_guide_shows_the_example_verbatim():
@@ -200,7 +213,11 @@ def test_guide_shows_the_example_verbatim():
 
     guide = (REPO / "docs" / "guides" / "writing-a-plugin.md").read_text()
     # the worked plugin package, and the guide's single-module examples beside it (docs/examples/latent_attention.py)
-    files = {p: p.read_text() for p in EXAMPLE.parent.rglob("*") if p.suffix in {".py", ".toml", ".json"} and "__pycache__" not in p.parts}
+    files = {
+        p: p.read_text()
+        for p in EXAMPLE.parent.rglob("*")
+        if p.suffix in {".py", ".toml", ".json"} and "__pycache__" not in p.parts
+    }
     for kind in scaffold.KINDS:
         files.update({f"skeleton:{kind}:{rel}": text for rel, text in scaffold.plugin_files("my-plugin", kind).items()})
     blocks = re.findall(r"```(python|toml|json)\n(.*?)```", guide, re.S)
@@ -210,4 +227,6 @@ def test_guide_shows_the_example_verbatim():
         if lang != "json" and lines and re.fullmatch(r"# [\w./-]+", lines[0]):  # a "# path" label line
             lines = lines[1:]
         text = "\n".join(lines)
-        assert any(text in content for content in files.values()), f"guide block not found in the example:\n{body[:300]}"
+        assert any(text in content for content in files.values()), (
+            f"guide block not found in the example:\n{body[:300]}"
+        )

@@ -33,8 +33,18 @@ D_FF = 48
 # ----------------------------------------------------------------------------------------------- faulty modules
 
 
-ATTENTION_FAULTS = ("peeking", "drifting", "nan_softmax", "late_peek", "train_peek", "ignores_bias", "rope_offset",
-                    "fake_dropout", "overdeclared", "doc_leak")
+ATTENTION_FAULTS = (
+    "peeking",
+    "drifting",
+    "nan_softmax",
+    "late_peek",
+    "train_peek",
+    "ignores_bias",
+    "rope_offset",
+    "fake_dropout",
+    "overdeclared",
+    "doc_leak",
+)
 
 
 class MiniAttentionConfig(ComponentConfig):
@@ -82,7 +92,9 @@ class MiniAttention(nn.Module):
         bias = modkit.position_bias(inputs, k_pos, self.n_heads)
         if bias is not None and self.fault != "ignores_bias":  # FAULT (ignores_bias): ALiBi never added
             scores = scores + bias
-        p = self.dropout if self.training and self.fault != "fake_dropout" else 0.0  # FAULT (fake_dropout): never applied
+        p = (
+            self.dropout if self.training and self.fault != "fake_dropout" else 0.0
+        )  # FAULT (fake_dropout): never applied
         if self.fault == "nan_softmax":  # FAULT: a plain softmax, no guard for a query that sees no key
             probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
         else:
@@ -263,19 +275,29 @@ class StaleTable(PositionScheme):
 def _attention(fault: str, **caps) -> Component:
     cls = OverdeclaredAttention if fault == "overdeclared" else MiniAttention
     return Component(
-        kind="attention", type=fault, config=MiniAttentionConfig,
-        factory=lambda cfg, ctx: cls(ctx.d_model, cfg.n_heads, None if fault == "sound" else fault, ctx.attention_dropout),
-        description=f"FAULTY ({fault}) causal attention.", capabilities={"causal_safe": True, **caps},
-        param_count=lambda cfg, ctx: 4 * ctx.d_model * ctx.d_model, example={"type": fault},
+        kind="attention",
+        type=fault,
+        config=MiniAttentionConfig,
+        factory=lambda cfg, ctx: cls(
+            ctx.d_model, cfg.n_heads, None if fault == "sound" else fault, ctx.attention_dropout
+        ),
+        description=f"FAULTY ({fault}) causal attention.",
+        capabilities={"causal_safe": True, **caps},
+        param_count=lambda cfg, ctx: 4 * ctx.d_model * ctx.d_model,
+        example={"type": fault},
     )
 
 
 def _norm(fault: str, **caps) -> Component:
     return Component(
-        kind="norm", type=fault, config=PlainNormConfig,
+        kind="norm",
+        type=fault,
+        config=PlainNormConfig,
         factory=lambda cfg, ctx: (RolelessRMSNorm if fault == "roleless" else PlainRMSNorm)(
-            _norm_width(cfg, ctx), None if fault == "sound" else fault),
-        description=f"FAULTY ({fault}) RMSNorm.", capabilities=caps,
+            _norm_width(cfg, ctx), None if fault == "sound" else fault
+        ),
+        description=f"FAULTY ({fault}) RMSNorm.",
+        capabilities=caps,
         param_count=lambda cfg, ctx: _norm_width(cfg, ctx) + (1 if fault == "miscounted" else 0),  # FAULT (miscounted)
     )
 
@@ -301,41 +323,72 @@ class FaultyPlugin:
         register(_norm("no_upcast"))
         register(_norm("fixed_width"))
         register(_norm("roleless"))
-        register(Component(
-            kind="ffn", type="widening", config=PlainFFNConfig,
-            factory=lambda cfg, ctx: TestFFN(ctx.d_model, widen=True),
-            description="FAULTY: output is d_model + 1 wide.", param_count=_ffn_count,
-        ))
-        register(Component(
-            kind="ffn", type="idle_param", config=PlainFFNConfig,
-            factory=lambda cfg, ctx: TestFFN(ctx.d_model, idle=True),
-            description="FAULTY: holds a parameter the forward never uses.",
-            capabilities={"compile_safe": True}, param_count=_ffn_count,
-        ))
-        register(Component(
-            kind="ffn", type="mixing_groups", config=PlainFFNConfig,
-            factory=lambda cfg, ctx: TestFFN(ctx.d_model),
-            grouped_factory=lambda cfg, ctx, n: MixingGroups(n, ctx.d_model),
-            description="FAULTY: its grouped form sends every row through copy 0.",
-            capabilities={"compile_safe": True}, param_count=lambda cfg, ctx: 2 * ctx.d_model * D_FF + D_FF + ctx.d_model,
-        ))
-        register(Component(
-            kind="ffn", type="token_mixing", config=PlainFFNConfig,
-            factory=lambda cfg, ctx: TestFFN(ctx.d_model, mix=True),
-            description="FAULTY: averages each token's output with the previous tokens'.", param_count=_ffn_count,
-        ))
-        register(Component(
-            kind="router", type="detached_router", config=RouterConfig,
-            factory=lambda cfg, ctx: DetachedRouter(ctx.dim or ctx.d_model, ctx.extra["n_experts"], ctx.extra["top_k"]),
-            description="FAULTY: returns detached logits, so the aux loss never reaches it.",
-            param_count=lambda cfg, ctx: ctx.extra["n_experts"] * (ctx.dim or ctx.d_model),
-        ))
-        register(Component(
-            kind="position", type="stale_table", config=StaleTableConfig,
-            factory=lambda cfg, ctx: StaleTable(ctx.max_seq_len, ctx.d_model),
-            description="FAULTY: position table computed only in __init__.",
-            capabilities={"acts_on": "embedding"}, param_count=lambda cfg, ctx: 0,
-        ))
+        register(
+            Component(
+                kind="ffn",
+                type="widening",
+                config=PlainFFNConfig,
+                factory=lambda cfg, ctx: TestFFN(ctx.d_model, widen=True),
+                description="FAULTY: output is d_model + 1 wide.",
+                param_count=_ffn_count,
+            )
+        )
+        register(
+            Component(
+                kind="ffn",
+                type="idle_param",
+                config=PlainFFNConfig,
+                factory=lambda cfg, ctx: TestFFN(ctx.d_model, idle=True),
+                description="FAULTY: holds a parameter the forward never uses.",
+                capabilities={"compile_safe": True},
+                param_count=_ffn_count,
+            )
+        )
+        register(
+            Component(
+                kind="ffn",
+                type="mixing_groups",
+                config=PlainFFNConfig,
+                factory=lambda cfg, ctx: TestFFN(ctx.d_model),
+                grouped_factory=lambda cfg, ctx, n: MixingGroups(n, ctx.d_model),
+                description="FAULTY: its grouped form sends every row through copy 0.",
+                capabilities={"compile_safe": True},
+                param_count=lambda cfg, ctx: 2 * ctx.d_model * D_FF + D_FF + ctx.d_model,
+            )
+        )
+        register(
+            Component(
+                kind="ffn",
+                type="token_mixing",
+                config=PlainFFNConfig,
+                factory=lambda cfg, ctx: TestFFN(ctx.d_model, mix=True),
+                description="FAULTY: averages each token's output with the previous tokens'.",
+                param_count=_ffn_count,
+            )
+        )
+        register(
+            Component(
+                kind="router",
+                type="detached_router",
+                config=RouterConfig,
+                factory=lambda cfg, ctx: DetachedRouter(
+                    ctx.dim or ctx.d_model, ctx.extra["n_experts"], ctx.extra["top_k"]
+                ),
+                description="FAULTY: returns detached logits, so the aux loss never reaches it.",
+                param_count=lambda cfg, ctx: ctx.extra["n_experts"] * (ctx.dim or ctx.d_model),
+            )
+        )
+        register(
+            Component(
+                kind="position",
+                type="stale_table",
+                config=StaleTableConfig,
+                factory=lambda cfg, ctx: StaleTable(ctx.max_seq_len, ctx.d_model),
+                description="FAULTY: position table computed only in __init__.",
+                capabilities={"acts_on": "embedding"},
+                param_count=lambda cfg, ctx: 0,
+            )
+        )
 
 
 class SoundPlugin:
@@ -345,10 +398,16 @@ class SoundPlugin:
     def register_components(self, register) -> None:
         register(_attention("sound", kv_cache=True, attention_dropout=True, document_mask=True))
         register(_norm("sound"))
-        register(Component(
-            kind="ffn", type="sound", config=PlainFFNConfig, factory=lambda cfg, ctx: TestFFN(ctx.d_model),
-            description="A two-layer GELU MLP.", param_count=_ffn_count,
-        ))
+        register(
+            Component(
+                kind="ffn",
+                type="sound",
+                config=PlainFFNConfig,
+                factory=lambda cfg, ctx: TestFFN(ctx.d_model),
+                description="A two-layer GELU MLP.",
+                param_count=_ffn_count,
+            )
+        )
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
@@ -394,7 +453,12 @@ FAULTS = [
     ("attention", "ignores_bias", "position_sensitivity", "alibi (acts_on bias): max |Δ| = 0 against position none"),
     ("attention", "rope_offset", "kv_cache_decode", "with position rope: max |Δ| = "),
     ("attention", "fake_dropout", "dropout", "the declared dropout is not applied"),
-    ("attention", "overdeclared", "kv_cache_decode", "declares cache entry 'spare' (4, 8) (token) but the forward never wrote it"),
+    (
+        "attention",
+        "overdeclared",
+        "kv_cache_decode",
+        "declares cache entry 'spare' (4, 8) (token) but the forward never wrote it",
+    ),
     ("attention", "doc_leak", "document_mask", "gives other logits packed than alone"),
     ("norm", "plain_attr", "meta_init", "Tensor on device meta"),
     ("norm", "no_upcast", "precision", "float16: norm(x) with rows of magnitude 0.01, 1, 300"),
@@ -440,11 +504,17 @@ def _ratio(detail: str) -> float:
     return worst / tol
 
 
-@pytest.mark.parametrize("kind,type_,check,at_least", [
-    ("attention", "rope_offset", "kv_cache_decode", 1000), ("attention", "late_peek", "causality", 1000),
-    ("attention", "train_peek", "causality", 1000), ("attention", "drifting", "kv_cache_decode", 1000),
-    ("norm", "no_upcast", "precision", 100), ("ffn", "token_mixing", "per_token", 1000),
-])
+@pytest.mark.parametrize(
+    "kind,type_,check,at_least",
+    [
+        ("attention", "rope_offset", "kv_cache_decode", 1000),
+        ("attention", "late_peek", "causality", 1000),
+        ("attention", "train_peek", "causality", 1000),
+        ("attention", "drifting", "kv_cache_decode", 1000),
+        ("norm", "no_upcast", "precision", 100),
+        ("ffn", "token_mixing", "per_token", 1000),
+    ],
+)
 def test_faults_fail_by_orders_of_magnitude(results, kind, type_, check, at_least):
     """A real fault fails by orders of magnitude, not by 7x (the RoPE offset once failed by 6.8e-4 against 1e-4)."""
     assert _ratio(results(kind, type_)[check].detail) >= at_least
@@ -501,7 +571,9 @@ def test_capabilities_decide_what_runs(results):
 def test_modkit_check_reports_failures(registry, capsys):
     parser = argparse.ArgumentParser(prog="modkit")
     add_subcommands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["check", "--plugin", "faulty-demo", "--kind", "norm", "--type", "leaky_dtype", "--type", "miscounted"])
+    args = parser.parse_args(
+        ["check", "--plugin", "faulty-demo", "--kind", "norm", "--type", "leaky_dtype", "--type", "miscounted"]
+    )
     out = io.StringIO()
     rc = args.func(args, out=out, registry=registry)
     text = out.getvalue()
@@ -526,8 +598,15 @@ def test_entry_without_example_is_skipped(registry):
     class Plugin:
         @hookimpl
         def register_components(self, register):
-            register(Component(kind="norm", type="needs_args", config=NeedsArgs,
-                               factory=lambda cfg, ctx: PlainRMSNorm(ctx.dim or ctx.d_model), description="x"))
+            register(
+                Component(
+                    kind="norm",
+                    type="needs_args",
+                    config=NeedsArgs,
+                    factory=lambda cfg, ctx: PlainRMSNorm(ctx.dim or ctx.d_model),
+                    description="x",
+                )
+            )
 
     registry.register_plugin(Plugin(), "no-example-demo")
     try:
@@ -535,7 +614,9 @@ def test_entry_without_example_is_skipped(registry):
         assert {r.status for r in res} == {"skipped"}
         assert all(r.detail.startswith("no example config") and "width" in r.detail for r in res)
         # an explicit config makes it testable
-        res = check_component("norm", "needs_args", {"type": "needs_args", "width": 3}, registry=registry, checks=["shape_dtype"])
+        res = check_component(
+            "norm", "needs_args", {"type": "needs_args", "width": 3}, registry=registry, checks=["shape_dtype"]
+        )
         assert [r.status for r in res] == ["passed"]
     finally:
         registry.unregister_plugin("no-example-demo")
@@ -571,8 +652,16 @@ def test_a_plugin_gets_the_same_verdict_with_a_faulty_plugin_installed_beside_it
 
 
 def test_named_neighbours_replace_the_builtins(registry):
-    res = {r.check: r for r in check_component("norm", "rmsnorm", registry=registry, neighbours={"attention": "drifting"},
-                                               checks=["kv_cache_decode", "masked_row"])}
+    res = {
+        r.check: r
+        for r in check_component(
+            "norm",
+            "rmsnorm",
+            registry=registry,
+            neighbours={"attention": "drifting"},
+            checks=["kv_cache_decode", "masked_row"],
+        )
+    }
     assert res["kv_cache_decode"].neighbours.startswith("attention drifting (named), ffn ")
     assert res["kv_cache_decode"].status == "failed"  # the named neighbour's fault shows up, as asked
     assert "between cached decode and the full forward" in res["kv_cache_decode"].detail
@@ -585,4 +674,6 @@ def test_a_kind_without_a_builtin_must_be_named():
     reg.register_plugin(SoundPlugin(), "sound-demo")  # no built-ins at all
     res = check_component("norm", "sound", registry=reg)
     assert {r.status for r in res} == {"skipped"}
-    assert "no built-in mixer" in res[0].detail and "neighbours={'mixer': TYPE}" in res[0].detail  # the token-mixer slot
+    assert (
+        "no built-in mixer" in res[0].detail and "neighbours={'mixer': TYPE}" in res[0].detail
+    )  # the token-mixer slot

@@ -90,34 +90,53 @@ class WrongPlans:
 
     @hookimpl
     def register_components(self, register) -> None:
-        register(Component(
-            kind="attention", type="o_colwise", config=OColwiseConfig,
-            factory=lambda cfg, ctx: MiniAttention(ctx.d_model, cfg.n_heads),
-            description="FAULTY plan: output projection declared colwise instead of rowwise.",
-            capabilities={"causal_safe": True, "tp_plan": {"q": "colwise", "k": "colwise", "v": "colwise", "o": "colwise"}},
-            example={"type": "o_colwise"},
-        ))
-        register(Component(
-            kind="ffn", type="normed_hidden", config=NormedHiddenConfig,
-            factory=lambda cfg, ctx: NormedHiddenFFN(ctx.d_model, cfg.d_ff),
-            description="FAULTY plan: shards the hidden width its forward normalises over (should be {}).",
-            capabilities={"tp_plan": {"up": "colwise", "down": "rowwise"}},
-            example={"type": "normed_hidden"},
-        ))
-        register(Component(
-            kind="ffn", type="gated_hidden", config=GatedConfig,
-            factory=lambda cfg, ctx: GatedHiddenFFN(ctx.d_model, cfg.d_ff),
-            description="FAULTY plan: declares replicate for alpha, which multiplies the sharded hidden activation.",
-            capabilities={"tp_plan": {"up": "colwise", "down": "rowwise", "alpha": "replicate"}},
-            example={"type": "gated_hidden"},
-        ))
-        register(Component(
-            kind="ffn", type="gated_undeclared", config=GatedConfig,
-            factory=lambda cfg, ctx: GatedHiddenFFN(ctx.d_model, cfg.d_ff),
-            description="FAULTY plan: shards up/down and says nothing of alpha.",
-            capabilities={"tp_plan": {"up": "colwise", "down": "rowwise"}},
-            example={"type": "gated_undeclared"},
-        ))
+        register(
+            Component(
+                kind="attention",
+                type="o_colwise",
+                config=OColwiseConfig,
+                factory=lambda cfg, ctx: MiniAttention(ctx.d_model, cfg.n_heads),
+                description="FAULTY plan: output projection declared colwise instead of rowwise.",
+                capabilities={
+                    "causal_safe": True,
+                    "tp_plan": {"q": "colwise", "k": "colwise", "v": "colwise", "o": "colwise"},
+                },
+                example={"type": "o_colwise"},
+            )
+        )
+        register(
+            Component(
+                kind="ffn",
+                type="normed_hidden",
+                config=NormedHiddenConfig,
+                factory=lambda cfg, ctx: NormedHiddenFFN(ctx.d_model, cfg.d_ff),
+                description="FAULTY plan: shards the hidden width its forward normalises over (should be {}).",
+                capabilities={"tp_plan": {"up": "colwise", "down": "rowwise"}},
+                example={"type": "normed_hidden"},
+            )
+        )
+        register(
+            Component(
+                kind="ffn",
+                type="gated_hidden",
+                config=GatedConfig,
+                factory=lambda cfg, ctx: GatedHiddenFFN(ctx.d_model, cfg.d_ff),
+                description="FAULTY plan: declares replicate for alpha, which multiplies the sharded hidden activation.",
+                capabilities={"tp_plan": {"up": "colwise", "down": "rowwise", "alpha": "replicate"}},
+                example={"type": "gated_hidden"},
+            )
+        )
+        register(
+            Component(
+                kind="ffn",
+                type="gated_undeclared",
+                config=GatedConfig,
+                factory=lambda cfg, ctx: GatedHiddenFFN(ctx.d_model, cfg.d_ff),
+                description="FAULTY plan: shards up/down and says nothing of alpha.",
+                capabilities={"tp_plan": {"up": "colwise", "down": "rowwise"}},
+                example={"type": "gated_undeclared"},
+            )
+        )
 
 
 def _global() -> modkit.Registry:
@@ -128,7 +147,8 @@ def _global() -> modkit.Registry:
 
 def _planned_builtins() -> list[modkit.Component]:
     return [
-        c for c in _global().components()
+        c
+        for c in _global().components()
         if c.provider is not None and c.provider.distribution == "modkit-lm" and c.capabilities.get("tp_plan")
     ]
 
@@ -148,7 +168,9 @@ def session(faulty_registry):
     import time
 
     reg = _global()
-    runners = {f"{e.kind}/{e.type}": ComponentChecks(e, reg, None, "cpu", distributed=True) for e in _planned_builtins()}
+    runners = {
+        f"{e.kind}/{e.type}": ComponentChecks(e, reg, None, "cpu", distributed=True) for e in _planned_builtins()
+    }
     for t in ("o_colwise", "normed_hidden", "gated_hidden", "gated_undeclared"):
         kind = "attention" if t == "o_colwise" else "ffn"
         runners[t] = ComponentChecks(faulty_registry.get(kind, t), faulty_registry, None, "cpu", distributed=True)
@@ -159,7 +181,9 @@ def session(faulty_registry):
     sinks = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True}
     runners["gqa_sinks"] = ComponentChecks(reg.get("attention", "gqa"), reg, sinks, "cpu", distributed=True)
     # one key/value head in a config that allows more: the kit raises it to 2 to shard
-    runners["gqa_kv1"] = ComponentChecks(reg.get("attention", "gqa"), reg, {"type": "gqa", "n_heads": 4, "n_kv_heads": 1}, "cpu", distributed=True)
+    runners["gqa_kv1"] = ComponentChecks(
+        reg.get("attention", "gqa"), reg, {"type": "gqa", "n_heads": 4, "n_kv_heads": 1}, "cpu", distributed=True
+    )
     t0 = time.perf_counter()
     results = run_many(list(runners.values()), "shards")
     seconds = time.perf_counter() - t0
@@ -225,8 +249,12 @@ def test_replicated_weight_on_a_sharded_activation_fails_on_its_gradient(session
     r = results["gated_hidden"]
     assert r.status == "failed" and r.id == "ffn/gated_hidden::shards", r
     assert _part(r.detail, "logits") <= 1e-5, r.detail  # the forward is right
-    assert _part(r.detail, "parameter gradients") > 1e-3 and re.search(r"\(layers\.\d\.ffn\.alpha\)", r.detail), r.detail
-    assert re.search(r"replicated parameter layers\.[01]\.ffn\.alpha differs between the 2 ranks by [0-9.e-]+", r.detail), r.detail
+    assert _part(r.detail, "parameter gradients") > 1e-3 and re.search(r"\(layers\.\d\.ffn\.alpha\)", r.detail), (
+        r.detail
+    )
+    assert re.search(
+        r"replicated parameter layers\.[01]\.ffn\.alpha differs between the 2 ranks by [0-9.e-]+", r.detail
+    ), r.detail
     u = results["gated_undeclared"]
     assert u.status == "failed" and "layers.0.ffn.alpha (shape []) is left whole" in u.detail, u
     assert "Declare 'alpha' in the tp_plan" in u.detail, u.detail
@@ -252,9 +280,20 @@ def test_a_module_with_sharded_projections_and_a_per_head_parameter_is_listed_on
     """Its head counts are divided by tp once (listed twice, 4 heads became 1 on each of 2 ranks)."""
     from modkit.parallel import model_plan
 
-    spec = {"schema_version": 1, "vocab_size": 64, "d_model": 32, "n_layers": 2, "max_seq_len": 16,
-            "position": {"type": "rope"}, "block": {"attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True},
-            "ffn": {"type": "swiglu", "d_ff": 64}, "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}}}
+    spec = {
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": 32,
+        "n_layers": 2,
+        "max_seq_len": 16,
+        "position": {"type": "rope"},
+        "block": {
+            "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sinks": True},
+            "ffn": {"type": "swiglu", "d_ff": 64},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+    }
     plan = model_plan(modkit.build(spec, device="meta"), 2)
     assert sorted(plan.head_modules) == ["layers.0.attention", "layers.1.attention"]
     assert plan.styles["layers.0.attention.sinks"] == "heads"
@@ -263,10 +302,26 @@ def test_a_module_with_sharded_projections_and_a_per_head_parameter_is_listed_on
 def test_a_weight_per_head_under_a_per_head_style_is_refused_by_name():
     from modkit.parallel import ParallelError, model_plan
 
-    spec = {"schema_version": 1, "vocab_size": 64, "d_model": 32, "n_layers": 1, "max_seq_len": 16,
-            "position": {"type": "rope"}, "block": {"attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2,
-            "qk_norm": {"type": "layernorm"}, "qk_norm_scope": "each_head"}, "ffn": {"type": "swiglu", "d_ff": 64},
-            "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}}}
+    spec = {
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": 32,
+        "n_layers": 1,
+        "max_seq_len": 16,
+        "position": {"type": "rope"},
+        "block": {
+            "attention": {
+                "type": "gqa",
+                "n_heads": 4,
+                "n_kv_heads": 2,
+                "qk_norm": {"type": "layernorm"},
+                "qk_norm_scope": "each_head",
+            },
+            "ffn": {"type": "swiglu", "d_ff": 64},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+    }
     with pytest.raises(ParallelError, match=r"layers\.0\.attention\.q_norm\.weight \(shape \[4, 8\]\).*each_head"):
         model_plan(modkit.build(spec, device="meta"), 2)
 
@@ -280,12 +335,17 @@ def test_unshardable_heads_are_raised_when_the_config_allows(session):
 
 
 def test_shards_is_opt_in_and_decided_by_capability():
-    got = {r.component: r for r in (
-        check_component("attention", "gqa", checks=["shards"])[0],
-        check_component("norm", "rmsnorm", checks=["shards"], distributed=True)[0],  # tp_plan {}: starts nothing
-        check_component("router", "topk", checks=["shards"], distributed=True)[0],
-    )}
-    assert got["attention/gqa"].status == "skipped" and got["attention/gqa"].detail.startswith("pass --distributed to run")
+    got = {
+        r.component: r
+        for r in (
+            check_component("attention", "gqa", checks=["shards"])[0],
+            check_component("norm", "rmsnorm", checks=["shards"], distributed=True)[0],  # tp_plan {}: starts nothing
+            check_component("router", "topk", checks=["shards"], distributed=True)[0],
+        )
+    }
+    assert got["attention/gqa"].status == "skipped" and got["attention/gqa"].detail.startswith(
+        "pass --distributed to run"
+    )
     for name in ("norm/rmsnorm", "router/topk"):
         assert got[name].status == "skipped" and "declares no non-empty tp_plan" in got[name].detail
     assert CHECK_NAMES[-1] == "shards"
@@ -317,8 +377,15 @@ def test_modkit_check_distributed_and_pytest_plugin_batch(pytester, monkeypatch)
     real = shards.run_session
     monkeypatch.setattr(shards, "run_session", lambda jobs: sessions.append(len(jobs)) or real(jobs))
     result = pytester.runpytest_inprocess(
-        "--modkit-contracts", "--modkit-distributed", "--modkit-check", "shards", "--modkit-kind", "ffn",
-        "-v", "-p", "no:cacheprovider",
+        "--modkit-contracts",
+        "--modkit-distributed",
+        "--modkit-check",
+        "shards",
+        "--modkit-kind",
+        "ffn",
+        "-v",
+        "-p",
+        "no:cacheprovider",
     )
     result.stdout.fnmatch_lines(["*ffn/mlp::shards PASSED*", "*ffn/moe::shards PASSED*", "*ffn/swiglu::shards PASSED*"])
     assert result.parseoutcomes().get("failed", 0) == 0

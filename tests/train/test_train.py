@@ -71,7 +71,9 @@ def test_a_run_learns_and_writes_its_folder(data_dir, tmp_path):
     records = read_metrics(run / "metrics.jsonl")
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [0, 10, 20, 30]
-    assert evals[0]["val_loss"] == pytest.approx(torch.log(torch.tensor(float(modkit.load_spec(run / "spec.json").vocab_size))).item(), abs=0.3)
+    assert evals[0]["val_loss"] == pytest.approx(
+        torch.log(torch.tensor(float(modkit.load_spec(run / "spec.json").vocab_size))).item(), abs=0.3
+    )
     assert evals[-1]["train_loss"] < evals[0]["train_loss"] - 0.5, "30 steps at lr 3e-3 must lower the loss"
     assert result.val_loss == evals[-1]["val_loss"] and result.best_val_loss == min(r["val_loss"] for r in evals)
     trains = [r for r in records if r["kind"] == "train"]
@@ -115,18 +117,37 @@ def test_final_score_is_the_whole_validation_split(data_dir, tmp_path):
 
 def test_generate_finds_the_runs_tokenizer(data_dir, tmp_path):
     run = tmp_path / "run"
-    train(config(data_dir, model=None, max_steps=5, eval_interval=5, sample_tokens=0), run, echo=lambda line: None)  # nanoGPT's GPT
+    train(
+        config(data_dir, model=None, max_steps=5, eval_interval=5, sample_tokens=0), run, echo=lambda line: None
+    )  # nanoGPT's GPT
     out = subprocess.run(
         [sys.executable, "-m", "modkit", "generate", str(run / "best"), "--prompt", "ROMEO:", "--max-new-tokens", "10"],
-        capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=HANG_TIMEOUT,
     )
     assert out.returncode == 0, out.stderr
     assert len(out.stdout) == 10 + 1  # ten characters of the char tokenizer, then a newline
     assert "tokenizer.json" in out.stderr
     # the Hugging Face export of a run's checkpoint keeps the tokenizer beside the weights
     conv = subprocess.run(
-        [sys.executable, "-m", "modkit", "convert", "modkit", str(run / "best"), "--to", "hf", "-o", str(tmp_path / "hf")],
-        capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT,
+        [
+            sys.executable,
+            "-m",
+            "modkit",
+            "convert",
+            "modkit",
+            str(run / "best"),
+            "--to",
+            "hf",
+            "-o",
+            str(tmp_path / "hf"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=HANG_TIMEOUT,
     )
     assert conv.returncode == 0, conv.stderr
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (run / "best" / "tokenizer.json").read_bytes()
@@ -138,7 +159,11 @@ def test_a_checkpoint_folder_as_model_fine_tunes_from_its_weights(data_dir, tmp_
     first = tmp_path / "first"
     train(config(data_dir, max_steps=6, eval_interval=6, sample_tokens=0), first, echo=lambda line: None)
     tuned = tmp_path / "tuned"
-    train(config(data_dir, model=str(first / "last"), max_steps=2, eval_interval=2, sample_tokens=0), tuned, echo=lambda line: None)
+    train(
+        config(data_dir, model=str(first / "last"), max_steps=2, eval_interval=2, sample_tokens=0),
+        tuned,
+        echo=lambda line: None,
+    )
     before = [r for r in read_metrics(first / "metrics.jsonl") if r["kind"] == "eval"]
     after = [r for r in read_metrics(tuned / "metrics.jsonl") if r["kind"] == "eval"]
     assert after[0]["val_loss"] == pytest.approx(before[-1]["val_loss"], abs=1e-6)
@@ -192,7 +217,9 @@ def test_resume_after_sigkill_gives_the_same_losses(data_dir, tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_AT_STEP_12, "train", "--config", str(path), "-o", str(killed), "--no-progress"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     published = sorted(p.name for p in (killed / "checkpoints").glob("step-*"))
@@ -215,8 +242,13 @@ def test_resuming_a_finished_run_trains_and_evaluates_nothing(data_dir, tmp_path
     lines = []
     again = train(None, run, resume=True, echo=lines.append)
     assert (run / "metrics.jsonl").read_bytes() == metrics
-    assert (again.steps, again.train_loss, again.val_loss, again.final_val_loss, again.best_val_loss) == \
-           (first.steps, first.train_loss, first.val_loss, first.final_val_loss, first.best_val_loss)
+    assert (again.steps, again.train_loss, again.val_loss, again.final_val_loss, again.best_val_loss) == (
+        first.steps,
+        first.train_loss,
+        first.val_loss,
+        first.final_val_loss,
+        first.best_val_loss,
+    )
     assert again.tokens_per_s == 0.0 and any("already finished its 6 steps" in line for line in lines)
 
 
@@ -230,7 +262,11 @@ def test_run_folder_and_resume_errors(data_dir, tmp_path):
     with pytest.raises(TrainError, match="seq_len = 64 exceeds the model's max_seq_len = 32"):
         train(config(data_dir, seq_len=64), tmp_path / "r2", echo=lambda line: None)
     with pytest.raises(TrainError, match="vocab_size = 10 is smaller than the tokenizer's"):
-        train(config(data_dir, model={**TINY_MODEL, "vocab_size": 10}, vocab_size="spec"), tmp_path / "r3", echo=lambda line: None)
+        train(
+            config(data_dir, model={**TINY_MODEL, "vocab_size": 10}, vocab_size="spec"),
+            tmp_path / "r3",
+            echo=lambda line: None,
+        )
     with pytest.raises(TrainError, match="no component of the model has a field 'aux_loss_coef'"):
         train(config(data_dir, aux_loss_coef=0.01), tmp_path / "r4", echo=lambda line: None)
     with pytest.raises(TrainError, match="tp = 2 needs 2 processes"):
@@ -243,7 +279,13 @@ def test_moe_aux_loss_coefficients_override_the_spec(data_dir, tmp_path):
     moe = json.loads((REPO / "specs" / "tiny-moe.json").read_text())
     moe.update(max_seq_len=32)
     run = tmp_path / "moe"
-    train(config(data_dir, model=moe, max_steps=2, eval_interval=2, sample_tokens=0, aux_loss_coef=0.05, z_loss_coef=0.002), run, echo=lambda line: None)
+    train(
+        config(
+            data_dir, model=moe, max_steps=2, eval_interval=2, sample_tokens=0, aux_loss_coef=0.05, z_loss_coef=0.002
+        ),
+        run,
+        echo=lambda line: None,
+    )
     spec = json.loads((run / "spec.json").read_text())
     assert spec["block"]["ffn"]["aux_loss_coef"] == 0.05 and spec["block"]["ffn"]["z_loss_coef"] == 0.002
 
@@ -253,17 +295,53 @@ def test_cli_flags_override_the_config(data_dir, tmp_path):
     path.write_text(json.dumps(config(data_dir, max_steps=50)))
     run = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "modkit", "train", "-c", str(path), "-o", str(run), "--max-steps", "2", "--lr", "3e-4",
-         "--eval-interval", "2", "--sample-tokens", "0", "--no-progress"],
-        capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT,
+        [
+            sys.executable,
+            "-m",
+            "modkit",
+            "train",
+            "-c",
+            str(path),
+            "-o",
+            str(run),
+            "--max-steps",
+            "2",
+            "--lr",
+            "3e-4",
+            "--eval-interval",
+            "2",
+            "--sample-tokens",
+            "0",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=HANG_TIMEOUT,
     )
     assert out.returncode == 0, out.stderr
     saved = json.loads((run / "config.json").read_text())
     assert saved["max_steps"] == 2 and saved["lr"] == 3e-4
     assert "done: 2 steps" in out.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "modkit", "train", "-c", str(path), "-o", str(tmp_path / "x"), "--lr", "fast", "--batch-size", "0"],
-        capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT,
+        [
+            sys.executable,
+            "-m",
+            "modkit",
+            "train",
+            "-c",
+            str(path),
+            "-o",
+            str(tmp_path / "x"),
+            "--lr",
+            "fast",
+            "--batch-size",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=HANG_TIMEOUT,
     )
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "lr:" in bad.stderr and "batch_size:" in bad.stderr

@@ -28,13 +28,30 @@ from modkit.train.state import point
 
 def tiny_moe(speed: float) -> dict:
     return {
-        "schema_version": 1, "vocab_size": 64, "d_model": 32, "n_layers": 2, "max_seq_len": 32, "init_std": 0.02,
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": 32,
+        "n_layers": 2,
+        "max_seq_len": 32,
+        "init_std": 0.02,
         "position": {"type": "rope", "theta": 10000.0},
         "block": {
             "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
-            "ffn": {"type": "moe", "n_experts": 8, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 32}, "aux_loss_coef": 0.0,
-                    "router": {"type": "sigmoid_topk", "renormalize": True, "correction_bias": True, "bias_update_speed": speed}},
-            "norm": {"type": "rmsnorm", "eps": 1e-6}, "placement": {"type": "pre"},
+            "ffn": {
+                "type": "moe",
+                "n_experts": 8,
+                "top_k": 2,
+                "expert": {"type": "swiglu", "d_ff": 32},
+                "aux_loss_coef": 0.0,
+                "router": {
+                    "type": "sigmoid_topk",
+                    "renormalize": True,
+                    "correction_bias": True,
+                    "bias_update_speed": speed,
+                },
+            },
+            "norm": {"type": "rmsnorm", "eps": 1e-6},
+            "placement": {"type": "pre"},
         },
         "final_norm": {"type": "rmsnorm", "eps": 1e-6},
     }
@@ -50,9 +67,23 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def config(data_dir: Path, speed: float, **changes) -> dict:
-    base = {"model": tiny_moe(speed), "data": str(data_dir), "batch_size": 8, "seq_len": 32, "max_steps": 30,
-            "warmup_steps": 5, "lr": 3e-3, "eval_interval": 30, "eval_batches": 2, "log_interval": 1, "sample_tokens": 0,
-            "final_eval_tokens": 0, "device": "cpu", "threads": 1, "seed": 3}
+    base = {
+        "model": tiny_moe(speed),
+        "data": str(data_dir),
+        "batch_size": 8,
+        "seq_len": 32,
+        "max_steps": 30,
+        "warmup_steps": 5,
+        "lr": 3e-3,
+        "eval_interval": 30,
+        "eval_batches": 2,
+        "log_interval": 1,
+        "sample_tokens": 0,
+        "final_eval_tokens": 0,
+        "device": "cpu",
+        "threads": 1,
+        "seed": 3,
+    }
     base.update(changes)
     return base
 
@@ -70,7 +101,10 @@ def test_imbalance_falls_with_the_bias_update_and_not_without(data_dir, tmp_path
     # back to where it started (1.80). The claim is the gap between the two runs, not a fall below the start: early
     # steps at the peak learning rate concentrate the load in both runs.
     assert off[-1]["load_imbalance"] > start + 0.5, (start, off[-1]["load_imbalance"])
-    assert on[-1]["load_imbalance"] < off[-1]["load_imbalance"] - 0.8, (on[-1]["load_imbalance"], off[-1]["load_imbalance"])
+    assert on[-1]["load_imbalance"] < off[-1]["load_imbalance"] - 0.8, (
+        on[-1]["load_imbalance"],
+        off[-1]["load_imbalance"],
+    )
     assert on[-1]["load_imbalance"] < start + 0.1, (start, on[-1]["load_imbalance"])
     assert set(on[-1]["load_imbalance_layers"]) == {"layers.0.ffn.router", "layers.1.ffn.router"}
     trains = [r for r in read_metrics(tmp_path / "on" / "metrics.jsonl") if r["kind"] == "train"]
@@ -103,7 +137,16 @@ def test_an_update_reads_exactly_the_steps_micro_batches(data_dir, tmp_path):
 
 
 def test_resume_is_bitwise_with_the_bias_update(data_dir, tmp_path):
-    cfg = config(data_dir, 0.01, max_steps=12, checkpoint_interval=4, keep_checkpoints=3, eval_interval=6, grad_accum=2, batch_size=4)
+    cfg = config(
+        data_dir,
+        0.01,
+        max_steps=12,
+        checkpoint_interval=4,
+        keep_checkpoints=3,
+        eval_interval=6,
+        grad_accum=2,
+        batch_size=4,
+    )
     whole = tmp_path / "whole"
     train(cfg, whole, echo=lambda line: None)
     cut = tmp_path / "cut"
@@ -115,8 +158,10 @@ def test_resume_is_bitwise_with_the_bias_update(data_dir, tmp_path):
     train(None, cut, resume=True, echo=lambda line: None)
 
     def logged(run: Path) -> list:
-        return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "model_flops_per_s", "peak_mem_bytes")}
-                for r in read_metrics(run / "metrics.jsonl")]
+        return [
+            {k: v for k, v in r.items() if k not in ("tokens_per_s", "model_flops_per_s", "peak_mem_bytes")}
+            for r in read_metrics(run / "metrics.jsonl")
+        ]
 
     assert logged(cut) == logged(whole)
     a, b = modkit.load(cut / "last"), modkit.load(whole / "last")

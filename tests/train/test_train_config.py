@@ -21,7 +21,14 @@ def cfg(**changes) -> TrainConfig:
 def test_defaults_are_nanogpts_cpu_recipe():
     c = TrainConfig()
     assert (c.batch_size, c.seq_len, c.max_steps, c.lr, c.min_lr, c.warmup_steps) == (12, 64, 2000, 1e-3, 1e-4, 100)
-    assert (c.beta1, c.beta2, c.weight_decay, c.grad_clip, c.eval_interval, c.eval_batches) == (0.9, 0.99, 0.1, 1.0, 250, 20)
+    assert (c.beta1, c.beta2, c.weight_decay, c.grad_clip, c.eval_interval, c.eval_batches) == (
+        0.9,
+        0.99,
+        0.1,
+        1.0,
+        250,
+        20,
+    )
     assert c.tokens_per_step == 768 and c.total_steps == 2000 and c.checkpoint_every == 250
 
 
@@ -68,7 +75,7 @@ def test_bad_fields_get_one_named_error_each(changes, path, words):
     with pytest.raises(modkit.SpecError) as exc:
         load_train_config(changes)
     assert len(exc.value.errors) == 1, exc.value.errors
-    (where, message), = exc.value.errors
+    ((where, message),) = exc.value.errors
     assert where == path and words in message, (where, message)
 
 

@@ -56,12 +56,25 @@ def setup(tmp_path_factory) -> Path:
 
 
 def _run(root: Path, out: str, nproc: int, *args: str) -> Path:
-    cmd = [sys.executable, "-m", "modkit", "train"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "modkit", "train"
-    ]
+    cmd = (
+        [sys.executable, "-m", "modkit", "train"]
+        if nproc == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "modkit",
+            "train",
+        ]
+    )
     args = ("-c", str(root / "train.json"), "-o", str(root / out)) + args if "--resume" not in args else args
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([*cmd, *args, "--no-progress"], capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT, env=env)
+    done = subprocess.run(
+        [*cmd, *args, "--no-progress"], capture_output=True, text=True, cwd=REPO, timeout=HANG_TIMEOUT, env=env
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return root / out
 
@@ -71,11 +84,29 @@ def _one_and_two(root: Path, name: str, cfg: dict) -> dict[int, Path]:
     (root / f"{name}.json").write_text(json.dumps(cfg))
     runs = {}
     for n in (1, 2):
-        cmd = [sys.executable, "-m", "modkit", "train"] if n == 1 else [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", "modkit", "train"]
+        cmd = (
+            [sys.executable, "-m", "modkit", "train"]
+            if n == 1
+            else [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={n}",
+                "-m",
+                "modkit",
+                "train",
+            ]
+        )
         out = root / f"{name}-{n}"
-        done = subprocess.run([*cmd, "-c", str(root / f"{name}.json"), "-o", str(out), "--no-progress"], capture_output=True,
-                              text=True, cwd=REPO, timeout=HANG_TIMEOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        done = subprocess.run(
+            [*cmd, "-c", str(root / f"{name}.json"), "-o", str(out), "--no-progress"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=HANG_TIMEOUT,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         runs[n] = out
     return runs
@@ -129,7 +160,14 @@ def test_fsdp_bias_update_equals_one_process(setup):
     moe = json.loads((REPO / "specs" / "tiny-deepseek-moe.json").read_text())
     moe["max_seq_len"] = 32
     moe["block"]["ffn"]["router"]["bias_update_speed"] = 0.05
-    cfg = {**CONFIG, "model": moe, "data": str(setup / "data"), "max_steps": 4, "eval_interval": 4, "final_eval_tokens": 0}
+    cfg = {
+        **CONFIG,
+        "model": moe,
+        "data": str(setup / "data"),
+        "max_steps": 4,
+        "eval_interval": 4,
+        "final_eval_tokens": 0,
+    }
     runs = _one_and_two(setup, "moe", cfg)
     one, two = modkit.load(runs[1] / "last"), modkit.load(runs[2] / "last")
     for i in (1, 2, 3):
@@ -148,7 +186,14 @@ def test_fsdp_trains_recurrent_mixers_as_one_process(setup, name):
     for slot in (spec["block"], *spec.get("overrides", [])):
         if "chunk_size" in slot.get("mixer", {}):
             slot["mixer"]["chunk_size"] = 16  # two chunks per sequence: the chunked scan's carry is exercised
-    cfg = {**CONFIG, "model": spec, "data": str(setup / "data"), "max_steps": 4, "eval_interval": 4, "final_eval_tokens": 0}
+    cfg = {
+        **CONFIG,
+        "model": spec,
+        "data": str(setup / "data"),
+        "max_steps": 4,
+        "eval_interval": 4,
+        "final_eval_tokens": 0,
+    }
     runs = _one_and_two(setup, name, cfg)
     _close(_losses(runs[2]), _losses(runs[1]))
     one, two = modkit.load(runs[1] / "last"), modkit.load(runs[2] / "last")

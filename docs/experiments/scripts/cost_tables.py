@@ -114,7 +114,10 @@ def ctx(n: int | None, max_seq_len: int) -> str:
 
 def table(head: list[str], rows: list[list[str]], right_from: int = 1) -> list[str]:
     """A markdown table; columns from ``right_from`` on are right-aligned."""
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < right_from else "---:" for i in range(len(head))) + "|"]
+    out = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" if i < right_from else "---:" for i in range(len(head))) + "|",
+    ]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out + [""]
 
@@ -157,7 +160,9 @@ def kv_shape(spec: dict) -> str:
     text = f"{kv} x {hd}"
     window = att.get("sliding_window")
     if window:
-        unwindowed = [o for o in spec.get("overrides", []) if "attention" in o and not o["attention"].get("sliding_window")]
+        unwindowed = [
+            o for o in spec.get("overrides", []) if "attention" in o and not o["attention"].get("sliding_window")
+        ]
         text += f", window {window:,}" + (" (some layers global)" if unwindowed else "")
     return text
 
@@ -200,11 +205,31 @@ def main() -> None:
         tied = spec_json(path).get("tie_embeddings", False)
         head = "tied" if tied else pct(pr["lm_head"] / total)
         active = d["active_params_per_token"]
-        rows.append([label, count(total) + ("" if active == total else f" ({human(active)} active)"), pct(emb / total),
-                     pct(pr["attention"] / total), pct(pr["ffn"] / total), f"{100 * pr['norm'] / total:.3f} %", head,
-                     "yes" if adds else "**no**"])
-    md += table(["model", "parameters", "embedding (+ positions)", "attention", "FFN (+ router)", "norms", "LM head",
-                 "parts add up"], rows)
+        rows.append(
+            [
+                label,
+                count(total) + ("" if active == total else f" ({human(active)} active)"),
+                pct(emb / total),
+                pct(pr["attention"] / total),
+                pct(pr["ffn"] / total),
+                f"{100 * pr['norm'] / total:.3f} %",
+                head,
+                "yes" if adds else "**no**",
+            ]
+        )
+    md += table(
+        [
+            "model",
+            "parameters",
+            "embedding (+ positions)",
+            "attention",
+            "FFN (+ router)",
+            "norms",
+            "LM head",
+            "parts add up",
+        ],
+        rows,
+    )
 
     # 2. FLOPs per token by part
     md += ["### FLOPs per token by part (prefill: one forward over the context, per token)", ""]
@@ -217,11 +242,31 @@ def main() -> None:
             tot = sum(g.values())
             n = d["active_params_per_token"]
             mx = spec_json(path)["max_seq_len"]
-            rows.append([label if c == SHORT else "", f"{c:,}" + (" †" if c > mx else ""), human(tot, "FLOP"),
-                         pct(g["attn_proj"] / tot), pct(g["attn_ctx"] / tot), pct(g["ffn"] / tot), pct(g["head"] / tot),
-                         f"{tot / (2 * n):.2f}"])
-    md += table(["model", "context", "prefill FLOPs / token", "attention projections", "attention scores + weighted sum",
-                 "FFN (+ router)", "LM head", "÷ 2N (N = active parameters)"], rows)
+            rows.append(
+                [
+                    label if c == SHORT else "",
+                    f"{c:,}" + (" †" if c > mx else ""),
+                    human(tot, "FLOP"),
+                    pct(g["attn_proj"] / tot),
+                    pct(g["attn_ctx"] / tot),
+                    pct(g["ffn"] / tot),
+                    pct(g["head"] / tot),
+                    f"{tot / (2 * n):.2f}",
+                ]
+            )
+    md += table(
+        [
+            "model",
+            "context",
+            "prefill FLOPs / token",
+            "attention projections",
+            "attention scores + weighted sum",
+            "FFN (+ router)",
+            "LM head",
+            "÷ 2N (N = active parameters)",
+        ],
+        rows,
+    )
 
     # 3. crossover
     md += ["### Where attention overtakes the FFN (FLOPs per token)", ""]
@@ -231,10 +276,29 @@ def main() -> None:
         s = spec_json(path)
         cr = d["attention_overtakes_ffn"]
         mx = s["max_seq_len"]
-        rows.append([label, f"{4 * s['d_model']:,}", ctx(cr["decode"]["scores"], mx), ctx(cr["prefill"]["scores"], mx),
-                     ctx(cr["decode"]["with_projections"], mx), ctx(cr["prefill"]["with_projections"], mx), f"{mx:,}"])
-    md += table(["model", "4 x d_model", "decode: scores + weighted sum", "prefill: scores + weighted sum",
-                 "decode: all of attention", "prefill: all of attention", "max_seq_len"], rows)
+        rows.append(
+            [
+                label,
+                f"{4 * s['d_model']:,}",
+                ctx(cr["decode"]["scores"], mx),
+                ctx(cr["prefill"]["scores"], mx),
+                ctx(cr["decode"]["with_projections"], mx),
+                ctx(cr["prefill"]["with_projections"], mx),
+                f"{mx:,}",
+            ]
+        )
+    md += table(
+        [
+            "model",
+            "4 x d_model",
+            "decode: scores + weighted sum",
+            "prefill: scores + weighted sum",
+            "decode: all of attention",
+            "prefill: all of attention",
+            "max_seq_len",
+        ],
+        rows,
+    )
 
     # 4. KV cache
     md += ["### KV cache (bfloat16, batch 1)", ""]
@@ -244,17 +308,42 @@ def main() -> None:
         short, long_ = data[path][str(SHORT)], data[path][str(LONG)]
         w = long_["weight_bytes"]["bfloat16"]
         mx = s["max_seq_len"]
-        rows.append([label, kv_shape(s), f"{s['n_layers']}", count(short["kv_cache_bytes"] // SHORT),
-                     count(long_["kv_cache_bytes"] // LONG), gib(short["kv_cache_bytes"]) + (" †" if SHORT > mx else ""),
-                     gib(long_["kv_cache_bytes"]) + (" †" if LONG > mx else ""), gib(w), f"{long_['kv_cache_bytes'] / w:.2f}"])
-    md += table(["model", "KV heads x head_dim", "layers", "bytes / token, mean at 1,024", "mean at 131,072",
-                 "KV at 1,024 tokens", "KV at 131,072 tokens", "weights (bf16)", "KV at 131,072 ÷ weights"], rows, right_from=2)
+        rows.append(
+            [
+                label,
+                kv_shape(s),
+                f"{s['n_layers']}",
+                count(short["kv_cache_bytes"] // SHORT),
+                count(long_["kv_cache_bytes"] // LONG),
+                gib(short["kv_cache_bytes"]) + (" †" if SHORT > mx else ""),
+                gib(long_["kv_cache_bytes"]) + (" †" if LONG > mx else ""),
+                gib(w),
+                f"{long_['kv_cache_bytes'] / w:.2f}",
+            ]
+        )
+    md += table(
+        [
+            "model",
+            "KV heads x head_dim",
+            "layers",
+            "bytes / token, mean at 1,024",
+            "mean at 131,072",
+            "KV at 1,024 tokens",
+            "KV at 131,072 tokens",
+            "weights (bf16)",
+            "KV at 131,072 ÷ weights",
+        ],
+        rows,
+        right_from=2,
+    )
 
     # 4b. Llama 2 7B -> Llama 3.1 8B, part by part
     md += ["### Llama 2 7B to Llama 3.1 8B, part by part", ""]
     old, new = data[OLD_8B][str(SHORT)]["params"], data[NEW_8B][str(SHORT)]["params"]
-    rows = [[k.replace("_", " "), count(old[k]), count(new[k]), f"{new[k] - old[k]:+,}"]
-            for k in ("embedding", "attention", "ffn", "norm", "lm_head", "total")]
+    rows = [
+        [k.replace("_", " "), count(old[k]), count(new[k]), f"{new[k] - old[k]:+,}"]
+        for k in ("embedding", "attention", "ffn", "norm", "lm_head", "total")
+    ]
     md += table(["part", "Llama 2 7B", "Llama 3.1 8B", "difference"], rows)
 
     # 5. MHA / GQA / MQA
@@ -264,13 +353,37 @@ def main() -> None:
     for label, path in VARIANTS:
         mid, long_ = data[path][str(MID)], data[path][str(LONG)]
         per_token = mid["kv_cache_bytes"] // MID
-        rows.append([label, count(mid["params"]["total"]), count(per_token), gib(mid["kv_cache_bytes"]),
-                     gib(long_["kv_cache_bytes"]), f"{mid['kv_cache_bytes'] / gqa[str(MID)]['kv_cache_bytes']:.3g}x",
-                     f"{1e3 * mid['decode_roofline']['seconds']:.2f}", f"{1e3 * long_['decode_roofline']['seconds']:.2f}"])
-    md += table(["attention", "parameters", "KV bytes / token", "KV at 8,192", "KV at 131,072", "÷ GQA",
-                 "roofline ms / token at 8,192", "at 131,072"], rows)
-    md += ["† beyond the model's max_seq_len: arithmetic only.", "",
-           f"Generated in {time.perf_counter() - start:.0f} s by {sum(len(v) for v in data.values())} calls of `modkit cost`.", ""]
+        rows.append(
+            [
+                label,
+                count(mid["params"]["total"]),
+                count(per_token),
+                gib(mid["kv_cache_bytes"]),
+                gib(long_["kv_cache_bytes"]),
+                f"{mid['kv_cache_bytes'] / gqa[str(MID)]['kv_cache_bytes']:.3g}x",
+                f"{1e3 * mid['decode_roofline']['seconds']:.2f}",
+                f"{1e3 * long_['decode_roofline']['seconds']:.2f}",
+            ]
+        )
+    md += table(
+        [
+            "attention",
+            "parameters",
+            "KV bytes / token",
+            "KV at 8,192",
+            "KV at 131,072",
+            "÷ GQA",
+            "roofline ms / token at 8,192",
+            "at 131,072",
+        ],
+        rows,
+    )
+    md += [
+        "† beyond the model's max_seq_len: arithmetic only.",
+        "",
+        f"Generated in {time.perf_counter() - start:.0f} s by {sum(len(v) for v in data.values())} calls of `modkit cost`.",
+        "",
+    ]
     (args.out / "tables.md").write_text("\n".join(md))
     print(f"wrote {args.out / 'cost.json'} and {args.out / 'tables.md'} ({time.perf_counter() - start:.0f} s)")
 

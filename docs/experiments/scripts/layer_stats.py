@@ -56,7 +56,9 @@ def layer_stats(model: modkit.Model, windows: torch.Tensor) -> dict:
     uniform = sum(math.log(t + 1) for t in range(seq)) / seq
     for w in windows:
         ids = w[None]  # [1, seq + 1]: inputs ids[:, :-1], targets ids[:, 1:]
-        with modkit.inspect(model, include=["layers.*:input", "layers.*:output", "layers.*:update", "*:weights", "*:hidden"]) as rec:
+        with modkit.inspect(
+            model, include=["layers.*:input", "layers.*:output", "layers.*:update", "*:weights", "*:hidden"]
+        ) as rec:
             logits = model(ids[:, :-1]).logits
         loss += float(nn.functional.cross_entropy(logits[0].float(), ids[0, 1:]))
         for i in range(n_layers):
@@ -108,21 +110,42 @@ def main() -> None:
     if args.windows * seq > len(val):
         raise SystemExit(f"--windows {args.windows} x {seq} tokens exceeds the validation split ({len(val):,} tokens)")
     windows = torch.tensor(val[: args.windows * seq].astype("int64")).view(args.windows, seq)
-    out = {"run": str(args.run), "checkpoint": str(folder), "spec": args.spec, "seed": args.seed, "windows": args.windows,
-           "tokens_per_window": seq - 1,
-           "definitions": {"exact_zero": "share of FFN hidden entries == 0", "negative": "share < 0 (GELU input < 0)",
-                           "small": "share with |h| < 0.1 * RMS(h) of the layer",
-                           "negative_energy": "share of sum(h^2) carried by entries < 0", "entropy": "nats, mean over heads and queries",
-                           "uniform_entropy": "mean over queries t of log(t + 1)"}}
+    out = {
+        "run": str(args.run),
+        "checkpoint": str(folder),
+        "spec": args.spec,
+        "seed": args.seed,
+        "windows": args.windows,
+        "tokens_per_window": seq - 1,
+        "definitions": {
+            "exact_zero": "share of FFN hidden entries == 0",
+            "negative": "share < 0 (GELU input < 0)",
+            "small": "share with |h| < 0.1 * RMS(h) of the layer",
+            "negative_energy": "share of sum(h^2) carried by entries < 0",
+            "entropy": "nats, mean over heads and queries",
+            "uniform_entropy": "mean over queries t of log(t + 1)",
+        },
+    }
     with torch.inference_mode():
         for name, model in (("trained", trained), ("untrained", untrained)):
             out[name] = layer_stats(model, windows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{args.windows} validation windows of {seq - 1} tokens; loss trained {out['trained']['loss']:.4f}, "
-          f"untrained {out['untrained']['loss']:.4f} nats/token")
-    cols = ("residual_norm", "update_ratio", "cosine_prev", "entropy", "uniform_entropy", "exact_zero", "negative", "small",
-            "negative_energy")
+    print(
+        f"{args.windows} validation windows of {seq - 1} tokens; loss trained {out['trained']['loss']:.4f}, "
+        f"untrained {out['untrained']['loss']:.4f} nats/token"
+    )
+    cols = (
+        "residual_norm",
+        "update_ratio",
+        "cosine_prev",
+        "entropy",
+        "uniform_entropy",
+        "exact_zero",
+        "negative",
+        "small",
+        "negative_energy",
+    )
     print(f"{'model':<10} {'layer':>5} " + " ".join(f"{c:>15}" for c in cols))
     for name in ("trained", "untrained"):
         for row in out[name]["layers"]:

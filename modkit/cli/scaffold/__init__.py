@@ -50,8 +50,19 @@ _DIST_NAME = re.compile(r"^[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*$")
 # Component type names, as the registry accepts them (modkit.core.registry._NAME).
 _TYPE_NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
 # Import names a plugin must not take: the core, the built-ins and generic names that collide across packages.
-_RESERVED = {"modkit", "modkit_plugins", "plugins", "plugin", "test", "tests", "src", "docs", "torch", "pydantic",
-             "pluggy"}
+_RESERVED = {
+    "modkit",
+    "modkit_plugins",
+    "plugins",
+    "plugin",
+    "test",
+    "tests",
+    "src",
+    "docs",
+    "torch",
+    "pydantic",
+    "pluggy",
+}
 
 
 class ScaffoldError(Exception):
@@ -78,8 +89,10 @@ def validate_name(name: str) -> str:
     from modkit.core.hooks import DISTRIBUTION
 
     if name.replace("_", "-") == DISTRIBUTION:
-        raise ScaffoldError(f"invalid plugin name {name!r}: it is modkit's own distribution name; name the plugin, "
-                            "e.g. 'modkit-my-norms'")
+        raise ScaffoldError(
+            f"invalid plugin name {name!r}: it is modkit's own distribution name; name the plugin, "
+            "e.g. 'modkit-my-norms'"
+        )
     mod = import_name(name)
     if keyword.iskeyword(mod):
         raise ScaffoldError(f"invalid plugin name {name!r}: the import name {mod!r} is a Python keyword")
@@ -87,7 +100,9 @@ def validate_name(name: str) -> str:
         raise ScaffoldError(
             f"invalid plugin name {name!r}: the import name {mod!r} would shadow "
             + ("a standard-library module" if mod in getattr(sys, "stdlib_module_names", ()) else "a reserved name")
-            + "; namespace it, e.g. 'modkit-" + name + "'"
+            + "; namespace it, e.g. 'modkit-"
+            + name
+            + "'"
         )
     return name
 
@@ -126,8 +141,14 @@ def plugin_files(name: str, kind: str, type_: Optional[str] = None) -> dict[str,
         raise ScaffoldError(f"unknown kind {kind!r}; the scaffold writes one of: {', '.join(KINDS)}")
     mod = import_name(name)
     type_ = validate_type(type_ if type_ is not None else mod)
-    values = {"name": name, "mod": mod, "kind": kind, "type": type_, "Class": _class_name(type_),
-              "ident": _ident(type_)}
+    values = {
+        "name": name,
+        "mod": mod,
+        "kind": kind,
+        "type": type_,
+        "Class": _class_name(type_),
+        "ident": _ident(type_),
+    }
     values["usage"] = Template(USAGE[kind]).substitute(values)
     render = lambda text: Template(text).substitute(values)  # noqa: E731
     return {

@@ -6,7 +6,6 @@ Each is a :class:`string.Template` text; placeholders: ``$name`` (distribution),
 :mod:`modkit.cli.scaffold.components`.
 """
 
-
 PYPROJECT = """\
 [build-system]
 requires = ["setuptools>=68"]

@@ -12,8 +12,9 @@ from .report import _row_from_json, verdicts_of, write_files
 from .results import CompareError, Comparison, SpecRow
 
 
-def merge_reports(dirs: Sequence[Union[str, Path]], out_dir: Union[str, Path], *,
-                  command: Optional[str] = None) -> Comparison:
+def merge_reports(
+    dirs: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, command: Optional[str] = None
+) -> Comparison:
     """One report from several comparison folders: every row of each, the verdicts recomputed, the curves replotted.
     Nothing trains.
 
@@ -47,8 +48,9 @@ def merge_reports(dirs: Sequence[Union[str, Path]], out_dir: Union[str, Path], *
         seq_len = seq_len or saved.get("seq_len", 0)
         eval_len = eval_len or saved.get("eval_len", 0)
         n_buckets = n_buckets or saved.get("n_buckets", 8)
-        loaded.append(([_row_from_json(x) for x in saved.get("rows", [])],
-                       [_row_from_json(x) for x in saved.get("grid", [])]))
+        loaded.append(
+            ([_row_from_json(x) for x in saved.get("rows", [])], [_row_from_json(x) for x in saved.get("grid", [])])
+        )
     # which sources repeat a label of an earlier one: those are compared within themselves
     labels = [{r.spec for r in rows} for rows, _ in loaded]
     repeats = [any(labels[k] & labels[j] for j in range(len(loaded)) if j != k) for k in range(len(loaded))]
@@ -66,9 +68,20 @@ def merge_reports(dirs: Sequence[Union[str, Path]], out_dir: Union[str, Path], *
     rows = [r for rows_k, _ in loaded for r in rows_k]
     grid = [r for _, grid_k in loaded for r in grid_k]
     out.mkdir(parents=True, exist_ok=True)
-    result = Comparison(rows=rows, out_dir=out, report=out / "report.md", seq_len=seq_len or 0, eval_len=eval_len or 0,
-                        n_buckets=n_buckets or 8, command=command, n_runs=sum(len(r.runs) for r in rows), jobs=1,
-                        grid=grid, mode="grid" if grid else "single", sources=sources)
+    result = Comparison(
+        rows=rows,
+        out_dir=out,
+        report=out / "report.md",
+        seq_len=seq_len or 0,
+        eval_len=eval_len or 0,
+        n_buckets=n_buckets or 8,
+        command=command,
+        n_runs=sum(len(r.runs) for r in rows),
+        jobs=1,
+        grid=grid,
+        mode="grid" if grid else "single",
+        sources=sources,
+    )
     result.verdicts = [v for g_rows, g_grid in groups for v in verdicts_of(g_rows, g_grid)]
     result.long_verdicts = [v for g_rows, _ in groups for v in verdicts_of(g_rows, metric="long_val_loss")]
     result.recipe = " ".join(f"Source {k}: {text}" for k, text in enumerate(recipes, 1) if text)

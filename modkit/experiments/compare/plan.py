@@ -32,8 +32,9 @@ def parse_lrs(text: str, flag: str = "--lr-sweep") -> list[float]:
         try:
             value = float(part)
         except ValueError:
-            raise CompareError(f"{flag}: {part!r} is not a number; give learning rates separated by commas, "
-                               "e.g. 1e-3,3e-3") from None
+            raise CompareError(
+                f"{flag}: {part!r} is not a number; give learning rates separated by commas, e.g. 1e-3,3e-3"
+            ) from None
         if not math.isfinite(value) or value <= 0:
             raise CompareError(f"{flag}: {part!r} is not a positive learning rate")
         if value in out:
@@ -169,8 +170,9 @@ def _label_specs(paths: Sequence[Union[str, Path, tuple]]) -> list[tuple[str, Pa
     return out
 
 
-def _sizes(widths: Optional[Sequence[int]],
-           depths: Optional[Sequence[int]]) -> list[tuple[Optional[int], Optional[int]]]:
+def _sizes(
+    widths: Optional[Sequence[int]], depths: Optional[Sequence[int]]
+) -> list[tuple[Optional[int], Optional[int]]]:
     """``(d_model, n_layers)`` of every size, widths varying fastest (``None``: the spec's); ``[]`` without sizes."""
     if not widths and not depths:
         return []
@@ -200,17 +202,20 @@ def _check_spec_overrides(request: CompareRequest, labels: Sequence[str]) -> Non
 
     for label, fields in request.spec_overrides.items():
         if label not in labels:
-            raise CompareError(f"per-spec override for {label!r}, which is not a spec label; labels: "
-                               f"{', '.join(labels)}")
+            raise CompareError(
+                f"per-spec override for {label!r}, which is not a spec label; labels: {', '.join(labels)}"
+            )
         for name in fields:
             if name in RESERVED_FIELDS:
                 raise CompareError(f"per-spec override {label}:{name}: the comparison sets {name} itself")
             if name not in TrainConfig.model_fields:
-                raise CompareError(f"per-spec override {label}:{name}: not a training-config field "
-                                   "('modkit schema --train')")
+                raise CompareError(
+                    f"per-spec override {label}:{name}: not a training-config field ('modkit schema --train')"
+                )
             if name == "lr" and (request.lr_sweep or request.lr_grid):
-                raise CompareError(f"per-spec override {label}:lr with a learning-rate sweep or grid: sweep it or set "
-                                   "it, not both")
+                raise CompareError(
+                    f"per-spec override {label}:lr with a learning-rate sweep or grid: sweep it or set it, not both"
+                )
 
 
 def _check_sizes(request: CompareRequest, sizes: Sequence[tuple]) -> None:
@@ -276,8 +281,15 @@ class ComparePlan:
         rate); the schedule keeps the config's ``min_lr / lr`` ratio at a swept rate."""
         cfg = self.config_of(v)
         rate = lr if lr is not None else cfg.lr
-        return {**v.changes, "model": str(v.path), "seed": self.base.seed + i, "lr": rate, "data": self.data_folder,
-                "min_lr": min(rate, cfg.min_lr * rate / cfg.lr), "sample_tokens": 0}
+        return {
+            **v.changes,
+            "model": str(v.path),
+            "seed": self.base.seed + i,
+            "lr": rate,
+            "data": self.data_folder,
+            "min_lr": min(rate, cfg.min_lr * rate / cfg.lr),
+            "sample_tokens": 0,
+        }
 
 
 def _open_report_folder(out: Path) -> None:
@@ -289,13 +301,14 @@ def _open_report_folder(out: Path) -> None:
     if (out / "results.json").exists():
         raise CompareError(f"{out} already holds a comparison; choose another report folder")
     if (out / "runs").is_dir() and any((out / "runs").iterdir()):
-        raise CompareError(f"{out / 'runs'} already holds runs (of a comparison that stopped?); choose another report "
-                           "folder or delete that one")
+        raise CompareError(
+            f"{out / 'runs'} already holds runs (of a comparison that stopped?); choose another report "
+            "folder or delete that one"
+        )
     (out / "runs").mkdir(parents=True, exist_ok=True)
 
 
-def _sized_variants(request: CompareRequest, label: str, path: Path, own: dict[str, Any],
-                    out: Path) -> list[_Variant]:
+def _sized_variants(request: CompareRequest, label: str, path: Path, own: dict[str, Any], out: Path) -> list[_Variant]:
     """Design ``label`` at every size (and every ``tokens_per_param`` budget), each resized spec written to
     ``out/specs/<variant>.json``; the held-out size last.
 

@@ -53,16 +53,24 @@ def plot_curves(rows: Sequence[SpecRow], out: Path, *, imbalance: bool = False) 
 def plot_train_curves(rows: Sequence[SpecRow], loss_out: Path, grad_out: Path) -> tuple[Path, Path]:
     """The logged batch losses and gradient norms against optimizer steps, one colour per row, every seed."""
     plt = _pyplot()
-    for key, out, label, log in (("train_curve", loss_out, "training batch loss (nats / token)", False),
-                                 ("grad_curve", grad_out, "gradient norm (before clipping)", True)):
+    for key, out, label, log in (
+        ("train_curve", loss_out, "training batch loss (nats / token)", False),
+        ("grad_curve", grad_out, "gradient norm (before clipping)", True),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         for i, row in enumerate(rows):
             for j, r in enumerate(row.runs):
                 curve = getattr(r, key)
                 if curve:
                     steps, vals = zip(*curve)
-                    ax.plot(steps, vals, color=f"C{i % 10}", lw=0.6, alpha=0.7,
-                            label=f"{row.spec} (lr {row.lr:g})" if j == 0 else None)
+                    ax.plot(
+                        steps,
+                        vals,
+                        color=f"C{i % 10}",
+                        lw=0.6,
+                        alpha=0.7,
+                        label=f"{row.spec} (lr {row.lr:g})" if j == 0 else None,
+                    )
         if log:
             ax.set_yscale("log")
         ax.set_xlabel("optimizer step")
@@ -122,4 +130,3 @@ def plot_buckets(result: Comparison, out: Path) -> Path:
     fig.savefig(out)
     plt.close(fig)
     return out
-

@@ -70,22 +70,34 @@ def verdicts_of(rows: Sequence[SpecRow], grid: Sequence[SpecRow] = (), *, metric
 def _recipe(config: Any, data_folder: str, request: CompareRequest) -> str:
     """The paragraph that says how every run was trained (``config``: the base training config)."""
     tokens_per_param, tokens = request.tokens_per_param, request.tokens
-    steps = (f"steps of {config.tokens_per_step:,} tokens (batch {config.batch_size} x grad_accum "
-             f"{config.grad_accum} x seq_len {config.seq_len})")
+    steps = (
+        f"steps of {config.tokens_per_step:,} tokens (batch {config.batch_size} x grad_accum "
+        f"{config.grad_accum} x seq_len {config.seq_len})"
+    )
     budget = f"{config.total_steps} {steps}"
     if tokens_per_param:
         ratios = ", ".join(f"{r:g}" for r in tokens_per_param)
         budget = f"a token budget per size of {ratios} tokens per parameter, in {steps}"
     elif tokens:
-        budget = (f"an explicit token budget per size ({', '.join(f'{t:,}' for t in tokens)}), in steps of "
-                  f"{config.tokens_per_step:,} tokens")
+        budget = (
+            f"an explicit token budget per size ({', '.join(f'{t:,}' for t in tokens)}), in steps of "
+            f"{config.tokens_per_step:,} tokens"
+        )
     opt = config.optimizer.get("type", "adamw")
     seeds = request.seeds
-    text = (f"Every spec trained on the same data (`{data_folder}`), {budget}, {config.schedule} schedule with "
-            f"{config.warmup_steps} warmup steps, optimizer {opt}, seeds {config.seed}..{config.seed + seeds - 1}.")
+    text = (
+        f"Every spec trained on the same data (`{data_folder}`), {budget}, {config.schedule} schedule with "
+        f"{config.warmup_steps} warmup steps, optimizer {opt}, seeds {config.seed}..{config.seed + seeds - 1}."
+    )
     if request.spec_overrides:
-        text += " Per spec: " + "; ".join(f"{label}: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in f.items())
-                                        for label, f in request.spec_overrides.items()) + "."
+        text += (
+            " Per spec: "
+            + "; ".join(
+                f"{label}: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in f.items())
+                for label, f in request.spec_overrides.items()
+            )
+            + "."
+        )
     return text
 
 
@@ -143,10 +155,19 @@ def write_files(result: Comparison, config: Any, data_folder: str, *, started: f
     scope = _validation_scope(config, data_folder) if config is not None else "as each source report says"
     write_report(result, scope, lr_sweep=result.mode == "sweep")
     saved = {
-        "command": result.command, "wall_s": result.wall_s, "n_runs": result.n_runs, "jobs": result.jobs,
-        "mode": result.mode, "seq_len": result.seq_len, "eval_len": result.eval_len, "n_buckets": result.n_buckets,
-        "recipe": result.recipe, "scope": scope, "sources": result.sources,
-        "rows": [_row_json(r) for r in result.rows], "grid": [_row_json(r) for r in result.grid],
+        "command": result.command,
+        "wall_s": result.wall_s,
+        "n_runs": result.n_runs,
+        "jobs": result.jobs,
+        "mode": result.mode,
+        "seq_len": result.seq_len,
+        "eval_len": result.eval_len,
+        "n_buckets": result.n_buckets,
+        "recipe": result.recipe,
+        "scope": scope,
+        "sources": result.sources,
+        "rows": [_row_json(r) for r in result.rows],
+        "grid": [_row_json(r) for r in result.grid],
         "all_runs": [asdict(r) for r in result.all_runs],
         "verdicts": [v.to_json() for v in result.verdicts],
         "long_verdicts": [v.to_json() for v in result.long_verdicts],
@@ -179,10 +200,13 @@ def _imbalance_section(rows: Sequence[SpecRow]) -> list[str]:
     if not any(r.imbalance_curve for row in rows for r in row.runs):
         return []
     lines = [
-        "## Expert load imbalance", "",
+        "## Expert load imbalance",
+        "",
         "Max expert load / mean expert load on the fixed evaluation windows (1 = every expert gets the same number of "
-        "token assignments), mean over the MoE layers, then mean ± sample std over seeds.", "",
-        "| spec | load imbalance at step 0 | load imbalance at the end |", "|---|---:|---:|",
+        "token assignments), mean over the MoE layers, then mean ± sample std over seeds.",
+        "",
+        "| spec | load imbalance at step 0 | load imbalance at the end |",
+        "|---|---:|---:|",
     ]
     left = []
     for row in rows:
@@ -204,11 +228,15 @@ def _load_note(rows: Sequence[SpecRow]) -> str:
         return "tokens/s: each run's training throughput (the load it ran under was not recorded)."
     lo, hi = min(loads), max(loads)
     shared = hi > 0.75 * cores
-    text = (f"tokens/s: the mean over seeds of each run's own training throughput, measured while the machine's "
-            f"1-minute load average was {lo:.1f}-{hi:.1f} on {cores} cores")
+    text = (
+        f"tokens/s: the mean over seeds of each run's own training throughput, measured while the machine's "
+        f"1-minute load average was {lo:.1f}-{hi:.1f} on {cores} cores"
+    )
     if shared:
-        return text + (": the machine was shared, so runs made at different moments are not comparable by these "
-                       "figures (the interleaved measurement below, where given, is).")
+        return text + (
+            ": the machine was shared, so runs made at different moments are not comparable by these "
+            "figures (the interleaved measurement below, where given, is)."
+        )
     return text + "."
 
 
@@ -223,8 +251,12 @@ def _intro_lines(result: Comparison, scope: str) -> list[str]:
         (result.recipe + " " if result.recipe else "")
         + "Losses are cross-entropy in nats per token: train is the last estimate on fixed training windows, "
         f"validation {scope}; "
-        + ("bits per byte is that validation score per UTF-8 byte of the scored text (loss x tokens / bytes / ln 2), "
-           "which does not depend on the tokenizer; " if bpb else "")
+        + (
+            "bits per byte is that validation score per UTF-8 byte of the scored text (loss x tokens / bytes / ln 2), "
+            "which does not depend on the tokenizer; "
+            if bpb
+            else ""
+        )
         + "mean ± sample std over seeds. A run diverged when a loss was not finite or its last validation "
         "estimate ended above its step-0 one.",
         "",
@@ -245,11 +277,20 @@ def _table_lines(result: Comparison) -> list[str]:
     rows = result.rows
     ladder = result.ladder is not None
     bpb = any(r.val_bpb_mean is not None for r in rows)
-    head = ("| spec | parameters | active parameters | lr |" + (" training FLOPs |" if ladder else "")
-            + " tokens/s | train loss | validation loss |" + (" validation bits/byte |" if bpb else "")
-            + " diverged | unstable |")
-    rule = ("|---|---:|---:|---:|" + ("---:|" if ladder else "") + "---:|---:|---:|" + ("---:|" if bpb else "")
-            + "---:|---:|")
+    head = (
+        "| spec | parameters | active parameters | lr |"
+        + (" training FLOPs |" if ladder else "")
+        + " tokens/s | train loss | validation loss |"
+        + (" validation bits/byte |" if bpb else "")
+        + " diverged | unstable |"
+    )
+    rule = (
+        "|---|---:|---:|---:|"
+        + ("---:|" if ladder else "")
+        + "---:|---:|---:|"
+        + ("---:|" if bpb else "")
+        + "---:|---:|"
+    )
     lines = [head, rule]
     for r in rows:
         flops = f" {r.flops:.3g} |" if ladder and r.flops is not None else (" |" if ladder else "")
@@ -268,24 +309,35 @@ def _verdict_lines(result: Comparison) -> list[str]:
     chosen = [v for v in result.verdicts if v.lr is None]
     if not chosen:
         return []
-    return ["", "## Verdicts", "",
-            "Each design against the first at the same size, validation loss: the difference of means with its 95% "
-            "confidence interval over seeds (paired t when both ran the same seeds, Welch's t otherwise); "
-            "*resolved* only when the interval excludes zero.", ""] + [f"- {v.text()}" for v in chosen]
+    return [
+        "",
+        "## Verdicts",
+        "",
+        "Each design against the first at the same size, validation loss: the difference of means with its 95% "
+        "confidence interval over seeds (paired t when both ran the same seeds, Welch's t otherwise); "
+        "*resolved* only when the interval excludes zero.",
+        "",
+    ] + [f"- {v.text()}" for v in chosen]
 
 
 def _sweep_lines(rows: Sequence[SpecRow]) -> list[str]:
     """The learning-rate sweep: each swept row's first-seed loss at every rate, the winner in bold."""
     lrs = sorted({lr for r in rows for lr in r.sweep})
-    lines = ["", "## Learning-rate sweep", "",
-             "The first seed of each spec at every learning rate (validation loss); the lowest wins and the other "
-             "seeds train at it.",
-             "", "| spec | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | winner |",
-             "|---|" + "---:|" * len(lrs) + "---:|"]
+    lines = [
+        "",
+        "## Learning-rate sweep",
+        "",
+        "The first seed of each spec at every learning rate (validation loss); the lowest wins and the other "
+        "seeds train at it.",
+        "",
+        "| spec | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | winner |",
+        "|---|" + "---:|" * len(lrs) + "---:|",
+    ]
     swept = [r for r in rows if r.sweep]  # a merged report may hold rows that were never swept
     for r in swept:
-        cells = [(f"**{r.sweep[lr]:.4f}**" if lr == r.lr else f"{r.sweep[lr]:.4f}") if lr in r.sweep else ""
-                 for lr in lrs]
+        cells = [
+            (f"**{r.sweep[lr]:.4f}**" if lr == r.lr else f"{r.sweep[lr]:.4f}") if lr in r.sweep else "" for lr in lrs
+        ]
         lines.append(f"| {r.spec} | " + " | ".join(cells) + f" | {r.lr:g} |")
     lines += [""] + [f"- {r.spec}: learning rate {r.lr:g} won." for r in swept]
     return lines + ["", "![validation loss against learning rate](lr.png)"]
@@ -299,11 +351,16 @@ def _grid_lines(result: Comparison) -> list[str]:
     rows = result.rows
     seeds = max(len(r.runs) for r in rows)
     lrs = sorted({r.lr for r in result.grid})
-    lines = ["", "## Learning-rate grid", "",
-             f"Every seed of every spec at every learning rate (validation loss, mean ± std over {seeds} seeds); "
-             "the lowest mean wins (bold).", "",
-             "| spec | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | winner |",
-             "|---|" + "---:|" * len(lrs) + "---:|"]
+    lines = [
+        "",
+        "## Learning-rate grid",
+        "",
+        f"Every seed of every spec at every learning rate (validation loss, mean ± std over {seeds} seeds); "
+        "the lowest mean wins (bold).",
+        "",
+        "| spec | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | winner |",
+        "|---|" + "---:|" * len(lrs) + "---:|",
+    ]
     gridded = {g.spec for g in result.grid}  # a merged report may hold rows from a source without a grid
     for chosen_row in (r for r in rows if r.spec in gridded):
         cells = []
@@ -322,22 +379,29 @@ def _grid_lines(result: Comparison) -> list[str]:
 
 def _instability_lines(result: Comparison) -> list[str]:
     """The instability reading of every run (:func:`modkit.experiments.stats.instability`)."""
-    lines = ["", "## Instability", "",
-             "Per run, from the logged training steps: the fraction of steps whose train loss (mean of the last 5 "
-             "logged batches) exceeds its running minimum by more than the run's threshold (stalls and loss "
-             "spikes), the gradient-norm spikes (a logged norm above 5x the median of those logged before it, "
-             "after the first 10) and the largest norm. The threshold is the margin (`--spike-margin`, 0.1 nats "
-             "unless changed) plus the dip that the run's batch noise alone gives the running minimum over its "
-             "length (noise / sqrt(5) x sqrt(2 ln(steps / 5)), the noise estimated from the step-to-step changes "
-             "of the loss), so that a long healthy run does not count as unstable. A run counts as unstable above "
-             "5% or with any spike. Every run of the comparison, the sweep's and the grid's included.", "",
-             "| spec | lr | seed | steps above the running minimum | threshold (nats) | gradient-norm spikes | "
-             "largest gradient norm |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "",
+        "## Instability",
+        "",
+        "Per run, from the logged training steps: the fraction of steps whose train loss (mean of the last 5 "
+        "logged batches) exceeds its running minimum by more than the run's threshold (stalls and loss "
+        "spikes), the gradient-norm spikes (a logged norm above 5x the median of those logged before it, "
+        "after the first 10) and the largest norm. The threshold is the margin (`--spike-margin`, 0.1 nats "
+        "unless changed) plus the dip that the run's batch noise alone gives the running minimum over its "
+        "length (noise / sqrt(5) x sqrt(2 ln(steps / 5)), the noise estimated from the step-to-step changes "
+        "of the loss), so that a long healthy run does not count as unstable. A run counts as unstable above "
+        "5% or with any spike. Every run of the comparison, the sweep's and the grid's included.",
+        "",
+        "| spec | lr | seed | steps above the running minimum | threshold (nats) | gradient-norm spikes | "
+        "largest gradient norm |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for run in result.all_runs or [run for r in result.rows for run in r.runs]:
         threshold = f"{run.above_threshold:.3f}" if run.above_threshold > 0 else ""  # older reports did not keep it
-        lines.append(f"| {run.spec} | {run.lr:g} | {run.seed} | {run.above_min:.1%} | {threshold} | {run.spikes} | "
-                     f"{run.max_grad_norm:.3g} |")
+        lines.append(
+            f"| {run.spec} | {run.lr:g} | {run.seed} | {run.above_min:.1%} | {threshold} | {run.spikes} | "
+            f"{run.max_grad_norm:.3g} |"
+        )
     return lines
 
 
@@ -345,10 +409,16 @@ def _throughput_lines(result: Comparison) -> list[str]:
     """The interleaved throughput table (nothing when it was not measured)."""
     if not result.throughput:
         return []
-    lines = ["", "## Throughput, measured interleaved", "",
-             "Every variant timed again in one process, round-robin (a few optimizer steps each, three rounds, "
-             "median), so each saw the same load; the ratio is against the first.", "",
-             "| spec | tokens/s | ratio |", "|---|---:|---:|"]
+    lines = [
+        "",
+        "## Throughput, measured interleaved",
+        "",
+        "Every variant timed again in one process, round-robin (a few optimizer steps each, three rounds, "
+        "median), so each saw the same load; the ratio is against the first.",
+        "",
+        "| spec | tokens/s | ratio |",
+        "|---|---:|---:|",
+    ]
     first = next(iter(result.throughput.values()))
     for label, tps in result.throughput.items():
         lines.append(f"| {label} | {tps:,.0f} | {tps / first:.3f} |")
@@ -363,11 +433,15 @@ def _position_lines(result: Comparison) -> list[str]:
         return []
     edges = np.array_split(np.arange(result.eval_len), result.n_buckets)
     lines = [
-        "", f"## Loss by position at context {result.eval_len} (trained at {result.seq_len})", "",
+        "",
+        f"## Loss by position at context {result.eval_len} (trained at {result.seq_len})",
+        "",
         "Best checkpoint of each run on the validation split in windows of "
         f"{result.eval_len} tokens; mean loss of the positions in each bucket, mean over seeds. Buckets past "
-        f"position {result.seq_len - 1} are beyond the training context.", "",
-        "| spec | " + " | ".join(f"{int(e[0])}-{int(e[-1])}" for e in edges)
+        f"position {result.seq_len - 1} are beyond the training context.",
+        "",
+        "| spec | "
+        + " | ".join(f"{int(e[0])}-{int(e[-1])}" for e in edges)
         + f" | all {result.eval_len} (mean ± std) |",
         "|---|" + "---:|" * (len(edges) + 1),
     ]
@@ -378,20 +452,33 @@ def _position_lines(result: Comparison) -> list[str]:
     if left:
         lines += ["", "Not scored at this context: " + "; ".join(f"{r.spec} ({r.buckets_note})" for r in left) + "."]
     if result.long_verdicts:
-        lines += ["", (f"Verdicts at context {result.eval_len}: the validation loss over every position of those "
-                       "windows (the last column), each scored design against the first, as above."), ""]
+        lines += [
+            "",
+            (
+                f"Verdicts at context {result.eval_len}: the validation loss over every position of those "
+                "windows (the last column), each scored design against the first, as above."
+            ),
+            "",
+        ]
         lines += [f"- {v.text()}" for v in result.long_verdicts]
     return lines + ["", "![loss by position](positions.png)"]
 
 
 def _run_lines(rows: Sequence[SpecRow]) -> list[str]:
     """Every run of every row with its losses and its folder."""
-    lines = ["", "## Runs", "", "| spec | lr | seed | train loss | validation loss | diverged | folder |",
-             "|---|---:|---:|---:|---:|---|---|"]
+    lines = [
+        "",
+        "## Runs",
+        "",
+        "| spec | lr | seed | train loss | validation loss | diverged | folder |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
     for r in rows:
         for run in r.runs:
-            lines.append(f"| {r.spec} | {run.lr:g} | {run.seed} | {run.train_loss:.4f} | {run.val_loss:.4f} | "
-                         f"{'yes' if run.diverged else 'no'} | runs/{run.run_dir.name} |")
+            lines.append(
+                f"| {r.spec} | {run.lr:g} | {run.seed} | {run.train_loss:.4f} | {run.val_loss:.4f} | "
+                f"{'yes' if run.diverged else 'no'} | runs/{run.run_dir.name} |"
+            )
     return lines
 
 
@@ -410,9 +497,16 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
         from modkit.experiments.ladder import report_lines
 
         lines += [""] + report_lines(result.ladder)
-    lines += ["", "## Curves", "", "![validation loss of every run](curves.png)", "",
-              "![training batch loss of every run](train-curves.png)", "",
-              "![gradient norm of every run](grad-norm.png)"]
+    lines += [
+        "",
+        "## Curves",
+        "",
+        "![validation loss of every run](curves.png)",
+        "",
+        "![training batch loss of every run](train-curves.png)",
+        "",
+        "![gradient norm of every run](grad-norm.png)",
+    ]
     imbalance = _imbalance_section(result.rows)
     if imbalance:
         lines += [""] + imbalance

@@ -120,8 +120,13 @@ class Verdict:
 
     def to_json(self) -> dict:
         """``{"a", "b", "lr", every field of the difference, "resolved"}``, as ``results.json`` holds it."""
-        return {"a": self.a, "b": self.b, "lr": self.lr, **asdict(self.difference),
-                "resolved": self.difference.resolved}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "lr": self.lr,
+            **asdict(self.difference),
+            "resolved": self.difference.resolved,
+        }
 
     def text(self) -> str:
         """The verdict sentence (:meth:`modkit.experiments.stats.Difference.text`)."""
@@ -181,7 +186,6 @@ def mean_std(values: Sequence[float]) -> tuple[float, Optional[float]]:
 def fmt_pm(mean: float, std: Optional[float]) -> str:
     """``"1.2345 ± 0.0123"`` (the std left out for one seed)."""
     return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
-
 
 
 def _finite(x: float) -> float:

@@ -18,8 +18,9 @@ from .results import CompareError, RunSummary, SpecRow, _finite, mean_std
 
 
 @torch.no_grad()
-def position_losses(model: torch.nn.Module, tokens: np.ndarray, length: int, max_tokens: int, *,
-                    batch: int = 8) -> np.ndarray:
+def position_losses(
+    model: torch.nn.Module, tokens: np.ndarray, length: int, max_tokens: int, *, batch: int = 8
+) -> np.ndarray:
     """Mean cross-entropy per position ``[length]`` over non-overlapping windows of ``length`` tokens.
 
     Window ``w`` holds inputs ``tokens[w * length : (w + 1) * length]`` and their next tokens; the windows cover
@@ -31,8 +32,9 @@ def position_losses(model: torch.nn.Module, tokens: np.ndarray, length: int, max
     """
     n = (min(len(tokens), max(max_tokens, length) + 1) - 1) // length
     if n < 1:
-        raise CompareError(f"the validation split has {len(tokens)} tokens, fewer than the {length + 1} one window "
-                           f"of {length} needs")
+        raise CompareError(
+            f"the validation split has {len(tokens)} tokens, fewer than the {length + 1} one window of {length} needs"
+        )
     device = next(model.parameters()).device
     sums = torch.zeros(length, dtype=torch.float64)
     for b in range(0, n, batch):
@@ -66,19 +68,32 @@ def _make_row(plan: ComparePlan, v: _Variant, lr: float, runs: list[RunSummary])
     bpb = [r.val_bpb for r in runs]
     bpb_mean, bpb_std = mean_std(bpb) if all(x is not None for x in bpb) else (None, None)
     return SpecRow(
-        spec=v.label, path=str(v.path), params=modkit.count_params(spec),
-        active_params=modkit.active_params_per_token(spec), lr=lr,
+        spec=v.label,
+        path=str(v.path),
+        params=modkit.count_params(spec),
+        active_params=modkit.active_params_per_token(spec),
+        lr=lr,
         tokens_per_s=statistics.fmean(r.tokens_per_s for r in runs),
-        train_loss_mean=train_mean, train_loss_std=train_std, val_loss_mean=val_mean, val_loss_std=val_std,
-        diverged=sum(r.diverged for r in runs), runs=sorted(runs, key=lambda r: r.seed), design=v.design, size=v.size,
-        flops_per_token=fpt, tokens=runs[0].tokens, holdout=v.holdout,
-        unstable=sum(1 for r in runs if is_unstable(r.above_min, r.spikes)), val_bpb_mean=bpb_mean,
+        train_loss_mean=train_mean,
+        train_loss_std=train_std,
+        val_loss_mean=val_mean,
+        val_loss_std=val_std,
+        diverged=sum(r.diverged for r in runs),
+        runs=sorted(runs, key=lambda r: r.seed),
+        design=v.design,
+        size=v.size,
+        flops_per_token=fpt,
+        tokens=runs[0].tokens,
+        holdout=v.holdout,
+        unstable=sum(1 for r in runs if is_unstable(r.above_min, r.spikes)),
+        val_bpb_mean=bpb_mean,
         val_bpb_std=bpb_std,
     )
 
 
-def table_rows(plan: ComparePlan,
-               by_variant: dict[str, dict[float, list[RunSummary]]]) -> tuple[list[SpecRow], list[SpecRow]]:
+def table_rows(
+    plan: ComparePlan, by_variant: dict[str, dict[float, list[RunSummary]]]
+) -> tuple[list[SpecRow], list[SpecRow]]:
     """``(rows, grid)``: each variant's row at its chosen learning rate, and with a grid every (variant, rate) row.
 
     A grid's rate is the one of the lowest mean validation loss over seeds, a sweep's the one of the lowest first-seed

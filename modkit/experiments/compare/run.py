@@ -82,8 +82,12 @@ def _train_run(config: Any, run_dir: Path, overrides: dict[str, Any]) -> SimpleN
 
     before = _load_average()
     result = train(config, run_dir, overrides=overrides, echo=lambda line: None)
-    return SimpleNamespace(tokens_per_s=result.tokens_per_s, elapsed_s=result.elapsed_s, load=(before, _load_average()),
-                           cores=os.cpu_count() or 0)
+    return SimpleNamespace(
+        tokens_per_s=result.tokens_per_s,
+        elapsed_s=result.elapsed_s,
+        load=(before, _load_average()),
+        cores=os.cpu_count() or 0,
+    )
 
 
 def _execute(plan: ComparePlan, pool: Optional[Executor], runs: list[RunKey]) -> list[RunSummary]:
@@ -100,8 +104,9 @@ def _execute(plan: ComparePlan, pool: Optional[Executor], runs: list[RunKey]) ->
 
     def finish(k: int, result: SimpleNamespace) -> None:
         (v, _, _), (_, run_dir, changes) = runs[k], calls[k]
-        summaries[k] = read_run(run_dir, v.label, changes["lr"], changes["seed"], result,
-                                spike_margin=request.spike_margin)
+        summaries[k] = read_run(
+            run_dir, v.label, changes["lr"], changes["seed"], result, spike_margin=request.spike_margin
+        )
         request.echo(f"done {run_dir.name}: validation loss {summaries[k].val_loss:.4f}, {result.elapsed_s:.0f} s")
 
     if pool is None:
@@ -129,8 +134,11 @@ def train_runs(plan: ComparePlan) -> tuple[dict[str, dict[float, list[RunSummary
     request, variants = plan.request, plan.variants
     by_variant: dict[str, dict[float, list[RunSummary]]] = {v.label: {} for v in variants}
     jobs = request.jobs
-    workers = (ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1
-               else contextlib.nullcontext())
+    workers = (
+        ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        if jobs > 1
+        else contextlib.nullcontext()
+    )
     with workers as pool:
         if request.mode == "grid":
             runs = [(v, lr, i) for v in variants for lr in request.lrs for i in range(request.seeds)]
@@ -142,8 +150,10 @@ def train_runs(plan: ComparePlan) -> tuple[dict[str, dict[float, list[RunSummary
         for r in done:
             by_variant[r.spec].setdefault(r.lr, []).append(r)
         if request.mode == "sweep":
-            best = {label: min(per_lr, key=lambda lr: _finite(per_lr[lr][0].val_loss))
-                    for label, per_lr in by_variant.items()}
+            best = {
+                label: min(per_lr, key=lambda lr: _finite(per_lr[lr][0].val_loss))
+                for label, per_lr in by_variant.items()
+            }
             rest = _execute(plan, pool, [(v, best[v.label], i) for v in variants for i in range(1, request.seeds)])
             for r in rest:
                 by_variant[r.spec][r.lr].append(r)
@@ -151,8 +161,15 @@ def train_runs(plan: ComparePlan) -> tuple[dict[str, dict[float, list[RunSummary
     return by_variant, done
 
 
-def measure_throughput(variants: Sequence[_Variant], config: Any, data_folder: str, steps: int, *, rounds: int = 3,
-                       echo: Callable[[str], None] = print) -> dict[str, float]:
+def measure_throughput(
+    variants: Sequence[_Variant],
+    config: Any,
+    data_folder: str,
+    steps: int,
+    *,
+    rounds: int = 3,
+    echo: Callable[[str], None] = print,
+) -> dict[str, float]:
     """Training tokens/s of every variant measured round-robin in this process (each round times ``steps`` optimizer
     steps of every variant in turn after one warm-up step), median over ``rounds``: every variant sees the same load.
 
@@ -253,9 +270,19 @@ def compare(
     rows, grid = table_rows(plan, by_variant)
     eval_len = 2 * plan.base.seq_len
     score_positions(plan, rows, eval_len)
-    result = Comparison(rows=rows, out_dir=plan.out, report=plan.out / "report.md", seq_len=plan.base.seq_len,
-                        eval_len=eval_len, n_buckets=request.n_buckets, command=request.command, n_runs=len(done),
-                        jobs=request.jobs, grid=grid, mode=request.mode)
+    result = Comparison(
+        rows=rows,
+        out_dir=plan.out,
+        report=plan.out / "report.md",
+        seq_len=plan.base.seq_len,
+        eval_len=eval_len,
+        n_buckets=request.n_buckets,
+        command=request.command,
+        n_runs=len(done),
+        jobs=request.jobs,
+        grid=grid,
+        mode=request.mode,
+    )
     order = [v.label for v in plan.variants]
     result.all_runs = sorted(done, key=lambda r: (order.index(r.spec), r.lr, r.seed))
     result.verdicts = verdicts_of(rows, grid)
@@ -265,8 +292,9 @@ def compare(
 
         result.ladder = fit_ladder(rows)
     if request.throughput_steps > 0:
-        result.throughput = measure_throughput(plan.variants, request.config, plan.data_folder,
-                                               request.throughput_steps, echo=request.echo)
+        result.throughput = measure_throughput(
+            plan.variants, request.config, plan.data_folder, request.throughput_steps, echo=request.echo
+        )
     result.recipe = _recipe(plan.base, plan.data_folder, request)
     write_files(result, plan.base, plan.data_folder, started=started)
     return result

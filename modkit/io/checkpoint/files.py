@@ -58,7 +58,7 @@ def pickle_message(path: Union[str, Path]) -> str:
         f"refusing to load {p}: it is a pickle file, and unpickling can execute arbitrary code hidden in the "
         "file; modkit reads weights only from safetensors. Convert it once, in an environment where you trust "
         "the file, e.g.\n"
-        f"  python -c \"import torch; from safetensors.torch import save_file; "
+        f'  python -c "import torch; from safetensors.torch import save_file; '
         f"sd = torch.load('{src}', map_location='cpu', weights_only=True); "
         "save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors', metadata={'format': 'pt'})\"\n"
         "(weights_only=True refuses code objects), or with transformers: "

@@ -234,8 +234,11 @@ class _Problems:
                     )
                 code = source.dtype_code(real)
                 if code not in _LOADABLE_CODES:
-                    why = ("a quantised 8-bit float format; dequantise the checkpoint first" if code.startswith("F8")
-                           else "not a floating-point type")
+                    why = (
+                        "a quantised 8-bit float format; dequantise the checkpoint first"
+                        if code.startswith("F8")
+                        else "not a floating-point type"
+                    )
                     self.wrong_dtype.append(
                         f"{real}: stored as {code} ({why}); the model needs F16, BF16, F32 or F64 (for {feeds})"
                     )

@@ -152,8 +152,16 @@ def load(
             extras[name[len(EXTRAS_PREFIX) :]] = source.get(name)
         else:
             state[name] = source.get(name)
-    model = materialize(spec, state, device=device, dtype=dtype, registry=registry, nonfinite=nonfinite,
-                        check_memory=check_memory, origin=str(source.origin))
+    model = materialize(
+        spec,
+        state,
+        device=device,
+        dtype=dtype,
+        registry=registry,
+        nonfinite=nonfinite,
+        check_memory=check_memory,
+        origin=str(source.origin),
+    )
     model.checkpoint_extras = extras
     model.hf_config = _metadata_json(source, HF_CONFIG_KEY, "the Hugging Face config the model came from")
     return model

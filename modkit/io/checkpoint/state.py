@@ -42,8 +42,11 @@ def _dtype_problems(state: Mapping[str, Tensor], own: Mapping[str, Tensor]) -> l
             continue
         got = str(t.dtype).replace("torch.", "")
         if want.is_floating_point() and t.dtype not in LOADABLE_FLOAT_DTYPES:
-            why = ("a quantised 8-bit float format; dequantise the checkpoint first" if "float8" in got
-                   else "not a floating-point type")
+            why = (
+                "a quantised 8-bit float format; dequantise the checkpoint first"
+                if "float8" in got
+                else "not a floating-point type"
+            )
             problems.append(f"{name}: stored as {got} ({why}); the model needs float16, bfloat16, float32 or float64")
         elif not want.is_floating_point() and t.dtype != want.dtype:
             problems.append(f"{name}: stored as {got}; the model needs {str(want.dtype).replace('torch.', '')}")
@@ -81,8 +84,11 @@ def report_nonfinite(tensors: Mapping[str, Tensor], origin: str, nonfinite: str)
         raise CheckpointError(msg + "; refusing to load them (nonfinite='error')")
     import warnings
 
-    warnings.warn(msg + "; outputs computed from them will not be finite (pass nonfinite='error' to refuse such "
-                  "checkpoints)", NonFiniteWeightsWarning, stacklevel=3)
+    warnings.warn(
+        msg + "; outputs computed from them will not be finite (pass nonfinite='error' to refuse such checkpoints)",
+        NonFiniteWeightsWarning,
+        stacklevel=3,
+    )
 
 
 def materialize(
@@ -126,9 +132,12 @@ def materialize(
     own = model.state_dict()
     _refuse_dtypes(state, own, origin)
     if check_memory:
-        check_fits(module_bytes(model), target,
-                   f"the weights and buffers of this model ({str(tdtype).replace('torch.', '')})",
-                   hint="load it with a smaller dtype or on another device")
+        check_fits(
+            module_bytes(model),
+            target,
+            f"the weights and buffers of this model ({str(tdtype).replace('torch.', '')})",
+            hint="load it with a smaller dtype or on another device",
+        )
     _refuse_mismatch(spec, state, own)
     _recompute_buffers(model, Init(0, spec.init_std), target)
     cast = _cast_state(state, own, tdtype, target)

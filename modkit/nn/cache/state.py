@@ -146,8 +146,10 @@ class MixerCache:
 
     def _group(self) -> SlotGroup:
         if self.group is None:
-            raise ValueError(f"this mixer declared no per-token cache entry (its entries: {list(self.tensors)}); "
-                             "read and write per-sequence state with state[name] and state.write(name, value)")
+            raise ValueError(
+                f"this mixer declared no per-token cache entry (its entries: {list(self.tensors)}); "
+                "read and write per-sequence state with state[name] and state.write(name, value)"
+            )
         return self.group
 
     def _put(self, name: str, x: Tensor, g: SlotGroup) -> Tensor:
@@ -194,8 +196,10 @@ class MixerCache:
         if not torch.compiler.is_compiling():
             unknown = [n for n in new if n not in self._axis]
             if unknown:
-                raise KeyError(f"cache entries {unknown} are not declared per-token entries of this mixer; "
-                               f"its per-token entries: {list(self._axis)}")
+                raise KeyError(
+                    f"cache entries {unknown} are not declared per-token entries of this mixer; "
+                    f"its per-token entries: {list(self._axis)}"
+                )
         seen = {name: self._put(name, x, g) for name, x in new.items()}
         if g.mode == "fresh":
             return seen, positions, valid
@@ -220,8 +224,10 @@ class MixerCache:
             RuntimeError: the cache was not allocated. KeyError: the mixer declared no ``"k"`` / ``"v"`` entries.
         """
         if "k" not in self._axis or "v" not in self._axis:
-            raise KeyError(f"update(k, v, ...) needs per-token entries 'k' and 'v'; this mixer declared "
-                           f"{list(self.tensors)}: use append({{name: tensor}}, positions, valid)")
+            raise KeyError(
+                f"update(k, v, ...) needs per-token entries 'k' and 'v'; this mixer declared "
+                f"{list(self.tensors)}: use append({{name: tensor}}, positions, valid)"
+            )
         g = self._group()
         k_all, v_all = self._put("k", k, g), self._put("v", v, g)
         if g.mode == "fresh":

@@ -101,32 +101,122 @@ __all__ = [
 
 #: Every check, in the order results are reported.
 CHECKS: tuple[Check, ...] = (
-    Check("spec_roundtrip", "load_spec(spec.to_json()) == spec; the config round-trips and has a JSON Schema", check_spec_roundtrip),
-    Check("shape_dtype", "[batch, seq, d_model], dtype and device preserved for several shapes (seq = 1 too), float32 and bfloat16; norms at other widths", check_shape_dtype),
+    Check(
+        "spec_roundtrip",
+        "load_spec(spec.to_json()) == spec; the config round-trips and has a JSON Schema",
+        check_spec_roundtrip,
+    ),
+    Check(
+        "shape_dtype",
+        "[batch, seq, d_model], dtype and device preserved for several shapes (seq = 1 too), float32 and bfloat16; norms at other widths",
+        check_shape_dtype,
+    ),
     Check("gradients", "every parameter gets a finite non-zero gradient", check_gradients),
-    Check("causality", "changing tokens from position j on never changes earlier logits (64 tokens; eval, and train with dropout)", check_causality, applies_causality),
-    Check("per_token", "an ffn or norm acts on each token alone: other tokens never change its output", check_per_token, applies_per_token),
-    Check("kv_cache_decode", "cached decode of 64 tokens (chunks, sliding window) equals the full forward", check_kv_cache_decode, applies_kv),
-    Check("masked_row", "no NaN from queries that see no key (padding-only rows, all-padding row, chunked prefill); real tokens unaffected", check_masked_row, applies_masked),
-    Check("gqa_equals_mha", "n_kv_heads < n_heads equals n_heads key/value heads with repeated weights", check_gqa_equals_mha, applies_gqa),
-    Check("position_sensitivity", "the position scheme a layer is given changes its output (against no position scheme)", check_position_sensitivity, applies_position_sensitivity),
-    Check("document_mask", "with document ids, each document of a packed row gives the logits it gives alone", check_document_mask, applies_document_mask),
-    Check("meta_init", "modkit.build (meta, to_empty, init_weights) equals a direct build, tensor for tensor, and runs", check_meta_init),
-    Check("param_count", "declared param_count equals the module's parameter count", check_param_count, applies_param_count),
-    Check("param_roles", "every parameter has a declared role (modkit.core.roles) that fits its shape: what optimizers, weight "
-          "decay and muP read", check_param_roles),
+    Check(
+        "causality",
+        "changing tokens from position j on never changes earlier logits (64 tokens; eval, and train with dropout)",
+        check_causality,
+        applies_causality,
+    ),
+    Check(
+        "per_token",
+        "an ffn or norm acts on each token alone: other tokens never change its output",
+        check_per_token,
+        applies_per_token,
+    ),
+    Check(
+        "kv_cache_decode",
+        "cached decode of 64 tokens (chunks, sliding window) equals the full forward",
+        check_kv_cache_decode,
+        applies_kv,
+    ),
+    Check(
+        "masked_row",
+        "no NaN from queries that see no key (padding-only rows, all-padding row, chunked prefill); real tokens unaffected",
+        check_masked_row,
+        applies_masked,
+    ),
+    Check(
+        "gqa_equals_mha",
+        "n_kv_heads < n_heads equals n_heads key/value heads with repeated weights",
+        check_gqa_equals_mha,
+        applies_gqa,
+    ),
+    Check(
+        "position_sensitivity",
+        "the position scheme a layer is given changes its output (against no position scheme)",
+        check_position_sensitivity,
+        applies_position_sensitivity,
+    ),
+    Check(
+        "document_mask",
+        "with document ids, each document of a packed row gives the logits it gives alone",
+        check_document_mask,
+        applies_document_mask,
+    ),
+    Check(
+        "meta_init",
+        "modkit.build (meta, to_empty, init_weights) equals a direct build, tensor for tensor, and runs",
+        check_meta_init,
+    ),
+    Check(
+        "param_count",
+        "declared param_count equals the module's parameter count",
+        check_param_count,
+        applies_param_count,
+    ),
+    Check(
+        "param_roles",
+        "every parameter has a declared role (modkit.core.roles) that fits its shape: what optimizers, weight "
+        "decay and muP read",
+        check_param_roles,
+    ),
     Check("flops", FLOPS_SUMMARY, check_flops, applies_flops),
-    Check("precision", "bfloat16 and float16 agree with float64 on the same numbers within a few ulps", check_precision, applies_precision),
-    Check("dropout", "a declared dropout is random in train mode and absent in eval mode", check_dropout, applies_dropout),
-    Check("aux_loss_grad", "the aux loss alone sends a gradient to every router parameter", check_aux_loss_grad, applies_aux),
-    Check("compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, applies_compile),
-    Check("grouped_form", "the stacked copies (mixture-of-experts experts) keep rows in their group, are independent, init, train, compile", check_grouped_form, applies_grouped),
-    Check("sampling", "logits processors and stop conditions: shapes, dtype, no in-place change, never empty, deterministic, rows independent",
-          check_sampling, applies_sampling),
-    Check("optimizer", "an optimizer trains a tiny model holding every parameter role, every parameter in one group, "
-          "and resumes bitwise from its saved state", check_optimizer, applies_optimizer),
-    Check("shards", "tp_plan: tensor-parallel (tp = 2, gloo) logits, gradients and one AdamW step equal the single-process ones (opt-in: distributed)",
-          check_shards, applies_shards, distributed=True, run_many=shards_many),
+    Check(
+        "precision",
+        "bfloat16 and float16 agree with float64 on the same numbers within a few ulps",
+        check_precision,
+        applies_precision,
+    ),
+    Check(
+        "dropout", "a declared dropout is random in train mode and absent in eval mode", check_dropout, applies_dropout
+    ),
+    Check(
+        "aux_loss_grad",
+        "the aux loss alone sends a gradient to every router parameter",
+        check_aux_loss_grad,
+        applies_aux,
+    ),
+    Check(
+        "compile", "torch.compile(fullgraph=True) without graph breaks, equal to eager", check_compile, applies_compile
+    ),
+    Check(
+        "grouped_form",
+        "the stacked copies (mixture-of-experts experts) keep rows in their group, are independent, init, train, compile",
+        check_grouped_form,
+        applies_grouped,
+    ),
+    Check(
+        "sampling",
+        "logits processors and stop conditions: shapes, dtype, no in-place change, never empty, deterministic, rows independent",
+        check_sampling,
+        applies_sampling,
+    ),
+    Check(
+        "optimizer",
+        "an optimizer trains a tiny model holding every parameter role, every parameter in one group, "
+        "and resumes bitwise from its saved state",
+        check_optimizer,
+        applies_optimizer,
+    ),
+    Check(
+        "shards",
+        "tp_plan: tensor-parallel (tp = 2, gloo) logits, gradients and one AdamW step equal the single-process ones (opt-in: distributed)",
+        check_shards,
+        applies_shards,
+        distributed=True,
+        run_many=shards_many,
+    ),
 )
 
 CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in CHECKS)
@@ -176,8 +266,13 @@ class ComponentChecks:
     """
 
     def __init__(
-        self, entry: Component, registry: Registry, config: Union[dict, ComponentConfig, None] = None, device: str = "cpu",
-        distributed: bool = False, neighbours: Optional[Mapping[str, Named]] = None,
+        self,
+        entry: Component,
+        registry: Registry,
+        config: Union[dict, ComponentConfig, None] = None,
+        device: str = "cpu",
+        distributed: bool = False,
+        neighbours: Optional[Mapping[str, Named]] = None,
     ):
         self.entry = entry
         self.registry = registry
@@ -199,17 +294,26 @@ class ComponentChecks:
             except SpecError as exc:
                 raise SpecError(exc.errors, source=self.name, subject="component config") from None
             if config.type != entry.type:
-                raise SpecError([("type", f"the config is a {entry.kind} {config.type!r}, not {entry.type!r}")],
-                                source=self.name, subject="component config")
+                raise SpecError(
+                    [("type", f"the config is a {entry.kind} {config.type!r}, not {entry.type!r}")],
+                    source=self.name,
+                    subject="component config",
+                )
         else:
             try:
                 config = load_component(entry.kind, entry.example_config(), registry=self.registry)
             except SpecError as exc:
                 why = "; ".join(f"{p}: {m}" if p else m for p, m in exc.errors[:3])
                 if entry.example is None:
-                    self._setup = ("skip", f"no example config: {{'type': {entry.type!r}}} does not validate ({why}); add example= to the Component")
+                    self._setup = (
+                        "skip",
+                        f"no example config: {{'type': {entry.type!r}}} does not validate ({why}); add example= to the Component",
+                    )
                 else:
-                    self._setup = ("example", f"the entry's example config {dict(entry.example)} does not validate: {why}")
+                    self._setup = (
+                        "example",
+                        f"the entry's example config {dict(entry.example)} does not validate: {why}",
+                    )
                 return self._setup
         try:
             if entry.kind in SAMPLING_KINDS:  # not part of a model: no tiny model to build
@@ -259,8 +363,12 @@ class ComponentChecks:
         if state == "fail":
             return self._result(chk.name, "failed", str(bench))
         if chk.distributed and not self.distributed:
-            return self._result(chk.name, "skipped", "pass --distributed to run (starts 2 gloo processes; "
-                               "distributed=True in Python, --modkit-distributed under pytest)")
+            return self._result(
+                chk.name,
+                "skipped",
+                "pass --distributed to run (starts 2 gloo processes; "
+                "distributed=True in Python, --modkit-distributed under pytest)",
+            )
         return None
 
     @property
@@ -415,10 +523,18 @@ def select_components(
     if not out:
         broken = {n: why for n, why in reg.skipped_plugins().items() if plugins and match(n, plugins)}
         if broken:
-            raise RegistryError("; ".join(f"plugin {n!r} failed to load, so it has no components to check: {why}" for n, why in broken.items()))
+            raise RegistryError(
+                "; ".join(
+                    f"plugin {n!r} failed to load, so it has no components to check: {why}" for n, why in broken.items()
+                )
+            )
         names = ", ".join(p.name for p in reg.plugins()) or "(none)"
-        want = " and ".join(f"{k} {' or '.join(map(repr, v))}" for k, v in (("plugin", plugins), ("kind", kinds), ("type", types)) if v)
-        raise RegistryError(f"no registered component matches {want or 'the selection'}; kinds: {reg.kinds()}; plugins: {names}")
+        want = " and ".join(
+            f"{k} {' or '.join(map(repr, v))}" for k, v in (("plugin", plugins), ("kind", kinds), ("type", types)) if v
+        )
+        raise RegistryError(
+            f"no registered component matches {want or 'the selection'}; kinds: {reg.kinds()}; plugins: {names}"
+        )
     return out
 
 
@@ -446,7 +562,10 @@ def run_checks(
         for n in checks:
             get_check(n)
     _validate_neighbours(reg, neighbours)
-    runners = [ComponentChecks(entry, reg, None, device, distributed, neighbours_for(neighbours, entry)) for entry in select_components(reg, plugin=plugin, kind=kind, type=type)]
+    runners = [
+        ComponentChecks(entry, reg, None, device, distributed, neighbours_for(neighbours, entry))
+        for entry in select_components(reg, plugin=plugin, kind=kind, type=type)
+    ]
     return [r for per_component in _results_of(runners, checks) for r in per_component]
 
 

@@ -50,7 +50,7 @@ def check_gqa_equals_mha(bench: Bench) -> str:
     n_heads = cfg.get("n_heads")
     if not isinstance(n_heads, int) or n_heads < 2:
         raise CheckSkipped(f"n_heads = {n_heads!r}; grouping needs at least 2 query heads")
-    candidates = ([cfg["n_kv_heads"]] if isinstance(cfg.get("n_kv_heads"), int) and cfg["n_kv_heads"] < n_heads else [])
+    candidates = [cfg["n_kv_heads"]] if isinstance(cfg.get("n_kv_heads"), int) and cfg["n_kv_heads"] < n_heads else []
     candidates += [g for g in divisors_below(n_heads) if g not in candidates]
     grouped = None
     for g in candidates:
@@ -64,7 +64,9 @@ def check_gqa_equals_mha(bench: Bench) -> str:
     try:
         full = load_component("attention", {**cfg, "n_kv_heads": n_heads}, registry=reg).model_dump(mode="json")
     except SpecError as exc:
-        raise CheckSkipped(f"the config rejects n_kv_heads = n_heads = {n_heads} ({exc.errors[0][1] if exc.errors else exc})") from None
+        raise CheckSkipped(
+            f"the config rejects n_kv_heads = n_heads = {n_heads} ({exc.errors[0][1] if exc.errors else exc})"
+        ) from None
     g, grouped_cfg = grouped
     rep = n_heads // g
     model_g, rec_g = bench.build(bench.spec_with(attention=grouped_cfg))
@@ -76,24 +78,37 @@ def check_gqa_equals_mha(bench: Bench) -> str:
             raise CheckFailed(f"built with n_kv_heads = {want}, the module reports n_kv_heads = {got}")
     sd_g, sd_f = model_g.state_dict(), model_f.state_dict()
     if set(sd_g) != set(sd_f):
-        raise CheckSkipped(f"parameter names differ between n_kv_heads = {g} and {n_heads}: {sorted(set(sd_g) ^ set(sd_f))[:4]}")
+        raise CheckSkipped(
+            f"parameter names differ between n_kv_heads = {g} and {n_heads}: {sorted(set(sd_g) ^ set(sd_f))[:4]}"
+        )
     new, repeated = {}, []
     for k, b in sd_f.items():
         a = sd_g[k]
         if a.shape == b.shape:
             new[k] = a
-        elif a.dim() == b.dim() and a.dim() >= 1 and a.shape[1:] == b.shape[1:] and b.shape[0] == a.shape[0] * rep and a.shape[0] % g == 0:
+        elif (
+            a.dim() == b.dim()
+            and a.dim() >= 1
+            and a.shape[1:] == b.shape[1:]
+            and b.shape[0] == a.shape[0] * rep
+            and a.shape[0] % g == 0
+        ):
             new[k] = a.reshape(g, -1, *a.shape[1:]).repeat_interleave(rep, dim=0).reshape(b.shape)
             repeated.append(k)
         else:
-            raise CheckSkipped(f"cannot map {k} of shape {tuple(a.shape)} onto {tuple(b.shape)} by repeating key/value heads")
+            raise CheckSkipped(
+                f"cannot map {k} of shape {tuple(a.shape)} onto {tuple(b.shape)} by repeating key/value heads"
+            )
     model_f.load_state_dict(new)
     model_g.eval(), model_f.eval()
     ids = bench.ids(2, 8, seed=31)
     mask = torch.ones(2, 8, dtype=torch.bool, device=ids.device)
     mask[0, :2] = False
     with torch.no_grad():
-        pairs = [(model_g(ids).logits, model_f(ids).logits), (model_g(ids, attention_mask=mask).logits, model_f(ids, attention_mask=mask).logits)]
+        pairs = [
+            (model_g(ids).logits, model_f(ids).logits),
+            (model_g(ids, attention_mask=mask).logits, model_f(ids, attention_mask=mask).logits),
+        ]
     for label, (a, b) in zip(("plain", "left-padded"), pairs):
         tol = tolerance(a, torch.float32, SAME_MATH_ULPS)
         d = max_abs_diff(a, b)
@@ -104,7 +119,6 @@ def check_gqa_equals_mha(bench: Bench) -> str:
                 f"max |Δ| = {fmt(d.max().item())} at position {pos} (tolerance {fmt(tol)}); repeated: {repeated}"
             )
     return f"n_kv_heads = {g} equals n_kv_heads = {n_heads} with each key/value head repeated {rep}x ({len(repeated)} tensors)"
-
 
 
 #: A position scheme must move the logits by more than this many times the same-math tolerance.
@@ -173,12 +187,18 @@ def check_position_sensitivity(bench: Bench) -> str:
         worst, tol = _effect(bench, cfg, none_cfg)
         label = f"{entry.type} (acts_on {entry.capabilities.get('acts_on')})"
         if worst <= SENSITIVITY * tol:
-            dead.append(f"{label}: max |Δ| = {fmt(worst)} against position {none_type}, at most {SENSITIVITY} x the "
-                        f"tolerance {fmt(tol)}")
+            dead.append(
+                f"{label}: max |Δ| = {fmt(worst)} against position {none_type}, at most {SENSITIVITY} x the "
+                f"tolerance {fmt(tol)}"
+            )
         else:
             results.append(f"{label} moves the logits by {fmt(worst)}")
     if dead:
-        what = "the attention ignores the position scheme it is given" if bench.entry.kind == "attention" else "the scheme changes nothing"
+        what = (
+            "the attention ignores the position scheme it is given"
+            if bench.entry.kind == "attention"
+            else "the scheme changes nothing"
+        )
         raise CheckFailed(f"{what}: " + "; ".join(dead))
     if not results:
         raise CheckSkipped("no position scheme could be combined with it: " + "; ".join(unusable))
@@ -229,6 +249,8 @@ def check_document_mask(bench: Bench) -> str:
                 worst, where = d, (row, start, end, tol)
     if where is not None:
         row, start, end, tol = where
-        raise CheckFailed(f"the document at positions {start}..{end - 1} of row {row} gives other logits packed than alone: "
-                          f"max |Δ| = {fmt(worst)} (tolerance {fmt(tol)}); the attention lets it see other documents of the row")
+        raise CheckFailed(
+            f"the document at positions {start}..{end - 1} of row {row} gives other logits packed than alone: "
+            f"max |Δ| = {fmt(worst)} (tolerance {fmt(tol)}); the attention lets it see other documents of the row"
+        )
     return f"{len(DOCUMENT_PIECES)} document pieces of 2 packed rows equal the documents run alone"

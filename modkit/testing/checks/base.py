@@ -179,7 +179,9 @@ def contract_record(bench: Bench, records: list[Record]) -> tuple[Optional[str],
     return None, None
 
 
-def attention_inputs(bench: Bench, model: nn.Module, rec: Record, batch: int, seq: int, token_mask: Optional[Tensor] = None) -> AttentionInputs:
+def attention_inputs(
+    bench: Bench, model: nn.Module, rec: Record, batch: int, seq: int, token_mask: Optional[Tensor] = None
+) -> AttentionInputs:
     """:class:`~modkit.AttentionInputs` for a layer-level call: positions ``0..seq-1`` and the layer's scheme."""
     return AttentionInputs(
         positions=bench.positions(batch, seq),
@@ -208,7 +210,8 @@ def position_geometry(bench: Bench, records: list[Record], rec: Record) -> tuple
     from ...spec import position_geometry as declared
 
     attn = next((r for r in records if r.entry.kind == "attention"), None) or next(
-        (r for r in records if is_mixer(r.entry.kind)), None)
+        (r for r in records if is_mixer(r.entry.kind)), None
+    )
     geo = declared(attn.config, attn.ctx, attn.module) if attn is not None else None
     n_heads = rec.ctx.n_heads or (geo.n_heads if geo else None) or 1
     head_dim = rec.ctx.head_dim or (geo.head_dim if geo else None) or 8

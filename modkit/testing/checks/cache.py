@@ -21,8 +21,22 @@ from .base import SAME_MATH_ULPS, CheckFailed, CheckSkipped, fmt, layer_of, max_
 
 #: ``[start, end)`` chunks fed to the cache: a prefill, single tokens, chunks of 2, 18 (more than a window of 16:
 #: the ring buffer's concat path) and 12, then single tokens after the window has wrapped; 64 tokens in all.
-DECODE_CHUNKS = ((0, 5), (5, 6), (6, 8), (8, 9), (9, 27), (27, 28), (28, 46), (46, 47), (47, 48), (48, 60),
-                 (60, 61), (61, 62), (62, 63), (63, 64))
+DECODE_CHUNKS = (
+    (0, 5),
+    (5, 6),
+    (6, 8),
+    (8, 9),
+    (9, 27),
+    (27, 28),
+    (28, 46),
+    (46, 47),
+    (47, 48),
+    (48, 60),
+    (60, 61),
+    (61, 62),
+    (62, 63),
+    (63, 64),
+)
 #: Sliding window tried when the attention's config has a ``sliding_window`` field left at ``None``.
 WINDOW = 16
 #: Chunk size tried when the attention's config has an ``attention_chunk_size`` field left at ``None`` (not a divisor
@@ -65,7 +79,8 @@ def _decode_mismatch(bench: Bench, spec: dict) -> tuple[Optional[str], float, fl
             f"max |Δ| = {fmt(worst)} between cached decode and the full forward, first at position {pos} "
             f"(fed as tokens [{chunk[0]}, {chunk[1]}) after {chunk[0]} cached: |Δ| = {fmt(per_pos[pos].item())}; "
             f"tolerance {fmt(tol)})",
-            worst, tol,
+            worst,
+            tol,
         )
     problem = _state_problem(model, records, cache)
     return problem, worst, tol
@@ -93,11 +108,15 @@ def _state_problem(model, records, cache) -> Optional[str]:
                 dtype = e.dtype or cache.dtype
                 if t is None or tuple(t.shape) != want or t.dtype != dtype:
                     got = None if t is None else (tuple(t.shape), t.dtype)
-                    return f"layer {i} {key or 'mixer'}: entry {e.name!r} is allocated as {got}, declared {(want, dtype)}"
+                    return (
+                        f"layer {i} {key or 'mixer'}: entry {e.name!r} is allocated as {got}, declared {(want, dtype)}"
+                    )
                 if not bool(t.ne(0).any()):
-                    return (f"layer {i} {key or 'mixer'}: declares cache entry {e.name!r} {e.shape} ({e.growth}) but the "
-                            f"forward never wrote it: its {e.nbytes(cache.dtype):,} bytes per {e.growth} are counted "
-                            "by modkit build / cost and allocated for nothing (declare only what the mixer stores)")
+                    return (
+                        f"layer {i} {key or 'mixer'}: declares cache entry {e.name!r} {e.shape} ({e.growth}) but the "
+                        f"forward never wrote it: its {e.nbytes(cache.dtype):,} bytes per {e.growth} are counted "
+                        "by modkit build / cost and allocated for nothing (declare only what the mixer stores)"
+                    )
         attn = layer_of(records, "attention", i)
         heads = getattr(attn, "n_kv_heads", None)
         k = layer.mixers[next(iter(layer.mixers))].k if len(layer.mixers) == 1 else None
@@ -105,8 +124,10 @@ def _state_problem(model, records, cache) -> Optional[str]:
             return f"layer {i}'s cache holds {k.shape[1]} key heads but n_kv_heads = {heads} (torchtune #38)"
     declared = kv_cache_bytes(model, cache.max_len, cache.batch_size, cache.dtype)
     if declared != cache.nbytes():
-        return (f"the declarations give {declared:,} cache bytes for batch {cache.batch_size} x {cache.max_len} tokens, "
-                f"new_cache allocated {cache.nbytes():,}")
+        return (
+            f"the declarations give {declared:,} cache bytes for batch {cache.batch_size} x {cache.max_len} tokens, "
+            f"new_cache allocated {cache.nbytes():,}"
+        )
     return None
 
 
@@ -120,7 +141,9 @@ def _variants(bench: Bench) -> list[tuple[str, dict]]:
     out = []
     for chosen in sets:
         try:
-            data = load_component(bench.entry.kind, {**cfg, **dict(chosen)}, registry=bench.registry).model_dump(mode="json")
+            data = load_component(bench.entry.kind, {**cfg, **dict(chosen)}, registry=bench.registry).model_dump(
+                mode="json"
+            )
         except SpecError:
             continue
         out.append((" and ".join(f"{n} {v}" if v is not True else n for n, v in chosen), data))
@@ -162,7 +185,9 @@ def check_kv_cache_decode(bench: Bench) -> str:
         spec = bench.spec_with(position=pos_cfg) if pos_entry is not None else bench.spec
         runs.append((pos_entry.type if pos_entry is not None else bench.spec["position"]["type"], spec))
     for label, attention in _variants(bench) if bench.entry.kind in ("attention", "mixer") else ():
-        runs.append((f"{runs[0][0]} and {label}", bench.spec_with(position=runs[0][1]["position"], attention=attention)))
+        runs.append(
+            (f"{runs[0][0]} and {label}", bench.spec_with(position=runs[0][1]["position"], attention=attention))
+        )
     failures, passed, unusable = [], [], []
     worst_ratio, tol = 0.0, 0.0
     for label, spec in runs:
@@ -182,9 +207,11 @@ def check_kv_cache_decode(bench: Bench) -> str:
     if not passed:
         raise CheckSkipped("no position scheme could be combined with it: " + "; ".join(unusable))
     note = f"; not combinable: {', '.join(unusable)}" if unusable else ""
-    return (f"cached decode of 64 tokens equals the full forward (worst at {worst_ratio:.2g} of the tolerance {fmt(tol)}) "
-            f"with position {', '.join(passed)}{note}; the cache holds exactly the declared state, every entry written, "
-            "declared bytes = allocated bytes")
+    return (
+        f"cached decode of 64 tokens equals the full forward (worst at {worst_ratio:.2g} of the tolerance {fmt(tol)}) "
+        f"with position {', '.join(passed)}{note}; the cache holds exactly the declared state, every entry written, "
+        "declared bytes = allocated bytes"
+    )
 
 
 def applies_masked(entry: Component, config: ComponentConfig) -> Optional[str]:
@@ -208,7 +235,9 @@ def _same(got: torch.Tensor, ref: torch.Tensor, case: str, offset: int) -> float
     worst = d.max().item()
     if worst > tol:
         pos = int(d.amax(dim=-1).argmax().item()) + offset
-        raise CheckFailed(f"{case}: the real tokens' logits change: max |Δ| = {fmt(worst)} at position {pos} (tolerance {fmt(tol)})")
+        raise CheckFailed(
+            f"{case}: the real tokens' logits change: max |Δ| = {fmt(worst)} at position {pos} (tolerance {fmt(tol)})"
+        )
     return worst
 
 
@@ -240,7 +269,9 @@ def check_masked_row(bench: Bench) -> str:
         out = model(ids, attention_mask=mask).logits
         _finite(out, f"{pad} left-padding tokens")
         worst = _same(out[0, pad:], model(ids[0:1, pad:]).logits[0], f"{pad} left-padding tokens", pad)
-        worst = max(worst, _same(out[1], model(ids[1:2]).logits[0], f"{pad} left-padding tokens in the other sequence", 0))
+        worst = max(
+            worst, _same(out[1], model(ids[1:2]).logits[0], f"{pad} left-padding tokens in the other sequence", 0)
+        )
         cases.append("left padding")
 
         positions = bench.positions(2, s)
@@ -265,7 +296,10 @@ def check_masked_row(bench: Bench) -> str:
             long_mask = torch.ones(2, 12, dtype=torch.bool, device=ids.device)
             long_mask[0, :6] = False
             cache = model.new_cache()
-            outs = [model(long_ids[:, a:a + 4], attention_mask=long_mask[:, : a + 4], cache=cache).logits for a in (0, 4, 8)]
+            outs = [
+                model(long_ids[:, a : a + 4], attention_mask=long_mask[:, : a + 4], cache=cache).logits
+                for a in (0, 4, 8)
+            ]
             _finite(torch.cat(outs, dim=1), "a chunked prefill (chunks of 4) over 6 left-padding tokens")
             cases.append("a chunked prefill over left padding")
     return f"no NaN with {', '.join(cases)}; real tokens equal the unpadded run (max |Δ| = {fmt(worst)})"

@@ -69,7 +69,9 @@ def with_dropout(bench: Bench, rate: float) -> dict:
             load_spec(spec, registry=bench.registry)
             return spec
         except SpecError as exc:
-            refused = {p.split(".", 1)[1] for p, _ in exc.errors if p.startswith("dropout.")} & {k for k, v in rates.items() if v}
+            refused = {p.split(".", 1)[1] for p, _ in exc.errors if p.startswith("dropout.")} & {
+                k for k, v in rates.items() if v
+            }
             if not refused:
                 raise
             for k in refused:
@@ -82,8 +84,10 @@ def _first_leak(logits: torch.Tensor, base: torch.Tensor, j: int, tol: float, mo
     if worst <= tol:
         return None
     pos = int(d.amax(dim=-1).argmax().item())
-    return (f"{mode}: max |Δ| = {fmt(worst)} at position {pos} after changing the tokens from position {j} on "
-            f"(logits at positions < {j} must not change; tolerance {fmt(tol)})")
+    return (
+        f"{mode}: max |Δ| = {fmt(worst)} at position {pos} after changing the tokens from position {j} on "
+        f"(logits at positions < {j} must not change; tolerance {fmt(tol)})"
+    )
 
 
 def check_causality(bench: Bench) -> str:
@@ -132,8 +136,10 @@ def check_causality(bench: Bench) -> str:
             leak = _first_leak(out, base, j, tol, f"train mode with dropout ({rates})")
             if leak:
                 raise CheckFailed(leak)
-    return (f"{s} tokens: changing the tokens from position j on left every earlier logit unchanged, eval (j = 1..{s - 1}) "
-            f"and train mode with dropout {rates} ({len(TRAIN_CUTS)} j's); tolerance {fmt(tol)}")
+    return (
+        f"{s} tokens: changing the tokens from position j on left every earlier logit unchanged, eval (j = 1..{s - 1}) "
+        f"and train mode with dropout {rates} ({len(TRAIN_CUTS)} j's); tolerance {fmt(tol)}"
+    )
 
 
 def applies_per_token(entry: Component, config: ComponentConfig) -> Optional[str]:

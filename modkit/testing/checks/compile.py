@@ -49,7 +49,11 @@ def _compile_target(bench: Bench, model: nn.Module, records: list[Record]) -> tu
 
         mask = torch.ones(b, s, dtype=torch.bool, device=bench.device)
         mask[0, :2] = False
-        return fn, (bench.randn(b, s, d, seed=52), bench.positions(b, s), mask), f"{kind}(x, inputs) with and without padding"
+        return (
+            fn,
+            (bench.randn(b, s, d, seed=52), bench.positions(b, s), mask),
+            f"{kind}(x, inputs) with and without padding",
+        )
     if rec is not None and kind == "position":
         scheme = rec.module
         h, hkv, hd = position_geometry(bench, records, rec)
@@ -58,7 +62,12 @@ def _compile_target(bench: Bench, model: nn.Module, records: list[Record]) -> tu
             rq, rk = scheme.rotate(q, k, pos)
             return scheme.embed(x, pos), rq, rk, scheme.attention_bias(pos, pos, h)
 
-        args = (bench.randn(b, s, d, seed=53), bench.randn(b, h, s, hd, seed=54), bench.randn(b, hkv, s, hd, seed=55), bench.positions(b, s))
+        args = (
+            bench.randn(b, s, d, seed=53),
+            bench.randn(b, h, s, hd, seed=54),
+            bench.randn(b, hkv, s, hd, seed=55),
+            bench.positions(b, s),
+        )
         return pfn, args, "embed, rotate and attention_bias"
 
     def mfn(ids: Tensor):
@@ -103,7 +112,9 @@ def _decode_step_compiles(bench: Bench, model: nn.Module) -> tuple[float, int]:
         d = max_abs_diff(a.float(), c.float()).max().item() if a.numel() else 0.0
         tol = tolerance(a.float(), torch.float32, SAME_MATH_ULPS)
         if d > tol:
-            raise CheckFailed(f"a compiled cached decode step differs from eager: max |Δ| = {fmt(d)} (tolerance {fmt(tol)})")
+            raise CheckFailed(
+                f"a compiled cached decode step differs from eager: max |Δ| = {fmt(d)} (tolerance {fmt(tol)})"
+            )
         worst = max(worst, d)
     return worst, len(pairs)
 
@@ -160,7 +171,11 @@ def check_compile(bench: Bench) -> str:
             raise CheckFailed(f"compiled output differs from eager: max |Δ| = {fmt(d)} (tolerance {fmt(tol)})")
         worst = max(worst, d)
     extra = ""
-    if bench.entry.kind in ("attention", "mixer") and bench.entry.capabilities.get("kv_cache") and getattr(bench.config, "causal", True):
+    if (
+        bench.entry.kind in ("attention", "mixer")
+        and bench.entry.capabilities.get("kv_cache")
+        and getattr(bench.config, "causal", True)
+    ):
         torch._dynamo.reset()
         try:
             d, n = _decode_step_compiles(bench, model)

@@ -40,7 +40,9 @@ def check_spec_roundtrip(bench: Bench) -> str:
     try:
         bench.entry.config.model_json_schema()
     except Exception as exc:  # noqa: BLE001
-        raise CheckFailed(f"{bench.entry.config.__name__}.model_json_schema() failed: {type(exc).__name__}: {exc}") from None
+        raise CheckFailed(
+            f"{bench.entry.config.__name__}.model_json_schema() failed: {type(exc).__name__}: {exc}"
+        ) from None
     if not text:
         return f"config {data} round-trips"
     return f"spec ({len(text)} chars of JSON) and config {data} round-trip"
@@ -76,6 +78,8 @@ def check_param_count(bench: Bench) -> str:
         actual = sum(p.numel() for p in r.module.parameters())
         where = f"dim = {r.ctx.dim or r.ctx.d_model}" + (f", extra = {dict(r.ctx.extra)}" if r.ctx.extra else "")
         if declared != actual:
-            raise CheckFailed(f"declared {declared:,} parameters, the module holds {actual:,} (difference {declared - actual:+,}; {where})")
+            raise CheckFailed(
+                f"declared {declared:,} parameters, the module holds {actual:,} (difference {declared - actual:+,}; {where})"
+            )
         checked.append(f"{actual:,} ({where})")
     return "declared = actual: " + "; ".join(checked)

@@ -66,7 +66,9 @@ def check_flops(bench: Bench) -> str:
     model.eval()
     missing = sorted({f"{r.entry.kind}/{r.entry.type}" for r in records if r.entry.flops is None})
     if missing:
-        raise CheckSkipped(f"the tiny model's filler(s) {', '.join(missing)} declare no FLOPs; the total cannot be compared")
+        raise CheckSkipped(
+            f"the tiny model's filler(s) {', '.join(missing)} declare no FLOPs; the total cannot be compared"
+        )
     costs = CostModel.from_records(model, records, bench.registry)
     root = type(model).__name__
     names = {id(m): (f"{root}.{n}" if n else root) for n, m in model.named_modules()}
@@ -89,7 +91,9 @@ def check_flops(bench: Bench) -> str:
         if past:
             with torch.no_grad():
                 model(ids[:, :past], cache=cache)
-        runs.append((f"decode {b}x1 after {past}", Workload(b, 1, past, dense=True), _measure(model, ids[:, past:], cache)))
+        runs.append(
+            (f"decode {b}x1 after {past}", Workload(b, 1, past, dense=True), _measure(model, ids[:, past:], cache))
+        )
 
     own = []
     for label, work, measured in runs:

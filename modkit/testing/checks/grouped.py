@@ -36,7 +36,6 @@ def check_grouped_form(bench: Bench) -> str:
     """
     import torch._dynamo
 
-
     d = int(bench.spec["d_model"])
     ctx = BuildContext(d, 1, int(bench.spec["vocab_size"]), int(bench.spec["max_seq_len"]), bench.registry)
     n, ends = 3, [4, 4, 10]
@@ -50,22 +49,29 @@ def check_grouped_form(bench: Bench) -> str:
     if missed:
         raise CheckFailed(f"init_weights(init) left {missed[:4]} uninitialised")
     if bench.entry.param_count is not None:
-        declared, actual = n * int(bench.entry.param_count(bench.config, ctx)), sum(p.numel() for p in bank.parameters())
+        declared, actual = (
+            n * int(bench.entry.param_count(bench.config, ctx)),
+            sum(p.numel() for p in bank.parameters()),
+        )
         if declared != actual:
             raise CheckFailed(f"{n} copies hold {actual:,} parameters, {n} x param_count = {declared:,}")
     x = torch.randn(10, d, generator=torch.Generator().manual_seed(5)).to(bench.device)
     offs = torch.tensor(ends, dtype=torch.int32, device=bench.device)
     y = bank(x, offs)
     if not isinstance(y, Tensor) or tuple(y.shape) != (10, d) or y.dtype != x.dtype or nonfinite(y):
-        raise CheckFailed(f"forward(x [10, {d}], offs) returned {getattr(y, 'shape', type(y))} {getattr(y, 'dtype', '')}, "
-                          f"expected [10, {d}] {x.dtype}, finite")
+        raise CheckFailed(
+            f"forward(x [10, {d}], offs) returned {getattr(y, 'shape', type(y))} {getattr(y, 'dtype', '')}, "
+            f"expected [10, {d}] {x.dtype}, finite"
+        )
     alone = {0: (0, 4), 2: (4, 10)}
     worst = 0.0
     for g, (a, b) in alone.items():
         only = torch.tensor([0] * g + [b - a] * (n - g), dtype=torch.int32, device=bench.device)
         worst = max(worst, max_abs_diff(bank(x[a:b], only), y[a:b]).max().item())
     if worst > tolerance(y, torch.float32, SAME_MATH_ULPS):
-        raise CheckFailed(f"a group's rows run alone differ from the same rows in the grouped call: max |Δ| = {fmt(worst)}")
+        raise CheckFailed(
+            f"a group's rows run alone differ from the same rows in the grouped call: max |Δ| = {fmt(worst)}"
+        )
     through0 = bank(x, torch.tensor([10, 10, 10], dtype=torch.int32, device=bench.device))
     through2 = bank(x, torch.tensor([0, 0, 10], dtype=torch.int32, device=bench.device))
     if max_abs_diff(through0, through2).max().item() == 0.0:
@@ -81,10 +87,14 @@ def check_grouped_form(bench: Bench) -> str:
             with torch.no_grad():
                 c = torch.compile(bank, fullgraph=True, backend=COMPILE_BACKEND)(x, offs)
         except Exception as exc:  # noqa: BLE001 - any dynamo error means the claim is false
-            raise CheckFailed(f"torch.compile(fullgraph=True) of the grouped form failed: {type(exc).__name__}: "
-                              f"{' '.join(str(exc).split())[:300]}") from None
+            raise CheckFailed(
+                f"torch.compile(fullgraph=True) of the grouped form failed: {type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:300]}"
+            ) from None
         finally:
             torch._dynamo.reset()
         compiled = f"; fullgraph compile max |Δ| = {fmt(max_abs_diff(c, y.detach()).max().item())}"
-    return f"{n} copies: rows stay in their group (max |Δ| alone vs grouped = {fmt(worst)}), copies independent, " \
-           f"init and gradients reach every parameter{compiled}"
+    return (
+        f"{n} copies: rows stay in their group (max |Δ| alone vs grouped = {fmt(worst)}), copies independent, "
+        f"init and gradients reach every parameter{compiled}"
+    )

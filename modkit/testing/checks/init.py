@@ -37,8 +37,14 @@ def check_meta_init(bench: Bench) -> str:
     seed = 7
     meta, records = bench.build_meta(seed=seed)
     direct, _ = bench.build(seed=seed)
-    ta = {**{f"parameter {n}": t for n, t in meta.named_parameters()}, **{f"buffer {n}": t for n, t in meta.named_buffers()}}
-    tb = {**{f"parameter {n}": t for n, t in direct.named_parameters()}, **{f"buffer {n}": t for n, t in direct.named_buffers()}}
+    ta = {
+        **{f"parameter {n}": t for n, t in meta.named_parameters()},
+        **{f"buffer {n}": t for n, t in meta.named_buffers()},
+    }
+    tb = {
+        **{f"parameter {n}": t for n, t in direct.named_parameters()},
+        **{f"buffer {n}": t for n, t in direct.named_buffers()},
+    }
     if set(ta) != set(tb):
         raise CheckFailed(f"meta and direct builds hold different tensors: {sorted(set(ta) ^ set(tb))[:5]}")
     names = qualified_names(meta)
@@ -55,7 +61,9 @@ def check_meta_init(bench: Bench) -> str:
             continue
         if not torch.equal(a, b):
             d = max_abs_diff(a, b).max().item()
-            problems.append(f"{k}: max |Δ| = {fmt(d)} between meta build + init_weights() and a direct build (seed {seed})")
+            problems.append(
+                f"{k}: max |Δ| = {fmt(d)} between meta build + init_weights() and a direct build (seed {seed})"
+            )
     if problems:
         mine = [p for p in problems if p.split(": ")[0].split(" ", 1)[1].startswith(own)] or problems
         hint = " (compute buffers in init_weights(init) with init.copy_, not only in __init__; transformers #45902)"
@@ -67,19 +75,33 @@ def check_meta_init(bench: Bench) -> str:
         try:
             got = meta(ids).logits
         except Exception as exc:  # noqa: BLE001 - the model modkit.build returns must run
-            hint = (f"; {', '.join(plain[:3])} {'is a tensor' if len(plain) == 1 else 'are tensors'} still on meta: "
-                    "register tensors with register_buffer (to_empty moves buffers, not plain attributes)") if plain else ""
-            raise CheckFailed(f"the model built by modkit.build (meta, to_empty, init_weights) fails its first forward: "
-                              f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}{hint}") from None
+            hint = (
+                (
+                    f"; {', '.join(plain[:3])} {'is a tensor' if len(plain) == 1 else 'are tensors'} still on meta: "
+                    "register tensors with register_buffer (to_empty moves buffers, not plain attributes)"
+                )
+                if plain
+                else ""
+            )
+            raise CheckFailed(
+                f"the model built by modkit.build (meta, to_empty, init_weights) fails its first forward: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}{hint}"
+            ) from None
         ref = direct(ids).logits
     if plain:
-        raise CheckFailed(f"{', '.join(plain[:3])}: tensor attribute(s) left on meta by modkit.build; register them with "
-                          "register_buffer (to_empty moves buffers, not plain attributes)")
+        raise CheckFailed(
+            f"{', '.join(plain[:3])}: tensor attribute(s) left on meta by modkit.build; register them with "
+            "register_buffer (to_empty moves buffers, not plain attributes)"
+        )
     tol = tolerance(ref, torch.float32, SAME_MATH_ULPS)
     worst = max_abs_diff(got, ref).max().item()
     if worst > tol:
-        raise CheckFailed(f"the logits of the model built by modkit.build differ from a direct build's: max |Δ| = "
-                          f"{fmt(worst)} (tolerance {fmt(tol)}, seed {seed})")
+        raise CheckFailed(
+            f"the logits of the model built by modkit.build differ from a direct build's: max |Δ| = "
+            f"{fmt(worst)} (tolerance {fmt(tol)}, seed {seed})"
+        )
     n_buf = sum(1 for k in ta if k.startswith("buffer"))
-    return (f"{len(ta) - n_buf} parameters and {n_buf} buffers finite and equal to a direct build (seed {seed}); "
-            f"its logits equal the direct build's (max |Δ| = {fmt(worst)})")
+    return (
+        f"{len(ta) - n_buf} parameters and {n_buf} buffers finite and equal to a direct build (seed {seed}); "
+        f"its logits equal the direct build's (max |Δ| = {fmt(worst)})"
+    )

@@ -19,13 +19,34 @@ from .base import CheckFailed, fmt
 #: the tiny model of the optimizer check: every role of :data:`modkit.core.roles.ROLES` but ``vector`` (hidden, expert,
 #: embedding, position, head, router, norm_gain, bias), built from built-in components
 OPTIMIZER_SPEC = {
-    "schema_version": 1, "name": "optimizer-check", "vocab_size": 64, "d_model": 32, "n_layers": 2, "max_seq_len": 16,
+    "schema_version": 1,
+    "name": "optimizer-check",
+    "vocab_size": 64,
+    "d_model": 32,
+    "n_layers": 2,
+    "max_seq_len": 16,
     "position": {"type": "learned"},
-    "block": {"attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "q_bias": True},
-              "ffn": {"type": "mlp", "d_ff": 64}, "norm": {"type": "layernorm"}, "placement": {"type": "pre"}},
-    "overrides": [{"layers": [1], "ffn": {"type": "moe", "n_experts": 4, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 32},
-                                          "router": {"type": "topk", "renormalize": True}}}],
-    "final_norm": {"type": "layernorm"}, "tie_embeddings": False, "init_std": 0.1,
+    "block": {
+        "attention": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "q_bias": True},
+        "ffn": {"type": "mlp", "d_ff": 64},
+        "norm": {"type": "layernorm"},
+        "placement": {"type": "pre"},
+    },
+    "overrides": [
+        {
+            "layers": [1],
+            "ffn": {
+                "type": "moe",
+                "n_experts": 4,
+                "top_k": 2,
+                "expert": {"type": "swiglu", "d_ff": 32},
+                "router": {"type": "topk", "renormalize": True},
+            },
+        }
+    ],
+    "final_norm": {"type": "layernorm"},
+    "tie_embeddings": False,
+    "init_std": 0.1,
 }
 
 
@@ -101,14 +122,20 @@ def check_optimizer(bench: OptimizerBench) -> str:
     losses = [_step(model, opt, ids, 1e-2) for _ in range(3)]
     saved_model = copy.deepcopy(model.state_dict())
     tensors, data = optimizer_to_files(opt)
-    tensors = {k: v.clone() for k, v in tensors.items()}  # what a checkpoint file holds: a copy (on the CPU .cpu() is not one)
+    tensors = {
+        k: v.clone() for k, v in tensors.items()
+    }  # what a checkpoint file holds: a copy (on the CPU .cpu() is not one)
     data = json.loads(json.dumps(data))
     losses += [_step(model, opt, ids, 1e-2) for _ in range(3)]
     with torch.no_grad():
         final = float(_loss(model, ids))
     if not final < losses[0]:
-        raise CheckFailed(f"six steps at lr 1e-2 did not lower the loss of one fixed batch: {fmt(losses[0])} -> {fmt(final)}")
-    unchanged = [n for (n, p), s in zip(model.named_parameters(), start) if p.requires_grad and torch.equal(p.detach(), s)]
+        raise CheckFailed(
+            f"six steps at lr 1e-2 did not lower the loss of one fixed batch: {fmt(losses[0])} -> {fmt(final)}"
+        )
+    unchanged = [
+        n for (n, p), s in zip(model.named_parameters(), start) if p.requires_grad and torch.equal(p.detach(), s)
+    ]
     if unchanged:
         raise CheckFailed(f"{len(unchanged)} parameter(s) never changed in six steps: {unchanged[:4]}")
     again = build(spec, seed=0, registry=bench.registry)
@@ -120,18 +147,28 @@ def check_optimizer(bench: OptimizerBench) -> str:
         raise CheckFailed(f"the saved optimizer state does not load back: {type(exc).__name__}: {exc}") from None
     resumed = [_step(again, opt2, ids, 1e-2) for _ in range(3)]
     if resumed != losses[3:]:
-        raise CheckFailed(f"resumed from the saved state, steps 4-6 give losses {resumed}, the uninterrupted run {losses[3:]}")
+        raise CheckFailed(
+            f"resumed from the saved state, steps 4-6 give losses {resumed}, the uninterrupted run {losses[3:]}"
+        )
     diff = [n for (n, a), (_, b) in zip(model.named_parameters(), again.named_parameters()) if not torch.equal(a, b)]
     if diff:
         raise CheckFailed(f"resumed from the saved state, {len(diff)} parameter(s) differ after step 6: {diff[:4]}")
     mup = ""
     if bench.entry.capabilities.get("mup"):
-        wide = load_spec({**OPTIMIZER_SPEC, "parametrization": {"type": "mup", "base_d_model": 16}}, registry=bench.registry)
+        wide = load_spec(
+            {**OPTIMIZER_SPEC, "parametrization": {"type": "mup", "base_d_model": 16}}, registry=bench.registry
+        )
         try:
-            opt3 = build_optimizer(build(wide, device="meta", registry=bench.registry), wide, config, registry=bench.registry)
+            opt3 = build_optimizer(
+                build(wide, device="meta", registry=bench.registry), wide, config, registry=bench.registry
+            )
         except OptimizerError as exc:
-            raise CheckFailed(f"declares mup = {bench.entry.capabilities['mup']!r} but a muP model does not build: {exc}") from None
+            raise CheckFailed(
+                f"declares mup = {bench.entry.capabilities['mup']!r} but a muP model does not build: {exc}"
+            ) from None
         mults = sorted({round(g["lr_mult"], 6) for g in opt3.param_groups})
         mup = f"; muP (m = 2) lr multipliers {mults}"
-    return (f"{len(members)} parameters in {len(opt.param_groups)} group(s); loss {fmt(losses[0])} -> {fmt(final)} in 6 steps; "
-            f"resumed from saved state: steps 4-6 bitwise equal{mup}")
+    return (
+        f"{len(members)} parameters in {len(opt.param_groups)} group(s); loss {fmt(losses[0])} -> {fmt(final)} in 6 steps; "
+        f"resumed from saved state: steps 4-6 bitwise equal{mup}"
+    )

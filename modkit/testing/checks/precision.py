@@ -20,7 +20,16 @@ from modkit.core.config import ComponentConfig
 from modkit.core.interfaces import AttentionInputs
 from modkit.core.registry import Component
 from ..harness import Bench, Record
-from .base import CheckFailed, CheckSkipped, call_contract, contract_record, fmt, max_abs_diff, position_geometry, tolerance
+from .base import (
+    CheckFailed,
+    CheckSkipped,
+    call_contract,
+    contract_record,
+    fmt,
+    max_abs_diff,
+    position_geometry,
+    tolerance,
+)
 
 #: ``(dtype, ulps)``: the low-precision dtypes and the error allowed, in ulps of the dtype at the output scale.
 DTYPES: tuple[tuple[torch.dtype, float], ...] = ((torch.bfloat16, 8.0), (torch.float16, 8.0))
@@ -33,7 +42,9 @@ def applies_precision(entry: Component, config: ComponentConfig) -> Optional[str
     return None
 
 
-def _calls(bench: Bench, model: nn.Module, records: list[Record], dtype: torch.dtype) -> list[tuple[str, Callable[[], Tensor]]]:
+def _calls(
+    bench: Bench, model: nn.Module, records: list[Record], dtype: torch.dtype
+) -> list[tuple[str, Callable[[], Tensor]]]:
     """``[(label, call)]``: each call runs the component's contract in ``model`` on inputs rounded to ``dtype``
     and given to the model in its own dtype (the same values for the low-precision model and its float64 copy)."""
     kind, rec = contract_record(bench, records)
@@ -50,10 +61,15 @@ def _calls(bench: Bench, model: nn.Module, records: list[Record], dtype: torch.d
             x = made(bench.randn(len(NORM_SCALES) * 2, s, width, seed=101) * rows.to(bench.device))
             return [(f"norm(x) with rows of magnitude {', '.join(map(fmt, NORM_SCALES))}", lambda: rec.module(x))]
         x = made(bench.randn(b, s, width, seed=102))
-        inputs = AttentionInputs(positions=bench.positions(b, s),
-                                 position=bench.position_for(model, getattr(rec.ctx, "layer_index", None)))
-        label = {"ffn": "ffn(x)", "attention": "attention(x, inputs)", "mixer": "mixer(x, inputs)",
-                 "placement": "block(x, inputs)[0]"}[kind]
+        inputs = AttentionInputs(
+            positions=bench.positions(b, s), position=bench.position_for(model, getattr(rec.ctx, "layer_index", None))
+        )
+        label = {
+            "ffn": "ffn(x)",
+            "attention": "attention(x, inputs)",
+            "mixer": "mixer(x, inputs)",
+            "placement": "block(x, inputs)[0]",
+        }[kind]
         return [(label, lambda: call_contract(kind, rec.module, x, inputs))]
     if kind == "position":
         scheme = rec.module
@@ -62,9 +78,11 @@ def _calls(bench: Bench, model: nn.Module, records: list[Record], dtype: torch.d
         x = made(bench.randn(b, 40, d, seed=103))
         q = made(bench.randn(b, h, 40, hd, seed=104))
         k = made(bench.randn(b, hkv, 40, hd, seed=105))
-        calls = [("embed(x, positions)", lambda: scheme.embed(x, pos)),
-                 ("rotate(q, k, positions)[0]", lambda: scheme.rotate(q, k, pos)[0]),
-                 ("rotate(q, k, positions)[1]", lambda: scheme.rotate(q, k, pos)[1])]
+        calls = [
+            ("embed(x, positions)", lambda: scheme.embed(x, pos)),
+            ("rotate(q, k, positions)[0]", lambda: scheme.rotate(q, k, pos)[0]),
+            ("rotate(q, k, positions)[1]", lambda: scheme.rotate(q, k, pos)[1]),
+        ]
         if scheme.attention_bias(pos, pos, h) is not None:
             calls.append(("attention_bias", lambda: scheme.attention_bias(pos, pos, h)))
         return calls
@@ -91,7 +109,9 @@ def check_precision(bench: Bench) -> str:
         name = str(dtype).replace("torch.", "")
         worst_ratio = 0.0
         with torch.no_grad():
-            for (label, call), (_, call_ref) in zip(_calls(bench, low, low_records, dtype), _calls(bench, ref, ref_records, dtype)):
+            for (label, call), (_, call_ref) in zip(
+                _calls(bench, low, low_records, dtype), _calls(bench, ref, ref_records, dtype)
+            ):
                 got = call()
                 want = call_ref()
                 tol = tolerance(want, dtype, ulps)
@@ -107,4 +127,6 @@ def check_precision(bench: Bench) -> str:
                     )
                 worst_ratio = max(worst_ratio, worst / tol)
         report.append(f"{name} within {worst_ratio * ulps:.2g} ulps")
-    return "; ".join(report) + " of float64 on the same numbers (allowed: " + ", ".join(f"{u:g}" for _, u in DTYPES) + ")"
+    return (
+        "; ".join(report) + " of float64 on the same numbers (allowed: " + ", ".join(f"{u:g}" for _, u in DTYPES) + ")"
+    )

@@ -43,5 +43,8 @@ def check_param_roles(bench: Bench) -> str:
         raise CheckFailed("; ".join(shapes))
     counts = Counter(own.values())
     tied = len(mine) - len(own)
-    return f"{len(own)} parameter(s) with roles " + ", ".join(f"{r} {n}" for r, n in sorted(counts.items())) + (
-        f" ({tied} shared with another module)" if tied else "")
+    return (
+        f"{len(own)} parameter(s) with roles "
+        + ", ".join(f"{r} {n}" for r, n in sorted(counts.items()))
+        + (f" ({tied} shared with another module)" if tied else "")
+    )

@@ -89,8 +89,10 @@ def check_sampling(bench: SamplingBench) -> str:
         return f"[3, {vocab}] float32 kept, input untouched, {kept} of {3 * vocab} logits finite, deterministic, rows independent"
     out = make()(st(order))
     if not (isinstance(out, torch.Tensor) and out.dtype == torch.bool and out.shape == (3,)):
-        raise CheckFailed(f"a stop condition returns a [batch] bool tensor, got {getattr(out, 'dtype', type(out).__name__)} "
-                          f"{tuple(getattr(out, 'shape', ()))}")
+        raise CheckFailed(
+            f"a stop condition returns a [batch] bool tensor, got {getattr(out, 'dtype', type(out).__name__)} "
+            f"{tuple(getattr(out, 'shape', ()))}"
+        )
     if not torch.equal(make()(st(order)), out):
         raise CheckFailed("two calls on the same state differ")
     if not torch.equal(make()(st(flipped)), out[flipped]):

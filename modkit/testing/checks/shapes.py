@@ -26,7 +26,9 @@ DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
 NORM_WIDTHS: tuple[int, ...] = (8, 40)
 
 
-def _calls(bench: Bench, model: nn.Module, records: list[Record], b: int, s: int, dtype: torch.dtype) -> Iterator[tuple]:
+def _calls(
+    bench: Bench, model: nn.Module, records: list[Record], b: int, s: int, dtype: torch.dtype
+) -> Iterator[tuple]:
     """Yield ``(label, output, expected shape, expected dtype)`` for one call of the component's contract."""
     kind = bench.entry.kind
     d = bench.d_model()
@@ -43,10 +45,14 @@ def _calls(bench: Bench, model: nn.Module, records: list[Record], b: int, s: int
             if isinstance(out, tuple) and not declares:
                 raise CheckFailed("ffn returned a tuple but the entry does not declare the aux_loss capability")
             if declares and not isinstance(out, tuple):
-                raise CheckFailed("the entry declares aux_loss but forward returned a single tensor, not (output, aux_loss)")
+                raise CheckFailed(
+                    "the entry declares aux_loss but forward returned a single tensor, not (output, aux_loss)"
+                )
             if aux is not None:
                 if not isinstance(aux, Tensor) or aux.dim() != 0:
-                    raise CheckFailed(f"aux_loss must be a scalar tensor, got {getattr(aux, 'shape', type(aux).__name__)}")
+                    raise CheckFailed(
+                        f"aux_loss must be a scalar tensor, got {getattr(aux, 'shape', type(aux).__name__)}"
+                    )
                 if nonfinite(aux):
                     raise CheckFailed(f"aux_loss is not finite: {aux.item()}")
             yield "ffn(x)", y, x.shape, dtype
@@ -76,7 +82,9 @@ def _calls(bench: Bench, model: nn.Module, records: list[Record], b: int, s: int
             except RuntimeError:
                 ok = False
             if not ok:
-                raise CheckFailed(f"attention_bias shape {tuple(bias.shape)} does not broadcast to [batch, n_heads, q, k] = {(b, h, s, s)}")
+                raise CheckFailed(
+                    f"attention_bias shape {tuple(bias.shape)} does not broadcast to [batch, n_heads, q, k] = {(b, h, s, s)}"
+                )
             if not bias.is_floating_point():
                 raise CheckFailed(f"attention_bias dtype {bias.dtype} is not floating point")
         yield "model(ids).logits", model(bench.ids(b, s)).logits, torch.Size((b, s, bench.spec["vocab_size"])), dtype
@@ -126,8 +134,10 @@ def check_shape_dtype(bench: Bench) -> str:
                         calls += 1
                         problems += _problems(bench, f"{name}: {label}", out, shape, want)
                 except Exception as exc:  # noqa: BLE001 - a norm that cannot act at another width is this check's finding
-                    problems.append(f"{name}: a norm built at dim = {', '.join(map(str, NORM_WIDTHS))} raised "
-                                    f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]} (build it ctx.dim wide when set)")
+                    problems.append(
+                        f"{name}: a norm built at dim = {', '.join(map(str, NORM_WIDTHS))} raised "
+                        f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]} (build it ctx.dim wide when set)"
+                    )
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise CheckFailed("; ".join(problems[:3]) + more)

@@ -12,7 +12,18 @@ from torch import Tensor, nn
 from modkit.core.config import ComponentConfig
 from modkit.core.registry import Component
 from ..harness import Bench, qualified_names
-from .base import SAME_MATH_ULPS, CheckFailed, CheckSkipped, fmt, fork_rng, max_abs_diff, nonfinite, tolerance, transplant, unique_modules
+from .base import (
+    SAME_MATH_ULPS,
+    CheckFailed,
+    CheckSkipped,
+    fmt,
+    fork_rng,
+    max_abs_diff,
+    nonfinite,
+    tolerance,
+    transplant,
+    unique_modules,
+)
 
 
 def check_gradients(bench: Bench) -> str:
@@ -87,7 +98,9 @@ def check_dropout(bench: Bench) -> str:
     does nothing), dropout left on in eval (``F.dropout(x, p)`` defaults to ``training=True``), a rate read from the
     wrong field.
     """
-    fields = [f for c, (k, f) in DROPOUT_CAPABILITIES.items() if bench.entry.capabilities.get(c) and bench.entry.kind == k]
+    fields = [
+        f for c, (k, f) in DROPOUT_CAPABILITIES.items() if bench.entry.capabilities.get(c) and bench.entry.kind == k
+    ]
     spec = {**bench.spec, "dropout": {f: DROPOUT_P for f in fields}}
     model, _ = bench.build(spec)
     plain, _ = bench.build()
@@ -107,14 +120,20 @@ def check_dropout(bench: Bench) -> str:
     rates = ", ".join(f"dropout.{f} = {DROPOUT_P}" for f in fields)
     train_diff = max_abs_diff(a, b).max().item()
     if train_diff <= tol:
-        raise CheckFailed(f"with {rates} two training-mode forwards (different seeds) give the same logits (max |Δ| = "
-                          f"{fmt(train_diff)}): the declared dropout is not applied")
+        raise CheckFailed(
+            f"with {rates} two training-mode forwards (different seeds) give the same logits (max |Δ| = "
+            f"{fmt(train_diff)}): the declared dropout is not applied"
+        )
     if max_abs_diff(a, again).max().item() > tol:
-        raise CheckFailed(f"with {rates} two training-mode forwards with the same seed differ: draw from torch's generator")
+        raise CheckFailed(
+            f"with {rates} two training-mode forwards with the same seed differ: draw from torch's generator"
+        )
     eval_diff = max(max_abs_diff(e1, e2).max().item(), max_abs_diff(e1, ref).max().item())
     if eval_diff > tol:
-        raise CheckFailed(f"with {rates} eval mode is not the model without dropout: max |Δ| = {fmt(eval_diff)} "
-                          f"(tolerance {fmt(tol)}); apply dropout in training mode only")
+        raise CheckFailed(
+            f"with {rates} eval mode is not the model without dropout: max |Δ| = {fmt(eval_diff)} "
+            f"(tolerance {fmt(tol)}); apply dropout in training mode only"
+        )
     return f"{rates}: train mode random (max |Δ| between seeds = {fmt(train_diff)}), eval mode equals no dropout"
 
 
@@ -142,15 +161,19 @@ def check_aux_loss_grad(bench: Bench) -> str:
     out = model(bench.ids(4, 16, seed=41))
     aux = out.aux_loss
     if aux is None:
-        raise CheckFailed("the model returned aux_loss = None" + (" with the router in it" if bench.entry.kind == "router"
-                                                                   else " although the entry declares aux_loss"))
+        raise CheckFailed(
+            "the model returned aux_loss = None"
+            + (" with the router in it" if bench.entry.kind == "router" else " although the entry declares aux_loss")
+        )
     if not isinstance(aux, Tensor) or aux.dim() != 0:
         raise CheckFailed(f"aux_loss must be a scalar tensor, got shape {tuple(getattr(aux, 'shape', ()))}")
     if nonfinite(aux):
         raise CheckFailed(f"aux_loss = {aux.item()} is not finite")
     if not aux.requires_grad:
-        raise CheckFailed(f"aux_loss = {aux.item():.4g} carries no gradient (requires_grad = False): it is computed "
-                          "from detached tensors")
+        raise CheckFailed(
+            f"aux_loss = {aux.item():.4g} carries no gradient (requires_grad = False): it is computed "
+            "from detached tensors"
+        )
     aux.backward()
     names = qualified_names(model)
     targets = unique_modules(bench.targets(records))

@@ -10,7 +10,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def _load(name: str) -> "datasets.DatasetDict":
-    rows = [json.loads(line) for line in (HERE / f"{name}.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (HERE / f"{name}.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 

@@ -31,117 +31,527 @@ SMALL = dict(vocab_size=97, max_position_embeddings=128)
 # (id, config class, kwargs): two or more per model type, each varying features the converter must honour
 CASES = [
     # llama: GQA 2:1, all attention + MLP biases, tied, linear RoPE scaling
-    ("llama-bias-tied", T.LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, **SMALL)),
+    (
+        "llama-bias-tied",
+        T.LlamaConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            **SMALL,
+        ),
+    ),
     # llama: MQA, head_dim 16 != 48 / 4, untied, llama3 scaling
-    ("llama-mqa-headdim", T.LlamaConfig, dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-        num_hidden_layers=3, intermediate_size=80, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 32, "rope_theta": 500000.0}, **SMALL)),
+    (
+        "llama-mqa-headdim",
+        T.LlamaConfig,
+        dict(
+            hidden_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_hidden_layers=3,
+            intermediate_size=80,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 500000.0,
+            },
+            **SMALL,
+        ),
+    ),
     # mistral: GQA 4:1 with a sliding window everywhere
-    ("mistral-window", T.MistralConfig, dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=128, sliding_window=16, **SMALL)),
+    (
+        "mistral-window",
+        T.MistralConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            sliding_window=16,
+            **SMALL,
+        ),
+    ),
     # mistral: MHA, head_dim 24 != 32 / 2, tied, no window
-    ("mistral-mha-tied", T.MistralConfig, dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=24,
-        num_hidden_layers=2, intermediate_size=40, sliding_window=None, tie_word_embeddings=True, **SMALL)),
+    (
+        "mistral-mha-tied",
+        T.MistralConfig,
+        dict(
+            hidden_size=32,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=24,
+            num_hidden_layers=2,
+            intermediate_size=40,
+            sliding_window=None,
+            tie_word_embeddings=True,
+            **SMALL,
+        ),
+    ),
     # mixtral: 4 experts top-2
-    ("mixtral-4x2", T.MixtralConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02, **SMALL)),
+    (
+        "mixtral-4x2",
+        T.MixtralConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            router_aux_loss_coef=0.02,
+            **SMALL,
+        ),
+    ),
     # mixtral: 3 experts top-1, MQA, head_dim 16 != 32 / 4, window, tied
-    ("mixtral-3x1-mqa", T.MixtralConfig, dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-        num_hidden_layers=2, intermediate_size=24, num_local_experts=3, num_experts_per_tok=1, sliding_window=8,
-        tie_word_embeddings=True, **SMALL)),
+    (
+        "mixtral-3x1-mqa",
+        T.MixtralConfig,
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_hidden_layers=2,
+            intermediate_size=24,
+            num_local_experts=3,
+            num_experts_per_tok=1,
+            sliding_window=8,
+            tie_word_embeddings=True,
+            **SMALL,
+        ),
+    ),
     # qwen2: q/k/v biases, 7 heads, MQA, tied, sliding window from layer 2 on
-    ("qwen2-window-layers", T.Qwen2Config, dict(hidden_size=56, num_attention_heads=7, num_key_value_heads=1, num_hidden_layers=4,
-        intermediate_size=64, tie_word_embeddings=True, use_sliding_window=True, sliding_window=32, max_window_layers=2, **SMALL)),
+    (
+        "qwen2-window-layers",
+        T.Qwen2Config,
+        dict(
+            hidden_size=56,
+            num_attention_heads=7,
+            num_key_value_heads=1,
+            num_hidden_layers=4,
+            intermediate_size=64,
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=32,
+            max_window_layers=2,
+            **SMALL,
+        ),
+    ),
     # qwen2: MHA, untied, sliding window configured but switched off
-    ("qwen2-mha", T.Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
-        intermediate_size=48, tie_word_embeddings=False, use_sliding_window=False, sliding_window=32, **SMALL)),
+    (
+        "qwen2-mha",
+        T.Qwen2Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=48,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            sliding_window=32,
+            **SMALL,
+        ),
+    ),
     # qwen3: per-head QK-norm, head_dim 32 != 64 / 4, attention biases, tied
-    ("qwen3-bias-tied", T.Qwen3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        num_hidden_layers=2, intermediate_size=96, attention_bias=True, tie_word_embeddings=True, **SMALL)),
+    (
+        "qwen3-bias-tied",
+        T.Qwen3Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            attention_bias=True,
+            tie_word_embeddings=True,
+            **SMALL,
+        ),
+    ),
     # qwen3: head_dim 8, explicit layer_types with sliding layers (not a suffix)
-    ("qwen3-layer-types", T.Qwen3Config, dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=3, head_dim=8,
-        num_hidden_layers=4, intermediate_size=64, use_sliding_window=True, sliding_window=16, max_window_layers=1,
-        layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"], **SMALL)),
+    (
+        "qwen3-layer-types",
+        T.Qwen3Config,
+        dict(
+            hidden_size=48,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            head_dim=8,
+            num_hidden_layers=4,
+            intermediate_size=64,
+            use_sliding_window=True,
+            sliding_window=16,
+            max_window_layers=1,
+            layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            **SMALL,
+        ),
+    ),
     # gemma3: MQA, pattern 3 (layers 2 and 5 global), scalar != head_dim, linear scaling on global layers, softcap
-    ("gemma3-pattern", T.Gemma3TextConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-        num_hidden_layers=7, intermediate_size=96, sliding_window=16, sliding_window_pattern=3, query_pre_attn_scalar=24,
-        final_logit_softcapping=30.0,
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}, **SMALL)),
+    (
+        "gemma3-pattern",
+        T.Gemma3TextConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=32,
+            num_hidden_layers=7,
+            intermediate_size=96,
+            sliding_window=16,
+            sliding_window_pattern=3,
+            query_pre_attn_scalar=24,
+            final_logit_softcapping=30.0,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+            **SMALL,
+        ),
+    ),
     # gemma3: MHA, attention biases, untied, explicit alternating layer_types
-    ("gemma3-layer-types", T.Gemma3TextConfig, dict(hidden_size=48, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
-        num_hidden_layers=4, intermediate_size=64, sliding_window=8, attention_bias=True, tie_word_embeddings=False,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"], **SMALL)),
+    (
+        "gemma3-layer-types",
+        T.Gemma3TextConfig,
+        dict(
+            hidden_size=48,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=4,
+            intermediate_size=64,
+            sliding_window=8,
+            attention_bias=True,
+            tie_word_embeddings=False,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            **SMALL,
+        ),
+    ),
     # olmo2: GQA with full-width QK-norm (k norm narrower than q norm)
-    ("olmo2-gqa", T.Olmo2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, **SMALL)),
+    (
+        "olmo2-gqa",
+        T.Olmo2Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            **SMALL,
+        ),
+    ),
     # olmo2: attention biases, tied, linear scaling
-    ("olmo2-bias-tied", T.Olmo2Config, dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=6, num_hidden_layers=3,
-        intermediate_size=40, attention_bias=True, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}, **SMALL)),
+    (
+        "olmo2-bias-tied",
+        T.Olmo2Config,
+        dict(
+            hidden_size=48,
+            num_attention_heads=6,
+            num_key_value_heads=6,
+            num_hidden_layers=3,
+            intermediate_size=40,
+            attention_bias=True,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+            **SMALL,
+        ),
+    ),
     # olmoe: GQA, 4 experts top-2 renormalised
-    ("olmoe-4x2", T.OlmoeConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, **SMALL)),
+    (
+        "olmoe-4x2",
+        T.OlmoeConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            **SMALL,
+        ),
+    ),
     # olmoe: MHA, 6 experts top-3 not renormalised, tied, biases
-    ("olmoe-6x3-tied", T.OlmoeConfig, dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
-        intermediate_size=16, num_experts=6, num_experts_per_tok=3, norm_topk_prob=False, tie_word_embeddings=True,
-        attention_bias=True, **SMALL)),
+    (
+        "olmoe-6x3-tied",
+        T.OlmoeConfig,
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=16,
+            num_experts=6,
+            num_experts_per_tok=3,
+            norm_topk_prob=False,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
     # falcon 40B-style: new decoder architecture, GQA 8/2, two norms per block, tied
-    ("falcon-new-arch", T.FalconConfig, dict(hidden_size=64, num_attention_heads=8, num_kv_heads=2, num_hidden_layers=2,
-        new_decoder_architecture=True, ffn_hidden_size=96, **SMALL)),
+    (
+        "falcon-new-arch",
+        T.FalconConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=8,
+            num_kv_heads=2,
+            num_hidden_layers=2,
+            new_decoder_architecture=True,
+            ffn_hidden_size=96,
+            **SMALL,
+        ),
+    ),
     # falcon RW-style (rotary): sequential pre-norm blocks, MHA, biases, untied
-    ("falcon-sequential-bias", T.FalconConfig, dict(hidden_size=48, num_attention_heads=4, num_hidden_layers=2,
-        new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True, tie_word_embeddings=False, **SMALL)),
+    (
+        "falcon-sequential-bias",
+        T.FalconConfig,
+        dict(
+            hidden_size=48,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            new_decoder_architecture=False,
+            multi_query=False,
+            parallel_attn=False,
+            bias=True,
+            tie_word_embeddings=False,
+            **SMALL,
+        ),
+    ),
     # falcon 7B-style: multi-query, parallel block with one shared norm
-    ("falcon-7b-style", T.FalconConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
-        new_decoder_architecture=False, multi_query=True, parallel_attn=True, **SMALL)),
+    (
+        "falcon-7b-style",
+        T.FalconConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            new_decoder_architecture=False,
+            multi_query=True,
+            parallel_attn=True,
+            **SMALL,
+        ),
+    ),
     # falcon: new architecture with a single shared norm (num_ln_in_parallel_attn = 1), MHA
-    ("falcon-new-arch-1ln", T.FalconConfig, dict(hidden_size=32, num_attention_heads=4, num_kv_heads=4, num_hidden_layers=2,
-        new_decoder_architecture=True, num_ln_in_parallel_attn=1, bias=True, **SMALL)),
+    (
+        "falcon-new-arch-1ln",
+        T.FalconConfig,
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_kv_heads=4,
+            num_hidden_layers=2,
+            new_decoder_architecture=True,
+            num_ln_in_parallel_attn=1,
+            bias=True,
+            **SMALL,
+        ),
+    ),
     # phi: partial rotary 0.5, per-head LayerNorm QK-norm, untied head with bias
-    ("phi-qk-layernorm", T.PhiConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128,
-        qk_layernorm=True, partial_rotary_factor=0.5, **SMALL)),
+    (
+        "phi-qk-layernorm",
+        T.PhiConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            qk_layernorm=True,
+            partial_rotary_factor=0.5,
+            **SMALL,
+        ),
+    ),
     # phi: GQA, partial rotary 0.4, tied weight (bias stays separate)
-    ("phi-gqa-tied", T.PhiConfig, dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
-        intermediate_size=64, partial_rotary_factor=0.4, tie_word_embeddings=True, **SMALL)),
+    (
+        "phi-gqa-tied",
+        T.PhiConfig,
+        dict(
+            hidden_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=3,
+            intermediate_size=64,
+            partial_rotary_factor=0.4,
+            tie_word_embeddings=True,
+            **SMALL,
+        ),
+    ),
     # phi3: GQA, sliding window, partial rotary 0.75
-    ("phi3-window-partial", T.Phi3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, sliding_window=16, partial_rotary_factor=0.75, pad_token_id=0, eos_token_id=1, **SMALL)),
+    (
+        "phi3-window-partial",
+        T.Phi3Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            sliding_window=16,
+            partial_rotary_factor=0.75,
+            pad_token_id=0,
+            eos_token_id=1,
+            **SMALL,
+        ),
+    ),
     # phi3: MHA, tied
-    ("phi3-mha-tied", T.Phi3Config, dict(hidden_size=48, num_attention_heads=6, num_hidden_layers=2, intermediate_size=40,
-        tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, **SMALL)),
+    (
+        "phi3-mha-tied",
+        T.Phi3Config,
+        dict(
+            hidden_size=48,
+            num_attention_heads=6,
+            num_hidden_layers=2,
+            intermediate_size=40,
+            tie_word_embeddings=True,
+            pad_token_id=0,
+            eos_token_id=1,
+            **SMALL,
+        ),
+    ),
     # gemma2: GQA, alternating sliding/global layers (even layers slide), attention and final softcaps, tied
-    ("gemma2-softcap", T.Gemma2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_hidden_layers=4, intermediate_size=96, sliding_window=16, query_pre_attn_scalar=24, **SMALL)),
+    (
+        "gemma2-softcap",
+        T.Gemma2Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=4,
+            intermediate_size=96,
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            **SMALL,
+        ),
+    ),
     # gemma2: MQA, head_dim 32 != 48 / 2, biases, untied, caps off, explicit layer_types, linear scaling
-    ("gemma2-nocap-untied", T.Gemma2Config, dict(hidden_size=48, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        num_hidden_layers=3, intermediate_size=64, attention_bias=True, tie_word_embeddings=False, attn_logit_softcapping=None,
-        final_logit_softcapping=None, layer_types=["full_attention", "sliding_attention", "full_attention"], sliding_window=8,
-        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, **SMALL)),
+    (
+        "gemma2-nocap-untied",
+        T.Gemma2Config,
+        dict(
+            hidden_size=48,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            num_hidden_layers=3,
+            intermediate_size=64,
+            attention_bias=True,
+            tie_word_embeddings=False,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            layer_types=["full_attention", "sliding_attention", "full_attention"],
+            sliding_window=8,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            **SMALL,
+        ),
+    ),
     # llama: YaRN with the default attention factor
-    ("llama-yarn", T.LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
-                                               "rope_theta": 10000.0}, **SMALL)),
+    (
+        "llama-yarn",
+        T.LlamaConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 10000.0,
+            },
+            **SMALL,
+        ),
+    ),
     # qwen2: dynamic NTK scaling
-    ("qwen2-dynamic", T.Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, **SMALL)),
+    (
+        "qwen2-dynamic",
+        T.Qwen2Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+            **SMALL,
+        ),
+    ),
     # phi3: LongRoPE on a partial rotary width (Phi-3 128k style: factor from the two lengths)
-    ("phi3-longrope", T.Phi3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
-        intermediate_size=96, partial_rotary_factor=0.5, original_max_position_embeddings=32, pad_token_id=0, eos_token_id=1,
-        rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [1.0, 2.0, 4.0, 8.0],
-                         "rope_theta": 10000.0}, **SMALL)),
+    (
+        "phi3-longrope",
+        T.Phi3Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            partial_rotary_factor=0.5,
+            original_max_position_embeddings=32,
+            pad_token_id=0,
+            eos_token_id=1,
+            rope_parameters={
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.1, 1.3, 1.6],
+                "long_factor": [1.0, 2.0, 4.0, 8.0],
+                "rope_theta": 10000.0,
+            },
+            **SMALL,
+        ),
+    ),
     # gpt2: defaults (n_inner = 4 * n_embd, gelu_new, tied)
     ("gpt2-small", T.GPT2Config, dict(n_embd=64, n_head=4, n_layer=2, n_positions=128, vocab_size=101)),
     # gpt2: explicit n_inner, relu, untied, no 1/sqrt(d) scaling
-    ("gpt2-untied-relu", T.GPT2Config, dict(n_embd=48, n_head=3, n_layer=3, n_positions=64, vocab_size=89, n_inner=100,
-        activation_function="relu", tie_word_embeddings=False, scale_attn_weights=False)),
+    (
+        "gpt2-untied-relu",
+        T.GPT2Config,
+        dict(
+            n_embd=48,
+            n_head=3,
+            n_layer=3,
+            n_positions=64,
+            vocab_size=89,
+            n_inner=100,
+            activation_function="relu",
+            tie_word_embeddings=False,
+            scale_attn_weights=False,
+        ),
+    ),
 ]
 
-MODEL_TYPES = ["falcon", "gemma2", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi", "phi3", "qwen2",
-               "qwen3"]
+MODEL_TYPES = [
+    "falcon",
+    "gemma2",
+    "gemma3_text",
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "olmo2",
+    "olmoe",
+    "phi",
+    "phi3",
+    "qwen2",
+    "qwen3",
+]
 
 
 def _hf_model(cfg):
@@ -181,7 +591,14 @@ def _hf_layers(hf):
 
 
 def test_tied_head_counted_once_and_lm_head_bias_kept():
-    cfg = T.PhiConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, tie_word_embeddings=True, **SMALL)
+    cfg = T.PhiConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        tie_word_embeddings=True,
+        **SMALL,
+    )
     spec = modkit.from_hf_config(cfg.to_dict())
     assert spec.tie_embeddings and spec.lm_head_bias
     b = modkit.breakdown(modkit.build(spec, device="meta"))
@@ -189,14 +606,30 @@ def test_tied_head_counted_once_and_lm_head_bias_kept():
 
 
 def test_sliding_window_overrides_are_compact():
-    cfg = T.Gemma3TextConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=26,
-                             intermediate_size=48, sliding_window=512, **SMALL)
+    cfg = T.Gemma3TextConfig(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_hidden_layers=26,
+        intermediate_size=48,
+        sliding_window=512,
+        **SMALL,
+    )
     d = modkit.io.hf.hf_config_to_dict(cfg.to_dict())
     assert d["block"]["attention"]["sliding_window"] == 512
     assert [o["layers"] for o in d["overrides"]] == [{"start": 5, "step": 6}]
     assert "sliding_window" not in d["overrides"][0]["attention"]
-    cfg = T.Qwen2Config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=6,
-                        use_sliding_window=True, sliding_window=64, max_window_layers=4, **SMALL)
+    cfg = T.Qwen2Config(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=6,
+        use_sliding_window=True,
+        sliding_window=64,
+        max_window_layers=4,
+        **SMALL,
+    )
     d = modkit.io.hf.hf_config_to_dict(cfg.to_dict())
     assert d["block"]["attention"].get("sliding_window") is None
     assert d["overrides"] == [{"layers": {"start": 4}, "attention": dict(d["block"]["attention"], sliding_window=64)}]
@@ -257,41 +690,69 @@ def _errors(cfg) -> list[tuple[str, str]]:
 )
 def test_unsupported_rope_scaling_names_field_and_value(rope_scaling, field):
     errors = _errors(_llama(rope_scaling=rope_scaling))
-    assert any(p == field and repr(rope_scaling.get("rope_type") or rope_scaling.get("type")) in m for p, m in errors), errors
+    assert any(
+        p == field and repr(rope_scaling.get("rope_type") or rope_scaling.get("type")) in m for p, m in errors
+    ), errors
 
 
 def test_unsupported_rope_type_in_transformers5_form():
-    cfg = T.LlamaConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1,
-                        rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}).to_dict()
+    cfg = T.LlamaConfig(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_hidden_layers=1,
+        rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+    ).to_dict()
     cfg["rope_parameters"]["rope_type"] = "proportional"
     errors = _errors(cfg)
     assert any(p == "rope_parameters.rope_type" and "'proportional'" in m for p, m in errors), errors
 
 
-@pytest.mark.parametrize("bad,field", [({"factor": -1.0}, "factor"), ({"beta_fast": "fast"}, "beta_fast"),
-                                       ({"truncate": "yes"}, "truncate"), ({"original_max_position_embeddings": 0.5},
-                                                                           "original_max_position_embeddings")])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ({"factor": -1.0}, "factor"),
+        ({"beta_fast": "fast"}, "beta_fast"),
+        ({"truncate": "yes"}, "truncate"),
+        ({"original_max_position_embeddings": 0.5}, "original_max_position_embeddings"),
+    ],
+)
 def test_bad_yarn_values_name_the_field(bad, field):
-    errors = _errors(_llama(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192, **bad}))
+    errors = _errors(
+        _llama(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192, **bad})
+    )
     assert any(p == f"rope_scaling.{field}" for p, _ in errors), errors
 
 
 def test_longrope_factors_must_be_lists_of_one_value_per_pair():
-    cfg = {"model_type": "phi3", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 1, "max_position_embeddings": 64,
-           "original_max_position_embeddings": 16, "rope_scaling": {"type": "longrope", "short_factor": "1", "long_factor": [1.0] * 4}}
+    cfg = {
+        "model_type": "phi3",
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "max_position_embeddings": 64,
+        "original_max_position_embeddings": 16,
+        "rope_scaling": {"type": "longrope", "short_factor": "1", "long_factor": [1.0] * 4},
+    }
     assert any(p == "rope_scaling.short_factor" for p, _ in _errors(cfg))
     cfg["rope_scaling"]["short_factor"] = [1.0] * 3  # head_dim 8 rotates 4 pairs
     errors = _errors(cfg)
     # reported at the config's key, naming the spec field it becomes
-    assert any(p == "rope_scaling.short_factor" and "position.scaling.short_factor" in m and "one per rotated pair" in m
-               and "= 4" in m for p, m in errors), errors
+    assert any(
+        p == "rope_scaling.short_factor"
+        and "position.scaling.short_factor" in m
+        and "one per rotated pair" in m
+        and "= 4" in m
+        for p, m in errors
+    ), errors
 
 
 def test_unknown_rope_parameter_is_dropped_with_a_warning_or_refused_when_strict():
     cfg = _llama(rope_scaling={"rope_type": "linear", "factor": 2.0, "attention_factor": 0.5})
     with pytest.warns(modkit.UnknownConfigKeyWarning, match=r"rope_scaling.attention_factor = 0.5") as rec:
         spec = modkit.from_hf_config(cfg)
-    assert [w.message.keys for w in rec if isinstance(w.message, modkit.UnknownConfigKeyWarning)] == [{"rope_scaling.attention_factor": 0.5}]
+    assert [w.message.keys for w in rec if isinstance(w.message, modkit.UnknownConfigKeyWarning)] == [
+        {"rope_scaling.attention_factor": 0.5}
+    ]
     assert spec.position.scaling.factor == 2.0
     with pytest.raises(modkit.SpecError) as info:
         modkit.from_hf_config(cfg, strict=True)
@@ -305,7 +766,9 @@ def test_unknown_keys_are_reported_in_one_warning_naming_each_key_and_value():
     ours = [w.message for w in rec if isinstance(w.message, modkit.UnknownConfigKeyWarning)]
     assert len(ours) == 1 and ours[0].model_type == "llama"
     assert ours[0].keys == {"extra_list": [1, 2], "foo_bar": 3, "legacy_flag": True}
-    assert "foo_bar = 3" in str(ours[0]) and "legacy_flag = True" in str(ours[0]) and "extra_list = [1, 2]" in str(ours[0])
+    assert (
+        "foo_bar = 3" in str(ours[0]) and "legacy_flag = True" in str(ours[0]) and "extra_list = [1, 2]" in str(ours[0])
+    )
     assert spec == modkit.from_hf_config(_llama())  # the same network
 
 
@@ -333,17 +796,23 @@ def test_unknown_key_with_nothing_value_is_accepted_silently(value):
 
 
 def test_all_problems_reported_together():
-    errors = _errors(_llama(foo_bar=3, rope_scaling={"rope_type": "proportional", "factor": 4.0}, hidden_act="quick_gelu"))
+    errors = _errors(
+        _llama(foo_bar=3, rope_scaling={"rope_type": "proportional", "factor": 4.0}, hidden_act="quick_gelu")
+    )
     fields = {p for p, _ in errors}
     assert {"rope_scaling.rope_type", "hidden_act"} <= fields and "foo_bar" not in fields, errors
     with pytest.raises(modkit.SpecError) as info:
-        modkit.from_hf_config(_llama(foo_bar=3, rope_scaling={"rope_type": "proportional", "factor": 4.0}, hidden_act="quick_gelu"),
-                              strict=True)
+        modkit.from_hf_config(
+            _llama(foo_bar=3, rope_scaling={"rope_type": "proportional", "factor": 4.0}, hidden_act="quick_gelu"),
+            strict=True,
+        )
     assert {"foo_bar", "rope_scaling.rope_type", "hidden_act"} <= {p for p, _ in info.value.errors}
 
 
 def test_irrelevant_keys_are_ignored_whatever_their_value():
-    cfg = _llama(attention_dropout=0.3, torch_dtype="float32", use_cache=False, pretraining_tp=4, bos_token_id=5, temperature=0.7)
+    cfg = _llama(
+        attention_dropout=0.3, torch_dtype="float32", use_cache=False, pretraining_tp=4, bos_token_id=5, temperature=0.7
+    )
     assert modkit.count_params(modkit.from_hf_config(cfg)) == 1235814400
 
 
@@ -384,20 +853,42 @@ def test_unsupported_values_from_transformers_configs(cls, kwargs, field):
 
 
 def test_phi3_legacy_su_scaling_is_longrope():
-    cfg = {"model_type": "phi3", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 1, "max_position_embeddings": 128,
-           "original_max_position_embeddings": 16,
-           "rope_scaling": {"type": "su", "short_factor": [1.0] * 4, "long_factor": [1.5] * 4}}
+    cfg = {
+        "model_type": "phi3",
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "max_position_embeddings": 128,
+        "original_max_position_embeddings": 16,
+        "rope_scaling": {"type": "su", "short_factor": [1.0] * 4, "long_factor": [1.5] * 4},
+    }
     sc = modkit.from_hf_config(cfg).position.scaling
     assert (sc.type, sc.short_factor, sc.long_factor, sc.original_max_seq_len) == ("longrope", [1.0] * 4, [1.5] * 4, 16)
 
 
 def test_rope_scalings_in_both_config_forms_agree():
     """transformers 4.x files (rope_scaling + rope_theta) and 5.x to_dict() (rope_parameters) convert alike."""
-    for scaling in ({"rope_type": "dynamic", "factor": 2.0}, {"type": "dynamic", "factor": 3.0},
-                    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16.0,
-                     "attention_factor": 1.2}, {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0}):
-        legacy = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 1,
-                  "max_position_embeddings": 128, "rope_theta": 5e5, "rope_scaling": dict(scaling)}
+    for scaling in (
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"type": "dynamic", "factor": 3.0},
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "beta_fast": 16.0,
+            "attention_factor": 1.2,
+        },
+        {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0},
+    ):
+        legacy = {
+            "model_type": "llama",
+            "hidden_size": 32,
+            "num_attention_heads": 2,
+            "num_hidden_layers": 1,
+            "max_position_embeddings": 128,
+            "rope_theta": 5e5,
+            "rope_scaling": dict(scaling),
+        }
         new = T.LlamaConfig.from_dict(legacy).to_dict()
         assert "rope_parameters" in new
         a, b = modkit.from_hf_config(legacy).position, modkit.from_hf_config(new).position
@@ -407,7 +898,10 @@ def test_rope_scalings_in_both_config_forms_agree():
 
 
 def test_yarn_factor_defaults_to_the_ratio_of_lengths():
-    cfg = _llama(max_position_embeddings=32768, rope_scaling={"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 8192})
+    cfg = _llama(
+        max_position_embeddings=32768,
+        rope_scaling={"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 8192},
+    )
     assert modkit.from_hf_config(cfg).position.scaling.factor == 4.0
 
 
@@ -476,14 +970,16 @@ def test_rope_frequencies_and_softmax_scale_match_transformers(name, cls, kwargs
 def test_falcon_alibi_bias_is_scaled_like_transformers():
     cfg = T.FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1, alibi=True, **SMALL).to_dict()
     spec = modkit.from_hf_config(cfg)
-    assert spec.position.type == "alibi" and spec.position.scale == pytest.approx(16 ** -0.5)
+    assert spec.position.type == "alibi" and spec.position.scale == pytest.approx(16**-0.5)
 
 
 @pytest.mark.parametrize(
     "flags,kv",
-    [(dict(new_decoder_architecture=True, num_kv_heads=2), 2),  # grouped (Falcon-40B)
-     (dict(multi_query=True), 1),  # multi-query (Falcon-7B)
-     (dict(multi_query=False, parallel_attn=False), 4)],  # multi-head, sequential (Falcon-RW)
+    [
+        (dict(new_decoder_architecture=True, num_kv_heads=2), 2),  # grouped (Falcon-40B)
+        (dict(multi_query=True), 1),  # multi-query (Falcon-7B)
+        (dict(multi_query=False, parallel_attn=False), 4),
+    ],  # multi-head, sequential (Falcon-RW)
 )
 def test_falcon_num_key_value_heads_is_read_checked_and_written(flags, kv):
     """transformers 5.25+ writes ``num_key_value_heads`` (the KV width the flags give) into a Falcon config: it is

@@ -18,8 +18,12 @@ HF_DIR = Path(hf.__file__).resolve().parent
 def _defines_type(path: Path) -> bool:
     """Whether the module at ``path`` assigns ``TYPE`` at its top level (read from the source, not imported)."""
     tree = ast.parse(path.read_text())
-    targets = [t for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-               for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
+    targets = [
+        t
+        for n in tree.body
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+    ]
     return any(isinstance(t, ast.Name) and t.id == "TYPE" for t in targets)
 
 
@@ -57,8 +61,16 @@ def test_a_new_type_module_is_all_it_takes(tmp_path, monkeypatch):
         reg.register_plugin(package, "hf-copy")
         assert "my_llama" in reg.hf_model_types() and "my_draft" not in reg.hf_model_types()
         assert len(reg.hf_model_types()) == len(hf.type_modules()) + 1
-        spec = modkit.from_hf_config({"model_type": "my_llama", "num_attention_heads": 4, "num_hidden_layers": 1,
-                                      "intermediate_size": 32, "vocab_size": 50}, registry=reg)
+        spec = modkit.from_hf_config(
+            {
+                "model_type": "my_llama",
+                "num_attention_heads": 4,
+                "num_hidden_layers": 1,
+                "intermediate_size": 32,
+                "vocab_size": 50,
+            },
+            registry=reg,
+        )
         assert spec.d_model == 64
     finally:
         for name in [m for m in sys.modules if m == "mk_hf_copy" or m.startswith("mk_hf_copy.")]:

@@ -35,83 +35,368 @@ CASES = [
     # gpt2: tied head, fused Conv1D c_attn (transposed), learned positions, gelu_new
     ("gpt2", T.GPT2Config, dict(n_embd=64, n_head=4, n_layer=2, n_positions=64, vocab_size=97), "causal"),
     # gpt2: untied head, relu, no 1/sqrt(d) scaling
-    ("gpt2-untied-relu", T.GPT2Config, dict(n_embd=64, n_head=4, n_layer=2, n_positions=64, vocab_size=97, n_inner=96,
-        activation_function="relu", tie_word_embeddings=False, scale_attn_weights=False), "causal"),
+    (
+        "gpt2-untied-relu",
+        T.GPT2Config,
+        dict(
+            n_embd=64,
+            n_head=4,
+            n_layer=2,
+            n_positions=64,
+            vocab_size=97,
+            n_inner=96,
+            activation_function="relu",
+            tie_word_embeddings=False,
+            scale_attn_weights=False,
+        ),
+        "causal",
+    ),
     # llama: GQA 2:1, attention and MLP biases, llama3 RoPE scaling, untied
-    ("llama", T.LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, attention_bias=True, mlp_bias=True,
-        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 16, "rope_theta": 500000.0}, **SMALL), "causal"),
+    (
+        "llama",
+        T.LlamaConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "rope_theta": 500000.0,
+            },
+            **SMALL,
+        ),
+        "causal",
+    ),
     # llama: MQA, head_dim 32 != 64 / 4, tied, linear scaling
-    ("llama-mqa-tied", T.LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-        num_hidden_layers=2, intermediate_size=80, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, **SMALL), "causal"),
+    (
+        "llama-mqa-tied",
+        T.LlamaConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=32,
+            num_hidden_layers=2,
+            intermediate_size=80,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            **SMALL,
+        ),
+        "causal",
+    ),
     # mistral: GQA 4:1, sliding window 4 (shorter than the batch)
-    ("mistral", T.MistralConfig, dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, sliding_window=4, **SMALL), "causal"),
+    (
+        "mistral",
+        T.MistralConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            sliding_window=4,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # mixtral: 4 experts, top-2 renormalised, GQA, sliding window
-    ("mixtral", T.MixtralConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, sliding_window=5, **SMALL), "causal"),
+    (
+        "mixtral",
+        T.MixtralConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=48,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=5,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # qwen2: q/k/v biases (no output bias), tied, sliding window on layer 1 only
-    ("qwen2", T.Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, tie_word_embeddings=True, use_sliding_window=True, sliding_window=4, max_window_layers=1,
-        **SMALL), "causal"),
+    (
+        "qwen2",
+        T.Qwen2Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # qwen3: per-head QK RMSNorm, head_dim 32 != 64 / 4, GQA, attention biases
-    ("qwen3", T.Qwen3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        num_hidden_layers=2, intermediate_size=96, attention_bias=True, tie_word_embeddings=False, **SMALL), "causal"),
+    (
+        "qwen3",
+        T.Qwen3Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            attention_bias=True,
+            tie_word_embeddings=False,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # gemma3: MQA, (1 + w) RMSNorm sandwich, local/global layers (window 4, separate RoPE bases, linear scaling on
     # global), query_pre_attn_scalar != head_dim, final softcap, sqrt(d) embedding scale, tied
-    ("gemma3_text", T.Gemma3TextConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-        num_hidden_layers=3, intermediate_size=96, sliding_window=4, query_pre_attn_scalar=24, final_logit_softcapping=3.0,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}, **SMALL), "causal"),
+    (
+        "gemma3_text",
+        T.Gemma3TextConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_hidden_layers=3,
+            intermediate_size=96,
+            sliding_window=4,
+            query_pre_attn_scalar=24,
+            final_logit_softcapping=3.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+            **SMALL,
+        ),
+        "causal",
+    ),
     # gemma2: GQA, (1 + w) RMSNorm sandwich, alternating local/global layers (window 4), attention logit softcap 0.5
     # (small, so it binds), final softcap 3, query_pre_attn_scalar != head_dim, sqrt(d) embedding scale, tied
-    ("gemma2", T.Gemma2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_hidden_layers=3, intermediate_size=96, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
-        final_logit_softcapping=3.0, **SMALL), "causal"),
+    (
+        "gemma2",
+        T.Gemma2Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=3,
+            intermediate_size=96,
+            sliding_window=4,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=0.5,
+            final_logit_softcapping=3.0,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # llama: YaRN (factor 4 over 4 trained positions: the batch runs past them), default attention factor
-    ("llama-yarn", T.LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4,
-                                               "rope_theta": 10000.0}, **SMALL), "causal"),
+    (
+        "llama-yarn",
+        T.LlamaConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 4,
+                "rope_theta": 10000.0,
+            },
+            **SMALL,
+        ),
+        "causal",
+    ),
     # qwen2: dynamic NTK with 8 trained positions (the 9-token batch grows the base)
-    ("qwen2-dynamic", T.Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, vocab_size=97, max_position_embeddings=8,
-        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}), "causal"),
+    (
+        "qwen2-dynamic",
+        T.Qwen2Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            vocab_size=97,
+            max_position_embeddings=8,
+            rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+        ),
+        "causal",
+    ),
     # phi3: LongRoPE over a partial rotary width, trained length 4 (long factors for the batch)
-    ("phi3-longrope", T.Phi3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, partial_rotary_factor=0.5, original_max_position_embeddings=4, pad_token_id=0, eos_token_id=1,
-        rope_parameters={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6], "long_factor": [1.0, 2.0, 4.0, 8.0],
-                         "rope_theta": 10000.0}, **SMALL), "causal"),
+    (
+        "phi3-longrope",
+        T.Phi3Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            partial_rotary_factor=0.5,
+            original_max_position_embeddings=4,
+            pad_token_id=0,
+            eos_token_id=1,
+            rope_parameters={
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.1, 1.3, 1.6],
+                "long_factor": [1.0, 2.0, 4.0, 8.0],
+                "rope_theta": 10000.0,
+            },
+            **SMALL,
+        ),
+        "causal",
+    ),
     # olmo2: reordered norm, full-width QK RMSNorm with GQA (k norm narrower than q norm)
-    ("olmo2", T.Olmo2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, **SMALL), "causal"),
+    (
+        "olmo2",
+        T.Olmo2Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # olmoe: 4 experts top-2 NOT renormalised, full-width QK-norm, GQA
-    ("olmoe", T.OlmoeConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, **SMALL), "causal"),
+    (
+        "olmoe",
+        T.OlmoeConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # falcon-40B style: new decoder architecture, grouped fused QKV (GQA 8/2), two parallel norms, tied
-    ("falcon-new-arch", T.FalconConfig, dict(hidden_size=64, num_attention_heads=8, num_kv_heads=2, num_hidden_layers=2,
-        new_decoder_architecture=True, ffn_hidden_size=96, **SMALL), "causal"),
+    (
+        "falcon-new-arch",
+        T.FalconConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=8,
+            num_kv_heads=2,
+            num_hidden_layers=2,
+            new_decoder_architecture=True,
+            ffn_hidden_size=96,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # falcon-7B style: multi-query fused QKV, one shared parallel norm
-    ("falcon-7b-style", T.FalconConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
-        new_decoder_architecture=False, multi_query=True, parallel_attn=True, **SMALL), "causal"),
+    (
+        "falcon-7b-style",
+        T.FalconConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            new_decoder_architecture=False,
+            multi_query=True,
+            parallel_attn=True,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # falcon RW style: multi-head per-head-interleaved fused QKV, sequential pre-norm blocks, biases, untied
-    ("falcon-sequential-bias", T.FalconConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
-        new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True, tie_word_embeddings=False,
-        **SMALL), "causal"),
+    (
+        "falcon-sequential-bias",
+        T.FalconConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            new_decoder_architecture=False,
+            multi_query=False,
+            parallel_attn=False,
+            bias=True,
+            tie_word_embeddings=False,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # falcon with ALiBi (bias scaled by 1/sqrt(head_dim) like the scores)
-    ("falcon-alibi", T.FalconConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, alibi=True,
-        new_decoder_architecture=False, multi_query=True, parallel_attn=True, **SMALL), "causal"),
+    (
+        "falcon-alibi",
+        T.FalconConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            alibi=True,
+            new_decoder_architecture=False,
+            multi_query=True,
+            parallel_attn=True,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # phi: parallel block with one shared LayerNorm, partial rotary 0.5, per-head LayerNorm QK-norm, head bias
-    ("phi", T.PhiConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
-        qk_layernorm=True, partial_rotary_factor=0.5, **SMALL), "causal"),
+    (
+        "phi",
+        T.PhiConfig,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            qk_layernorm=True,
+            partial_rotary_factor=0.5,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # phi3: fused qkv_proj and gate_up_proj, GQA, partial rotary 0.75, sliding window
-    ("phi3", T.Phi3Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, sliding_window=5, partial_rotary_factor=0.75, pad_token_id=0, eos_token_id=1, **SMALL), "causal"),
+    (
+        "phi3",
+        T.Phi3Config,
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            sliding_window=5,
+            partial_rotary_factor=0.75,
+            pad_token_id=0,
+            eos_token_id=1,
+            **SMALL,
+        ),
+        "causal",
+    ),
     # bert: bidirectional encoder, post-norm, embedding LayerNorm, token types folded, pooler carried along
-    ("bert", T.BertConfig, dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
-        **SMALL), "encoder"),
+    (
+        "bert",
+        T.BertConfig,
+        dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96, **SMALL),
+        "encoder",
+    ),
 ]
 
 #: attention implementation of the transformers side (default eager). transformers' eager Falcon adds the ALiBi
@@ -119,8 +404,22 @@ CASES = [
 #: the reference there
 IMPL = {"falcon-alibi": "sdpa"}
 
-MODEL_TYPES = ["bert", "falcon", "gemma2", "gemma3_text", "gpt2", "llama", "mistral", "mixtral", "olmo2", "olmoe", "phi",
-               "phi3", "qwen2", "qwen3"]
+MODEL_TYPES = [
+    "bert",
+    "falcon",
+    "gemma2",
+    "gemma3_text",
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "olmo2",
+    "olmoe",
+    "phi",
+    "phi3",
+    "qwen2",
+    "qwen3",
+]
 
 
 def _quiet():
@@ -174,7 +473,9 @@ def max_real_diff(a, b, mask) -> float:
 
 def file_tensors(folder) -> dict:
     index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     out = {}
     for f in files:
         with safe_open(str(folder / f), "pt") as h:
@@ -240,8 +541,10 @@ def test_parity_and_round_trips(name, cls, kwargs, kind, tmp_path):
     finally:
         w.__exit__(None, None, None)
     PARITY[name] = {"modkit_vs_hf": diff, "export_vs_hf": back_diff}
-    print(f"\n[parity] {name:24s} model_type={cls.model_type:12s} max|modkit - hf| = {diff:.3e}   "
-          f"max|hf(export) - hf| = {back_diff:.3e}")
+    print(
+        f"\n[parity] {name:24s} model_type={cls.model_type:12s} max|modkit - hf| = {diff:.3e}   "
+        f"max|hf(export) - hf| = {back_diff:.3e}"
+    )
     assert diff <= TOL, f"{name}: max abs difference {diff:.3e} over real tokens"
     assert back_diff <= TOL, f"{name}: the exported checkpoint gives {back_diff:.3e}"
 
@@ -288,8 +591,11 @@ def test_config_with_extra_keys_converts_and_matches(name, cls, kwargs, kind, tm
         cfg = json.loads(path.read_text())
         cfg.update(EXTRA_KEYS)
         path.write_text(json.dumps(cfg))
-        again = (transformers.AutoModelForCausalLM if kind == "causal" else transformers.AutoModel).from_pretrained(
-            tmp_path, attn_implementation=IMPL.get(name, "eager")).eval()
+        again = (
+            (transformers.AutoModelForCausalLM if kind == "causal" else transformers.AutoModel)
+            .from_pretrained(tmp_path, attn_implementation=IMPL.get(name, "eager"))
+            .eval()
+        )
         ids, mask = batch(kwargs.get("vocab_size", 97))
         ref = hf_output(again, ids, mask, kind)
     finally:

@@ -27,8 +27,11 @@ from modkit_plugins.hf.llama import LLAMA
 
 transformers = pytest.importorskip("transformers")
 
-DECLARED = {t: c.declaration for t in modkit.get_registry().hf_model_types()
-            if isinstance((c := modkit.get_registry().hf_converter(t)).declaration, HFType)}
+DECLARED = {
+    t: c.declaration
+    for t in modkit.get_registry().hf_model_types()
+    if isinstance((c := modkit.get_registry().hf_converter(t)).declaration, HFType)
+}
 
 
 def _defaults(t: str) -> dict:
@@ -69,8 +72,9 @@ def _bad(allowed):
     return True if allowed is False else "something_else" if isinstance(allowed, str) else 3.0
 
 
-@pytest.mark.parametrize("t,key", [(t, k) for t, d in sorted(DECLARED.items()) for k, row in d.keys.items()
-                                   if isinstance(row, Refuse)])
+@pytest.mark.parametrize(
+    "t,key", [(t, k) for t, d in sorted(DECLARED.items()) for k, row in d.keys.items() if isinstance(row, Refuse)]
+)
 def test_refused_keys_are_refused_by_name(t, key):
     row = DECLARED[t].keys[key]
     cfg = dict(_defaults(t), **{key: _bad(row.allowed)})
@@ -81,7 +85,9 @@ def test_refused_keys_are_refused_by_name(t, key):
 
 @pytest.mark.parametrize("cls", ["MistralConfig", "Qwen2Config"])
 def test_a_null_sliding_window_means_global_attention(cls):
-    kwargs = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2, sliding_window=None)
+    kwargs = dict(
+        hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2, sliding_window=None
+    )
     if cls == "Qwen2Config":
         kwargs["use_sliding_window"] = True
     cfg = getattr(transformers, cls)(**kwargs)
@@ -174,7 +180,9 @@ def test_grouped_fused_qkv_as_falcon_stores_it():
     """FalconAttention (new architecture): per KV group its query heads, then its key, then its value head."""
     n, kv, hd, d = 6, 2, 2, 8
     w = torch.randn((n + 2 * kv) * hd, d, generator=torch.Generator().manual_seed(4))
-    q, k, v = _round_trip(FusedQKV("grouped"), w, _ctx([(n * hd, d), (kv * hd, d), (kv * hd, d)], 0, _attention_spec(n, kv, hd)))
+    q, k, v = _round_trip(
+        FusedQKV("grouped"), w, _ctx([(n * hd, d), (kv * hd, d), (kv * hd, d)], 0, _attention_spec(n, kv, hd))
+    )
     g = w.view(kv, n // kv + 2, hd, d)
     assert torch.equal(q.view(kv, n // kv, hd, d), g[:, : n // kv]) and torch.equal(k.view(kv, hd, d), g[:, -2])
     assert torch.equal(v.view(kv, hd, d), g[:, -1])
@@ -204,8 +212,12 @@ def test_latent_attention_down_projection_splits_into_latent_and_shared_key():
 def test_a_plugin_derives_and_registers_a_type_in_a_few_lines(tmp_path):
     """A made-up ``my_llama`` (Llama with another default width and a refused key), registered with ``register(TYPE)``
     by a plugin of its own: converts configs, loads and exports weights under its own model type."""
-    mine = LLAMA.derive("my_llama", architecture="MyLlamaForCausalLM", defaults={"hidden_size": 64},
-                        keys={"my_gate": Refuse(False, "the gated variant is not supported")})
+    mine = LLAMA.derive(
+        "my_llama",
+        architecture="MyLlamaForCausalLM",
+        defaults={"hidden_size": 64},
+        keys={"my_gate": Refuse(False, "the gated variant is not supported")},
+    )
     reg = modkit.Registry()
     for info in modkit.get_registry().plugins():
         reg.register_plugin(info.obj, info.name)
@@ -216,8 +228,14 @@ def test_a_plugin_derives_and_registers_a_type_in_a_few_lines(tmp_path):
     reg.register_plugin(pytypes.SimpleNamespace(register_hf_converters=modkit.hookimpl(register_hf_converters)), "mine")
     conv = reg.hf_converter("my_llama")
     assert conv.declaration is mine and conv.weights is mine.weights and conv.provider.plugin == "mine"
-    base = {"model_type": "my_llama", "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 32,
-            "vocab_size": 50, "max_position_embeddings": 16}
+    base = {
+        "model_type": "my_llama",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "intermediate_size": 32,
+        "vocab_size": 50,
+        "max_position_embeddings": 16,
+    }
     spec = modkit.from_hf_config(base, registry=reg)
     assert spec.d_model == 64 and spec.metadata["hf_model_type"] == "my_llama"
     with pytest.raises(modkit.SpecError) as info:

@@ -47,106 +47,368 @@ GQA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, interme
 FIXTURES = [
     # Gemma 1: (1 + w) RMSNorm, GeGLU with the legacy "gelu" name (the tanh GELU), sqrt(d) embedding scale, MQA,
     # attention biases, tied head
-    ("gemma-mqa", "GemmaConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-        intermediate_size=96, num_hidden_layers=2, attention_bias=True, hidden_act="gelu", **SMALL)),
+    (
+        "gemma-mqa",
+        "GemmaConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            attention_bias=True,
+            hidden_act="gelu",
+            **SMALL,
+        ),
+    ),
     # Gemma 1 with multi-head attention and head_dim != hidden_size / heads, untied
-    ("gemma-mha", "GemmaConfig", dict(hidden_size=48, num_attention_heads=2, num_key_value_heads=2, head_dim=32,
-        intermediate_size=64, num_hidden_layers=2, tie_word_embeddings=False, **SMALL)),
+    (
+        "gemma-mha",
+        "GemmaConfig",
+        dict(
+            hidden_size=48,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            tie_word_embeddings=False,
+            **SMALL,
+        ),
+    ),
     # StarCoder2: sliding-window GQA on every layer, biases on every projection, LayerNorm, gelu (tanh) MLP
     ("starcoder2", "Starcoder2Config", dict(**GQA, num_hidden_layers=2, sliding_window=4, use_bias=True, **SMALL)),
     # OLMo 3: reordered norms, full-width QK-norm, three sliding layers out of four, per-type RoPE (linear scaling
     # and another base on the full layer), attention biases
-    ("olmo3", "Olmo3Config", dict(**GQA, num_hidden_layers=4, sliding_window=4, attention_bias=True,
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, **SMALL)),
+    (
+        "olmo3",
+        "Olmo3Config",
+        dict(
+            **GQA,
+            num_hidden_layers=4,
+            sliding_window=4,
+            attention_bias=True,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            **SMALL,
+        ),
+    ),
     # SmolLM3: NoPE on every second layer, those layers sliding (window 4), attention and MLP biases, tied
-    ("smollm3", "SmolLM3Config", dict(**GQA, num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
-        sliding_window=4, attention_bias=True, mlp_bias=True, **SMALL)),
+    (
+        "smollm3",
+        "SmolLM3Config",
+        dict(
+            **GQA,
+            num_hidden_layers=4,
+            no_rope_layer_interval=2,
+            use_sliding_window=True,
+            sliding_window=4,
+            attention_bias=True,
+            mlp_bias=True,
+            **SMALL,
+        ),
+    ),
     # GLM-4: sandwich norms, q/k/v biases (no output bias), interleaved partial RoPE (0.5), fused gate_up, head_dim 16
     ("glm4", "Glm4Config", dict(**GQA, head_dim=16, num_hidden_layers=2, attention_bias=True, **SMALL)),
     # GPT-NeoX (Pythia): parallel residual with two LayerNorms, fused per-head query_key_value, rotary on a quarter
     # of each head (4.x keys rotary_pct / rotary_emb_base), biases everywhere, erf GELU, untied embed_out
-    ("gpt_neox-parallel", "GPTNeoXConfig", dict(hidden_size=64, num_attention_heads=4, intermediate_size=96,
-        num_hidden_layers=2, rotary_pct=0.25, rotary_emb_base=5000, use_parallel_residual=True, **SMALL)),
+    (
+        "gpt_neox-parallel",
+        "GPTNeoXConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            rotary_pct=0.25,
+            rotary_emb_base=5000,
+            use_parallel_residual=True,
+            **SMALL,
+        ),
+    ),
     # GPT-NeoX with the sequential residual (use_parallel_residual false: a pre-norm block), half the head rotated
-    ("gpt_neox-sequential", "GPTNeoXConfig", dict(hidden_size=64, num_attention_heads=4, intermediate_size=96,
-        num_hidden_layers=2, rotary_pct=0.5, use_parallel_residual=False, **SMALL)),
+    (
+        "gpt_neox-sequential",
+        "GPTNeoXConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            rotary_pct=0.5,
+            use_parallel_residual=False,
+            **SMALL,
+        ),
+    ),
     # Granite: every multiplier away from 1 (embedding 6, attention 0.4 in place of 1/sqrt(d), residual 0.22,
     # logits divided by 6), GQA, attention and MLP biases, untied
-    ("granite", "GraniteConfig", dict(**GQA, num_hidden_layers=2, embedding_multiplier=6.0, attention_multiplier=0.4,
-        residual_multiplier=0.22, logits_scaling=6.0, attention_bias=True, mlp_bias=True, **SMALL)),
+    (
+        "granite",
+        "GraniteConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=2,
+            embedding_multiplier=6.0,
+            attention_multiplier=0.4,
+            residual_multiplier=0.22,
+            logits_scaling=6.0,
+            attention_bias=True,
+            mlp_bias=True,
+            **SMALL,
+        ),
+    ),
     # Cohere: one shared bias-free LayerNorm per parallel block, interleaved RoPE, per-head QK LayerNorm with a weight
     # per head, attention biases, logits times 0.3, tied
-    ("cohere", "CohereConfig", dict(**GQA, num_hidden_layers=2, use_qk_norm=True, attention_bias=True, logit_scale=0.3,
-        **SMALL)),
+    (
+        "cohere",
+        "CohereConfig",
+        dict(**GQA, num_hidden_layers=2, use_qk_norm=True, attention_bias=True, logit_scale=0.3, **SMALL),
+    ),
     # Qwen3-MoE: 4 experts top-2 renormalised at width 32, a dense SwiGLU (96) on layer 2 (mlp_only_layers), window 4
     # on every layer (use_sliding_window), per-head QK-RMSNorm, attention biases, head_dim 16 != 64 / 4
-    ("qwen3_moe", "Qwen3MoeConfig", dict(**GQA, head_dim=16, num_hidden_layers=4, moe_intermediate_size=32, num_experts=4,
-        num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[2], use_sliding_window=True, sliding_window=4,
-        attention_bias=True, **SMALL)),
+    (
+        "qwen3_moe",
+        "Qwen3MoeConfig",
+        dict(
+            **GQA,
+            head_dim=16,
+            num_hidden_layers=4,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[2],
+            use_sliding_window=True,
+            sliding_window=4,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
     # Qwen2-MoE: 4 experts top-2 (not renormalised) of width 32 beside a sigmoid-gated shared expert (48), mixtures
     # on every second layer (decoder_sparse_step 2) except layer 3 (mlp_only_layers), dense SwiGLU (96) elsewhere;
     # windows on layers 0 and 2 (every other layer below max_window_layers 3), q/k/v biases
-    ("qwen2_moe", "Qwen2MoeConfig", dict(**GQA, num_hidden_layers=6, moe_intermediate_size=32,
-        shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=2,
-        mlp_only_layers=[3], use_sliding_window=True, sliding_window=4, max_window_layers=3, **SMALL)),
+    (
+        "qwen2_moe",
+        "Qwen2MoeConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=6,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=2,
+            mlp_only_layers=[3],
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=3,
+            **SMALL,
+        ),
+    ),
     # gpt-oss: sinks, sliding (window 4) / full layers, attention biases, router with a bias, 4 clamped-SwiGLU
     # experts with biases top-2 (limit 1.5, so the clamps bind), interleaved gate_up_proj, YaRN over 16 positions
-    ("gpt_oss", "GptOssConfig", dict(**GQA, head_dim=16, num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2,
-        sliding_window=4, swiglu_limit=1.5,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                         "original_max_position_embeddings": 16, "rope_theta": 150000.0}, **SMALL)),
+    (
+        "gpt_oss",
+        "GptOssConfig",
+        dict(
+            **GQA,
+            head_dim=16,
+            num_hidden_layers=4,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            swiglu_limit=1.5,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 16,
+                "rope_theta": 150000.0,
+            },
+            **SMALL,
+        ),
+    ),
     # Llama 4: chunked attention (chunk 4) on the RoPE layers, NoPE on every third layer with temperature tuning
     # (floor_scale 4, so it acts within the test), L2 QK-norm on the RoPE layers, mixtures on every second layer
     # (interleave_moe_layer_step 2) of 4 experts top-1 weighting their input, a shared expert, dense SwiGLU (80)
-    ("llama4_text", "Llama4TextConfig", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_hidden_layers=6, intermediate_size=32, intermediate_size_mlp=80, num_local_experts=4, num_experts_per_tok=1,
-        interleave_moe_layer_step=2, no_rope_layer_interval=3, attention_chunk_size=4, floor_scale=4, attn_scale=0.5,
-        **SMALL)),
+    (
+        "llama4_text",
+        "Llama4TextConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=6,
+            intermediate_size=32,
+            intermediate_size_mlp=80,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            no_rope_layer_interval=3,
+            attention_chunk_size=4,
+            floor_scale=4,
+            attn_scale=0.5,
+            **SMALL,
+        ),
+    ),
     # DeepSeek-V3: latent attention (q_lora_rank 24, kv_lora_rank 16, rope/nope/v head widths 8/8/12, interleaved
     # rotary rows, YaRN with mscale_all_dim), a dense first layer, then 8 experts top-2 in 4 groups of which 2 are
     # kept, routed scaling 2.5, renormalised, 2 shared experts
-    ("deepseek_v3", "DeepseekV3Config", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
-        num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=4, topk_group=2, n_shared_experts=2, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
-        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
-                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}, **SMALL)),
+    (
+        "deepseek_v3",
+        "DeepseekV3Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=3,
+            intermediate_size=96,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "rope_theta": 10000.0,
+            },
+            **SMALL,
+        ),
+    ),
     # Mamba-2: no attention, no FFN; 2 groups of B/C, a step-size clamp, chunks (4) shorter than the batch, untied.
     # No in_proj bias: transformers zeroes padding before in_proj, so with use_bias its padding tokens put the bias
     # into the convolution window of the first real tokens (0.6 on these logits; modkit's padding changes nothing);
     # the biases are compared without padding in tests/plugins/test_mixers.py
-    ("mamba2", "Mamba2Config", dict(hidden_size=32, num_heads=8, head_dim=8, state_size=8, n_groups=2, expand=2,
-        conv_kernel=3, use_bias=False, time_step_limit=(0.01, 2.0), chunk_size=4, num_hidden_layers=2,
-        vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=None)),
+    (
+        "mamba2",
+        "Mamba2Config",
+        dict(
+            hidden_size=32,
+            num_heads=8,
+            head_dim=8,
+            state_size=8,
+            n_groups=2,
+            expand=2,
+            conv_kernel=3,
+            use_bias=False,
+            time_step_limit=(0.01, 2.0),
+            chunk_size=4,
+            num_hidden_layers=2,
+            vocab_size=97,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=None,
+        ),
+    ),
     # Falcon-H1: attention (GQA, head_dim 16 != 64 / 4, biases) and Mamba-2 (its own width 48 in 6 heads, the gated
     # norm over 2 groups, gate first, out_proj bias, chunks of 4) side by side in every layer; every μP multiplier
     # away from 1 (embeddings, logits, keys, the two halves' inputs and outputs, in_proj's five parts, the FFN's
     # gate and output). No in_proj bias, for the padding reason of mamba2 above; no step-size clamp: transformers
     # clamps Δ in its chunked scan but not in its one-token step, so its generate would not be the model its
     # forward computes (modkit clamps in both; the clamp is compared in tests/plugins/test_mixers.py)
-    ("falcon_h1", "FalconH1Config", dict(**GQA, head_dim=16, num_hidden_layers=2, attention_bias=True, mlp_bias=True,
-        mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=3,
-        mamba_chunk_size=4, mamba_rms_norm=True, mamba_norm_before_gate=False, projectors_bias=True,
-        embedding_multiplier=2.5, lm_head_multiplier=0.4, key_multiplier=0.7, attention_in_multiplier=1.3,
-        attention_out_multiplier=0.6, ssm_in_multiplier=0.8, ssm_out_multiplier=1.7,
-        ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 0.75], mlp_multipliers=[1.25, 0.6], **SMALL)),
+    (
+        "falcon_h1",
+        "FalconH1Config",
+        dict(
+            **GQA,
+            head_dim=16,
+            num_hidden_layers=2,
+            attention_bias=True,
+            mlp_bias=True,
+            mamba_d_ssm=48,
+            mamba_n_heads=6,
+            mamba_d_head=8,
+            mamba_d_state=8,
+            mamba_n_groups=2,
+            mamba_d_conv=3,
+            mamba_chunk_size=4,
+            mamba_rms_norm=True,
+            mamba_norm_before_gate=False,
+            projectors_bias=True,
+            embedding_multiplier=2.5,
+            lm_head_multiplier=0.4,
+            key_multiplier=0.7,
+            attention_in_multiplier=1.3,
+            attention_out_multiplier=0.6,
+            ssm_in_multiplier=0.8,
+            ssm_out_multiplier=1.7,
+            ssm_multipliers=[0.5, 2.0, 0.25, 1.5, 0.75],
+            mlp_multipliers=[1.25, 0.6],
+            **SMALL,
+        ),
+    ),
     # Qwen3-Next: Gated DeltaNet on layers 0 and 2 (2 key heads, 4 value heads, key width 8 != value width 12), gated
     # attention on layers 1 and 3 (full_attention_interval 2: GQA 4/2, head_dim 16 != 32 / 4, partial RoPE 0.25,
     # per-head QK-norm, biases on every projection, the gate's too); (1 + w) RMSNorms everywhere; 4 experts top-2
     # renormalised beside a sigmoid-gated shared expert (24), a dense SwiGLU (48) on layer 2 (mlp_only_layers)
-    ("qwen3_next", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=48, num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, moe_intermediate_size=16,
-        shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[2],
-        attention_bias=True, **SMALL)),
+    (
+        "qwen3_next",
+        "Qwen3NextConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=48,
+            num_hidden_layers=4,
+            full_attention_interval=2,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_experts=4,
+            num_experts_per_tok=2,
+            mlp_only_layers=[2],
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
     # Jamba: Mamba on layers 0 and 2 (d_state 8, Δ rank 4, Δ/B/C RMSNorms, convolution bias), attention on layers 1
     # and 3 (attn_layer_period 2, offset 1: GQA 4/2, head_dim 16 != 32 / 4, no position encoding), mixtures of 4
     # experts top-2 (not renormalised) on layers 0 and 2 (expert_layer_period 2, offset 0), dense SwiGLU elsewhere.
     # No mamba_proj_bias, for the reason of mamba2's fixture (transformers zeroes padding before in_proj)
-    ("jamba", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=48, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-        expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=4, **SMALL)),
+    (
+        "jamba",
+        "JambaConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=48,
+            num_hidden_layers=4,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=0,
+            num_experts=4,
+            num_experts_per_tok=2,
+            mamba_d_state=8,
+            mamba_dt_rank=4,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -157,9 +419,13 @@ FIXTURES = [
 # and stateful in transformers (its dynamic table changes after a longer input), so their reference would depend on
 # which test ran first; tests/plugins/hf/test_hf_parity.py checks them on fresh models.
 LENGTH_DEPENDENT_ROPE = {"dynamic", "longrope"}
-FIXTURES += [(name, cls.__name__, dict(kwargs, eos_token_id=None)) for name, cls, kwargs, kind in PARITY_CASES
-             if kind == "causal" and name not in {f[0] for f in FIXTURES}
-             and (kwargs.get("rope_parameters") or {}).get("rope_type") not in LENGTH_DEPENDENT_ROPE]
+FIXTURES += [
+    (name, cls.__name__, dict(kwargs, eos_token_id=None))
+    for name, cls, kwargs, kind in PARITY_CASES
+    if kind == "causal"
+    and name not in {f[0] for f in FIXTURES}
+    and (kwargs.get("rope_parameters") or {}).get("rope_type") not in LENGTH_DEPENDENT_ROPE
+]
 
 
 #: fixtures whose transformers reference changes with left padding, so its logits are compared row by row, each row
@@ -248,7 +514,9 @@ def test_logits_equal_transformers_on_a_left_padded_batch(name, built):
         for row in range(ids.shape[0]):
             real = ids[row : row + 1, mask[row].bool()]
             ones = torch.ones_like(real)
-            diff = max(diff, max_real_diff(got[row : row + 1, mask[row].bool()], hf_output(hf, real, ones, "causal"), ones))
+            diff = max(
+                diff, max_real_diff(got[row : row + 1, mask[row].bool()], hf_output(hf, real, ones, "causal"), ones)
+            )
     else:
         diff = max_real_diff(got, hf_output(hf, ids, mask, "causal"), mask)
     print(f"\n[types] {name:12s} max|modkit - transformers| = {diff:.2e}")
@@ -344,19 +612,26 @@ def _falcon_h1_config(**changes) -> dict:
     return {**getattr(transformers, cls)(**kwargs).to_dict(), **changes}
 
 
-@pytest.mark.parametrize("changes,field,says", [
-    ({"hidden_act": "gelu"}, "hidden_act", "Mamba-2 convolution"),
-    ({"mamba_use_mlp": False}, "mamba_use_mlp", "FFN in every layer"),
-    ({"attn_layer_indices": [0]}, "attn_layer_indices", "in every layer"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
-     "partial_rotary_factor", "rotates the whole head"),
-    ({"mlp_multipliers": [1.25]}, "mlp_multipliers", "a list of 2 numbers"),
-    ({"ssm_multipliers": [0.5, 2.0]}, "ssm_multipliers", "a list of 5 numbers"),
-    ({"key_multiplier": 0.0}, "key_multiplier", "positive"),
-    ({"embedding_multiplier": -1.0}, "embedding_multiplier", "positive"),
-    ({"mamba_d_head": 7}, "mamba_d_head", "must equal the Mamba-2 width 48"),
-    ({"mamba_n_groups": 4}, "mamba_n_groups", "does not divide mamba_n_heads = 6"),
-], ids=lambda v: v if isinstance(v, str) and "_" in v else None)
+@pytest.mark.parametrize(
+    "changes,field,says",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act", "Mamba-2 convolution"),
+        ({"mamba_use_mlp": False}, "mamba_use_mlp", "FFN in every layer"),
+        ({"attn_layer_indices": [0]}, "attn_layer_indices", "in every layer"),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+            "partial_rotary_factor",
+            "rotates the whole head",
+        ),
+        ({"mlp_multipliers": [1.25]}, "mlp_multipliers", "a list of 2 numbers"),
+        ({"ssm_multipliers": [0.5, 2.0]}, "ssm_multipliers", "a list of 5 numbers"),
+        ({"key_multiplier": 0.0}, "key_multiplier", "positive"),
+        ({"embedding_multiplier": -1.0}, "embedding_multiplier", "positive"),
+        ({"mamba_d_head": 7}, "mamba_d_head", "must equal the Mamba-2 width 48"),
+        ({"mamba_n_groups": 4}, "mamba_n_groups", "does not divide mamba_n_heads = 6"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and "_" in v else None,
+)
 def test_falcon_h1_refuses_by_name_what_modkit_cannot_express(changes, field, says):
     with pytest.raises(modkit.SpecError) as info:
         modkit.from_hf_config(_falcon_h1_config(**changes))
@@ -365,8 +640,10 @@ def test_falcon_h1_refuses_by_name_what_modkit_cannot_express(changes, field, sa
 
 def test_falcon_h1_export_refuses_a_mixer_it_cannot_hold(tmp_path):
     spec = modkit.from_hf_config(_falcon_h1_config()).to_dict()
-    for mixer in (spec["block"]["mixer"]["mixers"][0], {**spec["block"]["mixer"],
-                                                        "mixers": spec["block"]["mixer"]["mixers"][::-1]}):
+    for mixer in (
+        spec["block"]["mixer"]["mixers"][0],
+        {**spec["block"]["mixer"], "mixers": spec["block"]["mixer"]["mixers"][::-1]},
+    ):
         bad = {**spec, "block": {**spec["block"], "mixer": mixer}}
         with pytest.raises(modkit.CheckpointError, match="parallel mixer of an attention and a mamba2 mixer"):
             modkit.to_hf(modkit.build(bad, device="meta"), tmp_path / "out")
@@ -429,8 +706,11 @@ REFUSED = [
     # the Gated DeltaNet convolution's activation (modkit's gated_deltanet: silu)
     ("qwen3_next", {"hidden_act": "gelu"}, "hidden_act"),
     # a layer type Qwen3NextDecoderLayer builds no mixer for
-    ("qwen3_next", {"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
-     "layer_types"),
+    (
+        "qwen3_next",
+        {"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+        "layer_types",
+    ),
     # value heads that the key heads do not divide
     ("qwen3_next", {"linear_num_value_heads": 3}, "linear_num_value_heads"),
     # the Mamba layers' activation (modkit's mamba: silu)
@@ -484,16 +764,67 @@ def test_qwen3_next_carries_the_multi_token_prediction_module(built, tmp_path):
 #: hybrids whose layers leave out a part: no mixture (Jamba with num_experts 1, Qwen3-Next with none), no attention
 #: layer (Jamba's period past the depth), mixtures on every second layer only (decoder_sparse_step 2)
 PATTERNS = [
-    ("jamba-dense", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
-        num_hidden_layers=9, num_experts=1, mamba_dt_rank=4)),
-    ("jamba-no-attention", "JambaConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=48, num_hidden_layers=3, attn_layer_period=4, attn_layer_offset=3)),
-    ("qwen3_next-attention-only", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=8, num_hidden_layers=2, layer_types=["full_attention"] * 2, num_experts=0, intermediate_size=40)),
-    ("qwen3_next-sparse-step", "Qwen3NextConfig", dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=8, num_hidden_layers=4, decoder_sparse_step=2, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=8, shared_expert_intermediate_size=8, intermediate_size=40, linear_num_key_heads=2,
-        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
+    (
+        "jamba-dense",
+        "JambaConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            num_hidden_layers=9,
+            num_experts=1,
+            mamba_dt_rank=4,
+        ),
+    ),
+    (
+        "jamba-no-attention",
+        "JambaConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            attn_layer_period=4,
+            attn_layer_offset=3,
+        ),
+    ),
+    (
+        "qwen3_next-attention-only",
+        "Qwen3NextConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_hidden_layers=2,
+            layer_types=["full_attention"] * 2,
+            num_experts=0,
+            intermediate_size=40,
+        ),
+    ),
+    (
+        "qwen3_next-sparse-step",
+        "Qwen3NextConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_hidden_layers=4,
+            decoder_sparse_step=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=8,
+            intermediate_size=40,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+        ),
+    ),
 ]
 
 
@@ -511,8 +842,10 @@ def test_hybrid_layer_patterns_convert_both_ways(name, cls, kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.device("meta"):
-            counts = [sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
-                      for c in (cfg, config_class(**{k: v for k, v in written.items() if k != "model_type"}))]
+            counts = [
+                sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
+                for c in (cfg, config_class(**{k: v for k, v in written.items() if k != "model_type"}))
+            ]
     assert modkit.count_params(spec) == counts[0] == counts[1]
     a, b = spec.to_dict(), modkit.from_hf_config(written).to_dict()
     for d in (a, b):

@@ -133,7 +133,10 @@ def test_example_script_runs_offline():
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     out = subprocess.run(
         [sys.executable, str(REPO / "examples" / "embed.py"), SENTENCES[0], SENTENCES[1]],
-        capture_output=True, text=True, env=env, timeout=HANG_TIMEOUT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=HANG_TIMEOUT,
     )
     assert out.returncode == 0, out.stderr
     assert "0.7553" in out.stdout and "(2, 384)" in out.stdout

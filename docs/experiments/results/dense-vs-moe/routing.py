@@ -34,5 +34,8 @@ for run in sorted((Path(sys.argv[1]) / "runs").glob("*moe*")):
         n_experts = probs.shape[-1]
         share = torch.bincount(indices.flatten(), minlength=n_experts).double() / indices.numel()
         balance = n_experts * float((share * probs.double().mean(0)).sum())
-        print(f"{run.name} layer {layer}: expert shares " + " ".join(f"{s:.3f}" for s in share)
-              + f" (max {share.max():.3f}, min {share.min():.3f}, balanced {1 / n_experts:.3f}); balance {balance:.4f}")
+        print(
+            f"{run.name} layer {layer}: expert shares "
+            + " ".join(f"{s:.3f}" for s in share)
+            + f" (max {share.max():.3f}, min {share.min():.3f}, balanced {1 / n_experts:.3f}); balance {balance:.4f}"
+        )
