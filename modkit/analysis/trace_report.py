@@ -66,7 +66,6 @@ def print_trace(t: Trace, console=None) -> None:
     import sys
 
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     if console is None:
@@ -74,6 +73,27 @@ def print_trace(t: Trace, console=None) -> None:
     console.print(Text(f"modkit trace: {t.name}", style="bold"))
     for line in _header_lines(t):
         console.print(Text(line))
+    console.print(_stages_table(t))
+    if t.has_stats:
+        console.print(_layers_table(t))
+    else:
+        console.print(
+            Text(
+                "no statistics: the model has no weights here (meta device); trace a checkpoint, or a spec "
+                "with --random-init for an untrained model",
+                style="italic",
+            )
+        )
+    if t.unavailable:
+        console.print(Text("not exposed by the components:", style="bold"))
+        for name, why in t.unavailable.items():
+            console.print(Text(f"  {name}: {why}"))
+
+
+def _stages_table(t: Trace):
+    """The rich table of every stage with its shape: before the blocks, one section per group, after them."""
+    from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="The tokens' journey: shape after every stage", title_justify="left", show_lines=False)
     table.add_column("stage")
@@ -98,49 +118,42 @@ def print_trace(t: Trace, console=None) -> None:
         rows(g.stages)
     table.add_section()
     rows(t.after)
-    console.print(table)
+    return table
 
-    if t.has_stats:
-        layers = Table(title="Per layer (h: block output, h_prev: its input)", title_justify="left")
-        moe = has_expert_loads(t)
-        for name, justify in (
-            ("layer", "right"),
-            ("‖h‖", "right"),
-            ("‖Δh‖/‖h_prev‖", "right"),
-            ("cos(h, h_prev)", "right"),
-            ("FFN zeros", "right"),
-            ("FFN near 0", "right"),
-            *([("expert load max/mean", "left")] if moe else []),
-            ("attention entropy per head (nats)", "left"),
-            ("logit lens: next token read from h", "left"),
-        ):
-            layers.add_column(name, justify=justify)
-        for s in t.layers:
-            ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
-            layers.add_row(
-                str(s.index),
-                _num(s.residual_norm),
-                _num(s.update_ratio),
-                _num(s.cosine_prev),
-                _num(s.ffn_sparsity),
-                _num(s.ffn_near_zero),
-                *([Text(load_text(s))] if moe else []),
-                Text(ent),
-                Text(_lens_text(s)),
-            )
-        console.print(layers)
-    else:
-        console.print(
-            Text(
-                "no statistics: the model has no weights here (meta device); trace a checkpoint, or a spec "
-                "with --random-init for an untrained model",
-                style="italic",
-            )
+
+def _layers_table(t: Trace):
+    """The rich table of the per-layer statistics (a trace with statistics)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    layers = Table(title="Per layer (h: block output, h_prev: its input)", title_justify="left")
+    moe = has_expert_loads(t)
+    for name, justify in (
+        ("layer", "right"),
+        ("‖h‖", "right"),
+        ("‖Δh‖/‖h_prev‖", "right"),
+        ("cos(h, h_prev)", "right"),
+        ("FFN zeros", "right"),
+        ("FFN near 0", "right"),
+        *([("expert load max/mean", "left")] if moe else []),
+        ("attention entropy per head (nats)", "left"),
+        ("logit lens: next token read from h", "left"),
+    ):
+        layers.add_column(name, justify=justify)
+    for s in t.layers:
+        ent = " ".join(f"{e:.2f}" for e in s.attention_entropy) if s.attention_entropy is not None else "n/a"
+        layers.add_row(
+            str(s.index),
+            _num(s.residual_norm),
+            _num(s.update_ratio),
+            _num(s.cosine_prev),
+            _num(s.ffn_sparsity),
+            _num(s.ffn_near_zero),
+            *([Text(load_text(s))] if moe else []),
+            Text(ent),
+            Text(_lens_text(s)),
         )
-    if t.unavailable:
-        console.print(Text("not exposed by the components:", style="bold"))
-        for name, why in t.unavailable.items():
-            console.print(Text(f"  {name}: {why}"))
+    return layers
 
 
 def has_expert_loads(t: Trace) -> bool:

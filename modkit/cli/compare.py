@@ -42,6 +42,16 @@ def add_subcommands(subparsers) -> None:
         "spec at several sizes and --ladder fits L(C) = E + A C^-alpha with a held-out check. --merge DIR... writes "
         "one report from several report folders.",
     )
+    _add_run_flags(p)
+    _add_ladder_flags(p)
+    _add_report_flags(p)
+    defer = getattr(p, "defer", None)
+    defer(_fields) if defer is not None else _fields(p)
+    p.set_defaults(func=cmd_compare)
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """The specs, the training config, the seeds, the learning rates and the per-spec overrides."""
     p.add_argument(
         "specs",
         nargs="+",
@@ -69,6 +79,10 @@ def add_subcommands(subparsers) -> None:
         metavar="LABEL:FIELD=VALUE",
         help='a training-config field for one spec\'s runs (repeatable), e.g. muon:optimizer=\'{"type": "muon"}\'',
     )
+
+
+def _add_ladder_flags(p: argparse.ArgumentParser) -> None:
+    """The sizes every spec trains at, their token budgets, the ladder fit and its held-out size."""
     p.add_argument(
         "--widths", metavar="W,W,...", help="train each spec at these d_model (d_ff and head_dim scaled with it)"
     )
@@ -92,6 +106,10 @@ def add_subcommands(subparsers) -> None:
         help="a larger d_model every spec also trains at, which the ladder fit does not see and predicts",
     )
     p.add_argument("--holdout-depth", type=int, default=None, metavar="L", help="n_layers of the held-out size")
+
+
+def _add_report_flags(p: argparse.ArgumentParser) -> None:
+    """The throughput timing, the instability margin, merging, the report folder and the parallel runs."""
     p.add_argument(
         "--throughput-steps",
         type=int,
@@ -121,9 +139,6 @@ def add_subcommands(subparsers) -> None:
         help="training runs at once, each in its own process (default 1); on CPU keep N x the config's threads "
         "within the cores",
     )
-    defer = getattr(p, "defer", None)
-    defer(_fields) if defer is not None else _fields(p)
-    p.set_defaults(func=cmd_compare)
 
 
 def _fields(p: argparse.ArgumentParser) -> None:
@@ -196,28 +211,59 @@ def _spec_overrides(items, labels_hint: str) -> dict:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Handler of ``modkit compare``: check the arguments, run the comparison (or merge reports), print the table."""
     from . import UserError
-    from modkit.experiments.compare import (
-        CompareError,
-        CompareRequest,
-        compare,
-        fmt_pm,
-        merge_reports,
-        parse_ints,
-        parse_lrs,
-    )
-    from ..train.config import parse_flag_value
+    from modkit.experiments.compare import CompareError, CompareRequest, compare
 
     out = args.out or "reports/compare"
     if args.merge:
-        for d in args.specs:
-            if not (Path(d) / "results.json").is_file():
-                raise UserError(f"--merge {d}: no results.json; give report folders written by modkit compare")
-        try:
-            result = merge_reports(args.specs, out, command=command_line(args, out))
-        except CompareError as exc:
-            raise UserError(str(exc)) from None
-        print(f"report: {result.report}")
-        return 0
+        return _merge(args, out)
+    _check_inputs(args)
+    lists = _parsed_lists(args)
+    overrides = _field_overrides(args)
+    spec_overrides = _spec_overrides(args.override, "labels are the spec file names or LABEL of LABEL=FILE")
+    holdout = (args.holdout_width, args.holdout_depth) if (args.holdout_width or args.holdout_depth) else None
+    try:
+        request = CompareRequest(
+            args.specs,
+            args.train,
+            out,
+            seeds=args.seeds,
+            overrides=overrides,
+            spec_overrides=spec_overrides,
+            ladder=args.ladder,
+            holdout=holdout,
+            throughput_steps=args.throughput_steps,
+            spike_margin=args.spike_margin,
+            jobs=args.jobs,
+            command=command_line(args, out),
+            **lists,
+        )
+        result = compare(request)
+    except CompareError as exc:
+        raise UserError(str(exc)) from None
+    _print_result(result)
+    return 0
+
+
+def _merge(args: argparse.Namespace, out: str) -> int:
+    """``--merge``: check that every folder holds a ``results.json``, write one report from them into ``out``."""
+    from . import UserError
+    from modkit.experiments.compare import CompareError, merge_reports
+
+    for d in args.specs:
+        if not (Path(d) / "results.json").is_file():
+            raise UserError(f"--merge {d}: no results.json; give report folders written by modkit compare")
+    try:
+        result = merge_reports(args.specs, out, command=command_line(args, out))
+    except CompareError as exc:
+        raise UserError(str(exc)) from None
+    print(f"report: {result.report}")
+    return 0
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Raise :class:`UserError` for a missing spec or training-config file, or ``--seeds`` / ``--jobs`` below 1."""
+    from . import UserError
+
     for spec in args.specs:
         path = spec.split("=", 1)[1] if "=" in spec and not Path(spec).is_file() else spec
         if not Path(path).is_file():
@@ -228,48 +274,47 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
     if args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+
+
+def _parsed_lists(args: argparse.Namespace) -> dict:
+    """The comma-separated options parsed, keyed by their :class:`CompareRequest` field (``None`` where not given).
+
+    Raises :class:`UserError` naming the option whose list does not parse.
+    """
+    from . import UserError
+    from modkit.experiments.compare import CompareError, parse_ints, parse_lrs
+
     try:
-        sweep = parse_lrs(args.lr_sweep) if args.lr_sweep is not None else None
-        grid = parse_lrs(args.lr_grid, "--lr-grid") if args.lr_grid is not None else None
-        widths = parse_ints(args.widths, "--widths") if args.widths else None
-        depths = parse_ints(args.depths, "--depths") if args.depths else None
-        tokens = parse_ints(args.tokens, "--tokens") if args.tokens else None
-        ratios = [float(x) for x in args.tokens_per_param.split(",")] if args.tokens_per_param else None
+        return dict(
+            lr_sweep=parse_lrs(args.lr_sweep) if args.lr_sweep is not None else None,
+            lr_grid=parse_lrs(args.lr_grid, "--lr-grid") if args.lr_grid is not None else None,
+            widths=parse_ints(args.widths, "--widths") if args.widths else None,
+            depths=parse_ints(args.depths, "--depths") if args.depths else None,
+            tokens=parse_ints(args.tokens, "--tokens") if args.tokens else None,
+            tokens_per_param=[float(x) for x in args.tokens_per_param.split(",")] if args.tokens_per_param else None,
+        )
     except CompareError as exc:
         raise UserError(str(exc)) from None
     except ValueError:
         raise UserError(f"--tokens-per-param {args.tokens_per_param!r}: give numbers separated by commas") from None
+
+
+def _field_overrides(args: argparse.Namespace) -> dict:
+    """The training-config fields given as flags, parsed; a step budget without a token budget clears the other."""
+    from ..train.config import parse_flag_value
+
     overrides = {name: parse_flag_value(name, text) for name, text in _field_flags(args)}
     if "max_steps" in overrides and "max_tokens" not in overrides:
         overrides["max_tokens"] = None
     if "max_tokens" in overrides and "max_steps" not in overrides:
         overrides["max_steps"] = None
-    spec_overrides = _spec_overrides(args.override, "labels are the spec file names or LABEL of LABEL=FILE")
-    holdout = (args.holdout_width, args.holdout_depth) if (args.holdout_width or args.holdout_depth) else None
-    try:
-        request = CompareRequest(
-            args.specs,
-            args.train,
-            out,
-            seeds=args.seeds,
-            lr_sweep=sweep,
-            lr_grid=grid,
-            overrides=overrides,
-            spec_overrides=spec_overrides,
-            widths=widths,
-            depths=depths,
-            ladder=args.ladder,
-            tokens_per_param=ratios,
-            tokens=tokens,
-            holdout=holdout,
-            throughput_steps=args.throughput_steps,
-            spike_margin=args.spike_margin,
-            jobs=args.jobs,
-            command=command_line(args, out),
-        )
-        result = compare(request)
-    except CompareError as exc:
-        raise UserError(str(exc)) from None
+    return overrides
+
+
+def _print_result(result) -> None:
+    """Print one line per spec, one per verdict and the report's path."""
+    from modkit.experiments.compare import fmt_pm
+
     print()
     for row in result.rows:
         bpb = f" ({fmt_pm(row.val_bpb_mean, row.val_bpb_std)} bits/byte)" if row.val_bpb_mean is not None else ""
@@ -280,4 +325,3 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for v in result.verdicts:
         print(("" if v.lr is None else f"lr {v.lr:g}: ") + v.text())
     print(f"report: {result.report}")
-    return 0

@@ -163,36 +163,10 @@ class _TextStream:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """``modkit generate MODEL --prompt TEXT``: stream a continuation, then one summary line on stderr."""
+    from modkit.inference.generate import column_major_linears
 
-    import modkit
-
-    from modkit.core.errors import MaxSeqLenWarning
-    from modkit.inference.generate import (
-        build_sampler,
-        check_generation,
-        check_sampling,
-        column_major_linears,
-        stream_generate,
-    )
-
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    flags = {
-        "temperature": "--temperature",
-        "top_k": "--top-k",
-        "top_p": "--top-p",
-        "seed": "--seed",
-        "max_new_tokens": "--max-new-tokens",
-        "max_len": "--max-len",
-    }
-    check_sampling(args.temperature, args.top_k, args.top_p, names=flags)  # every argument before any work
-    check_generation(args.max_new_tokens, seed=args.seed, max_len=args.max_len, names=flags)
-    found = Path(args.model) / "tokenizer.json"  # a training run's checkpoints (and HF folders) carry their tokenizer
-    by_hand = bool(args.tokenizer)
-    if not args.tokenizer and Path(args.model).is_dir() and found.is_file():
-        args.tokenizer = str(found)
-        _err(f"tokenizer: {found}")
-    tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
+    _check_generate_args(args)
+    tokenizer, by_hand = _find_tokenizer(args)
     ids = _prompt_ids(args.prompt, tokenizer)
     device = _check_device(args.device)
     if device.type == "meta":
@@ -211,8 +185,50 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stream = _TextStream(tokenizer)
     sampling = _sampling_from_args(args)
     decode = tokenizer.decode if tokenizer is not None else None
+    if not _sampler_builds(model.spec.vocab_size, decode, sampling):
+        return 1
+    tokens = _start_generation(model, ids, args, decode, sampling)
+    _stream_and_report(tokens, stream, model, device, len(ids), args.max_new_tokens)
+    return 0
+
+
+def _check_generate_args(args: argparse.Namespace) -> None:
+    """Every length, seed and sampling argument checked before any work; a :class:`UserError` naming the flag."""
+    from modkit.inference.generate import check_generation, check_sampling
+
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    flags = {
+        "temperature": "--temperature",
+        "top_k": "--top-k",
+        "top_p": "--top-p",
+        "seed": "--seed",
+        "max_new_tokens": "--max-new-tokens",
+        "max_len": "--max-len",
+    }
+    check_sampling(args.temperature, args.top_k, args.top_p, names=flags)  # every argument before any work
+    check_generation(args.max_new_tokens, seed=args.seed, max_len=args.max_len, names=flags)
+
+
+def _find_tokenizer(args: argparse.Namespace) -> tuple[Any, bool]:
+    """``(tokenizer or None, whether it was given by hand)``: ``--tokenizer``, else ``MODEL/tokenizer.json`` when
+    MODEL is a folder holding one (named on stderr; ``args.tokenizer`` is set to it)."""
+    found = Path(args.model) / "tokenizer.json"  # a training run's checkpoints (and HF folders) carry their tokenizer
+    by_hand = bool(args.tokenizer)
+    if not args.tokenizer and Path(args.model).is_dir() and found.is_file():
+        args.tokenizer = str(found)
+        _err(f"tokenizer: {found}")
+    return (_load_tokenizer(args.tokenizer) if args.tokenizer else None), by_hand
+
+
+def _sampler_builds(vocab_size: int, decode, sampling: dict) -> bool:
+    """Whether the sampling pipeline builds; if not, its errors go to stderr, one line each, naming the flags."""
+    import modkit
+
+    from modkit.inference.generate import build_sampler
+
     try:  # the pipeline is checked before anything is printed
-        build_sampler(model.spec.vocab_size, decode=decode, **sampling)
+        build_sampler(vocab_size, decode=decode, **sampling)
     except modkit.SamplingError as exc:
         if "sampling" in sampling:
             lines = _spec_error_lines(exc, "--sampling")
@@ -220,7 +236,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
             lines = [f"--{p.replace('_', '-')}: {m}" for p, m in exc.errors]
         for line in lines:
             _err(line)
-        return 1
+        return False
+    return True
+
+
+def _start_generation(model, ids: list[int], args: argparse.Namespace, decode, sampling: dict):
+    """The token stream of :func:`stream_generate`; a length warning it raises goes to stderr as one modkit line."""
+    from modkit.core.errors import MaxSeqLenWarning
+    from modkit.inference.generate import stream_generate
+
     with warnings.catch_warnings(record=True) as caught:  # (the length warning as one modkit line)
         warnings.simplefilter("always", MaxSeqLenWarning)
         tokens = stream_generate(  # checks the prompt against the model (vocabulary, max_seq_len) before any output
@@ -239,6 +263,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             _err(f"modkit: warning: {w.message} (--max-len {args.max_len})")
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return tokens
+
+
+def _stream_and_report(tokens, stream: _TextStream, model, device, n_prompt: int, max_new_tokens: int) -> None:
+    """Write every token to ``stream`` as it comes, then the summary line on stderr: prefill time (ms, with the first
+    token), decode rate (tokens/s), the KV cache's bytes, the device and the weights' dtype."""
     start = time.perf_counter()
     first = None
     n = 0
@@ -253,13 +283,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stream.close()
     prefill_ms = 1000 * ((first or end) - start)
     rate = (n - 1) / (end - first) if n > 1 and end > first else float("nan")
-    kv = model.new_cache(1, len(ids) + args.max_new_tokens, device="meta").nbytes()  # what generate allocated
+    kv = model.new_cache(1, n_prompt + max_new_tokens, device="meta").nbytes()  # what generate allocated
     _err(
-        f"prompt {len(ids)} tokens, prefill {prefill_ms:.1f} ms (with the first token); "
+        f"prompt {n_prompt} tokens, prefill {prefill_ms:.1f} ms (with the first token); "
         f"decode {n - 1} tokens at {rate:.1f} tokens/s; KV cache {_bytes(kv)}; "
         f"{device}, {str(model.embed.weight.dtype).replace('torch.', '')}"
     )
-    return 0
 
 
 def _sampling_arguments() -> dict:

@@ -30,6 +30,13 @@ def add_subcommands(subparsers) -> None:
         "own is used). The validation split is --val inputs, or the last --val-fraction of the tokens, cut at a "
         "document boundary.",
     )
+    _add_input_flags(p)
+    _add_document_flags(p)
+    p.set_defaults(func=cmd_data_prepare)
+
+
+def _add_input_flags(p: argparse.ArgumentParser) -> None:
+    """The inputs, the output folder, the tokenizer and the validation split."""
     p.add_argument(
         "inputs",
         nargs="+",
@@ -59,6 +66,10 @@ def add_subcommands(subparsers) -> None:
         metavar="F",
         help="share of the tokens, from the end, kept for validation (default 0.1)",
     )
+
+
+def _add_document_flags(p: argparse.ArgumentParser) -> None:
+    """Where a record holds its text, the tokens around every document, the datasets splits, the workers."""
     p.add_argument(
         "--text-field",
         default="text",
@@ -98,7 +109,6 @@ def add_subcommands(subparsers) -> None:
         metavar="N",
         help="encoding processes (the files are the same for any N; default 1)",
     )
-    p.set_defaults(func=cmd_data_prepare)
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:

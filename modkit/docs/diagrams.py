@@ -17,6 +17,34 @@ def trace_block(block, *, types: bool = True) -> Optional[list[tuple[str, str, l
     the block input ``x`` to the block output is kept; item accesses are folded into their source. With
     ``types`` a module's label carries its registered type under its attribute name.
     """
+    traced = _trace_ends(block)
+    if traced is None:
+        return None
+    nodes, x, result = traced
+    forward, backward = _reachable(nodes, x, result)
+    keep = [n for n in nodes if n in forward and n in backward]
+    modules = dict(block.named_modules())
+    alias: dict[Any, Any] = {}
+
+    def src(n):
+        while n in alias:
+            n = alias[n]
+        return n
+
+    out_nodes: list[tuple[str, str, list[str]]] = []
+    for n in keep:
+        if n.op == "call_function" and n.target is operator.getitem:
+            alias[n] = n.args[0]
+            continue
+        ins = list(dict.fromkeys(src(a).name for a in _inputs_of(n) if src(a) in forward and src(a) in backward))
+        out_nodes.append((n.name, _node_label(n, x, modules, types), ins))
+    out_nodes.append(("__out__", "x", [src(result).name]))
+    return out_nodes
+
+
+def _trace_ends(block):
+    """``(graph nodes, the input node x, the output's node)`` of ``block`` traced with :mod:`torch.fx` (modules
+    tagged with a kind are leaves; a tuple output's first item), or ``None`` when tracing fails or finds no ends."""
     import torch.fx as fx
 
     class Tracer(fx.Tracer):
@@ -40,21 +68,23 @@ def trace_block(block, *, types: bool = True) -> Optional[list[tuple[str, str, l
         result = result[0]
     if not isinstance(result, fx.Node):
         return None
-    alias: dict[Any, Any] = {}
+    return nodes, x, result
 
-    def src(n):
-        while n in alias:
-            n = alias[n]
-        return n
 
-    def inputs_of(n) -> list:
-        found = []
-        fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(a))
-        return found
+def _inputs_of(n) -> list:
+    """The nodes among ``n``'s arguments and keyword arguments (nested ones included), in order."""
+    import torch.fx as fx
 
+    found = []
+    fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(a))
+    return found
+
+
+def _reachable(nodes: list, x, result) -> tuple[set, set]:
+    """``(nodes that depend on x, nodes the result depends on)``: the block's path is their intersection."""
     forward: set = {x}
     for n in nodes:
-        if n is not x and any(a in forward for a in inputs_of(n)):
+        if n is not x and any(a in forward for a in _inputs_of(n)):
             forward.add(n)
     backward: set = set()
     stack = [result]
@@ -63,36 +93,31 @@ def trace_block(block, *, types: bool = True) -> Optional[list[tuple[str, str, l
         if n in backward:
             continue
         backward.add(n)
-        stack.extend(inputs_of(n))
-    keep = [n for n in nodes if n in forward and n in backward]
-    modules = dict(block.named_modules())
-    out_nodes: list[tuple[str, str, list[str]]] = []
-    for n in keep:
-        if n.op == "call_function" and n.target is operator.getitem:
-            alias[n] = n.args[0]
-            continue
-        ins = list(dict.fromkeys(src(a).name for a in inputs_of(n) if src(a) in forward and src(a) in backward))
-        if n is x:
-            label = "x"
-        elif n.op == "call_module":
-            m = modules.get(n.target)
-            label = str(n.target)
-            kind, type_ = getattr(m, "modkit_kind", None), getattr(m, "modkit_type", None)
-            if types and type_ and type_ != kind:
-                label += f"<br/>{type_}"
-        elif (
-            n.op == "call_function"
-            and n.target in (operator.add, operator.iadd)
-            or getattr(n.target, "__name__", "") == "add"
-        ):
-            label = "+"
-        elif n.op == "call_function" and n.target in (operator.mul, operator.imul):
-            label = "×"
-        else:
-            label = str(getattr(n.target, "__name__", n.target))
-        out_nodes.append((n.name, label, ins))
-    out_nodes.append(("__out__", "x", [src(result).name]))
-    return out_nodes
+        stack.extend(_inputs_of(n))
+    return forward, backward
+
+
+def _node_label(n, x, modules: Mapping[str, Any], types: bool) -> str:
+    """A node's label: ``x`` for the input, a module's attribute name (with its registered type under it when
+    ``types`` and it differs from the kind), ``+`` / ``×`` for additions and products, else the function's name."""
+    if n is x:
+        return "x"
+    if n.op == "call_module":
+        m = modules.get(n.target)
+        label = str(n.target)
+        kind, type_ = getattr(m, "modkit_kind", None), getattr(m, "modkit_type", None)
+        if types and type_ and type_ != kind:
+            label += f"<br/>{type_}"
+        return label
+    if (
+        n.op == "call_function"
+        and n.target in (operator.add, operator.iadd)
+        or getattr(n.target, "__name__", "") == "add"
+    ):
+        return "+"
+    if n.op == "call_function" and n.target in (operator.mul, operator.imul):
+        return "×"
+    return str(getattr(n.target, "__name__", n.target))
 
 
 def mermaid_block(

@@ -147,55 +147,15 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
     if base is None:
         return None
     if entry.kind in SAMPLING_KINDS:
-        decode = ""
-        if entry.kind == "stop_condition":
-            decode = (
-                ',\n               decode=lambda ids: " ".join(map(str, ids)))  # a tokenizer\'s decode in practice'
-            )
-        else:
-            decode = ")"
-        return "\n".join(
-            [
-                "import modkit",
-                "from modkit.inference.generate import generate",
-                "",
-                f"model = modkit.build({base.source!r}, seed=0).eval()",
-                f"out = generate(model, [[1, 2, 3]], max_new_tokens=8, seed=0, sampling=[{_py(dict(example))}]{decode}",
-                "print(out.shape)  # [1, 3 + new tokens]",
-            ]
-        )
+        return _sampling_usage(entry, example, base)
     from ..train.optim import KIND as OPTIMIZER_KIND
 
     if entry.kind == OPTIMIZER_KIND:  # not part of a model: a training config names it
-        return "\n".join(
-            [
-                "import modkit",
-                "from modkit.train import TrainConfig",
-                "from modkit.train.optim import build_optimizer",
-                "",
-                f"config = TrainConfig(optimizer={_py(dict(example))}, lr=1e-3)  # validated against the registry",
-                f"model = modkit.build({base.source!r}, seed=0)",
-                "optimizer = build_optimizer(model, model.spec, config)  # parameters grouped by role",
-                'print([g["roles"] for g in optimizer.param_groups])',
-            ]
-        )
+        return _optimizer_usage(example, base)
     route = spec_route(entry.kind, registry)
     if route is None:
         return None
-    lines = ["import modkit"]
-    cls = entry.config
-    from modkit.core.config import slot_kind
-
-    # a config with component fields validates them against the registry: load_component, not the bare class
-    if _importable(cls) and not any(slot_kind(f) for f in cls.model_fields.values()):
-        call = f"config = {cls.__qualname__}({', '.join(f'{k}={v!r}' for k, v in example.items())})"
-        if len(call) > 100:
-            call = (
-                f"config = {cls.__qualname__}(\n" + "".join(f"    {k}={_py(v, 4)},\n" for k, v in example.items()) + ")"
-            )
-        lines += [f"from {cls.__module__} import {cls.__qualname__}", "", call + "  # validated by pydantic"]
-    else:
-        lines += ["", f"config = modkit.load_component({entry.kind!r}, {_py(dict(example))})"]
+    lines = ["import modkit", *_config_lines(entry, example)]
     lines += [f"spec = modkit.load_spec({base.source!r}).to_dict()"]
     value = 'config.model_dump(mode="json")'
     # innermost first: wrap the value in its hosts (a router goes in an MoE's router field, the MoE in block.ffn)
@@ -217,3 +177,55 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
         "print(modkit.count_params(model))",
     ]
     return "\n".join(lines)
+
+
+def _sampling_usage(entry, example: Mapping[str, Any], base) -> str:
+    """A snippet that puts the example of a sampling step in :func:`generate`'s ``sampling`` list."""
+    decode = ""
+    if entry.kind == "stop_condition":
+        decode = ',\n               decode=lambda ids: " ".join(map(str, ids)))  # a tokenizer\'s decode in practice'
+    else:
+        decode = ")"
+    return "\n".join(
+        [
+            "import modkit",
+            "from modkit.inference.generate import generate",
+            "",
+            f"model = modkit.build({base.source!r}, seed=0).eval()",
+            f"out = generate(model, [[1, 2, 3]], max_new_tokens=8, seed=0, sampling=[{_py(dict(example))}]{decode}",
+            "print(out.shape)  # [1, 3 + new tokens]",
+        ]
+    )
+
+
+def _optimizer_usage(example: Mapping[str, Any], base) -> str:
+    """A snippet that names the example optimizer in a training config and builds it for the base model."""
+    return "\n".join(
+        [
+            "import modkit",
+            "from modkit.train import TrainConfig",
+            "from modkit.train.optim import build_optimizer",
+            "",
+            f"config = TrainConfig(optimizer={_py(dict(example))}, lr=1e-3)  # validated against the registry",
+            f"model = modkit.build({base.source!r}, seed=0)",
+            "optimizer = build_optimizer(model, model.spec, config)  # parameters grouped by role",
+            'print([g["roles"] for g in optimizer.param_groups])',
+        ]
+    )
+
+
+def _config_lines(entry, example: Mapping[str, Any]) -> list[str]:
+    """The snippet lines (after ``import modkit``) that make the component's config: its class constructed when
+    it can be imported and holds no other component, else :func:`modkit.load_component`."""
+    cls = entry.config
+    from modkit.core.config import slot_kind
+
+    # a config with component fields validates them against the registry: load_component, not the bare class
+    if _importable(cls) and not any(slot_kind(f) for f in cls.model_fields.values()):
+        call = f"config = {cls.__qualname__}({', '.join(f'{k}={v!r}' for k, v in example.items())})"
+        if len(call) > 100:
+            call = (
+                f"config = {cls.__qualname__}(\n" + "".join(f"    {k}={_py(v, 4)},\n" for k, v in example.items()) + ")"
+            )
+        return [f"from {cls.__module__} import {cls.__qualname__}", "", call + "  # validated by pydantic"]
+    return ["", f"config = modkit.load_component({entry.kind!r}, {_py(dict(example))})"]

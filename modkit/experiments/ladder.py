@@ -272,7 +272,19 @@ def _trend(
 
 def report_lines(ladder: Ladder) -> list[str]:
     """The ladder section of a comparison report (Markdown lines)."""
-    base = ladder.fits[0].design
+    return [
+        *_fit_lines(ladder),
+        *_chinchilla_lines(ladder),
+        *_point_lines(ladder),
+        *_multiplier_lines(ladder),
+        *_holdout_lines(ladder),
+        "",
+        "![loss against compute with the fits](ladder.png)",
+    ]
+
+
+def _fit_lines(ladder: Ladder) -> list[str]:
+    """The section's heading, what the fit is and how sure, and the table of L(C) = E + A C^-alpha per design."""
     ci_note = (
         f"95% bootstrap intervals over seeds ({ladder.n_boot} resamples of the {ladder.seeds} seeds of every size"
         + (
@@ -297,26 +309,37 @@ def report_lines(ladder: Ladder) -> list[str]:
         iv = f.intervals or {}
         cells = [_with_ci((getattr(f.law, k), *(iv.get(k) or (None, None)))) for k in ("E", "A", "alpha")]
         lines.append(f"| {f.design} | {len(f.points)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _chinchilla_lines(ladder: Ladder) -> list[str]:
+    """The table of L(N, D) = E + A N^-alpha + B D^-beta per design that has one (none: no lines)."""
     nd = [f for f in ladder.fits if f.chinchilla is not None]
-    if nd:
-        lines += [
-            "",
-            "The ladder varies parameters N and tokens D independently, so also L(N, D) = E + A N^-alpha + B D^-beta:",
-            "",
-            "| design | E | A | alpha | B | beta |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for f in nd:
-            iv = f.chinchilla_intervals or {}
-            lines.append(
-                f"| {f.design} | "
-                + " | ".join(
-                    _with_ci((getattr(f.chinchilla, k), *(iv.get(k) or (None, None))))
-                    for k in ("E", "A", "alpha", "B", "beta")
-                )
-                + " |"
+    if not nd:
+        return []
+    lines = [
+        "",
+        "The ladder varies parameters N and tokens D independently, so also L(N, D) = E + A N^-alpha + B D^-beta:",
+        "",
+        "| design | E | A | alpha | B | beta |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for f in nd:
+        iv = f.chinchilla_intervals or {}
+        lines.append(
+            f"| {f.design} | "
+            + " | ".join(
+                _with_ci((getattr(f.chinchilla, k), *(iv.get(k) or (None, None))))
+                for k in ("E", "A", "alpha", "B", "beta")
             )
-    lines += [
+            + " |"
+        )
+    return lines
+
+
+def _point_lines(ladder: Ladder) -> list[str]:
+    """The table of every size of every design (the held-out one last): parameters, tokens, compute, loss, fit."""
+    lines = [
         "",
         "| design | size | parameters | tokens | C (FLOPs) | validation loss (mean) | fit |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -327,41 +350,53 @@ def report_lines(ladder: Ladder) -> list[str]:
                 f"| {f.design} | {p.spec}{' (held out)' if p.holdout else ''} | {p.params:,} | {p.tokens:,} | "
                 f"{p.flops:.3g} | {p.mean:.4f} | {float(f.law(p.flops)):.4f} |"
             )
-    if ladder.multipliers:
-        lines += [
-            "",
-            f"Against {base}: the compute multiplier (how many times {base}'s compute reaches the design's loss; "
-            "above 1 the design is ahead) and the gap L_design - L_base of the fits, at the smallest and largest "
-            f"fitted compute (C_min = {ladder.c_min:.3g}, C_max = {ladder.c_max:.3g} FLOPs) and extrapolated tenfold.",
-            "",
-            "| design | multiplier at C_max | multiplier at 10 C_max | gap at C_min | gap at C_max | gap at 10 C_max | "
-            "change C_min -> C_max | reading |",
-            "|---|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        for d, m in ladder.multipliers.items():
-            g = ladder.gaps[d]
-            lines.append(
-                f"| {d} | {_with_ci(m['C_max'], 3)} | {_with_ci(m['10 C_max'], 3)} | {_with_ci(g['C_min'])} | "
-                f"{_with_ci(g['C_max'])} | {_with_ci(g['10 C_max'])} | {_with_ci(g['change'])} | "
-                f"{_trend(g['C_max'], g['change'])} |"
-            )
+    return lines
+
+
+def _multiplier_lines(ladder: Ladder) -> list[str]:
+    """The table of every design against the first: compute multipliers and loss gaps (none: no lines)."""
+    if not ladder.multipliers:
+        return []
+    base = ladder.fits[0].design
+    lines = [
+        "",
+        f"Against {base}: the compute multiplier (how many times {base}'s compute reaches the design's loss; "
+        "above 1 the design is ahead) and the gap L_design - L_base of the fits, at the smallest and largest "
+        f"fitted compute (C_min = {ladder.c_min:.3g}, C_max = {ladder.c_max:.3g} FLOPs) and extrapolated tenfold.",
+        "",
+        "| design | multiplier at C_max | multiplier at 10 C_max | gap at C_min | gap at C_max | gap at 10 C_max | "
+        "change C_min -> C_max | reading |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for d, m in ladder.multipliers.items():
+        g = ladder.gaps[d]
+        lines.append(
+            f"| {d} | {_with_ci(m['C_max'], 3)} | {_with_ci(m['10 C_max'], 3)} | {_with_ci(g['C_min'])} | "
+            f"{_with_ci(g['C_max'])} | {_with_ci(g['10 C_max'])} | {_with_ci(g['change'])} | "
+            f"{_trend(g['C_max'], g['change'])} |"
+        )
+    return lines
+
+
+def _holdout_lines(ladder: Ladder) -> list[str]:
+    """The held-out check: each design's prediction for its held-out size against the measurement (none: no lines)."""
     held = [f for f in ladder.fits if f.holdout is not None]
-    if held:
-        lines += [
-            "",
-            "Held-out check: a larger size each design trained, which its fit did not see.",
-            "",
-            "| design | held-out size | C (FLOPs) | predicted loss | measured loss | measured - predicted |",
-            "|---|---|---:|---:|---:|---:|",
-        ]
-        for f in held:
-            m, lo, hi = f.measured
-            pred = (f.predicted, *(f.predicted_ci or (None, None)))
-            lines.append(
-                f"| {f.design} | {f.holdout.spec} | {f.holdout.flops:.3g} | {_with_ci(pred)} | "
-                f"{_with_ci((m, lo, hi))} | {m - f.predicted:+.4f} |"
-            )
-    lines += ["", "![loss against compute with the fits](ladder.png)"]
+    if not held:
+        return []
+    lines = [
+        "",
+        "Held-out check: a larger size each design trained, which its fit did not see.",
+        "",
+        "| design | held-out size | C (FLOPs) | predicted loss | measured loss | measured - predicted |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for f in held:
+        m, lo, hi = f.measured
+        pred = (f.predicted, *(f.predicted_ci or (None, None)))
+        lines.append(
+            f"| {f.design} | {f.holdout.spec} | {f.holdout.flops:.3g} | {_with_ci(pred)} | "
+            f"{_with_ci((m, lo, hi))} | {m - f.predicted:+.4f} |"
+        )
     return lines
 
 
