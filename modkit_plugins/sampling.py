@@ -35,6 +35,7 @@ top-p and min-p).
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Literal, Optional
 
 import torch
@@ -295,120 +296,115 @@ def _processor(type_, config, factory, description, reference, argument, order, 
     )
 
 
+#: the logits processors, in registration order: the arguments of :func:`_processor` (type, config, factory,
+#: description, reference, argument, order, example)
+_PROCESSORS = (
+    (
+        "repetition_penalty",
+        RepetitionPenaltyConfig,
+        lambda cfg, setup: RepetitionPenalty(cfg.penalty, setup.vocab_size),
+        "Repetition penalty: every token id already in the row (prompt or generated, padding excluded) gets logit / penalty "
+        "when positive, logit · penalty when negative. [batch, vocab] -> [batch, vocab].",
+        "Keskar et al. 2019, CTRL, arXiv:1909.05858 §4.1; transformers RepetitionPenaltyLogitsProcessor",
+        {"name": "repetition_penalty", "field": "penalty"},
+        10,
+        {"type": "repetition_penalty", "penalty": 1.2},
+    ),
+    (
+        "presence_penalty",
+        PenaltyConfig,
+        lambda cfg, setup: AdditivePenalty(cfg.penalty, by_count=False),
+        "Presence penalty: logit - penalty for every token id generated at least once. [batch, vocab] -> [batch, vocab].",
+        "OpenAI API, presence_penalty (mu[j] - [c[j] > 0]·alpha_presence); vLLM SamplingParams",
+        {"name": "presence_penalty", "field": "penalty"},
+        20,
+        {"type": "presence_penalty", "penalty": 0.5},
+    ),
+    (
+        "frequency_penalty",
+        PenaltyConfig,
+        lambda cfg, setup: AdditivePenalty(cfg.penalty, by_count=True),
+        "Frequency penalty: logit - penalty × (times the token id was generated). [batch, vocab] -> [batch, vocab].",
+        "OpenAI API, frequency_penalty (mu[j] - c[j]·alpha_frequency); vLLM SamplingParams",
+        {"name": "frequency_penalty", "field": "penalty"},
+        21,
+        {"type": "frequency_penalty", "penalty": 0.5},
+    ),
+    (
+        "temperature",
+        TemperatureConfig,
+        lambda cfg, setup: Temperature(cfg.value),
+        "Temperature: logits / value; value 0 makes decoding greedy (the argmax of the processed logits, first index "
+        "on ties). [batch, vocab] -> [batch, vocab].",
+        "Hinton et al. 2015, Distilling the Knowledge in a Neural Network, arXiv:1503.02531; transformers TemperatureLogitsWarper",
+        {"name": "temperature", "field": "value"},
+        30,
+        {"type": "temperature", "value": 0.7},
+    ),
+    (
+        "top_k",
+        TopKConfig,
+        lambda cfg, setup: TopK(cfg.k),
+        "Top-k: keeps the tokens whose logit is at least the k-th largest of the row (ties kept). [batch, vocab] -> [batch, vocab].",
+        "Fan et al. 2018, Hierarchical Neural Story Generation, arXiv:1805.04833",
+        {"name": "top_k", "field": "k"},
+        40,
+        {"type": "top_k", "k": 40},
+    ),
+    (
+        "top_p",
+        TopPConfig,
+        lambda cfg, setup: TopP(cfg.p),
+        "Top-p (nucleus): keeps the most probable tokens until their mass reaches p; a token stays when the mass of the "
+        "strictly more probable ones is below p, so the top token always stays. [batch, vocab] -> [batch, vocab].",
+        "Holtzman et al. 2019, The Curious Case of Neural Text Degeneration, arXiv:1904.09751",
+        {"name": "top_p", "field": "p"},
+        50,
+        {"type": "top_p", "p": 0.9},
+    ),
+    (
+        "min_p",
+        MinPConfig,
+        lambda cfg, setup: MinP(cfg.p),
+        "Min-p: keeps the tokens whose probability is at least p × the top probability of the row. [batch, vocab] -> [batch, vocab].",
+        "Nguyen et al. 2024, Turning Up the Heat: Min-p Sampling, arXiv:2407.01082; transformers MinPLogitsWarper",
+        {"name": "min_p", "field": "p"},
+        60,
+        {"type": "min_p", "p": 0.05},
+    ),
+)
+
+#: the stop conditions, in registration order: the keyword arguments of their :class:`Component` but ``kind``
+_STOP_CONDITIONS = (
+    dict(
+        type="stop_tokens",
+        config=StopTokensConfig,
+        factory=lambda cfg, setup: StopTokens(cfg.ids, setup.vocab_size),
+        description="Stop tokens: a row ends when it emits one of ids (kept in the output); finished rows are padded "
+        "with ids[0] unless generate is given a pad_token_id or eos_token_id. state -> [batch] bool.",
+        reference="transformers EosTokenCriteria",
+        capabilities={"argument": {"name": "stop_token_ids", "field": "ids"}, "order": 100},
+        example={"type": "stop_tokens", "ids": [2]},
+    ),
+    dict(
+        type="stop_strings",
+        config=StopStringsConfig,
+        factory=lambda cfg, setup: StopStrings(cfg.strings, setup.decode),
+        description="Stop strings: a row ends once the decoded text of its generated tokens contains one of strings "
+        "(the stopping token kept). Needs a tokenizer's decode; decodes each live row's generated text at every step. "
+        "state -> [batch] bool.",
+        reference="transformers StopStringCriteria; vLLM SamplingParams.stop",
+        capabilities={"argument": {"name": "stop_strings", "field": "strings"}, "order": 101},
+        example={"type": "stop_strings", "strings": ["\n\n"]},
+    ),
+)
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register the built-in logits processors and stop conditions."""
-    register(
-        _processor(
-            "repetition_penalty",
-            RepetitionPenaltyConfig,
-            lambda cfg, setup: RepetitionPenalty(cfg.penalty, setup.vocab_size),
-            "Repetition penalty: every token id already in the row (prompt or generated, padding excluded) gets logit / penalty "
-            "when positive, logit · penalty when negative. [batch, vocab] -> [batch, vocab].",
-            "Keskar et al. 2019, CTRL, arXiv:1909.05858 §4.1; transformers RepetitionPenaltyLogitsProcessor",
-            {"name": "repetition_penalty", "field": "penalty"},
-            10,
-            {"type": "repetition_penalty", "penalty": 1.2},
-        )
-    )
-    register(
-        _processor(
-            "presence_penalty",
-            PenaltyConfig,
-            lambda cfg, setup: AdditivePenalty(cfg.penalty, by_count=False),
-            "Presence penalty: logit - penalty for every token id generated at least once. [batch, vocab] -> [batch, vocab].",
-            "OpenAI API, presence_penalty (mu[j] - [c[j] > 0]·alpha_presence); vLLM SamplingParams",
-            {"name": "presence_penalty", "field": "penalty"},
-            20,
-            {"type": "presence_penalty", "penalty": 0.5},
-        )
-    )
-    register(
-        _processor(
-            "frequency_penalty",
-            PenaltyConfig,
-            lambda cfg, setup: AdditivePenalty(cfg.penalty, by_count=True),
-            "Frequency penalty: logit - penalty × (times the token id was generated). [batch, vocab] -> [batch, vocab].",
-            "OpenAI API, frequency_penalty (mu[j] - c[j]·alpha_frequency); vLLM SamplingParams",
-            {"name": "frequency_penalty", "field": "penalty"},
-            21,
-            {"type": "frequency_penalty", "penalty": 0.5},
-        )
-    )
-    register(
-        _processor(
-            "temperature",
-            TemperatureConfig,
-            lambda cfg, setup: Temperature(cfg.value),
-            "Temperature: logits / value; value 0 makes decoding greedy (the argmax of the processed logits, first index "
-            "on ties). [batch, vocab] -> [batch, vocab].",
-            "Hinton et al. 2015, Distilling the Knowledge in a Neural Network, arXiv:1503.02531; transformers TemperatureLogitsWarper",
-            {"name": "temperature", "field": "value"},
-            30,
-            {"type": "temperature", "value": 0.7},
-        )
-    )
-    register(
-        _processor(
-            "top_k",
-            TopKConfig,
-            lambda cfg, setup: TopK(cfg.k),
-            "Top-k: keeps the tokens whose logit is at least the k-th largest of the row (ties kept). [batch, vocab] -> [batch, vocab].",
-            "Fan et al. 2018, Hierarchical Neural Story Generation, arXiv:1805.04833",
-            {"name": "top_k", "field": "k"},
-            40,
-            {"type": "top_k", "k": 40},
-        )
-    )
-    register(
-        _processor(
-            "top_p",
-            TopPConfig,
-            lambda cfg, setup: TopP(cfg.p),
-            "Top-p (nucleus): keeps the most probable tokens until their mass reaches p; a token stays when the mass of the "
-            "strictly more probable ones is below p, so the top token always stays. [batch, vocab] -> [batch, vocab].",
-            "Holtzman et al. 2019, The Curious Case of Neural Text Degeneration, arXiv:1904.09751",
-            {"name": "top_p", "field": "p"},
-            50,
-            {"type": "top_p", "p": 0.9},
-        )
-    )
-    register(
-        _processor(
-            "min_p",
-            MinPConfig,
-            lambda cfg, setup: MinP(cfg.p),
-            "Min-p: keeps the tokens whose probability is at least p × the top probability of the row. [batch, vocab] -> [batch, vocab].",
-            "Nguyen et al. 2024, Turning Up the Heat: Min-p Sampling, arXiv:2407.01082; transformers MinPLogitsWarper",
-            {"name": "min_p", "field": "p"},
-            60,
-            {"type": "min_p", "p": 0.05},
-        )
-    )
-    register(
-        Component(
-            kind="stop_condition",
-            type="stop_tokens",
-            config=StopTokensConfig,
-            factory=lambda cfg, setup: StopTokens(cfg.ids, setup.vocab_size),
-            description="Stop tokens: a row ends when it emits one of ids (kept in the output); finished rows are padded "
-            "with ids[0] unless generate is given a pad_token_id or eos_token_id. state -> [batch] bool.",
-            reference="transformers EosTokenCriteria",
-            capabilities={"argument": {"name": "stop_token_ids", "field": "ids"}, "order": 100},
-            example={"type": "stop_tokens", "ids": [2]},
-        )
-    )
-    register(
-        Component(
-            kind="stop_condition",
-            type="stop_strings",
-            config=StopStringsConfig,
-            factory=lambda cfg, setup: StopStrings(cfg.strings, setup.decode),
-            description="Stop strings: a row ends once the decoded text of its generated tokens contains one of strings "
-            "(the stopping token kept). Needs a tokenizer's decode; decodes each live row's generated text at every step. "
-            "state -> [batch] bool.",
-            reference="transformers StopStringCriteria; vLLM SamplingParams.stop",
-            capabilities={"argument": {"name": "stop_strings", "field": "strings"}, "order": 101},
-            example={"type": "stop_strings", "strings": ["\n\n"]},
-        )
-    )
+    # copies: every registration gets dicts of its own (capabilities' argument, example), as when written out here
+    for row in copy.deepcopy(_PROCESSORS):
+        register(_processor(*row))
+    for fields in copy.deepcopy(_STOP_CONDITIONS):
+        register(Component(kind="stop_condition", **fields))

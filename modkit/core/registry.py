@@ -14,14 +14,12 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import importlib.metadata as md
-import os
 import re
 import threading
 import typing
-import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping
 
 import pluggy
 
@@ -269,70 +267,35 @@ class Registry:
                 already used by another plugin, or a (kind, type) / model_type already provided by another
                 plugin (the message names both providers).
         """
+        from modkit.core.plugin_loading import (
+            collect_entries,
+            scratch_manager,
+        )  # it imports this module, so not at the top
+
         name = name or getattr(obj, "__name__", None) or type(obj).__name__
         provider = Provider(name, distribution, version)
         with self._lock:
             if name in self._plugins:
                 raise RegistryError(f"plugin name {name!r} is already registered by {self._plugins[name].provider}")
-            scratch = pluggy.PluginManager(PROJECT)
-            scratch.add_hookspecs(ModkitHookSpecs)
-            try:
-                scratch.register(obj, name=name)
-            except Exception as exc:  # pluggy.PluginValidationError and friends
-                raise RegistryError(f"plugin {provider}: invalid hook implementation: {exc}") from exc
-            if not scratch.get_hookcallers(obj):
-                raise RegistryError(
-                    f"plugin {provider} implements no modkit hook (expected register_components or register_hf_converters)"
-                )
-            comps: list[Component] = []
-            convs: list[HFConverter] = []
-
-            def register_component(entry: Component) -> None:
-                if not isinstance(entry, Component):
-                    raise RegistryError(f"register() takes a modkit.Component, got {type(entry).__name__}")
-                entry.validate()
-                frozen = dict(
-                    capabilities=MappingProxyType(dict(entry.capabilities)),
-                    aliases=tuple(entry.aliases),
-                    alias_notes=MappingProxyType(dict(entry.alias_notes)),
-                )
-                comps.append(replace(entry, provider=provider, **frozen))
-
-            def register_converter(
-                model_type: Any, convert: Optional[Callable[[dict], dict]] = None, weights: Any = None
-            ) -> None:
-                declaration = None
-                if not isinstance(model_type, str) and convert is None and weights is None:
-                    # register(declaration): an object with model_type, convert and weights (its mapper)
-                    declaration = model_type
-                    model_type = getattr(declaration, "model_type", None)
-                    convert = getattr(declaration, "convert", None)
-                    weights = getattr(declaration, "weights", None)
-                if not isinstance(model_type, str) or not model_type or not callable(convert):
-                    raise RegistryError(
-                        f"register(model_type, fn) or register(declaration): bad arguments {model_type!r}, {convert!r}"
-                    )
-                convs.append(HFConverter(model_type, convert, weights, provider, declaration))
-
-            try:
-                scratch.hook.register_components(register=register_component)
-                scratch.hook.register_hf_converters(register=register_converter)
-            except RegistryError as exc:
-                raise RegistryError(f"plugin {provider}: {exc}") from exc
-            except Exception as exc:
-                raise RegistryError(f"plugin {provider}: hook raised {type(exc).__name__}: {exc}") from exc
+            comps, convs = collect_entries(scratch_manager(obj, name, provider), provider)
             self._check_clashes(provider, comps, convs)
-            self._pm.register(obj, name=name)
-            for c in comps:
-                self._components[c.key] = c
-                for alias in c.aliases:
-                    self._aliases[(c.kind, alias)] = c.type
-            for cv in convs:
-                self._converters[cv.model_type] = cv
-            info = PluginInfo(name, provider, [c.key for c in comps], [cv.model_type for cv in convs], obj)
-            self._plugins[name] = info
-            self.generation += 1
-            return info
+            return self._commit(obj, name, provider, comps, convs)
+
+    def _commit(
+        self, obj: Any, name: str, provider: Provider, comps: list[Component], convs: list[HFConverter]
+    ) -> PluginInfo:
+        """Register ``obj`` for real and add its checked entries (the caller holds the lock)."""
+        self._pm.register(obj, name=name)
+        for c in comps:
+            self._components[c.key] = c
+            for alias in c.aliases:
+                self._aliases[(c.kind, alias)] = c.type
+        for cv in convs:
+            self._converters[cv.model_type] = cv
+        info = PluginInfo(name, provider, [c.key for c in comps], [cv.model_type for cv in convs], obj)
+        self._plugins[name] = info
+        self.generation += 1
+        return info
 
     def _check_clashes(self, provider: Provider, comps: list[Component], convs: list[HFConverter]) -> None:
         seen: dict[tuple[str, str], Component] = {}
@@ -412,56 +375,12 @@ class Registry:
         Each plugin loads in isolation. A failure warns (:class:`PluginWarning`) naming the plugin and its
         distribution, unless ``strict`` (default: environment ``MODKIT_STRICT_PLUGINS=1``), which raises.
         The same (distribution, entry point) found twice, as editable installs can produce, loads once.
-        A genuine clash between two plugins always raises :class:`RegistryError`.
+        A genuine clash between two plugins always raises :class:`RegistryError`. The loop:
+        :func:`modkit.core.plugin_loading.load_plugins`.
         """
-        if strict is None:
-            strict = os.environ.get("MODKIT_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes", "on"}
-        seen: set[tuple[str, str]] = set()
-        for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-            dist = getattr(ep, "dist", None)
-            dist_name = _normalize(dist.metadata["Name"]) if dist is not None else ""
-            version = dist.version if dist is not None else None
-            ident = (dist_name, ep.name)
-            if ident in seen:  # the same distribution found twice (editable installs): load once
-                continue
-            seen.add(ident)
-            provider = Provider(ep.name, dist_name or None, version)
-            loaded = self._plugins.get(ep.name)
-            if loaded is not None:
-                if loaded.provider.distribution != provider.distribution:
-                    message = (
-                        f"its plugin name {ep.name!r} is already taken by {loaded.provider}; "
-                        "rename one entry point (only the first was loaded)"
-                    )
-                    self._fail(provider, message, strict, RegistryError(message))
-                continue
-            try:
-                obj = ep.load()
-            except Exception as exc:
-                self._fail(provider, f"failed to import {ep.value!r}: {type(exc).__name__}: {exc}", strict, exc)
-                continue
-            try:
-                self.register_plugin(obj, ep.name, distribution=dist_name or None, version=version)
-            except RegistryError as exc:
-                if "provided twice" in str(exc):
-                    raise
-                self._fail(provider, str(exc), strict, exc)
+        from modkit.core.plugin_loading import load_plugins  # it imports this module, so not at the top
 
-    def _fail(self, provider: Provider, message: str, strict: bool, exc: BaseException) -> None:
-        message = " ".join(message.split())  # one line, whatever the underlying error printed
-        prefix = f"plugin {provider}: "
-        if message.startswith(prefix):
-            message = message[len(prefix) :]
-        if strict:
-            raise RegistryError(
-                f"modkit plugin {provider} failed to load: {message} (MODKIT_STRICT_PLUGINS=1)"
-            ) from exc
-        self._skipped[provider.plugin] = message
-        warnings.warn(
-            f"modkit plugin {provider} was skipped: {message}; set MODKIT_STRICT_PLUGINS=1 to make this an error",
-            PluginWarning,
-            stacklevel=3,
-        )
+        load_plugins(self, md.entry_points(group=ENTRY_POINT_GROUP), self._skipped, strict=strict)
 
     # ---------------------------------------------------------------- lookups
     def get(self, kind: str, type_: str) -> Component:
@@ -594,10 +513,6 @@ class Registry:
     def plugin_manager(self) -> pluggy.PluginManager:
         """The underlying pluggy manager (holds only successfully registered plugins)."""
         return self._pm
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 _default: Registry | None = None

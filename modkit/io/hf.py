@@ -277,6 +277,58 @@ def _hf_folder(path: Union[str, Path]) -> Path:
     return p
 
 
+def _spec_for(
+    spec: Union[ModelSpec, dict, str, Path, None],
+    config: dict,
+    mapper: Any,
+    model_type: str,
+    folder: Path,
+    reg: Registry,
+    strict: bool,
+) -> ModelSpec:
+    """The spec :func:`from_hf` builds: ``config`` converted when ``spec`` is ``None``, else ``spec`` loaded and
+    checked against the checkpoint by the mapper's ``compatibility`` (when it has one).
+
+    Raises:
+        CheckpointError: the given spec does not describe the checkpoint (each problem listed).
+        SpecError: the config cannot be converted, or the given spec is invalid.
+    """
+    if spec is None:
+        return from_hf_config(config, registry=reg, strict=strict)
+    spec = load_spec(spec, registry=reg)
+    check = getattr(mapper, "compatibility", None)
+    problems = check(spec, config) if callable(check) else []
+    if problems:
+        raise CheckpointError(
+            f"the given spec does not describe the {model_type} checkpoint in {folder}:\n  " + "\n  ".join(problems)
+        )
+    return spec
+
+
+def _hf_state(
+    source: Any, mapper: Any, spec: ModelSpec, config: dict, model_type: str, reg: Registry
+) -> tuple[dict[str, "Tensor"], dict[str, "Tensor"]]:
+    """``(state, extras)``: the checkpoint's tensors renamed, split and transposed by ``mapper`` onto the parameter
+    names and shapes of ``spec``'s model (built on ``meta``), and the tensors kept aside (``mapper.keep``).
+
+    Raises:
+        CheckpointError: missing or unexpected tensors, shape mismatches (all listed together by name).
+    """
+    from modkit.nn.build import build
+    from modkit.io.checkpoint import gather
+
+    shapes = {k: tuple(v.shape) for k, v in build(spec, device="meta", registry=reg).state_dict().items()}
+    links = mapper.links(spec, shapes, config)
+    return gather(
+        source,
+        links,
+        shapes,
+        keep=getattr(mapper, "keep", ()),
+        aliases=getattr(mapper, "aliases", ()),
+        what=f"Hugging Face {model_type} checkpoint",
+    )
+
+
 def from_hf(
     path: Union[str, Path],
     *,
@@ -320,8 +372,7 @@ def from_hf(
             embedding (a tied head is the embedding itself).
         SpecError: the config cannot be converted (each unsupported field named).
     """
-    from modkit.nn.build import build
-    from modkit.io.checkpoint import TensorSource, gather, materialize
+    from modkit.io.checkpoint import TensorSource, materialize
 
     reg = registry or get_registry()
     folder = _hf_folder(path)
@@ -329,26 +380,8 @@ def from_hf(
     model_type = _model_type(config, str(folder / "config.json"))
     mapper = _mapper(model_type, reg)
     source = TensorSource.from_path(folder)
-    if spec is None:
-        spec = from_hf_config(config, registry=reg, strict=strict)
-    else:
-        spec = load_spec(spec, registry=reg)
-        check = getattr(mapper, "compatibility", None)
-        problems = check(spec, config) if callable(check) else []
-        if problems:
-            raise CheckpointError(
-                f"the given spec does not describe the {model_type} checkpoint in {folder}:\n  " + "\n  ".join(problems)
-            )
-    shapes = {k: tuple(v.shape) for k, v in build(spec, device="meta", registry=reg).state_dict().items()}
-    links = mapper.links(spec, shapes, config)
-    state, extras = gather(
-        source,
-        links,
-        shapes,
-        keep=getattr(mapper, "keep", ()),
-        aliases=getattr(mapper, "aliases", ()),
-        what=f"Hugging Face {model_type} checkpoint",
-    )
+    spec = _spec_for(spec, config, mapper, model_type, folder, reg, strict)
+    state, extras = _hf_state(source, mapper, spec, config, model_type, reg)
     model = materialize(
         spec,
         state,

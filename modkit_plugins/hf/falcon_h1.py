@@ -97,6 +97,23 @@ def read_mixer(r: HFConfig, f: dict) -> None:
     """The ``parallel`` mixer of every layer (:data:`ATTENTION_KEYS`, :data:`MAMBA_KEYS`, :data:`SIDE_KEYS`) and the
     FFN multipliers (``mlp_multipliers``), with ``FalconH1Config``'s defaults."""
     d = f["d_model"]
+    _check_shared(r, f)
+    att = _read_attention(r, d)
+    mamba = _read_mamba(r, f)
+    # side by side, and the FFN
+    side = [float(r.number(k, 1.0, positive=False)) for k in SIDE_KEYS]
+    mixer: dict[str, Any] = {"type": "parallel", "mixers": [att, mamba]}
+    if any(m != 1 for m in side[:2]):
+        mixer["in_multipliers"] = side[:2]
+    if any(m != 1 for m in side[2:]):
+        mixer["out_multipliers"] = side[2:]
+    f["mixer"] = mixer
+    f["ffn_multipliers"] = _multipliers(r, "mlp_multipliers", 2)
+
+
+def _check_shared(r: HFConfig, f: dict) -> None:
+    """Report (``r.error``) what the already-read fields hold that Falcon-H1 cannot express: a partial rotary factor,
+    an activation other than silu (it is the FFN's and the Mamba-2 convolution's)."""
     if f["position"].get("partial_rotary", 1.0) != 1:
         r.error(
             "partial_rotary_factor",
@@ -109,7 +126,10 @@ def read_mixer(r: HFConfig, f: dict) -> None:
             f"unsupported value {f['act']!r}: Falcon-H1 uses hidden_act for the FFN and for the "
             "Mamba-2 convolution, whose activation is silu in modkit's mamba2; only silu converts",
         )
-    # the attention
+
+
+def _read_attention(r: HFConfig, d: int) -> dict[str, Any]:
+    """The ``gqa`` attention half of the mixer (:data:`ATTENTION_KEYS`) for width ``d``; problems go to ``r.error``."""
     heads = r.number("num_attention_heads", 32, integer=True)
     kv = heads if _null(r, "num_key_value_heads") else r.number("num_key_value_heads", 8, integer=True)
     if heads % kv:
@@ -125,7 +145,7 @@ def read_mixer(r: HFConfig, f: dict) -> None:
         head_dim = d // heads
     bias = r.flag("attention_bias", False)
     key_multiplier = r.number("key_multiplier", 1.0)
-    att = attention(
+    return attention(
         AttentionRequest(
             d,
             heads,
@@ -135,7 +155,12 @@ def read_mixer(r: HFConfig, f: dict) -> None:
             softmax_scale=None if key_multiplier == 1 else key_multiplier * head_dim**-0.5,
         )
     )
-    # the Mamba-2 mixer
+
+
+def _read_mamba(r: HFConfig, f: dict) -> dict[str, Any]:
+    """The ``mamba2`` half of the mixer (:data:`MAMBA_KEYS`) for the width ``f["d_model"]``, its gated norm's
+    epsilon ``f["eps"]``; problems go to ``r.error``."""
+    d = f["d_model"]
     expand = r.number("mamba_expand", 2)
     d_ssm = int(expand * d) if _null(r, "mamba_d_ssm") else r.number("mamba_d_ssm", 1024, integer=True)
     n_heads = r.number("mamba_n_heads", 128, integer=True)
@@ -170,15 +195,7 @@ def read_mixer(r: HFConfig, f: dict) -> None:
     ssm = _multipliers(r, "ssm_multipliers", 5, positive=False)
     if any(m != 1 for m in ssm):
         mamba["projection_multipliers"] = ssm
-    # side by side, and the FFN
-    side = [float(r.number(k, 1.0, positive=False)) for k in SIDE_KEYS]
-    mixer: dict[str, Any] = {"type": "parallel", "mixers": [att, mamba]}
-    if any(m != 1 for m in side[:2]):
-        mixer["in_multipliers"] = side[:2]
-    if any(m != 1 for m in side[2:]):
-        mixer["out_multipliers"] = side[2:]
-    f["mixer"] = mixer
-    f["ffn_multipliers"] = _multipliers(r, "mlp_multipliers", 2)
+    return mamba
 
 
 def key_multiplier(scale: Any, head_dim: int, base: Any = None) -> float:

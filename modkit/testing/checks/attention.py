@@ -45,6 +45,30 @@ def check_gqa_equals_mha(bench: Bench) -> str:
     projection laid out kv-head-minor. Source: the grouping convention of GQA (Ainslie et al. 2023,
     arXiv:2305.13245) and Hugging Face ``repeat_kv``.
     """
+    n_heads, g, grouped_cfg, full = _head_counts(bench)
+    rep = n_heads // g
+    model_g, rec_g = bench.build(bench.spec_with(attention=grouped_cfg))
+    model_f, rec_f = bench.build(bench.spec_with(attention=full))
+    for model, recs, want in ((model_g, rec_g, g), (model_f, rec_f, n_heads)):
+        att = layer_of(recs, "attention", 0)
+        got = getattr(att, "n_kv_heads", want)
+        if got != want:
+            raise CheckFailed(f"built with n_kv_heads = {want}, the module reports n_kv_heads = {got}")
+    new, repeated = _repeated_state(model_g.state_dict(), model_f.state_dict(), g, n_heads)
+    model_f.load_state_dict(new)
+    model_g.eval(), model_f.eval()
+    _compare_logits(bench, model_g, model_f, f"n_kv_heads = {g} and n_kv_heads = {n_heads}", repeated)
+    return f"n_kv_heads = {g} equals n_kv_heads = {n_heads} with each key/value head repeated {rep}x ({len(repeated)} tensors)"
+
+
+def _head_counts(bench: Bench) -> tuple[int, int, dict, dict]:
+    """``(n_heads, g, grouped, full)``: the query heads of the bench's attention, the first key/value head count
+    ``g < n_heads`` its config accepts (its own ``n_kv_heads`` first, then the divisors of ``n_heads``, largest
+    first), and the validated configs (JSON) with ``n_kv_heads = g`` and ``n_kv_heads = n_heads``.
+
+    Raises:
+        CheckSkipped: fewer than 2 query heads, or the config accepts no such ``g`` or rejects ``n_heads``.
+    """
     reg = bench.registry
     cfg = bench.config_json
     n_heads = cfg.get("n_heads")
@@ -67,16 +91,20 @@ def check_gqa_equals_mha(bench: Bench) -> str:
         raise CheckSkipped(
             f"the config rejects n_kv_heads = n_heads = {n_heads} ({exc.errors[0][1] if exc.errors else exc})"
         ) from None
-    g, grouped_cfg = grouped
+    return n_heads, grouped[0], grouped[1], full
+
+
+def _repeated_state(
+    sd_g: dict[str, torch.Tensor], sd_f: dict[str, torch.Tensor], g: int, n_heads: int
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The state dict of the ``n_kv_heads = n_heads`` model made from the grouped one's (``g`` key/value heads):
+    tensors of equal shape copied, the others with each key/value head (a block of rows) repeated
+    ``n_heads / g`` times along dim 0; and the names of the repeated tensors.
+
+    Raises:
+        CheckSkipped: the two models' parameter names differ, or a tensor cannot be mapped by repeating heads.
+    """
     rep = n_heads // g
-    model_g, rec_g = bench.build(bench.spec_with(attention=grouped_cfg))
-    model_f, rec_f = bench.build(bench.spec_with(attention=full))
-    for model, recs, want in ((model_g, rec_g, g), (model_f, rec_f, n_heads)):
-        att = layer_of(recs, "attention", 0)
-        got = getattr(att, "n_kv_heads", want)
-        if got != want:
-            raise CheckFailed(f"built with n_kv_heads = {want}, the module reports n_kv_heads = {got}")
-    sd_g, sd_f = model_g.state_dict(), model_f.state_dict()
     if set(sd_g) != set(sd_f):
         raise CheckSkipped(
             f"parameter names differ between n_kv_heads = {g} and {n_heads}: {sorted(set(sd_g) ^ set(sd_f))[:4]}"
@@ -99,8 +127,19 @@ def check_gqa_equals_mha(bench: Bench) -> str:
             raise CheckSkipped(
                 f"cannot map {k} of shape {tuple(a.shape)} onto {tuple(b.shape)} by repeating key/value heads"
             )
-    model_f.load_state_dict(new)
-    model_g.eval(), model_f.eval()
+    return new, repeated
+
+
+def _compare_logits(
+    bench: Bench, model_g: torch.nn.Module, model_f: torch.nn.Module, what: str, repeated: list[str]
+) -> None:
+    """Both models' logits on the same ids ``[2, 8]``, plain and with the first row left-padded by 2, must agree
+    within :data:`~.base.SAME_MATH_ULPS` float32 ulps.
+
+    Raises:
+        CheckFailed: they differ (``what`` names the two head counts; the worst position and the repeated tensors
+            are given).
+    """
     ids = bench.ids(2, 8, seed=31)
     mask = torch.ones(2, 8, dtype=torch.bool, device=ids.device)
     mask[0, :2] = False
@@ -115,10 +154,9 @@ def check_gqa_equals_mha(bench: Bench) -> str:
         if d.max().item() > tol:
             pos = int(d.amax(dim=(0, 2)).argmax().item())
             raise CheckFailed(
-                f"n_kv_heads = {g} and n_kv_heads = {n_heads} with repeated key/value weights differ ({label} input): "
+                f"{what} with repeated key/value weights differ ({label} input): "
                 f"max |Δ| = {fmt(d.max().item())} at position {pos} (tolerance {fmt(tol)}); repeated: {repeated}"
             )
-    return f"n_kv_heads = {g} equals n_kv_heads = {n_heads} with each key/value head repeated {rep}x ({len(repeated)} tensors)"
 
 
 #: A position scheme must move the logits by more than this many times the same-math tolerance.

@@ -37,18 +37,51 @@ def check_meta_init(bench: Bench) -> str:
     seed = 7
     meta, records = bench.build_meta(seed=seed)
     direct, _ = bench.build(seed=seed)
-    ta = {
-        **{f"parameter {n}": t for n, t in meta.named_parameters()},
-        **{f"buffer {n}": t for n, t in meta.named_buffers()},
-    }
-    tb = {
-        **{f"parameter {n}": t for n, t in direct.named_parameters()},
-        **{f"buffer {n}": t for n, t in direct.named_buffers()},
-    }
+    ta, tb = _tensors(meta), _tensors(direct)
     if set(ta) != set(tb):
         raise CheckFailed(f"meta and direct builds hold different tensors: {sorted(set(ta) ^ set(tb))[:5]}")
     names = qualified_names(meta)
     own = tuple(names[id(m)] + "." for m in unique_modules(bench.targets(records)) if id(m) in names)
+    _compare_tensors(ta, tb, own, seed)
+    plain = _plain_tensors(meta, names)
+    ids = bench.ids(2, 16, seed=77)
+    meta.eval(), direct.eval()
+    got, ref = _first_forward(meta, direct, ids, plain)
+    if plain:
+        raise CheckFailed(
+            f"{', '.join(plain[:3])}: tensor attribute(s) left on meta by modkit.build; register them with "
+            "register_buffer (to_empty moves buffers, not plain attributes)"
+        )
+    tol = tolerance(ref, torch.float32, SAME_MATH_ULPS)
+    worst = max_abs_diff(got, ref).max().item()
+    if worst > tol:
+        raise CheckFailed(
+            f"the logits of the model built by modkit.build differ from a direct build's: max |Δ| = "
+            f"{fmt(worst)} (tolerance {fmt(tol)}, seed {seed})"
+        )
+    n_buf = sum(1 for k in ta if k.startswith("buffer"))
+    return (
+        f"{len(ta) - n_buf} parameters and {n_buf} buffers finite and equal to a direct build (seed {seed}); "
+        f"its logits equal the direct build's (max |Δ| = {fmt(worst)})"
+    )
+
+
+def _tensors(model: nn.Module) -> dict[str, Tensor]:
+    """``{"parameter <name>" | "buffer <name>": tensor}`` of every parameter and buffer (non-persistent ones too)."""
+    return {
+        **{f"parameter {n}": t for n, t in model.named_parameters()},
+        **{f"buffer {n}": t for n, t in model.named_buffers()},
+    }
+
+
+def _compare_tensors(ta: dict[str, Tensor], tb: dict[str, Tensor], own: tuple[str, ...], seed: int) -> None:
+    """Every tensor of the meta build (``ta``) must have the shape and dtype of the direct build's (``tb``), be
+    finite and be exactly equal.
+
+    Raises:
+        CheckFailed: the first three problems, those of the component's own modules (names starting with ``own``)
+            first when there are any, with the hint to compute buffers in ``init_weights``.
+    """
     problems = []
     for k in sorted(ta):
         a, b = ta[k], tb[k]
@@ -68,9 +101,14 @@ def check_meta_init(bench: Bench) -> str:
         mine = [p for p in problems if p.split(": ")[0].split(" ", 1)[1].startswith(own)] or problems
         hint = " (compute buffers in init_weights(init) with init.copy_, not only in __init__; transformers #45902)"
         raise CheckFailed("; ".join(mine[:3]) + (f" (+{len(mine) - 3} more)" if len(mine) > 3 else "") + hint)
-    plain = _plain_tensors(meta, names)
-    ids = bench.ids(2, 16, seed=77)
-    meta.eval(), direct.eval()
+
+
+def _first_forward(meta: nn.Module, direct: nn.Module, ids: Tensor, plain: list[str]) -> tuple[Tensor, Tensor]:
+    """``(logits of meta, logits of direct)`` on ``ids`` ``[batch, seq]`` -> ``[batch, seq, vocab]``, without grad.
+
+    Raises:
+        CheckFailed: the meta-built model's forward raises (naming the ``plain`` tensor attributes left on meta).
+    """
     with torch.no_grad():
         try:
             got = meta(ids).logits
@@ -88,20 +126,4 @@ def check_meta_init(bench: Bench) -> str:
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}{hint}"
             ) from None
         ref = direct(ids).logits
-    if plain:
-        raise CheckFailed(
-            f"{', '.join(plain[:3])}: tensor attribute(s) left on meta by modkit.build; register them with "
-            "register_buffer (to_empty moves buffers, not plain attributes)"
-        )
-    tol = tolerance(ref, torch.float32, SAME_MATH_ULPS)
-    worst = max_abs_diff(got, ref).max().item()
-    if worst > tol:
-        raise CheckFailed(
-            f"the logits of the model built by modkit.build differ from a direct build's: max |Δ| = "
-            f"{fmt(worst)} (tolerance {fmt(tol)}, seed {seed})"
-        )
-    n_buf = sum(1 for k in ta if k.startswith("buffer"))
-    return (
-        f"{len(ta) - n_buf} parameters and {n_buf} buffers finite and equal to a direct build (seed {seed}); "
-        f"its logits equal the direct build's (max |Δ| = {fmt(worst)})"
-    )
+    return got, ref

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -99,14 +99,33 @@ def check_optimizer(bench: OptimizerBench) -> str:
     from modkit.nn.build import build
     from ...spec import load_spec
     from ...train.config import TrainConfig
-    from ...train.optim import OptimizerError, build_optimizer
-    from ...train.state import optimizer_from_files, optimizer_to_files
+    from ...train.optim import build_optimizer
 
     config = TrainConfig(optimizer=bench.config.model_dump(mode="json"), lr=1e-2, weight_decay=0.1)
     spec = load_spec(OPTIMIZER_SPEC, registry=bench.registry)
     model = build(spec, seed=0, registry=bench.registry)
     opt = build_optimizer(model, spec, config, registry=bench.registry)
     ids = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(7))
+    members = _group_members(model, opt)
+    start = [p.detach().clone() for p in model.parameters()]
+    losses = [_step(model, opt, ids, 1e-2) for _ in range(3)]
+    saved = _saved_state(model, opt)
+    losses += [_step(model, opt, ids, 1e-2) for _ in range(3)]
+    final = _check_trained(model, ids, losses, start)
+    _check_resumes(bench, spec, config, saved, ids, losses, model)
+    mup = _mup_note(bench, config)
+    return (
+        f"{len(members)} parameters in {len(opt.param_groups)} group(s); loss {fmt(losses[0])} -> {fmt(final)} in 6 steps; "
+        f"resumed from saved state: steps 4-6 bitwise equal{mup}"
+    )
+
+
+def _group_members(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[int, int]:
+    """``{id(parameter): number of param groups holding it}``.
+
+    Raises:
+        CheckFailed: a group without ``lr_mult``, a trainable parameter in no group, or one in several.
+    """
     members: dict[int, int] = {}
     for g in opt.param_groups:
         if "lr_mult" not in g:
@@ -118,15 +137,30 @@ def check_optimizer(bench: OptimizerBench) -> str:
     twice = [names.get(i, "?") for i, k in members.items() if k > 1]
     if missing or twice:
         raise CheckFailed(f"parameters in no param group: {missing[:4]}; in several: {twice[:4]}")
-    start = [p.detach().clone() for p in model.parameters()]
-    losses = [_step(model, opt, ids, 1e-2) for _ in range(3)]
+    return members
+
+
+def _saved_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict, dict]:
+    """``(model state, optimizer tensors, optimizer data)`` as a run checkpoint holds them: copies, and the JSON part
+    through ``json.dumps`` (:func:`modkit.train.state.optimizer_to_files`)."""
+    from ...train.state import optimizer_to_files
+
     saved_model = copy.deepcopy(model.state_dict())
     tensors, data = optimizer_to_files(opt)
     tensors = {
         k: v.clone() for k, v in tensors.items()
     }  # what a checkpoint file holds: a copy (on the CPU .cpu() is not one)
     data = json.loads(json.dumps(data))
-    losses += [_step(model, opt, ids, 1e-2) for _ in range(3)]
+    return saved_model, tensors, data
+
+
+def _check_trained(model: torch.nn.Module, ids: torch.Tensor, losses: list[float], start: list[torch.Tensor]) -> float:
+    """The loss on ``ids`` after the six steps (returned) must be below the first step's, and every trainable
+    parameter must differ from its value at ``start``.
+
+    Raises:
+        CheckFailed: the loss did not go down, or a parameter never changed.
+    """
     with torch.no_grad():
         final = float(_loss(model, ids))
     if not final < losses[0]:
@@ -138,6 +172,29 @@ def check_optimizer(bench: OptimizerBench) -> str:
     ]
     if unchanged:
         raise CheckFailed(f"{len(unchanged)} parameter(s) never changed in six steps: {unchanged[:4]}")
+    return final
+
+
+def _check_resumes(
+    bench: OptimizerBench,
+    spec: Any,
+    config: Any,
+    saved: tuple[dict, dict, dict],
+    ids: torch.Tensor,
+    losses: list[float],
+    model: torch.nn.Module,
+) -> None:
+    """A fresh model and optimizer loaded from ``saved`` (after step 3) must give steps 4-6 bitwise equal to the
+    uninterrupted run: its ``losses[3:]`` and the final parameters of ``model``.
+
+    Raises:
+        CheckFailed: the saved optimizer state does not load back, or the losses or parameters differ.
+    """
+    from modkit.nn.build import build
+    from ...train.optim import build_optimizer
+    from ...train.state import optimizer_from_files
+
+    saved_model, tensors, data = saved
     again = build(spec, seed=0, registry=bench.registry)
     again.load_state_dict(saved_model)
     opt2 = build_optimizer(again, spec, config, registry=bench.registry)
@@ -153,22 +210,31 @@ def check_optimizer(bench: OptimizerBench) -> str:
     diff = [n for (n, a), (_, b) in zip(model.named_parameters(), again.named_parameters()) if not torch.equal(a, b)]
     if diff:
         raise CheckFailed(f"resumed from the saved state, {len(diff)} parameter(s) differ after step 6: {diff[:4]}")
-    mup = ""
-    if bench.entry.capabilities.get("mup"):
-        wide = load_spec(
-            {**OPTIMIZER_SPEC, "parametrization": {"type": "mup", "base_d_model": 16}}, registry=bench.registry
-        )
-        try:
-            opt3 = build_optimizer(
-                build(wide, device="meta", registry=bench.registry), wide, config, registry=bench.registry
-            )
-        except OptimizerError as exc:
-            raise CheckFailed(
-                f"declares mup = {bench.entry.capabilities['mup']!r} but a muP model does not build: {exc}"
-            ) from None
-        mults = sorted({round(g["lr_mult"], 6) for g in opt3.param_groups})
-        mup = f"; muP (m = 2) lr multipliers {mults}"
-    return (
-        f"{len(members)} parameters in {len(opt.param_groups)} group(s); loss {fmt(losses[0])} -> {fmt(final)} in 6 steps; "
-        f"resumed from saved state: steps 4-6 bitwise equal{mup}"
+
+
+def _mup_note(bench: OptimizerBench, config: Any) -> str:
+    """``"; muP (m = 2) lr multipliers [...]"`` when the entry declares ``mup`` (a μP copy of the model, built on
+    ``meta``, gets an optimizer), else ``""``.
+
+    Raises:
+        CheckFailed: it declares ``mup`` but the μP model's optimizer does not build.
+    """
+    if not bench.entry.capabilities.get("mup"):
+        return ""
+    from modkit.nn.build import build
+    from ...spec import load_spec
+    from ...train.optim import OptimizerError, build_optimizer
+
+    wide = load_spec(
+        {**OPTIMIZER_SPEC, "parametrization": {"type": "mup", "base_d_model": 16}}, registry=bench.registry
     )
+    try:
+        opt3 = build_optimizer(
+            build(wide, device="meta", registry=bench.registry), wide, config, registry=bench.registry
+        )
+    except OptimizerError as exc:
+        raise CheckFailed(
+            f"declares mup = {bench.entry.capabilities['mup']!r} but a muP model does not build: {exc}"
+        ) from None
+    mults = sorted({round(g["lr_mult"], 6) for g in opt3.param_groups})
+    return f"; muP (m = 2) lr multipliers {mults}"
