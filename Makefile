@@ -85,7 +85,7 @@ test-fast: $(TEST_STAMP)
 test-latest:
 	rm -rf $(LATEST)
 	$(call install_torch,$(LATEST),)
-	$(LATEST)/bin/python -m pip install $(PIP_FLAGS) --upgrade --upgrade-strategy eager -e '.[test]'
+	$(LATEST)/bin/python -m pip install $(PIP_FLAGS) --upgrade --upgrade-strategy eager -e '.[test]' '$(TORCH)'
 	rm -rf modkit.egg-info
 	$(LATEST)/bin/python -m pip list --format=freeze | grep -iE '^(torch|transformers|lm.eval|datasets|mkdocs.material|pytest)=='
 	$(LATEST)/bin/python -m pytest -q -n $(JOBS)

@@ -1202,7 +1202,14 @@ def test_site_from_disk_follows_links_and_searches(built_site, browser):
     # typing before the search worker has loaded the index starts no search: wait for the theme to say it is ready
     browser.wait("!/Initializing/i.test(document.querySelector('.md-search-result__meta').textContent)", timeout=90)
     browser.type("rmsnorm")
-    n = browser.wait("document.querySelectorAll('.md-search-result__item').length", timeout=60)
+    # the list is redrawn after each key: wait for the results of the whole word (the first result highlights
+    # "rmsnorm" itself, not a prefix such as "rms"), or a click could open a result of a shorter query
+    browser.wait(
+        "[...document.querySelectorAll('.md-search-result__item:first-child mark')]"
+        ".some(m => m.textContent.toLowerCase() === 'rmsnorm')",
+        timeout=60,
+    )
+    n = browser.eval("document.querySelectorAll('.md-search-result__item').length")
     assert n >= 5 and "matching document" in browser.eval(
         "document.querySelector('.md-search-result__meta').textContent"
     )
