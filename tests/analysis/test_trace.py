@@ -95,6 +95,7 @@ def test_embedding_position_and_distinct_block_structures():
     assert gpt2.groups[0].title == "layers 0-3"
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 @pytest.mark.parametrize("spec_file", SPEC_FILES, ids=[p.stem for p in SPEC_FILES])
 def test_every_spec_traces_on_meta(spec_file, capsys):
     """Text too, out of the box: a spec carries no tokenizer, so bytes when vocab_size >= 256, tiny shakespeare's
@@ -294,6 +295,7 @@ def _screenshot_module():
     return module
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_html_report_renders_in_headless_chromium(trained_run, tmp_path):
     shot = _screenshot_module()
     if shot.find_browser() is None:

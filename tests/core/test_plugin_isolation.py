@@ -27,6 +27,9 @@ import pytest
 
 from conftest import HANG_TIMEOUT
 
+#: real processes discovering fake distributions: end to end, left out of make test-fast
+pytestmark = pytest.mark.slow
+
 GOOD_NORM = '''
 """A working plugin: one norm, ``{type}``."""
 from typing import Literal

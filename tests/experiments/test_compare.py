@@ -282,6 +282,7 @@ def test_command_line_is_shell_quoted_and_reruns_the_same_arguments():
     assert vars(again) == vars(args)
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_parallel_runs_equal_serial_ones(setup, tmp_path):
     """``jobs=2`` trains the same runs in worker processes: every table figure and sweep loss equals the serial run's."""
     root, serial = setup
@@ -333,6 +334,7 @@ def test_text_data_is_prepared_once_for_every_run(tmp_path):
     )
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_a_failing_run_in_a_worker_raises_its_own_error(setup, tmp_path):
     """With jobs > 1 a run that fails in its worker (here: weights too large for this machine, refused before any
     allocation) raises its own error, type, message and attributes intact."""

@@ -42,6 +42,7 @@ def test_values_and_gradients_equal_per_group_matmuls(dtype):
     assert torch.count_nonzero(w.grad[1]) == 0  # the empty group's weight gets no gradient
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_compiles_fullgraph_in_float32_with_gradients():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(14, 6, generator=g, requires_grad=True)

@@ -63,6 +63,7 @@ def test_builtin_component_passes_its_contracts(builtin_results, entry):
         assert r.detail, f"{r.id} has no detail"
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_capabilities_decide_which_checks_run(builtin_results):
     for entry in BUILTINS:
         got = {r.check: r for r in _results(builtin_results, entry)}

@@ -115,6 +115,7 @@ def test_final_score_is_the_whole_validation_split(data_dir, tmp_path):
     assert result.final_val_loss == pytest.approx(loss.item(), abs=1e-5)
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_generate_finds_the_runs_tokenizer(data_dir, tmp_path):
     run = tmp_path / "run"
     train(
@@ -204,6 +205,7 @@ with atomic.on_step(hook):
 """
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_resume_after_sigkill_gives_the_same_losses(data_dir, tmp_path):
     """A run killed while it writes a checkpoint and resumed logs exactly (bitwise) what an uninterrupted run logs."""
     changes = dict(max_steps=60, checkpoint_interval=4, eval_interval=25, sample_tokens=0, batch_size=8)
@@ -290,6 +292,7 @@ def test_moe_aux_loss_coefficients_override_the_spec(data_dir, tmp_path):
     assert spec["block"]["ffn"]["aux_loss_coef"] == 0.05 and spec["block"]["ffn"]["z_loss_coef"] == 0.002
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_cli_flags_override_the_config(data_dir, tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(config(data_dir, max_steps=50)))

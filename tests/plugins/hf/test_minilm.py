@@ -129,6 +129,7 @@ def test_round_trips_are_bitwise(model, tmp_path):
         assert torch.equal(again.state_dict()[k], t), k
 
 
+@pytest.mark.slow  # end to end (processes, compile or a browser): left out of make test-fast
 def test_example_script_runs_offline():
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     out = subprocess.run(
