@@ -14,8 +14,18 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from modkit import CacheEntry, CacheSpec, Component, ComponentConfig, PositionGeometry, hookimpl
-from modkit.nn.attention import masked_attention, position_bias, prepare_mask, update_cache_entries
+from modkit.plugin import (
+    CacheEntry,
+    CacheSpec,
+    Component,
+    ComponentConfig,
+    PositionGeometry,
+    hookimpl,
+    masked_attention,
+    position_bias,
+    prepare_mask,
+    update_cache_entries,
+)
 
 
 class LatentAttentionConfig(ComponentConfig):

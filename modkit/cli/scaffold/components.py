@@ -29,7 +29,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig, Init
+from modkit.plugin import BuildContext, Component, ComponentConfig, Init
 
 
 class ${Class}Config(ComponentConfig):
@@ -113,8 +113,7 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig
-from modkit.core.limits import FFNWidth
+from modkit.plugin import BuildContext, Component, ComponentConfig, FFNWidth
 
 
 class ${Class}Config(ComponentConfig):
@@ -205,19 +204,20 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from modkit import (
+from modkit.plugin import (
     AttentionInputs,
     BuildContext,
     CacheSpec,
     Component,
     ComponentConfig,
+    HeadCount,
+    HeadDim,
     PositionGeometry,
     masked_attention,
     position_bias,
     prepare_mask,
     update_cache,
 )
-from modkit.core.limits import HeadCount, HeadDim
 
 
 class ${Class}Config(ComponentConfig):
@@ -282,7 +282,7 @@ class $Class(nn.Module):
         mask = prepare_mask(inputs, k_pos, k_valid, q.dtype, causal=True, window=None, mixer=self)
         bias = position_bias(inputs, k_pos, self.n_heads)  # ALiBi's [b, n_heads, q_len, kv_len] bias, or None
         out, _ = masked_attention(q, k, v, mask, bias)  # softmax(q·k / sqrt(head_dim) + bias) v; dead rows -> 0
-        # a score function of your own instead of q·k (import masked_softmax from modkit):
+        # a score function of your own instead of q·k (import masked_softmax from modkit.plugin):
         #     probs = masked_softmax(my_scores(q, k) + (0 if bias is None else bias), mask)  # dead rows -> 0
         #     out = probs.to(v.dtype) @ v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
@@ -347,7 +347,7 @@ from typing import Literal, Optional
 
 from torch import Tensor
 
-from modkit import BuildContext, Component, ComponentConfig, PositionScheme
+from modkit.plugin import BuildContext, Component, ComponentConfig, PositionScheme
 
 
 class ${Class}Config(ComponentConfig):
@@ -416,7 +416,7 @@ from typing import Literal, Optional
 
 from torch import Tensor, nn
 
-from modkit import AttentionInputs, BuildContext, Component, ComponentConfig, run_ffn
+from modkit.plugin import AttentionInputs, BuildContext, Component, ComponentConfig, run_ffn
 
 
 class ${Class}Config(ComponentConfig):

@@ -59,19 +59,19 @@ INIT = '''\
 """$name: a modkit plugin providing the $kind component ``$type``.
 
 modkit imports this module through the entry point ``$name = "$mod"`` (group ``modkit``) and calls
-:func:`register_components` with its ``register`` callback. Register one ``modkit.Component`` per call.
+:func:`register_components` with its ``register`` callback. Register one ``Component`` (``modkit.plugin``) per call.
 """
 
 from __future__ import annotations
 
-import modkit
+from modkit.plugin import hookimpl
 
 from .$kind import COMPONENT
 
 __version__ = "0.1.0"
 
 
-@modkit.hookimpl
+@hookimpl
 def register_components(register) -> None:
     """Register ``$kind/$type``."""
     register(COMPONENT)

@@ -11,7 +11,7 @@ modkit loads this module through the entry point ``extra = "modkit_extra"`` of t
 
 from __future__ import annotations
 
-import modkit
+from modkit.plugin import hookimpl
 
 from .dyt import DYT
 from .relu2 import RELU2
@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 __all__ = ["DYT", "RELU2", "register_components"]
 
 
-@modkit.hookimpl
+@hookimpl
 def register_components(register) -> None:
     """Register ``norm/dyt`` and ``ffn/relu2``."""
     register(DYT)

@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig, Init
+from modkit.plugin import BuildContext, Component, ComponentConfig, Init
 
 
 class DyTConfig(ComponentConfig):

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt
 from torch import Tensor, nn
 
-from modkit import BuildContext, Component, ComponentConfig
+from modkit.plugin import BuildContext, Component, ComponentConfig
 
 
 class ReLU2Config(ComponentConfig):
