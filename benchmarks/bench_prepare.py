@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from modkit.data import default_corpus, train_tokenizer  # noqa: E402
-from modkit.data.prepare import BATCH_CHARS  # noqa: E402
+from modkit.data.encode import BATCH_CHARS  # noqa: E402
 from modkit.data.tokenizer import EOT_TOKEN  # noqa: E402
 
 CHILD = r"""
