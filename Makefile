@@ -21,6 +21,8 @@ TORCH  ?= torch==2.13.0
 # build (~200 MB instead of the multi-GB CUDA build on Linux); when that index cannot be reached the install falls
 # back to the default index. Empty: the default index.
 TORCH_INDEX ?=
+# Training threads of make demo (empty: torch's default, one per core; THREADS=1 on cores other processes share)
+THREADS ?=
 # Test processes (pytest-xdist): one per core by default; JOBS=0 runs the suite in this process alone.
 JOBS   ?= auto
 LOCK   := constraints.txt
@@ -63,7 +65,7 @@ $(TEST_STAMP): $(BASE_STAMP)
 
 demo: $(BASE_STAMP)
 	$(BIN)/modkit build specs/nanogpt-shakespeare-char.json --device meta
-	$(BIN)/modkit train -c specs/train/shakespeare-char.json
+	$(BIN)/modkit train -c specs/train/shakespeare-char.json $(if $(THREADS),--threads $(THREADS))
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS)
