@@ -284,6 +284,8 @@ class StopStrings(StopCondition):
 
 
 def _processor(type_, config, factory, description, reference, argument, order, example):
+    """The :class:`Component` of one stateless logits processor: ``argument`` names the ``generate`` keyword
+    that builds it, ``order`` its place in the pipeline."""
     return Component(
         kind="logits_processor",
         type=type_,
@@ -296,81 +298,80 @@ def _processor(type_, config, factory, description, reference, argument, order, 
     )
 
 
-#: the logits processors, in registration order: the arguments of :func:`_processor` (type, config, factory,
-#: description, reference, argument, order, example)
+#: the logits processors, in registration order: the keyword arguments of :func:`_processor`
 _PROCESSORS = (
-    (
-        "repetition_penalty",
-        RepetitionPenaltyConfig,
-        lambda cfg, setup: RepetitionPenalty(cfg.penalty, setup.vocab_size),
-        "Repetition penalty: every token id already in the row (prompt or generated, padding excluded) gets logit / penalty "
+    dict(
+        type_="repetition_penalty",
+        config=RepetitionPenaltyConfig,
+        factory=lambda cfg, setup: RepetitionPenalty(cfg.penalty, setup.vocab_size),
+        description="Repetition penalty: every token id already in the row (prompt or generated, padding excluded) gets logit / penalty "
         "when positive, logit · penalty when negative. [batch, vocab] -> [batch, vocab].",
-        "Keskar et al. 2019, CTRL, arXiv:1909.05858 §4.1; transformers RepetitionPenaltyLogitsProcessor",
-        {"name": "repetition_penalty", "field": "penalty"},
-        10,
-        {"type": "repetition_penalty", "penalty": 1.2},
+        reference="Keskar et al. 2019, CTRL, arXiv:1909.05858 §4.1; transformers RepetitionPenaltyLogitsProcessor",
+        argument={"name": "repetition_penalty", "field": "penalty"},
+        order=10,
+        example={"type": "repetition_penalty", "penalty": 1.2},
     ),
-    (
-        "presence_penalty",
-        PenaltyConfig,
-        lambda cfg, setup: AdditivePenalty(cfg.penalty, by_count=False),
-        "Presence penalty: logit - penalty for every token id generated at least once. [batch, vocab] -> [batch, vocab].",
-        "OpenAI API, presence_penalty (mu[j] - [c[j] > 0]·alpha_presence); vLLM SamplingParams",
-        {"name": "presence_penalty", "field": "penalty"},
-        20,
-        {"type": "presence_penalty", "penalty": 0.5},
+    dict(
+        type_="presence_penalty",
+        config=PenaltyConfig,
+        factory=lambda cfg, setup: AdditivePenalty(cfg.penalty, by_count=False),
+        description="Presence penalty: logit - penalty for every token id generated at least once. [batch, vocab] -> [batch, vocab].",
+        reference="OpenAI API, presence_penalty (mu[j] - [c[j] > 0]·alpha_presence); vLLM SamplingParams",
+        argument={"name": "presence_penalty", "field": "penalty"},
+        order=20,
+        example={"type": "presence_penalty", "penalty": 0.5},
     ),
-    (
-        "frequency_penalty",
-        PenaltyConfig,
-        lambda cfg, setup: AdditivePenalty(cfg.penalty, by_count=True),
-        "Frequency penalty: logit - penalty × (times the token id was generated). [batch, vocab] -> [batch, vocab].",
-        "OpenAI API, frequency_penalty (mu[j] - c[j]·alpha_frequency); vLLM SamplingParams",
-        {"name": "frequency_penalty", "field": "penalty"},
-        21,
-        {"type": "frequency_penalty", "penalty": 0.5},
+    dict(
+        type_="frequency_penalty",
+        config=PenaltyConfig,
+        factory=lambda cfg, setup: AdditivePenalty(cfg.penalty, by_count=True),
+        description="Frequency penalty: logit - penalty × (times the token id was generated). [batch, vocab] -> [batch, vocab].",
+        reference="OpenAI API, frequency_penalty (mu[j] - c[j]·alpha_frequency); vLLM SamplingParams",
+        argument={"name": "frequency_penalty", "field": "penalty"},
+        order=21,
+        example={"type": "frequency_penalty", "penalty": 0.5},
     ),
-    (
-        "temperature",
-        TemperatureConfig,
-        lambda cfg, setup: Temperature(cfg.value),
-        "Temperature: logits / value; value 0 makes decoding greedy (the argmax of the processed logits, first index "
+    dict(
+        type_="temperature",
+        config=TemperatureConfig,
+        factory=lambda cfg, setup: Temperature(cfg.value),
+        description="Temperature: logits / value; value 0 makes decoding greedy (the argmax of the processed logits, first index "
         "on ties). [batch, vocab] -> [batch, vocab].",
-        "Hinton et al. 2015, Distilling the Knowledge in a Neural Network, arXiv:1503.02531; transformers TemperatureLogitsWarper",
-        {"name": "temperature", "field": "value"},
-        30,
-        {"type": "temperature", "value": 0.7},
+        reference="Hinton et al. 2015, Distilling the Knowledge in a Neural Network, arXiv:1503.02531; transformers TemperatureLogitsWarper",
+        argument={"name": "temperature", "field": "value"},
+        order=30,
+        example={"type": "temperature", "value": 0.7},
     ),
-    (
-        "top_k",
-        TopKConfig,
-        lambda cfg, setup: TopK(cfg.k),
-        "Top-k: keeps the tokens whose logit is at least the k-th largest of the row (ties kept). [batch, vocab] -> [batch, vocab].",
-        "Fan et al. 2018, Hierarchical Neural Story Generation, arXiv:1805.04833",
-        {"name": "top_k", "field": "k"},
-        40,
-        {"type": "top_k", "k": 40},
+    dict(
+        type_="top_k",
+        config=TopKConfig,
+        factory=lambda cfg, setup: TopK(cfg.k),
+        description="Top-k: keeps the tokens whose logit is at least the k-th largest of the row (ties kept). [batch, vocab] -> [batch, vocab].",
+        reference="Fan et al. 2018, Hierarchical Neural Story Generation, arXiv:1805.04833",
+        argument={"name": "top_k", "field": "k"},
+        order=40,
+        example={"type": "top_k", "k": 40},
     ),
-    (
-        "top_p",
-        TopPConfig,
-        lambda cfg, setup: TopP(cfg.p),
-        "Top-p (nucleus): keeps the most probable tokens until their mass reaches p; a token stays when the mass of the "
+    dict(
+        type_="top_p",
+        config=TopPConfig,
+        factory=lambda cfg, setup: TopP(cfg.p),
+        description="Top-p (nucleus): keeps the most probable tokens until their mass reaches p; a token stays when the mass of the "
         "strictly more probable ones is below p, so the top token always stays. [batch, vocab] -> [batch, vocab].",
-        "Holtzman et al. 2019, The Curious Case of Neural Text Degeneration, arXiv:1904.09751",
-        {"name": "top_p", "field": "p"},
-        50,
-        {"type": "top_p", "p": 0.9},
+        reference="Holtzman et al. 2019, The Curious Case of Neural Text Degeneration, arXiv:1904.09751",
+        argument={"name": "top_p", "field": "p"},
+        order=50,
+        example={"type": "top_p", "p": 0.9},
     ),
-    (
-        "min_p",
-        MinPConfig,
-        lambda cfg, setup: MinP(cfg.p),
-        "Min-p: keeps the tokens whose probability is at least p × the top probability of the row. [batch, vocab] -> [batch, vocab].",
-        "Nguyen et al. 2024, Turning Up the Heat: Min-p Sampling, arXiv:2407.01082; transformers MinPLogitsWarper",
-        {"name": "min_p", "field": "p"},
-        60,
-        {"type": "min_p", "p": 0.05},
+    dict(
+        type_="min_p",
+        config=MinPConfig,
+        factory=lambda cfg, setup: MinP(cfg.p),
+        description="Min-p: keeps the tokens whose probability is at least p × the top probability of the row. [batch, vocab] -> [batch, vocab].",
+        reference="Nguyen et al. 2024, Turning Up the Heat: Min-p Sampling, arXiv:2407.01082; transformers MinPLogitsWarper",
+        argument={"name": "min_p", "field": "p"},
+        order=60,
+        example={"type": "min_p", "p": 0.05},
     ),
 )
 
@@ -405,6 +406,6 @@ def register_components(register) -> None:
     """Register the built-in logits processors and stop conditions."""
     # copies: every registration gets dicts of its own (capabilities' argument, example), as when written out here
     for row in copy.deepcopy(_PROCESSORS):
-        register(_processor(*row))
+        register(_processor(**row))
     for fields in copy.deepcopy(_STOP_CONDITIONS):
         register(Component(kind="stop_condition", **fields))
