@@ -36,6 +36,11 @@ optimizer follows is its registry entry's ``mup`` capability (``"adam"``: AdamW,
 github.com/microsoft/mup, for the multiplier form); u-μP (Blake et al. 2024, arXiv:2407.17465) motivates checking it
 with the coordinate check (``modkit coordcheck``).
 
+Roles come from :func:`modkit.core.roles.param_roles`, the same call the optimizers (Muon included) make, so a
+parameter of a component that declares no role is scaled as the role the convention infers for it (a 2-D matrix
+``hidden``: init ``× m^-1/2``, Adam learning rate ``× 1/m``; anything else ``vector``: unchanged), and training's
+:class:`~modkit.core.roles.RoleWarning` says so, once per component type.
+
 Widths are assumed to scale together with ``d_model`` (``d_ff``, ``head_dim`` and other hidden widths in proportion,
 as ``modkit compare --widths`` scales them); ``base_head_dim`` defaults to ``head_dim · base_d_model / d_model``.
 """
@@ -102,7 +107,8 @@ def init_scales(spec, roles: dict[str, str]) -> dict[str, float]:
     """``{parameter name: factor}`` multiplying the std of each parameter's random init (only factors != 1).
 
     Args:
-        spec: the model's spec. roles: ``{name: role}`` (:func:`modkit.core.roles.param_roles`).
+        spec: the model's spec. roles: ``{name: role}`` (:func:`modkit.core.roles.param_roles`: declared roles, and
+            the convention's for parameters without one, as the optimizers see them).
     """
     from modkit.core.roles import ROLES
 

@@ -42,7 +42,8 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     expert biases).
 
     Raises:
-        RoleError: a parameter without a role.
+        RoleError: an unknown role or a declaration naming no parameter (a parameter without a role takes the
+            convention's: :func:`modkit.core.roles.param_roles`).
     """
     from modkit.core.roles import ROLES, param_roles
 
