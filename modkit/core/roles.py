@@ -310,8 +310,9 @@ def _gather(groups: dict[str, _Unroled], model: nn.Module, name: str, p: nn.Para
             label, type(module).__name__, bool(declared_roles(module)), f"{name!r} {list(p.shape)}", {}, []
         )
     g.names.setdefault(short, (list(p.shape), role))
-    if prefix not in g.modules:
-        g.modules.append(prefix or "the model")
+    where = prefix or "the model"
+    if where not in g.modules:
+        g.modules.append(where)
     g.count += 1
 
 

@@ -355,3 +355,26 @@ def test_provenance_of_builtins_and_of_a_plugin_with_a_distribution():
         "source": "test",
         **{f"plugin:{k}": f"{v['provider']} (modkit-lm {modkit.__version__})" for k, v in got.items()},
     }
+
+
+def test_a_plugin_with_a_distribution_reports_it(old_plugin):
+    reg = modkit.Registry()
+    for info in modkit.get_registry().plugins():
+        if info.name != PLUGIN:
+            reg.register_plugin(info.obj, info.name)
+    reg.register_plugin(_plugin(), "old-plugin-dist", distribution="old-plugin-pkg", version="0.9.2")
+    spec = modkit.load_spec(SPEC, registry=reg)
+    got = component_provenance(spec, reg)
+    assert got["ffn/reglu"] == {"provider": "old-plugin-dist", "distribution": "old-plugin-pkg", "version": "0.9.2"}
+    assert stamp_provenance(spec, reg).metadata["plugin:norm/scalenorm"] == "old-plugin-dist (old-plugin-pkg 0.9.2)"
+
+
+def test_the_cli_shows_a_role_warning_as_one_line(capsys):
+    from modkit.cli import _plugin_warnings_to_stderr
+
+    with _plugin_warnings_to_stderr():
+        warnings.simplefilter("always")
+        warnings.warn("norm/scalenorm (plugin p) declares no role for 'g' [1] in final_norm", RoleWarning)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "modkit: warning: norm/scalenorm (plugin p) declares no role for 'g' [1] in final_norm\n"
