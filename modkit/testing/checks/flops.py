@@ -70,7 +70,7 @@ def cost_workloads() -> list[tuple[str, Workload]]:
     out = []
     for b in COST_BATCHES:
         for n in COST_CONTEXTS:
-            out.append((f"prefill of {n:,} tokens, batch {b}", CostModel.workload("prefill", n, b)))
+            out.append((f"prefill at context {n:,}, batch {b}", CostModel.workload("prefill", n, b)))
             out.append((f"decode at context {n:,}, batch {b}", CostModel.workload("decode", n, b)))
     return out
 
