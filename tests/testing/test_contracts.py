@@ -155,7 +155,7 @@ def test_pytest_plugin_runs_the_suite_without_conftest(pytester):
             "*modkit contracts: kind=norm on cpu*",
             "*norm/layernorm::spec_roundtrip PASSED*",
             "*norm/rmsnorm::causality PASSED*",
-            "*norm/rmsnorm::gqa_equals_mha SKIPPED (gqa_equals_mha: not an attention)*",
+            "*norm/rmsnorm::gqa_equals_mha SKIPPED (gqa_equals_mha: not a token mixer)*",
             "*norm/rmsnorm::meta_init PASSED*",
         ]
     )
