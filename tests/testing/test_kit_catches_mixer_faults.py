@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Literal
 
 import pytest
@@ -361,3 +362,73 @@ def test_long_decode_margins(registry, results):
     assert results("mixer", "slow_decay")["kv_cache_decode"].status == "passed"  # 64 tokens in chunks: unseen
     ok = check_long_decode(ComponentChecks(registry.get("mixer", "retention"), registry)._bench()[1])
     assert "the component computes in float64" in ok, ok
+
+
+class UndeclaredRetentionConfig(ComponentConfig):
+    """A retention config written before mixers declared their position geometry: ``n_heads``, no declaration."""
+
+    type: Literal["undeclared_retention"] = "undeclared_retention"
+    n_heads: int = Field(4, description="number of heads")
+
+
+def _validation_spec(mixer: dict, position: str) -> dict:
+    return {
+        "schema_version": 1,
+        "name": "validate-demo",
+        "vocab_size": 64,
+        "d_model": 32,
+        "n_layers": 2,
+        "max_seq_len": 64,
+        "position": {"type": position},
+        "block": {
+            "mixer": mixer,
+            "ffn": {"type": "mlp", "d_ff": 64},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+        "final_norm": {"type": "rmsnorm"},
+    }
+
+
+def test_validate_names_a_mixer_that_declares_no_position_geometry(registry):
+    """An ALiBi spec whose mixer declares ``position_geometry() -> None`` is refused, naming the layer and the fix;
+    one whose mixer declares nothing at all validates (its fields give n_heads) with a warning naming its layers, the
+    mixer and the declaration to add, instead of a silent ``ok``."""
+
+    class Plugin:
+        @hookimpl
+        def register_components(self, register):
+            register(
+                _mixer(
+                    "undeclared_retention",
+                    UndeclaredRetentionConfig,
+                    lambda c, x: Retention(x.d_model, c.n_heads),
+                )
+            )
+
+    registry.register_plugin(Plugin(), "undeclared-demo")
+    try:
+        with pytest.raises(modkit.SpecError) as info:
+            modkit.load_spec(_validation_spec({"type": "retention"}, "alibi"), registry=registry)
+        assert info.value.errors == [
+            (
+                "position",
+                "position type 'alibi' acts on the attention scores, but no layer using it has a mixer that declares "
+                "a n_heads for it (layer 0's 'retention' declares no n_heads: its position_geometry() gives None); "
+                "use position type 'none', or give such layers an attention",
+            )
+        ]
+        with pytest.warns(modkit.SpecWarning) as caught:
+            modkit.load_spec(_validation_spec({"type": "undeclared_retention"}, "alibi"), registry=registry)
+        messages = [str(w.message) for w in caught]
+        assert len(messages) == 1, messages
+        assert messages[0].startswith(
+            "layers 0, 1: mixer 'undeclared_retention' (UndeclaredRetentionConfig) declares no "
+            "position_geometry(ctx), and position 'alibi' acts on the attention scores: its fields give n_heads = 4"
+        ), messages
+        assert "declare position_geometry(ctx) on its config" in messages[0]
+        with warnings.catch_warnings():  # a scheme acting on the embeddings asks nothing of the mixer
+            warnings.simplefilter("error")
+            modkit.load_spec(_validation_spec({"type": "undeclared_retention"}, "sinusoidal"), registry=registry)
+    finally:
+        registry.unregister_plugin("undeclared-demo")
