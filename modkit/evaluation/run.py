@@ -238,12 +238,12 @@ def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.d
             f"document masking needs document separators, and {label} has none (prepared with --eot "
             "none?); evaluate without --document-mask"
         )
-    if masked:
-        from modkit.nn.documents import document_mask_problems
+    if masked:  # refused before scoring, with the message Model.forward(documents=...) gives
+        from modkit.nn.documents import document_mask_refusal, undeclared_mixers
 
-        problems = document_mask_problems(model.spec)
+        problems = undeclared_mixers(model)
         if problems:
-            raise EvalError("document masking: " + "; ".join(f"{path}: {msg}" for path, msg in problems))
+            raise EvalError(f"--document-mask: {document_mask_refusal(problems)}; evaluate with --no-document-mask")
     seq = r.seq_len or defaults.get("seq_len") or model.spec.max_seq_len
     limit = r.max_tokens if r.max_tokens is not None else defaults.get("max_tokens")
     rows = r.batch_size or defaults.get("batch_size") or 8

@@ -36,10 +36,20 @@ from modkit.core.config import MIXER_KINDS, ComponentConfig, is_mixer, slot_kind
 from modkit.core.errors import RegistryError
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from modkit.core.registry import Registry
     from modkit.spec import ModelSpec
 
-__all__ = ["document_ids", "document_mask_problems", "document_mask_types", "document_positions", "mixer_configs"]
+__all__ = [
+    "document_ids",
+    "document_mask_problems",
+    "document_mask_refusal",
+    "document_mask_types",
+    "document_positions",
+    "mixer_configs",
+    "undeclared_mixers",
+]
 
 
 def document_ids(input_ids: Tensor, *, eot_id: Optional[int] = None, bos_id: Optional[int] = None) -> Tensor:
@@ -163,3 +173,41 @@ def _mixer_entry(reg: "Registry", cfg: ComponentConfig):
         except RegistryError:
             continue
     return reg.entry_for_config(cfg)
+
+
+def undeclared_mixers(model: "nn.Module") -> list[str]:
+    """What a built model cannot honour, from the capabilities its modules were built with (no registry needed, so
+    a model of a plugin's components is judged as built): ``layer i: <kind> type '<type>' does not declare the
+    document_mask capability`` for every token mixer module (tagged ``modkit_kind`` attention or mixer,
+    :func:`~modkit.core.config.is_mixer`) of ``model.layers`` without it. A mixer inside the layer's mixer (a hybrid's)
+    is named with its path in the block, ``layer 0 (attention.mixers.1)``. Empty: every mixer honours documents."""
+    problems = []
+    for i, block in enumerate(model.layers):
+        outer = None  # the path of the layer's own (outermost) mixer
+        for name, module in block.named_modules():
+            kind = getattr(module, "modkit_kind", None)
+            if not is_mixer(kind):
+                continue
+            inner = outer is not None and name.startswith(outer + ".")
+            outer = outer if inner else name
+            if not getattr(module, "modkit_capabilities", {}).get("document_mask"):
+                where = f"layer {i} ({name})" if inner else f"layer {i}"
+                problems.append(
+                    f"{where}: {kind} type {module.modkit_type!r} does not declare the document_mask capability"
+                )
+    return problems
+
+
+def document_mask_refusal(problems: list[str]) -> str:
+    """The one message that refuses documents for a model, from :func:`undeclared_mixers` (the first four, then a
+    count), with the types that declare the capability (:func:`document_mask_types`) and the fix: what
+    ``Model.forward(documents=...)`` raises and ``modkit eval --document-mask`` says."""
+    more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
+    able = ", ".join(document_mask_types()) or "none installed"
+    return (
+        "document-masked packing: "
+        + "; ".join(problems[:4])
+        + more
+        + f"; such a mixer would carry information across the documents of a row: use one that supports it ({able}), "
+        "or no documents"
+    )

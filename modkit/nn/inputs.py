@@ -18,7 +18,7 @@ from torch import Tensor
 
 from modkit.core.interfaces import AttentionInputs
 from modkit.nn.cache import KVCache
-from modkit.nn.documents import document_positions
+from modkit.nn.documents import document_mask_refusal, document_positions, undeclared_mixers
 
 if TYPE_CHECKING:
     from modkit.nn.model import Model
@@ -138,37 +138,6 @@ def _check_documents(
         )
     problems = getattr(model, "_document_problems", None)
     if problems is None:  # once per model: the capability each mixer was built with
-        problems = _undeclared_mixers(model)
-        model._document_problems = problems
+        problems = model._document_problems = undeclared_mixers(model)
     if problems:
-        from modkit.nn.documents import document_mask_types
-
-        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
-        raise ValueError(
-            "document-masked packing: "
-            + "; ".join(problems[:4])
-            + more
-            + "; such a mixer would carry information across the documents of a row: use one that supports it ("
-            + (", ".join(document_mask_types()) or "none installed")
-            + "), or no documents"
-        )
-
-
-def _undeclared_mixers(model: "Model") -> list[str]:
-    """``layer i: <kind> type '<type>' does not declare ...`` for every token mixer module of ``model`` (by its
-    ``modkit_kind`` tag, :func:`~modkit.core.config.is_mixer`) built without the ``document_mask`` capability; a
-    mixer nested in the layer's mixer is named with its path (``layer 0 (attention.mixers.1)``)."""
-    from modkit.core.config import is_mixer
-
-    problems = []
-    for i, block in enumerate(model.layers):
-        outer = None
-        for name, m in block.named_modules():
-            kind = getattr(m, "modkit_kind", None)
-            if not is_mixer(kind):
-                continue
-            where = f"layer {i}" if outer is None or not name.startswith(outer + ".") else f"layer {i} ({name})"
-            outer = name if outer is None or not name.startswith(outer + ".") else outer
-            if not getattr(m, "modkit_capabilities", {}).get("document_mask"):
-                problems.append(f"{where}: {kind} type {m.modkit_type!r} does not declare the document_mask capability")
-    return problems
+        raise ValueError(document_mask_refusal(problems))

@@ -99,9 +99,11 @@ def causal_conv(
 
     With ``starts`` (document boundaries) a tap that reaches before the first token of the output token's document
     reads 0, as if the document began the sequence: ``y_t = bias + Σ_j w_j · x_{t-K+1+j} · [t-K+1+j ≥ s_t]`` with
-    ``s_t`` the last start at or before ``t`` (mamba_ssm's ``causal_conv1d_fn(..., seq_idx)`` does the same; the
-    window kept in the cache is the raw last ``K - 1`` inputs either way). Computed as a masked sum over the ``K``
-    taps instead of ``conv1d``: the same numbers up to summation order. ``starts = None`` takes the ``conv1d`` path.
+    ``s_t`` the last start at or before ``t`` (mamba_ssm's ``causal_conv1d_fn(..., seq_idx)`` does the same). The
+    window kept in the cache then holds the last ``K - 1`` inputs of the last document, zeros before its start, so
+    the next call (whose first token continues that document) reads nothing of the previous one either. Computed as
+    a masked sum over the ``K`` taps instead of ``conv1d``: the same numbers up to summation order. ``starts = None``
+    takes the ``conv1d`` path and keeps the raw last ``K - 1`` inputs.
 
     Args:
         x: ``[batch, seq, channels]`` (padding tokens already zeroed, see :func:`zero_padding`).
@@ -122,7 +124,8 @@ def causal_conv(
     if state is not None:
         window = state[name]
         full = torch.cat([window.to(xt.dtype), xt], dim=-1)  # [b, c, K - 1 + s]
-        state.write(name, full[:, :, full.shape[-1] - (k - 1) :])
+        kept = full[:, :, full.shape[-1] - (k - 1) :]
+        state.write(name, kept if starts is None else _document_window(kept, starts, k))
     else:
         full = nn.functional.pad(xt, (k - 1, 0))
     w = conv.weight
@@ -137,6 +140,17 @@ def causal_conv(
     if conv.bias is not None:
         out = out + conv.bias[:, None]
     return out.transpose(1, 2).to(x.dtype)
+
+
+def _document_window(kept: Tensor, starts: Tensor, k: int) -> Tensor:
+    """``kept [batch, channels, K - 1]`` (the last ``K - 1`` inputs of ``[window, x]``, token ``s - K + 1 + j`` at
+    ``j``) with the entries before each row's last document start zeroed (all of the old window when the call's first
+    token starts a document)."""
+    s = starts.shape[-1]
+    index = torch.arange(s, device=starts.device).expand_as(starts)
+    last = torch.where(starts, index, torch.full_like(index, -k)).amax(-1)  # [b]: -K when no start
+    at = torch.arange(s - k + 1, s, device=starts.device)  # the token index of each kept entry (< 0: old window)
+    return kept * (at[None, :] >= last[:, None])[:, None, :].to(kept.dtype)
 
 
 def _since_start(starts: Tensor, k: int) -> Tensor:
