@@ -20,7 +20,8 @@ What is here, by use:
   (:class:`PreparedMask`), :func:`masked_attention`, :func:`masked_softmax`, :func:`position_bias`,
   :func:`is_plain_causal`, :func:`update_cache`, :func:`update_cache_entries`, :func:`position_geometry`;
 * **recurrent helpers** (:mod:`modkit.nn.recurrent`): :func:`causal_conv`, :func:`padding_mask`,
-  :func:`zero_padding`, :class:`GatedRMSNorm`;
+  :func:`zero_padding`, :class:`GatedRMSNorm`, and for document boundaries :func:`document_starts`,
+  :func:`chunk_boundaries` (:class:`ChunkBoundaries`);
 * **costs** (:mod:`modkit.analysis.cost`): :class:`Workload`, :func:`elementwise`, :func:`declared_flops`; the
   grouped GEMM of mixtures of experts, :func:`grouped_mm`; the tensor-parallel helper :func:`shared_by_heads`;
 * **bounded config fields** (:mod:`modkit.core.limits`): :data:`HeadCount`, :data:`HeadDim`, :data:`FFNWidth`,
@@ -92,7 +93,15 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     )
     from modkit.nn.cache import CacheEntry, CacheSpec
     from modkit.nn.grouped import grouped_mm
-    from modkit.nn.recurrent import GatedRMSNorm, causal_conv, padding_mask, zero_padding
+    from modkit.nn.recurrent import (
+        ChunkBoundaries,
+        GatedRMSNorm,
+        causal_conv,
+        chunk_boundaries,
+        document_starts,
+        padding_mask,
+        zero_padding,
+    )
     from modkit.parallel import shared_by_heads
     from modkit.spec import load_spec, position_geometry
     from modkit.train.optim import OptimizerChain, OptimizerSetup
@@ -158,7 +167,18 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("CacheEntry", "CacheSpec"), "modkit.nn.cache"),
     "grouped_mm": "modkit.nn.grouped",
-    **dict.fromkeys(("GatedRMSNorm", "causal_conv", "padding_mask", "zero_padding"), "modkit.nn.recurrent"),
+    **dict.fromkeys(
+        (
+            "ChunkBoundaries",
+            "GatedRMSNorm",
+            "causal_conv",
+            "chunk_boundaries",
+            "document_starts",
+            "padding_mask",
+            "zero_padding",
+        ),
+        "modkit.nn.recurrent",
+    ),
     "shared_by_heads": "modkit.parallel",
     **dict.fromkeys(("load_spec", "position_geometry"), "modkit.spec"),
     **dict.fromkeys(("OptimizerChain", "OptimizerSetup"), "modkit.train.optim"),

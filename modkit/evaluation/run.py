@@ -222,8 +222,9 @@ def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.d
     """Check the data against the model and the masking asked for, then score it with the run's defaults filled in.
 
     Raises:
-        EvalError: ids outside the model's vocabulary, document masking without separators; as
-            :func:`~modkit.evaluation.score.score_tokens`.
+        EvalError: ids outside the model's vocabulary, document masking without separators or with a token mixer
+            that does not declare the ``document_mask`` capability (its layer, type and the types that do, as
+            ``modkit train`` says); as :func:`~modkit.evaluation.score.score_tokens`.
     """
     tokens, label = found.tokens, found.label
     if len(tokens) and int(tokens.max()) >= model.spec.vocab_size:
@@ -237,6 +238,12 @@ def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.d
             f"document masking needs document separators, and {label} has none (prepared with --eot "
             "none?); evaluate without --document-mask"
         )
+    if masked:  # refused before scoring, with the message Model.forward(documents=...) gives
+        from modkit.nn.documents import document_mask_refusal, undeclared_mixers
+
+        problems = undeclared_mixers(model)
+        if problems:
+            raise EvalError(f"--document-mask: {document_mask_refusal(problems)}; evaluate with --no-document-mask")
     seq = r.seq_len or defaults.get("seq_len") or model.spec.max_seq_len
     limit = r.max_tokens if r.max_tokens is not None else defaults.get("max_tokens")
     rows = r.batch_size or defaults.get("batch_size") or 8

@@ -155,11 +155,12 @@ def resolve_spec(config: TrainConfig, base: Optional[Path], vocab_size: int) -> 
 
 
 def check_document_mask(spec: ModelSpec, data) -> None:
-    """Refuse ``document_mask`` when the data has no document separators or an attention cannot honour it.
+    """Refuse ``document_mask`` when the data has no document separators or a token mixer cannot honour it.
 
     Raises:
-        TrainError: names the data folder and what to prepare, or every layer whose attention lacks the
-            ``document_mask`` capability.
+        TrainError: names the data folder and what to prepare, or every token mixer (attention or recurrent, the
+            mixers inside a hybrid too) that lacks the ``document_mask`` capability, with its layer, its type and
+            the types that have it (:func:`modkit.nn.documents.document_mask_problems`).
     """
     from modkit.nn.documents import document_mask_problems
 

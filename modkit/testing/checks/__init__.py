@@ -23,7 +23,7 @@ check                     module                          applies to
 ``gqa_equals_mha``        :mod:`.attention`               token mixers whose config has n_heads and n_kv_heads
 ``position_sensitivity``  :mod:`.attention`               token mixers that declare a position geometry; position
                                                           schemes that act somewhere
-``document_mask``         :mod:`.attention`               attention with the document_mask capability
+``document_mask``         :mod:`.attention`               any token mixer with the document_mask capability
 ``meta_init``             :mod:`.init`                    every component
 ``param_count``           :mod:`.declarations`            components that declare param_count
 ``param_roles``           :mod:`.roles`                   every component with parameters

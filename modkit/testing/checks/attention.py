@@ -1,5 +1,6 @@
 """Checks of attention as such: ``gqa_equals_mha`` (grouping key/value heads) and ``position_sensitivity``
-(the position scheme a layer is given must change what it computes).
+(the position scheme a layer is given must change what it computes); and ``document_mask`` (each document of a
+packed row equals itself alone), which holds for any token mixer that declares it.
 """
 
 from __future__ import annotations
@@ -285,9 +286,10 @@ DOCUMENT_PIECES = ((0, 0, 7), (0, 7, 8), (0, 8, 19), (0, 19, 24), (1, 0, 5), (1,
 
 
 def applies_document_mask(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """Attention that declares the ``document_mask`` capability."""
-    if entry.kind != "attention":
-        return "not an attention"
+    """Any token mixer (attention or recurrent, :func:`~modkit.core.config.is_mixer`) that declares the
+    ``document_mask`` capability."""
+    if not is_mixer(entry.kind):
+        return "not a token mixer"
     if not entry.capabilities.get("document_mask"):
         return "the entry does not declare the document_mask capability"
     return None
@@ -299,11 +301,14 @@ def check_document_mask(bench: Bench) -> str:
     Two rows of 24 tokens with document ids (:data:`DOCUMENT_PIECES`: an empty record, a document starting at a
     window boundary, one cut by the row's end) run through the tiny model with ``documents=``; each piece run alone
     (positions from 0, no other tokens) must give the same logits (tolerance :data:`~.base.SAME_MATH_ULPS` float32
-    ulps of the largest logit).
+    ulps of the largest logit). Any token mixer that declares the capability is checked, whatever its kind.
 
     Catches: an attention that declares ``document_mask`` but builds its mask without ``inputs.documents`` (a query
     then sees the earlier documents of its row: ``doc_leak``), or takes a causal fast path (SDPA ``is_causal``) that
-    ignores them. Source: the document mask of Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.2).
+    ignores them; a recurrent mixer that carries its state or its convolution window across a document start
+    (``state_leak``). Source: the document mask of Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.2); for
+    recurrent mixers, the per-token sequence index of mamba_ssm (``seq_idx``) and flash-linear-attention's
+    ``cu_seqlens``.
     """
     model, _ = bench.build()
     model.eval()
@@ -324,6 +329,8 @@ def check_document_mask(bench: Bench) -> str:
         row, start, end, tol = where
         raise CheckFailed(
             f"the document at positions {start}..{end - 1} of row {row} gives other logits packed than alone: "
-            f"max |Δ| = {fmt(worst)} (tolerance {fmt(tol)}); the attention lets it see other documents of the row"
+            f"max |Δ| = {fmt(worst)} (tolerance {fmt(tol)}); the mixer lets it see other documents of the row (an "
+            "attention's mask without inputs.documents, or a recurrent state or convolution window not restarted at "
+            "the document's first token)"
         )
     return f"{len(DOCUMENT_PIECES)} document pieces of 2 packed rows equal the documents run alone"
