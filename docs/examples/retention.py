@@ -98,20 +98,35 @@ class Retention(nn.Module):
         k = self._heads(self.k_proj(x), self.key_dim) * real[..., None]  # padding writes nothing
         v = self._heads(self.v_proj(x), self.value_dim)
         a = log_decay(self.n_heads).to(x.device)[None, :, None] * real  # [b, H, s]; padding does not decay
-        cs = a.cumsum(-1)  # Σ_{r <= t} log γ
-        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-        decay = torch.exp((cs[..., :, None] - cs[..., None, :]).masked_fill(~causal, float("-inf")))  # D [b,H,s,s]
-        o = ((q @ k.transpose(-1, -2)) * decay) @ v  # within this forward
-        # what the earlier forwards left (zeros without a cache or in a new one), decayed to each position; the
-        # same products with or without a cache, so the FLOPs depend on the workload alone
+        # zeros without a cache (or in a new one): the same products either way, so FLOPs depend on the workload only
         s0 = state["state"] if state is not None else q.new_zeros(b, self.n_heads, self.key_dim, self.value_dim)
-        o = o + torch.exp(cs)[..., None] * (q @ s0)
-        last = cs[..., -1:]  # [b, H, 1]
-        new = (k * torch.exp(last - cs)[..., None]).transpose(-1, -2) @ v  # Σ_s γ^(T-1-s) k_sᵀ v_s
+        o, last = retention(q, k, v, a, s0)
         if state is not None:
-            state.write("state", new + torch.exp(last)[..., None] * s0)
+            state.write("state", last)
         o = o.transpose(1, 2).reshape(b, s, self.n_heads * self.value_dim)
         return self.o_proj(self.norm(o, self.g_proj(x).float()).to(x.dtype))
+
+
+def retention(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, s0: Tensor) -> tuple[Tensor, Tensor]:
+    """The parallel form of ``T`` steps of ``S_t = γ_t S_{t-1} + k_tᵀ v_t``, ``o_t = q_t S_t``, from the state ``s0``.
+
+    Args:
+        q, k: ``[batch, H, T, d_k]``; v: ``[batch, H, T, d_v]``; log_gamma: ``[batch, H, T]``, ``log γ_t`` of each
+        step (0 on padding: no decay); s0: ``[batch, H, d_k, d_v]``. One floating dtype throughout.
+
+    Returns:
+        ``(o [batch, H, T, d_v], S_T [batch, H, d_k, d_v])``: ``o = (q kᵀ ⊙ D) v + e^{c_t} q s0`` with ``c_t =
+            Σ_{r <= t} log γ_r`` and ``D[t, s] = e^{c_t - c_s}`` for ``s <= t`` (0 above the diagonal), and
+            ``S_T = e^{c_T} s0 + Σ_s e^{c_T - c_s} k_sᵀ v_s``. FLOPs: ``2·H·T²·(d_k + d_v) + 4·H·T·d_k·d_v`` per row.
+    """
+    T = q.shape[-2]
+    cs = log_gamma.cumsum(-1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    decay = torch.exp((cs[..., :, None] - cs[..., None, :]).masked_fill(~causal, float("-inf")))  # D [b, H, T, T]
+    o = ((q @ k.transpose(-1, -2)) * decay) @ v + torch.exp(cs)[..., None] * (q @ s0)
+    last = cs[..., -1:]  # [b, H, 1]
+    state = (k * torch.exp(last - cs)[..., None]).transpose(-1, -2) @ v + torch.exp(last)[..., None] * s0
+    return o, state
 
 
 def build_retention(cfg: RetentionConfig, ctx: BuildContext) -> Retention:
