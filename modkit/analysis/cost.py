@@ -386,8 +386,8 @@ class CostModel:
 
         Returns:
             One row per :class:`MixerGroup` (and, when there are several, a last row ``"mixer": "all"`` over every
-            layer): ``{"mixer", "layers", "grows", "growing_parts", "has_ffn", "decode": {"growing_parts",
-            "whole_mixer"}, "prefill": {...}}``, each context in tokens or ``None`` (never / nothing to compare).
+                layer): ``{"mixer", "layers", "grows", "growing_parts", "has_ffn", "decode": {"growing_parts",
+                "whole_mixer"}, "prefill": {...}}``, each context in tokens or ``None`` (never / nothing to compare).
         """
         groups = self.mixers()
         rows = [(g.type, g.layers, g.growing, g.has_ffn) for g in groups]
