@@ -47,7 +47,10 @@ COST_BATCHES = (1, 4)
 
 
 def applies_flops(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """``None`` when the entry declares FLOPs; otherwise the reason the check is skipped."""
+    """Components that declare FLOPs (``Component.flops``); the others are skipped, with the reason.
+
+    Returns ``None`` when the check applies, else the reason it is skipped.
+    """
     if entry.flops is not None:
         return None
     return (
