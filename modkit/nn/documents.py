@@ -135,8 +135,8 @@ def document_mask_problems(spec: "ModelSpec", registry: Optional["Registry"] = N
     Every layer's mixer is looked at, whatever its kind (an attention or a recurrent mixer), and every mixer nested
     in it (:func:`mixer_configs`): a parallel hybrid passes the documents to its mixers, and each must honour them.
     An empty list means document-masked packing is safe for this spec (every document of a packed row is computed
-    as if alone). A mixer type is reported once, at the first path where it occurs (``layer 3.attention``, or
-    ``layer 0.attention.mixers.1`` inside a hybrid); the message names its kind, type and provider, and the types
+    as if alone). A mixer type is reported once, at the first path where it occurs (``layer 3.mixer``, or
+    ``layer 0.mixer.mixers.1`` inside a hybrid); the message names its kind, type and provider, and the types
     that declare the capability (:func:`document_mask_types`).
 
     Raises:
@@ -148,7 +148,7 @@ def document_mask_problems(spec: "ModelSpec", registry: Optional["Registry"] = N
     problems: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
     for i in range(spec.n_layers):
-        for path, cfg in mixer_configs(spec.layer(i).attention, f"layer {i}.attention"):
+        for path, cfg in mixer_configs(spec.layer(i).attention, f"layer {i}.mixer"):
             entry = _mixer_entry(reg, cfg)
             if entry.capabilities.get("document_mask") or (entry.kind, entry.type) in seen:
                 continue

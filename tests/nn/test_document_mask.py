@@ -218,7 +218,7 @@ def test_an_attention_without_the_capability_is_refused():
     reg = _third_party_registry()
     spec = modkit.load_spec(tiny_spec(block__attention={"type": "leaky-attention"}), registry=reg)
     problems = document_mask_problems(spec, reg)
-    assert len(problems) == 1 and problems[0][0] == "layer 0.attention"
+    assert len(problems) == 1 and problems[0][0] == "layer 0.mixer"
     assert "'leaky-attention' (test-leaky) does not declare the document_mask capability" in problems[0][1]
     assert "gqa" in problems[0][1]  # names the ones that do
     model = modkit.build(spec, registry=reg).eval()
@@ -315,11 +315,11 @@ def test_a_recurrent_mixer_without_the_capability_is_refused_alone_and_inside_a_
     reg = registry_with("test-plain-ssm", _plain_ssm_entry())
     alone = modkit.load_spec(tiny_spec(block__attention={"type": "plain-ssm"}), registry=reg)
     ((path, message),) = document_mask_problems(alone, reg)
-    assert path == "layer 0.attention"
+    assert path == "layer 0.mixer"
     assert "mixer type 'plain-ssm' (test-plain-ssm) does not declare the document_mask capability" in message
     assert "carry information across the documents" in message and "gated_deltanet, gqa" in message
     nested = modkit.load_spec(tiny_spec(block__attention=HYBRID), registry=reg)
-    assert [p for p, _ in document_mask_problems(nested, reg)] == ["layer 0.attention.mixers.1"]  # parallel passes
+    assert [p for p, _ in document_mask_problems(nested, reg)] == ["layer 0.mixer.mixers.1"]  # parallel passes
     x = _rows()
     for spec, where in ((alone, "layer 0"), (nested, "layer 0 (attention.mixers.1)")):
         model = modkit.build(spec, registry=reg).eval()
@@ -346,7 +346,7 @@ def test_training_refuses_a_recurrent_mixer_without_the_capability(tmp_path):
     try:
         spec = modkit.load_spec(tiny_spec(block__attention=HYBRID))
         with pytest.raises(
-            TrainError, match=r"layer 0\.attention\.mixers\.1: mixer type 'plain-ssm' \(test-plain-ssm\)"
+            TrainError, match=r"layer 0\.mixer\.mixers\.1: mixer type 'plain-ssm' \(test-plain-ssm\)"
         ):
             check_document_mask(spec, data)
     finally:
