@@ -19,6 +19,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from modkit.core.errors import reading
+
 from .score import EvalError, Score, score_tokens
 
 
@@ -245,7 +247,8 @@ def _eval_data(inputs: list, request: EvalRequest, tokenizer) -> _EvalData:
     from ..data.sources import find_sources
 
     if len(inputs) == 1 and _is_prepared(Path(inputs[0]).expanduser()):
-        prepared = TokenData.open(Path(inputs[0]).expanduser(), verify=False)
+        with reading(f"the prepared data folder {inputs[0]}"):
+            prepared = TokenData.open(Path(inputs[0]).expanduser(), verify=False)
         _check_tokenizer(prepared.tokenizer, tokenizer, prepared.path, request.checkpoint)
         if request.split not in ("val", "train"):
             raise EvalError(f"split = {request.split!r}: a prepared folder has the splits 'train' and 'val'")
@@ -253,10 +256,11 @@ def _eval_data(inputs: list, request: EvalRequest, tokenizer) -> _EvalData:
         return _EvalData(
             tokens, prepared.separators, prepared.tokenizer.token_bytes(), str(prepared.path), f"{request.split} split"
         )
-    srcs = find_sources(inputs)
+    with reading(f"the inputs {', '.join(str(i) for i in inputs)}"):
+        srcs = find_sources(inputs)
     tmp = tempfile.NamedTemporaryFile(prefix="modkit-eval-", suffix=".bin")
     try:
-        with open(tmp.name, "wb") as f:
+        with open(tmp.name, "wb") as f, reading(f"the inputs {', '.join(str(i) for i in inputs)}"):
             encode_sources(
                 srcs,
                 tokenizer,
