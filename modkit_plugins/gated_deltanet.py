@@ -52,11 +52,14 @@ from modkit.plugin import (
     chunk_boundaries,
     Component,
     ComponentConfig,
+    Epsilon,
     GatedRMSNorm,
     HeadCount,
     HeadDim,
     hookimpl,
     document_starts,
+    MAX_EPS,
+    MIN_EPS,
     padding_mask,
     Workload,
     zero_padding,
@@ -79,7 +82,11 @@ class GatedDeltaNetConfig(ComponentConfig):
     )
     d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over q, k and v")
     conv_bias: bool = Field(False, description="bias on the convolution (Qwen3-Next: none)")
-    norm_eps: float = Field(1e-6, gt=0, description="epsilon of the gated output norm")
+    norm_eps: Epsilon = Field(
+        1e-6,
+        description=f"epsilon of the gated output norm; within [{MIN_EPS:g}, {MAX_EPS:g}] (Qwen3-Next: 1e-6; a smaller "
+        "eps is 0 in float32)",
+    )
     chunk_size: int = Field(
         64,
         ge=1,

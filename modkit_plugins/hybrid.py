@@ -27,11 +27,13 @@ from torch import Tensor, nn
 
 from modkit.plugin import (
     AttentionInputs,
+    bounded_float,
     BuildContext,
     Component,
     ComponentConfig,
     elementwise,
     hookimpl,
+    MAX_MULTIPLIER,
     position_geometry,
     Slot,
 )
@@ -45,15 +47,17 @@ class ParallelConfig(ComponentConfig):
         "mixer",
         description="the token mixers (attention or recurrent), at least two, in the order their outputs are summed",
     )
-    in_multipliers: Optional[list[float]] = Field(
+    in_multipliers: Optional[list[bounded_float(-MAX_MULTIPLIER, MAX_MULTIPLIER)]] = Field(
         None,
         description="multiplier of each mixer's input (Falcon-H1's ssm_in_multiplier, attention_in_multiplier); "
-        "null for 1 each",
+        f"null for 1 each. Each within ±{MAX_MULTIPLIER:g}, far beyond published values (0.5-2), so activations stay "
+        "finite",
     )
-    out_multipliers: Optional[list[float]] = Field(
+    out_multipliers: Optional[list[bounded_float(-MAX_MULTIPLIER, MAX_MULTIPLIER)]] = Field(
         None,
         description="multiplier of each mixer's output (Falcon-H1's ssm_out_multiplier, attention_out_multiplier); "
-        "null for 1 each",
+        f"null for 1 each. Each within ±{MAX_MULTIPLIER:g}, far beyond published values (0.5-2), so activations stay "
+        "finite",
     )
 
     def position_geometry(self, ctx):

@@ -51,10 +51,21 @@ from modkit.plugin import (
     HeadDim,
     hookimpl,
     document_starts,
+    MAX_DT,
+    MAX_EXPAND,
+    MIN_DT,
     padding_mask,
     Slot,
+    StepSize,
     Workload,
     zero_padding,
+)
+
+
+#: what the description of an initial step size adds: its bound (modkit.core.limits) and why
+_DT = (
+    f"; within [{MIN_DT:g}, {MAX_DT:g}] (Mamba: floor 1e-4, range 0.001-0.1): Δ is stored as softplus⁻¹(Δ), which is "
+    "-inf for a Δ that rounds to 0 in float32 and overflows for a huge one"
 )
 
 
@@ -63,7 +74,13 @@ class MambaConfig(ComponentConfig):
 
     type: Literal["mamba"] = "mamba"
     d_state: HeadDim = Field(16, description="N: the state size per channel (rows of B and C)")
-    expand: float = Field(2.0, gt=0, description="d_inner = expand · d_model when d_inner is not given")
+    expand: float = Field(
+        2.0,
+        gt=0,
+        le=MAX_EXPAND,
+        description=f"d_inner = expand · d_model when d_inner is not given; at most {MAX_EXPAND:g} (Mamba, Mamba-2, "
+        "Jamba and Falcon-H1 use 2), so d_inner stays a size torch can allocate",
+    )
     d_inner: Optional[int] = Field(None, gt=0, description="width of x and z; default expand · d_model")
     dt_rank: Optional[int] = Field(None, gt=0, description="rank of the step projection; default ceil(d_model / 16)")
     d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over x")
@@ -82,9 +99,18 @@ class MambaConfig(ComponentConfig):
         description="chunk length of the chunked scan used for training and "
         "prefill; changes the speed, not the numbers",
     )
-    dt_init_min: float = Field(0.001, gt=0, description="initial Δ is log-uniform in [dt_init_min, dt_init_max]")
-    dt_init_max: float = Field(0.1, gt=0, description="see dt_init_min")
-    dt_init_floor: float = Field(1e-4, gt=0, description="initial Δ is at least this")
+    dt_init_min: StepSize = Field(
+        0.001,
+        description="initial Δ is log-uniform in [dt_init_min, dt_init_max]" + _DT,
+    )
+    dt_init_max: StepSize = Field(
+        0.1,
+        description="see dt_init_min" + _DT,
+    )
+    dt_init_floor: StepSize = Field(
+        1e-4,
+        description="initial Δ is at least this" + _DT,
+    )
 
     def resolved_d_inner(self, d_model: int) -> int:
         """``d_inner``, or ``int(expand · d_model)``."""

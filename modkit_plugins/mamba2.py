@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from modkit.plugin import (
     AttentionInputs,
+    bounded_float,
     BuildContext,
     CacheEntry,
     CacheSpec,
@@ -54,12 +55,21 @@ from modkit.plugin import (
     chunk_boundaries,
     Component,
     ComponentConfig,
+    Epsilon,
     GatedRMSNorm,
     HeadCount,
     HeadDim,
     hookimpl,
     document_starts,
+    MAX_DT,
+    MAX_DT_CLAMP,
+    MAX_EPS,
+    MAX_EXPAND,
+    MAX_MULTIPLIER,
+    MIN_DT,
+    MIN_EPS,
     padding_mask,
+    StepSize,
     Workload,
     zero_padding,
 )
@@ -68,13 +78,26 @@ from modkit.plugin import (
 PARTS = ("z", "x", "B", "C", "dt")
 
 
+#: what the description of an initial step size adds: its bound (modkit.core.limits) and why
+_DT = (
+    f"; within [{MIN_DT:g}, {MAX_DT:g}] (Mamba: floor 1e-4, range 0.001-0.1): Δ is stored as softplus⁻¹(Δ), which is "
+    "-inf for a Δ that rounds to 0 in float32 and overflows for a huge one"
+)
+
+
 class Mamba2Config(ComponentConfig):
     """Config of ``mamba2``: the SSD layer of Mamba-2 (and Falcon-H1's Mamba-2 layers)."""
 
     type: Literal["mamba2"] = "mamba2"
     d_state: HeadDim = Field(128, description="N: the state size per head (rows of B and C); Mamba-2 uses 64-256")
     head_dim: HeadDim = Field(64, description="P: channels per head (the paper's headdim)")
-    expand: float = Field(2.0, gt=0, description="d_inner = expand · d_model when d_inner is not given")
+    expand: float = Field(
+        2.0,
+        gt=0,
+        le=MAX_EXPAND,
+        description=f"d_inner = expand · d_model when d_inner is not given; at most {MAX_EXPAND:g} (Mamba, Mamba-2, "
+        "Jamba and Falcon-H1 use 2), so d_inner stays a size torch can allocate",
+    )
     d_inner: Optional[int] = Field(
         None,
         gt=0,
@@ -97,7 +120,11 @@ class Mamba2Config(ComponentConfig):
         False,
         description="the gated norm normalises first, then gates (Falcon-H1); false: gate then normalise (Mamba-2)",
     )
-    norm_eps: float = Field(1e-5, gt=0, description="epsilon of the gated norm")
+    norm_eps: Epsilon = Field(
+        1e-5,
+        description=f"epsilon of the gated norm; within [{MIN_EPS:g}, {MAX_EPS:g}] (Mamba-2: 1e-5; a smaller eps is 0 "
+        "in float32)",
+    )
     chunk_size: int = Field(
         64,
         ge=1,
@@ -106,19 +133,37 @@ class Mamba2Config(ComponentConfig):
         "prefill; changes the speed, not the numbers",
     )
     dt_clamp_min: float = Field(
-        0.0, ge=0, description="Δ is clamped to at least this (transformers' time_step_limit[0])"
+        0.0,
+        ge=0,
+        le=MAX_DT_CLAMP,
+        description="Δ is clamped to at least this (transformers' time_step_limit[0]: 0); at most "
+        f"{MAX_DT_CLAMP:g}, where exp(-A·Δ) is already 0 for every head",
     )
     dt_clamp_max: Optional[float] = Field(
-        None, gt=0, description="Δ is clamped to at most this; null for no bound (time_step_limit[1] = inf)"
+        None,
+        gt=0,
+        le=MAX_DT_CLAMP,
+        description="Δ is clamped to at most this; null for no bound (time_step_limit[1] = inf); at most "
+        f"{MAX_DT_CLAMP:g}, where exp(-A·Δ) is already 0 for every head",
     )
-    dt_init_min: float = Field(0.001, gt=0, description="initial Δ is log-uniform in [dt_init_min, dt_init_max]")
-    dt_init_max: float = Field(0.1, gt=0, description="see dt_init_min")
-    dt_init_floor: float = Field(1e-4, gt=0, description="initial Δ is at least this")
-    projection_multipliers: Optional[list[float]] = Field(
+    dt_init_min: StepSize = Field(
+        0.001,
+        description="initial Δ is log-uniform in [dt_init_min, dt_init_max]" + _DT,
+    )
+    dt_init_max: StepSize = Field(
+        0.1,
+        description="see dt_init_min" + _DT,
+    )
+    dt_init_floor: StepSize = Field(
+        1e-4,
+        description="initial Δ is at least this" + _DT,
+    )
+    projection_multipliers: Optional[list[bounded_float(-MAX_MULTIPLIER, MAX_MULTIPLIER)]] = Field(
         None,
         min_length=5,
         max_length=5,
-        description="multipliers of in_proj's parts [z, x, B, C, Δ] (Falcon-H1's ssm_multipliers, μP); null for none",
+        description="multipliers of in_proj's parts [z, x, B, C, Δ] (Falcon-H1's ssm_multipliers, μP); null for none. "
+        f"Each within ±{MAX_MULTIPLIER:g}, far beyond published values (0.2-2), so the projections stay finite",
     )
 
     def resolved_d_inner(self, d_model: int) -> int:

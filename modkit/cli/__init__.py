@@ -380,4 +380,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except Exception as exc:  # noqa: BLE001
             if _debug():
                 raise
-            return _report(exc)
+            return _report(exc, list(argv) if argv else None)

@@ -53,7 +53,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import Field
 
 from modkit.core.config import StrictModel
-from modkit.core.limits import DModel, HeadDim
+from modkit.core.limits import MAX_MULTIPLIER, DModel, HeadDim, Multiplier
 
 
 class StandardParametrization(StrictModel):
@@ -73,8 +73,10 @@ class MuParametrization(StrictModel):
         None,
         description="head_dim at the base width for the 1/head_dim attention scale; default head_dim * base_d_model / d_model",
     )
-    output_multiplier: float = Field(
-        1.0, gt=0, description="alpha_output: logits = output_multiplier * base_d_model / d_model * head(h)"
+    output_multiplier: Multiplier = Field(
+        1.0,
+        description="alpha_output: logits = output_multiplier * base_d_model / d_model * head(h); at most "
+        f"{MAX_MULTIPLIER:g} (muP sweeps use 0.5-10; larger only pushes the logits toward overflow)",
     )
 
 

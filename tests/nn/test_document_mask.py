@@ -345,9 +345,7 @@ def test_training_refuses_a_recurrent_mixer_without_the_capability(tmp_path):
     REG.register_plugin(plugin, "test-plain-ssm")  # training reads the process-wide registry, as an installed plugin
     try:
         spec = modkit.load_spec(tiny_spec(block__attention=HYBRID))
-        with pytest.raises(
-            TrainError, match=r"layer 0\.mixer\.mixers\.1: mixer type 'plain-ssm' \(test-plain-ssm\)"
-        ):
+        with pytest.raises(TrainError, match=r"layer 0\.mixer\.mixers\.1: mixer type 'plain-ssm' \(test-plain-ssm\)"):
             check_document_mask(spec, data)
     finally:
         REG.unregister_plugin("test-plain-ssm")
