@@ -71,7 +71,8 @@ def open_stream(src, on_bytes: Callable[[bytes], None]):
     if src.compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(counted, read_across_frames=True), raw
+        reader = zstandard.ZstdDecompressor().stream_reader(counted, read_across_frames=True)
+        return io.BufferedReader(reader, RAW_READ_BYTES), raw
     return counted, raw
 
 

@@ -82,5 +82,5 @@ def skipped_note(root: Path, skipped: Sequence[tuple]) -> str:
     more = f", and {len(skipped) - NOTE_NAMES:,} more" if len(skipped) > NOTE_NAMES else ""
     links = any("outside the folder" in why for _, why in skipped)
     hint = "; --follow-symlinks (follow_symlinks=True) reads links that lead outside it" if links else ""
-    noun = "entry" if len(skipped) == 1 else "entries"
-    return f"{root}: skipped {len(skipped):,} {noun} that are not inputs: {shown}{more}{hint}"
+    what = "entry that is not an input" if len(skipped) == 1 else "entries that are not inputs"
+    return f"{root}: skipped {len(skipped):,} {what}: {shown}{more}{hint}"

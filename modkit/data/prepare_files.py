@@ -134,9 +134,10 @@ def _running(pid: int) -> bool:
     return True
 
 
-def stale_temporaries(folder: Path, names: Sequence[str]) -> list[tuple[Path, int]]:
+def stale_temporaries(folder: Path, names: Sequence[str], *, folders: bool = False) -> list[tuple[Path, int]]:
     """The temporary entries ``.NAME.tmp-PID`` in ``folder`` (``NAME`` one of ``names``) left by processes that no
-    longer run: a run killed before it could clean up (a running process's own are never listed).
+    longer run: a run killed before it could clean up (a running process's own are never listed). Files, or
+    folders with ``folders``.
 
     Returns:
         ``[(path, pid)]`` sorted by name. The check is by process id on this machine: on a folder shared by
@@ -150,7 +151,8 @@ def stale_temporaries(folder: Path, names: Sequence[str]) -> list[tuple[Path, in
         return []
     for path in entries:
         m = pattern.fullmatch(path.name)
-        if m and path.is_file() and not _running(int(m.group(2))):
+        kind_ok = path.is_dir() if folders else path.is_file()
+        if m and kind_ok and not path.is_symlink() and not _running(int(m.group(2))):
             found.append((path, int(m.group(2))))
     return found
 

@@ -192,3 +192,38 @@ def test_errors_name_the_file_and_record_not_pythons_text(tmp_path, capsys):
     gz = tmp_path / "cut.jsonl.gz"
     gz.write_bytes(gzip.compress(LINES.encode())[:300])
     assert _err([gz], tmp_path / "o").startswith(f"{gz.resolve()}: cut short: the gzip stream ends before its end")
+
+
+def test_the_cli_prints_notes_and_reads_links_out_of_a_folder_when_asked(tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text("inside words " * 40, encoding="utf-8")
+    (folder / "notes.csv").write_text("a,b\n", encoding="utf-8")
+    (tmp_path / "secret.txt").write_text("outside words " * 40, encoding="utf-8")
+    (folder / "link.txt").symlink_to(tmp_path / "secret.txt")
+    assert cli.main(["data", "prepare", str(folder), "-o", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert f"modkit: note: {folder}: skipped 2 entries that are not inputs: link.txt (a link to a file outside" in err
+    assert "notes.csv (not an input name); --follow-symlinks" in err
+    assert cli.main(["data", "prepare", str(folder), "-o", str(tmp_path / "f"), "--follow-symlinks"]) == 0
+    assert "skipped 1 entry that is not an input: notes.csv (not an input name)\n" in capsys.readouterr().err
+    assert [Path(s["path"]).name for s in TokenData.open(tmp_path / "f").meta["sources"]] == ["a.txt", "secret.txt"]
+
+
+def test_default_dataset_removes_temporary_folders_of_killed_runs(tmp_path, monkeypatch):
+    from modkit.data import default_dataset
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / "data" / f".tinyshakespeare-char.tmp-{int(dead.stdout)}"
+    stale.mkdir(parents=True)
+    (stale / "train.bin").write_bytes(b"left by a killed run")
+    live = tmp_path / "data" / f".tinyshakespeare-char.tmp-{os.getppid()}"
+    live.mkdir()
+
+    def stop(*a, **k):
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr("modkit.data.corpus.prepare", stop)
+    with pytest.raises(RuntimeError, match="stop here"):
+        default_dataset(tmp_path)
+    assert not stale.exists() and live.exists()
