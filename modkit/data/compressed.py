@@ -53,8 +53,8 @@ def open_stream(src, on_bytes: Callable[[bytes], None]):
     ``on_bytes`` sees the bytes of the file itself as they are read (compressed bytes for a compressed file).
 
     Raises:
-        DataError: an empty compressed file, or a zstd file whose frames are cut short or followed by other bytes
-            (:func:`check_zstd_frames`).
+        DataError: a file that cannot be opened, an empty compressed file, or a zstd file whose frames are cut
+            short or followed by other bytes (:func:`check_zstd_frames`).
     """
     if src.compression and src.size == 0:
         tool = "gzip" if src.compression == "gzip" else "zstd"
@@ -64,7 +64,12 @@ def open_stream(src, on_bytes: Callable[[bytes], None]):
         )
     if src.compression == "zstd":
         check_zstd_frames(src.path)
-    raw = open(src.path, "rb")
+    try:
+        raw = open(src.path, "rb")
+    except OSError as exc:
+        raise DataError(
+            f"{src.path}: cannot be read ({exc.strerror or exc}); check that it exists and is readable"
+        ) from None
     counted = io.BufferedReader(_Counting(raw, on_bytes), RAW_READ_BYTES)
     if src.compression == "gzip":
         return gzip.GzipFile(fileobj=counted, mode="rb"), raw
@@ -80,12 +85,14 @@ def read_checked(src, read: Callable[..., bytes], *args) -> bytes:
     """``read(*args)`` on an input's stream, a failed decompression raised as the input's DataError.
 
     Raises:
-        DataError: the stream is compressed and cannot be decompressed (gzip's OSError / EOFError, zstandard's
-            ZstdError), named by :func:`decompress_error`.
+        DataError: the file cannot be read, or it is compressed and cannot be decompressed (gzip's OSError /
+            EOFError, zstandard's ZstdError; named by :func:`decompress_error`).
     """
     try:
         return read(*args)
     except (OSError, EOFError) as exc:
+        if not src.compression:
+            raise DataError(f"{src.path}: cannot be read ({exc}); check the file and the disk") from None
         raise decompress_error(src, exc) from None
     except Exception as exc:  # zstandard.ZstdError
         if src.compression:

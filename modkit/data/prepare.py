@@ -322,13 +322,21 @@ def _train(plan: _Plan) -> Tokenizer:
 
 def _write_dataset(plan: _Plan, tok: Tokenizer) -> dict:
     """Encode, split and describe the dataset under temporary names in the output folder, then rename the files into
-    place (``meta.json`` last); whatever happens, no temporary file stays, nor a folder this call created empty."""
+    place (``meta.json`` last); whatever happens, no temporary file stays, nor a folder this call created empty.
+    Temporary files of earlier runs whose process no longer runs are removed first (with a note).
+
+    Raises:
+        DataError: what encoding raises, or a write that fails (named by the file and the reason).
+    """
     out = plan.out
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    stale = stale_temporaries(out, (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE))
-    for path, _pid in stale:
-        path.unlink(missing_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stale = stale_temporaries(out, (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE))
+        for path, _pid in stale:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise _write_error(out, exc) from None
     if stale:
         warnings.warn(removed_note(out, stale), DataNote, stacklevel=3)
     tmp = {name: out / f".{name}.tmp-{os.getpid()}" for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE)}
@@ -342,12 +350,23 @@ def _write_dataset(plan: _Plan, tok: Tokenizer) -> dict:
         for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE):
             os.replace(tmp[name], out / name)
         done = True
+    except OSError as exc:  # the inputs' read errors are DataErrors already: this is a write
+        raise _write_error(out, exc) from None
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
         if created and not done and not any(out.iterdir()):
             out.rmdir()
     return meta
+
+
+def _write_error(out: Path, exc: OSError) -> DataError:
+    """A failed write into the output folder, named by the file and the reason."""
+    where = exc.filename or out
+    return DataError(
+        f"{where}: cannot write the dataset ({exc.strerror or exc}); check that {out} is a folder you can write "
+        "to with free space, or choose another output folder (-o)"
+    )
 
 
 def _encode_splits(plan: _Plan, tok: Tokenizer, tmp: dict[str, Path]) -> _Splits:

@@ -189,6 +189,9 @@ def test_errors_name_the_file_and_record_not_pythons_text(tmp_path, capsys):
     odd = os.fsdecode(bytes(tmp_path / "o") + b"-\xff")
     assert cli.main(["data", "prepare", str(tmp_path / "t.txt"), "-o", odd]) == 0
     assert "o-\\udcff" in capsys.readouterr().out
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    msg = _err([tmp_path / "t.txt"], tmp_path / "a-file" / "out")
+    assert msg.startswith(f"{tmp_path / 'a-file' / 'out'}: cannot write the dataset (") and "-o" in msg
     gz = tmp_path / "cut.jsonl.gz"
     gz.write_bytes(gzip.compress(LINES.encode())[:300])
     assert _err([gz], tmp_path / "o").startswith(f"{gz.resolve()}: cut short: the gzip stream ends before its end")
