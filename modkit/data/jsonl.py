@@ -48,6 +48,25 @@ def _kind(value) -> str:
     return {dict: "object", list: "list", str: "string", type(None): "null"}.get(type(value), type(value).__name__)
 
 
+def _a(kind: str) -> str:
+    """``kind`` with its article: ``a list``, ``an object``."""
+    return ("an " if kind[:1] in "aeiou" else "a ") + kind
+
+
+def _near(text: str, at: int) -> str:
+    """The text around character ``at`` (at most 12 on each side), quoted: the value an error points at."""
+    return repr(text[max(at - 12, 0) : at + 12])
+
+
+def _json_reason(msg: str, text: str, at: int) -> str:
+    """Python's JSON error text made a phrase (``Invalid control character at`` ends with "at"), with the
+    character it points at when that is a control character."""
+    msg = msg.removesuffix(" at")
+    if "control character" in msg and at < len(text):
+        msg += f" {text[at]!r} (write it as a \\u{ord(text[at]):04x} escape)"
+    return msg
+
+
 def _hint(path) -> str:
     """What a ``.json`` file is read as (a file of one JSON document is a common mistake)."""
     name = path.name.lower()
@@ -156,20 +175,23 @@ def _whole(src, line: int, raw: bytes, field: str, limit: int) -> Iterator[Part]
         record = json.loads(text, object_pairs_hook=pairs, parse_int=lambda s: 0)
     except json.JSONDecodeError as exc:
         raise DataError(
-            f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); each line of a .jsonl file must be one JSON "
+            f"{where}: not valid JSON ({_json_reason(exc.msg, text, exc.pos)} at column {exc.colno}, near "
+            f"{_near(text, exc.pos)}); each line of a .jsonl file must be one JSON "
             f'object, e.g. {{"{field}": "..."}}{_hint(src.path)}'
         ) from None
     except RecursionError:
         raise DataError(f"{where}: not valid JSON here: nested more than {MAX_DEPTH:,} levels deep") from None
     if not isinstance(record, dict):
-        raise DataError(f"{where}: a JSON {_kind(record)}, not an object with a {field!r} field{_hint(src.path)}")
+        raise DataError(
+            f"{where}: {_a('JSON ' + _kind(record))}, not an object with a {field!r} field{_hint(src.path)}"
+        )
     if repeated[0]:
         raise DataError(f"{where}: field {field!r} given twice in the record; keep one")
     if field not in record:
         raise _no_field(where, field, list(record))
     value = record[field]
     if not isinstance(value, str):
-        raise DataError(f"{where}: field {field!r} is a {_kind(value)}, not a string of text")
+        raise DataError(f"{where}: field {field!r} is {_a(_kind(value))}, not a string of text")
     yield from _parts(where, field, value, line, limit)
 
 
@@ -191,9 +213,15 @@ class _Streamed:
     def invalid(self, what: str) -> DataError:
         """A JSON syntax error at the current byte of the line."""
         return DataError(
-            f"{self.where}: not valid JSON ({what} at byte {self.r.column():,} of the line); each line of a .jsonl "
+            f"{self.where}: not valid JSON ({what} at byte {self.r.column():,} of the line, near {self.near()}); each "
+            "line of a .jsonl "
             f'file must be one JSON object, e.g. {{"{self.field}": "..."}}{_hint(self.src.path)}'
         )
+
+    def near(self) -> str:
+        """The bytes around the cursor, quoted (as text; bytes that are not UTF-8 replaced)."""
+        r = self.r
+        return repr(r.buf[max(r.pos - 12, 0) : r.pos + 12].decode("utf-8", "replace"))
 
     def ws(self) -> Optional[int]:
         """Skip spaces, tabs and CRs; the next byte (``None`` at the end of the file)."""
@@ -220,7 +248,7 @@ class _Streamed:
             return
         if c != ord("{"):
             raise DataError(
-                f"{self.where}: a JSON {_KINDS.get(c, 'value')}, not an object with a {self.field!r} field"
+                f"{self.where}: {_a('JSON ' + _KINDS.get(c, 'value'))}, not an object with a {self.field!r} field"
                 f"{_hint(self.src.path)}"
             )
         self.r.pos += 1
@@ -233,7 +261,7 @@ class _Streamed:
                 seen, c = True, self.next()
                 if c != _QUOTE:
                     raise DataError(
-                        f"{self.where}: field {self.field!r} is a {_KINDS.get(c, 'value')}, not a string of text"
+                        f"{self.where}: field {self.field!r} is {_a(_KINDS.get(c, 'value'))}, not a string of text"
                     )
                 yield from self.text()
             else:
@@ -315,7 +343,8 @@ class _Streamed:
             return scanstring(text + '"', 0, True)[0]
         except json.JSONDecodeError as exc:
             self.r.pos = start + len(text[: exc.pos].encode("utf-8"))
-            what = "the line ends inside a string" if text[exc.pos : exc.pos + 1] == "\n" else exc.msg
+            at = text[exc.pos : exc.pos + 1]
+            what = "the line ends inside a string" if at == "\n" else _json_reason(exc.msg, text, exc.pos)
             raise self.invalid(what) from None
 
     def value(self) -> None:

@@ -216,6 +216,8 @@ def test_bad_records_name_the_file_the_line_and_the_value(tmp_path, monkeypatch,
     assert msg.startswith(where) and "no field 'text' (fields: 'pad', 'body')" in msg
     msg = err("{" + pad + '"text": "a \\q escape"}')
     assert msg.startswith(where) and "not valid JSON" in msg and "escape" in msg
+    msg = err("{" + pad + '"text": "a \x01 control"}')
+    assert msg.startswith(where) and "Invalid control character '\\x01' (write it as a \\u0001 escape)" in msg
     msg = err("{" + pad + '"text": "unclosed')
     assert msg.startswith(where) and "not valid JSON" in msg
     msg = err("{" + pad + '"n": ' + "[" * 5000 + "]" * 5000 + ', "text": "t"}')

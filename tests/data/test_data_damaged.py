@@ -117,7 +117,7 @@ def test_json_files_are_read_as_json_lines_or_refused_with_the_reason(tmp_path):
     pretty = tmp_path / "pretty.json"
     pretty.write_text(json.dumps([{"text": "a"}, {"text": "b"}], indent=2), encoding="utf-8")
     msg = _err([pretty], tmp_path / "o")
-    assert msg.startswith(f"{pretty.resolve()}:1: not valid JSON (Expecting value at column 2)")
+    assert msg.startswith(f"{pretty.resolve()}:1: not valid JSON (Expecting value at column 2, near '[')")
     assert "a .json file is read as JSON Lines (one object per line)" in msg and "jq -c '.[]' pretty.json" in msg
     array = tmp_path / "array.json"
     array.write_text(json.dumps([{"text": "a"}, {"text": "b"}]), encoding="utf-8")
