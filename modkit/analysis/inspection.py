@@ -66,6 +66,7 @@ import torch
 from torch import Tensor, nn
 
 from modkit.core.registry import Registry, close_matches, get_registry
+from modkit.core.config import is_mixer
 
 #: the position-scheme methods the recorder wraps (the :class:`~modkit.core.interfaces.PositionScheme` interface)
 POSITION_METHODS = ("embed", "rotate", "attention_bias")
@@ -259,7 +260,7 @@ class _Recorder:
             if kind is None or not name:
                 continue
             post = self.hook_tagged(name, module, kind)
-            if kind == "attention":
+            if is_mixer(kind):  # any token mixer: its projections, and its weights where it declares returns_weights
                 self.hook_attention(name, module)
             elif kind == "ffn":
                 self.hook_ffn(name, module)
@@ -315,15 +316,15 @@ class _Recorder:
 
     def hook_attention(self, name: str, module: nn.Module) -> None:
         self.hook_linears(name, module)
-        type_ = getattr(module, "modkit_type", None)
+        type_, kind = getattr(module, "modkit_type", None), getattr(module, "modkit_kind", "attention")
         weights_name = f"{name}:weights"
         method = getattr(module, "forward_with_weights", None)
         if not self.capability(module, "returns_weights"):
-            self.missing(weights_name, f"attention type {type_!r} does not declare the returns_weights capability")
+            self.missing(weights_name, f"{kind} type {type_!r} does not declare the returns_weights capability")
         elif not callable(method):
             self.missing(
                 weights_name,
-                f"attention type {type_!r} declares returns_weights but has no forward_with_weights(x, inputs)",
+                f"{kind} type {type_!r} declares returns_weights but has no forward_with_weights(x, inputs)",
             )
         elif self.wanted(weights_name):
 

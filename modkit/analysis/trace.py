@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from modkit.nn import balance
 from modkit.core.errors import ModkitError
+from modkit.core.config import is_mixer
 from modkit.analysis.inspection import Recording, inspect
 
 
@@ -270,8 +271,6 @@ def mixer_spec_path(spec: Any, layer: int) -> str:
 def _slot_mixer(model: nn.Module, path: str) -> Optional[str]:
     """The spec path of the token mixer at module ``path`` when it is what a layer's mixing slot built (a direct
     child of a block whose registry kind is a token mixer's, :func:`modkit.core.config.is_mixer`), else ``None``."""
-    from modkit.core.config import is_mixer
-
     parts = path.split(".")
     if len(parts) != 3 or parts[0] != "layers" or not parts[1].isdigit() or getattr(model, "spec", None) is None:
         return None
@@ -324,7 +323,7 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
         declared = callable(
             getattr(owner, "head_layout", None)
         )  # the attention says which projections split into heads
-        if getattr(owner, "modkit_kind", None) == "attention" and (
+        if is_mixer(getattr(owner, "modkit_kind", None)) and (
             declared or _into_heads(rec, name, path.rsplit(".", 1)[0])
         ):
             note = _heads_view(owner, short, shape)
@@ -442,7 +441,7 @@ def _served_geometry(model: nn.Module, index: int):
     spec = model.spec
     layers = [i for i, p in enumerate(getattr(model, "layer_position", [])) if p == index] or [0]
     ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, get_registry())
-    attn = next((m for m in model.layers[layers[0]].modules() if getattr(m, "modkit_kind", None) == "attention"), None)
+    attn = next((m for m in model.layers[layers[0]].modules() if is_mixer(getattr(m, "modkit_kind", None))), None)
     try:
         return position_geometry(spec.layer(layers[0]).attention, ctx, attn)
     except Exception:  # noqa: BLE001 - an attention whose declaration fails gets no rotation map

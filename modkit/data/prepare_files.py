@@ -139,9 +139,11 @@ def stale_temporaries(folder: Path, names: Sequence[str], *, folders: bool = Fal
     longer run: a run killed before it could clean up (a running process's own are never listed). Files, or
     folders with ``folders``.
 
+    The check is by process id on this machine: on a folder shared by several machines a run elsewhere could hold
+    a file of the same pattern; give each run its own folder.
+
     Returns:
-        ``[(path, pid)]`` sorted by name. The check is by process id on this machine: on a folder shared by
-        several machines a run elsewhere could hold a file of the same pattern; give each run its own folder.
+        ``[(path, pid)]`` sorted by name.
     """
     pattern = re.compile(r"\.(" + "|".join(re.escape(n) for n in names) + r")\.tmp-([0-9]{1,12})")
     found = []

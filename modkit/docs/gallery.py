@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from modkit.core.config import is_mixer
 from .diagrams import _model_diagram
 from .markdown import (
     _bytes,
@@ -76,8 +77,8 @@ def spec_card(path: Path, registry, root: Optional[Path] = None) -> SpecCard:
     summary = summarize(model, "bfloat16", registry=registry)
     diagram, groups = _model_diagram(model, registry)
     attention = {}
-    for m in model.layers[0].modules():  # the attention contract exposes its geometry
-        if getattr(m, "modkit_kind", None) == "attention":
+    for m in model.layers[0].modules():  # a token mixer with heads exposes its geometry (the first that has it)
+        if is_mixer(getattr(m, "modkit_kind", None)) and getattr(m, "n_heads", None) is not None:
             attention = {k: getattr(m, k, None) for k in ("n_heads", "n_kv_heads", "head_dim")}
             break
     try:
