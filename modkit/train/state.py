@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -186,13 +187,35 @@ def read_trainer_files(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
     return data, tensors
 
 
+#: the name of a resumable checkpoint folder: ``step-`` and the step, seven digits or more
+STEP_FOLDER = re.compile(r"step-(\d{7,})")
+
+
 def step_checkpoints(run: Path) -> list[Path]:
-    """The complete resumable checkpoints of a run (``checkpoints/step-*`` with a trainer state), oldest first."""
+    """The complete resumable checkpoints of a run (``checkpoints/step-NNNNNNN`` with a trainer state), oldest first;
+    folders of other names (``step-abc``) are not checkpoints (:func:`stray_step_folders`)."""
     folder = run / "checkpoints"
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / TRAINER_JSON).is_file()]
+    found = [
+        p for p in folder.iterdir() if p.is_dir() and STEP_FOLDER.fullmatch(p.name) and (p / TRAINER_JSON).is_file()
+    ]
     return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
+
+
+def stray_step_folders(run: Path) -> list[Path]:
+    """Entries of ``checkpoints/`` named ``step-*`` that are not checkpoint names (``step-abc``): never read, never
+    pruned (they are not the trainer's)."""
+    folder = run / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith("step-") and not STEP_FOLDER.fullmatch(p.name))
+
+
+def folder_step(folder: Path) -> Optional[int]:
+    """The step a checkpoint folder's name says (``step-0000004``: 4), ``None`` for another name."""
+    m = STEP_FOLDER.fullmatch(folder.name)
+    return int(m[1]) if m else None
 
 
 def prune(run: Path, keep: int, protect: Optional[Path] = None) -> None:
