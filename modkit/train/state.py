@@ -18,9 +18,10 @@ A run folder::
 A checkpoint folder is an ordinary :func:`modkit.save` checkpoint (``spec.json`` + ``model.safetensors``: it
 loads with :func:`modkit.load`, ``modkit generate`` and ``modkit convert modkit ... --to hf``) plus
 ``tokenizer.json`` and, for resumable ones, ``trainer.json`` (step, tokens, sampler position, best loss,
-optimizer hyper-parameters, gradient-scaler state, parameter names) and ``trainer.safetensors`` (AdamW moments
-and step counts by parameter index, torch RNG states). Under several processes the model and optimizer are
-saved sharded with ``torch.distributed.checkpoint`` in ``dcp/`` instead, and one RNG file per rank.
+optimizer hyper-parameters, gradient-scaler state, parameter names, steps skipped as non-finite) and
+``trainer.safetensors`` (AdamW moments and step counts by parameter index, torch RNG states). Under several
+processes the model and optimizer are saved sharded with ``torch.distributed.checkpoint`` in ``dcp/`` instead, and
+one RNG file per rank. A resume checks every one of these files before it uses them (:mod:`modkit.train.checks`).
 
 Each checkpoint is written under a temporary name and renamed into place when complete, and the links are
 swapped with ``os.replace``: a run killed at any instant leaves the previous checkpoint whole. No file is
@@ -219,9 +220,12 @@ def folder_step(folder: Path) -> Optional[int]:
 
 
 def prune(run: Path, keep: int, protect: Optional[Path] = None) -> None:
-    """Delete all but the newest ``keep`` step checkpoints (never ``protect``) and best folders ``best`` leaves."""
+    """Delete all but the newest ``keep`` step checkpoints (by step; never ``protect`` nor the one ``last`` leads
+    to, which a run resumed from an older checkpoint may have written below a newer one) and the best folders
+    ``best`` leaves. Called only after the new checkpoint is in place."""
+    kept = {p.resolve() for p in (protect, run / "last") if p is not None and (p.is_symlink() or p.exists())}
     for old in step_checkpoints(run)[:-keep]:
-        if protect is None or old.resolve() != protect.resolve():
+        if old.resolve() not in kept:
             shutil.rmtree(old, ignore_errors=True)
     best = (run / "best").resolve() if (run / "best").is_symlink() else None
     for p in (run / "checkpoints").glob("best-*"):

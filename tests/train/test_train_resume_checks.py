@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from modkit.data import default_corpus, prepare
 from modkit.train import TrainError, train
 from modkit.train.plot import read_metrics
 
-from conftest import tiny_spec
+from conftest import REPO, tiny_spec
 
 MODEL = {**tiny_spec(max_seq_len=32), "position": {"type": "learned"}, "tie_embeddings": True}
 
@@ -323,3 +326,64 @@ WALL_CLOCK = ("tokens_per_s", "model_flops_per_s", "mfu", "peak_mem_bytes")
 def logged(run: Path) -> list[dict]:
     """Every metrics record without its wall-clock fields."""
     return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in read_metrics(run / "metrics.jsonl")]
+
+
+_KILLED_IN_FIRST_SAVE = """
+import os, signal, sys
+from modkit.io import atomic
+from modkit.cli import main
+
+def hook(step, folder):
+    if step == atomic.COMMIT_STEP and folder.name.startswith(".best-0000000."):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+with atomic.on_step(hook):
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # end to end (processes): left out of make test-fast
+def test_a_run_killed_in_its_first_save_starts_again(base, tmp_path):
+    """A real kill at the commit of the first save (the step-0 best): ``-o`` refuses naming the way out, and
+    ``--resume`` starts the run again, removing the interrupted save, and logs what an uninterrupted run logs."""
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(config(base.parent / "prepared")))
+    run = tmp_path / "killed"
+    command = [sys.executable, "-c", _KILLED_IN_FIRST_SAVE, "train", "--config", str(path), "-o", str(run)]
+    proc = subprocess.run(command + ["--no-progress"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    assert list((run / "checkpoints").glob(".best-0000000.tmp-*")), "the kill left the interrupted save"
+    with pytest.raises(TrainError, match=f"no complete checkpoint .* --resume {run}"):
+        train(str(path), run, echo=quiet)
+    result = train(None, run, resume=True, echo=quiet)
+    assert result.steps == 4 and logged(run) == logged(base)
+    assert not list((run / "checkpoints").glob(".*"))
+
+
+@pytest.mark.slow  # end to end (processes): left out of make test-fast
+def test_the_cli_reports_a_damaged_moment_and_exits_nonzero(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    path = edit_tensors(run, lambda t: t["state.0.exp_avg"].fill_(float("nan")))
+    before = folder_state(run)
+    proc = subprocess.run(
+        [sys.executable, "-m", "modkit", "train", "--resume", str(run), "--max-steps", "6", "--no-progress"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "step 6" not in proc.stdout
+    assert f"modkit: error: {path}: state.0.exp_avg holds" in proc.stderr
+    assert folder_state(run) == before
+
+
+def test_pruning_never_deletes_the_checkpoint_last_leads_to(base, tmp_path):
+    """Resumed from an older checkpoint (the newer one damaged), a run that saves a step below the newer folder's
+    keeps what it just wrote: pruning counts by step but never deletes ``last``'s target."""
+    run = copy_run(base, tmp_path)
+    edit_tensors(run, lambda t: t["state.0.exp_avg"].fill_(float("nan")))
+    (run / "last").unlink()
+    (run / "last").symlink_to(Path("checkpoints") / "step-0000002")
+    result = train(None, run, resume=True, overrides={"max_steps": 3, "keep_checkpoints": 1}, echo=quiet)
+    assert result.steps == 3
+    assert Path(str((run / "last").readlink())).name == "step-0000003"
+    assert (run / "last" / "trainer.json").is_file()
