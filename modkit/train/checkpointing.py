@@ -83,6 +83,8 @@ class CheckpointMixin:
             return
         self.run.mkdir(parents=True, exist_ok=True)
         (self.run / "checkpoints").mkdir(exist_ok=True)
+        st.clean_temporaries(self.run / "checkpoints")  # what an earlier, interrupted start left
+        st.clean_temporaries(self.run)
         (self.run / "spec.json").write_text(spec.to_json() + "\n")
         self.data.tokenizer.save(self.run / st.TOKENIZER_FILE)
         source = {"folder": str(self.data.path), "meta": self.data.meta}

@@ -156,7 +156,8 @@ class StepMixin:
             TrainError: ``step N: {what} hold NaN or infinite values: name (count of size), ...``.
         """
         local = [(p.to_local() if hasattr(p, "to_local") else p).detach() for p in self.params]
-        norms = torch._foreach_norm(local, ord=math.inf) if local else []
+        held = [t for t in local if t.numel()]  # a rank's shard of a small tensor may be empty (no max of nothing)
+        norms = torch._foreach_norm(held, ord=math.inf) if held else []
         bad = (~torch.isfinite(torch.stack(norms))).any().float() if norms else torch.zeros(())
         if not self._any_rank(bad.to(self.device)):
             return
