@@ -387,3 +387,28 @@ def test_pruning_never_deletes_the_checkpoint_last_leads_to(base, tmp_path):
     assert result.steps == 3
     assert Path(str((run / "last").readlink())).name == "step-0000003"
     assert (run / "last" / "trainer.json").is_file()
+
+
+def test_eval_reads_the_run_files_strictly(base, tmp_path):
+    """``modkit eval`` of a run's checkpoint takes defaults from the run's files: a duplicate key is refused."""
+    from modkit.evaluation.run import run_defaults
+    from modkit.evaluation.score import EvalError
+
+    run = copy_run(base, tmp_path)
+    assert run_defaults(run / "last")["seq_len"] == 16
+    path = run / "data.json"
+    path.write_text(path.read_text().replace('"folder":', '"folder": "/elsewhere", "folder":', 1))
+    with pytest.raises(EvalError, match=r"data\.json: folder: duplicate key 'folder'"):
+        run_defaults(run / "last")
+
+
+def test_a_data_json_without_a_folder_path_is_refused(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    path = run / "data.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "folder": 5}))
+    with pytest.raises(TrainError, match=rf"{path}: folder = 5 is not a path"):
+        train(None, run, resume=True, overrides={"max_steps": 6}, echo=quiet)
+    path.write_text('{"folder": "a", "folder": "b"}')
+    with pytest.raises(TrainError, match="duplicate key 'folder'"):
+        train(None, run, resume=True, overrides={"max_steps": 6}, echo=quiet)
