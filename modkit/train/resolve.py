@@ -159,7 +159,8 @@ def _first_difference(a: Any, b: Any, path: str = "") -> Optional[tuple[str, Any
 def check_resume_model(run: Path, overrides: dict[str, Any], data_folder: str) -> None:
     """Refuse a ``model`` override on resume whose spec differs from the run's ``spec.json``: the same spec (the
     command line that started the run, repeated with ``--resume``) passes, resolved as the run resolved its own (the
-    run's ``vocab_size`` setting, the data's vocabulary, the auxiliary-loss overrides).
+    run's ``vocab_size`` setting, the data's vocabulary, the auxiliary-loss overrides). The specs' ``metadata`` is
+    not compared (it describes the model, it does not change it).
 
     Raises:
         TrainError: naming the given model, the run's ``spec.json`` and the first field where they differ.
@@ -174,6 +175,8 @@ def check_resume_model(run: Path, overrides: dict[str, Any], data_folder: str) -
     given, _ = load_train_config(run / "config.json", overrides)
     candidate = resolve_spec(given, None, TokenData.open(data_folder).vocab_size).to_dict()
     own = load_spec(run / "spec.json").to_dict()
+    for spec in (candidate, own):  # descriptive only (names, notes, the plugins' versions): not the model
+        spec.pop("metadata", None)
     diff = _first_difference(candidate, own)
     if diff is None:
         return
