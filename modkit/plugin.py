@@ -20,11 +20,14 @@ What is here, by use:
   (:class:`PreparedMask`), :func:`masked_attention`, :func:`masked_softmax`, :func:`position_bias`,
   :func:`is_plain_causal`, :func:`update_cache`, :func:`update_cache_entries`, :func:`position_geometry`;
 * **recurrent helpers** (:mod:`modkit.nn.recurrent`): :func:`causal_conv`, :func:`padding_mask`,
-  :func:`zero_padding`, :class:`GatedRMSNorm`;
+  :func:`zero_padding`, :class:`GatedRMSNorm`, and for document boundaries :func:`document_starts`,
+  :func:`chunk_boundaries` (:class:`ChunkBoundaries`);
 * **costs** (:mod:`modkit.analysis.cost`): :class:`Workload`, :func:`elementwise`, :func:`declared_flops`; the
   grouped GEMM of mixtures of experts, :func:`grouped_mm`; the tensor-parallel helper :func:`shared_by_heads`;
 * **bounded config fields** (:mod:`modkit.core.limits`): :data:`HeadCount`, :data:`HeadDim`, :data:`FFNWidth`,
-  :data:`ExpertCount`, :data:`SeqLen` and the ``MAX_*`` bounds behind them;
+  :data:`ExpertCount`, :data:`SeqLen` and the ``MAX_*`` bounds behind them; bounded floats :data:`Multiplier`,
+  :data:`RopeFactor`, :data:`Epsilon`, :data:`LossCoef`, :data:`StepSize` and :func:`bounded_float` (a float without
+  an upper bound lets a spec validate and then make a model that is not finite);
 * **error messages** that name a field and a value (:mod:`modkit.core.validation`): :func:`json_value`,
   :func:`join_path`, :func:`last_key`; the errors :class:`SpecError`, :class:`CheckpointError`,
   :class:`UnknownConfigKeyWarning`;
@@ -61,17 +64,37 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from modkit.core.limits import (
         MAX_D_FF,
         MAX_D_MODEL,
+        MIN_DT,
+        MAX_DT,
+        MIN_EPS,
+        MAX_EPS,
+        MAX_DT_CLAMP,
+        MAX_EXPAND,
         MAX_EXPERTS,
         MAX_HEAD_DIM,
         MAX_HEADS,
         MAX_LAYERS,
+        MAX_LOSS_COEF,
+        MAX_MSCALE,
+        MAX_MULTIPLIER,
+        MAX_ROPE_FACTOR,
         MAX_SEQ_LEN,
+        MAX_SOFTCAP,
+        MAX_THETA,
         MAX_VOCAB_SIZE,
+        MIN_SOFTCAP,
+        MIN_THETA,
+        Epsilon,
         ExpertCount,
         FFNWidth,
         HeadCount,
         HeadDim,
+        LossCoef,
+        Multiplier,
+        RopeFactor,
         SeqLen,
+        StepSize,
+        bounded_float,
     )
     from modkit.core.registry import Component, get_registry
     from modkit.core.roles import ROLES
@@ -92,7 +115,15 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     )
     from modkit.nn.cache import CacheEntry, CacheSpec
     from modkit.nn.grouped import grouped_mm
-    from modkit.nn.recurrent import GatedRMSNorm, causal_conv, padding_mask, zero_padding
+    from modkit.nn.recurrent import (
+        ChunkBoundaries,
+        GatedRMSNorm,
+        causal_conv,
+        chunk_boundaries,
+        document_starts,
+        padding_mask,
+        zero_padding,
+    )
     from modkit.parallel import shared_by_heads
     from modkit.spec import load_spec, position_geometry
     from modkit.train.optim import OptimizerChain, OptimizerSetup
@@ -122,17 +153,37 @@ _EXPORTS = {
         (
             "MAX_D_FF",
             "MAX_D_MODEL",
+            "MIN_DT",
+            "MAX_DT",
+            "MIN_EPS",
+            "MAX_EPS",
+            "MAX_DT_CLAMP",
+            "MAX_EXPAND",
             "MAX_EXPERTS",
             "MAX_HEAD_DIM",
             "MAX_HEADS",
             "MAX_LAYERS",
+            "MAX_LOSS_COEF",
+            "MAX_MSCALE",
+            "MAX_MULTIPLIER",
+            "MAX_ROPE_FACTOR",
             "MAX_SEQ_LEN",
+            "MAX_SOFTCAP",
+            "MAX_THETA",
             "MAX_VOCAB_SIZE",
+            "MIN_SOFTCAP",
+            "MIN_THETA",
+            "Epsilon",
             "ExpertCount",
             "FFNWidth",
             "HeadCount",
             "HeadDim",
+            "LossCoef",
+            "Multiplier",
+            "RopeFactor",
             "SeqLen",
+            "StepSize",
+            "bounded_float",
         ),
         "modkit.core.limits",
     ),
@@ -158,7 +209,18 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("CacheEntry", "CacheSpec"), "modkit.nn.cache"),
     "grouped_mm": "modkit.nn.grouped",
-    **dict.fromkeys(("GatedRMSNorm", "causal_conv", "padding_mask", "zero_padding"), "modkit.nn.recurrent"),
+    **dict.fromkeys(
+        (
+            "ChunkBoundaries",
+            "GatedRMSNorm",
+            "causal_conv",
+            "chunk_boundaries",
+            "document_starts",
+            "padding_mask",
+            "zero_padding",
+        ),
+        "modkit.nn.recurrent",
+    ),
     "shared_by_heads": "modkit.parallel",
     **dict.fromkeys(("load_spec", "position_geometry"), "modkit.spec"),
     **dict.fromkeys(("OptimizerChain", "OptimizerSetup"), "modkit.train.optim"),

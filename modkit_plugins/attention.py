@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field, PositiveFloat, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 
 from modkit.plugin import (
@@ -51,6 +51,11 @@ from modkit.plugin import (
     hookimpl,
     is_plain_causal,
     masked_attention,
+    MAX_MULTIPLIER,
+    MAX_SEQ_LEN,
+    MAX_SOFTCAP,
+    MIN_SOFTCAP,
+    Multiplier,
     position_bias,
     PositionGeometry,
     prepare_mask,
@@ -67,8 +72,20 @@ class TemperatureTuning(StrictModel):
     ``log(floor((p + 1) / floor_scale) + 1) · attn_scale + 1`` (1 for the first ``floor_scale - 1`` positions, then
     growing with the log of the position), so attention stays sharp at long context on layers without RoPE."""
 
-    floor_scale: PositiveFloat = Field(8192.0, description="positions per step of the floor (Llama 4 floor_scale)")
-    attn_scale: float = Field(0.1, ge=0, description="strength: the multiplier of the log (Llama 4 attn_scale)")
+    floor_scale: float = Field(
+        8192.0,
+        ge=1,
+        le=MAX_SEQ_LEN,
+        description="positions per step of the floor (Llama 4 floor_scale: 8192); a count of positions, so at least 1 "
+        "(below, (p + 1) / floor_scale overflows float32) and at most the longest sequence modkit allows",
+    )
+    attn_scale: float = Field(
+        0.1,
+        ge=0,
+        le=10,
+        description="strength: the multiplier of the log (Llama 4 attn_scale: 0.1); at most 10, which already "
+        "multiplies the queries by about 190 at 2**27 positions",
+    )
 
 
 class AttentionConfig(ComponentConfig):
@@ -124,12 +141,18 @@ class AttentionConfig(ComponentConfig):
         "[n_heads · head_dim, d_model], with a bias when q_bias (Qwen3-Next fuses it into q_proj). false: no gate",
     )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
-    softmax_scale: Optional[float] = Field(None, gt=0, description="multiplier of q·k; default 1/sqrt(head_dim)")
+    softmax_scale: Optional[Multiplier] = Field(
+        None,
+        description=f"multiplier of q·k; default 1/sqrt(head_dim). At most {MAX_MULTIPLIER:g}: published models use "
+        "1/sqrt(head_dim) or 1/head_dim (below 1), and a larger scale only pushes the scores toward overflow",
+    )
     logit_softcap: Optional[float] = Field(
         None,
-        gt=0,
-        description="scores = cap · tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping); "
-        "null for none. SDPA has no softcap, so a capped layer runs the eager float32 math",
+        ge=MIN_SOFTCAP,
+        le=MAX_SOFTCAP,
+        description="scores = cap · tanh(scores / cap) before the mask (Gemma 2's attn_logit_softcapping: 50); "
+        "null for none. SDPA has no softcap, so a capped layer runs the eager float32 math. Within "
+        f"[{MIN_SOFTCAP:g}, {MAX_SOFTCAP:g}]: a smaller cap overflows scores / cap, a larger one caps nothing",
     )
     backend: Literal["sdpa", "eager"] = Field(
         "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"

@@ -37,7 +37,18 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit.plugin import BuildContext, Component, ComponentConfig, FFNWidth, grouped_mm, hookimpl, Init, Workload
+from modkit.plugin import (
+    BuildContext,
+    Component,
+    ComponentConfig,
+    FFNWidth,
+    grouped_mm,
+    hookimpl,
+    Init,
+    MAX_MULTIPLIER,
+    Multiplier,
+    Workload,
+)
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.functional.gelu(x),
@@ -67,25 +78,27 @@ class GatedConfig(ComponentConfig):
     activation: Literal["gelu", "gelu_tanh", "relu", "silu", None] = Field(
         None, description="gate activation; default silu for swiglu, gelu_tanh for geglu"
     )
-    gate_multiplier: float = Field(
+    gate_multiplier: Multiplier = Field(
         1.0,
-        gt=0,
-        allow_inf_nan=False,
         description="multiplier of the gate projection before the activation, "
-        "act(gate_multiplier · gate(x)) (Falcon-H1's mlp_multipliers[0], μP); 1 for none",
+        "act(gate_multiplier · gate(x)) (Falcon-H1's mlp_multipliers[0], μP); 1 for none. At most "
+        f"{MAX_MULTIPLIER:g}, far above published values (0.5-1), so activations stay finite",
     )
-    output_multiplier: float = Field(
+    output_multiplier: Multiplier = Field(
         1.0,
-        gt=0,
-        allow_inf_nan=False,
         description="multiplier of the FFN's output, output_multiplier · down(...) "
-        "(Falcon-H1's mlp_multipliers[1], μP); 1 for none",
+        f"(Falcon-H1's mlp_multipliers[1], μP); 1 for none. At most {MAX_MULTIPLIER:g}, far above published values "
+        "(0.5-1), so activations stay finite",
     )
 
     @property
     def act(self) -> str:
         """The effective gate activation."""
         return self.activation or ("silu" if self.type == "swiglu" else "gelu_tanh")
+
+
+#: the largest clamp of ``swiglu_clamped`` (gpt-oss: 7): limit² = 65,536 is about float16's largest value
+MAX_CLAMP_LIMIT = 256.0
 
 
 class ClampedSwiGLUConfig(ComponentConfig):
@@ -95,17 +108,18 @@ class ClampedSwiGLUConfig(ComponentConfig):
     type: Literal["swiglu_clamped"] = "swiglu_clamped"
     d_ff: FFNWidth = Field(..., description="hidden width")
     bias: bool = Field(False, description="biases on the three projections (gpt-oss's experts have them)")
-    alpha: float = Field(
+    alpha: Multiplier = Field(
         1.702,
-        gt=0,
-        allow_inf_nan=False,
-        description="slope of the gate's sigmoid, g * sigmoid(alpha * g) (gpt-oss swiglu_alpha)",
+        description="slope of the gate's sigmoid, g * sigmoid(alpha * g) (gpt-oss swiglu_alpha: 1.702); at most "
+        f"{MAX_MULTIPLIER:g}, far above it",
     )
     limit: float = Field(
         7.0,
         gt=0,
+        le=MAX_CLAMP_LIMIT,
         allow_inf_nan=False,
-        description="the gate is clamped to at most limit and the up projection to [-limit, limit] (gpt-oss swiglu_limit)",
+        description="the gate is clamped to at most limit and the up projection to [-limit, limit] (gpt-oss swiglu_limit: "
+        f"7); at most {MAX_CLAMP_LIMIT:g}, so the product of the two, up to limit², stays within float16's range",
     )
 
 

@@ -23,6 +23,11 @@ n_value_heads · value_head_dim, d_conv - 1]`` and the state ``recurrent [n_valu
 value_head_dim]`` (float32). Padding tokens change nothing (inputs zeroed before the convolution, ``β = 0`` and no
 decay), so left padding is exact.
 
+**Document boundaries.** With ``inputs.documents`` (document-masked packing) the state entering each document of a
+packed row is zero (``α = 0`` at a document's first token; in the chunkwise form every decay product over a range
+holding a start is masked: :func:`~modkit.nn.recurrent.chunk_boundaries`) and the convolution takes no input from
+the previous document, as flash-linear-attention does with ``cu_seqlens``: each document gives its numbers alone.
+
 References: Yang, Kautz & Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 with Delta Rule (arXiv:2412.06464),
 §2-3 (the gated delta rule and its chunkwise form); Yang et al. 2024, Parallelizing Linear Transformers with the
 Delta Rule over Sequence Length (arXiv:2406.06484) for the UT transform; Qwen3-Next as in transformers
@@ -44,12 +49,17 @@ from modkit.plugin import (
     CacheEntry,
     CacheSpec,
     causal_conv,
+    chunk_boundaries,
     Component,
     ComponentConfig,
+    Epsilon,
     GatedRMSNorm,
     HeadCount,
     HeadDim,
     hookimpl,
+    document_starts,
+    MAX_EPS,
+    MIN_EPS,
     padding_mask,
     Workload,
     zero_padding,
@@ -72,7 +82,11 @@ class GatedDeltaNetConfig(ComponentConfig):
     )
     d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over q, k and v")
     conv_bias: bool = Field(False, description="bias on the convolution (Qwen3-Next: none)")
-    norm_eps: float = Field(1e-6, gt=0, description="epsilon of the gated output norm")
+    norm_eps: Epsilon = Field(
+        1e-6,
+        description=f"epsilon of the gated output norm; within [{MIN_EPS:g}, {MAX_EPS:g}] (Qwen3-Next: 1e-6; a smaller "
+        "eps is 0 in float32)",
+    )
     chunk_size: int = Field(
         64,
         ge=1,
@@ -108,15 +122,23 @@ def l2_normalise(x: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 def delta_rule_chunked(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, chunk: int, state: Optional[Tensor] = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    chunk: int,
+    state: Optional[Tensor] = None,
+    starts: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunkwise form of the gated delta rule.
 
     Args:
         q, k: ``[batch, H, T, dk]`` (normalised; ``q`` scaled); v: ``[batch, H, T, dv]``; g: ``[batch, H, T]`` log
         decays (``≤ 0``; 0 on padding); beta: ``[batch, H, T]`` (0 on padding); chunk: ``L`` (``min(chunk, T)``
-        used); state: ``[batch, H, dk, dv]`` or ``None`` (zeros). Float32; ``H`` value heads (keys already
-        repeated for grouped values).
+        used); state: ``[batch, H, dk, dv]`` or ``None`` (zeros); starts: ``[batch, T]`` bool, True where a
+        document starts (``α = 0`` there: the state entering it is zero; a True at 0 drops ``state``), or ``None``.
+        Float32 (or float64); ``H`` value heads (keys already repeated for grouped values).
 
     Returns:
         ``(o [batch, H, T, dv], final state)``.
@@ -139,16 +161,20 @@ def delta_rule_chunked(
     lower = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
     # decay between tokens s <= t of a chunk: exp(cum_t - cum_s) (the exponent is <= 0 there; masked before exp)
     gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    from_start, k_decay, end = cum.exp(), (cum[..., -1:] - cum).exp(), cum[..., -1].exp()  # [b, H, c, (L)]
+    if starts is not None:  # no decay product reaches across a document start (flash-linear-attention's cu_seqlens)
+        bounds = chunk_boundaries(starts, L, q.dtype)
+        gamma, end = gamma * bounds.same[:, None], end * bounds.whole[:, None]
+        from_start, k_decay = from_start * bounds.from_start[:, None], k_decay * bounds.to_end[:, None]
     kb = k * beta[..., None]
     # I + the strictly lower part of β_s (k_s · k_j) Γ_sj is solved: the solve reads only the lower triangle and
     # takes the diagonal as 1 (unitriangular), so the matrix is passed as it is (Γ is 0 above the diagonal)
     system = (kb @ k.transpose(-1, -2)) * gamma
     u = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(system, kb * cum.exp()[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, kb * from_start[..., None], upper=False, unitriangular=True)
     attn = (q @ k.transpose(-1, -2)) * gamma  # causal, decayed q·k inside the chunk
-    q_in = q * cum.exp()[..., None]  # what the entering state contributes, decayed to each token
-    k_out = k * (cum[..., -1:] - cum).exp()[..., None]  # each token's key decayed to the chunk end
-    end = cum[..., -1].exp()  # [b, H, c]
+    q_in = q * from_start[..., None]  # what the entering state contributes, decayed to each token
+    k_out = k * k_decay[..., None]  # each token's key decayed to the chunk end
     s = state if state is not None else q.new_zeros(b, H, dk, dv)
     out = []
     for i in range(nc):  # the state from chunk to chunk
@@ -159,16 +185,23 @@ def delta_rule_chunked(
     return o, s
 
 
-def delta_rule_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+def delta_rule_step(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, reset: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
     """One token of the gated delta rule: ``S = α S``; ``S += β k (v - Sᵀ k)ᵀ``; ``o = Sᵀ q``.
 
     Args:
-        q, k: ``[batch, H, dk]``; v: ``[batch, H, dv]``; g, beta: ``[batch, H]``; state: ``[batch, H, dk, dv]``. Float32.
+        q, k: ``[batch, H, dk]``; v: ``[batch, H, dv]``; g, beta: ``[batch, H]``; state: ``[batch, H, dk, dv]``;
+        reset: ``[batch]`` bool, True where the token starts a document (``α = 0``: the state before it is
+        dropped), or ``None``. Float32 (or float64).
 
     Returns:
         ``(o [batch, H, dv], new state)``. FLOPs: ``4 · batch · H · dk · dv`` (the read-outs ``Sᵀ k`` and ``Sᵀ q``).
     """
-    s = state * g.exp()[..., None, None]
+    alpha = g.exp()
+    if reset is not None:
+        alpha = alpha * (~reset)[:, None].to(alpha.dtype)
+    s = state * alpha[..., None, None]
     predicted = (k[..., None, :] @ s)[..., 0, :]  # Sᵀ k, [b, H, dv]
     s = s + k[..., :, None] * ((v - predicted) * beta[..., None])[..., None, :]
     o = (q[..., None, :] @ s)[..., 0, :]
@@ -258,7 +291,8 @@ class GatedDeltaNet(nn.Module):
         mask = padding_mask(inputs.token_mask, torch.float32)
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         qkv = zero_padding(qkv, mask)
-        qkv = nn.functional.silu(causal_conv(qkv, self.conv1d, state)).float()
+        starts = document_starts(inputs.documents)  # the state and the convolution restart at each document
+        qkv = nn.functional.silu(causal_conv(qkv, self.conv1d, state, starts=starts)).float()
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.n_value_heads // self.n_heads
         q = l2_normalise(q.view(bsz, s, self.n_heads, self.key_head_dim)) * self.key_head_dim**-0.5
@@ -274,10 +308,11 @@ class GatedDeltaNet(nn.Module):
         s0 = state["recurrent"] if state is not None else None
         if s == 1:
             s0 = s0 if s0 is not None else q.new_zeros(bsz, self.n_value_heads, self.key_head_dim, self.value_head_dim)
-            o, s1 = delta_rule_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], g[:, :, 0], beta[:, :, 0], s0)
+            reset = None if starts is None else starts[:, 0]
+            o, s1 = delta_rule_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], g[:, :, 0], beta[:, :, 0], s0, reset)
             o = o[:, :, None]
         else:
-            o, s1 = delta_rule_chunked(q, k, v, g, beta, self.chunk_size, s0)
+            o, s1 = delta_rule_chunked(q, k, v, g, beta, self.chunk_size, s0, starts)
         if state is not None:
             state.write("recurrent", s1)
         o = o.transpose(1, 2)  # [b, s, H, dv]
@@ -356,7 +391,7 @@ def register_components(register) -> None:
             "holds a fixed-size state per sequence (conv window + [n_value_heads, key_head_dim, value_head_dim] float32).",
             reference="Yang, Kautz & Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 with Delta Rule, "
             "arXiv:2412.06464; Qwen3-Next (transformers Qwen3NextGatedDeltaNet)",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True},
+            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

@@ -9,7 +9,9 @@ Falcon-H1 runs attention and Mamba-2 this way in every layer, with μP multiplie
 ``attention_out_multiplier``, ``ssm_in_multiplier``, ``ssm_out_multiplier``). The mixers are any token mixers (an
 attention, a recurrent mixer); each keeps its own state in the layer's cache (keyed by its path,
 ``attention.mixers.0``, ``attention.mixers.1``: :mod:`modkit.nn.cache`), so a hybrid layer decodes like its parts. Any
-placement holds it, as it holds one mixer: the placement contract is unchanged.
+placement holds it, as it holds one mixer: the placement contract is unchanged. Document boundaries
+(``inputs.documents``) reach every mixer as they are; the layer honours them when each of its mixers declares the
+``document_mask`` capability (:func:`modkit.nn.documents.document_mask_problems` looks inside it).
 
 References: Zuo et al. 2025, Falcon-H1: A Family of Hybrid-Head Language Models Redefining Efficiency and Performance
 (arXiv:2507.22448), §2 (the parallel hybrid design and its multipliers) and transformers ``FalconH1DecoderLayer``;
@@ -25,11 +27,13 @@ from torch import Tensor, nn
 
 from modkit.plugin import (
     AttentionInputs,
+    bounded_float,
     BuildContext,
     Component,
     ComponentConfig,
     elementwise,
     hookimpl,
+    MAX_MULTIPLIER,
     position_geometry,
     Slot,
 )
@@ -43,15 +47,17 @@ class ParallelConfig(ComponentConfig):
         "mixer",
         description="the token mixers (attention or recurrent), at least two, in the order their outputs are summed",
     )
-    in_multipliers: Optional[list[float]] = Field(
+    in_multipliers: Optional[list[bounded_float(-MAX_MULTIPLIER, MAX_MULTIPLIER)]] = Field(
         None,
         description="multiplier of each mixer's input (Falcon-H1's ssm_in_multiplier, attention_in_multiplier); "
-        "null for 1 each",
+        f"null for 1 each. Each within ±{MAX_MULTIPLIER:g}, far beyond published values (0.5-2), so activations stay "
+        "finite",
     )
-    out_multipliers: Optional[list[float]] = Field(
+    out_multipliers: Optional[list[bounded_float(-MAX_MULTIPLIER, MAX_MULTIPLIER)]] = Field(
         None,
         description="multiplier of each mixer's output (Falcon-H1's ssm_out_multiplier, attention_out_multiplier); "
-        "null for 1 each",
+        f"null for 1 each. Each within ±{MAX_MULTIPLIER:g}, far beyond published values (0.5-2), so activations stay "
+        "finite",
     )
 
     def position_geometry(self, ctx):
@@ -135,7 +141,8 @@ def register_components(register) -> None:
             "each reads the same input times its input multiplier, the outputs times their output multipliers are "
             "summed. [batch, seq, d_model] -> [batch, seq, d_model]; each mixer keeps its own cache state.",
             reference="Zuo et al. 2025, Falcon-H1: A Family of Hybrid-Head Language Models, arXiv:2507.22448",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True},
+            # document_mask: hands inputs.documents to every mixer; each inner mixer is checked for its own
+            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
             param_count=_param_count,
             flops=elementwise(
                 "sums the outputs of mixers that declare their own FLOPs (the multipliers are element-wise)"

@@ -19,6 +19,10 @@ Mamba-2 the decay differs per state, so the diagonal blocks are not a matrix pro
 **State.** Per sequence, whatever the context: the convolution window ``conv [d_inner, d_conv - 1]`` and the SSM state
 ``ssm [d_inner, d_state]`` (float32). Padding tokens change nothing (their inputs and steps are zeroed).
 
+**Document boundaries.** With ``inputs.documents`` (document-masked packing) the decay into each document's first
+token is 0, so the state entering a document is zero, and the convolution takes no input from the previous document
+(mamba_ssm's ``seq_idx``): each document of a packed row gives the numbers it gives alone.
+
 References: Gu & Dao 2023, Mamba: Linear-Time Sequence Modeling with Selective State Spaces (arXiv:2312.00752),
 Algorithm 2 and §3.5; Blelloch 1990, Prefix Sums and Their Applications (the associative scan); Lieber et al. 2024,
 Jamba: A Hybrid Transformer-Mamba Language Model (arXiv:2403.19887) for the RMSNorms on Δ, B and C; transformers
@@ -46,10 +50,22 @@ from modkit.plugin import (
     ComponentConfig,
     HeadDim,
     hookimpl,
+    document_starts,
+    MAX_DT,
+    MAX_EXPAND,
+    MIN_DT,
     padding_mask,
     Slot,
+    StepSize,
     Workload,
     zero_padding,
+)
+
+
+#: what the description of an initial step size adds: its bound (modkit.core.limits) and why
+_DT = (
+    f"; within [{MIN_DT:g}, {MAX_DT:g}] (Mamba: floor 1e-4, range 0.001-0.1): Δ is stored as softplus⁻¹(Δ), which is "
+    "-inf for a Δ that rounds to 0 in float32 and overflows for a huge one"
 )
 
 
@@ -58,7 +74,13 @@ class MambaConfig(ComponentConfig):
 
     type: Literal["mamba"] = "mamba"
     d_state: HeadDim = Field(16, description="N: the state size per channel (rows of B and C)")
-    expand: float = Field(2.0, gt=0, description="d_inner = expand · d_model when d_inner is not given")
+    expand: float = Field(
+        2.0,
+        gt=0,
+        le=MAX_EXPAND,
+        description=f"d_inner = expand · d_model when d_inner is not given; at most {MAX_EXPAND:g} (Mamba, Mamba-2, "
+        "Jamba and Falcon-H1 use 2), so d_inner stays a size torch can allocate",
+    )
     d_inner: Optional[int] = Field(None, gt=0, description="width of x and z; default expand · d_model")
     dt_rank: Optional[int] = Field(None, gt=0, description="rank of the step projection; default ceil(d_model / 16)")
     d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over x")
@@ -77,9 +99,18 @@ class MambaConfig(ComponentConfig):
         description="chunk length of the chunked scan used for training and "
         "prefill; changes the speed, not the numbers",
     )
-    dt_init_min: float = Field(0.001, gt=0, description="initial Δ is log-uniform in [dt_init_min, dt_init_max]")
-    dt_init_max: float = Field(0.1, gt=0, description="see dt_init_min")
-    dt_init_floor: float = Field(1e-4, gt=0, description="initial Δ is at least this")
+    dt_init_min: StepSize = Field(
+        0.001,
+        description="initial Δ is log-uniform in [dt_init_min, dt_init_max]" + _DT,
+    )
+    dt_init_max: StepSize = Field(
+        0.1,
+        description="see dt_init_min" + _DT,
+    )
+    dt_init_floor: StepSize = Field(
+        1e-4,
+        description="initial Δ is at least this" + _DT,
+    )
 
     def resolved_d_inner(self, d_model: int) -> int:
         """``d_inner``, or ``int(expand · d_model)``."""
@@ -107,13 +138,22 @@ class MambaConfig(ComponentConfig):
 
 
 def scan_chunked(
-    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int, state: Optional[Tensor] = None
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk: int,
+    state: Optional[Tensor] = None,
+    starts: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunked associative scan, without the ``D`` skip.
 
     Args:
         x, dt: ``[batch, T, D]`` (``dt`` 0 on padding); A: ``[D, N]`` (negative); B, C: ``[batch, T, N]``; chunk:
-        ``L`` (``min(chunk, T)`` used); state: ``[batch, D, N]`` or ``None`` (zeros). Float32.
+        ``L`` (``min(chunk, T)`` used); state: ``[batch, D, N]`` or ``None`` (zeros); starts: ``[batch, T]`` bool,
+        True where a document starts (its decay is 0: the state entering it is zero; a True at 0 drops ``state``),
+        or ``None``. Float32 (or float64).
 
     Returns:
         ``(y [batch, T, D], final state [batch, D, N])``. FLOPs (as ``FlopCounterMode`` counts them, ``c`` chunks of
@@ -126,7 +166,10 @@ def scan_chunked(
     pad = nc * L - T
     if pad:
         x, dt, B, C = (nn.functional.pad(t, (0, 0, 0, pad)) for t in (x, dt, B, C))
-    decay = torch.exp(dt[..., None] * A).view(b, nc, L, D, N)  # exp(Δ A) per step
+    decay = torch.exp(dt[..., None] * A)  # exp(Δ A) per step
+    if starts is not None:  # no decay into a document's first token: nothing crosses the boundary
+        decay = decay * (~nn.functional.pad(starts, (0, pad)))[..., None, None].to(decay.dtype)
+    decay = decay.view(b, nc, L, D, N)
     u = ((dt * x)[..., None] * B[:, :, None, :]).view(b, nc, L, D, N)  # Δ x B per step
     step = 1
     while step < L:  # inclusive prefix scan inside each chunk (Hillis-Steele): h_t from the chunk start
@@ -144,16 +187,23 @@ def scan_chunked(
     return y, h
 
 
-def scan_step(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+def scan_step(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state: Tensor, reset: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
     """One token: ``h = exp(Δ A) ⊙ h + Δ x B``, ``y = h · C``.
 
     Args:
-        x, dt: ``[batch, D]``; A: ``[D, N]``; B, C: ``[batch, N]``; state: ``[batch, D, N]``. Float32.
+        x, dt: ``[batch, D]``; A: ``[D, N]``; B, C: ``[batch, N]``; state: ``[batch, D, N]``; reset: ``[batch]``
+        bool, True where the token starts a document (the decay is 0: ``h = Δ x B``), or ``None``. Float32 (or
+        float64).
 
     Returns:
         ``(y [batch, D], new state)``. FLOPs: ``2 · batch · D · N``.
     """
-    h = torch.exp(dt[..., None] * A) * state + (dt * x)[..., None] * B[:, None, :]
+    decay = torch.exp(dt[..., None] * A)
+    if reset is not None:
+        decay = decay * (~reset)[:, None, None].to(decay.dtype)
+    h = decay * state + (dt * x)[..., None] * B[:, None, :]
     return (h @ C[:, :, None])[..., 0], h
 
 
@@ -232,7 +282,8 @@ class Mamba(nn.Module):
         mask = padding_mask(inputs.token_mask, torch.float32)
         xs, z = self.in_proj(x).chunk(2, dim=-1)
         xs = zero_padding(xs, mask)
-        xs = zero_padding(nn.functional.silu(causal_conv(xs, self.conv1d, state)), mask)
+        starts = document_starts(inputs.documents)  # the state and the convolution restart at each document
+        xs = zero_padding(nn.functional.silu(causal_conv(xs, self.conv1d, state, starts=starts)), mask)
         delta, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         if self.dt_norm is not None:
             delta, B, C = self.dt_norm(delta), self.b_norm(B), self.c_norm(C)
@@ -242,10 +293,10 @@ class Mamba(nn.Module):
         h0 = state["ssm"] if state is not None else None
         if s == 1:
             h0 = h0 if h0 is not None else xs32.new_zeros(b, self.d_inner, self.d_state)
-            y, h = scan_step(xs32[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], h0)
+            y, h = scan_step(xs32[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], h0, None if starts is None else starts[:, 0])
             y = y[:, None]
         else:
-            y, h = scan_chunked(xs32, dt, A, B, C, self.chunk_size, h0)
+            y, h = scan_chunked(xs32, dt, A, B, C, self.chunk_size, h0, starts)
         if state is not None:
             state.write("ssm", h)
         y = (y + xs32 * self.D.float()) * nn.functional.silu(z.float())
@@ -323,7 +374,7 @@ def register_components(register) -> None:
             "seq, d_model]; the cache holds a fixed-size state per sequence (conv window + [d_inner, d_state] float32).",
             reference="Gu & Dao 2023, Mamba: Linear-Time Sequence Modeling with Selective State Spaces, arXiv:2312.00752; "
             "Lieber et al. 2024, Jamba, arXiv:2403.19887",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True},
+            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

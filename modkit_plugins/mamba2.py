@@ -23,6 +23,12 @@ dtype) and the SSM state ``ssm [n_heads, head_dim, d_state]`` (float32): ``modki
 ``cache_state_bytes_per_sequence``, constant in the context length. Padding tokens (``inputs.token_mask`` False)
 change nothing: their convolution inputs and step sizes are zeroed (no decay, no write), so left padding is exact.
 
+**Document boundaries.** With ``inputs.documents`` (document-masked packing) the state entering each document of a
+packed row is zero and the convolution takes no input from the previous document: the decay into a document's first
+token is 0 (in the chunked form, the decays of every range holding a start are masked:
+:func:`~modkit.nn.recurrent.chunk_boundaries`), as mamba_ssm does with its per-token ``seq_idx``. Each document then
+gives the numbers it gives alone.
+
 References: Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured State
 Space Duality (arXiv:2405.21060), §6 (the SSD algorithm) and §7 (the Mamba-2 block: parallel projections, groups,
 the gated norm); transformers ``Mamba2Mixer`` (its non-kernel PyTorch path, read, not copied) for the parameter
@@ -41,17 +47,29 @@ from torch import Tensor, nn
 
 from modkit.plugin import (
     AttentionInputs,
+    bounded_float,
     BuildContext,
     CacheEntry,
     CacheSpec,
     causal_conv,
+    chunk_boundaries,
     Component,
     ComponentConfig,
+    Epsilon,
     GatedRMSNorm,
     HeadCount,
     HeadDim,
     hookimpl,
+    document_starts,
+    MAX_DT,
+    MAX_DT_CLAMP,
+    MAX_EPS,
+    MAX_EXPAND,
+    MAX_MULTIPLIER,
+    MIN_DT,
+    MIN_EPS,
     padding_mask,
+    StepSize,
     Workload,
     zero_padding,
 )
@@ -60,13 +78,26 @@ from modkit.plugin import (
 PARTS = ("z", "x", "B", "C", "dt")
 
 
+#: what the description of an initial step size adds: its bound (modkit.core.limits) and why
+_DT = (
+    f"; within [{MIN_DT:g}, {MAX_DT:g}] (Mamba: floor 1e-4, range 0.001-0.1): Δ is stored as softplus⁻¹(Δ), which is "
+    "-inf for a Δ that rounds to 0 in float32 and overflows for a huge one"
+)
+
+
 class Mamba2Config(ComponentConfig):
     """Config of ``mamba2``: the SSD layer of Mamba-2 (and Falcon-H1's Mamba-2 layers)."""
 
     type: Literal["mamba2"] = "mamba2"
     d_state: HeadDim = Field(128, description="N: the state size per head (rows of B and C); Mamba-2 uses 64-256")
     head_dim: HeadDim = Field(64, description="P: channels per head (the paper's headdim)")
-    expand: float = Field(2.0, gt=0, description="d_inner = expand · d_model when d_inner is not given")
+    expand: float = Field(
+        2.0,
+        gt=0,
+        le=MAX_EXPAND,
+        description=f"d_inner = expand · d_model when d_inner is not given; at most {MAX_EXPAND:g} (Mamba, Mamba-2, "
+        "Jamba and Falcon-H1 use 2), so d_inner stays a size torch can allocate",
+    )
     d_inner: Optional[int] = Field(
         None,
         gt=0,
@@ -89,7 +120,11 @@ class Mamba2Config(ComponentConfig):
         False,
         description="the gated norm normalises first, then gates (Falcon-H1); false: gate then normalise (Mamba-2)",
     )
-    norm_eps: float = Field(1e-5, gt=0, description="epsilon of the gated norm")
+    norm_eps: Epsilon = Field(
+        1e-5,
+        description=f"epsilon of the gated norm; within [{MIN_EPS:g}, {MAX_EPS:g}] (Mamba-2: 1e-5; a smaller eps is 0 "
+        "in float32)",
+    )
     chunk_size: int = Field(
         64,
         ge=1,
@@ -98,19 +133,37 @@ class Mamba2Config(ComponentConfig):
         "prefill; changes the speed, not the numbers",
     )
     dt_clamp_min: float = Field(
-        0.0, ge=0, description="Δ is clamped to at least this (transformers' time_step_limit[0])"
+        0.0,
+        ge=0,
+        le=MAX_DT_CLAMP,
+        description="Δ is clamped to at least this (transformers' time_step_limit[0]: 0); at most "
+        f"{MAX_DT_CLAMP:g}, where exp(-A·Δ) is already 0 for every head",
     )
     dt_clamp_max: Optional[float] = Field(
-        None, gt=0, description="Δ is clamped to at most this; null for no bound (time_step_limit[1] = inf)"
+        None,
+        gt=0,
+        le=MAX_DT_CLAMP,
+        description="Δ is clamped to at most this; null for no bound (time_step_limit[1] = inf); at most "
+        f"{MAX_DT_CLAMP:g}, where exp(-A·Δ) is already 0 for every head",
     )
-    dt_init_min: float = Field(0.001, gt=0, description="initial Δ is log-uniform in [dt_init_min, dt_init_max]")
-    dt_init_max: float = Field(0.1, gt=0, description="see dt_init_min")
-    dt_init_floor: float = Field(1e-4, gt=0, description="initial Δ is at least this")
-    projection_multipliers: Optional[list[float]] = Field(
+    dt_init_min: StepSize = Field(
+        0.001,
+        description="initial Δ is log-uniform in [dt_init_min, dt_init_max]" + _DT,
+    )
+    dt_init_max: StepSize = Field(
+        0.1,
+        description="see dt_init_min" + _DT,
+    )
+    dt_init_floor: StepSize = Field(
+        1e-4,
+        description="initial Δ is at least this" + _DT,
+    )
+    projection_multipliers: Optional[list[bounded_float(-MAX_MULTIPLIER, MAX_MULTIPLIER)]] = Field(
         None,
         min_length=5,
         max_length=5,
-        description="multipliers of in_proj's parts [z, x, B, C, Δ] (Falcon-H1's ssm_multipliers, μP); null for none",
+        description="multipliers of in_proj's parts [z, x, B, C, Δ] (Falcon-H1's ssm_multipliers, μP); null for none. "
+        f"Each within ±{MAX_MULTIPLIER:g}, far beyond published values (0.2-2), so the projections stay finite",
     )
 
     def resolved_d_inner(self, d_model: int) -> int:
@@ -170,14 +223,23 @@ def segsum(a: Tensor) -> Tensor:
 
 
 def ssd_chunked(
-    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int, state: Optional[Tensor] = None
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk: int,
+    state: Optional[Tensor] = None,
+    starts: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunked (SSD) form of the scan, without the ``D`` skip.
 
     Args:
         x: ``[batch, T, H, P]`` inputs; dt: ``[batch, T, H]`` step sizes (0 on padding); A: ``[H]`` (negative);
         B, C: ``[batch, T, G, N]`` (``G`` groups of ``H / G`` heads); chunk: the chunk length ``L`` (``min(chunk,
-        T)`` is used); state: ``[batch, H, P, N]`` state before the first token, or ``None`` (zeros). Float32.
+        T)`` is used); state: ``[batch, H, P, N]`` state before the first token, or ``None`` (zeros); starts:
+        ``[batch, T]`` bool, True where a document starts (the decay into it is 0: the state entering it is zero;
+        a True at 0 drops ``state``), or ``None``. Float32 (or float64).
 
     Returns:
         ``(y [batch, T, H, P], final state [batch, H, P, N])``.
@@ -202,28 +264,39 @@ def ssd_chunked(
     a = dt * A.view(G, r, 1)  # log decay of each step
     cum = a.cumsum(-1)  # [b, c, G, r, L]: from the chunk start
     decay = torch.exp(segsum(a))  # [b, c, G, r, L, L]
+    to_end = torch.exp(cum[..., -1:] - cum)  # [b, c, G, r, L]: decay from s to the chunk end
+    chunk_decay, entering_decay = torch.exp(cum[..., -1]), torch.exp(cum)  # [b, c, G, r], [b, c, G, r, L]
+    if starts is not None:  # no decay reaches across a document start (mamba_ssm's seq_idx)
+        bounds = chunk_boundaries(starts, L, x.dtype)
+        decay = decay * bounds.same[:, :, None, None]
+        to_end, entering_decay = (
+            to_end * bounds.to_end[:, :, None, None],
+            entering_decay * bounds.from_start[:, :, None, None],
+        )
+        chunk_decay = chunk_decay * bounds.whole[:, :, None, None]
     scores = C @ B.transpose(-1, -2)  # [b, c, G, L, L]: C_t · B_s, shared by the group's heads
     y = (scores[:, :, :, None] * decay * dt[..., None, :]) @ x  # diagonal blocks, [b, c, G, r, L, P]
-    to_end = torch.exp(cum[..., -1:] - cum) * dt  # [b, c, G, r, L]: decay from s to the chunk end, times Δ_s
-    states = (x * to_end[..., None]).transpose(-1, -2) @ B[:, :, :, None]  # [b, c, G, r, P, N]
+    states = (x * (to_end * dt)[..., None]).transpose(-1, -2) @ B[:, :, :, None]  # [b, c, G, r, P, N]
     h = state.view(b, G, r, P, N) if state is not None else x.new_zeros(b, G, r, P, N)
-    chunk_decay = torch.exp(cum[..., -1])  # [b, c, G, r]
     entering = []
     for i in range(nc):  # pass the state from chunk to chunk (element-wise)
         entering.append(h)
         h = chunk_decay[:, i, ..., None, None] * h + states[:, i]
     start = torch.stack(entering, 1)  # [b, c, G, r, P, N]
-    y = y + (C[:, :, :, None] @ start.transpose(-1, -2)) * torch.exp(cum)[..., None]  # the entering state's output
+    y = y + (C[:, :, :, None] @ start.transpose(-1, -2)) * entering_decay[..., None]  # the entering state's output
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, H, P)[:, :T]
     return y, h.reshape(b, H, P, N)
 
 
-def ssd_step(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+def ssd_step(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state: Tensor, reset: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
     """One token of the recurrence, without the ``D`` skip: ``S = exp(Δ A) S + Δ x ⊗ B``, ``y = S C``.
 
     Args:
-        x: ``[batch, H, P]``; dt: ``[batch, H]``; A: ``[H]``; B, C: ``[batch, G, N]``; state: ``[batch, H, P, N]``.
-        Float32.
+        x: ``[batch, H, P]``; dt: ``[batch, H]``; A: ``[H]``; B, C: ``[batch, G, N]``; state: ``[batch, H, P, N]``;
+        reset: ``[batch]`` bool, True where the token starts a document (the decay is 0: ``S = Δ x ⊗ B``), or
+        ``None``. Float32 (or float64).
 
     Returns:
         ``(y [batch, H, P], new state)``. FLOPs: ``2 · batch · H · P · N`` (the read-out ``S C``).
@@ -232,7 +305,10 @@ def ssd_step(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state: Tens
     G, N = B.shape[-2:]
     r = H // G
     s = state.view(b, G, r, P, N)
-    dA = torch.exp(dt * A).view(b, G, r, 1, 1)
+    dA = torch.exp(dt * A)
+    if reset is not None:
+        dA = dA * (~reset)[:, None].to(dA.dtype)
+    dA = dA.view(b, G, r, 1, 1)
     u = (dt[..., None] * x).view(b, G, r, P, 1) * B.view(b, G, 1, 1, N)
     s = dA * s + u
     y = (s.reshape(b, G, r * P, N) @ C.view(b, G, N, 1)).view(b, H, P)
@@ -347,8 +423,9 @@ class Mamba2(nn.Module):
         if self.projection_scale is not None:
             zxbcdt = zxbcdt * self.projection_scale.to(zxbcdt.dtype)
         z, xbc, dt = zxbcdt.split([self.d_inner, self.conv_dim, self.n_heads], dim=-1)
+        starts = document_starts(inputs.documents)  # the state and the convolution restart at each document
         xbc = zero_padding(xbc, mask)  # the convolution sees zeros for padding, as before a sequence's first token
-        xbc = zero_padding(nn.functional.silu(causal_conv(xbc, self.conv1d, state)), mask)
+        xbc = zero_padding(nn.functional.silu(causal_conv(xbc, self.conv1d, state, starts=starts)), mask)
         xs, B, C = xbc.float().split([self.d_inner, self.n_groups * self.d_state, self.n_groups * self.d_state], dim=-1)
         dt = nn.functional.softplus(dt.float() + self.dt_bias.float())
         lo, hi = self.dt_clamp
@@ -362,10 +439,10 @@ class Mamba2(nn.Module):
         h0 = state["ssm"] if state is not None else None
         if s == 1:  # the recurrent step (decoding)
             h0 = h0 if h0 is not None else xs.new_zeros(b, self.n_heads, self.head_dim, self.d_state)
-            y, h = ssd_step(xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], h0)
+            y, h = ssd_step(xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], h0, None if starts is None else starts[:, 0])
             y = y[:, None]
         else:
-            y, h = ssd_chunked(xs, dt, A, B, C, self.chunk_size, h0)
+            y, h = ssd_chunked(xs, dt, A, B, C, self.chunk_size, h0, starts)
         if state is not None:
             state.write("ssm", h)
         y = y + xs * self.D.float()[:, None]
@@ -449,7 +526,7 @@ def register_components(register) -> None:
             "(conv window + [n_heads, head_dim, d_state] float32).",
             reference="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient Algorithms Through "
             "Structured State Space Duality, arXiv:2405.21060",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True},
+            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

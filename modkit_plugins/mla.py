@@ -53,7 +53,7 @@ from dataclasses import replace
 from typing import Any, Literal, NamedTuple, Optional
 
 import torch
-from pydantic import Field, PositiveFloat
+from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
@@ -69,9 +69,14 @@ from modkit.plugin import (
     is_plain_causal,
     masked_attention,
     masked_softmax,
+    MAX_MSCALE,
+    MAX_MULTIPLIER,
+    MAX_ROPE_FACTOR,
+    Multiplier,
     position_bias,
     PositionGeometry,
     prepare_mask,
+    RopeFactor,
     shared_by_heads,
     Slot,
     StrictModel,
@@ -83,14 +88,18 @@ from modkit.plugin import (
 class YarnMscale(StrictModel):
     """DeepSeek's YaRN softmax-scale correction (the ``factor`` and ``mscale_all_dim`` of its rope scaling)."""
 
-    factor: PositiveFloat = Field(
-        ..., description="the YaRN context-extension factor of the rope scaling (DeepSeek-V3: 40)"
+    factor: RopeFactor = Field(
+        ...,
+        description="the YaRN context-extension factor of the rope scaling (DeepSeek-V3: 40); at most "
+        f"{MAX_ROPE_FACTOR:g}, far above published factors, so mscale stays small",
     )
     mscale_all_dim: float = Field(
         ...,
         ge=0,
+        le=MAX_MSCALE,
         description="mscale_all_dim of the rope scaling; mscale = 0.1 · mscale_all_dim · ln(factor) + 1, "
-        "the softmax scale is multiplied by mscale² (0: no correction)",
+        f"the softmax scale is multiplied by mscale² (0: no correction). At most {MAX_MSCALE:g} (DeepSeek: "
+        "0.707-1), which keeps mscale² below about 10^4",
     )
 
 
@@ -124,10 +133,10 @@ class MLAConfig(ComponentConfig):
     bias: bool = Field(
         False, description="biases on q_a_proj, kv_a_proj_with_mqa and o_proj (DeepSeek's attention_bias)"
     )
-    softmax_scale: Optional[PositiveFloat] = Field(
+    softmax_scale: Optional[Multiplier] = Field(
         None,
         description="multiplier of the scores; default (qk_nope_head_dim + qk_rope_head_dim)^-1/2, times mscale² "
-        "with yarn_mscale",
+        f"with yarn_mscale. At most {MAX_MULTIPLIER:g}: published models use values below 1",
     )
     yarn_mscale: Optional[YarnMscale] = Field(
         None,

@@ -83,6 +83,9 @@ from modkit.plugin import (
     declared_flops,
     ExpertCount,
     hookimpl,
+    LossCoef,
+    MAX_EXPERTS,
+    MAX_LOSS_COEF,
     Slot,
     Workload,
 )
@@ -209,11 +212,10 @@ class MoEConfig(ComponentConfig):
         description="where a routed expert's gate weight applies: 'output' (y = sum_e g_e E_e(x): Mixtral, DeepSeek, "
         "Qwen, gpt-oss) or 'input' (y = sum_e E_e(g_e x): Llama 4 scales the expert's input)",
     )
-    aux_loss_coef: float = Field(
+    aux_loss_coef: LossCoef = Field(
         0.01,
-        ge=0,
-        allow_inf_nan=False,
-        description="weight of the Switch Transformer load-balancing loss n_experts * sum_e f_e * P_e (1 when balanced)",
+        description="weight of the Switch Transformer load-balancing loss n_experts * sum_e f_e * P_e (1 when balanced); "
+        f"at most {MAX_LOSS_COEF:g} (published models use 1e-4-0.02; a larger weight swamps the language-model loss)",
     )
     aux_loss_scope: Literal["batch", "sequence"] = Field(
         "batch",
@@ -221,15 +223,19 @@ class MoEConfig(ComponentConfig):
         "'sequence', each sequence on its own, then the mean over sequences (DeepSeek-V3's sequence-wise balance "
         "loss, aux_loss_coef 0.0001 there)",
     )
-    z_loss_coef: float = Field(
-        0.0, ge=0, allow_inf_nan=False, description="weight of the ST-MoE router z-loss mean(logsumexp(logits)^2)"
+    z_loss_coef: LossCoef = Field(
+        0.0,
+        description="weight of the ST-MoE router z-loss mean(logsumexp(logits)^2); at most "
+        f"{MAX_LOSS_COEF:g} (ST-MoE uses 0.001)",
     )
     capacity_factor: Optional[float] = Field(
         None,
         gt=0,
+        le=MAX_EXPERTS,
         allow_inf_nan=False,
         description="null: dropless (each token goes through exactly its top_k experts; exact); c: each expert processes "
-        "ceil(c * tokens * top_k / n_experts) tokens and drops the overflow (Switch/GShard)",
+        "ceil(c * tokens * top_k / n_experts) tokens and drops the overflow (Switch/GShard: 1-2). At most "
+        f"{MAX_EXPERTS:,} (the expert bound): a factor of n_experts already keeps every token",
     )
 
     @model_validator(mode="after")

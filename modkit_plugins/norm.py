@@ -21,15 +21,32 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit.plugin import BuildContext, Component, ComponentConfig, elementwise, hookimpl, Init
+from modkit.plugin import (
+    BuildContext,
+    Component,
+    ComponentConfig,
+    elementwise,
+    Epsilon,
+    hookimpl,
+    Init,
+    MAX_EPS,
+    MIN_EPS,
+)
+
+
+#: what the description of an epsilon adds: its bound (modkit.core.limits) and why
+_EPS = (
+    f"; within [{MIN_EPS:g}, {MAX_EPS:g}]: published models use 1e-12-1e-5, and a smaller eps is 0 in float32 (a "
+    "constant row then divides 0 by 0)"
+)
 
 
 class L2NormConfig(ComponentConfig):
     """Config of ``l2norm``: ``y = x / sqrt(mean(x²) + eps)``, no parameters (Llama 4's ``use_qk_norm``)."""
 
     type: Literal["l2norm"] = "l2norm"
-    eps: float = Field(
-        1e-6, gt=0, description="added to the mean square before the square root (Llama 4: rms_norm_eps)"
+    eps: Epsilon = Field(
+        1e-6, description="added to the mean square before the square root (Llama 4: rms_norm_eps)" + _EPS
     )
 
 
@@ -37,7 +54,7 @@ class LayerNormConfig(ComponentConfig):
     """Config of ``layernorm``: ``y = (x - mean) / sqrt(var + eps) * weight + bias``."""
 
     type: Literal["layernorm"] = "layernorm"
-    eps: float = Field(1e-5, gt=0, description="added to the variance before the square root")
+    eps: Epsilon = Field(1e-5, description="added to the variance before the square root" + _EPS)
     bias: bool = Field(True, description="learnable bias (beta); false for bias-free LayerNorm")
 
 
@@ -45,7 +62,7 @@ class RMSNormConfig(ComponentConfig):
     """Config of ``rmsnorm``: ``y = x / sqrt(mean(x²) + eps) * weight`` (or ``* (1 + weight)``)."""
 
     type: Literal["rmsnorm"] = "rmsnorm"
-    eps: float = Field(1e-6, gt=0, description="added to the mean square before the square root")
+    eps: Epsilon = Field(1e-6, description="added to the mean square before the square root" + _EPS)
     unit_offset: bool = Field(
         False, description="scale by (1 + weight) with weight initialised to 0 (Gemma); false: weight initialised to 1"
     )

@@ -9,7 +9,9 @@ every parameter (times μP's factor under μP), its ``weight_decay`` the decoupl
 * ``muon``: ``torch.optim.Muon`` (Jordan et al. 2024, kellerjordan.github.io/posts/muon; the nanoGPT speedruns) on
   the ``hidden`` matrices: momentum, then the update orthogonalised by 5 Newton-Schulz iterations; stacked ``expert``
   matrices get the same update per expert (:class:`StackedMuon`, each ``[in, out]`` slice as the ``[out, in]`` matrix
-  torch's Muon sees); embeddings, the head, norms, biases and routers train with AdamW. With ``adjust_lr =
+  torch's Muon sees); embeddings, the head, norms, biases and routers train with AdamW. A plugin parameter without
+  a declared role takes the inferred one (:func:`modkit.core.roles.param_roles`: a 2-D matrix ``hidden``, so Muon,
+  anything else ``vector``, so AdamW), the same role μP scales it by, and training warns once per component type. With ``adjust_lr =
   "match_rms_adamw"`` (default; Liu et al. 2025, Muon is Scalable for LLM Training, arXiv:2502.16982) the update's
   RMS matches AdamW's, so Muon reuses AdamW's learning rate and weight decay.
 * ``lion``: Lion (Chen et al. 2023, Symbolic Discovery of Optimization Algorithms, arXiv:2302.06675, Program 1):

@@ -56,6 +56,8 @@ from modkit.plugin import (
     dropout,
     elementwise,
     hookimpl,
+    MAX_MULTIPLIER,
+    Multiplier,
     run_ffn,
 )
 
@@ -67,11 +69,11 @@ _Sublayer = Callable[[Tensor], tuple[Tensor, Optional[Tensor]]]
 class _ResidualConfig(ComponentConfig):
     """Fields of every placement with a residual stream."""
 
-    residual_multiplier: float = Field(
+    residual_multiplier: Multiplier = Field(
         1.0,
-        gt=0,
         description="multiply what each sublayer adds to the residual stream: x + residual_multiplier · "
-        "sublayer(...) (Granite's residual_multiplier); 1 for the plain residual",
+        f"sublayer(...) (Granite's residual_multiplier: 0.22); 1 for the plain residual. At most {MAX_MULTIPLIER:g}, "
+        "far above published values, so the residual stream stays finite",
     )
 
 

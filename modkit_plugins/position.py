@@ -19,10 +19,21 @@ import math
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field, PositiveFloat
+from pydantic import Field
 from torch import Tensor, nn
 
-from modkit.plugin import Component, ComponentConfig, elementwise, hookimpl, Init, PositionScheme
+from modkit.plugin import (
+    Component,
+    ComponentConfig,
+    elementwise,
+    hookimpl,
+    Init,
+    MAX_MULTIPLIER,
+    MAX_THETA,
+    MIN_THETA,
+    Multiplier,
+    PositionScheme,
+)
 
 # RoPE and its scalings, importable from here too
 from .rope import (  # noqa: F401
@@ -73,8 +84,12 @@ class SinusoidalConfig(ComponentConfig):
     """Config of ``sinusoidal``: fixed sin/cos table added to the token embeddings."""
 
     type: Literal["sinusoidal"] = "sinusoidal"
-    base: PositiveFloat = Field(
-        10000.0, description="base of the geometric wavelength sequence (10000 in Vaswani et al.)"
+    base: float = Field(
+        10000.0,
+        ge=MIN_THETA,
+        le=MAX_THETA,
+        description=f"base of the geometric wavelength sequence (10000 in Vaswani et al.); within [{MIN_THETA:g}, "
+        f"{MAX_THETA:g}]: below 1 the frequencies base^(-i/d) grow until they overflow float32",
     )
 
 
@@ -186,10 +201,10 @@ class AlibiConfig(ComponentConfig):
     """Config of ``alibi``: a per-head linear distance penalty added to the attention scores."""
 
     type: Literal["alibi"] = "alibi"
-    scale: float = Field(
+    scale: Multiplier = Field(
         1.0,
-        gt=0,
-        description="multiplier of the bias (Falcon scales it by 1/sqrt(head_dim) with the scores); 1 in Press et al.",
+        description="multiplier of the bias (Falcon scales it by 1/sqrt(head_dim) with the scores); 1 in Press et al.; "
+        f"at most {MAX_MULTIPLIER:g}, far above published values, so the bias stays finite",
     )
 
 

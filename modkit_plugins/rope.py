@@ -18,7 +18,7 @@ import math
 from typing import Annotated, Literal, Optional, Union
 
 import torch
-from pydantic import Field, PositiveFloat, model_validator
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from modkit.plugin import (
@@ -27,10 +27,21 @@ from modkit.plugin import (
     ComponentConfig,
     elementwise,
     Init,
+    MAX_MSCALE,
+    MAX_MULTIPLIER,
+    MAX_ROPE_FACTOR,
+    MAX_THETA,
+    MIN_THETA,
+    Multiplier,
     PositionScheme,
+    RopeFactor,
     SeqLen,
     StrictModel,
 )
+
+
+#: what the description of a scaling factor adds: its bound (modkit.core.limits) and why
+_BOUND = f" (at most {MAX_ROPE_FACTOR:g}, far above the published 4-40, so frequencies and factors stay finite)"
 
 
 class _Scaling(StrictModel):
@@ -41,7 +52,7 @@ class LinearScaling(_Scaling):
     """Linear position interpolation (Chen et al. 2023): every frequency divided by ``factor``."""
 
     type: Literal["linear"] = Field(..., description="'linear': divide every frequency by factor")
-    factor: PositiveFloat = Field(..., description="context extension factor")
+    factor: RopeFactor = Field(..., description="context extension factor" + _BOUND)
 
 
 class Llama3Scaling(_Scaling):
@@ -50,12 +61,12 @@ class Llama3Scaling(_Scaling):
     type: Literal["llama3"] = Field(
         ..., description="'llama3': keep high frequencies, divide low ones by factor, blend between"
     )
-    factor: PositiveFloat = Field(..., description="divisor of the low frequencies")
-    low_freq_factor: PositiveFloat = Field(
-        ..., description="wavelengths above original_max_seq_len / low_freq_factor are divided by factor"
+    factor: RopeFactor = Field(..., description="divisor of the low frequencies" + _BOUND)
+    low_freq_factor: RopeFactor = Field(
+        ..., description="wavelengths above original_max_seq_len / low_freq_factor are divided by factor" + _BOUND
     )
-    high_freq_factor: PositiveFloat = Field(
-        ..., description="wavelengths below original_max_seq_len / high_freq_factor are kept"
+    high_freq_factor: RopeFactor = Field(
+        ..., description="wavelengths below original_max_seq_len / high_freq_factor are kept" + _BOUND
     )
     original_max_seq_len: SeqLen = Field(..., description="context length the model was pre-trained with")
 
@@ -79,7 +90,7 @@ class DynamicScaling(_Scaling):
     type: Literal["dynamic"] = Field(
         ..., description="'dynamic': NTK-aware base that grows once the input passes original_max_seq_len"
     )
-    factor: PositiveFloat = Field(..., description="scaling factor of the base growth")
+    factor: RopeFactor = Field(..., description="scaling factor of the base growth" + _BOUND)
     original_max_seq_len: SeqLen = Field(
         ..., description="trained context length (transformers: max_position_embeddings)"
     )
@@ -95,20 +106,30 @@ class YarnScaling(_Scaling):
     """
 
     type: Literal["yarn"] = Field(..., description="'yarn': NTK-by-parts interpolation with an attention factor")
-    factor: PositiveFloat = Field(..., description="context extension factor s")
+    factor: RopeFactor = Field(..., description="context extension factor s" + _BOUND)
     original_max_seq_len: SeqLen = Field(..., description="context length the model was pre-trained with")
-    beta_fast: PositiveFloat = Field(32.0, description="rotations above which a frequency is kept (extrapolated)")
-    beta_slow: PositiveFloat = Field(
-        1.0, description="rotations below which a frequency is divided by factor (interpolated)"
+    beta_fast: RopeFactor = Field(32.0, description="rotations above which a frequency is kept (extrapolated)" + _BOUND)
+    beta_slow: RopeFactor = Field(
+        1.0, description="rotations below which a frequency is divided by factor (interpolated)" + _BOUND
     )
     mscale: Optional[float] = Field(
-        None, description="with mscale_all_dim: numerator coefficient of the attention factor"
+        None,
+        ge=0,
+        le=MAX_MSCALE,
+        description="with mscale_all_dim: numerator coefficient of the attention factor; within [0, "
+        f"{MAX_MSCALE:g}] (DeepSeek: 0.707-1; a negative one can make the factor 0 or its divisor 0)",
     )
     mscale_all_dim: Optional[float] = Field(
-        None, description="with mscale: denominator coefficient of the attention factor"
+        None,
+        ge=0,
+        le=MAX_MSCALE,
+        description="with mscale: denominator coefficient of the attention factor; within [0, "
+        f"{MAX_MSCALE:g}] (DeepSeek: 0.707-1; a negative one can make the divisor 0)",
     )
-    attention_factor: Optional[PositiveFloat] = Field(
-        None, description="multiplier of cos/sin; overrides the default 0.1·ln(factor) + 1"
+    attention_factor: Optional[Multiplier] = Field(
+        None,
+        description="multiplier of cos/sin; overrides the default 0.1·ln(factor) + 1. At most "
+        f"{MAX_MULTIPLIER:g} (published factors are 1-2; q·k grows with its square)",
     )
     truncate: bool = Field(
         True, description="round the correction range outwards to whole dimensions (transformers' default)"
@@ -127,20 +148,25 @@ class LongRopeScaling(_Scaling):
     type: Literal["longrope"] = Field(
         ..., description="'longrope': per-frequency factors, short below original_max_seq_len, long above"
     )
-    short_factor: list[PositiveFloat] = Field(
+    short_factor: list[RopeFactor] = Field(
         ...,
         min_length=1,
-        description="divisor of each frequency for inputs within original_max_seq_len (rotary width / 2 values)",
+        description="divisor of each frequency for inputs within original_max_seq_len (rotary width / 2 values)"
+        + _BOUND,
     )
-    long_factor: list[PositiveFloat] = Field(
-        ..., min_length=1, description="divisor of each frequency for longer inputs (rotary width / 2 values)"
+    long_factor: list[RopeFactor] = Field(
+        ...,
+        min_length=1,
+        description="divisor of each frequency for longer inputs (rotary width / 2 values)" + _BOUND,
     )
     original_max_seq_len: SeqLen = Field(..., description="context length the model was pre-trained with")
-    factor: Optional[PositiveFloat] = Field(
-        None, description="context extension factor; default max_seq_len / original_max_seq_len"
+    factor: Optional[RopeFactor] = Field(
+        None, description="context extension factor; default max_seq_len / original_max_seq_len" + _BOUND
     )
-    attention_factor: Optional[PositiveFloat] = Field(
-        None, description="multiplier of cos/sin; default sqrt(1 + ln(factor) / ln(original_max_seq_len))"
+    attention_factor: Optional[Multiplier] = Field(
+        None,
+        description="multiplier of cos/sin; default sqrt(1 + ln(factor) / ln(original_max_seq_len)). At most "
+        f"{MAX_MULTIPLIER:g} (published factors are 1-2; q·k grows with its square)",
     )
 
     def resolved_attention_factor(self, max_seq_len: int) -> float:
@@ -174,7 +200,13 @@ class RopeConfig(ComponentConfig):
     """Config of ``rope``."""
 
     type: Literal["rope"] = "rope"
-    theta: PositiveFloat = Field(10000.0, description="base of the geometric frequency sequence (rope_theta)")
+    theta: float = Field(
+        10000.0,
+        ge=MIN_THETA,
+        le=MAX_THETA,
+        description=f"base of the geometric frequency sequence (rope_theta); within [{MIN_THETA:g}, {MAX_THETA:g}]: "
+        "published models use 1e4-1e7, and below 1 the frequencies theta^(-i/d) grow until they overflow float32",
+    )
     layout: Literal["half_split", "interleaved"] = Field(
         "half_split",
         description="which features form a rotated pair: the two halves (NeoX/HF) or neighbours (GPT-J/Meta)",

@@ -34,7 +34,16 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from modkit.plugin import BuildContext, Component, ComponentConfig, ExpertCount, Init, Workload
+from modkit.plugin import (
+    BuildContext,
+    Component,
+    ComponentConfig,
+    ExpertCount,
+    Init,
+    MAX_MULTIPLIER,
+    Multiplier,
+    Workload,
+)
 
 
 class RouterConfig(ComponentConfig):
@@ -52,12 +61,11 @@ class RouterConfig(ComponentConfig):
         "Llama 4). Required: no silent default",
     )
     bias: bool = Field(False, description="bias on the router projection (gpt-oss)")
-    routed_scaling_factor: float = Field(
+    routed_scaling_factor: Multiplier = Field(
         1.0,
-        gt=0,
-        allow_inf_nan=False,
         description="multiplies the gate weights after renormalisation (DeepSeek-V2/V3 routed_scaling_factor: 2.5 in "
-        "DeepSeek-V3, 2.827 in Kimi K2); 1: none",
+        f"DeepSeek-V3, 2.827 in Kimi K2); 1: none. At most {MAX_MULTIPLIER:g}, far above those, so the experts' "
+        "weighted sum stays finite",
     )
     n_group: Optional[ExpertCount] = Field(
         None,
@@ -81,10 +89,12 @@ class RouterConfig(ComponentConfig):
     bias_update_speed: float = Field(
         0.001,
         ge=0,
+        le=1,
         allow_inf_nan=False,
         description="with correction_bias, after each optimizer step: bias_e += bias_update_speed * sign(mean load - "
         "load_e), loads counted over the step's real tokens on every data-parallel rank (DeepSeek-V3's gamma: 0.001); "
-        "0 freezes the bias; ignored without correction_bias",
+        "0 freezes the bias; ignored without correction_bias. At most 1, the whole range of a sigmoid score: a larger "
+        "step swings the choice of experts from step to step",
     )
 
     @model_validator(mode="after")

@@ -50,6 +50,11 @@ _NEG_INF = float("-inf")
 # ------------------------------------------------------------------------------------------------ processors
 
 
+#: the largest temperature, and the largest repetition, presence or frequency penalty a pipeline takes
+MAX_TEMPERATURE = 1e3
+MAX_PENALTY = 1e3
+
+
 class TemperatureConfig(ComponentConfig):
     """Config of ``temperature``: divide the logits by ``value`` (0: greedy)."""
 
@@ -57,8 +62,10 @@ class TemperatureConfig(ComponentConfig):
     value: float = Field(
         1.0,
         ge=0,
+        le=MAX_TEMPERATURE,
         allow_inf_nan=False,
-        description="divisor of the logits; 0 is greedy (the argmax of the processed logits)",
+        description="divisor of the logits; 0 is greedy (the argmax of the processed logits). At most "
+        f"{MAX_TEMPERATURE:g}: the distribution is already uniform to float32 precision there",
     )
 
 
@@ -165,7 +172,12 @@ class RepetitionPenaltyConfig(ComponentConfig):
 
     type: Literal["repetition_penalty"] = "repetition_penalty"
     penalty: float = Field(
-        ..., gt=0, allow_inf_nan=False, description="> 1 discourages repeats, < 1 encourages them, 1 does nothing"
+        ...,
+        gt=0,
+        le=MAX_PENALTY,
+        allow_inf_nan=False,
+        description="> 1 discourages repeats, < 1 encourages them, 1 does nothing; at most "
+        f"{MAX_PENALTY:g} (CTRL uses 1.2): a penalty beyond it multiplies logits toward float overflow",
     )
 
 
@@ -191,8 +203,11 @@ class PenaltyConfig(ComponentConfig):
     type: Literal["presence_penalty", "frequency_penalty"]
     penalty: float = Field(
         ...,
+        ge=-MAX_PENALTY,
+        le=MAX_PENALTY,
         allow_inf_nan=False,
-        description="subtracted from the logits (OpenAI: -2 to 2); negative values encourage repeats",
+        description="subtracted from the logits (OpenAI: -2 to 2); negative values encourage repeats. Within "
+        f"±{MAX_PENALTY:g}: times a count of up to the sequence length, a larger one overflows float32",
     )
 
 

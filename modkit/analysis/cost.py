@@ -71,7 +71,9 @@ from .workload import (  # noqa: F401  (re-exported: the declarations' side, whi
     _chunked_pairs,
     _reach,
     declared_flops,
+    declared_growth,
     elementwise,
+    varying_parts,
 )
 
 #: Bytes per parameter of modkit's training state: float32 weights, float32 gradients and AdamW's two float32
@@ -116,13 +118,56 @@ class _Record:
 
 @dataclass
 class _Use:
-    """A built component, the layer it belongs to and how many times one forward calls it."""
+    """A built component, the layer it belongs to, how many times one forward calls it and the spec slot it sits in
+    (``"mixer"``: built by the layer's token-mixing slot, nested components included; ``"ffn"``; ``None``: other)."""
 
     entry: Component
     config: Any
     ctx: Any
     layer: Optional[int]
     calls: int
+    slot: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MixerGroup:
+    """The layers whose token-mixing slot holds one config, and how its declared FLOPs grow.
+
+    Attributes:
+        type: the mixer's registered type (``"gqa"``, ``"mamba2"``, ...).
+        config: its config (every layer of the group has an equal one).
+        layers: the layer indices, increasing.
+        growing: the ``"kind.part"`` keys of the slot's components whose declared FLOPs per decoded token grow with
+            the context (:func:`~modkit.analysis.workload.declared_growth`); empty: constant FLOPs per token, so the
+            mixer never overtakes the FFN.
+        has_ffn: whether those layers have an FFN to compare with.
+    """
+
+    type: str
+    config: Any
+    layers: tuple[int, ...]
+    growing: frozenset[str]
+    has_ffn: bool
+
+
+def _slots(model: nn.Module, records: list[Any]) -> dict[int, str]:
+    """``{id(module): "mixer" | "ffn"}`` for every module a layer's token-mixing slot (``block.mixer`` /
+    ``overrides[].mixer``) or ffn slot built, nested ones included: the record of layer ``i`` whose config is the
+    slot's config in ``spec.layer(i)``, and every module inside it. Empty for a model without a spec."""
+    spec = getattr(model, "spec", None)
+    out: dict[int, str] = {}
+    if spec is None:
+        return out
+    by_layer: dict[Any, list[Any]] = {}
+    for r in records:
+        by_layer.setdefault(getattr(r.ctx, "layer_index", None), []).append(r)
+    for i in range(spec.n_layers):
+        ls = spec.layer(i)
+        for slot, cfg in (("mixer", ls.attention), ("ffn", ls.ffn)):
+            top = next((r.module for r in by_layer.get(i, []) if cfg is not None and r.config == cfg), None)
+            for m in top.modules() if top is not None else ():
+                out[id(m)] = slot
+    return out
 
 
 def _uses(model: nn.Module, records: Iterable[Any]) -> list[_Use]:
@@ -130,6 +175,8 @@ def _uses(model: nn.Module, records: Iterable[Any]) -> list[_Use]:
     q/k or on the scores it runs once per such layer, acting on the embeddings once (the model-level scheme only)."""
     positions = list(getattr(model, "positions", []))
     layer_position = list(getattr(model, "layer_position", []))
+    records = list(records)
+    slots = _slots(model, records)
     out = []
     for r in records:
         calls = 1
@@ -143,7 +190,8 @@ def _uses(model: nn.Module, records: Iterable[Any]) -> list[_Use]:
                 calls = per_layer
             else:
                 calls = per_layer + (1 if index == 0 else 0)
-        out.append(_Use(r.entry, r.config, r.ctx, getattr(r.ctx, "layer_index", None), calls))
+        layer = getattr(r.ctx, "layer_index", None)
+        out.append(_Use(r.entry, r.config, r.ctx, layer, calls, slots.get(id(r.module))))
     return out
 
 
@@ -239,51 +287,124 @@ class CostModel:
 
     def context_parts(self) -> set[str]:
         """The ``"kind.part"`` keys whose FLOPs per decoded token change with the context (attention scores...):
-        present at decode contexts 1 and 2, or 2 and 3, and different there."""
+        present at decode contexts 1 and 2, or 2 and 3, and different there (:func:`varying_parts`)."""
         if self._varying is None:
             # decode at 1 has an empty cache, at 2 and 3 one that holds earlier tokens: a component may compute
             # differently in the two cases (MLA's expanded and absorbed forms), so only a part present at both
             # contexts of a pair and different between them depends on the context
-            ctx = [self.flops(self.workload("decode", n)) for n in (1, 2, 3)]
-            self._varying = {k for a, b in zip(ctx, ctx[1:]) for k in set(a) & set(b) if a[k] != b[k]}
+            self._varying = varying_parts([self.flops(self.workload("decode", n)) for n in (1, 2, 3)])
         return self._varying
 
-    def crossover(self, phase: str, *, projections: bool = False, limit: int = 2**40) -> Optional[int]:
-        """The smallest context at which attention's FLOPs per token reach the FFN's (router included), in ``phase``.
+    def _slot_flops(self, uses: list[_Use], work: Workload, keys: Optional[set[str]] = None) -> int:
+        """FLOPs of one forward on ``work`` of ``uses`` (only their ``"kind.part"`` in ``keys`` when given)."""
+        total = 0
+        for u in uses:
+            if u.calls:
+                for part, n in declared_flops(u.entry, u.config, u.ctx, work).items():
+                    if keys is None or f"{u.entry.kind}.{part}" in keys:
+                        total += u.calls * n
+        return total
+
+    def _growing(self, uses: list[_Use]) -> set[str]:
+        """The ``"kind.part"`` keys of ``uses`` whose declared FLOPs per decoded token grow with the context."""
+        return {f"{u.entry.kind}.{part}" for u in uses if u.calls for part in declared_growth(u.entry, u.config, u.ctx)}
+
+    def mixers(self) -> list[MixerGroup]:
+        """The model's token mixers, one :class:`MixerGroup` per distinct config of the token-mixing slot, in order
+        of their first layer; each says which of its parts' declared FLOPs grow with the context.
+
+        Raises:
+            CostError: a component of a mixer or FFN slot declares no FLOPs, or a malformed declaration.
+        """
+        groups: dict[str, list[int]] = {}
+        configs = {}
+        for i in range(self.spec.n_layers):
+            cfg = self.spec.layer(i).attention
+            key = f"{type(cfg).__name__}:{cfg.model_dump_json()}"
+            groups.setdefault(key, []).append(i)
+            configs[key] = cfg
+        out = []
+        for key, layers in groups.items():
+            uses = [u for u in self._uses if u.slot == "mixer" and u.layer in layers]
+            entry = self.registry.entry_for_config(configs[key])
+            has_ffn = any(u.slot == "ffn" and u.layer in layers for u in self._uses)
+            out.append(MixerGroup(entry.type, configs[key], tuple(layers), frozenset(self._growing(uses)), has_ffn))
+        return out
+
+    def crossover(
+        self, phase: str, *, projections: bool = False, limit: int = 2**40, layers: Optional[Iterable[int]] = None
+    ) -> Optional[int]:
+        """The smallest context at which the token mixers' FLOPs per token reach the FFN's (router included), in
+        ``phase``: what sits in the layers' mixer slot against what sits in their ffn slot, whatever the kinds.
+
+        The mixers' part that grows with the context is read from their declarations (:meth:`mixers`,
+        :func:`~modkit.analysis.workload.declared_growth`): an attention's scores and weighted sum, a retention
+        whose declared FLOPs grow the same way; a mixer whose FLOPs per token are constant (a recurrent scan over
+        a fixed-size state) never overtakes.
 
         Args:
-            projections: count all of attention (q/k/v/o projections too); default only its context-dependent
-                parts (scores and weighted sum).
+            projections: count the whole mixer (q/k/v/o or in/out projections too); default only the parts whose
+                declared FLOPs grow with the context.
             limit: search bound.
+            layers: compare only these layers' mixers and FFNs (default: every layer).
 
         Returns:
-            The context in tokens, or ``None`` when attention never reaches the FFN below ``limit`` (every layer has
-                a sliding window, so the attended keys stop growing), or when there is no attention or no FFN to
-                compare (a recurrent model, a model without feed-forward layers).
+            The context in tokens, or ``None`` when the mixers never reach the FFN below ``limit`` (no mixer's FLOPs
+                grow with the context, or they stop growing first: a sliding window on every layer), or when the
+                layers have no FFN to compare with (Mamba-2's mixer-only blocks).
+
+        Raises:
+            CostError: an unknown phase, or a component without a (well-formed) FLOPs declaration.
         """
-        varying = self.context_parts()
-        parts = self.flops(self.workload(phase, 2))
-        if not any(k.startswith("attention.") for k in parts) or not any(
-            k.startswith(("ffn.", "router.")) for k in parts
-        ):
+        chosen = None if layers is None else set(layers)
+        pick = lambda slot: [  # noqa: E731
+            u for u in self._uses if u.slot == slot and (chosen is None or u.layer in chosen)
+        ]
+        mixers, ffns = pick("mixer"), pick("ffn")
+        growing = self._growing(mixers)
+        if not growing or not ffns:
             return None
+        keys = None if projections else growing
 
-        def attention_wins(n: int) -> bool:
-            f = self.flops(self.workload(phase, n))
-            attn = sum(v for k, v in f.items() if k.startswith("attention.") and (projections or k in varying))
-            ffn = sum(v for k, v in f.items() if k.startswith(("ffn.", "router.")))
-            return attn >= ffn
+        def mixer_wins(n: int) -> bool:
+            work = self.workload(phase, n)
+            return self._slot_flops(mixers, work, keys) >= self._slot_flops(ffns, work)
 
-        if not attention_wins(limit):
+        if not mixer_wins(limit):
             return None
         lo, hi = 1, limit
         while lo < hi:
             mid = (lo + hi) // 2
-            if attention_wins(mid):
+            if mixer_wins(mid):
                 hi = mid
             else:
                 lo = mid + 1
         return lo
+
+    def mixer_crossovers(self) -> list[dict[str, Any]]:
+        """Each token mixer's crossover against the FFN of its own layers (JSON-ready, ``modkit cost``'s table).
+
+        Returns:
+            One row per :class:`MixerGroup` (and, when there are several, a last row ``"mixer": "all"`` over every
+                layer): ``{"mixer", "layers", "grows", "growing_parts", "has_ffn", "decode": {"growing_parts",
+                "whole_mixer"}, "prefill": {...}}``, each context in tokens or ``None`` (never / nothing to compare).
+        """
+        groups = self.mixers()
+        rows = [(g.type, g.layers, g.growing, g.has_ffn) for g in groups]
+        if len(groups) > 1:
+            every = frozenset().union(*(g.growing for g in groups))
+            rows.append(("all", tuple(range(self.spec.n_layers)), every, any(g.has_ffn for g in groups)))
+        out = []
+        for name, layers, growing, has_ffn in rows:
+            row = {"mixer": name, "layers": list(layers), "grows": bool(growing), "growing_parts": sorted(growing)}
+            row["has_ffn"] = has_ffn
+            for ph in PHASES:
+                row[ph] = {
+                    "growing_parts": self.crossover(ph, layers=layers),
+                    "whole_mixer": self.crossover(ph, projections=True, layers=layers),
+                }
+            out.append(row)
+        return out
 
     # ------------------------------------------------------------------ bytes
     def params(self) -> dict[str, int]:
@@ -411,10 +532,12 @@ class CostModel:
             "flops_per_token": {**per_token, "train": train},  # train: 3 x prefill at the context
             "flops_per_token_total": {ph: sum(v.values()) for ph, v in {**per_token, "train": train}.items()},
             "context_dependent_parts": sorted(self.context_parts()),
+            # every layer's token mixers against every FFN; the key's name predates recurrent mixers
             "attention_overtakes_ffn": {
                 ph: {"scores": self.crossover(ph), "with_projections": self.crossover(ph, projections=True)}
                 for ph in PHASES
             },
+            "mixer_overtakes_ffn": self.mixer_crossovers(),
             "params": self.params(),
             "active_params_per_token": active_params_per_token(self.model),
             "weight_bytes": {k: self.weight_bytes(b) for k, b in WEIGHT_FORMATS.items()},

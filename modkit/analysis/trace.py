@@ -248,12 +248,47 @@ def _into_heads(rec: Recording, name: str, attention: str) -> bool:
     return order < max(mine)
 
 
+def mixer_spec_path(spec: Any, layer: int) -> str:
+    """Where the spec sets layer ``layer``'s token mixer: ``overrides[j].mixer`` for the last override that gives one,
+    else ``block.mixer`` (``attention`` instead of ``mixer`` when the document used that key).
+
+    Raises:
+        IndexError: ``layer`` outside ``[0, n_layers)``.
+    """
+    from modkit.spec.models import LayerRange
+
+    if not 0 <= layer < spec.n_layers:
+        raise IndexError(f"layer {layer} out of range for n_layers = {spec.n_layers}")
+    where = f"block.{spec.block.mixer_key}"
+    for j, o in enumerate(spec.overrides):
+        chosen = o.layers.selects(layer, spec.n_layers) if isinstance(o.layers, LayerRange) else layer in o.layers
+        if chosen and o.attention is not None:
+            where = f"overrides[{j}].{o.mixer_key}"
+    return where
+
+
+def _slot_mixer(model: nn.Module, path: str) -> Optional[str]:
+    """The spec path of the token mixer at module ``path`` when it is what a layer's mixing slot built (a direct
+    child of a block whose registry kind is a token mixer's, :func:`modkit.core.config.is_mixer`), else ``None``."""
+    from modkit.core.config import is_mixer
+
+    parts = path.split(".")
+    if len(parts) != 3 or parts[0] != "layers" or not parts[1].isdigit() or getattr(model, "spec", None) is None:
+        return None
+    module = model.get_submodule(path)
+    return mixer_spec_path(model.spec, int(parts[1])) if is_mixer(getattr(module, "modkit_kind", None)) else None
+
+
 def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
-    """The :class:`Stage` of one recorded name (label and note from its module's kind and type)."""
+    """The :class:`Stage` of one recorded name (label and note from its module's kind and type; a layer's token
+    mixer is labelled ``mixer`` with the spec path that sets it, whatever its kind)."""
     entry = rec.entry(name)
     shape = tuple(entry.tensor.shape)
     path, _, what = name.partition(":")
     module = model.get_submodule(path) if path else model
+    slot = _slot_mixer(model, path) if what == "output" else None
+    if slot is not None:
+        return Stage(name, f"mixer output ({entry.type})", shape, f"spec: {slot}")
     kind, type_ = entry.kind, entry.type
     short = path.rsplit(".", 1)[-1]
     label, note = f"{short} {what}", ""
@@ -271,7 +306,7 @@ def _describe(model: nn.Module, rec: Recording, name: str) -> Stage:
         # head_dim for the built-in attention, qk_rope_head_dim for MLA's rotated part
         label, note = (
             f"{what} per head {how}",
-            f"[batch, {heads}, seq, the width the attention declares for its position scheme]",
+            f"[batch, {heads}, seq, the width the mixer declares for its position scheme]",
         )
     elif kind == "position" and what == "position_bias":
         label, note = f"position bias ({type_}) added to the scores", "[batch, heads, q, k]"

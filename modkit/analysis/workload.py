@@ -191,3 +191,30 @@ def declared_flops(entry: Component, config: Any, ctx: Any, work: Optional[Workl
             )
         out[part] = n
     return out
+
+
+#: decode contexts a declaration is evaluated at to read its growth: an empty cache (1), then caches holding one and
+#: two earlier tokens (2, 3). A component may compute differently with and without a cache (MLA's expanded and
+#: absorbed forms), so growth is read within a pair of consecutive contexts, never across the empty-cache case alone.
+GROWTH_CONTEXTS = (1, 2, 3)
+
+
+def varying_parts(by_context: list[Mapping[str, int]]) -> set[str]:
+    """The parts whose FLOPs change between consecutive evaluations of ``by_context`` (one ``{part: FLOPs}`` per
+    context, in increasing order): present at both contexts of a pair and different there.
+
+    Example: ``[{"proj": 8, "scores": 2}, {"proj": 8, "scores": 4}]`` -> ``{"scores"}``.
+    """
+    return {k for a, b in zip(by_context, by_context[1:]) for k in set(a) & set(b) if a[k] != b[k]}
+
+
+def declared_growth(entry: Component, config: Any, ctx: Any) -> set[str]:
+    """The parts of a component whose declared FLOPs per decoded token grow with the context: its
+    :func:`declared_flops` evaluated on one decoded token after ``n - 1`` cached ones for ``n`` in
+    :data:`GROWTH_CONTEXTS` (:func:`varying_parts`). An attention's scores and weighted sum grow (one more key per
+    cached token); a recurrent mixer's scan does not (a fixed-size state); a declaration is read, never a kind.
+
+    Raises:
+        CostError: as :func:`declared_flops` (no declaration, a malformed one).
+    """
+    return varying_parts([declared_flops(entry, config, ctx, Workload(new=1, past=n - 1)) for n in GROWTH_CONTEXTS])

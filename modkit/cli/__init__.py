@@ -335,14 +335,15 @@ def optional_extra(module: str) -> Optional[str]:
 
 @contextlib.contextmanager
 def _plugin_warnings_to_stderr():
-    """Show modkit's plugin and spec warnings as one ``modkit: warning: ...`` line on stderr (never on stdout)."""
+    """Show modkit's plugin, spec and parameter-role warnings as one ``modkit: warning: ...`` line on stderr (never on
+    stdout)."""
     from modkit.core.errors import SpecWarning
 
     with warnings.catch_warnings():
         default = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if category.__name__ == "PluginWarning" or issubclass(category, SpecWarning):
+            if category.__name__ in ("PluginWarning", "RoleWarning") or issubclass(category, SpecWarning):
                 _err(f"{PROG}: warning: {message}")
             else:
                 default(message, category, filename, lineno, file, line)
@@ -379,4 +380,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except Exception as exc:  # noqa: BLE001
             if _debug():
                 raise
-            return _report(exc)
+            return _report(exc, list(argv) if argv else None)

@@ -16,6 +16,8 @@ def _registry():
 
 def _spec_path(text: str) -> Path:
     """``text`` as the path of an existing spec file; FileNotFoundError or a :class:`UserError` for a folder."""
+    if "\x00" in text:  # os.stat would raise a bare "embedded null byte"
+        raise UserError(f"{text!r}: the path contains a NUL byte; give the path of a spec .json file")
     path = Path(text)
     if not path.exists():
         raise FileNotFoundError(f"{text}: no such file")

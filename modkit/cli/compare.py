@@ -261,8 +261,10 @@ def _merge(args: argparse.Namespace, out: str) -> int:
 
 
 def _check_inputs(args: argparse.Namespace) -> None:
-    """Raise :class:`UserError` for a missing spec or training-config file, or ``--seeds`` / ``--jobs`` below 1."""
+    """Raise :class:`UserError` for a missing spec or training-config file, ``--seeds`` / ``--jobs`` below 1, or a
+    meaningless ``--spike-margin`` / ``--throughput-steps`` (:func:`~modkit.experiments.compare.plan.check_options`)."""
     from . import UserError
+    from modkit.experiments.compare.plan import CompareError, check_options
 
     for spec in args.specs:
         path = spec.split("=", 1)[1] if "=" in spec and not Path(spec).is_file() else spec
@@ -274,6 +276,14 @@ def _check_inputs(args: argparse.Namespace) -> None:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
     if args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        check_options(
+            spike_margin=args.spike_margin,
+            throughput_steps=args.throughput_steps,
+            names={"spike_margin": "--spike-margin", "throughput_steps": "--throughput-steps"},
+        )
+    except CompareError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _parsed_lists(args: argparse.Namespace) -> dict:
@@ -282,7 +292,7 @@ def _parsed_lists(args: argparse.Namespace) -> dict:
     Raises :class:`UserError` naming the option whose list does not parse.
     """
     from . import UserError
-    from modkit.experiments.compare import CompareError, parse_ints, parse_lrs
+    from modkit.experiments.compare.plan import CompareError, parse_ints, parse_lrs, parse_ratios
 
     try:
         return dict(
@@ -291,12 +301,10 @@ def _parsed_lists(args: argparse.Namespace) -> dict:
             widths=parse_ints(args.widths, "--widths") if args.widths else None,
             depths=parse_ints(args.depths, "--depths") if args.depths else None,
             tokens=parse_ints(args.tokens, "--tokens") if args.tokens else None,
-            tokens_per_param=[float(x) for x in args.tokens_per_param.split(",")] if args.tokens_per_param else None,
+            tokens_per_param=parse_ratios(args.tokens_per_param) if args.tokens_per_param else None,
         )
     except CompareError as exc:
         raise UserError(str(exc)) from None
-    except ValueError:
-        raise UserError(f"--tokens-per-param {args.tokens_per_param!r}: give numbers separated by commas") from None
 
 
 def _field_overrides(args: argparse.Namespace) -> dict:

@@ -20,7 +20,7 @@ def add_subcommands(subparsers) -> None:
         help="coordinate check: activation sizes after a few steps at several widths, standard vs muP",
         description="Train SPEC for a few steps at each width (d_model; d_ff and head_dim scaled with it, heads fixed) "
         "at one constant learning rate, under standard parametrization and under muP with the smallest width as base, "
-        "and plot how much each activation (embedding, attention, ffn, residual stream, logits) changed against the "
+        "and plot how much each activation (embedding, token mixer, ffn, residual stream, logits) changed against the "
         "width. Under muP the curves are flat; under standard parametrization they grow with the width "
         "(Yang et al. 2022, arXiv:2203.03466).",
     )

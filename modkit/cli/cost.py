@@ -1,7 +1,8 @@
 """``modkit cost SPEC [--context N] [--batch B] [--dtype D] [--bandwidth BYTES_PER_S] [--peak-flops FLOPS] [--json]``.
 
 Prints, from the components' own FLOPs declarations (:mod:`modkit.analysis.cost`): FLOPs per token by part for a prefill, a
-decoded token and a training step at the context; the contexts at which attention's FLOPs overtake the FFN's; weight
+decoded token and a training step at the context; the contexts at which each token mixer's FLOPs overtake the FFN's (read from the
+mixers' declared growth, whatever their kind); weight
 bytes per format; KV-cache bytes at context x batch; a training-memory estimate; a roofline decode latency.
 A component without a FLOPs declaration stops it with one ``modkit: error: ...`` line naming it (exit status 1).
 """
@@ -88,24 +89,53 @@ def _rank(key: str) -> int:
     )
 
 
-def _context_line(value: Optional[int], max_seq_len: int) -> str:
+def _layers(layers: list[int]) -> str:
+    """``0-31``; ``1, 3, ..., 35`` (a stride); ``0-4, 6-10, 24`` (runs)."""
+    if len(layers) >= 3 and len({b - a for a, b in zip(layers, layers[1:])}) == 1 and layers[1] - layers[0] > 1:
+        return f"{layers[0]}, {layers[1]}, ..., {layers[-1]}"
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _context_cell(value: Optional[int], max_seq_len: int) -> str:
     from . import _count
 
-    if value is None:
-        return "never (every layer's sliding window caps the keys)"
-    return _count(value) + (" (beyond max_seq_len)" if value > max_seq_len else "")
+    return "never" if value is None else _count(value) + ("\u2020" if value > max_seq_len else "")
 
 
-def _crossover_lines(out, cross: dict, max_seq_len: int) -> None:
-    out("attention overtakes the FFN (FLOPs per token) at context")
+def _crossover_lines(out, rows: list[dict], max_seq_len: int) -> None:
+    """The mixer table: each token mixer (``*``: its declared FLOPs per token grow with the context) and the
+    context at which it overtakes its layers' FFN, for the growing parts and for the whole mixer."""
+    from . import _table
+
+    out("a mixer overtakes the FFN of its layers (FLOPs per token) at context")
+    table = []
+    for r in rows:
+        name = ("all mixers" if r["mixer"] == "all" else r["mixer"]) + (" *" if r["grows"] else "")
+        cells = (
+            [
+                _context_cell(r[ph][k], max_seq_len)
+                for k in ("growing_parts", "whole_mixer")
+                for ph in ("decode", "prefill")
+            ]
+            if r["has_ffn"]
+            else ["no FFN"] * 4
+        )
+        table.append((name, _layers(r["layers"]), *cells))
+    head = ("MIXER", "LAYERS", "GROWING: DECODE", "PREFILL", "WHOLE MIXER: DECODE", "PREFILL")
+    for line in _table(head, table, right=(2, 3, 4, 5), indent="  "):
+        out(line)
     out(
-        f"  scores + weighted sum:      decode {_context_line(cross['decode']['scores'], max_seq_len)}; "
-        f"prefill {_context_line(cross['prefill']['scores'], max_seq_len)}"
+        "  * its declared FLOPs per token grow with the context; never: they do not, or stop below the FFN's (a window)"
     )
-    out(
-        f"  with q/k/v/o projections:   decode {_context_line(cross['decode']['with_projections'], max_seq_len)}; "
-        f"prefill {_context_line(cross['prefill']['with_projections'], max_seq_len)}"
-    )
+    out("  growing: the parts that grow only; whole mixer: its projections too")
+    if any(v is not None and v > max_seq_len for r in rows for ph in ("decode", "prefill") for v in r[ph].values()):
+        out(f"  \u2020 beyond max_seq_len {max_seq_len:,}")
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
@@ -147,9 +177,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
         return 0
     out = print
     _flops_lines(out, data, f"{spec.name or args.spec}", at)
-    has_attention = any(k.startswith("attention.") for k in data["flops_per_token"]["decode"])
     _crossover_section(out, data, spec.max_seq_len)
-    _memory_lines(out, data, context, args.batch, at, has_attention)
+    _memory_lines(out, data, context, args.batch, at)
     _roofline_lines(out, data, args.batch, at)
     return 0
 
@@ -211,22 +240,12 @@ def _flops_lines(out, data: dict, name: str, at: str) -> None:
 
 
 def _crossover_section(out, data: dict, max_seq_len: int) -> None:
-    """Where attention's FLOPs per token overtake the FFN's, or why they never do / cannot be compared."""
-    per = data["flops_per_token"]
+    """Where each token mixer's FLOPs per token overtake the FFN's, read from what the mixers declare."""
     out("")
-    has = lambda *prefix: any(k.startswith(prefix) for k in per["decode"])  # noqa: E731
-    if not has("attention."):
-        out(
-            "attention overtakes the FFN: never (no attention layer; the other mixers' FLOPs per token do not grow "
-            "with the context)"
-        )
-    elif not has("ffn.", "router."):
-        out("attention overtakes the FFN: no FFN layer to compare with")
-    else:
-        _crossover_lines(out, data["attention_overtakes_ffn"], max_seq_len)
+    _crossover_lines(out, data["mixer_overtakes_ffn"], max_seq_len)
 
 
-def _memory_lines(out, data: dict, context: int, batch: int, at: str, has_attention: bool) -> None:
+def _memory_lines(out, data: dict, context: int, batch: int, at: str) -> None:
     """Parameters, weight bytes per format, the KV cache at ``context`` x ``batch`` and the training-memory table."""
     from . import _bytes, _count, _table
 
@@ -256,7 +275,7 @@ def _memory_lines(out, data: dict, context: int, batch: int, at: str, has_attent
     rows.append(("total", _bytes(mem["total"])))
     for line in _table(("PART", "BYTES"), rows, right=(1,), indent="  "):
         out(line)
-    if has_attention:
+    if mem["attention_matrix"]:  # measured: saved bytes quadratic in the length (an eager attention's [seq, seq])
         out(
             f"  + {_bytes(mem['attention_matrix'])} if the attention kernel keeps the [seq, seq] probabilities "
             "(eager/math)"

@@ -14,8 +14,20 @@ from .output import _err, _out, _spec_error_lines
 
 def add_subcommands(sub) -> None:
     """Add ``validate`` and ``schema``."""
-    p = sub.add_parser("validate", help="validate spec files", description="Validate spec files; one line per error.")
+    p = sub.add_parser(
+        "validate",
+        help="validate spec files",
+        description="Validate spec files; one line per error. A spec holding components whose math can overflow "
+        "(recurrent mixers, latent attention, mixtures of experts, soft-caps, scales and multipliers) also runs one "
+        "forward pass of a tiny instance on the CPU, whose logits must be finite (modkit.spec.finite).",
+    )
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec .json file(s)")
+    p.add_argument(
+        "--no-forward-check",
+        dest="forward_check",
+        action="store_false",
+        help="skip the finite-forward check of a tiny instance",
+    )
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser(
@@ -29,7 +41,8 @@ def add_subcommands(sub) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """``modkit validate SPEC...``: ``ok SPEC`` per good spec; ``SPEC: path: message`` per error (stderr)."""
+    """``modkit validate SPEC...``: ``ok SPEC`` per good spec; ``SPEC: path: message`` per error (stderr), and
+    ``SPEC: message`` when the finite-forward check of a tiny instance fails (:mod:`modkit.spec.finite`)."""
     import modkit
 
     reg = _registry()
@@ -41,16 +54,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
             failed += 1
             continue
         try:  # a missing, special (FIFO, device) or unreadable file is a SpecError naming it: go on to the next
-            modkit.load_spec(path, registry=reg)
+            spec = modkit.load_spec(path, registry=reg)
         except modkit.SpecError as exc:
             for line in _spec_error_lines(exc, name):
                 _err(line)
+            failed += 1
+            continue
+        problem = _forward_problem(spec, reg) if getattr(args, "forward_check", True) else None
+        if problem:
+            _err(f"{name}: {problem}")
             failed += 1
         else:
             _out(f"ok {name}")
     if failed and len(args.specs) > 1:
         _err(f"{failed} of {len(args.specs)} spec(s) invalid")
     return 1 if failed else 0
+
+
+def _forward_problem(spec, registry):
+    """The finite-forward check of :mod:`modkit.spec.finite` (``None``: finite, or not needed)."""
+    from modkit.spec.finite import finite_forward_problem
+
+    return finite_forward_problem(spec, registry)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+from typing import Iterable, Iterator
 
 
 class ModkitError(Exception):
@@ -23,6 +24,27 @@ def _rebuild(cls: type, args: tuple, state: dict) -> ModkitError:
     error.args = args
     error.__dict__.update(state)
     return error
+
+
+@contextlib.contextmanager
+def reading(what: str) -> Iterator[None]:
+    """Say what was being read when an exception that is not modkit's own passes through: a library's error
+    (``Corrupt snappy compressed data.``, ``embedded null byte``) names no file, so the note ``while reading
+    {what}`` is added to it (``exc.__notes__``, which tracebacks print and the ``modkit`` command's reporter shows).
+    A :class:`ModkitError` already names what it is about and passes unchanged; nothing is caught.
+
+    Use around the code that reads one input: ``with reading(f"{path} (a Parquet file)"): ...``.
+    """
+    try:
+        yield
+    except ModkitError:
+        raise
+    except Exception as exc:
+        notes = getattr(exc, "__notes__", None)
+        note = f"while reading {what}"
+        if notes is None or note not in notes:
+            exc.add_note(note)
+        raise
 
 
 class SpecError(ModkitError, ValueError):

@@ -36,6 +36,11 @@ optimizer follows is its registry entry's ``mup`` capability (``"adam"``: AdamW,
 github.com/microsoft/mup, for the multiplier form); u-μP (Blake et al. 2024, arXiv:2407.17465) motivates checking it
 with the coordinate check (``modkit coordcheck``).
 
+Roles come from :func:`modkit.core.roles.param_roles`, the same call the optimizers (Muon included) make, so a
+parameter of a component that declares no role is scaled as the role the convention infers for it (a 2-D matrix
+``hidden``: init ``× m^-1/2``, Adam learning rate ``× 1/m``; anything else ``vector``: unchanged), and training's
+:class:`~modkit.core.roles.RoleWarning` says so, once per component type.
+
 Widths are assumed to scale together with ``d_model`` (``d_ff``, ``head_dim`` and other hidden widths in proportion,
 as ``modkit compare --widths`` scales them); ``base_head_dim`` defaults to ``head_dim · base_d_model / d_model``.
 """
@@ -48,7 +53,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import Field
 
 from modkit.core.config import StrictModel
-from modkit.core.limits import DModel, HeadDim
+from modkit.core.limits import MAX_MULTIPLIER, DModel, HeadDim, Multiplier
 
 
 class StandardParametrization(StrictModel):
@@ -68,8 +73,10 @@ class MuParametrization(StrictModel):
         None,
         description="head_dim at the base width for the 1/head_dim attention scale; default head_dim * base_d_model / d_model",
     )
-    output_multiplier: float = Field(
-        1.0, gt=0, description="alpha_output: logits = output_multiplier * base_d_model / d_model * head(h)"
+    output_multiplier: Multiplier = Field(
+        1.0,
+        description="alpha_output: logits = output_multiplier * base_d_model / d_model * head(h); at most "
+        f"{MAX_MULTIPLIER:g} (muP sweeps use 0.5-10; larger only pushes the logits toward overflow)",
     )
 
 
@@ -102,7 +109,8 @@ def init_scales(spec, roles: dict[str, str]) -> dict[str, float]:
     """``{parameter name: factor}`` multiplying the std of each parameter's random init (only factors != 1).
 
     Args:
-        spec: the model's spec. roles: ``{name: role}`` (:func:`modkit.core.roles.param_roles`).
+        spec: the model's spec. roles: ``{name: role}`` (:func:`modkit.core.roles.param_roles`: declared roles, and
+            the convention's for parameters without one, as the optimizers see them).
     """
     from modkit.core.roles import ROLES
 

@@ -53,8 +53,10 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
         "mup": "which column of muP's learning-rate table the update follows: 'adam' or 'sgd' (optimizer; modkit.core.parametrization)",
         "sharded": "the step is correct on FSDP2 / tensor-parallel shards, so it may train under torchrun (optimizer)",
-        "document_mask": "honours AttentionInputs.documents: a query sees only keys of its own document (document-masked "
-        "packing; attention). An attention without it is refused when documents are given",
+        "document_mask": "honours AttentionInputs.documents (document-masked packing; any token mixer): an attention's "
+        "query sees only keys of its own document, a recurrent mixer's state and convolution restart at each document; "
+        "a mixer that holds others (a parallel hybrid) passes them on and each inner mixer declares its own. A mixer "
+        "without it is refused when documents are given",
     }
 )
 

@@ -74,6 +74,20 @@ _OBJECT_MESSAGE = "Input should be an object"
 _ARRAY_MESSAGE = "Input should be an array"
 
 
+#: pydantic's error types of a number past a bound: the ``ctx`` key of the bound and the words of the message
+_BOUND_WORDS = {
+    "greater_than": ("gt", "greater than"),
+    "greater_than_equal": ("ge", "greater than or equal to"),
+    "less_than": ("lt", "less than"),
+    "less_than_equal": ("le", "less than or equal to"),
+}
+
+
+def _tiny(bound: Any) -> bool:
+    """Whether ``bound`` is a float so close to 0 that pydantic writes it with a run of zeros (``1e-30``)."""
+    return isinstance(bound, float) and 0 < abs(bound) < 1e-4
+
+
 def _scalar_json(value: Any) -> str:
     """One non-container value as JSON text (``repr`` for what JSON cannot hold)."""
     try:
@@ -467,6 +481,9 @@ class ErrorFormatter:
             msg = _ARRAY_MESSAGE
         elif etype == "literal_error":
             msg = "Input should be " + _literal_json(str((err.get("ctx") or {}).get("expected", "")))
+        elif etype in _BOUND_WORDS and _tiny((err.get("ctx") or {}).get(_BOUND_WORDS[etype][0])):
+            key, words = _BOUND_WORDS[etype]  # pydantic writes 1e-30 as 0.000...001: written as Python writes it
+            msg = f"Input should be {words} {err['ctx'][key]!r}"
         elif etype in ("too_short", "too_long"):  # "List should have at least 1 item after validation, not 0"
             msg = re.sub(r"^(List|Tuple|Set) should", "Array should", msg).replace(" after validation", "")
             msg = re.sub(r"^Dictionary should", "Object should", msg)

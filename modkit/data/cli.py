@@ -1,16 +1,21 @@
 """``modkit data prepare INPUT... -o DIR [--tokenizer char|bpe:N|PATH] [--val INPUT... | --val-fraction F]
-[--text-field NAME] [--eot auto|none|TOKEN] [--bos [TOKEN]] [--workers N]``.
+[--text-field NAME] [--eot auto|none|TOKEN] [--bos [TOKEN]] [--workers N] [--follow-symlinks]``.
 
 Tokenizes text, JSON Lines, Parquet and ``datasets`` inputs (and folders of them) into a dataset folder (``train.bin``, ``val.bin``,
 ``tokenizer.json``, ``meta.json``; see :mod:`modkit.data.prepare`) and prints a short summary. Errors in the input
-are :class:`~modkit.core.errors.DataError` and reach the user as one ``modkit: error: ...`` line (exit status 1).
+are :class:`~modkit.core.errors.DataError` and reach the user as one ``modkit: error: ...`` line (exit status 1);
+notes (:class:`~modkit.data.sources.DataNote`: the entries a folder input skips, temporary files of killed runs
+removed) as ``modkit: note: ...`` lines on stderr. Paths that are not valid UTF-8 are printed with their odd bytes
+escaped (``\\udcff``), never as an encoding error.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+import warnings
 
 
 def add_subcommands(subparsers) -> None:
@@ -109,6 +114,11 @@ def _add_document_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="encoding processes (the files are the same for any N; default 1)",
     )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="read links inside a folder input that lead outside the folder (by default they are skipped, with a note)",
+    )
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
@@ -116,32 +126,58 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     from .prepare import prepare
 
     start = time.perf_counter()
-    meta = prepare(
-        args.inputs,
-        args.output,
-        tokenizer=args.tokenizer,
-        val_fraction=args.val_fraction,
-        val_inputs=args.val_inputs,
-        text_field=args.text_field,
-        eot=args.eot,
-        bos=args.bos,
-        split=args.split,
-        val_split=args.val_split,
-        workers=args.workers,
-        show_progress=sys.stderr.isatty(),
-    )
+    with _notes_to_stderr():
+        meta = prepare(
+            args.inputs,
+            args.output,
+            tokenizer=args.tokenizer,
+            val_fraction=args.val_fraction,
+            val_inputs=args.val_inputs,
+            text_field=args.text_field,
+            eot=args.eot,
+            bos=args.bos,
+            split=args.split,
+            val_split=args.val_split,
+            workers=args.workers,
+            show_progress=sys.stderr.isatty(),
+            follow_symlinks=args.follow_symlinks,
+        )
     seconds = time.perf_counter() - start
+    out = _shown(args.output)
     every = meta["sources"] + meta.get("val_sources", [])
     n_bytes = sum(s["bytes"] for s in every)
     n_src = len(every)
-    print(
-        f"prepared {args.output} in {seconds:.1f} s from {n_src} input{'s' if n_src != 1 else ''} ({n_bytes:,} bytes)"
-    )
-    print(f"  tokenizer  {meta['tokenizer']}  vocab_size {meta['vocab_size']:,}  dtype {meta['dtype']}")
+    print(f"prepared {out} in {seconds:.1f} s from {n_src} input{'s' if n_src != 1 else ''} ({n_bytes:,} bytes)")
+    print(f"  tokenizer  {_shown(meta['tokenizer'])}  vocab_size {meta['vocab_size']:,}  dtype {meta['dtype']}")
     docs = meta["documents"]
     seps = [f"{k} {docs[k]!r} (id {docs[k + '_id']})" for k in ("bos", "eot") if docs[k] is not None]
     print(f"  documents  {docs['count']:,}, " + (" and ".join(seps) if seps else "nothing inserted between them"))
     for split, name in (("train", "train.bin"), ("val", "val.bin")):
-        print(f"  {split:<5}      {meta['tokens'][split]:>14,} tokens  {args.output}/{name}")
-    print(f"  also       {args.output}/tokenizer.json, {args.output}/meta.json")
+        print(f"  {split:<5}      {meta['tokens'][split]:>14,} tokens  {out}/{name}")
+    print(f"  also       {out}/tokenizer.json, {out}/meta.json")
     return 0
+
+
+def _shown(text: str) -> str:
+    """``text`` printable on any terminal: characters UTF-8 cannot hold (the escaped bytes of a path that is not
+    UTF-8, lone surrogates) written as ``\\udcff``."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@contextlib.contextmanager
+def _notes_to_stderr():
+    """Print :class:`~modkit.data.sources.DataNote` warnings as ``modkit: note: ...`` lines on stderr."""
+    from .sources import DataNote
+
+    with warnings.catch_warnings():
+        default = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, DataNote):
+                print(f"modkit: note: {_shown(str(message))}", file=sys.stderr)
+            else:
+                default(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        warnings.simplefilter("always", DataNote)
+        yield

@@ -17,6 +17,7 @@ from pathlib import Path
 from modkit.core.errors import DataError
 from .dataset import TokenData
 from .prepare import prepare
+from .prepare_files import stale_temporaries
 
 #: md5 of the shipped ``tinyshakespeare.txt`` (the published digest of char-rnn's ``input.txt``).
 CORPUS_MD5 = "6fb458f1232090904fb40fe944165e91"
@@ -47,7 +48,8 @@ def default_dataset(cache_dir: str | Path | None = None, *, show_progress: bool 
     document and nothing is inserted (``eot="none"``), so the ids are nanoGPT's. It is reused when
     its ``meta.json`` records the shipped corpus's sha256, the ``char`` tokenizer, val_fraction 0.1 and no
     separator, and its file sizes match; otherwise it is prepared again into a temporary sibling folder that is renamed into place, so
-    processes starting together (one per rank) never see a half-written dataset.
+    processes starting together (one per rank) never see a half-written dataset. Temporary folders of earlier
+    runs whose process no longer runs (killed while preparing) are removed first.
 
     Returns:
         the dataset folder, for :meth:`modkit.data.dataset.TokenData.open`.
@@ -61,6 +63,8 @@ def default_dataset(cache_dir: str | Path | None = None, *, show_progress: bool 
     if _is_current(folder, digest):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
+    for stale, _pid in stale_temporaries(folder.parent, (folder.name,), folders=True):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

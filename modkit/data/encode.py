@@ -5,8 +5,10 @@ around it: a begin-of-text id before, an end-of-text id after (:class:`~modkit.d
 
 Processes. ``workers = N`` encodes on ``N`` processes: the parent reads the inputs and hands out batches of
 :data:`BATCH_CHARS` characters; the batches are the same whatever ``N`` is and are written in order, so the bytes
-are those of one process. At most ``2 N`` batches are in flight, so memory stays bounded by the chunk sizes (and
-the longest record), whatever the input size. A tqdm bar shows the bytes read and the tokens written.
+are those of one process. At most ``2 N`` batches are in flight and a piece holds at most
+:data:`~modkit.data.sources.PIECE_CHARS` characters (a longer document is encoded in pieces:
+:mod:`modkit.data.cutting`), so memory stays bounded by these constants, whatever the input size and however long
+a document. A tqdm bar shows the bytes read and the tokens written.
 """
 
 from __future__ import annotations
@@ -241,7 +243,7 @@ def _located(exc: UnknownTokenError, piece: Piece) -> DataError:
     pos = exc.position
     if piece.column is None:
         what = "row" if piece.source.format in ("parquet", "dataset") else "record"
-        where = f"{piece.source.label}:{piece.line}: the {what}'s text, character {pos}"
+        where = f"{piece.source.label}:{piece.line}: the {what}'s text, character {piece.offset + pos}"
     else:
         before = piece.text.rfind("\n", 0, pos)
         line = piece.line + piece.text.count("\n", 0, pos)

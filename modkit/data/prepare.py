@@ -23,14 +23,18 @@ no boundary at all); with nothing inserted it is nanoGPT's cut at exactly that t
 
 Processes. ``workers = N`` encodes on ``N`` processes: the parent reads the inputs and hands out batches of
 :data:`~modkit.data.encode.BATCH_CHARS` characters; the batches are the same whatever ``N`` is and are written in
-order, so the files are byte for byte those of one process. At most ``2 N`` batches are in flight, so memory stays
-bounded by the chunk sizes (and the longest record), whatever the input size. A tqdm bar shows the bytes read and
+order, so the files are byte for byte those of one process. At most ``2 N`` batches are in flight and a long
+document is read and encoded in pieces (:mod:`modkit.data.sources`, :mod:`modkit.data.cutting`), so memory stays
+bounded by constants, whatever the input size and however long one document is. A tqdm bar shows the bytes read and
 the tokens written (:mod:`modkit.data.encode`).
 
 A ``char`` or ``bpe:N`` tokenizer is trained on a first pass over the inputs and the text is encoded on a second.
-Writes are atomic: everything goes to temporary names in the output folder, the old ``meta.json`` is removed, the
-data files are renamed into place and ``meta.json`` comes last, so an interrupted run never leaves a folder that
-:meth:`modkit.data.dataset.TokenData.open` accepts with the wrong contents.
+Writes are atomic: everything goes to temporary names in the output folder (``.train.bin.tmp-PID`` and so on, PID
+the process id), the old ``meta.json`` is removed, the data files are renamed into place and ``meta.json`` comes
+last, so an interrupted run never leaves a folder that :meth:`modkit.data.dataset.TokenData.open` accepts with the
+wrong contents. A run that ends by an exception removes its temporary files; one that is killed cannot, so each
+run first removes the temporary files of processes that no longer run, and says so in a
+:class:`~modkit.data.sources.DataNote` warning (:func:`~modkit.data.prepare_files.stale_temporaries`).
 
 The pieces: :mod:`modkit.data.prepare_format` (file names, ``meta.json``'s format, dtype, separators),
 :mod:`modkit.data.prepare_checks` (the arguments and the output folder checked, the tokenizer made ready),
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -79,6 +84,8 @@ from .prepare_checks import (  # noqa: F401 - re-exported
 from .prepare_files import (  # noqa: F401 - re-exported
     _count,
     _find,
+    removed_note,
+    stale_temporaries,
     _sha256,
     _split,
     _starts_document,
@@ -99,7 +106,14 @@ from .prepare_format import (  # noqa: F401 - re-exported: the names of the form
     Separators,
     dtype_for,
 )
-from .sources import FOLDER_SUFFIXES, Piece, Source, find_sources, source_digest  # noqa: F401 - re-exported
+from .sources import (  # noqa: F401 - re-exported
+    FOLDER_SUFFIXES,
+    DataNote,
+    Piece,
+    Source,
+    find_sources,
+    source_digest,
+)
 from .tokenizer import (  # noqa: F401 - re-exported
     BOS_TOKEN,
     EOT_TOKEN,
@@ -133,6 +147,7 @@ class PrepareRequest:
         eot, bos: the separators' policies (``"auto"``, ``"none"``, a token; ``bos`` also ``True`` / ``False``).
         split, val_split: the split of a ``datasets`` DatasetDict folder read for ``inputs`` / ``val_inputs``.
         workers: encoding processes. show_progress: a tqdm bar on stderr. overwrite: replace any dataset there.
+        follow_symlinks: read links inside a folder input that lead outside it (skipped with a note otherwise).
     """
 
     inputs: Sequence[str | Path]
@@ -148,6 +163,7 @@ class PrepareRequest:
     workers: int = 1
     show_progress: bool = True
     overwrite: bool = False
+    follow_symlinks: bool = False
 
 
 @dataclass
@@ -204,6 +220,8 @@ def prepare(inputs: Sequence[str | Path], out_dir: str | Path, **options: Any) -
         workers: encoding processes; the files are byte for byte the same for any number.
         show_progress: show a tqdm bar (bytes read, tokens written) on stderr.
         overwrite: replace whatever dataset ``out_dir`` holds, even one of other inputs or options.
+        follow_symlinks: read links inside a folder input that lead outside the folder (by default they are skipped
+            and listed in a :class:`~modkit.data.sources.DataNote` warning, with the other entries skipped).
 
     Returns:
         the ``meta.json`` written: ``format``, ``format_version``, ``tokenizer`` (spec), ``vocab_size``, ``dtype``,
@@ -242,8 +260,12 @@ def _plan(request: PrepareRequest) -> _Plan:
     fraction = _check_fraction(r.val_fraction) if r.val_inputs is None else float(r.val_fraction)
     eot_policy, bos_policy = _check_policy("eot", r.eot), _check_policy("bos", r.bos)
     _check_workers(r.workers)
-    srcs = find_sources(r.inputs, split=r.split)
-    val_srcs = find_sources(r.val_inputs, split=r.val_split) if r.val_inputs is not None else []
+    srcs = find_sources(r.inputs, split=r.split, follow_symlinks=r.follow_symlinks)
+    val_srcs = (
+        find_sources(r.val_inputs, split=r.val_split, follow_symlinks=r.follow_symlinks)
+        if r.val_inputs is not None
+        else []
+    )
     kind, size = parse_spec(r.tokenizer)
     tok: Tokenizer | None = None
     spec = {"char": "char", "bpe": f"bpe:{size}"}.get(kind, "")
@@ -253,12 +275,24 @@ def _plan(request: PrepareRequest) -> _Plan:
         tok.set_special(
             eot=_special("eot", eot_policy, tok, EOT_TOKEN), bos=_special("bos", bos_policy, tok, BOS_TOKEN)
         )
-    out = Path(r.out_dir).expanduser()
+    out = _output_path(r.out_dir)
     recipe = _recipe(
         spec, fraction, r.text_field, [s.label for s in srcs], [s.label for s in val_srcs], eot_policy, bos_policy
     )
     _check_out_dir(out, recipe, r.overwrite)
     return _Plan(r, fraction, eot_policy, bos_policy, srcs, val_srcs, spec, kind, tok, out)
+
+
+def _output_path(value) -> Path:
+    """The output folder as a path.
+
+    Raises:
+        DataError: a path holding a NUL byte (no folder can be named so).
+    """
+    text = str(Path(value))
+    if "\x00" in text:
+        raise DataError(f"{text!r}: not a usable path (it holds a NUL byte); choose another output folder (-o)")
+    return Path(text).expanduser()
 
 
 def _train(plan: _Plan) -> Tokenizer:
@@ -288,10 +322,23 @@ def _train(plan: _Plan) -> Tokenizer:
 
 def _write_dataset(plan: _Plan, tok: Tokenizer) -> dict:
     """Encode, split and describe the dataset under temporary names in the output folder, then rename the files into
-    place (``meta.json`` last); whatever happens, no temporary file stays, nor a folder this call created empty."""
+    place (``meta.json`` last); whatever happens, no temporary file stays, nor a folder this call created empty.
+    Temporary files of earlier runs whose process no longer runs are removed first (with a note).
+
+    Raises:
+        DataError: what encoding raises, or a write that fails (named by the file and the reason).
+    """
     out = plan.out
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stale = stale_temporaries(out, (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE))
+        for path, _pid in stale:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise _write_error(out, exc) from None
+    if stale:
+        warnings.warn(removed_note(out, stale), DataNote, stacklevel=3)
     tmp = {name: out / f".{name}.tmp-{os.getpid()}" for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE)}
     done = False
     try:
@@ -303,12 +350,23 @@ def _write_dataset(plan: _Plan, tok: Tokenizer) -> dict:
         for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE):
             os.replace(tmp[name], out / name)
         done = True
+    except OSError as exc:  # the inputs' read errors are DataErrors already: this is a write
+        raise _write_error(out, exc) from None
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
         if created and not done and not any(out.iterdir()):
             out.rmdir()
     return meta
+
+
+def _write_error(out: Path, exc: OSError) -> DataError:
+    """A failed write into the output folder, named by the file and the reason."""
+    where = exc.filename or out
+    return DataError(
+        f"{where}: cannot write the dataset ({exc.strerror or exc}); check that {out} is a folder you can write "
+        "to with free space, or choose another output folder (-o)"
+    )
 
 
 def _encode_splits(plan: _Plan, tok: Tokenizer, tmp: dict[str, Path]) -> _Splits:

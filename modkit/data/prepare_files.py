@@ -1,6 +1,6 @@
 """The token files of :func:`modkit.data.prepare.prepare` read and cut: where the validation split starts
-(:func:`document_cut`), how many separators a split holds, moving the tail of ``train.bin`` into ``val.bin``, and
-the sha256 of a written file.
+(:func:`document_cut`), how many separators a split holds, moving the tail of ``train.bin`` into ``val.bin``, the
+sha256 of a written file, and the temporary files of killed runs found (:func:`stale_temporaries`).
 
 Every read is a plain ``read`` of a slice (no memory map), so the pages read never stay in the preparing process.
 """
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -115,3 +116,53 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (``True`` when that cannot be known: another user's process,
+    or Windows, where probing a process with signal 0 would end it)."""
+    if os.name == "nt" or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):  # no process has such a number
+        return False
+    return True
+
+
+def stale_temporaries(folder: Path, names: Sequence[str], *, folders: bool = False) -> list[tuple[Path, int]]:
+    """The temporary entries ``.NAME.tmp-PID`` in ``folder`` (``NAME`` one of ``names``) left by processes that no
+    longer run: a run killed before it could clean up (a running process's own are never listed). Files, or
+    folders with ``folders``.
+
+    Returns:
+        ``[(path, pid)]`` sorted by name. The check is by process id on this machine: on a folder shared by
+        several machines a run elsewhere could hold a file of the same pattern; give each run its own folder.
+    """
+    pattern = re.compile(r"\.(" + "|".join(re.escape(n) for n in names) + r")\.tmp-([0-9]{1,12})")
+    found = []
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    for path in entries:
+        m = pattern.fullmatch(path.name)
+        kind_ok = path.is_dir() if folders else path.is_file()
+        if m and kind_ok and not path.is_symlink() and not _running(int(m.group(2))):
+            found.append((path, int(m.group(2))))
+    return found
+
+
+def removed_note(folder: Path, removed: Sequence[tuple[Path, int]]) -> str:
+    """The note that says which temporary files of earlier runs were removed."""
+    pids = sorted({pid for _, pid in removed})
+    noun = "process" if len(pids) == 1 else "processes"
+    files = "file" if len(removed) == 1 else "files"
+    return (
+        f"{folder}: removed {len(removed)} temporary {files} of runs that did not finish ({noun} "
+        f"{', '.join(map(str, pids))}): {', '.join(p.name for p, _ in removed)}"
+    )

@@ -4,54 +4,80 @@ Formats, told apart by the name:
 
 * a text file (any name not listed below; ``.gz`` / ``.zst`` compressed too): one document, its whole text, read
   as UTF-8 with line breaks kept as they are;
-* JSON Lines (``*.jsonl``, and compressed ``*.jsonl.gz``, ``*.jsonl.zst``, ``*.json.gz``, ``*.json.zst`` as Dolma
-  and many crawls ship them): one JSON object per line, one document per record, its text in field ``text_field``
-  (blank lines are skipped);
+* JSON Lines (``*.jsonl`` and ``*.json``, and compressed ``*.jsonl.gz``, ``*.jsonl.zst``, ``*.json.gz``,
+  ``*.json.zst`` as Dolma and many crawls ship them): one JSON object per line, one document per record, its text
+  in field ``text_field`` (blank lines are skipped). A ``.json`` file is read as JSON Lines too; one that holds a
+  single JSON document (an array of records, a pretty-printed object) is refused with the reason and the fix;
 * Parquet (``*.parquet``, FineWeb's and most Hugging Face datasets' shards; needs ``pyarrow``): one document per
   row, its text in column ``text_field``;
 * a Hugging Face ``datasets`` folder written by ``save_to_disk`` (it holds ``state.json`` or
   ``dataset_dict.json``; needs ``datasets``): one document per row; of a ``DatasetDict``, the split asked for;
 * a folder: every file below it whose name ends in one of :data:`FOLDER_SUFFIXES`, recursively, sorted by
-  relative path, skipping hidden files and folders (names starting with ``.``).
+  relative path (:mod:`modkit.data.folders`). What it skips (hidden entries, other names, links that lead outside
+  the folder unless ``follow_symlinks``) is listed in a :class:`DataNote` warning.
 
-Streaming. A text file is read :data:`READ_BYTES` at a time and cut into pieces just before a space that follows a
-non-space character, where every common pre-tokenizer (GPT-2's byte-level regex, cl100k / Llama 3 regexes,
-SentencePiece's metaspace) splits anyway, so the ids equal those of encoding the whole file at once. Only a run of
-more than ``2 * READ_BYTES`` characters without such a space is cut where the buffer ends (for ``char`` that
-changes nothing; a BPE may merge differently across that one cut). Records and rows are read one batch at a time
-(:data:`ROWS_PER_BATCH`), so memory stays bounded by the chunk sizes and the longest document, whatever the input.
+Memory is bounded by constants, not by the input. Files are read :data:`READ_BYTES` at a time (every read asks for
+at most that many bytes; a JSON Lines record is never read as a whole line when it is longer than
+:data:`LINE_BYTES`: :mod:`modkit.data.jsonl` streams it). A document (a text file, a record's text, a row) longer
+than :data:`PIECE_CHARS` characters is encoded in pieces of at most that many characters, cut just before a space
+that follows a non-space, where the common pre-tokenizers split anyway, so the ids equal those of the whole
+document; only a run of more than :data:`PIECE_CHARS` characters without such a space is cut at that size, where a
+BPE may merge differently (:mod:`modkit.data.cutting` says exactly how pieces join). Parquet and ``datasets`` rows
+are read :data:`ROWS_PER_BATCH` at a time; a Parquet value cannot be read in part, so their memory also grows with
+the longest row of a batch.
 """
 
 from __future__ import annotations
 
 import codecs
-import gzip
 import hashlib
-import io
 import json
-import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from modkit.core.errors import DataError
 from modkit.core.jsonio import JSONInputError, check_regular_file
+from . import compressed
+from . import cutting as _cutting
+from .cutting import TextCutter
+from .folders import folder_files, skipped_note
+from .jsonl import records
 
-#: Bytes read from a file at a time (the streaming chunk).
+#: Bytes of a file (decompressed) asked for by one read: no read asks for more.
 READ_BYTES = 1 << 18
+#: Characters of the longest piece encoded at once: longer documents are cut (:mod:`modkit.data.cutting`).
+PIECE_CHARS = 1 << 19
+#: Bytes of the longest JSON Lines line parsed whole; longer records are parsed as they stream in.
+LINE_BYTES = 1 << 20
 #: Rows of a Parquet file or ``datasets`` folder read at a time.
 ROWS_PER_BATCH = 1024
 #: Compressed-file endings and their codec.
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 #: Name endings of JSON Lines files (plain and compressed).
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd", ".json.gz", ".json.zst", ".json.zstd")
+JSONL_SUFFIXES = (
+    ".jsonl",
+    ".json",
+    ".jsonl.gz",
+    ".jsonl.zst",
+    ".jsonl.zstd",
+    ".json.gz",
+    ".json.zst",
+    ".json.zstd",
+)
 #: File name endings a folder input picks up.
-FOLDER_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst", ".txt.gz", ".txt.zst") + JSONL_SUFFIXES + (".parquet",)
+FOLDER_SUFFIXES = (
+    (".txt", ".text", ".md", ".markdown", ".rst", ".txt.gz", ".txt.zst", ".txt.zstd") + JSONL_SUFFIXES + (".parquet",)
+)
 #: Files that mark a folder written by ``datasets``' ``save_to_disk`` (a Dataset; a DatasetDict).
 DATASET_MARKERS = ("state.json", "dataset_dict.json")
 
-# A space whose previous character is not whitespace, found from the end by searching the reversed text.
-_CUT_REVERSED = re.compile(r" (?=\S)")
+
+class DataNote(UserWarning):
+    """Something ``prepare`` skipped or cleaned up that the user should know of: the entries a folder input skips
+    (with the reasons), temporary files of earlier runs removed. ``modkit data prepare`` prints each as a
+    ``modkit: note: ...`` line on stderr."""
 
 
 @dataclass(frozen=True)
@@ -79,11 +105,12 @@ class Source:
 
 @dataclass(frozen=True)
 class Piece:
-    """Text to encode: a whole document or part of one (a text file is read in pieces).
+    """Text to encode: a whole document or part of one (at most :data:`PIECE_CHARS` characters).
 
     ``starts`` / ``ends``: the piece is the first / last of its document (a begin-of-text token goes before,
     an end-of-text token after). ``line`` / ``column`` (1-based) locate it in a text file; for a record or row
-    ``line`` is its number (1-based) and ``column`` is ``None``.
+    ``line`` is its number (1-based) and ``column`` is ``None``. ``offset``: characters of the document before
+    the piece.
     """
 
     text: str
@@ -92,19 +119,39 @@ class Piece:
     column: Optional[int]
     starts: bool = True
     ends: bool = True
+    offset: int = 0
 
 
 def _is_dataset_folder(path: Path) -> bool:
     return path.is_dir() and any((path / m).is_file() for m in DATASET_MARKERS)
 
 
-def find_sources(inputs: Sequence[str | Path], *, split: str = "train") -> list[Source]:
+def _input_path(item) -> Path:
+    """An input as a path.
+
+    Raises:
+        DataError: a path holding a NUL byte (no file can be named so), or one that is not text.
+    """
+    try:
+        text = str(Path(item))
+    except TypeError:
+        raise DataError(f"{item!r}: not a path; give the inputs as file or folder names") from None
+    if "\x00" in text:
+        raise DataError(f"{text!r}: not a usable path (it holds a NUL byte); check the input path")
+    return Path(text).expanduser()
+
+
+def find_sources(inputs: Sequence[str | Path], *, split: str = "train", follow_symlinks: bool = False) -> list[Source]:
     """The inputs, in order: files as given, folders expanded (recursively, sorted, :data:`FOLDER_SUFFIXES`), a
     ``datasets`` folder as one source (its ``split`` when it holds a ``DatasetDict``).
 
+    What a folder skips is listed in one :class:`DataNote` warning per folder (:mod:`modkit.data.folders`); links
+    inside a folder that lead outside it are read only with ``follow_symlinks``.
+
     Raises:
-        DataError: no inputs, a path that does not exist or is not a regular file (a FIFO, a device), a folder with
-            no input files in it, a file listed twice, or a ``DatasetDict`` without the split.
+        DataError: no inputs, a path that does not exist, holds a NUL byte or is not a regular file (a FIFO, a
+            device), a folder with no input files in it, a file listed twice, or a ``DatasetDict`` without the
+            split.
     """
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
@@ -112,20 +159,13 @@ def find_sources(inputs: Sequence[str | Path], *, split: str = "train") -> list[
         raise DataError("no inputs: give text files, .jsonl / .parquet files, datasets folders or folders of them")
     sources: list[Source] = []
     for item in inputs:
-        path = Path(item).expanduser()
+        path = _input_path(item)
         if _is_dataset_folder(path):
             sources.append(_dataset_source(path, split))
         elif path.is_dir():
-            found = sorted(
-                (
-                    p
-                    for p in path.rglob("*")
-                    if p.is_file()
-                    and p.name.lower().endswith(FOLDER_SUFFIXES)
-                    and not any(part.startswith(".") for part in p.relative_to(path).parts)
-                ),
-                key=lambda p: p.relative_to(path).as_posix(),
-            )
+            found, skipped = folder_files(path, FOLDER_SUFFIXES, follow_symlinks=follow_symlinks)
+            if skipped:
+                warnings.warn(skipped_note(path, skipped), DataNote, stacklevel=2)
             if not found:
                 raise DataError(
                     f"{path}: no input files in this folder (looked for {', '.join('*' + s for s in FOLDER_SUFFIXES)})"
@@ -192,74 +232,24 @@ def _dataset_source(path: Path, split: str) -> Source:
 # ------------------------------------------------------------------------------------------------ reading
 
 
-class _Counting(io.RawIOBase):
-    """A raw reader that hands every byte it reads from ``f`` to ``on_bytes`` (hash and progress of compressed files)."""
-
-    def __init__(self, f, on_bytes: Callable[[bytes], None]):
-        self.f, self.on_bytes = f, on_bytes
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        data = self.f.read(len(b))
-        self.on_bytes(data)
-        b[: len(data)] = data
-        return len(data)
-
-
-def _open(src: Source, on_bytes: Callable[[bytes], None]):
-    """A binary stream of the file's (decompressed) bytes; ``on_bytes`` sees the bytes of the file itself."""
-    raw = open(src.path, "rb")
-    counted = io.BufferedReader(_Counting(raw, on_bytes), READ_BYTES)
-    if src.compression == "gzip":
-        return gzip.GzipFile(fileobj=counted, mode="rb"), raw
-    if src.compression == "zstd":
-        import zstandard
-
-        return io.BufferedReader(
-            zstandard.ZstdDecompressor().stream_reader(counted, read_across_frames=True), READ_BYTES
-        ), raw
-    return counted, raw
-
-
-def _read(src, read, *args):
-    """``read(*args)`` on an input's stream, a failed decompression raised as the input's DataError.
-
-    Raises:
-        DataError: the stream is compressed and cannot be decompressed (gzip's OSError / EOFError, zstandard's
-            ZstdError), named by :func:`_decompress_error`.
-    """
-    try:
-        return read(*args)
-    except (OSError, EOFError) as exc:
-        raise _decompress_error(src, exc) from None
-    except Exception as exc:  # zstandard.ZstdError
-        if src.compression:
-            raise _decompress_error(src, exc) from None
-        raise
-
-
-def _decompress_error(src: Source, exc: Exception) -> DataError:
-    return DataError(f"{src.path}: not a valid {src.compression} file ({exc}); check the file or its name's ending")
-
-
-def _safe_cut(text: str) -> int | None:
-    """Index of the last space that follows a non-space character (a place to cut text), or ``None``."""
-    m = _CUT_REVERSED.search(text[::-1])
-    return None if m is None else len(text) - 1 - m.start()
+def split_text(text: str) -> list[str]:
+    """``text`` cut into pieces of at most :data:`PIECE_CHARS` characters, before a space that follows a non-space
+    where there is one (:func:`modkit.data.cutting.split_text`)."""
+    return _cutting.split_text(text, PIECE_CHARS)
 
 
 def _text_pieces(src: Source, on_bytes: Callable[[bytes], None]) -> Iterator[Piece]:
+    """The pieces of a text file (one document), read :data:`READ_BYTES` at a time."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    buf, offset, line, column, first = "", 0, 1, 1, True
-    stream, raw_file = _open(src, on_bytes)
+    cutter = TextCutter(PIECE_CHARS)
+    offset, line, column, first = 0, 1, 1, True
+    stream, raw_file = compressed.open_stream(src, on_bytes)
     with raw_file, stream:
         while True:
-            raw = _read(src, stream.read, READ_BYTES)
+            raw = compressed.read_checked(src, stream.read, READ_BYTES)
             pending = len(decoder.getstate()[0])
             try:
-                buf += decoder.decode(raw, final=not raw)
+                chunk = decoder.decode(raw, final=not raw)
             except UnicodeDecodeError as exc:
                 at = offset - pending + exc.start
                 raise DataError(
@@ -267,17 +257,14 @@ def _text_pieces(src: Source, on_bytes: Callable[[bytes], None]) -> Iterator[Pie
                     f"`iconv -f latin1 -t utf-8 {src.path.name} > {src.path.stem}.utf8{src.path.suffix}`"
                 ) from None
             offset += len(raw)
-            if not raw:
-                break
-            cut = _safe_cut(buf)
-            if cut is None and len(buf) >= 2 * READ_BYTES:
-                cut = len(buf)
-            if cut:
-                head, buf = buf[:cut], buf[cut:]
-                yield Piece(head, src, line, column, starts=first, ends=False)
+            for head, at in cutter.feed(chunk):
+                yield Piece(head, src, line, column, starts=first, ends=False, offset=at)
                 first = False
                 line, column = _advance(head, line, column)
-    yield Piece(buf, src, line, column, starts=first, ends=True)  # the file's last piece ends its document
+            if not raw:
+                break
+    text, at = cutter.finish()
+    yield Piece(text, src, line, column, starts=first, ends=True, offset=at)  # the file's last piece ends it
 
 
 def _advance(text: str, line: int, column: int) -> tuple[int, int]:
@@ -288,40 +275,24 @@ def _advance(text: str, line: int, column: int) -> tuple[int, int]:
 
 
 def _jsonl_pieces(src: Source, on_bytes: Callable[[bytes], None], text_field: str) -> Iterator[Piece]:
-    stream, raw_file = _open(src, on_bytes)
+    """The pieces of every record of a JSON Lines file (:func:`modkit.data.jsonl.records`)."""
+    stream, raw_file = compressed.open_stream(src, on_bytes)
+
+    def read(n: int) -> bytes:
+        return compressed.read_checked(src, stream.read, n)
+
     with raw_file, stream:
-        lineno = 0
-        while True:
-            raw = _read(src, stream.readline)
-            if not raw:
-                break
-            lineno += 1
-            if not raw.strip():
-                continue
-            where = f"{src.path}:{lineno}"
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise DataError(
-                    f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); convert the file to UTF-8"
-                ) from None
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); each line of a .jsonl file must be "
-                    f'one JSON object, e.g. {{"{text_field}": "..."}}'
-                ) from None
-            if not isinstance(record, dict):
-                raise DataError(f"{where}: a JSON {type(record).__name__}, not an object with a {text_field!r} field")
-            if text_field not in record:
-                fields = ", ".join(repr(k) for k in list(record)[:8]) or "none"
-                raise DataError(
-                    f"{where}: no field {text_field!r} (fields: {fields}); name the field that holds the text "
-                    f"with --text-field (text_field=...)"
-                )
-            text = record[text_field]
-            if not isinstance(text, str):
-                raise DataError(f"{where}: field {text_field!r} is a {type(text).__name__}, not a string of text")
-            yield Piece(text, src, lineno, None)
+        parts = records(src, read, text_field, read_bytes=READ_BYTES, line_bytes=LINE_BYTES, piece_chars=PIECE_CHARS)
+        for text, line, starts, ends, offset in parts:
+            yield Piece(text, src, line, None, starts=starts, ends=ends, offset=offset)
+
+
+def _row_pieces(src: Source, row: int, text) -> Iterator[Piece]:
+    """The pieces of one row's text (cut when longer than :data:`PIECE_CHARS`)."""
+    offset, parts = 0, split_text(text)
+    for i, part in enumerate(parts):
+        yield Piece(part, src, row, None, starts=i == 0, ends=i == len(parts) - 1, offset=offset)
+        offset += len(part)
 
 
 def _rows(
@@ -337,7 +308,7 @@ def _rows(
                 raise DataError(
                     f"{src.label}: {what} {row}: {text_field!r} is {kind}, not a string of text; drop or fill those rows first"
                 )
-            yield Piece(text, src, row, None)
+            yield from _row_pieces(src, row, text)
         share = src.size * row // max(total_rows, 1)
         on_size(share - reported)
         reported = share
@@ -352,19 +323,44 @@ def _columns(names: Sequence[str], src: Source, text_field: str) -> None:
         )
 
 
+def _parquet_batches(src: Source, pf, text_field: str) -> Iterator[list]:
+    """The text column of a Parquet file, :data:`ROWS_PER_BATCH` rows at a time, row group by row group.
+
+    Raises:
+        DataError: a row group that cannot be read (a damaged or truncated page, a failed page checksum), naming
+            the file, the row group and its rows.
+    """
+    first = 0
+    for group in range(pf.num_row_groups):
+        rows = pf.metadata.row_group(group).num_rows
+        try:
+            for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH, row_groups=[group], columns=[text_field]):
+                yield batch.column(0).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError, ArrowInvalid and others
+            raise DataError(
+                f"{src.path}: row group {group + 1} (rows {first + 1} to {first + rows}): cannot be read ({exc}); "
+                "the file is damaged or cut short: fetch or write it again"
+            ) from None
+        first += rows
+
+
 def _parquet_pieces(src: Source, on_size: Callable[[int], None], text_field: str) -> Iterator[Piece]:
+    """The rows of a Parquet file (pages checked against their checksums where the writer stored them)."""
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(src.path)
+        pf = pq.ParquetFile(src.path, page_checksum_verification=True)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid and others
-        raise DataError(f"{src.path}: not a Parquet file ({exc})") from None
+        raise DataError(
+            f"{src.path}: not a Parquet file, or one cut short (its footer is missing or damaged: {exc}); check the "
+            "file, or fetch or write it again"
+        ) from None
     _columns(pf.schema_arrow.names, src, text_field)
-    batches = (b.column(0).to_pylist() for b in pf.iter_batches(batch_size=ROWS_PER_BATCH, columns=[text_field]))
-    yield from _rows(src, batches, pf.metadata.num_rows, on_size, text_field, "row")
+    yield from _rows(src, _parquet_batches(src, pf, text_field), pf.metadata.num_rows, on_size, text_field, "row")
 
 
 def _dataset_pieces(src: Source, on_size: Callable[[int], None], text_field: str) -> Iterator[Piece]:
+    """The rows of a ``datasets`` folder (of its split)."""
     import datasets
 
     try:
@@ -375,8 +371,19 @@ def _dataset_pieces(src: Source, on_size: Callable[[int], None], text_field: str
         ds = ds[src.split]
     _columns(ds.column_names, src, text_field)
     ds = ds.select_columns([text_field])
-    batches = (b[text_field] for b in ds.iter(batch_size=ROWS_PER_BATCH))
-    yield from _rows(src, batches, len(ds), on_size, text_field, "row")
+
+    def batches() -> Iterator[list]:
+        done = 0
+        try:
+            for b in ds.iter(batch_size=ROWS_PER_BATCH):
+                yield b[text_field]
+                done += len(b[text_field])
+        except Exception as exc:  # noqa: BLE001 - datasets and pyarrow raise several kinds
+            raise DataError(
+                f"{src.label}: rows from {done + 1}: cannot be read ({exc}); the folder is damaged: save it again"
+            ) from None
+
+    yield from _rows(src, batches(), len(ds), on_size, text_field, "row")
 
 
 def pieces(

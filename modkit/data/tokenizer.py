@@ -235,7 +235,8 @@ class Tokenizer:
         path = Path(path)
         if path.is_dir():
             path = path / TOKENIZER_FILE
-        self.backend.save(str(path), pretty=True)
+        # written here, not by the library, which takes only UTF-8 paths (a folder named in other bytes is fine)
+        path.write_text(self.backend.to_str(pretty=True), encoding="utf-8")
         if path.name == TOKENIZER_FILE and (self.eot is not None or self.bos is not None):
             config = {
                 "tokenizer_class": "PreTrainedTokenizerFast",
@@ -254,7 +255,10 @@ class Tokenizer:
     def _encode_error(self, text: str, exc: Exception) -> DataError:
         vocab = self.backend.get_vocab(with_added_tokens=True)
         pre = self.backend.pre_tokenizer
-        pieces = pre.pre_tokenize_str(text) if pre is not None else [(text, (0, len(text)))]
+        try:
+            pieces = pre.pre_tokenize_str(text) if pre is not None else [(text, (0, len(text)))]
+        except Exception:  # noqa: BLE001 - text the library cannot take at all (a lone surrogate)
+            return DataError(f"tokenizer {self.spec!r} cannot encode the text: {exc}")
         for piece, (start, _end) in pieces:
             if piece not in vocab:
                 what = f"character {describe_char(piece)}" if len(piece) == 1 else f"text {piece!r}"
@@ -472,9 +476,11 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
     post-processor's ``[CLS] ... [SEP]`` is not applied): text is encoded as it is.
 
     Raises:
-        DataError: no such file, a path that is not a regular file (a FIFO, a device) or one over 256 MiB, or a file
-            ``tokenizers`` cannot read.
+        DataError: no such file, a path that holds a NUL byte or is not a regular file (a FIFO, a device) or one
+            over 256 MiB, or a file ``tokenizers`` cannot read.
     """
+    if "\x00" in str(path):
+        raise DataError(f"tokenizer {str(path)!r}: not a usable path (it holds a NUL byte); check the tokenizer path")
     path = Path(path)
     file = path / TOKENIZER_FILE if path.is_dir() else path
     if not file.exists():
@@ -495,7 +501,7 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
             f"{exc}; give a tokenizers tokenizer.json (or a folder holding one), `char` or `bpe:N`"
         ) from None
     try:
-        backend = tokenizers.Tokenizer.from_file(str(file))
+        backend = tokenizers.Tokenizer.from_str(file.read_text(encoding="utf-8"))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
         raise DataError(
             f"{file}: not a tokenizers tokenizer.json ({exc}); save one with tokenizers' Tokenizer.save"

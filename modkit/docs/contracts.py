@@ -76,22 +76,30 @@ def acts_on_text(value: Any) -> str:
 
 
 def slot_places(registry) -> dict[str, list[str]]:
-    """``{kind: [spec paths where a component of that kind goes]}``: spec fields and other components' fields."""
-    from modkit.core.config import slot_kind
+    """``{kind: [spec paths where a component of that kind goes]}``: spec fields and other components' fields.
+
+    A slot of kind ``mixer`` (the token-mixing slot) takes every token-mixer kind (attention and recurrent mixers,
+    :func:`modkit.core.config.slot_kinds`), so it is listed under each; the block's and the overrides' token-mixing
+    slot is shown under the name specs write, ``mixer`` (``attention`` is its older spelling).
+    """
+    from modkit.core.config import slot_kind, slot_kinds
     from ..spec import BlockSpec, LayerOverride, ModelSpec
+    from ..spec.models import MIXER_KEYS
 
     places: dict[str, list[str]] = {}
 
     def add(kind: str, where: str) -> None:
-        places.setdefault(kind, [])
-        if where not in places[kind]:
-            places[kind].append(where)
+        for accepted in slot_kinds(kind):
+            places.setdefault(accepted, [])
+            if where not in places[accepted]:
+                places[accepted].append(where)
 
     for prefix, cls in (("", ModelSpec), ("block.", BlockSpec), ("overrides[].", LayerOverride)):
         for name, f in cls.model_fields.items():
             k = slot_kind(f)
             if k is not None:
-                add(k, f"`{prefix}{name}`")
+                shown = MIXER_KEYS[0] if cls is not ModelSpec and name == MIXER_KEYS[1] else name
+                add(k, f"`{prefix}{shown}`")
     hosts: dict[tuple[str, Any, str], list] = {}  # (kind, config class, field) -> entries sharing that config
     for entry in registry.components():
         for name, f in entry.config.model_fields.items():

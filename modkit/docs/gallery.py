@@ -101,7 +101,8 @@ def spec_card(path: Path, registry, root: Optional[Path] = None) -> SpecCard:
 
 
 def _spec_shape(spec, attention: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Headline sizes of a spec; the attention geometry comes from the built first layer."""
+    """Headline sizes of a spec; the token mixer's geometry (when it is an attention) comes from the built first
+    layer. The token-mixing slot is called ``mixer``, as specs write it."""
     layer = spec.layer(0)
     att = layer.attention
     rows = [
@@ -111,7 +112,7 @@ def _spec_shape(spec, attention: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("max_seq_len", _count(spec.max_seq_len)),
     ]
     for label, obj, names, known in (
-        ("attention (layer 0)", att, ("sliding_window", "attention_chunk_size"), attention),
+        ("mixer (layer 0)", att, ("sliding_window", "attention_chunk_size"), attention),
         ("ffn (layer 0)", layer.ffn, ("d_ff", "n_experts", "top_k", "activation", "act"), {}),
     ):
         if obj is None:  # a block without this sublayer (Mamba-2's blocks have no ffn)
@@ -298,7 +299,7 @@ def _overrides_section(spec) -> list[str]:
     rows = []
     for o in spec.overrides:
         replaced = [
-            f"{k}: `{getattr(o, k).type}`"
+            f"{'mixer' if k == 'attention' else k}: `{getattr(o, k).type}`"  # the spec's name of the mixing slot
             for k in ("attention", "ffn", "norm", "placement", "position")
             if getattr(o, k) is not None
         ]
@@ -345,7 +346,7 @@ def gallery_index(cards: list[SpecCard], registry) -> str:
                 "active",
                 "layers",
                 "d_model",
-                "attention",
+                "mixer",
                 "ffn",
                 "position",
                 "placement",

@@ -12,6 +12,8 @@ On each build it
 * resolves ``pymdownx.snippets`` includes against the configuration's folder (the home page includes the
   README's quickstart);
 * rewrites Markdown links that leave the docs folder (:func:`modkit.docs.site.rewrite_outside_links`);
+* fills the generated table of contract checks into a page that marks its place (the plugin guide:
+  :func:`modkit.docs.checks.fill_check_table`, from the checks the installed kit registers);
 * writes ``search/search_index.js`` beside the theme's ``search_index.json`` (the same index as a script
   defining ``__index``), which material's search loads instead when the page comes from ``file://``, where a
   page may not fetch a file (what material's own ``offline`` plugin does, without its polyfill from a CDN: the
@@ -88,9 +90,12 @@ class ModkitPlugin(BasePlugin[ModkitPluginConfig]):
         return files
 
     def on_page_markdown(self, markdown: str, *, page, config, files) -> str:
-        """Rewrite links that leave the docs folder (to ``repo_url`` when configured, else to the path in code)."""
+        """Fill the generated contract-check table where a page marks it; rewrite links that leave the docs folder
+        (to ``repo_url`` when configured, else to the path in code)."""
+        from .checks import fill_check_table
         from .site import rewrite_outside_links
 
+        markdown = fill_check_table(markdown)
         docs_dir = Path(config["docs_dir"])
         root = Path(config["config_file_path"]).resolve().parent
         return rewrite_outside_links(markdown, page.file.src_uri, docs_dir, root, config.get("repo_url"))

@@ -5,12 +5,16 @@
     modkit eval runs/x/best                                   # the run's validation split, as the run scored it
     modkit eval runs/x/best --data texts/ --seq-len 256 --stride 128
     modkit eval runs/x/best --tasks hellaswag,arc_easy --num-fewshot 0 --batch-size 16 --output results.json
+
+``--include-path DIR`` adds lm-eval task files, and lm-eval runs the Python code they name (a ``!function`` entry
+imports a module beside the YAML and calls it): a task folder is code, trusted as a plugin is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 
@@ -71,7 +75,13 @@ def add_subcommands(subparsers) -> None:
         "--text-field", default="text", metavar="NAME", help="field / column with the text of .jsonl / .parquet inputs"
     )
     p.add_argument("--tasks", metavar="T[,T...]", help="lm-eval tasks (or groups) to run instead of scoring data")
-    p.add_argument("--include-path", metavar="DIR", help="folder of extra lm-eval task YAML files")
+    p.add_argument(
+        "--include-path",
+        metavar="DIR",
+        help="folder of extra lm-eval task YAML files. lm-eval runs the Python code they name (a '!function' "
+        "entry imports a module beside the YAML and calls it), so, like installing a plugin, give only a folder "
+        "whose code you trust",
+    )
     p.add_argument("--num-fewshot", type=int, metavar="K", help="lm-eval few-shot examples")
     p.add_argument(
         "--limit", type=float, metavar="N", help="lm-eval: at most N documents per task (a fraction when < 1)"
@@ -82,9 +92,36 @@ def add_subcommands(subparsers) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse flags that are given but meaningless (they used to fall back to defaults, or run perplexity instead of
+    tasks): a window or batch option below 1, ``--num-fewshot`` below 0, a ``--limit`` that is not a positive finite
+    number, ``--tasks`` naming no task.
+
+    Raises:
+        UserError: naming the flag, the value and the fix.
+    """
+    from ..cli import UserError
+
+    for name in ("seq_len", "stride", "max_tokens", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag} {value}: give a positive number, or leave {flag} out for the default")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise UserError(f"--num-fewshot {args.num_fewshot}: give 0 or more examples")
+    if args.limit is not None and not (math.isfinite(args.limit) and args.limit > 0):
+        raise UserError(f"--limit {args.limit}: give a positive number of documents (a fraction when below 1)")
+    if args.tasks is not None and not [t for t in args.tasks.split(",") if t.strip()]:
+        raise UserError(
+            f"--tasks {args.tasks!r} names no task; give lm-eval task names separated by commas (e.g. "
+            "hellaswag,arc_easy), or leave --tasks out to score cross-entropy on data"
+        )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Handler of ``modkit eval``."""
-    if args.tasks:
+    _check_flags(args)
+    if args.tasks is not None:
         return _tasks(args)
     from .run import evaluate_checkpoint
 

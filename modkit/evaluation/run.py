@@ -18,6 +18,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from modkit.core.errors import reading
+
 from .score import EvalError, Score, score_tokens
 
 
@@ -143,8 +145,10 @@ def evaluate_checkpoint(
             the checkpoint folder).
 
     Raises:
-        EvalError: no data (and no run folder), a split that does not exist, data the model's vocabulary does not
-            cover, document masking on data without separators; as :func:`~modkit.evaluation.score.score_tokens`.
+        EvalError: a window option (``seq_len``, ``stride``, ``max_tokens``, ``batch_size``) given but not a positive
+            integer, no data (and no run folder), a split that does not exist, a prepared folder tokenized with
+            another tokenizer than the checkpoint's, data the model's vocabulary does not cover, document masking on
+            data without separators; as :func:`~modkit.evaluation.score.score_tokens`.
         DataError: unreadable inputs or text the tokenizer cannot encode.
         CheckpointError: not a checkpoint.
         TypeError: a keyword that is not a field of :class:`EvalRequest`.
@@ -165,6 +169,7 @@ def run_eval(request: EvalRequest) -> EvalResult:
     from ..data import load_tokenizer
 
     r = request
+    _check_sizes(r)
     defaults = run_defaults(r.checkpoint)
     dev = torch.device(r.device) if r.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = r.model if r.model is not None else load(r.checkpoint, device=str(dev))
@@ -188,6 +193,62 @@ def run_eval(request: EvalRequest) -> EvalResult:
             found.tmp.close()
 
 
+#: the window options of a request: ``(field, what a value counts, the default when it is left out)``
+_SIZES = (
+    ("seq_len", "tokens per window", "the run's seq_len, else the model's max_seq_len"),
+    ("stride", "tokens between window starts", "non-overlapping windows"),
+    ("max_tokens", "tokens to score", "the run's final_eval_tokens, else the whole split"),
+    ("batch_size", "windows per forward", "the run's batch_size, else 8"),
+)
+
+
+def _check_sizes(r: EvalRequest) -> None:
+    """Refuse a window option that is given but not a positive integer: 0 used to fall back to the default.
+
+    Raises:
+        EvalError: naming the option (and its ``modkit eval`` flag), the value and what leaving it out gives.
+    """
+    for name, unit, default in _SIZES:
+        value = getattr(r, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise EvalError(
+                f"{name} = {value!r} (--{name.replace('_', '-')}): give a positive number of {unit}, or leave it out "
+                f"for the default ({default})"
+            )
+
+
+def _check_tokenizer(data_tokenizer, tokenizer, folder: Path, checkpoint: Any) -> None:
+    """Refuse a prepared folder tokenized with another tokenizer than the checkpoint's: its ids may all lie in the
+    model's vocabulary (two char tokenizers of different texts), yet they mean other tokens, and the scores would
+    measure nothing.
+
+    Raises:
+        EvalError: naming the folder, the checkpoint, a token the two number differently, and the fix.
+    """
+    ours = tokenizer.backend.get_vocab(with_added_tokens=True)
+    theirs = data_tokenizer.backend.get_vocab(with_added_tokens=True)
+    if ours == theirs:
+        return
+
+    def role(token: str) -> str:
+        return f"id {ours[token]}" if token in ours else "not a token"
+
+    differs = next(
+        (
+            f"{t!r} is id {theirs[t]} in the data, {role(t)} in the checkpoint"
+            for t in sorted(theirs)
+            if theirs[t] != ours.get(t)
+        ),
+        f"the checkpoint's tokenizer has {len(ours):,} tokens, the data's {len(theirs):,}",
+    )
+    raise EvalError(
+        f"{folder} was tokenized with another tokenizer ({data_tokenizer.spec}) than the checkpoint {checkpoint}: "
+        f"{differs}, so its ids mean other tokens to the model and the scores would measure nothing; "
+        "evaluate on data prepared with the checkpoint's tokenizer, or give the text files (--data FILE...), which "
+        "are encoded with it"
+    )
+
+
 def _eval_data(inputs: list, request: EvalRequest, tokenizer) -> _EvalData:
     """The split of a prepared folder (one input that is one), else the text inputs encoded with ``tokenizer``
     into a temporary file (an end-of-text id after each document when the tokenizer has one).
@@ -201,17 +262,20 @@ def _eval_data(inputs: list, request: EvalRequest, tokenizer) -> _EvalData:
     from ..data.sources import find_sources
 
     if len(inputs) == 1 and _is_prepared(Path(inputs[0]).expanduser()):
-        prepared = TokenData.open(Path(inputs[0]).expanduser(), verify=False)
+        with reading(f"the prepared data folder {inputs[0]}"):
+            prepared = TokenData.open(Path(inputs[0]).expanduser(), verify=False)
+        _check_tokenizer(prepared.tokenizer, tokenizer, prepared.path, request.checkpoint)
         if request.split not in ("val", "train"):
             raise EvalError(f"split = {request.split!r}: a prepared folder has the splits 'train' and 'val'")
         tokens = prepared.val if request.split == "val" else prepared.train
         return _EvalData(
             tokens, prepared.separators, prepared.tokenizer.token_bytes(), str(prepared.path), f"{request.split} split"
         )
-    srcs = find_sources(inputs)
+    with reading(f"the inputs {', '.join(str(i) for i in inputs)}"):
+        srcs = find_sources(inputs)
     tmp = tempfile.NamedTemporaryFile(prefix="modkit-eval-", suffix=".bin")
     try:
-        with open(tmp.name, "wb") as f:
+        with open(tmp.name, "wb") as f, reading(f"the inputs {', '.join(str(i) for i in inputs)}"):
             encode_sources(
                 srcs,
                 tokenizer,
@@ -237,8 +301,9 @@ def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.d
     """Check the data against the model and the masking asked for, then score it with the run's defaults filled in.
 
     Raises:
-        EvalError: ids outside the model's vocabulary, document masking without separators; as
-            :func:`~modkit.evaluation.score.score_tokens`.
+        EvalError: ids outside the model's vocabulary, document masking without separators or with a token mixer
+            that does not declare the ``document_mask`` capability (its layer, type and the types that do, as
+            ``modkit train`` says); as :func:`~modkit.evaluation.score.score_tokens`.
     """
     tokens, label = found.tokens, found.label
     if len(tokens) and int(tokens.max()) >= model.spec.vocab_size:
@@ -252,9 +317,15 @@ def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.d
             f"document masking needs document separators, and {label} has none (prepared with --eot "
             "none?); evaluate without --document-mask"
         )
-    seq = r.seq_len or defaults.get("seq_len") or model.spec.max_seq_len
+    if masked:  # refused before scoring, with the message Model.forward(documents=...) gives
+        from modkit.nn.documents import document_mask_refusal, undeclared_mixers
+
+        problems = undeclared_mixers(model)
+        if problems:
+            raise EvalError(f"--document-mask: {document_mask_refusal(problems)}; evaluate with --no-document-mask")
+    seq = r.seq_len if r.seq_len is not None else defaults.get("seq_len") or model.spec.max_seq_len
     limit = r.max_tokens if r.max_tokens is not None else defaults.get("max_tokens")
-    rows = r.batch_size or defaults.get("batch_size") or 8
+    rows = r.batch_size if r.batch_size is not None else defaults.get("batch_size") or 8
     score = score_tokens(
         model,
         tokens,

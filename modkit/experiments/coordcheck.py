@@ -11,8 +11,10 @@ arXiv:2407.17465) uses the same check.
 Recorded per width, step ``t = 0..steps`` and quantity, on one fixed batch in eval mode, averaged over seeds:
 
 * ``size``: ``mean |h_t|``; ``change``: ``mean |h_t - h_0|`` (the coordinate size of what training did);
-* quantities: ``embedding`` (the token-embedding output), ``attention`` and ``ffn`` (each sublayer's output, mean
-  over layers), ``residual`` (the last block's output) and ``logits``.
+* quantities: ``embedding`` (the token-embedding output), ``mixer`` and ``ffn`` (the output of what each layer's
+  token-mixing slot and ffn slot built, mean over layers: an attention, a recurrent mixer or several side by side,
+  whatever its kind; nested components are not counted twice), ``residual`` (the last block's output) and
+  ``logits``.
 
 Training: ``steps`` optimizer steps of the named optimizer (AdamW by default; its parameter groups, μP factors
 included, from :func:`modkit.train.optim.build_optimizer`) at a constant learning rate, no weight decay, no
@@ -33,7 +35,8 @@ import torch.nn.functional as F
 
 from modkit.core.errors import ModkitError
 
-QUANTITIES = ("embedding", "attention", "ffn", "residual", "logits")
+#: what is measured; ``mixer`` was called ``attention`` before recurrent mixers (it is the token-mixing slot's output)
+QUANTITIES = ("embedding", "mixer", "ffn", "residual", "logits")
 
 
 class CoordCheckError(ModkitError, ValueError):
@@ -81,6 +84,21 @@ class CoordCheck:
         }
 
 
+def _slot_modules(model) -> list[tuple[torch.nn.Module, str]]:
+    """``(module, "mixer" | "ffn")`` for what each layer's token-mixing slot and ffn slot built: the children of
+    every block whose registry kind is a token mixer's (:func:`modkit.core.config.is_mixer`: attention, recurrent
+    mixer) or an ffn. Components nested inside them (a hybrid's attention, a mixture's shared expert) are theirs."""
+    from modkit.core.config import is_mixer
+
+    out = []
+    for block in model.layers:
+        for child in block.children():
+            kind = getattr(child, "modkit_kind", None)
+            if is_mixer(kind) or kind == "ffn":
+                out.append((child, "mixer" if is_mixer(kind) else "ffn"))
+    return out
+
+
 def _measure(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """The quantities' activations on ``ids`` (eval mode, no grad)."""
     acts: dict[str, list[torch.Tensor]] = {q: [] for q in QUANTITIES}
@@ -93,10 +111,8 @@ def _measure(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         return hook
 
     hooks.append(model.embed.register_forward_hook(keep("embedding")))
-    for m in model.modules():
-        kind = getattr(m, "modkit_kind", None)
-        if kind in ("attention", "ffn"):
-            hooks.append(m.register_forward_hook(keep(kind)))
+    for m, q in _slot_modules(model):
+        hooks.append(m.register_forward_hook(keep(q)))
     hooks.append(model.layers[-1].register_forward_hook(keep("residual")))
     model.eval()
     try:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from modkit.core.interfaces import AttentionInputs
 from modkit.nn.cache import KVCache
-from modkit.nn.documents import document_positions
+from modkit.nn.documents import document_mask_refusal, document_positions, undeclared_mixers
 
 if TYPE_CHECKING:
     from modkit.nn.model import Model
@@ -59,8 +59,9 @@ class ForwardInputs:
         Raises:
             ValueError: ``input_ids`` not ``[batch, seq]`` or outside ``[0, vocab_size)`` (with the offending
                 values); ``logits_to_keep < 1``; an ``attention_mask`` of another shape than ``[batch, seq]`` or
-                ``[batch, past + seq]``; ``documents`` with a cache, of another shape, or with an attention that
-                does not declare the ``document_mask`` capability (named with its layer).
+                ``[batch, past + seq]``; ``documents`` with a cache, of another shape, or with a token mixer (an
+                attention or a recurrent mixer, or one inside a hybrid) that does not declare the ``document_mask``
+                capability (named with its layer and type, and the types that declare it).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
@@ -124,8 +125,9 @@ def _new_token_mask(attention_mask: Tensor, bsz: int, seq: int, cache: Optional[
 def _check_documents(
     model: "Model", documents: Tensor, input_ids: Tensor, cache: Optional[KVCache], eager: bool
 ) -> None:
-    """Refuse document ids ``model`` cannot honour: with a cache, of another shape, or an attention without the
-    ``document_mask`` capability (found once per model, from the capabilities each attention was built with)."""
+    """Refuse document ids ``model`` cannot honour: with a cache, of another shape, or a token mixer (any module
+    tagged with a mixer kind, attention or recurrent, the mixers inside a hybrid too) whose entry does not declare
+    the ``document_mask`` capability (found once per model, from the capabilities each mixer was built with)."""
     if cache is not None:
         raise ValueError("documents (document-masked packing) cannot be combined with a KV cache; drop one of them")
     if not eager:  # under torch.compile: checked by the eager calls (and by the trainer at setup), not traced
@@ -135,22 +137,7 @@ def _check_documents(
             f"documents must be [batch, seq] = {tuple(input_ids.shape)} like input_ids, got {tuple(documents.shape)}"
         )
     problems = getattr(model, "_document_problems", None)
-    if problems is None:  # once per model: the capability each attention was built with
-        problems = []
-        for i, block in enumerate(model.layers):
-            for m in block.modules():
-                kind, capabilities = getattr(m, "modkit_kind", None), getattr(m, "modkit_capabilities", {})
-                if kind == "attention" and not capabilities.get("document_mask"):
-                    problems.append(
-                        f"layer {i}: attention type {m.modkit_type!r} does not declare the document_mask capability"
-                    )
-        model._document_problems = problems
+    if problems is None:  # once per model: the capability each mixer was built with
+        problems = model._document_problems = undeclared_mixers(model)
     if problems:
-        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
-        raise ValueError(
-            "document-masked packing: "
-            + "; ".join(problems[:4])
-            + more
-            + "; such an attention would attend across the documents of a row: use one that supports it, or no "
-            "documents"
-        )
+        raise ValueError(document_mask_refusal(problems))

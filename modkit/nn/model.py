@@ -13,6 +13,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
+from modkit.core.config import is_mixer
 from modkit.core.errors import CheckpointError
 from modkit.core.interfaces import AttentionInputs, Init, add_aux, dropout
 from modkit.nn.cache import CacheSpec, KVCache
@@ -42,8 +43,9 @@ def _mixers(block: nn.Module) -> list[str]:
     """Paths inside ``block`` of its token mixers (see :meth:`Model.cache_layout`), in module order, each module
     tagged with its path as ``modkit_cache_key`` (how it finds its state in the layer's cache:
     ``inputs.cache_for(self)``). Declaring modules (``cache_spec()``) come first: the outermost of nested ones; then
-    attentions without a declaration (keys and values from ``n_kv_heads`` / ``head_dim``) that neither hold nor sit
-    inside a declaring module."""
+    mixers without a declaration whose keys and values are inferred (:func:`_legacy_kv`: ``n_kv_heads`` /
+    ``head_dim`` and the ``kv_cache`` capability, or an attention) that neither hold nor sit inside a declaring
+    module."""
 
     def related(name: str, paths: list[str]) -> bool:  # name is one of paths, inside one, or holds one
         return any(
@@ -59,18 +61,26 @@ def _mixers(block: nn.Module) -> list[str]:
             declared.append(name)
     chosen = list(declared)
     for name, module in modules:
-        legacy = (
-            getattr(module, "modkit_kind", None) == "attention"
-            and hasattr(module, "n_kv_heads")
-            and hasattr(module, "head_dim")
-        )
-        if legacy and not related(name, chosen):
+        if _legacy_kv(module) and not related(name, chosen):
             chosen.append(name)
     order = {name: i for i, (name, _) in enumerate(modules)}
     chosen.sort(key=order.__getitem__)
     for name in chosen:
         block.get_submodule(name).modkit_cache_key = name
     return chosen
+
+
+def _legacy_kv(module: nn.Module) -> bool:
+    """Whether ``module`` is a token mixer written before the cache contract whose keys and values the cache infers
+    from its ``n_kv_heads`` / ``head_dim``: a module tagged with a mixer kind (attention or recurrent,
+    :func:`~modkit.core.config.is_mixer`) that exposes both and declares the ``kv_cache`` capability (its entry's
+    ``modkit_capabilities``). For backwards compatibility an attention is one without declaring it, as before
+    declarations decided (third-party attentions written then often declare nothing)."""
+    if not (hasattr(module, "n_kv_heads") and hasattr(module, "head_dim")):
+        return False
+    kind = getattr(module, "modkit_kind", None)
+    declared = bool((getattr(module, "modkit_capabilities", None) or {}).get("kv_cache"))
+    return is_mixer(kind) and (declared or kind == "attention")
 
 
 #: component types already told that their cache layout is inferred (one warning each per process)
@@ -249,9 +259,10 @@ class Model(nn.Module):
         """What each layer's token mixers declare they keep in the cache: ``[{mixer key: CacheSpec}]`` per layer.
 
         A mixer is a module of the block with a ``cache_spec() -> CacheSpec`` method (the outermost one, when a
-        declaring module holds others), keyed by its path inside the block (``"attention"``); a module tagged
-        ``attention`` without one but exposing ``n_kv_heads`` and ``head_dim`` keeps keys and values
-        (:meth:`CacheSpec.kv`, window ``sliding_window``). Read at call time, so a tensor-parallel model (local head
+        declaring module holds others), keyed by its path inside the block (``"attention"``); a token mixer
+        without one but exposing ``n_kv_heads`` and ``head_dim`` that declares the ``kv_cache`` capability (or any
+        attention, as before declarations decided) keeps keys and values (:meth:`CacheSpec.kv`, window
+        ``sliding_window``). Read at call time, so a tensor-parallel model (local head
         counts) declares its local state. The one source of every cache byte figure (:mod:`modkit.nn.cache`).
 
         Raises:
@@ -261,8 +272,8 @@ class Model(nn.Module):
         for i, (block, paths) in enumerate(zip(self.layers, self.mixer_paths)):
             if not paths:
                 raise ValueError(
-                    f"layer {i} holds no token mixer that declares its cache state (a cache_spec() method) nor an "
-                    "attention exposing n_kv_heads and head_dim; cannot size its cache"
+                    f"layer {i} holds no token mixer that declares its cache state (a cache_spec() method) nor a "
+                    "kv_cache mixer exposing n_kv_heads and head_dim; cannot size its cache"
                 )
             layout.append({path: _declared(block.get_submodule(path), f"layers.{i}.{path}") for path in paths})
         return layout
@@ -326,8 +337,9 @@ class Model(nn.Module):
                 ``[batch, logits_to_keep, vocab]``); ``None``: every position.
             documents: ``[batch, seq]`` int64 document index of every token of packed rows
                 (:func:`modkit.nn.documents.document_ids`): a token attends only to earlier tokens of its own document
-                and its position counts from that document's start (unless ``positions`` is given), so each document
-                gives the logits it gives alone. Not with ``cache``.
+                (a recurrent mixer restarts its state and convolution at each document's first token) and its
+                position counts from that document's start (unless ``positions`` is given), so each document gives
+                the logits it gives alone. Not with ``cache``.
 
         Returns:
             :class:`ModelOutput` with ``logits [batch, seq, vocab_size]`` (``[batch, logits_to_keep, vocab_size]``
@@ -335,8 +347,9 @@ class Model(nn.Module):
 
         Raises:
             ValueError: bad shapes, token ids out of range (with the offending values) or ``logits_to_keep < 1``;
-                ``documents`` with a cache, or with an attention that does not declare the ``document_mask``
-                capability (named with its layer).
+                ``documents`` with a cache, or with a token mixer (attention or recurrent, or one inside a
+                hybrid) that does not declare the ``document_mask`` capability (named with its layer and type, and
+                the types that declare it).
         """
         inputs = ForwardInputs.prepare(
             self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from modkit.core.config import slot_kinds
-from modkit.core.limits import BOUNDS
+from modkit.core.limits import BOUNDS, FLOAT_BOUNDS
 from modkit.core.registry import Registry, close_matches
 from modkit.core.validation import ErrorFormatter, join_path, json_value, last_key, models_in
 from modkit.spec.models import ModelSpec
@@ -128,7 +128,14 @@ class _SpecErrorFormatter(ErrorFormatter):
         if err.get("type") == "less_than_equal" and field in BOUNDS:
             bound = BOUNDS[field]
             return f"; {bound:,} is modkit's bound for {field} (modkit.core.limits), far above any published model"
+        bound = next(iter((err.get("ctx") or {}).values()), None)
+        if err.get("type") in _FLOAT_BOUND_ERRORS and field in FLOAT_BOUNDS and bound != 0:  # "> 0" explains itself
+            return f"; modkit bounds {field} so that the model stays finite (modkit.core.limits): {FLOAT_BOUNDS[field]}"
         return ""
+
+
+#: pydantic's error types of a number outside a bound
+_FLOAT_BOUND_ERRORS = ("less_than_equal", "less_than", "greater_than_equal", "greater_than")
 
 
 def _format_errors(errs: list[dict], data: Any, registry: Registry) -> list[tuple[str, str]]:

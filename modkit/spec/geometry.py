@@ -76,10 +76,13 @@ def _geometry_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
     """A position scheme acting on q/k or on the scores that no layer using it can take: every layer using that
     scheme has a token mixer declaring no per-head geometry for it (its ``position_geometry(ctx)`` returns ``None``: a
     recurrent mixer). A layer whose mixer declares none while other layers with the same scheme do (a hybrid: Gated
-    DeltaNet layers beside attention layers) is fine: its mixer has no queries or keys and ignores the scheme."""
+    DeltaNet layers beside attention layers) is fine: its mixer has no queries or keys and ignores the scheme. A mixer
+    whose config has no ``position_geometry`` declaration at all is taken at its fields' word, with a
+    :class:`~modkit.core.errors.SpecWarning` naming its layers and the fix (:func:`_warn_undeclared`)."""
     ctx = SpecContext(spec.d_model, spec.n_layers, spec.vocab_size, spec.max_seq_len, registry)
     served: dict[str, bool] = {}  # position config (JSON) -> some layer declares the geometry it needs
     first: dict[str, tuple[str, int, Any, Any, str, str]] = {}
+    undeclared: dict[tuple[str, str], tuple[Any, str, str, list[int]]] = {}
     for i in range(spec.n_layers):
         layer = spec.layer(i)
         if layer.position is None:
@@ -90,7 +93,9 @@ def _geometry_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
         need = "head_dim" if acts == "qk" else "n_heads"
         key = layer.position.model_dump_json()
         declare = getattr(layer.attention, "position_geometry", None)
-        if not callable(declare):  # an attention without the declaration: its fields tell (checked elsewhere)
+        if not callable(declare):  # a mixer without the declaration: its fields tell, if they do; say so
+            undeclared.setdefault((layer.attention.type, layer.position.type), (layer.attention, acts, need, []))
+            undeclared[(layer.attention.type, layer.position.type)][3].append(i)
             served[key] = True
             continue
         try:
@@ -102,6 +107,8 @@ def _geometry_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
         served[key] = served.get(key, False) or ok
         if not ok and key not in first:
             first[key] = (_position_path(spec, i), i, layer, geo, need, acts)
+    for (_, position), (mixer, acts, need, layers) in undeclared.items():
+        _warn_undeclared(mixer, ctx, layers, position, acts, need)
     errors: dict[str, str] = {}
     for key, (path, i, layer, geo, need, acts) in first.items():
         if served.get(key):
@@ -116,6 +123,33 @@ def _geometry_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str
             ),
         )
     return list(errors.items())
+
+
+def _warn_undeclared(mixer: Any, ctx: Any, layers: list[int], position: str, acts: str, need: str) -> None:
+    """A :class:`~modkit.core.errors.SpecWarning` that the mixer of ``layers`` does not declare its position
+    geometry while the layer's scheme acts on queries and keys (``acts = "qk"``) or on the scores (``"bias"``):
+    validation then reads ``n_heads`` / ``head_dim`` from the config's fields (:func:`position_geometry`), which
+    cannot tell a mixer that applies the scheme from one that has no queries or keys and ignores it."""
+    import warnings
+
+    from modkit.core.errors import SpecWarning
+
+    try:
+        geo = position_geometry(mixer, ctx)
+    except Exception:  # noqa: BLE001 - an inconsistent config reports its own error
+        geo = None
+    found = getattr(geo, need, None) if geo is not None else None
+    what = f"its fields give {need} = {found}" if found is not None else f"its fields give no {need}"
+    target = "queries and keys" if acts == "qk" else "the attention scores"
+    warnings.warn(
+        f"layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}: mixer {mixer.type!r} "
+        f"({type(mixer).__name__}) declares no position_geometry(ctx), and "
+        f"position {position!r} acts on {target}: {what}, so validation cannot tell whether the mixer applies "
+        "the scheme or ignores it; declare position_geometry(ctx) on its config: a modkit.PositionGeometry when it "
+        "applies the scheme, None when it has no queries or keys (this scheme is then refused for it)",
+        SpecWarning,
+        stacklevel=3,
+    )
 
 
 def _position_path(spec: ModelSpec, index: int) -> str:

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from modkit.core.config import ComponentConfig
 from modkit.core.errors import SpecError
 from modkit.core.jsonio import JSONInputError, check_document, parse_json, read_json_file
+from modkit.core.limits import MAX_LAYERS, MAX_OVERRIDES
 from modkit.core.registry import Registry, get_registry
 from modkit.core.validation import json_kind
 from modkit.spec.checks import _semantic_errors
@@ -177,6 +178,19 @@ def _read_document(source: Union[str, Path, dict, ModelSpec]) -> tuple[Any, list
         return exc.document, exc.errors, label
 
 
+def _override_count_error(data: dict) -> Optional[tuple[str, str]]:
+    """The error of a spec listing more than :data:`~modkit.core.limits.MAX_OVERRIDES` overrides, else ``None``."""
+    overrides = data.get("overrides")
+    if not isinstance(overrides, list) or len(overrides) <= MAX_OVERRIDES:
+        return None
+    return (
+        "overrides",
+        f"{len(overrides):,} overrides exceed modkit's bound of {MAX_OVERRIDES:,} (modkit.core.limits: twice the "
+        f"{MAX_LAYERS}-layer bound, far above one override per layer of any published model); give one override "
+        "a list of layers or a range {start, stop, step} for layers that take the same replacement",
+    )
+
+
 def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry | None = None) -> ModelSpec:
     """Parse and validate a spec.
 
@@ -199,6 +213,9 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
     data, read_errors, label = _read_document(source)
     if not isinstance(data, dict):
         raise SpecError(read_errors + [("", f"a spec is a JSON object, got {json_kind(data)}")], source=label)
+    too_many = _override_count_error(data)
+    if too_many:  # refused before validation, which takes time in proportion to the count
+        raise SpecError(read_errors + [too_many], source=label)
     model = spec_model(reg)
     try:
         spec = model.model_validate(data)

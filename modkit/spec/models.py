@@ -14,7 +14,19 @@ from typing import Annotated, Any, Iterable, Literal, Optional, Union
 from pydantic import AliasChoices, ConfigDict, Field, PrivateAttr, field_validator, model_serializer, model_validator
 
 from modkit.core.config import SLOT_KEY, STRICT, ComponentConfig, Slot, StrictModel
-from modkit.core.limits import MAX_LAYERS, DModel, LayerCount, SeqLen, VocabSize
+from modkit.core.limits import (
+    MAX_INIT_STD,
+    MAX_LAYERS,
+    MAX_MULTIPLIER,
+    MAX_OVERRIDES,
+    MAX_SOFTCAP,
+    MIN_SOFTCAP,
+    DModel,
+    LayerCount,
+    Multiplier,
+    SeqLen,
+    VocabSize,
+)
 from modkit.core.registry import Registry
 from modkit.core.parametrization import Parametrization
 
@@ -199,28 +211,47 @@ class ModelSpec(_Strict):
     max_seq_len: SeqLen = Field(..., description="longest sequence (tokens) the model is specified for (at most 2**27)")
     position: ComponentConfig = Slot("position", description="position scheme of every layer unless overridden")
     block: BlockSpec = Field(..., description="components of every block unless overridden")
-    overrides: list[LayerOverride] = Field(default_factory=list, description="per-layer replacements of block slots")
+    overrides: list[LayerOverride] = Field(
+        default_factory=list,
+        max_length=MAX_OVERRIDES,
+        description=f"per-layer replacements of block slots (at most {MAX_OVERRIDES:,}: twice the layer bound, far "
+        "above one per layer of any published model; a longer list only slows validation down)",
+    )
     embedding_norm: Optional[ComponentConfig] = Slot(
         "norm", default=None, description="norm applied to the embeddings before the first block (BERT); null for none"
     )
-    embedding_scale: Union[Annotated[float, Field(gt=0)], Literal["sqrt_d_model"], None] = Field(
-        None, description="multiply token embeddings by this (Gemma: 'sqrt_d_model', rounded to the model dtype)"
+    embedding_scale: Union[Multiplier, Literal["sqrt_d_model"], None] = Field(
+        None,
+        description="multiply token embeddings by this (Gemma: 'sqrt_d_model', rounded to the model dtype); at most "
+        f"{MAX_MULTIPLIER:g}, far above published values (Granite 12, Gemma's sqrt(d_model) 73), so the "
+        "embeddings stay finite",
     )
     final_norm: Optional[ComponentConfig] = Slot(
         "norm", default=None, description="norm after the last block; null for none"
     )
     tie_embeddings: bool = Field(False, description="LM head shares the token-embedding matrix (one parameter)")
     lm_head_bias: bool = Field(False, description="LM head has a bias vector [vocab_size]")
-    logit_scale: Optional[float] = Field(
+    logit_scale: Optional[Multiplier] = Field(
         None,
-        gt=0,
         description="multiply the logits by this before any soft-cap (Cohere's logit_scale; Granite's "
-        "1 / logits_scaling); null for 1",
+        f"1 / logits_scaling); null for 1. At most {MAX_MULTIPLIER:g}: published models use 0.03-1, and a larger "
+        "scale only pushes the logits toward float overflow",
     )
     final_logit_softcap: Optional[float] = Field(
-        None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2); null for none"
+        None,
+        ge=MIN_SOFTCAP,
+        le=MAX_SOFTCAP,
+        description="logits = cap * tanh(logits / cap) (Gemma 2: 30); null for none. Within "
+        f"[{MIN_SOFTCAP:g}, {MAX_SOFTCAP:g}]: a smaller cap overflows logits / cap in float16, and a larger one "
+        "caps nothing (cap · tanh(x / cap) is x) while cap itself nears float16's range",
     )
-    init_std: float = Field(0.02, gt=0, description="standard deviation of the normal init of weight matrices")
+    init_std: float = Field(
+        0.02,
+        gt=0,
+        le=MAX_INIT_STD,
+        description=f"standard deviation of the normal init of weight matrices; at most {MAX_INIT_STD:g} (published "
+        "models use 0.006-0.02; a larger std makes activations, then logits, overflow)",
+    )
     dropout: DropoutSpec = Field(
         default_factory=DropoutSpec,
         description="dropout probabilities (embedding, attention, residual); all 0 by default",

@@ -21,6 +21,7 @@ from modkit.io.checkpoint import save as save_checkpoint
 from modkit.nn.build import build
 from ..spec import ModelSpec
 from . import state as st
+from .provenance import component_provenance
 from .errors import TrainError
 
 
@@ -89,6 +90,8 @@ class CheckpointMixin:
         self.data.tokenizer.save(self.run / st.TOKENIZER_FILE)
         source = {"folder": str(self.data.path), "meta": self.data.meta}
         (self.run / "data.json").write_text(json.dumps(source, indent=1) + "\n")
+        components = component_provenance(spec)  # {kind/type: {provider, distribution, version}}
+        (self.run / "components.json").write_text(json.dumps(components, indent=1) + "\n")
         (self.run / "metrics.jsonl").write_text("")
         tmp = self.run / f".config.json.tmp-{os.getpid()}"
         tmp.write_text(self.config.model_dump_json(indent=2) + "\n")

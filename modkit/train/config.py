@@ -77,8 +77,9 @@ class TrainConfig(BaseModel):
     document_mask: bool = Field(
         False,
         description="document-masked packing: a token attends only to earlier tokens of its own document within a "
-        "training window (documents delimited by the end-of-text tokens the data was prepared with), and positions "
-        "restart at each document; every attention of the model must declare the document_mask capability",
+        "training window (documents delimited by the end-of-text tokens the data was prepared with; a recurrent "
+        "mixer restarts its state there), and positions restart at each document; every token mixer of the model "
+        "(attention or recurrent, the mixers of a hybrid too) must declare the document_mask capability",
     )
     sampler: Literal["random", "sequential"] = Field(
         "random",

@@ -41,6 +41,7 @@ from .evaluate import EvalMixin
 from .optim import build_optimizer
 from .processes import Processes, init_processes  # noqa: F401 - Processes: re-exported
 from .progress import _peak_memory, _ProgressBar
+from .provenance import stamp_provenance
 from .resolve import (  # noqa: F401 - _node, decay_groups: re-exported (modkit.train, benchmarks)
     _node,
     _resolve_device,
@@ -150,7 +151,8 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             torch.set_num_threads(c.threads)
         self.procs = init_processes(c, self.device)
         self.data = self._open_data()
-        self.spec = resolve_spec(c, self.base, self.data.vocab_size)
+        # the spec records which plugin (distribution, version) provides each component (modkit.train.provenance)
+        self.spec = stamp_provenance(resolve_spec(c, self.base, self.data.vocab_size))
         self.separators = self.data.separators
         if c.document_mask:
             check_document_mask(self.spec, self.data)

@@ -128,7 +128,8 @@ def role_groups(
     """Trainable parameters grouped by role, with weight decay and μP learning-rate factors.
 
     Args:
-        model: the model (every parameter needs a role: :func:`modkit.core.roles.param_roles`).
+        model: the model (roles from :func:`modkit.core.roles.param_roles`: declared, or inferred by the convention
+            for a parameter without one, with one :class:`~modkit.core.roles.RoleWarning` per component type).
         spec: its spec (its ``parametrization`` decides the factors).
         weight_decay: the training config's; applied to roles whose :attr:`~modkit.core.roles.Role.decay` is true.
         family: the optimizer's ``mup`` capability (``"adam"`` / ``"sgd"``; needed only under μP).
@@ -137,7 +138,8 @@ def role_groups(
         ``(groups, roles)``: the :class:`RoleGroup` list and ``{name: role}`` of the trainable parameters.
 
     Raises:
-        RoleError: a parameter without a role. OptimizerError: μP with an optimizer that declares no ``mup`` rule.
+        RoleError: an unknown role or a declaration naming no parameter. OptimizerError: μP with an optimizer that
+            declares no ``mup`` rule.
     """
     from modkit.core.parametrization import lr_multiplier
     from modkit.core.roles import ROLES, param_roles
@@ -261,7 +263,7 @@ def build_optimizer(model: nn.Module, spec: Any, config: Any, *, distributed: bo
         A ``torch.optim.Optimizer`` or :class:`OptimizerChain`, every param group with an ``lr_mult``.
 
     Raises:
-        RoleError: a parameter without a role (names it and its component). OptimizerError: μP with an optimizer
+        RoleError: a bad role declaration (names the declaring class). OptimizerError: μP with an optimizer
             without a ``mup`` rule; a non-sharded optimizer under torchrun; a factory that returned something else.
         SpecError: an invalid optimizer config.
     """

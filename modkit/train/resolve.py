@@ -42,7 +42,8 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     expert biases).
 
     Raises:
-        RoleError: a parameter without a role.
+        RoleError: an unknown role or a declaration naming no parameter (a parameter without a role takes the
+            convention's: :func:`modkit.core.roles.param_roles`).
     """
     from modkit.core.roles import ROLES, param_roles
 
@@ -63,7 +64,8 @@ def prepared_data(config: TrainConfig, base: Optional[Path], text_folder: Path, 
     A relative ``config.data`` is relative to ``base`` (the config file's folder).
 
     Raises:
-        TrainError: ``config.data`` does not exist.
+        TrainError: ``config.data`` does not exist, or is a prepared folder while ``config.tokenizer`` names another
+            tokenizer than the folder's (it would be ignored).
         DataError: the text cannot be read or tokenized.
     """
     from ..data import default_dataset, prepare
@@ -76,10 +78,34 @@ def prepared_data(config: TrainConfig, base: Optional[Path], text_folder: Path, 
     if not path.exists():
         raise TrainError(f"data = {config.data!r}: {path} does not exist; give a prepared data folder or text files")
     if path.is_dir() and (path / "meta.json").is_file():
+        _check_tokenizer_unused(config, path)
         return path
     if not (text_folder / "meta.json").is_file():
         prepare([path], text_folder, tokenizer=config.tokenizer, show_progress=show_progress)
     return text_folder
+
+
+def _check_tokenizer_unused(config: TrainConfig, folder: Path) -> None:
+    """Refuse a ``tokenizer`` other than the default when ``data`` is a prepared folder: the folder is read as it was
+    tokenized, so the field would be ignored without a word (``"bpe:abc"``, not even a tokenizer, was accepted). The
+    tokenizer the folder was prepared with is accepted under its own name.
+
+    Raises:
+        TrainError: naming the field, its value, the folder and the tokenizer it holds.
+    """
+    from modkit.core.jsonio import JSONInputError, read_json_file
+
+    if config.tokenizer == TrainConfig.model_fields["tokenizer"].default:
+        return
+    try:
+        used = read_json_file(folder / "meta.json").get("tokenizer")
+    except (JSONInputError, AttributeError):
+        used = None  # opening the folder reports its meta.json
+    if config.tokenizer != used:
+        raise TrainError(
+            f"tokenizer = {config.tokenizer!r}, but data = {config.data!r} is a prepared folder, already tokenized "
+            f"(with {used!r}); tokenizer applies to text data only: remove it, or give the text files as data"
+        )
 
 
 def _resolve_device(text: str) -> torch.device:
@@ -244,11 +270,12 @@ def resolve_spec(config: TrainConfig, base: Optional[Path], vocab_size: int) -> 
 
 
 def check_document_mask(spec: ModelSpec, data) -> None:
-    """Refuse ``document_mask`` when the data has no document separators or an attention cannot honour it.
+    """Refuse ``document_mask`` when the data has no document separators or a token mixer cannot honour it.
 
     Raises:
-        TrainError: names the data folder and what to prepare, or every layer whose attention lacks the
-            ``document_mask`` capability.
+        TrainError: names the data folder and what to prepare, or every token mixer (attention or recurrent, the
+            mixers inside a hybrid too) that lacks the ``document_mask`` capability, with its layer, its type and
+            the types that have it (:func:`modkit.nn.documents.document_mask_problems`).
     """
     from modkit.nn.documents import document_mask_problems
 

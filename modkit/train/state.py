@@ -7,6 +7,8 @@ A run folder::
       spec.json          the resolved model spec
       tokenizer.json     the run's tokenizer (also copied into every checkpoint)
       data.json          the data folder used and its meta.json
+      components.json    {kind/type: {provider, distribution, version}}: the plugin and version of each component
+                         the spec uses (modkit.train.provenance); spec.json's metadata repeats it as "plugin:..." keys
       metrics.jsonl      one JSON object per log / eval line
       loss.png           loss curves (written at each evaluation)
       sample.txt         text sampled from the best checkpoint at the end
@@ -15,8 +17,9 @@ A run folder::
       last -> checkpoints/step-...   symbolic links, swapped atomically
       best -> checkpoints/best-...
 
-A checkpoint folder is an ordinary :func:`modkit.save` checkpoint (``spec.json`` + ``model.safetensors``: it
-loads with :func:`modkit.load`, ``modkit generate`` and ``modkit convert modkit ... --to hf``) plus
+A checkpoint folder is an ordinary :func:`modkit.save` checkpoint (``spec.json``, with the same ``plugin:...``
+metadata, + ``model.safetensors``: it loads with :func:`modkit.load`, ``modkit generate`` and ``modkit convert
+modkit ... --to hf``) plus
 ``tokenizer.json`` and, for resumable ones, ``trainer.json`` (step, tokens, sampler position, best loss,
 optimizer hyper-parameters, gradient-scaler state, parameter names, steps skipped as non-finite) and
 ``trainer.safetensors`` (AdamW moments and step counts by parameter index, torch RNG states). Under several

@@ -273,7 +273,7 @@ class FirstDense(Entry):
 
     def read(self, r, f, name):
         n = f["n_layers"]
-        k = r.number(name, self.default, integer=True, positive=False)
+        k = r.number(name, self.default, integer=True, positive=False, minimum=0)
         flags = [i >= (k or 0) for i in range(n)]
         f["moe"], f["moe_layers"] = any(flags), flags
 

@@ -119,6 +119,10 @@ class Llama4Layers(Entry):
         elif not (isinstance(moe, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in moe)):
             r.error("moe_layers", f"must list layer indices, got {json_value(moe)}")
             moe = []
+        elif any(not 0 <= i < n for i in moe):  # transformers would build a model with no mixture there
+            bad = sorted({i for i in moe if not 0 <= i < n})
+            r.error("moe_layers", f"layers {bad} outside 0..{n - 1} (num_hidden_layers = {n}); list existing layers")
+            moe = []
         f["positions"] = [f["position"] if flags[i] else {"type": "none"} for i in range(n)]
         f["layer_types"], f["attention_chunk_size"] = types, chunk
         f["attention_by_layer"] = extras

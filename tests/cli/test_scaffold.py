@@ -217,6 +217,9 @@ def test_every_kind_builds_runs_and_decodes(tmp_path, monkeypatch, kind):
     spec = copy.deepcopy(TINY)
     if kind == "position":
         spec["position"] = entry.example_config()
+    elif kind == "mixer":  # the token-mixing slot, written 'mixer'; no queries or keys for rope to act on
+        del spec["block"]["attention"]
+        spec["block"]["mixer"], spec["position"] = entry.example_config(), {"type": "none"}
     else:
         spec["block"][kind] = entry.example_config()
     if kind == "norm":
@@ -265,3 +268,59 @@ def test_attention_skeleton_passes_the_contract_kit(tmp_path, monkeypatch):
     for helper in ("update_cache(inputs, k, v, mixer=self)", "prepare_mask(", "position_bias(", "masked_attention("):
         assert helper in forward, helper
     assert "inputs.cache.update" not in forward and "any(-1" not in forward and "masked_fill" not in forward
+
+
+def test_mixer_skeleton_passes_the_contract_kit_and_decodes_from_its_declared_state(tmp_path, monkeypatch):
+    """``--kind mixer``: the recurrent skeleton, generated into tmp, against the whole kit as written; its state is
+    the declared per-sequence entry and nothing else: decoding from the cache equals the full forward (again after
+    ``cache.reset()``), zeroing that entry changes the next token's logits, a forward adds no tensor to the module,
+    and the cache holds ``d_inner`` float32 numbers per layer and sequence, whatever the length."""
+    from modkit.testing import check_component
+
+    root = scaffold.scaffold_plugin("scaffold-kit-mixer", "mixer", output=tmp_path)
+    monkeypatch.syspath_prepend(str(root))
+    reg = modkit.Registry()
+    reg.load_entry_points(strict=True)
+    reg.register_plugin(importlib.import_module("scaffold_kit_mixer"), "scaffold-kit-mixer")
+    results = check_component("mixer", "scaffold_kit_mixer", registry=reg)
+    failed = [r for r in results if r.status == "failed"]
+    assert not failed, "\n".join(f"{r.check}: {r.detail}" for r in failed)
+    passed = {r.check for r in results if r.status == "passed"}
+    assert {
+        "causality",
+        "kv_cache_decode",
+        "masked_row",
+        "meta_init",
+        "param_count",
+        "param_roles",
+        "flops",
+        "precision",
+    } <= passed
+
+    spec = copy.deepcopy(TINY)
+    del spec["block"]["attention"]
+    spec["block"]["mixer"], spec["position"] = {"type": "scaffold_kit_mixer", "expand": 2}, {"type": "none"}
+    model = modkit.build(modkit.load_spec(spec, registry=reg), seed=0, registry=reg).eval()
+    mixer = model.layers[0].attention
+    tensors = lambda: {k: v for k, v in vars(mixer).items() if isinstance(v, torch.Tensor)}  # noqa: E731
+    before = tensors()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model.new_cache(2, 12)
+        for _ in range(2):
+            steps = [model(ids[:, :5], cache=cache).logits]
+            steps += [model(ids[:, t : t + 1], cache=cache).logits for t in range(5, 12)]
+            torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+            cache.reset()
+        model(ids[:, :11], cache=cache)
+        state = cache.layers[0].state(mixer)
+        assert tuple(state["h"].shape) == (2, 64) and state["h"].dtype == torch.float32 and state["h"].abs().sum() > 0
+        state.write("h", torch.zeros_like(state["h"]))
+        assert (model(ids[:, 11:], cache=cache).logits - full[:, 11:]).abs().max() > 1e-3  # it decodes from h
+    assert tensors() == before
+    assert cache.nbytes() == 2 * 2 * 64 * 4  # 2 layers x batch 2 x d_inner 64 float32
+    source = (root / "scaffold_kit_mixer" / "mixer.py").read_text()
+    forward = source[source.index("    def forward(") : source.index("def _d_inner(")]
+    assert "inputs.cache_for(self)" in forward and 'state.write("h", h)' in forward and "self.h" not in forward
+    assert 'CacheEntry("h", (self.d_inner,), growth="sequence", dtype=torch.float32)' in source

@@ -239,19 +239,20 @@ def test_uint32_for_a_vocab_above_65536(tmp_path):
 
 @pytest.mark.parametrize("spec, text", [("char", MIXED), ("bpe:300", MIXED.replace("x" * 700, ""))])
 def test_streaming_in_small_chunks_gives_the_same_ids(tmp_path, monkeypatch, spec, text):
-    """Pieces are cut before a space after a non-space; only a run of > 2 * READ_BYTES characters without one is cut
+    """Pieces are cut before a space after a non-space; only a run of > PIECE_CHARS characters without one is cut
     hard, which a BPE may tokenize (and train) differently, so its text here has no such run."""
     src = _write(tmp_path / "in.txt", text)
     prepare([src], tmp_path / "whole", tokenizer=spec, show_progress=False)
     monkeypatch.setattr(sources_mod, "READ_BYTES", 64)  # multi-byte characters straddle reads
+    monkeypatch.setattr(sources_mod, "PIECE_CHARS", 128)
     monkeypatch.setattr(encode_mod, "BATCH_CHARS", 200)
     calls = []
     real = sources_mod._text_pieces
     monkeypatch.setattr(sources_mod, "_text_pieces", lambda *a: (calls.append(p) or p for p in real(*a)))
     prepare([src], tmp_path / "chunks", tokenizer=spec, show_progress=False)
     # two passes (train the tokenizer, encode) over many small pieces that together are the text
-    assert "".join(p.text for p in calls) == text * 2 and len(calls) > len(text.encode()) // 64
-    assert max(len(p.text) for p in calls) < 3 * 64
+    assert "".join(p.text for p in calls) == text * 2 and len(calls) > 2 * len(text) // 128
+    assert max(len(p.text) for p in calls) <= 128
     assert _bins(tmp_path / "chunks") == _bins(tmp_path / "whole")
     whole = TokenData.open(tmp_path / "whole")
     assert np.concatenate([whole.train, whole.val]).tolist() == whole.tokenizer.encode(text) + [whole.tokenizer.eot_id]

@@ -169,16 +169,16 @@ FLAT = 2.5
 
 
 def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(tmp_path):
-    """Widths 32 to 256 (8x), 3 Adam steps at lr 1e-2, 2 seeds: under μP the mean |h_t - h_0| of the attention and
+    """Widths 32 to 256 (8x), 3 Adam steps at lr 1e-2, 2 seeds: under μP the mean |h_t - h_0| of the mixer and
     ffn outputs, the residual stream and the logits changes by less than FLAT from the smallest to the largest width;
     under standard parametrization the hidden activations' change grows more than 8x (about linearly or faster)."""
     torch.manual_seed(0)
     spec = {**BASE, "n_layers": 2}
     result = coord_check(spec, [32, 64, 128, 256], steps=3, lr=1e-2, seeds=2, batch=4, seq_len=16)
-    for q in ("attention", "ffn", "residual", "logits"):
+    for q in ("mixer", "ffn", "residual", "logits"):
         g = result.growth("mup", q)
         assert 1 / FLAT < g < FLAT, (q, g)
-    for q in ("attention", "ffn", "residual"):
+    for q in ("mixer", "ffn", "residual"):
         assert result.growth("sp", q) > 8, (q, result.growth("sp", q))
     report = write_report(result, tmp_path / "cc", command="modkit coordcheck x.json --widths 32,64,128,256")
     text = report.read_text()

@@ -171,3 +171,30 @@ def test_the_built_in_mixers_all_declare_their_cache(name):
         assert paths, f"layer {i}: no mixer found"
         for path in paths:
             assert callable(getattr(block.get_submodule(path), "cache_spec", None)), f"layers.{i}.{path}"
+
+
+def test_which_undeclared_mixer_gets_inferred_keys_and_values_is_decided_by_its_declaration():
+    """Without ``cache_spec()``, keys and values are inferred for a token mixer exposing ``n_kv_heads`` / ``head_dim``
+    that declares the ``kv_cache`` capability, whatever its kind; an attention keeps them without declaring it (as
+    before declarations decided); a recurrent mixer that does not declare it, or a module of another kind, gets none."""
+    from torch import nn
+
+    from modkit.nn.model import _mixers
+
+    def old(kind: str, capabilities: dict) -> nn.Module:
+        module = nn.Module()
+        module.n_kv_heads, module.head_dim = 2, 8
+        module.modkit_kind, module.modkit_type, module.modkit_capabilities = kind, f"old-{kind}", capabilities
+        return module
+
+    cases = {
+        ("attention", False): True,  # backwards compatible: every old attention was cached
+        ("attention", True): True,
+        ("mixer", True): True,  # the declaration decides, not the kind
+        ("mixer", False): False,
+        ("ffn", True): False,  # not a token mixer
+    }
+    for (kind, declared), cached in cases.items():
+        block = nn.Module()
+        block.attention = old(kind, {"kv_cache": True} if declared else {})
+        assert _mixers(block) == (["attention"] if cached else []), (kind, declared)

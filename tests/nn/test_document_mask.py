@@ -7,6 +7,12 @@ row (the row is one piece of it), and the tail of a document whose start lies be
 alone (positions from 0, no other tokens) and compared in float32 to 1e-5. Also: document ids and positions on a
 hand-made row, the mask built once per forward, a third-party attention without the capability refused (by the
 model and by the training config), and the fast ``is_causal`` path not taken when documents are present.
+
+Every shipped spec declares document masking for all its token mixers (attention, recurrent, hybrid), and every
+tiny one (the specs small enough to run here) computes each packed document as alone, recurrent mixers included:
+1-token documents, empty records, a document ending on the row's end, BOS/EOS separators. A third-party recurrent
+mixer without the capability is refused by name, alone and inside a parallel hybrid, by ``forward`` and by
+``modkit train`` (``modkit eval``: ``tests/evaluation/test_eval.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import modkit
 import modkit.nn.attention as attention_helpers
 from modkit.nn.documents import document_ids, document_mask_problems, document_positions
 
-from conftest import registry_with, tiny_spec
+from conftest import SPECS, registry_with, tiny_spec
 
 EOT = 1
 WINDOW = 4
@@ -212,7 +218,7 @@ def test_an_attention_without_the_capability_is_refused():
     reg = _third_party_registry()
     spec = modkit.load_spec(tiny_spec(block__attention={"type": "leaky-attention"}), registry=reg)
     problems = document_mask_problems(spec, reg)
-    assert len(problems) == 1 and problems[0][0] == "layer 0.attention"
+    assert len(problems) == 1 and problems[0][0] == "layer 0.mixer"
     assert "'leaky-attention' (test-leaky) does not declare the document_mask capability" in problems[0][1]
     assert "gqa" in problems[0][1]  # names the ones that do
     model = modkit.build(spec, registry=reg).eval()
@@ -230,3 +236,116 @@ def test_documents_with_a_cache_are_refused():
     x = _rows()
     with pytest.raises(ValueError, match="cannot be combined with a KV cache"):
         model(x, documents=document_ids(x, eot_id=EOT), cache=model.new_cache(3))
+
+
+# ----------------------------------------------------------------------------------------------- every mixer, every spec
+
+BOS = 2
+
+
+def _separated_rows() -> torch.Tensor:
+    """Three packed rows of ``SEQ`` tokens (ids 3.. are text, 1 end-of-text, 2 begin-of-text): row 0 a document, two
+    empty records, a long one, a 1-token document cut by the row's end; row 1 BOS/EOS-delimited documents, a BOS
+    alone (1 token) and a document ending on the row's last token; row 2 one document longer than the row."""
+    g = torch.Generator().manual_seed(0)
+
+    def text(n):
+        return torch.randint(3, 60, (n,), generator=g).tolist()
+
+    row0 = text(5) + [EOT, EOT, EOT] + text(14) + [EOT] + text(1)
+    row1 = [BOS] + text(4) + [EOT, BOS, BOS] + text(6) + [EOT, BOS] + text(7) + [EOT]
+    return torch.tensor([row0, row1, text(SEQ)])
+
+
+def _runs(docs: torch.Tensor) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of equal document ids of one row."""
+    edges = [0] + [i for i in range(1, len(docs)) if docs[i] != docs[i - 1]] + [len(docs)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+@pytest.mark.parametrize("path", sorted(SPECS.glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_spec_declares_document_masking_for_all_its_mixers(path):
+    assert document_mask_problems(modkit.load_spec(path)) == []
+
+
+@pytest.mark.parametrize("path", sorted(SPECS.glob("tiny-*.json")), ids=lambda p: p.stem)
+def test_each_packed_document_equals_itself_alone_in_every_tiny_spec(path):
+    """Attention, Mamba-2, the Gated DeltaNet + attention hybrid, MoE, MLA: the shipped specs small enough to run."""
+    model = modkit.build(path, seed=0).eval()
+    x = _separated_rows()
+    docs = document_ids(x, eot_id=EOT, bos_id=BOS)
+    assert _runs(docs[0]) == [(0, 6), (6, 7), (7, 8), (8, 23), (23, 24)]
+    assert _runs(docs[1]) == [(0, 6), (6, 7), (7, 15), (15, 24)]
+    with torch.no_grad():
+        packed = model(x, documents=docs).logits
+        worst = 0.0
+        for r in range(len(x)):
+            for start, end in _runs(docs[r]):
+                alone = model(x[r : r + 1, start:end]).logits[0]
+                worst = max(worst, (packed[r, start:end] - alone).abs().max().item())
+        assert worst <= 1e-5, worst
+        assert (model(x).logits[:2, 8:] - packed[:2, 8:]).abs().max() > 1e-2  # without documents: a leak
+
+
+def _plain_ssm_entry():
+    """A third-party recurrent mixer (Mamba-2 underneath) whose entry does not declare document masking."""
+    from typing import Literal
+
+    from pydantic import Field
+
+    class PlainSSMConfig(modkit.ComponentConfig):
+        type: Literal["plain-ssm"] = "plain-ssm"
+        d_state: int = Field(8, description="state size")
+
+    ssm = REG.get("mixer", "mamba2")
+    return modkit.Component(
+        kind="mixer",
+        type="plain-ssm",
+        config=PlainSSMConfig,
+        factory=lambda cfg, ctx: ssm.factory(ssm.config(d_state=cfg.d_state, head_dim=8, chunk_size=4), ctx),
+        description="a state-space mixer that does not declare document masking",
+        capabilities={"causal_safe": True, "kv_cache": True},
+    )
+
+
+HYBRID = {"type": "parallel", "mixers": [{"type": "gqa", "n_heads": 4, "n_kv_heads": 2}, {"type": "plain-ssm"}]}
+
+
+def test_a_recurrent_mixer_without_the_capability_is_refused_alone_and_inside_a_hybrid():
+    reg = registry_with("test-plain-ssm", _plain_ssm_entry())
+    alone = modkit.load_spec(tiny_spec(block__attention={"type": "plain-ssm"}), registry=reg)
+    ((path, message),) = document_mask_problems(alone, reg)
+    assert path == "layer 0.mixer"
+    assert "mixer type 'plain-ssm' (test-plain-ssm) does not declare the document_mask capability" in message
+    assert "carry information across the documents" in message and "gated_deltanet, gqa" in message
+    nested = modkit.load_spec(tiny_spec(block__attention=HYBRID), registry=reg)
+    assert [p for p, _ in document_mask_problems(nested, reg)] == ["layer 0.mixer.mixers.1"]  # parallel passes
+    x = _rows()
+    for spec, where in ((alone, "layer 0"), (nested, "layer 0 (attention.mixers.1)")):
+        model = modkit.build(spec, registry=reg).eval()
+        with pytest.raises(ValueError) as caught:
+            model(x, documents=document_ids(x, eot_id=EOT))
+        said = str(caught.value)
+        assert f"{where}: mixer type 'plain-ssm' does not declare the document_mask capability" in said
+        assert "layer 1" in said and "mamba2" in said and "parallel" in said  # every layer; the types that can
+        model(x)  # without documents it is an ordinary mixer
+
+
+def test_training_refuses_a_recurrent_mixer_without_the_capability(tmp_path):
+    from types import SimpleNamespace
+
+    from modkit.train import TrainError
+    from modkit.train.resolve import check_document_mask
+
+    data = SimpleNamespace(separators=(EOT, None), path=tmp_path)
+    check_document_mask(modkit.load_spec(SPECS / "tiny-hybrid.json"), data)  # every built-in mixer declares it
+    check_document_mask(modkit.load_spec(SPECS / "tiny-mamba2.json"), data)
+    entry = _plain_ssm_entry()
+    plugin = SimpleNamespace(register_components=modkit.hookimpl(lambda register: register(entry)))
+    REG.register_plugin(plugin, "test-plain-ssm")  # training reads the process-wide registry, as an installed plugin
+    try:
+        spec = modkit.load_spec(tiny_spec(block__attention=HYBRID))
+        with pytest.raises(TrainError, match=r"layer 0\.mixer\.mixers\.1: mixer type 'plain-ssm' \(test-plain-ssm\)"):
+            check_document_mask(spec, data)
+    finally:
+        REG.unregister_plugin("test-plain-ssm")

@@ -94,11 +94,16 @@ def test_capabilities_decide_which_checks_run(builtin_results):
             ("placement", False, True),
         )
         assert (got["dropout"].status == "passed") == declares_dropout, got["dropout"]
-        senses = entry.kind == "attention" or (entry.kind == "position" and caps.get("acts_on") != "none")
+        # a token mixer that declares a position geometry (an attention, a hybrid holding one), schemes that act
+        senses = (
+            entry.kind in ("attention", "mixer") and "position geometry" not in got["position_sensitivity"].detail
+        ) or (entry.kind == "position" and caps.get("acts_on") != "none")
         assert (got["position_sensitivity"].status == "passed") == senses, got["position_sensitivity"]
         # neighbours are built-ins only, and say so
         assert got["causality"].neighbours and all(r.neighbours == got["causality"].neighbours for r in got.values())
         assert (got["param_count"].status == "passed") == (entry.param_count is not None), got["param_count"]
+        for check in ("cache_state", "long_decode"):  # any kind that declares a decoding state
+            assert (got[check].status == "passed") == bool(caps.get("kv_cache")), got[check]
         if entry.kind == "attention":
             assert (got["kv_cache_decode"].status == "passed") == bool(caps.get("kv_cache"))
             assert got["masked_row"].status == "passed"
@@ -150,7 +155,7 @@ def test_pytest_plugin_runs_the_suite_without_conftest(pytester):
             "*modkit contracts: kind=norm on cpu*",
             "*norm/layernorm::spec_roundtrip PASSED*",
             "*norm/rmsnorm::causality PASSED*",
-            "*norm/rmsnorm::gqa_equals_mha SKIPPED (gqa_equals_mha: not an attention)*",
+            "*norm/rmsnorm::gqa_equals_mha SKIPPED (gqa_equals_mha: not a token mixer)*",
             "*norm/rmsnorm::meta_init PASSED*",
         ]
     )

@@ -2,7 +2,7 @@
 
 A fresh :class:`modkit.Registry` holds copies of the built-in plugins (the neighbours the kit fills the tiny models
 with) plus one test plugin registering one broken component per fault, written the way a plugin author would (the
-attentions use modkit's attention helpers, then break one thing). Each must FAIL exactly the check that guards its
+attentions use modkit's attention helpers, the recurrent mixer modkit's recurrent helpers, then break one thing). Each must FAIL exactly the check that guards its
 fault (and, for a token-mixing ffn, the cached decode it also breaks), and pass the unrelated ones (the too-wide
 FFN cannot take part in any forward of a model, so only the checks that need no forward are required to pass).
 The same code without faults (``SoundPlugin``) passes everything and gets the same verdict whether or not the
@@ -24,6 +24,7 @@ from torch import nn
 
 import modkit
 from modkit import Component, ComponentConfig, Init, PositionScheme, hookimpl
+from modkit.plugin import causal_conv, document_starts, padding_mask, zero_padding
 from modkit.testing import CHECK_NAMES, check_component
 from modkit.testing.cli import add_subcommands
 
@@ -116,6 +117,67 @@ class OverdeclaredAttention(MiniAttention):
 
 
 NORM_FAULTS = ("leaky_dtype", "miscounted", "plain_attr", "no_upcast", "fixed_width", "roleless")
+
+
+class RecurrenceConfig(ComponentConfig):
+    """Config of the test recurrent mixers (``state_leak``, and ``sound_recurrence``, which has no fault)."""
+
+    type: Literal["state_leak", "sound_recurrence"]
+
+    def position_geometry(self, ctx):
+        """No queries or keys: a rotary or bias position scheme does not act here."""
+        return None
+
+
+class Recurrence(nn.Module):
+    """A gated linear recurrence written as a plugin author would, with modkit's recurrent helpers: ``u =
+    silu(conv(W_in x))`` (a causal depthwise convolution of 3), then per channel ``h_t = a ⊙ h_{t-1} + (1 - a) ⊙ u_t``
+    with ``a = sigmoid(decay)``, ``y = W_out h``; the cache keeps the window and ``h``. Padding tokens change nothing
+    (``u = 0``, ``a = 1``); a document start sets ``a = 0`` (the state entering a document is zero) and the
+    convolution restarts. FAULT (state_leak): the convolution restarts at a document start, the state does not."""
+
+    param_roles = {"decay": "vector", "conv.weight": "vector", "conv.bias": "bias"}
+
+    def __init__(self, d_model: int, fault: str | None = None):
+        super().__init__()
+        self.fault, self.d_model = fault, d_model
+        self.inp, self.out = nn.Linear(d_model, d_model, bias=False), nn.Linear(d_model, d_model, bias=False)
+        self.conv = nn.Conv1d(d_model, d_model, 3, groups=d_model)
+        self.decay = nn.Parameter(torch.empty(d_model))
+
+    def cache_spec(self):
+        return modkit.CacheSpec(
+            (
+                modkit.CacheEntry("conv", (self.d_model, 2), growth="sequence"),
+                modkit.CacheEntry("h", (self.d_model,), growth="sequence", dtype=torch.float32),
+            )
+        )
+
+    def init_weights(self, init: Init) -> None:
+        init.uniform_(self.decay, 1.0, 3.0)  # a in (0.73, 0.95): a long memory
+        init.uniform_(self.conv.weight, -0.5, 0.5)
+        init.zeros_(self.conv.bias)
+
+    def forward(self, x, inputs):
+        state = inputs.cache_for(self)
+        mask = padding_mask(inputs.token_mask, torch.float32)
+        starts = document_starts(inputs.documents)
+        u = zero_padding(self.inp(x), mask)
+        u = zero_padding(nn.functional.silu(causal_conv(u, self.conv, state, starts=starts)), mask)
+        work = torch.promote_types(x.dtype, torch.float32)
+        a = torch.sigmoid(self.decay.to(work)).expand(x.shape[0], x.shape[1], -1)
+        if mask is not None:
+            a = torch.where(mask.bool(), a, torch.ones_like(a))  # padding: no decay
+        if starts is not None and self.fault != "state_leak":  # FAULT (state_leak): the state runs on
+            a = a * (~starts)[..., None].to(work)
+        h = state["h"].to(work) if state is not None else x.new_zeros(x.shape[0], self.d_model, dtype=work)
+        u, hs = u.to(work), []
+        for t in range(x.shape[1]):
+            h = a[:, t] * h + (1 - torch.sigmoid(self.decay.to(work))) * u[:, t]
+            hs.append(h)
+        if state is not None:
+            state.write("h", h)
+        return self.out(torch.stack(hs, 1).to(x.dtype))
 
 
 class PlainNormConfig(ComponentConfig):
@@ -302,6 +364,19 @@ def _norm(fault: str, **caps) -> Component:
     )
 
 
+def _recurrence(fault: str) -> Component:
+    return Component(
+        kind="mixer",
+        type=fault,
+        config=RecurrenceConfig,
+        factory=lambda cfg, ctx: Recurrence(ctx.d_model, None if fault == "sound_recurrence" else fault),
+        description=f"FAULTY ({fault}) gated linear recurrence.",
+        capabilities={"causal_safe": True, "kv_cache": True, "document_mask": True},
+        param_count=lambda cfg, ctx: 2 * ctx.d_model * ctx.d_model + 5 * ctx.d_model,
+        example={"type": fault},
+    )
+
+
 class FaultyPlugin:
     """Registers one broken component per fault the kit must catch."""
 
@@ -317,6 +392,7 @@ class FaultyPlugin:
         register(_attention("fake_dropout", kv_cache=True, attention_dropout=True))
         register(_attention("overdeclared", kv_cache=True))
         register(_attention("doc_leak", kv_cache=True, document_mask=True))
+        register(_recurrence("state_leak"))
         register(_norm("leaky_dtype"))
         register(_norm("miscounted", compile_safe=True))
         register(_norm("plain_attr"))
@@ -460,6 +536,7 @@ FAULTS = [
         "declares cache entry 'spare' (4, 8) (token) but the forward never wrote it",
     ),
     ("attention", "doc_leak", "document_mask", "gives other logits packed than alone"),
+    ("mixer", "state_leak", "document_mask", "a recurrent state or convolution window not restarted"),
     ("norm", "plain_attr", "meta_init", "Tensor on device meta"),
     ("norm", "no_upcast", "precision", "float16: norm(x) with rows of magnitude 0.01, 1, 300"),
     ("norm", "fixed_width", "shape_dtype", "a norm built at dim = 8, 40 raised RuntimeError"),
@@ -468,8 +545,9 @@ FAULTS = [
     ("norm", "roleless", "param_roles", "layers.0.attn_norm.weight' [32] of norm/roleless"),
 ]
 
-#: failures that follow from the same fault: a token-mixing ffn cannot be decoded token by token either
-CONSEQUENCES = {"token_mixing": {"kv_cache_decode"}}
+#: failures that follow from the same fault: a token-mixing ffn cannot be decoded token by token either; a decode
+#: that differs from the full forward differs over 1,024 single-token steps too
+CONSEQUENCES = {"token_mixing": {"kv_cache_decode"}, "drifting": {"long_decode"}, "rope_offset": {"long_decode"}}
 
 
 @pytest.mark.parametrize("kind,type_,check,fragment", FAULTS, ids=[f"{k}/{t}::{c}" for k, t, c, _ in FAULTS])
@@ -513,6 +591,7 @@ def _ratio(detail: str) -> float:
         ("attention", "drifting", "kv_cache_decode", 1000),
         ("norm", "no_upcast", "precision", 100),
         ("ffn", "token_mixing", "per_token", 1000),
+        ("mixer", "state_leak", "document_mask", 1000),
     ],
 )
 def test_faults_fail_by_orders_of_magnitude(results, kind, type_, check, at_least):
@@ -677,3 +756,21 @@ def test_a_kind_without_a_builtin_must_be_named():
     assert (
         "no built-in mixer" in res[0].detail and "neighbours={'mixer': TYPE}" in res[0].detail
     )  # the token-mixer slot
+
+
+class SoundRecurrencePlugin:
+    """The recurrent mixer of ``state_leak`` without its fault."""
+
+    @hookimpl
+    def register_components(self, register) -> None:
+        register(_recurrence("sound_recurrence"))
+
+
+def test_the_same_recurrence_without_the_fault_keeps_its_documents_apart():
+    """``state_leak`` fails ``document_mask`` because of its fault alone: the same code restarting its state passes."""
+    reg = modkit.Registry()
+    for p in modkit.get_registry().plugins():
+        reg.register_plugin(p.obj, p.name)
+    reg.register_plugin(SoundRecurrencePlugin(), "sound-recurrence-demo")
+    (res,) = check_component("mixer", "sound_recurrence", registry=reg, checks=["document_mask"])
+    assert res.status == "passed", res.detail

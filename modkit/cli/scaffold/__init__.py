@@ -19,6 +19,10 @@ Kinds and the starting component written for each:
 * ``ffn``: a two-layer GELU MLP.
 * ``attention``: causal grouped-query attention over ``scaled_dot_product_attention``, mask built from absolute
   positions (bottom-right aligned for cached decode), KV cache through ``update_cache(inputs, k, v, mixer=self)``.
+* ``mixer``: a recurrent token mixer (a gated diagonal linear recurrence) whose fixed-size state lives only in the
+  cache it declares (``cache_spec()`` with a ``growth="sequence"`` entry, read and written through
+  ``inputs.cache_for(self)``), so it decodes from that state; padding changes no state; ``position_geometry`` is
+  ``None``; constant FLOPs per token.
 * ``position``: no position information (NoPE), every hook an identity, ``acts_on = "none"``.
 * ``placement``: a pre-norm block.
 
@@ -38,11 +42,11 @@ from string import Template
 from typing import Optional
 
 # the template texts, under the names they always had here
-from .components import ATTENTION, COMPONENT_TEMPLATES, FFN, NORM, PLACEMENT, POSITION, USAGE  # noqa: F401
+from .components import ATTENTION, COMPONENT_TEMPLATES, FFN, MIXER, NORM, PLACEMENT, POSITION, USAGE  # noqa: F401
 from .templates import INIT, PYPROJECT, README, TEST
 
 #: Kinds the scaffold can write a component for.
-KINDS = ("norm", "ffn", "attention", "position", "placement")
+KINDS = ("norm", "ffn", "attention", "mixer", "position", "placement")
 
 # A distribution name that is also a valid import name once '-' becomes '_': lowercase ASCII letters and digits
 # in words joined by single '-' or '_', starting with a letter.

@@ -6,6 +6,8 @@ class name), ``$ident`` (its Python identifier). Each module holds a config mode
 ``param_count`` and the ``Component`` entry, and passes the contract kit unchanged.
 """
 
+from .mixer import MIXER
+
 NORM = '''\
 """``norm/$type``: root-mean-square normalisation, the starting point of your norm. ``[..., dim] -> [..., dim]``.
 
@@ -460,13 +462,21 @@ COMPONENT = Component(
 )
 '''
 
-COMPONENT_TEMPLATES = {"norm": NORM, "ffn": FFN, "attention": ATTENTION, "position": POSITION, "placement": PLACEMENT}
+COMPONENT_TEMPLATES = {
+    "norm": NORM,
+    "ffn": FFN,
+    "attention": ATTENTION,
+    "mixer": MIXER,
+    "position": POSITION,
+    "placement": PLACEMENT,
+}
 
 #: the spec snippet of the README per kind (``$usage``)
 USAGE = {
     "norm": '"block": {..., "norm": {"type": "$type"}}',
     "ffn": '"block": {..., "ffn": {"type": "$type", "d_ff": 128}}',
     "attention": '"block": {..., "attention": {"type": "$type", "n_heads": 4, "n_kv_heads": 2}}',
+    "mixer": '"block": {..., "mixer": {"type": "$type", "expand": 2}}',
     "position": '"position": {"type": "$type"}',
     "placement": '"block": {..., "placement": {"type": "$type"}}',
 }

@@ -3,13 +3,13 @@ recomputed, the plots redrawn; nothing trains."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from .report import _row_from_json, verdicts_of, write_files
 from .results import CompareError, Comparison, SpecRow
+from .saved import read_results
 
 
 def merge_reports(
@@ -26,7 +26,9 @@ def merge_reports(
     source with the reference of another when the same label names both.
 
     Raises:
-        CompareError: no folder, a folder without ``results.json``, or ``out_dir`` already holding a comparison.
+        CompareError: no folder, a folder without ``results.json``, a ``results.json`` that is not one modkit
+            wrote (read strictly and checked by :func:`~modkit.experiments.compare.saved.read_results`: the file,
+            row and field named), or ``out_dir`` already holding a comparison.
     """
     started = time.perf_counter()
     out = Path(out_dir)
@@ -41,7 +43,7 @@ def merge_reports(
         path = Path(d) / "results.json"
         if not path.is_file():
             raise CompareError(f"{d}: no results.json; give folders written by modkit compare")
-        saved = json.loads(path.read_text())
+        saved = read_results(path)
         sources.append(f"{d}" + (f" (`{saved['command']}`)" if saved.get("command") else ""))
         recipes.append(saved.get("recipe") or "")
         scopes.append(saved.get("scope") or "")

@@ -43,6 +43,67 @@ def parse_lrs(text: str, flag: str = "--lr-sweep") -> list[float]:
     return out
 
 
+#: the largest margin of the instability reading (nats): far above any rise of a loss (a uniform guess over the
+#: 2**24 tokens of the largest vocabulary costs 16.6 nats)
+MAX_SPIKE_MARGIN = 100.0
+#: the largest token budget per parameter [Chinchilla: 20; Llama 3 8B: about 1,900]
+MAX_TOKENS_PER_PARAM = 1e6
+
+
+def parse_ratios(text: str, flag: str = "--tokens-per-param") -> list[float]:
+    """``"20,40"`` -> ``[20.0, 40.0]``: token budgets per parameter, each a finite number in
+    ``(0, MAX_TOKENS_PER_PARAM]``.
+
+    Raises:
+        CompareError: an entry that is not a number or is outside the range (the message names ``flag``).
+    """
+    out = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise CompareError(
+                f"{flag} {text!r}: {part.strip()!r} is not a number; give numbers separated by commas"
+            ) from None
+        out.append(value)
+    check_options(tokens_per_param=out, names={"tokens_per_param": flag})
+    return out
+
+
+def check_options(
+    *,
+    spike_margin: float = 0.1,
+    throughput_steps: int = 0,
+    tokens_per_param: Optional[Sequence[float]] = None,
+    names: Optional[dict[str, str]] = None,
+) -> None:
+    """Refuse a meaningless reading option: ``spike_margin`` not a finite number in ``(0, MAX_SPIKE_MARGIN]`` nats
+    (NaN read every run as stable), ``throughput_steps`` below 0, a ``tokens_per_param`` budget not a finite number
+    in ``(0, MAX_TOKENS_PER_PARAM]``. ``names`` maps a field to the name the message uses (a command's flag).
+
+    Raises:
+        CompareError: naming the option, the value and the range.
+    """
+    names = names or {}
+    margin = names.get("spike_margin", "spike_margin")
+    if not (isinstance(spike_margin, (int, float)) and 0 < spike_margin <= MAX_SPIKE_MARGIN):
+        raise CompareError(
+            f"{margin} = {spike_margin!r}: give a number of nats in (0, {MAX_SPIKE_MARGIN:g}] (default 0.1); a loss "
+            "counts as unstable while it is more than this above its running minimum"
+        )
+    if not isinstance(throughput_steps, int) or throughput_steps < 0:
+        raise CompareError(
+            f"{names.get('throughput_steps', 'throughput_steps')} = {throughput_steps!r}: give 0 (no throughput "
+            "timing) or a positive number of steps"
+        )
+    for ratio in tokens_per_param or ():
+        if not (isinstance(ratio, (int, float)) and 0 < ratio <= MAX_TOKENS_PER_PARAM):
+            raise CompareError(
+                f"{names.get('tokens_per_param', 'tokens_per_param')}: {ratio!r} is not a token budget per "
+                f"parameter; give finite numbers in (0, {MAX_TOKENS_PER_PARAM:g}] (Chinchilla: 20)"
+            )
+
+
 def parse_ints(text: str, flag: str) -> list[int]:
     """``"64,128"`` -> ``[64, 128]`` (positive, increasing).
 
@@ -180,7 +241,8 @@ def _sizes(
 
 
 def _check_counts(request: CompareRequest) -> None:
-    """The checks that need no file: specs, seeds, jobs, buckets, the sweep or grid."""
+    """The checks that need no file: specs, seeds, jobs, buckets, the reading options (:func:`check_options`), the
+    sweep or grid."""
     if not request.specs:
         raise CompareError("give at least one spec to compare")
     if request.seeds < 1:
@@ -189,6 +251,11 @@ def _check_counts(request: CompareRequest) -> None:
         raise CompareError(f"jobs = {request.jobs}: give 1 or more")
     if request.n_buckets < 1:
         raise CompareError(f"n_buckets = {request.n_buckets}: give 1 or more")
+    check_options(
+        spike_margin=request.spike_margin,
+        throughput_steps=request.throughput_steps,
+        tokens_per_param=request.tokens_per_param,
+    )
     if request.lr_sweep is not None and request.lr_grid is not None:
         raise CompareError("give a learning-rate sweep (one seed) or a grid (every seed), not both")
     for name, lrs in (("sweep", request.lr_sweep), ("grid", request.lr_grid)):

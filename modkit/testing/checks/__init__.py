@@ -3,7 +3,9 @@
 Each check tests one invariant of the contracts in :mod:`modkit.core.interfaces` (what a component must do for the
 kit to accept it), and exists to catch a fault real plugin authors make (its docstring names the fault, the fixture in
 ``tests/testing/test_kit_catches_faults.py`` that commits it, and the public report it comes from). Which checks apply to a
-component is decided by its kind, its capabilities and the fields of its config, never by its type name. One
+component is decided by what it declares (its capabilities, its cache state, its position geometry, the fields of
+its config), never by its type name; its kind says only how it is called (a token mixer of kind ``attention`` or
+``mixer`` alike). One
 family of checks per module:
 
 ========================  ==============================  ===========================================================
@@ -12,19 +14,23 @@ check                     module                          applies to
 ``spec_roundtrip``        :mod:`.declarations`            every component
 ``shape_dtype``           :mod:`.shapes`                  every component (a norm also at widths other than d_model)
 ``gradients``             :mod:`.training`                every component with parameters
-``causality``             :mod:`.causality`               every component; attention only when it claims causal_safe
+``causality``             :mod:`.causality`               every component; a token mixer only when it claims causal_safe
 ``per_token``             :mod:`.causality`               ffn and norm (a router through its ffn)
-``kv_cache_decode``       :mod:`.cache`                   every component; attention only with kv_cache
-``masked_row``            :mod:`.cache`                   attention and position
-``gqa_equals_mha``        :mod:`.attention`               attention whose config has n_heads and n_kv_heads
-``position_sensitivity``  :mod:`.attention`               attention; position schemes that act somewhere
-``document_mask``         :mod:`.attention`               attention with the document_mask capability
+``kv_cache_decode``       :mod:`.cache`                   every component; a token mixer only with kv_cache
+``cache_state``           :mod:`.state`                   components that declare kv_cache (any kind of token mixer)
+``long_decode``           :mod:`.state`                   components that declare kv_cache (any kind of token mixer)
+``masked_row``            :mod:`.cache`                   token mixers (any kind) and position
+``gqa_equals_mha``        :mod:`.attention`               token mixers whose config has n_heads and n_kv_heads
+``position_sensitivity``  :mod:`.attention`               token mixers that declare a position geometry; position
+                                                          schemes that act somewhere
+``document_mask``         :mod:`.attention`               any token mixer with the document_mask capability
 ``meta_init``             :mod:`.init`                    every component
 ``param_count``           :mod:`.declarations`            components that declare param_count
 ``param_roles``           :mod:`.roles`                   every component with parameters
-``flops``                 :mod:`.flops`                   components that declare flops (skipped, with the reason, without)
+``flops``                 :mod:`.flops`                   components that declare flops (skipped, with the reason, without);
+                                                          every workload modkit cost evaluates
 ``precision``             :mod:`.precision`               every component with a contract call (a router: its ffn)
-``dropout``               :mod:`.training`                attention_dropout / residual_dropout capabilities
+``dropout``               :mod:`.training`                attention_dropout (any token mixer) / residual_dropout
 ``aux_loss_grad``         :mod:`.training`                the aux_loss capability, and routers
 ``compile``               :mod:`.compile`                 the compile_safe capability
 ``grouped_form``          :mod:`.grouped`                 ffn with a grouped_factory
@@ -80,6 +86,7 @@ from .precision import applies_precision, check_precision
 from .roles import check_param_roles
 from .sampling import SAMPLING_KINDS, SamplingBench, applies_sampling, check_sampling
 from .shapes import check_shape_dtype
+from .state import LONG_SUMMARY, STATE_SUMMARY, applies_state, check_cache_state, check_long_decode
 from .training import applies_aux, applies_dropout, check_aux_loss_grad, check_dropout, check_gradients
 
 __all__ = [
@@ -130,6 +137,8 @@ CHECKS: tuple[Check, ...] = (
         check_kv_cache_decode,
         applies_kv,
     ),
+    Check("cache_state", STATE_SUMMARY, check_cache_state, applies_state),
+    Check("long_decode", LONG_SUMMARY, check_long_decode, applies_state),
     Check(
         "masked_row",
         "no NaN from queries that see no key (padding-only rows, all-padding row, chunked prefill); real tokens unaffected",

@@ -1,5 +1,6 @@
 """Checks of attention as such: ``gqa_equals_mha`` (grouping key/value heads) and ``position_sensitivity``
-(the position scheme a layer is given must change what it computes).
+(the position scheme a layer is given must change what it computes); and ``document_mask`` (each document of a
+packed row equals itself alone), which holds for any token mixer that declares it.
 """
 
 from __future__ import annotations
@@ -8,18 +9,28 @@ from typing import Optional
 
 import torch
 
-from modkit.core.config import ComponentConfig
+from modkit.core.config import ComponentConfig, is_mixer
 from modkit.core.errors import SpecError
 from modkit.core.registry import Component
-from ...spec import load_component, load_spec
+from ...spec import load_component, load_spec, position_geometry
 from ..harness import Bench, example_or_none, is_builtin, neighbour_positions
-from .base import SAME_MATH_ULPS, CheckFailed, CheckSkipped, fmt, layer_of, max_abs_diff, tolerance, transplant
+from .base import (
+    SAME_MATH_ULPS,
+    CheckFailed,
+    CheckSkipped,
+    first_target,
+    fmt,
+    layer_of,
+    max_abs_diff,
+    tolerance,
+    transplant,
+)
 
 
 def applies_gqa(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """Attention whose config has ``n_heads`` and ``n_kv_heads`` fields."""
-    if entry.kind != "attention":
-        return "not an attention"
+    """Token mixers (any kind) whose config has ``n_heads`` and ``n_kv_heads`` fields."""
+    if not is_mixer(entry.kind):
+        return "not a token mixer"
     fields = entry.config.model_fields
     if "n_kv_heads" not in fields or "n_heads" not in fields:
         return "the config has no n_heads / n_kv_heads fields"
@@ -50,7 +61,7 @@ def check_gqa_equals_mha(bench: Bench) -> str:
     model_g, rec_g = bench.build(bench.spec_with(attention=grouped_cfg))
     model_f, rec_f = bench.build(bench.spec_with(attention=full))
     for model, recs, want in ((model_g, rec_g, g), (model_f, rec_f, n_heads)):
-        att = layer_of(recs, "attention", 0)
+        att = layer_of(recs, bench.entry.kind, 0)
         got = getattr(att, "n_kv_heads", want)
         if got != want:
             raise CheckFailed(f"built with n_kv_heads = {want}, the module reports n_kv_heads = {got}")
@@ -79,14 +90,15 @@ def _head_counts(bench: Bench) -> tuple[int, int, dict, dict]:
     grouped = None
     for g in candidates:
         try:
-            grouped = (g, load_component("attention", {**cfg, "n_kv_heads": g}, registry=reg).model_dump(mode="json"))
+            data = {**cfg, "n_kv_heads": g}
+            grouped = (g, load_component(bench.entry.kind, data, registry=reg).model_dump(mode="json"))
             break
         except SpecError:
             continue
     if grouped is None:
         raise CheckSkipped(f"the config accepts no n_kv_heads below n_heads = {n_heads}")
     try:
-        full = load_component("attention", {**cfg, "n_kv_heads": n_heads}, registry=reg).model_dump(mode="json")
+        full = load_component(bench.entry.kind, {**cfg, "n_kv_heads": n_heads}, registry=reg).model_dump(mode="json")
     except SpecError as exc:
         raise CheckSkipped(
             f"the config rejects n_kv_heads = n_heads = {n_heads} ({exc.errors[0][1] if exc.errors else exc})"
@@ -164,13 +176,32 @@ SENSITIVITY = 100
 
 
 def applies_position_sensitivity(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """Every attention, and position schemes that act somewhere (``acts_on`` other than ``"none"``)."""
-    if entry.kind == "attention":
+    """Token mixers of any kind (skipped when the built mixer declares no position geometry, see
+    :func:`_declared_geometry`), and position schemes that act somewhere (``acts_on`` other than ``"none"``)."""
+    if is_mixer(entry.kind):
         return None
     if entry.kind == "position":
         acts = entry.capabilities.get("acts_on")
         return None if acts != "none" else "the scheme declares acts_on = 'none'"
-    return "applies to attention and position schemes"
+    return "applies to token mixers and position schemes"
+
+
+def _declared_geometry(bench: Bench) -> str:
+    """The position geometry the mixer under test declares in the tiny model (``position_geometry(ctx)``, or what
+    its fields give: :func:`modkit.spec.position_geometry`), as text.
+
+    Raises:
+        CheckSkipped: it declares none (a recurrent mixer: no queries or keys for a scheme to act on).
+    """
+    _, records = bench.build()
+    rec = first_target(bench, records)
+    geo = position_geometry(rec.config, rec.ctx, rec.module)
+    if geo is None or not (geo.n_heads or geo.head_dim):
+        raise CheckSkipped(
+            f"the mixer declares no position geometry (position_geometry(ctx) gives {geo!r}): no rotary or bias "
+            "scheme acts on it, and modkit validate refuses such a scheme where no other layer's mixer takes it"
+        )
+    return f"n_heads {geo.n_heads}, head_dim {geo.head_dim}"
 
 
 def _no_position(bench: Bench) -> tuple[str, dict]:
@@ -199,19 +230,24 @@ def _effect(bench: Bench, position: dict, reference: dict) -> tuple[float, float
 def check_position_sensitivity(bench: Bench) -> str:
     """The position scheme a layer is given changes its output; compared with no position scheme at all.
 
-    For an attention: the tiny model with each neighbour scheme that acts inside attention (``acts_on`` ``qk``:
-    rotary, or ``bias``: ALiBi) against the same model, same weights, with the built-in scheme that acts nowhere;
-    the logits (24 tokens) must differ by more than :data:`SENSITIVITY` times the same-math tolerance. For a
-    position scheme: the tiny model with it against the same model without positions (the built-in attention).
+    For a token mixer of any kind that declares a position geometry (the per-head width a scheme acts on: an
+    attention, a recurrent mixer with queries and keys; one that declares none is skipped): the tiny model with
+    each neighbour scheme that acts inside the mixer (``acts_on`` ``qk``: rotary, or ``bias``: ALiBi) against the
+    same model, same weights, with the built-in scheme that acts nowhere; the logits (24 tokens) must differ by
+    more than :data:`SENSITIVITY` times the same-math tolerance. For a position scheme: the tiny model with it
+    against the same model without positions (the built-in attention).
 
     Catches: an attention that never adds the bias it is given (``ignores_bias``: ALiBi has no effect, yet cached
-    decoding is self-consistent, so no other check notices) or never calls ``rotate``; a position scheme whose
-    hooks are all identities although it declares where it acts.
+    decoding is self-consistent, so no other check notices) or never calls ``rotate``; a mixer of kind ``mixer``
+    that declares a geometry, so validation accepts RoPE and ALiBi for it, and applies neither
+    (``ignores_position``, which the kit skipped when this check applied to kind ``attention`` only); a position
+    scheme whose hooks are all identities although it declares where it acts.
     """
     none_type, none_cfg = _no_position(bench)
     if bench.entry.kind == "position":
         schemes = [(bench.entry, bench.config_json)]
     else:
+        _declared_geometry(bench)
         schemes = [(e, c) for e, c in neighbour_positions(bench) if e.capabilities.get("acts_on") in ("qk", "bias")]
         if not schemes:
             raise CheckSkipped("no neighbour position scheme acts on q/k or as an attention bias")
@@ -233,8 +269,8 @@ def check_position_sensitivity(bench: Bench) -> str:
             results.append(f"{label} moves the logits by {fmt(worst)}")
     if dead:
         what = (
-            "the attention ignores the position scheme it is given"
-            if bench.entry.kind == "attention"
+            f"the {bench.entry.kind} declares a position geometry but ignores the position scheme it is given"
+            if is_mixer(bench.entry.kind)
             else "the scheme changes nothing"
         )
         raise CheckFailed(f"{what}: " + "; ".join(dead))
@@ -250,9 +286,10 @@ DOCUMENT_PIECES = ((0, 0, 7), (0, 7, 8), (0, 8, 19), (0, 19, 24), (1, 0, 5), (1,
 
 
 def applies_document_mask(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """Attention that declares the ``document_mask`` capability."""
-    if entry.kind != "attention":
-        return "not an attention"
+    """Any token mixer (attention or recurrent, :func:`~modkit.core.config.is_mixer`) that declares the
+    ``document_mask`` capability."""
+    if not is_mixer(entry.kind):
+        return "not a token mixer"
     if not entry.capabilities.get("document_mask"):
         return "the entry does not declare the document_mask capability"
     return None
@@ -264,11 +301,14 @@ def check_document_mask(bench: Bench) -> str:
     Two rows of 24 tokens with document ids (:data:`DOCUMENT_PIECES`: an empty record, a document starting at a
     window boundary, one cut by the row's end) run through the tiny model with ``documents=``; each piece run alone
     (positions from 0, no other tokens) must give the same logits (tolerance :data:`~.base.SAME_MATH_ULPS` float32
-    ulps of the largest logit).
+    ulps of the largest logit). Any token mixer that declares the capability is checked, whatever its kind.
 
     Catches: an attention that declares ``document_mask`` but builds its mask without ``inputs.documents`` (a query
     then sees the earlier documents of its row: ``doc_leak``), or takes a causal fast path (SDPA ``is_causal``) that
-    ignores them. Source: the document mask of Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.2).
+    ignores them; a recurrent mixer that carries its state or its convolution window across a document start
+    (``state_leak``). Source: the document mask of Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.2); for
+    recurrent mixers, the per-token sequence index of mamba_ssm (``seq_idx``) and flash-linear-attention's
+    ``cu_seqlens``.
     """
     model, _ = bench.build()
     model.eval()
@@ -289,6 +329,8 @@ def check_document_mask(bench: Bench) -> str:
         row, start, end, tol = where
         raise CheckFailed(
             f"the document at positions {start}..{end - 1} of row {row} gives other logits packed than alone: "
-            f"max |Δ| = {fmt(worst)} (tolerance {fmt(tol)}); the attention lets it see other documents of the row"
+            f"max |Δ| = {fmt(worst)} (tolerance {fmt(tol)}); the mixer lets it see other documents of the row (an "
+            "attention's mask without inputs.documents, or a recurrent state or convolution window not restarted at "
+            "the document's first token)"
         )
     return f"{len(DOCUMENT_PIECES)} document pieces of 2 packed rows equal the documents run alone"

@@ -205,14 +205,14 @@ def call_contract(kind: str, module: nn.Module, x: Tensor, inputs: Optional[Atte
 
 def position_geometry(bench: Bench, records: list[Record], rec: Record) -> tuple[int, int, int]:
     """``(n_heads, n_kv_heads, head_dim)`` a position scheme serves: its build context (the
-    :class:`~modkit.PositionGeometry` the layer's attention declares, which ``build`` passed it), key heads from
-    that declaration."""
+    :class:`~modkit.PositionGeometry` the layer's token mixer declares, which ``build`` passed it), key heads from
+    that declaration: the first mixer of any kind that declares one."""
     from ...spec import position_geometry as declared
 
-    attn = next((r for r in records if r.entry.kind == "attention"), None) or next(
-        (r for r in records if is_mixer(r.entry.kind)), None
+    geo = next(
+        (g for r in records if is_mixer(r.entry.kind) and (g := declared(r.config, r.ctx, r.module)) is not None),
+        None,
     )
-    geo = declared(attn.config, attn.ctx, attn.module) if attn is not None else None
     n_heads = rec.ctx.n_heads or (geo.n_heads if geo else None) or 1
     head_dim = rec.ctx.head_dim or (geo.head_dim if geo else None) or 8
     n_kv = (geo.key_heads if geo and geo.n_heads else None) or n_heads

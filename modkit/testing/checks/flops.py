@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from modkit.core.config import ComponentConfig
-from modkit.analysis.cost import CostModel, Workload, declared_flops, flop_counter
+from modkit.analysis.cost import CostError, CostModel, Workload, declared_flops, flop_counter
 from modkit.core.registry import Component
 from ..harness import Bench
 from .base import CheckFailed, CheckSkipped
@@ -35,11 +35,22 @@ from .base import CheckFailed, CheckSkipped
 SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 5), (3, 8))
 #: ``(batch, past)`` of the decode step: ``past`` tokens prefilled into the cache, then one token per row.
 DECODE = (2, 4)
-SUMMARY = "declared FLOPs equal FlopCounterMode's count on the tiny model, whole and per module, prefill and decode"
+SUMMARY = (
+    "declared FLOPs equal FlopCounterMode's count on the tiny model, whole and per module, prefill and decode; the "
+    "declaration gives {part: int} on every workload modkit cost asks for (cached decode, contexts up to 2^40)"
+)
+#: Contexts ``modkit cost`` evaluates declarations at: decode at 1, 2, 3 (the context-dependent parts), a prompt, its
+#: default report contexts, and the end of the crossover search (``CostModel.crossover``'s limit, 2^40).
+COST_CONTEXTS = (1, 2, 3, 64, 4096, 32768, 2**20, 2**40)
+#: Batches of those workloads (``decode_latency`` and the report take a batch).
+COST_BATCHES = (1, 4)
 
 
 def applies_flops(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """``None`` when the entry declares FLOPs; otherwise the reason the check is skipped."""
+    """Components that declare FLOPs (``Component.flops``); the others are skipped, with the reason.
+
+    Returns ``None`` when the check applies, else the reason it is skipped.
+    """
     if entry.flops is not None:
         return None
     return (
@@ -55,15 +66,60 @@ def _measure(model, ids, cache=None) -> dict[str, int]:
     return {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
 
 
+def cost_workloads() -> list[tuple[str, Workload]]:
+    """``(label, workload)`` of what ``modkit cost`` evaluates a declaration on: prefill (``new = context``) and
+    decode (one token after ``context - 1`` cached) at each of :data:`COST_CONTEXTS` and :data:`COST_BATCHES`, the
+    useful pairs only (``dense = False``; the measured runs of :func:`check_flops` are the dense ones)."""
+    out = []
+    for b in COST_BATCHES:
+        for n in COST_CONTEXTS:
+            out.append((f"prefill at context {n:,}, batch {b}", CostModel.workload("prefill", n, b)))
+            out.append((f"decode at context {n:,}, batch {b}", CostModel.workload("decode", n, b)))
+    return out
+
+
+def _cost_problem(bench: Bench, records: list) -> tuple[Optional[str], int]:
+    """``(problem or None, workloads evaluated)``: the component's declarations (one per module it built) on every
+    workload of :func:`cost_workloads` (prefill and cached decode at contexts 1 to 2^40, batch 1 and 4) and on its
+    dense twin, each ``{part: non-negative int}`` (:func:`~modkit.analysis.cost.declared_flops`), the useful-pairs
+    count never above the dense one (a mask only removes pairs)."""
+    targets = bench.targets(records)
+    workloads = cost_workloads()
+    for label, work in workloads:
+        dense = Workload(work.batch, work.new, work.past, True)
+        for r in targets:
+            try:
+                useful = sum(declared_flops(r.entry, r.config, r.ctx, work).values())
+                full = sum(declared_flops(r.entry, r.config, r.ctx, dense).values())
+            except CostError as exc:
+                return (
+                    f"{label} ({work}): {exc}; modkit cost evaluates the declaration there (decode at every "
+                    "context, prefill, the crossover search up to 2^40 tokens): return ints (// not /)",
+                    len(workloads),
+                )
+            if useful > full:
+                return (
+                    f"{label}: the declaration gives {useful:,} FLOPs for the pairs the mask lets through, more "
+                    f"than {full:,} for the whole score rectangle (dense = True)",
+                    len(workloads),
+                )
+    return None, len(workloads)
+
+
 def check_flops(bench: Bench) -> str:
     """Declared FLOPs (whole model and per module of the component) equal the measured ones on every workload.
 
+    First the component's own declaration on every workload ``modkit cost`` asks for (:func:`_cost_problem`).
+
     Catches: a declaration that forgets a product or a factor (the ``relu2`` of ``tests/analysis/test_cost.py`` that drops its
     down projection fails with both numbers), or that ignores GQA, a window or a capacity factor: ``modkit cost``
-    and the training MFU trust the declared numbers.
+    and the training MFU trust the declared numbers. A float where only ``cost`` evaluated it (``float_flops``).
     """
     model, records = bench.build()
     model.eval()
+    problem, evaluated = _cost_problem(bench, records)
+    if problem:
+        raise CheckFailed(problem)
     missing = sorted({f"{r.entry.kind}/{r.entry.type}" for r in records if r.entry.flops is None})
     if missing:
         raise CheckSkipped(
@@ -123,4 +179,7 @@ def check_flops(bench: Bench) -> str:
     decl = bench.entry.flops
     reason = f"; declares 0 ({decl.reason})" if hasattr(decl, "reason") else ""
     totals = "; ".join(f"{label}: {m['Global']:,}" for label, _, m in runs)
-    return f"declared = measured on {len(runs)} workloads (model totals {totals}){reason}"
+    return (
+        f"declared = measured on {len(runs)} workloads (model totals {totals}){reason}; {{part: int}} on "
+        f"{evaluated} cost workloads"
+    )

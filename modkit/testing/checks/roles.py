@@ -1,7 +1,8 @@
 """``param_roles``: every parameter of the component has a declared role that fits its shape (:mod:`modkit.core.roles`).
 
-Optimizers, weight decay and μP read roles, never names, so a parameter without a role cannot be trained; this check
-runs the same resolution the training loop runs, on the tiny model, before anyone trains it.
+Optimizers, weight decay and μP read roles, never names, so a parameter without a declared role trains only on a
+guess (training infers the convention and warns); this check runs the same resolution strictly, on the tiny model,
+before anyone trains it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ def check_param_roles(bench: Bench) -> str:
     component's parameters has the number of dimensions its role implies (``hidden`` 2, ``expert`` 3, ...).
 
     Catches: an ``nn.Parameter`` of a third-party component with no ``param_roles`` entry (the ``roleless_param``
-    fixture), a declaration naming a parameter that does not exist (a typo: the parameter it meant then gets the
-    ``nn.Linear`` default or none), an unknown role, a stacked ``[n, in, out]`` weight declared ``hidden`` (Muon would
+    fixture; training infers the convention for it and warns, this check refuses it so authors declare it), a
+    declaration naming a parameter that does not exist (a typo: the parameter it meant then gets the ``nn.Linear``
+    default or none), an unknown role, a stacked ``[n, in, out]`` weight declared ``hidden`` (Muon would
     orthogonalise it as one matrix). Source: optimizers that pick tensors by name (``"bias" in name``, ``p.ndim``)
     silently mistreat new components; here every parameter carries a declared role instead.
     """
@@ -34,7 +36,7 @@ def check_param_roles(bench: Bench) -> str:
     if not mine:
         raise CheckSkipped("the component has no parameters")
     try:
-        roles = param_roles(model)
+        roles = param_roles(model, strict=True)  # no inferred roles here: authors declare them
     except RoleError as exc:
         raise CheckFailed(str(exc)) from None
     own = {n: r for n, r in roles.items() if n in mine}

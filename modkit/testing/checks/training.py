@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from modkit.core.config import ComponentConfig
+from modkit.core.config import ComponentConfig, slot_kinds
 from modkit.core.registry import Component
 from ..harness import Bench, qualified_names
 from .base import (
@@ -73,15 +73,16 @@ def check_gradients(bench: Bench) -> str:
     return f"all {len(params)} parameters ({total:,} values) got finite non-zero gradients from 64 tokens"
 
 
-#: ``{capability: (kind that declares it, spec dropout field)}``: the dropout a component may claim to apply.
-DROPOUT_CAPABILITIES = {"attention_dropout": ("attention", "attention"), "residual_dropout": ("placement", "residual")}
+#: ``{capability: (slot kind that declares it, spec dropout field)}``: the dropout a component may claim to apply
+#: (``"mixer"``: a token mixer of any kind, :func:`~modkit.core.config.slot_kinds`).
+DROPOUT_CAPABILITIES = {"attention_dropout": ("mixer", "attention"), "residual_dropout": ("placement", "residual")}
 #: Dropout probability of the ``dropout`` check (large, so a dropped element is never missed).
 DROPOUT_P = 0.5
 
 
 def applies_dropout(entry: Component, config: ComponentConfig) -> Optional[str]:
-    """Components that declare ``attention_dropout`` (attention) or ``residual_dropout`` (placement)."""
-    if any(entry.capabilities.get(c) and entry.kind == k for c, (k, _) in DROPOUT_CAPABILITIES.items()):
+    """Components that declare ``attention_dropout`` (a token mixer of any kind) or ``residual_dropout`` (placement)."""
+    if any(entry.capabilities.get(c) and entry.kind in slot_kinds(k) for c, (k, _) in DROPOUT_CAPABILITIES.items()):
         return None
     return "the entry declares no dropout capability (attention_dropout, residual_dropout)"
 
@@ -99,7 +100,9 @@ def check_dropout(bench: Bench) -> str:
     wrong field.
     """
     fields = [
-        f for c, (k, f) in DROPOUT_CAPABILITIES.items() if bench.entry.capabilities.get(c) and bench.entry.kind == k
+        f
+        for c, (k, f) in DROPOUT_CAPABILITIES.items()
+        if bench.entry.capabilities.get(c) and bench.entry.kind in slot_kinds(k)
     ]
     spec = {**bench.spec, "dropout": {f: DROPOUT_P for f in fields}}
     model, _ = bench.build(spec)
