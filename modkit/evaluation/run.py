@@ -10,7 +10,6 @@ token after each document when the tokenizer has one) and scored whole.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,12 +47,28 @@ def run_folder_of(checkpoint: Union[str, Path]) -> Optional[Path]:
 
 def run_defaults(checkpoint: Union[str, Path]) -> dict[str, Any]:
     """Defaults from the checkpoint's run folder: ``data``, ``seq_len``, ``batch_size``, ``document_mask``,
-    ``max_tokens`` (the run's ``final_eval_tokens``); ``{}`` when the checkpoint is not in a run folder."""
+    ``max_tokens`` (the run's ``final_eval_tokens``); ``{}`` when the checkpoint is not in a run folder.
+
+    Raises:
+        EvalError: the run's ``config.json`` or ``data.json`` is not a JSON object (read strictly: duplicate keys
+            refused), naming the file.
+    """
+    from modkit.core.jsonio import JSONInputError, read_json_file
+
     run = run_folder_of(checkpoint)
     if run is None:
         return {}
-    config = json.loads((run / "config.json").read_text())
-    data = json.loads((run / "data.json").read_text())
+    files = {}
+    for name in ("config.json", "data.json"):
+        try:
+            files[name] = read_json_file(run / name)
+        except JSONInputError as exc:
+            raise EvalError(f"the checkpoint's run folder: {exc}") from None
+        if not isinstance(files[name], dict):
+            raise EvalError(
+                f"{run / name}: a {type(files[name]).__name__}, not a JSON object; is the run folder damaged?"
+            )
+    config, data = files["config.json"], files["data.json"]
     return {
         "run": str(run),
         "data": data.get("folder"),

@@ -11,10 +11,12 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Optional
 
 from torch import nn
 
 from modkit.core.errors import CheckpointError
+from modkit.core.validation import json_value
 from modkit.io.checkpoint import save as save_checkpoint
 from modkit.nn.build import build
 from ..spec import ModelSpec
@@ -30,24 +32,51 @@ class CheckpointMixin:
 
     def _load_weights(self, model: nn.Module, folder: Path) -> None:
         """``folder``'s ``model.safetensors`` into ``model`` (consolidated weights into the shards under several
-        processes). Raises :class:`CheckpointError` when they do not fit the model."""
+        processes).
+
+        Raises:
+            CheckpointError: the file is unreadable (damaged or truncated), holds NaN or infinite values, or its
+                tensors do not fit the model; each names the file.
+        """
         from safetensors.torch import load_file
 
+        from modkit.io.checkpoint.state import report_nonfinite
+
+        path = folder / "model.safetensors"
         if self.procs.distributed:
             from ..parallel import load_consolidated
 
-            load_consolidated(folder / "model.safetensors", model)
-        else:
-            try:
-                model.load_state_dict(load_file(str(folder / "model.safetensors"), device=str(self.device)))
-            except (RuntimeError, OSError) as exc:
-                raise CheckpointError(f"{folder}: the weights do not fit the run's model: {exc}") from None
+            load_consolidated(path, model)
+            return
+        try:
+            tensors = load_file(str(path), device=str(self.device))
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(
+                f"{path}: unreadable ({type(exc).__name__}: {exc}); the file is damaged or truncated"
+            ) from None
+        report_nonfinite(tensors, str(path), "error")
+        try:
+            model.load_state_dict(tensors)
+        except (RuntimeError, OSError) as exc:
+            raise CheckpointError(f"{folder}: the weights do not fit the run's model: {exc}") from None
 
     # ------------------------------------------------------------------ run files
     def _start_run_folder(self, spec: ModelSpec) -> None:
-        """Write a fresh run folder's files (rank 0). Raises :class:`TrainError` when it already holds a run."""
+        """Write a fresh run folder's files (rank 0), ``config.json`` last and atomically: a folder without it is
+        not a run yet and a later ``-o`` starts it afresh.
+
+        Raises:
+            TrainError: the folder already holds a run (its ``config.json``); one without a complete checkpoint is
+                started again by ``--resume`` (the message says so).
+        """
         taken = self.procs.broadcast((self.run / "config.json").is_file())  # rank 0's view, before it writes
         if taken:
+            if not self.procs.broadcast(bool(st.step_checkpoints(self.run))):
+                raise TrainError(
+                    f"run folder {self.run} already holds a run with no complete checkpoint (it stopped before its "
+                    f"first save); start it again from step 0 with its own config: --resume {self.run}; or remove the "
+                    "folder, or choose another -o, to start one with this config"
+                )
             raise TrainError(
                 f"run folder {self.run} already holds a run; resume it with --resume {self.run} or choose another -o"
             )
@@ -55,7 +84,8 @@ class CheckpointMixin:
             return
         self.run.mkdir(parents=True, exist_ok=True)
         (self.run / "checkpoints").mkdir(exist_ok=True)
-        (self.run / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
+        st.clean_temporaries(self.run / "checkpoints")  # what an earlier, interrupted start left
+        st.clean_temporaries(self.run)
         (self.run / "spec.json").write_text(spec.to_json() + "\n")
         self.data.tokenizer.save(self.run / st.TOKENIZER_FILE)
         source = {"folder": str(self.data.path), "meta": self.data.meta}
@@ -63,6 +93,9 @@ class CheckpointMixin:
         components = component_provenance(spec)  # {kind/type: {provider, distribution, version}}
         (self.run / "components.json").write_text(json.dumps(components, indent=1) + "\n")
         (self.run / "metrics.jsonl").write_text("")
+        tmp = self.run / f".config.json.tmp-{os.getpid()}"
+        tmp.write_text(self.config.model_dump_json(indent=2) + "\n")
+        os.replace(tmp, self.run / "config.json")
 
     def _metric(self, record: dict) -> None:
         """Append ``record`` to the history and (rank 0) as one line to ``metrics.jsonl``."""
@@ -97,11 +130,20 @@ class CheckpointMixin:
             "param_names": self.param_names,
             "world": self.procs.world,
             "tp": self.procs.tp,
+            "skipped_steps": self.skipped_steps,
+            "consecutive_skips": self.consecutive_skips,
         }
 
     def save_checkpoint(self, final: bool) -> Path:
-        """A resumable checkpoint of the current step; ``last`` points to it. Collective under several processes."""
+        """A resumable checkpoint of the current step; ``last`` points to it, then older ones are pruned. Collective
+        under several processes.
+
+        Raises:
+            TrainError: the weights or the optimizer state hold NaN or infinite values (checked before anything is
+                written: the previous checkpoint stays ``last`` and nothing is pruned).
+        """
         name = f"step-{self.step:07d}"
+        self._verify_finite(name)
         final_dir = self.run / "checkpoints" / name
         tmp = self.run / "checkpoints" / f".{name}.tmp-{os.getpid()}"
         tmp = Path(self.procs.broadcast(str(tmp)))
@@ -142,60 +184,183 @@ class CheckpointMixin:
             st.prune(self.run, self.config.keep_checkpoints)
         self.procs.barrier()
 
-    def _restore(self) -> None:
-        """Continue from the last checkpoint: weights, optimizer, RNG, sampler, counters; the metrics after it dropped.
+    def _saved_note(self) -> str:
+        """Where the run's last checkpoint stands, for the message of an error that stops the run."""
+        last = self.run / "last"
+        if last.is_symlink() and last.exists():
+            return f"nothing of this step was saved; {last} is still {last.resolve().name}, resume from it with --resume {self.run}"
+        return "nothing of this step was saved; the run has no checkpoint yet"
+
+    def _verify_finite(self, name: str) -> None:
+        """Refuse to save checkpoint ``name`` from weights or (one process) optimizer state with NaN or infinite
+        values. Collective.
 
         Raises:
-            TrainError: no resumable checkpoint, or a sharded one on one process.
-            CheckpointError: the checkpoint's parameters differ from the model's.
+            TrainError: naming the checkpoint, the tensors and the count of bad values in each.
+        """
+        self._check_weights(f"refusing to save {name}: the weights")
+        if self.procs.distributed:
+            return
+        from modkit.io.checkpoint.state import nonfinite_counts
+
+        counts = nonfinite_counts(st.optimizer_to_files(self.optimizer)[0])
+        if counts:
+            listed = ", ".join(f"{n} ({c:,})" for n, c in list(counts.items())[:5])
+            raise TrainError(
+                f"step {self.step}: refusing to save {name}: the optimizer state holds NaN or infinite values: "
+                f"{listed}; {self._saved_note()}"
+            )
+
+    def _resume_folder(self) -> Optional[Path]:
+        """The checkpoint a resume continues from: the one ``last`` leads to (inside the run folder), else the
+        newest complete step checkpoint; ``None`` when there is none. Folders named ``step-*`` that are not
+        checkpoint names are left alone, with a note.
+
+        Raises:
+            CheckpointError: ``last`` leads outside the run folder.
+        """
+        for stray in st.stray_step_folders(self.run):
+            self._say(f"ignored {stray}: not a checkpoint name (step-NNNNNNN); left in place")
+        last = self.run / "last"
+        found = st.step_checkpoints(self.run)
+        if last.is_symlink() or last.exists():
+            target = last.resolve()
+            if not target.is_relative_to(self.run.resolve()):
+                raise CheckpointError(
+                    f"{last} leads outside the run folder, to {target}; --resume reads only the run's own "
+                    f"checkpoints: point it at one of them (ln -sfn checkpoints/step-NNNNNNN {last})"
+                )
+            if target.exists():
+                return target
+            self._say(f"{last} leads to {target}, which does not exist; resuming from the newest checkpoint")
+        return found[-1] if found else None
+
+    def _older_hint(self, folder: Path) -> str:
+        """How to resume from a checkpoint older than the damaged ``folder``."""
+        older = [p for p in st.step_checkpoints(self.run) if p.resolve() != folder.resolve()]
+        if not older:
+            return f"the run has no other checkpoint: start a new run, or restore {folder} from a backup"
+        return (
+            f"to resume from the checkpoint before it, point the link at it "
+            f"(ln -sfn checkpoints/{older[-1].name} {self.run / 'last'}) and run --resume {self.run} again"
+        )
+
+    def _restore(self) -> None:
+        """Continue from the last checkpoint: weights, optimizer, RNG, sampler, counters; the metrics after it dropped.
+        Every file is checked before anything is loaded (:mod:`modkit.train.checks`). A run without a complete
+        checkpoint starts again from step 0.
+
+        Raises:
+            TrainError: a sharded checkpoint on one process.
+            CheckpointError: a damaged or mismatched checkpoint (names the file, the field or tensor, the value and
+                the older checkpoint to resume from); ``last`` leading outside the run; a malformed metrics line.
         """
         if self.procs.main:  # what a killed run's interrupted saves left (.step-*.tmp-PID folders, *.old, links)
             st.clean_temporaries(self.run / "checkpoints")
             st.clean_temporaries(self.run)
         self.procs.barrier()
-        last = self.run / "last"
-        found = st.step_checkpoints(self.run)
-        folder = last.resolve() if last.exists() else (found[-1] if found else None)
+        folder = self._resume_folder()
         if folder is None:
-            raise TrainError(f"{self.run} holds no resumable checkpoint yet; start it again without --resume")
+            self._say(
+                f"{self.run} holds no complete checkpoint: starting it again from step 0 with its own config "
+                "(interrupted saves removed)"
+            )
+            self._restore_metrics(again=True)
+            return
+        try:
+            trainer = self._restore_state(folder)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}; {self._older_hint(folder)}") from None
+        self._restore_metrics()
+        self._say(f"resumed {self.run} at step {self.step} ({self.tokens:,} tokens) from {folder.name}")
+        if trainer.get("skipped_steps"):
+            self._say(f"{trainer['skipped_steps']} step(s) of the run so far were skipped as non-finite")
+
+    def _restore_state(self, folder: Path) -> dict:
+        """Check and load ``folder``'s trainer state, weights, optimizer state and RNG; returns ``trainer.json``.
+
+        Raises:
+            CheckpointError: a damaged or mismatched file. TrainError: a sharded checkpoint on one process.
+        """
+        from .checks import check_optimizer_state, check_rng, check_trainer_json
+
         trainer, tensors = st.read_trainer_files(folder)
-        if trainer.get("param_names") != self.param_names:
+        jpath, tpath = folder / st.TRAINER_JSON, folder / st.TRAINER_TENSORS
+        sharded = (folder / "dcp").exists()
+        check_trainer_json(trainer, jpath, folder_step=st.folder_step(folder), with_optimizer=not sharded)
+        if trainer["param_names"] != self.param_names:
             raise CheckpointError(
                 f"{folder}: the checkpoint's parameters differ from the run's model (was the spec edited?)"
             )
+        check_rng(tensors, tpath)
         if self.procs.distributed:
-            from safetensors.torch import load_file
-
-            from ..parallel import load_sharded
-
-            if trainer.get("world") != self.procs.world or trainer.get("tp") != self.procs.tp:
-                self._say(
-                    f"resuming a {trainer.get('world')}-process run on {self.procs.world} processes "
-                    f"(tp {self.procs.tp})"
-                )
-            load_sharded(folder / "dcp", self.model, self.optimizer)
-            rng = folder / f"rng-rank{self.procs.rank}.safetensors"
-            if rng.is_file():
-                st.restore_rng(load_file(str(rng)))
+            self._restore_sharded(folder, trainer)
+        elif sharded:
+            raise TrainError(
+                f"{folder} was saved sharded by {trainer.get('world')} processes; resume it under torchrun"
+            )
         else:
-            if not (folder / "dcp").exists():
-                self._load_weights(self.model, folder)
+            check_optimizer_state(tensors, trainer["optimizer"], self.optimizer, self.model, trainer["step"], tpath)
+            self._load_weights(self.model, folder)
+            try:
                 self.optimizer.load_state_dict(st.optimizer_from_files(tensors, trainer["optimizer"]))
-            else:
-                raise TrainError(
-                    f"{folder} was saved sharded by {trainer.get('world')} processes; resume it under torchrun"
-                )
+            except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+                raise CheckpointError(f"{tpath}: the optimizer state does not load: {exc}") from None
             st.restore_rng(tensors)
-        self.step, self.tokens = int(trainer["step"]), int(trainer["tokens"])
+        self.step, self.tokens = trainer["step"], trainer["tokens"]
         self.best_val = trainer.get("best_val_loss")
-        self.sampler.load_state_dict(trainer["sampler"])
-        if trainer.get("scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(trainer["scaler"])
-        # the metrics after the checkpoint are redone: drop them so the file reads as one uninterrupted run
+        self.skipped_steps = trainer.get("skipped_steps", 0)
+        self.consecutive_skips = trainer.get("consecutive_skips", 0)
+        for field, target in (("sampler", self.sampler), ("scaler", self.scaler)):
+            value = trainer.get(field)
+            if field == "scaler" and not (value and self.scaler.is_enabled()):
+                continue
+            try:
+                target.load_state_dict(value)
+            except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+                raise CheckpointError(
+                    f"{jpath}: {field} = {json_value(value, 80)} does not fit the run: {exc}"
+                ) from None
+        return trainer
+
+    def _restore_sharded(self, folder: Path, trainer: dict) -> None:
+        """Load a checkpoint saved sharded (``dcp/``) and this rank's RNG state (collective)."""
+        from safetensors.torch import load_file
+
+        from ..parallel import load_sharded
+
+        if trainer.get("world") != self.procs.world or trainer.get("tp") != self.procs.tp:
+            self._say(
+                f"resuming a {trainer.get('world')}-process run on {self.procs.world} processes (tp {self.procs.tp})"
+            )
+        load_sharded(folder / "dcp", self.model, self.optimizer)
+        rng = folder / f"rng-rank{self.procs.rank}.safetensors"
+        if rng.is_file():
+            try:
+                tensors = load_file(str(rng))
+            except Exception as exc:  # safetensors raises its own error types
+                raise CheckpointError(f"{rng}: unreadable ({type(exc).__name__}: {exc})") from None
+            from .checks import check_rng
+
+            check_rng(tensors, rng)
+            st.restore_rng(tensors)
+
+    def _restore_metrics(self, again: bool = False) -> None:
+        """Drop the metrics lines after the resumed step (they are redone, so the file reads as one uninterrupted
+        run; every line when the run starts ``again`` from step 0) and load the rest as the history; a last line cut
+        by a kill is dropped with a note.
+
+        Raises:
+            CheckpointError: a line that is not a JSON object with an integer ``step`` (names the file and line).
+        """
+        from .checks import metrics_lines
+
         path = self.run / "metrics.jsonl"
-        if self.procs.main and path.is_file():
-            lines = path.read_text().splitlines()
-            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= self.step]
-            path.write_text("".join(line + "\n" for line in kept))
-            self.history = [json.loads(line) for line in kept]
-        self._say(f"resumed {self.run} at step {self.step} ({self.tokens:,} tokens) from {folder.name}")
+        if not self.procs.main or not path.is_file():
+            return
+        notes: list[str] = []
+        kept = [(line, r) for line, r in metrics_lines(path, notes) if r["step"] <= self.step and not again]
+        for note in notes:
+            self._say(note)
+        path.write_text("".join(line + "\n" for line, _ in kept))
+        self.history = [r for _, r in kept]

@@ -88,6 +88,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(
         f"\ndone: {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s)"
     )
+    if result.skipped_steps:
+        print(f"skipped: {result.skipped_steps} step(s) whose loss or gradient was not finite (--on-nonfinite skip)")
     if result.val_loss is not None:
         print(
             f"last estimate: train {result.train_loss:.4f}, val {result.val_loss:.4f} (eval_batches fixed windows); best val {result.best_val_loss:.4f}"

@@ -125,6 +125,15 @@ class TrainConfig(BaseModel):
     grad_clip: Optional[float] = Field(
         1.0, gt=0, description="clip the global gradient norm to this; null: no clipping"
     )
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a step whose loss or gradient norm is NaN or infinite: 'stop' the run with an error naming the "
+        "step (nothing of it saved); 'skip' its batch (no update; counted in the metrics and the result) and go on. "
+        "Weights made non-finite by an update always stop the run",
+    )
+    max_nonfinite_skips: int = Field(
+        10, ge=1, le=1 << 20, description="on_nonfinite 'skip': non-finite steps in a row after which the run stops"
+    )
 
     precision: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",

@@ -83,8 +83,20 @@ class EvalMixin:
         return float(sums[0] / sums[1])
 
     def _eval_and_record(self) -> dict[str, float]:
-        """Evaluate, log the ``eval`` line, save ``best`` when the validation loss is the lowest yet, plot."""
+        """Evaluate, log the ``eval`` line, save ``best`` when the validation loss is the lowest yet, plot.
+
+        Raises:
+            TrainError: a loss estimate is not finite (nothing is logged or saved).
+        """
         losses, balance = self.balance.measure(self.evaluate)  # expert loads on the fixed eval windows (MoE)
+        for split in ("val", "train"):
+            if not math.isfinite(losses[split]):
+                name = "validation" if split == "val" else "training"
+                raise TrainError(
+                    f"step {self.step}: the {name} loss estimate is {losses[split]} (train {losses['train']}, val "
+                    f"{losses['val']}): the weights give non-finite outputs and are not saved as best; "
+                    f"{self._saved_note()}"
+                )
         record = {
             "kind": "eval",
             "step": self.step,

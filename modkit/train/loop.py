@@ -21,7 +21,6 @@ checkpoints and resume) and :mod:`modkit.train.progress` (the progress bar); thi
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -47,10 +46,12 @@ from .resolve import (  # noqa: F401 - _node, decay_groups: re-exported (modkit.
     _node,
     _resolve_device,
     check_document_mask,
+    check_resume_model,
     decay_groups,
     flops_per_token,
     prepared_data,
     resolve_spec,
+    run_data_folder,
 )
 from .step import StepMixin
 
@@ -73,6 +74,8 @@ class RunResult:
     tokens_per_s: float
     sample: Optional[str] = None
     history: list[dict] = field(default_factory=list)
+    #: steps whose batch was skipped as non-finite (``on_nonfinite = "skip"``), over the whole run
+    skipped_steps: int = 0
 
 
 class Trainer(CheckpointMixin, StepMixin, EvalMixin):
@@ -179,6 +182,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.eval_train = eval_batches(self.data.train, c.batch_size, c.seq_len, c.eval_batches, seed=c.seed + 1)
         self.eval_val = eval_batches(self.data.val, c.batch_size, c.seq_len, c.eval_batches, seed=c.seed + 2)
         self.step, self.tokens, self.best_val = 0, 0, None
+        self.skipped_steps, self.consecutive_skips = 0, 0
         if self.resume:
             self._restore()
         self.forward = torch.compile(self.model) if c.compile else self.model
@@ -232,6 +236,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             tokens_per_s=tps,
             sample=sample,
             history=self.history,
+            skipped_steps=self.skipped_steps,
         )
 
     def _train_until(self, total: int, start: float) -> dict[str, float]:
@@ -245,6 +250,11 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             while self.step < total:
                 out = self.train_step()
                 at_end = self.step == total
+                if out["skipped"]:
+                    bar.note(
+                        f"step {self.step}: {out['skipped']}: batch skipped ({self.consecutive_skips} in a row, "
+                        f"{self.skipped_steps} in all; the run stops after {c.max_nonfinite_skips} in a row)"
+                    )
                 if self.step % c.log_interval == 0 or at_end:
                     loss = float(self.procs.mean(out["loss"]))
                     now = time.perf_counter()
@@ -281,6 +291,10 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         if c.peak_flops and self.flops_per_token is not None:
             record["mfu"] = record["model_flops_per_s"] / (c.peak_flops * self.procs.world)
         record.update(out["balance"] or {})  # expert load imbalance of this step (MoE)
+        if out["skipped"]:
+            record["skipped"] = True  # its batch gave a non-finite loss or gradient: no update
+        if self.skipped_steps:
+            record["skipped_steps"] = self.skipped_steps
         return record
 
     def _finished_result(self) -> RunResult:
@@ -302,6 +316,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             elapsed_s=0.0,
             tokens_per_s=0.0,
             history=self.history,
+            skipped_steps=self.skipped_steps,
         )
 
 
@@ -332,7 +347,8 @@ def train(
 
     Raises:
         SpecError: an invalid training config or model spec (every field named).
-        TrainError: a config that does not fit the model or data, a run folder that already holds a run.
+        TrainError: a config that does not fit the model or data, a run folder that already holds a run, a
+            ``model`` override on resume whose spec differs from the run's, a step that is not finite.
         DataError: unreadable or malformed data.
         CheckpointError: a resume from a damaged or mismatched checkpoint.
     """
@@ -345,9 +361,11 @@ def train(
         if not (run / "config.json").is_file() or not (run / "data.json").is_file():
             raise TrainError(f"--resume {run}: not a run folder (no config.json / data.json)")
         # the run's own resolved spec and data folder: relative paths of the original config no longer matter
-        data_folder = json.loads((run / "data.json").read_text())["folder"]
+        data_folder = run_data_folder(run)
         fixed = {"model": str((run / "spec.json").resolve()), "vocab_size": "spec", "data": data_folder}
         cfg, _ = load_train_config(run / "config.json", {**(overrides or {}), **fixed})
+        if (overrides or {}).get("model") is not None:
+            check_resume_model(run, overrides, data_folder)
         base = None  # every path in `fixed` is absolute
     else:
         cfg, base = load_train_config(config, overrides)

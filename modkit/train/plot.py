@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Union
 
 
 def read_metrics(path: Union[str, Path]) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file, in order (blank lines skipped)."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a ``metrics.jsonl`` file, in order, read strictly (blank lines skipped; a last line cut by a
+    kill dropped): see :func:`modkit.train.checks.metrics_lines`.
+
+    Raises:
+        CheckpointError: naming the file and line of a line that is not a JSON object with ``step`` and ``kind``.
+    """
+    from .checks import metrics_lines
+
+    return [record for _, record in metrics_lines(Path(path))]
 
 
 def plot_run(metrics: Union[str, Path], out: Union[str, Path], *, title: str = "run") -> Path:

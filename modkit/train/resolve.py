@@ -112,7 +112,8 @@ def _resolve_device(text: str) -> torch.device:
     """The device a config's ``device`` names (``auto``: CUDA when available, else the CPU).
 
     Raises:
-        TrainError: the text is not a device, or names CUDA where CUDA is not available.
+        TrainError: the text is not a device; names ``meta`` (no data: nothing to train) or a device type modkit
+            does not train on; names CUDA or MPS where it is not available, or a GPU index this machine lacks.
     """
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -120,9 +121,98 @@ def _resolve_device(text: str) -> torch.device:
         device = torch.device(text)
     except RuntimeError:
         raise TrainError(f"device = {text!r} is not a device; use cpu, cuda, cuda:N, mps or auto") from None
+    if device.type == "meta":
+        raise TrainError(
+            f"device = {text!r} holds no data and cannot train (it is for building models without memory); use cpu, "
+            "cuda, cuda:N, mps or auto"
+        )
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise TrainError(f"device = {text!r}: modkit trains on cpu, cuda, cuda:N or mps; use one of them or auto")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TrainError(f"device = {text!r} but CUDA is not available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise TrainError(f"device = {text!r} but this machine has {n} CUDA device(s): cuda:0 to cuda:{n - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise TrainError(
+            f"device = {text!r} but MPS is not available here (Apple silicon with a PyTorch built for it); use "
+            "--device cpu"
+        )
     return device
+
+
+def run_data_folder(run: Path) -> str:
+    """The prepared data folder a run trained on: ``data.json``'s ``folder``, read strictly.
+
+    Raises:
+        TrainError: ``data.json`` is unreadable, not JSON (duplicate keys included), or has no string ``folder``.
+    """
+    from modkit.core.jsonio import JSONInputError, read_json_file
+    from modkit.core.validation import json_value
+
+    path = run / "data.json"
+    try:
+        data = read_json_file(path)
+    except JSONInputError as exc:
+        raise TrainError(f"--resume {run}: {exc}") from None
+    folder = data.get("folder") if isinstance(data, dict) else None
+    if not isinstance(folder, str) or not folder:
+        raise TrainError(
+            f"{path}: folder = {json_value(folder, 80)} is not a path; the file names the run's prepared data "
+            'folder ({"folder": "..."}): write the path there'
+        )
+    return folder
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> Optional[tuple[str, Any, Any]]:
+    """``(JSON path, value in a, value in b)`` of the first place two JSON documents differ, ``None`` if equal."""
+    from modkit.core.validation import join_path
+
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            if key not in a or key not in b or a[key] != b[key]:
+                found = _first_difference(a.get(key), b.get(key), join_path(path, key))
+                return found if found is not None else (join_path(path, key), a.get(key), b.get(key))
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, join_path(path, i))
+        return None
+    return None if a == b else (path, a, b)
+
+
+def check_resume_model(run: Path, overrides: dict[str, Any], data_folder: str) -> None:
+    """Refuse a ``model`` override on resume whose spec differs from the run's ``spec.json``: the same spec (the
+    command line that started the run, repeated with ``--resume``) passes, resolved as the run resolved its own (the
+    run's ``vocab_size`` setting, the data's vocabulary, the auxiliary-loss overrides). The specs' ``metadata`` is
+    not compared (it describes the model, it does not change it).
+
+    Raises:
+        TrainError: naming the given model, the run's ``spec.json`` and the first field where they differ.
+        SpecError: the given model's spec is invalid.
+    """
+    from modkit.core.validation import json_value
+
+    from ..data import TokenData
+    from .config import load_train_config
+
+    model = overrides["model"]
+    given, _ = load_train_config(run / "config.json", overrides)
+    candidate = resolve_spec(given, None, TokenData.open(data_folder).vocab_size).to_dict()
+    own = load_spec(run / "spec.json").to_dict()
+    for spec in (candidate, own):  # descriptive only (names, notes, the plugins' versions): not the model
+        spec.pop("metadata", None)
+    diff = _first_difference(candidate, own)
+    if diff is None:
+        return
+    where, theirs, ours = diff
+    label = model if isinstance(model, str) else "the inline spec"
+    raise TrainError(
+        f"--model {label}: its spec differs from the run's {run / 'spec.json'}: {where} = {json_value(theirs, 60)} "
+        f"there, {json_value(ours, 60)} in the run; a resumed run keeps its own model: drop --model, or start a new "
+        "run with -o"
+    )
 
 
 def _node(data: dict, path: str) -> dict:

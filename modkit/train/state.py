@@ -21,9 +21,10 @@ A checkpoint folder is an ordinary :func:`modkit.save` checkpoint (``spec.json``
 metadata, + ``model.safetensors``: it loads with :func:`modkit.load`, ``modkit generate`` and ``modkit convert
 modkit ... --to hf``) plus
 ``tokenizer.json`` and, for resumable ones, ``trainer.json`` (step, tokens, sampler position, best loss,
-optimizer hyper-parameters, gradient-scaler state, parameter names) and ``trainer.safetensors`` (AdamW moments
-and step counts by parameter index, torch RNG states). Under several processes the model and optimizer are
-saved sharded with ``torch.distributed.checkpoint`` in ``dcp/`` instead, and one RNG file per rank.
+optimizer hyper-parameters, gradient-scaler state, parameter names, steps skipped as non-finite) and
+``trainer.safetensors`` (AdamW moments and step counts by parameter index, torch RNG states). Under several
+processes the model and optimizer are saved sharded with ``torch.distributed.checkpoint`` in ``dcp/`` instead, and
+one RNG file per rank. A resume checks every one of these files before it uses them (:mod:`modkit.train.checks`).
 
 Each checkpoint is written under a temporary name and renamed into place when complete, and the links are
 swapped with ``os.replace``: a run killed at any instant leaves the previous checkpoint whole. No file is
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -189,19 +191,44 @@ def read_trainer_files(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
     return data, tensors
 
 
+#: the name of a resumable checkpoint folder: ``step-`` and the step, seven digits or more
+STEP_FOLDER = re.compile(r"step-(\d{7,})")
+
+
 def step_checkpoints(run: Path) -> list[Path]:
-    """The complete resumable checkpoints of a run (``checkpoints/step-*`` with a trainer state), oldest first."""
+    """The complete resumable checkpoints of a run (``checkpoints/step-NNNNNNN`` with a trainer state), oldest first;
+    folders of other names (``step-abc``) are not checkpoints (:func:`stray_step_folders`)."""
     folder = run / "checkpoints"
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / TRAINER_JSON).is_file()]
+    found = [
+        p for p in folder.iterdir() if p.is_dir() and STEP_FOLDER.fullmatch(p.name) and (p / TRAINER_JSON).is_file()
+    ]
     return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
 
 
+def stray_step_folders(run: Path) -> list[Path]:
+    """Entries of ``checkpoints/`` named ``step-*`` that are not checkpoint names (``step-abc``): never read, never
+    pruned (they are not the trainer's)."""
+    folder = run / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith("step-") and not STEP_FOLDER.fullmatch(p.name))
+
+
+def folder_step(folder: Path) -> Optional[int]:
+    """The step a checkpoint folder's name says (``step-0000004``: 4), ``None`` for another name."""
+    m = STEP_FOLDER.fullmatch(folder.name)
+    return int(m[1]) if m else None
+
+
 def prune(run: Path, keep: int, protect: Optional[Path] = None) -> None:
-    """Delete all but the newest ``keep`` step checkpoints (never ``protect``) and best folders ``best`` leaves."""
+    """Delete all but the newest ``keep`` step checkpoints (by step; never ``protect`` nor the one ``last`` leads
+    to, which a run resumed from an older checkpoint may have written below a newer one) and the best folders
+    ``best`` leaves. Called only after the new checkpoint is in place."""
+    kept = {p.resolve() for p in (protect, run / "last") if p is not None and (p.is_symlink() or p.exists())}
     for old in step_checkpoints(run)[:-keep]:
-        if protect is None or old.resolve() != protect.resolve():
+        if old.resolve() not in kept:
             shutil.rmtree(old, ignore_errors=True)
     best = (run / "best").resolve() if (run / "best").is_symlink() else None
     for p in (run / "checkpoints").glob("best-*"):

@@ -16,13 +16,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from modkit.nn.documents import document_ids
+from .errors import TrainError
 from .schedule import lr_at
 
 
 class StepMixin:
     """The step methods of :class:`modkit.train.loop.Trainer`: they read the attributes its ``setup`` sets
     (``config``, ``device``, ``procs``, ``model``, ``forward``, ``optimizer``, ``scaler``, ``sampler``, ``params``,
-    ``balance``, ``separators``) and advance ``step`` and ``tokens``."""
+    ``balance``, ``separators``, ``skipped_steps``, ``consecutive_skips``) and advance ``step`` and ``tokens``."""
 
     def _autocast(self):
         """The autocast context of the run's precision (none in float32)."""
@@ -60,7 +61,12 @@ class StepMixin:
 
         Returns:
             ``{"loss": mean cross-entropy [] (nats, the step's batch), "lr": float, "grad_norm": [] (before
-                clipping), "balance": the routers' load imbalance of the step or None}``.
+                clipping), "balance": the routers' load imbalance of the step or None, "skipped": what was not
+                finite in a step skipped under ``on_nonfinite = "skip"``, else None}``.
+
+        Raises:
+            TrainError: the loss or gradient norm is not finite (``on_nonfinite = "stop"``, or too many skipped
+                steps in a row), or the update made a weight non-finite; nothing of the step is saved.
         """
         c = self.config
         lr = lr_at(self.step, c)
@@ -83,10 +89,85 @@ class StepMixin:
             norm = clip_grad_norm_(self.params, max_norm)
         else:
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        loss = ce_sum / c.grad_accum
+        problem = self._nonfinite_problem(loss, norm)
+        if problem is not None:  # stop (raises), or skip the batch: no update, no balancing update
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()
+            self._skip_or_stop(problem)
+            self.step += 1
+            self.tokens += c.tokens_per_step
+            return {"loss": loss, "lr": lr, "grad_norm": norm, "balance": None, "skipped": problem}
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        self._check_weights("after the optimizer update, the weights")
+        self.consecutive_skips = 0
         balance = self.balance.end_step()  # the routers' bias update from this step's loads (no gradient)
         self.step += 1
         self.tokens += c.tokens_per_step
-        return {"loss": ce_sum / c.grad_accum, "lr": lr, "grad_norm": norm, "balance": balance}
+        return {"loss": loss, "lr": lr, "grad_norm": norm, "balance": balance, "skipped": None}
+
+    # ------------------------------------------------------------------ non-finite steps
+    def _any_rank(self, flag: Tensor) -> bool:
+        """Whether ``flag`` (a 0/1 float tensor) is 1 on any rank (collective under several processes)."""
+        return float(self.procs.mean(flag)) > 0
+
+    def _nonfinite_problem(self, loss: Tensor, norm: Tensor) -> Optional[str]:
+        """What is not finite in this step before its update: the loss, or (without a float16 grad scaler, which
+        skips such steps itself) the gradient norm; ``None`` when both are finite. Collective: every rank gets the
+        same answer (one host synchronisation per step)."""
+        checks = [loss.float()] + ([] if self.scaler.is_enabled() else [norm.float()])
+        if not self._any_rank((~torch.isfinite(torch.stack(checks))).any().float()):
+            return None
+        mean_loss = float(self.procs.mean(loss.detach().float()))
+        if not math.isfinite(mean_loss):
+            return f"the training loss is {mean_loss}"
+        return f"the gradient norm is {float(norm)} (the loss {mean_loss:.4f} is finite)"
+
+    def _skip_or_stop(self, problem: str) -> None:
+        """Count a skipped step, or stop the run: always with ``on_nonfinite = "stop"``, after
+        ``max_nonfinite_skips`` skipped steps in a row with ``"skip"``.
+
+        Raises:
+            TrainError: naming the step, what is not finite, and the last checkpoint (nothing of this step is saved).
+        """
+        c = self.config
+        n = self.step + 1
+        fix = "lower lr or raise warmup_steps, check the data at this step"
+        if c.on_nonfinite == "stop":
+            raise TrainError(
+                f"step {n}: {problem}; the run stopped before the update ({self._saved_note()}). To go on: {fix}, "
+                "or pass --on-nonfinite skip to skip such batches (counted, at most --max-nonfinite-skips in a row)"
+            )
+        self.skipped_steps += 1
+        self.consecutive_skips += 1
+        if self.consecutive_skips > c.max_nonfinite_skips:
+            raise TrainError(
+                f"step {n}: {problem}: {self.consecutive_skips} non-finite steps in a row, over max_nonfinite_skips = "
+                f"{c.max_nonfinite_skips}; the run stopped ({self._saved_note()}). To go on: {fix}"
+            )
+
+    def _check_weights(self, what: str) -> None:
+        """Stop the run when a trainable parameter holds a NaN or infinite value (collective; one pass over the
+        weights, their largest magnitude per tensor).
+
+        Raises:
+            TrainError: ``step N: {what} hold NaN or infinite values: name (count of size), ...``.
+        """
+        local = [(p.to_local() if hasattr(p, "to_local") else p).detach() for p in self.params]
+        held = [t for t in local if t.numel()]  # a rank's shard of a small tensor may be empty (no max of nothing)
+        norms = torch._foreach_norm(held, ord=math.inf) if held else []
+        bad = (~torch.isfinite(torch.stack(norms))).any().float() if norms else torch.zeros(())
+        if not self._any_rank(bad.to(self.device)):
+            return
+        from modkit.io.checkpoint.state import nonfinite_counts
+
+        counts = nonfinite_counts(dict(zip(self.param_names, local)))
+        sizes = dict(zip(self.param_names, local))
+        listed = ", ".join(f"{n} ({k:,} of {sizes[n].numel():,})" for n, k in list(counts.items())[:5])
+        more = f" and {len(counts) - 5} more" if len(counts) > 5 else ""
+        raise TrainError(
+            f"step {self.step + 1}: {what} hold NaN or infinite values: {listed or 'on another rank'}{more}; the run "
+            f"stopped ({self._saved_note()}). The update was not finite: lower lr, or check the optimizer's settings"
+        )
