@@ -83,18 +83,21 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tens
 
 
 def mean_across_ranks(value: Union[Tensor, float]) -> Tensor:
-    """The mean of a scalar (a loss, a token count) over every rank of the world, for logging.
+    """The mean of a scalar (a loss, a token count) over every rank of the world, for logging; a tensor of several
+    values (flags checked together) is averaged element by element in the same one all-reduce.
 
     Tensor-parallel ranks of one data-parallel group hold the same value, so the world mean is the mean over the
     data-parallel groups. One all-reduce of a float32 copy; the input is not modified. Without a process group the
     value itself.
 
     Returns:
-        A float32 scalar tensor (on ``value``'s device; CPU for a Python number), detached.
+        A float32 tensor (on ``value``'s device; CPU for a Python number), detached: a scalar for a one-element
+        input, else of the input's shape.
     """
     import torch.distributed as dist
 
-    out = torch.as_tensor(value).detach().float().clone().reshape(())
+    out = torch.as_tensor(value).detach().float().clone()
+    out = out.reshape(()) if out.numel() == 1 else out
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(out)
         out /= dist.get_world_size()

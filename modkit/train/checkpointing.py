@@ -198,7 +198,7 @@ class CheckpointMixin:
         Raises:
             TrainError: naming the checkpoint, the tensors and the count of bad values in each.
         """
-        self._check_weights(f"refusing to save {name}: the weights")
+        self._check_weights(f"refusing to save {name}: the weights", step=self.step)
         if self.procs.distributed:
             return
         from modkit.io.checkpoint.state import nonfinite_counts

@@ -56,7 +56,8 @@ class Processes:
             torch.distributed.barrier()
 
     def mean(self, value: Tensor) -> Tensor:
-        """The mean of a scalar tensor over all ranks (tensor-parallel replicas hold equal values)."""
+        """The mean of a scalar tensor over all ranks (tensor-parallel replicas hold equal values); a tensor of a
+        few values element by element (one all-reduce)."""
         if not self.distributed:
             return value
         from ..parallel import mean_across_ranks

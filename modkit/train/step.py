@@ -101,7 +101,6 @@ class StepMixin:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self._check_weights("after the optimizer update, the weights")
         self.consecutive_skips = 0
         balance = self.balance.end_step()  # the routers' bias update from this step's loads (no gradient)
         self.step += 1
@@ -116,9 +115,21 @@ class StepMixin:
     def _nonfinite_problem(self, loss: Tensor, norm: Tensor) -> Optional[str]:
         """What is not finite in this step before its update: the loss, or (without a float16 grad scaler, which
         skips such steps itself) the gradient norm; ``None`` when both are finite. Collective: every rank gets the
-        same answer (one host synchronisation per step)."""
+        same answer, in one host synchronisation per step, which also checks the weights the previous step's
+        update left (their largest magnitude per tensor): a weight made non-finite by step N's update stops the run
+        at the start of step N + 1, before anything else runs on it, and the checkpoint and evaluation of step N
+        refuse it themselves (:meth:`_check_weights`).
+
+        Raises:
+            TrainError: the weights hold a NaN or infinite value (``step N: after the optimizer update, ...``).
+        """
         checks = [loss.float()] + ([] if self.scaler.is_enabled() else [norm.float()])
-        if not self._any_rank((~torch.isfinite(torch.stack(checks))).any().float()):
+        flags = torch.stack([(~torch.isfinite(torch.stack(checks))).any().float(), self._weights_flag()])
+        bad = self.procs.mean(flags.to(self.device)) > 0
+        bad_values, bad_weights = bad.tolist()  # the one host synchronisation
+        if bad_weights:
+            self._check_weights("after the optimizer update, the weights", step=self.step)
+        if not bad_values:
             return None
         mean_loss = float(self.procs.mean(loss.detach().float()))
         if not math.isfinite(mean_loss):
@@ -148,26 +159,40 @@ class StepMixin:
                 f"{c.max_nonfinite_skips}; the run stopped ({self._saved_note()}). To go on: {fix}"
             )
 
-    def _check_weights(self, what: str) -> None:
-        """Stop the run when a trainable parameter holds a NaN or infinite value (collective; one pass over the
-        weights, their largest magnitude per tensor).
+    def _weights_flag(self) -> Tensor:
+        """``[]`` float: 1 when a trainable parameter (this rank's shard) holds a NaN or infinite value, else 0 (one
+        pass over the weights, their largest magnitude per tensor; no host synchronisation)."""
+        held = [t for t in self._local_params() if t.numel()]  # a rank's shard of a small tensor may be empty
+        if not held:
+            return torch.zeros((), device=self.device)
+        norms = torch._foreach_norm(held, ord=math.inf)
+        return (~torch.isfinite(torch.stack(norms))).any().float().to(self.device)
+
+    def _local_params(self) -> list[Tensor]:
+        """The trainable parameters as this rank holds them (a DTensor's local shard), detached."""
+        return [(p.to_local() if hasattr(p, "to_local") else p).detach() for p in self.params]
+
+    def _check_weights(self, what: str, step: Optional[int] = None) -> None:
+        """Stop the run when a trainable parameter holds a NaN or infinite value (collective).
+
+        Args:
+            what: the subject of the message (``"after the optimizer update, the weights"``).
+            step: the step the message names; default the next one (``self.step + 1``).
 
         Raises:
             TrainError: ``step N: {what} hold NaN or infinite values: name (count of size), ...``.
         """
-        local = [(p.to_local() if hasattr(p, "to_local") else p).detach() for p in self.params]
-        held = [t for t in local if t.numel()]  # a rank's shard of a small tensor may be empty (no max of nothing)
-        norms = torch._foreach_norm(held, ord=math.inf) if held else []
-        bad = (~torch.isfinite(torch.stack(norms))).any().float() if norms else torch.zeros(())
-        if not self._any_rank(bad.to(self.device)):
+        if not self._any_rank(self._weights_flag()):
             return
         from modkit.io.checkpoint.state import nonfinite_counts
 
+        local = self._local_params()
         counts = nonfinite_counts(dict(zip(self.param_names, local)))
         sizes = dict(zip(self.param_names, local))
         listed = ", ".join(f"{n} ({k:,} of {sizes[n].numel():,})" for n, k in list(counts.items())[:5])
         more = f" and {len(counts) - 5} more" if len(counts) > 5 else ""
         raise TrainError(
-            f"step {self.step + 1}: {what} hold NaN or infinite values: {listed or 'on another rank'}{more}; the run "
-            f"stopped ({self._saved_note()}). The update was not finite: lower lr, or check the optimizer's settings"
+            f"step {self.step + 1 if step is None else step}: {what} hold NaN or infinite values: "
+            f"{listed or 'on another rank'}{more}; the run stopped ({self._saved_note()}). The update was not "
+            "finite: lower lr, or check the optimizer's settings"
         )
