@@ -90,7 +90,7 @@ def _add_ladder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ladder",
         action="store_true",
-        help="fit validation loss against training FLOPs per spec (needs 2+ sizes; 3+ to fit)",
+        help="fit validation loss against training FLOPs per spec (needs 3+ fitted sizes, checked before training)",
     )
     p.add_argument(
         "--tokens-per-param",

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .plan import CompareRequest, ComparePlan, _Variant, make_plan
-from .results import Comparison, RunSummary, _finite
+from .results import CompareError, Comparison, RunSummary, _finite
 
 #: one training run of a plan: (variant, learning rate or ``None`` for the config's, seed index)
 RunKey = tuple[_Variant, Optional[float], int]
@@ -253,20 +253,39 @@ def compare(
 
     Raises:
         CompareError: no specs, ``seeds < 1``, ``jobs < 1``, an empty or invalid sweep or grid, both a sweep and a
-            grid, a missing spec file, a per-spec override of an unknown label or a reserved field, a ladder without
-            sizes, a report folder that already holds a comparison or runs.
+            grid, a missing spec file, a per-spec override of an unknown label or a reserved field, a ladder with
+            fewer than three fitted sizes or a held-out size not above them (all before any run trains), a report
+            folder that already holds a comparison or runs; a step after training that fails (``report.md`` then
+            holds a partial report of the finished runs). A ladder fit that fails does not raise: the report says
+            why in its Ladder section (``Comparison.ladder_error``).
         SpecError / TrainError / DataError: an invalid config or spec, a spec (or a size of it) that does not fit the
             config or data (every run is checked before the first trains), missing data; or from
             :func:`modkit.train.train`.
         TypeError: a request with other arguments, no ``out_dir``, or an option that is not a request field.
     """
-    from .report import _recipe, verdicts_of, write_files
-    from .rows import score_positions, table_rows
+    from .report import write_partial
 
     started = time.perf_counter()
     request = _request_of(specs, config, out_dir, options)
     plan = make_plan(request, started)
     by_variant, done = train_runs(plan)
+    try:
+        return _finish(plan, by_variant, done)
+    except Exception as exc:  # a step after training: keep what the finished runs say
+        path = write_partial(plan.out, done, f"{type(exc).__name__}: {exc}", command=request.command)
+        raise CompareError(
+            f"the comparison's {len(done)} runs finished, but writing its report failed ({type(exc).__name__}: "
+            f"{exc}); a partial report of the runs is at {path}"
+        ) from exc
+
+
+def _finish(plan: ComparePlan, by_variant: dict, done: list[RunSummary]) -> Comparison:
+    """Rows, verdicts, positions, the ladder fit (a failed fit is reported in its section), throughput and the
+    report folder's files, from the finished runs."""
+    from .report import _recipe, verdicts_of, write_files
+    from .rows import score_positions, table_rows
+
+    request = plan.request
     rows, grid = table_rows(plan, by_variant)
     eval_len = 2 * plan.base.seq_len
     score_positions(plan, rows, eval_len)
@@ -290,11 +309,15 @@ def compare(
     if request.ladder:
         from modkit.experiments.ladder import fit_ladder
 
-        result.ladder = fit_ladder(rows)
+        try:
+            result.ladder = fit_ladder(rows)
+        except ValueError as exc:
+            result.ladder_error = str(exc)
+            request.echo(f"the ladder fit failed: {exc}; the report says so in its Ladder section")
     if request.throughput_steps > 0:
         result.throughput = measure_throughput(
             plan.variants, request.config, plan.data_folder, request.throughput_steps, echo=request.echo
         )
     result.recipe = _recipe(plan.base, plan.data_folder, request)
-    write_files(result, plan.base, plan.data_folder, started=started)
+    write_files(result, plan.base, plan.data_folder, started=plan.started)
     return result
