@@ -203,12 +203,14 @@ def _sampling_usage(entry, example: Mapping[str, Any], base) -> str:
 
 
 def _tracker_usage(example: Mapping[str, Any]) -> str:
-    """A snippet that lists the example tracker in a training config."""
+    """A snippet that lists the example tracker in a training config (validated against the registry); training
+    with it is ``modkit.train.train(config, run_dir)``."""
     return "\n".join(
         [
-            "from modkit.train import train",
+            "from modkit.train import load_train_config",
             "",
-            f'result = train({{"max_steps": 50, "trackers": [{_py(dict(example))}]}}, "runs/tracked")',
+            f'config, _ = load_train_config({{"max_steps": 50, "trackers": [{_py(dict(example))}]}})',
+            "print(config.trackers)  # every field written out; modkit.train.train(config, run_dir) logs to it",
         ]
     )
 
