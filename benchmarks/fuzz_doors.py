@@ -40,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzz_doors_core as core  # noqa: E402
 
 DOORS = ("forward", "prepare", "resume", "merge", "flags")
-#: default inputs per door: about 20 minutes on one core of a shared 2-core machine
-DEFAULT_N = {"forward": 500, "prepare": 220, "resume": 90, "merge": 160, "flags": 130}
+#: default inputs per door (resume: its 77 kinds of damage, then kills at 63 file-system steps; flags: every case
+#: once): about 10-20 minutes on one core of a shared 2-core machine, depending on its load
+DEFAULT_N = {"forward": 1000, "prepare": 400, "resume": 140, "merge": 300, "flags": 132}
 #: per-door seeds derived from --seed, so a door's inputs do not depend on which other doors ran
 _DOOR_SALT = {door: k for k, door in enumerate(DOORS)}
 

@@ -175,7 +175,10 @@ def damages() -> list[tuple[str, object, bool, list[str], list[str]]]:
     cases: list = []
 
     def add(label, fn, bad=True, hints=(), flags=()):
-        cases.append((label, fn, bad, list(hints), list(flags)))
+        hints = list(hints)
+        if any(h in (ts, tj, ms) for h in hints):  # a file of the last checkpoint: naming the folder names it too
+            hints.append("step-0000004")
+        cases.append((label, fn, bad, hints, list(flags)))
 
     # the optimizer state (trainer.safetensors of the last checkpoint)
     add("exp_avg of the wrong shape", _edit_tensors(ts, _shape), hints=[ts, "exp_avg", "shape"])
@@ -278,9 +281,10 @@ def damages() -> list[tuple[str, object, bool, list[str], list[str]]]:
             hints=[mj, "line"],
         )
     # the checkpoints folder and the links
+    add("empty stray folder checkpoints/step-abc", lambda run, r: (run / "checkpoints/step-abc").mkdir(), bad=False)
     add(
-        "stray folder checkpoints/step-abc",
-        lambda run, r: (run / "checkpoints" / "step-abc").mkdir(),
+        "a checkpoint copied to checkpoints/step-abc",
+        lambda run, r: shutil.copytree(run / "last", run / "checkpoints/step-abc"),
         hints=["step-abc"],
     )
     add("stray file checkpoints/step-0000010", lambda run, r: (run / "checkpoints/step-0000010").write_text("x"))
