@@ -568,7 +568,7 @@ def run_prepare(n: int, rng: random.Random, tmp: Path, timeout: float, emit) -> 
             (d / f"{sub}.txt").write_text(text)
             from modkit.data.prepare import prepare
 
-            prepare([d / f"{sub}.txt"], d / sub, tokenizer="char")
+            prepare([d / f"{sub}.txt"], d / sub, tokenizer="char", show_progress=False)
         out = d / "out"
         argv = ["data", "prepare", *p.inputs, "-o", str(out), *p.flags]
         if "-o" in p.flags:

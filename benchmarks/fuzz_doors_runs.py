@@ -66,10 +66,10 @@ class Tiny:
         text = (REPO / "modkit" / "data" / "tinyshakespeare.txt").read_text()[:20000]
         (root / "text.txt").write_text(text)
         self.data = root / "data"
-        prepare([root / "text.txt"], self.data, tokenizer="char")
+        prepare([root / "text.txt"], self.data, tokenizer="char", show_progress=False)
         (root / "digits.txt").write_text("0123456789 " * 500)
         self.other_data = root / "digits"
-        prepare([root / "digits.txt"], self.other_data, tokenizer="char")
+        prepare([root / "digits.txt"], self.other_data, tokenizer="char", show_progress=False)
         self.spec = root / "micro.json"
         self.spec.write_text(json.dumps(MICRO))
         self.other_spec = root / "wider.json"
@@ -503,7 +503,7 @@ def run_kills(n: int, tiny: Tiny, timeout: float, emit) -> None:
             if restarted.rc == 0:
                 detail = "restarted"
                 outcome, error = core.classify(
-                    resumed, bad=True, hints=["without --resume", "start it again", "-o", "restart"]
+                    resumed, bad=True, hints=["without --resume", "start it again", "-o", "restart", "config.json"]
                 )
                 outcome = "named" if outcome in ("accepted-bad", "harmless") else outcome
             elif resumed.hang or restarted.hang:
