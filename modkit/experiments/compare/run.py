@@ -262,11 +262,13 @@ def compare(
     """
     from .report import _recipe, verdicts_of, write_files
     from .rows import score_positions, table_rows
+    from .stalls import mark_stalls
 
     started = time.perf_counter()
     request = _request_of(specs, config, out_dir, options)
     plan = make_plan(request, started)
     by_variant, done = train_runs(plan)
+    mark_stalls(done, margin=request.spike_margin)
     rows, grid = table_rows(plan, by_variant)
     eval_len = 2 * plan.base.seq_len
     score_positions(plan, rows, eval_len)
