@@ -18,6 +18,7 @@ from .plan import CompareRequest
 from .plots import plot_buckets, plot_curves, plot_lr, plot_train_curves
 from .results import CompareError, Comparison, RunSummary, SpecRow, Verdict, fmt_pm, mean_std
 from .stalls import STALL_SHARE, stall_text
+from .transfer import transfer_lines, transfer_table
 
 
 def verdicts_of(rows: Sequence[SpecRow], grid: Sequence[SpecRow] = (), *, metric: str = "val_loss") -> list[Verdict]:
@@ -90,6 +91,15 @@ def _recipe(config: Any, data_folder: str, request: CompareRequest) -> str:
         f"Every spec trained on the same data (`{data_folder}`), {budget}, {config.schedule} schedule with "
         f"{config.warmup_steps} warmup steps, optimizer {opt}, seeds {config.seed}..{config.seed + seeds - 1}."
     )
+    if request.spec_fields:
+        text += (
+            " Spec fields set: "
+            + "; ".join(
+                f"{label}: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in f.items())
+                for label, f in request.spec_fields.items()
+            )
+            + "."
+        )
     if request.spec_overrides:
         text += (
             " Per spec: "
@@ -174,6 +184,7 @@ def write_files(result: Comparison, config: Any, data_folder: str, *, started: f
         "long_verdicts": [v.to_json() for v in result.long_verdicts],
         "throughput": result.throughput,
         "ladder": result.ladder.to_json() if result.ladder is not None else None,
+        "transfer": [t.to_json() for t in transfer_table(result.rows, result.grid)],
     }
     (out / "results.json").write_text(json.dumps(saved, indent=1, default=str) + "\n")
 
@@ -499,7 +510,8 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
     lines = _intro_lines(result, scope) + _table_lines(result) + _verdict_lines(result)
     if lr_sweep:
         lines += _sweep_lines(result.rows)
-    lines += _grid_lines(result) + _instability_lines(result) + _throughput_lines(result)
+    lines += _grid_lines(result) + transfer_lines(transfer_table(result.rows, result.grid))
+    lines += _instability_lines(result) + _throughput_lines(result)
     if result.ladder is not None:
         from modkit.experiments.ladder import report_lines
 
