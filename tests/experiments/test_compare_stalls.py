@@ -114,4 +114,4 @@ def test_the_report_names_the_stall_and_counts_the_run_unstable():
         "the best run of its design |"
     )
     assert next(line for line in lines if line.startswith("| d | 0.01 |")).endswith("| no |")
-    assert any("stalled" in line and "30%" in line for line in lines)
+    assert any("stalled" in line and "50%" in line for line in lines)

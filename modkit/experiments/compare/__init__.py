@@ -36,7 +36,7 @@ The *instability* reading (:func:`modkit.experiments.stats.instability`) catches
 logged steps whose smoothed train loss sits above its running minimum by ``spike_margin`` nats plus the dip that the
 run's batch noise alone gives that minimum over the run's length, and the gradient-norm spikes. A plateau sits at its
 own running minimum, so the *stall* reading (:mod:`~modkit.experiments.compare.stalls`) catches it: a run whose loss
-goes without improving for 30% or more of its logged steps while above the best run of its design (or its own
+goes without improving for half or more of its logged steps while above the best run of its design (or its own
 earlier minimum) is reported stalled, with the step range. Unstable = above 5%, a spike, or stalled.
 
 Position buckets: each run's best checkpoint scores the validation split at twice the training ``seq_len`` (in

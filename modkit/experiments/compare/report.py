@@ -404,7 +404,7 @@ def _instability_lines(result: Comparison) -> list[str]:
         "of the loss), so that a long healthy run does not count as unstable. A plateau sits at its own running "
         "minimum, so that fraction misses it: a run is *stalled* when its smoothed loss goes without falling by "
         f"more than the threshold for at least {STALL_SHARE:.0%} of its logged steps (after the first 10) while "
-        "that stretch sits more than the threshold above the best run of its design (the lowest smoothed loss of "
+        "that stretch sits more than twice the threshold above the best run of its design (the lowest smoothed loss of "
         "any run of that spec at that size, every rate and seed) or above its own earlier minimum; the column "
         "gives the stretch's steps, its share of the steps, its mean loss and how far above. A run counts as "
         "unstable above 5%, with any spike, or stalled. Every run of the comparison, the sweep's and the grid's "

@@ -8,9 +8,9 @@ same design reached 2.30 at its best rate, read "0.0% of steps above the running
 against two references instead:
 
 * **the best run of its design**: the lowest smoothed train loss any run of the same variant (the same design at the
-  same size, every learning rate and seed) reached; a run that plateaus more than the threshold above it has stopped
+  same size, every learning rate and seed) reached; a run that plateaus well above it has stopped
   where its design did not;
-* **its own earlier minimum**: a plateau more than the threshold above the run's own best before it (a run knocked
+* **its own earlier minimum**: a plateau well above the run's own best before it (a run knocked
   up by a spike that never recovers); the design's best includes it, so this is the reference named when the run
   itself set its design's best before the plateau.
 
@@ -19,10 +19,14 @@ A *stretch without improvement* is a run of consecutive logged steps over which 
 stretch's first step. The threshold is the instability reading's: the margin (``--spike-margin``, 0.1 nats unless
 changed) plus the dip that the run's batch noise alone gives a running minimum over its length
 (:attr:`modkit.experiments.stats.Instability.threshold`), so noise neither breaks a stall nor makes one. A run is
-*stalled* when its longest such stretch covers at least ``share`` (:data:`STALL_SHARE`, 30%) of its logged steps
-after the first ``skip`` and the stretch's mean smoothed loss is above either reference by more than the threshold.
+*stalled* when its longest such stretch covers at least ``share`` (:data:`STALL_SHARE`, 50%) of its logged steps
+after the first ``skip`` and the stretch's mean smoothed loss is above either reference by more than twice the
+threshold (:data:`STALL_GAP`: the design's best is the lowest dip of many runs).
 The best run of a design never stalls against the design (it *is* the reference); a run still improving, however
 slowly, makes a new low every few steps and has no long stretch.
+
+What it cannot see: a design whose every run plateaus at the same level (post-norm stuck near the unigram loss at
+every seed of its only rate) has no lower reference of its own; compare its level with the other designs' losses.
 
 Pure numpy over the logged ``(step, loss)`` pairs; no source beyond the instability reading it extends.
 """
@@ -37,7 +41,10 @@ import numpy as np
 from .results import RunSummary
 
 #: the share of a run's logged steps a stretch without improvement must cover to count as a stall
-STALL_SHARE = 0.3
+STALL_SHARE = 0.5
+#: how far above its reference (in thresholds) a stretch must sit to be a stall: a design's best is the lowest
+#: dip of many runs, so a healthy run at another rate or seed can end a threshold above it
+STALL_GAP = 2.0
 #: logged steps averaged by the trailing mean (the instability reading's window)
 WINDOW = 5
 #: first logged steps left out (the fast initial fall; the instability reading's skip)
@@ -113,7 +120,7 @@ def find_stall(
     # run itself reached it (a run knocked up from its best that never came back)
     ref = min(design_best, own)
     against = "its own earlier minimum" if own <= design_best else "the best run of its design"
-    if not math.isfinite(ref) or level <= ref + threshold:
+    if not math.isfinite(ref) or level <= ref + STALL_GAP * threshold:
         return None
     return {
         "start": int(steps[first]),
