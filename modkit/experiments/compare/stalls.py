@@ -100,8 +100,8 @@ def find_stall(
 
     Returns:
         ``{"start", "end"}`` (the stretch's first and last logged step), ``"share"`` (of the counted logged steps),
-        ``"level"`` (its mean smoothed loss, nats), ``"reference"`` (the loss it is above, nats) and ``"against"``
-        (``"the best run of its design"`` or ``"its own earlier minimum"``); ``None`` when the run did not stall.
+            ``"level"`` (its mean smoothed loss, nats), ``"reference"`` (the loss it is above, nats) and ``"against"``
+            (``"the best run of its design"`` or ``"its own earlier minimum"``); ``None`` when the run did not stall.
     """
     steps = [s for s, _ in run.train_curve]
     smooth = smoothed([v for _, v in run.train_curve])

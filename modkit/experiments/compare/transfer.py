@@ -60,7 +60,7 @@ def transfer_table(rows: Sequence[SpecRow], grid: Sequence[SpecRow]) -> list[Tra
 
     Returns:
         one :class:`TransferRow` per (design, depth, width), widths increasing, for every design that trained at two
-        or more widths of one depth at every rate of the grid; ``[]`` without a grid or without two widths.
+            or more widths of one depth at every rate of the grid; ``[]`` without a grid or without two widths.
     """
     from modkit.experiments.stats import mean_difference
 
