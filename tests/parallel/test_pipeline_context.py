@@ -124,3 +124,45 @@ def test_context_parallel_attention_trains_as_one_process_and_the_hybrid_is_refu
     refusal = ranks[0]["hybrid_refusal"]
     assert refusal.startswith("context parallelism (cp = 2) cannot shard the sequence of 3 token mixer(s)")
     assert "layers.0.attention (mixer/gated_deltanet)" in refusal and "Train this model without --cp" in refusal
+
+
+@pytest.mark.slow
+@needs_gloo
+def test_modkit_train_with_cp_logs_the_losses_of_one_process(tmp_path):
+    """``torchrun ... modkit train --cp 2`` (tiny-mla, document masks): the per-step loss, gradient norm and the
+    evaluations equal one process's to 2e-5 (losses add in another order)."""
+    from modkit.data import default_corpus, prepare
+    from modkit.train.plot import read_metrics
+
+    text = tmp_path / "head.txt"
+    text.write_text(default_corpus().read_text()[:20_000])
+    prepare([text], tmp_path / "data", tokenizer="char", show_progress=False)
+    spec = json.loads((SPECS / "tiny-mla.json").read_text())
+    config = {
+        **{"model": {**spec, "n_layers": 2}, "data": str(tmp_path / "data"), "batch_size": 2, "seq_len": 32},
+        **{"max_steps": 4, "decay_steps": 4, "warmup_steps": 1, "eval_interval": 2, "eval_batches": 1},
+        **{"log_interval": 1, "sample_tokens": 0, "device": "cpu", "threads": 1, "seed": 3, "document_mask": True},
+    }
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    runs = {}
+    for n, extra in ((1, []), (2, ["--cp", "2"])):
+        launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1 else []
+        out = tmp_path / f"run{n}"
+        cmd = [sys.executable, *launch, "-m", "modkit", "train", "-c", str(tmp_path / "train.json"), "-o", str(out)]
+        done = subprocess.run(
+            [*cmd, *extra, "--no-progress"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=HANG_TIMEOUT,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        runs[n] = [
+            (r["kind"], r["step"], r.get("loss", r.get("val_loss")), r.get("grad_norm"))
+            for r in read_metrics(out / "metrics.jsonl")
+        ]
+    assert [r[:2] for r in runs[1]] == [r[:2] for r in runs[2]] and len(runs[1]) >= 6
+    for a, b in zip(runs[1], runs[2]):
+        for x, y in zip(a[2:], b[2:]):
+            assert (x is None and y is None) or abs(x - y) <= 2e-5, (a, b)
