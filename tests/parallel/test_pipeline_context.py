@@ -74,6 +74,12 @@ def test_mixer_layout_table_comes_from_the_declarations():
     assert rows[("attention", "gqa")]["tp"] == "yes" and rows[("mixer", "mamba2")]["tp"] == "replicated"
 
 
+def test_scaling_out_guide_holds_the_generated_mixer_table():
+    text = (REPO / "docs" / "guides" / "scaling-out.md").read_text()
+    table = mp.context.mixer_layout_table()
+    assert table in text, "regenerate the table with modkit.parallel.context.mixer_layout_table()"
+
+
 def _torchrun(script: str, nproc: int, out: Path, *args: str) -> dict[int, dict]:
     env = {**os.environ, "MODKIT_DIST_OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
