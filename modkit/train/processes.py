@@ -91,10 +91,8 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
     inner = config.tp * config.cp
     if world <= 1:
         if inner > 1:
-            raise TrainError(
-                f"tp = {config.tp} x cp = {config.cp} needs {inner} processes or more: launch with torchrun "
-                "--nproc-per-node N"
-            )
+            named = " x ".join(f"{k} = {v}" for k, v in (("tp", config.tp), ("cp", config.cp)) if v > 1)
+            raise TrainError(f"{named} needs {inner} processes or more: launch with torchrun --nproc-per-node N")
         return Processes()
     import torch.distributed as dist
 
