@@ -526,7 +526,14 @@ def register_components(register) -> None:
             "(conv window + [n_heads, head_dim, d_state] float32).",
             reference="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient Algorithms Through "
             "Structured State Space Duality, arXiv:2405.21060",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
+            capabilities={
+                "causal_safe": True,
+                "kv_cache": True,
+                "compile_safe": True,
+                "document_mask": True,
+                # no cross-rank scan: a shard of the sequence would start from a zero state
+                "context_parallel": False,
+            },
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

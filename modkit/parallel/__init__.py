@@ -98,9 +98,11 @@ Every name is imported from ``modkit.parallel`` itself.
 from __future__ import annotations
 
 from .apply import ShardedInit, build_parallel, materialize, parallelize
+from .context import ContextParallel, SequenceShard, apply_context_parallel, context_parallel_problems, mixer_layouts
 from .checkpoint import export_consolidated, load_consolidated, load_sharded, save_sharded
 from .errors import ParallelError, PlanWarning
 from .mesh import make_mesh
+from .pipeline import SCHEDULES, Pipeline, StageModule, build_pipeline, split_layers
 from .plans import CORE_PLAN, TPPlan, model_plan  # noqa: F401 - CORE_PLAN importable here, outside __all__ as before
 from .stats import param_stats
 from .styles import STYLES, GroupedParallel, PerHeadParallel, copy_to_tp, shared_by_heads  # noqa: F401 - as CORE_PLAN
@@ -126,4 +128,14 @@ __all__ = [
     "load_sharded",
     "export_consolidated",
     "load_consolidated",
+    "ContextParallel",
+    "SequenceShard",
+    "apply_context_parallel",
+    "context_parallel_problems",
+    "mixer_layouts",
+    "SCHEDULES",
+    "Pipeline",
+    "StageModule",
+    "build_pipeline",
+    "split_layers",
 ]

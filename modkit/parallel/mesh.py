@@ -9,16 +9,20 @@ import torch
 from .errors import ParallelError
 
 
-def make_mesh(tp: int = 1, dp: Optional[int] = None, *, device_type: Optional[str] = None):
-    """A 2-D ``DeviceMesh`` named ``("dp", "tp")`` over the initialised world (``dp * tp == world_size``).
+def make_mesh(tp: int = 1, dp: Optional[int] = None, *, cp: int = 1, pp: int = 1, device_type: Optional[str] = None):
+    """A ``DeviceMesh`` over the initialised world: ``("dp", "tp")`` (``dp * tp == world_size``), or with context or
+    pipeline parallelism ``("pp", "dp", "cp", "tp")`` (``pp * dp * cp * tp == world_size``; outermost first, as
+    torchtitan orders them: the pipeline's stages across nodes, tensor parallelism inside one).
 
     Args:
         tp: tensor-parallel degree (inner dimension: neighbouring ranks, i.e. the GPUs of one node).
-        dp: data-parallel / FSDP degree; default ``world_size // tp``.
+        dp: data-parallel / FSDP degree; default ``world_size // (tp * cp * pp)``.
+        cp: context-parallel degree (ranks sharing one sequence; :mod:`modkit.parallel.context`).
+        pp: pipeline-parallel degree (stages; :mod:`modkit.parallel.pipeline`).
         device_type: ``"cuda"`` when CUDA is available, else ``"cpu"`` (gloo).
 
     Raises:
-        ParallelError: no process group, or ``dp * tp`` differs from the world size.
+        ParallelError: no process group, or the degrees' product differs from the world size.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -28,13 +32,18 @@ def make_mesh(tp: int = 1, dp: Optional[int] = None, *, device_type: Optional[st
             "torch.distributed is not initialised; launch with torchrun and call init_process_group first"
         )
     world = dist.get_world_size()
-    if tp < 1 or world % tp:
-        raise ParallelError(f"tensor-parallel degree tp = {tp} does not divide the world size {world}")
-    dp = world // tp if dp is None else dp
-    if dp * tp != world:
-        raise ParallelError(f"mesh dp = {dp} x tp = {tp} = {dp * tp} differs from the world size {world}")
+    inner = tp * cp * pp
+    if min(tp, cp, pp) < 1 or world % inner:
+        raise ParallelError(f"tp = {tp} x cp = {cp} x pp = {pp} = {inner} does not divide the world size {world}")
+    dp = world // inner if dp is None else dp
+    if dp * inner != world:
+        raise ParallelError(
+            f"mesh pp = {pp} x dp = {dp} x cp = {cp} x tp = {tp} = {dp * inner} differs from the world size {world}"
+        )
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    if cp == 1 and pp == 1:
+        return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(device_type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
 
 
 def _sub_mesh(mesh, name: str):

@@ -197,6 +197,13 @@ class TrainConfig(BaseModel):
         le=1 << 16,
         description="tensor-parallel degree under torchrun (the rest of the processes shard data with FSDP2)",
     )
+    cp: int = Field(
+        1,
+        ge=1,
+        le=1 << 16,
+        description="context-parallel degree under torchrun: each row's sequence cut into cp slices, one per rank, "
+        "attention over all-gathered keys (every mixer must declare context_parallel; seq_len divisible by cp)",
+    )
     peak_flops: Optional[float] = Field(
         None,
         gt=0,
