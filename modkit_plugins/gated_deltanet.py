@@ -88,11 +88,12 @@ class GatedDeltaNetConfig(ComponentConfig):
         "eps is 0 in float32)",
     )
     chunk_size: int = Field(
-        64,
+        32,
         ge=1,
         le=1024,
-        description="chunk length of the chunkwise form used for training and "
-        "prefill; changes the speed, not the numbers",
+        description="chunk length of the chunkwise form used for training and prefill; changes the speed, not the "
+        "numbers. Default 32: the fastest forward + backward at 256, 1K and 4K tokens among 32-256 "
+        "(benchmarks/bench_mixers.py, chunk-size table in benchmarks/results_mixers.md; transformers' fallback uses 64)",
     )
 
     @property
