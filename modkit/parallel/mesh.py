@@ -9,16 +9,23 @@ import torch
 from .errors import ParallelError
 
 
-def make_mesh(tp: int = 1, dp: Optional[int] = None, *, device_type: Optional[str] = None):
-    """A 2-D ``DeviceMesh`` named ``("dp", "tp")`` over the initialised world (``dp * tp == world_size``).
+def make_mesh(tp: int = 1, dp: Optional[int] = None, *, ep: int = 1, device_type: Optional[str] = None):
+    """The ``DeviceMesh`` over the initialised world: ``("dp", "tp")``, or with ``ep > 1`` ``("dp_mod_ep", "ep",
+    "tp")`` whose first two dims flattened are ``"dp"`` (``mesh["dp"]`` works on both).
+
+    Expert parallelism borrows from the data-parallel ranks (torchtitan's layout): the ``dp`` ranks read different
+    tokens, the experts are split over groups of ``ep`` neighbouring data-parallel ranks and FSDP2-sharded over the
+    ``dp / ep`` groups (:mod:`modkit.parallel.expert`).
 
     Args:
         tp: tensor-parallel degree (inner dimension: neighbouring ranks, i.e. the GPUs of one node).
         dp: data-parallel / FSDP degree; default ``world_size // tp``.
+        ep: expert-parallel degree, dividing ``dp`` (1: none).
         device_type: ``"cuda"`` when CUDA is available, else ``"cpu"`` (gloo).
 
     Raises:
-        ParallelError: no process group, or ``dp * tp`` differs from the world size.
+        ParallelError: no process group; ``dp * tp`` differs from the world size; ``ep`` does not divide ``dp``;
+            ``ep > 1`` with ``tp > 1`` (expert-tensor parallelism is not implemented).
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -34,15 +41,42 @@ def make_mesh(tp: int = 1, dp: Optional[int] = None, *, device_type: Optional[st
     if dp * tp != world:
         raise ParallelError(f"mesh dp = {dp} x tp = {tp} = {dp * tp} differs from the world size {world}")
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    if ep == 1:
+        return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    check_ep(ep, dp, tp)
+    mesh = init_device_mesh(device_type, (dp // ep, ep, tp), mesh_dim_names=("dp_mod_ep", "ep", "tp"))
+    mesh[("dp_mod_ep", "ep")]._flatten("dp")
+    return mesh
+
+
+def check_ep(ep: int, dp: int, tp: int) -> None:
+    """Refuse an expert-parallel degree the mesh cannot hold.
+
+    Raises:
+        ParallelError: ``ep`` is not a positive integer dividing ``dp``, or ``ep > 1`` with ``tp > 1``.
+    """
+    if not isinstance(ep, int) or ep < 1 or dp % ep:
+        raise ParallelError(
+            f"expert-parallel degree ep = {ep!r} does not divide the data-parallel degree dp = {dp} (expert "
+            "parallelism borrows from the data-parallel ranks: world = dp x tp, ep | dp)"
+        )
+    if ep > 1 and tp > 1:
+        raise ParallelError(
+            f"ep = {ep} with tp = {tp}: expert parallelism together with tensor parallelism (expert-tensor "
+            "parallelism) is not implemented yet; use --ep with FSDP2 (tp = 1), or --tp without --ep"
+        )
 
 
 def _sub_mesh(mesh, name: str):
     """The 1-D sub-mesh named ``name`` of ``mesh``, or ``None`` when it has no such dim or it has size 1."""
     names = getattr(mesh, "mesh_dim_names", None) or ()
     if name not in names:
-        return None
-    sub = mesh[name] if len(names) > 1 else mesh
+        try:
+            sub = mesh[name]  # a flattened dim ("dp" of the expert-parallel mesh)
+        except (KeyError, RuntimeError, ValueError):
+            return None
+    else:
+        sub = mesh[name] if len(names) > 1 else mesh
     return sub if sub.size() > 1 else None
 
 
