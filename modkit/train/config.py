@@ -185,6 +185,13 @@ class TrainConfig(BaseModel):
         le=1 << 16,
         description="tensor-parallel degree under torchrun (the rest of the processes shard data with FSDP2)",
     )
+    ep: int = Field(
+        1,
+        ge=1,
+        le=1 << 16,
+        description="expert-parallel degree under torchrun: the experts of every mixture split over ep data-parallel "
+        "processes, tokens sent to them by all-to-all (divides the data-parallel processes; not with tp > 1)",
+    )
     peak_flops: Optional[float] = Field(
         None,
         gt=0,

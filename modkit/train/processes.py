@@ -23,6 +23,7 @@ class Processes:
     dp: int = 1
     dp_rank: int = 0
     tp: int = 1
+    ep: int = 1
     mesh: Any = None
     #: True when this run joined the process group itself (launched by torchrun, no group before it)
     owns_group: bool = False
@@ -80,18 +81,20 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
 
     Raises:
         TrainError: ``tp`` does not divide the world size, or ``batch_size`` is not divisible by the data-parallel
-            degree, or ``tp`` > 1 on one process.
+            degree, or ``tp`` or ``ep`` > 1 on one process, or ``ep`` does not divide the data-parallel degree or
+            comes with ``tp`` > 1.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        if config.tp > 1:
-            raise TrainError(
-                f"tp = {config.tp} needs {config.tp} processes or more: launch with torchrun --nproc-per-node N"
-            )
+        for name in ("tp", "ep"):
+            if getattr(config, name) > 1:
+                n = getattr(config, name)
+                raise TrainError(f"{name} = {n} needs {n} processes or more: launch with torchrun --nproc-per-node N")
         return Processes()
     import torch.distributed as dist
 
-    from ..parallel import make_mesh
+    from ..parallel import ParallelError, make_mesh
+    from ..parallel.mesh import check_ep
 
     owns_group = not dist.is_initialized()
     if owns_group:
@@ -104,7 +107,18 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
     dp = world // config.tp
     if config.batch_size % dp:
         raise TrainError(f"batch_size = {config.batch_size} is not divisible by the {dp} data-parallel processes")
-    mesh = make_mesh(tp=config.tp, dp=dp, device_type=device.type)
+    try:
+        check_ep(config.ep, dp, config.tp)
+    except ParallelError as exc:
+        raise TrainError(f"ep: {exc}") from None
+    mesh = make_mesh(tp=config.tp, dp=dp, ep=config.ep, device_type=device.type)
     return Processes(
-        world=world, rank=rank, dp=dp, dp_rank=mesh.get_local_rank("dp"), tp=config.tp, mesh=mesh, owns_group=owns_group
+        world=world,
+        rank=rank,
+        dp=dp,
+        dp_rank=mesh["dp"].get_local_rank(),
+        tp=config.tp,
+        ep=config.ep,
+        mesh=mesh,
+        owns_group=owns_group,
     )
