@@ -15,6 +15,7 @@ from modkit import Component
 from modkit.parallel import ParallelError
 from modkit.parallel.expert import expert_plan
 from modkit.parallel.mesh import check_ep
+from modkit.parallel.planner import Layout, Planner
 
 from modkit_plugins.moe import MoE, MoEConfig
 from tests.conftest import SPECS, registry_with
@@ -101,18 +102,39 @@ def test_ep_training_equals_one_process_step_by_step(tmp_path, nproc):
             assert got["local_experts"] == 8 // nproc  # 8 experts over ep = 2, then over FSDP 2 at 4 ranks
             assert abs(got["first_last_loss"][1] - got["first_last_loss"][0]) > 1e-3  # the steps moved the weights
     _show(f"expert parallel on {nproc} ranks (rank 0)", ranks[0])
+    _planner_bytes_equal_the_run(ranks[0], nproc)
     if nproc == 2:
         _resume_at_one_process(tmp_path / "ckpt")
+
+
+def _script():
+    """The dist script as a module (its spec, batches and training loop)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import expert_parallel
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return expert_parallel
+
+
+def _planner_bytes_equal_the_run(rank0: dict, nproc: int) -> None:
+    """``modkit plan``'s parameter, gradient and AdamW bytes of rank 0 equal what rank 0 of the real run holds:
+    EP 2 (x FSDP 2 at 4 ranks) and FSDP2 alone over every rank (float32: 4 bytes an element)."""
+    script = _script()
+    planner = Planner(script.spec(), batch=script.BATCH, seq_len=script.SEQ)
+    for layout, got in (
+        (Layout(dp=nproc, ep=2), rank0["shipped"]["allocated"]),
+        (Layout(dp=nproc), rank0["fsdp_allocated"]),
+    ):
+        plan = {k: 4 * v for k, v in planner.rank_elements(layout).items()}
+        assert plan == {k: 4 * v for k, v in got.items()}, (layout, plan, got)
 
 
 def _resume_at_one_process(ckpt) -> None:
     """The EP 2 run's DCP checkpoint (model and AdamW state) loads at one process: its weights equal the reference's
     after 20 steps and the next step's loss equals the reference's next loss."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from expert_parallel import STEPS, batches, train
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    script = _script()
+    STEPS, batches, train = script.STEPS, script.batches, script.train
     from modkit import parallel as mp
 
     ref = json.loads((ckpt / "reference.json").read_text())
