@@ -437,4 +437,5 @@ def launch_command(layout: Layout, spec_path: str, cluster: Cluster) -> str:
     )
     missing = [f"{k} {getattr(layout, k)}" for k in ("pp", "cp") if getattr(layout, k) > 1]
     missing += ["activation checkpointing"] * layout.checkpointing + ["ZeRO-1"] * (layout.zero == 1)
+    missing += ["ep with tp (expert-tensor parallelism)"] * (layout.ep > 1 and layout.tp > 1)
     return cmd.strip() + (f"   # needs {', '.join(missing)}: not yet a modkit train flag" if missing else "")
