@@ -23,7 +23,7 @@ def z_loss(logits: Tensor, token_mask: Optional[Tensor] = None) -> Tensor:
 
     Returns:
         Scalar float32. Logits ``[[0, 0], [2, 2]]`` give 3.866747 (the mean of the squares, not the square of the
-        mean); ``[[100, 0]]`` gives 10000, finite, because ``torch.logsumexp`` is used.
+            mean); ``[[100, 0]]`` gives 10000, finite, because ``torch.logsumexp`` is used.
     """
     lse = torch.logsumexp(logits.float(), dim=-1)
     if token_mask is None:
