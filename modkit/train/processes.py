@@ -25,6 +25,8 @@ class Processes:
     tp: int = 1
     #: context-parallel degree (ranks sharing one sequence)
     cp: int = 1
+    #: expert-parallel degree (data-parallel ranks whose experts are split among them)
+    ep: int = 1
     mesh: Any = None
     #: True when this run joined the process group itself (launched by torchrun, no group before it)
     owns_group: bool = False
@@ -85,18 +87,23 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
 
     Raises:
         TrainError: ``tp · cp`` does not divide the world size, or ``batch_size`` is not divisible by the
-            data-parallel degree, or ``seq_len`` by ``cp``, or ``tp`` or ``cp`` > 1 on one process.
+            data-parallel degree, or ``seq_len`` by ``cp``, or ``tp``, ``cp`` or ``ep`` > 1 on one process, or ``ep``
+            does not divide the data-parallel degree or comes with ``tp`` or ``cp`` > 1.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     inner = config.tp * config.cp
     if world <= 1:
-        if inner > 1:
-            named = " x ".join(f"{k} = {v}" for k, v in (("tp", config.tp), ("cp", config.cp)) if v > 1)
-            raise TrainError(f"{named} needs {inner} processes or more: launch with torchrun --nproc-per-node N")
+        if inner > 1 or config.ep > 1:
+            named = " x ".join(
+                f"{k} = {v}" for k, v in (("tp", config.tp), ("cp", config.cp), ("ep", config.ep)) if v > 1
+            )
+            n = max(inner, config.ep)
+            raise TrainError(f"{named} needs {n} processes or more: launch with torchrun --nproc-per-node N")
         return Processes()
     import torch.distributed as dist
 
-    from ..parallel import make_mesh
+    from ..parallel import ParallelError, make_mesh
+    from ..parallel.mesh import check_ep
 
     owns_group = not dist.is_initialized()
     if owns_group:
@@ -111,8 +118,19 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
         raise TrainError(f"batch_size = {config.batch_size} is not divisible by the {dp} data-parallel processes")
     if config.seq_len % config.cp:
         raise TrainError(f"seq_len = {config.seq_len} is not divisible by cp = {config.cp} (one slice per rank)")
-    mesh = make_mesh(tp=config.tp, dp=dp, cp=config.cp, device_type=device.type)
-    dp_rank = mesh.get_local_rank("dp")
+    try:
+        check_ep(config.ep, dp, config.tp, cp=config.cp)
+    except ParallelError as exc:
+        raise TrainError(f"ep: {exc}") from None
+    mesh = make_mesh(tp=config.tp, dp=dp, ep=config.ep, cp=config.cp, device_type=device.type)
     return Processes(
-        world=world, rank=rank, dp=dp, dp_rank=dp_rank, tp=config.tp, cp=config.cp, mesh=mesh, owns_group=owns_group
+        world=world,
+        rank=rank,
+        dp=dp,
+        dp_rank=mesh["dp"].get_local_rank(),
+        tp=config.tp,
+        cp=config.cp,
+        ep=config.ep,
+        mesh=mesh,
+        owns_group=owns_group,
     )
