@@ -37,6 +37,11 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   exactly one group, each group keeping its ``lr_mult`` (μP's factor) and ``weight_decay``. Optional capabilities:
   ``mup`` (``"adam"`` or ``"sgd"``: which μP learning-rate rule it follows), ``sharded`` (correct on FSDP2 /
   tensor-parallel shards).
+* ``tracker``: not part of a model; the training config's ``trackers`` list names them. ``factory(config, setup:
+  modkit.train.trackers.TrackerSetup)`` returns a :class:`modkit.train.trackers.Tracker`, which gets the config and
+  spec, every record of ``metrics.jsonl`` and the final checkpoints, on rank 0 only; a factory that raises is an
+  error before training. Optional capabilities: ``flag_value`` (the field ``--tracker TYPE:VALUE`` sets), ``extra``
+  (the package extra named when the factory raises ``ImportError``).
 
 An attention builds its mask, dead-row guard and cache update from :mod:`modkit.nn.attention`.
 
