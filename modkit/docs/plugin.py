@@ -14,6 +14,8 @@ On each build it
 * rewrites Markdown links that leave the docs folder (:func:`modkit.docs.site.rewrite_outside_links`);
 * fills the generated table of contract checks into a page that marks its place (the plugin guide:
   :func:`modkit.docs.checks.fill_check_table`, from the checks the installed kit registers);
+* ranks the search's results: guides and the home page above component pages, those above the API reference
+  (:data:`SEARCH_BOOST`, the page's ``search.boost`` that material's search multiplies a match's score by);
 * writes ``search/search_index.js`` beside the theme's ``search_index.json`` (the same index as a script
   defining ``__index``), which material's search loads instead when the page comes from ``file://``, where a
   page may not fetch a file (what material's own ``offline`` plugin does, without its polyfill from a CDN: the
@@ -33,6 +35,22 @@ from mkdocs.structure.files import File, Files
 #: The packaged site: ``mkdocs.yml`` and its ``pages/``.
 WEB = Path(__file__).resolve().parent / "web"
 PAGES = WEB / "pages"
+
+
+#: ``(page path prefix, search boost)``, first match wins: a guide's match outranks the same match in the API reference
+SEARCH_BOOST: tuple[tuple[str, float], ...] = (
+    ("guides/", 4.0),
+    ("index.md", 3.0),
+    ("concepts.md", 3.0),
+    ("experiments/results/", 0.5),
+    ("experiments/", 1.5),
+    ("reference/api/", 0.3),
+)
+
+
+def search_boost(src_uri: str) -> float:
+    """The search boost of the page at ``src_uri`` (:data:`SEARCH_BOOST`; 1 for every other page)."""
+    return next((boost for prefix, boost in SEARCH_BOOST if src_uri.startswith(prefix)), 1.0)
 
 
 def spec_folder(config_file: Path, cwd: Optional[Path] = None) -> Optional[Path]:
@@ -90,12 +108,15 @@ class ModkitPlugin(BasePlugin[ModkitPluginConfig]):
         return files
 
     def on_page_markdown(self, markdown: str, *, page, config, files) -> str:
-        """Fill the generated contract-check table where a page marks it; rewrite links that leave the docs folder
-        (to ``repo_url`` when configured, else to the path in code)."""
+        """Fill the generated contract-check table where a page marks it; set the page's search boost (unless its
+        front matter sets one); rewrite links that leave the docs folder (to ``repo_url`` when configured, else to
+        the path in code)."""
         from .checks import fill_check_table
         from .site import rewrite_outside_links
 
         markdown = fill_check_table(markdown)
+        search = page.meta.setdefault("search", {}) if isinstance(page.meta.get("search", {}), dict) else {}
+        search.setdefault("boost", search_boost(page.file.src_uri))
         docs_dir = Path(config["docs_dir"])
         root = Path(config["config_file_path"]).resolve().parent
         return rewrite_outside_links(markdown, page.file.src_uri, docs_dir, root, config.get("repo_url"))

@@ -25,8 +25,8 @@ def hf_types_for(spec: ModelSpec, registry: Registry) -> tuple[list[str], dict[s
     """The registered model types with weights that express ``spec``, and why each other one does not.
 
     Returns:
-        ``(fitting types, {model type: the differing fields (paths such as ``layers[1].ffn``)})``, both sorted by
-        model type. A type whose reverse conversion cannot run on the spec at all gets ``["<whole spec>"]``.
+        ``(fitting types, {model type: differing fields})``, sorted by model type: the fields are paths such
+            as ``layers[1].ffn``, or ``["<whole spec>"]`` for a type that cannot describe the spec at all.
     """
     fits: list[str] = []
     misses: dict[str, list[str]] = {}
