@@ -33,6 +33,8 @@ What is here, by use:
   :class:`UnknownConfigKeyWarning`;
 * **sampling processors and optimizers**: :class:`LogitsProcessor`, :class:`StopCondition`,
   :class:`GenerationState`; :class:`OptimizerSetup`, :class:`OptimizerChain`;
+* **experiment trackers** (:mod:`modkit.train.trackers`): :class:`Tracker`, :class:`TrackerSetup`,
+  :class:`TrackerError`, :func:`missing_package`, :func:`scalars`, :func:`flat_params`;
 * **model-type converters** (Hugging Face): :class:`Link`, :func:`strict_conversion`, :func:`load_spec`,
   :func:`get_registry`.
 
@@ -127,6 +129,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from modkit.parallel import shared_by_heads
     from modkit.spec import load_spec, position_geometry
     from modkit.train.optim import OptimizerChain, OptimizerSetup
+    from modkit.train.trackers import Tracker, TrackerError, TrackerSetup, flat_params, missing_package, scalars
 
 #: exported name -> the module defining it (the same names as the imports above; tests/core/test_package_imports.py
 #: checks that they agree)
@@ -224,6 +227,10 @@ _EXPORTS = {
     "shared_by_heads": "modkit.parallel",
     **dict.fromkeys(("load_spec", "position_geometry"), "modkit.spec"),
     **dict.fromkeys(("OptimizerChain", "OptimizerSetup"), "modkit.train.optim"),
+    **dict.fromkeys(
+        ("Tracker", "TrackerError", "TrackerSetup", "flat_params", "missing_package", "scalars"),
+        "modkit.train.trackers",
+    ),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -90,7 +90,7 @@ def _add_ladder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ladder",
         action="store_true",
-        help="fit validation loss against training FLOPs per spec (needs 2+ sizes; 3+ to fit)",
+        help="fit validation loss against training FLOPs per spec (needs 3+ fitted sizes, checked before training)",
     )
     p.add_argument(
         "--tokens-per-param",
@@ -142,8 +142,9 @@ def _add_report_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _fields(p: argparse.ArgumentParser) -> None:
-    from ..train.cli import _add_field_flags
+    from ..train.cli import _add_field_flags, add_tracker_flag
 
+    add_tracker_flag(p)
     _add_field_flags(p, skip=("model",))
 
 
@@ -171,6 +172,8 @@ def command_line(args: argparse.Namespace, out: str) -> str:
         argv += ["--lr-grid", args.lr_grid]
     for name, text in _field_flags(args):
         argv += ["--" + name.replace("_", "-"), text]
+    for item in getattr(args, "tracker", None) or []:
+        argv += ["--tracker", item]
     for attr, flag in _AFTER_FIELDS:
         value = getattr(args, attr, None)
         if attr == "override":
@@ -218,7 +221,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _merge(args, out)
     _check_inputs(args)
     lists = _parsed_lists(args)
-    overrides = _field_overrides(args)
+    from ..train.cli import tracker_overrides
+
+    overrides = tracker_overrides(args, _field_overrides(args))
     spec_overrides = _spec_overrides(args.override, "labels are the spec file names or LABEL of LABEL=FILE")
     holdout = (args.holdout_width, args.holdout_depth) if (args.holdout_width or args.holdout_depth) else None
     try:

@@ -108,6 +108,7 @@ def component_docs(registry) -> list[ComponentDoc]:
     """Validate every example and compute what the component pages show."""
     from modkit.inference.sampling import KINDS as SAMPLING_KINDS
     from ..train.optim import KIND as OPTIMIZER_KIND
+    from ..train.trackers import KIND as TRACKER_KIND
 
     examples = validate_examples(registry)
     norm = _default_norm(registry)
@@ -116,7 +117,7 @@ def component_docs(registry) -> list[ComponentDoc]:
         example, cfg = examples[entry.key]
         params = param_info(entry, cfg, registry)
         diagram = _placement_diagram(entry, cfg, registry) if entry.kind == "placement" else None
-        outside = entry.kind in SAMPLING_KINDS or entry.kind == OPTIMIZER_KIND  # not part of a model
+        outside = entry.kind in (*SAMPLING_KINDS, OPTIMIZER_KIND, TRACKER_KIND)  # not part of a model
         figures = None if outside else component_figures(entry, cfg, registry, norm)
         docs.append(ComponentDoc(entry, example, cfg.model_dump(mode="json"), params, diagram, figures))
     return docs
@@ -142,6 +143,11 @@ def _params_section(doc: ComponentDoc) -> str:
         return (
             "None: an optimizer updates a model's parameters during training, grouped by the roles their "
             "components declare (`modkit.core.roles`); a training config names it in its `optimizer` field."
+        )
+    if info.how == "tracker":
+        return (
+            "None: a tracker logs a training run ([`modkit.train.trackers`]({to:reference/api/modkit.train.trackers.md})); "
+            "a training config lists it in its `trackers` field (`modkit train --tracker TYPE[:VALUE]`)."
         )
     if info.count is None:
         return f"Could not be built on its own to count parameters ({_cell(info.error) or 'no host component'})."

@@ -141,6 +141,10 @@ def param_info(entry, config, registry) -> ParamInfo:
 
     if entry.kind == OPTIMIZER_KIND:
         return ParamInfo(count=0, how="optimizer")
+    from ..train.trackers import KIND as TRACKER_KIND
+
+    if entry.kind == TRACKER_KIND:
+        return ParamInfo(count=0, how="tracker")
     norm_config = _default_norm(registry)
     info = ParamInfo()
     counts: dict[int, int] = {}

@@ -152,6 +152,10 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
 
     if entry.kind == OPTIMIZER_KIND:  # not part of a model: a training config names it
         return _optimizer_usage(example, base)
+    from ..train.trackers import KIND as TRACKER_KIND
+
+    if entry.kind == TRACKER_KIND:  # not part of a model: a training config lists it
+        return _tracker_usage(example)
     route = spec_route(entry.kind, registry)
     if route is None:
         return None
@@ -194,6 +198,19 @@ def _sampling_usage(entry, example: Mapping[str, Any], base) -> str:
             f"model = modkit.build({base.source!r}, seed=0).eval()",
             f"out = generate(model, [[1, 2, 3]], max_new_tokens=8, seed=0, sampling=[{_py(dict(example))}]{decode}",
             "print(out.shape)  # [1, 3 + new tokens]",
+        ]
+    )
+
+
+def _tracker_usage(example: Mapping[str, Any]) -> str:
+    """A snippet that lists the example tracker in a training config (validated against the registry); training
+    with it is ``modkit.train.train(config, run_dir)``."""
+    return "\n".join(
+        [
+            "from modkit.train import load_train_config",
+            "",
+            f'config, _ = load_train_config({{"max_steps": 50, "trackers": [{_py(dict(example))}]}})',
+            "print(config.trackers)  # every field written out; modkit.train.train(config, run_dir) logs to it",
         ]
     )
 

@@ -1,5 +1,6 @@
 """Comparing designs with computed uncertainty: :mod:`~modkit.experiments.compare` (several specs under one recipe,
-one report), :mod:`~modkit.experiments.ladder` (loss against compute fits), :mod:`~modkit.experiments.stats`
+one report), :mod:`~modkit.experiments.ladder` (loss against compute fits) and
+:mod:`~modkit.experiments.ladder_intervals` (their intervals, with measured coverage), :mod:`~modkit.experiments.stats`
 (intervals and tests), :mod:`~modkit.experiments.scaling` (a design at other widths and depths),
 :mod:`~modkit.experiments.coordcheck` (the coordinate check of a parametrization)."""
 

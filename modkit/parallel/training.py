@@ -92,7 +92,7 @@ def mean_across_ranks(value: Union[Tensor, float]) -> Tensor:
 
     Returns:
         A float32 tensor (on ``value``'s device; CPU for a Python number), detached: a scalar for a one-element
-        input, else of the input's shape.
+            input, else of the input's shape.
     """
     import torch.distributed as dist
 

@@ -98,11 +98,14 @@ class CheckpointMixin:
         os.replace(tmp, self.run / "config.json")
 
     def _metric(self, record: dict) -> None:
-        """Append ``record`` to the history and (rank 0) as one line to ``metrics.jsonl``."""
+        """Append ``record`` to the history and (rank 0) as one line to ``metrics.jsonl`` and to the trackers."""
         self.history.append(record)
         if self.procs.main:
             with open(self.run / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
+            trackers = getattr(self, "trackers", None)
+            if trackers:  # the experiment trackers (modkit.train.trackers), rank 0 only
+                trackers.log_metrics(record)
 
     # ------------------------------------------------------------------ checkpoints
     def _save_model_folder(self, folder: Path) -> None:

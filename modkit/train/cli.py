@@ -31,10 +31,40 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--out", "-o", metavar="RUN", help="run folder (default runs/<model name>, numbered when taken)")
     p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (status lines only)")
+    add_tracker_flag(p)
     # one flag per config field: read from the pydantic model, so modkit's parser adds them when `train` is parsed
     defer = getattr(p, "defer", None)
     defer(_add_field_flags) if defer is not None else _add_field_flags(p)
     p.set_defaults(func=cmd_train)
+
+
+def add_tracker_flag(p: argparse.ArgumentParser) -> None:
+    """``--tracker TYPE[:VALUE]`` (repeatable): the trackers list (:mod:`modkit.train.trackers`)."""
+    p.add_argument(
+        "--tracker",
+        action="append",
+        metavar="TYPE[:VALUE]",
+        help="log the run to an experiment tracker besides metrics.jsonl (repeatable; replaces the config's trackers): "
+        "tensorboard, wandb[:offline], mlflow[:TRACKING_URI], jsonl[:PATH] or a plugin's ('modkit list tracker')",
+    )
+
+
+def tracker_overrides(args: argparse.Namespace, overrides: dict) -> dict:
+    """``overrides`` with ``trackers`` set from the ``--tracker`` flags, when any.
+
+    Raises:
+        UserError: both ``--tracker`` and ``--trackers``. TrackerError: an unknown tracker type, or a value for a
+            tracker that takes none.
+    """
+    from .trackers import parse_tracker_flag
+
+    if not getattr(args, "tracker", None):
+        return overrides
+    if "trackers" in overrides:
+        from ..cli import UserError
+
+        raise UserError("give the trackers either as --tracker TYPE[:VALUE] flags or as --trackers JSON, not both")
+    return {**overrides, "trackers": [parse_tracker_flag(t) for t in args.tracker]}
 
 
 def _add_field_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -68,6 +98,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         for name in TrainConfig.model_fields
         if (value := getattr(args, f"field_{name}", None)) is not None
     }
+    overrides = tracker_overrides(args, overrides)
     if args.resume and args.config:
         from ..cli import UserError
 

@@ -172,6 +172,18 @@ class TrainConfig(BaseModel):
         2, ge=1, le=1 << 20, description="resumable step checkpoints kept (the best one is kept besides)"
     )
     log_interval: int = Field(10, ge=1, le=1 << 40, description="write a metrics line every this many steps")
+    trackers: list[Union[str, dict[str, Any]]] = Field(
+        default_factory=list,
+        description="experiment trackers logging the run besides its metrics.jsonl (always written), registered "
+        'tracker components: ["tensorboard", {"type": "mlflow", "tracking_uri": "http://127.0.0.1:5000"}, {"type": '
+        '"wandb", "mode": "offline"}] (\'modkit list tracker\'; flag: --tracker TYPE[:VALUE], repeatable)',
+    )
+    tracker_group: Optional[str] = Field(
+        None,
+        max_length=256,
+        description="the group the run is logged in by its trackers (a W&B group, an MLflow parent run); "
+        "modkit compare sets it to the comparison's name",
+    )
 
     seed: int = Field(1337, ge=0, lt=1 << 63, description="seed of the weight init, the sampler and dropout")
     compile: bool = Field(False, description="torch.compile the model")
@@ -204,6 +216,17 @@ class TrainConfig(BaseModel):
 
         try:
             return load_optimizer_config(value).model_dump(mode="json")
+        except SpecError as exc:
+            raise ValueError("; ".join(f"{p}: {m}" if p else m for p, m in exc.errors)) from None
+
+    @field_validator("trackers")
+    @classmethod
+    def _trackers(cls, value: list) -> list[dict[str, Any]]:
+        """Validate against the registered trackers; the stored dicts have every default written out."""
+        from .trackers import load_tracker_configs
+
+        try:
+            return [c.model_dump(mode="json") for c in load_tracker_configs(value)]
         except SpecError as exc:
             raise ValueError("; ".join(f"{p}: {m}" if p else m for p, m in exc.errors)) from None
 

@@ -133,6 +133,46 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             self._say(f"weights from {source}")
         return model
 
+    def _open_trackers(self) -> None:
+        """Start the config's trackers on rank 0 (:mod:`modkit.train.trackers`), giving them the config and spec.
+
+        Raises:
+            TrackerError: on every rank, when one cannot start on rank 0 (its message).
+        """
+        from .trackers import TrackerError, Trackers, TrackerSetup, open_trackers
+
+        c = self.config
+        self.trackers = Trackers()
+        if not c.trackers:
+            return
+        failure = None
+        if self.procs.main:
+            setup = TrackerSetup(
+                run_dir=self.run.resolve(),
+                name=self.run.name,
+                group=c.tracker_group,
+                config=c.model_dump(mode="json"),
+                spec=self.spec.to_dict(),
+                start_step=self.step,
+            )
+            try:
+                self.trackers = open_trackers(c.trackers, setup, echo=self._say)
+            except TrackerError as exc:
+                failure = str(exc)
+        failure = self.procs.broadcast(failure)
+        if failure:
+            raise TrackerError(failure)
+
+    def close_trackers(self, ok: bool) -> None:
+        """Give the trackers the final checkpoints (when ``ok``) and finish them."""
+        trackers = getattr(self, "trackers", None)
+        if not trackers:
+            return
+        if ok:
+            paths = {name: str((self.run / name).resolve()) for name in ("last", "best") if (self.run / name).exists()}
+            trackers.log_checkpoints(paths)
+        trackers.finish(ok)
+
     # ------------------------------------------------------------------ main
     def setup(self) -> None:
         """Processes, device, data, spec, model, optimizer, sampler; resume state when asked.
@@ -157,7 +197,9 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         if c.document_mask:
             check_document_mask(self.spec, self.data)
         self.history: list[dict] = []
-        if not self.resume:
+        self.step = 0
+        if not self.resume:  # a tracker that cannot start stops the run before its folder is written
+            self._open_trackers()
             self._start_run_folder(self.spec)
         elif not (self.run / "config.json").is_file():
             raise TrainError(f"--resume {self.run}: not a run folder (no config.json)")
@@ -185,6 +227,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.skipped_steps, self.consecutive_skips = 0, 0
         if self.resume:
             self._restore()
+            self._open_trackers()
         self.forward = torch.compile(self.model) if c.compile else self.model
         try:
             self.flops_per_token: Optional[int] = flops_per_token(self.spec, c.seq_len)
@@ -372,8 +415,13 @@ def train(
         if run_dir is None:
             run_dir = _fresh_run_dir(cfg)
     trainer = Trainer(cfg, run_dir, base_dir=base, resume=resume, progress=progress, echo=echo)
-    trainer.setup()
-    result = trainer.fit()
+    try:
+        trainer.setup()
+        result = trainer.fit()
+    except BaseException:
+        trainer.close_trackers(ok=False)
+        raise
+    trainer.close_trackers(ok=True)
     trainer.procs.close()  # under torchrun: the group this run joined, left once every rank has finished
     return result
 

@@ -575,6 +575,10 @@ def test_component_python_snippets_run(pages, registry, monkeypatch, capsys):
             out = namespace["out"]
             assert out.shape[0] == 1 and 3 < out.shape[1] <= 3 + 8, f"{entry.type}: {tuple(out.shape)}"
             continue
+        if entry.kind == "tracker":  # not part of a model: the snippet validates a training config listing it
+            assert [t["type"] for t in namespace["config"].trackers] == [entry.type]
+            capsys.readouterr()
+            continue
         model = namespace["model"]
         if entry.kind == "optimizer":  # not part of a model: the snippet builds it over the model's parameters
             held = [p for g in namespace["optimizer"].param_groups for p in g["params"]]

@@ -598,7 +598,8 @@ def test_reports_merge_into_one_table_with_recomputed_verdicts(setup, grid, tmp_
         (dict(spec_overrides={"rope": {"lr_typo": 1}}), "not a training-config field"),
         (dict(spec_overrides={"rope": {"lr": 1e-3}}, lr_grid=[1e-3]), "sweep it or set it"),
         (dict(lr_grid=[1e-3], lr_sweep=[1e-3]), "not both"),
-        (dict(ladder=True), "two or more sizes"),
+        (dict(ladder=True), "three or more sizes"),
+        (dict(ladder=True, widths=[16, 24]), "three or more fitted sizes per design, got 2"),
         (dict(tokens=[10]), "needs sizes"),
     ],
 )

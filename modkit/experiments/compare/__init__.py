@@ -64,7 +64,7 @@ from .plan import RESERVED_FIELDS, ComparePlan, CompareRequest, check_request, m
 from .plan import _holdout_tokens, _label_specs, _sizes, _Variant  # noqa: F401
 from .plots import plot_buckets, plot_curves, plot_lr, plot_train_curves
 from .plots import _pyplot  # noqa: F401
-from .report import verdicts_of, write_files, write_report
+from .report import verdicts_of, write_files, write_partial, write_report
 from .report import _imbalance_section, _load_note, _recipe, _row_from_json, _row_json, _validation_scope  # noqa: F401
 from .results import CompareError, Comparison, RunSummary, SpecRow, Verdict, fmt_pm, mean_std
 from .results import _finite  # noqa: F401
@@ -102,5 +102,6 @@ __all__ = [
     "train_runs",
     "verdicts_of",
     "write_files",
+    "write_partial",
     "write_report",
 ]

@@ -288,8 +288,17 @@ def _check_spec_overrides(request: CompareRequest, labels: Sequence[str]) -> Non
 def _check_sizes(request: CompareRequest, sizes: Sequence[tuple]) -> None:
     """A ladder, token budgets per size and a held-out size all need sizes; budgets one per size."""
     tokens_per_param, tokens = request.tokens_per_param, request.tokens
-    if request.ladder and len(sizes) < 2:
-        raise CompareError("a ladder needs two or more sizes: give widths and/or depths")
+    if request.ladder and not sizes:
+        raise CompareError("a ladder needs three or more sizes: give widths and/or depths")
+    fitted = len(sizes) * max(1, len(tokens_per_param or []))
+    if request.ladder and fitted < 3:
+        raise CompareError(
+            f"a ladder fit needs three or more fitted sizes per design, got {fitted} "
+            f"(widths {list(request.widths or []) or 'the spec'}, depths {list(request.depths or []) or 'the spec'}"
+            + (f", {len(tokens_per_param)} token budgets" if tokens_per_param else "")
+            + "): give another width or depth (a held-out size is not fitted), so that the comparison does not "
+            "train runs it cannot fit"
+        )
     if (tokens_per_param or tokens) and not sizes:
         raise CompareError("a token budget per size needs sizes: give widths and/or depths")
     if tokens_per_param and tokens:
@@ -306,7 +315,7 @@ def check_request(request: CompareRequest) -> list[tuple[str, Path]]:
     Raises:
         CompareError: no specs, ``seeds < 1``, ``jobs < 1``, ``n_buckets < 1``, an empty sweep or grid, both a sweep
             and a grid, a missing spec file or a repeated or malformed label, a per-spec override of an unknown label,
-            a reserved or unknown field or ``lr`` with a sweep or grid, a ladder with fewer than two sizes, token
+            a reserved or unknown field or ``lr`` with a sweep or grid, a ladder with fewer than three fitted sizes, token
             budgets or a held-out size without sizes, both budgets, or a number of budgets other than of sizes.
     """
     _check_counts(request)
@@ -441,19 +450,35 @@ def _resolve_variants(plan: ComparePlan, vocab_size: int) -> None:
         plan.config_of(v)  # the budget fits the config's rules
 
 
-def _check_ladder_flops(plan: ComparePlan) -> None:
-    """Every variant of a ladder has training FLOPs (:mod:`modkit.analysis.cost`).
+def _check_ladder(plan: ComparePlan) -> None:
+    """Every variant of a ladder has training FLOPs (:mod:`modkit.analysis.cost`), and each design's held-out size
+    is above its fitted sizes in parameters and in training compute (the fit predicts it by extrapolation).
 
     Raises:
-        CompareError: a variant whose FLOPs modkit cost cannot count.
+        CompareError: a variant whose FLOPs modkit cost cannot count; a held-out size at or below a fitted one.
     """
+    import modkit
     from modkit.analysis.cost import CostError, training_flops_per_token
 
+    compute: dict[str, tuple[int, float]] = {}
     for v in plan.variants:
+        cfg = plan.config_of(v)
         try:
-            training_flops_per_token(v.spec, plan.config_of(v).seq_len)
+            per_token = training_flops_per_token(v.spec, cfg.seq_len)
         except CostError as exc:
             raise CompareError(f"a ladder needs FLOPs from modkit cost; {v.label}: {exc}") from None
+        compute[v.label] = (modkit.count_params(v.spec), per_token * cfg.total_steps * cfg.tokens_per_step)
+    for held in (v for v in plan.variants if v.holdout):
+        fitted = [v for v in plan.variants if v.design == held.design and not v.holdout]
+        top = max(fitted, key=lambda v: compute[v.label][1])
+        (n_h, c_h), (n_top, c_top) = compute[held.label], compute[top.label]
+        if n_h <= max(compute[v.label][0] for v in fitted) or c_h <= c_top:
+            raise CompareError(
+                f"design {held.design}: the held-out size d_model {held.size[0]}, n_layers {held.size[1]} "
+                f"({n_h:,} parameters, {c_h:.3g} training FLOPs) is not above the fitted sizes (largest: "
+                f"d_model {top.size[0]}, n_layers {top.size[1]}, {n_top:,} parameters, {c_top:.3g} FLOPs); "
+                "a held-out check extrapolates: give a held-out width or depth above the ladder's"
+            )
 
 
 def make_plan(request: CompareRequest, started: float) -> ComparePlan:
@@ -461,7 +486,7 @@ def make_plan(request: CompareRequest, started: float) -> ComparePlan:
 
     Raises:
         CompareError: what :func:`check_request` raises; a report folder that already holds a comparison or runs; a
-            size a design cannot take; a ladder variant without FLOPs.
+            size a design cannot take; a ladder variant without FLOPs; a held-out size not above the fitted ones.
         SpecError / TrainError / DataError: an invalid config or spec, a spec (or a size of it) that does not fit the
             config or data, missing data.
     """
@@ -484,5 +509,5 @@ def make_plan(request: CompareRequest, started: float) -> ComparePlan:
             plan.variants.append(_Variant(label, label, path, (0, 0), False, own))
     _resolve_variants(plan, TokenData.open(data_folder, verify=False).vocab_size)
     if request.ladder:
-        _check_ladder_flops(plan)
+        _check_ladder(plan)
     return plan

@@ -143,7 +143,8 @@ class Comparison:
     validation loss at twice the training length (chosen rates only); ``ladder`` the fits
     (:class:`modkit.experiments.ladder.Ladder`) of a ladder. ``command`` is the command line that ran the comparison
     (``None`` from Python); ``wall_s`` the wall time of the whole comparison in seconds; ``n_runs`` the training runs
-    it made; ``jobs`` how many ran at once; ``throughput`` the interleaved tokens/s per variant when measured.
+    it made; ``jobs`` how many ran at once; ``throughput`` the interleaved tokens/s per variant when measured;
+    ``ladder_error`` why a ladder's fit failed (the report says so in place of the fit).
     """
 
     rows: list[SpecRow]
@@ -165,6 +166,7 @@ class Comparison:
     mode: str = "single"
     sources: list[str] = field(default_factory=list)
     all_runs: list[RunSummary] = field(default_factory=list)
+    ladder_error: Optional[str] = None
 
     @property
     def differences(self) -> list[Verdict]:

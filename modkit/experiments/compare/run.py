@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .plan import CompareRequest, ComparePlan, _Variant, make_plan
-from .results import Comparison, RunSummary, _finite
+from .results import CompareError, Comparison, RunSummary, _finite
 
 #: one training run of a plan: (variant, learning rate or ``None`` for the config's, seed index)
 RunKey = tuple[_Variant, Optional[float], int]
@@ -90,13 +90,18 @@ def _train_run(config: Any, run_dir: Path, overrides: dict[str, Any]) -> SimpleN
     )
 
 
-def _execute(plan: ComparePlan, pool: Optional[Executor], runs: list[RunKey]) -> list[RunSummary]:
+def _execute(
+    plan: ComparePlan, pool: Optional[Executor], runs: list[RunKey], group: Optional[str] = None
+) -> list[RunSummary]:
     """Train ``runs`` (in ``pool``'s worker processes, or here when ``pool`` is ``None``); their summaries in the
-    order of ``runs``. A run that fails stops the queue (runs already training finish) and its error is raised."""
+    order of ``runs``; ``group``: the trackers' group of the comparison (``tracker_group``). A run that fails stops
+    the queue (runs already training finish) and its error is raised."""
     request = plan.request
     calls = []
     for v, lr, i in runs:
         changes = plan.run_changes(v, lr, i)
+        if group is not None:
+            changes["tracker_group"] = group
         run_dir = plan.out / "runs" / f"{v.label}-lr{changes['lr']:g}-seed{changes['seed']}"
         request.echo(f"{v.label}: lr {changes['lr']:g}, seed {changes['seed']} -> {run_dir}")
         calls.append((request.config, run_dir, changes))
@@ -124,8 +129,11 @@ def _execute(plan: ComparePlan, pool: Optional[Executor], runs: list[RunKey]) ->
     return summaries
 
 
-def train_runs(plan: ComparePlan) -> tuple[dict[str, dict[float, list[RunSummary]]], list[RunSummary]]:
-    """Train every run of ``plan``: ``({variant label: {lr: runs}}, every run in the order trained)``.
+def train_runs(
+    plan: ComparePlan, group: Optional[str] = None
+) -> tuple[dict[str, dict[float, list[RunSummary]]], list[RunSummary]]:
+    """Train every run of ``plan``: ``({variant label: {lr: runs}}, every run in the order trained)``; ``group``:
+    the name the runs' trackers log them under (``tracker_group``), ``None`` to keep the config's.
 
     A grid trains every seed of every variant at every rate; a sweep the first seed at every rate, then the other
     seeds at the rate whose first seed scored the lowest validation loss (the sweep's run is reused); otherwise every
@@ -146,7 +154,7 @@ def train_runs(plan: ComparePlan) -> tuple[dict[str, dict[float, list[RunSummary
             runs = [(v, lr, 0) for v in variants for lr in request.lrs]
         else:
             runs = [(v, None, i) for v in variants for i in range(request.seeds)]
-        done = _execute(plan, pool, runs)
+        done = _execute(plan, pool, runs, group)
         for r in done:
             by_variant[r.spec].setdefault(r.lr, []).append(r)
         if request.mode == "sweep":
@@ -154,7 +162,9 @@ def train_runs(plan: ComparePlan) -> tuple[dict[str, dict[float, list[RunSummary
                 label: min(per_lr, key=lambda lr: _finite(per_lr[lr][0].val_loss))
                 for label, per_lr in by_variant.items()
             }
-            rest = _execute(plan, pool, [(v, best[v.label], i) for v in variants for i in range(1, request.seeds)])
+            rest = _execute(
+                plan, pool, [(v, best[v.label], i) for v in variants for i in range(1, request.seeds)], group
+            )
             for r in rest:
                 by_variant[r.spec][r.lr].append(r)
             done = done + rest
@@ -185,7 +195,7 @@ def measure_throughput(
     scratch = Path(tempfile.mkdtemp(prefix="modkit-throughput-"))
     try:
         for k, v in enumerate(variants):
-            changes = {**v.changes, "model": str(v.path), "data": data_folder, "sample_tokens": 0}
+            changes = {**v.changes, "model": str(v.path), "data": data_folder, "sample_tokens": 0, "trackers": []}
             cfg, base = load_train_config(config, changes)
             t = Trainer(cfg, scratch / f"run{k}", base_dir=base, progress=False, echo=lambda line: None)
             t.setup()
@@ -253,20 +263,76 @@ def compare(
 
     Raises:
         CompareError: no specs, ``seeds < 1``, ``jobs < 1``, an empty or invalid sweep or grid, both a sweep and a
-            grid, a missing spec file, a per-spec override of an unknown label or a reserved field, a ladder without
-            sizes, a report folder that already holds a comparison or runs.
+            grid, a missing spec file, a per-spec override of an unknown label or a reserved field, a ladder with
+            fewer than three fitted sizes or a held-out size not above them (all before any run trains), a report
+            folder that already holds a comparison or runs; a step after training that fails (``report.md`` then
+            holds a partial report of the finished runs). A ladder fit that fails does not raise: the report says
+            why in its Ladder section (``Comparison.ladder_error``).
         SpecError / TrainError / DataError: an invalid config or spec, a spec (or a size of it) that does not fit the
             config or data (every run is checked before the first trains), missing data; or from
             :func:`modkit.train.train`.
         TypeError: a request with other arguments, no ``out_dir``, or an option that is not a request field.
     """
-    from .report import _recipe, verdicts_of, write_files
-    from .rows import score_positions, table_rows
+    from .report import write_partial
 
     started = time.perf_counter()
     request = _request_of(specs, config, out_dir, options)
     plan = make_plan(request, started)
-    by_variant, done = train_runs(plan)
+    trackers, group = _open_group(plan)
+    try:
+        by_variant, done = train_runs(plan, group)
+        try:
+            result = _finish(plan, by_variant, done)
+        except Exception as exc:  # a step after training: keep what the finished runs say
+            path = write_partial(plan.out, done, f"{type(exc).__name__}: {exc}", command=request.command)
+            raise CompareError(
+                f"the comparison's {len(done)} runs finished, but writing its report failed ({type(exc).__name__}: "
+                f"{exc}); a partial report of the runs is at {path}"
+            ) from exc
+    except BaseException:
+        trackers.finish(False)
+        raise
+    trackers.log_summary(_summary(result))
+    trackers.finish(True)
+    return result
+
+
+def _open_group(plan: ComparePlan) -> tuple[Any, Optional[str]]:
+    """The comparison's own trackers (``role = "group"``; none when the config lists none) and the group name its
+    runs are logged under: the report folder's name and the start time, so comparisons into one folder name differ.
+
+    Raises:
+        TrackerError: a tracker that cannot start (before any run trains).
+    """
+    from modkit.train.trackers import Trackers, TrackerSetup, open_trackers
+
+    if not plan.base.trackers:
+        return Trackers(), None
+    group = plan.base.tracker_group or f"{plan.out.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    setup = TrackerSetup(
+        run_dir=plan.out.resolve(), name=group, role="group", config=plan.base.model_dump(mode="json"), spec=None
+    )
+    return open_trackers(plan.base.trackers, setup, echo=plan.request.echo), group
+
+
+def _summary(result: Comparison) -> dict[str, Any]:
+    """What the comparison's trackers get (:meth:`modkit.train.trackers.Tracker.log_summary`)."""
+    from modkit.train.trackers import finite_or_none
+
+    runs = [
+        {"name": r.run_dir.name, "spec": r.spec, "lr": r.lr, "seed": r.seed, "val_loss": finite_or_none(r.val_loss)}
+        for r in result.all_runs
+    ]
+    return {"verdicts": [v.text() for v in result.verdicts], "runs": runs, "report": str(result.report.resolve())}
+
+
+def _finish(plan: ComparePlan, by_variant: dict, done: list[RunSummary]) -> Comparison:
+    """Rows, verdicts, positions, the ladder fit (a failed fit is reported in its section), throughput and the
+    report folder's files, from the finished runs."""
+    from .report import _recipe, verdicts_of, write_files
+    from .rows import score_positions, table_rows
+
+    request = plan.request
     rows, grid = table_rows(plan, by_variant)
     eval_len = 2 * plan.base.seq_len
     score_positions(plan, rows, eval_len)
@@ -290,11 +356,15 @@ def compare(
     if request.ladder:
         from modkit.experiments.ladder import fit_ladder
 
-        result.ladder = fit_ladder(rows)
+        try:
+            result.ladder = fit_ladder(rows)
+        except ValueError as exc:
+            result.ladder_error = str(exc)
+            request.echo(f"the ladder fit failed: {exc}; the report says so in its Ladder section")
     if request.throughput_steps > 0:
         result.throughput = measure_throughput(
             plan.variants, request.config, plan.data_folder, request.throughput_steps, echo=request.echo
         )
     result.recipe = _recipe(plan.base, plan.data_folder, request)
-    write_files(result, plan.base, plan.data_folder, started=started)
+    write_files(result, plan.base, plan.data_folder, started=plan.started)
     return result

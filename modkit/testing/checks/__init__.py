@@ -85,6 +85,7 @@ from .optimizer import OptimizerBench, applies_optimizer, check_optimizer
 from .precision import applies_precision, check_precision
 from .roles import check_param_roles
 from .sampling import SAMPLING_KINDS, SamplingBench, applies_sampling, check_sampling
+from modkit.train.trackers import KIND as TRACKER_KIND
 from .shapes import check_shape_dtype
 from .state import LONG_SUMMARY, STATE_SUMMARY, applies_state, check_cache_state, check_long_decode
 from .training import applies_aux, applies_dropout, check_aux_loss_grad, check_dropout, check_gradients
@@ -325,7 +326,7 @@ class ComponentChecks:
                     )
                 return self._setup
         try:
-            if entry.kind in SAMPLING_KINDS:  # not part of a model: no tiny model to build
+            if entry.kind in (*SAMPLING_KINDS, TRACKER_KIND):  # not part of a model: no tiny model to build
                 self._setup = ("ok", SamplingBench(entry, config, self.registry))
                 return self._setup
             if applies_optimizer(entry, config) is None:  # an optimizer: trained on the check's own tiny model
@@ -364,7 +365,9 @@ class ComponentChecks:
             return self._result(chk.name, "skipped", "the example config does not validate (see spec_roundtrip)")
         reason = chk.applies(self.entry, bench.config) if state == "ok" else None
         if isinstance(bench, SamplingBench) and chk.name not in ("spec_roundtrip", "sampling"):
-            reason = f"applies to model components; a {self.entry.kind} is checked by 'sampling'"
+            reason = f"applies to model components; a {self.entry.kind} is " + (
+                "checked by 'sampling'" if self.entry.kind in SAMPLING_KINDS else "not part of a model"
+            )
         if isinstance(bench, OptimizerBench) and chk.name not in ("spec_roundtrip", "optimizer"):
             reason = "applies to model components; an optimizer is checked by 'optimizer'"
         if reason:
