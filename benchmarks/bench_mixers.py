@@ -8,8 +8,12 @@ causal attention of the same width; decode step time against the context.
    ``Qwen3NextGatedDeltaNet`` and ``JambaMambaMixer`` with the kernel packages made unimportable (their
    ``torch_forward`` / ``torch_chunk_gated_delta_rule`` / ``slow_forward`` paths), loaded with the same weights, and
    against modkit's causal ``mha`` of the same width (heads of 64, SDPA). Median over ``--repeats`` rounds, the
-   sides alternating; ratios transformers / modkit and attention / modkit (above 1: the modkit mixer is faster).
-2. **Decode step**: a one-layer model with each mixer (and the attention), its cache prefilled in chunks of 1,024
+   sides alternating; ratios transformers / modkit and attention / modkit (above 1: the modkit mixer is faster), in
+   wall time and in the thread's CPU time (on a loaded machine the CPU time is what the load does not inflate).
+2. **Chunk size** (``--chunk-sizes``): forward + backward of modkit's ``mamba2`` and ``gated_deltanet`` at each
+   length with each chunk size, interleaved, CPU time; the fastest per length. The configs' default
+   ``chunk_size`` is set from this table (their docstrings cite it; ``results_mixers.md``).
+3. **Decode step**: a one-layer model with each mixer (and the attention), its cache prefilled in chunks of 1,024
    tokens to a context of 1K, 4K and 16K (``--contexts``), then one-token steps timed (median of ``--repeats``
    rounds of ``--steps``). A recurrent mixer's step reads a fixed-size state, so its time stays flat; the
    attention's grows with the keys it reads.
@@ -59,14 +63,13 @@ def mixers(d: int) -> dict:
     Gated DeltaNet (Qwen3-Next's head sizes 128, d/128 key heads, twice as many value heads), Mamba-1 (state 16,
     expand 2), and multi-head attention with heads of 64."""
     return {
-        "mamba2": {"type": "mamba2", "d_state": 128, "head_dim": 64, "expand": 2, "n_groups": 1, "chunk_size": 64},
+        "mamba2": {"type": "mamba2", "d_state": 128, "head_dim": 64, "expand": 2, "n_groups": 1},
         "gated_deltanet": {
             "type": "gated_deltanet",
             "n_heads": max(1, d // 128),
             "n_value_heads": max(2, d // 64),
             "key_head_dim": 128,
             "value_head_dim": 128,
-            "chunk_size": 64,
         },
         "mamba": {"type": "mamba", "d_state": 16, "expand": 2, "chunk_size": 64, "inner_norm": {"type": "rmsnorm"}},
         "attention": {"type": "mha", "n_heads": d // 64},
@@ -152,17 +155,25 @@ def _time(fn, repeats: int) -> list[float]:
     return out
 
 
+def _both(fn) -> tuple[float, float]:
+    """``(wall seconds, this thread's CPU seconds)`` of one call."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - wall, time.thread_time() - cpu
+
+
 def forward_backward(args) -> None:
     d = args.d_model
     print(f"\n## forward + backward, batch 1, float32, d_model {d} (median of {args.repeats}; seconds)\n")
     print(
-        "| mixer | T | modkit | transformers | attention | transformers / modkit | attention / modkit | max abs diff |"
+        "| mixer | T | modkit | transformers | attention | transformers / modkit | attention / modkit | "
+        "modkit CPU s | transformers / modkit (CPU) | max abs diff |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     configs = mixers(d)
     attn_model = modkit.build(_spec(d, configs["attention"], max(args.lengths)), seed=0)
     attn = attn_model.layers[0].attention.train()
-    for name in ("mamba2", "gated_deltanet", "mamba"):
+    for name in args.mixers:
         model = modkit.build(_spec(d, configs[name], max(args.lengths)), seed=0)
         ours = model.layers[0].attention.train()
         hf = reference(name, d, ours)
@@ -182,14 +193,50 @@ def forward_backward(args) -> None:
             }
             for fn in sides.values():  # warm-up
                 fn()
-            times = {k: [] for k in sides}
+            wall, cpu = {k: [] for k in sides}, {k: [] for k in sides}
             for _ in range(args.repeats):
                 for k, fn in sides.items():
-                    times[k] += _time(fn, 1)
-            m = {k: statistics.median(v) for k, v in times.items()}
+                    w, c = _both(fn)
+                    wall[k].append(w)
+                    cpu[k].append(c)
+            m = {k: statistics.median(v) for k, v in wall.items()}
+            mc = {k: statistics.median(v) for k, v in cpu.items()}
             print(
                 f"| {name} | {T} | {m['modkit']:.4f} | {m['transformers']:.4f} | {m['attention']:.4f} | "
-                f"{m['transformers'] / m['modkit']:.2f} | {m['attention'] / m['modkit']:.2f} | {diff:.1e} |",
+                f"{m['transformers'] / m['modkit']:.2f} | {m['attention'] / m['modkit']:.2f} | {mc['modkit']:.4f} | "
+                f"{mc['transformers'] / mc['modkit']:.2f} | {diff:.1e} |",
+                flush=True,
+            )
+
+
+def chunk_sizes(args) -> None:
+    """Forward + backward CPU seconds of each recurrent mixer at each length and chunk size (interleaved)."""
+    d = args.d_model
+    sizes = args.chunk_sizes
+    print(f"\n## chunk size: forward + backward, batch 1, float32, d_model {d} (median of {args.repeats}; CPU s)\n")
+    print("| mixer | T | " + " | ".join(f"chunk {c}" for c in sizes) + " | fastest | default |")
+    print("|---|---:|" + "---:|" * len(sizes) + "---:|---:|")
+    for name in [n for n in args.mixers if n in ("mamba2", "gated_deltanet")]:
+        layers = {}
+        for c in sizes:
+            model = modkit.build(_spec(d, {**mixers(d)[name], "chunk_size": c}, max(args.lengths)), seed=0)
+            layers[c] = model.layers[0].attention.train()
+        default = modkit.build(_spec(d, mixers(d)[name], 16), seed=0).layers[0].attention.chunk_size
+        for T in args.lengths:
+            x = torch.randn(1, T, d, generator=torch.Generator().manual_seed(T)).requires_grad_()
+            inputs = AttentionInputs(positions=torch.arange(T)[None])
+            runs = {c: (lambda m=m: m(x, inputs).sum().backward()) for c, m in layers.items()}
+            for fn in runs.values():  # warm-up
+                fn()
+            cpu = {c: [] for c in runs}
+            for _ in range(args.repeats):
+                for c, fn in runs.items():
+                    cpu[c].append(_both(fn)[1])
+            m = {c: statistics.median(v) for c, v in cpu.items()}
+            print(
+                f"| {name} | {T} | "
+                + " | ".join(f"{m[c]:.4f}" for c in sizes)
+                + f" | {min(m, key=m.get)} | {default} |",
                 flush=True,
             )
 
@@ -197,11 +244,13 @@ def forward_backward(args) -> None:
 def decode(args) -> None:
     d = args.d_model
     print(
-        f"\n## decode step, batch 1, float32, d_model {d} (median of {args.repeats} rounds of {args.steps} steps; ms)\n"
+        f"\n## decode step, batch 1, float32, d_model {d} (median of {args.repeats} rounds of {args.steps} steps; ms, wall / CPU)\n"
     )
     print("| mixer | " + " | ".join(f"context {c}" for c in args.contexts) + " | cache bytes at each context |")
     print("|---|" + "---:|" * len(args.contexts) + "---|")
     for name, cfg in mixers(d).items():
+        if name != "attention" and name not in args.mixers:
+            continue
         max_len = max(args.contexts) + args.steps * (args.repeats + 1) + 1
         model = modkit.build(_spec(d, cfg, max_len), seed=0).eval()
         row, sizes = [], []
@@ -218,10 +267,15 @@ def decode(args) -> None:
                         model(t, cache=cache)
 
                 steps()  # warm-up
-                row.append(1e3 * statistics.median(_time(steps, args.repeats)) / args.steps)
+                rounds = [_both(steps) for _ in range(args.repeats)]
+                row.append(tuple(1e3 * statistics.median(r[i] for r in rounds) / args.steps for i in (0, 1)))
             sizes.append(cache.nbytes())
         print(
-            f"| {name} | " + " | ".join(f"{t:.3f}" for t in row) + " | " + ", ".join(f"{s:,}" for s in sizes) + " |",
+            f"| {name} | "
+            + " | ".join(f"{w:.3f} / {c:.3f}" for w, c in row)
+            + " | "
+            + ", ".join(f"{s:,}" for s in sizes)
+            + " |",
             flush=True,
         )
 
@@ -234,7 +288,9 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--skip", nargs="*", default=[], choices=["train", "decode"])
+    p.add_argument("--mixers", nargs="+", default=["mamba2", "gated_deltanet", "mamba"])
+    p.add_argument("--chunk-sizes", dest="chunk_sizes", type=int, nargs="+", default=[32, 64, 128, 256])
+    p.add_argument("--skip", nargs="*", default=[], choices=["train", "chunks", "decode"])
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     import transformers
@@ -247,6 +303,8 @@ def main(argv=None) -> int:
     )
     if "train" not in args.skip:
         forward_backward(args)
+    if "chunks" not in args.skip:
+        chunk_sizes(args)
     if "decode" not in args.skip:
         decode(args)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")

@@ -8,8 +8,18 @@ prefilled with the same ``context`` tokens, then decode steps of one token are t
 rounds of ``--steps`` steps, the two sides alternating round by round). Sizes (``--heads`` etc.) default to
 DeepSeek-V3's per-head sizes with fewer heads: d_model 1024, 8 heads, q_lora_rank 384, kv_lora_rank 512,
 qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128. Prints the seconds per step of each and the ratio
-transformers / modkit (above 1: modkit is faster), and the largest difference of the first decoded outputs. A
-script, not a test: on a shared machine absolute figures move with the load, the ratio is measured in one process.
+transformers / modkit (above 1: modkit is faster), and the largest difference of the first decoded outputs.
+
+**Roofline** (as ``bench_cpu.py``): the bytes one modkit step must read (the layer's weights and the cached latent
+and rotated key of the context, float32) over the bandwidth of a large tensor copy (read + write, 512 MiB) measured
+in the same run, its rounds interleaved with the steps'; the ratio roofline time / step time (1 = at the
+bandwidth limit). Also the compute floor: the step's matrix-product FLOPs (its projections, the scores against the
+latent and the rotated key, the weighted sum of latents) over the FLOP/s of a 1024-square ``matmul`` measured in the
+same run; a step can be no faster than the larger of the two. Both in wall time and in this thread's CPU time (on a
+loaded machine the wall time of every side, the copy included, stretches with the load).
+
+A script, not a test: on a shared machine absolute figures move with the load, the ratios are measured in one
+process.
 
     .venv/bin/python benchmarks/bench_mla.py --threads 1
 """
@@ -17,6 +27,7 @@ script, not a test: on a shared machine absolute figures move with the load, the
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -86,6 +97,23 @@ def build_pair(args, max_len: int):
     return model, mla, model.positions[model.layer_position[0]], hf, DeepseekV3RotaryEmbedding(cfg)
 
 
+def _clocks(fn) -> tuple[float, float]:
+    """``(wall seconds, this thread's CPU seconds)`` of one call."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - wall, time.thread_time() - cpu
+
+
+def step_cost(args, mla, context: int) -> tuple[int, int]:
+    """``(bytes read, matrix-product FLOPs)`` of one decode step of ``mla`` over ``context`` cached tokens, float32:
+    every weight once, the cached latent and rotated key once; FLOPs of the projections (2 per weight), the scores
+    against the latent and the rotated key and the weighted sum of latents."""
+    params = sum(p.numel() for p in mla.parameters())
+    per_token = args.kv_lora + args.rope
+    flops = 2 * params + 2 * args.heads * (per_token + args.kv_lora) * context
+    return 4 * (params + context * per_token), flops
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--threads", type=int, default=1)
@@ -105,7 +133,8 @@ def main(argv=None) -> int:
 
     print(
         f"MLA decode step, batch 1, float32, {args.threads} thread(s); d_model {args.d_model}, {args.heads} heads, "
-        f"q_lora {args.q_lora}, kv_lora {args.kv_lora}, nope {args.nope}, rope {args.rope}, v {args.v}"
+        f"q_lora {args.q_lora}, kv_lora {args.kv_lora}, nope {args.nope}, rope {args.rope}, v {args.v}; "
+        f"torch {torch.__version__}; load average at start {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)"
     )
     for context in args.contexts:
         max_len = context + 1 + args.steps * (args.repeats + 1)
@@ -131,19 +160,39 @@ def main(argv=None) -> int:
             hf_step(prompt)
             x = torch.randn(1, 1, args.d_model, generator=gen)
             diff = (ours_step(x) - hf_step(x)).abs().max().item()  # the first decoded token, both sides
-            times = {"modkit": [], "transformers": []}
             steps = [torch.randn(1, 1, args.d_model, generator=gen) for _ in range(args.steps)]
+            src = torch.ones(128 * 2**20)  # 512 MiB: far beyond the caches
+            dst, a, b = torch.empty_like(src), torch.randn(1024, 1024), torch.randn(1024, 1024)
+            sides = {
+                "modkit": lambda: [ours_step(t) for t in steps],
+                "transformers": lambda: [hf_step(t) for t in steps],
+                "copy": lambda: dst.copy_(src),
+                "matmul": lambda: [a @ b for _ in range(8)],
+            }
+            wall, cpu = {k: [] for k in sides}, {k: [] for k in sides}
             for _ in range(args.repeats):
-                for name, fn in (("modkit", ours_step), ("transformers", hf_step)):
-                    start = time.perf_counter()
-                    for t in steps:
-                        fn(t)
-                    times[name].append((time.perf_counter() - start) / args.steps)
-        ours, theirs = statistics.median(times["modkit"]), statistics.median(times["transformers"])
+                for name, fn in sides.items():
+                    w, c = _clocks(fn)
+                    wall[name].append(w)
+                    cpu[name].append(c)
+        per = {"modkit": args.steps, "transformers": args.steps, "copy": 1, "matmul": 8}
+        nbytes, flops = step_cost(args, mla, context)
+        print(f"\ncontext {context}: {nbytes / 1e6:.1f} MB read and {flops / 1e6:.1f} MFLOP per modkit step")
+        for clock, t in (("wall", wall), ("CPU", cpu)):
+            m = {k: statistics.median(v) / per[k] for k, v in t.items()}
+            bw, fps = 2 * src.numel() * 4 / m["copy"], 2 * 1024**3 / m["matmul"]
+            roof, floor = nbytes / bw, max(nbytes / bw, flops / fps)
+            print(
+                f"  {clock}: modkit {1e3 * m['modkit']:.3f} ms/step, transformers {1e3 * m['transformers']:.3f} "
+                f"ms/step, ratio transformers / modkit {m['transformers'] / m['modkit']:.2f}; copy bandwidth "
+                f"{bw / 1e9:.2f} GB/s, bandwidth roofline {1e3 * roof:.3f} ms = {roof / m['modkit']:.2f} of the step; "
+                f"matmul {fps / 1e9:.1f} GFLOP/s, compute floor {1e3 * flops / fps:.3f} ms; "
+                f"max(bandwidth, compute) = {floor / m['modkit']:.2f} of the step"
+            )
         print(
-            f"context {context}: modkit {1e3 * ours:.3f} ms/step, transformers {1e3 * theirs:.3f} ms/step, "
-            f"ratio transformers / modkit {theirs / ours:.2f}; first step max |Δ| = {diff:.2e}; "
-            f"cache bytes per token: modkit {mla.cache_spec().bytes_per_token('float32')}"
+            f"  first step max |Δ| = {diff:.2e}; cache bytes per token: modkit "
+            f"{mla.cache_spec().bytes_per_token('float32')}; load average {os.getloadavg()[0]:.1f}",
+            flush=True,
         )
     return 0
 

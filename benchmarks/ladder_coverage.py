@@ -52,7 +52,7 @@ def seed_resample_coverage(seeds: int, replicates: int, n_boot: int, seed: int) 
 
 def main() -> None:
     """Print the coverage per quantity and seed count, and the reference's."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--replicates", type=int, default=2000)
     ap.add_argument("--boot", type=int, default=400)
     ap.add_argument("--rho", type=float, default=0.0, help="correlation of the two designs' seed noise")

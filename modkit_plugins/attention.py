@@ -510,6 +510,8 @@ def register_components(register) -> None:
                     "returns_weights": True,
                     "attention_dropout": True,
                     "document_mask": True,  # prepare_mask keeps each query inside its document
+                    # sequence sharded over ranks: update_cache all-gathers every rank's keys and values
+                    "context_parallel": "allgather_kv",
                     # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads, and the
                     # sink logits (when present) are sharded with the query heads
                     "tp_plan": {

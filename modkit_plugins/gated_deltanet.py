@@ -88,11 +88,12 @@ class GatedDeltaNetConfig(ComponentConfig):
         "eps is 0 in float32)",
     )
     chunk_size: int = Field(
-        64,
+        32,
         ge=1,
         le=1024,
-        description="chunk length of the chunkwise form used for training and "
-        "prefill; changes the speed, not the numbers",
+        description="chunk length of the chunkwise form used for training and prefill; changes the speed, not the "
+        "numbers. Default 32: the fastest forward + backward at 256, 1K and 4K tokens among 32-256 "
+        "(benchmarks/bench_mixers.py, chunk-size table in benchmarks/results_mixers.md; transformers' fallback uses 64)",
     )
 
     @property
@@ -177,10 +178,13 @@ def delta_rule_chunked(
     k_out = k * k_decay[..., None]  # each token's key decayed to the chunk end
     s = state if state is not None else q.new_zeros(b, H, dk, dv)
     out = []
-    for i in range(nc):  # the state from chunk to chunk
-        v_new = u[:, :, i] - w[:, :, i] @ s  # the chunk's values minus what the entering state predicts
-        out.append(q_in[:, :, i] @ s + attn[:, :, i] @ v_new)
-        s = end[:, :, i, None, None] * s + k_out[:, :, i].transpose(-1, -2) @ v_new
+    # the state from chunk to chunk; unbind, not indexing: the backward of one index would allocate (and sum into)
+    # a zero gradient of the whole tensor per chunk
+    chunks = zip(*(t.unbind(2) for t in (u, w, q_in, attn, k_out.transpose(-1, -2), end[..., None, None])))
+    for u_i, w_i, q_i, attn_i, k_i, end_i in chunks:
+        v_new = u_i - w_i @ s  # the chunk's values minus what the entering state predicts
+        out.append(q_i @ s + attn_i @ v_new)
+        s = end_i * s + k_i @ v_new
     o = torch.stack(out, 2).reshape(b, H, nc * L, dv)[:, :, :T]
     return o, s
 
@@ -391,7 +395,14 @@ def register_components(register) -> None:
             "holds a fixed-size state per sequence (conv window + [n_value_heads, key_head_dim, value_head_dim] float32).",
             reference="Yang, Kautz & Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 with Delta Rule, "
             "arXiv:2412.06464; Qwen3-Next (transformers Qwen3NextGatedDeltaNet)",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
+            capabilities={
+                "causal_safe": True,
+                "kv_cache": True,
+                "compile_safe": True,
+                "document_mask": True,
+                # no cross-rank scan: a shard of the sequence would start from a zero state
+                "context_parallel": False,
+            },
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

@@ -142,7 +142,14 @@ def register_components(register) -> None:
             "summed. [batch, seq, d_model] -> [batch, seq, d_model]; each mixer keeps its own cache state.",
             reference="Zuo et al. 2025, Falcon-H1: A Family of Hybrid-Head Language Models, arXiv:2507.22448",
             # document_mask: hands inputs.documents to every mixer; each inner mixer is checked for its own
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
+            capabilities={
+                "causal_safe": True,
+                "kv_cache": True,
+                "compile_safe": True,
+                "document_mask": True,
+                # no cross-rank scan: a shard of the sequence would start from a zero state
+                "context_parallel": False,
+            },
             param_count=_param_count,
             flops=elementwise(
                 "sums the outputs of mixers that declare their own FLOPs (the multipliers are element-wise)"

@@ -374,7 +374,14 @@ def register_components(register) -> None:
             "seq, d_model]; the cache holds a fixed-size state per sequence (conv window + [d_inner, d_state] float32).",
             reference="Gu & Dao 2023, Mamba: Linear-Time Sequence Modeling with Selective State Spaces, arXiv:2312.00752; "
             "Lieber et al. 2024, Jamba, arXiv:2403.19887",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
+            capabilities={
+                "causal_safe": True,
+                "kv_cache": True,
+                "compile_safe": True,
+                "document_mask": True,
+                # no cross-rank scan: a shard of the sequence would start from a zero state
+                "context_parallel": False,
+            },
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

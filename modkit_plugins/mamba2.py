@@ -129,8 +129,9 @@ class Mamba2Config(ComponentConfig):
         64,
         ge=1,
         le=4096,
-        description="chunk length of the chunked (SSD) form used for training and "
-        "prefill; changes the speed, not the numbers",
+        description="chunk length of the chunked (SSD) form used for training and prefill; changes the speed, not "
+        "the numbers. Default 64: the fastest forward + backward at 4K tokens and within 5% of the fastest at 256 "
+        "and 1K among 32-256 (benchmarks/bench_mixers.py, chunk-size table in benchmarks/results_mixers.md)",
     )
     dt_clamp_min: float = Field(
         0.0,
@@ -279,9 +280,11 @@ def ssd_chunked(
     states = (x * (to_end * dt)[..., None]).transpose(-1, -2) @ B[:, :, :, None]  # [b, c, G, r, P, N]
     h = state.view(b, G, r, P, N) if state is not None else x.new_zeros(b, G, r, P, N)
     entering = []
-    for i in range(nc):  # pass the state from chunk to chunk (element-wise)
+    # pass the state from chunk to chunk (element-wise); unbind, not indexing: the backward of one index would
+    # allocate (and sum into) a zero gradient of the whole [b, c, G, r, P, N] tensor per chunk
+    for d_i, s_i in zip(chunk_decay[..., None, None].unbind(1), states.unbind(1)):
         entering.append(h)
-        h = chunk_decay[:, i, ..., None, None] * h + states[:, i]
+        h = d_i * h + s_i
     start = torch.stack(entering, 1)  # [b, c, G, r, P, N]
     y = y + (C[:, :, :, None] @ start.transpose(-1, -2)) * entering_decay[..., None]  # the entering state's output
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, H, P)[:, :T]
@@ -526,7 +529,14 @@ def register_components(register) -> None:
             "(conv window + [n_heads, head_dim, d_state] float32).",
             reference="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient Algorithms Through "
             "Structured State Space Duality, arXiv:2405.21060",
-            capabilities={"causal_safe": True, "kv_cache": True, "compile_safe": True, "document_mask": True},
+            capabilities={
+                "causal_safe": True,
+                "kv_cache": True,
+                "compile_safe": True,
+                "document_mask": True,
+                # no cross-rank scan: a shard of the sequence would start from a zero state
+                "context_parallel": False,
+            },
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

@@ -405,6 +405,8 @@ def register_components(register) -> None:
                 "causal_safe": True,
                 "kv_cache": True,
                 "document_mask": True,
+                # sequence sharded over ranks: update_cache_entries all-gathers the latent and the rotated key
+                "context_parallel": "allgather_kv",
                 "compile_safe": True,
                 "returns_weights": True,
                 "attention_dropout": True,

@@ -53,6 +53,11 @@ The experts are one module with stacked weights, built by the expert type's ``gr
 ``[n_experts, d_model, d_ff]`` and ``experts.down`` ``[n_experts, d_ff, d_model]`` (with ``bias``, also
 ``experts.gate_bias``... ``[n_experts, d_ff]``: gpt-oss). The shared expert is an ordinary ffn module (``shared``).
 
+Expert parallelism (:mod:`modkit.parallel.expert`, capability ``ep_plan``): the stacked experts are split on the
+expert index over the ``ep`` ranks; the dropless path hands its sorted rows and per-expert counts to the module's
+``dispatcher``, which sends them to their experts' ranks by all-to-all and back; with ``token_group`` set the aux
+losses are computed over every data-parallel rank's tokens (:func:`modkit_plugins.moe_losses.global_aux_loss`).
+
 Padding: ``forward`` takes an optional ``token_mask [batch, seq]`` (True = real token; the module sets
 ``takes_token_mask`` so placements pass it through :func:`modkit.run_ffn`): padding tokens count in neither
 loss nor the router's loads and take no expert capacity (Megatron-LM #2121).
@@ -89,6 +94,7 @@ from modkit.plugin import (
     Slot,
     Workload,
 )
+from .moe_losses import global_aux_loss, load_balancing_loss, z_loss  # noqa: F401 - importable from here as before
 from .routers import (  # noqa: F401 - the router names, importable from here as before the routers had a module
     _MATH as _ROUTER_MATHS,
     _ROUTER_MATH,
@@ -104,63 +110,6 @@ from .routers import (  # noqa: F401 - the router names, importable from here as
     TopKRouter,
     TopKRouterConfig,
 )
-
-# ----------------------------------------------------------------------------------------------------- losses
-
-
-def z_loss(logits: Tensor, token_mask: Optional[Tensor] = None) -> Tensor:
-    """Router z-loss of ST-MoE (Zoph et al. 2022, arXiv:2202.08906, eq. 5): ``mean_tokens(logsumexp(logits)^2)``.
-
-    Args:
-        logits: ``[tokens, n_experts]`` router logits (any float dtype; computed in float32).
-        token_mask: optional ``[tokens]`` bool, True for tokens that count (padding excluded).
-
-    Returns:
-        Scalar float32. Logits ``[[0, 0], [2, 2]]`` give 3.866747 (the mean of the squares, not the square of the
-        mean); ``[[100, 0]]`` gives 10000, finite, because ``torch.logsumexp`` is used.
-    """
-    lse = torch.logsumexp(logits.float(), dim=-1)
-    if token_mask is None:
-        return (lse * lse).mean() if lse.numel() else lse.new_zeros(())
-    m = token_mask.to(lse.dtype)
-    return (lse * lse * m).sum() / m.sum().clamp(min=1.0)
-
-
-def load_balancing_loss(probs: Tensor, indices: Tensor, n_experts: int, token_mask: Optional[Tensor] = None) -> Tensor:
-    """Switch Transformer load-balancing loss (Fedus et al. 2021, arXiv:2101.03961, eq. 4) for top-k routing.
-
-    ``n_experts * sum_e f_e * P_e`` where ``f_e`` is the fraction of routing assignments (``tokens * top_k`` of
-    them) sent to expert ``e`` and ``P_e`` the mean router probability of ``e``. Only ``P`` carries gradient.
-    Uniform routing gives 1; the minimum over probabilities for a fixed assignment is reached when both are uniform.
-
-    With leading dimensions (``probs [batch, seq, n_experts]``) the loss is computed per group of tokens (per
-    sequence) and averaged over the groups that hold a real token: DeepSeek-V3's sequence-wise balance loss
-    (arXiv:2412.19437, eqs. 17-20: its ``f_i = N / (K T) * count_i`` is ``n_experts`` times the fraction here).
-
-    Args:
-        probs: ``[..., tokens, n_experts]`` router probabilities (summing to 1 over experts), before top-k.
-        indices: ``[..., tokens, top_k]`` int64 chosen experts.
-        n_experts: number of experts.
-        token_mask: optional ``[..., tokens]`` bool, True for tokens that count (padding excluded).
-
-    Returns:
-        Scalar float32.
-    """
-    probs = probs.float()
-    top_k = indices.shape[-1]
-    experts = torch.arange(n_experts, device=indices.device)
-    chosen = (indices[..., None] == experts).to(probs.dtype).sum(-2)  # [..., tokens, n_experts]: 0/1 per expert
-    m = probs.new_ones(probs.shape[:-1]) if token_mask is None else token_mask.to(probs.dtype)
-    n_tok = m.sum(-1)
-    denom = n_tok.clamp(min=1.0)
-    f = (chosen * m[..., None]).sum(-2) / (denom * top_k)[..., None]
-    p = (probs * m[..., None]).sum(-2) / denom[..., None]
-    per_group = n_experts * (f * p).sum(-1)
-    if per_group.dim() == 0:
-        return per_group
-    real = (n_tok > 0).to(per_group.dtype)
-    return (per_group * real).sum() / real.sum().clamp(min=1.0)
-
 
 # ----------------------------------------------------------------------------------------------------- moe
 
@@ -326,6 +275,27 @@ class MoE(nn.Module):
         self.experts = ctx.build_grouped(cfg.expert, cfg.n_experts)
         self.shared = ctx.build(cfg.shared) if cfg.shared is not None else None
         self.shared_gate = nn.Linear(ctx.dim or ctx.d_model, 1, bias=False) if cfg.shared_gate else None
+        #: set by expert parallelism (:mod:`modkit.parallel.expert`): ``dispatcher(rows [N, d] sorted by expert,
+        #: counts [n_experts] int32, run) -> [N, d]`` sends each row to its expert's rank and back; ``None``: all local
+        self.dispatcher = None
+        #: set by expert parallelism: the process group over which the layer's tokens are spread (the data-parallel
+        #: ranks); the aux losses are then computed over the global token set, as one process would
+        self.token_group = None
+
+    def ep_refusal(self, ep: int) -> Optional[str]:
+        """Why this layer cannot be split over ``ep`` expert-parallel ranks (``None`` when it can): ``ep`` must
+        divide ``n_experts``, and the dispatch must be dropless (the capacity form counts an expert's slots over
+        the tokens of one process)."""
+        if self.n_experts % ep:
+            return (
+                f"n_experts = {self.n_experts} is not divisible by ep = {ep} (each rank holds n_experts / ep experts)"
+            )
+        if self.capacity_factor is not None:
+            return (
+                f"capacity_factor = {self.capacity_factor:g}: fixed-capacity dispatch is not expert-parallel yet "
+                "(its slots are counted over one process's tokens); set capacity_factor null (dropless)"
+            )
+        return None
 
     def inactive_params_per_token(self) -> int:
         """Parameters a token does not use: ``(n_experts - top_k) *`` one routed expert's parameters (the router and
@@ -396,10 +366,12 @@ class MoE(nn.Module):
         counts = torch.zeros(self.n_experts, dtype=torch.int32, device=flat.device)
         counts = counts.scatter_add(0, experts, torch.ones_like(experts, dtype=torch.int32))
         w = weights.reshape(-1)[order, None]
-        if self.weight_on == "input":
-            out = self._run_experts(flat[tok] * w, counts.cumsum(0, dtype=torch.int32))  # [T*k, d]
-        else:
-            out = self._run_experts(flat[tok], counts.cumsum(0, dtype=torch.int32)) * w
+        rows = flat[tok] * w if self.weight_on == "input" else flat[tok]
+        if self.dispatcher is None:
+            out = self._run_experts(rows, counts.cumsum(0, dtype=torch.int32))  # [T*k, d]
+        else:  # expert parallelism: the rows travel to their experts' ranks and back (modkit.parallel.expert)
+            out = self.dispatcher(rows, counts, self._run_experts)
+        out = out if self.weight_on == "input" else out * w
         return flat.new_zeros(flat.shape).index_add(0, tok, out)
 
     def _capacity(self, flat: Tensor, weights: Tensor, indices: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -430,6 +402,8 @@ class MoE(nn.Module):
         return fn(logits) if fn is not None else torch.softmax(logits, dim=-1)
 
     def _aux_loss(self, logits: Tensor, indices: Tensor, mask: Optional[Tensor], batch: int) -> Tensor:
+        if self.token_group is not None:
+            return global_aux_loss(self, logits, indices, mask, batch)
         aux = logits.new_zeros(())
         if self.aux_loss_coef:
             probs = self._balance_probs(logits)
@@ -534,6 +508,9 @@ def register_components(register) -> None:
                 # stacked experts sharded on d_ff; the router and the shared gate read the replicated input, whole on
                 # every rank; the shared expert is an ffn with its own plan (it answers for itself)
                 "tp_plan": {"experts": "grouped", "router": "replicate", "shared_gate": "replicate"},
+                # expert parallelism: the stacked experts split on dim 0 (the expert index) over the ep ranks, the
+                # rows sent to them by all-to-all (the module's dispatcher; ep_refusal says when it cannot split)
+                "ep_plan": {"experts": "experts"},
                 "token_mask": True,  # forward(x, token_mask=None): padding leaves the aux losses and the loads
             },
             param_count=_moe_count,

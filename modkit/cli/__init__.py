@@ -22,6 +22,7 @@ COMMAND --help`` its flags, and the generated CLI reference of the docs all of t
     data              modkit.data.cli           prepare token data for training
     eval              modkit.evaluation.cli     loss, perplexity, bits per byte; lm-eval tasks
     cost              modkit.cli.cost           FLOPs by part, cache bytes, memory, roofline latency
+    plan              modkit.cli.plan           parallel layouts that fit N GPUs, ranked by step time
     trace             modkit.cli.trace          a text's journey through the model, per-layer readings
     compare           modkit.cli.compare        several specs under one recipe, one report (ladders too)
     coordcheck        modkit.cli.coordcheck     activation sizes after a few steps across widths, SP vs muP
@@ -80,6 +81,7 @@ COMMAND_MODULES = (
     "modkit.data.cli",
     "modkit.evaluation.cli",
     "modkit.cli.cost",
+    "modkit.cli.plan",
     "modkit.cli.trace",
     "modkit.cli.compare",
     "modkit.cli.coordcheck",

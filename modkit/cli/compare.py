@@ -15,6 +15,7 @@ from pathlib import Path
 #: the training-config fields)
 _AFTER_FIELDS = (
     ("override", "--override"),
+    ("set", "--set"),
     ("widths", "--widths"),
     ("depths", "--depths"),
     ("ladder", "--ladder"),
@@ -35,10 +36,12 @@ def add_subcommands(subparsers) -> None:
         description="Train each spec with the same training config (data, token budget, schedule) and seeds, then "
         "write REPORT_DIR/report.md: parameters, tokens/s (with the load it was measured under), train and validation "
         "loss (mean ± std over seeds), diverged and unstable runs; each design against the first as a difference with "
-        "a 95%% confidence interval over seeds, resolved only when it excludes zero; train-loss, gradient-norm and "
+        "a 95% confidence interval over seeds, resolved only when it excludes zero; train-loss, gradient-norm and "
         "validation curves; loss by position at twice the training seq_len where a model can be scored. Every "
         "training-config field is a flag (as for modkit train). --lr-grid trains every seed at every rate, --lr-sweep "
-        "the first seed only; --override LABEL:FIELD=VALUE sets a field for one spec; --widths/--depths train each "
+        "the first seed only; --override LABEL:FIELD=VALUE sets a training-config field for one spec, --set "
+        "LABEL:PATH=JSON a field of its spec (one spec file as two designs: base=s.json qk=s.json --set "
+        '\'qk:block.attention.qk_norm={"type": "rmsnorm"}\'); --widths/--depths train each '
         "spec at several sizes and --ladder fits L(C) = E + A C^-alpha with a held-out check. --merge DIR... writes "
         "one report from several report folders.",
     )
@@ -78,6 +81,14 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="LABEL:FIELD=VALUE",
         help='a training-config field for one spec\'s runs (repeatable), e.g. muon:optimizer=\'{"type": "muon"}\'',
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        metavar="LABEL:PATH=JSON",
+        help="a field of one spec, by its dotted path in the spec (repeatable; validated as a spec before any run "
+        'trains), e.g. \'qk:block.attention.qk_norm={"type": "rmsnorm"}\' or qk:block.ffn.d_ff=256',
     )
 
 
@@ -176,7 +187,7 @@ def command_line(args: argparse.Namespace, out: str) -> str:
         argv += ["--tracker", item]
     for attr, flag in _AFTER_FIELDS:
         value = getattr(args, attr, None)
-        if attr == "override":
+        if attr in ("override", "set"):
             for item in value or []:
                 argv += [flag, item]
         elif attr == "ladder":
@@ -211,6 +222,22 @@ def _spec_overrides(items, labels_hint: str) -> dict:
     return out
 
 
+def _spec_fields(items) -> dict:
+    """``--set LABEL:PATH=JSON`` entries as ``{label: {path: value}}``; :class:`UserError` for a malformed one."""
+    from . import UserError
+    from modkit.experiments.compare import CompareError
+    from modkit.experiments.compare.spec_fields import parse_spec_field
+
+    out: dict = {}
+    for item in items or []:
+        try:
+            label, path, value = parse_spec_field(item)
+        except CompareError as exc:
+            raise UserError(str(exc)) from None
+        out.setdefault(label, {})[path] = value
+    return out
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Handler of ``modkit compare``: check the arguments, run the comparison (or merge reports), print the table."""
     from . import UserError
@@ -225,6 +252,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     overrides = tracker_overrides(args, _field_overrides(args))
     spec_overrides = _spec_overrides(args.override, "labels are the spec file names or LABEL of LABEL=FILE")
+    spec_fields = _spec_fields(args.set)
     holdout = (args.holdout_width, args.holdout_depth) if (args.holdout_width or args.holdout_depth) else None
     try:
         request = CompareRequest(
@@ -234,6 +262,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             seeds=args.seeds,
             overrides=overrides,
             spec_overrides=spec_overrides,
+            spec_fields=spec_fields,
             ladder=args.ladder,
             holdout=holdout,
             throughput_steps=args.throughput_steps,

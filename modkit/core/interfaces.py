@@ -115,6 +115,12 @@ class AttentionInputs:
             declare the ``document_mask`` capability; :func:`modkit.nn.attention.prepare_mask` applies it.
         scratch: a dict shared by every layer of one forward without a cache (where :func:`~modkit.nn.attention.prepare_mask`
             keeps the mask it built, so a document mask is built once per batch, not once per layer); ``None``: none.
+        sequence: under context parallelism, this rank's shard of the sequence (:class:`modkit.parallel.SequenceShard`:
+            ``x`` holds a contiguous slice of every row, ``positions`` / ``documents`` are that slice's): it has
+            ``gather(t, dim)`` (the whole sequence of ``t`` along ``dim``, autograd-aware) and the whole sequence's
+            ``key_positions`` / ``key_mask`` / ``key_documents``. :func:`~modkit.nn.attention.update_cache` and
+            :func:`~modkit.nn.attention.update_cache_entries` hand a mixer every key of the sequence through it;
+            ``None``: the whole sequence is here. Never set together with ``cache``.
     """
 
     positions: Tensor
@@ -123,6 +129,7 @@ class AttentionInputs:
     cache: Optional["LayerKVCache"] = None
     documents: Optional[Tensor] = None
     scratch: Optional[dict] = None
+    sequence: Optional[Any] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""

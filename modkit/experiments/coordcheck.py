@@ -18,8 +18,21 @@ Recorded per width, step ``t = 0..steps`` and quantity, on one fixed batch in ev
 
 Training: ``steps`` optimizer steps of the named optimizer (AdamW by default; its parameter groups, μP factors
 included, from :func:`modkit.train.optim.build_optimizer`) at a constant learning rate, no weight decay, no
-clipping, on random token batches (a different seeded batch each step); the measurement batch is another seeded
-batch, the same at every width.
+clipping. The batches are windows of real text by default: the shipped tiny shakespeare corpus
+(:func:`modkit.data.default_dataset`, 65 characters) or a prepared data folder (``data``), with the model's
+``vocab_size`` set to the data's as ``modkit train`` does; a different seeded batch of the training split each step,
+and the measurement batch a seeded batch of the validation split, the same at every width. With ``random_tokens``
+every batch is uniform random token ids over the spec's own vocabulary instead (the ``mup`` package's default).
+
+The data matters. On uniform random ids the measurement batch shares almost no tokens or contexts with the training
+batches, so what a step changes on it comes from chance overlaps between inputs, which shrink like 1/sqrt(width):
+under μP the hidden changes then fall with width (tiny-llama, d_model 64 to 512: mixer 0.54x, ffn 0.30x, residual
+0.52x) and the check reads μP as *not* flat although the parametrization follows TP V's table. On text, where
+training and measurement share tokens and contexts, the same μP models are flat (4-layer tiny llama, latent-attention
+and mixture-of-experts specs, d_model 32 to 512, 5 steps: every activation 0.62-1.38x) while standard
+parametrization's hidden changes grow 100-4,000x. The ffn output reads lowest (down to about 0.5x at a batch of 8 x
+32 tokens from width 64), a finite-width effect: from 64 to 1024 it moves 0.61, 0.45, 0.37, 0.30, 0.44, not
+steadily down.
 """
 
 from __future__ import annotations
@@ -35,6 +48,8 @@ import torch.nn.functional as F
 
 from modkit.core.errors import ModkitError
 
+#: the :attr:`CoordCheck.data` of a check on uniform random token ids
+RANDOM_TOKENS = "random tokens"
 #: what is measured; ``mixer`` was called ``attention`` before recurrent mixers (it is the token-mixing slot's output)
 QUANTITIES = ("embedding", "mixer", "ffn", "residual", "logits")
 
@@ -49,8 +64,10 @@ class CoordCheck:
 
     Attributes:
         name: the spec's name. widths: ``d_model`` of each size. steps: optimizer steps. lr: the learning rate.
-        base_d_model: μP's base width. optimizer: the optimizer config.
+        base_d_model: μP's base width. optimizer: the optimizer config. seeds: runs averaged per width.
         size, change: ``{parametrization: {quantity: [len(widths), steps + 1] array}}`` (``"sp"`` and ``"mup"``).
+        data: what the batches were: the data folder's path, or ``"random tokens"``.
+        vocab_size: the vocabulary the models had.
     """
 
     name: str
@@ -61,6 +78,8 @@ class CoordCheck:
     optimizer: dict
     seeds: int
     size: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    data: str = RANDOM_TOKENS
+    vocab_size: int = 0
     change: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def growth(self, parametrization: str, quantity: str, step: int = -1) -> float:
@@ -78,6 +97,8 @@ class CoordCheck:
             "base_d_model": self.base_d_model,
             "optimizer": self.optimizer,
             "seeds": self.seeds,
+            "data": self.data,
+            "vocab_size": self.vocab_size,
             "size": {p: {q: a.tolist() for q, a in d.items()} for p, d in self.size.items()},
             "change": {p: {q: a.tolist() for q, a in d.items()} for p, d in self.change.items()},
             "growth": {p: {q: self.growth(p, q) for q in d} for p, d in self.change.items()},
@@ -135,19 +156,23 @@ class CoordCheckRequest:
         spec: a spec file or dict. widths: two or more increasing ``d_model`` values. base_d_model: μP's base width
             (``None``: the smallest width). steps: optimizer steps. lr: constant learning rate. optimizer: an
             optimizer config (``None``: AdamW). seeds: runs averaged per width. batch, seq_len: rows and tokens of
-            each batch. parametrizations: which of ``"sp"`` and ``"mup"`` to run.
+            each batch. parametrizations: which of ``"sp"`` and ``"mup"`` to run. data: a prepared data folder
+            (``modkit data prepare``; ``None``: the shipped tiny shakespeare). random_tokens: uniform random token ids
+            instead of text (``data`` must then be ``None``).
     """
 
     spec: Union[str, Path, dict]
     widths: Sequence[int]
     base_d_model: Optional[int] = None
-    steps: int = 4
+    steps: int = 5
     lr: float = 1e-2
     optimizer: Optional[dict] = None
     seeds: int = 2
     batch: int = 8
     seq_len: int = 32
     parametrizations: Sequence[str] = ("sp", "mup")
+    data: Union[str, Path, None] = None
+    random_tokens: bool = False
 
 
 def coord_check(spec: Union[str, Path, dict], widths: Sequence[int], **options: Any) -> CoordCheck:
@@ -163,12 +188,16 @@ def coord_check(spec: Union[str, Path, dict], widths: Sequence[int], **options: 
         optimizer: an optimizer config (default ``{"type": "adamw"}``). seeds: runs averaged per width.
         batch, seq_len: the size of each training and measurement batch.
         parametrizations: which of ``"sp"`` and ``"mup"`` to run.
+        data: a prepared data folder (default: the shipped tiny shakespeare, prepared once into the cache).
+        random_tokens: train and measure on uniform random token ids instead of text.
 
     Returns:
         :class:`CoordCheck`.
 
     Raises:
-        CoordCheckError: fewer than two widths, ``steps < 1``, ``seeds < 1``, an unknown parametrization.
+        CoordCheckError: fewer than two widths, ``steps < 1``, ``seeds < 1``, an unknown parametrization, both
+            ``data`` and ``random_tokens``.
+        DataError: ``data`` is not a prepared data folder, or its splits are shorter than one window.
         ScalingError: a width the spec cannot take (a head count that does not divide it), naming the field and
             the nearest widths that fit.
         TypeError: a keyword that is not a field of :class:`CoordCheckRequest`.
@@ -198,14 +227,17 @@ def run_coord_check(request: CoordCheckRequest) -> CoordCheck:
     opt = dict(r.optimizer or {"type": "adamw"})
     cfg = TrainConfig(optimizer=opt, lr=r.lr, weight_decay=0.0, grad_clip=None)
     seq_len = min(r.seq_len, data["max_seq_len"])
+    batches = _Batches.of(r, seq_len, data["vocab_size"])
+    data["vocab_size"] = batches.vocab_size
     result = CoordCheck(data.get("name") or "model", widths, r.steps, r.lr, base, cfg.optimizer, r.seeds)
+    result.data, result.vocab_size = batches.source, batches.vocab_size
     for par in r.parametrizations:
         p = {"type": "mup", "base_d_model": base} if par == "mup" else None
         size = {q: np.zeros((len(widths), r.steps + 1)) for q in QUANTITIES}
         change = {q: np.zeros((len(widths), r.steps + 1)) for q in QUANTITIES}
         for wi, width in enumerate(widths):
             spec_obj = load_spec(with_parametrization(resize_checked(data, d_model=width), p))
-            row_size, row_change = _width_curves(spec_obj, cfg, r, seq_len)
+            row_size, row_change = _width_curves(spec_obj, cfg, r, batches)
             for q in QUANTITIES:
                 size[q][wi], change[q][wi] = row_size[q], row_change[q]
         result.size[par] = {q: a for q, a in size.items() if a.any()}
@@ -228,17 +260,71 @@ def _checked_widths(r: CoordCheckRequest) -> list[int]:
     bad = [p for p in r.parametrizations if p not in ("sp", "mup")]
     if bad:
         raise CoordCheckError(f"parametrizations {bad}: use 'sp' and/or 'mup'")
+    if r.random_tokens and r.data is not None:
+        raise CoordCheckError(
+            f"data = {str(r.data)!r} and random_tokens: give one (text from a data folder, or uniform random ids)"
+        )
     return widths
 
 
-def _width_curves(spec_obj, cfg, r: CoordCheckRequest, seq_len: int) -> tuple[dict, dict]:
+@dataclass
+class _Batches:
+    """Where a check's batches come from: windows of a prepared data folder (``train`` and ``val`` splits), or
+    uniform random ids over ``vocab_size`` (``tokens`` ``None``). ``source`` names it for the report."""
+
+    source: str
+    vocab_size: int
+    seq_len: int
+    batch: int
+    train: Optional[np.ndarray] = None
+    val: Optional[np.ndarray] = None
+
+    @classmethod
+    def of(cls, r: CoordCheckRequest, seq_len: int, spec_vocab: int) -> "_Batches":
+        """The batches a request asks for (``spec_vocab``: the spec's own vocabulary, kept for random ids).
+
+        Raises:
+            DataError: ``r.data`` is not a prepared data folder (:meth:`modkit.data.TokenData.open`).
+        """
+        if r.random_tokens:
+            return cls(RANDOM_TOKENS, spec_vocab, seq_len, r.batch)
+        from modkit.data import TokenData, default_dataset
+
+        folder = Path(r.data) if r.data is not None else default_dataset()
+        tokens = TokenData.open(folder, verify=False)
+        return cls(str(folder), tokens.vocab_size, seq_len, r.batch, tokens.train, tokens.val)
+
+    def probe(self) -> torch.Tensor:
+        """The measurement batch ``[batch, seq_len + 1]``: seeded, the same at every width (validation text)."""
+        return self._draw(self.val, 10_000, 0)
+
+    def training(self, seed: int):
+        """A function of the step ``t`` (from 1) giving that step's batch ``[batch, seq_len + 1]`` for ``seed``."""
+        gen = torch.Generator().manual_seed(seed)
+        if self.train is None:
+            return lambda t: torch.randint(0, self.vocab_size, (self.batch, self.seq_len + 1), generator=gen)
+        return lambda t: self._draw(self.train, seed, t)
+
+    def _draw(self, tokens: Optional[np.ndarray], seed: int, step: int) -> torch.Tensor:
+        if tokens is None:
+            gen = torch.Generator().manual_seed(seed)
+            return torch.randint(0, self.vocab_size, (self.batch, self.seq_len + 1), generator=gen)
+        from modkit.data import RandomWindows
+
+        sampler = RandomWindows(tokens, self.batch, self.seq_len, seed=seed)
+        sampler.step = step
+        x, y = sampler.next()
+        return torch.cat([x, y[:, -1:]], dim=1)
+
+
+def _width_curves(spec_obj, cfg, r: CoordCheckRequest, batches: _Batches) -> tuple[dict, dict]:
     """``size`` and ``change`` of each quantity at one width: ``{quantity: [steps + 1] array}``, averaged over the
     seeds (quantities the model does not have stay 0). The measurement batch is seeded alike at every width."""
     from modkit.nn.build import build
     from modkit.train.optim import build_optimizer
 
     v = spec_obj.vocab_size
-    probe = torch.randint(0, v, (r.batch, seq_len + 1), generator=torch.Generator().manual_seed(10_000))
+    probe = batches.probe()
     size = {q: np.zeros(r.steps + 1) for q in QUANTITIES}
     change = {q: np.zeros(r.steps + 1) for q in QUANTITIES}
     for seed in range(r.seeds):
@@ -247,12 +333,12 @@ def _width_curves(spec_obj, cfg, r: CoordCheckRequest, seq_len: int) -> tuple[di
         optim = build_optimizer(model, spec_obj, cfg)
         for g in optim.param_groups:
             g["lr"] = r.lr * g["lr_mult"]
-        gen = torch.Generator().manual_seed(seed)
+        next_batch = batches.training(seed)
         first = _measure(model, probe[:, :-1])
         for q in first:
             size[q][0] += float(first[q].abs().mean()) / r.seeds
         for t in range(1, r.steps + 1):
-            _train_step(model, optim, torch.randint(0, v, (r.batch, seq_len + 1), generator=gen), v)
+            _train_step(model, optim, next_batch(t), v)
             now = _measure(model, probe[:, :-1])
             for q in now:
                 size[q][t] += float(now[q].abs().mean()) / r.seeds
@@ -272,7 +358,8 @@ def _train_step(model, optim, ids: torch.Tensor, vocab_size: int) -> None:
 
 
 def plot(result: CoordCheck, out: Union[str, Path]) -> Path:
-    """``change`` against width (log-log), one panel per (parametrization, quantity), one line per step."""
+    """``change`` against width (log-log), one panel per (parametrization, quantity), one line per step; the panels
+    of one quantity share their y scale, so standard parametrization's growth and μP's flat line read on one axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,6 +374,7 @@ def plot(result: CoordCheck, out: Union[str, Path]) -> Path:
         dpi=110,
         squeeze=False,
         sharex=True,
+        sharey="col",
     )
     cmap = plt.get_cmap("viridis")
     names = {"sp": "standard", "mup": f"muP (base d_model {result.base_d_model})"}
@@ -314,13 +402,21 @@ def plot(result: CoordCheck, out: Union[str, Path]) -> Path:
                 ax.set_xlabel("d_model")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle(
-        f"coordinate check of {result.name}: lr {result.lr:g}, {result.optimizer['type']}, {result.seeds} seed(s)"
+        f"coordinate check of {result.name} on {_data_words(result)}: lr {result.lr:g}, {result.optimizer['type']}, "
+        f"{result.seeds} seed(s)"
     )
     fig.tight_layout()
     path = Path(out)
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _data_words(result: CoordCheck) -> str:
+    """What the batches were, in words: ``"random token ids"`` or ``"text (<folder name>)"``."""
+    if result.data == RANDOM_TOKENS:
+        return "uniform random token ids"
+    return f"text ({Path(result.data).name}, vocabulary {result.vocab_size})"
 
 
 def write_report(result: CoordCheck, out_dir: Union[str, Path], command: Optional[str] = None) -> Path:
@@ -335,7 +431,8 @@ def write_report(result: CoordCheck, out_dir: Union[str, Path], command: Optiona
         lines += ["Generated by:", "", "```bash", command, "```", ""]
     lines += [
         f"{result.name} at d_model {', '.join(map(str, result.widths))}; {result.steps} steps of {result.optimizer['type']} "
-        f"at a constant lr {result.lr:g} (no weight decay, no clipping), mean over {result.seeds} seed(s). Each cell is "
+        f"at a constant lr {result.lr:g} (no weight decay, no clipping) on {_data_words(result)}, mean over "
+        f"{result.seeds} seed(s). Each cell is "
         f"the growth of mean |h_t - h_0| after step {result.steps} from d_model {result.widths[0]} to "
         f"{result.widths[-1]} (1: flat in width; {result.widths[-1] / result.widths[0]:g}: linear in width).",
         "",
@@ -344,6 +441,14 @@ def write_report(result: CoordCheck, out_dir: Union[str, Path], command: Optiona
     ]
     for par in result.change:
         lines.append(f"| {par} | " + " | ".join(f"{result.growth(par, q):.2f}" for q in quantities) + " |")
+    if result.data == RANDOM_TOKENS:
+        lines += [
+            "",
+            "On uniform random token ids the measurement batch's tokens and contexts are almost never the training "
+            "batches', so what a step changes there comes from chance overlaps between inputs, which shrink like "
+            "1/sqrt(width): μP's hidden changes then fall with width although the parametrization is right. The "
+            "default check, on text, does not have this problem.",
+        ]
     lines += ["", "![coordinate check](coordcheck.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     return out / "report.md"

@@ -152,9 +152,15 @@ def update_cache(
         ``(k_all, v_all, k_pos, k_valid)``: keys and values ``[batch, n_kv_heads, kv_len, head_dim]`` in the
             dtype of ``k`` (a cache made in another dtype is cast back), their positions ``[batch, kv_len]`` and
             validity ``[batch, kv_len]`` bool (``None`` when every key is real). Without a cache: ``(k, v,
-            inputs.positions, inputs.token_mask)``. See :meth:`modkit.nn.cache.MixerCache.update` for ``kv_len``.
+            inputs.positions, inputs.token_mask)``. Under context parallelism (``inputs.sequence``, no cache) the
+            keys and values of the whole sequence, all-gathered from the ranks along ``seq`` (their gradients summed
+            back to the rank that computed them), with the whole sequence's positions and validity. See
+            :meth:`modkit.nn.cache.MixerCache.update` for ``kv_len``.
     """
     if inputs.cache is None:
+        seq = inputs.sequence
+        if seq is not None:  # context parallelism: this rank's queries attend to the whole sequence's keys
+            return seq.gather(k, 2), seq.gather(v, 2), seq.key_positions, seq.key_mask
         return k, v, inputs.positions, inputs.token_mask
     cache = inputs.cache.state(mixer)  # with one mixer in the layer, its state whatever `mixer` is
     k_all, v_all, k_pos, k_valid = cache.update(k, v, inputs.positions, inputs.token_mask)
@@ -181,16 +187,31 @@ def update_cache_entries(
         ``(seen, k_pos, k_valid)``: ``{name: tensor}`` with ``kv_len`` on the slot axis, in the dtype of the
             tensor given (a cache made in another dtype is cast back), positions ``[batch, kv_len]`` and validity
             ``[batch, kv_len]`` bool (``None`` when every token is real). Without a cache: ``(new,
-            inputs.positions, inputs.token_mask)``. See :meth:`modkit.nn.cache.MixerCache.append`.
+            inputs.positions, inputs.token_mask)``; under context parallelism (``inputs.sequence``) every token's
+            entries, all-gathered along each entry's declared ``slot_axis`` (1 when the mixer declares none). See
+            :meth:`modkit.nn.cache.MixerCache.append`.
 
     Raises:
         KeyError: a name the mixer did not declare as a per-token entry.
     """
     if inputs.cache is None:
+        seq = inputs.sequence
+        if seq is not None:  # context parallelism: every token's entries, gathered along their slot axis
+            axes = _slot_axes(mixer)
+            gathered = {n: seq.gather(t, axes.get(n, 1)) for n, t in new.items()}
+            return gathered, seq.key_positions, seq.key_mask
         return dict(new), inputs.positions, inputs.token_mask
     cache = inputs.cache.state(mixer)  # with one mixer in the layer, its state whatever `mixer` is
     seen, k_pos, k_valid = cache.append(new, inputs.positions, inputs.token_mask)
     return {n: t if t.dtype == new[n].dtype else t.to(new[n].dtype) for n, t in seen.items()}, k_pos, k_valid
+
+
+def _slot_axes(mixer: Optional[nn.Module]) -> dict[str, int]:
+    """``{entry name: slot axis}`` of the per-token entries ``mixer.cache_spec()`` declares (empty without one)."""
+    declare = getattr(mixer, "cache_spec", None)
+    if not callable(declare):
+        return {}
+    return {e.name: e.slot_axis for e in declare().token_entries}
 
 
 def prepare_mask(
@@ -210,7 +231,9 @@ def prepare_mask(
     within a forward: it is computed once and kept in the group's per-forward ``scratch`` dict (keyed by
     ``causal``, ``window``, ``chunk`` and ``dtype``, no tensor ids, so ``torch.compile`` installs no identity guard).
     With ``inputs.documents`` (document-masked packing, no cache) the mask also keeps each query inside its document
-    and is kept in ``inputs.scratch``, so it is built once per forward.
+    and is kept in ``inputs.scratch``, so it is built once per forward. Under context parallelism
+    (``inputs.sequence``) the local queries' mask over the whole sequence's keys (``sequence.key_documents`` on the
+    key side), kept in ``inputs.scratch`` too.
 
     Raises:
         ValueError: ``inputs.documents`` together with a cache (or keys other than the new tokens').
@@ -224,8 +247,11 @@ def prepare_mask(
             through its own state's slot group (without it, it is computed for this call alone there).
     """
     scratch = _shared_scratch(inputs, mixer)
-    docs = inputs.documents
-    if docs is not None:
+    docs = k_docs = inputs.documents
+    seq = inputs.sequence
+    if seq is not None:  # context parallelism: local queries over the whole sequence's keys, built once a forward
+        scratch, k_docs = inputs.scratch, seq.key_documents
+    elif docs is not None:
         if inputs.cache is not None or k_pos is not inputs.positions:
             raise ValueError(
                 "document-masked attention needs the keys of the new tokens alone (no KV cache); "
@@ -236,7 +262,7 @@ def prepare_mask(
     prepared = scratch.get(key) if scratch is not None else None
     if prepared is None:
         prepared = PreparedMask.of(
-            attention_mask(inputs.positions, k_pos, k_valid, causal, window, chunk, docs, docs), dtype
+            attention_mask(inputs.positions, k_pos, k_valid, causal, window, chunk, docs, k_docs), dtype
         )
         if scratch is not None:
             scratch[key] = prepared

@@ -11,7 +11,7 @@ row (0, 1, 2, ... without padding). :meth:`ForwardInputs.attention_inputs` then 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import Tensor
@@ -32,11 +32,14 @@ class ForwardInputs:
         positions: ``[batch, seq]`` int64 absolute position of each new token.
         token_mask: ``[batch, seq]`` bool, True for a real token, False for padding; ``None``: all real.
         documents: ``[batch, seq]`` int64 document index of each token of a packed row; ``None``: one sequence.
+        sequence: under context parallelism (a model :func:`modkit.parallel.apply_context_parallel` prepared), this
+            rank's :class:`~modkit.parallel.SequenceShard`; ``None``: the whole sequence is here.
     """
 
     positions: Tensor
     token_mask: Optional[Tensor] = None
     documents: Optional[Tensor] = None
+    sequence: Optional[Any] = None
 
     @classmethod
     def prepare(
@@ -53,7 +56,9 @@ class ForwardInputs:
         """Check the arguments of ``model.forward`` (see there for each) and complete the positions and the mask.
 
         With a ``cache`` this starts its write (:meth:`~modkit.nn.cache.KVCache.prepare`: the slots of the new
-        tokens, allocated on first use). Under ``torch.compile`` the checks that read values on the host (token
+        tokens, allocated on first use). On a context-parallel model (``model.context_parallel``) ``input_ids`` is
+        this rank's slice of each row and ``positions`` (and ``documents``) must be that slice's, counted over the
+        whole row; the whole row's keys are gathered (:meth:`modkit.parallel.ContextParallel.shard`). Under ``torch.compile`` the checks that read values on the host (token
         range, mask length against the cache, documents' shape and capability) are skipped: eager calls make them.
 
         Raises:
@@ -61,7 +66,8 @@ class ForwardInputs:
                 values); ``logits_to_keep < 1``; an ``attention_mask`` of another shape than ``[batch, seq]`` or
                 ``[batch, past + seq]``; ``documents`` with a cache, of another shape, or with a token mixer (an
                 attention or a recurrent mixer, or one inside a hybrid) that does not declare the ``document_mask``
-                capability (named with its layer and type, and the types that declare it).
+                capability (named with its layer and type, and the types that declare it); a cache on a
+                context-parallel model.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
@@ -71,6 +77,14 @@ class ForwardInputs:
         eager = not torch.compiler.is_compiling()
         if eager:
             _check_token_range(input_ids, model.spec.vocab_size)
+        context = getattr(model, "context_parallel", None)
+        if context is not None and positions is None:  # this rank's slice of each row: positions count from its start
+            if documents is not None or attention_mask is not None:
+                raise ValueError(
+                    "a context-parallel model given documents or an attention mask needs the slice's positions "
+                    "counted over the whole row: split the batch with modkit.parallel.ContextParallel.split"
+                )
+            positions = context.local_positions(bsz, seq, input_ids.device)
         token_mask = None
         if attention_mask is not None:
             token_mask = _new_token_mask(attention_mask, bsz, seq, cache, eager)
@@ -85,12 +99,24 @@ class ForwardInputs:
                 positions = torch.arange(seq, device=input_ids.device).expand(bsz, seq)
             else:
                 positions = (token_mask.long().cumsum(-1) - 1).clamp(min=0)
-        return cls(positions, token_mask, documents)
+        if context is None:
+            return cls(positions, token_mask, documents)
+        if cache is not None:
+            raise ValueError("a context-parallel model (sequence sharded over ranks) runs without a KV cache")
+        return cls(positions, token_mask, documents, context.shard(positions, token_mask, documents))
 
     def attention_inputs(self) -> AttentionInputs:
         """The :class:`~modkit.core.interfaces.AttentionInputs` every layer gets (bound to its position scheme and
         cache with ``for_layer``). With documents it carries a shared ``scratch`` dict: the document mask is built
         once, by the first layer, and reused (:func:`modkit.nn.attention.prepare_mask`)."""
+        if self.sequence is not None:  # the mask of the local queries over the whole sequence, built once
+            return AttentionInputs(
+                positions=self.positions,
+                token_mask=self.token_mask,
+                documents=self.documents,
+                scratch={},
+                sequence=self.sequence,
+            )
         if self.documents is None:
             return AttentionInputs(positions=self.positions, token_mask=self.token_mask)
         return AttentionInputs(

@@ -64,8 +64,10 @@ Choices made here (and why):
 * **MoE.** The router is replicated; the stacked experts take the ``grouped`` style (expert-tensor-parallelism:
   every rank holds ``1/tp`` of the hidden width of every expert, computes every token's assignments on it, and
   the partial outputs are all-reduced). A grouped module with an output bias (``tp_shard_dims`` is ``None``)
-  stays replicated with a :class:`PlanWarning`: the bias would be added ``tp`` times. No expert parallelism
-  (all-to-all token dispatch). FSDP shards experts with the rest of their block.
+  stays replicated with a :class:`PlanWarning`: the bias would be added ``tp`` times. Expert parallelism
+  (``make_mesh(ep=N)``: the experts split over ``ep`` data-parallel ranks, all-to-all token dispatch, aux losses
+  over the global token set) is declared by the ``ep_plan`` capability: :mod:`~modkit.parallel.expert`. Without
+  it FSDP shards experts with the rest of their block.
 * **FSDP2** (``torch.distributed.fsdp.fully_shard``): one unit per block (modules tagged ``placement``), then
   the root (embedding, final norm, head); mixed precision with ``param_dtype`` / ``reduce_dtype``.
 
@@ -91,16 +93,20 @@ with its checks in :mod:`~modkit.parallel.plan_checks`, :mod:`~modkit.parallel.m
 :mod:`~modkit.parallel.apply` (:func:`parallelize`, :func:`materialize`, :func:`build_parallel`) with the FSDP2
 wrapping in :mod:`~modkit.parallel.fsdp`, :mod:`~modkit.parallel.training` (:func:`clip_grad_norm_`,
 :func:`mean_across_ranks`), :mod:`~modkit.parallel.stats` (:func:`param_stats`),
-:mod:`~modkit.parallel.checkpoint` (sharded and consolidated checkpoints) and :mod:`~modkit.parallel.errors`.
+:mod:`~modkit.parallel.checkpoint` (sharded and consolidated checkpoints), :mod:`~modkit.parallel.expert` (expert
+parallelism), :mod:`~modkit.parallel.planner` (``modkit plan``) and :mod:`~modkit.parallel.errors`.
 Every name is imported from ``modkit.parallel`` itself.
 """
 
 from __future__ import annotations
 
 from .apply import ShardedInit, build_parallel, materialize, parallelize
+from .context import ContextParallel, SequenceShard, apply_context_parallel, context_parallel_problems, mixer_layouts
 from .checkpoint import export_consolidated, load_consolidated, load_sharded, save_sharded
 from .errors import ParallelError, PlanWarning
+from .expert import EPPlan, expert_plan
 from .mesh import make_mesh
+from .pipeline import SCHEDULES, Pipeline, StageModule, build_pipeline, split_layers
 from .plans import CORE_PLAN, TPPlan, model_plan  # noqa: F401 - CORE_PLAN importable here, outside __all__ as before
 from .stats import param_stats
 from .styles import STYLES, GroupedParallel, PerHeadParallel, copy_to_tp, shared_by_heads  # noqa: F401 - as CORE_PLAN
@@ -115,6 +121,8 @@ __all__ = [
     "TPPlan",
     "ShardedInit",
     "model_plan",
+    "EPPlan",
+    "expert_plan",
     "make_mesh",
     "parallelize",
     "materialize",
@@ -126,4 +134,14 @@ __all__ = [
     "load_sharded",
     "export_consolidated",
     "load_consolidated",
+    "ContextParallel",
+    "SequenceShard",
+    "apply_context_parallel",
+    "context_parallel_problems",
+    "mixer_layouts",
+    "SCHEDULES",
+    "Pipeline",
+    "StageModule",
+    "build_pipeline",
+    "split_layers",
 ]

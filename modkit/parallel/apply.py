@@ -13,18 +13,22 @@ from modkit.core.interfaces import Init
 from modkit.core.registry import Registry
 
 from .errors import ParallelError
+from .expert import _apply_ep
 from .fsdp import _apply_fsdp
 from .mesh import _sub_mesh
 from .plans import model_plan
 from .styles import _grads_like_params, _shard_heads, _slice_heads_bias
 
 
+# size: the keyword options of one layout (the mesh dims' names and FSDP2's settings), each forwarded as given
 def parallelize(
     model: nn.Module,
     mesh,
     *,
     tp_dim: str = "tp",
     dp_dim: str = "dp",
+    cp_dim: str = "cp",
+    ep_dim: str = "ep",
     param_dtype: Union[str, torch.dtype, None] = None,
     reduce_dtype: Union[str, torch.dtype, None] = None,
     reshard_after_forward: bool = True,
@@ -32,11 +36,17 @@ def parallelize(
 ) -> nn.Module:
     """Apply tensor parallelism and/or FSDP2 to ``model`` in place (best on a ``meta`` model; then :func:`materialize`).
 
+    0. If the mesh has an ``ep_dim`` of size > 1 (:func:`make_mesh` with ``ep``): split the experts of every
+       component declaring an ``ep_plan`` over it, with all-to-all token dispatch (:mod:`modkit.parallel.expert`).
     1. If the mesh has a ``tp_dim`` of size > 1: compose and validate the plan (:func:`model_plan`), apply it with
        ``parallelize_module``, divide the local attention modules' ``n_heads`` / ``n_kv_heads`` by ``tp`` and slice
        bias-type position schemes to the local heads.
-    2. If it has a ``dp_dim`` of size > 1: ``fully_shard`` every block (modules tagged ``placement``), then the root,
-       with ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``.
+    2. If it has a ``cp_dim`` of size > 1: context parallelism (:func:`~modkit.parallel.context.apply_context_parallel`:
+       every mixer must declare it can be sequence-sharded).
+    3. If it has a ``dp_dim`` or a ``cp_dim`` of size > 1: ``fully_shard`` every block (modules tagged ``placement``),
+       then the root, with ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``, over the ``dp`` ranks (the flattened
+       ``dp x cp`` ranks under context parallelism: each cp rank's gradient is of its slice's loss, and their mean
+       is the whole sequence's, as torchtitan shards over ``dp_shard_cp``).
 
     Args:
         model: a :class:`~modkit.nn.model.Model` (or any module built from registry components).
@@ -50,16 +60,31 @@ def parallelize(
         ``model`` (the same object; FSDP2 changes its class to a ``FSDPModule`` subclass).
 
     Raises:
-        ParallelError: see :func:`model_plan`; a mesh without either named dim.
+        ParallelError: see :func:`model_plan` and :func:`~modkit.parallel.expert.expert_plan`; a mesh naming none
+            of the dims; a mixer that cannot be sequence-sharded under ``cp`` (named).
     """
     tp_mesh, dp_mesh = _sub_mesh(mesh, tp_dim), _sub_mesh(mesh, dp_dim)
+    cp_mesh, ep_mesh = _sub_mesh(mesh, cp_dim), _sub_mesh(mesh, ep_dim)
     names = getattr(mesh, "mesh_dim_names", None) or ()
-    if tp_dim not in names and dp_dim not in names:
-        raise ParallelError(f"mesh dims {names} name neither {tp_dim!r} nor {dp_dim!r}; build it with make_mesh")
+    if not any(d in names for d in (tp_dim, dp_dim, cp_dim, ep_dim)):
+        raise ParallelError(
+            f"mesh dims {names} name none of {tp_dim!r}, {dp_dim!r}, {cp_dim!r}, {ep_dim!r}; build it with make_mesh"
+        )
+    if cp_mesh is not None:
+        from .context import apply_context_parallel
+
+        apply_context_parallel(model, cp_mesh)
+        dp_mesh = cp_mesh if dp_mesh is None else mesh[dp_dim, cp_dim]._flatten(f"{dp_dim}_{cp_dim}")
     if tp_mesh is not None:
         _apply_tp(model, tp_mesh, registry)
+    expert_mesh = None
+    if ep_mesh is not None:
+        if dp_mesh is None:
+            raise ParallelError(f"mesh {names}: an {ep_dim!r} dim needs the flattened {dp_dim!r} dim; use make_mesh")
+        _apply_ep(model, ep_mesh, dp_mesh.get_group(), registry)
+        expert_mesh = mesh[f"{dp_dim}_mod_{ep_dim}"]
     if dp_mesh is not None:
-        _apply_fsdp(model, dp_mesh, param_dtype, reduce_dtype, reshard_after_forward)
+        _apply_fsdp(model, dp_mesh, param_dtype, reduce_dtype, reshard_after_forward, expert_mesh=expert_mesh)
     return model
 
 
@@ -176,7 +201,8 @@ def build_parallel(
         dtype: storage dtype of the (sharded) parameters.
         seed: weight-init seed (values equal ``modkit.build(spec, seed=seed)``).
         registry: defaults to the process-wide registry.
-        parallel_options: ``param_dtype``, ``reduce_dtype``, ``reshard_after_forward``, ``tp_dim``, ``dp_dim``.
+        parallel_options: ``param_dtype``, ``reduce_dtype``, ``reshard_after_forward``, ``tp_dim``, ``dp_dim``,
+            ``ep_dim``.
     """
     from modkit.nn.build import build
 

@@ -9,16 +9,30 @@ import torch
 from .errors import ParallelError
 
 
-def make_mesh(tp: int = 1, dp: Optional[int] = None, *, device_type: Optional[str] = None):
-    """A 2-D ``DeviceMesh`` named ``("dp", "tp")`` over the initialised world (``dp * tp == world_size``).
+def make_mesh(
+    tp: int = 1, dp: Optional[int] = None, *, ep: int = 1, cp: int = 1, pp: int = 1, device_type: Optional[str] = None
+):
+    """A ``DeviceMesh`` over the initialised world: ``("dp", "tp")`` (``dp * tp == world_size``); with context or
+    pipeline parallelism ``("pp", "dp", "cp", "tp")`` (``pp * dp * cp * tp == world_size``; outermost first, as
+    torchtitan orders them: the pipeline's stages across nodes, tensor parallelism inside one); with expert
+    parallelism ``("dp_mod_ep", "ep", "tp")`` whose first two dims flattened are ``"dp"`` (``mesh["dp"]`` works on
+    every layout).
+
+    Expert parallelism borrows from the data-parallel ranks (torchtitan's layout): the ``dp`` ranks read different
+    tokens, the experts are split over groups of ``ep`` neighbouring data-parallel ranks and FSDP2-sharded over the
+    ``dp / ep`` groups (:mod:`modkit.parallel.expert`).
 
     Args:
         tp: tensor-parallel degree (inner dimension: neighbouring ranks, i.e. the GPUs of one node).
-        dp: data-parallel / FSDP degree; default ``world_size // tp``.
+        dp: data-parallel / FSDP degree; default ``world_size // (tp * cp * pp)``.
+        ep: expert-parallel degree, dividing ``dp`` (1: none).
+        cp: context-parallel degree (ranks sharing one sequence; :mod:`modkit.parallel.context`).
+        pp: pipeline-parallel degree (stages; :mod:`modkit.parallel.pipeline`).
         device_type: ``"cuda"`` when CUDA is available, else ``"cpu"`` (gloo).
 
     Raises:
-        ParallelError: no process group, or ``dp * tp`` differs from the world size.
+        ParallelError: no process group; the degrees' product differs from the world size; ``ep`` does not divide
+            ``dp``; ``ep > 1`` with ``tp``, ``cp`` or ``pp`` > 1 (not implemented together yet).
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -28,21 +42,59 @@ def make_mesh(tp: int = 1, dp: Optional[int] = None, *, device_type: Optional[st
             "torch.distributed is not initialised; launch with torchrun and call init_process_group first"
         )
     world = dist.get_world_size()
-    if tp < 1 or world % tp:
-        raise ParallelError(f"tensor-parallel degree tp = {tp} does not divide the world size {world}")
-    dp = world // tp if dp is None else dp
-    if dp * tp != world:
-        raise ParallelError(f"mesh dp = {dp} x tp = {tp} = {dp * tp} differs from the world size {world}")
+    inner = tp * cp * pp
+    if min(tp, cp, pp) < 1 or world % inner:
+        raise ParallelError(f"tp = {tp} x cp = {cp} x pp = {pp} = {inner} does not divide the world size {world}")
+    dp = world // inner if dp is None else dp
+    if dp * inner != world:
+        raise ParallelError(
+            f"mesh pp = {pp} x dp = {dp} x cp = {cp} x tp = {tp} = {dp * inner} differs from the world size {world}"
+        )
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    if ep == 1 and cp == 1 and pp == 1:
+        return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    if ep == 1:
+        return init_device_mesh(device_type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+    check_ep(ep, dp, tp, cp=cp, pp=pp)
+    mesh = init_device_mesh(device_type, (dp // ep, ep, tp), mesh_dim_names=("dp_mod_ep", "ep", "tp"))
+    mesh[("dp_mod_ep", "ep")]._flatten("dp")
+    return mesh
+
+
+def check_ep(ep: int, dp: int, tp: int, *, cp: int = 1, pp: int = 1) -> None:
+    """Refuse an expert-parallel degree the mesh cannot hold.
+
+    Raises:
+        ParallelError: ``ep`` is not a positive integer dividing ``dp``, or ``ep > 1`` with ``tp``, ``cp`` or ``pp``
+            > 1.
+    """
+    if not isinstance(ep, int) or ep < 1 or dp % ep:
+        raise ParallelError(
+            f"expert-parallel degree ep = {ep!r} does not divide the data-parallel degree dp = {dp} (expert "
+            "parallelism borrows from the data-parallel ranks: world = dp x tp, ep | dp)"
+        )
+    if ep > 1 and tp > 1:
+        raise ParallelError(
+            f"ep = {ep} with tp = {tp}: expert parallelism together with tensor parallelism (expert-tensor "
+            "parallelism) is not implemented yet; use --ep with FSDP2 (tp = 1), or --tp without --ep"
+        )
+    if ep > 1 and (cp > 1 or pp > 1):
+        raise ParallelError(
+            f"ep = {ep} with cp = {cp}, pp = {pp}: expert parallelism together with context or pipeline parallelism "
+            "is not implemented yet; use --ep with FSDP2 alone"
+        )
 
 
 def _sub_mesh(mesh, name: str):
     """The 1-D sub-mesh named ``name`` of ``mesh``, or ``None`` when it has no such dim or it has size 1."""
     names = getattr(mesh, "mesh_dim_names", None) or ()
     if name not in names:
-        return None
-    sub = mesh[name] if len(names) > 1 else mesh
+        try:
+            sub = mesh[name]  # a flattened dim ("dp" of the expert-parallel mesh)
+        except (KeyError, RuntimeError, ValueError):
+            return None
+    else:
+        sub = mesh[name] if len(names) > 1 else mesh
     return sub if sub.size() > 1 else None
 
 

@@ -31,7 +31,7 @@ def _copies(t: Tensor, world: int) -> int:
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tensor:
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, *, pp: int = 1) -> Tensor:
     """Clip the gradients of a parallelised model by their global norm, in place; returns the norm before clipping.
 
     ``torch.nn.utils.clip_grad_norm_`` for a model whose gradients are a mix of plain tensors (replicated on every
@@ -41,12 +41,15 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tens
     DTensor), one all-reduce sums that over the world, and ``total = sum^(1/p)`` is the norm of the full
     gradient of the single-process model. Every gradient is then scaled by ``min(1, max_norm / (total + 1e-6))``,
     as torch does. ``norm_type = inf`` takes the max instead (an all-reduce MAX). Without a process group this is
-    the single-process norm.
+    the single-process norm. Under pipeline parallelism (``pp`` stages, each rank holding its stages' parameters
+    only) a piece is held by the ``world / pp`` ranks of its stage at most, and the one all-reduce also sums the
+    stages.
 
     Args:
         parameters: an iterable of parameters (``model.parameters()``); those without ``.grad`` are ignored.
         max_norm: largest allowed norm (> 0).
         norm_type: ``p`` of the p-norm (2.0 default; ``float("inf")`` for the max norm).
+        pp: pipeline-parallel degree (1: every rank holds every parameter, sharded or not).
 
     Returns:
         The total norm, a float32 scalar tensor on the gradients' device (identical on every rank).
@@ -62,7 +65,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tens
         raise ValueError(f"clip_grad_norm_ needs max_norm > 0 and norm_type > 0, got {max_norm} and {norm_type}")
     grads = [p.grad for p in parameters if p.grad is not None]
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    locals_ = [(g.to_local() if isinstance(g, DTensor) else g, _copies(g, world)) for g in grads]
+    holders = max(1, world // pp)  # the ranks that hold this rank's stages
+    locals_ = [(g.to_local() if isinstance(g, DTensor) else g, _copies(g, holders)) for g in grads]
     device = locals_[0][0].device if locals_ else torch.device("cpu")
     inf = math.isinf(norm_type)
     acc = torch.zeros((), dtype=torch.float32, device=device)

@@ -133,6 +133,7 @@ class CheckpointMixin:
             "param_names": self.param_names,
             "world": self.procs.world,
             "tp": self.procs.tp,
+            "ep": self.procs.ep,
             "skipped_steps": self.skipped_steps,
             "consecutive_skips": self.consecutive_skips,
         }

@@ -23,6 +23,10 @@ class Processes:
     dp: int = 1
     dp_rank: int = 0
     tp: int = 1
+    #: context-parallel degree (ranks sharing one sequence)
+    cp: int = 1
+    #: expert-parallel degree (data-parallel ranks whose experts are split among them)
+    ep: int = 1
     mesh: Any = None
     #: True when this run joined the process group itself (launched by torchrun, no group before it)
     owns_group: bool = False
@@ -78,20 +82,28 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
 
     gloo on the CPU, NCCL on CUDA (each rank on ``cuda:LOCAL_RANK``). One process: nothing to do.
 
+    Context parallelism (``cp`` > 1) puts ``cp`` ranks on one sequence: the mesh is ``("pp", "dp", "cp", "tp")``
+    and ``dp = world / (tp · cp)``.
+
     Raises:
-        TrainError: ``tp`` does not divide the world size, or ``batch_size`` is not divisible by the data-parallel
-            degree, or ``tp`` > 1 on one process.
+        TrainError: ``tp · cp`` does not divide the world size, or ``batch_size`` is not divisible by the
+            data-parallel degree, or ``seq_len`` by ``cp``, or ``tp``, ``cp`` or ``ep`` > 1 on one process, or ``ep``
+            does not divide the data-parallel degree or comes with ``tp`` or ``cp`` > 1.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    inner = config.tp * config.cp
     if world <= 1:
-        if config.tp > 1:
-            raise TrainError(
-                f"tp = {config.tp} needs {config.tp} processes or more: launch with torchrun --nproc-per-node N"
+        if inner > 1 or config.ep > 1:
+            named = " x ".join(
+                f"{k} = {v}" for k, v in (("tp", config.tp), ("cp", config.cp), ("ep", config.ep)) if v > 1
             )
+            n = max(inner, config.ep)
+            raise TrainError(f"{named} needs {n} processes or more: launch with torchrun --nproc-per-node N")
         return Processes()
     import torch.distributed as dist
 
-    from ..parallel import make_mesh
+    from ..parallel import ParallelError, make_mesh
+    from ..parallel.mesh import check_ep
 
     owns_group = not dist.is_initialized()
     if owns_group:
@@ -99,12 +111,26 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    if world % config.tp:
-        raise TrainError(f"tp = {config.tp} does not divide the number of processes {world}")
-    dp = world // config.tp
+    if world % inner:
+        raise TrainError(f"tp = {config.tp} x cp = {config.cp} does not divide the number of processes {world}")
+    dp = world // inner
     if config.batch_size % dp:
         raise TrainError(f"batch_size = {config.batch_size} is not divisible by the {dp} data-parallel processes")
-    mesh = make_mesh(tp=config.tp, dp=dp, device_type=device.type)
+    if config.seq_len % config.cp:
+        raise TrainError(f"seq_len = {config.seq_len} is not divisible by cp = {config.cp} (one slice per rank)")
+    try:
+        check_ep(config.ep, dp, config.tp, cp=config.cp)
+    except ParallelError as exc:
+        raise TrainError(f"ep: {exc}") from None
+    mesh = make_mesh(tp=config.tp, dp=dp, ep=config.ep, cp=config.cp, device_type=device.type)
     return Processes(
-        world=world, rank=rank, dp=dp, dp_rank=mesh.get_local_rank("dp"), tp=config.tp, mesh=mesh, owns_group=owns_group
+        world=world,
+        rank=rank,
+        dp=dp,
+        dp_rank=mesh["dp"].get_local_rank(),
+        tp=config.tp,
+        cp=config.cp,
+        ep=config.ep,
+        mesh=mesh,
+        owns_group=owns_group,
     )

@@ -32,22 +32,37 @@ class StepMixin:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16 if p == "bfloat16" else torch.float16)
 
-    def _forward(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    def _forward(self, x: Tensor, *, local: bool = False) -> tuple[Tensor, Optional[Tensor]]:
         """``(logits [rows, seq, vocab] as full tensors, aux_loss or None)`` under the run's precision; with
-        ``document_mask`` the document ids of the batch come from its end-of-text / begin-of-text tokens."""
+        ``document_mask`` the document ids of the batch come from its end-of-text / begin-of-text tokens. Under
+        context parallelism the model runs on this rank's slice of every row (``[rows, seq / cp]``): ``local``
+        returns that slice's logits, else the whole rows' are gathered (no gradient through the gather)."""
         docs = None
         if self.config.document_mask:
             docs = document_ids(x, eot_id=self.separators[0], bos_id=self.separators[1])
+        context = getattr(self.model, "context_parallel", None)
+        kwargs = {"input_ids": x} if docs is None else {"input_ids": x, "documents": docs}
+        if context is not None:
+            kwargs = context.split_batch(x, docs)
         with self._autocast():
-            out = self.forward(x) if docs is None else self.forward(x, documents=docs)
+            out = self.forward(**kwargs)
         logits = out.logits
         if hasattr(logits, "full_tensor"):  # a DTensor head output under tensor parallelism
             logits = logits.full_tensor()
+        if context is not None and not local:
+            from ..parallel.context import _all_gather
+
+            logits = _all_gather(logits.detach(), 1, context.group, autograd=False)
         return logits, out.aux_loss
 
     def _loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """``(total loss for backward, cross-entropy alone)`` of one micro-batch: mean over every position."""
-        logits, aux = self._forward(x)
+        """``(total loss for backward, cross-entropy alone)`` of one micro-batch: mean over every position (under
+        context parallelism: over this rank's slice; the slices' mean is the rows' mean, and the gradient mean over
+        the ranks FSDP2 takes is the rows' gradient)."""
+        logits, aux = self._forward(x, local=True)
+        context = getattr(self.model, "context_parallel", None)
+        if context is not None:
+            y = context.split(y)
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         total = ce if aux is None else ce + aux.float()
         return total, ce.detach()

@@ -99,7 +99,7 @@ def _recurrent(a: dict, d: int, new: int) -> int:
     total = new * 2 * d * (2 * kd + 2 * vd + 2 * H) + new * 2 * (2 * kd + vd) * K + new * 2 * vd * d
     if new == 1:
         return total + 4 * H * dk * dv
-    L, c = _chunks(new, a.get("chunk_size", 64))
+    L, c = _chunks(new, a.get("chunk_size", 32))
     return total + H * c * (4 * L * L * dk + L * (L - 1) * (dk + dv) + 2 * L * L * dv + 6 * L * dk * dv)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -164,17 +165,61 @@ def test_a_width_that_cannot_fit_is_refused_naming_the_field_the_value_and_the_f
         resize_checked(BASE, n_layers=0)
 
 
-#: the stated factor: under μP every activation's change after 3 steps stays within this factor from d_model 32 to 256
+#: the stated factor: under μP every activation's change after 3 steps on random ids stays within this factor from
+#: d_model 32 to 256 at 2 layers
 FLAT = 2.5
 
 
-def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(tmp_path):
-    """Widths 32 to 256 (8x), 3 Adam steps at lr 1e-2, 2 seeds: under μP the mean |h_t - h_0| of the mixer and
-    ffn outputs, the residual stream and the logits changes by less than FLAT from the smallest to the largest width;
-    under standard parametrization the hidden activations' change grows more than 8x (about linearly or faster)."""
+@pytest.fixture
+def one_thread():
+    """One torch thread while a coordinate check trains (the machine's cores are shared by the suite's processes)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mla", "tiny-moe"])
+def test_coordinate_check_on_text_is_flat_under_mup_for_dense_latent_and_mixture_specs(name, one_thread):
+    """The shipped 4-layer specs (dense llama-like, multi-head latent attention, mixture of experts) on the default
+    data (tiny shakespeare, its 65-character vocabulary), 5 AdamW steps at lr 1e-2, d_model 32 to 512 (16x), one
+    seed, batches of 4 x 32 tokens: under μP the change of every activation (embedding, token mixer, ffn, residual
+    stream, logits) after the last step is within [0.5, 2] of the smallest width's at the largest; under standard
+    parametrization the hidden activations' change grows more than 3x (measured: 100x to 4,000x)."""
+    from conftest import SPECS
+
+    result = coord_check(SPECS / f"{name}.json", [32, 128, 512], steps=5, lr=1e-2, seeds=1, batch=4, seq_len=32)
+    assert result.vocab_size == 65 and result.data.endswith("tinyshakespeare-char")
+    assert set(result.change["mup"]) == {"embedding", "mixer", "ffn", "residual", "logits"}
+    for q in result.change["mup"]:
+        assert 0.5 <= result.growth("mup", q) <= 2.0, (q, result.growth("mup", q))
+    for q in ("mixer", "ffn", "residual"):
+        assert result.growth("sp", q) > 3, (q, result.growth("sp", q))
+
+
+def test_text_and_random_tokens_are_two_sources_and_not_both(one_thread):
+    """The random-id mode keeps the spec's vocabulary and records its source; asking for both is refused."""
+    from modkit.experiments.coordcheck import RANDOM_TOKENS, CoordCheckError
+
+    spec = {**BASE, "n_layers": 1}
+    rand = coord_check(spec, [16, 32], steps=1, seeds=1, batch=2, seq_len=8, random_tokens=True)
+    text = coord_check(spec, [16, 32], steps=1, seeds=1, batch=2, seq_len=8)
+    assert (rand.data, rand.vocab_size, text.vocab_size) == (RANDOM_TOKENS, 64, 65)
+    assert rand.to_json()["data"] == RANDOM_TOKENS
+    assert not np.allclose(rand.change["mup"]["residual"], text.change["mup"]["residual"])
+    with pytest.raises(CoordCheckError, match="give one"):
+        coord_check(spec, [16, 32], data="somewhere", random_tokens=True)
+
+
+def test_coordinate_check_on_random_ids_is_flat_under_mup_and_grows_under_standard(tmp_path, one_thread):
+    """The random-id mode (``random_tokens``), widths 32 to 256 (8x), 2 layers, 3 Adam steps at lr 1e-2, 2 seeds:
+    under μP the mean |h_t - h_0| of the mixer and ffn outputs, the residual stream and the logits changes by less
+    than FLAT from the smallest to the largest width; under standard parametrization the hidden activations' change
+    grows more than 8x (about linearly or faster)."""
     torch.manual_seed(0)
     spec = {**BASE, "n_layers": 2}
-    result = coord_check(spec, [32, 64, 128, 256], steps=3, lr=1e-2, seeds=2, batch=4, seq_len=16)
+    result = coord_check(spec, [32, 64, 128, 256], steps=3, lr=1e-2, seeds=2, batch=4, seq_len=16, random_tokens=True)
     for q in ("mixer", "ffn", "residual", "logits"):
         g = result.growth("mup", q)
         assert 1 / FLAT < g < FLAT, (q, g)
@@ -224,10 +269,19 @@ def test_coordcheck_command(tmp_path, capsys):
     assert (
         "mup: growth of mean |h_t - h_0| from d_model 16 to 32:" in stdout and f"report: {out / 'report.md'}" in stdout
     )
+    text = (out / "report.md").read_text()
     assert (
-        f"modkit coordcheck {spec} --widths 16,32 --steps 1 --lr 0.01 --seeds 1 --batch 2 --seq-len 8 -o {out}"
-        in (out / "report.md").read_text()
+        f"modkit coordcheck {spec} --widths 16,32 --steps 1 --lr 0.01 --seeds 1 --batch 2 --seq-len 8 -o {out}" in text
     )
+    assert "on text (tinyshakespeare-char, vocabulary 65)" in text and "data: " in stdout
+    args = ["coordcheck", str(spec), "--widths", "16,32", "--steps", "1", "--seeds", "1", "--batch", "2"]
+    assert main(args + ["--seq-len", "8", "--random-tokens", "-o", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "--seq-len 8 --random-tokens -o" in text and "on uniform random token ids" in text
+    assert "shrink like 1/sqrt(width)" in text
+    capsys.readouterr()
+    assert main(args + ["--data", str(tmp_path), "-o", str(tmp_path / "x")]) == 1
+    assert f"--data {tmp_path}: not a prepared data folder (no meta.json)" in capsys.readouterr().err
     assert main(["coordcheck", str(spec), "--widths", "32,16", "-o", str(out)]) == 1
     assert "increasing widths" in capsys.readouterr().err
 

@@ -412,3 +412,24 @@ def test_an_unreachable_mlflow_server_is_refused_before_training(data_dir, tmp_p
         train(config(data_dir, [{"type": "mlflow", "tracking_uri": uri}]), run, echo=lambda line: None)
     assert f"the tracking server {uri} is unreachable" in str(info.value) and "fix tracking_uri" in str(info.value)
     assert not (run / "config.json").exists() and not (run / "metrics.jsonl").exists()
+
+
+def test_the_guide_s_example_tracker_prints_every_nth_train_line_and_every_evaluation(data_dir, tmp_path, capsys):
+    """``docs/examples/print_tracker.py`` (the plugin guide's tracker, verbatim) registered as a plugin: it prints the
+    train lines of steps 2 and 4 (``every = 2``) and each evaluation line, with the figures ``metrics.jsonl`` holds."""
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "print_tracker.py"
+    spec = importlib.util.spec_from_file_location("print_tracker_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reg = modkit.get_registry()
+    reg.register_plugin(module, "print-tracker-example")
+    try:
+        run = tmp_path / "run"
+        train(config(data_dir, [{"type": "print", "every": 2}]), run, echo=lambda line: None)
+    finally:
+        reg.unregister_plugin("print-tracker-example")
+    printed = [line.split(" ", 2) for line in capsys.readouterr().out.splitlines() if line.startswith("run ")]
+    records = read_metrics(run / "metrics.jsonl")
+    want = [r for r in records if r["kind"] != "train" or r["step"] % 2 == 0]
+    assert [int(step) for _, step, _ in printed] == [r["step"] for r in want]
+    assert [figures for _, _, figures in printed] == [str(module.scalars(r)) for r in want]

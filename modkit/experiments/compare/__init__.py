@@ -32,9 +32,12 @@ compute multiplier of each design over the first, and checks the fit on a held-o
 not see.
 
 A run has *diverged* when any loss it logged is not finite, or its last validation estimate is above its step-0 one.
-The *instability* reading (:func:`modkit.experiments.stats.instability`) also catches stalls and spikes: the
-fraction of logged steps whose smoothed train loss sits above its running minimum by ``spike_margin`` nats plus the
-dip that the run's batch noise alone gives that minimum over the run's length, and the gradient-norm spikes.
+The *instability* reading (:func:`modkit.experiments.stats.instability`) catches rises and spikes: the fraction of
+logged steps whose smoothed train loss sits above its running minimum by ``spike_margin`` nats plus the dip that the
+run's batch noise alone gives that minimum over the run's length, and the gradient-norm spikes. A plateau sits at its
+own running minimum, so the *stall* reading (:mod:`~modkit.experiments.compare.stalls`) catches it: a run whose loss
+goes without improving for half or more of its logged steps while above the best run of its design (or its own
+earlier minimum) is reported stalled, with the step range. Unstable = above 5%, a spike, or stalled.
 
 Position buckets: each run's best checkpoint scores the validation split at twice the training ``seq_len`` (in
 non-overlapping windows of that length, at most ``final_eval_tokens`` tokens); the mean cross-entropy of the

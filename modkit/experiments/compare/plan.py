@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .results import CompareError
+from .spec_fields import check_spec_fields, write_edited
 
 #: training-config fields a comparison sets itself (a per-spec override may not)
 RESERVED_FIELDS = ("model", "data", "seed", "sample_tokens")
@@ -141,6 +142,8 @@ class CompareRequest:
         spec_overrides: ``{label: {field: value}}``: training-config fields for one design's runs (not ``model``,
             ``data``, ``seed``, ``sample_tokens``; not ``lr`` together with a sweep or grid); copied, ``{}`` for
             ``None``.
+        spec_fields: ``{label: {dotted spec path: value}}``: spec fields replaced in one design's spec
+            (:mod:`~modkit.experiments.compare.spec_fields`; ``--set LABEL:PATH=JSON``); copied, ``{}`` for ``None``.
         widths, depths: ``d_model`` / ``n_layers`` values; every design trains at every combination.
         ladder: fit losses against compute (needs sizes; see :mod:`modkit.experiments.ladder`).
         tokens_per_param: token budget(s) of each size as a multiple of its parameter count (several: every size
@@ -163,6 +166,7 @@ class CompareRequest:
     lr_grid: Optional[Sequence[float]] = None
     overrides: Optional[dict[str, Any]] = None
     spec_overrides: Optional[dict[str, dict[str, Any]]] = None
+    spec_fields: Optional[dict[str, dict[str, Any]]] = None
     widths: Optional[Sequence[int]] = None
     depths: Optional[Sequence[int]] = None
     ladder: bool = False
@@ -179,6 +183,7 @@ class CompareRequest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "overrides", dict(self.overrides or {}))
         object.__setattr__(self, "spec_overrides", {k: dict(v) for k, v in (self.spec_overrides or {}).items()})
+        object.__setattr__(self, "spec_fields", {k: dict(v) for k, v in (self.spec_fields or {}).items()})
 
     @property
     def mode(self) -> str:
@@ -316,11 +321,13 @@ def check_request(request: CompareRequest) -> list[tuple[str, Path]]:
         CompareError: no specs, ``seeds < 1``, ``jobs < 1``, ``n_buckets < 1``, an empty sweep or grid, both a sweep
             and a grid, a missing spec file or a repeated or malformed label, a per-spec override of an unknown label,
             a reserved or unknown field or ``lr`` with a sweep or grid, a ladder with fewer than three fitted sizes, token
-            budgets or a held-out size without sizes, both budgets, or a number of budgets other than of sizes.
+            budgets or a held-out size without sizes, both budgets, or a number of budgets other than of sizes; a
+            spec-field override of an unknown label or one that leaves the spec invalid.
     """
     _check_counts(request)
     labelled = _label_specs(request.specs)
     _check_spec_overrides(request, [label for label, _ in labelled])
+    check_spec_fields(request.spec_fields, labelled)
     _check_sizes(request, _sizes(request.widths, request.depths))
     return labelled
 
@@ -502,6 +509,8 @@ def make_plan(request: CompareRequest, started: float) -> ComparePlan:
     data_folder = str(prepared_data(base, base_dir, out / "data"))  # every run reads these same tokens
     plan = ComparePlan(request, base, base_dir, out, data_folder, started)
     for label, path in labelled:
+        if label in request.spec_fields:
+            path = write_edited(label, path, request.spec_fields[label], out)
         own = {**request.overrides, **request.spec_overrides.get(label, {})}
         if request.widths or request.depths:
             plan.variants += _sized_variants(request, label, path, own, out)

@@ -18,6 +18,8 @@ import numpy as np
 from .plan import CompareRequest
 from .plots import plot_buckets, plot_curves, plot_lr, plot_train_curves
 from .results import CompareError, Comparison, RunSummary, SpecRow, Verdict, fmt_pm, mean_std
+from .stalls import STALL_SHARE, stall_text
+from .transfer import transfer_lines, transfer_table
 
 
 def verdicts_of(rows: Sequence[SpecRow], grid: Sequence[SpecRow] = (), *, metric: str = "val_loss") -> list[Verdict]:
@@ -90,6 +92,15 @@ def _recipe(config: Any, data_folder: str, request: CompareRequest) -> str:
         f"Every spec trained on the same data (`{data_folder}`), {budget}, {config.schedule} schedule with "
         f"{config.warmup_steps} warmup steps, optimizer {opt}, seeds {config.seed}..{config.seed + seeds - 1}."
     )
+    if request.spec_fields:
+        text += (
+            " Spec fields set: "
+            + "; ".join(
+                f"{label}: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in f.items())
+                for label, f in request.spec_fields.items()
+            )
+            + "."
+        )
     if request.spec_overrides:
         text += (
             " Per spec: "
@@ -174,6 +185,7 @@ def write_files(result: Comparison, config: Any, data_folder: str, *, started: f
         "long_verdicts": [v.to_json() for v in result.long_verdicts],
         "throughput": result.throughput,
         "ladder": result.ladder.to_json() if result.ladder is not None else None,
+        "transfer": [t.to_json() for t in transfer_table(result.rows, result.grid)],
     }
     (out / "results.json").write_text(json.dumps(saved, indent=1, default=str) + "\n")
 
@@ -390,18 +402,24 @@ def _instability_lines(result: Comparison) -> list[str]:
         "after the first 10) and the largest norm. The threshold is the margin (`--spike-margin`, 0.1 nats "
         "unless changed) plus the dip that the run's batch noise alone gives the running minimum over its "
         "length (noise / sqrt(5) x sqrt(2 ln(steps / 5)), the noise estimated from the step-to-step changes "
-        "of the loss), so that a long healthy run does not count as unstable. A run counts as unstable above "
-        "5% or with any spike. Every run of the comparison, the sweep's and the grid's included.",
+        "of the loss), so that a long healthy run does not count as unstable. A plateau sits at its own running "
+        "minimum, so that fraction misses it: a run is *stalled* when its smoothed loss goes without falling by "
+        f"more than the threshold for at least {STALL_SHARE:.0%} of its logged steps (after the first 10) while "
+        "that stretch sits more than twice the threshold above the best run of its design (the lowest smoothed loss of "
+        "any run of that spec at that size, every rate and seed) or above its own earlier minimum; the column "
+        "gives the stretch's steps, its share of the steps, its mean loss and how far above. A run counts as "
+        "unstable above 5%, with any spike, or stalled. Every run of the comparison, the sweep's and the grid's "
+        "included.",
         "",
         "| spec | lr | seed | steps above the running minimum | threshold (nats) | gradient-norm spikes | "
-        "largest gradient norm |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "largest gradient norm | stalled |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for run in result.all_runs or [run for r in result.rows for run in r.runs]:
         threshold = f"{run.above_threshold:.3f}" if run.above_threshold > 0 else ""  # older reports did not keep it
         lines.append(
             f"| {run.spec} | {run.lr:g} | {run.seed} | {run.above_min:.1%} | {threshold} | {run.spikes} | "
-            f"{run.max_grad_norm:.3g} |"
+            f"{run.max_grad_norm:.3g} | {stall_text(run.stall) or 'no'} |"
         )
     return lines
 
@@ -493,7 +511,8 @@ def write_report(result: Comparison, scope: str, *, lr_sweep: bool) -> Path:
     lines = _intro_lines(result, scope) + _table_lines(result) + _verdict_lines(result)
     if lr_sweep:
         lines += _sweep_lines(result.rows)
-    lines += _grid_lines(result) + _instability_lines(result) + _throughput_lines(result)
+    lines += _grid_lines(result) + transfer_lines(transfer_table(result.rows, result.grid))
+    lines += _instability_lines(result) + _throughput_lines(result)
     if result.ladder is not None:
         from modkit.experiments.ladder import report_lines
 

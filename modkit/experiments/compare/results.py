@@ -35,6 +35,8 @@ class RunSummary:
             ``seq_len`` (the mean of the per-position losses; ``None``: not measurable).
         above_min, spikes, max_grad_norm: the instability reading (:func:`modkit.experiments.stats.instability`);
             above_threshold: the nats above the running minimum that it counts as above (0: an older report).
+        stall: the run's stall (:func:`modkit.experiments.compare.stalls.find_stall`: ``{"start", "end", "share",
+            "level", "reference", "against"}``), ``None`` when it did not stall.
         load: ``(1-minute load average at the start, at the end)`` of the run; cores: the machine's CPU count.
         tokens: tokens trained.
         val_bpb: bits per byte of the final validation score (``val_loss * tokens / bytes / ln 2``: comparable across
@@ -67,6 +69,7 @@ class RunSummary:
     val_bpb: Optional[float] = None
     imbalance_curve: list[tuple[int, float]] = field(default_factory=list)
     long_val_loss: Optional[float] = None
+    stall: Optional[dict] = None
 
 
 @dataclass

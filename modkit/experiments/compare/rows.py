@@ -85,7 +85,7 @@ def _make_row(plan: ComparePlan, v: _Variant, lr: float, runs: list[RunSummary])
         flops_per_token=fpt,
         tokens=runs[0].tokens,
         holdout=v.holdout,
-        unstable=sum(1 for r in runs if is_unstable(r.above_min, r.spikes)),
+        unstable=sum(1 for r in runs if is_unstable(r.above_min, r.spikes) or r.stall is not None),
         val_bpb_mean=bpb_mean,
         val_bpb_std=bpb_std,
     )

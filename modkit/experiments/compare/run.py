@@ -90,13 +90,48 @@ def _train_run(config: Any, run_dir: Path, overrides: dict[str, Any]) -> SimpleN
     )
 
 
+class _Progress:
+    """``[k/N]`` with the elapsed time and an estimate of the time left, for the progress line of each finished run.
+
+    The estimate is the mean wall time per finished run so far (runs training side by side included) times the runs
+    left: a comparison's runs are alike in size unless it has several sizes, where it is only a rough guide.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def tick(self) -> str:
+        """Count one finished run; ``"[k/N] 1 min 05 s elapsed, about 3 min 10 s left"``."""
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        return f"[{self.done}/{self.total}] {_duration(elapsed)} elapsed, about {_duration(left)} left"
+
+
+def _duration(seconds: float) -> str:
+    """``"42 s"``, ``"3 min 05 s"``, ``"1 h 02 min"``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+# size: the plan, the pool, the runs, and the comparison's tracker group and progress counter
 def _execute(
-    plan: ComparePlan, pool: Optional[Executor], runs: list[RunKey], group: Optional[str] = None
+    plan: ComparePlan,
+    pool: Optional[Executor],
+    runs: list[RunKey],
+    group: Optional[str] = None,
+    progress: Optional[_Progress] = None,
 ) -> list[RunSummary]:
     """Train ``runs`` (in ``pool``'s worker processes, or here when ``pool`` is ``None``); their summaries in the
     order of ``runs``; ``group``: the trackers' group of the comparison (``tracker_group``). A run that fails stops
-    the queue (runs already training finish) and its error is raised."""
+    the queue (runs already training finish) and its error is raised. ``progress`` counts the finished runs for the
+    ``[k/N]`` lines (default: these runs alone)."""
     request = plan.request
+    progress = progress or _Progress(len(runs))
     calls = []
     for v, lr, i in runs:
         changes = plan.run_changes(v, lr, i)
@@ -112,7 +147,10 @@ def _execute(
         summaries[k] = read_run(
             run_dir, v.label, changes["lr"], changes["seed"], result, spike_margin=request.spike_margin
         )
-        request.echo(f"done {run_dir.name}: validation loss {summaries[k].val_loss:.4f}, {result.elapsed_s:.0f} s")
+        request.echo(
+            f"{progress.tick()}: done {run_dir.name}: validation loss {summaries[k].val_loss:.4f}, "
+            f"{result.elapsed_s:.0f} s"
+        )
 
     if pool is None:
         for k, call in enumerate(calls):
@@ -154,7 +192,9 @@ def train_runs(
             runs = [(v, lr, 0) for v in variants for lr in request.lrs]
         else:
             runs = [(v, None, i) for v in variants for i in range(request.seeds)]
-        done = _execute(plan, pool, runs, group)
+        rest_count = len(variants) * (request.seeds - 1) if request.mode == "sweep" else 0
+        progress = _Progress(len(runs) + rest_count)
+        done = _execute(plan, pool, runs, group, progress)
         for r in done:
             by_variant[r.spec].setdefault(r.lr, []).append(r)
         if request.mode == "sweep":
@@ -163,7 +203,7 @@ def train_runs(
                 for label, per_lr in by_variant.items()
             }
             rest = _execute(
-                plan, pool, [(v, best[v.label], i) for v in variants for i in range(1, request.seeds)], group
+                plan, pool, [(v, best[v.label], i) for v in variants for i in range(1, request.seeds)], group, progress
             )
             for r in rest:
                 by_variant[r.spec][r.lr].append(r)
@@ -274,6 +314,7 @@ def compare(
         TypeError: a request with other arguments, no ``out_dir``, or an option that is not a request field.
     """
     from .report import write_partial
+    from .stalls import mark_stalls
 
     started = time.perf_counter()
     request = _request_of(specs, config, out_dir, options)
@@ -281,6 +322,7 @@ def compare(
     trackers, group = _open_group(plan)
     try:
         by_variant, done = train_runs(plan, group)
+        mark_stalls(done, margin=request.spike_margin)
         try:
             result = _finish(plan, by_variant, done)
         except Exception as exc:  # a step after training: keep what the finished runs say

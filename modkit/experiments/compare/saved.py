@@ -34,6 +34,15 @@ class _Saved(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", protected_namespaces=())
 
 
+class _Stall(_Saved):
+    start: int
+    end: int
+    share: float
+    level: float
+    reference: float
+    against: str
+
+
 class _Run(_Saved):
     spec: str
     lr: float
@@ -59,6 +68,7 @@ class _Run(_Saved):
     val_bpb: Optional[float] = None
     imbalance_curve: list[Point] = []
     long_val_loss: Optional[float] = None
+    stall: Optional[_Stall] = None
 
 
 class _Row(_Saved):
