@@ -126,14 +126,24 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
-        self._deferred: list[Callable[[argparse.ArgumentParser], None]] = []
+        self._deferred: list[tuple[Callable, Optional[Callable]]] = []
 
     def parse_args(self, args=None, namespace=None):  # noqa: D102 - unknown arguments: the subcommand's error
         namespace, extras = self.parse_known_args(args, namespace)
         if extras:
             parser = chosen_parser(self, namespace)
-            parser.error(unknown_arguments_message(parser, extras))
+            parser.error(unknown_arguments_message(parser, extras, root=self))
         return namespace
+
+    def error(self, message):  # noqa: D102 - an unknown flag is the first thing to report, before missing ones
+        if message.startswith(("the following arguments are required", "one of the arguments")):
+            known = set(_option_strings(self))
+            words = getattr(self, "_words", [])
+            words = words[: words.index("--")] if "--" in words else words
+            unknown = [w for w in words if _looks_like_flag(w) and w.split("=", 1)[0] not in known]
+            if unknown:
+                message = unknown_arguments_message(self, unknown, root=_ROOT[0] if _ROOT else None)
+        super().error(message)
 
     def _check_value(self, action, value):  # noqa: D102 - add the closest valid choice to argparse's message
         try:
@@ -144,18 +154,27 @@ class _Parser(argparse.ArgumentParser):
                 raise argparse.ArgumentError(action, f"{exc.message}; did you mean {hint!r}?") from None
             raise
 
-    def defer(self, configure: Callable[[argparse.ArgumentParser], None]) -> None:
+    def defer(
+        self,
+        configure: Callable[[argparse.ArgumentParser], None],
+        light: Optional[Callable[[argparse.ArgumentParser], None]] = None,
+    ) -> None:
         """Call ``configure(self)`` before this parser first parses or prints its help (not when only its name and
-        one-line help are listed by the parent's ``--help``)."""
-        self._deferred.append(configure)
+        one-line help are listed by the parent's ``--help``). ``light(self)``, when given, stands in for it when
+        the command line only asks for ``--help``: it adds the same flags without what is costly (the registry,
+        torch), and says where the rest are listed."""
+        self._deferred.append((configure, light))
 
-    def configure(self) -> None:
-        """Run the deferred ``configure`` calls now (once each)."""
+    def configure(self, *, light: bool = False) -> None:
+        """Run the deferred ``configure`` calls now (once each; their ``light`` stand-ins with ``light``)."""
         while self._deferred:
-            self._deferred.pop(0)(self)
+            full, stand_in = self._deferred.pop(0)
+            (stand_in if light and stand_in is not None else full)(self)
 
     def parse_known_args(self, args=None, namespace=None):  # the subparsers action calls this on the chosen one
-        self.configure()
+        self._words = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        words = self._words[: self._words.index("--")] if "--" in self._words else self._words
+        self.configure(light=any(w in ("-h", "--help") for w in words))
         return super().parse_known_args(args, namespace)
 
     def format_help(self) -> str:
@@ -167,6 +186,15 @@ class _Parser(argparse.ArgumentParser):
         return super().format_usage()
 
 
+#: the root parser of the last :func:`build_parser` (a subcommand's error names the other commands that have a flag)
+_ROOT: list[argparse.ArgumentParser] = []
+
+
+def _looks_like_flag(word: str) -> bool:
+    """``--txt`` or ``-x``, not ``-`` (stdin) nor a negative number (``-1``, ``-.5``)."""
+    return word.startswith("-") and len(word) > 1 and not word[1:2].isdigit() and word[1:2] != "."
+
+
 def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return [o for action in parser._actions for o in action.option_strings]  # noqa: SLF001
 
@@ -175,7 +203,7 @@ def close_flags(parser: argparse.ArgumentParser, word: str, n: int = 3) -> list[
     """The flags of ``parser`` that an unknown flag ``word`` (``--devices``, ``--ctx=8``) probably meant.
 
     First those it is a prefix of (what argparse's abbreviation matching used to pick silently: ``--lr`` ->
-    ``--lr-sweep``), then the close spellings (:class:`difflib.SequenceMatcher` ratio at least 0.6 and within 0.1
+    ``--lr-sweep``), when there are none, those it extends by a hyphenated word (``--lr-sweep`` -> ``--lr``), then the close spellings (:class:`difflib.SequenceMatcher` ratio at least 0.6 and within 0.1
     of the best one: ``--devices`` -> ``--device``, ``--ctx`` -> ``--context``, ``--strict`` -> ``--no-strict``);
     at most ``n``, never ``--help``.
     """
@@ -186,22 +214,35 @@ def close_flags(parser: argparse.ArgumentParser, word: str, n: int = 3) -> list[
         o for o in _option_strings(parser) if o not in ("-h", "--help") and (o.startswith("--") or len(word) <= 2)
     ]
     found = [o for o in options if len(word) > 2 and o.startswith(word) and o != word]
+    found = found or [o for o in options if len(o) > 2 and word.startswith(o + "-")]
     ratios = sorted(((difflib.SequenceMatcher(None, word, o).ratio(), o) for o in options), reverse=True)
     floor = max(0.75 if found else 0.6, ratios[0][0] - 0.1) if ratios else 1.0
     found += [o for r, o in ratios if r >= floor]
     return list(dict.fromkeys(found))[:n]
 
 
-def unknown_arguments_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+def unknown_arguments_message(
+    parser: argparse.ArgumentParser, extras: Sequence[str], root: Optional[argparse.ArgumentParser] = None
+) -> str:
     """``unrecognized arguments: --devices meta; did you mean --device?`` for the arguments ``parser`` did not
-    know (one "did you mean" per unknown flag that has close matches, naming the flag when there are several)."""
-    flags = [a for a in extras if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit()]
+    know (one "did you mean" per unknown flag that has close matches, naming the flag when there are several);
+    with the ``root`` parser, a flag another command has is named with it (``--lr-sweep is a flag of modkit
+    compare``)."""
+    flags = [a.split("=", 1)[0] for a in extras if _looks_like_flag(a)]
     hints = [(flag, close_flags(parser, flag)) for flag in dict.fromkeys(flags)]
     hints = [(flag, found) for flag, found in hints if found]
     msg = f"unrecognized arguments: {' '.join(extras)}"
     for flag, found in hints:
         meant = " or ".join(found)
-        msg += f"; {flag.split('=', 1)[0]}: did you mean {meant}?" if len(hints) > 1 else f"; did you mean {meant}?"
+        msg += f"; {flag}: did you mean {meant}?" if len(hints) > 1 else f"; did you mean {meant}?"
+    for flag in dict.fromkeys(flags) if root is not None else ():
+        others = [
+            " ".join((PROG, *words))
+            for words, p in iter_parsers(root)
+            if p is not parser and flag in _option_strings(p)
+        ]
+        if others:
+            msg += f" ({flag} is a flag of {', '.join(others[:3])})"
     return msg
 
 
@@ -276,6 +317,7 @@ def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
     sub.required = True
     _add_commands(sub)
     _no_abbreviations(parser)
+    _ROOT[:] = [parser]
     if not lazy:
         _configure_all(parser)
     return parser
@@ -369,6 +411,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except SystemExit as exc:  # --help, --version, usage errors
                 return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
             func: Callable[[argparse.Namespace], int] = args.func
+            device = getattr(args, "device", None)
+            if isinstance(device, str) and device != "auto":  # every --device checked alike, before any work
+                _check_device(device)
             return int(func(args) or 0)
         except KeyboardInterrupt:
             _err(f"{PROG}: interrupted")

@@ -53,11 +53,18 @@ def add_subcommands(sub) -> None:
         help="modkit checkpoint -> Hugging Face folder",
         description="A modkit checkpoint folder (spec.json + model.safetensors) -> a Hugging Face folder "
         "(config.json + model.safetensors, sharded above --max-shard-size) that transformers loads. The model "
-        "type is the spec's metadata.hf_model_type.",
+        "type is --model-type, else the spec's metadata.hf_model_type, else the one registered type whose "
+        "components express the spec (several: name one with --model-type). A run's tokenizer files travel along.",
     )
     m.add_argument("checkpoint", metavar="DIR", help="modkit checkpoint folder (or its model.safetensors)")
     m.add_argument("--to", required=True, choices=["hf"], help="target format (hf)")
     m.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder")
+    m.add_argument(
+        "--model-type",
+        default=None,
+        metavar="TYPE",
+        help="Hugging Face model_type to write, e.g. llama (default: the spec's, or the only one that fits)",
+    )
     m.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: as stored)")
     m.add_argument("--max-shard-size", default=None, metavar="SIZE", help="largest shard, e.g. 5GB (default), 500MB")
     m.set_defaults(func=cmd_convert_modkit)
@@ -122,6 +129,7 @@ def _convert_hf_weights(src: Path, out: Path, dtype: Optional[str], strict: bool
 def cmd_convert_modkit(args: argparse.Namespace) -> int:
     """``modkit convert modkit DIR --to hf -o OUT``: a modkit checkpoint -> Hugging Face folder."""
     import modkit
+    from modkit.io.hf_types import choose_hf_model_type
 
     src = Path(args.checkpoint)
     if not src.exists():
@@ -129,14 +137,16 @@ def cmd_convert_modkit(args: argparse.Namespace) -> int:
     kwargs = {} if args.max_shard_size is None else {"max_shard_size": _parse_size(args.max_shard_size)}
     model = modkit.load(src, dtype=args.dtype, registry=_registry())
     out = Path(args.output)
-    modkit.to_hf(model, out, registry=_registry(), **kwargs)
-    model_type = model.spec.metadata.get("hf_model_type")
+    model_type, note = choose_hf_model_type(model.spec, _registry(), args.model_type)
+    if note:
+        _err(f"note: {note} (name another with --model-type)")
+    modkit.to_hf(model, out, registry=_registry(), model_type=model_type, **kwargs)
     tokenizer = (src if src.is_dir() else src.parent) / "tokenizer.json"
     if tokenizer.is_file():  # a training run's checkpoint carries its tokenizer; the export keeps it beside the weights
         shutil.copyfile(tokenizer, out / "tokenizer.json")
-        config = tokenizer.with_name("tokenizer_config.json")  # its special tokens (eos_token, ...), for AutoTokenizer
-        if config.is_file():
-            shutil.copyfile(config, out / "tokenizer_config.json")
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):  # its special tokens, for AutoTokenizer
+            if tokenizer.with_name(name).is_file():
+                shutil.copyfile(tokenizer.with_name(name), out / name)
     _err(
         f"wrote {out}/ (Hugging Face {model_type}: config.json + safetensors{' + tokenizer.json' if tokenizer.is_file() else ''}; "
         f"{_weights_summary(model)})"

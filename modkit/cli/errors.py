@@ -58,6 +58,33 @@ def is_own(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) and not isinstance(exc, UnicodeError) and _raised_by_modkit(exc)
 
 
+def close_paths(text: str, n: int = 3) -> list[str]:
+    """Existing paths a missing path ``text`` probably meant (``specs/tiny-lama.json`` -> ``specs/tiny-llama.json``):
+    the close spellings (:class:`difflib.SequenceMatcher` ratio at least 0.75 and within 0.05 of the best) among the entries of its folder, the
+    nearest existing folder above it when that folder is missing too; at most ``n``, written as ``text`` was
+    (relative stays relative)."""
+    import difflib
+    import os
+
+    head, tail = os.path.split(text.rstrip("/"))
+    if not tail:
+        return []
+    folder = head or "."
+    if not os.path.isdir(folder):
+        parents = close_paths(head, 1) if head else []
+        if not parents or not os.path.isdir(parents[0]):
+            return []
+        folder = head = parents[0]
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    scored = sorted(((difflib.SequenceMatcher(None, tail, f).ratio(), f) for f in names), reverse=True)
+    floor = max(0.75, scored[0][0] - 0.05) if scored else 1.0
+    found = [f for r, f in scored if r >= floor][:n]
+    return [os.path.join(head, f) if head else f for f in found]
+
+
 def _report(exc: BaseException, argv: Optional[Sequence[str]] = None) -> int:
     """Print ``exc`` on stderr (a spec error: one line per problem; a foreign error: marked internal, with its type,
     what was being read, and ``argv``, the command's arguments); returns 1."""
@@ -73,7 +100,11 @@ def _report(exc: BaseException, argv: Optional[Sequence[str]] = None) -> int:
         _err(_safe(f"{PROG}: error: {exc}"))
     elif isinstance(exc, FileNotFoundError):
         name = exc.filename
-        _err(_safe(f"{PROG}: error: " + (f"{name}: no such file" if name else str(exc))))
+        text = f"{name}: no such file" if name else str(exc)
+        missing = name or (str(exc).rsplit(": no such file", 1)[0] if ": no such file" in str(exc) else None)
+        close = close_paths(str(missing)) if missing else []
+        hint = f"; did you mean {' or '.join(close)}?" if close and "did you mean" not in text else ""
+        _err(_safe(f"{PROG}: error: {text}{hint}"))
     elif is_own(exc):
         _err(_safe(f"{PROG}: error: {exc}"))
     elif isinstance(exc, OSError) and not isinstance(exc, UnicodeError) and exc.filename:

@@ -60,7 +60,7 @@ def add_subcommands(sub) -> None:
         help="allocate even when the estimated weight or KV-cache bytes exceed the memory free on the device",
     )
     defer = getattr(p, "defer", None)  # modkit's parser: when `generate` is parsed or its help shown; a plain one: now
-    defer(_add_sampling_arguments) if defer is not None else _add_sampling_arguments(p)
+    defer(_add_sampling_arguments, light=_add_sampling_help) if defer is not None else _add_sampling_arguments(p)
     p.set_defaults(func=cmd_generate)
 
 
@@ -303,20 +303,33 @@ def _sampling_arguments() -> dict:
         return {}
 
 
-def _add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+def _add_sampling_arguments(p: argparse.ArgumentParser, *, plugins: bool = True) -> None:
     """The sampling arguments of ``generate``: ``--temperature``, ``--top-k``, ``--top-p``, one flag per registered
-    sampling keyword (:func:`_add_sampling_flags`; this loads the plugins) and ``--sampling``."""
+    sampling keyword (:func:`_add_sampling_flags`; this loads the plugins, and torch, unless ``plugins`` is false)
+    and ``--sampling``."""
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="0 (default) is greedy; > 0 samples")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
     p.add_argument(
         "--top-p", type=float, default=None, metavar="P", help="nucleus sampling: smallest set with mass >= P"
     )
-    _add_sampling_flags(p)
+    if plugins:
+        _add_sampling_flags(p)
     p.add_argument(
         "--sampling",
         metavar="JSON",
         help="the sampling pipeline as a JSON list (or a file holding one), applied in list order, e.g. "
         '\'[{"type": "temperature", "value": 0.7}, {"type": "min_p", "p": 0.05}]\'; instead of the flags above',
+    )
+
+
+def _add_sampling_help(p: argparse.ArgumentParser) -> None:
+    """``generate --help`` without loading the plugins (torch takes seconds to import): the built-in sampling
+    flags, and where the flags the registered sampling steps add are listed."""
+    _add_sampling_arguments(p, plugins=False)
+    p.epilog = (
+        "Every registered logits processor and stop condition adds a flag of its own (--repetition-penalty, "
+        "--min-p, --stop-strings, ...): `modkit list logits_processor` and `modkit list stop_condition` list them "
+        "(their keyword, with - for _, is the flag), and the CLI reference page of the docs shows every flag."
     )
 
 

@@ -23,7 +23,7 @@ def add_subcommands(sub) -> None:
         "show", help="describe one component", description="Fields, capabilities and provider of one component."
     )
     p.add_argument("kind", help="component kind, e.g. norm")
-    p.add_argument("type", help="component type, e.g. rmsnorm")
+    p.add_argument("type", nargs="?", help="component type, e.g. rmsnorm (left out: the types of KIND)")
     p.add_argument("--schema", action="store_true", help="print the config's JSON Schema instead")
     p.set_defaults(func=cmd_show)
 
@@ -34,7 +34,7 @@ def _check_kind(reg, kind: str) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """``modkit list [KIND] [--pattern GLOB]``."""
+    """``modkit list [KIND] [--pattern GLOB]`` (and ``modkit show KIND``: the types of one kind)."""
     reg = _registry()
     if args.kind is not None:
         _check_kind(reg, args.kind)
@@ -126,6 +126,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     reg = _registry()
     _check_kind(reg, args.kind)
+    if args.type is None:  # `modkit show mixer`: the types to choose from
+        code = cmd_list(argparse.Namespace(kind=args.kind, pattern=None))
+        _err(f"modkit show {args.kind} TYPE describes one of them")
+        return code
     entry = reg.get(args.kind, args.type)
     schema = entry.config.model_json_schema()
     if args.schema:

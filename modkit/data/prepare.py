@@ -117,6 +117,7 @@ from .sources import (  # noqa: F401 - re-exported
 from .tokenizer import (  # noqa: F401 - re-exported
     BOS_TOKEN,
     EOT_TOKEN,
+    TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     Tokenizer,
     UnknownTokenError,
@@ -332,23 +333,30 @@ def _write_dataset(plan: _Plan, tok: Tokenizer) -> dict:
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        stale = stale_temporaries(out, (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE))
+        stale = stale_temporaries(out, (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, META_FILE))
         for path, _pid in stale:
             path.unlink(missing_ok=True)
     except OSError as exc:
         raise _write_error(out, exc) from None
     if stale:
         warnings.warn(removed_note(out, stale), DataNote, stacklevel=3)
-    tmp = {name: out / f".{name}.tmp-{os.getpid()}" for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE)}
+    names = (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, META_FILE)
+    tmp = {name: out / f".{name}.tmp-{os.getpid()}" for name in names}
     done = False
     try:
         splits = _encode_splits(plan, tok, tmp)
         tok.save(tmp[TOKENIZER_FILE])
+        special = tok.special_config()  # the special tokens the corpus was prepared with, for every run trained on it
+        if special is not None:
+            tmp[TOKENIZER_CONFIG_FILE].write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
         meta = _meta(plan, tok, splits, tmp)
         tmp[META_FILE].write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         (out / META_FILE).unlink(missing_ok=True)  # from here until the last rename the folder holds no dataset
-        for name in (TRAIN_FILE, VAL_FILE, TOKENIZER_FILE, META_FILE):
-            os.replace(tmp[name], out / name)
+        if special is None:
+            (out / TOKENIZER_CONFIG_FILE).unlink(missing_ok=True)  # an earlier preparation's
+        for name in names:
+            if name != TOKENIZER_CONFIG_FILE or special is not None:
+                os.replace(tmp[name], out / name)
         done = True
     except OSError as exc:  # the inputs' read errors are DataErrors already: this is a write
         raise _write_error(out, exc) from None

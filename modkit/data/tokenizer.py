@@ -71,6 +71,8 @@ BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[CLS]")
 #: File beside ``tokenizer.json`` naming its special tokens (Hugging Face's name and keys).
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 _SPECIAL_MAP_FILE = "special_tokens_map.json"
+#: Hugging Face's special-token keys: those a loaded tokenizer's files name are written back by :meth:`Tokenizer.save`
+HF_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
 
 class UnknownTokenError(DataError):
@@ -107,6 +109,8 @@ class Tokenizer:
         vocab_size: ``1 + the largest id`` (added tokens included): the ``vocab_size`` a model needs for it.
         eot, eot_id: the end-of-text token and its id (``None`` when the tokenizer has none).
         bos, bos_id: the begin-of-text token and its id (``None`` when it has none).
+        hf_special: ``{Hugging Face key: token}`` the files it was loaded from named (``pad_token``, ``bos_token``,
+            ...; :data:`HF_SPECIAL_KEYS`), kept by :meth:`save` whether or not documents use them.
     """
 
     def __init__(self, backend: tokenizers.Tokenizer, spec: str, *, eot: str | None = None, bos: str | None = None):
@@ -120,6 +124,7 @@ class Tokenizer:
         self.eot_id: int | None = None
         self.bos_id: int | None = None
         self.set_special(eot=eot if eot is not None else found[0], bos=bos if bos is not None else found[1])
+        self.hf_special: dict[str, str] = {}
         self._ordinary: tokenizers.Tokenizer | None = None
 
     def set_special(self, *, eot: str | None = ..., bos: str | None = ...) -> None:  # type: ignore[assignment]
@@ -230,24 +235,34 @@ class Tokenizer:
 
         When the file is named ``tokenizer.json`` and the tokenizer has an end-of-text or begin-of-text token, a
         ``tokenizer_config.json`` naming them (``eos_token``, ``bos_token``; Hugging Face's keys, so transformers'
-        ``AutoTokenizer`` loads the folder too) is written beside it.
+        ``AutoTokenizer`` loads the folder too) is written beside it, with every other special token the files it
+        was loaded from named (:attr:`hf_special`: ``pad_token``, a ``bos_token`` documents do not start with, ...).
         """
         path = Path(path)
         if path.is_dir():
             path = path / TOKENIZER_FILE
         # written here, not by the library, which takes only UTF-8 paths (a folder named in other bytes is fine)
         path.write_text(self.backend.to_str(pretty=True), encoding="utf-8")
-        if path.name == TOKENIZER_FILE and (self.eot is not None or self.bos is not None):
-            config = {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "eos_token": self.eot,
-                "bos_token": self.bos,
-                "add_bos_token": False,
-                "add_eos_token": False,
-                "clean_up_tokenization_spaces": False,
-            }
+        config = self.special_config()
+        if path.name == TOKENIZER_FILE and config is not None:
             (path.parent / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         return path
+
+    def special_config(self) -> dict | None:
+        """The ``tokenizer_config.json`` naming the special tokens (:meth:`save`), or ``None`` when it names none:
+        ``eos_token`` / ``bos_token`` (:attr:`eot` / :attr:`bos`, else the loaded files' own) and every other
+        :data:`HF_SPECIAL_KEYS` token the loaded files named."""
+        named = {**self.hf_special}
+        named.update({k: v for k, v in (("eos_token", self.eot), ("bos_token", self.bos)) if v is not None})
+        if not named:
+            return None
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **{k: named[k] for k in HF_SPECIAL_KEYS if k in named},
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+        }
 
     def __repr__(self) -> str:
         return f"Tokenizer(spec={self.spec!r}, vocab_size={self.vocab_size})"
@@ -511,4 +526,22 @@ def load_tokenizer(path: str | Path, *, spec: str | None = None) -> Tokenizer:
     backend.no_padding()
     backend.no_truncation()
     eot, bos = special_tokens_of(backend, file.parent)
-    return Tokenizer(backend, spec if spec is not None else str(file), eot=eot, bos=bos)
+    tok = Tokenizer(backend, spec if spec is not None else str(file), eot=eot, bos=bos)
+    tok.hf_special = hf_special_tokens(backend, file.parent)
+    return tok
+
+
+def hf_special_tokens(backend: tokenizers.Tokenizer, folder: Path) -> dict[str, str]:
+    """``{key: token}`` for each :data:`HF_SPECIAL_KEYS` key that ``folder``'s ``tokenizer_config.json`` or
+    ``special_tokens_map.json`` names with a token in the vocabulary (the first file naming a key decides)."""
+    found: dict[str, str] = {}
+    for name in (TOKENIZER_CONFIG_FILE, _SPECIAL_MAP_FILE):
+        try:
+            config = json.loads((folder / name).read_text(encoding="utf-8")) if (folder / name).is_file() else {}
+        except (OSError, ValueError):
+            config = {}
+        for key in HF_SPECIAL_KEYS if isinstance(config, dict) else ():
+            token = _token_name(config.get(key))
+            if key not in found and token is not None and backend.token_to_id(token) is not None:
+                found[key] = token
+    return found

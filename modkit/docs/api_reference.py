@@ -137,7 +137,7 @@ def api_pages() -> dict[str, str]:
         + "\n"
     )
     nav = (
-        ["* [Overview](index.md)", "* Public API"]
+        ["* [Python API overview](index.md)", "* Public API"]
         + [f"    * [{n}]({n}.md)" for n in modules if n in public]
         + ["* Internals"]
         + [f"    * [{n}]({n}.md)" for n in modules if n not in public]

@@ -469,7 +469,7 @@ def overview_page(docs: list[ComponentDoc], registry, contracts: Mapping[str, st
 
 def components_nav(docs: list[ComponentDoc], registry) -> str:
     """literate-nav ``components/SUMMARY.md``."""
-    lines = ["* [Overview](index.md)"]
+    lines = ["* [Components overview](index.md)"]
     for kind in registry.kinds():
         lines.append(f"* [{kind}]({kind}/index.md)")
         for d in docs:

@@ -59,7 +59,9 @@ def generate(
     for c in cards:
         pages[gallery_path(c.stem)] = gallery_page(c, reg)
     pages["gallery/index.md"] = gallery_index(cards, reg)
-    pages["gallery/SUMMARY.md"] = "* [Overview](index.md)\n" + "".join(f"* [{c.stem}]({c.stem}.md)\n" for c in cards)
+    pages["gallery/SUMMARY.md"] = "* [Gallery overview](index.md)\n" + "".join(
+        f"* [{c.stem}]({c.stem}.md)\n" for c in cards
+    )
 
     docs = component_docs(reg)
     uses = gallery_usage(cards)

@@ -14,6 +14,9 @@ On each build it
 * rewrites Markdown links that leave the docs folder (:func:`modkit.docs.site.rewrite_outside_links`);
 * fills the generated table of contract checks into a page that marks its place (the plugin guide:
   :func:`modkit.docs.checks.fill_check_table`, from the checks the installed kit registers);
+* ranks the search's results: guides and the home page above component pages, those above experiments, the API
+  reference last
+  (:data:`SEARCH_BOOST`, the page's ``search.boost`` that material's search multiplies a match's score by);
 * writes ``search/search_index.js`` beside the theme's ``search_index.json`` (the same index as a script
   defining ``__index``), which material's search loads instead when the page comes from ``file://``, where a
   page may not fetch a file (what material's own ``offline`` plugin does, without its polyfill from a CDN: the
@@ -33,6 +36,39 @@ from mkdocs.structure.files import File, Files
 #: The packaged site: ``mkdocs.yml`` and its ``pages/``.
 WEB = Path(__file__).resolve().parent / "web"
 PAGES = WEB / "pages"
+
+
+#: ``(page path prefix, search boost)``, first match wins: a guide's match outranks the same match on a component
+#: page, and that one the same match in the API reference or an experiment's raw report
+SEARCH_BOOST: tuple[tuple[str, float], ...] = (
+    ("guides/", 4.0),
+    ("index.md", 3.0),
+    ("concepts.md", 3.0),
+    ("components/", 2.0),
+    ("experiments/results/", 0.5),
+    ("reference/api/", 0.3),
+)
+
+
+def search_boost(src_uri: str) -> float:
+    """The search boost of the page at ``src_uri`` (:data:`SEARCH_BOOST`; 1 for every other page)."""
+    return next((boost for prefix, boost in SEARCH_BOOST if src_uri.startswith(prefix)), 1.0)
+
+
+def component_tags(src_uri: str) -> list[str]:
+    """The field names of the component a page ``components/KIND/TYPE.md`` describes (``sliding_window``, ...), as
+    the page's search tags: material's search ranks a tag match above any title or text match, so a search for a
+    field ("sliding window") finds the components that have it first. Empty for any other page."""
+    parts = src_uri.split("/")
+    if len(parts) != 3 or parts[0] != "components" or parts[2] == "index.md":
+        return []
+    import modkit
+
+    try:
+        entry = modkit.get_registry().get(parts[1], parts[2][: -len(".md")])
+    except Exception:  # noqa: BLE001 - a kind index or a page of no registered component: no tags
+        return []
+    return [name for name in entry.config.model_fields if name != "type"]
 
 
 def spec_folder(config_file: Path, cwd: Optional[Path] = None) -> Optional[Path]:
@@ -90,12 +126,17 @@ class ModkitPlugin(BasePlugin[ModkitPluginConfig]):
         return files
 
     def on_page_markdown(self, markdown: str, *, page, config, files) -> str:
-        """Fill the generated contract-check table where a page marks it; rewrite links that leave the docs folder
-        (to ``repo_url`` when configured, else to the path in code)."""
+        """Fill the generated contract-check table where a page marks it; set the page's search boost (unless its
+        front matter sets one); rewrite links that leave the docs folder (to ``repo_url`` when configured, else to
+        the path in code)."""
         from .checks import fill_check_table
         from .site import rewrite_outside_links
 
         markdown = fill_check_table(markdown)
+        search = page.meta.setdefault("search", {}) if isinstance(page.meta.get("search", {}), dict) else {}
+        search.setdefault("boost", search_boost(page.file.src_uri))
+        if "tags" not in page.meta and component_tags(page.file.src_uri):  # for the search index only (no tags plugin)
+            page.meta["tags"] = component_tags(page.file.src_uri)
         docs_dir = Path(config["docs_dir"])
         root = Path(config["config_file_path"]).resolve().parent
         return rewrite_outside_links(markdown, page.file.src_uri, docs_dir, root, config.get("repo_url"))

@@ -413,10 +413,13 @@ def to_hf(
     *,
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     registry: Optional[Registry] = None,
+    model_type: Optional[str] = None,
 ) -> Path:
     """Write ``model`` as a Hugging Face model folder that transformers loads with ``from_pretrained``.
 
-    The model type is ``model.spec.metadata["hf_model_type"]`` (set by every converted spec). The config comes
+    The model type is ``model_type`` when given, else ``model.spec.metadata["hf_model_type"]`` (set by every
+    converted spec), else the one registered type that expresses the spec
+    (:func:`modkit.io.hf_types.choose_hf_model_type`; a spec trained from scratch). The config comes
     from the plugin's reverse conversion, checked by converting it back: a spec the model type cannot express
     (e.g. a sandwich-norm block written as ``llama``) is refused, naming every field that would change. Keys of
     the source config that do not shape the network (token ids, generation defaults) are kept when the model came
@@ -430,18 +433,20 @@ def to_hf(
         path: the output folder (created if needed).
         max_shard_size: largest shard in bytes (default 5 GB).
         registry: defaults to the process-wide registry.
+        model_type: the Hugging Face ``model_type`` to write (default: named by the spec or inferred).
 
     Returns:
         the folder path.
 
     Raises:
-        CheckpointError: no ``metadata.hf_model_type``, no weight mapper for it, a spec it cannot express, or a
-            model tensor without a counterpart in the format.
+        CheckpointError: no model type named and not exactly one that expresses the spec (the candidates, or the
+            components none maps, listed), no weight mapper for it, a spec it cannot express, or a model tensor
+            without a counterpart in the format.
     """
     from modkit.io.atomic import commit, recover
     from modkit.io.checkpoint import HF_INDEX_FILE, WEIGHTS_FILE, checked_path
 
-    config, tensors = _hf_export(model, registry or get_registry())
+    config, tensors = _hf_export(model, registry or get_registry(), model_type)
     out = checked_path(path)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out} exists and is not a folder")
@@ -457,23 +462,18 @@ def to_hf(
     return out
 
 
-def _hf_export(model: "Model", reg: Registry) -> tuple[dict, dict[str, Tensor]]:
+def _hf_export(model: "Model", reg: Registry, model_type: Optional[str] = None) -> tuple[dict, dict[str, Tensor]]:
     """The Hugging Face ``config.json`` dict of ``model`` and its tensors under the checkpoint's names, in mapping
     order.
 
     Raises:
-        CheckpointError: no ``metadata.hf_model_type``, no weight mapper for it, a spec it cannot express, or a
-            model tensor without a counterpart in the format.
+        CheckpointError: see :func:`to_hf`.
     """
     from modkit.io.checkpoint import export
+    from modkit.io.hf_types import choose_hf_model_type
 
     spec = model.spec
-    model_type = (spec.metadata or {}).get("hf_model_type")
-    if not model_type:
-        raise CheckpointError(
-            "the spec has no metadata.hf_model_type, so the Hugging Face model type to write is unknown; set it "
-            f'("metadata": {{"hf_model_type": ...}}) to one of {", ".join(reg.hf_model_types())}'
-        )
+    model_type, _ = choose_hf_model_type(spec, reg, model_type)
     mapper = _mapper(str(model_type), reg)
     config = mapper.hf_config(spec, getattr(model, "hf_config", None))
     config["torch_dtype"] = _dtype_name(model)

@@ -271,7 +271,13 @@ def test_prepare_is_atomic_when_interrupted(tmp_path, monkeypatch):
     monkeypatch.setattr(prepare_mod, "_split", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prepare([src], out, show_progress=False)
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "meta.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "train.bin",
+        "val.bin",
+    ]
     assert _bins(TokenData.open(out).path) == old  # the old dataset is intact
     monkeypatch.undo()
     renames = []

@@ -104,7 +104,7 @@ def test_stale_temporary_files_of_dead_processes_are_removed_and_live_ones_kept(
     ):
         prepare([tmp_path / "in.txt"], out, show_progress=False)
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["meta.json", "tokenizer.json", "train.bin", "val.bin", live.name, other.name]
+        ["meta.json", "tokenizer.json", "tokenizer_config.json", "train.bin", "val.bin", live.name, other.name]
     )
 
 

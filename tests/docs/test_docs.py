@@ -1303,3 +1303,137 @@ def test_site_cost_guide_code_is_not_clipped(built_site, browser):
     assert browser.eval(
         "[...document.querySelectorAll('.md-content pre > code')].some(c => c.textContent.includes('FLOPs per token at context 8,192'))"
     )
+
+
+# ------------------------------------------------------------------------------------------------ search and layout
+
+
+def test_search_splits_words_on_underscores_and_hyphens():
+    """The site's search separator (lunr's tokenizer, the same regex in the browser) splits ``sliding_window`` and
+    ``pre-norm`` into words, so "sliding window" finds the pages that write the field name."""
+    import re
+
+    import yaml
+
+    from modkit.docs.plugin import WEB
+
+    text = (WEB / "mkdocs.yml").read_text()
+    config = yaml.safe_load(re.sub(r"!!python/name:\S+", "null", text))
+    search = next(p["search"] for p in config["plugins"] if isinstance(p, dict) and "search" in p)
+    split = [w for w in re.split(search["separator"], "sliding_window pre-norm q_proj.weight, gqa") if w]
+    assert split == ["sliding", "window", "pre", "norm", "q", "proj", "weight", "gqa"]
+
+
+def test_search_ranks_guides_above_the_api_reference():
+    from modkit.docs.plugin import search_boost
+
+    boosts = {
+        uri: search_boost(uri)
+        for uri in ("guides/training.md", "index.md", "experiments/dense-vs-moe.md", "components/attention/gqa.md")
+    }
+    assert boosts == {
+        "guides/training.md": 4.0,
+        "index.md": 3.0,
+        "experiments/dense-vs-moe.md": 1.0,
+        "components/attention/gqa.md": 2.0,
+    }
+    assert search_boost("reference/api/modkit.train.md") == 0.3
+    from modkit.docs.plugin import component_tags
+
+    assert "sliding_window" in component_tags("components/attention/gqa.md")
+    assert component_tags("components/index.md") == component_tags("guides/training.md") == []
+    assert search_boost("experiments/results/x/report.md") == 0.5
+
+
+def test_no_two_navigation_entries_share_a_title(pages):
+    """Each generated sub-navigation names its index page after its section: no two tabs read "Overview - modkit"."""
+    titles = [
+        line.split("](")[0].lstrip("* [")
+        for name, text in pages.items()
+        if name.endswith("SUMMARY.md")
+        for line in text.splitlines()
+        if line.lstrip().startswith("* [") and line.rstrip().endswith("(index.md)")
+    ]
+    assert "Overview" not in titles and len(titles) == len(set(titles)), titles
+
+
+def test_readme_ten_minute_commands_parse():
+    """Every ``$ modkit ...`` command the README's ten-minute path shows is one the parser accepts as written."""
+    import shlex
+
+    from modkit.cli import build_parser
+
+    section = _readme_section("ten-minutes")
+    commands = [line[2:] for line in section.splitlines() if line.startswith("$ modkit ")]
+    assert [shlex.split(c)[1] for c in commands] == ["build", "trace", "compare", "cost"]
+    parser = build_parser()
+    for command in commands:
+        parser.parse_args(shlex.split(command)[1:])  # a usage error exits: the test fails naming it
+
+
+#: elements of the page wider than the window (the page scrolls sideways), and code blocks cut off at their edge
+_WIDE = """(() => {
+  const vw = document.documentElement.clientWidth;
+  const wide = [...document.querySelectorAll('.md-content *')]
+    .filter(e => e.getBoundingClientRect().right > vw + 1 && getComputedStyle(e).position !== 'fixed')
+    .filter(e => !e.closest('pre, .md-typeset__scrollwrap, .mermaid, .katex-display'))
+    .map(e => e.tagName + ': ' + (e.textContent || '').replace(/\\s+/g, ' ').trim().slice(0, 50));
+  const clipped = [...document.querySelectorAll('.md-content pre > code')]
+    .filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent.trim().slice(0, 50));
+  return {page: document.documentElement.scrollWidth - vw, wide: wide.slice(0, 10), clipped: clipped};
+})()"""
+
+
+@pytest.mark.slow
+def test_home_and_plugin_guide_fit_a_1366_window(built_site, browser, tmp_path):
+    """At 1366 x 900 neither the home page, the plugin guide nor the 11-column experiment page has an element wider
+    than the window (a wide code block scrolls inside its own box), and no code block of the home page is cut off
+    at its edge; a screenshot of each is taken (kept in the test's folder for a look)."""
+    site = built_site["site"]
+    browser.send(
+        "Emulation.setDeviceMetricsOverride", {"width": 1366, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+    )
+    try:
+        for page in ("index.html", "guides/writing-a-plugin.html", "experiments/prefill-vs-decode.html"):
+            browser.goto((site / page).as_uri())
+            found = browser.eval(_WIDE)
+            if page != "index.html":
+                found["clipped"] = []
+            assert found == {"page": 0, "wide": [], "clipped": []}, (page, found)
+            shot = browser.screenshot(tmp_path / (page.replace("/", "-") + ".png"), full_page=False)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # the plugin guide's API table gives the prose most of the width
+        browser.goto((site / "guides" / "writing-a-plugin.html").as_uri())
+        share = browser.eval(
+            "(() => { const t = document.querySelector('.mk-api-table table'); const c = t.rows[1].cells[0];"
+            " return c.getBoundingClientRect().width / t.getBoundingClientRect().width; })()"
+        )
+        assert share < 0.4, share
+    finally:
+        browser.send("Emulation.clearDeviceMetricsOverride", {})
+
+
+@pytest.mark.slow
+def test_search_finds_components_and_ranks_the_training_guide_first(built_site, browser):
+    browser.goto((built_site["site"] / "index.html").as_uri())
+    browser.click('label[for="__search"]')
+    browser.eval("document.querySelector('input.md-search__input').focus()")
+    browser.wait("!/Initializing/i.test(document.querySelector('.md-search-result__meta').textContent)", timeout=90)
+
+    def results(query: str) -> list[str]:
+        browser.eval("document.querySelector('input.md-search__input').value = ''")
+        browser.type(query)  # key by key, as a reader types: the theme searches on its key events
+        words = json.dumps(query.split())
+        browser.wait(  # the results of this query: one of its words highlighted in the first result
+            "[...document.querySelectorAll('.md-search-result__item:first-child mark')]"
+            f".some(m => {words}.some(w => m.textContent.toLowerCase().startsWith(w)))",
+            timeout=60,
+        )
+        return browser.eval("[...document.querySelectorAll('.md-search-result__item > a')].map(a => a.href)")
+
+    def page(href: str) -> str:
+        return href.split("/site/")[-1].split("?")[0].split("#")[0]
+
+    top = [page(href) for href in results("sliding window")[:5]]
+    assert top[:3] == [f"components/attention/{t}.html" for t in ("gqa", "mha", "mqa")], top
+    assert page(results("train")[0]) == "guides/training.html"

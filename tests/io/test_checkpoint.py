@@ -286,9 +286,9 @@ def test_spec_that_describes_another_network_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------------------ export refusals
 
 
-def test_to_hf_needs_the_model_type(tmp_path):
+def test_to_hf_needs_the_model_type_when_several_fit(tmp_path):
     model = modkit.build(Path(__file__).resolve().parents[2] / "specs" / "tiny-llama.json")
-    with pytest.raises(CheckpointError, match="hf_model_type"):
+    with pytest.raises(CheckpointError, match="6 Hugging Face model types express it: llama, "):
         modkit.to_hf(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
