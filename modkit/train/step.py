@@ -139,7 +139,7 @@ class StepMixin:
             TrainError: the weights hold a NaN or infinite value (``step N: after the optimizer update, ...``).
         """
         checks = [loss.float()] + ([] if self.scaler.is_enabled() else [norm.float()])
-        flags = torch.stack([(~torch.isfinite(torch.stack(checks))).any().float(), self._weights_flag()])
+        flags = torch.stack([(~torch.isfinite(torch.stack(checks))).any().float(), self._weights_flag(fast=True)])
         bad = self.procs.mean(flags.to(self.device)) > 0
         bad_values, bad_weights = bad.tolist()  # the one host synchronisation
         if bad_weights:
@@ -174,13 +174,19 @@ class StepMixin:
                 f"{c.max_nonfinite_skips}; the run stopped ({self._saved_note()}). To go on: {fix}"
             )
 
-    def _weights_flag(self) -> Tensor:
+    def _weights_flag(self, fast: bool = False) -> Tensor:
         """``[]`` float: 1 when a trainable parameter (this rank's shard) holds a NaN or infinite value, else 0 (one
-        pass over the weights, their largest magnitude per tensor; no host synchronisation)."""
+        pass over the weights; no host synchronisation).
+
+        ``fast``: the flag of the per-step check, from each tensor's Euclidean norm (``torch._foreach_norm``, one
+        vectorised pass: about 20x cheaper on the CPU than the largest magnitude, whose kernel is not vectorised). A
+        NaN or infinite entry makes its tensor's norm non-finite, so nothing is missed; a finite tensor whose norm
+        overflows float32 (entries near 1e19) raises the flag too, and :meth:`_check_weights` then looks again with
+        the exact test (the largest magnitude per tensor) before it stops anything."""
         held = [t for t in self._local_params() if t.numel()]  # a rank's shard of a small tensor may be empty
         if not held:
             return torch.zeros((), device=self.device)
-        norms = torch._foreach_norm(held, ord=math.inf)
+        norms = torch._foreach_norm(held) if fast else torch._foreach_norm(held, ord=math.inf)
         return (~torch.isfinite(torch.stack(norms))).any().float().to(self.device)
 
     def _local_params(self) -> list[Tensor]:

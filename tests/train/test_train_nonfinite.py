@@ -108,6 +108,22 @@ def test_weights_made_nan_by_the_update_stop_the_run_naming_them(data, tmp_path)
     assert checkpoints(tmp_path / "run") == (["best-0000002", "step-0000002"], "step-0000002")
 
 
+def test_a_huge_finite_weight_trips_only_the_fast_flag_and_the_exact_test_clears_it(data, tmp_path):
+    """The per-step flag reads each weight tensor's Euclidean norm: a finite tensor whose norm overflows float32 raises
+    it, the exact test (largest magnitude) then finds nothing and the step goes on; a NaN is still named."""
+    t = trainer(data, tmp_path / "run", [])
+    finite = (torch.tensor(1.0), torch.tensor(1.0))  # the loss and the gradient norm
+    weight = t.model.layers[0].attention.q_proj.weight
+    with torch.no_grad():
+        weight[0, :2] = 3e19  # finite; 2 * 9e38 overflows float32
+    assert float(t._weights_flag(fast=True)) == 1.0 and float(t._weights_flag()) == 0.0
+    assert t._nonfinite_problem(*finite) is None
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    with pytest.raises(TrainError, match=r"layers\.0\.attention\.q_proj\.weight \(1 of 1,024\)"):
+        t._nonfinite_problem(*finite)
+
+
 def test_a_nan_first_evaluation_writes_no_best(data, tmp_path):
     lines: list = []
     t = trainer(data, tmp_path / "run", lines)
