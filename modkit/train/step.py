@@ -131,7 +131,7 @@ class StepMixin:
         """What is not finite in this step before its update: the loss, or (without a float16 grad scaler, which
         skips such steps itself) the gradient norm; ``None`` when both are finite. Collective: every rank gets the
         same answer, in one host synchronisation per step, which also checks the weights the previous step's
-        update left (their largest magnitude per tensor): a weight made non-finite by step N's update stops the run
+        update left (the norm of each tensor, :meth:`_weights_flag`): a weight made non-finite by step N's update stops the run
         at the start of step N + 1, before anything else runs on it, and the checkpoint and evaluation of step N
         refuse it themselves (:meth:`_check_weights`).
 
