@@ -101,7 +101,8 @@ class KimiDeltaConfig(ComponentConfig):
         ge=1,
         le=1024,
         description="chunk length of the chunkwise form used for training and prefill; changes the speed and the "
-        "memory (an [L, L, head_dim] decay tensor per chunk and head), not the numbers",
+        "memory (an [L, L, head_dim] decay tensor per chunk and head), not the numbers. Default 16: the fastest "
+        "forward + backward at 256 tokens among 4-64 on one CPU thread (8 is faster at 4K; not measured on a GPU)",
     )
 
     @property
