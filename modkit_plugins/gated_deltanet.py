@@ -2,7 +2,7 @@
 
 ``[batch, seq, d_model] -> [batch, seq, d_model]``. Per token, projections give queries and keys (``n_heads`` heads of
 ``key_head_dim``), values and an output gate (``n_value_heads`` heads of ``value_head_dim``; each key head serves
-``n_value_heads / n_heads`` consecutive value heads), and per value head a write strength ``β = sigmoid(b)`` and a
+``n_value_heads / n_heads`` consecutive value heads), and per value head a write strength ``β = sigmoid(b)`` (``2 · sigmoid(b)`` with ``allow_neg_eigval``) and a
 decay ``α = exp(g)`` with ``g = -exp(A_log) · softplus(a + dt_bias)``. Queries, keys and values go through a short
 causal depthwise convolution and ``silu``; queries and keys are L2-normalised (queries also scaled by
 ``key_head_dim^-1/2``). Per value head, with state ``S ∈ R^{key_head_dim × value_head_dim}``:
@@ -82,6 +82,12 @@ class GatedDeltaNetConfig(ComponentConfig):
     )
     d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over q, k and v")
     conv_bias: bool = Field(False, description="bias on the convolution (Qwen3-Next: none)")
+    allow_neg_eigval: bool = Field(
+        False,
+        description="beta = 2 · sigmoid(b) in (0, 2) instead of sigmoid(b) in (0, 1): the state's transition I - beta "
+        "k kᵀ may have a negative eigenvalue (OLMo Hybrid's linear_allow_neg_eigval, flash-linear-attention's "
+        "allow_neg_eigval); default off",
+    )
     norm_eps: Epsilon = Field(
         1e-6,
         description=f"epsilon of the gated output norm; within [{MIN_EPS:g}, {MAX_EPS:g}] (Qwen3-Next: 1e-6; a smaller "
@@ -232,7 +238,7 @@ class GatedDeltaNet(nn.Module):
         d = ctx.d_model
         self.n_heads, self.n_value_heads = cfg.n_heads, cfg.value_heads
         self.key_head_dim, self.value_head_dim, self.d_conv = cfg.key_head_dim, cfg.value_head_dim, cfg.d_conv
-        self.chunk_size = cfg.chunk_size
+        self.chunk_size, self.allow_neg_eigval = cfg.chunk_size, cfg.allow_neg_eigval
         self.key_dim = self.n_heads * self.key_head_dim
         self.value_dim = self.n_value_heads * self.value_head_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
@@ -304,7 +310,10 @@ class GatedDeltaNet(nn.Module):
         if rep > 1:  # grouped values: key head i serves value heads i·rep .. i·rep + rep - 1
             q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
         v = v.view(bsz, s, self.n_value_heads, self.value_head_dim)
-        beta = zero_padding(torch.sigmoid(self.b_proj(x).float()), mask)  # padding writes nothing
+        beta = torch.sigmoid(self.b_proj(x).float())
+        if self.allow_neg_eigval:  # β in (0, 2): I - β k kᵀ may reflect (Grazzi et al. 2024, arXiv:2411.12537)
+            beta = 2.0 * beta
+        beta = zero_padding(beta, mask)  # padding writes nothing
         g = -self.A_log.float().exp() * nn.functional.softplus(self.a_proj(x).float() + self.dt_bias.float())
         g = zero_padding(g, mask)  # and does not decay the state
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, H, s, ...]

@@ -5,7 +5,7 @@ The bounds on every float (:mod:`modkit.core.limits`) keep each number of a spec
 but some components combine several of them in math that can still overflow: exponentials, scans and products of
 scales. The check runs for a spec that holds one of them (:func:`overflow_prone`):
 
-* recurrent mixers, ``mamba``, ``mamba2``, ``gated_deltanet`` (exp(Δ·A) in a scan, softplus⁻¹ of the initial Δ,
+* recurrent mixers, ``mamba``, ``mamba2``, ``gated_deltanet``, ``kimi_delta`` (exp(Δ·A) in a scan, softplus⁻¹ of the initial Δ,
   the projection multipliers) and a ``parallel`` mixer holding them (its in/out multipliers);
 * ``mla`` (YaRN's mscale² on the scores) and mixtures of experts, ``moe`` (routed scaling of the gate weights);
 * any component setting a field of :data:`PRONE_FIELDS` (soft-caps, softmax scales, Llama 4's temperature tuning,
@@ -30,7 +30,7 @@ from typing import Any, Optional
 from modkit.core.errors import ModkitError, SpecError
 
 #: component types whose math can overflow whatever their fields (see the module docstring)
-PRONE_TYPES = ("mamba", "mamba2", "gated_deltanet", "mla", "moe")
+PRONE_TYPES = ("mamba", "mamba2", "gated_deltanet", "kimi_delta", "mla", "moe")
 #: component fields whose non-default values scale scores, activations or frequencies (see the module docstring)
 PRONE_FIELDS = (
     "logit_softcap",

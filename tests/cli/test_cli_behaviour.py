@@ -60,7 +60,7 @@ def test_show_kind_lists_its_types(capsys):
     code, out, err = _run(capsys, "show", "mixer")
     assert code == 0
     types = sorted(line.split()[1] for line in out.splitlines()[1:])
-    assert types == ["gated_deltanet", "mamba", "mamba2", "parallel"]
+    assert types == ["gated_deltanet", "kimi_delta", "mamba", "mamba2", "parallel"]
     assert err == "modkit show mixer TYPE describes one of them\n"
 
 
