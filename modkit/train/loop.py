@@ -202,6 +202,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         # the spec records which plugin (distribution, version) provides each component (modkit.train.provenance)
         self.spec = stamp_provenance(resolve_spec(c, self.base, self.data.vocab_size))
         self.separators = self.data.separators
+        check_pipeline_config(c, self.spec)  # before the run folder is written
         if c.document_mask:
             check_document_mask(self.spec, self.data)
         self.history: list[dict] = []

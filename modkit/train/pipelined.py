@@ -27,15 +27,21 @@ from torch import Tensor, nn
 from .errors import TrainError
 
 
-def check_pipeline_config(config) -> None:
+def check_pipeline_config(config, spec=None) -> None:
     """Refuse what a pipelined run (``pp`` > 1) does not support, naming the field, its value and the fix.
 
     Raises:
-        TrainError: ``ep`` or ``cp`` > 1, ``grad_accum`` > 1, a precision other than float32, ``compile``.
+        TrainError: ``ep`` or ``cp`` > 1, ``grad_accum`` > 1, a precision other than float32, ``compile``, a
+            ``spec`` whose head is tied to its embedding.
     """
     if config.pp <= 1:
         return
     problems = []
+    if spec is not None and spec.tie_embeddings:
+        problems.append(
+            "tie_embeddings = true (the head would share the first stage's embedding weight: untie them, or train "
+            "without --pp)"
+        )
     if config.ep > 1:
         problems.append(f"ep = {config.ep} (expert parallelism with pipeline stages is not supported yet: ep = 1)")
     if config.cp > 1:

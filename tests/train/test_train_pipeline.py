@@ -111,3 +111,13 @@ def test_pipeline_refuses_what_it_does_not_support(fields, named):
     config = TrainConfig(**{**CONFIG, "pp": 2, **fields})
     with pytest.raises(TrainError, match=f"pp = 2: not supported with {named}"):
         check_pipeline_config(config)
+
+
+def test_pipeline_refuses_a_tied_head_before_anything_is_written():
+    from modkit.spec.load import load_spec
+
+    spec = load_spec(REPO / "specs" / "tiny-gpt2.json")
+    assert spec.tie_embeddings
+    with pytest.raises(TrainError, match="pp = 2: not supported with tie_embeddings = true"):
+        check_pipeline_config(TrainConfig(**{**CONFIG, "pp": 2}), spec)
+    check_pipeline_config(TrainConfig(**{**CONFIG, "pp": 1}), spec)  # one stage: nothing to cut
