@@ -14,8 +14,8 @@ warmup + cosine, clipping at 1.0.
 
 The run is split by what each part does: :mod:`modkit.train.resolve` (device, data folder, spec, FLOPs, parameter
 groups), :mod:`modkit.train.processes` (the process layout), :mod:`modkit.train.step` (one optimizer step),
-:mod:`modkit.train.evaluate` (evaluation during training), :mod:`modkit.train.checkpointing` (the run folder,
-checkpoints and resume) and :mod:`modkit.train.progress` (the progress bar); this module holds the run itself
+:mod:`modkit.train.evaluate` (evaluation during training), :mod:`modkit.train.pipelined` (pipeline-parallel
+runs, ``--pp``), :mod:`modkit.train.checkpointing` (the run folder, checkpoints and resume) and :mod:`modkit.train.progress` (the progress bar); this module holds the run itself
 (:class:`Trainer`, :func:`train`) and re-exports the names of those modules it always had.
 """
 

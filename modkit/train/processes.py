@@ -16,7 +16,8 @@ from .errors import TrainError
 
 @dataclass
 class Processes:
-    """The process layout of a run: ``world = dp * tp`` ranks on a ``("dp", "tp")`` mesh (one process: all 1)."""
+    """The process layout of a run: ``world = pp * dp * cp * tp`` ranks on a ``("dp", "tp")`` mesh, or
+    ``("pp", "dp", "cp", "tp")`` with context or pipeline parallelism (one process: all 1)."""
 
     world: int = 1
     rank: int = 0
