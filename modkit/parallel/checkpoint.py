@@ -14,47 +14,70 @@ from modkit.core.errors import CheckpointError
 from .fsdp import _dtype
 
 
-def save_sharded(path: Union[str, Path], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+def save_sharded(
+    path: Union[str, Path],
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    *,
+    flatten_optimizer: bool = False,
+) -> None:
     """Save a sharded model (and optimiser) with ``torch.distributed.checkpoint``: every rank writes its shards.
 
     Collective: call on every rank. ``path`` is a directory shared by the ranks (one file per rank plus
-    ``.metadata``). Reload on any mesh with :func:`load_sharded` (DCP reshards).
+    ``.metadata``). Reload on any mesh with :func:`load_sharded` (DCP reshards). ``flatten_optimizer`` writes the
+    optimizer state with one hyper-parameter entry per parameter (``param_groups.<name>.lr``: torch's
+    ``flatten_optimizer_state_dict``), as pipeline stages need (each rank's param groups hold other parameters);
+    load it with the same flag.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
+    opts = StateDictOptions(flatten_optimizer_state_dict=flatten_optimizer)
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(model, optimizer)
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=opts)
     dcp.save(state, checkpoint_id=str(path))
 
 
-def load_sharded(path: Union[str, Path], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+def load_sharded(
+    path: Union[str, Path],
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    *,
+    flatten_optimizer: bool = False,
+) -> None:
     """Load a :func:`save_sharded` checkpoint into a parallelised, materialised model (and optimiser), in place.
 
-    Collective. Each rank reads the pieces overlapping its shards; the saving mesh may differ.
+    Collective. Each rank reads the pieces overlapping its shards; the saving mesh may differ. Without a process
+    group (one process) DCP reads the whole tensors. ``flatten_optimizer``: as the checkpoint was saved.
 
     Raises:
         CheckpointError: DCP could not match the checkpoint to the model (missing keys, shape mismatch).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
         get_model_state_dict,
         get_optimizer_state_dict,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
+    opts = StateDictOptions(flatten_optimizer_state_dict=flatten_optimizer)
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(model, optimizer)
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=opts)
     try:
         dcp.load(state, checkpoint_id=str(path))
     except Exception as exc:  # DCP wraps per-rank failures in CheckpointException
         raise CheckpointError(f"could not load sharded checkpoint {path}: {exc}") from exc
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, state["optim"])
+        set_optimizer_state_dict(model, optimizer, state["optim"], options=opts)
 
 
 def _rank() -> int:

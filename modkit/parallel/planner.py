@@ -428,15 +428,17 @@ def _links(layout: Layout, cluster: Cluster) -> dict[str, float]:
 
 
 def launch_command(layout: Layout, spec_path: str, cluster: Cluster) -> str:
-    """The ``torchrun`` line of ``layout`` (flags ``modkit train`` takes today; the others named in a note)."""
+    """The ``torchrun`` line of ``layout`` (flags ``modkit train`` takes today: ``--pp`` with ``--pp-microbatches``
+    beside ``--tp``, ``--cp``, ``--ep``; what it does not take named in a note)."""
     nodes = max(1, cluster.gpus // cluster.gpus_per_node)
     per_node = min(cluster.gpus, cluster.gpus_per_node)
-    flags = [f"--{k} {getattr(layout, k)}" for k in ("tp", "cp", "ep") if getattr(layout, k) > 1]
+    flags = [f"--{k} {getattr(layout, k)}" for k in ("pp", "tp", "cp", "ep") if getattr(layout, k) > 1]
+    flags += [f"--pp-microbatches {layout.microbatches}"] * (layout.pp > 1)
     cmd = f"torchrun --nnodes {nodes} --nproc-per-node {per_node} -m modkit train --model {spec_path} " + " ".join(
         flags
     )
-    missing = [f"pp {layout.pp}"] * (layout.pp > 1)
-    missing += ["activation checkpointing"] * layout.checkpointing + ["ZeRO-1"] * (layout.zero == 1)
+    missing = ["activation checkpointing"] * layout.checkpointing + ["ZeRO-1"] * (layout.zero == 1)
+    missing += ["pp with ep"] * (layout.pp > 1 and layout.ep > 1) + ["pp with cp"] * (layout.pp > 1 and layout.cp > 1)
     missing += ["ep with tp (expert-tensor parallelism)"] * (layout.ep > 1 and layout.tp > 1)
     missing += ["ep with cp"] * (layout.ep > 1 and layout.cp > 1)
     return cmd.strip() + (f"   # needs {', '.join(missing)}: not yet a modkit train flag" if missing else "")

@@ -110,7 +110,15 @@ class CheckpointMixin:
     # ------------------------------------------------------------------ checkpoints
     def _save_model_folder(self, folder: Path) -> None:
         """An ordinary modkit checkpoint of the current weights into ``folder`` (rank 0 writes; collective)."""
-        if self.procs.distributed:
+        if self.pipe is not None:  # every stage's weights, to rank 0
+            from .pipelined import gather_full_state
+
+            sd = gather_full_state(self.model)
+            if self.procs.main:
+                whole = build(self.spec, device="meta")
+                whole.load_state_dict(sd, assign=True)
+                save_checkpoint(whole, folder)
+        elif self.procs.distributed:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -130,10 +138,13 @@ class CheckpointMixin:
             "best_val_loss": self.best_val,
             "sampler": self.sampler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "param_names": self.param_names,
+            "param_names": self.all_param_names,  # the whole model's (under pp too)
             "world": self.procs.world,
             "tp": self.procs.tp,
             "ep": self.procs.ep,
+            "pp": self.procs.pp,
+            # the DCP optimizer state with one param-group entry per parameter (any layout, pipeline stages too)
+            "flat_optimizer": self.procs.distributed,
             "skipped_steps": self.skipped_steps,
             "consecutive_skips": self.consecutive_skips,
         }
@@ -159,7 +170,7 @@ class CheckpointMixin:
             from ..parallel import save_sharded
             from safetensors.torch import save_file
 
-            save_sharded(tmp / "dcp", self.model, self.optimizer)
+            save_sharded(tmp / "dcp", self.model, self.optimizer, flatten_optimizer=True)
             save_file(st.rng_tensors(), str(tmp / f"rng-rank{self.procs.rank}.safetensors"))
             if final:
                 self._save_model_folder(tmp)
@@ -255,7 +266,6 @@ class CheckpointMixin:
         checkpoint starts again from step 0.
 
         Raises:
-            TrainError: a sharded checkpoint on one process.
             CheckpointError: a damaged or mismatched checkpoint (names the file, the field or tensor, the value and
                 the older checkpoint to resume from); ``last`` leading outside the run; a malformed metrics line.
         """
@@ -284,7 +294,8 @@ class CheckpointMixin:
         """Check and load ``folder``'s trainer state, weights, optimizer state and RNG; returns ``trainer.json``.
 
         Raises:
-            CheckpointError: a damaged or mismatched file. TrainError: a sharded checkpoint on one process.
+            CheckpointError: a damaged or mismatched file. A sharded (DCP) checkpoint loads on any layout, one
+                process included.
         """
         from .checks import check_optimizer_state, check_rng, check_trainer_json
 
@@ -292,17 +303,13 @@ class CheckpointMixin:
         jpath, tpath = folder / st.TRAINER_JSON, folder / st.TRAINER_TENSORS
         sharded = (folder / "dcp").exists()
         check_trainer_json(trainer, jpath, folder_step=st.folder_step(folder), with_optimizer=not sharded)
-        if trainer["param_names"] != self.param_names:
+        if trainer["param_names"] != self.all_param_names:
             raise CheckpointError(
                 f"{folder}: the checkpoint's parameters differ from the run's model (was the spec edited?)"
             )
         check_rng(tensors, tpath)
-        if self.procs.distributed:
+        if self.procs.distributed or sharded:  # DCP reshards, onto one process too
             self._restore_sharded(folder, trainer)
-        elif sharded:
-            raise TrainError(
-                f"{folder} was saved sharded by {trainer.get('world')} processes; resume it under torchrun"
-            )
         else:
             check_optimizer_state(tensors, trainer["optimizer"], self.optimizer, self.model, trainer["step"], tpath)
             self._load_weights(self.model, folder)
@@ -333,11 +340,13 @@ class CheckpointMixin:
 
         from ..parallel import load_sharded
 
-        if trainer.get("world") != self.procs.world or trainer.get("tp") != self.procs.tp:
+        was = (trainer.get("world"), trainer.get("tp"), trainer.get("pp", 1))
+        if was != (self.procs.world, self.procs.tp, self.procs.pp):
             self._say(
-                f"resuming a {trainer.get('world')}-process run on {self.procs.world} processes (tp {self.procs.tp})"
+                f"resuming a {was[0]}-process run (tp {was[1]}, pp {was[2]}) on {self.procs.world} processes "
+                f"(tp {self.procs.tp}, pp {self.procs.pp})"
             )
-        load_sharded(folder / "dcp", self.model, self.optimizer)
+        load_sharded(folder / "dcp", self.model, self.optimizer, flatten_optimizer=bool(trainer.get("flat_optimizer")))
         rng = folder / f"rng-rank{self.procs.rank}.safetensors"
         if rng.is_file():
             try:

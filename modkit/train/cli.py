@@ -2,7 +2,8 @@
 
 Run under ``torchrun --nproc-per-node N`` the same command trains data-parallel (FSDP2), ``--tp K`` adds tensor
 parallelism from the components' plans, ``--ep K`` expert parallelism (the experts of every mixture split over K
-data-parallel processes, tokens dispatched by all-to-all).
+data-parallel processes, tokens dispatched by all-to-all), ``--pp K`` pipeline stages (the layers cut into K
+stages run by a ``torch.distributed.pipelining`` schedule; :mod:`modkit.train.pipelined`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def add_subcommands(subparsers) -> None:
         "metrics.jsonl, loss.png, checkpoints, a sample). With no arguments: nanoGPT's shakespeare-char GPT on the "
         "shipped tiny shakespeare, nanoGPT's CPU recipe. Every training-config field is a flag overriding the "
         "config file (--lr 3e-4, --max-steps 500, --model specs/tiny-llama.json, --data text.txt). Under torchrun "
-        "the processes train data-parallel (FSDP2); --tp K adds tensor parallelism, --ep K expert parallelism.",
+        "the processes train data-parallel (FSDP2); --tp K adds tensor parallelism, --ep K expert parallelism, --pp K "
+        "pipeline stages.",
     )
     p.add_argument("--config", "-c", metavar="FILE", help="training config JSON (default: the built-in defaults)")
     p.add_argument("--out", "-o", metavar="RUN", help="run folder (default runs/<model name>, numbered when taken)")

@@ -211,6 +211,28 @@ class TrainConfig(BaseModel):
         description="expert-parallel degree under torchrun: the experts of every mixture split over ep data-parallel "
         "processes, tokens sent to them by all-to-all (divides the data-parallel processes; not with tp > 1)",
     )
+    pp: int = Field(
+        1,
+        ge=1,
+        le=1 << 16,
+        description="pipeline-parallel degree under torchrun: the layers cut into pp stages, one per process group "
+        "(the embedding on the first, the head on the last); each batch split into pp_microbatches (float32, "
+        "grad_accum 1, untied head, not with ep or cp)",
+    )
+    pp_microbatches: Optional[int] = Field(
+        None,
+        ge=1,
+        le=1 << 16,
+        description="microbatches the pipeline cuts each process's batch rows into (divides them); null: pp. The "
+        "gradient is the batch's mean, as one process accumulating over the same microbatches",
+    )
+    pp_schedule: Literal[
+        "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev"
+    ] = Field(
+        "1f1b",
+        description="pipeline schedule: gpipe, 1f1b (one stage per process), interleaved_1f1b, looped_bfs, "
+        "interleaved_zero_bubble (two stages per process in a loop), zbv_zero_bubble or dualpipev (two in a V)",
+    )
     peak_flops: Optional[float] = Field(
         None,
         gt=0,

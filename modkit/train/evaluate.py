@@ -31,6 +31,11 @@ class EvalMixin:
         for split, batches in (("train", self.eval_train), ("val", self.eval_val)):
             losses = []
             for x, y in batches:
+                if self.pipe is not None:  # a forward-only pass of the pipeline's schedule
+                    from .pipelined import pipeline_eval_loss
+
+                    losses.append(pipeline_eval_loss(self, self._rows(x[lo:hi]), self._rows(y[lo:hi])))
+                    continue
                 _, ce = self._loss(self._rows(x[lo:hi]), self._rows(y[lo:hi]))
                 losses.append(ce)
             out[split] = float(self.procs.mean(torch.stack(losses).mean()))
@@ -69,16 +74,20 @@ class EvalMixin:
             starts = torch.where(real, idx, torch.zeros_like(idx)).numpy() * t
             rows = torch.from_numpy(np.stack([tokens[s : s + t + 1] for s in starts]).astype(np.int64))
             x, y = self._rows(rows[:, :-1]), self._rows(rows[:, 1:])
-            logits, _ = self._forward(x)
-            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
-            ce = ce.view(len(idx), t)
-            mask = self._rows(real)[:, None].to(ce.dtype)
-            sums += torch.stack(
-                [(ce * mask).sum().double(), (mask.sum() * t).double(), (table[y] * mask).sum().double()]
-            )
+            mask = self._rows(real)[:, None].float()
+            if self.pipe is not None:  # the summed loss of the real rows, through the pipeline (the same on its ranks)
+                from .pipelined import pipeline_masked_sum
+
+                ce_total = pipeline_masked_sum(self, x, y, self._rows(real)).double() / self.procs.pp
+            else:
+                logits, _ = self._forward(x)
+                ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+                ce_total = (ce.view(len(idx), t) * mask).sum().double()
+            sums += torch.stack([ce_total, (mask.sum() * t).double(), (table[y] * mask).sum().double()])
         self.model.train()
         if self.procs.distributed:
             torch.distributed.all_reduce(sums)
+            sums[1:] /= self.procs.pp  # every stage counted the same positions and bytes
         self.scored_bytes = int(sums[2])
         return float(sums[0] / sums[1])
 

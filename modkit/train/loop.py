@@ -14,8 +14,8 @@ warmup + cosine, clipping at 1.0.
 
 The run is split by what each part does: :mod:`modkit.train.resolve` (device, data folder, spec, FLOPs, parameter
 groups), :mod:`modkit.train.processes` (the process layout), :mod:`modkit.train.step` (one optimizer step),
-:mod:`modkit.train.evaluate` (evaluation during training), :mod:`modkit.train.checkpointing` (the run folder,
-checkpoints and resume) and :mod:`modkit.train.progress` (the progress bar); this module holds the run itself
+:mod:`modkit.train.evaluate` (evaluation during training), :mod:`modkit.train.pipelined` (pipeline-parallel
+runs, ``--pp``), :mod:`modkit.train.checkpointing` (the run folder, checkpoints and resume) and :mod:`modkit.train.progress` (the progress bar); this module holds the run itself
 (:class:`Trainer`, :func:`train`) and re-exports the names of those modules it always had.
 """
 
@@ -39,6 +39,7 @@ from .config import DEFAULT_MODEL, TrainConfig
 from .errors import TrainError
 from .evaluate import EvalMixin
 from .optim import build_optimizer
+from .pipelined import StageView, build_trainer_pipeline, check_pipeline_config, check_pipeline_model
 from .processes import Processes, init_processes  # noqa: F401 - Processes: re-exported
 from .progress import _peak_memory, _ProgressBar
 from .provenance import stamp_provenance
@@ -119,16 +120,21 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         """The run's model (sharded on the mesh under several processes), with the weights of the checkpoint folder
         ``model`` names when it names one (not on resume: the run's checkpoint has them)."""
         c = self.config
+        source = Path(c.model) if isinstance(c.model, str) else None
+        if source is not None and not source.is_absolute() and self.base is not None:
+            source = self.base / source
+        from_weights = source is not None and source.is_dir() and (source / "model.safetensors").is_file()
+        if self.procs.pp > 1:  # this rank's pipeline stages, under the whole model's names
+            check_pipeline_model(c, str(source) if from_weights and not self.resume else None, self.rows)
+            self.pipe, self.pipe_loss = build_trainer_pipeline(c, spec, self.procs.mesh, self.device)
+            return StageView(self.pipe.stages)
         if self.procs.distributed:
             from ..parallel import build_parallel
 
             model = build_parallel(spec, self.procs.mesh, device=self.device, seed=c.seed)
         else:
             model = build(spec, device=self.device, seed=c.seed)
-        source = Path(c.model) if isinstance(c.model, str) else None
-        if source is not None and not source.is_absolute() and self.base is not None:
-            source = self.base / source
-        if source is not None and source.is_dir() and (source / "model.safetensors").is_file() and not self.resume:
+        if from_weights and not self.resume:
             self._load_weights(model, source)
             self._say(f"weights from {source}")
         return model
@@ -189,11 +195,14 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.device = _resolve_device(c.device)
         if c.threads is not None:
             torch.set_num_threads(c.threads)
+        check_pipeline_config(c)
         self.procs = init_processes(c, self.device)
+        self.pipe = None  # the pipeline schedule and its stages under pp > 1 (modkit.train.pipelined)
         self.data = self._open_data()
         # the spec records which plugin (distribution, version) provides each component (modkit.train.provenance)
         self.spec = stamp_provenance(resolve_spec(c, self.base, self.data.vocab_size))
         self.separators = self.data.separators
+        check_pipeline_config(c, self.spec)  # before the run folder is written
         if c.document_mask:
             check_document_mask(self.spec, self.data)
         self.history: list[dict] = []
@@ -205,6 +214,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             raise TrainError(f"--resume {self.run}: not a run folder (no config.json)")
         self.procs.barrier()
         torch.manual_seed(c.seed + self.procs.dp_rank)  # dropout masks: one stream per data-parallel rank
+        self.rows = c.batch_size // self.procs.dp
         self.model = self._build(self.spec)
         self.model.train()
         # routers' expert loads and balancing rules (modkit.nn.balance): summed over the data-parallel ranks
@@ -212,11 +222,13 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.balance = ExpertBalance(self.model, dp_group)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        # the whole model's names (a checkpoint's): under pp this rank holds only its stages' parameters
+        whole = build(self.spec, device="meta") if self.pipe is not None else self.model
+        self.all_param_names = [n for n, p in whole.named_parameters() if p.requires_grad]
         # the registered optimizer the config names, over the parameters grouped by role (modkit.train.optim);
         # AdamW is fused on one process (one kernel per step on CPU and CUDA: benchmarks/results_train.md)
         self.optimizer = build_optimizer(self.model, self.spec, c, distributed=self.procs.distributed)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.precision == "float16")
-        self.rows = c.batch_size // self.procs.dp
         sampler_cls = RandomWindows if c.sampler == "random" else SequentialEpochs
         self.sampler = sampler_cls(
             self.data.train, c.batch_size, c.seq_len, seed=c.seed, rank=self.procs.dp_rank, world_size=self.procs.dp
@@ -265,7 +277,14 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         elapsed = time.perf_counter() - start
         tps = (self.tokens - start_tokens) / max(elapsed, 1e-9)
         full_val = self._final_eval()
-        sample = self._sample() if self.procs.main and c.sample_tokens > 0 else None
+        sample = None
+        if c.sample_tokens > 0 and self.pipe is not None:
+            self._say(
+                "sample not generated: generation through pipeline stages is not supported; the best weights are "
+                f"saved whole, sample them with modkit generate {self.run / 'best'}"
+            )
+        elif self.procs.main and c.sample_tokens > 0:
+            sample = self._sample()
         self.procs.barrier()
         return RunResult(
             run_dir=self.run,

@@ -16,7 +16,8 @@ from .errors import TrainError
 
 @dataclass
 class Processes:
-    """The process layout of a run: ``world = dp * tp`` ranks on a ``("dp", "tp")`` mesh (one process: all 1)."""
+    """The process layout of a run: ``world = pp * dp * cp * tp`` ranks on a ``("dp", "tp")`` mesh, or
+    ``("pp", "dp", "cp", "tp")`` with context or pipeline parallelism (one process: all 1)."""
 
     world: int = 1
     rank: int = 0
@@ -27,6 +28,8 @@ class Processes:
     cp: int = 1
     #: expert-parallel degree (data-parallel ranks whose experts are split among them)
     ep: int = 1
+    #: pipeline-parallel degree (stages of the model, one per group of ``world / pp`` ranks)
+    pp: int = 1
     mesh: Any = None
     #: True when this run joined the process group itself (launched by torchrun, no group before it)
     owns_group: bool = False
@@ -82,21 +85,20 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
 
     gloo on the CPU, NCCL on CUDA (each rank on ``cuda:LOCAL_RANK``). One process: nothing to do.
 
-    Context parallelism (``cp`` > 1) puts ``cp`` ranks on one sequence: the mesh is ``("pp", "dp", "cp", "tp")``
-    and ``dp = world / (tp · cp)``.
+    Context parallelism (``cp`` > 1) puts ``cp`` ranks on one sequence and pipeline parallelism (``pp`` > 1) cuts
+    the model into ``pp`` stages: the mesh is ``("pp", "dp", "cp", "tp")`` and ``dp = world / (pp · tp · cp)``.
 
     Raises:
-        TrainError: ``tp · cp`` does not divide the world size, or ``batch_size`` is not divisible by the
-            data-parallel degree, or ``seq_len`` by ``cp``, or ``tp``, ``cp`` or ``ep`` > 1 on one process, or ``ep``
+        TrainError: ``pp · tp · cp`` does not divide the world size, or ``batch_size`` is not divisible by the
+            data-parallel degree, or ``seq_len`` by ``cp``, or ``tp``, ``cp``, ``ep`` or ``pp`` > 1 on one process, or ``ep``
             does not divide the data-parallel degree or comes with ``tp`` or ``cp`` > 1.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    inner = config.tp * config.cp
+    inner = config.tp * config.cp * config.pp
     if world <= 1:
         if inner > 1 or config.ep > 1:
-            named = " x ".join(
-                f"{k} = {v}" for k, v in (("tp", config.tp), ("cp", config.cp), ("ep", config.ep)) if v > 1
-            )
+            degrees = (("pp", config.pp), ("tp", config.tp), ("cp", config.cp), ("ep", config.ep))
+            named = " x ".join(f"{k} = {v}" for k, v in degrees if v > 1)
             n = max(inner, config.ep)
             raise TrainError(f"{named} needs {n} processes or more: launch with torchrun --nproc-per-node N")
         return Processes()
@@ -112,7 +114,9 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % inner:
-        raise TrainError(f"tp = {config.tp} x cp = {config.cp} does not divide the number of processes {world}")
+        raise TrainError(
+            f"pp = {config.pp} x tp = {config.tp} x cp = {config.cp} does not divide the number of processes {world}"
+        )
     dp = world // inner
     if config.batch_size % dp:
         raise TrainError(f"batch_size = {config.batch_size} is not divisible by the {dp} data-parallel processes")
@@ -122,7 +126,7 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
         check_ep(config.ep, dp, config.tp, cp=config.cp)
     except ParallelError as exc:
         raise TrainError(f"ep: {exc}") from None
-    mesh = make_mesh(tp=config.tp, dp=dp, ep=config.ep, cp=config.cp, device_type=device.type)
+    mesh = make_mesh(tp=config.tp, dp=dp, ep=config.ep, cp=config.cp, pp=config.pp, device_type=device.type)
     return Processes(
         world=world,
         rank=rank,
@@ -131,6 +135,7 @@ def init_processes(config: TrainConfig, device: torch.device) -> Processes:
         tp=config.tp,
         cp=config.cp,
         ep=config.ep,
+        pp=config.pp,
         mesh=mesh,
         owns_group=owns_group,
     )

@@ -89,7 +89,12 @@ class StepMixin:
             group["lr"] = lr * group.get("lr_mult", 1.0)  # 1, or muP's factor for the group's roles
         ce_sum = torch.zeros((), device=self.device)
         self.balance.begin_step()
-        for micro in range(c.grad_accum):
+        if self.pipe is not None:  # the whole batch through the pipeline's schedule (grad_accum is 1)
+            from .pipelined import pipeline_step_loss
+
+            x, y = self.sampler.next()
+            ce_sum += pipeline_step_loss(self, self._rows(x), self._rows(y))
+        for micro in range(c.grad_accum if self.pipe is None else 0):
             if self.procs.distributed and hasattr(self.model, "set_requires_gradient_sync"):
                 self.model.set_requires_gradient_sync(micro == c.grad_accum - 1)
             x, y = self.sampler.next()
@@ -101,7 +106,7 @@ class StepMixin:
         if self.procs.distributed:  # gradients are a mix of plain tensors and DTensor shards
             from ..parallel import clip_grad_norm_
 
-            norm = clip_grad_norm_(self.params, max_norm)
+            norm = clip_grad_norm_(self.params, max_norm, pp=self.procs.pp)
         else:
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         loss = ce_sum / c.grad_accum
