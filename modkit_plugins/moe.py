@@ -204,9 +204,10 @@ class MoEConfig(ComponentConfig):
     @model_validator(mode="after")
     def _check(self) -> "MoEConfig":
         if self.top_k > self.n_experts + self.n_zero_experts:
+            zero = f" + n_zero_experts = {self.n_zero_experts} choices" if self.n_zero_experts else ""
             raise ValueError(
-                f"top_k = {self.top_k} exceeds n_experts + n_zero_experts = {self.n_experts + self.n_zero_experts}; "
-                "top_k must be <= the number of choices"
+                f"top_k = {self.top_k} exceeds n_experts = {self.n_experts}{zero}; top_k must be <= n_experts"
+                + (" + n_zero_experts" if zero else "")
             )
         if self.n_zero_experts and self.capacity_factor is not None:
             raise ValueError(
@@ -485,13 +486,13 @@ def _moe_flops(cfg: MoEConfig, ctx: BuildContext, work: Workload) -> dict[str, i
     """The experts' FLOPs (the router and the shared expert, built through ``ctx.build``, declare their own): the
     expert type's declaration on the rows the experts process, ``tokens · top_k`` when dropless (each token through
     exactly its experts), or ``n_experts · capacity(tokens)`` slots with a capacity factor (empty slots are computed
-    too); with ``n_zero_experts`` z, ``ceil(tokens · top_k · n / (n + z))``, the rows of routing balanced over all
-    ``n + z`` choices (zero experts compute nothing; the true count depends on the routing). Parts are the expert's, prefixed ``experts.``; with ``shared_gate``, ``shared_gate``: ``2 · d_model`` per
-    token. The weighting and the gather/scatter are not matrix products."""
+    too). With ``n_zero_experts`` the ``tokens · top_k`` rows are still declared: they are the grouped call's static
+    shape, which FlopCounterMode counts (shapes, not group ends); the rows of zero experts lie past the last group
+    end and are not computed, so the work done is lower by the assignments routed to zero experts (data-dependent:
+    a share ``z / (n + z)`` under routing balanced over all choices). Parts are the expert's, prefixed
+    ``experts.``; with ``shared_gate``, ``shared_gate``: ``2 · d_model`` per token. The weighting and the gather/scatter are not matrix products."""
     t = work.tokens
-    if cfg.n_zero_experts:  # balanced over every choice: a share n / (n + z) of the assignments reaches real experts
-        rows = -(-t * cfg.top_k * cfg.n_experts // (cfg.n_experts + cfg.n_zero_experts))
-    elif cfg.capacity_factor is None:
+    if cfg.capacity_factor is None:
         rows = t * cfg.top_k
     else:
         rows = cfg.n_experts * expert_capacity(cfg.capacity_factor, t, cfg.top_k, cfg.n_experts)
