@@ -11,6 +11,11 @@ outputs, plus an optional shared expert every token passes through:
     y       = sum_k w[:, k] * expert[idx[:, k]](x)    # weight_on "input": expert[idx[:, k]](w[:, k] * x)
             + sigmoid(shared_gate . x) * shared(x)    # the gate only with shared_gate
 
+Zero-computation experts (LongCat-Flash, arXiv:2509.01322; ``n_zero_experts``): the router picks among
+``n_experts + n_zero_experts`` choices and a choice ``>= n_experts`` returns its input, ``y += w * x``, with no
+parameters and no FLOPs, so a token's compute varies with its routing. Hash routing by token id (the ``hash``
+router) gets the ids through ``token_ids`` (``AttentionInputs.token_ids``, passed by :func:`modkit.run_ffn`).
+
 Each published router (Mixtral, Qwen-MoE, OLMoE, gpt-oss, DeepSeek-V2/V3, Kimi K2, Llama 4) is a setting of the
 two router types: the list is in :mod:`modkit_plugins.routers`, which defines them; this module registers them
 beside the ``moe`` and re-exports their names.
@@ -177,6 +182,15 @@ class MoEConfig(ComponentConfig):
         description="weight of the ST-MoE router z-loss mean(logsumexp(logits)^2); at most "
         f"{MAX_LOSS_COEF:g} (ST-MoE uses 0.001)",
     )
+    n_zero_experts: int = Field(
+        0,
+        ge=0,
+        le=MAX_EXPERTS,
+        description="zero-computation experts beside the n_experts routed ones (LongCat-Flash's zero_expert_num): the "
+        "router scores n_experts + n_zero_experts choices and a token sent to a zero expert gets g * x back, its input "
+        "times the gate weight, for no FLOPs and no parameters (their slots are the last n_zero_experts indices). "
+        "Needs dropless dispatch (capacity_factor null). 0: none",
+    )
     capacity_factor: Optional[float] = Field(
         None,
         gt=0,
@@ -189,8 +203,17 @@ class MoEConfig(ComponentConfig):
 
     @model_validator(mode="after")
     def _check(self) -> "MoEConfig":
-        if self.top_k > self.n_experts:
-            raise ValueError(f"top_k = {self.top_k} exceeds n_experts = {self.n_experts}; top_k must be <= n_experts")
+        if self.top_k > self.n_experts + self.n_zero_experts:
+            zero = f" + n_zero_experts = {self.n_zero_experts} choices" if self.n_zero_experts else ""
+            raise ValueError(
+                f"top_k = {self.top_k} exceeds n_experts = {self.n_experts}{zero}; top_k must be <= n_experts"
+                + (" + n_zero_experts" if zero else "")
+            )
+        if self.n_zero_experts and self.capacity_factor is not None:
+            raise ValueError(
+                f"n_zero_experts = {self.n_zero_experts} needs dropless dispatch, but capacity_factor = "
+                f"{self.capacity_factor:g}; set capacity_factor null or n_zero_experts 0"
+            )
         for name in ("expert", "shared"):
             if isinstance(getattr(self, name), MoEConfig):
                 raise ValueError(
@@ -204,7 +227,7 @@ class MoEConfig(ComponentConfig):
             )
         n_group = getattr(self.router, "n_group", None)
         problem = check_groups(
-            self.n_experts,
+            self.n_experts + self.n_zero_experts,
             self.top_k,
             n_group,
             getattr(self.router, "topk_group", None),
@@ -271,7 +294,11 @@ class MoE(nn.Module):
         self.aux_loss_coef, self.z_loss_coef = cfg.aux_loss_coef, cfg.z_loss_coef
         self.aux_loss_scope, self.weight_on = cfg.aux_loss_scope, cfg.weight_on
         self.capacity_factor = cfg.capacity_factor
-        self.router = ctx.build(cfg.router, extra={**ctx.extra, "n_experts": cfg.n_experts, "top_k": cfg.top_k})
+        #: routed experts plus zero-computation experts: the router's choices (indices >= n_experts: zero experts)
+        self.n_choices = cfg.n_experts + cfg.n_zero_experts
+        self.router = ctx.build(cfg.router, extra={**ctx.extra, "n_experts": self.n_choices, "top_k": cfg.top_k})
+        #: the router routes by token id (a hash router): placements pass token_ids through modkit.run_ffn
+        self.takes_token_ids = bool(getattr(self.router, "takes_token_ids", False))
         self.experts = ctx.build_grouped(cfg.expert, cfg.n_experts)
         self.shared = ctx.build(cfg.shared) if cfg.shared is not None else None
         self.shared_gate = nn.Linear(ctx.dim or ctx.d_model, 1, bias=False) if cfg.shared_gate else None
@@ -290,6 +317,8 @@ class MoE(nn.Module):
             return (
                 f"n_experts = {self.n_experts} is not divisible by ep = {ep} (each rank holds n_experts / ep experts)"
             )
+        if self.n_choices != self.n_experts:
+            return f"n_zero_experts = {self.n_choices - self.n_experts}: zero experts are not expert-parallel yet"
         if self.capacity_factor is not None:
             return (
                 f"capacity_factor = {self.capacity_factor:g}: fixed-capacity dispatch is not expert-parallel yet "
@@ -299,9 +328,10 @@ class MoE(nn.Module):
 
     def inactive_params_per_token(self) -> int:
         """Parameters a token does not use: ``(n_experts - top_k) *`` one routed expert's parameters (the router and
-        the shared expert serve every token)."""
+        the shared expert serve every token); with zero experts the fewest a token can leave unused,
+        ``max(0, n_experts - top_k)`` experts' (a token whose top_k choices are all real experts)."""
         per_expert = sum(p.numel() for p in self.experts.parameters()) // self.n_experts
-        return (self.n_experts - self.top_k) * per_expert
+        return max(0, self.n_experts - self.top_k) * per_expert
 
     def capacity(self, n_tokens: int) -> int:
         """Slots per expert for ``n_tokens`` tokens (``capacity_factor`` mode): ``min(T, ceil(c * T * k / n))``
@@ -310,23 +340,29 @@ class MoE(nn.Module):
 
     takes_token_mask = True  # placements pass the padding mask through modkit.run_ffn
 
-    def forward(self, x: Tensor, token_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, token_mask: Optional[Tensor] = None, token_ids: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
         """Mix experts.
 
         Args:
             x: ``[batch, seq, d_model]``.
             token_mask: optional ``[batch, seq]`` bool, True for real tokens; padding is excluded from the aux
                 losses, from the router's loads and from expert capacity (its output is unspecified).
+            token_ids: optional ``[batch, seq]`` int64 token ids, handed to a router that routes by them (its
+                ``takes_token_ids``; such a router raises ValueError without them).
 
         Returns:
             ``(y [batch, seq, d_model] in x's dtype, aux_loss [] float32)``.
         """
         flat = x.reshape(-1, x.shape[-1])
         mask = token_mask.reshape(-1).to(torch.bool) if token_mask is not None else None
+        kwargs = {}
         if getattr(self.router, "takes_token_mask", False):
-            weights, indices, logits = self.router(flat, token_mask=mask)  # [T, k], [T, k], [T, n]
-        else:
-            weights, indices, logits = self.router(flat)
+            kwargs["token_mask"] = mask
+        if self.takes_token_ids:
+            kwargs["token_ids"] = token_ids.reshape(-1) if token_ids is not None else None
+        weights, indices, logits = self.router(flat, **kwargs)  # [T, k], [T, k], [T, n_choices]
         if self.capacity_factor is None:
             y = self._dropless(flat, weights, indices)
         else:
@@ -358,19 +394,28 @@ class MoE(nn.Module):
         return torch.cat(outs)
 
     def _dropless(self, flat: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
-        """Each token through exactly its top-k experts: sort assignments by expert, one grouped call, scatter back."""
+        """Each token through exactly its top-k experts: sort assignments by expert, one grouped call, scatter back.
+
+        Zero experts (indices ``>= n_experts``) sort last, past the last real expert's group end, so the grouped
+        call computes none of their rows (:func:`modkit.nn.grouped.grouped_mm`: rows past ``offs[-1]`` are not
+        computed); they enter the experts as zeros and leave as their input rows, so no unspecified value reaches
+        the output or the gradient (LongCat-Flash's zero-computation experts)."""
         k = self.top_k
         experts = indices.reshape(-1)  # [T*k]: assignment a is token a // k's choice a % k
         order = experts.argsort(stable=True)  # assignments grouped by expert, token order inside a group
         tok = order // k
-        counts = torch.zeros(self.n_experts, dtype=torch.int32, device=flat.device)
-        counts = counts.scatter_add(0, experts, torch.ones_like(experts, dtype=torch.int32))
+        counts = torch.zeros(self.n_choices, dtype=torch.int32, device=flat.device)
+        counts = counts.scatter_add(0, experts, torch.ones_like(experts, dtype=torch.int32))[: self.n_experts]
         w = weights.reshape(-1)[order, None]
         rows = flat[tok] * w if self.weight_on == "input" else flat[tok]
+        zero = experts[order, None] >= self.n_experts if self.n_choices != self.n_experts else None
+        run = rows if zero is None else rows.masked_fill(zero, 0.0)
         if self.dispatcher is None:
-            out = self._run_experts(rows, counts.cumsum(0, dtype=torch.int32))  # [T*k, d]
+            out = self._run_experts(run, counts.cumsum(0, dtype=torch.int32))  # [T*k, d]
         else:  # expert parallelism: the rows travel to their experts' ranks and back (modkit.parallel.expert)
-            out = self.dispatcher(rows, counts, self._run_experts)
+            out = self.dispatcher(run, counts, self._run_experts)
+        if zero is not None:
+            out = torch.where(zero, rows, out)
         out = out if self.weight_on == "input" else out * w
         return flat.new_zeros(flat.shape).index_add(0, tok, out)
 
@@ -404,13 +449,13 @@ class MoE(nn.Module):
     def _aux_loss(self, logits: Tensor, indices: Tensor, mask: Optional[Tensor], batch: int) -> Tensor:
         if self.token_group is not None:
             return global_aux_loss(self, logits, indices, mask, batch)
-        aux = logits.new_zeros(())
+        aux, n = logits.new_zeros(()), self.n_choices
         if self.aux_loss_coef:
             probs = self._balance_probs(logits)
             if self.aux_loss_scope == "sequence":  # one group of tokens per sequence
                 probs, indices = probs.view(batch, -1, probs.shape[-1]), indices.view(batch, -1, indices.shape[-1])
                 mask = mask.view(batch, -1) if mask is not None else None
-            aux = aux + self.aux_loss_coef * load_balancing_loss(probs, indices, self.n_experts, mask)
+            aux = aux + self.aux_loss_coef * load_balancing_loss(probs, indices, n, mask)
         if self.z_loss_coef:
             aux = aux + self.z_loss_coef * z_loss(logits, mask)
         return aux
@@ -426,8 +471,9 @@ def _nested_count(ctx: BuildContext, config: ComponentConfig) -> int:
 
 
 def _moe_count(cfg: MoEConfig, ctx: BuildContext) -> int:
-    """``n_experts`` experts + the router + the shared expert + the shared gate's ``d_model`` weights."""
-    rctx = replace(ctx, extra={**ctx.extra, "n_experts": cfg.n_experts, "top_k": cfg.top_k})
+    """``n_experts`` experts + the router (over ``n_experts + n_zero_experts`` choices; zero experts have no
+    parameters) + the shared expert + the shared gate's ``d_model`` weights."""
+    rctx = replace(ctx, extra={**ctx.extra, "n_experts": cfg.n_experts + cfg.n_zero_experts, "top_k": cfg.top_k})
     total = cfg.n_experts * _nested_count(ctx, cfg.expert) + _nested_count(rctx, cfg.router)
     if cfg.shared is not None:
         total += _nested_count(ctx, cfg.shared)
@@ -440,8 +486,11 @@ def _moe_flops(cfg: MoEConfig, ctx: BuildContext, work: Workload) -> dict[str, i
     """The experts' FLOPs (the router and the shared expert, built through ``ctx.build``, declare their own): the
     expert type's declaration on the rows the experts process, ``tokens · top_k`` when dropless (each token through
     exactly its experts), or ``n_experts · capacity(tokens)`` slots with a capacity factor (empty slots are computed
-    too). Parts are the expert's, prefixed ``experts.``; with ``shared_gate``, ``shared_gate``: ``2 · d_model`` per
-    token. The weighting and the gather/scatter are not matrix products."""
+    too). With ``n_zero_experts`` the ``tokens · top_k`` rows are still declared: they are the grouped call's static
+    shape, which FlopCounterMode counts (shapes, not group ends); the rows of zero experts lie past the last group
+    end and are not computed, so the work done is lower by the assignments routed to zero experts (data-dependent:
+    a share ``z / (n + z)`` under routing balanced over all choices). Parts are the expert's, prefixed
+    ``experts.``; with ``shared_gate``, ``shared_gate``: ``2 · d_model`` per token. The weighting and the gather/scatter are not matrix products."""
     t = work.tokens
     if cfg.capacity_factor is None:
         rows = t * cfg.top_k

@@ -96,7 +96,7 @@ def global_aux_loss(moe, logits: Tensor, indices: Tensor, mask: Optional[Tensor]
     """
     import torch.distributed as dist
 
-    n, k = moe.n_experts, moe.top_k
+    n, k = getattr(moe, "n_choices", moe.n_experts), moe.top_k  # zero experts are choices too
     w = dist.get_world_size(moe.token_group)
     lg = logits.float()
     m = lg.new_ones(lg.shape[0]) if mask is None else mask.to(lg.dtype)

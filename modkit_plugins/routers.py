@@ -1,7 +1,7 @@
-"""The ``topk`` and ``sigmoid_topk`` routers of the ``moe`` FFN (:mod:`modkit_plugins.moe`).
+"""The ``topk``, ``sigmoid_topk`` and ``sqrtsoftplus_topk`` routers of the ``moe`` FFN (:mod:`modkit_plugins.moe`).
 
 ``forward(x [..., d_model], token_mask=None) -> (weights [..., top_k], indices [..., top_k] int64, logits [...,
-n_experts] float32)``: float32 logits of a linear projection, softmax or sigmoid scores, the ``top_k`` experts
+n_experts] float32)``: float32 logits of a linear projection, softmax, sigmoid or sqrt(softplus) scores, the ``top_k`` experts
 (optionally inside the ``topk_group`` best of ``n_group`` groups, chosen with a selection-only correction bias),
 their weights optionally renormalised and scaled. An ``moe`` builds its router and gives it ``n_experts`` and
 ``top_k`` (``BuildContext.extra``); ``moe.py``'s ``register_components`` registers both router types.
@@ -14,6 +14,9 @@ Each published router is a setting of the two router types:
 * DeepSeek-V3, Kimi K2: ``sigmoid_topk``, ``correction_bias``, ``n_group``, ``topk_group``, ``renormalize`` true,
   ``routed_scaling_factor`` (2.5; Kimi K2: 2.827).
 * Llama 4: ``sigmoid_topk``, ``renormalize`` false, and the moe's ``weight_on`` "input".
+* DeepSeek-V4: ``sqrtsoftplus_topk`` (scores ``sqrt(softplus(logits))``), ``correction_bias``, ``renormalize`` true,
+  ``routed_scaling_factor``; its first layers route by token id (the ``hash`` router, :mod:`modkit_plugins.hash_router`).
+* DBRX: ``topk``, ``renormalize`` true with ``renormalize_p`` = ``moe_normalize_expert_weights`` (a p-norm).
 
 Auxiliary-loss-free balancing (DeepSeek-V3; Wang et al. 2024, arXiv:2408.15664): the routers count each expert's
 load (assignments of real tokens, the ``expert_load`` buffer) and, with ``correction_bias``, keep a float32 bias
@@ -60,6 +63,15 @@ class RouterConfig(ComponentConfig):
         "weights sum to 1 before routed_scaling_factor); false: use the scores as they are (Switch, Qwen2-MoE default, "
         "Llama 4). Required: no silent default",
     )
+    renormalize_p: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="with renormalize, the p of the norm the top-k weights are divided by: 1, their sum (the weights "
+        "are positive); another p, their p-norm (sum w^p)^(1/p) (DBRX's moe_normalize_expert_weights, 1 in DBRX). "
+        "Needs renormalize",
+    )
     bias: bool = Field(False, description="bias on the router projection (gpt-oss)")
     routed_scaling_factor: Multiplier = Field(
         1.0,
@@ -99,6 +111,11 @@ class RouterConfig(ComponentConfig):
 
     @model_validator(mode="after")
     def _check_groups(self) -> "RouterConfig":
+        if self.renormalize_p != 1.0 and not self.renormalize:
+            raise ValueError(
+                f"renormalize_p = {self.renormalize_p:g} sets the norm renormalize divides by, but renormalize is "
+                "false; set renormalize true or drop renormalize_p"
+            )
         if (self.n_group is None) != (self.topk_group is None):
             given = "n_group" if self.topk_group is None else "topk_group"
             raise ValueError(
@@ -123,6 +140,43 @@ class SigmoidTopKRouterConfig(RouterConfig):
     """Config of the ``sigmoid_topk`` router: an independent sigmoid score per expert."""
 
     type: Literal["sigmoid_topk"] = "sigmoid_topk"
+
+
+class SqrtSoftplusTopKRouterConfig(RouterConfig):
+    """Config of the ``sqrtsoftplus_topk`` router: an independent ``sqrt(softplus(z))`` score per expert
+    (DeepSeek-V4's ``scoring_func`` "sqrtsoftplus", transformers ``DeepseekV4TopKRouter``)."""
+
+    type: Literal["sqrtsoftplus_topk"] = "sqrtsoftplus_topk"
+
+
+#: the score function of each router type
+SCORE_OF = {"topk": "softmax", "sigmoid_topk": "sigmoid", "sqrtsoftplus_topk": "sqrtsoftplus"}
+
+
+def score_fn(score: str, logits: Tensor) -> Tensor:
+    """Per-expert scores of float32 ``logits [..., n_experts]``: ``softmax`` over the experts, element-wise
+    ``sigmoid`` (DeepSeek-V3), or element-wise ``sqrtsoftplus`` = ``sqrt(softplus(z))`` = ``sqrt(log(1 + e^z))``
+    (DeepSeek-V4, transformers ``ACT2FN["sqrtsoftplus"]``): positive, monotone in ``z``, growing like ``sqrt(z)``.
+
+    Raises:
+        ValueError: another score name.
+    """
+    if score == "softmax":
+        return torch.softmax(logits, dim=-1)
+    if score == "sigmoid":
+        return torch.sigmoid(logits)
+    if score == "sqrtsoftplus":
+        return torch.sqrt(nn.functional.softplus(logits))
+    raise ValueError(f"router score must be one of {sorted(SCORE_OF.values())}, got {score!r}")
+
+
+def normalise_weights(weights: Tensor, p: float) -> Tensor:
+    """``weights [..., top_k]`` (non-negative) divided by their p-norm over the last dim: the sum for ``p`` = 1 (plus
+    1e-20, so all-zero weights stay 0: DeepSeek-V3), ``(sum w^p)^(1/p)`` otherwise (DBRX's
+    ``moe_normalize_expert_weights``, transformers ``DbrxRouter``: ``torch.norm(w, p=p)``)."""
+    if p == 1.0:
+        return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights / torch.linalg.vector_norm(weights, ord=p, dim=-1, keepdim=True).clamp(min=1e-20)
 
 
 def check_groups(
@@ -194,6 +248,7 @@ class TopKRouter(nn.Module):
         bias: bool,
         *,
         score: str = "softmax",
+        renormalize_p: float = 1.0,
         routed_scaling_factor: float = 1.0,
         n_group: Optional[int] = None,
         topk_group: Optional[int] = None,
@@ -204,13 +259,13 @@ class TopKRouter(nn.Module):
         super().__init__()
         if not 1 <= top_k <= n_experts:
             raise ValueError(f"router needs 1 <= top_k <= n_experts, got top_k = {top_k}, n_experts = {n_experts}")
-        if score not in ("softmax", "sigmoid"):
-            raise ValueError(f"router score must be 'softmax' or 'sigmoid', got {score!r}")
+        if score not in SCORE_OF.values():
+            raise ValueError(f"router score must be one of {sorted(SCORE_OF.values())}, got {score!r}")
         problem = check_groups(n_experts, top_k, n_group, topk_group, group_score)
         if problem:
             raise ValueError(problem)
         self.n_experts, self.top_k, self.renormalize, self.score = n_experts, top_k, renormalize, score
-        self.routed_scaling_factor = float(routed_scaling_factor)
+        self.routed_scaling_factor, self.renormalize_p = float(routed_scaling_factor), float(renormalize_p)
         self.n_group, self.topk_group, self.group_score = n_group, topk_group, group_score
         self.bias_update_speed = float(bias_update_speed)
         self.proj = nn.Linear(d_model, n_experts, bias=bias)
@@ -225,8 +280,8 @@ class TopKRouter(nn.Module):
             init.zeros_(self.correction_bias)
 
     def scores(self, logits: Tensor) -> Tensor:
-        """The per-expert scores of float32 ``logits [..., n_experts]``: softmax or element-wise sigmoid."""
-        return torch.softmax(logits, dim=-1) if self.score == "softmax" else torch.sigmoid(logits)
+        """The per-expert scores of float32 ``logits [..., n_experts]`` (:func:`score_fn`)."""
+        return score_fn(self.score, logits)
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """The scores normalised to sum 1 over the experts ``[..., n_experts]``, what the balance losses read: the
@@ -261,7 +316,7 @@ class TopKRouter(nn.Module):
             indices = torch.topk(choice, self.top_k, dim=-1).indices
             weights = scores.gather(-1, indices)
         if self.renormalize:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            weights = normalise_weights(weights, self.renormalize_p)
         if self.routed_scaling_factor != 1.0:
             weights = weights * self.routed_scaling_factor
         self._count(indices, token_mask)
@@ -306,7 +361,8 @@ def _make_router(cfg: RouterConfig, ctx: BuildContext) -> TopKRouter:
         k,
         cfg.renormalize,
         cfg.bias,
-        score="sigmoid" if cfg.type == "sigmoid_topk" else "softmax",
+        score=SCORE_OF[cfg.type],
+        renormalize_p=cfg.renormalize_p,
         routed_scaling_factor=cfg.routed_scaling_factor,
         n_group=cfg.n_group,
         topk_group=cfg.topk_group,
@@ -336,7 +392,8 @@ $$z = W_r\, x \ \text{(float32)}, \qquad s = SCORE, \qquad \mathcal{T} = \operat
 g_e = \rho \cdot \begin{cases} s_e \,/ \sum_{e' \in \mathcal{T}} s_{e'} & \text{renormalize} \\ s_e & \text{otherwise}
 \end{cases} \quad (e \in \mathcal{T})$$
 
-$\rho$ = routed_scaling_factor. The bias changes which experts are chosen, never the weights $g_e$. With n_group $G$
+$\rho$ = routed_scaling_factor; with renormalize_p $p \ne 1$ the weights are divided by their $p$-norm
+$(\sum_{e' \in \mathcal{T}} s_{e'}^p)^{1/p}$ instead of their sum (DBRX). The bias changes which experts are chosen, never the weights $g_e$. With n_group $G$
 and topk_group $M$ the $N$ experts form $G$ groups of $N/G$ consecutive experts, each group is scored by the sum of its
 two largest $s_e + b_e$ (group_score top2_sum) or the largest (max), and $\mathcal{T}$ is taken among the experts of
 the $M$ best groups only. After each optimizer step the training loop moves the bias from the step's loads $c_e$
@@ -353,6 +410,11 @@ _MATH = {
 
 The balance loss of the holding mixture reads the normalised scores $s'_e = s_e / \sum_{e'} s_{e'}$ (DeepSeek-V3,
 eq. 19).""",
+    "sqrtsoftplus_topk": _ROUTER_MATH.replace("SCORE", r"\sqrt{\log(1 + e^{z})} \ \text{(element-wise)}")
+    + r"""
+
+The balance loss of the holding mixture reads the normalised scores $s'_e = s_e / \sum_{e'} s_{e'}$ (as for the sigmoid
+scores of DeepSeek-V3).""",
 }
 
 _ROUTER_REFERENCE = (
@@ -363,7 +425,7 @@ _ROUTER_REFERENCE = (
 
 
 def register_routers(register) -> None:
-    """Register the ``topk`` and ``sigmoid_topk`` routers through ``register`` (called by ``moe.py``'s
+    """Register the ``topk``, ``sigmoid_topk``, ``sqrtsoftplus_topk`` and ``hash`` routers through ``register`` (called by ``moe.py``'s
     ``register_components``, so the routers keep the ``builtin-moe`` provider)."""
     router_caps = {"compile_safe": True, "tp_plan": {}}  # replicated: small, float32 logits
     register(
@@ -411,3 +473,25 @@ def register_routers(register) -> None:
             },
         )
     )
+    register(
+        Component(
+            kind="router",
+            type="sqrtsoftplus_topk",
+            config=SqrtSoftplusTopKRouterConfig,
+            factory=_make_router,
+            math=_MATH["sqrtsoftplus_topk"],
+            description="Linear router with an independent sqrt(softplus(logit)) score per expert (DeepSeek-V4's "
+            "sqrtsoftplus affinity): float32 logits, top-k experts (optionally within the best groups, with a "
+            "selection-only correction bias), weights optionally renormalised and scaled. Same outputs as topk. "
+            "DeepSeek-V4 (correction_bias, renormalize, routed_scaling_factor).",
+            reference=_ROUTER_REFERENCE + "; DeepSeek-AI 2026, DeepSeek-V4 (transformers DeepseekV4TopKRouter, "
+            "scoring_func sqrtsoftplus)",
+            capabilities=router_caps,
+            param_count=_router_count,
+            flops=_router_flops,
+            example={"type": "sqrtsoftplus_topk", "renormalize": True, "correction_bias": True},
+        )
+    )
+    from .hash_router import register_hash_router
+
+    register_hash_router(register, router_caps)

@@ -21,7 +21,8 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   which builds it with ``ctx.build(config, extra={"n_experts": n, "top_k": k})``:
   ``forward(x [tokens, d_model]) -> (weights [tokens, top_k] in x's dtype, indices [tokens, top_k] int64,
   logits [tokens, n_experts] float32)``; the logits keep their gradient (the holder's aux losses use them).
-  Optional, by name: ``takes_token_mask = True`` (``forward(x, token_mask=[tokens] bool)``), ``probabilities(logits)
+  Optional, by name: ``takes_token_mask = True`` (``forward(x, token_mask=[tokens] bool)``), ``takes_token_ids = True``
+  (``forward(x, token_ids=[tokens] int64)``: the token ids, for routing by token id), ``probabilities(logits)
   -> [tokens, n_experts]`` (what the balance loss reads; default softmax), an ``expert_load [n_experts]`` int64
   buffer of real-token assignments and ``update_balance(load)``, the training-time rule the loop applies after each
   optimizer step (:mod:`modkit.nn.balance`).
@@ -74,11 +75,16 @@ def run_ffn(ffn: nn.Module, x: Tensor, inputs: "AttentionInputs") -> tuple[Tenso
     """Call an ffn sublayer the way placements should: ``(output [batch, seq, d_model], aux_loss or None)``.
 
     FFNs whose module sets ``takes_token_mask = True`` (MoE) also get ``token_mask [batch, seq]`` so padding
-    tokens stay out of routing statistics and aux losses (Megatron-LM #2121).
+    tokens stay out of routing statistics and aux losses (Megatron-LM #2121); those that set ``takes_token_ids =
+    True`` (an MoE with a hash router) get ``token_ids [batch, seq]`` int64 (``inputs.token_ids``, ``None`` when
+    the forward was given none).
     """
+    kwargs = {}
     if getattr(ffn, "takes_token_mask", False):
-        return split_aux(ffn(x, token_mask=inputs.token_mask))
-    return split_aux(ffn(x))
+        kwargs["token_mask"] = inputs.token_mask
+    if getattr(ffn, "takes_token_ids", False):
+        kwargs["token_ids"] = inputs.token_ids
+    return split_aux(ffn(x, **kwargs))
 
 
 def add_aux(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
@@ -126,6 +132,9 @@ class AttentionInputs:
             ``key_positions`` / ``key_mask`` / ``key_documents``. :func:`~modkit.nn.attention.update_cache` and
             :func:`~modkit.nn.attention.update_cache_entries` hand a mixer every key of the sequence through it;
             ``None``: the whole sequence is here. Never set together with ``cache``.
+        token_ids: ``[batch, seq]`` int64 ids of the tokens of ``x`` (the model's ``input_ids``; under context
+            parallelism this rank's slice), for components that route by token id (a hash router); ``None`` when
+            the caller gave none.
     """
 
     positions: Tensor
@@ -135,6 +144,7 @@ class AttentionInputs:
     documents: Optional[Tensor] = None
     scratch: Optional[dict] = None
     sequence: Optional[Any] = None
+    token_ids: Optional[Tensor] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""

@@ -34,12 +34,15 @@ class ForwardInputs:
         documents: ``[batch, seq]`` int64 document index of each token of a packed row; ``None``: one sequence.
         sequence: under context parallelism (a model :func:`modkit.parallel.apply_context_parallel` prepared), this
             rank's :class:`~modkit.parallel.SequenceShard`; ``None``: the whole sequence is here.
+        token_ids: ``[batch, seq]`` int64, the forward's ``input_ids`` (handed to every layer, for routing by token
+            id); ``None``: not given.
     """
 
     positions: Tensor
     token_mask: Optional[Tensor] = None
     documents: Optional[Tensor] = None
     sequence: Optional[Any] = None
+    token_ids: Optional[Tensor] = None
 
     @classmethod
     def prepare(
@@ -100,10 +103,10 @@ class ForwardInputs:
             else:
                 positions = (token_mask.long().cumsum(-1) - 1).clamp(min=0)
         if context is None:
-            return cls(positions, token_mask, documents)
+            return cls(positions, token_mask, documents, token_ids=input_ids)
         if cache is not None:
             raise ValueError("a context-parallel model (sequence sharded over ranks) runs without a KV cache")
-        return cls(positions, token_mask, documents, context.shard(positions, token_mask, documents))
+        return cls(positions, token_mask, documents, context.shard(positions, token_mask, documents), input_ids)
 
     def attention_inputs(self) -> AttentionInputs:
         """The :class:`~modkit.core.interfaces.AttentionInputs` every layer gets (bound to its position scheme and
@@ -116,11 +119,16 @@ class ForwardInputs:
                 documents=self.documents,
                 scratch={},
                 sequence=self.sequence,
+                token_ids=self.token_ids,
             )
         if self.documents is None:
-            return AttentionInputs(positions=self.positions, token_mask=self.token_mask)
+            return AttentionInputs(positions=self.positions, token_mask=self.token_mask, token_ids=self.token_ids)
         return AttentionInputs(
-            positions=self.positions, token_mask=self.token_mask, documents=self.documents, scratch={}
+            positions=self.positions,
+            token_mask=self.token_mask,
+            documents=self.documents,
+            scratch={},
+            token_ids=self.token_ids,
         )
 
 

@@ -190,17 +190,32 @@ def attention_inputs(
     )
 
 
+def token_ids_of(x: Tensor) -> Tensor:
+    """Token ids ``[batch, seq]`` int64 in ``[0, 16)`` for a direct ffn call on ``x [batch, seq, width]`` (an ffn that
+    routes by token id, ``takes_token_ids``): each token's id is the signs of its first 4 features as bits, so the id
+    moves with the token when a check reshapes or shuffles the tokens, and rounding to a low precision keeps it."""
+    bits = (x[..., :4] > 0).long()
+    return (bits * (2 ** torch.arange(bits.shape[-1], device=x.device))).sum(-1)
+
+
+def ffn_kwargs(module: nn.Module, x: Tensor) -> dict:
+    """The keyword arguments a direct ffn call gives ``module``: ``token_ids`` (:func:`token_ids_of`) when it sets
+    ``takes_token_ids``, else none (the tiny models' vocabulary, 64, holds every such id)."""
+    return {"token_ids": token_ids_of(x)} if getattr(module, "takes_token_ids", False) else {}
+
+
 def call_contract(kind: str, module: nn.Module, x: Tensor, inputs: Optional[AttentionInputs] = None) -> Tensor:
     """Call ``module`` by the contract of ``kind`` on ``x [batch, seq, width]``; returns the output tensor.
 
-    norm / ffn: ``module(x)`` (an ffn's aux loss is dropped); a token mixer (attention or mixer):
-    ``module(x, inputs)``; placement: ``module(x, inputs)[0]``.
+    norm / ffn: ``module(x)`` (an ffn's aux loss is dropped; an ffn that routes by token id also gets
+    ``token_ids``, :func:`ffn_kwargs`); a token mixer (attention or mixer): ``module(x, inputs)``; placement:
+    ``module(x, inputs)[0]``.
     """
     if is_mixer(kind):
         return module(x, inputs)
     if kind == "placement":
         return module(x, inputs)[0]
-    return split_aux(module(x))[0]
+    return split_aux(module(x, **ffn_kwargs(module, x)))[0]
 
 
 def position_geometry(bench: Bench, records: list[Record], rec: Record) -> tuple[int, int, int]:

@@ -14,7 +14,16 @@ from modkit.core.config import ComponentConfig
 from modkit.core.interfaces import AttentionInputs
 from modkit.core.registry import Component
 from ..harness import Bench, Record
-from .base import SAME_MATH_ULPS, CheckFailed, contract_record, fmt, max_abs_diff, position_geometry, tolerance
+from .base import (
+    SAME_MATH_ULPS,
+    CheckFailed,
+    contract_record,
+    ffn_kwargs,
+    fmt,
+    max_abs_diff,
+    position_geometry,
+    tolerance,
+)
 
 #: backend used by the ``compile`` check (``MODKIT_CHECK_COMPILE_BACKEND``); any ``fullgraph`` compile proves
 #: there is no graph break, and ``eager`` keeps it fast on a CPU.
@@ -31,7 +40,14 @@ def _compile_target(bench: Bench, model: nn.Module, records: list[Record]) -> tu
     kind, rec = contract_record(bench, records)
     b, s, d = 2, 6, bench.d_model()
     if rec is not None and kind in ("norm", "ffn"):
-        return rec.module, (bench.randn(b, s, rec.ctx.dim or d, seed=51),), f"{kind} module"
+        x, m = bench.randn(b, s, rec.ctx.dim or d, seed=51), rec.module
+        if ffn_kwargs(m, x):  # routes by token id: the ids are an argument of the compiled call
+
+            def ffn_fn(x: Tensor, token_ids: Tensor):
+                return m(x, token_ids=token_ids)
+
+            return ffn_fn, (x, ffn_kwargs(m, x)["token_ids"]), f"{kind} module(x, token_ids)"
+        return m, (x,), f"{kind} module"
     if rec is not None and kind in ("attention", "mixer", "placement"):
         m = rec.module
         scheme = bench.position_for(model, getattr(rec.ctx, "layer_index", None))

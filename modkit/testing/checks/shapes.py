@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from modkit.core.interfaces import Init, split_aux
 from modkit.nn.model import init_modules
 from ..harness import Bench, Record
-from .base import CheckFailed, attention_inputs, first_target, nonfinite, position_geometry
+from .base import CheckFailed, attention_inputs, ffn_kwargs, first_target, nonfinite, position_geometry
 
 #: ``(batch, seq)`` shapes of the shape/dtype check; ``seq = 1`` is the decode shape.
 SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (2, 5), (3, 8))
@@ -39,7 +39,7 @@ def _calls(
         if kind == "norm":
             yield "norm(x)", m(x), x.shape, dtype
         elif kind == "ffn":
-            out = m(x)
+            out = m(x, **ffn_kwargs(m, x))
             y, aux = split_aux(out)
             declares = bool(bench.entry.capabilities.get("aux_loss"))
             if isinstance(out, tuple) and not declares:
