@@ -83,6 +83,8 @@ def _recurrent(a: dict, d: int, new: int) -> int:
     the chunked form (Mamba-2: SSD's C·Bᵀ blocks, their product with x, the chunk states and their read-out; Gated
     DeltaNet: β K Kᵀ, two triangular solves, q·kᵀ, the in-chunk attention, the state's read-outs and update)."""
     K = a.get("d_conv", 4)
+    if a["type"] == "short_conv":  # LFM2: in_proj to B, C, x; the depthwise convolution; out_proj (no state to read)
+        return new * (2 * d * 3 * d + 2 * d * a.get("d_conv", 3) + 2 * d * d)
     if a["type"] == "mamba2":
         P, N, G = a.get("head_dim", 64), a.get("d_state", 128), a.get("n_groups", 1)
         inner = a.get("d_inner") or int(a.get("expand", 2.0) * d)
@@ -109,7 +111,7 @@ def formula(spec: dict, new: int, past: int) -> int:
     for layer in _layers(spec):
         a = layer.get("mixer") or layer["attention"]
         ffn = new * _ffn_per_token(layer["ffn"], d) if layer.get("ffn") else 0
-        if a["type"] in ("mamba2", "gated_deltanet"):
+        if a["type"] in ("mamba2", "gated_deltanet", "short_conv"):
             total += ffn + _recurrent(a, d, new)
             continue
         h = a["n_heads"]
