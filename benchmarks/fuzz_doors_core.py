@@ -214,9 +214,9 @@ def cli_child(argv: Sequence[str], before: Optional[Callable[[], None]] = None) 
         seen: dict = {}
         original = cli._report
 
-        def report(exc):
+        def report(exc, *args, **kwargs):  # the reporter's own arguments (the command line) passed on as given
             seen.update(_exc_info(exc))
-            return original(exc)
+            return original(exc, *args, **kwargs)
 
         cli._report = report
         if before is not None:
