@@ -130,3 +130,17 @@ def test_cli_generate_weights_flag(capsys):
     assert main(argv + ["--weights", "int8"]) == 0
     out, err = capsys.readouterr()
     assert len(out.split()) == 2 and "linear weights int8" in err
+
+
+def test_bfloat16_linear_matches_a_bfloat16_product_and_follows_weight_changes():
+    lin = torch.nn.Linear(96, 80, bias=False)
+    torch.nn.init.normal_(lin.weight, generator=torch.Generator().manual_seed(4))
+    layer = BFloat16Linear.from_linear(lin)
+    x = torch.randn(2, 3, 96, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = (x.bfloat16().float() @ layer.weight.float().t()).bfloat16().float()
+        y = layer(x)
+        assert y.dtype == torch.float32 and y.shape == (2, 3, 80)
+        assert float((y - ref).abs().max()) <= 2**-7 * float(ref.abs().max())  # one bfloat16 rounding apart at most
+        layer.weight.mul_(2)  # an in-place change is seen (a packed copy is remade)
+        assert float((layer(x) - 2 * y).abs().max()) <= 2**-6 * float(ref.abs().max())
