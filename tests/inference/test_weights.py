@@ -144,3 +144,18 @@ def test_bfloat16_linear_matches_a_bfloat16_product_and_follows_weight_changes()
         assert float((y - ref).abs().max()) <= 2**-7 * float(ref.abs().max())  # one bfloat16 rounding apart at most
         layer.weight.mul_(2)  # an in-place change is seen (a packed copy is remade)
         assert float((layer(x) - 2 * y).abs().max()) <= 2**-6 * float(ref.abs().max())
+
+
+def test_the_generate_guide_example_runs():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "generate.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    mine = [b for b in blocks if 'weights="int8"' in b]
+    assert len(mine) == 1
+    namespace: dict = {}
+    exec(blocks[0], namespace)  # noqa: S102 - the guide's model and prompt
+    exec(mine[0], namespace)  # noqa: S102 - the weights example
+    assert namespace["out"].shape == (1, 8 + 16)
+    assert weight_format(namespace["model"]) == "int8"
