@@ -171,6 +171,7 @@ class _TextStream:
 def cmd_generate(args: argparse.Namespace) -> int:
     """``modkit generate MODEL --prompt TEXT``: stream a continuation, then one summary line on stderr."""
     from modkit.inference.generate import column_major_linears
+    from modkit.inference.weights import quantize_linears
 
     _check_generate_args(args)
     tokenizer, by_hand = _find_tokenizer(args)
@@ -187,6 +188,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             _err(f"modkit: warning: {warning}")
     else:
         _check_prompt(ids, model.spec.vocab_size)
+    if args.weights is not None:  # converted before the clock starts (the summary's prefill time is the prefill's)
+        quantize_linears(model, args.weights)
     if device.type == "cpu":  # batch-1 decoding streams column-major weights faster (same values; see the docstring)
         column_major_linears(model)
     stream = _TextStream(tokenizer)

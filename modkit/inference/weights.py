@@ -78,7 +78,7 @@ class BFloat16Linear(nn.Module):
 
     On a CPU whose oneDNN has bfloat16 (x86 with AVX-512 BF16 or AMX), eager products read a copy of the weight
     packed in oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the prepacking
-    ``torch.compile``'s freezing pass does), made once at the first product: batch-1 products from it are about 1.4x
+    ``torch.compile``'s freezing pass does), made by :func:`quantize_linears` (or at the first product): batch-1 products from it are about 1.4x
     (a 1408 x 512 block weight) to 2.5x (a 32000 x 512 head) faster than plain ``F.linear`` on bfloat16 or
     float32 here (``benchmarks/results_decode_weights.md``). The copy costs a second 2 bytes per weight of memory;
     each product still reads 2.
@@ -234,6 +234,8 @@ def quantize_linears(model: nn.Module, weights: str) -> int:
         for key, value in vars(child).items():
             if key.startswith("modkit_"):
                 setattr(new, key, value)
+        if isinstance(new, BFloat16Linear):
+            new._packed()  # pack now (on a CPU with oneDNN bfloat16), not inside the first timed product
         setattr(parent, name, new)
         changed += 1
     return changed
