@@ -152,6 +152,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("_scale_bf16", scale.to(torch.bfloat16), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """torch's loading hook, then the scales' bfloat16 copy (not saved) remade from the loaded scales."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._scale_bf16 = self.scale.to(torch.bfloat16)
+
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
         """The int8 version of ``linear`` (:func:`quantize_int8` of its weight)."""

@@ -159,3 +159,14 @@ def test_the_generate_guide_example_runs():
     exec(mine[0], namespace)  # noqa: S102 - the weights example
     assert namespace["out"].shape == (1, 8 + 16)
     assert weight_format(namespace["model"]) == "int8"
+
+
+def test_an_int8_state_dict_loads_into_an_int8_model():
+    saved, other = _model(), modkit.build(tiny_spec(), seed=1).eval()
+    quantize_linears(saved, "int8")
+    quantize_linears(other, "int8")
+    assert set(saved.state_dict()) == set(other.state_dict())
+    other.load_state_dict(saved.state_dict())  # the scales' bfloat16 copy follows the loaded scales
+    prompt = _prompt()
+    with torch.no_grad():
+        assert torch.equal(other(prompt).logits, saved(prompt).logits)
