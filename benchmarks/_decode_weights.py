@@ -8,6 +8,7 @@ Variants (each its own copy of the same random weights, seed 0, the llama-like m
   ``bfloat16 model`` (the whole model cast to bfloat16, then its linear layers converted as ``bfloat16``: the same
   products, with the embedding, activations and KV cache in bfloat16 too), the alternative the weight-only bfloat16
   was chosen against;
+* the three formats again with ``compile=True`` (the decode step under ``torch.compile``; compiled in the warm-up);
 * transformers ``float32``, ``bfloat16`` (the whole model cast) and ``int8`` (torchao's ``Int8WeightOnlyConfig`` on
   every linear layer, head included) when torchao is installed.
 
@@ -15,7 +16,9 @@ Each round runs every variant once, interleaved, after one warm-up round: ``--ne
 ``--prompt-len`` prompt; decode tokens/s = ``(new - 1) / (time of the last token - time of the first)``, on the
 process's CPU clock (one thread) and on the wall clock. Agreement with float32 (same library) over ``--agree``
 greedy tokens: the length of the common prefix of the two greedy continuations, and teacher-forced top-1 agreement
-(each variant's argmax at every position of float32's greedy sequence, one forward). Not a timed test.
+(each variant's argmax at every position of float32's greedy sequence, one forward). Then one linear layer per
+weight shape of the model, batch 1, each product timed alone (float32, modkit bfloat16 and int8, torchao int8).
+Not a timed test.
 """
 
 from __future__ import annotations
@@ -32,7 +35,18 @@ from modkit.inference.generate import column_major_linears, stream_generate
 from modkit.inference.weights import linear_weight_bytes, quantize_linears
 
 
-def _modkit_variants(model: modkit.Model) -> dict[str, modkit.Model]:
+class _Compiled:
+    """A modkit variant decoded with ``compile=True`` (the same model object as its eager row)."""
+
+    def __init__(self, model: modkit.Model):
+        self.model = model
+
+
+def _plain(model):
+    return model.model if isinstance(model, _Compiled) else model
+
+
+def _modkit_variants(model: modkit.Model) -> dict[str, object]:
     """The modkit copies: float32 (column-major), bfloat16 and int8 linear weights, the whole model in bfloat16."""
     out = {}
     out["float32"] = copy.deepcopy(model)
@@ -42,6 +56,8 @@ def _modkit_variants(model: modkit.Model) -> dict[str, modkit.Model]:
         quantize_linears(out[fmt], fmt)
     out["bfloat16 model"] = copy.deepcopy(model).to(torch.bfloat16)
     quantize_linears(out["bfloat16 model"], "bfloat16")  # the same packed products, bfloat16 activations
+    for fmt in ("float32", "bfloat16", "int8"):
+        out[f"{fmt}, compiled"] = _Compiled(out[fmt])
     return out
 
 
@@ -65,8 +81,9 @@ def _stamps() -> tuple[float, float]:
 
 def _modkit_decode(model, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, float, float]:
     """(tokens ``[1, prompt + new]``, CPU seconds, wall seconds from the first new token to the last)."""
+    compile, model = isinstance(model, _Compiled), _plain(model)
     column_major = False if model.embed.weight.dtype == torch.bfloat16 else None  # (row-major bf16 is faster)
-    steps = stream_generate(model, ids, max_new_tokens=new, temperature=0, column_major=column_major)
+    steps = stream_generate(model, ids, max_new_tokens=new, temperature=0, column_major=column_major, compile=compile)
     first = next(steps)
     c0, w0 = _stamps()
     rest = list(steps)
@@ -101,7 +118,7 @@ def _hf_decode(hf, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, float, fl
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return model(ids).logits[0].float()
+        return _plain(model)(ids).logits[0].float()
 
 
 def _agreement(runner: str, models: dict, ids: torch.Tensor, n: int, prompt: int) -> dict[str, dict]:
@@ -124,10 +141,47 @@ def _agreement(runner: str, models: dict, ids: torch.Tensor, n: int, prompt: int
     return out
 
 
+def _kernels(repeats: int) -> list[str]:
+    """Markdown rows: one batch-1 product ``[1, in] @ W^T`` per weight shape of the model, microseconds (median of
+    ``repeats`` rounds of 100 calls, CPU clock, interleaved): float32 column-major, modkit bfloat16 and int8, torchao's
+    int8 weight-only (when installed)."""
+    from modkit.inference.weights import BFloat16Linear, Int8Linear
+
+    rows = []
+    for d_out, d_in in ((1408, 512), (512, 1408), (32000, 512)):
+        lin = torch.nn.Linear(d_in, d_out, bias=False)
+        fns = {"float32 (column-major)": copy.deepcopy(lin), "modkit bfloat16": BFloat16Linear.from_linear(lin)}
+        column_major_linears(fns["float32 (column-major)"])
+        fns["modkit int8"] = Int8Linear.from_linear(lin)
+        try:
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+            ao = torch.nn.Sequential(copy.deepcopy(lin))
+            quantize_(ao, Int8WeightOnlyConfig())
+            fns["torchao int8"] = ao
+        except ImportError:
+            pass
+        x = torch.randn(1, d_in)
+        times: dict = {k: [] for k in fns}
+        with torch.inference_mode():
+            for r in range(repeats + 1):
+                for k, f in fns.items():
+                    t = time.process_time()
+                    for _ in range(100):
+                        f(x)
+                    if r:
+                        times[k].append((time.process_time() - t) / 100 * 1e6)
+        ref = statistics.median(times["float32 (column-major)"])
+        for k, v in times.items():
+            t = statistics.median(v)
+            rows.append(f"| {d_out} x {d_in} | {k} | {t:,.1f} | {ref / t:.2f} |")
+    return ["| weight [out x in] | product | µs per call | speed ÷ float32 |", "|---|---|---:|---:|", *rows]
+
+
 def _fmt_bytes(model) -> str:
-    if any(type(p.data) is not torch.Tensor for p in model.parameters()):
+    if any(type(p.data) is not torch.Tensor for p in _plain(model).parameters()):
         return "(torchao tensors)"
-    b = linear_weight_bytes(model)
+    b = linear_weight_bytes(_plain(model))
     return f"{(b['weights'] + b['scales']) / 2**20:.1f} MiB"
 
 
@@ -156,6 +210,8 @@ def run(args) -> str:
     for runner in ("modkit", "transformers"):
         models = {k: m for (lib, k), m in runs.items() if lib == runner}
         agree.update({(runner, k): v for k, v in _agreement(runner, models, ids, args.agree, args.prompt_len).items()})
+    kernels = _kernels(args.repeats)
+    print("\n".join(kernels), flush=True)
     load_after = load_average()
     lines = _table(runs, tps, cpu, wall, agree, args)
     report = "\n".join(
@@ -176,6 +232,10 @@ def run(args) -> str:
             "top-1 agreement on float32's sequence; max |Δ logits| ÷ max |logit| there",
             "",
             *lines,
+            "",
+            "One linear layer, batch 1, the model's weight shapes (the kernels behind the rows above):",
+            "",
+            *kernels,
         ]
     )
     print("\n".join(lines), flush=True)
@@ -185,6 +245,7 @@ def run(args) -> str:
 def _table(runs, tps, cpu, wall, agree, args) -> list[str]:
     """The markdown table: one row per variant."""
     hf_of = {"bfloat16": "bfloat16", "bfloat16 model": "bfloat16", "int8": "int8 (torchao)", "float32": "float32"}
+    hf_of.update({f"{k}, compiled": hf_of[k] for k in ("float32", "bfloat16", "int8")})
     out = [
         "| library | weights | linear weight bytes | decode tokens/s (wall) | ÷ float32 | ÷ transformers, same format | "
         "common prefix | top-1 agreement | max rel. Δ logits |",

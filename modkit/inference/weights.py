@@ -15,8 +15,8 @@ Batch-1 decoding is a chain of matrix-vector products bound by the bytes of weig
 
 The token embedding is not converted (a lookup reads one row per token, not the table); a head tied to the embedding
 therefore stays in the embedding's dtype. ``torchao`` 0.18's ``Int8WeightOnlyConfig`` was measured and not used: on
-an x86 CPU (one thread, batch 1) its int8 tensor multiplied about 2x (a 2048 x 512 block weight) to 13x (a 32000 x 512
-head) slower than float32, while this kernel with a bfloat16 input was about 2x to 4.6x faster than float32
+an x86 CPU (one thread, batch 1) its int8 tensor multiplied about 2x (a 1408 x 512 block weight) to 14x (a 32000 x 512
+head) slower than float32, while this kernel with a bfloat16 input was about 1.6x to 4.7x faster than float32
 (``benchmarks/results_decode_weights.md``).
 """
 
@@ -81,7 +81,8 @@ class BFloat16Linear(nn.Module):
     ``torch.compile``'s freezing pass does), made by :func:`quantize_linears` (or at the first product): batch-1 products from it are about 1.4x
     (a 1408 x 512 block weight) to 2.5x (a 32000 x 512 head) faster than plain ``F.linear`` on bfloat16 or
     float32 here (``benchmarks/results_decode_weights.md``). The copy costs a second 2 bytes per weight of memory;
-    each product still reads 2.
+    each product still reads 2. Under ``torch.compile`` the plain ``F.linear`` on the bfloat16 weight is traced
+    instead (the packed copy is opaque to it): measured no faster than compiled float32.
     """
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor]):
