@@ -351,7 +351,11 @@ def main() -> None:
     p.add_argument("--check-prompt", type=int, default=16)
     p.add_argument("--check-steps", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--weights", action="store_true", help="compare float32, bfloat16 and int8 linear weights instead")
+    p.add_argument(
+        "--weights",
+        action="store_true",
+        help="compare float32, bfloat16 and int8 linear weights instead (llama-like 55M model; --spec and --contexts unused)",
+    )
     p.add_argument("--new", type=int, default=64, help="--weights: greedy tokens timed per round")
     p.add_argument("--prompt-len", type=int, default=32, help="--weights: prompt tokens")
     p.add_argument("--agree", type=int, default=128, help="--weights: greedy tokens compared with float32")
