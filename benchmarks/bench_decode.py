@@ -2,6 +2,10 @@
 
     .venv/bin/python benchmarks/bench_decode.py --threads 1                     # what docs/experiments/prefill-vs-decode.md shows
     .venv/bin/python benchmarks/bench_decode.py --spec specs/tiny-llama.json --contexts 64,256 --repeats 3
+    .venv/bin/python benchmarks/bench_decode.py --weights -o benchmarks/results_decode_weights.md  # weight formats
+
+With ``--weights`` it compares float32, bfloat16 and int8 linear weights for greedy decoding instead, in modkit and in
+transformers with the same quantization (``_decode_weights.py`` says how).
 
 For each model (random weights, seed 0, float32, eval, ``nn.Linear`` weights column-major as ``modkit generate``
 stores them on a CPU with MKL), and each context ``N``:
@@ -348,6 +352,14 @@ def main() -> None:
     p.add_argument("--check-steps", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
+        "--weights",
+        action="store_true",
+        help="compare float32, bfloat16 and int8 linear weights instead (llama-like 55M model; --spec and --contexts unused)",
+    )
+    p.add_argument("--new", type=int, default=64, help="--weights: greedy tokens timed per round")
+    p.add_argument("--prompt-len", type=int, default=32, help="--weights: prompt tokens")
+    p.add_argument("--agree", type=int, default=128, help="--weights: greedy tokens compared with float32")
+    p.add_argument(
         "--clock",
         choices=("cpu", "wall"),
         default="cpu",
@@ -357,13 +369,22 @@ def main() -> None:
         "-o", "--out", type=Path, help="write the markdown report here (and the raw numbers next to it as .json)"
     )
     args = p.parse_args()
-    for name in ("repeats", "steps", "check_prompt", "check_steps", "threads"):
+    for name in ("repeats", "steps", "check_prompt", "check_steps", "threads", "new", "prompt_len", "agree"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     if args.clock == "cpu" and args.threads != 1:
         raise SystemExit("--clock cpu adds up the CPU time of every thread: use it with --threads 1, or --clock wall")
     CLOCK["name"] = args.clock
+    if args.weights:
+        from _decode_weights import run
+
+        report = run(args)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(report + "\n")
+            print(f"wrote {args.out}")
+        return
     if args.spec:
         contexts = tuple(int(x) for x in args.contexts.split(",")) if args.contexts else (64, 256)
         plan = [(s, contexts) for s in args.spec]

@@ -52,6 +52,13 @@ def add_subcommands(sub) -> None:
         "--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 for a spec, as stored otherwise)"
     )
     p.add_argument(
+        "--weights",
+        default=None,
+        metavar="{float32,bfloat16,int8}",
+        help="how the linear weights are stored for decoding: float32 (default: as loaded), bfloat16, or int8 "
+        "(per-output-channel symmetric, float scales); embeddings and a tied head stay as loaded",
+    )
+    p.add_argument(
         "--compile", action="store_true", help="decode with torch.compile (fullgraph; pays a one-off compilation)"
     )
     p.add_argument(
@@ -164,6 +171,7 @@ class _TextStream:
 def cmd_generate(args: argparse.Namespace) -> int:
     """``modkit generate MODEL --prompt TEXT``: stream a continuation, then one summary line on stderr."""
     from modkit.inference.generate import column_major_linears
+    from modkit.inference.weights import quantize_linears
 
     _check_generate_args(args)
     tokenizer, by_hand = _find_tokenizer(args)
@@ -180,6 +188,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             _err(f"modkit: warning: {warning}")
     else:
         _check_prompt(ids, model.spec.vocab_size)
+    if args.weights is not None:  # converted before the clock starts (the summary's prefill time is the prefill's)
+        quantize_linears(model, args.weights)
     if device.type == "cpu":  # batch-1 decoding streams column-major weights faster (same values; see the docstring)
         column_major_linears(model)
     stream = _TextStream(tokenizer)
@@ -195,6 +205,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _check_generate_args(args: argparse.Namespace) -> None:
     """Every length, seed and sampling argument checked before any work; a :class:`UserError` naming the flag."""
     from modkit.inference.generate import check_generation, check_sampling
+    from modkit.inference.weights import check_weights
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -208,6 +219,7 @@ def _check_generate_args(args: argparse.Namespace) -> None:
     }
     check_sampling(args.temperature, args.top_k, args.top_p, names=flags)  # every argument before any work
     check_generation(args.max_new_tokens, seed=args.seed, max_len=args.max_len, names=flags)
+    check_weights(args.weights, "--weights")
 
 
 def _find_tokenizer(args: argparse.Namespace) -> tuple[Any, bool]:
@@ -256,6 +268,7 @@ def _start_generation(model, ids: list[int], args: argparse.Namespace, decode, s
             decode=decode,
             check_memory=not args.no_memory_check,
             max_len=args.max_len,
+            weights=args.weights,
             **sampling,
         )
     for w in caught:
@@ -268,7 +281,10 @@ def _start_generation(model, ids: list[int], args: argparse.Namespace, decode, s
 
 def _stream_and_report(tokens, stream: _TextStream, model, device, n_prompt: int, max_new_tokens: int) -> None:
     """Write every token to ``stream`` as it comes, then the summary line on stderr: prefill time (ms, with the first
-    token), decode rate (tokens/s), the KV cache's bytes, the device and the weights' dtype."""
+    token), decode rate (tokens/s), the KV cache's bytes, the device, the weights' dtype and the linear weights'
+    format."""
+    from modkit.inference.weights import weight_format
+
     start = time.perf_counter()
     first = None
     n = 0
@@ -287,7 +303,7 @@ def _stream_and_report(tokens, stream: _TextStream, model, device, n_prompt: int
     _err(
         f"prompt {n_prompt} tokens, prefill {prefill_ms:.1f} ms (with the first token); "
         f"decode {n - 1} tokens at {rate:.1f} tokens/s; KV cache {_bytes(kv)}; "
-        f"{device}, {str(model.embed.weight.dtype).replace('torch.', '')}"
+        f"{device}, {str(model.embed.weight.dtype).replace('torch.', '')}; linear weights {weight_format(model)}"
     )
 
 

@@ -42,6 +42,7 @@ from modkit.nn.build import kv_cache_bytes
 from modkit.nn.cache import KVCache
 from modkit.nn.model import Model
 from modkit.inference.sampling import GenerationState, Sampler, SamplingSetup, sampler_from_arguments, sampler_from_list
+from modkit.inference.weights import check_convertible, quantize_linears
 
 
 def build_sampler(
@@ -200,6 +201,10 @@ class GenerationRequest:
         prefill_chunk: feed the prompt in chunks of this many tokens (bounds prefill memory); ``None``: at once.
         compile: run decode steps through :func:`compiled_decode` (``torch.compile``, fullgraph, static shapes);
             the first call for a model pays the compilation.
+        weights: how the ``nn.Linear`` weights are stored for decoding (:mod:`modkit.inference.weights`): ``None``
+            (default) or ``"float32"``: as loaded; ``"bfloat16"``: rounded to bfloat16, products in bfloat16;
+            ``"int8"``: per-output-channel symmetric int8 with float32 scales. The model is converted in place
+            before the first token (embeddings and a tied head stay as they are) and stays converted after the call.
         column_major: ``None`` (default): column-major ``nn.Linear`` weights when the model is on a CPU with MKL;
             ``True``: convert whatever the device; ``False``: leave the weight layout as it is.
         sampling: the pipeline as a spec-like JSON list (processors applied in list order, stop conditions), instead
@@ -230,6 +235,7 @@ class GenerationRequest:
     prefill_chunk: Optional[int] = None
     compile: bool = False
     column_major: Optional[bool] = None
+    weights: Optional[str] = None
     sampling: Optional[Sequence[Any]] = None
     decode: Optional[Callable[[list[int]], str]] = None
     pad_token_id: Optional[int] = None
@@ -311,7 +317,7 @@ def stream_generate(
         attention_mask: ``[batch, seq]``, 1 for real tokens (padding on the left only).
         settings: ``max_new_tokens`` (required), the other fields of :class:`GenerationRequest` by name
             (``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_token_id``, ``prefill_chunk``, ``compile``,
-            ``column_major``, ``sampling``, ``decode``, ``pad_token_id``, ``check_memory``, ``max_len``), and any
+            ``column_major``, ``weights``, ``sampling``, ``decode``, ``pad_token_id``, ``check_memory``, ``max_len``), and any
             other sampling keyword (``min_p``, ``stop_strings``, ...).
 
     Every argument is checked when the function is called, before anything is computed or yielded.
@@ -325,7 +331,8 @@ def stream_generate(
             ``pad_token_id`` outside the vocabulary; an ``attention_mask`` of another shape, with values other than
             0/1, a row of padding only, or padding after a real token (right padding); ``prefill_chunk < 1``;
             ``temperature``, ``top_k`` or ``top_p`` of the wrong type or range
-            (:func:`~modkit.inference.checks.check_sampling`).
+            (:func:`~modkit.inference.checks.check_sampling`); ``weights`` not one of ``float32``, ``bfloat16``,
+            ``int8``, or another format than the one the model was already converted to.
         SamplingError: (a ``ValueError``) a bad value of another sampling keyword or list item, naming it.
         ValueError: both ``sampling`` and sampling keywords.
         TypeError: a sampling keyword no registered component declares; no ``max_new_tokens``; both a ``request``
@@ -345,6 +352,7 @@ def _checked(model: Model, input_ids: Any, attention_mask: Any, request: Generat
     r = request
     check_sampling(r.temperature, r.top_k, r.top_p)
     check_generation(r.max_new_tokens, seed=r.seed, prefill_chunk=r.prefill_chunk)
+    check_convertible(model, r.weights)
     spec = model.spec
     limit = _length_limit(model, r.max_len)
     ids = _as_batch(input_ids, spec.vocab_size)
@@ -418,6 +426,8 @@ def _stream(model: Model, checked: _Checked) -> Iterator[Tensor]:
     pad = pad if pad is not None else eos_list[0] if eos_list else sampler.pad_token_id() or 0
     if mask is not None and bool(mask.all()):
         mask = None  # no padding: keep the plain causal prefill kernel
+    if r.weights is not None:
+        quantize_linears(model, r.weights)
     column_major = r.column_major
     if column_major is None:
         column_major = ids.device.type == "cpu" and torch.backends.mkl.is_available()
