@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+import modkit
+
 from modkit.cli import main
 from modkit.cli.errors import close_paths
 
@@ -60,7 +62,8 @@ def test_show_kind_lists_its_types(capsys):
     code, out, err = _run(capsys, "show", "mixer")
     assert code == 0
     types = sorted(line.split()[1] for line in out.splitlines()[1:])
-    assert types == ["gated_deltanet", "kimi_delta", "mamba", "mamba2", "parallel"]
+    assert types == sorted(e.type for e in modkit.get_registry().components("mixer"))
+    assert {"gated_deltanet", "mamba2", "parallel"} <= set(types)
     assert err == "modkit show mixer TYPE describes one of them\n"
 
 

@@ -1014,7 +1014,10 @@ def test_compose_guide_specs_validate():
             continue
         value = json.loads("{" + fragment + "}")[key]
         data = base.to_dict()
-        if key in data["block"]:
+        if key == "router":  # a router goes in a mixture of experts: 16 SwiGLU experts, 2 per token
+            moe = {"type": "moe", "n_experts": 16, "top_k": 2, "expert": {"type": "swiglu", "d_ff": 64}}
+            data["block"]["ffn"] = {**moe, "router": value}
+        elif key in data["block"]:
             data["block"][key] = value
         else:
             data[key] = value
