@@ -9,9 +9,10 @@ bytes are read ``read_bytes`` at a time, never a line at a time:
   slice never ends inside an escape, a UTF-16 surrogate pair or a UTF-8 character) and cut into pieces
   (:class:`~modkit.data.cutting.TextCutter`). Memory is then about ``read_bytes`` plus ``piece_chars`` characters.
 
-Both ways accept the same JSON (``NaN`` and ``Infinity`` included, as :func:`json.loads` does; numbers are checked
-but never converted, so an unused field may hold an integer of any length) and give the same pieces. Both refuse,
-naming the file, the line and the value: a line that is not one JSON object, a text field given twice, a text
+Both ways accept the same JSON (numbers are checked but never converted, so an unused field may hold an integer of
+any length) and give the same pieces. Both refuse, naming the file, the line and the value: a line that is not one
+JSON object, the literals ``NaN``, ``Infinity`` and ``-Infinity`` (Python's :func:`json.loads` takes them, but they
+are not JSON, RFC 8259 section 6, and other readers refuse the file), a text field given twice, a text
 field that is not a string, a text with a lone UTF-16 surrogate (``"\\ud800"`` without its pair: no UTF-8 text holds
 one), nesting deeper than :data:`MAX_DEPTH`, bytes that are not UTF-8.
 """
@@ -166,13 +167,16 @@ def _whole(src, line: int, raw: bytes, field: str, limit: int) -> Iterator[Part]
         ) from None
     repeated = [False]
 
+    def constant(name: str):
+        raise DataError(_not_json_literal(where, name, field, src.path))
+
     def pairs(items: list) -> dict:
         made = dict(items)  # the outermost object is made last
         repeated[0] = len(made) < len(items) and sum(k == field for k, _ in items) > 1
         return made
 
     try:
-        record = json.loads(text, object_pairs_hook=pairs, parse_int=lambda s: 0)
+        record = json.loads(text, object_pairs_hook=pairs, parse_int=lambda s: 0, parse_constant=constant)
     except json.JSONDecodeError as exc:
         raise DataError(
             f"{where}: not valid JSON ({_json_reason(exc.msg, text, exc.pos)} at column {exc.colno}, near "
@@ -193,6 +197,15 @@ def _whole(src, line: int, raw: bytes, field: str, limit: int) -> Iterator[Part]
     if not isinstance(value, str):
         raise DataError(f"{where}: field {field!r} is {_a(_kind(value))}, not a string of text")
     yield from _parts(where, field, value, line, limit)
+
+
+def _not_json_literal(where: str, name: str, field: str, path) -> str:
+    """The message refusing a ``NaN`` / ``Infinity`` / ``-Infinity`` literal (not JSON: RFC 8259 section 6)."""
+    return (
+        f"{where}: not valid JSON (the literal {name} is not JSON: RFC 8259 has no NaN or Infinity); write it as "
+        f'null or a string such as "{name}", so that each line of a .jsonl file is one JSON object, e.g. '
+        f'{{"{field}": "..."}}{_hint(path)}'
+    )
 
 
 def _no_field(where: str, field: str, names: list) -> DataError:
@@ -387,12 +400,14 @@ class _Streamed:
                 return
 
     def scalar(self, c: int) -> None:
-        """Skip a number or a literal (``true``, ``false``, ``null``, ``NaN``, ``Infinity``, ``-Infinity``)."""
+        """Skip a number or a literal (``true``, ``false``, ``null``); refuse ``NaN`` / ``Infinity`` / ``-Infinity``."""
         r = self.r
         for word in (b"true", b"false", b"null", b"NaN", b"Infinity", b"-Infinity"):
             if c == word[0] and (c != ord("-") or self.peek(2) == b"-I"):
                 if self.peek(len(word)) != word:
                     raise self.invalid(f"expected {word.decode()}")
+                if word in (b"NaN", b"Infinity", b"-Infinity"):
+                    raise DataError(_not_json_literal(self.where, word.decode(), self.field, self.src.path))
                 r.pos += len(word)
                 return
         if c != ord("-") and not 0x30 <= c <= 0x39:

@@ -8,13 +8,14 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from modkit.core.errors import DataError
 from modkit.core.jsonio import read_json_file
 from .prepare_format import AUTO, META_FILE, NONE
-from .sources import Source
+from .sources import DataNote, Source
 from .tokenizer import BOS_TOKEN, EOT_TOKEN, Tokenizer, parse_spec, train_tokenizer
 
 
@@ -154,4 +155,13 @@ def _tokenizer(spec_text: str, eot: str, bos: str, texts) -> Tokenizer:
     reserved = [t for t in (eot_token, bos_token) if t is not None]
     tok = train_tokenizer(spec, texts, special_tokens=reserved)
     tok.set_special(eot=eot_token, bos=bos_token)
+    for name, policy, token_id in (("eot", eot, tok.eot_id), ("bos", bos, tok.bos_id)):
+        if policy not in (AUTO, NONE):  # a string of the user's own: added to the new vocabulary, not split
+            where = "after" if name == "eot" else "before"
+            warnings.warn(
+                f"--{name} {policy!r}: added to the trained {spec} tokenizer as a new special token with id "
+                f"{token_id}, written {where} every document; give --{name} auto for modkit's own token",
+                DataNote,
+                stacklevel=2,
+            )
     return tok

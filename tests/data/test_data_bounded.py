@@ -231,3 +231,20 @@ def test_bad_records_name_the_file_the_line_and_the_value(tmp_path, monkeypatch,
     (tmp_path / "ok.jsonl").write_text(good + ok + "\n", encoding="utf-8")
     meta = prepare([tmp_path / "ok.jsonl"], tmp_path / "ok", show_progress=False)
     assert meta["documents"]["count"] == 2
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_literals_are_refused_naming_the_file_line_and_literal(
+    tmp_path, monkeypatch, streamed, literal
+):
+    """``NaN`` / ``Infinity`` are not JSON (RFC 8259 section 6), though Python's ``json.loads`` takes them."""
+    if streamed:
+        monkeypatch.setattr(sources, "READ_BYTES", 16)
+        monkeypatch.setattr(sources, "PIECE_CHARS", 40)
+        monkeypatch.setattr(sources, "LINE_BYTES", 20)
+    good = json.dumps({"text": "fine words " * 12}) + "\n"
+    bad = '{"pad": "' + "p " * 60 + '", "score": [1, ' + literal + '], "text": "t"}\n'
+    msg = _prepare_error(tmp_path, "r.jsonl", (good + bad).encode("utf-8"))
+    where = f"{(tmp_path / 'r.jsonl').resolve()}:2: "
+    assert msg.startswith(where) and f"the literal {literal} is not JSON" in msg and "null" in msg

@@ -177,3 +177,23 @@ def test_document_errors(tmp_path):
     prepare([src], tmp_path / "o", show_progress=False)
     with pytest.raises(DataError, match=r"already holds a different dataset \(eot 'auto' there, 'none' now\)"):
         prepare([src], tmp_path / "o", eot="none", show_progress=False)
+
+
+@pytest.mark.parametrize("flag", ["eot", "bos"])
+def test_a_separator_string_of_the_users_own_is_added_to_a_trained_tokenizer_with_a_note(tmp_path, flag):
+    """``--eot`` / ``--bos`` naming a string no tokenizer holds: a trained one adds it as a special token, and says so."""
+    from modkit.data.sources import DataNote
+
+    src = _jsonl(tmp_path / "docs.jsonl", DOCS)
+    with pytest.warns(DataNote) as notes:
+        meta = prepare(
+            [src], tmp_path / "out", tokenizer="char", val_fraction=0.2, show_progress=False, **{flag: "zz-not-a-token"}
+        )
+    tok = TokenData.open(tmp_path / "out").tokenizer
+    token_id = tok.backend.token_to_id("zz-not-a-token")
+    assert meta["documents"][flag] == "zz-not-a-token" and meta["documents"][f"{flag}_id"] == token_id
+    said = [str(n.message) for n in notes if issubclass(n.category, DataNote)]
+    assert said == [
+        f"--{flag} 'zz-not-a-token': added to the trained char tokenizer as a new special token with id {token_id}, "
+        f"written {'after' if flag == 'eot' else 'before'} every document; give --{flag} auto for modkit's own token"
+    ]
