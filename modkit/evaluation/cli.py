@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import difflib
 import math
 import sys
+from pathlib import Path
 
 
 def add_subcommands(subparsers) -> None:
@@ -116,6 +118,24 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"--tasks {args.tasks!r} names no task; give lm-eval task names separated by commas (e.g. "
             "hellaswag,arc_easy), or leave --tasks out to score cross-entropy on data"
         )
+    if args.text_field is not None and not args.text_field.strip():
+        raise UserError(
+            f"--text-field {args.text_field!r} names no field; give the field holding the text of .jsonl / .parquet "
+            "records (e.g. --text-field text), or leave it out for 'text'"
+        )
+    if args.include_path is not None and not Path(args.include_path).expanduser().is_dir():
+        what = "is not a folder" if Path(args.include_path).expanduser().exists() else "does not exist"
+        raise UserError(
+            f"--include-path {args.include_path} {what}; give the folder holding the lm-eval task .yaml files"
+        )
+    if args.device is not None:
+        from ..cli import _check_device
+
+        if _check_device(args.device).type == "meta":
+            raise UserError(
+                f"--device {args.device!r} holds no data and cannot evaluate (it is for building models without "
+                "memory); use cpu, cuda, cuda:N or mps"
+            )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -173,13 +193,14 @@ def _tasks(args: argparse.Namespace) -> int:
         raise UserError("--tasks needs lm-evaluation-harness: pip install 'modkit-lm[eval]'") from None
     from .harness import ModkitLM
 
-    lm = ModkitLM(args.checkpoint, batch_size=args.batch_size or 8, device=args.device)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     manager = None
     if args.include_path:  # tasks all in the given folder: no need to index lm-eval's thousands of task files
         local = TaskManager(include_path=args.include_path, include_defaults=False)
         manager = local if all(t in local.all_tasks for t in tasks) else TaskManager(include_path=args.include_path)
     manager = manager or TaskManager()
+    _check_tasks(tasks, manager.all_tasks, args.include_path)
+    lm = ModkitLM(args.checkpoint, batch_size=args.batch_size or 8, device=args.device)
     results = lm_eval.simple_evaluate(
         model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit, task_manager=manager
     )
@@ -195,3 +216,27 @@ def _tasks(args: argparse.Namespace) -> int:
 
         sys.stdout.write(make_table(results) + "\n")
     return 0
+
+
+def _check_tasks(tasks: list, known: list, include_path) -> None:
+    """Refuse, before the model is loaded, task names lm-eval's task manager does not know (nor YAML files).
+
+    Raises:
+        UserError: naming the unknown task(s), the close matches of each and where tasks are looked up.
+    """
+    from ..cli import UserError
+
+    names = set(known)
+    unknown = [t for t in tasks if t not in names and not Path(t).is_file()]
+    if not unknown:
+        return
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        parts.append(f"{name!r}" + (f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""))
+    where = f"lm-eval's tasks and {include_path}" if include_path else "lm-eval's tasks"
+    raise UserError(
+        f"--tasks: {', '.join(parts)} {'is not a task' if len(unknown) == 1 else 'are not tasks'} in {where} "
+        f"({len(known):,} names); run 'lm-eval ls tasks' for the list, or add the folder of your task files with "
+        "--include-path DIR"
+    )

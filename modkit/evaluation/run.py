@@ -326,17 +326,20 @@ def _score(model, found: _EvalData, r: EvalRequest, defaults: dict, dev: torch.d
     seq = r.seq_len if r.seq_len is not None else defaults.get("seq_len") or model.spec.max_seq_len
     limit = r.max_tokens if r.max_tokens is not None else defaults.get("max_tokens")
     rows = r.batch_size if r.batch_size is not None else defaults.get("batch_size") or 8
-    score = score_tokens(
-        model,
-        tokens,
-        seq_len=seq,
-        stride=r.stride,
-        max_tokens=limit,
-        batch_size=rows,
-        documents=found.separators if masked else None,
-        token_bytes=found.table,
-        device=dev,
-    )
+    try:
+        score = score_tokens(
+            model,
+            tokens,
+            seq_len=seq,
+            stride=r.stride,
+            max_tokens=limit,
+            batch_size=rows,
+            documents=found.separators if masked else None,
+            token_bytes=found.table,
+            device=dev,
+        )
+    except EvalError as exc:  # too few tokens, ...: name the data they came from
+        raise EvalError(f"{label} ({found.whole}): {exc}") from None
     settings = {
         "checkpoint": str(r.checkpoint),
         "data": label,

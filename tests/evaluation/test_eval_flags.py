@@ -90,3 +90,33 @@ def test_the_help_says_include_path_runs_the_task_files_code(capsys):
     assert cli.main(["eval", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "lm-eval runs the Python code they name (a '!function' entry" in text
+
+
+def test_a_blank_text_field_a_missing_include_path_and_the_meta_device_are_refused(setup, tmp_path, capsys):
+    checkpoint, own, _ = setup
+    missing = tmp_path / "no-such-tasks"
+    cases = [
+        (["--text-field", ""], "modkit: error: --text-field '' names no field; give the field holding the text"),
+        (
+            ["--tasks", "x", "--include-path", str(missing)],
+            f"modkit: error: --include-path {missing} does not exist; give the folder holding the lm-eval task",
+        ),
+        (
+            ["--device", "meta"],
+            "modkit: error: --device 'meta' holds no data and cannot evaluate (it is for building models without "
+            "memory); use cpu, cuda, cuda:N or mps",
+        ),
+    ]
+    for flags, expected in cases:
+        assert cli.main(["eval", str(checkpoint), "--data", str(own), *flags]) == 1
+        captured = capsys.readouterr()
+        assert captured.err.startswith(expected) and captured.out == "", captured.err
+
+
+def test_too_few_tokens_name_the_data_file(setup, tmp_path, capsys):
+    checkpoint, _, _ = setup
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert cli.main(["eval", str(checkpoint), "--data", str(empty), "--seq-len", "8", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"modkit: error: {empty} (whole text): ") and "fewer than the seq_len + 1 = 9" in err, err

@@ -157,3 +157,18 @@ def test_modkit_eval_tasks_command(folders, tmp_path, capsys):
         ),
     )
     assert results["acc,none"] == direct["results"]["modkit_tiny_choice"]["acc,none"]  # batch size changes nothing
+
+
+def test_unknown_task_names_are_refused_with_close_matches_before_loading(tmp_path, capsys):
+    """Checked against lm-eval's task manager (defaults and the --include-path folder) before the checkpoint loads
+    (the checkpoint path here does not even exist)."""
+    code = cli.main(
+        ["eval", str(tmp_path / "no-checkpoint"), "--tasks", "modkit_tiny_choise", "--include-path", str(TASKS)]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"modkit: error: --tasks: 'modkit_tiny_choise' (did you mean 'modkit_tiny_choice', 'modkit_tiny', "
+        "'modkit_tiny_rolling'?) is not a task in "
+        f"lm-eval's tasks and {TASKS} ("
+    ), err
