@@ -295,7 +295,8 @@ def _merge(args: argparse.Namespace, out: str) -> int:
 
 
 def _check_inputs(args: argparse.Namespace) -> None:
-    """Raise :class:`UserError` for a missing spec or training-config file, ``--seeds`` / ``--jobs`` below 1, or a
+    """Raise :class:`UserError` for a missing spec or training-config file, ``--seeds`` / ``--jobs`` /
+    ``--holdout-width`` / ``--holdout-depth`` below 1, or a
     meaningless ``--spike-margin`` / ``--throughput-steps`` (:func:`~modkit.experiments.compare.plan.check_options`)."""
     from . import UserError
     from modkit.experiments.compare.plan import CompareError, check_options
@@ -310,6 +311,9 @@ def _check_inputs(args: argparse.Namespace) -> None:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
     if args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    for name, value in (("--holdout-width", args.holdout_width), ("--holdout-depth", args.holdout_depth)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} {value}: give a positive integer (the held-out size's d_model / n_layers)")
     try:
         check_options(
             spike_margin=args.spike_margin,

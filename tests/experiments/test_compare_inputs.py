@@ -160,3 +160,77 @@ def test_the_library_refuses_the_same_options_by_field_name():
     with pytest.raises(CompareError, match=r"^tokens_per_param: inf is not a token budget"):
         check_options(tokens_per_param=[20.0, math.inf])
     check_options(spike_margin=0.5, throughput_steps=3, tokens_per_param=[20.0])
+
+
+def _with_run(**change) -> dict:
+    row = _row()
+    row["runs"][0].update(change)
+    return {"rows": [row]}
+
+
+def _with_row(**change) -> dict:
+    return {"rows": [{**_row(), **change}]}
+
+
+@pytest.mark.parametrize(
+    "document, expected",
+    [
+        (_with_run(extra=1), "rows[0].runs[0].extra: "),
+        (_with_row(extra=1), "rows[0].extra: "),
+        ({}, "rows: Field required"),
+    ],
+    ids=["run-key", "row-key", "empty-object"],
+)
+def test_unknown_keys_in_a_row_or_run_and_an_empty_object_are_refused_naming_the_path(tmp_path, document, expected):
+    message = _refusal(tmp_path, document=document)
+    assert expected in message, message
+
+
+@pytest.mark.parametrize(
+    "document, expected",
+    [
+        (_with_run(val_loss=math.nan), "rows[0].runs[0]: val_loss = nan: not a finite number (only a run marked"),
+        (_with_run(val_bpb=-math.inf), "rows[0].runs[0]: val_bpb = -inf: not a finite number"),
+        (_with_run(tokens_per_s=math.inf), "rows[0].runs[0]: tokens_per_s = inf: not a finite number"),
+        (_with_run(grad_curve=[[0, 1.0], [1, -math.inf]]), "rows[0].runs[0]: grad_curve.1.1 = -inf: not a finite"),
+        (_with_row(train_loss_mean=-math.inf), "rows[0]: train_loss_mean = -inf: not a finite number (every run's"),
+        (_with_row(long_val_loss_std=math.inf), "rows[0]: long_val_loss_std = inf: not a finite number"),
+        (_with_row(tokens_per_s=math.nan), "rows[0]: tokens_per_s = nan: not a finite number"),
+    ],
+    ids=["run-val-loss", "run-bpb", "run-throughput", "grad-curve", "row-train-mean", "row-long-std", "row-throughput"],
+)
+def test_non_finite_numbers_are_refused_naming_the_path_and_value(tmp_path, document, expected):
+    message = _refusal(tmp_path, document=document)
+    assert expected in message, message
+
+
+def test_non_finite_values_of_a_diverged_run_and_its_row_read_back(tmp_path):
+    """What compare writes for a diverged run (NaN losses, the row's NaN means) and an unmeasured grad norm."""
+    row = _row()
+    row["runs"][0].update(diverged=True, val_loss=math.nan, curve=[[0, 4.2], [10, math.inf]], max_grad_norm=math.nan)
+    row.update(diverged=1, val_loss_mean=math.nan, val_loss_std=math.nan)
+    data = {"rows": [row]}
+    assert read_results(_write(tmp_path, data))["rows"][0]["runs"][0]["curve"][1][1] == math.inf
+
+
+def test_buckets_of_another_length_are_refused_naming_both_lengths(tmp_path):
+    row = _row()
+    row["runs"][0]["buckets"] = [3.0] * 8
+    row["buckets"] = [3.0] * 3
+    message = _refusal(tmp_path, document={"rows": [row], "n_buckets": 8})
+    assert "rows[0]: runs.0.buckets has 8 value(s) but the row's buckets 3 value(s)" in message, message
+    row["buckets"] = [3.0] * 8
+    row["runs"][0]["buckets"] = [3.0] * 8
+    message = _refusal(tmp_path, document={"rows": [row], "n_buckets": 4})
+    assert "rows.0.buckets has 8 value(s) but n_buckets = 4" in message, message
+    assert read_results(_write(tmp_path / "ok", {"rows": [row], "n_buckets": 8}))["rows"][0]["buckets"] == [3.0] * 8
+
+
+@pytest.mark.parametrize("flag, value", [("--holdout-width", "0"), ("--holdout-width", "-1"), ("--holdout-depth", "0")])
+def test_a_holdout_size_below_one_is_refused_naming_the_flag(tmp_path, capsys, flag, value):
+    spec = tmp_path / "a.json"
+    spec.write_text("{}")
+    assert main(["compare", str(spec), "--widths", "32,64", flag, value, "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"modkit: error: {flag} {value}: give a positive integer" in err, err
+    assert not (tmp_path / "out").exists()

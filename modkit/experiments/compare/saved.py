@@ -4,16 +4,21 @@ against the structure :func:`~modkit.experiments.compare.report.write_files` wri
 
 Every problem is named by file, row and field (``results.json: rows[0].runs[1].val_loss: Input should be a number,
 not a string (got "1.0")``), so a damaged, truncated or hand-edited file is refused before any of it is used. Fields
-an older report lacks take their defaults; fields this version does not know are ignored. ``NaN`` and
-``Infinity`` are accepted where a number is: a diverged run's loss is written that way.
+an older report lacks take their defaults; a key this version does not know is refused inside a row, a run or a
+stall (where a typo would silently drop a value) and ignored at the top level. ``NaN`` and ``Infinity`` are accepted
+only where modkit writes them: in a run marked ``diverged`` (its losses, curves, buckets), as a run's
+``max_grad_norm`` (``NaN``: not measured), and in a row's mean / std or bucket when one of its runs holds a non-finite
+value there (the mean over a diverged run); every other number must be finite. Position buckets hold ``n_buckets``
+values each, in every row and run.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from modkit.core.jsonio import JSONInputError, read_json_file
 from modkit.core.validation import ErrorFormatter, json_kind, models_in
@@ -23,15 +28,40 @@ from .results import CompareError
 #: the largest ``results.json`` read back (bytes): its curves grow with runs and logged steps, far below this
 MAX_RESULTS_BYTES = 256 * 2**20
 
+#: a run's numbers that only a run marked diverged may write as NaN / Infinity
+DIVERGED_FIELDS = ("train_loss", "val_loss", "initial_val_loss", "curve", "train_curve", "grad_curve", "buckets")
+DIVERGED_FIELDS += ("above_min", "above_threshold", "val_bpb", "imbalance_curve", "long_val_loss", "max_grad_norm")
+
 Count = Annotated[int, Field(ge=0)]
 #: a curve point ``[step, value]``
 Point = Annotated[list[float], Field(min_length=2, max_length=2)]
 
 
 class _Saved(BaseModel):
-    """Base of the models of ``results.json``: strict types (``"1.0"`` is not a number), unknown keys ignored."""
+    """Base of the models of ``results.json``: strict types (``"1.0"`` is not a number), unknown keys refused."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", protected_namespaces=())
+    model_config = ConfigDict(strict=True, extra="forbid", protected_namespaces=())
+
+
+def _nonfinite(value: object) -> list[tuple[str, float]]:
+    """``(where, value)`` of every non-finite number in ``value`` (a number, a list of them, a list of points);
+    ``where`` is ``""`` for ``value`` itself, else ``".i"`` / ``".i.j"``."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [("", value)]
+    if isinstance(value, (list, tuple)):
+        return [(f".{i}{w}", v) for i, item in enumerate(value) for w, v in _nonfinite(item)]
+    return []
+
+
+def _refuse_nonfinite(obj: BaseModel, fields: list[str], why: str) -> None:
+    """Raise ``ValueError`` naming the first non-finite number among ``fields`` of ``obj``."""
+    for name in fields:
+        for where, v in _nonfinite(getattr(obj, name)):
+            raise ValueError(f"{name}{where} = {v}: not a finite number ({why}); give a finite number")
+
+
+def _values(x: object) -> str:
+    return f"{len(x)} value(s)" if isinstance(x, list) else "none"
 
 
 class _Stall(_Saved):
@@ -69,6 +99,17 @@ class _Run(_Saved):
     imbalance_curve: list[Point] = []
     long_val_loss: Optional[float] = None
     stall: Optional[_Stall] = None
+
+    @model_validator(mode="after")
+    def _finite(self) -> "_Run":
+        _refuse_nonfinite(self, ["lr", "tokens_per_s", "elapsed_s"], "modkit writes it finite")
+        if self.stall is not None:
+            _refuse_nonfinite(self.stall, ["share", "level", "reference"], "modkit writes it finite")
+        if not self.diverged:
+            nan_ok = self.max_grad_norm != self.max_grad_norm  # NaN: no gradient norm was logged
+            fields = [f for f in DIVERGED_FIELDS if not (f == "max_grad_norm" and nan_ok)]
+            _refuse_nonfinite(self, fields, "only a run marked diverged holds one")
+        return self
 
 
 class _Row(_Saved):
@@ -108,9 +149,37 @@ class _Row(_Saved):
                 raise ValueError(f"the key {key!r} is not a learning rate (a number written as text)") from None
         return sweep
 
+    @model_validator(mode="after")
+    def _consistent(self) -> "_Row":
+        _refuse_nonfinite(self, ["lr", "tokens_per_s"], "modkit writes it finite")
+        for stat in ("train_loss", "val_loss", "val_bpb", "long_val_loss"):
+            self._means_of(stat)
+        lengths = {len(r.buckets) for r in self.runs if r.buckets is not None}
+        for i, r in enumerate(self.runs):
+            if r.buckets is not None and self.buckets is not None and len(r.buckets) != len(self.buckets):
+                raise ValueError(
+                    f"runs.{i}.buckets has {_values(r.buckets)} but the row's buckets {_values(self.buckets)}; "
+                    "every run of a row and the row itself hold one value per position bucket"
+                )
+        if len(lengths) > 1:
+            raise ValueError(f"the runs' buckets have {sorted(lengths)} values; they hold one per position bucket")
+        if self.buckets is not None:
+            runs = [r.buckets for r in self.runs if r.buckets is not None]
+            for j, v in enumerate(self.buckets):
+                if not math.isfinite(v) and all(j < len(b) and math.isfinite(b[j]) for b in runs):
+                    raise ValueError(f"buckets.{j} = {v}: not a finite number (no run's bucket {j} is one)")
+        return self
+
+    def _means_of(self, stat: str) -> None:
+        """Refuse a non-finite ``{stat}_mean`` / ``{stat}_std`` when every run's ``stat`` is finite."""
+        if not any(_nonfinite(getattr(r, stat)) for r in self.runs):
+            _refuse_nonfinite(self, [f"{stat}_mean", f"{stat}_std"], f"every run's {stat} is finite")
+
 
 class _Results(_Saved):
-    rows: list[_Row] = []
+    model_config = ConfigDict(extra="ignore")
+
+    rows: list[_Row]
     grid: list[_Row] = []
     command: Optional[str] = None
     recipe: Optional[str] = None
@@ -118,6 +187,19 @@ class _Results(_Saved):
     seq_len: Count = 0
     eval_len: Count = 0
     n_buckets: Annotated[int, Field(ge=1)] = 8
+
+    @model_validator(mode="after")
+    def _bucket_counts(self) -> "_Results":
+        for part in ("rows", "grid"):
+            for i, row in enumerate(getattr(self, part)):
+                found = [("", row.buckets)] + [(f".runs.{j}", r.buckets) for j, r in enumerate(row.runs)]
+                for where, b in found:
+                    if b is not None and len(b) != self.n_buckets:
+                        raise ValueError(
+                            f"{part}.{i}{where}.buckets has {len(b)} value(s) but n_buckets = {self.n_buckets}; "
+                            "every row and run holds one value per position bucket"
+                        )
+        return self
 
 
 def read_results(path: Path) -> dict:
