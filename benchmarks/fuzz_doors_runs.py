@@ -287,7 +287,11 @@ def damages() -> list[tuple[str, object, bool, list[str], list[str]]]:
         lambda run, r: shutil.copytree(run / "last", run / "checkpoints/step-abc"),
         hints=["step-abc"],
     )
-    add("stray file checkpoints/step-0000010", lambda run, r: (run / "checkpoints/step-0000010").write_text("x"))
+    add(
+        "stray file checkpoints/step-0000010",
+        lambda run, r: (run / "checkpoints/step-0000010").write_text("x"),
+        hints=["step-0000010"],
+    )
     add(
         "empty newer folder checkpoints/step-0000009",
         lambda run, r: (run / "checkpoints/step-0000009").mkdir(),

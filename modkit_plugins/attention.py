@@ -55,7 +55,8 @@ from modkit.plugin import (
     MAX_SEQ_LEN,
     MAX_SOFTCAP,
     MIN_SOFTCAP,
-    Multiplier,
+    MIN_SOFTMAX_SCALE,
+    SoftmaxScale,
     position_bias,
     PositionGeometry,
     prepare_mask,
@@ -141,10 +142,12 @@ class AttentionConfig(ComponentConfig):
         "[n_heads · head_dim, d_model], with a bias when q_bias (Qwen3-Next fuses it into q_proj). false: no gate",
     )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
-    softmax_scale: Optional[Multiplier] = Field(
+    softmax_scale: Optional[SoftmaxScale] = Field(
         None,
-        description=f"multiplier of q·k; default 1/sqrt(head_dim). At most {MAX_MULTIPLIER:g}: published models use "
-        "1/sqrt(head_dim) or 1/head_dim (below 1), and a larger scale only pushes the scores toward overflow",
+        description=f"multiplier of q·k; default 1/sqrt(head_dim). Between {MIN_SOFTMAX_SCALE:g} and "
+        f"{MAX_MULTIPLIER:g}: published models use 1/sqrt(head_dim) or 1/head_dim (μP), between 1e-3 and 1; a larger "
+        "scale only pushes the scores toward overflow, a smaller one underflows them (1e-300 made the logits "
+        "non-finite)",
     )
     logit_softcap: Optional[float] = Field(
         None,

@@ -72,7 +72,8 @@ from modkit.plugin import (
     MAX_MSCALE,
     MAX_MULTIPLIER,
     MAX_ROPE_FACTOR,
-    Multiplier,
+    MIN_SOFTMAX_SCALE,
+    SoftmaxScale,
     position_bias,
     PositionGeometry,
     prepare_mask,
@@ -133,10 +134,11 @@ class MLAConfig(ComponentConfig):
     bias: bool = Field(
         False, description="biases on q_a_proj, kv_a_proj_with_mqa and o_proj (DeepSeek's attention_bias)"
     )
-    softmax_scale: Optional[Multiplier] = Field(
+    softmax_scale: Optional[SoftmaxScale] = Field(
         None,
         description="multiplier of the scores; default (qk_nope_head_dim + qk_rope_head_dim)^-1/2, times mscale² "
-        f"with yarn_mscale. At most {MAX_MULTIPLIER:g}: published models use values below 1",
+        f"with yarn_mscale. Between {MIN_SOFTMAX_SCALE:g} and {MAX_MULTIPLIER:g}: published models use values "
+        "between 1e-3 and 1; a smaller scale underflows the scores (1e-300 made the logits non-finite)",
     )
     yarn_mscale: Optional[YarnMscale] = Field(
         None,

@@ -80,6 +80,10 @@ MAX_LOSS_COEF = 100.0
 #: divides 0 by 0
 MIN_EPS = 1e-30
 MAX_EPS = 1.0
+#: lower bound on attention's softmax_scale [published: 1/sqrt(head_dim) >= 0.044 for head_dim <= 512, μP
+#: 1/head_dim >= 0.002]; a scale that underflows the scores (1e-300, 0 in float32) made a validated spec's first
+#: forward pass non-finite
+MIN_SOFTMAX_SCALE = 1e-4
 #: Mamba's d_inner / d_model [Mamba, Mamba-2, Jamba, Falcon-H1: 2]
 MAX_EXPAND = 64.0
 #: Mamba's initial step size Δ, lower and upper [Mamba: floor 1e-4, range 0.001-0.1]; Δ is stored as
@@ -100,7 +104,7 @@ FLOAT_BOUNDS: dict[str, str] = {
     "in_multipliers": "published models use 0.5-2 (Falcon-H1)",
     "out_multipliers": "published models use 0.5-2 (Falcon-H1)",
     "projection_multipliers": "published models use 0.2-2 (Falcon-H1's ssm_multipliers)",
-    "softmax_scale": "published models use 1/sqrt(head_dim) or 1/head_dim, below 1",
+    "softmax_scale": "published models use 1/sqrt(head_dim) or 1/head_dim (μP), between 1e-3 and 1",
     "logit_softcap": "Gemma 2 caps attention scores at 50",
     "final_logit_softcap": "Gemma 2 caps the logits at 30",
     "theta": "published models use 1e4-1e7 (1M-token Llama 3 extensions 3.6e9)",
@@ -129,6 +133,8 @@ def bounded_float(low: float, high: float, *, low_open: bool = False) -> type:
 
 #: a positive scalar multiplier, ``(0, MAX_MULTIPLIER]``
 Multiplier = bounded_float(0.0, MAX_MULTIPLIER, low_open=True)
+#: an attention softmax scale, ``[MIN_SOFTMAX_SCALE, MAX_MULTIPLIER]``
+SoftmaxScale = bounded_float(MIN_SOFTMAX_SCALE, MAX_MULTIPLIER)
 #: a RoPE scaling factor or frequency divisor, ``(0, MAX_ROPE_FACTOR]``
 RopeFactor = bounded_float(0.0, MAX_ROPE_FACTOR, low_open=True)
 #: a norm epsilon, ``[MIN_EPS, MAX_EPS]``

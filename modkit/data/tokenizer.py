@@ -36,7 +36,7 @@ import json
 import re
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import tokenizers
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
@@ -545,3 +545,19 @@ def hf_special_tokens(backend: tokenizers.Tokenizer, folder: Path) -> dict[str, 
             if key not in found and token is not None and backend.token_to_id(token) is not None:
                 found[key] = token
     return found
+
+
+def vocab_difference(ours: Tokenizer, theirs: Tokenizer, our_name: str, their_name: str) -> Optional[str]:
+    """``None`` when the two tokenizers number every token alike (vocabularies with added tokens equal), else a
+    phrase naming the first token (in sorted order) ``theirs`` numbers differently, e.g. ``'a' is id 3 in the data,
+    id 5 in the checkpoint``, or the two sizes. Two char tokenizers of different texts share ids but not tokens:
+    data tokenized with one means other tokens to a model trained with the other."""
+    a = ours.backend.get_vocab(with_added_tokens=True)
+    b = theirs.backend.get_vocab(with_added_tokens=True)
+    if a == b:
+        return None
+    for t in sorted(b):
+        if b[t] != a.get(t):
+            role = f"id {a[t]}" if t in a else "not a token"
+            return f"{t!r} is id {b[t]} in {their_name}, {role} in {our_name}"
+    return f"{our_name}'s tokenizer has {len(a):,} tokens, {their_name}'s {len(b):,}"

@@ -225,22 +225,11 @@ def _check_tokenizer(data_tokenizer, tokenizer, folder: Path, checkpoint: Any) -
     Raises:
         EvalError: naming the folder, the checkpoint, a token the two number differently, and the fix.
     """
-    ours = tokenizer.backend.get_vocab(with_added_tokens=True)
-    theirs = data_tokenizer.backend.get_vocab(with_added_tokens=True)
-    if ours == theirs:
+    from ..data.tokenizer import vocab_difference
+
+    differs = vocab_difference(tokenizer, data_tokenizer, "the checkpoint", "the data")
+    if differs is None:
         return
-
-    def role(token: str) -> str:
-        return f"id {ours[token]}" if token in ours else "not a token"
-
-    differs = next(
-        (
-            f"{t!r} is id {theirs[t]} in the data, {role(t)} in the checkpoint"
-            for t in sorted(theirs)
-            if theirs[t] != ours.get(t)
-        ),
-        f"the checkpoint's tokenizer has {len(ours):,} tokens, the data's {len(theirs):,}",
-    )
     raise EvalError(
         f"{folder} was tokenized with another tokenizer ({data_tokenizer.spec}) than the checkpoint {checkpoint}: "
         f"{differs}, so its ids mean other tokens to the model and the scores would measure nothing; "

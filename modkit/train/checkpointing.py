@@ -228,14 +228,14 @@ class CheckpointMixin:
 
     def _resume_folder(self) -> Optional[Path]:
         """The checkpoint a resume continues from: the one ``last`` leads to (inside the run folder), else the
-        newest complete step checkpoint; ``None`` when there is none. Folders named ``step-*`` that are not
-        checkpoint names are left alone, with a note.
+        newest complete step checkpoint (with a note naming the dangling link); ``None`` when there is none. Entries
+        named ``step-*`` that are not complete checkpoints are left alone, with a note naming each.
 
         Raises:
             CheckpointError: ``last`` leads outside the run folder.
         """
-        for stray in st.stray_step_folders(self.run):
-            self._say(f"ignored {stray}: not a checkpoint name (step-NNNNNNN); left in place")
+        for stray, why in st.ignored_step_entries(self.run):
+            self._note(f"ignored {stray}: {why}; left in place")
         last = self.run / "last"
         found = st.step_checkpoints(self.run)
         if last.is_symlink() or last.exists():
@@ -247,7 +247,11 @@ class CheckpointMixin:
                 )
             if target.exists():
                 return target
-            self._say(f"{last} leads to {target}, which does not exist; resuming from the newest checkpoint")
+            newest = f"resuming from the newest complete checkpoint, {found[-1].name}" if found else "no checkpoint"
+            self._note(
+                f"{last} leads to {target}, which does not exist; {newest} (to resume from another, point the link "
+                f"at it: ln -sfn checkpoints/step-NNNNNNN {last})"
+            )
         return found[-1] if found else None
 
     def _older_hint(self, folder: Path) -> str:
@@ -273,6 +277,7 @@ class CheckpointMixin:
             st.clean_temporaries(self.run / "checkpoints")
             st.clean_temporaries(self.run)
         self.procs.barrier()
+        self._check_run_tokenizer()
         folder = self._resume_folder()
         if folder is None:
             self._say(
@@ -289,6 +294,34 @@ class CheckpointMixin:
         self._say(f"resumed {self.run} at step {self.step} ({self.tokens:,} tokens) from {folder.name}")
         if trainer.get("skipped_steps"):
             self._say(f"{trainer['skipped_steps']} step(s) of the run so far were skipped as non-finite")
+
+    def _check_run_tokenizer(self) -> None:
+        """The run's ``tokenizer.json`` must be readable and the data's tokenizer (``--data`` may name other data):
+        ids of another vocabulary mean other tokens to the model trained so far.
+
+        Raises:
+            CheckpointError: naming the file and the fix; or the run's and the data's tokenizers and a token they
+                number differently.
+        """
+        from ..data import load_tokenizer
+        from modkit.core.errors import DataError
+        from ..data.tokenizer import vocab_difference
+
+        path = self.run / st.TOKENIZER_FILE
+        try:
+            ours = load_tokenizer(path)
+        except DataError as exc:
+            raise CheckpointError(
+                f"{path}: the run's tokenizer does not load ({exc}); every checkpoint holds a copy: "
+                f"cp {self.run / 'last' / st.TOKENIZER_FILE} {path}"
+            ) from None
+        differs = vocab_difference(ours, self.data.tokenizer, "the run", "the data")
+        if differs:
+            raise CheckpointError(
+                f"data {self.data.path} was tokenized with another tokenizer ({self.data.tokenizer.spec}) than the "
+                f"run's {path}: {differs}, so its ids mean other tokens to the model; resume on the run's own data "
+                "(drop --data), or prepare the text with the run's tokenizer"
+            )
 
     def _restore_state(self, folder: Path) -> dict:
         """Check and load ``folder``'s trainer state, weights, optimizer state and RNG; returns ``trainer.json``.

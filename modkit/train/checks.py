@@ -6,12 +6,12 @@ a run that then writes NaN weights as its ``last`` checkpoint, so each is checke
 optimizer before the first step:
 
 * ``trainer.json``: every field of its type and range (``step`` and ``tokens`` non-negative integers, ``step`` the
-  one the folder's name says, ``best_val_loss`` a finite number or null, ...);
+  one the folder's name says, ``best_val_loss`` a finite non-negative number or null, ...);
 * the optimizer state: its param groups those of the run's optimizer (the same parameter indices, numbers where the
   optimizer has numbers, all finite); per parameter, every state tensor a floating-point tensor of the parameter's
-  shape (scalars aside), finite, a second moment (``exp_avg_sq`` and its kin) never negative, a step count an
+  shape and dtype (scalars aside), finite, a second moment (``exp_avg_sq`` and its kin) never negative, a step count an
   integer between 0 and the run's step, and each parameter of a group holding the same state names as the others;
-* the RNG states: ``rng.cpu`` the size of this torch's CPU generator state.
+* the RNG states: ``rng.cpu`` present and the size of this torch's CPU generator state.
 
 Each problem raises :class:`~modkit.core.errors.CheckpointError` naming the file, the field or tensor and the value.
 """
@@ -67,8 +67,8 @@ def check_trainer_json(data: dict, path: Path, *, folder_step: Optional[int], wi
     if folder_step is not None and data["step"] != folder_step:
         raise CheckpointError(f"{path}: step = {data['step']} but the folder is step-{folder_step:07d}")
     best = data.get("best_val_loss")
-    if best is not None and not _is_number(best):
-        raise bad("best_val_loss", "a finite number or null")
+    if best is not None and (not _is_number(best) or best < 0):
+        raise bad("best_val_loss", "a finite non-negative number or null (a cross-entropy is never negative)")
     for field in ("skipped_steps", "consecutive_skips"):
         if field in data and (not _is_int(data[field]) or data[field] < 0):
             raise bad(field, "a non-negative integer")
@@ -91,12 +91,16 @@ def check_trainer_json(data: dict, path: Path, *, folder_step: Optional[int], wi
 
 
 def check_rng(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Check the RNG states of ``trainer.safetensors`` (read from ``path``): byte tensors, ``rng.cpu`` the size of
+    """Check the RNG states of ``trainer.safetensors`` (read from ``path``): byte tensors, ``rng.cpu`` present and the size of
     this torch's CPU generator state, ``rng.cuda.<i>`` the size of GPU ``i``'s where the same GPUs are present.
 
     Raises:
         CheckpointError: naming the tensor, its size and the size expected.
     """
+    if "rng.cpu" not in tensors:
+        raise CheckpointError(
+            f"{path}: rng.cpu is missing (the CPU generator state every checkpoint saves); the file is damaged"
+        )
     cuda = sorted(k for k in tensors if k.startswith("rng.cuda."))
     expected = {"rng.cpu": (torch.get_rng_state().numel(), "torch's CPU generator state")}
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
@@ -236,6 +240,11 @@ def _check_state_value(key: str, name: str, value: Any, param: nn.Parameter, who
     if value.dtype not in LOADABLE_FLOAT_DTYPES:
         raise CheckpointError(
             f"{path}: {key} is stored as {dtype}; optimizer state is floating point like its parameter {who}"
+        )
+    if value.dim() > 0 and value.dtype != param.dtype:
+        raise CheckpointError(
+            f"{path}: {key} is stored as {dtype}; its parameter {who} is "
+            f"{str(param.dtype).replace('torch.', '')} (the optimizer keeps its moments in the parameter's dtype)"
         )
     if value.dim() > 0 and tuple(value.shape) != tuple(param.shape):
         raise CheckpointError(

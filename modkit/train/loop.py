@@ -22,6 +22,7 @@ runs, ``--pp``), :mod:`modkit.train.checkpointing` (the run folder, checkpoints 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,11 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         """A status line through ``echo``, on rank 0 only."""
         if self.procs.main:
             self.echo(line)
+
+    def _note(self, line: str) -> None:
+        """A ``modkit: note: ...`` line on stderr, on rank 0 only: something ignored or worked around."""
+        if self.procs.main:
+            print(f"modkit: note: {line}", file=sys.stderr)
 
     def _open_data(self):
         """The run's :class:`modkit.data.TokenData`, prepared by rank 0 first when it is text."""
@@ -424,7 +430,9 @@ def train(
             raise TrainError(f"--resume {run}: not a run folder (no config.json / data.json)")
         # the run's own resolved spec and data folder: relative paths of the original config no longer matter
         data_folder = run_data_folder(run)
-        fixed = {"model": str((run / "spec.json").resolve()), "vocab_size": "spec", "data": data_folder}
+        # an explicit data override is read (its tokenizer is checked against the run's), not dropped
+        data = (overrides or {}).get("data") or data_folder
+        fixed = {"model": str((run / "spec.json").resolve()), "vocab_size": "spec", "data": data}
         cfg, _ = load_train_config(run / "config.json", {**(overrides or {}), **fixed})
         if (overrides or {}).get("model") is not None:
             check_resume_model(run, overrides, data_folder)

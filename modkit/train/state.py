@@ -195,25 +195,48 @@ def read_trainer_files(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
 STEP_FOLDER = re.compile(r"step-(\d{7,})")
 
 
+def _complete(folder: Path) -> bool:
+    """A step checkpoint the trainer finished: ``trainer.json`` with the sharded state (``dcp/``) or the weights
+    and the optimizer state (``model.safetensors``, ``trainer.safetensors``)."""
+    if not (folder / TRAINER_JSON).is_file():
+        return False
+    return (folder / "dcp").is_dir() or all((folder / n).is_file() for n in ("model.safetensors", TRAINER_TENSORS))
+
+
 def step_checkpoints(run: Path) -> list[Path]:
-    """The complete resumable checkpoints of a run (``checkpoints/step-NNNNNNN`` with a trainer state), oldest first;
-    folders of other names (``step-abc``) are not checkpoints (:func:`stray_step_folders`)."""
+    """The complete resumable checkpoints of a run (``checkpoints/step-NNNNNNN`` folders with their trainer state
+    and weights), oldest first; other entries are not checkpoints (:func:`ignored_step_entries`)."""
     folder = run / "checkpoints"
     if not folder.is_dir():
         return []
-    found = [
-        p for p in folder.iterdir() if p.is_dir() and STEP_FOLDER.fullmatch(p.name) and (p / TRAINER_JSON).is_file()
-    ]
+    found = [p for p in folder.iterdir() if p.is_dir() and STEP_FOLDER.fullmatch(p.name) and _complete(p)]
     return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
 
 
-def stray_step_folders(run: Path) -> list[Path]:
-    """Entries of ``checkpoints/`` named ``step-*`` that are not checkpoint names (``step-abc``): never read, never
-    pruned (they are not the trainer's)."""
+def ignored_step_entries(run: Path) -> list[tuple[Path, str]]:
+    """``(path, why)`` for each entry of ``checkpoints/`` named ``step-*`` that a resume does not read: another
+    name (``step-abc``), a file, or a folder without the files of a complete checkpoint (never pruned either:
+    they may not be the trainer's). An empty folder is left out (nothing in it to lose)."""
     folder = run / "checkpoints"
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.name.startswith("step-") and not STEP_FOLDER.fullmatch(p.name))
+    out = []
+    for p in sorted(folder.iterdir()):
+        if not p.name.startswith("step-"):
+            continue
+        if not STEP_FOLDER.fullmatch(p.name):
+            out.append((p, "not a checkpoint name (step-NNNNNNN)"))
+        elif not p.is_dir():
+            out.append((p, "a file, not a checkpoint folder"))
+        elif any(p.iterdir()) and not _complete(p):
+            missing = [n for n in (TRAINER_JSON, "model.safetensors", TRAINER_TENSORS) if not (p / n).is_file()]
+            out.append((p, f"an incomplete checkpoint (no {', '.join(missing)})"))
+    return out
+
+
+def stray_step_folders(run: Path) -> list[Path]:
+    """The paths of :func:`ignored_step_entries`."""
+    return [p for p, _ in ignored_step_entries(run)]
 
 
 def folder_step(folder: Path) -> Optional[int]:

@@ -121,6 +121,8 @@ CASES = [
     ("tiny-llama", "position.theta", 1e-300, "greater than or equal to 1 (got 1e-300)"),
     ("tiny-llama", "block.attention.logit_softcap", 1e-300, "greater than or equal to 0.01 (got 1e-300)"),
     ("tiny-llama", "block.attention.softmax_scale", 1e300, "less than or equal to 1000 (got 1e+300)"),
+    ("tiny-llama", "block.attention.softmax_scale", 1e-300, "greater than or equal to 0.0001 (got 1e-300)"),
+    ("tiny-mla", "block.attention.softmax_scale", 1e-300, "greater than or equal to 0.0001 (got 1e-300)"),
     ("tiny-llama", "block.norm.eps", 1e-300, "greater than or equal to 1e-30 (got 1e-300)"),
     ("tiny-mla", "block.attention.yarn_mscale", {"factor": 1e308, "mscale_all_dim": 1.0}, "(got 1e+308)"),
     ("tiny-deepseek-moe", "block.ffn.router.routed_scaling_factor", 1e300, "less than or equal to 1000"),

@@ -166,7 +166,7 @@ def test_a_string_best_val_loss_is_refused(base, tmp_path):
     run = copy_run(base, tmp_path)
     path = edit_trainer_json(run, lambda d: d.__setitem__("best_val_loss", "abc"))
     text = refused(run, CheckpointError, "best_val_loss")
-    assert f'{path}: best_val_loss = "abc" is not a finite number or null' in text
+    assert f'{path}: best_val_loss = "abc" is not a finite non-negative number or null' in text
 
 
 def test_a_duplicate_key_in_the_trainer_state_is_refused(base, tmp_path):
@@ -231,13 +231,13 @@ def test_strict_metrics_reading_refuses_duplicate_keys(tmp_path):
         read_metrics(path)
 
 
-def test_a_stray_step_folder_is_ignored_with_a_note(base, tmp_path):
+def test_a_stray_step_folder_is_ignored_with_a_note(base, tmp_path, capsys):
     run = copy_run(base, tmp_path)
     (run / "checkpoints" / "step-abc").mkdir()
-    lines = []
-    result = train(None, run, resume=True, overrides={"max_steps": 6}, echo=lines.append)
+    result = train(None, run, resume=True, overrides={"max_steps": 6}, echo=quiet)
     assert result.steps == 6
-    assert any(f"ignored {run / 'checkpoints' / 'step-abc'}" in line for line in lines), lines
+    err = capsys.readouterr().err
+    assert f"modkit: note: ignored {run / 'checkpoints' / 'step-abc'}: not a checkpoint name" in err
     assert (run / "checkpoints" / "step-abc").is_dir()  # not ours to delete
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-0000004", "step-0000006", "step-abc"]
 
@@ -412,3 +412,76 @@ def test_a_data_json_without_a_folder_path_is_refused(base, tmp_path):
     path.write_text('{"folder": "a", "folder": "b"}')
     with pytest.raises(TrainError, match="duplicate key 'folder'"):
         train(None, run, resume=True, overrides={"max_steps": 6}, echo=quiet)
+
+
+def test_a_moment_of_another_dtype_than_its_parameter_is_refused(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    edit_tensors(run, lambda t: t.__setitem__("state.0.exp_avg", t["state.0.exp_avg"].half()))
+    name, _ = first_param(run)
+    text = refused(run, CheckpointError, "state.0.exp_avg")
+    assert f"state.0.exp_avg is stored as float16; its parameter {name} (index 0) is float32" in text
+
+
+def test_a_missing_cpu_rng_state_is_refused(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    path = edit_tensors(run, lambda t: t.pop("rng.cpu"))
+    assert f"{path}: rng.cpu is missing" in refused(run, CheckpointError, "rng.cpu")
+
+
+def test_a_negative_best_val_loss_is_refused(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    path = edit_trainer_json(run, lambda d: d.__setitem__("best_val_loss", -1e300))
+    text = refused(run, CheckpointError, "best_val_loss")
+    assert f"{path}: best_val_loss = -1e+300 is not a finite non-negative number" in text
+
+
+@pytest.mark.parametrize("kind", ["copy", "file", "partial"])
+def test_entries_that_are_not_complete_checkpoints_are_noted_and_left(base, tmp_path, capsys, kind):
+    run = copy_run(base, tmp_path)
+    ck = run / "checkpoints"
+    entry, why = {
+        "copy": (ck / "step-abc", "not a checkpoint name (step-NNNNNNN)"),
+        "file": (ck / "step-0000010", "a file, not a checkpoint folder"),
+        "partial": (ck / "step-0000009", "an incomplete checkpoint (no model.safetensors, trainer.safetensors)"),
+    }[kind]
+    if kind == "copy":
+        shutil.copytree(ck / "step-0000004", entry)
+    elif kind == "file":
+        entry.write_text("x")
+    else:
+        entry.mkdir()
+        shutil.copy(ck / "step-0000004" / "trainer.json", entry)
+    result = train(None, run, resume=True, overrides={"max_steps": 6}, echo=quiet)
+    assert result.steps == 6
+    assert f"modkit: note: ignored {entry}: {why}; left in place" in capsys.readouterr().err
+    assert entry.exists()
+
+
+def test_a_dangling_last_link_falls_back_with_a_note(base, tmp_path, capsys):
+    run = copy_run(base, tmp_path)
+    (run / "last").unlink()
+    (run / "last").symlink_to("checkpoints/step-0000099")
+    result = train(None, run, resume=True, overrides={"max_steps": 6}, echo=quiet)
+    assert result.steps == 6
+    err = capsys.readouterr().err
+    assert f"modkit: note: {run / 'last'} leads to" in err and "step-0000099, which does not exist" in err
+    assert "resuming from the newest complete checkpoint, step-0000004" in err
+
+
+def test_a_damaged_run_tokenizer_is_refused_naming_it(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    (run / "tokenizer.json").write_bytes(bytes(range(200)))
+    text = refused(run, CheckpointError, "tokenizer")
+    assert f"{run / 'tokenizer.json'}: the run's tokenizer does not load" in text
+
+
+def test_data_of_another_tokenizer_on_resume_is_refused_naming_both(base, tmp_path):
+    run = copy_run(base, tmp_path)
+    text = tmp_path / "other.txt"
+    text.write_text("zyxwvut " * 400)
+    prepare([text], tmp_path / "other", tokenizer="char", show_progress=False)
+    before = folder_state(run)
+    with pytest.raises(CheckpointError, match="another tokenizer") as info:
+        train(None, run, resume=True, overrides={"max_steps": 6, "data": str(tmp_path / "other")}, echo=quiet)
+    assert folder_state(run) == before
+    assert str(tmp_path / "other") in str(info.value) and str(run / "tokenizer.json") in str(info.value)
