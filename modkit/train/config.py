@@ -416,3 +416,18 @@ def json_schema() -> dict:
         }
         schema["properties"]["optimizer"] = {**sub, **described}
     return schema
+
+
+def schedule_warning(config: "TrainConfig") -> Optional[str]:
+    """A warning when the learning rate never leaves its warmup: ``max_steps <= warmup_steps`` (with a warmup), so
+    the run ends at ``lr * max_steps / warmup_steps`` at most and never reaches the peak rate or the decay a recipe
+    names (``None`` otherwise). Said by ``modkit train`` and ``modkit compare`` before anything trains; a shortened
+    recipe (``--max-steps 50`` with the default 100 warmup steps) otherwise compares designs at a fraction of
+    their rate without a word."""
+    if config.warmup_steps and config.max_steps is not None and config.max_steps <= config.warmup_steps:
+        return (
+            f"max_steps = {config.max_steps} is not above warmup_steps = {config.warmup_steps}: the learning rate never "
+            f"leaves its warmup (it ends at {config.max_steps / config.warmup_steps:.0%} of lr); lower warmup_steps "
+            "(e.g. --warmup-steps to a tenth of the steps) for a shortened run"
+        )
+    return None

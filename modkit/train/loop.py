@@ -36,7 +36,7 @@ from modkit.nn.build import breakdown, build
 from ..spec import ModelSpec
 from .balance import ExpertBalance
 from .checkpointing import CheckpointMixin
-from .config import DEFAULT_MODEL, TrainConfig
+from .config import DEFAULT_MODEL, TrainConfig, schedule_warning
 from .errors import TrainError
 from .evaluate import EvalMixin
 from .optim import build_optimizer
@@ -444,6 +444,9 @@ def train(
     trainer = Trainer(cfg, run_dir, base_dir=base, resume=resume, progress=progress, echo=echo)
     try:
         trainer.setup()
+        warning = schedule_warning(cfg)
+        if warning and not resume:
+            trainer._say(f"warning: {warning}")
         result = trainer.fit()
     except BaseException:
         trainer.close_trackers(ok=False)

@@ -195,3 +195,18 @@ def test_experiment_specs_and_configs_validate():
             load_train_config(path)
     rms = modkit.load_spec(experiments / "nanogpt-rmsnorm.json")
     assert modkit.count_params(rms) == 809_856 - 9 * 128  # nine norms lose their bias
+
+
+def test_a_run_that_never_leaves_its_warmup_is_warned_about():
+    """``max_steps <= warmup_steps`` (a shortened recipe with the default warmup) gets one warning naming both and the
+    share of lr the run ends at; a run past its warmup gets none."""
+    from modkit.train.config import schedule_warning
+
+    short, _ = load_train_config({"max_steps": 50, "warmup_steps": 100})
+    assert schedule_warning(short) == (
+        "max_steps = 50 is not above warmup_steps = 100: the learning rate never leaves its warmup (it ends at 50% of "
+        "lr); lower warmup_steps (e.g. --warmup-steps to a tenth of the steps) for a shortened run"
+    )
+    long, _ = load_train_config({"max_steps": 200, "warmup_steps": 100})
+    none, _ = load_train_config({"max_steps": 50, "warmup_steps": 0})
+    assert schedule_warning(long) is None and schedule_warning(none) is None

@@ -499,11 +499,15 @@ def make_plan(request: CompareRequest, started: float) -> ComparePlan:
     """
     from modkit.data import TokenData
     from modkit.train import load_train_config
+    from modkit.train.config import schedule_warning
     from modkit.train.loop import prepared_data
 
     labelled = check_request(request)
     first = {**request.overrides, "model": str(labelled[0][1])}
     base, base_dir = load_train_config(request.config, first)  # fail early, whole config
+    warning = schedule_warning(base)
+    if warning:
+        request.echo(f"warning: {warning}")
     out = Path(request.out_dir)
     _open_report_folder(out)
     data_folder = str(prepared_data(base, base_dir, out / "data"))  # every run reads these same tokens
