@@ -405,6 +405,7 @@ def register_components(register) -> None:
             reference="Yang, Kautz & Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 with Delta Rule, "
             "arXiv:2412.06464; Qwen3-Next (transformers Qwen3NextGatedDeltaNet)",
             capabilities={
+                "overflow_prone": True,
                 "causal_safe": True,
                 "kv_cache": True,
                 "compile_safe": True,

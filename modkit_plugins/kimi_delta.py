@@ -402,6 +402,7 @@ def register_components(register) -> None:
             reference="Kimi Team 2025, Kimi Linear: An Expressive, Efficient Attention Architecture, arXiv:2510.26692; "
             "transformers KimiLinearDeltaAttention; flash-linear-attention KimiDeltaAttention",
             capabilities={
+                "overflow_prone": True,
                 "causal_safe": True,
                 "kv_cache": True,
                 "compile_safe": True,

@@ -375,6 +375,7 @@ def register_components(register) -> None:
             reference="Gu & Dao 2023, Mamba: Linear-Time Sequence Modeling with Selective State Spaces, arXiv:2312.00752; "
             "Lieber et al. 2024, Jamba, arXiv:2403.19887",
             capabilities={
+                "overflow_prone": True,
                 "causal_safe": True,
                 "kv_cache": True,
                 "compile_safe": True,

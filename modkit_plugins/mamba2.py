@@ -530,6 +530,7 @@ def register_components(register) -> None:
             reference="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient Algorithms Through "
             "Structured State Space Duality, arXiv:2405.21060",
             capabilities={
+                "overflow_prone": True,
                 "causal_safe": True,
                 "kv_cache": True,
                 "compile_safe": True,

@@ -404,6 +404,7 @@ def register_components(register) -> None:
             reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434 §2.1; DeepSeek-V3, arXiv:2412.19437; "
             "transformers DeepseekV3Attention",
             capabilities={
+                "overflow_prone": True,
                 "causal_safe": True,
                 "kv_cache": True,
                 "document_mask": True,

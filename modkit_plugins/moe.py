@@ -552,6 +552,7 @@ def register_components(register) -> None:
             "DeepSeek-V3, arXiv:2412.19437; Qwen2-MoE (transformers Qwen2MoeSparseMoeBlock); Llama 4 "
             "(transformers Llama4TextMoe)",
             capabilities={
+                "overflow_prone": True,
                 "aux_loss": True,
                 "compile_safe": True,
                 # stacked experts sharded on d_ff; the router and the shared gate read the replicated input, whole on

@@ -53,6 +53,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "order": "where a pipeline built from keywords applies it: lower first (logits_processor, stop_condition)",
         "mup": "which column of muP's learning-rate table the update follows: 'adam' or 'sgd' (optimizer; modkit.core.parametrization)",
         "sharded": "the step is correct on FSDP2 / tensor-parallel shards, so it may train under torchrun (optimizer)",
+        "overflow_prone": "its math can overflow float32 whatever its fields' bounds (exponentials in a scan, products of "
+        "scales): modkit validate runs a tiny instance of a spec holding it (modkit.spec.finite)",
         "context_parallel": "how a token mixer runs with its sequence sharded over ranks (modkit.parallel.context): "
         "'allgather_kv' (it takes its keys through update_cache / update_cache_entries, which all-gather them from "
         "the ranks); false or absent: it cannot be sequence-sharded, and a context-parallel layout is refused naming it",

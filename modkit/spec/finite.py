@@ -5,9 +5,9 @@ The bounds on every float (:mod:`modkit.core.limits`) keep each number of a spec
 but some components combine several of them in math that can still overflow: exponentials, scans and products of
 scales. The check runs for a spec that holds one of them (:func:`overflow_prone`):
 
-* recurrent mixers, ``mamba``, ``mamba2``, ``gated_deltanet``, ``kimi_delta`` (exp(Δ·A) in a scan, softplus⁻¹ of the initial Δ,
-  the projection multipliers) and a ``parallel`` mixer holding them (its in/out multipliers);
-* ``mla`` (YaRN's mscale² on the scores) and mixtures of experts, ``moe`` (routed scaling of the gate weights);
+* a component whose registry entry declares the ``overflow_prone`` capability (the built-ins: the recurrent mixers,
+  exp(Δ·A) in a scan and softplus⁻¹ of the initial Δ; latent attention, YaRN's mscale² on the scores; mixtures of
+  experts, routed scaling of the gate weights), and a mixer holding one;
 * any component setting a field of :data:`PRONE_FIELDS` (soft-caps, softmax scales, Llama 4's temperature tuning,
   RoPE scalings, residual, FFN and mixer multipliers), and a spec setting a logit or embedding scale, a final
   soft-cap, muP, or an ``init_std`` other than 0.02.
@@ -29,8 +29,6 @@ from typing import Any, Optional
 
 from modkit.core.errors import ModkitError, SpecError
 
-#: component types whose math can overflow whatever their fields (see the module docstring)
-PRONE_TYPES = ("mamba", "mamba2", "gated_deltanet", "kimi_delta", "mla", "moe")
 #: component fields whose non-default values scale scores, activations or frequencies (see the module docstring)
 PRONE_FIELDS = (
     "logit_softcap",
@@ -53,16 +51,20 @@ MAX_CHECK_PARAMS = 4_000_000
 CHECK_TOKENS = 16
 
 
-def overflow_prone(spec) -> list[str]:
+def overflow_prone(spec, registry=None) -> list[str]:
     """The JSON paths of what makes ``spec`` (a validated :class:`~modkit.spec.ModelSpec`) worth a finite-forward
-    check (see the module docstring); empty when nothing does."""
+    check (see the module docstring: a component declaring ``overflow_prone``, a field of :data:`PRONE_FIELDS` off
+    its default, a spec field of :data:`PRONE_SPEC_FIELDS`); empty when nothing does."""
+    from modkit.core.registry import get_registry
     from modkit.spec.models import iter_configs
+
+    reg = registry or get_registry()
 
     found = [name for name in PRONE_SPEC_FIELDS if getattr(spec, name, None) is not None]
     if spec.init_std != 0.02:
         found.append("init_std")
     for path, cfg in iter_configs(spec):
-        if cfg.type in PRONE_TYPES:
+        if reg.entry_for_config(cfg).capabilities.get("overflow_prone"):
             found.append(path)
             continue
         fields = type(cfg).model_fields
@@ -156,7 +158,7 @@ def finite_forward_problem(spec, registry=None) -> Optional[str]:
 
     from modkit.nn.build import build
 
-    prone = overflow_prone(spec)
+    prone = overflow_prone(spec, registry)
     if not prone:
         return None
     tiny = tiny_instance(spec, registry)
