@@ -59,6 +59,7 @@ from modkit.plugin import (
     MAX_MULTIPLIER,
     Multiplier,
     run_ffn,
+    stream_of,
 )
 
 
@@ -180,9 +181,21 @@ class PreNormBlock(_Block):
 
     parts = ("attn_norm", "attention", "ffn_norm", "ffn")
 
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(ctx, cfg)
+        stream = stream_of(ctx)  # a residual stream of several copies: one connection per sublayer
+        if stream is not None:
+            self.attn_hc = stream.connection()
+            self.ffn_hc = stream.connection() if self.ffn is not None else None
+
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
-        h, aux = run(getattr(self, f"{side}_norm")(x))
-        return x + self._add(h), aux
+        connection = getattr(self, f"{side}_hc", None)
+        if connection is None:  # the plain residual stream
+            h, aux = run(getattr(self, f"{side}_norm")(x))
+            return x + self._add(h), aux
+        u, state = connection.read(x)  # x: [b, s, n_streams, d]; u: [b, s, d]
+        h, aux = run(getattr(self, f"{side}_norm")(u))
+        return connection.write(x, state, self._add(h)), aux
 
 
 class PostNormBlock(_Block):
@@ -374,7 +387,8 @@ def register_components(register) -> None:
             Component(
                 kind="placement",
                 math=_MATH.get(entry["type"], ""),
-                capabilities=caps,
+                # pre reads and writes a residual stream of several copies (modkit.nn.stream)
+                capabilities={**caps, "streams": True} if entry["type"] == "pre" else caps,
                 flops=ablation_flops if entry["type"] == "pre-no-residual" else flops,
                 **entry,
             )

@@ -122,6 +122,13 @@ class TrainConfig(BaseModel):
         description="weight decay of the parameter roles that decay (matrices, embeddings, head, "
         "routers; not norm gains, biases, vectors); decoupled for adamw, muon and lion, L2 for sgd",
     )
+    mtp_loss_weight: float = Field(
+        0.3,
+        ge=0,
+        le=100,
+        description="weight of the multi-token-prediction loss of a spec with 'mtp' (DeepSeek-V3: 0.3, then 0.1): "
+        "the step's loss for backward is CE + weight / depth * (sum of the depths' CE); ignored without 'mtp'",
+    )
     grad_clip: Optional[float] = Field(
         1.0, gt=0, description="clip the global gradient norm to this; null: no clipping"
     )

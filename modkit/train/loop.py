@@ -39,6 +39,7 @@ from .checkpointing import CheckpointMixin
 from .config import DEFAULT_MODEL, TrainConfig, schedule_warning
 from .errors import TrainError
 from .evaluate import EvalMixin
+from .step import check_mtp_config
 from .optim import build_optimizer
 from .pipelined import StageView, build_trainer_pipeline, check_pipeline_config, check_pipeline_model
 from .processes import Processes, init_processes  # noqa: F401 - Processes: re-exported
@@ -209,6 +210,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.spec = stamp_provenance(resolve_spec(c, self.base, self.data.vocab_size))
         self.separators = self.data.separators
         check_pipeline_config(c, self.spec)  # before the run folder is written
+        check_mtp_config(c, self.spec)
         if c.document_mask:
             check_document_mask(self.spec, self.data)
         self.history: list[dict] = []
@@ -352,6 +354,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             "loss": loss,  # this step's batch (eval lines hold the estimates)
             "lr": out["lr"],
             "grad_norm": float(out["grad_norm"]),
+            **({"mtp_loss": float(self.procs.mean(out["mtp_loss"]))} if "mtp_loss" in out else {}),
             "tokens_per_s": tps,
             "model_flops_per_s": tps * self.flops_per_token if self.flops_per_token is not None else None,
             "peak_mem_bytes": _peak_memory(self.device),
