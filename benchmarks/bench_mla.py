@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}; load average at start {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)"
     )
     for context in args.contexts:
-        max_len = context + 1 + args.steps * (args.repeats + 1)
+        max_len = context + 3 + args.steps * (2 * args.repeats + 1)  # the eager steps, the compiled ones, warm-ups
         model, mla, rope, hf, rotary = build_pair(args, max_len)
         gen = torch.Generator().manual_seed(context)
         prompt = torch.randn(1, context, args.d_model, generator=gen)
