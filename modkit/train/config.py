@@ -209,7 +209,8 @@ class TrainConfig(BaseModel):
         ge=1,
         le=1 << 16,
         description="expert-parallel degree under torchrun: the experts of every mixture split over ep data-parallel "
-        "processes, tokens sent to them by all-to-all (divides the data-parallel processes; not with tp > 1)",
+        "processes, tokens sent to them by all-to-all (divides the data-parallel processes; with pp > 1 too, not "
+        "with tp or cp > 1)",
     )
     pp: int = Field(
         1,
