@@ -12,7 +12,8 @@ correction bias) over ``STEPS`` steps and with the batch-wise balance loss and z
 Checkpoints (DCP, model and AdamW state, the optimizer flattened as pipeline stages need): the run saves after
 ``SAVE_AT`` steps, for the test to resume at one process; and it loads the one-process checkpoint the test wrote
 at ``$MODKIT_DIST_OUT/one/dcp`` (the reference after ``SAVE_AT`` steps) into a fresh EP 2 x PP 2 pipeline and
-trains ``RESUMED`` steps from it.
+trains ``RESUMED`` steps from it. And the elements each rank holds (parameters, gradients, AdamW state) for the
+planner's figures.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import finish, setup, write_results  # noqa: E402
+from expert_parallel import allocated  # noqa: E402
 
 import modkit  # noqa: E402
 from modkit import parallel as mp  # noqa: E402
@@ -122,6 +124,10 @@ def run_variant(variant: str, mesh, out_dir: Path) -> dict:
     out["bias_max_abs_diff"] = max(float((b - ref_buffers[n]).abs().max()) for n, b in biases.items())
     out["biases"] = sorted(biases)
     out["local_experts"] = {n: int(p.to_local().shape[0]) for n, p in view.named_parameters() if "experts.gate" in n}
+    per = BATCH // DP  # one more forward and backward, so that the gradients exist while they are counted
+    pipe.step(data[0][dp_rank * per : (dp_rank + 1) * per, :-1], data[0][dp_rank * per : (dp_rank + 1) * per, 1:])
+    out["allocated"] = allocated(view, opt)  # elements this rank holds: its stage's shards, their grads, AdamW
+    opt.zero_grad(set_to_none=True)
     if variant == "shipped" and (out_dir / "one" / "dcp").is_dir():
         out["resumed"] = resume_from_one_process(out_dir / "one" / "dcp", mesh, data)
     return out

@@ -13,6 +13,7 @@ import modkit
 from modkit import parallel as mp
 from modkit.parallel import ParallelError
 from modkit.parallel.mesh import check_ep
+from modkit.parallel.planner import Layout, Planner
 
 from tests.parallel.test_parallel import SCRIPTS, TOL, _show, _torchrun, needs_gloo
 
@@ -102,3 +103,15 @@ def test_ep2_by_pp2_trains_as_one_process_and_resumes_across_layouts(tmp_path):
     measured["EP 2 x PP 2 -> one process"] = back
     assert back["loss"] <= TOL and back["grad_norm"] <= TOL, back
     _show("EP 2 x PP 2: max |diff| against one process", measured)
+    _planner_bytes_equal_the_run(script, ranks)
+
+
+def _planner_bytes_equal_the_run(script, ranks: dict) -> None:
+    """``modkit plan``'s parameter, gradient and AdamW bytes of the first rank of each stage (ranks 0 and 2) equal
+    what that rank of the EP 2 x PP 2 run holds (float32: 4 bytes an element)."""
+    planner = Planner(script.spec(), batch=script.BATCH, seq_len=script.SEQ)
+    layout = Layout(dp=2, ep=2, pp=2, microbatches=script.MICRO)
+    for stage, rank in ((0, 0), (1, 2)):
+        plan = {k: 4 * v for k, v in planner.rank_elements(layout, stage).items()}
+        got = {k: 4 * v for k, v in ranks[rank]["shipped"]["allocated"].items()}
+        assert plan == got, (stage, plan, got)
