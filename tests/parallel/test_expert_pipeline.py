@@ -48,6 +48,19 @@ def test_a_stage_of_dense_layers_has_an_empty_expert_plan_but_a_dense_model_is_r
         mp.expert_plan(dense, 2)
 
 
+def test_split_backward_schedules_are_refused_with_fsdp_and_taken_without():
+    """Zero-bubble and DualPipeV gave gradients 0.93 apart from one process with FSDP2-sharded stages (pp 2 x dp 2);
+    with one data-parallel rank (pp alone, pp x tp) they train as one process, and every other schedule takes dp."""
+    for schedule in mp.pipeline.SPLIT_BACKWARD:
+        mp.pipeline.check_schedule(schedule, 1)
+        with pytest.raises(ParallelError) as exc:
+            mp.pipeline.check_schedule(schedule, 2)
+        assert str(exc.value).startswith(f"pipeline schedule {schedule!r} splits each backward")
+        assert "FSDP2-sharded over 2 data-parallel ranks" in str(exc.value) and "use gpipe, 1f1b" in str(exc.value)
+    for schedule in set(mp.SCHEDULES) - set(mp.pipeline.SPLIT_BACKWARD):
+        mp.pipeline.check_schedule(schedule, 4)
+
+
 def _one_process_checkpoint(script, path) -> None:
     """The reference after ``SAVE_AT`` steps, saved as DCP without a process group (optimizer flattened)."""
     model = modkit.build(script.spec(), seed=0)

@@ -120,7 +120,7 @@ def _equal_runs(ranks: dict[int, dict], key: str) -> list[str]:
 def test_pipeline_schedules_train_as_one_process(tmp_path):
     ranks = _torchrun("pipeline.py", 2, tmp_path, "schedules")
     cases = _equal_runs(ranks, "pp")
-    assert set(mp.SCHEDULES) | {"1f1b-cut-1-3", "moe-1f1b", "moe-interleaved_1f1b"} == set(cases)
+    assert set(mp.SCHEDULES) | {"1f1b-cut-1-3", "moe-1f1b", "moe-interleaved_1f1b", "moe-zbv_zero_bubble"} == set(cases)
 
 
 @pytest.mark.slow
