@@ -232,7 +232,8 @@ class TrainConfig(BaseModel):
     ] = Field(
         "1f1b",
         description="pipeline schedule: gpipe, 1f1b (one stage per process), interleaved_1f1b, looped_bfs, "
-        "interleaved_zero_bubble (two stages per process in a loop), zbv_zero_bubble or dualpipev (two in a V)",
+        "interleaved_zero_bubble (two stages per process in a loop), zbv_zero_bubble or dualpipev (two in a V); the "
+        "zero-bubble ones and dualpipev need one data-parallel process per stage (no FSDP2, so no ep either)",
     )
     peak_flops: Optional[float] = Field(
         None,
