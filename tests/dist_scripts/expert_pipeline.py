@@ -106,6 +106,8 @@ def pipelined_step(pipe, view, opt, balance, ids: torch.Tensor, dp_rank: int) ->
 
 
 def run_variant(variant: str, mesh, out_dir: Path) -> dict:
+    """The reference and the EP 2 x PP 2 run step by step; ``{"ref", "pp": [{"loss", "grad_norm"}] per step,
+    "bias_max_abs_diff", "biases", "local_experts", "allocated"}`` and, for the shipped variant, ``"resumed"``."""
     steps = STEPS if variant == "shipped" else BATCH_STEPS
     data = batches()[:steps]
     ref = modkit.build(spec(variant), seed=0)
@@ -144,6 +146,7 @@ def resume_from_one_process(dcp, mesh, data) -> list[dict]:
 
 
 def main() -> None:
+    """Both variants on the ``("pp", "dp_mod_ep", "ep", "tp")`` mesh; rank-wise results for the test."""
     rank, world = setup()
     assert world == 4, "run on 4 ranks: EP 2 x PP 2"
     mesh = mp.make_mesh(ep=2, pp=2)
