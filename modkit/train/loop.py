@@ -227,7 +227,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.model.train()
         # routers' expert loads and balancing rules (modkit.nn.balance): summed over the data-parallel ranks
         dp_group = self.procs.mesh["dp"].get_group() if self.procs.distributed else None
-        self.balance = ExpertBalance(self.model, dp_group)
+        self.balance = ExpertBalance(self.model, dp_group, self.pipe.group if self.pipe is not None else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         # the whole model's names (a checkpoint's): under pp this rank holds only its stages' parameters
