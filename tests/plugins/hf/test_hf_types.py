@@ -409,6 +409,23 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # --- 2026 hybrid types ---
+    # LFM2: gated short convolutions (kernel 3) on layers 0 and 2, GQA with per-head QK-RMSNorm and RoPE on layers 1
+    # and 3, the FFN width auto-adjusted (int(2/3 · 100) · 1.5 rounded up to 16: 112), tied. No conv_bias, for the
+    # padding reason of mamba2's fixture (transformers zeroes padding before in_proj, whose bias then reaches the
+    # convolution); the biases are compared without padding in tests/plugins/test_short_conv.py
+    (
+        "lfm2",
+        "Lfm2Config",
+        dict(
+            **dict(GQA, intermediate_size=100),
+            num_hidden_layers=4,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            block_multiple_of=16,
+            block_ffn_dim_multiplier=1.5,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -486,7 +503,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 30
+    assert len(covered) == 31
 
 
 def test_fixtures_name_registered_types():
@@ -677,6 +694,9 @@ def test_falcon_h1_key_multiplier_is_written_back_to_the_same_softmax_scale(head
 #: over ``AutoModelForCausalLM.from_config(Qwen3NextConfig())`` / ``(JambaConfig())`` built on meta, transformers
 #: 5.24 (the Qwen3-Next build alone takes about 10 s, so the counts are written here)
 DEFAULT_COUNTS = {"qwen3_next": 79_674_391_296, "jamba": 51_570_323_328}
+#: the 2026 hybrids at their classes' defaults, counted the same way with transformers 5.25 (LFM2: every layer
+#: attention, as Lfm2Config builds it without layer_types or full_attn_idxs)
+DEFAULT_COUNTS.update(lfm2=2_705_497_600)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -688,6 +708,8 @@ def test_hybrid_defaults_give_transformers_parameter_count(model_type):
     assert modkit.count_params(spec) == DEFAULT_COUNTS[model_type]
     kinds = [spec.layer(i).attention.type for i in range(spec.n_layers)]
     moe = [spec.layer(i).ffn.type == "moe" for i in range(spec.n_layers)]
+    if model_type not in ("qwen3_next", "jamba"):
+        return
     if model_type == "qwen3_next":
         assert kinds == ["gated_deltanet", "gated_deltanet", "gated_deltanet", "gqa"] * 12 and all(moe)
         assert spec.layer(3).attention.output_gate and spec.layer(3).position.partial_rotary == 0.25
@@ -718,6 +740,9 @@ REFUSED = [
     # an offset at or past its period (JambaConfig.validate_architecture refuses it too)
     ("jamba", {"attn_layer_offset": 2}, "attn_layer_offset"),
     ("jamba", {"mamba_dt_rank": "full"}, "mamba_dt_rank"),
+    # a layer type Lfm2DecoderLayer builds no mixer for; a convolution of one tap
+    ("lfm2", {"layer_types": ["conv", "sliding_attention", "conv", "full_attention"]}, "layer_types"),
+    ("lfm2", {"conv_L_cache": 1}, "conv_L_cache"),
 ]
 
 
