@@ -42,6 +42,21 @@ TOL = 1e-5
 SMALL = dict(vocab_size=97, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=None)
 GQA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
 
+#: the hybrid layers of the Qwen3-Next family's fixtures: Gated DeltaNet on layers 0 and 2, gated attention on 1 and 3
+QWEN3_NEXT_LAYERS = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_hidden_layers=4,
+    full_attention_interval=2,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
+    attention_bias=True,
+)
+
 #: (id, config class, kwargs): every structural feature of the type switched on; windows (4) shorter than the
 #: 9-token batch and the 7 + 12 generated tokens
 FIXTURES = [
@@ -426,6 +441,39 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # Qwen3.5 (text): Qwen3-Next's layers (Gated DeltaNet on 0 and 2 with 2 key heads, 4 value heads, key width 8 !=
+    # value width 12; gated attention on 1 and 3, head_dim 16, partial RoPE 0.25 with the multimodal sections, QK-norm,
+    # biases) with the unfused in_proj_qkv / z / b / a and a dense SwiGLU (48) in every layer
+    (
+        "qwen3_5_text",
+        "Qwen3_5TextConfig",
+        dict(
+            **QWEN3_NEXT_LAYERS,
+            intermediate_size=48,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [1, 1, 0],
+                "mrope_interleaved": True,
+            },
+            **SMALL,
+        ),
+    ),
+    # Qwen3.5-MoE (text): the same layers, a mixture in every layer (4 experts top-2, always renormalised) beside a
+    # sigmoid-gated shared expert (24)
+    (
+        "qwen3_5_moe_text",
+        "Qwen3_5MoeTextConfig",
+        dict(
+            **QWEN3_NEXT_LAYERS,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_experts=4,
+            num_experts_per_tok=2,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -503,7 +551,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 31
+    assert len(covered) == 33
 
 
 def test_fixtures_name_registered_types():
@@ -696,7 +744,7 @@ def test_falcon_h1_key_multiplier_is_written_back_to_the_same_softmax_scale(head
 DEFAULT_COUNTS = {"qwen3_next": 79_674_391_296, "jamba": 51_570_323_328}
 #: the 2026 hybrids at their classes' defaults, counted the same way with transformers 5.25 (LFM2: every layer
 #: attention, as Lfm2Config builds it without layer_types or full_attn_idxs)
-DEFAULT_COUNTS.update(lfm2=2_705_497_600)
+DEFAULT_COUNTS.update(lfm2=2_705_497_600, qwen3_5_text=8_953_803_264, qwen3_5_moe_text=34_660_610_688)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
