@@ -45,6 +45,11 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "unit_offset": (False, "RMSNorm scales by (1 + weight) (Gemma)"),
     "norm_bias": (True, "LayerNorm has a bias"),
     "placement": ({"type": "pre"}, "the block placement spec"),
+    "placements": (
+        None,
+        "per layer, the placement spec when layers differ (OLMo Hybrid: pre-norm linear layers, reordered attention "
+        "layers); None: placement on every layer",
+    ),
     "residual_multiplier": (1.0, "what each sublayer adds to the residual stream is multiplied by it (Granite)"),
     "final_norm": (True, "a norm after the last block"),
     "embedding_norm": (False, "a norm on the token embeddings (BERT)"),
@@ -302,14 +307,16 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     extras = f["attention_by_layer"] or [None] * n_layers
     ffns = layer_ffns(f)
     slot = "mixer" if recurrent else "attention"
+    placements = [dict(p) for p in f["placements"] or [f["placement"]] * n_layers]
+    if f["residual_multiplier"] != 1:
+        for placement in placements:
+            placement["residual_multiplier"] = float(f["residual_multiplier"])
     layers = [
-        {slot: m if m is not None else attention_spec(f, t, norm, x), "position": p, "ffn": ffn}
-        for m, t, p, x, ffn in zip(mixers, types, positions, extras, ffns)
+        {slot: m if m is not None else attention_spec(f, t, norm, x), "position": p, "ffn": ffn, "placement": pl}
+        for m, t, p, x, ffn, pl in zip(mixers, types, positions, extras, ffns, placements)
     ]
     default, overrides = per_layer_slots(layers, n_layers)
-    placement = dict(f["placement"])
-    if f["residual_multiplier"] != 1:
-        placement["residual_multiplier"] = float(f["residual_multiplier"])
+    placement = default.pop("placement")
     block = {slot: default[slot], "ffn": default["ffn"], "norm": norm, "placement": placement}
     dropout = {name: float(f[field]) for name, field in DROPOUT_FIELDS.items() if f[field] is not None}
     spec = model_spec(

@@ -474,6 +474,24 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # OLMo Hybrid: Gated DeltaNet with negative eigenvalues (β = 2 sigmoid) in pre-norm blocks on layers 0, 1 and 3
+    # (2 key heads of 8, 4 value heads of 12), OLMo 3 attention in a reordered block on layer 2 (GQA, full-width
+    # QK-norm, biases), untied
+    (
+        "olmo_hybrid",
+        "OlmoHybridConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -551,7 +569,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 33
+    assert len(covered) == 34
 
 
 def test_fixtures_name_registered_types():
@@ -745,6 +763,7 @@ DEFAULT_COUNTS = {"qwen3_next": 79_674_391_296, "jamba": 51_570_323_328}
 #: the 2026 hybrids at their classes' defaults, counted the same way with transformers 5.25 (LFM2: every layer
 #: attention, as Lfm2Config builds it without layer_types or full_attn_idxs)
 DEFAULT_COUNTS.update(lfm2=2_705_497_600, qwen3_5_text=8_953_803_264, qwen3_5_moe_text=34_660_610_688)
+DEFAULT_COUNTS.update(olmo_hybrid=7_430_870_688)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -791,6 +810,8 @@ REFUSED = [
     # a layer type Lfm2DecoderLayer builds no mixer for; a convolution of one tap
     ("lfm2", {"layer_types": ["conv", "sliding_attention", "conv", "full_attention"]}, "layer_types"),
     ("lfm2", {"conv_L_cache": 1}, "conv_L_cache"),
+    ("olmo_hybrid", {"hidden_act": "gelu"}, "hidden_act"),
+    ("olmo_hybrid", {"layer_types": ["linear_attention", "sliding_attention"] * 2}, "layer_types"),
 ]
 
 
