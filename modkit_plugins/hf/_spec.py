@@ -117,6 +117,7 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "expert_clamp": (None, "the routed experts are gpt-oss's clamped SwiGLU: {alpha, limit} (None: the gated FFN)"),
     "router": ("topk", "router type: 'topk' (softmax scores) or 'sigmoid_topk' (sigmoid scores)"),
     "renormalize": (False, "the top-k router probabilities are renormalised to sum to 1"),
+    "renormalize_eps": (None, "added to the sum the top-k weights are divided by (None: the router's 1e-20; LFM2-MoE)"),
     "router_bias": (False, "bias on the router projection (gpt-oss)"),
     "routed_scaling_factor": (1.0, "multiplier of the routed gate weights (DeepSeek)"),
     "n_group": (None, "expert groups of group-limited routing (DeepSeek n_group)"),
@@ -185,6 +186,8 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         router["n_group"], router["topk_group"] = f["n_group"], f["topk_group"]
     if f["correction_bias"]:
         router["correction_bias"] = True
+    if f["renormalize_eps"] is not None:
+        router["renormalize_eps"] = float(f["renormalize_eps"])
     spec: dict[str, Any] = {
         "type": "moe",
         "n_experts": f["n_experts"],
@@ -502,6 +505,7 @@ def _moe_fields(p: _Picked) -> dict[str, Any]:
         "n_group": getattr(router, "n_group", None),
         "topk_group": getattr(router, "topk_group", None),
         "correction_bias": bool(getattr(router, "correction_bias", False)),
+        "renormalize_eps": getattr(router, "renormalize_eps", None),
         "weight_on": getattr(moe, "weight_on", "output"),
         "shared_d_ff": getattr(getattr(moe, "shared", None), "d_ff", None),
         "shared_gate": bool(getattr(moe, "shared_gate", False)),

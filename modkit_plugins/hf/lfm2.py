@@ -82,10 +82,9 @@ def write_ffn(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> None:
 
 
 def read_layers(r: HFConfig, f: dict) -> None:
-    """The mixer of every layer (``mixers``: ``short_conv`` on ``conv`` layers, attention on the others) and the FFN
-    width, with ``Lfm2Config`` defaults."""
+    """The mixer of every layer (``mixers``: ``short_conv`` on ``conv`` layers, attention on the others), with
+    ``Lfm2Config`` defaults."""
     n = f["n_layers"]
-    read_ffn(r, f)
     conv = {"type": "short_conv", "d_conv": r.number("conv_L_cache", 3, integer=True)}
     if r.flag("conv_bias", False):
         conv["bias"] = True
@@ -110,16 +109,27 @@ def read_layers(r: HFConfig, f: dict) -> None:
 
 
 def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> None:
-    """``layer_types``, ``full_attn_idxs``, the convolution's keys (the source config's, else the defaults, when no
-    layer is a convolution) and the FFN sizing keys."""
+    """``layer_types`` and the convolution's keys (the source config's, else the defaults, when no layer is a
+    convolution)."""
     types = [CONV if m is not None else FULL for m in f["mixers"]]
     cfg["layer_types"] = types
-    cfg["full_attn_idxs"] = [i for i, t in enumerate(types) if t == FULL]
     m = f["mixer"]
     if getattr(m, "type", None) == "short_conv":
         cfg.update(conv_L_cache=m.d_conv, conv_bias=m.bias)
     else:
         cfg.update(conv_L_cache=base.get("conv_L_cache", 3), conv_bias=base.get("conv_bias", False))
+
+
+def read_own(r: HFConfig, f: dict) -> None:
+    """:func:`read_layers`, then the FFN width (:func:`read_ffn`)."""
+    read_layers(r, f)
+    read_ffn(r, f)
+
+
+def write_own(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> None:
+    """:func:`write_layers` with ``full_attn_idxs`` (the same layers), then the FFN sizing keys."""
+    write_layers(f, base, cfg)
+    cfg["full_attn_idxs"] = [i for i, t in enumerate(cfg["layer_types"]) if t == FULL]
     write_ffn(f, base, cfg)
 
 
@@ -176,8 +186,8 @@ LFM2 = HFType(
     },
     fixed={"norm": "rmsnorm", "placement": {"type": "pre"}, "ffn": "gated", "act": "silu", "qk_norm": "head"},
     tensors=TENSORS,
-    read_own=read_layers,
-    write_own=write_layers,
+    read_own=read_own,
+    write_own=write_own,
 )
 
 TYPE = LFM2

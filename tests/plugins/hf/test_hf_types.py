@@ -492,6 +492,27 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # LFM2-MoE: LFM2's layers (convolutions on 0 and 2, attention on 1 and 3), a dense SwiGLU (48) on layer 0, then
+    # 4 experts (16) top-2 by sigmoid scores plus the expert-bias buffer (perturbed, so it changes the choice),
+    # renormalised with the 1e-6 epsilon, times 1.5
+    (
+        "lfm2_moe",
+        "Lfm2MoeConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=4,
+            num_dense_layers=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            routed_scaling_factor=1.5,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -569,7 +590,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 34
+    assert len(covered) == 35
 
 
 def test_fixtures_name_registered_types():
@@ -764,6 +785,9 @@ DEFAULT_COUNTS = {"qwen3_next": 79_674_391_296, "jamba": 51_570_323_328}
 #: attention, as Lfm2Config builds it without layer_types or full_attn_idxs)
 DEFAULT_COUNTS.update(lfm2=2_705_497_600, qwen3_5_text=8_953_803_264, qwen3_5_moe_text=34_660_610_688)
 DEFAULT_COUNTS.update(olmo_hybrid=7_430_870_688)
+#: Lfm2MoeConfig() sets no layer_types, so transformers builds no model from its defaults alone; the count is the one
+#: of those defaults with attention on every layer, what the converter (as LFM2's) reads an absent pattern as
+DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -812,6 +836,7 @@ REFUSED = [
     ("lfm2", {"conv_L_cache": 1}, "conv_L_cache"),
     ("olmo_hybrid", {"hidden_act": "gelu"}, "hidden_act"),
     ("olmo_hybrid", {"layer_types": ["linear_attention", "sliding_attention"] * 2}, "layer_types"),
+    ("lfm2_moe", {"layer_types": ["conv", "full_attention", "conv", "sliding_attention"]}, "layer_types"),
 ]
 
 
