@@ -513,6 +513,37 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # Kimi Linear: Kimi Delta Attention (2 heads of 8, convolution 4) on layers 0, 2 and 3, latent attention without
+    # any rotary embedding on layer 1 (kv_lora_rank 16, q_lora_rank 24, nope/rope/v widths 8/8/12); a dense SwiGLU (48)
+    # on layer 0, then 4 experts (16) top-2 in 2 groups of which 1 is kept, sigmoid scores with the correction bias,
+    # renormalised, times 2.5, one shared expert
+    (
+        "kimi_linear",
+        "KimiLinearConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=4,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            linear_head_dim=8,
+            linear_num_heads=2,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -590,7 +621,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 35
+    assert len(covered) == 36
 
 
 def test_fixtures_name_registered_types():
@@ -787,7 +818,7 @@ DEFAULT_COUNTS.update(lfm2=2_705_497_600, qwen3_5_text=8_953_803_264, qwen3_5_mo
 DEFAULT_COUNTS.update(olmo_hybrid=7_430_870_688)
 #: Lfm2MoeConfig() sets no layer_types, so transformers builds no model from its defaults alone; the count is the one
 #: of those defaults with attention on every layer, what the converter (as LFM2's) reads an absent pattern as
-DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808)
+DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -837,6 +868,9 @@ REFUSED = [
     ("olmo_hybrid", {"hidden_act": "gelu"}, "hidden_act"),
     ("olmo_hybrid", {"layer_types": ["linear_attention", "sliding_attention"] * 2}, "layer_types"),
     ("lfm2_moe", {"layer_types": ["conv", "full_attention", "conv", "sliding_attention"]}, "layer_types"),
+    ("kimi_linear", {"hidden_act": "gelu"}, "hidden_act"),
+    ("kimi_linear", {"layer_types": ["linear_attention", "sliding_attention"] * 2}, "layer_types"),
+    ("kimi_linear", {"num_key_value_heads": 2}, "num_key_value_heads"),
 ]
 
 
