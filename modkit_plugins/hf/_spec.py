@@ -433,6 +433,7 @@ def _norm_fields(spec, p: _Picked) -> dict[str, Any]:
         "unit_offset": getattr(norm, "unit_offset", False),
         "norm_bias": getattr(norm, "bias", True),
         "placement": ls.placement,
+        "placements": [x.placement for x in p.layers],
         "residual_multiplier": getattr(ls.placement, "residual_multiplier", 1.0),
         "final_norm": spec.final_norm is not None,
         "embedding_norm": getattr(spec, "embedding_norm", None) is not None,

@@ -21,6 +21,7 @@ test-only reference (nothing under ``modkit/`` or ``plugins/`` imports it).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -544,6 +545,32 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # MiniMax: lightning attention (4 heads of 8, blocks of 4 tokens, per-layer decays) on layers 1 and 3, GQA with a
+    # window of 4 on layers 0 and 2, every block DeepNorm-style with all six factors away from 1 (so the attention
+    # and lightning layers' placements differ), 4 Mixtral experts top-2
+    (
+        "minimax",
+        "MiniMaxConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            intermediate_size=16,
+            num_hidden_layers=4,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            block_size=4,
+            sliding_window=4,
+            full_attn_alpha_factor=1.7,
+            full_attn_beta_factor=0.8,
+            linear_attn_alpha_factor=1.3,
+            linear_attn_beta_factor=1.1,
+            mlp_alpha_factor=1.5,
+            mlp_beta_factor=0.9,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -582,9 +609,11 @@ def one_thread():
 
 def _perturb_saved_buffers(hf) -> None:
     """Saved float buffers off their init too (DeepSeek-V3's ``e_score_correction_bias``, zeros at init, which then
-    changes which experts are chosen), seeded."""
+    changes which experts are chosen), seeded; not the tables the converter declares computed from the config
+    (its ``keep`` rows: MiniMax's lightning-attention decays), which no checkpoint holds other than so."""
     g = torch.Generator().manual_seed(3)
-    saved = set(hf.state_dict())
+    recomputed = [re.compile(p) for p, _ in modkit.get_registry().hf_converter(hf.config.model_type).declaration.keep]
+    saved = {n for n in hf.state_dict() if not any(p.fullmatch(n) for p in recomputed)}
     params = {name for name, _ in hf.named_parameters()}
     with torch.no_grad():
         for name, buf in hf.named_buffers():
@@ -621,7 +650,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 36
+    assert len(covered) == 37
 
 
 def test_fixtures_name_registered_types():
@@ -818,7 +847,7 @@ DEFAULT_COUNTS.update(lfm2=2_705_497_600, qwen3_5_text=8_953_803_264, qwen3_5_mo
 DEFAULT_COUNTS.update(olmo_hybrid=7_430_870_688)
 #: Lfm2MoeConfig() sets no layer_types, so transformers builds no model from its defaults alone; the count is the one
 #: of those defaults with attention on every layer, what the converter (as LFM2's) reads an absent pattern as
-DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464)
+DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minimax=47_373_946_880)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -871,6 +900,8 @@ REFUSED = [
     ("kimi_linear", {"hidden_act": "gelu"}, "hidden_act"),
     ("kimi_linear", {"layer_types": ["linear_attention", "sliding_attention"] * 2}, "layer_types"),
     ("kimi_linear", {"num_key_value_heads": 2}, "num_key_value_heads"),
+    ("minimax", {"hidden_act": "gelu"}, "hidden_act"),
+    ("minimax", {"layer_types": ["full_attention", "sliding_attention"] * 2}, "layer_types"),
 ]
 
 
