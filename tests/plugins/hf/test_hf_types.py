@@ -1035,3 +1035,42 @@ def test_hybrid_layer_patterns_convert_both_ways(name, cls, kwargs):
     for d in (a, b):
         d.pop("name"), d.pop("description")
     assert a == b
+
+
+# ------------------------------------------------------------------------------------------------ the 2026 hybrids
+
+
+def test_per_layer_placements_that_no_config_holds_are_refused_on_export(built, tmp_path):
+    """MiniMax writes one set of factors per layer type and OLMo Hybrid's placements follow its layer types: a spec
+    whose lightning layers differ from each other, or whose attention layer is pre-norm, is refused by name (the
+    export's converted-back check), not written as another network."""
+    _, _, model = built("minimax")
+    d = model.spec.to_dict()
+    d["overrides"].append({"layers": [3], "placement": {"type": "deepnorm", "attn_alpha": 2.0}})
+    with pytest.raises(modkit.CheckpointError, match="placement"):
+        modkit.to_hf(modkit.build(d, seed=0), tmp_path / "minimax")
+    _, _, model = built("olmo_hybrid")
+    d = model.spec.to_dict()
+    (override,) = [o for o in d["overrides"] if o.get("placement")]
+    override["placement"] = {"type": "pre"}
+    with pytest.raises(modkit.CheckpointError, match="placement"):
+        modkit.to_hf(modkit.build(d, seed=0), tmp_path / "olmo_hybrid")
+
+
+def test_lfm2_ffn_width_is_written_as_the_source_config_sized_it():
+    """LFM2's FFN width comes from intermediate_size through the auto-adjustment; the export writes the source's four
+    sizing keys when they give the width again, else the width itself without adjustment, and both convert back."""
+    from modkit_plugins.hf.lfm2 import ffn_width
+
+    assert ffn_width(100, True, 1.5, 16) == 112 and ffn_width(12288, True, 1.0, 256) == 8192
+    assert ffn_width(100, True, None, 16) == 66 and ffn_width(100, False, 1.5, 16) == 100
+    cfg = _fixture_config("lfm2")
+    spec = modkit.from_hf_config(cfg)
+    weights = modkit.get_registry().hf_converter("lfm2").declaration.weights
+    again = weights.hf_config(spec, cfg)
+    assert (again["intermediate_size"], again["block_auto_adjust_ff_dim"]) == (100, True)
+    fresh = weights.hf_config(spec, {})
+    assert (fresh["intermediate_size"], fresh["block_auto_adjust_ff_dim"]) == (112, False)
+    for written in (again, fresh):
+        assert modkit.from_hf_config(written).layer(0).ffn.d_ff == 112
+    assert again["full_attn_idxs"] == [1, 3] and again["layer_types"] == cfg["layer_types"]
