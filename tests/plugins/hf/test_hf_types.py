@@ -409,6 +409,29 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # --- 2026 dense types ---
+    # Arcee AFM: a two-projection ReLU-squared MLP, GQA, attention and MLP biases, head_dim 16 = 64 / 4
+    ("arcee", "ArceeConfig", dict(**GQA, num_hidden_layers=2, attention_bias=True, mlp_bias=True, **SMALL)),
+    # Apertus: per-head QK-RMSNorm before RoPE, a two-projection xIELU MLP (its learned scalars and saved buffers off
+    # their init), Llama 3 RoPE scaling over 16 positions, attention biases
+    (
+        "apertus",
+        "ApertusConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=2,
+            attention_bias=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "rope_theta": 12000000.0,
+            },
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
