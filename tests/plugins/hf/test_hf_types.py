@@ -432,6 +432,21 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # Seed-OSS: the output projection biased and q/k/v not (the reverse of its defaults), MLP biases, head_dim 24 != 64 / 4,
+    # residual and attention dropout 0.1 (off in eval)
+    (
+        "seed_oss",
+        "SeedOssConfig",
+        dict(
+            **GQA,
+            head_dim=24,
+            num_hidden_layers=2,
+            attention_bias=False,
+            attention_out_bias=True,
+            mlp_bias=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
