@@ -447,6 +447,9 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # EXAONE 4: OLMo 2's reordered norms, per-head QK-norm, layers 0-2 sliding (window 4) with RoPE and layer 3 full
+    # without it (NoPE), GQA
+    ("exaone4", "Exaone4Config", dict(**GQA, num_hidden_layers=4, sliding_window=4, **SMALL)),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
