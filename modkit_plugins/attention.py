@@ -115,6 +115,11 @@ class AttentionConfig(ComponentConfig):
         "'each_head': the same statistics with a weight of each head's own, [n_heads, head_dim] (Cohere; the norm must "
         "declare the groups capability); 'full': over the whole projection (OLMo 2)",
     )
+    qk_norm_after_position: bool = Field(
+        False,
+        description="apply qk_norm after the position scheme has rotated q and k, not before (Hunyuan's "
+        "query_layernorm / key_layernorm); needs qk_norm with qk_norm_scope 'head'",
+    )
     sliding_window: Optional[SeqLen] = Field(
         None,
         description="each query sees only keys with 0 <= q_pos - k_pos < sliding_window; null for global attention",
@@ -160,6 +165,18 @@ class AttentionConfig(ComponentConfig):
     backend: Literal["sdpa", "eager"] = Field(
         "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"
     )
+
+    @field_validator("qk_norm_after_position")
+    @classmethod
+    def _norm_after(cls, after: bool, info: ValidationInfo) -> bool:
+        if after and info.data.get("qk_norm", 0) is None:
+            raise ValueError("is true, but qk_norm is null: give qk_norm a norm spec or set it false")
+        if after and info.data.get("qk_norm_scope", "head") != "head":
+            raise ValueError(
+                f"is true, which needs qk_norm_scope 'head' (one norm over each head after the rotation), got "
+                f"{info.data.get('qk_norm_scope')!r}"
+            )
+        return after
 
     @field_validator("n_kv_heads")
     @classmethod
@@ -259,6 +276,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_width, d, bias=cfg.o_bias)
         self.gate_proj = nn.Linear(d, q_width, bias=cfg.q_bias) if cfg.output_gate else None
         self.qk_norm_scope = cfg.qk_norm_scope
+        self.qk_norm_after = cfg.qk_norm_after_position
         if cfg.qk_norm is None:
             self.q_norm = self.k_norm = None
         elif cfg.qk_norm_scope == "full":
@@ -335,10 +353,12 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None and self.qk_norm_scope == "head":
+        if self.q_norm is not None and self.qk_norm_scope == "head" and not self.qk_norm_after:
             q, k = self.q_norm(q), self.k_norm(k)
         if inputs.position is not None:
             q, k = inputs.position.rotate(q, k, inputs.positions)
+        if self.q_norm is not None and self.qk_norm_after:  # Hunyuan: normalise the rotated heads
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.floor_scale is not None:
             q = self._tune_temperature(q, inputs.positions)
         return q, k, v

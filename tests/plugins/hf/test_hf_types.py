@@ -450,6 +450,22 @@ FIXTURES = [
     # EXAONE 4: OLMo 2's reordered norms, per-head QK-norm, layers 0-2 sliding (window 4) with RoPE and layer 3 full
     # without it (NoPE), GQA
     ("exaone4", "Exaone4Config", dict(**GQA, num_hidden_layers=4, sliding_window=4, **SMALL)),
+    # Hunyuan-A13B: per-head QK-RMSNorm after RoPE, NTK-alpha frequencies (alpha 4), 4 experts top-2 renormalised
+    # beside an ungated shared MLP of the same width (32) in every layer, attention biases, head_dim 16
+    (
+        "hunyuan_v1_moe",
+        "HunYuanMoEV1Config",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            head_dim=16,
+            num_hidden_layers=2,
+            num_experts=4,
+            moe_topk=2,
+            attention_bias=True,
+            rope_parameters={"rope_type": "dynamic", "alpha": 4.0, "factor": 1.0, "rope_theta": 10000.0},
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
