@@ -264,3 +264,25 @@ def test_supports_agrees_with_the_converted_defaults(model_type):
     mla = spec.layer(0).attention.type == "mla"
     assert ("latent attention (MLA)" in supports) == mla
     assert not (mla and "GQA / MQA" in supports)
+
+
+# ------------------------------------------------------------------------------------------------ 2026 dense types
+
+#: transformers' parameter counts of the 2026 dense types at their configuration classes' defaults: the sum over
+#: ``AutoModelForCausalLM.from_config(AutoConfig.for_model(t, **changes))`` built on meta, transformers 5.25 (written
+#: here: the builds take seconds each). Hunyuan's class defaults do not build (its attention reads ``head_dim``,
+#: null by default), so it is counted with ``head_dim`` 128, hidden_size / num_attention_heads
+DENSE_2026_COUNTS = {
+    "apertus": ({}, 6_979_596_352),
+    "arcee": ({}, 4_022_766_080),
+    "exaone4": ({}, 9_429_069_824),
+    "hunyuan_v1_moe": ({"head_dim": 128}, 13_188_337_664),
+    "seed_oss": ({}, 28_921_040_896),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(DENSE_2026_COUNTS))
+def test_2026_dense_defaults_give_transformers_parameter_count(model_type):
+    changes, count = DENSE_2026_COUNTS[model_type]
+    spec = modkit.from_hf_config({"model_type": model_type, **changes})
+    assert modkit.count_params(spec) == count
