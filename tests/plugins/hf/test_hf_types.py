@@ -466,6 +466,36 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # MiMo-V2-Flash: layer 0 full (1 key/value head, RoPE on half the head, base 5e6), layers 1-3 sliding (window 4,
+    # 2 key/value heads, sinks, RoPE on int(24 · 0.334) = 8 features, base 1e4); query/key heads of 24, value heads
+    # of 16, values times 0.707; q/k/v biases; layer 0 a dense SwiGLU (32), then 4 experts of 16 top-2 in 2 groups
+    # of which 1 is kept, sigmoid scores with the correction bias, renormalised, routed scaling 2
+    (
+        "mimo_v2_flash",
+        "MiMoV2FlashConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=24,
+            v_head_dim=16,
+            num_hidden_layers=4,
+            intermediate_size=32,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.0,
+            sliding_window=4,
+            attention_bias=True,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334},
+            },
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -543,7 +573,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 35
+    assert len(covered) == 36
 
 
 def test_fixtures_name_registered_types():
