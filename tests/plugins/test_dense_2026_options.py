@@ -1,7 +1,8 @@
 """Two options the 2026 dense models need, against their reference formulas.
 
 * ``rope`` scaling ``ntk_alpha`` (Tencent Hunyuan): inverse frequencies ``1 / (theta · alpha^(d / (d - 2)))^(2i / d)``,
-  written out here, and transformers' ``compute_ntk_alpha_rope_parameters`` on the same config;
+  written out here (the hunyuan_v1_moe fixture of tests/plugins/hf/test_hf_types.py checks it against transformers
+  end to end);
 * attention ``qk_norm_after_position``: the QK-norm applied to the rotated queries and keys, computed here step by
   step (projections, RoPE, RMSNorm, softmax attention), and refused without a per-head ``qk_norm``.
 """
@@ -24,21 +25,6 @@ def test_ntk_alpha_frequencies_equal_the_formula():
     assert torch.allclose(got, want, rtol=1e-6, atol=0)
     plain = rope_inv_freq(d, theta * alpha ** (d / (d - 2)), None)
     assert torch.equal(rope_inv_freq(d, theta, cfg.scaling), plain)
-
-
-def test_ntk_alpha_frequencies_equal_transformers():
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
-
-    config = transformers.HunYuanMoEV1Config(
-        hidden_size=64,
-        num_attention_heads=4,
-        head_dim=16,
-        rope_parameters={"rope_type": "dynamic", "alpha": 4.0, "factor": 1.0, "rope_theta": 10000.0},
-    )
-    theirs, _ = HunYuanDenseV1RotaryEmbedding.compute_ntk_alpha_rope_parameters(config)
-    ours = rope_inv_freq(16, 10000.0, RopeConfig(scaling={"type": "ntk_alpha", "alpha": 4.0}).scaling)
-    assert torch.allclose(ours, theirs, rtol=1e-6, atol=0)
 
 
 def _spec(attention: dict) -> dict:
