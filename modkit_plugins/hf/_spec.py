@@ -297,7 +297,7 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
         r.error(
             r.key_of.get("act", "hidden_act"),
             f"activation {f['act']!r} is supported in a two-projection MLP only; this model type's "
-            f"{'experts' if f['moe'] else 'gated FFN'} take silu, gelu, gelu_tanh or relu",
+            f"{'experts take' if f['moe'] else 'gated FFN takes'} silu, gelu, gelu_tanh or relu",
         )
         f = {**f, "act": "silu"}
     norm = norm_spec(f)

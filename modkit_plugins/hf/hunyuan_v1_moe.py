@@ -14,8 +14,8 @@ Semantics: ``transformers/models/hunyuan_v1_moe/{configuration,modular}_hunyuan_
 * ``HunYuanMoEV1Moe``: ``shared_mlp(x) + experts(x)``. The router ``gate.wg`` (no bias; kept in float32 by
   transformers) takes a softmax over ``num_experts`` logits and renormalises the top ``moe_topk`` (``topk``
   router, ``renormalize``); every expert and the shared MLP are bias-free SwiGLUs of width
-  ``intermediate_size``. ``num_experts`` and ``moe_topk`` given per layer (lists) are refused: modkit's layers
-  would need one mixture spec each (overrides), which this converter does not write;
+  ``intermediate_size``. ``num_experts`` and ``moe_topk`` may be lists, one value per layer: a list of one value
+  throughout reads as that value, different values are refused (one mixture spec per layer: not written here);
 * pre-norm blocks (``input_layernorm``, ``post_attention_layernorm``), untied head by default.
 """
 
@@ -41,6 +41,27 @@ class WrittenHeadDim(HeadDim):
         return out or ({name: f["head_dim"]} if f["head_dim"] is not None else {})
 
 
+@dataclass(frozen=True)
+class PerLayerOrOne(Key):
+    """An integer, or transformers' per-layer list of them (``HunYuanMoEV1Gate`` reads ``value[layer_idx]``): a list
+    of one value throughout reads as that value; a list of different values is refused by name."""
+
+    def read(self, r, f, name):
+        value = r.get(name) if name in r.cfg else None
+        if not isinstance(value, list):
+            return super().read(r, f, name)
+        one = value[0] if value and all(v == value[0] for v in value) else None
+        if not (isinstance(one, int) and not isinstance(one, bool) and one >= 1):
+            r.error(
+                name,
+                f"holds {value!r}: modkit reads one positive integer for every layer (a list of one value throughout "
+                "too); layers with different mixtures are not converted",
+            )
+            one = self.default
+        f[self.fields[0]] = one
+        r.key_of.setdefault(self.fields[0], name)
+
+
 def _shared_and_norm_order(r, f) -> None:
     """The shared MLP has the experts' width; every layer normalises q and k after RoPE."""
     f["shared_d_ff"] = f["d_ff"]
@@ -57,10 +78,10 @@ HUNYUAN_V1_MOE = LLAMA.derive(
     keys={
         "head_dim": WrittenHeadDim(),
         "rope_theta": Rope(10000.0, ntk_alpha=True),
-        "num_experts": Key(
-            "n_experts", 1, aliases=("num_local_experts",), note="an integer (per-layer lists: refused)"
+        "num_experts": PerLayerOrOne(
+            "n_experts", 1, aliases=("num_local_experts",), note="one value for every layer (a list of one value too)"
         ),
-        "moe_topk": Key("top_k", 1, note="an integer (per-layer lists: refused)"),
+        "moe_topk": PerLayerOrOne("top_k", 1, note="one value for every layer (a list of one value too)"),
         "output_router_logits": Ignore("switches the router-logit outputs on in training", carry=False),
         "eod_token_id": Ignore("a tokenizer id"),
     },
