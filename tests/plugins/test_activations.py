@@ -122,3 +122,30 @@ def test_a_mixture_refuses_experts_whose_activation_has_parameters():
     want = torch.stack([torch.relu(h).square() @ experts.down[g] for h, g in zip(want, [0, 1, 1, 3, 3, 3])])
     with torch.no_grad():
         assert torch.allclose(experts(rows, offs), want, atol=1e-6)
+
+
+def test_the_kit_catches_a_faulty_twin_of_xielu():
+    """A third-party xIELU that declares no parameters (its two learned scalars forgotten): the contract kit's
+    param_count check fails it, while the real one passes."""
+    import dataclasses
+    from typing import Literal
+
+    from pydantic import create_model
+
+    from tests.conftest import registry_with
+    from modkit.testing import check_component
+
+    config = create_model("XIELUTwinConfig", __base__=XIELUConfig, type=(Literal["xielu_twin"], "xielu_twin"))
+    twin = dataclasses.replace(
+        modkit.get_registry().get("activation", "xielu"),
+        type="xielu_twin",
+        config=config,
+        param_count=lambda cfg, ctx: 0,
+        example={"type": "xielu_twin"},
+        provider=None,
+    )
+    reg = registry_with("third-party", twin)
+    (bad,) = check_component("activation", "xielu_twin", registry=reg, checks=["param_count"])
+    (good,) = check_component("activation", "xielu", checks=["param_count"])
+    assert bad.status == "failed" and "declared 0 parameters, the module holds 2" in bad.detail, bad.detail
+    assert good.status == "passed", good.detail
