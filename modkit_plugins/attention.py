@@ -514,8 +514,10 @@ probability mass and adds no value; without sinks it is absent ($e^{z_h} = 0$, a
 $\tau_i = \ln\!\big(\lfloor (i + 1) / f \rfloor + 1\big)\, a + 1$ with $f$ = floor_scale and $a$ = attn_scale
 (temperature_tuning; else $\tau_i = 1$). The heads are concatenated and projected by $W_O$; with output_gate the
 concatenation is first multiplied element-wise by $\sigma(W_G\, x_i)$ (gated attention, $W_G$ as wide as $W_Q$).
-Query head $h$ reads key/value head $g(h) = \lfloor h \cdot n_{kv} / n_{heads} \rfloor$; a KV cache holds $2 \cdot n_{kv} \cdot d_h$
-numbers per token and layer, in a ring of min(sliding_window, attention_chunk_size) slots when either is set."""
+Query head $h$ reads key/value head $g(h) = \lfloor h \cdot n_{kv} / n_{heads} \rfloor$; the values $v_j$ have width
+$d_v$ = v_head_dim (default $d_h$) and are multiplied by value_scale (1 by default); a KV cache holds
+$n_{kv} (d_h + d_v)$ numbers per token and layer, in a ring of min(sliding_window, attention_chunk_size) slots when
+either is set."""
 
 _GROUPS = {
     "mha": r"Multi-head: $n_{kv} = n_{heads}$, every query head has its own keys and values.",

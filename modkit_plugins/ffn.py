@@ -74,7 +74,8 @@ class MLPConfig(ComponentConfig):
     activation_unit: Optional[ComponentConfig] = Slot(
         "activation",
         default=None,
-        description="an activation component (relu2, xielu, ...) used in place of activation; null: activation",
+        description="an activation component (relu2, xielu, ...) used in place of activation, which is then not "
+        "read; null: activation",
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._keys import Entry, _read, _types
+from ._rope import rope_fields
 from .olmo2 import OLMO2
 
 MODEL_TYPE = "exaone4"
@@ -71,11 +72,15 @@ class NoPEOnFullLayers(Entry):
         window = next((w for w in windows if w is not None), None)
         if window is None and nope:
             window = base.get("sliding_window") or self.default
-        return {
+        out = {
             name: ["sliding_attention" if w is not None else "full_attention" for w in windows],
             "sliding_window": window,
             "sliding_window_pattern": base.get("sliding_window_pattern") or self.pattern,
         }
+        rotating = next((p for p in f["positions"] if getattr(p, "type", None) == "rope"), None)
+        if rotating is not None and getattr(f["position"], "type", None) != "rope":
+            out.update(rope_fields(rotating))  # layer 0 is NoPE: the RoPE row wrote nothing, the rotating layers' RoPE
+        return out
 
     def describe(self, name):
         return [

@@ -324,3 +324,22 @@ def test_exaone4_rotates_every_layer_without_a_window():
     windowed = modkit.from_hf_config({"model_type": "exaone4", "num_hidden_layers": 4, "sliding_window": 8})
     assert [windowed.layer(i).position.type for i in range(4)] == ["rope", "rope", "rope", "none"]
     assert [windowed.layer(i).attention.sliding_window for i in range(4)] == [8, 8, 8, None]
+
+
+def test_exaone4_with_a_nope_first_layer_exports_its_rope():
+    """Layer 0 full (NoPE) and the rest sliding with a RoPE of base 5e5: the export writes the rotating layers' RoPE
+    (the RoPE row reads layer 0's position), and the written config converts back to the same network."""
+    cfg = transformers.Exaone4Config(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        intermediate_size=48,
+        sliding_window=4,
+        layer_types=["full_attention"] + ["sliding_attention"] * 3,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    )
+    spec = modkit.from_hf_config(cfg.to_dict())
+    assert [spec.layer(i).position.type for i in range(4)] == ["none", "rope", "rope", "rope"]
+    written = DECLARED["exaone4"].weights.hf_config(spec, cfg.to_dict())
+    assert _same_network(modkit.from_hf_config(written), spec)
