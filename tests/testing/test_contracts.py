@@ -94,7 +94,9 @@ def test_capabilities_decide_which_checks_run(builtin_results):
         assert (got["aux_loss_grad"].status == "passed") == bool(caps.get("aux_loss") or entry.kind == "router"), got[
             "aux_loss_grad"
         ]
-        assert (got["per_token"].status == "passed") == (entry.kind in ("ffn", "norm", "router")), got["per_token"]
+        assert (got["per_token"].status == "passed") == (entry.kind in ("ffn", "norm", "router", "activation")), got[
+            "per_token"
+        ]
         # a stream has no [batch, seq, d_model] call of its own: the stream check runs it in float32 and bfloat16
         assert got["precision"].status == ("skipped" if entry.kind == "stream" else "passed"), got["precision"]
         declares_dropout = (entry.kind, bool(caps.get("attention_dropout")), bool(caps.get("residual_dropout"))) in (
