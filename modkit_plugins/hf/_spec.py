@@ -116,10 +116,12 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "routed_scaling_factor": (1.0, "multiplier of the routed gate weights (DeepSeek)"),
     "n_group": (None, "expert groups of group-limited routing (DeepSeek n_group)"),
     "topk_group": (None, "groups a token may route to (DeepSeek topk_group)"),
+    "group_score": ("top2_sum", "a group's score: 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2)"),
     "correction_bias": (False, "a selection-only per-expert bias buffer (DeepSeek-V3 e_score_correction_bias)"),
     "weight_on": ("output", "where a routed expert's gate weight applies: 'output' or 'input' (Llama 4)"),
     "shared_d_ff": (None, "hidden width of a shared expert beside the routed ones (None: none)"),
     "shared_gate": (False, "the shared expert's output times sigmoid(w · x) (Qwen2-MoE)"),
+    "shared_bias": (False, "biases on the shared expert's projections (DeepSeek-V2 mlp_bias, ERNIE 4.5 use_bias)"),
     "aux_loss_coef": (0.0, "weight of the load-balancing loss"),
     "tie_embeddings": (False, "the head shares the token embedding"),
     "lm_head_bias": (False, "the head has a bias"),
@@ -178,6 +180,8 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         router["routed_scaling_factor"] = float(f["routed_scaling_factor"])
     if f["n_group"] is not None:
         router["n_group"], router["topk_group"] = f["n_group"], f["topk_group"]
+        if f["group_score"] != "top2_sum":
+            router["group_score"] = f["group_score"]
     if f["correction_bias"]:
         router["correction_bias"] = True
     spec: dict[str, Any] = {
@@ -188,7 +192,7 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         "router": router,
     }
     if f["shared_d_ff"]:
-        spec["shared"] = gated_ffn(f["shared_d_ff"], f["act"])
+        spec["shared"] = gated_ffn(f["shared_d_ff"], f["act"], bool(f["shared_bias"]))
         if f["shared_gate"]:
             spec["shared_gate"] = True
     if f["weight_on"] != "output":
@@ -494,10 +498,12 @@ def _moe_fields(p: _Picked) -> dict[str, Any]:
         "routed_scaling_factor": getattr(router, "routed_scaling_factor", 1.0),
         "n_group": getattr(router, "n_group", None),
         "topk_group": getattr(router, "topk_group", None),
+        "group_score": getattr(router, "group_score", "top2_sum"),
         "correction_bias": bool(getattr(router, "correction_bias", False)),
         "weight_on": getattr(moe, "weight_on", "output"),
         "shared_d_ff": getattr(getattr(moe, "shared", None), "d_ff", None),
         "shared_gate": bool(getattr(moe, "shared_gate", False)),
+        "shared_bias": bool(getattr(getattr(moe, "shared", None), "bias", False)),
         "aux_loss_coef": getattr(moe, "aux_loss_coef", None),
     }
 

@@ -409,6 +409,37 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # --- 2026 MoE types ---
+    # DeepSeek-V2: latent attention with complex-valued (interleaved) RoPE (q_lora_rank 24, kv_lora_rank 16, rope/nope/v
+    # widths 8/8/12), attention biases, a dense first layer, then 8 experts top-2 under a softmax router limited to the
+    # 2 best of 4 groups (a group's score: its best expert), routed scaling 1.5, 2 shared experts, MLP biases
+    (
+        "deepseek_v2",
+        "DeepseekV2Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=3,
+            intermediate_size=96,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.5,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            attention_bias=True,
+            mlp_bias=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
