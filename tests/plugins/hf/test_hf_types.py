@@ -440,6 +440,51 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # GLM-4.5: GQA with q/k/v biases, per-head QK-norm, half the head rotated (the class default), a dense first layer,
+    # then 8 experts top-2 under DeepSeek-V3's sigmoid router (correction bias, 2 of 4 groups, routed scaling 2.5,
+    # renormalised) beside 2 shared experts
+    (
+        "glm4_moe",
+        "Glm4MoeConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=3,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            attention_bias=True,
+            use_qk_norm=True,
+            **SMALL,
+        ),
+    ),
+    # dots.llm1: GLM-4.5's mixture (8 experts top-2, sigmoid router with correction bias, 2 of 4 groups, not
+    # renormalised, 1 shared expert) from layer 1, per-head QK-norm, biases on every attention projection, window 4
+    # on the layers from max_window_layers 2 on
+    (
+        "dots1",
+        "Dots1Config",
+        dict(
+            **GQA,
+            head_dim=16,
+            num_hidden_layers=4,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            attention_bias=True,
+            sliding_window=4,
+            max_window_layers=2,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
