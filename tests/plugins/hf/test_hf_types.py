@@ -505,6 +505,21 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # MiniMax-M2: full-width QK-norm, half the head rotated (the legacy rotary_dim 8 of head_dim 16), 4 experts top-2
+    # under a sigmoid router with a selection-only correction bias, renormalised
+    (
+        "minimax_m2",
+        "MiniMaxM2Config",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            head_dim=16,
+            num_hidden_layers=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rotary_dim=8,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
