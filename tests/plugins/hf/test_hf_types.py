@@ -520,6 +520,21 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # FlexOlmo: OLMo 2's reordered norms and full-width QK-norm, attention biases, 4 experts (width 32) top-2
+    # renormalised in every layer
+    (
+        "flex_olmo",
+        "FlexOlmoConfig",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            num_hidden_layers=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
