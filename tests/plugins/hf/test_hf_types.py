@@ -535,6 +535,25 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # Granite MoE with a shared expert: every Granite multiplier away from 1, attention biases, 4 experts (width 32)
+    # top-2 beside a shared SwiGLU (48), stacked input_linear / output_linear experts
+    (
+        "granitemoeshared",
+        "GraniteMoeSharedConfig",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            num_hidden_layers=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=48,
+            embedding_multiplier=6.0,
+            attention_multiplier=0.4,
+            residual_multiplier=0.22,
+            logits_scaling=6.0,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
