@@ -554,6 +554,28 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # AFMoE (Trinity): sandwich norms, gated attention with per-head QK-norm, window 4 on every other layer with RoPE
+    # only there (NoPE on the global layers), muP embedding scale, a dense first layer, then 8 experts top-2 under a
+    # sigmoid router with a selection-only expert bias, renormalised, route scale 1.5, beside 2 shared experts
+    (
+        "afmoe",
+        "AfmoeConfig",
+        dict(
+            **GQA,
+            head_dim=16,
+            num_hidden_layers=4,
+            moe_intermediate_size=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_shared_experts=2,
+            route_scale=1.5,
+            num_dense_layers=1,
+            global_attn_every_n_layers=2,
+            sliding_window=4,
+            mup_enabled=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
