@@ -17,6 +17,7 @@ Each published router is a setting of the two router types:
 * DeepSeek-V4: ``sqrtsoftplus_topk`` (scores ``sqrt(softplus(logits))``), ``correction_bias``, ``renormalize`` true,
   ``routed_scaling_factor``; its first layers route by token id (the ``hash`` router, :mod:`modkit_plugins.hash_router`).
 * DBRX: ``topk``, ``renormalize`` true with ``renormalize_p`` = ``moe_normalize_expert_weights`` (a p-norm).
+* Phi-3.5-MoE: the ``sparsemixer`` router (:mod:`modkit_plugins.sparsemixer_router`).
 
 Auxiliary-loss-free balancing (DeepSeek-V3; Wang et al. 2024, arXiv:2408.15664): the routers count each expert's
 load (assignments of real tokens, the ``expert_load`` buffer) and, with ``correction_bias``, keep a float32 bias
@@ -493,5 +494,7 @@ def register_routers(register) -> None:
         )
     )
     from .hash_router import register_hash_router
+    from .sparsemixer_router import register_sparsemixer_router
 
     register_hash_router(register, router_caps)
+    register_sparsemixer_router(register, router_caps)

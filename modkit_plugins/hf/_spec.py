@@ -110,7 +110,11 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "expert_d_ff": (None, "hidden width of each routed expert (None: d_ff)"),
     "expert_bias": (False, "biases on the routed experts' projections (gpt-oss)"),
     "expert_clamp": (None, "the routed experts are gpt-oss's clamped SwiGLU: {alpha, limit} (None: the gated FFN)"),
-    "router": ("topk", "router type: 'topk' (softmax scores) or 'sigmoid_topk' (sigmoid scores)"),
+    "router": (
+        "topk",
+        "router type: 'topk' (softmax scores), 'sigmoid_topk' (sigmoid scores) or 'sparsemixer' (Phi-3.5-MoE)",
+    ),
+    "router_jitter": (None, "the sparsemixer router's jitter_eps (Phi-3.5-MoE's router_jitter_noise)"),
     "renormalize": (False, "the top-k router probabilities are renormalised to sum to 1"),
     "router_bias": (False, "bias on the router projection (gpt-oss)"),
     "routed_scaling_factor": (1.0, "multiplier of the routed gate weights (DeepSeek)"),
@@ -174,6 +178,8 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
     else:
         expert = gated_ffn(width, f["act"], bool(f["expert_bias"]))
     router: dict[str, Any] = {"type": f["router"], "renormalize": bool(f["renormalize"])}
+    if f["router"] == "sparsemixer":  # its own fields only
+        router = {"type": "sparsemixer", "jitter_eps": float(f["router_jitter"])}
     if f["router_bias"]:
         router["bias"] = True
     if f["routed_scaling_factor"] != 1:
@@ -493,6 +499,7 @@ def _moe_fields(p: _Picked) -> dict[str, Any]:
         "expert_bias": bool(getattr(expert, "bias", False)),
         "expert_clamp": {"alpha": expert.alpha, "limit": expert.limit} if clamped else None,
         "router": getattr(router, "type", "topk"),
+        "router_jitter": getattr(router, "jitter_eps", None),
         "renormalize": bool(getattr(router, "renormalize", False)),
         "router_bias": bool(getattr(router, "bias", False)),
         "routed_scaling_factor": getattr(router, "routed_scaling_factor", 1.0),

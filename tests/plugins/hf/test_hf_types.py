@@ -576,6 +576,22 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # Phi-3.5-MoE: LayerNorms with biases, attention and head biases, window 4 on every layer, 4 experts (width 32)
+    # under the SparseMixer top-2 router (jitter 0.3, so several experts share each pick's softmax)
+    (
+        "phimoe",
+        "PhimoeConfig",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            num_hidden_layers=2,
+            num_local_experts=4,
+            router_jitter_noise=0.3,
+            sliding_window=4,
+            attention_bias=True,
+            lm_head_bias=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
