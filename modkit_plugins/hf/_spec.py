@@ -53,6 +53,7 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "qk_norm": (None, "norm of q and k before RoPE: None, 'head' (per head) or 'full' (over all heads)"),
     "softmax_scale": (None, "multiplier of q·k (None: 1/sqrt(head_dim))"),
     "attn_softcap": (None, "tanh soft-cap of the attention logits"),
+    "clip_qkv": (None, "the q, k and v projections clamped to [-clip_qkv, clip_qkv] (DBRX)"),
     "causal": (True, "causal mask (false: bidirectional encoder)"),
     "layer_types": (
         None,
@@ -116,6 +117,7 @@ FIELDS: dict[str, tuple[Any, str]] = {
     ),
     "router_jitter": (None, "the sparsemixer router's jitter_eps (Phi-3.5-MoE's router_jitter_noise)"),
     "renormalize": (False, "the top-k router probabilities are renormalised to sum to 1"),
+    "renormalize_p": (1.0, "with renormalize, the p of the norm the weights are divided by (DBRX's p-norm)"),
     "router_bias": (False, "bias on the router projection (gpt-oss)"),
     "routed_scaling_factor": (1.0, "multiplier of the routed gate weights (DeepSeek)"),
     "n_group": (None, "expert groups of group-limited routing (DeepSeek n_group)"),
@@ -182,6 +184,8 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         router = {"type": "sparsemixer", "jitter_eps": float(f["router_jitter"])}
     if f["router_bias"]:
         router["bias"] = True
+    if f["renormalize_p"] != 1:
+        router["renormalize_p"] = float(f["renormalize_p"])
     if f["routed_scaling_factor"] != 1:
         router["routed_scaling_factor"] = float(f["routed_scaling_factor"])
     if f["n_group"] is not None:
@@ -277,6 +281,8 @@ def attention_spec(
             spec["sinks"] = True
         if f["attn_output_gate"]:
             spec["output_gate"] = True
+        if f["clip_qkv"] is not None:
+            spec["clip_qkv"] = float(f["clip_qkv"])
     if not f["causal"]:
         spec["causal"] = False
     spec.update(extra or {})
@@ -459,6 +465,7 @@ def _attention_fields(p: _Picked) -> dict[str, Any]:
         ),
         "sinks": bool(getattr(att, "sinks", False)),
         "attn_output_gate": bool(getattr(att, "output_gate", False)),
+        "clip_qkv": getattr(att, "clip_qkv", None),
         "attentions": attentions,
         "mla": {k: getattr(att, k) for k in MLA_FIELDS} if getattr(att, "type", None) == "mla" else None,
     }
@@ -501,6 +508,7 @@ def _moe_fields(p: _Picked) -> dict[str, Any]:
         "router": getattr(router, "type", "topk"),
         "router_jitter": getattr(router, "jitter_eps", None),
         "renormalize": bool(getattr(router, "renormalize", False)),
+        "renormalize_p": getattr(router, "renormalize_p", 1.0),
         "router_bias": bool(getattr(router, "bias", False)),
         "routed_scaling_factor": getattr(router, "routed_scaling_factor", 1.0),
         "n_group": getattr(router, "n_group", None),

@@ -592,6 +592,26 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # DBRX: bias-free LayerNorms, GQA from a fused Wqkv clamped at 0.3 (binding on these projections), 4 experts
+    # (width 32) top-2 whose softmax weights are divided by their 2-norm
+    (
+        "dbrx",
+        "DbrxConfig",
+        dict(
+            d_model=64,
+            n_heads=4,
+            n_layers=2,
+            max_seq_len=64,
+            attn_config={"kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 10000.0},
+            ffn_config={
+                "ffn_hidden_size": 32,
+                "moe_num_experts": 4,
+                "moe_top_k": 2,
+                "moe_normalize_expert_weights": 2.0,
+            },
+            **{k: v for k, v in SMALL.items() if k != "max_position_embeddings"},
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
