@@ -8,7 +8,7 @@ the spec's own declarations, on a ``meta`` model (nothing is allocated):
   them: a tensor-parallel shard from the composed ``tp_plan`` (:func:`~modkit.parallel.model_plan`), the expert
   split of the ``ep_plan`` (:func:`~modkit.parallel.expert.expert_plan`), the pipeline stage's layers (an even cut,
   the first stages one layer more; embedding on the first stage, final norm and head on the last), then FSDP2's
-  dim-0 chunk (``ceil(rows / n)``: rank 0's, the largest) over ``dp`` (the experts over ``dp / ep``). Bytes are
+  dim-0 chunk (``ceil(rows / n)``: rank 0's, the largest) over ``dp x cp`` (the experts over ``dp / ep``). Bytes are
   ``modkit train``'s: float32 weights and gradients, AdamW's two float32 moments
   (:data:`~modkit.analysis.cost.TRAIN_STATE_BYTES`). ZeRO-1 keeps whole weights and gradients and shards the
   moments (``numel / dp``). The worst pipeline stage is reported.
@@ -202,7 +202,7 @@ class Planner:
         Raises:
             ParallelError: ``layout.tp`` cannot split the model.
         """
-        totals = self._totals(layout.tp, layout.ep, layout.dp, layout.zero)
+        totals = self._totals(layout.tp, layout.ep, layout.dp * layout.cp, layout.zero)
         keys = [*stage_layers(self.spec.n_layers, layout.pp)[stage]]
         keys += ["first"] * (stage == 0) + ["last"] * (stage == layout.pp - 1)
         held = sum(totals.get(k, (0, 0))[0] for k in keys)
@@ -210,7 +210,9 @@ class Planner:
         return {"params": held, "grads": held, "optimizer": opt}
 
     def _totals(self, tp: int, ep: int, dp: int, zero: int) -> dict[Any, tuple[int, int]]:
-        """``{layer index, "first" (embedding) or "last" (final norm, head): (elements held, AdamW elements)}``."""
+        """``{layer index, "first" (embedding) or "last" (final norm, head): (elements held, AdamW elements)}``;
+        ``dp`` is the FSDP degree: the data-parallel ranks times the context-parallel ones (the cp ranks shard the
+        weights too, :func:`~modkit.parallel.parallelize`)."""
         key = (tp, ep, dp, zero)
         if key in self._cache:
             return self._cache[key]
@@ -291,9 +293,10 @@ class Planner:
         link = _links(layout, cluster)
         tokens = self.batch * self.seq_len / (layout.dp * layout.cp)  # a rank's tokens per step
         d, n_stage = self.spec.d_model, len(stage_layers(self.spec.n_layers, layout.pp)[0])
-        weights = stage["params"] * (layout.dp if layout.zero == 3 else 1) * WIRE_BYTES  # the stage's bf16 weights
+        shards = layout.dp * layout.cp  # FSDP2 shards over the dp x cp ranks
+        weights = stage["params"] * (shards if layout.zero == 3 else 1) * WIRE_BYTES  # the stage's bf16 weights
         comm = {
-            "dp": (3 if layout.zero == 3 else 2) * weights * (layout.dp - 1) / layout.dp / link["dp"],
+            "dp": (3 if layout.zero == 3 else 2) * weights * (shards - 1) / shards / link["dp"],
             "tp": 4 * n_stage * 2 * tokens * d * WIRE_BYTES * (layout.tp - 1) / layout.tp / link["tp"],
             "ep": 4
             * self._moe_layers(n_stage)
