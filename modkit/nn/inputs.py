@@ -133,8 +133,9 @@ class ForwardInputs:
 
 
 def _check_token_range(input_ids: Tensor, vocab_size: int) -> None:
-    """Refuse token ids outside ``[0, vocab_size)`` with one host sync (min and max together), naming both."""
-    if input_ids.is_meta or not input_ids.numel():
+    """Refuse token ids outside ``[0, vocab_size)`` with one host sync (min and max together), naming both. Ids
+    without values (``meta``, or a fake tensor of shape analysis, whose storage is on ``meta``) pass."""
+    if input_ids.is_meta or not input_ids.numel() or input_ids.untyped_storage().device.type == "meta":
         return
     lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()  # one host sync, not two
     if lo < 0 or hi >= vocab_size:

@@ -1,0 +1,301 @@
+"""The activation memory of a training step, part by part: what autograd saves for the backward in the embedding,
+in each block and in the head and loss, and what activation checkpointing keeps of each block (its inputs); on
+real tensors (a measurement) or on fake ones (the same forward with no memory, for any size: ``modkit plan``).
+
+**What is counted.** Every tensor autograd saves for the backward (``torch.autograd.graph.saved_tensors_hooks``)
+during one training forward and its loss (cross entropy over the logits in float32, plus the auxiliary loss),
+each storage once, parameters excluded, attributed to the part running when it is first saved (block forward
+hooks): ``"first"`` before the first block (embedding), the block's index, ``"last"`` after the last block (final
+norm, head, loss). Under ``precision="bfloat16"`` the forward runs under ``torch.autocast`` as ``modkit train
+--precision bfloat16`` runs it (float32 weights): the saved bfloat16 copies of the weights autocast makes and the
+float32 residual stream are counted, as they are held. With ``checkpointing`` each block is
+``torch.utils.checkpoint`` (non-reentrant): it saves nothing, and keeps its tensor arguments (its input hidden
+states and the shared inputs: positions, masks) for the recomputation; ``kept`` counts those storages.
+
+**The step's activation peak** (:func:`peak_bytes`): without checkpointing, everything saved at the end of the
+forward (the backward frees it as it goes). With checkpointing, the backward first frees the head's part, then
+recomputes each block from its kept input: the peak is the larger of the end of the forward (first + kept + last)
+and, for each block ``i``, first + the kept inputs of blocks ``<= i`` + block ``i``'s saved bytes. Transient
+gradients of the backward, allocator fragmentation and the CUDA context are not counted.
+
+**Fake tensors.** The model is built on ``meta`` and its parameters and buffers replaced by ``FakeTensor`` s on
+the CPU (``torch._subclasses.fake_tensor.FakeTensorMode``), so autocast and the kernels' choices are the CPU's and
+the saved tensors have their real shapes and dtypes; the bytes equal a real CPU run's (the tests check it on dense,
+MoE, MLA and hybrid specs). Saved bytes are fitted per part as a quadratic in ``T`` per step plus one per
+sequence (:class:`PartFits`) from fake forwards at one and two rows and three lengths.
+
+What a layer keeps for the backward: Korthikanti et al. 2022, Reducing Activation Recomputation in Large
+Transformer Models (arXiv:2205.05198); the recomputation is Chen et al. 2016, Training Deep Nets with Sublinear
+Memory Cost (arXiv:1604.06174), as ``torch.utils.checkpoint`` implements it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+Part = Union[str, int]
+
+
+@dataclass
+class StepParts:
+    """Bytes of one training forward by part (``"first"``, block index, ``"last"``): ``saved`` for the backward;
+    ``kept``: each block's tensor arguments, what a checkpointed block keeps (each storage once over the blocks)."""
+
+    saved: dict[Part, int]
+    kept: dict[Part, int]
+
+
+def _storages(obj: Any, depth: int = 0) -> list[Tensor]:
+    """The tensors in a block's arguments: tensors, and those in lists, tuples, dicts and objects' attributes."""
+    if isinstance(obj, Tensor):
+        return [obj]
+    if depth > 2:
+        return []
+    if isinstance(obj, (list, tuple)):
+        items = obj
+    elif isinstance(obj, dict):
+        items = obj.values()
+    elif hasattr(obj, "__dict__") and not isinstance(obj, nn.Module):
+        items = vars(obj).values()
+    else:
+        return []
+    return [t for item in items for t in _storages(item, depth + 1)]
+
+
+@contextlib.contextmanager
+def _recording(model: nn.Module, checkpointing: bool):
+    """Hooks that attribute saved storages and the blocks' argument storages to parts; yields the
+    :class:`StepParts`."""
+    from torch.utils.checkpoint import checkpoint
+
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    out, seen, keep = StepParts({}, {}), {"saved": set(), "kept": set()}, []
+    current: list[Part] = ["first"]
+
+    def note(t: Tensor, part: Part, field: str) -> None:
+        s, into = t.untyped_storage(), getattr(out, field)
+        if s._cdata not in params and s._cdata not in seen[field]:
+            seen[field].add(s._cdata)
+            into[part] = into.get(part, 0) + s.nbytes()
+        keep.append(t)  # held: a freed storage's address could be reused and counted once for two
+
+    def pack(t: Tensor) -> Tensor:
+        note(t, current[0], "saved")
+        return t
+
+    originals = {}
+    for i, block in enumerate(model.layers):
+        originals[i] = block.forward
+
+        def run(*args, _i=i, _fwd=block.forward, **kwargs):
+            current[0] = _i
+            try:
+                for t in _storages((args, kwargs)):
+                    note(t, _i, "kept")
+                if not checkpointing:
+                    return _fwd(*args, **kwargs)
+                return checkpoint(_fwd, *args, use_reentrant=False, **kwargs)
+            finally:
+                current[0] = "last"
+
+        block.forward = run
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield out
+    finally:
+        for i, block in enumerate(model.layers):
+            block.forward = originals[i]
+
+
+def measure_step(
+    model: nn.Module, input_ids: Tensor, *, precision: str = "float32", checkpointing: bool = False
+) -> StepParts:
+    """The saved (and kept) bytes of one training forward of ``model`` on ``input_ids [batch, seq]`` and its loss.
+
+    Args:
+        model: a :class:`~modkit.nn.model.Model` (real or fake tensors, see the module docstring), in training mode.
+        precision: ``"float32"`` or ``"bfloat16"`` / ``"float16"`` (autocast on the model's device type).
+        checkpointing: each block under ``torch.utils.checkpoint``.
+
+    Raises:
+        ValueError: another precision.
+    """
+    if precision not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"precision must be float32, bfloat16 or float16, got {precision!r}")
+    device = next(model.parameters()).device.type
+    cast = (
+        contextlib.nullcontext() if precision == "float32" else torch.autocast(device, dtype=getattr(torch, precision))
+    )
+    with _recording(model, checkpointing) as parts, cast:
+        out = model(input_ids)
+        logits = out.logits
+        loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), input_ids.reshape(-1))
+        if out.aux_loss is not None:
+            loss = loss + out.aux_loss.float()
+    return parts
+
+
+def peak_bytes(parts: StepParts, layers: range, *, first: bool, last: bool, checkpointing: bool) -> int:
+    """The activation peak of one microbatch on the stage holding ``layers`` (with the embedding when ``first``, the
+    head and loss when ``last``): see the module docstring."""
+    emb = parts.saved.get("first", 0) if first else 0
+    head = parts.saved.get("last", 0) if last else 0
+    if not checkpointing:
+        return emb + head + sum(parts.saved.get(i, 0) for i in layers)
+    kept = [parts.kept.get(i, 0) for i in layers]
+    end = emb + sum(kept) + head
+    recompute = [emb + sum(kept[: k + 1]) + parts.saved.get(i, 0) for k, i in enumerate(layers)]
+    return max([end, *recompute])
+
+
+def held_bytes(parts: StepParts, layers: range, *, first: bool, last: bool, checkpointing: bool) -> int:
+    """What one microbatch's forward leaves held on the stage until its backward (the end of its forward)."""
+    emb = parts.saved.get("first", 0) if first else 0
+    head = parts.saved.get("last", 0) if last else 0
+    inner = parts.kept if checkpointing else parts.saved
+    return emb + head + sum(inner.get(i, 0) for i in layers)
+
+
+@contextlib.contextmanager
+def fake_model(spec, registry=None, dtype: Optional[torch.dtype] = None):
+    """``spec`` built on ``meta`` with ``FakeTensor`` parameters and buffers on the CPU; yields ``(model, mode)``
+    (run the model inside ``with mode:``). Nothing is allocated."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from modkit.nn.build import build
+
+    model = build(spec, device="meta", dtype=dtype, registry=registry).train()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        for mod in model.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is not None:
+                    fake = torch.empty(p.shape, dtype=p.dtype, device="cpu")
+                    mod._parameters[name] = nn.Parameter(fake, requires_grad=p.requires_grad)
+            for name, b in list(mod._buffers.items()):
+                if b is not None:
+                    mod._buffers[name] = torch.zeros(b.shape, dtype=b.dtype, device="cpu")
+    yield model, mode
+
+
+@dataclass
+class PartFits:
+    """Per part, two quadratics in the sequence length ``T``: ``(step, row)``, each ``(c0, c1, c2)``, with bytes
+    ``= step(T) + rows·row(T)`` (``step``: what one step holds whatever its rows, the weights' autocast copies and
+    tables shared by the rows such as RoPE's; ``row``: per sequence): ``saved`` and ``kept``."""
+
+    saved: dict[Part, tuple[tuple[float, ...], tuple[float, ...]]]
+    kept: dict[Part, tuple[tuple[float, ...], tuple[float, ...]]]
+
+    def at(self, rows: float, seq: float, scale_w: Optional[Callable[[Part], float]] = None) -> StepParts:
+        """The :class:`StepParts` at ``rows`` sequences of ``seq`` tokens; ``scale_w(part)`` scales each part's
+        length-independent per-step bytes (the weights' copies: the rank's share of the weights it computes with)."""
+
+        def value(fit, part) -> int:
+            (w0, w1, w2), (a, b, c) = fit
+            w0 = w0 * (scale_w(part) if scale_w else 1)
+            return int(round(w0 + w1 * seq + w2 * seq * seq + rows * (a + b * seq + c * seq * seq)))
+
+        return StepParts(
+            {k: value(f, k) for k, f in self.saved.items()}, {k: value(f, k) for k, f in self.kept.items()}
+        )
+
+
+_FITS: dict[tuple, PartFits] = {}
+
+
+def _quadratic(ts: list[int], s: list[int]) -> tuple[float, float, float]:
+    """``(c0, c1, c2)`` of the quadratic through ``(ts[k], s[k])``, ``ts`` equally spaced (exact, in fractions)."""
+    step = ts[1] - ts[0]
+    c = Fraction(s[2] - 2 * s[1] + s[0], 2 * step * step)
+    b = Fraction(s[1] - s[0], step) - c * (ts[0] + ts[1])
+    return float(s[0] - b * ts[0] - c * ts[0] * ts[0]), float(b), float(c)
+
+
+def _lengths(model: nn.Module, max_seq_len: int) -> list[int]:
+    """Three equally spaced lengths where the saved bytes are a quadratic in ``T``: 64, 128, 192 (or a third of
+    the context each when shorter); 2, 3 and 4 chunks of a mixer computing in chunks (a module attribute
+    ``chunk_size``: below two chunks its saved bytes are not yet linear in ``T``) when they fit."""
+    chunks = {m.chunk_size for m in model.modules() if isinstance(getattr(m, "chunk_size", None), int)}
+    chunks.discard(0)
+    if chunks and 4 * math.lcm(*chunks) <= max_seq_len:
+        step = math.lcm(*chunks)
+        return [2 * step, 3 * step, 4 * step]
+    step = max(1, min(64, max_seq_len // 3))
+    return [step, 2 * step, 3 * step]
+
+
+def _representatives(spec) -> tuple[list[int], list[int]]:
+    """The layers a fake forward runs (the first two of each distinct layer configuration, in layer order) and,
+    for each layer, the position among them of the run standing for it: a layer's own when it is one of them,
+    else the second of its configuration (whose bytes leave out what the first layer of the kind already saved,
+    such as tables shared by the layers)."""
+    import json
+
+    seen: dict[str, list[int]] = {}
+    for i in range(spec.n_layers):
+        layer = spec.layer(i)
+        parts = [layer.attention, layer.ffn, layer.norm, layer.placement, layer.position]
+        key = json.dumps([None if c is None else c.model_dump(mode="json") for c in parts], sort_keys=True)
+        seen.setdefault(key, []).append(i)
+    keep = sorted(i for group in seen.values() for i in group[:2])
+    where = {i: k for k, i in enumerate(keep)}
+    source = [0] * spec.n_layers
+    for group in seen.values():
+        for i in group:
+            source[i] = where[i] if i in where else where[group[1]]
+    return keep, source
+
+
+def _spread(parts: dict[Part, int], source: list[int]) -> dict[Part, int]:
+    """Bytes by part of the reduced model's forward, given to every layer of the whole model."""
+    out: dict[Part, int] = {k: v for k, v in parts.items() if not isinstance(k, int)}
+    for i, k in enumerate(source):
+        if k in parts:
+            out[i] = parts[k]
+    return out
+
+
+def fit_parts(spec, precision: str = "bfloat16", registry=None) -> PartFits:
+    """Fit every part's saved and kept bytes on fake tensors: one and two rows at three lengths (six forwards that
+    allocate nothing, through the first two layers of each distinct configuration: :func:`_representatives`; see
+    the module docstring; cached per spec).
+
+    Raises:
+        SpecError: an invalid spec.
+    """
+    from modkit.core.registry import get_registry
+    from modkit.spec import load_spec
+
+    registry = registry or get_registry()
+    spec = load_spec(spec, registry=registry) if not hasattr(spec, "model_dump_json") else spec
+    key = (spec.model_dump_json(), precision, id(registry))
+    if key in _FITS:
+        return _FITS[key]
+    runs: dict[tuple[int, int], StepParts] = {}
+    keep, source = _representatives(spec)
+    with fake_model(spec, registry) as (model, mode), mode:
+        ts = _lengths(model, spec.max_seq_len)
+        model.layers = nn.ModuleList([model.layers[i] for i in keep])
+        model.layer_position = [model.layer_position[i] for i in keep]
+        for rows, t in [(r, t) for r in (1, 2) for t in ts]:
+            got = measure_step(model, torch.zeros(rows, t, dtype=torch.long), precision=precision)
+            runs[(rows, t)] = StepParts(*(_spread(getattr(got, f), source) for f in ("saved", "kept")))
+    fits = PartFits({}, {})
+    for field, into in (("saved", fits.saved), ("kept", fits.kept)):
+        parts = set().union(*(getattr(r, field) for r in runs.values()))
+        for part in parts:
+            one = [getattr(runs[(1, t)], field).get(part, 0) for t in ts]
+            two = [getattr(runs[(2, t)], field).get(part, 0) for t in ts]
+            row = _quadratic(ts, [b - a for a, b in zip(one, two)])
+            step = _quadratic(ts, [2 * a - b for a, b in zip(one, two)])
+            into[part] = (step, row)
+    _FITS[key] = fits
+    return fits
