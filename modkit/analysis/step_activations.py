@@ -21,8 +21,8 @@ gradients of the backward, allocator fragmentation and the CUDA context are not 
 **Fake tensors.** The model is built on ``meta`` and its parameters and buffers replaced by ``FakeTensor`` s on
 the CPU (``torch._subclasses.fake_tensor.FakeTensorMode``), so autocast and the kernels' choices are the CPU's and
 the saved tensors have their real shapes and dtypes; the bytes equal a real CPU run's (the tests check it on dense,
-MoE, MLA and hybrid specs). Saved bytes are fitted per part as a quadratic in ``T`` per step plus one per
-sequence (:class:`PartFits`) from fake forwards at one and two rows and three lengths.
+MoE, MLA and hybrid specs). :class:`StepEstimator` runs them at the lengths asked for, through two layers of each
+distinct configuration, linear in the rows.
 
 What a layer keeps for the backward: Korthikanti et al. 2022, Reducing Activation Recomputation in Large
 Transformer Models (arXiv:2205.05198); the recomputation is Chen et al. 2016, Training Deep Nets with Sublinear
@@ -185,30 +185,88 @@ def fake_model(spec, registry=None, dtype: Optional[torch.dtype] = None):
     yield model, mode
 
 
-@dataclass
-class PartFits:
-    """Per part, two quadratics in the sequence length ``T``: ``(step, row)``, each ``(c0, c1, c2)``, with bytes
-    ``= step(T) + rows·row(T)`` (``step``: what one step holds whatever its rows, the weights' autocast copies and
-    tables shared by the rows such as RoPE's; ``row``: per sequence): ``saved`` and ``kept``."""
+class StepEstimator:
+    """A spec's activation parts at any rows and length, from forwards on fake tensors through the first two layers
+    of each distinct layer configuration (:func:`_representatives`; nothing is allocated).
 
-    saved: dict[Part, tuple[tuple[float, ...], tuple[float, ...]]]
-    kept: dict[Part, tuple[tuple[float, ...], tuple[float, ...]]]
+    At each sequence length asked for, two forwards (one row and two) give every part's bytes as
+    ``step(T) + rows·row(T)`` exactly at that length (a chunked mixer's padding included); the part of ``step``
+    that does not depend on the length (the weights' autocast copies) comes from three more lengths
+    (:func:`_lengths`: a quadratic through them) so that :meth:`at` can scale it to a rank's share of the weights.
+    Instances are cached per spec and precision (:func:`estimator`).
 
-    def at(self, rows: float, seq: float, scale_w: Optional[Callable[[Part], float]] = None) -> StepParts:
-        """The :class:`StepParts` at ``rows`` sequences of ``seq`` tokens; ``scale_w(part)`` scales each part's
-        length-independent per-step bytes (the weights' copies: the rank's share of the weights it computes with)."""
+    Raises:
+        SpecError: an invalid spec.
+    """
 
-        def value(fit, part) -> int:
-            (w0, w1, w2), (a, b, c) = fit
-            w0 = w0 * (scale_w(part) if scale_w else 1)
-            return int(round(w0 + w1 * seq + w2 * seq * seq + rows * (a + b * seq + c * seq * seq)))
+    def __init__(self, spec, precision: str = "bfloat16", registry=None):
+        self.precision = precision
+        self._cm = fake_model(spec, registry)
+        model, self.mode = self._cm.__enter__()
+        keep, self.source = _representatives(model.spec)
+        model.layers = nn.ModuleList([model.layers[i] for i in keep])
+        model.layer_position = [model.layer_position[i] for i in keep]
+        self.model = model
+        self._at: dict[int, tuple[StepParts, StepParts]] = {}
+        ts = _lengths(model, model.spec.max_seq_len)
+        self.weights = {
+            f: {p: _quadratic(ts, [getattr(self.measure(t)[0], f).get(p, 0) for t in ts])[0] for p in parts}
+            for f in ("saved", "kept")
+            for parts in [set().union(*(getattr(self.measure(t)[0], f) for t in ts))]
+        }
 
-        return StepParts(
-            {k: value(f, k) for k, f in self.saved.items()}, {k: value(f, k) for k, f in self.kept.items()}
-        )
+    def measure(self, seq: int) -> tuple[StepParts, StepParts]:
+        """``(step, row)`` parts at ``seq`` tokens: bytes at ``rows`` rows ``= step + rows·row``."""
+        if seq not in self._at:
+            with self.mode:
+                one, two = (
+                    measure_step(self.model, torch.zeros(r, seq, dtype=torch.long), precision=self.precision)
+                    for r in (1, 2)
+                )
+            fields = ("saved", "kept")
+            one = StepParts(*(_spread(getattr(one, f), self.source) for f in fields))
+            two = StepParts(*(_spread(getattr(two, f), self.source) for f in fields))
+            step = StepParts(
+                *({p: 2 * v - getattr(two, f).get(p, 0) for p, v in getattr(one, f).items()} for f in fields)
+            )
+            row = StepParts(*({p: v - getattr(one, f).get(p, 0) for p, v in getattr(two, f).items()} for f in fields))
+            self._at[seq] = (step, row)
+        return self._at[seq]
+
+    def at(self, rows: float, seq: int, scale_w: Optional[Callable[[Part], float]] = None) -> StepParts:
+        """The :class:`StepParts` of ``rows`` sequences (a fraction allowed) of ``seq`` tokens; ``scale_w(part)``
+        scales each part's length-independent bytes (the weights' copies: the share a rank computes with)."""
+        step, row = self.measure(int(seq))
+
+        def value(field: str, part) -> int:
+            w = self.weights[field].get(part, 0)
+            w_scaled = w * (scale_w(part) if scale_w else 1)
+            total = getattr(step, field).get(part, 0) - w + w_scaled + rows * getattr(row, field).get(part, 0)
+            return int(round(total))
+
+        parts = {f: set(getattr(step, f)) | set(getattr(row, f)) for f in ("saved", "kept")}
+        return StepParts(*({p: value(f, p) for p in parts[f]} for f in ("saved", "kept")))
 
 
-_FITS: dict[tuple, PartFits] = {}
+_ESTIMATORS: dict[tuple, StepEstimator] = {}
+
+
+def estimator(spec, precision: str = "bfloat16", registry=None) -> StepEstimator:
+    """The cached :class:`StepEstimator` of ``spec`` (a :class:`~modkit.spec.ModelSpec` or anything
+    :func:`modkit.load_spec` reads) under ``precision``.
+
+    Raises:
+        SpecError: an invalid spec.
+    """
+    from modkit.core.registry import get_registry
+    from modkit.spec import load_spec
+
+    registry = registry or get_registry()
+    spec = spec if hasattr(spec, "model_dump_json") else load_spec(spec, registry=registry)
+    key = (spec.model_dump_json(), precision, id(registry))
+    if key not in _ESTIMATORS:
+        _ESTIMATORS[key] = StepEstimator(spec, precision, registry)
+    return _ESTIMATORS[key]
 
 
 def _quadratic(ts: list[int], s: list[int]) -> tuple[float, float, float]:
@@ -222,7 +280,7 @@ def _quadratic(ts: list[int], s: list[int]) -> tuple[float, float, float]:
 def _lengths(model: nn.Module, max_seq_len: int) -> list[int]:
     """Three equally spaced lengths where the saved bytes are a quadratic in ``T``: 64, 128, 192 (or a third of
     the context each when shorter); 2, 3 and 4 chunks of a mixer computing in chunks (a module attribute
-    ``chunk_size``: below two chunks its saved bytes are not yet linear in ``T``) when they fit."""
+    ``chunk_size``: below two chunks its saved bytes are not yet smooth in ``T``) when they fit."""
     chunks = {m.chunk_size for m in model.modules() if isinstance(getattr(m, "chunk_size", None), int)}
     chunks.discard(0)
     if chunks and 4 * math.lcm(*chunks) <= max_seq_len:
@@ -261,41 +319,3 @@ def _spread(parts: dict[Part, int], source: list[int]) -> dict[Part, int]:
         if k in parts:
             out[i] = parts[k]
     return out
-
-
-def fit_parts(spec, precision: str = "bfloat16", registry=None) -> PartFits:
-    """Fit every part's saved and kept bytes on fake tensors: one and two rows at three lengths (six forwards that
-    allocate nothing, through the first two layers of each distinct configuration: :func:`_representatives`; see
-    the module docstring; cached per spec).
-
-    Raises:
-        SpecError: an invalid spec.
-    """
-    from modkit.core.registry import get_registry
-    from modkit.spec import load_spec
-
-    registry = registry or get_registry()
-    spec = load_spec(spec, registry=registry) if not hasattr(spec, "model_dump_json") else spec
-    key = (spec.model_dump_json(), precision, id(registry))
-    if key in _FITS:
-        return _FITS[key]
-    runs: dict[tuple[int, int], StepParts] = {}
-    keep, source = _representatives(spec)
-    with fake_model(spec, registry) as (model, mode), mode:
-        ts = _lengths(model, spec.max_seq_len)
-        model.layers = nn.ModuleList([model.layers[i] for i in keep])
-        model.layer_position = [model.layer_position[i] for i in keep]
-        for rows, t in [(r, t) for r in (1, 2) for t in ts]:
-            got = measure_step(model, torch.zeros(rows, t, dtype=torch.long), precision=precision)
-            runs[(rows, t)] = StepParts(*(_spread(getattr(got, f), source) for f in ("saved", "kept")))
-    fits = PartFits({}, {})
-    for field, into in (("saved", fits.saved), ("kept", fits.kept)):
-        parts = set().union(*(getattr(r, field) for r in runs.values()))
-        for part in parts:
-            one = [getattr(runs[(1, t)], field).get(part, 0) for t in ts]
-            two = [getattr(runs[(2, t)], field).get(part, 0) for t in ts]
-            row = _quadratic(ts, [b - a for a, b in zip(one, two)])
-            step = _quadratic(ts, [2 * a - b for a, b in zip(one, two)])
-            into[part] = (step, row)
-    _FITS[key] = fits
-    return fits
