@@ -209,10 +209,22 @@ class StepEstimator:
         self.model = model
         self._at: dict[int, tuple[StepParts, StepParts]] = {}
         ts = _lengths(model, model.spec.max_seq_len)
-        self.weights = {
-            f: {p: _quadratic(ts, [getattr(self.measure(t)[0], f).get(p, 0) for t in ts])[0] for p in parts}
+        fits = {}
+        for which in (0, 1):  # step, row
+            for f in ("saved", "kept"):
+                parts = set().union(*(getattr(self.measure(t)[which], f) for t in ts))
+                fits[which, f] = {
+                    p: _quadratic(ts, [getattr(self.measure(t)[which], f).get(p, 0) for t in ts]) for p in parts
+                }
+        #: per field and part: the length-independent bytes of a step (the weights' copies)
+        self.weights = {f: {p: q[0] for p, q in fits[0, f].items()} for f in ("saved", "kept")}
+        #: per field and part: ``(per step, per row)`` coefficients of ``T²`` (``[T, T]`` attention matrices)
+        self.square = {
+            f: {
+                p: (fits[0, f].get(p, (0, 0, 0))[2], fits[1, f].get(p, (0, 0, 0))[2])
+                for p in set(fits[0, f]) | set(fits[1, f])
+            }
             for f in ("saved", "kept")
-            for parts in [set().union(*(getattr(self.measure(t)[0], f) for t in ts))]
         }
 
     def measure(self, seq: int) -> tuple[StepParts, StepParts]:
@@ -233,15 +245,28 @@ class StepEstimator:
             self._at[seq] = (step, row)
         return self._at[seq]
 
-    def at(self, rows: float, seq: int, scale_w: Optional[Callable[[Part], float]] = None) -> StepParts:
+    def at(
+        self,
+        rows: float,
+        seq: int,
+        scale_w: Optional[Callable[[Part], float]] = None,
+        *,
+        attention_matrix: bool = True,
+    ) -> StepParts:
         """The :class:`StepParts` of ``rows`` sequences (a fraction allowed) of ``seq`` tokens; ``scale_w(part)``
-        scales each part's length-independent bytes (the weights' copies: the share a rank computes with)."""
+        scales each part's length-independent bytes (the weights' copies: the share a rank computes with);
+        ``attention_matrix=False`` leaves out the bytes quadratic in ``seq`` (the ``[T, T]`` matrices a math
+        attention kernel keeps, as the CPU's does for heads whose value width differs from their key width, and
+        that fused kernels such as FlashAttention never hold)."""
         step, row = self.measure(int(seq))
 
         def value(field: str, part) -> int:
             w = self.weights[field].get(part, 0)
             w_scaled = w * (scale_w(part) if scale_w else 1)
             total = getattr(step, field).get(part, 0) - w + w_scaled + rows * getattr(row, field).get(part, 0)
+            if not attention_matrix:
+                per_step, per_row = self.square[field].get(part, (0, 0))
+                total -= (per_step + rows * per_row) * seq * seq
             return int(round(total))
 
         parts = {f: set(getattr(step, f)) | set(getattr(row, f)) for f in ("saved", "kept")}

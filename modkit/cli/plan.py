@@ -45,6 +45,11 @@ def add_subcommands(subparsers) -> None:
         default="bfloat16",
         help="modkit train's precision the activations are estimated for (default bfloat16: autocast)",
     )
+    p.add_argument(
+        "--attention-matrix",
+        action="store_true",
+        help="count the [T, T] matrices a math attention kernel keeps (default: a fused kernel, none)",
+    )
     p.add_argument("--zero", default="3,1", metavar="S", help="ZeRO stages to try: 3 (FSDP2), 1, or 3,1 (default)")
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows shown (default 10)")
     p.add_argument("--json", action="store_true", help="one JSON object: every layout's row")
@@ -100,7 +105,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         network_bandwidth=args.network_bandwidth,
         gpus_per_node=args.gpus_per_node,
     )
-    planner = Planner(spec, batch=batch, seq_len=seq, registry=reg, precision=args.precision)
+    planner = Planner(
+        spec, batch=batch, seq_len=seq, registry=reg, precision=args.precision, attention_matrix=args.attention_matrix
+    )
     rows = planner.plan(cluster, zero=zero)
     if not rows:
         raise UserError(f"no layout divides --gpus {args.gpus} and --batch {batch}; make the batch a multiple of them")

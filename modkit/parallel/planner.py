@@ -19,7 +19,8 @@ the spec's own declarations, on a ``meta`` model (nothing is allocated):
   the stage's own layers (the embedding on the first stage, head and loss on the last), times the microbatches in
   flight under 1F1B (``min(pp - stage, m)``). With activation checkpointing each block keeps its arguments (the
   input hidden states and shared inputs) and, in the backward, one block's saved bytes are live during its
-  recomputation (:func:`~modkit.analysis.step_activations.peak_bytes`). **Stated error** (``benchmarks/
+  recomputation (:func:`~modkit.analysis.step_activations.peak_bytes`). The ``[T, T]`` matrices of a math
+  attention kernel are left out unless ``attention_matrix`` (the GPU's fused kernels keep none). **Stated error** (``benchmarks/
   bench_plan_activations.py`` against real CPU runs of dense, MoE, MLA and hybrid specs, with and without
   checkpointing, float32 and bfloat16): within :data:`ACTIVATION_ERROR` of the bytes a single process
   (``tp = cp = 1``) saves. Outside the bound: under ``tp`` the per-sequence bytes are divided by ``tp`` (as if
@@ -156,19 +157,31 @@ class Planner:
         registry: defaults to the process-wide registry.
         precision: ``modkit train``'s ``precision`` the activations are estimated for (``"bfloat16"``: autocast
             over float32 weights; ``"float32"``).
+        attention_matrix: count the ``[T, T]`` matrices a math attention kernel keeps (the CPU's for some
+            attentions); default ``False``: a fused kernel (FlashAttention, memory-efficient SDPA) keeps none.
 
     Raises:
         SpecError: the spec is invalid.
         ParallelError: an unknown precision.
     """
 
-    def __init__(self, spec, *, batch: int, seq_len: int, registry=None, precision: str = "bfloat16"):
+    # size: the workload (spec, batch, length) and the two choices the activations are estimated for
+    def __init__(
+        self,
+        spec,
+        *,
+        batch: int,
+        seq_len: int,
+        registry=None,
+        precision: str = "bfloat16",
+        attention_matrix: bool = False,
+    ):
         from modkit.analysis.cost import CostModel
         from modkit.core.registry import get_registry
 
         if precision not in ("float32", "bfloat16", "float16"):
             raise ParallelError(f"precision must be float32, bfloat16 or float16 (modkit train's), got {precision!r}")
-        self.precision = precision
+        self.precision, self.attention_matrix = precision, attention_matrix
 
         self.registry = registry or get_registry()
         self.costs = CostModel(spec, registry=self.registry)
@@ -276,7 +289,8 @@ class Planner:
                 return mine.get(part, (0, 0))[0] / max(1, full.get(part, (1, 0))[0])
 
             rows = self.batch // layout.dp / layout.microbatches / layout.tp
-            self._memo[key] = self._memo["fits"].at(rows, self.seq_len // layout.cp, share)
+            est = self._memo["fits"]
+            self._memo[key] = est.at(rows, self.seq_len // layout.cp, share, attention_matrix=self.attention_matrix)
         return self._memo[key]
 
     def forward_flops(self) -> int:

@@ -1,5 +1,6 @@
 """``modkit plan``: exact bytes per rank from the layout arithmetic, the enumeration, the CLI's output and errors.
-(The equality with what a real FSDP2 / EP run allocates is in ``test_expert_parallel.py``, on gloo processes.)"""
+(The equality with what real runs of every layout allocate is in ``test_planner_bytes.py`` and
+``test_expert_parallel.py``, on gloo processes; the activation estimate in ``test_planner_activations.py``.)"""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def test_activation_estimate_is_within_the_stated_bound(name):
     """One process, bfloat16 autocast, 3 rows of 96 tokens (sizes the fit never saw)."""
     model = modkit.build(SPECS / f"{name}.json", seed=0).train()
     ids = _ids(model.spec.vocab_size, 3, 96)
-    planner = Planner(SPECS / f"{name}.json", batch=3, seq_len=96)
+    planner = Planner(SPECS / f"{name}.json", batch=3, seq_len=96, attention_matrix=True)
     for ckpt in (False, True):
         real = _measured(model, ids, "bfloat16", ckpt)
         est = planner.activations(Layout(dp=1, checkpointing=ckpt))
