@@ -70,3 +70,14 @@ def test_pipeline_stages_hold_their_own_parts_and_the_microbatches_in_flight():
     stage0 = held_bytes(parts, first, first=True, last=False, checkpointing=False)
     assert planner.activations(layout, 0) == 2 * stage0
     assert planner.activations(layout, 1) == held_bytes(parts, last, first=False, last=True, checkpointing=False)
+
+
+def test_fused_attention_leaves_out_exactly_the_square_matrices():
+    """By default the planner counts no ``[T, T]`` matrix (fused kernels): tiny-llama's CPU attention keeps none, so
+    both figures agree; tiny-mla's (value width 32 against key width 40: the CPU's math kernel) keeps its float32
+    probabilities, 4 heads x 4 bytes x T² per row in each of its 4 layers."""
+    layout = Layout(dp=1)
+    fused, kept = (Planner(SPECS / "tiny-llama.json", batch=2, seq_len=128, attention_matrix=m) for m in (0, 1))
+    assert fused.activations(layout) == kept.activations(layout)
+    fused, kept = (Planner(SPECS / "tiny-mla.json", batch=2, seq_len=128, attention_matrix=m) for m in (0, 1))
+    assert kept.activations(layout) - fused.activations(layout) == 4 * 2 * (4 * 4) * 128 * 128
