@@ -90,10 +90,12 @@ def test_cli_plan_prints_the_fitting_layouts_and_json(capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "layouts of 2 GPUs x 953.67 MiB, batch 2 x 512 tokens, MFU 0.4;" in out
+    assert "  activations: bfloat16 saved bytes, within 5% at tp = cp = 1" in out
     assert len([line for line in out.splitlines() if line.startswith("  dp")]) == 3
     assert "best: torchrun --nnodes 1 --nproc-per-node 2 -m modkit train" in out
     code = cli.main(["plan", str(SPECS / "tiny-llama.json"), "--gpus", "2", "--gpu-memory", "1GiB", "--json"])
     data = json.loads(capsys.readouterr().out)
+    assert data["precision"] == "bfloat16" and data["activation_error"] == 0.05
     names = {r["name"] for r in data["rows"]}
     assert {"dp2 m1", "dp2(zero1) m1", "dp1 x tp2 m1", "dp1 x pp2 m2"} <= names
 
