@@ -224,6 +224,16 @@ class Planner:
                 self._ep_ok[ep] = ep == 1
         return self._ep_ok[ep]
 
+    def cp_ok(self) -> bool:
+        """Whether every component may run under context parallelism, from the declarations
+        (:func:`~modkit.parallel.context_parallel_problems`: a recurrent mixer or a mixture of experts that does not
+        declare it is refused, so no layout with ``cp > 1`` is planned)."""
+        if "cp_ok" not in self._memo:
+            from .context import context_parallel_problems
+
+            self._memo["cp_ok"] = not context_parallel_problems(self.model)
+        return self._memo["cp_ok"]
+
     def rank_elements(self, layout: Layout, stage: int = 0) -> dict[str, int]:
         """Elements rank 0 of pipeline ``stage`` stores: ``params``, ``grads`` and ``optimizer`` (AdamW: 2 per
         element of its shard) under ``layout``, parameter by parameter (see the module docstring).
@@ -389,7 +399,7 @@ class Planner:
     def layouts(self, cluster: Cluster, *, zero: tuple[int, ...] = (3, 1)) -> list[Layout]:
         """Every layout dividing the cluster and the model: ``tp`` within a node and able to split the model,
         ``pp`` at most the layer count, ``ep`` dividing ``dp`` and every mixture, ``cp`` dividing ``seq_len``,
-        ``dp`` dividing the batch; microbatches: the divisors of the local batch from ``pp`` to ``8 pp`` and the
+        ``dp`` dividing the batch; ``cp`` only when every component declares it may be sequence-sharded (:meth:`cp_ok`); microbatches: the divisors of the local batch from ``pp`` to ``8 pp`` and the
         local batch itself (one sequence each), at most six of them; checkpointing off and on; ZeRO-3 and ZeRO-1."""
         out = []
         g = cluster.gpus
@@ -397,7 +407,7 @@ class Planner:
             if g % (tp * cp * pp) or tp > cluster.gpus_per_node or pp > self.spec.n_layers:
                 continue
             dp = g // (tp * cp * pp)
-            if self.batch % dp or self.seq_len % cp or cp > 1 and not _powers_of_two(cp):
+            if self.batch % dp or self.seq_len % cp or cp > 1 and not (_powers_of_two(cp) and self.cp_ok()):
                 continue
             if self.tp_dims(tp) is None:
                 continue
@@ -484,7 +494,7 @@ def launch_command(layout: Layout, spec_path: str, cluster: Cluster) -> str:
         flags
     )
     missing = ["activation checkpointing"] * layout.checkpointing + ["ZeRO-1"] * (layout.zero == 1)
-    missing += ["pp with ep"] * (layout.pp > 1 and layout.ep > 1) + ["pp with cp"] * (layout.pp > 1 and layout.cp > 1)
+    missing += ["pp with cp"] * (layout.pp > 1 and layout.cp > 1)
     missing += ["ep with tp (expert-tensor parallelism)"] * (layout.ep > 1 and layout.tp > 1)
     missing += ["ep with cp"] * (layout.ep > 1 and layout.cp > 1)
     return cmd.strip() + (f"   # needs {', '.join(missing)}: not yet a modkit train flag" if missing else "")

@@ -54,6 +54,7 @@ CASES: dict[str, tuple[str, dict, int]] = {
     "moe-tp2-fsdp2": ("moe", {"tp": 2}, 0),
     "moe-ep4": ("moe", {"ep": 4}, 0),
     "moe-ep2-fsdp2": ("moe", {"ep": 2}, 0),
+    "moe-ep2-pp2": ("moe", {"ep": 2, "pp": 2}, 2),
     "mla-tp2-fsdp2": ("mla", {"tp": 2}, 0),
     "mla-cp2-fsdp2": ("mla", {"cp": 2}, 0),
 }

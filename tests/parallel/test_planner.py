@@ -104,3 +104,13 @@ def test_cli_plan_refuses_a_bad_size(capsys):
     code = cli.main(["plan", str(SPECS / "tiny-llama.json"), "--gpus", "2", "--gpu-memory", "eighty"])
     err = capsys.readouterr().err
     assert code == 1 and "--gpu-memory 'eighty' is not a size; write e.g. 80GB" in err
+
+
+def test_context_parallelism_is_planned_only_where_every_component_declares_it():
+    """A mixture of experts (its balance statistics are over whole sequences) and a recurrent mixer are refused by
+    their declarations, so their plans hold no ``cp > 1`` layout; attention-only dense specs get them."""
+    cluster = Cluster(gpus=4, gpu_memory=80e9)
+    for name, ok in (("tiny-llama", True), ("tiny-deepseek-moe", False), ("tiny-hybrid", False)):
+        planner = Planner(SPECS / f"{name}.json", batch=8, seq_len=64)
+        assert planner.cp_ok() is ok
+        assert any(lay.cp > 1 for lay in planner.layouts(cluster)) is ok, name

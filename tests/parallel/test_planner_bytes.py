@@ -1,6 +1,6 @@
 """``modkit plan``'s parameter, gradient and AdamW bytes per rank equal what real runs allocate, to the byte: every
 layout that trains today (FSDP2, TP, TP x FSDP2, CP x FSDP2, CP x TP, PP x FSDP2, PP x TP, uneven PP, EP, EP x
-FSDP2) on a dense llama, a mixture of experts and multi-head latent attention, on 4 gloo CPU processes
+FSDP2, EP x PP) on a dense llama, a mixture of experts and multi-head latent attention, on 4 gloo CPU processes
 (``tests/dist_scripts/plan_bytes.py``). The planner reports the largest rank of the worst stage; here every
 stage is checked against the largest of its ranks."""
 
@@ -50,4 +50,4 @@ def test_planner_bytes_equal_what_every_layout_allocates(tmp_path):
             plan = {k: 4 * v for k, v in planners[spec_name].rank_elements(layout, stage).items()}
             assert plan == got, (case, stage, plan, got)
             checked += 1
-    assert checked == len(script.CASES) + 2 + 3  # the pp 2 cases' second stages and pp 4's three more
+    assert checked == len(script.CASES) + 3 + 3  # the pp 2 cases' second stages and pp 4's three more

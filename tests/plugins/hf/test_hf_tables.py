@@ -261,6 +261,6 @@ def test_supports_agrees_with_the_converted_defaults(model_type):
         spec = convert_hf_config({"model_type": model_type})[1]
     supports = DECLARED[model_type].supports()
     assert ("interleaved RoPE" in supports) == (getattr(spec.position, "layout", None) == "interleaved")
-    mla = spec.layer(0).attention.type == "mla"
+    mla = any(spec.layer(i).attention.type == "mla" for i in range(spec.n_layers))  # a hybrid's attention layers
     assert ("latent attention (MLA)" in supports) == mla
     assert not (mla and "GQA / MQA" in supports)
