@@ -16,7 +16,12 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   ``cache_spec()`` (helpers in :mod:`modkit.nn.recurrent`); padding tokens (``inputs.token_mask`` False) change no state.
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
-  it gets the built attention and ffn and the norm config in its :class:`BuildContext`.
+  it gets the built attention and ffn and the norm config in its :class:`BuildContext`. ``x`` is the residual
+  stream: ``[batch, seq, d_model]``, or ``[batch, seq, n_streams, d_model]`` with a ``stream`` for a placement that
+  declares the ``streams`` capability (its sublayers still see ``[batch, seq, d_model]``).
+* ``stream``: the residual stream between blocks when it holds several copies (spec ``stream``): a
+  :class:`modkit.nn.stream.ResidualStream` with ``enter``, ``exit``, ``connection()`` and ``connection_flops``; a
+  placement declaring ``streams`` finds it in ``BuildContext.extra["stream"]`` (:mod:`modkit.nn.stream`).
 * ``router``: not block-level; held by a component whose config has a ``router`` slot (a mixture of experts),
   which builds it with ``ctx.build(config, extra={"n_experts": n, "top_k": k})``:
   ``forward(x [tokens, d_model]) -> (weights [tokens, top_k] in x's dtype, indices [tokens, top_k] int64,
@@ -26,6 +31,10 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   -> [tokens, n_experts]`` (what the balance loss reads; default softmax), an ``expert_load [n_experts]`` int64
   buffer of real-token assignments and ``update_balance(load)``, the training-time rule the loop applies after each
   optimizer step (:mod:`modkit.nn.balance`).
+* ``activation``: not block-level; held by a component whose config has an ``activation`` slot (an ``mlp``'s
+  ``activation_unit``), which builds it with ``ctx.build(config, dim=width)``: an element-wise ``forward(x [...,
+  width]) -> [..., width]`` in x's dtype; the learned scalars and buffers it holds are its own (counted with the
+  holder's parameters, initialised by its ``init_weights``).
 
 * ``logits_processor``: not part of a model; ``factory(config, setup)`` returns a
   :class:`modkit.inference.sampling.LogitsProcessor`, ``processor(logits [batch, vocab] float32, state) -> [batch, vocab]``

@@ -28,7 +28,7 @@ from ._builders import (
     per_layer,
     rmsnorm,
 )
-from ._reader import HFConfig
+from ._reader import UNIT_ACTIVATIONS, HFConfig
 
 #: The fields of a decoder: ``name -> (value when neither the type nor its table sets it, meaning)``.
 FIELDS: dict[str, tuple[Any, str]] = {
@@ -58,6 +58,7 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "qk_norm": (None, "norm of q and k before RoPE: None, 'head' (per head) or 'full' (over all heads)"),
     "softmax_scale": (None, "multiplier of q·k (None: 1/sqrt(head_dim))"),
     "attn_softcap": (None, "tanh soft-cap of the attention logits"),
+    "clip_qkv": (None, "the q, k and v projections clamped to [-clip_qkv, clip_qkv] (DBRX)"),
     "causal": (True, "causal mask (false: bidirectional encoder)"),
     "layer_types": (
         None,
@@ -115,17 +116,24 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "expert_d_ff": (None, "hidden width of each routed expert (None: d_ff)"),
     "expert_bias": (False, "biases on the routed experts' projections (gpt-oss)"),
     "expert_clamp": (None, "the routed experts are gpt-oss's clamped SwiGLU: {alpha, limit} (None: the gated FFN)"),
-    "router": ("topk", "router type: 'topk' (softmax scores) or 'sigmoid_topk' (sigmoid scores)"),
+    "router": (
+        "topk",
+        "router type: 'topk' (softmax scores), 'sigmoid_topk' (sigmoid scores) or 'sparsemixer' (Phi-3.5-MoE)",
+    ),
+    "router_jitter": (None, "the sparsemixer router's jitter_eps (Phi-3.5-MoE's router_jitter_noise)"),
     "renormalize": (False, "the top-k router probabilities are renormalised to sum to 1"),
+    "renormalize_p": (1.0, "with renormalize, the p of the norm the weights are divided by (DBRX's p-norm)"),
     "renormalize_eps": (None, "added to the sum the top-k weights are divided by (None: the router's 1e-20; LFM2-MoE)"),
     "router_bias": (False, "bias on the router projection (gpt-oss)"),
     "routed_scaling_factor": (1.0, "multiplier of the routed gate weights (DeepSeek)"),
     "n_group": (None, "expert groups of group-limited routing (DeepSeek n_group)"),
     "topk_group": (None, "groups a token may route to (DeepSeek topk_group)"),
+    "group_score": ("top2_sum", "a group's score: 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2)"),
     "correction_bias": (False, "a selection-only per-expert bias buffer (DeepSeek-V3 e_score_correction_bias)"),
     "weight_on": ("output", "where a routed expert's gate weight applies: 'output' or 'input' (Llama 4)"),
     "shared_d_ff": (None, "hidden width of a shared expert beside the routed ones (None: none)"),
     "shared_gate": (False, "the shared expert's output times sigmoid(w · x) (Qwen2-MoE)"),
+    "shared_bias": (False, "biases on the shared expert's projections (DeepSeek-V2 mlp_bias, ERNIE 4.5 use_bias)"),
     "aux_loss_coef": (0.0, "weight of the load-balancing loss"),
     "tie_embeddings": (False, "the head shares the token embedding"),
     "lm_head_bias": (False, "the head has a bias"),
@@ -157,6 +165,8 @@ def dense_ffn(f: Mapping[str, Any], d_ff: Optional[int] = None) -> dict:
     if f["ffn"] is None:
         return None
     d_ff = f["d_ff"] if d_ff is None else d_ff
+    if f["ffn"] == "mlp" and f["act"] in UNIT_ACTIVATIONS:  # an activation component (relu2, xielu)
+        return {"type": "mlp", "d_ff": d_ff, "activation_unit": {"type": f["act"]}, "bias": bool(f["mlp_bias"])}
     if f["ffn"] == "mlp":
         return {"type": "mlp", "d_ff": d_ff, "activation": f["act"], "bias": bool(f["mlp_bias"])}
     spec = gated_ffn(d_ff, f["act"], bool(f["mlp_bias"]))
@@ -178,12 +188,18 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
     else:
         expert = gated_ffn(width, f["act"], bool(f["expert_bias"]))
     router: dict[str, Any] = {"type": f["router"], "renormalize": bool(f["renormalize"])}
+    if f["router"] == "sparsemixer":  # its own fields only
+        router = {"type": "sparsemixer", "jitter_eps": float(f["router_jitter"])}
     if f["router_bias"]:
         router["bias"] = True
+    if f["renormalize_p"] != 1:
+        router["renormalize_p"] = float(f["renormalize_p"])
     if f["routed_scaling_factor"] != 1:
         router["routed_scaling_factor"] = float(f["routed_scaling_factor"])
     if f["n_group"] is not None:
         router["n_group"], router["topk_group"] = f["n_group"], f["topk_group"]
+        if f["group_score"] != "top2_sum":
+            router["group_score"] = f["group_score"]
     if f["correction_bias"]:
         router["correction_bias"] = True
     if f["renormalize_eps"] is not None:
@@ -196,7 +212,7 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         "router": router,
     }
     if f["shared_d_ff"]:
-        spec["shared"] = gated_ffn(f["shared_d_ff"], f["act"])
+        spec["shared"] = gated_ffn(f["shared_d_ff"], f["act"], bool(f["shared_bias"]))
         if f["shared_gate"]:
             spec["shared_gate"] = True
     if f["weight_on"] != "output":
@@ -275,6 +291,8 @@ def attention_spec(
             spec["sinks"] = True
         if f["attn_output_gate"]:
             spec["output_gate"] = True
+        if f["clip_qkv"] is not None:
+            spec["clip_qkv"] = float(f["clip_qkv"])
     if not f["causal"]:
         spec["causal"] = False
     spec.update(extra or {})
@@ -299,6 +317,13 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     A model with a recurrent mixer on some layer writes the token-mixing slot as ``mixer``, else as ``attention``.
     """
     n_layers = f["n_layers"]
+    if f["act"] in UNIT_ACTIVATIONS and (f["ffn"] == "gated" or f["moe"]):
+        r.error(
+            r.key_of.get("act", "hidden_act"),
+            f"activation {f['act']!r} is supported in a two-projection MLP only; this model type's "
+            f"{'experts take' if f['moe'] else 'gated FFN takes'} silu, gelu, gelu_tanh or relu",
+        )
+        f = {**f, "act": "silu"}
     norm = norm_spec(f)
     mixers = layer_mixers(f)
     recurrent = any(m is not None for m in mixers)
@@ -460,6 +485,7 @@ def _attention_fields(p: _Picked) -> dict[str, Any]:
         ),
         "sinks": bool(getattr(att, "sinks", False)),
         "attn_output_gate": bool(getattr(att, "output_gate", False)),
+        "clip_qkv": getattr(att, "clip_qkv", None),
         "attentions": attentions,
         "mla": {k: getattr(att, k) for k in MLA_FIELDS} if getattr(att, "type", None) == "mla" else None,
     }
@@ -480,7 +506,9 @@ def _ffn_fields(p: _Picked) -> dict[str, Any]:
     return {
         "ffns": [x.ffn for x in p.layers],
         "ffn": None if width is None else "mlp" if getattr(width, "type", None) == "mlp" else "gated",
-        "act": getattr(width, "act", None) or getattr(width, "activation", None),
+        "act": getattr(getattr(width, "activation_unit", None), "type", None)
+        or getattr(width, "act", None)
+        or getattr(width, "activation", None),
         "mlp_bias": bool(getattr(dense, "bias", False)),
         "ffn_multipliers": [getattr(dense, "gate_multiplier", 1.0), getattr(dense, "output_multiplier", 1.0)],
     }
@@ -500,16 +528,20 @@ def _moe_fields(p: _Picked) -> dict[str, Any]:
         "expert_bias": bool(getattr(expert, "bias", False)),
         "expert_clamp": {"alpha": expert.alpha, "limit": expert.limit} if clamped else None,
         "router": getattr(router, "type", "topk"),
+        "router_jitter": getattr(router, "jitter_eps", None),
         "renormalize": bool(getattr(router, "renormalize", False)),
+        "renormalize_p": getattr(router, "renormalize_p", 1.0),
         "router_bias": bool(getattr(router, "bias", False)),
         "routed_scaling_factor": getattr(router, "routed_scaling_factor", 1.0),
         "n_group": getattr(router, "n_group", None),
         "topk_group": getattr(router, "topk_group", None),
+        "group_score": getattr(router, "group_score", "top2_sum"),
         "correction_bias": bool(getattr(router, "correction_bias", False)),
         "renormalize_eps": getattr(router, "renormalize_eps", None),
         "weight_on": getattr(moe, "weight_on", "output"),
         "shared_d_ff": getattr(getattr(moe, "shared", None), "d_ff", None),
         "shared_gate": bool(getattr(moe, "shared_gate", False)),
+        "shared_bias": bool(getattr(getattr(moe, "shared", None), "bias", False)),
         "aux_loss_coef": getattr(moe, "aux_loss_coef", None),
     }
 
