@@ -27,6 +27,9 @@ MODELING = (
     "olmo_hybrid",
     "kimi_linear",
     "minimax",
+    "bamba",
+    "granitemoehybrid",
+    "nemotron_h",
 )
 
 

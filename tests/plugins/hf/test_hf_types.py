@@ -861,6 +861,27 @@ FIXTURES = [
             **{k: v for k, v in SMALL.items() if k != "max_position_embeddings"},
         ),
     ),
+    # --- 2026 Mamba-2 hybrids ---
+    # Bamba: Mamba-2 on layers 0 and 2 (8 heads of 8, 2 groups of B/C of 8, convolution 3, chunks of 4 shorter than
+    # the batch), attention on layer 1 (GQA 4/2, RoPE on half of each head, biases), SwiGLU with biases in every
+    # layer. No mamba_proj_bias and no step-size clamp, for the reasons of the mamba2 and falcon_h1 fixtures
+    (
+        "bamba",
+        "BambaConfig",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=48),
+            num_hidden_layers=3,
+            attn_layer_indices=[1],
+            attention_bias=True,
+            mlp_bias=True,
+            mamba_n_heads=8,
+            mamba_d_state=8,
+            mamba_n_groups=2,
+            mamba_d_conv=3,
+            mamba_chunk_size=4,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -940,7 +961,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 53
+    assert len(covered) == 54
 
 
 def test_fixtures_name_registered_types():
@@ -1140,6 +1161,9 @@ DEFAULT_COUNTS.update(olmo_hybrid=7_430_870_688)
 #: Lfm2MoeConfig() sets no layer_types, so transformers builds no model from its defaults alone; the count is the one
 #: of those defaults with attention on every layer, what the converter (as LFM2's) reads an absent pattern as
 DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minimax=47_373_946_880)
+#: the Mamba-2 hybrids at their classes' defaults (transformers 5.25, on meta). Bamba: BambaConfig() lists no attention
+#: layer, so every layer is Mamba-2 (and the RoPE acts nowhere)
+DEFAULT_COUNTS.update(bamba=9_992_765_440)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
