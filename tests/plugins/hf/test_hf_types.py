@@ -882,6 +882,33 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # Granite 4.0-H: Bamba's Mamba-2 layers on 0 and 2, attention on 1 (GQA 4/2, biases, RoPE by
+    # position_embedding_type), every Granite multiplier away from 1, 4 experts (16) top-2 renormalised beside a
+    # shared SwiGLU (24) in every layer
+    (
+        "granitemoehybrid",
+        "GraniteMoeHybridConfig",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=16),
+            num_hidden_layers=3,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            position_embedding_type="rope",
+            attention_bias=True,
+            embedding_multiplier=6.0,
+            attention_multiplier=0.4,
+            residual_multiplier=0.22,
+            logits_scaling=6.0,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=24,
+            mamba_n_heads=8,
+            mamba_d_state=8,
+            mamba_n_groups=2,
+            mamba_d_conv=3,
+            mamba_chunk_size=4,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -961,7 +988,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 54
+    assert len(covered) == 55
 
 
 def test_fixtures_name_registered_types():
@@ -1162,8 +1189,8 @@ DEFAULT_COUNTS.update(olmo_hybrid=7_430_870_688)
 #: of those defaults with attention on every layer, what the converter (as LFM2's) reads an absent pattern as
 DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minimax=47_373_946_880)
 #: the Mamba-2 hybrids at their classes' defaults (transformers 5.25, on meta). Bamba: BambaConfig() lists no attention
-#: layer, so every layer is Mamba-2 (and the RoPE acts nowhere)
-DEFAULT_COUNTS.update(bamba=9_992_765_440)
+#: layer, so every layer is Mamba-2 (and the RoPE acts nowhere); GraniteMoeHybridConfig() too (every layer Mamba-2)
+DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -1324,6 +1351,28 @@ PATTERNS = [
             linear_key_head_dim=8,
             linear_value_head_dim=8,
         ),
+    ),
+    # Granite 4.0-H without experts (the shared SwiGLU is the whole FFN) and without RoPE (the default)
+    (
+        "granitemoehybrid-dense-nope",
+        "GraniteMoeHybridConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=3,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            num_local_experts=0,
+            shared_intermediate_size=40,
+            mamba_n_heads=8,
+            mamba_d_state=8,
+        ),
+    ),
+    # Bamba with no attention layer (the default): every layer Mamba-2, the RoPE acting nowhere
+    (
+        "bamba-no-attention",
+        "BambaConfig",
+        dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, mamba_n_heads=8),
     ),
 ]
 
