@@ -130,7 +130,10 @@ fixed-size state for a recurrent mixer)."""
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``parallel`` (kind ``mixer``)."""
+    """Register ``parallel`` and ``none`` (the empty mixer slot, :mod:`modkit_plugins.no_mixer`), kind ``mixer``."""
+    from modkit_plugins.no_mixer import NO_MIXER
+
+    register(NO_MIXER)
     register(
         Component(
             kind="mixer",

@@ -4,7 +4,8 @@ Every placement builds the norms it needs from the block's norm config and retur
 ``forward(x, inputs) -> (x, aux_loss | None)``; the ffn may return ``(out, aux_loss)`` (MoE). ``attn`` below is the
 block's token mixer, whatever its kind (an attention, Mamba-2, Gated DeltaNet, mixers side by side): every mixer is
 called ``mixer(x, inputs)``. A block without an ffn (``"ffn": null``, Mamba-2) has only the mixer's half, and
-builds no ffn norm.
+builds no ffn norm; a block whose mixer is ``none`` (capability ``absent``, :mod:`modkit_plugins.no_mixer`) has only
+the ffn's half, and builds no mixer norm.
 
 * ``pre``:       ``x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))`` (GPT-2, Llama).
 * ``post``:      ``x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x))`` (original Transformer, BERT).
@@ -51,6 +52,7 @@ from typing import Callable, Literal, Optional
 from pydantic import Field
 from torch import Tensor, nn
 
+from modkit_plugins.no_mixer import is_absent
 from modkit.plugin import (
     AttentionInputs,
     BuildContext,
@@ -173,12 +175,15 @@ class _Block(_Residual):
 
     def _part(self, name: str, ctx: BuildContext, cfg: Optional[ComponentConfig]) -> Optional[nn.Module]:
         """The module ``name`` stands for: the block's ``attention`` (its token mixer) or ``ffn`` as built, or a
-        norm built from the block's norm config; an ``ffn_*`` norm is ``None`` in a block without an ffn."""
+        norm built from the block's norm config; an ``ffn_*`` norm is ``None`` in a block without an ffn, an
+        ``attn_*`` norm ``None`` in a block whose mixer is ``none`` (capability ``absent``)."""
         if name == "attention":
             return ctx.attention
         if name == "ffn":
             return ctx.ffn
         if name.startswith("ffn_") and ctx.ffn is None:
+            return None
+        if name.startswith("attn_") and is_absent(ctx.attention):
             return None
         return ctx.build(ctx.norm)
 
@@ -189,7 +194,8 @@ class _Block(_Residual):
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        x, _ = self._sublayer(x, "attn", lambda h: (self.attention(h, inputs), None))
+        if not is_absent(self.attention):  # the mixer 'none': the block is its ffn alone
+            x, _ = self._sublayer(x, "attn", lambda h: (self.attention(h, inputs), None))
         if self.ffn is None:  # a block that is a mixer alone (Mamba-2)
             return x, None
         return self._sublayer(x, "ffn", lambda h: run_ffn(self.ffn, h, inputs))
@@ -205,7 +211,7 @@ class PreNormBlock(_Block):
         super().__init__(ctx, cfg)
         stream = stream_of(ctx)  # a residual stream of several copies: one connection per sublayer
         if stream is not None:
-            self.attn_hc = stream.connection()
+            self.attn_hc = stream.connection() if not is_absent(self.attention) else None
             self.ffn_hc = stream.connection() if self.ffn is not None else None
 
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
@@ -311,13 +317,22 @@ class ParallelBlock(_Block):
         self.shared_norm = cfg.shared_norm
 
     def _part(self, name: str, ctx: BuildContext, cfg: Optional[ComponentConfig]) -> Optional[nn.Module]:
-        """As :meth:`_Block._part`, but no ``ffn_norm`` with ``shared_norm``: ``attn_norm`` feeds both sublayers."""
+        """As :meth:`_Block._part`, but no ``ffn_norm`` with ``shared_norm``: ``attn_norm`` feeds both sublayers
+        (so it is built for the ffn even when the mixer is ``none``)."""
         if name == "ffn_norm" and cfg.shared_norm:
             return None
+        if name == "attn_norm" and cfg.shared_norm and ctx.ffn is not None:
+            return ctx.build(ctx.norm)
         return super()._part(name, ctx, cfg)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+        if is_absent(self.attention):  # the mixer 'none': the ffn alone
+            if self.ffn is None:
+                return x, None
+            norm = self.attn_norm if self.attn_norm is not None else self.ffn_norm
+            h, aux = run_ffn(self.ffn, norm(x), inputs)
+            return x + self._add(h), aux
         h_attn = self.attn_norm(x)
         if self.ffn is None:
             return x + self._add(self.attention(h_attn, inputs)), None

@@ -97,6 +97,10 @@ FIELDS: dict[str, tuple[Any, str]] = {
         "(Qwen3-Next's gated attention)",
     ),
     "ffn": ("gated", "'gated' (SwiGLU/GeGLU: gate, up, down), 'mlp' (up, down) or None (no FFN: Mamba-2's blocks)"),
+    "ffn_layers": (
+        None,
+        "per layer, whether it holds an FFN (None: every layer does; Nemotron-H's mixer layers do not)",
+    ),
     "act": ("silu", "the FFN activation (modkit's name)"),
     "mlp_bias": (False, "biases on the FFN projections"),
     "ffn_multipliers": (
@@ -185,6 +189,8 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         expert: dict[str, Any] = {"type": "swiglu_clamped", "d_ff": width, **dict(f["expert_clamp"])}
         if f["expert_bias"]:
             expert["bias"] = True
+    elif f["ffn"] == "mlp":  # two-projection experts (Nemotron-H's ReLU²)
+        expert = dense_ffn({**f, "mlp_bias": f["expert_bias"]}, width)
     else:
         expert = gated_ffn(width, f["act"], bool(f["expert_bias"]))
     router: dict[str, Any] = {"type": f["router"], "renormalize": bool(f["renormalize"])}
@@ -211,7 +217,9 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         "expert": expert,
         "router": router,
     }
-    if f["shared_d_ff"]:
+    if f["shared_d_ff"] and f["ffn"] == "mlp":
+        spec["shared"] = dense_ffn({**f, "mlp_bias": f["shared_bias"]}, f["shared_d_ff"])
+    elif f["shared_d_ff"]:
         spec["shared"] = gated_ffn(f["shared_d_ff"], f["act"], bool(f["shared_bias"]))
         if f["shared_gate"]:
             spec["shared_gate"] = True
@@ -229,13 +237,15 @@ def ffn_spec(f: Mapping[str, Any]) -> dict:
 
 
 def layer_ffns(f: Mapping[str, Any]) -> list[dict]:
-    """The FFN spec of each layer: ``moe_layers`` chooses between the mixture and the dense FFN of width ``d_ff``."""
+    """The FFN spec of each layer: ``moe_layers`` chooses between the mixture and the dense FFN of width ``d_ff``;
+    ``ffn_layers`` leaves it out (``None``) where false."""
     n = f["n_layers"]
+    keep = f["ffn_layers"] or [True] * n
     if not f["moe"]:
-        return [dense_ffn(f)] * n
+        return [dense_ffn(f) if k else None for k in keep]
     flags = f["moe_layers"] if f["moe_layers"] is not None else [True] * n
     moe, dense = moe_spec(f), dense_ffn(f) if not all(flags) else None
-    return [moe if flag else dense for flag in flags]
+    return [(moe if flag else dense) if k else None for flag, k in zip(flags, keep)]
 
 
 def _key(x: Any) -> str:
@@ -247,7 +257,10 @@ def per_layer_slots(layers: Sequence[Mapping[str, Any]], n_layers: int) -> tuple
     common layer; ties go to layer 0's) and overrides that replace only the slots that differ from it, one per
     distinct layer, in order of first appearance (:func:`per_layer`)."""
     keyed = {_key(layer): layer for layer in layers}
-    default_key, _ = per_layer([_key(layer) for layer in layers], n_layers, lambda v: {})
+    # an override cannot take the ffn away (its null means "keep the block's"): with layers without an FFN, the
+    # block is one of them
+    pool = [layer for layer in layers if layer.get("ffn", 0) is None] or layers
+    default_key, _ = per_layer([_key(layer) for layer in pool], len(pool), lambda v: {})
     default = keyed[default_key]
     overrides = []
     for key, layer in keyed.items():
@@ -317,7 +330,7 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     A model with a recurrent mixer on some layer writes the token-mixing slot as ``mixer``, else as ``attention``.
     """
     n_layers = f["n_layers"]
-    if f["act"] in UNIT_ACTIVATIONS and (f["ffn"] == "gated" or f["moe"]):
+    if f["act"] in UNIT_ACTIVATIONS and (f["ffn"] == "gated" or f["moe"] and f["ffn"] != "mlp"):
         r.error(
             r.key_of.get("act", "hidden_act"),
             f"activation {f['act']!r} is supported in a two-projection MLP only; this model type's "
@@ -427,7 +440,7 @@ def _pick(spec) -> _Picked:
     att = next((x.attention for x, m in zip(layers, mixers) if m is None), None)
     ffns = [x.ffn for x in layers]
     moe = next((x for x in ffns if getattr(x, "type", None) == "moe"), None)
-    dense = next((x for x in ffns if getattr(x, "type", None) != "moe"), None)
+    dense = next((x for x in ffns if x is not None and x.type != "moe"), None)
     return _Picked(layers, mixers, att, moe, dense)
 
 

@@ -909,6 +909,34 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # Nemotron-H: blocks of one sublayer each: Mamba-2 alone on layers 0 and 4 (8 heads of 8, 2 groups of B/C of 8,
+    # convolution 3, chunks of 4), a mixture alone on layer 1 (4 ReLU² experts of 16 top-2 by sigmoid scores and the
+    # perturbed correction bias, in 2 groups of which 1 is kept, renormalised, times 1.5, beside a shared ReLU² MLP
+    # of 24 with biases), GQA without positions alone on layer 2, a ReLU² MLP (48, biases) alone on layer 3
+    (
+        "nemotron_h",
+        "NemotronHConfig",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=48),
+            head_dim=8,
+            layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention"],
+            mlp_bias=True,
+            mamba_num_heads=8,
+            mamba_head_dim=8,
+            ssm_state_size=8,
+            n_groups=2,
+            conv_kernel=3,
+            chunk_size=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            moe_shared_expert_intermediate_size=24,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=1.5,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -988,7 +1016,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 55
+    assert len(covered) == 56
 
 
 def test_fixtures_name_registered_types():
@@ -1190,7 +1218,7 @@ DEFAULT_COUNTS.update(olmo_hybrid=7_430_870_688)
 DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minimax=47_373_946_880)
 #: the Mamba-2 hybrids at their classes' defaults (transformers 5.25, on meta). Bamba: BambaConfig() lists no attention
 #: layer, so every layer is Mamba-2 (and the RoPE acts nowhere); GraniteMoeHybridConfig() too (every layer Mamba-2)
-DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448)
+DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448, nemotron_h=1_968_355_712)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -1201,7 +1229,10 @@ def test_hybrid_defaults_give_transformers_parameter_count(model_type):
     spec = modkit.from_hf_config({"model_type": model_type})
     assert modkit.count_params(spec) == DEFAULT_COUNTS[model_type]
     kinds = [spec.layer(i).attention.type for i in range(spec.n_layers)]
-    moe = [spec.layer(i).ffn.type == "moe" for i in range(spec.n_layers)]
+    moe = [getattr(spec.layer(i).ffn, "type", None) == "moe" for i in range(spec.n_layers)]
+    if model_type == "nemotron_h":  # single-sublayer blocks: Mamba-2, the mixture, attention, the MLP
+        assert kinds == ["mamba2", "none", "gqa", "none"]
+        assert [getattr(spec.layer(i).ffn, "type", None) for i in range(4)] == [None, "moe", None, "mlp"]
     if model_type not in ("qwen3_next", "jamba"):
         return
     if model_type == "qwen3_next":
