@@ -114,6 +114,9 @@ def formula(spec: dict, new: int, past: int) -> int:
         if a["type"] in ("mamba2", "gated_deltanet", "short_conv"):
             total += ffn + _recurrent(a, d, new)
             continue
+        if a["type"] == "none":  # no mixer: the block is its ffn alone (Nemotron-H's MLP layers)
+            total += ffn
+            continue
         h = a["n_heads"]
         if a["type"] == "mla":  # latent attention (DeepSeek-V2 §2.1): expanded with an empty cache, absorbed after
             total += new * _ffn_per_token(layer["ffn"], d) + _mla(a, d, new, past, memo)
@@ -126,7 +129,7 @@ def formula(spec: dict, new: int, past: int) -> int:
             memo[key] = _pairs(new, past, *key)
         total += new * 2 * d * (2 * h * hd + 2 * kv * hd)  # q, o and k, v
         total += 2 * 2 * h * hd * memo[key]  # q·kᵀ and p·v
-        total += new * _ffn_per_token(layer["ffn"], d)
+        total += ffn  # none for an attention block alone (Nemotron-H)
     return total + new * 2 * d * spec["vocab_size"]
 
 

@@ -30,6 +30,7 @@ SPEC_FILES = {
     "gpt-oss-20b": "gpt-oss-20b.json",
     "gpt-oss-120b": "gpt-oss-120b.json",
     "llama-4-scout-17b-16e": "llama-4-scout-17b-16e.json",
+    "nemotron-h-8b": "nemotron-h-8b.json",
 }
 MODELS = sorted(SPEC_FILES)
 
@@ -120,6 +121,7 @@ def test_the_counts():
     assert EXPECTED["gpt-oss-20b"]["total"] == 20_914_757_184
     assert EXPECTED["gpt-oss-120b"]["total"] == 116_829_156_672
     assert EXPECTED["llama-4-scout-17b-16e"]["total"] == 107_769_861_120
+    assert EXPECTED["nemotron-h-8b"]["total"] == 8_100_852_736
 
 
 #: active parameters per token (modkit.active_params_per_token: every parameter but the routed experts a token does
@@ -151,7 +153,7 @@ def test_gpt_oss_published_figures():
         assert round((ACTIVE[model][1] - embedding) / 1e7) == round(active / 1e7)
 
 
-@pytest.mark.parametrize("model", ["pythia-160m", "gpt-oss-120b"])
+@pytest.mark.parametrize("model", ["pythia-160m", "gpt-oss-120b", "nemotron-h-8b"])
 def test_expected_is_transformers_count(model):
     """The recorded figure is what transformers builds from the config (checked here for the quick ones)."""
     assert _transformers_count(_config(model)) == EXPECTED[model]["total"]
