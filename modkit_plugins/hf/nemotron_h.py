@@ -96,7 +96,11 @@ def _mamba(r: HFConfig, f: dict) -> dict[str, Any]:
     if heads % groups:
         r.error("n_groups", f"n_groups = {groups} does not divide mamba_num_heads = {heads}")
     if r.activation("mamba_hidden_act", "silu") != "silu":
-        r.error("mamba_hidden_act", "modkit's mamba2 computes its convolution and gate with silu only")
+        r.error(
+            "mamba_hidden_act",
+            f"unsupported value {json_value(r.get('mamba_hidden_act'))}: modkit's mamba2 computes its convolution and "
+            "gate with silu only",
+        )
     if "mamba_dt_limit" in r.cfg and "time_step_limit" not in r.cfg:
         r.cfg["time_step_limit"] = r.get("mamba_dt_limit")
     r.get("mamba_dt_limit")

@@ -1276,6 +1276,13 @@ REFUSED = [
     ("kimi_linear", {"num_key_value_heads": 2}, "num_key_value_heads"),
     ("minimax", {"hidden_act": "gelu"}, "hidden_act"),
     ("minimax", {"layer_types": ["full_attention", "sliding_attention"] * 2}, "layer_types"),
+    # the Mamba-2 activation (modkit's mamba2: silu); Granite 4's position schemes; Nemotron-H's latent mixture
+    ("bamba", {"hidden_act": "gelu"}, "hidden_act"),
+    ("granitemoehybrid", {"hidden_act": "gelu"}, "hidden_act"),
+    ("granitemoehybrid", {"position_embedding_type": "alibi"}, "position_embedding_type"),
+    ("granitemoehybrid", {"layer_types": ["linear_attention", "sliding_attention", "full_attention"]}, "layer_types"),
+    ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act"),
+    ("nemotron_h", {"moe_latent_size": 12}, "moe_latent_size"),
 ]
 
 
