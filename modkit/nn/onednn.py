@@ -65,6 +65,7 @@ class OneDNNLinear(nn.Linear):
     tensor subclass) takes ``nn.Linear``'s own path."""
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x [..., in_features] -> x Wᵀ + b [..., out_features]`` (oneDNN on a float32 CPU input)."""
         w = self.weight
         if (
             x.device.type == "cpu"
