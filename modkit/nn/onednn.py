@@ -2,9 +2,8 @@
 torch's BLAS (MKL) does not run its fastest kernels (measured on an AMD EPYC with AVX-512: 230-260 GFLOP/s against
 105-120 on one thread at the shapes of nanoGPT's CPU recipe; ``benchmarks/results_train_vs_loop.md``).
 
-torch runs a float32 ``nn.Linear`` on the CPU through MKL's ``sgemm``; oneDNN's matmul (the library torch already
-ships, and the kernel ``torch.compile``'s CPU backend uses for linear layers) computes the same
-``y = x Wᵀ + b`` with its own just-in-time kernels. :func:`use_onednn_linears` switches a model's plain
+torch runs a float32 ``nn.Linear`` on the CPU through MKL's ``sgemm``; oneDNN's matmul (a library torch already
+ships and links) computes the same ``y = x Wᵀ + b`` with its own just-in-time kernels. :func:`use_onednn_linears` switches a model's plain
 ``nn.Linear`` modules to :class:`OneDNNLinear`, whose forward and backward (``dx = dy W``, ``dW = dyᵀ x``,
 ``db = Σ dy``: the backward of a linear map) run through oneDNN. Results differ from MKL's by float rounding
 only (the summation order of each dot product); parameters, state dicts and ``isinstance(m, nn.Linear)`` are

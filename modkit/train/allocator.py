@@ -5,8 +5,9 @@ blocks above its mmap threshold (128 KiB, moved adaptively up to 32 MiB) with fr
 free memory at the top of its heap to the system past its trim threshold, so each step page-faults much of its
 working set back in: on nanoGPT's CPU recipe about 1,000-2,000 minor faults and 1.5-4 ms of system time in a
 ~35 ms step, plus the cache misses of the kernel zeroing those pages (``benchmarks/results_train_vs_loop.md``).
-:func:`keep_freed_memory` raises both thresholds with ``mallopt`` (the tuning Intel's PyTorch CPU guide gives
-through ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``, or by preloading jemalloc / tcmalloc): blocks up
+:func:`keep_freed_memory` raises both thresholds with ``mallopt`` (glibc's ``mallopt(3)``; the environment
+variables ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` set the same before a process starts, and
+preloading jemalloc or tcmalloc, which PyTorch's CPU performance guides suggest, has the same aim): blocks up
 to 32 MiB come from the heap and up to 1 GiB of free heap stays in the process, so a step reuses the pages of
 the one before. The process then holds its peak working set, which a training step reaches every step anyway.
 """
