@@ -54,6 +54,7 @@ from modkit.plugin import (
     ComponentConfig,
     HeadCount,
     HeadDim,
+    PositionGeometry,
     SeqLen,
     Slot,
     Workload,
@@ -94,6 +95,12 @@ class DSAConfig(MLAConfig):
         description="how the indexer's rotated features pair up, whatever the attention's RoPE layout: "
         "half_split (DeepSeek-V3.2: (i, i + d_rope/2)) or interleaved ((2i, 2i + 1): GLM-5)",
     )
+
+    def position_geometry(self, ctx) -> PositionGeometry:
+        """RoPE acts on the ``qk_rope_head_dim`` features of MLA's queries and shared key (and of the indexer's);
+        no head count is declared for a score bias (ALiBi): the indexer selects keys without seeing it, and keys
+        that the bias alone tells apart (equal tokens) would tie in the indexer, a tie decided by rounding."""
+        return PositionGeometry(None, self.qk_rope_head_dim, 1)
 
     def check(self, ctx) -> list[tuple[str, str]]:
         """The indexer rotates its first ``qk_rope_head_dim`` features, so its heads must be at least that wide."""
