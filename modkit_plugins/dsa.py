@@ -27,6 +27,10 @@ prefill and a token-by-token decode select the same keys. Ties go to the earlier
 score exactly 0 wherever every indexer head's ``q·k`` is negative, so ties are common with few heads); transformers'
 ``topk`` breaks ties in an order of its own, so agreement with it needs scores without ties at the k-th place.
 
+**Shared selections** (GLM-5): a layer with ``index_source = j`` builds no indexer and caches no index keys; it
+attends to the keys layer ``j`` (an earlier ``dsa`` with its own indexer) selected in the same forward, handed over
+in the per-forward dict the layers share (the cache slot group's, else ``AttentionInputs.scratch``).
+
 **Training.** The LM loss gives the indexer no gradient: the top-k is discrete, and transformers runs the indexer
 under ``torch.no_grad``. DeepSeek trains it with its own objective (a KL divergence between the indexer's scores and
 the main attention's distribution, DeepSeek-V3.2 report §2.1), which modkit does not implement; the indexer's
@@ -39,7 +43,7 @@ References: DeepSeek-AI 2025, DeepSeek-V3.2-Exp: Boosting Long-Context Efficienc
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from pydantic import Field
@@ -89,6 +93,13 @@ class DSAConfig(MLAConfig):
     )
     index_norm: ComponentConfig = Slot(
         "norm", description='norm of the indexer key (DeepSeek-V3.2: {"type": "layernorm", "eps": 1e-6})'
+    )
+    index_source: Optional[int] = Field(
+        None,
+        ge=0,
+        description="null: the layer selects with its own indexer. An earlier layer's index: this layer reuses that "
+        "layer's selection in the same forward and builds no indexer and caches no index keys (GLM-5's 'shared' "
+        "layers; the index fields then only describe the source)",
     )
     index_rope_layout: Literal["half_split", "interleaved"] = Field(
         "half_split",
@@ -195,29 +206,61 @@ class DSA(MLA):
 
     def __init__(self, cfg: DSAConfig, ctx: BuildContext):
         super().__init__(cfg, ctx)
-        self.indexer = LightningIndexer(cfg, ctx)
+        self.layer_index, self.index_source = ctx.layer_index, cfg.index_source
+        if cfg.index_source is not None and ctx.layer_index is not None and cfg.index_source >= ctx.layer_index:
+            raise ValueError(
+                f"dsa: layer {ctx.layer_index} reuses the selection of layer index_source = {cfg.index_source}, "
+                "which does not run before it; name an earlier layer with its own indexer"
+            )
+        self.indexer = LightningIndexer(cfg, ctx) if cfg.index_source is None else None
 
     def cache_spec(self) -> CacheSpec:
-        """MLA's latent and rotated key, and the indexer key ``[index_head_dim]`` in float32, per token."""
+        """MLA's latent and rotated key, and (with an indexer of its own) the indexer key ``[index_head_dim]`` in
+        float32, per token."""
+        if self.indexer is None:
+            return super().cache_spec()
         entry = CacheEntry("index_k", (self.indexer.head_dim,), dtype=torch.float32)
         return CacheSpec((*super().cache_spec().entries, entry))
 
-    def _index(self, x: Tensor, q_resid: Optional[Tensor], inputs: AttentionInputs) -> tuple[dict[str, Tensor], Tensor]:
-        """``({"index_k": [b, s, D]}, q_I [b, H, s, D])``: the new tokens' indexer keys (cached) and queries."""
+    def _index(self, x: Tensor, q_resid: Optional[Tensor], inputs: AttentionInputs) -> tuple[dict[str, Tensor], Any]:
+        """``({"index_k": [b, s, D]}, q_I [b, H, s, D])``: the new tokens' indexer keys (cached) and queries
+        (``({}, None)`` in a layer reusing another's selection)."""
+        if self.indexer is None:
+            return {}, None
         with torch.no_grad():
             q, k = self.indexer.project(x, q_resid, inputs)
         return {"index_k": k}, q
 
-    def _selection(self, x: Tensor, state: Tensor, seen: dict, keys: _KeyMask) -> Tensor:
-        """The kept keys ``[b, 1, s, kv]``: the indexer's top-k among the keys the mask lets through."""
+    def _shared(self, inputs: AttentionInputs) -> Optional[dict]:
+        """The dict every layer of this forward shares (the cache slot group's, else the inputs'), or ``None``."""
+        state = inputs.cache_for(self)
+        return state.scratch if state is not None else inputs.scratch
+
+    def _selection(self, x: Tensor, state: Any, seen: dict, keys: _KeyMask) -> Tensor:
+        """The kept keys ``[b, 1, s, kv]``: the indexer's top-k among the keys the mask lets through, or the
+        selection layer ``index_source`` made in this forward."""
+        shared = self._shared(keys.inputs)
+        if self.indexer is None:
+            kept = shared.get(("dsa_selection", self.index_source)) if shared is not None else None
+            if kept is None:
+                raise ValueError(
+                    f"dsa: layer {self.layer_index} reuses the selection of layer {self.index_source}, which made "
+                    "none in this forward (its attention must be a dsa with its own indexer, index_source null)"
+                )
+            return kept
         base = prepare_mask(keys.inputs, keys.k_pos, keys.k_valid, torch.float32, mixer=self)
         allowed = base.allowed & base.live.bool()  # the mask itself: rows that see no key stay empty
         with torch.no_grad():
-            return self.indexer.select(x, state, seen["index_k"], allowed)
+            kept = self.indexer.select(x, state, seen["index_k"], allowed)
+        if shared is not None:
+            shared[("dsa_selection", self.layer_index)] = kept
+        return kept
 
 
 def _param_count(cfg: DSAConfig, ctx: BuildContext) -> int:
     d, h, dim = ctx.d_model, cfg.index_n_heads, cfg.index_head_dim
+    if cfg.index_source is not None:  # reuses another layer's selection: no indexer
+        return _mla_params(cfg, ctx)
     norm = _norm_params(cfg.model_copy(update={"latent_norm": cfg.index_norm}), ctx, dim)
     return _mla_params(cfg, ctx) + cfg.q_lora_rank * h * dim + d * dim + norm + d * h
 
@@ -233,6 +276,8 @@ def _flops(cfg: DSAConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
     """
     d, t, h, dim = ctx.d_model, work.tokens, cfg.index_n_heads, cfg.index_head_dim
     out = _mla_flops(cfg, ctx, work, pairs=work.pairs(causal=True, window=cfg.index_topk))
+    if cfg.index_source is not None:  # another layer's selection: no indexer here
+        return out
     every = work.pairs(causal=True)
     out["index_q"] = 2 * t * cfg.q_lora_rank * h * dim
     out["index_k"] = 2 * t * d * dim

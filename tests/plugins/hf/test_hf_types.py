@@ -486,7 +486,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 31
+    assert len(covered) == 32
 
 
 def test_fixtures_name_registered_types():
@@ -897,5 +897,20 @@ SPARSE_FIXTURES = [
         ),
     ),
 ]
+# GLM-5: the same with interleaved RoPE in the indexer and 4 layers, of which 1 and 3 reuse the selection of
+# layers 0 and 2 (indexer_types shared): no indexer, no index keys there
+SPARSE_FIXTURES.append(
+    (
+        "glm_moe_dsa",
+        "GlmMoeDsaConfig",
+        dict(
+            SPARSE_FIXTURES[0][2],
+            num_hidden_layers=4,
+            n_group=1,
+            topk_group=1,
+            indexer_types=["full", "shared", "full", "shared"],
+        ),
+    )
+)
 FIXTURES += SPARSE_FIXTURES
 IDS += [f[0] for f in SPARSE_FIXTURES]
