@@ -258,3 +258,39 @@ def test_deepseek_v32_refuses_by_key_what_modkit_cannot_express(changes, key):
     with pytest.raises(modkit.SpecError) as err:
         modkit.from_hf_config(_v32(**changes))
     assert any(p == key for p, _ in err.value.errors), err.value.errors
+
+
+def _shared_spec(n_layers: int = 3, sources=(None, 0, 0)) -> dict:
+    spec = _tiny(8, n_layers=n_layers)
+    att = spec["block"]["attention"]
+    spec["overrides"] = [
+        {"layers": [i], "attention": dict(att, index_source=j)} for i, j in enumerate(sources) if j is not None
+    ]
+    return spec
+
+
+def test_layers_reusing_a_selection_decode_as_the_full_forward_and_hold_no_indexer():
+    """GLM-5's shared layers: layers 1 and 2 attend to layer 0's selection; no indexer parameters or index keys."""
+    model = _model(_shared_spec())
+    assert [layer.attention.indexer is None for layer in model.layers] == [False, True, True]
+    per_layer = (32 + 8) * 4  # float32 latent and rotated key
+    assert modkit.kv_cache_bytes_per_token(model.spec, "float32") == 3 * per_layer + 16 * 4
+    indexer = 64 * 4 * 16 + 128 * 16 + 2 * 16 + 128 * 4  # wq_b, wk, k_norm (weight, bias), weights_proj
+    assert modkit.count_params(model.spec) == sum(p.numel() for p in model.parameters())
+    assert modkit.count_params(_tiny(8, n_layers=3)) - modkit.count_params(model.spec) == 2 * indexer
+    ids = _ids(24)
+    with torch.no_grad():
+        full = model(ids).logits
+    decode = _chunked(model, ids, [0, 5, *range(6, 25)])
+    assert (decode - full).abs().max().item() <= TOL
+
+
+def test_a_selection_from_a_later_layer_is_refused():
+    with pytest.raises(ValueError, match="index_source = 2, which does not run before it"):
+        _model(_shared_spec(sources=(None, 2, None)))
+
+
+def test_glm5_defaults_count_as_transformers():
+    """GlmMoeDsaConfig's defaults (78 layers, every one with its indexer): 743,911,199,232 parameters, transformers
+    5.25's AutoModelForCausalLM count on the meta device."""
+    assert modkit.count_params(modkit.from_hf_config({"model_type": "glm_moe_dsa"})) == 743_911_199_232
