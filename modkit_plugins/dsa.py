@@ -58,6 +58,7 @@ from modkit.plugin import (
     ComponentConfig,
     HeadCount,
     HeadDim,
+    MAX_LAYERS,
     PositionGeometry,
     SeqLen,
     Slot,
@@ -66,8 +67,6 @@ from modkit.plugin import (
 )
 
 from .mla import MLA, MLAConfig, _flops as _mla_flops, _KeyMask, _norm_params, _param_count as _mla_params
-
-LAYOUTS = ("half_split", "interleaved")
 
 
 class DSAConfig(MLAConfig):
@@ -97,6 +96,7 @@ class DSAConfig(MLAConfig):
     index_source: Optional[int] = Field(
         None,
         ge=0,
+        le=MAX_LAYERS,
         description="null: the layer selects with its own indexer. An earlier layer's index: this layer reuses that "
         "layer's selection in the same forward and builds no indexer and caches no index keys (GLM-5's 'shared' "
         "layers; the index fields then only describe the source)",
