@@ -294,3 +294,58 @@ def test_glm5_defaults_count_as_transformers():
     """GlmMoeDsaConfig's defaults (78 layers, every one with its indexer): 743,911,199,232 parameters, transformers
     5.25's AutoModelForCausalLM count on the meta device."""
     assert modkit.count_params(modkit.from_hf_config({"model_type": "glm_moe_dsa"})) == 743_911_199_232
+
+
+def test_the_kit_catches_a_selection_made_before_the_mask():
+    """A plausible fault: top-k over every key, the causal mask applied after. Future tokens then decide which past
+    keys a query keeps (fewer than index_topk survive): the kit's causality and cached-decode checks fail it."""
+    from typing import Literal
+
+    from modkit import hookimpl
+    from modkit.testing import check_component
+    from modkit_plugins import dsa as dsa_module
+
+    class Unmasked(dsa_module.LightningIndexer):
+        def select(self, x, q, k_all, allowed):
+            everything = torch.ones_like(allowed)
+            return super().select(x, q, k_all, everything) & allowed  # FAULT: the mask after the top-k
+
+    class FaultyConfig(dsa_module.DSAConfig):
+        type: Literal["dsa_unmasked"] = "dsa_unmasked"  # type: ignore[assignment]
+
+    def factory(cfg, ctx):
+        module = dsa_module.DSA(cfg, ctx)
+        module.indexer.__class__ = Unmasked
+        return module
+
+    class Plugin:
+        @hookimpl
+        def register_components(self, register):
+            entry = dsa_module.dsa_component()
+            example = dict(entry.example, type="dsa_unmasked")
+            register(
+                modkit.Component(
+                    **{
+                        **entry.__dict__,
+                        "type": "dsa_unmasked",
+                        "config": FaultyConfig,
+                        "factory": factory,
+                        "example": example,
+                        "provider": None,
+                    }
+                )
+            )
+
+    reg = modkit.Registry()
+    for p in modkit.get_registry().plugins():
+        reg.register_plugin(p.obj, p.name)
+    reg.register_plugin(Plugin(), "dsa-fault")
+    results = {
+        r.check: r
+        for r in check_component(
+            "attention", "dsa_unmasked", registry=reg, checks=["causality", "kv_cache_decode", "shape_dtype"]
+        )
+    }
+    assert results["causality"].status == "failed", results["causality"].detail
+    assert results["kv_cache_decode"].status == "failed"
+    assert results["shape_dtype"].status == "passed"
