@@ -44,7 +44,9 @@ class GlmLatentAttention(SparseLatentAttention):
 class IndexerTypes(Entry):
     """``indexer_types``: ``full`` or ``shared`` per layer; a shared layer reuses the last full layer's selection."""
 
-    SETS: ClassVar[tuple[str, ...]] = ("attention_by_layer",)
+    #: sets ``attention_by_layer``, but only to give shared layers the dsa field ``index_source``: the reference
+    #: page's summary reads it as part of the latent attention, not as Llama 4's per-layer attention features
+    SETS: ClassVar[tuple[str, ...]] = ("mla",)
 
     def read(self, r, f, name):
         types = r.get(name)
