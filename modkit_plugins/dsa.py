@@ -321,6 +321,19 @@ def dsa_component() -> Component:
             "compile_safe": True,
             "returns_weights": True,
             "attention_dropout": True,
+            # MLA's plan (heads sharded, the latent path replicated); the indexer reads the replicated input and query
+            # latent, so it is replicated too and every rank selects the same keys for its heads
+            "tp_plan": {
+                "q_proj": "colwise",
+                "q_a_proj": "replicate",
+                "q_a_layernorm": "replicate",
+                "q_b_proj": "colwise",
+                "kv_a_proj_with_mqa": "replicate",
+                "kv_a_layernorm": "replicate",
+                "kv_b_proj": "colwise",
+                "o_proj": "rowwise",
+                "indexer": "replicate",
+            },
             # the dense attention this one selects from: the type of the same kind with the fields both have
             # (modkit cost compares the two)
             "selects_from": "mla",
