@@ -5,7 +5,10 @@ every step), same weights, same run, interleaved.
 
 The attention layer alone, batch 1, float32 on the CPU, at contexts 1K and 4K (``--contexts``): each side's cache is
 prefilled with the same ``context`` tokens, then decode steps of one token are timed (median over ``--repeats``
-rounds of ``--steps`` steps, the two sides alternating round by round). Sizes (``--heads`` etc.) default to
+rounds of ``--steps`` steps, the sides alternating round by round). With ``--compile`` (the default; ``--no-compile``
+skips it) modkit's step is also timed under ``torch.compile(fullgraph=True, dynamic=False)`` (the cache update and
+the layer, as ``modkit generate --compile`` traces them; compiled in the warm-up, not timed), as a third side with
+its own roofline fractions. Sizes (``--heads`` etc.) default to
 DeepSeek-V3's per-head sizes with fewer heads: d_model 1024, 8 heads, q_lora_rank 384, kv_lora_rank 512,
 qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128. Prints the seconds per step of each and the ratio
 transformers / modkit (above 1: modkit is faster), and the largest difference of the first decoded outputs.
@@ -120,6 +123,7 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--steps", type=int, default=8, help="decode steps per timed round")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per side (median reported)")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile side")
     p.add_argument("--d-model", dest="d_model", type=int, default=1024)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--q-lora", dest="q_lora", type=int, default=384)
@@ -137,7 +141,7 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}; load average at start {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)"
     )
     for context in args.contexts:
-        max_len = context + 1 + args.steps * (args.repeats + 1)
+        max_len = context + 3 + args.steps * (2 * args.repeats + 1)  # the eager steps, the compiled ones, warm-ups
         model, mla, rope, hf, rotary = build_pair(args, max_len)
         gen = torch.Generator().manual_seed(context)
         prompt = torch.randn(1, context, args.d_model, generator=gen)
@@ -161,10 +165,16 @@ def main(argv=None) -> int:
             x = torch.randn(1, 1, args.d_model, generator=gen)
             diff = (ours_step(x) - hf_step(x)).abs().max().item()  # the first decoded token, both sides
             steps = [torch.randn(1, 1, args.d_model, generator=gen) for _ in range(args.steps)]
+            compiled = torch.compile(ours_step, fullgraph=True, dynamic=False) if args.compile else None
+            if compiled is not None:  # compiled here, in the warm-up (two calls: the second must not recompile)
+                start = time.perf_counter()
+                compiled(steps[0]), compiled(steps[1])
+                print(f"\ncontext {context}: torch.compile of the step took {time.perf_counter() - start:.1f} s")
             src = torch.ones(128 * 2**20)  # 512 MiB: far beyond the caches
             dst, a, b = torch.empty_like(src), torch.randn(1024, 1024), torch.randn(1024, 1024)
             sides = {
                 "modkit": lambda: [ours_step(t) for t in steps],
+                **({"compiled": lambda: [compiled(t) for t in steps]} if compiled is not None else {}),
                 "transformers": lambda: [hf_step(t) for t in steps],
                 "copy": lambda: dst.copy_(src),
                 "matmul": lambda: [a @ b for _ in range(8)],
@@ -175,7 +185,7 @@ def main(argv=None) -> int:
                     w, c = _clocks(fn)
                     wall[name].append(w)
                     cpu[name].append(c)
-        per = {"modkit": args.steps, "transformers": args.steps, "copy": 1, "matmul": 8}
+        per = {"modkit": args.steps, "compiled": args.steps, "transformers": args.steps, "copy": 1, "matmul": 8}
         nbytes, flops = step_cost(args, mla, context)
         print(f"\ncontext {context}: {nbytes / 1e6:.1f} MB read and {flops / 1e6:.1f} MFLOP per modkit step")
         for clock, t in (("wall", wall), ("CPU", cpu)):
@@ -189,6 +199,12 @@ def main(argv=None) -> int:
                 f"matmul {fps / 1e9:.1f} GFLOP/s, compute floor {1e3 * flops / fps:.3f} ms; "
                 f"max(bandwidth, compute) = {floor / m['modkit']:.2f} of the step"
             )
+            if "compiled" in m:
+                print(
+                    f"  {clock}: modkit compiled {1e3 * m['compiled']:.3f} ms/step = {roof / m['compiled']:.2f} of the "
+                    f"bandwidth roofline, max(bandwidth, compute) = {floor / m['compiled']:.2f}; ratio transformers / "
+                    f"modkit compiled {m['transformers'] / m['compiled']:.2f}"
+                )
         print(
             f"  first step max |Δ| = {diff:.2e}; cache bytes per token: modkit "
             f"{mla.cache_spec().bytes_per_token('float32')}; load average {os.getloadavg()[0]:.1f}",

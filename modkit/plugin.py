@@ -16,6 +16,8 @@ What is here, by use:
   :class:`AttentionInputs`, :class:`PositionGeometry`, :class:`PositionScheme`, :class:`Init`, :func:`run_ffn`,
   :func:`split_aux`, :func:`add_aux`, :func:`dropout`, and the parameter :data:`ROLES`;
 * **declared decode state** (:mod:`modkit.nn.cache`): :class:`CacheSpec`, :class:`CacheEntry`;
+* **the residual stream** (:mod:`modkit.nn.stream`): :class:`ResidualStream` (a ``stream`` component's base) and
+  :func:`stream_of` (the stream a placement that declares ``streams`` is built with);
 * **attention helpers** (:mod:`modkit.nn.attention`): :func:`attention_mask`, :func:`prepare_mask`
   (:class:`PreparedMask`), :func:`masked_attention`, :func:`masked_softmax`, :func:`position_bias`,
   :func:`is_plain_causal`, :func:`update_cache`, :func:`update_cache_entries`, :func:`position_geometry`;
@@ -119,6 +121,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     )
     from modkit.nn.cache import CacheEntry, CacheSpec
     from modkit.nn.grouped import grouped_mm
+    from modkit.nn.stream import ResidualStream, stream_of
     from modkit.nn.recurrent import (
         ChunkBoundaries,
         GatedRMSNorm,
@@ -216,6 +219,7 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("CacheEntry", "CacheSpec"), "modkit.nn.cache"),
     "grouped_mm": "modkit.nn.grouped",
+    **dict.fromkeys(("ResidualStream", "stream_of"), "modkit.nn.stream"),
     **dict.fromkeys(
         (
             "ChunkBoundaries",

@@ -68,7 +68,6 @@ from modkit.plugin import (
     hookimpl,
     is_plain_causal,
     masked_attention,
-    masked_softmax,
     MAX_MSCALE,
     MAX_MULTIPLIER,
     MAX_ROPE_FACTOR,
@@ -85,6 +84,10 @@ from modkit.plugin import (
     update_cache_entries,
     Workload,
 )
+
+
+#: dtypes the softmax runs in as they are (narrower ones are widened to float32 first)
+_WIDE = (torch.float32, torch.float64)
 
 
 class YarnMscale(StrictModel):
@@ -293,7 +296,7 @@ class MLA(nn.Module):
         bias = position_bias(inputs, k_pos, h)
         t, keys = _Projected(q_nope, q_rope, c_all, k_rope_all), _KeyMask(inputs, k_pos, k_valid, bias, dropout_p)
         keys = keys._replace(selected=self._selection(x, index_state, seen, keys))
-        out, weights = self._absorbed(t, keys) if absorbed else self._expanded(t, keys, need_weights)
+        out, weights = self._absorbed(t, keys, need_weights) if absorbed else self._expanded(t, keys, need_weights)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, h * self.v_head_dim)), weights
 
     def _prepared(self, keys: _KeyMask, dtype: torch.dtype) -> PreparedMask:
@@ -324,26 +327,44 @@ class MLA(nn.Module):
         eager = need_weights or (bias is not None and q.dtype != torch.float32)
         return masked_attention(q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p)
 
-    def _absorbed(self, t: _Projected, keys: _KeyMask) -> tuple[Tensor, Tensor]:
+    def _absorbed(self, t: _Projected, keys: _KeyMask, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         """Scores against the cached latent with ``W_UK`` folded into the query; ``W_UV`` after the weighted sum:
-        ``([b, h, s, d_v], probabilities [b, h, s, kv] float32)``."""
+        ``([b, h, s, d_v], probabilities [b, h, s, kv] float32, or None without need_weights)``.
+
+        Every head reads the same latent ``[b, kv, r_kv]`` and rotated key ``[b, kv, d_rope]``, so the heads fold
+        into the rows of one product per batch row (``[b, h·s, ·]``): the cached latent is read once per product,
+        not once per head, and no per-head key or value of the context is ever formed (DeepSeek-V3's reference
+        ``inference/model.py`` in its ``absorb`` mode; FlashMLA). The softmax scale is folded into the (small)
+        query, and the additive mask is the first operand of the score product (``baddbmm``), so the ``[b, h·s,
+        kv]`` scores are written once and only the softmax passes over them again.
+        """
         q_nope, q_rope, c_all, k_rope_all = t
         bias, dropout_p = keys.bias, keys.dropout_p
         b, h, s, _ = q_nope.shape
+        kv, r = c_all.shape[1], self.kv_lora_rank
         w_uk, w_uv = self._kv_b()
-        q_lat = torch.matmul(q_nope, w_uk)  # [b, h, s, d_nope] @ [h, d_nope, r_kv] -> [b, h, s, r_kv]
-        kv = c_all.shape[1]
-        # every head reads the same latent and rotated key: heads fold into the rows of one product per batch row
-        scores = torch.bmm(q_lat.reshape(b, h * s, -1), c_all.transpose(1, 2))
-        scores = scores + torch.bmm(q_rope.reshape(b, h * s, -1), k_rope_all.transpose(1, 2))
-        scores = scores.view(b, h, s, kv) * self.scale
-        if bias is not None:
-            scores = scores.float() + bias
+        # [b, h, s, d_nope] @ [h, d_nope, r_kv] -> [b, h, s, r_kv], scaled: α (W_UKᵀ q_nope) · c_j
+        q_lat = torch.matmul(q_nope, w_uk).mul_(self.scale).view(b, h * s, r)
+        q_rope = (q_rope * self.scale).reshape(b, h * s, -1)
         prepared = self._prepared(keys, q_nope.dtype)
-        probs = masked_softmax(scores, prepared, dropout_p)  # [b, h, s, kv] float32, dead rows 0
-        o_lat = torch.bmm(probs.to(c_all.dtype).view(b, h * s, kv), c_all).view(b, h, s, -1)  # [b, h, s, r_kv]
+        base = prepared.additive  # [b, 1, s, kv]: 0 where allowed, -inf elsewhere (dead rows opened)
+        if bias is not None:  # ALiBi: added in float32 at least, as the expanded path does
+            base = base.to(torch.promote_types(base.dtype, torch.float32)) + bias
+        base = base.expand(b, h, s, kv).reshape(b, h * s, kv) if s > 1 or base.shape[1] > 1 else base.view(b, 1, kv)
+        late = base.dtype != q_lat.dtype  # a narrow model with a bias: the mask and bias join after the products
+        scores = torch.bmm(q_lat, c_all.transpose(1, 2)) if late else torch.baddbmm(base, q_lat, c_all.transpose(1, 2))
+        scores = torch.baddbmm(scores, q_rope, k_rope_all.transpose(1, 2))  # + α q_rope · k_rope_j
+        # [b, h·s, kv] in float32 at least (float64 stays float64)
+        scores = scores if scores.dtype in _WIDE else scores.float()
+        probs = torch.softmax(scores + base if late else scores, dim=-1)
+        if dropout_p > 0:
+            probs = nn.functional.dropout(probs, dropout_p)
+        o_lat = torch.bmm(probs.to(c_all.dtype), c_all).view(b, h, s, r)  # Σ_j p_hj c_j
         out = torch.matmul(o_lat, w_uv.transpose(1, 2))  # [b, h, s, r_kv] @ [h, r_kv, d_v] -> [b, h, s, d_v]
-        return out, probs
+        out = out * prepared.live  # rows that see no key output 0
+        if not need_weights:
+            return out, None
+        return out, probs.view(b, h, s, kv) * prepared.live.to(probs.dtype)
 
 
 def _norm_params(cfg: MLAConfig, ctx: BuildContext, dim: int) -> int:

@@ -15,6 +15,9 @@ builds no ffn norm.
   each sublayer's output only (OLMo 2's "reordered norm").
 * ``parallel``:  ``x = x + attn(attn_norm(x)) + ffn(n2(x))`` with ``n2 = attn_norm`` when ``shared_norm``
   (GPT-J, Falcon, Phi) else a separate ``ffn_norm`` (GPT-NeoX ``use_parallel_residual``).
+* ``deepnorm``:  ``h = attn_norm(x); x = α_a·h + β_a·attn(h); h = ffn_norm(x); x = α_f·h + β_f·ffn(h)``: the residual
+  is the normalised stream, scaled (DeepNet's post-norm ``N(α x + G(x))`` with its norms moved to the sublayer
+  inputs: the model's final_norm closes the last block; MiniMax-01's decoder layer).
 * ``pre-no-residual``: ``x = attn(attn_norm(x)); x = ffn(ffn_norm(x))``: ``pre`` with both residual adds removed.
   An ablation for experiments (what the residual stream buys, He et al. 2016), not a placement for real models:
   without the identity path the signal and its gradient must pass through every sublayer, and deep stacks train
@@ -59,6 +62,7 @@ from modkit.plugin import (
     MAX_MULTIPLIER,
     Multiplier,
     run_ffn,
+    stream_of,
 )
 
 
@@ -100,6 +104,22 @@ class ReorderedConfig(_ResidualConfig):
     """Config of ``reordered`` (alias ``olmo2``): a norm on each sublayer's output only, inside the residual (OLMo 2)."""
 
     type: Literal["reordered"] = "reordered"
+
+
+class DeepNormConfig(ComponentConfig):
+    """Config of ``deepnorm``: a norm before each sublayer whose output is also the residual, scaled (MiniMax-01)."""
+
+    type: Literal["deepnorm"] = "deepnorm"
+    attn_alpha: Multiplier = Field(
+        1.0,
+        description="α_a: the normalised stream's weight around the mixer (MiniMax's "
+        "full_attn_alpha_factor / linear_attn_alpha_factor; 3.557 in MiniMax-Text-01)",
+    )
+    attn_beta: Multiplier = Field(1.0, description="β_a: the mixer output's weight (full/linear_attn_beta_factor)")
+    ffn_alpha: Multiplier = Field(
+        1.0, description="α_f: the normalised stream's weight around the ffn (mlp_alpha_factor)"
+    )
+    ffn_beta: Multiplier = Field(1.0, description="β_f: the ffn output's weight (mlp_beta_factor)")
 
 
 class PreNoResidualConfig(ComponentConfig):
@@ -180,9 +200,21 @@ class PreNormBlock(_Block):
 
     parts = ("attn_norm", "attention", "ffn_norm", "ffn")
 
+    def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
+        super().__init__(ctx, cfg)
+        stream = stream_of(ctx)  # a residual stream of several copies: one connection per sublayer
+        if stream is not None:
+            self.attn_hc = stream.connection()
+            self.ffn_hc = stream.connection() if self.ffn is not None else None
+
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
-        h, aux = run(getattr(self, f"{side}_norm")(x))
-        return x + self._add(h), aux
+        connection = getattr(self, f"{side}_hc", None)
+        if connection is None:  # the plain residual stream
+            h, aux = run(getattr(self, f"{side}_norm")(x))
+            return x + self._add(h), aux
+        u, state = connection.read(x)  # x: [b, s, n_streams, d]; u: [b, s, d]
+        h, aux = run(getattr(self, f"{side}_norm")(u))
+        return connection.write(x, state, self._add(h)), aux
 
 
 class PostNormBlock(_Block):
@@ -219,6 +251,34 @@ class ReorderedNormBlock(_Block):
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
         h, aux = run(x)
         return x + self._add(getattr(self, f"{side}_post_norm")(h)), aux
+
+
+class DeepNormBlock(_Block):
+    """``h = attn_norm(x)``, ``x' = α_a·h + β_a·attention(h)``, then ``h' = ffn_norm(x')``, ``y = α_f·h' + β_f·ffn(h')``.
+    ``[b, s, d] -> ([b, s, d], aux)``.
+
+    The residual is the normalised stream (transformers ``MiniMaxDecoderLayer``: ``hidden_states =
+    input_layernorm(hidden_states); residual = hidden_states``), which is DeepNet's post-norm ``N(α x + β G(x))`` (Wang
+    et al. 2022) with each norm moved from a sublayer's output to the next sublayer's input (the model's final_norm
+    closes the last block). The modules are ``pre``'s, so are its parameter names; dropout applies to what each
+    sublayer adds.
+    """
+
+    parts = PreNormBlock.parts
+
+    def __init__(self, cfg: DeepNormConfig, ctx: BuildContext):
+        super().__init__(ctx, cfg)
+        self.scales = {
+            "attn": (float(cfg.attn_alpha), float(cfg.attn_beta)),
+            "ffn": (float(cfg.ffn_alpha), float(cfg.ffn_beta)),
+        }
+
+    def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
+        alpha, beta = self.scales[side]
+        h = getattr(self, f"{side}_norm")(x)
+        out, aux = run(h)
+        out = self.drop(out)
+        return (h if alpha == 1.0 else alpha * h) + (out if beta == 1.0 else beta * out), aux
 
 
 class PreNormNoResidualBlock(PreNormBlock):
@@ -297,6 +357,13 @@ $N_1$ = attn_norm; $N_2 = N_1$ with shared_norm (one norm per block: GPT-J, Cohe
 Both sublayers read the same input, so they can run concurrently. $m$ = residual_multiplier.""",
 }
 
+_MATH["deepnorm"] = r"""$$h_1 = N_1(x),\quad h = \alpha_a h_1 + \beta_a\,\mathrm{Attn}(h_1), \qquad h_2 = N_2(h),\quad
+y = \alpha_f h_2 + \beta_f\,\mathrm{FFN}(h_2)$$
+
+$N_1$ = attn_norm, $N_2$ = ffn_norm; the residual is the normalised stream. Across blocks this is DeepNet's post-norm
+$x_{l+1} = N(\alpha x_l + \beta G(x_l))$ with every norm moved to the next sublayer's input (final_norm closes the last
+block)."""
+
 #: each placement's entry, less what they share (kind, math, capabilities, FLOPs): see :func:`register_components`
 _ENTRIES = (
     dict(
@@ -349,6 +416,17 @@ _ENTRIES = (
         example={"type": "parallel", "shared_norm": True},
     ),
     dict(
+        type="deepnorm",
+        config=DeepNormConfig,
+        factory=lambda cfg, ctx: DeepNormBlock(cfg, ctx),
+        description="DeepNorm-style block with the residual taken after the norm (MiniMax-01): h = attn_norm(x), "
+        "x = attn_alpha * h + attn_beta * attn(h), then h = ffn_norm(x), x = ffn_alpha * h + ffn_beta * ffn(h). Two "
+        "norms per block. [batch, seq, d_model] -> [batch, seq, d_model].",
+        reference="Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers, arXiv:2203.00555; MiniMax et al. "
+        "2025, MiniMax-01, arXiv:2501.08313; transformers MiniMaxDecoderLayer",
+        example={"type": "deepnorm", "attn_alpha": 2.0, "ffn_alpha": 2.0},
+    ),
+    dict(
         type="pre-no-residual",
         config=PreNoResidualConfig,
         factory=lambda cfg, ctx: PreNormNoResidualBlock(ctx),
@@ -363,8 +441,8 @@ _ENTRIES = (
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel`` and the
-    ``pre-no-residual`` ablation."""
+    """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel``,
+    ``deepnorm`` and the ``pre-no-residual`` ablation."""
     caps = {"compile_safe": True, "residual_dropout": True}
     # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
     flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
@@ -374,7 +452,8 @@ def register_components(register) -> None:
             Component(
                 kind="placement",
                 math=_MATH.get(entry["type"], ""),
-                capabilities=caps,
+                # pre reads and writes a residual stream of several copies (modkit.nn.stream)
+                capabilities={**caps, "streams": True} if entry["type"] == "pre" else caps,
                 flops=ablation_flops if entry["type"] == "pre-no-residual" else flops,
                 **entry,
             )

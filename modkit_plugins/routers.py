@@ -17,6 +17,8 @@ Each published router is a setting of the two router types:
 * DeepSeek-V4: ``sqrtsoftplus_topk`` (scores ``sqrt(softplus(logits))``), ``correction_bias``, ``renormalize`` true,
   ``routed_scaling_factor``; its first layers route by token id (the ``hash`` router, :mod:`modkit_plugins.hash_router`).
 * DBRX: ``topk``, ``renormalize`` true with ``renormalize_p`` = ``moe_normalize_expert_weights`` (a p-norm).
+* LFM2-MoE: ``sigmoid_topk``, ``correction_bias`` (its ``expert_bias``), ``renormalize`` true with
+  ``renormalize_eps`` 1e-6, ``routed_scaling_factor``.
 
 Auxiliary-loss-free balancing (DeepSeek-V3; Wang et al. 2024, arXiv:2408.15664): the routers count each expert's
 load (assignments of real tokens, the ``expert_load`` buffer) and, with ``correction_bias``, keep a float32 bias
@@ -71,6 +73,14 @@ class RouterConfig(ComponentConfig):
         description="with renormalize, the p of the norm the top-k weights are divided by: 1, their sum (the weights "
         "are positive); another p, their p-norm (sum w^p)^(1/p) (DBRX's moe_normalize_expert_weights, 1 in DBRX). "
         "Needs renormalize",
+    )
+    renormalize_eps: float = Field(
+        1e-20,
+        ge=0,
+        le=1e-3,
+        allow_inf_nan=False,
+        description="with renormalize (p = 1), added to the sum the top-k weights are divided by: 1e-20 keeps all-zero "
+        "weights at 0 (DeepSeek-V3); LFM2-MoE's router adds 1e-6 (transformers Lfm2MoeTopKRouter). At most 1e-3",
     )
     bias: bool = Field(False, description="bias on the router projection (gpt-oss)")
     routed_scaling_factor: Multiplier = Field(
@@ -170,12 +180,12 @@ def score_fn(score: str, logits: Tensor) -> Tensor:
     raise ValueError(f"router score must be one of {sorted(SCORE_OF.values())}, got {score!r}")
 
 
-def normalise_weights(weights: Tensor, p: float) -> Tensor:
+def normalise_weights(weights: Tensor, p: float, eps: float = 1e-20) -> Tensor:
     """``weights [..., top_k]`` (non-negative) divided by their p-norm over the last dim: the sum for ``p`` = 1 (plus
-    1e-20, so all-zero weights stay 0: DeepSeek-V3), ``(sum w^p)^(1/p)`` otherwise (DBRX's
+    ``eps``: 1e-20 so all-zero weights stay 0, DeepSeek-V3; LFM2-MoE's 1e-6), ``(sum w^p)^(1/p)`` otherwise (DBRX's
     ``moe_normalize_expert_weights``, transformers ``DbrxRouter``: ``torch.norm(w, p=p)``)."""
     if p == 1.0:
-        return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights / (weights.sum(dim=-1, keepdim=True) + eps)
     return weights / torch.linalg.vector_norm(weights, ord=p, dim=-1, keepdim=True).clamp(min=1e-20)
 
 
@@ -255,6 +265,7 @@ class TopKRouter(nn.Module):
         group_score: str = "top2_sum",
         correction_bias: bool = False,
         bias_update_speed: float = 0.0,
+        renormalize_eps: float = 1e-20,
     ):
         super().__init__()
         if not 1 <= top_k <= n_experts:
@@ -267,7 +278,7 @@ class TopKRouter(nn.Module):
         self.n_experts, self.top_k, self.renormalize, self.score = n_experts, top_k, renormalize, score
         self.routed_scaling_factor, self.renormalize_p = float(routed_scaling_factor), float(renormalize_p)
         self.n_group, self.topk_group, self.group_score = n_group, topk_group, group_score
-        self.bias_update_speed = float(bias_update_speed)
+        self.bias_update_speed, self.renormalize_eps = float(bias_update_speed), float(renormalize_eps)
         self.proj = nn.Linear(d_model, n_experts, bias=bias)
         self.register_buffer("expert_load", torch.zeros(n_experts, dtype=torch.int64), persistent=False)
         bias_buffer = torch.zeros(n_experts, dtype=torch.float32) if correction_bias else None
@@ -316,7 +327,7 @@ class TopKRouter(nn.Module):
             indices = torch.topk(choice, self.top_k, dim=-1).indices
             weights = scores.gather(-1, indices)
         if self.renormalize:
-            weights = normalise_weights(weights, self.renormalize_p)
+            weights = normalise_weights(weights, self.renormalize_p, self.renormalize_eps)
         if self.routed_scaling_factor != 1.0:
             weights = weights * self.routed_scaling_factor
         self._count(indices, token_mask)
@@ -369,6 +380,7 @@ def _make_router(cfg: RouterConfig, ctx: BuildContext) -> TopKRouter:
         group_score=cfg.group_score,
         correction_bias=cfg.correction_bias,
         bias_update_speed=cfg.bias_update_speed,
+        renormalize_eps=cfg.renormalize_eps,
     )
 
 

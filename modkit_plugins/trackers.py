@@ -176,7 +176,17 @@ class TensorBoardTracker(Tracker):
 
 
 class WandbTracker(Tracker):
-    """One W&B run (``reinit="create_new"``: a comparison's group run and its runs may be open together)."""
+    """One W&B run (``reinit="create_new"``: a comparison's group run and its runs may be open together).
+
+    ``Run.finish`` returns before W&B's service has written the run's file: its stream is closed asynchronously,
+    so a ``run-ID.wandb`` read right after ``finish`` (by ``wandb sync`` or by a script in the same process) can
+    still be the 7-byte header alone. When the last open run of this process finishes, :meth:`finish` therefore
+    calls ``wandb.teardown()``, which waits for the service to flush and close every stream; the next run starts
+    a new service.
+    """
+
+    #: runs of this process not finished yet (teardown finishes every open run, so it waits for the last)
+    open_runs = 0
 
     def __init__(self, cfg: WandbConfig, setup: TrackerSetup):
         try:
@@ -200,6 +210,7 @@ class WandbTracker(Tracker):
             job_type="train" if setup.role == "run" else "compare",
             reinit="create_new",
         )
+        WandbTracker.open_runs += 1
 
     def log_config(self, config, spec) -> None:
         """The config (and spec) as the run's config."""
@@ -225,8 +236,14 @@ class WandbTracker(Tracker):
             self.run.log({"runs": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in runs])})
 
     def finish(self, ok: bool) -> None:
-        """Finish the run (exit code 1 when training failed)."""
+        """Finish the run (exit code 1 when training failed); after the process's last open run, wait for W&B's
+        service to write every run file (``wandb.teardown``)."""
+        import wandb
+
         self.run.finish(exit_code=0 if ok else 1)
+        WandbTracker.open_runs -= 1
+        if WandbTracker.open_runs == 0:
+            wandb.teardown()
 
 
 def _wandb_logged_in(wandb) -> bool:

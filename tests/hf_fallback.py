@@ -15,7 +15,19 @@ import sys
 #: the kernel packages transformers prefers to its PyTorch paths for these models
 KERNEL_PACKAGES = ("mamba_ssm", "causal_conv1d", "fla")
 #: the modeling modules whose kernels come from them
-MODELING = ("mamba2", "qwen3_next", "falcon_h1", "jamba")
+MODELING = (
+    "mamba2",
+    "qwen3_next",
+    "falcon_h1",
+    "jamba",
+    "lfm2",
+    "lfm2_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "olmo_hybrid",
+    "kimi_linear",
+    "minimax",
+)
 
 
 def force_torch_fallback() -> None:

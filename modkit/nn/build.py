@@ -133,6 +133,9 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
         parametrization=spec.parametrization,
     )
     layer_specs = [spec.layer(i) for i in range(spec.n_layers)]
+    # a wide residual stream (spec 'stream', modkit.nn.stream): built first, its connections built by each placement
+    stream = base.build(spec.stream) if spec.stream is not None else None
+    placed = {"extra": {"stream": stream}} if stream is not None else {}
     blocks, pos_keys, pos_modules, layer_position, windows = [], {}, [], [], []
     mixers, geometries = [], []
     for ls in layer_specs:
@@ -159,7 +162,7 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
             pos_keys[key] = len(pos_modules)
             pos_modules.append(ctx.build(ls.position, n_heads=heads[0], head_dim=heads[1]))
         layer_position.append(pos_keys[key])
-        block = ctx.build(ls.placement, attention=mixer, ffn=ffn, norm=ls.norm)
+        block = ctx.build(ls.placement, attention=mixer, ffn=ffn, norm=ls.norm, **placed)
         blocks.append(block)
         # how many of the latest positions a query sees (a ring of that many cache slots): the attention's
         # attention_span when it declares one (sliding window, chunked attention), else its sliding_window
@@ -181,7 +184,27 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
     embed.modkit_kind = "embedding"
     embedding_norm = base.build(spec.embedding_norm) if spec.embedding_norm is not None else None
     final_norm = base.build(spec.final_norm) if spec.final_norm is not None else None
-    return Model(spec, embed, positions, layer_position, nn.ModuleList(blocks), embedding_norm, final_norm, windows)
+    model = Model(spec, embed, positions, layer_position, nn.ModuleList(blocks), embedding_norm, final_norm, windows)
+    model.stream = stream
+    if spec.mtp is not None:
+        model.mtp = _mtp_modules(spec, base, layer_specs[-1])
+    return model
+
+
+def _mtp_modules(spec: ModelSpec, base, last) -> nn.ModuleList:
+    """The ``spec.mtp.depth`` modules of multi-token prediction (:mod:`modkit.nn.mtp`): each a block with the
+    components of the last layer ``last`` (built as layer ``n_layers + k - 1``), the block norm three times."""
+    from modkit.nn.mtp import MTPModule
+
+    modules = []
+    for k in range(spec.mtp.depth):
+        ctx = base.__class__(**{**base.__dict__, "layer_index": spec.n_layers + k})
+        mixer = ctx.build(last.attention)
+        ffn = ctx.build(last.ffn) if last.ffn is not None else None
+        block = ctx.build(last.placement, attention=mixer, ffn=ffn, norm=last.norm)
+        norms = [ctx.build(last.norm) for _ in range(3)]
+        modules.append(MTPModule(block, *norms, spec.d_model))
+    return nn.ModuleList(modules)
 
 
 def build(

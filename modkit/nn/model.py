@@ -123,6 +123,11 @@ def mixer_specs(module: nn.Module) -> dict[str, CacheSpec]:
     return {path: _declared(module.get_submodule(path), path or type(module).__name__) for path in _mixers(module)}
 
 
+def _arange_like(ids: Tensor) -> Tensor:
+    """Positions ``0 .. seq-1`` of every row of ``ids [batch, seq]`` (``[batch, seq]`` int64)."""
+    return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+
+
 @dataclass
 class ModelOutput:
     """Result of :meth:`Model.forward`.
@@ -132,12 +137,16 @@ class ModelOutput:
         aux_loss: scalar sum of the auxiliary losses of every layer that returns one (MoE), else ``None``.
         hidden: ``[batch, seq, d_model]`` final hidden states (after the final norm).
         cache: the cache passed in, updated, or ``None``.
+        mtp_logits: with ``forward(mtp=True)`` on a model with multi-token prediction, per depth ``k = 1 .. D``
+            the logits ``[batch, seq - k, vocab_size]`` whose position ``i`` predicts token ``i + k + 1``
+            (:mod:`modkit.nn.mtp`); their blocks' auxiliary losses are in ``aux_loss``. Else ``None``.
     """
 
     logits: Tensor
     aux_loss: Optional[Tensor]
     hidden: Tensor
     cache: Optional[KVCache] = None
+    mtp_logits: Optional[list] = None
 
 
 class Model(nn.Module):
@@ -173,6 +182,11 @@ class Model(nn.Module):
         self.layers = layers
         self.final_norm = final_norm
         self.windows = list(windows)
+        #: the residual stream of several copies (spec ``stream``, :mod:`modkit.nn.stream`), set by the build; ``None``:
+        #: the plain ``[batch, seq, d_model]`` stream
+        self.stream: Optional[nn.Module] = None
+        #: the modules of multi-token prediction (:mod:`modkit.nn.mtp`; spec ``mtp``), set by the build; ``None``
+        self.mtp: Optional[nn.ModuleList] = None
         #: per layer, the paths (inside the block) of its token mixers: modules that declare ``cache_spec()``, or
         #: attentions exposing ``n_kv_heads`` / ``head_dim`` (keys and values); each is tagged ``modkit_cache_key``
         self.mixer_paths = [_mixers(block) for block in layers]
@@ -322,6 +336,7 @@ class Model(nn.Module):
         cache: Optional[KVCache] = None,
         logits_to_keep: Optional[int] = None,
         documents: Optional[Tensor] = None,
+        mtp: bool = False,
     ) -> ModelOutput:
         """Compute logits.
 
@@ -340,6 +355,9 @@ class Model(nn.Module):
                 (a recurrent mixer restarts its state and convolution at each document's first token) and its
                 position counts from that document's start (unless ``positions`` is given), so each document gives
                 the logits it gives alone. Not with ``cache``.
+            mtp: also run the multi-token-prediction modules (spec ``mtp``; training uses them, generation does
+                not): ``ModelOutput.mtp_logits``. Not with ``cache``, ``attention_mask``, ``positions``,
+                ``documents`` or ``logits_to_keep``; ignored when the spec has no ``mtp``.
 
         Returns:
             :class:`ModelOutput` with ``logits [batch, seq, vocab_size]`` (``[batch, logits_to_keep, vocab_size]``
@@ -361,11 +379,33 @@ class Model(nn.Module):
             logits_to_keep=logits_to_keep,
         )
         x = self._embed_tokens(input_ids, inputs.positions)
+        if self.stream is not None:  # [batch, seq, n_streams, d_model] between the blocks (modkit.nn.stream)
+            x = self.stream.enter(x)
         x, aux = self._run_blocks(x, inputs.attention_inputs(), cache)
+        if self.stream is not None:
+            x = self.stream.exit(x)
+        extra = None
+        if mtp and self.mtp is not None:
+            extra, aux = self._mtp_logits(
+                x, input_ids, aux, (attention_mask, positions, cache, documents, logits_to_keep)
+            )
         if self.final_norm is not None:
             x = self.final_norm(x)
         h = x if logits_to_keep is None or logits_to_keep >= x.shape[1] else x[:, -logits_to_keep:]
-        return ModelOutput(logits=self.head_logits(h), aux_loss=aux, hidden=x, cache=cache)
+        return ModelOutput(logits=self.head_logits(h), aux_loss=aux, hidden=x, cache=cache, mtp_logits=extra)
+
+    def _mtp_logits(self, x: Tensor, input_ids: Tensor, aux, others: tuple) -> tuple[list, Optional[Tensor]]:
+        """The logits of every multi-token-prediction depth from the last block's output ``x [batch, seq, d_model]``
+        (:func:`modkit.nn.mtp.mtp_hidden`) and ``aux`` plus their blocks' auxiliary losses."""
+        from modkit.nn.mtp import mtp_hidden
+
+        if any(o is not None for o in others):
+            raise ValueError(
+                "forward(mtp=True) runs the multi-token-prediction modules on whole unpadded rows: not with "
+                "attention_mask, positions, cache, documents or logits_to_keep"
+            )
+        hidden, mtp_aux = mtp_hidden(self, x, input_ids, lambda ids: self._embed_tokens(ids, _arange_like(ids)))
+        return [self.head_logits(h) for h in hidden], add_aux(aux, mtp_aux)
 
     def _embed_tokens(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         """The blocks' input ``[batch, seq, d_model]`` of ``input_ids [batch, seq]`` at ``positions [batch, seq]``.

@@ -144,18 +144,28 @@ class ContextParallel:
 
 
 def context_parallel_problems(model: nn.Module) -> list[tuple[str, str, str]]:
-    """``[(layer path, kind/type, reason)]`` of every token mixer in ``model`` that cannot be sequence-sharded: its
-    entry does not declare ``context_parallel: "allgather_kv"`` (a recurrent mixer declares ``false``). Empty when
-    the model may run under context parallelism."""
+    """``[(layer path, kind/type, reason)]`` of every component in ``model`` that cannot be sequence-sharded: a token
+    mixer whose entry does not declare ``context_parallel: "allgather_kv"`` (a recurrent mixer declares ``false``),
+    and a component with an auxiliary loss (a mixture of experts: capability ``aux_loss``) that does not declare
+    ``context_parallel: true`` (its balance loss and its routers' loads are statistics over whole sequences and the
+    whole batch, which each ``cp`` rank would take over its slice only). Empty when the model may run under context
+    parallelism."""
     out = []
     for path, module in model.named_modules():
         kind = getattr(module, "modkit_kind", None)
+        caps = getattr(module, "modkit_capabilities", None) or {}
+        declared = caps.get("context_parallel")
+        typ = getattr(module, "modkit_type", type(module).__name__)
         if not is_mixer(kind):
+            if caps.get("aux_loss") and declared is not True:
+                reason = (
+                    "its auxiliary losses and its routers' expert loads are statistics over whole sequences and the "
+                    "whole batch, which each cp rank would take over its slice only (not reduced over cp)"
+                )
+                out.append((path, f"{kind}/{typ}", reason))
             continue
-        declared = (getattr(module, "modkit_capabilities", None) or {}).get("context_parallel")
         if declared == ALLGATHER_KV:
             continue
-        typ = getattr(module, "modkit_type", type(module).__name__)
         if declared is False:
             reason = (
                 "it declares context_parallel: false: its state runs through the sequence in order and a slice "
@@ -174,15 +184,15 @@ def apply_context_parallel(model: nn.Module, cp_mesh) -> nn.Module:
     every row (:meth:`ContextParallel.split_batch`) and its mixers attend over the whole rows' keys.
 
     Raises:
-        ParallelError: a token mixer that cannot be sequence-sharded (every one named with its layer path, type and
-            reason; the fix: drop cp, or use a mixer that declares ``context_parallel``).
+        ParallelError: a component that cannot be sequence-sharded (every one named with its layer path, type and
+            reason; the fix: drop cp, or use components that declare ``context_parallel``).
     """
     problems = context_parallel_problems(model)
     if problems:
         listed = "; ".join(f"{path} ({typ}): {why}" for path, typ, why in problems)
         raise ParallelError(
-            f"context parallelism (cp = {cp_mesh.size()}) cannot shard the sequence of {len(problems)} token "
-            f"mixer(s): {listed}. Train this model without --cp, or use mixers that declare context_parallel"
+            f"context parallelism (cp = {cp_mesh.size()}) cannot shard the sequence of {len(problems)} "
+            f"component(s): {listed}. Train this model without --cp, or use components that declare context_parallel"
         )
     group = cp_mesh.get_group() if hasattr(cp_mesh, "get_group") else cp_mesh
     model.context_parallel = ContextParallel(group)
@@ -190,19 +200,26 @@ def apply_context_parallel(model: nn.Module, cp_mesh) -> nn.Module:
 
 
 def mixer_layouts(registry=None) -> list[dict[str, Any]]:
-    """``[{"kind", "type", "fsdp", "tp", "pp", "cp"}]`` for every registered token mixer, from its declarations:
-    ``tp`` whether it declares a ``tp_plan``, ``cp`` its ``context_parallel`` capability (``"allgather_kv"`` or
-    ``"no"``); FSDP2 and pipeline parallelism cut between parameters and between layers, so every mixer takes them.
-    """
+    """``[{"kind", "type", "fsdp", "tp", "pp", "cp", "ep"}]`` for every registered token mixer and feed-forward,
+    from their declarations: ``tp`` whether it declares a ``tp_plan``; ``cp`` for a mixer its ``context_parallel``
+    capability (``"allgather_kv"`` or ``"no"``), for a feed-forward ``"yes"`` (it acts per token) unless it has an
+    auxiliary loss without declaring ``context_parallel: true`` (``"no"``: :func:`context_parallel_problems`);
+    ``ep`` ``"yes"`` for a component declaring an ``ep_plan`` (its experts split over the ``ep`` ranks), ``"no"``
+    for one with an auxiliary loss and no ``ep_plan`` (refused), ``"dense"`` otherwise (FSDP2 over the
+    data-parallel ranks, ``ep`` included). FSDP2 and pipeline parallelism cut between parameters and between
+    layers, so every component takes them."""
     from modkit.core.registry import get_registry
 
     registry = registry or get_registry()
     rows = []
     for entry in registry.components():
-        if not is_mixer(entry.kind):
+        if not (is_mixer(entry.kind) or entry.kind == "ffn"):
             continue
         caps = entry.capabilities
         cp = caps.get("context_parallel")
+        if entry.kind == "ffn":
+            cp = "no" if caps.get("aux_loss") and cp is not True else "yes"
+        ep = "yes" if caps.get("ep_plan") else ("no" if caps.get("aux_loss") else "dense")
         rows.append(
             {
                 "kind": entry.kind,
@@ -210,7 +227,8 @@ def mixer_layouts(registry=None) -> list[dict[str, Any]]:
                 "fsdp": "yes",
                 "tp": "yes" if caps.get("tp_plan") else "replicated",
                 "pp": "yes",
-                "cp": cp if cp == ALLGATHER_KV else "no",
+                "cp": cp if cp in (ALLGATHER_KV, "yes") else "no",
+                "ep": ep,
             }
         )
     return rows
@@ -220,17 +238,30 @@ def mixer_layouts(registry=None) -> list[dict[str, Any]]:
 TABLE_BEGIN = "<!-- modkit:mixer-layouts (generated by modkit.parallel.context.mixer_layout_table; do not edit) -->"
 TABLE_END = "<!-- /modkit:mixer-layouts -->"
 
+_CP_CELLS = {
+    ALLGATHER_KV: "`allgather_kv`",
+    "yes": "yes (per token)",
+    "no": "refused (declares it cannot be sequence-sharded)",
+}
+_EP_CELLS = {
+    "yes": "`ep_plan`: experts split over ep",
+    "no": "refused (no `ep_plan`)",
+    "dense": "dense (FSDP2)",
+}
+
 
 def mixer_layout_table(registry=None) -> str:
-    """The Markdown table of :func:`mixer_layouts` (one row per registered token mixer), between the markers the
-    scaling-out guide holds it in."""
+    """The Markdown table of :func:`mixer_layouts` (one row per registered token mixer and feed-forward), between
+    the markers the scaling-out guide holds it in."""
     lines = [
         TABLE_BEGIN,
-        "| kind | type | FSDP2 | tensor parallel | pipeline | context parallel |",
-        "|---|---|---|---|---|---|",
+        "| kind | type | FSDP2 | tensor parallel | pipeline | context parallel | expert parallel |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in mixer_layouts(registry):
-        cp = "`allgather_kv`" if r["cp"] == ALLGATHER_KV else "refused (declares it cannot be sequence-sharded)"
+        cp = _CP_CELLS[r["cp"]]
+        if r["kind"] == "ffn" and r["cp"] == "no":
+            cp = "refused (aux loss and router loads over whole sequences)"
         tp = "`tp_plan`" if r["tp"] == "yes" else "replicated (no `tp_plan`)"
-        lines.append(f"| {r['kind']} | `{r['type']}` | yes | {tp} | yes | {cp} |")
+        lines.append(f"| {r['kind']} | `{r['type']}` | yes | {tp} | yes | {cp} | {_EP_CELLS[r['ep']]} |")
     return "\n".join([*lines, TABLE_END])

@@ -28,7 +28,15 @@ z-loss are computed over every rank's tokens (:func:`modkit_plugins.moe_losses.g
 training loop sums the routers' loads over the same group before DeepSeek-V3's bias update, so a run equals one
 process on the whole batch.
 
-Not yet: expert parallelism together with tensor parallelism (expert-tensor parallelism) and the capacity form.
+**With pipeline stages** (``make_mesh(ep=N, pp=K)``: ``("pp", "dp_mod_ep", "ep", "tp")``): each stage's experts
+are split over the ``ep`` ranks of that stage (:func:`~modkit.parallel.build_pipeline` parallelises every stage
+on the mesh without its ``pp`` dim), the all-to-all runs inside each microbatch's forward and backward, and the
+aux losses' global statistics are those of the microbatch's tokens on every data-parallel rank; the gradient is
+that of one process accumulating over the same global microbatches, and the bias update reads the loads of the
+whole step (:mod:`~modkit.parallel.pipeline`).
+
+Not yet: expert parallelism together with tensor parallelism (expert-tensor parallelism) or context parallelism
+(:func:`~modkit.parallel.mesh.check_ep` says why), and the capacity form.
 """
 
 from __future__ import annotations
@@ -72,13 +80,15 @@ def _name(entry) -> str:
     return f"{entry.kind}/{entry.type} (plugin {entry.provider})"
 
 
-def expert_plan(model: nn.Module, ep: int, *, registry: Optional[Registry] = None) -> EPPlan:
+def expert_plan(model: nn.Module, ep: int, *, registry: Optional[Registry] = None, allow_empty: bool = False) -> EPPlan:
     """Compose and check the expert-parallel plan of ``model`` for degree ``ep`` (no process group; ``meta`` works).
 
     Args:
         model: a built model, before parallelisation.
         ep: expert-parallel degree (>= 1; 1 gives an empty plan).
         registry: the registry the model was built from (default: the process-wide one).
+        allow_empty: a model with no experts gives an empty plan instead of the refusal (a pipeline stage whose
+            layers are all dense: the model as a whole was checked).
 
     Raises:
         ParallelError: naming the layer path and the reason: a mixture declares no ``ep_plan``; its
@@ -108,7 +118,7 @@ def expert_plan(model: nn.Module, ep: int, *, registry: Optional[Registry] = Non
                 )
             continue
         _component(plan, path, module, entry, comp_plan, modules)
-    if not plan.experts:
+    if not plan.experts and not allow_empty:
         raise ParallelError(
             f"ep = {ep} asks for expert parallelism, but no layer of this model declares experts to split (no "
             "component has an ep_plan capability); use data parallelism (no --ep) for a dense model"
@@ -210,7 +220,8 @@ def _apply_ep(model: nn.Module, ep_mesh, dp_group, registry: Optional[Registry])
     """
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    plan = expert_plan(model, ep_mesh.size(), registry=registry)
+    # a pipeline stage (``modkit_stage``) may hold only dense layers: its model was checked as a whole
+    plan = expert_plan(model, ep_mesh.size(), registry=registry, allow_empty=getattr(model, "modkit_stage", False))
     modules = dict(model.named_modules())
     for path, owner in plan.experts.items():
         experts = modules[path]

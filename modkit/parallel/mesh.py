@@ -15,8 +15,8 @@ def make_mesh(
     """A ``DeviceMesh`` over the initialised world: ``("dp", "tp")`` (``dp * tp == world_size``); with context or
     pipeline parallelism ``("pp", "dp", "cp", "tp")`` (``pp * dp * cp * tp == world_size``; outermost first, as
     torchtitan orders them: the pipeline's stages across nodes, tensor parallelism inside one); with expert
-    parallelism ``("dp_mod_ep", "ep", "tp")`` whose first two dims flattened are ``"dp"`` (``mesh["dp"]`` works on
-    every layout).
+    parallelism ``("dp_mod_ep", "ep", "tp")``, or ``("pp", "dp_mod_ep", "ep", "tp")`` with pipeline stages too,
+    whose ``dp_mod_ep`` and ``ep`` dims flattened are ``"dp"`` (``mesh["dp"]`` works on every layout).
 
     Expert parallelism borrows from the data-parallel ranks (torchtitan's layout): the ``dp`` ranks read different
     tokens, the experts are split over groups of ``ep`` neighbouring data-parallel ranks and FSDP2-sharded over the
@@ -32,7 +32,7 @@ def make_mesh(
 
     Raises:
         ParallelError: no process group; the degrees' product differs from the world size; ``ep`` does not divide
-            ``dp``; ``ep > 1`` with ``tp``, ``cp`` or ``pp`` > 1 (not implemented together yet).
+            ``dp``; ``ep > 1`` with ``tp`` or ``cp`` > 1 (:func:`check_ep` names the reason).
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -56,7 +56,11 @@ def make_mesh(
     if ep == 1:
         return init_device_mesh(device_type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
     check_ep(ep, dp, tp, cp=cp, pp=pp)
-    mesh = init_device_mesh(device_type, (dp // ep, ep, tp), mesh_dim_names=("dp_mod_ep", "ep", "tp"))
+    if pp == 1:
+        mesh = init_device_mesh(device_type, (dp // ep, ep, tp), mesh_dim_names=("dp_mod_ep", "ep", "tp"))
+    else:
+        names = ("pp", "dp_mod_ep", "ep", "tp")
+        mesh = init_device_mesh(device_type, (pp, dp // ep, ep, tp), mesh_dim_names=names)
     mesh[("dp_mod_ep", "ep")]._flatten("dp")
     return mesh
 
@@ -64,9 +68,17 @@ def make_mesh(
 def check_ep(ep: int, dp: int, tp: int, *, cp: int = 1, pp: int = 1) -> None:
     """Refuse an expert-parallel degree the mesh cannot hold.
 
+    Expert parallelism composes with FSDP2 (``ep | dp``) and with pipeline stages (``pp``: each stage's experts
+    split over the ``ep`` ranks of that stage). Not with tensor parallelism: under ``tp`` the experts take the
+    ``grouped`` style (each TP rank holds a slice of every expert's hidden width and computes every token), and
+    splitting them over ``ep`` as well would put each expert on a 2-D (``ep`` x ``tp``) mesh, with the all-to-all
+    run once per TP rank and the partial outputs summed over ``tp`` after the return trip (Megatron-Core's
+    expert-tensor parallelism): not built. Nor with context parallelism: the sequence slices of one row would be
+    routed on different ranks while the aux losses' per-sequence statistics need the whole row.
+
     Raises:
-        ParallelError: ``ep`` is not a positive integer dividing ``dp``, or ``ep > 1`` with ``tp``, ``cp`` or ``pp``
-            > 1.
+        ParallelError: ``ep`` is not a positive integer dividing ``dp``, or ``ep > 1`` with ``tp`` or ``cp`` > 1,
+            naming the reason and the layouts that work.
     """
     if not isinstance(ep, int) or ep < 1 or dp % ep:
         raise ParallelError(
@@ -76,12 +88,15 @@ def check_ep(ep: int, dp: int, tp: int, *, cp: int = 1, pp: int = 1) -> None:
     if ep > 1 and tp > 1:
         raise ParallelError(
             f"ep = {ep} with tp = {tp}: expert parallelism together with tensor parallelism (expert-tensor "
-            "parallelism) is not implemented yet; use --ep with FSDP2 (tp = 1), or --tp without --ep"
+            "parallelism) is not implemented yet: tensor parallelism already slices every expert's hidden width over "
+            "the tp ranks, and splitting the experts over ep too would need the all-to-all dispatch per tp rank and "
+            "the partial outputs summed over tp after it; use --ep with FSDP2 and --pp (tp = 1), or --tp without --ep"
         )
-    if ep > 1 and (cp > 1 or pp > 1):
+    if ep > 1 and cp > 1:
         raise ParallelError(
-            f"ep = {ep} with cp = {cp}, pp = {pp}: expert parallelism together with context or pipeline parallelism "
-            "is not implemented yet; use --ep with FSDP2 alone"
+            f"ep = {ep} with cp = {cp}: expert parallelism together with context parallelism is not implemented "
+            "yet: the aux losses' per-sequence statistics would be split over the cp ranks; use --ep with FSDP2 "
+            "and --pp, or --cp without --ep"
         )
 
 

@@ -25,6 +25,17 @@ each stage adds its layers' auxiliary losses ``a`` to its output ``h`` with an i
 carrying ``a`` between stages. Each microbatch's auxiliary loss is of its own tokens; a single process equals it
 when it accumulates gradients over the same microbatches.
 
+**Expert parallelism** (a mesh from ``make_mesh(ep=N, pp=K)``): every stage's experts are split over the ``ep``
+ranks of its stage (:mod:`~modkit.parallel.expert`); the all-to-all runs inside each microbatch's forward and
+backward, the same on every rank of a stage (they run the same schedule). A mixture's aux losses are then those
+of the microbatch's tokens on every data-parallel rank (the global microbatch), and the routers' loads, which the
+bias update reads after the step, count every microbatch of every data-parallel rank: one process that
+accumulates over the same global microbatches gives the same gradient, loss and biases.
+
+**Metadata inference.** ``torch.distributed.pipelining`` runs each stage once on a stand-in microbatch (at the
+first step and when a step follows an evaluation, or the reverse) to learn the shapes it sends; the routers'
+loads that forward adds are put back, so the bias update and the load imbalance see the real microbatches only.
+
 **Microbatches.** ``step`` splits the batch's rows into ``microbatches`` equal parts; each part's loss is its
 mean cross entropy and the schedule divides the summed gradients by their number (``scale_grads``), which is the
 gradient of the batch's mean loss.
@@ -43,6 +54,7 @@ DeepSeek-V3 (arXiv:2412.19437) §3.2.1 DualPipe; PyTorch ``torch.distributed.pip
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -53,6 +65,7 @@ from modkit.core.interfaces import add_aux
 
 from .apply import ShardedInit, parallelize
 from .errors import ParallelError
+from .mesh import _sub_mesh
 
 #: schedule name -> (``torch.distributed.pipelining`` class name, stage placement: "single", "loop" or "v")
 SCHEDULES: dict[str, tuple[str, str]] = {
@@ -66,14 +79,39 @@ SCHEDULES: dict[str, tuple[str, str]] = {
 }
 
 
+#: the schedules that split each backward into the input's and the weights' gradient (zero bubble, DualPipeV)
+SPLIT_BACKWARD = ("interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev")
+
+
+def check_schedule(schedule: str, fsdp: int) -> None:
+    """Refuse a schedule that does not train correctly with FSDP2 over ``fsdp`` ranks (the data-parallel ranks,
+    times ``cp``): the split-backward schedules (:data:`SPLIT_BACKWARD`) give gradients that differ from one
+    process's when the stages are FSDP2-sharded (measured on gloo with torch 2.13: ``tiny-llama`` at pp 2 x dp 2,
+    gradient norm 0.93 apart after three steps; pp 2 x tp 2 and pp 2 alone are equal to 5e-6), so they are run
+    with tensor and pipeline parallelism only.
+
+    Raises:
+        ParallelError: naming the schedule, the degree and the schedules that work.
+    """
+    if schedule in SPLIT_BACKWARD and fsdp > 1:
+        raise ParallelError(
+            f"pipeline schedule {schedule!r} splits each backward into the input's and the weights' gradients, and "
+            f"with the stages FSDP2-sharded over {fsdp} data-parallel ranks its gradients differ from one process's "
+            "(torch.distributed.pipelining's split backward with FSDP2's gradient reduction); use gpipe, 1f1b, "
+            "interleaved_1f1b or looped_bfs, or one data-parallel rank (pp and tp only)"
+        )
+
+
 class _CarryAux(torch.autograd.Function):
     """``h`` unchanged; backward also gives the auxiliary loss ``aux`` a gradient of 1 (Megatron-Core's
-    ``MoEAuxLossAutoScaler``): the auxiliary loss joins the loss on the stage that computed it."""
+    ``MoEAuxLossAutoScaler``): the auxiliary loss joins the loss on the stage that computed it. The output is a
+    copy, not a view of ``h``: the zero-bubble schedules detach a stage's output in place after its input's
+    backward, which autograd refuses for a view (a custom function returning its input returns a view)."""
 
     @staticmethod
     def forward(ctx, h: Tensor, aux: Tensor) -> Tensor:
         ctx.save_for_backward(aux)
-        return h.view_as(h)
+        return h.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -89,6 +127,9 @@ class StageModule(nn.Module):
     ``[batch, seq, d_model]``; returns the hidden states, or the logits ``[batch, seq, vocab]`` on the last stage.
     ``documents [batch, seq]`` (document-masked packing) is given to every stage.
     """
+
+    #: a part of a model: expert parallelism accepts a stage without experts (:func:`~modkit.parallel.expert_plan`)
+    modkit_stage = True
 
     def __init__(self, model: nn.Module, layers: range, *, first: bool, last: bool):
         super().__init__()
@@ -281,7 +322,7 @@ def build_pipeline(
     Args:
         spec: anything :func:`modkit.build` accepts.
         mesh: a ``DeviceMesh`` with a ``"pp"`` dim (:func:`~modkit.parallel.make_mesh` with ``pp``); its ``dp`` /
-            ``tp`` / ``cp`` dims parallelise each stage (:func:`~modkit.parallel.parallelize`).
+            ``tp`` / ``cp`` / ``ep`` dims parallelise each stage (:func:`~modkit.parallel.parallelize`).
         schedule: a name of :data:`SCHEDULES`.
         microbatches: how many parts :meth:`Pipeline.step` cuts a batch's rows into (>= the stages the schedule
             runs at once: ``pp``; the interleaved schedules want a multiple of ``pp``).
@@ -292,7 +333,9 @@ def build_pipeline(
         loss_fn: ``loss_fn(logits, targets) -> scalar``, per microbatch.
 
     Raises:
-        ParallelError: no ``pp`` dim, a tied head, an unknown schedule, more stages than layers, bad cuts.
+        ParallelError: no ``pp`` dim, a tied head, an unknown schedule, more stages than layers, bad cuts; a
+            split-backward schedule with FSDP2 (:func:`check_schedule`); under ``ep``, a model with no experts to
+            split or a mixture that cannot be split (named).
     """
     from torch.distributed.pipelining import PipelineStage, schedules
 
@@ -309,20 +352,26 @@ def build_pipeline(
             "pipeline parallelism cannot cut a model whose head is tied to its embedding (tie_embeddings = true): "
             "the first and last stages would share one weight; untie them or train without --pp"
         )
+    check_schedule(schedule, math.prod(m.size() for m in (_sub_mesh(mesh, "dp"), _sub_mesh(mesh, "cp")) if m))
+    if "ep" in names and mesh["ep"].size() > 1:  # the model as a whole (a stage may hold dense layers only)
+        from .expert import expert_plan
+
+        expert_plan(model, mesh["ep"].size(), registry=registry)
     ids = stage_ids(schedule, pp, rank, virtual_stages)
     n_stages = len(ids) * pp
     runs = split_layers(len(model.layers), n_stages, cuts)
     device = _device(device)
-    rest = _rest_of_mesh(mesh)
     stages = [StageModule(model, runs[s], first=s == 0, last=s == n_stages - 1) for s in ids]
     for stage in stages:
-        if rest is not None:
-            parallelize(stage, rest, registry=registry)
+        if _rest_of_mesh(mesh):  # parallelize reads the mesh's other dims by name (and the flattened "dp")
+            parallelize(stage, mesh, registry=registry)
         to_empty_poisoned(stage, device)
     std = float(getattr(model.spec, "init_std", 0.02))
     model.init_weights(seed, init=_StageInit(seed, std))
     group = pp_mesh.get_group()
     pipe_stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(stages, ids)]
+    for pipe_stage, stage in zip(pipe_stages, stages):
+        _keep_loads_through_inference(pipe_stage, stage)
     cls = getattr(schedules, SCHEDULES[schedule][0])
     runner = (
         cls(pipe_stages[0], microbatches, loss_fn=loss_fn)
@@ -338,9 +387,29 @@ def _device(device) -> torch.device:
     return torch.device(device)
 
 
-def _rest_of_mesh(mesh):
-    """The mesh without its ``pp`` dim (``None`` when every other dim has size 1)."""
-    others = [n for n in mesh.mesh_dim_names if n != "pp"]
-    if all(mesh[n].size() == 1 for n in others):
-        return None
-    return mesh[tuple(others)]
+def _rest_of_mesh(mesh) -> bool:
+    """Whether the mesh has a dim besides ``pp`` of size > 1 (something to parallelise each stage over)."""
+    return any(mesh[n].size() > 1 for n in mesh.mesh_dim_names if n != "pp")
+
+
+def _keep_loads_through_inference(pipe_stage, stage: nn.Module) -> None:
+    """Put the routers' loads of ``stage`` back after the pipeline's metadata inference forward (a stand-in
+    microbatch run to learn the shapes; ``PipelineStage._forward_metadata_inference`` in torch 2.13), so that only
+    the real microbatches count toward the bias update. A no-op for a stage without routers, or a torch whose stages
+    infer shapes without a forward."""
+    from modkit.nn import balance as bal
+
+    infer = getattr(pipe_stage, "_forward_metadata_inference", None)
+    if infer is None or not bal.load_reporters(stage):
+        return
+
+    def infer_keeping_loads(*args, **kwargs):
+        saved = bal.read_loads(stage)
+        try:
+            return infer(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for name, m in bal.load_reporters(stage).items():
+                    m._buffers[bal.LOAD_BUFFER].copy_(saved[name])
+
+    pipe_stage._forward_metadata_inference = infer_keeping_loads

@@ -438,7 +438,7 @@ def launch_command(layout: Layout, spec_path: str, cluster: Cluster) -> str:
         flags
     )
     missing = ["activation checkpointing"] * layout.checkpointing + ["ZeRO-1"] * (layout.zero == 1)
-    missing += ["pp with ep"] * (layout.pp > 1 and layout.ep > 1) + ["pp with cp"] * (layout.pp > 1 and layout.cp > 1)
+    missing += ["pp with cp"] * (layout.pp > 1 and layout.cp > 1)
     missing += ["ep with tp (expert-tensor parallelism)"] * (layout.ep > 1 and layout.tp > 1)
     missing += ["ep with cp"] * (layout.ep > 1 and layout.cp > 1)
     return cmd.strip() + (f"   # needs {', '.join(missing)}: not yet a modkit train flag" if missing else "")

@@ -112,8 +112,9 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
             visit(o.position, f"overrides[{i}].position")
     for slot in ("attention", "ffn", "norm", "placement"):
         visit(getattr(spec.block, slot), f"block.{slot_path(spec.block, slot)}")
-    for name in ("embedding_norm", "final_norm"):
+    for name in ("embedding_norm", "final_norm", "stream"):
         visit(getattr(spec, name), name)
+    errors.extend(_stream_errors(spec, registry))
     for i, o in enumerate(spec.overrides):
         errors.extend(_layer_selection_errors(o, f"overrides[{i}]", spec.n_layers))
         for slot in ("attention", "ffn", "norm", "placement"):
@@ -129,6 +130,44 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
                     )
                 )
     return errors
+
+
+def _stream_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
+    """A wide residual stream (spec ``stream``) needs every layer's placement to declare the ``streams`` capability
+    (it reads the block input from the stream and writes its output back through the stream's connections); and
+    multi-token prediction reads a one-copy stream. One error per placement type that does not, naming its layers."""
+    if spec.stream is None:
+        return []
+    errors, refused = [], {}
+    for i in range(spec.n_layers):
+        placement = spec.layer(i).placement
+        if not registry.entry_for_config(placement, "placement").capabilities.get("streams"):
+            refused.setdefault(placement.type, []).append(i)
+    able = sorted(e.type for e in registry.components("placement") if e.capabilities.get("streams"))
+    for kind, layers in refused.items():
+        errors.append(
+            (
+                "stream",
+                f"stream {spec.stream.type!r} carries several copies of the residual stream, but placement {kind!r} "
+                f"(layers {_ranges(layers)}) does not declare the 'streams' capability (it adds to a one-copy "
+                f"stream); use a placement that does: {', '.join(able) or 'none installed'}",
+            )
+        )
+    if spec.mtp is not None:
+        errors.append(
+            ("mtp", "multi-token prediction reads a one-copy residual stream: not with a 'stream'; drop one of them")
+        )
+    return errors
+
+
+def _ranges(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    out, start = [], layers[0]
+    for a, b in zip(layers, layers[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out)
 
 
 def _layer_selection_errors(override: LayerOverride, where: str, n_layers: int) -> list[tuple[str, str]]:

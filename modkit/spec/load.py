@@ -120,6 +120,7 @@ class _ValidParts:
         parts["block"] = self.slots(data["block"] if isinstance(data.get("block"), dict) else {}, "block", BlockSpec)
         for name in ("embedding_norm", "final_norm"):
             parts[name] = self.component("norm", name, data.get(name))
+        parts["stream"] = self.component("stream", "stream", data.get("stream"))
         complete = parts["position"] is not None and parts["block"].attention is not None
         parts["dropout"] = self.dropout()
         listed = data.get("overrides") if isinstance(data.get("overrides"), list) else []

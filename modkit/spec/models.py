@@ -87,6 +87,18 @@ class DropoutSpec(_Strict):
     )
 
 
+class MTPSpec(_Strict):
+    """Multi-token prediction (DeepSeek-V3, arXiv:2412.19437 section 2.2): ``depth`` extra modules after the model,
+    module ``k`` predicting the token ``k + 1`` positions after the next one from the previous depth's hidden state
+    and the embedding of the token ``k`` ahead (:mod:`modkit.nn.mtp`). Each module's block has the components of the
+    model's last layer; the token embedding and the head are the model's. The loss weight is training config
+    (``mtp_loss_weight``); generation ignores the modules."""
+
+    depth: Annotated[int, Field(ge=1, le=16)] = Field(
+        1, description="number of chained MTP modules (DeepSeek-V3: 1); module k predicts the token k + 1 ahead"
+    )
+
+
 #: the two names of the token-mixing slot of a block or an override: ``mixer`` (any token mixer) and ``attention``
 #: (the name specs used before recurrent mixers existed); both hold the same slot, stored as ``attention``
 MIXER_KEYS = ("mixer", "attention")
@@ -217,6 +229,13 @@ class ModelSpec(_Strict):
         description=f"per-layer replacements of block slots (at most {MAX_OVERRIDES:,}: twice the layer bound, far "
         "above one per layer of any published model; a longer list only slows validation down)",
     )
+    stream: Optional[ComponentConfig] = Slot(
+        "stream",
+        default=None,
+        description="the residual stream between blocks when it is more than one d_model-wide copy (hyper-"
+        "connections: 'modkit list stream'); every layer's placement must declare the 'streams' capability; "
+        "null: the plain residual stream [batch, seq, d_model]",
+    )
     embedding_norm: Optional[ComponentConfig] = Slot(
         "norm", default=None, description="norm applied to the embeddings before the first block (BERT); null for none"
     )
@@ -244,6 +263,11 @@ class ModelSpec(_Strict):
         description="logits = cap * tanh(logits / cap) (Gemma 2: 30); null for none. Within "
         f"[{MIN_SOFTCAP:g}, {MAX_SOFTCAP:g}]: a smaller cap overflows logits / cap in float16, and a larger one "
         "caps nothing (cap · tanh(x / cap) is x) while cap itself nears float16's range",
+    )
+    mtp: Optional[MTPSpec] = Field(
+        None,
+        description='multi-token prediction: {"depth": D} extra modules trained beside the next-token head '
+        "(DeepSeek-V3); null: none",
     )
     init_std: float = Field(
         0.02,
@@ -312,6 +336,10 @@ class ModelSpec(_Strict):
         data = self.model_dump(mode="json", by_alias=True)
         if data.get("$schema") is None:
             data.pop("$schema", None)
+        if data.get("stream") is None:  # the plain residual stream: as specs were written before streams
+            data.pop("stream", None)
+        if data.get("mtp") is None:  # no extra heads: the spec as it was written before multi-token prediction
+            data.pop("mtp", None)
         if data.get("parametrization") is None:  # standard parametrization: the spec as it was written before muP
             data.pop("parametrization", None)
         return data
@@ -370,7 +398,7 @@ def iter_configs(spec: ModelSpec) -> Iterable[tuple[str, ComponentConfig]]:
     yield from walk(spec.position, "position")
     for slot in ("attention", "ffn", "norm", "placement"):
         yield from walk(getattr(spec.block, slot), f"block.{slot_path(spec.block, slot)}")
-    for name in ("embedding_norm", "final_norm"):
+    for name in ("embedding_norm", "final_norm", "stream"):
         yield from walk(getattr(spec, name), name)
     for i, o in enumerate(spec.overrides):
         for slot in ("attention", "ffn", "norm", "placement", "position"):

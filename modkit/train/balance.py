@@ -30,14 +30,23 @@ class ExpertBalance:
     """Loads and balancing rules of a model's routers during training (a no-op for a model without routers).
 
     Args:
-        model: the model being trained (any wrapping that keeps module paths: FSDP2, tensor parallel).
+        model: the model being trained (any wrapping that keeps module paths: FSDP2, tensor parallel), or this
+            rank's pipeline stages under the whole model's names.
         group: the data-parallel process group the loads are summed over (``None``: the default group when
             ``torch.distributed`` is initialised, else nothing to sum).
+        stage_group: under pipeline parallelism the ``pp`` process group: each rank holds its stages' routers
+            only, and the imbalance summary gathers every stage's layers over this group (``None``: one stage).
     """
 
-    def __init__(self, model: nn.Module, group: Any = None):
-        self.model, self.group = model, group
+    def __init__(self, model: nn.Module, group: Any = None, stage_group: Any = None):
+        self.model, self.group, self.stage_group = model, group, stage_group
         self.active = bool(bal.load_reporters(model))
+        if stage_group is not None:  # a stage without routers still joins its pipeline's gathers
+            import torch.distributed as dist
+
+            flags: list = [None] * dist.get_world_size(stage_group)
+            dist.all_gather_object(flags, self.active, group=stage_group)
+            self.active = any(flags)
 
     def begin_step(self) -> None:
         """Zero the loads before the step's first micro-batch."""
@@ -67,7 +76,13 @@ class ExpertBalance:
         bal.reset_loads(self.model)
         return out, self._summary(loads)
 
-    @staticmethod
-    def _summary(loads: dict) -> dict[str, Any]:
+    def _summary(self, loads: dict) -> dict[str, Any]:
         layers = {name: bal.imbalance(load) for name, load in loads.items()}
+        if self.stage_group is not None:  # every stage's layers, in layer order (collective over the pipeline)
+            import torch.distributed as dist
+
+            parts: list = [None] * dist.get_world_size(self.stage_group)
+            dist.all_gather_object(parts, layers, group=self.stage_group)
+            merged = {name: value for part in parts for name, value in part.items()}
+            layers = dict(sorted(merged.items(), key=lambda kv: (bal.layer_of(kv[0]) or 0, kv[0])))
         return {"load_imbalance": bal.mean_imbalance(layers), "load_imbalance_layers": layers}

@@ -3,7 +3,8 @@
 Run under ``torchrun --nproc-per-node N`` the same command trains data-parallel (FSDP2), ``--tp K`` adds tensor
 parallelism from the components' plans, ``--ep K`` expert parallelism (the experts of every mixture split over K
 data-parallel processes, tokens dispatched by all-to-all), ``--pp K`` pipeline stages (the layers cut into K
-stages run by a ``torch.distributed.pipelining`` schedule; :mod:`modkit.train.pipelined`).
+stages run by a ``torch.distributed.pipelining`` schedule; :mod:`modkit.train.pipelined`); ``--ep`` and ``--pp``
+compose (``torchrun --nproc-per-node 4 ... --ep 2 --pp 2``).
 """
 
 from __future__ import annotations

@@ -122,6 +122,13 @@ class TrainConfig(BaseModel):
         description="weight decay of the parameter roles that decay (matrices, embeddings, head, "
         "routers; not norm gains, biases, vectors); decoupled for adamw, muon and lion, L2 for sgd",
     )
+    mtp_loss_weight: float = Field(
+        0.3,
+        ge=0,
+        le=100,
+        description="weight of the multi-token-prediction loss of a spec with 'mtp' (DeepSeek-V3: 0.3, then 0.1): "
+        "the step's loss for backward is CE + weight / depth * (sum of the depths' CE); ignored without 'mtp'",
+    )
     grad_clip: Optional[float] = Field(
         1.0, gt=0, description="clip the global gradient norm to this; null: no clipping"
     )
@@ -209,7 +216,8 @@ class TrainConfig(BaseModel):
         ge=1,
         le=1 << 16,
         description="expert-parallel degree under torchrun: the experts of every mixture split over ep data-parallel "
-        "processes, tokens sent to them by all-to-all (divides the data-parallel processes; not with tp > 1)",
+        "processes, tokens sent to them by all-to-all (divides the data-parallel processes; with pp > 1 too, not "
+        "with tp or cp > 1)",
     )
     pp: int = Field(
         1,
@@ -231,7 +239,8 @@ class TrainConfig(BaseModel):
     ] = Field(
         "1f1b",
         description="pipeline schedule: gpipe, 1f1b (one stage per process), interleaved_1f1b, looped_bfs, "
-        "interleaved_zero_bubble (two stages per process in a loop), zbv_zero_bubble or dualpipev (two in a V)",
+        "interleaved_zero_bubble (two stages per process in a loop), zbv_zero_bubble or dualpipev (two in a V); the "
+        "zero-bubble ones and dualpipev need one data-parallel process per stage (no FSDP2, so no ep either)",
     )
     peak_flops: Optional[float] = Field(
         None,

@@ -80,7 +80,7 @@ class EvalMixin:
 
                 ce_total = pipeline_masked_sum(self, x, y, self._rows(real)).double() / self.procs.pp
             else:
-                logits, _ = self._forward(x)
+                logits, _, _ = self._forward(x)
                 ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
                 ce_total = (ce.view(len(idx), t) * mask).sum().double()
             sums += torch.stack([ce_total, (mask.sum() * t).double(), (table[y] * mask).sum().double()])

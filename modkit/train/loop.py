@@ -39,6 +39,7 @@ from .checkpointing import CheckpointMixin
 from .config import DEFAULT_MODEL, TrainConfig, schedule_warning
 from .errors import TrainError
 from .evaluate import EvalMixin
+from .step import check_mtp_config
 from .optim import build_optimizer
 from .pipelined import StageView, build_trainer_pipeline, check_pipeline_config, check_pipeline_model
 from .processes import Processes, init_processes  # noqa: F401 - Processes: re-exported
@@ -209,6 +210,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.spec = stamp_provenance(resolve_spec(c, self.base, self.data.vocab_size))
         self.separators = self.data.separators
         check_pipeline_config(c, self.spec)  # before the run folder is written
+        check_mtp_config(c, self.spec)
         if c.document_mask:
             check_document_mask(self.spec, self.data)
         self.history: list[dict] = []
@@ -225,7 +227,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.model.train()
         # routers' expert loads and balancing rules (modkit.nn.balance): summed over the data-parallel ranks
         dp_group = self.procs.mesh["dp"].get_group() if self.procs.distributed else None
-        self.balance = ExpertBalance(self.model, dp_group)
+        self.balance = ExpertBalance(self.model, dp_group, self.pipe.group if self.pipe is not None else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         # the whole model's names (a checkpoint's): under pp this rank holds only its stages' parameters
@@ -352,6 +354,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             "loss": loss,  # this step's batch (eval lines hold the estimates)
             "lr": out["lr"],
             "grad_norm": float(out["grad_norm"]),
+            **({"mtp_loss": float(self.procs.mean(out["mtp_loss"]))} if "mtp_loss" in out else {}),
             "tokens_per_s": tps,
             "model_flops_per_s": tps * self.flops_per_token if self.flops_per_token is not None else None,
             "peak_mem_bytes": _peak_memory(self.device),

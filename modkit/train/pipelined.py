@@ -10,7 +10,10 @@ whole model and resumes on one process (or any other layout). Each step feeds th
 rank to the schedule, which cuts its rows into ``pp_microbatches`` parts; the loss (on the last stage) is broadcast
 to the pipeline's ranks for logging. The gradient is that of the batch's mean loss: one process with the same batch
 gives the same losses to float32 rounding (a mixture of experts' auxiliary loss, computed per microbatch, equals
-one process's accumulating over the same microbatches).
+one process's accumulating over the same microbatches; a sequence-wise balance loss, the shipped DeepSeek-style
+one, equals one process's on the whole batch). With ``ep`` > 1 every stage's experts are split over the ``ep``
+data-parallel ranks of its stage (:mod:`modkit.parallel.expert`); the routers' loads are summed over the
+data-parallel ranks of each stage for the bias update, and the load imbalance logged gathers every stage's layers.
 
 References: PyTorch ``torch.distributed.pipelining``; torchtitan ``train.py`` (``pp_schedule.step`` with the
 targets on the last stage, the loss broadcast for logging; ``flatten_optimizer_state_dict`` checkpoints).
@@ -31,7 +34,7 @@ def check_pipeline_config(config, spec=None) -> None:
     """Refuse what a pipelined run (``pp`` > 1) does not support, naming the field, its value and the fix.
 
     Raises:
-        TrainError: ``ep`` or ``cp`` > 1, ``grad_accum`` > 1, a precision other than float32, ``compile``, a
+        TrainError: ``cp`` > 1, ``grad_accum`` > 1, a precision other than float32, ``compile``, a
             ``spec`` whose head is tied to its embedding.
     """
     if config.pp <= 1:
@@ -42,8 +45,6 @@ def check_pipeline_config(config, spec=None) -> None:
             "tie_embeddings = true (the head would share the first stage's embedding weight: untie them, or train "
             "without --pp)"
         )
-    if config.ep > 1:
-        problems.append(f"ep = {config.ep} (expert parallelism with pipeline stages is not supported yet: ep = 1)")
     if config.cp > 1:
         problems.append(f"cp = {config.cp} (context parallelism with pipeline stages is not supported yet: cp = 1)")
     if config.grad_accum != 1:

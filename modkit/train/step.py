@@ -20,6 +20,34 @@ from .errors import TrainError
 from .schedule import lr_at
 
 
+def check_mtp_config(config, spec) -> None:
+    """Refuse, before the run folder is written, a multi-token-prediction spec (``mtp``) under a layout or mode its
+    modules do not run in yet: tensor, context, expert or pipeline parallelism (the modules sit outside the
+    layers these split) and ``document_mask`` (a depth's row would mix documents).
+
+    Raises:
+        TrainError: naming the setting and the way out.
+    """
+    if spec.mtp is None or config.mtp_loss_weight == 0:
+        return
+    split = [f"{name} = {getattr(config, name)}" for name in ("tp", "cp", "ep", "pp") if getattr(config, name) > 1]
+    if split:
+        raise TrainError(
+            f"the spec's multi-token prediction (mtp, depth {spec.mtp.depth}) trains in one process or under FSDP "
+            f"only, not with {', '.join(split)}: drop those settings, or set mtp_loss_weight = 0 to train without it"
+        )
+    if config.document_mask:
+        raise TrainError(
+            "the spec's multi-token prediction (mtp) does not run with document_mask = true (its shifted rows would "
+            "cross documents): set document_mask = false, or mtp_loss_weight = 0 to train without it"
+        )
+    if config.seq_len <= spec.mtp.depth:
+        raise TrainError(
+            f"seq_len = {config.seq_len} leaves no position to the multi-token prediction of depth {spec.mtp.depth}: "
+            f"use seq_len > {spec.mtp.depth}"
+        )
+
+
 class StepMixin:
     """The step methods of :class:`modkit.train.loop.Trainer`: they read the attributes its ``setup`` sets
     (``config``, ``device``, ``procs``, ``model``, ``forward``, ``optimizer``, ``scaler``, ``sampler``, ``params``,
@@ -32,8 +60,11 @@ class StepMixin:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16 if p == "bfloat16" else torch.float16)
 
-    def _forward(self, x: Tensor, *, local: bool = False) -> tuple[Tensor, Optional[Tensor]]:
-        """``(logits [rows, seq, vocab] as full tensors, aux_loss or None)`` under the run's precision; with
+    def _forward(
+        self, x: Tensor, *, local: bool = False, mtp: bool = False
+    ) -> tuple[Tensor, Optional[Tensor], Optional[list]]:
+        """``(logits [rows, seq, vocab] as full tensors, aux_loss or None, mtp logits or None)`` under the run's
+        precision (``mtp``: also the multi-token-prediction depths' logits, ``[rows, seq - k, vocab]``); with
         ``document_mask`` the document ids of the batch come from its end-of-text / begin-of-text tokens. Under
         context parallelism the model runs on this rank's slice of every row (``[rows, seq / cp]``): ``local``
         returns that slice's logits, else the whole rows' are gathered (no gradient through the gather)."""
@@ -44,6 +75,8 @@ class StepMixin:
         kwargs = {"input_ids": x} if docs is None else {"input_ids": x, "documents": docs}
         if context is not None:
             kwargs = context.split_batch(x, docs)
+        if mtp:
+            kwargs["mtp"] = True
         with self._autocast():
             out = self.forward(**kwargs)
         logits = out.logits
@@ -53,18 +86,29 @@ class StepMixin:
             from ..parallel.context import _all_gather
 
             logits = _all_gather(logits.detach(), 1, context.group, autograd=False)
-        return logits, out.aux_loss
+        return logits, out.aux_loss, out.mtp_logits
 
     def _loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """``(total loss for backward, cross-entropy alone)`` of one micro-batch: mean over every position (under
         context parallelism: over this rank's slice; the slices' mean is the rows' mean, and the gradient mean over
-        the ranks FSDP2 takes is the rows' gradient)."""
-        logits, aux = self._forward(x, local=True)
+        the ranks FSDP2 takes is the rows' gradient). In training mode, a spec with ``mtp`` adds
+        ``mtp_loss_weight / D · Σ_k CE_k`` (depth ``k``'s position ``i`` predicts ``y[i + k]``; DeepSeek-V3's
+        ``L_MTP``, arXiv:2412.19437 eq. 25), whose sum is kept in ``self.mtp_ce`` for the step's record."""
+        weight = self.config.mtp_loss_weight if self.model.training and self.spec.mtp is not None else 0.0
+        logits, aux, extra = self._forward(x, local=True, mtp=weight > 0)
         context = getattr(self.model, "context_parallel", None)
         if context is not None:
             y = context.split(y)
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         total = ce if aux is None else ce + aux.float()
+        if extra:
+            depths = [
+                F.cross_entropy(z.float().reshape(-1, z.shape[-1]), y[:, k:].reshape(-1))
+                for k, z in enumerate(extra, 1)
+            ]
+            mtp = torch.stack(depths).mean()
+            total = total + weight * mtp
+            self.mtp_ce = self.mtp_ce + mtp.detach()
         return total, ce.detach()
 
     def _rows(self, t: Tensor) -> Tensor:
@@ -77,7 +121,8 @@ class StepMixin:
         Returns:
             ``{"loss": mean cross-entropy [] (nats, the step's batch), "lr": float, "grad_norm": [] (before
                 clipping), "balance": the routers' load imbalance of the step or None, "skipped": what was not
-                finite in a step skipped under ``on_nonfinite = "skip"``, else None}``.
+                finite in a step skipped under ``on_nonfinite = "skip"``, else None}``; with multi-token
+                prediction also ``"mtp_loss"``: the depths' mean cross-entropy [] (nats).
 
         Raises:
             TrainError: the loss or gradient norm is not finite (``on_nonfinite = "stop"``, or too many skipped
@@ -88,6 +133,7 @@ class StepMixin:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)  # 1, or muP's factor for the group's roles
         ce_sum = torch.zeros((), device=self.device)
+        self.mtp_ce = torch.zeros((), device=self.device)  # the micro-batches' multi-token-prediction CE (_loss)
         self.balance.begin_step()
         if self.pipe is not None:  # the whole batch through the pipeline's schedule (grad_accum is 1)
             from .pipelined import pipeline_step_loss
@@ -125,7 +171,10 @@ class StepMixin:
         balance = self.balance.end_step()  # the routers' bias update from this step's loads (no gradient)
         self.step += 1
         self.tokens += c.tokens_per_step
-        return {"loss": loss, "lr": lr, "grad_norm": norm, "balance": balance, "skipped": None}
+        out = {"loss": loss, "lr": lr, "grad_norm": norm, "balance": balance, "skipped": None}
+        if self.spec.mtp is not None and c.mtp_loss_weight > 0:
+            out["mtp_loss"] = self.mtp_ce / c.grad_accum
+        return out
 
     # ------------------------------------------------------------------ non-finite steps
     def _any_rank(self, flag: Tensor) -> bool:

@@ -45,6 +45,11 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "unit_offset": (False, "RMSNorm scales by (1 + weight) (Gemma)"),
     "norm_bias": (True, "LayerNorm has a bias"),
     "placement": ({"type": "pre"}, "the block placement spec"),
+    "placements": (
+        None,
+        "per layer, the placement spec when layers differ (OLMo Hybrid: pre-norm linear layers, reordered attention "
+        "layers); None: placement on every layer",
+    ),
     "residual_multiplier": (1.0, "what each sublayer adds to the residual stream is multiplied by it (Granite)"),
     "final_norm": (True, "a norm after the last block"),
     "embedding_norm": (False, "a norm on the token embeddings (BERT)"),
@@ -112,6 +117,7 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "expert_clamp": (None, "the routed experts are gpt-oss's clamped SwiGLU: {alpha, limit} (None: the gated FFN)"),
     "router": ("topk", "router type: 'topk' (softmax scores) or 'sigmoid_topk' (sigmoid scores)"),
     "renormalize": (False, "the top-k router probabilities are renormalised to sum to 1"),
+    "renormalize_eps": (None, "added to the sum the top-k weights are divided by (None: the router's 1e-20; LFM2-MoE)"),
     "router_bias": (False, "bias on the router projection (gpt-oss)"),
     "routed_scaling_factor": (1.0, "multiplier of the routed gate weights (DeepSeek)"),
     "n_group": (None, "expert groups of group-limited routing (DeepSeek n_group)"),
@@ -180,6 +186,8 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         router["n_group"], router["topk_group"] = f["n_group"], f["topk_group"]
     if f["correction_bias"]:
         router["correction_bias"] = True
+    if f["renormalize_eps"] is not None:
+        router["renormalize_eps"] = float(f["renormalize_eps"])
     spec: dict[str, Any] = {
         "type": "moe",
         "n_experts": f["n_experts"],
@@ -302,14 +310,16 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     extras = f["attention_by_layer"] or [None] * n_layers
     ffns = layer_ffns(f)
     slot = "mixer" if recurrent else "attention"
+    placements = [dict(p) for p in f["placements"] or [f["placement"]] * n_layers]
+    if f["residual_multiplier"] != 1:
+        for placement in placements:
+            placement["residual_multiplier"] = float(f["residual_multiplier"])
     layers = [
-        {slot: m if m is not None else attention_spec(f, t, norm, x), "position": p, "ffn": ffn}
-        for m, t, p, x, ffn in zip(mixers, types, positions, extras, ffns)
+        {slot: m if m is not None else attention_spec(f, t, norm, x), "position": p, "ffn": ffn, "placement": pl}
+        for m, t, p, x, ffn, pl in zip(mixers, types, positions, extras, ffns, placements)
     ]
     default, overrides = per_layer_slots(layers, n_layers)
-    placement = dict(f["placement"])
-    if f["residual_multiplier"] != 1:
-        placement["residual_multiplier"] = float(f["residual_multiplier"])
+    placement = default.pop("placement")
     block = {slot: default[slot], "ffn": default["ffn"], "norm": norm, "placement": placement}
     dropout = {name: float(f[field]) for name, field in DROPOUT_FIELDS.items() if f[field] is not None}
     spec = model_spec(
@@ -423,6 +433,7 @@ def _norm_fields(spec, p: _Picked) -> dict[str, Any]:
         "unit_offset": getattr(norm, "unit_offset", False),
         "norm_bias": getattr(norm, "bias", True),
         "placement": ls.placement,
+        "placements": [x.placement for x in p.layers],
         "residual_multiplier": getattr(ls.placement, "residual_multiplier", 1.0),
         "final_norm": spec.final_norm is not None,
         "embedding_norm": getattr(spec, "embedding_norm", None) is not None,
@@ -507,6 +518,7 @@ def _moe_fields(p: _Picked) -> dict[str, Any]:
         "n_group": getattr(router, "n_group", None),
         "topk_group": getattr(router, "topk_group", None),
         "correction_bias": bool(getattr(router, "correction_bias", False)),
+        "renormalize_eps": getattr(router, "renormalize_eps", None),
         "weight_on": getattr(moe, "weight_on", "output"),
         "shared_d_ff": getattr(getattr(moe, "shared", None), "d_ff", None),
         "shared_gate": bool(getattr(moe, "shared_gate", False)),

@@ -39,6 +39,7 @@ from ._weights import RENAME, HFWeights, StackExperts, table_links, weight_table
 FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recurrent mixer", ("mixer", "mixers")),
     ("attention and recurrent layers", ("mixers",)),
+    ("placement per layer", ("placements",)),
     ("gated attention output", ("attn_output_gate",)),
     ("GQA / MQA", ("n_kv_heads",)),
     ("latent attention (MLA)", ("mla",)),

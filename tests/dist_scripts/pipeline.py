@@ -2,8 +2,8 @@
 
 ``pipeline.py schedules`` (2 ranks, pp = 2): ``tiny-llama`` under every schedule torch ships (GPipe, 1F1B,
 interleaved 1F1B, looped BFS, interleaved zero bubble, ZBV zero bubble, DualPipeV), 1F1B with the uneven cut 1 + 3
-layers, and ``tiny-deepseek-moe`` (its balance loss at coefficient 0.1, summed in on the stages that compute it) under 1F1B and
-interleaved 1F1B. ``pipeline.py tp`` (4 ranks): ``tiny-llama`` at pp = 2 x tp = 2 under 1F1B.
+layers, and ``tiny-deepseek-moe`` (its balance loss at coefficient 0.1, summed in on the stages that compute it) under 1F1B,
+interleaved 1F1B and ZBV zero bubble. ``pipeline.py tp`` (4 ranks): ``tiny-llama`` at pp = 2 x tp = 2 under 1F1B.
 
 Each case runs ``STEPS`` AdamW steps of ``MICRO`` microbatches on the same batches as the single-process model of
 the same spec and seed, which accumulates the gradients of the same microbatches (cross entropy + auxiliary loss,
@@ -84,6 +84,7 @@ def main() -> None:
         cases["1f1b-cut-1-3"] = (llama, {"schedule": "1f1b", "cuts": [1, 3]})
         cases["moe-1f1b"] = (moe, {"schedule": "1f1b"})
         cases["moe-interleaved_1f1b"] = (moe, {"schedule": "interleaved_1f1b"})
+        cases["moe-zbv_zero_bubble"] = (moe, {"schedule": "zbv_zero_bubble"})  # the split backward with an aux loss
         pp = 2
     else:
         mesh = mp.make_mesh(pp=2, tp=2, dp=1)

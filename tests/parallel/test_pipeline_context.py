@@ -63,8 +63,15 @@ def test_recurrent_mixers_declare_they_cannot_be_sequence_sharded():
     assert [(p, t) for p, t, _ in problems] == [(f"layers.{i}.attention", "mixer/gated_deltanet") for i in range(3)]
     assert all("runs through the sequence in order" in why for _, _, why in problems)
     assert mp.context_parallel_problems(modkit.build(SPECS / "tiny-mamba2.json", device="meta"))
-    for name in ("tiny-llama", "tiny-mla", "tiny-deepseek-moe", "tiny-gpt2", "tiny-gemma"):
+    for name in ("tiny-llama", "tiny-mla", "tiny-gpt2", "tiny-gemma"):
         assert mp.context_parallel_problems(modkit.build(SPECS / f"{name}.json", device="meta")) == [], name
+
+
+def test_a_mixture_of_experts_is_refused_under_context_parallelism_naming_each_layer():
+    """Its balance loss and routers' loads are per-sequence and per-batch statistics a slice cannot take alone."""
+    problems = mp.context_parallel_problems(modkit.build(SPECS / "tiny-deepseek-moe.json", device="meta"))
+    assert [(p, t) for p, t, _ in problems] == [(f"layers.{i}.ffn", "ffn/moe") for i in (1, 2, 3)]
+    assert all("which each cp rank would take over its slice only" in why for _, _, why in problems)
 
 
 def test_mixer_layout_table_comes_from_the_declarations():
@@ -113,7 +120,7 @@ def _equal_runs(ranks: dict[int, dict], key: str) -> list[str]:
 def test_pipeline_schedules_train_as_one_process(tmp_path):
     ranks = _torchrun("pipeline.py", 2, tmp_path, "schedules")
     cases = _equal_runs(ranks, "pp")
-    assert set(mp.SCHEDULES) | {"1f1b-cut-1-3", "moe-1f1b", "moe-interleaved_1f1b"} == set(cases)
+    assert set(mp.SCHEDULES) | {"1f1b-cut-1-3", "moe-1f1b", "moe-interleaved_1f1b", "moe-zbv_zero_bubble"} == set(cases)
 
 
 @pytest.mark.slow
@@ -128,7 +135,7 @@ def test_context_parallel_attention_trains_as_one_process_and_the_hybrid_is_refu
     ranks = _torchrun("context_parallel.py", 2, tmp_path)
     assert _equal_runs(ranks, "cp") == ["tiny-llama", "tiny-mla", "window-documents"]
     refusal = ranks[0]["hybrid_refusal"]
-    assert refusal.startswith("context parallelism (cp = 2) cannot shard the sequence of 3 token mixer(s)")
+    assert refusal.startswith("context parallelism (cp = 2) cannot shard the sequence of 3 component(s)")
     assert "layers.0.attention (mixer/gated_deltanet)" in refusal and "Train this model without --cp" in refusal
 
 

@@ -219,6 +219,49 @@ def test_absorbed_decoding_equals_the_expanded_form_and_the_full_forward():
     assert (bf16[0] - full[0]).abs().max() < 0.05 * full.abs().max()
 
 
+def test_absorbed_decoding_in_float64_equals_the_full_forward_to_1e_12():
+    """In float64 the absorbed decode (W_UK folded into the query, W_UV after the weighted sum of latents, the scale
+    folded into the query, the mask added by the score product) and the full forward agree to float64 rounding:
+    the absorption is exact algebra, not an approximation. Chunks of several tokens, single steps and left
+    padding, as above; the attention weights of a step too (``forward_with_weights``, dead rows 0)."""
+    model = modkit.build(TINY_MLA, seed=0).eval().double()
+    ids = torch.randint(0, 1024, (2, 20), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, :6] = False
+    cache = model.new_cache(2, 20, torch.float64)
+    with torch.no_grad():
+        absorbed = torch.cat(
+            [model(ids[:, a:e], attention_mask=mask[:, :e], cache=cache).logits for a, e in ((0, 6), (6, 7), (7, 20))],
+            1,
+        )
+        full = model(ids, attention_mask=mask).logits
+    assert absorbed.dtype == torch.float64
+    assert (absorbed[0] - full[0]).abs().max() < 1e-12
+    assert (absorbed[1, 6:] - full[1, 6:]).abs().max() < 1e-12
+    # one decode step after a prefill of 3, a fully padded row included: the absorbed output equals the expanded
+    # one; its weights sum to 1 (0 on the dead row) and match the expanded path's (whose softmax is float32)
+    attn, rope = model.layers[0].attention, model.positions[model.layer_position[0]]
+    x = torch.randn(2, 4, 128, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    token_mask = torch.tensor([[True] * 4, [False] * 4])
+
+    def step(absorb: bool, weights: bool):
+        attn.absorb = absorb
+        cache = model.new_cache(2, 4, torch.float64)
+        for a, e in ((0, 3), (3, 4)):
+            p, m = cache.prepare(2, e - a, token_mask[:, a:e], torch.arange(a, e).expand(2, e - a))
+            inputs = AttentionInputs(positions=p, token_mask=m, position=rope, cache=cache.layers[0])
+            got = attn.forward_with_weights(x[:, a:e], inputs) if weights and e == 4 else attn(x[:, a:e], inputs)
+        attn.absorb = True
+        return got
+
+    (out, weights), ref_out, (_, ref_weights) = step(True, True), step(False, False), step(False, True)
+    assert torch.equal(out, step(True, False))
+    assert (out - ref_out).abs().max() < 1e-12 and out[1].abs().max() == 0
+    assert weights.dtype == torch.float64 and weights[1].abs().max() == 0
+    assert (weights[0].sum(-1) - 1).abs().max() < 1e-12
+    torch.testing.assert_close(weights, ref_weights.to(weights.dtype), atol=1e-6, rtol=0)
+
+
 def _v3_spec() -> dict:
     """DeepSeek-V3's attention sizes (61 layers, 128 heads, q_lora 1536, kv_lora 512, rope 64, nope 128, v 128) with
     a dense FFN (the cache does not depend on it), from its published config."""

@@ -59,6 +59,32 @@ def test_sqrtsoftplus_router_by_hand():
     torch.testing.assert_close(r.probabilities(z), s / s.sum(-1, keepdim=True))
 
 
+def test_renormalize_eps_by_hand_and_equal_to_lfm2_moe():
+    """LFM2-MoE divides the top-k sigmoid scores by their sum plus 1e-6 (``renormalize_eps``), choosing with a
+    selection-only expert bias; at scores near 1e-6 the epsilon halves the weights, and the default 1e-20 does not."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.lfm2_moe.modeling_lfm2_moe import Lfm2MoeTopKRouter
+
+    z = torch.tensor([[-13.0, -14.0, -12.5, -15.0], [1.0, -0.5, 2.0, 0.25]])
+    bias = torch.tensor([0.0, 3e-6, -1e-6, 0.5])
+    cfg = {"type": "sigmoid_topk", "renormalize": True, "correction_bias": True, "routed_scaling_factor": 1.5}
+    r, plain = router({**cfg, "renormalize_eps": 1e-6}, d=4), router(cfg, d=4)
+    for m in (r, plain):
+        m.correction_bias.copy_(bias)
+    w, idx, _ = r(z)
+    assert idx.tolist() == [[3, 1], [3, 2]]  # the bias picks expert 1 over 2 in the first row
+    s = torch.sigmoid(z).gather(-1, idx)
+    torch.testing.assert_close(w, 1.5 * s / (s.sum(-1, keepdim=True) + 1e-6), atol=0, rtol=1e-6)
+    assert (plain(z)[0][0] / w[0]).min() > 1.8  # with the default epsilon the tiny weights sum to 1.5
+    hf_cfg = transformers.Lfm2MoeConfig(hidden_size=4, num_experts=4, num_experts_per_tok=2, routed_scaling_factor=1.5)
+    hf = Lfm2MoeTopKRouter(hf_cfg)
+    with torch.no_grad():
+        hf.weight.copy_(torch.eye(4))
+    _, hf_w, hf_idx = hf(z, bias)
+    assert hf_idx.tolist() == idx.tolist()
+    torch.testing.assert_close(w, hf_w, atol=0, rtol=1e-6)
+
+
 def test_sqrtsoftplus_router_equals_deepseek_v4():
     pytest.importorskip("transformers")
     from transformers import DeepseekV4Config

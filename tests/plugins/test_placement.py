@@ -23,6 +23,7 @@ NORMS = {
     "parallel": ["attn_norm"],
     "parallel-separate": ["attn_norm", "ffn_norm"],
     "pre-no-residual": ["attn_norm", "ffn_norm"],
+    "deepnorm": ["attn_norm", "ffn_norm"],
 }
 CONFIGS = {
     "pre": {"type": "pre"},
@@ -32,6 +33,7 @@ CONFIGS = {
     "parallel": {"type": "parallel"},
     "parallel-separate": {"type": "parallel", "shared_norm": False},
     "pre-no-residual": {"type": "pre-no-residual"},
+    "deepnorm": {"type": "deepnorm", "attn_alpha": 2.5, "attn_beta": 0.75, "ffn_alpha": 1.5, "ffn_beta": 1.25},
 }
 
 
@@ -58,6 +60,11 @@ def formula(name: str, b: nn.Module, x: torch.Tensor, inputs: AttentionInputs, f
     if name == "pre-no-residual":
         x = attn(b.attn_norm(x))
         return ffn(b.ffn_norm(x))
+    if name == "deepnorm":  # MiniMax's decoder layer: the residual is the normalised stream
+        h = b.attn_norm(x)
+        x = 2.5 * h + 0.75 * attn(h)
+        h = b.ffn_norm(x)
+        return 1.5 * h + 1.25 * ffn(h)
     raise KeyError(name)
 
 
@@ -147,7 +154,7 @@ def test_placements_differ(reg):
     """Same weights, different placement: different outputs (the formulas are not accidentally the same)."""
     ids = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(3))
     outs = {}
-    for name in ("pre", "post", "sandwich", "reordered", "parallel", "pre-no-residual"):
+    for name in ("pre", "post", "sandwich", "reordered", "parallel", "pre-no-residual", "deepnorm"):
         model = modkit.build(spec(CONFIGS[name]), registry=reg, seed=0)
         with torch.no_grad():
             outs[name] = model(ids).logits
@@ -230,7 +237,7 @@ def formula_aux(name, b, x, inputs):
     return y, seen[0]
 
 
-@pytest.mark.parametrize("name", ["pre", "post", "sandwich", "reordered", "parallel", "pre-no-residual"])
+@pytest.mark.parametrize("name", ["pre", "post", "sandwich", "reordered", "parallel", "pre-no-residual", "deepnorm"])
 def test_example_config_validates(reg, name):
     e = reg.get("placement", name)
     s = modkit.load_spec(spec(e.example_config()), registry=reg)
@@ -288,7 +295,7 @@ def test_pre_no_residual_says_it_is_an_ablation(reg):
 def test_placement_names_follow_the_literature(reg):
     """Peri-LN (Kim et al. 2025) is the norm on both sides of a sublayer (sandwich); OLMo 2's output-only norm is
     ``reordered``; aliases are not second components."""
-    assert reg.types("placement") == ["parallel", "post", "pre", "pre-no-residual", "reordered", "sandwich"]
+    assert reg.types("placement") == ["deepnorm", "parallel", "post", "pre", "pre-no-residual", "reordered", "sandwich"]
     assert reg.aliases("placement") == {"olmo2": "reordered", "peri": "sandwich"}
     assert reg.get("placement", "peri") is reg.get("placement", "sandwich")
     assert reg.get("placement", "olmo2") is reg.get("placement", "reordered")

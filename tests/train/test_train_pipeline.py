@@ -100,7 +100,6 @@ def test_pp2_matches_one_process_and_resumes_on_one(tmp_path):
 @pytest.mark.parametrize(
     "fields, named",
     [
-        ({"ep": 2}, "ep = 2"),
         ({"cp": 2}, "cp = 2"),
         ({"grad_accum": 2}, "grad_accum = 2"),
         ({"precision": "bfloat16"}, "precision = 'bfloat16'"),

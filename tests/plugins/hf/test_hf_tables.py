@@ -261,6 +261,7 @@ def test_supports_agrees_with_the_converted_defaults(model_type):
         spec = convert_hf_config({"model_type": model_type})[1]
     supports = DECLARED[model_type].supports()
     assert ("interleaved RoPE" in supports) == (getattr(spec.position, "layout", None) == "interleaved")
-    mla = hasattr(spec.layer(0).attention, "kv_lora_rank")  # mla, or dsa (latent attention with a selection)
+    # a hybrid's attention layers; mla, or dsa (latent attention with a selection)
+    mla = any(hasattr(spec.layer(i).attention, "kv_lora_rank") for i in range(spec.n_layers))
     assert ("latent attention (MLA)" in supports) == mla
     assert not (mla and "GQA / MQA" in supports)

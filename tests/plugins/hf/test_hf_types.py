@@ -21,6 +21,7 @@ test-only reference (nothing under ``modkit/`` or ``plugins/`` imports it).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -41,6 +42,21 @@ TOL = 1e-5
 #: no end-of-sequence token: greedy decoding runs its full length on both sides
 SMALL = dict(vocab_size=97, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=None)
 GQA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+
+#: the hybrid layers of the Qwen3-Next family's fixtures: Gated DeltaNet on layers 0 and 2, gated attention on 1 and 3
+QWEN3_NEXT_LAYERS = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_hidden_layers=4,
+    full_attention_interval=2,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
+    attention_bias=True,
+)
 
 #: (id, config class, kwargs): every structural feature of the type switched on; windows (4) shorter than the
 #: 9-token batch and the 7 + 12 generated tokens
@@ -409,6 +425,152 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # --- 2026 hybrid types ---
+    # LFM2: gated short convolutions (kernel 3) on layers 0 and 2, GQA with per-head QK-RMSNorm and RoPE on layers 1
+    # and 3, the FFN width auto-adjusted (int(2/3 · 100) · 1.5 rounded up to 16: 112), tied. No conv_bias, for the
+    # padding reason of mamba2's fixture (transformers zeroes padding before in_proj, whose bias then reaches the
+    # convolution); the biases are compared without padding in tests/plugins/test_short_conv.py
+    (
+        "lfm2",
+        "Lfm2Config",
+        dict(
+            **dict(GQA, intermediate_size=100),
+            num_hidden_layers=4,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            block_multiple_of=16,
+            block_ffn_dim_multiplier=1.5,
+            **SMALL,
+        ),
+    ),
+    # Qwen3.5 (text): Qwen3-Next's layers (Gated DeltaNet on 0 and 2 with 2 key heads, 4 value heads, key width 8 !=
+    # value width 12; gated attention on 1 and 3, head_dim 16, partial RoPE 0.25 with the multimodal sections, QK-norm,
+    # biases) with the unfused in_proj_qkv / z / b / a and a dense SwiGLU (48) in every layer
+    (
+        "qwen3_5_text",
+        "Qwen3_5TextConfig",
+        dict(
+            **QWEN3_NEXT_LAYERS,
+            intermediate_size=48,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [1, 1, 0],
+                "mrope_interleaved": True,
+            },
+            **SMALL,
+        ),
+    ),
+    # Qwen3.5-MoE (text): the same layers, a mixture in every layer (4 experts top-2, always renormalised) beside a
+    # sigmoid-gated shared expert (24)
+    (
+        "qwen3_5_moe_text",
+        "Qwen3_5MoeTextConfig",
+        dict(
+            **QWEN3_NEXT_LAYERS,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_experts=4,
+            num_experts_per_tok=2,
+            **SMALL,
+        ),
+    ),
+    # OLMo Hybrid: Gated DeltaNet with negative eigenvalues (β = 2 sigmoid) in pre-norm blocks on layers 0, 1 and 3
+    # (2 key heads of 8, 4 value heads of 12), OLMo 3 attention in a reordered block on layer 2 (GQA, full-width
+    # QK-norm, biases), untied
+    (
+        "olmo_hybrid",
+        "OlmoHybridConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
+    # LFM2-MoE: LFM2's layers (convolutions on 0 and 2, attention on 1 and 3), a dense SwiGLU (48) on layer 0, then
+    # 4 experts (16) top-2 by sigmoid scores plus the expert-bias buffer (perturbed, so it changes the choice),
+    # renormalised with the 1e-6 epsilon, times 1.5
+    (
+        "lfm2_moe",
+        "Lfm2MoeConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=4,
+            num_dense_layers=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            routed_scaling_factor=1.5,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            **SMALL,
+        ),
+    ),
+    # Kimi Linear: Kimi Delta Attention (2 heads of 8, convolution 4) on layers 0, 2 and 3, latent attention without
+    # any rotary embedding on layer 1 (kv_lora_rank 16, q_lora_rank 24, nope/rope/v widths 8/8/12); a dense SwiGLU (48)
+    # on layer 0, then 4 experts (16) top-2 in 2 groups of which 1 is kept, sigmoid scores with the correction bias,
+    # renormalised, times 2.5, one shared expert
+    (
+        "kimi_linear",
+        "KimiLinearConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=4,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            linear_head_dim=8,
+            linear_num_heads=2,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            **SMALL,
+        ),
+    ),
+    # MiniMax: lightning attention (4 heads of 8, blocks of 4 tokens, per-layer decays) on layers 1 and 3, GQA with a
+    # window of 4 on layers 0 and 2, every block DeepNorm-style with all six factors away from 1 (so the attention
+    # and lightning layers' placements differ), 4 Mixtral experts top-2
+    (
+        "minimax",
+        "MiniMaxConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            intermediate_size=16,
+            num_hidden_layers=4,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            block_size=4,
+            sliding_window=4,
+            full_attn_alpha_factor=1.7,
+            full_attn_beta_factor=0.8,
+            linear_attn_alpha_factor=1.3,
+            linear_attn_beta_factor=1.1,
+            mlp_alpha_factor=1.5,
+            mlp_beta_factor=0.9,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -447,9 +609,11 @@ def one_thread():
 
 def _perturb_saved_buffers(hf) -> None:
     """Saved float buffers off their init too (DeepSeek-V3's ``e_score_correction_bias``, zeros at init, which then
-    changes which experts are chosen), seeded."""
+    changes which experts are chosen), seeded; not the tables the converter declares computed from the config
+    (its ``keep`` rows: MiniMax's lightning-attention decays), which no checkpoint holds other than so."""
     g = torch.Generator().manual_seed(3)
-    saved = set(hf.state_dict())
+    recomputed = [re.compile(p) for p, _ in modkit.get_registry().hf_converter(hf.config.model_type).declaration.keep]
+    saved = {n for n in hf.state_dict() if not any(p.fullmatch(n) for p in recomputed)}
     params = {name for name, _ in hf.named_parameters()}
     with torch.no_grad():
         for name, buf in hf.named_buffers():
@@ -486,7 +650,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 32
+    assert len(covered) == 39
 
 
 def test_fixtures_name_registered_types():
@@ -677,6 +841,13 @@ def test_falcon_h1_key_multiplier_is_written_back_to_the_same_softmax_scale(head
 #: over ``AutoModelForCausalLM.from_config(Qwen3NextConfig())`` / ``(JambaConfig())`` built on meta, transformers
 #: 5.24 (the Qwen3-Next build alone takes about 10 s, so the counts are written here)
 DEFAULT_COUNTS = {"qwen3_next": 79_674_391_296, "jamba": 51_570_323_328}
+#: the 2026 hybrids at their classes' defaults, counted the same way with transformers 5.25 (LFM2: every layer
+#: attention, as Lfm2Config builds it without layer_types or full_attn_idxs)
+DEFAULT_COUNTS.update(lfm2=2_705_497_600, qwen3_5_text=8_953_803_264, qwen3_5_moe_text=34_660_610_688)
+DEFAULT_COUNTS.update(olmo_hybrid=7_430_870_688)
+#: Lfm2MoeConfig() sets no layer_types, so transformers builds no model from its defaults alone; the count is the one
+#: of those defaults with attention on every layer, what the converter (as LFM2's) reads an absent pattern as
+DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minimax=47_373_946_880)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -688,6 +859,8 @@ def test_hybrid_defaults_give_transformers_parameter_count(model_type):
     assert modkit.count_params(spec) == DEFAULT_COUNTS[model_type]
     kinds = [spec.layer(i).attention.type for i in range(spec.n_layers)]
     moe = [spec.layer(i).ffn.type == "moe" for i in range(spec.n_layers)]
+    if model_type not in ("qwen3_next", "jamba"):
+        return
     if model_type == "qwen3_next":
         assert kinds == ["gated_deltanet", "gated_deltanet", "gated_deltanet", "gqa"] * 12 and all(moe)
         assert spec.layer(3).attention.output_gate and spec.layer(3).position.partial_rotary == 0.25
@@ -718,6 +891,17 @@ REFUSED = [
     # an offset at or past its period (JambaConfig.validate_architecture refuses it too)
     ("jamba", {"attn_layer_offset": 2}, "attn_layer_offset"),
     ("jamba", {"mamba_dt_rank": "full"}, "mamba_dt_rank"),
+    # a layer type Lfm2DecoderLayer builds no mixer for; a convolution of one tap
+    ("lfm2", {"layer_types": ["conv", "sliding_attention", "conv", "full_attention"]}, "layer_types"),
+    ("lfm2", {"conv_L_cache": 1}, "conv_L_cache"),
+    ("olmo_hybrid", {"hidden_act": "gelu"}, "hidden_act"),
+    ("olmo_hybrid", {"layer_types": ["linear_attention", "sliding_attention"] * 2}, "layer_types"),
+    ("lfm2_moe", {"layer_types": ["conv", "full_attention", "conv", "sliding_attention"]}, "layer_types"),
+    ("kimi_linear", {"hidden_act": "gelu"}, "hidden_act"),
+    ("kimi_linear", {"layer_types": ["linear_attention", "sliding_attention"] * 2}, "layer_types"),
+    ("kimi_linear", {"num_key_value_heads": 2}, "num_key_value_heads"),
+    ("minimax", {"hidden_act": "gelu"}, "hidden_act"),
+    ("minimax", {"layer_types": ["full_attention", "sliding_attention"] * 2}, "layer_types"),
 ]
 
 
@@ -851,6 +1035,45 @@ def test_hybrid_layer_patterns_convert_both_ways(name, cls, kwargs):
     for d in (a, b):
         d.pop("name"), d.pop("description")
     assert a == b
+
+
+# ------------------------------------------------------------------------------------------------ the 2026 hybrids
+
+
+def test_per_layer_placements_that_no_config_holds_are_refused_on_export(built, tmp_path):
+    """MiniMax writes one set of factors per layer type and OLMo Hybrid's placements follow its layer types: a spec
+    whose lightning layers differ from each other, or whose attention layer is pre-norm, is refused by name (the
+    export's converted-back check), not written as another network."""
+    _, _, model = built("minimax")
+    d = model.spec.to_dict()
+    d["overrides"].append({"layers": [3], "placement": {"type": "deepnorm", "attn_alpha": 2.0}})
+    with pytest.raises(modkit.CheckpointError, match="placement"):
+        modkit.to_hf(modkit.build(d, seed=0), tmp_path / "minimax")
+    _, _, model = built("olmo_hybrid")
+    d = model.spec.to_dict()
+    (override,) = [o for o in d["overrides"] if o.get("placement")]
+    override["placement"] = {"type": "pre"}
+    with pytest.raises(modkit.CheckpointError, match="placement"):
+        modkit.to_hf(modkit.build(d, seed=0), tmp_path / "olmo_hybrid")
+
+
+def test_lfm2_ffn_width_is_written_as_the_source_config_sized_it():
+    """LFM2's FFN width comes from intermediate_size through the auto-adjustment; the export writes the source's four
+    sizing keys when they give the width again, else the width itself without adjustment, and both convert back."""
+    from modkit_plugins.hf.lfm2 import ffn_width
+
+    assert ffn_width(100, True, 1.5, 16) == 112 and ffn_width(12288, True, 1.0, 256) == 8192
+    assert ffn_width(100, True, None, 16) == 66 and ffn_width(100, False, 1.5, 16) == 100
+    cfg = _fixture_config("lfm2")
+    spec = modkit.from_hf_config(cfg)
+    weights = modkit.get_registry().hf_converter("lfm2").declaration.weights
+    again = weights.hf_config(spec, cfg)
+    assert (again["intermediate_size"], again["block_auto_adjust_ff_dim"]) == (100, True)
+    fresh = weights.hf_config(spec, {})
+    assert (fresh["intermediate_size"], fresh["block_auto_adjust_ff_dim"]) == (112, False)
+    for written in (again, fresh):
+        assert modkit.from_hf_config(written).layer(0).ffn.d_ff == 112
+    assert again["full_attn_idxs"] == [1, 3] and again["layer_types"] == cfg["layer_types"]
 
 
 # --- sparse attention types ---

@@ -1,0 +1,56 @@
+"""The residual stream as a declared part of the model (spec ``stream``, registry kind ``stream``).
+
+Without a ``stream`` the residual stream is the ``[batch, seq, d_model]`` tensor the blocks pass on: each placement
+adds its sublayers' outputs to it, and nothing here runs. A ``stream`` component carries ``n_streams`` copies
+between blocks instead, ``[batch, seq, n_streams, d_model]`` (hyper-connections, Zhu et al. 2024,
+arXiv:2409.19606; DeepSeek-V4's manifold-constrained variant). The contract:
+
+* the model calls :meth:`ResidualStream.enter` on the embeddings (``[b, s, d] -> [b, s, n, d]``) before the first
+  block and :meth:`ResidualStream.exit` after the last (``[b, s, n, d] -> [b, s, d]``, before the final norm: how
+  the head reads the streams);
+* every sublayer still sees and returns ``[batch, seq, d_model]``: a placement that declares the ``streams``
+  capability finds the stream in ``BuildContext.extra["stream"]`` and builds one :meth:`ResidualStream.connection`
+  per sublayer, whose ``read(s) -> (x [b, s, d], state)`` gives the sublayer's input and whose
+  ``write(s, state, y [b, s, d]) -> s`` puts its output back (the plain residual is ``read = identity``, ``write =
+  s + y``). Validation refuses a wide stream with a placement that does not declare it (:mod:`modkit.spec.checks`).
+
+Tools that read a block's output (trace, activations) see the wide stream; the logit lens reads it through
+:meth:`ResidualStream.exit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+
+class ResidualStream(nn.Module):
+    """Base of a ``stream`` component (see the module docstring): ``n_streams`` copies of the residual stream.
+
+    Subclasses set :attr:`n_streams` and implement :meth:`enter`, :meth:`exit` and :meth:`connection`.
+    """
+
+    #: the copies carried between blocks
+    n_streams: int = 1
+
+    def enter(self, x: Tensor) -> Tensor:
+        """The stream of the embeddings ``x [batch, seq, d_model]``: ``[batch, seq, n_streams, d_model]``."""
+        raise NotImplementedError
+
+    def exit(self, s: Tensor) -> Tensor:
+        """What the final norm and the head read from the stream ``s [batch, seq, n_streams, d_model]``:
+        ``[batch, seq, d_model]``."""
+        raise NotImplementedError
+
+    def connection(self) -> nn.Module:
+        """A new connection for one sublayer: a module with ``read(s) -> (x [batch, seq, d_model], state)`` and
+        ``write(s, state, y [batch, seq, d_model]) -> s [batch, seq, n_streams, d_model]``; its parameters are the
+        sublayer's block's."""
+        raise NotImplementedError
+
+
+def stream_of(ctx: Any):
+    """The model's :class:`ResidualStream` a placement is built with (``ctx.extra["stream"]``), or ``None`` for the
+    plain residual stream."""
+    return (getattr(ctx, "extra", None) or {}).get("stream")
