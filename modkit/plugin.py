@@ -121,7 +121,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     )
     from modkit.nn.cache import CacheEntry, CacheSpec
     from modkit.nn.grouped import grouped_mm
-    from modkit.nn.stream import ResidualStream, stream_of
+    from modkit.nn.stream import ResidualStream, placement_stream_flops, stream_of
     from modkit.nn.recurrent import (
         ChunkBoundaries,
         GatedRMSNorm,
@@ -219,7 +219,7 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("CacheEntry", "CacheSpec"), "modkit.nn.cache"),
     "grouped_mm": "modkit.nn.grouped",
-    **dict.fromkeys(("ResidualStream", "stream_of"), "modkit.nn.stream"),
+    **dict.fromkeys(("ResidualStream", "placement_stream_flops", "stream_of"), "modkit.nn.stream"),
     **dict.fromkeys(
         (
             "ChunkBoundaries",

@@ -43,11 +43,13 @@ from torch import Tensor, nn
 from modkit.plugin import (
     AttentionInputs,
     BuildContext,
+    CacheEntry,
     CacheSpec,
     Component,
     ComponentConfig,
     HeadCount,
     HeadDim,
+    Multiplier,
     hookimpl,
     is_plain_causal,
     masked_attention,
@@ -102,6 +104,14 @@ class AttentionConfig(ComponentConfig):
     head_dim: Optional[HeadDim] = Field(
         None, description="width of one head; default d_model / n_heads (which must then be an integer)"
     )
+    v_head_dim: Optional[HeadDim] = Field(
+        None,
+        description="width of one value head, narrower or wider than the query/key head (MiMo-V2-Flash: 128 beside "
+        "192); sizes v_proj, the cache's values and o_proj's input. Default head_dim",
+    )
+    value_scale: Multiplier = Field(
+        1.0, description="multiplier of the values (MiMo-V2-Flash's attention_value_scale, 0.707); 1 for none"
+    )
     q_bias: bool = Field(False, description="bias on the query projection")
     k_bias: bool = Field(False, description="bias on the key projection")
     v_bias: bool = Field(False, description="bias on the value projection")
@@ -114,6 +124,11 @@ class AttentionConfig(ComponentConfig):
         description="'head': normalise each head over head_dim, one weight shared by the heads (Qwen3, Gemma 3); "
         "'each_head': the same statistics with a weight of each head's own, [n_heads, head_dim] (Cohere; the norm must "
         "declare the groups capability); 'full': over the whole projection (OLMo 2)",
+    )
+    qk_norm_after_position: bool = Field(
+        False,
+        description="apply qk_norm after the position scheme has rotated q and k, not before (Hunyuan's "
+        "query_layernorm / key_layernorm); needs qk_norm with qk_norm_scope 'head'",
     )
     sliding_window: Optional[SeqLen] = Field(
         None,
@@ -161,6 +176,18 @@ class AttentionConfig(ComponentConfig):
         "sdpa", description="'sdpa': torch scaled_dot_product_attention; 'eager': explicit softmax (can return weights)"
     )
 
+    @field_validator("qk_norm_after_position")
+    @classmethod
+    def _norm_after(cls, after: bool, info: ValidationInfo) -> bool:
+        if after and info.data.get("qk_norm", 0) is None:
+            raise ValueError("is true, but qk_norm is null: give qk_norm a norm spec or set it false")
+        if after and info.data.get("qk_norm_scope", "head") != "head":
+            raise ValueError(
+                f"is true, which needs qk_norm_scope 'head' (one norm over each head after the rotation), got "
+                f"{info.data.get('qk_norm_scope')!r}"
+            )
+        return after
+
     @field_validator("n_kv_heads")
     @classmethod
     def _kv_heads(cls, kv: Optional[int], info: ValidationInfo) -> Optional[int]:
@@ -189,6 +216,10 @@ class AttentionConfig(ComponentConfig):
     def resolved_head_dim(self, d_model: int) -> int:
         """``head_dim``, or ``d_model // n_heads`` when not given."""
         return self.head_dim if self.head_dim is not None else d_model // self.n_heads
+
+    def value_width(self, d_model: int) -> int:
+        """The width of one value head: ``v_head_dim``, else the head width."""
+        return self.v_head_dim if self.v_head_dim is not None else self.resolved_head_dim(d_model)
 
     def position_geometry(self, ctx) -> PositionGeometry:
         """The position scheme acts on every query head and key/value head at full ``head_dim``."""
@@ -244,6 +275,7 @@ class Attention(nn.Module):
         d = ctx.d_model
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
         self.head_dim = cfg.resolved_head_dim(d)
+        self.v_head_dim, self.value_scale = cfg.value_width(d), cfg.value_scale
         self.sliding_window = cfg.sliding_window
         self.attention_chunk_size = cfg.attention_chunk_size
         self.causal = cfg.causal
@@ -253,12 +285,14 @@ class Attention(nn.Module):
         self.scale = cfg.softmax_scale if cfg.softmax_scale is not None else ctx.attention_scale(self.head_dim)
         self.logit_softcap = cfg.logit_softcap
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        o_width = self.n_heads * self.v_head_dim  # the merged value heads
         self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)
         self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
-        self.v_proj = nn.Linear(d, kv_width, bias=cfg.v_bias)
-        self.o_proj = nn.Linear(q_width, d, bias=cfg.o_bias)
-        self.gate_proj = nn.Linear(d, q_width, bias=cfg.q_bias) if cfg.output_gate else None
+        self.v_proj = nn.Linear(d, self.n_kv_heads * self.v_head_dim, bias=cfg.v_bias)
+        self.o_proj = nn.Linear(o_width, d, bias=cfg.o_bias)
+        self.gate_proj = nn.Linear(d, o_width, bias=cfg.q_bias) if cfg.output_gate else None
         self.qk_norm_scope = cfg.qk_norm_scope
+        self.qk_norm_after = cfg.qk_norm_after_position
         if cfg.qk_norm is None:
             self.q_norm = self.k_norm = None
         elif cfg.qk_norm_scope == "full":
@@ -301,17 +335,20 @@ class Attention(nn.Module):
     def cache_spec(self) -> CacheSpec:
         """Keys and values ``[batch, n_kv_heads, slots, head_dim]`` each; a ring of ``attention_span`` slots (the
         sliding window or the attention chunk) when set."""
-        return CacheSpec.kv(self.n_kv_heads, self.head_dim, self.attention_span)
+        if self.v_head_dim == self.head_dim:
+            return CacheSpec.kv(self.n_kv_heads, self.head_dim, self.attention_span)
+        k, v = ((name, (self.n_kv_heads, w)) for name, w in (("k", self.head_dim), ("v", self.v_head_dim)))
+        return CacheSpec((CacheEntry(*k, slot_axis=2), CacheEntry(*v, slot_axis=2)), self.attention_span)
 
     def head_layout(self) -> dict[str, tuple[int, int]]:
         """``{projection: (heads, width per head)}`` of the projections whose outputs split into heads."""
         layout = {
             "q_proj": (self.n_heads, self.head_dim),
             "k_proj": (self.n_kv_heads, self.head_dim),
-            "v_proj": (self.n_kv_heads, self.head_dim),
+            "v_proj": (self.n_kv_heads, self.v_head_dim),
         }
         if self.gate_proj is not None:
-            layout["gate_proj"] = (self.n_heads, self.head_dim)
+            layout["gate_proj"] = (self.n_heads, self.v_head_dim)
         return layout
 
     def _output(self, out: Tensor, x: Tensor) -> Tensor:
@@ -334,11 +371,15 @@ class Attention(nn.Module):
         ):  # per-head weights [heads, d] on [b, s, heads, d]
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None and self.qk_norm_scope == "head":
+        v = v.view(b, s, self.n_kv_heads, self.v_head_dim).transpose(1, 2)
+        if self.value_scale != 1.0:  # MiMo-V2-Flash: the values (and so the cached values) scaled
+            v = v * self.value_scale
+        if self.q_norm is not None and self.qk_norm_scope == "head" and not self.qk_norm_after:
             q, k = self.q_norm(q), self.k_norm(k)
         if inputs.position is not None:
             q, k = inputs.position.rotate(q, k, inputs.positions)
+        if self.q_norm is not None and self.qk_norm_after:  # Hunyuan: normalise the rotated heads
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.floor_scale is not None:
             q = self._tune_temperature(q, inputs.positions)
         return q, k, v
@@ -409,12 +450,12 @@ class Attention(nn.Module):
 
 
 def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
-    d, hd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model)
-    qw, kvw = cfg.n_heads * hd, cfg.kv_heads * hd
-    n = d * qw * 2 + d * kvw * 2
-    n += qw * cfg.q_bias + kvw * cfg.k_bias + kvw * cfg.v_bias + d * cfg.o_bias
-    if cfg.output_gate:  # gate_proj: as wide as q_proj, with q_proj's bias
-        n += d * qw + qw * cfg.q_bias
+    d, hd, vd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model), cfg.value_width(ctx.d_model)
+    qw, kvw, vw, ow = cfg.n_heads * hd, cfg.kv_heads * hd, cfg.kv_heads * vd, cfg.n_heads * vd
+    n = d * (qw + kvw + vw + ow)
+    n += qw * cfg.q_bias + kvw * cfg.k_bias + vw * cfg.v_bias + d * cfg.o_bias
+    if cfg.output_gate:  # gate_proj: as wide as the merged value heads, with q_proj's bias
+        n += d * ow + ow * cfg.q_bias
     if cfg.qk_norm is not None:
         norm = ctx.registry.entry_for_config(cfg.qk_norm)
         for width, heads in ((qw, cfg.n_heads), (kvw, cfg.kv_heads)):
@@ -439,7 +480,7 @@ def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str,
     key (its logit joins the softmax), except that the dense SDPA kernel scores it as one more zero key per query
     (``work.dense`` with the sdpa backend counts that column).
     """
-    d, hd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model)
+    d, hd, vd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model), cfg.value_width(ctx.d_model)
     qw, kvw, t = cfg.n_heads * hd, cfg.kv_heads * hd, work.tokens
     pairs = work.pairs(causal=cfg.causal, window=cfg.sliding_window, chunk=cfg.attention_chunk_size)
     if work.dense and cfg.sinks and cfg.backend == "sdpa" and cfg.logit_softcap is None:
@@ -447,13 +488,13 @@ def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str,
     out = {
         "q_proj": 2 * t * d * qw,
         "k_proj": 2 * t * d * kvw,
-        "v_proj": 2 * t * d * kvw,
-        "o_proj": 2 * t * qw * d,
+        "v_proj": 2 * t * d * cfg.kv_heads * vd,
+        "o_proj": 2 * t * cfg.n_heads * vd * d,
         "scores": 2 * cfg.n_heads * hd * pairs,
-        "weighted_sum": 2 * cfg.n_heads * hd * pairs,
+        "weighted_sum": 2 * cfg.n_heads * vd * pairs,
     }
     if cfg.output_gate:
-        out["gate_proj"] = 2 * t * d * qw
+        out["gate_proj"] = 2 * t * d * cfg.n_heads * vd
     return out
 
 
@@ -473,8 +514,10 @@ probability mass and adds no value; without sinks it is absent ($e^{z_h} = 0$, a
 $\tau_i = \ln\!\big(\lfloor (i + 1) / f \rfloor + 1\big)\, a + 1$ with $f$ = floor_scale and $a$ = attn_scale
 (temperature_tuning; else $\tau_i = 1$). The heads are concatenated and projected by $W_O$; with output_gate the
 concatenation is first multiplied element-wise by $\sigma(W_G\, x_i)$ (gated attention, $W_G$ as wide as $W_Q$).
-Query head $h$ reads key/value head $g(h) = \lfloor h \cdot n_{kv} / n_{heads} \rfloor$; a KV cache holds $2 \cdot n_{kv} \cdot d_h$
-numbers per token and layer, in a ring of min(sliding_window, attention_chunk_size) slots when either is set."""
+Query head $h$ reads key/value head $g(h) = \lfloor h \cdot n_{kv} / n_{heads} \rfloor$; the values $v_j$ have width
+$d_v$ = v_head_dim (default $d_h$) and are multiplied by value_scale (1 by default); a KV cache holds
+$n_{kv} (d_h + d_v)$ numbers per token and layer, in a ring of min(sliding_window, attention_chunk_size) slots when
+either is set."""
 
 _GROUPS = {
     "mha": r"Multi-head: $n_{kv} = n_{heads}$, every query head has its own keys and values.",

@@ -2,7 +2,8 @@
 
 ``[batch, seq, d_model] -> [batch, seq, d_model]``.
 
-* ``mlp``:    ``down(act(up(x)))`` with act in gelu, gelu_tanh, relu, silu (GPT-2 uses gelu_tanh).
+* ``mlp``:    ``down(act(up(x)))`` with act in gelu, gelu_tanh, relu, silu (GPT-2 uses gelu_tanh), or an activation
+  component in ``activation_unit`` (``relu2``, ``xielu``: :mod:`modkit_plugins.activations`, registered here).
 * ``swiglu``: ``down(silu(gate(x)) * up(x))`` (Llama, Mistral, Qwen, OLMo).
 * ``geglu``:  ``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh``; ``activation`` selects exact gelu).
   Both take μP-style multipliers, ``m_out · down(act(m_gate · gate(x)) * up(x))`` (``gate_multiplier``,
@@ -31,7 +32,7 @@ implementation's ``swiglu`` (transformers ``GptOssExperts._apply_gate``) for the
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from pydantic import Field
@@ -47,8 +48,11 @@ from modkit.plugin import (
     Init,
     MAX_MULTIPLIER,
     Multiplier,
+    Slot,
     Workload,
 )
+
+from . import activations
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.functional.gelu(x),
@@ -67,6 +71,12 @@ class MLPConfig(ComponentConfig):
         "gelu", description="activation between the projections"
     )
     bias: bool = Field(True, description="biases on both projections")
+    activation_unit: Optional[ComponentConfig] = Slot(
+        "activation",
+        default=None,
+        description="an activation component (relu2, xielu, ...) used in place of activation, which is then not "
+        "read; null: activation",
+    )
 
 
 class GatedConfig(ComponentConfig):
@@ -183,14 +193,16 @@ def _down(linear: nn.Linear, h: Tensor, scale: Optional[Tensor]) -> Tensor:
 
 
 class MLP(nn.Module):
-    """Two-layer MLP. ``[batch, seq, d_model] -> [batch, seq, d_model]``."""
+    """Two-layer MLP. ``[batch, seq, d_model] -> [batch, seq, d_model]``; ``unit``: a built activation component
+    (child ``act``, with its parameters if it has any) in place of the named ``activation``."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool):
+    def __init__(self, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[nn.Module] = None):
         super().__init__()
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = activation
-        self._act = ACTIVATIONS[activation]
+        self.act = unit  # a child module (its parameters, if any, are the MLP's)
+        self._act = unit.__call__ if unit is not None else ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
         """``down(act(up(x)))``."""
@@ -299,11 +311,24 @@ class GroupedMLP(_Stacked):
     """``n`` independent :class:`MLP` copies with stacked weights (mixture-of-experts experts).
 
     Parameters: ``up [n, d_model, d_ff]``, ``down [n, d_ff, d_model]`` and, with ``bias``, ``up_bias [n, d_ff]``,
-    ``down_bias [n, d_model]``. Copy ``g`` of the single form has ``up.weight == up[g].T``.
+    ``down_bias [n, d_model]``. Copy ``g`` of the single form has ``up.weight == up[g].T``. ``unit``: a built
+    activation component without parameters (``relu2``), shared by the copies.
+
+    Raises:
+        ValueError: ``unit`` has parameters (each copy would need its own).
     """
 
-    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool):
+    def __init__(self, n: int, d_model: int, d_ff: int, activation: str, bias: bool, unit: Optional[nn.Module] = None):
         super().__init__(activation, bias)
+        if unit is not None:
+            if any(True for _ in unit.parameters()):
+                raise ValueError(
+                    f"ffn mlp: activation_unit {getattr(unit, 'modkit_type', type(unit).__name__)!r} has learned "
+                    "parameters, which mixture-of-experts copies cannot share; use it in a dense mlp, or an expert "
+                    "activation without parameters (relu2)"
+                )
+            self.act = unit
+            self._act = unit.__call__
         self._projection("up", n, d_model, d_ff, bias)
         self._projection("down", n, d_ff, d_model, bias)
 
@@ -356,7 +381,24 @@ class GroupedGatedMLP(_Stacked):
 
 def _mlp_count(cfg: MLPConfig, ctx: BuildContext) -> int:
     d = ctx.dim or ctx.d_model
-    return 2 * d * cfg.d_ff + (cfg.d_ff + d if cfg.bias else 0)
+    n = 2 * d * cfg.d_ff + (cfg.d_ff + d if cfg.bias else 0)
+    if cfg.activation_unit is not None:
+        unit = ctx.registry.entry_for_config(cfg.activation_unit)
+        n += unit.param_count(cfg.activation_unit, ctx) if unit.param_count is not None else 0
+    return n
+
+
+def _unit(cfg: MLPConfig, ctx: BuildContext) -> Optional[nn.Module]:
+    """The ``activation_unit`` built at width ``d_ff``, or ``None``."""
+    return None if cfg.activation_unit is None else ctx.build(cfg.activation_unit, dim=cfg.d_ff)
+
+
+def _mlp(cfg: MLPConfig, ctx: BuildContext) -> MLP:
+    return MLP(ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias, _unit(cfg, ctx))
+
+
+def _grouped_mlp(cfg: MLPConfig, ctx: BuildContext, n: int) -> Any:
+    return GroupedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias, _unit(cfg, ctx))
 
 
 def _gated_count(cfg: GatedConfig, ctx: BuildContext) -> int:
@@ -381,7 +423,8 @@ _MATH = {
     "mlp": r"""$$\mathrm{FFN}(x) = W_{down}\, \phi(W_{up}\, x + b_{up}) + b_{down}$$
 
 $W_{up}$: $d_{model} \to d_{ff}$, $W_{down}$: $d_{ff} \to d_{model}$, $\phi$ the activation (GELU, its tanh
-approximation, ReLU or SiLU: activation, GELU by default); the biases with bias: true (the default).""",
+approximation, ReLU or SiLU: activation, GELU by default; or the activation component of activation_unit); the
+biases with bias: true (the default).""",
     "swiglu": r"""$$\mathrm{FFN}(x) = W_{down}\big(\mathrm{SiLU}(W_{gate}\, x) \odot W_{up}\, x\big), \qquad
 \mathrm{SiLU}(z) = z\, \sigma(z) = \frac{z}{1 + e^{-z}}$$
 
@@ -406,7 +449,10 @@ GELU), $L$ = limit (7.0). gpt-oss's experts (OpenAI 2025, arXiv:2508.10925).""",
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``mlp``, ``swiglu``, ``geglu`` and ``swiglu_clamped``."""
+    """Register ``mlp``, ``swiglu``, ``geglu`` and ``swiglu_clamped``, and the activation components their
+    ``activation_unit`` slot takes (:mod:`modkit_plugins.activations`)."""
+    for entry in activations.components():
+        register(entry)
     plan_mlp = {"up": "colwise", "down": "rowwise"}
     plan_gated = {"gate": "colwise", "up": "colwise", "down": "rowwise"}
     register(
@@ -414,18 +460,16 @@ def register_components(register) -> None:
             kind="ffn",
             type="mlp",
             config=MLPConfig,
-            factory=lambda cfg, ctx: MLP(ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias),
-            description="Two-layer position-wise MLP down(act(up(x))) with gelu, gelu_tanh, relu or silu. "
-            "[batch, seq, d_model] -> [batch, seq, d_model].",
+            factory=_mlp,
+            description="Two-layer position-wise MLP down(act(up(x))) with gelu, gelu_tanh, relu or silu, or an "
+            "activation component (activation_unit). [batch, seq, d_model] -> [batch, seq, d_model].",
             reference="Vaswani et al. 2017, Attention Is All You Need, arXiv:1706.03762",
             capabilities={"compile_safe": True, "tp_plan": plan_mlp},
             param_count=_mlp_count,
             flops=_mlp_flops,
             example={"type": "mlp", "d_ff": 128, "activation": "gelu_tanh"},
             math=_MATH["mlp"],
-            grouped_factory=lambda cfg, ctx, n: GroupedMLP(
-                n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.activation, cfg.bias
-            ),
+            grouped_factory=_grouped_mlp,
         )
     )
     for t, what in (("swiglu", "SiLU"), ("geglu", "GELU (tanh)")):

@@ -133,16 +133,22 @@ class ManifoldHyperConnections(ResidualStream):
         pre = torch.sigmoid(mixes * self.hc_scale.to(w) + self.hc_base.to(w)) + self.cfg.eps
         return (pre.unsqueeze(-1) * s).sum(dim=2).to(s.dtype)
 
+    def connection_flops(self, tokens: int) -> int:
+        """Per token, the weights' projection ``2 · (2 + n) n · n d`` and ``comb^T · S``, ``2 · n² d``."""
+        n, d = self.n_streams, self.d_model
+        return tokens * (2 * (2 + n) * n * n * d + 2 * n * n * d)
+
     def connection(self) -> HyperConnection:
         """A new :class:`HyperConnection` (its ``fn``, ``base``, ``scale``) for one sublayer."""
         return HyperConnection(self.d_model, self.cfg)
 
 
 def _flops(cfg: MHCConfig, ctx, workload) -> dict:
-    """Per token and layer, two connections' projections ``2 · (2 + n) n · n d`` each, the head's once."""
+    """Matrix-product FLOPs of the stream module itself (the head's ``exit``): ``2 · n · n d`` per token. Each
+    sublayer's connection (``2 · (2 + n) n · n d`` for its weights, ``2 · n² d`` for ``comb^T · S``) belongs to the
+    block that holds it."""
     n, d = cfg.n_streams, ctx.d_model
-    per_layer = 2 * 2 * (2 + n) * n * n * d
-    return {"connections": workload.tokens * (per_layer * ctx.n_layers + 2 * n * n * d)}
+    return {"exit": workload.tokens * 2 * n * n * d}
 
 
 @hookimpl
@@ -161,6 +167,8 @@ def register_components(register) -> None:
             reference="Zhu et al. 2024, Hyper-Connections, arXiv:2409.19606; DeepSeek-V4 (mHC); transformers "
             "DeepseekV4HyperConnection / DeepseekV4HyperHead",
             capabilities={"compile_safe": True},
+            param_count=lambda cfg, ctx: cfg.n_streams * cfg.n_streams * ctx.d_model + cfg.n_streams + 1,
+            flops=_flops,
             example={"type": "mhc", "n_streams": 4},
         )
     )

@@ -61,6 +61,7 @@ from modkit.plugin import (
     hookimpl,
     MAX_MULTIPLIER,
     Multiplier,
+    placement_stream_flops,
     run_ffn,
     stream_of,
 )
@@ -439,6 +440,12 @@ _ENTRIES = (
 )
 
 
+def _pre_flops(cfg: PreConfig, ctx: BuildContext, work) -> dict[str, int]:
+    """``pre`` adds residuals (element-wise) around sublayers that declare their own FLOPs; on a residual stream of
+    several copies, its connections' matrix products (:func:`~modkit.nn.stream.placement_stream_flops`)."""
+    return placement_stream_flops(cfg, ctx, work)
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel``,
@@ -454,7 +461,7 @@ def register_components(register) -> None:
                 math=_MATH.get(entry["type"], ""),
                 # pre reads and writes a residual stream of several copies (modkit.nn.stream)
                 capabilities={**caps, "streams": True} if entry["type"] == "pre" else caps,
-                flops=ablation_flops if entry["type"] == "pre-no-residual" else flops,
+                flops={"pre-no-residual": ablation_flops, "pre": _pre_flops}.get(entry["type"], flops),
                 **entry,
             )
         )

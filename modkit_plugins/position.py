@@ -44,6 +44,7 @@ from .rope import (  # noqa: F401
     LinearScaling,
     Llama3Scaling,
     LongRopeScaling,
+    NtkAlphaScaling,
     Rope,
     rope_component,
     rope_inv_freq,

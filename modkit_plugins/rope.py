@@ -96,6 +96,15 @@ class DynamicScaling(_Scaling):
     )
 
 
+class NtkAlphaScaling(_Scaling):
+    """NTK-aware scaling with a fixed ``alpha`` (Tencent Hunyuan; transformers ``compute_ntk_alpha_rope_parameters``):
+    the base becomes ``theta · alpha ** (d / (d - 2))`` (``d`` the rotary width) at every length, so the
+    frequencies are static (unlike ``dynamic``)."""
+
+    type: Literal["ntk_alpha"] = Field(..., description="'ntk_alpha': a static NTK-aware base theta · alpha^(d/(d-2))")
+    alpha: RopeFactor = Field(..., description="stretch of the base (Hunyuan-A13B: 1000)" + _BOUND)
+
+
 class YarnScaling(_Scaling):
     """YaRN (Peng et al. 2023, arXiv:2309.00071): NTK-by-parts interpolation plus an attention temperature.
 
@@ -179,7 +188,8 @@ class LongRopeScaling(_Scaling):
 
 #: every frequency scaling of ``rope`` (a discriminated union on ``type``)
 RopeScaling = Annotated[
-    Union[LinearScaling, Llama3Scaling, DynamicScaling, YarnScaling, LongRopeScaling], Field(discriminator="type")
+    Union[LinearScaling, Llama3Scaling, DynamicScaling, NtkAlphaScaling, YarnScaling, LongRopeScaling],
+    Field(discriminator="type"),
 ]
 
 
@@ -219,7 +229,7 @@ class RopeConfig(ComponentConfig):
         "features are rotated, which must be even; the rest passes through",
     )
     scaling: Optional[RopeScaling] = Field(
-        None, description="frequency scaling (linear, llama3, dynamic, yarn, longrope); null for none"
+        None, description="frequency scaling (linear, llama3, dynamic, ntk_alpha, yarn, longrope); null for none"
     )
 
     def check(self, ctx) -> list[tuple[str, str]]:
@@ -256,11 +266,11 @@ class RopeConfig(ComponentConfig):
                             f"partial_rotary = {self.partial_rotary})",
                         )
                     )
-        if isinstance(sc, DynamicScaling) and rot <= 2:
+        if isinstance(sc, (DynamicScaling, NtkAlphaScaling)) and rot <= 2:
             errors.append(
                 (
                     "scaling",
-                    f"dynamic NTK scaling needs a rotary width above 2 (its exponent is d / (d - 2)), got {rot}",
+                    f"{sc.type} NTK scaling needs a rotary width above 2 (its exponent is d / (d - 2)), got {rot}",
                 )
             )
         return errors
@@ -288,12 +298,15 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling=None) -> Tensor:
     high frequencies, divides low ones by ``factor`` and interpolates smoothly in between (llama-models); yarn
     blends interpolated and extrapolated frequencies over a linear ramp between the dimensions that make
     ``beta_fast`` and ``beta_slow`` rotations in ``original_max_seq_len`` (Peng et al. 2023, transformers
-    ``_compute_yarn_parameters``). ``dynamic`` and ``longrope`` frequencies depend on the input length: this
+    ``_compute_yarn_parameters``); ntk_alpha raises the base to ``theta · alpha ** (rotary_dim / (rotary_dim - 2))``
+    (transformers ``compute_ntk_alpha_rope_parameters``). ``dynamic`` and ``longrope`` frequencies depend on the input length: this
     returns their short-input frequencies (``dynamic``: unscaled; ``longrope``: divided by ``short_factor``).
     """
+    kind = getattr(scaling, "type", None)
+    if kind == "ntk_alpha":
+        theta = theta * scaling.alpha ** (rotary_dim / (rotary_dim - 2))
     exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
     inv = 1.0 / (theta**exponent)
-    kind = getattr(scaling, "type", None)
     if kind == "linear":
         inv = inv / scaling.factor
     elif kind == "llama3":

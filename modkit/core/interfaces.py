@@ -26,6 +26,10 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   -> [tokens, n_experts]`` (what the balance loss reads; default softmax), an ``expert_load [n_experts]`` int64
   buffer of real-token assignments and ``update_balance(load)``, the training-time rule the loop applies after each
   optimizer step (:mod:`modkit.nn.balance`).
+* ``activation``: not block-level; held by a component whose config has an ``activation`` slot (an ``mlp``'s
+  ``activation_unit``), which builds it with ``ctx.build(config, dim=width)``: an element-wise ``forward(x [...,
+  width]) -> [..., width]`` in x's dtype; the learned scalars and buffers it holds are its own (counted with the
+  holder's parameters, initialised by its ``init_weights``).
 
 * ``logits_processor``: not part of a model; ``factory(config, setup)`` returns a
   :class:`modkit.inference.sampling.LogitsProcessor`, ``processor(logits [batch, vocab] float32, state) -> [batch, vocab]``

@@ -342,12 +342,13 @@ def _sink_column(
     """Keys and values with one zero column appended, and the additive mask with the sink logits as that column.
 
     ``q·0 = 0``, so the column's score is exactly its additive mask, the sink logit of the head; its value 0 adds
-    nothing to the output. ``k, v [b, h_kv, kv, d] -> [b, h_kv, kv + 1, d]``; ``attn_mask [b, 1 or h, q, kv] ->
+    nothing to the output. ``k [b, h_kv, kv, d] -> [b, h_kv, kv + 1, d]`` (``v`` likewise, at its own width); ``attn_mask [b, 1 or h, q, kv] ->
     [b, h, q, kv + 1]`` in the mask's dtype.
     """
     b, h, q_len, _ = q_shape
     zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
-    k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero.to(v.dtype)], dim=2)
+    zero_v = v.new_zeros(v.shape[0], v.shape[1], 1, v.shape[3])  # the value width may differ (MiMo-V2-Flash)
+    k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero_v], dim=2)
     mask = attn_mask.expand(b, h, q_len, attn_mask.shape[-1])
     column = sinks.to(attn_mask.dtype).view(1, h, 1, 1).expand(b, h, q_len, 1)
     return k, v, torch.cat([mask, column], dim=-1)

@@ -43,6 +43,11 @@ class ResidualStream(nn.Module):
         ``[batch, seq, d_model]``."""
         raise NotImplementedError
 
+    def connection_flops(self, tokens: int) -> int:
+        """Matrix-product FLOPs of one connection's ``read`` and ``write`` on ``tokens`` tokens (what the placement
+        holding it declares for it, :func:`placement_stream_flops`)."""
+        raise NotImplementedError
+
     def connection(self) -> nn.Module:
         """A new connection for one sublayer: a module with ``read(s) -> (x [batch, seq, d_model], state)`` and
         ``write(s, state, y [batch, seq, d_model]) -> s [batch, seq, n_streams, d_model]``; its parameters are the
@@ -54,3 +59,14 @@ def stream_of(ctx: Any):
     """The model's :class:`ResidualStream` a placement is built with (``ctx.extra["stream"]``), or ``None`` for the
     plain residual stream."""
     return (getattr(ctx, "extra", None) or {}).get("stream")
+
+
+def placement_stream_flops(cfg: Any, ctx: Any, work: Any) -> dict[str, int]:
+    """The FLOPs a placement that declares ``streams`` adds for its connections: ``{"connections": sublayers ·
+    stream.connection_flops(tokens)}`` (one connection for the mixer, one for the ffn when the block has one);
+    ``{}`` on the plain stream. A placement's ``flops`` declaration calls it on its build context."""
+    stream = stream_of(ctx)
+    if stream is None:
+        return {}
+    sublayers = 1 + (getattr(ctx, "ffn", None) is not None)
+    return {"connections": sublayers * stream.connection_flops(work.tokens)}

@@ -2,7 +2,7 @@
 
 To exercise one registry entry the kit writes a tiny model spec (``d_model`` 32, 2 layers, vocabulary 64,
 ``max_seq_len`` 128, ``init_std`` 0.2) and puts the component in the slot of its kind (``block.attention``,
-``block.ffn``, ``block.norm`` and ``final_norm``, ``block.placement`` or ``position``). A kind with no slot in a spec
+``block.ffn``, ``block.norm`` and ``final_norm``, ``block.placement``, ``position`` or ``stream``). A kind with no slot in a spec
 (a ``router``) is nested in a *host*: a component whose config declares a :func:`~modkit.Slot` of that kind.
 
 **Neighbours come from modkit's built-in components only** (the plugins modkit's own distribution registers),
@@ -11,7 +11,8 @@ attention=my-attention``). Another installed plugin is never used to fill a slot
 depend on what else is installed: with two third-party plugins side by side, a faulty one can never be chosen as
 the good one's neighbour. Among the built-ins the choice is by capability, never by type name: the attention must be
 ``causal_safe`` and support ``kv_cache``, the ffn must not return an aux loss, position schemes acting on q/k are
-preferred, norms with parameters before stateless ones; then the first by name. Every component is configured with :meth:`~modkit.Component.example_config`.
+preferred, norms with parameters before stateless ones, placements that carry any residual stream (``streams``)
+before others; then the first by name. Every component is configured with :meth:`~modkit.Component.example_config`.
 A kind without a built-in must be named (else the checks are skipped, saying so).
 
 ``init_std`` 0.2 (instead of a real model's 0.02) makes attention scores O(1): attention is then sharp enough that
@@ -129,6 +130,18 @@ def spec_slots() -> tuple[dict[str, str], dict[str, str]]:
     return block, top
 
 
+def optional_top_slots() -> dict[str, str]:
+    """``{kind: top-level field}`` of the model-level slots a spec may leave empty that only one kind fills (the
+    residual ``stream``); a component of such a kind is placed there, its neighbours filling the rest."""
+    required = set(spec_slots()[1])
+    out = {}
+    for name, f in ModelSpec.model_fields.items():
+        k = slot_kind(f)
+        if k is not None and not f.is_required() and k not in required and k not in spec_slots()[0]:
+            out.setdefault(k, name)
+    return out
+
+
 def nested_slots(entry: Component) -> dict[str, str]:
     """``{field: kind}`` of the fields of ``entry``'s config that hold another component."""
     return {n: k for n, f in entry.config.model_fields.items() if (k := slot_kind(f)) is not None}
@@ -179,6 +192,8 @@ def _filler_rank(kind: str, entry: Component) -> tuple:
         need = {"qk": 0, "embedding": 1, "bias": 2, "none": 3}.get(caps.get("acts_on"), 4)
     elif kind == "norm":
         need = 1 if caps.get("stateless") else 0  # a norm with a gain: gradients and init reach it too
+    elif kind == "placement":
+        need = 0 if caps.get("streams") else 1  # one that carries any residual stream (a stream under test too)
     else:
         need = 0
     return (need, entry.example is None, entry.key)
@@ -336,6 +351,9 @@ class Bench:
             return "block", block[kind], self.config_json
         if kind in top:
             return "top", top[kind], self.config_json
+        optional = optional_top_slots()
+        if kind in optional:  # a model-level slot that may stay empty (a residual stream): set it
+            return "top", optional[kind], self.config_json
 
         # nested: a host whose config has a slot of this kind (a named one first, else a built-in)
         def slot_of(e: Component) -> Optional[str]:
@@ -391,6 +409,8 @@ class Bench:
             data["block"][f] = target_cfg if (where == "block" and f == field) else self._fill(kind)
         for kind, f in top.items():
             data[f] = target_cfg if (where == "top" and f == field) else self._fill(kind)
+        if where == "top" and field not in data:  # an optional model-level slot (optional_top_slots)
+            data[field] = target_cfg
         norm_field = block.get("norm")
         if norm_field is not None:
             data["final_norm"] = copy.deepcopy(data["block"][norm_field])

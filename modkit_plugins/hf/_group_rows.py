@@ -117,6 +117,7 @@ class Rope(Entry):
             ``rotary_emb_base``, ``rotary_pct``), read under ``rope_parameters``' values and written on export.
         default_parameters: the ``rope_parameters`` a config class assumes when a config has neither them nor
             ``rope_scaling`` (gpt-oss: YaRN, factor 32); an export then writes ``rope_parameters`` too.
+        ntk_alpha: ``dynamic`` scaling with an ``alpha`` is the static NTK-alpha base (Hunyuan).
     """
 
     SETS: ClassVar[tuple[str, ...]] = ("position",)
@@ -129,6 +130,7 @@ class Rope(Entry):
     theta_key: str = "rope_theta"
     partial_key: str = "partial_rotary_factor"
     default_parameters: Optional[Mapping[str, Any]] = None
+    ntk_alpha: bool = False
 
     def config_keys(self, name):
         keys = ("rope_parameters", self.theta_key, "rope_scaling", self.partial_key)
@@ -145,6 +147,7 @@ class Rope(Entry):
             theta_key=self.theta_key,
             partial_key=self.partial_key,
             default_parameters=dict(self.default_parameters or {}),
+            ntk_alpha=self.ntk_alpha,
         )
 
     def write(self, f, base, name):

@@ -169,7 +169,14 @@ ACTIVATIONS: dict[str, str] = {
     "gelu_python_tanh": "gelu_tanh",
     "gelu_fast": "gelu_tanh",  # 0.5x(1 + tanh(0.79788456 x (1 + 0.044715 x²))): the tanh approximation
     "relu": "relu",
+    # activation components (modkit_plugins.activations): an mlp's activation_unit, not a gated FFN's activation
+    "relu2": "relu2",
+    "xielu": "xielu",
 }
+
+#: the modkit activations of :data:`ACTIVATIONS` that are activation components, held by an ``mlp``'s
+#: ``activation_unit`` (the gated FFNs and the mixtures' experts take the named ones only)
+UNIT_ACTIVATIONS = ("relu2", "xielu")
 
 
 #: modkit's bound (:mod:`modkit.core.limits`) on each size key of a Hugging Face config, checked where it is read
@@ -352,7 +359,8 @@ class HFConfig:
         self.errors.append((key, message))
 
     def activation(self, key: str, default: str) -> str:
-        """A Hugging Face activation name mapped to modkit's (``silu``, ``gelu``, ``gelu_tanh``, ``relu``)."""
+        """A Hugging Face activation name mapped to modkit's (``silu``, ``gelu``, ``gelu_tanh``, ``relu``, and the
+        activation components ``relu2``, ``xielu``)."""
         name = self.get(key, default)
         act = ACTIVATIONS.get(name) if isinstance(name, str) else None
         if act is None:

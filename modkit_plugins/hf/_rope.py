@@ -28,6 +28,7 @@ def rope(
     layout: str = "half_split",
     original_at_top: bool = False,
     max_seq_len: Optional[int] = None,
+    ntk_alpha: bool = False,
 ) -> dict:
     """The ``rope`` position spec from either config form.
 
@@ -39,7 +40,8 @@ def rope(
     * ``linear``: ``factor``;
     * ``llama3``: ``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``;
     * ``dynamic``: ``factor``; the trained length is ``max_position_embeddings`` (as in
-      ``_compute_dynamic_ntk_parameters``);
+      ``_compute_dynamic_ntk_parameters``); with ``ntk_alpha`` (Hunyuan) a dict holding ``alpha`` is the static
+      NTK-alpha base instead (``ntk_alpha`` scaling; its ``factor`` is then unused);
     * ``yarn``: ``factor`` (default ``max_position_embeddings / original_max_position_embeddings``), ``beta_fast``
       (``or 32``), ``beta_slow`` (``or 1``), ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``;
     * ``longrope`` (legacy ``su``): ``short_factor``, ``long_factor``, ``factor``, ``attention_factor``.
@@ -62,6 +64,7 @@ def rope(
         original_at_top: the top-level ``original_max_position_embeddings`` overrides the dict's (Phi-3).
         max_seq_len: the model's ``max_position_embeddings`` (with the config class's default); default the key's
             value in the config.
+        ntk_alpha: ``dynamic`` with ``alpha`` means NTK-alpha (transformers ``HunYuanDenseV1RotaryEmbedding``).
 
     Returns:
         ``{"type": "rope", "theta": ..., ["layout"], ["partial_rotary"], ["scaling": {...}]}``; ``theta`` is the
@@ -86,7 +89,13 @@ def rope(
         )
         rtype, d = "default", {}
     max_pos = max_seq_len if max_seq_len is not None else r.cfg.get("max_position_embeddings")
-    scaling = _read_scaling(_Scaling(r, d, path, max_pos, original_at_top), rtype, source, max_seq_len)
+    reader = _Scaling(r, d, path, max_pos, original_at_top)
+    if ntk_alpha and rtype == "dynamic" and "alpha" in d:
+        scaling = _ntk_alpha(reader, "dynamic RoPE scaling with alpha", max_seq_len)
+        for key, value in d.items():
+            r.unknown_key(join_path(path, key), value)
+    else:
+        scaling = _read_scaling(reader, rtype, source, max_seq_len)
     if scaling is not None:
         spec["scaling"] = scaling
     return spec
@@ -239,6 +248,14 @@ def _dynamic(s: _Scaling, what: str, max_seq_len: Optional[int]) -> dict:
     return {"type": "dynamic", "factor": factor, "original_max_seq_len": max_pos}
 
 
+def _ntk_alpha(s: _Scaling, what: str, max_seq_len: Optional[int]) -> Optional[dict]:
+    """``dynamic`` with ``alpha`` (Hunyuan): the static base ``theta · alpha ** (d / (d - 2))``; the ``factor``
+    transformers' validation requires is read and unused (its rotary embedding ignores it)."""
+    alpha = s.number("alpha", what, required=True)
+    s.number("factor", what)
+    return {"type": "ntk_alpha", "alpha": alpha} if alpha is not None else None
+
+
 def _yarn(s: _Scaling, what: str, max_seq_len: Optional[int]) -> dict:
     """``yarn``: ``factor`` (default: the ratio of the two lengths), ``beta_fast``, ``beta_slow``, and optionally
     ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``."""
@@ -337,6 +354,8 @@ def rope_fields(
         }
     elif sc.type == "dynamic":  # its trained length is max_position_embeddings, checked by the reverse conversion
         d = {"rope_type": "dynamic", "factor": sc.factor}
+    elif sc.type == "ntk_alpha":  # Hunyuan's form: dynamic with a fixed alpha (factor 1 for the validation)
+        d = {"rope_type": "dynamic", "alpha": sc.alpha, "factor": 1.0}
     elif sc.type == "yarn":
         d = {
             "rope_type": "yarn",

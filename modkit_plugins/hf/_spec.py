@@ -28,7 +28,7 @@ from ._builders import (
     per_layer,
     rmsnorm,
 )
-from ._reader import HFConfig
+from ._reader import UNIT_ACTIVATIONS, HFConfig
 
 #: The fields of a decoder: ``name -> (value when neither the type nor its table sets it, meaning)``.
 FIELDS: dict[str, tuple[Any, str]] = {
@@ -157,6 +157,8 @@ def dense_ffn(f: Mapping[str, Any], d_ff: Optional[int] = None) -> dict:
     if f["ffn"] is None:
         return None
     d_ff = f["d_ff"] if d_ff is None else d_ff
+    if f["ffn"] == "mlp" and f["act"] in UNIT_ACTIVATIONS:  # an activation component (relu2, xielu)
+        return {"type": "mlp", "d_ff": d_ff, "activation_unit": {"type": f["act"]}, "bias": bool(f["mlp_bias"])}
     if f["ffn"] == "mlp":
         return {"type": "mlp", "d_ff": d_ff, "activation": f["act"], "bias": bool(f["mlp_bias"])}
     spec = gated_ffn(d_ff, f["act"], bool(f["mlp_bias"]))
@@ -299,6 +301,13 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     A model with a recurrent mixer on some layer writes the token-mixing slot as ``mixer``, else as ``attention``.
     """
     n_layers = f["n_layers"]
+    if f["act"] in UNIT_ACTIVATIONS and (f["ffn"] == "gated" or f["moe"]):
+        r.error(
+            r.key_of.get("act", "hidden_act"),
+            f"activation {f['act']!r} is supported in a two-projection MLP only; this model type's "
+            f"{'experts take' if f['moe'] else 'gated FFN takes'} silu, gelu, gelu_tanh or relu",
+        )
+        f = {**f, "act": "silu"}
     norm = norm_spec(f)
     mixers = layer_mixers(f)
     recurrent = any(m is not None for m in mixers)
@@ -492,7 +501,9 @@ def _ffn_fields(p: _Picked) -> dict[str, Any]:
     return {
         "ffns": [x.ffn for x in p.layers],
         "ffn": None if width is None else "mlp" if getattr(width, "type", None) == "mlp" else "gated",
-        "act": getattr(width, "act", None) or getattr(width, "activation", None),
+        "act": getattr(getattr(width, "activation_unit", None), "type", None)
+        or getattr(width, "act", None)
+        or getattr(width, "activation", None),
         "mlp_bias": bool(getattr(dense, "bias", False)),
         "ffn_multipliers": [getattr(dense, "gate_multiplier", 1.0), getattr(dense, "output_multiplier", 1.0)],
     }

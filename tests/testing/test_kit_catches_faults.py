@@ -660,7 +660,7 @@ def test_modkit_check_reports_failures(registry, capsys):
     header = text.splitlines()[0].split()
     assert header[0] == "component" and header[1:-1] == list(CHECK_NAMES) and header[-1] == "neighbours"
     rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[1:3]}
-    assert text.splitlines()[1].endswith("attention gqa, ffn geglu, placement parallel, position rope")
+    assert text.splitlines()[1].endswith("attention gqa, ffn geglu, placement pre, position rope")
     assert rows["norm/leaky_dtype"][CHECK_NAMES.index("shape_dtype")] == "FAILED"
     assert rows["norm/miscounted"][CHECK_NAMES.index("param_count")] == "FAILED"
     assert rows["norm/miscounted"][CHECK_NAMES.index("shape_dtype")] == "passed"

@@ -34,6 +34,7 @@ check                     module                          applies to
 ``aux_loss_grad``         :mod:`.training`                the aux_loss capability, and routers
 ``compile``               :mod:`.compile`                 the compile_safe capability
 ``grouped_form``          :mod:`.grouped`                 ffn with a grouped_factory
+``stream``                :mod:`.stream`                  residual streams (the stream kind)
 ``optimizer``             :mod:`.optimizer`               optimizers (the optimizer kind)
 ``shards``                :mod:`.parallel`                a non-empty tp_plan (opt-in: distributed)
 ========================  ==============================  ===========================================================
@@ -87,6 +88,7 @@ from .roles import check_param_roles
 from .sampling import SAMPLING_KINDS, SamplingBench, applies_sampling, check_sampling
 from modkit.train.trackers import KIND as TRACKER_KIND
 from .shapes import check_shape_dtype
+from .stream import SUMMARY as STREAM_SUMMARY, applies_stream, check_stream
 from .state import LONG_SUMMARY, STATE_SUMMARY, applies_state, check_cache_state, check_long_decode
 from .training import applies_aux, applies_dropout, check_aux_loss_grad, check_dropout, check_gradients
 
@@ -206,6 +208,7 @@ CHECKS: tuple[Check, ...] = (
         check_grouped_form,
         applies_grouped,
     ),
+    Check("stream", STREAM_SUMMARY, check_stream, applies_stream),
     Check(
         "sampling",
         "logits processors and stop conditions: shapes, dtype, no in-place change, never empty, deterministic, rows independent",

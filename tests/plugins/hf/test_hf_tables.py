@@ -265,3 +265,82 @@ def test_supports_agrees_with_the_converted_defaults(model_type):
     mla = any(hasattr(spec.layer(i).attention, "kv_lora_rank") for i in range(spec.n_layers))
     assert ("latent attention (MLA)" in supports) == mla
     assert not (mla and "GQA / MQA" in supports)
+
+
+# ------------------------------------------------------------------------------------------------ 2026 dense types
+
+#: transformers' parameter counts of the 2026 dense types at their configuration classes' defaults: the sum over
+#: ``AutoModelForCausalLM.from_config(AutoConfig.for_model(t, **changes))`` built on meta, transformers 5.25 (written
+#: here: the builds take seconds each). Hunyuan's class defaults do not build (its attention reads ``head_dim``,
+#: null by default), so it is counted with ``head_dim`` 128, hidden_size / num_attention_heads
+DENSE_2026_COUNTS = {
+    "apertus": ({}, 6_979_596_352),
+    "arcee": ({}, 4_022_766_080),
+    "exaone4": ({}, 9_429_069_824),
+    "hunyuan_v1_moe": ({"head_dim": 128}, 13_188_337_664),
+    "mimo_v2_flash": ({}, 308_778_768_832),
+    "seed_oss": ({}, 28_921_040_896),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(DENSE_2026_COUNTS))
+def test_2026_dense_defaults_give_transformers_parameter_count(model_type):
+    changes, count = DENSE_2026_COUNTS[model_type]
+    spec = modkit.from_hf_config({"model_type": model_type, **changes})
+    assert modkit.count_params(spec) == count
+
+
+#: (config, the key each error names, what it says): what the 2026 dense types cannot express is refused by name
+DENSE_2026_REFUSED = [
+    ({"model_type": "llama", "hidden_act": "relu2"}, "hidden_act", "gated FFN takes silu"),
+    ({"model_type": "qwen3_moe", "hidden_act": "xielu"}, "hidden_act", "experts take silu"),
+    ({"model_type": "hunyuan_v1_moe", "num_experts": [4, 8]}, "num_experts", "one positive integer for every layer"),
+    ({"model_type": "exaone4", "sliding_window": None}, "layer_types", "list one type per layer"),
+    ({"model_type": "mimo_v2_flash", "num_key_value_heads": 64}, "num_key_value_heads", "twice as many"),
+]
+
+
+@pytest.mark.parametrize(
+    "cfg,key,says", DENSE_2026_REFUSED, ids=[f"{c['model_type']}-{k}" for c, k, _ in DENSE_2026_REFUSED]
+)
+def test_2026_dense_types_refuse_by_key(cfg, key, says):
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.from_hf_config(cfg)
+    assert [p for p, _ in info.value.errors] == [key] and says in info.value.errors[0][1], info.value.errors
+
+
+def test_hunyuan_per_layer_lists_of_one_value_read_as_that_value():
+    spec = modkit.from_hf_config(
+        {"model_type": "hunyuan_v1_moe", "num_hidden_layers": 2, "num_experts": [4, 4], "moe_topk": [2, 2]}
+    )
+    assert [(spec.layer(i).ffn.n_experts, spec.layer(i).ffn.top_k) for i in range(2)] == [(4, 2), (4, 2)]
+
+
+def test_exaone4_rotates_every_layer_without_a_window():
+    """``sliding_window`` null: no NoPE layer (``Exaone4Attention`` rotates when there is no window)."""
+    spec = modkit.from_hf_config(
+        {"model_type": "exaone4", "num_hidden_layers": 4, "sliding_window": None, "layer_types": ["full_attention"] * 4}
+    )
+    assert [spec.layer(i).position.type for i in range(4)] == ["rope"] * 4
+    windowed = modkit.from_hf_config({"model_type": "exaone4", "num_hidden_layers": 4, "sliding_window": 8})
+    assert [windowed.layer(i).position.type for i in range(4)] == ["rope", "rope", "rope", "none"]
+    assert [windowed.layer(i).attention.sliding_window for i in range(4)] == [8, 8, 8, None]
+
+
+def test_exaone4_with_a_nope_first_layer_exports_its_rope():
+    """Layer 0 full (NoPE) and the rest sliding with a RoPE of base 5e5: the export writes the rotating layers' RoPE
+    (the RoPE row reads layer 0's position), and the written config converts back to the same network."""
+    cfg = transformers.Exaone4Config(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        intermediate_size=48,
+        sliding_window=4,
+        layer_types=["full_attention"] + ["sliding_attention"] * 3,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    )
+    spec = modkit.from_hf_config(cfg.to_dict())
+    assert [spec.layer(i).position.type for i in range(4)] == ["none", "rope", "rope", "rope"]
+    written = DECLARED["exaone4"].weights.hf_config(spec, cfg.to_dict())
+    assert _same_network(modkit.from_hf_config(written), spec)

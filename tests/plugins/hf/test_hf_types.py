@@ -571,6 +571,93 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # --- 2026 dense types ---
+    # Arcee AFM: a two-projection ReLU-squared MLP, GQA, attention and MLP biases, head_dim 16 = 64 / 4
+    ("arcee", "ArceeConfig", dict(**GQA, num_hidden_layers=2, attention_bias=True, mlp_bias=True, **SMALL)),
+    # Apertus: per-head QK-RMSNorm before RoPE, a two-projection xIELU MLP (its learned scalars and saved buffers off
+    # their init), Llama 3 RoPE scaling over 16 positions, attention biases
+    (
+        "apertus",
+        "ApertusConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=2,
+            attention_bias=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "rope_theta": 12000000.0,
+            },
+            **SMALL,
+        ),
+    ),
+    # Seed-OSS: the output projection biased and q/k/v not (the reverse of its defaults), MLP biases, head_dim 24 != 64 / 4,
+    # residual and attention dropout 0.1 (off in eval)
+    (
+        "seed_oss",
+        "SeedOssConfig",
+        dict(
+            **GQA,
+            head_dim=24,
+            num_hidden_layers=2,
+            attention_bias=False,
+            attention_out_bias=True,
+            mlp_bias=True,
+            **SMALL,
+        ),
+    ),
+    # EXAONE 4: OLMo 2's reordered norms, per-head QK-norm, layers 0-2 sliding (window 4) with RoPE and layer 3 full
+    # without it (NoPE), GQA
+    ("exaone4", "Exaone4Config", dict(**GQA, num_hidden_layers=4, sliding_window=4, **SMALL)),
+    # Hunyuan-A13B: per-head QK-RMSNorm after RoPE, NTK-alpha frequencies (alpha 4), 4 experts top-2 renormalised
+    # beside an ungated shared MLP of the same width (32) in every layer, attention biases, head_dim 16
+    (
+        "hunyuan_v1_moe",
+        "HunYuanMoEV1Config",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            head_dim=16,
+            num_hidden_layers=2,
+            num_experts=4,
+            moe_topk=2,
+            attention_bias=True,
+            rope_parameters={"rope_type": "dynamic", "alpha": 4.0, "factor": 1.0, "rope_theta": 10000.0},
+            **SMALL,
+        ),
+    ),
+    # MiMo-V2-Flash: layer 0 full (1 key/value head, RoPE on half the head, base 5e6), layers 1-3 sliding (window 4,
+    # 2 key/value heads, sinks, RoPE on int(24 · 0.334) = 8 features, base 1e4); query/key heads of 24, value heads
+    # of 16, values times 0.707; q/k/v biases; layer 0 a dense SwiGLU (32), then 4 experts of 16 top-2 in 2 groups
+    # of which 1 is kept, sigmoid scores with the correction bias, renormalised, routed scaling 2
+    (
+        "mimo_v2_flash",
+        "MiMoV2FlashConfig",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=24,
+            v_head_dim=16,
+            num_hidden_layers=4,
+            intermediate_size=32,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.0,
+            sliding_window=4,
+            attention_bias=True,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334},
+            },
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -650,7 +737,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 39
+    assert len(covered) == 45
 
 
 def test_fixtures_name_registered_types():

@@ -1,0 +1,87 @@
+"""The ``stream`` check: a residual-stream component (spec ``stream``, :mod:`modkit.nn.stream`) meets its contract.
+
+The model-level checks (causality, cached decode, meta init, compile) run a stream inside a tiny model like any
+component; this one calls the stream's own four functions directly.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from modkit.core.config import ComponentConfig
+from modkit.core.interfaces import Init
+from modkit.core.registry import Component
+from .base import CheckFailed, SAME_MATH_ULPS, first_target, fmt, max_abs_diff, tolerance
+from ..harness import Bench
+
+SUMMARY = (
+    "a residual stream keeps its shapes ([b, s, n, d] between blocks, [b, s, d] for the sublayers and the head) and "
+    "dtype, and acts on each token alone: other rows and positions never change its output"
+)
+
+
+def applies_stream(entry: Component, config: ComponentConfig) -> Optional[str]:
+    """Components of the ``stream`` kind."""
+    return None if entry.kind == "stream" else "applies to residual streams (kind stream)"
+
+
+def check_stream(bench: Bench) -> str:
+    """``enter``, ``exit`` and a fresh connection's ``read`` / ``write`` on ``[3, 8, ...]`` inputs, in float32 and
+    bfloat16: every output has its contract shape and the input dtype, and equals the output computed for each
+    token alone (``[24, 1, ...]``), within :data:`~.base.SAME_MATH_ULPS` ulps of its scale.
+
+    Catches: a stream whose mixing weights take statistics over the batch or the sequence (a norm over the wrong
+    dimension: over the batch it passes causality and cached decode, since every row changes together), a connection
+    that returns the streams' sum instead of one ``[b, s, d]`` input, a head that drops the dtype. Source: the
+    contract in :mod:`modkit.nn.stream` (hyper-connections compute every weight from the token's own streams, Zhu et
+    al. 2024, arXiv:2409.19606).
+    """
+    model, records = bench.build()
+    stream = first_target(bench, records).module
+    n, d = int(stream.n_streams), bench.d_model()
+    connection = stream.connection()
+    from modkit.nn.model import init_modules
+
+    init_modules(connection, Init(11, 0.2))
+    notes = []
+    for dtype in (torch.float32, torch.bfloat16):
+        s = bench.randn(3, 8, n, d, seed=91).to(dtype)
+        x = bench.randn(3, 8, d, seed=92).to(dtype)
+        y = bench.randn(3, 8, d, seed=93).to(dtype)
+        conn, head = connection.to(dtype), stream.to(dtype)
+
+        def outputs(s, x, y):
+            u, state = conn.read(s)
+            return {
+                "enter": head.enter(x),
+                "exit": head.exit(s),
+                "read": u,
+                "write": conn.write(s, state, y),
+            }
+
+        with torch.no_grad():
+            full = outputs(s, x, y)
+            alone = outputs(s.reshape(24, 1, n, d), x.reshape(24, 1, d), y.reshape(24, 1, d))
+        shapes = {"enter": (3, 8, n, d), "exit": (3, 8, d), "read": (3, 8, d), "write": (3, 8, n, d)}
+        for name, got in full.items():
+            if tuple(got.shape) != shapes[name] or got.dtype != dtype:
+                raise CheckFailed(
+                    f"{name} returned {tuple(got.shape)} {got.dtype} for {dtype} input; the contract is "
+                    f"{shapes[name]} in the input dtype"
+                )
+            ref = alone[name].reshape(got.shape)
+            tol = tolerance(got.float(), dtype, SAME_MATH_ULPS)
+            worst = max_abs_diff(got, ref).max().item()
+            if worst > tol:
+                raise CheckFailed(
+                    f"{name} of a token depends on the other tokens ({dtype}): against each token alone max |Δ| = "
+                    f"{fmt(worst)} (tolerance {fmt(tol)}); a stream must compute each token from its own streams"
+                )
+        notes.append(str(dtype).replace("torch.", ""))
+    stream.float()
+    return (
+        f"{n} streams: enter, exit, read and write keep their shapes and dtype ({', '.join(notes)}) and equal each "
+        "token computed alone"
+    )

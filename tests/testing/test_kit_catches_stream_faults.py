@@ -1,0 +1,83 @@
+"""The contract kit holds a residual stream (kind ``stream``) to its contract.
+
+A test plugin registers a copy of ``mhc`` with one realistic mistake: a head whose mixing weights take their RMS
+statistics over the batch as well as the features (every row of a batch changes together, so causality and cached
+decode cannot see it). It must fail the ``stream`` check and nothing else; the built-in ``mhc`` passes every check
+that applies.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+import torch
+
+import modkit
+from modkit import Component, hookimpl
+from modkit.testing import CHECK_NAMES, check_component
+from modkit_plugins.hyper_connections import ManifoldHyperConnections, MHCConfig
+
+
+class FaultyConfig(MHCConfig):
+    """``mhc``'s fields under the twins' names."""
+
+    type: Literal["batch_stats_mhc"] = "batch_stats_mhc"
+
+
+class BatchStatsHead(ManifoldHyperConnections):
+    """FAULT: the head normalises the flat streams by their mean square over the batch and the features."""
+
+    def exit(self, s: torch.Tensor) -> torch.Tensor:
+        flat = s.flatten(2).float()
+        normed = flat * torch.rsqrt(flat.square().mean(dim=(0, -1), keepdim=True) + self.cfg.norm_eps)
+        pre = torch.sigmoid(torch.nn.functional.linear(normed, self.hc_fn.float()) * self.hc_scale + self.hc_base)
+        return ((pre + self.cfg.eps).unsqueeze(-1) * s).sum(dim=2).to(s.dtype)
+
+
+class StreamFaults:
+    @hookimpl
+    def register_components(self, register):
+        register(
+            Component(
+                kind="stream",
+                type="batch_stats_mhc",
+                config=FaultyConfig,
+                factory=lambda cfg, ctx: BatchStatsHead(cfg, ctx),
+                description="mhc whose head takes statistics over the batch (a fault)",
+                capabilities={"compile_safe": True},
+                param_count=lambda cfg, ctx: cfg.n_streams**2 * ctx.d_model + cfg.n_streams + 1,
+                flops=lambda cfg, ctx, work: {"exit": work.tokens * 2 * cfg.n_streams**2 * ctx.d_model},
+            )
+        )
+
+
+@pytest.fixture(scope="module")
+def registry() -> modkit.Registry:
+    reg = modkit.Registry()
+    for p in modkit.get_registry().plugins():
+        reg.register_plugin(p.obj, p.name)
+    reg.register_plugin(StreamFaults(), "stream-faults")
+    return reg
+
+
+def results(registry, type_: str) -> dict:
+    return {r.check: r for r in check_component("stream", type_, registry=registry)}
+
+
+def test_a_head_with_batch_statistics_fails_the_stream_check_alone(registry):
+    got = results(registry, "batch_stats_mhc")
+    assert list(got) == list(CHECK_NAMES)
+    failed = {c: r.detail for c, r in got.items() if r.status == "failed"}
+    assert set(failed) == {"stream"}, failed
+    assert "exit of a token depends on the other tokens (torch.float32)" in failed["stream"]
+    for check in ("causality", "kv_cache_decode", "meta_init", "gradients"):  # what it slips past
+        assert got[check].status == "passed", (check, got[check].detail)
+
+
+def test_the_built_in_mhc_passes_every_check_that_applies(registry):
+    got = results(registry, "mhc")
+    failed = {c: r.detail for c, r in got.items() if r.status == "failed"}
+    assert not failed, failed
+    for check in ("stream", "causality", "kv_cache_decode", "param_count", "flops", "compile"):
+        assert got[check].status == "passed", (check, got[check].detail)
