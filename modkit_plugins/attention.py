@@ -156,6 +156,14 @@ class AttentionConfig(ComponentConfig):
         "multiplied element-wise by sigmoid(gate_proj(x)) before o_proj; gate_proj is a second query-width projection "
         "[n_heads · head_dim, d_model], with a bias when q_bias (Qwen3-Next fuses it into q_proj). false: no gate",
     )
+    clip_qkv: Optional[float] = Field(
+        None,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="clamp the q, k and v projections (before any QK-norm and the position scheme) to [-clip_qkv, "
+        "clip_qkv] (DBRX's clip_qkv: 8; OLMo's); null for none",
+    )
     causal: bool = Field(True, description="true: decoder (causal) mask; false: bidirectional (encoder)")
     softmax_scale: Optional[SoftmaxScale] = Field(
         None,
@@ -293,6 +301,7 @@ class Attention(nn.Module):
         self.gate_proj = nn.Linear(d, o_width, bias=cfg.q_bias) if cfg.output_gate else None
         self.qk_norm_scope = cfg.qk_norm_scope
         self.qk_norm_after = cfg.qk_norm_after_position
+        self.clip_qkv = cfg.clip_qkv
         if cfg.qk_norm is None:
             self.q_norm = self.k_norm = None
         elif cfg.qk_norm_scope == "full":
@@ -361,6 +370,8 @@ class Attention(nn.Module):
 
     def _project(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.clip_qkv is not None:  # DBRX: the fused projection's output clamped
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         if self.q_norm is not None and self.qk_norm_scope == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         b, s, _ = x.shape  # [b, s, h·d] -> [b, h, s, d] (plain views: einops costs ~20 µs a call in a decode step)
@@ -505,6 +516,7 @@ the key/value head $g(h)$ that $h$ reads) and $d_h$ = head_dim:
 $$s_{hij} = c \tanh\!\left(\frac{\alpha\, \tau_i\, q_i^\top k_j}{c}\right) + B_{hij} + M_{ij}, \qquad
 o_{hi} = \frac{\sum_j e^{s_{hij}}\, v_j}{e^{z_h} + \sum_j e^{s_{hij}}}$$
 
+With clip_qkv $\kappa$ the projections are clamped first: $q, k, v \leftarrow \min(\max(\cdot, -\kappa), \kappa)$.
 $\alpha = 1/\sqrt{d_h}$ (softmax_scale when set); the soft cap $c$ = logit_softcap applies only when it is set
 (otherwise the first term is $\alpha\, \tau_i\, q_i^\top k_j$); $B$ is the position scheme's bias (ALiBi, else 0) and
 $M_{ij}$ is $0$ where query $i$ may see key $j$ (causal: $j \le i$; within sliding_window: $i - j <$ sliding_window;

@@ -19,6 +19,7 @@ Each published router is a setting of the two router types:
 * DBRX: ``topk``, ``renormalize`` true with ``renormalize_p`` = ``moe_normalize_expert_weights`` (a p-norm).
 * LFM2-MoE: ``sigmoid_topk``, ``correction_bias`` (its ``expert_bias``), ``renormalize`` true with
   ``renormalize_eps`` 1e-6, ``routed_scaling_factor``.
+* Phi-3.5-MoE: the ``sparsemixer`` router (:mod:`modkit_plugins.sparsemixer_router`).
 
 Auxiliary-loss-free balancing (DeepSeek-V3; Wang et al. 2024, arXiv:2408.15664): the routers count each expert's
 load (assignments of real tokens, the ``expert_load`` buffer) and, with ``correction_bias``, keep a float32 bias
@@ -505,5 +506,7 @@ def register_routers(register) -> None:
         )
     )
     from .hash_router import register_hash_router
+    from .sparsemixer_router import register_sparsemixer_router
 
     register_hash_router(register, router_caps)
+    register_sparsemixer_router(register, router_caps)

@@ -397,8 +397,12 @@ def read_out(model: nn.Module, h: Tensor) -> Tensor:
 
     Applies ``final_norm`` (when the spec has one), then :meth:`Model.head_logits` (the head, tied or not, with its bias,
     the logit scale and the final logit soft-cap), exactly as :meth:`Model.forward` does, so the reading of the last
-    block's output equals the model's logits. Returns ``[..., vocab_size]``.
+    block's output equals the model's logits. Returns ``[..., vocab_size]``. On a model with a residual stream of
+    several copies (spec ``stream``), ``h`` is ``[batch, seq, n_streams, d_model]`` and is read through the stream's
+    ``exit`` first, as the forward does.
     """
+    if getattr(model, "stream", None) is not None:
+        h = model.stream.exit(h)
     if model.final_norm is not None:
         h = model.final_norm(h)
     return model.head_logits(h)
@@ -414,6 +418,8 @@ def _layer_stats(model: nn.Module, rec: Recording, i: int, tokenizer: Any, top_k
     inp = rec[f"layers.{i}:input"][0].float()  # [seq, d_model] of the one traced sequence
     out = rec[f"layers.{i}:output"][0].float()
     upd = rec[f"layers.{i}:update"][0].float()
+    if getattr(model, "stream", None) is not None:  # [seq, n_streams, d_model]: the streams as one vector per token
+        inp, out, upd = inp.flatten(-2), out.flatten(-2), upd.flatten(-2)
     in_norm = inp.norm(dim=-1)
     ratio = (upd.norm(dim=-1) / in_norm.clamp_min(torch.finfo(torch.float32).tiny)).mean()
     cos = nn.functional.cosine_similarity(out, inp, dim=-1).mean()

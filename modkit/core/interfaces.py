@@ -16,7 +16,12 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   ``cache_spec()`` (helpers in :mod:`modkit.nn.recurrent`); padding tokens (``inputs.token_mask`` False) change no state.
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
-  it gets the built attention and ffn and the norm config in its :class:`BuildContext`.
+  it gets the built attention and ffn and the norm config in its :class:`BuildContext`. ``x`` is the residual
+  stream: ``[batch, seq, d_model]``, or ``[batch, seq, n_streams, d_model]`` with a ``stream`` for a placement that
+  declares the ``streams`` capability (its sublayers still see ``[batch, seq, d_model]``).
+* ``stream``: the residual stream between blocks when it holds several copies (spec ``stream``): a
+  :class:`modkit.nn.stream.ResidualStream` with ``enter``, ``exit``, ``connection()`` and ``connection_flops``; a
+  placement declaring ``streams`` finds it in ``BuildContext.extra["stream"]`` (:mod:`modkit.nn.stream`).
 * ``router``: not block-level; held by a component whose config has a ``router`` slot (a mixture of experts),
   which builds it with ``ctx.build(config, extra={"n_experts": n, "top_k": k})``:
   ``forward(x [tokens, d_model]) -> (weights [tokens, top_k] in x's dtype, indices [tokens, top_k] int64,

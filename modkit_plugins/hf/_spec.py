@@ -58,6 +58,7 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "qk_norm": (None, "norm of q and k before RoPE: None, 'head' (per head) or 'full' (over all heads)"),
     "softmax_scale": (None, "multiplier of q·k (None: 1/sqrt(head_dim))"),
     "attn_softcap": (None, "tanh soft-cap of the attention logits"),
+    "clip_qkv": (None, "the q, k and v projections clamped to [-clip_qkv, clip_qkv] (DBRX)"),
     "causal": (True, "causal mask (false: bidirectional encoder)"),
     "layer_types": (
         None,
@@ -115,17 +116,24 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "expert_d_ff": (None, "hidden width of each routed expert (None: d_ff)"),
     "expert_bias": (False, "biases on the routed experts' projections (gpt-oss)"),
     "expert_clamp": (None, "the routed experts are gpt-oss's clamped SwiGLU: {alpha, limit} (None: the gated FFN)"),
-    "router": ("topk", "router type: 'topk' (softmax scores) or 'sigmoid_topk' (sigmoid scores)"),
+    "router": (
+        "topk",
+        "router type: 'topk' (softmax scores), 'sigmoid_topk' (sigmoid scores) or 'sparsemixer' (Phi-3.5-MoE)",
+    ),
+    "router_jitter": (None, "the sparsemixer router's jitter_eps (Phi-3.5-MoE's router_jitter_noise)"),
     "renormalize": (False, "the top-k router probabilities are renormalised to sum to 1"),
+    "renormalize_p": (1.0, "with renormalize, the p of the norm the weights are divided by (DBRX's p-norm)"),
     "renormalize_eps": (None, "added to the sum the top-k weights are divided by (None: the router's 1e-20; LFM2-MoE)"),
     "router_bias": (False, "bias on the router projection (gpt-oss)"),
     "routed_scaling_factor": (1.0, "multiplier of the routed gate weights (DeepSeek)"),
     "n_group": (None, "expert groups of group-limited routing (DeepSeek n_group)"),
     "topk_group": (None, "groups a token may route to (DeepSeek topk_group)"),
+    "group_score": ("top2_sum", "a group's score: 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2)"),
     "correction_bias": (False, "a selection-only per-expert bias buffer (DeepSeek-V3 e_score_correction_bias)"),
     "weight_on": ("output", "where a routed expert's gate weight applies: 'output' or 'input' (Llama 4)"),
     "shared_d_ff": (None, "hidden width of a shared expert beside the routed ones (None: none)"),
     "shared_gate": (False, "the shared expert's output times sigmoid(w · x) (Qwen2-MoE)"),
+    "shared_bias": (False, "biases on the shared expert's projections (DeepSeek-V2 mlp_bias, ERNIE 4.5 use_bias)"),
     "aux_loss_coef": (0.0, "weight of the load-balancing loss"),
     "tie_embeddings": (False, "the head shares the token embedding"),
     "lm_head_bias": (False, "the head has a bias"),
@@ -180,12 +188,18 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
     else:
         expert = gated_ffn(width, f["act"], bool(f["expert_bias"]))
     router: dict[str, Any] = {"type": f["router"], "renormalize": bool(f["renormalize"])}
+    if f["router"] == "sparsemixer":  # its own fields only
+        router = {"type": "sparsemixer", "jitter_eps": float(f["router_jitter"])}
     if f["router_bias"]:
         router["bias"] = True
+    if f["renormalize_p"] != 1:
+        router["renormalize_p"] = float(f["renormalize_p"])
     if f["routed_scaling_factor"] != 1:
         router["routed_scaling_factor"] = float(f["routed_scaling_factor"])
     if f["n_group"] is not None:
         router["n_group"], router["topk_group"] = f["n_group"], f["topk_group"]
+        if f["group_score"] != "top2_sum":
+            router["group_score"] = f["group_score"]
     if f["correction_bias"]:
         router["correction_bias"] = True
     if f["renormalize_eps"] is not None:
@@ -198,7 +212,7 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
         "router": router,
     }
     if f["shared_d_ff"]:
-        spec["shared"] = gated_ffn(f["shared_d_ff"], f["act"])
+        spec["shared"] = gated_ffn(f["shared_d_ff"], f["act"], bool(f["shared_bias"]))
         if f["shared_gate"]:
             spec["shared_gate"] = True
     if f["weight_on"] != "output":
@@ -277,6 +291,8 @@ def attention_spec(
             spec["sinks"] = True
         if f["attn_output_gate"]:
             spec["output_gate"] = True
+        if f["clip_qkv"] is not None:
+            spec["clip_qkv"] = float(f["clip_qkv"])
     if not f["causal"]:
         spec["causal"] = False
     spec.update(extra or {})
@@ -469,6 +485,7 @@ def _attention_fields(p: _Picked) -> dict[str, Any]:
         ),
         "sinks": bool(getattr(att, "sinks", False)),
         "attn_output_gate": bool(getattr(att, "output_gate", False)),
+        "clip_qkv": getattr(att, "clip_qkv", None),
         "attentions": attentions,
         "mla": _latent_fields(att),
     }
@@ -523,16 +540,20 @@ def _moe_fields(p: _Picked) -> dict[str, Any]:
         "expert_bias": bool(getattr(expert, "bias", False)),
         "expert_clamp": {"alpha": expert.alpha, "limit": expert.limit} if clamped else None,
         "router": getattr(router, "type", "topk"),
+        "router_jitter": getattr(router, "jitter_eps", None),
         "renormalize": bool(getattr(router, "renormalize", False)),
+        "renormalize_p": getattr(router, "renormalize_p", 1.0),
         "router_bias": bool(getattr(router, "bias", False)),
         "routed_scaling_factor": getattr(router, "routed_scaling_factor", 1.0),
         "n_group": getattr(router, "n_group", None),
         "topk_group": getattr(router, "topk_group", None),
+        "group_score": getattr(router, "group_score", "top2_sum"),
         "correction_bias": bool(getattr(router, "correction_bias", False)),
         "renormalize_eps": getattr(router, "renormalize_eps", None),
         "weight_on": getattr(moe, "weight_on", "output"),
         "shared_d_ff": getattr(getattr(moe, "shared", None), "d_ff", None),
         "shared_gate": bool(getattr(moe, "shared_gate", False)),
+        "shared_bias": bool(getattr(getattr(moe, "shared", None), "bias", False)),
         "aux_loss_coef": getattr(moe, "aux_loss_coef", None),
     }
 

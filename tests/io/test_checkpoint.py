@@ -288,7 +288,8 @@ def test_spec_that_describes_another_network_is_refused(tmp_path):
 
 def test_to_hf_needs_the_model_type_when_several_fit(tmp_path):
     model = modkit.build(Path(__file__).resolve().parents[2] / "specs" / "tiny-llama.json")
-    with pytest.raises(CheckpointError, match="6 Hugging Face model types express it: llama, "):
+    # the dense Llama block fits llama and its relatives (and mixtures with every layer dense: glm4_moe, ernie4_5_moe)
+    with pytest.raises(CheckpointError, match=r"\d+ Hugging Face model types express it: ([a-z0-9_]+, )*llama, "):
         modkit.to_hf(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

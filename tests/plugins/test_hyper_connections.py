@@ -119,3 +119,19 @@ def test_a_placement_without_the_streams_capability_or_mtp_is_refused_by_field()
     assert "stream" in text and "'post'" in text and "layers 0-1" in text and "pre" in text
     with pytest.raises(modkit.SpecError, match="mtp"):
         modkit.load_spec({**spec(), "mtp": {"depth": 1}})
+
+
+def test_the_logit_lens_reads_the_streams_through_the_head_s_exit():
+    """``modkit trace`` on a wide stream: the last layer's lens is the model's own next-token distribution, and the
+    residual statistics treat a token's streams as one vector."""
+    from modkit.analysis.trace import trace
+
+    m = model()
+    ids = torch.randint(0, m.spec.vocab_size, (7,), generator=torch.Generator().manual_seed(5))
+    result = trace(m, ids.tolist(), top_k=3)
+    probs = torch.softmax(m(ids[None]).logits[0, -1].float(), -1)
+    top = torch.topk(probs, 3)
+    last = result.layers[-1].top_tokens
+    assert [t for t, _, _ in last] == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor([p for _, _, p in last]), top.values, rtol=0, atol=1e-6)
+    assert all(layer.residual_norm > 0 for layer in result.layers)

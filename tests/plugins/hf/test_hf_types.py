@@ -658,6 +658,209 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # --- 2026 MoE types ---
+    # DeepSeek-V2: latent attention with complex-valued (interleaved) RoPE (q_lora_rank 24, kv_lora_rank 16, rope/nope/v
+    # widths 8/8/12), attention biases, a dense first layer, then 8 experts top-2 under a softmax router limited to the
+    # 2 best of 4 groups (a group's score: its best expert), routed scaling 1.5, 2 shared experts, MLP biases
+    (
+        "deepseek_v2",
+        "DeepseekV2Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=3,
+            intermediate_size=96,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.5,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            attention_bias=True,
+            mlp_bias=True,
+            **SMALL,
+        ),
+    ),
+    # GLM-4.5: GQA with q/k/v biases, per-head QK-norm, half the head rotated (the class default), a dense first layer,
+    # then 8 experts top-2 under DeepSeek-V3's sigmoid router (correction bias, 2 of 4 groups, routed scaling 2.5,
+    # renormalised) beside 2 shared experts
+    (
+        "glm4_moe",
+        "Glm4MoeConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=3,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            attention_bias=True,
+            use_qk_norm=True,
+            **SMALL,
+        ),
+    ),
+    # dots.llm1: GLM-4.5's mixture (8 experts top-2, sigmoid router with correction bias, 2 of 4 groups, not
+    # renormalised, 1 shared expert) from layer 1, per-head QK-norm, biases on every attention projection, window 4
+    # on the layers from max_window_layers 2 on
+    (
+        "dots1",
+        "Dots1Config",
+        dict(
+            **GQA,
+            head_dim=16,
+            num_hidden_layers=4,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            attention_bias=True,
+            sliding_window=4,
+            max_window_layers=2,
+            **SMALL,
+        ),
+    ),
+    # ERNIE 4.5 MoE: biases on every projection, the shared experts and the head (tied), interleaved RoPE, mixtures
+    # on layers 1 and 3 only (start 1, end 3, interval 2) of 8 experts top-2 under a softmax router whose correction
+    # bias only selects, renormalised, beside 2 shared experts
+    (
+        "ernie4_5_moe",
+        "Ernie4_5_MoeConfig",
+        dict(
+            **GQA,
+            num_hidden_layers=5,
+            moe_intermediate_size=16,
+            moe_num_experts=8,
+            moe_k=2,
+            moe_num_shared_experts=2,
+            moe_layer_start_index=1,
+            moe_layer_end_index=3,
+            moe_layer_interval=2,
+            use_bias=True,
+            **SMALL,
+        ),
+    ),
+    # MiniMax-M2: full-width QK-norm, half the head rotated (the legacy rotary_dim 8 of head_dim 16), 4 experts top-2
+    # under a sigmoid router with a selection-only correction bias, renormalised
+    (
+        "minimax_m2",
+        "MiniMaxM2Config",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            head_dim=16,
+            num_hidden_layers=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rotary_dim=8,
+            **SMALL,
+        ),
+    ),
+    # FlexOlmo: OLMo 2's reordered norms and full-width QK-norm, attention biases, 4 experts (width 32) top-2
+    # renormalised in every layer
+    (
+        "flex_olmo",
+        "FlexOlmoConfig",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            num_hidden_layers=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
+    # Granite MoE with a shared expert: every Granite multiplier away from 1, attention biases, 4 experts (width 32)
+    # top-2 beside a shared SwiGLU (48), stacked input_linear / output_linear experts
+    (
+        "granitemoeshared",
+        "GraniteMoeSharedConfig",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            num_hidden_layers=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=48,
+            embedding_multiplier=6.0,
+            attention_multiplier=0.4,
+            residual_multiplier=0.22,
+            logits_scaling=6.0,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
+    # AFMoE (Trinity): sandwich norms, gated attention with per-head QK-norm, window 4 on every other layer with RoPE
+    # only there (NoPE on the global layers), muP embedding scale, a dense first layer, then 8 experts top-2 under a
+    # sigmoid router with a selection-only expert bias, renormalised, route scale 1.5, beside 2 shared experts
+    (
+        "afmoe",
+        "AfmoeConfig",
+        dict(
+            **GQA,
+            head_dim=16,
+            num_hidden_layers=4,
+            moe_intermediate_size=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_shared_experts=2,
+            route_scale=1.5,
+            num_dense_layers=1,
+            global_attn_every_n_layers=2,
+            sliding_window=4,
+            mup_enabled=True,
+            **SMALL,
+        ),
+    ),
+    # Phi-3.5-MoE: LayerNorms with biases, attention and head biases, window 4 on every layer, 4 experts (width 32)
+    # under the SparseMixer top-2 router (jitter 0.3, so several experts share each pick's softmax)
+    (
+        "phimoe",
+        "PhimoeConfig",
+        dict(
+            **{**GQA, "intermediate_size": 32},
+            num_hidden_layers=2,
+            num_local_experts=4,
+            router_jitter_noise=0.3,
+            sliding_window=4,
+            attention_bias=True,
+            lm_head_bias=True,
+            **SMALL,
+        ),
+    ),
+    # DBRX: bias-free LayerNorms, GQA from a fused Wqkv clamped at 0.3 (binding on these projections), 4 experts
+    # (width 32) top-2 whose softmax weights are divided by their 2-norm
+    (
+        "dbrx",
+        "DbrxConfig",
+        dict(
+            d_model=64,
+            n_heads=4,
+            n_layers=2,
+            max_seq_len=64,
+            attn_config={"kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 10000.0},
+            ffn_config={
+                "ffn_hidden_size": 32,
+                "moe_num_experts": 4,
+                "moe_top_k": 2,
+                "moe_normalize_expert_weights": 2.0,
+            },
+            **{k: v for k, v in SMALL.items() if k != "max_position_embeddings"},
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -737,7 +940,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 45
+    assert len(covered) == 55
 
 
 def test_fixtures_name_registered_types():
@@ -748,9 +951,11 @@ def test_fixtures_name_registered_types():
 
 @pytest.mark.parametrize("name", IDS)
 def test_parameter_count_equals_transformers(name, built):
+    """Trainable parameters: a tensor transformers holds as a parameter that never trains (ERNIE 4.5's correction
+    bias, ``requires_grad=False``) is a buffer in modkit, as DeepSeek-V3's is in both."""
     hf, _, model = built(name)
     assert model.spec.metadata["hf_model_type"] == hf.config.model_type
-    theirs = sum(p.numel() for p in hf.parameters())
+    theirs = sum(p.numel() for p in hf.parameters() if p.requires_grad)
     assert modkit.count_params(model) == theirs == sum(p.numel() for p in model.parameters())
 
 
