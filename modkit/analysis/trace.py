@@ -397,9 +397,8 @@ def read_out(model: nn.Module, h: Tensor) -> Tensor:
 
     Applies ``final_norm`` (when the spec has one), then :meth:`Model.head_logits` (the head, tied or not, with its bias,
     the logit scale and the final logit soft-cap), exactly as :meth:`Model.forward` does, so the reading of the last
-    block's output equals the model's logits. Returns ``[..., vocab_size]``. On a model with a residual stream of
-    several copies (spec ``stream``), ``h`` is ``[batch, seq, n_streams, d_model]`` and is read through the stream's
-    ``exit`` first, as the forward does.
+    block's output equals the model's logits. Returns ``[..., vocab_size]``. With a spec ``stream``, ``h`` is
+    ``[batch, seq, n_streams, d_model]``, read through the stream's ``exit`` first, as the forward does.
     """
     if getattr(model, "stream", None) is not None:
         h = model.stream.exit(h)

@@ -1,4 +1,4 @@
-"""``modkit plan SPEC --gpus N --gpu-memory 80GB [--mfu 0.4] [--batch B] [--seq-len T] [--json]``: the parallel
+"""``modkit plan SPEC --gpus N --gpu-memory 80GB [--mfu 0.4] [--batch B] [--seq-len T] [--precision P] [--json]``: the parallel
 layouts of a spec that fit a cluster, ranked by estimated step time, with the launch command of the best
 (:mod:`modkit.parallel.planner`)."""
 
@@ -18,7 +18,8 @@ def add_subcommands(subparsers) -> None:
         help="parallel layouts that fit N GPUs: bytes per rank, estimated step time, launch command",
         description="For every layout that divides the model and the GPUs (data parallel with FSDP2/ZeRO-3 or "
         "ZeRO-1, tensor tp, pipeline pp, expert ep, context cp, microbatches, activation checkpointing), the bytes "
-        "per rank of parameters, gradients, AdamW state and activations (float32 state, bf16 activations) and an "
+        "per rank of parameters, gradients, AdamW state and activations (float32 state; activations as saved under "
+        "--precision, within a stated error) and an "
         "estimated step time from the declared FLOPs at --mfu and each collective's bytes at the stated bandwidths "
         "(no overlap); the layouts that fit, fastest first, and the launch command of the best. Computed on meta.",
     )
@@ -37,6 +38,17 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--batch", type=int, default=None, metavar="B", help="global batch in sequences (default: --gpus)")
     p.add_argument(
         "--seq-len", type=int, default=None, metavar="T", help="tokens per sequence (default min(4096, max))"
+    )
+    p.add_argument(
+        "--precision",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="modkit train's precision the activations are estimated for (default bfloat16: autocast)",
+    )
+    p.add_argument(
+        "--attention-matrix",
+        action="store_true",
+        help="count the [T, T] matrices a math attention kernel keeps (default: a fused kernel, none)",
     )
     p.add_argument("--zero", default="3,1", metavar="S", help="ZeRO stages to try: 3 (FSDP2), 1, or 3,1 (default)")
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows shown (default 10)")
@@ -69,7 +81,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import modkit
 
     from . import UserError, _bytes, _registry, _spec_path, _table
-    from modkit.parallel.planner import Cluster, Planner, launch_command
+    from modkit.parallel.planner import ACTIVATION_ERROR, Cluster, Planner, launch_command
 
     memory = parse_size(args.gpu_memory)
     for name in ("gpus", "top", "gpus_per_node"):
@@ -93,7 +105,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         network_bandwidth=args.network_bandwidth,
         gpus_per_node=args.gpus_per_node,
     )
-    rows = Planner(spec, batch=batch, seq_len=seq, registry=reg).plan(cluster, zero=zero)
+    planner = Planner(
+        spec, batch=batch, seq_len=seq, registry=reg, precision=args.precision, attention_matrix=args.attention_matrix
+    )
+    rows = planner.plan(cluster, zero=zero)
     if not rows:
         raise UserError(f"no layout divides --gpus {args.gpus} and --batch {batch}; make the batch a multiple of them")
     fit = [r for r in rows if r.fits]
@@ -101,13 +116,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {"spec": args.spec, "batch": batch, "seq_len": seq, "best": best, "rows": [r.as_dict() for r in rows]}
+                {
+                    "spec": args.spec,
+                    "batch": batch,
+                    "seq_len": seq,
+                    "precision": args.precision,
+                    "activation_error": ACTIVATION_ERROR,
+                    "best": best,
+                    "rows": [r.as_dict() for r in rows],
+                }
             )
         )
         return 0
     print(
         f"{spec.name or args.spec}: {len(rows)} layouts of {args.gpus} GPUs x {_bytes(memory)}, batch {batch} x "
         f"{seq} tokens, MFU {args.mfu:g}; {len(fit)} fit"
+    )
+    print(
+        f"  activations: {args.precision} saved bytes, within {ACTIVATION_ERROR:.0%} at tp = cp = 1 (low under tp, "
+        "no gathered keys/values under cp)"
     )
     head = ("LAYOUT", "PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "TOTAL", "KV CACHE", "STEP S", "COMM S")
     shown = (fit or rows)[: args.top]

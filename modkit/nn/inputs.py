@@ -135,9 +135,19 @@ class ForwardInputs:
         )
 
 
+def _fake(t: Tensor) -> bool:
+    """Whether ``t`` has no values to read: a fake tensor of shape analysis (its storage is on ``meta``); a tensor
+    subclass without a storage of its own (a DTensor) is read as it always was."""
+    try:
+        return t.untyped_storage().device.type == "meta"
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
 def _check_token_range(input_ids: Tensor, vocab_size: int) -> None:
-    """Refuse token ids outside ``[0, vocab_size)`` with one host sync (min and max together), naming both."""
-    if input_ids.is_meta or not input_ids.numel():
+    """Refuse token ids outside ``[0, vocab_size)`` with one host sync (min and max together), naming both. Ids
+    without values (``meta``, or a fake tensor of shape analysis, whose storage is on ``meta``) pass."""
+    if input_ids.is_meta or not input_ids.numel() or _fake(input_ids):
         return
     lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()  # one host sync, not two
     if lo < 0 or hi >= vocab_size:

@@ -8,17 +8,25 @@ the spec's own declarations, on a ``meta`` model (nothing is allocated):
   them: a tensor-parallel shard from the composed ``tp_plan`` (:func:`~modkit.parallel.model_plan`), the expert
   split of the ``ep_plan`` (:func:`~modkit.parallel.expert.expert_plan`), the pipeline stage's layers (an even cut,
   the first stages one layer more; embedding on the first stage, final norm and head on the last), then FSDP2's
-  dim-0 chunk (``ceil(rows / n)``: rank 0's, the largest) over ``dp`` (the experts over ``dp / ep``). Bytes are
+  dim-0 chunk (``ceil(rows / n)``: rank 0's, the largest) over ``dp x cp`` (the experts over ``dp / ep``). Bytes are
   ``modkit train``'s: float32 weights and gradients, AdamW's two float32 moments
   (:data:`~modkit.analysis.cost.TRAIN_STATE_BYTES`). ZeRO-1 keeps whole weights and gradients and shards the
   moments (``numel / dp``). The worst pipeline stage is reported.
-* **Activations per rank**: the bytes autograd saves per token, measured on ``meta`` by
-  :meth:`~modkit.analysis.cost.CostModel.training_memory` (linear term, the autocast dtype), shared evenly by the
-  layers, times the stage's layers, the microbatch's tokens and the microbatches in flight (``min(pp, m)`` under
-  1F1B), divided by ``tp`` and ``cp``. With activation checkpointing: each layer keeps its input (``tokens x
-  d_model``) and one layer's full activations are live during its recomputation. Stated error: the per-layer share
-  is uniform (dense and MoE layers alike) and ``/ tp`` assumes sequence parallelism, which modkit's tensor
-  parallelism does not do (its residual stream is replicated): an estimate, not a measurement.
+* **Activations per rank**: what autograd saves for the backward, part by part (the embedding, each block, the
+  head and loss), measured on fake tensors under the run's ``precision`` (``modkit train``'s autocast: the saved
+  bfloat16 copies of the weights and the float32 residual stream included) at the rank's length, linear in the rows
+  (:mod:`modkit.analysis.step_activations`); at the microbatch's rows and the rank's ``seq_len / cp`` tokens, for
+  the stage's own layers (the embedding on the first stage, head and loss on the last), times the microbatches in
+  flight under 1F1B (``min(pp - stage, m)``). With activation checkpointing each block keeps its arguments (the
+  input hidden states and shared inputs) and, in the backward, one block's saved bytes are live during its
+  recomputation (:func:`~modkit.analysis.step_activations.peak_bytes`). The ``[T, T]`` matrices of a math
+  attention kernel are left out unless ``attention_matrix`` (the GPU's fused kernels keep none). **Stated error** (``benchmarks/
+  bench_plan_activations.py`` against real CPU runs of dense, MoE, MLA and hybrid specs, with and without
+  checkpointing, float32 and bfloat16): within :data:`ACTIVATION_ERROR` of the bytes a single process
+  (``tp = cp = 1``) saves. Outside the bound: under ``tp`` the per-sequence bytes are divided by ``tp`` (as if
+  sequence parallel; modkit's tensor parallelism replicates the residual stream, so the figure is low); under
+  ``cp`` the keys and values a rank gathers from the others are not counted; under ``ep`` a rank's experts are
+  assumed to receive their even share of the tokens; transient gradients of the backward are not counted.
 * **KV cache per rank** (shown, not added): what a rank of this layout would hold to serve its local batch at the
   training context (:meth:`~modkit.analysis.cost.CostModel.kv_cache_bytes`, ``/ (tp cp pp)``).
 * **Step time**: the declared training FLOPs (3 x the forward, 4 x with checkpointing) over ``world x peak x
@@ -50,6 +58,9 @@ from .errors import ParallelError
 
 #: Bytes of a bf16 value: the weights FSDP2 gathers, the activations collectives move.
 WIRE_BYTES = 2
+
+#: The stated relative error of :meth:`Planner.activations` at ``tp = cp = 1`` (see the module docstring).
+ACTIVATION_ERROR = 0.05
 
 
 @dataclass(frozen=True)
@@ -144,14 +155,33 @@ class Planner:
         spec: anything :func:`modkit.build` accepts.
         batch: global batch in sequences; seq_len: tokens per sequence.
         registry: defaults to the process-wide registry.
+        precision: ``modkit train``'s ``precision`` the activations are estimated for (``"bfloat16"``: autocast
+            over float32 weights; ``"float32"``).
+        attention_matrix: count the ``[T, T]`` matrices a math attention kernel keeps (the CPU's for some
+            attentions); default ``False``: a fused kernel (FlashAttention, memory-efficient SDPA) keeps none.
 
     Raises:
         SpecError: the spec is invalid.
+        ParallelError: an unknown precision.
     """
 
-    def __init__(self, spec, *, batch: int, seq_len: int, registry=None):
+    # size: the workload (spec, batch, length) and the two choices the activations are estimated for
+    def __init__(
+        self,
+        spec,
+        *,
+        batch: int,
+        seq_len: int,
+        registry=None,
+        precision: str = "bfloat16",
+        attention_matrix: bool = False,
+    ):
         from modkit.analysis.cost import CostModel
         from modkit.core.registry import get_registry
+
+        if precision not in ("float32", "bfloat16", "float16"):
+            raise ParallelError(f"precision must be float32, bfloat16 or float16 (modkit train's), got {precision!r}")
+        self.precision, self.attention_matrix = precision, attention_matrix
 
         self.registry = registry or get_registry()
         self.costs = CostModel(spec, registry=self.registry)
@@ -161,7 +191,6 @@ class Planner:
         self._tp_dims: dict[int, Optional[dict[str, int]]] = {}
         self._ep_ok: dict[int, bool] = {}
         self._experts = _expert_paths(self.model, self.registry)
-        self._act_per_token: Optional[float] = None
         self._fwd_flops: Optional[int] = None
         self._cache: dict[tuple, dict] = {}
         self._memo: dict[Any, Any] = {}
@@ -195,6 +224,16 @@ class Planner:
                 self._ep_ok[ep] = ep == 1
         return self._ep_ok[ep]
 
+    def cp_ok(self) -> bool:
+        """Whether every component may run under context parallelism, from the declarations
+        (:func:`~modkit.parallel.context_parallel_problems`: a recurrent mixer or a mixture of experts that does not
+        declare it is refused, so no layout with ``cp > 1`` is planned)."""
+        if "cp_ok" not in self._memo:
+            from .context import context_parallel_problems
+
+            self._memo["cp_ok"] = not context_parallel_problems(self.model)
+        return self._memo["cp_ok"]
+
     def rank_elements(self, layout: Layout, stage: int = 0) -> dict[str, int]:
         """Elements rank 0 of pipeline ``stage`` stores: ``params``, ``grads`` and ``optimizer`` (AdamW: 2 per
         element of its shard) under ``layout``, parameter by parameter (see the module docstring).
@@ -202,7 +241,7 @@ class Planner:
         Raises:
             ParallelError: ``layout.tp`` cannot split the model.
         """
-        totals = self._totals(layout.tp, layout.ep, layout.dp, layout.zero)
+        totals = self._totals(layout.tp, layout.ep, layout.dp * layout.cp, layout.zero)
         keys = [*stage_layers(self.spec.n_layers, layout.pp)[stage]]
         keys += ["first"] * (stage == 0) + ["last"] * (stage == layout.pp - 1)
         held = sum(totals.get(k, (0, 0))[0] for k in keys)
@@ -210,7 +249,9 @@ class Planner:
         return {"params": held, "grads": held, "optimizer": opt}
 
     def _totals(self, tp: int, ep: int, dp: int, zero: int) -> dict[Any, tuple[int, int]]:
-        """``{layer index, "first" (embedding) or "last" (final norm, head): (elements held, AdamW elements)}``."""
+        """``{layer index, "first" (embedding) or "last" (final norm, head): (elements held, AdamW elements)}``;
+        ``dp`` is the FSDP degree: the data-parallel ranks times the context-parallel ones (the cp ranks shard the
+        weights too, :func:`~modkit.parallel.parallelize`)."""
         key = (tp, ep, dp, zero)
         if key in self._cache:
             return self._cache[key]
@@ -240,15 +281,27 @@ class Planner:
         return out
 
     # ---------------------------------------------------------------------------------------- estimates
-    def activation_bytes_per_token(self) -> float:
-        """Bytes autograd saves per token per layer (bf16, the measured linear term shared by the layers)."""
-        if self._act_per_token is None:
-            from modkit.analysis.activations import _saved_fit
-            from modkit.nn.build import _parse_dtype
+    def activation_parts(self, layout: Layout):
+        """The :class:`~modkit.analysis.step_activations.StepParts` of one microbatch of ``layout`` on a rank: the
+        parts measured on fake tensors (:func:`~modkit.analysis.step_activations.estimator`) at the rank's
+        ``seq_len / cp`` tokens and the microbatch's rows; the per-sequence bytes divided by ``tp``, the weights' autocast
+        copies scaled to the share of each part's weights the rank computes with (``tp`` and ``ep`` split)."""
+        from modkit.analysis.step_activations import estimator
 
-            _, b, _ = _saved_fit(self.spec, 1, _parse_dtype("bfloat16"), self.registry)
-            self._act_per_token = b / self.spec.n_layers
-        return self._act_per_token
+        if "fits" not in self._memo:
+            self._memo["fits"] = estimator(self.spec, self.precision, self.registry)
+        key = ("parts", layout.dp, layout.microbatches, layout.tp, layout.cp, layout.ep)
+        if key not in self._memo:
+            full = self._totals(1, 1, 1, 1)
+            mine = self._totals(layout.tp, layout.ep, layout.ep, 1)  # ZeRO-1 arithmetic: the whole (tp, ep) shard
+
+            def share(part) -> float:
+                return mine.get(part, (0, 0))[0] / max(1, full.get(part, (1, 0))[0])
+
+            rows = self.batch // layout.dp / layout.microbatches / layout.tp
+            est = self._memo["fits"]
+            self._memo[key] = est.at(rows, self.seq_len // layout.cp, share, attention_matrix=self.attention_matrix)
+        return self._memo[key]
 
     def forward_flops(self) -> int:
         """Declared FLOPs of one forward over the global batch."""
@@ -259,12 +312,11 @@ class Planner:
         return self._fwd_flops
 
     def row(self, layout: Layout, cluster: Cluster) -> PlanRow:
-        """The figures of ``layout`` on ``cluster`` (the worst pipeline stage's bytes)."""
+        """The figures of ``layout`` on ``cluster`` (the pipeline stage with the most bytes)."""
         stages = [self.rank_elements(layout, s) for s in range(layout.pp)]
-        worst = max(range(layout.pp), key=lambda s: sum(stages[s].values()))
-        el = stages[worst]
-        n_stage = len(stage_layers(self.spec.n_layers, layout.pp)[0])
-        acts = self._activations(layout, n_stage)
+        acts_by_stage = [self.activations(layout, s) for s in range(layout.pp)]
+        worst = max(range(layout.pp), key=lambda s: 4 * sum(stages[s].values()) + acts_by_stage[s])
+        el, acts = stages[worst], acts_by_stage[worst]
         local_rows = self.batch // layout.dp
         kv = self._kv_cache(local_rows) // (layout.tp * layout.cp * layout.pp)
         compute, comm, detail = self._time(layout, cluster, stages[worst])
@@ -273,14 +325,17 @@ class Planner:
         row.fits = row.total <= cluster.gpu_memory
         return row
 
-    def _activations(self, layout: Layout, n_layers: int) -> int:
-        tokens_mb = (self.batch // layout.dp // layout.microbatches) * self.seq_len / layout.cp
-        in_flight = min(layout.pp, layout.microbatches) if layout.pp > 1 else 1
-        per_layer = self.activation_bytes_per_token() * tokens_mb / layout.tp
-        if layout.checkpointing:
-            kept = n_layers * tokens_mb * self.spec.d_model * WIRE_BYTES
-            return int(in_flight * kept + per_layer)
-        return int(in_flight * n_layers * per_layer)
+    def activations(self, layout: Layout, stage: int = 0) -> int:
+        """Activation bytes at the peak of a rank of pipeline ``stage``: the microbatches in flight under 1F1B
+        (``min(pp - stage, m)``) hold what their forwards leave for their backward, and the one in its backward
+        reaches :func:`~modkit.analysis.step_activations.peak_bytes` (see the module docstring)."""
+        from modkit.analysis.step_activations import held_bytes, peak_bytes
+
+        parts = self.activation_parts(layout)
+        layers = stage_layers(self.spec.n_layers, layout.pp)[stage]
+        where = dict(first=stage == 0, last=stage == layout.pp - 1, checkpointing=layout.checkpointing)
+        in_flight = min(layout.pp - stage, layout.microbatches)
+        return (in_flight - 1) * held_bytes(parts, layers, **where) + peak_bytes(parts, layers, **where)
 
     def _time(self, layout: Layout, cluster: Cluster, stage: dict[str, int]) -> tuple[float, float, dict]:
         """(compute seconds with the bubble, communication seconds, the communication by kind)."""
@@ -291,9 +346,10 @@ class Planner:
         link = _links(layout, cluster)
         tokens = self.batch * self.seq_len / (layout.dp * layout.cp)  # a rank's tokens per step
         d, n_stage = self.spec.d_model, len(stage_layers(self.spec.n_layers, layout.pp)[0])
-        weights = stage["params"] * (layout.dp if layout.zero == 3 else 1) * WIRE_BYTES  # the stage's bf16 weights
+        shards = layout.dp * layout.cp  # FSDP2 shards over the dp x cp ranks
+        weights = stage["params"] * (shards if layout.zero == 3 else 1) * WIRE_BYTES  # the stage's bf16 weights
         comm = {
-            "dp": (3 if layout.zero == 3 else 2) * weights * (layout.dp - 1) / layout.dp / link["dp"],
+            "dp": (3 if layout.zero == 3 else 2) * weights * (shards - 1) / shards / link["dp"],
             "tp": 4 * n_stage * 2 * tokens * d * WIRE_BYTES * (layout.tp - 1) / layout.tp / link["tp"],
             "ep": 4
             * self._moe_layers(n_stage)
@@ -343,7 +399,7 @@ class Planner:
     def layouts(self, cluster: Cluster, *, zero: tuple[int, ...] = (3, 1)) -> list[Layout]:
         """Every layout dividing the cluster and the model: ``tp`` within a node and able to split the model,
         ``pp`` at most the layer count, ``ep`` dividing ``dp`` and every mixture, ``cp`` dividing ``seq_len``,
-        ``dp`` dividing the batch; microbatches: the divisors of the local batch from ``pp`` to ``8 pp`` and the
+        ``dp`` dividing the batch; ``cp`` only when every component declares it may be sequence-sharded (:meth:`cp_ok`); microbatches: the divisors of the local batch from ``pp`` to ``8 pp`` and the
         local batch itself (one sequence each), at most six of them; checkpointing off and on; ZeRO-3 and ZeRO-1."""
         out = []
         g = cluster.gpus
@@ -351,7 +407,7 @@ class Planner:
             if g % (tp * cp * pp) or tp > cluster.gpus_per_node or pp > self.spec.n_layers:
                 continue
             dp = g // (tp * cp * pp)
-            if self.batch % dp or self.seq_len % cp or cp > 1 and not _powers_of_two(cp):
+            if self.batch % dp or self.seq_len % cp or cp > 1 and not (_powers_of_two(cp) and self.cp_ok()):
                 continue
             if self.tp_dims(tp) is None:
                 continue

@@ -96,13 +96,24 @@ def test_the_runs_tokenizer_keeps_the_corpus_special_tokens(run, tmp_path):
 def test_several_fitting_types_are_listed_and_one_is_named():
     spec = modkit.load_spec(REPO / "specs" / "tiny-llama.json")
     fits, _ = hf_types_for(spec, modkit.get_registry())
-    # the mixtures glm4_moe and ernie4_5_moe with every layer dense fit the dense Llama block too
-    assert fits == ["ernie4_5_moe", "glm4_moe", "llama", "llama4_text", "mistral", "phi3", "qwen2_moe", "smollm3"]
+    # the mixtures glm4_moe and ernie4_5_moe with every layer dense fit the dense Llama block too, and seed_oss
+    # (its bias flags off)
+    assert fits == [
+        "ernie4_5_moe",
+        "glm4_moe",
+        "llama",
+        "llama4_text",
+        "mistral",
+        "phi3",
+        "qwen2_moe",
+        "seed_oss",
+        "smollm3",
+    ]
     with pytest.raises(CheckpointError) as info:
         choose_hf_model_type(spec, modkit.get_registry())
     assert str(info.value) == (
-        "spec tiny-llama has no metadata.hf_model_type and 8 Hugging Face model types express it: ernie4_5_moe, "
-        "glm4_moe, llama, llama4_text, mistral, phi3, qwen2_moe, smollm3; name one with --model-type (Python: "
+        "spec tiny-llama has no metadata.hf_model_type and 9 Hugging Face model types express it: ernie4_5_moe, "
+        "glm4_moe, llama, llama4_text, mistral, phi3, qwen2_moe, seed_oss, smollm3; name one with --model-type (Python: "
         "to_hf(..., model_type=...))"
     )
     assert choose_hf_model_type(spec, modkit.get_registry(), "mistral") == ("mistral", None)
@@ -113,7 +124,7 @@ def test_the_model_type_flag_exports_a_spec_several_types_fit(tmp_path, capsys):
     modkit.save(model, tmp_path / "ck")
     argv = ["convert", "modkit", str(tmp_path / "ck"), "--to", "hf", "-o", str(tmp_path / "hf")]
     assert main(argv) == 1
-    assert "8 Hugging Face model types express it: ernie4_5_moe, glm4_moe, llama," in capsys.readouterr().err
+    assert "9 Hugging Face model types express it: ernie4_5_moe, glm4_moe, llama," in capsys.readouterr().err
     assert main(argv + ["--model-type", "llama"]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "llama"
 

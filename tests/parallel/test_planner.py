@@ -1,5 +1,6 @@
 """``modkit plan``: exact bytes per rank from the layout arithmetic, the enumeration, the CLI's output and errors.
-(The equality with what a real FSDP2 / EP run allocates is in ``test_expert_parallel.py``, on gloo processes.)"""
+(The equality with what real runs of every layout allocate is in ``test_planner_bytes.py`` and
+``test_expert_parallel.py``, on gloo processes; the activation estimate in ``test_planner_activations.py``.)"""
 
 from __future__ import annotations
 
@@ -89,10 +90,12 @@ def test_cli_plan_prints_the_fitting_layouts_and_json(capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "layouts of 2 GPUs x 953.67 MiB, batch 2 x 512 tokens, MFU 0.4;" in out
+    assert "  activations: bfloat16 saved bytes, within 5% at tp = cp = 1" in out
     assert len([line for line in out.splitlines() if line.startswith("  dp")]) == 3
     assert "best: torchrun --nnodes 1 --nproc-per-node 2 -m modkit train" in out
     code = cli.main(["plan", str(SPECS / "tiny-llama.json"), "--gpus", "2", "--gpu-memory", "1GiB", "--json"])
     data = json.loads(capsys.readouterr().out)
+    assert data["precision"] == "bfloat16" and data["activation_error"] == 0.05
     names = {r["name"] for r in data["rows"]}
     assert {"dp2 m1", "dp2(zero1) m1", "dp1 x tp2 m1", "dp1 x pp2 m2"} <= names
 
@@ -101,3 +104,13 @@ def test_cli_plan_refuses_a_bad_size(capsys):
     code = cli.main(["plan", str(SPECS / "tiny-llama.json"), "--gpus", "2", "--gpu-memory", "eighty"])
     err = capsys.readouterr().err
     assert code == 1 and "--gpu-memory 'eighty' is not a size; write e.g. 80GB" in err
+
+
+def test_context_parallelism_is_planned_only_where_every_component_declares_it():
+    """A mixture of experts (its balance statistics are over whole sequences) and a recurrent mixer are refused by
+    their declarations, so their plans hold no ``cp > 1`` layout; attention-only dense specs get them."""
+    cluster = Cluster(gpus=4, gpu_memory=80e9)
+    for name, ok in (("tiny-llama", True), ("tiny-deepseek-moe", False), ("tiny-hybrid", False)):
+        planner = Planner(SPECS / f"{name}.json", batch=8, seq_len=64)
+        assert planner.cp_ok() is ok
+        assert any(lay.cp > 1 for lay in planner.layouts(cluster)) is ok, name
