@@ -118,6 +118,9 @@ def formula(spec: dict, new: int, past: int) -> int:
         if a["type"] == "mla":  # latent attention (DeepSeek-V2 §2.1): expanded with an empty cache, absorbed after
             total += new * _ffn_per_token(layer["ffn"], d) + _mla(a, d, new, past, memo)
             continue
+        if a["type"] == "dsa":  # MLA over each query's index_topk selected keys, plus the indexer over all of them
+            total += new * _ffn_per_token(layer["ffn"], d) + _dsa(a, d, new, past, memo)
+            continue
         kv = {"mha": h, "mqa": 1}.get(a["type"], a.get("n_kv_heads"))
         kv = a.get("n_kv_heads") or kv
         hd = a.get("head_dim") or d // h
@@ -130,8 +133,22 @@ def formula(spec: dict, new: int, past: int) -> int:
     return total + new * 2 * d * spec["vocab_size"]
 
 
-def _mla(a: dict, d: int, new: int, past: int, memo: dict) -> int:
-    """Matmul FLOPs of multi-head latent attention on one row, counted from its shapes."""
+def _dsa(a: dict, d: int, new: int, past: int, memo: dict) -> int:
+    """Matmul FLOPs of DeepSeek Sparse Attention on one row: MLA over the pairs a causal window of ``index_topk``
+    counts (``min(p + 1, k)`` keys per query), the indexer's projections and its scores over every causal pair."""
+    key = (True, a["index_topk"])
+    if key not in memo:
+        memo[key] = _pairs(new, past, *key)
+    h, dim = a["index_n_heads"], a["index_head_dim"]
+    if (True, None) not in memo:
+        memo[(True, None)] = _pairs(new, past, True, None)
+    every = memo[(True, None)]
+    indexer = new * 2 * (a["q_lora_rank"] * h * dim + d * dim + d * h) + 2 * h * dim * every + 2 * h * every
+    return _mla(a, d, new, past, memo, pairs=memo[key]) + indexer
+
+
+def _mla(a: dict, d: int, new: int, past: int, memo: dict, pairs=None) -> int:
+    """Matmul FLOPs of multi-head latent attention on one row, counted from its shapes (over ``pairs`` when given)."""
     h, r, q, nope, rope, v = (
         a["n_heads"],
         a["kv_lora_rank"],
@@ -143,7 +160,7 @@ def _mla(a: dict, d: int, new: int, past: int, memo: dict) -> int:
     key = (True, None)
     if key not in memo:
         memo[key] = _pairs(new, past, *key)
-    pairs = memo[key]
+    pairs = memo[key] if pairs is None else pairs
     total = new * 2 * (d * h * (nope + rope) if q is None else d * q + q * h * (nope + rope))  # queries
     total += new * 2 * d * (r + rope) + new * 2 * h * v * d  # latent + shared key; output projection
     if past == 0:  # per-head keys and values rebuilt from the latent, attention over them
