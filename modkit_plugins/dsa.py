@@ -314,6 +314,7 @@ def dsa_component() -> Component:
         reference="DeepSeek-AI 2025, DeepSeek-V3.2-Exp (DeepSeek Sparse Attention) §2.1; transformers "
         "DeepseekV32Indexer, DeepseekV32Attention",
         capabilities={
+            "selects_keys": True,
             "overflow_prone": True,
             "causal_safe": True,
             "kv_cache": True,

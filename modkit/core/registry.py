@@ -62,6 +62,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "query sees only keys of its own document, a recurrent mixer's state and convolution restart at each document; "
         "a mixer that holds others (a parallel hybrid) passes them on and each inner mixer declares its own. A mixer "
         "without it is refused when documents are given",
+        "selects_keys": "an attention whose queries see only a selected subset of the keys the mask lets through (an "
+        "indexer's top-k: sparse attention); the contract kit fills tiny models with attentions that see every key",
         "streams": "a placement that reads its block input from a residual stream of several copies and writes its "
         "sublayers' outputs back through the stream's connections (BuildContext.extra['stream']; spec 'stream', "
         "hyper-connections); without it a placement is refused with a wide stream",
