@@ -94,6 +94,16 @@ def _recurrent(a: dict, d: int, new: int) -> int:
             return total + 2 * H * P * N
         L, c = _chunks(new, a.get("chunk_size", 64))
         return total + c * (2 * G * L * L * N + 2 * H * L * L * P + 4 * H * L * P * N)
+    if a["type"] == "kimi_delta":  # Kimi Delta Attention: the gated delta rule with one decay per key channel
+        H, dh = a["n_heads"], a.get("head_dim", 128)
+        D, r = H * dh, a.get("gate_rank") or dh
+        # q, k, v; the low-rank forget and output gates; β; the convolution over [q; k; v]; o_proj
+        total = new * (2 * d * 3 * D + 2 * 2 * (d * r + r * D) + 2 * d * H + 2 * 3 * D * K + 2 * D * d)
+        if new == 1:
+            return total + 4 * H * dh * dh
+        # per chunk: two triangular solves (for U and W), then W·S, Q·S, the in-chunk attention times V, Kᵀ·V
+        L, c = _chunks(new, a.get("chunk_size", 16))
+        return total + H * c * (L * (L - 1) * 2 * dh + 6 * L * dh * dh + 2 * L * L * dh)
     assert a["type"] == "gated_deltanet", a["type"]
     dk, dv = a.get("key_head_dim", 128), a.get("value_head_dim", 128)
     H = a.get("n_value_heads") or a["n_heads"]
@@ -111,7 +121,7 @@ def formula(spec: dict, new: int, past: int) -> int:
     for layer in _layers(spec):
         a = layer.get("mixer") or layer["attention"]
         ffn = new * _ffn_per_token(layer["ffn"], d) if layer.get("ffn") else 0
-        if a["type"] in ("mamba2", "gated_deltanet", "short_conv"):
+        if a["type"] in ("mamba2", "gated_deltanet", "short_conv", "kimi_delta"):
             total += ffn + _recurrent(a, d, new)
             continue
         h = a["n_heads"]
@@ -128,6 +138,7 @@ def formula(spec: dict, new: int, past: int) -> int:
         if key not in memo:
             memo[key] = _pairs(new, past, *key)
         total += new * 2 * d * (2 * h * hd + 2 * kv * hd)  # q, o and k, v
+        total += new * 2 * d * h * hd if a.get("output_gate") else 0  # the gate's projection (Qwen3-Next, Qwen3.5)
         total += 2 * 2 * h * hd * memo[key]  # q·kᵀ and p·v
         total += new * _ffn_per_token(layer["ffn"], d)
     return total + new * 2 * d * spec["vocab_size"]
