@@ -22,7 +22,8 @@ modkit then reference, ...) so that load drifts hit both alike; every run is tim
 time (``time.process_time``: all threads of the process, the progress bar's included), which a loaded shared
 machine inflates much less than wall time. Reported: the medians, the per-repeat ratio modkit / reference, its
 median, interquartile range and a bootstrap 95% interval of the median (10,000 resamples of the repeats, seed 0).
-Both runs' final losses are printed: they differ only by float rounding (fused q/k/v, fused AdamW).
+Both runs' final losses are printed: they differ only by float rounding (separate q/k/v projections against
+nanoGPT's fused one, fused AdamW, and modkit's CPU defaults: linear layers through oneDNN, ``onednn_linear``).
 
 Then, in this process, **modkit's per-step overhead**: a :class:`modkit.train.loop.Trainer` on the same config
 times its full step (:meth:`~modkit.train.step.StepMixin.train_step` plus the loop's bookkeeping) and each piece

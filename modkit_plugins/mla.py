@@ -75,6 +75,7 @@ from modkit.plugin import (
     SoftmaxScale,
     position_bias,
     PositionGeometry,
+    PreparedMask,
     prepare_mask,
     RopeFactor,
     shared_by_heads,
@@ -191,6 +192,7 @@ class _KeyMask(NamedTuple):
     k_valid: Optional[Tensor]  # [b, kv] which key slots hold a token (None: all)
     bias: Optional[Tensor]  # [b, h, s, kv] float32 position bias (ALiBi), or None
     dropout_p: float  # attention dropout probability of this call
+    selected: Optional[Tensor] = None  # [b, 1, s, kv] bool: the keys a sparse attention kept (mask included), or None
 
 
 class MLA(nn.Module):
@@ -254,10 +256,27 @@ class MLA(nn.Module):
         w = w.view(self.n_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim :]
 
+    def _queries(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """``(q [b, s, h·d_qk], q_resid [b, s, q_lora_rank] or None)``: the queries and the normalised query latent."""
+        if self.q_proj is not None:
+            return self.q_proj(x), None
+        q_resid = self.q_a_layernorm(self.q_a_proj(x))
+        return self.q_b_proj(q_resid), q_resid
+
+    def _index(self, x: Tensor, q_resid: Optional[Tensor], inputs: AttentionInputs) -> tuple[dict[str, Tensor], Any]:
+        """``(entries, state)``: per-token cache entries of the new tokens beyond the latent and the rotated key, and
+        what :meth:`_selection` needs. None here; a sparse attention (``dsa``) caches its index keys."""
+        return {}, None
+
+    def _selection(self, x: Tensor, state: Any, seen: dict, keys: _KeyMask) -> Optional[Tensor]:
+        """The keys each query attends to, ``[b, 1, s, kv]`` bool (mask included), or ``None``: every key the mask
+        lets through (here; a sparse attention selects some)."""
+        return None
+
     def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         b, s, _ = x.shape
         h, d_nope, d_rope, r = self.n_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
-        q = self.q_proj(x) if self.q_proj is not None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q, q_resid = self._queries(x)
         q = q.view(b, s, h, self.qk_head_dim).transpose(1, 2)  # [b, h, s, d_qk]
         q_nope, q_rope = q[..., :d_nope], q[..., d_nope:]
         c, k_rope = self.kv_a_proj_with_mqa(x).split([r, d_rope], dim=-1)
@@ -269,19 +288,28 @@ class MLA(nn.Module):
         k_rope = shared_by_heads(k_rope, self.kv_b_proj.weight)
         state = inputs.cache_for(self)
         absorbed = self.absorb and state is not None and state.group is not None and state.group.mode != "fresh"
-        seen, k_pos, k_valid = update_cache_entries(inputs, {"latent": c, "k_rope": k_rope.squeeze(1)}, mixer=self)
+        extra, index_state = self._index(x, q_resid, inputs)
+        new = {"latent": c, "k_rope": k_rope.squeeze(1), **extra}
+        seen, k_pos, k_valid = update_cache_entries(inputs, new, mixer=self)
         c_all, k_rope_all = seen["latent"], seen["k_rope"]  # [b, kv, r_kv], [b, kv, d_rope]
         dropout_p = self.attention_dropout if self.training else 0.0
         bias = position_bias(inputs, k_pos, h)
         t, keys = _Projected(q_nope, q_rope, c_all, k_rope_all), _KeyMask(inputs, k_pos, k_valid, bias, dropout_p)
+        keys = keys._replace(selected=self._selection(x, index_state, seen, keys))
         out, weights = self._absorbed(t, keys, need_weights) if absorbed else self._expanded(t, keys, need_weights)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, h * self.v_head_dim)), weights
+
+    def _prepared(self, keys: _KeyMask, dtype: torch.dtype) -> PreparedMask:
+        """The mask of this call: the selection when a sparse attention made one, else :func:`prepare_mask`'s."""
+        if keys.selected is not None:
+            return PreparedMask.of(keys.selected, dtype)
+        return prepare_mask(keys.inputs, keys.k_pos, keys.k_valid, dtype, mixer=self)
 
     def _expanded(self, t: _Projected, keys: _KeyMask, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         """Per-head keys ``[b, h, kv, d_qk]`` and values ``[b, h, kv, d_v]`` from the latents, then attention:
         ``([b, h, s, d_v], weights [b, h, s, kv] float32 or None)``."""
         q_nope, q_rope, c_all, k_rope_all = t
-        inputs, k_pos, k_valid, bias, dropout_p = keys
+        inputs, k_pos, k_valid, bias, dropout_p = keys[:5]
         b, h, s, _ = q_nope.shape
         kv = c_all.shape[1]
         k_nope, v = (
@@ -289,13 +317,13 @@ class MLA(nn.Module):
         )
         k = torch.cat([k_nope, k_rope_all[:, None].expand(b, h, kv, self.qk_rope_head_dim)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)
-        simple = is_plain_causal(inputs, k_pos, k_valid, bias) and not need_weights
+        simple = keys.selected is None and is_plain_causal(inputs, k_pos, k_valid, bias) and not need_weights
         if simple:  # one fresh causal sequence: SDPA's causal kernel
             out = nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale
             )
             return out, None
-        prepared = prepare_mask(inputs, k_pos, k_valid, q.dtype, mixer=self)
+        prepared = self._prepared(keys, q.dtype)
         eager = need_weights or (bias is not None and q.dtype != torch.float32)
         return masked_attention(q, k, v, prepared, bias, self.scale, eager=eager, dropout_p=dropout_p)
 
@@ -311,14 +339,14 @@ class MLA(nn.Module):
         kv]`` scores are written once and only the softmax passes over them again.
         """
         q_nope, q_rope, c_all, k_rope_all = t
-        inputs, k_pos, k_valid, bias, dropout_p = keys
+        bias, dropout_p = keys.bias, keys.dropout_p
         b, h, s, _ = q_nope.shape
         kv, r = c_all.shape[1], self.kv_lora_rank
         w_uk, w_uv = self._kv_b()
         # [b, h, s, d_nope] @ [h, d_nope, r_kv] -> [b, h, s, r_kv], scaled: α (W_UKᵀ q_nope) · c_j
         q_lat = torch.matmul(q_nope, w_uk).mul_(self.scale).view(b, h * s, r)
         q_rope = (q_rope * self.scale).reshape(b, h * s, -1)
-        prepared = prepare_mask(inputs, k_pos, k_valid, q_nope.dtype, mixer=self)
+        prepared = self._prepared(keys, q_nope.dtype)
         base = prepared.additive  # [b, 1, s, kv]: 0 where allowed, -inf elsewhere (dead rows opened)
         if bias is not None:  # ALiBi: added in float32 at least, as the expanded path does
             base = base.to(torch.promote_types(base.dtype, torch.float32)) + bias
@@ -357,7 +385,7 @@ def _param_count(cfg: MLAConfig, ctx: BuildContext) -> int:
     return n
 
 
-def _flops(cfg: MLAConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
+def _flops(cfg: MLAConfig, ctx: BuildContext, work: Workload, pairs: Optional[int] = None) -> dict[str, int]:
     """Matrix-product FLOPs of one call (1 multiply-add = 2 FLOPs; ``t`` = tokens, ``P`` = scored pairs per head,
     :meth:`Workload.pairs`).
 
@@ -368,11 +396,12 @@ def _flops(cfg: MLAConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
     tokens (``past > 0``: decoding) the absorbed form: the query into the latent ``2·t·h·d_nope·r_kv``, scores against
     the latent and the shared key ``2·h·(r_kv + d_rope)·P``, weighted sum of latents ``2·h·r_kv·P``, value
     up-projection ``2·t·h·r_kv·d_v``: nothing grows with the context but the scores and the sum. The latent norms
-    (norm components) declare their own; softmax, scaling and RoPE are element-wise.
+    (norm components) declare their own; softmax, scaling and RoPE are element-wise. ``pairs`` replaces the causal
+    pairs (a sparse attention's selected ones).
     """
     d, h, t = ctx.d_model, cfg.n_heads, work.tokens
     r, d_nope, d_rope, d_v = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-    pairs = work.pairs(causal=True)
+    pairs = work.pairs(causal=True) if pairs is None else pairs
     out = {}
     if cfg.q_lora_rank is None:
         out["q_proj"] = 2 * t * d * h * cfg.qk_head_dim
@@ -411,7 +440,10 @@ The heads' outputs are concatenated and projected by $W_O$."""
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``mla``."""
+    """Register ``mla``, and ``dsa`` (:mod:`modkit_plugins.dsa`: MLA with an indexer's top-k selection)."""
+    from .dsa import dsa_component
+
+    register(dsa_component())
     register(
         Component(
             kind="attention",

@@ -519,6 +519,8 @@ class CostModel:
         train_seq_len: Optional[int] = None,
     ) -> dict[str, Any]:
         """Everything ``modkit cost`` shows, as JSON-ready data (FLOPs per token as floats)."""
+        from .dense_twin import against_dense
+
         dname = str(_parse_dtype(dtype)).replace("torch.", "")
         seq = train_seq_len or context
         per_token = {ph: {k: float(v) for k, v in self.per_token(ph, context).items()} for ph in PHASES}
@@ -538,6 +540,8 @@ class CostModel:
                 for ph in PHASES
             },
             "mixer_overtakes_ffn": self.mixer_crossovers(),
+            # a sparse attention (capability selects_from) against the dense one it selects from; None without
+            "against_dense": against_dense(self, context, dtype),
             "params": self.params(),
             "active_params_per_token": active_params_per_token(self.model),
             "weight_bytes": {k: self.weight_bytes(b) for k, b in WEIGHT_FORMATS.items()},

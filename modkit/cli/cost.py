@@ -178,6 +178,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     out = print
     _flops_lines(out, data, f"{spec.name or args.spec}", at)
     _crossover_section(out, data, spec.max_seq_len)
+    _dense_lines(out, data, at)
     _memory_lines(out, data, context, args.batch, at)
     _roofline_lines(out, data, args.batch, at)
     return 0
@@ -243,6 +244,27 @@ def _crossover_section(out, data: dict, max_seq_len: int) -> None:
     """Where each token mixer's FLOPs per token overtake the FFN's, read from what the mixers declare."""
     out("")
     _crossover_lines(out, data["mixer_overtakes_ffn"], max_seq_len)
+
+
+def _dense_lines(out, data: dict, at: str) -> None:
+    """A sparse attention against the dense attention it selects from (its dense twin), when the spec has one."""
+    from . import _count
+
+    cmp = data.get("against_dense")
+    if not cmp:
+        return
+    pairs = ", ".join(f"{d} in place of {s}" for s, d in cmp["replaced"].items())
+    out("")
+    out(f"against dense attention ({pairs}; everything else equal) at context {at}, FLOPs per token")
+    for label, key in (("token mixers", "mixer_flops_per_token"), ("whole model", "flops_per_token")):
+        cells = []
+        for ph in ("prefill", "decode"):
+            s, d = cmp[key][ph]["sparse"], cmp[key][ph]["dense"]
+            a, b = _flops(s).strip(), _flops(d).strip()
+            cells.append(f"{ph} {a} vs {b} ({d / s:.2f}x fewer)" if s else f"{ph} {a} vs {b}")
+        out(f"  {label + ':':14s} " + "; ".join(cells))
+    kv = cmp["kv_cache_bytes_per_token"]
+    out(f"  KV cache:      {_count(kv['sparse'])} bytes per token vs {_count(kv['dense'])} (as the mixers declare)")
 
 
 def _memory_lines(out, data: dict, context: int, batch: int, at: str) -> None:

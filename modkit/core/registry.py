@@ -64,6 +64,8 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "without it is refused when documents are given",
         "absent": "a token mixer that stands for none: placements build no norm for it and skip its sublayer, so "
         "the block is its FFN alone (the 'none' mixer; Nemotron-H's MLP and mixture layers)",
+        "selects_keys": "an attention whose queries see only a selected subset of the keys the mask lets through (an "
+        "indexer's top-k: sparse attention); the contract kit fills tiny models with attentions that see every key",
         "streams": "a placement that reads its block input from a residual stream of several copies and writes its "
         "sublayers' outputs back through the stream's connections (BuildContext.extra['stream']; spec 'stream', "
         "hyper-connections); without it a placement is refused with a wide stream",

@@ -110,8 +110,9 @@ class ForwardInputs:
 
     def attention_inputs(self) -> AttentionInputs:
         """The :class:`~modkit.core.interfaces.AttentionInputs` every layer gets (bound to its position scheme and
-        cache with ``for_layer``). With documents it carries a shared ``scratch`` dict: the document mask is built
-        once, by the first layer, and reused (:func:`modkit.nn.attention.prepare_mask`)."""
+        cache with ``for_layer``). It carries a ``scratch`` dict the layers share: with documents the document mask
+        is built once, by the first layer, and reused (:func:`modkit.nn.attention.prepare_mask`); a sparse attention
+        may hand its selection to later layers there (``dsa``'s ``index_source``)."""
         if self.sequence is not None:  # the mask of the local queries over the whole sequence, built once
             return AttentionInputs(
                 positions=self.positions,
@@ -121,8 +122,10 @@ class ForwardInputs:
                 sequence=self.sequence,
                 token_ids=self.token_ids,
             )
-        if self.documents is None:
-            return AttentionInputs(positions=self.positions, token_mask=self.token_mask, token_ids=self.token_ids)
+        if self.documents is None:  # a dict the layers of this forward share (a sparse attention's selection)
+            return AttentionInputs(
+                positions=self.positions, token_mask=self.token_mask, token_ids=self.token_ids, scratch={}
+            )
         return AttentionInputs(
             positions=self.positions,
             token_mask=self.token_mask,

@@ -10,7 +10,7 @@ or from components the caller names (``neighbours={"attention": "my-attention"}`
 attention=my-attention``). Another installed plugin is never used to fill a slot, so a plugin's verdict does not
 depend on what else is installed: with two third-party plugins side by side, a faulty one can never be chosen as
 the good one's neighbour. Among the built-ins the choice is by capability, never by type name: the attention must be
-``causal_safe`` and support ``kv_cache``, the ffn must not return an aux loss, position schemes acting on q/k are
+``causal_safe`` and support ``kv_cache`` and see every key (not ``selects_keys``), the ffn must not return an aux loss, position schemes acting on q/k are
 preferred, norms with parameters before stateless ones, placements that carry any residual stream (``streams``)
 before others; then the first by name. Every component is configured with :meth:`~modkit.Component.example_config`.
 A kind without a built-in must be named (else the checks are skipped, saying so).
@@ -186,6 +186,7 @@ def _filler_rank(kind: str, entry: Component) -> tuple:
     if is_mixer(kind):  # a causal, cacheable token mixer; an attention before a recurrent mixer
         need = (0 if caps.get("causal_safe") else 1) + (0 if caps.get("kv_cache") else 1)
         need = 2 * need + (0 if entry.kind == "attention" else 1)
+        need = 2 * need + (1 if caps.get("selects_keys") else 0)  # one that sees every key the mask allows
     elif kind == "ffn":
         need = 1 if caps.get("aux_loss") else 0
     elif kind == "position":

@@ -179,6 +179,11 @@ class TrainConfig(BaseModel):
         2, ge=1, le=1 << 20, description="resumable step checkpoints kept (the best one is kept besides)"
     )
     log_interval: int = Field(10, ge=1, le=1 << 40, description="write a metrics line every this many steps")
+    live_plot: bool = Field(
+        False,
+        description="redraw loss.png at every evaluation (about 0.1 s of CPU each, plus matplotlib's import at the "
+        "first); false: draw it once, at the end of the run",
+    )
     trackers: list[Union[str, dict[str, Any]]] = Field(
         default_factory=list,
         description="experiment trackers logging the run besides its metrics.jsonl (always written), registered "
@@ -194,6 +199,19 @@ class TrainConfig(BaseModel):
 
     seed: int = Field(1337, ge=0, lt=1 << 63, description="seed of the weight init, the sampler and dropout")
     compile: bool = Field(False, description="torch.compile the model")
+    onednn_linear: bool = Field(
+        True,
+        description="on the CPU in float32 (one process, not compiled), run the model's nn.Linear layers through "
+        "oneDNN instead of torch's default BLAS: the same products up to float rounding, about 2x the throughput "
+        "where MKL does not run its fastest kernels (AMD CPUs; benchmarks/results_train_vs_loop.md); false: torch's "
+        "default",
+    )
+    reuse_host_memory: bool = Field(
+        True,
+        description="on the CPU under glibc, keep memory a step frees in the process for the next step (mallopt: "
+        "mmap threshold 32 MiB, trim threshold 1 GiB) instead of returning it to the system and faulting it back "
+        "in every step (modkit.train.allocator); false: glibc's defaults",
+    )
     device: str = Field("auto", description="cpu, cuda, cuda:N, mps or auto (cuda when available)")
     threads: Optional[int] = Field(
         None, ge=1, le=4096, description="CPU threads (torch.set_num_threads); null: torch's default"

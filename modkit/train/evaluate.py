@@ -92,7 +92,8 @@ class EvalMixin:
         return float(sums[0] / sums[1])
 
     def _eval_and_record(self) -> dict[str, float]:
-        """Evaluate, log the ``eval`` line, save ``best`` when the validation loss is the lowest yet, plot.
+        """Evaluate, log the ``eval`` line, save ``best`` when the validation loss is the lowest yet, plot (at every
+        evaluation with ``live_plot``, else at the run's last one when no final evaluation follows).
 
         Raises:
             TrainError: a loss estimate is not finite (nothing is logged or saved).
@@ -118,7 +119,9 @@ class EvalMixin:
         if self.best_val is None or losses["val"] < self.best_val:
             self.best_val = losses["val"]
             self.save_best()
-        self._plot()
+        c = self.config
+        if c.live_plot or (self.step >= c.total_steps and not c.final_eval_tokens):  # else the final evaluation's
+            self._plot()
         return losses
 
     def _final_eval(self) -> Optional[float]:

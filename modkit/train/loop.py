@@ -33,7 +33,9 @@ from torch import nn
 
 from modkit.analysis.cost import CostError
 from modkit.nn.build import breakdown, build
+from modkit.nn.onednn import use_onednn_linears
 from ..spec import ModelSpec
+from .allocator import keep_freed_memory
 from .balance import ExpertBalance
 from .checkpointing import CheckpointMixin
 from .config import DEFAULT_MODEL, TrainConfig, schedule_warning
@@ -146,6 +148,19 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             self._say(f"weights from {source}")
         return model
 
+    def _onednn_linears(self) -> bool:
+        """Whether the run's ``nn.Linear`` layers go through oneDNN (``onednn_linear``): on the CPU in float32, on
+        one process without a pipeline, not compiled (the compiler picks its own kernels)."""
+        c = self.config
+        return (
+            c.onednn_linear
+            and self.device.type == "cpu"
+            and c.precision == "float32"
+            and not self.procs.distributed
+            and self.pipe is None
+            and not c.compile
+        )
+
     def _open_trackers(self) -> None:
         """Start the config's trackers on rank 0 (:mod:`modkit.train.trackers`), giving them the config and spec.
 
@@ -202,6 +217,8 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.device = _resolve_device(c.device)
         if c.threads is not None:
             torch.set_num_threads(c.threads)
+        if c.reuse_host_memory and self.device.type == "cpu":
+            keep_freed_memory()  # no page faults on every step's allocations (modkit.train.allocator)
         check_pipeline_config(c)
         self.procs = init_processes(c, self.device)
         self.pipe = None  # the pipeline schedule and its stages under pp > 1 (modkit.train.pipelined)
@@ -248,6 +265,8 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         if self.resume:
             self._restore()
             self._open_trackers()
+        if self._onednn_linears():
+            use_onednn_linears(self.model)  # the same products through oneDNN (modkit.nn.onednn)
         self.forward = torch.compile(self.model) if c.compile else self.model
         try:
             self.flops_per_token: Optional[int] = flops_per_token(self.spec, c.seq_len)

@@ -10,7 +10,7 @@ A run folder::
       components.json    {kind/type: {provider, distribution, version}}: the plugin and version of each component
                          the spec uses (modkit.train.provenance); spec.json's metadata repeats it as "plugin:..." keys
       metrics.jsonl      one JSON object per log / eval line
-      loss.png           loss curves (written at each evaluation)
+      loss.png           loss curves (written at the end of the run; at each evaluation with live_plot)
       sample.txt         text sampled from the best checkpoint at the end
       checkpoints/step-0000250/   a resumable checkpoint (see below), keep_checkpoints of them
       checkpoints/best-0000250/   the best checkpoint by validation loss (model only)

@@ -21,16 +21,22 @@ from .schedule import lr_at
 
 
 def check_mtp_config(config, spec) -> None:
-    """Refuse, before the run folder is written, a multi-token-prediction spec (``mtp``) under a layout or mode its
-    modules do not run in yet: tensor, context, expert or pipeline parallelism (the modules sit outside the
-    layers these split) and ``document_mask`` (a depth's row would mix documents).
+    """Refuse, before the run folder is written, a spec with multi-token prediction (``mtp``) or a residual stream of
+    several copies (``stream``) under a layout or mode they do not run in yet: tensor, context, expert or pipeline
+    parallelism (the MTP modules and the stream's head sit outside the layers these split; pipeline stages pass a
+    one-copy stream), and for ``mtp`` ``document_mask`` (a depth's row would mix documents) and rows too short.
 
     Raises:
         TrainError: naming the setting and the way out.
     """
+    split = [f"{name} = {getattr(config, name)}" for name in ("tp", "cp", "ep", "pp") if getattr(config, name) > 1]
+    if spec.stream is not None and split:
+        raise TrainError(
+            f"the spec's residual stream of several copies (stream {spec.stream.type!r}) trains in one process or under "
+            f"FSDP only, not with {', '.join(split)}: drop those settings, or the spec's stream"
+        )
     if spec.mtp is None or config.mtp_loss_weight == 0:
         return
-    split = [f"{name} = {getattr(config, name)}" for name in ("tp", "cp", "ep", "pp") if getattr(config, name) > 1]
     if split:
         raise TrainError(
             f"the spec's multi-token prediction (mtp, depth {spec.mtp.depth}) trains in one process or under FSDP "

@@ -500,8 +500,20 @@ def _attention_fields(p: _Picked) -> dict[str, Any]:
         "attn_output_gate": bool(getattr(att, "output_gate", False)),
         "clip_qkv": getattr(att, "clip_qkv", None),
         "attentions": attentions,
-        "mla": {k: getattr(att, k) for k in MLA_FIELDS} if getattr(att, "type", None) == "mla" else None,
+        "mla": _latent_fields(att),
     }
+
+
+def _latent_fields(att) -> Optional[dict[str, Any]]:
+    """The ``mla`` field of a latent attention: the ``mla`` fields, and for another latent type (``dsa``: MLA with
+    a sparse selection) its type and the fields of its own (``None``: not a latent attention)."""
+    if not hasattr(att, "kv_lora_rank"):
+        return None
+    out = {k: getattr(att, k) for k in MLA_FIELDS}
+    if att.type != "mla":
+        own = [k for k in type(att).model_fields if k not in out and k not in ("type", "n_heads", "softmax_scale")]
+        out.update({k: getattr(att, k) for k in own}, type=att.type)
+    return out
 
 
 def _position_fields(p: _Picked, types: Sequence[str]) -> dict[str, Any]:

@@ -94,6 +94,16 @@ def _recurrent(a: dict, d: int, new: int) -> int:
             return total + 2 * H * P * N
         L, c = _chunks(new, a.get("chunk_size", 64))
         return total + c * (2 * G * L * L * N + 2 * H * L * L * P + 4 * H * L * P * N)
+    if a["type"] == "kimi_delta":  # Kimi Delta Attention: the gated delta rule with one decay per key channel
+        H, dh = a["n_heads"], a.get("head_dim", 128)
+        D, r = H * dh, a.get("gate_rank") or dh
+        # q, k, v; the low-rank forget and output gates; β; the convolution over [q; k; v]; o_proj
+        total = new * (2 * d * 3 * D + 2 * 2 * (d * r + r * D) + 2 * d * H + 2 * 3 * D * K + 2 * D * d)
+        if new == 1:
+            return total + 4 * H * dh * dh
+        # per chunk: two triangular solves (for U and W), then W·S, Q·S, the in-chunk attention times V, Kᵀ·V
+        L, c = _chunks(new, a.get("chunk_size", 16))
+        return total + H * c * (L * (L - 1) * 2 * dh + 6 * L * dh * dh + 2 * L * L * dh)
     assert a["type"] == "gated_deltanet", a["type"]
     dk, dv = a.get("key_head_dim", 128), a.get("value_head_dim", 128)
     H = a.get("n_value_heads") or a["n_heads"]
@@ -111,7 +121,7 @@ def formula(spec: dict, new: int, past: int) -> int:
     for layer in _layers(spec):
         a = layer.get("mixer") or layer["attention"]
         ffn = new * _ffn_per_token(layer["ffn"], d) if layer.get("ffn") else 0
-        if a["type"] in ("mamba2", "gated_deltanet", "short_conv"):
+        if a["type"] in ("mamba2", "gated_deltanet", "short_conv", "kimi_delta"):
             total += ffn + _recurrent(a, d, new)
             continue
         if a["type"] == "none":  # no mixer: the block is its ffn alone (Nemotron-H's MLP layers)
@@ -121,6 +131,9 @@ def formula(spec: dict, new: int, past: int) -> int:
         if a["type"] == "mla":  # latent attention (DeepSeek-V2 §2.1): expanded with an empty cache, absorbed after
             total += new * _ffn_per_token(layer["ffn"], d) + _mla(a, d, new, past, memo)
             continue
+        if a["type"] == "dsa":  # MLA over each query's index_topk selected keys, plus the indexer over all of them
+            total += new * _ffn_per_token(layer["ffn"], d) + _dsa(a, d, new, past, memo)
+            continue
         kv = {"mha": h, "mqa": 1}.get(a["type"], a.get("n_kv_heads"))
         kv = a.get("n_kv_heads") or kv
         hd = a.get("head_dim") or d // h
@@ -128,13 +141,28 @@ def formula(spec: dict, new: int, past: int) -> int:
         if key not in memo:
             memo[key] = _pairs(new, past, *key)
         total += new * 2 * d * (2 * h * hd + 2 * kv * hd)  # q, o and k, v
+        total += new * 2 * d * h * hd if a.get("output_gate") else 0  # the gate's projection (Qwen3-Next, Qwen3.5)
         total += 2 * 2 * h * hd * memo[key]  # q·kᵀ and p·v
         total += ffn  # none for an attention block alone (Nemotron-H)
     return total + new * 2 * d * spec["vocab_size"]
 
 
-def _mla(a: dict, d: int, new: int, past: int, memo: dict) -> int:
-    """Matmul FLOPs of multi-head latent attention on one row, counted from its shapes."""
+def _dsa(a: dict, d: int, new: int, past: int, memo: dict) -> int:
+    """Matmul FLOPs of DeepSeek Sparse Attention on one row: MLA over the pairs a causal window of ``index_topk``
+    counts (``min(p + 1, k)`` keys per query), the indexer's projections and its scores over every causal pair."""
+    key = (True, a["index_topk"])
+    if key not in memo:
+        memo[key] = _pairs(new, past, *key)
+    h, dim = a["index_n_heads"], a["index_head_dim"]
+    if (True, None) not in memo:
+        memo[(True, None)] = _pairs(new, past, True, None)
+    every = memo[(True, None)]
+    indexer = new * 2 * (a["q_lora_rank"] * h * dim + d * dim + d * h) + 2 * h * dim * every + 2 * h * every
+    return _mla(a, d, new, past, memo, pairs=memo[key]) + indexer
+
+
+def _mla(a: dict, d: int, new: int, past: int, memo: dict, pairs=None) -> int:
+    """Matmul FLOPs of multi-head latent attention on one row, counted from its shapes (over ``pairs`` when given)."""
     h, r, q, nope, rope, v = (
         a["n_heads"],
         a["kv_lora_rank"],
@@ -146,7 +174,7 @@ def _mla(a: dict, d: int, new: int, past: int, memo: dict) -> int:
     key = (True, None)
     if key not in memo:
         memo[key] = _pairs(new, past, *key)
-    pairs = memo[key]
+    pairs = memo[key] if pairs is None else pairs
     total = new * 2 * (d * h * (nope + rope) if q is None else d * q + q * h * (nope + rope))  # queries
     total += new * 2 * d * (r + rope) + new * 2 * h * v * d  # latent + shared key; output projection
     if past == 0:  # per-head keys and values rebuilt from the latent, attention over them

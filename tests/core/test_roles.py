@@ -334,7 +334,8 @@ def test_declared_roles_pass_and_bad_declarations_are_named(registered):
         ({"g": "norm_gain", "gg": "bias"}, "declares a role for 'gg', which is not one of its parameters (g)"),
         (
             {"g": "hidden"},
-            "'layers.0.attn_norm.g' [] (and 'g' in 2 more module(s) of norm/scalenorm (plugin bad-norms)) has role "
+            # two layers of the pre-norm filler (attn_norm, ffn_norm) and the final norm: five scalenorms
+            "'layers.0.attn_norm.g' [] (and 'g' in 4 more module(s) of norm/scalenorm (plugin bad-norms)) has role "
             "'hidden', which is 2-dimensional",
         ),
     ],

@@ -600,9 +600,7 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
     assert f"d_model = {d}, n_heads = {docs.EXAMPLE_CONTEXT['n_heads']}" in table
     for entry in registry.components("attention"):
         cfg = modkit.load_component("attention", entry.example_config(), registry=registry)
-        if (
-            entry.type == "mla"
-        ):  # latent attention: its own formulas (modkit_plugins/mla.py), decode in the absorbed form
+        if entry.type in ("mla", "dsa"):  # latent attentions: their own formulas (below), decode in the absorbed form
             continue
         h = cfg.n_heads
         kv = cfg.n_kv_heads or (1 if entry.type == "mqa" else h)
@@ -641,6 +639,17 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
     row = next(line for line in table.splitlines() if line.startswith("| [`mla`]"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == f"{params:,}" and cells[4] == f"{(r + rope) * 2:,}" and cells[5] == f"{flops:,}", cells
+    # dsa's example has mla's sizes: MLA scores its index_topk selected keys, the indexer (H heads of D, a LayerNorm
+    # on its key) scores every key; its key is cached in float32
+    dsa = modkit.load_component("attention", registry.get("attention", "dsa").example_config(), registry=registry)
+    assert (dsa.n_heads, dsa.q_lora_rank, dsa.kv_lora_rank, dsa.v_head_dim) == (h, q, r, v)
+    hi, di, k = dsa.index_n_heads, dsa.index_head_dim, dsa.index_topk
+    params += q * hi * di + d * di + 2 * di + d * hi
+    flops += (2 * h * (r + rope) + 2 * h * r) * (k - COMPARE_CONTEXT)
+    flops += 2 * q * hi * di + 2 * d * di + 2 * d * hi + 2 * hi * di * COMPARE_CONTEXT + 2 * hi * COMPARE_CONTEXT
+    row = next(line for line in table.splitlines() if line.startswith("| [`dsa`]"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{params:,}" and cells[4] == f"{(r + rope) * 2 + di * 4:,}" and cells[5] == f"{flops:,}", cells
     norms = pages[docs.kind_path("norm")]
     assert "| [`rmsnorm`](rmsnorm.md) | (defaults) | 256 | `d` |" in norms
     ffn = pages[docs.kind_path("ffn")]

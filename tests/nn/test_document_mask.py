@@ -110,6 +110,10 @@ def _cases():
                     if "sliding_window" not in att.config.model_fields:
                         continue
                     cfg["sliding_window"] = window
+                try:  # an attention may refuse a scheme (dsa refuses ALiBi's score bias): not a combination
+                    modkit.load_spec(_spec(cfg, pos.example_config()))
+                except modkit.SpecError:
+                    continue
                 yield pytest.param(cfg, copy.deepcopy(pos.example_config()), id=f"{att.type}-{pos.type}-w{window}")
 
 

@@ -135,3 +135,16 @@ def test_the_logit_lens_reads_the_streams_through_the_head_s_exit():
     assert [t for t, _, _ in last] == top.indices.tolist()
     torch.testing.assert_close(torch.tensor([p for _, _, p in last]), top.values, rtol=0, atol=1e-6)
     assert all(layer.residual_norm > 0 for layer in result.layers)
+
+
+def test_layouts_that_split_the_model_are_refused_before_the_run():
+    from modkit.train.config import load_train_config
+    from modkit.train.errors import TrainError
+    from modkit.train.step import check_mtp_config
+
+    s = modkit.load_spec(spec())
+    for layout in ({"tp": 2}, {"pp": 2}, {"cp": 2}, {"ep": 2}):
+        cfg, _ = load_train_config({"model": spec(), **layout})
+        with pytest.raises(TrainError, match=f"stream 'mhc'.*not with {next(iter(layout))} = 2"):
+            check_mtp_config(cfg, s)
+    check_mtp_config(load_train_config({"model": spec()})[0], s)  # one process (or FSDP): accepted

@@ -27,6 +27,7 @@ SPEC_FILES = {
     "pythia-6.9b": "pythia-6.9b.json",
     "qwen3-30b-a3b": "qwen3-30b-a3b.json",
     "deepseek-v3": "deepseek-v3.json",
+    "deepseek-v3.2": "deepseek-v3.2.json",
     "gpt-oss-20b": "gpt-oss-20b.json",
     "gpt-oss-120b": "gpt-oss-120b.json",
     "llama-4-scout-17b-16e": "llama-4-scout-17b-16e.json",
@@ -118,6 +119,8 @@ def test_the_counts():
     assert EXPECTED["pythia-6.9b"]["total"] == 6_857_302_016
     assert EXPECTED["qwen3-30b-a3b"]["total"] == 30_532_122_624
     assert EXPECTED["deepseek-v3"]["total"] == 671_026_404_352
+    # DeepSeek-V3 and, per layer, the indexer: wq_b 1536 x 64·128, wk 7168 x 128, k_norm 2·128, weights_proj 7168 x 64
+    assert EXPECTED["deepseek-v3.2"]["total"] == 671_026_404_352 + 61 * (1536 * 8192 + 7168 * 128 + 256 + 7168 * 64)
     assert EXPECTED["gpt-oss-20b"]["total"] == 20_914_757_184
     assert EXPECTED["gpt-oss-120b"]["total"] == 116_829_156_672
     assert EXPECTED["llama-4-scout-17b-16e"]["total"] == 107_769_861_120
@@ -129,6 +132,7 @@ def test_the_counts():
 ACTIVE = {
     "qwen3-30b-a3b": (48 * (128 - 8) * 3 * 2048 * 768, 3_353_032_704),
     "deepseek-v3": (58 * (256 - 8) * 3 * 7168 * 2048, 37_552_282_624),
+    "deepseek-v3.2": (58 * (256 - 8) * 3 * 7168 * 2048, 38_403_807_488),
     # a gpt-oss expert: gate, up, down of 2880 x 2880 and their biases
     "gpt-oss-20b": (24 * (32 - 4) * (3 * 2880 * 2880 + 3 * 2880), 4_187_440_704),
     "gpt-oss-120b": (36 * (128 - 4) * (3 * 2880 * 2880 + 3 * 2880), 5_711_982_912),
@@ -153,7 +157,7 @@ def test_gpt_oss_published_figures():
         assert round((ACTIVE[model][1] - embedding) / 1e7) == round(active / 1e7)
 
 
-@pytest.mark.parametrize("model", ["pythia-160m", "gpt-oss-120b", "nemotron-h-8b"])
+@pytest.mark.parametrize("model", ["pythia-160m", "gpt-oss-120b", "deepseek-v3.2", "nemotron-h-8b"])
 def test_expected_is_transformers_count(model):
     """The recorded figure is what transformers builds from the config (checked here for the quick ones)."""
     assert _transformers_count(_config(model)) == EXPECTED[model]["total"]

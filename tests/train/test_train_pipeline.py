@@ -40,6 +40,9 @@ CONFIG = {
     "device": "cpu",
     "threads": 1,
     "seed": 5,
+    # one process would run its linear layers through oneDNN, a pipeline through torch's default kernels: the same
+    # products to float rounding, which AdamW steps amplify in near-zero gradients; compare like with like
+    "onednn_linear": False,
 }
 TOL = 1e-5
 

@@ -261,7 +261,7 @@ def test_a_plugin_derives_and_registers_a_type_in_a_few_lines(tmp_path):
 def test_supports_agrees_with_the_converted_defaults(model_type):
     """The reference page's "supports" labels that a type's defaults decide agree with the spec they convert to:
     interleaved RoPE exactly when the converted position layout is interleaved (DeepSeek's ``rope_interleave``, GLM,
-    Cohere, Llama 4), latent attention exactly when the attention is ``mla``, and no GQA / MQA label for a latent
+    Cohere, Llama 4), latent attention exactly when the attention is ``mla`` or ``dsa``, and no GQA / MQA label for a latent
     attention (its key/value head count is fixed to the heads)."""
     from modkit.io.hf import convert_hf_config
 
@@ -270,7 +270,8 @@ def test_supports_agrees_with_the_converted_defaults(model_type):
         spec = convert_hf_config({"model_type": model_type, **DEFAULT_FIXES.get(model_type, {})})[1]
     supports = DECLARED[model_type].supports()
     assert ("interleaved RoPE" in supports) == (getattr(spec.position, "layout", None) == "interleaved")
-    mla = any(spec.layer(i).attention.type == "mla" for i in range(spec.n_layers))  # a hybrid's attention layers
+    # a hybrid's attention layers; mla, or dsa (latent attention with a selection)
+    mla = any(hasattr(spec.layer(i).attention, "kv_lora_rank") for i in range(spec.n_layers))
     assert ("latent attention (MLA)" in supports) == mla
     assert not (mla and "GQA / MQA" in supports)
 

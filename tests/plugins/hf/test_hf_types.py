@@ -1016,7 +1016,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 56
+    assert len(covered) == 58
 
 
 def test_fixtures_name_registered_types():
@@ -1477,3 +1477,66 @@ def test_lfm2_ffn_width_is_written_as_the_source_config_sized_it():
     for written in (again, fresh):
         assert modkit.from_hf_config(written).layer(0).ffn.d_ff == 112
     assert again["full_attn_idxs"] == [1, 3] and again["layer_types"] == cfg["layer_types"]
+
+
+# --- sparse attention types ---
+# Appended here (the parametrised tests above read FIXTURES and IDS when pytest collects, after the module ran).
+SPARSE_FIXTURES = [
+    # DeepSeek-V3.2: DeepSeek-V3's fixture with the lightning indexer on every layer (8 heads of 16, half-split RoPE
+    # on its first 8 features) keeping the top 4 keys per query: fewer than the 9-token batch and the 7 + 12
+    # generated tokens, so selection happens; one dense layer, then mixtures as in deepseek_v3
+    (
+        "deepseek_v32",
+        "DeepseekV32Config",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=3,
+            intermediate_size=96,
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            index_n_heads=8,
+            index_head_dim=16,
+            index_topk=4,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "rope_theta": 10000.0,
+            },
+            **SMALL,
+        ),
+    ),
+]
+# GLM-5: the same with interleaved RoPE in the indexer and 4 layers, of which 1 and 3 reuse the selection of
+# layers 0 and 2 (indexer_types shared): no indexer, no index keys there
+SPARSE_FIXTURES.append(
+    (
+        "glm_moe_dsa",
+        "GlmMoeDsaConfig",
+        dict(
+            SPARSE_FIXTURES[0][2],
+            num_hidden_layers=4,
+            n_group=1,
+            topk_group=1,
+            indexer_types=["full", "shared", "full", "shared"],
+        ),
+    )
+)
+FIXTURES += SPARSE_FIXTURES
+IDS += [f[0] for f in SPARSE_FIXTURES]
