@@ -6,8 +6,9 @@ Each writes a component's spec dict with its default-valued fields left out, so 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ._reader import HFConfig
 
@@ -129,6 +130,30 @@ def per_layer(variants: Sequence[Any], n_layers: int, slots: Callable[[Any], dic
             continue
         layers = [i for i, x in enumerate(variants) if x == v]
         overrides.append({"layers": layer_selector(layers, n_layers), **slots(v)})
+    return default, overrides
+
+
+def _key(x: Any) -> str:
+    return json.dumps(x, sort_keys=True)
+
+
+def per_layer_slots(layers: Sequence[Mapping[str, Any]], n_layers: int) -> tuple[dict, list[dict]]:
+    """Split per-layer slot dicts (``{"attention": ..., "position": ..., "ffn": ...}``) into the block default (the most
+    common layer; ties go to layer 0's) and overrides that replace only the slots that differ from it, one per
+    distinct layer, in order of first appearance (:func:`per_layer`)."""
+    keyed = {_key(layer): layer for layer in layers}
+    # an override cannot take the ffn away (its null means "keep the block's"): with layers without an FFN, the
+    # block is one of them
+    pool = [layer for layer in layers if layer.get("ffn", 0) is None] or layers
+    default_key, _ = per_layer([_key(layer) for layer in pool], len(pool), lambda v: {})
+    default = keyed[default_key]
+    overrides = []
+    for key, layer in keyed.items():
+        if key == default_key:
+            continue
+        picked = [i for i, other in enumerate(layers) if _key(other) == key]
+        slots = {name: value for name, value in layer.items() if _key(value) != _key(default[name])}
+        overrides.append({"layers": layer_selector(picked, n_layers), **slots})
     return default, overrides
 
 

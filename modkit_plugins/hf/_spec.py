@@ -13,7 +13,6 @@ the builders of :mod:`._builders` (re-exported here).
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 # the builders of component spec dicts, importable from here too
@@ -25,7 +24,8 @@ from ._builders import (
     layer_selector,  # noqa: F401
     layernorm,
     model_spec,
-    per_layer,
+    per_layer,  # noqa: F401
+    per_layer_slots,
     rmsnorm,
 )
 from ._reader import UNIT_ACTIVATIONS, HFConfig
@@ -246,30 +246,6 @@ def layer_ffns(f: Mapping[str, Any]) -> list[dict]:
     flags = f["moe_layers"] if f["moe_layers"] is not None else [True] * n
     moe, dense = moe_spec(f), dense_ffn(f) if not all(flags) else None
     return [(moe if flag else dense) if k else None for flag, k in zip(flags, keep)]
-
-
-def _key(x: Any) -> str:
-    return json.dumps(x, sort_keys=True)
-
-
-def per_layer_slots(layers: Sequence[Mapping[str, Any]], n_layers: int) -> tuple[dict, list[dict]]:
-    """Split per-layer slot dicts (``{"attention": ..., "position": ..., "ffn": ...}``) into the block default (the most
-    common layer; ties go to layer 0's) and overrides that replace only the slots that differ from it, one per
-    distinct layer, in order of first appearance (:func:`per_layer`)."""
-    keyed = {_key(layer): layer for layer in layers}
-    # an override cannot take the ffn away (its null means "keep the block's"): with layers without an FFN, the
-    # block is one of them
-    pool = [layer for layer in layers if layer.get("ffn", 0) is None] or layers
-    default_key, _ = per_layer([_key(layer) for layer in pool], len(pool), lambda v: {})
-    default = keyed[default_key]
-    overrides = []
-    for key, layer in keyed.items():
-        if key == default_key:
-            continue
-        picked = [i for i, other in enumerate(layers) if _key(other) == key]
-        slots = {name: value for name, value in layer.items() if _key(value) != _key(default[name])}
-        overrides.append({"layers": layer_selector(picked, n_layers), **slots})
-    return default, overrides
 
 
 def attention_spec(
