@@ -62,6 +62,9 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "query sees only keys of its own document, a recurrent mixer's state and convolution restart at each document; "
         "a mixer that holds others (a parallel hybrid) passes them on and each inner mixer declares its own. A mixer "
         "without it is refused when documents are given",
+        "kv_share": "an attention whose keys and values another layer may read, and which may read another layer's "
+        "instead of computing its own (spec 'kv_sharing'; its module has read_kv_from(source), e.g. through "
+        "modkit.plugin.KVReader): a mixer without it is refused as a reader or a source",
         "streams": "a placement that reads its block input from a residual stream of several copies and writes its "
         "sublayers' outputs back through the stream's connections (BuildContext.extra['stream']; spec 'stream', "
         "hyper-connections); without it a placement is refused with a wide stream",

@@ -254,3 +254,36 @@ def test_a_mixer_that_cannot_share_its_cache_is_named():
 def test_an_adapter_target_that_names_no_linear_layer_is_named():
     with pytest.raises(ValueError, match=r"share\[0\]\.adapter\.targets: \['qproj'\].*'q_proj'"):
         modkit.build(spec(share=[{"layers": [0, 1], "adapter": {"rank": 2, "targets": ["qproj"]}}]), device="meta")
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_a_shared_model_trains_tied_in_one_process_and_other_layouts_are_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from modkit.data import default_corpus, prepare
+    from modkit.train import Trainer
+    from modkit.train.config import load_train_config
+    from modkit.train.errors import TrainError
+    from modkit.train.step import check_sharing_config
+
+    (tmp_path / "head.txt").write_text(default_corpus().read_text()[:5_000])
+    prepare([tmp_path / "head.txt"], tmp_path / "data", tokenizer="char", show_progress=False)
+    s = spec(
+        vocab_size=65, share=[{"layers": [1, 3], "adapter": {"rank": 2}}], kv_sharing=[{"layers": [2], "source": 0}]
+    )
+    cfg = {"model": s, "data": str(tmp_path / "data"), "batch_size": 2, "seq_len": 12, "max_steps": 2}
+    cfg.update(warmup_steps=0, eval_interval=2, eval_batches=1, sample_tokens=0, device="cpu", seed=3)
+    t = Trainer(load_train_config(cfg)[0], tmp_path / "run", progress=False, echo=lambda line: None)
+    t.setup()
+    before = t.model.layers[1].attention.o_proj.weight.detach().clone()
+    for _ in range(2):
+        assert torch.isfinite(t.train_step()["loss"])
+    after = t.model.layers[3].attention.o_proj.weight
+    assert after is t.model.layers[1].attention.o_proj.weight and not torch.equal(after, before)
+    loaded = modkit.load_spec(s)
+    with pytest.raises(TrainError, match="2 processes"):
+        check_sharing_config(SimpleNamespace(pp=1), loaded, 2)
+    with pytest.raises(TrainError, match="pp = 2"):
+        check_sharing_config(SimpleNamespace(pp=2), loaded, 1)
