@@ -261,3 +261,22 @@ def share_kv(spec, mixers: list) -> dict[int, int]:
             reader.read_kv_from(group.source)
             readers[layer] = group.source
     return readers
+
+
+def sharing_flops(model: nn.Module, by_layer: dict, tokens: int) -> None:
+    """Correct the declared FLOPs of one forward of ``tokens`` tokens, ``by_layer`` (``{layer: {"kind.part":
+    FLOPs}}``, :meth:`modkit.analysis.cost.CostModel.flops_by_layer`), for sharing, in place: a reader layer
+    (spec ``kv_sharing``) runs none of its attention's :attr:`KVReader.kv_modules` parts; each per-use adapter adds
+    ``adapter.lora``, ``2 · tokens · rank · (in + out)`` per adapted linear layer (two matrix products, 1 multiply-add
+    = 2 FLOPs). A shared block's own parts run at every use, as declared."""
+    for layer in getattr(model, "kv_sources", {}):
+        for path in model.mixer_paths[layer]:
+            for name in getattr(model.layers[layer].get_submodule(path), "kv_modules", ()):
+                by_layer.get(layer, {}).pop(f"attention.{name}", None)
+    if not getattr(model, "shared_blocks", None):
+        return
+    for i, block in enumerate(model.layers):
+        adapted = [m for m in block.modules() if isinstance(m, AdaptedLinear)]
+        if adapted:
+            lora = sum(2 * tokens * m.lora_a.shape[0] * (m.in_features + m.out_features) for m in adapted)
+            by_layer.setdefault(i, {})["adapter.lora"] = lora

@@ -287,3 +287,18 @@ def test_a_shared_model_trains_tied_in_one_process_and_other_layouts_are_refused
         check_sharing_config(SimpleNamespace(pp=1), loaded, 2)
     with pytest.raises(TrainError, match="pp = 2"):
         check_sharing_config(SimpleNamespace(pp=2), loaded, 1)
+
+
+def test_declared_flops_equal_the_flop_counter_with_readers_and_adapters():
+    from modkit.analysis.cost import CostModel, Workload, flop_counter
+
+    s = spec(share=[{"layers": [1, 3], "adapter": {"rank": 2}}], kv_sharing=[{"layers": [2], "source": 0}])
+    costs, model = CostModel(s), modkit.build(s).eval()
+    x = ids(2, 6)
+    with torch.no_grad(), flop_counter() as counter:
+        model(x)
+    assert counter.get_total_flops() == costs.total(Workload(2, 6, dense=True))
+    plain = CostModel(spec()).flops_by_layer(Workload(2, 6))
+    by_layer = costs.flops_by_layer(Workload(2, 6))
+    assert by_layer[1]["adapter.lora"] == 2 * 12 * 2 * (2 * 64 + 2 * 48 + 3 * 96)  # 2 FLOPs · tokens · r · (in + out)
+    assert "attention.k_proj" not in by_layer[2] and plain[2]["attention.k_proj"] == 2 * 12 * 32 * 16
