@@ -302,3 +302,13 @@ def test_declared_flops_equal_the_flop_counter_with_readers_and_adapters():
     by_layer = costs.flops_by_layer(Workload(2, 6))
     assert by_layer[1]["adapter.lora"] == 2 * 12 * 2 * (2 * 64 + 2 * 48 + 3 * 96)  # 2 FLOPs · tokens · r · (in + out)
     assert "attention.k_proj" not in by_layer[2] and plain[2]["attention.k_proj"] == 2 * 12 * 32 * 16
+
+
+@pytest.mark.parametrize("extra", [{"share": [{"layers": [1, 3]}]}, {"kv_sharing": [{"layers": [3], "source": 1}]}])
+def test_no_hugging_face_type_is_said_to_express_sharing(extra, tmp_path):
+    model = modkit.build(spec(**extra), device="meta")
+    key = next(iter(extra))
+    with pytest.raises(CheckpointError, match=f"do not map: {key} "):
+        modkit.to_hf(model, tmp_path / "auto")
+    with pytest.raises(CheckpointError, match=f"{key}: spec has"):
+        modkit.to_hf(model, tmp_path / "llama", model_type="llama")
