@@ -312,3 +312,17 @@ def test_no_hugging_face_type_is_said_to_express_sharing(extra, tmp_path):
         modkit.to_hf(model, tmp_path / "auto")
     with pytest.raises(CheckpointError, match=f"{key}: spec has"):
         modkit.to_hf(model, tmp_path / "llama", model_type="llama")
+
+
+def test_generation_with_the_cache_gives_the_greedy_tokens_of_full_forwards():
+    from modkit.inference.generate import generate
+
+    attention = {"type": "gqa", "n_heads": 4, "n_kv_heads": 2, "sliding_window": 5}
+    s = spec(share=[{"layers": [1, 3], "adapter": {"rank": 2}}], kv_sharing=[{"layers": [2], "source": 0}])
+    model = built({**s, "block": {**s["block"], "attention": attention}})
+    prompt = ids(2, 7)
+    out = generate(model, prompt, max_new_tokens=10, temperature=0.0)
+    seq = prompt
+    for _ in range(10):  # greedy, every step a full forward without a cache
+        seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
