@@ -20,7 +20,9 @@ What is here, by use:
   :func:`stream_of` (the stream a placement that declares ``streams`` is built with);
 * **attention helpers** (:mod:`modkit.nn.attention`): :func:`attention_mask`, :func:`prepare_mask`
   (:class:`PreparedMask`), :func:`masked_attention`, :func:`masked_softmax`, :func:`position_bias`,
-  :func:`is_plain_causal`, :func:`update_cache`, :func:`update_cache_entries`, :func:`position_geometry`;
+  :func:`is_plain_causal`, :func:`update_cache`, :func:`update_cache_entries`, :func:`shared_kv`,
+  :func:`position_geometry`; :class:`KVReader` (an attention a layer of spec ``kv_sharing`` may use to read
+  another layer's keys and values);
 * **recurrent helpers** (:mod:`modkit.nn.recurrent`): :func:`causal_conv`, :func:`padding_mask`,
   :func:`zero_padding`, :class:`GatedRMSNorm`, and for document boundaries :func:`document_starts`,
   :func:`chunk_boundaries` (:class:`ChunkBoundaries`);
@@ -116,11 +118,13 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
         masked_softmax,
         position_bias,
         prepare_mask,
+        shared_kv,
         update_cache,
         update_cache_entries,
     )
     from modkit.nn.cache import CacheEntry, CacheSpec
     from modkit.nn.grouped import grouped_mm
+    from modkit.nn.sharing import KVReader
     from modkit.nn.stream import ResidualStream, placement_stream_flops, stream_of
     from modkit.nn.recurrent import (
         ChunkBoundaries,
@@ -212,6 +216,7 @@ _EXPORTS = {
             "masked_softmax",
             "position_bias",
             "prepare_mask",
+            "shared_kv",
             "update_cache",
             "update_cache_entries",
         ),
@@ -219,6 +224,7 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("CacheEntry", "CacheSpec"), "modkit.nn.cache"),
     "grouped_mm": "modkit.nn.grouped",
+    "KVReader": "modkit.nn.sharing",
     **dict.fromkeys(("ResidualStream", "placement_stream_flops", "stream_of"), "modkit.nn.stream"),
     **dict.fromkeys(
         (

@@ -65,8 +65,8 @@ from modkit.plugin import (
     SeqLen,
     Slot,
     StrictModel,
-    update_cache,
     Workload,
+    KVReader,
 )
 
 
@@ -264,13 +264,13 @@ def _merge_heads(out: Tensor) -> Tensor:
     return out.transpose(1, 2).reshape(b, s, h * d)
 
 
-class Attention(nn.Module):
+class Attention(KVReader, nn.Module):
     """Grouped-query attention. ``forward(x [batch, seq, d_model], inputs) -> [batch, seq, d_model]``.
 
     Attributes ``n_heads``, ``n_kv_heads``, ``head_dim``, ``sliding_window`` and ``attention_chunk_size`` describe the
     geometry; the KV cache stores ``n_kv_heads`` heads in :attr:`attention_span` slots (a ring) or all of them.
     ``sinks`` is the ``[n_heads]`` sink-logit parameter, or ``None``; ``gate_proj`` the output gate's projection
-    (``output_gate``), or ``None``.
+    (``output_gate``), or ``None``. A layer of spec ``kv_sharing`` reads another's keys and values (:class:`KVReader`).
     """
 
     #: parameter roles (:mod:`modkit.core.roles`): the projections are ``nn.Linear`` (hidden, bias) and a QK-norm declares
@@ -343,7 +343,9 @@ class Attention(nn.Module):
 
     def cache_spec(self) -> CacheSpec:
         """Keys and values ``[batch, n_kv_heads, slots, head_dim]`` each; a ring of ``attention_span`` slots (the
-        sliding window or the attention chunk) when set."""
+        sliding window or the attention chunk) when set. Nothing when it reads another layer's (:meth:`read_kv_from`)."""
+        if self.reads_kv:
+            return CacheSpec((), self.attention_span)
         if self.v_head_dim == self.head_dim:
             return CacheSpec.kv(self.n_kv_heads, self.head_dim, self.attention_span)
         k, v = ((name, (self.n_kv_heads, w)) for name, w in (("k", self.head_dim), ("v", self.v_head_dim)))
@@ -351,11 +353,9 @@ class Attention(nn.Module):
 
     def head_layout(self) -> dict[str, tuple[int, int]]:
         """``{projection: (heads, width per head)}`` of the projections whose outputs split into heads."""
-        layout = {
-            "q_proj": (self.n_heads, self.head_dim),
-            "k_proj": (self.n_kv_heads, self.head_dim),
-            "v_proj": (self.n_kv_heads, self.v_head_dim),
-        }
+        layout = {"q_proj": (self.n_heads, self.head_dim)}
+        if not self.reads_kv:
+            layout.update(k_proj=(self.n_kv_heads, self.head_dim), v_proj=(self.n_kv_heads, self.v_head_dim))
         if self.gate_proj is not None:
             layout["gate_proj"] = (self.n_heads, self.v_head_dim)
         return layout
@@ -368,29 +368,34 @@ class Attention(nn.Module):
             merged = merged * torch.sigmoid(self.gate_proj(x))
         return self.o_proj(merged)
 
-    def _project(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    def _project(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """Rotated q, k and v ``[batch, heads, seq, head_dim]``; k and v ``None`` for a reader (:meth:`read_kv_from`)."""
+        own = not self.reads_kv  # a reader's stand-in keys are its queries (with q's norm), dropped at the end
+        k_norm = self.k_norm if own else self.q_norm
+        q, k, v = self.q_proj(x), self.k_proj(x) if own else None, self.v_proj(x) if own else None
         if self.clip_qkv is not None:  # DBRX: the fused projection's output clamped
-            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) if t is not None else None for t in (q, k, v))
+        k = k if own else q
         if self.q_norm is not None and self.qk_norm_scope == "full":
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q), k_norm(k)
         b, s, _ = x.shape  # [b, s, h·d] -> [b, h, s, d] (plain views: einops costs ~20 µs a call in a decode step)
         q = q.view(b, s, self.n_heads, self.head_dim)
-        k = k.view(b, s, self.n_kv_heads, self.head_dim)
+        k = k.view(b, s, self.n_kv_heads if own else self.n_heads, self.head_dim)
         if (
             self.q_norm is not None and self.qk_norm_scope == "each_head"
         ):  # per-head weights [heads, d] on [b, s, heads, d]
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q), k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.view(b, s, self.n_kv_heads, self.v_head_dim).transpose(1, 2)
-        if self.value_scale != 1.0:  # MiMo-V2-Flash: the values (and so the cached values) scaled
+        v = v.view(b, s, self.n_kv_heads, self.v_head_dim).transpose(1, 2) if own else None
+        if own and self.value_scale != 1.0:  # MiMo-V2-Flash: the values (and so the cached values) scaled
             v = v * self.value_scale
         if self.q_norm is not None and self.qk_norm_scope == "head" and not self.qk_norm_after:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q), k_norm(k)
         if inputs.position is not None:
             q, k = inputs.position.rotate(q, k, inputs.positions)
         if self.q_norm is not None and self.qk_norm_after:  # Hunyuan: normalise the rotated heads
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q), k_norm(k)
+        k = k if own else None
         if self.floor_scale is not None:
             q = self._tune_temperature(q, inputs.positions)
         return q, k, v
@@ -407,9 +412,7 @@ class Attention(nn.Module):
     def _attend(self, x: Tensor, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         q, k, v = self._project(x, inputs)
         dropout_p = self.attention_dropout if self.training else 0.0
-        k, v, k_pos, k_valid = update_cache(
-            inputs, k, v, mixer=self
-        )  # store the new keys; attend over every key handed back
+        k, v, k_pos, k_valid = self.keys_values(inputs, k, v)  # stored; every key handed back (or a source's)
         bias = position_bias(inputs, k_pos, self.n_heads)
         simple = (
             self.causal
@@ -568,6 +571,7 @@ def register_components(register) -> None:
                     "returns_weights": True,
                     "attention_dropout": True,
                     "document_mask": True,  # prepare_mask keeps each query inside its document
+                    "kv_share": True,  # may read another layer's keys and values (KVReader.read_kv_from)
                     # sequence sharded over ranks: update_cache all-gathers every rank's keys and values
                     "context_parallel": "allgather_kv",
                     # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads, and the

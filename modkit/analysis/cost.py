@@ -53,6 +53,7 @@ from modkit.nn.build import kv_cache_bytes_per_token as _kv_bytes_per_token
 from modkit.analysis.hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS  # noqa: F401  (re-exported: the roofline defaults)
 from modkit.core.registry import Component, Registry, get_registry
 from modkit.spec import ModelSpec, load_spec, spec_model
+from modkit.nn.sharing import sharing_flops
 from .activations import _FIT_CACHE, _saved_bytes, _saved_fit  # noqa: F401  (re-exported: they lived here)
 from .flop_counting import (  # noqa: F401  (re-exported: they lived here)
     _grouped_mm_flops,
@@ -237,6 +238,8 @@ class CostModel:
         """FLOPs of one forward on ``work`` by layer (``None``: model-level parts) and ``"kind.part"``.
 
         The head is ``{"head.proj": 2 · tokens · d_model · vocab_size}`` under ``None``; embedding lookups cost 0.
+        Sharing across layers (:func:`modkit.nn.sharing.sharing_flops`): a layer reading another's keys and values
+        runs no key/value projections, a per-use adapter adds ``adapter.lora``.
 
         Raises:
             CostError: a component declares no FLOPs or returns a malformed declaration.
@@ -251,6 +254,7 @@ class CostModel:
                 key = f"{u.entry.kind}.{part}"
                 bucket[key] = bucket.get(key, 0) + u.calls * n
         out.setdefault(None, {})["head.proj"] = self._head(work)
+        sharing_flops(self.model, out, work.tokens)  # readers of another layer's keys; per-use adapters
         return out
 
     def flops(self, work: Workload) -> dict[str, int]:

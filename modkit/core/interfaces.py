@@ -144,6 +144,9 @@ class AttentionInputs:
         token_ids: ``[batch, seq]`` int64 ids of the tokens of ``x`` (the model's ``input_ids``; under context
             parallelism this rank's slice), for components that route by token id (a hash router); ``None`` when
             the caller gave none.
+        shared_kv: in a model where layers read an earlier layer's keys and values (spec ``kv_sharing``), the dict
+            of one forward where a source layer leaves what it attends over (:func:`~modkit.nn.attention.update_cache`)
+            and its readers find it (:func:`~modkit.nn.attention.shared_kv`); ``None``: no sharing.
     """
 
     positions: Tensor
@@ -154,6 +157,7 @@ class AttentionInputs:
     scratch: Optional[dict] = None
     sequence: Optional[Any] = None
     token_ids: Optional[Tensor] = None
+    shared_kv: Optional[dict] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""
@@ -237,11 +241,20 @@ class Init:
         #: ``{id(parameter): factor}`` on the std (and the bounds of a uniform) of that parameter's random init;
         #: :meth:`Model.init_weights` fills it under μP from the parameters' roles (:mod:`modkit.core.parametrization`)
         self.scales: dict[int, float] = {}
+        #: ``id`` s of tensors written at most once: a parameter that several modules hold (a block shared across
+        #: layers, :mod:`modkit.nn.sharing`) keeps the values its first module in module order gave it
+        self.once: set[int] = set()
+
+    def _written(self, t: Tensor) -> bool:
+        """Whether ``t`` is written at most once and was written already (every fill then leaves it as it is)."""
+        return id(t) in self.once and id(t) in self.seen
 
     @torch.no_grad()
     def normal_(self, t: Tensor, std: Optional[float] = None, mean: float = 0.0) -> Tensor:
         """Fill ``t`` with N(mean, (std · s)²): ``std`` defaults to the spec's ``init_std``; ``s`` is the
         parametrization's factor for ``t`` (1 under standard parametrization)."""
+        if self._written(t):
+            return t
         scale = (self.std if std is None else std) * self.scales.get(id(t), 1.0)
         v = torch.randn(t.shape, generator=self.generator, dtype=torch.float32) * scale + mean
         return self.copy_(t, v)
@@ -249,6 +262,8 @@ class Init:
     @torch.no_grad()
     def uniform_(self, t: Tensor, a: float, b: float) -> Tensor:
         """Fill ``t`` with U(a · s, b · s) (``s`` as in :meth:`normal_`)."""
+        if self._written(t):
+            return t
         s = self.scales.get(id(t), 1.0)
         a, b = a * s, b * s
         v = torch.rand(t.shape, generator=self.generator, dtype=torch.float32) * (b - a) + a
@@ -257,6 +272,8 @@ class Init:
     @torch.no_grad()
     def constant_(self, t: Tensor, value: float) -> Tensor:
         """Fill ``t`` with ``value``."""
+        if self._written(t):
+            return t
         self.seen.add(id(t))
         return t.fill_(value)
 
@@ -271,6 +288,8 @@ class Init:
     @torch.no_grad()
     def copy_(self, t: Tensor, value: Tensor) -> Tensor:
         """Copy ``value`` (computed anywhere, e.g. a RoPE table) into ``t``."""
+        if self._written(t):
+            return t
         self.seen.add(id(t))
         return t.copy_(value.to(device=t.device, dtype=t.dtype))
 

@@ -66,6 +66,9 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "the block is its FFN alone (the 'none' mixer; Nemotron-H's MLP and mixture layers)",
         "selects_keys": "an attention whose queries see only a selected subset of the keys the mask lets through (an "
         "indexer's top-k: sparse attention); the contract kit fills tiny models with attentions that see every key",
+        "kv_share": "an attention whose keys and values another layer may read, and which may read another layer's "
+        "instead of computing its own (spec 'kv_sharing'; its module has read_kv_from(source), e.g. through "
+        "modkit.plugin.KVReader): a mixer without it is refused as a reader or a source",
         "streams": "a placement that reads its block input from a residual stream of several copies and writes its "
         "sublayers' outputs back through the stream's connections (BuildContext.extra['stream']; spec 'stream', "
         "hyper-connections); without it a placement is refused with a wide stream",

@@ -53,6 +53,7 @@ __all__ = [
     "masked_softmax",
     "position_bias",
     "prepare_mask",
+    "shared_kv",
     "update_cache",
     "update_cache_entries",
 ]
@@ -160,13 +161,44 @@ def update_cache(
     if inputs.cache is None:
         seq = inputs.sequence
         if seq is not None:  # context parallelism: this rank's queries attend to the whole sequence's keys
-            return seq.gather(k, 2), seq.gather(v, 2), seq.key_positions, seq.key_mask
-        return k, v, inputs.positions, inputs.token_mask
+            out = seq.gather(k, 2), seq.gather(v, 2), seq.key_positions, seq.key_mask
+        else:
+            out = k, v, inputs.positions, inputs.token_mask
+        return _publish(inputs, mixer, out)
     cache = inputs.cache.state(mixer)  # with one mixer in the layer, its state whatever `mixer` is
     k_all, v_all, k_pos, k_valid = cache.update(k, v, inputs.positions, inputs.token_mask)
     if k_all.dtype != k.dtype:  # a cache made in another dtype than the model
         k_all, v_all = k_all.to(k.dtype), v_all.to(v.dtype)
-    return k_all, v_all, k_pos, k_valid
+    return _publish(inputs, mixer, (k_all, v_all, k_pos, k_valid))
+
+
+def _publish(inputs: AttentionInputs, mixer: Optional[nn.Module], out: tuple) -> tuple:
+    """Leave ``out`` (what the new queries attend over) in ``inputs.shared_kv`` when ``mixer`` is the source of
+    layers that read its keys and values (spec ``kv_sharing``, :mod:`modkit.nn.sharing`); returns ``out``."""
+    source = getattr(mixer, "modkit_kv_publish", None)
+    if source is not None and inputs.shared_kv is not None:
+        inputs.shared_kv[source] = out
+    return out
+
+
+def shared_kv(inputs: AttentionInputs, mixer: nn.Module) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """The keys and values a reader layer attends over (spec ``kv_sharing``): what its source layer's
+    :func:`update_cache` returned in this forward, ``(k_all, v_all, k_pos, k_valid)`` as there (its cache's whole
+    content with a cache, so prefill and decode read what the source reads). Gemma 3n's
+    ``num_kv_shared_layers``, transformers ``Gemma3nTextAttention``; YOCO (arXiv:2405.05254).
+
+    Raises:
+        RuntimeError: the source layer has not run in this forward (a reader called on its own, outside
+            :meth:`modkit.Model.forward`).
+    """
+    source = mixer.modkit_kv_source
+    found = inputs.shared_kv.get(source) if inputs.shared_kv is not None else None
+    if found is None:
+        raise RuntimeError(
+            f"this attention reads the keys and values of layer {source} (spec kv_sharing), which did not run before "
+            "it in this forward; run it inside the model's forward"
+        )
+    return found
 
 
 def update_cache_entries(

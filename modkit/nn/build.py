@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 from modkit.core.arguments import MAX_SEED, check_int
 from modkit.core.interfaces import BuildContext
 from modkit.nn.model import Model
+from modkit.nn.sharing import share_blocks, share_kv, tie_shared
 from modkit.core.registry import Registry, get_registry
 from modkit.spec import ModelSpec, iter_configs, load_spec, position_geometry, spec_model
 
@@ -154,6 +155,7 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
     for ls, heads in zip(layer_specs, geometries):
         if heads is not None:
             by_config.setdefault(ls.position.model_dump_json(), heads)
+    kv_sources = share_kv(spec, [mixer for _, mixer, _ in mixers]) if spec.kv_sharing else {}
     first_heads = next((h for h in geometries if h is not None), (None, None))
     for ls, heads, (ctx, mixer, ffn) in zip(layer_specs, geometries, mixers):
         heads = heads if heads is not None else by_config.get(ls.position.model_dump_json(), (None, None))
@@ -184,8 +186,12 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
     embed.modkit_kind = "embedding"
     embedding_norm = base.build(spec.embedding_norm) if spec.embedding_norm is not None else None
     final_norm = base.build(spec.final_norm) if spec.final_norm is not None else None
+    shared = share_blocks(spec, blocks) if spec.share else {}  # per-use adapters; {owner: [other uses]}
     model = Model(spec, embed, positions, layer_position, nn.ModuleList(blocks), embedding_norm, final_norm, windows)
     model.stream = stream
+    model.kv_sources = kv_sources
+    model.shared_blocks = shared
+    tie_shared(model)  # the uses of a shared block hold its owner's tensors (modkit.nn.sharing)
     if spec.mtp is not None:
         model.mtp = _mtp_modules(spec, base, layer_specs[-1])
     return model
@@ -264,6 +270,7 @@ def build(
             hint="use a smaller spec or dtype, or build on meta to inspect it",
         )
     to_empty_poisoned(model, target)
+    tie_shared(model)  # to_empty gave every module its own tensors: the uses of a shared block hold the owner's again
     model.init_weights(seed)
     return model
 
@@ -415,10 +422,15 @@ def kv_cache_bytes(
 
 
 def active_params_per_token(spec_or_model: Any, *, registry: Optional[Registry] = None) -> int:
-    """Parameters used per token: total minus what sparse modules skip (``inactive_params_per_token()``)."""
+    """Parameters used per token: total minus what sparse modules skip (``inactive_params_per_token()``; a block
+    shared across layers counts what one use skips, once)."""
     model = _model(spec_or_model, registry)
     inactive = 0
+    # a shared block's uses hold one set of parameters (spec 'share'): what one use skips counts once
+    copies = {id(m) for u in getattr(model, "shared_blocks", {}).values() for i in u for m in model.layers[i].modules()}
     for module in model.modules():
+        if id(module) in copies:
+            continue
         fn = getattr(module, "inactive_params_per_token", None)
         if callable(fn):
             inactive += int(fn())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 import torch
@@ -187,6 +187,11 @@ class Model(nn.Module):
         self.stream: Optional[nn.Module] = None
         #: the modules of multi-token prediction (:mod:`modkit.nn.mtp`; spec ``mtp``), set by the build; ``None``
         self.mtp: Optional[nn.ModuleList] = None
+        #: blocks shared across layers (spec ``share``, :mod:`modkit.nn.sharing`): ``{owner layer: [other layers]}``,
+        #: set by the build; the other layers' blocks hold the owner's parameters and buffers
+        self.shared_blocks: dict[int, list[int]] = {}
+        #: layers reading an earlier layer's keys and values (spec ``kv_sharing``): ``{reader: source}``
+        self.kv_sources: dict[int, int] = {}
         #: per layer, the paths (inside the block) of its token mixers: modules that declare ``cache_spec()``, or
         #: attentions exposing ``n_kv_heads`` / ``head_dim`` (keys and values); each is tagged ``modkit_cache_key``
         self.mixer_paths = [_mixers(block) for block in layers]
@@ -196,6 +201,9 @@ class Model(nn.Module):
         elif spec.lm_head_bias:
             self.lm_head_bias = nn.Parameter(torch.empty(spec.vocab_size))
         self._register_load_state_dict_pre_hook(self._check_tied_head)
+        self._register_state_dict_hook(self._drop_shared_copies)
+        self._register_load_state_dict_pre_hook(self._fill_shared_copies)
+        self.register_load_state_dict_post_hook(self._retie_shared)
         from modkit.core.parametrization import output_multiplier
 
         self._output_multiplier = output_multiplier(spec)  # None under standard parametrization
@@ -232,6 +240,24 @@ class Model(nn.Module):
             )
         del state_dict[key]
 
+    def _drop_shared_copies(self, module, state_dict, prefix, local_metadata) -> None:
+        """``state_dict`` holds a shared block's tensors once, under the owner layer's names (:mod:`modkit.nn.sharing`)."""
+        from modkit.nn.sharing import drop_copies
+
+        drop_copies(self, state_dict, prefix)
+
+    def _fill_shared_copies(self, state_dict, prefix, *args, **kwargs) -> None:
+        """Loading gives the other uses of a shared block the owner's tensors (refusing copies that differ)."""
+        from modkit.nn.sharing import fill_copies
+
+        fill_copies(self, state_dict, prefix)
+
+    def _retie_shared(self, module, incompatible_keys) -> None:
+        """After loading (``assign=True`` gives each name its own parameter), the uses hold the owner's tensors again."""
+        from modkit.nn.sharing import tie_shared
+
+        tie_shared(self)
+
     @torch.no_grad()
     def init_weights(self, seed: int = 0, *, init: Optional[Init] = None) -> None:
         """(Re)initialise every parameter and buffer deterministically from ``seed``.
@@ -258,6 +284,8 @@ class Model(nn.Module):
 
             params = dict(self.named_parameters())
             init.scales.update({id(params[n]): f for n, f in init_scales(self.spec, param_roles(self)).items()})
+        for owner in self.shared_blocks:  # a shared block's tensors keep the values its owner layer draws
+            init.once.update(id(t) for t in (*self.layers[owner].parameters(), *self.layers[owner].buffers()))
         if self.spec.lm_head_bias and self.spec.tie_embeddings:
             init.zeros_(self.lm_head_bias)
         init_modules(self, init, skip_root=True)
@@ -435,6 +463,8 @@ class Model(nn.Module):
         auxiliary losses the blocks return (MoE), ``None`` when none does.
         """
         aux = None
+        if self.kv_sources:  # where source layers leave their keys and values for their readers (spec kv_sharing)
+            inputs = replace(inputs, shared_kv={})
         for i, block in enumerate(self.layers):
             layer_cache = cache.layers[i] if cache is not None else None
             x, layer_aux = block(x, inputs.for_layer(self.positions[self.layer_position[i]], layer_cache))

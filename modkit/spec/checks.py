@@ -14,6 +14,7 @@ from modkit.core.config import ComponentConfig
 from modkit.core.registry import Registry
 from modkit.core.validation import extend_path
 from modkit.spec.geometry import _geometry_errors, _position_uses
+from modkit.spec.sharing import sharing_errors
 from modkit.spec.models import LayerOverride, ModelSpec, SpecContext, slot_path
 
 
@@ -115,6 +116,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
     for name in ("embedding_norm", "final_norm", "stream"):
         visit(getattr(spec, name), name)
     errors.extend(_stream_errors(spec, registry))
+    errors.extend(sharing_errors(spec, registry))
     for i, o in enumerate(spec.overrides):
         errors.extend(_layer_selection_errors(o, f"overrides[{i}]", spec.n_layers))
         for slot in ("attention", "ffn", "norm", "placement"):

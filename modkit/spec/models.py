@@ -99,6 +99,67 @@ class MTPSpec(_Strict):
     )
 
 
+class AdapterSpec(_Strict):
+    """A per-use low-rank adapter (LoRA, Hu et al. 2021, arXiv:2106.09685) on the linear layers of a shared block:
+    each use ``u`` computes ``W x + b + scale · B_u (A_u x)`` with its own ``A_u [rank, in]`` and ``B_u [out, rank]``
+    (``B_u`` starts at 0, so every use starts as the shared block), as Zamba2 gives each use of its shared block."""
+
+    rank: Annotated[int, Field(ge=1, le=65536)] = Field(..., description="rank r of A [r, in] and B [out, r]")
+    alpha: Optional[Annotated[float, Field(gt=0, le=MAX_MULTIPLIER)]] = Field(
+        None, description="scale = alpha / rank (PEFT's lora_alpha); null: scale 1 (Zamba2's adapters)"
+    )
+    targets: Optional[Annotated[list[str], Field(min_length=1, max_length=64)]] = Field(
+        None,
+        description="names of the block's linear layers to adapt (their last path component: 'q_proj', 'w1'); "
+        "null: every linear layer of the block",
+    )
+
+    @property
+    def scale(self) -> float:
+        """The adapter's multiplier: ``alpha / rank``, or 1."""
+        return 1.0 if self.alpha is None else self.alpha / self.rank
+
+
+LayerSelection = Union[Annotated[list[LayerIndex], Field(min_length=1, max_length=MAX_LAYERS)], LayerRange]
+
+
+def _select(layers: LayerSelection, n_layers: int) -> list[int]:
+    return layers.indices(n_layers) if isinstance(layers, LayerRange) else list(layers)
+
+
+class BlockShare(_Strict):
+    """One block's parameters used at several depths (Zamba2's shared attention block; Universal Transformers,
+    Dehghani et al. 2018, arXiv:1807.03819; ALBERT's cross-layer sharing, arXiv:1909.11942).
+
+    The first (lowest) layer listed owns the parameters; every other listed layer runs the same block with the same
+    tensors (one parameter each, counted once, gradients summed over the uses), and keeps its own cache entries.
+    The listed layers must have the same components (after overrides)."""
+
+    layers: LayerSelection = Field(
+        ..., description="the layers that run one block, at least two (0-based; a list or a range); the first owns it"
+    )
+    adapter: Optional[AdapterSpec] = Field(
+        None, description="a low-rank adapter per use on the block's linear layers (Zamba2); null: none"
+    )
+
+    def indices(self, n_layers: int) -> list[int]:
+        """The sharing layers, ascending."""
+        return sorted(set(_select(self.layers, n_layers)))
+
+
+class KVShare(_Strict):
+    """Layers whose attention reads the keys and values an earlier layer computed instead of computing their own
+    (Gemma 3n's ``num_kv_shared_layers``; YOCO, Sun et al. 2024, arXiv:2405.05254): they keep no cache of their own
+    and have no key/value projections; the source's cache is read in prefill and decode."""
+
+    layers: LayerSelection = Field(..., description="the reading layers (0-based; a list or a range)")
+    source: LayerIndex = Field(..., description="the layer whose keys and values they read; before every reader")
+
+    def indices(self, n_layers: int) -> list[int]:
+        """The reading layers, ascending."""
+        return sorted(set(_select(self.layers, n_layers)))
+
+
 #: the two names of the token-mixing slot of a block or an override: ``mixer`` (any token mixer) and ``attention``
 #: (the name specs used before recurrent mixers existed); both hold the same slot, stored as ``attention``
 MIXER_KEYS = ("mixer", "attention")
@@ -269,6 +330,18 @@ class ModelSpec(_Strict):
         description='multi-token prediction: {"depth": D} extra modules trained beside the next-token head '
         "(DeepSeek-V3); null: none",
     )
+    share: list[BlockShare] = Field(
+        default_factory=list,
+        max_length=MAX_LAYERS,
+        description='blocks whose parameters serve several layers: [{"layers": [2, 5, 8], "adapter": {"rank": 8}}] '
+        "(the first layer listed owns them; Zamba2, Universal Transformers); empty: every layer its own",
+    )
+    kv_sharing: list[KVShare] = Field(
+        default_factory=list,
+        max_length=MAX_LAYERS,
+        description='layers whose attention reads an earlier layer\'s keys and values: [{"layers": [6, 7], '
+        '"source": 5}] (Gemma 3n, YOCO); empty: every layer computes its own',
+    )
     init_std: float = Field(
         0.02,
         gt=0,
@@ -340,6 +413,9 @@ class ModelSpec(_Strict):
             data.pop("stream", None)
         if data.get("mtp") is None:  # no extra heads: the spec as it was written before multi-token prediction
             data.pop("mtp", None)
+        for name in ("share", "kv_sharing"):  # no sharing: the spec as it was written before sharing existed
+            if not data.get(name):
+                data.pop(name, None)
         if data.get("parametrization") is None:  # standard parametrization: the spec as it was written before muP
             data.pop("parametrization", None)
         return data

@@ -41,7 +41,7 @@ from .checkpointing import CheckpointMixin
 from .config import DEFAULT_MODEL, TrainConfig, schedule_warning
 from .errors import TrainError
 from .evaluate import EvalMixin
-from .step import check_mtp_config
+from .step import check_mtp_config, check_sharing_config
 from .optim import build_optimizer
 from .pipelined import StageView, build_trainer_pipeline, check_pipeline_config, check_pipeline_model
 from .processes import Processes, init_processes  # noqa: F401 - Processes: re-exported
@@ -228,6 +228,7 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
         self.separators = self.data.separators
         check_pipeline_config(c, self.spec)  # before the run folder is written
         check_mtp_config(c, self.spec)
+        check_sharing_config(c, self.spec, self.procs.world)
         if c.document_mask:
             check_document_mask(self.spec, self.data)
         self.history: list[dict] = []

@@ -54,6 +54,28 @@ def check_mtp_config(config, spec) -> None:
         )
 
 
+def check_sharing_config(config, spec, world: int) -> None:
+    """Refuse, before the run folder is written, sharing across layers (spec ``share``, ``kv_sharing``) under a
+    layout it does not run in yet: a shared block's parameters sit in several layers, which FSDP2 and tensor
+    parallelism shard layer by layer, so it trains in one process; a layer reading another's keys and values needs
+    that layer on its own pipeline stage, so ``kv_sharing`` is refused with ``pp`` > 1.
+
+    Raises:
+        TrainError: naming the setting and the way out.
+    """
+    if getattr(spec, "share", None) and world > 1:
+        raise TrainError(
+            f"the spec shares blocks across layers (share: {len(spec.share)} group(s)), which trains in one process "
+            f"only (FSDP2 and tensor parallelism shard each layer's parameters apart), not with {world} processes: "
+            "run without torchrun, or drop 'share'"
+        )
+    if getattr(spec, "kv_sharing", None) and config.pp > 1:
+        raise TrainError(
+            f"the spec's kv_sharing has layers reading an earlier layer's keys and values, which pp = {config.pp} "
+            "may put on another pipeline stage: set pp = 1, or drop 'kv_sharing'"
+        )
+
+
 class StepMixin:
     """The step methods of :class:`modkit.train.loop.Trainer`: they read the attributes its ``setup`` sets
     (``config``, ``device``, ``procs``, ``model``, ``forward``, ``optimizer``, ``scaler``, ``sampler``, ``params``,

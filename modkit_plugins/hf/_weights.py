@@ -319,7 +319,8 @@ def _normalised(cfg: Any) -> Any:
 def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
     """``(path, value in spec, value in other)`` for every difference that changes the network.
 
-    Compared: sizes, head and embedding fields, init std, and every layer's resolved components (so two specs
+    Compared: sizes, head and embedding fields, init std, sharing across layers (``share``, ``kv_sharing``), and
+    every layer's resolved components (so two specs
     that express the same layers with different override lists are equal). Name, description, metadata and the
     RoPE layout are not compared.
     """
@@ -337,6 +338,10 @@ def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
         "init_std",
     ):
         a, b = getattr(spec, key), getattr(other, key)
+        if a != b:
+            diffs.append((key, a, b))
+    for key in ("share", "kv_sharing"):  # sharing across layers changes the parameters and the cache
+        a, b = ([g.model_dump() for g in getattr(s, key, ())] for s in (spec, other))
         if a != b:
             diffs.append((key, a, b))
     for key in ("embedding_norm", "final_norm"):
