@@ -81,7 +81,7 @@ def cases(quick: bool):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="two specs, one size")
     ap.add_argument("--out", default=None, help="write the markdown table here")
     args = ap.parse_args()

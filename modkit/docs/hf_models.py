@@ -155,13 +155,16 @@ def _summary_section(info: _Types) -> list[str]:
             )
         )
     header = ("model type", "token mixer", "ffn", "norm", "placement", "position", "weights", "gallery", "derives from")
-    parts = [_table(header, rows), ""]
-    parts += [
-        "*weights*: the converter also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf "
-        "FOLDER` brings the weights along and `modkit convert modkit --to hf` writes a folder transformers "
-        "loads.",
-        "",
-    ]
+    what = (
+        "also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf FOLDER` brings the weights "
+        "along and `modkit convert modkit --to hf` writes a folder transformers loads."
+    )
+    if all(row[6] == "yes" for row in rows if row[6] != "–"):  # a column of one value only widens the table
+        header = header[:6] + header[7:]
+        rows = [row[:6] + row[7:] for row in rows]
+        parts = [_table(header, rows), "", "Every converter listed " + what, ""]
+    else:
+        parts = [_table(header, rows), "", "*weights*: the converter " + what, ""]
     supports = [
         (f"[`{t}`](#{t})", _cell(", ".join(described[t]["supports"])))
         for t in info.types

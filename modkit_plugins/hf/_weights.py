@@ -319,8 +319,8 @@ def _normalised(cfg: Any) -> Any:
 def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
     """``(path, value in spec, value in other)`` for every difference that changes the network.
 
-    Compared: sizes, head and embedding fields, init std, sharing across layers (``share``, ``kv_sharing``), and
-    every layer's resolved components (so two specs
+    Compared: sizes, head and embedding fields, init std, sharing across layers (``share``, ``kv_sharing``), the
+    residual ``stream`` and multi-token prediction (``mtp``), and every layer's resolved components (so two specs
     that express the same layers with different override lists are equal). Name, description, metadata and the
     RoPE layout are not compared.
     """
@@ -344,8 +344,11 @@ def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
         a, b = ([g.model_dump() for g in getattr(s, key, ())] for s in (spec, other))
         if a != b:
             diffs.append((key, a, b))
-    for key in ("embedding_norm", "final_norm"):
-        a, b = _normalised(getattr(spec, key)), _normalised(getattr(other, key))
+    a, b = (getattr(s, "mtp", None) for s in (spec, other))  # extra modules a type without them would drop
+    if (a and a.model_dump()) != (b and b.model_dump()):
+        diffs.append(("mtp", a and a.model_dump(), b and b.model_dump()))
+    for key in ("embedding_norm", "final_norm", "stream"):
+        a, b = _normalised(getattr(spec, key, None)), _normalised(getattr(other, key, None))
         if a != b:
             diffs.append((key, a, b))
     if spec.position.type in ("learned", "sinusoidal") or other.position.type in ("learned", "sinusoidal"):

@@ -155,3 +155,16 @@ def test_layouts_the_modules_do_not_run_under_are_refused_before_the_run(data_di
         trainer(data_dir, tmp_path / "d", spec, document_mask=True)
     with pytest.raises(TrainError, match="seq_len = 1 leaves no position"):
         trainer(data_dir, tmp_path / "s", spec, seq_len=1)
+
+
+@pytest.mark.parametrize("extra", [{"mtp": {"depth": 1}}, {"stream": {"type": "mhc", "n_streams": 2}}])
+def test_no_hugging_face_type_is_said_to_express_mtp_or_a_wide_stream(extra, tmp_path):
+    """An export would drop the extra modules (or the stream's connections): the type-fitting refuses by name."""
+    from modkit.core.errors import CheckpointError
+
+    model = modkit.build({**tiny_spec(), **extra}, device="meta")
+    key = next(iter(extra))
+    with pytest.raises(CheckpointError, match=f"do not map: {key} "):
+        modkit.to_hf(model, tmp_path / "auto")
+    with pytest.raises(CheckpointError, match=f"{key}: spec has"):
+        modkit.to_hf(model, tmp_path / "llama", model_type="llama")

@@ -302,7 +302,14 @@ def test_every_shipped_spec_has_a_plan_for_all_its_weights(path):
             return
     # stated exceptions, not sharded yet: they stay whole on every rank (the same numbers, no memory saved) and the
     # plan says why: grouped experts with an output bias (gpt-oss) and the recurrent mixers (no tp_plan declared)
-    unsharded_mixers = ("mixer/mamba2 ", "mixer/gated_deltanet ", "mixer/mamba ", "mixer/short_conv ")
+    unsharded_mixers = (
+        "mixer/mamba2 ",
+        "mixer/gated_deltanet ",
+        "mixer/kimi_delta ",
+        "mixer/lightning_attention ",
+        "mixer/mamba ",
+        "mixer/short_conv ",
+    )
     assert not [
         w
         for w in caught
