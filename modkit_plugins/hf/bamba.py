@@ -128,6 +128,8 @@ def read_layers(r: HFConfig, f: dict) -> None:
     f["mixers"] = [None if idxs and i in idxs else mixer for i in range(n)]
     if all(m is not None for m in f["mixers"]):  # no attention: no queries or keys for the RoPE
         f["position"] = {"type": "none"}
+    elif f.get("position", {}).get("type") == "rope":  # BambaConfig.__post_init__: half of each head, whatever the
+        f["position"] = {**f["position"], "partial_rotary": 0.5}  # config says (so a spec rotating more is refused)
 
 
 def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> None:

@@ -319,6 +319,9 @@ def test_each_document_of_a_packed_row_equals_the_document_alone(entry):
                 worst = max(worst, _scaled(packed[r, start:end], alone))
         assert worst <= 1e-5, worst
         leak = _err(model(x).logits[:2, 8:], packed[:2, 8:])  # without documents the later ones see the earlier
-        assert leak > 1e-2, leak
+        if entry.capabilities.get("absent"):  # a mixer that stands for none mixes no tokens: nothing to leak
+            assert leak == 0.0, leak
+        else:
+            assert leak > 1e-2, leak
         one = model(x, documents=torch.zeros_like(x)).logits  # one document: the numbers of no documents
         assert _scaled(one, model(x).logits) <= 1e-5
