@@ -66,7 +66,16 @@ from modkit.plugin import (
     prepare_mask,
 )
 
-from .mla import MLA, MLAConfig, _flops as _mla_flops, _KeyMask, _norm_params, _param_count as _mla_params
+from .mla import (
+    EXAMPLE as MLA_EXAMPLE,
+    MLA,
+    MLAConfig,
+    TP_PLAN as MLA_TP_PLAN,
+    _flops as _mla_flops,
+    _KeyMask,
+    _norm_params,
+    _param_count as _mla_params,
+)
 
 
 class DSAConfig(MLAConfig):
@@ -324,17 +333,7 @@ def dsa_component() -> Component:
             "attention_dropout": True,
             # MLA's plan (heads sharded, the latent path replicated); the indexer reads the replicated input and query
             # latent, so it is replicated too and every rank selects the same keys for its heads
-            "tp_plan": {
-                "q_proj": "colwise",
-                "q_a_proj": "replicate",
-                "q_a_layernorm": "replicate",
-                "q_b_proj": "colwise",
-                "kv_a_proj_with_mqa": "replicate",
-                "kv_a_layernorm": "replicate",
-                "kv_b_proj": "colwise",
-                "o_proj": "rowwise",
-                "indexer": "replicate",
-            },
+            "tp_plan": {**MLA_TP_PLAN, "indexer": "replicate"},
             # the dense attention this one selects from: the type of the same kind with the fields both have
             # (modkit cost compares the two)
             "selects_from": "mla",
@@ -342,14 +341,8 @@ def dsa_component() -> Component:
         param_count=_param_count,
         flops=_flops,
         example={
+            **MLA_EXAMPLE,
             "type": "dsa",
-            "n_heads": 4,
-            "q_lora_rank": 24,
-            "kv_lora_rank": 16,
-            "qk_nope_head_dim": 8,
-            "qk_rope_head_dim": 4,
-            "v_head_dim": 6,
-            "latent_norm": {"type": "rmsnorm", "eps": 1e-6},
             "index_n_heads": 2,
             "index_head_dim": 8,
             "index_topk": 3,

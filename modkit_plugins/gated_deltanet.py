@@ -66,7 +66,30 @@ from modkit.plugin import (
 )
 
 
-class GatedDeltaNetConfig(ComponentConfig):
+class DeltaRuleConfig(ComponentConfig):
+    """The fields every delta-rule mixer shares (``gated_deltanet``, ``kimi_delta``): the short convolution over q, k
+    and v, the range of beta and the gated output norm; no position scheme acts on them."""
+
+    d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over q, k and v")
+    conv_bias: bool = Field(False, description="bias on the convolution (Qwen3-Next, Kimi Linear: none)")
+    allow_neg_eigval: bool = Field(
+        False,
+        description="beta = 2 · sigmoid(b) in (0, 2) instead of sigmoid(b) in (0, 1): the state's transition I - beta "
+        "k kᵀ may have a negative eigenvalue (OLMo Hybrid's linear_allow_neg_eigval, flash-linear-attention's "
+        "allow_neg_eigval); default off",
+    )
+    norm_eps: Epsilon = Field(
+        1e-6,
+        description=f"epsilon of the gated output norm; within [{MIN_EPS:g}, {MAX_EPS:g}] (Qwen3-Next and Kimi "
+        "Linear: 1e-6; a smaller eps is 0 in float32)",
+    )
+
+    def position_geometry(self, ctx):
+        """No position scheme acts here (the convolution and the decays carry the order)."""
+        return None
+
+
+class GatedDeltaNetConfig(DeltaRuleConfig):
     """Config of ``gated_deltanet`` (Qwen3-Next's ``linear_attention`` layers)."""
 
     type: Literal["gated_deltanet"] = "gated_deltanet"
@@ -79,19 +102,6 @@ class GatedDeltaNetConfig(ComponentConfig):
     key_head_dim: HeadDim = Field(128, description="width of a query / key head (linear_key_head_dim)")
     value_head_dim: HeadDim = Field(
         128, description="width of a value head, of the state's columns (linear_value_head_dim)"
-    )
-    d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over q, k and v")
-    conv_bias: bool = Field(False, description="bias on the convolution (Qwen3-Next: none)")
-    allow_neg_eigval: bool = Field(
-        False,
-        description="beta = 2 · sigmoid(b) in (0, 2) instead of sigmoid(b) in (0, 1): the state's transition I - beta "
-        "k kᵀ may have a negative eigenvalue (OLMo Hybrid's linear_allow_neg_eigval, flash-linear-attention's "
-        "allow_neg_eigval); default off",
-    )
-    norm_eps: Epsilon = Field(
-        1e-6,
-        description=f"epsilon of the gated output norm; within [{MIN_EPS:g}, {MAX_EPS:g}] (Qwen3-Next: 1e-6; a smaller "
-        "eps is 0 in float32)",
     )
     chunk_size: int = Field(
         32,
@@ -106,10 +116,6 @@ class GatedDeltaNetConfig(ComponentConfig):
     def value_heads(self) -> int:
         """``n_value_heads``, or ``n_heads``."""
         return self.n_value_heads if self.n_value_heads is not None else self.n_heads
-
-    def position_geometry(self, ctx):
-        """No position scheme acts here (the convolution and the decays carry the order)."""
-        return None
 
     def check(self, ctx) -> list[tuple[str, str]]:
         """``n_heads`` divides ``n_value_heads``."""

@@ -57,24 +57,21 @@ from modkit.plugin import (
     causal_conv,
     chunk_boundaries,
     Component,
-    ComponentConfig,
-    Epsilon,
     GatedRMSNorm,
     HeadCount,
     HeadDim,
     hookimpl,
     document_starts,
-    MAX_EPS,
-    MIN_EPS,
     padding_mask,
     Workload,
     zero_padding,
 )
-from modkit_plugins.gated_deltanet import l2_normalise
+from modkit_plugins.gated_deltanet import DeltaRuleConfig, l2_normalise
 
 
-class KimiDeltaConfig(ComponentConfig):
-    """Config of ``kimi_delta`` (Kimi Linear's ``linear_attention`` layers: Kimi Delta Attention)."""
+class KimiDeltaConfig(DeltaRuleConfig):
+    """Config of ``kimi_delta`` (Kimi Linear's ``linear_attention`` layers: Kimi Delta Attention); the convolution,
+    beta and output-norm fields are Gated DeltaNet's (:class:`~modkit_plugins.gated_deltanet.DeltaRuleConfig`)."""
 
     type: Literal["kimi_delta"] = "kimi_delta"
     n_heads: HeadCount = Field(..., description="query / key / value heads (Kimi Linear's linear_num_heads)")
@@ -84,17 +81,6 @@ class KimiDeltaConfig(ComponentConfig):
         ge=1,
         le=65536,
         description="rank of the low-rank forget-gate and output-gate projections; default head_dim (Kimi Linear)",
-    )
-    d_conv: int = Field(4, ge=2, le=64, description="kernel of the causal depthwise convolution over q, k and v")
-    conv_bias: bool = Field(False, description="bias on the convolution (Kimi Linear: none)")
-    allow_neg_eigval: bool = Field(
-        False,
-        description="beta = 2 · sigmoid(b) in (0, 2) instead of sigmoid(b) in (0, 1): the state's transition may have "
-        "negative eigenvalues (flash-linear-attention's allow_neg_eigval); default off",
-    )
-    norm_eps: Epsilon = Field(
-        1e-6,
-        description=f"epsilon of the gated output norm; within [{MIN_EPS:g}, {MAX_EPS:g}] (Kimi Linear: rms_norm_eps)",
     )
     chunk_size: int = Field(
         16,
@@ -109,10 +95,6 @@ class KimiDeltaConfig(ComponentConfig):
     def rank(self) -> int:
         """``gate_rank``, or ``head_dim``."""
         return self.gate_rank if self.gate_rank is not None else self.head_dim
-
-    def position_geometry(self, ctx):
-        """No position scheme acts here (the convolution and the decays carry the order)."""
-        return None
 
 
 # ----------------------------------------------------------------------------------------------- the two forms

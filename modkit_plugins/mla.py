@@ -438,6 +438,32 @@ $m = 1$ without yarn_mscale), $M_{ij}$ is the causal mask (0 where $j \le i$ and
 The heads' outputs are concatenated and projected by $W_O$."""
 
 
+#: heads sharded (q by head, kv_b by head, o on its input); the latent path reads the replicated input, so its
+#: projections and norms stay whole on every rank (and so does the latent cache)
+TP_PLAN = {
+    "q_proj": "colwise",
+    "q_a_proj": "replicate",
+    "q_a_layernorm": "replicate",
+    "q_b_proj": "colwise",
+    "kv_a_proj_with_mqa": "replicate",
+    "kv_a_layernorm": "replicate",
+    "kv_b_proj": "colwise",
+    "o_proj": "rowwise",
+}
+
+#: the example config of ``mla`` (the tiny models of the contract kit); ``dsa``'s extends it
+EXAMPLE = {
+    "type": "mla",
+    "n_heads": 4,
+    "q_lora_rank": 24,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 6,
+    "latent_norm": {"type": "rmsnorm", "eps": 1e-6},
+}
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``mla``, and ``dsa`` (:mod:`modkit_plugins.dsa`: MLA with an indexer's top-k selection)."""
@@ -466,31 +492,11 @@ def register_components(register) -> None:
                 "compile_safe": True,
                 "returns_weights": True,
                 "attention_dropout": True,
-                # heads sharded (q by head, kv_b by head, o on its input); the latent path reads the replicated
-                # input, so its projections and norms stay whole on every rank (and so does the latent cache)
-                "tp_plan": {
-                    "q_proj": "colwise",
-                    "q_a_proj": "replicate",
-                    "q_a_layernorm": "replicate",
-                    "q_b_proj": "colwise",
-                    "kv_a_proj_with_mqa": "replicate",
-                    "kv_a_layernorm": "replicate",
-                    "kv_b_proj": "colwise",
-                    "o_proj": "rowwise",
-                },
+                "tp_plan": TP_PLAN,
             },
             param_count=_param_count,
             flops=_flops,
-            example={
-                "type": "mla",
-                "n_heads": 4,
-                "q_lora_rank": 24,
-                "kv_lora_rank": 16,
-                "qk_nope_head_dim": 8,
-                "qk_rope_head_dim": 4,
-                "v_head_dim": 6,
-                "latent_norm": {"type": "rmsnorm", "eps": 1e-6},
-            },
+            example=EXAMPLE,
             math=_MATH,
         )
     )
