@@ -47,7 +47,7 @@ class MHCConfig(ComponentConfig):
 
 def _rms(x: Tensor, eps: float) -> Tensor:
     """``x · rsqrt(mean(x²) + eps)`` over the last dimension, without a gain, in ``x``'s dtype (float32 or float64)."""
-    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    return F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def _wide(t: Tensor) -> torch.dtype:
@@ -56,7 +56,9 @@ def _wide(t: Tensor) -> torch.dtype:
 
 
 class HyperConnection(nn.Module):
-    """One sublayer's connection to the streams (see the module docstring): ``read`` and ``write``."""
+    """One sublayer's connection to ``n`` streams of ``d_model``: ``read(s [b, s, n, d]) -> (x [b, s, d], state)``
+    and ``write(s, state, y [b, s, d]) -> s'`` (the formulas in the module docstring; transformers'
+    ``DeepseekV4HyperConnection``). Parameters ``fn [(2 + n) n, n d]``, ``base [(2 + n) n]``, ``scale [3]``."""
 
     def __init__(self, d_model: int, cfg: MHCConfig):
         super().__init__()
@@ -102,7 +104,9 @@ class HyperConnection(nn.Module):
 
 
 class ManifoldHyperConnections(ResidualStream):
-    """The ``mhc`` stream: ``n_streams`` copies; :meth:`exit` is DeepSeek-V4's ``hc_head``."""
+    """The ``mhc`` stream: ``enter`` ``[b, s, d] -> [b, s, n, d]`` (equal copies), ``exit`` ``[b, s, n, d] -> [b, s,
+    d]`` (DeepSeek-V4's ``hc_head``: parameters ``hc_fn [n, n d]``, ``hc_base [n]``, ``hc_scale [1]``), and one
+    :class:`HyperConnection` per sublayer (Zhu et al. 2024, arXiv:2409.19606; transformers ``DeepseekV4HyperHead``)."""
 
     def __init__(self, cfg: MHCConfig, ctx: BuildContext):
         super().__init__()

@@ -170,6 +170,8 @@ class _Block(_Residual):
 
     def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
         super().__init__(cfg, ctx)
+        #: the mixer is 'none' (capability ``absent``): the block is its ffn alone (decided once, not per forward)
+        self.mixer_absent = is_absent(ctx.attention)
         for name in self.parts:
             setattr(self, name, self._part(name, ctx, cfg))
 
@@ -194,7 +196,7 @@ class _Block(_Residual):
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        if not is_absent(self.attention):  # the mixer 'none': the block is its ffn alone
+        if not self.mixer_absent:  # the mixer 'none': the block is its ffn alone
             x, _ = self._sublayer(x, "attn", lambda h: (self.attention(h, inputs), None))
         if self.ffn is None:  # a block that is a mixer alone (Mamba-2)
             return x, None
@@ -211,7 +213,7 @@ class PreNormBlock(_Block):
         super().__init__(ctx, cfg)
         stream = stream_of(ctx)  # a residual stream of several copies: one connection per sublayer
         if stream is not None:
-            self.attn_hc = stream.connection() if not is_absent(self.attention) else None
+            self.attn_hc = stream.connection() if not self.mixer_absent else None
             self.ffn_hc = stream.connection() if self.ffn is not None else None
 
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
@@ -327,7 +329,7 @@ class ParallelBlock(_Block):
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
-        if is_absent(self.attention):  # the mixer 'none': the ffn alone
+        if self.mixer_absent:  # the mixer 'none': the ffn alone
             if self.ffn is None:
                 return x, None
             norm = self.attn_norm if self.attn_norm is not None else self.ffn_norm
