@@ -123,11 +123,6 @@ def mixer_specs(module: nn.Module) -> dict[str, CacheSpec]:
     return {path: _declared(module.get_submodule(path), path or type(module).__name__) for path in _mixers(module)}
 
 
-def _arange_like(ids: Tensor) -> Tensor:
-    """Positions ``0 .. seq-1`` of every row of ``ids [batch, seq]`` (``[batch, seq]`` int64)."""
-    return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-
-
 @dataclass
 class ModelOutput:
     """Result of :meth:`Model.forward`.
@@ -432,7 +427,7 @@ class Model(nn.Module):
                 "forward(mtp=True) runs the multi-token-prediction modules on whole unpadded rows: not with "
                 "attention_mask, positions, cache, documents or logits_to_keep"
             )
-        hidden, mtp_aux = mtp_hidden(self, x, input_ids, lambda ids: self._embed_tokens(ids, _arange_like(ids)))
+        hidden, mtp_aux = mtp_hidden(self, x, input_ids, self._embed_tokens)
         return [self.head_logits(h) for h in hidden], add_aux(aux, mtp_aux)
 
     def _embed_tokens(self, input_ids: Tensor, positions: Tensor) -> Tensor:

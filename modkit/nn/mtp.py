@@ -72,7 +72,8 @@ def mtp_hidden(model: nn.Module, hidden: Tensor, input_ids: Tensor, embed) -> tu
         model: a :class:`modkit.nn.model.Model` with ``mtp`` modules.
         hidden: ``[batch, T, d_model]`` the last block's output (before the final norm).
         input_ids: ``[batch, T]`` the row's tokens.
-        embed: ``input_ids -> [batch, T, d_model]``, the model's embedding (scale and position scheme included).
+        embed: ``(input_ids, positions) -> [batch, T, d_model]``, the model's embedding (scale and position scheme
+            included).
 
     Returns:
         ``([normed [batch, T - k, d_model] for k = 1 .. depth], aux)``; depth ``k``'s position ``i`` predicts token
@@ -81,8 +82,6 @@ def mtp_hidden(model: nn.Module, hidden: Tensor, input_ids: Tensor, embed) -> tu
     Raises:
         ValueError: a row of ``T <= depth`` tokens (depth ``T`` would keep no position).
     """
-    from modkit.nn.inputs import ForwardInputs
-
     depth = len(model.mtp)
     t = input_ids.shape[1]
     if t <= depth:
@@ -90,9 +89,11 @@ def mtp_hidden(model: nn.Module, hidden: Tensor, input_ids: Tensor, embed) -> tu
     position = model.positions[model.layer_position[-1]]
     outs, aux = [], None
     for k, module in enumerate(model.mtp, start=1):
+        # the row's ids were checked by the model's forward: a slice of them needs only its positions 0 .. t-k-1
         ids = input_ids[:, k:]
-        inputs = ForwardInputs.prepare(model, ids).attention_inputs().for_layer(position, None)
-        hidden, normed, layer_aux = module(hidden[:, : t - k], embed(ids), inputs)
+        positions = torch.arange(t - k, device=ids.device).expand(ids.shape[0], -1)
+        inputs = AttentionInputs(positions=positions, token_ids=ids, scratch={}).for_layer(position, None)
+        hidden, normed, layer_aux = module(hidden[:, : t - k], embed(ids, positions), inputs)
         outs.append(normed)
         aux = add_aux(aux, layer_aux)
     return outs, aux

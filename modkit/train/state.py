@@ -234,11 +234,6 @@ def ignored_step_entries(run: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def stray_step_folders(run: Path) -> list[Path]:
-    """The paths of :func:`ignored_step_entries`."""
-    return [p for p, _ in ignored_step_entries(run)]
-
-
 def folder_step(folder: Path) -> Optional[int]:
     """The step a checkpoint folder's name says (``step-0000004``: 4), ``None`` for another name."""
     m = STEP_FOLDER.fullmatch(folder.name)

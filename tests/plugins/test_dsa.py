@@ -105,7 +105,7 @@ def test_each_query_keeps_min_position_plus_one_and_topk_keys():
     keys = torch.randn(2, s, indexer.head_dim, generator=g)
     causal = torch.ones(s, s, dtype=torch.bool).tril()[None, None].expand(2, 1, s, s)
     kept = indexer.select(x, q, keys, causal)
-    assert kept.sum(-1)[0, 0].tolist() == [min(p + 1, k) for p in range(s)]
+    assert kept.sum(-1)[:, 0].tolist() == [[min(p + 1, k) for p in range(s)]] * 2  # both rows
     assert not (kept & ~causal).any()
 
 
@@ -179,7 +179,6 @@ def test_cost_shows_the_saving_against_dense_attention_at_128k():
     indexer = 61 * (2 * RQ * HI * DI + 2 * 7168 * DI + 2 * 7168 * HI + 2 * HI * DI * N + 2 * HI * N)
     assert mixers["dense"] - mixers["sparse"] == dropped - indexer
     assert cmp["kv_cache_bytes_per_token"] == {"sparse": 101_504, "dense": 61 * (512 + 64) * 2}
-    assert round(mixers["dense"] / mixers["sparse"], 2) == 11.76
     print(f"\n[dsa] DeepSeek-V3.2 at 128K, token mixers' FLOPs per decoded token: {mixers}")
 
 
@@ -207,7 +206,7 @@ def test_a_dense_spec_has_no_comparison():
     "change,field,says",
     [
         ({"index_head_dim": 4}, "block.attention.index_head_dim", "narrower than qk_rope_head_dim = 8"),
-        ({"q_lora_rank": None}, "block.attention.q_lora_rank", ""),
+        ({"q_lora_rank": None}, "block.attention.q_lora_rank", "valid integer, not null"),
     ],
 )
 def test_bad_configs_name_the_field(change, field, says):

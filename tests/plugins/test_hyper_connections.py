@@ -134,7 +134,11 @@ def test_the_logit_lens_reads_the_streams_through_the_head_s_exit():
     last = result.layers[-1].top_tokens
     assert [t for t, _, _ in last] == top.indices.tolist()
     torch.testing.assert_close(torch.tensor([p for _, _, p in last]), top.values, rtol=0, atol=1e-6)
-    assert all(layer.residual_norm > 0 for layer in result.layers)
+    seen = {}
+    m.layers[-1].register_forward_hook(lambda mod, a, out: seen.update(h=out[0]))
+    m(ids[None])
+    flat = seen["h"][0].flatten(-2).float().norm(dim=-1).mean()  # [seq, n, d] -> one vector per token
+    assert result.layers[-1].residual_norm == pytest.approx(float(flat), rel=1e-6)
 
 
 def test_layouts_that_split_the_model_are_refused_before_the_run():

@@ -94,6 +94,24 @@ def test_loss_plot_is_drawn_once_at_the_end_unless_live(data_dir, tmp_path, monk
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
-def test_keep_freed_memory_sets_glibc_thresholds_once():
+def test_keep_freed_memory_sets_glibc_thresholds_once(monkeypatch):
+    """Both thresholds go through mallopt, once per process (a stand-in mallopt records the calls; an earlier
+    training run in this worker has set the flag, so it is reset first)."""
+    import ctypes
+
+    import modkit.train.allocator as allocator
+
+    calls = []
+
+    class Libc:
+        def __init__(self):
+            self.mallopt = lambda param, value: calls.append((param, value)) or 1
+
+    monkeypatch.setattr(allocator, "_done", False)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Libc())
     assert keep_freed_memory() is True
-    assert keep_freed_memory() is True  # idempotent
+    assert keep_freed_memory() is True  # idempotent: no second pair of calls
+    assert calls == [
+        (allocator.M_MMAP_THRESHOLD, allocator.MMAP_THRESHOLD),
+        (allocator.M_TRIM_THRESHOLD, allocator.TRIM_THRESHOLD),
+    ]
