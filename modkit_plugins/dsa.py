@@ -191,8 +191,6 @@ class LightningIndexer(nn.Module):
 
         ``q [b, H, s, D]`` (from :meth:`project`), ``k_all [b, kv, D]`` every visible key's index key.
         """
-        if allowed.shape[-1] <= self.topk:  # every visible key fits the selection: nothing to score
-            return allowed
         scores = torch.matmul(q.transpose(1, 2), k_all.float().transpose(1, 2).unsqueeze(1))  # [b, s, H, kv]
         scores = torch.relu(scores * self.head_dim**-0.5)
         w = self._linear(x, self.weights_proj) * self.n_heads**-0.5  # [b, s, H]
