@@ -89,7 +89,9 @@ class Layers(Entry):
     """``layer_types`` with ``sliding_window``, ``conv_L_cache``, ``conv_bias`` and ``use_attention_gate``: every
     layer's mixer (``mixers``), its window, and the per-head gate of the attention layers (``attention_by_layer``)."""
 
-    SETS = ("mixers", "layer_types", "sliding_window", "attn_output_gate", "attention_by_layer")
+    # it sets attention_by_layer too (the gate's scope), left out here: the reference page would read it as the
+    # QK-norm or temperature tuning it means in other types
+    SETS = ("mixers", "layer_types", "sliding_window", "attn_output_gate")
     KEYS = ("sliding_window", "conv_L_cache", "conv_bias", "use_attention_gate")
 
     def config_keys(self, name):
@@ -138,6 +140,15 @@ class Layers(Entry):
         ]
 
 
+@dataclass(frozen=True)
+class SandwichNorm(Key):
+    """``use_sandwich_norm`` → the block placement (``sandwich``, else ``pre``) and back. It lists no field it sets,
+    so that the reference page names the fixed ``sandwich`` placement, not "parallel or sequential blocks"."""
+
+    def sets(self):
+        return ()
+
+
 def sandwich(value: Any, f: Mapping[str, Any]) -> dict:
     """``use_sandwich_norm`` → the block placement (``sandwich``, else ``pre``)."""
     return {"type": "sandwich" if value else "pre"}
@@ -171,7 +182,8 @@ LFM3 = HFType(
         "tie_word_embeddings": Key("tie_embeddings", True, kind="flag"),
         "initializer_range": Key("init_std", 0.02, kind="number"),
         "attention_bias": Key(("qkv_bias", "o_bias"), False, kind="flag", note="q, k, v and o"),
-        "use_sandwich_norm": Key("placement", True, kind="flag", read_as=sandwich, write_as=is_sandwich),
+        "attention_dropout": Key("dropout_attention", 0.0, kind="prob"),
+        "use_sandwich_norm": SandwichNorm("placement", True, kind="flag", read_as=sandwich, write_as=is_sandwich),
         "layer_types": Layers(),
         "rope_parameters": RopePerType(),
     },

@@ -126,3 +126,66 @@ def test_head_gate_refusals(reg):
     assert cfg.gate_has_bias is False
     cfg, module = _gated(reg, q_bias=True, gate_bias=None)
     assert cfg.gate_has_bias is True and module.gate_proj.bias.shape == (4,)
+
+
+def test_lfm3_config_reads_and_writes_proportional_rope_and_the_head_gate():
+    """``rope_type: proportional`` with a factor reads as ``partial_mode: proportional`` and a linear scaling, the
+    sliding layers' default RoPE over the whole head (transformers ignores its partial_rotary_factor), and both are
+    written back as transformers wrote them; ``use_attention_gate`` is the per-head gate without bias."""
+    from modkit_plugins.hf.lfm3 import LFM3
+
+    full = {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.5, "factor": 2.0}
+    sliding = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    cfg = {"model_type": "lfm3", "num_hidden_layers": 4, "rope_parameters": {"full_attention": full}}
+    cfg["rope_parameters"]["sliding_attention"] = sliding
+    spec = modkit.from_hf_config(cfg)
+    p2, p1 = spec.layer(2).position, spec.layer(0).position
+    assert (p2.partial_mode, p2.partial_rotary, p2.scaling.type, p2.scaling.factor) == (
+        "proportional",
+        0.5,
+        "linear",
+        2,
+    )
+    assert p1 == p2  # a convolution layer carries the full layers' RoPE, which acts on nothing
+    types = [spec.layer(i).attention.type for i in range(4)]
+    assert types == ["short_conv", "short_conv", "gqa", "short_conv"]  # 4 layers: only layer 2 attends
+    att = spec.layer(2).attention
+    assert (att.output_gate, att.output_gate_scope, att.gate_has_bias) == (True, "head", False)
+    written = LFM3.to_config(spec, {})
+    assert written["rope_parameters"]["full_attention"] == {**full, "rope_theta": 1e6}
+    assert written["use_attention_gate"] is True and written["use_sandwich_norm"] is True
+    spec8 = modkit.from_hf_config({**cfg, "num_hidden_layers": 8})
+    assert spec8.layer(4).attention.sliding_window == 256
+    assert (spec8.layer(4).position.theta, spec8.layer(4).position.partial_rotary) == (1e4, 1.0)
+    assert LFM3.to_config(spec8, {})["rope_parameters"]["sliding_attention"] == {
+        "rope_type": "default",
+        "rope_theta": 1e4,
+    }
+
+
+def test_proportional_rope_type_in_any_config_gives_transformers_logits(tmp_path):
+    """transformers' rotary embeddings take ``rope_type: proportional`` in every type (``ROPE_INIT_FUNCTIONS``): a
+    tiny Llama with it (a quarter of a 16-wide head's pairs turning, factor 2) loads with transformers' logits."""
+    torch.manual_seed(0)
+    rope_parameters = {"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.25, "factor": 2.0}
+    cfg = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=2,
+        rope_parameters=rope_parameters,
+        max_position_embeddings=64,
+    )
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    ours = modkit.from_hf(tmp_path).eval()
+    position = ours.spec.position
+    assert (position.partial_mode, position.partial_rotary, position.scaling.factor) == ("proportional", 0.25, 2.0)
+    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got = ours(ids)
+    got = getattr(got, "logits", got)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
