@@ -331,7 +331,8 @@ def rope_fields(
     partial_key: str = "partial_rotary_factor",
     original_at_top: bool = False,
 ) -> dict:
-    """A ``rope`` position spec as 4.x-style config keys (read by transformers 4.x and 5.x alike).
+    """A ``rope`` position spec as 4.x-style config keys (read by transformers 4.x and 5.x alike); ``partial_mode:
+    proportional`` is ``rope_type: proportional`` (with the linear scaling's ``factor``).
 
     ``always_partial``: write the rotated fraction even when it is 1 (Phi's default is 0.5); ``theta_key`` and
     ``partial_key`` name the base and the fraction (GPT-NeoX: ``rotary_emb_base``, ``rotary_pct``).
@@ -345,6 +346,9 @@ def rope_fields(
         out[partial_key] = position.partial_rotary
     sc = position.scaling
     if scaling_key is None:
+        return out
+    if getattr(position, "partial_mode", "leading") == "proportional":  # its factor: the linear scaling's
+        out[scaling_key] = {"rope_type": "proportional", **({"factor": sc.factor} if sc is not None else {})}
         return out
     if sc is None:
         out[scaling_key] = None

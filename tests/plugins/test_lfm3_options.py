@@ -165,7 +165,8 @@ def test_lfm3_config_reads_and_writes_proportional_rope_and_the_head_gate():
 
 def test_proportional_rope_type_in_any_config_gives_transformers_logits(tmp_path):
     """transformers' rotary embeddings take ``rope_type: proportional`` in every type (``ROPE_INIT_FUNCTIONS``): a
-    tiny Llama with it (a quarter of a 16-wide head's pairs turning, factor 2) loads with transformers' logits."""
+    tiny Llama with it (a quarter of a 16-wide head's pairs turning, factor 2) loads with transformers' logits, and its
+    export loads back in transformers with them too."""
     torch.manual_seed(0)
     rope_parameters = {"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.25, "factor": 2.0}
     cfg = transformers.LlamaConfig(
@@ -189,3 +190,7 @@ def test_proportional_rope_type_in_any_config_gives_transformers_logits(tmp_path
         got = ours(ids)
     got = getattr(got, "logits", got)
     assert torch.allclose(got, expected, atol=1e-5, rtol=0)
+    modkit.to_hf(ours, tmp_path / "back")  # written as rope_type proportional, which transformers reads the same
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        assert torch.allclose(back(ids).logits, expected, atol=1e-5, rtol=0)
