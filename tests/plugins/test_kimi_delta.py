@@ -376,3 +376,16 @@ def test_ling_options_refuse_what_does_not_fit(change, says):
     with pytest.raises(modkit.SpecError) as info:
         modkit.load_spec(_spec({**MIXER, **change}))
     assert says in str(info.value)
+
+
+def test_the_contract_kit_passes_on_the_ling_options():
+    """The kit's checks (document resets, decoding through the cache, causality, FLOPs, counts...) on the bounded
+    gate with full-rank gates, as the registry's example runs them on the default form."""
+    from modkit.testing import check_component
+
+    results = check_component("mixer", "kimi_delta", {**LING, "gate_lower_bound": -2.0})
+    bad = {r.check: r.detail for r in results if r.status == "failed"}
+    assert not bad, bad
+    passed = {r.check for r in results if r.status == "passed"}
+    assert {"kv_cache_decode", "causality", "flops", "param_count", "gradients"} <= passed
+    assert any("document" in name for name in passed), passed
