@@ -44,7 +44,8 @@ sharded projection, so its gradient is summed over the ranks (``modkit.parallel.
 summed by ``kv_b_proj``'s colwise style.
 
 References: DeepSeek-AI 2024, DeepSeek-V2 (arXiv:2405.04434) §2.1; DeepSeek-V3 (arXiv:2412.19437) §2.1.1; the
-transformers ``DeepseekV3Attention`` (``modeling_deepseek_v3.py``) for the layout, the mscale and the interleave.
+transformers ``DeepseekV3Attention`` (``modeling_deepseek_v3.py``) for the layout, the mscale and the interleave;
+transformers ``BailingHybridAttention`` (``modeling_bailing_hybrid.py``, Ling 3) for ``head_gate``.
 """
 
 from __future__ import annotations
@@ -494,9 +495,10 @@ def register_components(register) -> None:
             description="Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): optional low-rank queries, a compressed "
             "key/value latent and a decoupled RoPE key shared by all heads. [batch, seq, d_model] -> [batch, seq, "
             "d_model]; the cache holds the latent [batch, slots, kv_lora_rank] and the rotated key [batch, slots, "
-            "qk_rope_head_dim], and decoding attends over the latent with the key up-projection absorbed into the query.",
+            "qk_rope_head_dim], and decoding attends over the latent with the key up-projection absorbed into the query; "
+            "head_gate multiplies each head's output by sigmoid(g_proj(x)) (Ling 3).",
             reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434 §2.1; DeepSeek-V3, arXiv:2412.19437; "
-            "transformers DeepseekV3Attention",
+            "transformers DeepseekV3Attention; BailingHybridAttention (head_gate)",
             capabilities={
                 "overflow_prone": True,
                 "causal_safe": True,
