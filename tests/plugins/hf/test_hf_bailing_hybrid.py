@@ -27,12 +27,18 @@ def _config(**changes) -> dict:
     return transformers.BailingHybridConfig(**{**KWARGS, **changes}).to_dict()
 
 
-def test_softplus_forget_gate_equals_transformers(tmp_path):
-    """kda_safe_gate false: kimi_delta's softplus gate (no lower bound), logits within 1e-5 on a left-padded batch,
-    and the export writes kda_safe_gate false back."""
+#: DeepSeek's YaRN on the latent attention: the rotary frequencies and the softmax scale's mscale²
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4}
+YARN.update(beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8)
+
+
+def test_softplus_forget_gate_and_yarn_equal_transformers(tmp_path):
+    """kda_safe_gate false: kimi_delta's softplus gate (no lower bound); YaRN with mscale_all_dim on the latent
+    attention; logits within 1e-5 on a left-padded batch, and the export writes kda_safe_gate false back."""
     w = _quiet()
     try:
-        hf = make_hf(transformers.BailingHybridConfig, {**KWARGS, "kda_safe_gate": False}, "causal", seed=2)
+        kwargs = {**KWARGS, "kda_safe_gate": False, "rope_parameters": YARN}
+        hf = make_hf(transformers.BailingHybridConfig, kwargs, "causal", seed=2)
         hf.save_pretrained(tmp_path / "hf")
     finally:
         w.__exit__(None, None, None)
@@ -44,9 +50,10 @@ def test_softplus_forget_gate_equals_transformers(tmp_path):
         None,
         True,
     )
+    assert model.spec.layer(1).attention.yarn_mscale.mscale_all_dim == 0.8
     ids, mask = batch(97)
     diff = max_real_diff(ours_output(model, ids, mask, "causal"), hf_output(hf, ids, mask, "causal"), mask)
-    print(f"\n[bailing_hybrid] softplus gate: max|modkit - transformers| = {diff:.2e}")
+    print(f"\n[bailing_hybrid] softplus gate, YaRN: max|modkit - transformers| = {diff:.2e}")
     assert diff <= 1e-5
     out = modkit.to_hf(model, tmp_path / "export")
     back = transformers.AutoConfig.from_pretrained(out)
