@@ -937,6 +937,39 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # BAILING_HYBRID: Ling 3. Kimi Delta Attention with full-rank forget and output gates and the bounded forget gate
+    # (kda_safe_gate, lower bound -3) on layers 0, 2 and 3 (4 heads of 8, convolution 4); gated latent attention on
+    # layer 1 (a sigmoid gate per head; q_lora_rank 24, kv_lora_rank 16, nope/rope/v widths 8/4/12, interleaved RoPE,
+    # attention biases); a dense SwiGLU (48) on layer 0, then 4 experts (16) top-2 in 2 groups of which 1 is kept,
+    # sigmoid scores with the correction bias, renormalised, times 2.5, one shared expert
+    (
+        "bailing_hybrid",
+        "BailingHybridConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=4,
+            head_dim=8,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            attention_bias=True,
+            kda_lower_bound=-3.0,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -1016,7 +1049,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 58
+    assert len(covered) == 59
 
 
 def test_fixtures_name_registered_types():
@@ -1219,6 +1252,9 @@ DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minim
 #: the Mamba-2 hybrids at their classes' defaults (transformers 5.25, on meta). Bamba: BambaConfig() lists no attention
 #: layer, so every layer is Mamba-2 (and the RoPE acts nowhere); GraniteMoeHybridConfig() too (every layer Mamba-2)
 DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448, nemotron_h=1_968_355_712)
+#: Ling 3 at BailingHybridConfig's defaults (transformers 5.25, on meta): 42 layers, latent attention on every 6th,
+#: 512 experts (768) top-8 after 2 dense layers
+DEFAULT_COUNTS.update(bailing_hybrid=124_414_191_072)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
