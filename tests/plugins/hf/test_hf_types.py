@@ -937,6 +937,30 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # XLSTM: xLSTM 7B's blocks: an mLSTM (4 heads, queries and keys of 16, values and output gate of 32: v_dim_factor
+    # 2 against qk_dim_factor 1, widths that are multiples of 64 as transformers' cache needs) with gates soft-capped
+    # at 5 and eps 1e-5, chunks of 4 shorter than the batch (transformers: chunks, then its step kernel for the rest),
+    # a SwiGLU of 1.5 · 64 rounded to 32, logits soft-capped at 10; transformers reads no attention mask, so its rows
+    # are compared unpadded (UNPADDED_REFERENCE)
+    (
+        "xlstm",
+        "xLSTMConfig",
+        dict(
+            hidden_size=64,
+            num_heads=4,
+            qk_dim_factor=1.0,
+            v_dim_factor=2.0,
+            num_hidden_layers=2,
+            ffn_proj_factor=1.5,
+            ffn_round_up_to_multiple_of=32,
+            chunk_size=4,
+            gate_soft_cap=5.0,
+            eps=1e-5,
+            norm_eps=1e-5,
+            output_logit_soft_cap=10.0,
+            **{k: v for k, v in SMALL.items() if k != "max_position_embeddings"},
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -958,8 +982,9 @@ FIXTURES += [
 
 #: fixtures whose transformers reference changes with left padding, so its logits are compared row by row, each row
 #: unpadded (modkit's own padding invariance is still checked on the padded batch): Llama 4's temperature tuning
-#: takes the cache slot index as the position, which counts the padding
-UNPADDED_REFERENCE = {"llama4_text"}
+#: takes the cache slot index as the position, which counts the padding; xLSTM reads no attention mask, so its
+#: padding tokens enter the recurrent state
+UNPADDED_REFERENCE = {"llama4_text", "xlstm"}
 
 _BUILT: dict = {}
 
@@ -1016,7 +1041,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 58
+    assert len(covered) == 59
 
 
 def test_fixtures_name_registered_types():
@@ -1219,6 +1244,8 @@ DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minim
 #: the Mamba-2 hybrids at their classes' defaults (transformers 5.25, on meta). Bamba: BambaConfig() lists no attention
 #: layer, so every layer is Mamba-2 (and the RoPE acts nowhere); GraniteMoeHybridConfig() too (every layer Mamba-2)
 DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448, nemotron_h=1_968_355_712)
+#: xLSTM 7B (xLSTMConfig's defaults, transformers 5.25, on meta)
+DEFAULT_COUNTS.update(xlstm=6_865_424_896)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
