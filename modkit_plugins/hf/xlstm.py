@@ -78,7 +78,11 @@ def read_own(r: HFConfig, f: dict) -> None:
     qk, v = _width(r, d, "qk_dim_factor", 0.5), _width(r, d, "v_dim_factor", 1.0)
     for key, width in (("qk_dim_factor", qk), ("v_dim_factor", v)):
         if width % heads:
-            r.error(key, f"int(hidden_size · {key}) = {width} is not a multiple of num_heads = {heads}")
+            r.error(
+                key,
+                f"{key} = {r.get(key)} gives int(hidden_size · {key}) = {width} features, not a multiple of "
+                f"num_heads = {heads}: xLSTMLayer splits them into heads",
+            )
     cap = r.get("gate_soft_cap", 15.0)
     f["mixer"] = {
         "type": "mlstm",
@@ -143,7 +147,9 @@ XLSTM = HFType(
             False, "biases sit on the blocks' RMSNorms too (xLSTMRMSNorm use_bias), which modkit's rmsnorm has not"
         ),
         "weight_mode": Refuse(
-            "single", "the fused layout (qkv_opreact, ifgate_preact, proj_up_gate_z) is not mapped; save as single"
+            "single",
+            "the fused layout (qkv_opreact, ifgate_preact, proj_up_gate_z) is not mapped (transformers 5.25 cannot "
+            "build it from a config either: its init fails on the fused gate bias); save the model as single",
         ),
         "add_out_norm": Refuse(
             True, "transformers' xLSTMModel applies out_norm whatever this says, the xlstm package's leaves it out"

@@ -1310,6 +1310,9 @@ REFUSED = [
     ("granitemoehybrid", {"layer_types": ["linear_attention", "sliding_attention", "full_attention"]}, "layer_types"),
     ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act"),
     ("nemotron_h", {"moe_latent_size": 12}, "moe_latent_size"),
+    # xLSTM's fused layout; query/key widths the heads do not divide
+    ("xlstm", {"weight_mode": "fused"}, "weight_mode"),
+    ("xlstm", {"qk_dim_factor": 0.3}, "qk_dim_factor"),
 ]
 
 
