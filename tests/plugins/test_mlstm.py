@@ -6,7 +6,7 @@ transformers' ``xLSTMLayer`` and native kernels.
   row's documents equal each document alone;
 * float32, in a model: decoding token by token through the cache and a prefill in uneven pieces equal the full
   forward; another chunk length gives the same logits; packed documents equal the documents alone; the contract kit
-  passes every applicable check; the declared state is ``C``, ``n``, ``m`` in float32;
+  runs and passes the checks of a recurrent mixer; the declared state is ``C``, ``n``, ``m`` in float32;
 * float32, the module: equal to transformers' ``xLSTMLayer`` on the same weights to 1e-5 (with and without biases,
   a sequence that is no multiple of either chunk length), and the chunkwise function's final state equal to the one
   transformers' chunkwise kernel returns.
@@ -14,6 +14,7 @@ transformers' ``xLSTMLayer`` and native kernels.
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -21,6 +22,7 @@ import torch
 
 import modkit
 from modkit import AttentionInputs
+from modkit.nn.build import cache_state_bytes_per_sequence, kv_cache_bytes
 from modkit_plugins import mlstm as ml
 from modkit_plugins.mlstm import Gates, State, mlstm_chunked, mlstm_step
 
@@ -196,10 +198,23 @@ def test_cached_decoding_and_uneven_prefill_equal_the_full_forward():
         ("n", (4, 4), torch.float32),
         ("m", (4,), torch.float32),
     ]
+    per_sequence = 2 * 4 * (4 * 4 * 8 + 4 * 4 + 4)  # layers · float32 bytes · (C, n, m)
     assert modkit.kv_cache_bytes_per_token(model, "bfloat16") == 0
-    assert model.new_cache(3, 48).nbytes() == 3 * 2 * 4 * (
-        4 * 4 * 8 + 4 * 4 + 4
-    )  # batch · layers · float32 · (C, n, m)
+    assert cache_state_bytes_per_sequence(model, "bfloat16") == per_sequence
+    assert kv_cache_bytes(model, 1024, 1, "bfloat16") == kv_cache_bytes(model, 32768, 1, "bfloat16") == per_sequence
+    assert model.new_cache(3, 48).nbytes() == 3 * per_sequence
+
+
+def test_cost_reads_the_declared_state(tmp_path):
+    """``modkit cost``: the state bytes are the declared entries' sum, the same at 1K and 32K of context."""
+    from modkit.analysis.cost import CostModel
+
+    _registry()
+    path = tmp_path / "mlstm.json"
+    path.write_text(json.dumps(_spec(MIXER)))
+    short, long = (CostModel(path).report(context=n) for n in (1024, 32768))
+    assert short["cache_state_bytes_per_sequence"] == long["cache_state_bytes_per_sequence"] == 2 * 4 * 148
+    assert short["kv_cache_bytes"] == long["kv_cache_bytes"] == 2 * 4 * 148
 
 
 def test_packed_documents_in_a_model_equal_each_document_alone():
@@ -213,14 +228,16 @@ def test_packed_documents_in_a_model_equal_each_document_alone():
                 assert _scaled(packed[r, a:b], model(ids[r : r + 1, a:b]).logits[0]) <= TOL
 
 
-def test_the_contract_kit_passes():
+def test_the_contract_kit_runs_the_recurrent_checks_and_they_pass():
+    """The checks a recurrent mixer's declarations decide (every check, compile included, runs in
+    ``tests/testing/test_contracts.py`` over every built-in): none skipped, none failed."""
     from modkit.testing import check_component
 
     _registry()
-    results = check_component("mixer", "mlstm")
+    wanted = {"kv_cache_decode", "document_mask", "masked_row", "flops", "param_count"}
+    results = check_component("mixer", "mlstm", checks=sorted(wanted))
     assert not [f"{r.id}: {r.detail}" for r in results if r.status == "failed"]
-    passed = {r.check for r in results if r.status == "passed"}
-    assert {"kv_cache_decode", "document_mask", "masked_row", "flops", "param_count", "compile"} <= passed
+    assert {r.check for r in results if r.status == "passed"} == wanted
 
 
 def test_the_init_is_xlstm_7bs():
