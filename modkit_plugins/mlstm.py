@@ -244,22 +244,22 @@ def mlstm_chunked(
     kv_end, n_end = (k * last[..., None]).transpose(-1, -2) @ v, (k * last[..., None]).sum(-2)
     s = state if state is not None else State.zeros(b, H, dk, dv, q)
     C, n, m = s
-    qs = q * dk**-0.5
+    d_max = torch.where(seen, d_max, -torch.inf)
+    per_chunk = (q * dk**-0.5, w, ~fresh.expand(-1, H, -1, -1), d_max, seen, intra_num, intra_den, kv_end, n_end)
     out = []
-    for c in range(nc):
-        read = ~fresh[:, :, c]  # [b, 1, L]
-        floor = w[:, :, c] + torch.where(read, m[..., None], 0.0)  # m_0 (or the reset's 0) decayed to each token
-        m_t = torch.maximum(floor, torch.where(seen[:, :, c], d_max[:, :, c], -torch.inf))
+    # unbound once: slicing inside the loop would make autograd fill a full-size gradient per chunk
+    for qs, w_c, read, dm, seen_c, num_c, den_c, kv_c, n_c in zip(*(t.unbind(2) for t in per_chunk)):
+        floor = w_c + torch.where(read, m[..., None], 0.0)  # m_0 (or the reset's 0) decayed to each token
+        m_t = torch.maximum(floor, dm)
         inter = torch.exp(floor - m_t) * read  # the entering state's weight (0 after a start)
-        intra = torch.where(seen[:, :, c], torch.exp(d_max[:, :, c] - m_t), 0.0)
-        num = inter[..., None] * (qs[:, :, c] @ C) + intra[..., None] * intra_num[:, :, c]
-        den = inter * (qs[:, :, c] * n[..., None, :]).sum(-1) + intra * intra_den[:, :, c]
+        intra = torch.where(seen_c, torch.exp(dm - m_t), 0.0)
+        num = inter[..., None] * (qs @ C) + intra[..., None] * num_c
+        den = inter * (qs * n[..., None, :]).sum(-1) + intra * den_c
         out.append(_read_out(num, den, m_t, eps))
-        m_end = m_t[..., -1]
         e_in, e_new = inter[..., -1], intra[..., -1]
-        C = e_in[..., None, None] * C + e_new[..., None, None] * kv_end[:, :, c]
-        n = e_in[..., None] * n + e_new[..., None] * n_end[:, :, c]
-        m = m_end
+        C = e_in[..., None, None] * C + e_new[..., None, None] * kv_c
+        n = e_in[..., None] * n + e_new[..., None] * n_c
+        m = m_t[..., -1]
     h = torch.stack(out, 2).reshape(b, H, nc * L, dv)[:, :, :T]
     return h, State(C, n, m)
 
