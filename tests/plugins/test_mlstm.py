@@ -311,3 +311,10 @@ def test_the_final_state_equals_transformers_chunkwise_kernel():
     assert _scaled(got_h, want_h) <= TOL
     for got, want in zip(state, (C, n, m[..., 0])):
         assert _scaled(got, want) <= TOL
+
+
+def test_widths_the_heads_do_not_divide_are_refused_by_name():
+    _registry()
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.build(_spec({**MIXER, "qk_dim": 18}), device="meta")
+    assert any(path.endswith("qk_dim") and "n_heads = 4" in msg for path, msg in info.value.errors), info.value.errors
