@@ -5,7 +5,8 @@ transformers' ``xLSTMLayer`` and native kernels.
   document starts, one at position 0; a non-zero entering state) equals the one-token recurrence to 1e-12; a packed
   row's documents equal each document alone;
 * float32, in a model: decoding token by token through the cache and a prefill in uneven pieces equal the full
-  forward; another chunk length gives the same logits; packed documents equal the documents alone; the contract kit
+  forward; another chunk length gives the same logits; left padding changes neither logits nor state; packed
+  documents equal the documents alone; the contract kit
   runs and passes the checks of a recurrent mixer; the declared state is ``C``, ``n``, ``m`` in float32;
 * float32, the module: equal to transformers' ``xLSTMLayer`` on the same weights to 1e-5 (with and without biases,
   a sequence that is no multiple of either chunk length), and the chunkwise function's final state equal to the one
@@ -318,3 +319,25 @@ def test_widths_the_heads_do_not_divide_are_refused_by_name():
     with pytest.raises(modkit.SpecError) as info:
         modkit.build(_spec({**MIXER, "qk_dim": 18}), device="meta")
     assert any(path.endswith("qk_dim") and "n_heads = 4" in msg for path, msg in info.value.errors), info.value.errors
+
+
+def test_left_padding_changes_no_state():
+    """A row padded on the left by 6 gives the logits and, fed through the cache in chunks (the first all padding),
+    the state of the row alone."""
+    model = _model()
+    ids = torch.randint(1, 64, (2, 20), generator=torch.Generator().manual_seed(10))
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[0, :6] = False
+    with torch.no_grad():
+        padded = model(ids, attention_mask=mask).logits
+        alone = model(ids[:1, 6:]).logits
+        assert _scaled(padded[0, 6:], alone[0]) <= TOL
+        cache = model.new_cache(2, 20)
+        for a, b in ((0, 4), (4, 11), (11, 20)):
+            model(ids[:, a:b], attention_mask=mask[:, :b], cache=cache)
+        single = model.new_cache(1, 14)
+        model(ids[:1, 6:], cache=single)
+    for layer, ref in zip(cache.layers, single.layers):
+        for key, state in layer.mixers.items():
+            for name in ("C", "n", "m"):
+                assert _scaled(state[name][0], ref.mixers[key][name][0]) <= TOL, (key, name)
