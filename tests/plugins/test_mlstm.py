@@ -5,9 +5,10 @@ transformers' ``xLSTMLayer`` and native kernels.
   document starts, one at position 0; a non-zero entering state) equals the one-token recurrence to 1e-12; a packed
   row's documents equal each document alone;
 * float32, in a model: decoding token by token through the cache and a prefill in uneven pieces equal the full
-  forward; another chunk length gives the same logits; left padding changes neither logits nor state; packed
-  documents equal the documents alone; the contract kit
-  runs and passes the checks of a recurrent mixer; the declared state is ``C``, ``n``, ``m`` in float32;
+  forward (each within 1e-5 of the float64 forward); another chunk length gives the same logits; left padding
+  changes neither logits nor state; packed documents equal the documents alone; the contract kit runs and passes
+  the checks of a recurrent mixer; the declared state is ``C``, ``n``, ``m`` in float32, read by cache bytes and
+  ``modkit cost``; widths the heads do not divide are refused by name;
 * float32, the module: equal to transformers' ``xLSTMLayer`` on the same weights to 1e-5 (with and without biases,
   a sequence that is no multiple of either chunk length), and the chunkwise function's final state equal to the one
   transformers' chunkwise kernel returns.
