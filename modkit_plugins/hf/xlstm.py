@@ -83,13 +83,12 @@ def read_own(r: HFConfig, f: dict) -> None:
                 f"{key} = {r.get(key)} gives int(hidden_size · {key}) = {width} features, not a multiple of "
                 f"num_heads = {heads}: xLSTMLayer splits them into heads",
             )
-    cap = r.get("gate_soft_cap", 15.0)
     f["mixer"] = {
         "type": "mlstm",
         "n_heads": heads,
         "qk_dim": qk,
         "v_dim": v,
-        "gate_soft_cap": None if cap is None else r.number("gate_soft_cap", 15.0),
+        "gate_soft_cap": r.number("gate_soft_cap", 15.0),
         "eps": r.number("eps", 1e-6),
         "norm_eps": f["eps"],
         "chunk_size": r.number("chunk_size", 64, integer=True, maximum=1024),
