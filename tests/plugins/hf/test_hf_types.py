@@ -937,6 +937,63 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # BAILING_HYBRID: Ling 3. Kimi Delta Attention with full-rank forget and output gates and the bounded forget gate
+    # (kda_safe_gate, lower bound -3) on layers 0, 2 and 3 (4 heads of 8, convolution 4); gated latent attention on
+    # layer 1 (a sigmoid gate per head; q_lora_rank 24, kv_lora_rank 16, nope/rope/v widths 8/4/12, interleaved RoPE,
+    # attention biases); a dense SwiGLU (48) on layer 0, then 4 experts (16) top-2 in 2 groups of which 1 is kept,
+    # sigmoid scores with the correction bias, renormalised, times 2.5, one shared expert
+    (
+        "bailing_hybrid",
+        "BailingHybridConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=4,
+            head_dim=8,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            attention_bias=True,
+            kda_lower_bound=-3.0,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            **SMALL,
+        ),
+    ),
+    # XLSTM: xLSTM 7B's blocks: an mLSTM (4 heads, queries and keys of 16, values and output gate of 32: v_dim_factor
+    # 2 against qk_dim_factor 1, widths that are multiples of 64 as transformers' cache needs) with gates soft-capped
+    # at 5 and eps 1e-5, chunks of 4 shorter than the batch (transformers: chunks, then its step kernel for the rest),
+    # a SwiGLU of 1.5 · 64 rounded to 32, logits soft-capped at 10; transformers reads no attention mask, so its rows
+    # are compared unpadded (UNPADDED_REFERENCE)
+    (
+        "xlstm",
+        "xLSTMConfig",
+        dict(
+            hidden_size=64,
+            num_heads=4,
+            qk_dim_factor=1.0,
+            v_dim_factor=2.0,
+            num_hidden_layers=2,
+            ffn_proj_factor=1.5,
+            ffn_round_up_to_multiple_of=32,
+            chunk_size=4,
+            gate_soft_cap=5.0,
+            eps=1e-5,
+            norm_eps=1e-5,
+            output_logit_soft_cap=10.0,
+            **{k: v for k, v in SMALL.items() if k != "max_position_embeddings"},
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -958,8 +1015,9 @@ FIXTURES += [
 
 #: fixtures whose transformers reference changes with left padding, so its logits are compared row by row, each row
 #: unpadded (modkit's own padding invariance is still checked on the padded batch): Llama 4's temperature tuning
-#: takes the cache slot index as the position, which counts the padding
-UNPADDED_REFERENCE = {"llama4_text"}
+#: takes the cache slot index as the position, which counts the padding; xLSTM reads no attention mask, so its
+#: padding tokens enter the recurrent state
+UNPADDED_REFERENCE = {"llama4_text", "xlstm"}
 
 _BUILT: dict = {}
 
@@ -1016,7 +1074,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 58
+    assert len(covered) == 60
 
 
 def test_fixtures_name_registered_types():
@@ -1219,6 +1277,11 @@ DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minim
 #: the Mamba-2 hybrids at their classes' defaults (transformers 5.25, on meta). Bamba: BambaConfig() lists no attention
 #: layer, so every layer is Mamba-2 (and the RoPE acts nowhere); GraniteMoeHybridConfig() too (every layer Mamba-2)
 DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448, nemotron_h=1_968_355_712)
+#: Ling 3 at BailingHybridConfig's defaults (transformers 5.25, on meta): 42 layers, latent attention on every 6th,
+#: 512 experts (768) top-8 after 2 dense layers
+DEFAULT_COUNTS.update(bailing_hybrid=124_414_191_072)
+#: xLSTM 7B (xLSTMConfig's defaults, transformers 5.25, on meta)
+DEFAULT_COUNTS.update(xlstm=6_865_424_896)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -1283,6 +1346,9 @@ REFUSED = [
     ("granitemoehybrid", {"layer_types": ["linear_attention", "sliding_attention", "full_attention"]}, "layer_types"),
     ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act"),
     ("nemotron_h", {"moe_latent_size": 12}, "moe_latent_size"),
+    # xLSTM's fused layout; query/key widths the heads do not divide
+    ("xlstm", {"weight_mode": "fused"}, "weight_mode"),
+    ("xlstm", {"qk_dim_factor": 0.3}, "qk_dim_factor"),
 ]
 
 
