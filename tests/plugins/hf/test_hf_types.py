@@ -994,6 +994,24 @@ FIXTURES = [
             **{k: v for k, v in SMALL.items() if k != "max_position_embeddings"},
         ),
     ),
+    # LFM3: every per-layer-type feature: short convolutions (kernel 3) on layers 0 and 3, a sliding layer (window 4,
+    # shorter than the test sequences) with the default RoPE over the whole head (base 1e4) on layer 1, a full layer
+    # with proportional RoPE (base 1e6, 4 of the 8 pairs of a 16-wide head turn) on layer 2; per-head QK-RMSNorm,
+    # q/k/v/o biases, the sigmoid gate per head (g_proj), sandwich norms, a SwiGLU of 48, tied
+    (
+        "lfm3",
+        "Lfm3Config",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=48),
+            head_dim=16,
+            num_hidden_layers=4,
+            layer_types=["conv", "sliding_attention", "full_attention", "conv"],
+            sliding_window=4,
+            conv_L_cache=3,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -1074,7 +1092,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 60
+    assert len(covered) == 61
 
 
 def test_fixtures_name_registered_types():
@@ -1282,6 +1300,9 @@ DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448, nemo
 DEFAULT_COUNTS.update(bailing_hybrid=124_414_191_072)
 #: xLSTM 7B (xLSTMConfig's defaults, transformers 5.25, on meta)
 DEFAULT_COUNTS.update(xlstm=6_865_424_896)
+#: Lfm3Config() (transformers 5.25, on meta): 24 layers, convolutions but for full attention on i % 4 == 2 and sliding
+#: on i % 4 == 0 (i > 0), the per-head gate and sandwich norms, tied
+DEFAULT_COUNTS.update(lfm3=1_728_801_536)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -1349,6 +1370,9 @@ REFUSED = [
     # xLSTM's fused layout; query/key widths the heads do not divide
     ("xlstm", {"weight_mode": "fused"}, "weight_mode"),
     ("xlstm", {"qk_dim_factor": 0.3}, "qk_dim_factor"),
+    # a layer type Lfm3DecoderLayer builds no mixer for; a convolution of one tap
+    ("lfm3", {"layer_types": ["conv", "sliding_attention", "linear_attention", "full_attention"]}, "layer_types"),
+    ("lfm3", {"conv_L_cache": 1}, "conv_L_cache"),
 ]
 
 
