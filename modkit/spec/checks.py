@@ -137,11 +137,14 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
 def _stream_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
     """A wide residual stream (spec ``stream``) needs every layer's placement to declare the ``streams`` capability
     (it reads the block input from the stream and writes its output back through the stream's connections); and
-    multi-token prediction reads a one-copy stream. One error per placement type that does not, naming its layers."""
+    multi-token prediction reads a one-copy stream. One error per placement type that does not, naming its layers.
+    A stream whose entry declares ``scope: "block"`` (read before and written after each block, Gemma 3n's AltUp)
+    works with every placement."""
     if spec.stream is None:
         return []
     errors, refused = [], {}
-    for i in range(spec.n_layers):
+    block_scope = registry.entry_for_config(spec.stream, "stream").capabilities.get("scope") == "block"
+    for i in range(0 if block_scope else spec.n_layers):
         placement = spec.layer(i).placement
         if not registry.entry_for_config(placement, "placement").capabilities.get("streams"):
             refused.setdefault(placement.type, []).append(i)
