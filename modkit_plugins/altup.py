@@ -37,7 +37,7 @@ from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 
 from modkit.plugin import BuildContext, Component, ComponentConfig, Init, ResidualStream, hookimpl
@@ -70,12 +70,22 @@ class AltUpConfig(ComponentConfig):
         "gelu_tanh", description="activation of the per-layer gate (Gemma 3n's hidden_activation)"
     )
     eps: float = Field(1e-6, gt=0, le=0.1, description="epsilon of every RMS norm of the stream")
+    output_scale_init: float = Field(
+        0.0,
+        ge=-1e3,
+        le=1e3,
+        allow_inf_nan=False,
+        description="every output_scale's initial value: 0 as Gemma 3n initialises it (the per-layer inputs then "
+        "add nothing and their tables get no gradient until output_scale has moved, after the first step)",
+    )
 
-    @model_validator(mode="after")
-    def _check(self) -> "AltUpConfig":
-        if self.active >= self.n_streams:
-            raise ValueError(f"active = {self.active} names no copy; n_streams = {self.n_streams}: use 0..n_streams-1")
-        return self
+    @field_validator("active")
+    @classmethod
+    def _active(cls, active: int, info: ValidationInfo) -> int:
+        n = info.data.get("n_streams")
+        if n is not None and active >= n:
+            raise ValueError(f"= {active} names no copy; n_streams = {n}: use 0..{n - 1}")
+        return active
 
 
 class RMS(nn.Module):
@@ -126,8 +136,9 @@ class AltUpLink(nn.Module):
         self._act = _ACTS[cfg.activation]
 
     def init_weights(self, init: Init) -> None:
-        """``output_scale`` 0 (as transformers initialises it); the linears follow the model's rule."""
-        init.zeros_(self.output_scale)
+        """``output_scale`` ``output_scale_init`` (0: as transformers initialises it); the linears follow the
+        model's rule."""
+        init.constant_(self.output_scale, self.cfg.output_scale_init)
 
     def param_roles(self) -> dict[str, str]:
         """``output_scale`` is a vector; the coefficient maps are read out of the stream like a router."""
@@ -272,6 +283,7 @@ def register_components(register) -> None:
             capabilities={"compile_safe": True, "scope": "block"},
             param_count=_count,
             flops=_flops,
-            example={"type": "altup", "n_streams": 4, "layer_input_width": 8},
+            # output_scale starts at 1 here so every parameter gets a gradient from the first step (the kit's check)
+            example={"type": "altup", "n_streams": 4, "layer_input_width": 8, "output_scale_init": 1.0},
         )
     )

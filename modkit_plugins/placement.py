@@ -464,6 +464,7 @@ _ENTRIES = (
         "arXiv:2502.02732",
         aliases=("peri",),
         alias_notes={"peri": PERI_NOTE},
+        example={"type": "sandwich", "laurel_rank": 4},
     ),
     dict(
         type="reordered",
@@ -515,6 +516,14 @@ def _pre_flops(cfg: PreConfig, ctx: BuildContext, work) -> dict[str, int]:
     return placement_stream_flops(cfg, ctx, work)
 
 
+def _sandwich_flops(cfg: SandwichConfig, ctx: BuildContext, work) -> dict[str, int]:
+    """``sandwich`` adds residuals (element-wise); with ``laurel_rank`` r, LAuReL's two projections ``2 · 2 d r`` per
+    token (none in a block whose mixer is ``none``)."""
+    if not cfg.laurel_rank or is_absent(ctx.attention):
+        return {}
+    return {"laurel": work.tokens * 4 * ctx.d_model * cfg.laurel_rank}
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel``,
@@ -530,7 +539,9 @@ def register_components(register) -> None:
                 math=_MATH.get(entry["type"], ""),
                 # pre reads and writes a residual stream of several copies (modkit.nn.stream)
                 capabilities={**caps, "streams": True} if entry["type"] == "pre" else caps,
-                flops={"pre-no-residual": ablation_flops, "pre": _pre_flops}.get(entry["type"], flops),
+                flops={"pre-no-residual": ablation_flops, "pre": _pre_flops, "sandwich": _sandwich_flops}.get(
+                    entry["type"], flops
+                ),
                 **entry,
             )
         )
