@@ -252,6 +252,11 @@ class GatedMLP(nn.Module):
         :func:`gated_product`)."""
         gate = _scaled(self.gate(x), self.gate_multiplier)
         if self.sparsity > 0.0:
+            if hasattr(self.gate.weight, "device_mesh"):  # a tensor-parallel shard of d_ff: wrong statistics
+                raise ValueError(
+                    f"ffn with activation_sparsity = {self.sparsity}: the Gaussian top-k takes its mean and std over "
+                    "the whole d_ff, which tensor parallelism splits across ranks; run it with tp = 1"
+                )
             gate = gaussian_topk(gate, self.sparsity)
         h, scale = gated_product(self._act, gate, self._up(self.up(x)))
         return _scaled(_down(self.down, h, scale), self.output_multiplier)
