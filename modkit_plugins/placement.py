@@ -528,7 +528,8 @@ def _sandwich_flops(cfg: SandwichConfig, ctx: BuildContext, work) -> dict[str, i
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel``,
     ``deepnorm`` and the ``pre-no-residual`` ablation."""
-    caps = {"compile_safe": True, "residual_dropout": True}
+    # every block here is a _Block, which reads and writes a block-scope stream around itself (modkit.nn.stream)
+    caps = {"compile_safe": True, "residual_dropout": True, "block_streams": True}
     # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
     flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
     ablation_flops = elementwise("the ablation only chains sublayers that declare their own FLOPs (no residual adds)")

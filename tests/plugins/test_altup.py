@@ -180,7 +180,30 @@ def test_bad_stream_specs_are_refused_by_field():
     mhc["stream"] = {"type": "mhc", "n_streams": 2}
     with pytest.raises(modkit.SpecError, match="does not declare the 'streams' capability"):
         modkit.load_spec(mhc)
-    modkit.load_spec(altup_spec("sandwich"))  # a block-scope stream asks nothing of the placement
+    modkit.load_spec(altup_spec("sandwich"))  # a block-scope stream asks 'block_streams', which every built-in has
+
+
+def test_a_placement_without_block_streams_is_refused_with_a_block_scope_stream():
+    from typing import Literal
+
+    from modkit_plugins.placement import PreConfig, PreNormBlock
+
+    from conftest import registry_with
+
+    class PlainConfig(PreConfig):
+        type: Literal["plain_pre"] = "plain_pre"
+
+    plain = modkit.Component(
+        kind="placement",
+        type="plain_pre",
+        config=PlainConfig,
+        factory=lambda cfg, ctx: PreNormBlock(ctx, cfg),
+        description="pre without the block_streams capability (a third-party placement)",
+    )
+    reg = registry_with("plain-placement", plain)
+    with pytest.raises(modkit.SpecError) as err:
+        modkit.load_spec(altup_spec("plain_pre"), registry=reg)
+    assert "placement 'plain_pre' (layers 0-1) does not declare the 'block_streams' capability" in str(err.value)
 
 
 def test_activation_sparsity_is_refused_in_stacked_experts():
