@@ -88,6 +88,8 @@ def read_gemma3n(r: HFConfig, f: dict) -> None:
     and give every attention the value norm."""
     n = f["n_layers"]
     own = {key: r.get(key, default) for key, default in OWN_DEFAULTS.items()}
+    if "altup_coef_clip" in r and r.cfg["altup_coef_clip"] is None:  # a present null: no clip (not the default)
+        own["altup_coef_clip"] = None
     sparsity = own["activation_sparsity_pattern"]
     if sparsity is None:  # Gemma3nTextConfig.__post_init__: 0.95 on the first 10 layers of a model deeper than 10
         sparsity = [0.95] * (10 if n > 10 else 0) + [0.0] * (n - (10 if n > 10 else 0))

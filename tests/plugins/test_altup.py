@@ -211,3 +211,27 @@ def test_activation_sparsity_is_refused_in_stacked_experts():
 
     with pytest.raises(ValueError, match="activation_sparsity = 0.5 is not supported in stacked experts"):
         _grouped_gated(GatedConfig(type="geglu", d_ff=8, activation_sparsity=0.5), None, 2)
+
+
+def test_gemma3n_config_keys_convert_both_ways():
+    """A config's own keys (a null clip, per-layer widths and sparsity, sharing) reach the spec and come back."""
+    cfg = reference_config(
+        num_hidden_layers=4,
+        intermediate_size=[48, 64, 48, 48],
+        activation_sparsity_pattern=[0.95, 0.5, 0.0, 0.0],
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        num_kv_shared_layers=2,
+    ).to_dict()
+    cfg["altup_coef_clip"] = None  # a present null: transformers' `is not None` test, no clip
+    spec = modkit.from_hf_config(cfg)
+    assert spec.stream.coef_clip is None and spec.stream.active == ACTIVE and spec.stream.layer_input_vocab == 90
+    assert [spec.layer(i).ffn.d_ff for i in range(4)] == [48, 64, 48, 48]
+    assert [spec.layer(i).ffn.activation_sparsity for i in range(4)] == [0.95, 0.5, 0.0, 0.0]
+    assert [(s.layers, s.source) for s in spec.kv_sharing] == [([3], 1), ([2], 0)]
+    assert spec.layer(0).placement.laurel_rank == 4 and spec.layer(0).attention.v_norm_eps == 1e-6
+    from modkit_plugins.hf.gemma3n_text import TYPE
+
+    back = TYPE.to_config(spec, cfg)
+    for key in ("intermediate_size", "activation_sparsity_pattern", "altup_coef_clip", "num_kv_shared_layers"):
+        assert back[key] == cfg[key], key
+    assert modkit.from_hf_config({**cfg, **back}).to_dict() == spec.to_dict()
