@@ -33,7 +33,6 @@ from ._spec import assemble, dense_ffn
 from ._type import HFType
 from ._weights import W
 from .gemma3_text import GEMMA3_TEXT
-from .llama import L
 
 MODEL_TYPE = "gemma3n_text"
 
@@ -69,7 +68,6 @@ TENSORS = (
     W("layers.{i}.laurel.left.weight", S + "laurel.linear_left.weight"),
     W("layers.{i}.laurel.right.weight", S + "laurel.linear_right.weight"),
     W("layers.{i}.laurel.norm.weight", S + "laurel.post_laurel_norm.weight"),
-    W("layers.{i}.attention.v_norm.weight", L + "self_attn.v_norm.weight"),  # never present: v_norm has no gain
 )
 
 
