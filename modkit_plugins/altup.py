@@ -236,14 +236,19 @@ class AltUpStream(ResidualStream):
         raise NotImplementedError("altup is a block-scope stream: blocks build block_connection(ctx)")
 
     def connection_flops(self, tokens: int) -> int:
-        """Matrix-product FLOPs of one block's :class:`AltUpLink` on ``tokens`` tokens: the two routings ``2 · 2 d
-        n``, the coefficients ``2 (n³ + n²)``, ``C · S`` ``2 n² d``, the gate and projection ``2 · 2 d p``."""
-        n, d, p = self.n_streams, self.d_model, self.cfg.layer_input_width
-        return tokens * (4 * d * n + 2 * (n**3 + n * n) + 2 * n * n * d + 4 * d * p)
+        """Matrix-product FLOPs of one block's :class:`AltUpLink` on ``tokens`` tokens (:func:`link_flops`)."""
+        return tokens * link_flops(self.n_streams, self.d_model, self.cfg.layer_input_width)
 
     def block_connection(self, ctx: BuildContext) -> AltUpLink:
         """A new :class:`AltUpLink` for one block."""
         return AltUpLink(self.d_model, self.cfg)
+
+
+def link_flops(n: int, d: int, p: int) -> int:
+    """Matrix-product FLOPs per token of one :class:`AltUpLink` (``n`` copies of width ``d``, per-layer inputs of
+    ``p``): the two routings ``2 · 2 d n``, the coefficients ``2 (n³ + n²)``, ``C · S`` ``2 n² d``, the gate and the
+    projection ``2 · 2 d p``."""
+    return 4 * d * n + 2 * (n**3 + n * n) + 2 * n * n * d + 4 * d * p
 
 
 def _count(cfg: AltUpConfig, ctx: BuildContext) -> int:
@@ -257,7 +262,7 @@ def _flops(cfg: AltUpConfig, ctx, workload) -> dict:
     """Matrix-product FLOPs of the stream: ``enter`` and ``exit`` ``2 (n - 1) d²`` each per token, the per-layer
     projection ``2 d L p``, and every block's link (:meth:`AltUpStream.connection_flops`, which the blocks hold)."""
     n, d, p, layers, t = cfg.n_streams, ctx.d_model, cfg.layer_input_width, ctx.n_layers, workload.tokens
-    link = 4 * d * n + 2 * (n**3 + n * n) + 2 * n * n * d + 4 * d * p
+    link = link_flops(n, d, p)
     return {
         "enter": t * 2 * (n - 1) * d * d,
         "exit": t * 2 * (n - 1) * d * d,
