@@ -113,6 +113,9 @@ class AttentionConfig(ComponentConfig):
     value_scale: Multiplier = Field(
         1.0, description="multiplier of the values (MiMo-V2-Flash's attention_value_scale, 0.707); 1 for none"
     )
+    v_norm_eps: Optional[float] = Field(
+        None, gt=0, le=0.1, description="RMS-normalise each value head, without a gain, with this epsilon (Gemma 3n)"
+    )
     q_bias: bool = Field(False, description="bias on the query projection")
     k_bias: bool = Field(False, description="bias on the key projection")
     v_bias: bool = Field(False, description="bias on the value projection")
@@ -314,7 +317,7 @@ class Attention(KVReader, nn.Module):
         d = ctx.d_model
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
         self.head_dim = cfg.resolved_head_dim(d)
-        self.v_head_dim, self.value_scale = cfg.value_width(d), cfg.value_scale
+        self.v_head_dim, self.value_scale, self.v_norm_eps = cfg.value_width(d), cfg.value_scale, cfg.v_norm_eps
         self.sliding_window = cfg.sliding_window
         self.attention_chunk_size = cfg.attention_chunk_size
         self.causal = cfg.causal
@@ -424,6 +427,8 @@ class Attention(KVReader, nn.Module):
         v = v.view(b, s, self.n_kv_heads, self.v_head_dim).transpose(1, 2) if own else None
         if own and self.value_scale != 1.0:  # MiMo-V2-Flash: the values (and so the cached values) scaled
             v = v * self.value_scale
+        if own and self.v_norm_eps is not None:  # Gemma 3n's v_norm: RMS per value head, no gain, in float32
+            v = nn.functional.rms_norm(v.float(), (self.v_head_dim,), eps=self.v_norm_eps).to(v.dtype)
         if self.q_norm is not None and self.qk_norm_scope == "head" and not self.qk_norm_after:
             q, k = self.q_norm(q), k_norm(k)
         if inputs.position is not None:

@@ -137,22 +137,27 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
 def _stream_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
     """A wide residual stream (spec ``stream``) needs every layer's placement to declare the ``streams`` capability
     (it reads the block input from the stream and writes its output back through the stream's connections); and
-    multi-token prediction reads a one-copy stream. One error per placement type that does not, naming its layers."""
+    multi-token prediction reads a one-copy stream. One error per placement type that does not, naming its layers.
+    A stream whose entry declares ``scope: "block"`` (read before and written after each block, Gemma 3n's AltUp)
+    needs the ``block_streams`` capability instead (every built-in placement)."""
     if spec.stream is None:
         return []
     errors, refused = [], {}
+    block_scope = registry.entry_for_config(spec.stream, "stream").capabilities.get("scope") == "block"
+    need = "block_streams" if block_scope else "streams"
     for i in range(spec.n_layers):
         placement = spec.layer(i).placement
-        if not registry.entry_for_config(placement, "placement").capabilities.get("streams"):
+        if not registry.entry_for_config(placement, "placement").capabilities.get(need):
             refused.setdefault(placement.type, []).append(i)
-    able = sorted(e.type for e in registry.components("placement") if e.capabilities.get("streams"))
+    able = sorted(e.type for e in registry.components("placement") if e.capabilities.get(need))
+    what = "each block" if block_scope else "each sublayer"
     for kind, layers in refused.items():
         errors.append(
             (
                 "stream",
                 f"stream {spec.stream.type!r} carries several copies of the residual stream, but placement {kind!r} "
-                f"(layers {_ranges(layers)}) does not declare the 'streams' capability (it adds to a one-copy "
-                f"stream); use a placement that does: {', '.join(able) or 'none installed'}",
+                f"(layers {_ranges(layers)}) does not declare the {need!r} capability (reading and writing the copies "
+                f"around {what}); use a placement that does: {', '.join(able) or 'none installed'}",
             )
         )
     if spec.mtp is not None:

@@ -1012,6 +1012,29 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # GEMMA3N_TEXT: the AltUp stream of 3 copies (the second active) with per-layer embeddings of 8 from a table of 90
+    # rows (ids 90-96 read row 0), LAuReL of rank 4, widths 48/64/48/48 with activation sparsity on layers 0 and 1,
+    # sliding (window 4) and full layers alternating, the last two layers reading layers 0 and 1's keys and values,
+    # the value norm, soft-capped logits
+    (
+        "gemma3n_text",
+        "Gemma3nTextConfig",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=[48, 64, 48, 48]),
+            head_dim=8,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            sliding_window=4,
+            num_kv_shared_layers=2,
+            altup_num_inputs=3,
+            altup_active_idx=1,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=90,
+            laurel_rank=4,
+            activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -1092,7 +1115,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 61
+    assert len(covered) == 62
 
 
 def test_fixtures_name_registered_types():
@@ -1303,6 +1326,9 @@ DEFAULT_COUNTS.update(xlstm=6_865_424_896)
 #: Lfm3Config() (transformers 5.25, on meta): 24 layers, convolutions but for full attention on i % 4 == 2 and sliding
 #: on i % 4 == 0 (i > 0), the per-head gate and sandwich norms, tied
 DEFAULT_COUNTS.update(lfm3=1_728_801_536)
+#: Gemma 3n (E4B text) at Gemma3nTextConfig's defaults (transformers 5.25, on meta): the per-layer embedding table
+#: (262,144 x 35 x 256) included, the last 15 layers without key/value projections
+DEFAULT_COUNTS.update(gemma3n_text=6_835_235_568)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
