@@ -1032,6 +1032,34 @@ FIXTURES = [
             vocab_size_per_layer_input=90,
             laurel_rank=4,
             activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+        ),
+    ),
+    # NEMOTRON_H: Nemotron 3's latent mixture (moe_latent_size) on layers 1 and 3: the 4 routed ReLU² experts (24,
+    # top-2 by sigmoid scores and the perturbed correction bias, not renormalised, times 2.5) work on 16 latent
+    # features between a projection from the width of 32 and one back, both with biases (mlp_bias), while the router
+    # and the shared ReLU² MLP (16) read the full width; Mamba-2 alone on layer 0 (4 heads of 16, 2 groups of B/C of
+    # 8, convolution 4, chunks of 4), GQA without positions alone on layer 2
+    (
+        "nemotron_h_latent",
+        "NemotronHConfig",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=48),
+            head_dim=8,
+            layers_block_type=["linear_attention", "moe", "full_attention", "moe"],
+            mlp_bias=True,
+            mamba_num_heads=4,
+            mamba_head_dim=16,
+            ssm_state_size=8,
+            n_groups=2,
+            conv_kernel=4,
+            chunk_size=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,
+            moe_shared_expert_intermediate_size=16,
+            moe_latent_size=16,
+            norm_topk_prob=False,
+            routed_scaling_factor=2.5,
             **SMALL,
         ),
     ),
@@ -1353,6 +1381,22 @@ def test_hybrid_defaults_give_transformers_parameter_count(model_type):
         assert moe == [i % 2 == 1 for i in range(32)]
 
 
+#: Nemotron 3's latent mixture at NemotronHConfig's defaults with moe_latent_size = 1024 (transformers documents no
+#: published latent width; 1024 is a quarter of the default hidden_size of 4096): the sum over
+#: AutoModelForCausalLM.from_config(NemotronHConfig(moe_latent_size=1024)) built on meta, transformers 5.25
+NEMOTRON_H_LATENT_COUNT = 1_598_863_744
+
+
+def test_nemotron_h_latent_mixture_gives_transformers_parameter_count():
+    """The latent projections (``fc1_latent_proj`` 4096 -> 1024, ``fc2_latent_proj`` back, no biases) are counted
+    and serve every token: a token leaves only 6 of the 8 experts (1024 -> 7688 -> 1024, ReLU²) unused."""
+    spec = modkit.from_hf_config({"model_type": "nemotron_h", "moe_latent_size": 1024})
+    moe = spec.layer(1).ffn
+    assert (moe.latent_dim, moe.latent_bias, moe.expert.d_ff) == (1024, False, 7688)
+    assert modkit.count_params(spec) == NEMOTRON_H_LATENT_COUNT
+    assert NEMOTRON_H_LATENT_COUNT - modkit.active_params_per_token(spec) == 6 * 2 * 1024 * 7688
+
+
 def _fixture_config(name: str) -> dict:
     _, cls, kwargs = next(f for f in FIXTURES if f[0] == name)
     return getattr(transformers, cls)(**kwargs).to_dict()
@@ -1386,13 +1430,13 @@ REFUSED = [
     ("kimi_linear", {"num_key_value_heads": 2}, "num_key_value_heads"),
     ("minimax", {"hidden_act": "gelu"}, "hidden_act"),
     ("minimax", {"layer_types": ["full_attention", "sliding_attention"] * 2}, "layer_types"),
-    # the Mamba-2 activation (modkit's mamba2: silu); Granite 4's position schemes; Nemotron-H's latent mixture
+    # the Mamba-2 activation (modkit's mamba2: silu); Granite 4's position schemes; Nemotron-H's latent width of 0
     ("bamba", {"hidden_act": "gelu"}, "hidden_act"),
     ("granitemoehybrid", {"hidden_act": "gelu"}, "hidden_act"),
     ("granitemoehybrid", {"position_embedding_type": "alibi"}, "position_embedding_type"),
     ("granitemoehybrid", {"layer_types": ["linear_attention", "sliding_attention", "full_attention"]}, "layer_types"),
     ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act"),
-    ("nemotron_h", {"moe_latent_size": 12}, "moe_latent_size"),
+    ("nemotron_h", {"moe_latent_size": 0}, "moe_latent_size"),
     # xLSTM's fused layout; query/key widths the heads do not divide
     ("xlstm", {"weight_mode": "fused"}, "weight_mode"),
     ("xlstm", {"qk_dim_factor": 0.3}, "qk_dim_factor"),
