@@ -60,6 +60,7 @@ FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("MoE", ("moe",)),
     ("dense and MoE layers", ("moe_layers",)),
     ("shared experts", ("shared_d_ff",)),
+    ("zero-computation experts", ("n_zero_experts",)),
     ("gated shared expert", ("shared_gate",)),
     ("sigmoid router", ("router",)),
     ("group-limited routing", ("n_group",)),

@@ -937,6 +937,42 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # LONGCAT_FLASH: 2 layers of two MLA + SwiGLU (48) sublayer pairs (q_lora_rank 24, kv_lora_rank 16, nope/rope/v
+    # head widths 8/8/12, interleaved RoPE with YaRN and mscale_all_dim, the latent scalings sqrt(32/24) and
+    # sqrt(32/16)), the shortcut mixture across them: 4 experts of 16 and 2 zero-computation experts, top-3 by a
+    # softmax over all 6 choices plus the (perturbed) correction bias, not renormalised, times 1.5
+    (
+        "longcat_flash",
+        "LongcatFlashConfig",
+        dict(
+            hidden_size=32,
+            num_layers=2,
+            num_attention_heads=4,
+            ffn_hidden_size=48,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            head_dim=8,
+            v_head_dim=12,
+            n_routed_experts=4,
+            zero_expert_num=2,
+            moe_topk=3,
+            expert_ffn_hidden_size=16,
+            routed_scaling_factor=1.5,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "rope_theta": 10000.0,
+            },
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -1016,7 +1052,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 58
+    assert len(covered) == 59
 
 
 def test_fixtures_name_registered_types():
@@ -1219,6 +1255,9 @@ DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minim
 #: the Mamba-2 hybrids at their classes' defaults (transformers 5.25, on meta). Bamba: BambaConfig() lists no attention
 #: layer, so every layer is Mamba-2 (and the RoPE acts nowhere); GraniteMoeHybridConfig() too (every layer Mamba-2)
 DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448, nemotron_h=1_968_355_712)
+#: LongCat-Flash at LongcatFlashConfig's defaults (transformers 5.25, on meta): 28 layers of two MLA + dense pairs and a
+#: mixture of 512 experts beside 256 zero-computation ones
+DEFAULT_COUNTS.update(longcat_flash=560_664_958_976)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
