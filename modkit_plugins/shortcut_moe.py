@@ -12,7 +12,7 @@ config adds the second pair's mixer ``A2`` (``mixer``) and the dense FFN both pa
     h = h + A2(N3(h))
     y = h + D2(N4(h)) + s         # ... and is added after the second pair
 
-``N1`` = attn_norm, ``N2`` = ffn_norm, ``N3`` = attn_norm_2, ``N4`` = ffn_norm_2, built from the block's norm config.
+``N1`` = attn_norm, ``N2`` = ffn_norm, ``N3`` = attn_2_norm, ``N4`` = ffn_2_norm, built from the block's norm config.
 The shortcut branch runs beside ``D1``, ``A2`` and ``D2`` (nothing it computes feeds them), so its expert dispatch
 can overlap the second pair's computation: the point of the design (ScMoE, Cai et al. 2024; LongCat-Flash).
 
@@ -25,7 +25,7 @@ head geometry (LongCat-Flash: the same MLA config). Every auxiliary loss (the sh
 spec's ``dropout.residual`` applies to everything added to the stream, in training mode.
 
 Module names (state_dict keys, in build order): ``attn_norm``, ``attention``, ``ffn_norm``, ``dense``, ``ffn``,
-``attn_norm_2``, ``attention_2``, ``ffn_norm_2``, ``dense_2``.
+``attn_2_norm``, ``attention_2``, ``ffn_2_norm``, ``dense_2``.
 
 References: Meituan LongCat Team 2025, LongCat-Flash Technical Report (arXiv:2509.01322) §2.1 (shortcut-connected MoE);
 Cai et al. 2024, Shortcut-connected Expert Parallelism for Accelerating Mixture-of-Experts (arXiv:2404.05019);
@@ -74,8 +74,8 @@ class ShortcutMoEBlock(nn.Module):
 
     ``forward(x [batch, seq, d_model], inputs) -> (y [batch, seq, d_model], aux_loss or None)``. Attributes:
     ``attention``, ``attention_2`` (the mixers), ``dense``, ``dense_2`` (the dense FFNs), ``ffn`` (the shortcut
-    branch, or ``None``: the block has no ffn), the four norms (``attn_norm_2`` and ``attn_norm`` are ``None`` where
-    their mixer is absent).
+    branch, or ``None``: the block has no ffn) and the four norms ``attn_norm``, ``ffn_norm``, ``attn_2_norm``,
+    ``ffn_2_norm``.
 
     Raises:
         ValueError: the block has no token mixer (the ``none`` mixer): the second pair's mixer would have no
@@ -95,9 +95,9 @@ class ShortcutMoEBlock(nn.Module):
         self.ffn_norm = ctx.build(ctx.norm)
         self.dense = ctx.build(cfg.dense)
         self.ffn = ctx.ffn
-        self.attn_norm_2 = ctx.build(ctx.norm)
+        self.attn_2_norm = ctx.build(ctx.norm)
         self.attention_2 = ctx.build(cfg.mixer)
-        self.ffn_norm_2 = ctx.build(ctx.norm)
+        self.ffn_2_norm = ctx.build(ctx.norm)
         self.dense_2 = ctx.build(cfg.dense)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
@@ -108,8 +108,8 @@ class ShortcutMoEBlock(nn.Module):
         shortcut, aux = run_ffn(self.ffn, u, inputs) if self.ffn is not None else (None, None)
         d1, aux1 = run_ffn(self.dense, u, inputs)
         h = h + self.drop(d1)
-        h = h + self.drop(self.attention_2(self.attn_norm_2(h), inputs))
-        d2, aux2 = run_ffn(self.dense_2, self.ffn_norm_2(h), inputs)
+        h = h + self.drop(self.attention_2(self.attn_2_norm(h), inputs))
+        d2, aux2 = run_ffn(self.dense_2, self.ffn_2_norm(h), inputs)
         y = h + self.drop(d2)
         if shortcut is not None:
             y = y + self.drop(shortcut)
@@ -120,8 +120,8 @@ _MATH = r"""$$h_1 = x + A_1(N_1(x)),\quad u = N_2(h_1),\quad h_2 = h_1 + D_1(u),
 $$y = h_3 + D_2(N_4(h_3)) + S(u)$$
 
 $A_1$, $S$: the block's mixer and ffn (the shortcut branch: LongCat-Flash's mixture of experts); $A_2$ = mixer and
-$D_1, D_2$ = two copies of dense from the placement's config; $N_1 \ldots N_4$ = attn_norm, ffn_norm, attn_norm_2,
-ffn_norm_2. $S$ reads the first pair's ffn input and is added after the second pair, so its dispatch overlaps
+$D_1, D_2$ = two copies of dense from the placement's config; $N_1 \ldots N_4$ = attn_norm, ffn_norm, attn_2_norm,
+ffn_2_norm. $S$ reads the first pair's ffn input and is added after the second pair, so its dispatch overlaps
 $D_1$, $A_2$ and $D_2$."""
 
 

@@ -8,7 +8,7 @@ Semantics: ``transformers/models/longcat_flash/{configuration,modeling}_longcat_
   (:mod:`modkit_plugins.shortcut_moe`): ``self_attn.0`` is the block's attention, ``self_attn.1`` the placement's
   ``mixer``, ``mlps.0`` / ``mlps.1`` its two ``dense`` SwiGLUs of ``ffn_hidden_size``, and the mixture ``mlp`` the
   block's ffn, which reads the input of ``mlps.0`` and is added after ``mlps.1``; the norms are
-  ``input_layernorm.{0,1}`` (attn_norm, attn_norm_2) and ``post_attention_layernorm.{0,1}`` (ffn_norm, ffn_norm_2).
+  ``input_layernorm.{0,1}`` (attn_norm, attn_2_norm) and ``post_attention_layernorm.{0,1}`` (ffn_norm, ffn_2_norm).
   transformers counts ``num_hidden_layers = 2 · num_layers`` (one per attention sublayer; a config giving only
   ``num_hidden_layers`` has ``num_layers`` half of it);
 * attention is ``mla`` with low-rank queries always (``q_lora_rank``), latent norms RMSNorm eps 1e-6 (the class
@@ -154,9 +154,9 @@ TENSORS = (
     W("embed.weight", "model.embed_tokens.weight"),
     W("final_norm.weight", "model.norm.weight"),
     W("layers.{i}.attn_norm.weight", L + "input_layernorm.0.weight"),
-    W("layers.{i}.attn_norm_2.weight", L + "input_layernorm.1.weight"),
+    W("layers.{i}.attn_2_norm.weight", L + "input_layernorm.1.weight"),
     W("layers.{i}.ffn_norm.weight", L + "post_attention_layernorm.0.weight"),
-    W("layers.{i}.ffn_norm_2.weight", L + "post_attention_layernorm.1.weight"),
+    W("layers.{i}.ffn_2_norm.weight", L + "post_attention_layernorm.1.weight"),
     *_attention_rows(A, L + "self_attn.0"),
     *_attention_rows(A + "_2", L + "self_attn.1"),
     *(W(f"layers.{{i}}.dense.{x}.weight", L + f"mlps.0.{x}_proj.weight") for x in ("gate", "up", "down")),
