@@ -47,6 +47,7 @@ from modkit.plugin import (
     dropout,
     elementwise,
     hookimpl,
+    position_geometry,
     run_ffn,
     Slot,
 )
@@ -67,6 +68,30 @@ class ShortcutMoEConfig(ComponentConfig):
         description="the dense FFN of each sublayer pair, built twice (LongCat-Flash: a SwiGLU of ffn_hidden_size); "
         "the block's ffn is the shortcut branch (LongCat-Flash's mixture of experts)",
     )
+
+    def check_layer(self, layer, ctx) -> list[tuple[str, str]]:
+        """The layer's own mixer must be a token mixer (not ``none``) whose position geometry (heads, rotated
+        width) equals the second mixer's: the layer's one position scheme rotates both."""
+        if layer.attention.type == "none":
+            return [
+                (
+                    "",
+                    "placement 'shortcut-moe' needs a token mixer in the block (its second mixer shares the layer's "
+                    "position scheme), got the mixer 'none'; give the layer a mixer or use placement 'pre'",
+                )
+            ]
+        first, second = position_geometry(layer.attention, ctx), position_geometry(self.mixer, ctx)
+        shape = [(g.n_heads, g.head_dim) if g is not None else None for g in (first, second)]
+        if shape[0] != shape[1]:
+            return [
+                (
+                    "mixer",
+                    f"the second mixer's position geometry (heads, rotated width) {shape[1]} differs from the block "
+                    f"mixer's {shape[0]}: the layer's one position scheme rotates both; give the second mixer the "
+                    "block mixer's heads and head width (LongCat-Flash: the same config)",
+                )
+            ]
+        return []
 
 
 class ShortcutMoEBlock(nn.Module):

@@ -151,3 +151,19 @@ def test_num_hidden_layers_alone_counts_attention_sublayers():
     written = weights.hf_config(tiny(), {})
     assert (written["num_layers"], written["ffn_hidden_size"], written["expert_ffn_hidden_size"]) == (2, 48, 16)
     assert (written["head_dim"], written["qk_head_dim"], written["zero_expert_num"]) == (8, 16, 2)
+
+
+def test_spec_refuses_a_second_mixer_the_position_scheme_cannot_rotate():
+    """The layer's one position scheme rotates both mixers: a second mixer of another rotated width, or a block
+    without a mixer, is refused at the placement, naming the layers (check_layer)."""
+    data = tiny().to_dict()
+    data["block"]["placement"]["mixer"]["qk_rope_head_dim"] = 4
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.load_spec(data)
+    [(path, msg)] = [e for e in info.value.errors if "position geometry" in e[1]]
+    assert path == "block.placement.mixer" and msg.startswith("layers 0-1: ") and "(4, 4)" in msg, msg
+    data = tiny().to_dict()
+    data["overrides"] = [{"layers": [1], "attention": {"type": "none"}}]
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.load_spec(data)
+    assert any(p == "block.placement" and m.startswith("layers 1: ") for p, m in info.value.errors), info.value.errors
