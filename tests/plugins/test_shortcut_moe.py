@@ -167,3 +167,17 @@ def test_spec_refuses_a_second_mixer_the_position_scheme_cannot_rotate():
     with pytest.raises(modkit.SpecError) as info:
         modkit.load_spec(data)
     assert any(p == "block.placement" and m.startswith("layers 1: ") for p, m in info.value.errors), info.value.errors
+
+
+def test_cost_puts_the_placements_sublayers_in_the_layer_slots():
+    """The cost model's mixer/FFN comparison sees both attentions as the layer's mixer and both dense FFNs beside the
+    shortcut mixture as its FFN (the placement's Slot fields)."""
+    from modkit.analysis.cost import _Recorder, _slots
+
+    recorder = _Recorder(modkit.get_registry())
+    model = modkit.build(tiny(), device="meta", registry=recorder)
+    slots = _slots(model, recorder.records)
+    for block in model.layers:
+        assert [slots.get(id(getattr(block, n))) for n in ("attention", "attention_2")] == ["mixer", "mixer"]
+        assert [slots.get(id(getattr(block, n))) for n in ("ffn", "dense", "dense_2")] == ["ffn"] * 3
+        assert slots.get(id(block.attn_2_norm)) is None  # norms belong to no slot
