@@ -172,11 +172,12 @@ def test_spec_refuses_a_second_mixer_the_position_scheme_cannot_rotate():
 def test_cost_puts_the_placements_sublayers_in_the_layer_slots():
     """The cost model's mixer/FFN comparison sees both attentions as the layer's mixer and both dense FFNs beside the
     shortcut mixture as its FFN (the placement's Slot fields)."""
-    from modkit.analysis.cost import _Recorder, _slots
+    from modkit.analysis.cost import _Recorder
+    from modkit.analysis.layer_slots import layer_slots
 
     recorder = _Recorder(modkit.get_registry())
     model = modkit.build(tiny(), device="meta", registry=recorder)
-    slots = _slots(model, recorder.records)
+    slots = layer_slots(model, recorder.records)
     for block in model.layers:
         assert [slots.get(id(getattr(block, n))) for n in ("attention", "attention_2")] == ["mixer", "mixer"]
         assert [slots.get(id(getattr(block, n))) for n in ("ffn", "dense", "dense_2")] == ["ffn"] * 3
