@@ -77,6 +77,7 @@ PLACEMENTS = {
     "sandwich": "sandwich norms",
     "reordered": "reordered norms",
     "post": "post-norm",
+    "shortcut-moe": "two sublayer pairs with a shortcut-connected MoE",
 }
 
 

@@ -205,7 +205,7 @@ LONGCAT_FLASH = HFType(
             OWN_KEYS,
             "num_key_value_heads (= heads), head_dim (= qk_rope_head_dim), qk_head_dim (= nope + rope) are checked "
             "and written; router_bias: a bias on the router classifier; num_hidden_layers: 2 · num_layers",
-            fields=("router_bias", "placement"),
+            fields=("router_bias",),
         ),
         "output_router_logits": Ignore("switches router-logit outputs on in training", carry=False),
     },
