@@ -16,12 +16,14 @@ config adds the second pair's mixer ``A2`` (``mixer``) and the dense FFN both pa
 The shortcut branch runs beside ``D1``, ``A2`` and ``D2`` (nothing it computes feeds them), so its expert dispatch
 can overlap the second pair's computation: the point of the design (ScMoE, Cai et al. 2024; LongCat-Flash).
 
-The placement contract is unchanged: the placement receives the block's mixer and ffn and returns a block module;
-what is new is only that a placement may hold sublayers of its own, declared as :func:`~modkit.Slot` fields of its
-config (built with ``ctx.build``, so the cache, the cost model and the parameter breakdown see them like the
-block's own). The second mixer keeps its own cache state, keyed by its path ``attention_2`` (:mod:`modkit.nn.cache`),
+The placement contract is unchanged but for two optional additions: the placement receives the block's mixer and
+ffn and returns a block module; what is new is that a placement may hold sublayers of its own, declared as
+:func:`~modkit.Slot` fields of its config (built with ``ctx.build``, so the cache, the cost model and the parameter
+breakdown see them like the block's own). The second mixer keeps its own cache state, keyed by its path ``attention_2`` (:mod:`modkit.nn.cache`),
 as a parallel hybrid's mixers do; it is rotated by the layer's position scheme, so it must have the block mixer's
-head geometry (LongCat-Flash: the same MLA config). Every auxiliary loss (the shortcut mixture's) is returned. The
+head geometry (LongCat-Flash: the same MLA config): spec validation refuses another one, and a block whose mixer is
+``none``, through the config's ``check_layer`` (an optional hook of placement configs, called per layer with the
+layer's components: :mod:`modkit.spec.checks`). Every auxiliary loss (the shortcut mixture's) is returned. The
 spec's ``dropout.residual`` applies to everything added to the stream, in training mode.
 
 Module names (state_dict keys, in build order): ``attn_norm``, ``attention``, ``ffn_norm``, ``dense``, ``ffn``,
