@@ -26,6 +26,9 @@ Two ways to compute the same scores (arXiv:2405.04434 §2.1.2, "absorbed" weight
   value up-projection after the weighted sum. A decode step never rebuilds per-head keys for the context; it reads
   ``r_kv + d_rope`` numbers per cached token, shared by every head (an MQA-shaped read of the latent).
 
+LongCat-Flash (``lora_scale``; transformers ``LongcatFlashMLA``) multiplies the queries by ``sqrt(d_model / r_q)``
+and the normalised latent, before it is cached, by ``sqrt(d_model / r_kv)``.
+
 Softmax scale ``α = d_qk^{-1/2}``, times ``mscale²`` with DeepSeek's YaRN correction (``yarn_mscale``: ``mscale =
 0.1 · mscale_all_dim · ln(factor) + 1`` for ``factor > 1``, transformers ``yarn_get_mscale``), or ``softmax_scale``;
 under μP (spec ``parametrization``) ``d_qk^{-1/2}`` becomes μP's ``sqrt(base_d_qk) / d_qk``.
@@ -55,7 +58,7 @@ from dataclasses import replace
 from typing import Any, Literal, NamedTuple, Optional
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from modkit.plugin import (
@@ -156,6 +159,21 @@ class MLAConfig(ComponentConfig):
         description="each head's output times sigmoid(g_proj(x)), one gate per head and token from a bias-free "
         "g_proj [n_heads, d_model], before o_proj (Ling 3's BailingHybridAttention); default off (DeepSeek)",
     )
+    lora_scale: bool = Field(
+        False,
+        description="LongCat-Flash's latent scaling: the queries times sqrt(d_model / q_lora_rank) and the "
+        "normalised (cached) latent times sqrt(d_model / kv_lora_rank) (mla_scale_q_lora, mla_scale_kv_lora); "
+        "needs q_lora_rank. false: none (DeepSeek)",
+    )
+
+    @model_validator(mode="after")
+    def _check_lora_scale(self) -> "MLAConfig":
+        if self.lora_scale and self.q_lora_rank is None:
+            raise ValueError(
+                "lora_scale = true multiplies the queries by sqrt(d_model / q_lora_rank), but q_lora_rank is null; "
+                "give q_lora_rank or set lora_scale false"
+            )
+        return self
 
     @property
     def qk_head_dim(self) -> int:
@@ -238,6 +256,9 @@ class MLA(nn.Module):
         self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * cfg.v_head_dim, d, bias=cfg.bias)
         self.g_proj = nn.Linear(d, h, bias=False) if cfg.head_gate else None
+        #: LongCat-Flash's multipliers of the queries and of the normalised latent (1.0: none)
+        self.q_scale = (d / cfg.q_lora_rank) ** 0.5 if cfg.lora_scale else 1.0
+        self.latent_scale = (d / cfg.kv_lora_rank) ** 0.5 if cfg.lora_scale else 1.0
 
     def cache_spec(self) -> CacheSpec:
         """One entry per token, ``latent [kv_lora_rank + qk_rope_head_dim]``: the normalised latent, then the rotated
@@ -272,7 +293,8 @@ class MLA(nn.Module):
         if self.q_proj is not None:
             return self.q_proj(x), None
         q_resid = self.q_a_layernorm(self.q_a_proj(x))
-        return self.q_b_proj(q_resid), q_resid
+        q = self.q_b_proj(q_resid)
+        return (q if self.q_scale == 1.0 else q * self.q_scale), q_resid
 
     def _index(self, x: Tensor, q_resid: Optional[Tensor], inputs: AttentionInputs) -> tuple[dict[str, Tensor], Any]:
         """``(entries, state)``: per-token cache entries of the new tokens beyond the latent and the rotated key, and
@@ -292,6 +314,7 @@ class MLA(nn.Module):
         q_nope, q_rope = q[..., :d_nope], q[..., d_nope:]
         c, k_rope = self.kv_a_proj_with_mqa(x).split([r, d_rope], dim=-1)
         c = self.kv_a_layernorm(c)  # [b, s, r_kv]
+        c = c if self.latent_scale == 1.0 else c * self.latent_scale  # LongCat-Flash: cached as scaled
         k_rope = k_rope.view(b, 1, s, d_rope)
         if inputs.position is not None:
             q_rope, k_rope = inputs.position.rotate(q_rope, k_rope, inputs.positions)

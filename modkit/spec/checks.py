@@ -116,6 +116,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
     for name in ("embedding_norm", "final_norm", "stream"):
         visit(getattr(spec, name), name)
     errors.extend(_stream_errors(spec, registry))
+    errors.extend(_placement_layer_errors(spec, ctx))
     errors.extend(sharing_errors(spec, registry))
     for i, o in enumerate(spec.overrides):
         errors.extend(_layer_selection_errors(o, f"overrides[{i}]", spec.n_layers))
@@ -165,6 +166,30 @@ def _stream_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]
             ("mtp", "multi-token prediction reads a one-copy residual stream: not with a 'stream'; drop one of them")
         )
     return errors
+
+
+def _placement_layer_errors(spec: ModelSpec, ctx: SpecContext) -> list[tuple[str, str]]:
+    """What a placement says about the layer it composes: its config's optional ``check_layer(layer, ctx) ->
+    [(field, message)]``, given the layer's effective components (:class:`~modkit.spec.models.LayerSpec`): a
+    placement holding sublayers of its own may need the block's mixer to have a given geometry (``shortcut-moe``).
+    One error per field and message, at the block's or the override's placement, naming its layers."""
+    found: dict[tuple[str, str], list[int]] = {}
+    for i in range(spec.n_layers):
+        ls = spec.layer(i)
+        check_layer = getattr(ls.placement, "check_layer", None)
+        if not callable(check_layer):
+            continue
+        where = next(
+            (
+                f"overrides[{j}].placement"
+                for j, o in reversed(list(enumerate(spec.overrides)))
+                if o.placement is ls.placement
+            ),
+            "block.placement",
+        )
+        for sub, msg in check_layer(ls, ctx) or ():
+            found.setdefault((extend_path(where, sub), msg), []).append(i)
+    return [(path, f"layers {_ranges(layers)}: {msg}") for (path, msg), layers in found.items()]
 
 
 def _ranges(layers: list[int]) -> str:

@@ -1060,6 +1060,41 @@ FIXTURES = [
             moe_latent_size=16,
             norm_topk_prob=False,
             routed_scaling_factor=2.5,
+        ),
+    ),
+    # LONGCAT_FLASH: 2 layers of two MLA + SwiGLU (48) sublayer pairs (q_lora_rank 24, kv_lora_rank 16, nope/rope/v
+    # head widths 8/8/12, interleaved RoPE with YaRN and mscale_all_dim, the latent scalings sqrt(32/24) and
+    # sqrt(32/16)), the shortcut mixture across them: 4 experts of 16 and 2 zero-computation experts, top-3 by a
+    # softmax over all 6 choices plus the (perturbed) correction bias, not renormalised, times 1.5
+    (
+        "longcat_flash",
+        "LongcatFlashConfig",
+        dict(
+            hidden_size=32,
+            num_layers=2,
+            num_attention_heads=4,
+            ffn_hidden_size=48,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            head_dim=8,
+            v_head_dim=12,
+            n_routed_experts=4,
+            zero_expert_num=2,
+            moe_topk=3,
+            expert_ffn_hidden_size=16,
+            routed_scaling_factor=1.5,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "rope_theta": 10000.0,
+            },
             **SMALL,
         ),
     ),
@@ -1143,7 +1178,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 62
+    assert len(covered) == 63
 
 
 def test_fixtures_name_registered_types():
@@ -1357,6 +1392,9 @@ DEFAULT_COUNTS.update(lfm3=1_728_801_536)
 #: Gemma 3n (E4B text) at Gemma3nTextConfig's defaults (transformers 5.25, on meta): the per-layer embedding table
 #: (262,144 x 35 x 256) included, the last 15 layers without key/value projections
 DEFAULT_COUNTS.update(gemma3n_text=6_835_235_568)
+#: LongCat-Flash at LongcatFlashConfig's defaults (transformers 5.25, on meta): 28 layers of two MLA + dense pairs and a
+#: mixture of 512 experts beside 256 zero-computation ones
+DEFAULT_COUNTS.update(longcat_flash=560_664_958_976)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
