@@ -27,7 +27,9 @@ What is here, by use:
   :func:`zero_padding`, :class:`GatedRMSNorm`, and for document boundaries :func:`document_starts`,
   :func:`chunk_boundaries` (:class:`ChunkBoundaries`);
 * **costs** (:mod:`modkit.analysis.cost`): :class:`Workload`, :func:`elementwise`, :func:`declared_flops`; the
-  grouped GEMM of mixtures of experts, :func:`grouped_mm`; the tensor-parallel helper :func:`shared_by_heads`;
+  grouped GEMM of mixtures of experts, :func:`grouped_mm`; the products of a decode step over a latent cache,
+  :func:`latent_scores` and :func:`latent_sum` (oneDNN on one float32 CPU sequence, ``bmm`` otherwise); the
+  tensor-parallel helper :func:`shared_by_heads`;
 * **bounded config fields** (:mod:`modkit.core.limits`): :data:`HeadCount`, :data:`HeadDim`, :data:`FFNWidth`,
   :data:`ExpertCount`, :data:`SeqLen` and the ``MAX_*`` bounds behind them; bounded floats :data:`Multiplier`,
   :data:`RopeFactor`, :data:`Epsilon`, :data:`LossCoef`, :data:`StepSize` and :func:`bounded_float` (a float without
@@ -124,6 +126,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     )
     from modkit.nn.cache import CacheEntry, CacheSpec
     from modkit.nn.grouped import grouped_mm
+    from modkit.nn.onednn import latent_scores, latent_sum
     from modkit.nn.sharing import KVReader
     from modkit.nn.stream import ResidualStream, layer_input, placement_stream_flops, stream_of
     from modkit.nn.recurrent import (
@@ -224,6 +227,7 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("CacheEntry", "CacheSpec"), "modkit.nn.cache"),
     "grouped_mm": "modkit.nn.grouped",
+    **dict.fromkeys(("latent_scores", "latent_sum"), "modkit.nn.onednn"),
     "KVReader": "modkit.nn.sharing",
     **dict.fromkeys(("ResidualStream", "layer_input", "placement_stream_flops", "stream_of"), "modkit.nn.stream"),
     **dict.fromkeys(

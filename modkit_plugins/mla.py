@@ -72,6 +72,8 @@ from modkit.plugin import (
     HeadDim,
     hookimpl,
     is_plain_causal,
+    latent_scores,
+    latent_sum,
     masked_attention,
     MAX_MSCALE,
     MAX_MULTIPLIER,
@@ -389,94 +391,18 @@ class MLA(nn.Module):
         base = base.expand(b, h, s, kv).reshape(b, h * s, kv) if s > 1 or base.shape[1] > 1 else base.view(b, 1, kv)
         late = base.dtype != q_lat.dtype  # a narrow model with a bias: the mask and bias join after the product
         # α (q_lat · c_j + q_rope · k_rope_j) (+ mask): one product over the cached [latent; rotated key]
-        scores = _latent_product(q_lat, ckv, None if late else base)
+        scores = latent_scores(q_lat, ckv, None if late else base)
         # [b, h·s, kv] in float32 at least (float64 stays float64)
         scores = scores if scores.dtype in _WIDE else scores.float()
         probs = torch.softmax(scores + base if late else scores, dim=-1)
         if dropout_p > 0:
             probs = nn.functional.dropout(probs, dropout_p)
-        o_lat = _latent_sum(probs.to(ckv.dtype), ckv, r).view(b, h, s, r)  # Σ_j p_hj c_j
+        o_lat = latent_sum(probs.to(ckv.dtype), ckv, r).view(b, h, s, r)  # Σ_j p_hj c_j
         out = torch.matmul(o_lat, w_uv.transpose(1, 2))  # [b, h, s, r_kv] @ [h, r_kv, d_v] -> [b, h, s, d_v]
         out = out * prepared.live  # rows that see no key output 0
         if not need_weights:
             return out, None
         return out, probs.view(b, h, s, kv) * prepared.live.to(probs.dtype)
-
-
-def _onednn_available() -> bool:
-    """Whether this torch build has oneDNN's linear operator (``torch.ops.mkldnn._linear_pointwise``), as
-    :func:`modkit.nn.onednn.onednn_available` checks."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(
-            torch.ops.aten, "mkldnn_linear_backward_input"
-        )
-    except (AttributeError, RuntimeError):  # an operator namespace that does not resolve
-        return False
-
-
-_ONEDNN = _onednn_available()
-
-
-def _onednn_scores(q: Tensor, ckv: Tensor) -> Tensor:
-    """``q [n, k] @ ckv [kv, k]ᵀ -> [n, kv]`` through oneDNN's matmul (float32, CPU, both contiguous)."""
-    return torch.ops.mkldnn._linear_pointwise(q, ckv, None, "none", [], "")
-
-
-def _onednn_sum(p: Tensor, ckv: Tensor) -> Tensor:
-    """``p [n, kv] @ ckv [kv, k] -> [n, k]`` through oneDNN (float32, CPU, ``ckv`` contiguous): the input gradient of
-    a linear map whose weight is ``ckv``, which oneDNN computes reading ``ckv`` where it lies (the forward product
-    would need it transposed). ``p`` is the small operand converted to oneDNN's layout and back."""
-    return torch.ops.aten.mkldnn_linear_backward_input(p.shape[:1] + ckv.shape[1:], p.to_mkldnn(), ckv).to_dense()
-
-
-# custom ops, so that ``torch.compile`` calls them as they are (Inductor has no lowering of oneDNN's linear for a
-# plain weight); eager calls the functions themselves, without the op's dispatch (about 15 µs a call)
-_SCORES_OP = torch.library.custom_op("modkit::mla_latent_scores", _onednn_scores, mutates_args=())
-_SUM_OP = torch.library.custom_op("modkit::mla_latent_sum", _onednn_sum, mutates_args=())
-_SCORES_OP.register_fake(lambda q, ckv: q.new_empty(q.shape[0], ckv.shape[0]))
-_SUM_OP.register_fake(lambda p, ckv: p.new_empty(p.shape[0], ckv.shape[1]))
-
-
-def _onednn_fits(a: Tensor, ckv: Tensor) -> bool:
-    """Whether :func:`_onednn_scores` / :func:`_onednn_sum` take ``a [b, n, ·]`` against ``ckv [b, kv, k]``: one
-    float32 sequence on the CPU, the cache contiguous, no gradient to carry."""
-    return (
-        _ONEDNN
-        and a.shape[0] == 1
-        and a.dtype == ckv.dtype == torch.float32
-        and a.device.type == ckv.device.type == "cpu"
-        and ckv.is_contiguous()
-        and not (torch.is_grad_enabled() and (a.requires_grad or ckv.requires_grad))
-    )
-
-
-def _latent_sum(p: Tensor, ckv: Tensor, width: int) -> Tensor:
-    """``p @ ckv[..., :width]``: ``p [b, n, kv]``, ``ckv [b, kv, k]`` -> ``[b, n, width]`` (the weighted sum of the
-    cached latents, ``width = r_kv``), through oneDNN where :func:`_onednn_fits` (it then computes all ``k``
-    columns and drops the rotated key's), else ``bmm``."""
-    if _onednn_fits(p, ckv):
-        fn = _SUM_OP if torch.compiler.is_compiling() else _onednn_sum
-        return fn(p[0].contiguous(), ckv[0])[None, :, :width]
-    return torch.bmm(p, ckv[..., :width])
-
-
-def _latent_product(q: Tensor, ckv: Tensor, base: Optional[Tensor]) -> Tensor:
-    """``base + q @ ckvᵀ``: ``q [b, n, k]``, ``ckv [b, kv, k]``, ``base`` broadcastable to ``[b, n, kv]`` or ``None``
-    -> ``[b, n, kv]`` (the absorbed scores: ``n = h·s`` query rows against every cached latent and rotated key).
-
-    One float32 sequence on the CPU, outside autograd, runs through oneDNN's matmul (:mod:`modkit.nn.onednn`): its
-    AVX-512 kernels read the ``[kv, k]`` cache as the weight of a linear map, where MKL's batched GEMM takes its AVX2
-    path on AMD CPUs and reaches about half the speed with 8 rows (``benchmarks/results_mla.md``). Anything else (a
-    batch, another dtype or device, a gradient) goes through ``baddbmm``; the two differ by float rounding only.
-    """
-    if _onednn_fits(q, ckv):
-        fn = _SCORES_OP if torch.compiler.is_compiling() else _onednn_scores
-        out = fn(q[0].contiguous(), ckv[0])[None]
-        return out if base is None else out + base
-    kt = ckv.transpose(1, 2)
-    return torch.bmm(q, kt) if base is None else torch.baddbmm(base, q, kt)
 
 
 def _norm_params(cfg: MLAConfig, ctx: BuildContext, dim: int) -> int:

@@ -223,7 +223,7 @@ def test_single_sequence_float32_decode_equals_the_expanded_form():
     """Batch 1 in float32 on the CPU: the absorbed products (oneDNN's where this torch has it, else ``baddbmm`` /
     ``bmm``) give the expanded form's logits to 1e-5, chunks and single steps; and the two latent products equal
     plain float64 matrix products to float32 rounding, mask added, on the 40-wide cache layout (latent, then key)."""
-    from modkit_plugins.mla import _latent_product, _latent_sum
+    from modkit.plugin import latent_scores, latent_sum
 
     model = modkit.build(TINY_MLA, seed=0).eval()
     ids = torch.randint(0, 1024, (1, 16), generator=torch.Generator().manual_seed(5))
@@ -244,7 +244,7 @@ def test_single_sequence_float32_decode_equals_the_expanded_form():
     )
     base = torch.zeros(1, 1, 33).masked_fill_(torch.arange(33) > 30, float("-inf"))
     with torch.no_grad():
-        scores, summed = _latent_product(q, ckv, base), _latent_sum(p, ckv, 32)
+        scores, summed = latent_scores(q, ckv, base), latent_sum(p, ckv, 32)
     ref = base.double() + q.double() @ ckv.double().transpose(1, 2)
     assert scores.shape == (1, 8, 33) and torch.equal(scores.isinf(), ref.isinf())
     torch.testing.assert_close(scores, ref.float(), atol=1e-5, rtol=1e-5)
