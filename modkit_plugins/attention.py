@@ -294,11 +294,12 @@ class Attention(KVReader, nn.Module):
         self.logit_softcap = cfg.logit_softcap
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         o_width = self.n_heads * self.v_head_dim  # the merged value heads
-        self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)
-        self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
-        self.v_proj = nn.Linear(d, self.n_kv_heads * self.v_head_dim, bias=cfg.v_bias)
+        d_in = ctx.d_in or d  # a wider input (BuildContext.d_in: Zamba2's [stream, embeddings]); the output is d
+        self.q_proj = nn.Linear(d_in, q_width, bias=cfg.q_bias)
+        self.k_proj = nn.Linear(d_in, kv_width, bias=cfg.k_bias)
+        self.v_proj = nn.Linear(d_in, self.n_kv_heads * self.v_head_dim, bias=cfg.v_bias)
         self.o_proj = nn.Linear(o_width, d, bias=cfg.o_bias)
-        self.gate_proj = nn.Linear(d, o_width, bias=cfg.q_bias) if cfg.output_gate else None
+        self.gate_proj = nn.Linear(d_in, o_width, bias=cfg.q_bias) if cfg.output_gate else None
         self.qk_norm_scope = cfg.qk_norm_scope
         self.qk_norm_after = cfg.qk_norm_after_position
         self.clip_qkv = cfg.clip_qkv
@@ -466,10 +467,11 @@ class Attention(KVReader, nn.Module):
 def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
     d, hd, vd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model), cfg.value_width(ctx.d_model)
     qw, kvw, vw, ow = cfg.n_heads * hd, cfg.kv_heads * hd, cfg.kv_heads * vd, cfg.n_heads * vd
-    n = d * (qw + kvw + vw + ow)
+    d_in = ctx.d_in or d  # the input width (BuildContext.d_in); o_proj returns d
+    n = d_in * (qw + kvw + vw) + ow * d
     n += qw * cfg.q_bias + kvw * cfg.k_bias + vw * cfg.v_bias + d * cfg.o_bias
     if cfg.output_gate:  # gate_proj: as wide as the merged value heads, with q_proj's bias
-        n += d * ow + ow * cfg.q_bias
+        n += d_in * ow + ow * cfg.q_bias
     if cfg.qk_norm is not None:
         norm = ctx.registry.entry_for_config(cfg.qk_norm)
         for width, heads in ((qw, cfg.n_heads), (kvw, cfg.kv_heads)):
@@ -496,19 +498,20 @@ def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str,
     """
     d, hd, vd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model), cfg.value_width(ctx.d_model)
     qw, kvw, t = cfg.n_heads * hd, cfg.kv_heads * hd, work.tokens
+    d_in = ctx.d_in or d  # the input width (BuildContext.d_in); o_proj returns d
     pairs = work.pairs(causal=cfg.causal, window=cfg.sliding_window, chunk=cfg.attention_chunk_size)
     if work.dense and cfg.sinks and cfg.backend == "sdpa" and cfg.logit_softcap is None:
         pairs += t  # the zero key column the SDPA path appends for the sink
     out = {
-        "q_proj": 2 * t * d * qw,
-        "k_proj": 2 * t * d * kvw,
-        "v_proj": 2 * t * d * cfg.kv_heads * vd,
+        "q_proj": 2 * t * d_in * qw,
+        "k_proj": 2 * t * d_in * kvw,
+        "v_proj": 2 * t * d_in * cfg.kv_heads * vd,
         "o_proj": 2 * t * cfg.n_heads * vd * d,
         "scores": 2 * cfg.n_heads * hd * pairs,
         "weighted_sum": 2 * cfg.n_heads * vd * pairs,
     }
     if cfg.output_gate:
-        out["gate_proj"] = 2 * t * d * cfg.n_heads * vd
+        out["gate_proj"] = 2 * t * d_in * cfg.n_heads * vd
     return out
 
 
@@ -572,6 +575,8 @@ def register_components(register) -> None:
                     "attention_dropout": True,
                     "document_mask": True,  # prepare_mask keeps each query inside its document
                     "kv_share": True,  # may read another layer's keys and values (KVReader.read_kv_from)
+                    # reads an input wider than d_model when built with BuildContext.d_in (o_proj returns d_model)
+                    "d_in": True,
                     # sequence sharded over ranks: update_cache all-gathers every rank's keys and values
                     "context_parallel": "allgather_kv",
                     # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads, and the

@@ -147,6 +147,10 @@ class AttentionInputs:
         shared_kv: in a model where layers read an earlier layer's keys and values (spec ``kv_sharing``), the dict
             of one forward where a source layer leaves what it attends over (:func:`~modkit.nn.attention.update_cache`)
             and its readers find it (:func:`~modkit.nn.attention.shared_kv`); ``None``: no sharing.
+        embeddings: ``[batch, seq, d_model]`` what the first block received for the tokens of ``x`` (the embedding
+            output: token rows, scaled, positions added, normalised), for mixers that read the embeddings beside the
+            residual stream (``side_input``: Zamba2's shared block reads ``[stream, embeddings]``); the model sets it
+            on every forward, ``None`` where a caller runs blocks alone.
     """
 
     positions: Tensor
@@ -158,6 +162,7 @@ class AttentionInputs:
     sequence: Optional[Any] = None
     token_ids: Optional[Tensor] = None
     shared_kv: Optional[dict] = None
+    embeddings: Optional[Tensor] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""
@@ -316,6 +321,10 @@ class BuildContext:
             and build the module with :func:`dropout`.
         parametrization: the spec's ``parametrization`` (``None``: standard); attentions take their default score
             scale from :meth:`attention_scale`, which follows it.
+        d_in: for a token mixer: the width of its input when it is not ``d_model`` (it still returns ``d_model``
+            features): the attention of a side block that reads the residual stream concatenated with the
+            embeddings, ``2 · d_model`` (Zamba2). ``None``: ``d_model``. Mixers that accept it declare the
+            ``d_in`` capability.
     """
 
     d_model: int
@@ -335,6 +344,7 @@ class BuildContext:
     residual_dropout: float = 0.0
     extra: dict = field(default_factory=dict)
     parametrization: Any = None
+    d_in: Optional[int] = None
 
     def attention_scale(self, head_dim: int, standard: Optional[float] = None) -> float:
         """The default multiplier of ``q·k`` for heads of ``head_dim``: ``1 / sqrt(head_dim)`` under standard

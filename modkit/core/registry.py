@@ -72,6 +72,10 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "streams": "a placement that reads its block input from a residual stream of several copies and writes its "
         "sublayers' outputs back through the stream's connections (BuildContext.extra['stream']; spec 'stream', "
         "hyper-connections); without it a placement is refused with a wide stream",
+        "d_in": "a token mixer that reads an input wider than d_model when built with BuildContext.d_in and still "
+        "returns d_model features (the attention of a side block fed [stream, embeddings]: Zamba2)",
+        "own_norm": "a token mixer that normalises its own input (it holds the norm): placements put no norm before "
+        "it and hand it the residual stream itself (side_input: the side block reads the stream before any norm)",
     }
 )
 
