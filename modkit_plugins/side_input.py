@@ -126,7 +126,7 @@ class SideInput(nn.Module):
     """``forward(x [batch, seq, d_model], inputs) = mixer(norm(x + proj(side([x, inputs.embeddings]))))``.
 
     Attributes: ``side`` (:class:`SideBlock`), ``proj`` (``nn.Linear(d_model, d_model, bias=False)`` or ``None``),
-    ``norm`` and ``mixer``. The geometry of the side attention (``n_heads``, ``head_dim``, ``n_kv_heads``) is exposed
+    ``input_norm`` (the norm before the mixer) and ``mixer``. The geometry of the side attention (``n_heads``, ``head_dim``, ``n_kv_heads``) is exposed
     for the tools that label heads.
     """
 
@@ -135,7 +135,7 @@ class SideInput(nn.Module):
         self.concat = cfg.concat_embeddings
         self.side = SideBlock(cfg, ctx)
         self.proj = nn.Linear(ctx.d_model, ctx.d_model, bias=False) if cfg.proj else None
-        self.norm = ctx.build(cfg.norm)
+        self.input_norm = ctx.build(cfg.norm)
         self.mixer = ctx.build(cfg.mixer)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
@@ -158,7 +158,7 @@ class SideInput(nn.Module):
         t = self.side(s, inputs)
         if self.proj is not None:
             t = self.proj(t)
-        return self.mixer(self.norm(x + t), inputs)
+        return self.mixer(self.input_norm(x + t), inputs)
 
 
 def _count(cfg: ComponentConfig, ctx: BuildContext) -> int:

@@ -139,6 +139,10 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "shared_gate": (False, "the shared expert's output times sigmoid(w · x) (Qwen2-MoE)"),
     "shared_bias": (False, "biases on the shared expert's projections (DeepSeek-V2 mlp_bias, ERNIE 4.5 use_bias)"),
     "aux_loss_coef": (0.0, "weight of the load-balancing loss"),
+    "share": (
+        None,
+        "blocks (or parts of them) shared across layers: the spec's share groups, written by the type's own code",
+    ),
     "tie_embeddings": (False, "the head shares the token embedding"),
     "lm_head_bias": (False, "the head has a bias"),
     "embedding_scale": (None, "multiplier of the token embeddings ('sqrt_d_model': Gemma)"),
@@ -358,6 +362,8 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     )
     if f["embedding_norm"]:
         spec["embedding_norm"] = norm
+    if f["share"]:  # blocks shared across layers (Zamba2's attention block)
+        spec["share"] = [dict(g) for g in f["share"]]
     return spec
 
 
@@ -551,6 +557,7 @@ def _output_fields(spec) -> dict[str, Any]:
     """The head, embedding and init fields, and the dropout probabilities."""
     return {
         "tie_embeddings": spec.tie_embeddings,
+        "share": [g.model_dump(exclude_none=True) for g in spec.share] or None,
         "lm_head_bias": spec.lm_head_bias,
         "embedding_scale": spec.embedding_scale,
         "logit_scale": spec.logit_scale,
