@@ -154,7 +154,7 @@ class SideInput(nn.Module):
                     f"got {None if e is None else tuple(e.shape)} for a stream of shape {tuple(x.shape)}: run it "
                     "through Model.forward, which hands every layer the embeddings"
                 )
-            s = torch.cat([x, e], dim=-1)
+            s = torch.cat([x, e.to(x.dtype)], dim=-1)
         t = self.side(s, inputs)
         if self.proj is not None:
             t = self.proj(t)
