@@ -190,3 +190,26 @@ def test_sharing_errors_name_the_part_and_the_fused_layers():
     with pytest.raises(modkit.SpecError) as err:
         modkit.load_spec(spec(bad_fuse))
     assert any("fuse[0]" in path and "['down']" in msg for path, msg in err.value.errors), err.value.errors
+
+
+def test_the_compose_guide_zamba2_fragment_validates_and_counts_the_block_once():
+    import json
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "guides" / "compose.md").read_text()
+    fragment = next(b for b in re.findall(r"```json\n(.*?)```", text, re.S) if "side_input" in b)
+    s = {
+        "schema_version": 1,
+        "vocab_size": 64,
+        "d_model": 2560,
+        "n_layers": 20,
+        "max_seq_len": 64,
+        "position": {"type": "none"},
+        "block": {"mixer": {"type": "mamba2"}, "ffn": None, "norm": {"type": "rmsnorm"}, "placement": {"type": "pre"}},
+        **json.loads("{" + fragment + "}"),
+    }
+    unshared = {k: v for k, v in s.items() if k != "share"}
+    block = 5120 + 2560 + 3 * 5120 * 5120 + 5120 * 2560 + 3 * 2560 * 10240  # 2 norms, q k v (2d in), o, gate up down
+    lora = 128 * 2560 + 2 * 128 * 10240  # one A for gate and up, a B each
+    assert modkit.count_params(s) == modkit.count_params(unshared) - 2 * block + 3 * lora
