@@ -14,6 +14,10 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   ``forward(x, inputs: AttentionInputs) -> Tensor`` in the block's token-mixing slot, like an attention; keeps a
   fixed-size state per sequence between forwards, declared as ``growth="sequence"`` entries of its
   ``cache_spec()`` (helpers in :mod:`modkit.nn.recurrent`); padding tokens (``inputs.token_mask`` False) change no state.
+  Built with ``BuildContext.d_in`` (capability ``d_in``) a token mixer reads that many input features and still
+  returns ``d_model``; ``inputs.embeddings`` holds what the first block received, for a mixer that reads it beside the
+  stream; a mixer declaring ``own_norm`` gets no norm from its placement and reads the residual stream itself
+  (``side_input``: Zamba2's hybrid layer, whose side block reads ``[stream, embeddings]``).
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
   it gets the built attention and ffn and the norm config in its :class:`BuildContext`. ``x`` is the residual
