@@ -126,8 +126,7 @@ class SideInput(nn.Module):
     """``forward(x [batch, seq, d_model], inputs) = mixer(norm(x + proj(side([x, inputs.embeddings]))))``.
 
     Attributes: ``side`` (:class:`SideBlock`), ``proj`` (``nn.Linear(d_model, d_model, bias=False)`` or ``None``),
-    ``input_norm`` (the norm before the mixer) and ``mixer``. The geometry of the side attention (``n_heads``, ``head_dim``, ``n_kv_heads``) is exposed
-    for the tools that label heads.
+    ``input_norm`` (the norm before the mixer) and ``mixer``.
     """
 
     def __init__(self, cfg: SideInputConfig, ctx: BuildContext):
