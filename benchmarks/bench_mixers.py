@@ -4,9 +4,10 @@ causal attention of the same width; decode step time against the context.
 
 1. **Forward + backward** of one mixer layer alone (``[1, T, d_model]`` float32 on the CPU, ``out.sum()``
    backpropagated to the input and every weight) at ``T`` = 256, 1K and 4K (``--lengths``): modkit's ``mamba2``,
-   ``gated_deltanet`` and ``mamba`` (their chunked forms) against transformers' ``Mamba2Mixer``,
-   ``Qwen3NextGatedDeltaNet`` and ``JambaMambaMixer`` with the kernel packages made unimportable (their
-   ``torch_forward`` / ``torch_chunk_gated_delta_rule`` / ``slow_forward`` paths), loaded with the same weights, and
+   ``gated_deltanet`` and ``mamba`` (their chunked forms; ``mlstm`` too with ``--mixers``) against transformers'
+   ``Mamba2Mixer``, ``Qwen3NextGatedDeltaNet`` and ``JambaMambaMixer`` (``xLSTMLayer``) with the kernel packages
+   made unimportable (their ``torch_forward`` / ``torch_chunk_gated_delta_rule`` / ``slow_forward`` paths; xLSTM's
+   native chunkwise kernel), loaded with the same weights, and
    against modkit's causal ``mha`` of the same width (heads of 64, SDPA). Median over ``--repeats`` rounds, the
    sides alternating; ratios transformers / modkit and attention / modkit (above 1: the modkit mixer is faster), in
    wall time and in the thread's CPU time (on a loaded machine the CPU time is what the load does not inflate).
@@ -61,7 +62,8 @@ def _spec(d: int, mixer: dict, max_len: int) -> dict:
 def mixers(d: int) -> dict:
     """``{name: modkit mixer config}`` at width ``d``: Mamba-2 (heads of 64, state 128, expand 2, 1 group),
     Gated DeltaNet (Qwen3-Next's head sizes 128, d/128 key heads, twice as many value heads), Mamba-1 (state 16,
-    expand 2), and multi-head attention with heads of 64."""
+    expand 2), the mLSTM (xLSTM 7B's widths: queries and keys d/2, values d, heads of 64 / 128), and multi-head
+    attention with heads of 64."""
     return {
         "mamba2": {"type": "mamba2", "d_state": 128, "head_dim": 64, "expand": 2, "n_groups": 1},
         "gated_deltanet": {
@@ -72,8 +74,20 @@ def mixers(d: int) -> dict:
             "value_head_dim": 128,
         },
         "mamba": {"type": "mamba", "d_state": 16, "expand": 2, "chunk_size": 64, "inner_norm": {"type": "rmsnorm"}},
+        "mlstm": {"type": "mlstm", "n_heads": max(1, d // 128)},
         "attention": {"type": "mha", "n_heads": d // 64},
     }
+
+
+class _FirstOutput(torch.nn.Module):
+    """``layer(x)[0]``: the output of a layer that returns ``(output, state)`` (transformers' ``xLSTMLayer``)."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)[0]
 
 
 def reference(name: str, d: int, ours: torch.nn.Module):
@@ -141,6 +155,12 @@ def reference(name: str, d: int, ours: torch.nn.Module):
                 for k, v in ours.state_dict().items()
             }
         )
+    elif name == "mlstm":  # xLSTMLayer returns (output, state): the output alone, as the other layers return
+        from transformers.models.xlstm.modeling_xlstm import xLSTMLayer
+
+        cfg = transformers.xLSTMConfig(hidden_size=d, num_heads=ours.n_heads, chunk_size=ours.chunk_size)
+        hf = _FirstOutput(xLSTMLayer(cfg))
+        hf.layer.load_state_dict(ours.state_dict())
     else:
         return None
     return hf.train()

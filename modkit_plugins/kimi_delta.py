@@ -3,9 +3,15 @@
 ``[batch, seq, d_model] -> [batch, seq, d_model]``. Per token, projections give queries, keys and values
 (``n_heads`` heads of ``head_dim``), per head a write strength ``β = sigmoid(b)`` (``2 · sigmoid(b)`` with
 ``allow_neg_eigval``) and, per channel of every key head, a log decay through a low-rank projection of rank
-``gate_rank`` (default ``head_dim``):
+``gate_rank`` (default ``head_dim``), or with ``full_rank_gates`` one ``[n_heads · head_dim, d_model]`` projection
+``W_f`` (and ``W_g`` for the output gate) in place of each pair (Ling's ``f_proj`` / ``g_proj``):
 
     g = -exp(A_log[h]) · softplus(W_fb W_fa x + dt_bias)        (g ∈ R^{n_heads × head_dim}, ≤ 0)
+
+or, with ``forget_gate: "bounded"`` (Ling 3's ``kda_safe_gate``), a decay confined to ``(lower_bound, 0)`` whatever
+the input, so no chunk's cumulative decay grows faster than ``|lower_bound|`` per token:
+
+    g = lower_bound · sigmoid(exp(A_log[h]) · (W_f x + dt_bias))   (lower_bound = gate_lower_bound, default -5)
 
 Queries, keys and values go through a short causal depthwise convolution and ``silu``; queries and keys are
 L2-normalised (queries also scaled by ``head_dim^-1/2``). Per head, with state ``S ∈ R^{head_dim × head_dim}``
@@ -37,7 +43,9 @@ References: Kimi Team 2025, Kimi Linear: An Expressive, Efficient Attention Arch
 and its chunkwise form); Yang, Kautz & Hatamizadeh 2024, Gated Delta Networks (arXiv:2412.06464); Grazzi et al. 2024,
 Unlocking State-Tracking in Linear RNNs Through Negative Eigenvalues (arXiv:2411.12537) for ``β ∈ (0, 2)``;
 transformers ``KimiLinearDeltaAttention`` / ``KimiLinearForgetGate`` / ``KimiLinearRMSNormGated`` and
-flash-linear-attention's ``KimiDeltaAttention`` (read, not copied) for the parameterisation and the init.
+flash-linear-attention's ``KimiDeltaAttention`` (read, not copied) for the parameterisation and the init;
+transformers ``BailingHybridDeltaAttention`` / ``BailingHybridForgetGate`` (Ling 3, ``kda_safe_gate``,
+``kda_lower_bound``) for the bounded gate and the full-rank gate projections.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import math
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from modkit.plugin import (
@@ -67,6 +75,12 @@ from modkit.plugin import (
     zero_padding,
 )
 from modkit_plugins.gated_deltanet import DeltaRuleConfig, l2_normalise
+
+
+#: the bounded forget gate's default lowest log decay per token (transformers ``BailingHybridConfig.kda_lower_bound``)
+DEFAULT_LOWER_BOUND = -5.0
+#: the range of ``|gate_lower_bound|``: below 1e-6 no decay shows in float32; at 1000 a token forgets everything
+MIN_LOWER_BOUND, MAX_LOWER_BOUND = 1e-6, 1000.0
 
 
 class KimiDeltaConfig(DeltaRuleConfig):
@@ -91,10 +105,54 @@ class KimiDeltaConfig(DeltaRuleConfig):
         "forward + backward at 256 tokens among 4-64 on one CPU thread (8 is faster at 4K; not measured on a GPU)",
     )
 
+    full_rank_gates: bool = Field(
+        False,
+        description="one full [n_heads · head_dim, d_model] projection for each of the forget gate (f_proj) and the "
+        "output gate (g_proj) instead of the low-rank pairs (Ling 3's BailingHybridDeltaAttention); gate_rank must "
+        "then be unset. Default off (Kimi Linear)",
+    )
+    forget_gate: Literal["softplus", "bounded"] = Field(
+        "softplus",
+        description="'softplus': g = -exp(A_log) · softplus(f + dt_bias), in (-inf, 0] (Kimi Linear); 'bounded': g = "
+        "gate_lower_bound · sigmoid(exp(A_log) · (f + dt_bias)), in (gate_lower_bound, 0) (Ling 3's kda_safe_gate)",
+    )
+    gate_lower_bound: Optional[float] = Field(
+        None,
+        ge=-MAX_LOWER_BOUND,
+        le=-MIN_LOWER_BOUND,
+        description="the bounded forget gate's lowest log decay per token (Ling 3's kda_lower_bound); only with "
+        f"forget_gate 'bounded', default -5. Within [-{MAX_LOWER_BOUND:g}, -{MIN_LOWER_BOUND:g}]: a weaker bound "
+        "decays nothing in float32, a stronger one forgets everything within a token",
+    )
+
+    @model_validator(mode="after")
+    def _check_gates(self) -> "KimiDeltaConfig":
+        if self.full_rank_gates and self.gate_rank is not None:
+            raise ValueError(
+                f"gate_rank = {self.gate_rank} sets the rank of low-rank gates, but full_rank_gates is true (full "
+                "projections have no rank); drop gate_rank or set full_rank_gates false"
+            )
+        if self.gate_lower_bound is not None and self.forget_gate != "bounded":
+            raise ValueError(
+                f"gate_lower_bound = {self.gate_lower_bound:g} bounds the 'bounded' forget gate, but forget_gate is "
+                f"{self.forget_gate!r}; set forget_gate 'bounded' or drop gate_lower_bound"
+            )
+        return self
+
     @property
     def rank(self) -> int:
-        """``gate_rank``, or ``head_dim``."""
+        """``gate_rank``, or ``head_dim`` (the low-rank gates' rank; unused with ``full_rank_gates``)."""
         return self.gate_rank if self.gate_rank is not None else self.head_dim
+
+    def gate_weights(self, d_model: int) -> int:
+        """Weights of one gate's projection(s): ``d_model · D`` full, ``d_model · r + r · D`` low-rank."""
+        D = self.n_heads * self.head_dim
+        return d_model * D if self.full_rank_gates else d_model * self.rank + self.rank * D
+
+    @property
+    def lower_bound(self) -> float:
+        """The bounded gate's lowest log decay: ``gate_lower_bound``, or -5 (Ling 3's ``kda_lower_bound``)."""
+        return self.gate_lower_bound if self.gate_lower_bound is not None else DEFAULT_LOWER_BOUND
 
 
 # ----------------------------------------------------------------------------------------------- the two forms
@@ -212,9 +270,10 @@ class KimiDeltaAttention(nn.Module):
     """The KDA mixer. ``forward(x [batch, seq, d_model], inputs) -> [batch, seq, d_model]``.
 
     Parameters (``D = n_heads · head_dim``, ``r = gate_rank``): ``q_proj``, ``k_proj``, ``v_proj`` ``[D, d_model]``,
-    ``conv1d`` over ``[q; k; v]``, ``f_a_proj [r, d_model]`` and ``f_b_proj [D, r]`` (the forget gate), ``dt_bias
-    [D]``, ``A_log [n_heads]``, ``b_proj [n_heads, d_model]`` (β), ``g_a_proj [r, d_model]`` and ``g_b_proj [D, r]``
-    (the output gate), ``o_norm.weight [head_dim]`` (shared by the heads), ``o_proj [d_model, D]``.
+    ``conv1d`` over ``[q; k; v]``, ``f_a_proj [r, d_model]`` and ``f_b_proj [D, r]`` (the forget gate; with
+    ``full_rank_gates`` one ``f_proj [D, d_model]``), ``dt_bias [D]``, ``A_log [n_heads]``, ``b_proj [n_heads,
+    d_model]`` (β), ``g_a_proj [r, d_model]`` and ``g_b_proj [D, r]`` (the output gate; with ``full_rank_gates``
+    ``g_proj [D, d_model]``), ``o_norm.weight [head_dim]`` (shared by the heads), ``o_proj [d_model, D]``.
     """
 
     #: the decay parameters and the depthwise filter are fixed-fan-in vectors (no width multiplier, no Muon step)
@@ -231,13 +290,19 @@ class KimiDeltaAttention(nn.Module):
         self.k_proj = nn.Linear(d, self.dim, bias=False)
         self.v_proj = nn.Linear(d, self.dim, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.d_conv, groups=self.conv_dim, bias=cfg.conv_bias)
-        self.f_a_proj = nn.Linear(d, cfg.rank, bias=False)
-        self.f_b_proj = nn.Linear(cfg.rank, self.dim, bias=False)
+        self.bounded = cfg.forget_gate == "bounded"
+        self.lower_bound = cfg.lower_bound
+        if cfg.full_rank_gates:  # Ling 3: one projection per gate
+            self.f_proj = nn.Linear(d, self.dim, bias=False)
+            self.g_proj = nn.Linear(d, self.dim, bias=False)
+        else:
+            self.f_a_proj = nn.Linear(d, cfg.rank, bias=False)
+            self.f_b_proj = nn.Linear(cfg.rank, self.dim, bias=False)
+            self.g_a_proj = nn.Linear(d, cfg.rank, bias=False)
+            self.g_b_proj = nn.Linear(cfg.rank, self.dim, bias=False)
         self.dt_bias = nn.Parameter(torch.empty(self.dim))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
         self.b_proj = nn.Linear(d, self.n_heads, bias=False)
-        self.g_a_proj = nn.Linear(d, cfg.rank, bias=False)
-        self.g_b_proj = nn.Linear(cfg.rank, self.dim, bias=False)
         self.o_norm = SigmoidGatedRMSNorm(self.head_dim, cfg.norm_eps)
         self.o_proj = nn.Linear(self.dim, d, bias=False)
 
@@ -273,7 +338,16 @@ class KimiDeltaAttention(nn.Module):
     def head_layout(self) -> dict[str, tuple[int, int]]:
         """``{projection: (heads, width per head)}``."""
         per = (self.n_heads, self.head_dim)
-        return {"q_proj": per, "k_proj": per, "v_proj": per, "f_b_proj": per, "g_b_proj": per}
+        gates = ("f_proj", "g_proj") if hasattr(self, "f_proj") else ("f_b_proj", "g_b_proj")
+        return {"q_proj": per, "k_proj": per, "v_proj": per, **{name: per for name in gates}}
+
+    def _forget_input(self, x: Tensor) -> Tensor:
+        """The forget gate's projection ``[batch, seq, n_heads · head_dim]`` (low-rank pair or full)."""
+        return self.f_proj(x) if hasattr(self, "f_proj") else self.f_b_proj(self.f_a_proj(x))
+
+    def _output_gate(self, x: Tensor) -> Tensor:
+        """The output gate's projection ``[batch, seq, n_heads · head_dim]`` (low-rank pair or full)."""
+        return self.g_proj(x) if hasattr(self, "g_proj") else self.g_b_proj(self.g_a_proj(x))
 
     def _gates(self, x: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         """``(g [batch, H, seq, head_dim], beta [batch, H, seq])`` in float32, zero on padding."""
@@ -281,8 +355,12 @@ class KimiDeltaAttention(nn.Module):
         beta = torch.sigmoid(self.b_proj(x).float())
         if self.allow_neg_eigval:
             beta = 2.0 * beta
-        raw = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
-        g = -self.A_log.float().exp()[:, None] * nn.functional.softplus(raw.view(bsz, s, self.n_heads, self.head_dim))
+        raw = (self._forget_input(x).float() + self.dt_bias.float()).view(bsz, s, self.n_heads, self.head_dim)
+        rate = self.A_log.float().exp()[:, None]
+        if self.bounded:  # in (lower_bound, 0) whatever the input (Ling 3's kda_safe_gate)
+            g = self.lower_bound * torch.sigmoid(rate * raw)
+        else:
+            g = -rate * nn.functional.softplus(raw)
         return zero_padding(g, mask).transpose(1, 2), zero_padding(beta, mask).transpose(1, 2)
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
@@ -311,7 +389,7 @@ class KimiDeltaAttention(nn.Module):
             o, s1 = kda_chunked(q, k, v, g, beta, self.chunk_size, s0, starts)
         if state is not None:
             state.write("recurrent", s1)
-        gate = self.g_b_proj(self.g_a_proj(x)).view(shape)
+        gate = self._output_gate(x).view(shape)
         o = self.o_norm(o.transpose(1, 2), gate).reshape(bsz, s, self.dim)
         return self.o_proj(o.to(x.dtype))
 
@@ -320,9 +398,9 @@ class KimiDeltaAttention(nn.Module):
 
 
 def _param_count(cfg: KimiDeltaConfig, ctx: BuildContext) -> int:
-    d, D, r, H = ctx.d_model, cfg.n_heads * cfg.head_dim, cfg.rank, cfg.n_heads
+    d, D, H = ctx.d_model, cfg.n_heads * cfg.head_dim, cfg.n_heads
     n = d * 3 * D + 3 * D * cfg.d_conv + 3 * D * cfg.conv_bias  # q, k, v and the convolution
-    n += 2 * (d * r + r * D)  # the low-rank forget and output gates
+    n += 2 * cfg.gate_weights(d)  # the forget and output gates (low-rank pairs or full)
     n += D + H + d * H  # dt_bias, A_log, b_proj
     return n + cfg.head_dim + D * d  # the norm's weight, o_proj
 
@@ -333,12 +411,12 @@ def _flops(cfg: KimiDeltaConfig, ctx: BuildContext, work: Workload) -> dict[str,
     rows; one token (``work.new == 1``) reads the state twice, ``4 · batch · H · dk · dv``; more tokens take the
     chunkwise form (:func:`kda_chunked`, ``c`` chunks of ``L = min(chunk_size, new)``): ``batch · H · c · (L(L-1)(dk +
     dv) + 2 L² dv + 6 L dk dv)``. Constant per token in the cached context."""
-    d, H, dh, r = ctx.d_model, cfg.n_heads, cfg.head_dim, cfg.rank
+    d, H, dh = ctx.d_model, cfg.n_heads, cfg.head_dim
     D = H * dh
     t, b, s = work.tokens, work.batch, work.new
     out = {
         "qkv_proj": 2 * t * d * 3 * D,
-        "gate_proj": 2 * 2 * t * (d * r + r * D),
+        "gate_proj": 2 * 2 * t * cfg.gate_weights(d),
         "b_proj": 2 * t * d * H,
         "conv": 2 * t * 3 * D * cfg.d_conv,
         "o_proj": 2 * t * D * d,
@@ -355,7 +433,8 @@ def _flops(cfg: KimiDeltaConfig, ctx: BuildContext, work: Workload) -> dict[str,
 _MATH = r"""Per head with state $S_t \in \mathbb{R}^{d \times d}$ ($d$ = head_dim), $q_t, k_t$ L2-normalised after the
 causal convolution ($q_t$ also scaled by $d^{-1/2}$), $\beta_t = \sigma(b_t)$ ($2\sigma(b_t)$ with allow_neg_eigval)
 and a per-channel decay $\alpha_t = e^{g_t} \in (0, 1]^d$ with $g_t = -e^{A^{log}_h}\, \mathrm{softplus}(W_{fb} W_{fa}
-x_t + b_{dt})$:
+x_t + b_{dt})$ (forget_gate "bounded": $g_t = \ell\, \sigma(e^{A^{log}_h} (W_f x_t + b_{dt}))$, $\ell$ =
+gate_lower_bound, so $g_t \in (\ell, 0)$; full_rank_gates: $W_f$, $W_g$ in place of the low-rank pairs):
 
 $$S_t = \left(I - \beta_t k_t k_t^\top\right) \mathrm{Diag}(\alpha_t)\, S_{t-1} + \beta_t\, k_t v_t^\top, \qquad o_t =
 S_t^\top q_t$$
@@ -376,7 +455,7 @@ def register_components(register) -> None:
             config=KimiDeltaConfig,
             factory=lambda cfg, ctx: KimiDeltaAttention(cfg, ctx),
             description="Kimi Delta Attention (Kimi Linear's linear attention): Gated DeltaNet with a per-channel "
-            "forget gate from a low-rank projection; q, k, v with a causal depthwise conv1d and silu, L2-normalised q "
+            "forget gate from a low-rank (or full) projection, softplus or bounded (Ling 3's safe gate); q, k, v with a causal depthwise conv1d and silu, L2-normalised q "
             "and k, beta = sigmoid (2·sigmoid with allow_neg_eigval), chunkwise form for training and prefill and "
             "recurrent step for decoding (the same numbers), a sigmoid output gate through a gated RMSNorm, o_proj. "
             "[batch, seq, d_model] -> [batch, seq, d_model]; the cache holds a fixed-size state per sequence (conv "

@@ -13,6 +13,7 @@ Shapes (``h`` = n_heads, ``d_nope`` = qk_nope_head_dim, ``d_rope`` = qk_rope_hea
     cache  <- c [b, slots, r_kv], k_rope [b, slots, d_rope]: r_kv + d_rope numbers per token and layer
     k_nope, v = kv_b_proj(c) split per head             r_kv -> h·(d_nope + d_v)   (W_UK [h, d_nope, r_kv], W_UV [h, d_v, r_kv])
     score_hij = α (q_nope_hi · k_nope_hj + q_rope_hi · k_rope_j),   o_hi = Σ_j softmax_j(score_hij) v_hj
+    o_h    = o_h · sigmoid(g_proj(x))_h                 head_gate only: one gate per head and token (Ling 3)
     out    = o_proj(o)                                  h·d_v -> d_model
 
 Two ways to compute the same scores (arXiv:2405.04434 §2.1.2, "absorbed" weights):
@@ -43,7 +44,8 @@ sharded projection, so its gradient is summed over the ranks (``modkit.parallel.
 summed by ``kv_b_proj``'s colwise style.
 
 References: DeepSeek-AI 2024, DeepSeek-V2 (arXiv:2405.04434) §2.1; DeepSeek-V3 (arXiv:2412.19437) §2.1.1; the
-transformers ``DeepseekV3Attention`` (``modeling_deepseek_v3.py``) for the layout, the mscale and the interleave.
+transformers ``DeepseekV3Attention`` (``modeling_deepseek_v3.py``) for the layout, the mscale and the interleave;
+transformers ``BailingHybridAttention`` (``modeling_bailing_hybrid.py``, Ling 3) for ``head_gate``.
 """
 
 from __future__ import annotations
@@ -149,6 +151,11 @@ class MLAConfig(ComponentConfig):
         description="DeepSeek's YaRN softmax-scale correction {factor, mscale_all_dim} (copy them from the rope "
         "scaling); null for none",
     )
+    head_gate: bool = Field(
+        False,
+        description="each head's output times sigmoid(g_proj(x)), one gate per head and token from a bias-free "
+        "g_proj [n_heads, d_model], before o_proj (Ling 3's BailingHybridAttention); default off (DeepSeek)",
+    )
 
     @property
     def qk_head_dim(self) -> int:
@@ -230,6 +237,7 @@ class MLA(nn.Module):
         self.kv_a_layernorm = ctx.build(cfg.latent_norm, dim=cfg.kv_lora_rank)
         self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * cfg.v_head_dim, d, bias=cfg.bias)
+        self.g_proj = nn.Linear(d, h, bias=False) if cfg.head_gate else None
 
     def cache_spec(self) -> CacheSpec:
         """The normalised latent ``[kv_lora_rank]`` and the rotated shared key ``[qk_rope_head_dim]`` per token."""
@@ -239,6 +247,8 @@ class MLA(nn.Module):
         """The projections whose outputs split into heads (the latent ones do not)."""
         out = {"kv_b_proj": (self.n_heads, self.qk_nope_head_dim + self.v_head_dim)}
         out["q_proj" if self.q_lora_rank is None else "q_b_proj"] = (self.n_heads, self.qk_head_dim)
+        if self.g_proj is not None:
+            out["g_proj"] = (self.n_heads, 1)
         return out
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
@@ -297,6 +307,8 @@ class MLA(nn.Module):
         t, keys = _Projected(q_nope, q_rope, c_all, k_rope_all), _KeyMask(inputs, k_pos, k_valid, bias, dropout_p)
         keys = keys._replace(selected=self._selection(x, index_state, seen, keys))
         out, weights = self._absorbed(t, keys, need_weights) if absorbed else self._expanded(t, keys, need_weights)
+        if self.g_proj is not None:  # [b, h, s, d_v] times sigmoid of one gate per head and token, in float32
+            out = out * torch.sigmoid(self.g_proj(x).float()).to(out.dtype).transpose(1, 2)[..., None]
         return self.o_proj(out.transpose(1, 2).reshape(b, s, h * self.v_head_dim)), weights
 
     def _prepared(self, keys: _KeyMask, dtype: torch.dtype) -> PreparedMask:
@@ -382,7 +394,7 @@ def _param_count(cfg: MLAConfig, ctx: BuildContext) -> int:
     n += _norm_params(cfg, ctx, cfg.kv_lora_rank)
     n += cfg.kv_lora_rank * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
     n += h * cfg.v_head_dim * d + d * cfg.bias
-    return n
+    return n + d * h * cfg.head_gate
 
 
 def _flops(cfg: MLAConfig, ctx: BuildContext, work: Workload, pairs: Optional[int] = None) -> dict[str, int]:
@@ -419,6 +431,8 @@ def _flops(cfg: MLAConfig, ctx: BuildContext, work: Workload, pairs: Optional[in
         out["weighted_sum"] = 2 * h * r * pairs
         out["v_up"] = 2 * t * h * r * d_v
     out["o_proj"] = 2 * t * h * d_v * d
+    if cfg.head_gate:
+        out["g_proj"] = 2 * t * d * h
     return out
 
 
@@ -435,7 +449,8 @@ $128 \cdot (192 + 128) = 40{,}960$ for its 128 heads' keys and values). Decoding
 ("absorbed") and scores the cached latents directly; prefill expands $k^C$ and $v$ per head. $\alpha =
 (d_{nope} + d_R)^{-1/2}\, m^2$ with DeepSeek's YaRN $m = 0.1\, \mu \ln s + 1$ ($s$ = factor, $\mu$ = mscale_all_dim;
 $m = 1$ without yarn_mscale), $M_{ij}$ is the causal mask (0 where $j \le i$ and not padding, $-\infty$ elsewhere).
-The heads' outputs are concatenated and projected by $W_O$."""
+The heads' outputs are concatenated (with head_gate each first times $\sigma(w^{(h)\top}_g x_i)$, Ling 3's gate)
+and projected by $W_O$."""
 
 
 #: heads sharded (q by head, kv_b by head, o on its input); the latent path reads the replicated input, so its
@@ -449,6 +464,7 @@ TP_PLAN = {
     "kv_a_layernorm": "replicate",
     "kv_b_proj": "colwise",
     "o_proj": "rowwise",
+    "g_proj": "colwise",
 }
 
 #: the example config of ``mla`` (the tiny models of the contract kit); ``dsa``'s extends it
@@ -479,9 +495,10 @@ def register_components(register) -> None:
             description="Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): optional low-rank queries, a compressed "
             "key/value latent and a decoupled RoPE key shared by all heads. [batch, seq, d_model] -> [batch, seq, "
             "d_model]; the cache holds the latent [batch, slots, kv_lora_rank] and the rotated key [batch, slots, "
-            "qk_rope_head_dim], and decoding attends over the latent with the key up-projection absorbed into the query.",
+            "qk_rope_head_dim], and decoding attends over the latent with the key up-projection absorbed into the query; "
+            "head_gate multiplies each head's output by sigmoid(g_proj(x)) (Ling 3).",
             reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434 §2.1; DeepSeek-V3, arXiv:2412.19437; "
-            "transformers DeepseekV3Attention",
+            "transformers DeepseekV3Attention; BailingHybridAttention (head_gate)",
             capabilities={
                 "overflow_prone": True,
                 "causal_safe": True,

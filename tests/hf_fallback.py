@@ -30,6 +30,7 @@ MODELING = (
     "bamba",
     "granitemoehybrid",
     "nemotron_h",
+    "bailing_hybrid",
 )
 
 

@@ -86,7 +86,7 @@ from .components import (
 from .comparison import COMPARE_CONTEXT, Figures, comparison_section, component_figures
 from .contracts import acts_on_text, contracts_preamble, kind_contract, kind_contracts, slot_places
 from .diagrams import mermaid_block, trace_block
-from .gallery import DTYPE_BYTES, LONG_CONTEXT, SpecCard, gallery_index, gallery_page, spec_card
+from .gallery import DTYPES, LONG_CONTEXT, SpecCard, gallery_index, gallery_page, spec_card
 from .hf_models import HF_PAGE, hf_models_page
 from .markdown import DocsError, component_path, gallery_path, kind_path
 from .pages import exclude_generated, PLUGIN_GUIDE, generate
@@ -100,7 +100,7 @@ __all__ = [
     "API_SKIP",
     "COMPARE_CONTEXT",
     "DOCSTRING_OPTIONS",
-    "DTYPE_BYTES",
+    "DTYPES",
     "EXAMPLE_CONTEXT",
     "FIT_D_MODELS",
     "HF_PAGE",

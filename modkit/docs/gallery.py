@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+import torch
+
 from modkit.core.config import is_mixer
 from .diagrams import _model_diagram
 from .markdown import (
@@ -28,8 +30,8 @@ from .markdown import (
 LONG_CONTEXT = 8192
 
 
-#: Weight / KV-cache dtypes of the gallery: (label, bytes per element).
-DTYPE_BYTES = (("fp32", 4), ("bf16", 2), ("int8 / fp8", 1))
+#: Weight / KV-cache dtypes of the gallery: (label, the dtype whose element size prices weights and cache entries).
+DTYPES = (("fp32", torch.float32), ("bf16", torch.bfloat16), ("int8 / fp8", torch.float8_e4m3fn))
 
 
 @dataclass
@@ -41,8 +43,8 @@ class SpecCard:
     spec: Any
     params: dict
     active: int
+    kv_bytes: dict
     kv_elements_per_token: int
-    kv_elements_long: int
     windowed: bool
     components: list[dict]
     diagram: str
@@ -50,18 +52,20 @@ class SpecCard:
     attention: dict
 
 
-def _kv_elements(model, context: int) -> tuple[int, int, bool]:
-    """``(elements per token, elements for ``context`` tokens, any sliding window)`` from what each layer's token
-    mixers declare (:meth:`modkit.Model.cache_layout`): windows cap the long figure; fixed-size state counts once."""
-    per_token, long, windowed = 0, 0, False
-    for specs in model.cache_layout():
-        for spec in specs.values():
-            e = sum(entry.numel for entry in spec.token_entries)
-            fixed = sum(entry.numel for entry in spec.sequence_entries)
-            per_token += e
-            windowed = windowed or (spec.window is not None and spec.window < context)
-            long += e * spec.slots(context) + fixed
-    return per_token, long, windowed
+def _kv_bytes(model, context: int) -> tuple[dict[str, tuple[int, int, int]], int, bool]:
+    """``({dtype label: (bytes per token, bytes for context tokens, bytes at max_seq_len)}, elements per token, any
+    sliding window)`` of batch 1, from what each layer's token mixers declare (:meth:`modkit.Model.cache_layout`,
+    :class:`~modkit.CacheSpec`): windows cap the long figures, fixed-size state counts once, and an entry that
+    declares its own dtype (a recurrent mixer's float32 state, a float32 indexer key) keeps it in every row."""
+    specs = [spec for layer in model.cache_layout() for spec in layer.values()]
+    elements = sum(e.numel for spec in specs for e in spec.token_entries)
+    windowed = any(spec.window is not None and spec.window < context for spec in specs)
+    out = {}
+    for label, dtype in DTYPES:
+        per_token = sum(spec.bytes_per_token(dtype) for spec in specs)
+        at = [sum(spec.nbytes(n, 1, dtype) for spec in specs) for n in (context, model.spec.max_seq_len)]
+        out[label] = (per_token, *at)
+    return out, elements, windowed
 
 
 def spec_card(path: Path, registry, root: Optional[Path] = None) -> SpecCard:
@@ -73,7 +77,7 @@ def spec_card(path: Path, registry, root: Optional[Path] = None) -> SpecCard:
     model = build(spec, device="meta", registry=registry)
     params = breakdown(model)
     active = active_params_per_token(model)
-    per_token, long, windowed = _kv_elements(model, LONG_CONTEXT)
+    kv_bytes, per_token, windowed = _kv_bytes(model, LONG_CONTEXT)
     summary = summarize(model, "bfloat16", registry=registry)
     diagram, groups = _model_diagram(model, registry)
     attention = {}
@@ -91,8 +95,8 @@ def spec_card(path: Path, registry, root: Optional[Path] = None) -> SpecCard:
         spec,
         params,
         active,
+        kv_bytes,
         per_token,
-        long,
         windowed,
         summary.components,
         diagram,
@@ -196,19 +200,13 @@ def _parameters_section(card: SpecCard) -> list[str]:
 
 
 def _memory_section(card: SpecCard) -> list[str]:
-    """The ``## Memory`` section: weight and KV-cache bytes per dtype of :data:`DTYPE_BYTES`, and what they count."""
+    """The ``## Memory`` section: weight and KV-cache bytes per dtype of :data:`DTYPES`, and what they count."""
     spec, total = card.spec, card.params["total"]
     rows = []
-    for label, size in DTYPE_BYTES:
-        rows.append(
-            (
-                label,
-                _bytes(total * size),
-                _count(card.kv_elements_per_token * size),
-                _bytes(card.kv_elements_long * size),
-                _bytes(card.kv_elements_per_token * size * spec.max_seq_len),
-            )
-        )
+    for label, dtype in DTYPES:
+        per_token, long, at_max = card.kv_bytes[label]
+        size = torch.empty((), dtype=dtype, device="meta").element_size()
+        rows.append((label, _bytes(total * size), _count(per_token), _bytes(long), _bytes(at_max)))
     long_label = f"KV cache, {LONG_CONTEXT // 1024}K context"
     header = (
         "dtype",
@@ -220,7 +218,9 @@ def _memory_section(card: SpecCard) -> list[str]:
     parts = ["## Memory", "", _table(header, rows, "lrrrr"), ""]
     notes = [
         f"The cache stores what each layer's token mixers declare (keys and values of n_kv_heads heads for the "
-        f"built-in attention): {_count(card.kv_elements_per_token)} elements per token over all layers (batch 1)."
+        f"built-in attention): {_count(card.kv_elements_per_token)} elements per token over all layers (batch 1). "
+        "A recurrent mixer's fixed-size state counts once per sequence in the two long figures, and an entry that "
+        "declares its own dtype (float32 recurrent state) keeps it in every row."
     ]
     if card.windowed:
         notes.append(
@@ -336,7 +336,7 @@ def gallery_index(cards: list[SpecCard], registry) -> str:
                 f"`{s.position.type}`",
                 f"`{layer.placement.type}`",
                 f"`{layer.norm.type}`",
-                _count(c.kv_elements_per_token * 2),
+                _count(c.kv_bytes["bf16"][0]),
             )
         )
     parts.append(

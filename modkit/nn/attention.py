@@ -344,7 +344,8 @@ def masked_softmax(
     query that sees no key, never NaN.
 
     Args:
-        scores: ``[batch, n_heads, q_len, kv_len]`` (bias already added); computed in float32.
+        scores: ``[batch, n_heads, q_len, kv_len]`` (bias already added); computed in float32, or float64 for
+            float64 scores (never below their own precision).
         mask: from :func:`prepare_mask` / :meth:`PreparedMask.of`.
         dropout_p: probability of dropping a probability (training only: pass 0 in eval), scaled by
             ``1 / (1 - p)`` as in ``scaled_dot_product_attention``.
@@ -354,17 +355,18 @@ def masked_softmax(
             maximum first, as ``softmax`` does).
 
     Returns:
-        ``[batch, n_heads, q_len, kv_len]`` float32 probabilities (rows sum to 1, or ``1 - p_sink`` with sinks, or
-            0 for dead rows, before dropout).
+        ``[batch, n_heads, q_len, kv_len]`` probabilities in that dtype (rows sum to 1, or ``1 - p_sink`` with
+            sinks, or 0 for dead rows, before dropout).
     """
-    scores = scores.float().masked_fill(~mask.allowed, float("-inf"))
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    scores = scores.to(dtype).masked_fill(~mask.allowed, float("-inf"))
     if sinks is None:
         probs = torch.softmax(scores, dim=-1)
     else:
         b, h, q, _ = scores.shape
-        column = sinks.float().view(1, h, 1, 1).expand(b, h, q, 1)
+        column = sinks.to(dtype).view(1, h, 1, 1).expand(b, h, q, 1)
         probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
-    probs = probs * mask.live.float()
+    probs = probs * mask.live.to(dtype)
     return nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
 
 
@@ -425,7 +427,7 @@ def masked_attention(
 
     Returns:
         ``(out [batch, n_heads, q_len, head_dim] in q's dtype, weights [batch, n_heads, q_len, kv_len] float32
-            with eager, else None)``.
+            (float64 for float64 inputs) with eager, else None)``.
     """
     if softcap is not None and not eager:
         raise ValueError("softcap needs eager=True: scaled_dot_product_attention cannot soft-cap the scores")
@@ -435,7 +437,8 @@ def masked_attention(
     if eager:
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        ft = torch.promote_types(q.dtype, torch.float32)  # float32 scores, float64 for float64 inputs
+        scores = torch.matmul(q.to(ft), k.to(ft).transpose(-1, -2)) * scale
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if bias is not None:

@@ -75,8 +75,8 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "mla": (
         None,
         "multi-head latent attention in place of q/k/v attention: the mla fields beyond n_heads "
-        "(q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, bias, yarn_mscale; latent_norm, "
-        "default the model's norm)",
+        "(q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, bias, yarn_mscale, head_gate; "
+        "latent_norm, default the model's norm)",
     ),
     "position": (None, "the position spec of every layer"),
     "position_by_type": (None, "position spec per layer type, when they differ (Gemma 3's local and global RoPE)"),
@@ -388,6 +388,7 @@ MLA_FIELDS = (
     "bias",
     "yarn_mscale",
     "latent_norm",
+    "head_gate",
 )
 
 

@@ -136,6 +136,22 @@ def test_gallery_figures_match_the_build_api(pages, registry):
     assert "| bf16 | " in card and f"| {kv:,} |" in card
 
 
+def test_gallery_prices_recurrent_state_in_its_own_dtype(pages, registry):
+    """A hybrid's card gives the bytes ``modkit.kv_cache_bytes`` allocates, per dtype row: the Gated DeltaNet
+    layers' float32 state stays float32 in the bf16 row and counts once per sequence, not once per token."""
+    from modkit.docs.markdown import _bytes
+    from modkit.nn.build import cache_state_bytes_per_sequence, kv_cache_bytes
+
+    spec = modkit.load_spec(REPO / "specs" / "tiny-hybrid.json", registry=registry)
+    card = pages["gallery/tiny-hybrid.md"]
+    for label, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
+        per_token = modkit.kv_cache_bytes_per_token(spec, dtype, registry=registry)
+        long, at_max = (kv_cache_bytes(spec, n, 1, dtype, registry=registry) for n in (8192, spec.max_seq_len))
+        assert cache_state_bytes_per_sequence(spec, dtype, registry=registry) > 0
+        row = next(line for line in card.splitlines() if line.startswith(f"| {label} |"))
+        assert f"| {per_token:,} | {_bytes(long)} | {_bytes(at_max)} |" in row, row
+
+
 def test_aliases_are_shown_as_aliases_not_as_pages(pages, registry):
     assert "components/placement/peri.md" not in pages and "components/placement/olmo2.md" not in pages
     sandwich = pages["components/placement/sandwich.md"]

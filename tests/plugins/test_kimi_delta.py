@@ -16,14 +16,16 @@ Packed documents at the model level and the contract checks run for every regist
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import modkit
 from modkit import AttentionInputs
-from modkit.analysis.cost import CostModel
+from modkit.analysis.cost import CostModel, Workload
 from modkit.nn.build import cache_state_bytes_per_sequence, kv_cache_bytes
-from modkit_plugins.kimi_delta import kda_chunked, kda_step
+from modkit_plugins.kimi_delta import _flops, kda_chunked, kda_step
 
 D = 32
 TOL = 1e-5
@@ -263,3 +265,127 @@ def test_gated_deltanet_negative_eigenvalues_equal_olmo_hybrid():
     print(f"\n[kimi_delta] max |modkit gated_deltanet(allow_neg_eigval) - OlmoHybridGatedDeltaNet| = {diff:.2e}")
     assert diff <= TOL
     assert (outs[False] - want).abs().max().item() > 1e-2  # off (the default) is the (0, 1) rule
+
+
+# ------------------------------------------------------------------------------- Ling 3's bounded gate (bailing_hybrid)
+
+LING = {**MIXER, "full_rank_gates": True, "forget_gate": "bounded"}
+
+
+def _ling_pair(safe_gate: bool, lower_bound: float = -5.0):
+    """transformers' ``BailingHybridDeltaAttention`` (4 heads of 8 on d_model 32, perturbed weights) and modkit's
+    ``kimi_delta`` with the same weights, the bounded gate when ``safe_gate``."""
+    from hf_fallback import force_torch_fallback
+
+    force_torch_fallback()
+    from transformers.models.bailing_hybrid.modeling_bailing_hybrid import BailingHybridDeltaAttention
+
+    cfg = transformers.BailingHybridConfig(
+        hidden_size=D,
+        num_attention_heads=4,
+        head_dim=8,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+        kda_safe_gate=safe_gate,
+        kda_lower_bound=lower_bound,
+    )
+    hf = BailingHybridDeltaAttention(cfg, 0).eval()
+    _perturb(hf, seed=11)
+    gate = {"forget_gate": "bounded", "gate_lower_bound": lower_bound} if safe_gate else {}
+    mixer = {**MIXER, "n_heads": 4, "full_rank_gates": True, **gate, "norm_eps": cfg.rms_norm_eps}
+    ours = _one_layer(mixer)
+    ours.load_state_dict({k.removeprefix("forget_gate."): v for k, v in hf.state_dict().items()})
+    return hf, ours
+
+
+def _positions(b: int, s: int) -> torch.Tensor:
+    return torch.arange(s).expand(b, s)
+
+
+@pytest.mark.parametrize("safe_gate", [True, False])
+def test_ling_gates_equal_transformers_bailing_hybrid_chunked_and_decoding(safe_gate):
+    """A chunked forward of 37 tokens, then a 30-token prefill through the cache and 7 decode steps, against
+    ``BailingHybridDeltaAttention`` over the whole sequence (its chunked PyTorch form), float32."""
+    hf, ours = _ling_pair(safe_gate)
+    x = torch.randn(2, 37, D, generator=torch.Generator().manual_seed(12))
+    cache = modkit.build(_spec({**LING, "n_heads": 4}, 1), seed=0).new_cache(2, 37)  # a one-layer model's cache
+
+    def cached(part: torch.Tensor) -> torch.Tensor:
+        positions, _ = cache.prepare(2, part.shape[1])
+        return ours(part, AttentionInputs(positions=positions, cache=cache.layers[0]))
+
+    with torch.no_grad():
+        want = hf(x)
+        full = ours(x, AttentionInputs(positions=_positions(2, 37)))
+        steps = torch.cat([cached(x[:, :30]), *(cached(x[:, t : t + 1]) for t in range(30, 37))], 1)
+    diff, step_diff = (full - want).abs().max().item(), (steps - want).abs().max().item()
+    print(f"\n[kimi_delta] safe_gate={safe_gate}: chunked {diff:.2e}, prefill + decode {step_diff:.2e}")
+    assert diff <= TOL and step_diff <= TOL
+
+
+def test_ling_bounded_gate_resets_at_document_starts():
+    """Two packed documents (17 + 20 tokens) equal transformers' module run on each document alone."""
+    hf, ours = _ling_pair(True, lower_bound=-3.0)
+    x = torch.randn(1, 37, D, generator=torch.Generator().manual_seed(13))
+    docs = torch.cat([torch.zeros(1, 17), torch.ones(1, 20)], 1).long()
+    with torch.no_grad():
+        packed = ours(x, AttentionInputs(positions=_positions(1, 37), documents=docs))
+        want = torch.cat([hf(x[:, :17]), hf(x[:, 17:])], 1)
+        unpacked = ours(x, AttentionInputs(positions=_positions(1, 37)))
+    assert (packed - want).abs().max().item() <= TOL
+    assert (unpacked[:, 17:] - want[:, 17:]).abs().max().item() > 1e-3  # the reset is what makes them equal
+
+
+def test_bounded_gate_stays_within_its_bound():
+    """Whatever the input, the bounded gate's log decays lie in (gate_lower_bound, 0); softplus's go below it."""
+    bounded = _one_layer({**LING, "gate_lower_bound": -2.0})
+    softplus = _one_layer({**MIXER, "full_rank_gates": True})
+    x = 50 * torch.randn(2, 11, D, generator=torch.Generator().manual_seed(14))
+    with torch.no_grad():
+        for m in (bounded, softplus):
+            m.A_log.fill_(1.0)
+        g, _ = bounded._gates(x, None)
+        g_soft, _ = softplus._gates(x, None)
+    assert g.shape == (2, 2, 11, 8) and -2.0 <= g.min().item() and g.max().item() <= 0
+    assert g_soft.min().item() < -2.0
+
+
+def test_ling_options_count_their_parameters_and_flops():
+    """Full-rank gates: f_proj and g_proj [16, 32] in place of the rank-8 pairs (32·8 + 8·16 each)."""
+    mixer = _one_layer(LING)
+    names = {n for n, _ in mixer.named_parameters()}
+    assert {"f_proj.weight", "g_proj.weight"} <= names and not any("_a_proj" in n or "_b_proj." in n for n in names)
+    per_layer = 1536 + 192 + 2 * 16 * 32 + 16 + 2 + 64 + 8 + 512
+    assert sum(p.numel() for p in mixer.parameters()) == per_layer == 3354
+    model = modkit.build(_spec(LING, 1), seed=0)
+    assert modkit.count_params(model.spec) == sum(p.numel() for p in model.parameters())
+    cfg = model.spec.layer(0).attention
+    assert _flops(cfg, SimpleNamespace(d_model=D), Workload(batch=1, new=4))["gate_proj"] == 2 * 2 * 4 * 32 * 16
+
+
+@pytest.mark.parametrize(
+    "change,says",
+    [
+        ({"full_rank_gates": True, "gate_rank": 4}, "drop gate_rank"),
+        ({"gate_lower_bound": -3.0}, "set forget_gate 'bounded'"),
+        ({"forget_gate": "bounded", "gate_lower_bound": 2.0}, "gate_lower_bound"),
+        ({"forget_gate": "sigmoid"}, "forget_gate"),
+    ],
+)
+def test_ling_options_refuse_what_does_not_fit(change, says):
+    with pytest.raises(modkit.SpecError) as info:
+        modkit.load_spec(_spec({**MIXER, **change}))
+    assert says in str(info.value)
+
+
+def test_the_contract_kit_passes_on_the_ling_options():
+    """The kit's checks (document resets, decoding through the cache, causality, FLOPs, counts...) on the bounded
+    gate with full-rank gates, as the registry's example runs them on the default form."""
+    from modkit.testing import check_component
+
+    results = check_component("mixer", "kimi_delta", {**LING, "gate_lower_bound": -2.0})
+    bad = {r.check: r.detail for r in results if r.status == "failed"}
+    assert not bad, bad
+    passed = {r.check for r in results if r.status == "passed"}
+    assert {"kv_cache_decode", "causality", "flops", "param_count", "gradients"} <= passed
+    assert any("document" in name for name in passed), passed

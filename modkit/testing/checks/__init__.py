@@ -35,6 +35,7 @@ check                     module                          applies to
 ``compile``               :mod:`.compile`                 the compile_safe capability
 ``grouped_form``          :mod:`.grouped`                 ffn with a grouped_factory
 ``stream``                :mod:`.stream`                  residual streams (the stream kind)
+``kv_share``              :mod:`.sharing`                 token mixers with the kv_share capability
 ``optimizer``             :mod:`.optimizer`               optimizers (the optimizer kind)
 ``shards``                :mod:`.parallel`                a non-empty tp_plan (opt-in: distributed)
 ========================  ==============================  ===========================================================
@@ -73,7 +74,7 @@ from .attention import (
     check_gqa_equals_mha,
     check_position_sensitivity,
 )
-from .base import Check, CheckFailed, CheckResult, CheckSkipped, Status
+from .base import Check, CheckFailed, CheckResult, CheckSkipped, Status, error_detail
 from .cache import applies_kv, applies_masked, check_kv_cache_decode, check_masked_row
 from .causality import applies_causality, applies_per_token, check_causality, check_per_token
 from .compile import applies_compile, check_compile
@@ -88,6 +89,7 @@ from .roles import check_param_roles
 from .sampling import SAMPLING_KINDS, SamplingBench, applies_sampling, check_sampling
 from modkit.train.trackers import KIND as TRACKER_KIND
 from .shapes import check_shape_dtype
+from .sharing import SUMMARY as KV_SHARE_SUMMARY, applies_kv_share, check_kv_share
 from .stream import SUMMARY as STREAM_SUMMARY, applies_stream, check_stream
 from .state import LONG_SUMMARY, STATE_SUMMARY, applies_state, check_cache_state, check_long_decode
 from .training import applies_aux, applies_dropout, check_aux_loss_grad, check_dropout, check_gradients
@@ -209,6 +211,7 @@ CHECKS: tuple[Check, ...] = (
         applies_grouped,
     ),
     Check("stream", STREAM_SUMMARY, check_stream, applies_stream),
+    Check("kv_share", KV_SHARE_SUMMARY, check_kv_share, applies_kv_share),
     Check(
         "sampling",
         "logits processors and stop conditions: shapes, dtype, no in-place change, never empty, deterministic, rows independent",
@@ -248,21 +251,6 @@ def get_check(name: str) -> Check:
 
 
 # ------------------------------------------------------------------------------------------------- running
-
-
-def _error_detail(exc: BaseException) -> str:
-    """``raised Type: message (at file:line in function)`` pointing at the innermost frame outside the kit."""
-    msg = " ".join(str(exc).split())
-    if len(msg) > 500:
-        msg = msg[:500] + "…"
-    where = ""
-    frames = traceback.extract_tb(exc.__traceback__)
-    kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # modkit/testing
-    for fr in reversed(frames):
-        if not os.path.abspath(fr.filename).startswith(kit) and "/torch/" not in fr.filename:
-            where = f" (at {os.path.basename(fr.filename)}:{fr.lineno} in {fr.name})"
-            break
-    return f"raised {type(exc).__name__}: {msg}{where}"
 
 
 class ComponentChecks:
@@ -339,7 +327,7 @@ class ComponentChecks:
         except Unavailable as exc:
             self._setup = ("skip", str(exc))
         except Exception as exc:  # noqa: BLE001
-            self._setup = ("fail", "setting up the tiny model " + _error_detail(exc))
+            self._setup = ("fail", "setting up the tiny model " + error_detail(exc))
         return self._setup
 
     def run(self, check: Union[str, Check]) -> CheckResult:
@@ -411,7 +399,7 @@ class ComponentChecks:
         except CheckFailed as exc:
             return self._result(chk.name, "failed", str(exc))
         except Exception as exc:  # noqa: BLE001 - a crash inside the component is a failure of this check
-            return self._result(chk.name, "failed", _error_detail(exc))
+            return self._result(chk.name, "failed", error_detail(exc))
 
     def results(self, checks: Optional[Sequence[str]] = None) -> list[CheckResult]:
         """Run the named checks (default: all of :data:`CHECKS`, in order)."""

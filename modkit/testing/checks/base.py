@@ -15,6 +15,8 @@ orders of magnitude. Every detail reports the measured value next to its toleran
 from __future__ import annotations
 
 import contextlib
+import os
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Literal, Optional
 
@@ -261,3 +263,18 @@ def fork_rng(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
+
+
+def error_detail(exc: BaseException) -> str:
+    """``raised Type: message (at file:line in function)`` pointing at the innermost frame outside the kit."""
+    msg = " ".join(str(exc).split())
+    if len(msg) > 500:
+        msg = msg[:500] + "…"
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # modkit/testing
+    for fr in reversed(frames):
+        if not os.path.abspath(fr.filename).startswith(kit) and "/torch/" not in fr.filename:
+            where = f" (at {os.path.basename(fr.filename)}:{fr.lineno} in {fr.name})"
+            break
+    return f"raised {type(exc).__name__}: {msg}{where}"

@@ -937,6 +937,81 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # BAILING_HYBRID: Ling 3. Kimi Delta Attention with full-rank forget and output gates and the bounded forget gate
+    # (kda_safe_gate, lower bound -3) on layers 0, 2 and 3 (4 heads of 8, convolution 4); gated latent attention on
+    # layer 1 (a sigmoid gate per head; q_lora_rank 24, kv_lora_rank 16, nope/rope/v widths 8/4/12, interleaved RoPE,
+    # attention biases); a dense SwiGLU (48) on layer 0, then 4 experts (16) top-2 in 2 groups of which 1 is kept,
+    # sigmoid scores with the correction bias, renormalised, times 2.5, one shared expert
+    (
+        "bailing_hybrid",
+        "BailingHybridConfig",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=4,
+            head_dim=8,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            attention_bias=True,
+            kda_lower_bound=-3.0,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+            **SMALL,
+        ),
+    ),
+    # XLSTM: xLSTM 7B's blocks: an mLSTM (4 heads, queries and keys of 16, values and output gate of 32: v_dim_factor
+    # 2 against qk_dim_factor 1, widths that are multiples of 64 as transformers' cache needs) with gates soft-capped
+    # at 5 and eps 1e-5, chunks of 4 shorter than the batch (transformers: chunks, then its step kernel for the rest),
+    # a SwiGLU of 1.5 · 64 rounded to 32, logits soft-capped at 10; transformers reads no attention mask, so its rows
+    # are compared unpadded (UNPADDED_REFERENCE)
+    (
+        "xlstm",
+        "xLSTMConfig",
+        dict(
+            hidden_size=64,
+            num_heads=4,
+            qk_dim_factor=1.0,
+            v_dim_factor=2.0,
+            num_hidden_layers=2,
+            ffn_proj_factor=1.5,
+            ffn_round_up_to_multiple_of=32,
+            chunk_size=4,
+            gate_soft_cap=5.0,
+            eps=1e-5,
+            norm_eps=1e-5,
+            output_logit_soft_cap=10.0,
+            **{k: v for k, v in SMALL.items() if k != "max_position_embeddings"},
+        ),
+    ),
+    # LFM3: every per-layer-type feature: short convolutions (kernel 3) on layers 0 and 3, a sliding layer (window 4,
+    # shorter than the test sequences) with the default RoPE over the whole head (base 1e4) on layer 1, a full layer
+    # with proportional RoPE (base 1e6, 4 of the 8 pairs of a 16-wide head turn) on layer 2; per-head QK-RMSNorm,
+    # q/k/v/o biases, the sigmoid gate per head (g_proj), sandwich norms, a SwiGLU of 48, tied
+    (
+        "lfm3",
+        "Lfm3Config",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=48),
+            head_dim=16,
+            num_hidden_layers=4,
+            layer_types=["conv", "sliding_attention", "full_attention", "conv"],
+            sliding_window=4,
+            conv_L_cache=3,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -958,8 +1033,9 @@ FIXTURES += [
 
 #: fixtures whose transformers reference changes with left padding, so its logits are compared row by row, each row
 #: unpadded (modkit's own padding invariance is still checked on the padded batch): Llama 4's temperature tuning
-#: takes the cache slot index as the position, which counts the padding
-UNPADDED_REFERENCE = {"llama4_text"}
+#: takes the cache slot index as the position, which counts the padding; xLSTM reads no attention mask, so its
+#: padding tokens enter the recurrent state
+UNPADDED_REFERENCE = {"llama4_text", "xlstm"}
 
 _BUILT: dict = {}
 
@@ -1016,7 +1092,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 59
+    assert len(covered) == 62
 
 
 def test_fixtures_name_registered_types():
@@ -1219,6 +1295,14 @@ DEFAULT_COUNTS.update(lfm2_moe=11_129_591_808, kimi_linear=49_133_074_464, minim
 #: the Mamba-2 hybrids at their classes' defaults (transformers 5.25, on meta). Bamba: BambaConfig() lists no attention
 #: layer, so every layer is Mamba-2 (and the RoPE acts nowhere); GraniteMoeHybridConfig() too (every layer Mamba-2)
 DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448, nemotron_h=1_968_355_712)
+#: Ling 3 at BailingHybridConfig's defaults (transformers 5.25, on meta): 42 layers, latent attention on every 6th,
+#: 512 experts (768) top-8 after 2 dense layers
+DEFAULT_COUNTS.update(bailing_hybrid=124_414_191_072)
+#: xLSTM 7B (xLSTMConfig's defaults, transformers 5.25, on meta)
+DEFAULT_COUNTS.update(xlstm=6_865_424_896)
+#: Lfm3Config() (transformers 5.25, on meta): 24 layers, convolutions but for full attention on i % 4 == 2 and sliding
+#: on i % 4 == 0 (i > 0), the per-head gate and sandwich norms, tied
+DEFAULT_COUNTS.update(lfm3=1_728_801_536)
 #: Zamba2Config() (Zamba2-2.7B: 54 layers, 9 of them hybrid running one shared block with rank-128 adapters on its MLP)
 DEFAULT_COUNTS.update(zamba2=2_481_848_336)
 
@@ -1285,6 +1369,12 @@ REFUSED = [
     ("granitemoehybrid", {"layer_types": ["linear_attention", "sliding_attention", "full_attention"]}, "layer_types"),
     ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act"),
     ("nemotron_h", {"moe_latent_size": 12}, "moe_latent_size"),
+    # xLSTM's fused layout; query/key widths the heads do not divide
+    ("xlstm", {"weight_mode": "fused"}, "weight_mode"),
+    ("xlstm", {"qk_dim_factor": 0.3}, "qk_dim_factor"),
+    # a layer type Lfm3DecoderLayer builds no mixer for; a convolution of one tap
+    ("lfm3", {"layer_types": ["conv", "sliding_attention", "linear_attention", "full_attention"]}, "layer_types"),
+    ("lfm3", {"conv_L_cache": 1}, "conv_L_cache"),
 ]
 
 
