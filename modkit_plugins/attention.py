@@ -328,13 +328,14 @@ class Attention(KVReader, nn.Module):
         self.logit_softcap = cfg.logit_softcap
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         o_width = self.n_heads * self.v_head_dim  # the merged value heads
-        self.q_proj = nn.Linear(d, q_width, bias=cfg.q_bias)
-        self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
-        self.v_proj = nn.Linear(d, self.n_kv_heads * self.v_head_dim, bias=cfg.v_bias)
+        d_in = ctx.d_in or d  # a wider input (BuildContext.d_in: Zamba2's [stream, embeddings]); the output is d
+        self.q_proj = nn.Linear(d_in, q_width, bias=cfg.q_bias)
+        self.k_proj = nn.Linear(d_in, kv_width, bias=cfg.k_bias)
+        self.v_proj = nn.Linear(d_in, self.n_kv_heads * self.v_head_dim, bias=cfg.v_bias)
         self.o_proj = nn.Linear(o_width, d, bias=cfg.o_bias)
         self.gate_per_head = cfg.output_gate_scope == "head"  # LFM3: one gate per head, else one per feature
         g_width = self.n_heads if self.gate_per_head else o_width
-        self.gate_proj = nn.Linear(d, g_width, bias=cfg.gate_has_bias) if cfg.output_gate else None
+        self.gate_proj = nn.Linear(d_in, g_width, bias=cfg.gate_has_bias) if cfg.output_gate else None
         self.qk_norm_scope = cfg.qk_norm_scope
         self.qk_norm_after = cfg.qk_norm_after_position
         self.clip_qkv = cfg.clip_qkv
@@ -564,6 +565,8 @@ def register_components(register) -> None:
                     "attention_dropout": True,
                     "document_mask": True,  # prepare_mask keeps each query inside its document
                     "kv_share": True,  # may read another layer's keys and values (KVReader.read_kv_from)
+                    # reads an input wider than d_model when built with BuildContext.d_in (o_proj returns d_model)
+                    "d_in": True,
                     # sequence sharded over ranks: update_cache all-gathers every rank's keys and values
                     "context_parallel": "allgather_kv",
                     # q/k/v by heads, o on its input; the QK-norm (when present) acts on this rank's heads, and the

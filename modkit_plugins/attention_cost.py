@@ -19,16 +19,18 @@ if TYPE_CHECKING:
 def param_count(cfg: "AttentionConfig", ctx: BuildContext) -> int:
     """Parameters of one ``mha``/``mqa``/``gqa`` layer: the four projections and their biases, the output gate's
     ``gate_proj`` (``[n_heads · v_head_dim, d_model]``, or ``[n_heads, d_model]`` with ``output_gate_scope: head``),
-    the QK-norm (as its norm component counts it) and the sink logits ``[n_heads]``."""
+    the QK-norm (as its norm component counts it) and the sink logits ``[n_heads]``. Built with ``BuildContext.d_in``
+    (Zamba2's side attention), the projections reading the input (q, k, v, the gate) are ``d_in`` wide."""
     d, hd, vd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model), cfg.value_width(ctx.d_model)
     qw, kvw, vw, ow = cfg.n_heads * hd, cfg.kv_heads * hd, cfg.kv_heads * vd, cfg.n_heads * vd
-    n = d * (qw + kvw + vw + ow)
+    d_in = ctx.d_in or d  # the input width (BuildContext.d_in); o_proj returns d
+    n = d_in * (qw + kvw + vw) + ow * d
     n += qw * cfg.q_bias + kvw * cfg.k_bias + vw * cfg.v_bias + d * cfg.o_bias
     if (
         cfg.output_gate
     ):  # gate_proj: as wide as the merged value heads (one per head), with its bias (gate_bias, default q_bias)
         gw = cfg.n_heads if cfg.output_gate_scope == "head" else ow
-        n += d * gw + gw * cfg.gate_has_bias
+        n += d_in * gw + gw * cfg.gate_has_bias
     if cfg.qk_norm is not None:
         norm = ctx.registry.entry_for_config(cfg.qk_norm)
         for width, heads in ((qw, cfg.n_heads), (kvw, cfg.kv_heads)):
@@ -55,17 +57,18 @@ def flops(cfg: "AttentionConfig", ctx: BuildContext, work: Workload) -> dict[str
     """
     d, hd, vd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model), cfg.value_width(ctx.d_model)
     qw, kvw, t = cfg.n_heads * hd, cfg.kv_heads * hd, work.tokens
+    d_in = ctx.d_in or d  # the input width (BuildContext.d_in); o_proj returns d
     pairs = work.pairs(causal=cfg.causal, window=cfg.sliding_window, chunk=cfg.attention_chunk_size)
     if work.dense and cfg.sinks and cfg.backend == "sdpa" and cfg.logit_softcap is None:
         pairs += t  # the zero key column the SDPA path appends for the sink
     out = {
-        "q_proj": 2 * t * d * qw,
-        "k_proj": 2 * t * d * kvw,
-        "v_proj": 2 * t * d * cfg.kv_heads * vd,
+        "q_proj": 2 * t * d_in * qw,
+        "k_proj": 2 * t * d_in * kvw,
+        "v_proj": 2 * t * d_in * cfg.kv_heads * vd,
         "o_proj": 2 * t * cfg.n_heads * vd * d,
         "scores": 2 * cfg.n_heads * hd * pairs,
         "weighted_sum": 2 * cfg.n_heads * vd * pairs,
     }
     if cfg.output_gate:
-        out["gate_proj"] = 2 * t * d * cfg.n_heads * (1 if cfg.output_gate_scope == "head" else vd)
+        out["gate_proj"] = 2 * t * d_in * cfg.n_heads * (1 if cfg.output_gate_scope == "head" else vd)
     return out

@@ -130,10 +130,13 @@ fixed-size state for a recurrent mixer)."""
 
 @hookimpl
 def register_components(register) -> None:
-    """Register ``parallel`` and ``none`` (the empty mixer slot, :mod:`modkit_plugins.no_mixer`), kind ``mixer``."""
+    """Register ``parallel``, ``none`` (the empty mixer slot, :mod:`modkit_plugins.no_mixer`) and ``side_input`` (a
+    mixer fed a side block's output, Zamba2's hybrid layer: :mod:`modkit_plugins.side_input`), kind ``mixer``."""
     from modkit_plugins.no_mixer import NO_MIXER
+    from modkit_plugins.side_input import SIDE_INPUT
 
     register(NO_MIXER)
+    register(SIDE_INPUT)
     register(
         Component(
             kind="mixer",

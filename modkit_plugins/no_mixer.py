@@ -72,6 +72,16 @@ def is_absent(module: nn.Module) -> bool:
     return bool((getattr(module, "modkit_capabilities", None) or {}).get(ABSENT))
 
 
+#: what a placement reads to put no norm before the mixer (it holds its own)
+OWN_NORM = "own_norm"
+
+
+def owns_norm(module: nn.Module) -> bool:
+    """Whether a built token mixer declares capability ``own_norm`` (``side_input``): it normalises its own input,
+    so its placement hands it the residual stream without a norm."""
+    return bool((getattr(module, "modkit_capabilities", None) or {}).get(OWN_NORM))
+
+
 NO_MIXER = Component(
     kind="mixer",
     type="none",

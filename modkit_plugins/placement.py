@@ -5,7 +5,8 @@ Every placement builds the norms it needs from the block's norm config and retur
 block's token mixer, whatever its kind (an attention, Mamba-2, Gated DeltaNet, mixers side by side): every mixer is
 called ``mixer(x, inputs)``. A block without an ffn (``"ffn": null``, Mamba-2) has only the mixer's half, and
 builds no ffn norm; a block whose mixer is ``none`` (capability ``absent``, :mod:`modkit_plugins.no_mixer`) has only
-the ffn's half, and builds no mixer norm.
+the ffn's half, and builds no mixer norm; a mixer that normalises its own input (capability ``own_norm``: ``side_input``,
+:mod:`modkit_plugins.hybrid`) gets an identity in place of ``attn_norm``, so it reads the residual stream itself.
 
 * ``pre``:       ``x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))`` (GPT-2, Llama).
 * ``post``:      ``x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x))`` (original Transformer, BERT).
@@ -53,7 +54,7 @@ from typing import Callable, Literal, Optional
 from pydantic import Field
 from torch import Tensor, nn
 
-from modkit_plugins.no_mixer import is_absent
+from modkit_plugins.no_mixer import is_absent, owns_norm
 from modkit.plugin import (
     AttentionInputs,
     BuildContext,
@@ -212,6 +213,8 @@ class _Block(_Residual):
             return None
         if name.startswith("attn_") and is_absent(ctx.attention):
             return None
+        if name == "attn_norm" and owns_norm(ctx.attention):  # the mixer normalises its own input
+            return nn.Identity()
         return ctx.build(ctx.norm)
 
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:

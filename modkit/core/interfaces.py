@@ -14,6 +14,10 @@ Every block-level component maps ``[batch, seq, d_model] -> [batch, seq, d_model
   ``forward(x, inputs: AttentionInputs) -> Tensor`` in the block's token-mixing slot, like an attention; keeps a
   fixed-size state per sequence between forwards, declared as ``growth="sequence"`` entries of its
   ``cache_spec()`` (helpers in :mod:`modkit.nn.recurrent`); padding tokens (``inputs.token_mask`` False) change no state.
+  Built with ``BuildContext.d_in`` (capability ``d_in``) a token mixer reads that many input features and still
+  returns ``d_model``; ``inputs.embeddings`` holds what the first block received, for a mixer that reads it beside the
+  stream; a mixer declaring ``own_norm`` gets no norm from its placement and reads the residual stream itself
+  (``side_input``: Zamba2's hybrid layer, whose side block reads ``[stream, embeddings]``).
 * ``position``:  a :class:`PositionScheme`.
 * ``placement``: a factory returning a block module with ``forward(x, inputs) -> (x, aux_loss | None)``;
   it gets the built attention and ffn and the norm config in its :class:`BuildContext`. ``x`` is the residual
@@ -150,6 +154,10 @@ class AttentionInputs:
         stream_inputs: ``[batch, seq, n_layers, p]`` inputs of every layer a residual stream computed from the
             tokens (spec ``stream``, :meth:`modkit.nn.stream.ResidualStream.layer_inputs`: Gemma 3n's per-layer
             embeddings); ``None``: none.
+        embeddings: ``[batch, seq, d_model]`` what the first block received for the tokens of ``x`` (the embedding
+            output: token rows, scaled, positions added, normalised), for mixers that read the embeddings beside the
+            residual stream (``side_input``: Zamba2's shared block reads ``[stream, embeddings]``); the model sets it
+            on every forward, ``None`` where a caller runs blocks alone.
     """
 
     positions: Tensor
@@ -162,6 +170,7 @@ class AttentionInputs:
     token_ids: Optional[Tensor] = None
     shared_kv: Optional[dict] = None
     stream_inputs: Optional[Tensor] = None
+    embeddings: Optional[Tensor] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""
@@ -320,6 +329,10 @@ class BuildContext:
             and build the module with :func:`dropout`.
         parametrization: the spec's ``parametrization`` (``None``: standard); attentions take their default score
             scale from :meth:`attention_scale`, which follows it.
+        d_in: for a token mixer: the width of its input when it is not ``d_model`` (it still returns ``d_model``
+            features): the attention of a side block that reads the residual stream concatenated with the
+            embeddings, ``2 · d_model`` (Zamba2). ``None``: ``d_model``. Mixers that accept it declare the
+            ``d_in`` capability.
     """
 
     d_model: int
@@ -339,6 +352,7 @@ class BuildContext:
     residual_dropout: float = 0.0
     extra: dict = field(default_factory=dict)
     parametrization: Any = None
+    d_in: Optional[int] = None
 
     def attention_scale(self, head_dim: int, standard: Optional[float] = None) -> float:
         """The default multiplier of ``q·k`` for heads of ``head_dim``: ``1 / sqrt(head_dim)`` under standard

@@ -77,6 +77,10 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "placement is refused with a block-scope stream",
         "scope": "how a residual stream is read and written (stream): 'sublayer' (the default: around each sublayer, "
         "placements with 'streams') or 'block' (around each block, placements with 'block_streams')",
+        "d_in": "a token mixer that reads an input wider than d_model when built with BuildContext.d_in and still "
+        "returns d_model features (the attention of a side block fed [stream, embeddings]: Zamba2)",
+        "own_norm": "a token mixer that normalises its own input (it holds the norm): placements put no norm before "
+        "it and hand it the residual stream itself (side_input: the side block reads the stream before any norm)",
     }
 )
 

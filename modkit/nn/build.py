@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from modkit.core.arguments import MAX_SEED, check_int
 from modkit.core.interfaces import BuildContext
 from modkit.nn.model import Model
-from modkit.nn.sharing import share_blocks, share_kv, tie_shared
+from modkit.nn.sharing import share_blocks, share_kv, shared_root, tie_shared
 from modkit.core.registry import Registry, get_registry
 from modkit.spec import ModelSpec, iter_configs, load_spec, position_geometry, spec_model
 
@@ -186,11 +186,13 @@ def _construct(spec: ModelSpec, registry: Registry) -> Model:
     embed.modkit_kind = "embedding"
     embedding_norm = base.build(spec.embedding_norm) if spec.embedding_norm is not None else None
     final_norm = base.build(spec.final_norm) if spec.final_norm is not None else None
-    shared = share_blocks(spec, blocks) if spec.share else {}  # per-use adapters; {owner: [other uses]}
+    # per-use adapters; {owner: [other uses]}, {owner: shared part path}
+    shared, parts = share_blocks(spec, blocks) if spec.share else ({}, {})
     model = Model(spec, embed, positions, layer_position, nn.ModuleList(blocks), embedding_norm, final_norm, windows)
     model.stream = stream
     model.kv_sources = kv_sources
     model.shared_blocks = shared
+    model.shared_parts = parts
     tie_shared(model)  # the uses of a shared block hold its owner's tensors (modkit.nn.sharing)
     if spec.mtp is not None:
         model.mtp = _mtp_modules(spec, base, layer_specs[-1])
@@ -427,7 +429,12 @@ def active_params_per_token(spec_or_model: Any, *, registry: Optional[Registry] 
     model = _model(spec_or_model, registry)
     inactive = 0
     # a shared block's uses hold one set of parameters (spec 'share'): what one use skips counts once
-    copies = {id(m) for u in getattr(model, "shared_blocks", {}).values() for i in u for m in model.layers[i].modules()}
+    copies = {
+        id(m)
+        for owner, uses in getattr(model, "shared_blocks", {}).items()
+        for i in uses
+        for m in shared_root(model, i, owner).modules()
+    }
     for module in model.modules():
         if id(module) in copies:
             continue

@@ -185,6 +185,8 @@ class Model(nn.Module):
         #: blocks shared across layers (spec ``share``, :mod:`modkit.nn.sharing`): ``{owner layer: [other layers]}``,
         #: set by the build; the other layers' blocks hold the owner's parameters and buffers
         self.shared_blocks: dict[int, list[int]] = {}
+        #: the module each group shares, by owner layer: a path inside the block (``share[].part``), ``""`` the block
+        self.shared_parts: dict[int, str] = {}
         #: layers reading an earlier layer's keys and values (spec ``kv_sharing``): ``{reader: source}``
         self.kv_sources: dict[int, int] = {}
         #: per layer, the paths (inside the block) of its token mixers: modules that declare ``cache_spec()``, or
@@ -281,6 +283,8 @@ class Model(nn.Module):
             init.scales.update({id(params[n]): f for n, f in init_scales(self.spec, param_roles(self)).items()})
         for owner in self.shared_blocks:  # a shared block's tensors keep the values its owner layer draws
             init.once.update(id(t) for t in (*self.layers[owner].parameters(), *self.layers[owner].buffers()))
+        for block in self.layers:  # a fused adapter's one A is drawn once
+            init.once.update(id(m.lora_a) for m in block.modules() if getattr(m, "modkit_lora_a_from", None))
         if self.spec.lm_head_bias and self.spec.tie_embeddings:
             init.zeros_(self.lm_head_bias)
         init_modules(self, init, skip_root=True)
@@ -402,7 +406,8 @@ class Model(nn.Module):
             logits_to_keep=logits_to_keep,
         )
         x = self._embed_tokens(input_ids, inputs.positions)
-        layer_inputs = inputs.attention_inputs()
+        # the embeddings ride along for mixers that read them beside the stream (AttentionInputs.embeddings)
+        layer_inputs = replace(inputs.attention_inputs(), embeddings=x)
         if self.stream is not None:  # [batch, seq, n_streams, d_model] between the blocks (modkit.nn.stream)
             extra = self.stream.layer_inputs(input_ids, x)  # per-layer inputs (Gemma 3n), or None
             layer_inputs = replace(layer_inputs, stream_inputs=extra) if extra is not None else layer_inputs

@@ -37,6 +37,8 @@ __all__ = [
     "add_adapters",
     "drop_copies",
     "fill_copies",
+    "fuse_adapters",
+    "shared_root",
     "shared_tensor_names",
     "tie_shared",
 ]
@@ -119,13 +121,16 @@ class KVReader:
         return shared_kv(inputs, self) if self.reads_kv else update_cache(inputs, k, v, mixer=self)
 
 
-def add_adapters(block: nn.Module, rank: int, scale: float, targets, where: str) -> list[str]:
+# size: the adapter's fields as the spec gives them, plus where it sits for the error messages
+def add_adapters(block: nn.Module, rank: int, scale: float, targets, where: str, fuse=None) -> list[str]:
     """Replace the linear layers of ``block`` named in ``targets`` (their last path component; ``None``: all) by
-    :class:`AdaptedLinear` s of ``rank``; returns their paths.
+    :class:`AdaptedLinear` s of ``rank``; returns their paths. Each group of ``fuse`` (leaf names) makes the adapted
+    layers of one parent module that it names share the first one's ``lora_a`` (one ``A`` over their common input and
+    a ``B`` per layer: a LoRA on their fused projection, Zamba2's ``gate_up_proj_adapter_list``).
 
     Raises:
         ValueError: a target that names no linear layer of the block (names ``where``, the value and the linear
-            layers there are).
+            layers there are); a ``fuse`` group whose layers are not all adapted or read inputs of different widths.
     """
     linears = [n for n, m in block.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, AdaptedLinear)]
     leaves = sorted({n.rsplit(".", 1)[-1] for n in linears})
@@ -140,7 +145,41 @@ def add_adapters(block: nn.Module, rank: int, scale: float, targets, where: str)
         parent, _, leaf = name.rpartition(".")
         owner = block.get_submodule(parent)
         setattr(owner, leaf, AdaptedLinear(getattr(owner, leaf), rank, scale))
+    for group in fuse or ():
+        _fuse_group(block, chosen, list(group), where)
+    fuse_adapters(block)
     return chosen
+
+
+def _fuse_group(block: nn.Module, chosen: list[str], group: list[str], where: str) -> None:
+    """Mark the adapted layers of each parent that holds every layer of ``group``: all but the first take its ``A``
+    (``modkit_lora_a_from``, applied by :func:`fuse_adapters`)."""
+    parents = sorted({n.rpartition(".")[0] for n in chosen if n.rpartition(".")[2] in group})
+    for parent in parents:
+        owner = block.get_submodule(parent)
+        mods = [getattr(owner, leaf, None) for leaf in group]
+        if not all(isinstance(m, AdaptedLinear) for m in mods):
+            raise ValueError(
+                f"{where}.adapter.fuse: {group} must all be adapted linear layers of '{parent or '<block>'}'; add "
+                "them to the adapter's targets"
+            )
+        if len({m.in_features for m in mods}) != 1:
+            raise ValueError(
+                f"{where}.adapter.fuse: {group} read inputs of widths {[m.in_features for m in mods]}; a fused "
+                "adapter's layers share one A, so they must read the same input"
+            )
+        for leaf, m in zip(group[1:], mods[1:]):
+            m.modkit_lora_a_from = group[0]
+
+
+def fuse_adapters(root: nn.Module) -> None:
+    """Make every :class:`AdaptedLinear` of ``root`` marked ``modkit_lora_a_from`` hold its sibling's ``lora_a`` (one
+    parameter object), in place: after :func:`add_adapters` and again wherever modules got fresh tensors."""
+    for name, module in root.named_modules():
+        source = getattr(module, "modkit_lora_a_from", None)
+        if isinstance(module, AdaptedLinear) and source is not None:
+            parent = root.get_submodule(name.rpartition(".")[0])
+            module.lora_a = getattr(parent, source).lora_a
 
 
 def shared_tensor_names(block: nn.Module) -> list[tuple[str, str]]:
@@ -157,25 +196,42 @@ def shared_tensor_names(block: nn.Module) -> list[tuple[str, str]]:
     return out
 
 
+def shared_root(model: nn.Module, layer: int, owner: int) -> nn.Module:
+    """The module of layer ``layer`` that the group owned by layer ``owner`` shares: its block, or the part named
+    by the group's ``part`` (``model.shared_parts``)."""
+    part = getattr(model, "shared_parts", {}).get(owner) or ""
+    block = model.layers[layer]
+    return block.get_submodule(part) if part else block
+
+
+def _prefix(model: nn.Module, owner: int) -> str:
+    part = getattr(model, "shared_parts", {}).get(owner) or ""
+    return part + "." if part else ""
+
+
 def tie_shared(model: nn.Module) -> None:
-    """Make every use of a shared block hold its owner's parameters and buffers (``model.shared_blocks``:
-    ``{owner layer: [other layers]}``), in place; a no-op without sharing."""
+    """Make every use of a shared block (or of its shared part) hold its owner's parameters and buffers
+    (``model.shared_blocks``: ``{owner layer: [other layers]}``; ``model.shared_parts``: ``{owner layer: path}``),
+    in place, and the fused adapters of every layer hold one ``A`` again (:func:`fuse_adapters`); a no-op without
+    sharing."""
     for owner, uses in getattr(model, "shared_blocks", {}).items():
-        source = model.layers[owner]
+        source = shared_root(model, owner, owner)
         for path, kind in shared_tensor_names(source):
             parent, _, leaf = path.rpartition(".")
             table = "_parameters" if kind == "param" else "_buffers"
             tensor = getattr(source.get_submodule(parent), table)[leaf]
             for use in uses:
-                getattr(model.layers[use].get_submodule(parent), table)[leaf] = tensor
+                getattr(shared_root(model, use, owner).get_submodule(parent), table)[leaf] = tensor
+        for layer in (owner, *uses):
+            fuse_adapters(model.layers[layer])
 
 
 def _copies(model: nn.Module, prefix: str) -> list[tuple[str, str]]:
     """``(copy name, owner name)`` in ``state_dict`` of every shared tensor of a non-owner use."""
     out = []
     for owner, uses in getattr(model, "shared_blocks", {}).items():
-        block = model.layers[owner]
-        names = [p for p, kind in shared_tensor_names(block) if kind == "param" or _persistent(block, p)]
+        block, part = shared_root(model, owner, owner), _prefix(model, owner)
+        names = [part + p for p, kind in shared_tensor_names(block) if kind == "param" or _persistent(block, p)]
         for use in uses:
             out += [(f"{prefix}layers.{use}.{n}", f"{prefix}layers.{owner}.{n}") for n in names]
     return out
@@ -214,22 +270,40 @@ def fill_copies(model: nn.Module, state_dict: dict, prefix: str) -> None:
         state_dict[copy] = state_dict[owner]
 
 
-def share_blocks(spec, blocks: list) -> dict[int, list[int]]:
+def share_blocks(spec, blocks: list) -> tuple[dict[int, list[int]], dict[int, str]]:
     """Apply the spec's ``share`` to the freshly built ``blocks`` (one per layer): the adapters of every use
-    (:func:`add_adapters`); returns ``{owner layer: [other layers]}`` for :func:`tie_shared`.
+    (:func:`add_adapters`, on the shared ``part`` when the group names one); returns ``({owner layer: [other
+    layers]}, {owner layer: part path or ""})`` for :func:`tie_shared`.
 
     Raises:
-        ValueError: an adapter target naming no linear layer of the block.
+        ValueError: a ``part`` naming no module of a listed layer's block (names the field, the value and the
+            block's top-level modules); an adapter target naming no linear layer of the shared module.
     """
-    groups = {}
+    groups, parts = {}, {}
     for i, group in enumerate(spec.share):
         layers = group.indices(spec.n_layers)
+        roots = [_part_of(blocks[layer], group.part, f"share[{i}].part", layer) for layer in layers]
         if group.adapter is not None:
             a = group.adapter
-            for layer in layers:
-                add_adapters(blocks[layer], a.rank, a.scale, a.targets, f"share[{i}]")
+            for root in roots:
+                add_adapters(root, a.rank, a.scale, a.targets, f"share[{i}]", a.fuse)
         groups[layers[0]] = layers[1:]
-    return groups
+        parts[layers[0]] = group.part or ""
+    return groups, parts
+
+
+def _part_of(block: nn.Module, part, where: str, layer: int) -> nn.Module:
+    """``block``'s module at ``part`` (``None``: the block)."""
+    if not part:
+        return block
+    try:
+        return block.get_submodule(part)
+    except AttributeError:
+        names = sorted(n for n, _ in block.named_modules() if n and n.count(".") < 2)
+        raise ValueError(
+            f"{where}: {part!r} names no module of layer {layer}'s block; its modules are {names}: name the module "
+            "the layers share (a side_input mixer's side block is 'attention.side')"
+        ) from None
 
 
 def share_kv(spec, mixers: list) -> dict[int, int]:

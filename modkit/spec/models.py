@@ -113,6 +113,14 @@ class AdapterSpec(_Strict):
         description="names of the block's linear layers to adapt (their last path component: 'q_proj', 'w1'); "
         "null: every linear layer of the block",
     )
+    fuse: Optional[Annotated[list[Annotated[list[str], Field(min_length=2, max_length=8)]], Field(max_length=16)]] = (
+        Field(
+            None,
+            description="groups of adapted linear layers that read the same input and share one A per use (a LoRA on "
+            "a fused projection: Zamba2's gate_up_proj adapter is one A and a B over [gate; up], so "
+            "[['gate', 'up']]); each name must be among the targets. null: every layer its own A",
+        )
+    )
 
     @property
     def scale(self) -> float:
@@ -133,13 +141,20 @@ class BlockShare(_Strict):
 
     The first (lowest) layer listed owns the parameters; every other listed layer runs the same block with the same
     tensors (one parameter each, counted once, gradients summed over the uses), and keeps its own cache entries.
-    The listed layers must have the same components (after overrides)."""
+    The listed layers must have the same components (after overrides). With ``part`` only that module of each block
+    is shared (Zamba2 shares its attention block, not the Mamba-2 layer beside it)."""
 
     layers: LayerSelection = Field(
         ..., description="the layers that run one block, at least two (0-based; a list or a range); the first owns it"
     )
     adapter: Optional[AdapterSpec] = Field(
         None, description="a low-rank adapter per use on the block's linear layers (Zamba2); null: none"
+    )
+    part: Optional[Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z_][\w.]*$")]] = Field(
+        None,
+        description="the module inside each layer's block that the layers share, as a path ('attention.side': the side "
+        "block of a side_input mixer, Zamba2's shared attention block); the rest of each block stays its own. null: "
+        "the whole block",
     )
 
     def indices(self, n_layers: int) -> list[int]:

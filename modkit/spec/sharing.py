@@ -59,6 +59,7 @@ def _share_errors(spec: ModelSpec) -> list[tuple[str, str]]:
             if layer in owner_of:
                 errors.append((where, f"layer {layer} is already in share[{owner_of[layer]}]; a layer runs one block"))
             owner_of[layer] = i
+        errors += _fuse_errors(group.adapter, i)
         first = spec.layer(layers[0])
         for layer in layers[1:]:
             this = spec.layer(layer)
@@ -74,6 +75,23 @@ def _share_errors(spec: ModelSpec) -> list[tuple[str, str]]:
                         )
                     )
                     break
+    return errors
+
+
+def _fuse_errors(adapter: Any, i: int) -> list[tuple[str, str]]:
+    """``adapter.fuse``: every fused layer among the targets (when the targets are listed), in one group only."""
+    if adapter is None or not adapter.fuse:
+        return []
+    errors, seen = [], set()
+    for j, group in enumerate(adapter.fuse):
+        where = f"share[{i}].adapter.fuse[{j}]"
+        missing = [n for n in group if adapter.targets is not None and n not in adapter.targets]
+        if missing:
+            errors.append((where, f"{missing} are not among the targets {adapter.targets}; add them to 'targets'"))
+        again = [n for n in group if n in seen]
+        if again or len(set(group)) != len(group):
+            errors.append((where, f"{again or group} named twice; a layer shares one A with one group"))
+        seen.update(group)
     return errors
 
 

@@ -142,6 +142,10 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "moe_latent_dim": (None, "the routed experts' latent width between two dense projections (Nemotron 3; None: none)"),
     "moe_latent_bias": (False, "biases on those two latent projections (Nemotron 3's mlp_bias)"),
     "aux_loss_coef": (0.0, "weight of the load-balancing loss"),
+    "share": (
+        None,
+        "blocks (or parts of them) shared across layers: the spec's share groups, written by the type's own code",
+    ),
     "tie_embeddings": (False, "the head shares the token embedding"),
     "lm_head_bias": (False, "the head has a bias"),
     "embedding_scale": (None, "multiplier of the token embeddings ('sqrt_d_model': Gemma)"),
@@ -365,6 +369,8 @@ def assemble(r: HFConfig, f: Mapping[str, Any]) -> dict:
     )
     if f["embedding_norm"]:
         spec["embedding_norm"] = norm
+    if f["share"]:  # blocks shared across layers (Zamba2's attention block)
+        spec["share"] = [dict(g) for g in f["share"]]
     return spec
 
 
@@ -562,6 +568,7 @@ def _output_fields(spec) -> dict[str, Any]:
     """The head, embedding and init fields, and the dropout probabilities."""
     return {
         "tie_embeddings": spec.tie_embeddings,
+        "share": [g.model_dump(exclude_none=True) for g in spec.share] or None,
         "lm_head_bias": spec.lm_head_bias,
         "embedding_scale": spec.embedding_scale,
         "logit_scale": spec.logit_scale,

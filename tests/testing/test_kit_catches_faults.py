@@ -15,6 +15,7 @@ import argparse
 import io
 import math
 import re
+from dataclasses import replace
 from typing import Literal
 
 import pytest
@@ -27,6 +28,7 @@ from modkit import Component, ComponentConfig, Init, PositionScheme, hookimpl
 from modkit.plugin import causal_conv, document_starts, padding_mask, zero_padding
 from modkit.testing import CHECK_NAMES, check_component
 from modkit.testing.cli import add_subcommands
+from modkit_plugins.attention import Attention, AttentionConfig
 
 D_FF = 48
 
@@ -393,6 +395,7 @@ class FaultyPlugin:
         register(_attention("overdeclared", kv_cache=True))
         register(_attention("doc_leak", kv_cache=True, document_mask=True))
         register(_recurrence("state_leak"))
+        register(_blind_input())
         register(_norm("leaky_dtype"))
         register(_norm("miscounted", compile_safe=True))
         register(_norm("plain_attr"))
@@ -465,6 +468,29 @@ class FaultyPlugin:
                 param_count=lambda cfg, ctx: 0,
             )
         )
+
+
+class BlindInputConfig(AttentionConfig):
+    """Config of ``blind_input``: the built-in attention's fields."""
+
+    type: Literal["blind_input"] = "blind_input"
+
+
+def _blind_input() -> Component:
+    """FAULT (blind_input): the built-in attention declaring ``d_in`` but built as if ``BuildContext.d_in`` were
+    unset, so its projections read ``d_model`` features whatever the side block hands them."""
+    gqa = modkit.get_registry().get("attention", "gqa")
+    return Component(
+        kind="attention",
+        type="blind_input",
+        config=BlindInputConfig,
+        factory=lambda cfg, ctx: Attention(cfg, replace(ctx, d_in=None)),
+        description="FAULTY: declares d_in, ignores it.",
+        capabilities=dict(gqa.capabilities),
+        param_count=gqa.param_count,
+        flops=gqa.flops,
+        example={"type": "blind_input", "n_heads": 4, "n_kv_heads": 4},
+    )
 
 
 class SoundPlugin:
@@ -543,6 +569,7 @@ FAULTS = [
     ("ffn", "token_mixing", "per_token", "a token's output depends on the other tokens of its sequence"),
     ("router", "detached_router", "aux_loss_grad", "carries no gradient"),
     ("norm", "roleless", "param_roles", "layers.0.attn_norm.weight' [32] of norm/roleless"),
+    ("attention", "blind_input", "shape_dtype", "declares d_in, but built with BuildContext.d_in = 64 it raised"),
 ]
 
 #: failures that follow from the same fault: a token-mixing ffn cannot be decoded token by token either; a decode

@@ -184,12 +184,21 @@ def contract_record(bench: Bench, records: list[Record]) -> tuple[Optional[str],
 def attention_inputs(
     bench: Bench, model: nn.Module, rec: Record, batch: int, seq: int, token_mask: Optional[Tensor] = None
 ) -> AttentionInputs:
-    """:class:`~modkit.AttentionInputs` for a layer-level call: positions ``0..seq-1`` and the layer's scheme."""
+    """:class:`~modkit.AttentionInputs` for a layer-level call: positions ``0..seq-1``, the layer's scheme and a
+    stand-in for the embeddings (:func:`stand_in_embeddings`)."""
     return AttentionInputs(
         positions=bench.positions(batch, seq),
         token_mask=token_mask,
         position=bench.position_for(model, getattr(rec.ctx, "layer_index", None)),
+        embeddings=stand_in_embeddings(bench, batch, seq),
     )
+
+
+def stand_in_embeddings(bench: Bench, batch: int, seq: int) -> Tensor:
+    """``[batch, seq, d_model]`` seeded values standing for ``AttentionInputs.embeddings`` in a direct call of a
+    layer's component (``Model.forward`` hands every layer the real embeddings; a mixer that reads them beside the
+    stream, ``side_input``, needs some)."""
+    return bench.randn(batch, seq, bench.d_model(), seed=97)
 
 
 def token_ids_of(x: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from .base import (
     fmt,
     max_abs_diff,
     position_geometry,
+    stand_in_embeddings,
     tolerance,
 )
 
@@ -51,16 +52,17 @@ def _compile_target(bench: Bench, model: nn.Module, records: list[Record]) -> tu
     if rec is not None and kind in ("attention", "mixer", "placement"):
         m = rec.module
         scheme = bench.position_for(model, getattr(rec.ctx, "layer_index", None))
+        emb = stand_in_embeddings(bench, b, s)  # what Model.forward hands every layer (AttentionInputs.embeddings)
         if kind == "placement":  # the block; padding paths are the attention's own compile check
 
             def block_fn(x: Tensor, pos: Tensor):
-                return m(x, AttentionInputs(positions=pos, position=scheme))
+                return m(x, AttentionInputs(positions=pos, position=scheme, embeddings=emb))
 
             return block_fn, (bench.randn(b, s, d, seed=52), bench.positions(b, s)), "block(x, inputs)"
 
         def fn(x: Tensor, pos: Tensor, mask: Tensor):
-            plain = m(x, AttentionInputs(positions=pos, position=scheme))
-            padded = m(x, AttentionInputs(positions=pos, token_mask=mask, position=scheme))
+            plain = m(x, AttentionInputs(positions=pos, position=scheme, embeddings=emb))
+            padded = m(x, AttentionInputs(positions=pos, token_mask=mask, position=scheme, embeddings=emb))
             return plain, padded
 
         mask = torch.ones(b, s, dtype=torch.bool, device=bench.device)

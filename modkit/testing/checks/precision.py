@@ -28,6 +28,7 @@ from .base import (
     fmt,
     max_abs_diff,
     position_geometry,
+    stand_in_embeddings,
     tolerance,
 )
 
@@ -62,7 +63,9 @@ def _calls(
             return [(f"norm(x) with rows of magnitude {', '.join(map(fmt, NORM_SCALES))}", lambda: rec.module(x))]
         x = made(bench.randn(b, s, width, seed=102))
         inputs = AttentionInputs(
-            positions=bench.positions(b, s), position=bench.position_for(model, getattr(rec.ctx, "layer_index", None))
+            positions=bench.positions(b, s),
+            position=bench.position_for(model, getattr(rec.ctx, "layer_index", None)),
+            embeddings=made(stand_in_embeddings(bench, b, s)),
         )
         label = {
             "ffn": "ffn(x)",

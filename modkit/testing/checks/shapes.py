@@ -105,6 +105,23 @@ def _norm_at_widths(bench: Bench, records: list[Record], dtype: torch.dtype) -> 
             yield label, module(x), x.shape, dtype
 
 
+def _mixer_at_wider_input(bench: Bench, model: nn.Module, records: list[Record], dtype: torch.dtype) -> Iterator[tuple]:
+    """A mixer that declares ``d_in`` built with ``BuildContext.d_in = 2 · d_model`` and called on that many features:
+    it must return ``d_model`` (the side attention of Zamba2's hybrid layer)."""
+    rec = first_target(bench, records)
+    d, (b, s) = bench.d_model(), SHAPES[-1]
+    module = rec.ctx.build(bench.config, d_in=2 * d).to(bench.device)
+    init_modules(module, Init(0, 0.2))
+    module = module.to(dtype).eval()
+    x = bench.randn(b, s, 2 * d, dtype=dtype, seed=2 * d)
+    yield (
+        f"mixer built at d_in = {2 * d}, called on {[b, s, 2 * d]}",
+        module(x, attention_inputs(bench, model, rec, b, s)),
+        torch.Size((b, s, d)),
+        dtype,
+    )
+
+
 def check_shape_dtype(bench: Bench) -> str:
     """Shape, dtype and device are preserved and outputs are finite, for every call of the component's contract.
 
@@ -115,7 +132,9 @@ def check_shape_dtype(bench: Bench) -> str:
     Catches: a norm that returns float32 for bfloat16 input (pytorch #133085; the ``leaky_dtype`` fixture); an ffn
     whose output is one feature too wide (``widening``); a norm that ignores ``ctx.dim`` and is always
     ``d_model`` wide, which crashes as soon as a spec uses it as a QK-norm (``fixed_width``); a position bias that
-    does not broadcast to the scores.
+    does not broadcast to the scores. A mixer declaring ``d_in`` is also built with ``BuildContext.d_in = 2 ·
+    d_model`` and must map that many input features to ``d_model`` (``blind_input``: one that ignores ``ctx.d_in``
+    crashes on the side block of a Zamba2 layer).
     """
     problems: list[str] = []
     calls = 0
@@ -138,11 +157,23 @@ def check_shape_dtype(bench: Bench) -> str:
                         f"{name}: a norm built at dim = {', '.join(map(str, NORM_WIDTHS))} raised "
                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]} (build it ctx.dim wide when set)"
                     )
+            if bench.entry.kind in ("attention", "mixer") and bench.entry.capabilities.get("d_in"):
+                try:
+                    for label, out, shape, want in _mixer_at_wider_input(bench, model, records, dtype):
+                        calls += 1
+                        problems += _problems(bench, f"{name}: {label}", out, shape, want)
+                except Exception as exc:  # noqa: BLE001 - a mixer that cannot take the wider input is this check's finding
+                    problems.append(
+                        f"{name}: declares d_in, but built with BuildContext.d_in = {2 * bench.d_model()} it raised "
+                        f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]} (read ctx.d_in input features and "
+                        "return d_model)"
+                    )
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise CheckFailed("; ".join(problems[:3]) + more)
     shapes = ", ".join(f"({b},{s})" for b, s in SHAPES)
     widths = f"; norm also at dim {', '.join(map(str, NORM_WIDTHS))}" if bench.entry.kind == "norm" else ""
+    widths += "; also built at d_in = 2 · d_model" if bench.entry.capabilities.get("d_in") else ""
     return f"{calls} calls: (batch, seq) in {shapes} x float32, bfloat16 keep shape, dtype and device{widths}"
 
 

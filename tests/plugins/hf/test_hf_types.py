@@ -1178,7 +1178,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
     assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
-    assert len(covered) == 63
+    assert len(covered) == 64
 
 
 def test_fixtures_name_registered_types():
@@ -1395,6 +1395,8 @@ DEFAULT_COUNTS.update(gemma3n_text=6_835_235_568)
 #: LongCat-Flash at LongcatFlashConfig's defaults (transformers 5.25, on meta): 28 layers of two MLA + dense pairs and a
 #: mixture of 512 experts beside 256 zero-computation ones
 DEFAULT_COUNTS.update(longcat_flash=560_664_958_976)
+#: Zamba2Config() (Zamba2-2.7B: 54 layers, 9 of them hybrid running one shared block with rank-128 adapters on its MLP)
+DEFAULT_COUNTS.update(zamba2=2_481_848_336)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -1738,3 +1740,35 @@ SPARSE_FIXTURES.append(
 )
 FIXTURES += SPARSE_FIXTURES
 IDS += [f[0] for f in SPARSE_FIXTURES]
+
+# ZAMBA2: Mamba-2 alone on layer 0 (8 heads of 8, 2 groups of B/C of 8, convolution 3, chunks of 4: shorter than the
+# 9-token batch); layers 1-4 hybrid, running two shared blocks alternately (num_mem_blocks 2: layers 1 and 3 share
+# block 0, layers 2 and 4 block 1), each block RMSNorm, attention over [stream, embeddings] (64 wide: 4 heads of 16,
+# RoPE), RMSNorm, a GELU-gated MLP of 48, every use with its own rank-4 LoRA adapters on q, k, v and on the fused
+# gate/up projection, and its own projection of the block's output into its Mamba-2 input. add_bias_linear stays
+# off: with it transformers lets in_proj's bias at padding positions into the convolution, so its own left-padded
+# logits differ from its unpadded ones
+FIXTURES.append(
+    (
+        "zamba2",
+        "Zamba2Config",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=48,
+            layers_block_type=["linear_attention", "hybrid", "hybrid", "hybrid", "hybrid"],
+            num_hidden_layers=5,
+            num_mem_blocks=2,
+            use_shared_attention_adapter=True,
+            adapter_rank=4,
+            use_mem_rope=True,
+            n_mamba_heads=8,
+            mamba_d_state=8,
+            mamba_ngroups=2,
+            mamba_d_conv=3,
+            chunk_size=4,
+            **SMALL,
+        ),
+    )
+)
+IDS.append("zamba2")
