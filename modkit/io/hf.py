@@ -347,7 +347,7 @@ def _notice_left_out(source: Any, prefixes: Sequence[str], model_type: str) -> N
             f"{sum(counts.values())} tensors of the Hugging Face {model_type} checkpoint are not part of its language "
             f"model and were left out: {parts}"
         ),
-        stacklevel=3,
+        stacklevel=4,  # the caller of from_hf,
     )
 
 

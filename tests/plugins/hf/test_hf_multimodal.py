@@ -143,9 +143,9 @@ CLASSES = {
 
 def _language_model(hf) -> list[torch.nn.Module]:
     """The text model and the head of a transformers ``ForConditionalGeneration``."""
-    if hasattr(hf, "language_model"):  # Llama 4: a whole ForCausalLM
-        return [hf.language_model]
-    return [hf.model.language_model, hf.lm_head]
+    if hasattr(hf, "lm_head"):  # Qwen3.5, Gemma 3: the text model inside ``model``, the head beside it
+        return [hf.model.language_model, hf.lm_head]
+    return [hf.language_model]  # Llama 4: a whole ForCausalLM
 
 
 @pytest.fixture(scope="module")
@@ -243,3 +243,20 @@ def test_lifted_tie_word_embeddings_follows_the_wrapper():
         {"model_type": "qwen3_5", "tie_word_embeddings": True, "text_config": {"tie_word_embeddings": False}}
     )
     assert spec.tie_embeddings is True
+
+
+#: the language model of each wrapper class's defaults (transformers 5.25, built on meta: the text model and the
+#: head, a tied head counted once); the whole ForConditionalGeneration adds the vision tower and projector
+DEFAULT_COUNTS = {
+    "qwen3_5": 8_953_803_264,  # of 9_407_453_936
+    "qwen3_5_moe": 34_660_610_688,  # of 35_114_261_360
+    "gemma3": 2_628_658_432,  # of 2_723_312_896 (Gemma3Config ties the head)
+    "llama4": 107_769_861_120,  # of 108_225_039_360
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
+def test_defaults_give_the_language_model_count(model_type):
+    """A config naming only the wrapper type is the wrapper class's default: its text class's defaults, tied as
+    the wrapper's ``tie_word_embeddings`` says."""
+    assert modkit.count_params(modkit.from_hf_config({"model_type": model_type})) == DEFAULT_COUNTS[model_type]
