@@ -125,7 +125,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from modkit.nn.cache import CacheEntry, CacheSpec
     from modkit.nn.grouped import grouped_mm
     from modkit.nn.sharing import KVReader
-    from modkit.nn.stream import ResidualStream, placement_stream_flops, stream_of
+    from modkit.nn.stream import ResidualStream, layer_input, placement_stream_flops, stream_of
     from modkit.nn.recurrent import (
         ChunkBoundaries,
         GatedRMSNorm,
@@ -225,7 +225,7 @@ _EXPORTS = {
     **dict.fromkeys(("CacheEntry", "CacheSpec"), "modkit.nn.cache"),
     "grouped_mm": "modkit.nn.grouped",
     "KVReader": "modkit.nn.sharing",
-    **dict.fromkeys(("ResidualStream", "placement_stream_flops", "stream_of"), "modkit.nn.stream"),
+    **dict.fromkeys(("ResidualStream", "layer_input", "placement_stream_flops", "stream_of"), "modkit.nn.stream"),
     **dict.fromkeys(
         (
             "ChunkBoundaries",

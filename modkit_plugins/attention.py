@@ -7,7 +7,8 @@ projection width (OLMo 2), any norm component (Llama 4's weightless ``l2norm`` t
 attention (Llama 4's ``attention_chunk_size``); attention sinks (gpt-oss); attention temperature tuning of the
 queries by position (Llama 4's NoPE layers); causal or bidirectional; softmax scale override (Granite's
 ``attention_multiplier``); tanh soft-capping of the scores (Gemma 2); an output gate, the attention output times
-``sigmoid`` of a second query-width projection before ``o_proj`` (Qwen3-Next's gated attention); ``sdpa`` (default)
+``sigmoid`` of a second query-width projection before ``o_proj`` (Qwen3-Next's gated attention), or of one gate per
+head (``output_gate_scope: head``, LFM3's ``g_proj``); ``sdpa`` (default)
 or ``eager`` backend; dropout on the attention probabilities in training mode (the spec's ``dropout.attention``,
 GPT-2's ``attn_pdrop``).
 
@@ -33,7 +34,6 @@ torchtune ``modules/attention.py``.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Literal, Optional
 
 import torch
@@ -65,9 +65,10 @@ from modkit.plugin import (
     SeqLen,
     Slot,
     StrictModel,
-    Workload,
     KVReader,
 )
+
+from .attention_cost import flops as _flops, param_count as _param_count
 
 
 class TemperatureTuning(StrictModel):
@@ -111,6 +112,9 @@ class AttentionConfig(ComponentConfig):
     )
     value_scale: Multiplier = Field(
         1.0, description="multiplier of the values (MiMo-V2-Flash's attention_value_scale, 0.707); 1 for none"
+    )
+    v_norm_eps: Optional[float] = Field(
+        None, gt=0, le=0.1, description="RMS-normalise each value head, without a gain, with this epsilon (Gemma 3n)"
     )
     q_bias: bool = Field(False, description="bias on the query projection")
     k_bias: bool = Field(False, description="bias on the key projection")
@@ -156,6 +160,17 @@ class AttentionConfig(ComponentConfig):
         "multiplied element-wise by sigmoid(gate_proj(x)) before o_proj; gate_proj is a second query-width projection "
         "[n_heads · head_dim, d_model], with a bias when q_bias (Qwen3-Next fuses it into q_proj). false: no gate",
     )
+    output_gate_scope: Literal["element", "head"] = Field(
+        "element",
+        description="what one gate value scales, with output_gate. 'element' (Qwen3-Next): gate_proj is "
+        "[n_heads · v_head_dim, d_model], one gate per feature; 'head' (LFM3's g_proj): gate_proj is [n_heads, "
+        "d_model], one sigmoid per head scaling all v_head_dim features of that head's output",
+    )
+    gate_bias: Optional[bool] = Field(
+        None,
+        description="bias on gate_proj, with output_gate; null: q_bias (Qwen3-Next fuses the gate into q_proj; "
+        "LFM3's g_proj has none)",
+    )
     clip_qkv: Optional[float] = Field(
         None,
         gt=0,
@@ -195,6 +210,25 @@ class AttentionConfig(ComponentConfig):
                 f"{info.data.get('qk_norm_scope')!r}"
             )
         return after
+
+    @field_validator("output_gate_scope")
+    @classmethod
+    def _gate_scope(cls, scope: str, info: ValidationInfo) -> str:
+        if scope != "element" and not info.data.get("output_gate", True):
+            raise ValueError(f"is {scope!r}, but output_gate is false: set output_gate true or leave the scope out")
+        return scope
+
+    @field_validator("gate_bias")
+    @classmethod
+    def _gate_bias(cls, bias: Optional[bool], info: ValidationInfo) -> Optional[bool]:
+        if bias is not None and not info.data.get("output_gate", True):
+            raise ValueError(f"is {bias}, but output_gate is false: set output_gate true or leave gate_bias out")
+        return bias
+
+    @property
+    def gate_has_bias(self) -> bool:
+        """Whether ``gate_proj`` has a bias: ``gate_bias``, else ``q_bias``."""
+        return self.q_bias if self.gate_bias is None else self.gate_bias
 
     @field_validator("n_kv_heads")
     @classmethod
@@ -283,7 +317,7 @@ class Attention(KVReader, nn.Module):
         d = ctx.d_model
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
         self.head_dim = cfg.resolved_head_dim(d)
-        self.v_head_dim, self.value_scale = cfg.value_width(d), cfg.value_scale
+        self.v_head_dim, self.value_scale, self.v_norm_eps = cfg.value_width(d), cfg.value_scale, cfg.v_norm_eps
         self.sliding_window = cfg.sliding_window
         self.attention_chunk_size = cfg.attention_chunk_size
         self.causal = cfg.causal
@@ -298,7 +332,9 @@ class Attention(KVReader, nn.Module):
         self.k_proj = nn.Linear(d, kv_width, bias=cfg.k_bias)
         self.v_proj = nn.Linear(d, self.n_kv_heads * self.v_head_dim, bias=cfg.v_bias)
         self.o_proj = nn.Linear(o_width, d, bias=cfg.o_bias)
-        self.gate_proj = nn.Linear(d, o_width, bias=cfg.q_bias) if cfg.output_gate else None
+        self.gate_per_head = cfg.output_gate_scope == "head"  # LFM3: one gate per head, else one per feature
+        g_width = self.n_heads if self.gate_per_head else o_width
+        self.gate_proj = nn.Linear(d, g_width, bias=cfg.gate_has_bias) if cfg.output_gate else None
         self.qk_norm_scope = cfg.qk_norm_scope
         self.qk_norm_after = cfg.qk_norm_after_position
         self.clip_qkv = cfg.clip_qkv
@@ -357,12 +393,14 @@ class Attention(KVReader, nn.Module):
         if not self.reads_kv:
             layout.update(k_proj=(self.n_kv_heads, self.head_dim), v_proj=(self.n_kv_heads, self.v_head_dim))
         if self.gate_proj is not None:
-            layout["gate_proj"] = (self.n_heads, self.v_head_dim)
+            layout["gate_proj"] = (self.n_heads, 1 if self.gate_per_head else self.v_head_dim)
         return layout
 
     def _output(self, out: Tensor, x: Tensor) -> Tensor:
         """``o_proj`` of the merged heads ``out [batch, n_heads, seq, head_dim]``, gated by ``sigmoid(gate_proj(x))``
-        first with ``output_gate``."""
+        first with ``output_gate`` (``output_gate_scope: head``: ``gate [batch, seq, n_heads]`` scales each head)."""
+        if self.gate_proj is not None and self.gate_per_head:
+            return self.o_proj(_merge_heads(out * torch.sigmoid(self.gate_proj(x)).transpose(1, 2).unsqueeze(-1)))
         merged = _merge_heads(out)
         if self.gate_proj is not None:
             merged = merged * torch.sigmoid(self.gate_proj(x))
@@ -389,6 +427,8 @@ class Attention(KVReader, nn.Module):
         v = v.view(b, s, self.n_kv_heads, self.v_head_dim).transpose(1, 2) if own else None
         if own and self.value_scale != 1.0:  # MiMo-V2-Flash: the values (and so the cached values) scaled
             v = v * self.value_scale
+        if own and self.v_norm_eps is not None:  # Gemma 3n's v_norm: RMS per value head, no gain, in float32
+            v = nn.functional.rms_norm(v.float(), (self.v_head_dim,), eps=self.v_norm_eps).to(v.dtype)
         if self.q_norm is not None and self.qk_norm_scope == "head" and not self.qk_norm_after:
             q, k = self.q_norm(q), k_norm(k)
         if inputs.position is not None:
@@ -463,55 +503,6 @@ class Attention(KVReader, nn.Module):
         return self._output(out, x), weights
 
 
-def _param_count(cfg: AttentionConfig, ctx: BuildContext) -> int:
-    d, hd, vd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model), cfg.value_width(ctx.d_model)
-    qw, kvw, vw, ow = cfg.n_heads * hd, cfg.kv_heads * hd, cfg.kv_heads * vd, cfg.n_heads * vd
-    n = d * (qw + kvw + vw + ow)
-    n += qw * cfg.q_bias + kvw * cfg.k_bias + vw * cfg.v_bias + d * cfg.o_bias
-    if cfg.output_gate:  # gate_proj: as wide as the merged value heads, with q_proj's bias
-        n += d * ow + ow * cfg.q_bias
-    if cfg.qk_norm is not None:
-        norm = ctx.registry.entry_for_config(cfg.qk_norm)
-        for width, heads in ((qw, cfg.n_heads), (kvw, cfg.kv_heads)):
-            if cfg.qk_norm_scope == "full":
-                n += norm.param_count(cfg.qk_norm, replace(ctx, dim=width))
-            else:
-                n += norm.param_count(
-                    cfg.qk_norm, replace(ctx, dim=hd, groups=heads if cfg.qk_norm_scope == "each_head" else None)
-                )
-    return n + cfg.n_heads * cfg.sinks
-
-
-def _flops(cfg: AttentionConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
-    """Matrix-product FLOPs of one call (1 multiply-add = 2 FLOPs): the four projections (five with the output gate's
-    ``gate_proj``; the gating itself is element-wise) on ``work.tokens`` rows, and
-    per query head ``2 · head_dim`` for each scored (query, key) pair in ``q·kᵀ`` and as much in ``p·v``.
-
-    GQA/MQA save nothing in the scores (every query head scores every key it sees) but narrow k_proj and v_proj.
-    The pairs are those the mask lets through (causal, sliding window, chunk: :meth:`Workload.pairs`), or the whole
-    ``[new, past + new]`` rectangle when ``work.dense``. The QK-norm (a norm component) declares its own; the
-    softmax, the scaling, the temperature tuning and the biases are element-wise and not counted. A sink is not a
-    key (its logit joins the softmax), except that the dense SDPA kernel scores it as one more zero key per query
-    (``work.dense`` with the sdpa backend counts that column).
-    """
-    d, hd, vd = ctx.d_model, cfg.resolved_head_dim(ctx.d_model), cfg.value_width(ctx.d_model)
-    qw, kvw, t = cfg.n_heads * hd, cfg.kv_heads * hd, work.tokens
-    pairs = work.pairs(causal=cfg.causal, window=cfg.sliding_window, chunk=cfg.attention_chunk_size)
-    if work.dense and cfg.sinks and cfg.backend == "sdpa" and cfg.logit_softcap is None:
-        pairs += t  # the zero key column the SDPA path appends for the sink
-    out = {
-        "q_proj": 2 * t * d * qw,
-        "k_proj": 2 * t * d * kvw,
-        "v_proj": 2 * t * d * cfg.kv_heads * vd,
-        "o_proj": 2 * t * cfg.n_heads * vd * d,
-        "scores": 2 * cfg.n_heads * hd * pairs,
-        "weighted_sum": 2 * cfg.n_heads * vd * pairs,
-    }
-    if cfg.output_gate:
-        out["gate_proj"] = 2 * t * d * cfg.n_heads * vd
-    return out
-
-
 #: Key formulas of the docs pages (pymdownx.arithmatex); one paragraph per type on the grouping of heads.
 _MATH = r"""Per query head $h$, with $q_i$ the query at position $i$, $k_j, v_j$ the key and value of key position $j$ (of
 the key/value head $g(h)$ that $h$ reads) and $d_h$ = head_dim:
@@ -528,7 +519,8 @@ elsewhere. The sink logit $z_h$ (a parameter, with sinks) joins the denominator 
 probability mass and adds no value; without sinks it is absent ($e^{z_h} = 0$, a plain softmax). The temperature
 $\tau_i = \ln\!\big(\lfloor (i + 1) / f \rfloor + 1\big)\, a + 1$ with $f$ = floor_scale and $a$ = attn_scale
 (temperature_tuning; else $\tau_i = 1$). The heads are concatenated and projected by $W_O$; with output_gate the
-concatenation is first multiplied element-wise by $\sigma(W_G\, x_i)$ (gated attention, $W_G$ as wide as $W_Q$).
+concatenation is first multiplied element-wise by $\sigma(W_G\, x_i)$ (gated attention, $W_G$ as wide as the
+concatenation; with output_gate_scope head $W_G$ has one row per head and $\sigma(W_G x_i)_h$ scales all of $o_{hi}$).
 Query head $h$ reads key/value head $g(h) = \lfloor h \cdot n_{kv} / n_{heads} \rfloor$; the values $v_j$ have width
 $d_v$ = v_head_dim (default $d_h$) and are multiplied by value_scale (1 by default); a KV cache holds
 $n_{kv} (d_h + d_v)$ numbers per token and layer, in a ring of min(sliding_window, attention_chunk_size) slots when

@@ -32,6 +32,7 @@ implementation's ``swiglu`` (transformers ``GptOssExperts._apply_gate``) for the
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, Optional
 
 import torch
@@ -99,6 +100,14 @@ class GatedConfig(ComponentConfig):
         description="multiplier of the FFN's output, output_multiplier · down(...) "
         f"(Falcon-H1's mlp_multipliers[1], μP); 1 for none. At most {MAX_MULTIPLIER:g}, far above published values "
         "(0.5-1), so activations stay finite",
+    )
+    activation_sparsity: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Gaussian top-k on the gate before the activation: relu(g - mean(g) - std(g) · Φ⁻¹(p)) over "
+        "d_ff keeps about the top 1 - p of each token's gate entries (Gemma 3n's activation_sparsity_pattern: 0.95 "
+        "on its first layers); 0 for none",
     )
 
     @property
@@ -226,8 +235,10 @@ class GatedMLP(nn.Module):
         bias: bool,
         unit: Optional[ClampedGLU] = None,
         multipliers: tuple[float, float] = (1.0, 1.0),
+        sparsity: float = 0.0,
     ):
         super().__init__()
+        self.sparsity = float(sparsity)
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
@@ -239,8 +250,29 @@ class GatedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``m_out · down(act(m_gate · gate(x)) * up(x))`` (float16: the product in float32, rows scaled; see
         :func:`gated_product`)."""
-        h, scale = gated_product(self._act, _scaled(self.gate(x), self.gate_multiplier), self._up(self.up(x)))
+        gate = _scaled(self.gate(x), self.gate_multiplier)
+        if self.sparsity > 0.0:
+            if hasattr(self.gate.weight, "device_mesh"):  # a tensor-parallel shard of d_ff: wrong statistics
+                raise ValueError(
+                    f"ffn with activation_sparsity = {self.sparsity}: the Gaussian top-k takes its mean and std over "
+                    "the whole d_ff, which tensor parallelism splits across ranks; run it with tp = 1"
+                )
+            gate = gaussian_topk(gate, self.sparsity)
+        h, scale = gated_product(self._act, gate, self._up(self.up(x)))
         return _scaled(_down(self.down, h, scale), self.output_multiplier)
+
+
+def gaussian_topk(gate: Tensor, sparsity: float) -> Tensor:
+    """``relu(g - (mean(g) + std(g) · Φ⁻¹(sparsity)))`` over the last dimension of ``gate [..., d_ff]`` (population
+    std; Φ⁻¹ the standard normal quantile, ``sqrt(2) · erfinv(2p - 1)`` in float32, then in ``gate``'s dtype): if the
+    entries were Gaussian, about ``1 - sparsity`` of them stay positive. The statistics are over the whole ``d_ff``,
+    so a gate split across tensor-parallel ranks would change them. Source: Gemma 3n's activation sparsity,
+    transformers ``Gemma3nTextMLP._gaussian_topk`` (which takes the quantile from ``torch.distributions.Normal``)."""
+    p = torch.tensor(sparsity, dtype=torch.float32, device=gate.device)
+    z = (torch.erfinv(2 * p - 1) * math.sqrt(2)).to(gate.dtype)
+    mean = gate.mean(dim=-1, keepdim=True)
+    std = gate.std(dim=-1, keepdim=True, unbiased=False)
+    return nn.functional.relu(gate - (mean + std * z))
 
 
 def _local(t: Tensor) -> Tensor:
@@ -406,6 +438,17 @@ def _gated_count(cfg: GatedConfig, ctx: BuildContext) -> int:
     return 3 * d * cfg.d_ff + (2 * cfg.d_ff + d if cfg.bias else 0)
 
 
+def _grouped_gated(cfg: GatedConfig, ctx: BuildContext, n: int) -> "GroupedGatedMLP":
+    """``n`` stacked copies of a ``swiglu`` / ``geglu`` (experts); ``activation_sparsity`` is refused there."""
+    if cfg.activation_sparsity:
+        raise ValueError(
+            f"ffn {cfg.type}: activation_sparsity = {cfg.activation_sparsity} is not supported in stacked experts; "
+            "set it to 0 or use a dense ffn"
+        )
+    multipliers = (cfg.gate_multiplier, cfg.output_multiplier)
+    return GroupedGatedMLP(n, ctx.dim or ctx.d_model, cfg.d_ff, cfg.act, cfg.bias, multipliers=multipliers)
+
+
 def _mlp_flops(cfg: MLPConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
     """``up`` and ``down`` on ``work.tokens`` rows, ``2 · d · d_ff`` FLOPs each per row (activation, biases: not counted)."""
     d, t = ctx.dim or ctx.d_model, work.tokens
@@ -484,6 +527,7 @@ def register_components(register) -> None:
                     cfg.act,
                     cfg.bias,
                     multipliers=(cfg.gate_multiplier, cfg.output_multiplier),
+                    sparsity=cfg.activation_sparsity,
                 ),
                 description=f"Gated MLP down({what}(gate(x)) * up(x)). [batch, seq, d_model] -> [batch, seq, d_model].",
                 reference="Shazeer 2020, GLU Variants Improve Transformer, arXiv:2002.05202",
@@ -492,14 +536,7 @@ def register_components(register) -> None:
                 flops=_gated_flops,
                 example={"type": t, "d_ff": 96},
                 math=_MATH[t],
-                grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(
-                    n,
-                    ctx.dim or ctx.d_model,
-                    cfg.d_ff,
-                    cfg.act,
-                    cfg.bias,
-                    multipliers=(cfg.gate_multiplier, cfg.output_multiplier),
-                ),
+                grouped_factory=_grouped_gated,
             )
         )
     register(

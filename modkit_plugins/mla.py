@@ -10,7 +10,7 @@ Shapes (``h`` = n_heads, ``d_nope`` = qk_nope_head_dim, ``d_rope`` = qk_rope_hea
     c, k_rope = kv_a_proj_with_mqa(x)                   d_model -> r_kv + d_rope, split
     c      = kv_a_layernorm(c)                          the normalised latent       [b, s, r_kv]
     q_rope, k_rope = position.rotate(q_rope, k_rope)    RoPE on d_rope features; k_rope is one head shared by all
-    cache  <- c [b, slots, r_kv], k_rope [b, slots, d_rope]: r_kv + d_rope numbers per token and layer
+    cache  <- [c; k_rope] [b, slots, r_kv + d_rope]: r_kv + d_rope numbers per token and layer, side by side
     k_nope, v = kv_b_proj(c) split per head             r_kv -> h·(d_nope + d_v)   (W_UK [h, d_nope, r_kv], W_UV [h, d_v, r_kv])
     score_hij = α (q_nope_hi · k_nope_hj + q_rope_hi · k_rope_j),   o_hi = Σ_j softmax_j(score_hij) v_hj
     o_h    = o_h · sigmoid(g_proj(x))_h                 head_gate only: one gate per head and token (Ling 3)
@@ -25,6 +25,9 @@ Two ways to compute the same scores (arXiv:2405.04434 §2.1.2, "absorbed" weight
   ``α (q_lat · c_j + q_rope · k_rope_j)`` straight against the cached latent, and ``o_h = W_UV (Σ_j p_hj c_j)``: the
   value up-projection after the weighted sum. A decode step never rebuilds per-head keys for the context; it reads
   ``r_kv + d_rope`` numbers per cached token, shared by every head (an MQA-shaped read of the latent).
+
+LongCat-Flash (``lora_scale``; transformers ``LongcatFlashMLA``) multiplies the queries by ``sqrt(d_model / r_q)``
+and the normalised latent, before it is cached, by ``sqrt(d_model / r_kv)``.
 
 Softmax scale ``α = d_qk^{-1/2}``, times ``mscale²`` with DeepSeek's YaRN correction (``yarn_mscale``: ``mscale =
 0.1 · mscale_all_dim · ln(factor) + 1`` for ``factor > 1``, transformers ``yarn_get_mscale``), or ``softmax_scale``;
@@ -55,7 +58,7 @@ from dataclasses import replace
 from typing import Any, Literal, NamedTuple, Optional
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from modkit.plugin import (
@@ -156,6 +159,21 @@ class MLAConfig(ComponentConfig):
         description="each head's output times sigmoid(g_proj(x)), one gate per head and token from a bias-free "
         "g_proj [n_heads, d_model], before o_proj (Ling 3's BailingHybridAttention); default off (DeepSeek)",
     )
+    lora_scale: bool = Field(
+        False,
+        description="LongCat-Flash's latent scaling: the queries times sqrt(d_model / q_lora_rank) and the "
+        "normalised (cached) latent times sqrt(d_model / kv_lora_rank) (mla_scale_q_lora, mla_scale_kv_lora); "
+        "needs q_lora_rank. false: none (DeepSeek)",
+    )
+
+    @model_validator(mode="after")
+    def _check_lora_scale(self) -> "MLAConfig":
+        if self.lora_scale and self.q_lora_rank is None:
+            raise ValueError(
+                "lora_scale = true multiplies the queries by sqrt(d_model / q_lora_rank), but q_lora_rank is null; "
+                "give q_lora_rank or set lora_scale false"
+            )
+        return self
 
     @property
     def qk_head_dim(self) -> int:
@@ -187,8 +205,8 @@ class _Projected(NamedTuple):
 
     q_nope: Tensor  # [b, h, s, d_nope]: the un-rotated query features
     q_rope: Tensor  # [b, h, s, d_rope]: the rotated query features
-    latent: Tensor  # [b, kv, r_kv]: the normalised latent of every key position (cached and new)
-    k_rope: Tensor  # [b, kv, d_rope]: the rotated key shared by every head, per key position
+    ckv: Tensor  # [b, kv, r_kv + d_rope]: per key position (cached and new), the normalised latent, then the rotated
+    # key shared by every head
 
 
 class _KeyMask(NamedTuple):
@@ -205,7 +223,7 @@ class _KeyMask(NamedTuple):
 class MLA(nn.Module):
     """Multi-head latent attention. ``forward(x [batch, seq, d_model], inputs) -> [batch, seq, d_model]``.
 
-    The cache holds ``latent [batch, slots, kv_lora_rank]`` and ``k_rope [batch, slots, qk_rope_head_dim]``
+    The cache holds ``latent [batch, slots, kv_lora_rank + qk_rope_head_dim]``: the latent, then the rotated key
     (:meth:`cache_spec`). ``absorb`` (default True) selects the absorbed computation for forwards over a cache that
     holds earlier tokens; False expands per-head keys there too (the same numbers; a reference for tests).
     """
@@ -238,10 +256,14 @@ class MLA(nn.Module):
         self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * cfg.v_head_dim, d, bias=cfg.bias)
         self.g_proj = nn.Linear(d, h, bias=False) if cfg.head_gate else None
+        #: LongCat-Flash's multipliers of the queries and of the normalised latent (1.0: none)
+        self.q_scale = (d / cfg.q_lora_rank) ** 0.5 if cfg.lora_scale else 1.0
+        self.latent_scale = (d / cfg.kv_lora_rank) ** 0.5 if cfg.lora_scale else 1.0
 
     def cache_spec(self) -> CacheSpec:
-        """The normalised latent ``[kv_lora_rank]`` and the rotated shared key ``[qk_rope_head_dim]`` per token."""
-        return CacheSpec((CacheEntry("latent", (self.kv_lora_rank,)), CacheEntry("k_rope", (self.qk_rope_head_dim,))))
+        """One entry per token, ``latent [kv_lora_rank + qk_rope_head_dim]``: the normalised latent, then the rotated
+        shared key beside it (FlashMLA's 576-wide layout), so one product scores both parts in one read."""
+        return CacheSpec((CacheEntry("latent", (self.kv_lora_rank + self.qk_rope_head_dim,)),))
 
     def head_layout(self) -> dict[str, tuple[int, int]]:
         """The projections whose outputs split into heads (the latent ones do not)."""
@@ -271,7 +293,8 @@ class MLA(nn.Module):
         if self.q_proj is not None:
             return self.q_proj(x), None
         q_resid = self.q_a_layernorm(self.q_a_proj(x))
-        return self.q_b_proj(q_resid), q_resid
+        q = self.q_b_proj(q_resid)
+        return (q if self.q_scale == 1.0 else q * self.q_scale), q_resid
 
     def _index(self, x: Tensor, q_resid: Optional[Tensor], inputs: AttentionInputs) -> tuple[dict[str, Tensor], Any]:
         """``(entries, state)``: per-token cache entries of the new tokens beyond the latent and the rotated key, and
@@ -291,6 +314,7 @@ class MLA(nn.Module):
         q_nope, q_rope = q[..., :d_nope], q[..., d_nope:]
         c, k_rope = self.kv_a_proj_with_mqa(x).split([r, d_rope], dim=-1)
         c = self.kv_a_layernorm(c)  # [b, s, r_kv]
+        c = c if self.latent_scale == 1.0 else c * self.latent_scale  # LongCat-Flash: cached as scaled
         k_rope = k_rope.view(b, 1, s, d_rope)
         if inputs.position is not None:
             q_rope, k_rope = inputs.position.rotate(q_rope, k_rope, inputs.positions)
@@ -299,12 +323,11 @@ class MLA(nn.Module):
         state = inputs.cache_for(self)
         absorbed = self.absorb and state is not None and state.group is not None and state.group.mode != "fresh"
         extra, index_state = self._index(x, q_resid, inputs)
-        new = {"latent": c, "k_rope": k_rope.squeeze(1), **extra}
+        new = {"latent": torch.cat([c, k_rope.squeeze(1)], dim=-1), **extra}
         seen, k_pos, k_valid = update_cache_entries(inputs, new, mixer=self)
-        c_all, k_rope_all = seen["latent"], seen["k_rope"]  # [b, kv, r_kv], [b, kv, d_rope]
         dropout_p = self.attention_dropout if self.training else 0.0
         bias = position_bias(inputs, k_pos, h)
-        t, keys = _Projected(q_nope, q_rope, c_all, k_rope_all), _KeyMask(inputs, k_pos, k_valid, bias, dropout_p)
+        t, keys = _Projected(q_nope, q_rope, seen["latent"]), _KeyMask(inputs, k_pos, k_valid, bias, dropout_p)
         keys = keys._replace(selected=self._selection(x, index_state, seen, keys))
         out, weights = self._absorbed(t, keys, need_weights) if absorbed else self._expanded(t, keys, need_weights)
         if self.g_proj is not None:  # [b, h, s, d_v] times sigmoid of one gate per head and token, in float32
@@ -320,10 +343,11 @@ class MLA(nn.Module):
     def _expanded(self, t: _Projected, keys: _KeyMask, need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
         """Per-head keys ``[b, h, kv, d_qk]`` and values ``[b, h, kv, d_v]`` from the latents, then attention:
         ``([b, h, s, d_v], weights [b, h, s, kv] float32 or None)``."""
-        q_nope, q_rope, c_all, k_rope_all = t
+        q_nope, q_rope, ckv = t
         inputs, k_pos, k_valid, bias, dropout_p = keys[:5]
         b, h, s, _ = q_nope.shape
-        kv = c_all.shape[1]
+        kv, r = ckv.shape[1], self.kv_lora_rank
+        c_all, k_rope_all = ckv[..., :r], ckv[..., r:]  # [b, kv, r_kv], [b, kv, d_rope]
         k_nope, v = (
             self.kv_b_proj(c_all).view(b, kv, h, -1).transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], -1)
         )
@@ -343,40 +367,116 @@ class MLA(nn.Module):
         """Scores against the cached latent with ``W_UK`` folded into the query; ``W_UV`` after the weighted sum:
         ``([b, h, s, d_v], probabilities [b, h, s, kv] float32, or None without need_weights)``.
 
-        Every head reads the same latent ``[b, kv, r_kv]`` and rotated key ``[b, kv, d_rope]``, so the heads fold
-        into the rows of one product per batch row (``[b, h·s, ·]``): the cached latent is read once per product,
-        not once per head, and no per-head key or value of the context is ever formed (DeepSeek-V3's reference
-        ``inference/model.py`` in its ``absorb`` mode; FlashMLA). The softmax scale is folded into the (small)
-        query, and the additive mask is the first operand of the score product (``baddbmm``), so the ``[b, h·s,
-        kv]`` scores are written once and only the softmax passes over them again.
+        Every head reads the same cached ``[latent; rotated key]`` ``[b, kv, r_kv + d_rope]``, so the heads fold
+        into the rows of one product per batch row (``[b, h·s, ·]``), and the latent part of the query and the
+        rotated one sit side by side, so the scores are one product that reads the cache once (FlashMLA's 576-wide
+        key, DeepSeek-V3's reference ``inference/model.py`` in its ``absorb`` mode); the weighted sum reads it once
+        more. No per-head key or value of the context is ever formed. The softmax scale is folded into the (small)
+        query and the additive mask joins the product (:func:`_latent_product`); both products run through oneDNN
+        where they can (:func:`_onednn_fits`).
         """
-        q_nope, q_rope, c_all, k_rope_all = t
+        q_nope, q_rope, ckv = t
         bias, dropout_p = keys.bias, keys.dropout_p
         b, h, s, _ = q_nope.shape
-        kv, r = c_all.shape[1], self.kv_lora_rank
+        kv, r = ckv.shape[1], self.kv_lora_rank
         w_uk, w_uv = self._kv_b()
-        # [b, h, s, d_nope] @ [h, d_nope, r_kv] -> [b, h, s, r_kv], scaled: α (W_UKᵀ q_nope) · c_j
-        q_lat = torch.matmul(q_nope, w_uk).mul_(self.scale).view(b, h * s, r)
-        q_rope = (q_rope * self.scale).reshape(b, h * s, -1)
+        # [b, h, s, d_nope] @ [h, d_nope, r_kv] -> [b, h, s, r_kv]: W_UKᵀ q_nope; then q_rope beside it, all scaled
+        q_lat = torch.cat([torch.matmul(q_nope, w_uk), q_rope], dim=-1).mul_(self.scale).view(b, h * s, -1)
         prepared = self._prepared(keys, q_nope.dtype)
         base = prepared.additive  # [b, 1, s, kv]: 0 where allowed, -inf elsewhere (dead rows opened)
         if bias is not None:  # ALiBi: added in float32 at least, as the expanded path does
             base = base.to(torch.promote_types(base.dtype, torch.float32)) + bias
         base = base.expand(b, h, s, kv).reshape(b, h * s, kv) if s > 1 or base.shape[1] > 1 else base.view(b, 1, kv)
-        late = base.dtype != q_lat.dtype  # a narrow model with a bias: the mask and bias join after the products
-        scores = torch.bmm(q_lat, c_all.transpose(1, 2)) if late else torch.baddbmm(base, q_lat, c_all.transpose(1, 2))
-        scores = torch.baddbmm(scores, q_rope, k_rope_all.transpose(1, 2))  # + α q_rope · k_rope_j
+        late = base.dtype != q_lat.dtype  # a narrow model with a bias: the mask and bias join after the product
+        # α (q_lat · c_j + q_rope · k_rope_j) (+ mask): one product over the cached [latent; rotated key]
+        scores = _latent_product(q_lat, ckv, None if late else base)
         # [b, h·s, kv] in float32 at least (float64 stays float64)
         scores = scores if scores.dtype in _WIDE else scores.float()
         probs = torch.softmax(scores + base if late else scores, dim=-1)
         if dropout_p > 0:
             probs = nn.functional.dropout(probs, dropout_p)
-        o_lat = torch.bmm(probs.to(c_all.dtype), c_all).view(b, h, s, r)  # Σ_j p_hj c_j
+        o_lat = _latent_sum(probs.to(ckv.dtype), ckv, r).view(b, h, s, r)  # Σ_j p_hj c_j
         out = torch.matmul(o_lat, w_uv.transpose(1, 2))  # [b, h, s, r_kv] @ [h, r_kv, d_v] -> [b, h, s, d_v]
         out = out * prepared.live  # rows that see no key output 0
         if not need_weights:
             return out, None
         return out, probs.view(b, h, s, kv) * prepared.live.to(probs.dtype)
+
+
+def _onednn_available() -> bool:
+    """Whether this torch build has oneDNN's linear operator (``torch.ops.mkldnn._linear_pointwise``), as
+    :func:`modkit.nn.onednn.onednn_available` checks."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(
+            torch.ops.aten, "mkldnn_linear_backward_input"
+        )
+    except (AttributeError, RuntimeError):  # an operator namespace that does not resolve
+        return False
+
+
+_ONEDNN = _onednn_available()
+
+
+def _onednn_scores(q: Tensor, ckv: Tensor) -> Tensor:
+    """``q [n, k] @ ckv [kv, k]ᵀ -> [n, kv]`` through oneDNN's matmul (float32, CPU, both contiguous)."""
+    return torch.ops.mkldnn._linear_pointwise(q, ckv, None, "none", [], "")
+
+
+def _onednn_sum(p: Tensor, ckv: Tensor) -> Tensor:
+    """``p [n, kv] @ ckv [kv, k] -> [n, k]`` through oneDNN (float32, CPU, ``ckv`` contiguous): the input gradient of
+    a linear map whose weight is ``ckv``, which oneDNN computes reading ``ckv`` where it lies (the forward product
+    would need it transposed). ``p`` is the small operand converted to oneDNN's layout and back."""
+    return torch.ops.aten.mkldnn_linear_backward_input(p.shape[:1] + ckv.shape[1:], p.to_mkldnn(), ckv).to_dense()
+
+
+# custom ops, so that ``torch.compile`` calls them as they are (Inductor has no lowering of oneDNN's linear for a
+# plain weight); eager calls the functions themselves, without the op's dispatch (about 15 µs a call)
+_SCORES_OP = torch.library.custom_op("modkit::mla_latent_scores", _onednn_scores, mutates_args=())
+_SUM_OP = torch.library.custom_op("modkit::mla_latent_sum", _onednn_sum, mutates_args=())
+_SCORES_OP.register_fake(lambda q, ckv: q.new_empty(q.shape[0], ckv.shape[0]))
+_SUM_OP.register_fake(lambda p, ckv: p.new_empty(p.shape[0], ckv.shape[1]))
+
+
+def _onednn_fits(a: Tensor, ckv: Tensor) -> bool:
+    """Whether :func:`_onednn_scores` / :func:`_onednn_sum` take ``a [b, n, ·]`` against ``ckv [b, kv, k]``: one
+    float32 sequence on the CPU, the cache contiguous, no gradient to carry."""
+    return (
+        _ONEDNN
+        and a.shape[0] == 1
+        and a.dtype == ckv.dtype == torch.float32
+        and a.device.type == ckv.device.type == "cpu"
+        and ckv.is_contiguous()
+        and not (torch.is_grad_enabled() and (a.requires_grad or ckv.requires_grad))
+    )
+
+
+def _latent_sum(p: Tensor, ckv: Tensor, width: int) -> Tensor:
+    """``p @ ckv[..., :width]``: ``p [b, n, kv]``, ``ckv [b, kv, k]`` -> ``[b, n, width]`` (the weighted sum of the
+    cached latents, ``width = r_kv``), through oneDNN where :func:`_onednn_fits` (it then computes all ``k``
+    columns and drops the rotated key's), else ``bmm``."""
+    if _onednn_fits(p, ckv):
+        fn = _SUM_OP if torch.compiler.is_compiling() else _onednn_sum
+        return fn(p[0].contiguous(), ckv[0])[None, :, :width]
+    return torch.bmm(p, ckv[..., :width])
+
+
+def _latent_product(q: Tensor, ckv: Tensor, base: Optional[Tensor]) -> Tensor:
+    """``base + q @ ckvᵀ``: ``q [b, n, k]``, ``ckv [b, kv, k]``, ``base`` broadcastable to ``[b, n, kv]`` or ``None``
+    -> ``[b, n, kv]`` (the absorbed scores: ``n = h·s`` query rows against every cached latent and rotated key).
+
+    One float32 sequence on the CPU, outside autograd, runs through oneDNN's matmul (:mod:`modkit.nn.onednn`): its
+    AVX-512 kernels read the ``[kv, k]`` cache as the weight of a linear map, where MKL's batched GEMM takes its AVX2
+    path on AMD CPUs and reaches about half the speed with 8 rows (``benchmarks/results_mla.md``). Anything else (a
+    batch, another dtype or device, a gradient) goes through ``baddbmm``; the two differ by float rounding only.
+    """
+    if _onednn_fits(q, ckv):
+        fn = _SCORES_OP if torch.compiler.is_compiling() else _onednn_scores
+        out = fn(q[0].contiguous(), ckv[0])[None]
+        return out if base is None else out + base
+    kt = ckv.transpose(1, 2)
+    return torch.bmm(q, kt) if base is None else torch.baddbmm(base, q, kt)
 
 
 def _norm_params(cfg: MLAConfig, ctx: BuildContext, dim: int) -> int:
@@ -494,7 +594,7 @@ def register_components(register) -> None:
             factory=lambda cfg, ctx: MLA(cfg, ctx),
             description="Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): optional low-rank queries, a compressed "
             "key/value latent and a decoupled RoPE key shared by all heads. [batch, seq, d_model] -> [batch, seq, "
-            "d_model]; the cache holds the latent [batch, slots, kv_lora_rank] and the rotated key [batch, slots, "
+            "d_model]; the cache holds the latent and the rotated key side by side [batch, slots, kv_lora_rank + "
             "qk_rope_head_dim], and decoding attends over the latent with the key up-projection absorbed into the query; "
             "head_gate multiplies each head's output by sigmoid(g_proj(x)) (Ling 3).",
             reference="DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434 §2.1; DeepSeek-V3, arXiv:2412.19437; "

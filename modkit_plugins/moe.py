@@ -3,7 +3,8 @@
 ``moe``: ``forward(x [batch, seq, d_model]) -> (y [batch, seq, d_model], aux_loss [] float32)``.
 Each token is sent to ``top_k`` of ``n_experts`` experts (each expert is itself a full ``ffn`` spec, e.g. a
 SwiGLU, at its own width) chosen by a learned router; the output is the router-weighted sum of those experts'
-outputs, plus an optional shared expert every token passes through:
+outputs, plus an optional shared expert every token passes through (with ``latent_dim``, the routed experts work between
+two dense projections, Nemotron 3's latent mixture: :mod:`modkit_plugins.moe_sizes`):
 
     s       = softmax(router(x)) | sigmoid(router(x))  # [tokens, n_experts], float32
     idx     = top_k(s + correction_bias)              # inside the topk_group best of n_group groups, if asked
@@ -78,8 +79,6 @@ modules ``DeepseekV3MoE``, ``Qwen2MoeSparseMoeBlock``, ``GptOssMLP`` and ``Llama
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
 from typing import Literal, Optional
 
 import torch
@@ -90,14 +89,18 @@ from modkit.plugin import (
     BuildContext,
     Component,
     ComponentConfig,
-    declared_flops,
     ExpertCount,
     hookimpl,
     LossCoef,
     MAX_EXPERTS,
     MAX_LOSS_COEF,
     Slot,
-    Workload,
+)
+from .moe_sizes import (  # noqa: F401 - importable from here as before the sizes had a module
+    expert_capacity,
+    expert_context,
+    moe_count as _moe_count,
+    moe_flops as _moe_flops,
 )
 from .moe_losses import global_aux_loss, load_balancing_loss, z_loss  # noqa: F401 - importable from here as before
 from .routers import (  # noqa: F401 - the router names, importable from here as before the routers had a module
@@ -117,15 +120,6 @@ from .routers import (  # noqa: F401 - the router names, importable from here as
 )
 
 # ----------------------------------------------------------------------------------------------------- moe
-
-
-def expert_capacity(capacity_factor: float, n_tokens: int, top_k: int, n_experts: int) -> int:
-    """Slots each expert processes under fixed-capacity dispatch (Switch Transformer, Fedus et al. 2021,
-    arXiv:2101.03961, eq. 3; GShard, arXiv:2006.16668): ``min(T, max(1, ceil(c * T * k / n)))`` for ``T`` =
-    ``n_tokens`` tokens, ``c`` = ``capacity_factor``, ``k`` = ``top_k`` and ``n`` = ``n_experts``: the ``T * k``
-    assignments spread evenly, times ``c``, at least one slot and never more slots than tokens (a token takes one
-    slot of an expert at most). ``expert_capacity(1.25, 64, 2, 8)`` is 20."""
-    return min(n_tokens, max(1, math.ceil(capacity_factor * n_tokens * top_k / n_experts)))
 
 
 class MoEConfig(ComponentConfig):
@@ -191,6 +185,20 @@ class MoEConfig(ComponentConfig):
         "times the gate weight, for no FLOPs and no parameters (their slots are the last n_zero_experts indices). "
         "Needs dropless dispatch (capacity_factor null). 0: none",
     )
+    latent_dim: Optional[int] = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="the routed experts work in a latent space of this width between two dense projections every "
+        "token passes through, latent_down [d_model -> latent_dim] before the experts and latent_up [latent_dim -> "
+        "d_model] after their weighted sum; the router, the shared expert and its gate still read the full-width "
+        "input (Nemotron 3's latent mixture: moe_latent_size). Its expert spec's d_ff is then the latent experts' "
+        "width. null: the experts read and write d_model",
+    )
+    latent_bias: bool = Field(
+        False,
+        description="biases on latent_down and latent_up (Nemotron 3: mlp_bias); needs latent_dim",
+    )
     capacity_factor: Optional[float] = Field(
         None,
         gt=0,
@@ -221,6 +229,17 @@ class MoEConfig(ComponentConfig):
                     '(e.g. {"type": "swiglu", "d_ff": ...}) as the '
                     + ("expert" if name == "expert" else "shared expert")
                 )
+        if self.latent_bias and self.latent_dim is None:
+            raise ValueError(
+                "latent_bias = true puts biases on the latent projections, but latent_dim is null; give latent_dim "
+                "(the experts' latent width) or drop latent_bias"
+            )
+        if self.latent_dim is not None and self.n_zero_experts:
+            raise ValueError(
+                f"latent_dim = {self.latent_dim} with n_zero_experts = {self.n_zero_experts}: a zero expert returns "
+                "its input, and whether that is the latent or the full-width input is not defined by any reference; "
+                "set latent_dim null or n_zero_experts 0"
+            )
         if self.shared_gate and self.shared is None:
             raise ValueError(
                 "shared_gate = true gates a shared expert, but shared is null; give shared an ffn spec or drop shared_gate"
@@ -278,6 +297,9 @@ class MoE(nn.Module):
             ``[n_experts, d_model, d_ff]``, ``experts.down`` ``[n_experts, d_ff, d_model]``).
         shared: the shared expert (a dense ffn module) or ``None``.
         shared_gate: ``nn.Linear(d_model, 1, bias=False)`` gating the shared expert, or ``None``.
+        latent_down, latent_up: with ``latent_dim``, ``nn.Linear(d_model, latent_dim)`` and ``nn.Linear(latent_dim,
+            d_model)`` (biases with ``latent_bias``) around the routed experts, which then map ``[N, latent_dim]``
+            to the same (:mod:`modkit_plugins.moe_sizes`); ``None`` otherwise.
         n_experts, top_k, aux_loss_coef, aux_loss_scope, z_loss_coef, capacity_factor, weight_on: from the config.
 
     See the module docstring for the math, the two dispatch schemes and their cost.
@@ -299,9 +321,13 @@ class MoE(nn.Module):
         self.router = ctx.build(cfg.router, extra={**ctx.extra, "n_experts": self.n_choices, "top_k": cfg.top_k})
         #: the router routes by token id (a hash router): placements pass token_ids through modkit.run_ffn
         self.takes_token_ids = bool(getattr(self.router, "takes_token_ids", False))
-        self.experts = ctx.build_grouped(cfg.expert, cfg.n_experts)
+        self.experts = expert_context(cfg, ctx).build_grouped(cfg.expert, cfg.n_experts)
         self.shared = ctx.build(cfg.shared) if cfg.shared is not None else None
-        self.shared_gate = nn.Linear(ctx.dim or ctx.d_model, 1, bias=False) if cfg.shared_gate else None
+        d = ctx.dim or ctx.d_model
+        self.shared_gate = nn.Linear(d, 1, bias=False) if cfg.shared_gate else None
+        latent = cfg.latent_dim
+        self.latent_down = nn.Linear(d, latent, bias=cfg.latent_bias) if latent is not None else None
+        self.latent_up = nn.Linear(latent, d, bias=cfg.latent_bias) if latent is not None else None
         #: set by expert parallelism (:mod:`modkit.parallel.expert`): ``dispatcher(rows [N, d] sorted by expert,
         #: counts [n_experts] int32, run) -> [N, d]`` sends each row to its expert's rank and back; ``None``: all local
         self.dispatcher = None
@@ -327,8 +353,8 @@ class MoE(nn.Module):
         return None
 
     def inactive_params_per_token(self) -> int:
-        """Parameters a token does not use: ``(n_experts - top_k) *`` one routed expert's parameters (the router and
-        the shared expert serve every token); with zero experts the fewest a token can leave unused,
+        """Parameters a token does not use: ``(n_experts - top_k) *`` one routed expert's parameters (the router,
+        the shared expert and the latent projections serve every token); with zero experts the fewest a token can leave unused,
         ``max(0, n_experts - top_k)`` experts' (a token whose top_k choices are all real experts)."""
         per_expert = sum(p.numel() for p in self.experts.parameters()) // self.n_experts
         return max(0, self.n_experts - self.top_k) * per_expert
@@ -363,11 +389,12 @@ class MoE(nn.Module):
         if self.takes_token_ids:
             kwargs["token_ids"] = token_ids.reshape(-1) if token_ids is not None else None
         weights, indices, logits = self.router(flat, **kwargs)  # [T, k], [T, k], [T, n_choices]
+        rows = flat if self.latent_down is None else self.latent_down(flat)  # [T, d_model or latent_dim]
         if self.capacity_factor is None:
-            y = self._dropless(flat, weights, indices)
+            y = self._dropless(rows, weights, indices)
         else:
-            y = self._capacity(flat, weights, indices, mask)
-        y = y.view(x.shape)
+            y = self._capacity(rows, weights, indices, mask)
+        y = (y if self.latent_up is None else self.latent_up(y)).view(x.shape)
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
@@ -461,48 +488,6 @@ class MoE(nn.Module):
         return aux
 
 
-def _nested_count(ctx: BuildContext, config: ComponentConfig) -> int:
-    """A nested component's parameters: its declared ``param_count``, or its module built on meta and counted."""
-    entry = ctx.registry.entry_for_config(config)
-    if entry.param_count is not None:
-        return int(entry.param_count(config, ctx))
-    with torch.device("meta"):
-        return sum(p.numel() for p in ctx.build(config).parameters())
-
-
-def _moe_count(cfg: MoEConfig, ctx: BuildContext) -> int:
-    """``n_experts`` experts + the router (over ``n_experts + n_zero_experts`` choices; zero experts have no
-    parameters) + the shared expert + the shared gate's ``d_model`` weights."""
-    rctx = replace(ctx, extra={**ctx.extra, "n_experts": cfg.n_experts + cfg.n_zero_experts, "top_k": cfg.top_k})
-    total = cfg.n_experts * _nested_count(ctx, cfg.expert) + _nested_count(rctx, cfg.router)
-    if cfg.shared is not None:
-        total += _nested_count(ctx, cfg.shared)
-    if cfg.shared_gate:
-        total += ctx.dim or ctx.d_model
-    return total
-
-
-def _moe_flops(cfg: MoEConfig, ctx: BuildContext, work: Workload) -> dict[str, int]:
-    """The experts' FLOPs (the router and the shared expert, built through ``ctx.build``, declare their own): the
-    expert type's declaration on the rows the experts process, ``tokens · top_k`` when dropless (each token through
-    exactly its experts), or ``n_experts · capacity(tokens)`` slots with a capacity factor (empty slots are computed
-    too). With ``n_zero_experts`` the ``tokens · top_k`` rows are still declared: they are the grouped call's static
-    shape, which FlopCounterMode counts (shapes, not group ends); the rows of zero experts lie past the last group
-    end and are not computed, so the work done is lower by the assignments routed to zero experts (data-dependent:
-    a share ``z / (n + z)`` under routing balanced over all choices). Parts are the expert's, prefixed
-    ``experts.``; with ``shared_gate``, ``shared_gate``: ``2 · d_model`` per token. The weighting and the gather/scatter are not matrix products."""
-    t = work.tokens
-    if cfg.capacity_factor is None:
-        rows = t * cfg.top_k
-    else:
-        rows = cfg.n_experts * expert_capacity(cfg.capacity_factor, t, cfg.top_k, cfg.n_experts)
-    expert = ctx.registry.entry_for_config(cfg.expert)
-    out = {f"experts.{k}": v for k, v in declared_flops(expert, cfg.expert, ctx, work.rows(rows)).items()}
-    if cfg.shared_gate:
-        out["shared_gate"] = 2 * t * (ctx.dim or ctx.d_model)
-    return out
-
-
 #: Key formulas of the docs pages (pymdownx.arithmatex); the routers' are in :mod:`modkit_plugins.routers`.
 _MATH = {
     **_ROUTER_MATHS,
@@ -515,6 +500,10 @@ $$y = \sum_{e \in \mathcal{T}} g_e\, E_e(x) + \gamma(x)\, S(x), \qquad \mathcal{
 $p$: the router's selection scores (its softmax or sigmoid of $W_r\, x$, plus the correction bias when it has one).
 
 With weight_on input (Llama 4) the weight scales the expert's input instead: $\sum_{e \in \mathcal{T}} E_e(g_e\, x)$.
+
+With latent_dim (Nemotron 3's latent mixture) the routed experts work in a narrower space: $\sum_{e \in \mathcal{T}}
+g_e\, E_e(x)$ becomes $U \big(\sum_{e \in \mathcal{T}} g_e\, E_e(D x)\big)$, $D$ = latent_down
+($d_{model} \to$ latent_dim) and $U$ = latent_up (back), each with a bias under latent_bias; the router and $S$ read $x$.
 
 The auxiliary loss over the $T$ tokens of the layer (padding excluded), $N$ = n_experts:
 
@@ -557,7 +546,15 @@ def register_components(register) -> None:
                 "compile_safe": True,
                 # stacked experts sharded on d_ff; the router and the shared gate read the replicated input, whole on
                 # every rank; the shared expert is an ffn with its own plan (it answers for itself)
-                "tp_plan": {"experts": "grouped", "router": "replicate", "shared_gate": "replicate"},
+                # the latent projections read and write replicated activations (the grouped experts all-reduce
+                # their latent output and their input gradient), so they stay whole on every rank
+                "tp_plan": {
+                    "experts": "grouped",
+                    "router": "replicate",
+                    "shared_gate": "replicate",
+                    "latent_down": "replicate",
+                    "latent_up": "replicate",
+                },
                 # expert parallelism: the stacked experts split on dim 0 (the expert index) over the ep ranks, the
                 # rows sent to them by all-to-all (the module's dispatcher; ep_refusal says when it cannot split)
                 "ep_plan": {"experts": "experts"},

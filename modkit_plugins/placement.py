@@ -47,6 +47,7 @@ al. 2016, Deep Residual Learning for Image Recognition (arXiv:1512.03385).
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Literal, Optional
 
 from pydantic import Field
@@ -61,6 +62,7 @@ from modkit.plugin import (
     dropout,
     elementwise,
     hookimpl,
+    layer_input,
     MAX_MULTIPLIER,
     Multiplier,
     placement_stream_flops,
@@ -98,9 +100,18 @@ class PostConfig(_ResidualConfig):
 
 class SandwichConfig(_ResidualConfig):
     """Config of ``sandwich`` (alias ``peri``): a norm before and after each sublayer, inside the residual (Gemma 2/3;
-    Peri-LN in Kim et al. 2025; GLM-4's input / post_self_attn / post_attention / post_mlp layernorms)."""
+    Peri-LN in Kim et al. 2025; GLM-4's input / post_self_attn / post_attention / post_mlp layernorms), and
+    optionally a LAuReL residual around the mixer (Gemma 3n)."""
 
     type: Literal["sandwich"] = "sandwich"
+    laurel_rank: Optional[int] = Field(
+        None,
+        ge=1,
+        le=1 << 16,
+        description="a learned low-rank residual (LAuReL) around the mixer of this rank: x' = (x + attn_post_norm("
+        "attn(h)) + h + laurel_norm(right(left(h)))) / sqrt(2), h = attn_norm(x) (Gemma 3n's laurel_rank: 64); "
+        "null: none",
+    )
 
 
 class ReorderedConfig(_ResidualConfig):
@@ -174,6 +185,20 @@ class _Block(_Residual):
         self.mixer_absent = is_absent(ctx.attention)
         for name in self.parts:
             setattr(self, name, self._part(name, ctx, cfg))
+        stream = stream_of(ctx)  # a block-scope stream (Gemma 3n's AltUp) is read before and written after the block
+        #: the connection of a ``"block"``-scope residual stream around the whole block (:mod:`modkit.nn.stream`)
+        self.stream_link = stream.block_connection(ctx) if getattr(stream, "scope", None) == "block" else None
+        self.layer_index = ctx.layer_index
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """Returns ``(x, aux_loss or None)``: ``x [batch, seq, d_model]``, or ``[batch, seq, n_streams, d_model]`` on
+        a block-scope stream, which the block reads before and writes after running as on a plain stream."""
+        link = self.stream_link
+        if link is None:
+            return self._run(x, inputs)
+        u, state = link.read(x)  # x: [b, s, n_streams, d]; u: [b, s, d]
+        y, aux = self._run(u, inputs)
+        return link.write(x, state, y, layer_input(inputs, self.layer_index)), aux
 
     def _part(self, name: str, ctx: BuildContext, cfg: Optional[ComponentConfig]) -> Optional[nn.Module]:
         """The module ``name`` stands for: the block's ``attention`` (its token mixer) or ``ffn`` as built, or a
@@ -194,8 +219,8 @@ class _Block(_Residual):
         (``"attn"`` or ``"ffn"``, which names its norms: ``{side}_norm``, ``{side}_post_norm``)."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
-        """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
+    def _run(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """The block on the plain stream: ``(x [batch, seq, d_model], aux_loss or None)``."""
         if not self.mixer_absent:  # the mixer 'none': the block is its ffn alone
             x, _ = self._sublayer(x, "attn", lambda h: (self.attention(h, inputs), None))
         if self.ffn is None:  # a block that is a mixer alone (Mamba-2)
@@ -212,7 +237,7 @@ class PreNormBlock(_Block):
     def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
         super().__init__(ctx, cfg)
         stream = stream_of(ctx)  # a residual stream of several copies: one connection per sublayer
-        if stream is not None:
+        if stream is not None and stream.scope == "sublayer":
             self.attn_hc = stream.connection() if not self.mixer_absent else None
             self.ffn_hc = stream.connection() if self.ffn is not None else None
 
@@ -237,18 +262,45 @@ class PostNormBlock(_Block):
         return getattr(self, f"{side}_norm")(x + self._add(h)), aux
 
 
+class Laurel(nn.Module):
+    """LAuReL, a learned low-rank residual: ``h + norm(right(left(h)))`` of ``h [b, s, d]`` (``left [rank, d]``,
+    ``right [d, rank]``, no biases). Menghani et al. 2024, LAuReL: Learned Augmented Residual Layer,
+    arXiv:2411.07501 (the low-rank form); transformers ``Gemma3nTextLaurelBlock``."""
+
+    def __init__(self, d_model: int, rank: int, norm: nn.Module):
+        super().__init__()
+        self.left = nn.Linear(d_model, rank, bias=False)
+        self.right = nn.Linear(rank, d_model, bias=False)
+        self.norm = norm
+
+    def forward(self, h: Tensor) -> Tensor:
+        """``h + norm(right(left(h)))``: ``[b, s, d] -> [b, s, d]``."""
+        return h + self.norm(self.right(self.left(h)))
+
+
 class SandwichNormBlock(_Block):
     """``x + attn_post_norm(attention(attn_norm(x)))`` then ``x + ffn_post_norm(ffn(ffn_norm(x)))`` (Gemma 2;
     GLM-4's ``Glm4DecoderLayer``: input, post_self_attn, post_attention and post_mlp layernorms in that order).
 
-    ``[b, s, d] -> ([b, s, d], aux)``; each addition times residual_multiplier.
+    ``[b, s, d] -> ([b, s, d], aux)``; each addition times residual_multiplier. With ``laurel_rank`` (Gemma 3n's
+    ``Gemma3nTextDecoderLayer``) the mixer's half is ``(x + attn_post_norm(attention(h)) + laurel(h)) / sqrt(2)``,
+    ``h = attn_norm(x)`` (:class:`Laurel`).
     """
 
     parts = ("attn_norm", "attention", "attn_post_norm", "ffn_norm", "ffn", "ffn_post_norm")
 
+    def __init__(self, ctx: BuildContext, cfg: Optional[SandwichConfig] = None):
+        super().__init__(ctx, cfg)
+        rank = getattr(cfg, "laurel_rank", None)
+        self.laurel = Laurel(ctx.d_model, rank, ctx.build(ctx.norm)) if rank and not self.mixer_absent else None
+
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
-        h, aux = run(getattr(self, f"{side}_norm")(x))
-        return x + self._add(getattr(self, f"{side}_post_norm")(h)), aux
+        h = getattr(self, f"{side}_norm")(x)
+        out, aux = run(h)
+        out = x + self._add(getattr(self, f"{side}_post_norm")(out))
+        if side == "attn" and self.laurel is not None:
+            out = (out + self.laurel(h)) / math.sqrt(2)
+        return out, aux
 
 
 class ReorderedNormBlock(_Block):
@@ -327,7 +379,7 @@ class ParallelBlock(_Block):
             return ctx.build(ctx.norm)
         return super()._part(name, ctx, cfg)
 
-    def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+    def _run(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(x [batch, seq, d_model], aux_loss or None)``."""
         if self.mixer_absent:  # the mixer 'none': the ffn alone
             if self.ffn is None:
@@ -412,6 +464,7 @@ _ENTRIES = (
         "arXiv:2502.02732",
         aliases=("peri",),
         alias_notes={"peri": PERI_NOTE},
+        example={"type": "sandwich", "laurel_rank": 4},
     ),
     dict(
         type="reordered",
@@ -463,11 +516,20 @@ def _pre_flops(cfg: PreConfig, ctx: BuildContext, work) -> dict[str, int]:
     return placement_stream_flops(cfg, ctx, work)
 
 
+def _sandwich_flops(cfg: SandwichConfig, ctx: BuildContext, work) -> dict[str, int]:
+    """``sandwich`` adds residuals (element-wise); with ``laurel_rank`` r, LAuReL's two projections ``2 · 2 d r`` per
+    token (none in a block whose mixer is ``none``)."""
+    if not cfg.laurel_rank or is_absent(ctx.attention):
+        return {}
+    return {"laurel": work.tokens * 4 * ctx.d_model * cfg.laurel_rank}
+
+
 @hookimpl
 def register_components(register) -> None:
     """Register ``pre``, ``post``, ``sandwich`` (alias ``peri``), ``reordered`` (alias ``olmo2``), ``parallel``,
     ``deepnorm`` and the ``pre-no-residual`` ablation."""
-    caps = {"compile_safe": True, "residual_dropout": True}
+    # every block here is a _Block, which reads and writes a block-scope stream around itself (modkit.nn.stream)
+    caps = {"compile_safe": True, "residual_dropout": True, "block_streams": True}
     # the sublayers and norms it composes declare their own FLOPs; the block itself only adds residuals
     flops = elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise")
     ablation_flops = elementwise("the ablation only chains sublayers that declare their own FLOPs (no residual adds)")
@@ -478,7 +540,9 @@ def register_components(register) -> None:
                 math=_MATH.get(entry["type"], ""),
                 # pre reads and writes a residual stream of several copies (modkit.nn.stream)
                 capabilities={**caps, "streams": True} if entry["type"] == "pre" else caps,
-                flops={"pre-no-residual": ablation_flops, "pre": _pre_flops}.get(entry["type"], flops),
+                flops={"pre-no-residual": ablation_flops, "pre": _pre_flops, "sandwich": _sandwich_flops}.get(
+                    entry["type"], flops
+                ),
                 **entry,
             )
         )

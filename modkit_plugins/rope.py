@@ -9,7 +9,8 @@ build is correct after materialisation (transformers #45902).
 References: Su et al. 2021, RoFormer (arXiv:2104.09864); linear scaling, Chen et al. 2023
 (arXiv:2306.15595); llama3 scaling, meta-llama/llama-models ``apply_scaling``; dynamic NTK scaling, bloc97 and
 emozilla (r/LocalLLaMA, 2023) as in transformers ``_compute_dynamic_ntk_parameters``; YaRN, Peng et al. 2023
-(arXiv:2309.00071); LongRoPE, Ding et al. 2024 (arXiv:2402.13753) as in Phi-3.
+(arXiv:2309.00071); LongRoPE, Ding et al. 2024 (arXiv:2402.13753) as in Phi-3; proportional partial rotation,
+transformers ``_compute_proportional_rope_parameters`` (Gemma 4, LFM3).
 """
 
 from __future__ import annotations
@@ -228,9 +229,27 @@ class RopeConfig(ComponentConfig):
         description="fraction of head_dim that is rotated (Phi: 0.4); int(head_dim × partial_rotary) "
         "features are rotated, which must be even; the rest passes through",
     )
+    partial_mode: Literal["leading", "proportional"] = Field(
+        "leading",
+        description="how partial_rotary picks the rotated pairs. 'leading': the first int(head_dim × partial_rotary) "
+        "features form the pairs, with frequencies theta^(-2i/rotary_width) (Phi, GPT-NeoX); 'proportional' "
+        "(transformers' 'proportional' rope_type, Gemma 4, LFM3): the pairs span the whole head (half_split pairs i "
+        "and head_dim/2 + i), the first int(head_dim × partial_rotary) / 2 of them turn at theta^(-2i/head_dim) and "
+        "the others at frequency 0 (they pass through). Scalings: none or linear with 'proportional'",
+    )
     scaling: Optional[RopeScaling] = Field(
         None, description="frequency scaling (linear, llama3, dynamic, ntk_alpha, yarn, longrope); null for none"
     )
+
+    @model_validator(mode="after")
+    def _proportional_scaling(self) -> "RopeConfig":
+        if self.partial_mode == "proportional" and self.scaling is not None and self.scaling.type != "linear":
+            raise ValueError(
+                f"partial_mode 'proportional' takes no scaling or a linear one (transformers' proportional RoPE "
+                f"divides its frequencies by factor), got scaling {self.scaling.type!r}; use partial_mode 'leading' "
+                "or drop the scaling"
+            )
+        return self
 
     def check(self, ctx) -> list[tuple[str, str]]:
         """With the layer's ``head_dim`` known: the rotary width must be even and positive; LongRoPE factors must
@@ -238,6 +257,8 @@ class RopeConfig(ComponentConfig):
         hd = getattr(ctx, "head_dim", None)
         if hd is None:
             return []
+        if self.partial_mode == "proportional":
+            return _proportional_errors(hd, self.partial_rotary)
         rot = int(hd * self.partial_rotary)
         if rot < 2 or rot % 2:
             if self.partial_rotary != 1:
@@ -274,6 +295,22 @@ class RopeConfig(ComponentConfig):
                 )
             )
         return errors
+
+
+def _proportional_errors(head_dim: int, partial_rotary: float) -> list[tuple[str, str]]:
+    """The ``check`` errors of ``partial_mode: proportional``: an even head (pairs span its two halves) and at least
+    one turning pair, ``int(head_dim × partial_rotary) // 2 >= 1``."""
+    if head_dim % 2:
+        return [("partial_mode", f"'proportional' pairs the two halves of the head, but head_dim = {head_dim} is odd")]
+    if int(head_dim * partial_rotary) // 2 < 1:
+        return [
+            (
+                "partial_rotary",
+                f"'proportional' turns int(head_dim × partial_rotary) // 2 = int({head_dim} × {partial_rotary}) // 2 "
+                "= 0 pairs; raise partial_rotary so that at least one pair turns",
+            )
+        ]
+    return []
 
 
 def rotary_width(head_dim: int, partial_rotary: float) -> int:
@@ -348,6 +385,9 @@ class Rope(PositionScheme):
     ``freq [rotary_dim]`` holds ``±inv_freq`` in feature order; ``sin(-θ) = -sin θ`` exactly). That is four
     elementwise ops per tensor, the same values and order of rounding as transformers' ``rotate_half`` form.
 
+    ``partial_mode: proportional`` (transformers ``_compute_proportional_rope_parameters``) rotates the whole head
+    with the trailing frequencies zero: those pairs get ``cos 0 = 1``, ``sin 0 = 0`` and pass through unchanged.
+
     Scalings: ``linear``, ``llama3`` and ``yarn`` fix the frequencies at init; ``yarn`` and ``longrope`` also
     multiply cos and sin by an attention factor (``attention_scale``). ``dynamic`` and ``longrope`` choose the
     frequencies per call from ``L = max(positions) + 1``, the length the call reaches (no host sync, so it
@@ -363,7 +403,8 @@ class Rope(PositionScheme):
         super().__init__()
         self.cfg = cfg
         self.head_dim = head_dim
-        self.rotary_dim = rotary_width(head_dim, cfg.partial_rotary)
+        proportional = cfg.partial_mode == "proportional"  # every pair of the head, the trailing ones unturned
+        self.rotary_dim = head_dim if proportional else rotary_width(head_dim, cfg.partial_rotary)
         sc = cfg.scaling
         self.dynamic = getattr(sc, "type", None) in ("dynamic", "longrope")
         if isinstance(sc, YarnScaling):
@@ -388,6 +429,8 @@ class Rope(PositionScheme):
         """Recompute ``inv_freq`` and the signed per-feature ``freq`` (and LongRoPE's ``long_freq``) from the config
         (buffers: meta builds need this)."""
         inv = rope_inv_freq(self.rotary_dim, self.cfg.theta, self.cfg.scaling)
+        if self.cfg.partial_mode == "proportional":  # transformers _compute_proportional_rope_parameters
+            inv[int(self.head_dim * self.cfg.partial_rotary) // 2 :] = 0.0
         init.copy_(self.inv_freq, inv)
         init.copy_(self.freq, self._signed(inv))
         sc = self.cfg.scaling

@@ -54,6 +54,7 @@ from modkit.analysis.hardware import DEFAULT_BANDWIDTH, DEFAULT_PEAK_FLOPS  # no
 from modkit.core.registry import Component, Registry, get_registry
 from modkit.spec import ModelSpec, load_spec, spec_model
 from modkit.nn.sharing import sharing_flops
+from .layer_slots import layer_slots as _slots
 from .activations import _FIT_CACHE, _saved_bytes, _saved_fit  # noqa: F401  (re-exported: they lived here)
 from .flop_counting import (  # noqa: F401  (re-exported: they lived here)
     _grouped_mm_flops,
@@ -149,26 +150,6 @@ class MixerGroup:
     layers: tuple[int, ...]
     growing: frozenset[str]
     has_ffn: bool
-
-
-def _slots(model: nn.Module, records: list[Any]) -> dict[int, str]:
-    """``{id(module): "mixer" | "ffn"}`` for every module a layer's token-mixing slot (``block.mixer`` /
-    ``overrides[].mixer``) or ffn slot built, nested ones included: the record of layer ``i`` whose config is the
-    slot's config in ``spec.layer(i)``, and every module inside it. Empty for a model without a spec."""
-    spec = getattr(model, "spec", None)
-    out: dict[int, str] = {}
-    if spec is None:
-        return out
-    by_layer: dict[Any, list[Any]] = {}
-    for r in records:
-        by_layer.setdefault(getattr(r.ctx, "layer_index", None), []).append(r)
-    for i in range(spec.n_layers):
-        ls = spec.layer(i)
-        for slot, cfg in (("mixer", ls.attention), ("ffn", ls.ffn)):
-            top = next((r.module for r in by_layer.get(i, []) if cfg is not None and r.config == cfg), None)
-            for m in top.modules() if top is not None else ():
-                out[id(m)] = slot
-    return out
 
 
 def _uses(model: nn.Module, records: Iterable[Any]) -> list[_Use]:

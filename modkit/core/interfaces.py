@@ -147,6 +147,9 @@ class AttentionInputs:
         shared_kv: in a model where layers read an earlier layer's keys and values (spec ``kv_sharing``), the dict
             of one forward where a source layer leaves what it attends over (:func:`~modkit.nn.attention.update_cache`)
             and its readers find it (:func:`~modkit.nn.attention.shared_kv`); ``None``: no sharing.
+        stream_inputs: ``[batch, seq, n_layers, p]`` inputs of every layer a residual stream computed from the
+            tokens (spec ``stream``, :meth:`modkit.nn.stream.ResidualStream.layer_inputs`: Gemma 3n's per-layer
+            embeddings); ``None``: none.
     """
 
     positions: Tensor
@@ -158,6 +161,7 @@ class AttentionInputs:
     sequence: Optional[Any] = None
     token_ids: Optional[Tensor] = None
     shared_kv: Optional[dict] = None
+    stream_inputs: Optional[Tensor] = None
 
     def for_layer(self, position: "PositionScheme", cache: Optional["LayerKVCache"]) -> "AttentionInputs":
         """A copy bound to one layer's position scheme and cache."""

@@ -72,6 +72,11 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "streams": "a placement that reads its block input from a residual stream of several copies and writes its "
         "sublayers' outputs back through the stream's connections (BuildContext.extra['stream']; spec 'stream', "
         "hyper-connections); without it a placement is refused with a wide stream",
+        "block_streams": "a placement whose block reads its input from a block-scope residual stream and writes its "
+        "output back around the whole block (ResidualStream.block_connection; Gemma 3n's AltUp); without it a "
+        "placement is refused with a block-scope stream",
+        "scope": "how a residual stream is read and written (stream): 'sublayer' (the default: around each sublayer, "
+        "placements with 'streams') or 'block' (around each block, placements with 'block_streams')",
     }
 )
 

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import torch
-
 from modkit.core.config import is_mixer
 from .diagrams import _model_diagram
 from .markdown import (
@@ -30,8 +28,9 @@ from .markdown import (
 LONG_CONTEXT = 8192
 
 
-#: Weight / KV-cache dtypes of the gallery: (label, the dtype whose element size prices weights and cache entries).
-DTYPES = (("fp32", torch.float32), ("bf16", torch.bfloat16), ("int8 / fp8", torch.float8_e4m3fn))
+#: Weight / KV-cache dtypes of the gallery: (label, the torch dtype that prices cache entries, bytes per weight). Names,
+#: not torch objects: the CLI's help and the docs build import this module without torch.
+DTYPES = (("fp32", "float32", 4), ("bf16", "bfloat16", 2), ("int8 / fp8", "float8_e4m3fn", 1))
 
 
 @dataclass
@@ -61,7 +60,7 @@ def _kv_bytes(model, context: int) -> tuple[dict[str, tuple[int, int, int]], int
     elements = sum(e.numel for spec in specs for e in spec.token_entries)
     windowed = any(spec.window is not None and spec.window < context for spec in specs)
     out = {}
-    for label, dtype in DTYPES:
+    for label, dtype, _ in DTYPES:
         per_token = sum(spec.bytes_per_token(dtype) for spec in specs)
         at = [sum(spec.nbytes(n, 1, dtype) for spec in specs) for n in (context, model.spec.max_seq_len)]
         out[label] = (per_token, *at)
@@ -203,9 +202,8 @@ def _memory_section(card: SpecCard) -> list[str]:
     """The ``## Memory`` section: weight and KV-cache bytes per dtype of :data:`DTYPES`, and what they count."""
     spec, total = card.spec, card.params["total"]
     rows = []
-    for label, dtype in DTYPES:
+    for label, _, size in DTYPES:
         per_token, long, at_max = card.kv_bytes[label]
-        size = torch.empty((), dtype=dtype, device="meta").element_size()
         rows.append((label, _bytes(total * size), _count(per_token), _bytes(long), _bytes(at_max)))
     long_label = f"KV cache, {LONG_CONTEXT // 1024}K context"
     header = (

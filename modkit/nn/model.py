@@ -402,9 +402,12 @@ class Model(nn.Module):
             logits_to_keep=logits_to_keep,
         )
         x = self._embed_tokens(input_ids, inputs.positions)
+        layer_inputs = inputs.attention_inputs()
         if self.stream is not None:  # [batch, seq, n_streams, d_model] between the blocks (modkit.nn.stream)
+            extra = self.stream.layer_inputs(input_ids, x)  # per-layer inputs (Gemma 3n), or None
+            layer_inputs = replace(layer_inputs, stream_inputs=extra) if extra is not None else layer_inputs
             x = self.stream.enter(x)
-        x, aux = self._run_blocks(x, inputs.attention_inputs(), cache)
+        x, aux = self._run_blocks(x, layer_inputs, cache)
         if self.stream is not None:
             x = self.stream.exit(x)
         extra = None

@@ -116,6 +116,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
     for name in ("embedding_norm", "final_norm", "stream"):
         visit(getattr(spec, name), name)
     errors.extend(_stream_errors(spec, registry))
+    errors.extend(_placement_layer_errors(spec, ctx))
     errors.extend(sharing_errors(spec, registry))
     for i, o in enumerate(spec.overrides):
         errors.extend(_layer_selection_errors(o, f"overrides[{i}]", spec.n_layers))
@@ -137,22 +138,27 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
 def _stream_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]:
     """A wide residual stream (spec ``stream``) needs every layer's placement to declare the ``streams`` capability
     (it reads the block input from the stream and writes its output back through the stream's connections); and
-    multi-token prediction reads a one-copy stream. One error per placement type that does not, naming its layers."""
+    multi-token prediction reads a one-copy stream. One error per placement type that does not, naming its layers.
+    A stream whose entry declares ``scope: "block"`` (read before and written after each block, Gemma 3n's AltUp)
+    needs the ``block_streams`` capability instead (every built-in placement)."""
     if spec.stream is None:
         return []
     errors, refused = [], {}
+    block_scope = registry.entry_for_config(spec.stream, "stream").capabilities.get("scope") == "block"
+    need = "block_streams" if block_scope else "streams"
     for i in range(spec.n_layers):
         placement = spec.layer(i).placement
-        if not registry.entry_for_config(placement, "placement").capabilities.get("streams"):
+        if not registry.entry_for_config(placement, "placement").capabilities.get(need):
             refused.setdefault(placement.type, []).append(i)
-    able = sorted(e.type for e in registry.components("placement") if e.capabilities.get("streams"))
+    able = sorted(e.type for e in registry.components("placement") if e.capabilities.get(need))
+    what = "each block" if block_scope else "each sublayer"
     for kind, layers in refused.items():
         errors.append(
             (
                 "stream",
                 f"stream {spec.stream.type!r} carries several copies of the residual stream, but placement {kind!r} "
-                f"(layers {_ranges(layers)}) does not declare the 'streams' capability (it adds to a one-copy "
-                f"stream); use a placement that does: {', '.join(able) or 'none installed'}",
+                f"(layers {_ranges(layers)}) does not declare the {need!r} capability (reading and writing the copies "
+                f"around {what}); use a placement that does: {', '.join(able) or 'none installed'}",
             )
         )
     if spec.mtp is not None:
@@ -160,6 +166,30 @@ def _stream_errors(spec: ModelSpec, registry: Registry) -> list[tuple[str, str]]
             ("mtp", "multi-token prediction reads a one-copy residual stream: not with a 'stream'; drop one of them")
         )
     return errors
+
+
+def _placement_layer_errors(spec: ModelSpec, ctx: SpecContext) -> list[tuple[str, str]]:
+    """What a placement says about the layer it composes: its config's optional ``check_layer(layer, ctx) ->
+    [(field, message)]``, given the layer's effective components (:class:`~modkit.spec.models.LayerSpec`): a
+    placement holding sublayers of its own may need the block's mixer to have a given geometry (``shortcut-moe``).
+    One error per field and message, at the block's or the override's placement, naming its layers."""
+    found: dict[tuple[str, str], list[int]] = {}
+    for i in range(spec.n_layers):
+        ls = spec.layer(i)
+        check_layer = getattr(ls.placement, "check_layer", None)
+        if not callable(check_layer):
+            continue
+        where = next(
+            (
+                f"overrides[{j}].placement"
+                for j, o in reversed(list(enumerate(spec.overrides)))
+                if o.placement is ls.placement
+            ),
+            "block.placement",
+        )
+        for sub, msg in check_layer(ls, ctx) or ():
+            found.setdefault((extend_path(where, sub), msg), []).append(i)
+    return [(path, f"layers {_ranges(layers)}: {msg}") for (path, msg), layers in found.items()]
 
 
 def _ranges(layers: list[int]) -> str:

@@ -235,10 +235,12 @@ class RopeByLayerType(Entry):
 
 def rope_parameters(position) -> dict:
     """A ``rope`` position spec as one transformers 5 ``rope_parameters`` dict (``rope_type``, ``rope_theta``,
-    the scaling's keys, ``partial_rotary_factor``)."""
+    the scaling's keys, ``partial_rotary_factor``); ``partial_mode: proportional`` is ``rope_type: proportional``."""
     legacy = rope_fields(position)
     out = {"rope_type": "default", "rope_theta": legacy.pop("rope_theta")}
     scaling = legacy.pop("rope_scaling", None) or {}
     out.update(scaling)
     out.update(legacy)
+    if getattr(position, "partial_mode", "leading") == "proportional":  # a linear factor rides along as its factor
+        out["rope_type"] = "proportional"
     return out

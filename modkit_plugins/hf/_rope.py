@@ -44,7 +44,9 @@ def rope(
       NTK-alpha base instead (``ntk_alpha`` scaling; its ``factor`` is then unused);
     * ``yarn``: ``factor`` (default ``max_position_embeddings / original_max_position_embeddings``), ``beta_fast``
       (``or 32``), ``beta_slow`` (``or 1``), ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``;
-    * ``longrope`` (legacy ``su``): ``short_factor``, ``long_factor``, ``factor``, ``attention_factor``.
+    * ``longrope`` (legacy ``su``): ``short_factor``, ``long_factor``, ``factor``, ``attention_factor``;
+    * ``proportional`` (Gemma 4, LFM3): ``partial_mode: proportional`` (the partial fraction's pairs spread over the
+      whole head, ``_compute_proportional_rope_parameters``), its ``factor`` (default 1) a linear scaling.
 
     ``original_max_position_embeddings`` comes from the scaling dict, else ``max_position_embeddings``; with
     ``original_at_top`` (Phi-3, whose config class has the key) the top-level key wins, as in
@@ -88,6 +90,11 @@ def rope(
             f"must be a string naming the RoPE scaling, got {_kind(rtype)} {_short(rtype)}",
         )
         rtype, d = "default", {}
+    if rtype == "proportional":  # partial rotation over the whole head; its factor divides the frequencies
+        spec["partial_mode"] = "proportional"
+        rtype = "linear" if d.get("factor", 1.0) != 1.0 else "default"
+        if rtype == "default":
+            d.pop("factor", None)
     max_pos = max_seq_len if max_seq_len is not None else r.cfg.get("max_position_embeddings")
     reader = _Scaling(r, d, path, max_pos, original_at_top)
     if ntk_alpha and rtype == "dynamic" and "alpha" in d:
@@ -135,7 +142,7 @@ def _read_scaling(s: "_Scaling", rtype: str, source: dict, max_seq_len: Optional
         s.r.error(
             join_path(s.path, key),
             f"unsupported RoPE scaling {rtype!r}; modkit's rope supports 'default', 'linear', 'llama3', 'dynamic', "
-            "'yarn' and 'longrope' ('su')",
+            "'yarn', 'longrope' ('su') and 'proportional'",
         )
         s.d.clear()
     for key, value in s.d.items():
@@ -324,7 +331,8 @@ def rope_fields(
     partial_key: str = "partial_rotary_factor",
     original_at_top: bool = False,
 ) -> dict:
-    """A ``rope`` position spec as 4.x-style config keys (read by transformers 4.x and 5.x alike).
+    """A ``rope`` position spec as 4.x-style config keys (read by transformers 4.x and 5.x alike); ``partial_mode:
+    proportional`` is ``rope_type: proportional`` (with the linear scaling's ``factor``).
 
     ``always_partial``: write the rotated fraction even when it is 1 (Phi's default is 0.5); ``theta_key`` and
     ``partial_key`` name the base and the fraction (GPT-NeoX: ``rotary_emb_base``, ``rotary_pct``).
@@ -338,6 +346,9 @@ def rope_fields(
         out[partial_key] = position.partial_rotary
     sc = position.scaling
     if scaling_key is None:
+        return out
+    if getattr(position, "partial_mode", "leading") == "proportional":  # its factor: the linear scaling's
+        out[scaling_key] = {"rope_type": "proportional", **({"factor": sc.factor} if sc is not None else {})}
         return out
     if sc is None:
         out[scaling_key] = None

@@ -135,9 +135,12 @@ FIELDS: dict[str, tuple[Any, str]] = {
     "group_score": ("top2_sum", "a group's score: 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2)"),
     "correction_bias": (False, "a selection-only per-expert bias buffer (DeepSeek-V3 e_score_correction_bias)"),
     "weight_on": ("output", "where a routed expert's gate weight applies: 'output' or 'input' (Llama 4)"),
+    "n_zero_experts": (0, "zero-computation (identity) experts beside the routed ones (LongCat-Flash zero_expert_num)"),
     "shared_d_ff": (None, "hidden width of a shared expert beside the routed ones (None: none)"),
     "shared_gate": (False, "the shared expert's output times sigmoid(w · x) (Qwen2-MoE)"),
     "shared_bias": (False, "biases on the shared expert's projections (DeepSeek-V2 mlp_bias, ERNIE 4.5 use_bias)"),
+    "moe_latent_dim": (None, "the routed experts' latent width between two dense projections (Nemotron 3; None: none)"),
+    "moe_latent_bias": (False, "biases on those two latent projections (Nemotron 3's mlp_bias)"),
     "aux_loss_coef": (0.0, "weight of the load-balancing loss"),
     "tie_embeddings": (False, "the head shares the token embedding"),
     "lm_head_bias": (False, "the head has a bias"),
@@ -225,6 +228,10 @@ def moe_spec(f: Mapping[str, Any]) -> dict:
             spec["shared_gate"] = True
     if f["weight_on"] != "output":
         spec["weight_on"] = f["weight_on"]
+    if f["moe_latent_dim"] is not None:
+        spec["latent_dim"], spec["latent_bias"] = f["moe_latent_dim"], bool(f["moe_latent_bias"])
+    if f["n_zero_experts"]:
+        spec["n_zero_experts"] = f["n_zero_experts"]
     spec["aux_loss_coef"] = float(f["aux_loss_coef"])
     spec["z_loss_coef"] = 0.0
     return spec
@@ -541,9 +548,12 @@ def _moe_fields(p: _Picked) -> dict[str, Any]:
         "correction_bias": bool(getattr(router, "correction_bias", False)),
         "renormalize_eps": getattr(router, "renormalize_eps", None),
         "weight_on": getattr(moe, "weight_on", "output"),
+        "n_zero_experts": getattr(moe, "n_zero_experts", 0),
         "shared_d_ff": getattr(getattr(moe, "shared", None), "d_ff", None),
         "shared_gate": bool(getattr(moe, "shared_gate", False)),
         "shared_bias": bool(getattr(getattr(moe, "shared", None), "bias", False)),
+        "moe_latent_dim": getattr(moe, "latent_dim", None),
+        "moe_latent_bias": bool(getattr(moe, "latent_bias", False)),
         "aux_loss_coef": getattr(moe, "aux_loss_coef", None),
     }
 

@@ -60,6 +60,7 @@ FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("MoE", ("moe",)),
     ("dense and MoE layers", ("moe_layers",)),
     ("shared experts", ("shared_d_ff",)),
+    ("zero-computation experts", ("n_zero_experts",)),
     ("gated shared expert", ("shared_gate",)),
     ("sigmoid router", ("router",)),
     ("group-limited routing", ("n_group",)),
@@ -76,6 +77,7 @@ PLACEMENTS = {
     "sandwich": "sandwich norms",
     "reordered": "reordered norms",
     "post": "post-norm",
+    "shortcut-moe": "two sublayer pairs with a shortcut-connected MoE",
 }
 
 

@@ -23,8 +23,10 @@ the number of layers is the length of that list (``num_hidden_layers`` is ignore
   ``moe_intermediate_size`` (no biases), beside one shared ReLU² MLP of ``moe_shared_expert_intermediate_size``
   (``mlp_bias``; transformers builds exactly one whatever ``n_shared_experts`` says).
 
-``moe_latent_size`` (Nemotron 3's latent mixture: the experts work in a narrower space between two projections) is
-refused unless null. A published checkpoint's multi-token-prediction layers (``mtp.*``), which transformers does not
+``moe_latent_size`` (Nemotron 3's latent mixture, ``NemotronHMoE``'s ``fc1_latent_proj`` / ``fc2_latent_proj``): the
+routed experts read and write that many features, between a projection from ``hidden_size`` (before them) and one
+back (after their weighted sum), both with ``mlp_bias``; the router and the shared expert read the full-width input.
+In modkit: the ``moe``'s ``latent_dim`` and ``latent_bias`` (``latent_down`` / ``latent_up``). A published checkpoint's multi-token-prediction layers (``mtp.*``), which transformers does not
 load, are carried along. On disk every name starts with ``backbone.`` and each expert is its own
 ``mixer.experts.{e}.{up,down}_proj``.
 """
@@ -35,7 +37,7 @@ from typing import Any, Mapping
 
 from modkit.plugin import json_value
 
-from ._keys import Ignore, Key, KVHeads, Own, Refuse
+from ._keys import Ignore, Key, KVHeads, Own
 from ._reader import HFConfig
 from ._type import HFType
 from ._weights import Head, StackExperts, W
@@ -133,7 +135,7 @@ def read_layers(r: HFConfig, f: dict) -> None:
     f["ffn_layers"] = [t in (MLP, MOE) for t in types]
     f["moe_layers"] = [t == MOE for t in types]
     f["moe"] = MOE in types
-    f["shared_bias"] = f["mlp_bias"]
+    f["shared_bias"] = f["moe_latent_bias"] = f["mlp_bias"]
 
 
 def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> None:
@@ -167,7 +169,7 @@ def write_layers(f: Mapping[str, Any], base: Mapping[str, Any], cfg: dict) -> No
             time_step_limit=write_time_step_limit(m),
         )
     cfg["mamba_hidden_act"] = "silu"
-    cfg["mlp_bias"] = bool(f["mlp_bias"] or f["shared_bias"])
+    cfg["mlp_bias"] = bool(f["mlp_bias"] or f["shared_bias"] or f["moe_latent_bias"])
 
 
 def _groups(v, f):
@@ -212,8 +214,11 @@ NEMOTRON_H = HFType(
             "the Mamba-2 layers' sizes (see the notes)",
             fields=("mixers", "ffn_layers", "moe_layers", "n_layers"),
         ),
-        "moe_latent_size": Refuse(
-            None, "a latent mixture (experts between two projections of that width) has no modkit form yet"
+        "moe_latent_size": Key(
+            "moe_latent_dim",
+            None,
+            kind="window",
+            note="the routed experts' latent width between two projections (null: the experts read hidden_size)",
         ),
         "num_hidden_layers": Ignore("deprecated: transformers counts the layers of layers_block_type"),
         "attention_bias": Ignore("NemotronHAttention builds its projections without biases whatever it says"),
@@ -252,6 +257,8 @@ NEMOTRON_H = HFType(
         *(W(f"layers.{{i}}.attention.{x}.{{p}}", B + f"mixer.{x}.{{p}}") for x in ("in_proj", "conv1d", "out_proj")),
         *(W(F + f"{x}.{{p}}", B + f"mixer.{x}_proj.{{p}}") for x in ("up", "down")),
         W(F + "router.proj.weight", B + "mixer.gate.weight"),
+        W(F + "latent_down.{p}", B + "mixer.fc1_latent_proj.{p}"),
+        W(F + "latent_up.{p}", B + "mixer.fc2_latent_proj.{p}"),
         W(F + "router.correction_bias", B + "mixer.gate.e_score_correction_bias"),
         *(W(F + f"experts.{x}", B + f"mixer.experts.{{e}}.{x}_proj.weight", StackExperts()) for x in ("up", "down")),
         *(W(F + f"shared.{x}.{{p}}", B + f"mixer.shared_experts.{x}_proj.{{p}}") for x in ("up", "down")),

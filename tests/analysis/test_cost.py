@@ -141,7 +141,8 @@ def formula(spec: dict, new: int, past: int) -> int:
         if key not in memo:
             memo[key] = _pairs(new, past, *key)
         total += new * 2 * d * (2 * h * hd + 2 * kv * hd)  # q, o and k, v
-        total += new * 2 * d * h * hd if a.get("output_gate") else 0  # the gate's projection (Qwen3-Next, Qwen3.5)
+        gate = h if a.get("output_gate_scope") == "head" else h * hd  # one gate per head (LFM3) or per feature
+        total += new * 2 * d * gate if a.get("output_gate") else 0  # the gate's projection (Qwen3-Next, Qwen3.5)
         total += 2 * 2 * h * hd * memo[key]  # q·kᵀ and p·v
         total += ffn  # none for an attention block alone (Nemotron-H)
     return total + new * 2 * d * spec["vocab_size"]

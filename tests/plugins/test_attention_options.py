@@ -445,6 +445,16 @@ KIT_CONFIGS = {
         "q_bias": True,
         "qk_norm": {"type": "rmsnorm", "unit_offset": True},
     },
+    # LFM3's gate: one sigmoid per head (gate_proj [n_heads, d_model]), no bias beside q_proj's
+    "head-gate": {
+        "type": "gqa",
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "output_gate": True,
+        "output_gate_scope": "head",
+        "q_bias": True,
+        "gate_bias": False,
+    },
 }
 #: the kit's checks minus the slow ones (compile: see the closing note; shards: distributed)
 KIT_CHECKS = (

@@ -178,7 +178,7 @@ def test_equals_transformers_forward_and_cached_with_left_padding(q_lora, yarn, 
     torch.testing.assert_close(got[0, 3:], ref[0, 3:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], ref[1], atol=1e-5, rtol=1e-5)
     state = cache.layers[0].state()
-    assert {n: tuple(t.shape) for n, t in state.tensors.items()} == {"latent": (b, s, R_KV), "k_rope": (b, s, ROPE)}
+    assert {n: tuple(t.shape) for n, t in state.tensors.items()} == {"latent": (b, s, R_KV + ROPE)}
 
 
 def test_yarn_mscale_is_deepseeks_softmax_scale():
@@ -217,6 +217,38 @@ def test_absorbed_decoding_equals_the_expanded_form_and_the_full_forward():
     torch.testing.assert_close(absorbed[1, 6:], full[1, 6:], atol=1e-5, rtol=1e-5)
     bf16 = decode(True, torch.bfloat16)  # a bfloat16 latent cache: close, not equal
     assert (bf16[0] - full[0]).abs().max() < 0.05 * full.abs().max()
+
+
+def test_single_sequence_float32_decode_equals_the_expanded_form():
+    """Batch 1 in float32 on the CPU: the absorbed products (oneDNN's where this torch has it, else ``baddbmm`` /
+    ``bmm``) give the expanded form's logits to 1e-5, chunks and single steps; and the two latent products equal
+    plain float64 matrix products to float32 rounding, mask added, on the 40-wide cache layout (latent, then key)."""
+    from modkit_plugins.mla import _latent_product, _latent_sum
+
+    model = modkit.build(TINY_MLA, seed=0).eval()
+    ids = torch.randint(0, 1024, (1, 16), generator=torch.Generator().manual_seed(5))
+
+    def decode(absorb: bool):
+        for layer in model.layers:
+            layer.attention.absorb = absorb
+        cache = model.new_cache(1, 16)
+        with torch.no_grad():
+            return torch.cat([model(ids[:, a:e], cache=cache).logits for a, e in ((0, 5), (5, 6), (6, 9), (9, 16))], 1)
+
+    torch.testing.assert_close(decode(True), decode(False), atol=1e-5, rtol=1e-5)
+    g = torch.Generator().manual_seed(6)
+    q, ckv, p = (
+        torch.randn(1, 8, 40, generator=g),
+        torch.randn(1, 33, 40, generator=g),
+        torch.rand(1, 8, 33, generator=g),
+    )
+    base = torch.zeros(1, 1, 33).masked_fill_(torch.arange(33) > 30, float("-inf"))
+    with torch.no_grad():
+        scores, summed = _latent_product(q, ckv, base), _latent_sum(p, ckv, 32)
+    ref = base.double() + q.double() @ ckv.double().transpose(1, 2)
+    assert scores.shape == (1, 8, 33) and torch.equal(scores.isinf(), ref.isinf())
+    torch.testing.assert_close(scores, ref.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(summed, (p.double() @ ckv.double()[..., :32]).float(), atol=1e-5, rtol=1e-5)
 
 
 def test_absorbed_decoding_in_float64_equals_the_full_forward_to_1e_12():

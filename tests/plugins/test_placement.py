@@ -295,7 +295,16 @@ def test_pre_no_residual_says_it_is_an_ablation(reg):
 def test_placement_names_follow_the_literature(reg):
     """Peri-LN (Kim et al. 2025) is the norm on both sides of a sublayer (sandwich); OLMo 2's output-only norm is
     ``reordered``; aliases are not second components."""
-    assert reg.types("placement") == ["deepnorm", "parallel", "post", "pre", "pre-no-residual", "reordered", "sandwich"]
+    assert reg.types("placement") == [
+        "deepnorm",
+        "parallel",
+        "post",
+        "pre",
+        "pre-no-residual",
+        "reordered",
+        "sandwich",
+        "shortcut-moe",
+    ]
     assert reg.aliases("placement") == {"olmo2": "reordered", "peri": "sandwich"}
     assert reg.get("placement", "peri") is reg.get("placement", "sandwich")
     assert reg.get("placement", "olmo2") is reg.get("placement", "reordered")

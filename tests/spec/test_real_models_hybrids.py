@@ -10,7 +10,9 @@ configuration (tied weights once), recorded here and recomputed with transformer
   ``full_attn_layers`` 4, 8, ..., 24, 27), so the published lists are used;
 * ``qwen3.5-9b`` and ``qwen3.5-35b-a3b``: transformers' ``Qwen3_5TextConfig`` and ``Qwen3_5MoeTextConfig`` class
   defaults (the shapes of Qwen/Qwen3.5-9B's and Qwen/Qwen3.5-35B-A3B's language models) with the published RoPE
-  theta and context, which change no count.
+  theta and context, which change no count;
+* ``lfm3-1.7b``: transformers' ``Lfm3Config`` class defaults, which its docstring calls the "LFM3-1.7B style
+  configuration" (LiquidAI/LFM3-1.7B).
 """
 
 from __future__ import annotations
@@ -82,11 +84,13 @@ MODELS = {
         40 * (256 - 8) * 3 * 2048 * 512,
         3_454_988_928,
     ),
+    "lfm3-1.7b.json": ({"model_type": "lfm3"}, 1_728_801_536, 0, 1_728_801_536),
 }
 NAMES = sorted(MODELS)
 
 #: transformers' counts at the configuration classes' defaults (KimiLinearConfig's one attention layer fewer)
 DEFAULTS = {"kimi_linear": 49_133_074_464, "qwen3_5_text": 8_953_803_264, "qwen3_5_moe_text": 34_660_610_688}
+DEFAULTS["lfm3"] = 1_728_801_536
 
 
 def _transformers_count(config: dict) -> int:
@@ -179,3 +183,13 @@ def test_kimi_linear_cost_command_states_the_latent_cache_and_the_fixed_state(ca
     line = next(x for x in out.splitlines() if x.startswith("KV cache:"))
     assert "8,064 bytes per token as the mixers declare" in line  # 7 x (512 + 64) x 2
     assert f"{43_417_600 / 2**20:.2f} MiB of fixed-size state per sequence" in line  # 41.41 MiB
+
+
+def test_lfm3_cache_is_full_keys_per_token_a_window_of_sliding_keys_and_the_convolution_inputs():
+    """LFM3-1.7B: the 6 full-attention layers keep keys and values (4 heads of 128) of every token, the 5 sliding
+    layers at most their window of 256, the 13 short convolutions the last 6 inputs (d_model 2048) per sequence."""
+    costs = CostModel(SPECS / "lfm3-1.7b.json")
+    full, sliding, state = 6 * 2 * 4 * 128 * 2, 5 * 2 * 4 * 128 * 2, 13 * 2048 * (7 - 1) * 2
+    assert costs.kv_cache_bytes_per_token("bfloat16") == full + sliding == 22_528
+    assert costs.cache_state_bytes_per_sequence("bfloat16") == state == 319_488
+    assert costs.kv_cache_bytes(4096, 1, "bfloat16") == 4096 * full + 256 * sliding + state == 53_272_576

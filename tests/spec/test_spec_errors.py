@@ -221,7 +221,7 @@ def test_a_renamed_field_is_one_error_with_the_name_it_stands_for():
     assert errors_of(tiny_spec(block__ffn={"type": "swiglu", "dff": 64})) == [
         (
             "block.ffn.dff",
-            "unknown field 'dff' for 'swiglu'; valid fields: d_ff, bias, activation, gate_multiplier, output_multiplier; did you mean 'd_ff'?",
+            "unknown field 'dff' for 'swiglu'; valid fields: d_ff, bias, activation, gate_multiplier, output_multiplier, activation_sparsity; did you mean 'd_ff'?",
         )
     ]
     errs = errors_of(tiny_spec(overrides=[{"layers": {"start": 1}, "ffn": {"type": "mlp", "dff": 8}}]))

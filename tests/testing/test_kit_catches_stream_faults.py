@@ -3,7 +3,8 @@
 A test plugin registers a copy of ``mhc`` with one realistic mistake: a head whose mixing weights take their RMS
 statistics over the batch as well as the features (every row of a batch changes together, so causality and cached
 decode cannot see it). It must fail the ``stream`` check and nothing else; the built-in ``mhc`` passes every check
-that applies.
+that applies. Likewise a copy of the block-scope ``altup`` whose per-layer inputs are normalised over the batch
+(the ``layer_inputs`` part of the same check).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import modkit
 from modkit import Component, hookimpl
 from modkit.testing import CHECK_NAMES, check_component
+from modkit_plugins.altup import AltUpConfig, AltUpStream
 from modkit_plugins.hyper_connections import ManifoldHyperConnections, MHCConfig
 
 
@@ -35,6 +37,20 @@ class BatchStatsHead(ManifoldHyperConnections):
         return ((pre + self.cfg.eps).unsqueeze(-1) * s).sum(dim=2).to(s.dtype)
 
 
+class FaultyAltUpConfig(AltUpConfig):
+    """``altup``'s fields under the twin's name."""
+
+    type: Literal["batch_stats_altup"] = "batch_stats_altup"
+
+
+class BatchStatsLayerInputs(AltUpStream):
+    """FAULT: the per-layer inputs are scaled by their mean square over the batch and the features."""
+
+    def layer_inputs(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        e = super().layer_inputs(input_ids, x)
+        return e * torch.rsqrt(e.float().square().mean(dim=(0, -1), keepdim=True) + 1e-6).to(e.dtype)
+
+
 class StreamFaults:
     @hookimpl
     def register_components(self, register):
@@ -48,6 +64,20 @@ class StreamFaults:
                 capabilities={"compile_safe": True},
                 param_count=lambda cfg, ctx: cfg.n_streams**2 * ctx.d_model + cfg.n_streams + 1,
                 flops=lambda cfg, ctx, work: {"exit": work.tokens * 2 * cfg.n_streams**2 * ctx.d_model},
+            )
+        )
+        altup = modkit.get_registry().get("stream", "altup")
+        register(
+            Component(
+                kind="stream",
+                type="batch_stats_altup",
+                config=FaultyAltUpConfig,
+                factory=lambda cfg, ctx: BatchStatsLayerInputs(cfg, ctx),
+                description="altup whose per-layer inputs take statistics over the batch (a fault)",
+                capabilities=dict(altup.capabilities),
+                param_count=altup.param_count,
+                flops=altup.flops,
+                example={**altup.example, "type": "batch_stats_altup"},
             )
         )
 
@@ -81,3 +111,21 @@ def test_the_built_in_mhc_passes_every_check_that_applies(registry):
     assert not failed, failed
     for check in ("stream", "causality", "kv_cache_decode", "param_count", "flops", "compile"):
         assert got[check].status == "passed", (check, got[check].detail)
+
+
+def test_block_stream_layer_inputs_with_batch_statistics_fail_the_stream_check_alone(registry):
+    got = results(registry, "batch_stats_altup")
+    failed = {c: r.detail for c, r in got.items() if r.status == "failed"}
+    assert set(failed) == {"stream"}, failed
+    assert "layer_inputs of a token depends on the other tokens (torch.float32)" in failed["stream"]
+    for check in ("causality", "kv_cache_decode", "meta_init", "gradients", "param_count", "flops"):
+        assert got[check].status == "passed", (check, got[check].detail)
+
+
+def test_the_built_in_altup_passes_every_check_that_applies(registry):
+    got = results(registry, "altup")
+    failed = {c: r.detail for c, r in got.items() if r.status == "failed"}
+    assert not failed, failed
+    for check in ("stream", "causality", "kv_cache_decode", "gradients", "param_count", "flops", "compile"):
+        assert got[check].status == "passed", (check, got[check].detail)
+    assert "block scope" in got["stream"].detail

@@ -6,6 +6,7 @@ component; this one calls the stream's own four functions directly.
 
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import torch
@@ -27,44 +28,58 @@ def applies_stream(entry: Component, config: ComponentConfig) -> Optional[str]:
     return None if entry.kind == "stream" else "applies to residual streams (kind stream)"
 
 
+def _connection(stream, model):
+    """A fresh connection to check: ``stream.connection()``, or for a ``"block"``-scope stream a copy of the first
+    block's (:meth:`~modkit.nn.stream.ResidualStream.block_connection`, built with that block's context)."""
+    if getattr(stream, "scope", "sublayer") == "block":
+        return copy.deepcopy(model.layers[0].stream_link)
+    return stream.connection()
+
+
 def check_stream(bench: Bench) -> str:
-    """``enter``, ``exit`` and a fresh connection's ``read`` / ``write`` on ``[3, 8, ...]`` inputs, in float32 and
-    bfloat16: every output has its contract shape and the input dtype, and equals the output computed for each
-    token alone (``[24, 1, ...]``), within :data:`~.base.SAME_MATH_ULPS` ulps of its scale.
+    """``enter``, ``exit``, ``layer_inputs`` and a fresh connection's ``read`` / ``write`` on ``[3, 8, ...]`` inputs,
+    in float32 and bfloat16: every output has its contract shape and the input dtype, and equals the output computed
+    for each token alone (``[24, 1, ...]``), within :data:`~.base.SAME_MATH_ULPS` ulps of its scale. A ``"block"``
+    stream's connection is the first block's (copied), its ``write`` given layer 0's input.
 
     Catches: a stream whose mixing weights take statistics over the batch or the sequence (a norm over the wrong
-    dimension: over the batch it passes causality and cached decode, since every row changes together), a connection
-    that returns the streams' sum instead of one ``[b, s, d]`` input, a head that drops the dtype. Source: the
-    contract in :mod:`modkit.nn.stream` (hyper-connections compute every weight from the token's own streams, Zhu et
-    al. 2024, arXiv:2409.19606).
+    dimension: over the batch it passes causality and cached decode, since every row changes together), per-layer
+    inputs normalised over the batch, a connection that returns the streams' sum instead of one ``[b, s, d]`` input,
+    a head that drops the dtype. Source: the contract in :mod:`modkit.nn.stream` (hyper-connections compute every
+    weight from the token's own streams, Zhu et al. 2024, arXiv:2409.19606; AltUp's from the token's own
+    predictions, Baykal et al. 2023, arXiv:2301.13310).
     """
     model, records = bench.build()
     stream = first_target(bench, records).module
     n, d = int(stream.n_streams), bench.d_model()
-    connection = stream.connection()
+    connection = _connection(stream, model)
+    block = getattr(stream, "scope", "sublayer") == "block"
     from modkit.nn.model import init_modules
 
     init_modules(connection, Init(11, 0.2))
     notes = []
+    ids = bench.ids(3, 8, seed=94)
     for dtype in (torch.float32, torch.bfloat16):
         s = bench.randn(3, 8, n, d, seed=91).to(dtype)
         x = bench.randn(3, 8, d, seed=92).to(dtype)
         y = bench.randn(3, 8, d, seed=93).to(dtype)
         conn, head = connection.to(dtype), stream.to(dtype)
 
-        def outputs(s, x, y):
+        def outputs(s, x, y, ids):
             u, state = conn.read(s)
-            return {
-                "enter": head.enter(x),
-                "exit": head.exit(s),
-                "read": u,
-                "write": conn.write(s, state, y),
-            }
+            got = {"enter": head.enter(x), "exit": head.exit(s), "read": u}
+            if not block:
+                return {**got, "write": conn.write(s, state, y)}
+            extra = head.layer_inputs(ids, x)
+            got["write"] = conn.write(s, state, y, None if extra is None else extra[:, :, 0])
+            return got if extra is None else {**got, "layer_inputs": extra}
 
         with torch.no_grad():
-            full = outputs(s, x, y)
-            alone = outputs(s.reshape(24, 1, n, d), x.reshape(24, 1, d), y.reshape(24, 1, d))
+            full = outputs(s, x, y, ids)
+            alone = outputs(s.reshape(24, 1, n, d), x.reshape(24, 1, d), y.reshape(24, 1, d), ids.reshape(24, 1))
         shapes = {"enter": (3, 8, n, d), "exit": (3, 8, d), "read": (3, 8, d), "write": (3, 8, n, d)}
+        if "layer_inputs" in full:
+            shapes["layer_inputs"] = (3, 8, *full["layer_inputs"].shape[2:])
         for name, got in full.items():
             if tuple(got.shape) != shapes[name] or got.dtype != dtype:
                 raise CheckFailed(
@@ -81,7 +96,8 @@ def check_stream(bench: Bench) -> str:
                 )
         notes.append(str(dtype).replace("torch.", ""))
     stream.float()
+    what = "enter, exit, layer_inputs, read and write" if block else "enter, exit, read and write"
     return (
-        f"{n} streams: enter, exit, read and write keep their shapes and dtype ({', '.join(notes)}) and equal each "
-        "token computed alone"
+        f"{n} streams ({'block' if block else 'sublayer'} scope): {what} keep their shapes and dtype "
+        f"({', '.join(notes)}) and equal each token computed alone"
     )

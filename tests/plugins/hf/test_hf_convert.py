@@ -684,7 +684,7 @@ def _errors(cfg) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(
     "rope_scaling,field",
     [
-        ({"rope_type": "proportional", "factor": 2.0}, "rope_scaling.rope_type"),
+        ({"rope_type": "axial", "factor": 2.0}, "rope_scaling.rope_type"),
         ({"type": "ntk-by-parts", "factor": 2.0}, "rope_scaling.type"),
     ],
 )
@@ -702,9 +702,9 @@ def test_unsupported_rope_type_in_transformers5_form():
         num_hidden_layers=1,
         rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
     ).to_dict()
-    cfg["rope_parameters"]["rope_type"] = "proportional"
+    cfg["rope_parameters"]["rope_type"] = "axial"
     errors = _errors(cfg)
-    assert any(p == "rope_parameters.rope_type" and "'proportional'" in m for p, m in errors), errors
+    assert any(p == "rope_parameters.rope_type" and "'axial'" in m for p, m in errors), errors
 
 
 @pytest.mark.parametrize(
@@ -796,14 +796,12 @@ def test_unknown_key_with_nothing_value_is_accepted_silently(value):
 
 
 def test_all_problems_reported_together():
-    errors = _errors(
-        _llama(foo_bar=3, rope_scaling={"rope_type": "proportional", "factor": 4.0}, hidden_act="quick_gelu")
-    )
+    errors = _errors(_llama(foo_bar=3, rope_scaling={"rope_type": "axial", "factor": 4.0}, hidden_act="quick_gelu"))
     fields = {p for p, _ in errors}
     assert {"rope_scaling.rope_type", "hidden_act"} <= fields and "foo_bar" not in fields, errors
     with pytest.raises(modkit.SpecError) as info:
         modkit.from_hf_config(
-            _llama(foo_bar=3, rope_scaling={"rope_type": "proportional", "factor": 4.0}, hidden_act="quick_gelu"),
+            _llama(foo_bar=3, rope_scaling={"rope_type": "axial", "factor": 4.0}, hidden_act="quick_gelu"),
             strict=True,
         )
     assert {"foo_bar", "rope_scaling.rope_type", "hidden_act"} <= {p for p, _ in info.value.errors}

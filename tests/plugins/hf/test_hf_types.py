@@ -994,6 +994,110 @@ FIXTURES = [
             **{k: v for k, v in SMALL.items() if k != "max_position_embeddings"},
         ),
     ),
+    # LFM3: every per-layer-type feature: short convolutions (kernel 3) on layers 0 and 3, a sliding layer (window 4,
+    # shorter than the test sequences) with the default RoPE over the whole head (base 1e4) on layer 1, a full layer
+    # with proportional RoPE (base 1e6, 4 of the 8 pairs of a 16-wide head turn) on layer 2; per-head QK-RMSNorm,
+    # q/k/v/o biases, the sigmoid gate per head (g_proj), sandwich norms, a SwiGLU of 48, tied
+    (
+        "lfm3",
+        "Lfm3Config",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=48),
+            head_dim=16,
+            num_hidden_layers=4,
+            layer_types=["conv", "sliding_attention", "full_attention", "conv"],
+            sliding_window=4,
+            conv_L_cache=3,
+            attention_bias=True,
+            **SMALL,
+        ),
+    ),
+    # GEMMA3N_TEXT: the AltUp stream of 3 copies (the second active) with per-layer embeddings of 8 from a table of 90
+    # rows (ids 90-96 read row 0), LAuReL of rank 4, widths 48/64/48/48 with activation sparsity on layers 0 and 1,
+    # sliding (window 4) and full layers alternating, the last two layers reading layers 0 and 1's keys and values,
+    # the value norm, soft-capped logits
+    (
+        "gemma3n_text",
+        "Gemma3nTextConfig",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=[48, 64, 48, 48]),
+            head_dim=8,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            sliding_window=4,
+            num_kv_shared_layers=2,
+            altup_num_inputs=3,
+            altup_active_idx=1,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=90,
+            laurel_rank=4,
+            activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+        ),
+    ),
+    # NEMOTRON_H: Nemotron 3's latent mixture (moe_latent_size) on layers 1 and 3: the 4 routed ReLU² experts (24,
+    # top-2 by sigmoid scores and the perturbed correction bias, not renormalised, times 2.5) work on 16 latent
+    # features between a projection from the width of 32 and one back, both with biases (mlp_bias), while the router
+    # and the shared ReLU² MLP (16) read the full width; Mamba-2 alone on layer 0 (4 heads of 16, 2 groups of B/C of
+    # 8, convolution 4, chunks of 4), GQA without positions alone on layer 2
+    (
+        "nemotron_h_latent",
+        "NemotronHConfig",
+        dict(
+            **dict(GQA, hidden_size=32, intermediate_size=48),
+            head_dim=8,
+            layers_block_type=["linear_attention", "moe", "full_attention", "moe"],
+            mlp_bias=True,
+            mamba_num_heads=4,
+            mamba_head_dim=16,
+            ssm_state_size=8,
+            n_groups=2,
+            conv_kernel=4,
+            chunk_size=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,
+            moe_shared_expert_intermediate_size=16,
+            moe_latent_size=16,
+            norm_topk_prob=False,
+            routed_scaling_factor=2.5,
+        ),
+    ),
+    # LONGCAT_FLASH: 2 layers of two MLA + SwiGLU (48) sublayer pairs (q_lora_rank 24, kv_lora_rank 16, nope/rope/v
+    # head widths 8/8/12, interleaved RoPE with YaRN and mscale_all_dim, the latent scalings sqrt(32/24) and
+    # sqrt(32/16)), the shortcut mixture across them: 4 experts of 16 and 2 zero-computation experts, top-3 by a
+    # softmax over all 6 choices plus the (perturbed) correction bias, not renormalised, times 1.5
+    (
+        "longcat_flash",
+        "LongcatFlashConfig",
+        dict(
+            hidden_size=32,
+            num_layers=2,
+            num_attention_heads=4,
+            ffn_hidden_size=48,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            head_dim=8,
+            v_head_dim=12,
+            n_routed_experts=4,
+            zero_expert_num=2,
+            moe_topk=3,
+            expert_ffn_hidden_size=16,
+            routed_scaling_factor=1.5,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "rope_theta": 10000.0,
+            },
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -1082,7 +1186,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     }
     assert wrappers == {"gemma3", "llama4", "qwen3_5", "qwen3_5_moe"}
     assert set(registry.hf_model_types()) - covered - wrappers == {"bert"}
-    assert len(covered) == 60
+    assert len(covered) == 63
 
 
 def test_fixtures_name_registered_types():
@@ -1290,6 +1394,15 @@ DEFAULT_COUNTS.update(bamba=9_992_765_440, granitemoehybrid=38_601_064_448, nemo
 DEFAULT_COUNTS.update(bailing_hybrid=124_414_191_072)
 #: xLSTM 7B (xLSTMConfig's defaults, transformers 5.25, on meta)
 DEFAULT_COUNTS.update(xlstm=6_865_424_896)
+#: Lfm3Config() (transformers 5.25, on meta): 24 layers, convolutions but for full attention on i % 4 == 2 and sliding
+#: on i % 4 == 0 (i > 0), the per-head gate and sandwich norms, tied
+DEFAULT_COUNTS.update(lfm3=1_728_801_536)
+#: Gemma 3n (E4B text) at Gemma3nTextConfig's defaults (transformers 5.25, on meta): the per-layer embedding table
+#: (262,144 x 35 x 256) included, the last 15 layers without key/value projections
+DEFAULT_COUNTS.update(gemma3n_text=6_835_235_568)
+#: LongCat-Flash at LongcatFlashConfig's defaults (transformers 5.25, on meta): 28 layers of two MLA + dense pairs and a
+#: mixture of 512 experts beside 256 zero-computation ones
+DEFAULT_COUNTS.update(longcat_flash=560_664_958_976)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
@@ -1312,6 +1425,22 @@ def test_hybrid_defaults_give_transformers_parameter_count(model_type):
     else:
         assert kinds == (["mamba"] * 4 + ["gqa"] + ["mamba"] * 3) * 4
         assert moe == [i % 2 == 1 for i in range(32)]
+
+
+#: Nemotron 3's latent mixture at NemotronHConfig's defaults with moe_latent_size = 1024 (transformers documents no
+#: published latent width; 1024 is a quarter of the default hidden_size of 4096): the sum over
+#: AutoModelForCausalLM.from_config(NemotronHConfig(moe_latent_size=1024)) built on meta, transformers 5.25
+NEMOTRON_H_LATENT_COUNT = 1_598_863_744
+
+
+def test_nemotron_h_latent_mixture_gives_transformers_parameter_count():
+    """The latent projections (``fc1_latent_proj`` 4096 -> 1024, ``fc2_latent_proj`` back, no biases) are counted
+    and serve every token: a token leaves only 6 of the 8 experts (1024 -> 7688 -> 1024, ReLU²) unused."""
+    spec = modkit.from_hf_config({"model_type": "nemotron_h", "moe_latent_size": 1024})
+    moe = spec.layer(1).ffn
+    assert (moe.latent_dim, moe.latent_bias, moe.expert.d_ff) == (1024, False, 7688)
+    assert modkit.count_params(spec) == NEMOTRON_H_LATENT_COUNT
+    assert NEMOTRON_H_LATENT_COUNT - modkit.active_params_per_token(spec) == 6 * 2 * 1024 * 7688
 
 
 def _fixture_config(name: str) -> dict:
@@ -1347,16 +1476,19 @@ REFUSED = [
     ("kimi_linear", {"num_key_value_heads": 2}, "num_key_value_heads"),
     ("minimax", {"hidden_act": "gelu"}, "hidden_act"),
     ("minimax", {"layer_types": ["full_attention", "sliding_attention"] * 2}, "layer_types"),
-    # the Mamba-2 activation (modkit's mamba2: silu); Granite 4's position schemes; Nemotron-H's latent mixture
+    # the Mamba-2 activation (modkit's mamba2: silu); Granite 4's position schemes; Nemotron-H's latent width of 0
     ("bamba", {"hidden_act": "gelu"}, "hidden_act"),
     ("granitemoehybrid", {"hidden_act": "gelu"}, "hidden_act"),
     ("granitemoehybrid", {"position_embedding_type": "alibi"}, "position_embedding_type"),
     ("granitemoehybrid", {"layer_types": ["linear_attention", "sliding_attention", "full_attention"]}, "layer_types"),
     ("nemotron_h", {"mamba_hidden_act": "gelu"}, "mamba_hidden_act"),
-    ("nemotron_h", {"moe_latent_size": 12}, "moe_latent_size"),
+    ("nemotron_h", {"moe_latent_size": 0}, "moe_latent_size"),
     # xLSTM's fused layout; query/key widths the heads do not divide
     ("xlstm", {"weight_mode": "fused"}, "weight_mode"),
     ("xlstm", {"qk_dim_factor": 0.3}, "qk_dim_factor"),
+    # a layer type Lfm3DecoderLayer builds no mixer for; a convolution of one tap
+    ("lfm3", {"layer_types": ["conv", "sliding_attention", "linear_attention", "full_attention"]}, "layer_types"),
+    ("lfm3", {"conv_L_cache": 1}, "conv_L_cache"),
 ]
 
 
