@@ -93,6 +93,12 @@ class NonFiniteWeightsWarning(UserWarning):
     """
 
 
+class LeftOutTensorsWarning(UserWarning):
+    """A checkpoint holds tensors outside the model being loaded, declared so by its converter and left out unread:
+    the vision tower and projector of a vision-language checkpoint whose language model is loaded. One warning per
+    load names how many tensors were left out under which name prefixes (see :func:`modkit.from_hf`)."""
+
+
 class MemoryLimitError(ModkitError, ValueError):
     """An allocation was refused before it started: the estimated bytes exceed the memory available.
 

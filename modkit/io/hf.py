@@ -25,9 +25,10 @@ import json
 import math
 from pathlib import Path
 import re
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
-from modkit.core.errors import CheckpointError, RegistryError, SpecError
+from modkit.core.errors import CheckpointError, LeftOutTensorsWarning, RegistryError, SpecError
 from modkit.core.jsonio import JSONInputError, check_document, read_json_file
 from modkit.core.registry import Registry, get_registry
 from modkit.spec import ModelSpec, load_spec
@@ -319,6 +320,8 @@ def _hf_state(
 
     shapes = {k: tuple(v.shape) for k, v in build(spec, device="meta", registry=reg).state_dict().items()}
     links = mapper.links(spec, shapes, config)
+    left_out = tuple(getattr(mapper, "left_out", ()))
+    _notice_left_out(source, left_out, model_type)
     return gather(
         source,
         links,
@@ -326,6 +329,25 @@ def _hf_state(
         keep=getattr(mapper, "keep", ()),
         aliases=getattr(mapper, "aliases", ()),
         what=f"Hugging Face {model_type} checkpoint",
+        skip=left_out,
+    )
+
+
+def _notice_left_out(source: Any, prefixes: Sequence[str], model_type: str) -> None:
+    """One :class:`~modkit.core.errors.LeftOutTensorsWarning` counting the stored tensors under each of the
+    mapper's ``left_out`` prefixes (the parts of a checkpoint outside the model loaded: a vision tower); nothing
+    when none is stored."""
+    counts = {p: sum(1 for n in source.names() if n.startswith(p)) for p in prefixes}
+    counts = {p: n for p, n in counts.items() if n}
+    if not counts:
+        return
+    parts = ", ".join(f"{n} under {p!r}" for p, n in counts.items())
+    warnings.warn(
+        LeftOutTensorsWarning(
+            f"{sum(counts.values())} tensors of the Hugging Face {model_type} checkpoint are not part of its language "
+            f"model and were left out: {parts}"
+        ),
+        stacklevel=4,  # the caller of from_hf,
     )
 
 
@@ -392,8 +414,9 @@ def from_hf(
         check_memory=check_memory,
         origin=str(source.origin),
     )
-    model.checkpoint_extras = extras
-    model.hf_config = json.loads(json.dumps(config))
+    # a wrapper type (the language model of a vision-language checkpoint) keeps what an export of the text type needs
+    model.checkpoint_extras = getattr(mapper, "export_extras", lambda e: e)(extras)
+    model.hf_config = json.loads(json.dumps(getattr(mapper, "export_config", lambda c: c)(config)))
     return model
 
 

@@ -13,8 +13,8 @@ the (1 + w) RMSNorms), with these differences:
   ``rope_parameters``): a text-only sequence gives every section the same position, which is the plain partial RoPE,
   so those two keys do not change the language model and are not exported.
 
-The ``qwen3_5`` vision-language checkpoints (``Qwen3_5Config``, the text model's config under ``text_config``) are
-not converted; their language model is this type.
+The ``qwen3_5`` vision-language checkpoints (``Qwen3_5Config``, the text model's config under ``text_config``) load
+as their language model, this type (:mod:`.qwen3_5_vl`; the vision tower is left out).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Qwen3-Next:
   shared expert of ``shared_expert_intermediate_size`` times ``sigmoid(shared_expert_gate · x)``;
 * the Gated DeltaNet's projections and the multimodal RoPE keys are Qwen3.5's (:mod:`.qwen3_5`).
 
-The ``qwen3_5_moe`` vision-language checkpoints (the text model's config under ``text_config``) are not converted.
+The ``qwen3_5_moe`` vision-language checkpoints (the text model's config under ``text_config``) load as their
+language model, this type (:mod:`.qwen3_5_moe_vl`; the vision tower is left out).
 """
 
 from __future__ import annotations

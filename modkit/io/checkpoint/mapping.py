@@ -64,6 +64,12 @@ class WeightMapper(Protocol):
     (never dropped). ``aliases`` lists ``(canonical prefix, alternative prefix)`` pairs accepted when reading
     (e.g. GPT-2 files saved without ``transformer.``). ``hf_config(spec, base)`` is the reverse config
     conversion; it must raise :class:`~modkit.core.errors.CheckpointError` when the spec cannot be expressed.
+
+    Optional, read by :func:`modkit.from_hf` when present (a wrapper type reading the language model of a
+    vision-language checkpoint, :mod:`modkit_plugins.hf._wrapper`): ``left_out``, name prefixes of stored tensors
+    outside the model (never read, counted in one :class:`~modkit.core.errors.LeftOutTensorsWarning`);
+    ``export_config(config)`` and ``export_extras(extras)``, what the loaded model keeps as ``hf_config`` and
+    ``checkpoint_extras`` for a later export (the text type's config and tensor names).
     """
 
     keep: Sequence[tuple[str, str]]
@@ -152,8 +158,12 @@ def gather(
     keep: Sequence[tuple[str, str]] = (),
     aliases: Sequence[tuple[str, str]] = (),
     what: str = "the checkpoint",
+    skip: Sequence[str] = (),
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Read ``source`` through ``links`` into a modkit state dict, checking everything first.
+
+    Stored tensors whose names start with a prefix of ``skip`` (parts of the checkpoint outside the model, declared
+    by the caller, which says so: :func:`modkit.from_hf`) are neither read nor reported as unexpected.
 
     Returns:
         ``(state_dict, extras)``: modkit tensors by ``state_dict`` name (CPU, stored dtype), and the kept
@@ -175,6 +185,8 @@ def gather(
         canonical = _canonical(real, aliases, expected)
         if any(r.fullmatch(canonical) for r, _ in keep_res):
             extras[canonical] = real
+        elif real not in used_real and skip and real.startswith(tuple(skip)):
+            continue
         elif real not in used_real:
             problems.unexpected.append(real)
     problems.raise_if_any(f"{what} ({source.origin}) does not match the model:")

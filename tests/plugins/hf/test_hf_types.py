@@ -1175,9 +1175,17 @@ IDS = [f[0] for f in FIXTURES]
 
 def test_every_registered_decoder_type_is_in_the_harness():
     """Each Hugging Face model type a plugin registers runs the six checks; BERT, an encoder with no causal decoding
-    to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py."""
+    to compare, is checked for parity and round trips in tests/plugins/hf/test_hf_parity.py; the language models of
+    vision-language checkpoints (their text types run here) in tests/plugins/hf/test_hf_multimodal.py."""
+    from modkit_plugins.hf._wrapper import LanguageModelOf
+
+    registry = modkit.get_registry()
     covered = {getattr(transformers, cls).model_type for _, cls, _ in FIXTURES}
-    assert set(modkit.get_registry().hf_model_types()) - covered == {"bert"}
+    wrappers = {
+        t for t in registry.hf_model_types() if isinstance(registry.hf_converter(t).declaration, LanguageModelOf)
+    }
+    assert wrappers == {"gemma3", "llama4", "qwen3_5", "qwen3_5_moe"}
+    assert set(registry.hf_model_types()) - covered - wrappers == {"bert"}
     assert len(covered) == 64
 
 
