@@ -82,7 +82,9 @@ class CompressedAttentionConfig(ComponentConfig):
     rope_theta: float = Field(
         10000.0, gt=1, le=1e12, description="RoPE base (DeepSeek-V4: 10000 on sliding layers, 160000 compressed)"
     )
-    window: SeqLen = Field(..., description="sliding window of raw keys: a query sees positions (t - window, t]")
+    window: Optional[SeqLen] = Field(
+        ..., description="sliding window of raw keys: a query sees positions (t - window, t]; null: every position"
+    )
     compress_ratio: Optional[SeqLen] = Field(
         None, description="m, positions per compressed entry (CSA 4, HCA 128); null: sliding attention alone"
     )
@@ -96,9 +98,9 @@ class CompressedAttentionConfig(ComponentConfig):
     o_lora_rank: HeadDim = Field(..., description="per-group width of the grouped output projection (1024)")
     eps: float = Field(1e-6, gt=0, le=0.1, description="epsilon of every RMS normalisation (rms_norm_eps)")
 
-    def position_geometry(self, ctx) -> PositionGeometry:
-        """The layer rotates itself (its ``rope_theta``); a model scheme would see ``n_heads`` heads of ``head_dim``."""
-        return PositionGeometry(self.n_heads, self.head_dim, 1)
+    def position_geometry(self, ctx) -> Optional[PositionGeometry]:
+        """None: the layer rotates with its own RoPE (``rope_theta``) and takes no position scheme."""
+        return None
 
     def check(self, ctx) -> list[tuple[str, str]]:
         """Rotated features fit a head, groups divide the heads, an indexer or overlap needs compression."""
@@ -149,6 +151,14 @@ class BlockCompressor(nn.Module):
         self.gate_proj = nn.Linear(d_model, c * dim, bias=False)
         self.position_bias = nn.Parameter(torch.zeros(m, c * dim))
         self.kv_norm = nn.Parameter(torch.ones(dim))
+
+    #: the gate bias is one logit per slot and channel; the norm's gain
+    param_roles = {"position_bias": "vector", "kv_norm": "norm_gain"}
+
+    def init_weights(self, init) -> None:
+        """``position_bias`` 0 and the norm's gain 1 (transformers' ``_init_weights``); the projections by default."""
+        init.zeros_(self.position_bias)
+        init.ones_(self.kv_norm)
 
     @property
     def tail(self) -> int:
@@ -226,8 +236,9 @@ def _compress(comp, x: Tensor, inputs: AttentionInputs, state, names: tuple[str,
     first = torch.div(a, comp.m, rounding_mode="floor") + (1 if comp.overlap else 0)
     fresh = comp.entries(buf, first)  # [b, n, D]
     index = first[:, None] + torch.arange(fresh.shape[1], device=x.device)
-    if state is None:
-        return fresh, index
+    if state is None:  # the blocks the new tokens can complete: ceil(seq / m) from the first one's
+        n = -(-x.shape[1] // comp.m)
+        return fresh[:, :n], index[:, :n]
     _write(comp, state, names, fresh, index, buf, a, rows)
     store = state[names[0]]
     return store.to(fresh.dtype), torch.arange(store.shape[1], device=x.device).expand(store.shape[0], -1)
@@ -283,6 +294,15 @@ class CompressedAttention(nn.Module):
             )
             for p in self.indexer.parameters():  # a top-k passes no gradient (module docstring)
                 p.requires_grad_(False)
+
+    #: the norms' gains and the per-head sink logits
+    param_roles = {"q_a_norm": "norm_gain", "kv_norm": "norm_gain", "sinks": "vector"}
+
+    def init_weights(self, init) -> None:
+        """Norm gains 1 and sinks 0 (transformers' ``_init_weights``); the projections by default."""
+        init.ones_(self.q_a_norm)
+        init.ones_(self.kv_norm)
+        init.zeros_(self.sinks)
 
     def cache_spec(self) -> CacheSpec:
         """The window's keys ``kv [1, D]`` per token (a ring of ``window`` slots); with compression the entries
@@ -379,6 +399,50 @@ def _param_count(cfg: CompressedAttentionConfig, ctx: BuildContext) -> int:
     return n
 
 
+def _sum_blocks(n: int, m: int, cap: Optional[int]) -> int:
+    """``Σ_{q=1..n} min(q // m, cap)``: the entries seen by the queries at positions ``0..n-1`` (``cap``: top-k)."""
+    if cap is not None and n > cap * m - 1:
+        return _sum_blocks(cap * m - 1, m, None) + cap * (n - cap * m + 1)
+    k = n // m
+    return m * (k - 1) * k // 2 + k * (n - k * m + 1)
+
+
+def _block_pairs(work, m: int, cap: Optional[int] = None) -> int:
+    """(query, entry) pairs of one head: those the mask (and a top-k ``cap``) lets through, or with ``work.dense``
+    every entry computed (``ceil(new / m)`` without a cache, the cache's ``(past + new) // m`` with one)."""
+    if work.dense:
+        total = (work.past + work.new) // m if work.past else -(-work.new // m)
+        return work.batch * work.new * total
+    return work.batch * (_sum_blocks(work.past + work.new, m, cap) - _sum_blocks(work.past, m, cap))
+
+
+def _flops(cfg: CompressedAttentionConfig, ctx: BuildContext, work) -> dict[str, int]:
+    """Matrix-product FLOPs of one call (1 multiply-add = 2 FLOPs; ``t`` = tokens): the projections, the
+    compressors' two projections per token, the indexer's queries, head weights and scores over every visible entry,
+    and the attention's scores and values over the window's keys and the entries kept."""
+    d, t, h, dim, r = ctx.d_model, work.tokens, cfg.n_heads, cfg.head_dim, cfg.q_lora_rank
+    out = {
+        "q_proj": 2 * t * (d * r + r * h * dim),
+        "kv_proj": 2 * t * d * dim,
+        "o_proj": 2 * t * (h * dim * cfg.o_lora_rank + cfg.o_groups * cfg.o_lora_rank * d),
+    }
+    keys = work.pairs(causal=True, window=cfg.window)
+    m = cfg.compress_ratio
+    if m:
+        out["compressor"] = 2 * t * d * 2 * (2 if cfg.overlap else 1) * dim
+        cap = cfg.index_topk if cfg.index_n_heads is not None else None
+        keys += _block_pairs(work, m, cap)
+    if cfg.index_n_heads is not None:
+        ih, idim = cfg.index_n_heads, cfg.index_head_dim
+        out["index_compressor"] = 2 * t * d * 4 * idim
+        out["index_q"] = 2 * t * r * ih * idim
+        out["index_weights"] = 2 * t * d * ih
+        out["index_scores"] = 2 * ih * idim * _block_pairs(work, m)
+    out["scores"] = 2 * h * dim * keys
+    out["values"] = 2 * h * dim * keys
+    return out
+
+
 EXAMPLE = {
     "type": "compressed_attention",
     "n_heads": 4,
@@ -414,6 +478,7 @@ def register_components(register) -> None:
             "DeepseekV4HCACompressor, DeepseekV4Indexer",
             capabilities={"causal_safe": True, "kv_cache": True, "selects_keys": True, "overflow_prone": True},
             param_count=_param_count,
+            flops=_flops,
             example=EXAMPLE,
         )
     )

@@ -107,7 +107,8 @@ def _state_problem(model, records, cache) -> Optional[str]:
                 return f"layer {i}: the cache holds no state for mixer {key!r} (it holds {sorted(layer.mixers)})"
             for e in spec.entries:
                 t = state.tensors.get(e.name)
-                want = e.allocated_shape(cache.batch_size, spec.slots(cache.max_len))
+                slots = e.block_slots(cache.max_len) if e.per_block else spec.slots(cache.max_len)
+                want = e.allocated_shape(cache.batch_size, slots)
                 dtype = e.dtype or cache.dtype
                 if t is None or tuple(t.shape) != want or t.dtype != dtype:
                     got = None if t is None else (tuple(t.shape), t.dtype)
