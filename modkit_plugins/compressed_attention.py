@@ -476,7 +476,15 @@ def register_components(register) -> None:
             "entry per completed block (growth 'block') and the raw tail of the unfinished block.",
             reference="DeepSeek-AI 2026, DeepSeek-V4 §2.3; transformers DeepseekV4Attention, DeepseekV4CSACompressor, "
             "DeepseekV4HCACompressor, DeepseekV4Indexer",
-            capabilities={"causal_safe": True, "kv_cache": True, "selects_keys": True, "overflow_prone": True},
+            capabilities={
+                "causal_safe": True,
+                "kv_cache": True,
+                "selects_keys": True,
+                "overflow_prone": True,
+                # modkit cost compares it with itself made dense: every raw key of every position, no compression
+                "selects_from": "compressed_attention",
+                "dense_twin": {"window": None, "compress_ratio": None, "overlap": False, "index_n_heads": None},
+            },
             param_count=_param_count,
             flops=_flops,
             example=EXAMPLE,

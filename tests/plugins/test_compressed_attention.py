@@ -179,3 +179,75 @@ def test_block_growth_bytes_by_hand():
     with pytest.raises(ValueError, match="block"):
         CacheEntry("c", (4,), growth="token", block=2)
     assert CacheSpec((CacheEntry("c", (3,), growth="block", block=2),)).bytes_per_token(torch.float32) == 6
+
+
+def _small_spec() -> dict:
+    """3 layers of d_model 64: sliding (window 8), compressed-sparse (m 4, overlap, indexer 2 x 8 keeping 4) and
+    heavily compressed (m 128), heads 4 x 16."""
+    attn = dict(
+        type="compressed_attention",
+        n_heads=4,
+        head_dim=16,
+        q_lora_rank=12,
+        rope_dim=8,
+        window=8,
+        o_groups=2,
+        o_lora_rank=8,
+    )
+    csa = dict(attn, compress_ratio=4, overlap=True, index_n_heads=2, index_head_dim=8, index_topk=4)
+    return {
+        "schema_version": 1,
+        "name": "tiny-compressed",
+        "vocab_size": 97,
+        "d_model": 64,
+        "n_layers": 3,
+        "max_seq_len": 131072,
+        "position": {"type": "none"},
+        "block": {
+            "attention": attn,
+            "ffn": {"type": "swiglu", "d_ff": 96},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+        "final_norm": {"type": "rmsnorm"},
+        "overrides": [
+            {"layers": [1], "attention": csa},
+            {"layers": [2], "attention": dict(attn, compress_ratio=128)},
+        ],
+    }
+
+
+def test_cost_shows_the_saving_against_dense_attention_at_128k(tmp_path):
+    """bfloat16, one row of 131,072 tokens, by hand: every layer keeps its window (8 x 16 x 2 = 256 bytes); the CSA
+    layer 32,768 entries of 16 and as many indexer keys of 8, and tails of 8 x 64 and 8 x 32; the HCA layer 1,024
+    entries of 16 and a tail of 128 x 32. The dense twin keeps 16 numbers per token and layer."""
+    import io
+    import json
+    from contextlib import redirect_stdout
+
+    from modkit.analysis.cost import CostModel
+    from modkit.analysis.dense_twin import against_dense
+    from modkit.cli import main
+    from modkit.nn.build import kv_cache_bytes
+
+    n = 131072
+    csa = 256 + 32768 * 16 * 2 + 8 * 64 * 2 + 32768 * 8 * 2 + 8 * 32 * 2
+    hca = 256 + 1024 * 16 * 2 + 128 * 32 * 2
+    assert (csa, hca) == (1_574_656, 41_216)
+    spec = modkit.load_spec(_small_spec())
+    assert kv_cache_bytes(spec, n, 1, "bfloat16") == 256 + csa + hca == 1_616_128
+    # per token: 32 for each window's key, 32 / 4 + 16 / 4 for the CSA's entries, ceil(32 / 128) for the HCA's
+    assert modkit.kv_cache_bytes_per_token(spec, "bfloat16") == 3 * 32 + 8 + 4 + 1 == 109
+    cmp = against_dense(CostModel(spec), n, "bfloat16")
+    assert cmp["replaced"] == {"compressed_attention": "compressed_attention"}
+    assert cmp["kv_cache_bytes"] == {"sparse": 1_616_128, "dense": 3 * n * 16 * 2}
+    assert cmp["kv_cache_bytes_per_token"] == {"sparse": 109, "dense": 96}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(_small_spec()))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["cost", str(path), "--context", str(n)]) == 0
+    text = out.getvalue()
+    section = text[text.index("against dense") :].split("\n\n")[0]
+    print("\n" + section)
+    assert "KV cache held: 1,616,128 bytes per row at context 131,072 vs 12,582,912 (7.79x less)" in section
