@@ -251,3 +251,30 @@ def test_cost_shows_the_saving_against_dense_attention_at_128k(tmp_path):
     section = text[text.index("against dense") :].split("\n\n")[0]
     print("\n" + section)
     assert "KV cache held: 1,616,128 bytes per row at context 131,072 vs 12,582,912 (7.79x less)" in section
+
+
+def test_flagship_attention_parameters_and_cache_at_128k():
+    """DeepseekV4Config's defaults (43 layers: 23 HCA, 20 CSA): the attention parameters equal transformers' count
+    on meta, and one row's cache at 131,072 tokens in bfloat16, by hand, against one shared key/value head of 512
+    per token and layer."""
+    from modkit_plugins.compressed_attention import _param_count
+
+    cfg = transformers.DeepseekV4Config()
+    ctx = BuildContext(
+        d_model=cfg.hidden_size, n_layers=43, vocab_size=97, max_seq_len=64, registry=modkit.get_registry()
+    )
+    configs = [_ours_config(cfg, t) for t in cfg.layer_types]
+    assert sum(_param_count(c, ctx) for c in configs) == 5_079_956_672
+    with torch.device("meta"):
+        theirs = hf_v4.DeepseekV4Attention(cfg, 3)  # a CSA layer
+        ours = CompressedAttention(configs[3], ctx)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    n, window = 131072, 128 * 512 * 2
+    hca = window + 1024 * 512 * 2 + 128 * 1024 * 2
+    csa = window + 32768 * 512 * 2 + 32768 * 128 * 2 + 8 * 2048 * 2 + 8 * 512 * 2
+    got = 0
+    for c in configs:
+        with torch.device("meta"):
+            got += CompressedAttention(c, ctx).cache_spec().nbytes(n, 1, torch.bfloat16)
+    assert got == 23 * hca + 20 * csa == 875_462_656
+    assert 43 * n * 512 * 2 == 5_771_362_304  # dense: 6.59 times as many bytes
