@@ -270,10 +270,9 @@ def _dense_lines(out, data: dict, at: str) -> None:
     out(f"  KV cache:      {_count(kv['sparse'])} bytes per token vs {_count(kv['dense'])} (as the mixers declare)")
     held = cmp["kv_cache_bytes"]
     if held["sparse"] != held["dense"]:
-        ratio = held["dense"] / held["sparse"] if held["sparse"] else 0.0
-        out(
-            f"  KV cache held: {_count(held['sparse'])} bytes per row at context {at} vs {_count(held['dense'])} ({ratio:.2f}x less)"
-        )
+        a, b = held["sparse"], held["dense"]
+        how = f"{b / a:.2f}x less" if a <= b else f"{a / b:.2f}x more"
+        out(f"  KV cache held: {_count(a)} bytes per row at context {at} vs {_count(b)} ({how})")
 
 
 def _memory_lines(out, data: dict, context: int, batch: int, at: str) -> None:
