@@ -529,7 +529,12 @@ def register_components(register) -> None:
             example={"type": "swiglu_clamped", "d_ff": 96, "bias": True},
             math=_MATH["swiglu_clamped"],
             grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(
-                n, ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit, cfg.up_offset)
+                n,
+                ctx.dim or ctx.d_model,
+                cfg.d_ff,
+                "clamped",
+                cfg.bias,
+                ClampedGLU(cfg.alpha, cfg.limit, cfg.up_offset),
             ),
         )
     )
