@@ -162,6 +162,11 @@ class ClampedGLU:
         return u + self.up_offset if self.up_offset else u
 
 
+def _clamp(cfg: ClampedSwiGLUConfig) -> ClampedGLU:
+    """The element-wise maps of a ``swiglu_clamped`` config."""
+    return ClampedGLU(cfg.alpha, cfg.limit, cfg.up_offset)
+
+
 def _identity(t: Tensor) -> Tensor:
     return t
 
@@ -516,9 +521,7 @@ def register_components(register) -> None:
             kind="ffn",
             type="swiglu_clamped",
             config=ClampedSwiGLUConfig,
-            factory=lambda cfg, ctx: GatedMLP(
-                ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit, cfg.up_offset)
-            ),
+            factory=lambda cfg, ctx: GatedMLP(ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, _clamp(cfg)),
             description="gpt-oss's clamped SwiGLU down(g * sigmoid(alpha * g) * (u + 1)), g = min(gate(x), limit), "
             "u = clamp(up(x), -limit, limit). [batch, seq, d_model] -> [batch, seq, d_model]. As mixture-of-experts "
             "experts with bias: true it is gpt-oss's GptOssExperts.",
@@ -534,7 +537,7 @@ def register_components(register) -> None:
                 cfg.d_ff,
                 "clamped",
                 cfg.bias,
-                ClampedGLU(cfg.alpha, cfg.limit, cfg.up_offset),
+                _clamp(cfg),
             ),
         )
     )
