@@ -169,20 +169,21 @@ class BlockCompressor(nn.Module):
         """``[b, s, 2·c·D]``: the projections ``C`` and gate logits ``Z`` of each token, side by side."""
         return torch.cat([self.kv_proj(x), self.gate_proj(x)], dim=-1)
 
-    def entries(self, buf: Tensor, first: Tensor) -> Tensor:
+    def entries(self, buf: Tensor, blocks: Tensor, filled: Tensor) -> Tensor:
         """Entries of the blocks of ``buf [b, nb·m, 2·c·D]`` (block 0 starts at a multiple of m; with overlap block
-        0 only lends its first half), rotated at positions ``(first + i)·m`` for ``first [b]``: ``[b, n, D]``."""
+        0 only lends its first half), rotated at positions ``blocks [b, n]·m``: ``[b, n, D]``. Positions not
+        ``filled [b, nb·m]`` (before a row's or a document's first token, after its last) get no weight."""
         b, n_pos, _ = buf.shape
         kv, gate = buf.view(b, n_pos // self.m, self.m, -1).chunk(2, dim=-1)
-        gate = gate + self.position_bias
+        gate = (gate + self.position_bias).float()  # the softmax is float32 (transformers'), the mask after the bias
+        gate = gate.masked_fill(~filled.view(b, -1, self.m, 1), torch.finfo(torch.float32).min)
         d = self.dim
         if self.overlap:
             kv = torch.cat([kv[:, :-1, :, :d], kv[:, 1:, :, d:]], dim=2)
             gate = torch.cat([gate[:, :-1, :, :d], gate[:, 1:, :, d:]], dim=2)
-        out = (kv * gate.softmax(dim=2, dtype=torch.float32).to(kv.dtype)).sum(dim=2)
+        out = (kv * gate.softmax(dim=2).to(kv.dtype)).sum(dim=2)
         out = _rms(out, self.kv_norm, self.eps)
-        pos = (first[:, None] + torch.arange(out.shape[1], device=out.device)) * self.m
-        return rope(out[:, None], pos, self.theta, self.rope_dim)[:, 0]
+        return rope(out[:, None], blocks * self.m, self.theta, self.rope_dim)[:, 0]
 
 
 def _rows(positions: Tensor, valid: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -196,52 +197,78 @@ def _rows(positions: Tensor, valid: Optional[Tensor]) -> tuple[Tensor, Tensor, T
     return p1 - valid.long().sum(-1), p1, has
 
 
-def _assemble(comp: BlockCompressor, raw: Tensor, tail: Optional[Tensor], positions: Tensor, rows: tuple) -> tuple:
+# size: the pieces of one layout (compressor, raw projections, cached tail, positions, rows, span of positions)
+def _assemble(comp, raw: Tensor, tail: Optional[Tensor], positions: Tensor, rows: tuple, extent: int) -> tuple:
     """Lay the cached tail and the new tokens' raw projections out by position from ``a`` (the first block the
-    forward needs, a multiple of m): ``(buf [b, N, w], a [b])``, where positions before 0 have gate ``-inf``."""
-    p0, p1, has = rows
+    forward needs, a multiple of m), over ``extent`` positions after the tail: ``(buf [b, N, w], filled [b, N]
+    bool, a [b])``; ``positions`` of padding are negative (dropped)."""
+    p0 = rows[0]
     b, s, w = raw.shape
     m, span = comp.m, comp.tail
     a = torch.div(p0, m, rounding_mode="floor") * m - (span - m)
-    n = -(-(span + s) // m) * m
-    steps = torch.arange(n, device=raw.device)
+    n = -(-(span + extent) // m) * m
     buf = raw.new_zeros(b, n + 1, w)
+    filled = torch.zeros(b, n + 1, dtype=torch.bool, device=raw.device)
     if tail is not None:
         back = torch.arange(span, device=raw.device)
         old = tail.gather(1, ((a[:, None] + back) % span)[..., None].expand(b, span, w).long()).to(raw.dtype)
         keep = ((a[:, None] + back) < p0[:, None]) & ((a[:, None] + back) >= 0)
         buf[:, :span] = torch.where(keep[..., None], old, buf[:, :span])
+        filled[:, :span] = keep
     at = positions - a[:, None]
     at = torch.where((at >= 0) & (at < n), at, torch.full_like(at, n))  # padding: the dropped last column
     buf.scatter_(1, at[..., None].expand(b, s, w), raw)
-    buf = buf[:, :n]
-    before = (a[:, None] + steps) < 0
-    gate = buf[..., w // 2 :].masked_fill(before[..., None], float("-inf"))
-    return torch.cat([buf[..., : w // 2], gate], dim=-1), a
+    filled.scatter_(1, at, torch.ones_like(at, dtype=torch.bool))
+    return buf[:, :n], filled[:, :n], a
+
+
+def _documents(inputs: AttentionInputs, m: int, span: int) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """Under document-masked packing (no cache), each document's tokens moved to positions of their own, apart by
+    at least ``span`` and starting at multiples of m, so no block mixes two documents: ``(positions [b, s], the
+    first block of each token's document [b, s], the first blocks of the documents [b, n_docs])``; otherwise
+    ``(inputs.positions, None, None)``."""
+    docs = inputs.documents
+    if docs is None:
+        return inputs.positions, None, None
+    counts = torch.zeros(docs.shape[0], int(docs.max()) + 1, dtype=torch.long, device=docs.device)
+    counts.scatter_add_(1, docs, torch.ones_like(docs))
+    stride = -(-counts // m) * m + span
+    starts = torch.div(stride.cumsum(-1) - stride, m, rounding_mode="floor")  # in blocks
+    first = starts.gather(1, docs)
+    return inputs.positions + first * m, first, starts
 
 
 def _compress(comp, x: Tensor, inputs: AttentionInputs, state, names: tuple[str, str], rows: tuple) -> tuple:
-    """Compress the blocks this forward completes: ``(entries [b, T, D], block index [b, T])`` every query may look
-    up (the cache's whole per-block entry, or this forward's own entries without a cache); writes the cache's
-    per-block entry and tail in place."""
+    """Compress the blocks this forward completes: ``(entries [b, T, D], their block index within their document
+    [b, T], the first block of each entry's document [b, T] or None)`` every query may look up (the cache's whole
+    per-block entry, or this forward's own entries without a cache); writes the cache's per-block entry and tail."""
     valid = inputs.token_mask
     raw = comp.raw(x)
     if valid is not None:
         raw = raw.masked_fill(~valid[..., None], 0.0)
-    positions = inputs.positions
+    positions, _, starts = _documents(inputs, comp.m, comp.tail)
+    if starts is not None:  # one forward over the packed row: every document's blocks from position 0
+        rows = (torch.zeros_like(rows[0]), *rows[1:])
     if valid is not None:  # padding goes to the dropped column
         positions = torch.where(valid, positions, torch.full_like(positions, -(10**9)))
     tail = state[names[1]] if state is not None else None
-    buf, a = _assemble(comp, raw, tail, positions, rows)
+    # a row's new tokens span at most seq positions; packed documents, apart, span up to the last one's
+    extent = x.shape[1] if starts is None else int(positions.max()) + 1
+    buf, filled, a = _assemble(comp, raw, tail, positions, rows, extent)
     first = torch.div(a, comp.m, rounding_mode="floor") + (1 if comp.overlap else 0)
-    fresh = comp.entries(buf, first)  # [b, n, D]
-    index = first[:, None] + torch.arange(fresh.shape[1], device=x.device)
-    if state is None:  # the blocks the new tokens can complete: ceil(seq / m) from the first one's
-        n = -(-x.shape[1] // comp.m)
-        return fresh[:, :n], index[:, :n]
+    index = first[:, None] + torch.arange(buf.shape[1] // comp.m - (1 if comp.overlap else 0), device=x.device)
+    home = None
+    if starts is not None:  # each entry's document: the last one starting at or before it
+        which = (torch.searchsorted(starts, index, right=True) - 1).clamp(min=0)
+        home = starts.gather(1, which)
+    fresh = comp.entries(buf, index if home is None else index - home, filled)  # [b, n, D]
+    if state is None:  # the blocks the new tokens can complete: ceil(extent / m) from the first one's
+        n = (buf.shape[1] - comp.tail) // comp.m
+        index, home = index[:, :n], None if home is None else home[:, :n]
+        return fresh[:, :n], index if home is None else index - home, home
     _write(comp, state, names, fresh, index, buf, a, rows)
     store = state[names[0]]
-    return store.to(fresh.dtype), torch.arange(store.shape[1], device=x.device).expand(store.shape[0], -1)
+    return store.to(fresh.dtype), torch.arange(store.shape[1], device=x.device).expand(store.shape[0], -1), None
 
 
 # size: one write of the two cached parts of a compressor (its entries and its raw tail), each argument one of them
@@ -257,15 +284,15 @@ def _write(comp, state, names, fresh: Tensor, index: Tensor, buf: Tensor, a: Ten
     want = p1[:, None] - span + torch.arange(span, device=buf.device)  # the positions the tail keeps
     put = (want >= a[:, None]) & (want >= 0) & has[:, None]
     r, j = put.nonzero(as_tuple=True)
-    tail[r, want[r, j] % span] = buf[r, want[r, j] - a[r]].nan_to_num(neginf=0.0).to(tail.dtype)
+    tail[r, want[r, j] % span] = buf[r, want[r, j] - a[r]].to(tail.dtype)
 
 
 class CompressedAttention(nn.Module):
     """DeepSeek-V4 attention. ``forward(x [batch, seq, d_model], inputs) -> [batch, seq, d_model]`` (the formulas in
     the module docstring); the cache is :meth:`cache_spec`'s.
 
-    Raises (in ``forward``): ValueError under document-masked packing or context parallelism, which it does not
-    implement.
+    Raises (in ``forward``): ValueError under context parallelism, which it does not implement. Packed documents
+    (``inputs.documents``) each get blocks of their own.
     """
 
     def __init__(self, cfg: CompressedAttentionConfig, ctx: BuildContext):
@@ -335,7 +362,7 @@ class CompressedAttention(nn.Module):
     def _select(self, x: Tensor, c_q: Tensor, inputs, state, rows, visible: Tensor) -> Tensor:
         """The indexer's top-k among the visible entries ``visible [b, s, T]``: ``[b, s, T]`` bool."""
         cfg, ix = self.cfg, self.indexer
-        keys, _ = _compress(ix["compressor"], x, inputs, state, ("index_k", "index_tail"), rows)
+        keys = _compress(ix["compressor"], x, inputs, state, ("index_k", "index_tail"), rows)[0]
         b, s, _ = x.shape
         ih, idim = cfg.index_n_heads, cfg.index_head_dim
         q = ix["q_b_proj"](c_q).view(b, s, ih, idim).transpose(1, 2)
@@ -349,23 +376,24 @@ class CompressedAttention(nn.Module):
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
         """``[batch, seq, d_model] -> [batch, seq, d_model]``."""
-        if inputs.documents is not None or inputs.sequence is not None:
-            raise ValueError(
-                "compressed_attention does not implement document-masked packing or context parallelism; "
-                "train it on unpacked rows on one rank"
-            )
+        if inputs.sequence is not None:
+            raise ValueError("compressed_attention does not implement context parallelism; train it on one rank")
         cfg = self.cfg
         b, s, _ = x.shape
         c_q, q, kv = self._queries(x, inputs)
         state = inputs.cache_for(self)
         seen, k_pos, k_valid = update_cache_entries(inputs, {"kv": kv}, mixer=self)
         keys = seen["kv"]
-        mask = attention_mask(inputs.positions, k_pos, k_valid, True, cfg.window)
+        docs = inputs.documents
+        mask = attention_mask(inputs.positions, k_pos, k_valid, True, cfg.window, None, docs, docs)
         if self.compressor is not None:
             rows = _rows(inputs.positions, inputs.token_mask)
-            entries, index = _compress(self.compressor, x, inputs, state, ("ckv", "ckv_tail"), rows)
+            entries, index, home = _compress(self.compressor, x, inputs, state, ("ckv", "ckv_tail"), rows)
             limit = torch.div(inputs.positions + 1, cfg.compress_ratio, rounding_mode="floor")
             visible = index[:, None, :] < limit[..., None]  # [b, s, T]
+            if home is not None:  # packed documents: a query sees its own document's entries only
+                mine = _documents(inputs, cfg.compress_ratio, self.compressor.tail)[1]
+                visible = visible & (home[:, None, :] == mine[..., None])
             if self.indexer is not None:
                 with torch.no_grad():
                     visible = self._select(x, c_q, inputs, state, rows, visible)
@@ -477,6 +505,7 @@ def register_components(register) -> None:
             reference="DeepSeek-AI 2026, DeepSeek-V4 §2.3; transformers DeepseekV4Attention, DeepseekV4CSACompressor, "
             "DeepseekV4HCACompressor, DeepseekV4Indexer",
             capabilities={
+                "document_mask": True,
                 "causal_safe": True,
                 "kv_cache": True,
                 "selects_keys": True,

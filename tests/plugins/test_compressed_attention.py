@@ -278,3 +278,18 @@ def test_flagship_attention_parameters_and_cache_at_128k():
             got += CompressedAttention(c, ctx).cache_spec().nbytes(n, 1, torch.bfloat16)
     assert got == 23 * hca + 20 * csa == 875_462_656
     assert 43 * n * 512 * 2 == 5_771_362_304  # dense: 6.59 times as many bytes
+
+
+@pytest.mark.parametrize("layer", [1, 2], ids=LAYERS[1:])
+def test_packed_documents_equal_each_document_alone(layer):
+    """Two documents of 5 and 8 tokens packed in one row: each document's outputs are its own, run alone (its
+    blocks cut from its first token, no entry of the other document seen)."""
+    _, _, ours = _pair(layer)
+    x = torch.randn(1, 13, D_MODEL, generator=torch.Generator().manual_seed(9))
+    docs = torch.tensor([[0] * 5 + [1] * 8])
+    positions = torch.tensor([list(range(5)) + list(range(8))])
+    with torch.no_grad():
+        packed = ours(x, AttentionInputs(positions, documents=docs))
+    for a, e in ((0, 5), (5, 13)):
+        alone = _ours(ours, x[:, a:e], None)
+        assert (packed[:, a:e] - alone).abs().max().item() <= TOL, (a, e)
