@@ -140,17 +140,25 @@ class ClampedSwiGLUConfig(ComponentConfig):
         description="the gate is clamped to at most limit and the up projection to [-limit, limit] (gpt-oss swiglu_limit: "
         f"7); at most {MAX_CLAMP_LIMIT:g}, so the product of the two, up to limit², stays within float16's range",
     )
+    up_offset: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="added to the clamped up projection: (u + up_offset); gpt-oss 1, DeepSeek-V4 0 (its experts and "
+        "shared MLP compute silu(min(gate, limit)) * clamp(up, -limit, limit): alpha 1, up_offset 0)",
+    )
 
 
 class ClampedGLU:
     """gpt-oss's clamped gated unit, as the two element-wise maps of a gated FFN (transformers ``GptOssExperts``).
 
     ``act(gate) = g * sigmoid(alpha * g)`` with ``g = gate.clamp(max=limit)`` and ``up_map(up) = up.clamp(-limit,
-    limit) + 1``; the hidden activation is ``act(gate) * up_map(up)``. Shapes are preserved (``[..., d_ff]``).
+    limit) + up_offset`` (1; DeepSeek-V4's experts: 0, with alpha 1); the hidden activation is ``act(gate) * up_map(up)``. Shapes are preserved (``[..., d_ff]``).
     """
 
-    def __init__(self, alpha: float, limit: float):
-        self.alpha, self.limit = float(alpha), float(limit)
+    def __init__(self, alpha: float, limit: float, up_offset: float = 1.0):
+        self.alpha, self.limit, self.up_offset = float(alpha), float(limit), float(up_offset)
 
     def act(self, gate: Tensor) -> Tensor:
         """``g * sigmoid(alpha * g)``, ``g = min(gate, limit)``."""
@@ -158,8 +166,14 @@ class ClampedGLU:
         return g * torch.sigmoid(g * self.alpha)
 
     def up_map(self, up: Tensor) -> Tensor:
-        """``clamp(up, -limit, limit) + 1``."""
-        return up.clamp(min=-self.limit, max=self.limit) + 1
+        """``clamp(up, -limit, limit) + up_offset`` (1 in gpt-oss, 0 in DeepSeek-V4)."""
+        u = up.clamp(min=-self.limit, max=self.limit)
+        return u + self.up_offset if self.up_offset else u
+
+
+def _clamp(cfg: ClampedSwiGLUConfig) -> ClampedGLU:
+    """The element-wise maps of a ``swiglu_clamped`` config."""
+    return ClampedGLU(cfg.alpha, cfg.limit, cfg.up_offset)
 
 
 def _identity(t: Tensor) -> Tensor:
@@ -544,9 +558,7 @@ def register_components(register) -> None:
             kind="ffn",
             type="swiglu_clamped",
             config=ClampedSwiGLUConfig,
-            factory=lambda cfg, ctx: GatedMLP(
-                ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit)
-            ),
+            factory=lambda cfg, ctx: GatedMLP(ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, _clamp(cfg)),
             description="gpt-oss's clamped SwiGLU down(g * sigmoid(alpha * g) * (u + 1)), g = min(gate(x), limit), "
             "u = clamp(up(x), -limit, limit). [batch, seq, d_model] -> [batch, seq, d_model]. As mixture-of-experts "
             "experts with bias: true it is gpt-oss's GptOssExperts.",
@@ -557,7 +569,12 @@ def register_components(register) -> None:
             example={"type": "swiglu_clamped", "d_ff": 96, "bias": True},
             math=_MATH["swiglu_clamped"],
             grouped_factory=lambda cfg, ctx, n: GroupedGatedMLP(
-                n, ctx.dim or ctx.d_model, cfg.d_ff, "clamped", cfg.bias, ClampedGLU(cfg.alpha, cfg.limit)
+                n,
+                ctx.dim or ctx.d_model,
+                cfg.d_ff,
+                "clamped",
+                cfg.bias,
+                _clamp(cfg),
             ),
         )
     )

@@ -1,7 +1,9 @@
 """A sparse attention against the dense attention it selects from, at equal everything else.
 
 A token mixer that attends to a selection of the keys (DeepSeek Sparse Attention, ``dsa``) declares the dense type
-it selects from with the ``selects_from`` capability (``"mla"``). Its **dense twin** is the same spec with each such
+it selects from with the ``selects_from`` capability (``"mla"``); a type whose dense form is itself with other field
+values (block-compressed attention, ``compressed_attention``: no compression, no window) names itself and gives those
+values in the ``dense_twin`` capability (``{field: value}``). Its **dense twin** is the same spec with each such
 mixer replaced by that type, keeping the fields the two configs share (the selection's own fields dropped), so the
 two models differ only in the selection: :func:`dense_twin_spec` writes it, :func:`against_dense` gives what
 ``modkit cost`` shows, the token mixers' FLOPs per token (prefill and decode) and the KV-cache bytes per token of
@@ -32,7 +34,8 @@ def _twin(cfg: Any, registry: Registry, replaced: dict[str, str]) -> Any:
         return cfg
     fields = registry.get(entry.kind, dense).config.model_fields
     replaced[entry.type] = dense
-    return {**{k: v for k, v in cfg.items() if k in fields}, "type": dense}
+    # a type that is its own dense form (compressed_attention) names the field values that make it dense
+    return {**{k: v for k, v in cfg.items() if k in fields}, **entry.capabilities.get("dense_twin", {}), "type": dense}
 
 
 def dense_twin_spec(spec: Any, registry: Registry) -> Optional[tuple[dict, dict[str, str]]]:
@@ -54,7 +57,8 @@ def against_dense(costs: Any, context: int, dtype: Any) -> Optional[dict[str, An
     """The spec's token mixers against its dense twin's at ``context``, or ``None`` without a sparse mixer.
 
     Returns ``{"replaced": {sparse: dense}, "mixer_flops_per_token": {phase: {"sparse", "dense"}}, "flops_per_token":
-    {phase: {"sparse", "dense"}}, "kv_cache_bytes_per_token": {"sparse", "dense"}}`` (FLOPs as floats; phases
+    {phase: {"sparse", "dense"}}, "kv_cache_bytes_per_token": {"sparse", "dense"}, "kv_cache_bytes": {"sparse",
+    "dense"}}`` (the last: one row's cache at ``context``) (FLOPs as floats; phases
     ``prefill`` and ``decode`` as :meth:`~modkit.analysis.cost.CostModel.workload` defines them).
 
     Raises:
@@ -83,5 +87,10 @@ def against_dense(costs: Any, context: int, dtype: Any) -> Optional[dict[str, An
         "kv_cache_bytes_per_token": {
             "sparse": costs.kv_cache_bytes_per_token(dtype),
             "dense": dense.kv_cache_bytes_per_token(dtype),
+        },
+        # the cache of one row at the context: what a window or a compression saves, which bytes per token omit
+        "kv_cache_bytes": {
+            "sparse": costs.kv_cache_bytes(context, 1, dtype),
+            "dense": dense.kv_cache_bytes(context, 1, dtype),
         },
     }

@@ -253,7 +253,10 @@ def _dense_lines(out, data: dict, at: str) -> None:
     cmp = data.get("against_dense")
     if not cmp:
         return
-    pairs = ", ".join(f"{d} in place of {s}" for s, d in cmp["replaced"].items())
+    pairs = ", ".join(
+        f"{d} in place of {s}" if d != s else f"{s} without its window, compression and selection"
+        for s, d in cmp["replaced"].items()
+    )
     out("")
     out(f"against dense attention ({pairs}; everything else equal) at context {at}, FLOPs per token")
     for label, key in (("token mixers", "mixer_flops_per_token"), ("whole model", "flops_per_token")):
@@ -265,6 +268,11 @@ def _dense_lines(out, data: dict, at: str) -> None:
         out(f"  {label + ':':14s} " + "; ".join(cells))
     kv = cmp["kv_cache_bytes_per_token"]
     out(f"  KV cache:      {_count(kv['sparse'])} bytes per token vs {_count(kv['dense'])} (as the mixers declare)")
+    held = cmp["kv_cache_bytes"]
+    if held["sparse"] != held["dense"]:
+        a, b = held["sparse"], held["dense"]
+        how = f"{b / a:.2f}x less" if a <= b else f"{a / b:.2f}x more"
+        out(f"  KV cache held: {_count(a)} bytes per row at context {at} vs {_count(b)} ({how})")
 
 
 def _memory_lines(out, data: dict, context: int, batch: int, at: str) -> None:

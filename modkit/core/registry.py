@@ -66,6 +66,10 @@ KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "the block is its FFN alone (the 'none' mixer; Nemotron-H's MLP and mixture layers)",
         "selects_keys": "an attention whose queries see only a selected subset of the keys the mask lets through (an "
         "indexer's top-k: sparse attention); the contract kit fills tiny models with attentions that see every key",
+        "selects_from": "the dense attention type a sparse or compressed attention is compared against in modkit cost "
+        "(its dense twin: the same spec with that type, keeping the fields both have)",
+        "dense_twin": "{field: value} the dense twin takes besides (an attention whose dense form is itself with other "
+        "values: compressed_attention without compression or window)",
         "kv_share": "an attention whose keys and values another layer may read, and which may read another layer's "
         "instead of computing its own (spec 'kv_sharing'; its module has read_kv_from(source), e.g. through "
         "modkit.plugin.KVReader): a mixer without it is refused as a reader or a source",

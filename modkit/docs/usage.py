@@ -176,11 +176,24 @@ def python_usage(entry, example: Mapping[str, Any], registry, base: Optional[Any
     lines += [f"{target} = {value}"]
     if entry.kind == "mixer" and keys[0] == "block":  # a recurrent mixer takes no position scheme
         lines += ['spec["position"] = {"type": "none"}  # a recurrent mixer carries the order itself']
+    elif keys[0] == "block" and _rotates_itself(entry, example):
+        lines += ['spec["position"] = {"type": "none"}  # this attention rotates with its own RoPE']
     lines += [
         'model = modkit.build(spec, device="meta")  # no memory; device="cpu" for real weights',
         "print(modkit.count_params(model))",
     ]
     return "\n".join(lines)
+
+
+def _rotates_itself(entry, example: Mapping[str, Any]) -> bool:
+    """Whether a token mixer's example declares no position geometry (it takes no position scheme: DeepSeek-V4's
+    ``compressed_attention`` carries its own RoPE)."""
+    try:
+        cfg = entry.config.model_validate(dict(example))
+        declare = getattr(cfg, "position_geometry", None)
+        return callable(declare) and declare(None) is None
+    except Exception:  # a declaration that needs the model's context: it takes a scheme
+        return False
 
 
 def _sampling_usage(entry, example: Mapping[str, Any], base) -> str:

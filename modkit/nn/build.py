@@ -378,7 +378,9 @@ def kv_cache_bytes_per_token(
     ``2 · n_kv_heads · head_dim · bytes(dtype)`` per layer; MLA: ``(kv_lora_rank + qk_rope_head_dim) · bytes``).
 
     Windows do not shorten it (a windowed layer still adds these bytes per token until its ring is full); a
-    recurrent mixer's fixed state is not per token (:func:`cache_state_bytes_per_sequence`).
+    recurrent mixer's fixed state is not per token (:func:`cache_state_bytes_per_sequence`); a per-block entry
+    (growth ``"block"``, block-compressed attention) adds its bytes once per ``block`` tokens, counted as
+    ``ceil(bytes / block)`` per token (:func:`kv_cache_bytes` is exact).
     """
     model = _model(spec_or_model, registry)
     return sum(spec.bytes_per_token(_parse_dtype(dtype)) for spec in _cache_specs(model))
@@ -403,7 +405,8 @@ def kv_cache_bytes(
 ) -> int:
     """Bytes ``model.new_cache(batch, max_len, dtype)`` allocates (:meth:`~modkit.nn.model.Model.new_cache`), from the
     mixers' declarations: per layer and mixer ``batch · (bytes_per_token · slots + bytes_per_sequence)`` with
-    ``slots = max_len``, or ``min(window, max_len)`` for a sliding-window layer (a ring buffer; :mod:`modkit.nn.cache`).
+    ``slots = max_len``, or ``min(window, max_len)`` for a sliding-window layer (a ring buffer; :mod:`modkit.nn.cache`),
+    and per-block entries ``bytes · (max_len // block)`` (:meth:`~modkit.nn.cache.CacheSpec.nbytes`).
     The one formula of the cache size: the model card (``modkit build``), ``modkit cost`` and the memory check of
     ``generate`` all use it, and the contract kit checks that it equals what ``new_cache`` allocates.
 

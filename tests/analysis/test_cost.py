@@ -131,6 +131,9 @@ def formula(spec: dict, new: int, past: int) -> int:
         if a["type"] == "mla":  # latent attention (DeepSeek-V2 §2.1): expanded with an empty cache, absorbed after
             total += new * _ffn_per_token(layer["ffn"], d) + _mla(a, d, new, past, memo)
             continue
+        if a["type"] == "compressed_attention":  # DeepSeek-V4: a window of raw keys plus compressed entries
+            total += ffn + _compressed(a, d, new, past)
+            continue
         if a["type"] == "dsa":  # MLA over each query's index_topk selected keys, plus the indexer over all of them
             total += new * _ffn_per_token(layer["ffn"], d) + _dsa(a, d, new, past, memo)
             continue
@@ -145,7 +148,29 @@ def formula(spec: dict, new: int, past: int) -> int:
         total += new * 2 * d * gate if a.get("output_gate") else 0  # the gate's projection (Qwen3-Next, Qwen3.5)
         total += 2 * 2 * h * hd * memo[key]  # q·kᵀ and p·v
         total += ffn  # none for an attention block alone (Nemotron-H)
+    stream = spec.get("stream")
+    if stream and stream["type"] == "mhc":  # per connection: its weights from n·d, and comb^T · S; the head's weights
+        n = stream.get("n_streams", 4)
+        total += 2 * len(_layers(spec)) * new * (2 * n * d * (2 + n) * n + 2 * n * n * d) + new * 2 * n * d * n
     return total + new * 2 * d * spec["vocab_size"]
+
+
+def _compressed(a: dict, d: int, new: int, past: int) -> int:
+    """Matmul FLOPs of ``compressed_attention`` on one row, query by query: the projections, the compressors' two
+    projections per token, the indexer's queries, head weights and scores over every complete entry, and the scores
+    and values over ``min(p + 1, window)`` raw keys plus the ``(p + 1) // m`` entries (at most ``index_topk``)."""
+    h, hd, r, g, ro = a["n_heads"], a["head_dim"], a["q_lora_rank"], a["o_groups"], a["o_lora_rank"]
+    m, window, index = a.get("compress_ratio"), a["window"], a.get("index_n_heads")
+    total = new * 2 * (d * r + r * h * hd + d * hd + h * hd * ro + g * ro * d)
+    entries = [(p + 1) // m if m else 0 for p in range(past, past + new)]
+    kept = [min(e, a.get("index_topk", 512)) if index else e for e in entries]
+    raw = [min(p + 1, window) if window else p + 1 for p in range(past, past + new)]
+    if m:
+        total += new * 2 * d * 2 * (2 if a.get("overlap") else 1) * hd
+    if index:
+        di = a.get("index_head_dim", 128)
+        total += new * 2 * (d * 4 * di + r * index * di + d * index) + 2 * index * di * sum(entries)
+    return total + 2 * 2 * h * hd * (sum(raw) + sum(kept))
 
 
 def _dsa(a: dict, d: int, new: int, past: int, memo: dict) -> int:

@@ -616,7 +616,7 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
     assert f"d_model = {d}, n_heads = {docs.EXAMPLE_CONTEXT['n_heads']}" in table
     for entry in registry.components("attention"):
         cfg = modkit.load_component("attention", entry.example_config(), registry=registry)
-        if entry.type in ("mla", "dsa"):  # latent attentions: their own formulas (below), decode in the absorbed form
+        if entry.type in ("mla", "dsa", "compressed_attention"):  # their own formulas (below)
             continue
         h = cfg.n_heads
         kv = cfg.n_kv_heads or (1 if entry.type == "mqa" else h)
@@ -666,6 +666,21 @@ def test_attention_comparison_follows_the_cost_formulas(pages, registry):
     row = next(line for line in table.splitlines() if line.startswith("| [`dsa`]"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == f"{params:,}" and cells[4] == f"{(r + rope) * 2 + di * 4:,}" and cells[5] == f"{flops:,}", cells
+    # compressed_attention's example (heads 4 x 16, q rank 12, window 4, m 2 with overlap, indexer 2 x 8 keeping 2,
+    # output 2 groups of 8), by hand: projections and norms, the 2-series compressor, the indexer's
+    params = (256 * 12 + 12 + 12 * 64 + 256 * 16 + 16 + 64 * 8 + 16 * 256 + 4) + (2 * 256 * 32 + 2 * 32 + 16)
+    params += (2 * 256 * 16 + 2 * 16 + 8) + 12 * 2 * 8 + 256 * 2
+    # a decoded token: projections, compressors, the indexer over its 1,024 entries, attention over 4 keys + 2 entries
+    flops = 2 * (256 * 12 + 12 * 64) + 2 * 256 * 16 + 2 * (64 * 8 + 16 * 256) + 2 * 256 * 64 + 2 * 256 * 32
+    flops += 2 * 12 * 16 + 2 * 256 * 2 + 2 * 16 * (COMPARE_CONTEXT // 2) + 2 * (2 * 64 * (4 + 2))
+    row = next(line for line in table.splitlines() if line.startswith("| [`compressed_attention`]"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # per token: the window's key (16 numbers) and, per block of 2, an entry of 16 and an indexer key of 8, bf16
+    assert (
+        (cells[2], cells[4], cells[5])
+        == (f"{params:,}", f"{32 + 16 + 8:,}", f"{flops:,}")
+        == ("37,976", "56", "109,952")
+    )
     norms = pages[docs.kind_path("norm")]
     assert "| [`rmsnorm`](rmsnorm.md) | (defaults) | 256 | `d` |" in norms
     ffn = pages[docs.kind_path("ffn")]

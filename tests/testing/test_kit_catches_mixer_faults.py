@@ -3,7 +3,8 @@
 A fresh :class:`modkit.Registry` holds copies of the built-in plugins plus one test plugin with mixers written the
 way a plugin author would (from the docs, with modkit's helpers): a RetNet-like retention (kind ``mixer``), a softmax
 mixer of kind ``mixer`` that declares a position geometry, and a Differential attention whose cache entry ``k``
-holds ``2 * n_kv_heads`` key maps. Each fault is one realistic mistake the kit used to pass; each must FAIL exactly
+holds ``2 * n_kv_heads`` key maps, and a block-compressed attention whose per-block cache entries declare more
+slots than it fills. Each fault is one realistic mistake the kit used to pass; each must FAIL exactly
 the check that guards it and nothing else, and the sound versions (and the Differential attention, once refused by
 an unwritten cache rule) must pass everything.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
+from dataclasses import replace
 from typing import Literal
 
 import pytest
@@ -25,6 +27,8 @@ from modkit import Component, ComponentConfig, hookimpl
 from modkit.plugin import CacheEntry, CacheSpec, PositionGeometry
 from modkit.testing import CHECK_NAMES, check_component
 from modkit.testing.checks.state import check_cache_state, check_long_decode
+from modkit_plugins.compressed_attention import CompressedAttention, CompressedAttentionConfig
+from modkit_plugins.compressed_attention import _flops as _compressed_flops
 
 # ----------------------------------------------------------------------------------------------- retention
 
@@ -210,6 +214,38 @@ class DiffAttention(nn.Module):
         return self.o((weights.to(v.dtype) @ v).transpose(1, 2).reshape(b, s, -1))
 
 
+# ----------------------------------------------------------------------------------------------- block growth
+
+
+class OvergrownConfig(CompressedAttentionConfig):
+    """``compressed_attention`` whose per-block cache entries declare half its compression ratio."""
+
+    type: Literal["overgrown_blocks"] = "overgrown_blocks"  # type: ignore[assignment]
+
+
+class OvergrownBlocks(CompressedAttention):
+    """FAULT (overgrown_blocks): compresses blocks of m but declares one cache slot per m / 2 tokens; it reads and
+    writes consistently (cached decode stays exact), but half the slots it declares, reports and allocates stay
+    empty."""
+
+    def cache_spec(self) -> CacheSpec:
+        spec = super().cache_spec()
+        half = [replace(e, block=e.block // 2) if e.per_block else e for e in spec.entries]
+        return CacheSpec(tuple(half), window=spec.window)
+
+
+def _overgrown_flops(cfg, ctx, work) -> dict:
+    """``compressed_attention``'s FLOPs, with the twice-as-many cached entries a cached decode scores."""
+    out = _compressed_flops(cfg, ctx, work)
+    if work.dense and work.past:
+        total, m = work.past + work.new, cfg.compress_ratio
+        extra = work.batch * work.new * (total // (m // 2) - total // m)
+        for part, width in (("scores", cfg.n_heads * cfg.head_dim), ("values", cfg.n_heads * cfg.head_dim)):
+            out[part] += 2 * width * extra
+        out["index_scores"] += 2 * cfg.index_n_heads * cfg.index_head_dim * extra
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- the plugin
 
 
@@ -239,6 +275,18 @@ class MixerPlugin:
             fault = None if t == "softmax_mixer" else t
             make = lambda c, x, f=fault: SoftmaxMixer(x.d_model, c.n_heads, f)  # noqa: E731
             register(_mixer(t, SoftmaxMixerConfig, make, flops=_softmax_flops, **square))
+        sound = modkit.get_registry().get("attention", "compressed_attention")
+        register(
+            replace(
+                sound,
+                type="overgrown_blocks",
+                config=OvergrownConfig,
+                factory=lambda c, x: OvergrownBlocks(c, x),
+                flops=_overgrown_flops,
+                example={**sound.example_config(), "type": "overgrown_blocks"},
+                provider=None,
+            )
+        )
         register(
             _mixer(
                 "diff_attention",
@@ -283,6 +331,7 @@ FAULTS = [
     ("mixer", "slow_decay", "long_decode", "decoding 1024 tokens one at a time drifts from the full forward"),
     ("mixer", "ignores_position", "position_sensitivity", "alibi (acts_on bias): max |Δ| = 0 against position none"),
     ("mixer", "float_flops", "flops", "flops() returned 'scores': "),
+    ("attention", "overgrown_blocks", "kv_cache_decode", "declares one slot per 1 tokens, so 64 slots after 64"),
 ]
 
 

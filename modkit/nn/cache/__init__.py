@@ -10,6 +10,19 @@ declared state.
   sliding-window layer whose window ``W`` is shorter than ``max_len`` keeps a ring buffer of ``slots = W``;
 * **per sequence** (``growth="sequence"``): a fixed-size state per row, whatever the number of tokens (a
   recurrent mixer's convolution window or SSM state), possibly in another dtype (float32 state).
+* **per block** (``growth="block"``, with ``block = m``): one slot per *completed* block of ``m`` positions, so the
+  entry grows by one slot every ``m`` tokens (``max_len // m`` slots): block-compressed keys and values
+  (DeepSeek-V4's compressed attention, ``m`` = 4 or 128). Slot ``j`` of a row holds what the mixer made of that
+  row's positions ``[j·m, (j + 1)·m)``; the mixer writes it itself when the block's last position arrives (in
+  place, ``state[name]``: which blocks complete in a forward differs per row under left padding) and keeps the raw
+  tail of the unfinished block in ``growth="sequence"`` entries. Slots need no metadata: a query at position ``t``
+  may read slot ``j`` exactly when ``j < (t + 1) // m``, which also says it was written.
+
+**Contract change (block growth).** Before it, a cache's size was ``bytes_per_token · slots + bytes_per_sequence``
+with one slot count per mixer; now per-block entries add ``Σ bytes · (max_len // m)``. :meth:`CacheSpec.nbytes` is
+the one exact formula (``modkit build``, ``modkit cost``, ``generate``'s memory check and the kit read it);
+:meth:`CacheSpec.bytes_per_token` counts a block entry as ``bytes / m`` per token (rounded up to a whole byte
+where ``m`` does not divide it), its growth rate.
 
 The cache allocates exactly that (zeros), nothing else: ``[batch, *shape]`` with the slot axis inserted at
 ``slot_axis`` for per-token entries, ``[batch, *shape]`` for per-sequence ones, in the entry's dtype or the cache's.
@@ -56,8 +69,8 @@ What ``append`` / ``update`` return (per forward, decided once for all mixers of
   first queries still see keys its later tokens overwrite, also when the chunk is longer than the window).
 
 Bytes. :meth:`KVCache.nbytes` counts the entries allocated:
-``batch · Σ_layers Σ_mixers (bytes_per_token · slots + bytes_per_sequence)`` with ``slots = max_len`` for global
-layers and ``min(window, max_len)`` for windowed ones; for the built-in attention ``bytes_per_token`` is
+``batch · Σ_layers Σ_mixers (token bytes · slots + Σ_block entries bytes · (max_len // block) + bytes_per_sequence)``
+with ``slots = max_len`` for global layers and ``min(window, max_len)`` for windowed ones; for the built-in attention ``bytes_per_token`` is
 ``2 · n_kv_heads · head_dim · bytes(dtype)``. Slot metadata (positions and validity, 9 bytes per slot per group) is
 reported apart by :meth:`KVCache.metadata_nbytes`.
 

@@ -10,8 +10,9 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-#: How an entry grows: one slot per token, or one fixed-size state per sequence.
-GROWTH = ("token", "sequence")
+#: How an entry grows: one slot per token, one slot per completed block of ``block`` tokens, or one fixed-size state
+#: per sequence.
+GROWTH = ("token", "block", "sequence")
 
 
 def _dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
@@ -34,16 +35,21 @@ class CacheEntry:
             excluded: keys ``(n_kv_heads, head_dim)``, an MLA latent ``(kv_lora_rank,)``, an SSM state
             ``(n_heads, head_dim, d_state)``.
         growth: ``"token"``: one slot per token (``max_len`` slots, or ``min(window, max_len)`` in a ring);
-            ``"sequence"``: one fixed-size state per row.
-        slot_axis: for per-token entries, the axis of the allocated tensor ``[batch, ...]`` that indexes slots
+            ``"block"``: one slot per completed block of ``block`` positions (``max_len // block`` slots; slot ``j``
+            holds what the mixer made of positions ``[j·block, (j + 1)·block)``, written by the mixer itself once
+            the block's last position arrives, and visible by position: a query at ``t`` may read slots
+            ``j < (t + 1) // block``; compressed attention); ``"sequence"``: one fixed-size state per row.
+        slot_axis: for per-token and per-block entries, the axis of the allocated tensor ``[batch, ...]`` that indexes slots
             (``1``: ``[batch, slots, *shape]``; the built-in keys use ``2``: ``[batch, n_kv_heads, slots,
             head_dim]``); between 1 and ``len(shape) + 1``. Ignored for per-sequence entries.
         dtype: the entry's dtype, or ``None`` for the cache's (the model's by default); a recurrent state may ask
             for ``torch.float32`` in a bfloat16 model.
+        block: positions per slot of a ``growth="block"`` entry (DeepSeek-V4: 4 or 128); ``None`` otherwise.
 
     Raises:
         ValueError: an empty or non-identifier name, a non-positive size, an unknown growth, a slot axis out of
-            range, or a dtype that is not floating (each names the value).
+            range, a dtype that is not floating, or a block size missing (growth "block"), below 1 or given for
+            another growth (each names the value).
     """
 
     name: str
@@ -51,6 +57,7 @@ class CacheEntry:
     growth: str = "token"
     slot_axis: int = 1
     dtype: Optional[torch.dtype] = None
+    block: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -60,8 +67,18 @@ class CacheEntry:
             raise ValueError(f"cache entry {self.name!r}: shape must hold positive integers, got {self.shape!r}")
         object.__setattr__(self, "shape", tuple(int(n) for n in shape))
         if self.growth not in GROWTH:
-            raise ValueError(f"cache entry {self.name!r}: growth must be 'token' or 'sequence', got {self.growth!r}")
-        if self.growth == "token" and not 1 <= self.slot_axis <= len(shape) + 1:
+            raise ValueError(
+                f"cache entry {self.name!r}: growth must be 'token', 'block' or 'sequence', got {self.growth!r}"
+            )
+        if (self.growth == "block") != (self.block is not None) or (
+            self.block is not None
+            and (isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1)
+        ):
+            raise ValueError(
+                f"cache entry {self.name!r}: block = {self.block!r} with growth {self.growth!r}; a 'block' entry needs "
+                "block >= 1 (positions per slot), the other growths none"
+            )
+        if self.growth != "sequence" and not 1 <= self.slot_axis <= len(shape) + 1:
             raise ValueError(
                 f"cache entry {self.name!r}: slot_axis = {self.slot_axis} is outside [1, {len(shape) + 1}] for a "
                 f"[batch, ...] tensor of {len(shape) + 1} axes plus the slot axis (1 puts slots right after batch)"
@@ -75,6 +92,15 @@ class CacheEntry:
         return self.growth == "token"
 
     @property
+    def per_block(self) -> bool:
+        """Whether the entry has one slot per completed block of ``block`` positions (``growth == "block"``)."""
+        return self.growth == "block"
+
+    def block_slots(self, max_len: int) -> int:
+        """Slots of a per-block entry in a cache of ``max_len`` tokens: ``max_len // block`` (complete blocks)."""
+        return int(max_len) // int(self.block)
+
+    @property
     def numel(self) -> int:
         """Numbers per token (per-token entry) or per sequence (per-sequence entry)."""
         return math.prod(self.shape)
@@ -85,8 +111,8 @@ class CacheEntry:
 
     def allocated_shape(self, batch: int, slots: int) -> tuple[int, ...]:
         """The shape the cache allocates for ``batch`` rows: ``[batch, *shape]`` with ``slots`` inserted at
-        ``slot_axis`` for a per-token entry."""
-        if not self.per_token:
+        ``slot_axis`` for a per-token or per-block entry (``slots`` counts blocks for the latter)."""
+        if self.growth == "sequence":
             return (batch, *self.shape)
         axis = self.slot_axis - 1
         return (batch, *self.shape[:axis], slots, *self.shape[axis:])
@@ -135,17 +161,31 @@ class CacheSpec:
         return tuple(e for e in self.entries if e.per_token)
 
     @property
+    def block_entries(self) -> tuple[CacheEntry, ...]:
+        """The per-block entries (one slot per completed block of ``entry.block`` positions)."""
+        return tuple(e for e in self.entries if e.per_block)
+
+    @property
     def sequence_entries(self) -> tuple[CacheEntry, ...]:
         """The per-sequence (fixed-size) entries."""
-        return tuple(e for e in self.entries if not e.per_token)
+        return tuple(e for e in self.entries if e.growth == "sequence")
 
     def slots(self, max_len: int) -> int:
         """Slots of the per-token entries in a cache of ``max_len``: ``min(window, max_len)`` or ``max_len``."""
         return min(self.window, max_len) if self.window is not None else max_len
 
     def bytes_per_token(self, dtype: Union[str, torch.dtype]) -> int:
-        """Bytes one token adds: ``Σ`` per-token entries ``prod(shape) · bytes(entry dtype or dtype)``."""
-        return sum(e.nbytes(dtype) for e in self.token_entries)
+        """Bytes one token adds, as the declarations give them: ``Σ`` per-token entries ``prod(shape) · bytes(entry
+        dtype or dtype)`` plus ``Σ`` per-block entries ``prod(shape) · bytes / block`` (a block entry adds its slot
+        once per ``block`` tokens; rounded up to a whole byte where ``block`` does not divide it, so the exact
+        size at a length is :meth:`nbytes`)."""
+        blocks = sum(-(-e.nbytes(dtype) // e.block) for e in self.block_entries)
+        return sum(e.nbytes(dtype) for e in self.token_entries) + blocks
+
+    def bytes_per_block_slots(self, max_len: int, dtype: Union[str, torch.dtype]) -> int:
+        """Bytes of the per-block entries of one row in a cache of ``max_len``: ``Σ prod(shape) · bytes ·
+        (max_len // block)``."""
+        return sum(e.nbytes(dtype) * e.block_slots(max_len) for e in self.block_entries)
 
     def bytes_per_sequence(self, dtype: Union[str, torch.dtype]) -> int:
         """Bytes of the fixed-size state of one row: ``Σ`` per-sequence entries ``prod(shape) · bytes``."""
@@ -153,8 +193,10 @@ class CacheSpec:
 
     def nbytes(self, max_len: int, batch: int, dtype: Union[str, torch.dtype]) -> int:
         """Bytes a cache of ``batch`` rows and ``max_len`` tokens allocates for this mixer:
-        ``batch · (bytes_per_token · slots(max_len) + bytes_per_sequence)``."""
-        return batch * (self.bytes_per_token(dtype) * self.slots(max_len) + self.bytes_per_sequence(dtype))
+        ``batch · (Σ_token-entries bytes · slots(max_len) + Σ_block-entries bytes · (max_len // block) +
+        bytes_per_sequence)``."""
+        tokens = sum(e.nbytes(dtype) for e in self.token_entries) * self.slots(max_len)
+        return batch * (tokens + self.bytes_per_block_slots(max_len, dtype) + self.bytes_per_sequence(dtype))
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,7 @@ class KVCache:
                 if spec.token_entries:
                     size = spec.slots(self.max_len)
                     group = groups.setdefault(size, SlotGroup(size, size < self.max_len))
-                mixers[key] = MixerCache(spec, group, key)
+                mixers[key] = MixerCache(spec, group, key, self.max_len)
             self.layers.append(LayerKVCache(mixers))
             self.layout.append(specs)
         self.groups = list(groups.values())

@@ -83,26 +83,32 @@ class MixerCache:
 
     A mixer gets it with ``inputs.cache_for(self)`` (see the module docstring). Per-token entries are written with
     :meth:`append` (or :meth:`update` for keys and values), per-sequence entries read with ``state[name]`` and
-    written with :meth:`write`.
+    written with :meth:`write`. Per-block entries (``growth="block"``: ``max_len // block`` slots) belong to the
+    mixer alone: it reads ``state[name]`` and writes the slots of the blocks a forward completes in place (slot
+    ``j`` at the position-``j·block`` block of each row), since which blocks complete depends on each row's positions.
 
     Attributes:
         spec: the declaration. key: the mixer's path inside its block (``""`` when built from a bare layout).
+        max_len: tokens per row of the cache (the slots of per-block entries are ``max_len // block``).
         group: the :class:`SlotGroup` of the per-token entries (``None`` when the mixer has none).
         window: the window of the per-token entries, or ``None``.
         tensors: ``{name: tensor}`` (``None`` values until allocated).
     """
 
-    def __init__(self, spec: CacheSpec, group: Optional[SlotGroup], key: str = ""):
-        self.spec, self.group, self.key = spec, group, key
+    def __init__(self, spec: CacheSpec, group: Optional[SlotGroup], key: str = "", max_len: int = 0):
+        self.spec, self.group, self.key, self.max_len = spec, group, key, int(max_len)
         self.window = spec.window
         self.tensors: dict[str, Optional[Tensor]] = {e.name: None for e in spec.entries}
         self._axis = {e.name: e.slot_axis for e in spec.token_entries}
+        self._blocks = {e.name for e in spec.block_entries}
 
     def allocate(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Allocate every entry (zeros) for ``batch`` rows: per-token ones with ``group.size`` slots."""
+        """Allocate every entry (zeros) for ``batch`` rows: per-token ones with ``group.size`` slots, per-block ones
+        with ``max_len // block``."""
         slots = self.group.size if self.group is not None else 0
         for e in self.spec.entries:
-            self.tensors[e.name] = torch.zeros(e.allocated_shape(batch, slots), dtype=e.dtype or dtype, device=device)
+            n = e.block_slots(self.max_len) if e.per_block else slots
+            self.tensors[e.name] = torch.zeros(e.allocated_shape(batch, n), dtype=e.dtype or dtype, device=device)
 
     def state(self, mixer: Any = None) -> "MixerCache":
         """This state itself (so a :class:`MixerCache` may stand where a :class:`LayerKVCache` is expected)."""
@@ -240,14 +246,14 @@ class MixerCache:
         Raises:
             KeyError: not a declared per-sequence entry. RuntimeError: not allocated.
         """
-        if name in self._axis or name not in self.tensors:
+        if name in self._axis or name not in self.tensors or name in self._blocks:
             kinds = {e.name: e.growth for e in self.spec.entries}
             raise KeyError(f"write({name!r}) needs a declared per-sequence entry; this mixer's entries: {kinds}")
         self[name].copy_(value)
 
     def reset(self) -> None:
-        """Zero the per-sequence entries (per-token slots are forgotten through the slot validity)."""
-        for e in self.spec.sequence_entries:
+        """Zero the per-sequence and per-block entries (per-token slots are forgotten through the slot validity)."""
+        for e in (*self.spec.sequence_entries, *self.spec.block_entries):
             t = self.tensors[e.name]
             if t is not None:
                 t.zero_()

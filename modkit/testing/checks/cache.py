@@ -107,7 +107,8 @@ def _state_problem(model, records, cache) -> Optional[str]:
                 return f"layer {i}: the cache holds no state for mixer {key!r} (it holds {sorted(layer.mixers)})"
             for e in spec.entries:
                 t = state.tensors.get(e.name)
-                want = e.allocated_shape(cache.batch_size, spec.slots(cache.max_len))
+                slots = e.block_slots(cache.max_len) if e.per_block else spec.slots(cache.max_len)
+                want = e.allocated_shape(cache.batch_size, slots)
                 dtype = e.dtype or cache.dtype
                 if t is None or tuple(t.shape) != want or t.dtype != dtype:
                     got = None if t is None else (tuple(t.shape), t.dtype)
@@ -120,12 +121,33 @@ def _state_problem(model, records, cache) -> Optional[str]:
                         f"forward never wrote it: its {e.nbytes(cache.dtype):,} bytes per {e.growth} are counted "
                         "by modkit build / cost and allocated for nothing (declare only what the mixer stores)"
                     )
+            problem = _block_problem(i, key, spec, state, cache.seen_tokens)
+            if problem:
+                return problem
     declared = kv_cache_bytes(model, cache.max_len, cache.batch_size, cache.dtype)
     if declared != cache.nbytes():
         return (
             f"the declarations give {declared:,} cache bytes for batch {cache.batch_size} x {cache.max_len} tokens, "
             f"new_cache allocated {cache.nbytes():,}"
         )
+    return None
+
+
+def _block_problem(i: int, key: str, spec, state, seen: int) -> Optional[str]:
+    """A per-block entry (growth ``"block"``) whose first ``seen // block`` slots are not all written after ``seen``
+    tokens (in every row), or ``None``: the declared growth is one slot per ``block`` tokens, so a mixer that fills
+    fewer compresses over longer blocks than it declares and reports (and allocates) bytes it never uses."""
+    for e in spec.block_entries:
+        t = state.tensors.get(e.name)
+        full = min(seen // e.block, t.shape[e.slot_axis])
+        used = t.movedim(e.slot_axis, 1).ne(0).flatten(2).any(-1)[:, :full]
+        if not bool(used.all()):
+            first = int((~used).any(0).nonzero()[0, 0].item())
+            return (
+                f"layer {i} {key or 'mixer'}: cache entry {e.name!r} declares one slot per {e.block} tokens, so "
+                f"{full} slots after {seen} tokens, but slot {first} was never written: the mixer compresses over "
+                "longer blocks than it declares, and modkit build / cost count slots it never fills"
+            )
     return None
 
 
@@ -167,7 +189,8 @@ def check_kv_cache_decode(bench: Bench) -> str:
     the cached path (``rope_offset``: caught with a margin of ~10^3, where the 8-token, 1e-4 version of this
     check had 6.8); a mask aligned top-left (``is_causal=True`` with fewer queries than keys); a ring buffer that
     forgets or repeats a key; a declared cache entry the mixer never writes (``overdeclared``: bytes reported and
-    allocated for nothing). Source: a cached decode must equal the full forward (masks aligned bottom-right), and
+    allocated for nothing); a per-block entry (growth ``"block"``) whose first ``tokens // block`` slots are not all
+    written (``overgrown_blocks``: it compresses blocks of m and declares one slot per m / 2 tokens). Source: a cached decode must equal the full forward (masks aligned bottom-right), and
     the cache's declaration is the one source of its shapes and bytes (torchtune #38: a cache of ``n_heads`` heads
     where ``n_kv_heads`` were declared).
     """
