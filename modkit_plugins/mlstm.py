@@ -57,7 +57,9 @@ from modkit.plugin import (
     HeadCount,
     hookimpl,
     MAX_EPS,
+    MAX_SOFTCAP,
     MIN_EPS,
+    MIN_SOFTCAP,
     padding_mask,
     Workload,
 )
@@ -78,7 +80,11 @@ class MLSTMConfig(ComponentConfig):
         False, description="biases on q, k, v, ogate_preact, out_proj and the per-head norm (xLSTM's use_bias)"
     )
     gate_soft_cap: Optional[float] = Field(
-        15.0, gt=0, description="the gates' pre-activations become c · tanh(x / c); null: no cap (xLSTM: 15)"
+        15.0,
+        ge=MIN_SOFTCAP,
+        le=MAX_SOFTCAP,
+        description="the gates' pre-activations become c · tanh(x / c); null: no cap (xLSTM: 15). Within "
+        f"[{MIN_SOFTCAP:g}, {MAX_SOFTCAP:g}]: a smaller cap overflows x / c, a larger one caps nothing",
     )
     eps: float = Field(1e-6, gt=0, le=1.0, description="added to the read-out's denominator (xLSTM's eps: 1e-6)")
     norm_eps: Epsilon = Field(

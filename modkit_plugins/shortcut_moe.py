@@ -72,8 +72,9 @@ class ShortcutMoEConfig(ComponentConfig):
     )
 
     def check_layer(self, layer, ctx) -> list[tuple[str, str]]:
-        """The layer's own mixer must be a token mixer (not ``none``) whose position geometry (heads, rotated
-        width) equals the second mixer's: the layer's one position scheme rotates both."""
+        """The layer's own mixer must be a token mixer (not ``none``); where the layer's position scheme acts per
+        head (its ``acts_on`` capability is ``qk`` or ``bias``: it is built for one geometry), that mixer's position
+        geometry (heads, rotated width) must equal the second mixer's, since the one scheme serves both."""
         if layer.attention.type == "none":
             return [
                 (
@@ -82,6 +83,9 @@ class ShortcutMoEConfig(ComponentConfig):
                     "position scheme), got the mixer 'none'; give the layer a mixer or use placement 'pre'",
                 )
             ]
+        scheme = ctx.registry.get("position", layer.position.type)
+        if scheme.capabilities.get("acts_on") not in ("qk", "bias"):  # embeddings or nothing: no per-head geometry
+            return []
         first, second = position_geometry(layer.attention, ctx), position_geometry(self.mixer, ctx)
         shape = [(g.n_heads, g.head_dim) if g is not None else None for g in (first, second)]
         if shape[0] != shape[1]:

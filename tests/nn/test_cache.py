@@ -41,8 +41,9 @@ def _spec(attention=None, position=None, placement=None, **top) -> dict:
         spec["block"]["attention"] = attention
     if position is not None:
         spec["position"] = position
-    if placement is not None:
-        spec["block"]["placement"] = placement
+    if placement is not None:  # a placement holding a mixer of its own (shortcut-moe) gets the block's, as LongCat's
+        has_mixer = "mixer" in placement and attention is not None
+        spec["block"]["placement"] = dict(placement, mixer=attention) if has_mixer else placement
     spec.update(top)
     return spec
 
@@ -88,8 +89,10 @@ def test_cached_decode_equals_full_forward(attention, position, placement):
         got, cache = _run_schedule(model, ids)
         torch.testing.assert_close(got, full, atol=ATOL, rtol=1e-4)
         attn = next(m for m in model.modules() if getattr(m, "modkit_kind", None) == "attention")
-        for layer in cache.layers:  # what the attention declares (keys: n_kv_heads heads, never n_heads); max_len slots
-            state, spec = layer.state(), attn.cache_spec()
+        # what the block's attention declares (keys: n_kv_heads heads, never n_heads); max_len slots. A placement
+        # with a sublayer of its own (shortcut-moe's second attention) keeps that one's state beside it.
+        for layer in cache.layers:
+            state, spec = layer.state(attn), attn.cache_spec()
             slots = {e.name: e.block_slots(n) if e.per_block else spec.slots(n) for e in spec.entries}
             assert {e.name: tuple(state[e.name].shape) for e in spec.entries} == {
                 e.name: e.allocated_shape(2, slots[e.name]) for e in spec.entries
@@ -110,7 +113,8 @@ def test_cached_decode_equals_full_forward(attention, position, placement):
             full = model(ids).logits
             got, cache = _run_schedule(model, ids)
             torch.testing.assert_close(got, full, atol=ATOL, rtol=1e-4)
-            assert all(layer.only.k.shape[2] == 2 for layer in cache.layers)  # a ring of window slots
+            attn = next(m for m in model.modules() if getattr(m, "modkit_kind", None) == "attention")
+            assert all(layer.state(attn).k.shape[2] == 2 for layer in cache.layers)  # a ring of window slots
 
 
 def test_cache_layout_dtype_and_lazy_allocation():

@@ -40,6 +40,7 @@ def test_the_tiny_instance_keeps_one_layer_per_distinct_layer_and_every_number()
         "activation": None,
         "gate_multiplier": 1.0,
         "output_multiplier": 1.0,
+        "activation_sparsity": 0.0,
     }
     assert [o["layers"] for o in tiny["overrides"]] == [[1]]
     assert tiny["overrides"][0]["ffn"]["router"]["routed_scaling_factor"] == 2.5
