@@ -38,6 +38,8 @@ from modkit.plugin import (
     Slot,
 )
 
+from .nested_counts import nested_param_count
+
 
 class ParallelConfig(ComponentConfig):
     """Config of ``parallel``: several token mixers reading the same input, their outputs summed."""
@@ -108,17 +110,7 @@ class Parallel(nn.Module):
 
 
 def _param_count(cfg: ParallelConfig, ctx: BuildContext) -> int:
-    total = 0
-    for m in cfg.mixers:
-        entry = ctx.registry.entry_for_config(m)
-        if entry.param_count is None:  # a mixer without a declaration: count it on meta
-            import torch
-
-            with torch.device("meta"):
-                total += sum(p.numel() for p in entry.factory(m, ctx).parameters())
-        else:
-            total += entry.param_count(m, ctx)
-    return total
+    return sum(nested_param_count(m, ctx) for m in cfg.mixers)
 
 
 _MATH = r"""$$y = \sum_i m^{out}_i\, \mathrm{Mixer}_i\!\left(m^{in}_i\, x\right)$$
