@@ -218,17 +218,19 @@ def test_the_compose_guide_zamba2_fragment_validates_and_counts_the_block_once()
 # ------------------------------------------------------------------- own_norm under every placement
 
 
-def _stream_seen_by_the_mixer(placement: dict) -> tuple[modkit.Model, torch.Tensor, torch.Tensor]:
-    """Layer 1 (side_input) under ``placement``: ``(model, block input, what its side_input module received)``."""
-    s = spec()
-    s["overrides"][0]["placement"] = placement
+def _stream_seen_by_the_mixer(s: dict) -> dict:
+    """Run ``s`` and keep layer 1's block input and output and its mixer's input and output (``"block"``,
+    ``"out"``, ``"mixer"``, ``"mixed"``)."""
     model = built(s)
-    seen = {}
-    model.layers[1].register_forward_pre_hook(lambda m, a: seen.__setitem__("block", a[0]))
-    model.layers[1].attention.register_forward_pre_hook(lambda m, a: seen.__setitem__("mixer", a[0]))
+    seen = {"model": model}
+    block = model.layers[1]
+    block.register_forward_pre_hook(lambda m, a: seen.__setitem__("block", a[0]))
+    block.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out[0]))
+    block.attention.register_forward_pre_hook(lambda m, a: seen.__setitem__("mixer", a[0]))
+    block.attention.register_forward_hook(lambda m, a, out: seen.__setitem__("mixed", out))
     with torch.no_grad():
         model(ids())
-    return model, seen["block"], seen["mixer"]
+    return seen
 
 
 @pytest.mark.parametrize(
@@ -239,21 +241,22 @@ def test_an_own_norm_mixer_reads_the_residual_stream_itself_under_pre_and_parall
     s = spec()
     s["block"]["ffn"] = s["overrides"][0]["ffn"] = {"type": "swiglu", "d_ff": D_FF}
     s["overrides"][0]["placement"] = placement
-    model = built(s)
-    seen = {}
-    model.layers[1].register_forward_pre_hook(lambda m, a: seen.__setitem__("block", a[0]))
-    model.layers[1].attention.register_forward_pre_hook(lambda m, a: seen.__setitem__("mixer", a[0]))
-    with torch.no_grad():
-        model(ids())
+    seen = _stream_seen_by_the_mixer(s)
     assert torch.equal(seen["mixer"], seen["block"])
 
 
 def test_post_keeps_its_norm_after_the_addition_with_an_own_norm_mixer():
     # post's attn_norm normalises x + mixer(x) (after the sublayer), not the mixer's input: it must stay a norm
-    model, block_in, mixer_in = _stream_seen_by_the_mixer({"type": "post"})
-    assert torch.equal(mixer_in, block_in)
-    assert not isinstance(model.layers[1].attn_norm, torch.nn.Identity)
-    assert sum(p.numel() for p in model.layers[1].attn_norm.parameters()) == D
+    s = spec()
+    s["overrides"][0]["placement"] = {"type": "post"}
+    seen = _stream_seen_by_the_mixer(s)
+    norm = seen["model"].layers[1].attn_norm
+    assert torch.equal(seen["mixer"], seen["block"])
+    assert sum(p.numel() for p in norm.parameters()) == D
+    with torch.no_grad():
+        want = norm(seen["block"] + seen["mixed"])
+    assert torch.equal(seen["out"], want)
+    assert not torch.allclose(seen["out"], seen["block"] + seen["mixed"])
 
 
 def test_deepnorm_refuses_an_own_norm_mixer_naming_the_placement():
