@@ -71,8 +71,18 @@ class ParallelConfig(ComponentConfig):
         return None
 
     def check(self, ctx) -> list[tuple[str, str]]:
-        """At least two mixers; one multiplier per mixer."""
+        """At least two mixers; one multiplier per mixer; no mixer that normalises its own input (capability
+        ``own_norm``: ``side_input``), since the placement normalises the hybrid's input for all of them."""
         errors = []
+        for j, m in enumerate(self.mixers):
+            if ctx.registry.entry_for_config(m).capabilities.get("own_norm"):
+                errors.append(
+                    (
+                        f"mixers[{j}]",
+                        f"type {m.type!r} normalises its own input and reads the residual stream itself, but a "
+                        "parallel mixer's mixers read the placement's normalised input; give it a layer of its own",
+                    )
+                )
         if len(self.mixers) < 2:
             errors.append(
                 ("mixers", f"a parallel mixer holds at least two mixers, got {len(self.mixers)}; use the mixer itself")

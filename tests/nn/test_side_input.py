@@ -282,3 +282,13 @@ def test_shortcut_moe_hands_an_own_norm_mixer_the_stream_itself():
     with torch.no_grad():
         model(ids())
     assert torch.equal(seen["mixer"], seen["block"])
+
+
+def test_a_parallel_hybrid_refuses_a_mixer_that_holds_its_own_norm():
+    # the placement's norm reaches every mixer of a parallel hybrid: side_input would read a normalised stream
+    s = spec()
+    s["overrides"][0]["mixer"] = {"type": "parallel", "mixers": [MAMBA, SIDE]}
+    with pytest.raises(modkit.SpecError) as err:
+        modkit.load_spec(s)
+    hits = [m for p, m in err.value.errors if p.endswith("mixers[1]")]
+    assert hits and "'side_input'" in hits[0] and "own input" in hits[0], err.value.errors
