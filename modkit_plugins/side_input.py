@@ -89,7 +89,8 @@ class SideInputConfig(ComponentConfig):
         errors = []
         side = ctx.registry.entry_for_config(self.side_mixer)
         if self.concat_embeddings and not side.capabilities.get("d_in"):
-            able = sorted({e.type for e in ctx.registry.components("attention") if e.capabilities.get("d_in")})
+            kinds = ("attention", "mixer")  # every kind of token mixer
+            able = sorted({e.type for k in kinds for e in ctx.registry.components(k) if e.capabilities.get("d_in")})
             errors.append(
                 (
                     "side_mixer",
