@@ -38,6 +38,8 @@ from modkit.plugin import (
     Slot,
 )
 
+from .nested_counts import nested_param_count
+
 
 class ParallelConfig(ComponentConfig):
     """Config of ``parallel``: several token mixers reading the same input, their outputs summed."""
@@ -69,8 +71,18 @@ class ParallelConfig(ComponentConfig):
         return None
 
     def check(self, ctx) -> list[tuple[str, str]]:
-        """At least two mixers; one multiplier per mixer."""
+        """At least two mixers; one multiplier per mixer; no mixer that normalises its own input (capability
+        ``own_norm``: ``side_input``), since the placement normalises the hybrid's input for all of them."""
         errors = []
+        for j, m in enumerate(self.mixers):
+            if ctx.registry.entry_for_config(m).capabilities.get("own_norm"):
+                errors.append(
+                    (
+                        f"mixers[{j}]",
+                        f"type {m.type!r} normalises its own input and reads the residual stream itself, but a "
+                        "parallel mixer's mixers read the placement's normalised input; give it a layer of its own",
+                    )
+                )
         if len(self.mixers) < 2:
             errors.append(
                 ("mixers", f"a parallel mixer holds at least two mixers, got {len(self.mixers)}; use the mixer itself")
@@ -108,17 +120,7 @@ class Parallel(nn.Module):
 
 
 def _param_count(cfg: ParallelConfig, ctx: BuildContext) -> int:
-    total = 0
-    for m in cfg.mixers:
-        entry = ctx.registry.entry_for_config(m)
-        if entry.param_count is None:  # a mixer without a declaration: count it on meta
-            import torch
-
-            with torch.device("meta"):
-                total += sum(p.numel() for p in entry.factory(m, ctx).parameters())
-        else:
-            total += entry.param_count(m, ctx)
-    return total
+    return sum(nested_param_count(m, ctx) for m in cfg.mixers)
 
 
 _MATH = r"""$$y = \sum_i m^{out}_i\, \mathrm{Mixer}_i\!\left(m^{in}_i\, x\right)$$

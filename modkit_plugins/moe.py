@@ -257,8 +257,8 @@ class MoEConfig(ComponentConfig):
         return self
 
     def check(self, ctx) -> list[tuple[str, str]]:
-        """Cross-field check against the registry: the expert type must be a dense ffn with a grouped form; the
-        shared expert a dense ffn."""
+        """Cross-field check against the registry: the expert type must be a dense ffn with a grouped form and no
+        ``activation_sparsity`` (the grouped form has none); the shared expert a dense ffn."""
         problems = []
         entry = ctx.registry.entry_for_config(self.expert)
         if entry.capabilities.get("aux_loss"):
@@ -275,6 +275,14 @@ class MoEConfig(ComponentConfig):
                     "expert",
                     f"expert type {self.expert.type!r} ({entry.provider}) has no grouped form (Component."
                     f"grouped_factory) to stack n_experts copies; use one that has: {', '.join(able)}, or give it one",
+                )
+            )
+        sparsity = getattr(self.expert, "activation_sparsity", 0.0)  # a gated ffn's Gaussian top-k (Gemma 3n)
+        if sparsity:
+            problems.append(
+                (
+                    "expert.activation_sparsity",
+                    f"= {sparsity}: the stacked experts have no Gaussian top-k; set it to 0 (a dense ffn may keep it)",
                 )
             )
         if self.shared is not None and ctx.registry.entry_for_config(self.shared).capabilities.get("aux_loss"):

@@ -17,9 +17,10 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import torch
 
-from modkit.plugin import BuildContext, ComponentConfig, declared_flops, Workload
+from modkit.plugin import BuildContext, declared_flops, Workload
+
+from .nested_counts import nested_param_count
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .moe import MoEConfig
@@ -49,24 +50,16 @@ def latent_count(cfg: "MoEConfig", d_model: int) -> int:
     return 2 * d_model * cfg.latent_dim + ((cfg.latent_dim + d_model) if cfg.latent_bias else 0)
 
 
-def _nested_count(ctx: BuildContext, config: ComponentConfig) -> int:
-    """A nested component's parameters: its declared ``param_count``, or its module built on meta and counted."""
-    entry = ctx.registry.entry_for_config(config)
-    if entry.param_count is not None:
-        return int(entry.param_count(config, ctx))
-    with torch.device("meta"):
-        return sum(p.numel() for p in ctx.build(config).parameters())
-
-
 def moe_count(cfg: "MoEConfig", ctx: BuildContext) -> int:
     """``n_experts`` experts (at ``latent_dim`` wide when set) + the router (over ``n_experts + n_zero_experts``
     choices; zero experts have no parameters) + the shared expert + the shared gate's ``d_model`` weights + the
     latent projections (:func:`latent_count`)."""
     d = ctx.dim or ctx.d_model
     rctx = replace(ctx, extra={**ctx.extra, "n_experts": cfg.n_experts + cfg.n_zero_experts, "top_k": cfg.top_k})
-    total = cfg.n_experts * _nested_count(expert_context(cfg, ctx), cfg.expert) + _nested_count(rctx, cfg.router)
+    total = cfg.n_experts * nested_param_count(cfg.expert, expert_context(cfg, ctx))
+    total += nested_param_count(cfg.router, rctx)
     if cfg.shared is not None:
-        total += _nested_count(ctx, cfg.shared)
+        total += nested_param_count(cfg.shared, ctx)
     if cfg.shared_gate:
         total += d
     return total + latent_count(cfg, d)

@@ -6,7 +6,9 @@ block's token mixer, whatever its kind (an attention, Mamba-2, Gated DeltaNet, m
 called ``mixer(x, inputs)``. A block without an ffn (``"ffn": null``, Mamba-2) has only the mixer's half, and
 builds no ffn norm; a block whose mixer is ``none`` (capability ``absent``, :mod:`modkit_plugins.no_mixer`) has only
 the ffn's half, and builds no mixer norm; a mixer that normalises its own input (capability ``own_norm``: ``side_input``,
-:mod:`modkit_plugins.hybrid`) gets an identity in place of ``attn_norm``, so it reads the residual stream itself.
+:mod:`modkit_plugins.hybrid`) reads the residual stream itself: an identity stands in place of an ``attn_norm`` that
+feeds the mixer (``pre``, ``sandwich``, ``parallel``, whose shared norm still feeds the ffn), ``post`` keeps its norm
+after the addition, and ``deepnorm``, whose normalised stream is also the residual, refuses such a mixer.
 
 * ``pre``:       ``x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))`` (GPT-2, Llama).
 * ``post``:      ``x = attn_norm(x + attn(x)); x = ffn_norm(x + ffn(x))`` (original Transformer, BERT).
@@ -136,6 +138,21 @@ class DeepNormConfig(ComponentConfig):
     )
     ffn_beta: Multiplier = Field(1.0, description="β_f: the ffn output's weight (mlp_beta_factor)")
 
+    def check_layer(self, layer, ctx) -> list[tuple[str, str]]:
+        """A mixer that normalises its own input (capability ``own_norm``) is refused: deepnorm's ``attn_norm``
+        output is both the mixer's input and the residual, so it can neither be dropped nor kept."""
+        entry = ctx.registry.entry_for_config(layer.attention)
+        if not entry.capabilities.get("own_norm"):
+            return []
+        return [("", f"{OWN_NORM_REFUSAL.format(type=entry.type)}; use placement 'pre' or 'sandwich'")]
+
+
+#: why ``deepnorm`` refuses a mixer that declares ``own_norm`` (:meth:`DeepNormConfig.check_layer`)
+OWN_NORM_REFUSAL = (
+    "placement 'deepnorm' takes the normalised stream as the residual, but mixer {type!r} declares own_norm (it reads "
+    "the stream unnormalised and holds its own norm)"
+)
+
 
 class PreNoResidualConfig(ComponentConfig):
     """Config of ``pre-no-residual``: ``pre`` without the residual adds. An ablation for experiments, not for real
@@ -179,6 +196,9 @@ class _Block(_Residual):
 
     #: the block's modules in order: ``attention``, ``ffn`` and the norms (``attn_*``, ``ffn_*``), see :meth:`_part`
     parts: tuple[str, ...] = ()
+    #: whether ``attn_norm`` normalises the mixer's input (pre, sandwich, parallel), so that a mixer holding its own
+    #: norm (capability ``own_norm``) gets an identity there; ``post``'s normalises the stream after the addition
+    attn_norm_feeds_mixer: bool = True
 
     def __init__(self, ctx: BuildContext, cfg: Optional[ComponentConfig] = None):
         super().__init__(cfg, ctx)
@@ -213,8 +233,8 @@ class _Block(_Residual):
             return None
         if name.startswith("attn_") and is_absent(ctx.attention):
             return None
-        if name == "attn_norm" and owns_norm(ctx.attention):  # the mixer normalises its own input
-            return nn.Identity()
+        if name == "attn_norm" and self.attn_norm_feeds_mixer and owns_norm(ctx.attention):
+            return nn.Identity()  # the mixer normalises its own input
         return ctx.build(ctx.norm)
 
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
@@ -259,6 +279,8 @@ class PostNormBlock(_Block):
     residual_multiplier). ``[b, s, d] -> ([b, s, d], aux)``."""
 
     parts = ("attention", "attn_norm", "ffn", "ffn_norm")
+    #: the mixer reads the stream itself; attn_norm normalises the sum after it, whatever the mixer holds
+    attn_norm_feeds_mixer = False
 
     def _sublayer(self, x: Tensor, side: str, run: _Sublayer) -> tuple[Tensor, Optional[Tensor]]:
         h, aux = run(x)
@@ -331,6 +353,10 @@ class DeepNormBlock(_Block):
     parts = PreNormBlock.parts
 
     def __init__(self, cfg: DeepNormConfig, ctx: BuildContext):
+        """Raises:
+        ValueError: the block's mixer declares ``own_norm`` (spec validation refuses it first, naming the layers)."""
+        if owns_norm(ctx.attention):
+            raise ValueError(OWN_NORM_REFUSAL.format(type=getattr(ctx.attention, "modkit_type", "?")))
         super().__init__(ctx, cfg)
         self.scales = {
             "attn": (float(cfg.attn_alpha), float(cfg.attn_beta)),
@@ -395,7 +421,9 @@ class ParallelBlock(_Block):
             return x + self._add(self.attention(h_attn, inputs)), None
         h_ffn = h_attn if self.ffn_norm is None else self.ffn_norm(x)
         h, aux = run_ffn(self.ffn, h_ffn, inputs)
-        return x + self._add(self.attention(h_attn, inputs)) + self._add(h), aux
+        # a mixer holding its own norm reads the stream itself, also where the shared norm feeds the ffn
+        mixer_in = x if self.shared_norm and owns_norm(self.attention) else h_attn
+        return x + self._add(self.attention(mixer_in, inputs)) + self._add(h), aux
 
 
 #: what a spec using ``peri`` is told (the name changed meaning; see the module docstring)

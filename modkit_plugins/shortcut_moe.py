@@ -12,7 +12,8 @@ config adds the second pair's mixer ``A2`` (``mixer``) and the dense FFN both pa
     h = h + A2(N3(h))
     y = h + D2(N4(h)) + s         # ... and is added after the second pair
 
-``N1`` = attn_norm, ``N2`` = ffn_norm, ``N3`` = attn_2_norm, ``N4`` = ffn_2_norm, built from the block's norm config.
+``N1`` = attn_norm, ``N2`` = ffn_norm, ``N3`` = attn_2_norm, ``N4`` = ffn_2_norm, built from the block's norm config
+(``N1`` or ``N3`` is the identity before a mixer that normalises its own input: capability ``own_norm``).
 The shortcut branch runs beside ``D1``, ``A2`` and ``D2`` (nothing it computes feeds them), so its expert dispatch
 can overlap the second pair's computation: the point of the design (ScMoE, Cai et al. 2024; LongCat-Flash).
 
@@ -40,6 +41,7 @@ from typing import Literal, Optional
 
 from torch import Tensor, nn
 
+from modkit_plugins.no_mixer import owns_norm
 from modkit.plugin import (
     add_aux,
     AttentionInputs,
@@ -121,12 +123,14 @@ class ShortcutMoEBlock(nn.Module):
                 "mixer's position scheme), got the mixer 'none'; give block.attention a mixer or use placement 'pre'"
             )
         self.drop = dropout(ctx.residual_dropout)
-        self.attn_norm = ctx.build(ctx.norm)
+        # a mixer holding its own norm (capability own_norm: side_input) reads the stream itself
+        self.attn_norm = nn.Identity() if owns_norm(ctx.attention) else ctx.build(ctx.norm)
         self.attention = ctx.attention
         self.ffn_norm = ctx.build(ctx.norm)
         self.dense = ctx.build(cfg.dense)
         self.ffn = ctx.ffn
-        self.attn_2_norm = ctx.build(ctx.norm)
+        own = ctx.registry.entry_for_config(cfg.mixer).capabilities.get("own_norm")
+        self.attn_2_norm = nn.Identity() if own else ctx.build(ctx.norm)
         self.attention_2 = ctx.build(cfg.mixer)
         self.ffn_2_norm = ctx.build(ctx.norm)
         self.dense_2 = ctx.build(cfg.dense)

@@ -44,6 +44,8 @@ from modkit.plugin import (
     Workload,
 )
 
+from .nested_counts import nested_param_count
+
 
 class SideInputConfig(ComponentConfig):
     """Config of ``side_input``: a token mixer whose input also receives a side block's projected output."""
@@ -87,7 +89,8 @@ class SideInputConfig(ComponentConfig):
         errors = []
         side = ctx.registry.entry_for_config(self.side_mixer)
         if self.concat_embeddings and not side.capabilities.get("d_in"):
-            able = sorted({e.type for e in ctx.registry.components("attention") if e.capabilities.get("d_in")})
+            kinds = ("attention", "mixer")  # every kind of token mixer
+            able = sorted({e.type for k in kinds for e in ctx.registry.components(k) if e.capabilities.get("d_in")})
             errors.append(
                 (
                     "side_mixer",
@@ -160,21 +163,16 @@ class SideInput(nn.Module):
         return self.mixer(self.input_norm(x + t), inputs)
 
 
-def _count(cfg: ComponentConfig, ctx: BuildContext) -> int:
-    """Parameters of one component: its declaration, else counted on meta."""
-    entry = ctx.registry.entry_for_config(cfg)
-    if entry.param_count is not None:
-        return entry.param_count(cfg, ctx)
-    with torch.device("meta"):
-        return sum(p.numel() for p in entry.factory(cfg, ctx).parameters())
-
-
 def _param_count(cfg: SideInputConfig, ctx: BuildContext) -> int:
     d, width = ctx.d_model, cfg.side_width(ctx.d_model)
-    n = _count(cfg.mixer, ctx) + _count(cfg.norm, ctx) + _count(cfg.norm, replace(ctx, dim=width))
-    n += _count(cfg.side_mixer, replace(ctx, d_in=width if width != d else None))
+    n = (
+        nested_param_count(cfg.mixer, ctx)
+        + nested_param_count(cfg.norm, ctx)
+        + nested_param_count(cfg.norm, replace(ctx, dim=width))
+    )
+    n += nested_param_count(cfg.side_mixer, replace(ctx, d_in=width if width != d else None))
     if cfg.side_ffn is not None:
-        n += _count(cfg.side_ffn, ctx) + _count(cfg.norm, ctx)
+        n += nested_param_count(cfg.side_ffn, ctx) + nested_param_count(cfg.norm, ctx)
     return n + d * d * cfg.proj
 
 

@@ -207,7 +207,8 @@ def update_cache_entries(
     """Store the new tokens' values of any declared per-token cache entries and return everything they may see.
 
     What a mixer with its own cache layout calls (multi-head latent attention stores its latent and its rotated
-    shared key: ``update_cache_entries(inputs, {"latent": c, "k_rope": k_pe}, mixer=self)``).
+    shared key side by side in one entry: ``update_cache_entries(inputs, {"latent": torch.cat([c, k_pe], -1)},
+    mixer=self)``).
 
     Args:
         inputs: the layer's :class:`~modkit.AttentionInputs`.

@@ -167,6 +167,33 @@ class StageModule(nn.Module):
         return Model.head_logits(self, x)
 
 
+def stage_problems(spec: Any) -> list[str]:
+    """What a pipeline stage cannot carry, as ``field = value (why; fix)`` phrases: a stage hands the next one the
+    hidden states ``[batch, seq, d_model]`` alone, so a residual stream of several copies (spec ``stream``: its
+    ``enter`` and ``exit`` and the copies between the blocks) and a mixer that reads the embeddings beside the stream
+    (a config field ``concat_embeddings`` true: ``side_input``, which reads ``AttentionInputs.embeddings``) cannot be
+    cut. Empty: the spec pipelines.
+
+    Source: :class:`StageModule`, which runs the blocks of a stage on that one tensor.
+    """
+    from modkit.nn.documents import mixer_configs
+
+    out = []
+    if getattr(spec, "stream", None) is not None:
+        out.append(
+            f"stream {spec.stream.type!r} (a stage hands the next one [batch, seq, d_model], not the stream's "
+            "copies: drop the stream, or train without --pp)"
+        )
+    for i in range(spec.n_layers):
+        for path, cfg in mixer_configs(spec.layer(i).attention, f"layer {i}.mixer"):
+            if getattr(cfg, "concat_embeddings", False):
+                out.append(
+                    f"{path} of type {cfg.type!r} with concat_embeddings = true (it reads the embeddings, which only "
+                    "the first stage holds: set concat_embeddings false, or train without --pp)"
+                )
+    return out
+
+
 def split_layers(n_layers: int, n_stages: int, cuts: Optional[Sequence[int]] = None) -> list[range]:
     """The layers of each stage: ``cuts`` (layer counts per stage, summing to ``n_layers``) or as even as can be,
     the earlier stages taking one more.
@@ -333,7 +360,8 @@ def build_pipeline(
         loss_fn: ``loss_fn(logits, targets) -> scalar``, per microbatch.
 
     Raises:
-        ParallelError: no ``pp`` dim, a tied head, an unknown schedule, more stages than layers, bad cuts; a
+        ParallelError: no ``pp`` dim, a tied head, a spec a stage cannot carry (:func:`stage_problems`), an unknown
+            schedule, more stages than layers, bad cuts; a
             split-backward schedule with FSDP2 (:func:`check_schedule`); under ``ep``, a model with no experts to
             split or a mixture that cannot be split (named).
     """
@@ -347,6 +375,8 @@ def build_pipeline(
     pp_mesh = mesh["pp"]
     pp, rank = pp_mesh.size(), pp_mesh.get_local_rank()
     model = build(spec, device="meta", seed=seed, registry=registry)
+    if stage_problems(model.spec):
+        raise ParallelError("pipeline parallelism cannot cut this model: " + "; ".join(stage_problems(model.spec)))
     if model.spec.tie_embeddings:
         raise ParallelError(
             "pipeline parallelism cannot cut a model whose head is tied to its embedding (tie_embeddings = true): "

@@ -35,7 +35,8 @@ def check_pipeline_config(config, spec=None) -> None:
 
     Raises:
         TrainError: ``cp`` > 1, ``grad_accum`` > 1, a precision other than float32, ``compile``, a
-            ``spec`` whose head is tied to its embedding.
+            ``spec`` whose head is tied to its embedding, or that a stage cannot carry
+            (:func:`modkit.parallel.pipeline.stage_problems`: a wide residual stream, a mixer reading the embeddings).
     """
     if config.pp <= 1:
         return
@@ -45,6 +46,10 @@ def check_pipeline_config(config, spec=None) -> None:
             "tie_embeddings = true (the head would share the first stage's embedding weight: untie them, or train "
             "without --pp)"
         )
+    if spec is not None:
+        from modkit.parallel.pipeline import stage_problems
+
+        problems += stage_problems(spec)
     if config.cp > 1:
         problems.append(f"cp = {config.cp} (context parallelism with pipeline stages is not supported yet: cp = 1)")
     if config.grad_accum != 1:

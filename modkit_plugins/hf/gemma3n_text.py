@@ -50,6 +50,17 @@ OWN_DEFAULTS = {
     "activation_sparsity_pattern": None,
 }
 
+#: the integer keys of :data:`OWN_DEFAULTS`, read with :meth:`HFConfig.number`; those that must be above 0
+INTEGER_KEYS = (
+    "vocab_size_per_layer_input",
+    "hidden_size_per_layer_input",
+    "altup_active_idx",
+    "altup_num_inputs",
+    "num_kv_shared_layers",
+    "laurel_rank",
+)
+POSITIVE_KEYS = ("vocab_size_per_layer_input", "hidden_size_per_layer_input", "altup_num_inputs", "laurel_rank")
+
 S = "model.layers.{i}."
 TENSORS = (
     W("stream.layer_embed.weight", "model.embed_tokens_per_layer.weight"),
@@ -86,6 +97,10 @@ def read_gemma3n(r: HFConfig, f: dict) -> None:
     and give every attention the value norm."""
     n = f["n_layers"]
     own = {key: r.get(key, default) for key, default in OWN_DEFAULTS.items()}
+    for key in INTEGER_KEYS:  # checked, so a wrong type is an error naming the key (not int()'s raw message)
+        own[key] = r.number(key, OWN_DEFAULTS[key], integer=True, positive=key in POSITIVE_KEYS, minimum=0)
+    own["altup_coef_clip"] = r.number("altup_coef_clip", OWN_DEFAULTS["altup_coef_clip"])
+    own["altup_correct_scale"] = r.flag("altup_correct_scale", OWN_DEFAULTS["altup_correct_scale"])
     if "altup_coef_clip" in r and r.cfg["altup_coef_clip"] is None:  # a present null: no clip (not the default)
         own["altup_coef_clip"] = None
     sparsity = own["activation_sparsity_pattern"]

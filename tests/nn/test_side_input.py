@@ -213,3 +213,82 @@ def test_the_compose_guide_zamba2_fragment_validates_and_counts_the_block_once()
     block = 5120 + 2560 + 3 * 5120 * 5120 + 5120 * 2560 + 3 * 2560 * 10240  # 2 norms, q k v (2d in), o, gate up down
     lora = 128 * 2560 + 2 * 128 * 10240  # one A for gate and up, a B each
     assert modkit.count_params(s) == modkit.count_params(unshared) - 2 * block + 3 * lora
+
+
+# ------------------------------------------------------------------- own_norm under every placement
+
+
+def _stream_seen_by_the_mixer(s: dict) -> dict:
+    """Run ``s`` and keep layer 1's block input and output and its mixer's input and output (``"block"``,
+    ``"out"``, ``"mixer"``, ``"mixed"``)."""
+    model = built(s)
+    seen = {"model": model}
+    block = model.layers[1]
+    block.register_forward_pre_hook(lambda m, a: seen.__setitem__("block", a[0]))
+    block.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out[0]))
+    block.attention.register_forward_pre_hook(lambda m, a: seen.__setitem__("mixer", a[0]))
+    block.attention.register_forward_hook(lambda m, a, out: seen.__setitem__("mixed", out))
+    with torch.no_grad():
+        model(ids())
+    return seen
+
+
+@pytest.mark.parametrize(
+    "placement", [{"type": "pre"}, {"type": "parallel"}, {"type": "parallel", "shared_norm": False}]
+)
+def test_an_own_norm_mixer_reads_the_residual_stream_itself_under_pre_and_parallel(placement):
+    # parallel's shared norm still feeds the ffn; the mixer that holds its own norm reads the stream unnormalised
+    s = spec()
+    s["block"]["ffn"] = s["overrides"][0]["ffn"] = {"type": "swiglu", "d_ff": D_FF}
+    s["overrides"][0]["placement"] = placement
+    seen = _stream_seen_by_the_mixer(s)
+    assert torch.equal(seen["mixer"], seen["block"])
+
+
+def test_post_keeps_its_norm_after_the_addition_with_an_own_norm_mixer():
+    # post's attn_norm normalises x + mixer(x) (after the sublayer), not the mixer's input: it must stay a norm
+    s = spec()
+    s["overrides"][0]["placement"] = {"type": "post"}
+    seen = _stream_seen_by_the_mixer(s)
+    norm = seen["model"].layers[1].attn_norm
+    assert torch.equal(seen["mixer"], seen["block"])
+    assert sum(p.numel() for p in norm.parameters()) == D
+    with torch.no_grad():
+        want = norm(seen["block"] + seen["mixed"])
+    assert torch.equal(seen["out"], want)
+    assert not torch.allclose(seen["out"], seen["block"] + seen["mixed"])
+
+
+def test_deepnorm_refuses_an_own_norm_mixer_naming_the_placement():
+    s = spec()
+    s["overrides"][0]["placement"] = {"type": "deepnorm"}
+    with pytest.raises(modkit.SpecError) as err:
+        modkit.load_spec(s)
+    hits = [(p, m) for p, m in err.value.errors if "own_norm" in m]
+    assert hits and hits[0][0] == "overrides[0].placement", err.value.errors
+    assert "side_input" in hits[0][1] and "'pre'" in hits[0][1]
+
+
+def test_shortcut_moe_hands_an_own_norm_mixer_the_stream_itself():
+    s = spec()
+    s["overrides"][0]["ffn"] = {"type": "swiglu", "d_ff": D_FF}
+    s["overrides"][0]["placement"] = {"type": "shortcut-moe", "mixer": SIDE, "dense": {"type": "swiglu", "d_ff": 16}}
+    model = built(s)
+    block = model.layers[1]
+    assert isinstance(block.attn_norm, torch.nn.Identity) and isinstance(block.attn_2_norm, torch.nn.Identity)
+    seen = {}
+    block.register_forward_pre_hook(lambda m, a: seen.__setitem__("block", a[0]))
+    block.attention.register_forward_pre_hook(lambda m, a: seen.__setitem__("mixer", a[0]))
+    with torch.no_grad():
+        model(ids())
+    assert torch.equal(seen["mixer"], seen["block"])
+
+
+def test_a_parallel_hybrid_refuses_a_mixer_that_holds_its_own_norm():
+    # the placement's norm reaches every mixer of a parallel hybrid: side_input would read a normalised stream
+    s = spec()
+    s["overrides"][0]["mixer"] = {"type": "parallel", "mixers": [MAMBA, SIDE]}
+    with pytest.raises(modkit.SpecError) as err:
+        modkit.load_spec(s)
+    hits = [m for p, m in err.value.errors if p.endswith("mixers[1]")]
+    assert hits and "'side_input'" in hits[0] and "own input" in hits[0], err.value.errors

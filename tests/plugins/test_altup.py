@@ -235,3 +235,16 @@ def test_gemma3n_config_keys_convert_both_ways():
     for key in ("intermediate_size", "activation_sparsity_pattern", "altup_coef_clip", "num_kv_shared_layers"):
         assert back[key] == cfg[key], key
     assert modkit.from_hf_config({**cfg, **back}).to_dict() == spec.to_dict()
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("laurel_rank", "64x"), ("num_kv_shared_layers", "two"), ("altup_num_inputs", [4]), ("altup_coef_clip", "big")],
+)
+def test_gemma3n_own_keys_of_the_wrong_type_are_spec_errors_naming_the_key(key, value):
+    # not a raw ValueError or TypeError from int() / float()
+    cfg = reference_config().to_dict()
+    cfg[key] = value
+    with pytest.raises(modkit.SpecError) as err:
+        modkit.from_hf_config(cfg)
+    assert any(path == key for path, _ in err.value.errors), err.value.errors

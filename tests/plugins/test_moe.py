@@ -402,6 +402,16 @@ def test_bad_moe_fields(change, needle):
     assert needle in str(err.value)
 
 
+def test_an_expert_with_activation_sparsity_is_refused_at_validation():
+    # the stacked experts have no Gaussian top-k: validation refuses it where the build used to raise
+    d = _tiny_dict()
+    d["block"]["ffn"]["expert"]["activation_sparsity"] = 0.5
+    with pytest.raises(modkit.SpecError) as err:
+        modkit.load_spec(d)
+    hits = [m for p, m in err.value.errors if p == "block.ffn.expert.activation_sparsity"]
+    assert hits and "0.5" in hits[0] and "set it to 0" in hits[0], err.value.errors
+
+
 def test_spec_round_trip():
     spec = modkit.load_spec(TINY)
     again = modkit.load_spec(spec.to_json())

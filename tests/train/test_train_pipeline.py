@@ -123,3 +123,29 @@ def test_pipeline_refuses_a_tied_head_before_anything_is_written():
     with pytest.raises(TrainError, match="pp = 2: not supported with tie_embeddings = true"):
         check_pipeline_config(TrainConfig(**{**CONFIG, "pp": 2}), spec)
     check_pipeline_config(TrainConfig(**{**CONFIG, "pp": 1}), spec)  # one stage: nothing to cut
+
+
+def test_pipeline_refuses_a_wide_residual_stream_and_a_mixer_reading_the_embeddings():
+    # a stage hands the next one [batch, seq, d_model] alone: no stream copies, no embeddings beside it
+    from modkit.spec.load import load_spec
+
+    spec = load_spec(REPO / "specs" / "deepseek-v4.json")
+    assert spec.stream is not None
+    with pytest.raises(TrainError, match=r"pp = 2: not supported with stream 'mhc'"):
+        check_pipeline_config(TrainConfig(**{**CONFIG, "pp": 2}), spec)
+    side = json.loads(json.dumps(CONFIG["model"]))
+    side["overrides"] = [
+        {
+            "layers": [1],
+            "mixer": {
+                "type": "side_input",
+                "mixer": {"type": "mamba2", "d_state": 8, "head_dim": 8, "chunk_size": 4},
+                "side_mixer": {"type": "gqa", "n_heads": 4, "n_kv_heads": 2},
+                "norm": {"type": "rmsnorm"},
+            },
+        }
+    ]
+    with pytest.raises(TrainError, match=r"layer 1\.mixer .*concat_embeddings = true"):
+        check_pipeline_config(TrainConfig(**{**CONFIG, "pp": 2}), load_spec(side))
+    side["overrides"][0]["mixer"]["concat_embeddings"] = False
+    check_pipeline_config(TrainConfig(**{**CONFIG, "pp": 2}), load_spec(side))
