@@ -67,8 +67,9 @@ def _reference(bench: Bench, shared: nn.Module, reader: nn.Module) -> tuple[nn.M
     mixers = _layer_mixers(bench, records)
     missing = plain.load_state_dict(shared.state_dict(), strict=False).missing_keys
     names = tuple(getattr(reader, "kv_modules", ()))
-    prefix = {n: m for n, m in plain.named_modules()}
-    owner = next(n for n, m in prefix.items() if m is mixers[1])
+    owner = next((n for n, m in plain.named_modules() if m is mixers.get(1)), None)
+    if owner is None:
+        raise CheckFailed("the plain tiny model holds no module of the component in layer 1 to compare the reader with")
     dropped = {f"{owner}.{n}" for n in names}
     stray = [k for k in missing if not any(k.startswith(d + ".") for d in dropped)]
     if stray:
@@ -109,6 +110,11 @@ def check_kv_share(bench: Bench) -> str:
     except (SpecError, ValueError) as exc:
         raise CheckFailed(f"a model with layer 1 reading layer 0's keys and values does not build: {exc}") from None
     mixers = _layer_mixers(bench, records)
+    if not {0, 1} <= set(mixers):
+        raise CheckFailed(
+            f"the tiny model's layers hold the component in layers {sorted(mixers)}; the check needs it in layers 0 "
+            "(the source) and 1 (the reader)"
+        )
     plain, plain_mixers = _reference(bench, shared, mixers[1])
     own = sum(s.bytes_per_token(torch.float32) for s in shared.cache_layout()[1].values())
     if own:
