@@ -116,38 +116,82 @@ def _thetas(r: HFConfig, own: dict) -> tuple[float, float]:
     return main, compress
 
 
+#: the integer keys of :data:`OWN_DEFAULTS`
+INTEGERS = (
+    "head_dim",
+    "q_lora_rank",
+    "sliding_window",
+    "o_groups",
+    "o_lora_rank",
+    "index_n_heads",
+    "index_head_dim",
+    "index_topk",
+    "hc_mult",
+    "hc_sinkhorn_iters",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+)
+#: the older keys ``DeepseekV4Config.__post_init__`` folds into the current ones (published checkpoints hold them)
+LEGACY = ("compress_ratios", "compress_rate_csa", "compress_rate_hca", "num_hash_layers")
+#: ``compress_ratios``' per-layer values (``_COMPRESS_RATIO_TO_LAYER_TYPE``)
+RATIO_TYPES = {0: SLIDING, 4: CSA, 128: HCA}
+
+
+def _rates(r: HFConfig, own: dict, legacy: dict) -> dict[str, int]:
+    """``compress_rates`` over :data:`COMPRESS_RATES`, then the legacy ``compress_rate_csa`` / ``_hca``."""
+    given = own["compress_rates"]
+    if given is not None and not isinstance(given, dict):
+        r.error("compress_rates", f"must map {CSA!r} and {HCA!r} to block sizes, got {_text(given)}")
+        given = None
+    rates = {**COMPRESS_RATES, **{k: v for k, v in (given or {}).items() if k in COMPRESS_RATES}}
+    for kind, key in ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca")):
+        if legacy[key] is not None:
+            rates[kind] = legacy[key]
+    return {k: r.check_number(f"compress_rates.{k}", v, COMPRESS_RATES[k], integer=True) for k, v in rates.items()}
+
+
+def _layer_kinds(r: HFConfig, own: dict, legacy: dict, n: int) -> tuple[list[str], list[str]]:
+    """Each layer's attention kind (``layer_types``, else the legacy per-layer ``compress_ratios`` 0 / 4 / 128, else
+    the default pattern) and router kind (``mlp_layer_types``, else ``num_hash_layers`` hash layers first)."""
+    types, ratios = own["layer_types"], legacy["compress_ratios"]
+    if types is None and ratios is not None:
+        if not isinstance(ratios, list) or len(ratios) < n or set(ratios[:n]) - set(RATIO_TYPES):
+            r.error("compress_ratios", f"must list 0, 4 or 128 for each of the {n} layers, got {_text(ratios)}")
+        else:
+            types = [RATIO_TYPES[x] for x in ratios[:n]]
+    kinds = _default_layer_types(n) if types is None else _list_of(r, "layer_types", types, n, (HCA, CSA, SLIDING))
+    mlp = own["mlp_layer_types"]
+    hashed = HASH_LAYERS if legacy["num_hash_layers"] is None else legacy["num_hash_layers"]
+    hashed = r.check_number("num_hash_layers", hashed, HASH_LAYERS, integer=True, positive=False)
+    default_mlp = ["hash_moe"] * min(n, hashed) + ["moe"] * max(0, n - hashed)
+    return kinds, default_mlp if mlp is None else _list_of(r, "mlp_layer_types", mlp, n, ("moe", "hash_moe"))
+
+
 def read_deepseek_v4(r: HFConfig, f: dict) -> None:
-    """Read the keys of :data:`OWN_DEFAULTS` into ``f["deepseek_v4"]``: per-layer attention and router kinds,
-    compression rates, RoPE bases and rotated width, the stream and the experts."""
+    """Read the keys of :data:`OWN_DEFAULTS` (and :data:`LEGACY`) into ``f["deepseek_v4"]``: per-layer attention
+    and router kinds, compression rates, RoPE bases and rotated width, the stream and the experts; every problem is
+    recorded in ``r`` naming the key."""
     n = f["n_layers"]
     own = {key: r.get(key, default) for key, default in OWN_DEFAULTS.items()}
-    for key in ("head_dim", "q_lora_rank", "sliding_window", "o_groups", "o_lora_rank", "index_n_heads"):
+    legacy = {key: r.get(key) for key in LEGACY}
+    for key in INTEGERS:
         own[key] = r.check_number(key, own[key], OWN_DEFAULTS[key], integer=True)
-    for key in ("index_head_dim", "index_topk", "hc_mult", "hc_sinkhorn_iters", "n_routed_experts"):
-        own[key] = r.check_number(key, own[key], OWN_DEFAULTS[key], integer=True)
-    for key in ("num_experts_per_tok", "moe_intermediate_size"):
-        own[key] = r.check_number(key, own[key], OWN_DEFAULTS[key], integer=True)
-    rates = {**COMPRESS_RATES, **(own["compress_rates"] if isinstance(own["compress_rates"], dict) else {})}
-    if own["compress_rates"] is not None and not isinstance(own["compress_rates"], dict):
-        r.error("compress_rates", f"must map {CSA!r} and {HCA!r} to block sizes, got {_text(own['compress_rates'])}")
-    own["rates"] = {
-        k: r.check_number(f"compress_rates.{k}", v, COMPRESS_RATES[k], integer=True)
-        for k, v in rates.items()
-        if k in COMPRESS_RATES
-    }
-    types = own["layer_types"]
-    own["types"] = (
-        _default_layer_types(n) if types is None else _list_of(r, "layer_types", types, n, (HCA, CSA, SLIDING))
-    )
-    mlp = own["mlp_layer_types"]
-    default_mlp = ["hash_moe"] * min(n, HASH_LAYERS) + ["moe"] * max(0, n - HASH_LAYERS)
-    own["mlp"] = default_mlp if mlp is None else _list_of(r, "mlp_layer_types", mlp, n, ("moe", "hash_moe"))
+    own["rates"] = _rates(r, own, legacy)
+    own["types"], own["mlp"] = _layer_kinds(r, own, legacy, n)
     factor = own["partial_rotary_factor"]
     if factor is None:
         factor = own["qk_rope_head_dim"] / own["head_dim"] if own["qk_rope_head_dim"] else 64 / 512
     if isinstance(own["rope_parameters"], dict):  # the nested dicts carry the factor too
         factor = (own["rope_parameters"].get("main") or {}).get("partial_rotary_factor", factor)
     own["rope_dim"] = int(own["head_dim"] * factor)
+    if not 0 < own["rope_dim"] <= own["head_dim"] or own["rope_dim"] % 2:
+        r.error(
+            "partial_rotary_factor",
+            f"= {factor} rotates {own['rope_dim']} of {own['head_dim']} features; "
+            "give a factor that rotates an even number of features, at least 2 and at most head_dim",
+        )
+        own["rope_dim"] = own["head_dim"]
     own["thetas"] = _thetas(r, own)
     f["deepseek_v4"] = own
 
@@ -242,16 +286,21 @@ def _layer_type(att) -> str:
     return CSA if att.overlap else HCA
 
 
-def write_deepseek_v4(spec) -> dict:
-    """The config keys of :data:`OWN_DEFAULTS` (and the head count) for a validated ``spec``."""
+def write_deepseek_v4(spec, base: Mapping[str, Any]) -> dict:
+    """The config keys of :data:`OWN_DEFAULTS` (and the head count) for a validated ``spec``; a RoPE base no layer
+    uses (the main one without sliding layers) is the source config ``base``'s, else the default."""
     layers = [spec.layer(i) for i in range(spec.n_layers)]
     atts, ffns = [x.attention for x in layers], [x.ffn for x in layers]
     types = [_layer_type(a) for a in atts]
     att = atts[0]
     csa = next((a for a in atts if _layer_type(a) == CSA), None)
     hca = next((a for a in atts if _layer_type(a) == HCA), None)
-    main = next((a.rope_theta for a in atts if a.compress_ratio is None), OWN_DEFAULTS["rope_theta"])
-    compress = next((a.rope_theta for a in atts if a.compress_ratio is not None), OWN_DEFAULTS["compress_rope_theta"])
+    main = next((a.rope_theta for a in atts if a.compress_ratio is None), None)
+    main = (base.get("rope_theta") or OWN_DEFAULTS["rope_theta"]) if main is None else main
+    compress = next((a.rope_theta for a in atts if a.compress_ratio is not None), None)
+    compress = (
+        (base.get("compress_rope_theta") or OWN_DEFAULTS["compress_rope_theta"]) if compress is None else compress
+    )
     factor = att.rope_dim / att.head_dim
     moe, expert = ffns[0], ffns[0].expert
     out = {
@@ -304,7 +353,7 @@ class DeepseekV4Type(HFType):
     def to_config(self, spec, base: Mapping[str, Any]) -> dict:
         """The architecture keys of the config for ``spec``: the table's, then :func:`write_deepseek_v4`'s."""
         cfg = super().to_config(spec, base)
-        cfg.update(write_deepseek_v4(spec))
+        cfg.update(write_deepseek_v4(spec, base))
         return cfg
 
 
@@ -380,7 +429,7 @@ DEEPSEEK_V4 = DeepseekV4Type(
         "rms_norm_eps": Key("eps", 1e-6, kind="number"),
         "tie_word_embeddings": Key("tie_embeddings", False, kind="flag"),
         "initializer_range": Key("init_std", 0.02, kind="number"),
-        "head_dim": Own(tuple(OWN_DEFAULTS), _OWN_NOTE),
+        "head_dim": Own((*OWN_DEFAULTS, *LEGACY), _OWN_NOTE),
         "num_key_value_heads": Refuse(1, "one key/value head serves every query head (DeepseekV4Attention)"),
         "hidden_act": Refuse("silu", "the experts are clamped SwiGLUs (DeepseekV4MLP, DeepseekV4Experts)"),
         "scoring_func": Refuse("sqrtsoftplus", "the routers score experts by sqrt(softplus(logits))"),
