@@ -429,7 +429,20 @@ DEEPSEEK_V4 = DeepseekV4Type(
         "rms_norm_eps": Key("eps", 1e-6, kind="number"),
         "tie_word_embeddings": Key("tie_embeddings", False, kind="flag"),
         "initializer_range": Key("init_std", 0.02, kind="number"),
-        "head_dim": Own((*OWN_DEFAULTS, *LEGACY), _OWN_NOTE),
+        "head_dim": Own(
+            (*OWN_DEFAULTS, *LEGACY),
+            _OWN_NOTE,
+            # the features those keys switch on, for the reference page (the own code writes the spec parts)
+            fields=(
+                "sliding_window",
+                "sinks",
+                "moe",
+                "shared_d_ff",
+                "correction_bias",
+                "routed_scaling_factor",
+                "expert_clamp",
+            ),
+        ),
         "num_key_value_heads": Refuse(1, "one key/value head serves every query head (DeepseekV4Attention)"),
         "hidden_act": Refuse("silu", "the experts are clamped SwiGLUs (DeepseekV4MLP, DeepseekV4Experts)"),
         "scoring_func": Refuse("sqrtsoftplus", "the routers score experts by sqrt(softplus(logits))"),

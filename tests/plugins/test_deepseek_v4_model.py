@@ -73,6 +73,32 @@ def test_transformers_defaults_convert_to_the_flagship_spec():
     assert _convert({"model_type": "deepseek_v4"}).to_dict() == spec.to_dict()  # the table's defaults agree
 
 
+@pytest.mark.parametrize(
+    "layer_types",
+    [
+        None,  # the flagship's pattern
+        ["sliding_attention"] * 4,  # no compressed layer: compress_rates and the indexer keep their values
+        ["compressed_sparse_attention", "sliding_attention", "heavily_compressed_attention", "sliding_attention"],
+    ],
+)
+def test_the_written_config_converts_back_to_the_same_spec(layer_types):
+    """What an export writes (the table's keys and the own ones) reads back as the same network, and transformers
+    builds from it the model of the same parameter count."""
+    from modkit_plugins.hf.deepseek_v4 import DEEPSEEK_V4
+
+    source = dict(HF, layer_types=layer_types, rope_theta=20000.0, compress_rope_theta=80000.0)
+    if layer_types is None:
+        source = {k: v for k, v in transformers.DeepseekV4Config().to_dict().items() if k != "transformers_version"}
+    spec = _convert({**source, "model_type": "deepseek_v4"})
+    written = DEEPSEEK_V4.to_config(spec, source)
+    assert spec_differences(_convert({"model_type": "deepseek_v4", **written}), spec) == []
+    if layer_types is not None:  # a RoPE base no layer uses is still the source's
+        assert (written["rope_theta"], written["compress_rope_theta"]) == (20000.0, 80000.0)
+        with torch.device("meta"):
+            hf = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV4Config(**written))
+        assert sum(p.numel() for p in hf.parameters()) == modkit.count_params(spec)
+
+
 def test_legacy_keys_read_as_transformers_reads_them():
     """``compress_ratios`` (per layer 0 / 4 / 128), ``compress_rate_csa`` and ``num_hash_layers``, which published
     checkpoints hold and ``DeepseekV4Config`` folds into ``layer_types``, ``compress_rates``, ``mlp_layer_types``."""
