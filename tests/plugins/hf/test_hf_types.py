@@ -1174,8 +1174,9 @@ def one_thread():
 
 def _perturb_saved_buffers(hf) -> None:
     """Saved float buffers off their init too (DeepSeek-V3's ``e_score_correction_bias``, zeros at init, which then
-    changes which experts are chosen), and DeepSeek-V4's token -> experts tables distinct random experts, seeded; not the tables the converter declares computed from the config
-    (its ``keep`` rows: MiniMax's lightning-attention decays), which no checkpoint holds other than so."""
+    changes which experts are chosen) and DeepSeek-V4's token -> experts tables (``tid2eid``, zeros at init) distinct
+    random experts, seeded; not the tables the converter declares computed from the config (its ``keep`` rows:
+    MiniMax's lightning-attention decays), which no checkpoint holds other than so."""
     g = torch.Generator().manual_seed(3)
     recomputed = [re.compile(p) for p, _ in modkit.get_registry().hf_converter(hf.config.model_type).declaration.keep]
     saved = {n for n in hf.state_dict() if not any(p.fullmatch(n) for p in recomputed)}
