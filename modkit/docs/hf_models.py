@@ -135,7 +135,7 @@ def _summary_section(info: _Types) -> list[str]:
     for t in info.types:
         spec, _ = info.conversions[t]
         if spec is None:
-            rows.append((f"[`{t}`](#{t})", "–", "–", "–", "–", "–", "–", info.gallery_links(t), info.parent_link(t)))
+            rows.append((f"[`{t}`](#{t})", "–", "–", "–", "–", "–", "–", info.gallery_links(t)))
             continue
         layer = spec.layer(0)
         weights = "yes" if registry.hf_converter(t).weights is not None else "no"
@@ -151,10 +151,10 @@ def _summary_section(info: _Types) -> list[str]:
                 info.comp("position", spec.position.type),
                 weights,
                 info.gallery_links(t),
-                info.parent_link(t),
             )
         )
-    header = ("model type", "token mixer", "ffn", "norm", "placement", "position", "weights", "gallery", "derives from")
+    # the model type each derives from is in its section ("derives from"): as a column it overflowed the page
+    header = ("model type", "token mixer", "ffn", "norm", "placement", "position", "weights", "gallery")
     what = (
         "also maps checkpoint tensors (safetensors) both ways, so `modkit convert hf FOLDER` brings the weights "
         "along and `modkit convert modkit --to hf` writes a folder transformers loads."

@@ -318,7 +318,8 @@ def _hf_state(
     from modkit.nn.build import build
     from modkit.io.checkpoint import gather
 
-    shapes = {k: tuple(v.shape) for k, v in build(spec, device="meta", registry=reg).state_dict().items()}
+    state = build(spec, device="meta", registry=reg).state_dict()
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
     links = mapper.links(spec, shapes, config)
     left_out = tuple(getattr(mapper, "left_out", ()))
     _notice_left_out(source, left_out, model_type)
@@ -330,6 +331,7 @@ def _hf_state(
         aliases=getattr(mapper, "aliases", ()),
         what=f"Hugging Face {model_type} checkpoint",
         skip=left_out,
+        integer=[k for k, v in state.items() if not v.is_floating_point()],
     )
 
 

@@ -1,16 +1,18 @@
 """DeepSeek-V4 written as a modkit spec (``specs/deepseek-v4.json``): its parameter count equals transformers' on
-meta, and a tiny version of the same spec, given a tiny random ``DeepseekV4ForCausalLM``'s weights, computes its
-float32 logits within 1e-5 and its greedy tokens with the cache.
+meta, the ``deepseek_v4`` converter reads transformers' class defaults as that very spec (and legacy keys as
+transformers reads them), and a tiny random ``DeepseekV4ForCausalLM`` loaded with ``modkit.from_hf`` computes its
+float32 logits within 1e-5 and its greedy tokens with the cache over a sequence of several windows.
 
 The parts: the ``mhc`` stream (4 copies), ``compressed_attention`` (heavily compressed and compressed-sparse layers
 with a lightning indexer), mixtures of ``swiglu_clamped`` experts (alpha 1, up_offset 0: DeepSeek-V4's clamp) with a
-shared one, routed by token id (``hash``) on the first layer and by ``sqrtsoftplus_topk`` with a correction bias on
-the others. Weights are mapped by hand here (the rows a converter would declare).
+shared one, routed by token id (``hash``) on the first layers and by ``sqrtsoftplus_topk`` with a correction bias on
+the others. The six checks of every converter on a left-padded batch and the export run in
+``tests/plugins/hf/test_hf_types.py`` (fixture ``deepseek_v4``).
 """
 
 from __future__ import annotations
 
-import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ import torch
 
 import modkit
 from modkit.inference.generate import generate
+from modkit_plugins.hf._weights import spec_differences
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,68 +52,12 @@ HF = dict(
     bos_token_id=1,
     eos_token_id=None,
 )
-SIZES = dict(n_heads=4, head_dim=16, q_lora_rank=12, rope_dim=8, window=4, o_groups=2, o_lora_rank=8)
 
 
-def _tiny_spec() -> dict:
-    """The flagship spec at the sizes of :data:`HF`: HCA (m 4) on even layers, CSA (m 2, indexer 8 x 8 keeping 2)
-    on odd ones, 4 experts of 16 top-2, token-id routing on layer 0."""
-    s = json.loads(SPEC.read_text())
-    s.update(vocab_size=97, d_model=32, n_layers=4, max_seq_len=64)
-    s["block"]["attention"].update(SIZES, compress_ratio=4)
-    s["overrides"][0]["attention"].update(SIZES, compress_ratio=2, index_n_heads=8, index_head_dim=8, index_topk=2)
-    s["overrides"][0]["layers"] = {"start": 1, "step": 2}
-    s["overrides"][1]["layers"] = {"stop": 1}
-    for f in (s["block"]["ffn"], s["overrides"][1]["ffn"]):
-        f.update(n_experts=4, top_k=2, expert=dict(f["expert"], d_ff=16), shared=dict(f["shared"], d_ff=16))
-    return s
-
-
-RENAMES = (
-    ("attention.indexer.compressor.", "self_attn.compressor.indexer."),
-    ("attention.indexer.weights_proj", "self_attn.compressor.indexer.scorer.weights_proj"),
-    ("attention.indexer.", "self_attn.compressor.indexer."),
-    ("attention.", "self_attn."),
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
-    ("ffn.shared.gate", "mlp.shared_experts.gate_proj"),
-    ("ffn.shared.up", "mlp.shared_experts.up_proj"),
-    ("ffn.shared.down", "mlp.shared_experts.down_proj"),
-    ("ffn.router.proj", "mlp.gate"),
-    ("ffn.router.table", "mlp.gate.tid2eid"),
-    ("ffn.router.correction_bias", "mlp.gate.e_score_correction_bias"),
-)
-
-
-def _hf_name(name: str) -> str:
-    """transformers' state-dict name of a modkit parameter or buffer (experts apart)."""
-    for a, b in RENAMES:
-        name = name.replace(a, b)
-    if name.endswith(("q_a_norm", "kv_norm")):
-        name += ".weight"
-    top = {"final_norm.weight": "model.norm.weight", "embed.weight": "model.embed_tokens.weight"}
-    if name.startswith("stream."):
-        return "model.hc_head." + name[len("stream.") :]
-    return top.get(name, "model." + name if name.startswith("layers.") else name)
-
-
-def _load(model, hf) -> None:
-    """Copy transformers' weights into ``model``: experts' fused ``gate_up_proj [E, 2I, d]`` split and transposed to
-    modkit's ``[E, d, I]``, ``down_proj [E, d, I]`` transposed."""
-    sd = hf.state_dict()
-    with torch.no_grad():
-        for n, t in [*model.named_parameters(), *model.named_buffers()]:
-            if n.endswith("expert_load"):  # modkit's balance statistics: no transformers counterpart
-                continue
-            if ".ffn.experts." in n:
-                i, part = n.split(".")[1], n.split(".")[-1]
-                gu, down = (sd[f"model.layers.{i}.mlp.experts.{k}"] for k in ("gate_up_proj", "down_proj"))
-                half = gu.shape[1] // 2
-                src = {"gate": gu[:, :half], "up": gu[:, half:], "down": down}[part].transpose(1, 2)
-            else:
-                src = sd[_hf_name(n)]
-            assert src.shape == t.shape, n
-            t.copy_(src)
+def _convert(cfg: dict):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return modkit.from_hf_config(cfg)
 
 
 def test_flagship_spec_counts_transformers_parameters():
@@ -120,7 +67,69 @@ def test_flagship_spec_counts_transformers_parameters():
     assert sum(p.numel() for p in hf.parameters() if p.requires_grad) == FLAGSHIP
 
 
-def test_tiny_model_equals_transformers_logits_and_greedy_tokens():
+def test_transformers_defaults_convert_to_the_flagship_spec():
+    spec = _convert(transformers.DeepseekV4Config().to_dict())
+    assert spec_differences(spec, modkit.load_spec(SPEC)) == []
+    assert _convert({"model_type": "deepseek_v4"}).to_dict() == spec.to_dict()  # the table's defaults agree
+
+
+@pytest.mark.parametrize(
+    "layer_types",
+    [
+        None,  # the flagship's pattern
+        ["sliding_attention"] * 4,  # no compressed layer: compress_rates and the indexer keep their values
+        ["compressed_sparse_attention", "sliding_attention", "heavily_compressed_attention", "sliding_attention"],
+    ],
+)
+def test_the_written_config_converts_back_to_the_same_spec(layer_types):
+    """What an export writes (the table's keys and the own ones) reads back as the same network, and transformers
+    builds from it the model of the same parameter count."""
+    from modkit_plugins.hf.deepseek_v4 import DEEPSEEK_V4
+
+    source = dict(HF, layer_types=layer_types, rope_theta=20000.0, compress_rope_theta=80000.0)
+    if layer_types is None:
+        source = {k: v for k, v in transformers.DeepseekV4Config().to_dict().items() if k != "transformers_version"}
+    spec = _convert({**source, "model_type": "deepseek_v4"})
+    written = DEEPSEEK_V4.to_config(spec, source)
+    assert spec_differences(_convert({"model_type": "deepseek_v4", **written}), spec) == []
+    if layer_types is not None:  # a RoPE base no layer uses is still the source's
+        assert (written["rope_theta"], written["compress_rope_theta"]) == (20000.0, 80000.0)
+        with torch.device("meta"):
+            hf = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV4Config(**written))
+        assert sum(p.numel() for p in hf.parameters()) == modkit.count_params(spec)
+
+
+def test_legacy_keys_read_as_transformers_reads_them():
+    """``compress_ratios`` (per layer 0 / 4 / 128), ``compress_rate_csa`` and ``num_hash_layers``, which published
+    checkpoints hold and ``DeepseekV4Config`` folds into ``layer_types``, ``compress_rates``, ``mlp_layer_types``."""
+    legacy = dict(HF, layer_types=None, mlp_layer_types=None, compress_rates=None)
+    legacy.update(compress_ratios=[128, 4, 0, 4], compress_rate_csa=2, num_hash_layers=2)
+    ours = _convert({"model_type": "deepseek_v4", **legacy})
+    theirs = _convert(transformers.DeepseekV4Config(**legacy).to_dict())
+    assert spec_differences(ours, theirs) == []
+    kinds = [(a.compress_ratio, a.rope_theta) for a in (ours.layer(i).attention for i in range(4))]
+    assert kinds == [(128, 160000.0), (2, 160000.0), (None, 10000.0), (2, 160000.0)]
+    assert [ours.layer(i).ffn.router.type for i in range(4)] == ["hash"] * 2 + ["sqrtsoftplus_topk"] * 2
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (
+            {"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]},
+            "layer_types",
+        ),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 16.0}}, "rope_parameters.compress.rope_type"),
+        ({"num_key_value_heads": 2}, "num_key_value_heads"),
+        ({"scoring_func": "sigmoid"}, "scoring_func"),
+    ],
+)
+def test_configs_it_cannot_express_are_refused_naming_the_key(change, key):
+    with pytest.raises(modkit.SpecError, match=key.replace(".", r"\.")):
+        _convert({"model_type": "deepseek_v4", **HF, **change})
+
+
+def test_tiny_model_loaded_with_from_hf_equals_transformers_logits_and_greedy_tokens(tmp_path):
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV4Config(**HF), attn_implementation="eager")
     hf.eval()
@@ -134,9 +143,9 @@ def test_tiny_model_equals_transformers_logits_and_greedy_tokens():
                 b.copy_(torch.stack([first, (first + 1) % 4], dim=-1))
             elif n.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn(b.shape, generator=g) * 0.2)
-    model = modkit.build(modkit.load_spec(_tiny_spec())).eval()
+    hf.save_pretrained(tmp_path)
+    model = modkit.from_hf(tmp_path).eval()
     assert modkit.count_params(model) == sum(p.numel() for p in hf.parameters())
-    _load(model, hf)
     ids = torch.randint(2, 97, (2, 13), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         diff = (model(ids).logits - hf(ids).logits).abs().max().item()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -15,6 +15,9 @@ from modkit.core.errors import CheckpointError
 
 from .files import _LOADABLE_CODES, _fmt_names
 from .source import TensorSource
+
+#: safetensors codes of the integer types an index table (``integer`` in :func:`gather`) may be stored as
+_INTEGER_CODES = ("I64", "I32", "I16", "I8", "U8")
 
 if TYPE_CHECKING:
     from modkit.nn.model import Model
@@ -159,8 +162,12 @@ def gather(
     aliases: Sequence[tuple[str, str]] = (),
     what: str = "the checkpoint",
     skip: Sequence[str] = (),
+    integer: Collection[str] = (),
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Read ``source`` through ``links`` into a modkit state dict, checking everything first.
+
+    ``integer`` names the modkit tensors that hold integers (index tables), which a checkpoint may store as an
+    integer type (any other tensor must be stored as a floating type).
 
     Stored tensors whose names start with a prefix of ``skip`` (parts of the checkpoint outside the model, declared
     by the caller, which says so: :func:`modkit.from_hf`) are neither read nor reported as unexpected.
@@ -178,7 +185,7 @@ def gather(
     expected = expected_foreign_shapes(links, shapes)
     keep_res = [(re.compile(p), why) for p, why in keep]
     problems = _Problems()
-    used = problems.check_links(links, source, aliases, expected)
+    used = problems.check_links(links, source, aliases, expected, integer)
     extras: dict[str, str] = {}
     used_real = set(used.values())
     for real in source.names():
@@ -222,8 +229,12 @@ class _Problems:
         source: TensorSource,
         aliases: Sequence[tuple[str, str]],
         expected: Mapping[str, tuple[tuple[int, ...], Link]],
+        integer: Collection[str] = (),
     ) -> dict[str, str]:
         """Resolve every foreign name of ``links`` in ``source`` (headers only), noting what is missing or wrong.
+
+        A tensor feeding only modkit tensors in ``integer`` (index tables: a hash router's token → expert table) may
+        be stored as an integer type; every other one must be a floating type.
 
         Returns:
             ``{foreign name: stored name}`` of the tensors found (an optional link wholly absent is skipped).
@@ -245,6 +256,8 @@ class _Problems:
                         f"{real}: the checkpoint stores shape {list(got)}, the model needs {list(want)} (for {feeds})"
                     )
                 code = source.dtype_code(real)
+                if code in _INTEGER_CODES and set(link.ours) <= set(integer):
+                    continue
                 if code not in _LOADABLE_CODES:
                     why = (
                         "a quantised 8-bit float format; dequantise the checkpoint first"

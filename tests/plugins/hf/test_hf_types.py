@@ -1098,6 +1098,43 @@ FIXTURES = [
             **SMALL,
         ),
     ),
+    # DEEPSEEK_V4: 4 layers on the mhc stream (4 copies, 20 Sinkhorn iterations) of compressed_attention (4 heads of
+    # 16 through a query rank of 12, one key/value head, sinks, RoPE on the last 8 features, grouped output 2 x 8, a
+    # window of 4): heavily compressed (blocks of 4), compressed-sparse (overlapping blocks of 2, an indexer of 8 heads
+    # of 8 keeping 2: 8 heads avoid top-k ties), sliding only (the main RoPE base), compressed-sparse; 4 clamped SwiGLU
+    # experts of 16 top-2 plus a shared one, routed by token id on layer 0 (tid2eid given distinct random experts)
+    # and by sqrt(softplus) scores with the (perturbed) correction bias elsewhere, times 1.5. transformers compresses
+    # left padding into its blocks: compared unpadded (UNPADDED_REFERENCE)
+    (
+        "deepseek_v4",
+        "DeepseekV4Config",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            head_dim=16,
+            q_lora_rank=12,
+            qk_rope_head_dim=8,
+            sliding_window=4,
+            compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 4},
+            layer_types=[
+                "heavily_compressed_attention",
+                "compressed_sparse_attention",
+                "sliding_attention",
+                "compressed_sparse_attention",
+            ],
+            mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+            o_groups=2,
+            o_lora_rank=8,
+            index_n_heads=8,
+            index_head_dim=8,
+            index_topk=2,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            **SMALL,
+        ),
+    ),
 ]
 
 # The decoder cases of tests/plugins/hf/test_hf_parity.py (GPT-2, Llama, Mistral, Mixtral, Qwen2/3, Falcon, Phi, OLMo 2, ...)
@@ -1120,8 +1157,8 @@ FIXTURES += [
 #: fixtures whose transformers reference changes with left padding, so its logits are compared row by row, each row
 #: unpadded (modkit's own padding invariance is still checked on the padded batch): Llama 4's temperature tuning
 #: takes the cache slot index as the position, which counts the padding; xLSTM reads no attention mask, so its
-#: padding tokens enter the recurrent state
-UNPADDED_REFERENCE = {"llama4_text", "xlstm"}
+#: padding tokens enter the recurrent state; DeepSeek-V4 compresses the padding tokens into its blocks
+UNPADDED_REFERENCE = {"llama4_text", "xlstm", "deepseek_v4"}
 
 _BUILT: dict = {}
 
@@ -1137,8 +1174,9 @@ def one_thread():
 
 def _perturb_saved_buffers(hf) -> None:
     """Saved float buffers off their init too (DeepSeek-V3's ``e_score_correction_bias``, zeros at init, which then
-    changes which experts are chosen), seeded; not the tables the converter declares computed from the config
-    (its ``keep`` rows: MiniMax's lightning-attention decays), which no checkpoint holds other than so."""
+    changes which experts are chosen) and DeepSeek-V4's token -> experts tables (``tid2eid``, zeros at init) distinct
+    random experts, seeded; not the tables the converter declares computed from the config (its ``keep`` rows:
+    MiniMax's lightning-attention decays), which no checkpoint holds other than so."""
     g = torch.Generator().manual_seed(3)
     recomputed = [re.compile(p) for p, _ in modkit.get_registry().hf_converter(hf.config.model_type).declaration.keep]
     saved = {n for n in hf.state_dict() if not any(p.fullmatch(n) for p in recomputed)}
@@ -1147,6 +1185,10 @@ def _perturb_saved_buffers(hf) -> None:
         for name, buf in hf.named_buffers():
             if name in saved and name not in params and buf.is_floating_point():
                 buf.add_(torch.randn(buf.shape, generator=g, dtype=buf.dtype) * 0.2)
+            elif name.endswith("tid2eid"):  # a hash router's token -> experts table (zeros at init): distinct experts
+                n_experts = hf.config.n_routed_experts
+                rows = torch.stack([torch.randperm(n_experts, generator=g) for _ in range(buf.shape[0])])
+                buf.copy_(rows[:, : buf.shape[1]])
 
 
 @pytest.fixture(scope="module")
@@ -1186,7 +1228,7 @@ def test_every_registered_decoder_type_is_in_the_harness():
     }
     assert wrappers == {"gemma3", "llama4", "qwen3_5", "qwen3_5_moe"}
     assert set(registry.hf_model_types()) - covered - wrappers == {"bert"}
-    assert len(covered) == 64
+    assert len(covered) == 65
 
 
 def test_fixtures_name_registered_types():
@@ -1405,6 +1447,8 @@ DEFAULT_COUNTS.update(gemma3n_text=6_835_235_568)
 DEFAULT_COUNTS.update(longcat_flash=560_664_958_976)
 #: Zamba2Config() (Zamba2-2.7B: 54 layers, 9 of them hybrid running one shared block with rank-128 adapters on its MLP)
 DEFAULT_COUNTS.update(zamba2=2_481_848_336)
+#: DeepseekV4Config() counted on meta (43 layers, d_model 4096, 256 experts; specs/deepseek-v4.json)
+DEFAULT_COUNTS.update(deepseek_v4=284_325_869_015)
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_COUNTS))
