@@ -122,11 +122,12 @@ def test_every_spec_traces_on_meta(spec_file, capsys):
     t = trace(modkit.build(spec, device="meta"), [1, 2, 3])
     stages = {s.name: s.shape for g in t.groups for s in g.stages}
     first = spec.layer(0)
-    if modkit.get_registry().entry_for_config(first.attention).kind == "attention":
+    if modkit.get_registry().entry_for_config(first.attention).capabilities.get("returns_weights"):
         assert stages["layers.0.attention:weights"] == (1, first.attention.n_heads, 3, 3)
-    else:  # a recurrent mixer (mamba2, gated_deltanet) has no attention weights to show
+    else:  # a mixer that declares no returns_weights (a recurrent one, DeepSeek-V4's) has no weights to show
         assert "layers.0.attention:weights" not in stages
-    assert stages["layers.0:update"] == (1, 3, spec.d_model)
+    streams = () if spec.stream is None else (spec.stream.n_streams,)  # hyper-connections carry n copies between blocks
+    assert stages["layers.0:update"] == (1, 3, *streams, spec.d_model)
     if first.ffn is None:  # a block without an FFN (Mamba-2)
         assert "layers.0.ffn:hidden" not in stages
     elif getattr(first.ffn, "d_ff", None):  # dense FFNs; a mixture of experts exposes no hidden (stacked experts)
