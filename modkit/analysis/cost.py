@@ -73,6 +73,7 @@ from .workload import (  # noqa: F401  (re-exported: the declarations' side, whi
     _chunked_pairs,
     _reach,
     declared_flops,
+    GROWTH_CONTEXTS,
     declared_growth,
     elementwise,
     varying_parts,
@@ -271,13 +272,12 @@ class CostModel:
         return {k: Fraction(n, work.tokens) for k, n in self.flops(work).items()}
 
     def context_parts(self) -> set[str]:
-        """The ``"kind.part"`` keys whose FLOPs per decoded token change with the context (attention scores...):
-        present at decode contexts 1 and 2, or 2 and 3, and different there (:func:`varying_parts`)."""
+        """The ``"kind.part"`` keys whose FLOPs per decoded token change with the context (attention scores, a
+        block-compressed attention's indexer...): present at two consecutive contexts of
+        :data:`~modkit.analysis.workload.GROWTH_CONTEXTS` and different there (:func:`varying_parts`), as
+        :func:`~modkit.analysis.workload.declared_growth` reads one component."""
         if self._varying is None:
-            # decode at 1 has an empty cache, at 2 and 3 one that holds earlier tokens: a component may compute
-            # differently in the two cases (MLA's expanded and absorbed forms), so only a part present at both
-            # contexts of a pair and different between them depends on the context
-            self._varying = varying_parts([self.flops(self.workload("decode", n)) for n in (1, 2, 3)])
+            self._varying = varying_parts([self.flops(self.workload("decode", n)) for n in GROWTH_CONTEXTS])
         return self._varying
 
     def _slot_flops(self, uses: list[_Use], work: Workload, keys: Optional[set[str]] = None) -> int:

@@ -194,9 +194,12 @@ def declared_flops(entry: Component, config: Any, ctx: Any, work: Optional[Workl
 
 
 #: decode contexts a declaration is evaluated at to read its growth: an empty cache (1), then caches holding one and
-#: two earlier tokens (2, 3). A component may compute differently with and without a cache (MLA's expanded and
-#: absorbed forms), so growth is read within a pair of consecutive contexts, never across the empty-cache case alone.
-GROWTH_CONTEXTS = (1, 2, 3)
+#: two earlier tokens (2, 3), then two long ones (4,096 and 8,192 tokens): a part that grows by one entry per block
+#: of tokens (block-compressed attention's indexer, one score per 4 or 128 tokens) is constant over the first few
+#: tokens and grows only across the long pair. A component may compute differently with and without a cache (MLA's
+#: expanded and absorbed forms), so growth is read within a pair of consecutive contexts, never across the
+#: empty-cache case alone.
+GROWTH_CONTEXTS = (1, 2, 3, 4096, 8192)
 
 
 def varying_parts(by_context: list[Mapping[str, int]]) -> set[str]:
