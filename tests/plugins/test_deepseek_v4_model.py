@@ -12,6 +12,7 @@ the others. The six checks of every converter on a left-padded batch and the exp
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
@@ -226,3 +227,21 @@ def test_tiny_yarn_model_equals_transformers_and_exports_back(tmp_path):
         assert (back(ids).logits - want).abs().max().item() <= 1e-5
     assert back.config.rope_parameters["compress"]["rope_type"] == "yarn"
     assert spec_differences(modkit.from_hf_config(out / "config.json"), model.spec) == []
+
+
+def test_yarn_export_refuses_what_the_config_cannot_hold():
+    """One base and scaling per rope label, and YaRN's correction range always truncated: a spec whose compressed
+    layers differ in their scaling, or with ``truncate`` false, is refused naming the field."""
+    from modkit_plugins.hf.deepseek_v4 import DEEPSEEK_V4
+
+    cfg = {"model_type": "deepseek_v4", **HF, "layer_types": TYPES_WITH_SLIDING, "rope_parameters": _yarn_rope()}
+    d = _convert(cfg).to_dict()
+    hca = next(o for o in d["overrides"] if o.get("attention", {}).get("compress_ratio") == 4)
+    for change, field in (({"factor": 8.0}, "rope_scaling"), ({"truncate": False}, "truncate")):
+        edited = copy.deepcopy(d)
+        for slot in [edited["block"]] + edited["overrides"]:
+            att = slot.get("attention")
+            if att and att.get("compress_ratio") and (field == "truncate" or att == hca["attention"]):
+                att["rope_scaling"].update(change)
+        with pytest.raises(modkit.CheckpointError, match=field):
+            DEEPSEEK_V4.to_config(modkit.load_spec(edited), cfg)
