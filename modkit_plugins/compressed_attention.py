@@ -34,7 +34,11 @@ forward completes the blocks its tokens close, from the cached tail and its own 
 index, so it compresses padding into a left-padded row's first blocks; this module does not.
 
 **Positions.** The layer rotates with its own RoPE (``rope_theta``, interleaved pairs on the last ``rope_dim``
-features, as transformers' ``apply_rotary_pos_emb`` of DeepSeek-V4); the model's position scheme is not used.
+features, as transformers' ``apply_rotary_pos_emb`` of DeepSeek-V4); the model's position scheme is not used. With
+``rope_scaling`` (YaRN, as the published DeepSeek-V4 configs scale their compressed layers) the frequencies are
+YaRN's over a rotary width of ``rope_dim`` and every cos and sin (queries, keys, entries, the indexer's queries and
+the output's inverse rotation) is multiplied by YaRN's attention factor, as transformers'
+``DeepseekV4RotaryEmbedding`` does for the layer's rope label (``main`` sliding, ``compress`` compressed).
 
 **Training.** The indexer's output is a discrete top-k, so the LM loss gives its parameters no gradient; they are
 created with ``requires_grad = False`` (as in ``dsa``).
@@ -70,6 +74,8 @@ from modkit.plugin import (
     update_cache_entries,
 )
 
+from .rope import YarnScaling, yarn_attention_factor, yarn_inv_freq
+
 
 class CompressedAttentionConfig(ComponentConfig):
     """Config of ``compressed_attention`` (DeepSeek-V4's attention; one layer type per set of fields)."""
@@ -81,6 +87,11 @@ class CompressedAttentionConfig(ComponentConfig):
     rope_dim: HeadDim = Field(..., description="features rotated, the last ones of each head (DeepSeek-V4: 64)")
     rope_theta: float = Field(
         10000.0, gt=1, le=1e12, description="RoPE base (DeepSeek-V4: 10000 on sliding layers, 160000 compressed)"
+    )
+    rope_scaling: Optional[YarnScaling] = Field(
+        None,
+        description="YaRN scaling of this layer's RoPE over a rotary width of rope_dim (DeepSeek-V4's published "
+        "configs: factor 16 on compressed layers, original_max_seq_len 65536, attention_factor 1); null: plain RoPE",
     )
     window: Optional[SeqLen] = Field(
         ..., description="sliding window of raw keys: a query sees positions (t - window, t]; null: every position"
@@ -99,7 +110,8 @@ class CompressedAttentionConfig(ComponentConfig):
     eps: float = Field(1e-6, gt=0, le=0.1, description="epsilon of every RMS normalisation (rms_norm_eps)")
 
     def position_geometry(self, ctx) -> Optional[PositionGeometry]:
-        """None: the layer rotates with its own RoPE (``rope_theta``) and takes no position scheme."""
+        """None: the layer rotates with its own RoPE (``rope_theta``, ``rope_scaling``) and takes no position
+        scheme."""
         return None
 
     def check(self, ctx) -> list[tuple[str, str]]:
@@ -123,14 +135,28 @@ def _rms(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     return (h if weight is None else weight * h).to(x.dtype)
 
 
-def rope(x: Tensor, positions: Tensor, theta: float, dim: int, inverse: bool = False) -> Tensor:
-    """DeepSeek-V4's RoPE on the last ``dim`` features of ``x [b, h, s, D]`` at ``positions [b, s]``: interleaved
-    pairs ``(2i, 2i + 1)``, frequencies ``theta^(-2i/dim)``, float32; ``inverse`` rotates by ``-angle``.
+def rope_frequencies(dim: int, theta: float, scaling: Optional[YarnScaling] = None) -> tuple[Tensor, float]:
+    """``(inv_freq [dim // 2] float32, attention factor)`` of a rotary width ``dim``: ``theta^(-2i/dim)`` computed
+    in float32 like transformers' ``compute_default_rope_parameters`` (factor 1), or with ``scaling`` YaRN's
+    frequencies and factor (:func:`modkit_plugins.rope.yarn_inv_freq`, :func:`~modkit_plugins.rope.
+    yarn_attention_factor`; transformers ``_compute_yarn_parameters`` with ``head_dim · partial_rotary_factor =
+    dim``)."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    if scaling is None:
+        return inv, 1.0
+    return yarn_inv_freq(inv, dim, theta, scaling).to(torch.float32), yarn_attention_factor(scaling)
+
+
+def rope(x: Tensor, positions: Tensor, inv: Tensor, scale: float = 1.0, inverse: bool = False) -> Tensor:
+    """DeepSeek-V4's RoPE on the last ``dim = 2 · len(inv)`` features of ``x [b, h, s, D]`` at ``positions [b, s]``:
+    interleaved pairs ``(2i, 2i + 1)`` turned by ``position · inv[i]`` (radians), cos and sin multiplied by
+    ``scale`` (YaRN's attention factor; 1 otherwise), float32; ``inverse`` rotates by ``-angle``.
     Source: transformers ``DeepseekV4RotaryEmbedding`` and ``apply_rotary_pos_emb``."""
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=x.device) / dim))
-    freqs = positions[:, None, :, None].float() * inv
-    cos = freqs.cos().repeat_interleave(2, dim=-1)
-    sin = freqs.sin().repeat_interleave(2, dim=-1)
+    dim = 2 * inv.shape[0]
+    freqs = positions[:, None, :, None].float() * inv.float()
+    cos = freqs.cos() * scale if scale != 1.0 else freqs.cos()
+    sin = freqs.sin() * scale if scale != 1.0 else freqs.sin()
+    cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
     sin = -sin if inverse else sin
     nope, r = x[..., :-dim], x[..., -dim:]
     half = torch.stack((-r[..., 1::2], r[..., 0::2]), dim=-1).flatten(-2)
@@ -143,10 +169,10 @@ class BlockCompressor(nn.Module):
     aligned blocks to ``[b, n, D]`` entries (the module docstring's ``e_j``); transformers'
     ``DeepseekV4HCACompressor`` / ``DeepseekV4CSACompressor`` / the indexer's compressor."""
 
-    def __init__(self, d_model: int, dim: int, m: int, overlap: bool, eps: float, theta: float, rope_dim: int):
+    def __init__(self, d_model: int, dim: int, m: int, overlap: bool, eps: float):
         super().__init__()
         c = 2 if overlap else 1
-        self.dim, self.m, self.overlap, self.eps, self.theta, self.rope_dim = dim, m, overlap, eps, theta, rope_dim
+        self.dim, self.m, self.overlap, self.eps = dim, m, overlap, eps
         self.kv_proj = nn.Linear(d_model, c * dim, bias=False)
         self.gate_proj = nn.Linear(d_model, c * dim, bias=False)
         self.position_bias = nn.Parameter(torch.zeros(m, c * dim))
@@ -169,9 +195,10 @@ class BlockCompressor(nn.Module):
         """``[b, s, 2·c·D]``: the projections ``C`` and gate logits ``Z`` of each token, side by side."""
         return torch.cat([self.kv_proj(x), self.gate_proj(x)], dim=-1)
 
-    def entries(self, buf: Tensor, blocks: Tensor, filled: Tensor) -> Tensor:
+    def entries(self, buf: Tensor, blocks: Tensor, filled: Tensor, rot: tuple[Tensor, float]) -> Tensor:
         """Entries of the blocks of ``buf [b, nb·m, 2·c·D]`` (block 0 starts at a multiple of m; with overlap block
-        0 only lends its first half), rotated at positions ``blocks [b, n]·m``: ``[b, n, D]``. Positions not
+        0 only lends its first half), rotated at positions ``blocks [b, n]·m`` by the layer's ``rot`` (``(inv_freq,
+        attention factor)``, :func:`rope`): ``[b, n, D]``. Positions not
         ``filled [b, nb·m]`` (before a row's or a document's first token, after its last) get no weight."""
         b, n_pos, _ = buf.shape
         kv, gate = buf.view(b, n_pos // self.m, self.m, -1).chunk(2, dim=-1)
@@ -183,7 +210,7 @@ class BlockCompressor(nn.Module):
             gate = torch.cat([gate[:, :-1, :, :d], gate[:, 1:, :, d:]], dim=2)
         out = (kv * gate.softmax(dim=2).to(kv.dtype)).sum(dim=2)
         out = _rms(out, self.kv_norm, self.eps)
-        return rope(out[:, None], blocks * self.m, self.theta, self.rope_dim)[:, 0]
+        return rope(out[:, None], blocks * self.m, *rot)[:, 0]
 
 
 def _rows(positions: Tensor, valid: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -238,7 +265,8 @@ def _documents(inputs: AttentionInputs, m: int, span: int) -> tuple[Tensor, Opti
     return inputs.positions + first * m, first, starts
 
 
-def _compress(comp, x: Tensor, inputs: AttentionInputs, state, names: tuple[str, str], rows: tuple) -> tuple:
+# size: one compressor's pass: the compressor, its input, the inputs, the cache, its entries' names, rows, rotation
+def _compress(comp, x: Tensor, inputs: AttentionInputs, state, names: tuple[str, str], rows: tuple, rot) -> tuple:
     """Compress the blocks this forward completes: ``(entries [b, T, D], their block index within their document
     [b, T], the first block of each entry's document [b, T] or None)`` every query may look up (the cache's whole
     per-block entry, or this forward's own entries without a cache); writes the cache's per-block entry and tail."""
@@ -261,7 +289,7 @@ def _compress(comp, x: Tensor, inputs: AttentionInputs, state, names: tuple[str,
     if starts is not None:  # each entry's document: the last one starting at or before it
         which = (torch.searchsorted(starts, index, right=True) - 1).clamp(min=0)
         home = starts.gather(1, which)
-    fresh = comp.entries(buf, index if home is None else index - home, filled)  # [b, n, D]
+    fresh = comp.entries(buf, index if home is None else index - home, filled, rot)  # [b, n, D]
     if state is None:  # the blocks the new tokens can complete: ceil(extent / m) from the first one's
         n = (buf.shape[1] - comp.tail) // comp.m
         index, home = index[:, :n], None if home is None else home[:, :n]
@@ -307,14 +335,16 @@ class CompressedAttention(nn.Module):
         self.o_a_proj = nn.Linear(h * dim // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, bias=False)
         self.o_b_proj = nn.Linear(cfg.o_groups * cfg.o_lora_rank, d, bias=False)
         self.sinks = nn.Parameter(torch.zeros(h))
-        m, theta, r, eps = cfg.compress_ratio, cfg.rope_theta, cfg.rope_dim, cfg.eps
-        self.compressor = BlockCompressor(d, dim, m, cfg.overlap, eps, theta, r) if m else None
+        inv, self.rope_scale = rope_frequencies(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.register_buffer("inv_freq", inv, persistent=False)  # once per layer; init_weights recomputes it
+        m, eps = cfg.compress_ratio, cfg.eps
+        self.compressor = BlockCompressor(d, dim, m, cfg.overlap, eps) if m else None
         self.indexer = None
         if cfg.index_n_heads is not None:
             ih, idim = cfg.index_n_heads, cfg.index_head_dim
             self.indexer = nn.ModuleDict(
                 {
-                    "compressor": BlockCompressor(d, idim, m, True, eps, theta, r),
+                    "compressor": BlockCompressor(d, idim, m, True, eps),
                     "q_b_proj": nn.Linear(cfg.q_lora_rank, ih * idim, bias=False),
                     "weights_proj": nn.Linear(d, ih, bias=False),
                 }
@@ -326,10 +356,16 @@ class CompressedAttention(nn.Module):
     param_roles = {"q_a_norm": "norm_gain", "kv_norm": "norm_gain", "sinks": "vector"}
 
     def init_weights(self, init) -> None:
-        """Norm gains 1 and sinks 0 (transformers' ``_init_weights``); the projections by default."""
+        """Norm gains 1 and sinks 0 (transformers' ``_init_weights``); the projections by default; the RoPE
+        frequencies ``inv_freq`` recomputed from the config (a buffer: meta builds need this)."""
         init.ones_(self.q_a_norm)
         init.ones_(self.kv_norm)
         init.zeros_(self.sinks)
+        init.copy_(self.inv_freq, rope_frequencies(self.cfg.rope_dim, self.cfg.rope_theta, self.cfg.rope_scaling)[0])
+
+    def _rot(self) -> tuple[Tensor, float]:
+        """The layer's RoPE: ``(inv_freq [rope_dim // 2], attention factor)`` (:func:`rope`)."""
+        return self.inv_freq, self.rope_scale
 
     def cache_spec(self) -> CacheSpec:
         """The window's keys ``kv [1, D]`` per token (a ring of ``window`` slots); with compression the entries
@@ -355,18 +391,18 @@ class CompressedAttention(nn.Module):
         cfg = self.cfg
         c_q = _rms(self.q_a_proj(x), self.q_a_norm, cfg.eps)
         q = _rms(self.q_b_proj(c_q).view(b, s, self.n_heads, self.head_dim).transpose(1, 2), None, cfg.eps)
-        q = rope(q, inputs.positions, cfg.rope_theta, cfg.rope_dim)
+        q = rope(q, inputs.positions, *self._rot())
         kv = _rms(self.kv_proj(x), self.kv_norm, cfg.eps).view(b, 1, s, self.head_dim)
-        return c_q, q, rope(kv, inputs.positions, cfg.rope_theta, cfg.rope_dim)
+        return c_q, q, rope(kv, inputs.positions, *self._rot())
 
     def _select(self, x: Tensor, c_q: Tensor, inputs, state, rows, visible: Tensor) -> Tensor:
         """The indexer's top-k among the visible entries ``visible [b, s, T]``: ``[b, s, T]`` bool."""
         cfg, ix = self.cfg, self.indexer
-        keys = _compress(ix["compressor"], x, inputs, state, ("index_k", "index_tail"), rows)[0]
+        keys = _compress(ix["compressor"], x, inputs, state, ("index_k", "index_tail"), rows, self._rot())[0]
         b, s, _ = x.shape
         ih, idim = cfg.index_n_heads, cfg.index_head_dim
         q = ix["q_b_proj"](c_q).view(b, s, ih, idim).transpose(1, 2)
-        q = rope(q, inputs.positions, cfg.rope_theta, cfg.rope_dim).transpose(1, 2)
+        q = rope(q, inputs.positions, *self._rot()).transpose(1, 2)
         scores = torch.relu(torch.matmul(q.float(), keys.float().transpose(-1, -2).unsqueeze(1))) * idim**-0.5
         w = ix["weights_proj"](x).float() * ih**-0.5
         index = (scores * w[..., None]).sum(dim=2).masked_fill(~visible, float("-inf"))  # [b, s, T]
@@ -388,7 +424,7 @@ class CompressedAttention(nn.Module):
         mask = attention_mask(inputs.positions, k_pos, k_valid, True, cfg.window, None, docs, docs)
         if self.compressor is not None:
             rows = _rows(inputs.positions, inputs.token_mask)
-            entries, index, home = _compress(self.compressor, x, inputs, state, ("ckv", "ckv_tail"), rows)
+            entries, index, home = _compress(self.compressor, x, inputs, state, ("ckv", "ckv_tail"), rows, self._rot())
             limit = torch.div(inputs.positions + 1, cfg.compress_ratio, rounding_mode="floor")
             visible = index[:, None, :] < limit[..., None]  # [b, s, T]
             if home is not None:  # packed documents: a query sees its own document's entries only
@@ -403,7 +439,7 @@ class CompressedAttention(nn.Module):
         scores = torch.matmul(q.float(), keys.float().transpose(-1, -2)) * self.head_dim**-0.5
         probs = masked_softmax(scores, prepared, sinks=self.sinks)
         out = torch.matmul(probs.to(keys.dtype), keys)  # [b, H, s, D]: values are the keys
-        out = rope(out, inputs.positions, cfg.rope_theta, cfg.rope_dim, inverse=True).transpose(1, 2)
+        out = rope(out, inputs.positions, *self._rot(), inverse=True).transpose(1, 2)
         g = cfg.o_groups
         w = self.o_a_proj.weight.view(g, cfg.o_lora_rank, -1)
         grouped = torch.einsum("bsgi,goi->bsgo", out.reshape(b, s, g, -1), w)

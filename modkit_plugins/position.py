@@ -39,7 +39,6 @@ from modkit.plugin import (
 from .rope import (  # noqa: F401
     _head_dim,
     _Scaling,
-    _yarn,
     DynamicScaling,
     LinearScaling,
     Llama3Scaling,
@@ -52,6 +51,7 @@ from .rope import (  # noqa: F401
     RopeScaling,
     rotary_width,
     yarn_attention_factor,
+    yarn_inv_freq,
     YarnScaling,
 )
 

@@ -354,13 +354,18 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling=None) -> Tensor:
         mid = (1 - smooth) * inv / scaling.factor + smooth * inv
         inv = torch.where(wl > low_wl, inv / scaling.factor, torch.where(wl < high_wl, inv, mid))
     elif kind == "yarn":
-        inv = _yarn(inv, rotary_dim, theta, scaling)
+        inv = yarn_inv_freq(inv, rotary_dim, theta, scaling)
     elif kind == "longrope":
         inv = inv / torch.tensor(scaling.short_factor, dtype=torch.float64)
     return inv.to(torch.float32)
 
 
-def _yarn(inv: Tensor, d: int, theta: float, sc: YarnScaling) -> Tensor:
+def yarn_inv_freq(inv: Tensor, d: int, theta: float, sc: YarnScaling) -> Tensor:
+    """YaRN's inverse frequencies from the unscaled ones ``inv [d // 2]`` of a rotary width ``d`` and base
+    ``theta``: ``[d // 2]`` float64, each ``inv / factor`` (interpolated) or ``inv`` (kept) blended over a linear
+    ramp between the dimensions that turn ``beta_fast`` and ``beta_slow`` times in ``original_max_seq_len``.
+    Source: Peng et al. 2023 (arXiv:2309.00071) §3.2, transformers ``_compute_yarn_parameters``."""
+
     def dim_of(rotations: float) -> float:  # the dimension whose wavelength fits `rotations` times in the context
         return d * math.log(sc.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 

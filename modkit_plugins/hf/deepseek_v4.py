@@ -14,8 +14,10 @@ Semantics: ``transformers/models/deepseek_v4/{configuration,modeling}_deepseek_v
   (plus one entry per ``compress_rates.heavily_compressed_attention`` tokens) or ``compressed_sparse_attention``
   (entries over overlapping blocks of ``compress_rates.compressed_sparse_attention`` tokens, the ``index_topk`` a
   lightning indexer of ``index_n_heads`` × ``index_head_dim`` scores highest); the compressed layers rotate with
-  ``rope_parameters.compress`` (``compress_rope_theta``). Only the ``default`` RoPE is converted (a YaRN
-  ``compress`` scaling is refused). Every norm is an RMSNorm of ``rms_norm_eps``;
+  ``rope_parameters.compress`` (``compress_rope_theta``). Each label's RoPE is ``default`` or ``yarn`` (the
+  layers' ``rope_scaling``); a flat ``rope_parameters`` (or legacy ``rope_scaling``) is the ``compress`` one, with
+  ``attention_factor`` 1 unless given, as ``DeepseekV4Config.__post_init__`` reads it. Every norm is an RMSNorm of
+  ``rms_norm_eps``;
 * the residual stream is the ``mhc`` stream (:mod:`modkit_plugins.hyper_connections`): ``hc_mult`` copies mixed
   around each sublayer, ``hc_sinkhorn_iters`` Sinkhorn iterations, ``hc_eps``; the head reads every copy;
 * every FFN is a mixture of ``n_routed_experts`` experts of ``moe_intermediate_size``, ``num_experts_per_tok`` per
@@ -39,9 +41,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from modkit.plugin import CheckpointError
+
 from ._builders import ModelRequest, model_spec, per_layer_slots, rmsnorm
 from ._keys import Ignore, Key, Own, Refuse, _text, sizes
 from ._reader import HFConfig
+from ._rope import _Scaling, _yarn
 from ._transforms import StackExperts
 from ._type import HFType
 from ._weights import Head, W
@@ -95,25 +100,47 @@ def _list_of(r: HFConfig, key: str, value: Any, n: int, allowed: tuple[str, ...]
     return list(value)
 
 
-def _thetas(r: HFConfig, own: dict) -> tuple[float, float]:
-    """The RoPE bases of the sliding (``main``) and compressed (``compress``) layers: ``rope_parameters``' nested
-    dicts when present, else ``rope_theta`` and ``compress_rope_theta``; any RoPE type but ``default`` is refused."""
-    main, compress = float(own["rope_theta"]), float(own["compress_rope_theta"])
-    rp = own["rope_parameters"] or {}
+#: the labels of DeepSeek-V4's RoPE: ``main`` for sliding layers, ``compress`` for compressed ones
+LABELS = ("main", "compress")
+
+
+def _ropes(r: HFConfig, own: dict, legacy: dict, max_pos: Any) -> dict[str, tuple[float, Any]]:
+    """Per rope label (:data:`LABELS`) ``(base, YaRN scaling dict or None)``, as ``DeepseekV4Config`` reads them:
+    the legacy ``rope_scaling`` over ``rope_parameters``; nested per label, each ``default`` or ``yarn``
+    (:func:`modkit_plugins.hf._rope._yarn`'s keys; ``truncate`` is not read: transformers reads it from the top
+    level, where V4 has none, so it is always true), its base else ``rope_theta`` / ``compress_rope_theta``; flat,
+    the ``compress`` label's scaling at ``compress_rope_theta`` with ``attention_factor`` 1 unless given (the
+    ``__post_init__`` default). Problems are recorded in ``r`` naming the key."""
+    out = {"main": (float(own["rope_theta"]), None), "compress": (float(own["compress_rope_theta"]), None)}
+    key = "rope_scaling" if legacy["rope_scaling"] else "rope_parameters"
+    rp = legacy["rope_scaling"] or own["rope_parameters"] or {}
     if not isinstance(rp, dict):
-        r.error("rope_parameters", f"must be a mapping, got {_text(rp)}")
-        return main, compress
+        r.error(key, f"must be a mapping, got {_text(rp)}")
+        return out
     nested = {k: v for k, v in rp.items() if isinstance(v, dict)}
-    flat_type = rp.get("rope_type", rp.get("type", "default")) if not nested else "default"
-    for label, params in [*nested.items(), *([("compress", rp)] if not nested else [])]:
-        kind = params.get("rope_type", params.get("type", "default")) if nested else flat_type
-        if kind != "default":
-            r.error(f"rope_parameters.{label}.rope_type", f"is {kind!r}; only the default RoPE is converted")
-    if "main" in nested:
-        main = float(nested["main"].get("rope_theta", main))
-    if "compress" in nested:
-        compress = float(nested["compress"].get("rope_theta", compress))
-    return main, compress
+    if nested:
+        todo = [(label, dict(nested[label]), f"{key}.{label}") for label in LABELS if label in nested]
+    else:  # transformers puts its own base and rotated fraction over the flat dict's
+        flat = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        if flat.get("rope_type", flat.get("type")) == "yarn":
+            flat.setdefault("attention_factor", 1.0)
+        todo = [("compress", flat, key)]
+    for label, d, path in todo:
+        kind = d.pop("rope_type", None) or d.pop("type", None) or "default"
+        d.pop("type", None)
+        d.pop("partial_rotary_factor", None)  # read_deepseek_v4 reads the rotated width
+        theta = float(d.pop("rope_theta", out[label][0]))
+        scaling = None
+        if kind == "yarn":
+            scaling = _yarn(_Scaling(r, d, path, max_pos, False), "yarn RoPE scaling", None)
+            scaling.pop("truncate", None)
+        elif kind != "default":
+            r.error(f"{path}.rope_type", f"is {kind!r}; only the default RoPE and YaRN are converted")
+            d.clear()
+        for k, v in d.items():
+            r.unknown_key(f"{path}.{k}", v)
+        out[label] = (theta, scaling)
+    return out
 
 
 #: the integer keys of :data:`OWN_DEFAULTS`
@@ -133,7 +160,7 @@ INTEGERS = (
     "moe_intermediate_size",
 )
 #: the older keys ``DeepseekV4Config.__post_init__`` folds into the current ones (published checkpoints hold them)
-LEGACY = ("compress_ratios", "compress_rate_csa", "compress_rate_hca", "num_hash_layers")
+LEGACY = ("compress_ratios", "compress_rate_csa", "compress_rate_hca", "num_hash_layers", "rope_scaling")
 #: ``compress_ratios``' per-layer values (``_COMPRESS_RATIO_TO_LAYER_TYPE``)
 RATIO_TYPES = {0: SLIDING, 4: CSA, 128: HCA}
 
@@ -192,20 +219,21 @@ def read_deepseek_v4(r: HFConfig, f: dict) -> None:
             "give a factor that rotates an even number of features, at least 2 and at most head_dim",
         )
         own["rope_dim"] = own["head_dim"]
-    own["thetas"] = _thetas(r, own)
+    own["ropes"] = _ropes(r, own, legacy, f.get("max_seq_len"))
     f["deepseek_v4"] = own
 
 
 def _attention(own: Mapping[str, Any], layer_type: str, eps: float) -> dict:
     """The ``compressed_attention`` spec of a layer of ``layer_type``."""
-    main, compress = own["thetas"]
+    theta, scaling = own["ropes"]["main" if layer_type == SLIDING else "compress"]
     spec: dict[str, Any] = {
         "type": "compressed_attention",
         "n_heads": own["n_heads"],
         "head_dim": own["head_dim"],
         "q_lora_rank": own["q_lora_rank"],
         "rope_dim": own["rope_dim"],
-        "rope_theta": main if layer_type == SLIDING else compress,
+        "rope_theta": theta,
+        "rope_scaling": scaling,
         "window": own["sliding_window"],
         "compress_ratio": None if layer_type == SLIDING else own["rates"][layer_type],
         "overlap": layer_type == CSA,
@@ -286,9 +314,48 @@ def _layer_type(att) -> str:
     return CSA if att.overlap else HCA
 
 
+def _rope_dict(label: str, atts: list, theta: float, factor: float) -> dict:
+    """The nested ``rope_parameters`` of rope label ``label`` whose layers' attentions are ``atts``: ``default``,
+    or ``yarn`` with the keys ``_compute_yarn_parameters`` reads (``attention_factor`` only when set: nested,
+    transformers derives it).
+
+    Raises:
+        CheckpointError: the layers of the label rotate differently (one base and scaling per label), or a YaRN
+            scaling has ``truncate`` false (transformers' DeepSeek-V4 always truncates).
+    """
+    out = {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": factor}
+    if len({(a.rope_theta, a.rope_scaling.model_dump_json() if a.rope_scaling else None) for a in atts}) > 1:
+        raise CheckpointError(
+            f"the {label!r} RoPE layers differ in compressed_attention.rope_theta or rope_scaling, but DeepSeek-V4's "
+            "config holds one per label; give every such layer the same"
+        )
+    sc = atts[0].rope_scaling if atts else None
+    if sc is None:
+        return out
+    if not sc.truncate:
+        raise CheckpointError(
+            "compressed_attention.rope_scaling.truncate is false, but transformers' DeepSeek-V4 always truncates "
+            "YaRN's correction range; set truncate true to export"
+        )
+    out.update(
+        rope_type="yarn",
+        factor=sc.factor,
+        original_max_position_embeddings=sc.original_max_seq_len,
+        beta_fast=sc.beta_fast,
+        beta_slow=sc.beta_slow,
+    )
+    out.update({k: getattr(sc, k) for k in ("mscale", "mscale_all_dim", "attention_factor") if getattr(sc, k)})
+    return out
+
+
 def write_deepseek_v4(spec, base: Mapping[str, Any]) -> dict:
     """The config keys of :data:`OWN_DEFAULTS` (and the head count) for a validated ``spec``; a RoPE base no layer
-    uses (the main one without sliding layers) is the source config ``base``'s, else the default."""
+    uses (the main one without sliding layers) is the source config ``base``'s, else the default; each rope
+    label's YaRN scaling (:func:`_rope_dict`) is that of its first layer.
+
+    Raises:
+        CheckpointError: a YaRN scaling transformers cannot express (:func:`_rope_dict`).
+    """
     layers = [spec.layer(i) for i in range(spec.n_layers)]
     atts, ffns = [x.attention for x in layers], [x.ffn for x in layers]
     types = [_layer_type(a) for a in atts]
@@ -311,8 +378,8 @@ def write_deepseek_v4(spec, base: Mapping[str, Any]) -> dict:
         "rope_theta": main,
         "compress_rope_theta": compress,
         "rope_parameters": {
-            "main": {"rope_type": "default", "rope_theta": main, "partial_rotary_factor": factor},
-            "compress": {"rope_type": "default", "rope_theta": compress, "partial_rotary_factor": factor},
+            "main": _rope_dict("main", [a for a in atts if a.compress_ratio is None], main, factor),
+            "compress": _rope_dict("compress", [a for a in atts if a.compress_ratio is not None], compress, factor),
         },
         "sliding_window": att.window,
         "compress_rates": {

@@ -1,7 +1,7 @@
 """``compressed_attention`` against transformers' ``DeepseekV4Attention`` (float32, 1e-5): a prefill, a
 token-by-token decode and a chunked prefill over sequences longer than the window, the blocks and the indexer's
-top-k, for the three layer types of DeepSeek-V4 (sliding, compressed-sparse, heavily compressed); and the block
-growth of the cache declaration (exact bytes)."""
+top-k, for the three layer types of DeepSeek-V4 (sliding, compressed-sparse, heavily compressed), with plain RoPE
+and with YaRN (positions past its original length); and the block growth of the cache declaration (exact bytes)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,47 @@ import torch
 from modkit.core.interfaces import AttentionInputs, BuildContext
 from modkit.nn.cache import CacheEntry, CacheSpec, KVCache
 from modkit_plugins.compressed_attention import CompressedAttention, CompressedAttentionConfig
+from modkit_plugins.rope import YarnScaling
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf_v4  # noqa: E402
 
 D_MODEL, WINDOW, TOL = 32, 4, 1e-5
 LAYERS = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]
+#: YaRN per rope label, trained on 8 positions (the tests run 13): the betas put the ramp inside the 4 rotated pairs
+#: (dims 0..3 of main's, 0..2 of compress's); main's attention factor given, compress's from its mscales
+YARN = {
+    "main": {
+        "factor": 4.0,
+        "original_max_position_embeddings": 8,
+        "beta_fast": 0.25,
+        "beta_slow": 0.01,
+        "attention_factor": 1.3,
+    },
+    "compress": {
+        "factor": 16.0,
+        "original_max_position_embeddings": 8,
+        "beta_fast": 0.25,
+        "beta_slow": 0.01,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.5,
+    },
+}
 
 
-def _hf_config():
+def _hf_rope(yarn: bool):
+    """transformers' nested ``rope_parameters`` (``None``: its default RoPE, bases 10000 and 160000)."""
+    if not yarn:
+        return None
+    return {
+        label: {"rope_type": "yarn", "rope_theta": theta, "partial_rotary_factor": 0.5, **YARN[label]}
+        for label, theta in (("main", 10000.0), ("compress", 160000.0))
+    }
+
+
+def _hf_config(yarn: bool = False):
     return transformers.DeepseekV4Config(
+        rope_parameters=_hf_rope(yarn),
         hidden_size=D_MODEL,
         num_attention_heads=4,
         head_dim=16,
@@ -40,10 +71,22 @@ def _hf_config():
     )
 
 
+def _yarn(cfg, label: str):
+    """Our ``rope_scaling`` of the rope label's parameters in ``cfg`` (None for transformers' default RoPE)."""
+    p = cfg.rope_parameters[label]
+    if p["rope_type"] != "yarn":
+        return None
+    extra = {k: p[k] for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor") if k in p}
+    return YarnScaling(
+        type="yarn", factor=p["factor"], original_max_seq_len=p["original_max_position_embeddings"], **extra
+    )
+
+
 def _ours_config(cfg, layer_type: str) -> CompressedAttentionConfig:
     sliding = layer_type == "sliding_attention"
     csa = layer_type == "compressed_sparse_attention"
     return CompressedAttentionConfig(
+        rope_scaling=_yarn(cfg, "main" if sliding else "compress"),
         n_heads=cfg.num_attention_heads,
         head_dim=cfg.head_dim,
         q_lora_rank=cfg.q_lora_rank,
@@ -74,8 +117,8 @@ def _hf_name(name: str) -> str:
     return name
 
 
-def _pair(layer: int):
-    cfg = _hf_config()
+def _pair(layer: int, yarn: bool = False):
+    cfg = _hf_config(yarn)
     cfg._attn_implementation = "eager"
     torch.manual_seed(layer)
     theirs = hf_v4.DeepseekV4Attention(cfg, layer).eval()
@@ -123,9 +166,10 @@ def _ours(ours, x, cache):
         return ours(x, inputs)
 
 
+@pytest.mark.parametrize("yarn", [False, True], ids=["rope", "yarn"])
 @pytest.mark.parametrize("layer", [0, 1, 2], ids=LAYERS)
-def test_prefill_decode_and_chunks_equal_transformers(layer):
-    cfg, theirs, ours = _pair(layer)
+def test_prefill_decode_and_chunks_equal_transformers(layer, yarn):
+    cfg, theirs, ours = _pair(layer, yarn)
     x = torch.randn(2, 13, D_MODEL, generator=torch.Generator().manual_seed(7))
     want = _theirs(cfg, theirs, x, 0, None)
     assert (_ours(ours, x, None) - want).abs().max().item() <= TOL
@@ -299,3 +343,29 @@ def test_packed_documents_equal_each_document_alone(layer):
     for a, e in ((0, 5), (5, 13)):
         alone = _ours(ours, x[:, a:e], None)
         assert (packed[:, a:e] - alone).abs().max().item() <= TOL, (a, e)
+
+
+def test_yarn_frequencies_and_attention_factor_are_transformers_per_rope_label():
+    """The layer's buffer and factor equal ``DeepseekV4RotaryEmbedding``'s for its label (main: the given 1.3;
+    compress: (0.1·1·ln 16 + 1) / (0.1·0.5·ln 16 + 1)), the frequencies differ from plain RoPE's, and a meta build
+    gets them back from ``init_weights``."""
+    import math
+
+    from modkit.core.interfaces import Init
+
+    for layer, label in ((0, "main"), (2, "compress")):
+        cfg, _, ours = _pair(layer, yarn=True)
+        rotary = hf_v4.DeepseekV4RotaryEmbedding(cfg)
+        theirs = getattr(rotary, f"{label}_inv_freq")
+        assert ours.inv_freq.shape == theirs.shape == (4,)
+        assert (ours.inv_freq - theirs).abs().max().item() <= 1e-7 * theirs.abs().max().item()
+        assert ours.rope_scale == pytest.approx(getattr(rotary, f"{label}_attention_scaling"), rel=1e-12)
+        plain = _pair(layer)[2].inv_freq
+        assert ours.inv_freq[0] == plain[0] and (ours.inv_freq[1:] < plain[1:]).all()  # kept, then interpolated
+    assert ours.rope_scale == pytest.approx((0.1 * math.log(16) + 1) / (0.05 * math.log(16) + 1), rel=1e-12)
+    ctx = BuildContext(d_model=D_MODEL, n_layers=1, vocab_size=97, max_seq_len=64, registry=modkit.get_registry())
+    with torch.device("meta"):
+        empty = CompressedAttention(ours.cfg, ctx)
+    empty.to_empty(device="cpu")
+    empty.init_weights(Init(seed=0, std=0.02))
+    assert torch.equal(empty.inv_freq, ours.inv_freq)
