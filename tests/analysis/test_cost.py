@@ -646,3 +646,18 @@ def test_the_guide_s_deepseek_v3_and_gpt_oss_prose_figures():
     assert f'without it, {go_active - go.params()["embedding"]:,}: the model card\'s "5.13B active"' in section
     sinks = sum(p.numel() for name, p in go.model.named_parameters() if name.endswith("attention.sinks"))
     assert f"(64 per layer, {sinks:,}\nparameters in all)" in section
+
+
+def test_a_part_that_grows_one_entry_per_block_counts_as_growing():
+    """A block-compressed attention's indexer scores one entry per completed block of 4 tokens: constant over the
+    first three decoded tokens (where growth used to be read), growing after. Growth is read at long contexts too,
+    so the part is marked and its layers (the compressed-sparse ones, 1 and 3) overtake their FFN at a finite
+    context; the heavily compressed layers (0 and 2) have no indexer."""
+    from modkit.analysis.workload import varying_parts
+
+    cost = CostModel(Path(__file__).parents[2] / "docs" / "experiments" / "specs" / "sparse-compressed-d64.json")
+    early = varying_parts([cost.flops(cost.workload("decode", n)) for n in (1, 2, 3)])
+    assert "attention.index_scores" not in early and "attention.index_scores" in cost.context_parts()
+    csa = [g for g in cost.mixers() if "attention.index_scores" in g.growing]
+    assert [g.layers for g in csa] == [(1, 3)]
+    assert cost.crossover("decode", layers=(1, 3)) is not None
