@@ -242,10 +242,10 @@ class AttentionConfig(ComponentConfig):
             raise ValueError(f"mha has n_kv_heads = n_heads = {n_heads}, got n_kv_heads = {kv}; use gqa")
         if kind == "mqa" and kv is not None and kv != 1:
             raise ValueError(f"mqa has n_kv_heads = 1, got n_kv_heads = {kv}; use gqa")
-        if kv is not None and kv > n_heads:
-            raise ValueError(f"n_kv_heads = {kv} exceeds n_heads = {n_heads}; n_kv_heads must divide n_heads")
-        if kv is not None and n_heads % kv:
-            raise ValueError(f"n_kv_heads = {kv} does not divide n_heads = {n_heads}")
+        if kv is not None and (kv > n_heads or n_heads % kv):
+            fits = ", ".join(str(d) for d in range(1, n_heads + 1) if n_heads % d == 0)
+            how = "exceeds" if kv > n_heads else "does not divide"
+            raise ValueError(f"n_kv_heads = {kv} {how} n_heads = {n_heads}; use a divisor of n_heads: {fits}")
         return kv
 
     @property

@@ -140,9 +140,18 @@ def _print_build(spec_name: str, model, summary, device, seed: int) -> None:
     windowed = [w for w in summary.windows if w is not None and w < spec.max_seq_len]
     if windowed:  # ring buffers: those layers keep only the last `window` tokens
         sizes = ", ".join(_count(w) for w in sorted(set(windowed)))
+        blocked = sorted(
+            {b for w, b in zip(summary.windows, summary.blocks) if b and w is not None and w < spec.max_seq_len}
+        )
+        grows = (
+            f"; {sum(1 for b in summary.blocks if b)} of them also keep one compressed entry per block of "
+            f"{' or '.join(_count(b) for b in blocked)} tokens, which grows with the context"
+            if blocked
+            else ""
+        )
         line += (
-            f" ({len(windowed)} of {len(summary.windows)} layers cache at most {sizes} tokens: "
-            "their sliding window or attention chunk)"
+            f" ({len(windowed)} of {len(summary.windows)} layers cache at most {sizes} {'raw ' if blocked else ''}tokens: "
+            f"their sliding window or attention chunk{grows})"
         )
     _out(line)
 

@@ -465,6 +465,9 @@ class ModelSummary:
     cache_state_bytes_per_sequence: int = 0
     #: sliding window of each layer (``None``: global attention)
     windows: list[Optional[int]] = field(default_factory=list)
+    #: the smallest block of each layer's per-block entries (``growth="block"``: one compressed entry per block of
+    #: tokens, growing with the context beside a window), ``None`` without any
+    blocks: list[Optional[int]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """The ``--json`` object of ``modkit build``."""
@@ -518,6 +521,10 @@ def summarize(
         cache_state_bytes_per_sequence=cache_state_bytes_per_sequence(model, tdtype),
         windows=[
             next((sp.window for sp in specs.values() if sp.token_entries and sp.window is not None), None)
+            for specs in model.cache_layout()
+        ],
+        blocks=[
+            min((e.block for sp in specs.values() for e in sp.entries if e.per_block), default=None)
             for specs in model.cache_layout()
         ],
     )

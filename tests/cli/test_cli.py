@@ -247,6 +247,15 @@ def test_build_card_counts_the_kv_cache_of_sliding_windows_as_allocated(capsys):
         "KV cache: 393,216 bytes/token at float32; 962.25 GiB per sequence of max_seq_len 10,485,760 "
         "(36 of 48 layers cache at most 8,192 tokens: their sliding window or attention chunk)"
     )
+    # DeepSeek-V4: every layer keeps a 128-token window of raw keys, and one compressed entry per block of 4
+    # (compressed-sparse layers) or 128 (heavily compressed) tokens beside it, which grows: the card says so
+    code, out, err = run(capsys, "build", ROOT / "specs" / "deepseek-v4.json", "--device", "meta")
+    assert code == 0, err
+    kv_line = next(line for line in out.splitlines() if line.startswith("KV cache:"))
+    assert kv_line.endswith(
+        "(43 of 43 layers cache at most 128 raw tokens: their sliding window or attention chunk; 43 of them also "
+        "keep one compressed entry per block of 4 or 128 tokens, which grows with the context)"
+    )
     code, out, _ = run(capsys, "build", path, "--device", "meta", "--json", "--dtype", "bfloat16")
     data = json.loads(out)
     model = modkit.build(str(path), device="meta")

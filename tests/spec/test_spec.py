@@ -20,9 +20,9 @@ def _errors(spec: dict) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(
     "n_heads,n_kv_heads,fragment",
     [
-        (7, 2, "n_kv_heads = 2 does not divide n_heads = 7"),
+        (7, 2, "n_kv_heads = 2 does not divide n_heads = 7; use a divisor of n_heads: 1, 7"),
         (8, 0, "greater than 0"),
-        (8, 16, "n_kv_heads = 16 exceeds n_heads = 8"),
+        (8, 16, "n_kv_heads = 16 exceeds n_heads = 8; use a divisor of n_heads: 1, 2, 4, 8"),
     ],
 )
 def test_c06_head_counts_rejected_at_validation(n_heads, n_kv_heads, fragment):
