@@ -56,6 +56,7 @@ from modkit.plugin import (
     Epsilon,
     HeadCount,
     hookimpl,
+    MAX_D_MODEL,
     MAX_EPS,
     MAX_SOFTCAP,
     MIN_EPS,
@@ -71,10 +72,16 @@ class MLSTMConfig(ComponentConfig):
     type: Literal["mlstm"] = "mlstm"
     n_heads: HeadCount = Field(..., description="heads, each with its own memory and gates (xLSTM's num_heads)")
     qk_dim: Optional[int] = Field(
-        None, ge=1, description="width of the queries and keys over all heads; default d_model / 2 (qk_dim_factor 0.5)"
+        None,
+        ge=1,
+        le=MAX_D_MODEL,
+        description="width of the queries and keys over all heads; default d_model / 2 (qk_dim_factor 0.5)",
     )
     v_dim: Optional[int] = Field(
-        None, ge=1, description="width of the values and the read-out over all heads; default d_model (v_dim_factor 1)"
+        None,
+        ge=1,
+        le=MAX_D_MODEL,
+        description="width of the values and the read-out over all heads; default d_model (v_dim_factor 1)",
     )
     bias: bool = Field(
         False, description="biases on q, k, v, ogate_preact, out_proj and the per-head norm (xLSTM's use_bias)"

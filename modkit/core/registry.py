@@ -33,7 +33,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
 KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
     {
         "causal_safe": "never lets a position see later positions when used causally (attention)",
-        "kv_cache": "supports incremental decoding with a KV cache (attention)",
+        "kv_cache": "supports incremental decoding with a cache (keys and values, or a recurrent state; any token mixer)",
         "compile_safe": "runs under torch.compile(fullgraph=True) without graph breaks",
         "aux_loss": "forward returns (output, aux_loss) instead of output (ffn)",
         "acts_on": "where a position scheme acts: 'embedding', 'qk', 'bias' or 'none' (position)",
