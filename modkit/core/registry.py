@@ -431,6 +431,12 @@ class Registry:
         """Human message for an unknown component ``kind``: the known kinds and the closest match."""
         kinds = self.kinds()
         hint = close_matches(str(kind), kinds)
+        owners = [k for k in kinds if kind in self.types(k)]  # a type name given where the kind goes
+        if owners:
+            return (
+                f"unknown component kind {kind!r}; {kind!r} is a type of kind {' and '.join(map(repr, owners))}: give "
+                f"the kind first ({owners[0]} {kind}); known kinds: {', '.join(kinds)}"
+            )
         return f"unknown component kind {kind!r}; known kinds: {', '.join(kinds) or '(none installed)'}" + (
             f"; did you mean {hint[0]!r}?" if hint else ""
         )

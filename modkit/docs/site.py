@@ -83,7 +83,10 @@ def _require_mkdocs() -> None:
         except ImportError:
             missing.append(mod.split(".")[0])
     if missing:
-        raise UserError(f"the docs need {', '.join(missing)}; install them with: pip install 'modkit-lm[docs]'")
+        raise UserError(
+            f"the docs need {', '.join(missing)}; install them with: pip install 'modkit-lm[docs]' (in a checkout: "
+            "pip install -e '.[docs]')"
+        )
     if not importlib.metadata.entry_points(group="mkdocs.plugins", name="modkit"):
         raise UserError(
             "modkit's mkdocs plugin is not registered (modkit runs without its package metadata); "

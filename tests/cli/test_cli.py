@@ -110,6 +110,13 @@ def test_show_unknown_type(capsys):
     assert "did you mean 'swiglu'" in err and "Traceback" not in err
 
 
+def test_show_of_a_type_without_its_kind_names_the_kind(capsys):
+    """``modkit show altup`` gives a type where the kind goes: the error says which kind holds it."""
+    code, _, err = run(capsys, "show", "altup")
+    assert code == 1 and "Traceback" not in err
+    assert "'altup' is a type of kind 'stream': give the kind first (stream altup)" in err
+
+
 def test_plugins(capsys):
     code, out, _ = run(capsys, "plugins")
     assert code == 0
