@@ -132,6 +132,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load o
     from modkit.nn.recurrent import (
         ChunkBoundaries,
         GatedRMSNorm,
+        RECURRENT_CAPABILITIES,
         causal_conv,
         chunk_boundaries,
         document_starts,
@@ -234,6 +235,7 @@ _EXPORTS = {
         (
             "ChunkBoundaries",
             "GatedRMSNorm",
+            "RECURRENT_CAPABILITIES",
             "causal_conv",
             "chunk_boundaries",
             "document_starts",

@@ -44,6 +44,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
+    RECURRENT_CAPABILITIES,
     AttentionInputs,
     BuildContext,
     CacheEntry,
@@ -410,15 +411,7 @@ def register_components(register) -> None:
             "holds a fixed-size state per sequence (conv window + [n_value_heads, key_head_dim, value_head_dim] float32).",
             reference="Yang, Kautz & Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 with Delta Rule, "
             "arXiv:2412.06464; Qwen3-Next (transformers Qwen3NextGatedDeltaNet)",
-            capabilities={
-                "overflow_prone": True,
-                "causal_safe": True,
-                "kv_cache": True,
-                "compile_safe": True,
-                "document_mask": True,
-                # no cross-rank scan: a shard of the sequence would start from a zero state
-                "context_parallel": False,
-            },
+            capabilities={**RECURRENT_CAPABILITIES, "overflow_prone": True},
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

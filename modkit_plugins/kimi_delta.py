@@ -58,6 +58,7 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from modkit.plugin import (
+    RECURRENT_CAPABILITIES,
     AttentionInputs,
     BuildContext,
     CacheEntry,
@@ -462,15 +463,7 @@ def register_components(register) -> None:
             "window + [n_heads, head_dim, head_dim] float32).",
             reference="Kimi Team 2025, Kimi Linear: An Expressive, Efficient Attention Architecture, arXiv:2510.26692; "
             "transformers KimiLinearDeltaAttention; flash-linear-attention KimiDeltaAttention",
-            capabilities={
-                "overflow_prone": True,
-                "causal_safe": True,
-                "kv_cache": True,
-                "compile_safe": True,
-                "document_mask": True,
-                # no cross-rank scan: a shard of the sequence would start from a zero state
-                "context_parallel": False,
-            },
+            capabilities={**RECURRENT_CAPABILITIES, "overflow_prone": True},
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

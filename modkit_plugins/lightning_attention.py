@@ -43,6 +43,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
+    RECURRENT_CAPABILITIES,
     AttentionInputs,
     BuildContext,
     CacheEntry,
@@ -320,14 +321,7 @@ def register_components(register) -> None:
             "d_model]; the cache holds a [n_heads, head_dim, head_dim] float32 state per sequence.",
             reference="Qin et al. 2024, Lightning Attention-2, arXiv:2401.04658; MiniMax 2025, MiniMax-01, "
             "arXiv:2501.08313; transformers MiniMaxLightningAttention",
-            capabilities={
-                "causal_safe": True,
-                "kv_cache": True,
-                "compile_safe": True,
-                "document_mask": True,
-                # no cross-rank scan: a shard of the sequence would start from a zero state
-                "context_parallel": False,
-            },
+            capabilities=dict(RECURRENT_CAPABILITIES),
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

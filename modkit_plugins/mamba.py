@@ -41,6 +41,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
+    RECURRENT_CAPABILITIES,
     AttentionInputs,
     BuildContext,
     CacheEntry,
@@ -374,15 +375,7 @@ def register_components(register) -> None:
             "seq, d_model]; the cache holds a fixed-size state per sequence (conv window + [d_inner, d_state] float32).",
             reference="Gu & Dao 2023, Mamba: Linear-Time Sequence Modeling with Selective State Spaces, arXiv:2312.00752; "
             "Lieber et al. 2024, Jamba, arXiv:2403.19887",
-            capabilities={
-                "overflow_prone": True,
-                "causal_safe": True,
-                "kv_cache": True,
-                "compile_safe": True,
-                "document_mask": True,
-                # no cross-rank scan: a shard of the sequence would start from a zero state
-                "context_parallel": False,
-            },
+            capabilities={**RECURRENT_CAPABILITIES, "overflow_prone": True},
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

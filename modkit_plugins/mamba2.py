@@ -46,6 +46,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
+    RECURRENT_CAPABILITIES,
     AttentionInputs,
     bounded_float,
     BuildContext,
@@ -529,15 +530,7 @@ def register_components(register) -> None:
             "(conv window + [n_heads, head_dim, d_state] float32).",
             reference="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient Algorithms Through "
             "Structured State Space Duality, arXiv:2405.21060",
-            capabilities={
-                "overflow_prone": True,
-                "causal_safe": True,
-                "kv_cache": True,
-                "compile_safe": True,
-                "document_mask": True,
-                # no cross-rank scan: a shard of the sequence would start from a zero state
-                "context_parallel": False,
-            },
+            capabilities={**RECURRENT_CAPABILITIES, "overflow_prone": True},
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

@@ -46,6 +46,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
+    RECURRENT_CAPABILITIES,
     AttentionInputs,
     BuildContext,
     CacheEntry,
@@ -460,15 +461,7 @@ def register_components(register) -> None:
             "cache holds [n_heads, d_k, d_v] + [n_heads, d_k] + [n_heads] float32 per sequence.",
             reference="Beck et al. 2024, xLSTM, arXiv:2405.04517; Beck et al. 2025, xLSTM 7B, arXiv:2503.13427; "
             "transformers xLSTMLayer",
-            capabilities={
-                "overflow_prone": True,
-                "causal_safe": True,
-                "kv_cache": True,
-                "compile_safe": True,
-                "document_mask": True,
-                # no cross-rank scan: a shard of the sequence would start from a zero state
-                "context_parallel": False,
-            },
+            capabilities={**RECURRENT_CAPABILITIES, "overflow_prone": True},
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

@@ -30,6 +30,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from modkit.plugin import (
+    RECURRENT_CAPABILITIES,
     AttentionInputs,
     BuildContext,
     CacheEntry,
@@ -141,14 +142,7 @@ def register_components(register) -> None:
             "convolution of kernel d_conv over B * x, gated by C; out_proj. [batch, seq, d_model] -> [batch, seq, "
             "d_model]; the cache holds the last d_conv - 1 convolution inputs per sequence.",
             reference="Liquid AI 2025, LFM2; transformers Lfm2ShortConv (modeling_lfm2.py)",
-            capabilities={
-                "causal_safe": True,
-                "kv_cache": True,
-                "compile_safe": True,
-                "document_mask": True,
-                # a shard of the sequence would start from an empty window
-                "context_parallel": False,
-            },
+            capabilities=dict(RECURRENT_CAPABILITIES),  # a sequence shard would start from an empty window
             param_count=_param_count,
             flops=_flops,
             math=_MATH,

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from modkit.nn.cache import MixerCache
 
 __all__ = [
+    "RECURRENT_CAPABILITIES",
     "ChunkBoundaries",
     "GatedRMSNorm",
     "causal_conv",
@@ -48,6 +49,19 @@ __all__ = [
     "padding_mask",
     "zero_padding",
 ]
+
+
+#: The registry capabilities every built-in recurrent mixer declares (a plugin spreads it into its entry's
+#: ``capabilities``, adding its own such as ``overflow_prone``): causal, a cache (its fixed-size state), compilable,
+#: restarted at document starts, and no context parallelism, since a shard of the sequence would start from a zero
+#: state (there is no cross-rank scan).
+RECURRENT_CAPABILITIES = {
+    "causal_safe": True,
+    "kv_cache": True,
+    "compile_safe": True,
+    "document_mask": True,
+    "context_parallel": False,
+}
 
 
 def padding_mask(token_mask: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
