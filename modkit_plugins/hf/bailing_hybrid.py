@@ -40,7 +40,7 @@ each layer's mixer under ``attention.`` with ``dense`` for ``o_proj``, the forge
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from modkit.plugin import CheckpointError, json_value
@@ -49,8 +49,7 @@ from ._keys import Ignore, Key, Own, Rope, sizes
 from ._reader import HFConfig
 from ._type import HFType
 from ._weights import Head, StackExperts, W
-from .deepseek_v3 import _groups
-from .kimi_linear import KimiLatent
+from .kimi_linear import KIMI_LINEAR, KimiLatent
 from .olmo_hybrid import SplitConv
 
 MODEL_TYPE = "bailing_hybrid"
@@ -241,26 +240,20 @@ BAILING_HYBRID = HFType(
         "initializer_range": Key("init_std", 0.02, kind="number"),
         "rope_theta": Rope(6_000_000.0, layout="interleaved"),
         "q_lora_rank": GatedLatent(),
-        "num_experts": Key("n_experts", 512, aliases=("num_local_experts",)),
-        "num_experts_per_token": Key("top_k", 8, aliases=("num_experts_per_tok",)),
-        "moe_intermediate_size": Key("expert_d_ff", 768),
-        "num_shared_experts": Key(
-            "shared_d_ff",
-            1,
-            kind="count",
-            aliases=("n_shared_experts",),
-            read_as=lambda v, f: v * f["expert_d_ff"] if v else None,
-            write_as=lambda v, f: v // f["expert_d_ff"] if v else 0,
-            note="num_shared_experts × moe_intermediate_size",
-        ),
-        "routed_scaling_factor": Key("routed_scaling_factor", 2.5, kind="number"),
-        "num_expert_group": Key(
-            "n_group", 8, aliases=("n_group",), read_as=_groups, write_as=lambda v, f: v or 1, note="1: no limit"
-        ),
-        "topk_group": Key(
-            "topk_group", 4, read_as=lambda v, f: None if f["n_group"] is None else v, write_as=lambda v, f: v or 1
-        ),
-        "moe_renormalize": Key("renormalize", True, kind="flag", aliases=("norm_topk_prob",)),
+        # Kimi Linear's mixture keys, the same names and meanings, with BailingHybridConfig's defaults
+        **{
+            k: replace(KIMI_LINEAR.keys[k], default=v)
+            for k, v in {
+                "num_experts": 512,
+                "num_experts_per_token": 8,
+                "moe_intermediate_size": 768,
+                "num_shared_experts": 1,
+                "routed_scaling_factor": 2.5,
+                "num_expert_group": 8,
+                "topk_group": 4,
+                "moe_renormalize": True,
+            }.items()
+        },
         "layer_types": Own(
             (*LAYER_KEYS, *GATE_KEYS, *LIMITS, *LIMITS.values()),
             "per layer: kimi_delta (full-rank gates; the bounded forget gate with kda_safe_gate) on linear_attention "
