@@ -106,7 +106,7 @@ def test_a_faulty_reader_fails_kv_share_and_nothing_else(registry, fault):
     assert all(status in ("passed", "skipped") for status, _ in others.values()), others
 
 
-def test_the_sound_attention_passes_kv_share_exactly(registry):
+def test_the_sound_attention_passes_kv_share(registry):
     """``gqa`` itself passes beside the faulty readers."""
     (r,) = check_component("attention", "gqa", registry=registry, checks=["kv_share"])
     assert r.status == "passed", r.detail

@@ -43,6 +43,12 @@ class FaultyAltUpConfig(AltUpConfig):
     type: Literal["batch_stats_altup"] = "batch_stats_altup"
 
 
+class UndeclaredScopeConfig(AltUpConfig):
+    """``altup``'s fields under the twin's name."""
+
+    type: Literal["undeclared_scope_altup"] = "undeclared_scope_altup"
+
+
 class BatchStatsLayerInputs(AltUpStream):
     """FAULT: the per-layer inputs are scaled by their mean square over the batch and the features."""
 
@@ -67,6 +73,19 @@ class StreamFaults:
             )
         )
         altup = modkit.get_registry().get("stream", "altup")
+        register(  # FAULT: a block-scope module whose entry forgets to declare the scope validation reads
+            Component(
+                kind="stream",
+                type="undeclared_scope_altup",
+                config=UndeclaredScopeConfig,
+                factory=lambda cfg, ctx: AltUpStream(cfg, ctx),
+                description="altup whose entry does not declare scope 'block' (a fault)",
+                capabilities={k: v for k, v in altup.capabilities.items() if k != "scope"},
+                param_count=altup.param_count,
+                flops=altup.flops,
+                example={**altup.example, "type": "undeclared_scope_altup"},
+            )
+        )
         register(
             Component(
                 kind="stream",
@@ -129,3 +148,10 @@ def test_the_built_in_altup_passes_every_check_that_applies(registry):
     for check in ("stream", "causality", "kv_cache_decode", "gradients", "param_count", "flops", "compile"):
         assert got[check].status == "passed", (check, got[check].detail)
     assert "block scope" in got["stream"].detail
+
+
+def test_a_scope_the_entry_does_not_declare_fails_the_stream_check(registry):
+    """The module is block-scope, its entry declares no scope (validation then reads "sublayer")."""
+    (r,) = check_component("stream", "undeclared_scope_altup", registry=registry, checks=["stream"])
+    assert r.status == "failed"
+    assert "the entry declares scope 'sublayer' (capabilities), the module says 'block'" in r.detail, r.detail

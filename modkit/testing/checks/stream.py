@@ -42,7 +42,8 @@ def check_stream(bench: Bench) -> str:
     for each token alone (``[24, 1, ...]``), within :data:`~.base.SAME_MATH_ULPS` ulps of its scale. A ``"block"``
     stream's connection is the first block's (copied), its ``write`` given layer 0's input.
 
-    Catches: a stream whose mixing weights take statistics over the batch or the sequence (a norm over the wrong
+    Catches: a stream whose declared ``scope`` capability (what validation reads) differs from its module's
+    ``scope`` (what the blocks read); a stream whose mixing weights take statistics over the batch or the sequence (a norm over the wrong
     dimension: over the batch it passes causality and cached decode, since every row changes together), per-layer
     inputs normalised over the batch, a connection that returns the streams' sum instead of one ``[b, s, d]`` input,
     a head that drops the dtype. Source: the contract in :mod:`modkit.nn.stream` (hyper-connections compute every
@@ -51,6 +52,12 @@ def check_stream(bench: Bench) -> str:
     """
     model, records = bench.build()
     stream = first_target(bench, records).module
+    declared, built = bench.entry.capabilities.get("scope", "sublayer"), getattr(stream, "scope", "sublayer")
+    if declared != built:  # validation reads the capability, the blocks read the module: they must agree
+        raise CheckFailed(
+            f"the entry declares scope {declared!r} (capabilities), the module says {built!r} (ResidualStream.scope); "
+            "give both the same value"
+        )
     n, d = int(stream.n_streams), bench.d_model()
     connection = _connection(stream, model)
     block = getattr(stream, "scope", "sublayer") == "block"
