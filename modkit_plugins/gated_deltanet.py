@@ -208,17 +208,18 @@ def delta_rule_step(
     """One token of the gated delta rule: ``S = α S``; ``S += β k (v - Sᵀ k)ᵀ``; ``o = Sᵀ q``.
 
     Args:
-        q, k: ``[batch, H, dk]``; v: ``[batch, H, dv]``; g, beta: ``[batch, H]``; state: ``[batch, H, dk, dv]``;
-        reset: ``[batch]`` bool, True where the token starts a document (``α = 0``: the state before it is
-        dropped), or ``None``. Float32 (or float64).
+        q, k: ``[batch, H, dk]``; v: ``[batch, H, dv]``; g: ``[batch, H]`` (one decay per head, Gated DeltaNet) or
+        ``[batch, H, dk]`` (one per key channel, Kimi Delta Attention); beta: ``[batch, H]``; state:
+        ``[batch, H, dk, dv]``; reset: ``[batch]`` bool, True where the token starts a document (``α = 0``: the state
+        before it is dropped), or ``None``. Float32 (or float64).
 
     Returns:
         ``(o [batch, H, dv], new state)``. FLOPs: ``4 · batch · H · dk · dv`` (the read-outs ``Sᵀ k`` and ``Sᵀ q``).
     """
     alpha = g.exp()
     if reset is not None:
-        alpha = alpha * (~reset)[:, None].to(alpha.dtype)
-    s = state * alpha[..., None, None]
+        alpha = alpha * (~reset).view(-1, *(1,) * (alpha.dim() - 1)).to(alpha.dtype)
+    s = state * (alpha[..., None, None] if alpha.dim() == 2 else alpha[..., None])
     predicted = (k[..., None, :] @ s)[..., 0, :]  # Sᵀ k, [b, H, dv]
     s = s + k[..., :, None] * ((v - predicted) * beta[..., None])[..., None, :]
     o = (q[..., None, :] @ s)[..., 0, :]

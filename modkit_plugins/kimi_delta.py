@@ -75,7 +75,7 @@ from modkit.plugin import (
     Workload,
     zero_padding,
 )
-from modkit_plugins.gated_deltanet import DeltaRuleConfig, l2_normalise
+from modkit_plugins.gated_deltanet import DeltaRuleConfig, delta_rule_step, l2_normalise
 
 
 #: the bounded forget gate's default lowest log decay per token (transformers ``BailingHybridConfig.kda_lower_bound``)
@@ -227,27 +227,9 @@ def kda_chunked(
     return o, s
 
 
-def kda_step(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, reset: Optional[Tensor] = None
-) -> tuple[Tensor, Tensor]:
-    """One token: ``S = diag(exp(g)) S``; ``S += β k (v - Sᵀ k)ᵀ``; ``o = Sᵀ q``.
-
-    Args:
-        q, k: ``[batch, H, dk]``; v: ``[batch, H, dv]``; g: ``[batch, H, dk]``; beta: ``[batch, H]``; state:
-        ``[batch, H, dk, dv]``; reset: ``[batch]`` bool, True where the token starts a document (the state before it
-        is dropped), or ``None``. Float32 (or float64).
-
-    Returns:
-        ``(o [batch, H, dv], new state)``. FLOPs: ``4 · batch · H · dk · dv`` (the read-outs ``Sᵀ k`` and ``Sᵀ q``).
-    """
-    alpha = g.exp()
-    if reset is not None:
-        alpha = alpha * (~reset)[:, None, None].to(alpha.dtype)
-    s = state * alpha[..., None]
-    predicted = (k[..., None, :] @ s)[..., 0, :]  # Sᵀ k, [b, H, dv]
-    s = s + k[..., :, None] * ((v - predicted) * beta[..., None])[..., None, :]
-    o = (q[..., None, :] @ s)[..., 0, :]
-    return o, s
+#: One token of Kimi Delta Attention: the gated delta rule with one decay per key channel (``g [batch, H, dk]``),
+#: ``S = diag(exp(g)) S``; ``S += β k (v - Sᵀ k)ᵀ``; ``o = Sᵀ q`` (:func:`~modkit_plugins.gated_deltanet.delta_rule_step`).
+kda_step = delta_rule_step
 
 
 # ----------------------------------------------------------------------------------------------- the module
