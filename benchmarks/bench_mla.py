@@ -17,8 +17,9 @@ transformers / modkit (above 1: modkit is faster), and the largest difference of
 and rotated key of the context, float32) over the bandwidth of a large tensor copy (read + write, 512 MiB) measured
 in the same run, its rounds interleaved with the steps'; the ratio roofline time / step time (1 = at the
 bandwidth limit). Also the compute floor: the step's matrix-product FLOPs (its projections, the scores against the
-latent and the rotated key, the weighted sum of latents) over the FLOP/s of a 1024-square ``matmul`` measured in the
-same run; a step can be no faster than the larger of the two. Both in wall time and in this thread's CPU time (on a
+latent and the rotated key, the weighted sum of latents) over the FLOP/s of a 1024-square product measured in the
+same run, the faster of ``matmul`` (MKL) and oneDNN's (AVX-512 on a CPU where MKL takes its AVX2 path); a step can
+be no faster than the larger of the two. Both in wall time and in this thread's CPU time (on a
 loaded machine the wall time of every side, the copy included, stretches with the load).
 
 A script, not a test: on a shared machine absolute figures move with the load, the ratios are measured in one
@@ -43,6 +44,12 @@ sys.path.insert(0, str(ROOT))
 
 import modkit  # noqa: E402
 from modkit import AttentionInputs  # noqa: E402
+from modkit.nn.onednn import _ONEDNN  # noqa: E402
+
+
+def _onednn_mm(a, b):
+    """``a @ bᵀ`` through oneDNN's matmul: the other GEMM library of a CPU build, often the faster (AVX-512) one."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
 
 
 def build_pair(args, max_len: int):
@@ -178,6 +185,7 @@ def main(argv=None) -> int:
                 "transformers": lambda: [hf_step(t) for t in steps],
                 "copy": lambda: dst.copy_(src),
                 "matmul": lambda: [a @ b for _ in range(8)],
+                **({"onednn": lambda: [_onednn_mm(a, b) for _ in range(8)]} if _ONEDNN else {}),
             }
             wall, cpu = {k: [] for k in sides}, {k: [] for k in sides}
             for _ in range(args.repeats):
@@ -186,17 +194,19 @@ def main(argv=None) -> int:
                     wall[name].append(w)
                     cpu[name].append(c)
         per = {"modkit": args.steps, "compiled": args.steps, "transformers": args.steps, "copy": 1, "matmul": 8}
+        per["onednn"] = 8
         nbytes, flops = step_cost(args, mla, context)
         print(f"\ncontext {context}: {nbytes / 1e6:.1f} MB read and {flops / 1e6:.1f} MFLOP per modkit step")
         for clock, t in (("wall", wall), ("CPU", cpu)):
             m = {k: statistics.median(v) / per[k] for k, v in t.items()}
-            bw, fps = 2 * src.numel() * 4 / m["copy"], 2 * 1024**3 / m["matmul"]
+            # the compute floor at the faster of the two GEMM libraries on this CPU (MKL and oneDNN)
+            bw, fps = 2 * src.numel() * 4 / m["copy"], 2 * 1024**3 / min(m["matmul"], m.get("onednn", m["matmul"]))
             roof, floor = nbytes / bw, max(nbytes / bw, flops / fps)
             print(
                 f"  {clock}: modkit {1e3 * m['modkit']:.3f} ms/step, transformers {1e3 * m['transformers']:.3f} "
                 f"ms/step, ratio transformers / modkit {m['transformers'] / m['modkit']:.2f}; copy bandwidth "
                 f"{bw / 1e9:.2f} GB/s, bandwidth roofline {1e3 * roof:.3f} ms = {roof / m['modkit']:.2f} of the step; "
-                f"matmul {fps / 1e9:.1f} GFLOP/s, compute floor {1e3 * flops / fps:.3f} ms; "
+                f"GEMM {fps / 1e9:.1f} GFLOP/s, compute floor {1e3 * flops / fps:.3f} ms; "
                 f"max(bandwidth, compute) = {floor / m['modkit']:.2f} of the step"
             )
             if "compiled" in m:
