@@ -3,7 +3,8 @@
 ``DeepseekV3Attention`` (which caches the latent too, but expands per-head keys and values of the whole context at
 every step), same weights, same run, interleaved.
 
-The attention layer alone, batch 1, float32 on the CPU, at contexts 1K and 4K (``--contexts``): each side's cache is
+The attention layer alone, batch 1, float32 on the CPU, at contexts 1K and 4K (``--contexts``), modkit's weights stored
+column-major as ``modkit generate`` stores them on a CPU (``--row-major`` keeps them as built): each side's cache is
 prefilled with the same ``context`` tokens, then decode steps of one token are timed (median over ``--repeats``
 rounds of ``--steps`` steps, the sides alternating round by round). With ``--compile`` (the default; ``--no-compile``
 skips it) modkit's step is also timed under ``torch.compile(fullgraph=True, dynamic=False)`` (the cache update and
@@ -44,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import modkit  # noqa: E402
 from modkit import AttentionInputs  # noqa: E402
+from modkit.inference.generate import column_major_linears  # noqa: E402
 from modkit.nn.onednn import _ONEDNN  # noqa: E402
 
 
@@ -131,6 +133,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8, help="decode steps per timed round")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per side (median reported)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile side")
+    p.add_argument(
+        "--row-major",
+        action="store_true",
+        help="keep modkit's weights row-major (default: column-major, as `modkit generate` stores them on a CPU)",
+    )
     p.add_argument("--d-model", dest="d_model", type=int, default=1024)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--q-lora", dest="q_lora", type=int, default=384)
@@ -150,6 +157,8 @@ def main(argv=None) -> int:
     for context in args.contexts:
         max_len = context + 3 + args.steps * (2 * args.repeats + 1)  # the eager steps, the compiled ones, warm-ups
         model, mla, rope, hf, rotary = build_pair(args, max_len)
+        if not args.row_major:  # the layout generate() decodes with on a CPU (its weight GEMVs stream faster)
+            column_major_linears(model)
         gen = torch.Generator().manual_seed(context)
         prompt = torch.randn(1, context, args.d_model, generator=gen)
         ours_cache, hf_cache = model.new_cache(1, max_len), DynamicCache(config=hf.config)

@@ -230,6 +230,9 @@ class MLA(nn.Module):
     holds earlier tokens; False expands per-head keys there too (the same numbers; a reference for tests).
     """
 
+    #: read as the per-head matrices ``W_UK`` / ``W_UV`` (:meth:`_kv_b`): decoding keeps it row-major
+    matrix_weights = ("kv_b_proj.weight",)
+
     def __init__(self, cfg: MLAConfig, ctx: BuildContext):
         super().__init__()
         d, h = ctx.d_model, cfg.n_heads

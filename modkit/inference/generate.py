@@ -148,6 +148,22 @@ def compiled_decode(model: Model, **compile_kwargs) -> Callable[[Tensor, KVCache
     return fn
 
 
+def matrix_weights(model: torch.nn.Module) -> set[int]:
+    """The ``id`` of every weight a module of ``model`` declares in ``matrix_weights``: a class attribute (a tuple of
+    parameter names relative to the module) naming the ``nn.Linear`` weights it also reads as matrices of its own
+    (per-head views, products outside the layer's forward), whose built row-major layout those reads are written for
+    (``mla``'s ``kv_b_proj``: ``W_UK`` and ``W_UV`` of its absorbed decode). A name that runs through an attribute
+    set to ``None`` (an optional child left out) is skipped, as for ``param_roles``."""
+    ids = set()
+    for module in model.modules():
+        for name in getattr(module, "matrix_weights", ()):
+            try:
+                ids.add(id(module.get_parameter(name)))
+            except AttributeError:  # an optional part this build does not have
+                continue
+    return ids
+
+
 @torch.no_grad()
 def column_major_linears(model: torch.nn.Module, enable: bool = True) -> int:
     """Store every ``nn.Linear`` weight column-major (``[in, out]`` in memory), or back to row-major.
@@ -157,7 +173,8 @@ def column_major_linears(model: torch.nn.Module, enable: bool = True) -> int:
     (MKL), batch-1 decoding is a chain of matrix-vector products bound by weight bandwidth, and the column-major
     layout streams them markedly faster (measured in ``benchmarks/results.md``, e.g. a 32000 x 512 head:
     about 1.7x); GEMMs of a prefill are about as fast either way. Checkpoints written afterwards are identical
-    (they are saved contiguous). Embedding tables (a tied head) are left as they are.
+    (they are saved contiguous). Embedding tables (a tied head) are left as they are, and so are the weights a
+    module declares it reads as matrices (:func:`matrix_weights`): their products are written for rows.
 
     Args:
         model: any module; every ``nn.Linear`` inside it is converted.
@@ -166,11 +183,13 @@ def column_major_linears(model: torch.nn.Module, enable: bool = True) -> int:
     Returns:
         the number of weights whose layout changed.
     """
-    changed = 0
+    changed, keep = 0, matrix_weights(model) if enable else set()
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear) or type(module.weight.data) is not torch.Tensor:
             continue  # (tensor subclasses such as DTensor shards keep their own layout)
         w = module.weight
+        if id(w) in keep:
+            continue
         col = w.dim() == 2 and w.stride() == (1, w.shape[0])
         with torch.inference_mode(False):  # a normal tensor even when called under inference_mode (trainable later)
             if enable and not col:

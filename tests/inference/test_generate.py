@@ -422,6 +422,59 @@ def test_column_major_linears_keeps_values_names_and_checkpoints(tmp_path):
     assert all(p.is_contiguous() for p in model.parameters())
 
 
+def test_column_major_linears_keeps_the_weights_a_module_declares_it_reads_as_matrices():
+    from modkit.inference.generate import column_major_linears, matrix_weights
+
+    spec = {
+        "schema_version": 1,
+        "vocab_size": 32,
+        "d_model": 32,
+        "n_layers": 2,
+        "max_seq_len": 16,
+        "position": {"type": "rope", "theta": 10000.0},
+        "block": {
+            "attention": {
+                "type": "mla",
+                "n_heads": 2,
+                "q_lora_rank": 16,
+                "kv_lora_rank": 8,
+                "qk_nope_head_dim": 8,
+                "qk_rope_head_dim": 4,
+                "v_head_dim": 8,
+                "latent_norm": {"type": "rmsnorm"},
+            },
+            "ffn": {"type": "swiglu", "d_ff": 32},
+            "norm": {"type": "rmsnorm"},
+            "placement": {"type": "pre"},
+        },
+    }
+    model = modkit.build(spec, seed=0).eval()
+    kv_b = [layer.attention.kv_b_proj.weight for layer in model.layers]
+    assert matrix_weights(model) == {id(w) for w in kv_b}  # mla declares kv_b_proj.weight, nothing else does
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    ref = generate(model, [1, 2, 3], max_new_tokens=6, temperature=0, column_major=False)
+    assert column_major_linears(model) == n_linear - len(kv_b)
+    assert all(w.is_contiguous() for w in kv_b)  # W_UK / W_UV keep the rows their products are written for
+    assert model.layers[0].attention.q_b_proj.weight.t().is_contiguous()  # the others stream column-major
+    assert torch.equal(generate(model, [1, 2, 3], max_new_tokens=6, temperature=0), ref)
+
+
+class _Declares(torch.nn.Module):
+    matrix_weights = ("proj.weight", "gate.weight")  # gate: an optional child this build leaves out
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.other, self.gate = torch.nn.Linear(4, 6), torch.nn.Linear(4, 6), None
+
+
+def test_matrix_weights_skips_declared_names_through_an_absent_part():
+    from modkit.inference.generate import column_major_linears, matrix_weights
+
+    m = _Declares()
+    assert matrix_weights(m) == {id(m.proj.weight)}
+    assert column_major_linears(m) == 1 and m.proj.weight.is_contiguous() and m.other.weight.t().is_contiguous()
+
+
 def test_generate_uses_column_major_weights_by_default_on_cpu_and_not_when_asked():
     row = modkit.build(C12_SPEC, seed=0).eval()
     col = modkit.build(C12_SPEC, seed=0).eval()
