@@ -80,13 +80,32 @@ def test_c13_one_error_per_bad_field_in_override():
     assert "'swiglu'" in msg and "valid fields" in msg and "d_ff" in msg
 
 
-def test_c13_unknown_type_lists_valid_and_closest():
-    ((path, msg),) = _errors(tiny_spec(block__ffn={"type": "swiglue", "d_ff": 64}))
-    assert path == "block.ffn.type"
-    assert "did you mean 'swiglu'" in msg
-    for t in modkit.get_registry().types("ffn"):
-        assert t in msg
-    assert "installed plugins" in msg
+@pytest.mark.parametrize(
+    "slot,bad,message",
+    [
+        (
+            "ffn",
+            {"type": "swigloo", "d_ff": 64},
+            "unknown ffn type 'swigloo'; did you mean 'swiglu'? (modkit list ffn lists the 5 ffn types)",
+        ),
+        (
+            "attention",
+            {"type": "mamba3"},
+            "unknown mixer type 'mamba3'; did you mean 'mamba' or 'mamba2'? (modkit list attention and modkit list "
+            "mixer list the 16 types a mixer slot takes)",
+        ),
+        (
+            "norm",
+            {"type": "zzzz"},
+            "unknown norm type 'zzzz'; no norm type is close to it (modkit list norm lists the 3 norm types)",
+        ),
+    ],
+)
+def test_c13_unknown_type_names_its_close_matches_and_where_the_list_is(slot, bad, message):
+    """An unknown type names the close matches among its own kind's types and the command that lists them all,
+    not every type and plugin installed."""
+    ((path, msg),) = _errors(tiny_spec(**{f"block__{slot}": bad}))
+    assert (path, msg) == (f"block.{slot}.type", message)
 
 
 def test_every_error_is_reported_at_once():
