@@ -166,3 +166,26 @@ def test_spec_cannot_name_python_code():
     assert path == "block.ffn.type" and "unknown ffn type" in msg
     errors = _errors(tiny_spec(block__ffn={"_target_": "torch.nn.Linear", "type": "mlp", "d_ff": 8}))
     assert any("_target_" in p for p, _ in errors)
+
+
+def test_layer_source_names_the_field_that_sets_a_layers_component():
+    """Refusals name what a user edits: the last override that sets a slot of a layer, else the block default."""
+    spec = modkit.load_spec(
+        tiny_spec(
+            n_layers=4,
+            overrides=[
+                {"layers": {"start": 0, "step": 2}, "ffn": {"type": "mlp", "d_ff": 32}},
+                {"layers": [2], "ffn": {"type": "swiglu", "d_ff": 16}, "norm": {"type": "layernorm"}},
+            ],
+        )
+    )
+    assert [spec.layer_source(i, "ffn") for i in range(4)] == [
+        "overrides[0].ffn",
+        "block.ffn",
+        "overrides[1].ffn",
+        "block.ffn",
+    ]
+    assert [spec.layer_source(i, "norm") for i in (1, 2)] == ["block.norm", "overrides[1].norm"]
+    assert spec.layer_source(3, "position") == "position"
+    with pytest.raises(IndexError):
+        spec.layer_source(4, "ffn")
