@@ -57,7 +57,7 @@ from .output import (
     _count,
     _debug,
     _err,
-    _fit,
+    _fit_table,
     _one_line,
     _out,
     _short_count,  # noqa: F401

@@ -9,7 +9,7 @@ import textwrap
 
 from .common import _registry
 from .errors import UserError
-from .output import _err, _fit, _one_line, _out, _table
+from .output import _err, _fit_table, _one_line, _out, _table
 
 
 def add_subcommands(sub) -> None:
@@ -53,8 +53,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         for alias in c.aliases:  # an alias is a second name of the entry above, not a second component
             note = " (name changed meaning; see modkit show)" if alias in c.alias_notes else ""
             rows.append((c.kind, f"{alias} -> {c.type}", plugin, f"alias of {c.type}{note}"))
-    for line in _table(("KIND", "TYPE", "PLUGIN", "DESCRIPTION"), rows):
-        _out(_fit(line))
+    for line in _fit_table(("KIND", "TYPE", "PLUGIN", "DESCRIPTION"), rows):
+        _out(line)
     return 0
 
 

@@ -5,8 +5,10 @@ module uses them: ``from modkit.cli import _table, _count``)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
+import textwrap
 from typing import Any, Iterable, Optional, Sequence
 
 
@@ -49,22 +51,32 @@ def _table(
     return [fmt(list(headers))] + [fmt(r) for r in rows]
 
 
+#: a full stop that ends a sentence: followed by a space, not the end of an abbreviation (e.g., i.e., et al.)
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bal)(?<!\bvs)(?<!\bcf)\.(?=\s)")
+
+
 def _one_line(text: str) -> str:
-    """First sentence (or first line) of a description."""
+    """The first sentence of a description, on one line: up to the first full stop that a space follows (a
+    semicolon or a parenthesis does not end it)."""
     text = " ".join((text or "").split())
-    for sep in (". ", "; "):
-        if sep in text:
-            text = text.split(sep, 1)[0] + ("." if sep == ". " else "")
-            break
-    return text
+    end = _SENTENCE_END.search(text)
+    return text[: end.end()] if end else text
 
 
-def _fit(line: str) -> str:
-    """Truncate to the terminal width when stdout is a terminal (pipes get the full line)."""
-    if not sys.stdout.isatty():
-        return line
-    width = shutil.get_terminal_size((120, 24)).columns
-    return line if len(line) <= width else line[: max(width - 1, 10)] + "…"
+def _fit_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """:func:`_table`'s lines, the last column wrapped at spaces to the terminal's width when stdout is a terminal,
+    its continuation lines indented under it (a pipe gets one whole line per row)."""
+    rows = [[("" if c is None else str(c)) for c in r] for r in rows]
+    lines = _table(headers, rows)
+    if not sys.stdout.isatty() or not rows:
+        return lines
+    indent = sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(headers[:-1]))
+    room = max(shutil.get_terminal_size((120, 24)).columns - indent, 20)
+    out = lines[:1]
+    for line in lines[1:]:
+        pieces = textwrap.wrap(line[indent:], room, break_long_words=False, break_on_hyphens=False) or [""]
+        out += [(line[:indent] + pieces[0]).rstrip()] + [" " * indent + p for p in pieces[1:]]
+    return out
 
 
 def _count(n: int) -> str:

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from .common import _registry
-from .output import _fit, _out, _table
+from .output import _fit_table, _out
 
 
 def add_subcommands(sub) -> None:
@@ -46,8 +46,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         dist = p.provider.distribution or "-"
         rows.append((p.name, dist, p.provider.version or "-", ", ".join(what) or "(nothing)"))
     if rows:
-        for line in _table(("PLUGIN", "PACKAGE", "VERSION", "REGISTERS"), rows):
-            _out(_fit(line))
+        for line in _fit_table(("PLUGIN", "PACKAGE", "VERSION", "REGISTERS"), rows):
+            _out(line)
     else:
         _out("no plugins loaded")
     if skipped:

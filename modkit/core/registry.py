@@ -258,6 +258,11 @@ def close_matches(word: str, choices: Iterable[str]) -> list[str]:
     return difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
 
 
+def _one_of(words: list[str]) -> str:
+    """``'a'``, ``'a' or 'b'``, ``'a', 'b' or 'c'``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
 class Registry:
     """Holds components and HF converters; filled by plugins through pluggy hooks.
 
@@ -417,8 +422,8 @@ class Registry:
         """The entry for ``(kind, type_)``.
 
         Raises:
-            RegistryError: unknown kind or type; the message lists the valid ones, the closest match and the
-                installed plugins.
+            RegistryError: unknown kind or type; the message names the close matches and, for a type, the
+                ``modkit list KIND`` command that lists the valid ones.
         """
         entry = self._components.get((kind, self.resolve(kind, type_)))
         if entry is not None:
@@ -442,23 +447,30 @@ class Registry:
         )
 
     def unknown_type_message(self, kind: str, type_: str) -> str:
-        """Human message for an unknown ``type`` of ``kind``: valid types, closest match, installed plugins.
+        """Human message for an unknown ``type`` of ``kind``: the close matches (difflib) among that kind's types and
+        aliases, and the ``modkit list`` command that lists them all (plus the plugins that failed to load).
 
-        For ``kind = "mixer"`` (a token-mixing slot) the valid types are those of every token-mixer kind, listed by kind.
+        For ``kind = "mixer"`` (a token-mixing slot) the types are those of every token-mixer kind.
         """
         kinds = [k for k in slot_kinds(kind) if self.types(k)] or [kind]
         types = sorted({t for k in kinds for t in self.types(k)})
         aliases = {a: t for k in kinds for a, t in self.aliases(k).items()}
-        hint = close_matches(str(type_), types + list(aliases))
-        listed = ", ".join(types) or "(none installed)"
-        if len(kinds) > 1:
-            listed += " (" + "; ".join(f"{k}: {', '.join(self.types(k))}" for k in kinds) + ")"
-        msg = f"unknown {kind} type {type_!r}; valid types: {listed}"
-        if aliases:
-            msg += "; aliases: " + ", ".join(f"{a} (= {t})" for a, t in sorted(aliases.items()))
-        if hint:
-            msg += f"; did you mean {hint[0]!r}?"
-        msg += f"; installed plugins: {', '.join(sorted(self._plugins)) or '(none)'}"
+        hint = [
+            f"{h!r} (an alias of {aliases[h]!r})" if h in aliases else repr(h)
+            for h in close_matches(str(type_), types + list(aliases))
+        ]
+        msg = f"unknown {kind} type {type_!r}; " + (
+            f"did you mean {_one_of(hint)}?" if hint else f"no {kind} type is close to it"
+        )
+        known = [k for k in kinds if k in self.kinds()]
+        if len(known) > 1:
+            msg += (
+                f" ({' and '.join(f'modkit list {k}' for k in known)} list the {len(types)} types a {kind} slot takes)"
+            )
+        elif known:
+            msg += f" (modkit list {known[0]} lists the {len(types)} {kind} type{'s' if len(types) != 1 else ''})"
+        else:
+            msg += " (modkit list lists every registered component)"
         if self._skipped:
             msg += "; plugins that failed to load (their components are missing): " + ", ".join(
                 f"{name} ({reason})" for name, reason in sorted(self._skipped.items())

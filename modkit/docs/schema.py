@@ -180,7 +180,8 @@ def spec_reference_page(registry) -> str:
         "",
         "Besides types and ranges, components check their fields against the model (for example a head count that "
         "the KV-head count does not divide is refused at `block.attention.n_kv_heads`); an unknown `type` answers "
-        "with the valid types, the closest match and the installed plugins. `modkit validate SPEC...` prints one "
+        "with the close matches among the types of its kind and the `modkit list KIND` command that lists them all. "
+        "`modkit validate SPEC...` prints one "
         "line per problem.",
         "",
     ]

@@ -4,32 +4,28 @@ A spec trained from scratch (a shipped spec, or one written by hand) carries no 
 registered weight mappers decide for it: a type *expresses* a spec when its reverse conversion gives a config that
 converts back to the same network (:meth:`modkit_plugins.hf._weights.HFWeights.hf_config`, the check every export
 runs). Exactly one such type is chosen; several are listed (the caller names one); none is refused, naming the
-components the closest types cannot hold.
+spec fields the closest types cannot hold and what the closest one gives there.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Optional
+from typing import Optional
 
 from modkit.core.errors import CheckpointError
 from modkit.core.registry import Registry
 from modkit.spec import ModelSpec
 
-_LAYER = re.compile(r"layers\[(\d+)\]\.(\w+)")
-#: a line of :meth:`HFWeights.hf_config`'s refusal naming a field of the network that would change
-_DIFFERENCE = re.compile(r"\s*([\w\[\].]+): spec has ")
 
-
-def hf_types_for(spec: ModelSpec, registry: Registry) -> tuple[list[str], dict[str, list[str]]]:
+def hf_types_for(spec: ModelSpec, registry: Registry) -> tuple[list[str], dict[str, Optional[list[tuple]]]]:
     """The registered model types with weights that express ``spec``, and why each other one does not.
 
     Returns:
-        ``(fitting types, {model type: differing fields})``, sorted by model type: the fields are paths such
-            as ``layers[1].ffn``, or ``["<whole spec>"]`` for a type that cannot describe the spec at all.
+        ``(fitting types, {model type: differing fields})``, sorted by model type: the fields are ``(spec field
+            path, spec value, layers, the type's value)`` (``("block.ffn.type", "moe", " (layers 1, 3)",
+            "swiglu")``), or ``None`` for a type that cannot describe the spec at all.
     """
     fits: list[str] = []
-    misses: dict[str, list[str]] = {}
+    misses: dict[str, Optional[list[tuple]]] = {}
     for model_type in registry.hf_model_types():
         mapper = registry.hf_converter(model_type).weights
         if mapper is None:
@@ -37,49 +33,26 @@ def hf_types_for(spec: ModelSpec, registry: Registry) -> tuple[list[str], dict[s
         try:
             mapper.hf_config(spec)
         except CheckpointError as exc:
-            found = [_DIFFERENCE.match(line) for line in str(exc).splitlines()[1:]]
             # a config the type refuses outright (not a field that would change) says nothing about components
-            misses[model_type] = [m.group(1) for m in found if m] if found and all(found) else ["<whole spec>"]
+            misses[model_type] = getattr(exc, "fields", None) or None
             continue
         except Exception:  # noqa: BLE001 - a mapper that cannot even describe this spec (a Mamba-2 one for attention)
-            misses[model_type] = ["<whole spec>"]
+            misses[model_type] = None
             continue
         fits.append(model_type)
     return fits, misses
 
 
-def _component(spec: ModelSpec, path: str) -> str:
-    """``path`` with the spec's component at it: ``layers[1].ffn`` -> ``ffn moe`` (``path`` when not a layer slot)."""
-    m = _LAYER.fullmatch(path)
-    if m is None:
-        value: Any = getattr(spec, path, None)
-        kind = getattr(value, "type", None)
-        return f"{path} {kind}" if kind else path
-    slot = getattr(spec.layer(int(m.group(1))), m.group(2), None)
-    return f"{m.group(2)} {getattr(slot, 'type', slot)}"
-
-
-def _unmapped(spec: ModelSpec, misses: dict[str, list[str]]) -> tuple[list[str], list[str]]:
-    """The closest types (fewest differing fields, a type that cannot run on the spec counted last) and the
-    components they cannot hold, each with the layers it sits in (``ffn moe (layers 1, 3)``)."""
-    ranked = sorted(misses, key=lambda t: (misses[t] == ["<whole spec>"], len(misses[t]), t))
-    if not ranked or misses[ranked[0]] == ["<whole spec>"]:
-        return [], []
-    best = [t for t in ranked if misses[t] == misses[ranked[0]]]
-    where: dict[str, list[str]] = {}
-    for path in misses[ranked[0]]:
-        m = _LAYER.fullmatch(path)
-        where.setdefault(_component(spec, path), []).extend([m.group(1)] if m else [])
-    n = spec.n_layers
-    comps = [
-        c
-        if not ls
-        else f"{c} (every layer)"
-        if len(ls) == n
-        else f"{c} (layer{'s' if len(ls) > 1 else ''} {', '.join(ls)})"
-        for c, ls in where.items()
-    ]
-    return best, comps
+def _unmapped(misses: dict[str, Optional[list[tuple]]]) -> tuple[list[str], list[str], str]:
+    """The closest types (fewest differing fields, a type that cannot run on the spec counted last), the fields they
+    cannot hold (``block.ffn.type = 'moe' (layers 1, 3)``) and what the first of them gives there."""
+    ranked = sorted(misses, key=lambda t: (misses[t] is None, len(misses[t] or ()), t))
+    if not ranked or misses[ranked[0]] is None:
+        return [], [], ""
+    first = misses[ranked[0]]
+    best = [t for t in ranked if [f[:3] for f in misses[t] or ()] == [f[:3] for f in first]]
+    gives = ", ".join(f"{path} {held!r}" for path, _, _, held in first)
+    return best, [f"{path} = {value!r}{layers}" for path, value, layers, _ in first], f"{ranked[0]} gives {gives}"
 
 
 def choose_hf_model_type(
@@ -113,9 +86,10 @@ def choose_hf_model_type(
             f"spec {name} has no metadata.hf_model_type and {len(fits)} Hugging Face model types express it: "
             f"{', '.join(fits)}; name one with --model-type (Python: to_hf(..., model_type=...))"
         )
-    best, comps = _unmapped(spec, misses)
+    best, fields, gives = _unmapped(misses)
+    closest = f"{', '.join(best)}; {gives}" if best else "none registered"
     raise CheckpointError(
-        f"no registered Hugging Face model type expresses spec {name}; the components that do not map: "
-        f"{'; '.join(comps) or '(none named)'} (closest: {', '.join(best) or 'none registered'}). Export with "
-        "modkit.save instead, or register a model type that holds them (docs/guides/hugging-face.md)"
+        f"no registered Hugging Face model type expresses spec {name}; the fields that do not map: "
+        f"{'; '.join(fields) or '(none named)'} (closest: {closest}). Export with modkit.save instead, or register a "
+        "model type that holds them (docs/guides/hugging-face.md)"
     )

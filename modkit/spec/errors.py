@@ -1,7 +1,7 @@
 """Error messages of a spec that failed the schema: pydantic's errors as ``(JSON path, message)`` pairs.
 
 :class:`~modkit.core.validation.ErrorFormatter` with the registry's knowledge added: an unknown component ``type``
-lists the valid types, the closest match and the installed plugins; an unknown field lists the component's fields
+names the close matches among its kind's types and ``modkit list KIND``; an unknown field lists the component's fields
 and where a misplaced one belongs; a size over its bound names the bound (:mod:`modkit.core.limits`).
 """
 
@@ -28,8 +28,8 @@ def _kind_for_tags(expected: str, registry: Registry) -> str | None:
 
 
 class _SpecErrorFormatter(ErrorFormatter):
-    """:class:`~modkit.core.validation.ErrorFormatter` with the registry's messages: unknown component types (valid
-    types, the closest match, the installed plugins), a missing ``type``, the valid fields of a component, and the
+    """:class:`~modkit.core.validation.ErrorFormatter` with the registry's messages: unknown component types (the
+    close matches and ``modkit list KIND``), a missing ``type``, the valid fields of a component, and the
     documented bound of a size (:mod:`modkit.core.limits`). A renamed field (``dff`` for the required ``d_ff``) is one
     error, not that plus ``d_ff: Field required``; a field one level off (``block.qk_norm``) names the component
     it belongs to."""

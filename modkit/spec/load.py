@@ -207,7 +207,7 @@ def load_spec(source: Union[str, Path, dict, ModelSpec], *, registry: Registry |
         SpecError: with every ``(path, message)``: unreadable file (missing, not a regular file, over 16 MiB,
             not UTF-8), malformed JSON (line and column), duplicate keys, nesting over 64 levels (see
             :mod:`modkit.core.jsonio`), schema violations (strict types, non-finite floats, sizes over the bounds of
-            :mod:`modkit.core.limits`), unknown component types (valid types and closest match listed) and
+            :mod:`modkit.core.limits`), unknown component types (the close matches and ``modkit list KIND`` named) and
             cross-field problems such as ``block.attention: n_kv_heads = 5 does not divide n_heads = 32``.
     """
     reg = registry or get_registry()

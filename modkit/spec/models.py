@@ -408,12 +408,32 @@ class ModelSpec(_Strict):
             position=self.position,
         )
         for o in self.overrides:
-            if o.layers.selects(index, self.n_layers) if isinstance(o.layers, LayerRange) else index in o.layers:
+            if self._selects(o, index):
                 for k in parts:
                     v = getattr(o, k)
                     if v is not None:
                         parts[k] = v
         return LayerSpec(index=index, **parts)
+
+    def _selects(self, override: "LayerOverride", index: int) -> bool:
+        """Whether ``override`` applies to layer ``index``."""
+        layers = override.layers
+        return layers.selects(index, self.n_layers) if isinstance(layers, LayerRange) else index in layers
+
+    def layer_source(self, index: int, slot: str) -> str:
+        """The spec field that sets ``slot`` (attention, ffn, norm, placement, position) of layer ``index``:
+        ``overrides[k].slot`` for the last override that sets it there, else ``block.slot`` (``position``).
+
+        Raises:
+            IndexError: ``index`` outside ``[0, n_layers)``.
+        """
+        if not 0 <= index < self.n_layers:
+            raise IndexError(f"layer {index} out of range for n_layers = {self.n_layers}")
+        where = "position" if slot == "position" else f"block.{slot}"
+        for k, o in enumerate(self.overrides):
+            if getattr(o, slot, None) is not None and self._selects(o, index):
+                where = f"overrides[{k}].{slot}"
+        return where
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """Serialise to spec JSON (round-trips through :func:`load_spec`)."""

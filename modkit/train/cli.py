@@ -120,9 +120,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun one report is enough
         return 0
-    print(
-        f"\ndone: {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s)"
-    )
+    print(f"\ndone: {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f} s")
+    if result.step_s > 0:  # a resumed run that had finished trained nothing
+        print(
+            f"whole-run mean: {result.tokens_per_s:,.0f} tokens/s over {result.step_s:.1f} s of training steps "
+            "(evals and checkpoints left out)"
+        )
     if result.skipped_steps:
         print(f"skipped: {result.skipped_steps} step(s) whose loss or gradient was not finite (--on-nonfinite skip)")
     if result.val_loss is not None:

@@ -75,8 +75,12 @@ class RunResult:
     val_loss: Optional[float]
     best_val_loss: Optional[float]
     final_val_loss: Optional[float]
+    #: wall seconds from the first step to the last, evaluations and checkpoints included
     elapsed_s: float
+    #: the run's mean: tokens trained / ``step_s`` (this invocation's steps, on a resume)
     tokens_per_s: float
+    #: wall seconds of the training steps: ``elapsed_s`` less the evaluations and checkpoints
+    step_s: float = 0.0
     sample: Optional[str] = None
     history: list[dict] = field(default_factory=list)
     #: steps whose batch was skipped as non-finite (``on_nonfinite = "skip"``), over the whole run
@@ -301,9 +305,10 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             )
         start = time.perf_counter()
         start_tokens = self.tokens
-        losses = self._train_until(total, start)
+        losses, paused = self._train_until(total, start)
         elapsed = time.perf_counter() - start
-        tps = (self.tokens - start_tokens) / max(elapsed, 1e-9)
+        step_s = elapsed - paused
+        tps = (self.tokens - start_tokens) / max(step_s, 1e-9)
         full_val = self._final_eval()
         sample = None
         if c.sample_tokens > 0 and self.pipe is not None:
@@ -324,18 +329,21 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             final_val_loss=full_val,
             elapsed_s=elapsed,
             tokens_per_s=tps,
+            step_s=step_s,
             sample=sample,
             history=self.history,
             skipped_steps=self.skipped_steps,
         )
 
-    def _train_until(self, total: int, start: float) -> dict[str, float]:
+    def _train_until(self, total: int, start: float) -> tuple[dict[str, float], float]:
         """Steps up to ``total``, logging, evaluating and checkpointing at their intervals (and at the end); the
         tokens/s of a ``train`` line count training time since ``start`` or the last log, eval or checkpoint.
-        Returns the last evaluation's losses (``{}`` without one)."""
+        Returns the last evaluation's losses (``{}`` without one) and the seconds its evaluations and checkpoints
+        took."""
         c = self.config
         last_log, last_tokens = start, self.tokens
         losses: dict[str, float] = {}
+        paused = 0.0
         with _ProgressBar(total, self.step, enabled=self.progress and self.procs.main, echo=self._say) as bar:
             while self.step < total:
                 out = self.train_step()
@@ -354,14 +362,16 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
                     bar.update(self.step, loss=loss, lr=out["lr"], tps=tps)
                 else:
                     bar.update(self.step)
+                pause = time.perf_counter()
                 if self.step % c.eval_interval == 0 or at_end:
                     losses = self._eval_and_record()
                     bar.note(f"step {self.step}: train {losses['train']:.4f}, val {losses['val']:.4f}")
                 if self.step % c.checkpoint_every == 0 or at_end:
                     self.save_checkpoint(final=at_end)
-                if self.step % c.eval_interval == 0 or self.step % c.checkpoint_every == 0:
+                if self.step % c.eval_interval == 0 or self.step % c.checkpoint_every == 0 or at_end:
                     last_log, last_tokens = time.perf_counter(), self.tokens  # tokens/s counts training time only
-        return losses
+                    paused += last_log - pause
+        return losses, paused
 
     def _train_record(self, out: dict, loss: float, tps: float) -> dict[str, Any]:
         """The ``train`` line of a logged step: ``out`` of :meth:`train_step`, its mean ``loss`` over the ranks

@@ -28,12 +28,21 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-class _ProgressBar:
-    """A rich progress bar (step, loss, learning rate, tokens/s, ETA) on stderr, rank 0; silent when disabled.
+def _stats(loss: float, lr: float, tps: float) -> str:
+    """``loss 1.2345 lr 3.00e-04 recent 51,200 tok/s``: ``loss`` in nats, ``tps`` tokens per second over the recent
+    steps."""
+    return f"loss {loss:.4f} lr {lr:.2e} recent {tps:,.0f} tok/s"
 
+
+class _ProgressBar:
+    """A rich progress bar (step, loss, learning rate, recent tokens/s, ETA) on stderr, rank 0; silent when disabled.
+
+    The tokens/s shown is ``recent``: the rate over the steps since the previous logged step (evaluations and
+    checkpoints left out), not the run's mean, which ``modkit train`` prints at the end.
     When ``stream`` (default stderr) is not a terminal (a log file, a pipe, CI) there is no bar, which rich would
-    draw once, cut to 80 columns: plain lines instead, ``step 2000/20000  loss 1.2345  lr 3.00e-04  51,200 tok/s
-    elapsed 0:01:02  ETA 0:09:18``, one per twentieth of the run (and the last step), written as they come.
+    draw once, cut to 80 columns: plain lines instead, ``step 2000/20000 loss 1.2345 lr 3.00e-04 recent 51,200 tok/s
+    ETA 0:09:18`` (under 80 columns up to 6-digit step counts and 7-digit rates), one per twentieth of the run (and
+    the last step), written as they come.
     """
 
     def __init__(
@@ -91,7 +100,7 @@ class _ProgressBar:
             return
         fields = {}
         if loss is not None:
-            fields["stats"] = f"loss {loss:.4f}  lr {lr:.2e}  {tps:,.0f} tok/s"
+            fields["stats"] = _stats(loss, lr, tps)
         self.bar.update(self.task, completed=step, **fields)
 
     def _plain_line(self, step: int, loss: Optional[float], lr: Optional[float], tps: Optional[float]) -> None:
@@ -102,12 +111,7 @@ class _ProgressBar:
         rate = (step - self.done) / elapsed if elapsed > 0 and step > self.done else 0.0
         eta = _clock((self.total - step) / rate) if rate > 0 else "-:--:--"
         width = len(str(self.total))
-        print(
-            f"step {step:>{width}}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {tps:,.0f} tok/s  "
-            f"elapsed {_clock(elapsed)}  ETA {eta}",
-            file=self.stream,
-            flush=True,
-        )
+        print(f"step {step:>{width}}/{self.total} {_stats(loss, lr, tps)} ETA {eta}", file=self.stream, flush=True)
         self.printed = step
 
     def note(self, line: str) -> None:

@@ -391,7 +391,11 @@ def rope_fields(
             if getattr(sc, key) is not None:
                 d[key] = getattr(sc, key)
     else:
-        raise CheckpointError(f"RoPE scaling {sc.type!r} has no Hugging Face form")
+        raise CheckpointError(
+            f"position.scaling.type = {sc.type!r} has no Hugging Face form: a Hugging Face config holds linear, "
+            "llama3, dynamic, ntk_alpha, yarn or longrope scaling; use one of them, or keep the spec in modkit's own "
+            "format (modkit.save)"
+        )
     out[scaling_key] = d
     if original_at_top and "original_max_position_embeddings" in d:
         out["original_max_position_embeddings"] = d["original_max_position_embeddings"]

@@ -365,6 +365,45 @@ def spec_differences(spec, other) -> list[tuple[str, Any, Any]]:
     return diffs
 
 
+_LAYER_SLOT = re.compile(r"layers\[(\d+)\]\.(\w+)")
+
+
+def _leaves(path: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:
+    """The first differing fields under ``path`` of two component dumps: ``path.type`` when the types differ, else
+    each differing field (nested components followed), else ``path`` itself for values that are not components."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [(path, a, b)]
+    if a.get("type") != b.get("type"):
+        return [(f"{path}.type", a.get("type"), b.get("type"))]
+    return [
+        leaf
+        for k in dict.fromkeys([*a, *b])
+        if a.get(k) != b.get(k)
+        for leaf in _leaves(f"{path}.{k}", a.get(k), b.get(k))
+    ]
+
+
+def field_differences(spec, other) -> list[tuple[str, Any, str, Any]]:
+    """:func:`spec_differences` named by the spec fields a user edits: ``(field path, value in spec, layers, value in
+    other)``. A layer's component is named where the spec sets it (``block.ffn``, ``overrides[1].ffn``,
+    ``position``) down to its first differing field (``block.norm.type``, ``final_norm.eps``); ``layers`` is
+    ``" (every layer)"``, ``" (layers 1, 3)"`` or ``""`` for a field outside the layers."""
+    found: dict[tuple[str, str, str], tuple[str, Any, Any, list[int]]] = {}
+    for path, a, b in spec_differences(spec, other):
+        m = _LAYER_SLOT.fullmatch(path)
+        base = spec.layer_source(int(m.group(1)), m.group(2)) if m else path
+        for leaf, x, y in _leaves(base, a, b):
+            entry = found.setdefault((leaf, repr(x), repr(y)), (leaf, x, y, []))
+            if m:
+                entry[3].append(int(m.group(1)))
+    out = []
+    for leaf, x, y, layers in found.values():
+        many = "s" if len(layers) > 1 else ""
+        where = " (every layer)" if len(layers) == spec.n_layers else f" (layer{many} {', '.join(map(str, layers))})"
+        out.append((leaf, x, where if layers else "", y))
+    return out
+
+
 @dataclass
 class HFWeights:
     """The weight mapper of one Hugging Face ``model_type`` (see :class:`modkit.io.checkpoint.WeightMapper`).
@@ -403,34 +442,46 @@ class HFWeights:
 
         Raises:
             CheckpointError: the spec cannot be expressed as this model type: the config would convert back to a
-                different network (each differing field named, with both values).
+                different network (each differing spec field named, ``block.norm.type``, with both values and the
+                layers it sets, then the fix); its ``fields`` hold the same as ``(path, spec value, layers, config
+                value)``, ``None`` when the config converts back to no valid spec.
         """
         cfg = carried(base, self.carry)
         cfg.update(self.to_config(spec, base or {}))
         cfg["model_type"] = self.model_type
         if not cfg.get("architectures") and self.architecture:
             cfg["architectures"] = [self.architecture]
-        problems = self.compatibility(spec, cfg)
-        back_dropout = load_spec(self.convert(dict(cfg))).dropout if not problems else spec.dropout
-        if back_dropout != spec.dropout:  # training-time only (so loading ignores it), but an export must keep it
-            problems.append(
-                f"dropout: spec has {spec.dropout.model_dump()}, the {self.model_type} config can hold only "
-                f"{back_dropout.model_dump()}"
-            )
-        if problems:
-            raise CheckpointError(
+        lines, fields, back = self._differences(spec, cfg)
+        if back is not None:  # dropout is training-time only (so loading ignores it), but an export must keep it
+            for path, a, b in _leaves("dropout", spec.dropout.model_dump(), back.dropout.model_dump()):
+                lines.append(f"{path}: spec has {a!r}, the {self.model_type} config can hold only {b!r}")
+                fields.append((path, a, "", b))
+        if lines:
+            fix = f"set these fields to what the {self.model_type} config gives, " if back is not None else ""
+            err = CheckpointError(
                 f"spec {spec.name or ''!s} cannot be written as a Hugging Face {self.model_type!r} checkpoint; the config "
-                f"would describe a different network:\n  " + "\n  ".join(problems)
+                f"would describe a different network:\n  " + "\n  ".join(lines) + f"\n  fix: {fix}name another type "
+                "with --model-type (left out: the types that express the spec are named), or keep the spec as it is "
+                "in modkit's own format (modkit.save)"
             )
+            err.fields = fields if back is not None else None  # for modkit.io.hf_types: which fields do not map
+            raise err
         return cfg
 
     def compatibility(self, spec, config: Mapping[str, Any]) -> list[str]:
-        """Why the network ``config`` describes differs from ``spec`` (empty when they agree, RoPE layout aside)."""
+        """Why the network ``config`` describes differs from ``spec`` (empty when they agree, RoPE layout aside):
+        one line per spec field, ``block.norm.type: spec has 'l2norm' (every layer), the llama config gives
+        'rmsnorm'``."""
+        return self._differences(spec, config)[0]
+
+    def _differences(self, spec, config: Mapping[str, Any]) -> tuple[list[str], list[tuple], Any]:
+        """``(lines, fields, network)``: :meth:`compatibility`'s lines, the same as ``(field path, spec value, layers,
+        config value)`` (:func:`field_differences`), and the spec ``config`` describes (``None``, with no fields,
+        when it describes none: the lines are then its errors)."""
         try:
             back = load_spec(self.convert(dict(config)))
         except SpecError as exc:
-            return [f"{p or '<root>'}: {m}" for p, m in exc.errors]
-        return [
-            f"{path}: spec has {a!r}, the {self.model_type} config gives {b!r}"
-            for path, a, b in spec_differences(spec, back)
-        ]
+            return [f"{p or '<root>'}: {m}" for p, m in exc.errors], [], None
+        fields = field_differences(spec, back)
+        lines = [f"{p}: spec has {a!r}{layers}, the {self.model_type} config gives {b!r}" for p, a, layers, b in fields]
+        return lines, fields, back

@@ -83,6 +83,38 @@ def test_list_kind_and_pattern(capsys):
     assert [r.split()[:2] for r in rows] == [["norm", "rmsnorm"]]
 
 
+JSONL = (
+    "JSON Lines: the run's metrics.jsonl (always written; resume, compare and the plots read it); with path, the "
+    "same records and the config and checkpoint lines appended to a second file."
+)
+
+
+def test_list_gives_a_description_up_to_its_first_full_stop(capsys):
+    """A semicolon does not end the first sentence (the jsonl tracker's is the whole description)."""
+    code, out, _ = run(capsys, "list", "tracker", "--pattern", "jsonl")
+    assert code == 0
+    assert out.splitlines()[1].split(None, 3) == ["tracker", "jsonl", "builtin-trackers", JSONL]
+    assert (
+        cli._one_line("Two norms (e.g. Gemma's). No parameters; [..., d] -> [..., d].") == "Two norms (e.g. Gemma's)."
+    )
+
+
+def test_list_wraps_descriptions_at_words_on_a_terminal(capsys, monkeypatch):
+    """On an 80-column terminal the description wraps at spaces under its column: nothing is cut or lost."""
+    import shutil
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((80, 24)))
+    code, out, _ = run(capsys, "list", "tracker", "--pattern", "jsonl")
+    assert code == 0
+    head, *lines = out.splitlines()
+    column = head.index("DESCRIPTION")
+    assert lines[0][:column].split() == ["tracker", "jsonl", "builtin-trackers"]
+    assert all(len(line) <= 80 for line in lines) and len(lines) == 5
+    assert all(line[:column].strip() == "" for line in lines[1:])
+    assert " ".join(line[column:] for line in lines) == JSONL
+
+
 def test_list_unknown_kind_suggests(capsys):
     code, out, err = run(capsys, "list", "nrom")
     assert code == 1 and out == ""

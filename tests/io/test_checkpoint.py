@@ -279,8 +279,12 @@ def test_spec_that_describes_another_network_is_refused(tmp_path):
     _, folder = saved(tmp_path)
     data = modkit.from_hf_config(folder).to_dict()
     data["block"]["ffn"]["d_ff"] = 64
-    with pytest.raises(CheckpointError, match=r"layers\[0\]\.ffn"):
+    with pytest.raises(CheckpointError) as info:
         modkit.from_hf(folder, spec=data)
+    # the field of the given spec, not the resolved layer
+    assert str(info.value).splitlines()[1:] == [
+        "  block.ffn.d_ff: spec has 64 (every layer), the llama config gives 48"
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ export refusals
@@ -301,8 +305,16 @@ def test_to_hf_refuses_a_spec_the_type_cannot_express(tmp_path):
     model = modkit.build(data)
     with pytest.raises(CheckpointError) as info:
         modkit.to_hf(model, tmp_path / "out")
-    msg = str(info.value)
-    assert "'llama'" in msg and "layers[0].placement" in msg and "sandwich" in msg and "layers[0].attention" in msg
+    # each line names the spec field that sets the layers (not the resolved layer), its value and what llama holds
+    assert str(info.value).splitlines() == [
+        "spec llama cannot be written as a Hugging Face 'llama' checkpoint; the config would describe a different "
+        "network:",
+        "  block.attention.qk_norm: spec has {'type': 'rmsnorm', 'eps': 1e-06, 'unit_offset': False} (every layer), "
+        "the llama config gives None",
+        "  block.placement.type: spec has 'sandwich' (every layer), the llama config gives 'pre'",
+        "  fix: set these fields to what the llama config gives, name another type with --model-type (left out: the "
+        "types that express the spec are named), or keep the spec as it is in modkit's own format (modkit.save)",
+    ]
     assert not (tmp_path / "out").exists()
 
 

@@ -129,11 +129,39 @@ def test_the_model_type_flag_exports_a_spec_several_types_fit(tmp_path, capsys):
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "llama"
 
 
-def test_a_spec_no_type_expresses_is_refused_naming_its_components():
+def test_a_spec_no_type_expresses_is_refused_naming_its_fields():
     spec = modkit.load_spec(REPO / "specs" / "tiny-moe.json")
     with pytest.raises(CheckpointError) as info:
         choose_hf_model_type(spec, modkit.get_registry())
-    assert str(info.value).startswith(
-        "no registered Hugging Face model type expresses spec tiny-moe; the components that do not map: "
-        "ffn moe (layers 1, 3) (closest: llama, "
+    assert str(info.value) == (
+        "no registered Hugging Face model type expresses spec tiny-moe; the fields that do not map: "
+        "block.ffn.type = 'moe' (layers 1, 3) (closest: llama, mistral, phi3, seed_oss, smollm3; llama gives "
+        "block.ffn.type 'swiglu'). Export with modkit.save instead, or register a model type that holds them "
+        "(docs/guides/hugging-face.md)"
     )
+
+
+def test_convert_to_a_type_that_cannot_hold_a_field_names_it_and_the_fix(tmp_path, capsys):
+    """modkit convert --model-type llama on L2-normed blocks: the refusal names the spec field, its value, what llama
+    holds there and what to do, and writes nothing."""
+    data = json.loads((REPO / "specs" / "tiny-llama.json").read_text())
+    data["block"]["norm"] = {"type": "l2norm", "eps": 1e-5}
+    modkit.save(modkit.build(data, seed=1), tmp_path / "ck")
+    argv = [
+        "convert",
+        "modkit",
+        str(tmp_path / "ck"),
+        "--to",
+        "hf",
+        "-o",
+        str(tmp_path / "hf"),
+        "--model-type",
+        "llama",
+    ]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "  block.norm.type: spec has 'l2norm' (every layer), the llama config gives 'rmsnorm'",
+        "  fix: set these fields to what the llama config gives, name another type with --model-type (left out: the "
+        "types that express the spec are named), or keep the spec as it is in modkit's own format (modkit.save)",
+    ]
+    assert not (tmp_path / "hf").exists()

@@ -80,13 +80,32 @@ def test_c13_one_error_per_bad_field_in_override():
     assert "'swiglu'" in msg and "valid fields" in msg and "d_ff" in msg
 
 
-def test_c13_unknown_type_lists_valid_and_closest():
-    ((path, msg),) = _errors(tiny_spec(block__ffn={"type": "swiglue", "d_ff": 64}))
-    assert path == "block.ffn.type"
-    assert "did you mean 'swiglu'" in msg
-    for t in modkit.get_registry().types("ffn"):
-        assert t in msg
-    assert "installed plugins" in msg
+@pytest.mark.parametrize(
+    "slot,bad,message",
+    [
+        (
+            "ffn",
+            {"type": "swigloo", "d_ff": 64},
+            "unknown ffn type 'swigloo'; did you mean 'swiglu'? (modkit list ffn lists the 5 ffn types)",
+        ),
+        (
+            "attention",
+            {"type": "mamba3"},
+            "unknown mixer type 'mamba3'; did you mean 'mamba' or 'mamba2'? (modkit list attention and modkit list "
+            "mixer list the 16 types a mixer slot takes)",
+        ),
+        (
+            "norm",
+            {"type": "zzzz"},
+            "unknown norm type 'zzzz'; no norm type is close to it (modkit list norm lists the 3 norm types)",
+        ),
+    ],
+)
+def test_c13_unknown_type_names_its_close_matches_and_where_the_list_is(slot, bad, message):
+    """An unknown type names the close matches among its own kind's types and the command that lists them all,
+    not every type and plugin installed."""
+    ((path, msg),) = _errors(tiny_spec(**{f"block__{slot}": bad}))
+    assert (path, msg) == (f"block.{slot}.type", message)
 
 
 def test_every_error_is_reported_at_once():
@@ -147,3 +166,26 @@ def test_spec_cannot_name_python_code():
     assert path == "block.ffn.type" and "unknown ffn type" in msg
     errors = _errors(tiny_spec(block__ffn={"_target_": "torch.nn.Linear", "type": "mlp", "d_ff": 8}))
     assert any("_target_" in p for p, _ in errors)
+
+
+def test_layer_source_names_the_field_that_sets_a_layers_component():
+    """Refusals name what a user edits: the last override that sets a slot of a layer, else the block default."""
+    spec = modkit.load_spec(
+        tiny_spec(
+            n_layers=4,
+            overrides=[
+                {"layers": {"start": 0, "step": 2}, "ffn": {"type": "mlp", "d_ff": 32}},
+                {"layers": [2], "ffn": {"type": "swiglu", "d_ff": 16}, "norm": {"type": "layernorm"}},
+            ],
+        )
+    )
+    assert [spec.layer_source(i, "ffn") for i in range(4)] == [
+        "overrides[0].ffn",
+        "block.ffn",
+        "overrides[1].ffn",
+        "block.ffn",
+    ]
+    assert [spec.layer_source(i, "norm") for i in (1, 2)] == ["block.norm", "overrides[1].norm"]
+    assert spec.layer_source(3, "position") == "position"
+    with pytest.raises(IndexError):
+        spec.layer_source(4, "ffn")

@@ -348,3 +348,34 @@ def test_cli_flags_override_the_config(data_dir, tmp_path):
     )
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "lr:" in bad.stderr and "batch_size:" in bad.stderr
+
+
+def test_the_run_mean_tokens_per_s_counts_the_training_steps_only(data_dir, tmp_path, monkeypatch, capsys):
+    """``modkit train``'s summary gives tokens trained / seconds inside training steps: a fake clock ticks 1 s per
+    step and 100 s per evaluation or checkpoint, so 6 steps of 128 tokens make 128 tokens/s over 6 s of steps
+    whatever the 400 s of evaluations and checkpoints (steps 3 and 6)."""
+    import types
+
+    from modkit.cli import main
+    from modkit.train import loop
+
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+
+    def ticking(method, seconds):
+        def run(self, *args, **kwargs):
+            out = method(self, *args, **kwargs)
+            clock.now += seconds
+            return out
+
+        return run
+
+    monkeypatch.setattr(loop.Trainer, "train_step", ticking(loop.Trainer.train_step, 1.0))
+    monkeypatch.setattr(loop.Trainer, "_eval_and_record", ticking(loop.Trainer._eval_and_record, 100.0))
+    monkeypatch.setattr(loop.Trainer, "save_checkpoint", ticking(loop.Trainer.save_checkpoint, 100.0))
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(config(data_dir, max_steps=6, eval_interval=3, sample_tokens=0)))
+    assert main(["train", "-c", str(path), "-o", str(tmp_path / "run"), "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    done = out.index("done: 6 steps, 768 tokens in 406.0 s")
+    assert out[done + 1] == "whole-run mean: 128 tokens/s over 6.0 s of training steps (evals and checkpoints left out)"
