@@ -140,6 +140,9 @@ class AltUpLink(nn.Module):
         model's rule."""
         init.constant_(self.output_scale, self.cfg.output_scale_init)
 
+    #: read as matrices (clamped in training, :meth:`_coefs`): decoding with low-precision weights keeps them as built
+    matrix_weights = ("predict.weight", "correct.weight")
+
     def param_roles(self) -> dict[str, str]:
         """``output_scale`` is a vector; the coefficient maps are read out of the stream like a router."""
         return {"output_scale": "vector", "router.weight": "router"}

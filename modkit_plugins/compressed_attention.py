@@ -354,6 +354,8 @@ class CompressedAttention(nn.Module):
 
     #: the norms' gains and the per-head sink logits
     param_roles = {"q_a_norm": "norm_gain", "kv_norm": "norm_gain", "sinks": "vector"}
+    #: read as per-group matrices (the grouped output projection): decoding keeps it as built
+    matrix_weights = ("o_a_proj.weight",)
 
     def init_weights(self, init) -> None:
         """Norm gains 1 and sinks 0 (transformers' ``_init_weights``); the projections by default; the RoPE

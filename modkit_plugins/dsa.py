@@ -150,6 +150,9 @@ class LightningIndexer(nn.Module):
     """The indexer: ``keys(x, inputs) -> [b, s, D]`` float32 and ``select(x, q_resid, k_all, allowed, positions)
     -> [b, 1, s, kv]`` bool (see the module docstring for the formulas)."""
 
+    #: read in float32 (:meth:`_linear`): decoding with low-precision weights keeps them as built
+    matrix_weights = ("wq_b.weight", "wk.weight", "weights_proj.weight")
+
     def __init__(self, cfg: DSAConfig, ctx: BuildContext):
         super().__init__()
         d, self.n_heads, self.head_dim = ctx.d_model, cfg.index_n_heads, cfg.index_head_dim

@@ -102,6 +102,8 @@ class HashRouter(nn.Module):
     """
 
     param_roles = {"proj.weight": "router", "proj.bias": "bias"}
+    #: read in float32: decoding with low-precision weights keeps it as built
+    matrix_weights = ("proj.weight",)
     takes_token_mask = True
     takes_token_ids = True  # the holder passes token_ids [tokens] int64
 

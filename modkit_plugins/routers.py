@@ -246,6 +246,8 @@ class TopKRouter(nn.Module):
 
     #: parameter roles (:mod:`modkit.core.roles`): the projection is a router, not a hidden matrix
     param_roles = {"proj.weight": "router", "proj.bias": "bias"}
+    #: read in float32 (the scores): decoding with low-precision weights keeps it as built
+    matrix_weights = ("proj.weight",)
 
     takes_token_mask = True  # the holder passes token_mask so padding never counts as load
 

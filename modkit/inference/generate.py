@@ -42,7 +42,7 @@ from modkit.nn.build import kv_cache_bytes
 from modkit.nn.cache import KVCache
 from modkit.nn.model import Model
 from modkit.inference.sampling import GenerationState, Sampler, SamplingSetup, sampler_from_arguments, sampler_from_list
-from modkit.inference.weights import check_convertible, quantize_linears
+from modkit.inference.weights import check_convertible, matrix_weights, quantize_linears
 
 
 def build_sampler(
@@ -146,22 +146,6 @@ def compiled_decode(model: Model, **compile_kwargs) -> Callable[[Tensor, KVCache
         fn = torch.compile(functools.partial(decode_logits, model), **options)
         _COMPILED[model] = fn
     return fn
-
-
-def matrix_weights(model: torch.nn.Module) -> set[int]:
-    """The ``id`` of every weight a module of ``model`` declares in ``matrix_weights``: a class attribute (a tuple of
-    parameter names relative to the module) naming the ``nn.Linear`` weights it also reads as matrices of its own
-    (per-head views, products outside the layer's forward), whose built row-major layout those reads are written for
-    (``mla``'s ``kv_b_proj``: ``W_UK`` and ``W_UV`` of its absorbed decode). A name that runs through an attribute
-    set to ``None`` (an optional child left out) is skipped, as for ``param_roles``."""
-    ids = set()
-    for module in model.modules():
-        for name in getattr(module, "matrix_weights", ()):
-            try:
-                ids.add(id(module.get_parameter(name)))
-            except AttributeError:  # an optional part this build does not have
-                continue
-    return ids
 
 
 @torch.no_grad()

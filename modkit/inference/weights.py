@@ -142,7 +142,9 @@ class Int8Linear(nn.Module):
     Buffers: ``weight_int8 [out, in]`` int8 and ``scale [out]`` float32 (both saved in ``state_dict``). The product is
     ``torch._weight_int8pack_mm`` on a bfloat16 input (its fast path on x86 with AVX-512; the output is rounded to
     bfloat16, then cast back), as gpt-fast's ``WeightOnlyInt8Linear``; on a device without that kernel the weight
-    is dequantized per call. Inference only.
+    is dequantized per call, and so it is on a CPU for an input width that is not a multiple of 16 (torch 2.13's
+    CPU kernel reads the width in blocks of 16 with no tail: other widths crash or give wrong numbers). Inference
+    only.
     """
 
     def __init__(self, q: Tensor, scale: Tensor, bias: Optional[Tensor]):
@@ -167,9 +169,9 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x [..., in]`` -> ``[..., out]``, dtype of ``x``."""
         flat = x.reshape(-1, self.in_features)
-        if flat.device.type in ("cpu", "cuda"):
+        if flat.device.type == "cuda" or (flat.device.type == "cpu" and self.in_features % 16 == 0):
             y = torch._weight_int8pack_mm(flat.to(torch.bfloat16).contiguous(), self.weight_int8, self._scale_bf16)
-        else:  # pragma: no cover - other devices: dequantize per call
+        else:  # other devices, and input widths the CPU kernel cannot take: dequantize per call
             y = F.linear(flat, self.weight_int8.to(flat.dtype) * self.scale[:, None].to(flat.dtype))
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(x.dtype)
@@ -212,13 +214,33 @@ def check_convertible(model: nn.Module, weights: Optional[str]) -> None:
         )
 
 
+def matrix_weights(model: nn.Module) -> set[int]:
+    """The ``id`` of every weight a module of ``model`` declares in ``matrix_weights``: a class attribute (a tuple of
+    parameter names relative to the module) naming the ``nn.Linear`` weights it also reads as tensors of its own
+    (per-head views, products outside the layer's forward, a float32 read). Those must stay the float32
+    ``nn.Linear`` they were built as, in their built row-major layout: ``mla``'s ``kv_b_proj`` (``W_UK`` and
+    ``W_UV`` of its absorbed decode), a router's ``proj`` (read in float32). :func:`quantize_linears` and
+    :func:`~modkit.inference.generate.column_major_linears` leave them as they are. A name that runs through an
+    attribute set to ``None`` (an optional child left out) is skipped, as for ``param_roles``; the contract kit's
+    ``weight_formats`` check refuses a name that resolves to nothing."""
+    ids = set()
+    for module in model.modules():
+        for name in getattr(module, "matrix_weights", ()):
+            try:
+                ids.add(id(module.get_parameter(name)))
+            except AttributeError:  # an optional part this build does not have
+                continue
+    return ids
+
+
 @torch.no_grad()
 def quantize_linears(model: nn.Module, weights: str) -> int:
     """Replace every ``nn.Linear`` inside ``model`` (in place) by its ``weights`` version: ``"bfloat16"``
     (:class:`BFloat16Linear`) or ``"int8"`` (:class:`Int8Linear`); ``"float32"`` changes nothing.
 
-    Embeddings are left as they are (so is a head tied to the embedding). Idempotent: a model already in ``weights``
-    converts nothing. Module attributes such as ``modkit_kind`` are kept on the replacement.
+    Embeddings are left as they are (so is a head tied to the embedding), and so are the weights a module declares it
+    reads as matrices of its own (:func:`matrix_weights`). Idempotent: a model already in ``weights`` converts
+    nothing. Module attributes such as ``modkit_kind`` are kept on the replacement.
 
     Returns:
         the number of layers replaced.
@@ -232,9 +254,9 @@ def quantize_linears(model: nn.Module, weights: str) -> int:
         return 0
     kind = _KINDS[weights]
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()]
-    changed = 0
+    changed, keep = 0, matrix_weights(model)
     for parent, name, child in targets:
-        if type(child) is not nn.Linear or type(child.weight.data) is not torch.Tensor:
+        if type(child) is not nn.Linear or type(child.weight.data) is not torch.Tensor or id(child.weight) in keep:
             continue  # (subclasses and tensor subclasses such as DTensor shards are left alone)
         new = kind.from_linear(child).to(child.weight.device)
         for key, value in vars(child).items():

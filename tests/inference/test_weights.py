@@ -55,6 +55,21 @@ def test_int8_linear_matches_its_dequantized_product():
     assert float((y - ref).abs().max()) <= 2**-6 * float(ref.abs().max())
 
 
+@pytest.mark.parametrize("in_features, rows", [(24, 10), (8, 10), (12, 1), (100, 3), (33, 1)])
+def test_int8_linear_with_a_width_the_packed_kernel_cannot_take_matches_its_dequantized_product(in_features, rows):
+    """torch's CPU int8 kernel reads input widths in blocks of 16: for other widths it crashes the process or
+    returns wrong numbers (24 inputs, 10 rows: a segmentation fault; 12 inputs, 1 row: wrong values), so those
+    layers dequantize."""
+    lin = torch.nn.Linear(in_features, 16, bias=False)
+    torch.nn.init.normal_(lin.weight, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(2))
+    layer = Int8Linear.from_linear(lin)
+    with torch.no_grad():
+        ref = x @ (layer.weight_int8.float() * layer.scale[:, None]).t()
+        y = layer(x)
+    assert float((y - ref).abs().max()) <= 2**-6 * float(ref.abs().max())
+
+
 def test_int8_weight_bytes_are_a_quarter_of_float32():
     model = _model(tie_embeddings=False)
     before = linear_weight_bytes(model)
@@ -170,3 +185,55 @@ def test_an_int8_state_dict_loads_into_an_int8_model():
     prompt = _prompt()
     with torch.no_grad():
         assert torch.equal(other(prompt).logits, saved(prompt).logits)
+
+
+MLA_MOE_SPEC = {
+    "schema_version": 1,
+    "vocab_size": 64,
+    "d_model": 32,
+    "n_layers": 2,
+    "max_seq_len": 32,
+    "position": {"type": "rope", "theta": 10000.0},
+    "block": {
+        "attention": {
+            "type": "mla",
+            "n_heads": 2,
+            "q_lora_rank": 16,
+            "kv_lora_rank": 8,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4,
+            "v_head_dim": 8,
+            "latent_norm": {"type": "rmsnorm"},
+        },
+        "ffn": {
+            "type": "moe",
+            "n_experts": 4,
+            "top_k": 2,
+            "expert": {"type": "swiglu", "d_ff": 16},
+            "router": {"type": "topk", "renormalize": True},
+        },
+        "norm": {"type": "rmsnorm"},
+        "placement": {"type": "pre"},
+    },
+}
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "int8"])
+def test_weights_a_module_reads_as_matrices_stay_float32_and_decoding_runs(weights):
+    """mla reads kv_b_proj as W_UK / W_UV and a router reads its proj in float32: each declares them
+    (``matrix_weights``), so the conversion leaves them as built, and decoding agrees with float32."""
+    from modkit.inference.weights import matrix_weights
+
+    ref = modkit.build(MLA_MOE_SPEC, seed=0).eval()
+    model = modkit.build(MLA_MOE_SPEC, seed=0).eval()
+    kept = matrix_weights(model)
+    attn, router = model.layers[0].attention, model.layers[0].ffn.router
+    assert kept == {id(m.weight) for layer in model.layers for m in (layer.attention.kv_b_proj, layer.ffn.router.proj)}
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert quantize_linears(model, weights) == n_linear - len(kept)
+    assert type(attn.kv_b_proj) is torch.nn.Linear and type(router.proj) is torch.nn.Linear
+    assert type(attn.q_b_proj) is (BFloat16Linear if weights == "bfloat16" else Int8Linear)
+    ids = _prompt()
+    got = generate(model, ids, max_new_tokens=6, temperature=0)
+    want = generate(ref, ids, max_new_tokens=6, temperature=0)
+    assert torch.equal(got, want)

@@ -47,6 +47,7 @@ ATTENTION_FAULTS = (
     "fake_dropout",
     "overdeclared",
     "doc_leak",
+    "undeclared_matrix",
 )
 
 
@@ -105,7 +106,10 @@ class MiniAttention(nn.Module):
         out = probs.to(v.dtype) @ v
         if self.fault == "drifting" and inputs.cache is not None and k.shape[2] > s:
             out = out * 1.1  # FAULT (drifting): decoding against cached keys is scaled differently
-        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+        merged = out.transpose(1, 2).reshape(b, s, -1)
+        if self.fault == "undeclared_matrix":  # FAULT: reads o's weight itself without declaring matrix_weights
+            return nn.functional.linear(merged, self.o.weight)
+        return self.o(merged)
 
 
 class OverdeclaredAttention(MiniAttention):
@@ -289,6 +293,8 @@ class DetachedRouter(nn.Module):
     """Top-k softmax router (the built-in mixture's contract: ``(weights, indices, logits)``) whose logits come back
     detached, so the aux loss computed from them trains nothing."""
 
+    matrix_weights = ("proj.weight",)  # read in float32, as the built-in routers declare
+
     def __init__(self, d_model: int, n_experts: int, top_k: int):
         super().__init__()
         self.top_k = top_k
@@ -394,6 +400,7 @@ class FaultyPlugin:
         register(_attention("fake_dropout", kv_cache=True, attention_dropout=True))
         register(_attention("overdeclared", kv_cache=True))
         register(_attention("doc_leak", kv_cache=True, document_mask=True))
+        register(_attention("undeclared_matrix", kv_cache=True))
         register(_recurrence("state_leak"))
         register(_blind_input())
         register(_norm("leaky_dtype"))
@@ -562,6 +569,7 @@ FAULTS = [
         "declares cache entry 'spare' (4, 8) (token) but the forward never wrote it",
     ),
     ("attention", "doc_leak", "document_mask", "gives other logits packed than alone"),
+    ("attention", "undeclared_matrix", "weight_formats", "'Int8Linear' object has no attribute 'weight'"),
     ("mixer", "state_leak", "document_mask", "a recurrent state or convolution window not restarted"),
     ("norm", "plain_attr", "meta_init", "Tensor on device meta"),
     ("norm", "no_upcast", "precision", "float16: norm(x) with rows of magnitude 0.01, 1, 300"),

@@ -30,6 +30,7 @@ check                     module                          applies to
 ``flops``                 :mod:`.flops`                   components that declare flops (skipped, with the reason, without);
                                                           every workload modkit cost evaluates
 ``precision``             :mod:`.precision`               every component with a contract call (a router: its ffn)
+``weight_formats``        :mod:`.weights`                 every component (skipped without an nn.Linear)
 ``dropout``               :mod:`.training`                attention_dropout (any token mixer) / residual_dropout
 ``aux_loss_grad``         :mod:`.training`                the aux_loss capability, and routers
 ``compile``               :mod:`.compile`                 the compile_safe capability
@@ -85,6 +86,7 @@ from .init import check_meta_init
 from .parallel import applies_shards, check_shards, outcome, shards_many
 from .optimizer import OptimizerBench, applies_optimizer, check_optimizer
 from .precision import applies_precision, check_precision
+from .weights import WEIGHT_FORMATS_SUMMARY, applies_weight_formats, check_weight_formats
 from .roles import check_param_roles
 from .sampling import SAMPLING_KINDS, SamplingBench, applies_sampling, check_sampling
 from modkit.train.trackers import KIND as TRACKER_KIND
@@ -192,6 +194,7 @@ CHECKS: tuple[Check, ...] = (
         check_precision,
         applies_precision,
     ),
+    Check("weight_formats", WEIGHT_FORMATS_SUMMARY, check_weight_formats, applies_weight_formats),
     Check(
         "dropout", "a declared dropout is random in train mode and absent in eval mode", check_dropout, applies_dropout
     ),
