@@ -28,7 +28,7 @@ What is here, by use:
   :func:`chunk_boundaries` (:class:`ChunkBoundaries`);
 * **costs** (:mod:`modkit.analysis.cost`): :class:`Workload`, :func:`elementwise`, :func:`declared_flops`; the
   grouped GEMM of mixtures of experts, :func:`grouped_mm`; the products of a decode step over a latent cache,
-  :func:`latent_scores` and :func:`latent_sum` (oneDNN on one float32 CPU sequence, ``bmm`` otherwise); the
+  :func:`latent_scores` and :func:`latent_sum` (oneDNN on float32 CPU sequences, one at a time; ``bmm`` otherwise); the
   tensor-parallel helper :func:`shared_by_heads`;
 * **bounded config fields** (:mod:`modkit.core.limits`): :data:`HeadCount`, :data:`HeadDim`, :data:`FFNWidth`,
   :data:`ExpertCount`, :data:`SeqLen` and the ``MAX_*`` bounds behind them; bounded floats :data:`Multiplier`,

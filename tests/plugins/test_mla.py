@@ -221,8 +221,9 @@ def test_absorbed_decoding_equals_the_expanded_form_and_the_full_forward():
 
 def test_single_sequence_float32_decode_equals_the_expanded_form():
     """Batch 1 in float32 on the CPU: the absorbed products (oneDNN's where this torch has it, else ``baddbmm`` /
-    ``bmm``) give the expanded form's logits to 1e-5, chunks and single steps; and the two latent products equal
-    plain float64 matrix products to float32 rounding, mask added, on the 40-wide cache layout (latent, then key)."""
+    ``bmm``) give the expanded form's logits to 1e-5, chunks and single steps; and the two latent products, one
+    sequence and two (oneDNN's scores take them one at a time), equal plain float64 matrix products to float32
+    rounding, mask added, on the 40-wide cache layout (latent, then key)."""
     from modkit.plugin import latent_scores, latent_sum
 
     model = modkit.build(TINY_MLA, seed=0).eval()
@@ -237,18 +238,19 @@ def test_single_sequence_float32_decode_equals_the_expanded_form():
 
     torch.testing.assert_close(decode(True), decode(False), atol=1e-5, rtol=1e-5)
     g = torch.Generator().manual_seed(6)
-    q, ckv, p = (
-        torch.randn(1, 8, 40, generator=g),
-        torch.randn(1, 33, 40, generator=g),
-        torch.rand(1, 8, 33, generator=g),
-    )
-    base = torch.zeros(1, 1, 33).masked_fill_(torch.arange(33) > 30, float("-inf"))
-    with torch.no_grad():
-        scores, summed = latent_scores(q, ckv, base), latent_sum(p, ckv, 32)
-    ref = base.double() + q.double() @ ckv.double().transpose(1, 2)
-    assert scores.shape == (1, 8, 33) and torch.equal(scores.isinf(), ref.isinf())
-    torch.testing.assert_close(scores, ref.float(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(summed, (p.double() @ ckv.double()[..., :32]).float(), atol=1e-5, rtol=1e-5)
+    for b in (1, 2):
+        q, ckv, p = (
+            torch.randn(b, 8, 40, generator=g),
+            torch.randn(b, 33, 40, generator=g),
+            torch.rand(b, 8, 33, generator=g),
+        )
+        base = torch.zeros(b, 1, 33).masked_fill_(torch.arange(33) > 30 - b, float("-inf"))
+        with torch.no_grad():
+            scores, summed = latent_scores(q, ckv, base), latent_sum(p, ckv, 32)
+        ref = base.double() + q.double() @ ckv.double().transpose(1, 2)
+        assert scores.shape == (b, 8, 33) and torch.equal(scores.isinf(), ref.isinf())
+        torch.testing.assert_close(scores, ref.float(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(summed, (p.double() @ ckv.double()[..., :32]).float(), atol=1e-5, rtol=1e-5)
 
 
 def test_absorbed_decoding_in_float64_equals_the_full_forward_to_1e_12():
