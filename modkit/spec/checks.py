@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from modkit.core.config import ComponentConfig
 from modkit.core.registry import Registry
 from modkit.core.validation import extend_path
-from modkit.spec.geometry import _geometry_errors, _position_uses
+from modkit.spec.geometry import _geometry_errors, _head_geometry, _position_uses
 from modkit.spec.sharing import sharing_errors
 from modkit.spec.models import LayerOverride, ModelSpec, SpecContext, slot_path
 
@@ -117,6 +117,7 @@ def _semantic_errors(spec: ModelSpec, registry: Registry, *, geometry: bool = Tr
         visit(getattr(spec, name), name)
     errors.extend(_stream_errors(spec, registry))
     errors.extend(_placement_layer_errors(spec, ctx))
+    errors.extend(_nested_geometry_errors(spec, ctx))
     errors.extend(sharing_errors(spec, registry))
     for i, o in enumerate(spec.overrides):
         errors.extend(_layer_selection_errors(o, f"overrides[{i}]", spec.n_layers))
@@ -189,6 +190,61 @@ def _placement_layer_errors(spec: ModelSpec, ctx: SpecContext) -> list[tuple[str
         )
         for sub, msg in check_layer(ls, ctx) or ():
             found.setdefault((extend_path(where, sub), msg), []).append(i)
+    return [(path, f"layers {_ranges(layers)}: {msg}") for (path, msg), layers in found.items()]
+
+
+def _nested_mixers(cfg: Any, path: str, registry: Registry) -> Iterable[tuple[str, Any]]:
+    """``(JSON path, config)`` of every token mixer (kind ``attention`` or ``mixer``) held in the slots of ``cfg``,
+    lists of slots included, depth first."""
+    for name in type(cfg).model_fields:
+        value = getattr(cfg, name)
+        items = enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
+        for k, item in items:
+            if not isinstance(item, ComponentConfig):
+                continue
+            where = f"{path}.{name}" + ("" if k is None else f"[{k}]")
+            if registry.entry_for_config(item).kind in ("attention", "mixer"):
+                yield where, item
+            yield from _nested_mixers(item, where, registry)
+
+
+def _nested_geometry_errors(spec: ModelSpec, ctx: SpecContext) -> list[tuple[str, str]]:
+    """A layer's mixer that holds token mixers of its own (``side_input``'s side and main mixers, a ``parallel``
+    hybrid's) hands each the layer's one position scheme, built for the geometry the outer mixer declares (the first
+    inner mixer that has one). Where that scheme turns queries and keys (``acts_on: qk``, RoPE), every inner mixer
+    that declares a ``head_dim`` must declare the same: a narrower head failed in the first forward with a shape
+    error, a wider one had only its leading features turned, at another width's frequencies. (A scheme on the scores
+    takes each call's head count: ALiBi.) One error per inner mixer and message, naming its layers."""
+    found: dict[tuple[str, str], list[int]] = {}
+    for i in range(ctx.n_layers):
+        ls = spec.layer(i)
+        if ls.position is None or ls.attention is None:
+            continue
+        if ctx.registry.entry_for_config(ls.position, "position").capabilities.get("acts_on") != "qk":
+            continue
+        inner = list(_nested_mixers(ls.attention, "", ctx.registry))
+        width = _head_geometry(ls.attention, ctx)[1] if inner else None  # what the scheme is built for
+        if width is None:
+            continue
+        where = next(
+            (
+                f"overrides[{j}].{slot_path(o, 'attention')}"
+                for j, o in reversed(list(enumerate(spec.overrides)))
+                if o.attention is ls.attention
+            ),
+            f"block.{slot_path(spec.block, 'attention')}",
+        )
+        for sub, cfg in inner:
+            head_dim = _head_geometry(cfg, ctx)[1]
+            if head_dim is None or head_dim == width:
+                continue
+            msg = (
+                f"{cfg.type!r} turns heads of head_dim = {head_dim} by the layer's position {ls.position.type!r}, "
+                f"which is built for head_dim = {width} (the first mixer of the {ls.attention.type!r} that "
+                "declares one): one scheme serves every mixer of the layer; give its attentions the same rotated "
+                "head width, or use position 'none'"
+            )
+            found.setdefault((where + sub, msg), []).append(i)
     return [(path, f"layers {_ranges(layers)}: {msg}") for (path, msg), layers in found.items()]
 
 

@@ -180,6 +180,19 @@ def test_a_side_block_that_cannot_be_built_is_refused_naming_the_field(change, f
     assert any(path.endswith(field) and says in msg for path, msg in err.value.errors), err.value.errors
 
 
+def test_a_mixer_whose_rotated_width_differs_from_the_side_attentions_is_refused():
+    # the layer's one rope is built for the side attention's 16-wide heads; MLA rotates 4 features per head (a shape
+    # error in the first forward before) and a gqa of 8-wide heads would be turned at a 16-wide head's frequencies
+    mla = {"type": "mla", "n_heads": 4, "kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4}
+    mla.update(v_head_dim=8, latent_norm={"type": "rmsnorm"})
+    for mixer, width in ((mla, 4), ({"type": "gqa", "n_heads": 4, "n_kv_heads": 2}, 8)):
+        with pytest.raises(modkit.SpecError) as err:
+            modkit.load_spec(spec(mixer=mixer))
+        assert [p for p, _ in err.value.errors] == ["overrides[0].mixer.mixer"], err.value.errors
+        msg = err.value.errors[0][1]
+        assert f"head_dim = {width}" in msg and "head_dim = 16" in msg and "layers 1, 3" in msg, msg
+
+
 def test_sharing_errors_name_the_part_and_the_fused_layers():
     bad_part = copy.deepcopy(SHARED)
     bad_part[0]["part"] = "attention.nothing"

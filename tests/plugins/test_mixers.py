@@ -443,3 +443,20 @@ def test_cost_reports_a_constant_state_per_sequence(name):
         assert long["kv_cache_bytes"] - short["kv_cache_bytes"] == (32768 - 1024) * 2 * 2 * 32 * 2
     part = "mixer.scan" if name == "tiny-mamba2" else "mixer.delta_rule"  # decode FLOPs of the recurrence: flat
     assert short["flops_per_token"]["decode"][part] == long["flops_per_token"]["decode"][part] > 0
+
+
+def test_a_parallel_hybrid_of_attentions_with_other_head_widths_is_refused_under_rope():
+    # one rope per layer, built for the first attention's 8-wide heads: it would turn only the first 8 features of
+    # the second attention's 16-wide heads, at the frequencies of an 8-wide head
+    par = {
+        "type": "parallel",
+        "mixers": [{"type": "gqa", "n_heads": 4, "n_kv_heads": 2}, {"type": "mha", "n_heads": 2}],
+    }
+    with pytest.raises(modkit.SpecError) as err:
+        modkit.load_spec(_spec(par))
+    assert [p for p, _ in err.value.errors] == ["block.mixer.mixers[1]"], err.value.errors
+    msg = err.value.errors[0][1]
+    assert "head_dim = 16" in msg and "head_dim = 8" in msg and "'rope'" in msg and "layers 0" in msg, msg
+    # the same head width with fewer heads is one rope for both, and a scheme on the embeddings has no geometry
+    modkit.load_spec(_spec({**par, "mixers": [par["mixers"][0], {"type": "mha", "n_heads": 2, "head_dim": 8}]}))
+    modkit.load_spec(_spec(par, position={"type": "sinusoidal"}))
