@@ -51,9 +51,11 @@ from modkit.plugin import (
     dropout,
     elementwise,
     hookimpl,
+    layer_input,
     position_geometry,
     run_ffn,
     Slot,
+    stream_of,
 )
 
 
@@ -134,10 +136,22 @@ class ShortcutMoEBlock(nn.Module):
         self.attention_2 = ctx.build(cfg.mixer)
         self.ffn_2_norm = ctx.build(ctx.norm)
         self.dense_2 = ctx.build(cfg.dense)
+        stream = stream_of(ctx)  # a block-scope stream (Gemma 3n's AltUp) is read before and written after the layer
+        self.stream_link = stream.block_connection(ctx) if getattr(stream, "scope", None) == "block" else None
+        self.layer_index = ctx.layer_index
 
     def forward(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
         """Returns ``(y [batch, seq, d_model], aux_loss or None)``: the shortcut branch's and the dense FFNs' aux
-        losses summed."""
+        losses summed. On a block-scope stream ``x`` and ``y`` are ``[batch, seq, n_streams, d_model]``: the layer
+        runs on what the stream's connection reads and hands it its output (:mod:`modkit.nn.stream`)."""
+        if self.stream_link is None:
+            return self._run(x, inputs)
+        u, state = self.stream_link.read(x)
+        y, aux = self._run(u, inputs)
+        return self.stream_link.write(x, state, y, layer_input(inputs, self.layer_index)), aux
+
+    def _run(self, x: Tensor, inputs: AttentionInputs) -> tuple[Tensor, Optional[Tensor]]:
+        """The layer on the plain stream ``x [batch, seq, d_model]``: the module docstring's formula."""
         h = x + self.drop(self.attention(self.attn_norm(x), inputs))
         u = self.ffn_norm(h)
         shortcut, aux = run_ffn(self.ffn, u, inputs) if self.ffn is not None else (None, None)
@@ -176,7 +190,7 @@ def register_components(register) -> None:
             reference="Meituan LongCat Team 2025, LongCat-Flash Technical Report, arXiv:2509.01322 §2.1; Cai et al. "
             "2024, ScMoE, arXiv:2404.05019; transformers LongcatFlashDecoderLayer",
             math=_MATH,
-            capabilities={"compile_safe": True, "residual_dropout": True},
+            capabilities={"compile_safe": True, "residual_dropout": True, "block_streams": True},
             # the sublayers it builds (ctx.build) declare their own FLOPs; the block itself only adds residuals
             flops=elementwise("a placement adds residuals around sublayers that declare their own FLOPs: element-wise"),
             example={

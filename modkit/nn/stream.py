@@ -16,11 +16,11 @@ arXiv:2409.19606; DeepSeek-V4's manifold-constrained variant). The contract:
 
 A stream declares its :attr:`ResidualStream.scope`. The default, ``"sublayer"``, is the contract above (one
 connection around each sublayer; ``mhc``). A ``"block"`` stream (Gemma 3n's AltUp) is read once before a block and
-written once after it, and works with every placement, which runs unchanged on the plain ``[b, s, d]`` stream in
-between: the block builds one :meth:`ResidualStream.block_connection` with its build context, ``read(s) -> (x [b,
-s, d], state)`` gives the block's input and ``write(s, state, y [b, s, d], layer_input) -> s`` takes the block's
-output ``y`` (the whole residual after the block, not a sublayer's increment). Validation asks no capability of the
-placements for a block stream.
+written once after it, and works with every placement that declares the ``block_streams`` capability (every
+built-in one), which runs unchanged on the plain ``[b, s, d]`` stream in between: the block builds one
+:meth:`ResidualStream.block_connection` with its build context, ``read(s) -> (x [b, s, d], state)`` gives the block's
+input and ``write(s, state, y [b, s, d], layer_input) -> s`` takes the block's output ``y`` (the whole residual after
+the block, not a sublayer's increment). Validation refuses a placement without that capability, by layer.
 
 Per-layer inputs: a stream may compute, once per forward, inputs of every layer from the token ids and the
 embeddings (:meth:`ResidualStream.layer_inputs`, ``[b, s, n_layers, p]``: Gemma 3n's per-layer embeddings); the model

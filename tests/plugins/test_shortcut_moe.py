@@ -182,3 +182,20 @@ def test_cost_puts_the_placements_sublayers_in_the_layer_slots():
         assert [slots.get(id(getattr(block, n))) for n in ("attention", "attention_2")] == ["mixer", "mixer"]
         assert [slots.get(id(getattr(block, n))) for n in ("ffn", "dense", "dense_2")] == ["ffn"] * 3
         assert slots.get(id(block.attn_2_norm)) is None  # norms belong to no slot
+
+
+def test_a_block_scope_stream_wraps_the_layer_and_decodes_as_the_full_forward():
+    # Gemma 3n's AltUp around LongCat-Flash's layer: refused before ("does not declare the 'block_streams'
+    # capability"), though every built-in placement is documented to declare it
+    from modkit_plugins.altup import AltUpLink
+
+    spec = tiny(num_layers=1).to_dict()
+    spec["stream"] = {"type": "altup", "n_streams": 2, "layer_input_width": 8, "output_scale_init": 1.0}
+    m = modkit.build(spec, seed=0).eval()
+    assert isinstance(m.layers[0].stream_link, AltUpLink)
+    ids = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = m(ids).logits
+        cache = m.new_cache(2, 5)
+        steps = [m(ids[:, :3], cache=cache).logits] + [m(ids[:, i : i + 1], cache=cache).logits for i in (3, 4)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
