@@ -405,7 +405,10 @@ class CompressedAttention(nn.Module):
         ih, idim = cfg.index_n_heads, cfg.index_head_dim
         q = ix["q_b_proj"](c_q).view(b, s, ih, idim).transpose(1, 2)
         q = rope(q, inputs.positions, *self._rot()).transpose(1, 2)
-        scores = torch.relu(torch.matmul(q.float(), keys.float().transpose(-1, -2).unsqueeze(1))) * idim**-0.5
+        # the heads folded into the rows: one [b, s·H_I, D_I] x [b, D_I, T] product (a broadcast over s copied the
+        # keys once per query for a batch of two rows or more)
+        scores = torch.matmul(q.float().reshape(b, s * ih, idim), keys.float().transpose(-1, -2)).view(b, s, ih, -1)
+        scores = torch.relu(scores) * idim**-0.5
         w = ix["weights_proj"](x).float() * ih**-0.5
         index = (scores * w[..., None]).sum(dim=2).masked_fill(~visible, float("-inf"))  # [b, s, T]
         # ties go to the earlier entry (a stable sort); transformers' topk has an order of its own there
@@ -438,9 +441,12 @@ class CompressedAttention(nn.Module):
             keys = torch.cat([keys, entries[:, None].to(keys.dtype)], dim=2)
             mask = torch.cat([mask, visible[:, None]], dim=-1)
         prepared = PreparedMask.of(mask, torch.float32)
-        scores = torch.matmul(q.float(), keys.float().transpose(-1, -2)) * self.head_dim**-0.5
-        probs = masked_softmax(scores, prepared, sinks=self.sinks)
-        out = torch.matmul(probs.to(keys.dtype), keys)  # [b, H, s, D]: values are the keys
+        # every head reads the one key/value head: the heads folded into the rows of one [b, H·s, ·] product each
+        # (a broadcast over the heads copied the keys once per head for the backward at two rows or more)
+        h, k = self.n_heads, keys[:, 0]  # [b, T, D]
+        scores = torch.matmul(q.float().reshape(b, h * s, -1), k.float().transpose(-1, -2)).view(b, h, s, -1)
+        probs = masked_softmax(scores * self.head_dim**-0.5, prepared, sinks=self.sinks)
+        out = torch.matmul(probs.to(k.dtype).reshape(b, h * s, -1), k).view(b, h, s, -1)  # values are the keys
         out = rope(out, inputs.positions, *self._rot(), inverse=True).transpose(1, 2)
         g = cfg.o_groups
         w = self.o_a_proj.weight.view(g, cfg.o_lora_rank, -1)

@@ -369,3 +369,18 @@ def test_yarn_frequencies_and_attention_factor_are_transformers_per_rope_label()
     empty.to_empty(device="cpu")
     empty.init_weights(Init(seed=0, std=0.02))
     assert torch.equal(empty.inv_freq, ours.inv_freq)
+
+
+def test_a_training_forward_saves_the_same_bytes_for_every_row():
+    """The one key/value head is read by every query head: a broadcast product over the heads copied the keys once
+    per head and row for the backward at 2 rows or more (not at 1, where torch folds the heads into the rows), so
+    the saved bytes were not affine in the rows and modkit plan's activations went negative (DeepSeek-V4, tp 8)."""
+    from modkit.analysis.step_activations import fake_model, measure_step
+
+    spec = _small_spec()
+    spec.update(n_layers=2, max_seq_len=64, overrides=spec["overrides"][:1])  # sliding, and CSA with its indexer
+    with fake_model(spec) as (model, mode), mode:
+        saved = [measure_step(model, torch.zeros(r, 32, dtype=torch.long)).saved for r in (1, 2, 3)]
+    for layer in (0, 1):
+        one, two, three = (s[layer] for s in saved)
+        assert two - one == three - two, (layer, one, two, three)
