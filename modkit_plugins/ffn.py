@@ -207,10 +207,18 @@ def gated_product(act, gate: Tensor, up: Tensor) -> tuple[Tensor, Optional[Tenso
 
 
 def _down(linear: nn.Linear, h: Tensor, scale: Optional[Tensor]) -> Tensor:
-    """``linear(h)``, or ``linear`` without bias times ``scale`` plus the bias (float16 rows scaled by :func:`gated_product`)."""
+    """``linear(h)``, or ``linear`` without bias times ``scale`` plus the bias (float16 rows scaled by :func:`gated_product`).
+
+    A layer that is no ``nn.Linear`` (weight-only decoding's bfloat16 or int8 layer, :mod:`modkit.inference.weights`,
+    which holds no float16 weight to multiply by) runs its own product on the rows in float32, its bias taken off."""
     if scale is None:
         return linear(h)
-    out = nn.functional.linear(h, linear.weight) * scale
+    if isinstance(linear, nn.Linear):
+        out = nn.functional.linear(h, linear.weight)
+    else:
+        out = linear(h.float())
+        out = out if linear.bias is None else out - linear.bias.float()
+    out = out * scale
     out = out if linear.bias is None else out + linear.bias.float()
     return out.to(h.dtype)
 

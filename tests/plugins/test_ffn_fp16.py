@@ -105,3 +105,22 @@ def test_a_float16_model_with_an_overflowing_ffn_gives_finite_logits():
         plain = ffn.down(nn.functional.silu(ffn.gate(seen[0])) * ffn.up(seen[0]))
     assert torch.isinf(plain).any(), "the case must overflow the plain float16 formula"
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "int8"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_weight_only_converted_down_keeps_the_float16_product_finite(weights, bias):
+    # generate --dtype float16 --weights int8|bfloat16: the scaled path multiplied by down.weight itself, which a
+    # converted layer has not (int8: AttributeError) or in bfloat16 (a dtype mismatch), at the first forward
+    from modkit.inference.weights import quantize_linears
+
+    m = overflowing("silu", bias).half()
+    quantize_linears(m, weights)
+    x = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.01, 0.02, 0.0, -0.03]]).half()
+    with torch.no_grad():
+        got = m(x)
+    assert got.dtype == torch.float16
+    # silu(300)·300 = 90000 per row 0 feature, times the down weights 0.001 (exact in bfloat16 and int8 alike)
+    assert got[0].float().tolist() == pytest.approx(
+        [90.0 + b for b in ([0.5, -0.5, 1.0, 0.0] if bias else [0] * 4)], rel=1e-2
+    )
