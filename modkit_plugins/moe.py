@@ -397,12 +397,14 @@ class MoE(nn.Module):
         if self.takes_token_ids:
             kwargs["token_ids"] = token_ids.reshape(-1) if token_ids is not None else None
         weights, indices, logits = self.router(flat, **kwargs)  # [T, k], [T, k], [T, n_choices]
-        rows = flat if self.latent_down is None else self.latent_down(flat)  # [T, d_model or latent_dim]
+        # [T, d_model or latent_dim], in x's dtype: under autocast latent_down gives bfloat16 rows, which the stacked
+        # experts' float32 weights refuse (the rows of the plain form are x itself)
+        rows = flat if self.latent_down is None else self.latent_down(flat).to(flat.dtype)
         if self.capacity_factor is None:
             y = self._dropless(rows, weights, indices)
         else:
             y = self._capacity(rows, weights, indices, mask)
-        y = (y if self.latent_up is None else self.latent_up(y)).view(x.shape)
+        y = (y if self.latent_up is None else self.latent_up(y).to(x.dtype)).view(x.shape)
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:

@@ -194,3 +194,18 @@ def test_latent_mixture_trains_the_same_under_tensor_parallelism():
 
     (result,) = check_component("ffn", "moe", {**SPEC, "aux_loss_coef": 0.01}, checks=["shards"], distributed=True)
     assert result.status == "passed", result.detail
+
+
+@pytest.mark.parametrize("capacity_factor", [None, 2.0])
+def test_latent_mixture_runs_under_bfloat16_autocast(capacity_factor):
+    # modkit train's bfloat16 autocast: latent_down's rows came out in bfloat16 and the float32 stacked experts
+    # refused them ("grouped_mm needs x and w in one dtype"); the rows stay in the input's dtype, as without latent_dim
+    m = build({**SPEC, "capacity_factor": capacity_factor, "router": {"type": "topk", "renormalize": True}})
+    x = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    want = m(x)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, aux = m(x)
+    assert got.dtype == torch.float32 and got.shape == (2, 5, D)
+    assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+    (got.sum() + aux).backward()
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
