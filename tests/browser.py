@@ -187,9 +187,31 @@ class Browser:
             time.sleep(0.1)
 
     def goto(self, url: str) -> None:
-        """Open ``url`` and wait until its document has loaded (scripts included)."""
-        self.send("Page.navigate", {"url": url})
+        """Open ``url`` and wait until its document has loaded (scripts included).
+
+        A navigation that loads a document is awaited on its ``Page.loadEventFired`` event (not by polling, which
+        cost up to a poll interval per page); then the same check as :meth:`wait_loaded` confirms the page.
+        """
+        seen = len(self.events)
+        nav = self.send("Page.navigate", {"url": url})
+        if nav.get("loaderId"):  # a new document (a same-document navigation has no loader and no load event)
+            self._await_event("Page.loadEventFired", seen)
         self.wait_loaded(url)
+
+    def _await_event(self, method: str, seen: int) -> dict:
+        """The first event ``method`` of the page's session among the events from index ``seen`` on, read from
+        Chromium until it arrives.
+
+        Raises:
+            BrowserError: none within the browser's timeout.
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            for msg in self.events[seen:]:
+                if msg["method"] == method and msg.get("sessionId") == self.session:
+                    return msg
+            seen = len(self.events)
+            self._event(self._read(deadline))
 
     def wait_loaded(self, url_prefix: str = "") -> str:
         """Wait until the page's document is complete (after a navigation); returns its address."""
