@@ -5,7 +5,8 @@ One module-scoped build serves every test here (marked ``slow``, part of the def
 1. a wheel of this project is built from a copy of the working tree (the files git tracks plus untracked ones it
    does not ignore), and so is a wheel of the worked plugin ``docs/examples/modkit-extra`` whose dependency is
    set to this project's distribution name;
-2. both go into a fresh virtual environment (no system site-packages) with ``pip install --no-deps --no-index``.
+2. both go into a fresh virtual environment (no system site-packages, no pip of its own) with this environment's
+   ``pip --python <its python> install --no-deps --no-index``.
    The heavy dependencies (torch, mkdocs, ...) are not reinstalled: a ``.pth`` file adds a folder of links to
    the current environment's installed packages, *minus every modkit distribution*, so ``modkit`` can only be
    imported from the wheel (asserted);
@@ -164,7 +165,8 @@ def offline_site(tmp_path_factory):
 
     # 2. a fresh environment: the wheels, plus the other dependencies seen through a .pth file
     env_dir = work / "venv"
-    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    # no pip of its own (ensurepip takes seconds): this environment's pip installs into it (``pip --python``)
+    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
     python = env_dir / "bin" / "python"
     # every command runs in `work`: `python -c` puts the current folder first on sys.path, and the repository's
     # modkit/ must not be found that way
@@ -178,7 +180,18 @@ def offline_site(tmp_path_factory):
         if (Path(sys.executable).parent / tool).exists():
             (env_dir / "bin" / tool).symlink_to(Path(sys.executable).parent / tool)
     _run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, sorted(wheels.glob("*.whl")))],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            *map(str, sorted(wheels.glob("*.whl"))),
+        ],
         env=env,
         cwd=work,
     )
