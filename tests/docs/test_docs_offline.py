@@ -31,7 +31,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 import venv
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import Browser
 from tests.conftest import HANG_TIMEOUT, offline_build_possible
 
 REPO = Path(__file__).resolve().parents[2]
@@ -363,31 +363,6 @@ class _Server:
         self.httpd.server_close()
 
 
-def _dump_dom(browser: str, url: str) -> str:
-    """The DOM of ``url`` after scripts ran (virtual time), with every host but 127.0.0.1 unreachable."""
-    with tempfile.TemporaryDirectory(prefix="modkit-chromium-") as profile:
-        cmd = [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--proxy-server=127.0.0.1:9",
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-            "--virtual-time-budget=30000",
-            "--dump-dom",
-            url,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_TIMEOUT)
-    assert proc.returncode == 0 and "</html>" in proc.stdout, f"chromium failed on {url}:\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
 class _VisibleText(html.parser.HTMLParser):
     """Text a reader sees: everything outside script, style and template elements."""
 
@@ -426,11 +401,15 @@ def test_diagrams_and_formulas_render_offline_in_chromium(offline_site):
         "components/placement/sandwich",
         "gallery/tiny-dyt-relu2",
     ]
-    with _Server(site) as server:
+    # one Chromium for every page (a start costs about a second); with its cache off, each page fetches all it
+    # needs from the server, as a browser of its own would
+    with _Server(site) as server, Browser(browser, width=800, height=600) as chromium:
+        chromium.send("Network.enable")
+        chromium.send("Network.setCacheDisabled", {"cacheDisabled": True})
         for path in diagram_pages:
             blocks = _page(site, path).read_text().count('class="mermaid"')
             assert blocks > 0, f"{path}: the built page has no mermaid block"
-            dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}.html")
+            dom = chromium.dump_dom(f"http://127.0.0.1:{server.port}/{path}.html")
             svgs = re.findall(r'<div class="mermaid"[^>]*>\s*<svg', dom)
             assert len(svgs) == blocks, f"{path}: {len(svgs)} of {blocks} diagrams drawn as SVG"
             assert '<pre class="mermaid"' not in dom
@@ -441,7 +420,7 @@ def test_diagrams_and_formulas_render_offline_in_chromium(offline_site):
             ("components/norm/rmsnorm", 3),
             ("components/attention/gqa", 4),
         ):
-            dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}.html")
+            dom = chromium.dump_dom(f"http://127.0.0.1:{server.port}/{path}.html")
             rendered = len(re.findall(r'<span class="katex">', dom))
             assert rendered >= formulas, f"{path}: {rendered} KaTeX formulas, expected at least {formulas}"
             assert "katex-error" not in dom, f"{path}: KaTeX could not parse a formula"
