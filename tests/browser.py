@@ -3,8 +3,8 @@
 ``--remote-debugging-pipe`` makes Chromium read protocol commands from file descriptor 3 and write replies and
 events to descriptor 4, as JSON messages ended by a NUL byte: no port, no websocket library, nothing but the
 standard library. One :class:`Browser` is one Chromium process with one page (tab) attached in flattened-session
-mode; :meth:`Browser.goto`, :meth:`Browser.eval`, :meth:`Browser.click`, :meth:`Browser.type` and
-:meth:`Browser.screenshot` are what the tests need. Every host but 127.0.0.1 is unresolvable and the proxy is a dead
+mode; :meth:`Browser.goto`, :meth:`Browser.eval`, :meth:`Browser.click`, :meth:`Browser.type`,
+:meth:`Browser.dump_dom` and :meth:`Browser.screenshot` are what the tests need. Every host but 127.0.0.1 is unresolvable and the proxy is a dead
 port, so a page can only load what it is served or what lies on disk.
 """
 
@@ -187,9 +187,48 @@ class Browser:
             time.sleep(0.1)
 
     def goto(self, url: str) -> None:
-        """Open ``url`` and wait until its document has loaded (scripts included)."""
-        self.send("Page.navigate", {"url": url})
+        """Open ``url`` and wait until its document has loaded (scripts included).
+
+        A navigation that loads a document is awaited on its ``Page.loadEventFired`` event (not by polling, which
+        cost up to a poll interval per page); then the same check as :meth:`wait_loaded` confirms the page.
+        """
+        seen = len(self.events)
+        nav = self.send("Page.navigate", {"url": url})
+        if nav.get("loaderId"):  # a new document (a same-document navigation has no loader and no load event)
+            self._await_event("Page.loadEventFired", seen)
         self.wait_loaded(url)
+
+    def dump_dom(self, url: str, budget_ms: int = 30000) -> str:
+        """Open ``url``, let it run for ``budget_ms`` of virtual time after its load event (the clock stands still
+        while a network fetch is pending), and return ``document.documentElement.outerHTML``: what
+        ``chromium --headless --virtual-time-budget=... --dump-dom`` prints, without a browser start per page.
+
+        Raises:
+            BrowserError: the page did not load, or the budget did not run out, within the browser's timeout.
+        """
+        self.goto(url)
+        seen = len(self.events)
+        self.send("Emulation.setVirtualTimePolicy", {"policy": "pauseIfNetworkFetchesPending", "budget": budget_ms})
+        self._await_event("Emulation.virtualTimeBudgetExpired", seen)
+        try:
+            return self.eval("document.documentElement.outerHTML")
+        finally:  # a spent budget leaves the clock paused: the next page would never load
+            self.send("Emulation.setVirtualTimePolicy", {"policy": "advance"})
+
+    def _await_event(self, method: str, seen: int) -> dict:
+        """The first event ``method`` of the page's session among the events from index ``seen`` on, read from
+        Chromium until it arrives.
+
+        Raises:
+            BrowserError: none within the browser's timeout.
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            for msg in self.events[seen:]:
+                if msg["method"] == method and msg.get("sessionId") == self.session:
+                    return msg
+            seen = len(self.events)
+            self._event(self._read(deadline))
 
     def wait_loaded(self, url_prefix: str = "") -> str:
         """Wait until the page's document is complete (after a navigation); returns its address."""

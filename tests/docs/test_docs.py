@@ -936,16 +936,25 @@ def test_site_shows_the_example_plugin(built_site):
         assert f"{kind}/{type_}.html" in overview
 
 
+@pytest.fixture(scope="module")
+def site_links(built_site) -> dict[Path, list[str]]:
+    """``{page: its href and src values}`` for every built HTML page, parsed once for the link tests below."""
+    links = {}
+    for page in built_site["site"].rglob("*.html"):
+        parser = _Links()
+        parser.feed(page.read_text(errors="replace"))
+        links[page] = parser.links
+    return links
+
+
 @pytest.mark.slow
-def test_site_internal_links_resolve(built_site):
+def test_site_internal_links_resolve(built_site, site_links):
     site = built_site["site"]
     broken = []
     n_links = 0
-    for page in site.rglob("*.html"):
-        parser = _Links()
-        parser.feed(page.read_text(errors="replace"))
+    for page, links in site_links.items():
         base = "/" + page.relative_to(site).parent.as_posix()
-        for link in parser.links:
+        for link in links:
             parts = urlsplit(link)
             if parts.scheme or parts.netloc or link.startswith(("#", "mailto:", "data:", "javascript:")):
                 continue
@@ -1219,14 +1228,12 @@ def browser():
 
 
 @pytest.mark.slow
-def test_site_links_are_page_files(built_site):
+def test_site_links_are_page_files(built_site, site_links):
     """No link names a folder: opened from disk, a folder URL shows the browser's directory listing."""
     site = built_site["site"]
     folders = []
-    for page in site.rglob("*.html"):
-        parser = _Links()
-        parser.feed(page.read_text(errors="replace"))
-        for link in parser.links:
+    for page, links in site_links.items():
+        for link in links:
             parts = urlsplit(link)
             if parts.scheme or parts.netloc or not parts.path:
                 continue

@@ -5,7 +5,8 @@ One module-scoped build serves every test here (marked ``slow``, part of the def
 1. a wheel of this project is built from a copy of the working tree (the files git tracks plus untracked ones it
    does not ignore), and so is a wheel of the worked plugin ``docs/examples/modkit-extra`` whose dependency is
    set to this project's distribution name;
-2. both go into a fresh virtual environment (no system site-packages) with ``pip install --no-deps --no-index``.
+2. both go into a fresh virtual environment (no system site-packages, no pip of its own) with this environment's
+   ``pip --python <its python> install --no-deps --no-index``.
    The heavy dependencies (torch, mkdocs, ...) are not reinstalled: a ``.pth`` file adds a folder of links to
    the current environment's installed packages, *minus every modkit distribution*, so ``modkit`` can only be
    imported from the wheel (asserted);
@@ -30,7 +31,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 import venv
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import Browser
 from tests.conftest import HANG_TIMEOUT, offline_build_possible
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,7 +165,8 @@ def offline_site(tmp_path_factory):
 
     # 2. a fresh environment: the wheels, plus the other dependencies seen through a .pth file
     env_dir = work / "venv"
-    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    # no pip of its own (ensurepip takes seconds): this environment's pip installs into it (``pip --python``)
+    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
     python = env_dir / "bin" / "python"
     # every command runs in `work`: `python -c` puts the current folder first on sys.path, and the repository's
     # modkit/ must not be found that way
@@ -178,7 +180,18 @@ def offline_site(tmp_path_factory):
         if (Path(sys.executable).parent / tool).exists():
             (env_dir / "bin" / tool).symlink_to(Path(sys.executable).parent / tool)
     _run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, sorted(wheels.glob("*.whl")))],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            *map(str, sorted(wheels.glob("*.whl"))),
+        ],
         env=env,
         cwd=work,
     )
@@ -350,31 +363,6 @@ class _Server:
         self.httpd.server_close()
 
 
-def _dump_dom(browser: str, url: str) -> str:
-    """The DOM of ``url`` after scripts ran (virtual time), with every host but 127.0.0.1 unreachable."""
-    with tempfile.TemporaryDirectory(prefix="modkit-chromium-") as profile:
-        cmd = [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--proxy-server=127.0.0.1:9",
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-            "--virtual-time-budget=30000",
-            "--dump-dom",
-            url,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_TIMEOUT)
-    assert proc.returncode == 0 and "</html>" in proc.stdout, f"chromium failed on {url}:\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
 class _VisibleText(html.parser.HTMLParser):
     """Text a reader sees: everything outside script, style and template elements."""
 
@@ -413,11 +401,15 @@ def test_diagrams_and_formulas_render_offline_in_chromium(offline_site):
         "components/placement/sandwich",
         "gallery/tiny-dyt-relu2",
     ]
-    with _Server(site) as server:
+    # one Chromium for every page (a start costs about a second); with its cache off, each page fetches all it
+    # needs from the server, as a browser of its own would
+    with _Server(site) as server, Browser(browser, width=800, height=600) as chromium:
+        chromium.send("Network.enable")
+        chromium.send("Network.setCacheDisabled", {"cacheDisabled": True})
         for path in diagram_pages:
             blocks = _page(site, path).read_text().count('class="mermaid"')
             assert blocks > 0, f"{path}: the built page has no mermaid block"
-            dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}.html")
+            dom = chromium.dump_dom(f"http://127.0.0.1:{server.port}/{path}.html")
             svgs = re.findall(r'<div class="mermaid"[^>]*>\s*<svg', dom)
             assert len(svgs) == blocks, f"{path}: {len(svgs)} of {blocks} diagrams drawn as SVG"
             assert '<pre class="mermaid"' not in dom
@@ -428,7 +420,7 @@ def test_diagrams_and_formulas_render_offline_in_chromium(offline_site):
             ("components/norm/rmsnorm", 3),
             ("components/attention/gqa", 4),
         ):
-            dom = _dump_dom(browser, f"http://127.0.0.1:{server.port}/{path}.html")
+            dom = chromium.dump_dom(f"http://127.0.0.1:{server.port}/{path}.html")
             rendered = len(re.findall(r'<span class="katex">', dom))
             assert rendered >= formulas, f"{path}: {rendered} KaTeX formulas, expected at least {formulas}"
             assert "katex-error" not in dom, f"{path}: KaTeX could not parse a formula"

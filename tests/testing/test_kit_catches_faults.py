@@ -29,6 +29,7 @@ from modkit.plugin import causal_conv, document_starts, padding_mask, zero_paddi
 from modkit.testing import CHECK_NAMES, check_component
 from modkit.testing.cli import add_subcommands
 from modkit_plugins.attention import Attention, AttentionConfig
+from tests.kit_results import KitResults
 
 D_FF = 48
 
@@ -533,16 +534,10 @@ def registry() -> modkit.Registry:
 
 
 @pytest.fixture(scope="module")
-def results(registry):
-    """``{(kind, type): {check: CheckResult}}``, computed once per component."""
-    cache: dict = {}
-
-    def get(kind: str, type_: str) -> dict:
-        if (kind, type_) not in cache:
-            cache[(kind, type_)] = {r.check: r for r in check_component(kind, type_, registry=registry)}
-        return cache[(kind, type_)]
-
-    return get
+def results(registry) -> KitResults:
+    """``results(kind, type)``: ``{check: CheckResult}``, computed once per component; ``results.one(kind, type,
+    check)``: one check's result (alone where the whole kit has not run on the component in this process)."""
+    return KitResults(registry)
 
 
 #: (kind, type, the check that must fail, a fragment its detail must contain)
@@ -587,9 +582,7 @@ CONSEQUENCES = {"token_mixing": {"kv_cache_decode"}, "drifting": {"long_decode"}
 
 @pytest.mark.parametrize("kind,type_,check,fragment", FAULTS, ids=[f"{k}/{t}::{c}" for k, t, c, _ in FAULTS])
 def test_fault_is_caught_by_the_right_check(results, kind, type_, check, fragment):
-    got = results(kind, type_)
-    assert list(got) == list(CHECK_NAMES)
-    r = got[check]
+    r = results.one(kind, type_, check)
     assert r.status == "failed", f"{r.id} should fail, got {r.status}: {r.detail}"
     assert r.component == f"{kind}/{type_}" and r.id == f"{kind}/{type_}::{check}"
     assert fragment in r.detail, r.detail
@@ -598,6 +591,7 @@ def test_fault_is_caught_by_the_right_check(results, kind, type_, check, fragmen
 @pytest.mark.parametrize("kind,type_,check,fragment", FAULTS, ids=[f"{k}/{t}" for k, t, _, _ in FAULTS])
 def test_fault_fails_nothing_else(results, kind, type_, check, fragment):
     got = results(kind, type_)
+    assert list(got) == list(CHECK_NAMES)
     failed = {c for c, r in got.items() if r.status == "failed"}
     if type_ == "widening":
         # its output cannot be added to the residual stream, so every check running a model forward errors too;
@@ -631,7 +625,7 @@ def _ratio(detail: str) -> float:
 )
 def test_faults_fail_by_orders_of_magnitude(results, kind, type_, check, at_least):
     """A real fault fails by orders of magnitude, not by 7x (the RoPE offset once failed by 6.8e-4 against 1e-4)."""
-    assert _ratio(results(kind, type_)[check].detail) >= at_least
+    assert _ratio(results.one(kind, type_, check).detail) >= at_least
 
 
 def test_stale_buffer_is_caught_even_when_to_empty_memory_holds_the_right_values(registry, monkeypatch):
@@ -656,30 +650,33 @@ def test_stale_buffer_is_caught_even_when_to_empty_memory_holds_the_right_values
 
 
 def test_fault_details_carry_values(results):
-    peek = results("attention", "peeking")["causality"].detail
+    peek = results.one("attention", "peeking", "causality").detail
     assert peek.startswith("eval: max |Δ| = ") and "at position 0 after changing the tokens from position 1 on" in peek
-    late = results("attention", "late_peek")["causality"].detail
+    late = results.one("attention", "late_peek", "causality").detail
     assert "at position 8 after changing the tokens from position 9 on" in late
-    drift = results("attention", "drifting")["kv_cache_decode"].detail
+    drift = results.one("attention", "drifting", "kv_cache_decode").detail
     assert "first at position 5 (fed as tokens [5, 6) after 5 cached" in drift
-    offset = results("attention", "rope_offset")["kv_cache_decode"].detail
+    offset = results.one("attention", "rope_offset", "kv_cache_decode").detail
     assert offset.startswith("with position rope: ") and "first at position 5 (fed as tokens [5, 6)" in offset
-    nan = results("attention", "nan_softmax")["masked_row"].detail
+    nan = results.one("attention", "nan_softmax", "masked_row").detail
     assert "non-finite logits at (batch, position) [(0, 0)" in nan
-    plain = results("norm", "plain_attr")["meta_init"].detail
+    plain = results.one("norm", "plain_attr", "meta_init").detail
     assert "layers.0.attn_norm.gain" in plain and "register_buffer" in plain
-    stale = results("position", "stale_table")["meta_init"].detail
+    stale = results.one("position", "stale_table", "meta_init").detail
     assert "buffer positions.0.pe" in stale and "init_weights" in stale
 
 
 def test_capabilities_decide_what_runs(results):
-    peek = results("attention", "peeking")
+    peek = {
+        c: results.one("attention", "peeking", c)
+        for c in ("kv_cache_decode", "compile", "gqa_equals_mha", "masked_row")
+    }
     assert peek["kv_cache_decode"].status == "skipped" and "kv_cache" in peek["kv_cache_decode"].detail
     assert peek["compile"].status == "skipped" and "compile_safe" in peek["compile"].detail
     assert peek["gqa_equals_mha"].status == "skipped"  # its config has no n_kv_heads field
     assert peek["masked_row"].status == "passed"
-    assert results("norm", "miscounted")["compile"].status == "passed"
-    assert results("ffn", "idle_param")["compile"].status == "passed"
+    assert results.one("norm", "miscounted", "compile").status == "passed"
+    assert results.one("ffn", "idle_param", "compile").status == "passed"
 
 
 def test_modkit_check_reports_failures(registry, capsys):

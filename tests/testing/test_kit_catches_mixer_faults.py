@@ -25,10 +25,11 @@ from torch import nn
 import modkit
 from modkit import Component, ComponentConfig, hookimpl
 from modkit.plugin import CacheEntry, CacheSpec, PositionGeometry
-from modkit.testing import CHECK_NAMES, check_component
+from modkit.testing import CHECK_NAMES
 from modkit.testing.checks.state import check_cache_state, check_long_decode
 from modkit_plugins.compressed_attention import CompressedAttention, CompressedAttentionConfig
 from modkit_plugins.compressed_attention import _flops as _compressed_flops
+from tests.kit_results import KitResults
 
 # ----------------------------------------------------------------------------------------------- retention
 
@@ -311,16 +312,10 @@ def registry() -> modkit.Registry:
 
 
 @pytest.fixture(scope="module")
-def results(registry):
-    """``{(kind, type): {check: CheckResult}}``, computed once per component."""
-    cache: dict = {}
-
-    def get(kind: str, type_: str) -> dict:
-        if (kind, type_) not in cache:
-            cache[(kind, type_)] = {r.check: r for r in check_component(kind, type_, registry=registry)}
-        return cache[(kind, type_)]
-
-    return get
+def results(registry) -> KitResults:
+    """``results(kind, type)``: ``{check: CheckResult}``, computed once per component; ``results.one(kind, type,
+    check)``: one check's result (alone where the whole kit has not run on the component in this process)."""
+    return KitResults(registry)
 
 
 # ----------------------------------------------------------------------------------------------- the tests
@@ -361,7 +356,7 @@ def test_sound_mixers_pass_every_check(results, kind, type_):
 def test_a_k_entry_of_two_key_maps_per_group_is_accepted(results):
     """Differential attention keeps ``2 * n_kv_heads`` key maps under ``"k"`` (its module says ``n_kv_heads = 1``):
     the kit once refused it with "holds 2 key heads but n_kv_heads = 1", a rule written nowhere."""
-    got = results("attention", "diff_attention")
+    got = {c: results.one("attention", "diff_attention", c) for c in ("kv_cache_decode", "position_sensitivity")}
     assert got["kv_cache_decode"].status == "passed", got["kv_cache_decode"].detail
     assert "with position alibi, learned, none, rope, sinusoidal" in got["kv_cache_decode"].detail
     assert got["position_sensitivity"].status == "passed", got["position_sensitivity"].detail
@@ -370,11 +365,11 @@ def test_a_k_entry_of_two_key_maps_per_group_is_accepted(results):
 def test_state_kept_on_the_module_is_measured(results):
     """``half_state`` keeps 2 of its 4 heads' state on ``self``: after ``reset`` its logits are off by O(1), and the
     bytes it holds outside the cache equal the bytes the cache holds."""
-    detail = results("mixer", "half_state")["cache_state"].detail
+    detail = results.one("mixer", "half_state", "cache_state").detail
     worst = float(re.search(r"max \|Δ\| = ([0-9.e+-]+)", detail).group(1))
     tol = float(re.search(r"tolerance ([0-9.e+-]+)", detail).group(1))
     assert worst > 0.05 and worst / tol > 1e3, detail
-    assert results("mixer", "retention")["cache_state"].status == "passed"
+    assert results.one("mixer", "retention", "cache_state").status == "passed"
 
 
 def test_the_bytes_held_outside_the_cache_are_named(registry):
@@ -404,11 +399,11 @@ def test_long_decode_margins(registry, results):
     """The slow decay fails by orders of magnitude in float64; the sound retention passes by as many."""
     from modkit.testing.checks import ComponentChecks
 
-    detail = results("mixer", "slow_decay")["long_decode"].detail
+    detail = results.one("mixer", "slow_decay", "long_decode").detail
     worst = float(re.search(r"max \|Δ\| = ([0-9.e+-]+)", detail).group(1))
     tol = float(re.search(r"tolerance ([0-9.e+-]+)", detail).group(1))
     assert "ulps of float64" in detail and worst / tol > 1e6, detail
-    assert results("mixer", "slow_decay")["kv_cache_decode"].status == "passed"  # 64 tokens in chunks: unseen
+    assert results.one("mixer", "slow_decay", "kv_cache_decode").status == "passed"  # 64 tokens in chunks: unseen
     ok = check_long_decode(ComponentChecks(registry.get("mixer", "retention"), registry)._bench()[1])
     assert "the component computes in float64" in ok, ok
 
