@@ -1,5 +1,5 @@
 # Fresh machine:  make demo        (install the base package; train nanoGPT's shakespeare-char GPT on the shipped corpus)
-#                 make test        (install the test extras too; run the whole suite: about 8 min on 2 cores)
+#                 make test        (install the test extras too; run the whole suite: about 8 min on 2 cores, install included)
 #                 make test-fast   (the inner loop: everything but the tests marked slow, under 2 min)
 #                 make test-latest (the suite against the newest releases on the index, in .venv-latest)
 #                 make lock        (write constraints.txt from .venv-latest: how the lock is refreshed)
