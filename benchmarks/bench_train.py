@@ -13,6 +13,8 @@ over every position, backward, ``clip_grad_norm_`` at 1.0, ``AdamW.step`` with t
 * ``hf``: transformers ``GPT2LMHeadModel`` loaded from :func:`modkit.to_hf` of that model (bitwise the same
   weights), ``attn_implementation="sdpa"``, ``resid/embd/attn_pdrop = 0`` (modkit's spec has dropout 0), called
   with ``use_cache=False``; the loss is computed outside the model exactly as for modkit (no ``labels``);
+* ``modkit_onednn`` (CPU, where torch has oneDNN): ``modkit`` with its linear layers through oneDNN
+  (:func:`modkit.nn.onednn.use_onednn_linears`), what ``modkit train`` runs on a CPU by default (``onednn_linear``);
 * ``hf_eager_attn``: the same with ``attn_implementation="eager"``;
 * ``modkit_compiled`` / ``hf_compiled``: ``torch.compile`` of the model (the loop compiles the model the same way;
   loss, backward and optimizer stay eager).
@@ -75,6 +77,7 @@ from modkit.data import RandomWindows, TokenData, default_dataset  # noqa: E402
 from modkit.train.config import TrainConfig  # noqa: E402
 from modkit.train.loop import decay_groups  # noqa: E402
 from modkit.train.schedule import lr_at  # noqa: E402
+from modkit.nn.onednn import onednn_available, use_onednn_linears  # noqa: E402
 
 SPEC = B.ROOT / "specs" / "nanogpt-shakespeare-char.json"
 
@@ -161,10 +164,13 @@ def make_variants(reference: "modkit.Model", folder: str, args) -> list[Variant]
     """The variants of one size; every model holds ``reference``'s weights (``folder``: its ``to_hf`` export)."""
     dev = args.device
 
-    def ours(compiled: bool) -> Variant:
+    def ours(compiled: bool, onednn: bool = False) -> Variant:
         m = copy.deepcopy(reference).to(dev).train()
+        if onednn:  # what modkit train runs on a CPU by default (its onednn_linear option)
+            use_onednn_linears(m)
         fwd = torch.compile(m) if compiled else m
-        return Variant("modkit_compiled" if compiled else "modkit", m, lambda x: fwd(x).logits, compiled=compiled)
+        name = "modkit_onednn" if onednn else "modkit_compiled" if compiled else "modkit"
+        return Variant(name, m, lambda x: fwd(x).logits, compiled=compiled)
 
     def theirs(name: str, attn: str, compiled: bool) -> Variant:
         h = hf_from_folder(folder, attn, dev)
@@ -172,6 +178,8 @@ def make_variants(reference: "modkit.Model", folder: str, args) -> list[Variant]
         return Variant(name, h, lambda x: fwd(input_ids=x, use_cache=False).logits, compiled=compiled)
 
     out = [ours(False), theirs("hf", "sdpa", False)]
+    if dev == "cpu" and onednn_available():
+        out.append(ours(False, onednn=True))
     if not args.no_hf_eager_attn:
         out.append(theirs("hf_eager_attn", "eager", False))
     if not args.no_compile:
@@ -541,6 +549,16 @@ def ratio_lines(res: SizeResult) -> list[tuple[str, float, str, Optional[bool]]]
             None,
         )
     )
+    if "modkit_onednn" in t:
+        r = t["modkit_onednn"] / t["hf"]
+        out.append(
+            (
+                "eager step time: modkit with oneDNN linears (modkit train's CPU default) / transformers (sdpa)",
+                r,
+                "<= 1.0",
+                r <= 1.0,
+            )
+        )
     if "hf_eager_attn" in t:
         out.append(
             ("eager step time: modkit / transformers (eager attention)", t["modkit"] / t["hf_eager_attn"], "", None)
