@@ -22,7 +22,6 @@ runs, ``--pp``), :mod:`modkit.train.checkpointing` (the run folder, checkpoints 
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from .step import check_mtp_config, check_sharing_config
 from .optim import build_optimizer
 from .pipelined import StageView, build_trainer_pipeline, check_pipeline_config, check_pipeline_model
 from .processes import Processes, init_processes  # noqa: F401 - Processes: re-exported
-from .progress import _peak_memory, _ProgressBar, busy_cores_note
+from .progress import _peak_memory, _ProgressBar
 from .provenance import stamp_provenance
 from .resolve import (  # noqa: F401 - _node, decay_groups: re-exported (modkit.train, benchmarks)
     _node,
@@ -294,10 +293,6 @@ class Trainer(CheckpointMixin, StepMixin, EvalMixin):
             f"({len(self.data.train):,} train / {len(self.data.val):,} val tokens, vocab {self.data.vocab_size}); "
             f"{total} steps of {c.tokens_per_step:,} tokens on {self.procs.world} process(es), device {self.device}"
         )
-        if hasattr(os, "getloadavg"):  # a shared CPU: say when other processes already hold the cores
-            note = busy_cores_note(self.device, torch.get_num_threads(), os.cpu_count() or 1, os.getloadavg()[0])
-            if note is not None:
-                self._note(note)
         if self.step >= total and self.procs.broadcast(
             any(r["kind"] == "final" for r in self.history) or not c.final_eval_tokens
         ):

@@ -132,17 +132,3 @@ def _is_terminal(stream: TextIO) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
-
-
-def busy_cores_note(device: torch.device, threads: int, cores: int, load: float) -> Optional[str]:
-    """The note (``modkit: note: ...`` on stderr) a run on a shared CPU gives before its first step, or ``None``: when the 1-minute load average
-    ``load`` (processes running or waiting, ours included: up to about one) plus the run's ``threads`` exceeds the
-    ``cores`` by more than one, some threads of every parallel region wait for a core another process holds, and a step can
-    take many times as long (measured on a 2-core machine with one core busy: 460 against 24,000 tokens/s for
-    ``make demo`` at 2 threads against 1). Only on a CPU with more than one thread."""
-    if device.type != "cpu" or threads <= 1 or load + threads <= cores + 1:
-        return None
-    return (
-        f"load average {load:.1f} on {cores} cores while training with {threads} threads: each step may wait "
-        "for cores other processes hold; --threads 1 (make demo THREADS=1) avoids that"
-    )

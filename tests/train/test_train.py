@@ -379,22 +379,3 @@ def test_the_run_mean_tokens_per_s_counts_the_training_steps_only(data_dir, tmp_
     out = capsys.readouterr().out.splitlines()
     done = out.index("done: 6 steps, 768 tokens in 406.0 s")
     assert out[done + 1] == "whole-run mean: 128 tokens/s over 6.0 s of training steps (evals and checkpoints left out)"
-
-
-def test_a_run_on_busy_cores_says_so_before_its_first_step():
-    """The note before the first step: load average + threads above the cores by more than one (the load counts
-    our own process), on a CPU with more than one thread (a 2-core machine with one core held by another process
-    and ours starting: 1.5 + 2 > 3)."""
-    from modkit.train.progress import busy_cores_note
-
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    note = busy_cores_note(cpu, threads=2, cores=2, load=1.5)
-    assert note == (
-        "load average 1.5 on 2 cores while training with 2 threads: each step may wait for cores other "
-        "processes hold; --threads 1 (make demo THREADS=1) avoids that"
-    )
-    assert busy_cores_note(cpu, threads=2, cores=2, load=0.9) is None  # idle: our own process only
-    assert busy_cores_note(cpu, threads=1, cores=2, load=5.0) is None  # one thread waits for one core at most
-    assert busy_cores_note(cuda, threads=2, cores=2, load=5.0) is None
-    assert busy_cores_note(cpu, threads=16, cores=16, load=0.6) is None
-    assert busy_cores_note(cpu, threads=16, cores=16, load=2.1) is not None
