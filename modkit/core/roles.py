@@ -174,19 +174,21 @@ def declared_roles(module: nn.Module) -> dict[str, str]:
     return dict(decl)
 
 
-_OFF = object()  # a name that runs through an attribute set to None
+#: what :func:`declared_target` returns for a name that runs through an attribute set to ``None``
+SWITCHED_OFF = object()
 
 
-def _walk(module: nn.Module, key: str) -> Any:
-    """What ``key`` (``"proj.weight"``) names under ``module``: the object, :data:`_OFF` when an attribute on the way
-    is ``None`` (an optional part switched off), ``None`` when it names nothing."""
+def declared_target(module: nn.Module, key: str) -> Any:
+    """What a name a module declares (``param_roles``, ``matrix_weights``: ``"proj.weight"``) names under
+    ``module``: the object, :data:`SWITCHED_OFF` when an attribute on the way is ``None`` (an optional part switched
+    off), ``None`` when it names nothing (a typo)."""
     node: Any = module
     for part in key.split("."):
         if not hasattr(node, part):
             return None
         node = getattr(node, part)
         if node is None:
-            return _OFF
+            return SWITCHED_OFF
     return node
 
 
@@ -332,8 +334,8 @@ def _declarations(model: nn.Module, params: Mapping[str, nn.Parameter]) -> tuple
                 continue
             full = f"{prefix}.{key}" if prefix else key
             if full not in params:
-                target = _walk(module, key)
-                if target is _OFF or isinstance(target, nn.Parameter):
+                target = declared_target(module, key)
+                if target is SWITCHED_OFF or isinstance(target, nn.Parameter):
                     continue  # an optional part switched off (bias=False); a tied parameter under its first name
                 own = sorted(n for n, _ in module.named_parameters())
                 shown = ", ".join(own[:8]) + (f", ... ({len(own)} in all)" if len(own) > 8 else "")

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modkit.core.errors import ArgumentError
+from modkit.core.roles import SWITCHED_OFF, declared_target
 
 #: the weight formats ``generate(weights=...)`` and ``modkit generate --weights`` accept
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
@@ -214,23 +215,31 @@ def check_convertible(model: nn.Module, weights: Optional[str]) -> None:
         )
 
 
-def matrix_weights(model: nn.Module) -> set[int]:
-    """The ``id`` of every weight a module of ``model`` declares in ``matrix_weights``: a class attribute (a tuple of
-    parameter names relative to the module) naming the ``nn.Linear`` weights it also reads as tensors of its own
-    (per-head views, products outside the layer's forward, a float32 read). Those must stay the float32
-    ``nn.Linear`` they were built as, in their built row-major layout: ``mla``'s ``kv_b_proj`` (``W_UK`` and
-    ``W_UV`` of its absorbed decode), a router's ``proj`` (read in float32). :func:`quantize_linears` and
-    :func:`~modkit.inference.generate.column_major_linears` leave them as they are. A name that runs through an
-    attribute set to ``None`` (an optional child left out) is skipped, as for ``param_roles``; the contract kit's
-    ``weight_formats`` check refuses a name that resolves to nothing."""
-    ids = set()
+def declared_matrix_weights(model: nn.Module) -> tuple[set[int], list[str]]:
+    """``(ids, unresolved)``: the ``id`` of every weight a module of ``model`` declares in ``matrix_weights``, and
+    ``"Type.name"`` of every declared name that resolves to nothing (a typo; :func:`matrix_weights` skips it).
+
+    ``matrix_weights`` is a class attribute, a tuple of parameter names relative to the module, naming the
+    ``nn.Linear`` weights the module also reads as tensors of its own (per-head views, products outside the layer's
+    forward, a float32 read). Those must stay the float32 ``nn.Linear`` they were built as, in their built row-major
+    layout: ``mla``'s ``kv_b_proj`` (``W_UK`` and ``W_UV`` of its absorbed decode), a router's ``proj`` (read in
+    float32). :func:`quantize_linears` and :func:`~modkit.inference.generate.column_major_linears` leave them as
+    they are. Names resolve as ``param_roles`` names do (:func:`modkit.core.roles.declared_target`): one that runs
+    through an attribute set to ``None`` (an optional child left out) is skipped."""
+    ids, unresolved = set(), []
     for module in model.modules():
         for name in getattr(module, "matrix_weights", ()):
-            try:
-                ids.add(id(module.get_parameter(name)))
-            except AttributeError:  # an optional part this build does not have
-                continue
-    return ids
+            target = declared_target(module, name)
+            if isinstance(target, nn.Parameter):
+                ids.add(id(target))
+            elif target is not SWITCHED_OFF:
+                unresolved.append(f"{type(module).__name__}.{name}")
+    return ids, unresolved
+
+
+def matrix_weights(model: nn.Module) -> set[int]:
+    """The ``id`` of every weight a module of ``model`` declares it reads itself (:func:`declared_matrix_weights`)."""
+    return declared_matrix_weights(model)[0]
 
 
 @torch.no_grad()

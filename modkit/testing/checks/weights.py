@@ -24,7 +24,7 @@ from torch import nn
 
 from modkit.core.config import ComponentConfig
 from modkit.core.registry import Component
-from modkit.inference.weights import matrix_weights, quantize_linears
+from modkit.inference.weights import declared_matrix_weights, matrix_weights, quantize_linears
 from ..harness import Bench
 from .base import CheckFailed, CheckSkipped, error_detail, nonfinite
 
@@ -45,25 +45,6 @@ def applies_weight_formats(entry: Component, config: ComponentConfig) -> Optiona
     return None
 
 
-def _undeclared_names(model: nn.Module) -> list[str]:
-    """``"Type.name"`` of every ``matrix_weights`` name that resolves to no parameter and runs through no attribute
-    set to ``None`` (a typo: the read it was meant for is then converted after all)."""
-    bad = []
-    for module in model.modules():
-        for name in getattr(module, "matrix_weights", ()):
-            owner, found = module, True
-            for part in name.split(".")[:-1]:
-                owner = getattr(owner, part, None)
-                if owner is None:
-                    found = hasattr(module, name.split(".")[0])  # an optional part left out, not a misspelt one
-                    break
-            else:
-                found = isinstance(getattr(owner, name.split(".")[-1], None), nn.Parameter)
-            if not found:
-                bad.append(f"{type(module).__name__}.{name}")
-    return bad
-
-
 def _logits(model: nn.Module, ids: torch.Tensor, cached: bool) -> torch.Tensor:
     """The logits of ``ids``: a prefill of :data:`PROMPT` tokens and single-token steps from the cache when
     ``cached``, else one forward."""
@@ -77,10 +58,10 @@ def _logits(model: nn.Module, ids: torch.Tensor, cached: bool) -> torch.Tensor:
 
 
 def check_weight_formats(bench: Bench) -> str:
-    """For ``int8`` and ``bfloat16``: the tiny model converted by ``quantize_linears`` decodes the same tokens as its
-    float32 build (a prefill of :data:`PROMPT` tokens, then :data:`STEPS` single-token steps from the cache where the
-    model has one, else one forward); the decode must run, its logits be finite, and every weight a module declares
-    in ``matrix_weights`` be the same float32 tensor, unconverted.
+    """For ``int8`` and ``bfloat16``: the tiny model converted by ``quantize_linears`` decodes (a prefill of
+    :data:`PROMPT` tokens, then :data:`STEPS` single-token steps from the cache where its float32 build can, else one
+    forward); the decode must run, its logits be finite, and every weight a module declares in ``matrix_weights`` be
+    the same float32 tensor, unconverted.
 
     Catches: a component that reads an ``nn.Linear``'s weight itself without declaring it in ``matrix_weights``
     (``undeclared_matrix``: a latent attention that views ``kv_b_proj.weight`` per head fails on an int8 layer,
@@ -89,23 +70,24 @@ def check_weight_formats(bench: Bench) -> str:
     layer's forward, never the tensors other code reads (gpt-fast's ``WeightOnlyInt8Linear``, torchao's
     ``quantize_``), so whatever reads the tensors must keep them.
     """
-    base = bench.build()[0]
-    bad = _undeclared_names(base)
+    reference = bench.build()[0].eval()
+    bad = declared_matrix_weights(reference)[1]
     if bad:
         raise CheckFailed(
             f"matrix_weights names {', '.join(map(repr, bad))}, which resolve to no parameter: name the weight "
             "relative to the declaring module (e.g. 'kv_b_proj.weight')"
         )
     ids = bench.ids(2, PROMPT + STEPS, seed=31)
+    try:  # decode from the cache where the float32 tiny model can
+        _logits(reference, ids, True)
+        cached = True
+    except (ValueError, RuntimeError, NotImplementedError):
+        cached = False
     report = []
     for fmt_name in FORMATS:
         model = bench.build()[0].eval()
-        kept = {id(p): p.detach().clone() for p in model.parameters() if id(p) in matrix_weights(model)}
-        try:  # decoding from the cache where the tiny model can (its float32 build says so)
-            _logits(model, ids, True)
-            cached = True
-        except (ValueError, RuntimeError, NotImplementedError):
-            cached = False
+        declared = matrix_weights(model)
+        kept = {id(p): p.detach().clone() for p in model.parameters() if id(p) in declared}
         if quantize_linears(model, fmt_name) == 0:
             raise CheckSkipped("the tiny model has no nn.Linear to convert")
         try:
