@@ -126,6 +126,17 @@ def step_cost(args, mla, context: int) -> tuple[int, int]:
     return 4 * (params + context * per_token), flops
 
 
+def add_shape_arguments(p: argparse.ArgumentParser) -> None:
+    """The layer's sizes (DeepSeek-V3's per head, 8 heads), shared with ``bench_mla_bound.py``."""
+    p.add_argument("--d-model", dest="d_model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--q-lora", dest="q_lora", type=int, default=384)
+    p.add_argument("--kv-lora", dest="kv_lora", type=int, default=512)
+    p.add_argument("--nope", type=int, default=128)
+    p.add_argument("--rope", type=int, default=64)
+    p.add_argument("--v", type=int, default=128)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--threads", type=int, default=1)
@@ -138,13 +149,7 @@ def main(argv=None) -> int:
         action="store_true",
         help="keep modkit's weights row-major (default: column-major, as `modkit generate` stores them on a CPU)",
     )
-    p.add_argument("--d-model", dest="d_model", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--q-lora", dest="q_lora", type=int, default=384)
-    p.add_argument("--kv-lora", dest="kv_lora", type=int, default=512)
-    p.add_argument("--nope", type=int, default=128)
-    p.add_argument("--rope", type=int, default=64)
-    p.add_argument("--v", type=int, default=128)
+    add_shape_arguments(p)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import DynamicCache

@@ -42,7 +42,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_mla import add_shape_arguments  # noqa: E402
 from modkit.nn.onednn import _ONEDNN, _onednn_scores, _onednn_sum  # noqa: E402
 
 
@@ -79,13 +81,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--d-model", dest="d_model", type=int, default=1024)
-    p.add_argument("--q-lora", dest="q_lora", type=int, default=384)
-    p.add_argument("--kv-lora", dest="kv_lora", type=int, default=512)
-    p.add_argument("--nope", type=int, default=128)
-    p.add_argument("--rope", type=int, default=64)
-    p.add_argument("--v", type=int, default=128)
+    add_shape_arguments(p)
     args = p.parse_args(argv)
     if not _ONEDNN:
         print("this torch build has no oneDNN matmul: nothing to measure")
